@@ -1,0 +1,152 @@
+#pragma once
+/// \file actorgraph.hpp
+/// The one header a user includes. Create a runtime over a device spec,
+/// compile graphs into plans, submit jobs and get handles back at once:
+///
+///     auto rt = ag::runtime::create("sim:4").value();
+///     auto g  = ag::models::build_transformer(cfg).value();
+///     auto p  = rt->compile(std::move(g), {.pipeline_stages = 4}).value();
+///     ag::job j = rt->submit(p, {tokens});
+///     j.then([](const ag::job_result& r) { ... });   // or j.wait()
+///
+/// Threading: every method of `runtime` and `job` may be called from any
+/// thread. Work runs on the runtime's CAF actors (one per device, stream and
+/// copy engine); the caller's thread never blocks except in wait()/wait_for()
+/// and, for compile(), while weights are uploaded.
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "graph/error.hpp"
+#include "graph/graph.hpp"
+#include "graph/host_tensor.hpp"
+#include "graph/plan.hpp"
+#include "gpu/device.hpp"
+
+namespace ag {
+
+struct runtime_options {
+  gpu::backend_options backend;  ///< sim / cpu / cuda parameters
+  /// Activation arenas per device and plan: the number of jobs of one plan
+  /// that may hold memory on a device at once. More jobs wait (back-pressure).
+  int arenas_per_device = 8;
+  /// CAF scheduler threads (0: CAF's default, max(cores, 4)).
+  int scheduler_threads = 0;
+  /// Sets work-stealing.moderate-poll-attempts=0: 10 us instead of 32 us median wake-up.
+  bool tuned_scheduler = true;
+  bool trace = true;  ///< record a trace entry per step
+};
+
+enum class job_state : uint8_t { queued, running, done, failed, cancelled };
+const char* to_string(job_state s) noexcept;
+
+/// Outputs in graph.outputs() order, or the error that says what failed where.
+using job_result = expected<std::vector<host_tensor>>;
+
+/// When a job passed its milestones (host_clock_ns; 0 = not yet).
+struct job_times {
+  int64_t submitted_ns = 0;
+  int64_t started_ns = 0;  ///< arenas acquired, steps sent
+  int64_t finished_ns = 0;
+};
+
+/// Handle to a submitted job. Copyable; all copies refer to the same job.
+class job {
+ public:
+  job() = default;
+  uint64_t id() const noexcept;
+  job_state state() const noexcept;
+  /// True once the job finished (done, failed or cancelled). Never blocks.
+  bool ready() const noexcept;
+  /// Blocks until ready; returns the result (valid as long as a handle lives).
+  const job_result& wait() const;
+  /// Waits at most `d`; true if ready.
+  bool wait_for(std::chrono::nanoseconds d) const;
+  /// Runs `fn` once the job is ready (at once, on this thread, if it already
+  /// is; else on a runtime thread: keep it short and non-blocking).
+  void then(std::function<void(const job_result&)> fn) const;
+  /// Asks the runtime to cancel: steps not yet started are dropped, work
+  /// already on a device finishes, memory is released, and the result becomes
+  /// errc::cancelled (unless the job finished first). Non-blocking.
+  void cancel() const;
+  job_times times() const noexcept;
+
+  struct shared_state;  ///< implementation detail (actors/job_state.hpp)
+  explicit job(std::shared_ptr<shared_state> s) : s_(std::move(s)) {}
+
+ private:
+  std::shared_ptr<shared_state> s_;
+};
+
+/// One executed step (a split or a copy) in a trace.
+struct trace_record {
+  uint64_t job = 0;
+  int device = 0;
+  std::string lane;       ///< "compute0", "compute1", "h2d", "d2h", "peer"
+  step_id step = -1;
+  std::string label;      ///< first/last op names of a split, or the copied tensor
+  int64_t enqueue_ns = 0; ///< the actor enqueued it (host)
+  int64_t start_ns = 0;   ///< the device began it
+  int64_t end_ns = 0;     ///< the device finished it
+};
+
+struct trace {
+  std::vector<std::string> device_names;
+  std::vector<trace_record> records;
+  /// Chrome trace JSON (chrome://tracing, Perfetto): a process per device, a
+  /// thread per lane, a complete event ("X") per record.
+  std::string to_chrome_json() const;
+  /// Busy fraction of each (device, lane) over [first start, last end].
+  double utilisation(int device) const;
+};
+
+/// The front door: owns the actor system, the devices and their actors.
+class runtime {
+ public:
+  /// Creates devices from `device_spec` (see gpu::make_devices for the
+  /// grammar: "sim:4", "cpu:2", "sim:2,cpu:1", "cuda:all") and starts the actors.
+  static expected<std::unique_ptr<runtime>> create(const std::string& device_spec,
+                                                   runtime_options options = {});
+  /// Cancels nothing: waits for jobs in flight, then stops every actor.
+  ~runtime();
+  runtime(const runtime&) = delete;
+  runtime& operator=(const runtime&) = delete;
+
+  const std::vector<device_spec>& devices() const noexcept;
+
+  /// Plans `g` over this runtime's devices and uploads its weights to every
+  /// device that needs them (blocks for the upload). The plan stays loaded
+  /// while any copy of the returned pointer lives.
+  expected<std::shared_ptr<const plan>> compile(std::shared_ptr<const graph> g, plan_options options = {});
+  expected<std::shared_ptr<const plan>> compile(graph g, plan_options options = {});
+
+  /// Submits one job; returns at once. Wrong input count, dtype or shape,
+  /// a plan of another runtime or a stopped runtime give a failed job whose
+  /// error says which input and what was expected; the runtime keeps serving.
+  job submit(const std::shared_ptr<const plan>& p, std::vector<host_tensor> inputs);
+  /// Submits several jobs of one plan together (micro-batches).
+  std::vector<job> submit_batch(const std::shared_ptr<const plan>& p,
+                                std::vector<std::vector<host_tensor>> inputs);
+
+  /// Jobs submitted and not yet ready.
+  int64_t jobs_in_flight() const noexcept;
+  /// Blocks until no job is in flight.
+  void wait_idle();
+  /// Returns and clears the trace records gathered so far (jobs that are ready).
+  trace take_trace();
+
+  /// Advanced: the device objects (e.g. to inject faults into a sim device in tests).
+  gpu::device_ptr device(int index) const;
+
+  struct impl;
+
+ private:
+  explicit runtime(std::unique_ptr<impl> p);
+  std::unique_ptr<impl> impl_;
+};
+
+}  // namespace ag

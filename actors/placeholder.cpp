@@ -1,0 +1,1 @@
+// Replaced by the message definitions (messages/*.cpp) of the actor runtime.

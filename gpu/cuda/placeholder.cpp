@@ -1,0 +1,1 @@
+void ag_cuda_placeholder() {}

@@ -1,0 +1,178 @@
+#pragma once
+/// \file device.hpp
+/// The device interface every backend implements (cpu/, sim/, cuda/). It has
+/// CUDA's semantics: work is *enqueued* on streams and runs asynchronously in
+/// stream order; events mark a point in a stream; a stream can wait for an
+/// event of any stream of any device without the host waiting. Names no CAF
+/// and no CUDA type.
+///
+/// Threading: a device object is shared by its device actor and that device's
+/// stream / copy-engine actors. Every method is thread-safe, but one stream
+/// must be driven by one thread at a time (its owning actor). Callbacks given
+/// to notify() run on a backend thread: they must be short and non-blocking
+/// (e.g. caf::anon_send).
+
+#include <array>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "graph/cost_model.hpp"
+#include "graph/error.hpp"
+#include "graph/graph.hpp"
+
+namespace ag::gpu {
+
+/// Nanoseconds on the host's steady clock: the one clock all traces use.
+int64_t host_clock_ns() noexcept;
+
+/// What a stream is for. Copy streams map to copy engines on CUDA.
+enum class stream_role : uint8_t { compute = 0, h2d = 1, d2h = 2, peer = 3 };
+const char* to_string(stream_role r) noexcept;
+
+/// An in-order queue of work on one device. Opaque; created by a device.
+class stream {
+ public:
+  virtual ~stream() = default;
+  virtual stream_role role() const noexcept = 0;
+};
+
+/// A point in a stream. `record` re-arms it; `wait` waits for the last record
+/// made before the wait was enqueued (CUDA semantics). An event that was never
+/// recorded counts as complete.
+class event {
+ public:
+  virtual ~event() = default;
+  /// True once the recorded point was reached (non-blocking).
+  virtual bool query() const = 0;
+  /// Blocks the calling thread until complete. Only for backend worker threads
+  /// and tests, never in an actor handler.
+  virtual void host_wait() const = 0;
+  /// host_clock_ns() at which the recorded point was reached; valid once
+  /// query() is true, on events created with timing = true.
+  virtual int64_t completion_ns() const = 0;
+};
+
+/// A tensor as a kernel sees it: resolved pointer, dtype, dims, element strides.
+struct tensor_arg {
+  void* data = nullptr;
+  dtype type = dtype::f32;
+  shape dims;
+  strides stride{};
+};
+
+/// One op to run: the graph node (op kind, attrs, output dtype/dims) and its
+/// resolved buffers. `inputs` follow node->inputs order (optional norm weight
+/// / bias are present only when the node has them).
+struct op_launch {
+  const node* op = nullptr;
+  tensor_arg out;
+  std::vector<tensor_arg> inputs;
+};
+
+/// Faults a simulated device can be told to produce (sim backend; other
+/// backends ignore it). Rates are per op, drawn from the device's seeded RNG.
+struct fault_config {
+  double op_error_rate = 0;     ///< launch() fails with errc::op_failed
+  double op_stall_rate = 0;     ///< op takes stall_seconds extra (wall time)
+  double stall_seconds = 1.0;
+  int64_t die_after_ops = -1;   ///< device dies after this many ops (-1: never)
+};
+
+/// Options for the simulated backend.
+struct sim_options {
+  device_spec spec;             ///< per-device parameters (name/ordinal are set per device)
+  double time_scale = 1.0;      ///< wall seconds per simulated second (1e-3: a sim ms takes 1 us)
+  double jitter = 0.0;          ///< relative stddev of a lognormal factor on every op / copy time
+  bool compute_values = true;   ///< false: timing only, outputs are left as garbage
+  bool zero_delay = false;      ///< true: no delays at all (dispatch-cost benchmarks)
+  uint64_t seed = 1;
+  fault_config faults;
+};
+
+struct backend_options {
+  sim_options sim;
+  int cpu_threads_per_stream = 1;  ///< cpu backend: BLAS threads per compute stream
+  bool cuda_tf32 = false;          ///< cuda: allow TF32 tensor cores for f32 matmul
+};
+
+/// One device. Obtained from make_devices(); shared_ptr because the device
+/// actor and its stream actors all hold it; destroyed after they stop.
+class device {
+ public:
+  virtual ~device() = default;
+
+  virtual const device_spec& spec() const noexcept = 0;
+  /// Index of this device in the runtime's device list (set by make_devices).
+  virtual int index() const noexcept = 0;
+  virtual bool supports(op_kind k) const noexcept { return spec().supports(k); }
+
+  // --- memory (device memory; never managed memory) ---
+  /// Allocates `bytes` of device memory; errc::out_of_memory with the sizes when it does not fit.
+  virtual expected<void*> allocate(int64_t bytes) = 0;
+  virtual void deallocate(void* p) noexcept = 0;
+  /// Host memory suited to fast copies (pinned on CUDA).
+  virtual expected<void*> allocate_host(int64_t bytes) = 0;
+  virtual void deallocate_host(void* p) noexcept = 0;
+  virtual int64_t memory_capacity() const noexcept = 0;
+  virtual int64_t memory_in_use() const noexcept = 0;
+  /// Synchronous host -> device copy (weight upload at plan load). Never on a hot path.
+  virtual error upload(void* dst, const void* src, int64_t bytes) = 0;
+  /// Synchronous device -> host copy (tests, debugging).
+  virtual error download(void* dst, const void* src, int64_t bytes) = 0;
+
+  // --- streams and events ---
+  virtual std::unique_ptr<stream> create_stream(stream_role role) = 0;
+  virtual std::unique_ptr<event> create_event(bool timing = false) = 0;
+  /// Marks the current end of `s` in `e`.
+  virtual void record(event& e, stream& s) = 0;
+  /// Work enqueued on `s` after this waits for `e`, which may belong to any
+  /// stream of any device of any backend. The host does not wait.
+  virtual void wait(stream& s, const event& e) = 0;
+
+  // --- work (all asynchronous, in stream order) ---
+  /// Enqueues one op. Returns an error at once for bad arguments, an op this
+  /// device does not support, an injected op fault, or a dead device.
+  virtual error launch(stream& s, const op_launch& l) = 0;
+  /// `src` must stay valid until the stream passes this point.
+  virtual error copy_h2d(stream& s, void* dst, const void* src, int64_t bytes) = 0;
+  /// `dst` must stay valid until the stream passes this point.
+  virtual error copy_d2h(stream& s, void* dst, const void* src, int64_t bytes) = 0;
+  /// Copies from `src` on device `src_dev` into `dst` on this device; `s` is a
+  /// stream of this device.
+  virtual error copy_peer(stream& s, void* dst, device& src_dev, const void* src, int64_t bytes) = 0;
+  /// Calls `done` on a backend thread once all work enqueued on `s` so far has
+  /// completed: with ok, or with the error that stopped it (device_failed,
+  /// op_failed for an asynchronous kernel fault). Called exactly once.
+  virtual void notify(stream& s, std::function<void(const error&)> done) = 0;
+  /// Blocks until `s` is idle. Tests and shutdown only.
+  virtual error synchronize(stream& s) = 0;
+
+  // --- health ---
+  /// Called (once, from a backend thread) when the device dies. After that every
+  /// launch/copy fails with errc::device_failed, pending events complete and
+  /// pending notify callbacks fire with that error, so nothing waits forever.
+  virtual void on_fault(std::function<void(const error&)> handler) = 0;
+  virtual bool alive() const noexcept = 0;
+};
+
+using device_ptr = std::shared_ptr<device>;
+
+/// Parses a device spec string and creates the devices, indexed in order:
+///   "sim:4"        four simulated GPUs
+///   "cpu:2"        two cpu devices (real compute on host threads)
+///   "sim:2,cpu:1"  mixed; indices 0,1 are sim, 2 is cpu
+///   "cuda:all"     every CUDA GPU;  "cuda:0,1"  GPUs 0 and 1 (a bare number
+///                  after a comma continues the previous item's ordinals)
+/// Errors (errc::bad_device_spec) name the offending item and position, e.g.
+/// an unknown kind, a zero count, "cuda" without a GPU or without CUDA support
+/// in this build.
+expected<std::vector<device_ptr>> make_devices(const std::string& spec,
+                                               const backend_options& options = {});
+
+/// True when this build has the CUDA backend and at least one GPU is usable.
+bool cuda_available() noexcept;
+
+}  // namespace ag::gpu

@@ -1,0 +1,57 @@
+#pragma once
+/// \file cost_model.hpp
+/// What an op costs (flops, bytes moved) and how long a device takes for it.
+/// Used by the planner to balance pipeline stages and by the sim backend to
+/// delay ops; the same numbers, so simulated runs match the plan's estimates.
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "graph/graph.hpp"
+
+namespace ag {
+
+enum class device_kind : uint8_t { sim = 0, cpu = 1, cuda = 2 };
+const char* to_string(device_kind k) noexcept;
+
+/// Everything the planner and the cost model know about one device.
+/// Defaults model one H100 SXM (dense bf16 ~ 990 TFLOP/s, f32 ~ 60 TFLOP/s,
+/// HBM3 3.35 TB/s, NVLink 450 GB/s one way).
+struct device_spec {
+  std::string name = "sim0";           ///< unique: "sim0", "cpu1", "cuda0"
+  device_kind kind = device_kind::sim;
+  int ordinal = 0;                     ///< index within its kind (CUDA device number)
+  double flops_f32 = 60e12;            ///< FLOP/s for f32 matmul
+  double flops_bf16 = 990e12;          ///< FLOP/s for f16 / bf16 matmul
+  double mem_bandwidth = 3.35e12;      ///< bytes/s, device memory
+  int64_t mem_bytes = 80LL << 30;      ///< device memory
+  double launch_latency = 4.5e-6;      ///< s, per kernel
+  double link_bandwidth = 450e9;       ///< bytes/s, device <-> device (one way)
+  double link_latency = 5e-6;          ///< s, per peer copy
+  double host_bandwidth = 55e9;        ///< bytes/s, pinned host <-> device
+  double host_latency = 8e-6;          ///< s, per host copy
+  int copy_engines = 3;                ///< async copy engines
+  int max_lanes = 4;                   ///< compute streams the device offers
+  std::vector<op_kind> unsupported;    ///< ops this device cannot run
+
+  bool supports(op_kind k) const noexcept;
+};
+
+/// Work of one op.
+struct op_cost {
+  double flops = 0;  ///< floating-point operations
+  double bytes = 0;  ///< bytes read + written from device memory
+};
+
+/// Cost of node `n` of graph `g` (0 for leaves and views).
+op_cost cost_of(const graph& g, const node& n);
+/// launch_latency + max(flops / rate(dtype), bytes / mem_bandwidth); 0 for views/leaves.
+double estimate_seconds(const device_spec& d, const graph& g, const node& n);
+double estimate_seconds(const device_spec& d, op_cost c, dtype type);
+/// Peer copy: latency + bytes / min(link bandwidths).
+double estimate_peer_copy_seconds(const device_spec& src, const device_spec& dst, int64_t bytes);
+/// Host <-> device copy: host_latency + bytes / host_bandwidth.
+double estimate_host_copy_seconds(const device_spec& d, int64_t bytes);
+
+}  // namespace ag

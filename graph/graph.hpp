@@ -1,0 +1,234 @@
+#pragma once
+/// \file graph.hpp
+/// The tensor graph: nodes (one tensor each), the builder that makes them, and
+/// validation. Pure C++: no CAF, no CUDA, no threads. A `graph` is valid by
+/// construction (graph_builder::build and graph::from_nodes validate) and
+/// immutable afterwards, so plans and jobs share it freely across threads.
+
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "graph/dtype.hpp"
+#include "graph/error.hpp"
+#include "graph/host_tensor.hpp"
+#include "graph/shape.hpp"
+
+namespace ag {
+
+using node_id = int32_t;
+constexpr node_id no_node = -1;
+
+/// Every op of the graph. Leaves are `input` (fed per job) and `weight`
+/// (constant data owned by the graph, uploaded once per device).
+enum class op_kind : uint8_t {
+  input, weight,
+  // compute
+  matmul,      ///< [.., M, K] x [.., K, N] -> [.., M, N]; trans_a / trans_b; batch dims broadcast
+  add, mul,    ///< elementwise, numpy broadcasting of the second operand (right-aligned)
+  scale,       ///< x * attrs.scale
+  rms_norm,    ///< over the last dim; optional weight input (2nd)
+  layer_norm,  ///< over the last dim; optional weight (2nd) and bias (3rd) inputs
+  softmax,     ///< over the last dim of x * attrs.scale; attrs.causal masks j > i + (Sk - Sq)
+  gelu,        ///< attrs.gelu: tanh approximation (GPT-2) or erf (exact)
+  silu,        ///< x * sigmoid(x)
+  rope,        ///< x [.., S, H, D] rotated by positions (i32 [S]); attrs.rope pairing, attrs.theta
+  get_rows,    ///< table [V, D], ids i32 [...] -> [..., D]
+  // views: no computation, alias their source's storage
+  reshape, view, permute, transpose, slice,
+  // data movement
+  concat,      ///< along attrs.axis
+  copy,        ///< contiguous copy, with cast when the node's dtype differs from its input's
+};
+constexpr int op_kind_count = static_cast<int>(op_kind::copy) + 1;
+const char* to_string(op_kind k) noexcept;
+bool parse_op_kind(const std::string& s, op_kind& out) noexcept;
+/// reshape, view, permute, transpose, slice.
+constexpr bool is_view_op(op_kind k) noexcept {
+  return k == op_kind::reshape || k == op_kind::view || k == op_kind::permute ||
+         k == op_kind::transpose || k == op_kind::slice;
+}
+constexpr bool is_leaf_op(op_kind k) noexcept { return k == op_kind::input || k == op_kind::weight; }
+
+/// RoPE pairing. `neox` rotates (i, i + D/2) pairs (HF transformers' LLaMA,
+/// GPT-NeoX "rotate_half"); `interleaved` rotates (2i, 2i + 1) pairs (Meta's
+/// original LLaMA, GPT-J).
+enum class rope_mode : uint8_t { neox = 0, interleaved = 1 };
+/// GELU variant: `tanh` is the approximation GPT-2 uses ("gelu_new"), `erf` the exact one.
+enum class gelu_mode : uint8_t { tanh = 0, erf = 1 };
+
+/// Per-op parameters; each op reads only the fields it documents.
+struct op_attrs {
+  float scale = 1.0f;          ///< scale; softmax pre-scale
+  float eps = 1e-5f;           ///< rms_norm, layer_norm
+  float theta = 10000.0f;      ///< rope base
+  rope_mode rope = rope_mode::neox;
+  gelu_mode gelu = gelu_mode::tanh;
+  bool trans_a = false;        ///< matmul
+  bool trans_b = false;        ///< matmul
+  bool causal = false;         ///< softmax
+  int axis = 0;                ///< concat, slice, transpose (first axis)
+  int axis2 = 0;               ///< transpose (second axis)
+  int64_t begin = 0, end = 0;  ///< slice [begin, end) along axis
+  std::array<int, max_rank> perm{0, 1, 2, 3};  ///< permute: output dim i = input dim perm[i]
+
+  bool operator==(const op_attrs&) const = default;
+};
+
+/// One node = one op = one tensor.
+struct node {
+  node_id id = no_node;
+  op_kind op = op_kind::input;
+  std::string name;                 ///< unique in its graph; errors name it
+  dtype type = dtype::f32;
+  shape dims;
+  strides stride{};                 ///< element strides into `storage`'s buffer
+  int64_t offset = 0;               ///< element offset into `storage`'s buffer
+  node_id storage = no_node;        ///< node whose buffer holds the data (== id unless a view)
+  std::vector<node_id> inputs;
+  op_attrs attrs;
+  int layer = -1;                   ///< pipeline unit tag (model builder sets it); -1 = none
+  int pinned_device = -1;           ///< explicit placement; -1 = planner decides
+  std::shared_ptr<const host_tensor> data;  ///< weights only: the constant values
+
+  bool is_view() const noexcept { return storage != id; }
+  /// Bytes of the node's own buffer (0 for views).
+  int64_t own_bytes() const noexcept { return is_view() ? 0 : dims.numel() * static_cast<int64_t>(dtype_size(type)); }
+  bool contiguous() const noexcept { return is_contiguous(dims, stride); }
+};
+
+/// A validated, immutable DAG of nodes. Node ids are indices into nodes(),
+/// and every node's inputs have smaller ids (topological order).
+class graph {
+ public:
+  graph() = default;
+
+  /// Validates a raw node list (e.g. parsed from a file) and builds a graph.
+  /// Ids may be in any order on entry; on success nodes are renumbered in a
+  /// topological order with names unchanged. Errors name the node and what is
+  /// wrong: cycle, unknown (dangling) input id, missing inputs, shape or dtype
+  /// mismatch, duplicate name, unknown output.
+  /// `inputs`/`outputs` list node ids in the order jobs feed / receive them.
+  static expected<graph> from_nodes(std::vector<node> nodes, std::vector<node_id> inputs,
+                                    std::vector<node_id> outputs);
+
+  const std::vector<node>& nodes() const noexcept { return nodes_; }
+  const node& at(node_id id) const { return nodes_.at(static_cast<std::size_t>(id)); }
+  std::size_t size() const noexcept { return nodes_.size(); }
+  /// Job inputs, in the order a job passes its tensors.
+  const std::vector<node_id>& inputs() const noexcept { return inputs_; }
+  /// Job outputs, in the order a job returns its tensors.
+  const std::vector<node_id>& outputs() const noexcept { return outputs_; }
+  /// Nodes that read node `id` (computed once at construction).
+  const std::vector<node_id>& consumers(node_id id) const { return consumers_.at(static_cast<std::size_t>(id)); }
+  /// Finds a node by name; no_node if absent.
+  node_id find(const std::string& name) const;
+
+  /// Graphviz DOT text: one box per node (name, op, dtype, shape), edges input -> consumer.
+  std::string to_dot() const;
+  /// Total bytes of weight data.
+  int64_t weight_bytes() const;
+
+ private:
+  friend class graph_builder;
+  std::vector<node> nodes_;
+  std::vector<node_id> inputs_, outputs_;
+  std::vector<std::vector<node_id>> consumers_;
+};
+
+/// Infers dims/stride/offset/storage of node `n` from its inputs (already
+/// valid, in `nodes`) and checks op arity, shapes and dtypes. Used by the
+/// builder and by graph::from_nodes. Errors name the node.
+error infer_node(const std::vector<node>& nodes, node& n);
+
+/// Handle to a node under construction. Cheap to copy.
+class tensor {
+ public:
+  tensor() = default;
+  node_id id() const noexcept { return id_; }
+  bool valid() const noexcept { return id_ != no_node; }
+
+ private:
+  friend class graph_builder;
+  explicit tensor(node_id id) : id_(id) {}
+  node_id id_ = no_node;
+};
+
+/// Builds a graph op by op:
+///
+///     ag::graph_builder b;
+///     auto x = b.input("x", ag::dtype::f32, {8, 512});
+///     auto w = b.weight("w", ag::host_tensor::random_normal(ag::dtype::f32, {512, 512}, 1, 0.02f));
+///     auto y = b.gelu(b.matmul(x, w));
+///     b.output(y);
+///     ag::expected<ag::graph> g = std::move(b).build();
+///
+/// Methods never throw and never abort: the first error (bad shape, wrong
+/// dtype, a tensor from another builder...) is recorded with the node's name,
+/// later calls return invalid tensors, and build() returns that error.
+/// Names default to "<op>_<id>"; explicit names must be unique.
+/// Not thread-safe: one builder per thread.
+class graph_builder {
+ public:
+  graph_builder() = default;
+
+  tensor input(std::string name, dtype type, shape dims);
+  tensor weight(std::string name, host_tensor data);
+
+  tensor matmul(tensor a, tensor b, bool trans_a = false, bool trans_b = false, std::string name = {});
+  tensor add(tensor a, tensor b, std::string name = {});
+  tensor mul(tensor a, tensor b, std::string name = {});
+  tensor scale(tensor x, float s, std::string name = {});
+  /// `weight` may be an invalid tensor() for no weight.
+  tensor rms_norm(tensor x, tensor weight, float eps = 1e-6f, std::string name = {});
+  /// `weight` / `bias` may be invalid tensor() for none.
+  tensor layer_norm(tensor x, tensor weight, tensor bias, float eps = 1e-5f, std::string name = {});
+  tensor softmax(tensor x, bool causal = false, float scale = 1.0f, std::string name = {});
+  tensor gelu(tensor x, gelu_mode mode = gelu_mode::tanh, std::string name = {});
+  tensor silu(tensor x, std::string name = {});
+  /// x [.., S, H, D] (D even), positions i32 [S].
+  tensor rope(tensor x, tensor positions, float theta = 10000.0f, rope_mode mode = rope_mode::neox,
+              std::string name = {});
+  tensor get_rows(tensor table, tensor ids, std::string name = {});
+
+  /// Views (free): reshape needs a contiguous source.
+  tensor reshape(tensor x, shape dims, std::string name = {});
+  tensor view(tensor x, shape dims, strides st, int64_t offset, std::string name = {});
+  tensor permute(tensor x, std::array<int, max_rank> perm, std::string name = {});
+  tensor transpose(tensor x, int axis0, int axis1, std::string name = {});
+  tensor slice(tensor x, int axis, int64_t begin, int64_t end, std::string name = {});
+
+  tensor concat(const std::vector<tensor>& xs, int axis, std::string name = {});
+  /// Contiguous copy of x, cast to `type`.
+  tensor copy(tensor x, dtype type, std::string name = {});
+  /// Contiguous copy of x in its own dtype (no-op view-to-buffer materialisation).
+  tensor contiguous(tensor x, std::string name = {});
+
+  /// Marks x as a job output (in call order).
+  void output(tensor x);
+  /// Tags nodes created from now on with a pipeline unit (layer index); -1 clears.
+  void set_layer(int layer) noexcept { layer_ = layer; }
+  /// Pins x to device index `device` of the plan's device list.
+  void pin(tensor x, int device);
+
+  /// Shape / dtype of a tensor under construction (default values if invalid).
+  const node& info(tensor x) const;
+  /// The first error so far (ok if none).
+  const error& status() const noexcept { return status_; }
+
+  /// Validates and returns the graph, or the first error.
+  expected<graph> build() &&;
+
+ private:
+  tensor add_node(node n);
+  bool check(tensor x, const char* what, const std::string& name);
+
+  std::vector<node> nodes_;
+  std::vector<node_id> inputs_, outputs_;
+  error status_;
+  int layer_ = -1;
+};
+
+}  // namespace ag

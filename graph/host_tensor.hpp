@@ -1,0 +1,79 @@
+#pragma once
+/// \file host_tensor.hpp
+/// A dense, contiguous tensor in host memory: job inputs and outputs, weight
+/// data, reference-evaluator values. Value semantics (copying copies the
+/// bytes); move it into messages to avoid the copy.
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "graph/dtype.hpp"
+#include "graph/shape.hpp"
+
+namespace ag {
+
+class host_tensor {
+ public:
+  host_tensor() = default;
+  /// Zero-filled tensor of this type and shape.
+  host_tensor(dtype type, shape dims);
+
+  /// Rounds each value to `type`. values.size() must equal dims.numel().
+  static host_tensor from_floats(dtype type, shape dims, const std::vector<float>& values);
+  static host_tensor from_ints(shape dims, const std::vector<int32_t>& values);
+  /// Deterministic N(mean, stddev^2) values from `seed` (same seed, same values,
+  /// on every platform: uses its own generator, not std::normal_distribution).
+  static host_tensor random_normal(dtype type, shape dims, uint64_t seed,
+                                   float stddev = 1.0f, float mean = 0.0f);
+  /// Deterministic U[lo, hi) values from `seed`.
+  static host_tensor random_uniform(dtype type, shape dims, uint64_t seed,
+                                    float lo = -1.0f, float hi = 1.0f);
+  /// Deterministic integers in [0, n) (for token ids), type i32.
+  static host_tensor random_ints(shape dims, uint64_t seed, int32_t n);
+
+  dtype type() const noexcept { return type_; }
+  const shape& dims() const noexcept { return dims_; }
+  int64_t numel() const noexcept { return dims_.numel(); }
+  std::size_t bytes() const noexcept { return data_.size(); }
+  std::byte* data() noexcept { return data_.data(); }
+  const std::byte* data() const noexcept { return data_.data(); }
+
+  /// Element i (flat row-major index) converted to float.
+  float at(int64_t i) const noexcept { return load_as_float(data_.data(), type_, static_cast<std::size_t>(i)); }
+  void set(int64_t i, float v) noexcept { store_from_float(data_.data(), type_, static_cast<std::size_t>(i), v); }
+  std::vector<float> to_floats() const;
+  /// Same values converted to another dtype.
+  host_tensor cast(dtype to) const;
+
+  bool operator==(const host_tensor& o) const noexcept {
+    return type_ == o.type_ && dims_ == o.dims_ && data_ == o.data_;
+  }
+
+  /// For serialization (messages/): raw byte access.
+  std::vector<std::byte>& raw() noexcept { return data_; }
+  const std::vector<std::byte>& raw() const noexcept { return data_; }
+  void reset(dtype type, shape dims, std::vector<std::byte> bytes) {
+    type_ = type; dims_ = dims; data_ = std::move(bytes);
+  }
+
+ private:
+  dtype type_ = dtype::f32;
+  shape dims_;
+  std::vector<std::byte> data_;
+};
+
+/// Result of comparing two tensors elementwise.
+struct compare_result {
+  bool ok = false;
+  double max_abs_err = 0;  ///< max |a - b|
+  double max_rel_err = 0;  ///< max |a - b| / max(|b|, 1e-6) over elements
+  int64_t worst_index = -1;
+  std::string message;     ///< empty when ok; else what differs and where
+};
+/// |actual - expected| <= atol + rtol * |expected| for every element; shapes must match.
+compare_result compare(const host_tensor& actual, const host_tensor& expected,
+                       double atol, double rtol);
+
+}  // namespace ag

@@ -1,0 +1,160 @@
+#pragma once
+/// \file plan.hpp
+/// A plan: a graph compiled for a list of devices. Placement -> steps
+/// (splits of compute on one device lane, and copies) -> a memory plan per
+/// device. Immutable once compiled and shared (shared_ptr<const plan>) by all
+/// jobs that run it, on any thread.
+///
+/// Execution model the plan assumes (the runtime guarantees it):
+///  - a compute step runs its ops in order on one stream (lane) of its device;
+///  - steps of one job on one (device, lane) are enqueued in `lane_seq` order;
+///  - a step starts only after every step in `deps` completed (event waits);
+///  - each job has its own activation arena per device; weights live in a
+///    per-device weight region uploaded once when the plan is loaded.
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "graph/cost_model.hpp"
+#include "graph/graph.hpp"
+
+namespace ag {
+
+using step_id = int32_t;
+
+enum class step_kind : uint8_t {
+  compute,    ///< a split: ops on (device, lane)
+  copy_h2d,   ///< job input host -> device
+  copy_d2h,   ///< job output device -> host
+  copy_peer,  ///< device -> device
+};
+const char* to_string(step_kind k) noexcept;
+
+/// One unit the actors schedule.
+struct step {
+  step_id id = -1;
+  step_kind kind = step_kind::compute;
+  int device = 0;       ///< compute: its device; h2d / peer: destination; d2h: source
+  int src_device = -1;  ///< peer: source device; else -1
+  int lane = 0;         ///< compute: lane (stream) index on `device`
+  int lane_seq = 0;     ///< order among this job's steps on the same (device, lane) / copy queue
+  std::vector<node_id> ops;      ///< compute: ops in execution order (views included, they cost nothing);
+                                 ///< copies: exactly one node, the tensor copied
+  int io_index = -1;             ///< h2d: index into graph.inputs(); d2h: index into graph.outputs()
+  std::vector<step_id> deps;     ///< steps that must complete first (all steps, compute or copy)
+  std::vector<step_id> consumers;///< steps whose deps contain this one
+  int64_t bytes = 0;             ///< copies: bytes moved
+  double est_seconds = 0;        ///< cost-model estimate
+};
+
+/// Which region of a device a tensor lives in.
+enum class region : uint8_t { arena = 0, weights = 1 };
+
+/// Where node `node` lives on `device`: byte offset of its first element in
+/// the region, and its element strides there. A node copied to another device
+/// lands there contiguous.
+struct tensor_location {
+  node_id node = no_node;
+  int device = -1;
+  region where = region::arena;
+  int64_t byte_offset = 0;
+  strides stride{};
+};
+
+/// A buffer the memory planner placed (one per storage node per device).
+struct buffer_slot {
+  node_id node = no_node;   ///< storage node (its own buffer, not a view)
+  int device = -1;
+  region where = region::arena;
+  int64_t offset = 0;       ///< bytes into the region
+  int64_t bytes = 0;
+};
+
+/// Memory plan of one device.
+struct device_memory {
+  int64_t arena_bytes = 0;        ///< per-job activation arena size (peak)
+  int64_t weight_bytes = 0;       ///< weight region size
+  int64_t sum_tensor_bytes = 0;   ///< sum of all arena tensors' sizes (no reuse)
+  std::vector<buffer_slot> slots; ///< arena and weight slots on this device
+};
+
+/// Placement policy.
+enum class placement_policy : uint8_t {
+  automatic = 0,  ///< pipeline over `pipeline_stages` devices balanced by cost, pins respected
+  single = 1,     ///< everything on device 0 (pins respected)
+};
+
+struct plan_options {
+  placement_policy policy = placement_policy::automatic;
+  int pipeline_stages = 0;       ///< devices to spread layers over; 0 = all given devices
+  int lanes_per_device = 1;      ///< compute streams per device the planner may use
+  /// Independent branches get their own lane only when each branch's
+  /// estimated time exceeds this (fork/join costs an event pair).
+  double min_branch_seconds = 20e-6;
+};
+
+/// The compiled plan. Steps are in a topological order (deps have smaller ids).
+class plan {
+ public:
+  const graph& source() const noexcept { return *graph_; }
+  std::shared_ptr<const graph> source_ptr() const noexcept { return graph_; }
+  const std::vector<device_spec>& devices() const noexcept { return devices_; }
+  const plan_options& options() const noexcept { return options_; }
+  /// Device of each node (index = node id); leaves take their first consumer's device.
+  const std::vector<int>& placement() const noexcept { return placement_; }
+  const std::vector<step>& steps() const noexcept { return steps_; }
+  const step& at(step_id id) const { return steps_.at(static_cast<std::size_t>(id)); }
+  const std::vector<device_memory>& memory() const noexcept { return memory_; }
+  /// Steps with no deps (h2d copies and splits fed by weights only).
+  const std::vector<step_id>& sources() const noexcept { return sources_; }
+  /// The d2h steps; a job is complete when all of them completed.
+  const std::vector<step_id>& sinks() const noexcept { return sinks_; }
+  /// Devices this plan touches.
+  const std::vector<int>& used_devices() const noexcept { return used_devices_; }
+
+  /// Location of `node` on `device` (where a compute step there reads or
+  /// writes it). Views resolve through their storage. Fails with
+  /// errc::internal if the node is not resident there.
+  expected<tensor_location> locate(node_id node, int device) const;
+
+  /// Totals for printing and tests.
+  int64_t bytes_moved() const;                 ///< all copies, host and peer
+  double est_seconds(int device) const;        ///< compute on that device
+  /// Human-readable summary: devices, splits (ops, est time), copies (bytes),
+  /// per-device est time, peak arena vs sum of tensor sizes, weight bytes.
+  std::string describe() const;
+  /// DOT of the steps (splits as boxes per device cluster, copies as edges).
+  std::string to_dot() const;
+
+ private:
+  friend class planner;
+  std::shared_ptr<const graph> graph_;
+  std::vector<device_spec> devices_;
+  plan_options options_;
+  std::vector<int> placement_;
+  std::vector<step> steps_;
+  std::vector<device_memory> memory_;
+  std::vector<step_id> sources_, sinks_;
+  std::vector<int> used_devices_;
+  // (node, device) -> slot index lookup, built by the planner
+  std::vector<std::vector<int32_t>> slot_index_;  // [device][node] -> index into memory_[device].slots or -1
+};
+
+/// Compiles `g` for `devices`. Errors: an op no device supports
+/// (unsupported_op, names the node), a pin to a device index out of range
+/// (invalid_argument), a memory plan that does not fit a device
+/// (out_of_memory, names the device and the bytes needed vs available).
+expected<std::shared_ptr<const plan>> compile(std::shared_ptr<const graph> g,
+                                              std::vector<device_spec> devices,
+                                              plan_options options = {});
+
+/// Proves the memory plan: for every pair of buffers on one device whose
+/// byte ranges overlap, every access (write or read) of one happens-before
+/// the first write of the other, where happens-before is the transitive
+/// closure of step deps, lane order of one job and op order inside a step.
+/// Independent of the allocator. Returns ok, or an error naming both nodes.
+error check_hazards(const plan& p);
+
+}  // namespace ag
