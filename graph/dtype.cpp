@@ -1,5 +1,6 @@
 #include "graph/dtype.hpp"
 
+#include <cstdint>
 #include <cstring>
 
 namespace ag {
@@ -92,7 +93,15 @@ void store_from_float(void* data, dtype t, std::size_t i, float v) noexcept {
     case dtype::f32: static_cast<float*>(data)[i] = v; break;
     case dtype::f16: static_cast<uint16_t*>(data)[i] = float_to_half(v); break;
     case dtype::bf16: static_cast<uint16_t*>(data)[i] = float_to_bf16(v); break;
-    case dtype::i32: static_cast<int32_t*>(data)[i] = static_cast<int32_t>(v); break;
+    case dtype::i32: {
+      // truncate toward zero like a C cast, but defined for nan (0) and out-of-range values (saturate)
+      int32_t r = 0;
+      if (v >= 2147483648.0f) r = INT32_MAX;
+      else if (v <= -2147483648.0f) r = INT32_MIN;
+      else if (v == v) r = static_cast<int32_t>(v);
+      static_cast<int32_t*>(data)[i] = r;
+      break;
+    }
   }
 }
 

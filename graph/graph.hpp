@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "graph/dtype.hpp"
@@ -30,13 +31,15 @@ enum class op_kind : uint8_t {
   add, mul,    ///< elementwise, numpy broadcasting of the second operand (right-aligned)
   scale,       ///< x * attrs.scale
   rms_norm,    ///< over the last dim; optional weight input (2nd)
-  layer_norm,  ///< over the last dim; optional weight (2nd) and bias (3rd) inputs
+  layer_norm,  ///< over the last dim; optional weight (2nd) and bias (3rd) inputs (positional: a bias needs a weight)
   softmax,     ///< over the last dim of x * attrs.scale; attrs.causal masks j > i + (Sk - Sq)
   gelu,        ///< attrs.gelu: tanh approximation (GPT-2) or erf (exact)
   silu,        ///< x * sigmoid(x)
   rope,        ///< x [.., S, H, D] rotated by positions (i32 [S]); attrs.rope pairing, attrs.theta
   get_rows,    ///< table [V, D], ids i32 [...] -> [..., D]
-  // views: no computation, alias their source's storage
+  // views: no computation, alias their source's storage. reshape takes the
+  // node's dims; view takes the node's dims, stride and offset as given
+  // (absolute within the storage buffer, not relative to the source)
   reshape, view, permute, transpose, slice,
   // data movement
   concat,      ///< along attrs.axis
@@ -111,6 +114,15 @@ class graph {
   /// wrong: cycle, unknown (dangling) input id, missing inputs, shape or dtype
   /// mismatch, duplicate name, unknown output.
   /// `inputs`/`outputs` list node ids in the order jobs feed / receive them.
+  /// `inputs` must name every input node exactly once (missing_input names an
+  /// unlisted one); `outputs` must be non-empty and without repeats. Names
+  /// must be non-empty. Node ids must be >= 0; the ids in the result are
+  /// the positions in the topological order (stable: among nodes whose inputs
+  /// are all placed, the one listed first comes first, so an already ordered
+  /// list keeps its ids). Every node is re-inferred (infer_node), so dims,
+  /// strides and dtypes of computed nodes need not be filled in; only
+  /// input (type, dims), weight (data), view (dims, stride, offset),
+  /// reshape (dims) and copy (type) take them from the node.
   static expected<graph> from_nodes(std::vector<node> nodes, std::vector<node_id> inputs,
                                     std::vector<node_id> outputs);
 
@@ -136,14 +148,20 @@ class graph {
   std::vector<node> nodes_;
   std::vector<node_id> inputs_, outputs_;
   std::vector<std::vector<node_id>> consumers_;
+  std::unordered_map<std::string, node_id> by_name_;
 };
 
 /// Infers dims/stride/offset/storage of node `n` from its inputs (already
 /// valid, in `nodes`) and checks op arity, shapes and dtypes. Used by the
 /// builder and by graph::from_nodes. Errors name the node.
+/// Input ids index `nodes` (nodes[i].id == i) and must be < n.id. Sets
+/// n.type for every op except input and copy (whose type is the caller's);
+/// normalises negative axes in n.attrs (axis, axis2, perm, begin/end) so a
+/// second call gives the same node. Rank must be 1..4, every dim >= 1.
 error infer_node(const std::vector<node>& nodes, node& n);
 
-/// Handle to a node under construction. Cheap to copy.
+/// Handle to a node under construction. Cheap to copy. Remembers which
+/// builder made it, so passing it to another builder is reported as an error.
 class tensor {
  public:
   tensor() = default;
@@ -153,7 +171,9 @@ class tensor {
  private:
   friend class graph_builder;
   explicit tensor(node_id id) : id_(id) {}
+  tensor(node_id id, uint64_t owner) : id_(id), owner_(owner) {}
   node_id id_ = no_node;
+  uint64_t owner_ = 0;  // serial of the graph_builder that made it
 };
 
 /// Builds a graph op by op:
@@ -183,7 +203,9 @@ class graph_builder {
   tensor scale(tensor x, float s, std::string name = {});
   /// `weight` may be an invalid tensor() for no weight.
   tensor rms_norm(tensor x, tensor weight, float eps = 1e-6f, std::string name = {});
-  /// `weight` / `bias` may be invalid tensor() for none.
+  /// `weight` / `bias` may be invalid tensor() for none. Inputs are positional
+  /// (x, weight, bias), so a bias without a weight adds a weight node
+  /// "<name>.ones" holding ones (of x's dtype) as the 2nd input.
   tensor layer_norm(tensor x, tensor weight, tensor bias, float eps = 1e-5f, std::string name = {});
   tensor softmax(tensor x, bool causal = false, float scale = 1.0f, std::string name = {});
   tensor gelu(tensor x, gelu_mode mode = gelu_mode::tanh, std::string name = {});
@@ -195,6 +217,9 @@ class graph_builder {
 
   /// Views (free): reshape needs a contiguous source.
   tensor reshape(tensor x, shape dims, std::string name = {});
+  /// Arbitrary view: `st` are element strides into x's storage buffer and
+  /// `offset` counts elements from x's first element (x.offset + offset);
+  /// every element reached must lie inside the storage buffer. Strides >= 0.
   tensor view(tensor x, shape dims, strides st, int64_t offset, std::string name = {});
   tensor permute(tensor x, std::array<int, max_rank> perm, std::string name = {});
   tensor transpose(tensor x, int axis0, int axis1, std::string name = {});
@@ -206,7 +231,8 @@ class graph_builder {
   /// Contiguous copy of x in its own dtype (no-op view-to-buffer materialisation).
   tensor contiguous(tensor x, std::string name = {});
 
-  /// Marks x as a job output (in call order).
+  /// Marks x as a job output (in call order). Marking one twice is an error;
+  /// build() needs at least one output.
   void output(tensor x);
   /// Tags nodes created from now on with a pipeline unit (layer index); -1 clears.
   void set_layer(int layer) noexcept { layer_ = layer; }
@@ -225,10 +251,16 @@ class graph_builder {
   tensor add_node(node n);
   bool check(tensor x, const char* what, const std::string& name);
 
+  tensor fail(error e);
+  std::string default_name(op_kind k) const;
+
   std::vector<node> nodes_;
   std::vector<node_id> inputs_, outputs_;
+  std::unordered_map<std::string, node_id> by_name_;
   error status_;
   int layer_ = -1;
+  uint64_t serial_ = next_serial();  // identifies this builder's tensors
+  static uint64_t next_serial() noexcept;
 };
 
 }  // namespace ag

@@ -3,10 +3,11 @@
 namespace ag {
 
 shape::shape(std::initializer_list<int64_t> dims) {
-  for (int64_t d : dims) {
-    if (rank_ == max_rank) break;  // the builder rejects rank > 4 before it gets here
-    d_[rank_++] = d;
+  if (dims.size() > static_cast<std::size_t>(max_rank)) {
+    rank_ = -1;  // marks the shape invalid: validation rejects rank outside 1..4 with the node's name
+    return;
   }
+  for (int64_t d : dims) d_[rank_++] = d;
 }
 
 int64_t shape::numel() const noexcept {
@@ -23,6 +24,7 @@ bool shape::operator==(const shape& o) const noexcept {
 }
 
 std::string shape::to_string() const {
+  if (rank_ < 0) return "[more than 4 dims]";
   std::string s = "[";
   for (int i = 0; i < rank_; ++i) {
     if (i) s += ", ";

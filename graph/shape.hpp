@@ -16,7 +16,9 @@ constexpr int max_rank = 4;
 class shape {
  public:
   shape() = default;
-  shape(std::initializer_list<int64_t> dims);  ///< rank = dims.size(), at most max_rank
+  /// rank = dims.size(); more than max_rank dims give an invalid shape (rank() == -1)
+  /// that graph validation rejects with an error naming the node.
+  shape(std::initializer_list<int64_t> dims);
   template <class It>
   static shape from_range(It first, It last) {
     shape s;

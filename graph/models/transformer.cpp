@@ -1,0 +1,314 @@
+#include "graph/models/transformer.hpp"
+
+#include <cmath>
+#include <string>
+#include <utility>
+
+namespace ag::models {
+
+namespace {
+
+// The weight's seed depends only on (cfg.seed, name): adding a weight or
+// changing the build order never changes the values of the others.
+uint64_t weight_seed(uint64_t seed, const std::string& name) {
+  uint64_t h = 0xcbf29ce484222325ull;  // FNV-1a
+  for (unsigned char c : name) {
+    h ^= c;
+    h *= 0x100000001b3ull;
+  }
+  uint64_t z = h ^ (seed + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2));
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+error bad(std::string msg) {
+  return error{errc::invalid_argument, "transformer_config: " + std::move(msg)};
+}
+
+constexpr float norm_noise = 0.1f;
+
+// Builds one model; every helper reads cfg_ and writes through b_.
+class model_builder {
+ public:
+  explicit model_builder(const transformer_config& cfg) : cfg_(cfg) {}
+
+  expected<graph> build() && {
+    const int64_t B = cfg_.batch, S = cfg_.seq_len;
+    b_.set_layer(0);
+    tensor tokens = b_.input("tokens", dtype::i32, {B, S});
+    tensor positions = b_.input("positions", dtype::i32, {S});
+    tensor x;
+    if (cfg_.variant == model_variant::gpt2) {
+      wte_ = normal("wte", {cfg_.vocab, cfg_.d_model});
+      tensor wpe = normal("wpe", {cfg_.positions_rows(), cfg_.d_model});
+      tensor tok = b_.get_rows(wte_, tokens, "embed.tok");
+      tensor pos = b_.get_rows(wpe, positions, "embed.pos");
+      x = b_.add(tok, pos, "embed");
+    } else {
+      tensor embed = normal("embed_tokens", {cfg_.vocab, cfg_.d_model});
+      x = b_.get_rows(embed, tokens, "embed");
+    }
+    for (int k = 1; k <= cfg_.n_layers; ++k) {
+      b_.set_layer(k);
+      x = cfg_.variant == model_variant::gpt2 ? gpt2_block(k, x) : llama_block(k, x, positions);
+    }
+    b_.set_layer(cfg_.n_layers + 1);
+    tensor logits;
+    if (cfg_.variant == model_variant::gpt2) {
+      tensor w = norm_weight("ln_f.w");
+      tensor bias = normal("ln_f.b", {cfg_.d_model});
+      tensor h = b_.layer_norm(x, w, bias, cfg_.eps, "ln_f");
+      logits = b_.matmul(h, wte_, false, true, cfg_.dtype == dtype::f32 ? "logits" : "head");
+    } else {
+      tensor h = b_.rms_norm(x, norm_weight("norm.w"), cfg_.eps, "norm");
+      tensor head = normal("lm_head", {cfg_.vocab, cfg_.d_model});
+      logits = b_.matmul(h, head, false, true, cfg_.dtype == dtype::f32 ? "logits" : "head");
+    }
+    if (cfg_.dtype != dtype::f32) logits = b_.copy(logits, dtype::f32, "logits");
+    b_.output(logits);
+    return std::move(b_).build();
+  }
+
+ private:
+  static std::string p(int k, const char* what) { return "l" + std::to_string(k) + "." + what; }
+
+  // stddev_scale multiplies cfg.initializer_range.
+  tensor normal(const std::string& name, shape dims, float stddev_scale = 1.0f) {
+    return b_.weight(name, host_tensor::random_normal(cfg_.dtype, dims, weight_seed(cfg_.seed, name),
+                                                      cfg_.initializer_range * stddev_scale));
+  }
+  tensor norm_weight(const std::string& name) {
+    return b_.weight(name, host_tensor::random_normal(cfg_.dtype, {cfg_.d_model}, weight_seed(cfg_.seed, name),
+                                                      norm_noise, 1.0f));
+  }
+
+  // Causal multi-head attention core. q [B,S,H,dh], k and v [B,S,Hkv,dh]
+  // (views are fine) -> [B,S,H*dh], contiguous.
+  tensor attention(int k, tensor q, tensor kk, tensor v) {
+    const int64_t B = cfg_.batch, S = cfg_.seq_len, H = cfg_.n_heads, Hkv = cfg_.kv_heads();
+    const int64_t dh = cfg_.head_dim(), rep = H / Hkv;
+    const float scale = 1.0f / std::sqrt(static_cast<float>(dh));
+    const std::array<int, max_rank> bhsd{0, 2, 1, 3};
+    tensor qh = b_.permute(q, bhsd, p(k, "attn.q_heads"));   // [B,H,S,dh]
+    tensor kh = b_.permute(kk, bhsd, p(k, "attn.k_heads"));  // [B,Hkv,S,dh]
+    tensor vh = b_.permute(v, bhsd, p(k, "attn.v_heads"));
+    tensor out;
+    if (rep == 1) {
+      tensor scores = b_.matmul(qh, kh, false, true, p(k, "attn.qk"));  // [B,H,S,S]
+      tensor probs = b_.softmax(scores, true, scale, p(k, "attn.softmax"));
+      out = b_.matmul(probs, vh, false, false, p(k, "attn.pv"));  // [B,H,S,dh]
+    } else {
+      // GQA without materialising repeated k/v: query heads g*rep .. g*rep+rep-1
+      // share kv head g, so view the contiguous queries [B,H,S,dh] as
+      // [B,Hkv,rep*S,dh] and multiply once per kv head; the causal mask needs
+      // each head's [S,S] block again, hence the reshapes around the softmax.
+      tensor qc = b_.contiguous(qh, p(k, "attn.q_cont"));
+      tensor qg = b_.reshape(qc, {B, Hkv, rep * S, dh}, p(k, "attn.q_groups"));
+      tensor scores = b_.matmul(qg, kh, false, true, p(k, "attn.qk"));  // [B,Hkv,rep*S,S]
+      tensor sh = b_.reshape(scores, {B, H, S, S}, p(k, "attn.qk_heads"));
+      tensor probs = b_.softmax(sh, true, scale, p(k, "attn.softmax"));
+      tensor pg = b_.reshape(probs, {B, Hkv, rep * S, S}, p(k, "attn.probs_groups"));
+      tensor og = b_.matmul(pg, vh, false, false, p(k, "attn.pv"));  // [B,Hkv,rep*S,dh]
+      out = b_.reshape(og, {B, H, S, dh}, p(k, "attn.pv_heads"));
+    }
+    tensor merged = b_.permute(out, bhsd, p(k, "attn.merge"));  // [B,S,H,dh]
+    tensor mc = b_.contiguous(merged, p(k, "attn.merge_cont"));
+    return b_.reshape(mc, {B, S, H * dh}, p(k, "attn.out"));
+  }
+
+  tensor gpt2_block(int k, tensor x) {
+    const int64_t B = cfg_.batch, S = cfg_.seq_len, d = cfg_.d_model, H = cfg_.n_heads, dh = cfg_.head_dim();
+    const float proj_scale = 1.0f / std::sqrt(2.0f * static_cast<float>(cfg_.n_layers));
+    // Weights are made in separate statements so that node order does not
+    // depend on the compiler's argument evaluation order.
+    tensor ln1_w = norm_weight(p(k, "ln_1.w"));
+    tensor ln1_b = normal(p(k, "ln_1.b"), {d});
+    tensor a = b_.layer_norm(x, ln1_w, ln1_b, cfg_.eps, p(k, "ln_1"));
+    tensor qkv = b_.matmul(a, normal(p(k, "attn.w_qkv"), {d, 3 * d}), false, false, p(k, "attn.qkv_mm"));
+    qkv = b_.add(qkv, normal(p(k, "attn.b_qkv"), {3 * d}), p(k, "attn.qkv"));
+    // HF splits the 3d columns into q | k | v, each d = H * dh columns.
+    tensor heads = b_.reshape(qkv, {B, S, 3 * H, dh}, p(k, "attn.qkv_heads"));
+    tensor q = b_.slice(heads, 2, 0, H, p(k, "attn.q"));
+    tensor kk = b_.slice(heads, 2, H, 2 * H, p(k, "attn.k"));
+    tensor v = b_.slice(heads, 2, 2 * H, 3 * H, p(k, "attn.v"));
+    tensor att = attention(k, q, kk, v);
+    tensor o = b_.matmul(att, normal(p(k, "attn.w_proj"), {d, d}, proj_scale), false, false, p(k, "attn.proj_mm"));
+    o = b_.add(o, normal(p(k, "attn.b_proj"), {d}), p(k, "attn.proj"));
+    x = b_.add(x, o, p(k, "attn.residual"));
+
+    tensor ln2_w = norm_weight(p(k, "ln_2.w"));
+    tensor ln2_b = normal(p(k, "ln_2.b"), {d});
+    tensor m = b_.layer_norm(x, ln2_w, ln2_b, cfg_.eps, p(k, "ln_2"));
+    tensor h = b_.matmul(m, normal(p(k, "mlp.w_fc"), {d, cfg_.d_ff}), false, false, p(k, "mlp.fc_mm"));
+    h = b_.add(h, normal(p(k, "mlp.b_fc"), {cfg_.d_ff}), p(k, "mlp.fc"));
+    h = b_.gelu(h, gelu_mode::tanh, p(k, "mlp.gelu"));
+    h = b_.matmul(h, normal(p(k, "mlp.w_proj"), {cfg_.d_ff, d}, proj_scale), false, false, p(k, "mlp.proj_mm"));
+    h = b_.add(h, normal(p(k, "mlp.b_proj"), {d}), p(k, "mlp.proj"));
+    return b_.add(x, h, p(k, "mlp.residual"));
+  }
+
+  tensor llama_block(int k, tensor x, tensor positions) {
+    const int64_t B = cfg_.batch, S = cfg_.seq_len, d = cfg_.d_model, H = cfg_.n_heads, Hkv = cfg_.kv_heads();
+    const int64_t dh = cfg_.head_dim();
+    tensor a = b_.rms_norm(x, norm_weight(p(k, "attn_norm.w")), cfg_.eps, p(k, "attn_norm"));
+    tensor q = b_.matmul(a, normal(p(k, "attn.wq"), {H * dh, d}), false, true, p(k, "attn.q_proj"));
+    tensor kk = b_.matmul(a, normal(p(k, "attn.wk"), {Hkv * dh, d}), false, true, p(k, "attn.k_proj"));
+    tensor v = b_.matmul(a, normal(p(k, "attn.wv"), {Hkv * dh, d}), false, true, p(k, "attn.v_proj"));
+    q = b_.reshape(q, {B, S, H, dh}, p(k, "attn.q"));
+    kk = b_.reshape(kk, {B, S, Hkv, dh}, p(k, "attn.k"));
+    v = b_.reshape(v, {B, S, Hkv, dh}, p(k, "attn.v"));
+    q = b_.rope(q, positions, cfg_.rope_theta, rope_mode::neox, p(k, "attn.q_rope"));
+    kk = b_.rope(kk, positions, cfg_.rope_theta, rope_mode::neox, p(k, "attn.k_rope"));
+    tensor att = attention(k, q, kk, v);
+    tensor o = b_.matmul(att, normal(p(k, "attn.wo"), {d, H * dh}), false, true, p(k, "attn.o_proj"));
+    x = b_.add(x, o, p(k, "attn.residual"));
+
+    tensor m = b_.rms_norm(x, norm_weight(p(k, "mlp_norm.w")), cfg_.eps, p(k, "mlp_norm"));
+    tensor gate = b_.matmul(m, normal(p(k, "mlp.w_gate"), {cfg_.d_ff, d}), false, true, p(k, "mlp.gate"));
+    tensor up = b_.matmul(m, normal(p(k, "mlp.w_up"), {cfg_.d_ff, d}), false, true, p(k, "mlp.up"));
+    tensor act = b_.mul(b_.silu(gate, p(k, "mlp.silu")), up, p(k, "mlp.act"));
+    tensor down = b_.matmul(act, normal(p(k, "mlp.w_down"), {d, cfg_.d_ff}), false, true, p(k, "mlp.down"));
+    return b_.add(x, down, p(k, "mlp.residual"));
+  }
+
+  const transformer_config& cfg_;
+  graph_builder b_;
+  tensor wte_;
+};
+
+}  // namespace
+
+const char* to_string(model_variant v) noexcept {
+  switch (v) {
+    case model_variant::gpt2: return "gpt2";
+    case model_variant::llama: return "llama";
+  }
+  return "?";
+}
+
+bool parse_variant(const std::string& s, model_variant& out) noexcept {
+  if (s == "gpt2") { out = model_variant::gpt2; return true; }
+  if (s == "llama") { out = model_variant::llama; return true; }
+  return false;
+}
+
+transformer_config transformer_config::gpt2_124m(int64_t seq_len, int64_t batch) {
+  transformer_config c;
+  c.variant = model_variant::gpt2;
+  c.n_layers = 12;
+  c.d_model = 768;
+  c.n_heads = 12;
+  c.d_ff = 3072;
+  c.vocab = 50257;
+  c.max_positions = 1024;
+  c.seq_len = seq_len;
+  c.batch = batch;
+  c.eps = 1e-5f;
+  return c;
+}
+
+transformer_config transformer_config::llama_8b_like(int n_layers, int64_t seq_len, int64_t batch) {
+  transformer_config c;
+  c.variant = model_variant::llama;
+  c.n_layers = n_layers;
+  c.d_model = 4096;
+  c.n_heads = 32;
+  c.n_kv_heads = 8;
+  c.d_ff = 14336;
+  c.vocab = 32000;
+  c.seq_len = seq_len;
+  c.batch = batch;
+  c.eps = 1e-5f;
+  c.rope_theta = 500000.0f;
+  return c;
+}
+
+error validate(const transformer_config& c) {
+  using std::to_string;
+  if (c.variant != model_variant::gpt2 && c.variant != model_variant::llama)
+    return bad("unknown variant " + to_string(static_cast<int>(c.variant)));
+  if (c.n_layers < 1) return bad("n_layers must be >= 1, got " + to_string(c.n_layers));
+  if (c.d_model < 1) return bad("d_model must be >= 1, got " + to_string(c.d_model));
+  if (c.n_heads < 1) return bad("n_heads must be >= 1, got " + to_string(c.n_heads));
+  if (c.d_model % c.n_heads != 0)
+    return bad("d_model " + to_string(c.d_model) + " is not divisible by n_heads " + to_string(c.n_heads));
+  if (c.n_kv_heads < 0) return bad("n_kv_heads must be >= 0 (0 = n_heads), got " + to_string(c.n_kv_heads));
+  if (c.variant == model_variant::gpt2 && c.n_kv_heads != 0 && c.n_kv_heads != c.n_heads)
+    return bad("n_kv_heads " + to_string(c.n_kv_heads) + " != n_heads " + to_string(c.n_heads) +
+               ": gpt2 has no grouped-query attention");
+  if (c.n_heads % c.kv_heads() != 0)
+    return bad("n_kv_heads " + to_string(c.kv_heads()) + " does not divide n_heads " + to_string(c.n_heads));
+  if (c.variant == model_variant::llama && c.head_dim() % 2 != 0)
+    return bad("head_dim " + to_string(c.head_dim()) + " (d_model / n_heads) must be even for RoPE");
+  if (c.d_ff < 1) return bad("d_ff must be >= 1, got " + to_string(c.d_ff));
+  if (c.vocab < 1) return bad("vocab must be >= 1, got " + to_string(c.vocab));
+  if (c.vocab > (int64_t{1} << 31) - 1) return bad("vocab " + to_string(c.vocab) + " does not fit i32 token ids");
+  if (c.seq_len < 1) return bad("seq_len must be >= 1, got " + to_string(c.seq_len));
+  if (c.batch < 1) return bad("batch must be >= 1, got " + to_string(c.batch));
+  if (c.max_positions < 0) return bad("max_positions must be >= 0 (0 = seq_len), got " + to_string(c.max_positions));
+  if (c.variant == model_variant::gpt2 && c.positions_rows() < c.seq_len)
+    return bad("max_positions " + to_string(c.max_positions) + " < seq_len " + to_string(c.seq_len));
+  if (c.dtype != dtype::f32 && c.dtype != dtype::f16 && c.dtype != dtype::bf16)
+    return bad(std::string("dtype must be f32, f16 or bf16, got ") + ag::to_string(c.dtype));
+  if (!(c.eps > 0.0f) || !std::isfinite(c.eps)) return bad("eps must be a finite value > 0, got " + to_string(c.eps));
+  if (!(c.initializer_range > 0.0f) || !std::isfinite(c.initializer_range))
+    return bad("initializer_range must be a finite value > 0, got " + to_string(c.initializer_range));
+  if (c.variant == model_variant::llama && (!(c.rope_theta > 0.0f) || !std::isfinite(c.rope_theta)))
+    return bad("rope_theta must be a finite value > 0, got " + to_string(c.rope_theta));
+  // Rank-4 shapes: [B, Hkv, rep*S, S] etc. must not overflow int64 element counts.
+  const double biggest = static_cast<double>(c.batch) * c.n_heads * c.seq_len * c.seq_len +
+                         static_cast<double>(c.vocab) * c.d_model + static_cast<double>(c.batch) * c.seq_len * c.vocab;
+  if (biggest > 9.0e18) return bad("sizes overflow 64-bit element counts");
+  return {};
+}
+
+expected<graph> build_transformer(const transformer_config& cfg) {
+  if (error e = validate(cfg)) return e;
+  return model_builder(cfg).build();
+}
+
+std::vector<host_tensor> transformer_inputs(const transformer_config& cfg, uint64_t seed) {
+  if (validate(cfg)) return {};
+  std::vector<int32_t> pos(static_cast<std::size_t>(cfg.seq_len));
+  for (std::size_t i = 0; i < pos.size(); ++i) pos[i] = static_cast<int32_t>(i);
+  std::vector<host_tensor> out;
+  out.push_back(host_tensor::random_ints({cfg.batch, cfg.seq_len}, seed, static_cast<int32_t>(cfg.vocab)));
+  out.push_back(host_tensor::from_ints({cfg.seq_len}, pos));
+  return out;
+}
+
+int64_t parameter_count(const transformer_config& c) {
+  if (validate(c)) return 0;
+  const int64_t d = c.d_model, ff = c.d_ff, V = c.vocab, L = c.n_layers;
+  if (c.variant == model_variant::gpt2) {
+    const int64_t block = 2 * d + (d * 3 * d + 3 * d) + (d * d + d) + 2 * d + (d * ff + ff) + (ff * d + d);
+    return V * d + c.positions_rows() * d + L * block + 2 * d;
+  }
+  const int64_t H = c.n_heads, Hkv = c.kv_heads(), dh = c.head_dim();
+  const int64_t block = d + d * H * dh + 2 * d * Hkv * dh + H * dh * d + d + 3 * d * ff;
+  return V * d + L * block + d + V * d;
+}
+
+std::vector<std::string> weight_names(const transformer_config& c) {
+  std::vector<std::string> n;
+  auto p = [](int k, const char* w) { return "l" + std::to_string(k) + "." + w; };
+  if (c.variant == model_variant::gpt2) {
+    n = {"wte", "wpe"};
+    for (int k = 1; k <= c.n_layers; ++k)
+      for (const char* w : {"ln_1.w", "ln_1.b", "attn.w_qkv", "attn.b_qkv", "attn.w_proj", "attn.b_proj", "ln_2.w",
+                            "ln_2.b", "mlp.w_fc", "mlp.b_fc", "mlp.w_proj", "mlp.b_proj"})
+        n.push_back(p(k, w));
+    n.insert(n.end(), {"ln_f.w", "ln_f.b"});
+  } else {
+    n = {"embed_tokens"};
+    for (int k = 1; k <= c.n_layers; ++k)
+      for (const char* w : {"attn_norm.w", "attn.wq", "attn.wk", "attn.wv", "attn.wo", "mlp_norm.w", "mlp.w_gate",
+                            "mlp.w_up", "mlp.w_down"})
+        n.push_back(p(k, w));
+    n.insert(n.end(), {"norm.w", "lm_head"});
+  }
+  return n;
+}
+
+}  // namespace ag::models

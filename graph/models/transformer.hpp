@@ -1,0 +1,143 @@
+#pragma once
+/// \file transformer.hpp
+/// Decoder-only transformer graphs (GPT-2 and LLaMA) built with
+/// graph_builder, with deterministic random weights owned by the graph.
+///
+///     ag::models::transformer_config cfg;            // small GPT-2 by default
+///     cfg.variant = ag::models::model_variant::llama;
+///     ag::expected<ag::graph> g = ag::models::build_transformer(cfg);
+///     std::vector<ag::host_tensor> in = ag::models::transformer_inputs(cfg, 42);
+///
+/// The math follows HF transformers literally:
+/// - gpt2 (GPT2LMHeadModel): h = wte[tok] + wpe[pos]; per block
+///   x += attn(ln_1(x)); x += mlp(ln_2(x)); attention through one fused Conv1D
+///   (weight [d, 3d] + bias), causal softmax(q k^T / sqrt(dh)), c_proj (+ bias);
+///   mlp = c_proj(gelu_new(c_fc(x))) with gelu_new the tanh approximation;
+///   final ln_f; logits = h wte^T (tied head).
+/// - llama (LlamaForCausalLM): h = embed[tok]; per block
+///   x += attn(rms_norm(x)); x += mlp(rms_norm(x)); q/k/v/o projections as
+///   nn.Linear without bias (weights [out, in], multiplied with trans_b); RoPE
+///   on q and k with rotate_half pairing (rope_mode::neox) and rope_theta;
+///   grouped-query attention when n_kv_heads < n_heads (query head h uses kv
+///   head h / rep, as HF's repeat_kv; done by regrouping the queries, without
+///   copying k and v); mlp = down(silu(gate(x)) * up(x));
+///   final rms_norm; untied lm_head [vocab, d].
+///
+/// Graph interface (both variants):
+/// - job inputs, in order: `tokens` i32 [batch, seq_len] and `positions`
+///   i32 [seq_len] (0..seq_len-1 for a plain forward pass; an input rather
+///   than a constant so that a caller can offset them). gpt2 gathers
+///   wpe[positions]; llama rotates q and k by them.
+/// - job output: `logits` f32 [batch, seq_len, vocab] (a cast node when the
+///   storage dtype is lower).
+/// - weights and activations are stored in cfg.dtype (f32 / f16 / bf16); ops
+///   compute in f32 or wider and round their result to the storage type.
+///
+/// Layer tags (node::layer, the unit the pipeline planner places):
+/// - 0: embedding (inputs, wte/wpe or embed_tokens, the gathers);
+/// - 1..n_layers: transformer block k (HF block k-1: `h.{k-1}` / `layers.{k-1}`);
+/// - n_layers+1: final norm, head and the logits cast.
+/// gpt2's head reads `wte`, which is tagged 0 (tied weight): a pipeline with
+/// the head on another device copies it there.
+///
+/// Names: nodes of block k start with "l<k>." (same k as the layer tag), e.g.
+/// "l3.attn.qk", "l3.mlp.fc"; weights "l3.attn.w_qkv", "l3.ln_1.w". Global
+/// weights: gpt2 "wte", "wpe", "ln_f.w", "ln_f.b"; llama "embed_tokens", "norm.w",
+/// "lm_head". weight_names(cfg) lists them all in build order.
+///
+/// Initialisation (deterministic from cfg.seed and the weight's name, so a
+/// weight's values do not depend on which other weights exist): matrices and
+/// embeddings N(0, r^2) with r = cfg.initializer_range (0.02) as GPT-2 does,
+/// with gpt2's two c_proj matrices scaled by 1/sqrt(2 n_layers) as GPT-2's
+/// paper and HF's init do; biases N(0, r^2) and norm weights N(1, 0.1^2)
+/// (HF starts them at 0 and 1: we perturb them so that a test notices a
+/// dropped bias or norm weight).
+///
+/// Thread-safety: every function here is pure; call from any thread.
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "graph/dtype.hpp"
+#include "graph/error.hpp"
+#include "graph/graph.hpp"
+#include "graph/host_tensor.hpp"
+
+namespace ag::models {
+
+/// Which published architecture to build.
+enum class model_variant : uint8_t { gpt2 = 0, llama = 1 };
+/// "gpt2" / "llama".
+const char* to_string(model_variant v) noexcept;
+/// Parses the names above; false if unknown.
+bool parse_variant(const std::string& s, model_variant& out) noexcept;
+
+/// Shape and initialisation of one model. Defaults: a tiny GPT-2 (2 layers,
+/// d_model 64, 4 heads, vocab 97, 12 tokens x batch 2) that the reference
+/// evaluator runs in milliseconds.
+struct transformer_config {
+  model_variant variant = model_variant::gpt2;
+  int n_layers = 2;
+  int64_t d_model = 64;
+  int n_heads = 4;
+  /// llama only: key/value heads; 0 = n_heads. Must divide n_heads (GQA).
+  int n_kv_heads = 0;
+  /// MLP hidden width (gpt2: n_inner, usually 4 d; llama: intermediate_size).
+  int64_t d_ff = 256;
+  int64_t vocab = 97;
+  int64_t seq_len = 12;
+  int64_t batch = 2;
+  /// gpt2 only: rows of the position table wpe (n_positions); 0 = seq_len.
+  /// Must be >= seq_len.
+  int64_t max_positions = 0;
+  /// Storage type of weights and activations: f32, f16 or bf16.
+  ag::dtype dtype = ag::dtype::f32;
+  uint64_t seed = 1;
+  /// Standard deviation of matrices, embeddings and biases (HF's
+  /// initializer_range, 0.02). Tests raise it so that attention is sharp and
+  /// activations are O(1), where a wrong definition shows in the logits.
+  float initializer_range = 0.02f;
+  /// layer_norm (gpt2: layer_norm_epsilon) / rms_norm (llama: rms_norm_eps).
+  float eps = 1e-5f;
+  /// llama only: RoPE base.
+  float rope_theta = 10000.0f;
+
+  /// n_kv_heads with the default resolved (n_heads for gpt2 or when 0).
+  int kv_heads() const noexcept { return variant == model_variant::llama && n_kv_heads > 0 ? n_kv_heads : n_heads; }
+  int64_t head_dim() const noexcept { return n_heads > 0 ? d_model / n_heads : 0; }
+  int64_t positions_rows() const noexcept { return max_positions > 0 ? max_positions : seq_len; }
+
+  /// GPT-2 small (124M: 12 layers, d 768, 12 heads, vocab 50257, 1024 positions).
+  static transformer_config gpt2_124m(int64_t seq_len = 128, int64_t batch = 1);
+  /// A LLaMA-shaped model of `n_layers` layers at d 4096 / 32 heads / 8 kv heads /
+  /// ff 14336 / vocab 32000 (LLaMA-3-8B-like widths with LLaMA-2's vocab), for
+  /// planner and benchmark sizes. Building it draws every weight: about
+  /// 218M elements per layer, so mind memory and time (use few layers).
+  static transformer_config llama_8b_like(int n_layers = 32, int64_t seq_len = 128, int64_t batch = 1);
+};
+
+/// Checks a config; the error (errc::invalid_argument) names the field and why,
+/// e.g. "transformer_config: d_model 100 is not divisible by n_heads 3".
+error validate(const transformer_config& cfg);
+
+/// Builds the graph (see the file comment for inputs, outputs, names and layer
+/// tags). Errors: an invalid config (see validate), or a graph error from the
+/// builder, which would be a bug here (it names the node).
+expected<graph> build_transformer(const transformer_config& cfg);
+
+/// Job inputs for one forward pass, in the graph's input order: tokens
+/// (deterministic from `seed`, uniform in [0, vocab)) and positions 0..seq_len-1.
+/// Returns an empty vector when the config is invalid.
+std::vector<host_tensor> transformer_inputs(const transformer_config& cfg, uint64_t seed);
+
+/// Number of weight elements the graph holds (tied wte counted once):
+///   gpt2:  V d + P d + L (4 d^2 + 2 d ff + 9 d + ff) + 2 d   (P = positions_rows())
+///   llama: 2 V d + L (2 d + d (H + 2 Hkv) dh + H dh d + 3 d ff) + d
+/// 0 when the config is invalid.
+int64_t parameter_count(const transformer_config& cfg);
+
+/// Names of all weights in build order (what build_transformer creates).
+std::vector<std::string> weight_names(const transformer_config& cfg);
+
+}  // namespace ag::models

@@ -1,0 +1,44 @@
+#pragma once
+/// \file reference.hpp
+/// The CPU reference evaluator: the oracle every backend is tested against.
+/// Straightforward and accurate rather than fast: it accumulates in double
+/// (matmul dot products, norm statistics, softmax sums) and rounds each
+/// node's result to the node's dtype, as a device storing that dtype would.
+/// Pure function of its arguments; safe to call from any thread.
+
+#include <vector>
+
+#include "graph/error.hpp"
+#include "graph/graph.hpp"
+#include "graph/host_tensor.hpp"
+
+namespace ag {
+
+/// Checks job inputs against g.inputs(): count, dtype, dims. The error names
+/// the input (index and node name) and what was expected vs given:
+/// missing_input (too few), invalid_argument (too many), dtype_mismatch,
+/// invalid_shape.
+error check_inputs(const graph& g, const std::vector<host_tensor>& inputs);
+
+/// Evaluates g on the CPU. Returns the outputs in g.outputs() order, each a
+/// contiguous tensor of its node's dtype and dims. Fails with check_inputs'
+/// errors, or errc::invalid_argument naming the node and the id when get_rows
+/// meets an id outside [0, V).
+///
+/// Definitions: gelu tanh = 0.5x(1 + tanh(sqrt(2/pi)(x + 0.044715x^3))),
+/// gelu erf = 0.5x(1 + erf(x / sqrt 2)); silu = x / (1 + exp(-x));
+/// rms_norm = x / sqrt(mean(x^2) + eps) * w; layer_norm = (x - mean) /
+/// sqrt(var + eps) * w + b with the biased variance; softmax over the last
+/// dim of x * scale, minus the row max, with causal masking of j > i + Sk - Sq
+/// (masked probabilities are exactly 0); rope angle = pos * theta^(-2i/D) for
+/// pair i (neox pairs (i, i + D/2), interleaved pairs (2i, 2i + 1)), rotating
+/// (a, b) to (a cos - b sin, a sin + b cos); copy to i32 truncates toward zero
+/// (saturating; nan -> 0).
+expected<std::vector<host_tensor>> evaluate_reference(const graph& g, const std::vector<host_tensor>& inputs);
+
+/// Same, but returns every node's value (index = node id; views materialised
+/// as contiguous tensors).
+expected<std::vector<host_tensor>> evaluate_reference_all(const graph& g,
+                                                          const std::vector<host_tensor>& inputs);
+
+}  // namespace ag

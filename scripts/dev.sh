@@ -1,0 +1,90 @@
+#!/usr/bin/env bash
+# The two quick-start commands (README):
+#   bash scripts/dev.sh demo   install what is missing, build, start the REPL demo
+#   bash scripts/dev.sh test   install what is missing, build, run every test
+#                              (release build, then AddressSanitizer, then
+#                              ThreadSanitizer on the code that runs outside CAF)
+# Works on a fresh Debian bookworm machine as root (apt); on a machine where
+# everything is installed it skips apt. Extra arguments after `demo` go to the REPL.
+set -euo pipefail
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$here"
+mode="${1:-}"
+shift || true
+jobs="${AG_BUILD_JOBS:-$(nproc)}"
+
+packages=(build-essential cmake ninja-build pkg-config git
+          libcaf-dev libconcurrentqueue-dev libgtest-dev libgmock-dev libbenchmark-dev
+          libopenblas-dev libreadline-dev python3 python3-numpy)
+
+install_missing() {
+  local missing=()
+  for p in "${packages[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+  done
+  if ((${#missing[@]})); then
+    echo "== installing: ${missing[*]}"
+    local sudo=""
+    [ "$(id -u)" = 0 ] || sudo="sudo"
+    export DEBIAN_FRONTEND=noninteractive
+    $sudo apt-get update -qq
+    $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
+  fi
+}
+
+# The Python reference checks need numpy: prefer an interpreter that has it
+# (Debian's python3-numpy lives in /usr/bin/python3, which a pyenv shim may hide).
+python_args=()
+pick_python() {
+  python_args=()
+  local py
+  for py in "$(command -v python3 || true)" /usr/bin/python3; do
+    if [ -n "$py" ] && "$py" -c 'import numpy' 2>/dev/null; then
+      python_args=(-DPython3_EXECUTABLE="$py")
+      return
+    fi
+  done
+}
+
+# configure_and_build <dir> <cmake args...>
+configure_and_build() {
+  local dir="$1"
+  shift
+  pick_python
+  cmake -S "$here" -B "$dir" -G Ninja "${python_args[@]}" "$@" >"$dir.configure.log" 2>&1 || {
+    cat "$dir.configure.log"
+    return 1
+  }
+  grep -E "actorgraph:|skipp" "$dir.configure.log" || true
+  cmake --build "$dir" -j "$jobs" ${AG_TARGET:+--target "$AG_TARGET"}
+}
+
+case "$mode" in
+  demo)
+    install_missing
+    configure_and_build build -DCMAKE_BUILD_TYPE=Release
+    exec ./build/apps/actorgraph "$@"
+    ;;
+  test)
+    install_missing
+    start=$(date +%s)
+    echo "== release build"
+    configure_and_build build -DCMAKE_BUILD_TYPE=Release
+    echo "== tests (release; GPU tests skip with a reason when there is no GPU)"
+    (cd build && ctest --output-on-failure -j "$jobs" --timeout 600)
+    echo "== AddressSanitizer build (CUDA off: nothing runs on a GPU here)"
+    configure_and_build build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DACTORGRAPH_SANITIZER=address \
+      -DACTORGRAPH_CUDA=OFF -DACTORGRAPH_BUILD_BENCHMARKS=OFF
+    (cd build-asan && ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
+       ctest --output-on-failure -j "$jobs" --timeout 900)
+    echo "== ThreadSanitizer on the device backends (host streams, events, sim clock: no CAF inside)"
+    AG_TARGET=test_gpu configure_and_build build-tsan -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+      -DACTORGRAPH_SANITIZER=thread -DACTORGRAPH_CUDA=OFF -DACTORGRAPH_BUILD_BENCHMARKS=OFF
+    (cd build-tsan && TSAN_OPTIONS=halt_on_error=1 ctest --output-on-failure -j "$jobs" -L backends --timeout 900)
+    echo "== all tests passed in $(( $(date +%s) - start )) s"
+    ;;
+  *)
+    echo "usage: bash scripts/dev.sh demo [repl args...] | test" >&2
+    exit 2
+    ;;
+esac

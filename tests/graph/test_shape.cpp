@@ -1,0 +1,29 @@
+#include <gtest/gtest.h>
+
+#include "graph/graph.hpp"
+
+namespace {
+
+TEST(Shape, MoreThanFourDimsIsInvalidAndRejectedByTheBuilder) {
+  ag::shape s{1, 2, 3, 4, 5};
+  EXPECT_EQ(s.rank(), -1);
+  ag::graph_builder b;
+  auto x = b.input("too_deep", ag::dtype::f32, {1, 2, 3, 4, 5});
+  EXPECT_FALSE(x.valid());
+  auto g = std::move(b).build();
+  ASSERT_FALSE(g.has_value());
+  EXPECT_NE(g.err().message.find("too_deep"), std::string::npos) << g.err().to_string();
+}
+
+TEST(Shape, ContiguityIgnoresSizeOneDims) {
+  ag::shape s{4, 1, 8};
+  ag::strides st = ag::contiguous_strides(s);
+  EXPECT_EQ(st[0], 8);
+  EXPECT_EQ(st[2], 1);
+  st[1] = 12345;  // stride of a size-1 dim never matters
+  EXPECT_TRUE(ag::is_contiguous(s, st));
+  st[0] = 9;
+  EXPECT_FALSE(ag::is_contiguous(s, st));
+}
+
+}  // namespace

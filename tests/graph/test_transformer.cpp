@@ -1,0 +1,357 @@
+// Tests of ag::models::build_transformer: structure (shapes, names, layer
+// tags, parameter counts), determinism, config validation, and behaviour
+// through the reference evaluator (causality, batch independence, RoPE's
+// relative positions, reduced-precision storage). The numerical match with
+// HF transformers' definitions is tests/models/transformer_ref.py.
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "graph/graph.hpp"
+#include "graph/models/transformer.hpp"
+#include "graph/reference.hpp"
+
+namespace {
+
+using ag::dtype;
+using ag::host_tensor;
+using ag::models::model_variant;
+using ag::models::transformer_config;
+
+transformer_config small(model_variant v, int kv_heads = 0) {
+  transformer_config c;
+  c.variant = v;
+  c.n_layers = 2;
+  c.d_model = 32;
+  c.n_heads = 4;
+  c.n_kv_heads = kv_heads;
+  c.d_ff = 48;
+  c.vocab = 41;
+  c.seq_len = 7;
+  c.batch = 2;
+  c.seed = 11;
+  return c;
+}
+
+std::vector<transformer_config> all_small() {
+  return {small(model_variant::gpt2), small(model_variant::llama), small(model_variant::llama, 2),
+          small(model_variant::llama, 1)};
+}
+
+std::string label(const transformer_config& c) {
+  return std::string(ag::models::to_string(c.variant)) + " kv_heads=" + std::to_string(c.kv_heads());
+}
+
+host_tensor eval_logits(const ag::graph& g, const std::vector<host_tensor>& in) {
+  auto out = ag::evaluate_reference(g, in);
+  EXPECT_TRUE(out.has_value()) << (out ? "" : out.err().to_string());
+  if (!out || out->size() != 1) return {};
+  return (*out)[0];
+}
+
+TEST(Transformer, BuildsBothVariantsWithDocumentedInterface) {
+  for (const auto& c : all_small()) {
+    SCOPED_TRACE(label(c));
+    auto g = ag::models::build_transformer(c);
+    ASSERT_TRUE(g.has_value()) << g.err().to_string();
+    ASSERT_EQ(g->inputs().size(), 2u);
+    const auto& tok = g->at(g->inputs()[0]);
+    const auto& pos = g->at(g->inputs()[1]);
+    EXPECT_EQ(tok.name, "tokens");
+    EXPECT_EQ(tok.type, dtype::i32);
+    EXPECT_EQ(tok.dims, (ag::shape{c.batch, c.seq_len}));
+    EXPECT_EQ(pos.name, "positions");
+    EXPECT_EQ(pos.type, dtype::i32);
+    EXPECT_EQ(pos.dims, (ag::shape{c.seq_len}));
+    ASSERT_EQ(g->outputs().size(), 1u);
+    const auto& out = g->at(g->outputs()[0]);
+    EXPECT_EQ(out.name, "logits");
+    EXPECT_EQ(out.type, dtype::f32);
+    EXPECT_EQ(out.dims, (ag::shape{c.batch, c.seq_len, c.vocab}));
+
+    auto in = ag::models::transformer_inputs(c, 5);
+    ASSERT_EQ(in.size(), 2u);
+    EXPECT_TRUE(ag::check_inputs(*g, in).ok());
+    host_tensor logits = eval_logits(*g, in);
+    ASSERT_EQ(logits.dims(), out.dims);
+    for (int64_t i = 0; i < logits.numel(); ++i) ASSERT_TRUE(std::isfinite(logits.at(i))) << "element " << i;
+  }
+}
+
+TEST(Transformer, InputsAreTokensInRangeAndPlainPositions) {
+  auto c = small(model_variant::llama);
+  c.vocab = 5;
+  auto in = ag::models::transformer_inputs(c, 3);
+  ASSERT_EQ(in.size(), 2u);
+  std::set<int> seen;
+  for (int64_t i = 0; i < in[0].numel(); ++i) {
+    const int t = static_cast<int>(in[0].at(i));
+    EXPECT_GE(t, 0);
+    EXPECT_LT(t, 5);
+    seen.insert(t);
+  }
+  EXPECT_GT(seen.size(), 1u) << "tokens should be random, not constant";
+  for (int64_t i = 0; i < in[1].numel(); ++i) EXPECT_EQ(in[1].at(i), static_cast<float>(i));
+  EXPECT_FALSE(ag::models::transformer_inputs(c, 3)[0] == ag::models::transformer_inputs(c, 4)[0]);
+  c.n_heads = 3;  // invalid: 32 % 3 != 0
+  EXPECT_TRUE(ag::models::transformer_inputs(c, 3).empty());
+}
+
+TEST(Transformer, ParameterCountMatchesWeightsAndPublishedModels) {
+  for (auto c : all_small()) {
+    c.max_positions = c.variant == model_variant::gpt2 ? 16 : 0;
+    SCOPED_TRACE(label(c));
+    auto g = ag::models::build_transformer(c);
+    ASSERT_TRUE(g.has_value()) << g.err().to_string();
+    int64_t elems = 0;
+    std::vector<std::string> names;
+    for (const auto& n : g->nodes())
+      if (n.op == ag::op_kind::weight) {
+        elems += n.dims.numel();
+        names.push_back(n.name);
+        ASSERT_NE(n.data, nullptr) << n.name;
+        EXPECT_EQ(n.data->dims(), n.dims) << n.name;
+      }
+    EXPECT_EQ(elems, ag::models::parameter_count(c));
+    EXPECT_EQ(g->weight_bytes(), elems * 4);
+    EXPECT_EQ(names, ag::models::weight_names(c));
+  }
+  // Published sizes: GPT-2 small has 124,439,808 parameters (HF, tied head);
+  // LLaMA-2-7B 6,738,415,616 (untied head, no GQA).
+  EXPECT_EQ(ag::models::parameter_count(transformer_config::gpt2_124m()), 124439808);
+  transformer_config l7;
+  l7.variant = model_variant::llama;
+  l7.n_layers = 32;
+  l7.d_model = 4096;
+  l7.n_heads = 32;
+  l7.d_ff = 11008;
+  l7.vocab = 32000;
+  EXPECT_EQ(ag::models::parameter_count(l7), 6738415616);
+  // LLaMA-3-8B's GQA widths with vocab 128256: 8,030,261,248.
+  auto l3 = transformer_config::llama_8b_like(32);
+  l3.vocab = 128256;
+  EXPECT_EQ(ag::models::parameter_count(l3), 8030261248);
+}
+
+TEST(Transformer, LayerTagsAreMonotoneAlongEdgesAndMatchNames) {
+  for (const auto& c : all_small()) {
+    SCOPED_TRACE(label(c));
+    auto g = ag::models::build_transformer(c);
+    ASSERT_TRUE(g.has_value()) << g.err().to_string();
+    std::set<int> layers;
+    for (const auto& n : g->nodes()) {
+      ASSERT_GE(n.layer, 0) << n.name << " is untagged";
+      ASSERT_LE(n.layer, c.n_layers + 1) << n.name;
+      layers.insert(n.layer);
+      for (ag::node_id i : n.inputs)
+        EXPECT_LE(g->at(i).layer, n.layer) << g->at(i).name << " -> " << n.name;
+      if (n.name.size() > 1 && n.name[0] == 'l' && std::isdigit(static_cast<unsigned char>(n.name[1]))) {
+        EXPECT_EQ(n.layer, std::stoi(n.name.substr(1))) << n.name;
+      }
+    }
+    EXPECT_EQ(static_cast<int>(layers.size()), c.n_layers + 2);
+    EXPECT_EQ(g->at(g->find("tokens")).layer, 0);
+    EXPECT_EQ(g->at(g->outputs()[0]).layer, c.n_layers + 1);
+    for (int k = 1; k <= c.n_layers; ++k) {
+      const std::string p = "l" + std::to_string(k) + ".";
+      for (const char* what : {"attn.qk", "attn.softmax", "attn.pv", "mlp.residual"})
+        EXPECT_NE(g->find(p + what), ag::no_node) << p + what;
+    }
+  }
+}
+
+TEST(Transformer, SameSeedSameWeightsOtherSeedOthers) {
+  for (auto c : all_small()) {
+    SCOPED_TRACE(label(c));
+    auto a = ag::models::build_transformer(c);
+    auto b = ag::models::build_transformer(c);
+    c.seed += 1;
+    auto d = ag::models::build_transformer(c);
+    ASSERT_TRUE(a && b && d);
+    ASSERT_EQ(a->size(), d->size());
+    int weights = 0;
+    for (std::size_t i = 0; i < a->size(); ++i) {
+      const auto& na = a->nodes()[i];
+      if (na.op != ag::op_kind::weight) continue;
+      ++weights;
+      EXPECT_TRUE(*na.data == *b->nodes()[i].data) << na.name;
+      EXPECT_FALSE(*na.data == *d->nodes()[i].data) << na.name;
+      // No weight is constant (norm weights are ones plus noise, biases nonzero).
+      const auto v = na.data->to_floats();
+      EXPECT_GT(*std::max_element(v.begin(), v.end()), *std::min_element(v.begin(), v.end())) << na.name;
+    }
+    EXPECT_EQ(weights, static_cast<int>(ag::models::weight_names(c).size()));
+    auto in = ag::models::transformer_inputs(c, 9);
+    EXPECT_TRUE(eval_logits(*a, in) == eval_logits(*b, in));
+  }
+}
+
+TEST(Transformer, InitialisationHasDocumentedStatistics) {
+  auto c = small(model_variant::gpt2);
+  c.d_model = 64;
+  auto g = ag::models::build_transformer(c);
+  ASSERT_TRUE(g.has_value());
+  auto stats = [&](const char* name) {
+    const auto v = g->at(g->find(name)).data->to_floats();
+    double s = 0, s2 = 0;
+    for (float x : v) s += x;
+    const double mean = s / v.size();
+    for (float x : v) s2 += (x - mean) * (x - mean);
+    return std::pair{mean, std::sqrt(s2 / v.size())};
+  };
+  auto [wm, ws] = stats("wte");  // 41 x 64 values
+  EXPECT_NEAR(wm, 0.0, 0.003);
+  EXPECT_NEAR(ws, 0.02, 0.002);
+  auto [pm, ps] = stats("l1.mlp.w_proj");  // scaled by 1 / sqrt(2 n_layers)
+  EXPECT_NEAR(ps, 0.02 / 2.0, 0.001);
+  auto [nm, ns] = stats("l1.ln_1.w");
+  EXPECT_NEAR(nm, 1.0, 0.05);
+  EXPECT_NEAR(ns, 0.1, 0.04);
+}
+
+TEST(Transformer, LaterTokensDoNotChangeEarlierLogits) {
+  for (const auto& c : all_small()) {
+    SCOPED_TRACE(label(c));
+    auto g = ag::models::build_transformer(c);
+    ASSERT_TRUE(g.has_value()) << g.err().to_string();
+    auto in = ag::models::transformer_inputs(c, 21);
+    const host_tensor base = eval_logits(*g, in);
+    const int64_t S = c.seq_len, V = c.vocab;
+    const int64_t t = 4;  // change token t of sequence 0
+    auto changed = in;
+    changed[0].set(t, static_cast<float>((static_cast<int>(in[0].at(t)) + 1) % c.vocab));
+    const host_tensor other = eval_logits(*g, changed);
+    ASSERT_EQ(base.numel(), other.numel());
+    double before = 0, after = 0, seq1 = 0;
+    for (int64_t s = 0; s < S; ++s)
+      for (int64_t v = 0; v < V; ++v) {
+        const double d0 = std::fabs(base.at(s * V + v) - other.at(s * V + v));
+        (s < t ? before : after) = std::max(s < t ? before : after, d0);
+        seq1 = std::max(seq1, static_cast<double>(std::fabs(base.at((S + s) * V + v) - other.at((S + s) * V + v))));
+      }
+    EXPECT_EQ(before, 0.0) << "positions before " << t << " saw a later token";
+    EXPECT_EQ(seq1, 0.0) << "sequence 1 saw sequence 0's token";
+    EXPECT_GT(after, 1e-4) << "position " << t << " and later must see the changed token";
+  }
+}
+
+TEST(Transformer, LlamaLogitsDependOnlyOnRelativePositions) {
+  // RoPE rotates q and k by their positions, so q.k depends on the difference
+  // only: shifting every position leaves logits unchanged (up to rounding),
+  // while GPT-2's learned absolute positions change them.
+  for (auto c : {small(model_variant::llama), small(model_variant::llama, 2), small(model_variant::gpt2)}) {
+    SCOPED_TRACE(label(c));
+    c.max_positions = 16;
+    auto g = ag::models::build_transformer(c);
+    ASSERT_TRUE(g.has_value()) << g.err().to_string();
+    auto in = ag::models::transformer_inputs(c, 8);
+    auto shifted = in;
+    for (int64_t i = 0; i < c.seq_len; ++i) shifted[1].set(i, static_cast<float>(i + 5));
+    const host_tensor a = eval_logits(*g, in), b = eval_logits(*g, shifted);
+    const auto r = ag::compare(b, a, 1e-5, 1e-4);
+    if (c.variant == model_variant::llama) {
+      EXPECT_TRUE(r.ok) << r.message;
+    } else {
+      EXPECT_GT(r.max_abs_err, 1e-3) << "gpt2 must see absolute positions";
+    }
+  }
+}
+
+TEST(Transformer, GroupedQueryAttentionWithFullKvEqualsMultiHead) {
+  // n_kv_heads == n_heads takes the plain path; writing it explicitly must give
+  // the same graph output as the default (0), and n_kv_heads = 2 must differ
+  // in parameter count by the saved k/v projections.
+  auto a = small(model_variant::llama), b = small(model_variant::llama, 4), q = small(model_variant::llama, 2);
+  auto ga = ag::models::build_transformer(a), gb = ag::models::build_transformer(b);
+  ASSERT_TRUE(ga && gb);
+  auto in = ag::models::transformer_inputs(a, 2);
+  EXPECT_TRUE(eval_logits(*ga, in) == eval_logits(*gb, in));
+  const int64_t dh = a.d_model / a.n_heads;
+  EXPECT_EQ(ag::models::parameter_count(a) - ag::models::parameter_count(q),
+            a.n_layers * 2 * a.d_model * (4 - 2) * dh);
+}
+
+TEST(Transformer, ReducedPrecisionStorageStaysCloseToF32) {
+  for (auto v : {model_variant::gpt2, model_variant::llama}) {
+    auto c = small(v);
+    auto g32 = ag::models::build_transformer(c);
+    ASSERT_TRUE(g32.has_value());
+    auto in = ag::models::transformer_inputs(c, 4);
+    const host_tensor ref = eval_logits(*g32, in);
+    for (auto t : {dtype::f16, dtype::bf16}) {
+      SCOPED_TRACE(std::string(ag::models::to_string(v)) + " " + ag::to_string(t));
+      c.dtype = t;
+      auto g = ag::models::build_transformer(c);
+      ASSERT_TRUE(g.has_value()) << g.err().to_string();
+      for (const auto& n : g->nodes()) {
+        if (n.op == ag::op_kind::weight) {
+          EXPECT_EQ(n.type, t) << n.name;
+        }
+      }
+      EXPECT_EQ(g->at(g->outputs()[0]).type, dtype::f32);
+      EXPECT_EQ(g->at(g->outputs()[0]).op, ag::op_kind::copy);
+      const host_tensor lo = eval_logits(*g, in);
+      // Weights and every activation are rounded to 11 (f16) / 8 (bf16)
+      // significant bits; logits are O(0.1-1). Measured: 2.7e-4 (f16) and
+      // 2.4e-3 (bf16) max abs error for both variants.
+      const auto r = ag::compare(lo, ref, t == dtype::f16 ? 2e-3 : 1.5e-2, 0.0);
+      EXPECT_TRUE(r.ok) << r.message;
+      EXPECT_GT(r.max_abs_err, 0.0) << "storage type had no effect";
+    }
+  }
+}
+
+TEST(Transformer, InvalidConfigsAreRejectedWithTheField) {
+  struct bad_case {
+    const char* field;
+    void (*mutate)(transformer_config&);
+  };
+  const bad_case cases[] = {
+      {"n_layers", [](transformer_config& c) { c.n_layers = 0; }},
+      {"d_model", [](transformer_config& c) { c.d_model = 0; }},
+      {"n_heads", [](transformer_config& c) { c.n_heads = 0; }},
+      {"n_heads", [](transformer_config& c) { c.n_heads = 5; }},
+      {"n_kv_heads", [](transformer_config& c) { c.variant = model_variant::llama; c.n_kv_heads = 3; }},
+      {"n_kv_heads", [](transformer_config& c) { c.n_kv_heads = 2; }},  // gpt2 has no GQA
+      {"n_kv_heads", [](transformer_config& c) { c.n_kv_heads = -1; }},
+      {"head_dim", [](transformer_config& c) { c.variant = model_variant::llama; c.d_model = 36; c.n_heads = 4; }},
+      {"d_ff", [](transformer_config& c) { c.d_ff = -4; }},
+      {"vocab", [](transformer_config& c) { c.vocab = 0; }},
+      {"seq_len", [](transformer_config& c) { c.seq_len = 0; }},
+      {"batch", [](transformer_config& c) { c.batch = -1; }},
+      {"max_positions", [](transformer_config& c) { c.max_positions = 3; }},
+      {"dtype", [](transformer_config& c) { c.dtype = dtype::i32; }},
+      {"eps", [](transformer_config& c) { c.eps = 0.0f; }},
+      {"eps", [](transformer_config& c) { c.eps = NAN; }},
+      {"initializer_range", [](transformer_config& c) { c.initializer_range = 0.0f; }},
+      {"rope_theta", [](transformer_config& c) { c.variant = model_variant::llama; c.rope_theta = -1.0f; }},
+      {"variant", [](transformer_config& c) { c.variant = static_cast<model_variant>(7); }},
+  };
+  for (const auto& bc : cases) {
+    auto c = small(model_variant::gpt2);
+    bc.mutate(c);
+    auto g = ag::models::build_transformer(c);
+    ASSERT_FALSE(g.has_value()) << bc.field;
+    EXPECT_EQ(g.err().code, ag::errc::invalid_argument) << bc.field;
+    EXPECT_NE(g.err().message.find(bc.field), std::string::npos) << g.err().message;
+    EXPECT_EQ(ag::models::parameter_count(c), 0) << bc.field;
+  }
+}
+
+TEST(Transformer, VariantNamesRoundTrip) {
+  for (auto v : {model_variant::gpt2, model_variant::llama}) {
+    model_variant out{};
+    ASSERT_TRUE(ag::models::parse_variant(ag::models::to_string(v), out));
+    EXPECT_EQ(out, v);
+  }
+  model_variant out{};
+  EXPECT_FALSE(ag::models::parse_variant("bert", out));
+}
+
+}  // namespace
