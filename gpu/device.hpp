@@ -70,6 +70,10 @@ struct op_launch {
   const node* op = nullptr;
   tensor_arg out;
   std::vector<tensor_arg> inputs;
+  /// The graph `op` belongs to, when the caller has it: the sim backend then
+  /// costs the op with estimate_seconds(spec, *source, *op), exactly as the
+  /// planner did. Null: the sim costs it from the tensor_args (same formula).
+  const graph* source = nullptr;
 };
 
 /// Faults a simulated device can be told to produce (sim backend; other

@@ -33,6 +33,27 @@ enum class step_kind : uint8_t {
 const char* to_string(step_kind k) noexcept;
 
 /// One unit the actors schedule.
+///
+/// What copies carry (views are never copied on their own):
+///  - copy_h2d: ops[0] is the job input node (a leaf, contiguous); one step
+///    per (input, device that reads it). An input no output needs gets none.
+///  - copy_peer: ops[0] is always a *storage* node (never a view). A compute
+///    op that reads a view whose storage was computed on another device makes
+///    that storage be copied whole (`bytes` = its buffer); the view is then
+///    resolved on the destination with its own strides/offset, exactly as on
+///    the source (see plan::locate). One step per (storage, destination).
+///  - copy_d2h: ops[0] is the job output node as listed in graph.outputs()
+///    (it may be a view), `device` is the device its storage lives on. If the
+///    node is contiguous, `bytes` = its own bytes, read from
+///    locate(ops[0], device).byte_offset. If it is a non-contiguous view,
+///    `bytes` = its storage's whole buffer, read from locate(storage, device),
+///    and the view (node.offset, node.stride, in elements of the storage) is
+///    gathered on the host.
+/// Queues: compute steps are ordered per (device, lane); copies per
+/// (device, kind) — a peer copy is queued on its destination device.
+/// lane_seq always increases with the step id inside a queue. The memory
+/// plan relies on the FIFO order of compute lanes only; copies may run on any
+/// copy engine in any order their deps allow.
 struct step {
   step_id id = -1;
   step_kind kind = step_kind::compute;
@@ -103,6 +124,8 @@ class plan {
   const std::vector<device_spec>& devices() const noexcept { return devices_; }
   const plan_options& options() const noexcept { return options_; }
   /// Device of each node (index = node id); leaves take their first consumer's device.
+  /// Views take their first compute reader's device (else their storage's).
+  /// Nodes no output needs were pruned: -1.
   const std::vector<int>& placement() const noexcept { return placement_; }
   const std::vector<step>& steps() const noexcept { return steps_; }
   const step& at(step_id id) const { return steps_.at(static_cast<std::size_t>(id)); }
@@ -130,6 +153,7 @@ class plan {
 
  private:
   friend class planner;
+  friend struct plan_test_hook;  // defined only by tests (to plant faulty plans)
   std::shared_ptr<const graph> graph_;
   std::vector<device_spec> devices_;
   plan_options options_;
@@ -142,7 +166,29 @@ class plan {
   std::vector<std::vector<int32_t>> slot_index_;  // [device][node] -> index into memory_[device].slots or -1
 };
 
-/// Compiles `g` for `devices`. Errors: an op no device supports
+/// Compiles `g` for `devices`.
+///
+/// Passes (graph/planner.cpp, graph/memory_plan.cpp):
+///  1. prune nodes no output needs (placement -1, no steps, no h2d);
+///  2. place: pins; then `single` (device 0) or `automatic`: compute nodes in
+///     topological order grouped into units by `node::layer` (untagged nodes
+///     join the unit before them, or the first), split into contiguous stages
+///     over devices 0..k-1 minimising the slowest stage (linear-partition DP
+///     on estimate_seconds per device; ties leave trailing devices empty);
+///     untagged graphs use one unit per node. An op its device does not
+///     support moves to the nearest device that does (index distance, lower
+///     index on ties); a pinned one is an error;
+///  3. lanes (lanes_per_device > 1): between two nodes that every other node
+///     of the device is ordered against, the rest form groups with no path
+///     between them; when >= 2 groups each exceed min_branch_seconds they are
+///     spread over the lanes, else lane 0;
+///  4. splits: ops in topological order join the open split of their
+///     (device, lane) unless that adds a wait the split does not already have
+///     (job input uploads excepted); a split ends after an op whose value
+///     another (device, lane) reads, so readers wait only for what they need.
+///  5. memory: see check_hazards; greedy first fit in first-write order,
+///     256-byte aligned.
+/// Errors: an op no device supports
 /// (unsupported_op, names the node), a pin to a device index out of range
 /// (invalid_argument), a memory plan that does not fit a device
 /// (out_of_memory, names the device and the bytes needed vs available).

@@ -1,0 +1,222 @@
+// actorgraph-cuda-bench: kernel and completion benchmarks of the CUDA backend.
+// Prints a table and `name: value` lines (docs/BENCHMARKS.md records them).
+//   actorgraph-cuda-bench [--quick]
+// Uses only the device interface (gpu/device.hpp) plus the CUDA backend's
+// entry points: apps include no CUDA header.
+#include <algorithm>
+#include <atomic>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "gpu/cuda/cuda_backend.hpp"
+#include "gpu/device.hpp"
+#include "graph/graph.hpp"
+
+namespace {
+
+using namespace ag;
+
+struct result {
+  std::string name;
+  double value;
+  std::string unit;
+};
+std::vector<result> results;
+
+void report(const std::string& name, double v, const std::string& unit) {
+  results.push_back({name, v, unit});
+  std::printf("%-44s %12.2f %s\n", name.c_str(), v, unit.c_str());
+  std::fflush(stdout);
+}
+
+/// Device buffers for every non-view node of g, filled with a constant pattern.
+struct bound_graph {
+  gpu::device& d;
+  const graph& g;
+  std::vector<void*> bufs;
+  bound_graph(gpu::device& dev, const graph& gr) : d(dev), g(gr), bufs(gr.size(), nullptr) {
+    for (const node& n : g.nodes()) {
+      if (n.is_view()) continue;
+      auto p = d.allocate(std::max<int64_t>(n.own_bytes(), 4));
+      if (!p) {
+        std::fprintf(stderr, "%s\n", p.err().to_string().c_str());
+        std::exit(1);
+      }
+      bufs[static_cast<std::size_t>(n.id)] = *p;
+      if (is_leaf_op(n.op)) {
+        host_tensor t = n.type == dtype::i32 ? host_tensor::random_ints(n.dims, 1, 1000)
+                                             : host_tensor::random_normal(n.type, n.dims, 7);
+        d.upload(*p, t.data(), static_cast<int64_t>(t.bytes()));
+      }
+    }
+  }
+  ~bound_graph() {
+    for (void* p : bufs) d.deallocate(p);
+  }
+  gpu::tensor_arg arg(const node& n) const {
+    gpu::tensor_arg a;
+    a.data = static_cast<char*>(bufs[static_cast<std::size_t>(n.storage)]) + n.offset * static_cast<int64_t>(dtype_size(n.type));
+    a.type = n.type;
+    a.dims = n.dims;
+    a.stride = n.stride;
+    return a;
+  }
+  /// Enqueues every compute node once.
+  void enqueue(gpu::stream& s) const {
+    for (const node& n : g.nodes()) {
+      if (is_leaf_op(n.op) || is_view_op(n.op)) continue;
+      gpu::op_launch l;
+      l.op = &n;
+      l.out = arg(n);
+      for (node_id in : n.inputs) l.inputs.push_back(arg(g.at(in)));
+      if (error e = d.launch(s, l)) {
+        std::fprintf(stderr, "%s\n", e.to_string().c_str());
+        std::exit(1);
+      }
+    }
+  }
+};
+
+/// Median seconds per enqueue() of g over `iters` runs (GPU time from timing events).
+double time_graph(gpu::device& d, const graph& g, int iters) {
+  bound_graph bg(d, g);
+  auto s = d.create_stream(gpu::stream_role::compute);
+  for (int i = 0; i < 3; ++i) bg.enqueue(*s);
+  d.synchronize(*s);
+  std::vector<double> t;
+  for (int i = 0; i < iters; ++i) {
+    auto e0 = d.create_event(true), e1 = d.create_event(true);
+    d.record(*e0, *s);
+    bg.enqueue(*s);
+    d.record(*e1, *s);
+    d.synchronize(*s);
+    t.push_back((e1->completion_ns() - e0->completion_ns()) * 1e-9);
+  }
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
+
+graph one_op(dtype t, shape xs, const std::function<tensor(graph_builder&, tensor)>& f) {
+  graph_builder b;
+  auto x = b.input("x", t, xs);
+  b.output(f(b, x));
+  auto g = std::move(b).build();
+  if (!g) {
+    std::fprintf(stderr, "%s\n", g.err().to_string().c_str());
+    std::exit(1);
+  }
+  return std::move(*g);
+}
+
+void bench_matmul(const gpu::device_ptr& d, const char* label, dtype t, int64_t n, int iters) {
+  graph_builder b;
+  auto x = b.input("a", t, {n, n});
+  auto y = b.input("b", t, {n, n});
+  b.output(b.matmul(x, y));
+  auto g = std::move(b).build();
+  const double s = time_graph(*d, *g, iters);
+  report(std::string("matmul_") + std::to_string(n) + "_" + label + "_tflops", 2.0 * n * n * n / s / 1e12, "TFLOP/s");
+}
+
+void bench_rowop(const gpu::device_ptr& d, const char* op, dtype t, int64_t rows, int64_t cols, int iters) {
+  graph g = one_op(t, {rows, cols}, [&](graph_builder& b, tensor x) {
+    if (std::string(op) == "rms_norm") return b.rms_norm(x, tensor());
+    if (std::string(op) == "softmax") return b.softmax(x, false, 1.0f);
+    if (std::string(op) == "softmax_causal") return b.softmax(x, true, 0.125f);
+    if (std::string(op) == "layer_norm") return b.layer_norm(x, tensor(), tensor());
+    if (std::string(op) == "add") return b.add(x, x);
+    return b.silu(x);
+  });
+  const double s = time_graph(*d, g, iters);
+  const double bytes = 2.0 * rows * cols * static_cast<double>(dtype_size(t));  // read + write
+  report(std::string(op) + "_" + std::to_string(rows) + "x" + std::to_string(cols) + "_" + to_string(t) + "_gbps",
+         bytes / s / 1e9, "GB/s");
+}
+
+void bench_notify(const gpu::device_ptr& d, gpu::cuda::notify_mode mode, const char* label, int iters) {
+  gpu::cuda::set_notify_mode(*d, mode);
+  graph g = one_op(dtype::f32, {256}, [](graph_builder& b, tensor x) { return b.scale(x, 2.0f); });
+  bound_graph bg(*d, g);
+  auto s = d->create_stream(gpu::stream_role::compute);
+  std::vector<double> lat;
+  for (int i = 0; i < iters + 50; ++i) {
+    std::atomic<int64_t> done_at{0};
+    const int64_t t0 = gpu::host_clock_ns();
+    bg.enqueue(*s);
+    d->notify(*s, [&](const error&) { done_at.store(gpu::host_clock_ns(), std::memory_order_release); });
+    while (done_at.load(std::memory_order_acquire) == 0) std::this_thread::yield();
+    if (i >= 50) lat.push_back((done_at.load() - t0) * 1e-3);
+  }
+  std::sort(lat.begin(), lat.end());
+  report(std::string("notify_roundtrip_") + label + "_median_us", lat[lat.size() / 2], "us");
+  report(std::string("notify_roundtrip_") + label + "_p99_us", lat[lat.size() * 99 / 100], "us");
+  gpu::cuda::set_notify_mode(*d, gpu::cuda::notify_mode::poller);
+}
+
+void bench_peer(const std::vector<gpu::device_ptr>& ds) {
+  const int64_t bytes = 256ll << 20;
+  auto a = ds[0]->allocate(bytes);
+  auto b = ds[1]->allocate(bytes);
+  if (!a || !b) return;
+  auto s = ds[1]->create_stream(gpu::stream_role::peer);
+  for (int i = 0; i < 3; ++i) ds[1]->copy_peer(*s, *b, *ds[0], *a, bytes);
+  ds[1]->synchronize(*s);
+  auto e0 = ds[1]->create_event(true), e1 = ds[1]->create_event(true);
+  const int iters = 20;
+  ds[1]->record(*e0, *s);
+  for (int i = 0; i < iters; ++i) ds[1]->copy_peer(*s, *b, *ds[0], *a, bytes);
+  ds[1]->record(*e1, *s);
+  ds[1]->synchronize(*s);
+  const double sec = (e1->completion_ns() - e0->completion_ns()) * 1e-9;
+  report("peer_copy_256MiB_gpu0_to_gpu1_gbps", iters * bytes / sec / 1e9, "GB/s");
+  ds[0]->deallocate(*a);
+  ds[1]->deallocate(*b);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const bool quick = argc > 1 && std::string(argv[1]) == "--quick";
+  const int n_gpus = gpu::cuda::device_count();
+  if (n_gpus <= 0) {
+    std::printf("no CUDA device: nothing to benchmark\n");
+    return 0;
+  }
+  gpu::backend_options plain, tf32;
+  tf32.cuda_tf32 = true;
+  auto devs = gpu::cuda::make_cuda_devices({}, plain, 0);
+  auto tdev = gpu::cuda::make_cuda_devices({0}, tf32, 0);
+  if (!devs || !tdev) {
+    std::fprintf(stderr, "%s\n", (!devs ? devs.err() : tdev.err()).to_string().c_str());
+    return 1;
+  }
+  auto d = (*devs)[0];
+  const auto& sp = d->spec();
+  std::printf("device: %s, %d GPU(s), %.0f GiB, est. f32 %.1f / bf16 %.0f TFLOP/s, %.0f GB/s, %d copy engines\n",
+              sp.name.c_str(), n_gpus, sp.mem_bytes / double(1ll << 30), sp.flops_f32 / 1e12, sp.flops_bf16 / 1e12,
+              sp.mem_bandwidth / 1e9, sp.copy_engines);
+  const int it = quick ? 3 : 10;
+  std::printf("%-44s %12s\n", "benchmark", "value");
+  bench_matmul(d, "f32", dtype::f32, 4096, it);
+  bench_matmul((*tdev)[0], "tf32", dtype::f32, 4096, it);
+  bench_matmul(d, "bf16", dtype::bf16, 4096, it);
+  bench_matmul(d, "f16", dtype::f16, 4096, it);
+  bench_matmul(d, "bf16", dtype::bf16, 8192, it);
+  for (dtype t : {dtype::f32, dtype::bf16}) {
+    bench_rowop(d, "rms_norm", t, 16384, 8192, it);
+    bench_rowop(d, "layer_norm", t, 16384, 8192, it);
+    bench_rowop(d, "softmax", t, 16384, 8192, it);
+    bench_rowop(d, "softmax", t, 64, 1 << 20, it);
+    bench_rowop(d, "softmax_causal", t, 8192, 8192, it);
+    bench_rowop(d, "add", t, 16384, 8192, it);
+  }
+  bench_notify(d, gpu::cuda::notify_mode::poller, "poller", quick ? 200 : 2000);
+  bench_notify(d, gpu::cuda::notify_mode::host_func, "hostfunc", quick ? 200 : 2000);
+  if (devs->size() >= 2) bench_peer(*devs);
+  std::printf("\n");
+  for (const auto& r : results) std::printf("%s: %.3f\n", r.name.c_str(), r.value);
+  return 0;
+}

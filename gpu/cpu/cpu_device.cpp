@@ -1,0 +1,54 @@
+#include "gpu/cpu/cpu_device.hpp"
+
+#include <mutex>
+
+#include "gpu/host/host_device.hpp"
+
+// OpenBLAS's thread-count knob, when the BLAS in use is OpenBLAS (weak: a
+// plain reference BLAS, as on the GPU machines, does not have it).
+extern "C" void openblas_set_num_threads(int) __attribute__((weak));
+
+namespace ag::gpu::cpu {
+
+namespace {
+
+class cpu_device final : public host::host_device {
+ public:
+  cpu_device(device_spec spec, int index)
+      : host_device(std::move(spec), index, host::host_device_config{}) {}
+};
+
+}  // namespace
+
+device_spec default_cpu_spec(int ordinal) {
+  device_spec s;
+  s.name = "cpu" + std::to_string(ordinal);
+  s.kind = device_kind::cpu;
+  s.ordinal = ordinal;
+  s.flops_f32 = 100e9;
+  s.flops_bf16 = 50e9;  // converted to f32 first: slower than f32
+  s.mem_bandwidth = 20e9;
+  s.mem_bytes = default_capacity;
+  s.launch_latency = 2e-6;
+  s.link_bandwidth = 10e9;
+  s.link_latency = 2e-6;
+  s.host_bandwidth = 10e9;
+  s.host_latency = 2e-6;
+  s.copy_engines = 2;
+  s.max_lanes = 2;
+  return s;
+}
+
+device_ptr make_cpu_device(device_spec spec, int index, const backend_options& options) {
+  spec.kind = device_kind::cpu;
+  // Each stream is already a thread; BLAS threads per call multiply with
+  // them. The setting is process-wide in OpenBLAS: the first device decides.
+  static std::once_flag blas_threads;
+  std::call_once(blas_threads, [&] {
+    if (openblas_set_num_threads && options.cpu_threads_per_stream > 0)
+      openblas_set_num_threads(options.cpu_threads_per_stream);
+  });
+  return std::make_shared<cpu_device>(std::move(spec), index);
+}
+
+}  // namespace ag::gpu::cpu

@@ -1,0 +1,639 @@
+#include "gpu/cpu/kernels.hpp"
+
+#include <algorithm>
+#include <climits>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#ifdef ACTORGRAPH_HAVE_BLAS
+#include <cblas.h>
+#endif
+
+namespace ag::gpu::cpu {
+
+namespace {
+
+// A tensor padded to rank 4 (right-aligned: leading dims 1, stride 0), so
+// every kernel loops over the same three outer dims and one inner dim.
+struct nd {
+  std::byte* p = nullptr;
+  dtype t = dtype::f32;
+  int64_t d[4] = {1, 1, 1, 1};
+  int64_t s[4] = {0, 0, 0, 0};
+
+  int64_t off(int64_t i0, int64_t i1, int64_t i2) const { return i0 * s[0] + i1 * s[1] + i2 * s[2]; }
+};
+
+nd pad(const tensor_arg& a) {
+  nd r;
+  r.p = static_cast<std::byte*>(a.data);
+  r.t = a.type;
+  const int rank = a.dims.rank();
+  for (int k = 0; k < rank; ++k) {
+    r.d[4 - rank + k] = a.dims[k];
+    r.s[4 - rank + k] = a.stride[static_cast<std::size_t>(k)];
+  }
+  return r;
+}
+
+// `a` broadcast onto `out` (right-aligned; size-1 dims get stride 0).
+nd broadcast(const tensor_arg& a, const nd& out) {
+  nd r = pad(a);
+  for (int k = 0; k < 4; ++k)
+    if (r.d[k] == 1 && out.d[k] != 1) {
+      r.d[k] = out.d[k];
+      r.s[k] = 0;
+    }
+  return r;
+}
+
+void load_row(const nd& x, int64_t off, int64_t n, float* buf) {
+  const int64_t st = x.s[3];
+  switch (x.t) {
+    case dtype::f32: {
+      const float* p = reinterpret_cast<const float*>(x.p) + off;
+      if (st == 1) std::memcpy(buf, p, static_cast<std::size_t>(n) * 4);
+      else for (int64_t i = 0; i < n; ++i) buf[i] = p[i * st];
+      break;
+    }
+    case dtype::f16: {
+      const uint16_t* p = reinterpret_cast<const uint16_t*>(x.p) + off;
+      for (int64_t i = 0; i < n; ++i) buf[i] = half_to_float(p[i * st]);
+      break;
+    }
+    case dtype::bf16: {
+      const uint16_t* p = reinterpret_cast<const uint16_t*>(x.p) + off;
+      for (int64_t i = 0; i < n; ++i) buf[i] = bf16_to_float(p[i * st]);
+      break;
+    }
+    case dtype::i32: {
+      const int32_t* p = reinterpret_cast<const int32_t*>(x.p) + off;
+      for (int64_t i = 0; i < n; ++i) buf[i] = static_cast<float>(p[i * st]);
+      break;
+    }
+  }
+}
+
+int32_t to_i32(float v) {
+  // Truncation toward zero, saturating, nan -> 0 (graph/reference.hpp).
+  if (std::isnan(v)) return 0;
+  if (v >= 2147483647.0f) return std::numeric_limits<int32_t>::max();
+  if (v <= -2147483648.0f) return std::numeric_limits<int32_t>::min();
+  return static_cast<int32_t>(v);
+}
+
+void store_row(const nd& y, int64_t off, int64_t n, const float* buf) {
+  const int64_t st = y.s[3];
+  switch (y.t) {
+    case dtype::f32: {
+      float* p = reinterpret_cast<float*>(y.p) + off;
+      if (st == 1) std::memcpy(p, buf, static_cast<std::size_t>(n) * 4);
+      else for (int64_t i = 0; i < n; ++i) p[i * st] = buf[i];
+      break;
+    }
+    case dtype::f16: {
+      uint16_t* p = reinterpret_cast<uint16_t*>(y.p) + off;
+      for (int64_t i = 0; i < n; ++i) p[i * st] = float_to_half(buf[i]);
+      break;
+    }
+    case dtype::bf16: {
+      uint16_t* p = reinterpret_cast<uint16_t*>(y.p) + off;
+      for (int64_t i = 0; i < n; ++i) p[i * st] = float_to_bf16(buf[i]);
+      break;
+    }
+    case dtype::i32: {
+      int32_t* p = reinterpret_cast<int32_t*>(y.p) + off;
+      for (int64_t i = 0; i < n; ++i) p[i * st] = to_i32(buf[i]);
+      break;
+    }
+  }
+}
+
+int32_t load_i32(const nd& x, int64_t off) {
+  int32_t v;
+  std::memcpy(&v, x.p + off * 4, 4);
+  return v;
+}
+
+// Calls f(out_off, in_offs...) for every row (i0, i1, i2) of `out`.
+template <class F>
+void for_rows(const nd& out, F&& f) {
+  for (int64_t i0 = 0; i0 < out.d[0]; ++i0)
+    for (int64_t i1 = 0; i1 < out.d[1]; ++i1)
+      for (int64_t i2 = 0; i2 < out.d[2]; ++i2) f(i0, i1, i2);
+}
+
+std::string label(const op_launch& l) {
+  return "op '" + l.op->name + "' (" + to_string(l.op->op) + ")";
+}
+
+error bad(errc c, const op_launch& l, const std::string& what) { return error(c, label(l) + ": " + what); }
+
+// --- ops -------------------------------------------------------------------
+
+float gelu(float x, gelu_mode m) {
+  if (m == gelu_mode::erf) return 0.5f * x * (1.0f + std::erf(x * 0.70710678118654752f));
+  const float c = 0.79788456080286536f;  // sqrt(2 / pi)
+  return 0.5f * x * (1.0f + std::tanh(c * (x + 0.044715f * x * x * x)));
+}
+
+void run_unary(const op_launch& l) {
+  const nd out = pad(l.out);
+  const nd x = pad(l.inputs[0]);
+  const int64_t n = out.d[3];
+  std::vector<float> buf(static_cast<std::size_t>(n));
+  const op_attrs& at = l.op->attrs;
+  const op_kind k = l.op->op;
+  for_rows(out, [&](int64_t i0, int64_t i1, int64_t i2) {
+    load_row(x, x.off(i0, i1, i2), n, buf.data());
+    switch (k) {
+      case op_kind::scale: for (auto& v : buf) v *= at.scale; break;
+      case op_kind::gelu: for (auto& v : buf) v = gelu(v, at.gelu); break;
+      case op_kind::silu: for (auto& v : buf) v = v / (1.0f + std::exp(-v)); break;
+      default: break;  // copy: the cast happens in store_row
+    }
+    store_row(out, out.off(i0, i1, i2), n, buf.data());
+  });
+}
+
+void copy_strided(const nd& x, const nd& out) {
+  const int64_t n = out.d[3];
+  if (x.t == out.t) {
+    // Same dtype: move the bits (exact for i32 and nan payloads).
+    const std::size_t es = dtype_size(out.t);
+    for_rows(out, [&](int64_t i0, int64_t i1, int64_t i2) {
+      const std::byte* src = x.p + x.off(i0, i1, i2) * static_cast<int64_t>(es);
+      std::byte* dst = out.p + out.off(i0, i1, i2) * static_cast<int64_t>(es);
+      if (x.s[3] == 1 && out.s[3] == 1) {
+        std::memcpy(dst, src, static_cast<std::size_t>(n) * es);
+      } else {
+        for (int64_t i = 0; i < n; ++i)
+          std::memcpy(dst + i * out.s[3] * static_cast<int64_t>(es), src + i * x.s[3] * static_cast<int64_t>(es), es);
+      }
+    });
+    return;
+  }
+  std::vector<float> buf(static_cast<std::size_t>(n));
+  for_rows(out, [&](int64_t i0, int64_t i1, int64_t i2) {
+    load_row(x, x.off(i0, i1, i2), n, buf.data());
+    store_row(out, out.off(i0, i1, i2), n, buf.data());
+  });
+}
+
+void run_binary(const op_launch& l) {
+  const nd out = pad(l.out);
+  const nd a = broadcast(l.inputs[0], out);
+  const nd b = broadcast(l.inputs[1], out);
+  const int64_t n = out.d[3];
+  std::vector<float> x(static_cast<std::size_t>(n)), y(static_cast<std::size_t>(n));
+  const bool add = l.op->op == op_kind::add;
+  for_rows(out, [&](int64_t i0, int64_t i1, int64_t i2) {
+    load_row(a, a.off(i0, i1, i2), n, x.data());
+    load_row(b, b.off(i0, i1, i2), n, y.data());
+    if (add) for (int64_t i = 0; i < n; ++i) x[i] += y[i];
+    else for (int64_t i = 0; i < n; ++i) x[i] *= y[i];
+    store_row(out, out.off(i0, i1, i2), n, x.data());
+  });
+}
+
+void run_norm(const op_launch& l) {
+  const nd out = pad(l.out);
+  const nd x = pad(l.inputs[0]);
+  const int64_t n = out.d[3];
+  std::vector<float> row(static_cast<std::size_t>(n)), w, b;
+  if (l.inputs.size() > 1) {
+    w.resize(static_cast<std::size_t>(n));
+    load_row(pad(l.inputs[1]), 0, n, w.data());
+  }
+  if (l.inputs.size() > 2) {
+    b.resize(static_cast<std::size_t>(n));
+    load_row(pad(l.inputs[2]), 0, n, b.data());
+  }
+  const double eps = l.op->attrs.eps;
+  const bool rms = l.op->op == op_kind::rms_norm;
+  for_rows(out, [&](int64_t i0, int64_t i1, int64_t i2) {
+    load_row(x, x.off(i0, i1, i2), n, row.data());
+    // Statistics in double: cheap, and keeps long rows as accurate as the reference.
+    if (rms) {
+      double ss = 0;
+      for (float v : row) ss += static_cast<double>(v) * v;
+      const auto inv = static_cast<float>(1.0 / std::sqrt(ss / static_cast<double>(n) + eps));
+      for (int64_t i = 0; i < n; ++i) row[i] = row[i] * inv * (w.empty() ? 1.0f : w[i]);
+    } else {
+      double mean = 0;
+      for (float v : row) mean += v;
+      mean /= static_cast<double>(n);
+      double var = 0;
+      for (float v : row) var += (v - mean) * (v - mean);
+      var /= static_cast<double>(n);
+      const double inv = 1.0 / std::sqrt(var + eps);
+      for (int64_t i = 0; i < n; ++i)
+        row[i] = static_cast<float>((row[i] - mean) * inv) * (w.empty() ? 1.0f : w[i]) +
+                 (b.empty() ? 0.0f : b[i]);
+    }
+    store_row(out, out.off(i0, i1, i2), n, row.data());
+  });
+}
+
+void run_softmax(const op_launch& l) {
+  const nd out = pad(l.out);
+  const nd x = pad(l.inputs[0]);
+  const int64_t sk = out.d[3], sq = out.d[2];
+  std::vector<float> row(static_cast<std::size_t>(sk));
+  const float s = l.op->attrs.scale;
+  const bool causal = l.op->attrs.causal;
+  for_rows(out, [&](int64_t i0, int64_t i1, int64_t i2) {
+    load_row(x, x.off(i0, i1, i2), sk, row.data());
+    // Row i may see keys j <= i + (Sk - Sq); masked probabilities are exactly 0.
+    const int64_t last = causal ? std::min(sk - 1, i2 + (sk - sq)) : sk - 1;
+    float mx = -std::numeric_limits<float>::infinity();
+    for (int64_t j = 0; j <= last; ++j) mx = std::max(mx, row[j] * s);
+    double sum = 0;
+    for (int64_t j = 0; j <= last; ++j) {
+      row[j] = std::exp(row[j] * s - mx);
+      sum += row[j];
+    }
+    const auto inv = static_cast<float>(1.0 / sum);
+    for (int64_t j = 0; j <= last; ++j) row[j] *= inv;
+    for (int64_t j = std::max<int64_t>(last + 1, 0); j < sk; ++j) row[j] = 0.0f;
+    store_row(out, out.off(i0, i1, i2), sk, row.data());
+  });
+}
+
+void run_rope(const op_launch& l) {
+  const nd out = pad(l.out);  // [B, S, H, D]
+  const nd x = pad(l.inputs[0]);
+  const nd pos = pad(l.inputs[1]);
+  const int64_t d = out.d[3], half = d / 2;
+  const bool neox = l.op->attrs.rope == rope_mode::neox;
+  // Inverse frequencies once per op; angles in double (positions in the
+  // thousands would lose the angle's low bits in float).
+  std::vector<double> inv(static_cast<std::size_t>(half));
+  for (int64_t i = 0; i < half; ++i)
+    inv[i] = std::pow(static_cast<double>(l.op->attrs.theta), -2.0 * static_cast<double>(i) / static_cast<double>(d));
+  std::vector<float> row(static_cast<std::size_t>(d)), res(static_cast<std::size_t>(d));
+  std::vector<float> cs(static_cast<std::size_t>(half)), sn(static_cast<std::size_t>(half));
+  int64_t cached_s = -1;
+  for (int64_t i0 = 0; i0 < out.d[0]; ++i0)
+    for (int64_t i1 = 0; i1 < out.d[1]; ++i1) {
+      if (i1 != cached_s) {
+        const double p = load_i32(pos, i1 * pos.s[3]);
+        for (int64_t i = 0; i < half; ++i) {
+          cs[i] = static_cast<float>(std::cos(p * inv[i]));
+          sn[i] = static_cast<float>(std::sin(p * inv[i]));
+        }
+        cached_s = i1;
+      }
+      for (int64_t i2 = 0; i2 < out.d[2]; ++i2) {
+        load_row(x, x.off(i0, i1, i2), d, row.data());
+        for (int64_t i = 0; i < half; ++i) {
+          const int64_t p = neox ? i : 2 * i, q = neox ? i + half : 2 * i + 1;
+          res[p] = row[p] * cs[i] - row[q] * sn[i];
+          res[q] = row[p] * sn[i] + row[q] * cs[i];
+        }
+        store_row(out, out.off(i0, i1, i2), d, res.data());
+      }
+    }
+}
+
+error run_get_rows(const op_launch& l) {
+  const nd out = pad(l.out);  // [.., D] with the ids' dims in front
+  const tensor_arg& table = l.inputs[0];
+  const int64_t v = table.dims[0], d = table.dims[1];
+  // ids padded to rank 3, aligned with out's three outer dims
+  nd ids;
+  ids.p = static_cast<std::byte*>(l.inputs[1].data);
+  ids.t = dtype::i32;
+  const int ir = l.inputs[1].dims.rank();
+  for (int k = 0; k < ir; ++k) {
+    ids.d[3 - ir + k] = l.inputs[1].dims[k];
+    ids.s[3 - ir + k] = l.inputs[1].stride[static_cast<std::size_t>(k)];
+  }
+  // Check every id before writing anything.
+  for (int64_t i0 = 0; i0 < out.d[0]; ++i0)
+    for (int64_t i1 = 0; i1 < out.d[1]; ++i1)
+      for (int64_t i2 = 0; i2 < out.d[2]; ++i2) {
+        const int32_t id = load_i32(ids, ids.off(i0, i1, i2));
+        if (id < 0 || id >= v)
+          return bad(errc::invalid_argument, l,
+                     "id " + std::to_string(id) + " at index " +
+                         std::to_string((i0 * out.d[1] + i1) * out.d[2] + i2) + " is outside [0, " +
+                         std::to_string(v) + ")");
+      }
+  nd row_src = pad(table);  // row r of the table = offset r * stride[0]
+  nd one_row = row_src;
+  one_row.s[3] = table.stride[1];
+  std::vector<float> buf(static_cast<std::size_t>(d));
+  const std::size_t es = dtype_size(table.type);
+  for_rows(out, [&](int64_t i0, int64_t i1, int64_t i2) {
+    const int64_t src = load_i32(ids, ids.off(i0, i1, i2)) * table.stride[0];
+    const int64_t dst = out.off(i0, i1, i2);
+    if (table.type == out.t && one_row.s[3] == 1 && out.s[3] == 1) {
+      std::memcpy(out.p + dst * static_cast<int64_t>(es), one_row.p + src * static_cast<int64_t>(es),
+                  static_cast<std::size_t>(d) * es);
+    } else {
+      load_row(one_row, src, d, buf.data());
+      store_row(out, dst, d, buf.data());
+    }
+  });
+  return {};
+}
+
+void run_concat(const op_launch& l) {
+  const nd out = pad(l.out);
+  const int axis = l.op->attrs.axis < 0 ? l.op->attrs.axis + l.out.dims.rank() : l.op->attrs.axis;
+  const int pa = axis + (4 - l.out.dims.rank());
+  int64_t at = 0;
+  for (const auto& in : l.inputs) {
+    const nd x = pad(in);
+    nd part = out;
+    for (int k = 0; k < 4; ++k) part.d[k] = x.d[k];
+    part.p = out.p + at * out.s[pa] * static_cast<int64_t>(dtype_size(out.t));
+    copy_strided(x, part);
+    at += x.d[pa];
+  }
+}
+
+// --- matmul ----------------------------------------------------------------
+
+// A rows x cols matrix with element strides (rs, cs) as BLAS sees it.
+struct mat_ref {
+  const float* p = nullptr;
+  bool trans = false;
+  int64_t ld = 0;
+};
+
+// Direct use of an f32 matrix when its layout is row-major (cs == 1) or
+// column-major (rs == 1) with a valid leading dimension.
+bool blas_layout(int64_t rows, int64_t cols, int64_t rs, int64_t cs, bool& trans, int64_t& ld) {
+  if ((cols == 1 || cs == 1) && (rows == 1 || rs >= std::max<int64_t>(cols, 1))) {
+    trans = false;
+    ld = rows == 1 ? std::max<int64_t>(cols, 1) : rs;
+    return true;
+  }
+  if ((rows == 1 || rs == 1) && (cols == 1 || cs >= std::max<int64_t>(rows, 1))) {
+    trans = true;
+    ld = cols == 1 ? std::max<int64_t>(rows, 1) : cs;
+    return true;
+  }
+  return false;
+}
+
+// Packs (or references) one operand; reuses the packed copy when the same
+// source is asked for again (a weight broadcast over batches).
+class operand {
+ public:
+  mat_ref get(const std::byte* base, dtype t, int64_t off, int64_t rows, int64_t cols, int64_t rs, int64_t cs) {
+    mat_ref m;
+    if (t == dtype::f32 && blas_layout(rows, cols, rs, cs, m.trans, m.ld)) {
+      m.p = reinterpret_cast<const float*>(base) + off;
+      return m;
+    }
+    if (!(packed_ && off == last_off_)) {
+      buf_.resize(static_cast<std::size_t>(rows * cols));
+      nd src;
+      src.p = const_cast<std::byte*>(base);
+      src.t = t;
+      src.s[3] = cs;
+      for (int64_t r = 0; r < rows; ++r) load_row(src, off + r * rs, cols, buf_.data() + r * cols);
+      packed_ = true;
+      last_off_ = off;
+    }
+    m.p = buf_.data();
+    m.trans = false;
+    m.ld = std::max<int64_t>(cols, 1);
+    return m;
+  }
+
+ private:
+  std::vector<float> buf_;
+  bool packed_ = false;
+  int64_t last_off_ = -1;
+};
+
+void run_matmul(const op_launch& l) {
+  const nd out = pad(l.out);
+  nd a = pad(l.inputs[0]), b = pad(l.inputs[1]);
+  for (int k = 0; k < 2; ++k) {  // batch broadcast
+    if (a.d[k] == 1) a.s[k] = 0;
+    if (b.d[k] == 1) b.s[k] = 0;
+  }
+  const bool ta = l.op->attrs.trans_a, tb = l.op->attrs.trans_b;
+  const int64_t m = out.d[2], n = out.d[3];
+  const int64_t k = ta ? a.d[2] : a.d[3];
+  // element strides of A (m, k) and B (k, n)
+  const int64_t ars = ta ? a.s[3] : a.s[2], acs = ta ? a.s[2] : a.s[3];
+  const int64_t brs = tb ? b.s[3] : b.s[2], bcs = tb ? b.s[2] : b.s[3];
+  operand pa, pb;
+  bool c_trans = false;
+  int64_t ldc = 0;
+  const bool c_direct = out.t == dtype::f32 && blas_layout(m, n, out.s[2], out.s[3], c_trans, ldc) && !c_trans;
+  std::vector<float> cbuf(c_direct ? 0 : static_cast<std::size_t>(m * n));
+  for (int64_t i0 = 0; i0 < out.d[0]; ++i0)
+    for (int64_t i1 = 0; i1 < out.d[1]; ++i1) {
+      const mat_ref am = pa.get(a.p, a.t, a.off(i0, i1, 0), m, k, ars, acs);
+      const mat_ref bm = pb.get(b.p, b.t, b.off(i0, i1, 0), k, n, brs, bcs);
+      const int64_t coff = out.off(i0, i1, 0);
+      float* c = c_direct ? reinterpret_cast<float*>(out.p) + coff : cbuf.data();
+      const int64_t ld = c_direct ? ldc : std::max<int64_t>(n, 1);
+      if (k == 0) {
+        for (int64_t r = 0; r < m; ++r) std::fill(c + r * ld, c + r * ld + n, 0.0f);
+      } else {
+        gemm_f32(am.trans, bm.trans, m, n, k, 1.0f, am.p, am.ld, bm.p, bm.ld, 0.0f, c, ld);
+      }
+      if (!c_direct) {
+        nd row = out;
+        for (int64_t r = 0; r < m; ++r) store_row(row, coff + r * out.s[2], n, cbuf.data() + r * n);
+      }
+    }
+}
+
+// --- checks ----------------------------------------------------------------
+
+bool broadcasts(const shape& in, const shape& out) {
+  if (in.rank() > out.rank()) return false;
+  for (int i = 1; i <= in.rank(); ++i)
+    if (in[-i] != 1 && in[-i] != out[-i]) return false;
+  return true;
+}
+
+}  // namespace
+
+error check_op(const op_launch& l) {
+  if (!l.op) return error(errc::invalid_argument, "launch without an op");
+  const node& nd_ = *l.op;
+  const op_kind k = nd_.op;
+  if (is_view_op(k) || is_leaf_op(k)) return {};
+  std::size_t lo = 1, hi = 1;
+  switch (k) {
+    case op_kind::matmul: case op_kind::add: case op_kind::mul: case op_kind::rope:
+    case op_kind::get_rows: lo = hi = 2; break;
+    case op_kind::rms_norm: hi = 2; break;
+    case op_kind::layer_norm: hi = 3; break;
+    case op_kind::concat: hi = SIZE_MAX; break;
+    default: break;
+  }
+  const std::size_t ni = l.inputs.size();
+  if (ni < lo || ni > hi)
+    return bad(errc::invalid_argument, l, "got " + std::to_string(ni) + " inputs, needs " + std::to_string(lo) +
+                                              (hi == lo ? "" : hi == SIZE_MAX ? " or more" : ".." + std::to_string(hi)));
+  if (l.out.dims != nd_.dims)
+    return bad(errc::invalid_shape, l, "output is " + l.out.dims.to_string() + ", node is " + nd_.dims.to_string());
+  if (l.out.type != nd_.type)
+    return bad(errc::dtype_mismatch, l, std::string("output is ") + to_string(l.out.type) + ", node is " +
+                                            to_string(nd_.type));
+  if (!l.out.data) return bad(errc::invalid_argument, l, "output buffer is null");
+  if (l.out.dims.rank() < 1 || l.out.dims.rank() > max_rank)
+    return bad(errc::invalid_shape, l, "output rank " + std::to_string(l.out.dims.rank()));
+  for (std::size_t i = 0; i < ni; ++i) {
+    const auto& in = l.inputs[i];
+    if (!in.data) return bad(errc::invalid_argument, l, "input " + std::to_string(i) + " buffer is null");
+    if (in.dims.rank() > max_rank) return bad(errc::invalid_shape, l, "input " + std::to_string(i) + " rank > 4");
+    const bool want_int = (k == op_kind::rope || k == op_kind::get_rows) && i == 1;
+    if (want_int != (in.type == dtype::i32) && k != op_kind::copy)
+      return bad(errc::dtype_mismatch, l, "input " + std::to_string(i) + " is " + to_string(in.type));
+  }
+  const shape& o = l.out.dims;
+  const shape& x = l.inputs[0].dims;
+  switch (k) {
+    case op_kind::matmul: {
+      const shape& b = l.inputs[1].dims;
+      if (x.rank() < 2 || b.rank() < 2 || o.rank() < 2)
+        return bad(errc::invalid_shape, l, "operands need rank >= 2");
+      const bool ta = nd_.attrs.trans_a, tb = nd_.attrs.trans_b;
+      const int64_t m = ta ? x[-1] : x[-2], ka = ta ? x[-2] : x[-1];
+      const int64_t kb = tb ? b[-1] : b[-2], n = tb ? b[-2] : b[-1];
+      if (ka != kb || m != o[-2] || n != o[-1])
+        return bad(errc::invalid_shape, l, "a " + x.to_string() + " x b " + b.to_string() + " does not give " +
+                                               o.to_string());
+      for (int i = 3; i <= o.rank(); ++i) {
+        const int64_t da = i <= x.rank() ? x[-i] : 1, db = i <= b.rank() ? b[-i] : 1;
+        if ((da != 1 && da != o[-i]) || (db != 1 && db != o[-i]))
+          return bad(errc::invalid_shape, l, "batch dims of " + x.to_string() + " and " + b.to_string() +
+                                                 " do not broadcast to " + o.to_string());
+      }
+      if (x.rank() > o.rank() || b.rank() > o.rank())
+        return bad(errc::invalid_shape, l, "operand rank exceeds the output's");
+      break;
+    }
+    case op_kind::add: case op_kind::mul:
+      if (!broadcasts(x, o) || !broadcasts(l.inputs[1].dims, o))
+        return bad(errc::invalid_shape, l, "inputs " + x.to_string() + ", " + l.inputs[1].dims.to_string() +
+                                               " do not broadcast to " + o.to_string());
+      break;
+    case op_kind::scale: case op_kind::gelu: case op_kind::silu: case op_kind::softmax:
+    case op_kind::copy:
+      if (x != o) return bad(errc::invalid_shape, l, "input " + x.to_string() + " vs output " + o.to_string());
+      break;
+    case op_kind::rms_norm: case op_kind::layer_norm:
+      if (x != o) return bad(errc::invalid_shape, l, "input " + x.to_string() + " vs output " + o.to_string());
+      for (std::size_t i = 1; i < ni; ++i)
+        if (l.inputs[i].dims.numel() != o[-1] || l.inputs[i].dims.rank() != 1)
+          return bad(errc::invalid_shape, l, (i == 1 ? "weight " : "bias ") + l.inputs[i].dims.to_string() +
+                                                 " must be [" + std::to_string(o[-1]) + "]");
+      break;
+    case op_kind::rope:
+      if (x != o || o.rank() < 3 || o[-1] % 2 != 0 || l.inputs[1].dims.numel() != o[-3])
+        return bad(errc::invalid_shape, l, "x " + x.to_string() + ", positions " + l.inputs[1].dims.to_string() +
+                                               ", output " + o.to_string());
+      break;
+    case op_kind::get_rows: {
+      const shape& ids = l.inputs[1].dims;
+      bool ok = x.rank() == 2 && ids.rank() <= 3 && o.rank() == ids.rank() + 1 && o[-1] == x[1];
+      for (int i = 0; ok && i < ids.rank(); ++i) ok = ids[i] == o[i];
+      if (!ok)
+        return bad(errc::invalid_shape, l, "table " + x.to_string() + ", ids " + ids.to_string() + ", output " +
+                                               o.to_string());
+      if (x[0] > 0 && x[1] > 0 && l.inputs[0].stride[1] < 0)
+        return bad(errc::invalid_argument, l, "negative table stride");
+      break;
+    }
+    case op_kind::concat: {
+      int axis = nd_.attrs.axis;
+      if (axis < 0) axis += o.rank();
+      if (axis < 0 || axis >= o.rank()) return bad(errc::invalid_argument, l, "axis out of range");
+      int64_t sum = 0;
+      for (std::size_t i = 0; i < ni; ++i) {
+        const shape& s = l.inputs[i].dims;
+        if (l.inputs[i].type != l.out.type)
+          return bad(errc::dtype_mismatch, l, "input " + std::to_string(i) + " dtype differs from the output's");
+        bool ok = s.rank() == o.rank();
+        for (int d = 0; ok && d < o.rank(); ++d) ok = d == axis || s[d] == o[d];
+        if (!ok) return bad(errc::invalid_shape, l, "input " + std::to_string(i) + " " + s.to_string() +
+                                                        " does not fit output " + o.to_string());
+        sum += s[axis];
+      }
+      if (sum != o[axis]) return bad(errc::invalid_shape, l, "inputs do not add up to the output along the axis");
+      break;
+    }
+    default: break;
+  }
+  if (k != op_kind::copy && k != op_kind::get_rows && k != op_kind::concat && !is_float(l.out.type))
+    return bad(errc::dtype_mismatch, l, "output must be a float type");
+  return {};
+}
+
+error run_op(const op_launch& l) {
+  if (error e = check_op(l)) return e;
+  switch (l.op->op) {
+    case op_kind::matmul: run_matmul(l); return {};
+    case op_kind::add: case op_kind::mul: run_binary(l); return {};
+    case op_kind::scale: case op_kind::gelu: case op_kind::silu: run_unary(l); return {};
+    case op_kind::copy: copy_strided(pad(l.inputs[0]), pad(l.out)); return {};
+    case op_kind::rms_norm: case op_kind::layer_norm: run_norm(l); return {};
+    case op_kind::softmax: run_softmax(l); return {};
+    case op_kind::rope: run_rope(l); return {};
+    case op_kind::get_rows: return run_get_rows(l);
+    case op_kind::concat: run_concat(l); return {};
+    default: return {};  // views and leaves: nothing to compute
+  }
+}
+
+void gemm_f32_fallback(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
+                       int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+  // Pack op(B) row-major (k x n) once so the inner loop is unit-stride.
+  std::vector<float> bp(static_cast<std::size_t>(k * n));
+  for (int64_t p = 0; p < k; ++p)
+    for (int64_t j = 0; j < n; ++j) bp[p * n + j] = trans_b ? b[j * ldb + p] : b[p * ldb + j];
+  std::vector<float> acc(static_cast<std::size_t>(n));
+  constexpr int64_t kb = 256;  // a block of B rows stays in cache across a C row
+  for (int64_t i = 0; i < m; ++i) {
+    std::fill(acc.begin(), acc.end(), 0.0f);
+    for (int64_t p0 = 0; p0 < k; p0 += kb) {
+      const int64_t p1 = std::min(k, p0 + kb);
+      for (int64_t p = p0; p < p1; ++p) {
+        const float av = trans_a ? a[p * lda + i] : a[i * lda + p];
+        const float* brow = bp.data() + p * n;
+        for (int64_t j = 0; j < n; ++j) acc[j] += av * brow[j];
+      }
+    }
+    float* crow = c + i * ldc;
+    for (int64_t j = 0; j < n; ++j) crow[j] = alpha * acc[j] + (beta == 0.0f ? 0.0f : beta * crow[j]);
+  }
+}
+
+void gemm_f32(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
+              const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+#ifdef ACTORGRAPH_HAVE_BLAS
+  const int64_t big = std::max({m, n, k, lda, ldb, ldc});
+  if (big < INT_MAX) {
+    cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans,
+                static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), alpha, a, static_cast<int>(lda), b,
+                static_cast<int>(ldb), beta, c, static_cast<int>(ldc));
+    return;
+  }
+#endif
+  gemm_f32_fallback(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+
+bool have_blas() noexcept {
+#ifdef ACTORGRAPH_HAVE_BLAS
+  return true;
+#else
+  return false;
+#endif
+}
+
+}  // namespace ag::gpu::cpu

@@ -1,0 +1,43 @@
+#pragma once
+/// \file kernels.hpp
+/// Host kernels for every op_kind, used by the cpu device and by the sim
+/// device when it computes values. Inputs may have any element strides
+/// (views: permuted, transposed, sliced, broadcast with stride 0); storage is
+/// f32 / f16 / bf16 with f32 arithmetic, i32 for ids and positions. The
+/// semantics are graph/graph.hpp's, and tests/gpu/kernels_test.cpp checks
+/// them against graph/reference.hpp.
+///
+/// Threading: pure functions of their arguments; safe to call from any number
+/// of threads at once (each call allocates its own scratch).
+
+#include <cstdint>
+
+#include "graph/error.hpp"
+#include "gpu/device.hpp"
+
+namespace ag::gpu::cpu {
+
+/// Checks what run_op needs without touching memory: op arity, non-null
+/// buffers, output dims/dtype equal to the node's, input ranks. Errors name
+/// the node (errc::invalid_argument / invalid_shape / dtype_mismatch).
+error check_op(const op_launch& l);
+
+/// Runs one op on host memory. View ops and leaves (input, weight) are no-ops
+/// that succeed. Errors (bad arguments, an id out of range in get_rows) name
+/// the node and return before or without writing a partial result where possible.
+error run_op(const op_launch& l);
+
+/// C = alpha * op(A) * op(B) + beta * C, row-major f32 with leading
+/// dimensions (cblas_sgemm's contract). Uses BLAS when the build has it.
+void gemm_f32(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+              const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
+              int64_t ldc);
+/// The same without BLAS (a cache-blocked loop); always compiled, so it is tested.
+void gemm_f32_fallback(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+                       const float* a, int64_t lda, const float* b, int64_t ldb, float beta,
+                       float* c, int64_t ldc);
+
+/// True when gemm_f32 calls BLAS in this build.
+bool have_blas() noexcept;
+
+}  // namespace ag::gpu::cpu

@@ -1,0 +1,91 @@
+#pragma once
+// Shared by the kernels: a by-value tensor descriptor, dtype loads/stores with
+// f32 arithmetic, warp/block reductions, and the launch context every host
+// launcher takes. Included only by gpu/cuda/*.cu and gpu/cuda/*.cpp.
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <string>
+
+#include "gpu/cuda/kernel_args.hpp"
+
+namespace ag::gpu::cuda {
+
+__device__ __forceinline__ float ld(const void* p, int t, int64_t i) {
+  switch (t) {
+    case 0: return static_cast<const float*>(p)[i];
+    case 1: return __half2float(static_cast<const __half*>(p)[i]);
+    case 2: return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]);
+    default: return static_cast<float>(static_cast<const int32_t*>(p)[i]);
+  }
+}
+__device__ __forceinline__ void st(void* p, int t, int64_t i, float v) {
+  switch (t) {
+    case 0: static_cast<float*>(p)[i] = v; break;
+    case 1: static_cast<__half*>(p)[i] = __float2half_rn(v); break;
+    case 2: static_cast<__nv_bfloat16*>(p)[i] = __float2bfloat16_rn(v); break;
+    default: static_cast<int32_t*>(p)[i] = static_cast<int32_t>(v); break;
+  }
+}
+
+// Typed versions for the templated (fast) kernels.
+template <class T> __device__ __forceinline__ float to_f(T v);
+template <> __device__ __forceinline__ float to_f<float>(float v) { return v; }
+template <> __device__ __forceinline__ float to_f<__half>(__half v) { return __half2float(v); }
+template <> __device__ __forceinline__ float to_f<__nv_bfloat16>(__nv_bfloat16 v) { return __bfloat162float(v); }
+template <class T> __device__ __forceinline__ T from_f(float v);
+template <> __device__ __forceinline__ float from_f<float>(float v) { return v; }
+template <> __device__ __forceinline__ __half from_f<__half>(float v) { return __float2half_rn(v); }
+template <> __device__ __forceinline__ __nv_bfloat16 from_f<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+/// Sum over the block; every thread gets the result. `sh` holds 32 floats.
+__device__ __forceinline__ float block_sum(float v, float* sh) {
+  v = warp_sum(v);
+  const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+  __syncthreads();  // sh may still be read from a previous reduction
+  if (lane == 0) sh[w] = v;
+  __syncthreads();
+  const int nw = (blockDim.x + 31) >> 5;
+  v = lane < nw ? sh[lane] : 0.f;
+  return warp_sum(v);
+}
+__device__ __forceinline__ float block_max(float v, float* sh) {
+  v = warp_max(v);
+  const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+  __syncthreads();
+  if (lane == 0) sh[w] = v;
+  __syncthreads();
+  const int nw = (blockDim.x + 31) >> 5;
+  v = lane < nw ? sh[lane] : -INFINITY;
+  return warp_max(v);
+}
+
+/// Offset of the row `row` (flat index over d[0..2]) of a kt.
+__device__ __forceinline__ int64_t row_offset(const kt& x, int64_t row) {
+  const int64_t i2 = row % x.d[2];
+  const int64_t r = row / x.d[2];
+  const int64_t i1 = r % x.d[1];
+  const int64_t i0 = r / x.d[1];
+  return i0 * x.s[0] + i1 * x.s[1] + i2 * x.s[2];
+}
+
+/// Offset of flat (row-major over d) index i in a kt.
+__device__ __forceinline__ int64_t flat_offset(const kt& x, int64_t i) {
+  const int64_t i3 = i % x.d[3];
+  return row_offset(x, i / x.d[3]) + i3 * x.s[3];
+}
+
+}  // namespace ag::gpu::cuda

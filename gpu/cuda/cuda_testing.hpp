@@ -1,0 +1,23 @@
+#pragma once
+/// \file cuda_testing.hpp
+/// Hooks for tests and benchmarks of the CUDA backend (tests/cuda,
+/// apps/cuda_bench). Names no CUDA type. Each returns errc::invalid_argument
+/// when `d` / `s` are not a CUDA device and one of its streams.
+
+#include <cstdint>
+
+#include "graph/error.hpp"
+#include "gpu/device.hpp"
+
+namespace ag::gpu::cuda::testing {
+
+/// Enqueues on `s` a kernel that holds the stream until the host stores a
+/// nonzero value in *flag (memory from d.allocate_host(), which is mapped into
+/// the GPU's address space); the kernel then stores 2 there.
+error launch_spin_gate(device& d, stream& s, volatile uint32_t* flag);
+
+/// Enqueues on `s` a kernel that stores `value` at `dst` (device memory or
+/// memory from allocate_host()).
+error launch_write_value(device& d, stream& s, uint32_t* dst, uint32_t value);
+
+}  // namespace ag::gpu::cuda::testing

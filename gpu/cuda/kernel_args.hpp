@@ -1,0 +1,58 @@
+#pragma once
+// Host-side kernel arguments shared by the launchers (.cuh) and the device
+// code: compiles with g++ and nvcc. Only gpu/cuda/ includes it.
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <string>
+
+#include "gpu/device.hpp"
+#include "graph/error.hpp"
+
+namespace ag::gpu::cuda {
+
+/// A tensor as a kernel sees it (passed by value). Dims are right-aligned
+/// into 4 slots: d[3] is the innermost dimension, unused outer slots are 1.
+struct kt {
+  void* p = nullptr;
+  int t = 0;              // ag::dtype as int
+  int64_t d[4] = {1, 1, 1, 1};
+  int64_t s[4] = {0, 0, 0, 0};
+  int64_t numel() const { return d[0] * d[1] * d[2] * d[3]; }
+};
+
+/// Right-aligns a tensor_arg into a kt (size-1 dims get stride 0).
+inline kt to_kt(const tensor_arg& a) {
+  kt k;
+  k.p = a.data;
+  k.t = static_cast<int>(a.type);
+  const int r = a.dims.rank();
+  for (int i = 0; i < r; ++i) {
+    k.d[4 - r + i] = a.dims[i];
+    k.s[4 - r + i] = a.dims[i] == 1 ? 0 : a.stride[static_cast<std::size_t>(i)];
+  }
+  return k;
+}
+
+/// What every host launcher needs: the stream, a per-stream fault word in
+/// host-mapped memory (kernels set it for data errors such as an id out of
+/// range), and a name for error messages.
+struct launch_ctx {
+  cudaStream_t stream = nullptr;
+  unsigned int* fault_word = nullptr;  // device-visible pointer
+  std::string where;                   // "cuda0 rms_norm 'ln1'"
+  int sm_count = 132;
+};
+
+/// Fault codes written to launch_ctx::fault_word (first writer wins).
+enum fault_code : unsigned int { fault_none = 0, fault_get_rows_oob = 1 };
+
+inline unsigned int grid_for(int64_t n, int block, int max_blocks) {
+  int64_t g = (n + block - 1) / block;
+  if (g > max_blocks) g = max_blocks;
+  if (g < 1) g = 1;
+  return static_cast<unsigned int>(g);
+}
+
+}  // namespace ag::gpu::cuda

@@ -1,1 +1,0 @@
-void ag_cuda_placeholder() {}

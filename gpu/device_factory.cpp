@@ -1,0 +1,164 @@
+#include <cctype>
+#include <string>
+#include <vector>
+
+#include "gpu/cpu/cpu_device.hpp"
+#include "gpu/device.hpp"
+#include "gpu/sim/sim_device.hpp"
+
+#ifdef ACTORGRAPH_HAVE_CUDA
+#include "gpu/cuda/cuda_backend.hpp"
+#endif
+
+namespace ag::gpu {
+
+namespace {
+
+struct item {
+  std::string text;   // as written (trimmed)
+  std::size_t pos;    // character offset in the spec
+  int number;         // 1-based item number
+};
+
+struct request {
+  device_kind kind;
+  item where;
+  int count = 0;              // sim / cpu
+  bool all = false;           // cuda:all
+  std::vector<int> ordinals;  // cuda:N,M
+};
+
+error bad(const item& it, const std::string& what) {
+  return error(errc::bad_device_spec, "device spec item " + std::to_string(it.number) + " '" +
+                                          it.text + "' at position " + std::to_string(it.pos) +
+                                          ": " + what);
+}
+
+std::string trim(const std::string& s, std::size_t& lead) {
+  std::size_t b = 0, e = s.size();
+  while (b < e && std::isspace(static_cast<unsigned char>(s[b]))) ++b;
+  while (e > b && std::isspace(static_cast<unsigned char>(s[e - 1]))) --e;
+  lead = b;
+  return s.substr(b, e - b);
+}
+
+/// Parses a non-negative decimal integer (no sign, no spaces, at most 9 digits).
+bool parse_uint(const std::string& s, int& out) {
+  if (s.empty() || s.size() > 9) return false;
+  int v = 0;
+  for (char c : s) {
+    if (c < '0' || c > '9') return false;
+    v = v * 10 + (c - '0');
+  }
+  out = v;
+  return true;
+}
+
+expected<std::vector<request>> parse(const std::string& spec) {
+  std::size_t lead = 0;
+  if (trim(spec, lead).empty())
+    return error(errc::bad_device_spec, "empty device spec (expected e.g. \"sim:4\", \"cpu:2\", \"cuda:all\")");
+  std::vector<request> reqs;
+  std::size_t start = 0;
+  int number = 0;
+  for (;;) {
+    const std::size_t comma = spec.find(',', start);
+    const std::string raw = spec.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+    item it{trim(raw, lead), start, ++number};
+    it.pos = start + lead;
+    if (it.text.empty()) return bad(it, "empty item");
+    const std::size_t colon = it.text.find(':');
+    if (colon == std::string::npos) {
+      int ord = 0;
+      if (parse_uint(it.text, ord) && !reqs.empty() && reqs.back().kind == device_kind::cuda &&
+          !reqs.back().all) {
+        auto& ords = reqs.back().ordinals;
+        for (int o : ords)
+          if (o == ord) return bad(it, "duplicate CUDA ordinal " + std::to_string(ord));
+        ords.push_back(ord);
+      } else if (parse_uint(it.text, ord)) {
+        return bad(it, "a bare number continues only a \"cuda:N\" item's ordinals");
+      } else {
+        return bad(it, "expected kind:count (e.g. \"sim:4\")");
+      }
+    } else {
+      const std::string kind = trim(it.text.substr(0, colon), lead);
+      const std::string arg = trim(it.text.substr(colon + 1), lead);
+      request r;
+      r.where = it;
+      if (kind == "sim") r.kind = device_kind::sim;
+      else if (kind == "cpu") r.kind = device_kind::cpu;
+      else if (kind == "cuda") r.kind = device_kind::cuda;
+      else return bad(it, "unknown device kind '" + kind + "' (expected sim, cpu or cuda)");
+      for (const auto& prev : reqs)
+        if (prev.kind == r.kind)
+          return bad(it, "duplicate kind '" + kind + "' (already given by item " +
+                             std::to_string(prev.where.number) + ")");
+      if (arg.empty()) return bad(it, "missing count after '" + kind + ":'");
+      if (r.kind == device_kind::cuda) {
+        int ord = 0;
+        if (arg == "all") r.all = true;
+        else if (parse_uint(arg, ord)) r.ordinals.push_back(ord);
+        else return bad(it, "expected \"all\" or a GPU ordinal after 'cuda:', got '" + arg + "'");
+      } else {
+        int n = 0;
+        if (arg[0] == '-') return bad(it, "negative count " + arg);
+        if (!parse_uint(arg, n)) return bad(it, "count '" + arg + "' is not a number");
+        if (n == 0) return bad(it, "zero count");
+        if (n > 1024) return bad(it, "count " + arg + " is too large (at most 1024)");
+        r.count = n;
+      }
+      reqs.push_back(std::move(r));
+    }
+    if (comma == std::string::npos) break;
+    start = comma + 1;
+  }
+  return reqs;
+}
+
+}  // namespace
+
+expected<std::vector<device_ptr>> make_devices(const std::string& spec, const backend_options& options) {
+  auto reqs = parse(spec);
+  if (!reqs) return reqs.err();
+  std::vector<device_ptr> devices;
+  for (const auto& r : *reqs) {
+    const int first = static_cast<int>(devices.size());
+    switch (r.kind) {
+      case device_kind::sim:
+        for (int i = 0; i < r.count; ++i) devices.push_back(sim::make_sim_device(i, first + i, options.sim));
+        break;
+      case device_kind::cpu:
+        for (int i = 0; i < r.count; ++i)
+          devices.push_back(cpu::make_cpu_device(cpu::default_cpu_spec(i), first + i, options));
+        break;
+      case device_kind::cuda: {
+#ifdef ACTORGRAPH_HAVE_CUDA
+        if (cuda::device_count() <= 0) return bad(r.where, "no usable CUDA GPU on this machine");
+        auto made = cuda::make_cuda_devices(r.all ? std::vector<int>{} : r.ordinals, options, first);
+        if (!made) {
+          error e = made.err();
+          e.message = "device spec item " + std::to_string(r.where.number) + " '" + r.where.text +
+                      "': " + e.message;
+          return e;
+        }
+        for (auto& d : *made) devices.push_back(std::move(d));
+#else
+        return bad(r.where, "this build has no CUDA support (configure with ACTORGRAPH_CUDA=ON)");
+#endif
+        break;
+      }
+    }
+  }
+  return devices;
+}
+
+bool cuda_available() noexcept {
+#ifdef ACTORGRAPH_HAVE_CUDA
+  return cuda::device_count() > 0;
+#else
+  return false;
+#endif
+}
+
+}  // namespace ag::gpu

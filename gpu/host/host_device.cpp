@@ -1,0 +1,355 @@
+#include "gpu/host/host_device.hpp"
+
+#include <sys/mman.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <utility>
+
+#include "gpu/cpu/kernels.hpp"
+
+namespace ag::gpu::host {
+
+namespace {
+
+constexpr std::size_t alignment = 64;
+
+std::size_t padded(int64_t bytes) {
+  const auto b = static_cast<std::size_t>(std::max<int64_t>(bytes, 1));
+  return (b + alignment - 1) / alignment * alignment;
+}
+
+std::string op_label(const op_launch& l) {
+  if (!l.op) return "op <null>";
+  return "op '" + l.op->name + "' (" + to_string(l.op->op) + ")";
+}
+
+}  // namespace
+
+host_device::host_device(device_spec spec, int index, host_device_config cfg)
+    : spec_(std::move(spec)), index_(index), cfg_(cfg) {
+  const int n = std::max(1, spec_.copy_engines);
+  for (int i = 0; i < n; ++i) engines_.push_back(std::make_unique<engine_clock>());
+}
+
+host_device::~host_device() {
+  std::lock_guard<std::mutex> lk(mem_mutex_);
+  for (auto& [p, bytes] : allocations_) {
+    if (cfg_.lazy_memory) ::munmap(p, padded(bytes));
+    else std::free(p);
+  }
+  for (auto& [p, bytes] : host_allocations_) std::free(p);
+}
+
+error host_device::dead_error(const char* what) const {
+  return error(errc::device_failed, "device '" + spec_.name + "' is dead, cannot " + what);
+}
+
+expected<void*> host_device::allocate(int64_t bytes) {
+  if (bytes < 0)
+    return error(errc::invalid_argument,
+                 "device '" + spec_.name + "': allocate of a negative size (" + std::to_string(bytes) + ")");
+  if (!alive()) return dead_error("allocate");
+  // Reserve first so that concurrent allocations cannot both pass the check.
+  const int64_t before = in_use_.fetch_add(bytes, std::memory_order_relaxed);
+  if (before + bytes > spec_.mem_bytes) {
+    in_use_.fetch_sub(bytes, std::memory_order_relaxed);
+    return error(errc::out_of_memory, "device '" + spec_.name + "': cannot allocate " +
+                                          std::to_string(bytes) + " bytes: " + std::to_string(before) +
+                                          " of " + std::to_string(spec_.mem_bytes) + " in use");
+  }
+  void* p = nullptr;
+  if (cfg_.lazy_memory) {
+    // Timing-only: address space without committed pages (never touched).
+    p = ::mmap(nullptr, padded(bytes), PROT_READ | PROT_WRITE,
+               MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (p == MAP_FAILED) p = nullptr;
+  } else {
+    p = std::aligned_alloc(alignment, padded(bytes));
+  }
+  if (!p) {
+    in_use_.fetch_sub(bytes, std::memory_order_relaxed);
+    return error(errc::out_of_memory, "device '" + spec_.name + "': host allocation of " +
+                                          std::to_string(bytes) + " bytes failed");
+  }
+  std::lock_guard<std::mutex> lk(mem_mutex_);
+  allocations_.emplace(p, bytes);
+  return p;
+}
+
+void host_device::deallocate(void* p) noexcept {
+  if (!p) return;
+  int64_t bytes = 0;
+  {
+    std::lock_guard<std::mutex> lk(mem_mutex_);
+    auto it = allocations_.find(p);
+    if (it == allocations_.end()) return;  // not ours: ignore rather than corrupt the heap
+    bytes = it->second;
+    allocations_.erase(it);
+  }
+  if (cfg_.lazy_memory) ::munmap(p, padded(bytes));
+  else std::free(p);
+  in_use_.fetch_sub(bytes, std::memory_order_relaxed);
+}
+
+expected<void*> host_device::allocate_host(int64_t bytes) {
+  if (bytes < 0)
+    return error(errc::invalid_argument, "device '" + spec_.name + "': allocate_host of a negative size");
+  void* p = std::aligned_alloc(alignment, padded(bytes));
+  if (!p)
+    return error(errc::out_of_memory, "device '" + spec_.name + "': host allocation of " +
+                                          std::to_string(bytes) + " bytes failed");
+  std::lock_guard<std::mutex> lk(mem_mutex_);
+  host_allocations_.emplace(p, bytes);
+  return p;
+}
+
+void host_device::deallocate_host(void* p) noexcept {
+  if (!p) return;
+  {
+    std::lock_guard<std::mutex> lk(mem_mutex_);
+    if (host_allocations_.erase(p) == 0) return;
+  }
+  std::free(p);
+}
+
+error host_device::upload(void* dst, const void* src, int64_t bytes) {
+  if (!alive()) return dead_error("upload");
+  if (bytes < 0 || (bytes > 0 && (!dst || !src)))
+    return error(errc::invalid_argument, "device '" + spec_.name + "': upload with a null pointer or negative size");
+  if (cfg_.compute && bytes > 0) std::memcpy(dst, src, static_cast<std::size_t>(bytes));
+  return {};
+}
+
+error host_device::download(void* dst, const void* src, int64_t bytes) {
+  if (!alive()) return dead_error("download");
+  if (bytes < 0 || (bytes > 0 && (!dst || !src)))
+    return error(errc::invalid_argument, "device '" + spec_.name + "': download with a null pointer or negative size");
+  if (cfg_.compute && bytes > 0) std::memcpy(dst, src, static_cast<std::size_t>(bytes));
+  return {};
+}
+
+std::unique_ptr<stream> host_device::create_stream(stream_role role) {
+  auto s = std::make_unique<host_stream>(role, streams_created_.fetch_add(1), cfg_.inline_streams);
+  if (role != stream_role::compute)
+    s->set_engine(copy_streams_created_.fetch_add(1) % static_cast<int>(engines_.size()));
+  return s;
+}
+
+std::unique_ptr<event> host_device::create_event(bool timing) {
+  return std::make_unique<host_event>(timing);
+}
+
+void host_device::record(event& e, stream& s) {
+  auto* he = dynamic_cast<host_event*>(&e);
+  if (!he) return;
+  std::shared_ptr<event_state> st = he->state();
+  const uint64_t gen = st->arm();
+  const bool timed = cfg_.timed;
+  as_host(s).post([st = std::move(st), gen, timed](task_context& ctx) {
+    const int64_t now = host_clock_ns();
+    // A timed stream reached this point at its modelled time, which may be a
+    // little before the worker woke up.
+    const int64_t at = timed ? std::min(now, std::max(ctx.enqueue_ns, ctx.clock_ns)) : now;
+    st->reach(gen, at);
+  });
+}
+
+void host_device::wait(stream& s, const event& e) {
+  host_stream& hs = as_host(s);
+  if (const auto* he = dynamic_cast<const host_event*>(&e)) {
+    std::shared_ptr<event_state> st = he->state();
+    const uint64_t gen = st->armed();
+    if (gen == 0) return;  // never recorded: complete
+    hs.post([this, st = std::move(st), gen, &hs](task_context& ctx) {
+      if (!ctx.dropping && !st->reached(gen))
+        st->wait_for(gen, [&] { return hs.dropping() || !alive(); });
+      if (st->reached(gen)) ctx.clock_ns = std::max(ctx.clock_ns, st->completion_ns());
+    });
+    return;
+  }
+  // A foreign event (another backend): its own blocking wait, on our worker.
+  // The event must outlive this wait (as it must on CUDA's side).
+  hs.submit([&e](task_context& ctx) {
+    if (ctx.dropping) return;
+    e.host_wait();
+    ctx.clock_ns = std::max(ctx.clock_ns, host_clock_ns());
+  });
+}
+
+void host_device::sleep_until(int64_t deadline_ns, const host_stream& hs) {
+  std::unique_lock<std::mutex> lk(death_mutex_);
+  for (;;) {
+    const int64_t now = host_clock_ns();
+    if (now >= deadline_ns || !alive() || hs.dropping()) return;
+    // Chunks of at most 2 ms so a dropped stream notices without a notify.
+    const int64_t step = std::min<int64_t>(deadline_ns - now, 2'000'000);
+    death_cv_.wait_for(lk, std::chrono::nanoseconds(step));
+  }
+}
+
+int64_t host_device::occupy(task_context& ctx, host_stream& hs, const work_timing& t,
+                            int64_t kernel_end_ns) {
+  const auto dur = static_cast<int64_t>(t.seconds * cfg_.time_scale * 1e9);
+  const auto extra = static_cast<int64_t>(t.extra_wall_seconds * 1e9);
+  int64_t start = std::max(ctx.enqueue_ns, ctx.clock_ns);
+  int64_t end;
+  if (hs.engine() >= 0) {
+    // Copy streams share the device's copy engines: a copy starts when both
+    // its stream and its engine are free.
+    auto& eng = *engines_[static_cast<std::size_t>(hs.engine())];
+    std::lock_guard<std::mutex> lk(eng.mutex);
+    start = std::max(start, eng.busy_until);
+    end = start + dur + extra;
+    eng.busy_until = end;
+  } else {
+    end = start + dur + extra;
+  }
+  sleep_until(end, hs);
+  // With values computed, the work completes at the later of model and kernel.
+  ctx.clock_ns = std::max(end, kernel_end_ns);
+  return ctx.clock_ns;
+}
+
+error host_device::launch(stream& s, const op_launch& l) {
+  if (!alive()) return dead_error(("launch " + op_label(l)).c_str());
+  if (!l.op) return error(errc::invalid_argument, "device '" + spec_.name + "': launch without an op");
+  if (!supports(l.op->op))
+    return error(errc::unsupported_op, "device '" + spec_.name + "' does not support " + op_label(l));
+  if (cfg_.compute) {
+    if (error e = cpu::check_op(l)) {
+      e.message = "device '" + spec_.name + "': " + e.message;
+      return e;
+    }
+  }
+  host_stream& hs = as_host(s);
+  work_timing t;
+  if (error e = admit_op(hs, l, t)) return e;
+  const bool compute = cfg_.compute && !is_view_op(l.op->op) && !is_leaf_op(l.op->op);
+  auto work = [this, &hs, t, compute](task_context& ctx, const op_launch& op) {
+    if (ctx.dropping || !alive()) return;
+    int64_t kernel_end = 0;
+    if (compute) {
+      if (error e = cpu::run_op(op)) {
+        e.code = errc::op_failed;
+        e.message = "device '" + spec_.name + "': " + op_label(op) + " failed: " + e.message;
+        hs.set_error(std::move(e));
+      }
+      kernel_end = host_clock_ns();
+    }
+    if (cfg_.timed) occupy(ctx, hs, t, kernel_end);
+    else ctx.clock_ns = host_clock_ns();
+    op_executed(ops_run_.fetch_add(1, std::memory_order_relaxed) + 1);
+  };
+  if (hs.inline_mode()) hs.post([&](task_context& ctx) { work(ctx, l); });  // no copy of `l`
+  else hs.submit([work, l](task_context& ctx) { work(ctx, l); });
+  return {};
+}
+
+error host_device::enqueue_copy(stream& s, copy_kind k, void* dst, const void* src, int64_t bytes,
+                                device* src_dev) {
+  static const char* names[] = {"copy_h2d", "copy_d2h", "copy_peer"};
+  const char* name = names[static_cast<int>(k)];
+  if (!alive()) return dead_error(name);
+  if (bytes < 0 || (bytes > 0 && (!dst || !src)))
+    return error(errc::invalid_argument, "device '" + spec_.name + "': " + name +
+                                             " with a null pointer or negative size (" +
+                                             std::to_string(bytes) + " bytes)");
+  host_stream& hs = as_host(s);
+  const work_timing t = copy_timing(hs, k, bytes, src_dev);
+  const bool compute = cfg_.compute && bytes > 0;
+  const bool timed = cfg_.timed;
+  // A source device of another backend is read through its synchronous download.
+  device* foreign = (src_dev && !dynamic_cast<host_device*>(src_dev)) ? src_dev : nullptr;
+  hs.submit([this, &hs, dst, src, bytes, t, compute, timed, foreign, name](task_context& ctx) {
+    if (ctx.dropping || !alive()) return;
+    int64_t copy_end = 0;
+    if (compute) {
+      if (foreign) {
+        if (error e = foreign->download(dst, src, bytes)) {
+          e.message = "device '" + spec_.name + "': " + name + " from '" + foreign->spec().name +
+                      "' failed: " + e.message;
+          hs.set_error(std::move(e));
+        }
+      } else {
+        std::memcpy(dst, src, static_cast<std::size_t>(bytes));
+      }
+      copy_end = host_clock_ns();
+    }
+    if (timed) occupy(ctx, hs, t, copy_end);
+    else ctx.clock_ns = host_clock_ns();
+  });
+  return {};
+}
+
+error host_device::copy_h2d(stream& s, void* dst, const void* src, int64_t bytes) {
+  return enqueue_copy(s, copy_kind::h2d, dst, src, bytes, nullptr);
+}
+
+error host_device::copy_d2h(stream& s, void* dst, const void* src, int64_t bytes) {
+  return enqueue_copy(s, copy_kind::d2h, dst, src, bytes, nullptr);
+}
+
+error host_device::copy_peer(stream& s, void* dst, device& src_dev, const void* src, int64_t bytes) {
+  return enqueue_copy(s, copy_kind::peer, dst, src, bytes, &src_dev);
+}
+
+void host_device::notify(stream& s, std::function<void(const error&)> done) {
+  host_stream& hs = as_host(s);
+  hs.submit([this, &hs, done = std::move(done)](task_context& ctx) {
+    if (!alive()) {
+      error why;
+      {
+        std::lock_guard<std::mutex> lk(death_mutex_);
+        why = death_error_;
+      }
+      done(why);
+    } else if (ctx.dropping) {
+      done(error(errc::cancelled, "device '" + spec_.name + "': stream destroyed with work pending"));
+    } else {
+      done(hs.take_error());
+    }
+  });
+}
+
+error host_device::synchronize(stream& s) {
+  as_host(s).drain();
+  if (!alive()) return dead_error("synchronize");
+  return as_host(s).take_error();
+}
+
+void host_device::on_fault(std::function<void(const error&)> handler) {
+  std::unique_lock<std::mutex> lk(death_mutex_);
+  if (fault_reported_ || !dead_.load()) {
+    fault_handler_ = std::move(handler);
+    return;
+  }
+  // Died before anyone listened: report now, once.
+  fault_reported_ = true;
+  error why = death_error_;
+  lk.unlock();
+  if (handler) handler(why);
+}
+
+void host_device::die(error why) {
+  if (why.code != errc::device_failed) {
+    why.code = errc::device_failed;
+  }
+  if (why.message.empty()) why.message = "device '" + spec_.name + "' died";
+  std::function<void(const error&)> handler;
+  {
+    std::lock_guard<std::mutex> lk(death_mutex_);
+    if (dead_.load()) return;
+    death_error_ = why;
+    dead_.store(true, std::memory_order_release);
+    if (fault_handler_) {
+      fault_reported_ = true;
+      handler = fault_handler_;
+    }
+  }
+  death_cv_.notify_all();
+  if (handler) handler(why);
+}
+
+}  // namespace ag::gpu::host

@@ -1,0 +1,137 @@
+#pragma once
+/// \file host_device.hpp
+/// The part of the cpu and sim devices that is the same: host memory,
+/// host_stream streams, host_event events, record / wait / notify /
+/// synchronize, death. A backend subclass decides how long work takes
+/// (timing hooks) and whether it computes values.
+///
+/// Threading: every method is thread-safe (device.hpp). Work runs on the
+/// streams' worker threads (or inline in the caller for inline streams).
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <mutex>
+#include <unordered_map>
+#include <vector>
+
+#include "gpu/device.hpp"
+#include "gpu/host/host_stream.hpp"
+
+namespace ag::gpu::host {
+
+/// How a host device behaves.
+struct host_device_config {
+  bool compute = true;         ///< run kernels and memcpys (false: timing only, values garbage)
+  bool timed = false;          ///< occupy streams for the modelled time (sim)
+  bool inline_streams = false; ///< run work in the calling thread (instant sim device)
+  bool lazy_memory = false;    ///< back device memory with untouched mmap pages (timing only)
+  double time_scale = 1.0;     ///< wall seconds per modelled second
+};
+
+/// What a piece of work costs on a timed device.
+struct work_timing {
+  double seconds = 0;            ///< modelled seconds (scaled by time_scale)
+  double extra_wall_seconds = 0; ///< unscaled extra wall time (injected stall)
+};
+
+enum class copy_kind : uint8_t { h2d, d2h, peer };
+
+class host_device : public device {
+ public:
+  host_device(device_spec spec, int index, host_device_config cfg);
+  /// Frees memory still allocated. Streams must be destroyed before their device.
+  ~host_device() override;
+
+  const device_spec& spec() const noexcept override { return spec_; }
+  int index() const noexcept override { return index_; }
+
+  expected<void*> allocate(int64_t bytes) override;
+  void deallocate(void* p) noexcept override;
+  expected<void*> allocate_host(int64_t bytes) override;
+  void deallocate_host(void* p) noexcept override;
+  int64_t memory_capacity() const noexcept override { return spec_.mem_bytes; }
+  int64_t memory_in_use() const noexcept override { return in_use_.load(std::memory_order_relaxed); }
+  /// Timing-only devices (compute = false) skip the copy: values are garbage there.
+  error upload(void* dst, const void* src, int64_t bytes) override;
+  error download(void* dst, const void* src, int64_t bytes) override;
+
+  std::unique_ptr<stream> create_stream(stream_role role) override;
+  std::unique_ptr<event> create_event(bool timing = false) override;
+  /// `e` must be a host event (from any host device); other event types are ignored.
+  void record(event& e, stream& s) override;
+  /// Host events are waited for by generation on the worker; any other event
+  /// type (e.g. CUDA) by a blocking e.host_wait() on the worker. On an inline
+  /// stream the wait blocks the calling thread.
+  void wait(stream& s, const event& e) override;
+
+  error launch(stream& s, const op_launch& l) override;
+  error copy_h2d(stream& s, void* dst, const void* src, int64_t bytes) override;
+  error copy_d2h(stream& s, void* dst, const void* src, int64_t bytes) override;
+  /// From a host device: memcpy. From any other backend: src_dev.download() on the worker.
+  error copy_peer(stream& s, void* dst, device& src_dev, const void* src, int64_t bytes) override;
+  /// The callback gets: device_failed once the device died; else the first
+  /// asynchronous op error on `s` since the previous notify (op_failed); else
+  /// ok. On an inline stream it runs in the calling thread, before notify returns.
+  void notify(stream& s, std::function<void(const error&)> done) override;
+  error synchronize(stream& s) override;
+
+  void on_fault(std::function<void(const error&)> handler) override;
+  bool alive() const noexcept override { return !dead_.load(std::memory_order_acquire); }
+
+  /// Kills the device: launches and copies fail from now on, pending work
+  /// completes at once without running, the on_fault handler runs (once, in
+  /// the calling thread). Later calls do nothing.
+  void die(error why);
+  /// Number of ops that ran (or were skipped by death) on this device's streams.
+  int64_t ops_run() const noexcept { return ops_run_.load(std::memory_order_relaxed); }
+
+ protected:
+  /// Called in launch() (the driving thread of `s`) before the op is enqueued:
+  /// may refuse it (injected fault) and sets its timing. Default: ok, no time.
+  virtual error admit_op(host_stream& s, const op_launch& l, work_timing& t) { return {}; }
+  /// Timing of a copy; `src` is the source device for peer copies. Default: none.
+  virtual work_timing copy_timing(host_stream& s, copy_kind k, int64_t bytes, const device* src) { return {}; }
+  /// Called on the worker after each op ran (sim: die_after_ops).
+  virtual void op_executed(int64_t count) {}
+
+  const host_device_config& config() const noexcept { return cfg_; }
+  host_stream& as_host(stream& s) const { return static_cast<host_stream&>(s); }
+  error dead_error(const char* what) const;
+
+ private:
+  /// Occupies the stream (and its copy engine, if any) for `t` from the
+  /// task's ready time, then sleeps until the end. Returns the end time.
+  int64_t occupy(task_context& ctx, host_stream& hs, const work_timing& t, int64_t kernel_end_ns);
+  /// Sleeps until `deadline_ns` or until the device dies / the stream is dropped.
+  void sleep_until(int64_t deadline_ns, const host_stream& hs);
+  error enqueue_copy(stream& s, copy_kind k, void* dst, const void* src, int64_t bytes,
+                     device* src_dev);
+
+  device_spec spec_;
+  int index_;
+  host_device_config cfg_;
+
+  std::mutex mem_mutex_;
+  std::unordered_map<void*, int64_t> allocations_;  // device memory -> bytes (as requested)
+  std::unordered_map<void*, int64_t> host_allocations_;
+  std::atomic<int64_t> in_use_{0};
+
+  std::atomic<int> streams_created_{0};
+  std::atomic<int> copy_streams_created_{0};
+  struct engine_clock {
+    std::mutex mutex;
+    int64_t busy_until = 0;
+  };
+  std::vector<std::unique_ptr<engine_clock>> engines_;
+
+  std::atomic<bool> dead_{false};
+  std::mutex death_mutex_;
+  std::condition_variable death_cv_;
+  std::function<void(const error&)> fault_handler_;
+  error death_error_;
+  bool fault_reported_ = false;
+  std::atomic<int64_t> ops_run_{0};
+};
+
+}  // namespace ag::gpu::host

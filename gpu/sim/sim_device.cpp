@@ -1,0 +1,143 @@
+#include "gpu/sim/sim_device.hpp"
+
+#include <cmath>
+
+namespace ag::gpu::sim {
+
+namespace {
+
+host::host_device_config config_of(const sim_options& o) {
+  host::host_device_config c;
+  c.compute = o.compute_values;
+  c.timed = !o.zero_delay;
+  c.inline_streams = o.zero_delay && !o.compute_values;
+  c.lazy_memory = !o.compute_values;
+  c.time_scale = o.time_scale;
+  return c;
+}
+
+double bytes_of(const tensor_arg& t) {
+  return static_cast<double>(t.dims.numel()) * static_cast<double>(dtype_size(t.type));
+}
+
+}  // namespace
+
+op_cost cost_of_launch(const op_launch& l) {
+  // Mirrors graph/cost_model.cpp's cost_of (tests/gpu check they agree).
+  op_cost c;
+  if (!l.op || is_view_op(l.op->op) || is_leaf_op(l.op->op)) return c;
+  const double out_bytes = bytes_of(l.out);
+  const double n = static_cast<double>(l.out.dims.numel());
+  double in_bytes = 0;
+  for (const auto& in : l.inputs) in_bytes += bytes_of(in);
+  switch (l.op->op) {
+    case op_kind::matmul: {
+      if (l.inputs.empty() || l.inputs[0].dims.rank() < 2) break;
+      const auto& a = l.inputs[0].dims;
+      c.flops = 2.0 * n * static_cast<double>(l.op->attrs.trans_a ? a[-2] : a[-1]);
+      c.bytes = in_bytes + out_bytes;
+      break;
+    }
+    case op_kind::get_rows:
+      c.bytes = (l.inputs.size() > 1 ? bytes_of(l.inputs[1]) : 0.0) + 2 * out_bytes;
+      break;
+    default: {
+      double per = 0;
+      switch (l.op->op) {
+        case op_kind::add: case op_kind::mul: case op_kind::scale: per = 1; break;
+        case op_kind::silu: case op_kind::rope: per = 4; break;
+        case op_kind::gelu: per = 8; break;
+        case op_kind::rms_norm: case op_kind::layer_norm: case op_kind::softmax: per = 5; break;
+        default: break;
+      }
+      c.flops = per * n;
+      c.bytes = in_bytes + out_bytes;
+      break;
+    }
+  }
+  return c;
+}
+
+sim_device::sim_device(device_spec spec, int index, const sim_options& options)
+    : host_device(std::move(spec), index, config_of(options)),
+      options_(options),
+      rng_(options.seed * 0x9e3779b97f4a7c15ull + static_cast<uint64_t>(index) + 1),
+      faults_(options.faults),
+      die_at_(options.faults.die_after_ops) {
+  if (die_at_ == 0) kill("configured to die after 0 ops (injected fault)");
+}
+
+void sim_device::kill(const std::string& why) {
+  die(error(errc::device_failed, "device '" + spec().name + "' died: " + why));
+}
+
+void sim_device::set_faults(const fault_config& f) {
+  std::lock_guard<std::mutex> lk(mutex_);
+  faults_ = f;
+  die_at_ = f.die_after_ops < 0 ? -1 : ops_run() + f.die_after_ops;
+}
+
+double sim_device::modelled_seconds() const {
+  std::lock_guard<std::mutex> lk(mutex_);
+  return modelled_;
+}
+
+double sim_device::jitter_factor() {
+  if (options_.jitter <= 0) return 1.0;
+  // Lognormal with mean 1 and relative stddev `jitter`.
+  const double sigma2 = std::log1p(options_.jitter * options_.jitter);
+  return std::exp(std::sqrt(sigma2) * rng_.normal() - 0.5 * sigma2);
+}
+
+error sim_device::admit_op(host::host_stream& s, const op_launch& l, host::work_timing& t) {
+  double cost = 0;
+  if (l.source) cost = estimate_seconds(spec(), *l.source, *l.op);
+  else if (!is_view_op(l.op->op) && !is_leaf_op(l.op->op))
+    cost = estimate_seconds(spec(), cost_of_launch(l), l.op->type);
+  std::lock_guard<std::mutex> lk(mutex_);
+  // Draw every number for every op, so the sequence does not depend on rates.
+  const double u_err = rng_.uniform();
+  const double u_stall = rng_.uniform();
+  const double factor = jitter_factor();
+  if (u_err < faults_.op_error_rate)
+    return error(errc::op_failed, "device '" + spec().name + "': op '" + l.op->name + "' (" +
+                                      to_string(l.op->op) + ") failed (injected fault)");
+  t.seconds = cost * factor;
+  modelled_ += t.seconds;
+  if (u_stall < faults_.op_stall_rate) t.extra_wall_seconds = faults_.stall_seconds;
+  if (options_.zero_delay) t = {};
+  return {};
+}
+
+host::work_timing sim_device::copy_timing(host::host_stream& s, host::copy_kind k, int64_t bytes,
+                                          const device* src) {
+  const double cost = k == host::copy_kind::peer && src
+                          ? estimate_peer_copy_seconds(src->spec(), spec(), bytes)
+                          : estimate_host_copy_seconds(spec(), bytes);
+  std::lock_guard<std::mutex> lk(mutex_);
+  host::work_timing t;
+  t.seconds = cost * jitter_factor();
+  modelled_ += t.seconds;
+  if (options_.zero_delay) t = {};
+  return t;
+}
+
+void sim_device::op_executed(int64_t count) {
+  int64_t die_at;
+  {
+    std::lock_guard<std::mutex> lk(mutex_);
+    die_at = die_at_;
+  }
+  if (die_at >= 0 && count >= die_at)
+    kill("died after " + std::to_string(count) + " ops (injected fault)");
+}
+
+device_ptr make_sim_device(int ordinal, int index, const sim_options& options) {
+  device_spec spec = options.spec;
+  spec.name = "sim" + std::to_string(ordinal);
+  spec.kind = device_kind::sim;
+  spec.ordinal = ordinal;
+  return std::make_shared<sim_device>(std::move(spec), index, options);
+}
+
+}  // namespace ag::gpu::sim

@@ -1,0 +1,104 @@
+#include "graph/cost_model.hpp"
+
+#include <algorithm>
+
+namespace ag {
+
+const char* to_string(device_kind k) noexcept {
+  switch (k) {
+    case device_kind::sim: return "sim";
+    case device_kind::cpu: return "cpu";
+    case device_kind::cuda: return "cuda";
+  }
+  return "unknown";
+}
+
+bool device_spec::supports(op_kind k) const noexcept {
+  return std::find(unsupported.begin(), unsupported.end(), k) == unsupported.end();
+}
+
+namespace {
+
+double tensor_bytes(const node& n) {
+  return static_cast<double>(n.dims.numel()) * static_cast<double>(dtype_size(n.type));
+}
+
+double input_bytes(const graph& g, const node& n) {
+  double b = 0;
+  for (node_id i : n.inputs) b += tensor_bytes(g.at(i));
+  return b;
+}
+
+// Flops per output element of the pointwise ops. Rough counts of the
+// arithmetic a kernel does (gelu's tanh ~ a handful of ops); only their order
+// of magnitude matters, since these ops are bandwidth bound.
+double flops_per_element(op_kind k) {
+  switch (k) {
+    case op_kind::add:
+    case op_kind::mul:
+    case op_kind::scale: return 1;
+    case op_kind::silu: return 4;
+    case op_kind::rope: return 4;
+    case op_kind::gelu: return 8;
+    case op_kind::rms_norm:
+    case op_kind::layer_norm:
+    case op_kind::softmax: return 5;
+    default: return 0;
+  }
+}
+
+}  // namespace
+
+op_cost cost_of(const graph& g, const node& n) {
+  op_cost c;
+  if (is_leaf_op(n.op) || is_view_op(n.op)) return c;
+  const double out_bytes = tensor_bytes(n);
+  const double out_elems = static_cast<double>(n.dims.numel());
+  switch (n.op) {
+    case op_kind::matmul: {
+      // out [.., M, N]; K is a's reduced dim (last, or second last when transposed).
+      const node& a = g.at(n.inputs.at(0));
+      const int64_t k = n.attrs.trans_a ? a.dims[a.dims.rank() - 2] : a.dims[a.dims.rank() - 1];
+      c.flops = 2.0 * out_elems * static_cast<double>(k);  // = 2 * M * N * K * batch
+      c.bytes = input_bytes(g, n) + out_bytes;
+      break;
+    }
+    case op_kind::get_rows: {
+      // Reads only the rows it gathers (= output bytes) plus the ids.
+      const node& ids = g.at(n.inputs.at(1));
+      c.bytes = tensor_bytes(ids) + 2 * out_bytes;
+      break;
+    }
+    default:
+      c.flops = flops_per_element(n.op) * out_elems;
+      c.bytes = input_bytes(g, n) + out_bytes;
+      break;
+  }
+  return c;
+}
+
+double estimate_seconds(const device_spec& d, op_cost c, dtype type) {
+  const double rate = (type == dtype::f16 || type == dtype::bf16) ? d.flops_bf16 : d.flops_f32;
+  const double compute = rate > 0 ? c.flops / rate : 0.0;
+  const double memory = d.mem_bandwidth > 0 ? c.bytes / d.mem_bandwidth : 0.0;
+  return d.launch_latency + std::max(compute, memory);
+}
+
+double estimate_seconds(const device_spec& d, const graph& g, const node& n) {
+  if (is_leaf_op(n.op) || is_view_op(n.op)) return 0.0;
+  // The rate follows the node's own dtype, so the sim backend (which may only
+  // see tensor_args) gets the same number.
+  return estimate_seconds(d, cost_of(g, n), n.type);
+}
+
+double estimate_peer_copy_seconds(const device_spec& src, const device_spec& dst, int64_t bytes) {
+  const double bw = std::min(src.link_bandwidth, dst.link_bandwidth);
+  const double lat = std::max(src.link_latency, dst.link_latency);
+  return lat + (bw > 0 ? static_cast<double>(bytes) / bw : 0.0);
+}
+
+double estimate_host_copy_seconds(const device_spec& d, int64_t bytes) {
+  return d.host_latency + (d.host_bandwidth > 0 ? static_cast<double>(bytes) / d.host_bandwidth : 0.0);
+}
+
+}  // namespace ag

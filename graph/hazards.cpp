@@ -1,0 +1,211 @@
+// check_hazards: an independent proof of a plan's memory plan. It uses only
+// the plan's public view (steps, deps, lane_seq, slots, graph) and shares no
+// code or data with the allocator in memory_plan.cpp, so a bug there cannot
+// hide itself here.
+
+#include <algorithm>
+#include <map>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "graph/plan.hpp"
+
+namespace ag {
+
+namespace {
+
+struct access_pos {
+  step_id step;
+  int op;
+};
+
+struct accesses {
+  std::vector<access_pos> writes;
+  std::vector<access_pos> reads;
+};
+
+node_id root_of(const graph& g, node_id id) {
+  for (std::size_t guard = 0; guard <= g.size(); ++guard) {
+    const node& n = g.at(id);
+    if (n.storage == no_node || n.storage == id) return id;
+    id = n.storage;
+  }
+  return id;
+}
+
+std::string where(const plan& p, int d) {
+  return "device " + std::to_string(d) + " ('" + p.devices()[static_cast<std::size_t>(d)].name + "')";
+}
+
+}  // namespace
+
+error check_hazards(const plan& p) {
+  const graph& g = p.source();
+  const auto& steps = p.steps();
+  const std::size_t n = steps.size();
+  const int ndev = static_cast<int>(p.devices().size());
+  auto step_err = [&](const step& s, const std::string& what) {
+    return error(errc::internal, "hazard check: step #" + std::to_string(s.id) + " (" + to_string(s.kind) + "): " + what);
+  };
+
+  // 1. Structure, and the happens-before edges: deps plus queue order.
+  std::vector<std::vector<step_id>> preds(n);
+  std::map<std::tuple<int, int, int>, std::vector<std::pair<int, step_id>>> queues;
+  for (std::size_t i = 0; i < n; ++i) {
+    const step& s = steps[i];
+    if (s.id != static_cast<step_id>(i)) return step_err(s, "id is not its index " + std::to_string(i));
+    if (s.device < 0 || s.device >= ndev) return step_err(s, "device out of range");
+    if (s.kind == step_kind::copy_peer && (s.src_device < 0 || s.src_device >= ndev))
+      return step_err(s, "peer copy source device out of range");
+    if (s.kind != step_kind::compute && s.ops.size() != 1) return step_err(s, "a copy must name exactly one node");
+    for (node_id id : s.ops)
+      if (id < 0 || static_cast<std::size_t>(id) >= g.size()) return step_err(s, "op id out of range");
+    for (step_id d : s.deps) {
+      if (d < 0 || static_cast<std::size_t>(d) >= n) return step_err(s, "dep out of range");
+      preds[i].push_back(d);
+    }
+    queues[{s.device, static_cast<int>(s.kind), s.kind == step_kind::compute ? s.lane : -1}].emplace_back(s.lane_seq, s.id);
+  }
+  for (auto& [key, q] : queues) {
+    std::sort(q.begin(), q.end());
+    for (std::size_t k = 1; k < q.size(); ++k) {
+      if (q[k].first == q[k - 1].first)
+        return step_err(steps[static_cast<std::size_t>(q[k].second)],
+                        "shares lane_seq " + std::to_string(q[k].first) + " with step #" + std::to_string(q[k - 1].second));
+      preds[static_cast<std::size_t>(q[k].second)].push_back(q[k - 1].second);
+    }
+  }
+  // Topological order of the combined relation (a cycle would deadlock the runtime).
+  std::vector<int> indeg(n, 0);
+  std::vector<std::vector<step_id>> succ(n);
+  for (std::size_t i = 0; i < n; ++i)
+    for (step_id pr : preds[i]) {
+      succ[static_cast<std::size_t>(pr)].push_back(static_cast<step_id>(i));
+      ++indeg[i];
+    }
+  std::vector<step_id> topo;
+  for (std::size_t i = 0; i < n; ++i)
+    if (indeg[i] == 0) topo.push_back(static_cast<step_id>(i));
+  for (std::size_t k = 0; k < topo.size(); ++k)
+    for (step_id y : succ[static_cast<std::size_t>(topo[k])])
+      if (--indeg[static_cast<std::size_t>(y)] == 0) topo.push_back(y);
+  if (topo.size() != n)
+    return error(errc::internal, "hazard check: deps and lane order form a cycle (the plan would deadlock)");
+  const std::size_t words = (n + 63) / 64;
+  std::vector<std::vector<uint64_t>> before(n, std::vector<uint64_t>(words, 0));  // before[s]: steps hb s
+  for (step_id s : topo)
+    for (step_id pr : preds[static_cast<std::size_t>(s)]) {
+      auto& row = before[static_cast<std::size_t>(s)];
+      const auto& prow = before[static_cast<std::size_t>(pr)];
+      for (std::size_t w = 0; w < words; ++w) row[w] |= prow[w];
+      row[static_cast<std::size_t>(pr) / 64] |= uint64_t{1} << (static_cast<std::size_t>(pr) % 64);
+    }
+  auto hb = [&](access_pos a, access_pos b) {
+    if (a.step == b.step) return a.op < b.op;
+    return ((before[static_cast<std::size_t>(b.step)][static_cast<std::size_t>(a.step) / 64] >>
+             (static_cast<std::size_t>(a.step) % 64)) & 1u) != 0;
+  };
+
+  // 2. Accesses per (device, storage node).
+  std::vector<std::map<node_id, accesses>> acc(static_cast<std::size_t>(ndev));
+  for (const step& s : steps) {
+    auto dev = static_cast<std::size_t>(s.device);
+    if (s.kind == step_kind::compute) {
+      for (std::size_t k = 0; k < s.ops.size(); ++k) {
+        const node& nd = g.at(s.ops[k]);
+        if (is_view_op(nd.op)) continue;
+        for (node_id in : nd.inputs) acc[dev][root_of(g, in)].reads.push_back({s.id, static_cast<int>(k)});
+        acc[dev][nd.id].writes.push_back({s.id, static_cast<int>(k)});
+      }
+    } else if (s.kind == step_kind::copy_h2d) {
+      acc[dev][root_of(g, s.ops[0])].writes.push_back({s.id, 0});
+    } else if (s.kind == step_kind::copy_d2h) {
+      acc[dev][root_of(g, s.ops[0])].reads.push_back({s.id, 0});
+    } else {
+      acc[static_cast<std::size_t>(s.src_device)][root_of(g, s.ops[0])].reads.push_back({s.id, 0});
+      acc[dev][root_of(g, s.ops[0])].writes.push_back({s.id, 0});
+    }
+  }
+
+  // 3. Slots: inside their region, one per node and region.
+  if (p.memory().size() != static_cast<std::size_t>(ndev))
+    return error(errc::internal, "hazard check: memory plan has " + std::to_string(p.memory().size()) +
+                                     " devices, plan has " + std::to_string(ndev));
+  for (int d = 0; d < ndev; ++d) {
+    const device_memory& mem = p.memory()[static_cast<std::size_t>(d)];
+    std::map<std::pair<node_id, int>, const buffer_slot*> slot_of;
+    std::vector<const buffer_slot*> arena, weights;
+    for (const buffer_slot& sl : mem.slots) {
+      const int64_t limit = sl.where == region::arena ? mem.arena_bytes : mem.weight_bytes;
+      if (sl.node < 0 || static_cast<std::size_t>(sl.node) >= g.size())
+        return error(errc::internal, "hazard check: slot names node " + std::to_string(sl.node) + " on " + where(p, d));
+      if (sl.offset < 0 || sl.bytes < 0 || sl.offset + sl.bytes > limit)
+        return error(errc::internal, "hazard check: slot of '" + g.at(sl.node).name + "' [" + std::to_string(sl.offset) +
+                                         ", " + std::to_string(sl.offset + sl.bytes) + ") lies outside the " +
+                                         (sl.where == region::arena ? "arena" : "weight region") + " of " +
+                                         std::to_string(limit) + " bytes on " + where(p, d));
+      if (!slot_of.emplace(std::make_pair(sl.node, static_cast<int>(sl.where)), &sl).second)
+        return error(errc::internal, "hazard check: '" + g.at(sl.node).name + "' has two slots on " + where(p, d));
+      (sl.where == region::arena ? arena : weights).push_back(&sl);
+    }
+    // 4. Every accessed buffer has a slot big enough, and one writer.
+    for (const auto& [id, a] : acc[static_cast<std::size_t>(d)]) {
+      const node& nd = g.at(id);
+      const bool is_weight = nd.op == op_kind::weight;
+      auto it = slot_of.find({id, static_cast<int>(is_weight ? region::weights : region::arena)});
+      if (it == slot_of.end())
+        return error(errc::internal, "hazard check: '" + nd.name + "' is accessed on " + where(p, d) + " but has no slot");
+      if (it->second->bytes < nd.own_bytes())
+        return error(errc::internal, "hazard check: slot of '" + nd.name + "' on " + where(p, d) + " holds " +
+                                         std::to_string(it->second->bytes) + " of " + std::to_string(nd.own_bytes()) + " bytes");
+      if (is_weight) {
+        if (!a.writes.empty()) return error(errc::internal, "hazard check: weight '" + nd.name + "' is written on " + where(p, d));
+        continue;
+      }
+      if (a.writes.size() != 1)
+        return error(errc::internal, "hazard check: '" + nd.name + "' is written " + std::to_string(a.writes.size()) +
+                                         " times on " + where(p, d) + " (expected once)");
+      for (const access_pos& r : a.reads)
+        if (!hb(a.writes[0], r))
+          return error(errc::internal, "hazard check: '" + nd.name + "' is read by step #" + std::to_string(r.step) +
+                                           " on " + where(p, d) + " before its write is ordered before it");
+    }
+    // 5. Overlapping buffers must be ordered one after the other.
+    auto overlapping = [](const std::vector<const buffer_slot*>& v, auto&& fn) -> error {
+      std::vector<const buffer_slot*> s(v);
+      std::sort(s.begin(), s.end(), [](auto* a, auto* b) { return a->offset < b->offset; });
+      for (std::size_t i = 0; i < s.size(); ++i)
+        for (std::size_t j = i + 1; j < s.size() && s[j]->offset < s[i]->offset + s[i]->bytes; ++j)
+          if (s[i]->bytes > 0 && s[j]->bytes > 0)
+            if (auto e = fn(*s[i], *s[j])) return e;
+      return {};
+    };
+    if (auto e = overlapping(weights, [&](const buffer_slot& a, const buffer_slot& b) {
+          return error(errc::internal, "hazard check: weights '" + g.at(a.node).name + "' and '" + g.at(b.node).name +
+                                           "' overlap on " + where(p, d));
+        }))
+      return e;
+    const auto& dacc = acc[static_cast<std::size_t>(d)];
+    auto all_before = [&](const accesses& a, const accesses& b) {
+      const access_pos w = b.writes[0];
+      for (const access_pos& x : a.writes) if (!hb(x, w)) return false;
+      for (const access_pos& x : a.reads) if (!hb(x, w)) return false;
+      return true;
+    };
+    if (auto e = overlapping(arena, [&](const buffer_slot& a, const buffer_slot& b) -> error {
+          auto ia = dacc.find(a.node), ib = dacc.find(b.node);
+          if (ia == dacc.end() || ib == dacc.end()) return {};  // a slot nobody touches cannot race
+          if (all_before(ia->second, ib->second) || all_before(ib->second, ia->second)) return {};
+          return error(errc::internal,
+                       "hazard check: '" + g.at(a.node).name + "' [" + std::to_string(a.offset) + ", " +
+                           std::to_string(a.offset + a.bytes) + ") and '" + g.at(b.node).name + "' [" +
+                           std::to_string(b.offset) + ", " + std::to_string(b.offset + b.bytes) + ") share arena bytes on " +
+                           where(p, d) + " but neither's accesses all happen-before the other's write");
+        }))
+      return e;
+  }
+  return {};
+}
+
+}  // namespace ag

@@ -1,0 +1,170 @@
+// plan's lookups and printing. Built by planner.cpp / memory_plan.cpp.
+
+#include <cstdio>
+#include <sstream>
+
+#include "graph/planner_internal.hpp"
+
+namespace ag {
+
+const char* to_string(step_kind k) noexcept {
+  switch (k) {
+    case step_kind::compute: return "compute";
+    case step_kind::copy_h2d: return "h2d";
+    case step_kind::copy_d2h: return "d2h";
+    case step_kind::copy_peer: return "peer";
+  }
+  return "unknown";
+}
+
+expected<tensor_location> plan::locate(node_id id, int device) const {
+  if (!graph_ || id < 0 || static_cast<std::size_t>(id) >= graph_->size())
+    return error(errc::internal, "locate: node id " + std::to_string(id) + " is not in the plan's graph");
+  if (device < 0 || static_cast<std::size_t>(device) >= slot_index_.size())
+    return error(errc::internal, "locate: device " + std::to_string(device) + " is not in the plan");
+  const node& n = graph_->at(id);
+  const node_id sn = storage_root(*graph_, id);
+  const int32_t si = slot_index_[static_cast<std::size_t>(device)][static_cast<std::size_t>(sn)];
+  if (si < 0)
+    return error(errc::internal, "locate: '" + n.name + "' (storage '" + graph_->at(sn).name +
+                                     "') is not resident on device " + std::to_string(device));
+  const buffer_slot& slot = memory_[static_cast<std::size_t>(device)].slots[static_cast<std::size_t>(si)];
+  tensor_location loc;
+  loc.node = id;
+  loc.device = device;
+  loc.where = slot.where;
+  // Storage is copied whole, so a view resolves the same way on every device.
+  if (sn == id) {
+    loc.byte_offset = slot.offset;
+    loc.stride = contiguous_strides(n.dims);
+  } else {
+    loc.byte_offset = slot.offset + n.offset * static_cast<int64_t>(dtype_size(n.type));
+    loc.stride = n.stride;
+  }
+  return loc;
+}
+
+int64_t plan::bytes_moved() const {
+  int64_t b = 0;
+  for (const step& s : steps_)
+    if (s.kind != step_kind::compute) b += s.bytes;
+  return b;
+}
+
+double plan::est_seconds(int device) const {
+  double t = 0;
+  for (const step& s : steps_)
+    if (s.kind == step_kind::compute && s.device == device) t += s.est_seconds;
+  return t;
+}
+
+namespace {
+
+std::string fmt_bytes(int64_t b) {
+  char buf[64];
+  const double x = static_cast<double>(b);
+  if (b >= (1LL << 30)) std::snprintf(buf, sizeof buf, "%.2f GiB", x / (1LL << 30));
+  else if (b >= (1LL << 20)) std::snprintf(buf, sizeof buf, "%.2f MiB", x / (1LL << 20));
+  else if (b >= (1LL << 10)) std::snprintf(buf, sizeof buf, "%.1f KiB", x / (1LL << 10));
+  else std::snprintf(buf, sizeof buf, "%lld B", static_cast<long long>(b));
+  return buf;
+}
+
+std::string fmt_us(double s) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.1f us", s * 1e6);
+  return buf;
+}
+
+std::string dot_escape(const std::string& s) {
+  std::string r;
+  for (char c : s) {
+    if (c == '"' || c == '\\') r += '\\';
+    r += c;
+  }
+  return r;
+}
+
+std::string device_label(const std::vector<device_spec>& devs, int d) {
+  if (d < 0 || static_cast<std::size_t>(d) >= devs.size()) return "host";
+  return std::to_string(d) + ":" + devs[static_cast<std::size_t>(d)].name;
+}
+
+}  // namespace
+
+std::string plan::describe() const {
+  std::ostringstream os;
+  const graph& g = *graph_;
+  os << "plan: " << g.size() << " nodes, " << steps_.size() << " steps over " << used_devices_.size() << " of "
+     << devices_.size() << " device(s), " << options_.lanes_per_device << " lane(s) per device\n";
+  for (int d : used_devices_) {
+    const device_spec& spec = devices_[static_cast<std::size_t>(d)];
+    os << "device " << d << " '" << spec.name << "' (" << to_string(spec.kind) << ")\n";
+    for (const step& s : steps_) {
+      if (s.device != d) continue;
+      if (s.kind == step_kind::compute) {
+        int nops = 0;
+        node_id first = no_node, last = no_node;
+        for (node_id id : s.ops) {
+          if (is_view_op(g.at(id).op)) continue;
+          if (first == no_node) first = id;
+          last = id;
+          ++nops;
+        }
+        os << "  split #" << s.id << " lane " << s.lane << " seq " << s.lane_seq << ": "
+           << (first == no_node ? std::string("-") : g.at(first).name) << " .. "
+           << (last == no_node ? std::string("-") : g.at(last).name) << " (" << nops << " ops, " << fmt_us(s.est_seconds)
+           << ")\n";
+      } else {
+        const node& n = g.at(s.ops.at(0));
+        const std::string src = s.kind == step_kind::copy_h2d ? "host" : device_label(devices_, s.kind == step_kind::copy_peer ? s.src_device : s.device);
+        const std::string dst = s.kind == step_kind::copy_d2h ? "host" : device_label(devices_, s.device);
+        os << "  copy  #" << s.id << " " << to_string(s.kind) << " '" << n.name << "' " << src << " -> " << dst << " "
+           << fmt_bytes(s.bytes) << " (" << fmt_us(s.est_seconds) << ")\n";
+      }
+    }
+    const device_memory& m = memory_[static_cast<std::size_t>(d)];
+    os << "  compute " << fmt_us(est_seconds(d)) << "; arena " << fmt_bytes(m.arena_bytes) << " peak vs "
+       << fmt_bytes(m.sum_tensor_bytes) << " sum of tensors; weights " << fmt_bytes(m.weight_bytes) << "\n";
+  }
+  int64_t peer = 0, host = 0;
+  for (const step& s : steps_)
+    if (s.kind == step_kind::copy_peer) peer += s.bytes;
+    else if (s.kind != step_kind::compute) host += s.bytes;
+  os << "moved: " << fmt_bytes(bytes_moved()) << " (peer " << fmt_bytes(peer) << ", host " << fmt_bytes(host) << ")\n";
+  return os.str();
+}
+
+std::string plan::to_dot() const {
+  std::ostringstream os;
+  const graph& g = *graph_;
+  os << "digraph plan {\n  rankdir=LR;\n  node [shape=box, fontname=\"monospace\"];\n";
+  for (int d : used_devices_) {
+    os << "  subgraph cluster_dev" << d << " {\n    label=\"" << dot_escape(device_label(devices_, d)) << "\";\n";
+    for (const step& s : steps_) {
+      if (s.device != d) continue;
+      std::string text;
+      if (s.kind == step_kind::compute) {
+        text = "#" + std::to_string(s.id) + " lane " + std::to_string(s.lane) + "\\n";
+        int shown = 0;
+        for (node_id id : s.ops) {
+          if (is_view_op(g.at(id).op)) continue;
+          if (shown++ < 6) text += dot_escape(g.at(id).name) + "\\n";
+        }
+        if (shown > 6) text += "(+" + std::to_string(shown - 6) + " ops)";
+        os << "    s" << s.id << " [label=\"" << text << "\"];\n";
+      } else {
+        text = "#" + std::to_string(s.id) + " " + to_string(s.kind) + "\\n" + dot_escape(g.at(s.ops.at(0)).name) +
+               "\\n" + fmt_bytes(s.bytes);
+        os << "    s" << s.id << " [shape=ellipse, label=\"" << text << "\"];\n";
+      }
+    }
+    os << "  }\n";
+  }
+  for (const step& s : steps_)
+    for (step_id d : s.deps) os << "  s" << d << " -> s" << s.id << ";\n";
+  os << "}\n";
+  return os.str();
+}
+
+}  // namespace ag

@@ -1,0 +1,590 @@
+// Placement, lanes and steps of ag::compile. The memory pass is in
+// memory_plan.cpp, the printing and lookups in plan.cpp.
+
+#include <algorithm>
+#include <exception>
+#include <limits>
+#include <map>
+#include <numeric>
+#include <queue>
+#include <string>
+#include <tuple>
+#include <utility>
+
+#include "graph/planner_internal.hpp"
+
+namespace ag {
+
+node_id storage_root(const graph& g, node_id id) {
+  // Builders record the root directly; follow the chain anyway (bounded) so a
+  // hand-made node list with view-of-view storage still resolves.
+  for (std::size_t guard = 0; guard <= g.size(); ++guard) {
+    const node& n = g.at(id);
+    if (n.storage == no_node || n.storage == id) return id;
+    id = n.storage;
+  }
+  return id;
+}
+
+namespace {
+
+std::string label(const node& n) { return std::string(to_string(n.op)) + " '" + n.name + "'"; }
+
+bool is_compute(const node& n) { return !is_leaf_op(n.op) && !is_view_op(n.op); }
+
+/// Working state of one compile() call.
+struct builder_state {
+  const graph& g;
+  const std::vector<device_spec>& devices;
+  const plan_options& opt;
+  std::vector<char> needed;
+  std::vector<node_id> root;
+  std::vector<int> place;  // device per node, -1 = pruned
+  std::vector<int> lane;   // compute nodes only
+
+  builder_state(const graph& gr, const std::vector<device_spec>& d, const plan_options& o)
+      : g(gr), devices(d), opt(o) {}
+  int ndev() const { return static_cast<int>(devices.size()); }
+};
+
+// ---------------------------------------------------------------- pruning --
+
+void prune(builder_state& s) {
+  const graph& g = s.g;
+  s.needed.assign(g.size(), 0);
+  std::vector<node_id> stack(g.outputs().begin(), g.outputs().end());
+  while (!stack.empty()) {
+    node_id id = stack.back();
+    stack.pop_back();
+    if (s.needed[static_cast<std::size_t>(id)]) continue;
+    s.needed[static_cast<std::size_t>(id)] = 1;
+    const node& n = g.at(id);
+    for (node_id i : n.inputs) stack.push_back(i);
+    if (n.storage != no_node && n.storage != id) stack.push_back(n.storage);
+  }
+  s.root.resize(g.size());
+  for (std::size_t i = 0; i < g.size(); ++i) s.root[i] = storage_root(g, static_cast<node_id>(i));
+}
+
+// -------------------------------------------------------------- placement --
+
+// Contiguous split of `units` (costs per device) over devices 0..k-1 that
+// minimises the most loaded stage: the classic linear-partition DP, with each
+// stage priced on its own device so heterogeneous devices balance too.
+std::vector<int> partition_units(const std::vector<std::vector<double>>& unit_cost_per_dev, int k) {
+  const std::size_t u = unit_cost_per_dev.empty() ? 0 : unit_cost_per_dev[0].size();
+  std::vector<int> stage_of(u, 0);
+  if (u == 0 || k <= 1) return stage_of;
+  std::vector<std::vector<double>> pre(static_cast<std::size_t>(k), std::vector<double>(u + 1, 0.0));
+  for (int j = 0; j < k; ++j)
+    for (std::size_t i = 0; i < u; ++i)
+      pre[static_cast<std::size_t>(j)][i + 1] = pre[static_cast<std::size_t>(j)][i] + unit_cost_per_dev[static_cast<std::size_t>(j)][i];
+  const double inf = std::numeric_limits<double>::infinity();
+  // dp[j][i]: best max-stage time placing units [0, i) on stages 0..j.
+  std::vector<std::vector<double>> dp(static_cast<std::size_t>(k), std::vector<double>(u + 1, inf));
+  std::vector<std::vector<std::size_t>> cut(static_cast<std::size_t>(k), std::vector<std::size_t>(u + 1, 0));
+  for (std::size_t i = 0; i <= u; ++i) dp[0][i] = pre[0][i];
+  for (std::size_t j = 1; j < static_cast<std::size_t>(k); ++j) {
+    for (std::size_t i = 0; i <= u; ++i) {
+      // Largest cut first: on ties the earlier stages take the work (and
+      // trailing devices stay empty rather than leading ones).
+      for (std::size_t m = i + 1; m-- > 0;) {
+        const double v = std::max(dp[j - 1][m], pre[j][i] - pre[j][m]);
+        // Relative epsilon: prefix-sum differences of equal costs differ in the last bits.
+        if (v < dp[j][i] * (1 - 1e-12)) {
+          dp[j][i] = v;
+          cut[j][i] = m;
+        }
+      }
+    }
+  }
+  std::size_t i = u;
+  for (std::size_t j = static_cast<std::size_t>(k) - 1; j > 0; --j) {
+    const std::size_t m = cut[j][i];
+    for (std::size_t x = m; x < i; ++x) stage_of[x] = static_cast<int>(j);
+    i = m;
+  }
+  return stage_of;
+}
+
+error place_compute(builder_state& s) {
+  const graph& g = s.g;
+  const int ndev = s.ndev();
+  s.place.assign(g.size(), -1);
+  // Pins are checked on every node, pruned or not: a bad pin is a caller bug either way.
+  for (const node& n : g.nodes())
+    if (n.pinned_device != -1 && (n.pinned_device < 0 || n.pinned_device >= ndev))
+      return error(errc::invalid_argument, label(n) + " is pinned to device " + std::to_string(n.pinned_device) +
+                                               " but the plan has " + std::to_string(ndev) + " device(s)");
+
+  std::vector<node_id> free_nodes;  // unpinned compute nodes, topological order
+  for (const node& n : g.nodes()) {
+    if (!s.needed[static_cast<std::size_t>(n.id)] || !is_compute(n)) continue;
+    if (n.pinned_device >= 0)
+      s.place[static_cast<std::size_t>(n.id)] = n.pinned_device;
+    else
+      free_nodes.push_back(n.id);
+  }
+
+  int k = s.opt.pipeline_stages <= 0 ? ndev : std::min(s.opt.pipeline_stages, ndev);
+  if (s.opt.policy == placement_policy::single) k = 1;
+  if (k <= 1) {
+    for (node_id id : free_nodes) s.place[static_cast<std::size_t>(id)] = 0;
+  } else {
+    // Units: runs of equal layer tag; untagged nodes join the unit before
+    // them (or the first unit when they precede every tagged node).
+    int first_tag = -1;
+    for (node_id id : free_nodes)
+      if (g.at(id).layer != -1) { first_tag = g.at(id).layer; break; }
+    std::vector<int> unit_of(free_nodes.size(), 0);
+    int units = 0;
+    if (first_tag == -1) {
+      for (std::size_t i = 0; i < free_nodes.size(); ++i) unit_of[i] = static_cast<int>(i);
+      units = static_cast<int>(free_nodes.size());
+    } else {
+      int tag = first_tag;
+      int prev_tag = first_tag;
+      for (std::size_t i = 0; i < free_nodes.size(); ++i) {
+        const int l = g.at(free_nodes[i]).layer;
+        if (l != -1) tag = l;
+        if (i == 0 || tag != prev_tag) ++units;
+        unit_of[i] = units - 1;
+        prev_tag = tag;
+      }
+    }
+    std::vector<std::vector<double>> cost(static_cast<std::size_t>(k), std::vector<double>(static_cast<std::size_t>(units), 0.0));
+    for (int j = 0; j < k; ++j)
+      for (std::size_t i = 0; i < free_nodes.size(); ++i)
+        cost[static_cast<std::size_t>(j)][static_cast<std::size_t>(unit_of[i])] +=
+            estimate_seconds(s.devices[static_cast<std::size_t>(j)], g, g.at(free_nodes[i]));
+    const std::vector<int> stage = partition_units(cost, k);
+    for (std::size_t i = 0; i < free_nodes.size(); ++i)
+      s.place[static_cast<std::size_t>(free_nodes[i])] = stage[static_cast<std::size_t>(unit_of[i])];
+  }
+
+  // Fallback: an op its device cannot run moves to the nearest device that
+  // can (smallest index distance, lower index on ties). Pins are not moved.
+  for (const node& n : g.nodes()) {
+    const int d = s.place[static_cast<std::size_t>(n.id)];
+    if (d < 0 || s.devices[static_cast<std::size_t>(d)].supports(n.op)) continue;
+    if (n.pinned_device >= 0)
+      return error(errc::unsupported_op, label(n) + " is pinned to device " + std::to_string(d) + " ('" +
+                                             s.devices[static_cast<std::size_t>(d)].name + "') which does not support " +
+                                             to_string(n.op));
+    int best = -1;
+    for (int dist = 1; dist < ndev && best < 0; ++dist) {
+      if (d - dist >= 0 && s.devices[static_cast<std::size_t>(d - dist)].supports(n.op)) best = d - dist;
+      else if (d + dist < ndev && s.devices[static_cast<std::size_t>(d + dist)].supports(n.op)) best = d + dist;
+    }
+    if (best < 0)
+      return error(errc::unsupported_op, label(n) + ": no device of the plan supports op " + to_string(n.op));
+    s.place[static_cast<std::size_t>(n.id)] = best;
+  }
+  return {};
+}
+
+// Leaves and views take the device of their first compute consumer (through
+// view chains); ones no compute op reads (job outputs only) take their
+// storage's device, or the pin / device 0 for leaves.
+void place_leaves_and_views(builder_state& s) {
+  const graph& g = s.g;
+  for (const node& n : g.nodes()) {
+    if (s.place[static_cast<std::size_t>(n.id)] < 0 || !is_compute(n)) continue;
+    const int d = s.place[static_cast<std::size_t>(n.id)];
+    for (node_id i : n.inputs) {
+      node_id x = i;
+      // Walk the view chain down to its storage, claiming unplaced nodes.
+      for (std::size_t guard = 0; guard <= g.size(); ++guard) {
+        const node& xn = g.at(x);
+        if (is_compute(xn)) break;
+        if (s.place[static_cast<std::size_t>(x)] < 0) s.place[static_cast<std::size_t>(x)] = d;
+        if (!is_view_op(xn.op) || xn.inputs.empty()) break;
+        x = xn.inputs[0];
+      }
+    }
+  }
+  for (const node& n : g.nodes()) {
+    if (!s.needed[static_cast<std::size_t>(n.id)] || s.place[static_cast<std::size_t>(n.id)] >= 0 || !is_leaf_op(n.op)) continue;
+    s.place[static_cast<std::size_t>(n.id)] = n.pinned_device >= 0 ? n.pinned_device : 0;
+  }
+  for (const node& n : g.nodes()) {
+    if (!s.needed[static_cast<std::size_t>(n.id)] || s.place[static_cast<std::size_t>(n.id)] >= 0) continue;
+    s.place[static_cast<std::size_t>(n.id)] = std::max(0, s.place[static_cast<std::size_t>(s.root[static_cast<std::size_t>(n.id)])]);
+  }
+}
+
+// ------------------------------------------------------------------ lanes --
+
+// Per device: "sequential" nodes are ordered (by a path) against every other
+// node of the device; between two consecutive ones the rest fall into groups
+// with no path between them (components of the comparability graph). When at
+// least two groups are each worth more than min_branch_seconds, those groups
+// are spread over the lanes (heaviest first onto the least loaded lane);
+// everything else runs on lane 0.
+void assign_lanes(builder_state& s) {
+  const graph& g = s.g;
+  s.lane.assign(g.size(), 0);
+  bool any = false;
+  for (const device_spec& d : s.devices) any = any || (std::min(s.opt.lanes_per_device, d.max_lanes) > 1);
+  if (!any) return;
+
+  const std::size_t n = g.size();
+  bit_matrix anc(n, n);  // anc(v, u): u reaches v
+  for (const node& v : g.nodes()) {
+    if (!s.needed[static_cast<std::size_t>(v.id)]) continue;
+    for (node_id u : v.inputs) {
+      anc.merge(static_cast<std::size_t>(v.id), static_cast<std::size_t>(u));
+      anc.set(static_cast<std::size_t>(v.id), static_cast<std::size_t>(u));
+    }
+  }
+  for (int dev = 0; dev < s.ndev(); ++dev) {
+    const int lanes = std::min(s.opt.lanes_per_device, s.devices[static_cast<std::size_t>(dev)].max_lanes);
+    if (lanes <= 1) continue;
+    std::vector<node_id> nodes;
+    for (const node& v : g.nodes())
+      if (s.place[static_cast<std::size_t>(v.id)] == dev && is_compute(v)) nodes.push_back(v.id);
+    const std::size_t m = nodes.size();
+    auto comparable = [&](std::size_t a, std::size_t b) {
+      return anc.test(static_cast<std::size_t>(nodes[a]), static_cast<std::size_t>(nodes[b])) ||
+             anc.test(static_cast<std::size_t>(nodes[b]), static_cast<std::size_t>(nodes[a]));
+    };
+    std::vector<char> seq(m, 1);
+    for (std::size_t a = 0; a < m; ++a)
+      for (std::size_t b = a + 1; b < m; ++b)
+        if (!comparable(a, b)) seq[a] = seq[b] = 0;
+    // Interval of a node = number of sequential nodes that precede it (they form a chain).
+    std::vector<int> interval(m, 0);
+    int seen_seq = 0;
+    for (std::size_t a = 0; a < m; ++a) {
+      if (seq[a]) { ++seen_seq; continue; }
+      int c = 0;
+      for (std::size_t b = 0; b < m; ++b)
+        if (seq[b] && anc.test(static_cast<std::size_t>(nodes[a]), static_cast<std::size_t>(nodes[b]))) ++c;
+      interval[a] = c;
+    }
+    std::vector<std::size_t> parent(m);
+    std::iota(parent.begin(), parent.end(), std::size_t{0});
+    auto find = [&](std::size_t x) {
+      while (parent[x] != x) x = parent[x] = parent[parent[x]];
+      return x;
+    };
+    for (std::size_t a = 0; a < m; ++a)
+      for (std::size_t b = a + 1; b < m; ++b)
+        if (!seq[a] && !seq[b] && interval[a] == interval[b] && comparable(a, b)) parent[find(a)] = find(b);
+    std::map<int, std::map<std::size_t, double>> groups;  // interval -> component -> seconds
+    for (std::size_t a = 0; a < m; ++a)
+      if (!seq[a])
+        groups[interval[a]][find(a)] += estimate_seconds(s.devices[static_cast<std::size_t>(dev)], g, g.at(nodes[a]));
+    std::map<std::size_t, int> lane_of_component;
+    for (auto& [iv, comps] : groups) {
+      std::vector<std::pair<double, std::size_t>> heavy;
+      for (auto& [c, t] : comps)
+        if (t > s.opt.min_branch_seconds) heavy.emplace_back(t, c);
+      if (heavy.size() < 2) continue;
+      std::sort(heavy.begin(), heavy.end(), [](auto& x, auto& y) { return x.first > y.first || (x.first == y.first && x.second < y.second); });
+      std::vector<double> load(static_cast<std::size_t>(lanes), 0.0);
+      for (auto& [t, c] : heavy) {
+        const auto l = static_cast<std::size_t>(std::min_element(load.begin(), load.end()) - load.begin());
+        load[l] += t;
+        lane_of_component[c] = static_cast<int>(l);
+      }
+    }
+    for (std::size_t a = 0; a < m; ++a) {
+      if (seq[a]) continue;
+      auto it = lane_of_component.find(find(a));
+      if (it != lane_of_component.end()) s.lane[static_cast<std::size_t>(nodes[a])] = it->second;
+    }
+  }
+}
+
+// ------------------------------------------------------------------ steps --
+
+struct step_builder {
+  builder_state& s;
+  std::vector<step> steps;  // creation order; renumbered topologically at the end
+  std::vector<step_id> compute_step_of;
+  std::map<std::pair<node_id, int>, step_id> h2d_of, peer_of;
+  std::map<std::pair<int, int>, step_id> open_step;  // (device, lane) -> step
+  std::vector<std::vector<char>> view_emitted;       // [device][node]
+  std::vector<int> input_index;
+  std::vector<char> read_elsewhere;  // compute node read on another (device, lane)
+  std::vector<int> visit_mark;
+  int visit_stamp = 0;
+
+  explicit step_builder(builder_state& st) : s(st) {
+    compute_step_of.assign(s.g.size(), -1);
+    view_emitted.assign(static_cast<std::size_t>(s.ndev()), std::vector<char>(s.g.size(), 0));
+    input_index.assign(s.g.size(), -1);
+    for (std::size_t i = 0; i < s.g.inputs().size(); ++i)
+      input_index[static_cast<std::size_t>(s.g.inputs()[i])] = static_cast<int>(i);
+    read_elsewhere.assign(s.g.size(), 0);
+    for (const node& c : s.g.nodes()) {
+      if (s.place[static_cast<std::size_t>(c.id)] < 0 || !is_compute(c)) continue;
+      for (node_id i : c.inputs) {
+        const auto r = static_cast<std::size_t>(s.root[static_cast<std::size_t>(i)]);
+        if (!is_compute(s.g.at(static_cast<node_id>(r)))) continue;
+        if (s.place[r] != s.place[static_cast<std::size_t>(c.id)] || s.lane[r] != s.lane[static_cast<std::size_t>(c.id)])
+          read_elsewhere[r] = 1;
+      }
+    }
+  }
+
+  step_id add_step(step st) {
+    st.id = static_cast<step_id>(steps.size());
+    steps.push_back(std::move(st));
+    visit_mark.push_back(0);
+    return steps.back().id;
+  }
+
+  // The step that makes storage node `sn`'s value available on `dev`, creating
+  // the h2d / peer copy on first use; -1 for weights (resident from load).
+  expected<step_id> value_step(node_id sn, int dev) {
+    const node& n = s.g.at(sn);
+    if (n.op == op_kind::weight) return step_id{-1};
+    if (n.op == op_kind::input) {
+      auto key = std::make_pair(sn, dev);
+      if (auto it = h2d_of.find(key); it != h2d_of.end()) return it->second;
+      if (input_index[static_cast<std::size_t>(sn)] < 0)
+        return error(errc::internal, label(n) + " is an input node but not listed in the graph's inputs");
+      step st;
+      st.kind = step_kind::copy_h2d;
+      st.device = dev;
+      st.ops = {sn};
+      st.io_index = input_index[static_cast<std::size_t>(sn)];
+      st.bytes = n.own_bytes();
+      const step_id id = add_step(std::move(st));
+      h2d_of[key] = id;
+      return id;
+    }
+    const int home = s.place[static_cast<std::size_t>(sn)];
+    const step_id producer = compute_step_of[static_cast<std::size_t>(sn)];
+    if (producer < 0) return error(errc::internal, label(n) + " is read before the step computing it exists");
+    if (home == dev) return producer;
+    auto key = std::make_pair(sn, dev);
+    if (auto it = peer_of.find(key); it != peer_of.end()) return it->second;
+    step st;
+    st.kind = step_kind::copy_peer;
+    st.device = dev;
+    st.src_device = home;
+    st.ops = {sn};
+    st.bytes = n.own_bytes();
+    st.deps = {producer};
+    const step_id id = add_step(std::move(st));
+    peer_of[key] = id;
+    return id;
+  }
+
+  // True when `target` is reachable from `from` through deps.
+  bool reaches(step_id from, step_id target) {
+    ++visit_stamp;
+    std::vector<step_id> stack{from};
+    while (!stack.empty()) {
+      const step_id x = stack.back();
+      stack.pop_back();
+      if (x == target) return true;
+      if (visit_mark[static_cast<std::size_t>(x)] == visit_stamp) continue;
+      visit_mark[static_cast<std::size_t>(x)] = visit_stamp;
+      for (step_id d : steps[static_cast<std::size_t>(x)].deps) stack.push_back(d);
+    }
+    return false;
+  }
+
+  error add_compute(const node& n) {
+    const int dev = s.place[static_cast<std::size_t>(n.id)];
+    const int lane = s.lane[static_cast<std::size_t>(n.id)];
+    std::vector<step_id> deps;
+    for (node_id i : n.inputs) {
+      auto st = value_step(s.root[static_cast<std::size_t>(i)], dev);
+      if (!st) return st.err();
+      if (*st >= 0) deps.push_back(*st);
+    }
+    // Join the open split of this (device, lane) only when the op adds no new
+    // wait: each of its producers is the split itself or already something
+    // the split waits for. A split's waits all sit at its start, so a new one
+    // would hold back the ops already in it (and could close a cycle).
+    step_id target = -1;
+    if (auto it = open_step.find({dev, lane}); it != open_step.end()) {
+      target = it->second;
+      // Job input uploads are exempt: they have no deps (no cycle possible)
+      // and the job issues them all at its start.
+      for (step_id d : deps)
+        if (d != target && steps[static_cast<std::size_t>(d)].kind != step_kind::copy_h2d && !reaches(target, d)) {
+          target = -1;
+          break;
+        }
+    }
+    if (target < 0) {
+      step st;
+      st.kind = step_kind::compute;
+      st.device = dev;
+      st.lane = lane;
+      target = add_step(std::move(st));
+      open_step[{dev, lane}] = target;
+    }
+    step& st = steps[static_cast<std::size_t>(target)];
+    // Views read by this op are listed (once per device) just before it.
+    for (node_id i : n.inputs) {
+      std::vector<node_id> chain;
+      for (node_id x = i; is_view_op(s.g.at(x).op) && !view_emitted[static_cast<std::size_t>(dev)][static_cast<std::size_t>(x)];) {
+        chain.push_back(x);
+        view_emitted[static_cast<std::size_t>(dev)][static_cast<std::size_t>(x)] = 1;
+        if (s.g.at(x).inputs.empty()) break;
+        x = s.g.at(x).inputs[0];
+      }
+      st.ops.insert(st.ops.end(), chain.rbegin(), chain.rend());
+    }
+    st.ops.push_back(n.id);
+    for (step_id d : deps)
+      if (d != target && std::find(st.deps.begin(), st.deps.end(), d) == st.deps.end()) st.deps.push_back(d);
+    compute_step_of[static_cast<std::size_t>(n.id)] = target;
+    // A value another lane or device reads ends the split here, so that
+    // reader (or its copy) waits only for the ops up to it: this is what lets
+    // a fork actually run its branches side by side.
+    if (read_elsewhere[static_cast<std::size_t>(n.id)]) open_step.erase({dev, lane});
+    return {};
+  }
+
+  error add_outputs() {
+    const auto& outs = s.g.outputs();
+    for (std::size_t k = 0; k < outs.size(); ++k) {
+      const node_id o = outs[k];
+      const node_id sn = s.root[static_cast<std::size_t>(o)];
+      const int home = s.place[static_cast<std::size_t>(sn)];
+      auto producer = value_step(sn, home);
+      if (!producer) return producer.err();
+      const node& on = s.g.at(o);
+      step st;
+      st.kind = step_kind::copy_d2h;
+      st.device = home;
+      st.ops = {o};
+      st.io_index = static_cast<int>(k);
+      st.bytes = on.contiguous() ? on.dims.numel() * static_cast<int64_t>(dtype_size(on.type))
+                                 : s.g.at(sn).own_bytes();
+      if (*producer >= 0) st.deps = {*producer};
+      add_step(std::move(st));
+    }
+    return {};
+  }
+
+  // Kahn's algorithm, ties broken by creation order, so the final ids are a
+  // topological order close to the graph's. Fills ids, deps, consumers.
+  expected<std::vector<step>> sorted() {
+    const std::size_t n = steps.size();
+    std::vector<int> indeg(n, 0);
+    std::vector<std::vector<step_id>> out(n);
+    for (std::size_t i = 0; i < n; ++i) {
+      auto& d = steps[i].deps;
+      std::sort(d.begin(), d.end());
+      d.erase(std::unique(d.begin(), d.end()), d.end());
+      for (step_id x : d) out[static_cast<std::size_t>(x)].push_back(static_cast<step_id>(i));
+      indeg[i] = static_cast<int>(d.size());
+    }
+    std::priority_queue<step_id, std::vector<step_id>, std::greater<>> ready;
+    for (std::size_t i = 0; i < n; ++i)
+      if (indeg[i] == 0) ready.push(static_cast<step_id>(i));
+    std::vector<step_id> new_id(n, -1);
+    std::vector<step> result;
+    result.reserve(n);
+    while (!ready.empty()) {
+      const step_id x = ready.top();
+      ready.pop();
+      new_id[static_cast<std::size_t>(x)] = static_cast<step_id>(result.size());
+      result.push_back(steps[static_cast<std::size_t>(x)]);
+      for (step_id y : out[static_cast<std::size_t>(x)])
+        if (--indeg[static_cast<std::size_t>(y)] == 0) ready.push(y);
+    }
+    if (result.size() != n) return error(errc::internal, "planner built a cyclic step graph");
+    for (std::size_t i = 0; i < n; ++i) {
+      step& st = result[i];
+      st.id = static_cast<step_id>(i);
+      for (step_id& d : st.deps) d = new_id[static_cast<std::size_t>(d)];
+      std::sort(st.deps.begin(), st.deps.end());
+      st.consumers.clear();
+    }
+    for (step& st : result)
+      for (step_id d : st.deps) result[static_cast<std::size_t>(d)].consumers.push_back(st.id);
+    return result;
+  }
+};
+
+}  // namespace
+
+expected<std::shared_ptr<const plan>> planner::compile(std::shared_ptr<const graph> gp,
+                                                       std::vector<device_spec> devices,
+                                                       plan_options options) {
+  if (!gp) return error(errc::invalid_argument, "compile: graph is null");
+  if (devices.empty()) return error(errc::invalid_argument, "compile: no devices given");
+  if (options.lanes_per_device < 1)
+    return error(errc::invalid_argument, "compile: lanes_per_device must be >= 1, got " + std::to_string(options.lanes_per_device));
+  if (options.pipeline_stages < 0)
+    return error(errc::invalid_argument, "compile: pipeline_stages must be >= 0, got " + std::to_string(options.pipeline_stages));
+  const graph& g = *gp;
+  for (std::size_t i = 0; i < g.size(); ++i)
+    if (g.at(static_cast<node_id>(i)).id != static_cast<node_id>(i))
+      return error(errc::internal, "compile: node ids are not indices");
+
+  builder_state s(g, devices, options);
+  prune(s);
+  if (auto e = place_compute(s)) return e;
+  place_leaves_and_views(s);
+  assign_lanes(s);
+
+  step_builder sb(s);
+  for (const node& n : g.nodes()) {
+    if (s.place[static_cast<std::size_t>(n.id)] < 0 || !is_compute(n)) continue;
+    if (auto e = sb.add_compute(n)) return e;
+  }
+  if (auto e = sb.add_outputs()) return e;
+  auto sorted = sb.sorted();
+  if (!sorted) return sorted.err();
+
+  auto p = std::make_shared<plan>();
+  p->graph_ = gp;
+  p->devices_ = std::move(devices);
+  p->options_ = options;
+  p->placement_ = s.place;
+  p->steps_ = std::move(*sorted);
+
+  // Lane order: compute steps per (device, lane), copies per (device, kind),
+  // both in step order (so lane order never contradicts deps).
+  std::map<std::tuple<int, int, int>, int> seq;
+  std::vector<char> used(p->devices_.size(), 0);
+  for (step& st : p->steps_) {
+    const int queue = st.kind == step_kind::compute ? st.lane : -1;
+    st.lane_seq = seq[{st.device, static_cast<int>(st.kind), queue}]++;
+    used[static_cast<std::size_t>(st.device)] = 1;
+    if (st.src_device >= 0) used[static_cast<std::size_t>(st.src_device)] = 1;
+    const device_spec& d = p->devices_[static_cast<std::size_t>(st.device)];
+    switch (st.kind) {
+      case step_kind::compute:
+        st.est_seconds = 0;
+        for (node_id id : st.ops) st.est_seconds += estimate_seconds(d, g, g.at(id));
+        break;
+      case step_kind::copy_h2d:
+      case step_kind::copy_d2h:
+        st.est_seconds = estimate_host_copy_seconds(d, st.bytes);
+        break;
+      case step_kind::copy_peer:
+        st.est_seconds = estimate_peer_copy_seconds(p->devices_[static_cast<std::size_t>(st.src_device)], d, st.bytes);
+        break;
+    }
+    if (st.deps.empty()) p->sources_.push_back(st.id);
+    if (st.kind == step_kind::copy_d2h) p->sinks_.push_back(st.id);
+  }
+  for (std::size_t d = 0; d < used.size(); ++d)
+    if (used[d]) p->used_devices_.push_back(static_cast<int>(d));
+
+  if (auto e = plan_memory(*p)) return e;
+  return std::shared_ptr<const plan>(std::move(p));
+}
+
+expected<std::shared_ptr<const plan>> compile(std::shared_ptr<const graph> g, std::vector<device_spec> devices,
+                                              plan_options options) {
+  try {
+    return planner::compile(std::move(g), std::move(devices), options);
+  } catch (const std::exception& e) {
+    return error(errc::internal, std::string("compile: ") + e.what());
+  }
+}
+
+}  // namespace ag

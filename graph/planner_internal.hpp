@@ -1,0 +1,53 @@
+#pragma once
+/// \file planner_internal.hpp
+/// Internal to graph/ (not part of the public contract): the passes of
+/// ag::compile, split over planner.cpp (placement, lanes, steps) and
+/// memory_plan.cpp (arena offsets). `planner` is the friend of `plan` that
+/// fills its private members.
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "graph/plan.hpp"
+
+namespace ag {
+
+/// Byte alignment of every arena and weight slot.
+constexpr int64_t plan_alignment = 256;
+
+inline int64_t align_up(int64_t x, int64_t a) noexcept { return (x + a - 1) / a * a; }
+
+/// The node whose own buffer holds `id`'s data (follows view chains).
+node_id storage_root(const graph& g, node_id id);
+
+class planner {
+ public:
+  static expected<std::shared_ptr<const plan>> compile(std::shared_ptr<const graph> g,
+                                                       std::vector<device_spec> devices,
+                                                       plan_options options);
+  /// Memory pass: fills p.memory_ and p.slot_index_ from the steps
+  /// (memory_plan.cpp). Errors: out_of_memory, internal.
+  static error plan_memory(plan& p);
+};
+
+/// Dense bitset rows: one row of `words` 64-bit words per element.
+class bit_matrix {
+ public:
+  bit_matrix(std::size_t rows, std::size_t cols)
+      : words_((cols + 63) / 64), bits_(rows * words_, 0) {}
+  bool test(std::size_t r, std::size_t c) const noexcept {
+    return (bits_[r * words_ + c / 64] >> (c % 64)) & 1u;
+  }
+  void set(std::size_t r, std::size_t c) noexcept { bits_[r * words_ + c / 64] |= uint64_t{1} << (c % 64); }
+  /// row r |= row s
+  void merge(std::size_t r, std::size_t s) noexcept {
+    for (std::size_t w = 0; w < words_; ++w) bits_[r * words_ + w] |= bits_[s * words_ + w];
+  }
+
+ private:
+  std::size_t words_;
+  std::vector<uint64_t> bits_;
+};
+
+}  // namespace ag

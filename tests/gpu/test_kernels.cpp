@@ -1,0 +1,341 @@
+// The cpu kernels against graph/reference.hpp: every op kind, on random data,
+// odd sizes, broadcast and strided (permuted / transposed / sliced) inputs,
+// f32 / f16 / bf16. Each compute node runs in isolation on the reference's
+// values of its inputs, read through the node's real storage layout (views
+// resolve to their storage buffer + offset + strides, as the runtime does).
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <vector>
+
+#include "gpu/cpu/kernels.hpp"
+#include "graph/graph.hpp"
+#include "graph/random.hpp"
+#include "graph/reference.hpp"
+
+namespace {
+
+using namespace ag;
+
+struct tol {
+  double atol, rtol;
+};
+
+tol for_type(dtype t, tol f32) {
+  if (t == dtype::f16) return {2e-3, 4e-3};
+  if (t == dtype::bf16) return {1.5e-2, 1.6e-2};
+  return f32;
+}
+
+// Runs every compute node of g through the cpu kernels and compares each
+// output with the reference. Returns the number of nodes checked.
+int check_graph(const graph& g, const std::vector<host_tensor>& inputs, tol f32) {
+  auto ref = evaluate_reference_all(g, inputs);
+  EXPECT_TRUE(ref.has_value()) << (ref ? "" : ref.err().to_string());
+  if (!ref) return 0;
+  int checked = 0;
+  for (const node& n : g.nodes()) {
+    if (is_leaf_op(n.op) || n.is_view()) continue;
+    gpu::op_launch l;
+    l.op = &n;
+    l.source = &g;
+    for (node_id in : n.inputs) {
+      const node& x = g.at(in);
+      host_tensor& storage = (*ref)[static_cast<std::size_t>(x.storage)];
+      gpu::tensor_arg a;
+      a.data = storage.data() + x.offset * static_cast<int64_t>(dtype_size(x.type));
+      a.type = x.type;
+      a.dims = x.dims;
+      a.stride = x.stride;
+      l.inputs.push_back(a);
+    }
+    host_tensor out(n.type, n.dims);
+    // Poison the output so an element the kernel forgets cannot pass by luck.
+    std::memset(out.data(), 0x7f, out.bytes());
+    l.out.data = out.data();
+    l.out.type = n.type;
+    l.out.dims = n.dims;
+    l.out.stride = n.stride;
+    const error e = gpu::cpu::run_op(l);
+    EXPECT_FALSE(e) << n.name << ": " << e.to_string();
+    const tol t = for_type(n.type, f32);
+    const auto c = compare(out, (*ref)[static_cast<std::size_t>(n.id)], t.atol, t.rtol);
+    EXPECT_TRUE(c.ok) << "node '" << n.name << "' (" << to_string(n.op) << ", " << to_string(n.type) << " "
+                      << n.dims.to_string() << "): " << c.message << " max_abs " << c.max_abs_err;
+    ++checked;
+  }
+  return checked;
+}
+
+host_tensor rnd(dtype t, shape s, uint64_t seed, float sd = 1.0f) {
+  return host_tensor::random_normal(t, s, seed, sd, 0.1f);
+}
+
+graph must(expected<graph> g) {
+  EXPECT_TRUE(g.has_value()) << (g ? "" : g.err().to_string());
+  return g ? std::move(*g) : graph();
+}
+
+const dtype float_types[] = {dtype::f32, dtype::f16, dtype::bf16};
+
+TEST(CpuKernels, MatmulShapesTransposesAndBatchBroadcast) {
+  struct cfg {
+    shape a, b;
+    bool ta, tb;
+  };
+  const cfg cases[] = {
+      {{1, 1}, {1, 1}, false, false},
+      {{7, 13}, {13, 5}, false, false},
+      {{13, 7}, {13, 5}, true, false},
+      {{7, 13}, {5, 13}, false, true},
+      {{13, 7}, {5, 13}, true, true},
+      {{3, 5, 9}, {3, 9, 4}, false, false},
+      {{2, 3, 5, 6}, {6, 7}, false, false},     // weight broadcast over batches
+      {{5, 6}, {2, 6, 7}, false, false},        // a broadcast
+      {{2, 1, 5, 6}, {1, 3, 7, 6}, false, true}, // both broadcast
+  };
+  uint64_t seed = 1;
+  for (dtype t : float_types)
+    for (const cfg& c : cases) {
+      graph_builder b;
+      auto x = b.input("a", t, c.a);
+      auto w = b.weight("b", rnd(t, c.b, seed++));
+      b.output(b.matmul(x, w, c.ta, c.tb, "mm"));
+      graph g = must(std::move(b).build());
+      SCOPED_TRACE(std::string(to_string(t)) + " a " + c.a.to_string() + " b " + c.b.to_string());
+      EXPECT_EQ(check_graph(g, {rnd(t, c.a, seed++)}, {1e-4, 1e-4}), 1);
+    }
+}
+
+TEST(CpuKernels, MatmulOnPermutedAndSlicedViews) {
+  for (dtype t : float_types) {
+    graph_builder b;
+    auto x = b.input("x", t, {4, 6, 9});
+    auto w = b.input("w", t, {2, 11, 9});
+    auto xs = b.slice(b.transpose(x, 1, 2, "xt"), 2, 1, 5, "xs");  // [4, 9, 4], strided
+    auto ws = b.slice(w, 0, 1, 2, "ws");                           // [1, 11, 9]
+    b.output(b.matmul(xs, ws, true, true, "mm"));                  // -> [4, 4, 11]
+    auto p = b.permute(x, {2, 0, 1, 3}, "p");                      // [9, 4, 6], no unit stride
+    b.output(b.matmul(p, b.slice(x, 0, 0, 1, "x0"), false, false, "mm2"));  // [9,4,6] x [1,6,9]
+    graph g = must(std::move(b).build());
+    SCOPED_TRACE(to_string(t));
+    EXPECT_EQ(check_graph(g, {rnd(t, {4, 6, 9}, 11), rnd(t, {2, 11, 9}, 12)}, {1e-4, 1e-4}), 2);
+  }
+}
+
+TEST(CpuKernels, ElementwiseWithBroadcastAndStrides) {
+  uint64_t seed = 100;
+  for (dtype t : float_types) {
+    graph_builder b;
+    auto x = b.input("x", t, {3, 5, 7});
+    auto bias = b.input("bias", t, {7});
+    auto col = b.input("col", t, {5, 1});
+    auto a1 = b.add(x, bias, "add_row");
+    auto m1 = b.mul(x, col, "mul_col");
+    auto xt = b.transpose(x, 0, 2, "xt");  // [7, 5, 3]
+    auto s = b.scale(xt, -1.75f, "scale_t");
+    auto g1 = b.gelu(xt, gelu_mode::tanh, "gelu_tanh");
+    auto g2 = b.gelu(x, gelu_mode::erf, "gelu_erf");
+    auto si = b.silu(b.slice(x, 1, 1, 4, "xs"), "silu_s");
+    auto a2 = b.add(xt, b.input("sc", t, {1}), "add_scalar");
+    auto m2 = b.mul(x, x, "mul_self");
+    for (auto o : {a1, m1, s, g1, g2, si, a2, m2}) b.output(o);
+    graph g = must(std::move(b).build());
+    SCOPED_TRACE(to_string(t));
+    EXPECT_EQ(check_graph(g,
+                          {rnd(t, {3, 5, 7}, seed), rnd(t, {7}, seed + 1), rnd(t, {5, 1}, seed + 2),
+                           rnd(t, {1}, seed + 3)},
+                          {1e-5, 1e-5}),
+              8);
+    seed += 10;
+  }
+}
+
+TEST(CpuKernels, Norms) {
+  uint64_t seed = 200;
+  for (dtype t : float_types) {
+    for (int64_t d : {1, 7, 64, 129}) {
+      graph_builder b;
+      auto x = b.input("x", t, {3, 4, d});
+      auto w = b.weight("w", rnd(t, {d}, seed++));
+      auto bi = b.weight("b", rnd(t, {d}, seed++));
+      b.output(b.rms_norm(x, w, 1e-6f, "rms_w"));
+      b.output(b.rms_norm(x, tensor(), 1e-5f, "rms"));
+      b.output(b.layer_norm(x, tensor(), tensor(), 1e-5f, "ln"));
+      b.output(b.layer_norm(x, w, tensor(), 1e-5f, "ln_w"));
+      b.output(b.layer_norm(x, w, bi, 1e-5f, "ln_wb"));
+      b.output(b.rms_norm(b.transpose(x, 0, 1, "xt"), w, 1e-6f, "rms_t"));
+      b.output(b.layer_norm(b.slice(x, 1, 1, 3, "xs"), w, bi, 1e-5f, "ln_s"));
+      graph g = must(std::move(b).build());
+      SCOPED_TRACE(std::string(to_string(t)) + " D=" + std::to_string(d));
+      EXPECT_EQ(check_graph(g, {rnd(t, {3, 4, d}, seed++, 2.0f)}, {2e-5, 2e-5}), 7);
+    }
+  }
+}
+
+TEST(CpuKernels, SoftmaxPlainCausalScaledStrided) {
+  uint64_t seed = 300;
+  for (dtype t : float_types) {
+    graph_builder b;
+    auto x = b.input("x", t, {2, 5, 9});
+    b.output(b.softmax(x, false, 1.0f, "sm"));
+    b.output(b.softmax(x, true, 0.125f, "sm_causal"));  // Sq 5 < Sk 9: offset Sk - Sq
+    auto sq = b.slice(x, 2, 0, 5, "square");             // Sq = Sk = 5, strided rows
+    b.output(b.softmax(sq, true, 2.0f, "sm_causal_sq"));
+    b.output(b.softmax(b.input("v", t, {11}), false, 0.5f, "sm_vec"));
+    auto p = b.permute(b.input("y", t, {9, 2, 5}), {1, 2, 0, 3}, "p");  // [2, 5, 9], inner stride != 1
+    b.output(b.softmax(p, true, 1.0f, "sm_perm"));
+    graph g = must(std::move(b).build());
+    SCOPED_TRACE(to_string(t));
+    EXPECT_EQ(check_graph(g, {rnd(t, {2, 5, 9}, seed, 3.0f), rnd(t, {11}, seed + 1), rnd(t, {9, 2, 5}, seed + 2)},
+                          {1e-6, 1e-5}),
+              5);
+    seed += 10;
+  }
+}
+
+TEST(CpuKernels, RopeBothPairingsRanks3And4) {
+  uint64_t seed = 400;
+  for (dtype t : float_types)
+    for (rope_mode m : {rope_mode::neox, rope_mode::interleaved}) {
+      graph_builder b;
+      auto x3 = b.input("x3", t, {5, 3, 8});
+      auto x4 = b.input("x4", t, {2, 5, 2, 6});
+      auto pos = b.input("pos", dtype::i32, {5});
+      b.output(b.rope(x3, pos, 10000.0f, m, "rope3"));
+      b.output(b.rope(x4, pos, 500000.0f, m, "rope4"));
+      // strided x: [5, 3, 8] seen through a permute of a [3, 5, 8] tensor
+      auto xp = b.permute(b.input("xp", t, {3, 5, 8}), {1, 0, 2, 3}, "xp_perm");
+      b.output(b.rope(xp, pos, 10000.0f, m, "rope_perm"));
+      graph g = must(std::move(b).build());
+      SCOPED_TRACE(std::string(to_string(t)) + (m == rope_mode::neox ? " neox" : " interleaved"));
+      EXPECT_EQ(check_graph(g,
+                            {rnd(t, {5, 3, 8}, seed), rnd(t, {2, 5, 2, 6}, seed + 1),
+                             host_tensor::random_ints({5}, seed + 2, 4096), rnd(t, {3, 5, 8}, seed + 3)},
+                            {2e-5, 2e-5}),
+                3);
+      seed += 10;
+    }
+}
+
+TEST(CpuKernels, GetRowsConcatCopy) {
+  uint64_t seed = 500;
+  for (dtype t : float_types) {
+    graph_builder b;
+    auto table = b.weight("table", rnd(t, {17, 6}, seed++));
+    auto ids1 = b.input("ids1", dtype::i32, {9});
+    auto ids2 = b.input("ids2", dtype::i32, {2, 3});
+    b.output(b.get_rows(table, ids1, "rows1"));
+    b.output(b.get_rows(table, ids2, "rows2"));
+    b.output(b.get_rows(b.slice(table, 1, 1, 5, "tcols"), ids1, "rows_strided_table"));
+    auto a = b.input("a", t, {2, 3, 4});
+    auto c = b.input("c", t, {2, 5, 4});
+    auto at = b.transpose(b.input("d", t, {2, 4, 2}), 1, 2, "dt");  // [2, 2, 4] strided
+    b.output(b.concat({a, c, at}, 1, "cat1"));
+    b.output(b.concat({a, a}, -1, "cat_last"));
+    b.output(b.concat({a, b.slice(a, 0, 1, 2, "a1")}, 0, "cat0"));
+    b.output(b.contiguous(b.permute(c, {2, 0, 1, 3}, "cp"), "contig"));
+    for (dtype to : {dtype::f32, dtype::f16, dtype::bf16}) b.output(b.copy(a, to, std::string("cast_") + to_string(to)));
+    graph g = must(std::move(b).build());
+    SCOPED_TRACE(to_string(t));
+    EXPECT_EQ(check_graph(g,
+                          {host_tensor::random_ints({9}, seed, 17), host_tensor::random_ints({2, 3}, seed + 1, 17),
+                           rnd(t, {2, 3, 4}, seed + 2), rnd(t, {2, 5, 4}, seed + 3), rnd(t, {2, 4, 2}, seed + 4)},
+                          {0, 0}),
+              10);
+    seed += 10;
+  }
+}
+
+TEST(CpuKernels, CopyCastsToAndFromI32) {
+  graph_builder b;
+  auto x = b.input("x", dtype::f32, {4, 7});
+  auto i = b.copy(b.scale(x, 1000.0f, "big"), dtype::i32, "to_i32");
+  b.output(i);
+  b.output(b.copy(i, dtype::f32, "back"));
+  b.output(b.copy(b.transpose(i, 0, 1, "it"), dtype::i32, "i32_strided"));
+  graph g = must(std::move(b).build());
+  EXPECT_EQ(check_graph(g, {rnd(dtype::f32, {4, 7}, 77)}, {0, 0}), 4);
+}
+
+TEST(CpuKernels, ViewAndLeafLaunchesAreNoOps) {
+  graph_builder b;
+  auto x = b.input("x", dtype::f32, {2, 3});
+  auto v = b.transpose(x, 0, 1, "xt");
+  b.output(v);
+  graph g = must(std::move(b).build());
+  for (const node& n : g.nodes()) {
+    gpu::op_launch l;
+    l.op = &n;  // no buffers at all: nothing may be touched
+    EXPECT_FALSE(gpu::cpu::run_op(l)) << n.name;
+  }
+}
+
+TEST(CpuKernels, GetRowsIdOutOfRangeFailsNamingTheNode) {
+  graph_builder b;
+  auto table = b.weight("emb", rnd(dtype::f32, {5, 4}, 1));
+  auto ids = b.input("ids", dtype::i32, {3});
+  b.output(b.get_rows(table, ids, "lookup"));
+  graph g = must(std::move(b).build());
+  const node& n = g.at(g.find("lookup"));
+  std::vector<int32_t> idv = {1, 5, 0};
+  host_tensor out(dtype::f32, n.dims);
+  gpu::op_launch l;
+  l.op = &n;
+  l.inputs.push_back({const_cast<std::byte*>(n.inputs.empty() ? nullptr : g.at(n.inputs[0]).data->data()),
+                      dtype::f32, {5, 4}, contiguous_strides({5, 4})});
+  l.inputs.push_back({idv.data(), dtype::i32, {3}, contiguous_strides({3})});
+  l.out = {out.data(), dtype::f32, n.dims, contiguous_strides(n.dims)};
+  const error e = gpu::cpu::run_op(l);
+  ASSERT_TRUE(e);
+  EXPECT_NE(e.message.find("lookup"), std::string::npos) << e.message;
+  EXPECT_NE(e.message.find("5"), std::string::npos) << e.message;
+}
+
+TEST(CpuKernels, CheckOpRejectsBadLaunchesNamingTheNode) {
+  graph_builder b;
+  auto x = b.input("x", dtype::f32, {2, 3});
+  b.output(b.add(x, x, "sum"));
+  graph g = must(std::move(b).build());
+  const node& n = g.at(g.find("sum"));
+  std::vector<float> buf(6, 1.0f);
+  gpu::tensor_arg a{buf.data(), dtype::f32, {2, 3}, contiguous_strides({2, 3})};
+  gpu::op_launch l;
+  l.op = &n;
+  l.out = a;
+  l.inputs = {a};  // one input, add needs two
+  error e = gpu::cpu::check_op(l);
+  ASSERT_TRUE(e);
+  EXPECT_NE(e.message.find("sum"), std::string::npos) << e.message;
+  l.inputs = {a, a};
+  l.out.dims = {3, 2};
+  e = gpu::cpu::check_op(l);
+  ASSERT_TRUE(e);
+  EXPECT_EQ(e.code, errc::invalid_shape);
+  l.out.dims = {2, 3};
+  l.inputs[1].data = nullptr;
+  EXPECT_TRUE(gpu::cpu::check_op(l));
+}
+
+TEST(CpuKernels, GemmFallbackMatchesBlasPath) {
+  rng r(42);
+  for (int tc = 0; tc < 4; ++tc) {
+    const bool ta = tc & 1, tb = tc & 2;
+    const int64_t m = 37, n = 29, k = 300;
+    std::vector<float> a(static_cast<std::size_t>(m * k)), bb(static_cast<std::size_t>(k * n));
+    for (auto& v : a) v = static_cast<float>(r.normal());
+    for (auto& v : bb) v = static_cast<float>(r.normal());
+    std::vector<float> c1(static_cast<std::size_t>(m * n), 0.5f), c2 = c1;
+    const int64_t lda = ta ? m : k, ldb = tb ? k : n;
+    gpu::cpu::gemm_f32(ta, tb, m, n, k, 0.75f, a.data(), lda, bb.data(), ldb, 0.5f, c1.data(), n);
+    gpu::cpu::gemm_f32_fallback(ta, tb, m, n, k, 0.75f, a.data(), lda, bb.data(), ldb, 0.5f, c2.data(), n);
+    // naive double reference for one corner of C
+    double ref = 0;
+    for (int64_t p = 0; p < k; ++p) ref += double(ta ? a[p * lda] : a[p]) * double(tb ? bb[p] : bb[p * ldb]);
+    ref = 0.75 * ref + 0.25;
+    EXPECT_NEAR(c2[0], ref, 1e-3);
+    for (std::size_t i = 0; i < c1.size(); ++i) ASSERT_NEAR(c1[i], c2[i], 1e-3) << i << " trans " << tc;
+  }
+}
+
+}  // namespace

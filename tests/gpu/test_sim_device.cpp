@@ -1,0 +1,326 @@
+// The sim device: modelled time (lower bounds only), jitter determinism,
+// values through the cpu kernels, the instant mode, fault injection.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <future>
+#include <thread>
+#include <vector>
+
+#include "gpu/device.hpp"
+#include "gpu/host/host_stream.hpp"
+#include "gpu/sim/sim_device.hpp"
+#include "graph/cost_model.hpp"
+#include "graph/random.hpp"
+
+namespace {
+
+using namespace ag;
+using namespace std::chrono_literals;
+
+std::shared_ptr<gpu::sim::sim_device> make_sim(const gpu::sim_options& o, const std::string& spec = "sim:1",
+                                               int which = 0) {
+  gpu::backend_options b;
+  b.sim = o;
+  auto d = gpu::make_devices(spec, b);
+  EXPECT_TRUE(d.has_value()) << (d ? "" : d.err().to_string());
+  if (!d) return nullptr;
+  return std::dynamic_pointer_cast<gpu::sim::sim_device>((*d)[static_cast<std::size_t>(which)]);
+}
+
+// A small graph with one scale op over `n` floats; launches it on a sim.
+struct scale_job {
+  graph g;
+  const node* op = nullptr;
+  int64_t n;
+  std::vector<float> in, out;
+
+  explicit scale_job(int64_t count, uint64_t seed = 1) : n(count), in(static_cast<std::size_t>(count)),
+                                                          out(static_cast<std::size_t>(count), 0.0f) {
+    graph_builder b;
+    auto x = b.input("x", dtype::f32, {count});
+    b.output(b.scale(x, 3.0f, "triple"));
+    g = *std::move(b).build();
+    op = &g.at(g.find("triple"));
+    rng r(seed);
+    for (auto& v : in) v = static_cast<float>(r.normal());
+  }
+  gpu::op_launch launch(void* dx, void* dy) const {
+    gpu::op_launch l;
+    l.op = op;
+    l.source = &g;
+    l.inputs = {{dx, dtype::f32, {n}, contiguous_strides({n})}};
+    l.out = {dy, dtype::f32, {n}, contiguous_strides({n})};
+    return l;
+  }
+};
+
+gpu::sim_options slow_launch_options(double launch_latency) {
+  gpu::sim_options o;
+  o.spec.launch_latency = launch_latency;  // dominates a tiny op: cost ~= latency
+  return o;
+}
+
+TEST(SimDevice, OpsOccupyTheirStreamForAtLeastTheModelledTime) {
+  auto dev = make_sim(slow_launch_options(0.015));
+  ASSERT_TRUE(dev);
+  EXPECT_EQ(dev->spec().name, "sim0");
+  scale_job job(64);
+  const double modelled = estimate_seconds(dev->spec(), job.g, *job.op);
+  ASSERT_GE(modelled, 0.015);
+  auto dx = dev->allocate(64 * 4), dy = dev->allocate(64 * 4);
+  ASSERT_TRUE(dx && dy);
+  ASSERT_FALSE(dev->upload(*dx, job.in.data(), 64 * 4));
+  auto s = dev->create_stream(gpu::stream_role::compute);
+  auto ev = dev->create_event(true);
+  const int64_t t0 = gpu::host_clock_ns();
+  for (int i = 0; i < 3; ++i) ASSERT_FALSE(dev->launch(*s, job.launch(*dx, *dy)));
+  dev->record(*ev, *s);
+  ASSERT_FALSE(dev->synchronize(*s));
+  const int64_t t1 = gpu::host_clock_ns();
+  EXPECT_GE(double(t1 - t0) * 1e-9, 3 * modelled * 0.999);
+  EXPECT_GE(double(ev->completion_ns() - t0) * 1e-9, 3 * modelled * 0.999);
+  // values are real (compute_values defaults to true)
+  ASSERT_FALSE(dev->download(job.out.data(), *dy, 64 * 4));
+  for (int i = 0; i < 64; ++i) EXPECT_FLOAT_EQ(job.out[static_cast<std::size_t>(i)], 3.0f * job.in[static_cast<std::size_t>(i)]);
+  EXPECT_EQ(dev->ops_run(), 3);
+}
+
+TEST(SimDevice, PeerCopyTakesAtLeastLinkLatencyPlusBytesOverBandwidth) {
+  gpu::sim_options o;
+  o.spec.link_latency = 0.01;
+  o.spec.link_bandwidth = 1e9;  // 4 MB -> 4 ms
+  gpu::backend_options b;
+  b.sim = o;
+  auto d = gpu::make_devices("sim:2", b);
+  ASSERT_TRUE(d.has_value());
+  auto& src = *(*d)[0];
+  auto& dst = *(*d)[1];
+  const int64_t bytes = 4'000'000;
+  auto a = src.allocate(bytes), c = dst.allocate(bytes);
+  ASSERT_TRUE(a && c);
+  std::vector<uint8_t> data(static_cast<std::size_t>(bytes));
+  rng r(3);
+  for (auto& v : data) v = static_cast<uint8_t>(r.next() | 1);
+  ASSERT_FALSE(src.upload(*a, data.data(), bytes));
+  auto s = dst.create_stream(gpu::stream_role::peer);
+  const double modelled = estimate_peer_copy_seconds(src.spec(), dst.spec(), bytes);
+  ASSERT_GE(modelled, 0.014);
+  const int64_t t0 = gpu::host_clock_ns();
+  ASSERT_FALSE(dst.copy_peer(*s, *c, src, *a, bytes));
+  ASSERT_FALSE(dst.synchronize(*s));
+  EXPECT_GE(double(gpu::host_clock_ns() - t0) * 1e-9, modelled * 0.999);
+  EXPECT_EQ(std::memcmp(*c, data.data(), static_cast<std::size_t>(bytes)), 0);
+}
+
+TEST(SimDevice, CopyStreamsShareTheCopyEngines) {
+  gpu::sim_options o;
+  o.spec.copy_engines = 1;
+  o.spec.host_latency = 0.01;
+  auto dev = make_sim(o);
+  ASSERT_TRUE(dev);
+  std::vector<char> h(64, 1);
+  auto a = dev->allocate(64), a2 = dev->allocate(64);
+  ASSERT_TRUE(a && a2);
+  auto s1 = dev->create_stream(gpu::stream_role::h2d);
+  auto s2 = dev->create_stream(gpu::stream_role::h2d);
+  const double one = estimate_host_copy_seconds(dev->spec(), 64);
+  const int64_t t0 = gpu::host_clock_ns();
+  ASSERT_FALSE(dev->copy_h2d(*s1, *a, h.data(), 64));
+  ASSERT_FALSE(dev->copy_h2d(*s2, *a2, h.data(), 64));
+  ASSERT_FALSE(dev->synchronize(*s1));
+  ASSERT_FALSE(dev->synchronize(*s2));
+  // one engine: the two copies cannot overlap
+  EXPECT_GE(double(gpu::host_clock_ns() - t0) * 1e-9, 2 * one * 0.999);
+}
+
+TEST(SimDevice, JitterIsDeterministicBySeed) {
+  auto run = [](uint64_t seed, double jitter) {
+    gpu::sim_options o;
+    o.jitter = jitter;
+    o.seed = seed;
+    o.zero_delay = true;  // instant: the model still accounts the times
+    o.compute_values = false;
+    auto dev = make_sim(o);
+    scale_job job(1 << 16);
+    auto dx = dev->allocate(job.n * 4), dy = dev->allocate(job.n * 4);
+    auto s = dev->create_stream(gpu::stream_role::compute);
+    for (int i = 0; i < 50; ++i) EXPECT_FALSE(dev->launch(*s, job.launch(*dx, *dy)));
+    EXPECT_FALSE(dev->copy_h2d(*s, *dx, job.in.data(), job.n * 4));
+    EXPECT_FALSE(dev->synchronize(*s));
+    return std::make_pair(dev->modelled_seconds(), 50 * estimate_seconds(dev->spec(), job.g, *job.op) +
+                                                       estimate_host_copy_seconds(dev->spec(), job.n * 4));
+  };
+  const auto a = run(7, 0.3), b = run(7, 0.3), c = run(8, 0.3), exact = run(7, 0.0);
+  EXPECT_EQ(a.first, b.first);
+  EXPECT_NE(a.first, c.first);
+  EXPECT_NEAR(exact.first, exact.second, 1e-12);
+  EXPECT_NE(a.first, exact.first);
+}
+
+TEST(SimDevice, InstantModeCompletesAtRecordAndNotifiesInline) {
+  gpu::sim_options o;
+  o.zero_delay = true;
+  o.compute_values = false;
+  auto dev = make_sim(o);
+  auto s = dev->create_stream(gpu::stream_role::compute);
+  scale_job job(1024);
+  // timing-only memory is reserved, not committed: far more than the host has
+  auto big = dev->allocate(40LL << 30);
+  ASSERT_TRUE(big.has_value()) << big.err().to_string();
+  EXPECT_EQ(dev->memory_in_use(), 40LL << 30);
+  ASSERT_FALSE(dev->launch(*s, job.launch(*big, *big)));
+  auto ev = dev->create_event();
+  dev->record(*ev, *s);
+  EXPECT_TRUE(ev->query());
+  bool called = false;
+  dev->notify(*s, [&](const error& e) { called = !e; });
+  EXPECT_TRUE(called) << "instant device: notify runs before it returns";
+  dev->deallocate(*big);
+  EXPECT_EQ(dev->memory_in_use(), 0);
+}
+
+TEST(SimDevice, OutOfMemoryAtSpecCapacityNamesTheDevice) {
+  gpu::sim_options o;
+  o.spec.mem_bytes = 1 << 20;
+  auto dev = make_sim(o, "sim:3", 2);
+  ASSERT_TRUE(dev);
+  auto a = dev->allocate(600 << 10);
+  ASSERT_TRUE(a);
+  auto b = dev->allocate(600 << 10);
+  ASSERT_FALSE(b.has_value());
+  EXPECT_EQ(b.err().code, errc::out_of_memory);
+  EXPECT_NE(b.err().message.find("sim2"), std::string::npos) << b.err().message;
+  dev->deallocate(*a);
+  EXPECT_TRUE(dev->allocate(600 << 10).has_value());
+}
+
+TEST(SimDevice, InjectedOpErrorFailsLaunchNamingDeviceAndOp) {
+  gpu::sim_options o;
+  o.faults.op_error_rate = 1.0;
+  auto dev = make_sim(o);
+  scale_job job(8);
+  auto dx = dev->allocate(32), dy = dev->allocate(32);
+  auto s = dev->create_stream(gpu::stream_role::compute);
+  const error e = dev->launch(*s, job.launch(*dx, *dy));
+  ASSERT_TRUE(e);
+  EXPECT_EQ(e.code, errc::op_failed);
+  EXPECT_NE(e.message.find("sim0"), std::string::npos) << e.message;
+  EXPECT_NE(e.message.find("triple"), std::string::npos) << e.message;
+  dev->set_faults({});
+  EXPECT_FALSE(dev->launch(*s, job.launch(*dx, *dy)));
+  EXPECT_FALSE(dev->synchronize(*s));
+}
+
+TEST(SimDevice, InjectedStallDelaysTheOp) {
+  gpu::sim_options o;
+  o.faults.op_stall_rate = 1.0;
+  o.faults.stall_seconds = 0.05;
+  auto dev = make_sim(o);
+  scale_job job(8);
+  auto dx = dev->allocate(32), dy = dev->allocate(32);
+  auto s = dev->create_stream(gpu::stream_role::compute);
+  const int64_t t0 = gpu::host_clock_ns();
+  ASSERT_FALSE(dev->launch(*s, job.launch(*dx, *dy)));
+  ASSERT_FALSE(dev->synchronize(*s));
+  EXPECT_GE(double(gpu::host_clock_ns() - t0) * 1e-9, 0.05);
+}
+
+TEST(SimDevice, DeathAfterOpsFailsEverythingOnceWithoutHanging) {
+  gpu::sim_options o;
+  o.faults.die_after_ops = 2;
+  auto dev = make_sim(o);
+  std::atomic<int> faults{0};
+  error fault;
+  std::promise<void> faulted;
+  dev->on_fault([&](const error& e) {
+    fault = e;
+    if (faults.fetch_add(1) == 0) faulted.set_value();
+  });
+  scale_job job(8);
+  auto dx = dev->allocate(32), dy = dev->allocate(32);
+  auto s = dev->create_stream(gpu::stream_role::compute);
+  gpu::host::host_event gate;  // never opened: death must release the wait
+  gate.state()->arm();
+  for (int i = 0; i < 2; ++i) ASSERT_FALSE(dev->launch(*s, job.launch(*dx, *dy)));
+  dev->wait(*s, gate);
+  std::promise<error> notified;
+  dev->notify(*s, [&](const error& e) { notified.set_value(e); });
+  faulted.get_future().wait();
+  const error n = notified.get_future().get();
+  EXPECT_EQ(n.code, errc::device_failed);
+  EXPECT_NE(n.message.find("sim0"), std::string::npos) << n.message;
+  EXPECT_EQ(fault.code, errc::device_failed);
+  EXPECT_FALSE(dev->alive());
+  const error l = dev->launch(*s, job.launch(*dx, *dy));
+  EXPECT_EQ(l.code, errc::device_failed);
+  EXPECT_NE(l.message.find("triple"), std::string::npos) << l.message;
+  EXPECT_EQ(dev->copy_h2d(*s, *dx, job.in.data(), 32).code, errc::device_failed);
+  auto ev = dev->create_event();
+  dev->record(*ev, *s);
+  EXPECT_EQ(dev->synchronize(*s).code, errc::device_failed);
+  EXPECT_TRUE(ev->query());
+  dev->kill("again");  // a second death does not report again
+  EXPECT_EQ(faults.load(), 1);
+}
+
+TEST(SimDevice, KillReleasesAStalledStreamAndLateHandlerStillHearsOnce) {
+  gpu::sim_options o;
+  o.faults.op_stall_rate = 1.0;
+  o.faults.stall_seconds = 30.0;  // would outlast the test: kill must cut it short
+  auto dev = make_sim(o);
+  scale_job job(8);
+  auto dx = dev->allocate(32), dy = dev->allocate(32);
+  auto s = dev->create_stream(gpu::stream_role::compute);
+  ASSERT_FALSE(dev->launch(*s, job.launch(*dx, *dy)));
+  std::promise<error> notified;
+  dev->notify(*s, [&](const error& e) { notified.set_value(e); });
+  std::this_thread::sleep_for(10ms);
+  dev->kill("test");
+  EXPECT_EQ(notified.get_future().get().code, errc::device_failed);
+  std::atomic<int> calls{0};
+  dev->on_fault([&](const error& e) { calls += e.code == errc::device_failed; });
+  EXPECT_EQ(calls.load(), 1) << "a handler set after death hears of it at once";
+}
+
+}  // namespace
+
+namespace {
+
+using namespace ag;
+
+// Without op_launch::source the sim costs an op from its tensor_args: the
+// result must equal the planner's cost for every op kind.
+TEST(SimDevice, CostFromLaunchMatchesTheCostModel) {
+  graph_builder b;
+  auto x = b.input("x", dtype::f32, {4, 6, 8});
+  auto w = b.input("w", dtype::f16, {8, 5});
+  auto ids = b.input("ids", dtype::i32, {3});
+  auto pos = b.input("pos", dtype::i32, {6});
+  auto xs = b.slice(x, 1, 0, 6, "xs");
+  b.output(b.matmul(x, b.copy(w, dtype::f32, "w32"), false, false, "mm"));
+  b.output(b.matmul(b.transpose(x, 1, 2, "xt"), x, true, true, "mm_t"));
+  for (auto t : {b.add(x, b.input("bias", dtype::f32, {8})), b.mul(x, x), b.scale(x, 2.0f), b.gelu(x), b.silu(xs),
+                 b.softmax(x, true), b.rms_norm(x, tensor()), b.layer_norm(x, tensor(), tensor()),
+                 b.get_rows(w, ids), b.concat({x, x}, 0), b.contiguous(b.transpose(x, 0, 1))})
+    b.output(t);
+  b.output(b.rope(b.reshape(x, {4, 6, 2, 4}), pos, 10000.0f, rope_mode::neox, "rope"));
+  auto g = std::move(b).build();
+  ASSERT_TRUE(g.has_value()) << g.err().to_string();
+  int checked = 0;
+  for (const node& n : g->nodes()) {
+    gpu::op_launch l;
+    l.op = &n;
+    for (node_id i : n.inputs) l.inputs.push_back({nullptr, g->at(i).type, g->at(i).dims, g->at(i).stride});
+    l.out = {nullptr, n.type, n.dims, n.stride};
+    const op_cost want = cost_of(*g, n), got = gpu::sim::cost_of_launch(l);
+    EXPECT_DOUBLE_EQ(got.flops, want.flops) << n.name;
+    EXPECT_DOUBLE_EQ(got.bytes, want.bytes) << n.name;
+    checked += want.flops > 0 || want.bytes > 0;
+  }
+  EXPECT_GE(checked, 14);
+}
+
+}  // namespace

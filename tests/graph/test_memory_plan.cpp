@@ -1,0 +1,247 @@
+// Memory plan and hazard checker: random DAGs are hazard-free, reuse happens,
+// reuse follows happens-before (lanes) and not node order, the checker
+// rejects planted overlaps, out-of-memory is reported.
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <string>
+
+#include "graph/models/transformer.hpp"
+#include "graph/plan.hpp"
+#include "random_dag.hpp"
+
+namespace ag {
+// Test-only access to a plan's internals (declared a friend in plan.hpp).
+struct plan_test_hook {
+  static std::vector<device_memory>& memory(plan& p) { return p.memory_; }
+};
+}  // namespace ag
+
+namespace {
+
+using namespace ag;
+
+std::vector<device_spec> sim_devices(int n) {
+  std::vector<device_spec> v(static_cast<std::size_t>(n));
+  for (int i = 0; i < n; ++i) v[static_cast<std::size_t>(i)].name = "sim" + std::to_string(i);
+  return v;
+}
+
+std::shared_ptr<const graph> finish(graph_builder&& b) {
+  auto g = std::move(b).build();
+  EXPECT_TRUE(g.has_value()) << (g ? "" : g.err().to_string());
+  if (!g) return nullptr;
+  return std::make_shared<const graph>(std::move(*g));
+}
+
+std::shared_ptr<const plan> must_compile(std::shared_ptr<const graph> g, std::vector<device_spec> d, plan_options o = {}) {
+  auto p = compile(std::move(g), std::move(d), o);
+  EXPECT_TRUE(p.has_value()) << (p ? "" : p.err().to_string());
+  return p ? *p : nullptr;
+}
+
+buffer_slot* slot_of(std::vector<device_memory>& mem, int dev, node_id id) {
+  for (auto& s : mem[static_cast<std::size_t>(dev)].slots)
+    if (s.node == id) return &s;
+  return nullptr;
+}
+
+bool overlap(const buffer_slot& a, const buffer_slot& b) {
+  return a.offset < b.offset + b.bytes && b.offset < a.offset + a.bytes;
+}
+
+TEST(MemoryPlan, RandomDagsAreHazardFree) {
+  int with_reuse = 0, plans = 0, multi_lane = 0, peer = 0;
+  for (uint64_t seed = 1; seed <= 300; ++seed) {
+    test::random_dag_options ro;
+    ro.seed = seed;
+    ro.ops = 8 + static_cast<int>(seed % 33);
+    ro.inputs = 1 + static_cast<int>(seed % 3);
+    ro.layers = seed % 5 != 0;
+    auto gr = test::random_dag(ro);
+    ASSERT_TRUE(gr.has_value()) << "seed " << seed << ": " << gr.err().to_string();
+    auto g = std::make_shared<const graph>(std::move(*gr));
+    plan_options o;
+    o.lanes_per_device = 1 + static_cast<int>((seed / 4) % 3);
+    o.min_branch_seconds = seed % 2 ? 0.0 : 5e-6;  // lanes used freely on odd seeds
+    if (seed % 7 == 0) o.policy = placement_policy::single;
+    auto p = must_compile(g, sim_devices(1 + static_cast<int>(seed % 4)), o);
+    ASSERT_TRUE(p) << "seed " << seed;
+    const error e = check_hazards(*p);
+    EXPECT_TRUE(e.ok()) << "seed " << seed << ": " << e.to_string() << "\n" << p->describe();
+    ++plans;
+    for (int d : p->used_devices()) {
+      const device_memory& m = p->memory()[static_cast<std::size_t>(d)];
+      EXPECT_LE(m.arena_bytes, m.sum_tensor_bytes + 256 * static_cast<int64_t>(m.slots.size()));
+      if (m.arena_bytes < m.sum_tensor_bytes) ++with_reuse;
+      for (const buffer_slot& s : m.slots) EXPECT_EQ(s.offset % 256, 0) << "seed " << seed;
+    }
+    for (const step& s : p->steps()) {
+      multi_lane += s.kind == step_kind::compute && s.lane > 0;
+      peer += s.kind == step_kind::copy_peer;
+    }
+  }
+  EXPECT_EQ(plans, 300);
+  // The sample must exercise what it claims to: reuse, several lanes, peer copies.
+  EXPECT_GT(with_reuse, 50);
+  EXPECT_GT(multi_lane, 10);
+  EXPECT_GT(peer, 50);
+}
+
+std::shared_ptr<const graph> gelu_chain(int n, int64_t d) {
+  graph_builder b;
+  auto x = b.input("x", dtype::f32, {d, d});
+  for (int i = 0; i < n; ++i) x = b.gelu(x, gelu_mode::tanh, "g" + std::to_string(i));
+  b.output(x);
+  return finish(std::move(b));
+}
+
+TEST(MemoryPlan, ChainReusesBuffers) {
+  auto g = gelu_chain(10, 64);
+  auto p = must_compile(g, sim_devices(1));
+  ASSERT_TRUE(p);
+  const device_memory& m = p->memory()[0];
+  const int64_t t = 64 * 64 * 4;
+  EXPECT_EQ(m.sum_tensor_bytes, 11 * t);
+  EXPECT_EQ(m.arena_bytes, 2 * t);  // ping-pong between two buffers
+  EXPECT_TRUE(check_hazards(*p).ok());
+}
+
+TEST(MemoryPlan, PlantedOverlapIsRejected) {
+  auto g = gelu_chain(3, 16);
+  auto p = must_compile(g, sim_devices(1));
+  ASSERT_TRUE(p);
+  ASSERT_TRUE(check_hazards(*p).ok());
+  plan bad = *p;
+  auto& mem = plan_test_hook::memory(bad);
+  buffer_slot* a = slot_of(mem, 0, g->find("g0"));
+  buffer_slot* b = slot_of(mem, 0, g->find("g1"));  // g1 reads g0: both live at once
+  ASSERT_TRUE(a && b);
+  ASSERT_FALSE(overlap(*a, *b));
+  b->offset = a->offset;
+  const error e = check_hazards(bad);
+  ASSERT_FALSE(e.ok());
+  EXPECT_NE(e.message.find("'g0'"), std::string::npos) << e.message;
+  EXPECT_NE(e.message.find("'g1'"), std::string::npos) << e.message;
+  EXPECT_NE(e.message.find("sim0"), std::string::npos) << e.message;
+}
+
+TEST(MemoryPlan, SlotOutsideArenaIsRejected) {
+  auto g = gelu_chain(3, 16);
+  auto p = must_compile(g, sim_devices(1));
+  ASSERT_TRUE(p);
+  plan bad = *p;
+  auto& mem = plan_test_hook::memory(bad);
+  slot_of(mem, 0, g->find("g2"))->offset = mem[0].arena_bytes;
+  const error e = check_hazards(bad);
+  ASSERT_FALSE(e.ok());
+  EXPECT_NE(e.message.find("outside the arena"), std::string::npos) << e.message;
+}
+
+// Two heavy chains on two lanes: a node-order allocator would give b0 the
+// bytes of a0 (a0's last reader a1 comes first in node order), but nothing
+// orders lane 1 after lane 0. With one lane the same reuse is legal.
+std::shared_ptr<const graph> two_chains() {
+  graph_builder b;
+  auto x = b.input("x", dtype::f32, {64, 256});
+  tensor ends[2];
+  for (int c = 0; c < 2; ++c) {
+    tensor t = x;
+    for (int i = 0; i < 2; ++i) {
+      auto w = b.weight("w" + std::to_string(c) + std::to_string(i),
+                        host_tensor::random_normal(dtype::f32, {256, 256}, static_cast<uint64_t>(c * 10 + i + 1), 0.05f));
+      t = b.matmul(t, w, false, false, std::string(1, static_cast<char>('a' + c)) + std::to_string(i));
+    }
+    ends[c] = t;
+  }
+  b.output(b.add(ends[0], ends[1], "join"));
+  return finish(std::move(b));
+}
+
+TEST(MemoryPlan, ReuseFollowsHappensBeforeNotNodeOrder) {
+  auto g = two_chains();
+  auto devs = sim_devices(1);
+  devs[0].flops_f32 = 1e12;  // each chain ~26 us: worth its own lane
+  plan_options o;
+  o.lanes_per_device = 2;
+  auto p2 = must_compile(g, devs, o);
+  ASSERT_TRUE(p2);
+  ASSERT_TRUE(check_hazards(*p2).ok());
+  const node_id a0 = g->find("a0"), b0 = g->find("b0");
+  {
+    plan copy = *p2;
+    auto& mem = plan_test_hook::memory(copy);
+    ASSERT_FALSE(overlap(*slot_of(mem, 0, a0), *slot_of(mem, 0, b0)));
+    // Plant the node-order reuse: rejected, the lanes race.
+    slot_of(mem, 0, b0)->offset = slot_of(mem, 0, a0)->offset;
+    const error e = check_hazards(copy);
+    ASSERT_FALSE(e.ok());
+    EXPECT_NE(e.message.find("'a0'"), std::string::npos) << e.message;
+    EXPECT_NE(e.message.find("'b0'"), std::string::npos) << e.message;
+  }
+  o.lanes_per_device = 1;
+  auto p1 = must_compile(g, devs, o);
+  ASSERT_TRUE(p1);
+  ASSERT_TRUE(check_hazards(*p1).ok());
+  plan copy = *p1;
+  auto& mem = plan_test_hook::memory(copy);
+  EXPECT_TRUE(overlap(*slot_of(mem, 0, a0), *slot_of(mem, 0, b0))) << "one lane orders a1 before b0: b0 may reuse a0";
+  EXPECT_LT(p1->memory()[0].arena_bytes, p2->memory()[0].arena_bytes);
+}
+
+TEST(MemoryPlan, OutOfMemoryNamesDevice) {
+  auto g = gelu_chain(4, 64);
+  auto devs = sim_devices(2);
+  devs[0].name = "tiny0";
+  devs[0].mem_bytes = 4096;
+  auto p = compile(g, devs, {});
+  ASSERT_FALSE(p.has_value());
+  EXPECT_EQ(p.err().code, errc::out_of_memory);
+  EXPECT_NE(p.err().message.find("tiny0"), std::string::npos) << p.err().message;
+  EXPECT_NE(p.err().message.find("4096"), std::string::npos) << p.err().message;
+}
+
+TEST(MemoryPlan, WeightResidentOnEveryDeviceUsingIt) {
+  graph_builder b;
+  auto x = b.input("x", dtype::f32, {8, 16});
+  auto w = b.weight("shared_w", host_tensor::random_normal(dtype::f32, {16, 16}, 4));
+  b.set_layer(0);
+  auto y = b.matmul(x, w, false, false, "y");
+  b.set_layer(1);
+  auto z = b.matmul(y, w, false, false, "z");
+  b.output(z);
+  auto g = finish(std::move(b));
+  auto p = must_compile(g, sim_devices(2));
+  ASSERT_TRUE(p);
+  ASSERT_EQ(p->placement()[static_cast<std::size_t>(g->find("y"))], 0);
+  ASSERT_EQ(p->placement()[static_cast<std::size_t>(g->find("z"))], 1);
+  for (int d = 0; d < 2; ++d) {
+    auto loc = p->locate(g->find("shared_w"), d);
+    ASSERT_TRUE(loc.has_value()) << "device " << d;
+    EXPECT_EQ(loc->where, region::weights);
+    EXPECT_EQ(p->memory()[static_cast<std::size_t>(d)].weight_bytes, 16 * 16 * 4);
+  }
+  EXPECT_TRUE(check_hazards(*p).ok());
+}
+
+TEST(MemoryPlan, TransformerPipelineIsHazardFree) {
+  models::transformer_config cfg;
+  cfg.n_layers = 4;
+  auto gr = models::build_transformer(cfg);
+  ASSERT_TRUE(gr.has_value()) << gr.err().to_string();
+  auto g = std::make_shared<const graph>(std::move(*gr));
+  for (int lanes = 1; lanes <= 2; ++lanes) {
+    plan_options o;
+    o.lanes_per_device = lanes;
+    o.min_branch_seconds = 0;
+    auto p = must_compile(g, sim_devices(3), o);
+    ASSERT_TRUE(p);
+    EXPECT_TRUE(check_hazards(*p).ok()) << check_hazards(*p).to_string();
+    EXPECT_EQ(p->used_devices().size(), 3u);
+    for (int d : p->used_devices())
+      EXPECT_LT(p->memory()[static_cast<std::size_t>(d)].arena_bytes, p->memory()[static_cast<std::size_t>(d)].sum_tensor_bytes);
+  }
+}
+
+}  // namespace

@@ -1,0 +1,562 @@
+// Planner: placement (pipeline DP, pins, fallback), steps (copies at device
+// boundaries, deps/consumers), lanes, pruning, view copies.
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <map>
+#include <set>
+#include <string>
+
+#include "graph/plan.hpp"
+#include "graph/random.hpp"
+#include "random_dag.hpp"
+
+namespace {
+
+using namespace ag;
+
+std::vector<device_spec> sim_devices(int n) {
+  std::vector<device_spec> v(static_cast<std::size_t>(n));
+  for (int i = 0; i < n; ++i) {
+    v[static_cast<std::size_t>(i)].name = "sim" + std::to_string(i);
+    v[static_cast<std::size_t>(i)].ordinal = i;
+  }
+  return v;
+}
+
+// Slow devices so costs are dominated by flops (easy to reason about).
+std::vector<device_spec> slow_devices(int n) {
+  auto v = sim_devices(n);
+  for (auto& d : v) {
+    d.flops_f32 = 1e9;
+    d.mem_bandwidth = 1e15;
+    d.launch_latency = 0;
+  }
+  return v;
+}
+
+std::shared_ptr<const graph> finish(graph_builder&& b) {
+  auto g = std::move(b).build();
+  EXPECT_TRUE(g.has_value()) << (g ? "" : g.err().to_string());
+  if (!g) return nullptr;
+  return std::make_shared<const graph>(std::move(*g));
+}
+
+std::shared_ptr<const plan> must_compile(std::shared_ptr<const graph> g, std::vector<device_spec> d, plan_options o = {}) {
+  auto p = compile(std::move(g), std::move(d), o);
+  EXPECT_TRUE(p.has_value()) << (p ? "" : p.err().to_string());
+  return p ? *p : nullptr;
+}
+
+// x [16, d] through `per_layer[l]` matmuls per layer l; matmuls named "l<l>.mm<m>".
+std::shared_ptr<const graph> layered(const std::vector<int>& per_layer, int64_t d = 32, uint64_t seed = 1) {
+  graph_builder b;
+  b.set_layer(0);
+  auto x = b.input("x", dtype::f32, {16, d});
+  for (std::size_t l = 0; l < per_layer.size(); ++l) {
+    b.set_layer(static_cast<int>(l));
+    for (int m = 0; m < per_layer[l]; ++m) {
+      auto w = b.weight("w" + std::to_string(l) + "_" + std::to_string(m),
+                        host_tensor::random_normal(dtype::f32, {d, d}, seed + l * 10 + static_cast<uint64_t>(m), 0.1f));
+      x = b.matmul(x, w, false, false, "l" + std::to_string(l) + ".mm" + std::to_string(m));
+    }
+  }
+  b.set_layer(-1);
+  b.output(x);
+  return finish(std::move(b));
+}
+
+std::vector<const step*> steps_of(const plan& p, step_kind k) {
+  std::vector<const step*> r;
+  for (const step& s : p.steps())
+    if (s.kind == k) r.push_back(&s);
+  return r;
+}
+
+// Invariants every plan must satisfy (deps/consumers, coverage, queues, locate).
+void check_structure(const plan& p) {
+  const graph& g = p.source();
+  std::map<node_id, int> computed;
+  std::set<std::pair<node_id, int>> h2d, peer;
+  std::map<std::tuple<int, int, int>, int> next_seq;
+  for (std::size_t i = 0; i < p.steps().size(); ++i) {
+    const step& s = p.steps()[i];
+    ASSERT_EQ(s.id, static_cast<step_id>(i));
+    ASSERT_TRUE(std::is_sorted(s.deps.begin(), s.deps.end()));
+    ASSERT_EQ(std::adjacent_find(s.deps.begin(), s.deps.end()), s.deps.end());
+    for (step_id d : s.deps) {
+      ASSERT_LT(d, s.id);
+      const auto& c = p.at(d).consumers;
+      EXPECT_NE(std::find(c.begin(), c.end(), s.id), c.end()) << "step " << d << " lacks consumer " << s.id;
+    }
+    for (step_id c : s.consumers) {
+      const auto& d = p.at(c).deps;
+      EXPECT_NE(std::find(d.begin(), d.end(), s.id), d.end());
+    }
+    EXPECT_EQ(s.deps.empty(), std::count(p.sources().begin(), p.sources().end(), s.id) == 1);
+    const int queue = s.kind == step_kind::compute ? s.lane : -1;
+    const int expected_seq = next_seq[{s.device, static_cast<int>(s.kind), queue}]++;
+    EXPECT_EQ(s.lane_seq, expected_seq);
+    if (s.kind == step_kind::compute) {
+      node_id prev = -1;
+      for (node_id id : s.ops) {
+        const node& n = g.at(id);
+        if (is_view_op(n.op)) continue;
+        EXPECT_GT(id, prev) << "ops not in topological order in step " << s.id;
+        prev = id;
+        EXPECT_EQ(computed.count(id), 0u) << n.name << " computed twice";
+        computed[id] = s.device;
+        EXPECT_EQ(p.placement()[static_cast<std::size_t>(id)], s.device);
+        EXPECT_TRUE(p.devices()[static_cast<std::size_t>(s.device)].supports(n.op));
+        for (node_id in : n.inputs) {
+          auto loc = p.locate(in, s.device);
+          EXPECT_TRUE(loc.has_value()) << n.name << " reads '" << g.at(in).name << "' not resident on device " << s.device;
+        }
+        EXPECT_TRUE(p.locate(id, s.device).has_value());
+      }
+    } else {
+      ASSERT_EQ(s.ops.size(), 1u);
+      if (s.kind == step_kind::copy_h2d) {
+        EXPECT_TRUE(h2d.insert({s.ops[0], s.device}).second) << "duplicate h2d";
+        EXPECT_EQ(g.inputs().at(static_cast<std::size_t>(s.io_index)), s.ops[0]);
+      } else if (s.kind == step_kind::copy_peer) {
+        EXPECT_TRUE(peer.insert({s.ops[0], s.device}).second) << "duplicate peer copy";
+        EXPECT_FALSE(g.at(s.ops[0]).is_view()) << "peer copies copy storage nodes";
+        EXPECT_NE(s.src_device, s.device);
+        EXPECT_EQ(p.placement()[static_cast<std::size_t>(s.ops[0])], s.src_device);
+      } else {
+        EXPECT_EQ(g.outputs().at(static_cast<std::size_t>(s.io_index)), s.ops[0]);
+        EXPECT_TRUE(p.locate(s.ops[0], s.device).has_value());
+      }
+    }
+  }
+  EXPECT_EQ(p.sinks().size(), g.outputs().size());
+  for (step_id s : p.sinks()) EXPECT_EQ(p.at(s).kind, step_kind::copy_d2h);
+  // Every compute node an output needs is computed exactly once.
+  std::vector<char> needed(g.size(), 0);
+  std::vector<node_id> stack(g.outputs().begin(), g.outputs().end());
+  while (!stack.empty()) {
+    node_id id = stack.back();
+    stack.pop_back();
+    if (needed[static_cast<std::size_t>(id)]) continue;
+    needed[static_cast<std::size_t>(id)] = 1;
+    for (node_id i : g.at(id).inputs) stack.push_back(i);
+  }
+  for (const node& n : g.nodes()) {
+    const bool compute = !is_leaf_op(n.op) && !is_view_op(n.op);
+    if (compute) {
+      EXPECT_EQ(computed.count(n.id), needed[static_cast<std::size_t>(n.id)] ? 1u : 0u) << n.name;
+    }
+    if (!needed[static_cast<std::size_t>(n.id)]) {
+      EXPECT_EQ(p.placement()[static_cast<std::size_t>(n.id)], -1) << n.name;
+    }
+  }
+}
+
+TEST(Planner, EightEqualLayersOverFourDevices) {
+  auto g = layered(std::vector<int>(8, 1));
+  auto p = must_compile(g, sim_devices(4));
+  ASSERT_TRUE(p);
+  check_structure(*p);
+  for (int l = 0; l < 8; ++l)
+    EXPECT_EQ(p->placement()[static_cast<std::size_t>(g->find("l" + std::to_string(l) + ".mm0"))], l / 2) << "layer " << l;
+  auto peers = steps_of(*p, step_kind::copy_peer);
+  ASSERT_EQ(peers.size(), 3u);
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(peers[static_cast<std::size_t>(i)]->src_device, i);
+    EXPECT_EQ(peers[static_cast<std::size_t>(i)]->device, i + 1);
+    EXPECT_EQ(p->source().at(peers[static_cast<std::size_t>(i)]->ops[0]).name, "l" + std::to_string(2 * i + 1) + ".mm0");
+    EXPECT_EQ(peers[static_cast<std::size_t>(i)]->bytes, 16 * 32 * 4);
+  }
+  auto h2d = steps_of(*p, step_kind::copy_h2d);
+  ASSERT_EQ(h2d.size(), 1u);
+  EXPECT_EQ(h2d[0]->device, 0);
+  auto d2h = steps_of(*p, step_kind::copy_d2h);
+  ASSERT_EQ(d2h.size(), 1u);
+  EXPECT_EQ(d2h[0]->device, 3);
+  EXPECT_EQ(steps_of(*p, step_kind::compute).size(), 4u);
+  EXPECT_EQ(p->used_devices(), (std::vector<int>{0, 1, 2, 3}));
+  // Each device holds exactly its two layers' weights.
+  for (int d = 0; d < 4; ++d) EXPECT_EQ(p->memory()[static_cast<std::size_t>(d)].weight_bytes, 2 * 32 * 32 * 4);
+  EXPECT_EQ(p->bytes_moved(), 5 * 16 * 32 * 4);
+  EXPECT_TRUE(check_hazards(*p).ok());
+}
+
+TEST(Planner, UnequalLayersBalancedByCost) {
+  // Layer 0 costs 4 units, layers 1..4 one each: the best 2-way split is {0} | {1..4}.
+  auto g = layered({4, 1, 1, 1, 1});
+  auto p = must_compile(g, slow_devices(2));
+  ASSERT_TRUE(p);
+  EXPECT_EQ(p->placement()[static_cast<std::size_t>(g->find("l0.mm3"))], 0);
+  for (int l = 1; l < 5; ++l) EXPECT_EQ(p->placement()[static_cast<std::size_t>(g->find("l" + std::to_string(l) + ".mm0"))], 1);
+  EXPECT_NEAR(p->est_seconds(0), p->est_seconds(1), 1e-12);
+}
+
+// The DP's worst stage equals the brute-force optimum over all contiguous splits.
+TEST(Planner, PipelineDpMatchesBruteForce) {
+  rng r(99);
+  for (int trial = 0; trial < 12; ++trial) {
+    std::vector<int> per_layer(7);
+    for (int& c : per_layer) c = 1 + static_cast<int>(r.next() % 4);
+    auto g = layered(per_layer, 16, static_cast<uint64_t>(trial));
+    auto devs = slow_devices(3);
+    auto p = must_compile(g, devs);
+    ASSERT_TRUE(p);
+    check_structure(*p);
+    std::vector<double> layer_cost(per_layer.size(), 0.0);
+    for (const node& n : g->nodes())
+      if (n.op == op_kind::matmul) layer_cost[static_cast<std::size_t>(n.layer)] += estimate_seconds(devs[0], *g, n);
+    double best = 1e300;
+    const std::size_t L = layer_cost.size();
+    for (std::size_t i = 0; i <= L; ++i)
+      for (std::size_t j = i; j <= L; ++j) {
+        double a = 0, b = 0, c = 0;
+        for (std::size_t k = 0; k < L; ++k) (k < i ? a : k < j ? b : c) += layer_cost[k];
+        best = std::min(best, std::max({a, b, c}));
+      }
+    const double got = std::max({p->est_seconds(0), p->est_seconds(1), p->est_seconds(2)});
+    EXPECT_NEAR(got, best, best * 1e-9) << "trial " << trial;
+    // Layers stay whole and in order: device index never decreases along the chain.
+    int prev = 0;
+    for (const node& n : g->nodes())
+      if (n.op == op_kind::matmul) {
+        const int d = p->placement()[static_cast<std::size_t>(n.id)];
+        EXPECT_GE(d, prev);
+        prev = d;
+      }
+  }
+}
+
+TEST(Planner, PipelineStagesLimitsDevices) {
+  auto g = layered(std::vector<int>(6, 1));
+  plan_options o;
+  o.pipeline_stages = 2;
+  auto p = must_compile(g, sim_devices(4), o);
+  ASSERT_TRUE(p);
+  EXPECT_EQ(p->used_devices(), (std::vector<int>{0, 1}));
+  o.policy = placement_policy::single;
+  o.pipeline_stages = 0;
+  auto q = must_compile(g, sim_devices(4), o);
+  ASSERT_TRUE(q);
+  EXPECT_EQ(q->used_devices(), (std::vector<int>{0}));
+  EXPECT_EQ(steps_of(*q, step_kind::copy_peer).size(), 0u);
+  EXPECT_EQ(steps_of(*q, step_kind::compute).size(), 1u);
+}
+
+TEST(Planner, PinsRespected) {
+  graph_builder b;
+  auto x = b.input("x", dtype::f32, {8, 8});
+  auto w = b.weight("w", host_tensor::random_normal(dtype::f32, {8, 8}, 5));
+  b.set_layer(0);
+  auto a = b.matmul(x, w, false, false, "a");
+  b.set_layer(1);
+  auto c = b.gelu(a, gelu_mode::tanh, "c");
+  b.pin(c, 3);
+  b.set_layer(2);
+  auto d = b.matmul(c, w, false, false, "d");
+  b.output(d);
+  auto g = finish(std::move(b));
+  auto p = must_compile(g, sim_devices(4));
+  ASSERT_TRUE(p);
+  check_structure(*p);
+  EXPECT_EQ(p->placement()[static_cast<std::size_t>(g->find("c"))], 3);
+  int into3 = 0, outof3 = 0;
+  for (const step* s : steps_of(*p, step_kind::copy_peer)) {
+    into3 += s->device == 3;
+    outof3 += s->src_device == 3;
+  }
+  EXPECT_EQ(into3, 1);
+  EXPECT_EQ(outof3, p->placement()[static_cast<std::size_t>(g->find("d"))] == 3 ? 0 : 1);
+  EXPECT_TRUE(check_hazards(*p).ok());
+}
+
+TEST(Planner, PinOutOfRangeIsInvalidArgument) {
+  graph_builder b;
+  auto x = b.input("x", dtype::f32, {4, 4});
+  auto y = b.gelu(x, gelu_mode::tanh, "the_pinned_one");
+  b.pin(y, 7);
+  b.output(y);
+  auto g = finish(std::move(b));
+  auto p = compile(g, sim_devices(4));
+  ASSERT_FALSE(p.has_value());
+  EXPECT_EQ(p.err().code, errc::invalid_argument);
+  EXPECT_NE(p.err().message.find("the_pinned_one"), std::string::npos) << p.err().message;
+}
+
+std::shared_ptr<const graph> matmul_gelu_layers(int layers) {
+  graph_builder b;
+  auto x = b.input("x", dtype::f32, {8, 16});
+  for (int l = 0; l < layers; ++l) {
+    b.set_layer(l);
+    auto w = b.weight("w" + std::to_string(l), host_tensor::random_normal(dtype::f32, {16, 16}, static_cast<uint64_t>(l) + 1));
+    x = b.gelu(b.matmul(x, w, false, false, "mm" + std::to_string(l)), gelu_mode::tanh, "gelu" + std::to_string(l));
+  }
+  b.output(x);
+  return finish(std::move(b));
+}
+
+TEST(Planner, FallbackToNearestSupportingDevice) {
+  auto g = matmul_gelu_layers(8);
+  auto devs = sim_devices(4);
+  devs[1].unsupported = {op_kind::gelu};
+  auto p = must_compile(g, devs);
+  ASSERT_TRUE(p);
+  check_structure(*p);
+  // Layers 2 and 3 go to device 1 by the DP; their gelus move to device 0 (nearest, lower on ties).
+  EXPECT_EQ(p->placement()[static_cast<std::size_t>(g->find("mm2"))], 1);
+  EXPECT_EQ(p->placement()[static_cast<std::size_t>(g->find("gelu2"))], 0);
+  EXPECT_EQ(p->placement()[static_cast<std::size_t>(g->find("gelu3"))], 0);
+  for (const node& n : g->nodes()) {
+    if (n.op == op_kind::gelu) {
+      EXPECT_NE(p->placement()[static_cast<std::size_t>(n.id)], 1);
+    }
+  }
+  EXPECT_TRUE(check_hazards(*p).ok());
+}
+
+TEST(Planner, UnsupportedEverywhereIsAnError) {
+  auto g = matmul_gelu_layers(2);
+  auto devs = sim_devices(3);
+  for (auto& d : devs) d.unsupported = {op_kind::gelu};
+  auto p = compile(g, devs);
+  ASSERT_FALSE(p.has_value());
+  EXPECT_EQ(p.err().code, errc::unsupported_op);
+  EXPECT_NE(p.err().message.find("gelu0"), std::string::npos) << p.err().message;
+  EXPECT_NE(p.err().message.find("gelu"), std::string::npos);
+}
+
+TEST(Planner, BadArgumentsAreErrors) {
+  auto g = matmul_gelu_layers(1);
+  EXPECT_EQ(compile(g, {}).err().code, errc::invalid_argument);
+  EXPECT_EQ(compile(nullptr, sim_devices(1)).err().code, errc::invalid_argument);
+  plan_options o;
+  o.lanes_per_device = 0;
+  EXPECT_EQ(compile(g, sim_devices(1), o).err().code, errc::invalid_argument);
+}
+
+TEST(Planner, PrunesDeadNodesAndUnusedInputs) {
+  graph_builder b;
+  auto x = b.input("x", dtype::f32, {4, 8});
+  auto unused = b.input("unused", dtype::f32, {4, 8});
+  auto dead = b.gelu(x, gelu_mode::tanh, "dead");
+  auto dead2 = b.add(dead, unused, "dead2");
+  (void)dead2;
+  auto y = b.silu(x, "y");
+  b.output(y);
+  auto g = finish(std::move(b));
+  auto p = must_compile(g, sim_devices(2));
+  ASSERT_TRUE(p);
+  check_structure(*p);
+  for (const step* s : steps_of(*p, step_kind::copy_h2d)) EXPECT_EQ(s->ops[0], g->find("x"));
+  EXPECT_EQ(steps_of(*p, step_kind::copy_h2d).size(), 1u);
+  EXPECT_EQ(p->placement()[static_cast<std::size_t>(g->find("dead"))], -1);
+  EXPECT_EQ(p->placement()[static_cast<std::size_t>(g->find("unused"))], -1);
+}
+
+TEST(Planner, CopiesDedupedPerTensorAndDevice) {
+  graph_builder b;
+  auto x = b.input("x", dtype::f32, {8, 8});
+  auto a = b.gelu(x, gelu_mode::tanh, "a");
+  b.pin(a, 0);
+  auto c1 = b.silu(a, "c1");
+  auto c2 = b.mul(a, c1, "c2");
+  auto c3 = b.add(a, c2, "c3");
+  b.pin(c1, 1);
+  b.pin(c2, 1);
+  b.pin(c3, 2);
+  b.output(c3);
+  auto g = finish(std::move(b));
+  auto p = must_compile(g, sim_devices(3));
+  ASSERT_TRUE(p);
+  check_structure(*p);
+  std::map<std::pair<std::string, int>, int> copies;
+  for (const step* s : steps_of(*p, step_kind::copy_peer)) ++copies[{g->at(s->ops[0]).name, s->device}];
+  EXPECT_EQ(copies.size(), 3u);  // a -> 1, a -> 2, c2 -> 2
+  EXPECT_EQ((copies[{"a", 1}]), 1);
+  EXPECT_EQ((copies[{"a", 2}]), 1);
+  EXPECT_EQ((copies[{"c2", 2}]), 1);
+  EXPECT_TRUE(check_hazards(*p).ok());
+}
+
+TEST(Planner, ViewAcrossDevicesCopiesStorageAndResolvesThere) {
+  graph_builder b;
+  auto x = b.input("x", dtype::f32, {8, 12});
+  auto a = b.gelu(x, gelu_mode::tanh, "a");
+  b.pin(a, 0);
+  auto t = b.transpose(a, 0, 1, "t");                 // [12, 8], non-contiguous
+  auto s = b.slice(a, 0, 2, 6, "s");                  // rows 2..5, contiguous with an offset
+  auto w = b.weight("w", host_tensor::random_normal(dtype::f32, {8, 4}, 3));
+  auto m = b.matmul(t, w, false, false, "m");
+  b.pin(m, 1);
+  b.output(m);
+  b.output(t);
+  b.output(s);
+  auto g = finish(std::move(b));
+  auto p = must_compile(g, sim_devices(2));
+  ASSERT_TRUE(p);
+  check_structure(*p);
+  auto peers = steps_of(*p, step_kind::copy_peer);
+  ASSERT_EQ(peers.size(), 1u);
+  EXPECT_EQ(peers[0]->ops[0], g->find("a"));
+  EXPECT_EQ(peers[0]->bytes, 8 * 12 * 4);
+  const node& tn = g->at(g->find("t"));
+  auto lt = p->locate(tn.id, 1);
+  auto la = p->locate(g->find("a"), 1);
+  ASSERT_TRUE(lt.has_value());
+  ASSERT_TRUE(la.has_value());
+  EXPECT_EQ(lt->stride, tn.stride);
+  EXPECT_EQ(lt->byte_offset, la->byte_offset + tn.offset * 4);
+  const node& sn = g->at(g->find("s"));
+  auto ls = p->locate(sn.id, 0);
+  auto la0 = p->locate(g->find("a"), 0);
+  ASSERT_TRUE(ls.has_value());
+  EXPECT_EQ(ls->byte_offset, la0->byte_offset + 2 * 12 * 4);
+  // d2h: the non-contiguous view ships its storage whole, the contiguous slice only itself.
+  for (const step* d : steps_of(*p, step_kind::copy_d2h)) {
+    if (d->ops[0] == tn.id) {
+      EXPECT_EQ(d->bytes, 8 * 12 * 4);
+    }
+    if (d->ops[0] == sn.id) {
+      EXPECT_EQ(d->bytes, 4 * 12 * 4);
+    }
+    if (d->ops[0] != g->find("m")) {
+      EXPECT_EQ(d->device, 0);
+    }
+  }
+  EXPECT_FALSE(p->locate(g->find("m"), 0).has_value());
+  EXPECT_EQ(p->locate(g->find("m"), 0).err().code, errc::internal);
+  EXPECT_TRUE(check_hazards(*p).ok());
+}
+
+// Two independent matmul chains joined by an add, on one device.
+std::shared_ptr<const graph> two_chains(int64_t m, int64_t k) {
+  graph_builder b;
+  auto x = b.input("x", dtype::f32, {m, k});
+  tensor chain[2];
+  for (int c = 0; c < 2; ++c) {
+    tensor t = x;
+    for (int i = 0; i < 2; ++i) {
+      auto w = b.weight("w" + std::to_string(c) + std::to_string(i),
+                        host_tensor::random_normal(dtype::f32, {k, k}, static_cast<uint64_t>(c * 10 + i + 1), 0.05f));
+      t = b.matmul(t, w, false, false, std::string(1, static_cast<char>('a' + c)) + std::to_string(i));
+    }
+    chain[c] = t;
+  }
+  b.output(b.add(chain[0], chain[1], "join"));
+  return finish(std::move(b));
+}
+
+std::vector<device_spec> teraflop_device() {
+  auto v = sim_devices(1);
+  v[0].flops_f32 = 1e12;  // 64x256x256 matmul ~ 8.4 us + 4.5 us launch
+  return v;
+}
+
+TEST(Planner, HeavyIndependentBranchesGetTheirOwnLanes) {
+  auto g = two_chains(64, 256);
+  plan_options o;
+  o.lanes_per_device = 2;
+  auto p = must_compile(g, teraflop_device(), o);
+  ASSERT_TRUE(p);
+  check_structure(*p);
+  std::set<int> lanes;
+  for (const step* s : steps_of(*p, step_kind::compute)) lanes.insert(s->lane);
+  EXPECT_EQ(lanes, (std::set<int>{0, 1}));
+  // a0, a1 share a split; b0, b1 share another on the other lane.
+  auto split_of = [&](const std::string& name) {
+    for (const step* s : steps_of(*p, step_kind::compute))
+      if (std::count(s->ops.begin(), s->ops.end(), g->find(name))) return s;
+    return static_cast<const step*>(nullptr);
+  };
+  ASSERT_TRUE(split_of("a0") && split_of("b0"));
+  EXPECT_EQ(split_of("a0"), split_of("a1"));
+  EXPECT_EQ(split_of("b0"), split_of("b1"));
+  EXPECT_NE(split_of("a0")->lane, split_of("b0")->lane);
+  // Neither branch waits for the other.
+  for (step_id d : split_of("a0")->deps) EXPECT_NE(d, split_of("b0")->id);
+  for (step_id d : split_of("b0")->deps) EXPECT_NE(d, split_of("a0")->id);
+  EXPECT_TRUE(check_hazards(*p).ok());
+  // Same graph with one lane: one split.
+  o.lanes_per_device = 1;
+  auto q = must_compile(g, teraflop_device(), o);
+  ASSERT_TRUE(q);
+  EXPECT_EQ(steps_of(*q, step_kind::compute).size(), 1u);
+}
+
+TEST(Planner, LightBranchesStayOnOneLane) {
+  auto g = two_chains(4, 16);
+  plan_options o;
+  o.lanes_per_device = 2;
+  auto p = must_compile(g, teraflop_device(), o);
+  ASSERT_TRUE(p);
+  check_structure(*p);
+  auto comp = steps_of(*p, step_kind::compute);
+  ASSERT_EQ(comp.size(), 1u);
+  EXPECT_EQ(comp[0]->lane, 0);
+}
+
+TEST(Planner, RandomDagsAreWellFormed) {
+  for (uint64_t seed = 1; seed <= 60; ++seed) {
+    auto gr = test::random_dag({.seed = seed, .ops = 20});
+    ASSERT_TRUE(gr.has_value()) << gr.err().to_string();
+    auto g = std::make_shared<const graph>(std::move(*gr));
+    plan_options o;
+    o.lanes_per_device = 1 + static_cast<int>(seed % 3);
+    o.min_branch_seconds = 0;
+    auto p = must_compile(g, sim_devices(1 + static_cast<int>(seed % 4)), o);
+    ASSERT_TRUE(p) << "seed " << seed;
+    SCOPED_TRACE("seed " + std::to_string(seed));
+    check_structure(*p);
+  }
+}
+
+TEST(Planner, LeavesAsOutputs) {
+  graph_builder b;
+  auto x = b.input("x", dtype::f32, {4, 6});
+  auto w = b.weight("w", host_tensor::random_normal(dtype::f32, {6, 4}, 8));
+  auto y = b.input("y", dtype::f32, {4, 4});
+  auto wt = b.transpose(w, 0, 1, "wt");
+  b.output(x);
+  b.output(wt);
+  b.output(b.add(y, y, "yy"));
+  b.pin(x, 1);
+  auto g = finish(std::move(b));
+  auto p = must_compile(g, sim_devices(2));
+  ASSERT_TRUE(p);
+  check_structure(*p);
+  auto d2h = steps_of(*p, step_kind::copy_d2h);
+  ASSERT_EQ(d2h.size(), 3u);
+  // The pinned, unread input is uploaded to its pin and read back from there.
+  EXPECT_EQ(d2h[0]->ops[0], g->find("x"));
+  EXPECT_EQ(d2h[0]->device, 1);
+  ASSERT_EQ(d2h[0]->deps.size(), 1u);
+  EXPECT_EQ(p->at(d2h[0]->deps[0]).kind, step_kind::copy_h2d);
+  EXPECT_EQ(p->at(d2h[0]->deps[0]).device, 1);
+  // A view of a weight is read from the weight region, its storage whole.
+  const step* wd = d2h[1];
+  EXPECT_EQ(wd->ops[0], g->find("wt"));
+  EXPECT_TRUE(wd->deps.empty());
+  EXPECT_EQ(wd->bytes, 6 * 4 * 4);
+  auto loc = p->locate(g->find("wt"), wd->device);
+  ASSERT_TRUE(loc.has_value());
+  EXPECT_EQ(loc->where, region::weights);
+  EXPECT_TRUE(check_hazards(*p).ok()) << check_hazards(*p).to_string();
+}
+
+TEST(Planner, DescribeAndDotNameStepsAndTotals) {
+  auto g = layered(std::vector<int>(4, 1));
+  auto p = must_compile(g, sim_devices(2));
+  ASSERT_TRUE(p);
+  const std::string text = p->describe();
+  EXPECT_NE(text.find("l0.mm0 .. l1.mm0"), std::string::npos) << text;
+  EXPECT_NE(text.find("peer 'l1.mm0'"), std::string::npos) << text;
+  EXPECT_NE(text.find("arena"), std::string::npos);
+  EXPECT_NE(text.find("weights"), std::string::npos);
+  const std::string dot = p->to_dot();
+  EXPECT_EQ(dot.rfind("digraph", 0), 0u);
+  EXPECT_NE(dot.find("cluster_dev1"), std::string::npos);
+  EXPECT_STREQ(to_string(step_kind::copy_peer), "peer");
+}
+
+}  // namespace
