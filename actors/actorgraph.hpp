@@ -29,6 +29,10 @@
 
 namespace ag {
 
+namespace actors {
+struct job_access;  // internal (actors/internal.hpp): reaches a job's shared state
+}
+
 struct runtime_options {
   gpu::backend_options backend;  ///< sim / cpu / cuda parameters
   /// Activation arenas per device and plan: the number of jobs of one plan
@@ -79,6 +83,7 @@ class job {
   explicit job(std::shared_ptr<shared_state> s) : s_(std::move(s)) {}
 
  private:
+  friend struct actors::job_access;
   std::shared_ptr<shared_state> s_;
 };
 

@@ -1,0 +1,9 @@
+#include "actors/copy_engine_actor.hpp"
+
+namespace ag::actors {
+
+caf::actor spawn_copy_engine(caf::actor_system& sys, gpu::device_ptr dev, exec_kind kind) {
+  return spawn_exec_actor(sys, std::move(dev), kind, 0);
+}
+
+}  // namespace ag::actors

@@ -1,0 +1,144 @@
+#include "actors/device_actor.hpp"
+
+#include <deque>
+#include <unordered_map>
+
+#include <caf/all.hpp>
+
+#include "messages/messages.hpp"
+
+namespace ag::actors {
+
+namespace {
+
+struct arena_pool {
+  std::shared_ptr<device_plan> mem;
+  std::vector<int> free;
+  int allocated = 0;
+  std::deque<msg::acquire_arena> queue;
+};
+
+struct device_state {
+  gpu::device_ptr dev;
+  int index = -1;
+  int cap = 1;
+  caf::actor runtime;
+  bool dead = false;
+  error death;
+  std::unordered_map<uint64_t, arena_pool> pools;
+
+  static constexpr const char* name = "ag.device";
+};
+
+using device_actor_t = caf::stateful_actor<device_state>;
+
+void grant(device_actor_t* self, const msg::acquire_arena& req, int arena) {
+  self->send(req.reply_to, msg::arena_reply{req.job, self->state.index, arena, {}});
+}
+
+void refuse(device_actor_t* self, const msg::acquire_arena& req, error e) {
+  self->send(req.reply_to, msg::arena_reply{req.job, self->state.index, -1, std::move(e)});
+}
+
+caf::behavior device_actor_fn(device_actor_t* self, gpu::device_ptr dev, int cap, caf::actor runtime) {
+  auto& st = self->state;
+  st.dev = std::move(dev);
+  st.index = st.dev->index();
+  st.cap = cap < 1 ? 1 : cap;
+  st.runtime = std::move(runtime);
+  return {
+      [self](const msg::register_plan& m) {
+        auto& pool = self->state.pools[m.plan->plan_key];
+        pool.mem = m.plan;
+        // compile() allocated the arenas it found already (at least the first).
+        for (std::size_t i = 0; i < pool.mem->arenas.size(); ++i)
+          if (pool.mem->arenas[i]) {
+            pool.free.push_back(static_cast<int>(i));
+            ++pool.allocated;
+          }
+      },
+      [self](const msg::unload_plan& m) {
+        auto& st = self->state;
+        auto it = st.pools.find(m.plan_key);
+        if (it == st.pools.end()) return;
+        for (auto& req : it->second.queue) refuse(self, req, {errc::internal, "plan unloaded while a job waited"});
+        st.pools.erase(it);
+      },
+      [self](const msg::acquire_arena& req) {
+        auto& st = self->state;
+        if (st.dead) return refuse(self, req, st.death);
+        auto it = st.pools.find(req.plan_key);
+        if (it == st.pools.end())
+          return refuse(self, req, {errc::internal, "plan not loaded on device '" + st.dev->spec().name + "'"});
+        auto& pool = it->second;
+        if (!pool.free.empty()) {
+          const int a = pool.free.back();
+          pool.free.pop_back();
+          return grant(self, req, a);
+        }
+        if (pool.allocated < static_cast<int>(pool.mem->arenas.size())) {
+          // Lazily grow the pool; when memory runs out the pool just stops growing.
+          auto p = st.dev->allocate(pool.mem->arena_bytes > 0 ? pool.mem->arena_bytes : 1);
+          if (p) {
+            int a = 0;
+            while (pool.mem->arenas[static_cast<std::size_t>(a)]) ++a;
+            pool.mem->arenas[static_cast<std::size_t>(a)] = *p;
+            ++pool.allocated;
+            return grant(self, req, a);
+          }
+          if (pool.allocated == 0) {
+            const auto& e = p.err();
+            return refuse(self, req, {e.code, "device '" + st.dev->spec().name + "': activation arena of " +
+                                                  std::to_string(pool.mem->arena_bytes) + " bytes: " + e.message});
+          }
+        }
+        pool.queue.push_back(req);
+      },
+      [self](const msg::release_arena& m) {
+        auto& st = self->state;
+        auto it = st.pools.find(m.plan_key);
+        if (it == st.pools.end()) return;
+        auto& pool = it->second;
+        if (!pool.queue.empty() && !st.dead) {
+          auto req = std::move(pool.queue.front());
+          pool.queue.pop_front();
+          return grant(self, req, m.arena);
+        }
+        pool.free.push_back(m.arena);
+      },
+      [self](const msg::withdraw_arena& m) {
+        auto it = self->state.pools.find(m.plan_key);
+        if (it == self->state.pools.end()) return;
+        // Exactly one arena_reply per acquire: if the request still waits,
+        // refuse it now; else its grant or refusal is already on the way.
+        auto& q = it->second.queue;
+        for (auto i = q.begin(); i != q.end(); ++i)
+          if (i->job == m.job) {
+            auto req = std::move(*i);
+            q.erase(i);
+            refuse(self, req, {errc::cancelled, "withdrawn"});
+            break;
+          }
+      },
+      [self](const msg::device_fault& m) {
+        auto& st = self->state;
+        if (st.dead) return;
+        st.dead = true;
+        st.death = error{errc::device_failed, "device '" + st.dev->spec().name + "' failed: " + m.err.to_string()};
+        for (auto& [key, pool] : st.pools) {
+          for (auto& req : pool.queue) refuse(self, req, st.death);
+          pool.queue.clear();
+        }
+        self->send(st.runtime, msg::device_down{st.index, st.death});
+      },
+  };
+}
+
+}  // namespace
+
+caf::actor spawn_device_actor(caf::actor_system& sys, gpu::device_ptr dev, int arenas_per_device,
+                              caf::actor runtime_actor) {
+  return sys.spawn(device_actor_fn, std::move(dev), arenas_per_device, std::move(runtime_actor));
+}
+
+}  // namespace ag::actors

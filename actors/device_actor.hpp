@@ -1,0 +1,25 @@
+#pragma once
+/// \file device_actor.hpp
+/// The device actor: one per device. Owns the device's plan memory
+/// registrations and hands out activation arenas (FIFO back-pressure when
+/// none is free), and turns a backend fault into device_down for the
+/// runtime actor. State in device_state; the only writer of
+/// device_plan::arenas entries.
+///
+/// Protocol: register_plan, unload_plan (from runtime_core); acquire_arena
+/// -> arena_reply (now or when one is released), release_arena,
+/// withdraw_arena (from job actors); device_fault (from the backend's
+/// on_fault handler) -> device_down to the runtime actor, and every queued
+/// or later acquire is answered with errc::device_failed.
+
+#include <caf/actor.hpp>
+#include <caf/actor_system.hpp>
+
+#include "actors/internal.hpp"
+
+namespace ag::actors {
+
+caf::actor spawn_device_actor(caf::actor_system& sys, gpu::device_ptr dev, int arenas_per_device,
+                              caf::actor runtime_actor);
+
+}  // namespace ag::actors

@@ -1,0 +1,109 @@
+// The public job handle and its shared state (actorgraph.hpp, job_state.hpp).
+#include <caf/all.hpp>
+
+#include "actors/job_state.hpp"
+#include "messages/atoms.hpp"
+
+namespace ag {
+
+const char* to_string(job_state s) noexcept {
+  switch (s) {
+    case job_state::queued: return "queued";
+    case job_state::running: return "running";
+    case job_state::done: return "done";
+    case job_state::failed: return "failed";
+    case job_state::cancelled: return "cancelled";
+  }
+  return "?";
+}
+
+void job::shared_state::fulfil(job_result r, job_state final_state, const std::function<void()>& settled) {
+  std::vector<std::function<void(const job_result&)>> conts;
+  {
+    std::lock_guard<std::mutex> lk(m);
+    if (result) return;
+    result.emplace(std::move(r));
+    times.finished_ns = gpu::host_clock_ns();
+    conts.swap(continuations);
+    actor = nullptr;
+    state.store(final_state, std::memory_order_release);
+    if (settled) settled();
+  }
+  cv.notify_all();
+  // result is immutable from here on: continuations read it without the lock.
+  for (auto& f : conts) {
+    try {
+      f(*result);
+    } catch (...) {
+      // a throwing continuation must not take the runtime down
+    }
+  }
+}
+
+void job::shared_state::mark_started(int64_t ns) {
+  std::lock_guard<std::mutex> lk(m);
+  times.started_ns = ns;
+  if (!result) state.store(job_state::running, std::memory_order_release);
+}
+
+namespace {
+const job_result& no_job_result() {
+  static const job_result r{error{errc::invalid_argument, "empty job handle"}};
+  return r;
+}
+}  // namespace
+
+uint64_t job::id() const noexcept { return s_ ? s_->id : 0; }
+
+job_state job::state() const noexcept { return s_ ? s_->state.load(std::memory_order_acquire) : job_state::failed; }
+
+bool job::ready() const noexcept {
+  if (!s_) return true;
+  const auto st = s_->state.load(std::memory_order_acquire);
+  return st == job_state::done || st == job_state::failed || st == job_state::cancelled;
+}
+
+const job_result& job::wait() const {
+  if (!s_) return no_job_result();
+  std::unique_lock<std::mutex> lk(s_->m);
+  s_->cv.wait(lk, [this] { return s_->result.has_value(); });
+  return *s_->result;
+}
+
+bool job::wait_for(std::chrono::nanoseconds d) const {
+  if (!s_) return true;
+  std::unique_lock<std::mutex> lk(s_->m);
+  return s_->cv.wait_for(lk, d, [this] { return s_->result.has_value(); });
+}
+
+void job::then(std::function<void(const job_result&)> fn) const {
+  if (!s_) return fn(no_job_result());
+  {
+    std::lock_guard<std::mutex> lk(s_->m);
+    if (!s_->result) {
+      s_->continuations.push_back(std::move(fn));
+      return;
+    }
+  }
+  fn(*s_->result);
+}
+
+void job::cancel() const {
+  if (!s_) return;
+  // Under the lock: while the job is not ready its runtime (and actor
+  // system) cannot finish destruction, so the send is safe.
+  std::lock_guard<std::mutex> lk(s_->m);
+  if (s_->result) return;
+  if (s_->actor)
+    caf::anon_send(s_->actor, msg::cancel_atom::value);
+  else
+    s_->cancel_requested = true;
+}
+
+job_times job::times() const noexcept {
+  if (!s_) return {};
+  std::lock_guard<std::mutex> lk(s_->m);
+  return s_->times;
+}
+
+}  // namespace ag

@@ -1,0 +1,255 @@
+#include "actors/job_actor.hpp"
+
+#include <array>
+#include <cstring>
+
+#include <caf/all.hpp>
+
+#include "messages/atoms.hpp"
+#include "messages/messages.hpp"
+
+namespace ag::actors {
+
+namespace {
+
+enum class phase : uint8_t { acquiring, withdrawing, running, cancelling, finished };
+
+struct job_actor_state {
+  runtime_core* core = nullptr;
+  std::shared_ptr<job::shared_state> ss;
+  std::shared_ptr<job_context> ctx;
+  phase ph = phase::acquiring;
+  std::size_t acq = 0;     // position in used_devices being acquired
+  std::size_t remaining = 0;
+  std::size_t acks = 0;
+  bool asked = false;      // an acquire for used_devices[acq] is outstanding
+  error err;
+
+  static constexpr const char* name = "ag.job";
+};
+
+using job_actor_t = caf::stateful_actor<job_actor_state>;
+
+void release_arenas(job_actor_t* self) {
+  auto& st = self->state;
+  auto& ctx = *st.ctx;
+  for (std::size_t d = 0; d < ctx.arenas.size(); ++d) {
+    if (ctx.arenas[d] < 0) continue;
+    self->send(st.core->device_actor(static_cast<int>(d)), msg::release_arena{ctx.lp->key, ctx.arenas[d]});
+    ctx.arenas[d] = -1;
+  }
+}
+
+void finish(job_actor_t* self, job_result r, job_state final_state) {
+  auto& st = self->state;
+  st.ph = phase::finished;
+  release_arenas(self);
+  self->send(st.core->runtime_actor(), msg::job_gone_atom::value, st.ctx->id);
+  auto ss = std::move(st.ss);
+  auto* core = st.core;
+  st.ctx.reset();
+  self->quit();
+  // The last touch of the runtime: once the in-flight count drops, the
+  // runtime may be destroyed (its actor system then waits for this actor).
+  ss->fulfil(std::move(r), final_state, [core] { core->job_finished(); });
+}
+
+void fail_now(job_actor_t* self) {
+  auto& st = self->state;
+  const job_state s = st.err.code == errc::cancelled ? job_state::cancelled : job_state::failed;
+  error e = st.err;
+  finish(self, std::move(e), s);
+}
+
+void begin_fail(job_actor_t* self, error e) {
+  auto& st = self->state;
+  switch (st.ph) {
+    case phase::acquiring: {
+      st.err = std::move(e);
+      const auto& used = st.ctx->lp->used_devices;
+      if (st.asked && st.acq < used.size()) {
+        // Our request is queued or its answer is on the way: wait for it.
+        st.ph = phase::withdrawing;
+        self->send(st.core->device_actor(used[st.acq]), msg::withdraw_arena{st.ctx->lp->key, st.ctx->id});
+        return;
+      }
+      return fail_now(self);
+    }
+    case phase::running: {
+      st.err = std::move(e);
+      st.ph = phase::cancelling;
+      st.ctx->cancelled.store(true, std::memory_order_release);
+      const auto& actors = st.ctx->lp->actors;
+      st.acks = actors.size();
+      msg::job_ctx_ptr cctx = st.ctx;
+      for (const auto& a : actors) self->send(a.handle, msg::cancel_job{cctx});
+      if (st.acks == 0) fail_now(self);
+      return;
+    }
+    default:
+      return;  // the first error wins
+  }
+}
+
+void collect_trace(job_actor_t* self) {
+  auto& st = self->state;
+  const auto& ctx = *st.ctx;
+  const auto& lp = *ctx.lp;
+  std::vector<trace_record> recs;
+  recs.reserve(lp.steps.size());
+  for (std::size_t s = 0; s < lp.steps.size(); ++s) {
+    const auto& slot = ctx.slots[s];
+    if (!slot.start || !slot.end) continue;
+    const auto& a = lp.actors[static_cast<std::size_t>(lp.steps[s].actor)];
+    trace_record r;
+    r.job = ctx.id;
+    r.device = a.device;
+    r.lane = lane_name(a.kind, a.lane);
+    r.step = static_cast<step_id>(s);
+    r.label = lp.steps[s].label;
+    r.enqueue_ns = slot.enqueue_ns;
+    r.start_ns = slot.start->completion_ns();
+    r.end_ns = slot.end->completion_ns();
+    recs.push_back(std::move(r));
+  }
+  st.core->traces().push(std::move(recs));
+}
+
+/// Non-contiguous view outputs: pick the view's elements out of the copied storage.
+void gather_outputs(const job_context& ctx) {
+  const graph& g = ctx.lp->p->source();
+  for (std::size_t i = 0; i < ctx.staging.size(); ++i) {
+    const auto& src = ctx.staging[i];
+    if (src.bytes() == 0) continue;
+    auto& out = ctx.outputs[i];
+    const node& n = g.at(g.outputs()[i]);
+    const std::size_t es = dtype_size(n.type);
+    const int rank = n.dims.rank();
+    std::array<int64_t, max_rank> idx{};
+    const int64_t total = n.dims.numel();
+    for (int64_t flat = 0; flat < total; ++flat) {
+      int64_t off = n.offset;
+      for (int k = 0; k < rank; ++k) off += idx[static_cast<std::size_t>(k)] * n.stride[static_cast<std::size_t>(k)];
+      std::memcpy(out.data() + flat * static_cast<int64_t>(es), src.data() + off * static_cast<int64_t>(es), es);
+      for (int k = rank - 1; k >= 0; --k) {
+        if (++idx[static_cast<std::size_t>(k)] < n.dims[k]) break;
+        idx[static_cast<std::size_t>(k)] = 0;
+      }
+    }
+  }
+}
+
+void start_run(job_actor_t* self) {
+  auto& st = self->state;
+  auto& ctx = *st.ctx;
+  const auto& lp = *ctx.lp;
+  const graph& g = lp.p->source();
+  ctx.slots.resize(lp.steps.size());
+  ctx.outputs.reserve(g.outputs().size());
+  for (node_id o : g.outputs()) ctx.outputs.emplace_back(g.at(o).type, g.at(o).dims);
+  ctx.staging.resize(g.outputs().size());
+  for (step_id s : lp.completion_steps) {
+    if (!lp.steps[static_cast<std::size_t>(s)].gather) continue;
+    const auto io = static_cast<std::size_t>(lp.p->at(s).io_index);
+    const node& sn = g.at(g.at(g.outputs()[io]).storage);
+    ctx.staging[io] = host_tensor(sn.type, sn.dims);
+  }
+  st.ph = phase::running;
+  st.remaining = lp.completion_steps.size();
+  st.ss->mark_started(gpu::host_clock_ns());
+  msg::job_ctx_ptr cctx = st.ctx;
+  for (std::size_t i = 0; i < lp.actors.size(); ++i)
+    self->send(lp.actors[i].handle, msg::run_job{cctx, static_cast<int>(i)});
+  if (st.remaining == 0) finish(self, std::move(ctx.outputs), job_state::done);
+}
+
+void acquire_next(job_actor_t* self) {
+  auto& st = self->state;
+  const auto& lp = *st.ctx->lp;
+  if (st.acq >= lp.used_devices.size()) return start_run(self);
+  st.asked = true;
+  self->send(st.core->device_actor(lp.used_devices[st.acq]),
+             msg::acquire_arena{lp.key, st.ctx->id, caf::actor_cast<caf::actor>(self)});
+}
+
+caf::behavior job_actor_fn(job_actor_t* self, runtime_core* core, std::shared_ptr<job::shared_state> ss,
+                           std::shared_ptr<const loaded_plan> lp, std::shared_ptr<const plan> user_plan,
+                           std::vector<host_tensor> inputs) {
+  auto& st = self->state;
+  st.core = core;
+  st.ss = std::move(ss);
+  st.ctx = std::make_shared<job_context>();
+  auto& ctx = *st.ctx;
+  ctx.id = st.ss->id;
+  ctx.lp = std::move(lp);
+  ctx.user_plan = std::move(user_plan);
+  ctx.arenas.assign(core->devices().size(), -1);
+  ctx.inputs = std::move(inputs);
+  ctx.job_actor = caf::actor_cast<caf::actor>(self);
+  ctx.timing = core->options().trace;
+  bool cancel_requested = false;
+  {
+    std::lock_guard<std::mutex> lk(st.ss->m);
+    st.ss->actor = ctx.job_actor;
+    cancel_requested = st.ss->cancel_requested;
+  }
+  self->send(core->runtime_actor(), msg::job_started{ctx.id, ctx.job_actor, ctx.lp->used_devices});
+  if (cancel_requested)
+    begin_fail(self, {errc::cancelled, "job " + std::to_string(ctx.id) + " cancelled"});
+  else
+    acquire_next(self);
+  return {
+      [self](const msg::arena_reply& m) {
+        auto& st = self->state;
+        st.asked = false;
+        if (st.ph == phase::acquiring) {
+          if (m.err) return begin_fail(self, m.err);
+          st.ctx->arenas[static_cast<std::size_t>(m.device)] = m.arena;
+          ++st.acq;
+          return acquire_next(self);
+        }
+        if (m.arena >= 0) {
+          st.ctx->arenas[static_cast<std::size_t>(m.device)] = m.arena;  // released by finish()
+        }
+        if (st.ph == phase::withdrawing) fail_now(self);
+      },
+      [self](const msg::step_done& m) {
+        auto& st = self->state;
+        if (st.ph != phase::running) return;
+        if (m.err) {
+          const auto& lp = *st.ctx->lp;
+          const auto& a = lp.actors[static_cast<std::size_t>(lp.steps[static_cast<std::size_t>(m.step)].actor)];
+          return begin_fail(self, {m.err.code, "device '" + st.core->specs()[static_cast<std::size_t>(a.device)].name +
+                                                   "' step " + std::to_string(m.step) + " (" + lane_name(a.kind, a.lane) +
+                                                   "): " + m.err.message});
+        }
+        if (--st.remaining == 0) {
+          if (st.ctx->timing) collect_trace(self);
+          gather_outputs(*st.ctx);
+          auto outputs = std::move(st.ctx->outputs);
+          finish(self, std::move(outputs), job_state::done);
+        }
+      },
+      [self](const msg::step_failed& m) { begin_fail(self, m.err); },
+      [self](const msg::fail_job& m) { begin_fail(self, m.err); },
+      [self](msg::cancel_atom) {
+        begin_fail(self, {errc::cancelled, "job " + std::to_string(self->state.ctx ? self->state.ctx->id : 0) +
+                                               " cancelled"});
+      },
+      [self](const msg::cancel_ack& m) {
+        auto& st = self->state;
+        if (st.ph != phase::cancelling) return;
+        if (--st.acks == 0) fail_now(self);
+      },
+  };
+}
+
+}  // namespace
+
+caf::actor spawn_job_actor(caf::actor_system& sys, runtime_core* core, std::shared_ptr<job::shared_state> ss,
+                           std::shared_ptr<const loaded_plan> lp, std::shared_ptr<const plan> user_plan,
+                           std::vector<host_tensor> inputs) {
+  return sys.spawn(job_actor_fn, core, std::move(ss), std::move(lp), std::move(user_plan), std::move(inputs));
+}
+
+}  // namespace ag::actors

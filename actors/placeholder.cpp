@@ -1,1 +1,0 @@
-// Replaced by the message definitions (messages/*.cpp) of the actor runtime.

@@ -1,0 +1,77 @@
+// The public runtime (actorgraph.hpp): one CAF actor system + one runtime_core.
+#include <caf/all.hpp>
+
+#include "actors/internal.hpp"
+#include "actors/job_state.hpp"
+#include "messages/registration.hpp"
+
+namespace ag {
+
+struct runtime::impl {
+  caf::actor_system_config cfg;
+  std::unique_ptr<caf::actor_system> sys;
+  std::unique_ptr<actors::runtime_core> core;
+
+  ~impl() {
+    if (core) {
+      core->wait_idle();
+      core->shutdown();
+      core.reset();  // drops every actor handle before the system goes
+    }
+    sys.reset();     // waits for all actors to terminate
+  }
+};
+
+expected<std::unique_ptr<runtime>> runtime::create(const std::string& device_spec, runtime_options options) {
+  auto devs = gpu::make_devices(device_spec, options.backend);
+  if (!devs) return devs.err();
+  if (devs->empty()) return error{errc::bad_device_spec, "device spec '" + device_spec + "' names no device"};
+  auto p = std::make_unique<impl>();
+  msg::register_message_types(p->cfg);
+  if (options.scheduler_threads > 0)
+    p->cfg.set("scheduler.max-threads", static_cast<size_t>(options.scheduler_threads));
+  if (options.tuned_scheduler) p->cfg.set("work-stealing.moderate-poll-attempts", static_cast<size_t>(0));
+  try {
+    p->sys = std::make_unique<caf::actor_system>(p->cfg);
+  } catch (const std::exception& e) {
+    return error{errc::internal, std::string("starting the actor system: ") + e.what()};
+  }
+  p->core = std::make_unique<actors::runtime_core>(*p->sys, std::move(*devs), options);
+  return std::unique_ptr<runtime>(new runtime(std::move(p)));
+}
+
+runtime::runtime(std::unique_ptr<impl> p) : impl_(std::move(p)) {}
+runtime::~runtime() = default;
+
+const std::vector<device_spec>& runtime::devices() const noexcept { return impl_->core->specs(); }
+
+expected<std::shared_ptr<const plan>> runtime::compile(std::shared_ptr<const graph> g, plan_options options) {
+  return impl_->core->compile(std::move(g), options);
+}
+
+expected<std::shared_ptr<const plan>> runtime::compile(graph g, plan_options options) {
+  return impl_->core->compile(std::make_shared<const graph>(std::move(g)), options);
+}
+
+job runtime::submit(const std::shared_ptr<const plan>& p, std::vector<host_tensor> inputs) {
+  return impl_->core->submit(p, std::move(inputs));
+}
+
+std::vector<job> runtime::submit_batch(const std::shared_ptr<const plan>& p, std::vector<std::vector<host_tensor>> inputs) {
+  std::vector<job> r;
+  r.reserve(inputs.size());
+  for (auto& in : inputs) r.push_back(impl_->core->submit(p, std::move(in)));
+  return r;
+}
+
+int64_t runtime::jobs_in_flight() const noexcept { return impl_->core->jobs_in_flight(); }
+void runtime::wait_idle() { impl_->core->wait_idle(); }
+trace runtime::take_trace() { return impl_->core->take_trace(); }
+
+gpu::device_ptr runtime::device(int index) const {
+  const auto& d = impl_->core->devices();
+  if (index < 0 || static_cast<std::size_t>(index) >= d.size()) return nullptr;
+  return d[static_cast<std::size_t>(index)];
+}
+
+}  // namespace ag

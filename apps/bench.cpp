@@ -1,0 +1,196 @@
+// actorgraph-bench: runtime figures on simulated devices.
+//   dispatch_us_per_split      host cost of the actor runtime per compute split
+//                              (zero-delay, timing-only sim devices: the device
+//                              costs nothing, so wall time is all runtime)
+//   pipeline_speedup_n4_m16    4 sim devices, one stage each, 16 micro-batch
+//                              jobs submitted together, vs the same model on 1
+//   pipeline_efficiency_n4_m16 speedup / (N*M / (M+N-1)), the ideal for a
+//                              pipeline of N equal stages and M micro-batches
+// Flags (--name=value): --devices=4 --micro=16 --stage-ms=2 --repeats=3
+//   --dispatch-jobs=20000 --dispatch-branches=16 --dispatch-devices=2
+//   --in-flight=64 --threads=0 (CAF scheduler threads, 0: default)
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <deque>
+#include <map>
+#include <string>
+
+#include "actors/actorgraph.hpp"
+
+namespace {
+
+std::map<std::string, std::string> parse_flags(int argc, char** argv) {
+  std::map<std::string, std::string> f;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    if (a.rfind("--", 0) != 0) continue;
+    auto eq = a.find('=');
+    if (eq == std::string::npos) f[a.substr(2)] = "1";
+    else f[a.substr(2, eq - 2)] = a.substr(eq + 1);
+  }
+  return f;
+}
+
+double flag(const std::map<std::string, std::string>& f, const std::string& k, double def) {
+  auto it = f.find(k);
+  return it == f.end() ? def : std::atof(it->second.c_str());
+}
+
+double now_s() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+[[noreturn]] void die(const std::string& what, const ag::error& e) {
+  std::fprintf(stderr, "actorgraph-bench: %s: %s\n", what.c_str(), e.to_string().c_str());
+  std::exit(1);
+}
+
+/// x -> `branches` independent chains (matmul, gelu, scale) -> summed: with
+/// several lanes the planner gives each chain its own split.
+ag::graph dispatch_graph(int branches, int layers) {
+  ag::graph_builder b;
+  auto x = b.input("x", ag::dtype::f32, {8, 32});
+  ag::tensor acc;
+  for (int l = 0; l < layers; ++l) {
+    b.set_layer(l);
+    ag::tensor sum;
+    for (int i = 0; i < branches; ++i) {
+      const std::string n = "l" + std::to_string(l) + ".b" + std::to_string(i);
+      auto w = b.weight(n + ".w", ag::host_tensor::random_normal(ag::dtype::f32, {32, 32}, 100 * l + i, 0.1f));
+      auto h = b.scale(b.gelu(b.matmul(l == 0 ? x : acc, w, false, false, n + ".mm"), ag::gelu_mode::tanh, n + ".act"),
+                       0.5f, n + ".scale");
+      sum = sum.valid() ? b.add(sum, h, n + ".sum") : h;
+    }
+    acc = sum;
+  }
+  b.output(acc);
+  auto g = std::move(b).build();
+  if (!g) die("dispatch graph", g.err());
+  return std::move(*g);
+}
+
+/// `stages` layers, each one matmul [rows, d] x [d, d] + gelu.
+ag::graph pipeline_graph(int stages, int64_t rows, int64_t d) {
+  ag::graph_builder b;
+  auto h = b.input("x", ag::dtype::f32, {rows, d});
+  for (int l = 0; l < stages; ++l) {
+    b.set_layer(l);
+    auto w = b.weight("w" + std::to_string(l), ag::host_tensor::random_normal(ag::dtype::f32, {d, d}, l, 0.05f));
+    h = b.gelu(b.matmul(h, w, false, false, "mm" + std::to_string(l)), ag::gelu_mode::tanh, "act" + std::to_string(l));
+  }
+  b.output(h);
+  auto g = std::move(b).build();
+  if (!g) die("pipeline graph", g.err());
+  return std::move(*g);
+}
+
+struct dispatch_result {
+  double us_per_split = 0, us_per_step = 0, jobs_per_s = 0;
+  int splits = 0, steps = 0;
+};
+
+dispatch_result run_dispatch(int devices, int branches, int jobs, int in_flight, int threads) {
+  ag::runtime_options o;
+  o.backend.sim.zero_delay = true;
+  o.backend.sim.compute_values = false;
+  o.arenas_per_device = in_flight;
+  o.scheduler_threads = threads;
+  o.trace = false;
+  auto rt = ag::runtime::create("sim:" + std::to_string(devices), o);
+  if (!rt) die("runtime", rt.err());
+  ag::plan_options po;
+  po.lanes_per_device = 4;
+  po.min_branch_seconds = 0;
+  po.pipeline_stages = devices;
+  auto p = (*rt)->compile(dispatch_graph(branches, devices), po);
+  if (!p) die("compile (dispatch)", p.err());
+  dispatch_result r;
+  r.steps = static_cast<int>((*p)->steps().size());
+  for (const auto& s : (*p)->steps()) r.splits += s.kind == ag::step_kind::compute;
+  std::vector<ag::host_tensor> in{ag::host_tensor::random_normal(ag::dtype::f32, {8, 32}, 1)};
+  auto run = [&](int n) {
+    std::deque<ag::job> q;
+    for (int i = 0; i < n; ++i) {
+      if (static_cast<int>(q.size()) >= in_flight) {
+        if (!q.front().wait().has_value()) die("dispatch job", q.front().wait().err());
+        q.pop_front();
+      }
+      q.push_back((*rt)->submit(*p, in));
+    }
+    (*rt)->wait_idle();
+  };
+  run(std::min(jobs / 10 + 1, 1000));  // warm-up: event pools, arenas
+  const double t0 = now_s();
+  run(jobs);
+  const double wall = now_s() - t0;
+  r.us_per_split = wall * 1e6 / (static_cast<double>(jobs) * r.splits);
+  r.us_per_step = wall * 1e6 / (static_cast<double>(jobs) * r.steps);
+  r.jobs_per_s = jobs / wall;
+  return r;
+}
+
+double run_pipeline(int devices, int stages, int micro, double stage_ms, int repeats, int threads) {
+  ag::runtime_options o;
+  // A slow f32 unit so that one stage (2 * rows * d * d flops) takes stage_ms
+  // of simulated (= wall, time_scale 1) time; copies stay in the microseconds.
+  constexpr int64_t rows = 64, d = 256;
+  o.backend.sim.spec.flops_f32 = 2.0 * rows * d * d / (stage_ms * 1e-3);
+  o.backend.sim.compute_values = false;
+  o.backend.sim.jitter = 0;
+  o.backend.sim.time_scale = 1.0;
+  o.arenas_per_device = micro;
+  o.scheduler_threads = threads;
+  o.trace = false;
+  auto rt = ag::runtime::create("sim:" + std::to_string(devices), o);
+  if (!rt) die("runtime", rt.err());
+  ag::plan_options po;
+  po.pipeline_stages = devices;
+  auto p = (*rt)->compile(pipeline_graph(stages, rows, d), po);
+  if (!p) die("compile (pipeline)", p.err());
+  std::vector<std::vector<ag::host_tensor>> ins(static_cast<std::size_t>(micro));
+  for (int m = 0; m < micro; ++m) ins[static_cast<std::size_t>(m)] = {ag::host_tensor::random_normal(ag::dtype::f32, {rows, d}, m)};
+  double best = 1e30;
+  for (int r = 0; r < repeats + 1; ++r) {  // first round warms up
+    const double t0 = now_s();
+    auto jobs = (*rt)->submit_batch(*p, ins);
+    for (auto& j : jobs)
+      if (!j.wait().has_value()) die("pipeline job", j.wait().err());
+    const double t = now_s() - t0;
+    if (r > 0) best = std::min(best, t);
+  }
+  return best;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  auto f = parse_flags(argc, argv);
+  const int n = static_cast<int>(flag(f, "devices", 4));
+  const int m = static_cast<int>(flag(f, "micro", 16));
+  const double stage_ms = flag(f, "stage-ms", 2.0);
+  const int repeats = static_cast<int>(flag(f, "repeats", 3));
+  const int threads = static_cast<int>(flag(f, "threads", 0));
+
+  auto d = run_dispatch(static_cast<int>(flag(f, "dispatch-devices", 2)), static_cast<int>(flag(f, "dispatch-branches", 16)),
+                        static_cast<int>(flag(f, "dispatch-jobs", 20000)), static_cast<int>(flag(f, "in-flight", 64)),
+                        threads);
+  const double t1 = run_pipeline(1, n, m, stage_ms, repeats, threads);
+  const double tn = run_pipeline(n, n, m, stage_ms, repeats, threads);
+  const double speedup = t1 / tn;
+  const double ideal = static_cast<double>(n) * m / (m + n - 1);
+
+  std::printf("%-34s %12s\n", "measurement", "value");
+  std::printf("%-34s %12d\n", "dispatch: compute splits per job", d.splits);
+  std::printf("%-34s %12d\n", "dispatch: steps (splits+copies)", d.steps);
+  std::printf("%-34s %12.0f\n", "dispatch: jobs per second", d.jobs_per_s);
+  std::printf("%-34s %12.3f\n", "dispatch: us per step", d.us_per_step);
+  std::printf("%-34s %12.2f\n", "pipeline: 1 device, ms", t1 * 1e3);
+  std::printf("%-34s %12.2f\n", ("pipeline: " + std::to_string(n) + " devices, ms").c_str(), tn * 1e3);
+  std::printf("%-34s %12.3f\n", "pipeline: ideal speedup", ideal);
+  std::printf("dispatch_us_per_split: %.3f\n", d.us_per_split);
+  std::printf("pipeline_speedup_n%d_m%d: %.3f\n", n, m, speedup);
+  std::printf("pipeline_efficiency_n%d_m%d: %.3f\n", n, m, speedup / ideal);
+  return 0;
+}

@@ -1,0 +1,19 @@
+#pragma once
+/// \file atoms.hpp
+/// Every atom the actors use, in one place (CAF 0.17: atom_constant, at most
+/// 10 characters). Most messages are structs (messages.hpp); atoms only tag
+/// payload-free requests. Names end in `_atom` and never reuse caf::'s own
+/// (get_atom, ok_atom, ...), which would be ambiguous under `using namespace caf`.
+
+#include <caf/atom.hpp>
+
+namespace ag::msg {
+
+/// runtime actor: a job asks to be forgotten (it is ready).
+using job_gone_atom = caf::atom_constant<caf::atom("ag_jobgone")>;
+/// job actor: the user asked to cancel.
+using cancel_atom = caf::atom_constant<caf::atom("ag_cancel")>;
+/// any runtime actor: report internal counters (tests).
+using stats_atom = caf::atom_constant<caf::atom("ag_stats")>;
+
+}  // namespace ag::msg

@@ -1,0 +1,129 @@
+#pragma once
+/// \file fake_device.hpp
+/// A deterministic test-only gpu::device: every launch and copy runs inline
+/// in the calling actor's handler (values through the cpu kernels), events
+/// complete at record, notify() calls back before it returns. Under CAF's
+/// test coordinator this makes every run reproducible, message by message.
+/// It logs each compute op it runs (node id) for ordering checks, and can be
+/// killed (on_fault fires inline) or told to fail launches of one op.
+
+#include <atomic>
+#include <cstring>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "gpu/cpu/kernels.hpp"
+#include "gpu/device.hpp"
+
+namespace ag::test {
+
+class fake_device final : public gpu::device {
+ public:
+  fake_device(int index, int64_t mem_bytes = 1LL << 30) : index_(index) {
+    spec_.name = "fake" + std::to_string(index);
+    spec_.kind = device_kind::sim;
+    spec_.ordinal = index;
+    spec_.mem_bytes = mem_bytes;
+  }
+  ~fake_device() override {
+    for (auto& [p, n] : blocks_) delete[] static_cast<std::byte*>(p);
+  }
+
+  struct logged_op {
+    node_id node;
+    int64_t seq;
+  };
+  std::vector<logged_op> log;        // compute ops run, in order
+  std::string fail_op;               // launch of a node with this name fails
+  int64_t launches = 0;
+
+  void kill(const std::string& why) {
+    dead_ = true;
+    if (fault_) fault_(error{errc::device_failed, why});
+  }
+
+  const device_spec& spec() const noexcept override { return spec_; }
+  int index() const noexcept override { return index_; }
+
+  expected<void*> allocate(int64_t bytes) override {
+    if (in_use_ + bytes > spec_.mem_bytes)
+      return error{errc::out_of_memory, spec_.name + ": " + std::to_string(bytes) + " bytes wanted, " +
+                                            std::to_string(spec_.mem_bytes - in_use_) + " free"};
+    void* p = new std::byte[static_cast<std::size_t>(bytes)]();
+    blocks_[p] = bytes;
+    in_use_ += bytes;
+    return p;
+  }
+  void deallocate(void* p) noexcept override {
+    auto it = blocks_.find(p);
+    if (it == blocks_.end()) return;
+    in_use_ -= it->second;
+    delete[] static_cast<std::byte*>(p);
+    blocks_.erase(it);
+  }
+  expected<void*> allocate_host(int64_t bytes) override { return allocate(bytes); }
+  void deallocate_host(void* p) noexcept override { deallocate(p); }
+  int64_t memory_capacity() const noexcept override { return spec_.mem_bytes; }
+  int64_t memory_in_use() const noexcept override { return in_use_; }
+  error upload(void* dst, const void* src, int64_t bytes) override {
+    std::memcpy(dst, src, static_cast<std::size_t>(bytes));
+    return {};
+  }
+  error download(void* dst, const void* src, int64_t bytes) override { return upload(dst, src, bytes); }
+
+  struct fake_stream : gpu::stream {
+    gpu::stream_role r;
+    explicit fake_stream(gpu::stream_role x) : r(x) {}
+    gpu::stream_role role() const noexcept override { return r; }
+  };
+  struct fake_event : gpu::event {
+    int64_t t = 0;
+    bool query() const override { return true; }
+    void host_wait() const override {}
+    int64_t completion_ns() const override { return t; }
+  };
+  std::unique_ptr<gpu::stream> create_stream(gpu::stream_role role) override {
+    return std::make_unique<fake_stream>(role);
+  }
+  std::unique_ptr<gpu::event> create_event(bool) override { return std::make_unique<fake_event>(); }
+  void record(gpu::event& e, gpu::stream&) override { static_cast<fake_event&>(e).t = ++clock_; }
+  void wait(gpu::stream&, const gpu::event&) override {}
+
+  error launch(gpu::stream&, const gpu::op_launch& l) override {
+    if (dead_) return {errc::device_failed, spec_.name + " is dead"};
+    if (!fail_op.empty() && l.op->name == fail_op) return {errc::op_failed, "injected fault"};
+    ++launches;
+    log.push_back({l.op->id, ++clock_});
+    return gpu::cpu::run_op(l);
+  }
+  error copy_h2d(gpu::stream&, void* dst, const void* src, int64_t bytes) override { return copy(dst, src, bytes); }
+  error copy_d2h(gpu::stream&, void* dst, const void* src, int64_t bytes) override { return copy(dst, src, bytes); }
+  error copy_peer(gpu::stream&, void* dst, device&, const void* src, int64_t bytes) override {
+    return copy(dst, src, bytes);
+  }
+  void notify(gpu::stream&, std::function<void(const error&)> done) override {
+    done(dead_ ? error{errc::device_failed, spec_.name + " is dead"} : error{});
+  }
+  error synchronize(gpu::stream&) override { return {}; }
+  void on_fault(std::function<void(const error&)> handler) override { fault_ = std::move(handler); }
+  bool alive() const noexcept override { return !dead_; }
+
+ private:
+  error copy(void* dst, const void* src, int64_t bytes) {
+    if (dead_) return {errc::device_failed, spec_.name + " is dead"};
+    std::memcpy(dst, src, static_cast<std::size_t>(bytes));
+    return {};
+  }
+  device_spec spec_;
+  int index_;
+  bool dead_ = false;
+  int64_t in_use_ = 0;
+  int64_t clock_ = 0;
+  std::map<void*, int64_t> blocks_;
+  std::function<void(const error&)> fault_;
+};
+
+}  // namespace ag::test
