@@ -1,0 +1,138 @@
+// The one-line graph language: parsing, building, and every error with its column.
+#include <gtest/gtest.h>
+
+#include "apps/repl/graph_expr.hpp"
+
+using namespace ag;
+using namespace ag::repl;
+
+namespace {
+
+std::string err_of(const std::string& text, std::size_t offset = 0) {
+  auto g = graph_from_expr(text, 1, offset);
+  if (g) return "<no error>";
+  return g.err().message;
+}
+
+}  // namespace
+
+TEST(ReplGraphExpr, BuildsTheIssueExample) {
+  auto g = graph_from_expr("x=input[8,64] w=weight[64,64] y=gelu(matmul(x,w)) out y");
+  ASSERT_TRUE(g) << g.err().message;
+  ASSERT_EQ(g->inputs().size(), 1u);
+  ASSERT_EQ(g->outputs().size(), 1u);
+  const node& x = g->at(g->inputs()[0]);
+  EXPECT_EQ(x.name, "x");
+  EXPECT_EQ(x.dims, (shape{8, 64}));
+  const node& y = g->at(g->outputs()[0]);
+  EXPECT_EQ(y.name, "y");
+  EXPECT_EQ(y.op, op_kind::gelu);
+  EXPECT_EQ(y.dims, (shape{8, 64}));
+  EXPECT_EQ(g->at(y.inputs[0]).op, op_kind::matmul);
+  const node_id w = g->find("w");
+  ASSERT_NE(w, no_node);
+  EXPECT_EQ(g->at(w).op, op_kind::weight);
+  ASSERT_TRUE(g->at(w).data);
+  // Random, not zero, weights.
+  double sum_sq = 0;
+  for (int64_t i = 0; i < g->at(w).data->numel(); ++i) sum_sq += g->at(w).data->at(i) * g->at(w).data->at(i);
+  EXPECT_GT(sum_sq, 1.0);
+}
+
+TEST(ReplGraphExpr, SeveralOutputsTypesKeywordsAndMultiLineText) {
+  auto g = graph_from_expr(
+      "x = input[4,16]:f16\n"
+      "w = weight[32,16]:f16; h = matmul(x, w, tb=1)\n"
+      "p = softmax(h, causal=1, scale=0.5) q = layer_norm(h)\n"
+      "out p, q");
+  ASSERT_TRUE(g) << g.err().message;
+  ASSERT_EQ(g->outputs().size(), 2u);
+  const node& h = g->at(g->find("h"));
+  EXPECT_TRUE(h.attrs.trans_b);
+  EXPECT_EQ(h.dims, (shape{4, 32}));
+  EXPECT_EQ(h.type, dtype::f16);
+  const node& p = g->at(g->find("p"));
+  EXPECT_TRUE(p.attrs.causal);
+  EXPECT_FLOAT_EQ(p.attrs.scale, 0.5f);
+}
+
+TEST(ReplGraphExpr, ViewsAndDataMovementOps) {
+  auto g = graph_from_expr(
+      "x=input[4,8] r=reshape(x,[2,16]) t=transpose(x,0,1) s=slice(x,1,2,6) "
+      "c=concat(x,x,axis=0) k=copy(x,f16) out r t s c k");
+  ASSERT_TRUE(g) << g.err().message;
+  EXPECT_EQ(g->at(g->find("r")).dims, (shape{2, 16}));
+  EXPECT_EQ(g->at(g->find("t")).dims, (shape{8, 4}));
+  EXPECT_EQ(g->at(g->find("s")).dims, (shape{4, 4}));
+  EXPECT_EQ(g->at(g->find("c")).dims, (shape{8, 8}));
+  EXPECT_EQ(g->at(g->find("k")).type, dtype::f16);
+  EXPECT_EQ(g->outputs().size(), 5u);
+}
+
+TEST(ReplGraphExpr, SyntaxErrorsGiveTheColumn) {
+  // After the trailing comma the text ends where an argument should be.
+  std::string e = err_of("x=input[8,64] y=gelu(x,");
+  EXPECT_NE(e.find("col 24"), std::string::npos) << e;
+  e = err_of("x=input[8,64] y=gelu(x");
+  EXPECT_NE(e.find("never closed"), std::string::npos) << e;
+  EXPECT_NE(e.find("col 21"), std::string::npos) << e;
+  e = err_of("x input[8]");
+  EXPECT_NE(e.find("col 3"), std::string::npos) << e;
+  EXPECT_NE(e.find("expected '=' after 'x'"), std::string::npos) << e;
+  e = err_of("x=input[8,a]");
+  EXPECT_NE(e.find("col 11"), std::string::npos) << e;
+  e = err_of("x=input[8 64]");
+  EXPECT_NE(e.find("expected ',' or ']'"), std::string::npos) << e;
+  e = err_of("x=");
+  EXPECT_NE(e.find("end of text"), std::string::npos) << e;
+  e = err_of("out");
+  EXPECT_NE(e.find("after 'out'"), std::string::npos) << e;
+  e = err_of("  ");
+  EXPECT_NE(e.find("empty graph"), std::string::npos) << e;
+  e = err_of("x=input[8]:q8 out x");
+  EXPECT_NE(e.find("unknown dtype 'q8'"), std::string::npos) << e;
+}
+
+TEST(ReplGraphExpr, OffsetShiftsColumnsToTheCommandLine) {
+  // As typed after "graph " (6 characters).
+  const std::string e = err_of("x=input[8] y=gelu(q) out y", 6);
+  EXPECT_NE(e.find("col 25"), std::string::npos) << e;
+  EXPECT_NE(e.find("unknown name 'q'"), std::string::npos) << e;
+}
+
+TEST(ReplGraphExpr, SemanticErrorsNameWhatIsWrong) {
+  std::string e = err_of("x=input[8] y=frobnicate(x) out y");
+  EXPECT_NE(e.find("unknown function 'frobnicate'"), std::string::npos) << e;
+  EXPECT_NE(e.find("col 14"), std::string::npos) << e;
+  e = err_of("x=input[8] y=add(x) out y");
+  EXPECT_NE(e.find("'add' takes 2 arguments, got 1"), std::string::npos) << e;
+  e = err_of("x=input[8] x=gelu(x) out x");
+  EXPECT_NE(e.find("bound twice"), std::string::npos) << e;
+  e = err_of("x=input[8] y=gelu(x)");
+  EXPECT_NE(e.find("no outputs"), std::string::npos) << e;
+  e = err_of("x=input[8] out z");
+  EXPECT_NE(e.find("no tensor named 'z'"), std::string::npos) << e;
+  e = err_of("x=input[8] y=scale(x, x) out y");
+  EXPECT_NE(e.find("must be a number"), std::string::npos) << e;
+  e = err_of("x=input[8] y=matmul(x, x, bogus=1) out y");
+  EXPECT_NE(e.find("no parameter 'bogus'"), std::string::npos) << e;
+  e = err_of("x=input out x");
+  EXPECT_NE(e.find("needs dims"), std::string::npos) << e;
+  e = err_of("x=input[0,4] out x");
+  EXPECT_NE(e.find("positive"), std::string::npos) << e;
+  e = err_of("x=input[1,2,3,4,5] out x");
+  EXPECT_NE(e.find("1 to 4 dims"), std::string::npos) << e;
+}
+
+TEST(ReplGraphExpr, ShapeErrorsFromTheBuilderCarryTheColumnAndNode) {
+  // Inner dims 64 vs 32: the builder's error, at the matmul's column.
+  const std::string e = err_of("x=input[8,64] w=weight[32,16] y=matmul(x,w) out y");
+  EXPECT_NE(e.find("col 33"), std::string::npos) << e;
+  EXPECT_NE(e.find("y"), std::string::npos) << e;
+}
+
+TEST(ReplGraphExpr, FunctionListCoversTheLanguage) {
+  const auto& f = graph_expr_functions();
+  for (const char* name : {"input", "weight", "matmul", "gelu", "softmax", "rope", "concat"})
+    EXPECT_NE(std::find(f.begin(), f.end(), name), f.end()) << name;
+}

@@ -1,0 +1,244 @@
+// The REPL's commands driven in-process: every error path of the command
+// parser, help, completion and script mode (no devices needed for these).
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+
+#include "apps/repl/session.hpp"
+
+using namespace ag::repl;
+
+namespace {
+
+struct fixture {
+  std::ostringstream out;
+  session s{out, opts()};
+  static session_options opts() {
+    session_options o;
+    o.default_devices = "sim:2";
+    o.default_time_scale = 0.01;
+    o.scheduler_threads = 2;
+    return o;
+  }
+  // Runs one line; returns its status and leaves its output in `text`.
+  exec_status run(const std::string& line) {
+    out.str("");
+    const exec_status st = s.execute(line);
+    text = out.str();
+    return st;
+  }
+  std::string text;
+};
+
+bool has(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+
+}  // namespace
+
+TEST(ReplCommands, UnknownCommandSaysSoAndSuggests) {
+  fixture f;
+  EXPECT_EQ(f.run("frobnicate 3"), exec_status::failed);
+  EXPECT_TRUE(has(f.text, "error: unknown command 'frobnicate'")) << f.text;
+  EXPECT_TRUE(has(f.text, "'help'")) << f.text;
+  EXPECT_EQ(f.run("modle gpt2"), exec_status::failed);
+  EXPECT_TRUE(has(f.text, "did you mean 'model'")) << f.text;
+}
+
+TEST(ReplCommands, MissingParameterPrintsReasonAndUsage) {
+  fixture f;
+  EXPECT_EQ(f.run("model"), exec_status::failed);
+  EXPECT_TRUE(has(f.text, "error: which model? gpt2 or llama")) << f.text;
+  EXPECT_TRUE(has(f.text, "usage: model gpt2|llama")) << f.text;
+  EXPECT_EQ(f.run("job"), exec_status::failed);
+  EXPECT_TRUE(has(f.text, "one job id expected")) << f.text;
+  EXPECT_EQ(f.run("trace"), exec_status::failed);
+  EXPECT_TRUE(has(f.text, "one file name expected")) << f.text;
+  EXPECT_EQ(f.run("graph"), exec_status::failed);
+  EXPECT_TRUE(has(f.text, "no expression")) << f.text;
+  EXPECT_TRUE(has(f.text, "usage: graph")) << f.text;
+}
+
+TEST(ReplCommands, BadNumbersAndUnknownParametersAreRejected) {
+  fixture f;
+  EXPECT_EQ(f.run("set stages=abc"), exec_status::failed);
+  EXPECT_TRUE(has(f.text, "error: stages: 'abc' is not a number")) << f.text;
+  EXPECT_TRUE(has(f.text, "usage: set")) << f.text;
+  EXPECT_EQ(f.run("set microbatches=0"), exec_status::failed);
+  EXPECT_TRUE(has(f.text, "out of range")) << f.text;
+  EXPECT_EQ(f.run("set lanes=1.5"), exec_status::failed);
+  EXPECT_TRUE(has(f.text, "whole number")) << f.text;
+  EXPECT_EQ(f.run("run bogus=1"), exec_status::failed);
+  EXPECT_TRUE(has(f.text, "unknown parameter 'bogus'")) << f.text;
+  EXPECT_EQ(f.run("run 16"), exec_status::failed);
+  EXPECT_TRUE(has(f.text, "did you mean n=16")) << f.text;
+  EXPECT_EQ(f.run("set check=sometimes"), exec_status::failed);
+  EXPECT_TRUE(has(f.text, "not one of auto, all, first, off")) << f.text;
+  EXPECT_EQ(f.run("devices sim:2 jitter=-1"), exec_status::failed);
+  EXPECT_TRUE(has(f.text, "jitter")) << f.text;
+  EXPECT_EQ(f.run("devices sim:2 latency=5parsecs"), exec_status::failed);
+  EXPECT_TRUE(has(f.text, "latency")) << f.text;
+  EXPECT_EQ(f.run("run n="), exec_status::failed);
+  EXPECT_TRUE(has(f.text, "no value after '='")) << f.text;
+  // Settings survive the failed attempts.
+  EXPECT_EQ(f.run("set"), exec_status::ok);
+  EXPECT_TRUE(has(f.text, "microbatches=16 lanes=1")) << f.text;
+}
+
+TEST(ReplCommands, UnknownDeviceIsRejectedWithTheItem) {
+  fixture f;
+  EXPECT_EQ(f.run("devices tpu:4"), exec_status::failed);
+  EXPECT_TRUE(has(f.text, "unknown device 'tpu:4'")) << f.text;
+  EXPECT_TRUE(has(f.text, "usage: devices")) << f.text;
+  EXPECT_EQ(f.run("devices sim:2,gpu:1"), exec_status::failed);
+  EXPECT_TRUE(has(f.text, "unknown device 'gpu:1' at col 7")) << f.text;
+  EXPECT_EQ(f.run("devices sim"), exec_status::failed);
+  EXPECT_TRUE(has(f.text, "needs a count")) << f.text;
+  EXPECT_EQ(f.run("devices cpu:2 scale=5"), exec_status::failed);
+  EXPECT_TRUE(has(f.text, "sim devices only")) << f.text;
+  EXPECT_EQ(f.run("devices sim:2 cpu:2"), exec_status::failed);
+  EXPECT_TRUE(has(f.text, "one device spec")) << f.text;
+}
+
+TEST(ReplCommands, ModelWithBadDimsIsRejected) {
+  fixture f;
+  EXPECT_EQ(f.run("model bert"), exec_status::failed);
+  EXPECT_TRUE(has(f.text, "unknown model 'bert'")) << f.text;
+  EXPECT_EQ(f.run("model gpt2 d=100 heads=3"), exec_status::failed);
+  EXPECT_TRUE(has(f.text, "d_model 100")) << f.text;
+  EXPECT_TRUE(has(f.text, "usage: model")) << f.text;
+  EXPECT_EQ(f.run("model gpt2 layers=0"), exec_status::failed);
+  EXPECT_TRUE(has(f.text, "layers: 0 is out of range")) << f.text;
+  EXPECT_EQ(f.run("model llama heads=4 kv=3 d=64"), exec_status::failed);
+  EXPECT_TRUE(has(f.text, "error:")) << f.text;
+  EXPECT_EQ(f.run("model gpt2 dtype=q4"), exec_status::failed);
+  EXPECT_TRUE(has(f.text, "dtype: 'q4'")) << f.text;
+  EXPECT_EQ(f.run("model gpt2 dtype=i32"), exec_status::failed);
+  EXPECT_TRUE(has(f.text, "cannot hold weights")) << f.text;
+  EXPECT_EQ(f.run("model gpt2 layers=2 d=32 heads=2 ff=64 seq=8 vocab=64"), exec_status::ok) << f.text;
+  EXPECT_TRUE(has(f.text, "gpt2: 2 layers, d 32")) << f.text;
+}
+
+TEST(ReplCommands, GraphSyntaxErrorsGiveTheColumnOfTheTypedLine) {
+  fixture f;
+  EXPECT_EQ(f.run("graph x=input[8,64] y=gelu(x"), exec_status::failed);
+  EXPECT_TRUE(has(f.text, "col 27")) << f.text;  // the '(' that is never closed
+  EXPECT_TRUE(has(f.text, "usage: graph")) << f.text;
+  EXPECT_EQ(f.run("graph x=input[8,64] w=weight[64,64] y=gelu(matmul(x,v)) out y"), exec_status::failed);
+  EXPECT_TRUE(has(f.text, "col 53: unknown name 'v'")) << f.text;
+  EXPECT_EQ(f.run("graph @/nonexistent/file.ag"), exec_status::failed);
+  EXPECT_TRUE(has(f.text, "cannot read")) << f.text;
+  EXPECT_EQ(f.run("graph x=input[8,64] w=weight[64,64] y=gelu(matmul(x,w)) out y"), exec_status::ok) << f.text;
+  EXPECT_TRUE(has(f.text, "x[8, 64] -> y[8, 64]")) << f.text;
+}
+
+TEST(ReplCommands, CommandsThatNeedAModelOrARunSaySo) {
+  fixture f;
+  EXPECT_EQ(f.run("run"), exec_status::failed);
+  EXPECT_TRUE(has(f.text, "no graph")) << f.text;
+  EXPECT_EQ(f.run("plan"), exec_status::failed);
+  EXPECT_TRUE(has(f.text, "no graph")) << f.text;
+  EXPECT_EQ(f.run("timeline"), exec_status::failed);
+  EXPECT_TRUE(has(f.text, "nothing has run yet")) << f.text;
+  EXPECT_EQ(f.run("job 12345"), exec_status::failed);
+  EXPECT_TRUE(has(f.text, "no job 12345")) << f.text;
+  EXPECT_EQ(f.run("cancel x"), exec_status::failed);
+  EXPECT_TRUE(has(f.text, "job id: 'x' is not a number")) << f.text;
+  EXPECT_EQ(f.run("quit later"), exec_status::failed);
+  EXPECT_TRUE(has(f.text, "quit wait")) << f.text;
+}
+
+TEST(ReplCommands, HelpListsEveryCommandAndShowsAnExample) {
+  fixture f;
+  EXPECT_EQ(f.run("help"), exec_status::ok);
+  for (const auto& c : commands()) EXPECT_TRUE(has(f.text, std::string("  ") + c.name)) << c.name;
+  for (const auto& c : commands()) {
+    EXPECT_EQ(f.run(std::string("help ") + c.name), exec_status::ok);
+    EXPECT_TRUE(has(f.text, std::string("example: ") + c.example)) << f.text;
+    EXPECT_TRUE(has(f.text, std::string("usage:   ") + c.usage)) << f.text;
+  }
+  EXPECT_EQ(f.run("help nosuch"), exec_status::failed);
+  EXPECT_TRUE(has(f.text, "no command 'nosuch'")) << f.text;
+}
+
+TEST(ReplCommands, NothingTypedEndsTheSession) {
+  fixture f;
+  for (const char* line : {"", "   ", "#", "=", "\"", "run n=1e99", "set stages=-1", "devices ,", "devices sim:",
+                           "graph )", "graph x=", "graph x=input[", "graph x=input[8]:", "model gpt2 d=", "job -1",
+                           "timeline width=5", "source", "echo", "\x01\x02\x7f", "model llama layers=99999999999"})
+    f.run(line);
+  EXPECT_EQ(f.run("help"), exec_status::ok);
+  EXPECT_TRUE(has(f.text, "commands")) << f.text;
+}
+
+TEST(ReplCompletion, CompletesCommandsKeysValuesAndFunctions) {
+  fixture f;
+  auto cands = [&](const std::string& line, std::size_t start) { return f.s.complete(line, start).candidates; };
+  EXPECT_EQ(cands("mo", 0), std::vector<std::string>{"model"});
+  auto m = cands("model ", 6);
+  EXPECT_NE(std::find(m.begin(), m.end(), "gpt2"), m.end());
+  EXPECT_NE(std::find(m.begin(), m.end(), "llama"), m.end());
+  EXPECT_NE(std::find(m.begin(), m.end(), "layers="), m.end());
+  EXPECT_EQ(cands("run check=a", 4), (std::vector<std::string>{"check=auto", "check=all"}));
+  EXPECT_EQ(cands("help ru", 5), std::vector<std::string>{"run"});
+  EXPECT_EQ(cands("graph x=input[8] y=gel", 17), std::vector<std::string>{"y=gelu("});
+  EXPECT_EQ(cands("quit c", 5), std::vector<std::string>{"cancel"});
+  // Keys already given are not offered again.
+  auto s = cands("set stages=2 ", 13);
+  EXPECT_EQ(std::find(s.begin(), s.end(), "stages="), s.end());
+  EXPECT_NE(std::find(s.begin(), s.end(), "lanes="), s.end());
+  EXPECT_TRUE(f.s.complete("source ex", 7).filenames);
+  EXPECT_TRUE(cands("nosuch ", 7).empty());
+}
+
+TEST(ReplScript, EchoesCommandsAndStopsAtTheFirstFailure) {
+  std::ostringstream out;
+  session s(out, fixture::opts());
+  std::istringstream in("echo one\n\nbogus\necho three\n");
+  EXPECT_EQ(run_script(s, in, out, false), 1);
+  const std::string t = out.str();
+  EXPECT_TRUE(has(t, "> echo one\none\n")) << t;
+  EXPECT_TRUE(has(t, "> bogus\nerror: unknown command 'bogus'")) << t;
+  EXPECT_FALSE(has(t, "three")) << t;
+  EXPECT_TRUE(has(t, "--keep-going")) << t;
+}
+
+TEST(ReplScript, KeepGoingRunsEverythingButStillFails) {
+  std::ostringstream out;
+  session s(out, fixture::opts());
+  std::istringstream in("echo one\nbogus\necho three\n");
+  EXPECT_EQ(run_script(s, in, out, true), 1);
+  EXPECT_TRUE(has(out.str(), "> echo three\nthree\n")) << out.str();
+}
+
+TEST(ReplScript, CleanScriptExitsZeroAndQuitStopsReading) {
+  std::ostringstream out;
+  session s(out, fixture::opts());
+  std::istringstream in("echo a\nquit\necho after\n");
+  EXPECT_EQ(run_script(s, in, out, false), 0);
+  EXPECT_FALSE(has(out.str(), "after")) << out.str();
+}
+
+TEST(ReplScript, SourceRunsAFileStopsAtErrorsAndPassesQuitOn) {
+  const std::string path = ::testing::TempDir() + "repl_source.ag";
+  {
+    std::ofstream f(path);
+    f << "echo from-file\nset microbatches=3\nbogus\necho never\n";
+  }
+  fixture f;
+  EXPECT_EQ(f.run("source " + path), exec_status::failed);
+  EXPECT_TRUE(has(f.text, "> echo from-file\nfrom-file")) << f.text;
+  EXPECT_TRUE(has(f.text, ":3: command failed")) << f.text;
+  EXPECT_FALSE(has(f.text, "never")) << f.text;
+  EXPECT_EQ(f.run("set"), exec_status::ok);
+  EXPECT_TRUE(has(f.text, "microbatches=3")) << f.text;
+  {
+    std::ofstream q(path);
+    q << "echo bye\nquit\necho never\n";
+  }
+  EXPECT_EQ(f.run("source " + path), exec_status::quit);
+  EXPECT_FALSE(has(f.text, "never")) << f.text;
+  EXPECT_EQ(f.run("source /nonexistent/x.ag"), exec_status::failed);
+  EXPECT_TRUE(has(f.text, "cannot read")) << f.text;
+  std::remove(path.c_str());
+}

@@ -1,0 +1,155 @@
+// The REPL's commands against a real runtime on simulated GPUs: runs,
+// reports with reference checks, timeline, trace export, cancel, quit.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+
+#include "apps/repl/session.hpp"
+
+using namespace ag::repl;
+
+namespace {
+
+bool has(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+int count(const std::string& s, const std::string& part) {
+  int n = 0;
+  for (std::size_t p = s.find(part); p != std::string::npos; p = s.find(part, p + 1)) ++n;
+  return n;
+}
+
+struct fixture {
+  std::ostringstream out;
+  session s{out, opts()};
+  static session_options opts() {
+    session_options o;
+    o.default_devices = "sim:2";
+    o.default_time_scale = 0.01;
+    o.scheduler_threads = 2;
+    return o;
+  }
+  exec_status run(const std::string& line) {
+    out.str("");
+    const exec_status st = s.execute(line);
+    text = out.str();
+    return st;
+  }
+  // Runs lines, failing the test at the first one that fails.
+  void ok(std::initializer_list<const char*> lines) {
+    for (const char* l : lines) ASSERT_EQ(run(l), exec_status::ok) << l << "\n" << text;
+  }
+  std::string text;
+};
+
+const char* small_gpt2 = "model gpt2 layers=2 d=32 heads=2 ff=64 seq=8 vocab=64";
+
+}  // namespace
+
+TEST(ReplRun, BatchReportsEveryJobWithAReferenceCheck) {
+  fixture f;
+  f.ok({"devices sim:2 scale=0.01", small_gpt2});
+  ASSERT_EQ(f.run("run n=3"), exec_status::ok) << f.text;
+  EXPECT_TRUE(has(f.text, "submitted 3 jobs")) << f.text;
+  ASSERT_EQ(f.run("wait"), exec_status::ok);
+  EXPECT_EQ(count(f.text, "check: ok (max err"), 3) << f.text;
+  EXPECT_TRUE(has(f.text, "[run 1] 3/3 done")) << f.text;
+  EXPECT_TRUE(has(f.text, "checks: 3 ok, 0 bad")) << f.text;
+  EXPECT_EQ(f.s.jobs_running(), 0);
+  ASSERT_EQ(f.run("jobs"), exec_status::ok);
+  EXPECT_TRUE(has(f.text, "3 jobs: 0 queued, 0 running, 3 done")) << f.text;
+}
+
+TEST(ReplRun, LlamaWithGroupedQueryAttentionChecksOk) {
+  fixture f;
+  f.ok({"model llama layers=2 d=32 heads=4 kv=2 ff=48 seq=8 vocab=64", "run n=2", "wait"});
+  EXPECT_EQ(count(f.text, "check: ok"), 2) << f.text;
+}
+
+TEST(ReplRun, CustomGraphWithTokenIdsRunsAndChecks) {
+  fixture f;
+  f.ok({"graph t=weight[50,16] ids=input[6]:i32 e=get_rows(t,ids) w=weight[16,16] y=silu(matmul(e,w)) out y",
+        "run n=2 check=all", "wait"});
+  EXPECT_EQ(count(f.text, "check: ok"), 2) << f.text;
+}
+
+TEST(ReplRun, PlanShowsBothStagesAndSetChangesIt) {
+  fixture f;
+  f.ok({small_gpt2});
+  ASSERT_EQ(f.run("plan stages=2"), exec_status::ok) << f.text;
+  EXPECT_TRUE(has(f.text, "sim0")) << f.text;
+  EXPECT_TRUE(has(f.text, "sim1")) << f.text;
+  EXPECT_TRUE(has(f.text, "peer '")) << f.text;  // the activation crosses devices
+  ASSERT_EQ(f.run("plan stages=1"), exec_status::ok) << f.text;
+  EXPECT_FALSE(has(f.text, "peer '")) << f.text;
+  ASSERT_EQ(f.run("set"), exec_status::ok);
+  EXPECT_TRUE(has(f.text, "stages=1")) << f.text;
+}
+
+TEST(ReplRun, TimelineUtilAndTraceShowTheLastRun) {
+  fixture f;
+  f.ok({"devices sim:2 scale=0.5", small_gpt2, "set stages=2", "run n=4 check=off", "wait"});
+  ASSERT_EQ(f.run("timeline width=60"), exec_status::ok);
+  EXPECT_TRUE(has(f.text, "sim0 compute0 |")) << f.text;
+  EXPECT_TRUE(has(f.text, "sim1 compute0 |")) << f.text;
+  EXPECT_TRUE(has(f.text, "4 jobs")) << f.text;
+  ASSERT_EQ(f.run("util"), exec_status::ok);
+  EXPECT_TRUE(has(f.text, "sim1 compute")) << f.text;
+  const ag::trace t = f.s.last_trace();
+  ASSERT_FALSE(t.records.empty());
+  for (const auto& r : t.records) {
+    EXPECT_GE(r.end_ns, r.start_ns);
+    EXPECT_LT(r.device, 2);
+  }
+  const std::string path = ::testing::TempDir() + "repl_trace.json";
+  ASSERT_EQ(f.run("trace " + path), exec_status::ok) << f.text;
+  std::ifstream in(path);
+  std::stringstream body;
+  body << in.rdbuf();
+  EXPECT_EQ(body.str(), t.to_chrome_json());
+  EXPECT_FALSE(body.str().empty());
+  std::remove(path.c_str());
+  EXPECT_EQ(f.run("timeline batch=7"), exec_status::failed);
+  EXPECT_TRUE(has(f.text, "no run 7")) << f.text;
+}
+
+TEST(ReplRun, CancelAllStopsALongBatchAndTheRuntimeKeepsServing) {
+  fixture f;
+  f.ok({"devices sim:2 scale=200 arenas=2", small_gpt2, "run n=60 check=off"});
+  ASSERT_EQ(f.run("devices sim:3"), exec_status::failed);  // jobs are running
+  EXPECT_TRUE(has(f.text, "jobs are running")) << f.text;
+  ASSERT_EQ(f.run("cancel all"), exec_status::ok);
+  EXPECT_TRUE(has(f.text, "cancelling")) << f.text;
+  ASSERT_EQ(f.run("wait"), exec_status::ok);
+  EXPECT_TRUE(has(f.text, "cancelled")) << f.text;
+  EXPECT_EQ(f.s.jobs_running(), 0);
+  f.ok({"devices sim:2 scale=0.01", "run n=2", "wait"});
+  EXPECT_EQ(count(f.text, "check: ok"), 2) << f.text;
+}
+
+TEST(ReplRun, CancelOneJobAndShowIt) {
+  fixture f;
+  f.ok({"devices sim:1 scale=200 arenas=1", small_gpt2, "run n=4 check=off"});
+  ASSERT_EQ(f.run("cancel 4"), exec_status::ok) << f.text;
+  f.ok({"wait"});
+  ASSERT_EQ(f.run("job 4"), exec_status::ok);
+  EXPECT_TRUE(has(f.text, "job 4 (run 1, #3)")) << f.text;
+  ASSERT_EQ(f.run("job 1"), exec_status::ok);
+  EXPECT_TRUE(has(f.text, "output 0: f32 [1, 8, 64]")) << f.text;
+}
+
+TEST(ReplRun, LargeBatchShowsProgressInsteadOfEveryJob) {
+  fixture f;
+  f.ok({"devices sim:2 scale=0.01", small_gpt2, "run n=40 check=off", "wait"});
+  EXPECT_GE(count(f.text, "[run 1] ["), 1) << f.text;  // a progress line
+  EXPECT_EQ(count(f.text, "[job "), 0) << f.text;
+  EXPECT_TRUE(has(f.text, "[run 1] 40/40 done")) << f.text;
+}
+
+TEST(ReplRun, QuitWaitsForRunningJobsWhenNotInteractive) {
+  fixture f;
+  f.ok({small_gpt2, "run n=3 check=off"});
+  EXPECT_EQ(f.run("quit"), exec_status::quit);
+  EXPECT_EQ(f.s.jobs_running(), 0);
+  EXPECT_TRUE(has(f.text, "[run 1] 3/3 done")) << f.text;
+}

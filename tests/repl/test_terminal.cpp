@@ -1,0 +1,234 @@
+// The `actorgraph` executable: as a script reader (stdin pipe, --script) and
+// at a terminal (a pseudo-terminal: TAB completion, Ctrl-C, Ctrl-D, reports
+// printed above the line being typed).
+#include <gtest/gtest.h>
+
+#include <fcntl.h>
+#include <poll.h>
+#include <pty.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace {
+
+bool has(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+
+struct result {
+  int status = -1;
+  std::string output;
+};
+
+// Runs the REPL with `input` on a pipe as standard input.
+result run_piped(std::vector<std::string> args, const std::string& input) {
+  int in[2], out[2];
+  EXPECT_EQ(::pipe(in), 0);
+  EXPECT_EQ(::pipe(out), 0);
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    ::dup2(in[0], 0);
+    ::dup2(out[1], 1);
+    ::dup2(out[1], 2);
+    ::close(in[1]);
+    ::close(out[0]);
+    std::vector<char*> argv{const_cast<char*>(AG_REPL_BINARY)};
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    ::execv(AG_REPL_BINARY, argv.data());
+    ::_exit(127);
+  }
+  ::close(in[0]);
+  ::close(out[1]);
+  [[maybe_unused]] auto w = ::write(in[1], input.data(), input.size());
+  ::close(in[1]);
+  result r;
+  char buf[4096];
+  ssize_t n;
+  while ((n = ::read(out[0], buf, sizeof buf)) > 0) r.output.append(buf, static_cast<std::size_t>(n));
+  ::close(out[0]);
+  int st = 0;
+  ::waitpid(pid, &st, 0);
+  r.status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  return r;
+}
+
+// The REPL on a pseudo-terminal.
+class pty_repl {
+ public:
+  pty_repl() {
+    winsize ws{};
+    ws.ws_row = 40;
+    ws.ws_col = 160;
+    pid_ = ::forkpty(&fd_, nullptr, nullptr, &ws);
+    if (pid_ == 0) {
+      ::setenv("AG_REPL_HISTORY", "", 1);  // no history file
+      ::setenv("TERM", "xterm", 1);
+      ::setenv("INPUTRC", "/dev/null", 1);
+      ::execl(AG_REPL_BINARY, AG_REPL_BINARY, "--devices", "sim:2", static_cast<char*>(nullptr));
+      ::_exit(127);
+    }
+  }
+  ~pty_repl() {
+    if (pid_ > 0 && !exited_) {
+      ::kill(pid_, SIGKILL);
+      ::waitpid(pid_, nullptr, 0);
+    }
+    if (fd_ >= 0) ::close(fd_);
+  }
+  bool started() const { return pid_ > 0 && fd_ >= 0; }
+  void send(const std::string& s) { [[maybe_unused]] auto w = ::write(fd_, s.data(), s.size()); }
+  // Reads until `pattern` appears after position `from` of everything read;
+  // true if it did within the timeout.
+  bool read_until(const std::string& pattern, double seconds = 20) {
+    const auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+    for (;;) {
+      if (all_.find(pattern, mark_) != std::string::npos) {
+        mark_ = all_.find(pattern, mark_) + pattern.size();
+        return true;
+      }
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(end - std::chrono::steady_clock::now()).count();
+      if (left <= 0) return false;
+      pollfd p{fd_, POLLIN, 0};
+      if (::poll(&p, 1, static_cast<int>(std::min<long long>(left, 200))) > 0) {
+        char buf[4096];
+        const ssize_t n = ::read(fd_, buf, sizeof buf);
+        if (n <= 0) return all_.find(pattern, mark_) != std::string::npos;
+        // Keep text only: drop carriage returns and readline's bracketed-paste
+        // mode switches, so patterns read as plain lines.
+        std::string chunk(buf, static_cast<std::size_t>(n));
+        for (const char* seq : {"\033[?2004h", "\033[?2004l", "\r"})
+          for (std::size_t k; (k = chunk.find(seq)) != std::string::npos;) chunk.erase(k, std::strlen(seq));
+        all_ += chunk;
+      }
+    }
+  }
+  // Waits for the process to exit; its exit status, or -1 on timeout.
+  int wait_exit(double seconds = 20) {
+    const auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+    while (std::chrono::steady_clock::now() < end) {
+      read_until("\x01never\x01", 0.05);  // keep the pty drained
+      int st = 0;
+      if (::waitpid(pid_, &st, WNOHANG) == pid_) {
+        exited_ = true;
+        return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+      }
+    }
+    return -1;
+  }
+  const std::string& output() const { return all_; }
+  std::string since(std::size_t pos) const { return all_.substr(std::min(pos, all_.size())); }
+  std::size_t mark() const { return mark_; }
+
+ private:
+  int fd_ = -1;
+  pid_t pid_ = -1;
+  bool exited_ = false;
+  std::string all_;
+  std::size_t mark_ = 0;
+};
+
+const char* small_gpt2 = "model gpt2 layers=2 d=32 heads=2 ff=64 seq=8 vocab=64";
+
+}  // namespace
+
+TEST(ReplBinary, PipedScriptEchoesCommandsAndFailsOnAnError) {
+  const result r = run_piped({}, "echo hello\nbogus\necho never\n");
+  EXPECT_EQ(r.status, 1) << r.output;
+  EXPECT_TRUE(has(r.output, "> echo hello\nhello\n")) << r.output;
+  EXPECT_TRUE(has(r.output, "error: unknown command 'bogus'")) << r.output;
+  EXPECT_FALSE(has(r.output, "never")) << r.output;
+  EXPECT_FALSE(has(r.output, "ag> ")) << r.output;  // no prompt noise
+}
+
+TEST(ReplBinary, KeepGoingAndCleanScripts) {
+  const result kg = run_piped({"--keep-going"}, "bogus\necho after\n");
+  EXPECT_EQ(kg.status, 1);
+  EXPECT_TRUE(has(kg.output, "> echo after\nafter")) << kg.output;
+  const result ok = run_piped({}, "help wait\n");
+  EXPECT_EQ(ok.status, 0) << ok.output;
+  const result bad = run_piped({"--frobnicate"}, "");
+  EXPECT_EQ(bad.status, 2);
+  EXPECT_TRUE(has(bad.output, "usage: actorgraph")) << bad.output;
+}
+
+TEST(ReplBinary, ScriptFileRunsABatchChecksItAndDrawsTheTimeline) {
+  const std::string path = ::testing::TempDir() + "repl_script.ag";
+  {
+    std::ofstream f(path);
+    f << "devices sim:2 scale=0.01\n" << small_gpt2 << "\nrun n=3\nwait\ntimeline width=50\n";
+  }
+  const result r = run_piped({"--script", path}, "");
+  EXPECT_EQ(r.status, 0) << r.output;
+  EXPECT_TRUE(has(r.output, "[run 1] 3/3 done")) << r.output;
+  EXPECT_TRUE(has(r.output, "check: ok")) << r.output;
+  EXPECT_TRUE(has(r.output, "sim1 compute0 |")) << r.output;
+  std::remove(path.c_str());
+}
+
+TEST(ReplPty, TabCompletesCommandsAndHelpRuns) {
+  pty_repl p;
+  ASSERT_TRUE(p.started());
+  ASSERT_TRUE(p.read_until("ag> ")) << p.output();
+  p.send("hel\t");
+  ASSERT_TRUE(p.read_until("help")) << p.output();
+  p.send(" ru\t\r");
+  ASSERT_TRUE(p.read_until("example: run n=32")) << p.output();
+  ASSERT_TRUE(p.read_until("ag> ")) << p.output();
+  // Two candidates: TAB TAB lists both.
+  p.send("model llama la\t");
+  ASSERT_TRUE(p.read_until("layers=")) << p.output();
+  p.send("\x03");  // Ctrl-C clears the line
+  ASSERT_TRUE(p.read_until("^C")) << p.output();
+  ASSERT_TRUE(p.read_until("ag> ")) << p.output();
+  p.send("echo cleared\r");
+  ASSERT_TRUE(p.read_until("\ncleared")) << p.output();
+  EXPECT_FALSE(has(p.output(), "unknown command")) << p.output();
+  // Wait for readline to take the terminal back: a ^D typed while the
+  // terminal is in cooked mode (a command running) is the tty's own EOF.
+  ASSERT_TRUE(p.read_until("ag> ")) << p.output();
+  p.send("\x04");  // Ctrl-D quits
+  EXPECT_EQ(p.wait_exit(), 0) << p.output();
+}
+
+TEST(ReplPty, CtrlCDuringWaitReturnsToThePromptAndJobsKeepRunning) {
+  pty_repl p;
+  ASSERT_TRUE(p.started());
+  ASSERT_TRUE(p.read_until("ag> "));
+  p.send(std::string("devices sim:2 scale=300 arenas=2\r") + small_gpt2 + "\rrun n=100 check=off\r");
+  ASSERT_TRUE(p.read_until("submitted 100 jobs")) << p.output();
+  p.send("wait\r");
+  ASSERT_TRUE(p.read_until("wait")) << p.output();
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  p.send("\x03");
+  ASSERT_TRUE(p.read_until("back to the prompt")) << p.output();
+  ASSERT_TRUE(p.read_until("ag> ")) << p.output();
+  p.send("jobs\r");
+  ASSERT_TRUE(p.read_until("100 jobs:")) << p.output();
+  p.send("quit cancel\r");
+  EXPECT_EQ(p.wait_exit(30), 0) << p.output();
+  EXPECT_TRUE(has(p.output(), "cancelled")) << p.output();
+}
+
+TEST(ReplPty, ReportsAppearAboveTheLineBeingTyped) {
+  pty_repl p;
+  ASSERT_TRUE(p.started());
+  ASSERT_TRUE(p.read_until("ag> "));
+  p.send(std::string("devices sim:2 scale=20\r") + small_gpt2 + "\rrun n=2\r");
+  ASSERT_TRUE(p.read_until("submitted 2 jobs")) << p.output();
+  ASSERT_TRUE(p.read_until("ag> ")) << p.output();
+  p.send("ech");  // half a command, no Enter
+  ASSERT_TRUE(p.read_until("[run 1] 2/2 done")) << p.output();
+  p.send("o typed-on\r");
+  // The half-typed line survived the reports: the command runs whole.
+  ASSERT_TRUE(p.read_until("\ntyped-on")) << p.output();
+  p.send("quit\r");
+  EXPECT_EQ(p.wait_exit(), 0) << p.output();
+}
