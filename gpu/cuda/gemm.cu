@@ -137,6 +137,19 @@ error launch_matmul(const launch_ctx& c, cublasHandle_t h, const tensor_arg& out
                                     B.p, ti, static_cast<int>(B.ld), sb, A.p, ti, static_cast<int>(A.ld), sa, &beta,
                                     out_arg.data, to, static_cast<int>(N), ostride1, static_cast<int>(batch), ct,
                                     CUBLAS_GEMM_DEFAULT);
+  } else if (o.d[0] > o.d[1]) {
+    // One strided batch over the outer dim per index of the inner one: fewer
+    // calls (e.g. attention over [B, H] heads of a permuted [B, S, H, Dh] view
+    // with B > H).
+    for (int64_t i1 = 0; i1 < o.d[1] && st == CUBLAS_STATUS_SUCCESS; ++i1) {
+      const char* ap = static_cast<const char*>(A.p) + i1 * A.bstride[1] * esz_i;
+      const char* bp = static_cast<const char*>(B.p) + i1 * B.bstride[1] * esz_i;
+      char* op = static_cast<char*>(out_arg.data) + i1 * ostride1 * esz_o;
+      st = cublasGemmStridedBatchedEx(h, opB, opA, static_cast<int>(N), static_cast<int>(M), static_cast<int>(K),
+                                      &alpha, bp, ti, static_cast<int>(B.ld), B.bstride[0], ap, ti,
+                                      static_cast<int>(A.ld), A.bstride[0], &beta, op, to, static_cast<int>(N),
+                                      ostride0, static_cast<int>(o.d[0]), ct, CUBLAS_GEMM_DEFAULT);
+    }
   } else {
     for (int64_t i0 = 0; i0 < o.d[0] && st == CUBLAS_STATUS_SUCCESS; ++i0) {
       const char* ap = static_cast<const char*>(A.p) + i0 * A.bstride[0] * esz_i;

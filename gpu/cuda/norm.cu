@@ -1,6 +1,7 @@
 #include "gpu/cuda/common.cuh"
 #include "gpu/cuda/cuda_check.cuh"
 #include "gpu/cuda/norm.cuh"
+#include "gpu/cuda/vec.cuh"
 
 namespace ag::gpu::cuda {
 namespace {
@@ -34,6 +35,126 @@ __global__ void norm_kernel(kt out, kt x, kt w, kt b, bool has_w, bool has_b, fl
   }
 }
 
+
+// Fast path: contiguous, 16-byte aligned rows of a whole number of 8-element
+// chunks, same dtype in and out. The row stays in registers between the
+// statistics and the normalisation (one read, one write); layer_norm still
+// takes mean and variance in two exact passes, over the registers. TPR threads
+// share a row: TPR == 32 is one warp per row (4 rows per block, shuffles only),
+// otherwise one block per row. Each thread holds up to MAXC chunks.
+template <class T, bool LAYER, int TPR, int MAXC>
+__global__ void __launch_bounds__(TPR == 32 ? 128 : TPR)
+    norm_vec_kernel(kt out, kt x, kt w, kt b, bool has_w, bool w_vec, bool has_b, bool b_vec, int64_t rows,
+                    float eps) {
+  constexpr int RPB = TPR == 32 ? 4 : 1;
+  __shared__ float sh[32];
+  const int lane = TPR == 32 ? static_cast<int>(threadIdx.x & 31) : static_cast<int>(threadIdx.x);
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * RPB + (TPR == 32 ? threadIdx.x >> 5 : 0);
+  if (row >= rows) return;  // whole warps only (TPR == 32), or never (one row per block)
+  const int C = static_cast<int>(x.d[3] / kChunk);
+  const float inv_d = 1.f / static_cast<float>(x.d[3]);
+  const T* xr = static_cast<const T*>(x.p) + row_offset(x, row);
+  T* yr = static_cast<T*>(out.p) + row_offset(out, row);
+  auto reduce = [&](float v) { return TPR == 32 ? warp_sum(v) : block_sum(v, sh); };
+  float v[MAXC][kChunk];
+#pragma unroll
+  for (int c = 0; c < MAXC; ++c) {
+    const int ch = c * TPR + lane;
+    if (ch < C) {
+      load8(xr + ch * kChunk, v[c]);
+    } else {
+#pragma unroll
+      for (int k = 0; k < kChunk; ++k) v[c][k] = 0.f;
+    }
+  }
+  float mean = 0.f;
+  if constexpr (LAYER) {
+    float s = 0.f;
+#pragma unroll
+    for (int c = 0; c < MAXC; ++c)
+#pragma unroll
+      for (int k = 0; k < kChunk; ++k) s += v[c][k];
+    mean = reduce(s) * inv_d;
+  }
+  float s2 = 0.f;
+#pragma unroll
+  for (int c = 0; c < MAXC; ++c) {
+    if (c * TPR + lane < C) {
+#pragma unroll
+      for (int k = 0; k < kChunk; ++k) {
+        const float d = v[c][k] - mean;
+        s2 += d * d;
+      }
+    }
+  }
+  const float r = rsqrtf(reduce(s2) * inv_d + eps);
+#pragma unroll
+  for (int c = 0; c < MAXC; ++c) {
+    const int ch = c * TPR + lane;
+    if (ch >= C) continue;
+    float y[kChunk];
+#pragma unroll
+    for (int k = 0; k < kChunk; ++k) y[k] = (v[c][k] - mean) * r;
+    if (has_w) {
+      float wv[kChunk];
+      if (w_vec) {
+        load8(static_cast<const T*>(w.p) + ch * kChunk, wv);
+      } else {
+#pragma unroll
+        for (int k = 0; k < kChunk; ++k) wv[k] = ld(w.p, w.t, static_cast<int64_t>(ch * kChunk + k) * w.s[3]);
+      }
+#pragma unroll
+      for (int k = 0; k < kChunk; ++k) y[k] *= wv[k];
+    }
+    if (has_b) {
+      float bv[kChunk];
+      if (b_vec) {
+        load8(static_cast<const T*>(b.p) + ch * kChunk, bv);
+      } else {
+#pragma unroll
+        for (int k = 0; k < kChunk; ++k) bv[k] = ld(b.p, b.t, static_cast<int64_t>(ch * kChunk + k) * b.s[3]);
+      }
+#pragma unroll
+      for (int k = 0; k < kChunk; ++k) y[k] += bv[k];
+    }
+    store8(yr + ch * kChunk, y);
+  }
+}
+
+template <class T, bool LAYER, int TPR, int MAXC>
+void go_vec_cfg(const launch_ctx& c, const kt& out, const kt& x, const kt* w, const kt* b, bool w_vec, bool b_vec,
+                int64_t rows, float eps) {
+  constexpr int RPB = TPR == 32 ? 4 : 1;
+  const unsigned grid = static_cast<unsigned>((rows + RPB - 1) / RPB);
+  norm_vec_kernel<T, LAYER, TPR, MAXC><<<grid, TPR * RPB, 0, c.stream>>>(
+      out, x, w ? *w : kt{}, b ? *b : kt{}, w != nullptr, w_vec, b != nullptr, b_vec, rows, eps);
+}
+
+// A per-dim parameter vector may be read as chunks when it has the rows' dtype
+// and is contiguous and aligned.
+bool param_vec(const kt* p, const kt& x) {
+  return p && p->t == x.t && aligned16(p->p) && (p->d[3] == 1 || p->s[3] == 1);
+}
+
+/// Launches the register-resident kernel when x / out allow it; false otherwise.
+template <class T, bool LAYER>
+bool go_vec(const launch_ctx& c, const kt& out, const kt& x, const kt* w, const kt* b, float eps) {
+  if (out.t != x.t || !rows_vectorisable(x) || !rows_vectorisable(out)) return false;
+  const int64_t rows = x.numel() / x.d[3];
+  const int64_t C = x.d[3] / kChunk;
+  const bool wv = param_vec(w, x), bv = param_vec(b, x);
+  if (C <= 32) go_vec_cfg<T, LAYER, 32, 1>(c, out, x, w, b, wv, bv, rows, eps);
+  else if (C <= 64) go_vec_cfg<T, LAYER, 32, 2>(c, out, x, w, b, wv, bv, rows, eps);
+  else if (C <= 128) go_vec_cfg<T, LAYER, 32, 4>(c, out, x, w, b, wv, bv, rows, eps);
+  else if (C <= 256) go_vec_cfg<T, LAYER, 64, 4>(c, out, x, w, b, wv, bv, rows, eps);
+  else if (C <= 512) go_vec_cfg<T, LAYER, 128, 4>(c, out, x, w, b, wv, bv, rows, eps);
+  else if (C <= 1024) go_vec_cfg<T, LAYER, 256, 4>(c, out, x, w, b, wv, bv, rows, eps);
+  else if (C <= 2048) go_vec_cfg<T, LAYER, 512, 4>(c, out, x, w, b, wv, bv, rows, eps);
+  else if (C <= 4096) go_vec_cfg<T, LAYER, 512, 8>(c, out, x, w, b, wv, bv, rows, eps);
+  else return false;  // rows over 32768 elements: the general kernel
+  return true;
+}
+
 template <bool LAYER, class TI, class TO>
 void go(const launch_ctx& c, const kt& out, const kt& x, const kt* w, const kt* b, float eps) {
   const int64_t rows = x.numel() / x.d[3];
@@ -58,7 +179,13 @@ error launch(const launch_ctx& c, const kt& out, const kt& x, const kt* w, const
   if (x.t == static_cast<int>(dtype::i32) || out.t == static_cast<int>(dtype::i32))
     return error(errc::dtype_mismatch, c.where + ": norm needs float tensors");
   if (x.numel() / x.d[3] > 0x7fffffffLL) return error(errc::invalid_shape, c.where + ": too many rows");
+  bool done = false;
   switch (static_cast<dtype>(x.t)) {
+    case dtype::f32: done = go_vec<float, LAYER>(c, out, x, w, b, eps); break;
+    case dtype::f16: done = go_vec<__half, LAYER>(c, out, x, w, b, eps); break;
+    default: done = go_vec<__nv_bfloat16, LAYER>(c, out, x, w, b, eps); break;
+  }
+  if (!done) switch (static_cast<dtype>(x.t)) {
     case dtype::f32: go_out<LAYER, float>(c, out, x, w, b, eps); break;
     case dtype::f16: go_out<LAYER, __half>(c, out, x, w, b, eps); break;
     default: go_out<LAYER, __nv_bfloat16>(c, out, x, w, b, eps); break;
