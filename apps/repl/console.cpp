@@ -2,6 +2,7 @@
 
 #include <poll.h>
 #include <signal.h>
+#include <sys/ioctl.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -69,7 +70,7 @@ void drain_fd(int fd) {
 std::string read_answer() {
   std::string a;
   char c;
-  while (::read(0, &c, 1) == 1 && c != '\n') a += c;
+  while (::read(0, &c, 1) == 1 && c != '\n' && c != '\r') a += c;
   while (!a.empty() && (a.back() == ' ' || a.back() == '\r')) a.pop_back();
   while (!a.empty() && a.front() == ' ') a.erase(a.begin());
   return a;
@@ -305,7 +306,9 @@ int console_main(int argc, char** argv) {
   session_options opt;
   opt.interactive = tty;
   opt.default_devices = devices;
-  if (const char* w = std::getenv("COLUMNS")) opt.width = std::max(40, std::atoi(w) - 24);
+  winsize ws{};
+  if (::isatty(1) && ::ioctl(1, TIOCGWINSZ, &ws) == 0 && ws.ws_col > 0) opt.width = std::max(40, ws.ws_col - 24);
+  else if (const char* w = std::getenv("COLUMNS")) opt.width = std::max(40, std::atoi(w) - 24);
   session s(std::cout, opt);
   s.ask = [](const std::string& q) {
     std::fputs(q.c_str(), stdout);
@@ -313,7 +316,9 @@ int console_main(int argc, char** argv) {
     return read_answer();
   };
   active_session = &s;
-  install_sigint();
+  // Only a person at a terminal gets Ctrl-C as "back to the prompt"; a
+  // script or pipe keeps the default (Ctrl-C ends it).
+  if (tty) install_sigint();
 
   if (!script.empty()) {
     std::ifstream f(script);

@@ -144,11 +144,26 @@ struct event {
   std::string text;
 };
 
-// Written by runtime threads (job callbacks) and the checker; read by the main thread.
+// Written by runtime threads (job callbacks) and the checker; read by the main
+// thread. Shared with the callbacks, so it (and its pipe) lives until the last
+// callback has run, even if that is after the session is gone.
 struct event_queue {
   std::mutex m;
   std::deque<event> q;
-  int wfd = -1;
+  int rfd = -1, wfd = -1;
+  event_queue() {
+    int fds[2];
+    if (::pipe2(fds, O_NONBLOCK | O_CLOEXEC) == 0) {
+      rfd = fds[0];
+      wfd = fds[1];
+    }
+  }
+  ~event_queue() {
+    if (rfd >= 0) ::close(rfd);
+    if (wfd >= 0) ::close(wfd);
+  }
+  event_queue(const event_queue&) = delete;
+  event_queue& operator=(const event_queue&) = delete;
   void push(event e) {
     {
       std::lock_guard<std::mutex> g(m);
@@ -314,14 +329,9 @@ struct batch_entry {
 
 struct session::impl {
   impl(session& s, std::ostream& o, session_options opts) : self(s), out(o), opt(std::move(opts)) {
-    int fds[2];
-    if (::pipe2(fds, O_NONBLOCK | O_CLOEXEC) != 0) {
-      fds[0] = fds[1] = -1;
-    }
-    rfd = fds[0];
     events = std::make_shared<event_queue>();
-    events->wfd = fds[1];
-    chk = std::make_unique<checker>(events);
+    rfd = events->rfd;
+    chk = std::make_shared<checker>(events);
     time_scale = opt.default_time_scale;
   }
   ~impl() {
@@ -329,12 +339,10 @@ struct session::impl {
       if (rt) rt->wait_idle();
     } catch (...) {
     }
-    chk.reset();  // joins; its pending tasks are dropped
+    chk.reset();  // joins unless a late job callback still holds it; pending tasks are dropped
     plan_ptr.reset();
     jobs.clear();
     rt.reset();
-    if (rfd >= 0) ::close(rfd);
-    if (events->wfd >= 0) ::close(events->wfd);
   }
 
   session& self;
@@ -342,7 +350,7 @@ struct session::impl {
   session_options opt;
   int rfd = -1;
   std::shared_ptr<event_queue> events;
-  std::unique_ptr<checker> chk;
+  std::shared_ptr<checker> chk;
   std::atomic<bool> interrupted{false};
 
   // devices
@@ -366,6 +374,8 @@ struct session::impl {
 
   // jobs
   std::map<uint64_t, job_entry> jobs;
+  uint64_t next_job_id = 1;
+  std::map<uint64_t, uint64_t> rt_ids;  // current runtime's job id -> REPL job id
   std::vector<batch_entry> batches;
   std::vector<trace_record> records;
   std::vector<std::string> device_names;
@@ -393,6 +403,7 @@ struct session::impl {
     if (!r) return r.err();
     plan_ptr.reset();
     rt = std::move(*r);
+    rt_ids.clear();
     spec = s;
     rt_opts = o;
     time_scale = scale;
@@ -559,7 +570,12 @@ struct session::impl {
     if (!rt) return;
     trace t = rt->take_trace();
     if (!t.device_names.empty()) device_names = t.device_names;
-    records.insert(records.end(), std::make_move_iterator(t.records.begin()), std::make_move_iterator(t.records.end()));
+    for (trace_record& r : t.records) {
+      auto it = rt_ids.find(r.job);
+      if (it == rt_ids.end()) continue;  // not a job of this session
+      r.job = it->second;
+      records.push_back(std::move(r));
+    }
     // Bound memory across long sessions: keep the newest records.
     constexpr std::size_t cap = 500000;
     if (records.size() > cap) records.erase(records.begin(), records.begin() + static_cast<std::ptrdiff_t>(records.size() - cap));
@@ -706,7 +722,12 @@ struct session::impl {
     if (auto e = models::validate(cfg)) return fail(bad_arg(e.message));
     // Building draws every weight: refuse sizes that would take minutes.
     const int64_t params_n = models::parameter_count(cfg);
-    if (params_n > 4'000'000'000LL) return fail(bad_arg(fmt("%.2f G parameters is too big to build here", params_n / 1e9)));
+    const double weight_bytes = static_cast<double>(params_n) * static_cast<double>(dtype_size(cfg.dtype));
+    const double phys = static_cast<double>(::sysconf(_SC_PHYS_PAGES)) * static_cast<double>(::sysconf(_SC_PAGESIZE));
+    if (phys > 0 && weight_bytes > phys / 4)
+      return fail(bad_arg(fmt("%.2f G parameters (%s of weights) is too big to build on this host (%s of memory)",
+                              static_cast<double>(params_n) / 1e9, bytes_text(weight_bytes).c_str(), bytes_text(phys).c_str())),
+                  false);
     auto gr = models::build_transformer(cfg);
     if (!gr) return fail(gr.err(), false);
     tcfg = cfg;
@@ -855,9 +876,14 @@ struct session::impl {
     std::vector<std::vector<host_tensor>> kept(inputs.begin(), inputs.begin() + std::min(n, to_check));
     b.submit_ns = now_ns();
     std::vector<job> js = rt->submit_batch(*pl, std::move(inputs));
+    // The REPL numbers jobs itself: runtime ids restart with each runtime
+    // (`devices`), the REPL's stay unique for the whole session.
+    std::vector<uint64_t> ids;
     for (std::size_t i = 0; i < js.size(); ++i) {
       job_entry e;
-      e.id = js[i].id();
+      e.id = next_job_id++;
+      ids.push_back(e.id);
+      rt_ids[js[i].id()] = e.id;
       e.batch = b.id;
       e.index = static_cast<int>(i);
       e.handle = js[i];
@@ -869,18 +895,18 @@ struct session::impl {
     // Callbacks last: a job may be ready already and report at once.
     for (std::size_t i = 0; i < js.size(); ++i) {
       std::shared_ptr<event_queue> q = events;
-      checker* ck = static_cast<int>(i) < to_check ? chk.get() : nullptr;
+      std::shared_ptr<checker> ck = static_cast<int>(i) < to_check ? chk : nullptr;
       checker::task t;
-      if (ck) t = {js[i].id(), js[i], g, std::move(kept[i])};
-      const uint64_t id = js[i].id();
+      const uint64_t id = ids[i];
+      if (ck) t = {id, js[i], g, std::move(kept[i])};
       js[i].then([q, ck, id, t = std::move(t)](const job_result&) mutable {
         q->push({event::kind::done, id, true, {}});
         if (ck) ck->post(std::move(t));
       });
     }
     out << fmt("run %d: submitted %d job%s (ids %llu..%llu) of %s on %s\n", b.id, n, n == 1 ? "" : "s",
-               static_cast<unsigned long long>(js.empty() ? 0 : js.front().id()),
-               static_cast<unsigned long long>(js.empty() ? 0 : js.back().id()), tcfg ? models::to_string(tcfg->variant) : "graph",
+               static_cast<unsigned long long>(ids.empty() ? 0 : ids.front()),
+               static_cast<unsigned long long>(ids.empty() ? 0 : ids.back()), tcfg ? models::to_string(tcfg->variant) : "graph",
                spec.c_str());
     return {};
   }

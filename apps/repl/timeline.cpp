@@ -36,7 +36,8 @@ std::string fmt_time(double ns) {
   if (ns >= 1e9) std::snprintf(buf, sizeof buf, "%.3gs", ns / 1e9);
   else if (ns >= 1e6) std::snprintf(buf, sizeof buf, "%.4gms", ns / 1e6);
   else if (ns >= 1e3) std::snprintf(buf, sizeof buf, "%.4gus", ns / 1e3);
-  else std::snprintf(buf, sizeof buf, "%.0fns", ns);
+  else if (ns > 0) std::snprintf(buf, sizeof buf, "%.0fns", ns);
+  else std::snprintf(buf, sizeof buf, "0");
   return buf;
 }
 
@@ -147,7 +148,7 @@ std::string render_timeline(const trace& t, const timeline_options& options) {
   std::string labels(static_cast<std::size_t>(width) + 12, ' ');
   for (double tt = 0; tt <= span + 1e-9; tt += step) {
     const int c = std::min(width - 1, static_cast<int>(std::lround(tt / cell)));
-    axis[static_cast<std::size_t>(c)] = '+';
+    if (c > 0) axis[static_cast<std::size_t>(c)] = '+';  // the left border is the 0 tick
     const std::string l = fmt_time(tt);
     bool free = true;
     for (std::size_t i = 0; i < l.size() + 1 && c + i < labels.size(); ++i)
@@ -164,8 +165,12 @@ std::string render_timeline(const trace& t, const timeline_options& options) {
       for (std::size_t i = 0; i < jobs.size(); ++i)
         legend += std::string(i ? " " : "") + job_char(i) + "=" + std::to_string(jobs[i]);
     } else {
-      legend += std::string(1, job_char(0)) + ".." + job_char(jobs.size() - 1) + " = jobs " + std::to_string(jobs.front()) +
-                ".." + std::to_string(jobs.back()) + (jobs.size() > 62 ? " (characters repeat every 62 jobs)" : "");
+      if (jobs.size() <= 62)
+        legend += std::string(1, job_char(0)) + ".." + job_char(jobs.size() - 1) + " = jobs " + std::to_string(jobs.front()) +
+                  ".." + std::to_string(jobs.back()) + " in id order";
+      else
+        legend += std::to_string(jobs.front()) + ".." + std::to_string(jobs.back()) +
+                  " drawn as 0-9, a-z, A-Z in id order, starting again after 62";
     }
     out += legend + "; '.' idle\n";
   }

@@ -242,3 +242,11 @@ TEST(ReplScript, SourceRunsAFileStopsAtErrorsAndPassesQuitOn) {
   EXPECT_TRUE(has(f.text, "cannot read")) << f.text;
   std::remove(path.c_str());
 }
+
+TEST(ReplCommands, ModelTooBigForThisHostIsRefusedBeforeBuilding) {
+  fixture f;
+  // 4096 layers at d 16384: terabytes of weights.
+  EXPECT_EQ(f.run("model llama layers=4096 d=16384 heads=128 ff=65536"), exec_status::failed);
+  EXPECT_TRUE(has(f.text, "too big to build on this host")) << f.text;
+  EXPECT_EQ(f.run("help"), exec_status::ok);
+}

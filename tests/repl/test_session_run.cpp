@@ -109,6 +109,8 @@ TEST(ReplRun, TimelineUtilAndTraceShowTheLastRun) {
   EXPECT_EQ(body.str(), t.to_chrome_json());
   EXPECT_FALSE(body.str().empty());
   std::remove(path.c_str());
+  EXPECT_EQ(f.run("trace /nonexistent-dir/x.json"), exec_status::failed);
+  EXPECT_TRUE(has(f.text, "cannot write '/nonexistent-dir/x.json'")) << f.text;
   EXPECT_EQ(f.run("timeline batch=7"), exec_status::failed);
   EXPECT_TRUE(has(f.text, "no run 7")) << f.text;
 }
@@ -152,4 +154,29 @@ TEST(ReplRun, QuitWaitsForRunningJobsWhenNotInteractive) {
   EXPECT_EQ(f.run("quit"), exec_status::quit);
   EXPECT_EQ(f.s.jobs_running(), 0);
   EXPECT_TRUE(has(f.text, "[run 1] 3/3 done")) << f.text;
+}
+
+TEST(ReplRun, JobIdsStayUniqueWhenTheDevicesChange) {
+  fixture f;
+  f.ok({"devices sim:2 scale=0.01", small_gpt2, "run n=2 check=off", "wait", "devices sim:3 scale=0.01", "run n=2 check=off",
+        "wait"});
+  ASSERT_EQ(f.run("jobs"), exec_status::ok);
+  EXPECT_TRUE(has(f.text, "4 jobs:")) << f.text;
+  for (const char* id : {"job 1 ", "job 2 ", "job 3 ", "job 4 "}) EXPECT_TRUE(has(f.text, id)) << f.text;
+  // The second run's timeline holds its own two jobs on the new devices only.
+  ASSERT_EQ(f.run("timeline"), exec_status::ok);
+  EXPECT_TRUE(has(f.text, "0=3 1=4")) << f.text;
+  ASSERT_EQ(f.run("timeline batch=1"), exec_status::ok);
+  EXPECT_TRUE(has(f.text, "0=1 1=2")) << f.text;
+  for (const auto& r : f.s.last_trace().records) EXPECT_TRUE(r.job == 3 || r.job == 4) << r.job;
+}
+
+TEST(ReplRun, CudaWithoutAGpuIsAnErrorAndTheOldDevicesStay) {
+  if (ag::gpu::cuda_available()) GTEST_SKIP() << "a GPU is usable here: 'devices cuda:all' would succeed";
+  fixture f;
+  f.ok({"devices sim:2 scale=0.01"});
+  EXPECT_EQ(f.run("devices cuda:all"), exec_status::failed);
+  EXPECT_TRUE(has(f.text, "error: bad_device_spec")) << f.text;
+  f.ok({small_gpt2, "run n=1", "wait"});
+  EXPECT_TRUE(has(f.text, "check: ok")) << f.text;
 }

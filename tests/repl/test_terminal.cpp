@@ -63,7 +63,7 @@ result run_piped(std::vector<std::string> args, const std::string& input) {
 // The REPL on a pseudo-terminal.
 class pty_repl {
  public:
-  pty_repl() {
+  explicit pty_repl(const char* extra = nullptr) {
     winsize ws{};
     ws.ws_row = 40;
     ws.ws_col = 160;
@@ -72,7 +72,7 @@ class pty_repl {
       ::setenv("AG_REPL_HISTORY", "", 1);  // no history file
       ::setenv("TERM", "xterm", 1);
       ::setenv("INPUTRC", "/dev/null", 1);
-      ::execl(AG_REPL_BINARY, AG_REPL_BINARY, "--devices", "sim:2", static_cast<char*>(nullptr));
+      ::execl(AG_REPL_BINARY, AG_REPL_BINARY, "--devices", "sim:2", extra, static_cast<char*>(nullptr));
       ::_exit(127);
     }
   }
@@ -174,6 +174,9 @@ TEST(ReplBinary, ScriptFileRunsABatchChecksItAndDrawsTheTimeline) {
 }
 
 TEST(ReplPty, TabCompletesCommandsAndHelpRuns) {
+#ifndef AG_REPL_HAVE_READLINE
+  GTEST_SKIP() << "built without GNU readline (libreadline-dev): no completion or line redraw to test";
+#endif
   pty_repl p;
   ASSERT_TRUE(p.started());
   ASSERT_TRUE(p.read_until("ag> ")) << p.output();
@@ -218,6 +221,9 @@ TEST(ReplPty, CtrlCDuringWaitReturnsToThePromptAndJobsKeepRunning) {
 }
 
 TEST(ReplPty, ReportsAppearAboveTheLineBeingTyped) {
+#ifndef AG_REPL_HAVE_READLINE
+  GTEST_SKIP() << "built without GNU readline (libreadline-dev): no completion or line redraw to test";
+#endif
   pty_repl p;
   ASSERT_TRUE(p.started());
   ASSERT_TRUE(p.read_until("ag> "));
@@ -229,6 +235,42 @@ TEST(ReplPty, ReportsAppearAboveTheLineBeingTyped) {
   p.send("o typed-on\r");
   // The half-typed line survived the reports: the command runs whole.
   ASSERT_TRUE(p.read_until("\ntyped-on")) << p.output();
+  p.send("quit\r");
+  EXPECT_EQ(p.wait_exit(), 0) << p.output();
+}
+
+TEST(ReplPty, LongRunShowsProgressAndQuitAsksWhatToDoWithRunningJobs) {
+  pty_repl p;
+  ASSERT_TRUE(p.started());
+  ASSERT_TRUE(p.read_until("ag> "));
+  p.send(std::string("devices sim:2 scale=300 arenas=2\r") + small_gpt2 + "\rrun n=200 check=off\r");
+  ASSERT_TRUE(p.read_until("submitted 200 jobs")) << p.output();
+  ASSERT_TRUE(p.read_until("[run 1] [")) << p.output();  // the progress line, above the prompt
+  ASSERT_TRUE(p.read_until("jobs/s")) << p.output();
+  ASSERT_TRUE(p.read_until("ag> ")) << p.output();
+  p.send("quit\r");
+  ASSERT_TRUE(p.read_until("[w]ait for them, [c]ancel them, or stay?")) << p.output();
+  p.send("s\r");
+  ASSERT_TRUE(p.read_until("staying")) << p.output();
+  ASSERT_TRUE(p.read_until("ag> ")) << p.output();
+  p.send("quit\r");
+  ASSERT_TRUE(p.read_until("or stay?")) << p.output();
+  p.send("c\r");
+  EXPECT_EQ(p.wait_exit(30), 0) << p.output();
+  EXPECT_TRUE(has(p.output(), "cancelled")) << p.output();
+}
+
+TEST(ReplPty, PlainLineModeWithoutReadlineStillWorks) {
+  pty_repl p("--no-readline");
+  ASSERT_TRUE(p.started());
+  ASSERT_TRUE(p.read_until("plain line input")) << p.output();
+  ASSERT_TRUE(p.read_until("ag> ")) << p.output();
+  p.send("echo plain\r");
+  ASSERT_TRUE(p.read_until("\nplain\n")) << p.output();
+  ASSERT_TRUE(p.read_until("ag> ")) << p.output();
+  p.send("\x03");
+  ASSERT_TRUE(p.read_until("^C")) << p.output();
+  ASSERT_TRUE(p.read_until("ag> ")) << p.output();
   p.send("quit\r");
   EXPECT_EQ(p.wait_exit(), 0) << p.output();
 }
