@@ -1,0 +1,627 @@
+// actorgraph-e2e-bench: end-to-end figures of a transformer forward pass on
+// the runtime's devices (real GPUs by default: --devices=cuda:all).
+//
+//   1. e2e_forward_ms / e2e_tokens_per_s   one device, one job at a time:
+//      median wall time of submit -> job.wait() over --runs after --warmup.
+//      Compare with scripts/torch_e2e_ref.py (torch_forward_ms); pass
+//      --torch-ms=X to print e2e_ratio_vs_torch.
+//   2. e2e_gpu_idle_fraction               from the trace of those jobs: over
+//      [first compute step start, last compute step end] on the device, the
+//      fraction of time no compute step ran (median over the timed jobs).
+//   3. host_completion_us_median / _p99    tiny jobs (one add) one at a time:
+//      a then() continuation's host_clock_ns minus the trace's end_ns of the
+//      job's last step (its d2h copy).
+//   4. pipeline_speedup_n2_m32 / pipeline_efficiency_n2_m32
+//      the same model (batch --micro-batch-size) split over 2 devices
+//      (pipeline_stages = 2) vs everything on device 0, 32 micro-batch jobs
+//      submitted together with submit_batch; efficiency = speedup / ideal,
+//      ideal = N*M / (M+N-1).
+//
+// Only the public API is used (actors/actorgraph.hpp, graph/models).
+// Flags: --name=value or --name value; --help lists them.
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <map>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "actors/actorgraph.hpp"
+#include "graph/models/transformer.hpp"
+
+namespace {
+
+struct options {
+  std::string devices = "cuda:all";
+  bool small = false;
+  std::string variant = "llama";
+  int layers = 12;
+  int64_t d_model = 2048;
+  int heads = 16;
+  int kv_heads = 0;  // 0: = heads (plain multi-head attention)
+  int64_t ff = 5632;
+  int64_t vocab = 4096;
+  int64_t seq = 512;
+  int64_t batch = 8;
+  std::string dtype = "bf16";
+  int runs = 20;
+  int warmup = 3;
+  int lanes = 1;
+  int idle_lanes = 2;
+  double idle_min_branch_us = 20;
+  int arenas = 8;
+  int threads = 0;
+  int micro_batches = 32;
+  int64_t micro_batch_size = 2;
+  int pipeline_repeats = 3;
+  int tiny_jobs = 2000;
+  double torch_ms = 0;
+  bool sim_values = false;
+  std::string chrome_trace;
+  bool skip_forward = false, skip_idle = false, skip_completion = false, skip_pipeline = false;
+};
+
+void usage() {
+  std::puts(
+      "actorgraph-e2e-bench [flags]   (--name=value or --name value)\n"
+      "  --devices=cuda:all      device spec (sim:2, cpu:1, cuda:0,1, ...)\n"
+      "  --small                 small model defaults (for sim/cpu devices); explicit flags still win\n"
+      "  --variant=llama         llama | gpt2\n"
+      "  --layers=12 --d-model=2048 --heads=16 --kv-heads=0 (0: = heads) --ff=5632 --vocab=4096\n"
+      "  --seq=512 --batch=8 --dtype=bf16 (f32 | f16 | bf16)\n"
+      "  --runs=20 --warmup=3    timed / untimed forward jobs (figures 1, 2)\n"
+      "  --lanes=1               compute lanes (streams) per device the planner may use (figures 1, 4)\n"
+      "  --idle-lanes=2 --idle-min-branch-us=20   plan for figure 2 when the figure-1 plan is one split\n"
+      "  --arenas=8              activation arenas per device and plan (jobs in flight)\n"
+      "  --threads=0             CAF scheduler threads (0: CAF default)\n"
+      "  --micro-batches=32 --micro-batch-size=2 --pipeline-repeats=3   (figure 4)\n"
+      "  --tiny-jobs=2000        jobs for the host-completion latency (figure 3)\n"
+      "  --torch-ms=X            torch_forward_ms of scripts/torch_e2e_ref.py: prints e2e_ratio_vs_torch\n"
+      "  --sim-values            sim devices compute real values (default: timing only)\n"
+      "  --chrome-trace=FILE     write the trace of one timed forward job (Perfetto / chrome://tracing)\n"
+      "  --skip-forward --skip-idle --skip-completion --skip-pipeline");
+}
+
+[[noreturn]] void die(const std::string& what, const std::string& why) {
+  std::fprintf(stderr, "actorgraph-e2e-bench: %s: %s\n", what.c_str(), why.c_str());
+  std::exit(1);
+}
+[[noreturn]] void die(const std::string& what, const ag::error& e) { die(what, e.to_string()); }
+
+options parse(int argc, char** argv) {
+  std::map<std::string, std::string> f;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    if (a == "-h" || a == "--help") {
+      usage();
+      std::exit(0);
+    }
+    if (a.rfind("--", 0) != 0) die("flags", "unexpected argument '" + a + "' (see --help)");
+    a = a.substr(2);
+    if (auto eq = a.find('='); eq != std::string::npos) {
+      f[a.substr(0, eq)] = a.substr(eq + 1);
+    } else if (a == "small" || a == "sim-values" || a.rfind("skip-", 0) == 0) {
+      f[a] = "1";
+    } else if (i + 1 < argc) {
+      f[a] = argv[++i];
+    } else {
+      die("flags", "--" + a + " needs a value");
+    }
+  }
+  options o;
+  if (f.count("small")) {
+    o.small = true;
+    o.layers = 4;
+    o.d_model = 256;
+    o.heads = 4;
+    o.ff = 704;
+    o.vocab = 512;
+    o.seq = 64;
+    o.batch = 2;
+    o.runs = 10;
+    o.warmup = 2;
+    o.micro_batches = 32;
+    o.micro_batch_size = 1;
+    o.pipeline_repeats = 2;
+    o.tiny_jobs = 300;
+    o.idle_min_branch_us = 2;
+  }
+  auto take = [&](const char* k) -> std::optional<std::string> {
+    auto it = f.find(k);
+    if (it == f.end()) return std::nullopt;
+    std::string v = std::move(it->second);
+    f.erase(it);
+    return v;
+  };
+  auto num = [&](const char* k, auto& out) {
+    auto it = f.find(k);
+    if (it == f.end()) return;
+    char* end = nullptr;
+    const double v = std::strtod(it->second.c_str(), &end);
+    if (end == it->second.c_str() || *end != '\0') die("flags", std::string("--") + k + ": not a number: " + it->second);
+    out = static_cast<std::remove_reference_t<decltype(out)>>(v);
+    f.erase(it);
+  };
+  if (auto v = take("devices")) o.devices = *v;
+  if (auto v = take("variant")) o.variant = *v;
+  if (auto v = take("dtype")) o.dtype = *v;
+  if (auto v = take("chrome-trace")) o.chrome_trace = *v;
+  num("layers", o.layers);
+  num("d-model", o.d_model);
+  num("heads", o.heads);
+  num("kv-heads", o.kv_heads);
+  num("ff", o.ff);
+  num("vocab", o.vocab);
+  num("seq", o.seq);
+  num("batch", o.batch);
+  num("runs", o.runs);
+  num("warmup", o.warmup);
+  num("lanes", o.lanes);
+  num("idle-lanes", o.idle_lanes);
+  num("idle-min-branch-us", o.idle_min_branch_us);
+  num("arenas", o.arenas);
+  num("threads", o.threads);
+  num("micro-batches", o.micro_batches);
+  num("micro-batch-size", o.micro_batch_size);
+  num("pipeline-repeats", o.pipeline_repeats);
+  num("tiny-jobs", o.tiny_jobs);
+  num("torch-ms", o.torch_ms);
+  o.sim_values = take("sim-values").has_value();
+  take("small");
+  o.skip_forward = take("skip-forward").has_value();
+  o.skip_idle = take("skip-idle").has_value();
+  o.skip_completion = take("skip-completion").has_value();
+  o.skip_pipeline = take("skip-pipeline").has_value();
+  if (!f.empty()) die("flags", "unknown flag --" + f.begin()->first + " (see --help)");
+  if (o.runs < 1 || o.warmup < 0 || o.micro_batches < 1 || o.pipeline_repeats < 1 || o.tiny_jobs < 1 || o.arenas < 1 ||
+      o.lanes < 1)
+    die("flags", "--runs, --micro-batches, --pipeline-repeats, --tiny-jobs, --arenas, --lanes must be >= 1");
+  return o;
+}
+
+ag::models::transformer_config model_config(const options& o, int64_t batch) {
+  ag::models::transformer_config c;
+  if (!ag::models::parse_variant(o.variant, c.variant)) die("flags", "--variant: unknown '" + o.variant + "' (llama | gpt2)");
+  if (!ag::parse_dtype(o.dtype.c_str(), c.dtype)) die("flags", "--dtype: unknown '" + o.dtype + "'");
+  c.n_layers = o.layers;
+  c.d_model = o.d_model;
+  c.n_heads = o.heads;
+  c.n_kv_heads = o.kv_heads;
+  c.d_ff = o.ff;
+  c.vocab = o.vocab;
+  c.seq_len = o.seq;
+  c.batch = batch;
+  if (auto e = ag::models::validate(c); !e.ok()) die("model config", e);
+  return c;
+}
+
+std::shared_ptr<const ag::graph> build_model(const ag::models::transformer_config& c) {
+  const double t0 = ag::gpu::host_clock_ns() * 1e-9;
+  auto g = ag::models::build_transformer(c);
+  if (!g) die("build_transformer", g.err());
+  std::fprintf(stderr, "built %s: %d layers, batch %lld, %.1f M parameters in %.1f s\n", ag::models::to_string(c.variant),
+               c.n_layers, static_cast<long long>(c.batch), ag::models::parameter_count(c) / 1e6,
+               ag::gpu::host_clock_ns() * 1e-9 - t0);
+  return std::make_shared<const ag::graph>(std::move(*g));
+}
+
+double percentile(std::vector<double> v, double p) {
+  if (v.empty()) return NAN;
+  std::sort(v.begin(), v.end());
+  const double x = p * static_cast<double>(v.size() - 1);
+  const auto lo = static_cast<std::size_t>(std::floor(x));
+  const auto hi = std::min(lo + 1, v.size() - 1);
+  return v[lo] + (v[hi] - v[lo]) * (x - static_cast<double>(lo));
+}
+double median(std::vector<double> v) { return percentile(std::move(v), 0.5); }
+
+/// Sum of the union of [start, end) intervals.
+int64_t union_ns(std::vector<std::pair<int64_t, int64_t>> iv) {
+  std::sort(iv.begin(), iv.end());
+  int64_t total = 0, cur_s = 0, cur_e = 0;
+  bool open = false;
+  for (auto [s, e] : iv) {
+    if (e <= s) continue;
+    if (!open || s > cur_e) {
+      if (open) total += cur_e - cur_s;
+      cur_s = s;
+      cur_e = e;
+      open = true;
+    } else {
+      cur_e = std::max(cur_e, e);
+    }
+  }
+  if (open) total += cur_e - cur_s;
+  return total;
+}
+
+/// Idle fraction of compute lanes on `device` for `job`: 1 - busy / window,
+/// window = [first compute start, last compute end] (or all steps when
+/// `with_io`: the h2d upload before and the d2h copy after count as idle).
+struct idle_figure {
+  double fraction = NAN;
+  int compute_steps = 0;
+  double window_us = 0;
+};
+constexpr uint64_t all_jobs = ~0ull;
+idle_figure idle_of(const ag::trace& t, uint64_t job, int device, bool with_io) {
+  idle_figure f;
+  std::vector<std::pair<int64_t, int64_t>> busy;
+  int64_t lo = INT64_MAX, hi = INT64_MIN;
+  for (const auto& r : t.records) {
+    if ((job != all_jobs && r.job != job) || r.device != device) continue;
+    const bool compute = r.lane.rfind("compute", 0) == 0;
+    if (compute) {
+      busy.emplace_back(r.start_ns, r.end_ns);
+      ++f.compute_steps;
+    }
+    if (compute || with_io) {
+      lo = std::min(lo, r.start_ns);
+      hi = std::max(hi, r.end_ns);
+    }
+  }
+  if (busy.empty() || hi <= lo) return f;
+  f.window_us = static_cast<double>(hi - lo) / 1e3;
+  f.fraction = 1.0 - static_cast<double>(union_ns(std::move(busy))) / static_cast<double>(hi - lo);
+  return f;
+}
+
+ag::runtime_options runtime_opts(const options& o) {
+  ag::runtime_options ro;
+  ro.arenas_per_device = o.arenas;
+  ro.scheduler_threads = o.threads;
+  ro.trace = true;
+  // Sim devices: costs of the default (H100-like) spec in real time; timing
+  // only unless --sim-values (the cpu kernels behind sim values would be the
+  // bottleneck on a small host, not the runtime).
+  ro.backend.sim.compute_values = o.sim_values;
+  ro.backend.sim.time_scale = 1.0;
+  ro.backend.sim.jitter = 0.0;
+  return ro;
+}
+
+std::unique_ptr<ag::runtime> make_runtime(const options& o) {
+  auto rt = ag::runtime::create(o.devices, runtime_opts(o));
+  if (!rt) die("runtime::create(\"" + o.devices + "\")", rt.err());
+  return std::move(*rt);
+}
+
+std::shared_ptr<const ag::plan> compile_plan(ag::runtime& rt, std::shared_ptr<const ag::graph> g, ag::plan_options po,
+                                        const char* what) {
+  const double t0 = ag::gpu::host_clock_ns() * 1e-9;
+  auto p = rt.compile(std::move(g), po);
+  if (!p) die(std::string("compile (") + what + ")", p.err());
+  std::fprintf(stderr, "compiled %s: %zu steps on %zu device(s) in %.1f s\n", what, (*p)->steps().size(),
+               (*p)->used_devices().size(), ag::gpu::host_clock_ns() * 1e-9 - t0);
+  return *p;
+}
+
+void check(const ag::job& j, const char* what) {
+  const auto& r = j.wait();
+  if (!r.has_value()) die(what, r.err());
+}
+
+struct row {
+  std::string name;
+  std::string value;
+};
+std::vector<row> table;
+std::vector<std::pair<std::string, double>> figures;
+
+void add_row(const std::string& name, double v, const char* fmt = "%.3f") {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, fmt, v);
+  table.push_back({name, buf});
+}
+void add_row(const std::string& name, const std::string& v) { table.push_back({name, v}); }
+void figure(const std::string& name, double v) { figures.emplace_back(name, v); }
+
+// ---- figures 1 and 2 ---------------------------------------------------------
+
+int compute_steps_on(const ag::plan& p, int device) {
+  int n = 0;
+  for (const auto& s : p.steps()) n += s.kind == ag::step_kind::compute && s.device == device;
+  return n;
+}
+
+/// Runs `warmup` then `runs` jobs one at a time (submit, wait); returns the
+/// wall ms of each timed job and their ids; the trace of the timed jobs goes
+/// to `t` (the warm-up's is dropped).
+std::vector<double> forward_jobs(const options& o, ag::runtime& rt, const std::shared_ptr<const ag::plan>& p,
+                                 const std::vector<ag::host_tensor>& inputs, std::vector<uint64_t>& ids, ag::trace& t,
+                                 std::vector<ag::job_times>* times = nullptr) {
+  for (int i = 0; i < o.warmup; ++i) check(rt.submit(p, inputs), "forward job (warm-up)");
+  (void)rt.take_trace();
+  std::vector<double> ms;
+  for (int i = 0; i < o.runs; ++i) {
+    const int64_t t0 = ag::gpu::host_clock_ns();
+    ag::job j = rt.submit(p, inputs);
+    check(j, "forward job");
+    ms.push_back(static_cast<double>(ag::gpu::host_clock_ns() - t0) / 1e6);
+    ids.push_back(j.id());
+    if (times) times->push_back(j.times());
+  }
+  t = rt.take_trace();
+  return ms;
+}
+
+void run_forward(const options& o, ag::runtime& rt) {
+  const auto cfg = model_config(o, o.batch);
+  auto g = build_model(cfg);
+  auto p = compile_plan(rt, g, ag::plan_options{.policy = ag::placement_policy::single, .lanes_per_device = o.lanes},
+                        "forward, 1 device");
+  const auto inputs = ag::models::transformer_inputs(cfg, 7);
+  std::vector<uint64_t> ids;
+  ag::trace t;
+  std::vector<ag::job_times> times;
+  const std::vector<double> ms = forward_jobs(o, rt, p, inputs, ids, t, &times);
+  const double fwd = median(ms);
+  const double tokens = static_cast<double>(cfg.batch * cfg.seq_len);
+  add_row("forward: model", std::string(ag::models::to_string(cfg.variant)) + " " + o.dtype);
+  add_row("forward: layers / d / heads / kv / ff",
+          std::to_string(cfg.n_layers) + " / " + std::to_string(cfg.d_model) + " / " + std::to_string(cfg.n_heads) +
+              " / " + std::to_string(cfg.kv_heads()) + " / " + std::to_string(cfg.d_ff));
+  add_row("forward: vocab / seq / batch",
+          std::to_string(cfg.vocab) + " / " + std::to_string(cfg.seq_len) + " / " + std::to_string(cfg.batch));
+  add_row("forward: parameters, M", ag::models::parameter_count(cfg) / 1e6, "%.1f");
+  add_row("forward: lanes / compute steps", std::to_string(o.lanes) + " / " + std::to_string(compute_steps_on(*p, 0)));
+  add_row("forward: runs", o.runs, "%.0f");
+  add_row("forward: min ms", percentile(ms, 0), "%.3f");
+  add_row("forward: median ms", fwd, "%.3f");
+  add_row("forward: max ms", percentile(ms, 1), "%.3f");
+  add_row("forward: est. device ms (cost model)", p->est_seconds(0) * 1e3, "%.3f");
+  // GPU time of the forward: [first compute start, last compute end] on the
+  // device (compare torch_forward_device_ms); wall minus this is uploads,
+  // the logits copy, output allocation and the runtime.
+  std::vector<double> device_ms;
+  for (uint64_t id : ids)
+    if (auto f = idle_of(t, id, 0, false); !std::isnan(f.fraction)) device_ms.push_back(f.window_us / 1e3);
+  // Where the wall time goes: job milestones against the trace (all on
+  // host_clock_ns). "started" is after arenas and host output buffers.
+  {
+    std::map<uint64_t, std::pair<int64_t, int64_t>> span;  // job -> first start, last end (any step)
+    for (const auto& r : t.records) {
+      auto [it, fresh] = span.try_emplace(r.job, r.start_ns, r.end_ns);
+      if (!fresh) {
+        it->second.first = std::min(it->second.first, r.start_ns);
+        it->second.second = std::max(it->second.second, r.end_ns);
+      }
+    }
+    std::vector<double> to_start, to_first, on_device, to_finish;
+    for (std::size_t i = 0; i < ids.size() && i < times.size(); ++i) {
+      auto it = span.find(ids[i]);
+      if (it == span.end() || times[i].started_ns == 0 || times[i].finished_ns == 0) continue;
+      to_start.push_back(static_cast<double>(times[i].started_ns - times[i].submitted_ns) / 1e6);
+      to_first.push_back(static_cast<double>(it->second.first - times[i].started_ns) / 1e6);
+      on_device.push_back(static_cast<double>(it->second.second - it->second.first) / 1e6);
+      to_finish.push_back(static_cast<double>(times[i].finished_ns - it->second.second) / 1e6);
+    }
+    if (!on_device.empty()) {
+      add_row("forward: submitted -> started, median ms", median(to_start), "%.3f");
+      add_row("forward: started -> first step, median ms", median(to_first), "%.3f");
+      add_row("forward: first step -> last step end, ms", median(on_device), "%.3f");
+      add_row("forward: last step end -> finished, ms", median(to_finish), "%.3f");
+    }
+  }
+  add_row("forward: logits to host, MB per job",
+          static_cast<double>(cfg.batch * cfg.seq_len * cfg.vocab * 4) / (1 << 20), "%.1f");
+  figure("e2e_forward_ms", fwd);
+  figure("e2e_tokens_per_s", tokens / (fwd / 1e3));
+  if (!device_ms.empty()) figure("e2e_forward_device_ms", median(device_ms));
+  if (o.torch_ms > 0) {
+    add_row("forward: torch ms (given)", o.torch_ms, "%.3f");
+    figure("e2e_ratio_vs_torch", fwd / o.torch_ms);
+  }
+  if (o.skip_idle) return;
+
+  // A job that is one split has no gap the trace can see (its kernels are
+  // enqueued back to back): measure the idle time on a plan that forks
+  // branches onto --idle-lanes lanes, so that steps wait on each other
+  // through events, which is where a runtime leaves the GPU idle.
+  std::shared_ptr<const ag::plan> pi = p;
+  if (compute_steps_on(*p, 0) <= 1 && o.idle_lanes > 1) {
+    pi = compile_plan(rt, g, ag::plan_options{.policy = ag::placement_policy::single,
+                                              .lanes_per_device = o.idle_lanes,
+                                              .min_branch_seconds = o.idle_min_branch_us * 1e-6},
+                      "forward, 1 device, idle figure");
+    ids.clear();
+    const std::vector<double> ms_i = forward_jobs(o, rt, pi, inputs, ids, t);
+    add_row("idle: forward median ms (this plan)", median(ms_i), "%.3f");
+  }
+  std::vector<double> idle, idle_io, window;
+  for (uint64_t id : ids) {
+    const auto f = idle_of(t, id, 0, false);
+    if (std::isnan(f.fraction)) continue;
+    idle.push_back(f.fraction);
+    window.push_back(f.window_us);
+    idle_io.push_back(idle_of(t, id, 0, true).fraction);
+  }
+  if (idle.empty()) {
+    std::fprintf(stderr, "idle: no compute records in the trace\n");
+    return;
+  }
+  add_row("idle: lanes / compute steps per job", std::to_string(pi->options().lanes_per_device) + " / " +
+                                                     std::to_string(compute_steps_on(*pi, 0)));
+  add_row("idle: compute window, median us", median(window), "%.1f");
+  add_row("idle: fraction, max over jobs", percentile(idle, 1), "%.4f");
+  add_row("idle: fraction incl. h2d/d2h, median", median(idle_io), "%.4f");
+  figure("e2e_gpu_idle_fraction", median(idle));
+  figure("e2e_gpu_idle_fraction_incl_io", median(idle_io));
+  if (!o.chrome_trace.empty()) {
+    ag::trace one;
+    one.device_names = t.device_names;
+    const uint64_t pick = ids[ids.size() / 2];
+    for (const auto& r : t.records)
+      if (r.job == pick) one.records.push_back(r);
+    std::ofstream(o.chrome_trace) << one.to_chrome_json();
+    std::fprintf(stderr, "wrote the trace of job %llu to %s\n", static_cast<unsigned long long>(pick),
+                 o.chrome_trace.c_str());
+  }
+}
+
+// ---- figure 3 ----------------------------------------------------------------
+
+void run_completion(const options& o, ag::runtime& rt) {
+  constexpr int64_t n = 256;
+  ag::graph_builder b;
+  auto x = b.input("x", ag::dtype::f32, {n});
+  auto w = b.weight("w", ag::host_tensor::random_normal(ag::dtype::f32, {n}, 3, 1.0f));
+  b.output(b.add(x, w, "y"));
+  auto g = std::move(b).build();
+  if (!g) die("tiny graph", g.err());
+  auto p = compile_plan(rt, std::make_shared<const ag::graph>(std::move(*g)), ag::plan_options{.policy = ag::placement_policy::single}, "tiny add");
+  const std::vector<ag::host_tensor> in{ag::host_tensor::random_normal(ag::dtype::f32, {n}, 5, 1.0f)};
+  for (int i = 0; i < 50; ++i) check(rt.submit(p, in), "tiny job (warm-up)");
+  (void)rt.take_trace();
+
+  const int count = o.tiny_jobs;
+  // One slot per job, written by its continuation (a runtime thread) before
+  // the job's wait() returns here.
+  std::vector<std::atomic<int64_t>> ready_ns(static_cast<std::size_t>(count));
+  std::vector<uint64_t> ids(static_cast<std::size_t>(count));
+  int already_ready = 0;
+  for (int i = 0; i < count; ++i) {
+    ag::job j = rt.submit(p, in);
+    auto* slot = &ready_ns[static_cast<std::size_t>(i)];
+    slot->store(0);
+    if (j.ready()) ++already_ready;  // then() would run here, late: counted, not hidden
+    j.then([slot](const ag::job_result&) { slot->store(ag::gpu::host_clock_ns(), std::memory_order_release); });
+    check(j, "tiny job");
+    const int64_t deadline = ag::gpu::host_clock_ns() + 10'000'000'000;
+    while (slot->load(std::memory_order_acquire) == 0)
+      if (ag::gpu::host_clock_ns() > deadline) die("tiny job", "then() continuation did not run within 10 s of ready");
+    ids[static_cast<std::size_t>(i)] = j.id();
+  }
+  const ag::trace t = rt.take_trace();
+  std::map<uint64_t, int64_t> last_end;
+  for (const auto& r : t.records) {
+    auto& e = last_end[r.job];
+    e = std::max(e, r.end_ns);
+  }
+  std::vector<double> us;
+  int missing = 0;
+  for (int i = 0; i < count; ++i) {
+    auto it = last_end.find(ids[static_cast<std::size_t>(i)]);
+    if (it == last_end.end() || it->second == 0) {
+      ++missing;
+      continue;
+    }
+    us.push_back(static_cast<double>(ready_ns[static_cast<std::size_t>(i)].load() - it->second) / 1e3);
+  }
+  if (us.empty()) die("host completion", "no trace records for the tiny jobs");
+  add_row("completion: tiny jobs", count, "%.0f");
+  if (missing) add_row("completion: jobs without trace", missing, "%.0f");
+  if (already_ready) add_row("completion: ready before then()", already_ready, "%.0f");
+  add_row("completion: min us", percentile(us, 0), "%.1f");
+  add_row("completion: median us", median(us), "%.1f");
+  add_row("completion: p99 us", percentile(us, 0.99), "%.1f");
+  figure("host_completion_us_median", median(us));
+  figure("host_completion_us_p99", percentile(us, 0.99));
+}
+
+// ---- figure 4 ----------------------------------------------------------------
+
+/// Median wall ms of `repeats` rounds (after one warm-up round) of
+/// submit_batch(ins) and waiting for every job; `t` gets the last round's trace.
+double run_batch(ag::runtime& rt, const std::shared_ptr<const ag::plan>& p,
+                 const std::vector<std::vector<ag::host_tensor>>& ins, int repeats, ag::trace& t) {
+  auto once = [&] {
+    (void)rt.take_trace();
+    const int64_t t0 = ag::gpu::host_clock_ns();
+    auto jobs = rt.submit_batch(p, ins);
+    for (auto& j : jobs) check(j, "pipeline job");
+    return static_cast<double>(ag::gpu::host_clock_ns() - t0) / 1e6;
+  };
+  (void)once();  // warm-up: arenas, event pools
+  std::vector<double> ms;
+  for (int r = 0; r < repeats; ++r) ms.push_back(once());
+  t = rt.take_trace();
+  return median(ms);
+}
+
+void run_pipeline(const options& o, ag::runtime& rt) {
+  constexpr int n = 2;
+  if (rt.devices().size() < 2) {
+    std::fprintf(stderr, "pipeline: skipped, needs 2 devices, '%s' has %zu\n", o.devices.c_str(), rt.devices().size());
+    return;
+  }
+  const int m = o.micro_batches;
+  const auto cfg = model_config(o, o.micro_batch_size);
+  auto g = build_model(cfg);
+  auto p1 = compile_plan(rt, g, ag::plan_options{.policy = ag::placement_policy::single, .lanes_per_device = o.lanes},
+                    "pipeline baseline, 1 device");
+  auto p2 = compile_plan(rt, g, ag::plan_options{.pipeline_stages = n, .lanes_per_device = o.lanes}, "pipeline, 2 stages");
+  std::vector<std::vector<ag::host_tensor>> ins;
+  for (int i = 0; i < m; ++i) ins.push_back(ag::models::transformer_inputs(cfg, 100 + static_cast<uint64_t>(i)));
+  ag::trace tr1, tr2;
+  const double t1 = run_batch(rt, p1, ins, o.pipeline_repeats, tr1);
+  const double t2 = run_batch(rt, p2, ins, o.pipeline_repeats, tr2);
+  const double speedup = t1 / t2;
+  const double ideal = static_cast<double>(n) * m / (m + n - 1);
+  const std::string tag = "_n" + std::to_string(n) + "_m" + std::to_string(m);
+  add_row("pipeline: micro-batches x batch", std::to_string(m) + " x " + std::to_string(cfg.batch));
+  add_row("pipeline: est. ms per micro-batch, dev 0 / 1",
+          [&] {
+            char b[64];
+            std::snprintf(b, sizeof b, "%.3f / %.3f", p2->est_seconds(0) * 1e3, p2->est_seconds(1) * 1e3);
+            return std::string(b);
+          }());
+  add_row("pipeline: 1 device, median ms", t1, "%.2f");
+  add_row("pipeline: 2 devices, median ms", t2, "%.2f");
+  add_row("pipeline: 1 device, ms per micro-batch", t1 / m, "%.3f");
+  add_row("pipeline: ideal speedup", ideal, "%.3f");
+  // Gaps between the steps of consecutive jobs: the device stays fed only if
+  // the runtime dispatches ahead. Windows are per device ([its first compute
+  // start, its last compute end]), so pipeline fill and drain are outside.
+  const double i1 = idle_of(tr1, all_jobs, 0, false).fraction;
+  add_row("pipeline: 1 device, compute idle fraction", i1, "%.4f");
+  auto busy_ms = [](const ag::trace& t, int device) {
+    std::vector<std::pair<int64_t, int64_t>> iv;
+    for (const auto& r : t.records)
+      if (r.device == device && r.lane.rfind("compute", 0) == 0) iv.emplace_back(r.start_ns, r.end_ns);
+    return static_cast<double>(union_ns(std::move(iv))) / 1e6;
+  };
+  add_row("pipeline: 2 devices, compute busy ms dev 0 / 1", [&] {
+    char b[64];
+    std::snprintf(b, sizeof b, "%.2f / %.2f", busy_ms(tr2, 0), busy_ms(tr2, 1));
+    return std::string(b);
+  }());
+  add_row("pipeline: 2 devices, idle fraction dev 0 / 1", [&] {
+    char b[64];
+    std::snprintf(b, sizeof b, "%.4f / %.4f", idle_of(tr2, all_jobs, 0, false).fraction,
+                  idle_of(tr2, all_jobs, 1, false).fraction);
+    return std::string(b);
+  }());
+  figure("e2e_gpu_idle_fraction_batch_m" + std::to_string(m), i1);
+  figure("pipeline_speedup" + tag, speedup);
+  figure("pipeline_efficiency" + tag, speedup / ideal);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const options o = parse(argc, argv);
+  auto rt = make_runtime(o);
+  {
+    std::string names;
+    for (const auto& d : rt->devices()) names += (names.empty() ? "" : ", ") + d.name;
+    add_row("devices", o.devices + " (" + names + ")");
+  }
+  if (!o.skip_forward) run_forward(o, *rt);
+  if (!o.skip_completion) run_completion(o, *rt);
+  if (!o.skip_pipeline) run_pipeline(o, *rt);
+
+  std::size_t w = 12;
+  for (const auto& r : table) w = std::max(w, r.name.size());
+  std::printf("%-*s  %s\n", static_cast<int>(w), "measurement", "value");
+  for (const auto& r : table) std::printf("%-*s  %s\n", static_cast<int>(w), r.name.c_str(), r.value.c_str());
+  for (const auto& [name, v] : figures) std::printf("%s: %.6g\n", name.c_str(), v);
+  std::fflush(stdout);
+  return 0;
+}
