@@ -9,7 +9,15 @@ namespace ag {
 
 host_tensor::host_tensor(dtype type, shape dims)
     : type_(type), dims_(dims),
-      data_(static_cast<std::size_t>(dims.numel()) * dtype_size(type)) {}
+      data_(static_cast<std::size_t>(dims.numel()) * dtype_size(type), std::byte{0}) {}
+
+host_tensor host_tensor::uninitialized(dtype type, shape dims) {
+  host_tensor t;
+  t.type_ = type;
+  t.dims_ = dims;
+  t.data_.resize(static_cast<std::size_t>(dims.numel()) * dtype_size(type));
+  return t;
+}
 
 host_tensor host_tensor::from_floats(dtype type, shape dims, const std::vector<float>& values) {
   host_tensor t(type, dims);

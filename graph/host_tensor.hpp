@@ -6,6 +6,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -14,11 +15,33 @@
 
 namespace ag {
 
+/// Allocator whose value-less construct() default-initialises: a vector of
+/// bytes grows without zero-filling (large job outputs are written by a device
+/// copy right after; zero-filling them first cost a full extra pass over memory).
+template <class T>
+struct default_init_allocator : std::allocator<T> {
+  template <class U>
+  struct rebind { using other = default_init_allocator<U>; };
+  default_init_allocator() = default;
+  template <class U>
+  default_init_allocator(const default_init_allocator<U>&) noexcept {}
+  template <class U>
+  void construct(U* p) noexcept { ::new (static_cast<void*>(p)) U; }
+  template <class U, class... Args>
+  void construct(U* p, Args&&... args) { ::new (static_cast<void*>(p)) U(std::forward<Args>(args)...); }
+};
+
+/// The byte storage of a host_tensor.
+using byte_buffer = std::vector<std::byte, default_init_allocator<std::byte>>;
+
 class host_tensor {
  public:
   host_tensor() = default;
   /// Zero-filled tensor of this type and shape.
   host_tensor(dtype type, shape dims);
+  /// Tensor whose bytes are left unset: for buffers that are written in full
+  /// right away (job outputs filled by a device-to-host copy).
+  static host_tensor uninitialized(dtype type, shape dims);
 
   /// Rounds each value to `type`. values.size() must equal dims.numel().
   static host_tensor from_floats(dtype type, shape dims, const std::vector<float>& values);
@@ -52,16 +75,16 @@ class host_tensor {
   }
 
   /// For serialization (messages/): raw byte access.
-  std::vector<std::byte>& raw() noexcept { return data_; }
-  const std::vector<std::byte>& raw() const noexcept { return data_; }
-  void reset(dtype type, shape dims, std::vector<std::byte> bytes) {
+  byte_buffer& raw() noexcept { return data_; }
+  const byte_buffer& raw() const noexcept { return data_; }
+  void reset(dtype type, shape dims, byte_buffer bytes) {
     type_ = type; dims_ = dims; data_ = std::move(bytes);
   }
 
  private:
   dtype type_ = dtype::f32;
   shape dims_;
-  std::vector<std::byte> data_;
+  byte_buffer data_;
 };
 
 /// Result of comparing two tensors elementwise.

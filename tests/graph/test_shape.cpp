@@ -27,3 +27,18 @@ TEST(Shape, ContiguityIgnoresSizeOneDims) {
 }
 
 }  // namespace
+
+namespace {
+
+TEST(HostTensor, ZeroFilledByDefaultAndUninitializedHasTheRightSize) {
+  ag::host_tensor z(ag::dtype::bf16, {3, 5});
+  ASSERT_EQ(z.bytes(), 30u);
+  for (int64_t i = 0; i < z.numel(); ++i) EXPECT_EQ(z.at(i), 0.0f);
+  auto u = ag::host_tensor::uninitialized(ag::dtype::f32, {7, 9});
+  EXPECT_EQ(u.bytes(), 7u * 9u * 4u);
+  EXPECT_EQ(u.dims(), (ag::shape{7, 9}));
+  u.set(62, 1.5f);
+  EXPECT_EQ(u.at(62), 1.5f);
+}
+
+}  // namespace
