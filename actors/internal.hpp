@@ -28,6 +28,7 @@
 #include <caf/actor_system.hpp>
 
 #include "actors/actorgraph.hpp"
+#include "actors/job_state.hpp"
 #include "gpu/device.hpp"
 #include "graph/plan.hpp"
 
@@ -117,7 +118,7 @@ struct step_slot {
 };
 
 /// One job's shared context (see messages.hpp: sent as shared_ptr<const>).
-struct job_context {
+struct job_context : std::enable_shared_from_this<job_context> {
   uint64_t id = 0;
   std::shared_ptr<const loaded_plan> lp;
   std::shared_ptr<const plan> user_plan;  ///< keeps the plan loaded while the job lives
@@ -133,6 +134,15 @@ struct job_context {
   /// Set by the job actor before it sends cancel_job: actors drop the job's
   /// unlaunched steps and ignore its late ready messages.
   mutable std::atomic<bool> cancelled{false};
+
+  // Host completion fast path (complete_from_backend): the notify callback of
+  // the last completion step to finish without error fulfils the handle
+  // directly on the backend thread, so "GPU done -> future ready" costs no
+  // actor-scheduler wake-up. The job actor still releases the arenas after.
+  runtime_core* core = nullptr;
+  std::shared_ptr<job::shared_state> handle;
+  mutable std::atomic<int> completions_left{0};   ///< set before run_job is sent
+  mutable std::atomic<bool> fulfilled_early{false};
 
   /// Base of `where` on `device` for this job.
   std::byte* base(region where, int device) const noexcept {
@@ -183,7 +193,10 @@ class runtime_core {
   int64_t jobs_in_flight() const noexcept { return in_flight_.load(); }
   void wait_idle();
   /// Called by a job actor once its job is ready.
-  void job_finished() noexcept;
+  /// A job's handle became ready (jobs_in_flight() counts these down).
+  void job_ready() noexcept;
+  /// A job actor is done with the runtime (wait_idle() and teardown wait for these).
+  void job_gone() noexcept;
   trace take_trace();
   trace_buffer& traces() noexcept { return trace_; }
 
@@ -206,7 +219,8 @@ class runtime_core {
   std::vector<std::array<caf::actor, 3>> copy_actors_;  // [device][h2d, d2h, peer]
   std::vector<std::shared_ptr<fault_sink>> fault_sinks_;
   std::atomic<uint64_t> next_job_{1};
-  std::atomic<int64_t> in_flight_{0};
+  std::atomic<int64_t> in_flight_{0};  ///< submitted, handle not yet ready
+  std::atomic<int64_t> alive_{0};      ///< submitted, job actor not yet finished
   mutable std::mutex idle_m_;
   std::condition_variable idle_cv_;
   std::atomic<bool> stopped_{false};

@@ -49,9 +49,10 @@ void finish(job_actor_t* self, job_result r, job_state final_state) {
   auto* core = st.core;
   st.ctx.reset();
   self->quit();
-  // The last touch of the runtime: once the in-flight count drops, the
-  // runtime may be destroyed (its actor system then waits for this actor).
-  ss->fulfil(std::move(r), final_state, [core] { core->job_finished(); });
+  ss->fulfil(std::move(r), final_state, [core] { core->job_ready(); });
+  // The last touch of the runtime: once no job actor is alive, the runtime
+  // may be destroyed (its actor system then waits for this actor to quit).
+  core->job_gone();
 }
 
 void fail_now(job_actor_t* self) {
@@ -91,9 +92,7 @@ void begin_fail(job_actor_t* self, error e) {
   }
 }
 
-void collect_trace(job_actor_t* self) {
-  auto& st = self->state;
-  const auto& ctx = *st.ctx;
+void collect_trace(const job_context& ctx) {
   const auto& lp = *ctx.lp;
   std::vector<trace_record> recs;
   recs.reserve(lp.steps.size());
@@ -112,7 +111,7 @@ void collect_trace(job_actor_t* self) {
     r.end_ns = slot.end->completion_ns();
     recs.push_back(std::move(r));
   }
-  st.core->traces().push(std::move(recs));
+  ctx.core->traces().push(std::move(recs));
 }
 
 /// Non-contiguous view outputs: pick the view's elements out of the copied storage.
@@ -156,6 +155,7 @@ void start_run(job_actor_t* self) {
   }
   st.ph = phase::running;
   st.remaining = lp.completion_steps.size();
+  ctx.completions_left.store(static_cast<int>(st.remaining), std::memory_order_relaxed);
   st.ss->mark_started(gpu::host_clock_ns());
   msg::job_ctx_ptr cctx = st.ctx;
   for (std::size_t i = 0; i < lp.actors.size(); ++i)
@@ -187,6 +187,8 @@ caf::behavior job_actor_fn(job_actor_t* self, runtime_core* core, std::shared_pt
   ctx.inputs = std::move(inputs);
   ctx.job_actor = caf::actor_cast<caf::actor>(self);
   ctx.timing = core->options().trace;
+  ctx.core = core;
+  ctx.handle = st.ss;
   bool cancel_requested = false;
   {
     std::lock_guard<std::mutex> lk(st.ss->m);
@@ -194,9 +196,12 @@ caf::behavior job_actor_fn(job_actor_t* self, runtime_core* core, std::shared_pt
     cancel_requested = st.ss->cancel_requested;
   }
   self->send(core->runtime_actor(), msg::job_started{ctx.id, ctx.job_actor, ctx.lp->used_devices});
+  // runtime_core::submit already asked the first device for an arena (in
+  // submission order); acquire_next() asks the following ones.
+  st.asked = !ctx.lp->used_devices.empty();
   if (cancel_requested)
     begin_fail(self, {errc::cancelled, "job " + std::to_string(ctx.id) + " cancelled"});
-  else
+  else if (!st.asked)
     acquire_next(self);
   return {
       [self](const msg::arena_reply& m) {
@@ -224,7 +229,11 @@ caf::behavior job_actor_fn(job_actor_t* self, runtime_core* core, std::shared_pt
                                                    "): " + m.err.message});
         }
         if (--st.remaining == 0) {
-          if (st.ctx->timing) collect_trace(self);
+          // complete_from_backend() ran before this message was sent and
+          // fulfilled the handle; finish() then only releases memory.
+          if (st.ctx->fulfilled_early.load(std::memory_order_acquire))
+            return finish(self, error{errc::internal, "already fulfilled"}, job_state::done);
+          if (st.ctx->timing) collect_trace(*st.ctx);
           gather_outputs(*st.ctx);
           auto outputs = std::move(st.ctx->outputs);
           finish(self, std::move(outputs), job_state::done);
@@ -245,6 +254,21 @@ caf::behavior job_actor_fn(job_actor_t* self, runtime_core* core, std::shared_pt
 }
 
 }  // namespace
+
+void complete_from_backend(const job_context& ctx) noexcept {
+  if (ctx.completions_left.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
+  // Cancelling or failing: the job actor settles the job (first result wins anyway).
+  if (ctx.cancelled.load(std::memory_order_acquire)) return;
+  try {
+    if (ctx.timing) collect_trace(ctx);
+    gather_outputs(ctx);
+    auto* core = ctx.core;
+    ctx.handle->fulfil(std::move(ctx.outputs), job_state::done, [core] { core->job_ready(); });
+    ctx.fulfilled_early.store(true, std::memory_order_release);
+  } catch (...) {
+    // out of memory while gathering: leave it to the job actor's slow path
+  }
+}
 
 caf::actor spawn_job_actor(caf::actor_system& sys, runtime_core* core, std::shared_ptr<job::shared_state> ss,
                            std::shared_ptr<const loaded_plan> lp, std::shared_ptr<const plan> user_plan,

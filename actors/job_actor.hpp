@@ -2,9 +2,11 @@
 /// \file job_actor.hpp
 /// The job actor: one per job. Acquires an arena on each device the plan
 /// uses, in ascending device order (two jobs never wait for each other in
-/// opposite orders), sends run_job to every executing actor of the plan at
-/// once, counts the completion steps' step_done, then releases the arenas
-/// and fulfils the job's shared state (result, trace records).
+/// opposite orders; the first request is sent by runtime_core::submit so that
+/// jobs queue in submission order), sends run_job to every executing actor of
+/// the plan at once, counts the completion steps' step_done, then releases the
+/// arenas. The handle itself is normally fulfilled earlier, by
+/// complete_from_backend() on the backend thread that saw the last completion.
 ///
 /// Failure (step_failed, a failed step_done, fail_job from the runtime on a
 /// device fault) and cancel(): sets the context's cancelled flag, sends
@@ -23,6 +25,14 @@
 #include "actors/job_state.hpp"
 
 namespace ag::actors {
+
+/// Host completion fast path, called by the notify callback of a completion
+/// step that finished without error, on the backend thread that observed it
+/// (e.g. the CUDA event poller), before it sends step_done. The call that
+/// completes the last completion step fulfils the job handle there and then:
+/// trace records, outputs, continuations. The job actor, on that last
+/// step_done, only releases the arenas. Does nothing for a cancelled job.
+void complete_from_backend(const job_context& ctx) noexcept;
 
 caf::actor spawn_job_actor(caf::actor_system& sys, runtime_core* core, std::shared_ptr<job::shared_state> ss,
                            std::shared_ptr<const loaded_plan> lp, std::shared_ptr<const plan> user_plan,

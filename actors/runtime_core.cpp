@@ -360,18 +360,30 @@ job runtime_core::submit(const std::shared_ptr<const plan>& p, std::vector<host_
     return j;
   }
   in_flight_.fetch_add(1);
-  spawn_job_actor(sys_, this, ss, d->lp, p, std::move(inputs));
+  alive_.fetch_add(1);
+  const auto& lp = d->lp;
+  caf::actor ja = spawn_job_actor(sys_, this, ss, lp, p, std::move(inputs));
+  // The first arena request goes out from here, not from the job actor: CAF
+  // starts freshly spawned actors in no particular order (work stealing runs
+  // the newest first), so jobs would queue for their first device out of
+  // submission order. Sent from the submitting thread, the requests of one
+  // thread reach the device in submission order (FIFO back-pressure).
+  if (!lp->used_devices.empty())
+    caf::anon_send(device_actors_[static_cast<std::size_t>(lp->used_devices.front())],
+                   msg::acquire_arena{lp->key, ss->id, ja});
   return j;
 }
 
-void runtime_core::job_finished() noexcept {
+void runtime_core::job_ready() noexcept { in_flight_.fetch_sub(1); }
+
+void runtime_core::job_gone() noexcept {
   std::lock_guard<std::mutex> lk(idle_m_);
-  if (in_flight_.fetch_sub(1) == 1) idle_cv_.notify_all();
+  if (alive_.fetch_sub(1) == 1) idle_cv_.notify_all();
 }
 
 void runtime_core::wait_idle() {
   std::unique_lock<std::mutex> lk(idle_m_);
-  idle_cv_.wait(lk, [this] { return in_flight_.load() == 0; });
+  idle_cv_.wait(lk, [this] { return alive_.load() == 0; });
 }
 
 trace runtime_core::take_trace() {

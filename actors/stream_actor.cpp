@@ -4,6 +4,7 @@
 
 #include <caf/all.hpp>
 
+#include "actors/job_actor.hpp"
 #include "messages/messages.hpp"
 
 namespace ag::actors {
@@ -126,8 +127,11 @@ error launch_step(exec_state& st, const job_context& ctx, step_id s) {
   slot.end = take_event(st, ctx.timing);
   st.dev->record(*slot.end, *st.stream);
   if (si.completion) {
-    st.dev->notify(*st.stream, [who = ctx.job_actor, job = ctx.id, s](const error& e) {
-      caf::anon_send(who, msg::step_done{job, s, e});
+    // `keep` holds the job context until the callback ran (it may outlive the
+    // job actor's interest in it only by this callback).
+    st.dev->notify(*st.stream, [keep = ctx.shared_from_this(), s](const error& e) {
+      if (!e) complete_from_backend(*keep);
+      caf::anon_send(keep->job_actor, msg::step_done{keep->id, s, e});
     });
   }
   for (int a : si.consumer_actors) {

@@ -6,10 +6,11 @@
 # 2. configures the whole project (Release, sm_90, CUDA on) against that prefix
 #    and builds everything;
 # 3. runs `ctest -L gpu` (the CUDA tests), then the other test labels, then the
-#    GPU benchmarks (apps/actorgraph-cuda-bench, scripts/torch_ref_bench.py);
+#    GPU benchmarks (apps/actorgraph-cuda-bench, scripts/torch_ref_bench.py),
+#    then the end-to-end ones (apps/actorgraph-e2e-bench, scripts/torch_e2e_ref.py);
 # 4. writes logs and results into OUTDIR (build.log, ctest-gpu.log,
 #    ctest-all.log, cuda-bench.txt, torch-bench.txt, summary.txt).
-# Environment: AG_GPU_RUN_STEPS (default "configure build gpu all bench") picks steps;
+# Environment: AG_GPU_RUN_STEPS (default "configure build gpu all bench e2e") picks steps;
 # AG_BUILD_DIR (default build-gpu); AG_JOBS (default nproc).
 set -uo pipefail
 out="${1:?usage: gpu-run.sh OUTDIR [ctest args...]}"
@@ -18,7 +19,7 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$here"
 mkdir -p "$out"
 out="$(cd "$out" && pwd)"
-steps="${AG_GPU_RUN_STEPS:-configure build gpu all bench}"
+steps="${AG_GPU_RUN_STEPS:-configure build gpu all bench e2e}"
 build="${AG_BUILD_DIR:-$here/build-gpu}"
 jobs="${AG_JOBS:-$(nproc)}"
 prefix="$here/.device-deps/prefix"
@@ -115,6 +116,21 @@ if has bench; then
     LD_LIBRARY_PATH="$orig_ld_path" PYTHONUNBUFFERED=1 timeout 180 python3 scripts/torch_ref_bench.py >"$out/torch-bench.txt" 2>&1 || true
     cat "$out/torch-bench.txt" | tee -a "$summary"
   fi
+fi
+# --- end to end through the actor runtime (transformer forward vs PyTorch eager,
+# GPU idle time, host completion latency, 2-GPU pipeline); step "e2e" ----------
+if has e2e && [ -x "$build/apps/actorgraph-e2e-bench" ]; then
+  if command -v python3 >/dev/null; then
+    note "torch_e2e_ref.py"
+    LD_LIBRARY_PATH="$orig_ld_path" PYTHONUNBUFFERED=1 timeout 240 python3 scripts/torch_e2e_ref.py --sdpa \
+      >"$out/torch-e2e.txt" 2>&1 || true
+    cat "$out/torch-e2e.txt" | tee -a "$summary"
+  fi
+  torch_ms=$(awk '/^torch_forward_ms:/{print $2}' "$out/torch-e2e.txt" 2>/dev/null)
+  note "actorgraph-e2e-bench"
+  timeout 300 "$build/apps/actorgraph-e2e-bench" ${torch_ms:+--torch-ms "$torch_ms"} \
+    --chrome-trace "$out/e2e-trace.json" >"$out/e2e.txt" 2>&1 || status=1
+  cat "$out/e2e.txt" | tee -a "$summary"
 fi
 note "done, status $status"
 exit $status
