@@ -7,7 +7,7 @@
 //   pipeline_efficiency_n4_m16 speedup / (N*M / (M+N-1)), the ideal for a
 //                              pipeline of N equal stages and M micro-batches
 // Flags (--name=value): --devices=4 --micro=16 --stage-ms=2 --repeats=3
-//   --dispatch-jobs=20000 --dispatch-branches=16 --dispatch-devices=2
+//   --dispatch-jobs=2000 --dispatch-layers=32 --dispatch-branches=16 --dispatch-devices=2
 //   --in-flight=64 --threads=0 (CAF scheduler threads, 0: default)
 #include <algorithm>
 #include <chrono>
@@ -91,7 +91,7 @@ struct dispatch_result {
   int splits = 0, steps = 0;
 };
 
-dispatch_result run_dispatch(int devices, int branches, int jobs, int in_flight, int threads) {
+dispatch_result run_dispatch(int devices, int branches, int layers, int jobs, int in_flight, int threads) {
   ag::runtime_options o;
   o.backend.sim.zero_delay = true;
   o.backend.sim.compute_values = false;
@@ -104,7 +104,7 @@ dispatch_result run_dispatch(int devices, int branches, int jobs, int in_flight,
   po.lanes_per_device = 4;
   po.min_branch_seconds = 0;
   po.pipeline_stages = devices;
-  auto p = (*rt)->compile(dispatch_graph(branches, devices), po);
+  auto p = (*rt)->compile(dispatch_graph(branches, layers), po);
   if (!p) die("compile (dispatch)", p.err());
   dispatch_result r;
   r.steps = static_cast<int>((*p)->steps().size());
@@ -173,9 +173,16 @@ int main(int argc, char** argv) {
   const int repeats = static_cast<int>(flag(f, "repeats", 3));
   const int threads = static_cast<int>(flag(f, "threads", 0));
 
-  auto d = run_dispatch(static_cast<int>(flag(f, "dispatch-devices", 2)), static_cast<int>(flag(f, "dispatch-branches", 16)),
-                        static_cast<int>(flag(f, "dispatch-jobs", 20000)), static_cast<int>(flag(f, "in-flight", 64)),
-                        threads);
+  // Dispatch cost: jobs of many small splits (the headline figure), and small
+  // jobs of 6 splits, where the fixed per-job cost (job actor, arenas, handle)
+  // is spread over few splits.
+  const int dispatch_devices = static_cast<int>(flag(f, "dispatch-devices", 2));
+  const int branches = static_cast<int>(flag(f, "dispatch-branches", 16));
+  const int layers = static_cast<int>(flag(f, "dispatch-layers", 32));
+  const int dispatch_jobs = static_cast<int>(flag(f, "dispatch-jobs", 2000));
+  const int in_flight = static_cast<int>(flag(f, "in-flight", 64));
+  auto d = run_dispatch(dispatch_devices, branches, layers, dispatch_jobs, in_flight, threads);
+  auto small = run_dispatch(dispatch_devices, branches, dispatch_devices, dispatch_jobs * 10, in_flight, threads);
   const double t1 = run_pipeline(1, n, m, stage_ms, repeats, threads);
   const double tn = run_pipeline(n, n, m, stage_ms, repeats, threads);
   const double speedup = t1 / tn;
@@ -186,6 +193,9 @@ int main(int argc, char** argv) {
   std::printf("%-34s %12d\n", "dispatch: steps (splits+copies)", d.steps);
   std::printf("%-34s %12.0f\n", "dispatch: jobs per second", d.jobs_per_s);
   std::printf("%-34s %12.3f\n", "dispatch: us per step", d.us_per_step);
+  std::printf("%-34s %12d\n", "small jobs: compute splits per job", small.splits);
+  std::printf("%-34s %12.0f\n", "small jobs: jobs per second", small.jobs_per_s);
+  std::printf("%-34s %12.3f\n", "small jobs: us per split", small.us_per_split);
   std::printf("%-34s %12.2f\n", "pipeline: 1 device, ms", t1 * 1e3);
   std::printf("%-34s %12.2f\n", ("pipeline: " + std::to_string(n) + " devices, ms").c_str(), tn * 1e3);
   std::printf("%-34s %12.3f\n", "pipeline: ideal speedup", ideal);

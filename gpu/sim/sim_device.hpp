@@ -28,6 +28,7 @@
 /// Threading: as every device (device.hpp); kill(), set_faults() and the
 /// counters may be called from any thread.
 
+#include <atomic>
 #include <mutex>
 
 #include "graph/random.hpp"
@@ -67,7 +68,10 @@ class sim_device final : public host::host_device {
   mutable std::mutex mutex_;  // rng_, faults_, modelled_
   rng rng_;
   fault_config faults_;
-  int64_t die_at_ = -1;  // ops_run count at which the device dies
+  /// op errors or stalls configured: admit_op must draw; read without the lock.
+  std::atomic<bool> faults_possible_{false};
+  /// ops_run count at which the device dies (-1: never); written under mutex_, read lock-free per op.
+  std::atomic<int64_t> die_at_{-1};
   double modelled_ = 0;
 };
 
