@@ -23,6 +23,7 @@
 #include <cstring>
 #include <mutex>
 #include <thread>
+#include <map>
 #include <unordered_map>
 
 #include "gpu/cuda/cuda_backend.hpp"
@@ -504,6 +505,44 @@ void CUDART_CB host_func_trampoline(void* p) {
   pl->done(e);
 }
 
+/// Pinned staging buffers for device -> pageable-host copies. cudaMemcpyAsync
+/// into pageable memory returns only once the copy has completed, i.e. after
+/// everything queued before it on the stream: the calling actor would block
+/// until the job's GPU work is done. So such copies go device -> pinned
+/// staging (asynchronous), then a host function copies staging -> user memory
+/// in stream order. Buffers are allocated by the enqueuing thread, returned to
+/// the free list by the host function (which must not call CUDA), and freed by
+/// the device's destructor after the device is idle.
+struct staging_pool {
+  std::mutex m;
+  std::multimap<std::size_t, void*> free;  // capacity -> buffer
+  std::vector<void*> all;                  // every buffer, for the destructor
+};
+
+struct staged_d2h {
+  void* dst;
+  void* staging;
+  std::size_t bytes;
+  std::size_t capacity;
+  std::shared_ptr<staging_pool> pool;
+};
+
+void CUDART_CB finish_staged_d2h(void* p) {
+  std::unique_ptr<staged_d2h> s(static_cast<staged_d2h*>(p));
+  std::memcpy(s->dst, s->staging, s->bytes);
+  std::lock_guard<std::mutex> lk(s->pool->m);
+  s->pool->free.emplace(s->capacity, s->staging);
+}
+
+bool is_pinned_host(const void* p) {
+  cudaPointerAttributes a{};
+  if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  return a.type == cudaMemoryTypeHost;
+}
+
 class cuda_device final : public device {
  public:
   cuda_device(std::shared_ptr<core> c, device_spec spec, int index, const backend_options& opts, int sm_count)
@@ -514,6 +553,10 @@ class cuda_device final : public device {
     std::lock_guard<std::mutex> lk(mem_mu_);
     for (auto& [p, n] : allocs_) AG_CUDA_ASSERT(cudaFree(p));
     for (void* p : host_allocs_) AG_CUDA_ASSERT(cudaFreeHost(p));
+    // Staged copies may still be in flight on streams already destroyed.
+    AG_CUDA_ASSERT(cudaDeviceSynchronize());
+    std::lock_guard<std::mutex> slk(staging_->m);
+    for (void* p : staging_->all) AG_CUDA_ASSERT(cudaFreeHost(p));
   }
 
   const device_spec& spec() const noexcept override { return spec_; }
@@ -829,6 +872,7 @@ class cuda_device final : public device {
     return copy(s, dst, src, bytes, cudaMemcpyHostToDevice, "copy_h2d");
   }
   error copy_d2h(stream& s, void* dst, const void* src, int64_t bytes) override {
+    if (bytes > 0 && dst && !is_pinned_host(dst)) return staged_copy_d2h(s, dst, src, bytes);
     return copy(s, dst, src, bytes, cudaMemcpyDeviceToHost, "copy_d2h");
   }
   error copy_peer(stream& s, void* dst, device& src_dev, const void* src, int64_t bytes) override {
@@ -917,6 +961,54 @@ class cuda_device final : public device {
   }
 
  private:
+  /// Device -> pageable host without blocking the caller (see staging_pool).
+  error staged_copy_d2h(stream& s, void* dst, const void* src, int64_t bytes) {
+    if (!alive()) return core_->dead_error();
+    auto* cs = own(s);
+    if (!cs) return error(errc::invalid_argument, spec_.name + ": copy_d2h on a stream of another device");
+    const auto n = static_cast<std::size_t>(bytes);
+    void* buf = nullptr;
+    std::size_t cap = 0;
+    {
+      std::lock_guard<std::mutex> lk(staging_->m);
+      auto it = staging_->free.lower_bound(n);
+      if (it != staging_->free.end() && it->first <= 2 * n + (1u << 20)) {  // not a much larger one
+        cap = it->first;
+        buf = it->second;
+        staging_->free.erase(it);
+      }
+    }
+    device_guard g(core_->ordinal);
+    if (!buf) {
+      cap = std::max<std::size_t>(n, 4096);
+      const cudaError_t r = cudaHostAlloc(&buf, cap, cudaHostAllocPortable);
+      if (r == cudaErrorMemoryAllocation) {
+        (void)cudaGetLastError();
+        return error(errc::out_of_memory, spec_.name + ": pinned staging of " + std::to_string(bytes) +
+                                              " bytes for copy_d2h failed");
+      }
+      if (error e = AG_CORE_CHECK(*core_, r, spec_.name + " copy_d2h staging")) return e;
+      std::lock_guard<std::mutex> lk(staging_->m);
+      staging_->all.push_back(buf);
+    }
+    auto give_back = [&] {
+      std::lock_guard<std::mutex> lk(staging_->m);
+      staging_->free.emplace(cap, buf);
+    };
+    if (error e = AG_CORE_CHECK(*core_, cudaMemcpyAsync(buf, src, n, cudaMemcpyDeviceToHost, cs->s_),
+                                spec_.name + " copy_d2h (to staging)")) {
+      give_back();
+      return e;
+    }
+    auto* job = new staged_d2h{dst, buf, n, cap, staging_};
+    if (error e = AG_CORE_CHECK(*core_, cudaLaunchHostFunc(cs->s_, &finish_staged_d2h, job),
+                                spec_.name + " copy_d2h (staging to host)")) {
+      delete job;  // the buffer may still be written by the copy above: leak it to the pool's `all` only
+      return e;
+    }
+    return {};
+  }
+
   error copy(stream& s, void* dst, const void* src, int64_t bytes, cudaMemcpyKind kind, const char* what) {
     if (!alive()) return core_->dead_error();
     auto* cs = own(s);
@@ -934,6 +1026,7 @@ class cuda_device final : public device {
   int sm_count_;
   std::atomic<notify_mode> mode_{notify_mode::poller};
   mutable std::mutex mem_mu_;
+  std::shared_ptr<staging_pool> staging_ = std::make_shared<staging_pool>();
   std::unordered_map<void*, int64_t> allocs_;
   std::vector<void*> host_allocs_;
   int64_t in_use_ = 0;
