@@ -33,7 +33,7 @@ TEST(CudaHostCopies, D2hIntoPageableMemoryDoesNotWaitForEarlierWork) {
   auto gate_mem = d->allocate_host(64);
   ASSERT_TRUE(gate_mem);
   auto* gate = static_cast<volatile uint32_t*>(*gate_mem);
-  for (std::size_t n : {std::size_t{1}, std::size_t{4097}, (std::size_t{3} << 20) + 5}) {
+  for (std::size_t n : {std::size_t{1}, std::size_t{4097}, (std::size_t{3} << 20) + 5, (std::size_t{37} << 20) + 3}) {
     const auto want = random_bytes(n, n);
     auto dev = d->allocate(static_cast<int64_t>(n));
     ASSERT_TRUE(dev);
