@@ -538,7 +538,8 @@ void parallel_memcpy(void* dst, const void* src, std::size_t n) {
     std::memcpy(dst, src, n);
     return;
   }
-  const std::size_t step = (n / parts + 63) & ~std::size_t{63};
+  // ceil(n / parts) rounded up to a cache line: the parts cover all n bytes.
+  const std::size_t step = ((n + parts - 1) / parts + 63) & ~std::size_t{63};
   std::vector<std::thread> helpers;
   helpers.reserve(parts - 1);
   for (std::size_t i = 1; i < parts; ++i) {
