@@ -9,6 +9,7 @@
 
 #include "graph/models/transformer.hpp"
 #include "graph/plan.hpp"
+#include "plan_test_util.hpp"
 #include "random_dag.hpp"
 
 namespace ag {
@@ -28,18 +29,8 @@ std::vector<device_spec> sim_devices(int n) {
   return v;
 }
 
-std::shared_ptr<const graph> finish(graph_builder&& b) {
-  auto g = std::move(b).build();
-  EXPECT_TRUE(g.has_value()) << (g ? "" : g.err().to_string());
-  if (!g) return nullptr;
-  return std::make_shared<const graph>(std::move(*g));
-}
-
-std::shared_ptr<const plan> must_compile(std::shared_ptr<const graph> g, std::vector<device_spec> d, plan_options o = {}) {
-  auto p = compile(std::move(g), std::move(d), o);
-  EXPECT_TRUE(p.has_value()) << (p ? "" : p.err().to_string());
-  return p ? *p : nullptr;
-}
+using test_util::finish;
+using test_util::must_compile;
 
 buffer_slot* slot_of(std::vector<device_memory>& mem, int dev, node_id id) {
   for (auto& s : mem[static_cast<std::size_t>(dev)].slots)

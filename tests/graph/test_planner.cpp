@@ -10,6 +10,7 @@
 
 #include "graph/plan.hpp"
 #include "graph/random.hpp"
+#include "plan_test_util.hpp"
 #include "random_dag.hpp"
 
 namespace {
@@ -36,18 +37,8 @@ std::vector<device_spec> slow_devices(int n) {
   return v;
 }
 
-std::shared_ptr<const graph> finish(graph_builder&& b) {
-  auto g = std::move(b).build();
-  EXPECT_TRUE(g.has_value()) << (g ? "" : g.err().to_string());
-  if (!g) return nullptr;
-  return std::make_shared<const graph>(std::move(*g));
-}
-
-std::shared_ptr<const plan> must_compile(std::shared_ptr<const graph> g, std::vector<device_spec> d, plan_options o = {}) {
-  auto p = compile(std::move(g), std::move(d), o);
-  EXPECT_TRUE(p.has_value()) << (p ? "" : p.err().to_string());
-  return p ? *p : nullptr;
-}
+using test_util::finish;
+using test_util::must_compile;
 
 // x [16, d] through `per_layer[l]` matmuls per layer l; matmuls named "l<l>.mm<m>".
 std::shared_ptr<const graph> layered(const std::vector<int>& per_layer, int64_t d = 32, uint64_t seed = 1) {
