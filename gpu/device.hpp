@@ -91,7 +91,7 @@ struct sim_options {
   double time_scale = 1.0;      ///< wall seconds per simulated second (1e-3: a sim ms takes 1 us)
   double jitter = 0.0;          ///< relative stddev of a lognormal factor on every op / copy time
   bool compute_values = true;   ///< false: timing only, outputs are left as garbage
-  bool zero_delay = false;      ///< true: no delays at all (dispatch-cost benchmarks)
+  bool zero_delay = false;      ///< true: no delays and no cost modelling at all (dispatch-cost benchmarks)
   uint64_t seed = 1;
   fault_config faults;
 };

@@ -505,18 +505,57 @@ void CUDART_CB host_func_trampoline(void* p) {
   pl->done(e);
 }
 
-/// Pinned staging buffers for device -> pageable-host copies. cudaMemcpyAsync
-/// into pageable memory returns only once the copy has completed, i.e. after
-/// everything queued before it on the stream: the calling actor would block
-/// until the job's GPU work is done. So such copies go device -> pinned
-/// staging (asynchronous), then a host function copies staging -> user memory
-/// in stream order. Buffers are allocated by the enqueuing thread, returned to
-/// the free list by the host function (which must not call CUDA), and freed by
-/// the device's destructor after the device is idle.
+/// Pinned staging buffers for copies between the device and pageable host
+/// memory (std::vector storage of host tensors).
+///
+/// Why: cudaMemcpyAsync into pageable memory returns only once the copy has
+/// completed, i.e. after everything queued before it on the stream, so the
+/// copy-engine actor would block until the job's GPU work is done; from
+/// pageable memory the driver may also synchronise with the stream while it
+/// stages. So:
+///   d2h: device -> pinned staging (asynchronous), then a host function
+///        (cudaLaunchHostFunc) copies staging -> user memory in stream order;
+///        it returns the buffer to `free`. Work enqueued after it, including
+///        the event a later notify() records, runs only once it has returned.
+///   h2d: the calling thread copies user memory -> staging, then an
+///        asynchronous staging -> device copy and an event recorded after it;
+///        the buffer sits in `pending` until a later take() sees that event
+///        complete (no host function, so the h2d stream never waits for a
+///        callback thread).
+/// Ownership: buffers are cudaHostAlloc'd by the enqueuing thread and listed in
+/// `all`; each is at any time in `free`, in `pending`, or owned by exactly one
+/// in-flight copy. Only the device's destructor frees them (cudaFreeHost),
+/// after cudaDeviceSynchronize; the host function never calls CUDA. The pool
+/// is a shared_ptr because in-flight host functions hold it.
+/// Locks: `m` guards free/all (taken by host functions, never held across a
+/// CUDA call); `pending_mu` guards pending (never taken by host functions,
+/// held across cudaEventQuery, which does not block). Order: pending_mu, m.
 struct staging_pool {
   std::mutex m;
   std::multimap<std::size_t, void*> free;  // capacity -> buffer
   std::vector<void*> all;                  // every buffer, for the destructor
+
+  struct in_flight {
+    cudaEvent_t done;  // recorded after the staging -> device copy
+    void* buf;
+    std::size_t capacity;
+  };
+  std::mutex pending_mu;
+  std::vector<in_flight> pending;
+
+  void give(void* buf, std::size_t capacity) {
+    std::lock_guard<std::mutex> lk(m);
+    free.emplace(capacity, buf);
+  }
+  /// A free buffer of at least n bytes (and not much larger), or {nullptr, 0}.
+  std::pair<void*, std::size_t> take_free(std::size_t n) {
+    std::lock_guard<std::mutex> lk(m);
+    auto it = free.lower_bound(n);
+    if (it == free.end() || it->first > 2 * n + (std::size_t{1} << 20)) return {nullptr, 0};
+    std::pair<void*, std::size_t> r{it->second, it->first};
+    free.erase(it);
+    return r;
+  }
 };
 
 struct staged_d2h {
@@ -552,20 +591,24 @@ void parallel_memcpy(void* dst, const void* src, std::size_t n) {
   for (auto& t : helpers) t.join();
 }
 
+// A host function: no CUDA calls here (cudaLaunchHostFunc's rules).
 void CUDART_CB finish_staged_d2h(void* p) {
   std::unique_ptr<staged_d2h> s(static_cast<staged_d2h*>(p));
   parallel_memcpy(s->dst, s->staging, s->bytes);
-  std::lock_guard<std::mutex> lk(s->pool->m);
-  s->pool->free.emplace(s->capacity, s->staging);
+  s->pool->give(s->staging, s->capacity);
 }
 
-bool is_pinned_host(const void* p) {
+/// True for host memory CUDA does not know (pageable: malloc / std::vector).
+/// Pinned or registered host memory (cudaMemoryTypeHost), device and managed
+/// memory keep the direct cudaMemcpyAsync (which also reports misuse, e.g. a
+/// device pointer as the host side, as an error instead of a host memcpy).
+bool is_pageable_host(const void* p) {
   cudaPointerAttributes a{};
   if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
     (void)cudaGetLastError();
-    return false;
+    return true;  // older runtimes report unknown (pageable) pointers as an error
   }
-  return a.type == cudaMemoryTypeHost;
+  return a.type == cudaMemoryTypeUnregistered;
 }
 
 class cuda_device final : public device {
@@ -578,10 +621,19 @@ class cuda_device final : public device {
     std::lock_guard<std::mutex> lk(mem_mu_);
     for (auto& [p, n] : allocs_) AG_CUDA_ASSERT(cudaFree(p));
     for (void* p : host_allocs_) AG_CUDA_ASSERT(cudaFreeHost(p));
-    // Staged copies may still be in flight on streams already destroyed.
+    // Staged copies (and their host functions) may still be in flight, also
+    // on streams already destroyed: wait for all of them before freeing the
+    // staging buffers. Neither pool lock is held here (host functions take `m`).
     AG_CUDA_ASSERT(cudaDeviceSynchronize());
+    {
+      std::lock_guard<std::mutex> plk(staging_->pending_mu);
+      for (const auto& f : staging_->pending) core_->poll->give_event(f.done);  // the poller destroys them
+      staging_->pending.clear();
+    }
     std::lock_guard<std::mutex> slk(staging_->m);
     for (void* p : staging_->all) AG_CUDA_ASSERT(cudaFreeHost(p));
+    staging_->all.clear();
+    staging_->free.clear();
   }
 
   const device_spec& spec() const noexcept override { return spec_; }
@@ -893,11 +945,14 @@ class cuda_device final : public device {
     return e;
   }
 
+  // Pageable host memory goes through pinned staging (see staging_pool);
+  // pinned / registered host memory is copied directly.
   error copy_h2d(stream& s, void* dst, const void* src, int64_t bytes) override {
+    if (bytes > 0 && src && is_pageable_host(src)) return staged_copy_h2d(s, dst, src, bytes);
     return copy(s, dst, src, bytes, cudaMemcpyHostToDevice, "copy_h2d");
   }
   error copy_d2h(stream& s, void* dst, const void* src, int64_t bytes) override {
-    if (bytes > 0 && dst && !is_pinned_host(dst)) return staged_copy_d2h(s, dst, src, bytes);
+    if (bytes > 0 && dst && is_pageable_host(dst)) return staged_copy_d2h(s, dst, src, bytes);
     return copy(s, dst, src, bytes, cudaMemcpyDeviceToHost, "copy_d2h");
   }
   error copy_peer(stream& s, void* dst, device& src_dev, const void* src, int64_t bytes) override {
@@ -986,51 +1041,102 @@ class cuda_device final : public device {
   }
 
  private:
+  /// A pinned staging buffer of at least n bytes: a free one, one whose
+  /// staged h2d copy has completed, or a new one. Called with no pool lock
+  /// held; never waits for the GPU.
+  expected<std::pair<void*, std::size_t>> take_staging(std::size_t n, const char* what) {
+    reclaim_staging();
+    auto got = staging_->take_free(n);
+    if (got.first) return got;
+    const std::size_t cap = std::max<std::size_t>(n, 4096);
+    void* buf = nullptr;
+    const cudaError_t r = cudaHostAlloc(&buf, cap, cudaHostAllocPortable);
+    if (r == cudaErrorMemoryAllocation) {
+      (void)cudaGetLastError();
+      return error(errc::out_of_memory,
+                   spec_.name + ": pinned staging of " + std::to_string(n) + " bytes for " + what + " failed");
+    }
+    if (error e = AG_CORE_CHECK(*core_, r, spec_.name + " " + what + " staging")) return e;
+    std::lock_guard<std::mutex> lk(staging_->m);
+    staging_->all.push_back(buf);
+    return std::pair<void*, std::size_t>{buf, cap};
+  }
+
+  /// Moves the buffers of completed staged h2d copies back to the free list.
+  /// A query error leaves the buffer pending (the copy may still read it; the
+  /// destructor frees it).
+  void reclaim_staging() {
+    std::lock_guard<std::mutex> lk(staging_->pending_mu);
+    auto& pend = staging_->pending;
+    for (std::size_t i = 0; i < pend.size();) {
+      const cudaError_t r = cudaEventQuery(pend[i].done);
+      if (r != cudaSuccess) {
+        if (r != cudaErrorNotReady) (void)cudaGetLastError();
+        ++i;
+        continue;
+      }
+      core_->poll->give_event(pend[i].done);
+      staging_->give(pend[i].buf, pend[i].capacity);
+      pend[i] = pend.back();
+      pend.pop_back();
+    }
+  }
+
   /// Device -> pageable host without blocking the caller (see staging_pool).
   error staged_copy_d2h(stream& s, void* dst, const void* src, int64_t bytes) {
     if (!alive()) return core_->dead_error();
     auto* cs = own(s);
     if (!cs) return error(errc::invalid_argument, spec_.name + ": copy_d2h on a stream of another device");
     const auto n = static_cast<std::size_t>(bytes);
-    void* buf = nullptr;
-    std::size_t cap = 0;
-    {
-      std::lock_guard<std::mutex> lk(staging_->m);
-      auto it = staging_->free.lower_bound(n);
-      if (it != staging_->free.end() && it->first <= 2 * n + (1u << 20)) {  // not a much larger one
-        cap = it->first;
-        buf = it->second;
-        staging_->free.erase(it);
-      }
-    }
     device_guard g(core_->ordinal);
-    if (!buf) {
-      cap = std::max<std::size_t>(n, 4096);
-      const cudaError_t r = cudaHostAlloc(&buf, cap, cudaHostAllocPortable);
-      if (r == cudaErrorMemoryAllocation) {
-        (void)cudaGetLastError();
-        return error(errc::out_of_memory, spec_.name + ": pinned staging of " + std::to_string(bytes) +
-                                              " bytes for copy_d2h failed");
-      }
-      if (error e = AG_CORE_CHECK(*core_, r, spec_.name + " copy_d2h staging")) return e;
-      std::lock_guard<std::mutex> lk(staging_->m);
-      staging_->all.push_back(buf);
-    }
-    auto give_back = [&] {
-      std::lock_guard<std::mutex> lk(staging_->m);
-      staging_->free.emplace(cap, buf);
-    };
+    auto st = take_staging(n, "copy_d2h");
+    if (!st) return st.err();
+    auto [buf, cap] = *st;
     if (error e = AG_CORE_CHECK(*core_, cudaMemcpyAsync(buf, src, n, cudaMemcpyDeviceToHost, cs->s_),
                                 spec_.name + " copy_d2h (to staging)")) {
-      give_back();
+      staging_->give(buf, cap);  // nothing was enqueued
       return e;
     }
     auto* job = new staged_d2h{dst, buf, n, cap, staging_};
     if (error e = AG_CORE_CHECK(*core_, cudaLaunchHostFunc(cs->s_, &finish_staged_d2h, job),
                                 spec_.name + " copy_d2h (staging to host)")) {
-      delete job;  // the buffer may still be written by the copy above: leak it to the pool's `all` only
+      delete job;  // the copy above may still write the buffer: it stays out of `free` (the destructor frees it)
       return e;
     }
+    return {};
+  }
+
+  /// Pageable host -> device without the driver's own staging (which may
+  /// synchronise with the stream): the caller's thread fills a pinned buffer,
+  /// the DMA reads it asynchronously, an event tells when it may be reused.
+  error staged_copy_h2d(stream& s, void* dst, const void* src, int64_t bytes) {
+    if (!alive()) return core_->dead_error();
+    auto* cs = own(s);
+    if (!cs) return error(errc::invalid_argument, spec_.name + ": copy_h2d on a stream of another device");
+    const auto n = static_cast<std::size_t>(bytes);
+    device_guard g(core_->ordinal);
+    cudaEvent_t done = core_->poll->take_event();
+    if (!done) return error(errc::device_failed, spec_.name + ": copy_h2d could not create an event");
+    auto st = take_staging(n, "copy_h2d");
+    if (!st) {
+      core_->poll->give_event(done);
+      return st.err();
+    }
+    auto [buf, cap] = *st;
+    parallel_memcpy(buf, src, n);
+    if (error e = AG_CORE_CHECK(*core_, cudaMemcpyAsync(dst, buf, n, cudaMemcpyHostToDevice, cs->s_),
+                                spec_.name + " copy_h2d (from staging)")) {
+      staging_->give(buf, cap);  // nothing was enqueued
+      core_->poll->give_event(done);
+      return e;
+    }
+    if (error e = AG_CORE_CHECK(*core_, cudaEventRecord(done, cs->s_), spec_.name + " copy_h2d (staging release)")) {
+      // The copy may still read the buffer: it stays out of `free` (the destructor frees it).
+      core_->poll->give_event(done);
+      return e;
+    }
+    std::lock_guard<std::mutex> lk(staging_->pending_mu);
+    staging_->pending.push_back({done, buf, cap});
     return {};
   }
 

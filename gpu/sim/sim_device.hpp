@@ -51,7 +51,8 @@ class sim_device final : public host::host_device {
   int64_t ops_run() const noexcept { return host_device::ops_run(); }
   /// Sum of the modelled durations (seconds, after jitter, before time_scale)
   /// of all ops and copies enqueued so far: the same seed and the same calls
-  /// give the same sum.
+  /// give the same sum. A zero_delay device without op faults models nothing
+  /// and stays at 0 (its per-op cost is what dispatch benchmarks must not see).
   double modelled_seconds() const;
   const sim_options& options() const noexcept { return options_; }
 

@@ -141,7 +141,7 @@ TEST(SimDevice, JitterIsDeterministicBySeed) {
     gpu::sim_options o;
     o.jitter = jitter;
     o.seed = seed;
-    o.zero_delay = true;  // instant: the model still accounts the times
+    o.time_scale = 1e-9;  // modelled, but a modelled second takes a nanosecond
     o.compute_values = false;
     auto dev = make_sim(o);
     scale_job job(1 << 16);
@@ -158,6 +158,26 @@ TEST(SimDevice, JitterIsDeterministicBySeed) {
   EXPECT_NE(a.first, c.first);
   EXPECT_NEAR(exact.first, exact.second, 1e-12);
   EXPECT_NE(a.first, exact.first);
+}
+
+TEST(SimDevice, ZeroDelayModelsNothingUnlessFaultsAreConfigured) {
+  gpu::sim_options o;
+  o.zero_delay = true;
+  o.compute_values = false;
+  o.jitter = 0.3;
+  auto dev = make_sim(o);
+  scale_job job(1 << 12);
+  auto dx = dev->allocate(job.n * 4), dy = dev->allocate(job.n * 4);
+  auto s = dev->create_stream(gpu::stream_role::compute);
+  for (int i = 0; i < 20; ++i) EXPECT_FALSE(dev->launch(*s, job.launch(*dx, *dy)));
+  EXPECT_FALSE(dev->copy_h2d(*s, *dx, job.in.data(), job.n * 4));
+  EXPECT_FALSE(dev->synchronize(*s));
+  EXPECT_EQ(dev->modelled_seconds(), 0.0) << "a zero-delay device ran the cost model";
+  gpu::fault_config f;
+  f.op_error_rate = 1.0;  // faults still apply in zero-delay mode
+  dev->set_faults(f);
+  auto e = dev->launch(*s, job.launch(*dx, *dy));
+  EXPECT_EQ(e.code, errc::op_failed) << e.to_string();
 }
 
 TEST(SimDevice, InstantModeCompletesAtRecordAndNotifiesInline) {
