@@ -1,11 +1,14 @@
-// Host copies never block the host: copy_d2h into pageable memory (a job's
-// output tensor) returns while the stream is still held by earlier work, and
-// the data lands, exactly, before the stream's next notify.
+// Host copies never block the host: copy_d2h into / copy_h2d from pageable
+// memory (a job's host tensors) return while the stream is still held by
+// earlier work (a spin-gate kernel), and the data lands, exactly, before the
+// stream's next notify fires. Pinned memory keeps the direct path.
 #include <gtest/gtest.h>
 
 #include <atomic>
 #include <chrono>
 #include <cstring>
+#include <functional>
+#include <memory>
 #include <thread>
 #include <vector>
 
@@ -25,48 +28,151 @@ std::vector<std::byte> random_bytes(std::size_t n, uint64_t seed) {
   return v;
 }
 
-TEST(CudaHostCopies, D2hIntoPageableMemoryDoesNotWaitForEarlierWork) {
-  AG_REQUIRE_GPU(1);
-  auto d = test::gpu0();
-  ASSERT_TRUE(d);
-  auto s = d->create_stream(gpu::stream_role::d2h);
-  auto gate_mem = d->allocate_host(64);
-  ASSERT_TRUE(gate_mem);
-  auto* gate = static_cast<volatile uint32_t*>(*gate_mem);
-  for (std::size_t n : {std::size_t{1}, std::size_t{4097}, (std::size_t{3} << 20) + 5, (std::size_t{37} << 20) + 3}) {
-    const auto want = random_bytes(n, n);
-    auto dev = d->allocate(static_cast<int64_t>(n));
-    ASSERT_TRUE(dev);
-    ASSERT_FALSE(d->upload(*dev, want.data(), static_cast<int64_t>(n)));
-    std::vector<std::byte> host(n, std::byte{0});  // pageable, like a host_tensor
-    gate[0] = 0;
-    ASSERT_FALSE(gpu::cuda::testing::launch_spin_gate(*d, *s, gate));
-    // If copy_d2h blocked until the gate opened, this watchdog opens it after
-    // 5 s so the test fails instead of hanging.
+const std::size_t sizes[] = {1, 4097, (std::size_t{3} << 20) + 5, (std::size_t{37} << 20) + 3};
+
+/// A spin gate on one stream. The destructor opens it and drains the stream,
+/// so a failing assertion cannot leave a kernel spinning (the device's
+/// destructor would wait for it forever).
+class gate {
+ public:
+  gate(gpu::device& d, gpu::stream& s) : d_(d), s_(s) {
+    auto m = d.allocate_host(64);
+    if (m) flag_ = static_cast<volatile uint32_t*>(*m);
+  }
+  ~gate() {
+    if (!flag_) return;
+    open();
+    (void)d_.synchronize(s_);
+    d_.deallocate_host(const_cast<uint32_t*>(flag_));
+  }
+  gate(const gate&) = delete;
+  gate& operator=(const gate&) = delete;
+
+  bool ok() const { return flag_ != nullptr; }
+  error close() {
+    flag_[0] = 0;
+    return gpu::cuda::testing::launch_spin_gate(d_, s_, flag_);
+  }
+  void open() { flag_[0] = 1; }
+
+  /// Runs `call` on this thread while the gate is closed. A watchdog opens
+  /// the gate after 5 s if the call has not returned by then, so a call that
+  /// waits for the GPU fails the test instead of hanging it. Returns true when
+  /// the call returned on its own (before anyone opened the gate).
+  bool returns_while_closed(const std::function<void()>& call) {
     std::atomic<bool> returned{false}, released_by_watchdog{false};
     std::thread watchdog([&] {
       for (int i = 0; i < 500 && !returned.load(); ++i) std::this_thread::sleep_for(10ms);
       if (!returned.load()) {
         released_by_watchdog = true;
-        gate[0] = 1;
+        open();
       }
     });
-    ASSERT_FALSE(d->copy_d2h(*s, host.data(), *dev, static_cast<int64_t>(n)));
+    call();
     returned = true;
     watchdog.join();
-    EXPECT_FALSE(released_by_watchdog.load()) << "copy_d2h of " << n << " bytes blocked until earlier work finished";
-    std::atomic<int> notified{0};
-    d->notify(*s, [&](const error& e) { notified.fetch_add(e.ok() ? 1 : 100); });
+    return !released_by_watchdog.load();
+  }
+
+ private:
+  gpu::device& d_;
+  gpu::stream& s_;
+  volatile uint32_t* flag_ = nullptr;
+};
+
+/// Result of a notify() whose callback checks a host buffer against the
+/// expected bytes at the moment it fires. Shared with the callback, so a test
+/// that gives up waiting leaves no dangling reference behind.
+struct notify_check {
+  std::vector<std::byte> want, got;
+  std::atomic<int> calls{0};
+  std::atomic<bool> ok{false}, data_ok{false};
+};
+
+void notify_and_check(gpu::device& d, gpu::stream& s, const std::shared_ptr<notify_check>& c) {
+  d.notify(s, [c](const error& e) {
+    c->ok = e.ok();
+    c->data_ok = c->got.size() == c->want.size() && std::memcmp(c->got.data(), c->want.data(), c->want.size()) == 0;
+    c->calls.fetch_add(1);
+  });
+}
+
+/// Waits (at most 10 s: a hang guard, not a timing assertion) for the callback.
+void wait_called(const notify_check& c) {
+  for (int i = 0; i < 10000 && c.calls.load() == 0; ++i) std::this_thread::sleep_for(1ms);
+}
+
+TEST(CudaHostCopies, D2hIntoPageableMemoryDoesNotWaitForEarlierWork) {
+  AG_REQUIRE_GPU(1);
+  auto d = test::gpu0();
+  ASSERT_TRUE(d);
+  auto s = d->create_stream(gpu::stream_role::d2h);
+  gate g(*d, *s);
+  ASSERT_TRUE(g.ok());
+  for (std::size_t n : sizes) {
+    auto c = std::make_shared<notify_check>();
+    c->want = random_bytes(n, n);
+    c->got.assign(n, std::byte{0});  // pageable, like a host_tensor
+    auto dev = d->allocate(static_cast<int64_t>(n));
+    ASSERT_TRUE(dev);
+    ASSERT_FALSE(d->upload(*dev, c->want.data(), static_cast<int64_t>(n)));
+    ASSERT_FALSE(g.close());
+    error copy_err;
+    const bool returned_first =
+        g.returns_while_closed([&] { copy_err = d->copy_d2h(*s, c->got.data(), *dev, static_cast<int64_t>(n)); });
+    EXPECT_TRUE(returned_first) << "copy_d2h of " << n << " bytes blocked until earlier work finished";
+    ASSERT_FALSE(copy_err) << copy_err.to_string();
+    notify_and_check(*d, *s, c);
     std::this_thread::sleep_for(20ms);
-    EXPECT_EQ(notified.load(), 0) << "notify fired while the gate was closed";
-    gate[0] = 1;
+    EXPECT_EQ(c->calls.load(), 0) << "notify fired while the gate was closed";
+    g.open();
     ASSERT_FALSE(d->synchronize(*s));
-    for (int i = 0; i < 500 && notified.load() == 0; ++i) std::this_thread::sleep_for(1ms);
-    EXPECT_EQ(notified.load(), 1);
-    EXPECT_EQ(std::memcmp(host.data(), want.data(), n), 0) << n << " bytes differ after the staged copy";
+    wait_called(*c);
+    ASSERT_EQ(c->calls.load(), 1);
+    EXPECT_TRUE(c->ok.load());
+    EXPECT_TRUE(c->data_ok.load()) << n << " bytes were not all in place when notify fired";
+    EXPECT_EQ(std::memcmp(c->got.data(), c->want.data(), n), 0) << n << " bytes differ after the staged copy";
     d->deallocate(*dev);
   }
-  d->deallocate_host(*gate_mem);
+}
+
+TEST(CudaHostCopies, H2dFromPageableMemoryDoesNotWaitForEarlierWork) {
+  AG_REQUIRE_GPU(1);
+  auto d = test::gpu0();
+  ASSERT_TRUE(d);
+  auto s = d->create_stream(gpu::stream_role::h2d);
+  gate g(*d, *s);
+  ASSERT_TRUE(g.ok());
+  for (std::size_t n : sizes) {
+    auto c = std::make_shared<notify_check>();
+    c->want = random_bytes(n, 7 * n + 1);
+    c->got.assign(n, std::byte{0});
+    const std::vector<std::byte> src = c->want;  // pageable, like a job input
+    auto dev = d->allocate(static_cast<int64_t>(n));
+    ASSERT_TRUE(dev);
+    ASSERT_FALSE(g.close());
+    error up_err, down_err;
+    // Round trip on the held stream: both calls must return before it moves.
+    const bool returned_first = g.returns_while_closed([&] {
+      up_err = d->copy_h2d(*s, *dev, src.data(), static_cast<int64_t>(n));
+      if (!up_err) down_err = d->copy_d2h(*s, c->got.data(), *dev, static_cast<int64_t>(n));
+    });
+    EXPECT_TRUE(returned_first) << "copy_h2d / copy_d2h of " << n << " bytes blocked until earlier work finished";
+    ASSERT_FALSE(up_err) << up_err.to_string();
+    ASSERT_FALSE(down_err) << down_err.to_string();
+    notify_and_check(*d, *s, c);
+    g.open();
+    ASSERT_FALSE(d->synchronize(*s));
+    wait_called(*c);
+    ASSERT_EQ(c->calls.load(), 1);
+    EXPECT_TRUE(c->ok.load());
+    EXPECT_TRUE(c->data_ok.load()) << n << " bytes were not all in place when notify fired";
+    // And on the device itself, read back synchronously.
+    std::vector<std::byte> back(n, std::byte{0});
+    ASSERT_FALSE(d->download(back.data(), *dev, static_cast<int64_t>(n)));
+    EXPECT_EQ(std::memcmp(back.data(), c->want.data(), n), 0) << n << " bytes differ on the device after copy_h2d";
+    d->deallocate(*dev);
+  }
 }
 
 TEST(CudaHostCopies, ManyConcurrentStagedCopiesOnTwoStreamsLandExactly) {
@@ -76,23 +182,37 @@ TEST(CudaHostCopies, ManyConcurrentStagedCopiesOnTwoStreamsLandExactly) {
   auto s0 = d->create_stream(gpu::stream_role::d2h);
   auto s1 = d->create_stream(gpu::stream_role::d2h);
   constexpr int copies = 64;
-  std::vector<std::vector<std::byte>> want, got;
+  std::vector<std::vector<std::byte>> want(copies), got(copies);
   std::vector<void*> dev;
   for (int i = 0; i < copies; ++i) {
-    const std::size_t n = 1000 + 37 * static_cast<std::size_t>(i);
-    want.push_back(random_bytes(n, 500 + i));
-    got.emplace_back(n, std::byte{0});
+    const std::size_t n = 1000 + 37 * static_cast<std::size_t>(i) + (i % 8 == 0 ? (std::size_t{1} << 20) : 0);
+    got[i].assign(n, std::byte{0});
     auto p = d->allocate(static_cast<int64_t>(n));
     ASSERT_TRUE(p);
     dev.push_back(*p);
-    ASSERT_FALSE(d->upload(*p, want.back().data(), static_cast<int64_t>(n)));
   }
-  for (int round = 0; round < 3; ++round) {  // later rounds reuse pooled staging buffers
+  // Each round uploads fresh data through the staged h2d path and reads it
+  // back through the staged d2h path, from two threads (one per stream) at
+  // once. Later rounds reuse pooled buffers: a buffer handed out again while
+  // its copy was still in flight would corrupt some copy.
+  for (int round = 0; round < 4; ++round) {
     for (int i = 0; i < copies; ++i) {
-      auto& s = i % 2 ? *s1 : *s0;
+      want[i] = random_bytes(got[i].size(), 1000 * round + i + 1);
       std::memset(got[i].data(), 0, got[i].size());
-      ASSERT_FALSE(d->copy_d2h(s, got[i].data(), dev[i], static_cast<int64_t>(got[i].size())));
     }
+    auto drive = [&](gpu::stream& s, int parity, error& err) {
+      for (int i = parity; i < copies && !err; i += 2) {
+        const auto n = static_cast<int64_t>(got[i].size());
+        err = d->copy_h2d(s, dev[i], want[i].data(), n);
+        if (!err) err = d->copy_d2h(s, got[i].data(), dev[i], n);
+      }
+    };
+    error e0, e1;
+    std::thread t1([&] { drive(*s1, 1, e1); });
+    drive(*s0, 0, e0);
+    t1.join();
+    ASSERT_FALSE(e0) << e0.to_string();
+    ASSERT_FALSE(e1) << e1.to_string();
     ASSERT_FALSE(d->synchronize(*s0));
     ASSERT_FALSE(d->synchronize(*s1));
     for (int i = 0; i < copies; ++i)
@@ -101,7 +221,7 @@ TEST(CudaHostCopies, ManyConcurrentStagedCopiesOnTwoStreamsLandExactly) {
   for (void* p : dev) d->deallocate(p);
 }
 
-TEST(CudaHostCopies, PinnedDestinationIsCopiedDirectly) {
+TEST(CudaHostCopies, PinnedHostMemoryIsCopiedDirectly) {
   AG_REQUIRE_GPU(1);
   auto d = test::gpu0();
   ASSERT_TRUE(d);
@@ -109,15 +229,32 @@ TEST(CudaHostCopies, PinnedDestinationIsCopiedDirectly) {
   const std::size_t n = 12345;
   const auto want = random_bytes(n, 9);
   auto dev = d->allocate(static_cast<int64_t>(n));
-  auto pinned = d->allocate_host(static_cast<int64_t>(n));
-  ASSERT_TRUE(dev && pinned);
-  ASSERT_FALSE(d->upload(*dev, want.data(), static_cast<int64_t>(n)));
-  std::memset(*pinned, 0, n);
-  ASSERT_FALSE(d->copy_d2h(*s, *pinned, *dev, static_cast<int64_t>(n)));
+  auto pinned_src = d->allocate_host(static_cast<int64_t>(n));
+  auto pinned_dst = d->allocate_host(static_cast<int64_t>(n));
+  ASSERT_TRUE(dev && pinned_src && pinned_dst);
+  std::memcpy(*pinned_src, want.data(), n);
+  std::memset(*pinned_dst, 0, n);
+  ASSERT_FALSE(d->copy_h2d(*s, *dev, *pinned_src, static_cast<int64_t>(n)));
+  ASSERT_FALSE(d->copy_d2h(*s, *pinned_dst, *dev, static_cast<int64_t>(n)));
   ASSERT_FALSE(d->synchronize(*s));
-  EXPECT_EQ(std::memcmp(*pinned, want.data(), n), 0);
+  EXPECT_EQ(std::memcmp(*pinned_dst, want.data(), n), 0);
+  // The direct path is asynchronous too: a d2h into pinned memory behind a
+  // closed gate returns at once and lands only after the gate opens.
+  {
+    gate g(*d, *s);
+    ASSERT_TRUE(g.ok());
+    std::memset(*pinned_dst, 0, n);
+    ASSERT_FALSE(g.close());
+    error err;
+    EXPECT_TRUE(g.returns_while_closed([&] { err = d->copy_d2h(*s, *pinned_dst, *dev, static_cast<int64_t>(n)); }));
+    ASSERT_FALSE(err) << err.to_string();
+    g.open();
+    ASSERT_FALSE(d->synchronize(*s));
+    EXPECT_EQ(std::memcmp(*pinned_dst, want.data(), n), 0);
+  }
   d->deallocate(*dev);
-  d->deallocate_host(*pinned);
+  d->deallocate_host(*pinned_src);
+  d->deallocate_host(*pinned_dst);
 }
 
 }  // namespace
