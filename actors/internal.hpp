@@ -22,6 +22,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include <caf/actor.hpp>
@@ -81,6 +82,11 @@ struct step_info {
   std::vector<int> consumer_actors; ///< distinct other actors consuming this step
   bool completion = false;          ///< host notification when done (sinks, dead ends)
   std::vector<prepared_op> ops;     ///< compute steps (views and leaves dropped)
+  /// One launch record per entry of `ops`, filled at compile time except for
+  /// the data pointers. Owned by the executing actor of this step (`actor`):
+  /// only it reads or writes them, patching the pointers in place for each
+  /// job, so a launch copies no shapes or strides.
+  mutable std::vector<gpu::op_launch> launches;
   prepared_arg src, dst;            ///< copies
   int64_t bytes = 0;                ///< copies
   /// d2h of a non-contiguous view output: the storage's whole buffer lands in
@@ -116,6 +122,15 @@ struct step_slot {
   std::shared_ptr<gpu::event> end;
   int64_t enqueue_ns = 0;
 };
+
+/// Whether the job actor sends run_job to executing actor `actor` of `lp`:
+/// only when its first step has no remote dep. The others start on the first
+/// ready message (which names the job's context too), saving a message and
+/// an actor activation per job and actor.
+inline bool needs_run_job(const loaded_plan& lp, int actor) noexcept {
+  const auto& a = lp.actors[static_cast<std::size_t>(actor)];
+  return a.steps.empty() || lp.steps[static_cast<std::size_t>(a.steps.front())].remote_deps == 0;
+}
 
 /// One job's shared context (see messages.hpp: sent as shared_ptr<const>).
 struct job_context : std::enable_shared_from_this<job_context> {
@@ -173,6 +188,31 @@ struct fault_sink {
   caf::actor target;
 };
 
+/// The jobs in flight and the devices each one uses, for the runtime actor's
+/// device_down. Thread-safe (one mutex): job actors add and remove
+/// themselves directly, two short critical sections per job instead of two
+/// messages to the runtime actor.
+class job_registry {
+ public:
+  /// Registers job `id` (its actor `who`, its plan's used devices). If one of
+  /// them is dead already, registers nothing and returns the error the job
+  /// fails with.
+  error add(uint64_t id, caf::actor who, std::shared_ptr<const loaded_plan> lp);
+  void remove(uint64_t id);
+  /// Marks `device` dead; returns the actors of the registered jobs using it.
+  std::vector<caf::actor> mark_dead(int device);
+  std::size_t size();
+
+ private:
+  struct entry {
+    caf::actor who;
+    std::shared_ptr<const loaded_plan> lp;
+  };
+  std::mutex m_;
+  std::unordered_map<uint64_t, entry> jobs_;
+  std::vector<int> dead_;
+};
+
 /// Builds and owns the actors of one runtime on a given actor system.
 /// Methods are thread-safe. The system must outlive the core's shutdown().
 class runtime_core {
@@ -185,6 +225,11 @@ class runtime_core {
   const runtime_options& options() const noexcept { return opts_; }
   caf::actor_system& system() noexcept { return sys_; }
   caf::actor runtime_actor() const { return runtime_actor_; }
+  job_registry& jobs() noexcept { return *jobs_; }
+  /// Every stream and copy-engine actor (tests).
+  std::vector<caf::actor> exec_actors();
+  /// The tables behind a plan this runtime compiled (tests); null for others.
+  static std::shared_ptr<const loaded_plan> loaded(const std::shared_ptr<const plan>& p);
   caf::actor device_actor(int i) const { return device_actors_[static_cast<std::size_t>(i)]; }
 
   expected<std::shared_ptr<const plan>> compile(std::shared_ptr<const graph> g, plan_options options);
@@ -212,6 +257,7 @@ class runtime_core {
   std::vector<gpu::device_ptr> devices_;
   std::vector<device_spec> specs_;
   runtime_options opts_;
+  std::shared_ptr<job_registry> jobs_ = std::make_shared<job_registry>();
   caf::actor runtime_actor_;
   std::vector<caf::actor> device_actors_;
   std::mutex lanes_m_;

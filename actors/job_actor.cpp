@@ -44,7 +44,7 @@ void finish(job_actor_t* self, job_result r, job_state final_state) {
   auto& st = self->state;
   st.ph = phase::finished;
   release_arenas(self);
-  self->send(st.core->runtime_actor(), msg::job_gone_atom::value, st.ctx->id);
+  st.core->jobs().remove(st.ctx->id);
   auto ss = std::move(st.ss);
   auto* core = st.core;
   st.ctx.reset();
@@ -159,7 +159,7 @@ void start_run(job_actor_t* self) {
   st.ss->mark_started(gpu::host_clock_ns());
   msg::job_ctx_ptr cctx = st.ctx;
   for (std::size_t i = 0; i < lp.actors.size(); ++i)
-    self->send(lp.actors[i].handle, msg::run_job{cctx, static_cast<int>(i)});
+    if (needs_run_job(lp, static_cast<int>(i))) self->send(lp.actors[i].handle, msg::run_job{cctx, static_cast<int>(i)});
   if (st.remaining == 0) finish(self, std::move(ctx.outputs), job_state::done);
 }
 
@@ -195,12 +195,15 @@ caf::behavior job_actor_fn(job_actor_t* self, runtime_core* core, std::shared_pt
     st.ss->actor = ctx.job_actor;
     cancel_requested = st.ss->cancel_requested;
   }
-  self->send(core->runtime_actor(), msg::job_started{ctx.id, ctx.job_actor, ctx.lp->used_devices});
+  // Registered for device_down; a device that died already fails the job.
+  error dead = core->jobs().add(ctx.id, ctx.job_actor, ctx.lp);
   // runtime_core::submit already asked the first device for an arena (in
   // submission order); acquire_next() asks the following ones.
   st.asked = !ctx.lp->used_devices.empty();
   if (cancel_requested)
     begin_fail(self, {errc::cancelled, "job " + std::to_string(ctx.id) + " cancelled"});
+  else if (dead)
+    begin_fail(self, std::move(dead));
   else if (!st.asked)
     acquire_next(self);
   return {
@@ -273,7 +276,12 @@ void complete_from_backend(const job_context& ctx) noexcept {
 caf::actor spawn_job_actor(caf::actor_system& sys, runtime_core* core, std::shared_ptr<job::shared_state> ss,
                            std::shared_ptr<const loaded_plan> lp, std::shared_ptr<const plan> user_plan,
                            std::vector<host_tensor> inputs) {
-  return sys.spawn(job_actor_fn, core, std::move(ss), std::move(lp), std::move(user_plan), std::move(inputs));
+  // lazy_init: the actor starts on its first message (the first arena_reply,
+  // or cancel), which saves the scheduler a run of its own per job. A plan
+  // without devices gets no arena_reply: that job actor starts at once.
+  if (lp->used_devices.empty())
+    return sys.spawn(job_actor_fn, core, std::move(ss), std::move(lp), std::move(user_plan), std::move(inputs));
+  return sys.spawn<caf::lazy_init>(job_actor_fn, core, std::move(ss), std::move(lp), std::move(user_plan), std::move(inputs));
 }
 
 }  // namespace ag::actors

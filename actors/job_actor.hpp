@@ -1,11 +1,15 @@
 #pragma once
 /// \file job_actor.hpp
-/// The job actor: one per job. Acquires an arena on each device the plan
-/// uses, in ascending device order (two jobs never wait for each other in
-/// opposite orders; the first request is sent by runtime_core::submit so that
-/// jobs queue in submission order), sends run_job to every executing actor of
-/// the plan at once, counts the completion steps' step_done, then releases the
-/// arenas. The handle itself is normally fulfilled earlier, by
+/// The job actor: one per job, spawned lazily (it first runs on its first
+/// message, normally the first arena_reply). Registers in the runtime's
+/// job_registry (device faults reach it from there). Acquires an arena on
+/// each device the plan uses, in ascending device order (two jobs never wait
+/// for each other in opposite orders; the first request is sent by
+/// runtime_core::submit so that jobs queue in submission order), sends
+/// run_job at once to every executing actor whose first step has no remote
+/// dep (needs_run_job; ready messages start the others), counts the
+/// completion steps' step_done, then releases the arenas and unregisters.
+/// The handle itself is normally fulfilled earlier, by
 /// complete_from_backend() on the backend thread that saw the last completion.
 ///
 /// Failure (step_failed, a failed step_done, fail_job from the runtime on a

@@ -1,8 +1,5 @@
 #include "actors/runtime_actor.hpp"
 
-#include <algorithm>
-#include <unordered_map>
-
 #include <caf/all.hpp>
 
 #include "messages/atoms.hpp"
@@ -13,39 +10,27 @@ namespace ag::actors {
 namespace {
 
 struct runtime_state {
-  std::unordered_map<uint64_t, msg::job_started> jobs;
-  std::vector<int> dead_devices;
+  std::shared_ptr<job_registry> jobs;
   static constexpr const char* name = "ag.runtime";
 };
 
 using runtime_actor_t = caf::stateful_actor<runtime_state>;
 
-caf::behavior runtime_actor_fn(runtime_actor_t* self) {
+caf::behavior runtime_actor_fn(runtime_actor_t* self, std::shared_ptr<job_registry> jobs) {
+  self->state.jobs = std::move(jobs);
   return {
-      [self](const msg::job_started& m) {
-        auto& st = self->state;
-        // A job that registers after its device died is failed at once.
-        for (int d : m.devices)
-          if (std::find(st.dead_devices.begin(), st.dead_devices.end(), d) != st.dead_devices.end()) {
-            self->send(m.who, msg::fail_job{{errc::device_failed, "device " + std::to_string(d) + " is dead"}});
-            return;
-          }
-        st.jobs.emplace(m.job, m);
-      },
-      [self](msg::job_gone_atom, uint64_t job) { self->state.jobs.erase(job); },
       [self](const msg::device_down& m) {
-        auto& st = self->state;
-        st.dead_devices.push_back(m.device);
-        for (auto& [id, j] : st.jobs)
-          if (std::find(j.devices.begin(), j.devices.end(), m.device) != j.devices.end())
-            self->send(j.who, msg::fail_job{m.err});
+        // Jobs that register from now on see the device dead (job_registry::add).
+        for (auto& who : self->state.jobs->mark_dead(m.device)) self->send(who, msg::fail_job{m.err});
       },
-      [self](msg::stats_atom) -> int64_t { return static_cast<int64_t>(self->state.jobs.size()); },
+      [self](msg::stats_atom) -> int64_t { return static_cast<int64_t>(self->state.jobs->size()); },
   };
 }
 
 }  // namespace
 
-caf::actor spawn_runtime_actor(caf::actor_system& sys) { return sys.spawn(runtime_actor_fn); }
+caf::actor spawn_runtime_actor(caf::actor_system& sys, std::shared_ptr<job_registry> jobs) {
+  return sys.spawn(runtime_actor_fn, std::move(jobs));
+}
 
 }  // namespace ag::actors

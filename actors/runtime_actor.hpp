@@ -1,15 +1,19 @@
 #pragma once
 /// \file runtime_actor.hpp
-/// The runtime actor: knows the jobs in flight and the devices each one
-/// touches (job_started / job_gone_atom from job actors), and on device_down
-/// tells exactly the jobs on that device to fail (fail_job). Jobs on other
-/// devices are untouched.
+/// The runtime actor: on device_down tells exactly the jobs on that device
+/// to fail (fail_job), from the job registry (internal.hpp) where job actors
+/// add and remove themselves; jobs on other devices are untouched. A job
+/// that registers after its device died fails at once (job_registry::add).
 
 #include <caf/actor.hpp>
 #include <caf/actor_system.hpp>
 
+#include <memory>
+
+#include "actors/internal.hpp"
+
 namespace ag::actors {
 
-caf::actor spawn_runtime_actor(caf::actor_system& sys);
+caf::actor spawn_runtime_actor(caf::actor_system& sys, std::shared_ptr<job_registry> jobs);
 
 }  // namespace ag::actors

@@ -49,6 +49,36 @@ std::vector<trace_record> trace_buffer::take() {
   return std::exchange(recs_, {});
 }
 
+error job_registry::add(uint64_t id, caf::actor who, std::shared_ptr<const loaded_plan> lp) {
+  std::lock_guard<std::mutex> lk(m_);
+  for (int d : lp->used_devices)
+    if (std::find(dead_.begin(), dead_.end(), d) != dead_.end())
+      return {errc::device_failed, "device " + std::to_string(d) + " is dead"};
+  jobs_.insert_or_assign(id, entry{std::move(who), std::move(lp)});
+  return {};
+}
+
+void job_registry::remove(uint64_t id) {
+  std::lock_guard<std::mutex> lk(m_);
+  jobs_.erase(id);
+}
+
+std::vector<caf::actor> job_registry::mark_dead(int device) {
+  std::lock_guard<std::mutex> lk(m_);
+  if (std::find(dead_.begin(), dead_.end(), device) == dead_.end()) dead_.push_back(device);
+  std::vector<caf::actor> r;
+  for (const auto& [id, e] : jobs_) {
+    const auto& used = e.lp->used_devices;
+    if (std::find(used.begin(), used.end(), device) != used.end()) r.push_back(e.who);
+  }
+  return r;
+}
+
+std::size_t job_registry::size() {
+  std::lock_guard<std::mutex> lk(m_);
+  return jobs_.size();
+}
+
 /// Lets plan handles outlive the runtime: unload messages go out only while it lives.
 struct liveness {
   std::mutex m;
@@ -133,7 +163,7 @@ error check_launch_order(const plan& p, const std::vector<exec_actor>& actors, c
 runtime_core::runtime_core(caf::actor_system& sys, std::vector<gpu::device_ptr> devices, runtime_options opts)
     : sys_(sys), devices_(std::move(devices)), opts_(opts) {
   for (const auto& d : devices_) specs_.push_back(d->spec());
-  runtime_actor_ = spawn_runtime_actor(sys_);
+  runtime_actor_ = spawn_runtime_actor(sys_, jobs_);
   live_ = std::make_shared<liveness>();
   lanes_.resize(devices_.size());
   for (std::size_t i = 0; i < devices_.size(); ++i) {
@@ -255,6 +285,12 @@ expected<std::shared_ptr<const plan>> runtime_core::compile(std::shared_ptr<cons
           if (!a) return error{a.err().code, where("op '" + n.name + "' input '" + gr.at(in).name + "': " + a.err().message)};
           op.inputs.push_back(*a);
         }
+        gpu::op_launch l;
+        l.op = op.op;
+        l.source = &gr;
+        l.out = op.out.proto;
+        for (const auto& a : op.inputs) l.inputs.push_back(a.proto);
+        si.launches.push_back(std::move(l));
         si.ops.push_back(std::move(op));
       }
       if (!s.ops.empty())
@@ -363,6 +399,12 @@ job runtime_core::submit(const std::shared_ptr<const plan>& p, std::vector<host_
   alive_.fetch_add(1);
   const auto& lp = d->lp;
   caf::actor ja = spawn_job_actor(sys_, this, ss, lp, p, std::move(inputs));
+  {
+    // The job actor starts lazily (on its first message): cancel() must be
+    // able to reach it before then. Nobody else holds the handle yet.
+    std::lock_guard<std::mutex> lk(ss->m);
+    ss->actor = ja;
+  }
   // The first arena request goes out from here, not from the job actor: CAF
   // starts freshly spawned actors in no particular order (work stealing runs
   // the newest first), so jobs would queue for their first device out of
@@ -372,6 +414,19 @@ job runtime_core::submit(const std::shared_ptr<const plan>& p, std::vector<host_
     caf::anon_send(device_actors_[static_cast<std::size_t>(lp->used_devices.front())],
                    msg::acquire_arena{lp->key, ss->id, ja});
   return j;
+}
+
+std::vector<caf::actor> runtime_core::exec_actors() {
+  std::lock_guard<std::mutex> lk(lanes_m_);
+  std::vector<caf::actor> r;
+  for (const auto& v : lanes_) r.insert(r.end(), v.begin(), v.end());
+  for (const auto& arr : copy_actors_) r.insert(r.end(), arr.begin(), arr.end());
+  return r;
+}
+
+std::shared_ptr<const loaded_plan> runtime_core::loaded(const std::shared_ptr<const plan>& p) {
+  const plan_deleter* d = p ? std::get_deleter<plan_deleter>(p) : nullptr;
+  return d ? d->lp : nullptr;
 }
 
 void runtime_core::job_ready() noexcept { in_flight_.fetch_sub(1); }

@@ -1,10 +1,12 @@
 #include "actors/stream_actor.hpp"
 
+#include <algorithm>
 #include <unordered_map>
 
 #include <caf/all.hpp>
 
 #include "actors/job_actor.hpp"
+#include "messages/atoms.hpp"
 #include "messages/messages.hpp"
 
 namespace ag::actors {
@@ -17,7 +19,9 @@ struct exec_job {
   int actor = -1;
   int next = 0;                 // position of the next step to launch
   std::vector<int> waiting;     // remote deps not yet ready, by position
-  bool got_run = false;         // run_job arrived (ready may come first)
+  // No run_job is still to come: it arrived, or this actor gets none (its
+  // first step waits for a remote dep, so a ready message starts it).
+  bool got_run = false;
   bool launched = false;
 };
 
@@ -32,7 +36,6 @@ struct exec_state {
   // holds its last reference (no job context names it) and it completed.
   std::vector<std::shared_ptr<gpu::event>> pool[2];
   std::size_t cursor[2] = {0, 0};
-  gpu::op_launch scratch;                    // reused: no per-op allocation
   std::vector<std::vector<step_id>> out;     // ready batch per consumer actor
   std::vector<int> touched;
 
@@ -66,11 +69,6 @@ std::string describe_step(const exec_state& st, const job_context& ctx, step_id 
   return r;
 }
 
-void fill_arg(gpu::tensor_arg& out, const prepared_arg& a, const job_context& ctx, int device) {
-  out = a.proto;
-  out.data = ctx.base(a.where, device) + a.byte_offset;
-}
-
 /// Enqueues step `s` on the actor's stream. Returns an error naming device,
 /// step and op when the device refuses it.
 error launch_step(exec_state& st, const job_context& ctx, step_id s) {
@@ -89,20 +87,27 @@ error launch_step(exec_state& st, const job_context& ctx, step_id s) {
   }
   error err;
   switch (sp.kind) {
-    case step_kind::compute:
-      for (const auto& op : si.ops) {
-        fill_arg(st.scratch.out, op.out, ctx, st.device);
-        st.scratch.op = op.op;
-        st.scratch.source = &lp.p->source();
-        st.scratch.inputs.resize(op.inputs.size());
-        for (std::size_t i = 0; i < op.inputs.size(); ++i) fill_arg(st.scratch.inputs[i], op.inputs[i], ctx, st.device);
-        err = st.dev->launch(*st.stream, st.scratch);
+    case step_kind::compute: {
+      // Region bases of this job on this device, by region (weights, arena).
+      const bool has_arena = ctx.arenas[static_cast<std::size_t>(st.device)] >= 0;
+      std::byte* const base[2] = {ctx.base(region::weights, st.device),
+                                  has_arena ? ctx.base(region::arena, st.device) : nullptr};
+      const auto at = [&base](const prepared_arg& a) {
+        return static_cast<void*>(base[a.where == region::weights ? 0 : 1] + a.byte_offset);
+      };
+      for (std::size_t k = 0; k < si.ops.size(); ++k) {
+        const auto& op = si.ops[k];
+        auto& l = si.launches[k];
+        l.out.data = at(op.out);
+        for (std::size_t i = 0; i < op.inputs.size(); ++i) l.inputs[i].data = at(op.inputs[i]);
+        err = st.dev->launch(*st.stream, l);
         if (err) {
           return {err.code, describe_step(st, ctx, s) + " op '" + op.op->name + "' (" + to_string(op.op->op) +
                                 "): " + err.message};
         }
       }
       break;
+    }
     case step_kind::copy_h2d: {
       void* dst = ctx.base(si.dst.where, st.device) + si.dst.byte_offset;
       err = st.dev->copy_h2d(*st.stream, dst, ctx.inputs[static_cast<std::size_t>(sp.io_index)].data(), si.bytes);
@@ -152,6 +157,7 @@ exec_job& entry_for(exec_state& st, const msg::job_ctx_ptr& ctx, int actor) {
     e.waiting.resize(mine.size());
     for (std::size_t i = 0; i < mine.size(); ++i)
       e.waiting[i] = ctx->lp->steps[static_cast<std::size_t>(mine[i])].remote_deps;
+    e.got_run = !needs_run_job(*ctx->lp, actor);
   }
   return e;
 }
@@ -184,8 +190,14 @@ void advance(exec_actor_t* self, exec_job& e) {
   // consumers may be needed for nothing, but nobody waits on a lost ready.
   for (int a : st.touched) {
     auto& v = st.out[static_cast<std::size_t>(a)];
-    self->send(lp.actors[static_cast<std::size_t>(a)].handle, msg::ready{ctx, a, std::move(v)});
-    v = {};
+    const auto& to = lp.actors[static_cast<std::size_t>(a)].handle;
+    for (std::size_t i = 0; i < v.size(); i += msg::ready::max_steps) {
+      msg::ready r{ctx, a};
+      r.count = static_cast<int>(std::min<std::size_t>(msg::ready::max_steps, v.size() - i));
+      std::copy_n(v.begin() + static_cast<std::ptrdiff_t>(i), r.count, r.steps.begin());
+      self->send(to, std::move(r));
+    }
+    v.clear();  // keeps its capacity: no allocation on the next batch
   }
   st.touched.clear();
   if (drop || (e.got_run && e.next == static_cast<int>(mine.size()))) st.jobs.erase(ctx->id);
@@ -218,7 +230,8 @@ caf::behavior exec_actor_fn(exec_actor_t* self, gpu::device_ptr dev, exec_kind k
           if (m.ctx->cancelled.load(std::memory_order_acquire)) return;
           auto& e = entry_for(self->state, m.ctx, m.actor);
           const auto& lp = *m.ctx->lp;
-          for (step_id p : m.steps) {
+          for (int k = 0; k < m.count; ++k) {
+            const step_id p = m.steps[static_cast<std::size_t>(k)];
             for (step_id c : lp.p->at(p).consumers) {
               const auto& ci = lp.steps[static_cast<std::size_t>(c)];
               if (ci.actor == m.actor) --e.waiting[static_cast<std::size_t>(ci.pos)];
@@ -229,6 +242,8 @@ caf::behavior exec_actor_fn(exec_actor_t* self, gpu::device_ptr dev, exec_kind k
           self->send(m.ctx->job_actor, msg::step_failed{m.ctx->id, -1, {errc::internal, ex.what()}});
         }
       },
+      // Tests: the number of jobs this actor still holds state for.
+      [self](msg::stats_atom) -> int64_t { return static_cast<int64_t>(self->state.jobs.size()); },
       [self](const msg::cancel_job& m) {
         auto& st = self->state;
         st.jobs.erase(m.ctx->id);

@@ -5,7 +5,9 @@
 /// speak the same protocol and share this implementation:
 ///
 ///  - run_job{ctx, actor}: the job's steps for this actor are
-///    ctx->lp->actors[actor].steps, kept in that (lane) order;
+///    ctx->lp->actors[actor].steps, kept in that (lane) order. Only actors
+///    whose first step has no remote dep get one (needs_run_job); for the
+///    others the first ready message of the job plays its part;
 ///  - ready{ctx, actor, steps}: those producer steps finished on another
 ///    actor's stream; a step launches once all its remote deps arrived
 ///    (deps on this actor are satisfied by stream order, no message);

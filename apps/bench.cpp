@@ -1,7 +1,12 @@
 // actorgraph-bench: runtime figures on simulated devices.
 //   dispatch_us_per_split      host cost of the actor runtime per compute split
 //                              (zero-delay, timing-only sim devices: the device
-//                              costs nothing, so wall time is all runtime)
+//                              costs nothing, so wall time is all runtime).
+//                              Jobs of 32 layers x 16 branches on 2 devices: 96
+//                              splits, but about 21 ops per split, launched one
+//                              by one through the sim. The table also shows
+//                              6-split jobs (fixed per-job cost) and 1-3 op
+//                              splits (2 branches: the runtime's own cost).
 //   pipeline_speedup_n4_m16    4 sim devices, one stage each, 16 micro-batch
 //                              jobs submitted together, vs the same model on 1
 //   pipeline_efficiency_n4_m16 speedup / (N*M / (M+N-1)), the ideal for a
@@ -9,6 +14,7 @@
 // Flags (--name=value): --devices=4 --micro=16 --stage-ms=2 --repeats=3
 //   --dispatch-jobs=2000 --dispatch-layers=32 --dispatch-branches=16 --dispatch-devices=2
 //   --in-flight=64 --threads=0 (CAF scheduler threads, 0: default)
+//   --dispatch-only=1 (many-split jobs only) / =2 (6-split jobs) / =3 (1-3 op splits): for profilers
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -88,7 +94,7 @@ ag::graph pipeline_graph(int stages, int64_t rows, int64_t d) {
 
 struct dispatch_result {
   double us_per_split = 0, us_per_step = 0, jobs_per_s = 0;
-  int splits = 0, steps = 0;
+  int splits = 0, steps = 0, ops = 0;  // per job; ops: launched ops of the compute splits
 };
 
 dispatch_result run_dispatch(int devices, int branches, int layers, int jobs, int in_flight, int threads) {
@@ -108,7 +114,11 @@ dispatch_result run_dispatch(int devices, int branches, int layers, int jobs, in
   if (!p) die("compile (dispatch)", p.err());
   dispatch_result r;
   r.steps = static_cast<int>((*p)->steps().size());
-  for (const auto& s : (*p)->steps()) r.splits += s.kind == ag::step_kind::compute;
+  for (const auto& s : (*p)->steps())
+    if (s.kind == ag::step_kind::compute) {
+      ++r.splits;
+      for (ag::node_id id : s.ops) r.ops += !ag::is_view_op((*p)->source().at(id).op) && !ag::is_leaf_op((*p)->source().at(id).op);
+    }
   std::vector<ag::host_tensor> in{ag::host_tensor::random_normal(ag::dtype::f32, {8, 32}, 1)};
   auto run = [&](int n) {
     std::deque<ag::job> q;
@@ -181,8 +191,21 @@ int main(int argc, char** argv) {
   const int layers = static_cast<int>(flag(f, "dispatch-layers", 32));
   const int dispatch_jobs = static_cast<int>(flag(f, "dispatch-jobs", 2000));
   const int in_flight = static_cast<int>(flag(f, "in-flight", 64));
+  const int only = static_cast<int>(flag(f, "dispatch-only", 0));  // 1: many splits, 2: small jobs, 3: 2-branch
+  if (only != 0) {
+    auto r = only == 1   ? run_dispatch(dispatch_devices, branches, layers, dispatch_jobs, in_flight, threads)
+             : only == 2 ? run_dispatch(dispatch_devices, branches, dispatch_devices, dispatch_jobs, in_flight, threads)
+                         : run_dispatch(dispatch_devices, 2, layers, dispatch_jobs, in_flight, threads);
+    std::printf("splits per job %d, steps %d, jobs/s %.0f\ndispatch_us_per_split: %.3f\n", r.splits, r.steps,
+                r.jobs_per_s, r.us_per_split);
+    return 0;
+  }
   auto d = run_dispatch(dispatch_devices, branches, layers, dispatch_jobs, in_flight, threads);
   auto small = run_dispatch(dispatch_devices, branches, dispatch_devices, dispatch_jobs * 10, in_flight, threads);
+  // The planner packs most branches of a layer into one split (about 21 ops
+  // per split above); with 2 branches per layer a split is 1-3 ops, so the
+  // device's per-op cost hardly counts and the figure is the runtime's own.
+  auto tiny = run_dispatch(dispatch_devices, 2, layers, dispatch_jobs * 4, in_flight, threads);
   const double t1 = run_pipeline(1, n, m, stage_ms, repeats, threads);
   const double tn = run_pipeline(n, n, m, stage_ms, repeats, threads);
   const double speedup = t1 / tn;
@@ -193,9 +216,13 @@ int main(int argc, char** argv) {
   std::printf("%-34s %12d\n", "dispatch: steps (splits+copies)", d.steps);
   std::printf("%-34s %12.0f\n", "dispatch: jobs per second", d.jobs_per_s);
   std::printf("%-34s %12.3f\n", "dispatch: us per step", d.us_per_step);
+  std::printf("%-34s %12.1f\n", "dispatch: ops per split", static_cast<double>(d.ops) / d.splits);
   std::printf("%-34s %12d\n", "small jobs: compute splits per job", small.splits);
   std::printf("%-34s %12.0f\n", "small jobs: jobs per second", small.jobs_per_s);
   std::printf("%-34s %12.3f\n", "small jobs: us per split", small.us_per_split);
+  std::printf("%-34s %12d\n", "1-3 op splits: splits per job", tiny.splits);
+  std::printf("%-34s %12.1f\n", "1-3 op splits: ops per split", static_cast<double>(tiny.ops) / tiny.splits);
+  std::printf("%-34s %12.3f\n", "1-3 op splits: us per split", tiny.us_per_split);
   std::printf("%-34s %12.2f\n", "pipeline: 1 device, ms", t1 * 1e3);
   std::printf("%-34s %12.2f\n", ("pipeline: " + std::to_string(n) + " devices, ms").c_str(), tn * 1e3);
   std::printf("%-34s %12.3f\n", "pipeline: ideal speedup", ideal);

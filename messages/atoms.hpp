@@ -9,8 +9,6 @@
 
 namespace ag::msg {
 
-/// runtime actor: a job asks to be forgotten (it is ready).
-using job_gone_atom = caf::atom_constant<caf::atom("ag_jobgone")>;
 /// job actor: the user asked to cancel.
 using cancel_atom = caf::atom_constant<caf::atom("ag_cancel")>;
 /// any runtime actor: report internal counters (tests).

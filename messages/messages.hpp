@@ -9,11 +9,13 @@
 /// Protocol (actors/ implements it; docs/ARCHITECTURE.md has the picture):
 ///   job -> device:          acquire_arena, withdraw_arena, release_arena
 ///   device -> job:          arena_reply
-///   job -> stream/copy:     run_job (one per actor per job), cancel_job
+///   job -> stream/copy:     run_job (one per actor per job whose first step
+///                           has no remote dep), cancel_job (one per actor)
 ///   stream -> stream/copy:  ready (one per consumer actor, batched)
 ///   stream -> job:          step_failed; via device.notify: step_done, cancel_ack
 ///   device -> runtime:      device_down;  runtime -> job: fail_job
 
+#include <array>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -108,18 +110,23 @@ typename Inspector::result_type inspect(Inspector& f, unload_plan& x) {
 // --- job -> stream / copy-engine actors ------------------------------------
 
 /// Runs this actor's steps of a job (the actor finds them in the context's
-/// plan tables). One message per actor per job.
+/// plan tables). Sent only to the actors whose first step has no remote dep
+/// (actors::needs_run_job); the others start on their first ready message.
 struct run_job {
   job_ctx_ptr ctx;
   int actor = -1;  ///< the receiver's index in the plan's actor table
 };
 
 /// Steps of a job completed on another actor's stream (their end events are
-/// in the job context). One message per (producer handler run, consumer actor).
+/// in the job context). One message per (producer handler run, consumer actor)
+/// and up to `max_steps` steps, held inline: no heap allocation per message
+/// (a producer with more steps for one consumer sends several).
 struct ready {
+  static constexpr int max_steps = 6;
   job_ctx_ptr ctx;
   int actor = -1;  ///< the receiver's index in the plan's actor table
-  std::vector<step_id> steps;
+  int count = 0;   ///< steps[0, count) are valid
+  std::array<step_id, max_steps> steps{};
 };
 
 /// Drop the job's steps not yet launched; answer cancel_ack once the
@@ -189,17 +196,6 @@ struct device_down {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, device_down& x) {
   return f(caf::meta::type_name("device_down"), x.device, x.err);
-}
-
-/// A job registers with the runtime actor (to hear of device faults).
-struct job_started {
-  uint64_t job = 0;
-  caf::actor who;
-  std::vector<int> devices;
-};
-template <class Inspector>
-typename Inspector::result_type inspect(Inspector& f, job_started& x) {
-  return f(caf::meta::type_name("job_started"), x.job, x.who, x.devices);
 }
 
 }  // namespace ag::msg

@@ -13,6 +13,8 @@
 #include "actors/job_state.hpp"
 #include "fake_device.hpp"
 #include "graph/reference.hpp"
+#include "messages/atoms.hpp"
+#include "messages/messages.hpp"
 #include "messages/registration.hpp"
 #include "../graph/random_dag.hpp"
 
@@ -296,6 +298,81 @@ TEST_F(Protocol, LaunchFailureNamesDeviceStepAndOp) {
   auto j2 = core->submit(p, in);
   sched->run();
   expect_reference(*g, in, j2);
+}
+
+// Actors whose first step waits for another actor get no run_job: the first
+// ready message of the job starts them. Several jobs in flight still match
+// the reference, and afterwards no actor holds state for any of them and the
+// job registry is empty (nothing started by ready is left behind).
+TEST_F(Protocol, ActorsStartedByReadyRunAndForgetEveryJob) {
+  start(2, 4);
+  auto g = std::make_shared<const ag::graph>(ag::test::random_dag({.seed = 11, .ops = 40}).value());
+  ag::plan_options po;
+  po.lanes_per_device = 2;
+  po.min_branch_seconds = 0;
+  auto p = core->compile(g, po);
+  ASSERT_TRUE(p.has_value()) << p.err().to_string();
+  auto lp = ag::actors::runtime_core::loaded(*p);
+  ASSERT_NE(lp, nullptr);
+  int without_run = 0;
+  for (std::size_t a = 0; a < lp->actors.size(); ++a) without_run += !ag::actors::needs_run_job(*lp, static_cast<int>(a));
+  ASSERT_GT(without_run, 0) << "the plan gave no actor whose first step waits for another actor";
+
+  std::vector<std::vector<ag::host_tensor>> ins;
+  std::vector<ag::job> jobs;
+  for (uint64_t i = 0; i < 3; ++i) {
+    ins.push_back(inputs_for(*g, 100 + 10 * i));
+    jobs.push_back(core->submit(*p, ins.back()));
+  }
+  sched->run();
+  for (std::size_t i = 0; i < jobs.size(); ++i) expect_reference(*g, ins[i], jobs[i]);
+  EXPECT_EQ(core->jobs().size(), 0u);
+  caf::scoped_actor self{*sys};
+  for (const auto& a : core->exec_actors()) {
+    self->send(a, ag::msg::stats_atom::value);
+    sched->run();
+    bool answered = false;
+    self->receive([&](int64_t held) {
+      answered = true;
+      EXPECT_EQ(held, 0) << "an executing actor still holds job state";
+    }, caf::after(std::chrono::seconds(1)) >> [] {});
+    EXPECT_TRUE(answered);
+  }
+}
+
+// One handler run that makes more steps ready for one consumer than a ready
+// message holds (msg::ready::max_steps): here the h2d actor launches the
+// copies of 9 inputs in one go, all consumed by one compute lane, so the
+// batch goes out as several messages and the job still matches the reference.
+TEST_F(Protocol, ReadyBatchesLargerThanOneMessageArriveComplete) {
+  start(1, 2);
+  constexpr int n = 9;
+  static_assert(n > ag::msg::ready::max_steps);
+  ag::graph_builder b;
+  ag::tensor acc;
+  for (int i = 0; i < n; ++i) {
+    auto x = b.input("x" + std::to_string(i), ag::dtype::f32, {4, 8});
+    acc = acc.valid() ? b.add(acc, x, "sum" + std::to_string(i)) : x;
+  }
+  b.output(b.gelu(acc, ag::gelu_mode::tanh, "act"));
+  auto g = std::make_shared<const ag::graph>(std::move(b).build().value());
+  auto p = core->compile(g, {}).value();
+  auto lp = ag::actors::runtime_core::loaded(p);
+  ASSERT_NE(lp, nullptr);
+  // The h2d steps of one actor with consumers on one other actor.
+  std::map<std::pair<int, int>, int> fan;
+  for (const auto& s : p->steps())
+    if (s.kind == ag::step_kind::copy_h2d)
+      for (int ca : lp->steps[static_cast<std::size_t>(s.id)].consumer_actors) ++fan[{lp->steps[static_cast<std::size_t>(s.id)].actor, ca}];
+  int widest = 0;
+  for (const auto& [k, v] : fan) widest = std::max(widest, v);
+  ASSERT_GT(widest, ag::msg::ready::max_steps) << "the plan does not feed one actor from enough copies";
+  for (uint64_t seed = 1; seed <= 2; ++seed) {
+    auto in = inputs_for(*g, 10 * seed);
+    auto j = core->submit(p, in);
+    sched->run();
+    expect_reference(*g, in, j);
+  }
 }
 
 }  // namespace
