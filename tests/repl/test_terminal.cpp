@@ -173,6 +173,23 @@ TEST(ReplBinary, ScriptFileRunsABatchChecksItAndDrawsTheTimeline) {
   std::remove(path.c_str());
 }
 
+TEST(ReplBinary, FaultScriptReportsTheFailedJobAndTheNextRunChecksOk) {
+  const std::string path = ::testing::TempDir() + "repl_fault.ag";
+  {
+    std::ofstream f(path);
+    f << "devices cpu:1,sim:1 scale=0.01\n" << small_gpt2
+      << "\nset stages=2\nfault sim0 error\nrun n=1\nwait\nfault sim0 off\nrun n=1\nwait\n";
+  }
+  const result r = run_piped({"--script", path}, "");
+  EXPECT_EQ(r.status, 0) << r.output;  // a failed job is a report, not a failed command
+  EXPECT_TRUE(has(r.output, "[job 1] failed: op_failed: device 'sim0' step ")) << r.output;
+  EXPECT_TRUE(has(r.output, "(injected fault)")) << r.output;
+  EXPECT_TRUE(has(r.output, "[run 1] 0/1 done, 1 failed")) << r.output;
+  EXPECT_TRUE(has(r.output, "[run 2] 1/1 done")) << r.output;
+  EXPECT_TRUE(has(r.output, "checks: 1 ok, 0 bad")) << r.output;
+  std::remove(path.c_str());
+}
+
 TEST(ReplPty, TabCompletesCommandsAndHelpRuns) {
 #ifndef AG_REPL_HAVE_READLINE
   GTEST_SKIP() << "built without GNU readline (libreadline-dev): no completion or line redraw to test";
@@ -198,6 +215,22 @@ TEST(ReplPty, TabCompletesCommandsAndHelpRuns) {
   // terminal is in cooked mode (a command running) is the tty's own EOF.
   ASSERT_TRUE(p.read_until("ag> ")) << p.output();
   p.send("\x04");  // Ctrl-D quits
+  EXPECT_EQ(p.wait_exit(), 0) << p.output();
+}
+
+TEST(ReplPty, TabCompletesTheFaultCommandAndItsKind) {
+#ifndef AG_REPL_HAVE_READLINE
+  GTEST_SKIP() << "built without GNU readline (libreadline-dev): no completion or line redraw to test";
+#endif
+  pty_repl p;
+  ASSERT_TRUE(p.started());
+  ASSERT_TRUE(p.read_until("ag> ")) << p.output();
+  p.send("fau\t");
+  ASSERT_TRUE(p.read_until("fault")) << p.output();
+  p.send(" sim er\t\r");  // the only kind starting with "er"
+  ASSERT_TRUE(p.read_until("faults on sim0, sim1: op errors in 100% of ops")) << p.output();
+  ASSERT_TRUE(p.read_until("ag> ")) << p.output();
+  p.send("\x04");
   EXPECT_EQ(p.wait_exit(), 0) << p.output();
 }
 
