@@ -43,6 +43,12 @@ struct runtime_options {
   /// Sets work-stealing.moderate-poll-attempts=0: 10 us instead of 32 us median wake-up.
   bool tuned_scheduler = true;
   bool trace = true;  ///< record a trace entry per step
+  /// Job outputs copied out of a device that offers host memory of its own
+  /// (gpu::device::host_memory(): CUDA's pinned pool) are allocated there: the
+  /// device copies into them directly, without a staging copy, and a buffer
+  /// returns to the pool when the last host_tensor holding it is destroyed
+  /// (copies of an output are heap memory). False: outputs are heap memory.
+  bool pinned_outputs = true;
 };
 
 enum class job_state : uint8_t { queued, running, done, failed, cancelled };

@@ -111,6 +111,9 @@ struct loaded_plan {
   std::vector<step_info> steps;
   std::vector<exec_actor> actors;
   std::vector<step_id> completion_steps;
+  /// By output: where its host buffer comes from (the host_memory() of the
+  /// device that copies it out, when runtime_options::pinned_outputs); null: heap.
+  std::vector<host_memory_resource*> output_memory;
   std::vector<int> used_devices;                  ///< ascending
   std::vector<caf::actor> device_actors;          ///< by used_devices position
   runtime_core* core = nullptr;

@@ -145,13 +145,19 @@ void start_run(job_actor_t* self) {
   const graph& g = lp.p->source();
   ctx.slots.resize(lp.steps.size());
   ctx.outputs.reserve(g.outputs().size());
-  for (node_id o : g.outputs()) ctx.outputs.emplace_back(g.at(o).type, g.at(o).dims);
+  // Every output is written in full (by its d2h copy, or by the gather from
+  // its storage's copy), so no zero-fill: on a fresh buffer that pass alone
+  // cost about 0.5 ms per MiB of page faults.
+  for (std::size_t k = 0; k < g.outputs().size(); ++k) {
+    const node& o = g.at(g.outputs()[k]);
+    ctx.outputs.push_back(host_tensor::uninitialized(o.type, o.dims, lp.output_memory[k]));
+  }
   ctx.staging.resize(g.outputs().size());
   for (step_id s : lp.completion_steps) {
     if (!lp.steps[static_cast<std::size_t>(s)].gather) continue;
     const auto io = static_cast<std::size_t>(lp.p->at(s).io_index);
     const node& sn = g.at(g.at(g.outputs()[io]).storage);
-    ctx.staging[io] = host_tensor(sn.type, sn.dims);
+    ctx.staging[io] = host_tensor::uninitialized(sn.type, sn.dims, lp.output_memory[io]);
   }
   st.ph = phase::running;
   st.remaining = lp.completion_steps.size();

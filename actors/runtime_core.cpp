@@ -254,6 +254,7 @@ expected<std::shared_ptr<const plan>> runtime_core::compile(std::shared_ptr<cons
   if (auto e = check_launch_order(*p, lp->actors, lp->steps)) return e;
 
   // Per-step tables: remote deps, consumer actors, resolved operands.
+  lp->output_memory.assign(gr.outputs().size(), nullptr);
   for (const auto& s : p->steps()) {
     auto& si = lp->steps[static_cast<std::size_t>(s.id)];
     for (step_id d : s.deps)
@@ -331,6 +332,9 @@ expected<std::shared_ptr<const plan>> runtime_core::compile(std::shared_ptr<cons
       if (s.kind == step_kind::copy_d2h &&
           (s.io_index < 0 || static_cast<std::size_t>(s.io_index) >= gr.outputs().size()))
         return error{errc::internal, where("names output " + std::to_string(s.io_index))};
+      if (s.kind == step_kind::copy_d2h && opts_.pinned_outputs)
+        lp->output_memory[static_cast<std::size_t>(s.io_index)] =
+            devices_[static_cast<std::size_t>(s.device)]->host_memory();
     }
   }
 

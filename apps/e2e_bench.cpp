@@ -62,8 +62,11 @@ struct options {
   int pipeline_repeats = 3;
   int tiny_jobs = 2000;
   double torch_ms = 0;
+  double torch_pinned_ms = 0;
   bool sim_values = false;
+  bool pageable_outputs = false;
   std::string chrome_trace;
+  std::string pipeline_trace;
   bool skip_forward = false, skip_idle = false, skip_completion = false, skip_pipeline = false;
 };
 
@@ -83,8 +86,11 @@ void usage() {
       "  --micro-batches=32 --micro-batch-size=2 --pipeline-repeats=3   (figure 4)\n"
       "  --tiny-jobs=2000        jobs for the host-completion latency (figure 3)\n"
       "  --torch-ms=X            torch_forward_ms of scripts/torch_e2e_ref.py: prints e2e_ratio_vs_torch\n"
+      "  --torch-pinned-ms=X     torch_forward_pinned_ms of it: prints e2e_ratio_vs_torch_pinned\n"
       "  --sim-values            sim devices compute real values (default: timing only)\n"
+      "  --pageable-outputs      job outputs on the heap (runtime_options::pinned_outputs = false)\n"
       "  --chrome-trace=FILE     write the trace of one timed forward job (Perfetto / chrome://tracing)\n"
+      "  --pipeline-trace=FILE   write the trace of the last 2-device pipeline round\n"
       "  --skip-forward --skip-idle --skip-completion --skip-pipeline");
 }
 
@@ -106,7 +112,7 @@ options parse(int argc, char** argv) {
     a = a.substr(2);
     if (auto eq = a.find('='); eq != std::string::npos) {
       f[a.substr(0, eq)] = a.substr(eq + 1);
-    } else if (a == "small" || a == "sim-values" || a.rfind("skip-", 0) == 0) {
+    } else if (a == "small" || a == "sim-values" || a == "pageable-outputs" || a.rfind("skip-", 0) == 0) {
       f[a] = "1";
     } else if (i + 1 < argc) {
       f[a] = argv[++i];
@@ -152,6 +158,7 @@ options parse(int argc, char** argv) {
   if (auto v = take("variant")) o.variant = *v;
   if (auto v = take("dtype")) o.dtype = *v;
   if (auto v = take("chrome-trace")) o.chrome_trace = *v;
+  if (auto v = take("pipeline-trace")) o.pipeline_trace = *v;
   num("layers", o.layers);
   num("d-model", o.d_model);
   num("heads", o.heads);
@@ -172,7 +179,9 @@ options parse(int argc, char** argv) {
   num("pipeline-repeats", o.pipeline_repeats);
   num("tiny-jobs", o.tiny_jobs);
   num("torch-ms", o.torch_ms);
+  num("torch-pinned-ms", o.torch_pinned_ms);
   o.sim_values = take("sim-values").has_value();
+  o.pageable_outputs = take("pageable-outputs").has_value();
   take("small");
   o.skip_forward = take("skip-forward").has_value();
   o.skip_idle = take("skip-idle").has_value();
@@ -277,6 +286,7 @@ ag::runtime_options runtime_opts(const options& o) {
   ro.arenas_per_device = o.arenas;
   ro.scheduler_threads = o.threads;
   ro.trace = true;
+  ro.pinned_outputs = !o.pageable_outputs;
   // Sim devices: costs of the default (H100-like) spec in real time; timing
   // only unless --sim-values (the cpu kernels behind sim values would be the
   // bottleneck on a small host, not the runtime).
@@ -418,6 +428,10 @@ void run_forward(const options& o, ag::runtime& rt) {
     add_row("forward: torch ms (given)", o.torch_ms, "%.3f");
     figure("e2e_ratio_vs_torch", fwd / o.torch_ms);
   }
+  if (o.torch_pinned_ms > 0) {
+    add_row("forward: torch ms, pinned logits (given)", o.torch_pinned_ms, "%.3f");
+    figure("e2e_ratio_vs_torch_pinned", fwd / o.torch_pinned_ms);
+  }
   if (o.skip_idle) return;
 
   // A job that is one split has no gap the trace can see (its kernels are
@@ -535,20 +549,48 @@ void run_completion(const options& o, ag::runtime& rt) {
 
 /// Median wall ms of `repeats` rounds (after one warm-up round) of
 /// submit_batch(ins) and waiting for every job; `t` gets the last round's trace.
+/// `span` gets the last round's [submit, all ready] on the host clock.
 double run_batch(ag::runtime& rt, const std::shared_ptr<const ag::plan>& p,
-                 const std::vector<std::vector<ag::host_tensor>>& ins, int repeats, ag::trace& t) {
+                 const std::vector<std::vector<ag::host_tensor>>& ins, int repeats, ag::trace& t,
+                 std::pair<int64_t, int64_t>& span) {
   auto once = [&] {
     (void)rt.take_trace();
     const int64_t t0 = ag::gpu::host_clock_ns();
     auto jobs = rt.submit_batch(p, ins);
     for (auto& j : jobs) check(j, "pipeline job");
-    return static_cast<double>(ag::gpu::host_clock_ns() - t0) / 1e6;
+    span = {t0, ag::gpu::host_clock_ns()};
+    return static_cast<double>(span.second - t0) / 1e6;
   };
-  (void)once();  // warm-up: arenas, event pools
+  (void)once();  // warm-up: arenas, event pools, pinned output buffers
   std::vector<double> ms;
   for (int r = 0; r < repeats; ++r) ms.push_back(once());
   t = rt.take_trace();
   return median(ms);
+}
+
+/// Gaps between consecutive compute steps on `device` (over all jobs):
+/// count and sum of those longer than `min_us`, and the longest.
+struct gap_figure {
+  int count = 0;
+  double total_ms = 0, longest_us = 0;
+};
+gap_figure gaps_of(const ag::trace& t, int device, double min_us) {
+  std::vector<std::pair<int64_t, int64_t>> iv;
+  for (const auto& r : t.records)
+    if (r.device == device && r.lane.rfind("compute", 0) == 0) iv.emplace_back(r.start_ns, r.end_ns);
+  std::sort(iv.begin(), iv.end());
+  gap_figure g;
+  int64_t end = iv.empty() ? 0 : iv.front().second;
+  for (std::size_t i = 1; i < iv.size(); ++i) {
+    const double gap_us = static_cast<double>(iv[i].first - end) / 1e3;
+    if (gap_us > min_us) {
+      ++g.count;
+      g.total_ms += gap_us / 1e3;
+    }
+    g.longest_us = std::max(g.longest_us, gap_us);
+    end = std::max(end, iv[i].second);
+  }
+  return g;
 }
 
 void run_pipeline(const options& o, ag::runtime& rt) {
@@ -566,8 +608,13 @@ void run_pipeline(const options& o, ag::runtime& rt) {
   std::vector<std::vector<ag::host_tensor>> ins;
   for (int i = 0; i < m; ++i) ins.push_back(ag::models::transformer_inputs(cfg, 100 + static_cast<uint64_t>(i)));
   ag::trace tr1, tr2;
-  const double t1 = run_batch(rt, p1, ins, o.pipeline_repeats, tr1);
-  const double t2 = run_batch(rt, p2, ins, o.pipeline_repeats, tr2);
+  std::pair<int64_t, int64_t> span1, span2;
+  const double t1 = run_batch(rt, p1, ins, o.pipeline_repeats, tr1, span1);
+  const double t2 = run_batch(rt, p2, ins, o.pipeline_repeats, tr2, span2);
+  if (!o.pipeline_trace.empty()) {
+    std::ofstream(o.pipeline_trace) << tr2.to_chrome_json();
+    std::fprintf(stderr, "wrote the 2-device pipeline round's trace to %s\n", o.pipeline_trace.c_str());
+  }
   const double speedup = t1 / t2;
   const double ideal = static_cast<double>(n) * m / (m + n - 1);
   const std::string tag = "_n" + std::to_string(n) + "_m" + std::to_string(m);
@@ -604,6 +651,67 @@ void run_pipeline(const options& o, ag::runtime& rt) {
                   idle_of(tr2, all_jobs, 1, false).fraction);
     return std::string(b);
   }());
+  // Where the 2-device round loses time against the ideal: before the first
+  // compute step, after the last one, and in gaps between compute steps.
+  {
+    int64_t first = INT64_MAX, last = INT64_MIN;
+    for (const auto& r : tr2.records)
+      if (r.lane.rfind("compute", 0) == 0) {
+        first = std::min(first, r.start_ns);
+        last = std::max(last, r.end_ns);
+      }
+    if (first < last) {
+      char b[96];
+      std::snprintf(b, sizeof b, "%.3f / %.3f", static_cast<double>(first - span2.first) / 1e6,
+                    static_cast<double>(span2.second - last) / 1e6);
+      add_row("pipeline: 2 devices, submit -> first compute / last compute -> all ready, ms", b);
+    }
+    int64_t first_on[2] = {INT64_MAX, INT64_MAX}, last_on[2] = {INT64_MIN, INT64_MIN};
+    for (const auto& r : tr2.records)
+      if (r.lane.rfind("compute", 0) == 0 && r.device >= 0 && r.device < 2) {
+        first_on[r.device] = std::min(first_on[r.device], r.start_ns);
+        last_on[r.device] = std::max(last_on[r.device], r.end_ns);
+      }
+    add_row("pipeline: 2 devices, fill (dev 1 first start - dev 0 first start), ms",
+            static_cast<double>(first_on[1] - first_on[0]) / 1e6, "%.3f");
+    add_row("pipeline: 2 devices, drain (dev 1 last end - dev 0 last end), ms",
+            static_cast<double>(last_on[1] - last_on[0]) / 1e6, "%.3f");
+    // The longest gap on each device: was the next step enqueued late (the
+    // host fell behind) or enqueued in time but waiting for its input copy?
+    for (int d = 0; d < 2; ++d) {
+      std::vector<const ag::trace_record*> cs;
+      for (const auto& r : tr2.records)
+        if (r.device == d && r.lane.rfind("compute", 0) == 0) cs.push_back(&r);
+      std::sort(cs.begin(), cs.end(), [](auto* a, auto* b) { return a->start_ns < b->start_ns; });
+      const ag::trace_record* before = nullptr;
+      const ag::trace_record* after = nullptr;
+      int64_t longest = 0;
+      for (std::size_t i = 1; i < cs.size(); ++i)
+        if (cs[i]->start_ns - cs[i - 1]->end_ns > longest) {
+          longest = cs[i]->start_ns - cs[i - 1]->end_ns;
+          before = cs[i - 1];
+          after = cs[i];
+        }
+      if (!after || longest < 50'000) continue;
+      const auto rel = [&](int64_t t) { return static_cast<double>(t - before->end_ns) / 1e3; };
+      std::string detail = "job " + std::to_string(after->job) + " at +" +
+                           std::to_string(static_cast<int>(static_cast<double>(before->end_ns - first_on[d]) / 1e6)) +
+                           " ms; relative to the gap's start (us): next step enqueued " +
+                           std::to_string(static_cast<int>(rel(after->enqueue_ns))) + ", started " +
+                           std::to_string(static_cast<int>(rel(after->start_ns)));
+      for (const auto& r : tr2.records)
+        if (r.job == after->job && r.device == d && r.lane.rfind("compute", 0) != 0)
+          detail += "; its " + r.lane + " enqueued " + std::to_string(static_cast<int>(rel(r.enqueue_ns))) + " ran " +
+                    std::to_string(static_cast<int>(rel(r.start_ns))) + ".." + std::to_string(static_cast<int>(rel(r.end_ns)));
+      add_row("pipeline: 2 devices, dev " + std::to_string(d) + " longest gap", detail);
+    }
+    for (int d = 0; d < 2; ++d) {
+      const auto g = gaps_of(tr2, d, 20);
+      char b[96];
+      std::snprintf(b, sizeof b, "%d / %.3f / %.1f", g.count, g.total_ms, g.longest_us);
+      add_row("pipeline: 2 devices, dev " + std::to_string(d) + " gaps > 20 us: count / ms / longest us", b);
+    }
+  }
   figure("e2e_gpu_idle_fraction_batch_m" + std::to_string(m), i1);
   figure("pipeline_speedup" + tag, speedup);
   figure("pipeline_efficiency" + tag, speedup / ideal);
@@ -618,6 +726,7 @@ int main(int argc, char** argv) {
     std::string names;
     for (const auto& d : rt->devices()) names += (names.empty() ? "" : ", ") + d.name;
     add_row("devices", o.devices + " (" + names + ")");
+    add_row("job outputs", o.pageable_outputs ? "heap (--pageable-outputs)" : "device host memory (pinned on CUDA)");
   }
   if (!o.skip_forward) run_forward(o, *rt);
   if (!o.skip_completion) run_completion(o, *rt);

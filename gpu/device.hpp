@@ -120,6 +120,10 @@ class device {
   /// Host memory suited to fast copies (pinned on CUDA).
   virtual expected<void*> allocate_host(int64_t bytes) = 0;
   virtual void deallocate_host(void* p) noexcept = 0;
+  /// Where host buffers that this device copies into or out of should live
+  /// (job outputs): the CUDA backend's pinned pool, which its copy engines
+  /// write without staging. Null (the default): the heap is as good.
+  virtual host_memory_resource* host_memory() noexcept { return nullptr; }
   virtual int64_t memory_capacity() const noexcept = 0;
   virtual int64_t memory_in_use() const noexcept = 0;
   /// Synchronous host -> device copy (weight upload at plan load). Never on a hot path.

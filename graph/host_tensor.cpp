@@ -11,10 +11,11 @@ host_tensor::host_tensor(dtype type, shape dims)
     : type_(type), dims_(dims),
       data_(static_cast<std::size_t>(dims.numel()) * dtype_size(type), std::byte{0}) {}
 
-host_tensor host_tensor::uninitialized(dtype type, shape dims) {
+host_tensor host_tensor::uninitialized(dtype type, shape dims, host_memory_resource* memory) {
   host_tensor t;
   t.type_ = type;
   t.dims_ = dims;
+  t.data_ = byte_buffer(host_allocator<std::byte>(memory));
   t.data_.resize(static_cast<std::size_t>(dims.numel()) * dtype_size(type));
   return t;
 }

@@ -8,6 +8,8 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "graph/dtype.hpp"
@@ -15,24 +17,69 @@
 
 namespace ag {
 
-/// Allocator whose value-less construct() default-initialises: a vector of
-/// bytes grows without zero-filling (large job outputs are written by a device
-/// copy right after; zero-filling them first cost a full extra pass over memory).
+/// A source of host memory for tensor storage other than the heap, e.g. the
+/// CUDA backend's pool of pinned (page-locked) buffers that a GPU copies to and
+/// from directly. Implementations are thread-safe, and must outlive every
+/// buffer they hand out (the CUDA pool lives as long as the process).
+class host_memory_resource {
+ public:
+  /// At least `bytes` bytes, aligned to 64. Throws std::bad_alloc on failure.
+  virtual void* allocate(std::size_t bytes) = 0;
+  /// Returns a buffer that allocate(bytes) handed out (same `bytes`).
+  virtual void deallocate(void* p, std::size_t bytes) noexcept = 0;
+  /// For messages and tests ("cuda pinned").
+  virtual const char* name() const noexcept = 0;
+
+ protected:
+  ~host_memory_resource() = default;
+};
+
+/// The allocator of host_tensor storage: the heap, or a host_memory_resource.
+/// Its value-less construct() default-initialises, so a buffer grows without
+/// zero-filling (job outputs are written by a device copy right after; zero-
+/// filling them first cost a full extra pass over memory).
+/// A copy of a tensor is heap memory (select_on_container_copy_construction);
+/// a move keeps the buffer and its resource.
 template <class T>
-struct default_init_allocator : std::allocator<T> {
+class host_allocator {
+ public:
+  using value_type = T;
+  using propagate_on_container_move_assignment = std::true_type;
+  using propagate_on_container_swap = std::true_type;
+  using propagate_on_container_copy_assignment = std::false_type;
+  using is_always_equal = std::false_type;
+
+  host_allocator() noexcept = default;
+  explicit host_allocator(host_memory_resource* r) noexcept : r_(r) {}
   template <class U>
-  struct rebind { using other = default_init_allocator<U>; };
-  default_init_allocator() = default;
+  host_allocator(const host_allocator<U>& o) noexcept : r_(o.resource()) {}
+
+  T* allocate(std::size_t n) {
+    if (!r_) return std::allocator<T>{}.allocate(n);
+    return static_cast<T*>(r_->allocate(n * sizeof(T)));
+  }
+  void deallocate(T* p, std::size_t n) noexcept {
+    if (!r_) return std::allocator<T>{}.deallocate(p, n);
+    r_->deallocate(p, n * sizeof(T));
+  }
   template <class U>
-  default_init_allocator(const default_init_allocator<U>&) noexcept {}
-  template <class U>
-  void construct(U* p) noexcept { ::new (static_cast<void*>(p)) U; }
+  void construct(U* p) noexcept(std::is_nothrow_default_constructible_v<U>) { ::new (static_cast<void*>(p)) U; }
   template <class U, class... Args>
   void construct(U* p, Args&&... args) { ::new (static_cast<void*>(p)) U(std::forward<Args>(args)...); }
+
+  host_allocator select_on_container_copy_construction() const noexcept { return {}; }
+  host_memory_resource* resource() const noexcept { return r_; }
+  template <class U>
+  bool operator==(const host_allocator<U>& o) const noexcept { return r_ == o.resource(); }
+  template <class U>
+  bool operator!=(const host_allocator<U>& o) const noexcept { return r_ != o.resource(); }
+
+ private:
+  host_memory_resource* r_ = nullptr;
 };
 
 /// The byte storage of a host_tensor.
-using byte_buffer = std::vector<std::byte, default_init_allocator<std::byte>>;
+using byte_buffer = std::vector<std::byte, host_allocator<std::byte>>;
 
 class host_tensor {
  public:
@@ -40,8 +87,10 @@ class host_tensor {
   /// Zero-filled tensor of this type and shape.
   host_tensor(dtype type, shape dims);
   /// Tensor whose bytes are left unset: for buffers that are written in full
-  /// right away (job outputs filled by a device-to-host copy).
-  static host_tensor uninitialized(dtype type, shape dims);
+  /// right away (job outputs filled by a device-to-host copy). With `memory`,
+  /// the bytes come from that resource (and return to it when the last
+  /// host_tensor holding them is destroyed); else from the heap.
+  static host_tensor uninitialized(dtype type, shape dims, host_memory_resource* memory = nullptr);
 
   /// Rounds each value to `type`. values.size() must equal dims.numel().
   static host_tensor from_floats(dtype type, shape dims, const std::vector<float>& values);
@@ -60,6 +109,8 @@ class host_tensor {
   const shape& dims() const noexcept { return dims_; }
   int64_t numel() const noexcept { return dims_.numel(); }
   std::size_t bytes() const noexcept { return data_.size(); }
+  /// Where the bytes live: null for the heap.
+  host_memory_resource* memory() const noexcept { return data_.get_allocator().resource(); }
   std::byte* data() noexcept { return data_.data(); }
   const std::byte* data() const noexcept { return data_.data(); }
 

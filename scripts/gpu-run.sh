@@ -127,8 +127,10 @@ if has e2e && [ -x "$build/apps/actorgraph-e2e-bench" ]; then
     cat "$out/torch-e2e.txt" | tee -a "$summary"
   fi
   torch_ms=$(awk '/^torch_forward_ms:/{print $2}' "$out/torch-e2e.txt" 2>/dev/null)
+  torch_pinned_ms=$(awk '/^torch_forward_pinned_ms:/{print $2}' "$out/torch-e2e.txt" 2>/dev/null)
   note "actorgraph-e2e-bench"
   timeout 300 "$build/apps/actorgraph-e2e-bench" ${torch_ms:+--torch-ms "$torch_ms"} \
+    ${torch_pinned_ms:+--torch-pinned-ms "$torch_pinned_ms"} \
     --chrome-trace "$out/e2e-trace.json" >"$out/e2e.txt" 2>&1 || status=1
   cat "$out/e2e.txt" | tee -a "$summary"
 fi

@@ -16,6 +16,10 @@ Prints `name: value` lines:
   torch_forward_ms         what one actorgraph job does: tokens and positions
                            uploaded from the host, forward, f32 logits copied
                            to a new host tensor (median over --runs, CUDA events)
+  torch_forward_pinned_ms  as torch_forward_ms, but the logits land in a pinned
+                           host tensor (pin_memory=True, from PyTorch's caching
+                           host allocator; non_blocking copy): what an
+                           actorgraph job on CUDA does by default
   torch_forward_device_ms  the forward alone, inputs already on the GPU,
                            logits left there (compare: e2e_forward_device_ms)
   torch_tokens_per_s       batch * seq / torch_forward_ms
@@ -172,6 +176,13 @@ def main():
         t, p = tokens_host.to(dev), positions_host.to(dev)
         return model.forward(t.long(), p).cpu()
 
+    def job_pinned():  # the same, logits into pinned memory (actorgraph's default on CUDA)
+        t, p = tokens_host.to(dev, non_blocking=True), positions_host.to(dev, non_blocking=True)
+        logits = model.forward(t.long(), p)
+        out = torch.empty(logits.shape, dtype=logits.dtype, pin_memory=True)
+        out.copy_(logits, non_blocking=True)
+        return out
+
     def device_only():
         return model.forward(tokens_dev.long(), positions_dev)
 
@@ -179,8 +190,10 @@ def main():
           f"llama {a.layers} layers, d {a.d_model}, heads {a.heads}/{a.kv_heads or a.heads}, ff {a.ff}, "
           f"vocab {a.vocab}, seq {a.seq}, batch {a.batch}, runs {a.runs} after {a.warmup}", flush=True)
     fwd = timed_ms(job, a.runs, a.warmup)
+    fwd_pinned = timed_ms(job_pinned, a.runs, a.warmup)
     dev_ms = timed_ms(device_only, a.runs, a.warmup)
     print(f"torch_forward_ms: {fwd:.4f}")
+    print(f"torch_forward_pinned_ms: {fwd_pinned:.4f}")
     print(f"torch_forward_device_ms: {dev_ms:.4f}")
     print(f"torch_tokens_per_s: {a.batch * a.seq / (fwd / 1e3):.1f}")
     if a.sdpa:

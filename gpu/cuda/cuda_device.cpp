@@ -321,16 +321,21 @@ struct core {
   std::mutex pool_mu;
   std::vector<cudaEvent_t> pool;
 
-  // Host-clock calibration of timing events: ref_event was reached at ref_ns.
+  // Host-clock mapping of timing events (see calibrate()): ref_event was
+  // reached at host time ref_ns; GPU time advances `rate` host ns per GPU ns.
   std::mutex clock_mu;
   cudaEvent_t ref_event = nullptr;
+  cudaEvent_t spare_event = nullptr;  // the other sample / the previous anchor
   int64_t ref_ns = 0;
+  int64_t anchored_at_ns = 0;         // host time of the last calibration
+  double rate = 1.0;
 
   ~core() {
     if (poll) poll->stop();
     device_guard g(ordinal);
     for (cudaEvent_t e : pool) AG_CUDA_ASSERT(cudaEventDestroy(e));
     if (ref_event) AG_CUDA_ASSERT(cudaEventDestroy(ref_event));
+    if (spare_event) AG_CUDA_ASSERT(cudaEventDestroy(spare_event));
   }
 
   error dead_error() const {
@@ -359,23 +364,79 @@ struct core {
     return e;
   }
 
-  /// (Re)calibrates ref_event against the host clock: records it on a private
-  /// stream and polls it, so ref_ns is within a poll of the GPU's timestamp.
+  /// (Re)anchors timing events to the host clock. Caller holds clock_mu (or
+  /// no other thread can see the core yet).
+  ///
+  /// One sample: note the host time t0, record an event on an idle private
+  /// stream, spin on cudaEventQuery until it completes, note t1. The GPU
+  /// reached the event inside [t0, t1], most of which is launch latency; it
+  /// was reached at most one query round trip (~1 us) before t1. Of several
+  /// samples the one with the narrowest bracket becomes the anchor (ref_ns =
+  /// its t1), so a sample disturbed by preemption or a busy PCIe link is not.
+  /// With a previous anchor at least 0.2 s older, the GPU-vs-host clock rate
+  /// is re-estimated from the pair: GPU and host oscillators differ by some
+  /// ppm, which over seconds is tens of us, more than a completion latency.
+  /// completion_ns() re-anchors every second, so errors stay at ~1 us.
   error calibrate() {
     device_guard g(ordinal);
     if (!ref_event) AG_CUDA_TRY(cudaEventCreate(&ref_event), name);
+    if (!spare_event) AG_CUDA_TRY(cudaEventCreate(&spare_event), name);
     cudaStream_t s = nullptr;
     AG_CUDA_TRY(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), name);
-    const cudaError_t rec = cudaEventRecord(ref_event, s);
-    cudaError_t r = rec;
-    if (rec == cudaSuccess) {
-      while ((r = cudaEventQuery(ref_event)) == cudaErrorNotReady) {
+    // The previous anchor, if any, moves to `spare_event` only once a better
+    // one exists; samples go into `candidate`.
+    const bool had_anchor = anchored_at_ns != 0;
+    const int64_t old_ns = ref_ns;
+    cudaEvent_t candidate = nullptr;
+    error err;
+    if (cudaError_t r = cudaEventCreate(&candidate); r != cudaSuccess)
+      err = cuda_error(r, name + " clock calibration", "cudaEventCreate", __FILE__, __LINE__);
+    cudaEvent_t best = nullptr;
+    int64_t best_window = INT64_MAX, best_t1 = 0;
+    constexpr int samples = 8;
+    for (int i = 0; i < samples && !err; ++i) {
+      const int64_t t0 = now_ns();
+      cudaError_t r = cudaEventRecord(candidate, s);
+      if (r == cudaSuccess)
+        while ((r = cudaEventQuery(candidate)) == cudaErrorNotReady) {
+        }
+      const int64_t t1 = now_ns();
+      if (r != cudaSuccess) {
+        err = cuda_error(r, name + " clock calibration", "cudaEventRecord/Query", __FILE__, __LINE__);
+        break;
+      }
+      if (t1 - t0 < best_window) {
+        best_window = t1 - t0;
+        best_t1 = t1;
+        std::swap(best, candidate);
+        if (!candidate) {
+          if (cudaError_t c = cudaEventCreate(&candidate); c != cudaSuccess)
+            err = cuda_error(c, name + " clock calibration", "cudaEventCreate", __FILE__, __LINE__);
+        }
       }
     }
-    ref_ns = now_ns();
     AG_CUDA_ASSERT(cudaStreamDestroy(s));
-    if (rec != cudaSuccess) return cuda_error(rec, name + " clock calibration", "cudaEventRecord", __FILE__, __LINE__);
-    if (r != cudaSuccess) return cuda_error(r, name + " clock calibration", "cudaEventQuery", __FILE__, __LINE__);
+    if (candidate) AG_CUDA_ASSERT(cudaEventDestroy(candidate));
+    if (err || !best) {
+      if (best) AG_CUDA_ASSERT(cudaEventDestroy(best));
+      return err ? err : error(errc::device_failed, name + ": clock calibration took no sample");
+    }
+    if (had_anchor) {
+      float ms = 0;
+      const int64_t host_dt = best_t1 - old_ns;
+      if (host_dt > 200'000'000 && cudaEventElapsedTime(&ms, ref_event, best) == cudaSuccess && ms > 0) {
+        const double r = static_cast<double>(host_dt) / (static_cast<double>(ms) * 1e6);
+        if (r > 0.9999 && r < 1.0001) rate = r;  // beyond 100 ppm a sample was bad, not the clock
+      } else {
+        (void)cudaGetLastError();
+      }
+    }
+    // best becomes the anchor; the old anchor event is reused as the spare.
+    AG_CUDA_ASSERT(cudaEventDestroy(spare_event));
+    spare_event = ref_event;
+    ref_event = best;
+    ref_ns = best_t1;
+    anchored_at_ns = best_t1;
     return {};
   }
 };
@@ -472,16 +533,15 @@ class cuda_event final : public event {
   int64_t completion_ns() const override {
     if (!timing_ || !recorded_.load(std::memory_order_acquire)) return 0;
     std::lock_guard<std::mutex> lk(core_->clock_mu);
+    // Re-anchor once a second: keeps clock-rate drift and float-ms rounding
+    // of the elapsed time far below a microsecond (see core::calibrate()).
+    if (now_ns() - core_->anchored_at_ns > 1'000'000'000) (void)core_->calibrate();
     float ms = 0;
     if (cudaEventElapsedTime(&ms, core_->ref_event, ev_) != cudaSuccess) {
       (void)cudaGetLastError();
       return 0;
     }
-    // float milliseconds lose sub-microsecond precision after ~16 s: re-anchor.
-    if (ms > 10'000.f && !core_->calibrate()) {
-      if (cudaEventElapsedTime(&ms, core_->ref_event, ev_) != cudaSuccess) (void)cudaGetLastError();
-    }
-    return core_->ref_ns + static_cast<int64_t>(static_cast<double>(ms) * 1e6);
+    return core_->ref_ns + static_cast<int64_t>(static_cast<double>(ms) * 1e6 * core_->rate);
   }
 
   std::shared_ptr<core> core_;
@@ -702,6 +762,7 @@ class cuda_device final : public device {
     AG_CUDA_ASSERT(cudaFreeHost(p));
   }
   int64_t memory_capacity() const noexcept override { return spec_.mem_bytes; }
+  host_memory_resource* host_memory() noexcept override { return &pinned_host_memory(); }
   int64_t memory_in_use() const noexcept override {
     std::lock_guard<std::mutex> lk(mem_mu_);
     return in_use_;

@@ -38,6 +38,7 @@ class fake_device final : public gpu::device {
   };
   std::vector<logged_op> log;        // compute ops run, in order
   std::string fail_op;               // launch of a node with this name fails
+  host_memory_resource* host_mem = nullptr;  // what host_memory() offers (null: heap)
   int64_t launches = 0;
 
   void kill(const std::string& why) {
@@ -66,6 +67,7 @@ class fake_device final : public gpu::device {
   }
   expected<void*> allocate_host(int64_t bytes) override { return allocate(bytes); }
   void deallocate_host(void* p) noexcept override { deallocate(p); }
+  host_memory_resource* host_memory() noexcept override { return host_mem; }
   int64_t memory_capacity() const noexcept override { return spec_.mem_bytes; }
   int64_t memory_in_use() const noexcept override { return in_use_; }
   error upload(void* dst, const void* src, int64_t bytes) override {

@@ -12,6 +12,7 @@
 #include "actors/internal.hpp"
 #include "actors/job_state.hpp"
 #include "fake_device.hpp"
+#include "../graph/counting_host_memory.hpp"
 #include "graph/reference.hpp"
 #include "messages/atoms.hpp"
 #include "messages/messages.hpp"
@@ -27,7 +28,7 @@ struct Protocol : ::testing::Test {
   std::vector<std::shared_ptr<ag::test::fake_device>> devs;
   std::unique_ptr<ag::actors::runtime_core> core;
 
-  void start(int n, int arenas, int64_t mem = 1LL << 30) {
+  void start(int n, int arenas, int64_t mem = 1LL << 30, bool pinned_outputs = true) {
     cfg.set("scheduler.policy", caf::atom("testing"));
     ag::msg::register_message_types(cfg);
     sys = std::make_unique<caf::actor_system>(cfg);
@@ -39,6 +40,7 @@ struct Protocol : ::testing::Test {
     }
     ag::runtime_options o;
     o.arenas_per_device = arenas;
+    o.pinned_outputs = pinned_outputs;
     core = std::make_unique<ag::actors::runtime_core>(*sys, d, o);
     sched->run();
   }
@@ -373,6 +375,59 @@ TEST_F(Protocol, ReadyBatchesLargerThanOneMessageArriveComplete) {
     sched->run();
     expect_reference(*g, in, j);
   }
+}
+
+// A device that offers host memory of its own (gpu::device::host_memory(),
+// CUDA's pinned pool) gets the job outputs it copies out allocated there, also
+// a non-contiguous output's storage copy; the values still match the
+// reference, and each buffer goes back when the result is dropped. With
+// runtime_options::pinned_outputs off, outputs are heap memory.
+TEST_F(Protocol, OutputsComeFromTheCopyingDevicesHostMemory) {
+  ag::test::counting_host_memory mem;
+  start(2, 2);
+  devs[1]->host_mem = &mem;  // device 0 offers none: its outputs stay on the heap
+  ag::graph_builder b;
+  auto x = b.input("x", ag::dtype::f32, {6, 10});
+  auto w = b.weight("w", ag::host_tensor::random_normal(ag::dtype::f32, {10, 10}, 3, 0.3f));
+  auto h0 = b.gelu(b.matmul(x, w, false, false, "fc0"), ag::gelu_mode::tanh, "act0");
+  auto h1 = b.matmul(h0, w, false, false, "fc1");
+  b.pin(h0, 0);
+  b.pin(h1, 1);
+  b.output(h0);                                // copied out of device 0
+  b.output(h1);                                // copied out of device 1
+  b.output(b.transpose(h1, 0, 1, "h1_t"));     // non-contiguous view on device 1
+  auto g = std::make_shared<const ag::graph>(std::move(b).build().value());
+  auto p = core->compile(g, {}).value();
+  auto in = inputs_for(*g, 21);
+  {
+    auto j = core->submit(p, in);
+    sched->run();
+    expect_reference(*g, in, j);
+    const auto& out = *j.wait();
+    EXPECT_EQ(out[0].memory(), nullptr);
+    EXPECT_EQ(out[1].memory(), &mem);
+    EXPECT_TRUE(mem.owns(out[1].data()));
+    EXPECT_EQ(out[2].memory(), &mem);
+    // Output 2's storage copy came from `mem` too and went back after the gather.
+    EXPECT_EQ(mem.allocations(), 3);
+  }
+  sched->run();
+  EXPECT_EQ(mem.live(), 0u) << "a job's output buffers outlived its handles";
+  EXPECT_EQ(mem.bad_deallocations(), 0);
+}
+
+TEST_F(Protocol, PinnedOutputsOffKeepsOutputsOnTheHeap) {
+  ag::test::counting_host_memory mem;
+  start(1, 2, 1LL << 30, /*pinned_outputs=*/false);
+  devs[0]->host_mem = &mem;
+  auto g = std::make_shared<const ag::graph>(pinned_mlp(0, 5));
+  auto p = core->compile(g, {}).value();
+  auto in = inputs_for(*g, 8);
+  auto j = core->submit(p, in);
+  sched->run();
+  expect_reference(*g, in, j);
+  EXPECT_EQ(j.wait()->front().memory(), nullptr);
+  EXPECT_EQ(mem.allocations(), 0);
 }
 
 }  // namespace

@@ -257,5 +257,51 @@ TEST(CudaHostCopies, PinnedHostMemoryIsCopiedDirectly) {
   d->deallocate_host(*pinned_dst);
 }
 
+// The pinned pool behind CUDA job outputs: its buffers are page-locked (a d2h
+// into one behind a closed gate returns at once and lands after the gate
+// opens, without staging), and a buffer given back is handed out again to the
+// next request of that size instead of pinning fresh memory.
+TEST(CudaHostCopies, PinnedPoolBuffersAreCopiedDirectlyAndReused) {
+  AG_REQUIRE_GPU(1);
+  auto d = test::gpu0();
+  ASSERT_TRUE(d);
+  ASSERT_EQ(d->host_memory(), &gpu::cuda::pinned_host_memory());
+  auto s = d->create_stream(gpu::stream_role::d2h);
+  const int64_t numel = (int64_t{3} << 18) + 7;  // 3 MiB + 28 bytes of f32
+  const auto n = static_cast<std::size_t>(numel) * 4;
+  const auto want = random_bytes(n, 31);
+  auto dev = d->allocate(static_cast<int64_t>(n));
+  ASSERT_TRUE(dev);
+  ASSERT_FALSE(d->upload(*dev, want.data(), static_cast<int64_t>(n)));
+  const std::byte* first_buffer = nullptr;
+  for (int round = 0; round < 2; ++round) {
+    const auto before = gpu::cuda::pinned_host_pool_stats();
+    auto out = host_tensor::uninitialized(dtype::f32, {numel}, d->host_memory());
+    const auto after = gpu::cuda::pinned_host_pool_stats();
+    ASSERT_EQ(out.memory(), d->host_memory());
+    EXPECT_GE(after.live_bytes - before.live_bytes, static_cast<int64_t>(n));
+    if (round == 0) {
+      first_buffer = out.data();
+    } else {
+      EXPECT_EQ(out.data(), first_buffer) << "the buffer given back was not handed out again";
+      EXPECT_EQ(after.reuses, before.reuses + 1);
+      EXPECT_EQ(after.pinned_allocations, before.pinned_allocations);
+    }
+    std::memset(out.data(), 0, n);
+    gate g(*d, *s);
+    ASSERT_TRUE(g.ok());
+    ASSERT_FALSE(g.close());
+    error err;
+    EXPECT_TRUE(g.returns_while_closed([&] { err = d->copy_d2h(*s, out.data(), *dev, static_cast<int64_t>(n)); }));
+    ASSERT_FALSE(err) << err.to_string();
+    std::this_thread::sleep_for(5ms);
+    EXPECT_NE(std::memcmp(out.data(), want.data(), n), 0) << "the copy ran past a closed gate";
+    g.open();
+    ASSERT_FALSE(d->synchronize(*s));
+    EXPECT_EQ(std::memcmp(out.data(), want.data(), n), 0) << "round " << round;
+  }
+  d->deallocate(*dev);
+}
+
 }  // namespace
 }  // namespace ag

@@ -1,5 +1,6 @@
 #include <gtest/gtest.h>
 
+#include "counting_host_memory.hpp"
 #include "graph/graph.hpp"
 
 namespace {
@@ -39,6 +40,46 @@ TEST(HostTensor, ZeroFilledByDefaultAndUninitializedHasTheRightSize) {
   EXPECT_EQ(u.dims(), (ag::shape{7, 9}));
   u.set(62, 1.5f);
   EXPECT_EQ(u.at(62), 1.5f);
+}
+
+// Storage from a host_memory_resource: the bytes come from it, a move keeps
+// them there, a copy is heap memory with equal contents, and every buffer goes
+// back to the resource exactly once, with the size it was allocated with.
+TEST(HostTensor, ResourceStorageFollowsMovesAndCopiesAreHeap) {
+  ag::test::counting_host_memory mem;
+  {
+    auto t = ag::host_tensor::uninitialized(ag::dtype::f32, {64, 33}, &mem);
+    EXPECT_EQ(t.memory(), &mem);
+    EXPECT_TRUE(mem.owns(t.data()));
+    EXPECT_EQ(t.bytes(), 64u * 33u * 4u);
+    for (int64_t i = 0; i < t.numel(); ++i) t.set(i, static_cast<float>(i % 17) - 8.0f);
+
+    ag::host_tensor copy = t;
+    EXPECT_EQ(copy.memory(), nullptr);
+    EXPECT_FALSE(mem.owns(copy.data()));
+    EXPECT_TRUE(copy == t);
+
+    const std::byte* bytes = t.data();
+    ag::host_tensor moved = std::move(t);
+    EXPECT_EQ(moved.data(), bytes);
+    EXPECT_EQ(moved.memory(), &mem);
+
+    // Move-assigning over a heap tensor frees the heap bytes and adopts the
+    // resource's buffer; copy-assigning into it keeps its own storage.
+    ag::host_tensor heap(ag::dtype::f32, {2, 2});
+    heap = std::move(moved);
+    EXPECT_EQ(heap.data(), bytes);
+    EXPECT_EQ(heap.memory(), &mem);
+    ag::host_tensor other = ag::host_tensor::uninitialized(ag::dtype::f32, {64, 33}, &mem);
+    const std::byte* other_bytes = other.data();
+    other = copy;
+    EXPECT_EQ(other.data(), other_bytes);
+    EXPECT_TRUE(other == copy);
+    EXPECT_EQ(mem.live(), 2u);
+  }
+  EXPECT_EQ(mem.live(), 0u);
+  EXPECT_EQ(mem.allocations(), 2);
+  EXPECT_EQ(mem.bad_deallocations(), 0);
 }
 
 }  // namespace

@@ -1,0 +1,50 @@
+// The process's pool of pinned host buffers (cuda_backend.hpp,
+// pinned_host_memory()): a caching_host_memory over cudaHostAlloc /
+// cudaFreeHost. Created on first use and never destroyed, because
+// host_tensors holding its buffers may outlive every runtime and be destroyed
+// during static destruction; cached buffers are freed by the driver at exit.
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <string>
+
+#include "gpu/cuda/cuda_backend.hpp"
+#include "gpu/cuda/cuda_check.cuh"
+#include "graph/caching_host_memory.hpp"
+
+namespace ag::gpu::cuda {
+namespace {
+
+/// Below this, pinning saves nothing measurable (the backend stages small
+/// pageable copies itself) and costs at least a page of locked memory.
+constexpr std::size_t min_pinned_bytes = std::size_t{64} << 10;
+constexpr int64_t default_cache_limit = int64_t{4} << 30;
+
+caching_host_memory& pool() {
+  static auto* p = new caching_host_memory(
+      "cuda pinned",
+      [](std::size_t n, std::string& why) -> void* {
+        void* q = nullptr;
+        // Portable: every device's copy engines use it directly.
+        const cudaError_t r = cudaHostAlloc(&q, n, cudaHostAllocPortable);
+        if (r == cudaSuccess) return q;
+        why = cuda_message(r, "cudaHostAlloc", __FILE__, __LINE__);
+        (void)cudaGetLastError();
+        return nullptr;
+      },
+      [](void* q) { AG_CUDA_ASSERT(cudaFreeHost(q)); }, min_pinned_bytes, default_cache_limit);
+  return *p;
+}
+
+}  // namespace
+
+host_memory_resource& pinned_host_memory() noexcept { return pool(); }
+
+pinned_pool_stats pinned_host_pool_stats() {
+  const auto s = pool().stats();
+  return {s.live_bytes, s.cached_bytes, s.raw_allocations, s.reuses, s.heap_fallbacks};
+}
+
+void set_pinned_host_pool_cache_limit(int64_t bytes) { pool().set_max_cached_bytes(bytes); }
+
+}  // namespace ag::gpu::cuda

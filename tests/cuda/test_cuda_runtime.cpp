@@ -1,0 +1,116 @@
+// The actor runtime on real GPUs, through the public API: transformer jobs on
+// one GPU and pipelined over two match the CPU reference, their outputs come
+// from the CUDA pinned pool (copied into directly, reused across jobs), and
+// runtime_options::pinned_outputs = false gives heap outputs with the same values.
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <vector>
+
+#include "actors/actorgraph.hpp"
+#include "cuda/cuda_test_util.hpp"
+#include "graph/models/transformer.hpp"
+#include "graph/reference.hpp"
+
+namespace ag {
+namespace {
+
+models::transformer_config small_llama() {
+  models::transformer_config cfg;
+  cfg.variant = models::model_variant::llama;
+  cfg.n_layers = 4;
+  cfg.d_model = 64;
+  cfg.vocab = 1024;  // logits [batch, seq, vocab] f32: 128 KiB, over the pool's 64 KiB floor
+  cfg.seq_len = 16;
+  cfg.batch = 2;
+  return cfg;
+}
+
+std::unique_ptr<runtime> make(const std::string& spec, bool pinned_outputs = true) {
+  runtime_options o;
+  o.pinned_outputs = pinned_outputs;
+  auto rt = runtime::create(spec, o);
+  if (!rt) ADD_FAILURE() << rt.err().to_string();
+  return rt ? std::move(*rt) : nullptr;
+}
+
+/// Runs `jobs` micro-batches of `cfg` with `options` and checks every output
+/// against the reference evaluator (f32, no TF32: tight tolerance) and that it
+/// lives in `want_memory`.
+void run_and_check(runtime& rt, const models::transformer_config& cfg, const plan_options& options, int jobs,
+                   host_memory_resource* want_memory) {
+  auto g = models::build_transformer(cfg);
+  ASSERT_TRUE(g) << g.err().to_string();
+  const graph model = *g;
+  auto p = rt.compile(model, options);
+  ASSERT_TRUE(p) << p.err().to_string();
+  std::vector<std::vector<host_tensor>> in;
+  for (int i = 0; i < jobs; ++i) in.push_back(models::transformer_inputs(cfg, 500 + static_cast<uint64_t>(i)));
+  auto handles = rt.submit_batch(*p, in);
+  for (int i = 0; i < jobs; ++i) {
+    const auto& r = handles[static_cast<std::size_t>(i)].wait();
+    ASSERT_TRUE(r) << "job " << i << ": " << r.err().to_string();
+    auto want = evaluate_reference(model, in[static_cast<std::size_t>(i)]);
+    ASSERT_TRUE(want) << want.err().to_string();
+    ASSERT_EQ(r->size(), want->size());
+    for (std::size_t k = 0; k < r->size(); ++k) {
+      auto c = compare((*r)[k], (*want)[k], 2e-4, 2e-3);
+      EXPECT_TRUE(c.ok) << "job " << i << " output " << k << ": " << c.message;
+      EXPECT_EQ((*r)[k].memory(), want_memory) << "job " << i << " output " << k;
+    }
+  }
+}
+
+TEST(CudaRuntime, TransformerOnOneGpuMatchesReferenceWithPinnedOutputs) {
+  AG_REQUIRE_GPU(1);
+  auto rt = make("cuda:0");
+  ASSERT_TRUE(rt);
+  run_and_check(*rt, small_llama(), plan_options{.policy = placement_policy::single}, 6,
+                &gpu::cuda::pinned_host_memory());
+}
+
+TEST(CudaRuntime, TransformerPipelinedOverTwoGpusMatchesReference) {
+  AG_REQUIRE_GPU(2);
+  auto rt = make("cuda:0,1");
+  ASSERT_TRUE(rt);
+  run_and_check(*rt, small_llama(), plan_options{.pipeline_stages = 2}, 8, &gpu::cuda::pinned_host_memory());
+}
+
+TEST(CudaRuntime, PinnedOutputsOffGivesHeapOutputsWithTheSameValues) {
+  AG_REQUIRE_GPU(1);
+  auto rt = make("cuda:0", /*pinned_outputs=*/false);
+  ASSERT_TRUE(rt);
+  run_and_check(*rt, small_llama(), plan_options{.policy = placement_policy::single}, 3, nullptr);
+}
+
+// Jobs one after another, each result dropped before the next: after the
+// first job, outputs come from buffers given back, not from fresh pinning.
+TEST(CudaRuntime, OutputBuffersAreReusedAcrossJobs) {
+  AG_REQUIRE_GPU(1);
+  auto rt = make("cuda:0");
+  ASSERT_TRUE(rt);
+  const auto cfg = small_llama();
+  auto p = rt->compile(models::build_transformer(cfg).value(), plan_options{.policy = placement_policy::single});
+  ASSERT_TRUE(p) << p.err().to_string();
+  const auto in = models::transformer_inputs(cfg, 7);
+  {
+    auto j = rt->submit(*p, in);
+    ASSERT_TRUE(j.wait()) << j.wait().err().to_string();
+  }
+  rt->wait_idle();
+  const auto before = gpu::cuda::pinned_host_pool_stats();
+  constexpr int rounds = 5;
+  for (int i = 0; i < rounds; ++i) {
+    auto j = rt->submit(*p, in);
+    const auto& r = j.wait();
+    ASSERT_TRUE(r) << r.err().to_string();
+    EXPECT_EQ(r->front().memory(), &gpu::cuda::pinned_host_memory());
+  }
+  rt->wait_idle();
+  const auto after = gpu::cuda::pinned_host_pool_stats();
+  EXPECT_EQ(after.pinned_allocations, before.pinned_allocations) << "outputs were pinned afresh instead of reused";
+  EXPECT_GE(after.reuses - before.reuses, rounds);
+}
+
+}  // namespace
+}  // namespace ag
