@@ -12,6 +12,7 @@
 
 #include <vector>
 
+#include "graph/caching_host_memory.hpp"
 #include "graph/error.hpp"
 #include "gpu/device.hpp"
 
@@ -33,23 +34,13 @@ expected<std::vector<device_ptr>> make_cuda_devices(const std::vector<int>& ordi
 /// a CUDA device's host_memory() returns, so job outputs land in memory the
 /// copy engines write directly (no staging copy, no page faults of fresh
 /// memory). Buffers of 64 KiB or more are pinned and cached when their last
-/// host_tensor is destroyed (up to a cache limit, 4 GiB by default; beyond it
+/// host_tensor is destroyed (up to 4 GiB; beyond it
 /// they are freed); smaller ones come from the heap, as do all when pinning
 /// fails (printed once). Thread-safe; lives until the process exits.
 host_memory_resource& pinned_host_memory() noexcept;
 
-/// Counters of that pool (tests, benchmarks).
-struct pinned_pool_stats {
-  int64_t live_bytes = 0;          ///< pinned bytes held by host_tensors now
-  int64_t cached_bytes = 0;        ///< pinned bytes cached for reuse
-  int64_t pinned_allocations = 0;  ///< cudaHostAlloc calls so far
-  int64_t reuses = 0;              ///< requests served from the cache
-  int64_t heap_fallbacks = 0;      ///< requests served from the heap because pinning failed
-};
-pinned_pool_stats pinned_host_pool_stats();
-
-/// Caps the bytes the pool keeps cached (frees cached buffers above it now).
-void set_pinned_host_pool_cache_limit(int64_t bytes);
+/// Counters of that pool (tests, benchmarks); raw_allocations counts cudaHostAlloc calls.
+host_cache_stats pinned_host_pool_stats();
 
 /// How notify() turns GPU completion into a host callback.
 enum class notify_mode : uint8_t {

@@ -40,11 +40,6 @@ caching_host_memory& pool() {
 
 host_memory_resource& pinned_host_memory() noexcept { return pool(); }
 
-pinned_pool_stats pinned_host_pool_stats() {
-  const auto s = pool().stats();
-  return {s.live_bytes, s.cached_bytes, s.raw_allocations, s.reuses, s.heap_fallbacks};
-}
-
-void set_pinned_host_pool_cache_limit(int64_t bytes) { pool().set_max_cached_bytes(bytes); }
+host_cache_stats pinned_host_pool_stats() { return pool().stats(); }
 
 }  // namespace ag::gpu::cuda

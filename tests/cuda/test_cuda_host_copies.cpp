@@ -285,7 +285,7 @@ TEST(CudaHostCopies, PinnedPoolBuffersAreCopiedDirectlyAndReused) {
     } else {
       EXPECT_EQ(out.data(), first_buffer) << "the buffer given back was not handed out again";
       EXPECT_EQ(after.reuses, before.reuses + 1);
-      EXPECT_EQ(after.pinned_allocations, before.pinned_allocations);
+      EXPECT_EQ(after.raw_allocations, before.raw_allocations);
     }
     std::memset(out.data(), 0, n);
     gate g(*d, *s);
