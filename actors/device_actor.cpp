@@ -124,7 +124,11 @@ caf::behavior device_actor_fn(device_actor_t* self, gpu::device_ptr dev, int cap
         auto& st = self->state;
         if (st.dead) return;
         st.dead = true;
-        st.death = error{errc::device_failed, "device '" + st.dev->spec().name + "' failed: " + m.err.to_string()};
+        // Backends usually name the device in their fault; prefix it only when not.
+        const std::string& name = st.dev->spec().name;
+        const bool named = m.err.message.find("'" + name + "'") != std::string::npos ||
+                           m.err.message.rfind(name, 0) == 0;
+        st.death = error{errc::device_failed, named ? m.err.message : "device '" + name + "' failed: " + m.err.message};
         for (auto& [key, pool] : st.pools) {
           for (auto& req : pool.queue) refuse(self, req, st.death);
           pool.queue.clear();

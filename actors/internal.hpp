@@ -202,8 +202,9 @@ class job_registry {
   /// fails with.
   error add(uint64_t id, caf::actor who, std::shared_ptr<const loaded_plan> lp);
   void remove(uint64_t id);
-  /// Marks `device` dead; returns the actors of the registered jobs using it.
-  std::vector<caf::actor> mark_dead(int device);
+  /// Marks `device` dead with the error `why` (later add()s of jobs using it
+  /// fail with it); returns the actors of the registered jobs using it.
+  std::vector<caf::actor> mark_dead(int device, const error& why);
   std::size_t size();
 
  private:
@@ -213,7 +214,7 @@ class job_registry {
   };
   std::mutex m_;
   std::unordered_map<uint64_t, entry> jobs_;
-  std::vector<int> dead_;
+  std::unordered_map<int, error> dead_;  ///< device index -> its death error
 };
 
 /// Builds and owns the actors of one runtime on a given actor system.

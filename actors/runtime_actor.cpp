@@ -21,7 +21,7 @@ caf::behavior runtime_actor_fn(runtime_actor_t* self, std::shared_ptr<job_regist
   return {
       [self](const msg::device_down& m) {
         // Jobs that register from now on see the device dead (job_registry::add).
-        for (auto& who : self->state.jobs->mark_dead(m.device)) self->send(who, msg::fail_job{m.err});
+        for (auto& who : self->state.jobs->mark_dead(m.device, m.err)) self->send(who, msg::fail_job{m.err});
       },
       [self](msg::stats_atom) -> int64_t { return static_cast<int64_t>(self->state.jobs->size()); },
   };

@@ -52,8 +52,7 @@ std::vector<trace_record> trace_buffer::take() {
 error job_registry::add(uint64_t id, caf::actor who, std::shared_ptr<const loaded_plan> lp) {
   std::lock_guard<std::mutex> lk(m_);
   for (int d : lp->used_devices)
-    if (std::find(dead_.begin(), dead_.end(), d) != dead_.end())
-      return {errc::device_failed, "device " + std::to_string(d) + " is dead"};
+    if (auto it = dead_.find(d); it != dead_.end()) return it->second;
   jobs_.insert_or_assign(id, entry{std::move(who), std::move(lp)});
   return {};
 }
@@ -63,9 +62,9 @@ void job_registry::remove(uint64_t id) {
   jobs_.erase(id);
 }
 
-std::vector<caf::actor> job_registry::mark_dead(int device) {
+std::vector<caf::actor> job_registry::mark_dead(int device, const error& why) {
   std::lock_guard<std::mutex> lk(m_);
-  if (std::find(dead_.begin(), dead_.end(), device) == dead_.end()) dead_.push_back(device);
+  dead_.try_emplace(device, why);
   std::vector<caf::actor> r;
   for (const auto& [id, e] : jobs_) {
     const auto& used = e.lp->used_devices;

@@ -277,6 +277,10 @@ TEST_F(Protocol, DeviceDeathFailsOnlyTheJobsOnThatDevice) {
   auto jb2 = core->submit(pb, inb);
   sched->run();
   EXPECT_EQ(ja2.state(), ag::job_state::failed);
+  // It fails with the device's own death error: by name, with the reason, wrapped once.
+  ASSERT_FALSE(ja2.wait().has_value());
+  EXPECT_EQ(ja2.wait().err().code, ag::errc::device_failed);
+  EXPECT_EQ(ja2.wait().err().message, "device 'fake0' failed: test kill");
   expect_reference(*gb, inb, jb2);
   EXPECT_EQ(core->jobs_in_flight(), 0);
 }
