@@ -185,6 +185,11 @@ class trace_buffer {
   std::vector<trace_record> recs_;
 };
 
+/// Writes runtime_options' scheduler settings (scheduler_threads,
+/// tuned_scheduler, scheduler_max_throughput, scheduler_idle_steal_us) into a
+/// CAF config, before the actor system is built from it.
+void apply_scheduler_options(const runtime_options& o, caf::actor_system_config& cfg);
+
 /// Forwards backend fault callbacks to a device actor while the runtime lives.
 struct fault_sink {
   std::mutex m;

@@ -28,9 +28,7 @@ expected<std::unique_ptr<runtime>> runtime::create(const std::string& device_spe
   if (devs->empty()) return error{errc::bad_device_spec, "device spec '" + device_spec + "' names no device"};
   auto p = std::make_unique<impl>();
   msg::register_message_types(p->cfg);
-  if (options.scheduler_threads > 0)
-    p->cfg.set("scheduler.max-threads", static_cast<size_t>(options.scheduler_threads));
-  if (options.tuned_scheduler) p->cfg.set("work-stealing.moderate-poll-attempts", static_cast<size_t>(0));
+  actors::apply_scheduler_options(options, p->cfg);
   try {
     p->sys = std::make_unique<caf::actor_system>(p->cfg);
   } catch (const std::exception& e) {

@@ -14,6 +14,7 @@
 // Flags (--name=value): --devices=4 --micro=16 --stage-ms=2 --repeats=3
 //   --dispatch-jobs=2000 --dispatch-layers=32 --dispatch-branches=16 --dispatch-devices=2
 //   --in-flight=64 --threads=0 (CAF scheduler threads, 0: default)
+//   --sched-max-throughput=1 --sched-idle-steal-us=1000 (runtime_options::scheduler_*, 0: CAF's default)
 //   --dispatch-only=1 (many-split jobs only) / =2 (6-split jobs) / =3 (1-3 op splits): for profilers
 #include <algorithm>
 #include <chrono>
@@ -92,13 +93,16 @@ ag::graph pipeline_graph(int stages, int64_t rows, int64_t d) {
   return std::move(*g);
 }
 
+/// Scheduler settings from the flags; every runtime of this benchmark starts from it.
+ag::runtime_options base_options;
+
 struct dispatch_result {
   double us_per_split = 0, us_per_step = 0, jobs_per_s = 0;
   int splits = 0, steps = 0, ops = 0;  // per job; ops: launched ops of the compute splits
 };
 
 dispatch_result run_dispatch(int devices, int branches, int layers, int jobs, int in_flight, int threads) {
-  ag::runtime_options o;
+  ag::runtime_options o = base_options;
   o.backend.sim.zero_delay = true;
   o.backend.sim.compute_values = false;
   o.arenas_per_device = in_flight;
@@ -142,7 +146,7 @@ dispatch_result run_dispatch(int devices, int branches, int layers, int jobs, in
 }
 
 double run_pipeline(int devices, int stages, int micro, double stage_ms, int repeats, int threads) {
-  ag::runtime_options o;
+  ag::runtime_options o = base_options;
   // A slow f32 unit so that one stage (2 * rows * d * d flops) takes stage_ms
   // of simulated (= wall, time_scale 1) time; copies stay in the microseconds.
   constexpr int64_t rows = 64, d = 256;
@@ -182,6 +186,10 @@ int main(int argc, char** argv) {
   const double stage_ms = flag(f, "stage-ms", 2.0);
   const int repeats = static_cast<int>(flag(f, "repeats", 3));
   const int threads = static_cast<int>(flag(f, "threads", 0));
+  base_options.scheduler_max_throughput =
+      static_cast<int>(flag(f, "sched-max-throughput", base_options.scheduler_max_throughput));
+  base_options.scheduler_idle_steal_us =
+      static_cast<int>(flag(f, "sched-idle-steal-us", base_options.scheduler_idle_steal_us));
 
   // Dispatch cost: jobs of many small splits (the headline figure), and small
   // jobs of 6 splits, where the fixed per-job cost (job actor, arenas, handle)

@@ -329,6 +329,9 @@ struct core {
   int64_t ref_ns = 0;
   int64_t anchored_at_ns = 0;         // host time of the last calibration
   double rate = 1.0;
+  // Created by the first calibrate() and kept: stream creation can hold the
+  // driver lock for long, and calibrate() runs again every second.
+  cudaStream_t clock_stream = nullptr;
 
   ~core() {
     if (poll) poll->stop();
@@ -336,6 +339,7 @@ struct core {
     for (cudaEvent_t e : pool) AG_CUDA_ASSERT(cudaEventDestroy(e));
     if (ref_event) AG_CUDA_ASSERT(cudaEventDestroy(ref_event));
     if (spare_event) AG_CUDA_ASSERT(cudaEventDestroy(spare_event));
+    if (clock_stream) AG_CUDA_ASSERT(cudaStreamDestroy(clock_stream));
   }
 
   error dead_error() const {
@@ -381,8 +385,8 @@ struct core {
     device_guard g(ordinal);
     if (!ref_event) AG_CUDA_TRY(cudaEventCreate(&ref_event), name);
     if (!spare_event) AG_CUDA_TRY(cudaEventCreate(&spare_event), name);
-    cudaStream_t s = nullptr;
-    AG_CUDA_TRY(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), name);
+    if (!clock_stream) AG_CUDA_TRY(cudaStreamCreateWithFlags(&clock_stream, cudaStreamNonBlocking), name);
+    cudaStream_t s = clock_stream;
     // The previous anchor, if any, moves to `spare_event` only once a better
     // one exists; samples go into `candidate`.
     const bool had_anchor = anchored_at_ns != 0;
@@ -415,7 +419,6 @@ struct core {
         }
       }
     }
-    AG_CUDA_ASSERT(cudaStreamDestroy(s));
     if (candidate) AG_CUDA_ASSERT(cudaEventDestroy(candidate));
     if (err || !best) {
       if (best) AG_CUDA_ASSERT(cudaEventDestroy(best));
