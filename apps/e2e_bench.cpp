@@ -262,6 +262,9 @@ int64_t union_ns(std::vector<std::pair<int64_t, int64_t>> iv) {
 /// Idle fraction of compute lanes on `device` for `job`: 1 - busy / window,
 /// window = [first compute start, last compute end] (or all steps when
 /// `with_io`: the h2d upload before and the d2h copy after count as idle).
+/// A step on a compute lane ("compute0", "compute1", ...), not a copy.
+bool is_compute(const ag::trace_record& r) { return r.lane.rfind("compute", 0) == 0; }
+
 struct idle_figure {
   double fraction = NAN;
   int compute_steps = 0;
@@ -274,7 +277,7 @@ idle_figure idle_of(const ag::trace& t, uint64_t job, int device, bool with_io) 
   int64_t lo = INT64_MAX, hi = INT64_MIN;
   for (const auto& r : t.records) {
     if ((job != all_jobs && r.job != job) || r.device != device) continue;
-    const bool compute = r.lane.rfind("compute", 0) == 0;
+    const bool compute = is_compute(r);
     if (compute) {
       busy.emplace_back(r.start_ns, r.end_ns);
       ++f.compute_steps;
@@ -579,6 +582,14 @@ double run_batch(ag::runtime& rt, const std::shared_ptr<const ag::plan>& p,
   return median(ms);
 }
 
+/// [start, end] of every compute step on `device` (over all jobs), unsorted.
+std::vector<std::pair<int64_t, int64_t>> compute_intervals(const ag::trace& t, int device) {
+  std::vector<std::pair<int64_t, int64_t>> iv;
+  for (const auto& r : t.records)
+    if (r.device == device && is_compute(r)) iv.emplace_back(r.start_ns, r.end_ns);
+  return iv;
+}
+
 /// Gaps between consecutive compute steps on `device` (over all jobs):
 /// count and sum of those longer than `min_us`, and the longest.
 struct gap_figure {
@@ -586,9 +597,7 @@ struct gap_figure {
   double total_ms = 0, longest_us = 0;
 };
 gap_figure gaps_of(const ag::trace& t, int device, double min_us) {
-  std::vector<std::pair<int64_t, int64_t>> iv;
-  for (const auto& r : t.records)
-    if (r.device == device && r.lane.rfind("compute", 0) == 0) iv.emplace_back(r.start_ns, r.end_ns);
+  auto iv = compute_intervals(t, device);
   std::sort(iv.begin(), iv.end());
   gap_figure g;
   int64_t end = iv.empty() ? 0 : iv.front().second;
@@ -623,7 +632,7 @@ void run_pipeline(const options& o, ag::runtime& rt) {
   // The figures below are of the worst run (lowest efficiency).
   ag::trace tr1, tr2;
   std::pair<int64_t, int64_t> span1, span2;
-  double t1 = 0, t2 = 0;
+  double t1 = 0, t2 = 0, worst = 0;
   std::vector<double> efficiencies;
   for (int run = 0; run < o.pipeline_runs; ++run) {
     ag::trace a, b;
@@ -631,7 +640,8 @@ void run_pipeline(const options& o, ag::runtime& rt) {
     const double ta = run_batch(rt, p1, ins, o.pipeline_repeats, a, sa);
     const double tb = run_batch(rt, p2, ins, o.pipeline_repeats, b, sb);
     efficiencies.push_back(ta / tb / ideal);
-    if (run == 0 || efficiencies.back() < *std::min_element(efficiencies.begin(), efficiencies.end() - 1)) {
+    if (run == 0 || efficiencies.back() < worst) {
+      worst = efficiencies.back();
       tr1 = std::move(a), tr2 = std::move(b), span1 = sa, span2 = sb, t1 = ta, t2 = tb;
     }
   }
@@ -663,10 +673,7 @@ void run_pipeline(const options& o, ag::runtime& rt) {
   const double i1 = idle_of(tr1, all_jobs, 0, false).fraction;
   add_row("pipeline: 1 device, compute idle fraction", i1, "%.4f");
   auto busy_ms = [](const ag::trace& t, int device) {
-    std::vector<std::pair<int64_t, int64_t>> iv;
-    for (const auto& r : t.records)
-      if (r.device == device && r.lane.rfind("compute", 0) == 0) iv.emplace_back(r.start_ns, r.end_ns);
-    return static_cast<double>(union_ns(std::move(iv))) / 1e6;
+    return static_cast<double>(union_ns(compute_intervals(t, device))) / 1e6;
   };
   add_row("pipeline: 2 devices, compute busy ms dev 0 / 1", [&] {
     char b[64];
@@ -684,7 +691,7 @@ void run_pipeline(const options& o, ag::runtime& rt) {
   {
     int64_t first = INT64_MAX, last = INT64_MIN;
     for (const auto& r : tr2.records)
-      if (r.lane.rfind("compute", 0) == 0) {
+      if (is_compute(r)) {
         first = std::min(first, r.start_ns);
         last = std::max(last, r.end_ns);
       }
@@ -696,7 +703,7 @@ void run_pipeline(const options& o, ag::runtime& rt) {
     }
     int64_t first_on[2] = {INT64_MAX, INT64_MAX}, last_on[2] = {INT64_MIN, INT64_MIN};
     for (const auto& r : tr2.records)
-      if (r.lane.rfind("compute", 0) == 0 && r.device >= 0 && r.device < 2) {
+      if (is_compute(r) && r.device >= 0 && r.device < 2) {
         first_on[r.device] = std::min(first_on[r.device], r.start_ns);
         last_on[r.device] = std::max(last_on[r.device], r.end_ns);
       }
@@ -709,7 +716,7 @@ void run_pipeline(const options& o, ag::runtime& rt) {
     for (int d = 0; d < 2; ++d) {
       std::vector<const ag::trace_record*> cs;
       for (const auto& r : tr2.records)
-        if (r.device == d && r.lane.rfind("compute", 0) == 0) cs.push_back(&r);
+        if (r.device == d && is_compute(r)) cs.push_back(&r);
       std::sort(cs.begin(), cs.end(), [](auto* a, auto* b) { return a->start_ns < b->start_ns; });
       const ag::trace_record* before = nullptr;
       const ag::trace_record* after = nullptr;
@@ -748,7 +755,7 @@ void run_pipeline(const options& o, ag::runtime& rt) {
   figure("pipeline_speedup" + tag, speedup);
   figure("pipeline_efficiency" + tag, median(efficiencies));
   if (o.pipeline_runs > 1) {
-    figure("pipeline_efficiency_min" + tag, *std::min_element(efficiencies.begin(), efficiencies.end()));
+    figure("pipeline_efficiency_min" + tag, worst);
     figure("pipeline_efficiency_max" + tag, *std::max_element(efficiencies.begin(), efficiencies.end()));
   }
 }

@@ -885,9 +885,9 @@ class cuda_device final : public device {
 
   // --- work ---
   error launch(stream& s, const op_launch& l) override {
-    if (!alive()) return core_->dead_error();
-    auto* cs = own(s);
-    if (!cs) return error(errc::invalid_argument, spec_.name + ": launch on a stream of another device");
+    auto us = usable(s, "launch");
+    if (!us) return us.err();
+    cuda_stream* cs = *us;
     if (!l.op) return error(errc::invalid_argument, spec_.name + ": launch without a node");
     const node& n = *l.op;
     launch_ctx c;
@@ -1020,9 +1020,9 @@ class cuda_device final : public device {
     return copy(s, dst, src, bytes, cudaMemcpyDeviceToHost, "copy_d2h");
   }
   error copy_peer(stream& s, void* dst, device& src_dev, const void* src, int64_t bytes) override {
-    if (!alive()) return core_->dead_error();
-    auto* cs = own(s);
-    if (!cs) return error(errc::invalid_argument, spec_.name + ": copy_peer on a stream of another device");
+    auto us = usable(s, "copy_peer");
+    if (!us) return us.err();
+    cuda_stream* cs = *us;
     if (bytes <= 0) return {};
     device_guard g(core_->ordinal);
     if (auto* peer = dynamic_cast<cuda_device*>(&src_dev)) {
@@ -1103,6 +1103,14 @@ class cuda_device final : public device {
     auto* cs = dynamic_cast<cuda_stream*>(&s);
     return cs && cs->core_ == core_ && cs->s_ ? cs : nullptr;
   }
+  /// The stream to enqueue `what` on: the device's death error if it is
+  /// dead, invalid_argument if `s` belongs to another device.
+  expected<cuda_stream*> usable(stream& s, const char* what) {
+    if (!alive()) return core_->dead_error();
+    auto* cs = own(s);
+    if (!cs) return error(errc::invalid_argument, spec_.name + ": " + what + " on a stream of another device");
+    return cs;
+  }
 
  private:
   /// A pinned staging buffer of at least n bytes: a free one, one whose
@@ -1148,9 +1156,9 @@ class cuda_device final : public device {
 
   /// Device -> pageable host without blocking the caller (see staging_pool).
   error staged_copy_d2h(stream& s, void* dst, const void* src, int64_t bytes) {
-    if (!alive()) return core_->dead_error();
-    auto* cs = own(s);
-    if (!cs) return error(errc::invalid_argument, spec_.name + ": copy_d2h on a stream of another device");
+    auto us = usable(s, "copy_d2h");
+    if (!us) return us.err();
+    cuda_stream* cs = *us;
     const auto n = static_cast<std::size_t>(bytes);
     device_guard g(core_->ordinal);
     auto st = take_staging(n, "copy_d2h");
@@ -1174,9 +1182,9 @@ class cuda_device final : public device {
   /// synchronise with the stream): the caller's thread fills a pinned buffer,
   /// the DMA reads it asynchronously, an event tells when it may be reused.
   error staged_copy_h2d(stream& s, void* dst, const void* src, int64_t bytes) {
-    if (!alive()) return core_->dead_error();
-    auto* cs = own(s);
-    if (!cs) return error(errc::invalid_argument, spec_.name + ": copy_h2d on a stream of another device");
+    auto us = usable(s, "copy_h2d");
+    if (!us) return us.err();
+    cuda_stream* cs = *us;
     const auto n = static_cast<std::size_t>(bytes);
     device_guard g(core_->ordinal);
     cudaEvent_t done = core_->poll->take_event();
@@ -1205,9 +1213,9 @@ class cuda_device final : public device {
   }
 
   error copy(stream& s, void* dst, const void* src, int64_t bytes, cudaMemcpyKind kind, const char* what) {
-    if (!alive()) return core_->dead_error();
-    auto* cs = own(s);
-    if (!cs) return error(errc::invalid_argument, spec_.name + ": " + what + " on a stream of another device");
+    auto us = usable(s, what);
+    if (!us) return us.err();
+    cuda_stream* cs = *us;
     if (bytes <= 0) return {};
     device_guard g(core_->ordinal);
     return AG_CORE_CHECK(*core_, cudaMemcpyAsync(dst, src, static_cast<size_t>(bytes), kind, cs->s_),

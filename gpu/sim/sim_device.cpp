@@ -20,6 +20,9 @@ double bytes_of(const tensor_arg& t) {
   return static_cast<double>(t.dims.numel()) * static_cast<double>(dtype_size(t.type));
 }
 
+/// Whether admit_op must draw numbers for `f` (op errors or stalls).
+bool draws_faults(const fault_config& f) { return f.op_error_rate > 0 || f.op_stall_rate > 0; }
+
 }  // namespace
 
 op_cost cost_of_launch(const op_launch& l) {
@@ -64,7 +67,7 @@ sim_device::sim_device(device_spec spec, int index, const sim_options& options)
       rng_(options.seed * 0x9e3779b97f4a7c15ull + static_cast<uint64_t>(index) + 1),
       faults_(options.faults),
       die_at_(options.faults.die_after_ops) {
-  faults_possible_.store(options.faults.op_error_rate > 0 || options.faults.op_stall_rate > 0);
+  faults_possible_.store(draws_faults(options.faults));
   if (die_at_ == 0) kill("configured to die after 0 ops (injected fault)");
 }
 
@@ -75,7 +78,7 @@ void sim_device::kill(const std::string& why) {
 void sim_device::set_faults(const fault_config& f) {
   std::lock_guard<std::mutex> lk(mutex_);
   faults_ = f;
-  faults_possible_.store(f.op_error_rate > 0 || f.op_stall_rate > 0);
+  faults_possible_.store(draws_faults(f));
   die_at_ = f.die_after_ops < 0 ? -1 : ops_run() + f.die_after_ops;
 }
 
@@ -128,7 +131,6 @@ host::work_timing sim_device::copy_timing(host::host_stream& s, host::copy_kind 
   host::work_timing t;
   t.seconds = cost * jitter_factor();
   modelled_ += t.seconds;
-  if (options_.zero_delay) t = {};
   return t;
 }
 

@@ -6,35 +6,10 @@
 #include <fstream>
 #include <sstream>
 
-#include "apps/repl/session.hpp"
+#include "session_fixture.hpp"
 
 using namespace ag::repl;
-
-namespace {
-
-struct fixture {
-  std::ostringstream out;
-  session s{out, opts()};
-  static session_options opts() {
-    session_options o;
-    o.default_devices = "sim:2";
-    o.default_time_scale = 0.01;
-    o.scheduler_threads = 2;
-    return o;
-  }
-  // Runs one line; returns its status and leaves its output in `text`.
-  exec_status run(const std::string& line) {
-    out.str("");
-    const exec_status st = s.execute(line);
-    text = out.str();
-    return st;
-  }
-  std::string text;
-};
-
-bool has(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
-
-}  // namespace
+using namespace ag::repl::test_support;
 
 TEST(ReplCommands, UnknownCommandSaysSoAndSuggests) {
   fixture f;

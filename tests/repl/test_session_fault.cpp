@@ -8,45 +8,14 @@
 #include <regex>
 #include <sstream>
 
-#include "apps/repl/session.hpp"
+#include "session_fixture.hpp"
 
 using namespace ag::repl;
+using namespace ag::repl::test_support;
 
 namespace {
 
-bool has(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
-int count(const std::string& s, const std::string& part) {
-  int n = 0;
-  for (std::size_t p = s.find(part); p != std::string::npos; p = s.find(part, p + 1)) ++n;
-  return n;
-}
 bool contains(const std::vector<std::string>& v, const std::string& x) { return std::find(v.begin(), v.end(), x) != v.end(); }
-
-session_options opts() {
-  session_options o;
-  o.default_devices = "sim:2";
-  o.default_time_scale = 0.01;
-  o.scheduler_threads = 2;
-  return o;
-}
-
-struct fixture {
-  std::ostringstream out;
-  session s{out, opts()};
-  exec_status run(const std::string& line) {
-    out.str("");
-    const exec_status st = s.execute(line);
-    text = out.str();
-    return st;
-  }
-  // Runs lines, failing the test at the first one that fails.
-  void ok(std::initializer_list<const char*> lines) {
-    for (const char* l : lines) ASSERT_EQ(run(l), exec_status::ok) << l << "\n" << text;
-  }
-  std::string text;
-};
-
-const char* small_gpt2 = "model gpt2 layers=2 d=32 heads=2 ff=64 seq=8 vocab=64";
 
 // The first line of `text` that contains `part` (empty if none).
 std::string line_with(const std::string& text, const std::string& part) {
@@ -62,7 +31,7 @@ std::string line_with(const std::string& text, const std::string& part) {
 // sim0 and `stages=1` keeps jobs on the healthy cpu0.
 TEST(ReplFault, OpErrorFailsJobsNamingDeviceStepAndOpWhileHealthyJobsCheckOk) {
   std::ostringstream out;
-  session s(out, opts());
+  session s(out, fixture::opts());
   std::istringstream script(std::string("devices cpu:1,sim:1 scale=0.01\n") + small_gpt2 +
                             "\n"
                             "fault sim0 error\n"

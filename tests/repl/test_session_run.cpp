@@ -6,45 +6,10 @@
 #include <fstream>
 #include <sstream>
 
-#include "apps/repl/session.hpp"
+#include "session_fixture.hpp"
 
 using namespace ag::repl;
-
-namespace {
-
-bool has(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
-int count(const std::string& s, const std::string& part) {
-  int n = 0;
-  for (std::size_t p = s.find(part); p != std::string::npos; p = s.find(part, p + 1)) ++n;
-  return n;
-}
-
-struct fixture {
-  std::ostringstream out;
-  session s{out, opts()};
-  static session_options opts() {
-    session_options o;
-    o.default_devices = "sim:2";
-    o.default_time_scale = 0.01;
-    o.scheduler_threads = 2;
-    return o;
-  }
-  exec_status run(const std::string& line) {
-    out.str("");
-    const exec_status st = s.execute(line);
-    text = out.str();
-    return st;
-  }
-  // Runs lines, failing the test at the first one that fails.
-  void ok(std::initializer_list<const char*> lines) {
-    for (const char* l : lines) ASSERT_EQ(run(l), exec_status::ok) << l << "\n" << text;
-  }
-  std::string text;
-};
-
-const char* small_gpt2 = "model gpt2 layers=2 d=32 heads=2 ff=64 seq=8 vocab=64";
-
-}  // namespace
+using namespace ag::repl::test_support;
 
 TEST(ReplRun, BatchReportsEveryJobWithAReferenceCheck) {
   fixture f;
