@@ -124,11 +124,14 @@ caf::behavior device_actor_fn(device_actor_t* self, gpu::device_ptr dev, int cap
         auto& st = self->state;
         if (st.dead) return;
         st.dead = true;
-        // Backends usually name the device in their fault; prefix it only when not.
-        const std::string& name = st.dev->spec().name;
-        const bool named = m.err.message.find("'" + name + "'") != std::string::npos ||
-                           m.err.message.rfind(name, 0) == 0;
-        st.death = error{errc::device_failed, named ? m.err.message : "device '" + name + "' failed: " + m.err.message};
+        // A backend that names this device in its fault says so in the
+        // error's device field; otherwise the device is named here.
+        st.death = m.err;
+        st.death.code = errc::device_failed;
+        if (st.death.device != st.index) {
+          st.death.message = "device '" + st.dev->spec().name + "' failed: " + st.death.message;
+          st.death.device = st.index;
+        }
         for (auto& [key, pool] : st.pools) {
           for (auto& req : pool.queue) refuse(self, req, st.death);
           pool.queue.clear();

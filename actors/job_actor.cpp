@@ -233,9 +233,10 @@ caf::behavior job_actor_fn(job_actor_t* self, runtime_core* core, std::shared_pt
         if (m.err) {
           const auto& lp = *st.ctx->lp;
           const auto& a = lp.actors[static_cast<std::size_t>(lp.steps[static_cast<std::size_t>(m.step)].actor)];
-          return begin_fail(self, {m.err.code, "device '" + st.core->specs()[static_cast<std::size_t>(a.device)].name +
-                                                   "' step " + std::to_string(m.step) + " (" + lane_name(a.kind, a.lane) +
-                                                   "): " + m.err.message});
+          return begin_fail(self, {m.err.code,
+                                   "device '" + st.core->specs()[static_cast<std::size_t>(a.device)].name + "' step " +
+                                       std::to_string(m.step) + " (" + lane_name(a.kind, a.lane) + "): " + m.err.message,
+                                   a.device, m.step, m.err.op});
         }
         if (--st.remaining == 0) {
           // complete_from_backend() ran before this message was sent and

@@ -102,8 +102,9 @@ error launch_step(exec_state& st, const job_context& ctx, step_id s) {
         for (std::size_t i = 0; i < op.inputs.size(); ++i) l.inputs[i].data = at(op.inputs[i]);
         err = st.dev->launch(*st.stream, l);
         if (err) {
-          return {err.code, describe_step(st, ctx, s) + " op '" + op.op->name + "' (" + to_string(op.op->op) +
-                                "): " + err.message};
+          return {err.code,
+                  describe_step(st, ctx, s) + " op '" + op.op->name + "' (" + to_string(op.op->op) + "): " + err.message,
+                  st.device, s, op.op->name};
         }
       }
       break;
@@ -128,7 +129,7 @@ error launch_step(exec_state& st, const job_context& ctx, step_id s) {
       break;
     }
   }
-  if (err) return {err.code, describe_step(st, ctx, s) + ": " + err.message};
+  if (err) return {err.code, describe_step(st, ctx, s) + ": " + err.message, st.device, s};
   slot.end = take_event(st, ctx.timing);
   st.dev->record(*slot.end, *st.stream);
   if (si.completion) {

@@ -162,7 +162,8 @@ error planner::plan_memory(plan& p) {
                    "device " + std::to_string(d) + " ('" + spec.name + "') needs " +
                        std::to_string(mem.arena_bytes + mem.weight_bytes) + " bytes (arena " +
                        std::to_string(mem.arena_bytes) + " + weights " + std::to_string(mem.weight_bytes) +
-                       ") but has " + std::to_string(spec.mem_bytes));
+                       ") but has " + std::to_string(spec.mem_bytes),
+                   static_cast<int>(d));
   }
   return {};
 }

@@ -7,16 +7,24 @@ namespace ag::msg {
 
 caf::error to_caf(const ag::error& e) {
   if (e.ok()) return caf::error{};
-  return caf::error{static_cast<uint8_t>(e.code), ag_error_category, caf::make_message(e.message)};
+  return caf::error{static_cast<uint8_t>(e.code), ag_error_category,
+                    caf::make_message(e.message, static_cast<int32_t>(e.device), e.step, e.op)};
 }
 
 ag::error from_caf(const caf::error& e) {
   if (!e) return {};
   if (e.category() == ag_error_category) {
-    std::string text;
+    ag::error r{static_cast<errc>(e.code()), {}};
     const auto& ctx = e.context();
-    if (ctx.match_elements<std::string>()) text = ctx.get_as<std::string>(0);
-    return {static_cast<errc>(e.code()), std::move(text)};
+    if (ctx.match_elements<std::string, int32_t, int32_t, std::string>()) {
+      r.message = ctx.get_as<std::string>(0);
+      r.device = ctx.get_as<int32_t>(1);
+      r.step = ctx.get_as<int32_t>(2);
+      r.op = ctx.get_as<std::string>(3);
+    } else if (ctx.match_elements<std::string>()) {
+      r.message = ctx.get_as<std::string>(0);
+    }
+    return r;
   }
   if (e.category() == caf::atom("system") &&
       e.code() == static_cast<uint8_t>(caf::sec::request_timeout))

@@ -34,10 +34,11 @@ struct device_plan;   // actors/internal.hpp
 }  // namespace ag::actors
 
 namespace ag {
-/// Serializes an ag::error (code and message) in CAF messages.
+/// Serializes an ag::error (code, message and the device, step and op it
+/// concerns) in CAF messages.
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, error& x) {
-  return f(caf::meta::type_name("ag.error"), x.code, x.message);
+  return f(caf::meta::type_name("ag.error"), x.code, x.message, x.device, x.step, x.op);
 }
 }  // namespace ag
 

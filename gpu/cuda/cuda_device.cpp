@@ -309,6 +309,7 @@ class poller {
 /// State shared by a device, its streams and its events.
 struct core {
   int ordinal = 0;
+  int index = -1;  ///< the device's index in the runtime (error::device)
   std::string name;
   std::shared_ptr<poller> poll;
   std::atomic<bool> alive{true};
@@ -343,7 +344,7 @@ struct core {
   }
 
   error dead_error() const {
-    return error(errc::device_failed, name + " is dead" + (death.message.empty() ? "" : ": " + death.message));
+    return error(errc::device_failed, name + " is dead" + (death.message.empty() ? "" : ": " + death.message), index);
   }
 
   /// Marks the device dead once and reports it to the fault handler.
@@ -354,10 +355,11 @@ struct core {
       if (fault_reported) return;
       fault_reported = true;
       death = e;
+      death.device = index;  // the message names the device ("cudaN ...")
       alive.store(false, std::memory_order_release);
       h = fault_handler;
     }
-    if (h) h(e);
+    if (h) h(death);
   }
 
   /// Checks a CUDA result: sticky errors kill the device.
@@ -1270,6 +1272,7 @@ expected<device_ptr> make_one(int ordinal, int index, const backend_options& opt
 
   auto c = std::make_shared<core>();
   c->ordinal = ordinal;
+  c->index = index;
   c->name = spec.name;
   if (error e = c->calibrate()) return e;
   c->poll = std::make_shared<poller>(ordinal, spec.name);

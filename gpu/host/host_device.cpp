@@ -43,7 +43,12 @@ host_device::~host_device() {
 }
 
 error host_device::dead_error(const char* what) const {
-  return error(errc::device_failed, "device '" + spec_.name + "' is dead, cannot " + what);
+  // The device's own death error (what on_fault reported, with its reason),
+  // whichever path reaches a job first: this refusal or the fault notice.
+  // death_error_ is written once, before dead_ is set (release); callers saw
+  // dead_ set (acquire).
+  return error(errc::device_failed,
+               "device '" + spec_.name + "' is dead, cannot " + what + " (" + death_error_.message + ")", index_);
 }
 
 expected<void*> host_device::allocate(int64_t bytes) {
@@ -336,7 +341,12 @@ void host_device::die(error why) {
   if (why.code != errc::device_failed) {
     why.code = errc::device_failed;
   }
-  if (why.message.empty()) why.message = "device '" + spec_.name + "' died";
+  // The fault names this device, in its text and in error::device (the device
+  // actor then reports it as is). A caller that set the field named it already.
+  if (why.device != index_) {
+    why.message = "device '" + spec_.name + "' died" + (why.message.empty() ? "" : ": " + why.message);
+    why.device = index_;
+  }
   std::function<void(const error&)> handler;
   {
     std::lock_guard<std::mutex> lk(death_mutex_);
