@@ -7,16 +7,6 @@
 
 namespace ag {
 
-const char* to_string(step_kind k) noexcept {
-  switch (k) {
-    case step_kind::compute: return "compute";
-    case step_kind::copy_h2d: return "h2d";
-    case step_kind::copy_d2h: return "d2h";
-    case step_kind::copy_peer: return "peer";
-  }
-  return "unknown";
-}
-
 expected<tensor_location> plan::locate(node_id id, int device) const {
   if (!graph_ || id < 0 || static_cast<std::size_t>(id) >= graph_->size())
     return error(errc::internal, "locate: node id " + std::to_string(id) + " is not in the plan's graph");

@@ -19,18 +19,12 @@
 
 #include "graph/cost_model.hpp"
 #include "graph/graph.hpp"
+#include "graph/step_kind.hpp"
 
 namespace ag {
 
 using step_id = int32_t;
 
-enum class step_kind : uint8_t {
-  compute,    ///< a split: ops on (device, lane)
-  copy_h2d,   ///< job input host -> device
-  copy_d2h,   ///< job output device -> host
-  copy_peer,  ///< device -> device
-};
-const char* to_string(step_kind k) noexcept;
 
 /// One unit the actors schedule.
 ///

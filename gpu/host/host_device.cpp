@@ -135,20 +135,29 @@ error host_device::download(void* dst, const void* src, int64_t bytes) {
   return {};
 }
 
-std::unique_ptr<stream> host_device::create_stream(stream_role role) {
-  auto s = std::make_unique<host_stream>(role, streams_created_.fetch_add(1), cfg_.inline_streams);
-  if (role != stream_role::compute)
+expected<std::unique_ptr<stream>> host_device::create_stream(step_kind kind) {
+  if (!alive()) return dead_error((std::string("create a ") + to_string(kind) + " stream").c_str());
+  std::unique_ptr<host_stream> s;
+  try {
+    s = std::make_unique<host_stream>(kind, streams_created_.fetch_add(1), cfg_.inline_streams);
+  } catch (const std::exception& x) {  // std::thread could not start a worker
+    return error(errc::device_failed,
+                 "device '" + spec_.name + "': cannot start a " + to_string(kind) + " stream: " + x.what(), index_);
+  }
+  if (is_copy(kind))
     s->set_engine(copy_streams_created_.fetch_add(1) % static_cast<int>(engines_.size()));
-  return s;
+  return std::unique_ptr<stream>(std::move(s));
 }
 
-std::unique_ptr<event> host_device::create_event(bool timing) {
-  return std::make_unique<host_event>(timing);
+expected<std::unique_ptr<event>> host_device::create_event(bool timing) {
+  return std::unique_ptr<event>(std::make_unique<host_event>(timing));
 }
 
-void host_device::record(event& e, stream& s) {
+error host_device::record(event& e, stream& s) {
   auto* he = dynamic_cast<host_event*>(&e);
-  if (!he) return;
+  if (!he)
+    return error(errc::invalid_argument,
+                 "device '" + spec_.name + "': record() needs an event of a cpu or sim device", index_);
   std::shared_ptr<event_state> st = he->state();
   const uint64_t gen = st->arm();
   const bool timed = cfg_.timed;
@@ -159,20 +168,21 @@ void host_device::record(event& e, stream& s) {
     const int64_t at = timed ? std::min(now, std::max(ctx.enqueue_ns, ctx.clock_ns)) : now;
     st->reach(gen, at);
   });
+  return {};
 }
 
-void host_device::wait(stream& s, const event& e) {
+error host_device::wait(stream& s, const event& e) {
   host_stream& hs = as_host(s);
   if (const auto* he = dynamic_cast<const host_event*>(&e)) {
     std::shared_ptr<event_state> st = he->state();
     const uint64_t gen = st->armed();
-    if (gen == 0) return;  // never recorded: complete
+    if (gen == 0) return {};  // never recorded: complete
     hs.post([this, st = std::move(st), gen, &hs](task_context& ctx) {
       if (!ctx.dropping && !st->reached(gen))
         st->wait_for(gen, [&] { return hs.dropping() || !alive(); });
       if (st->reached(gen)) ctx.clock_ns = std::max(ctx.clock_ns, st->completion_ns());
     });
-    return;
+    return {};
   }
   // A foreign event (another backend): its own blocking wait, on our worker.
   // The event must outlive this wait (as it must on CUDA's side).
@@ -181,6 +191,7 @@ void host_device::wait(stream& s, const event& e) {
     e.host_wait();
     ctx.clock_ns = std::max(ctx.clock_ns, host_clock_ns());
   });
+  return {};
 }
 
 void host_device::sleep_until(int64_t deadline_ns, const host_stream& hs) {

@@ -56,14 +56,19 @@ class host_device : public device {
   error upload(void* dst, const void* src, int64_t bytes) override;
   error download(void* dst, const void* src, int64_t bytes) override;
 
-  std::unique_ptr<stream> create_stream(stream_role role) override;
-  std::unique_ptr<event> create_event(bool timing = false) override;
-  /// `e` must be a host event (from any host device); other event types are ignored.
-  void record(event& e, stream& s) override;
+  /// Starts the stream's worker thread (none for inline streams). Fails on a
+  /// dead device or when the thread cannot be started.
+  expected<std::unique_ptr<stream>> create_stream(step_kind kind) override;
+  expected<std::unique_ptr<event>> create_event(bool timing = false) override;
+  /// `e` must be a host event (from any host device): another event type is
+  /// refused with errc::invalid_argument. `s` must be a stream of this device.
+  /// On a dead device the record still completes the event (nothing waits forever).
+  error record(event& e, stream& s) override;
   /// Host events are waited for by generation on the worker; any other event
   /// type (e.g. CUDA) by a blocking e.host_wait() on the worker. On an inline
-  /// stream the wait blocks the calling thread.
-  void wait(stream& s, const event& e) override;
+  /// stream the wait blocks the calling thread. `s` must be a stream of this
+  /// device. Never fails.
+  error wait(stream& s, const event& e) override;
 
   error launch(stream& s, const op_launch& l) override;
   error copy_h2d(stream& s, void* dst, const void* src, int64_t bytes) override;

@@ -21,8 +21,8 @@ void event_state::wait_for(uint64_t gen) const {
   cv_.wait(lk, [&] { return reached(gen); });
 }
 
-host_stream::host_stream(stream_role role, int index, bool inline_mode)
-    : role_(role), index_(index), inline_(inline_mode) {
+host_stream::host_stream(step_kind kind, int index, bool inline_mode)
+    : kind_(kind), index_(index), inline_(inline_mode) {
   if (!inline_) worker_ = std::thread([this] { run(); });
 }
 

@@ -110,14 +110,14 @@ class host_stream final : public stream {
 
   /// `inline_mode`: submit() runs the task at once in the calling thread (the
   /// sim backend's instant device); no worker thread is started.
-  host_stream(stream_role role, int index, bool inline_mode);
+  host_stream(step_kind kind, int index, bool inline_mode);
   /// Drops pending work: the worker runs every pending task with
   /// context.dropping = true (events complete, notify callbacks get
   /// errc::cancelled), finishes the task it is in, and joins. Never hangs on a
   /// wait for an event that never comes (those waits poll `dropping`).
   ~host_stream() override;
 
-  stream_role role() const noexcept override { return role_; }
+  step_kind kind() const noexcept override { return kind_; }
   /// Position of this stream among its device's streams (creation order).
   int index() const noexcept { return index_; }
   bool inline_mode() const noexcept { return inline_; }
@@ -157,7 +157,7 @@ class host_stream final : public stream {
   };
   void run();
 
-  stream_role role_;
+  step_kind kind_;
   int index_;
   bool inline_;
   std::mutex mutex_;

@@ -9,7 +9,7 @@
 #include <map>
 #include <set>
 
-#include "actors/internal.hpp"
+#include "actors/runtime_core.hpp"
 #include "actors/job_state.hpp"
 #include "fake_device.hpp"
 #include "../graph/counting_host_memory.hpp"
@@ -324,8 +324,8 @@ TEST_F(Protocol, ActorsStartedByReadyRunAndForgetEveryJob) {
   auto lp = ag::actors::runtime_core::loaded(*p);
   ASSERT_NE(lp, nullptr);
   int without_run = 0;
-  for (std::size_t a = 0; a < lp->actors.size(); ++a) without_run += !ag::actors::needs_run_job(*lp, static_cast<int>(a));
-  ASSERT_GT(without_run, 0) << "the plan gave no actor whose first step waits for another actor";
+  for (const auto& q : lp->program->queues()) without_run += !q.starts_itself;
+  ASSERT_GT(without_run, 0) << "the plan gave no queue whose first step waits for another queue";
 
   std::vector<std::vector<ag::host_tensor>> ins;
   std::vector<ag::job> jobs;
@@ -368,11 +368,13 @@ TEST_F(Protocol, ReadyBatchesLargerThanOneMessageArriveComplete) {
   auto p = core->compile(g, {}).value();
   auto lp = ag::actors::runtime_core::loaded(p);
   ASSERT_NE(lp, nullptr);
-  // The h2d steps of one actor with consumers on one other actor.
+  // The h2d steps of one queue with consumers on one other queue.
   std::map<std::pair<int, int>, int> fan;
   for (const auto& s : p->steps())
-    if (s.kind == ag::step_kind::copy_h2d)
-      for (int ca : lp->steps[static_cast<std::size_t>(s.id)].consumer_actors) ++fan[{lp->steps[static_cast<std::size_t>(s.id)].actor, ca}];
+    if (s.kind == ag::step_kind::copy_h2d) {
+      const auto& ls = lp->program->step(s.id);
+      for (int cq : ls.consumer_queues) ++fan[{ls.queue, cq}];
+    }
   int widest = 0;
   for (const auto& [k, v] : fan) widest = std::max(widest, v);
   ASSERT_GT(widest, ag::msg::ready::max_steps) << "the plan does not feed one actor from enough copies";

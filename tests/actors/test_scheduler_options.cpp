@@ -9,7 +9,7 @@
 #include <caf/all.hpp>
 #include <gtest/gtest.h>
 
-#include "actors/internal.hpp"
+#include "actors/scheduler_options.hpp"
 
 namespace {
 

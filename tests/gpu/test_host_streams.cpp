@@ -45,7 +45,7 @@ struct gate {
 
 TEST(HostStreams, TasksRunInSubmissionOrderAcrossDrivingThreads) {
   auto d = devices("cpu:1");
-  auto s = d[0]->create_stream(gpu::stream_role::compute);
+  auto s = d[0]->create_stream(ag::step_kind::compute).value();
   std::vector<int> order;  // only touched by the stream's worker until synchronize
   std::mutex m;
   constexpr int per_thread = 300;
@@ -69,15 +69,15 @@ TEST(HostStreams, TasksRunInSubmissionOrderAcrossDrivingThreads) {
 TEST(HostStreams, CopiesRunInOrderAndNotifyFiresOnceAfterThem) {
   auto d = devices("cpu:1");
   auto& dev = *d[0];
-  auto s = dev.create_stream(gpu::stream_role::h2d);
+  auto s = dev.create_stream(ag::step_kind::copy_h2d).value();
   const auto src = random_ints(1 << 16, 3);
   const int64_t bytes = static_cast<int64_t>(src.size() * 4);
   auto buf = dev.allocate(bytes);
   ASSERT_TRUE(buf.has_value());
   std::vector<int32_t> back(src.size(), 0);
   ASSERT_FALSE(dev.copy_h2d(*s, *buf, src.data(), bytes));
-  auto d2h = dev.create_stream(gpu::stream_role::d2h);
-  auto ev = dev.create_event();
+  auto d2h = dev.create_stream(ag::step_kind::copy_d2h).value();
+  auto ev = dev.create_event().value();
   dev.record(*ev, *s);
   dev.wait(*d2h, *ev);
   ASSERT_FALSE(dev.copy_d2h(*d2h, back.data(), *buf, bytes));
@@ -97,10 +97,10 @@ TEST(HostStreams, CopiesRunInOrderAndNotifyFiresOnceAfterThem) {
 
 TEST(HostStreams, CrossStreamAndCrossDeviceWaitHoldsWorkUntilTheEvent) {
   auto d = devices("cpu:2");
-  auto s0 = d[0]->create_stream(gpu::stream_role::compute);
-  auto s1 = d[1]->create_stream(gpu::stream_role::peer);
+  auto s0 = d[0]->create_stream(ag::step_kind::compute).value();
+  auto s1 = d[1]->create_stream(ag::step_kind::copy_peer).value();
   gate g;
-  auto ev = d[0]->create_event(true);
+  auto ev = d[0]->create_event(true).value();
   d[0]->wait(*s0, g.ev);   // s0 blocked by the gate
   d[0]->record(*ev, *s0);  // ev completes only after the gate opens
   EXPECT_FALSE(ev->query());
@@ -135,9 +135,9 @@ TEST(HostStreams, CrossStreamAndCrossDeviceWaitHoldsWorkUntilTheEvent) {
 TEST(HostStreams, WaitUsesTheRecordMadeBeforeIt) {
   auto d = devices("cpu:1");
   auto& dev = *d[0];
-  auto s0 = dev.create_stream(gpu::stream_role::compute);
-  auto s1 = dev.create_stream(gpu::stream_role::compute);
-  auto ev = dev.create_event();
+  auto s0 = dev.create_stream(ag::step_kind::compute).value();
+  auto s1 = dev.create_stream(ag::step_kind::compute).value();
+  auto ev = dev.create_event().value();
   EXPECT_TRUE(ev->query()) << "a never-recorded event counts as complete";
   std::atomic<bool> ran{false};
   dev.wait(*s1, *ev);  // nothing recorded yet: does not wait
@@ -180,7 +180,7 @@ class foreign_event final : public gpu::event {
 
 TEST(HostStreams, ForeignEventIsWaitedForThroughHostWait) {
   auto d = devices("cpu:1");
-  auto s = d[0]->create_stream(gpu::stream_role::compute);
+  auto s = d[0]->create_stream(ag::step_kind::compute).value();
   foreign_event fe;
   std::atomic<bool> ran{false};
   d[0]->wait(*s, fe);
@@ -197,9 +197,9 @@ TEST(HostStreams, DestroyingAStreamDropsBlockedWorkWithoutHanging) {
   gate g;  // never opened
   std::atomic<int> calls{0};
   error got;
-  auto ev = d[0]->create_event();
+  auto ev = d[0]->create_event().value();
   {
-    auto s = d[0]->create_stream(gpu::stream_role::compute);
+    auto s = d[0]->create_stream(ag::step_kind::compute).value();
     d[0]->wait(*s, g.ev);
     d[0]->record(*ev, *s);
     d[0]->notify(*s, [&](const error& e) {
@@ -238,7 +238,7 @@ TEST(HostStreams, CpuDeviceMemoryIsCountedAndOutOfMemoryNamesTheDevice) {
 
 TEST(HostStreams, BadCopyArgumentsFailAtOnce) {
   auto d = devices("cpu:1");
-  auto s = d[0]->create_stream(gpu::stream_role::h2d);
+  auto s = d[0]->create_stream(ag::step_kind::copy_h2d).value();
   int x = 0;
   const error e = d[0]->copy_h2d(*s, nullptr, &x, 4);
   EXPECT_EQ(e.code, errc::invalid_argument);
@@ -263,7 +263,7 @@ TEST(HostStreams, AsyncKernelErrorReachesNotifyAsOpFailed) {
   l.inputs = {{t.data(), dtype::f32, {4, 2}, contiguous_strides({4, 2})},
               {idv.data(), dtype::i32, {2}, contiguous_strides({2})}};
   l.out = {out.data(), dtype::f32, {2, 2}, contiguous_strides({2, 2})};
-  auto s = dev.create_stream(gpu::stream_role::compute);
+  auto s = dev.create_stream(ag::step_kind::compute).value();
   ASSERT_FALSE(dev.launch(*s, l));
   std::promise<error> p;
   dev.notify(*s, [&](const error& e) { p.set_value(e); });
@@ -289,7 +289,7 @@ TEST(HostStreams, CpuDeviceLaunchComputesMatmul) {
   for (auto& v : wv) v = static_cast<float>(r.normal());
   auto dx = dev.allocate(48), dw = dev.allocate(32), dy = dev.allocate(24);
   ASSERT_TRUE(dx && dw && dy);
-  auto s = dev.create_stream(gpu::stream_role::compute);
+  auto s = dev.create_stream(ag::step_kind::compute).value();
   ASSERT_FALSE(dev.copy_h2d(*s, *dx, xv.data(), 48));
   ASSERT_FALSE(dev.copy_h2d(*s, *dw, wv.data(), 32));
   gpu::op_launch l;

@@ -73,8 +73,8 @@ TEST(SimDevice, OpsOccupyTheirStreamForAtLeastTheModelledTime) {
   auto dx = dev->allocate(64 * 4), dy = dev->allocate(64 * 4);
   ASSERT_TRUE(dx && dy);
   ASSERT_FALSE(dev->upload(*dx, job.in.data(), 64 * 4));
-  auto s = dev->create_stream(gpu::stream_role::compute);
-  auto ev = dev->create_event(true);
+  auto s = dev->create_stream(ag::step_kind::compute).value();
+  auto ev = dev->create_event(true).value();
   const int64_t t0 = gpu::host_clock_ns();
   for (int i = 0; i < 3; ++i) ASSERT_FALSE(dev->launch(*s, job.launch(*dx, *dy)));
   dev->record(*ev, *s);
@@ -105,7 +105,7 @@ TEST(SimDevice, PeerCopyTakesAtLeastLinkLatencyPlusBytesOverBandwidth) {
   rng r(3);
   for (auto& v : data) v = static_cast<uint8_t>(r.next() | 1);
   ASSERT_FALSE(src.upload(*a, data.data(), bytes));
-  auto s = dst.create_stream(gpu::stream_role::peer);
+  auto s = dst.create_stream(ag::step_kind::copy_peer).value();
   const double modelled = estimate_peer_copy_seconds(src.spec(), dst.spec(), bytes);
   ASSERT_GE(modelled, 0.014);
   const int64_t t0 = gpu::host_clock_ns();
@@ -124,8 +124,8 @@ TEST(SimDevice, CopyStreamsShareTheCopyEngines) {
   std::vector<char> h(64, 1);
   auto a = dev->allocate(64), a2 = dev->allocate(64);
   ASSERT_TRUE(a && a2);
-  auto s1 = dev->create_stream(gpu::stream_role::h2d);
-  auto s2 = dev->create_stream(gpu::stream_role::h2d);
+  auto s1 = dev->create_stream(ag::step_kind::copy_h2d).value();
+  auto s2 = dev->create_stream(ag::step_kind::copy_h2d).value();
   const double one = estimate_host_copy_seconds(dev->spec(), 64);
   const int64_t t0 = gpu::host_clock_ns();
   ASSERT_FALSE(dev->copy_h2d(*s1, *a, h.data(), 64));
@@ -146,7 +146,7 @@ TEST(SimDevice, JitterIsDeterministicBySeed) {
     auto dev = make_sim(o);
     scale_job job(1 << 16);
     auto dx = dev->allocate(job.n * 4), dy = dev->allocate(job.n * 4);
-    auto s = dev->create_stream(gpu::stream_role::compute);
+    auto s = dev->create_stream(ag::step_kind::compute).value();
     for (int i = 0; i < 50; ++i) EXPECT_FALSE(dev->launch(*s, job.launch(*dx, *dy)));
     EXPECT_FALSE(dev->copy_h2d(*s, *dx, job.in.data(), job.n * 4));
     EXPECT_FALSE(dev->synchronize(*s));
@@ -168,7 +168,7 @@ TEST(SimDevice, ZeroDelayModelsNothingUnlessFaultsAreConfigured) {
   auto dev = make_sim(o);
   scale_job job(1 << 12);
   auto dx = dev->allocate(job.n * 4), dy = dev->allocate(job.n * 4);
-  auto s = dev->create_stream(gpu::stream_role::compute);
+  auto s = dev->create_stream(ag::step_kind::compute).value();
   for (int i = 0; i < 20; ++i) EXPECT_FALSE(dev->launch(*s, job.launch(*dx, *dy)));
   EXPECT_FALSE(dev->copy_h2d(*s, *dx, job.in.data(), job.n * 4));
   EXPECT_FALSE(dev->synchronize(*s));
@@ -185,14 +185,14 @@ TEST(SimDevice, InstantModeCompletesAtRecordAndNotifiesInline) {
   o.zero_delay = true;
   o.compute_values = false;
   auto dev = make_sim(o);
-  auto s = dev->create_stream(gpu::stream_role::compute);
+  auto s = dev->create_stream(ag::step_kind::compute).value();
   scale_job job(1024);
   // timing-only memory is reserved, not committed: far more than the host has
   auto big = dev->allocate(40LL << 30);
   ASSERT_TRUE(big.has_value()) << big.err().to_string();
   EXPECT_EQ(dev->memory_in_use(), 40LL << 30);
   ASSERT_FALSE(dev->launch(*s, job.launch(*big, *big)));
-  auto ev = dev->create_event();
+  auto ev = dev->create_event().value();
   dev->record(*ev, *s);
   EXPECT_TRUE(ev->query());
   bool called = false;
@@ -223,7 +223,7 @@ TEST(SimDevice, InjectedOpErrorFailsLaunchNamingDeviceAndOp) {
   auto dev = make_sim(o);
   scale_job job(8);
   auto dx = dev->allocate(32), dy = dev->allocate(32);
-  auto s = dev->create_stream(gpu::stream_role::compute);
+  auto s = dev->create_stream(ag::step_kind::compute).value();
   const error e = dev->launch(*s, job.launch(*dx, *dy));
   ASSERT_TRUE(e);
   EXPECT_EQ(e.code, errc::op_failed);
@@ -241,7 +241,7 @@ TEST(SimDevice, InjectedStallDelaysTheOp) {
   auto dev = make_sim(o);
   scale_job job(8);
   auto dx = dev->allocate(32), dy = dev->allocate(32);
-  auto s = dev->create_stream(gpu::stream_role::compute);
+  auto s = dev->create_stream(ag::step_kind::compute).value();
   const int64_t t0 = gpu::host_clock_ns();
   ASSERT_FALSE(dev->launch(*s, job.launch(*dx, *dy)));
   ASSERT_FALSE(dev->synchronize(*s));
@@ -261,7 +261,7 @@ TEST(SimDevice, DeathAfterOpsFailsEverythingOnceWithoutHanging) {
   });
   scale_job job(8);
   auto dx = dev->allocate(32), dy = dev->allocate(32);
-  auto s = dev->create_stream(gpu::stream_role::compute);
+  auto s = dev->create_stream(ag::step_kind::compute).value();
   gpu::host::host_event gate;  // never opened: death must release the wait
   gate.state()->arm();
   for (int i = 0; i < 2; ++i) ASSERT_FALSE(dev->launch(*s, job.launch(*dx, *dy)));
@@ -278,7 +278,7 @@ TEST(SimDevice, DeathAfterOpsFailsEverythingOnceWithoutHanging) {
   EXPECT_EQ(l.code, errc::device_failed);
   EXPECT_NE(l.message.find("triple"), std::string::npos) << l.message;
   EXPECT_EQ(dev->copy_h2d(*s, *dx, job.in.data(), 32).code, errc::device_failed);
-  auto ev = dev->create_event();
+  auto ev = dev->create_event().value();
   dev->record(*ev, *s);
   EXPECT_EQ(dev->synchronize(*s).code, errc::device_failed);
   EXPECT_TRUE(ev->query());
@@ -293,7 +293,7 @@ TEST(SimDevice, KillReleasesAStalledStreamAndLateHandlerStillHearsOnce) {
   auto dev = make_sim(o);
   scale_job job(8);
   auto dx = dev->allocate(32), dy = dev->allocate(32);
-  auto s = dev->create_stream(gpu::stream_role::compute);
+  auto s = dev->create_stream(ag::step_kind::compute).value();
   ASSERT_FALSE(dev->launch(*s, job.launch(*dx, *dy)));
   std::promise<error> notified;
   dev->notify(*s, [&](const error& e) { notified.set_value(e); });

@@ -1,0 +1,36 @@
+#pragma once
+/// \file step_kind.hpp
+/// The one name of what a plan step does, and so of the queue that runs it:
+/// the planner makes steps of these kinds (graph/plan.hpp), the lowering
+/// groups them into one queue per (device, kind, lane) (actors/
+/// launch_program.hpp), and a device creates the stream that serves such a
+/// queue for its kind (gpu::device::create_stream: copy kinds map to copy
+/// engines). Pure data: no threads, no CAF, no CUDA.
+
+#include <cstdint>
+
+namespace ag {
+
+enum class step_kind : uint8_t {
+  compute = 0,    ///< a split: ops on (device, lane)
+  copy_h2d = 1,   ///< job input host -> device
+  copy_d2h = 2,   ///< job output device -> host
+  copy_peer = 3,  ///< device -> device (queued on the destination)
+};
+
+/// Number of step kinds (tables indexed by kind).
+inline constexpr int step_kind_count = 4;
+
+/// Short stable name: "compute", "h2d", "d2h", "peer".
+const char* to_string(step_kind k) noexcept;
+
+/// Name of the queue (stream) of kind `k` and lane `lane` on a device, as
+/// traces show it: "compute0", "compute1", ... for compute lanes (lane 8 and
+/// above: "compute"), and to_string(k) for the copy kinds, which have one
+/// queue per device.
+const char* lane_name(step_kind k, int lane) noexcept;
+
+/// True for the kinds that move bytes (a copy engine on CUDA).
+constexpr bool is_copy(step_kind k) noexcept { return k != step_kind::compute; }
+
+}  // namespace ag
