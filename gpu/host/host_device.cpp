@@ -229,28 +229,32 @@ int64_t host_device::occupy(task_context& ctx, host_stream& hs, const work_timin
 }
 
 error host_device::launch(stream& s, const op_launch& l) {
-  if (!alive()) return dead_error(("launch " + op_label(l)).c_str());
-  if (!l.op) return error(errc::invalid_argument, "device '" + spec_.name + "': launch without an op");
+  const std::string no_op;
+  const std::string& op_name = l.op ? l.op->name : no_op;
+  if (!alive()) return dead_error(("launch " + op_label(l)).c_str()).concerning(index_, -1, op_name);
+  if (!l.op) return error(errc::invalid_argument, "device '" + spec_.name + "': launch without an op", index_);
   if (!supports(l.op->op))
-    return error(errc::unsupported_op, "device '" + spec_.name + "' does not support " + op_label(l));
+    return error(errc::unsupported_op, "device '" + spec_.name + "' does not support " + op_label(l), index_, -1,
+                 op_name);
   if (cfg_.compute) {
     if (error e = cpu::check_op(l)) {
       e.message = "device '" + spec_.name + "': " + e.message;
-      return e;
+      return std::move(e).concerning(index_, -1, op_name);
     }
   }
   host_stream& hs = as_host(s);
   work_timing t;
-  if (error e = admit_op(hs, l, t)) return e;
+  if (error e = admit_op(hs, l, t)) return std::move(e).concerning(index_, -1, op_name);
   const bool compute = cfg_.compute && !is_view_op(l.op->op) && !is_leaf_op(l.op->op);
   auto work = [this, &hs, t, compute](task_context& ctx, const op_launch& op) {
     if (ctx.dropping || !alive()) return;
+    ops_begun_.fetch_add(1, std::memory_order_relaxed);
     int64_t kernel_end = 0;
     if (compute) {
       if (error e = cpu::run_op(op)) {
         e.code = errc::op_failed;
         e.message = "device '" + spec_.name + "': " + op_label(op) + " failed: " + e.message;
-        hs.set_error(std::move(e));
+        hs.set_error(std::move(e).concerning(index_, -1, op.op->name));
       }
       kernel_end = host_clock_ns();
     }

@@ -90,6 +90,9 @@ class host_device : public device {
   void die(error why);
   /// Number of ops that ran (or were skipped by death) on this device's streams.
   int64_t ops_run() const noexcept { return ops_run_.load(std::memory_order_relaxed); }
+  /// Number of ops whose work began on a stream's worker (compute, then the
+  /// modelled time on timed devices). Tests use it to know an op is under way.
+  int64_t ops_begun() const noexcept { return ops_begun_.load(std::memory_order_relaxed); }
 
  protected:
   /// Called in launch() (the driving thread of `s`) before the op is enqueued:
@@ -137,6 +140,7 @@ class host_device : public device {
   error death_error_;
   bool fault_reported_ = false;
   std::atomic<int64_t> ops_run_{0};
+  std::atomic<int64_t> ops_begun_{0};
 };
 
 }  // namespace ag::gpu::host

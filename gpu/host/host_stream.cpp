@@ -18,6 +18,7 @@ void event_state::reach(uint64_t gen, int64_t ns) noexcept {
 void event_state::wait_for(uint64_t gen) const {
   if (reached(gen)) return;
   std::unique_lock<std::mutex> lk(mutex_);
+  const parked p(waiters_);
   cv_.wait(lk, [&] { return reached(gen); });
 }
 

@@ -55,17 +55,32 @@ class event_state {
   bool wait_for(uint64_t gen, Abort&& abort, int64_t poll_ns = 2'000'000) const {
     if (reached(gen)) return true;
     std::unique_lock<std::mutex> lk(mutex_);
+    const parked p(waiters_);
     while (!reached(gen)) {
       if (abort()) return false;
       cv_.wait_for(lk, std::chrono::nanoseconds(poll_ns));
     }
     return true;
   }
+  /// Threads blocked in wait_for() on this event right now. Tests use it to
+  /// know that a stream's worker is parked at a wait (so nothing behind the
+  /// wait in that stream can have run) instead of sleeping and hoping.
+  int waiters() const noexcept { return waiters_.load(std::memory_order_acquire); }
 
  private:
+  /// Counts a blocked waiter for its scope.
+  struct parked {
+    explicit parked(std::atomic<int>& n) noexcept : n_(n) { n_.fetch_add(1, std::memory_order_acq_rel); }
+    ~parked() { n_.fetch_sub(1, std::memory_order_acq_rel); }
+    parked(const parked&) = delete;
+    parked& operator=(const parked&) = delete;
+    std::atomic<int>& n_;
+  };
+
   std::atomic<uint64_t> armed_{0};
   std::atomic<uint64_t> reached_{0};
   std::atomic<int64_t> completion_ns_{0};
+  mutable std::atomic<int> waiters_{0};
   mutable std::mutex mutex_;
   mutable std::condition_variable cv_;
 };

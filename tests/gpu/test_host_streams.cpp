@@ -43,6 +43,18 @@ struct gate {
   void open() { ev.state()->reach(gen, gpu::host_clock_ns()); }
 };
 
+/// Waits (bounded) until a stream worker is parked in a wait on host event
+/// `e`: from then on nothing behind that wait in its stream can run before
+/// `e` completes, so a negative check needs no sleep.
+bool parked_at(const gpu::event& e, std::chrono::seconds limit = 10s) {
+  const auto& st = *dynamic_cast<const gpu::host::host_event&>(e).state();
+  const auto deadline = std::chrono::steady_clock::now() + limit;
+  while (st.waiters() == 0)
+    if (std::chrono::steady_clock::now() > deadline) return false;
+    else std::this_thread::yield();
+  return true;
+}
+
 TEST(HostStreams, TasksRunInSubmissionOrderAcrossDrivingThreads) {
   auto d = devices("cpu:1");
   auto s = d[0]->create_stream(ag::step_kind::compute).value();
@@ -116,7 +128,7 @@ TEST(HostStreams, CrossStreamAndCrossDeviceWaitHoldsWorkUntilTheEvent) {
   std::atomic<bool> done{false};
   d[1]->notify(*s1, [&](const error&) { done = true; });
 
-  std::this_thread::sleep_for(30ms);
+  ASSERT_TRUE(parked_at(*ev)) << "device 1's stream never reached its wait";
   EXPECT_FALSE(done.load()) << "work behind the event ran before the event";
   EXPECT_EQ(static_cast<int32_t*>(*b)[0], 0) << "peer copy ran before the event";
   EXPECT_FALSE(ev->query());
@@ -151,7 +163,7 @@ TEST(HostStreams, WaitUsesTheRecordMadeBeforeIt) {
   ran = false;
   dev.wait(*s1, *ev);
   dev.notify(*s1, [&](const error&) { ran = true; });
-  std::this_thread::sleep_for(20ms);
+  ASSERT_TRUE(parked_at(*ev)) << "s1 never reached its wait";
   EXPECT_FALSE(ran.load());
   g.open();
   ASSERT_FALSE(dev.synchronize(*s1));
@@ -159,11 +171,14 @@ TEST(HostStreams, WaitUsesTheRecordMadeBeforeIt) {
 }
 
 // An event of another backend: the host worker calls its host_wait().
+// It says when a thread is blocked in its host_wait().
 class foreign_event final : public gpu::event {
  public:
   bool query() const override { return done_.load(); }
   void host_wait() const override {
     std::unique_lock<std::mutex> lk(m_);
+    waiting_ = true;
+    cv_.notify_all();
     cv_.wait(lk, [&] { return done_.load(); });
   }
   int64_t completion_ns() const override { return 0; }
@@ -171,9 +186,15 @@ class foreign_event final : public gpu::event {
     { std::lock_guard<std::mutex> lk(m_); done_ = true; }
     cv_.notify_all();
   }
+  /// Waits (bounded) until a thread is blocked in host_wait().
+  bool wait_until_waited_for(std::chrono::seconds limit = 10s) const {
+    std::unique_lock<std::mutex> lk(m_);
+    return cv_.wait_for(lk, limit, [&] { return waiting_; });
+  }
 
  private:
   std::atomic<bool> done_{false};
+  mutable bool waiting_ = false;  // under m_
   mutable std::mutex m_;
   mutable std::condition_variable cv_;
 };
@@ -185,7 +206,8 @@ TEST(HostStreams, ForeignEventIsWaitedForThroughHostWait) {
   std::atomic<bool> ran{false};
   d[0]->wait(*s, fe);
   d[0]->notify(*s, [&](const error&) { ran = true; });
-  std::this_thread::sleep_for(20ms);
+  // The worker is inside fe's host_wait: the notify behind it cannot have run.
+  ASSERT_TRUE(fe.wait_until_waited_for()) << "the stream never waited for the foreign event";
   EXPECT_FALSE(ran.load());
   fe.complete();
   ASSERT_FALSE(d[0]->synchronize(*s));

@@ -271,13 +271,26 @@ TEST(SimDevice, DeathAfterOpsFailsEverythingOnceWithoutHanging) {
   faulted.get_future().wait();
   const error n = notified.get_future().get();
   EXPECT_EQ(n.code, errc::device_failed);
-  EXPECT_NE(n.message.find("sim0"), std::string::npos) << n.message;
+  EXPECT_EQ(n.device, 0) << n.to_string();
   EXPECT_EQ(fault.code, errc::device_failed);
+  EXPECT_EQ(fault.device, 0) << fault.to_string();
   EXPECT_FALSE(dev->alive());
+  // Every refusal after death is the device's own death error: its code,
+  // device and reason (whichever of refusal and fault notice reaches a job
+  // first, the job tells the same story), plus what was refused.
   const error l = dev->launch(*s, job.launch(*dx, *dy));
   EXPECT_EQ(l.code, errc::device_failed);
-  EXPECT_NE(l.message.find("triple"), std::string::npos) << l.message;
-  EXPECT_EQ(dev->copy_h2d(*s, *dx, job.in.data(), 32).code, errc::device_failed);
+  EXPECT_EQ(l.device, 0);
+  EXPECT_EQ(l.op, "triple");
+  EXPECT_NE(l.message.find(fault.message), std::string::npos) << l.message << " lacks the reason: " << fault.message;
+  const error c = dev->copy_h2d(*s, *dx, job.in.data(), 32);
+  EXPECT_EQ(c.code, errc::device_failed);
+  EXPECT_EQ(c.device, 0);
+  EXPECT_NE(c.message.find(fault.message), std::string::npos) << c.message;
+  const auto stream = dev->create_stream(ag::step_kind::compute);
+  ASSERT_FALSE(stream.has_value());
+  EXPECT_EQ(stream.err().code, errc::device_failed);
+  EXPECT_EQ(stream.err().device, 0);
   auto ev = dev->create_event().value();
   dev->record(*ev, *s);
   EXPECT_EQ(dev->synchronize(*s).code, errc::device_failed);
@@ -296,10 +309,16 @@ TEST(SimDevice, KillReleasesAStalledStreamAndLateHandlerStillHearsOnce) {
   auto s = dev->create_stream(ag::step_kind::compute).value();
   ASSERT_FALSE(dev->launch(*s, job.launch(*dx, *dy)));
   std::promise<error> notified;
+  auto done = notified.get_future();
   dev->notify(*s, [&](const error& e) { notified.set_value(e); });
-  std::this_thread::sleep_for(10ms);
+  // Kill only once the op is under way (its 30 s stall has begun or is about
+  // to): a bounded wait on that condition, not a sleep.
+  const auto deadline = std::chrono::steady_clock::now() + 10s;
+  while (dev->ops_begun() == 0 && std::chrono::steady_clock::now() < deadline) std::this_thread::yield();
+  ASSERT_EQ(dev->ops_begun(), 1) << "the op never started";
   dev->kill("test");
-  EXPECT_EQ(notified.get_future().get().code, errc::device_failed);
+  ASSERT_EQ(done.wait_for(10s), std::future_status::ready) << "kill did not release the stalled stream";
+  EXPECT_EQ(done.get().code, errc::device_failed);
   std::atomic<int> calls{0};
   dev->on_fault([&](const error& e) { calls += e.code == errc::device_failed; });
   EXPECT_EQ(calls.load(), 1) << "a handler set after death hears of it at once";
