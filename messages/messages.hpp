@@ -236,9 +236,9 @@ typename Inspector::result_type inspect(Inspector& f, device_down& x) {
 
 }  // namespace ag::msg
 
-// Local-only payloads: they hold pointers into this process (the job context
-// shares host buffers and device events; a device_plan owns device memory),
-// so they must never be serialized.
+// Local-only payloads: they hold pointers into this process (a job_ref
+// shares host buffers and device events; a plan_memory_ref owns device
+// memory), so they must never be serialized.
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(ag::msg::register_plan)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(ag::msg::run_job)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(ag::msg::ready)
