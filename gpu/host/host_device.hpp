@@ -90,8 +90,9 @@ class host_device : public device {
   void die(error why);
   /// Number of ops that ran (or were skipped by death) on this device's streams.
   int64_t ops_run() const noexcept { return ops_run_.load(std::memory_order_relaxed); }
-  /// Number of ops whose work began on a stream's worker (compute, then the
-  /// modelled time on timed devices). Tests use it to know an op is under way.
+  /// Timed devices (sim with delays): number of ops whose work began on a
+  /// stream's worker (compute, then the modelled time). Tests use it to know
+  /// an op is under way. Untimed devices do not count (0).
   int64_t ops_begun() const noexcept { return ops_begun_.load(std::memory_order_relaxed); }
 
  protected:
