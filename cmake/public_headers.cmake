@@ -18,4 +18,5 @@ set(ACTORGRAPH_PUBLIC_HEADERS
   graph/plan.hpp
   graph/random.hpp
   graph/reference.hpp
-  graph/shape.hpp)
+  graph/shape.hpp
+  graph/weight_source.hpp)
