@@ -123,7 +123,8 @@ error staging_pool::copy_d2h(core& c, const std::string& name, cudaStream_t s, v
     return e;
   }
   auto* job = new staged_d2h{dst, buf, n, cap, shared_from_this()};
-  if (error e = AG_CORE_CHECK(c, cudaLaunchHostFunc(s, &finish_staged_d2h, job), name + " copy_d2h (staging to host)")) {
+  if (error e = AG_CORE_CHECK(c, cudaLaunchHostFunc(s, &finish_staged_d2h, job),
+                              name + " copy_d2h (staging to host)")) {
     delete job;  // the copy above may still write the buffer: it stays out of `free_` (release_all frees it)
     return e;
   }
