@@ -129,7 +129,9 @@ std::string label(const op_launch& l) {
   return "op '" + l.op->name + "' (" + to_string(l.op->op) + ")";
 }
 
-error bad(errc c, const op_launch& l, const std::string& what) { return error(c, label(l) + ": " + what); }
+error bad(errc c, const op_launch& l, const std::string& what) {
+  return error(c, label(l) + ": " + what, -1, -1, l.op ? l.op->name : std::string{});
+}
 
 // --- ops -------------------------------------------------------------------
 

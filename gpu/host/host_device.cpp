@@ -54,15 +54,16 @@ error host_device::dead_error(const char* what) const {
 expected<void*> host_device::allocate(int64_t bytes) {
   if (bytes < 0)
     return error(errc::invalid_argument,
-                 "device '" + spec_.name + "': allocate of a negative size (" + std::to_string(bytes) + ")");
+                 "device '" + spec_.name + "': allocate of a negative size (" + std::to_string(bytes) + ")", index_);
   if (!alive()) return dead_error("allocate");
   // Reserve first so that concurrent allocations cannot both pass the check.
   const int64_t before = in_use_.fetch_add(bytes, std::memory_order_relaxed);
   if (before + bytes > spec_.mem_bytes) {
     in_use_.fetch_sub(bytes, std::memory_order_relaxed);
-    return error(errc::out_of_memory, "device '" + spec_.name + "': cannot allocate " +
-                                          std::to_string(bytes) + " bytes: " + std::to_string(before) +
-                                          " of " + std::to_string(spec_.mem_bytes) + " in use");
+    return error(errc::out_of_memory,
+                 "device '" + spec_.name + "': cannot allocate " + std::to_string(bytes) +
+                     " bytes: " + std::to_string(before) + " of " + std::to_string(spec_.mem_bytes) + " in use",
+                 index_);
   }
   void* p = nullptr;
   if (cfg_.lazy_memory) {
@@ -75,8 +76,8 @@ expected<void*> host_device::allocate(int64_t bytes) {
   }
   if (!p) {
     in_use_.fetch_sub(bytes, std::memory_order_relaxed);
-    return error(errc::out_of_memory, "device '" + spec_.name + "': host allocation of " +
-                                          std::to_string(bytes) + " bytes failed");
+    return error(errc::out_of_memory,
+                 "device '" + spec_.name + "': host allocation of " + std::to_string(bytes) + " bytes failed", index_);
   }
   std::lock_guard<std::mutex> lk(mem_mutex_);
   allocations_.emplace(p, bytes);
@@ -100,11 +101,11 @@ void host_device::deallocate(void* p) noexcept {
 
 expected<void*> host_device::allocate_host(int64_t bytes) {
   if (bytes < 0)
-    return error(errc::invalid_argument, "device '" + spec_.name + "': allocate_host of a negative size");
+    return error(errc::invalid_argument, "device '" + spec_.name + "': allocate_host of a negative size", index_);
   void* p = std::aligned_alloc(alignment, padded(bytes));
   if (!p)
-    return error(errc::out_of_memory, "device '" + spec_.name + "': host allocation of " +
-                                          std::to_string(bytes) + " bytes failed");
+    return error(errc::out_of_memory,
+                 "device '" + spec_.name + "': host allocation of " + std::to_string(bytes) + " bytes failed", index_);
   std::lock_guard<std::mutex> lk(mem_mutex_);
   host_allocations_.emplace(p, bytes);
   return p;
@@ -122,7 +123,8 @@ void host_device::deallocate_host(void* p) noexcept {
 error host_device::upload(void* dst, const void* src, int64_t bytes) {
   if (!alive()) return dead_error("upload");
   if (bytes < 0 || (bytes > 0 && (!dst || !src)))
-    return error(errc::invalid_argument, "device '" + spec_.name + "': upload with a null pointer or negative size");
+    return error(errc::invalid_argument, "device '" + spec_.name + "': upload with a null pointer or negative size",
+                 index_);
   if (cfg_.compute && bytes > 0) std::memcpy(dst, src, static_cast<std::size_t>(bytes));
   return {};
 }
@@ -130,7 +132,8 @@ error host_device::upload(void* dst, const void* src, int64_t bytes) {
 error host_device::download(void* dst, const void* src, int64_t bytes) {
   if (!alive()) return dead_error("download");
   if (bytes < 0 || (bytes > 0 && (!dst || !src)))
-    return error(errc::invalid_argument, "device '" + spec_.name + "': download with a null pointer or negative size");
+    return error(errc::invalid_argument, "device '" + spec_.name + "': download with a null pointer or negative size",
+                 index_);
   if (cfg_.compute && bytes > 0) std::memcpy(dst, src, static_cast<std::size_t>(bytes));
   return {};
 }
@@ -273,9 +276,10 @@ error host_device::enqueue_copy(stream& s, copy_kind k, void* dst, const void* s
   const char* name = names[static_cast<int>(k)];
   if (!alive()) return dead_error(name);
   if (bytes < 0 || (bytes > 0 && (!dst || !src)))
-    return error(errc::invalid_argument, "device '" + spec_.name + "': " + name +
-                                             " with a null pointer or negative size (" +
-                                             std::to_string(bytes) + " bytes)");
+    return error(errc::invalid_argument,
+                 "device '" + spec_.name + "': " + name + " with a null pointer or negative size (" +
+                     std::to_string(bytes) + " bytes)",
+                 index_);
   host_stream& hs = as_host(s);
   const work_timing t = copy_timing(hs, k, bytes, src_dev);
   const bool compute = cfg_.compute && bytes > 0;
@@ -290,7 +294,7 @@ error host_device::enqueue_copy(stream& s, copy_kind k, void* dst, const void* s
         if (error e = foreign->download(dst, src, bytes)) {
           e.message = "device '" + spec_.name + "': " + name + " from '" + foreign->spec().name +
                       "' failed: " + e.message;
-          hs.set_error(std::move(e));
+          hs.set_error(std::move(e).concerning(index_));
         }
       } else {
         std::memcpy(dst, src, static_cast<std::size_t>(bytes));
@@ -326,7 +330,7 @@ void host_device::notify(stream& s, std::function<void(const error&)> done) {
       }
       done(why);
     } else if (ctx.dropping) {
-      done(error(errc::cancelled, "device '" + spec_.name + "': stream destroyed with work pending"));
+      done(error(errc::cancelled, "device '" + spec_.name + "': stream destroyed with work pending", index_));
     } else {
       done(hs.take_error());
     }

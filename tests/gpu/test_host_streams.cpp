@@ -246,7 +246,7 @@ TEST(HostStreams, CpuDeviceMemoryIsCountedAndOutOfMemoryNamesTheDevice) {
   auto too_big = dev.allocate(dev.memory_capacity());
   ASSERT_FALSE(too_big.has_value());
   EXPECT_EQ(too_big.err().code, errc::out_of_memory);
-  EXPECT_NE(too_big.err().message.find("cpu0"), std::string::npos) << too_big.err().message;
+  EXPECT_EQ(too_big.err().device, 0) << too_big.err().to_string();
   EXPECT_EQ(dev.memory_in_use(), 1000);
   dev.deallocate(*a);
   EXPECT_EQ(dev.memory_in_use(), 0);
@@ -264,7 +264,7 @@ TEST(HostStreams, BadCopyArgumentsFailAtOnce) {
   int x = 0;
   const error e = d[0]->copy_h2d(*s, nullptr, &x, 4);
   EXPECT_EQ(e.code, errc::invalid_argument);
-  EXPECT_NE(e.message.find("cpu0"), std::string::npos);
+  EXPECT_EQ(e.device, 0) << e.to_string();
   EXPECT_EQ(d[0]->copy_d2h(*s, &x, &x, -1).code, errc::invalid_argument);
 }
 
@@ -291,8 +291,8 @@ TEST(HostStreams, AsyncKernelErrorReachesNotifyAsOpFailed) {
   dev.notify(*s, [&](const error& e) { p.set_value(e); });
   const error e = p.get_future().get();
   EXPECT_EQ(e.code, errc::op_failed);
-  EXPECT_NE(e.message.find("emb_lookup"), std::string::npos) << e.message;
-  EXPECT_NE(e.message.find("cpu0"), std::string::npos) << e.message;
+  EXPECT_EQ(e.op, "emb_lookup") << e.to_string();
+  EXPECT_EQ(e.device, 0) << e.to_string();
   EXPECT_FALSE(dev.synchronize(*s)) << "the error was reported once, to notify";
 }
 
