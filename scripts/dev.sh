@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
 # The two quick-start commands (README):
-#   bash scripts/dev.sh demo   install what is missing, build, start the REPL demo
+#   bash scripts/dev.sh demo   install what is missing, build the REPL alone (no tests,
+#                              no benchmarks; CUDA only with a GPU), run the demo
+#                              script examples/demo.ag, then the prompt
 #   bash scripts/dev.sh test   install what is missing, build, run every test
 #                              (release build, then AddressSanitizer, then
 #                              ThreadSanitizer on the code that runs outside CAF)
 # Works on a fresh Debian bookworm machine as root (apt); on a machine where
-# everything is installed it skips apt. Extra arguments after `demo` go to the REPL.
+# everything is installed it skips apt. Extra arguments after `demo` go to the REPL
+# instead of the demo script (e.g. `demo --script examples/checked.ag`).
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$here"
@@ -15,7 +18,7 @@ jobs="${AG_BUILD_JOBS:-$(nproc)}"
 
 packages=(build-essential cmake ninja-build pkg-config git
           libcaf-dev libconcurrentqueue-dev libgtest-dev libgmock-dev libbenchmark-dev
-          libopenblas-dev libreadline-dev python3 python3-numpy)
+          libopenblas-dev libreadline-dev libcli11-dev python3 python3-numpy)
 
 install_missing() {
   local missing=()
@@ -56,14 +59,22 @@ configure_and_build() {
     return 1
   }
   grep -E "actorgraph:|skipp" "$dir.configure.log" || true
-  cmake --build "$dir" -j "$jobs" ${AG_TARGET:+--target "$AG_TARGET"}
+  # AG_TARGET: the targets to build (space-separated), all when unset.
+  # shellcheck disable=SC2086
+  cmake --build "$dir" -j "$jobs" ${AG_TARGET:+--target $AG_TARGET}
 }
 
 case "$mode" in
   demo)
     install_missing
-    configure_and_build build -DCMAKE_BUILD_TYPE=Release
-    exec ./build/apps/actorgraph "$@"
+    # Only what the REPL needs, in its own build dir: no tests, no benchmarks,
+    # and the CUDA backend only where a GPU can run it (nvcc alone is slow).
+    cuda=OFF
+    if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then cuda=AUTO; fi
+    AG_TARGET=actorgraph configure_and_build build-demo -DCMAKE_BUILD_TYPE=Release \
+      -DACTORGRAPH_BUILD_TESTS=OFF -DACTORGRAPH_BUILD_BENCHMARKS=OFF -DACTORGRAPH_CUDA="$cuda"
+    if (($#)); then exec ./build-demo/apps/actorgraph "$@"; fi
+    exec ./build-demo/apps/actorgraph --init examples/demo.ag
     ;;
   test)
     install_missing
@@ -81,6 +92,10 @@ case "$mode" in
     AG_TARGET=test_gpu configure_and_build build-tsan -DCMAKE_BUILD_TYPE=RelWithDebInfo \
       -DACTORGRAPH_SANITIZER=thread -DACTORGRAPH_CUDA=OFF -DACTORGRAPH_BUILD_BENCHMARKS=OFF
     (cd build-tsan && TSAN_OPTIONS=halt_on_error=1 ctest --output-on-failure -j "$jobs" -L backends --timeout 900)
+    echo "== the REPL without GNU readline (plain line input): test_repl and actorgraph only"
+    AG_TARGET=test_repl configure_and_build build-noreadline -DCMAKE_BUILD_TYPE=Release -DACTORGRAPH_READLINE=OFF \
+      -DACTORGRAPH_CUDA=OFF -DACTORGRAPH_BUILD_BENCHMARKS=OFF
+    (cd build-noreadline && ctest --output-on-failure -j "$jobs" -L repl --timeout 600)
     echo "== all tests passed in $(( $(date +%s) - start )) s"
     ;;
   *)
