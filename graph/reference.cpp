@@ -321,7 +321,12 @@ expected<std::vector<host_tensor>> evaluate_all(const graph& g, const std::vecto
     }
     switch (n.op) {
       case op_kind::input: break;
-      case op_kind::weight: val[id] = *n.data; break;
+      case op_kind::weight: {
+        auto w = read_all(*n.data);
+        if (!w) return error(w.err().code, "weight '" + n.name + "' (" + n.data->origin() + "): " + w.err().message);
+        val[id] = std::move(*w);
+        break;
+      }
       case op_kind::matmul:
         val[id] = eval_matmul(n, *in[0], *in[1], stop);
         if (stop && (*stop)()) return stopped();

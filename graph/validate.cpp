@@ -411,8 +411,9 @@ error infer_node(const std::vector<node>& nodes, node& n) {
       n.dims = n.data->dims();
       n.type = n.data->type();
       if ((e = check_rank(n, n.dims, "data"))) return e;
-      if (n.data->bytes() != static_cast<std::size_t>(n.dims.numel()) * dtype_size(n.type))
-        return node_error(errc::invalid_argument, n, "data holds " + std::to_string(n.data->bytes()) +
+      if (const host_tensor* t = n.data->in_memory();
+          t && t->bytes() != static_cast<std::size_t>(n.dims.numel()) * dtype_size(n.type))
+        return node_error(errc::invalid_argument, n, "data holds " + std::to_string(t->bytes()) +
                                                          " bytes, shape needs " +
                                                          std::to_string(n.dims.numel() * int64_t(dtype_size(n.type))));
       make_contiguous(n);
