@@ -153,7 +153,11 @@ expected<std::optional<bool>> params::get_bool(const std::string& key) {
   return typed<bool>(raw(key), [&](const std::string& t) { return parse_bool(t, key); });
 }
 
-error params::finish() const {
+error params::finish(std::size_t max_words) const {
+  if (c_.positional.size() > max_words) {
+    const word& w = c_.positional[max_words];
+    return bad_arg("col " + std::to_string(w.pos + 1) + ": unexpected '" + w.text + "'");
+  }
   std::set<std::string> seen;
   for (const auto& p : c_.named) {
     if (!asked_.count(p.key.text)) {

@@ -65,8 +65,9 @@ class params {
   expected<std::optional<double>> get_number(const std::string& key, double lo, double hi);
   expected<std::optional<bool>> get_bool(const std::string& key);
   /// Error for a key that no get_*/raw call asked for (names the allowed
-  /// keys), or for a key given twice; ok otherwise.
-  error finish() const;
+  /// keys), for a key given twice, or for a positional word beyond the first
+  /// `max_words` ("col 9: unexpected 'x'"); ok otherwise.
+  error finish(std::size_t max_words = SIZE_MAX) const;
 
  private:
   const command_line& c_;

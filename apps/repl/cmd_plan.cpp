@@ -91,8 +91,7 @@ outcome session::impl::cmd_plan(const command_line& c) {
   params p(c);
   auto l = read_layout(p);
   if (!l) return fail(l.err());
-  if (auto e = p.finish()) return fail(e);
-  if (!c.positional.empty()) return fail(bad_arg("unexpected '" + c.positional[0].text + "'"));
+  if (auto e = p.finish(0)) return fail(e);
   apply_layout(*l);
   auto pl = get_plan();
   if (!pl) return fail(pl.err(), !g);

@@ -175,18 +175,15 @@ outcome session::impl::cmd_run(const command_line& c) {
 }
 
 outcome session::impl::cmd_wait(const command_line& c) {
-  params p(c);
-  if (auto e = p.finish()) return fail(e);
-  if (!c.positional.empty()) return fail(bad_arg("'wait' takes no arguments"));
+  if (auto e = params(c).finish(0)) return fail(e);
   wait_all();
   return {};
 }
 
 outcome session::impl::cmd_jobs(const command_line& c) {
-  params p(c);
-  if (auto e = p.finish()) return fail(e);
+  if (auto e = params(c).finish(1)) return fail(e);
   const bool all = !c.positional.empty() && c.positional[0].text == "all";
-  if (!c.positional.empty() && !all) return fail(bad_arg("unexpected '" + c.positional[0].text + "'"));
+  if (!c.positional.empty() && !all) return fail(at_col(c.positional[0], "unexpected '" + c.positional[0].text + "' (all?)"));
   int counts[5] = {0, 0, 0, 0, 0};
   for (const auto& [id, j] : jobs) ++counts[static_cast<int>(j.handle.state())];
   out << fmt("%zu jobs: %d queued, %d running, %d done, %d failed, %d cancelled\n", jobs.size(), counts[0], counts[1], counts[2],

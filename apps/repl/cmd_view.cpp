@@ -56,8 +56,7 @@ outcome session::impl::cmd_timeline(const command_line& c) {
   if (!w) return fail(w.err());
   auto b = batch_arg(p);
   if (!b) return fail(b.err());
-  if (auto e = p.finish()) return fail(e);
-  if (!c.positional.empty()) return fail(bad_arg("unexpected '" + c.positional[0].text + "'"));
+  if (auto e = p.finish(0)) return fail(e);
   collect_trace();
   timeline_options o;
   o.width = *w ? static_cast<int>(**w) : opt.width;
@@ -69,8 +68,7 @@ outcome session::impl::cmd_util(const command_line& c) {
   params p(c);
   auto b = batch_arg(p);
   if (!b) return fail(b.err());
-  if (auto e = p.finish()) return fail(e);
-  if (!c.positional.empty()) return fail(bad_arg("unexpected '" + c.positional[0].text + "'"));
+  if (auto e = p.finish(0)) return fail(e);
   collect_trace();
   out << render_utilisation(trace_of(*b)) << partial_note(*b);
   return {};

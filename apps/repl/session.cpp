@@ -179,7 +179,7 @@ outcome session::impl::replace_runtime(const std::string& s, runtime_options o, 
 // ------------------------------------------------------- small commands
 
 outcome session::impl::cmd_help(const command_line& c) {
-  if (auto e = params(c).finish()) return fail(e);
+  if (auto e = params(c).finish(1)) return fail(e);
   if (c.positional.empty()) {
     out << "commands (help <command> for details and an example):\n";
     for (const auto& ci : commands()) out << fmt("  %-9s %s\n", ci.name, ci.summary);
