@@ -257,6 +257,16 @@ outcome session::impl::cmd_quit(const command_line& c) {
     out << "cancelled " << count_text(n, "job") << "\n";
   }
   if (n > 0 && mode == "wait") out << "waiting for " << count_text(n, "job") << "\n";
+  // A person leaving does not wait minutes for reference checks nobody will
+  // read (a script does: its output is the record).
+  if (opt.interactive) {
+    int checking = 0;
+    for (const auto& [id, j] : jobs) checking += j.check == check_status::pending ? 1 : 0;
+    if (checking > 0) {
+      chk->stop_all();
+      out << "stopping the reference check of " << count_text(checking, "job") << "\n";
+    }
+  }
   if (!wait_all()) {
     out << fmt("interrupted: not quitting; %s still running\n", count_text(running(), "job").c_str());
     return {};

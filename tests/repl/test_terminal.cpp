@@ -316,6 +316,12 @@ TEST(ReplPty, CtrlCDuringALongReferenceCheckStopsItAndReturnsToThePrompt) {
   ASSERT_TRUE(p.read_until("ag> ")) << p.output();
   p.send("echo still-here\r");
   ASSERT_TRUE(p.read_until("\nstill-here")) << p.output();
-  p.send("quit\r");
-  EXPECT_EQ(p.wait_exit(), 0) << p.output();
+  // Another long check, and `quit wait` right away: it waits for the job
+  // but stops the check instead of waiting for it.
+  p.send("run n=1 check=all\r");
+  ASSERT_TRUE(p.read_until("note: the reference check of 1 job takes about")) << p.output();
+  ASSERT_TRUE(p.read_until("ag> ")) << p.output();
+  p.send("quit wait\r");
+  ASSERT_TRUE(p.read_until("stopping the reference check of 1 job", 60)) << p.output();
+  EXPECT_EQ(p.wait_exit(60), 0) << p.output();
 }
