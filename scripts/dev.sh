@@ -4,8 +4,11 @@
 #                              no benchmarks; CUDA only with a GPU), run the demo
 #                              script examples/demo.ag, then the prompt
 #   bash scripts/dev.sh test   install what is missing, build, run every test
-#                              (release build, then AddressSanitizer, then
-#                              ThreadSanitizer on the code that runs outside CAF)
+#                              (release build, then the installed package with
+#                              examples/consumer, then AddressSanitizer, then
+#                              ThreadSanitizer on the code that runs outside CAF,
+#                              then the REPL's tests in a build without GNU
+#                              readline; each build is a CMakePresets.json preset)
 # Works on a fresh Debian bookworm machine as root (apt); on a machine where
 # everything is installed it skips apt. Extra arguments after `demo` go to the REPL
 # instead of the demo script (e.g. `demo --script examples/checked.ag`).
@@ -49,53 +52,71 @@ pick_python() {
   done
 }
 
-# configure_and_build <dir> <cmake args...>
-configure_and_build() {
-  local dir="$1"
-  shift
+# preset_build <preset> <binary dir> [cmake args...]: configure and build a
+# CMakePresets.json preset (the presets and this script stay one definition).
+preset_build() {
+  local preset="$1" dir="$2"
+  shift 2
   pick_python
-  cmake -S "$here" -B "$dir" -G Ninja "${python_args[@]}" "$@" >"$dir.configure.log" 2>&1 || {
-    cat "$dir.configure.log"
+  mkdir -p "$dir"
+  cmake --preset "$preset" "${python_args[@]}" "$@" >"$dir/configure.log" 2>&1 || {
+    cat "$dir/configure.log"
     return 1
   }
-  grep -E "actorgraph:|skipp" "$dir.configure.log" || true
-  # AG_TARGET: the targets to build (space-separated), all when unset.
-  # shellcheck disable=SC2086
-  cmake --build "$dir" -j "$jobs" ${AG_TARGET:+--target $AG_TARGET}
+  grep -E "actorgraph:|skipp" "$dir/configure.log" || true
+  cmake --build --preset "$preset" -j "$jobs"
+}
+
+# consumer_check: installs the release build into a temporary prefix, then
+# configures, builds and runs examples/consumer (find_package(actorgraph))
+# against it, as a user's project would: it links the installed libraries.
+consumer_check() {
+  local tmp
+  tmp="$(mktemp -d)"
+  cmake --install build --prefix "$tmp/prefix" >"$tmp/install.log" 2>&1 || {
+    cat "$tmp/install.log"
+    return 1
+  }
+  cmake -S examples/consumer -B "$tmp/build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+    -DCMAKE_PREFIX_PATH="$tmp/prefix" >"$tmp/configure.log" 2>&1 || {
+    cat "$tmp/configure.log"
+    return 1
+  }
+  cmake --build "$tmp/build" -j "$jobs"
+  "$tmp/build/actorgraph-consumer" sim:2
+  rm -rf "$tmp"
 }
 
 case "$mode" in
   demo)
     install_missing
-    # Only what the REPL needs, in its own build dir: no tests, no benchmarks,
-    # and the CUDA backend only where a GPU can run it (nvcc alone is slow).
+    # Only what the REPL needs (preset demo: its own build dir, no tests, no
+    # benchmarks), and the CUDA backend only where a GPU can run it (nvcc alone
+    # is slow).
     cuda=OFF
     if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then cuda=AUTO; fi
-    AG_TARGET=actorgraph configure_and_build build-demo -DCMAKE_BUILD_TYPE=Release \
-      -DACTORGRAPH_BUILD_TESTS=OFF -DACTORGRAPH_BUILD_BENCHMARKS=OFF -DACTORGRAPH_CUDA="$cuda"
+    preset_build demo build-demo -DACTORGRAPH_CUDA="$cuda"
     if (($#)); then exec ./build-demo/apps/actorgraph "$@"; fi
     exec ./build-demo/apps/actorgraph --init examples/demo.ag
     ;;
   test)
     install_missing
     start=$(date +%s)
-    echo "== release build"
-    configure_and_build build -DCMAKE_BUILD_TYPE=Release
+    echo "== release build (preset release)"
+    preset_build release build
     echo "== tests (release; GPU tests skip with a reason when there is no GPU)"
-    (cd build && ctest --output-on-failure -j "$jobs" --timeout 600)
-    echo "== AddressSanitizer build (CUDA off: nothing runs on a GPU here)"
-    configure_and_build build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DACTORGRAPH_SANITIZER=address \
-      -DACTORGRAPH_CUDA=OFF -DACTORGRAPH_BUILD_BENCHMARKS=OFF
-    (cd build-asan && ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
-       ctest --output-on-failure -j "$jobs" --timeout 900)
-    echo "== ThreadSanitizer on the device backends (host streams, events, sim clock: no CAF inside)"
-    AG_TARGET=test_gpu configure_and_build build-tsan -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-      -DACTORGRAPH_SANITIZER=thread -DACTORGRAPH_CUDA=OFF -DACTORGRAPH_BUILD_BENCHMARKS=OFF
-    (cd build-tsan && TSAN_OPTIONS=halt_on_error=1 ctest --output-on-failure -j "$jobs" -L backends --timeout 900)
-    echo "== the REPL without GNU readline (plain line input): test_repl and actorgraph only"
-    AG_TARGET=test_repl configure_and_build build-noreadline -DCMAKE_BUILD_TYPE=Release -DACTORGRAPH_READLINE=OFF \
-      -DACTORGRAPH_CUDA=OFF -DACTORGRAPH_BUILD_BENCHMARKS=OFF
-    (cd build-noreadline && ctest --output-on-failure -j "$jobs" -L repl --timeout 600)
+    ctest --preset release -j "$jobs"
+    echo "== installed package: examples/consumer built against a temporary install, run on sim:2"
+    consumer_check
+    echo "== AddressSanitizer build (preset asan; CUDA off: nothing runs on a GPU here)"
+    preset_build asan build-asan
+    ctest --preset asan -j "$jobs"
+    echo "== ThreadSanitizer on the device backends (preset tsan; host streams, events, sim clock: no CAF inside)"
+    preset_build tsan build-tsan
+    ctest --preset tsan -j "$jobs"
+    echo "== the REPL without GNU readline (preset noreadline: test_repl and actorgraph only)"
+    preset_build noreadline build-noreadline
+    ctest --preset noreadline -j "$jobs"
     echo "== all tests passed in $(( $(date +%s) - start )) s"
     ;;
   *)
