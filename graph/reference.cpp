@@ -112,7 +112,9 @@ host_tensor materialise_view(const node& n, const host_tensor& storage) {
   return t;
 }
 
-host_tensor eval_matmul(const node& n, const host_tensor& ta, const host_tensor& tb) {
+// `stop` (may be null) is asked before each row of each matrix; when it says
+// stop, the result is garbage and the caller returns errc::cancelled.
+host_tensor eval_matmul(const node& n, const host_tensor& ta, const host_tensor& tb, const std::function<bool()>* stop) {
   const dvec a = to_doubles(ta), b = to_doubles(tb);
   const shape& da = ta.dims();
   const shape& db = tb.dims();
@@ -139,7 +141,8 @@ host_tensor eval_matmul(const node& n, const host_tensor& ta, const host_tensor&
       for (int64_t k = 0; k < K; ++k) pa[static_cast<std::size_t>(m * K + k)] = a[static_cast<std::size_t>(a0 + m * sam + k * sak)];
     for (int64_t j = 0; j < N; ++j)
       for (int64_t k = 0; k < K; ++k) pb[static_cast<std::size_t>(j * K + k)] = b[static_cast<std::size_t>(b0 + k * sbk + j * sbn)];
-    for (int64_t m = 0; m < M; ++m)
+    for (int64_t m = 0; m < M; ++m) {
+      if (stop && (*stop)()) return {};
       for (int64_t j = 0; j < N; ++j) {
         const double* x = pa.data() + m * K;
         const double* y = pb.data() + j * K;
@@ -147,6 +150,7 @@ host_tensor eval_matmul(const node& n, const host_tensor& ta, const host_tensor&
         for (int64_t k = 0; k < K; ++k) acc += x[k] * y[k];
         out[static_cast<std::size_t>((ob * M + m) * N + j)] = acc;
       }
+    }
   }
   return from_doubles(n.type, n.dims, out);
 }
@@ -298,13 +302,15 @@ host_tensor eval_copy(const node& n, const host_tensor& x) {
   return t;
 }
 
-}  // namespace
+error stopped() { return error(errc::cancelled, "reference evaluation stopped"); }
 
-expected<std::vector<host_tensor>> evaluate_reference_all(const graph& g, const std::vector<host_tensor>& inputs) {
+expected<std::vector<host_tensor>> evaluate_all(const graph& g, const std::vector<host_tensor>& inputs,
+                                                const std::function<bool()>* stop) {
   if (auto e = check_inputs(g, inputs)) return e;
   std::vector<host_tensor> val(g.size());
   for (std::size_t k = 0; k < g.inputs().size(); ++k) val[static_cast<std::size_t>(g.inputs()[k])] = inputs[k];
   for (const node& n : g.nodes()) {
+    if (stop && (*stop)()) return stopped();
     const auto id = static_cast<std::size_t>(n.id);
     std::vector<const host_tensor*> in;
     for (node_id i : n.inputs) in.push_back(&val[static_cast<std::size_t>(i)]);
@@ -321,7 +327,10 @@ expected<std::vector<host_tensor>> evaluate_reference_all(const graph& g, const 
         val[id] = std::move(*w);
         break;
       }
-      case op_kind::matmul: val[id] = eval_matmul(n, *in[0], *in[1]); break;
+      case op_kind::matmul:
+        val[id] = eval_matmul(n, *in[0], *in[1], stop);
+        if (stop && (*stop)()) return stopped();
+        break;
       case op_kind::add:
       case op_kind::mul: val[id] = eval_binary(n, *in[0], *in[1]); break;
       case op_kind::scale:
@@ -351,13 +360,27 @@ expected<std::vector<host_tensor>> evaluate_reference_all(const graph& g, const 
   return val;
 }
 
-expected<std::vector<host_tensor>> evaluate_reference(const graph& g, const std::vector<host_tensor>& inputs) {
-  auto all = evaluate_reference_all(g, inputs);
+expected<std::vector<host_tensor>> outputs_of(const graph& g, expected<std::vector<host_tensor>> all) {
   if (!all) return all.err();
   std::vector<host_tensor> out;
   out.reserve(g.outputs().size());
   for (node_id o : g.outputs()) out.push_back((*all)[static_cast<std::size_t>(o)]);
   return out;
+}
+
+}  // namespace
+
+expected<std::vector<host_tensor>> evaluate_reference_all(const graph& g, const std::vector<host_tensor>& inputs) {
+  return evaluate_all(g, inputs, nullptr);
+}
+
+expected<std::vector<host_tensor>> evaluate_reference(const graph& g, const std::vector<host_tensor>& inputs) {
+  return outputs_of(g, evaluate_all(g, inputs, nullptr));
+}
+
+expected<std::vector<host_tensor>> evaluate_reference(const graph& g, const std::vector<host_tensor>& inputs,
+                                                      const std::function<bool()>& stop) {
+  return outputs_of(g, evaluate_all(g, inputs, &stop));
 }
 
 }  // namespace ag

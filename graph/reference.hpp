@@ -6,6 +6,7 @@
 /// node's result to the node's dtype, as a device storing that dtype would.
 /// Pure function of its arguments; safe to call from any thread.
 
+#include <functional>
 #include <vector>
 
 #include "graph/error.hpp"
@@ -35,6 +36,14 @@ error check_inputs(const graph& g, const std::vector<host_tensor>& inputs);
 /// (a, b) to (a cos - b sin, a sin + b cos); copy to i32 truncates toward zero
 /// (saturating; nan -> 0).
 expected<std::vector<host_tensor>> evaluate_reference(const graph& g, const std::vector<host_tensor>& inputs);
+
+/// Same, for a caller that may want to give up on a long evaluation (the
+/// REPL's checker thread when the user presses Ctrl-C): `stop` is called on
+/// the calling thread between nodes and between rows of a matmul; once it
+/// returns true (it must keep returning true) the evaluation fails soon with
+/// errc::cancelled.
+expected<std::vector<host_tensor>> evaluate_reference(const graph& g, const std::vector<host_tensor>& inputs,
+                                                      const std::function<bool()>& stop);
 
 /// Same, but returns every node's value (index = node id; views materialised
 /// as contiguous tensors).
