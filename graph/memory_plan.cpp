@@ -108,6 +108,15 @@ error planner::plan_memory(plan& p) {
       case step_kind::copy_d2h:
         read(st.device, st.ops.at(0), {st.id, 0});
         break;
+      case step_kind::collective: {
+        // Like a peer copy's source: each operand is read where it lives, by
+        // this member's step (which no later step on that device need wait
+        // for), so its buffer stays busy until an ordering path says otherwise.
+        const node& n = g.at(st.ops.at(0));
+        for (node_id i : n.inputs) read(p.placement_[static_cast<std::size_t>(storage_root(g, i))], i, {st.id, 0});
+        write(st.device, n.id, {st.id, 0});
+        break;
+      }
     }
   }
 
