@@ -216,7 +216,11 @@ class plan {
 /// Compiles `g` for `devices`.
 ///
 /// Passes (graph/planner.cpp, graph/memory_plan.cpp):
-///  1. prune nodes no output needs (placement -1, no steps, no h2d);
+///  0. tensor parallelism (options.tensor_parallel > 1): the graph is
+///     rewritten per device (graph/tensor_parallel.hpp) and the passes below
+///     plan the rewrite, whose nodes are all pinned;
+///  1. prune nodes no output needs (placement -1, no steps, no h2d); every
+///     part of a needed collective is needed;
 ///  2. place: pins; then `single` (device 0) or `automatic`: compute nodes in
 ///     topological order grouped into units by `node::layer` (untagged nodes
 ///     join the unit before them, or the first), split into contiguous stages
@@ -235,10 +239,14 @@ class plan {
 ///     another (device, lane) reads, so readers wait only for what they need.
 ///  5. memory: see check_hazards; greedy first fit in first-write order,
 ///     256-byte aligned.
+///  6. collectives: one step per member (see step), the algorithm and time
+///     from estimate_collective_seconds.
 /// Errors: an op no device supports
 /// (unsupported_op, names the node), a pin to a device index out of range
 /// (invalid_argument), a memory plan that does not fit a device
-/// (out_of_memory, names the device and the bytes needed vs available).
+/// (out_of_memory, names the device and the bytes needed vs available), a
+/// bad tensor-parallel layout (invalid_argument, see rewrite_tensor_parallel),
+/// two collective nodes claiming one rank of the same operands.
 expected<std::shared_ptr<const plan>> compile(std::shared_ptr<const graph> g,
                                               std::vector<device_spec> devices,
                                               plan_options options = {});
