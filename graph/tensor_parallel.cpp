@@ -510,7 +510,6 @@ class rewriter {
     }
     for (const node& n : g_.nodes()) {
       if (!needed_[static_cast<std::size_t>(n.id)] || n.op == op_kind::input) continue;
-      cur_ = &n;
       apply(n);
     }
     for (node_id o : g_.outputs()) outputs_.push_back(whole_output(o));
@@ -532,8 +531,7 @@ class rewriter {
     info->local.resize(g_.size());
     for (std::size_t i = 0; i < g_.size(); ++i) {
       info->state[i] = info_[i].st;
-      info->local[i] = info_[i].pending ? info_[i].repl : info_[i].loc;
-      if (info_[i].pending) info->state[i] = split_state{};
+      info->local[i] = info_[i].loc;  // empty for a matmul computed in chunks only
     }
     // A weight's state is how its devices hold it: the slices made of it
     // along one dim (a partition in rank order), or replicated when its whole
@@ -548,20 +546,21 @@ class rewriter {
       for (const auto& [key, id] : weight_slices_)
         if (read[static_cast<std::size_t>(id)])
           slices[std::get<0>(key)].emplace_back(std::get<1>(key), std::get<2>(key), std::get<3>(key), id);
-      for (const auto& [w, v] : slices) {
+      for (auto& [w, v] : slices) {
         if (read[static_cast<std::size_t>(info_[static_cast<std::size_t>(w)].loc[0])]) continue;
+        std::sort(v.begin(), v.end());
         split_state st;
         st.k = skind::sharded;
         st.axis = st.axis2 = std::get<0>(v[0]);
-        bool ok = true;
+        int64_t at = 0;
+        bool ok = static_cast<int>(v.size()) == t_;
         for (const auto& [d, b, e, id] : v) {
-          ok = ok && d == st.axis;
+          ok = ok && d == st.axis && b == at;
+          at = e;
           st.begin.push_back(b);
           st.end.push_back(e);
         }
-        std::sort(st.begin.begin(), st.begin.end());
-        std::sort(st.end.begin(), st.end.end());
-        if (ok && static_cast<int>(st.begin.size()) == t_) info->state[static_cast<std::size_t>(w)] = st;
+        if (ok && at == g_.at(w).dims[st.axis]) info->state[static_cast<std::size_t>(w)] = st;
       }
     }
     info->collectives = std::move(collectives_);
@@ -598,7 +597,6 @@ class rewriter {
   std::map<std::tuple<node_id, int, int64_t, int64_t>, node_id> weight_slices_;
   std::vector<tp_collective> collectives_;
   std::vector<std::pair<std::string, int>> chunked_;
-  const node* cur_ = nullptr;
   std::size_t out_size_ = 0;
   std::shared_ptr<const graph> rewritten_;
 
@@ -622,21 +620,21 @@ class rewriter {
     }
   }
 
-  int pin_of_leaf(const node& n) const {
-    if (n.pinned_device < 0) return -1;
-    return n.pinned_device < stages_ * t_ ? n.pinned_device : -1;
-  }
+  /// A pinned leaf keeps its pin (checked in assign_stages).
+  int pin_of_leaf(const node& n) const { return n.pinned_device; }
 
   void assign_stages() {
     stage_.assign(g_.size(), -1);
     std::vector<node_id> free_nodes;
+    // Pins are checked on every node, pruned or not (as the planner does).
+    for (const node& n : g_.nodes())
+      if (n.pinned_device != -1 && (n.pinned_device < 0 || n.pinned_device >= stages_ * t_))
+        fail(errc::invalid_argument,
+             label(n) + " is pinned to device " + std::to_string(n.pinned_device) + ", outside the " +
+                 std::to_string(stages_) + " x " + std::to_string(t_) + " tensor-parallel layout");
     for (const node& n : g_.nodes()) {
       if (!needed_[static_cast<std::size_t>(n.id)] || is_leaf_op(n.op) || is_view_op(n.op)) continue;
       if (n.pinned_device >= 0) {
-        if (n.pinned_device >= stages_ * t_)
-          fail(errc::invalid_argument,
-               label(n) + " is pinned to device " + std::to_string(n.pinned_device) + ", outside the " +
-                   std::to_string(stages_) + " x " + std::to_string(t_) + " tensor-parallel layout");
         stage_[static_cast<std::size_t>(n.id)] = n.pinned_device / t_;
       } else {
         free_nodes.push_back(n.id);
@@ -1683,6 +1681,16 @@ class rewriter {
       id = as_replicated(o)[0];
     }
     // The output keeps the user's name (job outputs, describe, traces).
+    if (std::find(outputs_.begin(), outputs_.end(), id) != outputs_.end()) {
+      // Two outputs resolved to one node (a view that kept its source): copy.
+      node c;
+      c.op = op_kind::copy;
+      c.type = at(id).type;
+      c.name = n.name + ".output";
+      c.inputs = {id};
+      c.layer = n.layer;
+      id = emit_compute(std::move(c), s, 0);
+    }
     // (Bare names of the user's graph are reserved for it: only leaves use
     // them, and an output that is not a leaf gets its own back here.)
     node& on = out_[static_cast<std::size_t>(id)];

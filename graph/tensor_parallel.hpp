@@ -77,7 +77,7 @@ struct tensor_parallel_info {
   /// pruned nodes), its split state (for a weight: how its devices hold it,
   /// sharded when only slices of it are read), and the rewritten graph's
   /// node holding rank k's piece in that state ([id][k]; empty for pruned
-  /// nodes).
+  /// nodes and for a row-parallel matmul computed only in chunks).
   std::vector<int> stage_of;
   std::vector<split_state> state;
   std::vector<std::vector<node_id>> local;

@@ -813,6 +813,32 @@ TEST(TensorParallel, OverlapSplitsRowParallelMatmulsWhenTheCostModelSaysItPays) 
   EXPECT_TRUE(fast->tensor_parallel()->chunked.empty());
 }
 
+// Outputs in every state come back whole, once each, under their own names.
+TEST(TensorParallel, OutputsInEveryStateComeBackWholeUnderTheirNames) {
+  graph_builder b;
+  auto x = b.input("x", dtype::f32, {6, 8});
+  auto w1 = b.weight("w1", host_tensor::random_normal(dtype::f32, {8, 12}, 1, 0.3f));
+  auto w2 = b.weight("w2", host_tensor::random_normal(dtype::f32, {12, 8}, 2, 0.3f));
+  auto col = b.matmul(x, w1, false, false, "col");         // sharded on its columns
+  auto part = b.slice(col, 1, 2, 10, "part");              // a slice of the sharded dim
+  auto row = b.matmul(col, w2, false, false, "row");       // partial
+  auto wt = b.transpose(w2, 0, 1, "wt");                   // a view of a weight
+  for (tensor t : {col, part, row, wt, x}) b.output(t);
+  auto g = test_util::finish(std::move(b));
+  ASSERT_TRUE(g);
+  for (int degree : {2, 3}) {
+    SCOPED_TRACE("degree " + std::to_string(degree));
+    auto p = check_tp(g, degree, tp_options(degree, {}, 0, false), random_inputs(*g, 4));
+    ASSERT_TRUE(p);
+    const auto& tp = *p->tensor_parallel();
+    EXPECT_EQ(tp.state[static_cast<std::size_t>(g->find("col"))].k, split_state::kind::sharded);
+    EXPECT_EQ(tp.state[static_cast<std::size_t>(g->find("row"))].k, split_state::kind::partial);
+    std::vector<std::string> names;
+    for (node_id o : p->source().outputs()) names.push_back(p->source().at(o).name);
+    EXPECT_EQ(names, (std::vector<std::string>{"col", "part", "row", "wt", "x"}));
+  }
+}
+
 // A graph that holds collectives itself (not from the rewrite) plans too.
 TEST(TensorParallel, PlannerGroupsUserCollectivesAndRejectsDuplicateRanks) {
   graph_builder b;
