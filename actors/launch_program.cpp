@@ -38,13 +38,15 @@ struct step_errors {
 };
 
 /// The lane of the queue that runs `s`: compute steps run on their lane;
-/// the copy kinds have one queue per device.
+/// the copy kinds have one queue per device, and so do collectives (a
+/// device's communication queue, never a compute lane).
 int queue_lane(const step& s) {
   switch (s.kind) {
     case step_kind::compute: return s.lane;
     case step_kind::copy_h2d:
     case step_kind::copy_d2h:
-    case step_kind::copy_peer: return 0;
+    case step_kind::copy_peer:
+    case step_kind::collective: return 0;
   }
   return 0;
 }
@@ -122,6 +124,15 @@ error lower_step(const plan& p, const step& s, lowered_step& ls) {
     case step_kind::copy_h2d:
     case step_kind::copy_d2h:
     case step_kind::copy_peer: return lower_copy(p, s, ls);
+    case step_kind::collective: {
+      // Not executed yet (tensor-parallel plans with collectives are refused
+      // by runtime_core::compile): its descriptor (members' operands, algo,
+      // peers) goes here, its execution in stream_actor.cpp's launch_step.
+      error e = step_errors{s}("is a collective, which this runtime cannot run yet",
+                               s.ops.empty() ? std::string{} : p.source().at(s.ops.front()).name);
+      e.code = errc::unsupported_op;
+      return e;
+    }
   }
   return step_errors{s}("has an unknown kind");
 }

@@ -92,6 +92,7 @@ caf::actor runtime_core::queue_actor(int device, step_kind kind, int lane) {
     case step_kind::copy_h2d:
     case step_kind::copy_d2h:
     case step_kind::copy_peer: return copy_actors_[d][static_cast<std::size_t>(kind) - 1];
+    case step_kind::collective: break;  // no communication actor yet: compile() refuses such plans
   }
   return {};
 }
@@ -107,6 +108,19 @@ expected<std::shared_ptr<const plan>> runtime_core::compile(std::shared_ptr<cons
   if (p->devices().size() != ndev)
     return error{errc::internal, "planner returned a plan for " + std::to_string(p->devices().size()) +
                                      " devices, runtime has " + std::to_string(ndev)};
+  // Tensor-parallel plans plan (graph/tensor_parallel.hpp) but do not run
+  // yet: collective steps and vocabulary-sharded lookups have no executor.
+  for (const auto& s : p->steps())
+    if (s.kind == step_kind::collective)
+      return error{errc::unsupported_op,
+                   "compile: the plan has collective steps ('" + gr.at(s.ops.at(0)).name +
+                       "'): tensor-parallel plans cannot run on this runtime yet",
+                   s.device, s.id, gr.at(s.ops.at(0)).name};
+  for (const node& n : gr.nodes())
+    if (n.op == op_kind::get_rows && n.attrs.end != 0)
+      return error{errc::unsupported_op,
+                   "compile: get_rows '" + n.name + "' looks up a table shard: tensor-parallel plans cannot run on this runtime yet",
+                   p->placement()[static_cast<std::size_t>(n.id)], -1, n.name};
   auto program = lower(p);
   if (!program) return program.err();
 

@@ -157,6 +157,9 @@ error launch_step(exec_state& st, exec_job& e, step_id s) {
       err = st.dev->copy_peer(stream, dst, src_dev, src, c.bytes);
       break;
     }
+    case step_kind::collective:  // lower() and compile() refuse them for now
+      err = {errc::unsupported_op, "collective steps are not executed yet"};
+      break;
   }
   if (err) return step_error(st, ls, {}, err);
   auto end = take_event(st, ctx.timing);

@@ -20,4 +20,5 @@ set(ACTORGRAPH_PUBLIC_HEADERS
   graph/reference.hpp
   graph/shape.hpp
   graph/step_kind.hpp
+  graph/tensor_parallel.hpp
   graph/weight_source.hpp)

@@ -263,17 +263,62 @@ host_tensor eval_rope(const node& n, const host_tensor& tx, const host_tensor& t
 
 expected<host_tensor> eval_get_rows(const node& n, const host_tensor& table, const host_tensor& ids) {
   const int64_t V = table.dims()[0], D = table.dims()[1];
+  // A shard holds rows [first, first + V) of a vocabulary of `rows` (attrs.end > 0).
+  const int64_t first = n.attrs.end > 0 ? n.attrs.begin : 0;
+  const int64_t rows = n.attrs.end > 0 ? n.attrs.end : V;
   const std::size_t row_bytes = static_cast<std::size_t>(D) * dtype_size(table.type());
-  host_tensor t(n.type, n.dims);
+  host_tensor t(n.type, n.dims);  // zero-filled: ids outside a shard leave zero rows
   for (int64_t i = 0; i < ids.numel(); ++i) {
     const int32_t id = raw_i32(ids, i);
-    if (id < 0 || id >= V)
+    if (id < 0 || id >= rows)
       return detail::node_error(errc::invalid_argument, n,
                                 "id " + std::to_string(id) + " at flat index " + std::to_string(i) +
-                                    " is outside [0, " + std::to_string(V) + ")");
+                                    " is outside [0, " + std::to_string(rows) + ")");
+    if (id < first || id >= first + V) continue;
     std::memcpy(t.data() + static_cast<std::size_t>(i) * row_bytes,
-                table.data() + static_cast<std::size_t>(id) * row_bytes, row_bytes);
+                table.data() + static_cast<std::size_t>(id - first) * row_bytes, row_bytes);
   }
+  return t;
+}
+
+// all_reduce / reduce_scatter: the sum in double, rounded once to the dtype.
+host_tensor eval_reduce(const node& n, const std::vector<const host_tensor*>& in) {
+  dvec sum = to_doubles(*in[0]);
+  for (std::size_t k = 1; k < in.size(); ++k) {
+    const dvec v = to_doubles(*in[k]);
+    for (std::size_t i = 0; i < sum.size(); ++i) sum[i] += v[i];
+  }
+  if (n.op == op_kind::all_reduce) return from_doubles(n.type, n.dims, sum);
+  // reduce_scatter: keep [begin, end) along axis.
+  const shape& full = in[0]->dims();
+  const int axis = n.attrs.axis;
+  int64_t outer = 1, inner = 1;
+  for (int d = 0; d < axis; ++d) outer *= full[d];
+  for (int d = axis + 1; d < full.rank(); ++d) inner *= full[d];
+  const int64_t len = n.attrs.end - n.attrs.begin;
+  dvec out(static_cast<std::size_t>(outer * len * inner));
+  for (int64_t o = 0; o < outer; ++o)
+    for (int64_t r = 0; r < len; ++r)
+      for (int64_t i = 0; i < inner; ++i)
+        out[static_cast<std::size_t>((o * len + r) * inner + i)] =
+            sum[static_cast<std::size_t>((o * full[axis] + n.attrs.begin + r) * inner + i)];
+  return from_doubles(n.type, n.dims, out);
+}
+
+// all_gather: each operand, seen as [outer, part * inner] with part the
+// product of its merged dims, is concatenated in rank order along dim 1.
+host_tensor eval_all_gather(const node& n, const std::vector<const host_tensor*>& in) {
+  host_tensor t(n.type, n.dims);
+  int64_t outer = 1;
+  for (int d = 0; d < n.attrs.axis; ++d) outer *= n.dims[d];
+  const std::size_t es = dtype_size(n.type);
+  std::size_t dst = 0;
+  for (int64_t o = 0; o < outer; ++o)
+    for (const host_tensor* x : in) {
+      const std::size_t chunk = static_cast<std::size_t>(x->numel() / outer) * es;
+      std::memcpy(t.data() + dst, x->data() + static_cast<std::size_t>(o) * chunk, chunk);
+      dst += chunk;
+    }
   return t;
 }
 
@@ -348,6 +393,9 @@ expected<std::vector<host_tensor>> evaluate_all(const graph& g, const std::vecto
       }
       case op_kind::concat: val[id] = eval_concat(n, in); break;
       case op_kind::copy: val[id] = eval_copy(n, *in[0]); break;
+      case op_kind::all_reduce:
+      case op_kind::reduce_scatter: val[id] = eval_reduce(n, in); break;
+      case op_kind::all_gather: val[id] = eval_all_gather(n, in); break;
       case op_kind::reshape:
       case op_kind::view:
       case op_kind::permute:

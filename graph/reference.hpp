@@ -34,7 +34,10 @@ error check_inputs(const graph& g, const std::vector<host_tensor>& inputs);
 /// (masked probabilities are exactly 0); rope angle = pos * theta^(-2i/D) for
 /// pair i (neox pairs (i, i + D/2), interleaved pairs (2i, 2i + 1)), rotating
 /// (a, b) to (a cos - b sin, a sin + b cos); copy to i32 truncates toward zero
-/// (saturating; nan -> 0).
+/// (saturating; nan -> 0); get_rows of a table shard (attrs.end > 0) gives
+/// zero rows for ids outside the shard; all_reduce sums its operands in
+/// double and rounds once; reduce_scatter is that sum's [begin, end) along
+/// axis; all_gather concatenates its operands in order along the merged axes.
 expected<std::vector<host_tensor>> evaluate_reference(const graph& g, const std::vector<host_tensor>& inputs);
 
 /// Same, for a caller that may want to give up on a long evaluation (the

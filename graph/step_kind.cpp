@@ -8,6 +8,7 @@ const char* to_string(step_kind k) noexcept {
     case step_kind::copy_h2d: return "h2d";
     case step_kind::copy_d2h: return "d2h";
     case step_kind::copy_peer: return "peer";
+    case step_kind::collective: return "collective";
   }
   return "unknown";
 }
@@ -15,7 +16,13 @@ const char* to_string(step_kind k) noexcept {
 const char* lane_name(step_kind k, int lane) noexcept {
   static const char* const compute[] = {"compute0", "compute1", "compute2", "compute3",
                                         "compute4", "compute5", "compute6", "compute7"};
-  if (k == step_kind::compute) return lane >= 0 && lane < 8 ? compute[lane] : "compute";
+  switch (k) {
+    case step_kind::compute: return lane >= 0 && lane < 8 ? compute[lane] : "compute";
+    case step_kind::collective: return "comm";
+    case step_kind::copy_h2d:
+    case step_kind::copy_d2h:
+    case step_kind::copy_peer: break;
+  }
   return to_string(k);
 }
 

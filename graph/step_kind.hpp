@@ -16,21 +16,24 @@ enum class step_kind : uint8_t {
   copy_h2d = 1,   ///< job input host -> device
   copy_d2h = 2,   ///< job output device -> host
   copy_peer = 3,  ///< device -> device (queued on the destination)
+  collective = 4, ///< one device's part of a collective (all_reduce, all_gather, reduce_scatter)
 };
 
 /// Number of step kinds (tables indexed by kind).
-inline constexpr int step_kind_count = 4;
+inline constexpr int step_kind_count = 5;
 
-/// Short stable name: "compute", "h2d", "d2h", "peer".
+/// Short stable name: "compute", "h2d", "d2h", "peer", "collective".
 const char* to_string(step_kind k) noexcept;
 
 /// Name of the queue (stream) of kind `k` and lane `lane` on a device, as
 /// traces show it: "compute0", "compute1", ... for compute lanes (lane 8 and
-/// above: "compute"), and to_string(k) for the copy kinds, which have one
-/// queue per device.
+/// above: "compute"), to_string(k) for the copy kinds, which have one queue
+/// per device, and "comm" for a device's communication queue (collectives).
 const char* lane_name(step_kind k, int lane) noexcept;
 
-/// True for the kinds that move bytes (a copy engine on CUDA).
-constexpr bool is_copy(step_kind k) noexcept { return k != step_kind::compute; }
+/// True for the kinds a copy engine runs on CUDA (host and peer copies).
+constexpr bool is_copy(step_kind k) noexcept {
+  return k == step_kind::copy_h2d || k == step_kind::copy_d2h || k == step_kind::copy_peer;
+}
 
 }  // namespace ag

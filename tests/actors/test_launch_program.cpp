@@ -8,16 +8,10 @@
 #include <map>
 #include <set>
 
+#include "../graph/plan_test_util.hpp"
 #include "../graph/random_dag.hpp"
 #include "actors/launch_program.hpp"
 #include "graph/plan.hpp"
-
-namespace ag {
-// Test-only access to a plan's internals (declared a friend in plan.hpp).
-struct plan_test_hook {
-  static std::vector<step>& steps(plan& p) { return p.steps_; }
-};
-}  // namespace ag
 
 namespace {
 
