@@ -272,4 +272,31 @@ TEST(LaunchProgram, ACopyOfANodeNotResidentOnItsSourceIsRefusedNamingTheTensor) 
   EXPECT_EQ(r.err().op, "g1");
 }
 
+// Collective steps (tensor parallelism) are planned but not executed yet: the
+// lowering's one collective case refuses them, naming the step, its device
+// and the collective node, so that a caller other than runtime::compile (which
+// refuses them first) cannot load a plan that would hang.
+TEST(LaunchProgram, CollectiveStepsAreRefusedNamingTheCollective) {
+  graph_builder b;
+  auto x = b.input("x", dtype::f32, {4, 8});
+  auto w1 = b.weight("w1", host_tensor::random_normal(dtype::f32, {8, 8}, 1, 0.3f));
+  auto w2 = b.weight("w2", host_tensor::random_normal(dtype::f32, {8, 8}, 2, 0.3f));
+  b.output(b.matmul(b.matmul(x, w1, false, false, "up"), w2, false, false, "down"));
+  plan_options o;
+  o.tensor_parallel = 2;
+  auto p = compile(std::make_shared<const graph>(std::move(b).build().value()), sims(2), o);
+  ASSERT_TRUE(p.has_value()) << p.err().to_string();
+  std::set<step_id> collectives;
+  for (const auto& s : (*p)->steps())
+    if (s.kind == step_kind::collective) collectives.insert(s.id);
+  ASSERT_FALSE(collectives.empty()) << "a row-parallel matmul should need an all-reduce";
+  auto r = lower(*p);
+  ASSERT_FALSE(r.has_value());
+  EXPECT_EQ(r.err().code, errc::unsupported_op) << r.err().to_string();
+  ASSERT_EQ(collectives.count(r.err().step), 1u) << r.err().to_string();
+  const step& s = (*p)->at(r.err().step);
+  EXPECT_EQ(r.err().device, s.device);
+  EXPECT_EQ(r.err().op, (*p)->source().at(s.ops.front()).name);
+}
+
 }  // namespace
