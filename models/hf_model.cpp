@@ -70,6 +70,10 @@ std::string hf_tensor_name(model_variant variant, const std::string& name, const
 }
 
 expected<hf_model> hf_model::open(const std::string& dir, load_options options) {
+  std::error_code ec;
+  if (!std::filesystem::is_directory(dir, ec))
+    return error{errc::invalid_argument, dir + ": " + (std::filesystem::exists(dir, ec) ? "not a folder" : "no such folder") +
+                                             " (a model folder holds config.json and model.safetensors)"};
   auto cfg = read_hf_config(dir);
   if (!cfg) return cfg.err();
   auto ck = checkpoint::open(dir);

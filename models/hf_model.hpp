@@ -51,6 +51,8 @@ class hf_model {
  public:
   /// Reads `dir`/config.json, opens the checkpoint in `dir` (single or
   /// sharded) and checks it against the config (see the file comment).
+  /// Errors name the folder, file and tensor (a missing folder or config.json
+  /// too).
   static expected<hf_model> open(const std::string& dir, load_options options = {});
 
   const hf_config& config() const noexcept { return config_; }

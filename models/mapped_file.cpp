@@ -65,6 +65,9 @@ void mapped_file::prefetch(std::size_t offset, std::size_t bytes) const noexcept
   const auto page = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
   const std::size_t start = offset / page * page;
   const std::size_t end = std::min(size_, offset + bytes);
+  // WILLNEED starts read-ahead of a file not yet in the page cache. (Faulting
+  // the range in first with MADV_POPULATE_READ measured slower than the
+  // copy's own faults, which the kernel already maps 16 pages at a time.)
   ::madvise(const_cast<std::byte*>(data_) + start, end - start, MADV_WILLNEED);
 }
 

@@ -39,7 +39,8 @@ class mapped_file {
   std::size_t size() const noexcept { return size_; }
   const std::string& path() const noexcept { return path_; }
   /// Hints the kernel to read [offset, offset + bytes) ahead (madvise
-  /// WILLNEED); a no-op for in-memory bytes or out-of-range requests.
+  /// WILLNEED); a no-op for in-memory bytes or out-of-range requests. Errors
+  /// are ignored: it is only a hint.
   void prefetch(std::size_t offset, std::size_t bytes) const noexcept;
 
  private:

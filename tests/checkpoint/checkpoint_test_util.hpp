@@ -13,7 +13,10 @@
 #include <vector>
 
 #include "graph/models/transformer.hpp"
+#include <nlohmann/json.hpp>
+
 #include "models/hf_model.hpp"
+#include "models/tokenizer.hpp"
 
 namespace ag::test {
 
@@ -89,5 +92,44 @@ inline graph save_random_model(const std::string& dir, const models::transformer
   EXPECT_FALSE(e) << e.to_string();
   return std::move(*g);
 }
+
+/// UTF-8 of one code point.
+inline std::string u8(char32_t c) {
+  std::string s;
+  models::utf8_append(s, c);
+  return s;
+}
+
+/// A small GPT-2 byte-level BPE vocabulary (264 ids) and its merges: id b is
+/// byte b's symbol, then the merged symbols in merge order, then <|endoftext|>.
+struct small_bpe {
+  std::vector<std::pair<std::string, std::string>> merges = {
+      {u8(0x120), "t"},  // "Ġ t"  (Ġ is the space byte)
+      {"h", "e"},
+      {u8(0x120) + "t", "he"},
+      {"l", "l"},
+      {"e", "ll"},
+      {"e", "l"},  // ranked after "l l": "ell" must merge as e + ll, not el + l
+      {"c", "a"},
+  };
+  nlohmann::json vocab = nlohmann::json::object();
+  int32_t eot = 0;
+
+  small_bpe() {
+    for (int b = 0; b < 256; ++b) vocab[u8(models::gpt2_byte_to_unicode(static_cast<uint8_t>(b)))] = b;
+    int32_t id = 256;
+    for (const auto& [a, b] : merges) vocab[a + b] = id++;
+    eot = id;
+    vocab["<|endoftext|>"] = eot;
+  }
+  int32_t id(const std::string& s) const { return vocab.at(s).get<int32_t>(); }
+  void write(const temp_dir& dir) const { write(dir.str()); }
+  void write(const std::string& dir) const {
+    write_text(dir + "/vocab.json", vocab.dump());
+    std::string m = "#version: 0.2\n";
+    for (const auto& [a, b] : merges) m += a + " " + b + "\n";
+    write_text(dir + "/merges.txt", m);
+  }
+};
 
 }  // namespace ag::test
