@@ -13,6 +13,9 @@ head; GPT-2 saved in bfloat16 and sharded) it
   3. decodes --steps greedy tokens both ways (transformers' generate() with
      do_sample=False; actorgraph by calling the program again on the prompt
      plus the tokens so far) and requires the same tokens.
+Then it trains a small byte-level BPE with HF `tokenizers`, and requires the
+prompt ids actorgraph-generate prints for text prompts to equal
+GPT2TokenizerFast's.
 
 Skips (exit status 77, a printed reason) when torch, transformers or numpy
 cannot be imported: CI does not install them. Locally:
@@ -67,8 +70,8 @@ def main():
                     p.copy_(0.15 * torch.randn(p.shape, generator=g))
         return model
 
-    def gpt2(seed, **kw):
-        cfg = transformers.GPT2Config(vocab_size=97, n_positions=32, n_embd=64, n_layer=2, n_head=4,
+    def gpt2(seed, vocab_size=97, **kw):
+        cfg = transformers.GPT2Config(vocab_size=vocab_size, n_positions=32, n_embd=64, n_layer=2, n_head=4,
                                       layer_norm_epsilon=1e-5, **kw)
         torch.manual_seed(seed)
         return perturb(transformers.GPT2LMHeadModel(cfg), seed)
@@ -95,7 +98,9 @@ def main():
         folder = os.path.join(workdir, name)
         model.save_pretrained(folder, safe_serialization=True, **save_kw)
         # The reference runs in float32 with eager attention, from the saved files.
-        ref = type(model).from_pretrained(folder, torch_dtype=torch.float32, attn_implementation="eager").eval()
+        # transformers 5 renamed from_pretrained's torch_dtype to dtype.
+        dtype_kw = "dtype" if int(transformers.__version__.split(".")[0]) >= 5 else "torch_dtype"
+        ref = type(model).from_pretrained(folder, attn_implementation="eager", **{dtype_kw: torch.float32}).eval()
         with torch.no_grad():
             want = ref(torch.tensor([prompt])).logits[0].float().numpy()
             gen = ref.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
@@ -112,7 +117,7 @@ def main():
                 cmd = base + ["--prompt-ids", ",".join(map(str, ids))]
                 if step == 0:
                     cmd += ["--dump-logits", out_npy]
-                r = subprocess.run(cmd, capture_output=True, text=True)
+                r = subprocess.run(cmd, capture_output=True, text=True, errors="replace")
                 if r.returncode != 0:
                     failures.append("%s on %s: actorgraph-generate failed:\n%s%s" % (name, spec, r.stdout, r.stderr))
                     break
@@ -133,11 +138,47 @@ def main():
                     failures.append("%s on %s: logits differ by %.3g" % (name, spec, err))
                 if not ok_tokens:
                     failures.append("%s on %s: greedy tokens %s, transformers %s" % (name, spec, got_tokens, want_tokens))
+    failures += compare_bpe_tokenizer(args, workdir, gpt2)
     if failures:
         print("FAIL:\n  " + "\n  ".join(failures))
         return 1
     print("hf_compare: all %d models match transformers" % len(cases))
     return 0
+
+
+def compare_bpe_tokenizer(args, workdir, gpt2):
+    """Trains a byte-level BPE with HF `tokenizers`, saves vocab.json +
+    merges.txt beside a GPT-2 model of that vocabulary, and compares the
+    prompt ids actorgraph-generate prints for --prompt with GPT2TokenizerFast's."""
+    try:
+        import tokenizers
+        import transformers
+    except ImportError as e:
+        print("tokenizer comparison skipped: %s" % e)
+        return []
+    folder = os.path.join(workdir, "gpt2_tokenizer")
+    corpus = ["The quick brown fox jumps over the lazy dog.", "We'll see what they've done, isn't it?",
+              "Numbers 123 456 and 7.5% of   spaces\n\nnewlines", "caf\u00e9 na\u00efve \u65e5\u672c\u8a9e \U0001f642"]
+    bpe = tokenizers.ByteLevelBPETokenizer()
+    bpe.train_from_iterator(corpus * 20, vocab_size=320, min_frequency=1, special_tokens=["<|endoftext|>"])
+    vocab = bpe.get_vocab_size()
+    gpt2(7, vocab_size=vocab).save_pretrained(folder, safe_serialization=True)
+    bpe.save_model(folder)
+    # From the folder's vocab.json + merges.txt; <|endoftext|> is its default special token.
+    hf = transformers.GPT2TokenizerFast.from_pretrained(folder)
+    texts = ["The lazy fox's numbers: 123,456!", "  two  spaces\tand\ttabs\n\n end  ", "they're we'll I'd 'S",
+             "caf\u00e9 \u65e5\u672c \U0001f642\U0001f642 x\u00b2 \u00bd", "<|endoftext|>after"]
+    failures = []
+    for text in texts:
+        want = hf.encode(text)
+        r = subprocess.run([args.generate, "--model", folder, "--prompt", text], capture_output=True, text=True, errors="replace")
+        line = [l for l in r.stdout.splitlines() if l.startswith("prompt_ids: ")]
+        got = [int(x) for x in line[0].split(": ")[1].split(",")] if line else None
+        ok = r.returncode == 0 and got == want
+        print("bpe %-40r %s" % (text, "ok" if ok else "MISMATCH %s vs %s %s" % (got, want, r.stderr)))
+        if not ok:
+            failures.append("tokenizer: %r gives %s, GPT2TokenizerFast %s" % (text, got, want))
+    return failures
 
 
 if __name__ == "__main__":

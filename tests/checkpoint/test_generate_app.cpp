@@ -151,6 +151,16 @@ TEST(GenerateApp, BadInputExitsWithAMessage) {
   r = run("--model " + dir.str() + " --prompt-ids 1 --frobnicate 3");
   EXPECT_EQ(r.rc, 2) << r.out;
   EXPECT_NE(r.out.find("unknown flag --frobnicate"), std::string::npos) << r.out;
+  // A broken tokenizer fails a text prompt; token ids still run, with a warning.
+  ag::test::write_text(dir / "vocab.json", "{");
+  ag::test::write_text(dir / "merges.txt", "");
+  r = run("--model " + dir.str() + " --prompt hello");
+  EXPECT_EQ(r.rc, 1) << r.out;
+  EXPECT_NE(r.out.find("vocab.json: not valid JSON"), std::string::npos) << r.out;
+  r = run("--model " + dir.str() + " --prompt-ids 1,2");
+  EXPECT_EQ(r.rc, 0) << r.out;
+  EXPECT_NE(r.out.find("warning: no generated_text"), std::string::npos) << r.out;
+  EXPECT_NE(field(r.out, "generated"), "") << r.out;
 }
 
 #else
