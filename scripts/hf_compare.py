@@ -36,7 +36,9 @@ def parse_args():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--generate", required=True, help="path of actorgraph-generate")
     p.add_argument("--workdir", default=None, help="folder for the saved models (default: a temp dir)")
-    p.add_argument("--devices", default="cpu:1;sim:2", help="device specs, ';'-separated (sim:2 runs 2 stages)")
+    p.add_argument("--devices", default="cpu:1;sim:2",
+                   help="device specs, ';'-separated; a model runs pipelined over all devices of a spec "
+                        "(sim:2: 2 stages; on a GPU machine e.g. 'cuda:0;cuda:0,1')")
     p.add_argument("--steps", type=int, default=4, help="greedy tokens to compare")
     p.add_argument("--atol", type=float, default=2e-4)
     p.add_argument("--rtol", type=float, default=2e-4)
@@ -108,8 +110,8 @@ def main():
                                pad_token_id=0, eos_token_id=None)
         want_tokens = gen[0, len(prompt):].tolist()
         for spec in args.devices.split(";"):
-            stages = spec.split(":")[1] if spec.startswith("sim:") or spec.startswith("cpu:") else "1"
-            base = [args.generate, "--model", folder, "--devices", spec, "--stages", stages, "--dtype", "f32"]
+            # No --stages: the model is pipelined over every device of the spec.
+            base = [args.generate, "--model", folder, "--devices", spec, "--dtype", "f32"]
             out_npy = os.path.join(folder, "logits.npy")
             ids = list(prompt)
             got_tokens = []
