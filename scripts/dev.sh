@@ -2,8 +2,10 @@
 # The two quick-start commands (README):
 #   bash scripts/dev.sh demo   install what is missing, build, start the REPL demo
 #   bash scripts/dev.sh test   install what is missing, build, run every test
-#                              (release build, then AddressSanitizer, then
-#                              ThreadSanitizer on the code that runs outside CAF)
+#                              (release build, then the installed package with
+#                              examples/consumer, then AddressSanitizer, then
+#                              ThreadSanitizer on the code that runs outside CAF;
+#                              each build is a CMakePresets.json preset)
 # Works on a fresh Debian bookworm machine as root (apt); on a machine where
 # everything is installed it skips apt. Extra arguments after `demo` go to the REPL.
 set -euo pipefail
@@ -60,6 +62,41 @@ configure_and_build() {
   cmake --build "$dir" -j "$jobs" ${AG_TARGET:+--target "$AG_TARGET"}
 }
 
+# preset_build <preset> <binary dir> [cmake args...]: configure and build a
+# CMakePresets.json preset (the presets and this script stay one definition).
+preset_build() {
+  local preset="$1" dir="$2"
+  shift 2
+  pick_python
+  mkdir -p "$dir"
+  cmake --preset "$preset" "${python_args[@]}" "$@" >"$dir/configure.log" 2>&1 || {
+    cat "$dir/configure.log"
+    return 1
+  }
+  grep -E "actorgraph:|skipp" "$dir/configure.log" || true
+  cmake --build --preset "$preset" -j "$jobs"
+}
+
+# consumer_check: installs the release build into a temporary prefix, then
+# configures, builds and runs examples/consumer (find_package(actorgraph))
+# against it, as a user's project would: it links the installed libraries.
+consumer_check() {
+  local tmp
+  tmp="$(mktemp -d)"
+  cmake --install build --prefix "$tmp/prefix" >"$tmp/install.log" 2>&1 || {
+    cat "$tmp/install.log"
+    return 1
+  }
+  cmake -S examples/consumer -B "$tmp/build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+    -DCMAKE_PREFIX_PATH="$tmp/prefix" >"$tmp/configure.log" 2>&1 || {
+    cat "$tmp/configure.log"
+    return 1
+  }
+  cmake --build "$tmp/build" -j "$jobs"
+  "$tmp/build/actorgraph-consumer" sim:2
+  rm -rf "$tmp"
+}
+
 case "$mode" in
   demo)
     install_missing
@@ -69,19 +106,18 @@ case "$mode" in
   test)
     install_missing
     start=$(date +%s)
-    echo "== release build"
-    configure_and_build build -DCMAKE_BUILD_TYPE=Release
+    echo "== release build (preset release)"
+    preset_build release build
     echo "== tests (release; GPU tests skip with a reason when there is no GPU)"
-    (cd build && ctest --output-on-failure -j "$jobs" --timeout 600)
-    echo "== AddressSanitizer build (CUDA off: nothing runs on a GPU here)"
-    configure_and_build build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DACTORGRAPH_SANITIZER=address \
-      -DACTORGRAPH_CUDA=OFF -DACTORGRAPH_BUILD_BENCHMARKS=OFF
-    (cd build-asan && ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
-       ctest --output-on-failure -j "$jobs" --timeout 900)
-    echo "== ThreadSanitizer on the device backends (host streams, events, sim clock: no CAF inside)"
-    AG_TARGET=test_gpu configure_and_build build-tsan -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-      -DACTORGRAPH_SANITIZER=thread -DACTORGRAPH_CUDA=OFF -DACTORGRAPH_BUILD_BENCHMARKS=OFF
-    (cd build-tsan && TSAN_OPTIONS=halt_on_error=1 ctest --output-on-failure -j "$jobs" -L backends --timeout 900)
+    ctest --preset release -j "$jobs"
+    echo "== installed package: examples/consumer built against a temporary install, run on sim:2"
+    consumer_check
+    echo "== AddressSanitizer build (preset asan; CUDA off: nothing runs on a GPU here)"
+    preset_build asan build-asan
+    ctest --preset asan -j "$jobs"
+    echo "== ThreadSanitizer on the device backends (preset tsan; host streams, events, sim clock: no CAF inside)"
+    preset_build tsan build-tsan
+    ctest --preset tsan -j "$jobs"
     echo "== all tests passed in $(( $(date +%s) - start )) s"
     ;;
   *)

@@ -3,8 +3,10 @@
 // UTF-8 / GPT-2 pre-tokenizer. The first input byte picks the parser, the
 // rest is its input. Nothing may crash, hang or leak; errors are values.
 //
-// Not built by CMake yet: scripts/fuzz.sh (owner: rel) is to gain a target
-// for it. Meanwhile, by hand with clang (from the repository root):
+// Every build runs it through a deterministic mutation loop
+// (fuzz_smoke_main.cpp, CTest checkpoint.fuzz_smoke). The libFuzzer target
+// belongs in scripts/fuzz.sh (owner: rel), which was not on main yet; by hand
+// with clang (from the repository root):
 //   clang++ -std=c++20 -O1 -g -fsanitize=fuzzer,address,undefined -I. \
 //     tests/fuzz/fuzz_checkpoint.cpp models/safetensors.cpp models/mapped_file.cpp \
 //     models/hf_config.cpp models/tokenizer.cpp models/tokenizer_bpe.cpp \
