@@ -118,6 +118,7 @@ exec_kind kind_of(step_kind k) {
     case step_kind::copy_h2d: return exec_kind::h2d;
     case step_kind::copy_d2h: return exec_kind::d2h;
     case step_kind::copy_peer: return exec_kind::peer;
+    case step_kind::collective: break;  // refused in compile() until collectives run
   }
   return exec_kind::compute;
 }
@@ -224,6 +225,17 @@ expected<std::shared_ptr<const plan>> runtime_core::compile(std::shared_ptr<cons
   lp->used_devices = p->used_devices();
   std::sort(lp->used_devices.begin(), lp->used_devices.end());
   lp->steps.resize(p->steps().size());
+
+  // Tensor-parallel plans plan (graph/tensor_parallel.hpp) but do not run
+  // yet: collective steps and vocabulary-sharded lookups have no executor.
+  for (const auto& s : p->steps())
+    if (s.kind == step_kind::collective)
+      return error{errc::unsupported_op, "compile: the plan has collective steps ('" + gr.at(s.ops.at(0)).name +
+                                             "'): tensor-parallel plans cannot run on this runtime yet"};
+  for (const node& n : gr.nodes())
+    if (n.op == op_kind::get_rows && n.attrs.end != 0)
+      return error{errc::unsupported_op, "compile: get_rows '" + n.name +
+                                             "' looks up a table shard: tensor-parallel plans cannot run on this runtime yet"};
 
   // Executing actors: one per (device, kind, lane) the plan uses.
   std::vector<int> lanes(ndev, 0);

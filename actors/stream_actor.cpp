@@ -127,6 +127,9 @@ error launch_step(exec_state& st, const job_context& ctx, step_id s) {
       err = st.dev->copy_peer(*st.stream, dst, src_dev, src, si.bytes);
       break;
     }
+    case step_kind::collective:  // runtime_core::compile refuses such plans for now
+      err = {errc::unsupported_op, "collective steps are not executed yet"};
+      break;
   }
   if (err) return {err.code, describe_step(st, ctx, s) + ": " + err.message};
   slot.end = take_event(st, ctx.timing);

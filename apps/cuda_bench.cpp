@@ -1,6 +1,6 @@
 // actorgraph-cuda-bench: kernel and completion benchmarks of the CUDA backend.
 // Prints a table and `name: value` lines (docs/BENCHMARKS.md records them).
-//   actorgraph-cuda-bench [--quick]
+//   actorgraph-cuda-bench [--quick]   (--help)
 // Uses only the device interface (gpu/device.hpp) plus the CUDA backend's
 // entry points: apps include no CUDA header.
 #include <algorithm>
@@ -11,6 +11,7 @@
 #include <thread>
 #include <vector>
 
+#include "apps/common/flags.hpp"
 #include "gpu/cuda/cuda_backend.hpp"
 #include "gpu/device.hpp"
 #include "graph/graph.hpp"
@@ -179,7 +180,11 @@ void bench_peer(const std::vector<gpu::device_ptr>& ds) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  const bool quick = argc > 1 && std::string(argv[1]) == "--quick";
+  bool quick = false;
+  ag::apps::flags app("actorgraph-cuda-bench",
+                                      "actorgraph-cuda-bench: kernel throughput and host-completion latency of the CUDA backend");
+  app.add_flag("--quick", quick, "fewer iterations (a smoke run)");
+  if (auto status = ag::apps::parse_flags(app, argc, argv)) return *status;
   const int n_gpus = gpu::cuda::device_count();
   if (n_gpus <= 0) {
     std::printf("no CUDA device: nothing to benchmark\n");

@@ -3,7 +3,7 @@
 //
 //   actorgraph-generate --model DIR (--prompt-ids 1,2,3 | --prompt TEXT)
 //                       [--devices SPEC] [--stages N] [--dtype f32|f16|bf16]
-//                       [--dump-logits FILE.npy] [--progress]
+//                       [--dump-logits FILE.npy] [--progress]      (--help: all flags)
 //
 // Loads the model (the checkpoint's tensors are memory-mapped and read
 // straight to the devices), runs the prompt forward as one job, and prints:
@@ -33,6 +33,7 @@
 #include <vector>
 
 #include "actors/actorgraph.hpp"
+#include "apps/common/flags.hpp"
 #include "models/hf_model.hpp"
 #include "models/npy.hpp"
 #include "models/tokenizer.hpp"
@@ -42,7 +43,6 @@ namespace {
 struct options {
   std::string model;
   std::string prompt;
-  bool have_prompt = false;
   std::string prompt_ids;
   std::string devices = "cpu:1";
   int stages = 0;
@@ -50,63 +50,6 @@ struct options {
   std::string dump_logits;
   bool progress = false;
 };
-
-void usage(FILE* to) {
-  std::fputs(
-      "usage: actorgraph-generate --model DIR (--prompt-ids 1,2,3 | --prompt TEXT) [options]\n"
-      "  --model DIR            Hugging Face folder: config.json, model.safetensors (or sharded),\n"
-      "                         optional vocab.json + merges.txt or tokenizer.model\n"
-      "  --prompt-ids LIST      comma-separated token ids\n"
-      "  --prompt TEXT          text, encoded with the folder's tokenizer\n"
-      "  --devices SPEC         device spec (default cpu:1; sim:2, cuda:0, cuda:all, ...)\n"
-      "  --stages N             pipeline stages (default: all devices)\n"
-      "  --dtype T              f32, f16 or bf16 (default: the config's torch_dtype)\n"
-      "  --dump-logits FILE     write the prompt's logits, float32 [tokens, vocab], as .npy\n"
-      "  --progress             print load progress even when stderr is not a terminal\n",
-      to);
-}
-
-bool parse(int argc, char** argv, options& o, std::string& why) {
-  for (int i = 1; i < argc; ++i) {
-    std::string a = argv[i], v;
-    const bool flag = a == "--progress" || a == "--help" || a == "-h";
-    if (auto eq = a.find('='); eq != std::string::npos && a.rfind("--", 0) == 0) {
-      v = a.substr(eq + 1);
-      a = a.substr(0, eq);
-    } else if (!flag) {
-      if (i + 1 >= argc) {
-        why = a + " needs a value";
-        return false;
-      }
-      v = argv[++i];
-    }
-    if (a == "--model") o.model = v;
-    else if (a == "--prompt") o.prompt = v, o.have_prompt = true;
-    else if (a == "--prompt-ids") o.prompt_ids = v;
-    else if (a == "--devices") o.devices = v;
-    else if (a == "--dtype") o.dtype = v;
-    else if (a == "--dump-logits") o.dump_logits = v;
-    else if (a == "--progress") o.progress = true;
-    else if (a == "--help" || a == "-h") {
-      usage(stdout);
-      std::exit(0);
-    } else if (a == "--stages") {
-      char* end = nullptr;
-      const long n = std::strtol(v.c_str(), &end, 10);
-      if (v.empty() || *end || n < 1 || n > 4096) {
-        why = "--stages wants a positive integer, got '" + v + "'";
-        return false;
-      }
-      o.stages = static_cast<int>(n);
-    } else {
-      why = "unknown flag " + a;
-      return false;
-    }
-  }
-  if (o.model.empty()) why = "--model DIR is required";
-  else if (o.have_prompt == !o.prompt_ids.empty()) why = "give exactly one of --prompt-ids and --prompt";
-  return why.empty();
-}
 
 bool parse_ids(const std::string& s, std::vector<int32_t>& ids, std::string& why) {
   std::size_t i = 0;
@@ -179,26 +122,33 @@ int fail(const ag::error& e) {
 
 int main(int argc, char** argv) {
   options o;
-  std::string why;
-  if (!parse(argc, argv, o, why)) {
-    std::fprintf(stderr, "actorgraph-generate: %s\n", why.c_str());
-    usage(stderr);
-    return 2;
+  ag::apps::flags app("actorgraph-generate",
+                      "Runs a Hugging Face model folder (config.json, model.safetensors or shards, optional "
+                      "vocab.json + merges.txt or tokenizer.model) on the runtime's devices: the prompt forward as "
+                      "one job, the greedy next token, load and prefill figures.");
+  app.add_option("--model", o.model, "the model folder")->required();
+  app.add_option("--prompt-ids", o.prompt_ids, "comma-separated token ids");
+  app.add_option("--prompt", o.prompt, "text, encoded with the folder's tokenizer");
+  app.add_option("--devices", o.devices, "device spec (sim:2, cpu:1, cuda:0, cuda:all, ...)");
+  app.add_option("--stages", o.stages, "pipeline stages (0: every device)")->check(CLI::Range(0, 4096));
+  app.add_option("--dtype", o.dtype, "f32, f16 or bf16 (default: the config's torch_dtype)")
+      ->check(CLI::IsMember({"", "f32", "f16", "bf16"}));
+  app.add_option("--dump-logits", o.dump_logits, "write the prompt's logits, float32 [tokens, vocab], as .npy");
+  app.add_flag("--progress", o.progress, "print load progress even when stderr is not a terminal");
+  if (auto status = ag::apps::parse_flags(app, argc, argv)) return *status;
+  const bool have_prompt = ag::apps::given(app, "--prompt");
+  if (have_prompt == ag::apps::given(app, "--prompt-ids")) {
+    std::fprintf(stderr, "actorgraph-generate: give exactly one of --prompt-ids and --prompt\n");
+    return ag::apps::bad_flags_status;
   }
+  std::string why;
   std::vector<int32_t> ids;
-  if (!o.prompt_ids.empty() && !parse_ids(o.prompt_ids, ids, why)) {
+  if (!have_prompt && !parse_ids(o.prompt_ids, ids, why)) {
     std::fprintf(stderr, "actorgraph-generate: %s\n", why.c_str());
-    return 2;
+    return ag::apps::bad_flags_status;
   }
   ag::models::load_options lo;
-  if (!o.dtype.empty()) {
-    ag::dtype t;
-    if (!ag::parse_dtype(o.dtype.c_str(), t) || t == ag::dtype::i32) {
-      std::fprintf(stderr, "actorgraph-generate: --dtype wants f32, f16 or bf16, got '%s'\n", o.dtype.c_str());
-      return 2;
-    }
-    lo.dtype = t;
-  }
+  if (ag::dtype t; !o.dtype.empty() && ag::parse_dtype(o.dtype.c_str(), t)) lo.dtype = t;
 
   // The runtime first: device start-up (a CUDA context) is not load time.
   auto rt = ag::runtime::create(o.devices);
@@ -217,11 +167,11 @@ int main(int argc, char** argv) {
   auto tok = ag::models::load_tokenizer(o.model);
   if (!tok) {
     // Token ids work without a tokenizer: a broken one only costs the text.
-    if (o.have_prompt) return fail(tok.err());
+    if (have_prompt) return fail(tok.err());
     std::fprintf(stderr, "warning: no generated_text: %s\n", tok.err().to_string().c_str());
     tok = ag::models::tokenizer_ptr{};
   }
-  if (o.have_prompt) {
+  if (have_prompt) {
     if (!*tok)
       return fail({ag::errc::invalid_argument, o.model + " has no tokenizer (vocab.json + merges.txt or "
                                                            "tokenizer.model): pass --prompt-ids"});

@@ -3,7 +3,7 @@
 // benchmarks, demos and scripts that need a checkpoint without PyTorch.
 //
 //   actorgraph-save-model --out DIR [--shape tiny-gpt2|tiny-llama|gpt2-124m|llama-1b]
-//                         [--dtype f32|f16|bf16] [--layers N] [--seed N] [--shard-mb N]
+//                         [--dtype f32|f16|bf16] [--layers N] [--seed N] [--shard-mb N]   (--help)
 //
 // llama-1b is the decode benchmark's shape (16 layers, d 2048, ff 8192, 32
 // heads, 8 kv heads, vocab 32000; bf16 by default: 2.2 GB). Prints the folder,
@@ -14,17 +14,11 @@
 #include <filesystem>
 #include <string>
 
+#include "apps/common/flags.hpp"
 #include "graph/models/transformer.hpp"
 #include "models/hf_model.hpp"
 
 namespace {
-
-void usage(FILE* to) {
-  std::fputs(
-      "usage: actorgraph-save-model --out DIR [--shape tiny-gpt2|tiny-llama|gpt2-124m|llama-1b]\n"
-      "                             [--dtype f32|f16|bf16] [--layers N] [--seed N] [--shard-mb N]\n",
-      to);
-}
 
 bool shape_named(const std::string& name, ag::models::transformer_config& c) {
   using ag::models::model_variant;
@@ -55,41 +49,25 @@ bool shape_named(const std::string& name, ag::models::transformer_config& c) {
 
 int main(int argc, char** argv) {
   std::string out, shape = "tiny-gpt2", dtype;
-  long layers = 0, seed = 1, shard_mb = 0;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (a == "--help" || a == "-h") {
-      usage(stdout);
-      return 0;
-    }
-    if (i + 1 >= argc) {
-      std::fprintf(stderr, "actorgraph-save-model: %s needs a value\n", a.c_str());
-      return 2;
-    }
-    const std::string v = argv[++i];
-    if (a == "--out") out = v;
-    else if (a == "--shape") shape = v;
-    else if (a == "--dtype") dtype = v;
-    else if (a == "--layers") layers = std::strtol(v.c_str(), nullptr, 10);
-    else if (a == "--seed") seed = std::strtol(v.c_str(), nullptr, 10);
-    else if (a == "--shard-mb") shard_mb = std::strtol(v.c_str(), nullptr, 10);
-    else {
-      std::fprintf(stderr, "actorgraph-save-model: unknown flag %s\n", a.c_str());
-      usage(stderr);
-      return 2;
-    }
-  }
+  int layers = 0;
+  uint64_t seed = 1;
+  int64_t shard_mb = 0;
+  ag::apps::flags app("actorgraph-save-model",
+                      "Writes a random-init transformer as a Hugging Face model folder (config.json + "
+                      "model.safetensors or shards).");
+  app.add_option("--out", out, "the folder to write (made if missing)")->required();
+  app.add_option("--shape", shape, "llama-1b: 16 layers, d 2048, ff 8192, 32 heads, 8 kv heads, vocab 32000, bf16")
+      ->check(CLI::IsMember({"tiny-gpt2", "tiny-llama", "gpt2-124m", "llama-1b"}));
+  app.add_option("--dtype", dtype, "f32, f16 or bf16 (default: the shape's)")->check(CLI::IsMember({"", "f32", "f16", "bf16"}));
+  app.add_option("--layers", layers, "layers (0: the shape's)")->check(CLI::Range(0, 1000));
+  app.add_option("--seed", seed, "seed of the random weights");
+  app.add_option("--shard-mb", shard_mb, "shards of at most this many MB (0: one file)")->check(CLI::NonNegativeNumber);
+  if (auto status = ag::apps::parse_flags(app, argc, argv)) return *status;
   ag::models::transformer_config c;
-  if (out.empty() || !shape_named(shape, c)) {
-    usage(stderr);
-    return 2;
-  }
-  if (!dtype.empty() && (!ag::parse_dtype(dtype.c_str(), c.dtype) || c.dtype == ag::dtype::i32)) {
-    std::fprintf(stderr, "actorgraph-save-model: --dtype wants f32, f16 or bf16\n");
-    return 2;
-  }
-  if (layers > 0) c.n_layers = static_cast<int>(layers);
-  c.seed = static_cast<uint64_t>(seed);
+  shape_named(shape, c);
+  if (!dtype.empty()) ag::parse_dtype(dtype.c_str(), c.dtype);
+  if (layers > 0) c.n_layers = layers;
+  c.seed = seed;
   const auto t0 = std::chrono::steady_clock::now();
   std::error_code ec;
   std::filesystem::create_directories(out, ec);

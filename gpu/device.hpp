@@ -168,6 +168,23 @@ class device {
 
 using device_ptr = std::shared_ptr<device>;
 
+/// One item of a device spec as make_devices reads it ("sim:4", "cuda:0,1").
+struct device_request {
+  device_kind kind = device_kind::sim;
+  int count = 0;               ///< sim / cpu: how many devices
+  bool all = false;            ///< cuda:all
+  std::vector<int> ordinals;   ///< cuda:N[,M...]: the GPUs named
+  std::size_t pos = 0;         ///< 0-based offset of the item in the spec
+  int item = 0;                ///< 1-based item number (errors name it)
+  std::string text;            ///< the item as written (trimmed)
+};
+
+/// Parses a device spec (the grammar below) into its items without creating
+/// any device: for front ends that check a spec before they replace running
+/// devices. Same errors as make_devices' grammar errors; whether CUDA GPUs
+/// exist is not checked here. Pure function; no I/O.
+expected<std::vector<device_request>> parse_device_spec(const std::string& spec);
+
 /// Parses a device spec string and creates the devices, indexed in order:
 ///   "sim:4"        four simulated GPUs
 ///   "cpu:2"        two cpu devices (real compute on host threads)

@@ -20,19 +20,12 @@ struct item {
   int number;         // 1-based item number
 };
 
-struct request {
-  device_kind kind;
-  item where;
-  int count = 0;              // sim / cpu
-  bool all = false;           // cuda:all
-  std::vector<int> ordinals;  // cuda:N,M
-};
-
 error bad(const item& it, const std::string& what) {
   return error(errc::bad_device_spec, "device spec item " + std::to_string(it.number) + " '" +
                                           it.text + "' at position " + std::to_string(it.pos) +
                                           ": " + what);
 }
+error bad(const device_request& r, const std::string& what) { return bad(item{r.text, r.pos, r.item}, what); }
 
 std::string trim(const std::string& s, std::size_t& lead) {
   std::size_t b = 0, e = s.size();
@@ -54,11 +47,13 @@ bool parse_uint(const std::string& s, int& out) {
   return true;
 }
 
-expected<std::vector<request>> parse(const std::string& spec) {
+}  // namespace
+
+expected<std::vector<device_request>> parse_device_spec(const std::string& spec) {
   std::size_t lead = 0;
   if (trim(spec, lead).empty())
     return error(errc::bad_device_spec, "empty device spec (expected e.g. \"sim:4\", \"cpu:2\", \"cuda:all\")");
-  std::vector<request> reqs;
+  std::vector<device_request> reqs;
   std::size_t start = 0;
   int number = 0;
   for (;;) {
@@ -73,6 +68,7 @@ expected<std::vector<request>> parse(const std::string& spec) {
       if (parse_uint(it.text, ord) && !reqs.empty() && reqs.back().kind == device_kind::cuda &&
           !reqs.back().all) {
         auto& ords = reqs.back().ordinals;
+        reqs.back().text += "," + it.text;
         for (int o : ords)
           if (o == ord) return bad(it, "duplicate CUDA ordinal " + std::to_string(ord));
         ords.push_back(ord);
@@ -84,16 +80,18 @@ expected<std::vector<request>> parse(const std::string& spec) {
     } else {
       const std::string kind = trim(it.text.substr(0, colon), lead);
       const std::string arg = trim(it.text.substr(colon + 1), lead);
-      request r;
-      r.where = it;
+      device_request r;
+      r.pos = it.pos;
+      r.item = it.number;
+      r.text = it.text;
       if (kind == "sim") r.kind = device_kind::sim;
       else if (kind == "cpu") r.kind = device_kind::cpu;
       else if (kind == "cuda") r.kind = device_kind::cuda;
       else return bad(it, "unknown device kind '" + kind + "' (expected sim, cpu or cuda)");
-      for (const auto& prev : reqs)
-        if (prev.kind == r.kind)
+      for (std::size_t k = 0; k < reqs.size(); ++k)
+        if (reqs[k].kind == r.kind)
           return bad(it, "duplicate kind '" + kind + "' (already given by item " +
-                             std::to_string(prev.where.number) + ")");
+                             std::to_string(reqs[k].item) + ")");
       if (arg.empty()) return bad(it, "missing count after '" + kind + ":'");
       if (r.kind == device_kind::cuda) {
         int ord = 0;
@@ -116,10 +114,8 @@ expected<std::vector<request>> parse(const std::string& spec) {
   return reqs;
 }
 
-}  // namespace
-
 expected<std::vector<device_ptr>> make_devices(const std::string& spec, const backend_options& options) {
-  auto reqs = parse(spec);
+  auto reqs = parse_device_spec(spec);
   if (!reqs) return reqs.err();
   std::vector<device_ptr> devices;
   for (const auto& r : *reqs) {
@@ -134,17 +130,16 @@ expected<std::vector<device_ptr>> make_devices(const std::string& spec, const ba
         break;
       case device_kind::cuda: {
 #ifdef ACTORGRAPH_HAVE_CUDA
-        if (cuda::device_count() <= 0) return bad(r.where, "no usable CUDA GPU on this machine");
+        if (cuda::device_count() <= 0) return bad(r, "no usable CUDA GPU on this machine");
         auto made = cuda::make_cuda_devices(r.all ? std::vector<int>{} : r.ordinals, options, first);
         if (!made) {
           error e = made.err();
-          e.message = "device spec item " + std::to_string(r.where.number) + " '" + r.where.text +
-                      "': " + e.message;
+          e.message = "device spec item " + std::to_string(r.item) + " '" + r.text + "': " + e.message;
           return e;
         }
         for (auto& d : *made) devices.push_back(std::move(d));
 #else
-        return bad(r.where, "this build has no CUDA support (configure with ACTORGRAPH_CUDA=ON)");
+        return bad(r, "this build has no CUDA support (configure with ACTORGRAPH_CUDA=ON)");
 #endif
         break;
       }

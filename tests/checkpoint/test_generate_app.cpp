@@ -150,7 +150,11 @@ TEST(GenerateApp, BadInputExitsWithAMessage) {
   EXPECT_EQ(r.rc, 2) << r.out;
   r = run("--model " + dir.str() + " --prompt-ids 1 --frobnicate 3");
   EXPECT_EQ(r.rc, 2) << r.out;
-  EXPECT_NE(r.out.find("unknown flag --frobnicate"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("--frobnicate"), std::string::npos) << r.out;
+  r = run("--model " + dir.str() + " --prompt-ids 1 --stages x");
+  EXPECT_EQ(r.rc, 2) << r.out;
+  r = run("--model " + dir.str() + " --prompt-ids 1 --dtype f64");
+  EXPECT_EQ(r.rc, 2) << r.out;
   // A broken tokenizer fails a text prompt; token ids still run, with a warning.
   ag::test::write_text(dir / "vocab.json", "{");
   ag::test::write_text(dir / "merges.txt", "");
