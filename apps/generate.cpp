@@ -34,9 +34,9 @@
 
 #include "actors/actorgraph.hpp"
 #include "apps/common/flags.hpp"
-#include "models/hf_model.hpp"
-#include "models/npy.hpp"
-#include "models/tokenizer.hpp"
+#include "graph/checkpoint/hf_model.hpp"
+#include "graph/checkpoint/npy.hpp"
+#include "graph/checkpoint/tokenizer.hpp"
 
 namespace {
 

@@ -16,7 +16,7 @@
 
 #include "apps/common/flags.hpp"
 #include "graph/models/transformer.hpp"
-#include "models/hf_model.hpp"
+#include "graph/checkpoint/hf_model.hpp"
 
 namespace {
 

@@ -15,8 +15,8 @@
 #include "graph/models/transformer.hpp"
 #include <nlohmann/json.hpp>
 
-#include "models/hf_model.hpp"
-#include "models/tokenizer.hpp"
+#include "graph/checkpoint/hf_model.hpp"
+#include "graph/checkpoint/tokenizer.hpp"
 
 namespace ag::test {
 

@@ -10,7 +10,7 @@
 
 #include "checkpoint_test_util.hpp"
 #include "graph/reference.hpp"
-#include "models/npy.hpp"
+#include "graph/checkpoint/npy.hpp"
 
 using namespace ag;
 using namespace ag::models;

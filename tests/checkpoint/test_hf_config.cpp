@@ -3,7 +3,7 @@
 // builder cannot honour are errors naming the key.
 #include <gtest/gtest.h>
 
-#include "models/hf_config.hpp"
+#include "graph/checkpoint/hf_config.hpp"
 
 using namespace ag;
 using namespace ag::models;

@@ -13,7 +13,7 @@
 #include "checkpoint_test_util.hpp"
 #include "graph/plan.hpp"
 #include "graph/reference.hpp"
-#include "models/hf_model.hpp"
+#include "graph/checkpoint/hf_model.hpp"
 
 using namespace ag;
 using namespace ag::models;

@@ -7,7 +7,7 @@
 #include <filesystem>
 
 #include "checkpoint_test_util.hpp"
-#include "models/safetensors.hpp"
+#include "graph/checkpoint/safetensors.hpp"
 
 using namespace ag;
 using namespace ag::models;

@@ -9,7 +9,7 @@
 #include <set>
 
 #include "checkpoint_test_util.hpp"
-#include "models/tokenizer.hpp"
+#include "graph/checkpoint/tokenizer.hpp"
 
 #ifdef AG_HAVE_SENTENCEPIECE_TRAINER
 #include <sentencepiece_processor.h>

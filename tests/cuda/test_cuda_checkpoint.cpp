@@ -8,7 +8,7 @@
 #include "checkpoint/checkpoint_test_util.hpp"
 #include "cuda/cuda_test_util.hpp"
 #include "graph/reference.hpp"
-#include "models/hf_model.hpp"
+#include "graph/checkpoint/hf_model.hpp"
 
 namespace ag {
 namespace {

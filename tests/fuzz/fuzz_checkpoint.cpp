@@ -19,9 +19,9 @@
 #include <string_view>
 #include <vector>
 
-#include "models/hf_config.hpp"
-#include "models/safetensors.hpp"
-#include "models/tokenizer.hpp"
+#include "graph/checkpoint/hf_config.hpp"
+#include "graph/checkpoint/safetensors.hpp"
+#include "graph/checkpoint/tokenizer.hpp"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, std::size_t size) {
   if (size == 0) return 0;

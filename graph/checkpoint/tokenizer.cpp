@@ -1,4 +1,4 @@
-#include "models/tokenizer.hpp"
+#include "graph/checkpoint/tokenizer.hpp"
 
 #include <filesystem>
 #include <fstream>

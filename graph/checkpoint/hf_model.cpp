@@ -1,4 +1,4 @@
-#include "models/hf_model.hpp"
+#include "graph/checkpoint/hf_model.hpp"
 
 #include <filesystem>
 #include <fstream>

@@ -1,5 +1,5 @@
 // SentencePiece models (tokenizer.model) through libsentencepiece.
-#include "models/tokenizer.hpp"
+#include "graph/checkpoint/tokenizer.hpp"
 
 #ifdef AG_HAVE_SENTENCEPIECE
 #include <sentencepiece_processor.h>

@@ -35,7 +35,7 @@
 #include "graph/error.hpp"
 #include "graph/graph.hpp"
 #include "graph/weight_source.hpp"
-#include "models/mapped_file.hpp"
+#include "graph/checkpoint/mapped_file.hpp"
 
 namespace ag::models {
 

@@ -1,4 +1,4 @@
-#include "models/safetensors.hpp"
+#include "graph/checkpoint/safetensors.hpp"
 
 #include <algorithm>
 #include <cerrno>

@@ -36,8 +36,8 @@
 #include "graph/error.hpp"
 #include "graph/graph.hpp"
 #include "graph/models/transformer.hpp"
-#include "models/hf_config.hpp"
-#include "models/safetensors.hpp"
+#include "graph/checkpoint/hf_config.hpp"
+#include "graph/checkpoint/safetensors.hpp"
 
 namespace ag::models {
 

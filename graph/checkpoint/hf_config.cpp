@@ -1,4 +1,4 @@
-#include "models/hf_config.hpp"
+#include "graph/checkpoint/hf_config.hpp"
 
 #include <cerrno>
 #include <cmath>

@@ -10,8 +10,8 @@
 #include <sstream>
 #include <unordered_map>
 
-#include "models/tokenizer.hpp"
-#include "models/unicode_classes.hpp"
+#include "graph/checkpoint/tokenizer.hpp"
+#include "graph/checkpoint/unicode_classes.hpp"
 
 namespace ag::models {
 

@@ -1,4 +1,4 @@
-#include "models/mapped_file.hpp"
+#include "graph/checkpoint/mapped_file.hpp"
 
 #include <fcntl.h>
 #include <sys/mman.h>

@@ -1,4 +1,4 @@
-#include "models/npy.hpp"
+#include "graph/checkpoint/npy.hpp"
 
 #include <cerrno>
 #include <cstring>
