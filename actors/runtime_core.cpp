@@ -276,7 +276,9 @@ expected<std::shared_ptr<const plan>> runtime_core::compile(std::shared_ptr<cons
       if (ca != si.actor && std::find(si.consumer_actors.begin(), si.consumer_actors.end(), ca) == si.consumer_actors.end())
         si.consumer_actors.push_back(ca);
     }
-    si.completion = s.kind == step_kind::copy_d2h || s.consumers.empty();
+    // A step whose op may fail on its values (get_rows ids) reports too, so
+    // that failure reaches the job (op_failed) instead of a "done" job.
+    si.completion = s.kind == step_kind::copy_d2h || s.consumers.empty() || may_fail_on_values(*p, s);
     if (si.completion) lp->completion_steps.push_back(s.id);
     const auto where = [&](const std::string& what) {
       return "step " + std::to_string(s.id) + " (" + to_string(s.kind) + " on device " + std::to_string(s.device) + ") " + what;

@@ -4,6 +4,7 @@
 
 #include "gpu/cpu/cpu_device.hpp"
 #include "gpu/device.hpp"
+#include "gpu/device_factory.hpp"
 #include "gpu/sim/sim_device.hpp"
 
 #ifdef ACTORGRAPH_HAVE_CUDA
@@ -20,19 +21,13 @@ struct item {
   int number;         // 1-based item number
 };
 
-struct request {
-  device_kind kind;
-  item where;
-  int count = 0;              // sim / cpu
-  bool all = false;           // cuda:all
-  std::vector<int> ordinals;  // cuda:N,M
-};
-
 error bad(const item& it, const std::string& what) {
   return error(errc::bad_device_spec, "device spec item " + std::to_string(it.number) + " '" +
                                           it.text + "' at position " + std::to_string(it.pos) +
                                           ": " + what);
 }
+
+error bad(const device_request& r, const std::string& what) { return bad(item{r.text, r.pos, r.number}, what); }
 
 std::string trim(const std::string& s, std::size_t& lead) {
   std::size_t b = 0, e = s.size();
@@ -54,11 +49,13 @@ bool parse_uint(const std::string& s, int& out) {
   return true;
 }
 
-expected<std::vector<request>> parse(const std::string& spec) {
+}  // namespace
+
+expected<std::vector<device_request>> parse_device_spec(const std::string& spec) {
   std::size_t lead = 0;
   if (trim(spec, lead).empty())
     return error(errc::bad_device_spec, "empty device spec (expected e.g. \"sim:4\", \"cpu:2\", \"cuda:all\")");
-  std::vector<request> reqs;
+  std::vector<device_request> reqs;
   std::size_t start = 0;
   int number = 0;
   for (;;) {
@@ -84,8 +81,10 @@ expected<std::vector<request>> parse(const std::string& spec) {
     } else {
       const std::string kind = trim(it.text.substr(0, colon), lead);
       const std::string arg = trim(it.text.substr(colon + 1), lead);
-      request r;
-      r.where = it;
+      device_request r;
+      r.text = it.text;
+      r.pos = it.pos;
+      r.number = it.number;
       if (kind == "sim") r.kind = device_kind::sim;
       else if (kind == "cpu") r.kind = device_kind::cpu;
       else if (kind == "cuda") r.kind = device_kind::cuda;
@@ -93,7 +92,7 @@ expected<std::vector<request>> parse(const std::string& spec) {
       for (const auto& prev : reqs)
         if (prev.kind == r.kind)
           return bad(it, "duplicate kind '" + kind + "' (already given by item " +
-                             std::to_string(prev.where.number) + ")");
+                             std::to_string(prev.number) + ")");
       if (arg.empty()) return bad(it, "missing count after '" + kind + ":'");
       if (r.kind == device_kind::cuda) {
         int ord = 0;
@@ -116,10 +115,33 @@ expected<std::vector<request>> parse(const std::string& spec) {
   return reqs;
 }
 
-}  // namespace
+error validate(const backend_options& o) {
+  const auto bad_option = [](const std::string& name, double v, const char* range) {
+    return error(errc::invalid_argument, "backend option " + name + " = " + std::to_string(v) + ": must be " + range);
+  };
+  const auto in = [](double v, double lo, double hi) { return v >= lo && v <= hi; };  // false for NaN
+  const sim_options& s = o.sim;
+  if (!in(s.time_scale, 0, 1e6)) return bad_option("sim.time_scale", s.time_scale, "in [0, 1e6]");
+  if (!in(s.jitter, 0, 100)) return bad_option("sim.jitter", s.jitter, "in [0, 100]");
+  if (!in(s.faults.op_error_rate, 0, 1))
+    return bad_option("sim.faults.op_error_rate", s.faults.op_error_rate, "a probability in [0, 1]");
+  if (!in(s.faults.op_stall_rate, 0, 1))
+    return bad_option("sim.faults.op_stall_rate", s.faults.op_stall_rate, "a probability in [0, 1]");
+  if (!in(s.faults.stall_seconds, 0, 1e6))
+    return bad_option("sim.faults.stall_seconds", s.faults.stall_seconds, "in [0, 1e6] seconds");
+  if (s.faults.die_after_ops < -1)
+    return error(errc::invalid_argument, "backend option sim.faults.die_after_ops = " +
+                                             std::to_string(s.faults.die_after_ops) + ": must be >= 0, or -1 for never");
+  if (error e = ag::validate(s.spec)) return error(e.code, "backend option sim.spec: " + e.message);
+  if (o.cpu_threads_per_stream < 0 || o.cpu_threads_per_stream > 1024)
+    return error(errc::invalid_argument, "backend option cpu_threads_per_stream = " +
+                                             std::to_string(o.cpu_threads_per_stream) + ": must be 0 (BLAS default) .. 1024");
+  return {};
+}
 
 expected<std::vector<device_ptr>> make_devices(const std::string& spec, const backend_options& options) {
-  auto reqs = parse(spec);
+  if (error e = validate(options)) return e;
+  auto reqs = parse_device_spec(spec);
   if (!reqs) return reqs.err();
   std::vector<device_ptr> devices;
   for (const auto& r : *reqs) {
@@ -134,17 +156,16 @@ expected<std::vector<device_ptr>> make_devices(const std::string& spec, const ba
         break;
       case device_kind::cuda: {
 #ifdef ACTORGRAPH_HAVE_CUDA
-        if (cuda::device_count() <= 0) return bad(r.where, "no usable CUDA GPU on this machine");
+        if (cuda::device_count() <= 0) return bad(r, "no usable CUDA GPU on this machine");
         auto made = cuda::make_cuda_devices(r.all ? std::vector<int>{} : r.ordinals, options, first);
         if (!made) {
           error e = made.err();
-          e.message = "device spec item " + std::to_string(r.where.number) + " '" + r.where.text +
-                      "': " + e.message;
+          e.message = "device spec item " + std::to_string(r.number) + " '" + r.text + "': " + e.message;
           return e;
         }
         for (auto& d : *made) devices.push_back(std::move(d));
 #else
-        return bad(r.where, "this build has no CUDA support (configure with ACTORGRAPH_CUDA=ON)");
+        return bad(r, "this build has no CUDA support (configure with ACTORGRAPH_CUDA=ON)");
 #endif
         break;
       }

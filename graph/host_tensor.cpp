@@ -1,6 +1,10 @@
 #include "graph/host_tensor.hpp"
 
+#include <unistd.h>
+
 #include <cmath>
+#include <cstdio>
+#include <exception>
 #include <sstream>
 
 #include "graph/random.hpp"
@@ -18,6 +22,70 @@ host_tensor host_tensor::uninitialized(dtype type, shape dims, host_memory_resou
   t.data_ = byte_buffer(host_allocator<std::byte>(memory));
   t.data_.resize(static_cast<std::size_t>(dims.numel()) * dtype_size(type));
   return t;
+}
+
+namespace {
+
+// Checks that `dims` of `type` can be a host tensor here; its byte size in `bytes`.
+error check_host_size(dtype type, const shape& dims, int64_t& bytes) {
+  const std::string what = std::string(to_string(type)) + " " + dims.to_string();
+  if (!dims.valid_rank())
+    return error(errc::invalid_shape, "host tensor " + what + ": more than " + std::to_string(max_rank) + " dims");
+  for (int i = 0; i < dims.rank(); ++i)
+    if (dims[i] < 0) return error(errc::invalid_shape, "host tensor " + what + ": negative dim");
+  if (static_cast<int>(type) > static_cast<int>(dtype::i32))
+    return error(errc::invalid_argument, "host tensor: unknown dtype " + std::to_string(static_cast<int>(type)));
+  if (!checked_bytes(dims, static_cast<int64_t>(dtype_size(type)), bytes) || bytes > max_tensor_bytes)
+    return error(errc::invalid_shape, "host tensor " + what + " needs " +
+                                          numel_string(dims, static_cast<int64_t>(dtype_size(type))) +
+                                          " bytes, more than a tensor may have (2^62)");
+  if (bytes > host_memory_bytes())
+    return error(errc::out_of_memory, "host tensor " + what + " needs " + std::to_string(bytes) +
+                                          " bytes, more than this host's " + std::to_string(host_memory_bytes()) +
+                                          " bytes of memory");
+  return {};
+}
+
+error allocation_failed(dtype type, const shape& dims, int64_t bytes, const char* why) {
+  return error(errc::out_of_memory, "host tensor " + std::string(to_string(type)) + " " + dims.to_string() +
+                                        ": allocating " + std::to_string(bytes) + " bytes failed (" + why + ")");
+}
+
+}  // namespace
+
+expected<host_tensor> host_tensor::create(dtype type, shape dims) {
+  int64_t bytes = 0;
+  if (error e = check_host_size(type, dims, bytes)) return e;
+  try {
+    return host_tensor(type, dims);
+  } catch (const std::exception& e) {
+    return allocation_failed(type, dims, bytes, e.what());
+  }
+}
+
+expected<host_tensor> host_tensor::create_uninitialized(dtype type, shape dims, host_memory_resource* memory) {
+  int64_t bytes = 0;
+  if (error e = check_host_size(type, dims, bytes)) return e;
+  try {
+    return uninitialized(type, dims, memory);
+  } catch (const std::exception& e) {
+    return allocation_failed(type, dims, bytes, e.what());
+  }
+}
+
+int64_t host_memory_bytes() noexcept {
+  static const int64_t bytes = [] {
+    const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGE_SIZE);
+    int64_t b = pages > 0 && page > 0 ? static_cast<int64_t>(pages) * page : max_tensor_bytes;
+    // cgroup v2 limit of this container ("max" when unlimited)
+    if (std::FILE* f = std::fopen("/sys/fs/cgroup/memory.max", "r")) {
+      long long limit = 0;
+      if (std::fscanf(f, "%lld", &limit) == 1 && limit > 0 && limit < b) b = limit;
+      std::fclose(f);
+    }
+    return b;
+  }();
+  return bytes;
 }
 
 host_tensor host_tensor::from_floats(dtype type, shape dims, const std::vector<float>& values) {

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "graph/dtype.hpp"
+#include "graph/error.hpp"
 #include "graph/shape.hpp"
 
 namespace ag {
@@ -91,6 +92,17 @@ class host_tensor {
   /// the bytes come from that resource (and return to it when the last
   /// host_tensor holding them is destroyed); else from the heap.
   static host_tensor uninitialized(dtype type, shape dims, host_memory_resource* memory = nullptr);
+  /// The constructors above throw (std::bad_alloc, std::length_error) for a
+  /// size that cannot be allocated. These checked factories return an error
+  /// instead, for shapes that come from outside (job inputs and outputs,
+  /// files): invalid_shape for a rank above 4, a negative dim, or a byte size
+  /// over max_tensor_bytes; out_of_memory, naming the bytes, for more than
+  /// this host has (host_memory_bytes(): refused before trying, since an
+  /// overcommitted allocation would "succeed" and the process be killed on
+  /// first touch) or a failed allocation. Zero-size dims are allowed.
+  static expected<host_tensor> create(dtype type, shape dims);
+  static expected<host_tensor> create_uninitialized(dtype type, shape dims,
+                                                    host_memory_resource* memory = nullptr);
 
   /// Rounds each value to `type`. values.size() must equal dims.numel().
   static host_tensor from_floats(dtype type, shape dims, const std::vector<float>& values);
@@ -137,6 +149,10 @@ class host_tensor {
   shape dims_;
   byte_buffer data_;
 };
+
+/// Memory this process may use on this host, in bytes: the physical memory,
+/// or the cgroup (container) limit when that is lower. Read once.
+int64_t host_memory_bytes() noexcept;
 
 /// Result of comparing two tensors elementwise.
 struct compare_result {
