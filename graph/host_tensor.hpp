@@ -85,7 +85,9 @@ using byte_buffer = std::vector<std::byte, host_allocator<std::byte>>;
 class host_tensor {
  public:
   host_tensor() = default;
-  /// Zero-filled tensor of this type and shape.
+  /// Zero-filled tensor of this type and shape. Throws std::length_error for
+  /// a size no host tensor can have here (see create(): never a wrapped size)
+  /// and std::bad_alloc when the allocation fails.
   host_tensor(dtype type, shape dims);
   /// Tensor whose bytes are left unset: for buffers that are written in full
   /// right away (job outputs filled by a device-to-host copy). With `memory`,
@@ -104,6 +106,13 @@ class host_tensor {
   static expected<host_tensor> create_uninitialized(dtype type, shape dims,
                                                     host_memory_resource* memory = nullptr);
 
+  /// The value factories below never throw: for a size no host tensor can
+  /// have here (what create() refuses) or an allocation that fails they
+  /// return a tensor with these dims and no bytes (bytes() == 0 <
+  /// numel() * size), which graph validation and check_inputs refuse with an
+  /// error naming the node or input. (A weight of [2^31, 2^31] used to wrap to
+  /// 0 bytes and be written past its end.)
+  ///
   /// Rounds each value to `type`. values.size() must equal dims.numel().
   static host_tensor from_floats(dtype type, shape dims, const std::vector<float>& values);
   static host_tensor from_ints(shape dims, const std::vector<int32_t>& values);
@@ -120,6 +129,9 @@ class host_tensor {
   dtype type() const noexcept { return type_; }
   const shape& dims() const noexcept { return dims_; }
   int64_t numel() const noexcept { return dims_.numel(); }
+  /// Elements the bytes hold: numel(), except for a tensor whose bytes do not
+  /// match its dims (an empty one from a value factory, or reset()).
+  int64_t stored_elements() const noexcept;
   std::size_t bytes() const noexcept { return data_.size(); }
   /// Where the bytes live: null for the heap.
   host_memory_resource* memory() const noexcept { return data_.get_allocator().resource(); }

@@ -4,6 +4,7 @@
 #include "graph/graph.hpp"
 #include "graph/host_tensor.hpp"
 
+#include <stdexcept>
 #include <vector>
 
 namespace {
@@ -70,6 +71,38 @@ TEST(HostTensor, CheckedFactoriesReturnErrorsInsteadOfThrowing) {
   EXPECT_EQ(ag::host_tensor::create(ag::dtype::f32, {2, -1}).err().code, ag::errc::invalid_shape);
   EXPECT_EQ(ag::host_tensor::create(ag::dtype::f32, {1, 2, 3, 4, 5}).err().code, ag::errc::invalid_shape);
   EXPECT_EQ(ag::host_tensor::create(static_cast<ag::dtype>(9), {2}).err().code, ag::errc::invalid_argument);
+}
+
+TEST(HostTensor, ImpossibleSizesNeverWrap) {
+  const ag::shape huge{int64_t{1} << 31, int64_t{1} << 31};  // 2^64 bytes of f32: wrapped to 0 before
+  EXPECT_THROW(ag::host_tensor(ag::dtype::f32, huge), std::length_error);
+  EXPECT_THROW(ag::host_tensor::uninitialized(ag::dtype::f32, huge), std::length_error);
+  // value factories: dims kept, no bytes, nothing written past the end (this
+  // was a segfault in the REPL: "graph w=weight[2147483648,2147483648] ...")
+  auto w = ag::host_tensor::random_normal(ag::dtype::f32, huge, 1);
+  EXPECT_EQ(w.dims(), huge);
+  EXPECT_EQ(w.bytes(), 0u);
+  EXPECT_EQ(w.stored_elements(), 0);
+  EXPECT_TRUE(w.to_floats().empty());
+  ag::graph_builder b;
+  b.weight("w", std::move(w));
+  EXPECT_EQ(b.status().code, ag::errc::invalid_shape);
+  EXPECT_NE(b.status().message.find("weight 'w'"), std::string::npos) << b.status().message;
+  // possible in principle, but more than this host has: refused by name too
+  const int64_t elems = ag::host_memory_bytes() / 4 + 1;
+  auto big = ag::host_tensor::random_uniform(ag::dtype::f32, {elems}, 2);
+  EXPECT_EQ(big.bytes(), 0u);
+  ag::graph_builder c;
+  c.weight("big", std::move(big));
+  EXPECT_EQ(c.status().code, ag::errc::invalid_argument);
+  EXPECT_NE(c.status().message.find("more than this host's"), std::string::npos) << c.status().message;
+  // comparing a tensor whose bytes do not match its dims says so
+  auto good = ag::host_tensor::from_floats(ag::dtype::f32, {2}, {1, 2});
+  ag::host_tensor odd;
+  odd.reset(ag::dtype::f32, {2}, ag::byte_buffer(4));
+  auto r = ag::compare(odd, good, 0, 0);
+  EXPECT_FALSE(r.ok);
+  EXPECT_NE(r.message.find("holds 4 bytes"), std::string::npos) << r.message;
 }
 
 TEST(HostTensor, HostMemoryIsKnown) {
