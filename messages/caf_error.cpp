@@ -16,7 +16,14 @@ ag::error from_caf(const caf::error& e) {
     std::string text;
     const auto& ctx = e.context();
     if (ctx.match_elements<std::string>()) text = ctx.get_as<std::string>(0);
-    return {static_cast<errc>(e.code()), std::move(text)};
+    // A caf::error may come from another process (or bad bytes): never turn
+    // it into "ok" or an unknown code, never into an error without a message.
+    const uint8_t code = e.code();
+    if (code == 0 || code > static_cast<uint8_t>(errc::internal))
+      return {errc::internal, "unknown actorgraph error code " + std::to_string(code) +
+                                  (text.empty() ? std::string() : ": " + text)};
+    if (text.empty()) text = std::string(to_string(static_cast<errc>(code))) + " (the error carried no message)";
+    return {static_cast<errc>(code), std::move(text)};
   }
   if (e.category() == caf::atom("system") &&
       e.code() == static_cast<uint8_t>(caf::sec::request_timeout))

@@ -8,6 +8,9 @@
 
 #include "actors/actorgraph.hpp"
 #include "graph/reference.hpp"
+#include "messages/caf_error.hpp"
+
+#include <caf/make_message.hpp>
 
 namespace {
 
@@ -236,6 +239,23 @@ TEST(BadPlan, PlanNeedingMoreThanTheHostHasIsRefusedWithTheSize) {
   EXPECT_NE(p.err().message.find(std::to_string(2 * elems * 4)), std::string::npos) << p.err().message;
   EXPECT_NE(p.err().message.find("sim0"), std::string::npos) << p.err().message;
   expect_good_job(*rt, rt->compile(two_input_graph()).value());
+}
+
+TEST(MessagesFromOutside, AgErrorsWithoutMessageOrWithUnknownCodesStayErrorsThatSaySo) {
+  // Found by tests/fuzz/fuzz_messages (corpus/messages/caf_error_without_message):
+  // a deserialised caf::error of category "ag" without a string context became
+  // an ag::error with an empty message; an unknown code kept a code no one knows.
+  const ag::error no_text = ag::msg::from_caf(caf::error{static_cast<uint8_t>(ag::errc::timeout), ag::msg::ag_error_category});
+  EXPECT_EQ(no_text.code, ag::errc::timeout);
+  EXPECT_NE(no_text.message.find("no message"), std::string::npos) << no_text.message;
+  const ag::error unknown = ag::msg::from_caf(caf::error{200, ag::msg::ag_error_category, caf::make_message(std::string("x"))});
+  EXPECT_EQ(unknown.code, ag::errc::internal);
+  EXPECT_NE(unknown.message.find("unknown actorgraph error code 200: x"), std::string::npos) << unknown.message;
+  // the ordinary round trip is untouched
+  const ag::error e{ag::errc::op_failed, "device 'sim0': op 'rows' failed"};
+  const ag::error back = ag::msg::from_caf(ag::msg::to_caf(e));
+  EXPECT_EQ(back.code, e.code);
+  EXPECT_EQ(back.message, e.message);
 }
 
 }  // namespace
