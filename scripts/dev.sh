@@ -2,8 +2,10 @@
 # The two quick-start commands (README):
 #   bash scripts/dev.sh demo   install what is missing, build, start the REPL demo
 #   bash scripts/dev.sh test   install what is missing, build, run every test
-#                              (release build, then AddressSanitizer, then
-#                              ThreadSanitizer on the code that runs outside CAF)
+#                              (release build; AddressSanitizer + UBSan; the
+#                              actor and backend tests under ThreadSanitizer
+#                              with an instrumented CAF; 20 s of each fuzz
+#                              target). docs/TESTING.md has the full forms.
 # Works on a fresh Debian bookworm machine as root (apt); on a machine where
 # everything is installed it skips apt. Extra arguments after `demo` go to the REPL.
 set -euo pipefail
@@ -15,7 +17,8 @@ jobs="${AG_BUILD_JOBS:-$(nproc)}"
 
 packages=(build-essential cmake ninja-build pkg-config git
           libcaf-dev libconcurrentqueue-dev libgtest-dev libgmock-dev libbenchmark-dev
-          libopenblas-dev libreadline-dev python3 python3-numpy)
+          libopenblas-dev libreadline-dev python3 python3-numpy
+          clang-14 libclang-rt-14-dev)  # clang: libFuzzer (scripts/fuzz.sh)
 
 install_missing() {
   local missing=()
@@ -72,15 +75,16 @@ case "$mode" in
     configure_and_build build -DCMAKE_BUILD_TYPE=Release
     echo "== tests (release; GPU tests skip with a reason when there is no GPU)"
     (cd build && ctest --output-on-failure -j "$jobs" --timeout 600)
-    echo "== AddressSanitizer build (CUDA off: nothing runs on a GPU here)"
-    configure_and_build build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DACTORGRAPH_SANITIZER=address \
+    echo "== AddressSanitizer + UndefinedBehaviorSanitizer build (CUDA off: nothing runs on a GPU here)"
+    configure_and_build build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DACTORGRAPH_SANITIZER=address,undefined \
       -DACTORGRAPH_CUDA=OFF -DACTORGRAPH_BUILD_BENCHMARKS=OFF
     (cd build-asan && ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
+       UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
        ctest --output-on-failure -j "$jobs" --timeout 900)
-    echo "== ThreadSanitizer on the device backends (host streams, events, sim clock: no CAF inside)"
-    AG_TARGET=test_gpu configure_and_build build-tsan -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-      -DACTORGRAPH_SANITIZER=thread -DACTORGRAPH_CUDA=OFF -DACTORGRAPH_BUILD_BENCHMARKS=OFF
-    (cd build-tsan && TSAN_OPTIONS=halt_on_error=1 ctest --output-on-failure -j "$jobs" -L backends --timeout 900)
+    echo "== ThreadSanitizer over the actors (CAF built with -fsanitize=thread, cached) and the backends"
+    AG_TSAN_CI=1 bash scripts/tsan.sh
+    echo "== fuzzing: every target for 20 s (clang, address + undefined)"
+    bash scripts/fuzz.sh 20
     echo "== all tests passed in $(( $(date +%s) - start )) s"
     ;;
   *)
