@@ -372,11 +372,17 @@ expected<std::shared_ptr<const plan>> runtime_core::compile(std::shared_ptr<cons
         if (slot.where != region::weights) continue;
         const node& n = gr.at(slot.node);
         if (!n.data) return error{errc::internal, dname + ": weight '" + n.name + "' has no data"};
-        const int64_t bytes = static_cast<int64_t>(n.data->bytes());
+        const int64_t bytes = n.data->bytes();
         if (bytes > slot.bytes || slot.offset + bytes > mem.weight_bytes)
           return error{errc::internal, dname + ": weight '" + n.name + "' (" + std::to_string(bytes) +
                                            " bytes) does not fit its slot of " + std::to_string(slot.bytes)};
-        if (auto e = dev->upload(static_cast<std::byte*>(m->weights) + slot.offset, n.data->data(), bytes))
+        // In-memory weights upload straight from the graph; others (a mapped
+        // checkpoint) are read into a host buffer first.
+        auto values = n.data->in_memory() ? expected<host_tensor>(host_tensor{}) : read_all(*n.data);
+        if (!values)
+          return error{values.err().code, dname + ": weight '" + n.name + "' (" + n.data->origin() + "): " + values.err().message};
+        const std::byte* src = n.data->in_memory() ? n.data->in_memory()->data() : values->data();
+        if (auto e = dev->upload(static_cast<std::byte*>(m->weights) + slot.offset, src, bytes))
           return error{e.code, dname + ": uploading weight '" + n.name + "': " + e.message};
       }
     }

@@ -85,8 +85,13 @@ tensor graph_builder::input(std::string name, dtype type, shape dims) {
 
 tensor graph_builder::weight(std::string name, host_tensor data) {
   if (!status_.ok()) return tensor();
+  return weight(std::move(name), make_host_weight(std::move(data)));
+}
+
+tensor graph_builder::weight(std::string name, weight_source_ptr source) {
+  if (!status_.ok()) return tensor();
   node n = make(op_kind::weight, std::move(name), {});
-  n.data = std::make_shared<const host_tensor>(std::move(data));
+  n.data = std::move(source);
   return add_node(std::move(n));
 }
 

@@ -177,7 +177,7 @@ node_id graph::find(const std::string& name) const {
 int64_t graph::weight_bytes() const {
   int64_t total = 0;
   for (const node& x : nodes_)
-    if (x.op == op_kind::weight && x.data) total += static_cast<int64_t>(x.data->bytes());
+    if (x.op == op_kind::weight && x.data) total += x.data->bytes();
   return total;
 }
 

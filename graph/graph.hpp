@@ -16,6 +16,7 @@
 #include "graph/error.hpp"
 #include "graph/host_tensor.hpp"
 #include "graph/shape.hpp"
+#include "graph/weight_source.hpp"
 
 namespace ag {
 
@@ -100,7 +101,9 @@ struct node {
   op_attrs attrs;
   int layer = -1;                   ///< pipeline unit tag (model builder sets it); -1 = none
   int pinned_device = -1;           ///< explicit placement; -1 = planner decides
-  std::shared_ptr<const host_tensor> data;  ///< weights only: the constant values
+  /// Weights only: where the values come from (in memory, a mapped checkpoint,
+  /// or shapes only). The node's dims and dtype are the source's.
+  weight_source_ptr data;
 
   bool is_view() const noexcept { return storage != id; }
   /// Bytes of the node's own buffer (0 for views).
@@ -202,6 +205,8 @@ class graph_builder {
 
   tensor input(std::string name, dtype type, shape dims);
   tensor weight(std::string name, host_tensor data);
+  /// A weight whose values come from `source` (a checkpoint, or shapes only).
+  tensor weight(std::string name, weight_source_ptr source);
 
   tensor matmul(tensor a, tensor b, bool trans_a = false, bool trans_b = false, std::string name = {});
   tensor add(tensor a, tensor b, std::string name = {});

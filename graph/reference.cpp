@@ -356,7 +356,12 @@ expected<std::vector<host_tensor>> evaluate_reference_all(const graph& g, const 
       }
       switch (n.op) {
         case op_kind::input: break;
-        case op_kind::weight: val[id] = *n.data; break;
+        case op_kind::weight: {
+          auto w = read_all(*n.data);
+          if (!w) return error(w.err().code, "weight '" + n.name + "' (" + n.data->origin() + "): " + w.err().message);
+          val[id] = std::move(*w);
+          break;
+        }
         case op_kind::matmul: val[id] = eval_matmul(n, *in[0], *in[1]); break;
         case op_kind::add:
         case op_kind::mul: val[id] = eval_binary(n, *in[0], *in[1]); break;

@@ -443,14 +443,15 @@ error infer_node(const std::vector<node>& nodes, node& n) {
         return node_error(errc::invalid_argument, n, "data has unknown dtype " + std::to_string(int(n.type)));
       if ((e = check_rank(n, n.dims, "data"))) return e;
       if ((e = check_size(n))) return e;
-      if (n.data->bytes() != static_cast<std::size_t>(n.dims.numel()) * dtype_size(n.type)) {
+      if (const host_tensor* t = n.data->in_memory();
+          t && t->bytes() != static_cast<std::size_t>(n.dims.numel()) * dtype_size(n.type)) {
         const int64_t need = n.dims.numel() * int64_t(dtype_size(n.type));
         // an empty tensor from a value factory: its size could not be allocated here
-        const std::string why = n.data->bytes() == 0 && need > host_memory_bytes()
+        const std::string why = t->bytes() == 0 && need > host_memory_bytes()
                                     ? " (more than this host's " + std::to_string(host_memory_bytes()) +
                                           " bytes of memory: the data could not be made)"
                                     : "";
-        return node_error(errc::invalid_argument, n, "data holds " + std::to_string(n.data->bytes()) +
+        return node_error(errc::invalid_argument, n, "data holds " + std::to_string(t->bytes()) +
                                                          " bytes, shape needs " + std::to_string(need) + why);
       }
       make_contiguous(n);

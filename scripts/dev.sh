@@ -2,10 +2,12 @@
 # The two quick-start commands (README):
 #   bash scripts/dev.sh demo   install what is missing, build, start the REPL demo
 #   bash scripts/dev.sh test   install what is missing, build, run every test
-#                              (release build; AddressSanitizer + UBSan; the
-#                              actor and backend tests under ThreadSanitizer
-#                              with an instrumented CAF; 20 s of each fuzz
-#                              target). docs/TESTING.md has the full forms.
+#                              (release build, then the installed package with
+#                              examples/consumer, then AddressSanitizer + UBSan,
+#                              then the actor and backend tests under
+#                              ThreadSanitizer with an instrumented CAF, then 20 s
+#                              of each fuzz target; builds are CMakePresets.json
+#                              presets). docs/TESTING.md has the full forms.
 # Works on a fresh Debian bookworm machine as root (apt); on a machine where
 # everything is installed it skips apt. Extra arguments after `demo` go to the REPL.
 set -euo pipefail
@@ -62,6 +64,41 @@ configure_and_build() {
   cmake --build "$dir" -j "$jobs" ${AG_TARGET:+--target "$AG_TARGET"}
 }
 
+# preset_build <preset> <binary dir> [cmake args...]: configure and build a
+# CMakePresets.json preset (the presets and this script stay one definition).
+preset_build() {
+  local preset="$1" dir="$2"
+  shift 2
+  pick_python
+  mkdir -p "$dir"
+  cmake --preset "$preset" "${python_args[@]}" "$@" >"$dir/configure.log" 2>&1 || {
+    cat "$dir/configure.log"
+    return 1
+  }
+  grep -E "actorgraph:|skipp" "$dir/configure.log" || true
+  cmake --build --preset "$preset" -j "$jobs"
+}
+
+# consumer_check: installs the release build into a temporary prefix, then
+# configures, builds and runs examples/consumer (find_package(actorgraph))
+# against it, as a user's project would: it links the installed libraries.
+consumer_check() {
+  local tmp
+  tmp="$(mktemp -d)"
+  cmake --install build --prefix "$tmp/prefix" >"$tmp/install.log" 2>&1 || {
+    cat "$tmp/install.log"
+    return 1
+  }
+  cmake -S examples/consumer -B "$tmp/build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+    -DCMAKE_PREFIX_PATH="$tmp/prefix" >"$tmp/configure.log" 2>&1 || {
+    cat "$tmp/configure.log"
+    return 1
+  }
+  cmake --build "$tmp/build" -j "$jobs"
+  "$tmp/build/actorgraph-consumer" sim:2
+  rm -rf "$tmp"
+}
+
 case "$mode" in
   demo)
     install_missing
@@ -71,17 +108,16 @@ case "$mode" in
   test)
     install_missing
     start=$(date +%s)
-    echo "== release build"
-    configure_and_build build -DCMAKE_BUILD_TYPE=Release
+    echo "== release build (preset release)"
+    preset_build release build
     echo "== tests (release; GPU tests skip with a reason when there is no GPU)"
-    (cd build && ctest --output-on-failure -j "$jobs" --timeout 600)
-    echo "== AddressSanitizer + UndefinedBehaviorSanitizer build (CUDA off: nothing runs on a GPU here)"
-    configure_and_build build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DACTORGRAPH_SANITIZER=address,undefined \
-      -DACTORGRAPH_CUDA=OFF -DACTORGRAPH_BUILD_BENCHMARKS=OFF
-    (cd build-asan && ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
-       UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
-       ctest --output-on-failure -j "$jobs" --timeout 900)
-    echo "== ThreadSanitizer over the actors (CAF built with -fsanitize=thread, cached) and the backends"
+    ctest --preset release -j "$jobs"
+    echo "== installed package: examples/consumer built against a temporary install, run on sim:2"
+    consumer_check
+    echo "== AddressSanitizer + UndefinedBehaviorSanitizer build (preset asan; CUDA off: nothing runs on a GPU here)"
+    preset_build asan build-asan
+    ctest --preset asan -j "$jobs"
+    echo "== ThreadSanitizer over the actors (CAF built with -fsanitize=thread, cached) and the backends (preset tsan-caf-ci)"
     AG_TSAN_CI=1 bash scripts/tsan.sh
     echo "== fuzzing: every target for 20 s (clang, address + undefined)"
     bash scripts/fuzz.sh 20

@@ -12,7 +12,7 @@
 
 #include <vector>
 
-#include "graph/caching_host_memory.hpp"
+#include "gpu/host/caching_host_memory.hpp"
 #include "graph/error.hpp"
 #include "gpu/device.hpp"
 
@@ -40,7 +40,7 @@ expected<std::vector<device_ptr>> make_cuda_devices(const std::vector<int>& ordi
 host_memory_resource& pinned_host_memory() noexcept;
 
 /// Counters of that pool (tests, benchmarks); raw_allocations counts cudaHostAlloc calls.
-host_cache_stats pinned_host_pool_stats();
+host::host_cache_stats pinned_host_pool_stats();
 
 /// How notify() turns GPU completion into a host callback.
 enum class notify_mode : uint8_t {

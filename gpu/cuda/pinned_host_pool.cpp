@@ -10,7 +10,7 @@
 
 #include "gpu/cuda/cuda_backend.hpp"
 #include "gpu/cuda/cuda_check.cuh"
-#include "graph/caching_host_memory.hpp"
+#include "gpu/host/caching_host_memory.hpp"
 
 namespace ag::gpu::cuda {
 namespace {
@@ -20,8 +20,8 @@ namespace {
 constexpr std::size_t min_pinned_bytes = std::size_t{64} << 10;
 constexpr int64_t default_cache_limit = int64_t{4} << 30;
 
-caching_host_memory& pool() {
-  static auto* p = new caching_host_memory(
+host::caching_host_memory& pool() {
+  static auto* p = new host::caching_host_memory(
       "cuda pinned",
       [](std::size_t n, std::string& why) -> void* {
         void* q = nullptr;
@@ -40,6 +40,6 @@ caching_host_memory& pool() {
 
 host_memory_resource& pinned_host_memory() noexcept { return pool(); }
 
-host_cache_stats pinned_host_pool_stats() { return pool().stats(); }
+host::host_cache_stats pinned_host_pool_stats() { return pool().stats(); }
 
 }  // namespace ag::gpu::cuda

@@ -75,10 +75,12 @@ class model_builder {
 
   // stddev_scale multiplies cfg.initializer_range.
   tensor normal(const std::string& name, shape dims, float stddev_scale = 1.0f) {
+    if (!cfg_.weight_values) return b_.weight(name, make_shape_only_weight(cfg_.dtype, dims));
     return b_.weight(name, host_tensor::random_normal(cfg_.dtype, dims, weight_seed(cfg_.seed, name),
                                                       cfg_.initializer_range * stddev_scale));
   }
   tensor norm_weight(const std::string& name) {
+    if (!cfg_.weight_values) return b_.weight(name, make_shape_only_weight(cfg_.dtype, {cfg_.d_model}));
     return b_.weight(name, host_tensor::random_normal(cfg_.dtype, {cfg_.d_model}, weight_seed(cfg_.seed, name),
                                                       norm_noise, 1.0f));
   }

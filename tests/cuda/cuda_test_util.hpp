@@ -101,7 +101,7 @@ inline expected<std::vector<host_tensor>> run_on(gpu::device& d, const graph& g,
   }
   for (const node& n : g.nodes())
     if (n.op == op_kind::weight && n.data)
-      if (error e = d.upload(bufs[static_cast<std::size_t>(n.id)], n.data->data(), static_cast<int64_t>(n.data->bytes()))) {
+      if (error e = d.upload(bufs[static_cast<std::size_t>(n.id)], n.data->in_memory()->data(), n.data->bytes())) {
         release();
         return e;
       }

@@ -2,7 +2,7 @@
 // a graph read from a file or another process goes through. The bytes decode
 // into up to 12 nodes with any op byte, dtype byte, rank, dims, strides,
 // offsets, input ids (dangling, negative, cyclic), attrs and weight data
-// (matching or not), plus the graph's input and output lists. A graph that
+// (in memory, matching or not, or shapes only), plus the graph's input and output lists. A graph that
 // validates is then planned over 1-3 simulated device specs (check_hazards
 // must prove it) and, when small, evaluated by the reference evaluator on
 // random inputs. Properties: no crash or sanitizer report; a refused list
@@ -60,7 +60,10 @@ ag::node read_node(byte_reader& in, int index, int count) {
   n.attrs.begin = in.dim();
   n.attrs.end = in.dim();
   for (auto& p : n.attrs.perm) p = static_cast<int8_t>(in.u8()) % 6;
-  if (n.op == ag::op_kind::weight && (flags & 64) == 0) {
+  if (n.op == ag::op_kind::weight && (flags & 64) != 0 && (in.u8() & 1)) {
+    // a shapes-only weight (planning without values): any shape, any dtype byte
+    n.data = ag::make_shape_only_weight(n.type, read_shape(in));
+  } else if (n.op == ag::op_kind::weight && (flags & 64) == 0) {
     // data: a real tensor of a small shape (maybe not the node's), or a
     // tensor whose dims and bytes disagree (any shape, no bytes)
     ag::shape s = read_shape(in);
@@ -69,12 +72,12 @@ ag::node read_node(byte_reader& in, int index, int count) {
                                                              : ag::expected<ag::host_tensor>(ag::error());
     if (t) {
       for (int64_t i = 0; i < t->numel(); ++i) t->set(i, static_cast<float>(static_cast<int8_t>(in.u8())) / 16);
-      n.data = std::make_shared<const ag::host_tensor>(std::move(*t));
+      n.data = ag::make_host_weight(std::move(*t));
     } else {
       ag::byte_buffer bytes(static_cast<std::size_t>(in.u8() & 1 ? in.u8() : 0));
       ag::host_tensor odd;
       odd.reset(n.type, s, std::move(bytes));  // n.type may be an unknown dtype byte
-      n.data = std::make_shared<const ag::host_tensor>(std::move(odd));
+      n.data = ag::make_host_weight(std::move(odd));
     }
   }
   return n;

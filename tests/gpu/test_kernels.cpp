@@ -282,7 +282,7 @@ TEST(CpuKernels, GetRowsIdOutOfRangeFailsNamingTheNode) {
   host_tensor out(dtype::f32, n.dims);
   gpu::op_launch l;
   l.op = &n;
-  l.inputs.push_back({const_cast<std::byte*>(n.inputs.empty() ? nullptr : g.at(n.inputs[0]).data->data()),
+  l.inputs.push_back({const_cast<std::byte*>(n.inputs.empty() ? nullptr : g.at(n.inputs[0]).data->in_memory()->data()),
                       dtype::f32, {5, 4}, contiguous_strides({5, 4})});
   l.inputs.push_back({idv.data(), dtype::i32, {3}, contiguous_strides({3})});
   l.out = {out.data(), dtype::f32, n.dims, contiguous_strides(n.dims)};

@@ -198,7 +198,7 @@ TEST(Builder, LayerNormWithBiasOnlyGetsAOnesWeight) {
   EXPECT_EQ(w.name, "ln.ones");
   ASSERT_TRUE(w.data);
   EXPECT_EQ(w.type, dtype::bf16);
-  for (int64_t i = 0; i < 6; ++i) EXPECT_EQ(w.data->at(i), 1.0f);
+  for (int64_t i = 0; i < 6; ++i) EXPECT_EQ(w.data->in_memory()->at(i), 1.0f);
 }
 
 TEST(Builder, NegativeAxesAreNormalised) {

@@ -180,10 +180,10 @@ TEST(Transformer, SameSeedSameWeightsOtherSeedOthers) {
       const auto& na = a->nodes()[i];
       if (na.op != ag::op_kind::weight) continue;
       ++weights;
-      EXPECT_TRUE(*na.data == *b->nodes()[i].data) << na.name;
-      EXPECT_FALSE(*na.data == *d->nodes()[i].data) << na.name;
+      EXPECT_TRUE(*na.data->in_memory() == *b->nodes()[i].data->in_memory()) << na.name;
+      EXPECT_FALSE(*na.data->in_memory() == *d->nodes()[i].data->in_memory()) << na.name;
       // No weight is constant (norm weights are ones plus noise, biases nonzero).
-      const auto v = na.data->to_floats();
+      const auto v = na.data->in_memory()->to_floats();
       EXPECT_GT(*std::max_element(v.begin(), v.end()), *std::min_element(v.begin(), v.end())) << na.name;
     }
     EXPECT_EQ(weights, static_cast<int>(ag::models::weight_names(c).size()));
@@ -198,7 +198,7 @@ TEST(Transformer, InitialisationHasDocumentedStatistics) {
   auto g = ag::models::build_transformer(c);
   ASSERT_TRUE(g.has_value());
   auto stats = [&](const char* name) {
-    const auto v = g->at(g->find(name)).data->to_floats();
+    const auto v = g->at(g->find(name)).data->in_memory()->to_floats();
     double s = 0, s2 = 0;
     for (float x : v) s += x;
     const double mean = s / v.size();

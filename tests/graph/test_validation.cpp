@@ -407,7 +407,7 @@ TEST(FromNodes, InputAndOutputLists) {
 
 TEST(FromNodes, ShapeErrorsAreFoundAfterRenumbering) {
   node w = raw(5, op_kind::weight, "w");
-  w.data = std::make_shared<const host_tensor>(host_tensor::random_normal(dtype::f32, {3, 2}, 1));
+  w.data = make_host_weight(host_tensor::random_normal(dtype::f32, {3, 2}, 1));
   std::vector<node> nodes{raw(9, op_kind::matmul, "mm", {1, 5}), w, raw_input(1, "x", {2, 4})};
   auto g = graph::from_nodes(nodes, {1}, {9});
   ASSERT_FALSE(g);

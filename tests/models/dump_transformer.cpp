@@ -115,7 +115,7 @@ int dump(const fs::path& dir, const named_config& nc) {
   };
   bool ok = true;
   for (const auto& n : g->nodes())
-    if (n.op == ag::op_kind::weight) ok = ok && entry(n.name, "weight", *n.data);
+    if (n.op == ag::op_kind::weight) ok = ok && entry(n.name, "weight", *n.data->in_memory());
   ok = ok && entry("tokens", "input", inputs[0]) && entry("positions", "input", inputs[1]);
   ok = ok && entry("logits", "output", (*out)[0]);
   idx << "\n  ]\n}\n";

@@ -8,9 +8,11 @@
 /// `min_bytes` come from the heap, as do all requests once the raw allocator
 /// fails (reported once on stderr).
 ///
-/// Thread-safe (one mutex; the raw allocator and free run outside it). The
-/// object must outlive every buffer it handed out: the CUDA backend's instance
-/// is never destroyed (host_tensors may be destroyed during static destruction).
+/// Thread-safe (one mutex; the raw allocator and free run outside it), which is
+/// why it lives here and not beside host_memory_resource in graph/ (no
+/// threads there). The object must outlive every buffer it handed out: the
+/// CUDA backend's instance is never destroyed (host_tensors may be destroyed
+/// during static destruction).
 
 #include <cstddef>
 #include <cstdint>
@@ -22,7 +24,7 @@
 
 #include "graph/host_tensor.hpp"
 
-namespace ag {
+namespace ag::gpu::host {
 
 /// Counters of a caching_host_memory (tests, benchmarks).
 struct host_cache_stats {
@@ -71,4 +73,4 @@ class caching_host_memory final : public host_memory_resource {
   bool warned_ = false;
 };
 
-}  // namespace ag
+}  // namespace ag::gpu::host

@@ -1,4 +1,4 @@
-#include "graph/caching_host_memory.hpp"
+#include "gpu/host/caching_host_memory.hpp"
 
 #include <algorithm>
 #include <cstdio>
@@ -7,7 +7,7 @@
 #include <utility>
 #include <vector>
 
-namespace ag {
+namespace ag::gpu::host {
 
 namespace {
 constexpr std::align_val_t heap_alignment{64};
@@ -115,4 +115,4 @@ void caching_host_memory::set_max_cached_bytes(int64_t n) {
   for (void* p : drop) free_fn_(p);
 }
 
-}  // namespace ag
+}  // namespace ag::gpu::host

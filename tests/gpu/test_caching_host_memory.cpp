@@ -12,7 +12,7 @@
 #include <thread>
 #include <vector>
 
-#include "graph/caching_host_memory.hpp"
+#include "gpu/host/caching_host_memory.hpp"
 #include "graph/random.hpp"
 
 namespace {
@@ -27,8 +27,8 @@ struct raw_heap {
   int allocs = 0, frees = 0, bad_frees = 0;
   bool fail = false;
 
-  ag::caching_host_memory make(int64_t max_cached) {
-    return ag::caching_host_memory(
+  ag::gpu::host::caching_host_memory make(int64_t max_cached) {
+    return ag::gpu::host::caching_host_memory(
         "test pool",
         [this](std::size_t n, std::string& why) -> void* {
           std::lock_guard<std::mutex> lk(m);

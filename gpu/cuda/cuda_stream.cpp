@@ -1,0 +1,58 @@
+// A CUDA stream (cuda_stream.hpp): creation, cuBLAS handle, teardown.
+
+#include "gpu/cuda/cuda_stream.hpp"
+
+#include <cstdio>
+
+#include "gpu/cuda/cuda_check.cuh"
+#include "gpu/cuda/device_guard.hpp"
+#include "gpu/cuda/gemm.cuh"
+
+namespace ag::gpu::cuda::detail {
+
+cuda_stream::~cuda_stream() {
+  device_guard g(core_->ordinal);
+  if (blas_) {
+    if (cublasDestroy(blas_) != CUBLAS_STATUS_SUCCESS)
+      std::fprintf(stderr, "actorgraph cuda: cublasDestroy failed on %s\n", core_->name.c_str());
+  }
+  // cudaStreamDestroy returns at once; cuBLAS work may still use the
+  // workspace, so drain the stream before freeing it.
+  if (s_ && workspace_ && core_->alive.load()) AG_CUDA_ASSERT(cudaStreamSynchronize(s_));
+  if (s_) AG_CUDA_ASSERT(cudaStreamDestroy(s_));
+  if (workspace_) AG_CUDA_ASSERT(cudaFree(workspace_));
+}
+
+error cuda_stream::init() {
+  device_guard g(core_->ordinal);
+  // One priority for all roles: the driver picks copy engines by direction.
+  AG_CUDA_TRY(cudaStreamCreateWithFlags(&s_, cudaStreamNonBlocking), core_->name + " create_stream");
+  fault_ = std::make_shared<fault_cell>();
+  void* p = nullptr;
+  AG_CUDA_TRY(cudaHostAlloc(&p, sizeof(unsigned int), cudaHostAllocMapped | cudaHostAllocPortable),
+              core_->name + " create_stream");
+  fault_->host = static_cast<unsigned int*>(p);
+  *fault_->host = 0;
+  void* d = nullptr;
+  AG_CUDA_TRY(cudaHostGetDevicePointer(&d, p, 0), core_->name + " create_stream");
+  fault_->dev = static_cast<unsigned int*>(d);
+  return {};
+}
+
+expected<cublasHandle_t> cuda_stream::blas(bool tf32) {
+  if (!blas_) {
+    if (cublasStatus_t st = cublasCreate(&blas_); st != CUBLAS_STATUS_SUCCESS) {
+      blas_ = nullptr;
+      return error(errc::device_failed, core_->name + ": cublasCreate failed: " + cublas_status_name(st));
+    }
+    cublasSetStream(blas_, s_);
+    constexpr size_t ws = 32u << 20;
+    if (cudaMalloc(&workspace_, ws) == cudaSuccess) cublasSetWorkspace(blas_, workspace_, ws);
+    else (void)cudaGetLastError(), workspace_ = nullptr;
+    cublasSetMathMode(blas_, CUBLAS_DEFAULT_MATH);
+  }
+  (void)tf32;  // the compute type of each call selects TF32 (gemm.cu)
+  return blas_;
+}
+
+}  // namespace ag::gpu::cuda::detail

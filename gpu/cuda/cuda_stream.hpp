@@ -1,0 +1,41 @@
+#pragma once
+// A CUDA stream of one device: its non-blocking cudaStream_t, its fault word
+// and its cuBLAS handle. Only gpu/cuda/ includes it.
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <memory>
+
+#include "gpu/cuda/device_core.hpp"
+#include "gpu/cuda/fault_cell.hpp"
+#include "gpu/device.hpp"
+#include "graph/error.hpp"
+
+namespace ag::gpu::cuda::detail {
+
+/// Used by one executing actor at a time (the device interface's rule for
+/// streams); holds the device core, so it may outlive the device object.
+class cuda_stream final : public stream {
+ public:
+  cuda_stream(std::shared_ptr<core> c, stream_role role) : core_(std::move(c)), role_(role) {}
+  ~cuda_stream() override;
+  stream_role role() const noexcept override { return role_; }
+
+  /// Creates the CUDA stream and the fault word. On an error the stream keeps
+  /// a null handle: every device call on it then fails cleanly.
+  error init();
+
+  /// The stream's cuBLAS handle, created on first use with its own workspace
+  /// (cuBLAS's advice for handles used on one stream each).
+  expected<cublasHandle_t> blas(bool tf32);
+
+  std::shared_ptr<core> core_;
+  stream_role role_;
+  cudaStream_t s_ = nullptr;
+  std::shared_ptr<fault_cell> fault_;
+  cublasHandle_t blas_ = nullptr;
+  void* workspace_ = nullptr;
+};
+
+}  // namespace ag::gpu::cuda::detail

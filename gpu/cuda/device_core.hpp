@@ -1,0 +1,65 @@
+#pragma once
+// State shared by a CUDA device, its streams and its events. Only gpu/cuda/
+// includes it.
+//
+// Ownership: a cuda_device holds a shared `core` (ordinal, event pool, poller,
+// clock anchor, death state); its streams and events hold the core too, so
+// they may outlive the device object. The poller thread owns its own state
+// through a shared_ptr, so dropping the last device reference from inside a
+// notify callback (on the poller thread) is safe.
+
+#include <cuda_runtime.h>
+
+#include <atomic>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "gpu/cuda/clock_anchor.hpp"
+#include "gpu/cuda/event_poller.hpp"
+#include "graph/error.hpp"
+
+namespace ag::gpu::cuda::detail {
+
+/// State shared by a device, its streams and its events.
+struct core {
+  core(int cuda_ordinal, std::string device_name)
+      : ordinal(cuda_ordinal), name(std::move(device_name)), clock(cuda_ordinal, name) {}
+  ~core();
+  core(const core&) = delete;
+  core& operator=(const core&) = delete;
+
+  int ordinal = 0;
+  std::string name;
+  std::shared_ptr<poller> poll;
+  std::atomic<bool> alive{true};
+  std::mutex fault_mu;
+  std::function<void(const error&)> fault_handler;
+  bool fault_reported = false;
+  error death;
+
+  // Event pool (timing disabled) for create_event().
+  std::mutex pool_mu;
+  std::vector<cudaEvent_t> pool;
+
+  // Host-clock mapping of timing events (cuda_event::completion_ns).
+  clock_anchor clock;
+
+  error dead_error() const {
+    return error(errc::device_failed, name + " is dead" + (death.message.empty() ? "" : ": " + death.message));
+  }
+
+  /// Marks the device dead once and reports it to the fault handler.
+  void mark_dead(const error& e);
+
+  /// Checks a CUDA result: sticky errors kill the device.
+  error check(cudaError_t r, const std::string& where, const char* call, const char* file, int line);
+};
+
+}  // namespace ag::gpu::cuda::detail
+
+/// Checks `call` against the device core `core_`: an error naming `where`,
+/// the call and file:line; a sticky error marks the device dead.
+#define AG_CORE_CHECK(core_, call, where) (core_).check((call), (where), #call, __FILE__, __LINE__)

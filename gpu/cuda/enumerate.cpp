@@ -1,0 +1,120 @@
+// Enumeration and the factory of CUDA devices (cuda_backend.hpp): device
+// count, the device spec read from the hardware, peer access.
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "gpu/cuda/cuda_backend.hpp"
+#include "gpu/cuda/cuda_check.cuh"
+#include "gpu/cuda/cuda_device.hpp"
+#include "gpu/cuda/device_core.hpp"
+#include "gpu/cuda/device_guard.hpp"
+#include "gpu/cuda/event_poller.hpp"
+
+namespace ag::gpu::cuda {
+namespace {
+
+using namespace detail;
+
+int attr(cudaDeviceAttr a, int ordinal) {
+  int v = 0;
+  if (cudaDeviceGetAttribute(&v, a, ordinal) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  return v;
+}
+
+expected<device_ptr> make_one(int ordinal, int index, const backend_options& opts) {
+  device_guard g(ordinal);
+  cudaDeviceProp prop{};
+  AG_CUDA_TRY(cudaGetDeviceProperties(&prop, ordinal), "cuda" + std::to_string(ordinal));
+  device_spec spec;
+  spec.name = "cuda" + std::to_string(ordinal);
+  spec.kind = device_kind::cuda;
+  spec.ordinal = ordinal;
+  const double sms = prop.multiProcessorCount;
+  const double clock_hz = attr(cudaDevAttrClockRate, ordinal) * 1e3;            // kHz
+  const double mem_clock_hz = attr(cudaDevAttrMemoryClockRate, ordinal) * 1e3;  // kHz
+  const double bus_bits = attr(cudaDevAttrGlobalMemoryBusWidth, ordinal);
+  // FP32: 128 lanes x FMA (2 flops) per SM per clock on sm_80+/sm_90.
+  // Dense bf16 tensor cores: 4096 flops per SM per clock on sm_90 (H100 SXM:
+  // 132 SMs x 1.83 GHz x 4096 = 989 TFLOP/s); 2048 on sm_80; 1024 before.
+  const double tc_per_sm = prop.major >= 9 ? 4096 : prop.major == 8 ? 2048 : 1024;
+  if (sms > 0 && clock_hz > 0) {
+    spec.flops_f32 = sms * clock_hz * 256.0;
+    spec.flops_bf16 = sms * clock_hz * tc_per_sm;
+  }
+  if (mem_clock_hz > 0 && bus_bits > 0) spec.mem_bandwidth = 2.0 * mem_clock_hz * bus_bits / 8.0;  // DDR
+  spec.mem_bytes = static_cast<int64_t>(prop.totalGlobalMem);
+  spec.copy_engines = std::max(1, prop.asyncEngineCount);
+
+  auto c = std::make_shared<core>(ordinal, spec.name);
+  if (error e = c->clock.calibrate()) return e;
+  c->poll = std::make_shared<poller>(ordinal, spec.name);
+  std::weak_ptr<core> weak = c;
+  c->poll->on_death = [weak](const error& e) {
+    if (auto cc = weak.lock()) cc->mark_dead(e);
+  };
+  c->poll->start(c->poll);
+  return make_device(std::move(c), std::move(spec), index, opts, prop.multiProcessorCount);
+}
+
+}  // namespace
+
+int device_count() noexcept {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  return n;
+}
+
+expected<std::vector<device_ptr>> make_cuda_devices(const std::vector<int>& ordinals, const backend_options& options,
+                                                    int first_index) {
+  const int count = device_count();
+  if (count <= 0) return error(errc::bad_device_spec, "no usable CUDA GPU (cudaGetDeviceCount found none)");
+  std::vector<int> ords = ordinals;
+  if (ords.empty())
+    for (int i = 0; i < count; ++i) ords.push_back(i);
+  for (std::size_t i = 0; i < ords.size(); ++i) {
+    if (ords[i] < 0 || ords[i] >= count)
+      return error(errc::bad_device_spec, "CUDA ordinal " + std::to_string(ords[i]) + " out of range (" +
+                                              std::to_string(count) + " GPUs)");
+    for (std::size_t j = 0; j < i; ++j)
+      if (ords[j] == ords[i])
+        return error(errc::bad_device_spec, "duplicate CUDA ordinal " + std::to_string(ords[i]));
+  }
+  std::vector<device_ptr> out;
+  for (std::size_t i = 0; i < ords.size(); ++i) {
+    auto d = make_one(ords[i], first_index + static_cast<int>(i), options);
+    if (!d) {
+      error e = d.err();
+      if (e.code != errc::out_of_memory) e.code = errc::device_failed;
+      return e;
+    }
+    out.push_back(std::move(*d));
+  }
+  // Peer access both ways between every pair that allows it (copies between
+  // others still work: the driver stages them through the host).
+  for (int a : ords) {
+    device_guard g(a);
+    for (int b : ords) {
+      if (a == b) continue;
+      int can = 0;
+      if (cudaDeviceCanAccessPeer(&can, a, b) != cudaSuccess) (void)cudaGetLastError();
+      if (!can) continue;
+      const cudaError_t r = cudaDeviceEnablePeerAccess(b, 0);
+      if (r != cudaSuccess && r != cudaErrorPeerAccessAlreadyEnabled) AG_CUDA_LOG(r);
+      (void)cudaGetLastError();
+    }
+  }
+  return out;
+}
+
+}  // namespace ag::gpu::cuda

@@ -1,0 +1,140 @@
+// Op dispatch (op_dispatch.hpp): the switch from op_kind to the per-family
+// host launchers (<family>.cuh).
+
+#include "gpu/cuda/op_dispatch.hpp"
+
+#include "gpu/cuda/device_guard.hpp"
+#include "gpu/cuda/elementwise.cuh"
+#include "gpu/cuda/gemm.cuh"
+#include "gpu/cuda/get_rows.cuh"
+#include "gpu/cuda/kernel_args.hpp"
+#include "gpu/cuda/norm.cuh"
+#include "gpu/cuda/rope.cuh"
+#include "gpu/cuda/softmax.cuh"
+
+namespace ag::gpu::cuda::detail {
+
+error dispatch_op(core& dev_core, cuda_stream& cs, const op_launch& l, const std::string& device_name,
+                  int sm_count, bool tf32) {
+  if (!l.op) return error(errc::invalid_argument, device_name + ": launch without a node");
+  const node& n = *l.op;
+  launch_ctx c;
+  c.stream = cs.s_;
+  c.fault_word = cs.fault_ ? cs.fault_->dev : nullptr;
+  c.where = device_name + " " + to_string(n.op) + " '" + n.name + "'";
+  c.sm_count = sm_count;
+  auto need = [&](std::size_t k) -> error {
+    if (l.inputs.size() < k)
+      return error(errc::missing_input, c.where + ": needs " + std::to_string(k) + " inputs, got " +
+                                            std::to_string(l.inputs.size()));
+    for (std::size_t i = 0; i < k; ++i)
+      if (!l.inputs[i].data && l.inputs[i].dims.numel() > 0)
+        return error(errc::invalid_argument, c.where + ": input " + std::to_string(i) + " has no buffer");
+    if (!l.out.data && l.out.dims.numel() > 0) return error(errc::invalid_argument, c.where + ": no output buffer");
+    return {};
+  };
+  device_guard g(dev_core.ordinal);
+  const kt out = to_kt(l.out);
+  error e;
+  switch (n.op) {
+    case op_kind::input:
+    case op_kind::weight:
+    case op_kind::reshape:
+    case op_kind::view:
+    case op_kind::permute:
+    case op_kind::transpose:
+    case op_kind::slice:
+      return {};  // leaves are uploaded, views alias their source
+    case op_kind::matmul: {
+      if ((e = need(2))) return e;
+      auto h = cs.blas(tf32);
+      if (!h) return h.err();
+      e = launch_matmul(c, *h, l.out, l.inputs[0], l.inputs[1], n.attrs.trans_a, n.attrs.trans_b, tf32);
+      break;
+    }
+    case op_kind::add:
+    case op_kind::mul: {
+      if ((e = need(2))) return e;
+      const kt a = to_kt(l.inputs[0]), b = to_kt(l.inputs[1]);
+      e = launch_elementwise(c, n.op == op_kind::add ? ew_op::add : ew_op::mul, out, a, &b, 1.f);
+      break;
+    }
+    case op_kind::scale:
+      if ((e = need(1))) return e;
+      e = launch_elementwise(c, ew_op::scale, out, to_kt(l.inputs[0]), nullptr, n.attrs.scale);
+      break;
+    case op_kind::gelu:
+      if ((e = need(1))) return e;
+      e = launch_elementwise(c, n.attrs.gelu == gelu_mode::erf ? ew_op::gelu_erf : ew_op::gelu_tanh, out,
+                             to_kt(l.inputs[0]), nullptr, 1.f);
+      break;
+    case op_kind::silu:
+      if ((e = need(1))) return e;
+      e = launch_elementwise(c, ew_op::silu, out, to_kt(l.inputs[0]), nullptr, 1.f);
+      break;
+    case op_kind::rms_norm: {
+      if ((e = need(1))) return e;
+      kt w;
+      if (l.inputs.size() > 1) w = to_kt(l.inputs[1]);
+      e = launch_rms_norm(c, out, to_kt(l.inputs[0]), l.inputs.size() > 1 ? &w : nullptr, n.attrs.eps);
+      break;
+    }
+    case op_kind::layer_norm: {
+      if ((e = need(1))) return e;
+      kt w, b;
+      if (l.inputs.size() > 1) w = to_kt(l.inputs[1]);
+      if (l.inputs.size() > 2) b = to_kt(l.inputs[2]);
+      e = launch_layer_norm(c, out, to_kt(l.inputs[0]), l.inputs.size() > 1 ? &w : nullptr,
+                            l.inputs.size() > 2 ? &b : nullptr, n.attrs.eps);
+      break;
+    }
+    case op_kind::softmax:
+      if ((e = need(1))) return e;
+      e = launch_softmax(c, out, to_kt(l.inputs[0]), n.attrs.scale, n.attrs.causal);
+      break;
+    case op_kind::rope:
+      if ((e = need(2))) return e;
+      e = launch_rope(c, out, to_kt(l.inputs[0]), to_kt(l.inputs[1]), n.attrs.theta, n.attrs.rope == rope_mode::neox);
+      break;
+    case op_kind::get_rows:
+      if ((e = need(2))) return e;
+      e = launch_get_rows(c, out, to_kt(l.inputs[0]), to_kt(l.inputs[1]));
+      break;
+    case op_kind::concat: {
+      if ((e = need(1))) return e;
+      const int rank = l.out.dims.rank();
+      const int axis = n.attrs.axis < 0 ? n.attrs.axis + rank : n.attrs.axis;
+      if (axis < 0 || axis >= rank) return error(errc::invalid_argument, c.where + ": concat axis out of range");
+      int64_t at = 0;
+      const int64_t esz = static_cast<int64_t>(dtype_size(l.out.type));
+      for (const tensor_arg& in : l.inputs) {
+        tensor_arg dst;
+        dst.data = static_cast<char*>(l.out.data) + at * l.out.stride[static_cast<std::size_t>(axis)] * esz;
+        dst.type = l.out.type;
+        dst.dims = in.dims;
+        dst.stride = l.out.stride;
+        if ((e = launch_strided_copy(c, to_kt(dst), to_kt(in)))) break;
+        at += in.dims[axis];
+      }
+      break;
+    }
+    case op_kind::copy:
+      if ((e = need(1))) return e;
+      if (l.inputs[0].dims.numel() != l.out.dims.numel())
+        return error(errc::invalid_shape, c.where + ": copy changes the element count");
+      if (l.inputs[0].dims != l.out.dims) {
+        // Same count, other dims: read the source in its own index order.
+        tensor_arg dst = l.out;
+        dst.dims = l.inputs[0].dims;
+        dst.stride = contiguous_strides(dst.dims);
+        e = launch_strided_copy(c, to_kt(dst), to_kt(l.inputs[0]));
+      } else {
+        e = launch_strided_copy(c, out, to_kt(l.inputs[0]));
+      }
+      break;
+  }
+  if (e.code == errc::device_failed) dev_core.mark_dead(e);
+  return e;
+}
+
+}  // namespace ag::gpu::cuda::detail
