@@ -30,7 +30,7 @@
 namespace ag {
 
 namespace actors {
-struct job_access;  // internal (actors/internal.hpp): reaches a job's shared state
+struct job_access;  // internal (actors/job_state.hpp): reaches a job's shared state
 }
 
 struct runtime_options {

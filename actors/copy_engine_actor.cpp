@@ -2,7 +2,7 @@
 
 namespace ag::actors {
 
-caf::actor spawn_copy_engine(caf::actor_system& sys, gpu::device_ptr dev, exec_kind kind) {
+caf::actor spawn_copy_engine(caf::actor_system& sys, gpu::device_ptr dev, step_kind kind) {
   return spawn_exec_actor(sys, std::move(dev), kind, 0);
 }
 

@@ -5,6 +5,7 @@
 
 #include <caf/all.hpp>
 
+#include "actors/plan_memory.hpp"
 #include "messages/messages.hpp"
 
 namespace ag::actors {
@@ -12,7 +13,7 @@ namespace ag::actors {
 namespace {
 
 struct arena_pool {
-  std::shared_ptr<device_plan> mem;
+  std::shared_ptr<plan_memory> mem;
   std::vector<int> free;
   int allocated = 0;
   std::deque<msg::acquire_arena> queue;
@@ -48,8 +49,10 @@ caf::behavior device_actor_fn(device_actor_t* self, gpu::device_ptr dev, int cap
   st.runtime = std::move(runtime);
   return {
       [self](const msg::register_plan& m) {
-        auto& pool = self->state.pools[m.plan->plan_key];
-        pool.mem = m.plan;
+        // Every plan_memory_ref of this process is a plan_memory (runtime_core::compile).
+        auto mem = std::static_pointer_cast<plan_memory>(m.memory);
+        auto& pool = self->state.pools[mem->plan_key()];
+        pool.mem = std::move(mem);
         // compile() allocated the arenas it found already (at least the first).
         for (std::size_t i = 0; i < pool.mem->arenas.size(); ++i)
           if (pool.mem->arenas[i]) {
@@ -61,7 +64,7 @@ caf::behavior device_actor_fn(device_actor_t* self, gpu::device_ptr dev, int cap
         auto& st = self->state;
         auto it = st.pools.find(m.plan_key);
         if (it == st.pools.end()) return;
-        for (auto& req : it->second.queue) refuse(self, req, {errc::internal, "plan unloaded while a job waited"});
+        for (auto& req : it->second.queue) refuse(self, req, {errc::internal, "plan unloaded while a job waited", st.index});
         st.pools.erase(it);
       },
       [self](const msg::acquire_arena& req) {
@@ -69,7 +72,7 @@ caf::behavior device_actor_fn(device_actor_t* self, gpu::device_ptr dev, int cap
         if (st.dead) return refuse(self, req, st.death);
         auto it = st.pools.find(req.plan_key);
         if (it == st.pools.end())
-          return refuse(self, req, {errc::internal, "plan not loaded on device '" + st.dev->spec().name + "'"});
+          return refuse(self, req, {errc::internal, "plan not loaded on device '" + st.dev->spec().name + "'", st.index});
         auto& pool = it->second;
         if (!pool.free.empty()) {
           const int a = pool.free.back();
@@ -88,8 +91,10 @@ caf::behavior device_actor_fn(device_actor_t* self, gpu::device_ptr dev, int cap
           }
           if (pool.allocated == 0) {
             const auto& e = p.err();
-            return refuse(self, req, {e.code, "device '" + st.dev->spec().name + "': activation arena of " +
-                                                  std::to_string(pool.mem->arena_bytes) + " bytes: " + e.message});
+            return refuse(self, req, {e.code,
+                                      "device '" + st.dev->spec().name + "': activation arena of " +
+                                          std::to_string(pool.mem->arena_bytes) + " bytes: " + e.message,
+                                      st.index});
           }
         }
         pool.queue.push_back(req);
@@ -124,11 +129,14 @@ caf::behavior device_actor_fn(device_actor_t* self, gpu::device_ptr dev, int cap
         auto& st = self->state;
         if (st.dead) return;
         st.dead = true;
-        // Backends usually name the device in their fault; prefix it only when not.
-        const std::string& name = st.dev->spec().name;
-        const bool named = m.err.message.find("'" + name + "'") != std::string::npos ||
-                           m.err.message.rfind(name, 0) == 0;
-        st.death = error{errc::device_failed, named ? m.err.message : "device '" + name + "' failed: " + m.err.message};
+        // A backend that names this device in its fault says so in the
+        // error's device field; otherwise the device is named here.
+        st.death = m.err;
+        st.death.code = errc::device_failed;
+        if (st.death.device != st.index) {
+          st.death.message = "device '" + st.dev->spec().name + "' failed: " + st.death.message;
+          st.death.device = st.index;
+        }
         for (auto& [key, pool] : st.pools) {
           for (auto& req : pool.queue) refuse(self, req, st.death);
           pool.queue.clear();

@@ -3,19 +3,20 @@
 /// The device actor: one per device. Owns the device's plan memory
 /// registrations and hands out activation arenas (FIFO back-pressure when
 /// none is free), and turns a backend fault into device_down for the
-/// runtime actor. State in device_state; the only writer of
-/// device_plan::arenas entries.
+/// runtime actor. State in device_state (its own); the only writer of
+/// plan_memory::arenas entries after compile().
 ///
 /// Protocol: register_plan, unload_plan (from runtime_core); acquire_arena
 /// -> arena_reply (now or when one is released), release_arena,
 /// withdraw_arena (from job actors); device_fault (from the backend's
 /// on_fault handler) -> device_down to the runtime actor, and every queued
-/// or later acquire is answered with errc::device_failed.
+/// or later acquire is answered with the device's death error
+/// (errc::device_failed, error::device set, the backend's reason kept).
 
 #include <caf/actor.hpp>
 #include <caf/actor_system.hpp>
 
-#include "actors/internal.hpp"
+#include "gpu/device.hpp"
 
 namespace ag::actors {
 

@@ -5,6 +5,7 @@
 
 #include <caf/all.hpp>
 
+#include "actors/runtime_core.hpp"
 #include "messages/atoms.hpp"
 #include "messages/messages.hpp"
 
@@ -44,7 +45,7 @@ void finish(job_actor_t* self, job_result r, job_state final_state) {
   auto& st = self->state;
   st.ph = phase::finished;
   release_arenas(self);
-  st.core->jobs().remove(st.ctx->id);
+  st.core->jobs().remove(st.ctx->id());
   auto ss = std::move(st.ss);
   auto* core = st.core;
   st.ctx.reset();
@@ -67,11 +68,11 @@ void begin_fail(job_actor_t* self, error e) {
   switch (st.ph) {
     case phase::acquiring: {
       st.err = std::move(e);
-      const auto& used = st.ctx->lp->used_devices;
+      const auto& used = st.ctx->program().used_devices();
       if (st.asked && st.acq < used.size()) {
         // Our request is queued or its answer is on the way: wait for it.
         st.ph = phase::withdrawing;
-        self->send(st.core->device_actor(used[st.acq]), msg::withdraw_arena{st.ctx->lp->key, st.ctx->id});
+        self->send(st.core->device_actor(used[st.acq]), msg::withdraw_arena{st.ctx->lp->key, st.ctx->id()});
         return;
       }
       return fail_now(self);
@@ -80,10 +81,10 @@ void begin_fail(job_actor_t* self, error e) {
       st.err = std::move(e);
       st.ph = phase::cancelling;
       st.ctx->cancelled.store(true, std::memory_order_release);
-      const auto& actors = st.ctx->lp->actors;
+      const auto& actors = st.ctx->lp->queue_actors;
       st.acks = actors.size();
-      msg::job_ctx_ptr cctx = st.ctx;
-      for (const auto& a : actors) self->send(a.handle, msg::cancel_job{cctx});
+      msg::job_ref_ptr ref = st.ctx;
+      for (const auto& a : actors) self->send(a, msg::cancel_job{ref});
       if (st.acks == 0) fail_now(self);
       return;
     }
@@ -93,19 +94,20 @@ void begin_fail(job_actor_t* self, error e) {
 }
 
 void collect_trace(const job_context& ctx) {
-  const auto& lp = *ctx.lp;
+  const auto& prog = ctx.program();
   std::vector<trace_record> recs;
-  recs.reserve(lp.steps.size());
-  for (std::size_t s = 0; s < lp.steps.size(); ++s) {
+  recs.reserve(prog.steps().size());
+  for (std::size_t s = 0; s < prog.steps().size(); ++s) {
     const auto& slot = ctx.slots[s];
     if (!slot.start || !slot.end) continue;
-    const auto& a = lp.actors[static_cast<std::size_t>(lp.steps[s].actor)];
+    const lowered_step& ls = prog.steps()[s];
+    const launch_queue& q = prog.queues()[static_cast<std::size_t>(ls.queue)];
     trace_record r;
-    r.job = ctx.id;
-    r.device = a.device;
-    r.lane = lane_name(a.kind, a.lane);
+    r.job = ctx.id();
+    r.device = q.device;
+    r.lane = lane_name(q.kind, q.lane);
     r.step = static_cast<step_id>(s);
-    r.label = lp.steps[s].label;
+    r.label = ls.label;
     r.enqueue_ns = slot.enqueue_ns;
     r.start_ns = slot.start->completion_ns();
     r.end_ns = slot.end->completion_ns();
@@ -116,7 +118,7 @@ void collect_trace(const job_context& ctx) {
 
 /// Non-contiguous view outputs: pick the view's elements out of the copied storage.
 void gather_outputs(const job_context& ctx) {
-  const graph& g = ctx.lp->p->source();
+  const graph& g = ctx.lp->source().source();
   for (std::size_t i = 0; i < ctx.staging.size(); ++i) {
     const auto& src = ctx.staging[i];
     if (src.bytes() == 0) continue;
@@ -142,8 +144,9 @@ void start_run(job_actor_t* self) {
   auto& st = self->state;
   auto& ctx = *st.ctx;
   const auto& lp = *ctx.lp;
-  const graph& g = lp.p->source();
-  ctx.slots.resize(lp.steps.size());
+  const auto& prog = *lp.program;
+  const graph& g = prog.source().source();
+  ctx.slots.resize(prog.steps().size());
   ctx.outputs.reserve(g.outputs().size());
   // Every output is written in full (by its d2h copy, or by the gather from
   // its storage's copy), so no zero-fill: on a fresh buffer that pass alone
@@ -153,29 +156,31 @@ void start_run(job_actor_t* self) {
     ctx.outputs.push_back(host_tensor::uninitialized(o.type, o.dims, lp.output_memory[k]));
   }
   ctx.staging.resize(g.outputs().size());
-  for (step_id s : lp.completion_steps) {
-    if (!lp.steps[static_cast<std::size_t>(s)].gather) continue;
-    const auto io = static_cast<std::size_t>(lp.p->at(s).io_index);
+  for (step_id s : prog.completion_steps()) {
+    const lowered_step& ls = prog.steps()[static_cast<std::size_t>(s)];
+    if (ls.kind != step_kind::copy_d2h || !ls.copy.gather) continue;
+    const auto io = static_cast<std::size_t>(ls.copy.io_index);
     const node& sn = g.at(g.at(g.outputs()[io]).storage);
     ctx.staging[io] = host_tensor::uninitialized(sn.type, sn.dims, lp.output_memory[io]);
   }
   st.ph = phase::running;
-  st.remaining = lp.completion_steps.size();
+  st.remaining = prog.completion_steps().size();
   ctx.completions_left.store(static_cast<int>(st.remaining), std::memory_order_relaxed);
   st.ss->mark_started(gpu::host_clock_ns());
-  msg::job_ctx_ptr cctx = st.ctx;
-  for (std::size_t i = 0; i < lp.actors.size(); ++i)
-    if (needs_run_job(lp, static_cast<int>(i))) self->send(lp.actors[i].handle, msg::run_job{cctx, static_cast<int>(i)});
+  msg::job_ref_ptr ref = st.ctx;
+  for (std::size_t q = 0; q < prog.queues().size(); ++q)
+    if (prog.queues()[q].starts_itself) self->send(lp.queue_actors[q], msg::run_job{ref, static_cast<int>(q)});
   if (st.remaining == 0) finish(self, std::move(ctx.outputs), job_state::done);
 }
 
 void acquire_next(job_actor_t* self) {
   auto& st = self->state;
   const auto& lp = *st.ctx->lp;
-  if (st.acq >= lp.used_devices.size()) return start_run(self);
+  const auto& used = lp.program->used_devices();
+  if (st.acq >= used.size()) return start_run(self);
   st.asked = true;
-  self->send(st.core->device_actor(lp.used_devices[st.acq]),
-             msg::acquire_arena{lp.key, st.ctx->id, caf::actor_cast<caf::actor>(self)});
+  self->send(st.core->device_actor(used[st.acq]),
+             msg::acquire_arena{lp.key, st.ctx->id(), caf::actor_cast<caf::actor>(self)});
 }
 
 caf::behavior job_actor_fn(job_actor_t* self, runtime_core* core, std::shared_ptr<job::shared_state> ss,
@@ -184,9 +189,8 @@ caf::behavior job_actor_fn(job_actor_t* self, runtime_core* core, std::shared_pt
   auto& st = self->state;
   st.core = core;
   st.ss = std::move(ss);
-  st.ctx = std::make_shared<job_context>();
+  st.ctx = std::make_shared<job_context>(st.ss->id);
   auto& ctx = *st.ctx;
-  ctx.id = st.ss->id;
   ctx.lp = std::move(lp);
   ctx.user_plan = std::move(user_plan);
   ctx.arenas.assign(core->devices().size(), -1);
@@ -202,12 +206,12 @@ caf::behavior job_actor_fn(job_actor_t* self, runtime_core* core, std::shared_pt
     cancel_requested = st.ss->cancel_requested;
   }
   // Registered for device_down; a device that died already fails the job.
-  error dead = core->jobs().add(ctx.id, ctx.job_actor, ctx.lp);
+  error dead = core->jobs().add(ctx.id(), ctx.job_actor, ctx.lp);
   // runtime_core::submit already asked the first device for an arena (in
   // submission order); acquire_next() asks the following ones.
-  st.asked = !ctx.lp->used_devices.empty();
+  st.asked = !ctx.program().used_devices().empty();
   if (cancel_requested)
-    begin_fail(self, {errc::cancelled, "job " + std::to_string(ctx.id) + " cancelled"});
+    begin_fail(self, {errc::cancelled, "job " + std::to_string(ctx.id()) + " cancelled"});
   else if (dead)
     begin_fail(self, std::move(dead));
   else if (!st.asked)
@@ -231,11 +235,18 @@ caf::behavior job_actor_fn(job_actor_t* self, runtime_core* core, std::shared_pt
         auto& st = self->state;
         if (st.ph != phase::running) return;
         if (m.err) {
-          const auto& lp = *st.ctx->lp;
-          const auto& a = lp.actors[static_cast<std::size_t>(lp.steps[static_cast<std::size_t>(m.step)].actor)];
-          return begin_fail(self, {m.err.code, "device '" + st.core->specs()[static_cast<std::size_t>(a.device)].name +
-                                                   "' step " + std::to_string(m.step) + " (" + lane_name(a.kind, a.lane) +
-                                                   "): " + m.err.message});
+          // The device reported the failure asynchronously: name the step's
+          // device, queue and tensor/op as the executing actor would have.
+          const auto& prog = st.ctx->program();
+          const lowered_step& ls = prog.steps()[static_cast<std::size_t>(m.step)];
+          const launch_queue& q = prog.queues()[static_cast<std::size_t>(ls.queue)];
+          std::string text = "device '" + st.core->specs()[static_cast<std::size_t>(q.device)].name + "' step " +
+                             std::to_string(m.step) + " (" + lane_name(q.kind, q.lane);
+          if (!ls.label.empty()) text += ", " + ls.label;
+          text += "): " + m.err.message;
+          std::string op = !m.err.op.empty() ? m.err.op : ls.subject ? ls.subject->name : std::string{};
+          return begin_fail(self, {m.err.code, std::move(text), m.err.device >= 0 ? m.err.device : q.device, m.step,
+                                   std::move(op)});
         }
         if (--st.remaining == 0) {
           // complete_from_backend() ran before this message was sent and
@@ -251,7 +262,7 @@ caf::behavior job_actor_fn(job_actor_t* self, runtime_core* core, std::shared_pt
       [self](const msg::step_failed& m) { begin_fail(self, m.err); },
       [self](const msg::fail_job& m) { begin_fail(self, m.err); },
       [self](msg::cancel_atom) {
-        begin_fail(self, {errc::cancelled, "job " + std::to_string(self->state.ctx ? self->state.ctx->id : 0) +
+        begin_fail(self, {errc::cancelled, "job " + std::to_string(self->state.ctx ? self->state.ctx->id() : 0) +
                                                " cancelled"});
       },
       [self](const msg::cancel_ack& m) {
@@ -285,7 +296,7 @@ caf::actor spawn_job_actor(caf::actor_system& sys, runtime_core* core, std::shar
   // lazy_init: the actor starts on its first message (the first arena_reply,
   // or cancel), which saves the scheduler a run of its own per job. A plan
   // without devices gets no arena_reply: that job actor starts at once.
-  if (lp->used_devices.empty())
+  if (lp->program->used_devices().empty())
     return sys.spawn(job_actor_fn, core, std::move(ss), std::move(lp), std::move(user_plan), std::move(inputs));
   return sys.spawn<caf::lazy_init>(job_actor_fn, core, std::move(ss), std::move(lp), std::move(user_plan), std::move(inputs));
 }

@@ -6,15 +6,17 @@
 /// each device the plan uses, in ascending device order (two jobs never wait
 /// for each other in opposite orders; the first request is sent by
 /// runtime_core::submit so that jobs queue in submission order), sends
-/// run_job at once to every executing actor whose first step has no remote
-/// dep (needs_run_job; ready messages start the others), counts the
-/// completion steps' step_done, then releases the arenas and unregisters.
+/// run_job at once to the actor of every queue whose first step has no
+/// remote dep (launch_queue::starts_itself; ready messages start the
+/// others), counts the completion steps' step_done, then releases the
+/// arenas and unregisters. State: job_actor_state (its own) and the job
+/// context it builds (job_context.hpp), shared read-only afterwards.
 /// The handle itself is normally fulfilled earlier, by
 /// complete_from_backend() on the backend thread that saw the last completion.
 ///
 /// Failure (step_failed, a failed step_done, fail_job from the runtime on a
 /// device fault) and cancel(): sets the context's cancelled flag, sends
-/// cancel_job to every actor of the plan, waits for each cancel_ack (the
+/// cancel_job to every queue's actor, waits for each cancel_ack (the
 /// actor's launched work finished), releases memory, then fails the job with
 /// the first error (errc::cancelled for cancel()). While still acquiring,
 /// it withdraws its queued request and waits for that device's one answer.
@@ -25,10 +27,13 @@
 #include <caf/actor.hpp>
 #include <caf/actor_system.hpp>
 
-#include "actors/internal.hpp"
+#include "actors/job_context.hpp"
 #include "actors/job_state.hpp"
+#include "actors/loaded_plan.hpp"
 
 namespace ag::actors {
+
+class runtime_core;
 
 /// Host completion fast path, called by the notify callback of a completion
 /// step that finished without error, on the backend thread that observed it

@@ -40,4 +40,13 @@ struct job::shared_state {
   void mark_started(int64_t ns);
 };
 
+namespace actors {
+
+/// Reaches the shared state behind a job handle (the runtime, tests).
+struct job_access {
+  static const std::shared_ptr<job::shared_state>& state(const job& j) noexcept { return j.s_; }
+};
+
+}  // namespace actors
+
 }  // namespace ag

@@ -1,8 +1,9 @@
 // The public runtime (actorgraph.hpp): one CAF actor system + one runtime_core.
 #include <caf/all.hpp>
 
-#include "actors/internal.hpp"
 #include "actors/job_state.hpp"
+#include "actors/runtime_core.hpp"
+#include "actors/scheduler_options.hpp"
 #include "actors/validate_options.hpp"
 #include "messages/registration.hpp"
 

@@ -1,7 +1,7 @@
 #pragma once
 /// \file runtime_actor.hpp
 /// The runtime actor: on device_down tells exactly the jobs on that device
-/// to fail (fail_job), from the job registry (internal.hpp) where job actors
+/// to fail (fail_job), from the job registry (job_registry.hpp) where job actors
 /// add and remove themselves; jobs on other devices are untouched. A job
 /// that registers after its device died fails at once (job_registry::add).
 
@@ -10,7 +10,7 @@
 
 #include <memory>
 
-#include "actors/internal.hpp"
+#include "actors/job_registry.hpp"
 
 namespace ag::actors {
 

@@ -6,6 +6,7 @@
 #include <caf/all.hpp>
 
 #include "actors/job_actor.hpp"
+#include "actors/job_context.hpp"
 #include "messages/atoms.hpp"
 #include "messages/messages.hpp"
 
@@ -15,28 +16,37 @@ namespace {
 
 /// One job as seen by one executing actor.
 struct exec_job {
-  msg::job_ctx_ptr ctx;
-  int actor = -1;
-  int next = 0;                 // position of the next step to launch
-  std::vector<int> waiting;     // remote deps not yet ready, by position
-  // No run_job is still to come: it arrived, or this actor gets none (its
+  msg::job_ref_ptr ref;                 // keeps the job alive while it is here
+  const job_context* ctx = nullptr;     // == &job_of(*ref)
+  int queue = -1;                       // the queue this actor runs for the job's program
+  int next = 0;                         // position of the next step to launch
+  std::vector<int> waiting;             // remote deps not yet ready, by position
+  gpu::op_launch* launches = nullptr;   // this actor's records of the queue (exec_state::scratch)
+  // No run_job is still to come: it arrived, or this queue gets none (its
   // first step waits for a remote dep, so a ready message starts it).
   bool got_run = false;
-  bool launched = false;
+  // A launch failed here, or the job was cancelled: ignore its messages
+  // until cancel_job (which always follows) forgets it.
+  bool dropped = false;
 };
 
 struct exec_state {
   gpu::device_ptr dev;
   int device = -1;
-  exec_kind kind = exec_kind::compute;
+  step_kind kind = step_kind::compute;
   int lane = 0;
-  std::unique_ptr<gpu::stream> stream;
+  std::unique_ptr<gpu::stream> stream;  // null when create_stream failed
+  error stream_error;                   // why it failed
   std::unordered_map<uint64_t, exec_job> jobs;
+  // By loaded plan key: this actor's copy of its queue's launch records
+  // (launch_program::launch_records), made on the plan's first job here and
+  // dropped on unload_plan. Only the data pointers are written, per job.
+  std::unordered_map<uint64_t, std::vector<gpu::op_launch>> scratch;
   // Event pools (timing and plain). An event is reused only when the pool
   // holds its last reference (no job context names it) and it completed.
   std::vector<std::shared_ptr<gpu::event>> pool[2];
   std::size_t cursor[2] = {0, 0};
-  std::vector<std::vector<step_id>> out;     // ready batch per consumer actor
+  std::vector<std::vector<step_id>> out;  // ready batch per consumer queue
   std::vector<int> touched;
 
   static constexpr const char* name = "ag.exec";
@@ -44,7 +54,7 @@ struct exec_state {
 
 using exec_actor_t = caf::stateful_actor<exec_state>;
 
-std::shared_ptr<gpu::event> take_event(exec_state& st, bool timing) {
+expected<std::shared_ptr<gpu::event>> take_event(exec_state& st, bool timing) {
   auto& pool = st.pool[timing ? 1 : 0];
   auto& cur = st.cursor[timing ? 1 : 0];
   const std::size_t n = pool.size();
@@ -56,108 +66,140 @@ std::shared_ptr<gpu::event> take_event(exec_state& st, bool timing) {
       return e;
     }
   }
-  pool.push_back(std::shared_ptr<gpu::event>(st.dev->create_event(timing)));
+  auto fresh = st.dev->create_event(timing);
+  if (!fresh) return fresh.err();
+  pool.push_back(std::shared_ptr<gpu::event>(std::move(*fresh)));
   return pool.back();
 }
 
-std::string describe_step(const exec_state& st, const job_context& ctx, step_id s) {
-  std::string r = "device '" + st.dev->spec().name + "' step " + std::to_string(s) + " (" +
-                  lane_name(st.kind, st.lane);
-  const auto& label = ctx.lp->steps[static_cast<std::size_t>(s)].label;
-  if (!label.empty()) r += ", " + label;
-  r += ")";
+/// The job's error for a failure of step `ls` on this actor: names device,
+/// step (queue and label) and, where one is concerned, the op; keeps the
+/// cause's code and any field the cause set itself.
+error step_error(const exec_state& st, const lowered_step& ls, const std::string& what, const error& cause,
+                 const node* op = nullptr) {
+  std::string m = "device '" + st.dev->spec().name + "' step " + std::to_string(ls.id) + " (" + lane_name(st.kind, st.lane);
+  if (!ls.label.empty()) m += ", " + ls.label;
+  m += ")";
+  if (op) m += " op '" + op->name + "' (" + to_string(op->op) + ")";
+  if (!what.empty()) m += " " + what;
+  m += ": " + cause.message;
+  const node* subject = op ? op : ls.subject;
+  error r{cause.code, std::move(m), cause.device >= 0 ? cause.device : st.device, ls.id,
+          cause.op.empty() && subject ? subject->name : cause.op};
   return r;
 }
 
-/// Enqueues step `s` on the actor's stream. Returns an error naming device,
-/// step and op when the device refuses it.
-error launch_step(exec_state& st, const job_context& ctx, step_id s) {
-  const auto& lp = *ctx.lp;
-  const auto& si = lp.steps[static_cast<std::size_t>(s)];
-  const step& sp = lp.p->at(s);
+/// Enqueues step `s` of `e`'s job on the actor's stream: waits for its
+/// remote deps' end events, its work, its end event; a host notification
+/// for completion steps; and queues the ready messages for its consumers.
+/// Returns the job's error when the device refuses any of it.
+error launch_step(exec_state& st, exec_job& e, step_id s) {
+  const job_context& ctx = *e.ctx;
+  const launch_program& prog = ctx.program();
+  const lowered_step& ls = prog.steps()[static_cast<std::size_t>(s)];
+  if (!st.stream) return step_error(st, ls, "has no stream", st.stream_error);
+  gpu::stream& stream = *st.stream;
   auto& slot = ctx.slots[static_cast<std::size_t>(s)];
   if (ctx.timing) slot.enqueue_ns = gpu::host_clock_ns();
-  for (step_id d : si.remote_dep_ids) {
+  for (step_id d : ls.remote_deps) {
     const auto& ev = ctx.slots[static_cast<std::size_t>(d)].end;
-    if (ev) st.dev->wait(*st.stream, *ev);
+    if (!ev) continue;
+    if (error err = st.dev->wait(stream, *ev)) return step_error(st, ls, "waiting for step " + std::to_string(d), err);
   }
   if (ctx.timing) {
-    slot.start = take_event(st, true);
-    st.dev->record(*slot.start, *st.stream);
+    auto ev = take_event(st, true);
+    if (!ev) return step_error(st, ls, "creating its start event", ev.err());
+    slot.start = std::move(*ev);
+    if (error err = st.dev->record(*slot.start, stream)) return step_error(st, ls, "recording its start", err);
   }
   error err;
-  switch (sp.kind) {
+  // The executor: one case per step kind (the lowering's other half,
+  // launch_program.cpp's lower_step).
+  switch (ls.kind) {
     case step_kind::compute: {
-      // Region bases of this job on this device, by region (weights, arena).
+      // Region bases of this job on this device, by region (arena, weights).
       const bool has_arena = ctx.arenas[static_cast<std::size_t>(st.device)] >= 0;
-      std::byte* const base[2] = {ctx.base(region::weights, st.device),
-                                  has_arena ? ctx.base(region::arena, st.device) : nullptr};
-      const auto at = [&base](const prepared_arg& a) {
-        return static_cast<void*>(base[a.where == region::weights ? 0 : 1] + a.byte_offset);
+      std::byte* const base[2] = {has_arena ? ctx.base(region::arena, st.device) : nullptr,
+                                  ctx.base(region::weights, st.device)};
+      static_assert(static_cast<int>(region::arena) == 0 && static_cast<int>(region::weights) == 1);
+      const auto at = [&base](const operand& a) {
+        return static_cast<void*>(base[static_cast<int>(a.where)] + a.byte_offset);
       };
-      for (std::size_t k = 0; k < si.ops.size(); ++k) {
-        const auto& op = si.ops[k];
-        auto& l = si.launches[k];
+      gpu::op_launch* rec = e.launches + ls.first_launch;
+      for (std::size_t k = 0; k < ls.ops.size(); ++k) {
+        const lowered_op& op = ls.ops[k];
+        gpu::op_launch& l = rec[k];
         l.out.data = at(op.out);
         for (std::size_t i = 0; i < op.inputs.size(); ++i) l.inputs[i].data = at(op.inputs[i]);
-        err = st.dev->launch(*st.stream, l);
-        if (err) {
-          return {err.code, describe_step(st, ctx, s) + " op '" + op.op->name + "' (" + to_string(op.op->op) +
-                                "): " + err.message};
-        }
+        if (error le = st.dev->launch(stream, l)) return step_error(st, ls, {}, le, op.op);
       }
       break;
     }
     case step_kind::copy_h2d: {
-      void* dst = ctx.base(si.dst.where, st.device) + si.dst.byte_offset;
-      err = st.dev->copy_h2d(*st.stream, dst, ctx.inputs[static_cast<std::size_t>(sp.io_index)].data(), si.bytes);
+      const copy_desc& c = ls.copy;
+      void* dst = ctx.base(c.dst.where, st.device) + c.dst.byte_offset;
+      err = st.dev->copy_h2d(stream, dst, ctx.inputs[static_cast<std::size_t>(c.io_index)].data(), c.bytes);
       break;
     }
     case step_kind::copy_d2h: {
-      const void* src = ctx.base(si.src.where, st.device) + si.src.byte_offset;
-      auto& host = si.gather ? ctx.staging[static_cast<std::size_t>(sp.io_index)]
-                             : ctx.outputs[static_cast<std::size_t>(sp.io_index)];
-      err = st.dev->copy_d2h(*st.stream, host.data(), src, si.bytes);
+      const copy_desc& c = ls.copy;
+      const void* src = ctx.base(c.src.where, st.device) + c.src.byte_offset;
+      auto& host = c.gather ? ctx.staging[static_cast<std::size_t>(c.io_index)]
+                            : ctx.outputs[static_cast<std::size_t>(c.io_index)];
+      err = st.dev->copy_d2h(stream, host.data(), src, c.bytes);
       break;
     }
     case step_kind::copy_peer: {
-      void* dst = ctx.base(si.dst.where, st.device) + si.dst.byte_offset;
-      const void* src = ctx.base(si.src.where, sp.src_device) + si.src.byte_offset;
-      auto& src_dev = *lp.mem[static_cast<std::size_t>(sp.src_device)]->dev;
-      err = st.dev->copy_peer(*st.stream, dst, src_dev, src, si.bytes);
+      const copy_desc& c = ls.copy;
+      void* dst = ctx.base(c.dst.where, st.device) + c.dst.byte_offset;
+      const void* src = ctx.base(c.src.where, c.src_device) + c.src.byte_offset;
+      auto& src_dev = *ctx.lp->memory[static_cast<std::size_t>(c.src_device)]->dev;
+      err = st.dev->copy_peer(stream, dst, src_dev, src, c.bytes);
       break;
     }
+    case step_kind::collective:  // lower() and compile() refuse them for now
+      err = {errc::unsupported_op, "collective steps are not executed yet"};
+      break;
   }
-  if (err) return {err.code, describe_step(st, ctx, s) + ": " + err.message};
-  slot.end = take_event(st, ctx.timing);
-  st.dev->record(*slot.end, *st.stream);
-  if (si.completion) {
-    // `keep` holds the job context until the callback ran (it may outlive the
-    // job actor's interest in it only by this callback).
-    st.dev->notify(*st.stream, [keep = ctx.shared_from_this(), s](const error& e) {
-      if (!e) complete_from_backend(*keep);
-      caf::anon_send(keep->job_actor, msg::step_done{keep->id, s, e});
+  if (err) return step_error(st, ls, {}, err);
+  auto end = take_event(st, ctx.timing);
+  if (!end) return step_error(st, ls, "creating its end event", end.err());
+  slot.end = std::move(*end);
+  if (error re = st.dev->record(*slot.end, stream)) return step_error(st, ls, "recording its end", re);
+  if (ls.completion) {
+    // `keep` holds the job context until the callback ran. A notification
+    // that cannot be registered arrives as the callback's error (device.hpp).
+    st.dev->notify(stream, [keep = ctx.shared_from_this(), s](const error& ne) {
+      if (!ne) complete_from_backend(*keep);
+      caf::anon_send(keep->job_actor, msg::step_done{keep->id(), s, ne});
     });
   }
-  for (int a : si.consumer_actors) {
-    auto& v = st.out[static_cast<std::size_t>(a)];
-    if (v.empty()) st.touched.push_back(a);
+  for (int q : ls.consumer_queues) {
+    auto& v = st.out[static_cast<std::size_t>(q)];
+    if (v.empty()) st.touched.push_back(q);
     v.push_back(s);
   }
   return {};
 }
 
-exec_job& entry_for(exec_state& st, const msg::job_ctx_ptr& ctx, int actor) {
-  auto [it, fresh] = st.jobs.try_emplace(ctx->id);
+std::vector<gpu::op_launch>& scratch_for(exec_state& st, const job_context& ctx, int queue) {
+  auto [it, fresh] = st.scratch.try_emplace(ctx.lp->key);
+  if (fresh) it->second = ctx.program().launch_records(queue);
+  return it->second;
+}
+
+exec_job& entry_for(exec_state& st, const msg::job_ref_ptr& ref, int queue) {
+  auto [it, fresh] = st.jobs.try_emplace(ref->job_id());
   auto& e = it->second;
   if (fresh) {
-    e.ctx = ctx;
-    e.actor = actor;
-    const auto& mine = ctx->lp->actors[static_cast<std::size_t>(actor)].steps;
-    e.waiting.resize(mine.size());
-    for (std::size_t i = 0; i < mine.size(); ++i)
-      e.waiting[i] = ctx->lp->steps[static_cast<std::size_t>(mine[i])].remote_deps;
-    e.got_run = !needs_run_job(*ctx->lp, actor);
+    const job_context& ctx = job_of(*ref);
+    e.ref = ref;
+    e.ctx = &ctx;
+    e.queue = queue;
+    const launch_queue& q = ctx.program().queues()[static_cast<std::size_t>(queue)];
+    e.waiting = q.remote_dep_counts;
+    e.got_run = !q.starts_itself;
+    e.launches = scratch_for(st, ctx, queue).data();
   }
   return e;
 }
@@ -166,33 +208,31 @@ exec_job& entry_for(exec_state& st, const msg::job_ctx_ptr& ctx, int actor) {
 /// sends the batched ready messages.
 void advance(exec_actor_t* self, exec_job& e) {
   auto& st = self->state;
-  const auto ctx = e.ctx;  // keeps the context alive past an erase
-  const auto& lp = *ctx->lp;
-  const auto& mine = lp.actors[static_cast<std::size_t>(e.actor)].steps;
-  if (st.out.size() < lp.actors.size()) st.out.resize(lp.actors.size());
-  bool drop = false;
+  const msg::job_ref_ptr ref = e.ref;  // keeps the job alive past an erase
+  const job_context& ctx = *e.ctx;
+  const launch_program& prog = ctx.program();
+  const auto& mine = prog.queues()[static_cast<std::size_t>(e.queue)].steps;
+  if (st.out.size() < prog.queues().size()) st.out.resize(prog.queues().size());
   while (e.next < static_cast<int>(mine.size()) && e.waiting[static_cast<std::size_t>(e.next)] == 0) {
-    if (ctx->cancelled.load(std::memory_order_acquire)) {
-      drop = true;
+    if (ctx.cancelled.load(std::memory_order_acquire)) {
+      e.dropped = true;
       break;
     }
     const step_id s = mine[static_cast<std::size_t>(e.next)];
-    error err = launch_step(st, *ctx, s);
-    e.launched = true;
-    if (err) {
-      self->send(ctx->job_actor, msg::step_failed{ctx->id, s, std::move(err)});
-      drop = true;
+    if (error err = launch_step(st, e, s)) {
+      self->send(ctx.job_actor, msg::step_failed{ctx.id(), s, std::move(err)});
+      e.dropped = true;
       break;
     }
     ++e.next;
   }
   // Steps already launched (even before a failure) are announced: their
   // consumers may be needed for nothing, but nobody waits on a lost ready.
-  for (int a : st.touched) {
-    auto& v = st.out[static_cast<std::size_t>(a)];
-    const auto& to = lp.actors[static_cast<std::size_t>(a)].handle;
+  for (int q : st.touched) {
+    auto& v = st.out[static_cast<std::size_t>(q)];
+    const auto& to = ctx.lp->queue_actors[static_cast<std::size_t>(q)];
     for (std::size_t i = 0; i < v.size(); i += msg::ready::max_steps) {
-      msg::ready r{ctx, a};
+      msg::ready r{ref, q};
       r.count = static_cast<int>(std::min<std::size_t>(msg::ready::max_steps, v.size() - i));
       std::copy_n(v.begin() + static_cast<std::ptrdiff_t>(i), r.count, r.steps.begin());
       self->send(to, std::move(r));
@@ -200,69 +240,83 @@ void advance(exec_actor_t* self, exec_job& e) {
     v.clear();  // keeps its capacity: no allocation on the next batch
   }
   st.touched.clear();
-  if (drop || (e.got_run && e.next == static_cast<int>(mine.size()))) st.jobs.erase(ctx->id);
+  if (!e.dropped && e.got_run && e.next == static_cast<int>(mine.size())) st.jobs.erase(ctx.id());
 }
 
-caf::behavior exec_actor_fn(exec_actor_t* self, gpu::device_ptr dev, exec_kind kind, int lane) {
+/// A handler threw (out of memory): the job fails with an internal error
+/// naming this actor's device; the actor keeps serving.
+void report_exception(exec_actor_t* self, const msg::job_ref_ptr& ref, const std::exception& ex) {
+  const job_context& ctx = job_of(*ref);
+  self->send(ctx.job_actor,
+             msg::step_failed{ctx.id(), -1,
+                              {errc::internal,
+                               "device '" + self->state.dev->spec().name + "' " +
+                                   lane_name(self->state.kind, self->state.lane) + ": " + ex.what(),
+                               self->state.device}});
+}
+
+caf::behavior exec_actor_fn(exec_actor_t* self, gpu::device_ptr dev, step_kind kind, int lane) {
   auto& st = self->state;
   st.dev = std::move(dev);
   st.device = st.dev->index();
   st.kind = kind;
   st.lane = lane;
-  const gpu::stream_role role = kind == exec_kind::compute ? gpu::stream_role::compute
-                                : kind == exec_kind::h2d   ? gpu::stream_role::h2d
-                                : kind == exec_kind::d2h   ? gpu::stream_role::d2h
-                                                           : gpu::stream_role::peer;
-  st.stream = st.dev->create_stream(role);
+  if (auto s = st.dev->create_stream(kind)) st.stream = std::move(*s);
+  else st.stream_error = s.err();  // every step sent here fails with it
   return {
       [self](const msg::run_job& m) {
         try {
-          if (m.ctx->cancelled.load(std::memory_order_acquire)) return;
-          auto& e = entry_for(self->state, m.ctx, m.actor);
+          if (job_of(*m.job).cancelled.load(std::memory_order_acquire)) return;
+          auto& e = entry_for(self->state, m.job, m.queue);
+          if (e.dropped) return;
           e.got_run = true;
           advance(self, e);
         } catch (const std::exception& ex) {
-          self->send(m.ctx->job_actor, msg::step_failed{m.ctx->id, -1, {errc::internal, ex.what()}});
+          report_exception(self, m.job, ex);
         }
       },
       [self](const msg::ready& m) {
         try {
-          if (m.ctx->cancelled.load(std::memory_order_acquire)) return;
-          auto& e = entry_for(self->state, m.ctx, m.actor);
-          const auto& lp = *m.ctx->lp;
-          for (int k = 0; k < m.count; ++k) {
-            const step_id p = m.steps[static_cast<std::size_t>(k)];
-            for (step_id c : lp.p->at(p).consumers) {
-              const auto& ci = lp.steps[static_cast<std::size_t>(c)];
-              if (ci.actor == m.actor) --e.waiting[static_cast<std::size_t>(ci.pos)];
-            }
-          }
+          const job_context& ctx = job_of(*m.job);
+          if (ctx.cancelled.load(std::memory_order_acquire)) return;
+          auto& e = entry_for(self->state, m.job, m.queue);
+          if (e.dropped) return;
+          const auto& steps = ctx.program().steps();
+          for (int k = 0; k < m.count; ++k)
+            for (const queue_pos& c : steps[static_cast<std::size_t>(m.steps[static_cast<std::size_t>(k)])].remote_consumers)
+              if (c.queue == m.queue) --e.waiting[static_cast<std::size_t>(c.pos)];
           advance(self, e);
         } catch (const std::exception& ex) {
-          self->send(m.ctx->job_actor, msg::step_failed{m.ctx->id, -1, {errc::internal, ex.what()}});
+          report_exception(self, m.job, ex);
         }
       },
-      // Tests: the number of jobs this actor still holds state for.
-      [self](msg::stats_atom) -> int64_t { return static_cast<int64_t>(self->state.jobs.size()); },
       [self](const msg::cancel_job& m) {
         auto& st = self->state;
-        st.jobs.erase(m.ctx->id);
+        st.jobs.erase(m.job->job_id());
+        const job_context& ctx = job_of(*m.job);
+        if (!st.stream) {
+          self->send(ctx.job_actor, msg::cancel_ack{ctx.id()});  // nothing was launched here
+          return;
+        }
         // Launched work of this job is before this point of the stream.
-        st.dev->notify(*st.stream, [who = m.ctx->job_actor, job = m.ctx->id](const error&) {
+        st.dev->notify(*st.stream, [who = ctx.job_actor, job = ctx.id()](const error&) {
           caf::anon_send(who, msg::cancel_ack{job});
         });
       },
+      [self](const msg::unload_plan& m) { self->state.scratch.erase(m.plan_key); },
+      // Tests: the number of jobs this actor still holds state for.
+      [self](msg::stats_atom) -> int64_t { return static_cast<int64_t>(self->state.jobs.size()); },
   };
 }
 
 }  // namespace
 
-caf::actor spawn_exec_actor(caf::actor_system& sys, gpu::device_ptr dev, exec_kind kind, int lane) {
+caf::actor spawn_exec_actor(caf::actor_system& sys, gpu::device_ptr dev, step_kind kind, int lane) {
   return sys.spawn(exec_actor_fn, std::move(dev), kind, lane);
 }
 
 caf::actor spawn_stream_actor(caf::actor_system& sys, gpu::device_ptr dev, int lane) {
-  return spawn_exec_actor(sys, std::move(dev), exec_kind::compute, lane);
+  return spawn_exec_actor(sys, std::move(dev), step_kind::compute, lane);
 }
 
 }  // namespace ag::actors

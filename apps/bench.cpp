@@ -11,7 +11,8 @@
 //                              jobs submitted together, vs the same model on 1
 //   pipeline_efficiency_n4_m16 speedup / (N*M / (M+N-1)), the ideal for a
 //                              pipeline of N equal stages and M micro-batches
-// Flags (--name=value): --devices=4 --micro=16 --stage-ms=2 --repeats=3
+// Flags (--name=value or --name value; --help lists them with their defaults):
+//   --devices=4 --micro=16 --stage-ms=2 --repeats=3
 //   --dispatch-jobs=2000 --dispatch-layers=32 --dispatch-branches=16 --dispatch-devices=2
 //   --in-flight=64 --threads=0 (CAF scheduler threads, 0: default)
 //   --sched-max-throughput=1 --sched-idle-steal-us=1000 (runtime_options::scheduler_*, 0: CAF's default)
@@ -21,29 +22,12 @@
 #include <cstdio>
 #include <cstdlib>
 #include <deque>
-#include <map>
 #include <string>
 
 #include "actors/actorgraph.hpp"
+#include "apps/common/flags.hpp"
 
 namespace {
-
-std::map<std::string, std::string> parse_flags(int argc, char** argv) {
-  std::map<std::string, std::string> f;
-  for (int i = 1; i < argc; ++i) {
-    std::string a = argv[i];
-    if (a.rfind("--", 0) != 0) continue;
-    auto eq = a.find('=');
-    if (eq == std::string::npos) f[a.substr(2)] = "1";
-    else f[a.substr(2, eq - 2)] = a.substr(eq + 1);
-  }
-  return f;
-}
-
-double flag(const std::map<std::string, std::string>& f, const std::string& k, double def) {
-  auto it = f.find(k);
-  return it == f.end() ? def : std::atof(it->second.c_str());
-}
 
 double now_s() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
@@ -180,26 +164,33 @@ double run_pipeline(int devices, int stages, int micro, double stage_ms, int rep
 }  // namespace
 
 int main(int argc, char** argv) {
-  auto f = parse_flags(argc, argv);
-  const int n = static_cast<int>(flag(f, "devices", 4));
-  const int m = static_cast<int>(flag(f, "micro", 16));
-  const double stage_ms = flag(f, "stage-ms", 2.0);
-  const int repeats = static_cast<int>(flag(f, "repeats", 3));
-  const int threads = static_cast<int>(flag(f, "threads", 0));
-  base_options.scheduler_max_throughput =
-      static_cast<int>(flag(f, "sched-max-throughput", base_options.scheduler_max_throughput));
-  base_options.scheduler_idle_steal_us =
-      static_cast<int>(flag(f, "sched-idle-steal-us", base_options.scheduler_idle_steal_us));
+  int n = 4, m = 16, repeats = 3, threads = 0;
+  double stage_ms = 2.0;
+  int dispatch_devices = 2, branches = 16, layers = 32, dispatch_jobs = 2000, in_flight = 64, only = 0;
+  ag::apps::flags app("actorgraph-bench",
+                                      "actorgraph-bench: dispatch cost per split and pipeline speedup on simulated devices");
+  app.add_option("--devices", n, "sim devices (= pipeline stages) for the pipeline figure")->check(CLI::Range(1, 1024));
+  app.add_option("--micro", m, "micro-batch jobs per pipeline round")->check(CLI::Range(1, 1000000));
+  app.add_option("--stage-ms", stage_ms, "simulated milliseconds per pipeline stage")->check(CLI::PositiveNumber);
+  app.add_option("--repeats", repeats, "pipeline rounds (the best counts)")->check(CLI::Range(1, 1000));
+  app.add_option("--threads", threads, "CAF scheduler threads (0: CAF's default)")->check(CLI::NonNegativeNumber);
+  app.add_option("--sched-max-throughput", base_options.scheduler_max_throughput,
+                 "runtime_options::scheduler_max_throughput (0: CAF's default)");
+  app.add_option("--sched-idle-steal-us", base_options.scheduler_idle_steal_us,
+                 "runtime_options::scheduler_idle_steal_us (0: CAF's default)");
+  app.add_option("--dispatch-devices", dispatch_devices, "devices of the dispatch jobs")->check(CLI::Range(1, 1024));
+  app.add_option("--dispatch-branches", branches, "independent chains per dispatch job")->check(CLI::Range(1, 4096));
+  app.add_option("--dispatch-layers", layers, "layers of each chain")->check(CLI::Range(1, 4096));
+  app.add_option("--dispatch-jobs", dispatch_jobs, "dispatch jobs timed")->check(CLI::Range(1, 100000000));
+  app.add_option("--in-flight", in_flight, "dispatch jobs in flight at once")->check(CLI::Range(1, 1000000));
+  app.add_option("--dispatch-only", only,
+                 "1: many-split jobs only, 2: 6-split jobs only, 3: 1-3 op splits only (for profilers); 0: everything")
+      ->check(CLI::Range(0, 3));
+  if (auto status = ag::apps::parse_flags(app, argc, argv)) return *status;
 
   // Dispatch cost: jobs of many small splits (the headline figure), and small
   // jobs of 6 splits, where the fixed per-job cost (job actor, arenas, handle)
   // is spread over few splits.
-  const int dispatch_devices = static_cast<int>(flag(f, "dispatch-devices", 2));
-  const int branches = static_cast<int>(flag(f, "dispatch-branches", 16));
-  const int layers = static_cast<int>(flag(f, "dispatch-layers", 32));
-  const int dispatch_jobs = static_cast<int>(flag(f, "dispatch-jobs", 2000));
-  const int in_flight = static_cast<int>(flag(f, "in-flight", 64));
-  const int only = static_cast<int>(flag(f, "dispatch-only", 0));  // 1: many splits, 2: small jobs, 3: 2-branch
   if (only != 0) {
     auto r = only == 1   ? run_dispatch(dispatch_devices, branches, layers, dispatch_jobs, in_flight, threads)
              : only == 2 ? run_dispatch(dispatch_devices, branches, dispatch_devices, dispatch_jobs, in_flight, threads)

@@ -1,6 +1,6 @@
 // actorgraph-cuda-bench: kernel and completion benchmarks of the CUDA backend.
 // Prints a table and `name: value` lines (docs/BENCHMARKS.md records them).
-//   actorgraph-cuda-bench [--quick]
+//   actorgraph-cuda-bench [--quick]   (--help)
 // Uses only the device interface (gpu/device.hpp) plus the CUDA backend's
 // entry points: apps include no CUDA header.
 #include <algorithm>
@@ -11,6 +11,7 @@
 #include <thread>
 #include <vector>
 
+#include "apps/common/flags.hpp"
 #include "gpu/cuda/cuda_backend.hpp"
 #include "gpu/device.hpp"
 #include "graph/graph.hpp"
@@ -83,12 +84,12 @@ struct bound_graph {
 /// Median seconds per enqueue() of g over `iters` runs (GPU time from timing events).
 double time_graph(gpu::device& d, const graph& g, int iters) {
   bound_graph bg(d, g);
-  auto s = d.create_stream(gpu::stream_role::compute);
+  auto s = d.create_stream(ag::step_kind::compute).value();
   for (int i = 0; i < 3; ++i) bg.enqueue(*s);
   d.synchronize(*s);
   std::vector<double> t;
   for (int i = 0; i < iters; ++i) {
-    auto e0 = d.create_event(true), e1 = d.create_event(true);
+    auto e0 = d.create_event(true).value(), e1 = d.create_event(true).value();
     d.record(*e0, *s);
     bg.enqueue(*s);
     d.record(*e1, *s);
@@ -140,7 +141,7 @@ void bench_notify(const gpu::device_ptr& d, gpu::cuda::notify_mode mode, const c
   gpu::cuda::set_notify_mode(*d, mode);
   graph g = one_op(dtype::f32, {256}, [](graph_builder& b, tensor x) { return b.scale(x, 2.0f); });
   bound_graph bg(*d, g);
-  auto s = d->create_stream(gpu::stream_role::compute);
+  auto s = d->create_stream(ag::step_kind::compute).value();
   std::vector<double> lat;
   for (int i = 0; i < iters + 50; ++i) {
     std::atomic<int64_t> done_at{0};
@@ -161,10 +162,10 @@ void bench_peer(const std::vector<gpu::device_ptr>& ds) {
   auto a = ds[0]->allocate(bytes);
   auto b = ds[1]->allocate(bytes);
   if (!a || !b) return;
-  auto s = ds[1]->create_stream(gpu::stream_role::peer);
+  auto s = ds[1]->create_stream(ag::step_kind::copy_peer).value();
   for (int i = 0; i < 3; ++i) ds[1]->copy_peer(*s, *b, *ds[0], *a, bytes);
   ds[1]->synchronize(*s);
-  auto e0 = ds[1]->create_event(true), e1 = ds[1]->create_event(true);
+  auto e0 = ds[1]->create_event(true).value(), e1 = ds[1]->create_event(true).value();
   const int iters = 20;
   ds[1]->record(*e0, *s);
   for (int i = 0; i < iters; ++i) ds[1]->copy_peer(*s, *b, *ds[0], *a, bytes);
@@ -179,7 +180,11 @@ void bench_peer(const std::vector<gpu::device_ptr>& ds) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  const bool quick = argc > 1 && std::string(argv[1]) == "--quick";
+  bool quick = false;
+  ag::apps::flags app("actorgraph-cuda-bench",
+                                      "actorgraph-cuda-bench: kernel throughput and host-completion latency of the CUDA backend");
+  app.add_flag("--quick", quick, "fewer iterations (a smoke run)");
+  if (auto status = ag::apps::parse_flags(app, argc, argv)) return *status;
   const int n_gpus = gpu::cuda::device_count();
   if (n_gpus <= 0) {
     std::printf("no CUDA device: nothing to benchmark\n");

@@ -18,7 +18,7 @@
 //      ideal = N*M / (M+N-1).
 //
 // Only the public API is used (actors/actorgraph.hpp, graph/models).
-// Flags: --name=value or --name value; --help lists them.
+// Flags: --name=value or --name value; --help lists them with their defaults.
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -33,6 +33,7 @@
 #include <vector>
 
 #include "actors/actorgraph.hpp"
+#include "apps/common/flags.hpp"
 #include "graph/models/transformer.hpp"
 
 namespace {
@@ -73,134 +74,81 @@ struct options {
   bool skip_forward = false, skip_idle = false, skip_completion = false, skip_pipeline = false;
 };
 
-void usage() {
-  std::puts(
-      "actorgraph-e2e-bench [flags]   (--name=value or --name value)\n"
-      "  --devices=cuda:all      device spec (sim:2, cpu:1, cuda:0,1, ...)\n"
-      "  --small                 small model defaults (for sim/cpu devices); explicit flags still win\n"
-      "  --variant=llama         llama | gpt2\n"
-      "  --layers=12 --d-model=2048 --heads=16 --kv-heads=0 (0: = heads) --ff=5632 --vocab=4096\n"
-      "  --seq=512 --batch=8 --dtype=bf16 (f32 | f16 | bf16)\n"
-      "  --runs=20 --warmup=3    timed / untimed forward jobs (figures 1, 2)\n"
-      "  --lanes=1               compute lanes (streams) per device the planner may use (figures 1, 4)\n"
-      "  --idle-lanes=2 --idle-min-branch-us=20   plan for figure 2 when the figure-1 plan is one split\n"
-      "  --arenas=8              activation arenas per device and plan (jobs in flight)\n"
-      "  --threads=0             CAF scheduler threads (0: CAF default)\n"
-      "  --sched-max-throughput=1 --sched-idle-steal-us=1000   runtime_options::scheduler_* (0: CAF's default)\n"
-      "  --micro-batches=32 --micro-batch-size=2 --pipeline-repeats=3   (figure 4)\n"
-      "  --pipeline-runs=1       measure figure 4 this many times (1 and 2 devices each time); the figure is\n"
-      "                          their median, the diagnostics are of the worst run\n"
-      "  --tiny-jobs=2000        jobs for the host-completion latency (figure 3)\n"
-      "  --torch-ms=X            torch_forward_ms of scripts/torch_e2e_ref.py: prints e2e_ratio_vs_torch\n"
-      "  --torch-pinned-ms=X     torch_forward_pinned_ms of it: prints e2e_ratio_vs_torch_pinned\n"
-      "  --sim-values            sim devices compute real values (default: timing only)\n"
-      "  --pageable-outputs      job outputs on the heap (runtime_options::pinned_outputs = false)\n"
-      "  --chrome-trace=FILE     write the trace of one timed forward job (Perfetto / chrome://tracing)\n"
-      "  --pipeline-trace=FILE   write the trace of the last 2-device pipeline round\n"
-      "  --skip-forward --skip-idle --skip-completion --skip-pipeline");
-}
-
 [[noreturn]] void die(const std::string& what, const std::string& why) {
   std::fprintf(stderr, "actorgraph-e2e-bench: %s: %s\n", what.c_str(), why.c_str());
   std::exit(1);
 }
 [[noreturn]] void die(const std::string& what, const ag::error& e) { die(what, e.to_string()); }
 
-options parse(int argc, char** argv) {
-  std::map<std::string, std::string> f;
-  for (int i = 1; i < argc; ++i) {
-    std::string a = argv[i];
-    if (a == "-h" || a == "--help") {
-      usage();
-      std::exit(0);
-    }
-    if (a.rfind("--", 0) != 0) die("flags", "unexpected argument '" + a + "' (see --help)");
-    a = a.substr(2);
-    if (auto eq = a.find('='); eq != std::string::npos) {
-      f[a.substr(0, eq)] = a.substr(eq + 1);
-    } else if (a == "small" || a == "sim-values" || a == "pageable-outputs" || a.rfind("skip-", 0) == 0) {
-      f[a] = "1";
-    } else if (i + 1 < argc) {
-      f[a] = argv[++i];
-    } else {
-      die("flags", "--" + a + " needs a value");
-    }
+// Parses the flags into `o`; nullopt to go on, else main's exit status
+// (0 after --help, 2 for a bad flag).
+std::optional<int> parse(int argc, char** argv, options& o) {
+  ag::apps::flags app("actorgraph-e2e-bench",
+                                      "actorgraph-e2e-bench: end-to-end transformer figures through the public API "
+                                      "(forward latency, GPU idle fraction, host completion latency, 2-device pipeline)");
+  app.add_option("--devices", o.devices, "device spec (sim:2, cpu:1, cuda:0,1, ...)");
+  app.add_flag("--small", o.small, "small model defaults (for sim/cpu devices); explicit flags still win");
+  app.add_option("--variant", o.variant, "model variant")->check(CLI::IsMember({"llama", "gpt2"}));
+  app.add_option("--layers", o.layers)->check(CLI::PositiveNumber);
+  app.add_option("--d-model", o.d_model)->check(CLI::PositiveNumber);
+  app.add_option("--heads", o.heads)->check(CLI::PositiveNumber);
+  app.add_option("--kv-heads", o.kv_heads, "key/value heads (0: = heads)")->check(CLI::NonNegativeNumber);
+  app.add_option("--ff", o.ff)->check(CLI::PositiveNumber);
+  app.add_option("--vocab", o.vocab)->check(CLI::PositiveNumber);
+  app.add_option("--seq", o.seq)->check(CLI::PositiveNumber);
+  app.add_option("--batch", o.batch)->check(CLI::PositiveNumber);
+  app.add_option("--dtype", o.dtype)->check(CLI::IsMember({"f32", "f16", "bf16"}));
+  app.add_option("--runs", o.runs, "timed forward jobs (figures 1, 2)")->check(CLI::PositiveNumber);
+  app.add_option("--warmup", o.warmup, "untimed forward jobs first")->check(CLI::NonNegativeNumber);
+  app.add_option("--lanes", o.lanes, "compute lanes (streams) per device the planner may use (figures 1, 4)")->check(CLI::PositiveNumber);
+  app.add_option("--idle-lanes", o.idle_lanes, "lanes of the figure-2 plan when the figure-1 plan is one split")->check(CLI::PositiveNumber);
+  app.add_option("--idle-min-branch-us", o.idle_min_branch_us, "min_branch_seconds of that plan, in us")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--arenas", o.arenas, "activation arenas per device and plan (jobs in flight)")->check(CLI::PositiveNumber);
+  app.add_option("--threads", o.threads, "CAF scheduler threads (0: CAF default)")->check(CLI::NonNegativeNumber);
+  app.add_option("--sched-max-throughput", o.sched_max_throughput, "runtime_options::scheduler_max_throughput (0: CAF's default)");
+  app.add_option("--sched-idle-steal-us", o.sched_idle_steal_us, "runtime_options::scheduler_idle_steal_us (0: CAF's default)");
+  app.add_option("--micro-batches", o.micro_batches, "micro-batch jobs of figure 4")->check(CLI::PositiveNumber);
+  app.add_option("--micro-batch-size", o.micro_batch_size, "batch of each micro-batch job (figure 4)")->check(CLI::PositiveNumber);
+  app.add_option("--pipeline-repeats", o.pipeline_repeats, "rounds per figure-4 measurement")->check(CLI::PositiveNumber);
+  app.add_option("--pipeline-runs", o.pipeline_runs,
+                 "measure figure 4 this many times (1 and 2 devices each time); the figure is their median, the "
+                 "diagnostics are of the worst run")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--tiny-jobs", o.tiny_jobs, "jobs for the host-completion latency (figure 3)")->check(CLI::PositiveNumber);
+  app.add_option("--torch-ms", o.torch_ms, "torch_forward_ms of scripts/torch_e2e_ref.py: prints e2e_ratio_vs_torch");
+  app.add_option("--torch-pinned-ms", o.torch_pinned_ms, "torch_forward_pinned_ms of it: prints e2e_ratio_vs_torch_pinned");
+  app.add_flag("--sim-values", o.sim_values, "sim devices compute real values (default: timing only)");
+  app.add_flag("--pageable-outputs", o.pageable_outputs, "job outputs on the heap (runtime_options::pinned_outputs = false)");
+  app.add_option("--chrome-trace", o.chrome_trace, "write the trace of one timed forward job (Perfetto / chrome://tracing)")
+      ->option_text("FILE");
+  app.add_option("--pipeline-trace", o.pipeline_trace, "write the trace of the last 2-device pipeline round")->option_text("FILE");
+  app.add_flag("--skip-forward", o.skip_forward);
+  app.add_flag("--skip-idle", o.skip_idle);
+  app.add_flag("--skip-completion", o.skip_completion);
+  app.add_flag("--skip-pipeline", o.skip_pipeline);
+  if (auto status = ag::apps::parse_flags(app, argc, argv)) return status;
+  if (o.small) {
+    // Small defaults for what the command line left alone.
+    auto small = [&](const char* flag, auto& field, auto value) {
+      if (!ag::apps::given(app, flag)) field = value;
+    };
+    small("--layers", o.layers, 4);
+    small("--d-model", o.d_model, 256);
+    small("--heads", o.heads, 4);
+    small("--ff", o.ff, 704);
+    small("--vocab", o.vocab, 512);
+    small("--seq", o.seq, 64);
+    small("--batch", o.batch, 2);
+    small("--runs", o.runs, 10);
+    small("--warmup", o.warmup, 2);
+    small("--micro-batches", o.micro_batches, 32);
+    small("--micro-batch-size", o.micro_batch_size, 1);
+    small("--pipeline-repeats", o.pipeline_repeats, 2);
+    small("--tiny-jobs", o.tiny_jobs, 300);
+    small("--idle-min-branch-us", o.idle_min_branch_us, 2.0);
   }
-  options o;
-  if (f.count("small")) {
-    o.small = true;
-    o.layers = 4;
-    o.d_model = 256;
-    o.heads = 4;
-    o.ff = 704;
-    o.vocab = 512;
-    o.seq = 64;
-    o.batch = 2;
-    o.runs = 10;
-    o.warmup = 2;
-    o.micro_batches = 32;
-    o.micro_batch_size = 1;
-    o.pipeline_repeats = 2;
-    o.tiny_jobs = 300;
-    o.idle_min_branch_us = 2;
-  }
-  auto take = [&](const char* k) -> std::optional<std::string> {
-    auto it = f.find(k);
-    if (it == f.end()) return std::nullopt;
-    std::string v = std::move(it->second);
-    f.erase(it);
-    return v;
-  };
-  auto num = [&](const char* k, auto& out) {
-    auto it = f.find(k);
-    if (it == f.end()) return;
-    char* end = nullptr;
-    const double v = std::strtod(it->second.c_str(), &end);
-    if (end == it->second.c_str() || *end != '\0') die("flags", std::string("--") + k + ": not a number: " + it->second);
-    out = static_cast<std::remove_reference_t<decltype(out)>>(v);
-    f.erase(it);
-  };
-  if (auto v = take("devices")) o.devices = *v;
-  if (auto v = take("variant")) o.variant = *v;
-  if (auto v = take("dtype")) o.dtype = *v;
-  if (auto v = take("chrome-trace")) o.chrome_trace = *v;
-  if (auto v = take("pipeline-trace")) o.pipeline_trace = *v;
-  num("layers", o.layers);
-  num("d-model", o.d_model);
-  num("heads", o.heads);
-  num("kv-heads", o.kv_heads);
-  num("ff", o.ff);
-  num("vocab", o.vocab);
-  num("seq", o.seq);
-  num("batch", o.batch);
-  num("runs", o.runs);
-  num("warmup", o.warmup);
-  num("lanes", o.lanes);
-  num("idle-lanes", o.idle_lanes);
-  num("idle-min-branch-us", o.idle_min_branch_us);
-  num("arenas", o.arenas);
-  num("threads", o.threads);
-  num("sched-max-throughput", o.sched_max_throughput);
-  num("sched-idle-steal-us", o.sched_idle_steal_us);
-  num("micro-batches", o.micro_batches);
-  num("micro-batch-size", o.micro_batch_size);
-  num("pipeline-repeats", o.pipeline_repeats);
-  num("pipeline-runs", o.pipeline_runs);
-  num("tiny-jobs", o.tiny_jobs);
-  num("torch-ms", o.torch_ms);
-  num("torch-pinned-ms", o.torch_pinned_ms);
-  o.sim_values = take("sim-values").has_value();
-  o.pageable_outputs = take("pageable-outputs").has_value();
-  take("small");
-  o.skip_forward = take("skip-forward").has_value();
-  o.skip_idle = take("skip-idle").has_value();
-  o.skip_completion = take("skip-completion").has_value();
-  o.skip_pipeline = take("skip-pipeline").has_value();
-  if (!f.empty()) die("flags", "unknown flag --" + f.begin()->first + " (see --help)");
-  if (o.runs < 1 || o.warmup < 0 || o.micro_batches < 1 || o.pipeline_repeats < 1 || o.pipeline_runs < 1 || o.tiny_jobs < 1 || o.arenas < 1 ||
-      o.lanes < 1)
-    die("flags", "--runs, --micro-batches, --pipeline-repeats, --pipeline-runs, --tiny-jobs, --arenas, --lanes must be >= 1");
-  return o;
+  return std::nullopt;
 }
 
 ag::models::transformer_config model_config(const options& o, int64_t batch) {
@@ -763,7 +711,8 @@ void run_pipeline(const options& o, ag::runtime& rt) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  const options o = parse(argc, argv);
+  options o;
+  if (auto status = parse(argc, argv, o)) return *status;
   auto rt = make_runtime(o);
   {
     std::string names;

@@ -3,7 +3,7 @@
 //
 //   actorgraph-plan-demo [--layers N] [--devices N] [--lanes N] [--d-model N]
 //                        [--seq N] [--batch N] [--variant gpt2|llama]
-//                        [--min-branch-us X] [--dot]
+//                        [--min-branch-us X] [--dot]      (--help: defaults)
 //
 // Defaults: 12 layers, 4 devices, 1 lane, d_model 256 (small, so the
 // weights the graph owns stay a few MiB).
@@ -14,25 +14,9 @@
 #include <memory>
 #include <string>
 
+#include "apps/common/flags.hpp"
 #include "graph/models/transformer.hpp"
 #include "graph/plan.hpp"
-
-namespace {
-
-void usage() {
-  std::fprintf(stderr,
-               "usage: actorgraph-plan-demo [--layers N] [--devices N] [--lanes N] [--d-model N]\n"
-               "                            [--seq N] [--batch N] [--variant gpt2|llama] [--min-branch-us X]\n"
-               "                            [--dot]\n");
-}
-
-bool parse_int(const char* s, long long& out) {
-  char* end = nullptr;
-  out = std::strtoll(s, &end, 10);
-  return end != s && *end == '\0';
-}
-
-}  // namespace
 
 int main(int argc, char** argv) {
   ag::models::transformer_config cfg;
@@ -46,30 +30,25 @@ int main(int argc, char** argv) {
   int devices = 4;
   ag::plan_options opt;
   bool dot = false;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (a == "--dot") { dot = true; continue; }
-    if (a == "--help" || a == "-h") { usage(); return 0; }
-    if (i + 1 >= argc) { usage(); return 2; }
-    const char* v = argv[++i];
-    long long n = 0;
-    if (a == "--min-branch-us") {
-      opt.min_branch_seconds = std::atof(v) * 1e-6;
-      continue;
-    }
-    if (a == "--variant") {
-      if (!ag::models::parse_variant(v, cfg.variant)) { std::fprintf(stderr, "unknown variant '%s'\n", v); return 2; }
-      continue;
-    }
-    if (!parse_int(v, n) || n <= 0) { std::fprintf(stderr, "%s needs a positive integer, got '%s'\n", a.c_str(), v); return 2; }
-    if (a == "--layers") cfg.n_layers = static_cast<int>(n);
-    else if (a == "--devices") devices = static_cast<int>(n);
-    else if (a == "--lanes") opt.lanes_per_device = static_cast<int>(n);
-    else if (a == "--d-model") cfg.d_model = n, cfg.d_ff = 4 * n;
-    else if (a == "--seq") cfg.seq_len = n;
-    else if (a == "--batch") cfg.batch = n;
-    else { usage(); return 2; }
-  }
+  std::string variant = "gpt2";
+  double min_branch_us = opt.min_branch_seconds * 1e6;
+  ag::apps::flags app("actorgraph-plan-demo",
+                                      "actorgraph-plan-demo: plans a transformer over simulated H100s, prints the plan "
+                                      "and proves it with check_hazards");
+  const auto positive = CLI::Range(1, 1 << 30);
+  app.add_option("--layers", cfg.n_layers)->check(positive);
+  app.add_option("--devices", devices, "simulated H100s to plan over")->check(CLI::Range(1, 1024));
+  app.add_option("--lanes", opt.lanes_per_device, "compute lanes per device")->check(CLI::Range(1, 64));
+  app.add_option("--d-model", cfg.d_model, "model width (the MLP is 4x as wide)")->check(positive);
+  app.add_option("--seq", cfg.seq_len)->check(positive);
+  app.add_option("--batch", cfg.batch)->check(positive);
+  app.add_option("--variant", variant)->check(CLI::IsMember({"gpt2", "llama"}));
+  app.add_option("--min-branch-us", min_branch_us, "plan_options::min_branch_seconds, in us")->check(CLI::NonNegativeNumber);
+  app.add_flag("--dot", dot, "print the plan as DOT instead");
+  if (auto status = ag::apps::parse_flags(app, argc, argv)) return *status;
+  if (ag::apps::given(app, "--d-model")) cfg.d_ff = 4 * cfg.d_model;
+  ag::models::parse_variant(variant, cfg.variant);
+  opt.min_branch_seconds = min_branch_us * 1e-6;
 
   auto g = ag::models::build_transformer(cfg);
   if (!g) { std::fprintf(stderr, "build_transformer: %s\n", g.err().to_string().c_str()); return 1; }

@@ -19,4 +19,6 @@ set(ACTORGRAPH_PUBLIC_HEADERS
   graph/random.hpp
   graph/reference.hpp
   graph/shape.hpp
+  graph/step_kind.hpp
+  graph/tensor_parallel.hpp
   graph/weight_source.hpp)

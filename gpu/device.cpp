@@ -10,14 +10,4 @@ int64_t host_clock_ns() noexcept {
       .count();
 }
 
-const char* to_string(stream_role r) noexcept {
-  switch (r) {
-    case stream_role::compute: return "compute";
-    case stream_role::h2d: return "h2d";
-    case stream_role::d2h: return "d2h";
-    case stream_role::peer: return "peer";
-  }
-  return "?";
-}
-
 }  // namespace ag::gpu

@@ -22,21 +22,21 @@
 #include "graph/cost_model.hpp"
 #include "graph/error.hpp"
 #include "graph/graph.hpp"
+#include "graph/step_kind.hpp"
 
 namespace ag::gpu {
 
 /// Nanoseconds on the host's steady clock: the one clock all traces use.
 int64_t host_clock_ns() noexcept;
 
-/// What a stream is for. Copy streams map to copy engines on CUDA.
-enum class stream_role : uint8_t { compute = 0, h2d = 1, d2h = 2, peer = 3 };
-const char* to_string(stream_role r) noexcept;
-
-/// An in-order queue of work on one device. Opaque; created by a device.
+/// An in-order queue of work on one device. Opaque; created by a device for
+/// the kind of step it serves (ag::step_kind, graph/step_kind.hpp): copy
+/// kinds map to copy engines on CUDA.
 class stream {
  public:
   virtual ~stream() = default;
-  virtual stream_role role() const noexcept = 0;
+  /// The step kind whose queue this stream serves.
+  virtual step_kind kind() const noexcept = 0;
 };
 
 /// A point in a stream. `record` re-arms it; `wait` waits for the last record
@@ -132,13 +132,21 @@ class device {
   virtual error download(void* dst, const void* src, int64_t bytes) = 0;
 
   // --- streams and events ---
-  virtual std::unique_ptr<stream> create_stream(stream_role role) = 0;
-  virtual std::unique_ptr<event> create_event(bool timing = false) = 0;
-  /// Marks the current end of `s` in `e`.
-  virtual void record(event& e, stream& s) = 0;
+  // Calls that can fail return the error (code, message naming the device,
+  // error::device set) to the caller, which fails the step or job that made
+  // them; no backend prints an error instead of returning it.
+  /// A stream serving the queue of step kind `kind` (copy kinds use copy
+  /// engines where the device has them). Fails when the device is dead or
+  /// out of resources.
+  virtual expected<std::unique_ptr<stream>> create_stream(step_kind kind) = 0;
+  virtual expected<std::unique_ptr<event>> create_event(bool timing = false) = 0;
+  /// Marks the current end of `s` in `e`. Fails for an event or stream this
+  /// device cannot use, or a device error.
+  virtual error record(event& e, stream& s) = 0;
   /// Work enqueued on `s` after this waits for `e`, which may belong to any
-  /// stream of any device of any backend. The host does not wait.
-  virtual void wait(stream& s, const event& e) = 0;
+  /// stream of any device of any backend. The host does not wait. Fails for a
+  /// stream of another device, or a device error.
+  virtual error wait(stream& s, const event& e) = 0;
 
   // --- work (all asynchronous, in stream order) ---
   /// Enqueues one op. Returns an error at once for bad arguments, an op this
@@ -153,7 +161,11 @@ class device {
   virtual error copy_peer(stream& s, void* dst, device& src_dev, const void* src, int64_t bytes) = 0;
   /// Calls `done` on a backend thread once all work enqueued on `s` so far has
   /// completed: with ok, or with the error that stopped it (device_failed,
-  /// op_failed for an asynchronous kernel fault). Called exactly once.
+  /// op_failed for an asynchronous kernel fault). Called exactly once, also
+  /// when the notification cannot be registered (a dead device, no event
+  /// left, a stream of another device): `done` then gets that error. So
+  /// notify itself never fails, and its caller learns of every failure
+  /// through the one path.
   virtual void notify(stream& s, std::function<void(const error&)> done) = 0;
   /// Blocks until `s` is idle. Tests and shutdown only.
   virtual error synchronize(stream& s) = 0;
@@ -167,6 +179,23 @@ class device {
 };
 
 using device_ptr = std::shared_ptr<device>;
+
+/// One item of a device spec as make_devices reads it ("sim:4", "cuda:0,1").
+struct device_request {
+  device_kind kind = device_kind::sim;
+  int count = 0;               ///< sim / cpu: how many devices
+  bool all = false;            ///< cuda:all
+  std::vector<int> ordinals;   ///< cuda:N[,M...]: the GPUs named
+  std::size_t pos = 0;         ///< 0-based offset of the item in the spec
+  int item = 0;                ///< 1-based item number (errors name it)
+  std::string text;            ///< the item as written (trimmed)
+};
+
+/// Parses a device spec (the grammar below) into its items without creating
+/// any device: for front ends that check a spec before they replace running
+/// devices. Same errors as make_devices' grammar errors; whether CUDA GPUs
+/// exist is not checked here. Pure function; no I/O.
+expected<std::vector<device_request>> parse_device_spec(const std::string& spec);
 
 /// Parses a device spec string and creates the devices, indexed in order:
 ///   "sim:4"        four simulated GPUs

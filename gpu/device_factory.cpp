@@ -26,8 +26,7 @@ error bad(const item& it, const std::string& what) {
                                           it.text + "' at position " + std::to_string(it.pos) +
                                           ": " + what);
 }
-
-error bad(const device_request& r, const std::string& what) { return bad(item{r.text, r.pos, r.number}, what); }
+error bad(const device_request& r, const std::string& what) { return bad(item{r.text, r.pos, r.item}, what); }
 
 std::string trim(const std::string& s, std::size_t& lead) {
   std::size_t b = 0, e = s.size();
@@ -70,6 +69,7 @@ expected<std::vector<device_request>> parse_device_spec(const std::string& spec)
       if (parse_uint(it.text, ord) && !reqs.empty() && reqs.back().kind == device_kind::cuda &&
           !reqs.back().all) {
         auto& ords = reqs.back().ordinals;
+        reqs.back().text += "," + it.text;
         for (int o : ords)
           if (o == ord) return bad(it, "duplicate CUDA ordinal " + std::to_string(ord));
         ords.push_back(ord);
@@ -82,17 +82,17 @@ expected<std::vector<device_request>> parse_device_spec(const std::string& spec)
       const std::string kind = trim(it.text.substr(0, colon), lead);
       const std::string arg = trim(it.text.substr(colon + 1), lead);
       device_request r;
-      r.text = it.text;
       r.pos = it.pos;
-      r.number = it.number;
+      r.item = it.number;
+      r.text = it.text;
       if (kind == "sim") r.kind = device_kind::sim;
       else if (kind == "cpu") r.kind = device_kind::cpu;
       else if (kind == "cuda") r.kind = device_kind::cuda;
       else return bad(it, "unknown device kind '" + kind + "' (expected sim, cpu or cuda)");
-      for (const auto& prev : reqs)
-        if (prev.kind == r.kind)
+      for (std::size_t k = 0; k < reqs.size(); ++k)
+        if (reqs[k].kind == r.kind)
           return bad(it, "duplicate kind '" + kind + "' (already given by item " +
-                             std::to_string(prev.number) + ")");
+                             std::to_string(reqs[k].item) + ")");
       if (arg.empty()) return bad(it, "missing count after '" + kind + ":'");
       if (r.kind == device_kind::cuda) {
         int ord = 0;
@@ -160,7 +160,7 @@ expected<std::vector<device_ptr>> make_devices(const std::string& spec, const ba
         auto made = cuda::make_cuda_devices(r.all ? std::vector<int>{} : r.ordinals, options, first);
         if (!made) {
           error e = made.err();
-          e.message = "device spec item " + std::to_string(r.number) + " '" + r.text + "': " + e.message;
+          e.message = "device spec item " + std::to_string(r.item) + " '" + r.text + "': " + e.message;
           return e;
         }
         for (auto& d : *made) devices.push_back(std::move(d));

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <string>
+#include <limits>
 
 namespace ag {
 
@@ -133,6 +134,44 @@ double estimate_peer_copy_seconds(const device_spec& src, const device_spec& dst
 
 double estimate_host_copy_seconds(const device_spec& d, int64_t bytes) {
   return d.host_latency + (d.host_bandwidth > 0 ? static_cast<double>(bytes) / d.host_bandwidth : 0.0);
+}
+
+}  // namespace ag
+
+namespace ag {
+
+const char* to_string(collective_algo a) noexcept {
+  switch (a) {
+    case collective_algo::none: return "none";
+    case collective_algo::ring: return "ring";
+    case collective_algo::one_shot: return "one-shot";
+  }
+  return "unknown";
+}
+
+collective_algo choose_collective_algo(const std::vector<const device_spec*>& members, int64_t bytes) {
+  int64_t limit = std::numeric_limits<int64_t>::max();
+  for (const device_spec* d : members) limit = std::min(limit, d->oneshot_max_bytes);
+  return bytes <= limit ? collective_algo::one_shot : collective_algo::ring;
+}
+
+double estimate_collective_seconds(op_kind op, collective_algo algo, const std::vector<const device_spec*>& members,
+                                   int64_t bytes) {
+  const double n = static_cast<double>(members.size());
+  if (members.size() <= 1) return 0.0;
+  double lat = 0, bw = std::numeric_limits<double>::infinity();
+  for (const device_spec* d : members) {
+    lat = std::max(lat, d->collective_latency);
+    bw = std::min(bw, d->link_bandwidth);
+  }
+  const double b = static_cast<double>(bytes);
+  auto xfer = [&](double x) { return bw > 0 ? x / bw : 0.0; };
+  if (op == op_kind::all_reduce) {
+    if (algo == collective_algo::one_shot) return lat + xfer((n - 1) * b);
+    return 2 * (n - 1) * lat + xfer(2 * (n - 1) / n * b);
+  }
+  if (algo == collective_algo::one_shot) return lat + xfer((n - 1) / n * b);
+  return (n - 1) * lat + xfer((n - 1) / n * b);
 }
 
 }  // namespace ag

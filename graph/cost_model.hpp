@@ -31,6 +31,14 @@ struct device_spec {
   double link_latency = 5e-6;          ///< s, per peer copy
   double host_bandwidth = 55e9;        ///< bytes/s, pinned host <-> device
   double host_latency = 8e-6;          ///< s, per host copy
+  /// s, one synchronisation step of a collective: a ring all-reduce takes
+  /// 2 (n - 1) of them, a one-shot collective one (its barrier).
+  double collective_latency = 5e-6;
+  /// Collectives of at most this many bytes use the one-shot algorithm (each
+  /// member reads every peer's operand over the links, then reduces), larger
+  /// ones a ring. The crossover is a property of the machine (about 0.5 MiB
+  /// on H100 NVLink, ../shared/TP-NOTES.md) and is measured there.
+  int64_t oneshot_max_bytes = int64_t{512} << 10;
   int copy_engines = 3;                ///< async copy engines
   int max_lanes = 4;                   ///< compute streams the device offers
   std::vector<op_kind> unsupported;    ///< ops this device cannot run
@@ -63,5 +71,24 @@ double estimate_seconds(const device_spec& d, op_cost c, dtype type);
 double estimate_peer_copy_seconds(const device_spec& src, const device_spec& dst, int64_t bytes);
 /// Host <-> device copy: host_latency + bytes / host_bandwidth.
 double estimate_host_copy_seconds(const device_spec& d, int64_t bytes);
+
+/// How a collective moves its data.
+enum class collective_algo : uint8_t {
+  none = 0,      ///< not a collective
+  ring = 1,      ///< ring over the members (NCCL's, for large messages)
+  one_shot = 2,  ///< each member reads every peer's operand directly, then reduces (small messages)
+};
+const char* to_string(collective_algo a) noexcept;
+/// The algorithm for a collective of `bytes` over `members`: one_shot when
+/// bytes <= the smallest oneshot_max_bytes among them, else ring.
+collective_algo choose_collective_algo(const std::vector<const device_spec*>& members, int64_t bytes);
+/// Time of one member's part of collective `op` (all_reduce, all_gather,
+/// reduce_scatter) of `bytes` (all_reduce / reduce_scatter: one operand;
+/// all_gather: the gathered result) over n = members.size() devices, with
+/// lat = the largest collective_latency and bw = the smallest link_bandwidth:
+///   all_reduce     ring: 2 (n-1) lat + 2 (n-1)/n bytes / bw;  one_shot: lat + (n-1) bytes / bw
+///   all_gather / reduce_scatter  ring: (n-1) lat + (n-1)/n bytes / bw;  one_shot: lat + (n-1)/n bytes / bw
+double estimate_collective_seconds(op_kind op, collective_algo algo, const std::vector<const device_spec*>& members,
+                                   int64_t bytes);
 
 }  // namespace ag

@@ -34,4 +34,18 @@ std::string error::to_string() const {
   return s;
 }
 
+error& error::concerning(int device_index, int32_t step_id, const std::string& op_name) & {
+  if (device < 0) device = device_index;
+  if (step < 0) step = step_id;
+  if (op.empty()) op = op_name;
+  return *this;
+}
+
+error&& error::concerning(int device_index, int32_t step_id, const std::string& op_name) && {
+  concerning(device_index, step_id, op_name);
+  return std::move(*this);
+}
+
+bad_expected_access::bad_expected_access(error e) : err_(std::move(e)), what_(err_.to_string()) {}
+
 }  // namespace ag

@@ -2,10 +2,12 @@
 /// \file error.hpp
 /// Errors as values. Every fallible call in actorgraph returns `ag::error` or
 /// `ag::expected<T>`; no exception crosses a library boundary or an actor
-/// message handler. graph/ is pure C++: the actors translate these to
-/// caf::error at their boundary (messages/caf_error.hpp).
+/// message handler. The one exception is a caller's bug: expected::value() on
+/// an error throws bad_expected_access. graph/ is pure C++: the actors
+/// translate these to caf::error at their boundary (messages/caf_error.hpp).
 
 #include <cstdint>
+#include <exception>
 #include <string>
 #include <utility>
 #include <variant>
@@ -37,18 +39,53 @@ const char* to_string(errc code) noexcept;
 
 /// An error code with a human-readable message that says what was wrong and
 /// where (node name, device, split, op). A default-constructed error is "ok".
+///
+/// Besides the text, an error carries *what it concerns* as data, set where
+/// the error is made: the device index, the plan step and the op (node name).
+/// Callers decide on these fields and on `code`, never on the message text
+/// (which is for people and may change). Unset fields are -1 / empty.
 struct error {
   errc code = errc::ok;
   std::string message;
+  int device = -1;     ///< index of the device it concerns (runtime order); -1: none
+  int32_t step = -1;   ///< id of the plan step it concerns (ag::step_id); -1: none
+  std::string op;      ///< name of the graph node (op) it concerns; empty: none
 
   error() = default;
   error(errc c, std::string msg) : code(c), message(std::move(msg)) {}
+  error(errc c, std::string msg, int device_index, int32_t step_id = -1, std::string op_name = {})
+      : code(c), message(std::move(msg)), device(device_index), step(step_id), op(std::move(op_name)) {}
 
   /// True when this holds an error (not ok).
   explicit operator bool() const noexcept { return code != errc::ok; }
   bool ok() const noexcept { return code == errc::ok; }
-  /// "invalid_shape: matmul 'attn.qk': inner dims differ (64 vs 32)"
+  /// "invalid_shape: matmul 'attn.qk': inner dims differ (64 vs 32)": the
+  /// code and the message (the fields are named in the message where it
+  /// matters to a reader; they are not repeated here).
   std::string to_string() const;
+
+  /// Sets the fields still unset (keeps those already set: the innermost
+  /// maker knows best). Returns *this for chaining.
+  error& concerning(int device_index, int32_t step_id = -1, const std::string& op_name = {}) &;
+  error&& concerning(int device_index, int32_t step_id = -1, const std::string& op_name = {}) &&;
+};
+
+/// Thrown by expected<T>::value() (and operator*, operator->) when the
+/// expected holds an error: accessing the value of a failed call is a bug in
+/// the caller, not a runtime condition, so it is reported loudly and with the
+/// error itself (what() is error::to_string()), never as a bare
+/// std::bad_variant_access. Library code checks has_value() first and never
+/// lets this cross a library boundary or an actor message handler.
+class bad_expected_access : public std::exception {
+ public:
+  explicit bad_expected_access(error e);
+  const char* what() const noexcept override { return what_.c_str(); }
+  /// The error the expected held.
+  const ag::error& err() const noexcept { return err_; }
+
+ private:
+  ag::error err_;
+  std::string what_;
 };
 
 /// Either a value or an error (C++23's std::expected is not in g++ 12).
@@ -61,9 +98,20 @@ class expected {
   bool has_value() const noexcept { return v_.index() == 0; }
   explicit operator bool() const noexcept { return has_value(); }
 
-  T& value() & { return std::get<0>(v_); }
-  const T& value() const& { return std::get<0>(v_); }
-  T&& value() && { return std::get<0>(std::move(v_)); }
+  /// The value; throws bad_expected_access (carrying the error) when this
+  /// holds an error.
+  T& value() & {
+    check();
+    return std::get<0>(v_);
+  }
+  const T& value() const& {
+    check();
+    return std::get<0>(v_);
+  }
+  T&& value() && {
+    check();
+    return std::get<0>(std::move(v_));
+  }
   T& operator*() & { return value(); }
   const T& operator*() const& { return value(); }
   T&& operator*() && { return std::move(*this).value(); }
@@ -74,6 +122,9 @@ class expected {
   const error& err() const& { return std::get<1>(v_); }
 
  private:
+  void check() const {
+    if (v_.index() != 0) throw bad_expected_access(std::get<1>(v_));
+  }
   std::variant<T, error> v_;
 };
 

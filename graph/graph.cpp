@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <optional>
 #include <queue>
 #include <unordered_map>
 #include <unordered_set>
@@ -16,7 +17,7 @@ namespace {
 constexpr const char* op_names[op_kind_count] = {
     "input",   "weight",  "matmul",   "add",     "mul",  "scale",   "rms_norm",  "layer_norm",
     "softmax", "gelu",    "silu",     "rope",    "get_rows", "reshape", "view", "permute",
-    "transpose", "slice", "concat",   "copy",
+    "transpose", "slice", "concat",   "copy", "all_reduce", "all_gather", "reduce_scatter",
 };
 
 std::string quoted(const std::string& s) { return "'" + s + "'"; }
@@ -41,9 +42,19 @@ bool parse_op_kind(const std::string& s, op_kind& out) noexcept {
 expected<graph> graph::from_nodes(std::vector<node> nodes, std::vector<node_id> inputs,
                                   std::vector<node_id> outputs) {
   const std::size_t n = nodes.size();
+  // Fast path: ids are already the positions and every input comes before
+  // its reader (what builders and the planner's rewrites produce): no
+  // renumbering, no sort, no id maps.
+  bool ordered = true;
+  for (std::size_t i = 0; i < n && ordered; ++i) {
+    ordered = nodes[i].id == static_cast<node_id>(i);
+    for (node_id in : nodes[i].inputs) ordered = ordered && in >= 0 && in < nodes[i].id;
+  }
   // 1. ids and names unique
-  std::unordered_map<node_id, std::size_t> pos;  // original id -> position in `nodes`
-  std::unordered_map<std::string, std::size_t> by_name;
+  std::unordered_map<node_id, std::size_t> pos;  // original id -> position in `nodes` (unordered lists only)
+  std::unordered_map<std::string, node_id> by_name;
+  by_name.reserve(n);
+  if (!ordered) pos.reserve(n);
   for (std::size_t i = 0; i < n; ++i) {
     const node& x = nodes[i];
     if (x.name.empty())
@@ -51,87 +62,102 @@ expected<graph> graph::from_nodes(std::vector<node> nodes, std::vector<node_id> 
                                                " has no name");
     if (x.id < 0)
       return error(errc::invalid_argument, detail::label(x) + ": negative id " + std::to_string(x.id));
-    if (!pos.emplace(x.id, i).second)
+    if (!ordered && !pos.emplace(x.id, i).second)
       return error(errc::invalid_argument, detail::label(x) + ": duplicate id " + std::to_string(x.id) +
                                                " (also used by " + quoted(nodes[pos[x.id]].name) + ")");
-    if (!by_name.emplace(x.name, i).second)
-      return error(errc::invalid_argument, detail::label(x) + ": duplicate name (ids " +
-                                               std::to_string(nodes[by_name[x.name]].id) + " and " +
-                                               std::to_string(x.id) + ")");
+    if (auto [it, fresh] = by_name.emplace(x.name, x.id); !fresh)
+      return error(errc::invalid_argument, detail::label(x) + ": duplicate name (ids " + std::to_string(it->second) +
+                                               " and " + std::to_string(x.id) + ")");
   }
-  // 2. every input id exists (arity is checked by infer_node below)
-  std::vector<std::vector<std::size_t>> users(n);
-  std::vector<std::size_t> pending(n, 0);
-  for (std::size_t i = 0; i < n; ++i) {
-    for (std::size_t k = 0; k < nodes[i].inputs.size(); ++k) {
-      const node_id in = nodes[i].inputs[k];
-      if (in == no_node)
-        return detail::node_error(errc::missing_input, nodes[i], "input " + std::to_string(k) + " is missing (no node)");
-      auto it = pos.find(in);
-      if (it == pos.end())
-        return detail::node_error(errc::unknown_input, nodes[i],
-                                  "input " + std::to_string(k) + " names unknown node id " + std::to_string(in));
-      users[it->second].push_back(i);
-      ++pending[i];
-    }
-  }
-  // 3. stable topological order (Kahn; among ready nodes the earliest listed first)
-  std::priority_queue<std::size_t, std::vector<std::size_t>, std::greater<>> ready;
-  for (std::size_t i = 0; i < n; ++i)
-    if (pending[i] == 0) ready.push(i);
   std::vector<std::size_t> order;
-  order.reserve(n);
-  while (!ready.empty()) {
-    const std::size_t i = ready.top();
-    ready.pop();
-    order.push_back(i);
-    for (std::size_t u : users[i])
-      if (--pending[u] == 0) ready.push(u);
-  }
-  if (order.size() != n) {
-    // walk inputs among the unordered nodes until one repeats: that one is on a cycle
-    std::size_t cur = 0;
-    while (pending[cur] == 0) ++cur;
-    std::vector<int> seen_at(n, -1);
-    std::vector<std::size_t> path;
-    while (seen_at[cur] < 0) {
-      seen_at[cur] = static_cast<int>(path.size());
-      path.push_back(cur);
-      for (node_id in : nodes[cur].inputs) {
-        const std::size_t p = pos[in];
-        if (pending[p] != 0) {
-          cur = p;
-          break;
-        }
+  std::unordered_map<node_id, node_id> new_id;  // unordered lists only
+  if (ordered) {
+    order.resize(n);
+    for (std::size_t i = 0; i < n; ++i) order[i] = i;
+  } else {
+    // 2. every input id exists (arity is checked by infer_node below)
+    std::vector<std::vector<std::size_t>> users(n);
+    std::vector<std::size_t> pending(n, 0);
+    for (std::size_t i = 0; i < n; ++i) {
+      for (std::size_t k = 0; k < nodes[i].inputs.size(); ++k) {
+        const node_id in = nodes[i].inputs[k];
+        if (in == no_node)
+          return detail::node_error(errc::missing_input, nodes[i], "input " + std::to_string(k) + " is missing (no node)");
+        auto it = pos.find(in);
+        if (it == pos.end())
+          return detail::node_error(errc::unknown_input, nodes[i],
+                                    "input " + std::to_string(k) + " names unknown node id " + std::to_string(in));
+        users[it->second].push_back(i);
+        ++pending[i];
       }
     }
-    std::string ring;
-    // path runs consumer -> input; print it in data-flow order (input -> consumer)
-    for (std::size_t k = path.size(); k-- > static_cast<std::size_t>(seen_at[cur]);)
-      ring += quoted(nodes[path[k]].name) + " -> ";
-    ring += quoted(nodes[path.back()].name);
-    return detail::node_error(errc::cycle, nodes[cur], "is on a cycle: " + ring);
+    // 3. stable topological order (Kahn; among ready nodes the earliest listed first)
+    std::priority_queue<std::size_t, std::vector<std::size_t>, std::greater<>> ready;
+    for (std::size_t i = 0; i < n; ++i)
+      if (pending[i] == 0) ready.push(i);
+    order.reserve(n);
+    while (!ready.empty()) {
+      const std::size_t i = ready.top();
+      ready.pop();
+      order.push_back(i);
+      for (std::size_t u : users[i])
+        if (--pending[u] == 0) ready.push(u);
+    }
+    if (order.size() != n) {
+      // walk inputs among the unordered nodes until one repeats: that one is on a cycle
+      std::size_t cur = 0;
+      while (pending[cur] == 0) ++cur;
+      std::vector<int> seen_at(n, -1);
+      std::vector<std::size_t> path;
+      while (seen_at[cur] < 0) {
+        seen_at[cur] = static_cast<int>(path.size());
+        path.push_back(cur);
+        for (node_id in : nodes[cur].inputs) {
+          const std::size_t p = pos[in];
+          if (pending[p] != 0) {
+            cur = p;
+            break;
+          }
+        }
+      }
+      std::string ring;
+      // path runs consumer -> input; print it in data-flow order (input -> consumer)
+      for (std::size_t k = path.size(); k-- > static_cast<std::size_t>(seen_at[cur]);)
+        ring += quoted(nodes[path[k]].name) + " -> ";
+      ring += quoted(nodes[path.back()].name);
+      return detail::node_error(errc::cycle, nodes[cur], "is on a cycle: " + ring);
+    }
+    new_id.reserve(n);
+    for (std::size_t k = 0; k < n; ++k) new_id[nodes[order[k]].id] = static_cast<node_id>(k);
   }
+  auto renumbered = [&](node_id id) -> std::optional<node_id> {
+    if (ordered) {
+      if (id < 0 || static_cast<std::size_t>(id) >= n) return std::nullopt;
+      return id;
+    }
+    auto it = new_id.find(id);
+    if (it == new_id.end()) return std::nullopt;
+    return it->second;
+  };
   // 4. renumber and re-infer
-  std::unordered_map<node_id, node_id> new_id;
-  for (std::size_t k = 0; k < n; ++k) new_id[nodes[order[k]].id] = static_cast<node_id>(k);
   graph g;
   g.nodes_.reserve(n);
   for (std::size_t k = 0; k < n; ++k) {
     node x = std::move(nodes[order[k]]);
     x.id = static_cast<node_id>(k);
-    for (node_id& in : x.inputs) in = new_id[in];
+    if (!ordered)
+      for (node_id& in : x.inputs) in = new_id[in];
     if (auto e = infer_node(g.nodes_, x)) return e;
     g.nodes_.push_back(std::move(x));
   }
   // 5. job inputs: exactly the input nodes, each once
   std::vector<bool> listed(n, false);
   for (std::size_t k = 0; k < inputs.size(); ++k) {
-    auto it = new_id.find(inputs[k]);
-    if (it == new_id.end())
+    auto id = renumbered(inputs[k]);
+    if (!id)
       return error(errc::unknown_input, "graph input " + std::to_string(k) + " names unknown node id " +
                                             std::to_string(inputs[k]));
-    const node& x = g.nodes_[static_cast<std::size_t>(it->second)];
+    const node& x = g.nodes_[static_cast<std::size_t>(*id)];
     if (x.op != op_kind::input)
       return detail::node_error(errc::invalid_argument, x,
                                 "is listed as graph input " + std::to_string(k) + " but is not an input node");
@@ -147,17 +173,21 @@ expected<graph> graph::from_nodes(std::vector<node> nodes, std::vector<node_id> 
   if (outputs.empty()) return error(errc::invalid_argument, "graph has no outputs");
   std::fill(listed.begin(), listed.end(), false);
   for (std::size_t k = 0; k < outputs.size(); ++k) {
-    auto it = new_id.find(outputs[k]);
-    if (it == new_id.end())
+    auto id = renumbered(outputs[k]);
+    if (!id)
       return error(errc::unknown_input, "graph output " + std::to_string(k) + " names unknown node id " +
                                             std::to_string(outputs[k]));
-    const node& x = g.nodes_[static_cast<std::size_t>(it->second)];
+    const node& x = g.nodes_[static_cast<std::size_t>(*id)];
     if (listed[static_cast<std::size_t>(x.id)])
       return detail::node_error(errc::invalid_argument, x, "is listed twice as a graph output");
     listed[static_cast<std::size_t>(x.id)] = true;
     g.outputs_.push_back(x.id);
   }
-  for (const node& x : g.nodes_) g.by_name_.emplace(x.name, x.id);
+  if (ordered) {
+    g.by_name_ = std::move(by_name);
+  } else {
+    for (const node& x : g.nodes_) g.by_name_.emplace(x.name, x.id);
+  }
   // 7. consumers (each consumer once, even if it reads a node twice)
   g.consumers_.assign(n, {});
   for (const node& x : g.nodes_) {

@@ -37,7 +37,9 @@ enum class op_kind : uint8_t {
   gelu,        ///< attrs.gelu: tanh approximation (GPT-2) or erf (exact)
   silu,        ///< x * sigmoid(x)
   rope,        ///< x [.., S, H, D] rotated by positions (i32 [S]); attrs.rope pairing, attrs.theta
-  get_rows,    ///< table [V, D], ids i32 [...] -> [..., D]
+  get_rows,    ///< table [V, D], ids i32 [...] -> [..., D]; with attrs.end > 0 the table is rows
+               ///< [attrs.begin, attrs.begin + V) of a vocabulary of attrs.end rows (a tensor-parallel
+               ///< shard): ids outside [0, end) are an error, ids outside the shard give zero rows
   // views: no computation, alias their source's storage. reshape takes the
   // node's dims; view takes the node's dims, stride and offset as given
   // (absolute within the storage buffer, not relative to the source)
@@ -45,8 +47,20 @@ enum class op_kind : uint8_t {
   // data movement
   concat,      ///< along attrs.axis
   copy,        ///< contiguous copy, with cast when the node's dtype differs from its input's
+  // collectives (tensor parallelism). One node per member of a group of
+  // devices: node k of a group has as inputs the group members' operands in
+  // rank order (the same list on every member) and attrs.group / attrs.rank
+  // name the group and k. Each computes its own result from all operands; the
+  // planner makes each node a `collective` step that reads the peers'
+  // operands where they live (no peer copies).
+  all_reduce,      ///< sum of the inputs (same dtype and dims); the result has their dims
+  all_gather,      ///< concatenation of the inputs in rank order along the merged dims
+                   ///< [attrs.axis, attrs.axis2] (row-major merge); the node's dims are given
+                   ///< (like reshape): outside the merged dims they equal the inputs', inside
+                   ///< their product is the sum of the inputs' products
+  reduce_scatter,  ///< sum of the inputs (same dims), sliced to [attrs.begin, attrs.end) along attrs.axis
 };
-constexpr int op_kind_count = static_cast<int>(op_kind::copy) + 1;
+constexpr int op_kind_count = static_cast<int>(op_kind::reduce_scatter) + 1;
 const char* to_string(op_kind k) noexcept;
 bool parse_op_kind(const std::string& s, op_kind& out) noexcept;
 /// reshape, view, permute, transpose, slice.
@@ -61,6 +75,10 @@ constexpr bool is_leaf_op(op_kind k) noexcept { return k == op_kind::input || k 
 /// stream it ran on (op_failed), so the runtime asks for one after a step
 /// that holds one of these (plan.hpp, may_fail_on_values).
 constexpr bool may_fail_on_values(op_kind k) noexcept { return k == op_kind::get_rows; }
+/// all_reduce, all_gather, reduce_scatter.
+constexpr bool is_collective_op(op_kind k) noexcept {
+  return k == op_kind::all_reduce || k == op_kind::all_gather || k == op_kind::reduce_scatter;
+}
 
 /// RoPE pairing. `neox` rotates (i, i + D/2) pairs (HF transformers' LLaMA,
 /// GPT-NeoX "rotate_half"); `interleaved` rotates (2i, 2i + 1) pairs (Meta's
@@ -79,9 +97,11 @@ struct op_attrs {
   bool trans_a = false;        ///< matmul
   bool trans_b = false;        ///< matmul
   bool causal = false;         ///< softmax
-  int axis = 0;                ///< concat, slice, transpose (first axis)
-  int axis2 = 0;               ///< transpose (second axis)
-  int64_t begin = 0, end = 0;  ///< slice [begin, end) along axis
+  int axis = 0;                ///< concat, slice, transpose (first axis), all_gather / reduce_scatter
+  int axis2 = 0;               ///< transpose (second axis), all_gather (last merged axis)
+  int64_t begin = 0, end = 0;  ///< slice / reduce_scatter [begin, end) along axis; get_rows shard
+  int group = -1;              ///< collectives: tensor-parallel group (pipeline stage) index
+  int rank = -1;               ///< collectives: this node's index among its inputs
   std::array<int, max_rank> perm{0, 1, 2, 3};  ///< permute: output dim i = input dim perm[i]
 
   bool operator==(const op_attrs&) const = default;
@@ -131,7 +151,7 @@ class graph {
   /// list keeps its ids). Every node is re-inferred (infer_node), so dims,
   /// strides and dtypes of computed nodes need not be filled in; only
   /// input (type, dims), weight (data), view (dims, stride, offset),
-  /// reshape (dims) and copy (type) take them from the node.
+  /// reshape and all_gather (dims) and copy (type) take them from the node.
   static expected<graph> from_nodes(std::vector<node> nodes, std::vector<node_id> inputs,
                                     std::vector<node_id> outputs);
 

@@ -38,6 +38,31 @@ std::string where(const plan& p, int d) {
   return "device " + std::to_string(d) + " ('" + p.devices()[static_cast<std::size_t>(d)].name + "')";
 }
 
+// A collective step: one collective node; its peers are the steps of the
+// same collective (same op and operands), in rank order, each listing the
+// same peers.
+error check_collective(const plan& p, const step& s) {
+  const graph& g = p.source();
+  const node& nd = g.at(s.ops[0]);
+  auto bad = [&](const std::string& what) {
+    return error(errc::internal, "hazard check: collective step #" + std::to_string(s.id) + " ('" + nd.name + "'): " + what);
+  };
+  if (!is_collective_op(nd.op)) return bad("its node is a " + std::string(to_string(nd.op)) + ", not a collective");
+  if (s.peers.empty() || std::find(s.peers.begin(), s.peers.end(), s.id) == s.peers.end())
+    return bad("is not among its own peers");
+  for (std::size_t k = 0; k < s.peers.size(); ++k) {
+    const step_id q = s.peers[k];
+    if (q < 0 || static_cast<std::size_t>(q) >= p.steps().size()) return bad("peer out of range");
+    const step& ps = p.at(q);
+    if (ps.kind != step_kind::collective || ps.ops.size() != 1 || ps.peers != s.peers)
+      return bad("peer #" + std::to_string(q) + " does not list the same peers");
+    const node& pn = g.at(ps.ops[0]);
+    if (pn.op != nd.op || pn.inputs != nd.inputs) return bad("peer #" + std::to_string(q) + " is another collective");
+    if (k > 0 && g.at(p.at(s.peers[k - 1]).ops[0]).attrs.rank >= pn.attrs.rank) return bad("peers are not in rank order");
+  }
+  return {};
+}
+
 }  // namespace
 
 error check_hazards(const plan& p) {
@@ -61,6 +86,9 @@ error check_hazards(const plan& p) {
     if (s.kind != step_kind::compute && s.ops.size() != 1) return step_err(s, "a copy must name exactly one node");
     for (node_id id : s.ops)
       if (id < 0 || static_cast<std::size_t>(id) >= g.size()) return step_err(s, "op id out of range");
+    if (s.kind == step_kind::collective) {
+      if (auto e = check_collective(p, s)) return e;
+    }
     for (step_id d : s.deps) {
       if (d < 0 || static_cast<std::size_t>(d) >= n) return step_err(s, "dep out of range");
       preds[i].push_back(d);
@@ -92,6 +120,21 @@ error check_hazards(const plan& p) {
       if (--indeg[static_cast<std::size_t>(y)] == 0) topo.push_back(y);
   if (topo.size() != n)
     return error(errc::internal, "hazard check: deps and lane order form a cycle (the plan would deadlock)");
+  // Collectives: every device issues them in one global order (a collective
+  // is ordered by its first part's id), which NCCL needs of each group.
+  for (const auto& [key, q] : queues) {
+    if (std::get<1>(key) != static_cast<int>(step_kind::collective)) continue;
+    step_id prev = -1;
+    for (const auto& [seq, id] : q) {
+      const step_id first = *std::min_element(steps[static_cast<std::size_t>(id)].peers.begin(),
+                                              steps[static_cast<std::size_t>(id)].peers.end());
+      if (first < prev)
+        return step_err(steps[static_cast<std::size_t>(id)],
+                        "device " + std::to_string(std::get<0>(key)) +
+                            " issues collectives in another order than its peers do");
+      prev = first;
+    }
+  }
   const std::size_t words = (n + 63) / 64;
   std::vector<std::vector<uint64_t>> before(n, std::vector<uint64_t>(words, 0));  // before[s]: steps hb s
   for (step_id s : topo)
@@ -122,6 +165,17 @@ error check_hazards(const plan& p) {
       acc[dev][root_of(g, s.ops[0])].writes.push_back({s.id, 0});
     } else if (s.kind == step_kind::copy_d2h) {
       acc[dev][root_of(g, s.ops[0])].reads.push_back({s.id, 0});
+    } else if (s.kind == step_kind::collective) {
+      // Every member's operand, read on the device its storage was placed on.
+      const node& nd = g.at(s.ops[0]);
+      for (node_id in : nd.inputs) {
+        const node_id r = root_of(g, in);
+        const int home = p.placement()[static_cast<std::size_t>(r)];
+        if (home < 0 || home >= ndev)
+          return step_err(s, "operand '" + g.at(r).name + "' has no device");
+        acc[static_cast<std::size_t>(home)][r].reads.push_back({s.id, 0});
+      }
+      acc[dev][nd.id].writes.push_back({s.id, 0});
     } else {
       acc[static_cast<std::size_t>(s.src_device)][root_of(g, s.ops[0])].reads.push_back({s.id, 0});
       acc[dev][root_of(g, s.ops[0])].writes.push_back({s.id, 0});

@@ -30,34 +30,81 @@ struct buffer {
   int64_t offset = -1;
 };
 
+/// Happens-before over the plan's steps: the transitive closure of deps and
+/// compute-lane order. Only compute lanes contribute order: copy queues may
+/// be spread over several copy engines by the runtime (and collectives run
+/// on their own queue), so the allocator does not bet on their FIFO order
+/// (check_hazards accepts it; we just never need it).
+///
+/// Vector clocks over a chain decomposition, not a reachability matrix:
+/// walking the steps in id (topological) order, each step extends a chain
+/// whose last step happens-before it (else starts one), and clock[s][c] is
+/// the last position of chain c that happens-before s (or is s). a
+/// happens-before b iff clock[b][chain(a)] >= position(a). The chains number
+/// about the plan's width (its lanes, copy queues and collective members at
+/// once), so time and memory grow linearly with the steps where a matrix
+/// grows quadratically (an 8 x 8 layout of an 80-layer model has thousands
+/// of steps). The parts of one collective share their deps: their clock is
+/// merged once.
 class happens_before {
  public:
-  explicit happens_before(const std::vector<step>& steps) : anc_(steps.size(), steps.size()) {
-    std::map<std::tuple<int, int, int>, step_id> last;  // queue -> last step seen
+  explicit happens_before(const std::vector<step>& steps) {
+    const std::size_t n = steps.size();
+    chain_.assign(n, -1);
+    pos_.assign(n, -1);
+    before_self_.assign(n, -1);
+    clock_.resize(n);
+    std::vector<int32_t> last;                          // per chain: position of its last step
+    std::map<std::tuple<int, int, int>, step_id> lane;  // compute lane -> its last step
     for (const step& st : steps) {
-      const auto i = static_cast<std::size_t>(st.id);
-      auto pred = [&](step_id p) {
-        anc_.merge(i, static_cast<std::size_t>(p));
-        anc_.set(i, static_cast<std::size_t>(p));
-      };
-      for (step_id d : st.deps) pred(d);
-      // Only compute lanes contribute order: copy queues may be spread over
-      // several copy engines by the runtime, so the allocator does not bet on
-      // their FIFO order (check_hazards accepts it; we just never need it).
-      if (st.kind != step_kind::compute) continue;
-      const auto key = std::make_tuple(st.device, static_cast<int>(st.kind), st.lane);
-      if (auto it = last.find(key); it != last.end()) pred(it->second);
-      last[key] = st.id;
+      const auto s = static_cast<std::size_t>(st.id);
+      auto& c = clock_[s];
+      const step_id twin = st.kind == step_kind::collective && !st.peers.empty()
+                               ? *std::min_element(st.peers.begin(), st.peers.end())
+                               : st.id;
+      if (twin < st.id) {
+        // The first part's clock, without the first part itself.
+        const auto t = static_cast<std::size_t>(twin);
+        c = clock_[t];
+        c[static_cast<std::size_t>(chain_[t])] = before_self_[t];
+      } else {
+        auto merge = [&](step_id p) {
+          const auto& pc = clock_[static_cast<std::size_t>(p)];
+          if (pc.size() > c.size()) c.resize(pc.size(), -1);
+          for (std::size_t k = 0; k < pc.size(); ++k) c[k] = std::max(c[k], pc[k]);
+        };
+        for (step_id d : st.deps) merge(d);
+        if (st.kind == step_kind::compute) {
+          const auto key = std::make_tuple(st.device, 0, st.lane);
+          if (auto it = lane.find(key); it != lane.end()) merge(it->second);
+          lane[key] = st.id;
+        }
+      }
+      std::size_t chosen = last.size();
+      for (std::size_t k = 0; k < c.size(); ++k)
+        if (c[k] >= 0 && c[k] == last[k]) {
+          chosen = k;
+          break;
+        }
+      if (chosen == last.size()) last.push_back(-1);
+      if (c.size() <= chosen) c.resize(chosen + 1, -1);
+      before_self_[s] = c[chosen];
+      pos_[s] = ++last[chosen];
+      chain_[s] = static_cast<int32_t>(chosen);
+      c[chosen] = pos_[s];
     }
   }
   /// a completes before b starts (same step: op order).
   bool operator()(position a, position b) const {
     if (a.step == b.step) return a.op < b.op;
-    return anc_.test(static_cast<std::size_t>(b.step), static_cast<std::size_t>(a.step));
+    const auto& c = clock_[static_cast<std::size_t>(b.step)];
+    const auto k = static_cast<std::size_t>(chain_[static_cast<std::size_t>(a.step)]);
+    return k < c.size() && c[k] >= pos_[static_cast<std::size_t>(a.step)];
   }
 
  private:
-  bit_matrix anc_;  // anc_(s, p): p happens-before s
+  std::vector<int32_t> chain_, pos_, before_self_;
+  std::vector<std::vector<int32_t>> clock_;
 };
 
 /// out = align_up(x, plan_alignment); false when that overflows.
@@ -124,6 +171,15 @@ error planner::plan_memory(plan& p) {
       case step_kind::copy_d2h:
         read(st.device, st.ops.at(0), {st.id, 0});
         break;
+      case step_kind::collective: {
+        // Like a peer copy's source: each operand is read where it lives, by
+        // this member's step (which no later step on that device need wait
+        // for), so its buffer stays busy until an ordering path says otherwise.
+        const node& n = g.at(st.ops.at(0));
+        for (node_id i : n.inputs) read(p.placement_[static_cast<std::size_t>(storage_root(g, i))], i, {st.id, 0});
+        write(st.device, n.id, {st.id, 0});
+        break;
+      }
     }
   }
 
@@ -141,31 +197,34 @@ error planner::plan_memory(plan& p) {
       return std::tie(a->write.step, a->write.op, a->node) < std::tie(b->write.step, b->write.op, b->node);
     });
     // Greedy first fit in first-write order: lowest aligned offset that
-    // overlaps no placed buffer this one conflicts with.
-    std::vector<const buffer*> placed;
-    std::vector<std::pair<int64_t, int64_t>> busy;
+    // overlaps no placed buffer this one conflicts with. One sweep over the
+    // placed buffers in offset order, asking happens-before only of those
+    // that overlap the candidate range: a conflicting one moves the range
+    // past its end; the sweep stops at the first gap that fits.
+    std::vector<const buffer*> placed;  // sorted by offset
     for (buffer* b : order) {
-      busy.clear();
-      for (const buffer* a : placed) {
-        bool a_before_b = hb(a->write, b->write);
-        for (std::size_t r = 0; a_before_b && r < a->reads.size(); ++r) a_before_b = hb(a->reads[r], b->write);
-        if (!a_before_b) busy.emplace_back(a->offset, a->offset + a->bytes);
-      }
-      std::sort(busy.begin(), busy.end());
       // Offsets and sums are checked: each buffer is at most max_tensor_bytes
       // (graph validation), but many of them side by side can pass 2^63.
       int64_t off = 0, end = 0;
       bool fits = true;
-      for (const auto& [lo, hi] : busy) {
+      for (const buffer* a : placed) {
         if (!(fits = checked_add(off, b->bytes, end))) break;
-        if (end <= lo) break;
-        if (hi > off && !(fits = checked_aligned(hi, off))) break;
+        if (a->offset >= end) break;
+        if (a->offset + a->bytes <= off) continue;  // placed buffers' ends were checked
+        bool a_before_b = hb(a->write, b->write);
+        for (std::size_t r = 0; a_before_b && r < a->reads.size(); ++r) a_before_b = hb(a->reads[r], b->write);
+        if (a_before_b) continue;
+        int64_t past_a = 0;
+        if (!(fits = checked_aligned(a->offset + a->bytes, past_a))) break;
+        off = std::max(off, past_a);
       }
       if (fits) fits = checked_add(off, b->bytes, end) && checked_aligned(end, end) &&
                        checked_add(mem.sum_tensor_bytes, b->bytes, mem.sum_tensor_bytes);
       if (!fits) return too_big(p, d, "its activations", g.at(b->node));
       b->offset = off;
-      placed.push_back(b);
+      placed.insert(std::upper_bound(placed.begin(), placed.end(), b,
+                                     [](const buffer* x, const buffer* y) { return x->offset < y->offset; }),
+                    b);
       mem.arena_bytes = std::max(mem.arena_bytes, end);
       p.slot_index_[d][static_cast<std::size_t>(b->node)] = static_cast<int32_t>(mem.slots.size());
       mem.slots.push_back(buffer_slot{b->node, static_cast<int>(d), region::arena, off, b->bytes});
@@ -188,7 +247,8 @@ error planner::plan_memory(plan& p) {
                    "device " + std::to_string(d) + " ('" + spec.name + "') needs " +
                        (overflow ? std::string("more than 2^63") : std::to_string(total)) + " bytes (arena " +
                        std::to_string(mem.arena_bytes) + " + weights " + std::to_string(mem.weight_bytes) +
-                       ") but has " + std::to_string(spec.mem_bytes));
+                       ") but has " + std::to_string(spec.mem_bytes),
+                   static_cast<int>(d));
   }
   return {};
 }

@@ -1,21 +1,12 @@
 // plan's lookups and printing. Built by planner.cpp / memory_plan.cpp.
 
 #include <cstdio>
+#include <map>
 #include <sstream>
 
 #include "graph/planner_internal.hpp"
 
 namespace ag {
-
-const char* to_string(step_kind k) noexcept {
-  switch (k) {
-    case step_kind::compute: return "compute";
-    case step_kind::copy_h2d: return "h2d";
-    case step_kind::copy_d2h: return "d2h";
-    case step_kind::copy_peer: return "peer";
-  }
-  return "unknown";
-}
 
 expected<tensor_location> plan::locate(node_id id, int device) const {
   if (!graph_ || id < 0 || static_cast<std::size_t>(id) >= graph_->size())
@@ -47,7 +38,7 @@ expected<tensor_location> plan::locate(node_id id, int device) const {
 int64_t plan::bytes_moved() const {
   int64_t b = 0;
   for (const step& s : steps_)
-    if (s.kind != step_kind::compute) b += s.bytes;
+    if (s.kind != step_kind::compute && s.kind != step_kind::collective) b += s.bytes;
   return b;
 }
 
@@ -115,6 +106,11 @@ std::string plan::describe() const {
            << (first == no_node ? std::string("-") : g.at(first).name) << " .. "
            << (last == no_node ? std::string("-") : g.at(last).name) << " (" << nops << " ops, " << fmt_us(s.est_seconds)
            << ")\n";
+      } else if (s.kind == step_kind::collective) {
+        const node& n = g.at(s.ops.at(0));
+        os << "  coll  #" << s.id << " " << to_string(n.op) << " '" << n.name << "' rank " << n.attrs.rank << " of "
+           << s.peers.size() << " " << fmt_bytes(s.bytes) << " " << to_string(s.algo) << " (" << fmt_us(s.est_seconds)
+           << ")\n";
       } else {
         const node& n = g.at(s.ops.at(0));
         const std::string src = s.kind == step_kind::copy_h2d ? "host" : device_label(devices_, s.kind == step_kind::copy_peer ? s.src_device : s.device);
@@ -130,9 +126,52 @@ std::string plan::describe() const {
   int64_t peer = 0, host = 0;
   for (const step& s : steps_)
     if (s.kind == step_kind::copy_peer) peer += s.bytes;
-    else if (s.kind != step_kind::compute) host += s.bytes;
+    else if (s.kind == step_kind::copy_h2d || s.kind == step_kind::copy_d2h) host += s.bytes;
   os << "moved: " << fmt_bytes(bytes_moved()) << " (peer " << fmt_bytes(peer) << ", host " << fmt_bytes(host) << ")\n";
+  if (tp_) describe_tensor_parallel(os);
   return os.str();
+}
+
+void plan::describe_tensor_parallel(std::ostream& os) const {
+  const tensor_parallel_info& tp = *tp_;
+  const graph& a = *tp.analysed;
+  os << "tensor parallel: " << tp.stages << " stage(s) x " << tp.degree << " device(s), shares";
+  for (double r : tp.ratios) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, " %.3g", r);
+    os << buf;
+  }
+  os << "\n";
+  for (std::size_t st = 0; st < tp.devices.size(); ++st) {
+    os << "  stage " << st << ": devices";
+    for (int d : tp.devices[st]) os << " " << d;
+    os << "\n";
+  }
+  os << "weights (split state):\n";
+  for (const node& n : a.nodes())
+    if (n.op == op_kind::weight && !tp.local[static_cast<std::size_t>(n.id)].empty())
+      os << "  " << n.name << " " << n.dims.to_string() << " " << tp.state[static_cast<std::size_t>(n.id)].to_string() << "\n";
+  std::map<node_id, const step*> step_of;
+  for (const step& s : steps_)
+    if (s.kind == step_kind::collective) step_of[s.ops[0]] = &s;
+  int64_t total = 0;
+  for (const tp_collective& c : tp.collectives) total += c.bytes;
+  os << "collectives: " << tp.collectives.size() << ", " << fmt_bytes(total) << "\n";
+  for (const tp_collective& c : tp.collectives) {
+    const step* s = c.parts.empty() ? nullptr : step_of[c.parts[0]];
+    os << "  " << to_string(c.op) << " '" << c.name << "' stage " << c.group << " layer " << c.layer << " "
+       << fmt_bytes(c.bytes);
+    if (s) os << " " << to_string(s->algo) << " (" << fmt_us(s->est_seconds) << ")";
+    os << "\n";
+  }
+  if (!tp.chunked.empty()) {
+    os << "overlapped (row-parallel matmul in chunks):";
+    for (const auto& [name, chunks] : tp.chunked) os << " " << name << " x" << chunks;
+    os << "\n";
+  }
+  os << "weight bytes per device:";
+  for (std::size_t d = 0; d < memory_.size(); ++d) os << " " << d << ": " << fmt_bytes(memory_[d].weight_bytes) << ";";
+  os << "\n";
 }
 
 std::string plan::to_dot() const {

@@ -13,24 +13,19 @@
 ///    per-device weight region uploaded once when the plan is loaded.
 
 #include <cstdint>
+#include <iosfwd>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "graph/cost_model.hpp"
 #include "graph/graph.hpp"
+#include "graph/step_kind.hpp"
+#include "graph/tensor_parallel.hpp"
 
 namespace ag {
 
 using step_id = int32_t;
-
-enum class step_kind : uint8_t {
-  compute,    ///< a split: ops on (device, lane)
-  copy_h2d,   ///< job input host -> device
-  copy_d2h,   ///< job output device -> host
-  copy_peer,  ///< device -> device
-};
-const char* to_string(step_kind k) noexcept;
 
 /// One unit the actors schedule.
 ///
@@ -49,15 +44,29 @@ const char* to_string(step_kind k) noexcept;
 ///    `bytes` = its storage's whole buffer, read from locate(storage, device),
 ///    and the view (node.offset, node.stride, in elements of the storage) is
 ///    gathered on the host.
+///  - collective: ops[0] is the collective node of this member (its inputs
+///    are all members' operands in rank order, attrs.rank its own index);
+///    one step per member, on that member's device. `deps` are the steps
+///    producing *every* member's operand, on the operand's own device (so a
+///    one-shot algorithm reading the peers' buffers directly, and NCCL, both
+///    find every operand ready); the operands are never peer-copied. `peers`
+///    lists the parts of the same collective in rank order (this one
+///    included), `bytes` its message size (all_reduce / reduce_scatter: one
+///    operand; all_gather: the gathered result) and `algo` the algorithm the
+///    cost model picked (ring or one-shot, by size, see device_spec). The
+///    parts of one collective have consecutive step ids, so every device's
+///    communication queue issues collectives in the same order (what NCCL
+///    needs; check_hazards proves it).
 /// Queues: compute steps are ordered per (device, lane); copies per
-/// (device, kind) — a peer copy is queued on its destination device.
+/// (device, kind) — a peer copy is queued on its destination device;
+/// collectives per device (its communication queue, never a compute lane).
 /// lane_seq always increases with the step id inside a queue. The memory
-/// plan relies on the FIFO order of compute lanes only; copies may run on any
-/// copy engine in any order their deps allow.
+/// plan relies on the FIFO order of compute lanes only; copies and
+/// collectives may run in any order their deps allow.
 struct step {
   step_id id = -1;
   step_kind kind = step_kind::compute;
-  int device = 0;       ///< compute: its device; h2d / peer: destination; d2h: source
+  int device = 0;       ///< compute / collective: its device; h2d / peer: destination; d2h: source
   int src_device = -1;  ///< peer: source device; else -1
   int lane = 0;         ///< compute: lane (stream) index on `device`
   int lane_seq = 0;     ///< order among this job's steps on the same (device, lane) / copy queue
@@ -66,8 +75,10 @@ struct step {
   int io_index = -1;             ///< h2d: index into graph.inputs(); d2h: index into graph.outputs()
   std::vector<step_id> deps;     ///< steps that must complete first (all steps, compute or copy)
   std::vector<step_id> consumers;///< steps whose deps contain this one
-  int64_t bytes = 0;             ///< copies: bytes moved
+  int64_t bytes = 0;             ///< copies: bytes moved; collective: message size
   double est_seconds = 0;        ///< cost-model estimate
+  collective_algo algo = collective_algo::none;  ///< collective: ring or one-shot
+  std::vector<step_id> peers;    ///< collective: all parts of this collective in rank order
 };
 
 /// Which region of a device a tensor lives in.
@@ -109,7 +120,22 @@ enum class placement_policy : uint8_t {
 
 struct plan_options {
   placement_policy policy = placement_policy::automatic;
-  int pipeline_stages = 0;       ///< devices to spread layers over; 0 = all given devices
+  /// Pipeline stages to spread layers over; 0 = as many as the devices allow
+  /// (all devices, or devices / tensor_parallel).
+  int pipeline_stages = 0;
+  /// Tensor-parallel degree: devices per stage. The layout is pipeline_stages
+  /// x tensor_parallel over the devices in order: stage s runs on devices
+  /// [s * tensor_parallel, (s + 1) * tensor_parallel) (e.g. 2 x 2 over 4
+  /// devices). 1 = no tensor parallelism. See graph/tensor_parallel.hpp.
+  int tensor_parallel = 1;
+  /// Share of each rank of a group in every sharded dimension, as
+  /// proportions (llama.cpp's --tensor-split 3,1: {3, 1}); empty = even.
+  /// Shares are rounded to the dimension's granularity (a head, a kv group).
+  std::vector<double> shard_ratios{};
+  /// Split row-parallel matmuls in chunks so that each chunk's all-reduce
+  /// runs on the communication queue while the next chunk computes, where
+  /// the cost model says it pays. Off: one matmul, then one all-reduce.
+  bool tp_overlap = true;
   int lanes_per_device = 1;      ///< compute streams per device the planner may use
   /// Independent branches get their own lane only when each branch's
   /// estimated time exceeds this (fork/join costs an event pair).
@@ -119,14 +145,23 @@ struct plan_options {
 /// Refuses options no plan can be made with, naming the option and the
 /// value (errc::invalid_argument): a policy other than automatic / single,
 /// pipeline_stages < 0 or > 4096, lanes_per_device outside 1..64,
-/// min_branch_seconds negative, infinite or NaN. compile() calls it.
+/// min_branch_seconds negative, infinite or NaN, tensor_parallel outside
+/// 1..4096. compile() calls it.
 error validate(const plan_options& options);
 
 /// The compiled plan. Steps are in a topological order (deps have smaller ids).
 class plan {
  public:
+  /// The graph the steps run: the user's graph, or with tensor parallelism
+  /// its per-device rewrite (every node pinned to one device, with its shard
+  /// shape; same job inputs and outputs, in the same order).
   const graph& source() const noexcept { return *graph_; }
   std::shared_ptr<const graph> source_ptr() const noexcept { return graph_; }
+  /// The graph given to compile() (== source() without tensor parallelism).
+  const graph& original() const noexcept { return tp_ ? *tp_->original : *graph_; }
+  /// Split states, groups and collectives of a tensor-parallel plan; null when
+  /// tensor_parallel == 1.
+  const tensor_parallel_info* tensor_parallel() const noexcept { return tp_.get(); }
   const std::vector<device_spec>& devices() const noexcept { return devices_; }
   const plan_options& options() const noexcept { return options_; }
   /// Device of each node (index = node id); leaves take their first consumer's device.
@@ -152,7 +187,10 @@ class plan {
   int64_t bytes_moved() const;                 ///< all copies, host and peer
   double est_seconds(int device) const;        ///< compute on that device
   /// Human-readable summary: devices, splits (ops, est time), copies (bytes),
-  /// per-device est time, peak arena vs sum of tensor sizes, weight bytes.
+  /// collectives (bytes, algorithm, est time), per-device est time, peak
+  /// arena vs sum of tensor sizes, weight bytes; with tensor parallelism also
+  /// the layout, each weight's and each collective's split state and the
+  /// weight bytes per device.
   std::string describe() const;
   /// DOT of the steps (splits as boxes per device cluster, copies as edges).
   std::string to_dot() const;
@@ -160,7 +198,9 @@ class plan {
  private:
   friend class planner;
   friend struct plan_test_hook;  // defined only by tests (to plant faulty plans)
+  void describe_tensor_parallel(std::ostream& os) const;
   std::shared_ptr<const graph> graph_;
+  std::shared_ptr<const tensor_parallel_info> tp_;
   std::vector<device_spec> devices_;
   plan_options options_;
   std::vector<int> placement_;
@@ -175,7 +215,11 @@ class plan {
 /// Compiles `g` for `devices`.
 ///
 /// Passes (graph/planner.cpp, graph/memory_plan.cpp):
-///  1. prune nodes no output needs (placement -1, no steps, no h2d);
+///  0. tensor parallelism (options.tensor_parallel > 1): the graph is
+///     rewritten per device (graph/tensor_parallel.hpp) and the passes below
+///     plan the rewrite, whose nodes are all pinned;
+///  1. prune nodes no output needs (placement -1, no steps, no h2d); every
+///     part of a needed collective is needed;
 ///  2. place: pins; then `single` (device 0) or `automatic`: compute nodes in
 ///     topological order grouped into units by `node::layer` (untagged nodes
 ///     join the unit before them, or the first), split into contiguous stages
@@ -194,15 +238,18 @@ class plan {
 ///     another (device, lane) reads, so readers wait only for what they need.
 ///  5. memory: see check_hazards; greedy first fit in first-write order,
 ///     256-byte aligned.
+///  6. collectives: one step per member (see step), the algorithm and time
+///     from estimate_collective_seconds.
 /// Errors: options or device specs that validate() refuses (invalid_argument),
 /// a graph with no outputs (invalid_argument: an empty or default-constructed
-/// graph has nothing to compute), an op no device supports
+/// graph has nothing to compute), a job whose inputs and outputs together need
+/// more host memory than this host has (out_of_memory, host_memory_bytes():
+/// names the bytes needed and the largest input or output), an op no device supports
 /// (unsupported_op, names the node), a pin to a device index out of range
 /// (invalid_argument), a memory plan that does not fit a device
-/// (out_of_memory, names the device and the bytes needed vs available), a job
-/// whose inputs and outputs together need more host memory than this host has
-/// (out_of_memory, host_memory_bytes(): names the bytes needed and the
-/// largest input or output), all before anything is allocated.
+/// (out_of_memory, names the device and the bytes needed vs available), a
+/// bad tensor-parallel layout (invalid_argument, see rewrite_tensor_parallel),
+/// two collective nodes claiming one rank of the same operands.
 expected<std::shared_ptr<const plan>> compile(std::shared_ptr<const graph> g,
                                               std::vector<device_spec> devices,
                                               plan_options options = {});

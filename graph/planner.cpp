@@ -53,6 +53,10 @@ struct builder_state {
 void prune(builder_state& s) {
   const graph& g = s.g;
   s.needed.assign(g.size(), 0);
+  // Every part of a needed collective is needed: its members run it together.
+  std::map<std::pair<op_kind, std::vector<node_id>>, std::vector<node_id>> parts;
+  for (const node& n : g.nodes())
+    if (is_collective_op(n.op)) parts[{n.op, n.inputs}].push_back(n.id);
   std::vector<node_id> stack(g.outputs().begin(), g.outputs().end());
   while (!stack.empty()) {
     node_id id = stack.back();
@@ -62,6 +66,8 @@ void prune(builder_state& s) {
     const node& n = g.at(id);
     for (node_id i : n.inputs) stack.push_back(i);
     if (n.storage != no_node && n.storage != id) stack.push_back(n.storage);
+    if (is_collective_op(n.op))
+      for (node_id p : parts[{n.op, n.inputs}]) stack.push_back(p);
   }
   s.root.resize(g.size());
   for (std::size_t i = 0; i < g.size(); ++i) s.root[i] = storage_root(g, static_cast<node_id>(i));
@@ -108,6 +114,45 @@ std::vector<int> partition_units(const std::vector<std::vector<double>>& unit_co
   return stage_of;
 }
 
+}  // namespace
+
+std::vector<int> partition_pipeline(const graph& g, const std::vector<node_id>& free_nodes,
+                                    const std::vector<device_spec>& devices, int k) {
+  std::vector<int> stage(free_nodes.size(), 0);
+  if (k <= 1 || free_nodes.empty()) return stage;
+  // Units: runs of equal layer tag; untagged nodes join the unit before
+  // them (or the first unit when they precede every tagged node).
+  int first_tag = -1;
+  for (node_id id : free_nodes)
+    if (g.at(id).layer != -1) { first_tag = g.at(id).layer; break; }
+  std::vector<int> unit_of(free_nodes.size(), 0);
+  int units = 0;
+  if (first_tag == -1) {
+    for (std::size_t i = 0; i < free_nodes.size(); ++i) unit_of[i] = static_cast<int>(i);
+    units = static_cast<int>(free_nodes.size());
+  } else {
+    int tag = first_tag;
+    int prev_tag = first_tag;
+    for (std::size_t i = 0; i < free_nodes.size(); ++i) {
+      const int l = g.at(free_nodes[i]).layer;
+      if (l != -1) tag = l;
+      if (i == 0 || tag != prev_tag) ++units;
+      unit_of[i] = units - 1;
+      prev_tag = tag;
+    }
+  }
+  std::vector<std::vector<double>> cost(static_cast<std::size_t>(k), std::vector<double>(static_cast<std::size_t>(units), 0.0));
+  for (int j = 0; j < k; ++j)
+    for (std::size_t i = 0; i < free_nodes.size(); ++i)
+      cost[static_cast<std::size_t>(j)][static_cast<std::size_t>(unit_of[i])] +=
+          estimate_seconds(devices[static_cast<std::size_t>(j)], g, g.at(free_nodes[i]));
+  const std::vector<int> unit_stage = partition_units(cost, k);
+  for (std::size_t i = 0; i < free_nodes.size(); ++i) stage[i] = unit_stage[static_cast<std::size_t>(unit_of[i])];
+  return stage;
+}
+
+namespace {
+
 error place_compute(builder_state& s) {
   const graph& g = s.g;
   const int ndev = s.ndev();
@@ -129,39 +174,8 @@ error place_compute(builder_state& s) {
 
   int k = s.opt.pipeline_stages <= 0 ? ndev : std::min(s.opt.pipeline_stages, ndev);
   if (s.opt.policy == placement_policy::single) k = 1;
-  if (k <= 1) {
-    for (node_id id : free_nodes) s.place[static_cast<std::size_t>(id)] = 0;
-  } else {
-    // Units: runs of equal layer tag; untagged nodes join the unit before
-    // them (or the first unit when they precede every tagged node).
-    int first_tag = -1;
-    for (node_id id : free_nodes)
-      if (g.at(id).layer != -1) { first_tag = g.at(id).layer; break; }
-    std::vector<int> unit_of(free_nodes.size(), 0);
-    int units = 0;
-    if (first_tag == -1) {
-      for (std::size_t i = 0; i < free_nodes.size(); ++i) unit_of[i] = static_cast<int>(i);
-      units = static_cast<int>(free_nodes.size());
-    } else {
-      int tag = first_tag;
-      int prev_tag = first_tag;
-      for (std::size_t i = 0; i < free_nodes.size(); ++i) {
-        const int l = g.at(free_nodes[i]).layer;
-        if (l != -1) tag = l;
-        if (i == 0 || tag != prev_tag) ++units;
-        unit_of[i] = units - 1;
-        prev_tag = tag;
-      }
-    }
-    std::vector<std::vector<double>> cost(static_cast<std::size_t>(k), std::vector<double>(static_cast<std::size_t>(units), 0.0));
-    for (int j = 0; j < k; ++j)
-      for (std::size_t i = 0; i < free_nodes.size(); ++i)
-        cost[static_cast<std::size_t>(j)][static_cast<std::size_t>(unit_of[i])] +=
-            estimate_seconds(s.devices[static_cast<std::size_t>(j)], g, g.at(free_nodes[i]));
-    const std::vector<int> stage = partition_units(cost, k);
-    for (std::size_t i = 0; i < free_nodes.size(); ++i)
-      s.place[static_cast<std::size_t>(free_nodes[i])] = stage[static_cast<std::size_t>(unit_of[i])];
-  }
+  const std::vector<int> stage = partition_pipeline(g, free_nodes, s.devices, k);
+  for (std::size_t i = 0; i < free_nodes.size(); ++i) s.place[static_cast<std::size_t>(free_nodes[i])] = stage[i];
 
   // Fallback: an op its device cannot run moves to the nearest device that
   // can (smallest index distance, lower index on ties). Pins are not moved.
@@ -324,7 +338,10 @@ struct step_builder {
       for (node_id i : c.inputs) {
         const auto r = static_cast<std::size_t>(s.root[static_cast<std::size_t>(i)]);
         if (!is_compute(s.g.at(static_cast<node_id>(r)))) continue;
-        if (s.place[r] != s.place[static_cast<std::size_t>(c.id)] || s.lane[r] != s.lane[static_cast<std::size_t>(c.id)])
+        // A collective runs on the communication queue: its operands are
+        // always read from another queue.
+        if (is_collective_op(c.op) || s.place[r] != s.place[static_cast<std::size_t>(c.id)] ||
+            s.lane[r] != s.lane[static_cast<std::size_t>(c.id)])
           read_elsewhere[r] = 1;
       }
     }
@@ -390,7 +407,27 @@ struct step_builder {
     return false;
   }
 
+  // One member's part of a collective: its own step, waiting for the
+  // producers of every member's operand where each operand lives.
+  error add_collective(const node& n) {
+    step st;
+    st.kind = step_kind::collective;
+    st.device = s.place[static_cast<std::size_t>(n.id)];
+    st.ops = {n.id};
+    for (node_id i : n.inputs) {
+      const node_id r = s.root[static_cast<std::size_t>(i)];
+      auto dep = value_step(r, s.place[static_cast<std::size_t>(r)]);
+      if (!dep) return dep.err();
+      if (*dep >= 0) st.deps.push_back(*dep);
+    }
+    const node& first = s.g.at(n.inputs.at(0));
+    st.bytes = n.op == op_kind::all_gather ? n.own_bytes() : first.dims.numel() * static_cast<int64_t>(dtype_size(first.type));
+    compute_step_of[static_cast<std::size_t>(n.id)] = add_step(std::move(st));
+    return {};
+  }
+
   error add_compute(const node& n) {
+    if (is_collective_op(n.op)) return add_collective(n);
     const int dev = s.place[static_cast<std::size_t>(n.id)];
     const int lane = s.lane[static_cast<std::size_t>(n.id)];
     std::vector<step_id> deps;
@@ -572,6 +609,29 @@ error validate(const plan_options& o) {
     return bad("lanes_per_device must be 1..64, got " + std::to_string(o.lanes_per_device));
   if (!(o.min_branch_seconds >= 0) || !std::isfinite(o.min_branch_seconds))
     return bad("min_branch_seconds must be a finite number >= 0, got " + std::to_string(o.min_branch_seconds));
+  if (o.tensor_parallel < 1 || o.tensor_parallel > 4096)
+    return bad("tensor_parallel must be >= 1 (at most 4096), got " + std::to_string(o.tensor_parallel));
+  return {};
+}
+
+error planner::group_collectives(plan& p) {
+  const graph& g = *p.graph_;
+  std::map<std::pair<op_kind, std::vector<node_id>>, std::vector<step_id>> parts;
+  for (const step& st : p.steps_)
+    if (st.kind == step_kind::collective) parts[{g.at(st.ops[0]).op, g.at(st.ops[0]).inputs}].push_back(st.id);
+  for (auto& [key, ids] : parts) {
+    std::sort(ids.begin(), ids.end(), [&](step_id a, step_id b) {
+      return g.at(p.steps_[static_cast<std::size_t>(a)].ops[0]).attrs.rank < g.at(p.steps_[static_cast<std::size_t>(b)].ops[0]).attrs.rank;
+    });
+    for (std::size_t i = 0; i < ids.size(); ++i) {
+      const node& n = g.at(p.steps_[static_cast<std::size_t>(ids[i])].ops[0]);
+      if (i > 0 && g.at(p.steps_[static_cast<std::size_t>(ids[i - 1])].ops[0]).attrs.rank == n.attrs.rank)
+        return error(errc::invalid_argument, std::string(to_string(n.op)) + " '" + n.name + "' and '" +
+                                                 g.at(p.steps_[static_cast<std::size_t>(ids[i - 1])].ops[0]).name +
+                                                 "' read the same operands as the same rank " + std::to_string(n.attrs.rank));
+    }
+    for (step_id id : ids) p.steps_[static_cast<std::size_t>(id)].peers = ids;
+  }
   return {};
 }
 
@@ -583,6 +643,16 @@ expected<std::shared_ptr<const plan>> planner::compile(std::shared_ptr<const gra
   if (auto e = validate(options)) return error(e.code, "compile: " + e.message);
   for (const device_spec& d : devices)
     if (auto e = validate(d)) return error(e.code, "compile: " + e.message);
+  std::shared_ptr<const tensor_parallel_info> tp;
+  if (options.tensor_parallel > 1) {
+    auto rw = rewrite_tensor_parallel(gp, devices, options);
+    if (!rw) return rw.err();
+    gp = rw->rewritten;
+    tp = rw->info;
+  } else if (!options.shard_ratios.empty() && options.shard_ratios.size() != 1) {
+    return error(errc::invalid_argument, "compile: shard_ratios has " + std::to_string(options.shard_ratios.size()) +
+                                             " entries, the tensor-parallel degree is 1");
+  }
   const graph& g = *gp;
   if (g.outputs().empty())
     return error(errc::invalid_argument, "compile: the graph has no outputs (" + std::to_string(g.size()) +
@@ -608,10 +678,13 @@ expected<std::shared_ptr<const plan>> planner::compile(std::shared_ptr<const gra
 
   auto p = std::make_shared<plan>();
   p->graph_ = gp;
+  p->tp_ = tp;
   p->devices_ = std::move(devices);
   p->options_ = options;
   p->placement_ = s.place;
   p->steps_ = std::move(*sorted);
+
+  if (auto e = group_collectives(*p)) return e;
 
   // Lane order: compute steps per (device, lane), copies per (device, kind),
   // both in step order (so lane order never contradicts deps).
@@ -635,6 +708,13 @@ expected<std::shared_ptr<const plan>> planner::compile(std::shared_ptr<const gra
       case step_kind::copy_peer:
         st.est_seconds = estimate_peer_copy_seconds(p->devices_[static_cast<std::size_t>(st.src_device)], d, st.bytes);
         break;
+      case step_kind::collective: {
+        std::vector<const device_spec*> members;
+        for (step_id q : st.peers) members.push_back(&p->devices_[static_cast<std::size_t>(p->steps_[static_cast<std::size_t>(q)].device)]);
+        st.algo = choose_collective_algo(members, st.bytes);
+        st.est_seconds = estimate_collective_seconds(g.at(st.ops[0]).op, st.algo, members, st.bytes);
+        break;
+      }
     }
     if (st.deps.empty()) p->sources_.push_back(st.id);
     if (st.kind == step_kind::copy_d2h) p->sinks_.push_back(st.id);

@@ -21,6 +21,14 @@ inline int64_t align_up(int64_t x, int64_t a) noexcept { return (x + a - 1) / a 
 /// The node whose own buffer holds `id`'s data (follows view chains).
 node_id storage_root(const graph& g, node_id id);
 
+/// Pipeline placement: the compute nodes `free_nodes` (topological order)
+/// grouped into units by node::layer (untagged nodes join the unit before
+/// them; an untagged graph has one unit per node), split into contiguous
+/// stages over devices[0..k-1] minimising the slowest stage's cost-model
+/// time. Returns the stage of each entry of free_nodes.
+std::vector<int> partition_pipeline(const graph& g, const std::vector<node_id>& free_nodes,
+                                    const std::vector<device_spec>& devices, int k);
+
 class planner {
  public:
   static expected<std::shared_ptr<const plan>> compile(std::shared_ptr<const graph> g,
@@ -29,6 +37,9 @@ class planner {
   /// Memory pass: fills p.memory_ and p.slot_index_ from the steps
   /// (memory_plan.cpp). Errors: out_of_memory, internal.
   static error plan_memory(plan& p);
+  /// Fills step::peers of collective steps: the steps whose nodes share op
+  /// and operands, in rank order. Error: two parts claiming one rank.
+  static error group_collectives(plan& p);
 };
 
 /// Dense bitset rows: one row of `words` 64-bit words per element.

@@ -113,7 +113,9 @@ host_tensor materialise_view(const node& n, const host_tensor& storage) {
   return t;
 }
 
-host_tensor eval_matmul(const node& n, const host_tensor& ta, const host_tensor& tb) {
+// `stop` (may be null) is asked before each row of each matrix; when it says
+// stop, the result is garbage and the caller returns errc::cancelled.
+host_tensor eval_matmul(const node& n, const host_tensor& ta, const host_tensor& tb, const std::function<bool()>* stop) {
   const dvec a = to_doubles(ta), b = to_doubles(tb);
   const shape& da = ta.dims();
   const shape& db = tb.dims();
@@ -140,7 +142,8 @@ host_tensor eval_matmul(const node& n, const host_tensor& ta, const host_tensor&
       for (int64_t k = 0; k < K; ++k) pa[static_cast<std::size_t>(m * K + k)] = a[static_cast<std::size_t>(a0 + m * sam + k * sak)];
     for (int64_t j = 0; j < N; ++j)
       for (int64_t k = 0; k < K; ++k) pb[static_cast<std::size_t>(j * K + k)] = b[static_cast<std::size_t>(b0 + k * sbk + j * sbn)];
-    for (int64_t m = 0; m < M; ++m)
+    for (int64_t m = 0; m < M; ++m) {
+      if (stop && (*stop)()) return {};
       for (int64_t j = 0; j < N; ++j) {
         const double* x = pa.data() + m * K;
         const double* y = pb.data() + j * K;
@@ -148,6 +151,7 @@ host_tensor eval_matmul(const node& n, const host_tensor& ta, const host_tensor&
         for (int64_t k = 0; k < K; ++k) acc += x[k] * y[k];
         out[static_cast<std::size_t>((ob * M + m) * N + j)] = acc;
       }
+    }
   }
   return from_doubles(n.type, n.dims, out);
 }
@@ -260,17 +264,62 @@ host_tensor eval_rope(const node& n, const host_tensor& tx, const host_tensor& t
 
 expected<host_tensor> eval_get_rows(const node& n, const host_tensor& table, const host_tensor& ids) {
   const int64_t V = table.dims()[0], D = table.dims()[1];
+  // A shard holds rows [first, first + V) of a vocabulary of `rows` (attrs.end > 0).
+  const int64_t first = n.attrs.end > 0 ? n.attrs.begin : 0;
+  const int64_t rows = n.attrs.end > 0 ? n.attrs.end : V;
   const std::size_t row_bytes = static_cast<std::size_t>(D) * dtype_size(table.type());
-  host_tensor t(n.type, n.dims);
+  host_tensor t(n.type, n.dims);  // zero-filled: ids outside a shard leave zero rows
   for (int64_t i = 0; i < ids.numel(); ++i) {
     const int32_t id = raw_i32(ids, i);
-    if (id < 0 || id >= V)
+    if (id < 0 || id >= rows)
       return detail::node_error(errc::invalid_argument, n,
                                 "id " + std::to_string(id) + " at flat index " + std::to_string(i) +
-                                    " is outside [0, " + std::to_string(V) + ")");
+                                    " is outside [0, " + std::to_string(rows) + ")");
+    if (id < first || id >= first + V) continue;
     std::memcpy(t.data() + static_cast<std::size_t>(i) * row_bytes,
-                table.data() + static_cast<std::size_t>(id) * row_bytes, row_bytes);
+                table.data() + static_cast<std::size_t>(id - first) * row_bytes, row_bytes);
   }
+  return t;
+}
+
+// all_reduce / reduce_scatter: the sum in double, rounded once to the dtype.
+host_tensor eval_reduce(const node& n, const std::vector<const host_tensor*>& in) {
+  dvec sum = to_doubles(*in[0]);
+  for (std::size_t k = 1; k < in.size(); ++k) {
+    const dvec v = to_doubles(*in[k]);
+    for (std::size_t i = 0; i < sum.size(); ++i) sum[i] += v[i];
+  }
+  if (n.op == op_kind::all_reduce) return from_doubles(n.type, n.dims, sum);
+  // reduce_scatter: keep [begin, end) along axis.
+  const shape& full = in[0]->dims();
+  const int axis = n.attrs.axis;
+  int64_t outer = 1, inner = 1;
+  for (int d = 0; d < axis; ++d) outer *= full[d];
+  for (int d = axis + 1; d < full.rank(); ++d) inner *= full[d];
+  const int64_t len = n.attrs.end - n.attrs.begin;
+  dvec out(static_cast<std::size_t>(outer * len * inner));
+  for (int64_t o = 0; o < outer; ++o)
+    for (int64_t r = 0; r < len; ++r)
+      for (int64_t i = 0; i < inner; ++i)
+        out[static_cast<std::size_t>((o * len + r) * inner + i)] =
+            sum[static_cast<std::size_t>((o * full[axis] + n.attrs.begin + r) * inner + i)];
+  return from_doubles(n.type, n.dims, out);
+}
+
+// all_gather: each operand, seen as [outer, part * inner] with part the
+// product of its merged dims, is concatenated in rank order along dim 1.
+host_tensor eval_all_gather(const node& n, const std::vector<const host_tensor*>& in) {
+  host_tensor t(n.type, n.dims);
+  int64_t outer = 1;
+  for (int d = 0; d < n.attrs.axis; ++d) outer *= n.dims[d];
+  const std::size_t es = dtype_size(n.type);
+  std::size_t dst = 0;
+  for (int64_t o = 0; o < outer; ++o)
+    for (const host_tensor* x : in) {
+      const std::size_t chunk = static_cast<std::size_t>(x->numel() / outer) * es;
+      std::memcpy(t.data() + dst, x->data() + static_cast<std::size_t>(o) * chunk, chunk);
+      dst += chunk;
+    }
   return t;
 }
 
@@ -299,9 +348,7 @@ host_tensor eval_copy(const node& n, const host_tensor& x) {
   return t;
 }
 
-}  // namespace
-
-namespace {
+error stopped() { return error(errc::cancelled, "reference evaluation stopped"); }
 
 // Refuses a graph whose evaluation cannot fit this host, before allocating:
 // every node's value is kept (views materialised), and an op works on double
@@ -335,9 +382,8 @@ error check_reference_memory(const graph& g) {
   return {};
 }
 
-}  // namespace
-
-expected<std::vector<host_tensor>> evaluate_reference_all(const graph& g, const std::vector<host_tensor>& inputs) {
+expected<std::vector<host_tensor>> evaluate_all(const graph& g, const std::vector<host_tensor>& inputs,
+                                                const std::function<bool()>* stop) {
   if (auto e = check_inputs(g, inputs)) return e;
   if (auto e = check_reference_memory(g)) return e;
   std::vector<host_tensor> val(g.size());
@@ -346,6 +392,7 @@ expected<std::vector<host_tensor>> evaluate_reference_all(const graph& g, const 
   try {
     for (const node& n : g.nodes()) {
       current = &n;
+      if (stop && (*stop)()) return stopped();
       const auto id = static_cast<std::size_t>(n.id);
       std::vector<const host_tensor*> in;
       for (node_id i : n.inputs) in.push_back(&val[static_cast<std::size_t>(i)]);
@@ -362,7 +409,10 @@ expected<std::vector<host_tensor>> evaluate_reference_all(const graph& g, const 
           val[id] = std::move(*w);
           break;
         }
-        case op_kind::matmul: val[id] = eval_matmul(n, *in[0], *in[1]); break;
+        case op_kind::matmul:
+          val[id] = eval_matmul(n, *in[0], *in[1], stop);
+          if (stop && (*stop)()) return stopped();
+          break;
         case op_kind::add:
         case op_kind::mul: val[id] = eval_binary(n, *in[0], *in[1]); break;
         case op_kind::scale:
@@ -380,6 +430,9 @@ expected<std::vector<host_tensor>> evaluate_reference_all(const graph& g, const 
         }
         case op_kind::concat: val[id] = eval_concat(n, in); break;
         case op_kind::copy: val[id] = eval_copy(n, *in[0]); break;
+        case op_kind::all_reduce:
+        case op_kind::reduce_scatter: val[id] = eval_reduce(n, in); break;
+        case op_kind::all_gather: val[id] = eval_all_gather(n, in); break;
         case op_kind::reshape:
         case op_kind::view:
         case op_kind::permute:
@@ -399,13 +452,27 @@ expected<std::vector<host_tensor>> evaluate_reference_all(const graph& g, const 
   return val;
 }
 
-expected<std::vector<host_tensor>> evaluate_reference(const graph& g, const std::vector<host_tensor>& inputs) {
-  auto all = evaluate_reference_all(g, inputs);
+expected<std::vector<host_tensor>> outputs_of(const graph& g, expected<std::vector<host_tensor>> all) {
   if (!all) return all.err();
   std::vector<host_tensor> out;
   out.reserve(g.outputs().size());
   for (node_id o : g.outputs()) out.push_back((*all)[static_cast<std::size_t>(o)]);
   return out;
+}
+
+}  // namespace
+
+expected<std::vector<host_tensor>> evaluate_reference_all(const graph& g, const std::vector<host_tensor>& inputs) {
+  return evaluate_all(g, inputs, nullptr);
+}
+
+expected<std::vector<host_tensor>> evaluate_reference(const graph& g, const std::vector<host_tensor>& inputs) {
+  return outputs_of(g, evaluate_all(g, inputs, nullptr));
+}
+
+expected<std::vector<host_tensor>> evaluate_reference(const graph& g, const std::vector<host_tensor>& inputs,
+                                                      const std::function<bool()>& stop) {
+  return outputs_of(g, evaluate_all(g, inputs, &stop));
 }
 
 }  // namespace ag

@@ -6,6 +6,7 @@
 /// node's result to the node's dtype, as a device storing that dtype would.
 /// Pure function of its arguments; safe to call from any thread.
 
+#include <functional>
 #include <vector>
 
 #include "graph/error.hpp"
@@ -33,8 +34,19 @@ error check_inputs(const graph& g, const std::vector<host_tensor>& inputs);
 /// (masked probabilities are exactly 0); rope angle = pos * theta^(-2i/D) for
 /// pair i (neox pairs (i, i + D/2), interleaved pairs (2i, 2i + 1)), rotating
 /// (a, b) to (a cos - b sin, a sin + b cos); copy to i32 truncates toward zero
-/// (saturating; nan -> 0).
+/// (saturating; nan -> 0); get_rows of a table shard (attrs.end > 0) gives
+/// zero rows for ids outside the shard; all_reduce sums its operands in
+/// double and rounds once; reduce_scatter is that sum's [begin, end) along
+/// axis; all_gather concatenates its operands in order along the merged axes.
 expected<std::vector<host_tensor>> evaluate_reference(const graph& g, const std::vector<host_tensor>& inputs);
+
+/// Same, for a caller that may want to give up on a long evaluation (the
+/// REPL's checker thread when the user presses Ctrl-C): `stop` is called on
+/// the calling thread between nodes and between rows of a matmul; once it
+/// returns true (it must keep returning true) the evaluation fails soon with
+/// errc::cancelled.
+expected<std::vector<host_tensor>> evaluate_reference(const graph& g, const std::vector<host_tensor>& inputs,
+                                                      const std::function<bool()>& stop);
 
 /// Same, but returns every node's value (index = node id; views materialised
 /// as contiguous tensors).

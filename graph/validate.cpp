@@ -244,11 +244,83 @@ error infer_get_rows(const std::vector<node>& nodes, node& n) {
                       "ids '" + ids.name + "' are " + dname(ids.type) + ", must be i32");
   if (ids.dims.rank() > 3)
     return node_error(errc::invalid_shape, n, "ids '" + ids.name + "' are " + dims_str(ids) + ", rank must be <= 3");
+  // A tensor-parallel shard of the table: rows [begin, begin + V) of end rows.
+  if (n.attrs.end != 0 && (n.attrs.end < 0 || n.attrs.begin < 0 || n.attrs.begin > n.attrs.end - t.dims[0]))
+    return node_error(errc::invalid_argument, n,
+                      "table shard rows [" + std::to_string(n.attrs.begin) + ", " +
+                          std::to_string(n.attrs.begin + t.dims[0]) + ") do not lie in a vocabulary of " +
+                          std::to_string(n.attrs.end) + " rows");
+  if (n.attrs.end == 0 && n.attrs.begin != 0)
+    return node_error(errc::invalid_argument, n, "a row offset (begin) needs the vocabulary size (end)");
   shape out = ids.dims;
   out.set_rank(ids.dims.rank() + 1);
   out[ids.dims.rank()] = t.dims[1];
   n.dims = out;
   n.type = t.type;
+  make_contiguous(n);
+  return {};
+}
+
+// Collectives: inputs are the group's operands in rank order.
+error infer_collective(const std::vector<node>& nodes, node& n) {
+  const node& x = nodes[static_cast<std::size_t>(n.inputs[0])];
+  const std::size_t members = n.inputs.size();
+  if (n.attrs.rank < 0 || static_cast<std::size_t>(n.attrs.rank) >= members)
+    return node_error(errc::invalid_argument, n,
+                      "rank " + std::to_string(n.attrs.rank) + " is outside its group of " + std::to_string(members));
+  if (n.attrs.group < 0) return node_error(errc::invalid_argument, n, "group must be >= 0");
+  for (std::size_t i = 1; i < members; ++i) {
+    const node& y = nodes[static_cast<std::size_t>(n.inputs[i])];
+    if (auto e = need_same_type(n, x, y, ("operand " + std::to_string(i)).c_str())) return e;
+    if (n.op != op_kind::all_gather && y.dims != x.dims)
+      return node_error(errc::invalid_shape, n,
+                        "operand " + std::to_string(i) + " '" + y.name + "' " + dims_str(y) + " differs from '" +
+                            x.name + "' " + dims_str(x));
+  }
+  n.type = x.type;
+  if (n.op == op_kind::all_reduce) {
+    n.dims = x.dims;
+  } else if (n.op == op_kind::reduce_scatter) {
+    const int a = n.attrs.axis;
+    if (!norm_axis(n.attrs.axis, x.dims.rank()))
+      return node_error(errc::invalid_argument, n, "axis " + std::to_string(a) + " out of range for " + dims_str(x));
+    if (n.attrs.begin < 0 || n.attrs.end > x.dims[n.attrs.axis] || n.attrs.begin >= n.attrs.end)
+      return node_error(errc::invalid_argument, n,
+                        "range [" + std::to_string(n.attrs.begin) + ", " + std::to_string(n.attrs.end) +
+                            ") is empty or outside dim " + std::to_string(n.attrs.axis) + " of " + dims_str(x));
+    n.dims = x.dims;
+    n.dims[n.attrs.axis] = n.attrs.end - n.attrs.begin;
+  } else {
+    // all_gather: the node's dims are given; check them against the operands.
+    if (auto e = check_rank(n, n.dims, "gathered shape")) return e;
+    const int r = n.dims.rank();
+    const int a0 = n.attrs.axis, a1 = n.attrs.axis2;
+    if (!norm_axis(n.attrs.axis, r) || !norm_axis(n.attrs.axis2, r) || n.attrs.axis > n.attrs.axis2)
+      return node_error(errc::invalid_argument, n,
+                        "merged axes [" + std::to_string(a0) + ", " + std::to_string(a1) + "] are not a range of " +
+                            n.dims.to_string());
+    int64_t merged = 1;
+    for (int d = n.attrs.axis; d <= n.attrs.axis2; ++d) merged *= n.dims[d];
+    int64_t sum = 0;
+    for (std::size_t i = 0; i < members; ++i) {
+      const node& y = nodes[static_cast<std::size_t>(n.inputs[i])];
+      bool ok = y.dims.rank() == r;
+      int64_t part = 1;
+      for (int d = 0; ok && d < r; ++d) {
+        if (d >= n.attrs.axis && d <= n.attrs.axis2) part *= y.dims[d];
+        else ok = y.dims[d] == n.dims[d];
+      }
+      if (!ok)
+        return node_error(errc::invalid_shape, n,
+                          "operand " + std::to_string(i) + " '" + y.name + "' " + dims_str(y) + " does not match " +
+                              n.dims.to_string() + " outside the merged axes");
+      sum += part;
+    }
+    if (sum != merged)
+      return node_error(errc::invalid_shape, n,
+                        "operands hold " + std::to_string(sum) + " of the " + std::to_string(merged) +
+                            " merged indices of " + n.dims.to_string());
+  }
   make_contiguous(n);
   return {};
 }
@@ -514,6 +586,12 @@ error infer_node(const std::vector<node>& nodes, node& n) {
     case op_kind::concat:
       if ((e = arity(n, 1, SIZE_MAX))) return e;
       e = infer_concat(nodes, n);
+      break;
+    case op_kind::all_reduce:
+    case op_kind::all_gather:
+    case op_kind::reduce_scatter:
+      if ((e = arity(n, 1, SIZE_MAX))) return e;
+      e = infer_collective(nodes, n);
       break;
     case op_kind::copy: {
       if ((e = arity(n, 1, 1))) return e;

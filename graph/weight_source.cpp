@@ -1,6 +1,7 @@
 #include "graph/weight_source.hpp"
 
 #include <cstring>
+#include <utility>
 
 namespace ag {
 
@@ -71,7 +72,51 @@ class shape_only_weight final : public weight_source {
   shape dims_;
 };
 
+class slice_weight final : public weight_source {
+ public:
+  slice_weight(weight_source_ptr base, int dim, int64_t begin, int64_t end)
+      : base_(std::move(base)), dim_(dim), begin_(begin), dims_(base_->dims()) {
+    dims_[dim] = end - begin;
+  }
+  dtype type() const noexcept override { return base_->type(); }
+  const shape& dims() const noexcept override { return dims_; }
+  bool has_values() const noexcept override { return base_->has_values(); }
+  error read_slice(int dim, int64_t begin, int64_t end, void* dst) const override {
+    if (auto e = check_slice(dims_, dim, begin, end, origin())) return e;
+    if (dim == dim_) return base_->read_slice(dim_, begin_ + begin, begin_ + end, dst);
+    if (begin == 0 && end == dims_[dim]) return base_->read_slice(dim_, begin_, begin_ + dims_[dim_], dst);
+    // Another dim: read this shard whole, then cut the slice out of it.
+    host_tensor whole = host_tensor::uninitialized(type(), dims_);
+    if (auto e = base_->read_slice(dim_, begin_, begin_ + dims_[dim_], whole.data())) return e;
+    copy_slice(whole.data(), dims_, dtype_size(type()), dim, begin, end, dst);
+    return {};
+  }
+  std::string origin() const override {
+    return base_->origin() + " [dim " + std::to_string(dim_) + ": " + std::to_string(begin_) + ".." +
+           std::to_string(begin_ + dims_[dim_]) + ")";
+  }
+  const weight_source_ptr& base() const noexcept { return base_; }
+  int dim() const noexcept { return dim_; }
+  int64_t begin() const noexcept { return begin_; }
+
+ private:
+  weight_source_ptr base_;
+  int dim_;
+  int64_t begin_;
+  shape dims_;
+};
+
 }  // namespace
+
+expected<weight_source_ptr> make_slice_weight(weight_source_ptr base, int dim, int64_t begin, int64_t end) {
+  if (!base) return error(errc::invalid_argument, "make_slice_weight: null base");
+  if (auto e = check_slice(base->dims(), dim, begin, end, base->origin())) return e;
+  if (begin == end) return error(errc::invalid_argument, base->origin() + ": empty slice along dim " + std::to_string(dim));
+  if (begin == 0 && end == base->dims()[dim]) return base;
+  if (const auto* s = dynamic_cast<const slice_weight*>(base.get()); s && s->dim() == dim)
+    return weight_source_ptr(std::make_shared<slice_weight>(s->base(), dim, s->begin() + begin, s->begin() + end));
+  return weight_source_ptr(std::make_shared<slice_weight>(std::move(base), dim, begin, end));
+}
 
 weight_source_ptr make_host_weight(host_tensor values) { return std::make_shared<host_weight>(std::move(values)); }
 

@@ -62,6 +62,15 @@ weight_source_ptr make_host_weight(host_tensor values);
 /// A source with a shape and no values (planning only).
 weight_source_ptr make_shape_only_weight(dtype type, shape dims);
 
+/// The slice [begin, end) along `dim` of `base`, as a source of its own (a
+/// tensor-parallel shard): its dims are base's with dims[dim] = end - begin,
+/// and reading it reads only that slice of `base` (read_slice along `dim`
+/// goes straight to base.read_slice), so a device uploading its shard never
+/// touches the rest of the weight. Slices of slices along the same dim
+/// collapse into one. Errors: invalid_argument for a dim or range outside
+/// base's dims (naming base's origin).
+expected<weight_source_ptr> make_slice_weight(weight_source_ptr base, int dim, int64_t begin, int64_t end);
+
 /// Reads all values into a host tensor (the reference evaluator, tests).
 expected<host_tensor> read_all(const weight_source& w);
 

@@ -1,17 +1,19 @@
 #pragma once
 /// \file messages.hpp
 /// Every message the runtime's actors exchange: plain structs with a free
-/// inspect(). Messages that carry process-local handles (the shared job
-/// context, a device's per-plan memory) are allowed as unsafe message types:
-/// they never leave the process, so they have no inspect() and are not
-/// registered for serialization.
+/// inspect(). Depends on graph/ and CAF only: it names no actor type.
+/// Messages that carry process-local handles (a job, a plan's per-device
+/// memory: job_ref, plan_memory_ref below) are allowed as unsafe message
+/// types: they never leave the process, so they have no inspect() and are
+/// not registered for serialization.
 ///
 /// Protocol (actors/ implements it; docs/ARCHITECTURE.md has the picture):
 ///   job -> device:          acquire_arena, withdraw_arena, release_arena
 ///   device -> job:          arena_reply
-///   job -> stream/copy:     run_job (one per actor per job whose first step
-///                           has no remote dep), cancel_job (one per actor)
-///   stream -> stream/copy:  ready (one per consumer actor, batched)
+///   job -> stream/copy:     run_job (one per queue per job whose first step
+///                           has no remote dep), cancel_job (one per queue)
+///   stream -> stream/copy:  ready (one per consumer queue, batched)
+///   runtime -> device, stream/copy: register_plan (device), unload_plan
 ///   stream -> job:          step_failed; via device.notify: step_done, cancel_ack
 ///   device -> runtime:      device_down;  runtime -> job: fail_job
 
@@ -28,22 +30,53 @@
 #include "graph/error.hpp"
 #include "graph/plan.hpp"
 
-namespace ag::actors {
-struct job_context;   // actors/job_context.hpp
-struct device_plan;   // actors/internal.hpp
-}  // namespace ag::actors
-
 namespace ag {
-/// Serializes an ag::error (code and message) in CAF messages.
+/// Serializes an ag::error (code, message and the device, step and op it
+/// concerns) in CAF messages.
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, error& x) {
-  return f(caf::meta::type_name("ag.error"), x.code, x.message);
+  return f(caf::meta::type_name("ag.error"), x.code, x.message, x.device, x.step, x.op);
 }
 }  // namespace ag
 
 namespace ag::msg {
 
-using job_ctx_ptr = std::shared_ptr<const actors::job_context>;
+// --- process-local payloads ---------------------------------------------------
+// Messages name a job and a plan's device memory through these opaque bases:
+// the layer above (actors/) derives its own types from them and is the only
+// one that looks inside. No virtual function: a receiver that knows what it
+// gets downcasts statically (static_cast), so a message costs no extra
+// allocation or indirect call. The destructors are protected: only the
+// derived types, held by shared_ptr created as such, are ever destroyed.
+
+/// A running job, shared by the messages about it (run_job, ready,
+/// cancel_job). actors::job_context derives from it.
+class job_ref {
+ public:
+  uint64_t job_id() const noexcept { return job_id_; }
+
+ protected:
+  explicit job_ref(uint64_t id = 0) noexcept : job_id_(id) {}
+  job_ref(const job_ref&) = default;
+  job_ref& operator=(const job_ref&) = default;
+  ~job_ref() = default;
+  uint64_t job_id_;
+};
+using job_ref_ptr = std::shared_ptr<const job_ref>;
+
+/// One loaded plan's memory on one device (register_plan).
+/// actors::plan_memory derives from it.
+class plan_memory_ref {
+ public:
+  uint64_t plan_key() const noexcept { return plan_key_; }
+
+ protected:
+  explicit plan_memory_ref(uint64_t key = 0) noexcept : plan_key_(key) {}
+  plan_memory_ref(const plan_memory_ref&) = default;
+  plan_memory_ref& operator=(const plan_memory_ref&) = default;
+  ~plan_memory_ref() = default;
+  uint64_t plan_key_;
+};
 
 // --- job <-> device actor (arenas) ---------------------------------------
 
@@ -93,12 +126,15 @@ typename Inspector::result_type inspect(Inspector& f, withdraw_arena& x) {
   return f(caf::meta::type_name("withdraw_arena"), x.plan_key, x.job);
 }
 
-/// Registers a loaded plan's memory on its device actor (local only).
+/// Registers a loaded plan's memory on its device actor (local only). The
+/// device actor becomes the writer of its arena table.
 struct register_plan {
-  std::shared_ptr<actors::device_plan> plan;
+  std::shared_ptr<plan_memory_ref> memory;
 };
-/// Forgets a plan: its pool stops granting arenas; memory is freed when the
-/// last job holding it lets go.
+/// Forgets a plan. Device actors: the pool stops granting arenas; memory is
+/// freed when the last job holding it lets go. Executing actors: drop their
+/// scratch copy of the plan's launch records. Sent when the last user
+/// handle of the plan is gone (no job of it runs any more).
 struct unload_plan {
   uint64_t plan_key = 0;
 };
@@ -109,22 +145,22 @@ typename Inspector::result_type inspect(Inspector& f, unload_plan& x) {
 
 // --- job -> stream / copy-engine actors ------------------------------------
 
-/// Runs this actor's steps of a job (the actor finds them in the context's
-/// plan tables). Sent only to the actors whose first step has no remote dep
-/// (actors::needs_run_job); the others start on their first ready message.
+/// Runs the receiver's steps of a job: those of queue `queue` of the job's
+/// launch program. Sent only for queues whose first step has no remote dep
+/// (launch_queue::starts_itself); the others start on their first ready.
 struct run_job {
-  job_ctx_ptr ctx;
-  int actor = -1;  ///< the receiver's index in the plan's actor table
+  job_ref_ptr job;
+  int queue = -1;  ///< the receiver's queue in the job's launch program
 };
 
-/// Steps of a job completed on another actor's stream (their end events are
-/// in the job context). One message per (producer handler run, consumer actor)
-/// and up to `max_steps` steps, held inline: no heap allocation per message
-/// (a producer with more steps for one consumer sends several).
+/// Steps of a job completed on another queue's stream (their end events are
+/// in the job's state). One message per (producer handler run, consumer
+/// queue) and up to `max_steps` steps, held inline: no heap allocation per
+/// message (a producer with more steps for one consumer sends several).
 struct ready {
   static constexpr int max_steps = 6;
-  job_ctx_ptr ctx;
-  int actor = -1;  ///< the receiver's index in the plan's actor table
+  job_ref_ptr job;
+  int queue = -1;  ///< the receiver's queue in the job's launch program
   int count = 0;   ///< steps[0, count) are valid
   std::array<step_id, max_steps> steps{};
 };
@@ -132,7 +168,7 @@ struct ready {
 /// Drop the job's steps not yet launched; answer cancel_ack once the
 /// launched ones finished on the device.
 struct cancel_job {
-  job_ctx_ptr ctx;
+  job_ref_ptr job;
 };
 
 // --- to the job actor ------------------------------------------------------
@@ -200,9 +236,9 @@ typename Inspector::result_type inspect(Inspector& f, device_down& x) {
 
 }  // namespace ag::msg
 
-// Local-only payloads: they hold pointers into this process (the job context
-// shares host buffers and device events; a device_plan owns device memory),
-// so they must never be serialized.
+// Local-only payloads: they hold pointers into this process (a job_ref
+// shares host buffers and device events; a plan_memory_ref owns device
+// memory), so they must never be serialized.
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(ag::msg::register_plan)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(ag::msg::run_job)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(ag::msg::ready)

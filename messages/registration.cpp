@@ -20,7 +20,7 @@ void register_message_types(caf::actor_system_config& cfg) {
   cfg.add_error_category(ag_error_category, [](uint8_t code, caf::atom_value, const caf::message& ctx) {
     std::string s = "ag: ";
     s += ag::to_string(static_cast<ag::errc>(code));
-    if (ctx.match_elements<std::string>()) {
+    if (ctx.match_elements<std::string>() || ctx.match_elements<std::string, int32_t, int32_t, std::string>()) {
       s += ": ";
       s += ctx.get_as<std::string>(0);
     }

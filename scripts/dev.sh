@@ -1,15 +1,20 @@
 #!/usr/bin/env bash
 # The two quick-start commands (README):
-#   bash scripts/dev.sh demo   install what is missing, build, start the REPL demo
+#   bash scripts/dev.sh demo   install what is missing, build the REPL alone (no tests,
+#                              no benchmarks; CUDA only with a GPU), run the demo
+#                              script examples/demo.ag, then the prompt
 #   bash scripts/dev.sh test   install what is missing, build, run every test
 #                              (release build, then the installed package with
 #                              examples/consumer, then AddressSanitizer + UBSan,
 #                              then the actor and backend tests under
 #                              ThreadSanitizer with an instrumented CAF, then 20 s
-#                              of each fuzz target; builds are CMakePresets.json
-#                              presets). docs/TESTING.md has the full forms.
+#                              of each fuzz target, then the REPL's tests in a
+#                              build without GNU readline; builds are
+#                              CMakePresets.json presets). docs/TESTING.md has the
+#                              full forms.
 # Works on a fresh Debian bookworm machine as root (apt); on a machine where
-# everything is installed it skips apt. Extra arguments after `demo` go to the REPL.
+# everything is installed it skips apt. Extra arguments after `demo` go to the REPL
+# instead of the demo script (e.g. `demo --script examples/checked.ag`).
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$here"
@@ -19,7 +24,8 @@ jobs="${AG_BUILD_JOBS:-$(nproc)}"
 
 packages=(build-essential cmake ninja-build pkg-config git
           libcaf-dev libconcurrentqueue-dev libgtest-dev libgmock-dev libbenchmark-dev
-          libopenblas-dev libreadline-dev python3 python3-numpy
+          libopenblas-dev libreadline-dev libcli11-dev python3 python3-numpy
+          nlohmann-json3-dev libsentencepiece-dev
           clang-14 libclang-rt-14-dev)  # clang: libFuzzer (scripts/fuzz.sh)
 
 install_missing() {
@@ -49,19 +55,6 @@ pick_python() {
       return
     fi
   done
-}
-
-# configure_and_build <dir> <cmake args...>
-configure_and_build() {
-  local dir="$1"
-  shift
-  pick_python
-  cmake -S "$here" -B "$dir" -G Ninja "${python_args[@]}" "$@" >"$dir.configure.log" 2>&1 || {
-    cat "$dir.configure.log"
-    return 1
-  }
-  grep -E "actorgraph:|skipp" "$dir.configure.log" || true
-  cmake --build "$dir" -j "$jobs" ${AG_TARGET:+--target "$AG_TARGET"}
 }
 
 # preset_build <preset> <binary dir> [cmake args...]: configure and build a
@@ -102,8 +95,14 @@ consumer_check() {
 case "$mode" in
   demo)
     install_missing
-    configure_and_build build -DCMAKE_BUILD_TYPE=Release
-    exec ./build/apps/actorgraph "$@"
+    # Only what the REPL needs (preset demo: its own build dir, no tests, no
+    # benchmarks), and the CUDA backend only where a GPU can run it (nvcc alone
+    # is slow).
+    cuda=OFF
+    if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then cuda=AUTO; fi
+    preset_build demo build-demo -DACTORGRAPH_CUDA="$cuda"
+    if (($#)); then exec ./build-demo/apps/actorgraph "$@"; fi
+    exec ./build-demo/apps/actorgraph --init examples/demo.ag
     ;;
   test)
     install_missing
@@ -121,6 +120,9 @@ case "$mode" in
     AG_TSAN_CI=1 bash scripts/tsan.sh
     echo "== fuzzing: every target for 20 s (clang, address + undefined)"
     bash scripts/fuzz.sh 20
+    echo "== the REPL without GNU readline (preset noreadline: test_repl and actorgraph only)"
+    preset_build noreadline build-noreadline
+    ctest --preset noreadline -j "$jobs"
     echo "== all tests passed in $(( $(date +%s) - start )) s"
     ;;
   *)

@@ -17,6 +17,8 @@ packages=(
   libgtest-dev libgmock-dev libbenchmark-dev libbenchmark1debian
   # OpenBLAS for the cpu backend (the GPU machine only has a plain libblas)
   libopenblas-dev libopenblas0 libopenblas-pthread-dev libopenblas0-pthread libgfortran5 libquadmath0
+  # checkpoints and tokenizers (models/): JSON (header only), SentencePiece
+  nlohmann-json3-dev libsentencepiece-dev libsentencepiece0
 )
 cd "$dest"
 # apt's sandbox user cannot write into root-owned folders: download as is.

@@ -8,7 +8,7 @@
 
 namespace ag::repl {
 
-expected<command_line> split_command(const std::string& line) {
+expected<command_line> split_command(const std::string& line, bool name_only) {
   command_line c;
   std::vector<word> words;
   std::size_t i = 0;
@@ -29,6 +29,7 @@ expected<command_line> split_command(const std::string& line) {
       }
     }
     words.push_back(std::move(w));
+    if (name_only) break;
   }
   if (words.empty()) return c;
   c.name = words.front();
@@ -127,31 +128,36 @@ std::optional<std::string> params::raw(const std::string& key) {
   return std::nullopt;
 }
 
-expected<std::optional<int64_t>> params::get_int(const std::string& key, int64_t lo, int64_t hi) {
-  auto r = raw(key);
-  if (!r) return std::optional<int64_t>{};
-  auto v = parse_int(*r, key, lo, hi);
+namespace {
+
+// The raw value of `key` through `parse`, if given.
+template <class T, class Parse>
+expected<std::optional<T>> typed(const std::optional<std::string>& raw, Parse parse) {
+  if (!raw) return std::optional<T>{};
+  auto v = parse(*raw);
   if (!v) return v.err();
-  return std::optional<int64_t>{*v};
+  return std::optional<T>{*v};
+}
+
+}  // namespace
+
+expected<std::optional<int64_t>> params::get_int(const std::string& key, int64_t lo, int64_t hi) {
+  return typed<int64_t>(raw(key), [&](const std::string& t) { return parse_int(t, key, lo, hi); });
 }
 
 expected<std::optional<double>> params::get_number(const std::string& key, double lo, double hi) {
-  auto r = raw(key);
-  if (!r) return std::optional<double>{};
-  auto v = parse_number(*r, key, lo, hi);
-  if (!v) return v.err();
-  return std::optional<double>{*v};
+  return typed<double>(raw(key), [&](const std::string& t) { return parse_number(t, key, lo, hi); });
 }
 
 expected<std::optional<bool>> params::get_bool(const std::string& key) {
-  auto r = raw(key);
-  if (!r) return std::optional<bool>{};
-  auto v = parse_bool(*r, key);
-  if (!v) return v.err();
-  return std::optional<bool>{*v};
+  return typed<bool>(raw(key), [&](const std::string& t) { return parse_bool(t, key); });
 }
 
-error params::finish() const {
+error params::finish(std::size_t max_words) const {
+  if (c_.positional.size() > max_words) {
+    const word& w = c_.positional[max_words];
+    return bad_arg("col " + std::to_string(w.pos + 1) + ": unexpected '" + w.text + "'");
+  }
   std::set<std::string> seen;
   for (const auto& p : c_.named) {
     if (!asked_.count(p.key.text)) {

@@ -38,8 +38,10 @@ struct command_line {
 
 /// Splits `line`. Text after an unquoted '#' is a comment. Double quotes
 /// group words with spaces ("my file.json"). Errors: an unterminated quote,
-/// an empty key ("=5") or an empty value ("n=").
-expected<command_line> split_command(const std::string& line);
+/// an empty key ("=5") or an empty value ("n="). With `name_only` (commands
+/// with a syntax of their own, such as `graph x = input[4]`) only the name
+/// and `rest` are filled, and nothing after the name is an error.
+expected<command_line> split_command(const std::string& line, bool name_only = false);
 
 /// Parses a whole decimal integer (optionally with a k/M/G suffix: 2k = 2000)
 /// in [lo, hi]. `what` names the parameter in the error.
@@ -63,8 +65,9 @@ class params {
   expected<std::optional<double>> get_number(const std::string& key, double lo, double hi);
   expected<std::optional<bool>> get_bool(const std::string& key);
   /// Error for a key that no get_*/raw call asked for (names the allowed
-  /// keys), or for a key given twice; ok otherwise.
-  error finish() const;
+  /// keys), for a key given twice, or for a positional word beyond the first
+  /// `max_words` ("col 9: unexpected 'x'"); ok otherwise.
+  error finish(std::size_t max_words = SIZE_MAX) const;
 
  private:
   const command_line& c_;

@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "apps/common/flags.hpp"
 #include "apps/repl/session.hpp"
 
 #ifdef AG_REPL_HAVE_READLINE
@@ -249,56 +250,51 @@ int interactive_plain(session& s) {
       const std::string line = pending.substr(0, nl);
       pending.erase(0, nl + 1);
       if (s.execute(line) == exec_status::quit) return 0;
+      // A Ctrl-C during the command (a `wait`) was for that command.
+      sigint_seen = 0;
+      drain_fd(sig_pipe[0]);
       need_prompt = true;
     }
   }
 }
 
-void usage(std::ostream& o) {
-  o << "usage: actorgraph [--script FILE] [--keep-going] [--devices SPEC] [--no-readline] [-c COMMAND]...\n"
-       "  --script FILE   run the commands of FILE, then exit (as does a pipe on standard input)\n"
-       "  --keep-going    in a script, continue after a failing command (the exit status is still 1)\n"
-       "  --devices SPEC  devices to start with (default: cuda:all with a GPU, else sim:4)\n"
-       "  --no-readline   read plain lines even on a terminal\n"
-       "  -c COMMAND      run COMMAND (repeatable) as a script, then exit\n"
-       "Type 'help' at the prompt for the commands.\n";
+// What the banner says about line input, so nobody wonders why TAB or the
+// arrow keys do nothing.
+const char* line_input_note(bool no_readline_flag) {
+#ifdef AG_REPL_HAVE_READLINE
+  if (!no_readline_flag) return "; TAB completes; Ctrl-D quits";
+  return " (plain line input: --no-readline)";
+#else
+  (void)no_readline_flag;
+  return " (plain line input: built without GNU readline, so no line editing, history or completion)";
+#endif
 }
 
 }  // namespace
 
 int console_main(int argc, char** argv) {
-  std::string script, devices;
+  std::string script, devices, init;
   std::vector<std::string> commands_given;
   bool keep_going = false, no_readline = false;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    auto value = [&](std::string& out) {
-      if (i + 1 >= argc) {
-        std::cerr << "actorgraph: " << a << " needs a value\n";
-        return false;
-      }
-      out = argv[++i];
-      return true;
-    };
-    if (a == "--script" || a == "-s") {
-      if (!value(script)) return 2;
-    } else if (a == "--devices") {
-      if (!value(devices)) return 2;
-    } else if (a == "-c") {
-      std::string c;
-      if (!value(c)) return 2;
-      commands_given.push_back(c);
-    } else if (a == "--keep-going" || a == "-k") {
-      keep_going = true;
-    } else if (a == "--no-readline") {
-      no_readline = true;
-    } else if (a == "--help" || a == "-h") {
-      usage(std::cout);
-      return 0;
-    } else {
-      std::cerr << "actorgraph: unknown argument '" << a << "'\n";
-      usage(std::cerr);
-      return 2;
+  ag::apps::flags app("actorgraph",
+                                  "actorgraph: an interactive shell over the actorgraph runtime. Type 'help' at the prompt "
+                                  "for the commands (docs/REPL.md).");
+  app.add_option("-s,--script", script, "run the commands of FILE, then exit (as does a pipe on standard input)")
+      ->option_text("FILE");
+  app.add_option("--init", init, "run the commands of FILE first, then go on as usual (the prompt, a script or -c)")
+      ->option_text("FILE");
+  app.add_flag("-k,--keep-going", keep_going, "in a script, continue after a failing command (the exit status is still 1)");
+  app.add_option("--devices", devices, "devices to start with (default: cuda:all with a GPU, else sim:4)")->option_text("SPEC");
+  app.add_flag("--no-readline", no_readline, "read plain lines even on a terminal");
+  app.add_option("-c", commands_given, "run COMMAND (repeatable) as a script, then exit")
+      ->option_text("COMMAND")
+      ->expected(1)
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
+  if (auto status = apps::parse_flags(app, argc, argv)) return *status;
+  if (!devices.empty()) {
+    if (auto items = gpu::parse_device_spec(devices); !items) {
+      std::cerr << "actorgraph: --devices: " << items.err().message << "\n";
+      return apps::bad_flags_status;
     }
   }
 
@@ -320,32 +316,25 @@ int console_main(int argc, char** argv) {
   // script or pipe keeps the default (Ctrl-C ends it).
   if (tty) install_sigint();
 
-  if (!script.empty()) {
-    std::ifstream f(script);
-    if (!f) {
-      std::cerr << "actorgraph: cannot read script '" << script << "'\n";
-      return 2;
-    }
-    return run_script(s, f, std::cout, keep_going);
+  // --init: a start-up script (the demo's); at a terminal the prompt follows
+  // even when one of its commands failed.
+  int status = 0;
+  if (!init.empty()) {
+    status = run_script_file(s, init, std::cout, keep_going);
+    if (status != 0 && !tty) return status;
   }
+  if (!script.empty()) return std::max(status, run_script_file(s, script, std::cout, keep_going));
   if (!commands_given.empty()) {
     std::string all;
     for (const auto& c : commands_given) all += c + "\n";
     std::istringstream in(all);
-    return run_script(s, in, std::cout, keep_going);
+    return std::max(status, run_script(s, in, std::cout, keep_going));
   }
-  if (!tty) return run_script(s, std::cin, std::cout, keep_going);
+  if (!tty) return std::max(status, run_script(s, std::cin, std::cout, keep_going));
 
-  std::cout << "actorgraph REPL: 'help' lists the commands";
+  std::cout << "actorgraph REPL: 'help' lists the commands" << line_input_note(no_readline) << "\n";
 #ifdef AG_REPL_HAVE_READLINE
-  if (!no_readline) {
-    std::cout << "; TAB completes; Ctrl-D quits\n";
-    return interactive_readline(s);
-  }
-  std::cout << " (plain line input: --no-readline)\n";
-#else
-  std::cout << " (built without GNU readline: no line editing, history or completion)\n";
-  (void)no_readline;
+  if (!no_readline) return interactive_readline(s);
 #endif
   return interactive_plain(s);
 }

@@ -10,8 +10,9 @@
 namespace ag::repl {
 
 /// main() of `actorgraph`:
-///   actorgraph [--script FILE] [--keep-going] [--devices SPEC] [--no-readline] [-c CMD]...
-/// Exit status: 0, 1 if a scripted command failed, 2 for bad arguments.
+///   actorgraph [--script FILE] [--init FILE] [--keep-going] [--devices SPEC] [--no-readline] [-c CMD]...
+/// (`--help` lists them). Exit status: 0, 1 if a scripted command failed,
+/// 2 for bad arguments.
 int console_main(int argc, char** argv);
 
 }  // namespace ag::repl

@@ -2,10 +2,13 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cerrno>
 #include <cmath>
 #include <cstdlib>
 #include <map>
 
+#include "apps/repl/format.hpp"
+#include "apps/repl/memory_budget.hpp"
 #include "graph/host_tensor.hpp"
 
 namespace ag::repl {
@@ -135,9 +138,14 @@ class parser {
       const std::size_t at = i_;
       const char* b = s_.c_str() + i_;
       char* end = nullptr;
+      errno = 0;
       const long long v = std::strtoll(b, &end, 10);
       if (end == b) {
         fail(at, "expected a whole number in '[...]', found " + found());
+        return false;
+      }
+      if (errno == ERANGE) {
+        fail(at, "dimension " + std::string(b, static_cast<std::size_t>(end - b)) + " does not fit in 64 bits");
         return false;
       }
       i_ += static_cast<std::size_t>(end - b);
@@ -221,7 +229,8 @@ class parser {
 
 class builder {
  public:
-  builder(const std::string& text, uint64_t seed, std::size_t offset) : text_(text), seed_(seed), off_(offset) {}
+  builder(const std::string& text, uint64_t seed, std::size_t offset, const graph_expr_limits& limits)
+      : text_(text), seed_(seed), off_(offset), limits_(limits) {}
 
   expected<graph> run(const std::vector<statement>& prog) {
     bool any_out = false;
@@ -261,7 +270,7 @@ class builder {
       case expr::kind::name: {
         auto it = env_.find(e.text);
         if (it == env_.end()) {
-          if (e.text == "input" || e.text == "weight") return bad(e, "'" + e.text + "' needs dims, e.g. " + e.text + "[8,64]");
+          if (e.text == "input" || e.text == "weight") return bad(e, leaf_syntax(e));
           const auto& fs = graph_expr_functions();
           if (std::find(fs.begin(), fs.end(), e.text) != fs.end())
             return bad(e, "'" + e.text + "' is a function: call it, e.g. " + e.text + "(x)");
@@ -331,6 +340,22 @@ class builder {
     s = shape::from_range(v.begin(), v.end());
     return true;
   }
+  // The error for `input(4, 8)` or a bare `input`: leaves take their dims
+  // in square brackets, and the message shows the line rewritten so.
+  static std::string leaf_syntax(const expr& e) {
+    std::string dims;
+    bool all_numbers = !e.args.empty() && e.kwargs.empty();
+    for (const auto& a : e.args) {
+      all_numbers = all_numbers && a.k == expr::kind::number;
+      dims += (dims.empty() ? "" : ",") + a.text;
+    }
+    const std::string typed = e.type.empty() ? "" : ":" + e.type;
+    if (all_numbers)
+      return "'" + e.text + "' takes its dims in square brackets: " + e.text + "[" + dims + "]" + typed + ", not " + e.text +
+             "(...)";
+    return "'" + e.text + "' needs its dims in square brackets, e.g. " + e.text + "[8,64] or " + e.text + "[8,64]:f16";
+  }
+
   // After a builder call: its first error, with this expression's column.
   bool built(const expr& e, tensor t, tensor& out) {
     if (!b_.status().ok() || !t.valid())
@@ -345,12 +370,20 @@ class builder {
     if (!e.type.empty() && !parse_dtype(e.type.c_str(), type))
       return bad(e, "unknown dtype '" + e.type + "' (f32, f16, bf16, i32)");
     if (f == "input" || f == "weight") {
-      if (!e.has_dims) return bad(e, "'" + f + "' needs dims, e.g. " + f + "[8,64]");
-      if (!e.args.empty() || !e.kwargs.empty()) return bad(e, "'" + f + "' takes no arguments");
+      if (!e.has_dims) return bad(e, leaf_syntax(e));
+      if (!e.args.empty() || !e.kwargs.empty()) return bad(e, "'" + f + "' takes no arguments: " + f + "[d0,d1,...] or " + f + "[d0,...]:f16");
       shape s;
       if (!dims_of(e, e.list, s)) return false;
+      const auto bytes = checked_bytes(s, type);
+      if (!bytes) return bad(e, "'" + f + "' of " + overflow_text(s, type));
       const std::string n = name.empty() ? f + std::to_string(++leaves_) : name;
       if (f == "input") return built(e, b_.input(n, type, s), out);
+      weight_bytes_ += static_cast<double>(*bytes);
+      if (weight_bytes_ > limits_.max_weight_bytes)
+        return bad(e, "weight '" + n + "' " + s.to_string() + " " + to_string(type) + " takes " +
+                          bytes_text(static_cast<double>(*bytes)) + ": the graph's weights would take " +
+                          bytes_text(weight_bytes_) + ", more than this host can build (" +
+                          bytes_text(limits_.max_weight_bytes) + ")");
       const uint64_t seed = seed_ * 1000003ull + static_cast<uint64_t>(++leaves_);
       host_tensor data;
       if (type == dtype::i32) {
@@ -461,6 +494,8 @@ class builder {
   std::map<std::string, tensor> env_;
   uint64_t seed_;
   std::size_t off_;
+  graph_expr_limits limits_;
+  double weight_bytes_ = 0;
   int leaves_ = 0;
   error err_;
 };
@@ -472,14 +507,14 @@ expected<std::vector<statement>> parse_graph_expr(const std::string& text, std::
 }
 
 expected<graph> build_graph_expr(const std::vector<statement>& prog, const std::string& text, uint64_t seed,
-                                 std::size_t offset) {
-  return builder(text, seed, offset).run(prog);
+                                 std::size_t offset, const graph_expr_limits& limits) {
+  return builder(text, seed, offset, limits).run(prog);
 }
 
-expected<graph> graph_from_expr(const std::string& text, uint64_t seed, std::size_t offset) {
+expected<graph> graph_from_expr(const std::string& text, uint64_t seed, std::size_t offset, const graph_expr_limits& limits) {
   auto prog = parse_graph_expr(text, offset);
   if (!prog) return prog.err();
-  return build_graph_expr(*prog, text, seed, offset);
+  return build_graph_expr(*prog, text, seed, offset, limits);
 }
 
 const std::vector<std::string>& graph_expr_functions() {

@@ -55,16 +55,25 @@ struct statement {
 /// `offset` is added to reported columns (where the text started in a line).
 expected<std::vector<statement>> parse_graph_expr(const std::string& text, std::size_t offset = 0);
 
+/// Limits checked while building, before anything is allocated.
+struct graph_expr_limits {
+  /// Bytes of all weights together (their values are drawn while building);
+  /// a weight that would pass this is refused with the sizes.
+  double max_weight_bytes = 1e300;
+};
+
 /// Builds the graph of a parsed program. Weights get deterministic random
 /// values from `seed` (N(0, 1/fan_in)). Errors: an unknown name, a bad
 /// argument count or type, a name bound twice, no `out`, and the builder's
-/// own shape / dtype errors (which name the node).
+/// own shape / dtype errors (which name the node); a leaf whose byte size
+/// does not fit in 64 bits, or weights over `limits`.
 /// `text` is what was parsed (for line/column numbers in errors).
 expected<graph> build_graph_expr(const std::vector<statement>& prog, const std::string& text,
-                                 uint64_t seed = 1, std::size_t offset = 0);
+                                 uint64_t seed = 1, std::size_t offset = 0, const graph_expr_limits& limits = {});
 
 /// Both steps.
-expected<graph> graph_from_expr(const std::string& text, uint64_t seed = 1, std::size_t offset = 0);
+expected<graph> graph_from_expr(const std::string& text, uint64_t seed = 1, std::size_t offset = 0,
+                                const graph_expr_limits& limits = {});
 
 /// Names of the ops the language knows (for completion and help).
 const std::vector<std::string>& graph_expr_functions();

@@ -57,6 +57,8 @@ struct command_info {
   const char* example;
   std::vector<std::string> keys;     ///< key= parameters, for completion
   std::vector<std::string> words;    ///< positional words, for completion
+  const char* details = nullptr;     ///< more lines for `help <command>`, or null
+  bool own_syntax = false;           ///< parses the text after its name itself (graph, echo)
 };
 const std::vector<command_info>& commands();
 const command_info* find_command(const std::string& name);
@@ -83,7 +85,9 @@ class session {
   std::vector<report> drain();
   /// Becomes readable when drain() has something; drain() empties it.
   int notify_fd() const noexcept;
-  /// Async-signal-safe: makes a running `wait` return to the prompt.
+  /// Async-signal-safe: makes a running `wait` return to the prompt; that
+  /// `wait` also stops the reference checks of the runs submitted so far
+  /// (they report "check: stopped"). The jobs keep running.
   void interrupt() noexcept;
 
   /// Completion of the word that starts at `word_start` in `line` (the text
@@ -113,10 +117,15 @@ class session {
   std::unique_ptr<impl> impl_;
 };
 
-/// Runs commands from `in` (a script or a pipe): each echoed as "> cmd",
+/// Runs commands from `in` (a script or a pipe): each echoed as "> cmd"
+/// (blank lines and '#' comment lines are skipped),
 /// reports printed between commands; at the end of input waits for running
 /// jobs (as `quit wait`). Stops at the first failing command unless
 /// `keep_going`. Returns the process exit status: 0, or 1 if a command failed.
+/// Lines longer than 1 MiB end the script with an error (`actorgraph < /dev/zero`).
 int run_script(session& s, std::istream& in, std::ostream& out, bool keep_going);
+/// run_script on a file read whole first (at most 16 MiB, no NUL bytes);
+/// a file that cannot be read prints the error and returns 1.
+int run_script_file(session& s, const std::string& path, std::ostream& out, bool keep_going);
 
 }  // namespace ag::repl

@@ -131,7 +131,9 @@ std::string label(const op_launch& l) {
   return "op '" + l.op->name + "' (" + to_string(l.op->op) + ")";
 }
 
-error bad(errc c, const op_launch& l, const std::string& what) { return error(c, label(l) + ": " + what); }
+error bad(errc c, const op_launch& l, const std::string& what) {
+  return error(c, label(l) + ": " + what, -1, -1, l.op ? l.op->name : std::string{});
+}
 
 // --- ops -------------------------------------------------------------------
 
@@ -468,6 +470,10 @@ error check_op(const op_launch& l) {
   const node& nd_ = *l.op;
   const op_kind k = nd_.op;
   if (is_view_op(k) || is_leaf_op(k)) return {};
+  if (is_collective_op(k))
+    return bad(errc::unsupported_op, l, "a collective runs as a collective step, not as a kernel");
+  if (k == op_kind::get_rows && nd_.attrs.end != 0)
+    return bad(errc::unsupported_op, l, "lookups in a table shard (tensor parallelism) are not implemented here yet");
   std::size_t lo = 1, hi = 1;
   switch (k) {
     case op_kind::matmul: case op_kind::add: case op_kind::mul: case op_kind::rope:

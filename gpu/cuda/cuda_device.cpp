@@ -148,15 +148,13 @@ class cuda_device final : public device {
   }
 
   // --- streams and events ---
-  std::unique_ptr<stream> create_stream(stream_role role) override {
-    auto s = std::make_unique<cuda_stream>(core_, role);
-    if (error e = s->init()) {
-      std::fprintf(stderr, "actorgraph cuda: %s\n", e.to_string().c_str());
-      // A stream without a CUDA stream handle: every call on it fails cleanly.
-    }
-    return s;
+  expected<std::unique_ptr<stream>> create_stream(step_kind kind) override {
+    if (!alive()) return core_->dead_error();
+    auto s = std::make_unique<cuda_stream>(core_, kind);
+    if (error e = s->init()) return std::move(e).concerning(index_);
+    return std::unique_ptr<stream>(std::move(s));
   }
-  std::unique_ptr<event> create_event(bool timing) override {
+  expected<std::unique_ptr<event>> create_event(bool timing) override {
     cudaEvent_t e = nullptr;
     if (!timing) {
       std::lock_guard<std::mutex> lk(core_->pool_mu);
@@ -167,29 +165,26 @@ class cuda_device final : public device {
     }
     if (!e) {
       device_guard g(core_->ordinal);
-      if (cudaEventCreateWithFlags(&e, timing ? cudaEventDefault : cudaEventDisableTiming) != cudaSuccess) {
-        AG_CUDA_LOG(cudaGetLastError());
-        e = nullptr;
-      }
+      if (error err = AG_CORE_CHECK(*core_, cudaEventCreateWithFlags(&e, timing ? cudaEventDefault : cudaEventDisableTiming),
+                                    spec_.name + " create_event"))
+        return std::move(err).concerning(index_);
     }
-    return std::make_unique<cuda_event>(core_, e, timing);
+    return std::unique_ptr<event>(std::make_unique<cuda_event>(core_, e, timing));
   }
-  void record(event& e, stream& s) override {
+  error record(event& e, stream& s) override {
     auto* ce = dynamic_cast<cuda_event*>(&e);
     auto* cs = own(s);
-    if (!ce || !cs || !ce->ev_) {
-      std::fprintf(stderr, "actorgraph cuda: %s: record() needs a CUDA event and a stream of this device\n",
-                   spec_.name.c_str());
-      return;
-    }
+    if (!ce || !cs || !ce->ev_)
+      return error(errc::invalid_argument, spec_.name + ": record() needs a CUDA event and a stream of this device",
+                   index_);
     if (ce->core_->ordinal != core_->ordinal) {
       // Recorded on another device's stream: move the event to this device.
       device_guard g(core_->ordinal);
       cudaEvent_t fresh = nullptr;
-      if (cudaEventCreateWithFlags(&fresh, ce->timing_ ? cudaEventDefault : cudaEventDisableTiming) != cudaSuccess) {
-        AG_CUDA_LOG(cudaGetLastError());
-        return;
-      }
+      if (error err = AG_CORE_CHECK(*core_,
+                                    cudaEventCreateWithFlags(&fresh, ce->timing_ ? cudaEventDefault : cudaEventDisableTiming),
+                                    spec_.name + " record (moving an event to this device)"))
+        return std::move(err).concerning(index_);
       {
         device_guard g2(ce->core_->ordinal);
         AG_CUDA_ASSERT(cudaEventDestroy(ce->ev_));
@@ -200,19 +195,19 @@ class cuda_device final : public device {
     }
     device_guard g(core_->ordinal);
     if (error err = AG_CORE_CHECK(*core_, cudaEventRecord(ce->ev_, cs->s_), spec_.name + " record"))
-      std::fprintf(stderr, "actorgraph cuda: %s\n", err.to_string().c_str());
-    else
-      ce->recorded_.store(true, std::memory_order_release);
+      return std::move(err).concerning(index_);
+    ce->recorded_.store(true, std::memory_order_release);
+    return {};
   }
-  void wait(stream& s, const event& e) override {
+  error wait(stream& s, const event& e) override {
     auto* cs = own(s);
-    if (!cs) return;
+    if (!cs) return error(errc::invalid_argument, spec_.name + ": wait() on a stream of another device", index_);
     device_guard g(core_->ordinal);
     if (auto* ce = dynamic_cast<const cuda_event*>(&e)) {
-      if (!ce->recorded_.load(std::memory_order_acquire) || !ce->ev_) return;
+      if (!ce->recorded_.load(std::memory_order_acquire) || !ce->ev_) return {};
       if (error err = AG_CORE_CHECK(*core_, cudaStreamWaitEvent(cs->s_, ce->ev_, 0), spec_.name + " wait"))
-        std::fprintf(stderr, "actorgraph cuda: %s\n", err.to_string().c_str());
-      return;
+        return std::move(err).concerning(index_);
+      return {};
     }
     // A host backend's event: the GPU must wait without the host waiting. A
     // one-thread kernel spins on a host-mapped flag that the poller sets once
@@ -220,29 +215,23 @@ class cuda_device final : public device {
     // it waits; the alternative, cudaLaunchHostFunc blocking in e.host_wait(),
     // would stall CUDA's single host-callback thread for every stream of the
     // process. `e` must stay alive until the wait has been satisfied.
-    if (e.query()) return;
+    if (e.query()) return {};
     unsigned int* slot = core_->poll->take_slot();
     void* dev = slot;
     if (slot && cudaHostGetDevicePointer(&dev, slot, 0) != cudaSuccess) {
       (void)cudaGetLastError();
       dev = slot;  // mapped pinned memory has the same address on the GPU (UVA)
     }
-    if (!slot) {
-      std::fprintf(stderr, "actorgraph cuda: %s: no flag for a host-event wait; waiting on the host\n",
-                   spec_.name.c_str());
-      e.host_wait();
-      return;
-    }
-    if (error err = launch_wait_flag(cs->s_, static_cast<unsigned int*>(dev), spec_.name + " wait(host event)")) {
-      std::fprintf(stderr, "actorgraph cuda: %s\n", err.to_string().c_str());
-      e.host_wait();
-      return;
-    }
+    if (!slot)
+      return error(errc::device_failed, spec_.name + ": no host-mapped flag left for a wait on a host event", index_);
+    if (error err = launch_wait_flag(cs->s_, static_cast<unsigned int*>(dev), spec_.name + " wait(host event)"))
+      return std::move(err).concerning(index_);
     poll_item it;
     it.k = poll_item::kind::foreign_wait;
     it.foreign = &e;
     it.slot = slot;
     core_->poll->push(std::move(it));
+    return {};
   }
 
   // --- work ---

@@ -18,9 +18,9 @@ namespace ag::gpu::cuda::detail {
 /// streams); holds the device core, so it may outlive the device object.
 class cuda_stream final : public stream {
  public:
-  cuda_stream(std::shared_ptr<core> c, stream_role role) : core_(std::move(c)), role_(role) {}
+  cuda_stream(std::shared_ptr<core> c, step_kind kind) : core_(std::move(c)), role_(kind) {}
   ~cuda_stream() override;
-  stream_role role() const noexcept override { return role_; }
+  step_kind kind() const noexcept override { return role_; }
 
   /// Creates the CUDA stream and the fault word. On an error the stream keeps
   /// a null handle: every device call on it then fails cleanly.
@@ -31,7 +31,7 @@ class cuda_stream final : public stream {
   expected<cublasHandle_t> blas(bool tf32);
 
   std::shared_ptr<core> core_;
-  stream_role role_;
+  step_kind role_;
   cudaStream_t s_ = nullptr;
   std::shared_ptr<fault_cell> fault_;
   cublasHandle_t blas_ = nullptr;

@@ -21,10 +21,11 @@ void core::mark_dead(const error& e) {
     if (fault_reported) return;
     fault_reported = true;
     death = e;
+    death.device = index;  // the message names the device ("cudaN ...")
     alive.store(false, std::memory_order_release);
     h = fault_handler;
   }
-  if (h) h(e);
+  if (h) h(death);
 }
 
 error core::check(cudaError_t r, const std::string& where, const char* call, const char* file, int line) {

@@ -32,6 +32,7 @@ struct core {
   core& operator=(const core&) = delete;
 
   int ordinal = 0;
+  int index = -1;  ///< the device's index in the runtime (error::device)
   std::string name;
   std::shared_ptr<poller> poll;
   std::atomic<bool> alive{true};
@@ -48,7 +49,7 @@ struct core {
   clock_anchor clock;
 
   error dead_error() const {
-    return error(errc::device_failed, name + " is dead" + (death.message.empty() ? "" : ": " + death.message));
+    return error(errc::device_failed, name + " is dead" + (death.message.empty() ? "" : ": " + death.message), index);
   }
 
   /// Marks the device dead once and reports it to the fault handler.

@@ -54,6 +54,7 @@ expected<device_ptr> make_one(int ordinal, int index, const backend_options& opt
   spec.copy_engines = std::max(1, prop.asyncEngineCount);
 
   auto c = std::make_shared<core>(ordinal, spec.name);
+  c->index = index;
   if (error e = c->clock.calibrate()) return e;
   c->poll = std::make_shared<poller>(ordinal, spec.name);
   std::weak_ptr<core> weak = c;

@@ -45,6 +45,10 @@ error dispatch_op(core& dev_core, cuda_stream& cs, const op_launch& l, const std
     case op_kind::transpose:
     case op_kind::slice:
       return {};  // leaves are uploaded, views alias their source
+    case op_kind::all_reduce:
+    case op_kind::all_gather:
+    case op_kind::reduce_scatter:
+      return error(errc::unsupported_op, c.where + ": a collective runs as a collective step, not as a kernel");
     case op_kind::matmul: {
       if ((e = need(2))) return e;
       auto h = cs.blas(tf32);

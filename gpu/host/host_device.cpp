@@ -51,21 +51,27 @@ host_device::~host_device() {
 }
 
 error host_device::dead_error(const char* what) const {
-  return error(errc::device_failed, "device '" + spec_.name + "' is dead, cannot " + what);
+  // The device's own death error (what on_fault reported, with its reason),
+  // whichever path reaches a job first: this refusal or the fault notice.
+  // death_error_ is written once, before dead_ is set (release); callers saw
+  // dead_ set (acquire).
+  return error(errc::device_failed,
+               "device '" + spec_.name + "' is dead, cannot " + what + " (" + death_error_.message + ")", index_);
 }
 
 expected<void*> host_device::allocate(int64_t bytes) {
   if (bytes < 0)
     return error(errc::invalid_argument,
-                 "device '" + spec_.name + "': allocate of a negative size (" + std::to_string(bytes) + ")");
+                 "device '" + spec_.name + "': allocate of a negative size (" + std::to_string(bytes) + ")", index_);
   if (!alive()) return dead_error("allocate");
   // Reserve first so that concurrent allocations cannot both pass the check.
   const int64_t before = in_use_.fetch_add(bytes, std::memory_order_relaxed);
   if (before + bytes > spec_.mem_bytes) {
     in_use_.fetch_sub(bytes, std::memory_order_relaxed);
-    return error(errc::out_of_memory, "device '" + spec_.name + "': cannot allocate " +
-                                          std::to_string(bytes) + " bytes: " + std::to_string(before) +
-                                          " of " + std::to_string(spec_.mem_bytes) + " in use");
+    return error(errc::out_of_memory,
+                 "device '" + spec_.name + "': cannot allocate " + std::to_string(bytes) +
+                     " bytes: " + std::to_string(before) + " of " + std::to_string(spec_.mem_bytes) + " in use",
+                 index_);
   }
   void* p = nullptr;
   if (cfg_.lazy_memory) {
@@ -78,8 +84,8 @@ expected<void*> host_device::allocate(int64_t bytes) {
   }
   if (!p) {
     in_use_.fetch_sub(bytes, std::memory_order_relaxed);
-    return error(errc::out_of_memory, "device '" + spec_.name + "': host allocation of " +
-                                          std::to_string(bytes) + " bytes failed");
+    return error(errc::out_of_memory,
+                 "device '" + spec_.name + "': host allocation of " + std::to_string(bytes) + " bytes failed", index_);
   }
   std::lock_guard<std::mutex> lk(mem_mutex_);
   allocations_.emplace(p, bytes);
@@ -103,11 +109,11 @@ void host_device::deallocate(void* p) noexcept {
 
 expected<void*> host_device::allocate_host(int64_t bytes) {
   if (bytes < 0)
-    return error(errc::invalid_argument, "device '" + spec_.name + "': allocate_host of a negative size");
+    return error(errc::invalid_argument, "device '" + spec_.name + "': allocate_host of a negative size", index_);
   void* p = std::aligned_alloc(alignment, padded(bytes));
   if (!p)
-    return error(errc::out_of_memory, "device '" + spec_.name + "': host allocation of " +
-                                          std::to_string(bytes) + " bytes failed");
+    return error(errc::out_of_memory,
+                 "device '" + spec_.name + "': host allocation of " + std::to_string(bytes) + " bytes failed", index_);
   std::lock_guard<std::mutex> lk(mem_mutex_);
   host_allocations_.emplace(p, bytes);
   return p;
@@ -125,7 +131,8 @@ void host_device::deallocate_host(void* p) noexcept {
 error host_device::upload(void* dst, const void* src, int64_t bytes) {
   if (!alive()) return dead_error("upload");
   if (bytes < 0 || (bytes > 0 && (!dst || !src)))
-    return error(errc::invalid_argument, "device '" + spec_.name + "': upload with a null pointer or negative size");
+    return error(errc::invalid_argument, "device '" + spec_.name + "': upload with a null pointer or negative size",
+                 index_);
   if (cfg_.compute && bytes > 0) std::memcpy(dst, src, static_cast<std::size_t>(bytes));
   return {};
 }
@@ -133,25 +140,35 @@ error host_device::upload(void* dst, const void* src, int64_t bytes) {
 error host_device::download(void* dst, const void* src, int64_t bytes) {
   if (!alive()) return dead_error("download");
   if (bytes < 0 || (bytes > 0 && (!dst || !src)))
-    return error(errc::invalid_argument, "device '" + spec_.name + "': download with a null pointer or negative size");
+    return error(errc::invalid_argument, "device '" + spec_.name + "': download with a null pointer or negative size",
+                 index_);
   if (cfg_.compute && bytes > 0) std::memcpy(dst, src, static_cast<std::size_t>(bytes));
   return {};
 }
 
-std::unique_ptr<stream> host_device::create_stream(stream_role role) {
-  auto s = std::make_unique<host_stream>(role, streams_created_.fetch_add(1), cfg_.inline_streams);
-  if (role != stream_role::compute)
+expected<std::unique_ptr<stream>> host_device::create_stream(step_kind kind) {
+  if (!alive()) return dead_error((std::string("create a ") + to_string(kind) + " stream").c_str());
+  std::unique_ptr<host_stream> s;
+  try {
+    s = std::make_unique<host_stream>(kind, streams_created_.fetch_add(1), cfg_.inline_streams);
+  } catch (const std::exception& x) {  // std::thread could not start a worker
+    return error(errc::device_failed,
+                 "device '" + spec_.name + "': cannot start a " + to_string(kind) + " stream: " + x.what(), index_);
+  }
+  if (is_copy(kind))
     s->set_engine(copy_streams_created_.fetch_add(1) % static_cast<int>(engines_.size()));
-  return s;
+  return std::unique_ptr<stream>(std::move(s));
 }
 
-std::unique_ptr<event> host_device::create_event(bool timing) {
-  return std::make_unique<host_event>(timing);
+expected<std::unique_ptr<event>> host_device::create_event(bool timing) {
+  return std::unique_ptr<event>(std::make_unique<host_event>(timing));
 }
 
-void host_device::record(event& e, stream& s) {
+error host_device::record(event& e, stream& s) {
   auto* he = dynamic_cast<host_event*>(&e);
-  if (!he) return;
+  if (!he)
+    return error(errc::invalid_argument,
+                 "device '" + spec_.name + "': record() needs an event of a cpu or sim device", index_);
   std::shared_ptr<event_state> st = he->state();
   const uint64_t gen = st->arm();
   const bool timed = cfg_.timed;
@@ -162,20 +179,21 @@ void host_device::record(event& e, stream& s) {
     const int64_t at = timed ? std::min(now, std::max(ctx.enqueue_ns, ctx.clock_ns)) : now;
     st->reach(gen, at);
   });
+  return {};
 }
 
-void host_device::wait(stream& s, const event& e) {
+error host_device::wait(stream& s, const event& e) {
   host_stream& hs = as_host(s);
   if (const auto* he = dynamic_cast<const host_event*>(&e)) {
     std::shared_ptr<event_state> st = he->state();
     const uint64_t gen = st->armed();
-    if (gen == 0) return;  // never recorded: complete
+    if (gen == 0) return {};  // never recorded: complete
     hs.post([this, st = std::move(st), gen, &hs](task_context& ctx) {
       if (!ctx.dropping && !st->reached(gen))
         st->wait_for(gen, [&] { return hs.dropping() || !alive(); });
       if (st->reached(gen)) ctx.clock_ns = std::max(ctx.clock_ns, st->completion_ns());
     });
-    return;
+    return {};
   }
   // A foreign event (another backend): its own blocking wait, on our worker.
   // The event must outlive this wait (as it must on CUDA's side).
@@ -184,6 +202,7 @@ void host_device::wait(stream& s, const event& e) {
     e.host_wait();
     ctx.clock_ns = std::max(ctx.clock_ns, host_clock_ns());
   });
+  return {};
 }
 
 void host_device::sleep_until(int64_t deadline_ns, const host_stream& hs) {
@@ -224,28 +243,32 @@ int64_t host_device::occupy(task_context& ctx, host_stream& hs, const work_timin
 }
 
 error host_device::launch(stream& s, const op_launch& l) {
-  if (!alive()) return dead_error(("launch " + op_label(l)).c_str());
-  if (!l.op) return error(errc::invalid_argument, "device '" + spec_.name + "': launch without an op");
+  if (!l.op) return error(errc::invalid_argument, "device '" + spec_.name + "': launch without an op", index_);
+  if (!alive()) return dead_error(("launch " + op_label(l)).c_str()).concerning(index_, -1, l.op->name);
   if (!supports(l.op->op))
-    return error(errc::unsupported_op, "device '" + spec_.name + "' does not support " + op_label(l));
+    return error(errc::unsupported_op, "device '" + spec_.name + "' does not support " + op_label(l), index_, -1,
+                 l.op->name);
   if (cfg_.compute) {
     if (error e = cpu::check_op(l)) {
       e.message = "device '" + spec_.name + "': " + e.message;
-      return e;
+      return std::move(e).concerning(index_, -1, l.op->name);
     }
   }
   host_stream& hs = as_host(s);
   work_timing t;
-  if (error e = admit_op(hs, l, t)) return e;
+  if (error e = admit_op(hs, l, t)) return std::move(e).concerning(index_, -1, l.op->name);
   const bool compute = cfg_.compute && !is_view_op(l.op->op) && !is_leaf_op(l.op->op);
   auto work = [this, &hs, t, compute](task_context& ctx, const op_launch& op) {
     if (ctx.dropping || !alive()) return;
+    // Counted only where work takes modelled time: the instant device's
+    // per-op cost is what dispatch benchmarks measure.
+    if (cfg_.timed) ops_begun_.fetch_add(1, std::memory_order_relaxed);
     int64_t kernel_end = 0;
     if (compute) {
       if (error e = cpu::run_op(op)) {
         e.code = errc::op_failed;
         e.message = "device '" + spec_.name + "': " + op_label(op) + " failed: " + e.message;
-        hs.set_error(std::move(e));
+        hs.set_error(std::move(e).concerning(index_, -1, op.op->name));
       }
       kernel_end = host_clock_ns();
     }
@@ -264,9 +287,10 @@ error host_device::enqueue_copy(stream& s, copy_kind k, void* dst, const void* s
   const char* name = names[static_cast<int>(k)];
   if (!alive()) return dead_error(name);
   if (bytes < 0 || (bytes > 0 && (!dst || !src)))
-    return error(errc::invalid_argument, "device '" + spec_.name + "': " + name +
-                                             " with a null pointer or negative size (" +
-                                             std::to_string(bytes) + " bytes)");
+    return error(errc::invalid_argument,
+                 "device '" + spec_.name + "': " + name + " with a null pointer or negative size (" +
+                     std::to_string(bytes) + " bytes)",
+                 index_);
   host_stream& hs = as_host(s);
   const work_timing t = copy_timing(hs, k, bytes, src_dev);
   const bool compute = cfg_.compute && bytes > 0;
@@ -281,7 +305,7 @@ error host_device::enqueue_copy(stream& s, copy_kind k, void* dst, const void* s
         if (error e = foreign->download(dst, src, bytes)) {
           e.message = "device '" + spec_.name + "': " + name + " from '" + foreign->spec().name +
                       "' failed: " + e.message;
-          hs.set_error(std::move(e));
+          hs.set_error(std::move(e).concerning(index_));
         }
       } else {
         std::memcpy(dst, src, static_cast<std::size_t>(bytes));
@@ -317,7 +341,7 @@ void host_device::notify(stream& s, std::function<void(const error&)> done) {
       }
       done(why);
     } else if (ctx.dropping) {
-      done(error(errc::cancelled, "device '" + spec_.name + "': stream destroyed with work pending"));
+      done(error(errc::cancelled, "device '" + spec_.name + "': stream destroyed with work pending", index_));
     } else {
       done(hs.take_error());
     }
@@ -347,7 +371,12 @@ void host_device::die(error why) {
   if (why.code != errc::device_failed) {
     why.code = errc::device_failed;
   }
-  if (why.message.empty()) why.message = "device '" + spec_.name + "' died";
+  // The fault names this device, in its text and in error::device (the device
+  // actor then reports it as is). A caller that set the field named it already.
+  if (why.device != index_) {
+    why.message = "device '" + spec_.name + "' died" + (why.message.empty() ? "" : ": " + why.message);
+    why.device = index_;
+  }
   std::function<void(const error&)> handler;
   {
     std::lock_guard<std::mutex> lk(death_mutex_);

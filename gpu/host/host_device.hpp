@@ -59,14 +59,19 @@ class host_device : public device {
   error upload(void* dst, const void* src, int64_t bytes) override;
   error download(void* dst, const void* src, int64_t bytes) override;
 
-  std::unique_ptr<stream> create_stream(stream_role role) override;
-  std::unique_ptr<event> create_event(bool timing = false) override;
-  /// `e` must be a host event (from any host device); other event types are ignored.
-  void record(event& e, stream& s) override;
+  /// Starts the stream's worker thread (none for inline streams). Fails on a
+  /// dead device or when the thread cannot be started.
+  expected<std::unique_ptr<stream>> create_stream(step_kind kind) override;
+  expected<std::unique_ptr<event>> create_event(bool timing = false) override;
+  /// `e` must be a host event (from any host device): another event type is
+  /// refused with errc::invalid_argument. `s` must be a stream of this device.
+  /// On a dead device the record still completes the event (nothing waits forever).
+  error record(event& e, stream& s) override;
   /// Host events are waited for by generation on the worker; any other event
   /// type (e.g. CUDA) by a blocking e.host_wait() on the worker. On an inline
-  /// stream the wait blocks the calling thread.
-  void wait(stream& s, const event& e) override;
+  /// stream the wait blocks the calling thread. `s` must be a stream of this
+  /// device. Never fails.
+  error wait(stream& s, const event& e) override;
 
   error launch(stream& s, const op_launch& l) override;
   error copy_h2d(stream& s, void* dst, const void* src, int64_t bytes) override;
@@ -88,6 +93,10 @@ class host_device : public device {
   void die(error why);
   /// Number of ops that ran (or were skipped by death) on this device's streams.
   int64_t ops_run() const noexcept { return ops_run_.load(std::memory_order_relaxed); }
+  /// Timed devices (sim with delays): number of ops whose work began on a
+  /// stream's worker (compute, then the modelled time). Tests use it to know
+  /// an op is under way. Untimed devices do not count (0).
+  int64_t ops_begun() const noexcept { return ops_begun_.load(std::memory_order_relaxed); }
 
  protected:
   /// Called in launch() (the driving thread of `s`) before the op is enqueued:
@@ -135,6 +144,7 @@ class host_device : public device {
   error death_error_;
   bool fault_reported_ = false;
   std::atomic<int64_t> ops_run_{0};
+  std::atomic<int64_t> ops_begun_{0};
 };
 
 }  // namespace ag::gpu::host

@@ -18,11 +18,12 @@ void event_state::reach(uint64_t gen, int64_t ns) noexcept {
 void event_state::wait_for(uint64_t gen) const {
   if (reached(gen)) return;
   std::unique_lock<std::mutex> lk(mutex_);
+  const parked p(waiters_);
   cv_.wait(lk, [&] { return reached(gen); });
 }
 
-host_stream::host_stream(stream_role role, int index, bool inline_mode)
-    : role_(role), index_(index), inline_(inline_mode) {
+host_stream::host_stream(step_kind kind, int index, bool inline_mode)
+    : kind_(kind), index_(index), inline_(inline_mode) {
   if (!inline_) worker_ = std::thread([this] { run(); });
 }
 

@@ -55,17 +55,32 @@ class event_state {
   bool wait_for(uint64_t gen, Abort&& abort, int64_t poll_ns = 2'000'000) const {
     if (reached(gen)) return true;
     std::unique_lock<std::mutex> lk(mutex_);
+    const parked p(waiters_);
     while (!reached(gen)) {
       if (abort()) return false;
       cv_.wait_for(lk, std::chrono::nanoseconds(poll_ns));
     }
     return true;
   }
+  /// Threads blocked in wait_for() on this event right now. Tests use it to
+  /// know that a stream's worker is parked at a wait (so nothing behind the
+  /// wait in that stream can have run) instead of sleeping and hoping.
+  int waiters() const noexcept { return waiters_.load(std::memory_order_acquire); }
 
  private:
+  /// Counts a blocked waiter for its scope.
+  struct parked {
+    explicit parked(std::atomic<int>& n) noexcept : n_(n) { n_.fetch_add(1, std::memory_order_acq_rel); }
+    ~parked() { n_.fetch_sub(1, std::memory_order_acq_rel); }
+    parked(const parked&) = delete;
+    parked& operator=(const parked&) = delete;
+    std::atomic<int>& n_;
+  };
+
   std::atomic<uint64_t> armed_{0};
   std::atomic<uint64_t> reached_{0};
   std::atomic<int64_t> completion_ns_{0};
+  mutable std::atomic<int> waiters_{0};
   mutable std::mutex mutex_;
   mutable std::condition_variable cv_;
 };
@@ -110,14 +125,14 @@ class host_stream final : public stream {
 
   /// `inline_mode`: submit() runs the task at once in the calling thread (the
   /// sim backend's instant device); no worker thread is started.
-  host_stream(stream_role role, int index, bool inline_mode);
+  host_stream(step_kind kind, int index, bool inline_mode);
   /// Drops pending work: the worker runs every pending task with
   /// context.dropping = true (events complete, notify callbacks get
   /// errc::cancelled), finishes the task it is in, and joins. Never hangs on a
   /// wait for an event that never comes (those waits poll `dropping`).
   ~host_stream() override;
 
-  stream_role role() const noexcept override { return role_; }
+  step_kind kind() const noexcept override { return kind_; }
   /// Position of this stream among its device's streams (creation order).
   int index() const noexcept { return index_; }
   bool inline_mode() const noexcept { return inline_; }
@@ -157,7 +172,7 @@ class host_stream final : public stream {
   };
   void run();
 
-  stream_role role_;
+  step_kind kind_;
   int index_;
   bool inline_;
   std::mutex mutex_;

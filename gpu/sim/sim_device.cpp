@@ -72,7 +72,7 @@ sim_device::sim_device(device_spec spec, int index, const sim_options& options)
 }
 
 void sim_device::kill(const std::string& why) {
-  die(error(errc::device_failed, "device '" + spec().name + "' died: " + why));
+  die(error(errc::device_failed, "device '" + spec().name + "' died: " + why, index()));
 }
 
 void sim_device::set_faults(const fault_config& f) {

@@ -31,7 +31,7 @@ constexpr float norm_noise = 0.1f;
 // Builds one model; every helper reads cfg_ and writes through b_.
 class model_builder {
  public:
-  explicit model_builder(const transformer_config& cfg) : cfg_(cfg) {}
+  model_builder(const transformer_config& cfg, const weight_provider& provider) : cfg_(cfg), provider_(provider) {}
 
   expected<graph> build() && {
     const int64_t B = cfg_.batch, S = cfg_.seq_len;
@@ -40,46 +40,73 @@ class model_builder {
     tensor positions = b_.input("positions", dtype::i32, {S});
     tensor x;
     if (cfg_.variant == model_variant::gpt2) {
-      wte_ = normal("wte", {cfg_.vocab, cfg_.d_model});
+      embed_ = normal("wte", {cfg_.vocab, cfg_.d_model});
       tensor wpe = normal("wpe", {cfg_.positions_rows(), cfg_.d_model});
-      tensor tok = b_.get_rows(wte_, tokens, "embed.tok");
+      tensor tok = b_.get_rows(embed_, tokens, "embed.tok");
       tensor pos = b_.get_rows(wpe, positions, "embed.pos");
       x = b_.add(tok, pos, "embed");
     } else {
-      tensor embed = normal("embed_tokens", {cfg_.vocab, cfg_.d_model});
-      x = b_.get_rows(embed, tokens, "embed");
+      embed_ = normal("embed_tokens", {cfg_.vocab, cfg_.d_model});
+      x = b_.get_rows(embed_, tokens, "embed");
     }
     for (int k = 1; k <= cfg_.n_layers; ++k) {
       b_.set_layer(k);
       x = cfg_.variant == model_variant::gpt2 ? gpt2_block(k, x) : llama_block(k, x, positions);
     }
     b_.set_layer(cfg_.n_layers + 1);
-    tensor logits;
+    tensor h;
     if (cfg_.variant == model_variant::gpt2) {
       tensor w = norm_weight("ln_f.w");
       tensor bias = normal("ln_f.b", {cfg_.d_model});
-      tensor h = b_.layer_norm(x, w, bias, cfg_.eps, "ln_f");
-      logits = b_.matmul(h, wte_, false, true, cfg_.dtype == dtype::f32 ? "logits" : "head");
+      h = b_.layer_norm(x, w, bias, cfg_.eps, "ln_f");
     } else {
-      tensor h = b_.rms_norm(x, norm_weight("norm.w"), cfg_.eps, "norm");
-      tensor head = normal("lm_head", {cfg_.vocab, cfg_.d_model});
-      logits = b_.matmul(h, head, false, true, cfg_.dtype == dtype::f32 ? "logits" : "head");
+      h = b_.rms_norm(x, norm_weight("norm.w"), cfg_.eps, "norm");
     }
+    tensor head = cfg_.tied_head() ? embed_ : normal("lm_head", {cfg_.vocab, cfg_.d_model});
+    tensor logits = b_.matmul(h, head, false, true, cfg_.dtype == dtype::f32 ? "logits" : "head");
     if (cfg_.dtype != dtype::f32) logits = b_.copy(logits, dtype::f32, "logits");
     b_.output(logits);
+    if (provider_error_) return provider_error_;
     return std::move(b_).build();
   }
 
  private:
   static std::string p(int k, const char* what) { return "l" + std::to_string(k) + "." + what; }
 
+  // The provider's source for `name`, checked against what the graph needs.
+  // After the first error every weight is a placeholder of the right shape,
+  // so that building goes on to the end and build() returns that error.
+  tensor provided(const std::string& name, const shape& dims) {
+    if (!provider_error_) {
+      expected<weight_source_ptr> src = provider_(name, cfg_.dtype, dims);
+      if (!src) {
+        provider_error_ = src.err();
+      } else if (!*src) {
+        provider_error_ = error{errc::internal, "weight '" + name + "': the weight provider returned no source"};
+      } else if ((*src)->dims() != dims) {
+        provider_error_ = error{errc::invalid_shape, "weight '" + name + "' (" + (*src)->origin() + "): dims " +
+                                                         (*src)->dims().to_string() + ", the model needs " +
+                                                         dims.to_string()};
+      } else if ((*src)->type() != cfg_.dtype) {
+        provider_error_ = error{errc::dtype_mismatch, "weight '" + name + "' (" + (*src)->origin() + "): dtype " +
+                                                          ag::to_string((*src)->type()) + ", the model needs " +
+                                                          ag::to_string(cfg_.dtype)};
+      } else {
+        return b_.weight(name, std::move(*src));
+      }
+    }
+    return b_.weight(name, make_shape_only_weight(cfg_.dtype, dims));
+  }
+
   // stddev_scale multiplies cfg.initializer_range.
   tensor normal(const std::string& name, shape dims, float stddev_scale = 1.0f) {
+    if (provider_) return provided(name, dims);
     if (!cfg_.weight_values) return b_.weight(name, make_shape_only_weight(cfg_.dtype, dims));
     return b_.weight(name, host_tensor::random_normal(cfg_.dtype, dims, weight_seed(cfg_.seed, name),
                                                       cfg_.initializer_range * stddev_scale));
   }
   tensor norm_weight(const std::string& name) {
+    if (provider_) return provided(name, {cfg_.d_model});
     if (!cfg_.weight_values) return b_.weight(name, make_shape_only_weight(cfg_.dtype, {cfg_.d_model}));
     return b_.weight(name, host_tensor::random_normal(cfg_.dtype, {cfg_.d_model}, weight_seed(cfg_.seed, name),
                                                       norm_noise, 1.0f));
@@ -144,7 +171,7 @@ class model_builder {
     tensor m = b_.layer_norm(x, ln2_w, ln2_b, cfg_.eps, p(k, "ln_2"));
     tensor h = b_.matmul(m, normal(p(k, "mlp.w_fc"), {d, cfg_.d_ff}), false, false, p(k, "mlp.fc_mm"));
     h = b_.add(h, normal(p(k, "mlp.b_fc"), {cfg_.d_ff}), p(k, "mlp.fc"));
-    h = b_.gelu(h, gelu_mode::tanh, p(k, "mlp.gelu"));
+    h = b_.gelu(h, cfg_.activation, p(k, "mlp.gelu"));
     h = b_.matmul(h, normal(p(k, "mlp.w_proj"), {cfg_.d_ff, d}, proj_scale), false, false, p(k, "mlp.proj_mm"));
     h = b_.add(h, normal(p(k, "mlp.b_proj"), {d}), p(k, "mlp.proj"));
     return b_.add(x, h, p(k, "mlp.residual"));
@@ -175,8 +202,10 @@ class model_builder {
   }
 
   const transformer_config& cfg_;
+  const weight_provider& provider_;
+  error provider_error_;
   graph_builder b_;
-  tensor wte_;
+  tensor embed_;  // wte / embed_tokens: the head reads it when tied
 };
 
 }  // namespace
@@ -256,6 +285,10 @@ error validate(const transformer_config& c) {
   if (!(c.eps > 0.0f) || !std::isfinite(c.eps)) return bad("eps must be a finite value > 0, got " + to_string(c.eps));
   if (!(c.initializer_range > 0.0f) || !std::isfinite(c.initializer_range))
     return bad("initializer_range must be a finite value > 0, got " + to_string(c.initializer_range));
+  if (c.head != head_tying::variant_default && c.head != head_tying::tied && c.head != head_tying::separate)
+    return bad("unknown head tying " + to_string(static_cast<int>(c.head)));
+  if (c.activation != gelu_mode::tanh && c.activation != gelu_mode::erf)
+    return bad("unknown activation (gelu mode) " + to_string(static_cast<int>(c.activation)));
   if (c.variant == model_variant::llama && (!(c.rope_theta > 0.0f) || !std::isfinite(c.rope_theta)))
     return bad("rope_theta must be a finite value > 0, got " + to_string(c.rope_theta));
   // Rank-4 shapes: [B, Hkv, rep*S, S] etc. must not overflow int64 element counts.
@@ -265,9 +298,9 @@ error validate(const transformer_config& c) {
   return {};
 }
 
-expected<graph> build_transformer(const transformer_config& cfg) {
+expected<graph> build_transformer(const transformer_config& cfg, const weight_provider& weights) {
   if (error e = validate(cfg)) return e;
-  return model_builder(cfg).build();
+  return model_builder(cfg, weights).build();
 }
 
 std::vector<host_tensor> transformer_inputs(const transformer_config& cfg, uint64_t seed) {
@@ -285,11 +318,11 @@ int64_t parameter_count(const transformer_config& c) {
   const int64_t d = c.d_model, ff = c.d_ff, V = c.vocab, L = c.n_layers;
   if (c.variant == model_variant::gpt2) {
     const int64_t block = 2 * d + (d * 3 * d + 3 * d) + (d * d + d) + 2 * d + (d * ff + ff) + (ff * d + d);
-    return V * d + c.positions_rows() * d + L * block + 2 * d;
+    return V * d + c.positions_rows() * d + L * block + 2 * d + (c.tied_head() ? 0 : V * d);
   }
   const int64_t H = c.n_heads, Hkv = c.kv_heads(), dh = c.head_dim();
   const int64_t block = d + d * H * dh + 2 * d * Hkv * dh + H * dh * d + d + 3 * d * ff;
-  return V * d + L * block + d + V * d;
+  return V * d + L * block + d + (c.tied_head() ? 0 : V * d);
 }
 
 std::vector<std::string> weight_names(const transformer_config& c) {
@@ -302,13 +335,15 @@ std::vector<std::string> weight_names(const transformer_config& c) {
                             "ln_2.b", "mlp.w_fc", "mlp.b_fc", "mlp.w_proj", "mlp.b_proj"})
         n.push_back(p(k, w));
     n.insert(n.end(), {"ln_f.w", "ln_f.b"});
+    if (!c.tied_head()) n.push_back("lm_head");
   } else {
     n = {"embed_tokens"};
     for (int k = 1; k <= c.n_layers; ++k)
       for (const char* w : {"attn_norm.w", "attn.wq", "attn.wk", "attn.wv", "attn.wo", "mlp_norm.w", "mlp.w_gate",
                             "mlp.w_up", "mlp.w_down"})
         n.push_back(p(k, w));
-    n.insert(n.end(), {"norm.w", "lm_head"});
+    n.push_back("norm.w");
+    if (!c.tied_head()) n.push_back("lm_head");
   }
   return n;
 }

@@ -22,6 +22,8 @@
 ///   head h / rep, as HF's repeat_kv; done by regrouping the queries, without
 ///   copying k and v); mlp = down(silu(gate(x)) * up(x));
 ///   final rms_norm; untied lm_head [vocab, d].
+/// - either variant: cfg.head ties or unties the head (HF tie_word_embeddings),
+///   and gpt2's cfg.activation picks tanh or erf GELU (activation_function).
 ///
 /// Graph interface (both variants):
 /// - job inputs, in order: `tokens` i32 [batch, seq_len] and `positions`
@@ -37,13 +39,14 @@
 /// - 0: embedding (inputs, wte/wpe or embed_tokens, the gathers);
 /// - 1..n_layers: transformer block k (HF block k-1: `h.{k-1}` / `layers.{k-1}`);
 /// - n_layers+1: final norm, head and the logits cast.
-/// gpt2's head reads `wte`, which is tagged 0 (tied weight): a pipeline with
-/// the head on another device copies it there.
+/// A tied head (gpt2's default) reads `wte` / `embed_tokens`, which is tagged
+/// 0: a pipeline with the head on another device copies it there.
 ///
 /// Names: nodes of block k start with "l<k>." (same k as the layer tag), e.g.
 /// "l3.attn.qk", "l3.mlp.fc"; weights "l3.attn.w_qkv", "l3.ln_1.w". Global
-/// weights: gpt2 "wte", "wpe", "ln_f.w", "ln_f.b"; llama "embed_tokens", "norm.w",
-/// "lm_head". weight_names(cfg) lists them all in build order.
+/// weights: gpt2 "wte", "wpe", "ln_f.w", "ln_f.b"; llama "embed_tokens", "norm.w";
+/// "lm_head" when the head is separate. weight_names(cfg) lists them all in
+/// build order.
 ///
 /// Initialisation (deterministic from cfg.seed and the weight's name, so a
 /// weight's values do not depend on which other weights exist): matrices and
@@ -53,9 +56,15 @@
 /// (HF starts them at 0 and 1: we perturb them so that a test notices a
 /// dropped bias or norm weight).
 ///
+/// Weights from elsewhere (a checkpoint): pass a weight_provider to
+/// build_transformer; it is asked for each weight by the names above and
+/// returns a source (e.g. a memory-mapped safetensors tensor) instead of the
+/// random draw. models/hf_model.hpp maps Hugging Face checkpoints this way.
+///
 /// Thread-safety: every function here is pure; call from any thread.
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -63,6 +72,7 @@
 #include "graph/error.hpp"
 #include "graph/graph.hpp"
 #include "graph/host_tensor.hpp"
+#include "graph/weight_source.hpp"
 
 namespace ag::models {
 
@@ -72,6 +82,14 @@ enum class model_variant : uint8_t { gpt2 = 0, llama = 1 };
 const char* to_string(model_variant v) noexcept;
 /// Parses the names above; false if unknown.
 bool parse_variant(const std::string& s, model_variant& out) noexcept;
+
+/// Whether the output head reuses the token embedding.
+/// - tied: logits = h E^T with E the embedding table ("wte" / "embed_tokens");
+///   one weight node is read by the gather (layer 0) and the head (layer n+1);
+/// - separate: a weight "lm_head" [vocab, d] of its own;
+/// - variant_default: gpt2 tied, llama separate (HF's defaults for
+///   GPT2LMHeadModel and LlamaForCausalLM).
+enum class head_tying : uint8_t { variant_default = 0, tied = 1, separate = 2 };
 
 /// Shape and initialisation of one model. Defaults: a tiny GPT-2 (2 layers,
 /// d_model 64, 4 heads, vocab 97, 12 tokens x batch 2) that the reference
@@ -102,6 +120,11 @@ struct transformer_config {
   float eps = 1e-5f;
   /// llama only: RoPE base.
   float rope_theta = 10000.0f;
+  /// Output head tied to the embedding or separate (see head_tying).
+  head_tying head = head_tying::variant_default;
+  /// gpt2 only: the MLP's GELU (HF activation_function: gelu_new = tanh,
+  /// gelu = erf). llama's MLP is always SwiGLU.
+  gelu_mode activation = gelu_mode::tanh;
   /// false: weights are shapes only (no values are drawn or held): the graph
   /// can be planned, described and costed, not loaded or evaluated. Large
   /// layouts are planned this way (an 80-layer d 8192 model in milliseconds).
@@ -111,6 +134,10 @@ struct transformer_config {
   int kv_heads() const noexcept { return variant == model_variant::llama && n_kv_heads > 0 ? n_kv_heads : n_heads; }
   int64_t head_dim() const noexcept { return n_heads > 0 ? d_model / n_heads : 0; }
   int64_t positions_rows() const noexcept { return max_positions > 0 ? max_positions : seq_len; }
+  /// head with the default resolved.
+  bool tied_head() const noexcept {
+    return head == head_tying::variant_default ? variant == model_variant::gpt2 : head == head_tying::tied;
+  }
 
   /// GPT-2 small (124M: 12 layers, d 768, 12 heads, vocab 50257, 1024 positions).
   static transformer_config gpt2_124m(int64_t seq_len = 128, int64_t batch = 1);
@@ -125,19 +152,33 @@ struct transformer_config {
 /// e.g. "transformer_config: d_model 100 is not divisible by n_heads 3".
 error validate(const transformer_config& cfg);
 
+/// Supplies the values of one weight: called by build_transformer once per
+/// weight, in weight_names() order, with the weight's name, the dtype the
+/// graph stores it in (cfg.dtype) and the dims the graph needs. Returns a
+/// source of exactly that dtype and dims (a source may convert from its
+/// backing store's dtype, e.g. a bf16 file into an f32 model), or an error
+/// that names the weight and what is wrong. Called on the building thread.
+using weight_provider =
+    std::function<expected<weight_source_ptr>(const std::string& name, dtype type, const shape& dims)>;
+
 /// Builds the graph (see the file comment for inputs, outputs, names and layer
-/// tags). Errors: an invalid config (see validate), or a graph error from the
-/// builder, which would be a bug here (it names the node).
-expected<graph> build_transformer(const transformer_config& cfg);
+/// tags). Weights come from `weights` when given, else from the seeded random
+/// draw (or shapes only, cfg.weight_values = false). Errors: an invalid
+/// config (see validate); the provider's first error, as it gave it; a source
+/// of another dtype or dims than the weight needs (invalid_shape /
+/// dtype_mismatch naming the weight, the source's origin() and both shapes);
+/// or a graph error from the builder, which would be a bug here.
+expected<graph> build_transformer(const transformer_config& cfg, const weight_provider& weights = {});
 
 /// Job inputs for one forward pass, in the graph's input order: tokens
 /// (deterministic from `seed`, uniform in [0, vocab)) and positions 0..seq_len-1.
 /// Returns an empty vector when the config is invalid.
 std::vector<host_tensor> transformer_inputs(const transformer_config& cfg, uint64_t seed);
 
-/// Number of weight elements the graph holds (tied wte counted once):
+/// Number of weight elements the graph holds (a tied embedding counted once):
 ///   gpt2:  V d + P d + L (4 d^2 + 2 d ff + 9 d + ff) + 2 d   (P = positions_rows())
 ///   llama: 2 V d + L (2 d + d (H + 2 Hkv) dh + H dh d + 3 d ff) + d
+/// with V d less for a tied llama head and V d more for a separate gpt2 head.
 /// 0 when the config is invalid.
 int64_t parameter_count(const transformer_config& cfg);
 

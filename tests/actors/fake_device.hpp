@@ -5,7 +5,8 @@
 /// complete at record, notify() calls back before it returns. Under CAF's
 /// test coordinator this makes every run reproducible, message by message.
 /// It logs each compute op it runs (node id) for ordering checks, and can be
-/// killed (on_fault fires inline) or told to fail launches of one op.
+/// killed (on_fault fires inline) or told to fail launches of one op, or
+/// one kind of stream/event call.
 
 #include <atomic>
 #include <cstring>
@@ -38,12 +39,22 @@ class fake_device final : public gpu::device {
   };
   std::vector<logged_op> log;        // compute ops run, in order
   std::string fail_op;               // launch of a node with this name fails
+  std::string fail_call;             // "create_stream", "create_event", "record" or "wait" fails
   host_memory_resource* host_mem = nullptr;  // what host_memory() offers (null: heap)
   int64_t launches = 0;
 
-  void kill(const std::string& why) {
+  /// Kills the device: later launches, copies and notifications fail with an
+  /// error that carries `why` (as the real backends' do), and the fault
+  /// handler hears of it at once, unless `report` is false: then the test
+  /// delivers the fault later with report_fault() (a fault notice that is
+  /// still on its way while the device's queues already refuse work).
+  void kill(const std::string& why, bool report = true) {
     dead_ = true;
-    if (fault_) fault_(error{errc::device_failed, why});
+    why_ = why;
+    if (report) report_fault();
+  }
+  void report_fault() {
+    if (fault_) fault_(error{errc::device_failed, why_});
   }
 
   const device_spec& spec() const noexcept override { return spec_; }
@@ -77,9 +88,9 @@ class fake_device final : public gpu::device {
   error download(void* dst, const void* src, int64_t bytes) override { return upload(dst, src, bytes); }
 
   struct fake_stream : gpu::stream {
-    gpu::stream_role r;
-    explicit fake_stream(gpu::stream_role x) : r(x) {}
-    gpu::stream_role role() const noexcept override { return r; }
+    ag::step_kind r;
+    explicit fake_stream(ag::step_kind x) : r(x) {}
+    ag::step_kind kind() const noexcept override { return r; }
   };
   struct fake_event : gpu::event {
     int64_t t = 0;
@@ -87,15 +98,26 @@ class fake_device final : public gpu::device {
     void host_wait() const override {}
     int64_t completion_ns() const override { return t; }
   };
-  std::unique_ptr<gpu::stream> create_stream(gpu::stream_role role) override {
-    return std::make_unique<fake_stream>(role);
+  expected<std::unique_ptr<gpu::stream>> create_stream(ag::step_kind kind) override {
+    if (fail_call == "create_stream") return error{errc::device_failed, spec_.name + ": no stream (injected)", index_};
+    return std::unique_ptr<gpu::stream>(std::make_unique<fake_stream>(kind));
   }
-  std::unique_ptr<gpu::event> create_event(bool) override { return std::make_unique<fake_event>(); }
-  void record(gpu::event& e, gpu::stream&) override { static_cast<fake_event&>(e).t = ++clock_; }
-  void wait(gpu::stream&, const gpu::event&) override {}
+  expected<std::unique_ptr<gpu::event>> create_event(bool) override {
+    if (fail_call == "create_event") return error{errc::device_failed, spec_.name + ": no event (injected)", index_};
+    return std::unique_ptr<gpu::event>(std::make_unique<fake_event>());
+  }
+  error record(gpu::event& e, gpu::stream&) override {
+    if (fail_call == "record") return error{errc::device_failed, spec_.name + ": record failed (injected)", index_};
+    static_cast<fake_event&>(e).t = ++clock_;
+    return {};
+  }
+  error wait(gpu::stream&, const gpu::event&) override {
+    if (fail_call == "wait") return error{errc::device_failed, spec_.name + ": wait failed (injected)", index_};
+    return {};
+  }
 
   error launch(gpu::stream&, const gpu::op_launch& l) override {
-    if (dead_) return {errc::device_failed, spec_.name + " is dead"};
+    if (dead_) return dead_error();
     if (!fail_op.empty() && l.op->name == fail_op) return {errc::op_failed, "injected fault"};
     ++launches;
     log.push_back({l.op->id, ++clock_});
@@ -107,7 +129,7 @@ class fake_device final : public gpu::device {
     return copy(dst, src, bytes);
   }
   void notify(gpu::stream&, std::function<void(const error&)> done) override {
-    done(dead_ ? error{errc::device_failed, spec_.name + " is dead"} : error{});
+    done(dead_ ? dead_error() : error{});
   }
   error synchronize(gpu::stream&) override { return {}; }
   void on_fault(std::function<void(const error&)> handler) override { fault_ = std::move(handler); }
@@ -115,13 +137,15 @@ class fake_device final : public gpu::device {
 
  private:
   error copy(void* dst, const void* src, int64_t bytes) {
-    if (dead_) return {errc::device_failed, spec_.name + " is dead"};
+    if (dead_) return dead_error();
     std::memcpy(dst, src, static_cast<std::size_t>(bytes));
     return {};
   }
   device_spec spec_;
   int index_;
+  error dead_error() const { return {errc::device_failed, spec_.name + " is dead (" + why_ + ")", index_}; }
   bool dead_ = false;
+  std::string why_;
   int64_t in_use_ = 0;
   int64_t clock_ = 0;
   std::map<void*, int64_t> blocks_;

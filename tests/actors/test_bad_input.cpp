@@ -89,7 +89,33 @@ TEST(BadPlan, PlanLargerThanDeviceMemoryFailsCompile) {
   auto big = rt->compile(two_input_graph(8192));  // 8 x 8192 f32 weight = 256 KiB
   ASSERT_FALSE(big.has_value());
   EXPECT_EQ(big.err().code, ag::errc::out_of_memory) << big.err().to_string();
-  EXPECT_NE(big.err().message.find("sim0"), std::string::npos) << big.err().message;
+  EXPECT_EQ(big.err().device, 0) << big.err().to_string();
+  expect_good_job(*rt, rt->compile(two_input_graph()).value());
+}
+
+// A tensor-parallel plan whose shards meet only at the output (a
+// column-parallel matmul, gathered by peer copies) runs today; one that needs
+// a collective (a row-parallel matmul's all-reduce) is refused with a clear
+// error until collectives run, and the runtime keeps serving.
+TEST(BadPlan, TensorParallelPlanRunsWithoutCollectivesAndIsRefusedWithThem) {
+  auto rt = ag::runtime::create("sim:2").value();
+  ag::plan_options o;
+  o.tensor_parallel = 2;
+  auto col = rt->compile(two_input_graph(), o);
+  ASSERT_TRUE(col.has_value()) << col.err().to_string();
+  ASSERT_NE((*col)->tensor_parallel(), nullptr);
+  expect_good_job(*rt, *col);
+
+  ag::graph_builder b;
+  auto x = b.input("x", ag::dtype::f32, {4, 8});
+  auto w1 = b.weight("w1", ag::host_tensor::random_normal(ag::dtype::f32, {8, 8}, 1, 0.3f));
+  auto w2 = b.weight("w2", ag::host_tensor::random_normal(ag::dtype::f32, {8, 8}, 2, 0.3f));
+  b.output(b.matmul(b.matmul(x, w1, false, false, "up"), w2, false, false, "down"));
+  auto rowg = std::make_shared<const ag::graph>(std::move(b).build().value());
+  auto row = rt->compile(rowg, o);
+  ASSERT_FALSE(row.has_value());
+  EXPECT_EQ(row.err().code, ag::errc::unsupported_op) << row.err().to_string();
+  EXPECT_NE(row.err().message.find("tensor-parallel"), std::string::npos) << row.err().message;
   expect_good_job(*rt, rt->compile(two_input_graph()).value());
 }
 

@@ -4,12 +4,14 @@
 // fixes: docs/BENCHMARKS.md, "CAF scheduler settings").
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
+#include <mutex>
 #include <thread>
 
 #include <caf/all.hpp>
 #include <gtest/gtest.h>
 
-#include "actors/internal.hpp"
+#include "actors/scheduler_options.hpp"
 
 namespace {
 
@@ -66,8 +68,17 @@ TEST(SchedulerOptions, AMessageSentFromALongHandlerDoesNotWaitForTheSendersMailb
   constexpr int messages = 8;
   std::atomic<int> busy_done{0};
   std::atomic<int> done_when_peer_ran{-1};
+  std::mutex m;
+  std::condition_variable cv;
+  const auto changed = [&] {
+    { std::lock_guard<std::mutex> lk(m); }  // orders the notify after a waiter's check
+    cv.notify_all();
+  };
   auto peer = sys.spawn([&](caf::event_based_actor*) -> caf::behavior {
-    return {[&](int) { done_when_peer_ran = busy_done.load(); }};
+    return {[&](int) {
+      done_when_peer_ran = busy_done.load();
+      changed();
+    }};
   });
   auto busy = sys.spawn([&, peer](caf::event_based_actor* self) -> caf::behavior {
     return {[&, self, peer](int k) {
@@ -76,12 +87,14 @@ TEST(SchedulerOptions, AMessageSentFromALongHandlerDoesNotWaitForTheSendersMailb
       while (std::chrono::steady_clock::now() < end) {
       }
       busy_done.fetch_add(1);
+      changed();
     }};
   });
   for (int k = 0; k < messages; ++k) caf::anon_send(busy, k);
-  const auto deadline = std::chrono::steady_clock::now() + 10s;
-  while ((busy_done.load() < messages || done_when_peer_ran.load() < 0) && std::chrono::steady_clock::now() < deadline)
-    std::this_thread::sleep_for(1ms);
+  {
+    std::unique_lock<std::mutex> lk(m);
+    cv.wait_for(lk, 10s, [&] { return busy_done.load() == messages && done_when_peer_ran.load() >= 0; });
+  }
   ASSERT_EQ(busy_done.load(), messages);
   ASSERT_GE(done_when_peer_ran.load(), 0) << "the peer never ran";
   EXPECT_LE(done_when_peer_ran.load(), messages - 4)

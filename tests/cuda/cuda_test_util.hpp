@@ -105,7 +105,7 @@ inline expected<std::vector<host_tensor>> run_on(gpu::device& d, const graph& g,
         release();
         return e;
       }
-  auto s = d.create_stream(gpu::stream_role::compute);
+  auto s = d.create_stream(ag::step_kind::compute).value();
   for (const node& n : g.nodes()) {
     if (is_leaf_op(n.op)) continue;
     gpu::op_launch l;

@@ -60,8 +60,8 @@ TEST(CudaDevice, EventWaitOrdersStreamsSpinGate) {
   AG_REQUIRE_GPU(1);
   auto d = test::gpu0();
   ASSERT_TRUE(d);
-  auto a = d->create_stream(gpu::stream_role::compute);
-  auto b = d->create_stream(gpu::stream_role::compute);
+  auto a = d->create_stream(ag::step_kind::compute).value();
+  auto b = d->create_stream(ag::step_kind::compute).value();
   auto gate_mem = d->allocate_host(64);
   ASSERT_TRUE(gate_mem);
   auto* gate = as_flag(*gate_mem);
@@ -69,7 +69,7 @@ TEST(CudaDevice, EventWaitOrdersStreamsSpinGate) {
   gate[0] = 0;
   out[0] = 0;
   ASSERT_FALSE(gpu::cuda::testing::launch_spin_gate(*d, *a, gate));
-  auto ev = d->create_event();
+  auto ev = d->create_event().value();
   d->record(*ev, *a);
   d->wait(*b, *ev);
   ASSERT_FALSE(gpu::cuda::testing::launch_write_value(*d, *b, const_cast<uint32_t*>(out), 0xC0FFEEu));
@@ -88,7 +88,7 @@ TEST(CudaDevice, NotifyFiresOnceAfterTheWorkWithLowLatency) {
   AG_REQUIRE_GPU(1);
   auto d = test::gpu0();
   ASSERT_TRUE(d);
-  auto s = d->create_stream(gpu::stream_role::compute);
+  auto s = d->create_stream(ag::step_kind::compute).value();
   auto mem = d->allocate_host(64);
   ASSERT_TRUE(mem);
   auto* gate = as_flag(*mem);
@@ -127,7 +127,7 @@ TEST(CudaDevice, ManyNotifiesOnSeveralStreamsAllFire) {
   auto d = test::gpu0();
   ASSERT_TRUE(d);
   std::vector<std::unique_ptr<gpu::stream>> ss;
-  for (int i = 0; i < 4; ++i) ss.push_back(d->create_stream(gpu::stream_role::compute));
+  for (int i = 0; i < 4; ++i) ss.push_back(d->create_stream(ag::step_kind::compute).value());
   std::atomic<int> calls{0}, errors{0};
   constexpr int per_stream = 500;
   for (int k = 0; k < per_stream; ++k)
@@ -146,8 +146,8 @@ TEST(CudaDevice, CopiesRoundTripThroughPinnedStaging) {
   auto d = test::gpu0();
   ASSERT_TRUE(d);
   const int64_t n = (1 << 20) + 7;
-  auto h2d = d->create_stream(gpu::stream_role::h2d);
-  auto d2h = d->create_stream(gpu::stream_role::d2h);
+  auto h2d = d->create_stream(ag::step_kind::copy_h2d).value();
+  auto d2h = d->create_stream(ag::step_kind::copy_d2h).value();
   auto src = d->allocate_host(n * 4);
   auto dst = d->allocate_host(n * 4);
   auto dev = d->allocate(n * 4);
@@ -156,7 +156,7 @@ TEST(CudaDevice, CopiesRoundTripThroughPinnedStaging) {
   std::memcpy(*src, v.data(), v.bytes());
   std::memset(*dst, 0, v.bytes());
   ASSERT_FALSE(d->copy_h2d(*h2d, *dev, *src, n * 4));
-  auto ev = d->create_event();
+  auto ev = d->create_event().value();
   d->record(*ev, *h2d);
   d->wait(*d2h, *ev);
   ASSERT_FALSE(d->copy_d2h(*d2h, *dst, *dev, n * 4));
@@ -180,13 +180,13 @@ TEST(CudaDevice, PeerCopyBetweenTwoGpusWithCrossDeviceWait) {
   auto a = d0.allocate(n * 4);
   auto b = d1.allocate(n * 4);
   ASSERT_TRUE(a && b);
-  auto s0 = d0.create_stream(gpu::stream_role::h2d);
-  auto s1 = d1.create_stream(gpu::stream_role::peer);
+  auto s0 = d0.create_stream(ag::step_kind::copy_h2d).value();
+  auto s1 = d1.create_stream(ag::step_kind::copy_peer).value();
   auto pinned = d0.allocate_host(n * 4);
   ASSERT_TRUE(pinned);
   std::memcpy(*pinned, v.data(), v.bytes());
   ASSERT_FALSE(d0.copy_h2d(*s0, *a, *pinned, n * 4));
-  auto ev = d0.create_event();
+  auto ev = d0.create_event().value();
   d0.record(*ev, *s0);
   d1.wait(*s1, *ev);  // cross-device event wait: the peer copy must see the upload
   ASSERT_FALSE(d1.copy_peer(*s1, *b, d0, *a, n * 4));
@@ -222,13 +222,13 @@ TEST(CudaDevice, TimingEventsUseTheHostClock) {
   AG_REQUIRE_GPU(1);
   auto d = test::gpu0();
   ASSERT_TRUE(d);
-  auto s = d->create_stream(gpu::stream_role::compute);
+  auto s = d->create_stream(ag::step_kind::compute).value();
   auto mem = d->allocate_host(64);
   ASSERT_TRUE(mem);
   auto* gate = as_flag(*mem);
   gate[0] = 0;
-  auto e0 = d->create_event(true);
-  auto e1 = d->create_event(true);
+  auto e0 = d->create_event(true).value();
+  auto e1 = d->create_event(true).value();
   d->record(*e0, *s);
   ASSERT_FALSE(gpu::cuda::testing::launch_spin_gate(*d, *s, gate));
   d->record(*e1, *s);
@@ -255,10 +255,10 @@ TEST(CudaDevice, HostBackendEventIsWaitedForOnTheGpu) {
   auto cpu = gpu::make_devices("cpu:1");
   ASSERT_TRUE(cpu) << cpu.err().to_string();
   auto& h = *(*cpu)[0];
-  auto hs = h.create_stream(gpu::stream_role::compute);
-  auto hev = h.create_event();
+  auto hs = h.create_stream(ag::step_kind::compute).value();
+  auto hev = h.create_event().value();
   // Hold the host stream: its worker waits for a CUDA event gated by the host.
-  auto gs = d->create_stream(gpu::stream_role::compute);
+  auto gs = d->create_stream(ag::step_kind::compute).value();
   auto mem = d->allocate_host(64);
   ASSERT_TRUE(mem);
   auto* gate = as_flag(*mem);
@@ -266,11 +266,11 @@ TEST(CudaDevice, HostBackendEventIsWaitedForOnTheGpu) {
   gate[0] = 0;
   out[0] = 0;
   ASSERT_FALSE(gpu::cuda::testing::launch_spin_gate(*d, *gs, gate));
-  auto gev = d->create_event();
+  auto gev = d->create_event().value();
   d->record(*gev, *gs);
   h.wait(*hs, *gev);   // host stream waits for the GPU gate
   h.record(*hev, *hs); // host event completes after that
-  auto s = d->create_stream(gpu::stream_role::compute);
+  auto s = d->create_stream(ag::step_kind::compute).value();
   d->wait(*s, *hev);   // GPU stream waits for the host event (no host block)
   ASSERT_FALSE(gpu::cuda::testing::launch_write_value(*d, *s, const_cast<uint32_t*>(out), 7u));
   std::this_thread::sleep_for(30ms);

@@ -106,7 +106,7 @@ TEST(CudaHostCopies, D2hIntoPageableMemoryDoesNotWaitForEarlierWork) {
   AG_REQUIRE_GPU(1);
   auto d = test::gpu0();
   ASSERT_TRUE(d);
-  auto s = d->create_stream(gpu::stream_role::d2h);
+  auto s = d->create_stream(ag::step_kind::copy_d2h).value();
   gate g(*d, *s);
   ASSERT_TRUE(g.ok());
   for (std::size_t n : sizes) {
@@ -140,7 +140,7 @@ TEST(CudaHostCopies, H2dFromPageableMemoryDoesNotWaitForEarlierWork) {
   AG_REQUIRE_GPU(1);
   auto d = test::gpu0();
   ASSERT_TRUE(d);
-  auto s = d->create_stream(gpu::stream_role::h2d);
+  auto s = d->create_stream(ag::step_kind::copy_h2d).value();
   gate g(*d, *s);
   ASSERT_TRUE(g.ok());
   for (std::size_t n : sizes) {
@@ -179,8 +179,8 @@ TEST(CudaHostCopies, ManyConcurrentStagedCopiesOnTwoStreamsLandExactly) {
   AG_REQUIRE_GPU(1);
   auto d = test::gpu0();
   ASSERT_TRUE(d);
-  auto s0 = d->create_stream(gpu::stream_role::d2h);
-  auto s1 = d->create_stream(gpu::stream_role::d2h);
+  auto s0 = d->create_stream(ag::step_kind::copy_d2h).value();
+  auto s1 = d->create_stream(ag::step_kind::copy_d2h).value();
   constexpr int copies = 64;
   std::vector<std::vector<std::byte>> want(copies), got(copies);
   std::vector<void*> dev;
@@ -225,7 +225,7 @@ TEST(CudaHostCopies, PinnedHostMemoryIsCopiedDirectly) {
   AG_REQUIRE_GPU(1);
   auto d = test::gpu0();
   ASSERT_TRUE(d);
-  auto s = d->create_stream(gpu::stream_role::d2h);
+  auto s = d->create_stream(ag::step_kind::copy_d2h).value();
   const std::size_t n = 12345;
   const auto want = random_bytes(n, 9);
   auto dev = d->allocate(static_cast<int64_t>(n));
@@ -266,7 +266,7 @@ TEST(CudaHostCopies, PinnedPoolBuffersAreCopiedDirectlyAndReused) {
   auto d = test::gpu0();
   ASSERT_TRUE(d);
   ASSERT_EQ(d->host_memory(), &gpu::cuda::pinned_host_memory());
-  auto s = d->create_stream(gpu::stream_role::d2h);
+  auto s = d->create_stream(ag::step_kind::copy_d2h).value();
   const int64_t numel = (int64_t{3} << 18) + 7;  // 3 MiB + 28 bytes of f32
   const auto n = static_cast<std::size_t>(numel) * 4;
   const auto want = random_bytes(n, 31);

@@ -74,6 +74,36 @@ TEST(DeviceSpec, ErrorsNameTheItemAndPosition) {
   expect_bad("cuda:x", "'cuda:x'");
 }
 
+TEST(DeviceSpec, ParseDescribesItemsWithoutCreatingDevicesAndSharesTheGrammarsErrors) {
+  auto r = gpu::parse_device_spec("sim:2, cpu:3,cuda:0,2");
+  ASSERT_TRUE(r.has_value()) << r.err().to_string();
+  ASSERT_EQ(r->size(), 3u);
+  EXPECT_EQ((*r)[0].kind, device_kind::sim);
+  EXPECT_EQ((*r)[0].count, 2);
+  EXPECT_EQ((*r)[0].pos, 0u);
+  EXPECT_EQ((*r)[1].kind, device_kind::cpu);
+  EXPECT_EQ((*r)[1].count, 3);
+  EXPECT_EQ((*r)[1].pos, 7u);
+  EXPECT_EQ((*r)[1].text, "cpu:3");
+  // A cuda item is only described: no GPU is needed to parse it.
+  EXPECT_EQ((*r)[2].kind, device_kind::cuda);
+  EXPECT_FALSE((*r)[2].all);
+  EXPECT_EQ((*r)[2].ordinals, (std::vector<int>{0, 2}));
+  EXPECT_EQ((*r)[2].item, 3);
+  auto all = gpu::parse_device_spec("cuda:all");
+  ASSERT_TRUE(all.has_value());
+  EXPECT_TRUE((*all)[0].all);
+  // Every grammar error of make_devices comes from this parser.
+  for (const char* bad : {"", "gpu:1", "sim:0", "sim:", "sim:1,sim:2", "cpu:2,3", "sim:99999"}) {
+    auto p = gpu::parse_device_spec(bad);
+    auto d = gpu::make_devices(bad);
+    ASSERT_FALSE(p.has_value()) << bad;
+    ASSERT_FALSE(d.has_value()) << bad;
+    EXPECT_EQ(p.err().code, errc::bad_device_spec) << bad;
+    EXPECT_EQ(p.err().message, d.err().message) << bad;
+  }
+}
+
 TEST(DeviceSpec, CudaWithoutAGpuIsABadSpecNamingTheItem) {
   if (gpu::cuda_available()) GTEST_SKIP() << "this machine has a usable GPU: the no-GPU error cannot happen";
   expect_bad("sim:1,cuda:0", "'cuda:0'");

@@ -73,8 +73,8 @@ TEST(SimDevice, OpsOccupyTheirStreamForAtLeastTheModelledTime) {
   auto dx = dev->allocate(64 * 4), dy = dev->allocate(64 * 4);
   ASSERT_TRUE(dx && dy);
   ASSERT_FALSE(dev->upload(*dx, job.in.data(), 64 * 4));
-  auto s = dev->create_stream(gpu::stream_role::compute);
-  auto ev = dev->create_event(true);
+  auto s = dev->create_stream(ag::step_kind::compute).value();
+  auto ev = dev->create_event(true).value();
   const int64_t t0 = gpu::host_clock_ns();
   for (int i = 0; i < 3; ++i) ASSERT_FALSE(dev->launch(*s, job.launch(*dx, *dy)));
   dev->record(*ev, *s);
@@ -105,7 +105,7 @@ TEST(SimDevice, PeerCopyTakesAtLeastLinkLatencyPlusBytesOverBandwidth) {
   rng r(3);
   for (auto& v : data) v = static_cast<uint8_t>(r.next() | 1);
   ASSERT_FALSE(src.upload(*a, data.data(), bytes));
-  auto s = dst.create_stream(gpu::stream_role::peer);
+  auto s = dst.create_stream(ag::step_kind::copy_peer).value();
   const double modelled = estimate_peer_copy_seconds(src.spec(), dst.spec(), bytes);
   ASSERT_GE(modelled, 0.014);
   const int64_t t0 = gpu::host_clock_ns();
@@ -124,8 +124,8 @@ TEST(SimDevice, CopyStreamsShareTheCopyEngines) {
   std::vector<char> h(64, 1);
   auto a = dev->allocate(64), a2 = dev->allocate(64);
   ASSERT_TRUE(a && a2);
-  auto s1 = dev->create_stream(gpu::stream_role::h2d);
-  auto s2 = dev->create_stream(gpu::stream_role::h2d);
+  auto s1 = dev->create_stream(ag::step_kind::copy_h2d).value();
+  auto s2 = dev->create_stream(ag::step_kind::copy_h2d).value();
   const double one = estimate_host_copy_seconds(dev->spec(), 64);
   const int64_t t0 = gpu::host_clock_ns();
   ASSERT_FALSE(dev->copy_h2d(*s1, *a, h.data(), 64));
@@ -146,7 +146,7 @@ TEST(SimDevice, JitterIsDeterministicBySeed) {
     auto dev = make_sim(o);
     scale_job job(1 << 16);
     auto dx = dev->allocate(job.n * 4), dy = dev->allocate(job.n * 4);
-    auto s = dev->create_stream(gpu::stream_role::compute);
+    auto s = dev->create_stream(ag::step_kind::compute).value();
     for (int i = 0; i < 50; ++i) EXPECT_FALSE(dev->launch(*s, job.launch(*dx, *dy)));
     EXPECT_FALSE(dev->copy_h2d(*s, *dx, job.in.data(), job.n * 4));
     EXPECT_FALSE(dev->synchronize(*s));
@@ -168,7 +168,7 @@ TEST(SimDevice, ZeroDelayModelsNothingUnlessFaultsAreConfigured) {
   auto dev = make_sim(o);
   scale_job job(1 << 12);
   auto dx = dev->allocate(job.n * 4), dy = dev->allocate(job.n * 4);
-  auto s = dev->create_stream(gpu::stream_role::compute);
+  auto s = dev->create_stream(ag::step_kind::compute).value();
   for (int i = 0; i < 20; ++i) EXPECT_FALSE(dev->launch(*s, job.launch(*dx, *dy)));
   EXPECT_FALSE(dev->copy_h2d(*s, *dx, job.in.data(), job.n * 4));
   EXPECT_FALSE(dev->synchronize(*s));
@@ -185,14 +185,14 @@ TEST(SimDevice, InstantModeCompletesAtRecordAndNotifiesInline) {
   o.zero_delay = true;
   o.compute_values = false;
   auto dev = make_sim(o);
-  auto s = dev->create_stream(gpu::stream_role::compute);
+  auto s = dev->create_stream(ag::step_kind::compute).value();
   scale_job job(1024);
   // timing-only memory is reserved, not committed: far more than the host has
   auto big = dev->allocate(40LL << 30);
   ASSERT_TRUE(big.has_value()) << big.err().to_string();
   EXPECT_EQ(dev->memory_in_use(), 40LL << 30);
   ASSERT_FALSE(dev->launch(*s, job.launch(*big, *big)));
-  auto ev = dev->create_event();
+  auto ev = dev->create_event().value();
   dev->record(*ev, *s);
   EXPECT_TRUE(ev->query());
   bool called = false;
@@ -223,7 +223,7 @@ TEST(SimDevice, InjectedOpErrorFailsLaunchNamingDeviceAndOp) {
   auto dev = make_sim(o);
   scale_job job(8);
   auto dx = dev->allocate(32), dy = dev->allocate(32);
-  auto s = dev->create_stream(gpu::stream_role::compute);
+  auto s = dev->create_stream(ag::step_kind::compute).value();
   const error e = dev->launch(*s, job.launch(*dx, *dy));
   ASSERT_TRUE(e);
   EXPECT_EQ(e.code, errc::op_failed);
@@ -241,7 +241,7 @@ TEST(SimDevice, InjectedStallDelaysTheOp) {
   auto dev = make_sim(o);
   scale_job job(8);
   auto dx = dev->allocate(32), dy = dev->allocate(32);
-  auto s = dev->create_stream(gpu::stream_role::compute);
+  auto s = dev->create_stream(ag::step_kind::compute).value();
   const int64_t t0 = gpu::host_clock_ns();
   ASSERT_FALSE(dev->launch(*s, job.launch(*dx, *dy)));
   ASSERT_FALSE(dev->synchronize(*s));
@@ -261,7 +261,7 @@ TEST(SimDevice, DeathAfterOpsFailsEverythingOnceWithoutHanging) {
   });
   scale_job job(8);
   auto dx = dev->allocate(32), dy = dev->allocate(32);
-  auto s = dev->create_stream(gpu::stream_role::compute);
+  auto s = dev->create_stream(ag::step_kind::compute).value();
   gpu::host::host_event gate;  // never opened: death must release the wait
   gate.state()->arm();
   for (int i = 0; i < 2; ++i) ASSERT_FALSE(dev->launch(*s, job.launch(*dx, *dy)));
@@ -271,14 +271,27 @@ TEST(SimDevice, DeathAfterOpsFailsEverythingOnceWithoutHanging) {
   faulted.get_future().wait();
   const error n = notified.get_future().get();
   EXPECT_EQ(n.code, errc::device_failed);
-  EXPECT_NE(n.message.find("sim0"), std::string::npos) << n.message;
+  EXPECT_EQ(n.device, 0) << n.to_string();
   EXPECT_EQ(fault.code, errc::device_failed);
+  EXPECT_EQ(fault.device, 0) << fault.to_string();
   EXPECT_FALSE(dev->alive());
+  // Every refusal after death is the device's own death error: its code,
+  // device and reason (whichever of refusal and fault notice reaches a job
+  // first, the job tells the same story), plus what was refused.
   const error l = dev->launch(*s, job.launch(*dx, *dy));
   EXPECT_EQ(l.code, errc::device_failed);
-  EXPECT_NE(l.message.find("triple"), std::string::npos) << l.message;
-  EXPECT_EQ(dev->copy_h2d(*s, *dx, job.in.data(), 32).code, errc::device_failed);
-  auto ev = dev->create_event();
+  EXPECT_EQ(l.device, 0);
+  EXPECT_EQ(l.op, "triple");
+  EXPECT_NE(l.message.find(fault.message), std::string::npos) << l.message << " lacks the reason: " << fault.message;
+  const error c = dev->copy_h2d(*s, *dx, job.in.data(), 32);
+  EXPECT_EQ(c.code, errc::device_failed);
+  EXPECT_EQ(c.device, 0);
+  EXPECT_NE(c.message.find(fault.message), std::string::npos) << c.message;
+  const auto stream = dev->create_stream(ag::step_kind::compute);
+  ASSERT_FALSE(stream.has_value());
+  EXPECT_EQ(stream.err().code, errc::device_failed);
+  EXPECT_EQ(stream.err().device, 0);
+  auto ev = dev->create_event().value();
   dev->record(*ev, *s);
   EXPECT_EQ(dev->synchronize(*s).code, errc::device_failed);
   EXPECT_TRUE(ev->query());
@@ -293,13 +306,19 @@ TEST(SimDevice, KillReleasesAStalledStreamAndLateHandlerStillHearsOnce) {
   auto dev = make_sim(o);
   scale_job job(8);
   auto dx = dev->allocate(32), dy = dev->allocate(32);
-  auto s = dev->create_stream(gpu::stream_role::compute);
+  auto s = dev->create_stream(ag::step_kind::compute).value();
   ASSERT_FALSE(dev->launch(*s, job.launch(*dx, *dy)));
   std::promise<error> notified;
+  auto done = notified.get_future();
   dev->notify(*s, [&](const error& e) { notified.set_value(e); });
-  std::this_thread::sleep_for(10ms);
+  // Kill only once the op is under way (its 30 s stall has begun or is about
+  // to): a bounded wait on that condition, not a sleep.
+  const auto deadline = std::chrono::steady_clock::now() + 10s;
+  while (dev->ops_begun() == 0 && std::chrono::steady_clock::now() < deadline) std::this_thread::yield();
+  ASSERT_EQ(dev->ops_begun(), 1) << "the op never started";
   dev->kill("test");
-  EXPECT_EQ(notified.get_future().get().code, errc::device_failed);
+  ASSERT_EQ(done.wait_for(10s), std::future_status::ready) << "kill did not release the stalled stream";
+  EXPECT_EQ(done.get().code, errc::device_failed);
   std::atomic<int> calls{0};
   dev->on_fault([&](const error& e) { calls += e.code == errc::device_failed; });
   EXPECT_EQ(calls.load(), 1) << "a handler set after death hears of it at once";

@@ -9,7 +9,18 @@
 #include "graph/graph.hpp"
 #include "graph/plan.hpp"
 
+namespace ag {
+// Test-only access to a plan's internals (declared a friend in plan.hpp), to
+// plant faulty plans. One definition for every test file.
+struct plan_test_hook {
+  static std::vector<device_memory>& memory(plan& p) { return p.memory_; }
+  static std::vector<step>& steps(plan& p) { return p.steps_; }
+};
+}  // namespace ag
+
 namespace ag::test_util {
+
+using ag::plan_test_hook;
 
 inline std::shared_ptr<const graph> finish(graph_builder&& b) {
   auto g = std::move(b).build();

@@ -12,13 +12,6 @@
 #include "plan_test_util.hpp"
 #include "random_dag.hpp"
 
-namespace ag {
-// Test-only access to a plan's internals (declared a friend in plan.hpp).
-struct plan_test_hook {
-  static std::vector<device_memory>& memory(plan& p) { return p.memory_; }
-};
-}  // namespace ag
-
 namespace {
 
 using namespace ag;

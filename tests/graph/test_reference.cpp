@@ -502,5 +502,33 @@ TEST(Reference, GraphLargerThanTheHostIsAnErrorNotAnException) {
   EXPECT_NE(r.err().message.find(std::to_string(host_memory_bytes())), std::string::npos) << r.err().message;
 }
 
+// The stop hook: asked between nodes and matmul rows; a stop in the middle of
+// a matmul fails the evaluation with errc::cancelled, and a hook that never
+// says stop gives the same outputs as the plain call.
+TEST(Reference, StopHookCancelsInsideAMatmulAndIsInertOtherwise) {
+  graph_builder b;
+  auto x = b.input("x", dtype::f32, {64, 32});
+  auto w = b.weight("w", host_tensor::random_normal(dtype::f32, {32, 16}, 5));
+  b.output(b.gelu(b.matmul(x, w, false, false, "mm"), gelu_mode::tanh, "y"));
+  auto g = std::move(b).build();
+  ASSERT_TRUE(g);
+  const std::vector<host_tensor> in{host_tensor::random_normal(dtype::f32, {64, 32}, 6)};
+
+  int asked = 0;
+  auto never = evaluate_reference(*g, in, [&] { ++asked; return false; });
+  ASSERT_TRUE(never) << never.err().to_string();
+  auto plain = evaluate_reference(*g, in);
+  ASSERT_TRUE(plain);
+  EXPECT_EQ((*never)[0].to_floats(), (*plain)[0].to_floats());
+  EXPECT_GE(asked, 64);  // at least once per matmul row
+
+  // Say stop at the 10th question: inside the matmul's rows.
+  int calls = 0;
+  auto stopped = evaluate_reference(*g, in, [&] { return ++calls >= 10; });
+  ASSERT_FALSE(stopped);
+  EXPECT_EQ(stopped.err().code, errc::cancelled);
+  EXPECT_LT(calls, 20);  // it gave up right away, not after the remaining rows
+}
+
 }  // namespace
 }  // namespace ag

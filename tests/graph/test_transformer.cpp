@@ -354,4 +354,104 @@ TEST(Transformer, VariantNamesRoundTrip) {
   EXPECT_FALSE(ag::models::parse_variant("bert", out));
 }
 
+TEST(Transformer, HeadTyingFollowsTheConfig) {
+  using ag::models::head_tying;
+  for (auto v : {model_variant::gpt2, model_variant::llama}) {
+    for (auto tying : {head_tying::variant_default, head_tying::tied, head_tying::separate}) {
+      auto c = small(v);
+      c.head = tying;
+      const bool tied = tying == head_tying::tied || (tying == head_tying::variant_default && v == model_variant::gpt2);
+      SCOPED_TRACE(std::string(ag::models::to_string(v)) + " tied=" + std::to_string(tied));
+      EXPECT_EQ(c.tied_head(), tied);
+      auto g = ag::models::build_transformer(c);
+      ASSERT_TRUE(g.has_value()) << g.err().to_string();
+      const auto names = ag::models::weight_names(c);
+      EXPECT_EQ(std::count(names.begin(), names.end(), "lm_head"), tied ? 0 : 1);
+      EXPECT_EQ(g->find("lm_head") != ag::no_node, !tied);
+      int64_t elems = 0;
+      for (const auto& n : g->nodes())
+        if (n.op == ag::op_kind::weight) elems += n.dims.numel();
+      EXPECT_EQ(elems, ag::models::parameter_count(c));
+      // The head matmul's second operand is the embedding table itself when tied.
+      const auto& head = g->at(g->find("logits"));
+      ASSERT_EQ(head.op, ag::op_kind::matmul);
+      const std::string embed = v == model_variant::gpt2 ? "wte" : "embed_tokens";
+      EXPECT_EQ(g->at(head.inputs[1]).name, tied ? embed : std::string("lm_head"));
+    }
+  }
+}
+
+TEST(Transformer, Gpt2ActivationPicksTheGeluVariant) {
+  auto c = small(model_variant::gpt2);
+  c.initializer_range = 0.5f;  // large pre-activations, where tanh and erf GELU differ
+  auto tanh_g = ag::models::build_transformer(c);
+  c.activation = ag::gelu_mode::erf;
+  auto erf_g = ag::models::build_transformer(c);
+  ASSERT_TRUE(tanh_g.has_value() && erf_g.has_value());
+  EXPECT_EQ(erf_g->at(erf_g->find("l1.mlp.gelu")).attrs.gelu, ag::gelu_mode::erf);
+  EXPECT_EQ(tanh_g->at(tanh_g->find("l1.mlp.gelu")).attrs.gelu, ag::gelu_mode::tanh);
+  auto in = ag::models::transformer_inputs(c, 2);
+  auto c_tanh = ag::compare(eval_logits(*tanh_g, in), eval_logits(*erf_g, in), 0, 0);
+  EXPECT_FALSE(c_tanh.ok) << "tanh and erf GELU gave identical logits";
+}
+
+TEST(Transformer, WeightProviderSuppliesEveryWeightByName) {
+  for (auto c : all_small()) {
+    SCOPED_TRACE(label(c));
+    auto random = ag::models::build_transformer(c);
+    ASSERT_TRUE(random.has_value()) << random.err().to_string();
+    std::vector<std::string> asked;
+    ag::models::weight_provider provider = [&](const std::string& name, dtype type,
+                                               const ag::shape& dims) -> ag::expected<ag::weight_source_ptr> {
+      asked.push_back(name);
+      const auto& n = random->at(random->find(name));
+      EXPECT_EQ(n.dims, dims) << name;
+      EXPECT_EQ(n.type, type) << name;
+      // A copy of the random weight: same values through another source object.
+      return ag::make_host_weight(*n.data->in_memory());
+    };
+    auto g = ag::models::build_transformer(c, provider);
+    ASSERT_TRUE(g.has_value()) << g.err().to_string();
+    EXPECT_EQ(asked, ag::models::weight_names(c));
+    auto in = ag::models::transformer_inputs(c, 4);
+    EXPECT_TRUE(eval_logits(*g, in) == eval_logits(*random, in));
+  }
+}
+
+TEST(Transformer, WeightProviderErrorsNameTheWeight) {
+  auto c = small(model_variant::llama, 2);
+  // A source of other dims: invalid_shape naming the weight, its source and the dims it needs.
+  auto g = ag::models::build_transformer(c, [](const std::string& name, dtype type, const ag::shape& dims)
+                                                -> ag::expected<ag::weight_source_ptr> {
+    if (name == "embed_tokens") return ag::make_shape_only_weight(type, {1});
+    return ag::make_shape_only_weight(type, dims);
+  });
+  ASSERT_FALSE(g.has_value());
+  EXPECT_EQ(g.err().code, ag::errc::invalid_shape);
+  EXPECT_NE(g.err().message.find("'embed_tokens' (shapes only)"), std::string::npos) << g.err().message;
+  EXPECT_NE(g.err().message.find("[41, 32]"), std::string::npos) << g.err().message;
+
+  auto exact = [&](const std::string& bad_name, ag::error e, dtype bad_type) {
+    return [=](const std::string& name, dtype type, const ag::shape& dims) -> ag::expected<ag::weight_source_ptr> {
+      if (name == bad_name) {
+        if (e) return e;
+        return ag::make_shape_only_weight(bad_type, dims);
+      }
+      return ag::make_shape_only_weight(type, dims);
+    };
+  };
+  // The provider's own error comes back unchanged.
+  g = ag::models::build_transformer(c, exact("l2.attn.wk", {ag::errc::invalid_argument, "no tensor l2.attn.wk"}, dtype::f32));
+  ASSERT_FALSE(g.has_value());
+  EXPECT_EQ(g.err().code, ag::errc::invalid_argument);
+  EXPECT_EQ(g.err().message, "no tensor l2.attn.wk");
+  g = ag::models::build_transformer(c, exact("none", {}, dtype::f32));
+  EXPECT_TRUE(g.has_value()) << "sources of the right dims and dtype build a graph";
+  g = ag::models::build_transformer(c, exact("l1.mlp.w_up", {}, dtype::bf16));
+  ASSERT_FALSE(g.has_value());
+  EXPECT_EQ(g.err().code, ag::errc::dtype_mismatch);
+  EXPECT_NE(g.err().message.find("'l1.mlp.w_up'"), std::string::npos) << g.err().message;
+  EXPECT_NE(g.err().message.find("shapes only"), std::string::npos) << g.err().message;
+}
+
 }  // namespace

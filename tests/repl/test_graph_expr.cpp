@@ -118,7 +118,11 @@ TEST(ReplGraphExpr, SemanticErrorsNameWhatIsWrong) {
   e = err_of("x=input[8] y=matmul(x, x, bogus=1) out y");
   EXPECT_NE(e.find("no parameter 'bogus'"), std::string::npos) << e;
   e = err_of("x=input out x");
-  EXPECT_NE(e.find("needs dims"), std::string::npos) << e;
+  EXPECT_NE(e.find("'input' needs its dims in square brackets, e.g. input[8,64]"), std::string::npos) << e;
+  e = err_of("x=input(4, 8) out x");
+  EXPECT_NE(e.find("col 3: 'input' takes its dims in square brackets: input[4,8], not input(...)"), std::string::npos) << e;
+  e = err_of("x=weight(16) out x");
+  EXPECT_NE(e.find("weight[16]"), std::string::npos) << e;
   e = err_of("x=input[0,4] out x");
   EXPECT_NE(e.find("positive"), std::string::npos) << e;
   e = err_of("x=input[1,2,3,4,5] out x");

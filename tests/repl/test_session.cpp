@@ -60,17 +60,23 @@ TEST(ReplCommands, BadNumbersAndUnknownParametersAreRejected) {
   EXPECT_TRUE(has(f.text, "microbatches=16 lanes=1")) << f.text;
 }
 
+// Device specs are read by the library's own parser (gpu::parse_device_spec,
+// make_devices' grammar): its message, after the column of the spec word.
 TEST(ReplCommands, UnknownDeviceIsRejectedWithTheItem) {
   fixture f;
   EXPECT_EQ(f.run("devices tpu:4"), exec_status::failed);
-  EXPECT_TRUE(has(f.text, "unknown device 'tpu:4'")) << f.text;
+  EXPECT_TRUE(has(f.text, "error: col 9: device spec item 1 'tpu:4' at position 0: unknown device kind 'tpu'")) << f.text;
   EXPECT_TRUE(has(f.text, "usage: devices")) << f.text;
   EXPECT_EQ(f.run("devices sim:2,gpu:1"), exec_status::failed);
-  EXPECT_TRUE(has(f.text, "unknown device 'gpu:1' at col 7")) << f.text;
+  EXPECT_TRUE(has(f.text, "device spec item 2 'gpu:1' at position 6: unknown device kind 'gpu'")) << f.text;
   EXPECT_EQ(f.run("devices sim"), exec_status::failed);
-  EXPECT_TRUE(has(f.text, "needs a count")) << f.text;
+  EXPECT_TRUE(has(f.text, "'sim' at position 0: expected kind:count")) << f.text;
+  EXPECT_EQ(f.run("devices sim:0"), exec_status::failed);
+  EXPECT_TRUE(has(f.text, "zero count")) << f.text;
+  EXPECT_EQ(f.run("devices sim:1,sim:2"), exec_status::failed);
+  EXPECT_TRUE(has(f.text, "duplicate kind 'sim'")) << f.text;
   EXPECT_EQ(f.run("devices cpu:2 scale=5"), exec_status::failed);
-  EXPECT_TRUE(has(f.text, "sim devices only")) << f.text;
+  EXPECT_TRUE(has(f.text, "col 15: scale= applies to sim devices only")) << f.text;
   EXPECT_EQ(f.run("devices sim:2 cpu:2"), exec_status::failed);
   EXPECT_TRUE(has(f.text, "one device spec")) << f.text;
 }
@@ -134,6 +140,20 @@ TEST(ReplCommands, HelpListsEveryCommandAndShowsAnExample) {
   }
   EXPECT_EQ(f.run("help nosuch"), exec_status::failed);
   EXPECT_TRUE(has(f.text, "no command 'nosuch'")) << f.text;
+}
+
+// Every command of the table reaches its own handler: a parameter no
+// command takes is refused by that command (with its usage), never as an
+// unknown command.
+TEST(ReplCommands, EveryCommandInTheTableIsDispatched) {
+  fixture f;
+  for (const auto& c : commands()) {
+    const std::string name = c.name;
+    f.run(name + " zzz=1");
+    EXPECT_FALSE(has(f.text, "unknown command")) << name << "\n" << f.text;
+    EXPECT_FALSE(has(f.text, "internal")) << name << "\n" << f.text;
+    if (!c.own_syntax && name != "source") EXPECT_TRUE(has(f.text, "usage: " + std::string(c.usage))) << name << "\n" << f.text;
+  }
 }
 
 TEST(ReplCommands, NothingTypedEndsTheSession) {

@@ -10,6 +10,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cctype>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -18,46 +19,15 @@
 #include <thread>
 #include <vector>
 
+#include "run_program.hpp"
+
 namespace {
 
 bool has(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
 
-struct result {
-  int status = -1;
-  std::string output;
-};
-
 // Runs the REPL with `input` on a pipe as standard input.
-result run_piped(std::vector<std::string> args, const std::string& input) {
-  int in[2], out[2];
-  EXPECT_EQ(::pipe(in), 0);
-  EXPECT_EQ(::pipe(out), 0);
-  const pid_t pid = ::fork();
-  if (pid == 0) {
-    ::dup2(in[0], 0);
-    ::dup2(out[1], 1);
-    ::dup2(out[1], 2);
-    ::close(in[1]);
-    ::close(out[0]);
-    std::vector<char*> argv{const_cast<char*>(AG_REPL_BINARY)};
-    for (auto& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    ::execv(AG_REPL_BINARY, argv.data());
-    ::_exit(127);
-  }
-  ::close(in[0]);
-  ::close(out[1]);
-  [[maybe_unused]] auto w = ::write(in[1], input.data(), input.size());
-  ::close(in[1]);
-  result r;
-  char buf[4096];
-  ssize_t n;
-  while ((n = ::read(out[0], buf, sizeof buf)) > 0) r.output.append(buf, static_cast<std::size_t>(n));
-  ::close(out[0]);
-  int st = 0;
-  ::waitpid(pid, &st, 0);
-  r.status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-  return r;
+ag::repl::test_support::program_result run_piped(std::vector<std::string> args, const std::string& input) {
+  return ag::repl::test_support::run_program(AG_REPL_BINARY, std::move(args), input);
 }
 
 // The REPL on a pseudo-terminal.
@@ -140,7 +110,7 @@ const char* small_gpt2 = "model gpt2 layers=2 d=32 heads=2 ff=64 seq=8 vocab=64"
 }  // namespace
 
 TEST(ReplBinary, PipedScriptEchoesCommandsAndFailsOnAnError) {
-  const result r = run_piped({}, "echo hello\nbogus\necho never\n");
+  const auto r = run_piped({}, "echo hello\nbogus\necho never\n");
   EXPECT_EQ(r.status, 1) << r.output;
   EXPECT_TRUE(has(r.output, "> echo hello\nhello\n")) << r.output;
   EXPECT_TRUE(has(r.output, "error: unknown command 'bogus'")) << r.output;
@@ -149,14 +119,15 @@ TEST(ReplBinary, PipedScriptEchoesCommandsAndFailsOnAnError) {
 }
 
 TEST(ReplBinary, KeepGoingAndCleanScripts) {
-  const result kg = run_piped({"--keep-going"}, "bogus\necho after\n");
+  const auto kg = run_piped({"--keep-going"}, "bogus\necho after\n");
   EXPECT_EQ(kg.status, 1);
   EXPECT_TRUE(has(kg.output, "> echo after\nafter")) << kg.output;
-  const result ok = run_piped({}, "help wait\n");
+  const auto ok = run_piped({}, "help wait\n");
   EXPECT_EQ(ok.status, 0) << ok.output;
-  const result bad = run_piped({"--frobnicate"}, "");
+  const auto bad = run_piped({"--frobnicate"}, "");
   EXPECT_EQ(bad.status, 2);
-  EXPECT_TRUE(has(bad.output, "usage: actorgraph")) << bad.output;
+  EXPECT_TRUE(has(bad.output, "actorgraph: The following argument was not expected: --frobnicate")) << bad.output;
+  EXPECT_TRUE(has(bad.output, "Run 'actorgraph --help' for the flags.")) << bad.output;
 }
 
 TEST(ReplBinary, ScriptFileRunsABatchChecksItAndDrawsTheTimeline) {
@@ -165,7 +136,7 @@ TEST(ReplBinary, ScriptFileRunsABatchChecksItAndDrawsTheTimeline) {
     std::ofstream f(path);
     f << "devices sim:2 scale=0.01\n" << small_gpt2 << "\nrun n=3\nwait\ntimeline width=50\n";
   }
-  const result r = run_piped({"--script", path}, "");
+  const auto r = run_piped({"--script", path}, "");
   EXPECT_EQ(r.status, 0) << r.output;
   EXPECT_TRUE(has(r.output, "[run 1] 3/3 done")) << r.output;
   EXPECT_TRUE(has(r.output, "check: ok")) << r.output;
@@ -180,7 +151,7 @@ TEST(ReplBinary, FaultScriptReportsTheFailedJobAndTheNextRunChecksOk) {
     f << "devices cpu:1,sim:1 scale=0.01\n" << small_gpt2
       << "\nset stages=2\nfault sim0 error\nrun n=1\nwait\nfault sim0 off\nrun n=1\nwait\n";
   }
-  const result r = run_piped({"--script", path}, "");
+  const auto r = run_piped({"--script", path}, "");
   EXPECT_EQ(r.status, 0) << r.output;  // a failed job is a report, not a failed command
   EXPECT_TRUE(has(r.output, "[job 1] failed: op_failed: device 'sim0' step ")) << r.output;
   EXPECT_TRUE(has(r.output, "(injected fault)")) << r.output;
@@ -188,6 +159,28 @@ TEST(ReplBinary, FaultScriptReportsTheFailedJobAndTheNextRunChecksOk) {
   EXPECT_TRUE(has(r.output, "[run 2] 1/1 done")) << r.output;
   EXPECT_TRUE(has(r.output, "checks: 1 ok, 0 bad")) << r.output;
   std::remove(path.c_str());
+}
+
+// The default demo (`scripts/dev.sh demo` runs it with --init): 16 jobs over
+// 4 pipeline stages, and a timeline whose last stage idles while the first
+// jobs pass through the stages before it (the fill of the pipeline).
+TEST(ReplBinary, DefaultDemoRunsAndShowsThePipelineFilling) {
+  const auto r = run_piped({"--init", AG_SOURCE_DIR "/examples/demo.ag"}, "");
+  EXPECT_EQ(r.status, 0) << r.output;
+  EXPECT_TRUE(has(r.output, "plan: 467 nodes, 10 steps over 4 of 4 device(s)")) << r.output;
+  EXPECT_TRUE(has(r.output, "[run 1] 16/16 done in ")) << r.output;
+  EXPECT_TRUE(has(r.output, "(check skipped: sim values are off)")) << r.output;
+  // Which job the first stage takes first is up to the threads (jobs are
+  // submitted together), so the first column holds some job, not job 1.
+  const auto first_stage = r.output.find("sim0 compute0 |");
+  ASSERT_NE(first_stage, std::string::npos) << r.output;
+  const char first_column = r.output[first_stage + std::strlen("sim0 compute0 |")];
+  EXPECT_TRUE(std::isxdigit(static_cast<unsigned char>(first_column)))
+      << "the first stage is busy from the start; got '" << first_column << "'\n" << r.output;
+  EXPECT_TRUE(has(r.output, "sim1 compute0 |..")) << r.output;
+  EXPECT_TRUE(has(r.output, "sim3 compute0 |.....")) << r.output;
+  EXPECT_TRUE(has(r.output, "utilisation over ")) << r.output;
+  EXPECT_FALSE(has(r.output, "error")) << r.output;
 }
 
 TEST(ReplPty, TabCompletesCommandsAndHelpRuns) {
@@ -306,4 +299,36 @@ TEST(ReplPty, PlainLineModeWithoutReadlineStillWorks) {
   ASSERT_TRUE(p.read_until("ag> ")) << p.output();
   p.send("quit\r");
   EXPECT_EQ(p.wait_exit(), 0) << p.output();
+}
+
+// Ctrl-C while `wait` waits for a long reference check: back to the prompt at
+// once, the check stopped (its job reports "check: stopped"), the REPL usable.
+TEST(ReplPty, CtrlCDuringALongReferenceCheckStopsItAndReturnsToThePrompt) {
+  pty_repl p;
+  ASSERT_TRUE(p.started());
+  ASSERT_TRUE(p.read_until("ag> "));
+  p.send(
+      "devices sim:1 scale=0\r"
+      "graph x=input[1536,1536] a=weight[1536,1536] b=weight[1536,1536] c=weight[1536,1536] "
+      "y=matmul(matmul(matmul(x,a),b),c) out y\r"
+      "run n=1 check=all\r");
+  ASSERT_TRUE(p.read_until("note: the reference check of 1 job takes about")) << p.output();
+  ASSERT_TRUE(p.read_until("ag> ")) << p.output();
+  p.send("wait\r");
+  // The job itself is done in a moment; then only the check is left.
+  ASSERT_TRUE(p.read_until("waiting for the reference check of 1 job (about ", 60)) << p.output();
+  p.send("\x03");
+  ASSERT_TRUE(p.read_until("^C\nback to the prompt; 0 jobs still running; stopped the reference check of 1 job")) << p.output();
+  ASSERT_TRUE(p.read_until("check: stopped")) << p.output();
+  ASSERT_TRUE(p.read_until("ag> ")) << p.output();
+  p.send("echo still-here\r");
+  ASSERT_TRUE(p.read_until("\nstill-here")) << p.output();
+  // Another long check, and `quit wait` right away: it waits for the job
+  // but stops the check instead of waiting for it.
+  p.send("run n=1 check=all\r");
+  ASSERT_TRUE(p.read_until("note: the reference check of 1 job takes about")) << p.output();
+  ASSERT_TRUE(p.read_until("ag> ")) << p.output();
+  p.send("quit wait\r");
+  ASSERT_TRUE(p.read_until("stopping the reference check of 1 job", 60)) << p.output();
+  EXPECT_EQ(p.wait_exit(60), 0) << p.output();
 }

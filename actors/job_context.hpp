@@ -1,0 +1,83 @@
+#pragma once
+/// \file job_context.hpp
+/// One job's state shared by its job actor, the executing actors that run
+/// its steps, and the backend thread that completes it. Messages carry it as
+/// a msg::job_ref (messages.hpp); executing actors downcast with job_of().
+///
+/// Ownership and threads: built by the job actor (job_actor.cpp) before it
+/// sends run_job, then shared read-only by shared_ptr<const job_context>.
+/// The mutable parts are each written by one party and read after a message
+/// or device notification that orders the write before the read:
+///  - slots[s]: by the executing actor that runs step s; read by the
+///    executing actors of its consumers (after `ready`) and by whoever
+///    collects the trace (after the completion steps' notifications);
+///  - outputs / staging: written by the d2h copies on the device, read by
+///    the completing thread after the completion notifications;
+///  - arenas: by the job actor, before run_job;
+///  - cancelled: set by the job actor before it sends cancel_job (atomic).
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include <caf/actor.hpp>
+
+#include "actors/job_state.hpp"
+#include "actors/loaded_plan.hpp"
+#include "gpu/device.hpp"
+#include "messages/messages.hpp"
+
+namespace ag::actors {
+
+class runtime_core;
+
+/// Per step and job: the events the step recorded and when it was enqueued.
+struct step_slot {
+  std::shared_ptr<gpu::event> start;  ///< timing runs only
+  std::shared_ptr<gpu::event> end;
+  int64_t enqueue_ns = 0;
+};
+
+struct job_context final : msg::job_ref, std::enable_shared_from_this<job_context> {
+  explicit job_context(uint64_t id) noexcept : msg::job_ref(id) {}
+
+  uint64_t id() const noexcept { return job_id(); }
+  const launch_program& program() const noexcept { return *lp->program; }
+
+  std::shared_ptr<const loaded_plan> lp;
+  std::shared_ptr<const plan> user_plan;  ///< keeps the plan loaded while the job lives
+  std::vector<int> arenas;                ///< arena handle by device index (-1 unused)
+  std::vector<host_tensor> inputs;
+  caf::actor job_actor;
+  bool timing = false;
+  mutable std::vector<step_slot> slots;      ///< by step id
+  mutable std::vector<host_tensor> outputs;
+  mutable std::vector<host_tensor> staging;  ///< by output index, gathered outputs only
+  mutable std::atomic<bool> cancelled{false};
+
+  // Host completion fast path (complete_from_backend, job_actor.hpp): the
+  // notify callback of the last completion step to finish without error
+  // fulfils the handle directly on the backend thread, so "GPU done ->
+  // future ready" costs no actor-scheduler wake-up. The job actor still
+  // releases the arenas after.
+  runtime_core* core = nullptr;
+  std::shared_ptr<job::shared_state> handle;
+  mutable std::atomic<int> completions_left{0};   ///< set before run_job is sent
+  mutable std::atomic<bool> fulfilled_early{false};
+
+  /// Base of `where` on `device` for this job (the device must be used by the
+  /// plan; for the arena, the job must hold one there).
+  std::byte* base(region where, int device) const noexcept {
+    const auto& m = *lp->memory[static_cast<std::size_t>(device)];
+    return static_cast<std::byte*>(where == region::weights
+                                       ? m.weights
+                                       : m.arenas[static_cast<std::size_t>(arenas[static_cast<std::size_t>(device)])]);
+  }
+};
+
+/// The job context behind a job named in a message. Every job_ref in this
+/// process is a job_context (only the job actor makes them).
+inline const job_context& job_of(const msg::job_ref& r) noexcept { return static_cast<const job_context&>(r); }
+
+}  // namespace ag::actors

@@ -1,0 +1,279 @@
+#include "actors/launch_program.hpp"
+
+#include <algorithm>
+#include <tuple>
+
+namespace ag::actors {
+
+namespace {
+
+expected<operand> resolve(const plan& p, node_id id, int device) {
+  auto loc = p.locate(id, device);
+  if (!loc) return loc.err();
+  const node& n = p.source().at(id);
+  operand a;
+  a.where = loc->where;
+  a.byte_offset = loc->byte_offset;
+  a.proto.type = n.type;
+  a.proto.dims = n.dims;
+  a.proto.stride = loc->stride;
+  return a;
+}
+
+/// Builds errors about step `s` (device, step and op fields set).
+struct step_errors {
+  const step& s;
+  error operator()(const std::string& what, const std::string& op = {}) const {
+    return {errc::internal,
+            "step " + std::to_string(s.id) + " (" + to_string(s.kind) + " on device " + std::to_string(s.device) + ") " +
+                what,
+            s.device, s.id, op};
+  }
+  /// Wraps an error of a lookup for this step.
+  error wrap(const error& e, const std::string& what, const std::string& op = {}) const {
+    error r = (*this)(what + ": " + e.message, op);
+    r.code = e.code;
+    return r;
+  }
+};
+
+/// The lane of the queue that runs `s`: compute steps run on their lane;
+/// the copy kinds have one queue per device, and so do collectives (a
+/// device's communication queue, never a compute lane).
+int queue_lane(const step& s) {
+  switch (s.kind) {
+    case step_kind::compute: return s.lane;
+    case step_kind::copy_h2d:
+    case step_kind::copy_d2h:
+    case step_kind::copy_peer:
+    case step_kind::collective: return 0;
+  }
+  return 0;
+}
+
+error lower_compute(const plan& p, const step& s, lowered_step& ls) {
+  const graph& g = p.source();
+  const step_errors err{s};
+  for (node_id id : s.ops) {
+    const node& n = g.at(id);
+    if (is_view_op(n.op) || is_leaf_op(n.op)) continue;
+    lowered_op op;
+    op.op = &n;
+    auto out = resolve(p, id, s.device);
+    if (!out) return err.wrap(out.err(), "op '" + n.name + "'", n.name);
+    op.out = *out;
+    for (node_id in : n.inputs) {
+      auto a = resolve(p, in, s.device);
+      if (!a) return err.wrap(a.err(), "op '" + n.name + "' input '" + g.at(in).name + "'", n.name);
+      op.inputs.push_back(*a);
+    }
+    ls.ops.push_back(std::move(op));
+  }
+  if (!s.ops.empty())
+    ls.label = s.ops.size() == 1 ? g.at(s.ops.front()).name : g.at(s.ops.front()).name + ".." + g.at(s.ops.back()).name;
+  return {};
+}
+
+error lower_copy(const plan& p, const step& s, lowered_step& ls) {
+  const graph& g = p.source();
+  const step_errors err{s};
+  if (s.ops.size() != 1) return err("copies " + std::to_string(s.ops.size()) + " nodes, expected 1");
+  const node_id id = s.ops.front();
+  const node& n = g.at(id);
+  ls.label = n.name;
+  ls.subject = &n;
+  copy_desc& c = ls.copy;
+  c.io_index = s.io_index;
+  c.bytes = n.dims.numel() * static_cast<int64_t>(dtype_size(n.type));
+  c.src_device = s.kind == step_kind::copy_peer ? s.src_device : s.device;
+  if (s.kind != step_kind::copy_h2d) {
+    auto a = resolve(p, id, c.src_device);
+    if (!a) return err.wrap(a.err(), "source '" + n.name + "'", n.name);
+    if (!is_contiguous(n.dims, a->proto.stride)) {
+      // A non-contiguous view output: copy its storage, gather on the host.
+      const node& sn = g.at(n.storage);
+      if (s.kind != step_kind::copy_d2h || !n.is_view())
+        return err("copies '" + n.name + "', which is not contiguous on its source device", n.name);
+      a = resolve(p, n.storage, c.src_device);
+      if (!a) return err.wrap(a.err(), "storage '" + sn.name + "'", n.name);
+      c.gather = true;
+      c.bytes = sn.own_bytes();
+    }
+    c.src = *a;
+  }
+  if (s.kind != step_kind::copy_d2h) {
+    auto a = resolve(p, id, s.device);
+    if (!a) return err.wrap(a.err(), "destination '" + n.name + "'", n.name);
+    if (!is_contiguous(n.dims, a->proto.stride))
+      return err("copies '" + n.name + "' into a non-contiguous destination", n.name);
+    c.dst = *a;
+  }
+  if (s.kind == step_kind::copy_h2d && (s.io_index < 0 || static_cast<std::size_t>(s.io_index) >= g.inputs().size()))
+    return err("names input " + std::to_string(s.io_index), n.name);
+  if (s.kind == step_kind::copy_d2h && (s.io_index < 0 || static_cast<std::size_t>(s.io_index) >= g.outputs().size()))
+    return err("names output " + std::to_string(s.io_index), n.name);
+  return {};
+}
+
+/// The per-kind part of the lowering: everything a step kind needs beyond
+/// queues, deps and consumers. A new step kind is one more case here (and
+/// one in the executor, stream_actor.cpp's launch_step).
+error lower_step(const plan& p, const step& s, lowered_step& ls) {
+  switch (s.kind) {
+    case step_kind::compute: return lower_compute(p, s, ls);
+    case step_kind::copy_h2d:
+    case step_kind::copy_d2h:
+    case step_kind::copy_peer: return lower_copy(p, s, ls);
+    case step_kind::collective: {
+      // Not executed yet (tensor-parallel plans with collectives are refused
+      // by runtime_core::compile): its descriptor (members' operands, algo,
+      // peers) goes here, its execution in stream_actor.cpp's launch_step.
+      error e = step_errors{s}("is a collective, which this runtime cannot run yet",
+                               s.ops.empty() ? std::string{} : p.source().at(s.ops.front()).name);
+      e.code = errc::unsupported_op;
+      return e;
+    }
+  }
+  return step_errors{s}("has an unknown kind");
+}
+
+}  // namespace
+
+int launch_program::find_queue(int device, step_kind kind, int lane) const noexcept {
+  for (std::size_t q = 0; q < queues_.size(); ++q)
+    if (queues_[q].device == device && queues_[q].kind == kind && queues_[q].lane == lane) return static_cast<int>(q);
+  return -1;
+}
+
+std::vector<gpu::op_launch> launch_program::launch_records(int q) const {
+  const auto& queue = queues_.at(static_cast<std::size_t>(q));
+  std::vector<gpu::op_launch> r;
+  r.reserve(static_cast<std::size_t>(queue.launch_records));
+  for (step_id s : queue.steps) {
+    for (const auto& op : steps_[static_cast<std::size_t>(s)].ops) {
+      gpu::op_launch l;
+      l.op = op.op;
+      l.source = &plan_->source();
+      l.out = op.out.proto;
+      l.inputs.reserve(op.inputs.size());
+      for (const auto& a : op.inputs) l.inputs.push_back(a.proto);
+      r.push_back(std::move(l));
+    }
+  }
+  return r;
+}
+
+error check_launch_order(const plan& p, const std::vector<launch_queue>& queues) {
+  std::vector<char> done(p.steps().size(), 0);
+  std::vector<std::size_t> pos(queues.size(), 0);
+  std::size_t left = 0;
+  for (const auto& q : queues) left += q.steps.size();
+  bool progress = true;
+  while (left > 0 && progress) {
+    progress = false;
+    for (std::size_t q = 0; q < queues.size(); ++q) {
+      while (pos[q] < queues[q].steps.size()) {
+        const step& s = p.at(queues[q].steps[pos[q]]);
+        bool ready = true;
+        for (step_id d : s.deps) ready = ready && done[static_cast<std::size_t>(d)];
+        if (!ready) break;
+        done[static_cast<std::size_t>(s.id)] = 1;
+        ++pos[q];
+        --left;
+        progress = true;
+      }
+    }
+  }
+  if (left == 0) return {};
+  for (std::size_t q = 0; q < queues.size(); ++q) {
+    if (pos[q] >= queues[q].steps.size()) continue;
+    const step_id s = queues[q].steps[pos[q]];
+    const launch_queue& lq = queues[q];
+    return {errc::internal,
+            "plan's lane order deadlocks: step " + std::to_string(s) + " on " + lane_name(lq.kind, lq.lane) +
+                " of device " + std::to_string(lq.device) + " waits for a step queued behind it",
+            lq.device, s};
+  }
+  return {errc::internal, "plan's lane order deadlocks"};
+}
+
+expected<std::shared_ptr<const launch_program>> lower(std::shared_ptr<const plan> p) {
+  if (!p) return error{errc::internal, "lower: null plan"};
+  const plan& pl = *p;
+  const auto ndev = static_cast<int>(pl.devices().size());
+  auto prog = std::make_shared<launch_program>();
+  prog->plan_ = p;
+  prog->used_devices_ = pl.used_devices();
+  std::sort(prog->used_devices_.begin(), prog->used_devices_.end());
+  prog->steps_.resize(pl.steps().size());
+
+  // Queues: one per (device, kind, lane), in order of first use.
+  for (std::size_t i = 0; i < pl.steps().size(); ++i) {
+    const step& s = pl.steps()[i];
+    if (s.id != static_cast<step_id>(i))
+      return error{errc::internal, "step at index " + std::to_string(i) + " has id " + std::to_string(s.id)};
+    if (s.device < 0 || s.device >= ndev || (s.kind == step_kind::copy_peer && (s.src_device < 0 || s.src_device >= ndev)))
+      return step_errors{s}("names a device out of range (the plan has " + std::to_string(ndev) + ")");
+    for (step_id d : s.deps)
+      if (d < 0 || static_cast<std::size_t>(d) >= pl.steps().size())
+        return step_errors{s}("depends on step " + std::to_string(d) + ", which is not in the plan");
+    const int lane = queue_lane(s);
+    int q = prog->find_queue(s.device, s.kind, lane);
+    if (q < 0) {
+      q = static_cast<int>(prog->queues_.size());
+      launch_queue lq;
+      lq.device = s.device;
+      lq.kind = s.kind;
+      lq.lane = lane;
+      prog->queues_.push_back(std::move(lq));
+    }
+    prog->queues_[static_cast<std::size_t>(q)].steps.push_back(s.id);
+    auto& ls = prog->steps_[i];
+    ls.id = s.id;
+    ls.kind = s.kind;
+    ls.device = s.device;
+    ls.queue = q;
+  }
+  for (auto& q : prog->queues_) {
+    std::sort(q.steps.begin(), q.steps.end(), [&](step_id x, step_id y) {
+      return std::make_pair(pl.at(x).lane_seq, x) < std::make_pair(pl.at(y).lane_seq, y);
+    });
+    for (std::size_t i = 0; i < q.steps.size(); ++i) prog->steps_[static_cast<std::size_t>(q.steps[i])].pos = static_cast<int>(i);
+  }
+  if (auto e = check_launch_order(pl, prog->queues_)) return e;
+
+  // Per step: remote deps, consumers on other queues, completion, and what
+  // its kind needs (operands, copy descriptor, label).
+  for (const auto& s : pl.steps()) {
+    auto& ls = prog->steps_[static_cast<std::size_t>(s.id)];
+    for (step_id d : s.deps)
+      if (prog->steps_[static_cast<std::size_t>(d)].queue != ls.queue) ls.remote_deps.push_back(d);
+    for (step_id c : s.consumers) {
+      if (c < 0 || static_cast<std::size_t>(c) >= pl.steps().size())
+        return step_errors{s}("is consumed by step " + std::to_string(c) + ", which is not in the plan");
+      const auto& cs = prog->steps_[static_cast<std::size_t>(c)];
+      if (cs.queue == ls.queue) continue;
+      ls.remote_consumers.push_back({cs.queue, cs.pos});
+      if (std::find(ls.consumer_queues.begin(), ls.consumer_queues.end(), cs.queue) == ls.consumer_queues.end())
+        ls.consumer_queues.push_back(cs.queue);
+    }
+    // A step whose op may fail on its values (get_rows ids) reports too, so
+    // that failure reaches the job (op_failed) instead of a "done" job.
+    ls.completion = s.kind == step_kind::copy_d2h || s.consumers.empty() || may_fail_on_values(pl, s);
+    if (ls.completion) prog->completion_.push_back(s.id);
+    if (auto e = lower_step(pl, s, ls)) return e;
+  }
+  for (auto& q : prog->queues_) {
+    q.remote_dep_counts.reserve(q.steps.size());
+    for (step_id s : q.steps) {
+      auto& ls = prog->steps_[static_cast<std::size_t>(s)];
+      q.remote_dep_counts.push_back(static_cast<int>(ls.remote_deps.size()));
+      ls.first_launch = q.launch_records;
+      q.launch_records += static_cast<int>(ls.ops.size());
+    }
+    q.starts_itself = q.steps.empty() || q.remote_dep_counts.front() == 0;
+  }
+  return std::shared_ptr<const launch_program>(std::move(prog));
+}
+
+}  // namespace ag::actors

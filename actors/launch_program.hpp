@@ -1,0 +1,155 @@
+#pragma once
+/// \file launch_program.hpp
+/// The lowering: a plan (graph/plan.hpp) becomes a *launch program*, the
+/// immutable tables the executing actors read while they run a job. Built
+/// once per loaded plan (runtime_core::compile), on the compiling thread,
+/// then shared read-only (shared_ptr<const launch_program>) by every job and
+/// actor, on any thread. No CAF and no runtime state in here: the runtime
+/// binds each queue to an actor handle afterwards (loaded_plan.hpp), and
+/// per-job pointers are patched in the executing actor's own scratch copy of
+/// the launch records (launch_records()).
+///
+/// What the program says:
+///  - the *queues* the plan needs, one per (device, step kind, lane): each
+///    is run by one executing actor on one gpu::stream, and lists its steps
+///    in launch order (lane_seq, then id);
+///  - per step: its queue and position there, its deps run by other queues
+///    (remote deps: the actor waits for their end events), the other queues
+///    that consume it (where `ready` goes) and at which positions, whether it
+///    is a completion step (host notification), its resolved operands
+///    (region + byte offset + tensor_arg prototype) or copy descriptor, and
+///    its trace label.
+///
+/// Adding a step kind (collectives, captured CUDA-graph segments): add it to
+/// ag::step_kind, lower it in lower_step() (launch_program.cpp: one case
+/// that fills the step's queue lane and its own descriptor), and execute it
+/// in launch_step() (stream_actor.cpp: one case). Queues, deps, consumers,
+/// completion, launch-order checking and tracing need no change.
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "gpu/device.hpp"
+#include "graph/error.hpp"
+#include "graph/plan.hpp"
+
+namespace ag::actors {
+
+/// A tensor operand resolved up to its region base: the executing actor adds
+/// the job's base of `where` on the step's device (job_context::base).
+struct operand {
+  region where = region::arena;
+  int64_t byte_offset = 0;
+  gpu::tensor_arg proto;  ///< data == nullptr; dtype, dims and strides set
+};
+
+/// One op of a compute step (views and leaves are dropped: they cost nothing).
+struct lowered_op {
+  const node* op = nullptr;     ///< lives in the plan's graph
+  operand out;
+  std::vector<operand> inputs;  ///< node->inputs order
+};
+
+/// What a copy step moves.
+struct copy_desc {
+  operand src;          ///< on src_device (d2h, peer); unused for h2d
+  operand dst;          ///< on the step's device (h2d, peer); unused for d2h
+  int src_device = -1;  ///< peer: the source device; else the step's device
+  int64_t bytes = 0;
+  int io_index = -1;    ///< h2d: job input index; d2h: job output index
+  /// d2h of a non-contiguous view output: the storage's whole buffer is
+  /// copied (into the job's staging buffer) and gathered on the host.
+  bool gather = false;
+};
+
+/// A queue position: (queue index, position in that queue's steps).
+struct queue_pos {
+  int queue = -1;
+  int pos = -1;
+};
+
+/// One step as the executing actors see it.
+struct lowered_step {
+  step_id id = -1;
+  step_kind kind = step_kind::compute;
+  int device = -1;                      ///< the device whose queue runs it
+  int queue = -1;                       ///< index into launch_program::queues()
+  int pos = -1;                         ///< position in that queue's steps
+  std::vector<step_id> remote_deps;     ///< deps run by other queues (their end events are waited for)
+  std::vector<int> consumer_queues;     ///< distinct other queues consuming this step (ready goes there)
+  std::vector<queue_pos> remote_consumers;  ///< each consumer on another queue
+  bool completion = false;              ///< host notification when done (sinks, dead ends)
+  std::vector<lowered_op> ops;          ///< compute
+  int first_launch = 0;                 ///< compute: index of ops[0]'s record in launch_records(queue)
+  copy_desc copy;                       ///< copies
+  /// The node an error of this step concerns when no op does (a copy's
+  /// tensor); compute steps name the op that failed instead.
+  const node* subject = nullptr;
+  std::string label;                    ///< trace label: "first..last" op, or the copied tensor
+};
+
+/// One executing queue: (device, kind, lane), run by one actor on one stream.
+struct launch_queue {
+  int device = -1;
+  step_kind kind = step_kind::compute;
+  int lane = 0;
+  std::vector<step_id> steps;             ///< launch order
+  std::vector<int> remote_dep_counts;     ///< by position: remote deps of steps[pos]
+  int launch_records = 0;                 ///< op records of its compute steps (launch_records())
+  /// Its first step has no remote dep: the job actor starts this queue with
+  /// run_job. The others start on their first ready message.
+  bool starts_itself = false;
+};
+
+/// The lowered plan. Immutable; see the file comment.
+class launch_program {
+ public:
+  const plan& source() const noexcept { return *plan_; }
+  const std::shared_ptr<const plan>& source_ptr() const noexcept { return plan_; }
+  const std::vector<launch_queue>& queues() const noexcept { return queues_; }
+  const launch_queue& queue(int q) const { return queues_.at(static_cast<std::size_t>(q)); }
+  /// Indexed by step id.
+  const std::vector<lowered_step>& steps() const noexcept { return steps_; }
+  const lowered_step& step(step_id s) const { return steps_.at(static_cast<std::size_t>(s)); }
+  /// Steps the host is notified of (job done when all of them completed).
+  const std::vector<step_id>& completion_steps() const noexcept { return completion_; }
+  /// Devices the plan touches, ascending (arena acquisition order).
+  const std::vector<int>& used_devices() const noexcept { return used_devices_; }
+  /// Index of the queue (device, kind, lane), or -1 when the plan has none.
+  int find_queue(int device, step_kind kind, int lane) const noexcept;
+
+  /// The launch records of queue `q`'s compute steps, in order (step
+  /// first_launch + k holds ops[k]): node, source graph and tensor_arg
+  /// prototypes filled, data pointers null. The executing actor keeps one
+  /// copy per loaded plan and patches only the data pointers per job, so a
+  /// launch copies no shapes or strides and allocates nothing.
+  std::vector<gpu::op_launch> launch_records(int q) const;
+
+ private:
+  friend expected<std::shared_ptr<const launch_program>> lower(std::shared_ptr<const plan> p);
+  std::shared_ptr<const plan> plan_;
+  std::vector<launch_queue> queues_;
+  std::vector<lowered_step> steps_;
+  std::vector<step_id> completion_;
+  std::vector<int> used_devices_;
+};
+
+/// Lowers `p` (valid plans from ag::compile; it checks what it relies on).
+/// Errors (errc::internal, with error::device / step / op set): a step on a
+/// device out of range, an operand not resident where a step reads it, a copy
+/// of a non-contiguous tensor that is not a d2h view output, an input or
+/// output index out of range, and a launch order that deadlocks
+/// (check_launch_order).
+expected<std::shared_ptr<const launch_program>> lower(std::shared_ptr<const plan> p);
+
+/// Simulates the queues' launch order: each queue launches its steps in
+/// order, a step only after all its deps. A plan whose lane orders
+/// contradict its deps would hang every job; it is refused with an error
+/// naming the first stuck step, its queue and its device (error::device and
+/// error::step set). `queues` as lower() builds them.
+error check_launch_order(const plan& p, const std::vector<launch_queue>& queues);
+
+}  // namespace ag::actors

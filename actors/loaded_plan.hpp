@@ -1,0 +1,42 @@
+#pragma once
+/// \file loaded_plan.hpp
+/// A plan loaded on a runtime: its launch program (launch_program.hpp, the
+/// lowered plan) bound to this runtime's actors and memory.
+///
+/// Ownership and threads: built by runtime_core::compile on the compiling
+/// thread, immutable afterwards, shared (shared_ptr<const loaded_plan>) by
+/// the plan handle's deleter, every job context of the plan and the job
+/// registry; read on any thread. The mutable part of plan_memory (its arena
+/// table) is the device actor's (plan_memory.hpp).
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include <caf/actor.hpp>
+
+#include "actors/launch_program.hpp"
+#include "actors/plan_memory.hpp"
+#include "graph/host_tensor.hpp"
+
+namespace ag::actors {
+
+class runtime_core;
+
+struct loaded_plan {
+  uint64_t key = 0;  ///< unique per runtime process; names the plan in messages
+  std::shared_ptr<const launch_program> program;
+  /// The executing actor of each queue of the program (by queue index),
+  /// bound once when the plan is loaded.
+  std::vector<caf::actor> queue_actors;
+  /// By device index: this plan's memory there; null for devices it does not use.
+  std::vector<std::shared_ptr<plan_memory>> memory;
+  /// By output: where its host buffer comes from (the host_memory() of the
+  /// device that copies it out, when runtime_options::pinned_outputs); null: heap.
+  std::vector<host_memory_resource*> output_memory;
+  runtime_core* core = nullptr;
+
+  const plan& source() const noexcept { return program->source(); }
+};
+
+}  // namespace ag::actors

@@ -1,0 +1,12 @@
+#include "actors/plan_memory.hpp"
+
+namespace ag::actors {
+
+plan_memory::~plan_memory() {
+  if (!dev) return;
+  if (weights) dev->deallocate(weights);
+  for (void* a : arenas)
+    if (a) dev->deallocate(a);
+}
+
+}  // namespace ag::actors

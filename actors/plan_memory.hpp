@@ -1,0 +1,41 @@
+#pragma once
+/// \file plan_memory.hpp
+/// One loaded plan's memory on one device: the weight region (uploaded by
+/// runtime_core::compile on the compiling thread) and the arena table of its
+/// activation arena pool.
+///
+/// Ownership and threads: built by runtime_core::compile, then shared by the
+/// loaded plan (loaded_plan::memory), the device actor (register_plan) and,
+/// through the loaded plan, every job of the plan. Frees its memory when the
+/// last holder lets go. The arena table is the device actor's: see `arenas`.
+
+#include <cstdint>
+#include <vector>
+
+#include "gpu/device.hpp"
+#include "messages/messages.hpp"
+
+namespace ag::actors {
+
+class plan_memory final : public msg::plan_memory_ref {
+ public:
+  plan_memory(uint64_t plan_key, gpu::device_ptr dev, int arena_capacity)
+      : msg::plan_memory_ref(plan_key), dev(std::move(dev)), arenas(static_cast<std::size_t>(arena_capacity), nullptr) {}
+  plan_memory(const plan_memory&) = delete;
+  plan_memory& operator=(const plan_memory&) = delete;
+  /// Frees the weights and every arena allocated.
+  ~plan_memory();
+
+  gpu::device_ptr dev;
+  void* weights = nullptr;
+  int64_t weight_bytes = 0;
+  int64_t arena_bytes = 0;
+  /// Arena bases by handle. Fixed size (runtime_options::arenas_per_device);
+  /// entry 0 is allocated by compile(), entry i > 0 is written only by the
+  /// device actor, before it first grants handle i, and read by executing
+  /// actors that got i through a job (a message orders the write before
+  /// the read).
+  std::vector<void*> arenas;
+};
+
+}  // namespace ag::actors

@@ -1,0 +1,237 @@
+// actorgraph-generate: runs a Hugging Face model folder (config.json +
+// safetensors, optional tokenizer) on the runtime's devices.
+//
+//   actorgraph-generate --model DIR (--prompt-ids 1,2,3 | --prompt TEXT)
+//                       [--devices SPEC] [--stages N] [--dtype f32|f16|bf16]
+//                       [--dump-logits FILE.npy] [--progress]      (--help: all flags)
+//
+// Loads the model (the checkpoint's tensors are memory-mapped and read
+// straight to the devices), runs the prompt forward as one job, and prints:
+//   generated: 5            the greedy next token
+//   generated_text: ...     its text, when the folder has a tokenizer
+//   prefill_ms, prefill_tokens_per_s, load_s, load_gb_per_s (the model's
+//   checkpoint bytes over the seconds from opening the folder to the end of
+//   compile(), which uploads the weights; device start-up is not included)
+// --dump-logits writes the prompt's logits, float32 [prompt length, vocab],
+// as a NumPy .npy file. Load progress (bytes, rate) goes to stderr when it is
+// a terminal, or always with --progress.
+//
+// Exit status: 0 on success, 1 when loading or running fails (the error is
+// printed, naming what and where), 2 for a bad command line.
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "actors/actorgraph.hpp"
+#include "apps/common/flags.hpp"
+#include "graph/checkpoint/hf_model.hpp"
+#include "graph/checkpoint/npy.hpp"
+#include "graph/checkpoint/tokenizer.hpp"
+
+namespace {
+
+struct options {
+  std::string model;
+  std::string prompt;
+  std::string prompt_ids;
+  std::string devices = "cpu:1";
+  int stages = 0;
+  std::string dtype;
+  std::string dump_logits;
+  bool progress = false;
+};
+
+bool parse_ids(const std::string& s, std::vector<int32_t>& ids, std::string& why) {
+  std::size_t i = 0;
+  while (i <= s.size()) {
+    const std::size_t comma = std::min(s.find(',', i), s.size());
+    const std::string item = s.substr(i, comma - i);
+    char* end = nullptr;
+    const long long v = std::strtoll(item.c_str(), &end, 10);
+    if (item.empty() || *end || v < 0 || v > 0x7fffffff) {
+      why = "--prompt-ids: '" + item + "' is not a token id";
+      return false;
+    }
+    ids.push_back(static_cast<int32_t>(v));
+    i = comma + 1;
+  }
+  return true;
+}
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// Prints "loading: X / Y MB at Z MB/s" on stderr every 200 ms until stopped.
+class progress_line {
+ public:
+  progress_line(const ag::models::checkpoint& ck, int64_t total, bool on) : ck_(ck), total_(total) {
+    if (on) thread_ = std::thread([this] { run(); });
+  }
+  ~progress_line() { stop(); }
+  void stop() {
+    {
+      std::lock_guard<std::mutex> lk(m_);
+      done_ = true;
+    }
+    cv_.notify_all();
+    if (thread_.joinable()) {
+      thread_.join();
+      std::fputs("\n", stderr);
+    }
+  }
+
+ private:
+  void run() {
+    const auto t0 = std::chrono::steady_clock::now();
+    std::unique_lock<std::mutex> lk(m_);
+    while (true) {
+      const double s = seconds_since(t0);
+      const double mb = static_cast<double>(ck_.bytes_read()) / 1e6;
+      std::fprintf(stderr, "\rloading: %.1f / %.1f MB  %.1f MB/s   ", mb, static_cast<double>(total_) / 1e6,
+                   s > 0 ? mb / s : 0.0);
+      std::fflush(stderr);
+      if (cv_.wait_for(lk, std::chrono::milliseconds(200), [this] { return done_; })) break;
+    }
+  }
+
+  const ag::models::checkpoint& ck_;
+  int64_t total_;
+  std::mutex m_;
+  std::condition_variable cv_;
+  bool done_ = false;
+  std::thread thread_;
+};
+
+int fail(const ag::error& e) {
+  std::fprintf(stderr, "error: %s\n", e.to_string().c_str());
+  return 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  options o;
+  ag::apps::flags app("actorgraph-generate",
+                      "Runs a Hugging Face model folder (config.json, model.safetensors or shards, optional "
+                      "vocab.json + merges.txt or tokenizer.model) on the runtime's devices: the prompt forward as "
+                      "one job, the greedy next token, load and prefill figures.");
+  app.add_option("--model", o.model, "the model folder")->required();
+  app.add_option("--prompt-ids", o.prompt_ids, "comma-separated token ids");
+  app.add_option("--prompt", o.prompt, "text, encoded with the folder's tokenizer");
+  app.add_option("--devices", o.devices, "device spec (sim:2, cpu:1, cuda:0, cuda:all, ...)");
+  app.add_option("--stages", o.stages, "pipeline stages (0: every device)")->check(CLI::Range(0, 4096));
+  app.add_option("--dtype", o.dtype, "f32, f16 or bf16 (default: the config's torch_dtype)")
+      ->check(CLI::IsMember({"", "f32", "f16", "bf16"}));
+  app.add_option("--dump-logits", o.dump_logits, "write the prompt's logits, float32 [tokens, vocab], as .npy");
+  app.add_flag("--progress", o.progress, "print load progress even when stderr is not a terminal");
+  if (auto status = ag::apps::parse_flags(app, argc, argv)) return *status;
+  const bool have_prompt = ag::apps::given(app, "--prompt");
+  if (have_prompt == ag::apps::given(app, "--prompt-ids")) {
+    std::fprintf(stderr, "actorgraph-generate: give exactly one of --prompt-ids and --prompt\n");
+    return ag::apps::bad_flags_status;
+  }
+  std::string why;
+  std::vector<int32_t> ids;
+  if (!have_prompt && !parse_ids(o.prompt_ids, ids, why)) {
+    std::fprintf(stderr, "actorgraph-generate: %s\n", why.c_str());
+    return ag::apps::bad_flags_status;
+  }
+  ag::models::load_options lo;
+  if (ag::dtype t; !o.dtype.empty() && ag::parse_dtype(o.dtype.c_str(), t)) lo.dtype = t;
+
+  // The runtime first: device start-up (a CUDA context) is not load time.
+  auto rt = ag::runtime::create(o.devices);
+  if (!rt) return fail(rt.err());
+
+  const auto t_open = std::chrono::steady_clock::now();
+  auto model = ag::models::hf_model::open(o.model, lo);
+  if (!model) return fail(model.err());
+  const auto& cfg = model->config();
+  std::printf("model: %s, %d layers, d_model %lld, %d heads (%d kv), d_ff %lld, vocab %lld, %s, %lld weight bytes in %zu file(s)\n",
+              cfg.model_type.c_str(), cfg.model.n_layers, static_cast<long long>(cfg.model.d_model),
+              cfg.model.n_heads, cfg.model.kv_heads(), static_cast<long long>(cfg.model.d_ff),
+              static_cast<long long>(cfg.model.vocab), ag::to_string(model->dtype()),
+              static_cast<long long>(model->model_bytes()), model->weights().files().size());
+
+  auto tok = ag::models::load_tokenizer(o.model);
+  if (!tok) {
+    // Token ids work without a tokenizer: a broken one only costs the text.
+    if (have_prompt) return fail(tok.err());
+    std::fprintf(stderr, "warning: no generated_text: %s\n", tok.err().to_string().c_str());
+    tok = ag::models::tokenizer_ptr{};
+  }
+  if (have_prompt) {
+    if (!*tok)
+      return fail({ag::errc::invalid_argument, o.model + " has no tokenizer (vocab.json + merges.txt or "
+                                                           "tokenizer.model): pass --prompt-ids"});
+    auto enc = (*tok)->encode(o.prompt);
+    if (!enc) return fail(enc.err());
+    ids = std::move(*enc);
+    std::string list;
+    for (std::size_t i = 0; i < ids.size(); ++i) list += (i ? "," : "") + std::to_string(ids[i]);
+    std::printf("prompt_ids: %s\n", list.c_str());
+  }
+  if (ids.empty()) return fail({ag::errc::invalid_argument, "the prompt has no tokens"});
+  for (int32_t id : ids)
+    if (id >= cfg.model.vocab)
+      return fail({ag::errc::invalid_argument, "prompt token " + std::to_string(id) + " is outside the vocabulary of " +
+                                                   std::to_string(cfg.model.vocab)});
+  const auto S = static_cast<int64_t>(ids.size());
+
+  auto g = model->build(S, 1);
+  if (!g) return fail(g.err());
+  std::shared_ptr<const ag::plan> plan;
+  {
+    progress_line progress(model->weights(), model->model_bytes(), o.progress || ::isatty(2));
+    auto p = (*rt)->compile(std::move(*g), {.pipeline_stages = o.stages});
+    progress.stop();
+    if (!p) return fail(p.err());
+    plan = std::move(*p);
+  }
+  const double load_s = seconds_since(t_open);
+
+  std::vector<int32_t> pos(ids.size());
+  for (std::size_t i = 0; i < pos.size(); ++i) pos[i] = static_cast<int32_t>(i);
+  const auto t_run = std::chrono::steady_clock::now();
+  ag::job j = (*rt)->submit(plan, {ag::host_tensor::from_ints({1, S}, ids), ag::host_tensor::from_ints({S}, pos)});
+  const ag::job_result& r = j.wait();
+  const double run_s = seconds_since(t_run);
+  if (!r) return fail(r.err());
+  const ag::host_tensor& logits = (*r)[0];  // [1, S, vocab] f32
+  const int64_t V = logits.dims()[2];
+
+  if (!o.dump_logits.empty()) {
+    ag::host_tensor two_d;
+    two_d.reset(ag::dtype::f32, {S, V}, ag::byte_buffer(logits.raw().begin(), logits.raw().end()));
+    if (auto e = ag::models::save_npy(o.dump_logits, two_d)) return fail(e);
+  }
+  int32_t next = 0;
+  float best = -INFINITY;
+  for (int64_t v = 0; v < V; ++v) {
+    const float x = logits.at((S - 1) * V + v);
+    if (x > best) best = x, next = static_cast<int32_t>(v);
+  }
+  std::printf("generated: %d\n", next);
+  if (*tok) {
+    auto text = (*tok)->decode({next});
+    if (text) std::printf("generated_text: %s\n", text->c_str());
+  }
+  const double gb = static_cast<double>(model->model_bytes()) / 1e9;
+  std::printf("devices: %s, stages: %zu\n", o.devices.c_str(), plan->used_devices().size());
+  std::printf("prefill_ms: %.3f\n", run_s * 1e3);
+  std::printf("prefill_tokens_per_s: %.1f\n", static_cast<double>(S) / run_s);
+  std::printf("load_s: %.3f\n", load_s);
+  std::printf("load_gb_per_s: %.3f\n", load_s > 0 ? gb / load_s : 0.0);
+  return 0;
+}

@@ -1,0 +1,293 @@
+#include "graph/checkpoint/hf_config.hpp"
+
+#include <cerrno>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+namespace ag::models {
+
+namespace {
+
+using json = nlohmann::json;
+
+// Reads keys of one JSON object with type checks; the first error names the key.
+class key_reader {
+ public:
+  key_reader(const json& j, std::string origin) : j_(j), origin_(std::move(origin)) {}
+
+  const error& status() const noexcept { return err_; }
+  error fail(const std::string& key, const std::string& what) {
+    if (!err_) err_ = error{errc::invalid_argument, origin_ + ": '" + key + "': " + what};
+    return err_;
+  }
+  // The value of `key`, or null when absent or JSON null.
+  const json* get(const std::string& key) const {
+    auto it = j_.find(key);
+    return it == j_.end() || it->is_null() ? nullptr : &*it;
+  }
+  bool has(const std::string& key) const { return get(key) != nullptr; }
+
+  int64_t integer(const std::string& key, int64_t fallback, int64_t lo = 1,
+                  int64_t hi = std::numeric_limits<int32_t>::max()) {
+    const json* v = get(key);
+    if (!v) return fallback;
+    if (!v->is_number_integer()) {
+      fail(key, "expected an integer, got " + v->dump());
+      return fallback;
+    }
+    const auto n = v->is_number_unsigned() && v->get<uint64_t>() > static_cast<uint64_t>(hi) ? hi + 1
+                                                                                            : v->get<int64_t>();
+    if (n < lo || n > hi) {
+      fail(key, v->dump() + " is outside [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
+      return fallback;
+    }
+    return n;
+  }
+  double number(const std::string& key, double fallback) {
+    const json* v = get(key);
+    if (!v) return fallback;
+    if (!v->is_number()) {
+      fail(key, "expected a number, got " + v->dump());
+      return fallback;
+    }
+    const double d = v->get<double>();
+    if (!(d > 0) || !std::isfinite(d)) {
+      fail(key, v->dump() + " must be a finite number > 0");
+      return fallback;
+    }
+    return d;
+  }
+  bool boolean(const std::string& key, bool fallback) {
+    const json* v = get(key);
+    if (!v) return fallback;
+    if (!v->is_boolean()) {
+      fail(key, "expected true or false, got " + v->dump());
+      return fallback;
+    }
+    return v->get<bool>();
+  }
+  std::string string(const std::string& key, std::string fallback) {
+    const json* v = get(key);
+    if (!v) return fallback;
+    if (!v->is_string()) {
+      fail(key, "expected a string, got " + v->dump());
+      return fallback;
+    }
+    return v->get<std::string>();
+  }
+  // Fails when `key` is present and true: a feature the builder lacks.
+  void must_be_false(const std::string& key, const std::string& why) {
+    if (boolean(key, false)) fail(key, "true is not supported: " + why);
+  }
+
+ private:
+  const json& j_;
+  std::string origin_;
+  error err_;
+};
+
+constexpr int32_t max_token_id = std::numeric_limits<int32_t>::max();
+
+void read_token_ids(key_reader& r, hf_config& out) {
+  if (r.has("bos_token_id")) out.bos_token_id = static_cast<int32_t>(r.integer("bos_token_id", 0, 0, max_token_id));
+  if (const json* eos = r.get("eos_token_id")) {
+    if (eos->is_array()) {
+      for (const json& e : *eos) {
+        if (!e.is_number_integer() || e.get<int64_t>() < 0 || e.get<int64_t>() > max_token_id) {
+          r.fail("eos_token_id", "list entry " + e.dump() + " is not a token id");
+          return;
+        }
+        out.eos_token_ids.push_back(static_cast<int32_t>(e.get<int64_t>()));
+      }
+    } else {
+      out.eos_token_ids.push_back(static_cast<int32_t>(r.integer("eos_token_id", 0, 0, max_token_id)));
+    }
+  }
+}
+
+void read_dtype(key_reader& r, hf_config& out) {
+  // transformers 5 writes "dtype", 4.x "torch_dtype"; "auto" means unspecified.
+  for (const char* key : {"dtype", "torch_dtype"}) {
+    if (!r.has(key)) continue;
+    std::string s = r.string(key, "");
+    if (s.rfind("torch.", 0) == 0) s = s.substr(6);
+    if (s == "float32" || s == "float") out.dtype = ag::dtype::f32;
+    else if (s == "float16" || s == "half") out.dtype = ag::dtype::f16;
+    else if (s == "bfloat16") out.dtype = ag::dtype::bf16;
+    else if (s == "auto" || s.empty()) continue;
+    else r.fail(key, "\"" + s + "\" is not a dtype actorgraph stores (float32, float16, bfloat16)");
+    return;
+  }
+}
+
+void read_gpt2(key_reader& r, hf_config& out) {
+  transformer_config& m = out.model;
+  m.variant = model_variant::gpt2;
+  m.vocab = r.integer("vocab_size", 50257);
+  out.max_positions = r.has("n_positions") ? r.integer("n_positions", 1024) : r.integer("n_ctx", 1024);
+  m.max_positions = out.max_positions;
+  m.d_model = r.integer("n_embd", 768);
+  m.n_layers = static_cast<int>(r.integer("n_layer", 12));
+  m.n_heads = static_cast<int>(r.integer("n_head", 12));
+  m.d_ff = r.integer("n_inner", 4 * m.d_model);
+  m.eps = static_cast<float>(r.number("layer_norm_epsilon", 1e-5));
+  const std::string act = r.string("activation_function", "gelu_new");
+  if (act == "gelu_new" || act == "gelu_pytorch_tanh" || act == "gelu_fast") m.activation = gelu_mode::tanh;
+  else if (act == "gelu") m.activation = gelu_mode::erf;
+  else r.fail("activation_function", "\"" + act + "\" is not implemented (gelu_new, gelu_pytorch_tanh, gelu_fast, gelu)");
+  m.head = r.boolean("tie_word_embeddings", true) ? head_tying::tied : head_tying::separate;
+  if (!r.boolean("scale_attn_weights", true))
+    r.fail("scale_attn_weights", "false is not supported: attention always scales by 1/sqrt(head_dim)");
+  r.must_be_false("scale_attn_by_inverse_layer_idx", "attention scales by 1/sqrt(head_dim) only");
+  r.must_be_false("add_cross_attention", "the model is decoder-only");
+  if (m.n_heads > 0 && m.d_model % m.n_heads != 0)
+    r.fail("n_embd", std::to_string(m.d_model) + " is not divisible by 'n_head' " + std::to_string(m.n_heads));
+}
+
+void read_llama(key_reader& r, hf_config& out) {
+  transformer_config& m = out.model;
+  m.variant = model_variant::llama;
+  m.vocab = r.integer("vocab_size", 32000);
+  m.d_model = r.integer("hidden_size", 4096);
+  m.d_ff = r.integer("intermediate_size", 11008);
+  m.n_layers = static_cast<int>(r.integer("num_hidden_layers", 32));
+  m.n_heads = static_cast<int>(r.integer("num_attention_heads", 32));
+  m.n_kv_heads = static_cast<int>(r.integer("num_key_value_heads", m.n_heads));
+  out.max_positions = r.integer("max_position_embeddings", 2048);
+  m.eps = static_cast<float>(r.number("rms_norm_eps", 1e-6));
+  m.head = r.boolean("tie_word_embeddings", false) ? head_tying::tied : head_tying::separate;
+  const std::string act = r.string("hidden_act", "silu");
+  if (act != "silu" && act != "swish") r.fail("hidden_act", "\"" + act + "\" is not implemented (silu)");
+  r.must_be_false("attention_bias", "the q/k/v/o projections have no bias");
+  r.must_be_false("mlp_bias", "the MLP projections have no bias");
+  if (m.n_heads > 0 && m.d_model % m.n_heads != 0)
+    r.fail("hidden_size", std::to_string(m.d_model) + " is not divisible by 'num_attention_heads' " +
+                              std::to_string(m.n_heads));
+  else if (r.has("head_dim") && r.integer("head_dim", 0) != m.d_model / m.n_heads)
+    r.fail("head_dim", r.get("head_dim")->dump() + " differs from hidden_size / num_attention_heads = " +
+                           std::to_string(m.d_model / m.n_heads) + ", which the builder assumes");
+  if (m.n_kv_heads > 0 && m.n_heads % m.n_kv_heads != 0)
+    r.fail("num_key_value_heads", std::to_string(m.n_kv_heads) + " does not divide 'num_attention_heads' " +
+                                      std::to_string(m.n_heads));
+  if (out.model_type == "mistral" && r.has("sliding_window"))
+    r.fail("sliding_window", "sliding-window attention is not implemented (null only)");
+
+  double theta = 10000.0;
+  if (r.has("rope_theta")) theta = r.number("rope_theta", theta);
+  if (const json* rp = r.get("rope_parameters")) {  // transformers 5
+    if (!rp->is_object()) {
+      r.fail("rope_parameters", "expected an object, got " + rp->dump());
+    } else {
+      key_reader sub(*rp, "");
+      const std::string type = sub.string("rope_type", "default");
+      if (type != "default") r.fail("rope_parameters.rope_type", "\"" + type + "\" is not implemented (only plain RoPE)");
+      if (sub.has("rope_theta")) theta = sub.number("rope_theta", theta);
+      if (sub.has("partial_rotary_factor") && sub.number("partial_rotary_factor", 1.0) != 1.0)
+        r.fail("rope_parameters.partial_rotary_factor", "only 1 (RoPE over the whole head) is implemented");
+      if (sub.status()) r.fail("rope_parameters", sub.status().message.substr(2));
+    }
+  }
+  if (const json* rs = r.get("rope_scaling")) {
+    std::string type = "?";
+    if (rs->is_object()) {
+      for (const char* k : {"rope_type", "type"})
+        if (auto it = rs->find(k); it != rs->end() && it->is_string()) type = it->get<std::string>();
+    }
+    if (type != "default")
+      r.fail("rope_scaling", "type \"" + type + "\" is not implemented (only plain RoPE; rope_scaling must be null)");
+  }
+  m.rope_theta = static_cast<float>(theta);
+}
+
+}  // namespace
+
+expected<hf_config> parse_hf_config(std::string_view text, const std::string& origin) {
+  try {
+    json j = json::parse(text.begin(), text.end());
+    if (!j.is_object()) return error{errc::invalid_argument, origin + ": not a JSON object"};
+    hf_config out;
+    out.origin = origin;
+    out.model.seq_len = 1;
+    out.model.batch = 1;
+    key_reader r(j, origin);
+    out.model_type = r.string("model_type", "");
+    if (out.model_type.empty()) {
+      if (const json* a = r.get("architectures"); a && a->is_array() && !a->empty() && (*a)[0].is_string()) {
+        const std::string arch = (*a)[0].get<std::string>();
+        if (arch.rfind("GPT2", 0) == 0) out.model_type = "gpt2";
+        else if (arch.rfind("Llama", 0) == 0) out.model_type = "llama";
+        else if (arch.rfind("Mistral", 0) == 0) out.model_type = "mistral";
+        else return r.fail("architectures", "\"" + arch + "\" is not an architecture actorgraph builds (GPT-2, LLaMA)");
+      } else {
+        return r.fail("model_type", "missing (and no 'architectures' to infer it from)");
+      }
+    }
+    if (out.model_type == "gpt2") read_gpt2(r, out);
+    else if (out.model_type == "llama" || out.model_type == "mistral") read_llama(r, out);
+    else return r.fail("model_type", "\"" + out.model_type + "\" is not an architecture actorgraph builds (gpt2, llama, mistral)");
+    read_dtype(r, out);
+    read_token_ids(r, out);
+    if (r.status()) return r.status();
+    if (out.model.dtype = out.dtype.value_or(ag::dtype::f32); error e = validate(out.model))
+      return error{e.code, origin + ": " + e.message};
+    return out;
+  } catch (const std::exception& ex) {
+    return error{errc::invalid_argument, origin + ": not valid JSON: " + ex.what()};
+  }
+}
+
+expected<hf_config> read_hf_config(const std::string& path) {
+  std::error_code ec;
+  std::filesystem::path p(path);
+  if (std::filesystem::is_directory(p, ec)) p /= "config.json";
+  std::ifstream in(p, std::ios::binary);
+  if (!in) return error{errc::invalid_argument, p.string() + ": cannot open: " + std::strerror(errno)};
+  std::ostringstream s;
+  s << in.rdbuf();
+  return parse_hf_config(s.str(), p.string());
+}
+
+std::string to_hf_config_json(const transformer_config& c, int64_t max_positions) {
+  json j;
+  const char* dt = c.dtype == ag::dtype::bf16 ? "bfloat16" : c.dtype == ag::dtype::f16 ? "float16" : "float32";
+  if (c.variant == model_variant::gpt2) {
+    j = {{"architectures", {"GPT2LMHeadModel"}},
+         {"model_type", "gpt2"},
+         {"vocab_size", c.vocab},
+         {"n_positions", max_positions > 0 ? max_positions : c.positions_rows()},
+         {"n_embd", c.d_model},
+         {"n_layer", c.n_layers},
+         {"n_head", c.n_heads},
+         {"n_inner", c.d_ff},
+         {"activation_function", c.activation == gelu_mode::erf ? "gelu" : "gelu_new"},
+         {"layer_norm_epsilon", c.eps},
+         {"tie_word_embeddings", c.tied_head()},
+         {"torch_dtype", dt}};
+  } else {
+    j = {{"architectures", {"LlamaForCausalLM"}},
+         {"model_type", "llama"},
+         {"vocab_size", c.vocab},
+         {"hidden_size", c.d_model},
+         {"intermediate_size", c.d_ff},
+         {"num_hidden_layers", c.n_layers},
+         {"num_attention_heads", c.n_heads},
+         {"num_key_value_heads", c.kv_heads()},
+         {"hidden_act", "silu"},
+         {"max_position_embeddings", max_positions > 0 ? max_positions : 2048},
+         {"rms_norm_eps", c.eps},
+         {"rope_theta", c.rope_theta},
+         {"rope_scaling", nullptr},
+         {"attention_bias", false},
+         {"mlp_bias", false},
+         {"tie_word_embeddings", c.tied_head()},
+         {"torch_dtype", dt}};
+  }
+  return j.dump(2) + "\n";
+}
+
+}  // namespace ag::models

@@ -1,0 +1,79 @@
+#pragma once
+/// \file tokenizer.hpp
+/// Text <-> token ids for a model folder. Token ids always work without a
+/// tokenizer; when the folder has one, text works too:
+/// - GPT-2's byte-level BPE (`vocab.json` + `merges.txt`): the exact
+///   byte-to-unicode mapping of GPT-2's encoder.py, its pre-tokenizer regex
+///   `'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+`
+///   (implemented by hand over Unicode tables, see unicode_classes.hpp), then
+///   merges by rank. Vocabulary entries of the form `<|...|>` (GPT-2's
+///   `<|endoftext|>`) are special tokens: matched in the text before
+///   pre-tokenizing, as transformers' added tokens are.
+/// - SentencePiece (`tokenizer.model`, LLaMA-1/2 and Mistral) through
+///   Debian's libsentencepiece; encode() prepends the BOS id as transformers'
+///   LlamaTokenizer does (add_bos_token, default true; a tokenizer_config.json
+///   with "add_bos_token": false turns it off).
+///
+/// Thread-safety: a tokenizer is immutable once loaded; encode() and decode()
+/// may run on several threads at once.
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "graph/error.hpp"
+
+namespace ag::models {
+
+class tokenizer {
+ public:
+  virtual ~tokenizer() = default;
+  /// Token ids of UTF-8 `text`. Errors (invalid_argument): invalid UTF-8
+  /// (naming the byte offset), a piece the vocabulary lacks (naming it).
+  virtual expected<std::vector<int32_t>> encode(std::string_view text) const = 0;
+  /// The text of `ids` (bytes as the model produced them: a cut-off
+  /// multi-byte character stays cut off). Errors: an id outside the vocabulary.
+  virtual expected<std::string> decode(const std::vector<int32_t>& ids) const = 0;
+  virtual int64_t vocab_size() const noexcept = 0;
+  /// "gpt2 byte-level BPE" / "sentencepiece".
+  virtual std::string kind() const = 0;
+};
+using tokenizer_ptr = std::shared_ptr<const tokenizer>;
+
+/// The tokenizer of model folder `dir`: vocab.json + merges.txt, else
+/// tokenizer.model, else null (no error: the folder has no tokenizer, ids
+/// still work). Errors name the file and what is wrong in it.
+expected<tokenizer_ptr> load_tokenizer(const std::string& dir);
+
+/// GPT-2 byte-level BPE from its two files. Errors: a file that cannot be
+/// read, vocab.json not an object of string -> id (ids in [0, 2^31)), a
+/// merges.txt line that is not two symbols, a byte of the 256-entry byte
+/// alphabet missing from the vocabulary.
+expected<tokenizer_ptr> load_bpe_tokenizer(const std::string& vocab_json, const std::string& merges_txt);
+
+/// SentencePiece from a tokenizer.model file; `add_bos` prepends the model's
+/// BOS id in encode(). Errors: the library's, naming the file; a build
+/// without libsentencepiece says so.
+expected<tokenizer_ptr> load_sentencepiece_tokenizer(const std::string& model_file, bool add_bos = true);
+
+/// GPT-2's bytes_to_unicode(): the code point that stands for byte b in
+/// vocab.json and merges.txt (printable Latin-1 maps to itself, the other 68
+/// bytes to U+0100 upwards in byte order).
+char32_t gpt2_byte_to_unicode(uint8_t b) noexcept;
+
+/// GPT-2's pre-tokenizer: splits UTF-8 `text` into the pieces the regex
+/// above matches (concatenated, they give `text` back). Errors: invalid UTF-8.
+expected<std::vector<std::string>> gpt2_pretokenize(std::string_view text);
+
+/// Whether the build has libsentencepiece.
+bool have_sentencepiece() noexcept;
+
+/// Decodes UTF-8 strictly (no overlongs, surrogates or code points past
+/// U+10FFFF). Errors name the byte offset of the first bad sequence.
+expected<std::u32string> utf8_decode(std::string_view s);
+/// Appends the UTF-8 encoding of `c`.
+void utf8_append(std::string& out, char32_t c);
+
+}  // namespace ag::models

@@ -1,0 +1,187 @@
+#!/usr/bin/env python3
+"""Compares actorgraph-generate with Hugging Face transformers on random-init
+models that this script saves itself.
+
+For each model (GPT-2; LLaMA with grouped-query attention; LLaMA with a tied
+head; GPT-2 saved in bfloat16 and sharded) it
+  1. builds the model with transformers from a seed, perturbs every parameter
+     (so that biases and norm weights are not 0 and 1), save_pretrained()s it
+     as safetensors;
+  2. runs `actorgraph-generate --dump-logits` on the prompt on each device
+     spec given and compares the prompt's logits with transformers' (float32,
+     eager attention): max |difference| <= --atol + --rtol * max |logit|;
+  3. decodes --steps greedy tokens both ways (transformers' generate() with
+     do_sample=False; actorgraph by calling the program again on the prompt
+     plus the tokens so far) and requires the same tokens.
+Then it trains a small byte-level BPE with HF `tokenizers`, and requires the
+prompt ids actorgraph-generate prints for text prompts to equal
+GPT2TokenizerFast's.
+
+Skips (exit status 77, a printed reason) when torch, transformers or numpy
+cannot be imported: CI does not install them. Locally:
+    python3 -m venv /tmp/hf && /tmp/hf/bin/pip install numpy transformers \\
+        torch --extra-index-url https://download.pytorch.org/whl/cpu
+    /tmp/hf/bin/python scripts/hf_compare.py --generate build/apps/actorgraph-generate
+"""
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+
+SKIP = 77
+
+
+def parse_args():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--generate", required=True, help="path of actorgraph-generate")
+    p.add_argument("--workdir", default=None, help="folder for the saved models (default: a temp dir)")
+    p.add_argument("--devices", default="cpu:1;sim:2",
+                   help="device specs, ';'-separated; a model runs pipelined over all devices of a spec "
+                        "(sim:2: 2 stages; on a GPU machine e.g. 'cuda:0;cuda:0,1')")
+    p.add_argument("--steps", type=int, default=4, help="greedy tokens to compare")
+    p.add_argument("--atol", type=float, default=2e-4)
+    p.add_argument("--rtol", type=float, default=2e-4)
+    return p.parse_args()
+
+
+def main():
+    args = parse_args()
+    try:
+        import numpy as np
+        import torch
+        import transformers
+    except ImportError as e:
+        print("SKIP: hf_compare needs numpy, torch and transformers (%s)" % e)
+        return SKIP
+    if not os.access(args.generate, os.X_OK):
+        print("FAIL: %s is not an executable" % args.generate)
+        return 1
+    print("transformers %s, torch %s" % (transformers.__version__, torch.__version__))
+    workdir = args.workdir or tempfile.mkdtemp(prefix="ag_hf_compare_")
+    os.makedirs(workdir, exist_ok=True)
+
+    def perturb(model, seed):
+        g = torch.Generator().manual_seed(seed)
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if p.dim() == 1:  # norms and biases: around 1 / 0 with spread
+                    base = 1.0 if ("ln" in name or "norm" in name) and name.endswith("weight") else 0.0
+                    p.copy_(base + 0.1 * torch.randn(p.shape, generator=g))
+                else:  # large enough that attention is sharp and logits spread
+                    p.copy_(0.15 * torch.randn(p.shape, generator=g))
+        return model
+
+    def gpt2(seed, vocab_size=97, **kw):
+        cfg = transformers.GPT2Config(vocab_size=vocab_size, n_positions=32, n_embd=64, n_layer=2, n_head=4,
+                                      layer_norm_epsilon=1e-5, **kw)
+        torch.manual_seed(seed)
+        return perturb(transformers.GPT2LMHeadModel(cfg), seed)
+
+    def llama(seed, **kw):
+        base = dict(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                    num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                    rms_norm_eps=1e-5, rope_theta=5000.0, tie_word_embeddings=False)
+        base.update(kw)
+        cfg = transformers.LlamaConfig(**base)
+        torch.manual_seed(seed)
+        return perturb(transformers.LlamaForCausalLM(cfg), seed)
+
+    cases = [
+        ("gpt2", gpt2(1), {}),
+        ("gpt2_erf_gelu", gpt2(2, activation_function="gelu"), {}),
+        ("llama_gqa", llama(3), {}),
+        ("llama_tied_mha", llama(4, num_key_value_heads=4, tie_word_embeddings=True), {}),
+        ("gpt2_bf16_sharded", gpt2(5).to(torch.bfloat16), {"max_shard_size": "60KB"}),
+    ]
+    prompt = [5, 17, 42, 8, 91, 3, 60]
+    failures = []
+    for name, model, save_kw in cases:
+        folder = os.path.join(workdir, name)
+        model.save_pretrained(folder, safe_serialization=True, **save_kw)
+        # The reference runs in float32 with eager attention, from the saved files.
+        # transformers 5 renamed from_pretrained's torch_dtype to dtype.
+        dtype_kw = "dtype" if int(transformers.__version__.split(".")[0]) >= 5 else "torch_dtype"
+        ref = type(model).from_pretrained(folder, attn_implementation="eager", **{dtype_kw: torch.float32}).eval()
+        with torch.no_grad():
+            want = ref(torch.tensor([prompt])).logits[0].float().numpy()
+            gen = ref.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+                               do_sample=False, max_new_tokens=args.steps, min_new_tokens=args.steps,
+                               pad_token_id=0, eos_token_id=None)
+        want_tokens = gen[0, len(prompt):].tolist()
+        for spec in args.devices.split(";"):
+            # No --stages: the model is pipelined over every device of the spec.
+            base = [args.generate, "--model", folder, "--devices", spec, "--dtype", "f32"]
+            out_npy = os.path.join(folder, "logits.npy")
+            ids = list(prompt)
+            got_tokens = []
+            for step in range(args.steps):
+                cmd = base + ["--prompt-ids", ",".join(map(str, ids))]
+                if step == 0:
+                    cmd += ["--dump-logits", out_npy]
+                r = subprocess.run(cmd, capture_output=True, text=True, errors="replace")
+                if r.returncode != 0:
+                    failures.append("%s on %s: actorgraph-generate failed:\n%s%s" % (name, spec, r.stdout, r.stderr))
+                    break
+                line = [l for l in r.stdout.splitlines() if l.startswith("generated: ")]
+                tok = int(line[0].split(": ")[1])
+                got_tokens.append(tok)
+                ids.append(tok)
+            else:
+                got = np.load(out_npy)
+                err = float(np.max(np.abs(got - want)))
+                scale = float(np.max(np.abs(want)))
+                ok_logits = got.shape == want.shape and err <= args.atol + args.rtol * scale
+                ok_tokens = got_tokens == want_tokens
+                print("%-18s %-6s logits max_abs_err %.3g (max |logit| %.3g) %s; greedy %s vs %s %s" %
+                      (name, spec, err, scale, "ok" if ok_logits else "MISMATCH", got_tokens, want_tokens,
+                       "ok" if ok_tokens else "MISMATCH"))
+                if not ok_logits:
+                    failures.append("%s on %s: logits differ by %.3g" % (name, spec, err))
+                if not ok_tokens:
+                    failures.append("%s on %s: greedy tokens %s, transformers %s" % (name, spec, got_tokens, want_tokens))
+    failures += compare_bpe_tokenizer(args, workdir, gpt2)
+    if failures:
+        print("FAIL:\n  " + "\n  ".join(failures))
+        return 1
+    print("hf_compare: all %d models match transformers" % len(cases))
+    return 0
+
+
+def compare_bpe_tokenizer(args, workdir, gpt2):
+    """Trains a byte-level BPE with HF `tokenizers`, saves vocab.json +
+    merges.txt beside a GPT-2 model of that vocabulary, and compares the
+    prompt ids actorgraph-generate prints for --prompt with GPT2TokenizerFast's."""
+    try:
+        import tokenizers
+        import transformers
+    except ImportError as e:
+        print("tokenizer comparison skipped: %s" % e)
+        return []
+    folder = os.path.join(workdir, "gpt2_tokenizer")
+    corpus = ["The quick brown fox jumps over the lazy dog.", "We'll see what they've done, isn't it?",
+              "Numbers 123 456 and 7.5% of   spaces\n\nnewlines", "caf\u00e9 na\u00efve \u65e5\u672c\u8a9e \U0001f642"]
+    bpe = tokenizers.ByteLevelBPETokenizer()
+    bpe.train_from_iterator(corpus * 20, vocab_size=320, min_frequency=1, special_tokens=["<|endoftext|>"])
+    vocab = bpe.get_vocab_size()
+    gpt2(7, vocab_size=vocab).save_pretrained(folder, safe_serialization=True)
+    bpe.save_model(folder)
+    # From the folder's vocab.json + merges.txt; <|endoftext|> is its default special token.
+    hf = transformers.GPT2TokenizerFast.from_pretrained(folder)
+    texts = ["The lazy fox's numbers: 123,456!", "  two  spaces\tand\ttabs\n\n end  ", "they're we'll I'd 'S",
+             "caf\u00e9 \u65e5\u672c \U0001f642\U0001f642 x\u00b2 \u00bd", "<|endoftext|>after"]
+    failures = []
+    for text in texts:
+        want = hf.encode(text)
+        r = subprocess.run([args.generate, "--model", folder, "--prompt", text], capture_output=True, text=True, errors="replace")
+        line = [l for l in r.stdout.splitlines() if l.startswith("prompt_ids: ")]
+        got = [int(x) for x in line[0].split(": ")[1].split(",")] if line else None
+        ok = r.returncode == 0 and got == want
+        print("bpe %-40r %s" % (text, "ok" if ok else "MISMATCH %s vs %s %s" % (got, want, r.stderr)))
+        if not ok:
+            failures.append("tokenizer: %r gives %s, GPT2TokenizerFast %s" % (text, got, want))
+    return failures
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,302 @@
+// The lowering (actors/launch_program.hpp), without actors: random plans
+// lower into consistent tables; plans whose queue order would deadlock, or
+// that name what does not exist, are refused with the step, queue and
+// device named in the error's fields.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <map>
+#include <set>
+
+#include "../graph/plan_test_util.hpp"
+#include "../graph/random_dag.hpp"
+#include "actors/launch_program.hpp"
+#include "graph/plan.hpp"
+
+namespace {
+
+using namespace ag;
+using actors::launch_program;
+using actors::lower;
+
+std::vector<device_spec> sims(int n) {
+  std::vector<device_spec> v(static_cast<std::size_t>(n));
+  for (int i = 0; i < n; ++i) {
+    v[static_cast<std::size_t>(i)].name = "sim" + std::to_string(i);
+    v[static_cast<std::size_t>(i)].max_lanes = 4;
+  }
+  return v;
+}
+
+std::shared_ptr<const plan> random_plan(uint64_t seed, int devices, int lanes) {
+  auto g = test::random_dag({.seed = seed, .ops = 12 + static_cast<int>(seed % 30)});
+  EXPECT_TRUE(g.has_value()) << g.err().to_string();
+  plan_options o;
+  o.lanes_per_device = lanes;
+  o.min_branch_seconds = 0;
+  auto p = compile(std::make_shared<const graph>(std::move(*g)), sims(devices), o);
+  EXPECT_TRUE(p.has_value()) << p.err().to_string();
+  return *p;
+}
+
+/// Every table of `prog` agrees with its plan.
+void expect_consistent(const launch_program& prog) {
+  const plan& p = prog.source();
+  ASSERT_EQ(prog.steps().size(), p.steps().size());
+  std::set<step_id> seen;
+  std::set<std::tuple<int, step_kind, int>> keys;
+  for (std::size_t q = 0; q < prog.queues().size(); ++q) {
+    const auto& lq = prog.queues()[q];
+    EXPECT_TRUE(keys.insert({lq.device, lq.kind, lq.lane}).second) << "two queues for one (device, kind, lane)";
+    EXPECT_EQ(prog.find_queue(lq.device, lq.kind, lq.lane), static_cast<int>(q));
+    ASSERT_EQ(lq.remote_dep_counts.size(), lq.steps.size());
+    int records = 0;
+    for (std::size_t i = 0; i < lq.steps.size(); ++i) {
+      const step_id s = lq.steps[i];
+      EXPECT_TRUE(seen.insert(s).second) << "step " << s << " is in two queues";
+      const auto& ls = prog.step(s);
+      const step& ps = p.at(s);
+      EXPECT_EQ(ls.queue, static_cast<int>(q));
+      EXPECT_EQ(ls.pos, static_cast<int>(i));
+      EXPECT_EQ(ls.kind, ps.kind);
+      EXPECT_EQ(lq.device, ps.device);
+      EXPECT_EQ(lq.kind, ps.kind);
+      if (ps.kind == step_kind::compute) EXPECT_EQ(lq.lane, ps.lane);
+      if (i > 0) EXPECT_LT(p.at(lq.steps[i - 1]).lane_seq, ps.lane_seq) << "queue " << q << " out of lane order";
+      EXPECT_EQ(lq.remote_dep_counts[i], static_cast<int>(ls.remote_deps.size()));
+      EXPECT_EQ(ls.first_launch, records);
+      records += static_cast<int>(ls.ops.size());
+    }
+    EXPECT_EQ(lq.launch_records, records);
+    EXPECT_EQ(lq.starts_itself, lq.steps.empty() || lq.remote_dep_counts.front() == 0);
+    // The launch records follow the steps' ops, prototypes filled, pointers not.
+    const auto recs = prog.launch_records(static_cast<int>(q));
+    ASSERT_EQ(static_cast<int>(recs.size()), records);
+    for (step_id s : lq.steps) {
+      const auto& ls = prog.step(s);
+      for (std::size_t k = 0; k < ls.ops.size(); ++k) {
+        const auto& r = recs[static_cast<std::size_t>(ls.first_launch) + k];
+        EXPECT_EQ(r.op, ls.ops[k].op);
+        EXPECT_EQ(r.source, &p.source());
+        EXPECT_EQ(r.out.data, nullptr);
+        EXPECT_EQ(r.out.dims, ls.ops[k].out.proto.dims);
+        ASSERT_EQ(r.inputs.size(), ls.ops[k].inputs.size());
+        for (const auto& in : r.inputs) EXPECT_EQ(in.data, nullptr);
+      }
+    }
+  }
+  EXPECT_EQ(seen.size(), p.steps().size()) << "a step is in no queue";
+  std::set<step_id> completion(prog.completion_steps().begin(), prog.completion_steps().end());
+  for (const auto& ps : p.steps()) {
+    const auto& ls = prog.step(ps.id);
+    std::set<step_id> remote;
+    for (step_id d : ps.deps)
+      if (prog.step(d).queue != ls.queue) remote.insert(d);
+    EXPECT_EQ(std::set<step_id>(ls.remote_deps.begin(), ls.remote_deps.end()), remote) << "step " << ps.id;
+    std::set<int> cq;
+    std::set<std::pair<int, int>> cpos;
+    for (step_id c : ps.consumers)
+      if (prog.step(c).queue != ls.queue) {
+        cq.insert(prog.step(c).queue);
+        cpos.insert({prog.step(c).queue, prog.step(c).pos});
+      }
+    EXPECT_EQ(std::set<int>(ls.consumer_queues.begin(), ls.consumer_queues.end()), cq) << "step " << ps.id;
+    EXPECT_EQ(ls.consumer_queues.size(), cq.size()) << "step " << ps.id << " lists a consumer queue twice";
+    std::set<std::pair<int, int>> got;
+    for (const auto& qp : ls.remote_consumers) got.insert({qp.queue, qp.pos});
+    EXPECT_EQ(got, cpos) << "step " << ps.id;
+    const bool sink = ps.kind == step_kind::copy_d2h || ps.consumers.empty();
+    EXPECT_EQ(ls.completion, sink) << "step " << ps.id;
+    EXPECT_EQ(completion.count(ps.id) == 1, sink) << "step " << ps.id;
+    if (ps.kind == step_kind::compute) {
+      for (const auto& op : ls.ops) {
+        EXPECT_FALSE(is_view_op(op.op->op) || is_leaf_op(op.op->op)) << op.op->name;
+        EXPECT_EQ(std::count(ps.ops.begin(), ps.ops.end(), op.op->id), 1);
+        EXPECT_EQ(op.inputs.size(), op.op->inputs.size());
+      }
+    } else {
+      EXPECT_TRUE(ls.ops.empty());
+      EXPECT_EQ(ls.copy.io_index, ps.io_index);
+      EXPECT_GT(ls.copy.bytes, 0);
+      EXPECT_EQ(ls.copy.src_device, ps.kind == step_kind::copy_peer ? ps.src_device : ps.device);
+      ASSERT_NE(ls.subject, nullptr);
+      EXPECT_EQ(ls.label, ls.subject->name);
+    }
+  }
+  EXPECT_TRUE(std::is_sorted(prog.used_devices().begin(), prog.used_devices().end()));
+}
+
+TEST(LaunchProgram, RandomPlansLowerIntoConsistentTables) {
+  int multi_queue_devices = 0, cross_queue = 0;
+  for (uint64_t seed = 1; seed <= 60; ++seed) {
+    auto p = random_plan(seed, 1 + static_cast<int>(seed % 4), 1 + static_cast<int>(seed % 3));
+    ASSERT_TRUE(p);
+    auto prog = lower(p);
+    ASSERT_TRUE(prog.has_value()) << "seed " << seed << ": " << prog.err().to_string();
+    expect_consistent(**prog);
+    EXPECT_FALSE(actors::check_launch_order(*p, (*prog)->queues())) << "seed " << seed;
+    std::map<int, int> compute_queues;
+    for (const auto& q : (*prog)->queues()) compute_queues[q.device] += q.kind == step_kind::compute;
+    for (const auto& [d, n] : compute_queues) multi_queue_devices += n > 1;
+    for (const auto& s : (*prog)->steps()) cross_queue += !s.remote_deps.empty();
+  }
+  EXPECT_GT(multi_queue_devices, 0) << "no plan used two lanes of a device";
+  EXPECT_GT(cross_queue, 0);
+}
+
+TEST(LaunchProgram, LaunchRecordsAreTheCallersCopy) {
+  auto p = random_plan(3, 1, 1);
+  auto prog = lower(p).value();
+  const int q = prog->find_queue(0, step_kind::compute, 0);
+  ASSERT_GE(q, 0);
+  auto mine = prog->launch_records(q);
+  ASSERT_FALSE(mine.empty());
+  int dummy = 0;
+  mine.front().out.data = &dummy;  // what an executing actor does per job
+  EXPECT_EQ(prog->launch_records(q).front().out.data, nullptr) << "a caller's patch reached the program";
+}
+
+/// A two-device plan whose device 0 runs two splits on one lane: g0, then
+/// (after g1 on device 1) g2.
+std::shared_ptr<const plan> ping_pong_plan() {
+  graph_builder b;
+  auto x = b.input("x", dtype::f32, {4, 8});
+  auto g0 = b.gelu(x, gelu_mode::tanh, "g0");
+  auto g1 = b.gelu(g0, gelu_mode::tanh, "g1");
+  auto g2 = b.gelu(g1, gelu_mode::tanh, "g2");
+  b.pin(g0, 0);
+  b.pin(g1, 1);
+  b.pin(g2, 0);
+  b.output(g2);
+  return compile(std::make_shared<const graph>(std::move(b).build().value()), sims(2)).value();
+}
+
+TEST(LaunchProgram, ALaneOrderThatDeadlocksIsRefusedNamingStepQueueAndDevice) {
+  auto good = ping_pong_plan();
+  std::vector<step_id> compute0;
+  for (const auto& s : good->steps())
+    if (s.kind == step_kind::compute && s.device == 0) compute0.push_back(s.id);
+  ASSERT_EQ(compute0.size(), 2u) << "device 0 should run g0 and g2 as two splits";
+  ASSERT_TRUE(lower(good).has_value());
+  // Plant: g2's split is queued before g0's, which it needs (through device 1).
+  plan bad = *good;
+  auto& steps = plan_test_hook::steps(bad);
+  const step_id first = compute0[0], second = compute0[1];
+  std::swap(steps[static_cast<std::size_t>(first)].lane_seq, steps[static_cast<std::size_t>(second)].lane_seq);
+  auto r = lower(std::make_shared<const plan>(std::move(bad)));
+  ASSERT_FALSE(r.has_value());
+  const error& e = r.err();
+  EXPECT_EQ(e.code, errc::internal);
+  EXPECT_EQ(e.step, second) << e.to_string();
+  EXPECT_EQ(e.device, 0) << e.to_string();
+  // The queue is named in the text (it has no field of its own).
+  EXPECT_NE(e.message.find("compute0"), std::string::npos) << e.message;
+}
+
+TEST(LaunchProgram, QueuesWaitingForEachOthersLaterStepsAreRefused) {
+  // No dependency cycle, only contradicting queue orders: h2d [a1, a2] and
+  // d2h [b1, b2] with a1 after b2 and b1 after a2.
+  graph_builder b;
+  auto x = b.input("x", dtype::f32, {4, 8});
+  auto y = b.input("y", dtype::f32, {4, 8});
+  b.output(b.gelu(x, gelu_mode::tanh, "gx"));
+  b.output(b.gelu(y, gelu_mode::tanh, "gy"));
+  auto good = compile(std::make_shared<const graph>(std::move(b).build().value()), sims(1)).value();
+  std::vector<step_id> h2d, d2h;
+  for (const auto& s : good->steps()) {
+    if (s.kind == step_kind::copy_h2d) h2d.push_back(s.id);
+    if (s.kind == step_kind::copy_d2h) d2h.push_back(s.id);
+  }
+  ASSERT_EQ(h2d.size(), 2u);
+  ASSERT_EQ(d2h.size(), 2u);
+  plan bad = *good;
+  auto& steps = plan_test_hook::steps(bad);
+  for (auto& s : steps) s.deps.clear();
+  steps[static_cast<std::size_t>(h2d[0])].deps = {d2h[1]};
+  steps[static_cast<std::size_t>(d2h[0])].deps = {h2d[1]};
+  const auto planted = std::make_shared<const plan>(std::move(bad));
+  auto r = lower(planted);
+  ASSERT_FALSE(r.has_value());
+  EXPECT_EQ(r.err().code, errc::internal);
+  EXPECT_TRUE(r.err().step == h2d[0] || r.err().step == d2h[0]) << r.err().to_string();
+  EXPECT_EQ(r.err().device, 0);
+  // The same order with the dependencies the other way round is fine.
+  plan ok = *good;
+  auto& ok_steps = plan_test_hook::steps(ok);
+  for (auto& s : ok_steps) s.deps.clear();
+  ok_steps[static_cast<std::size_t>(h2d[1])].deps = {d2h[0]};
+  std::vector<actors::launch_queue> queues(2);
+  queues[0].device = queues[1].device = 0;
+  queues[0].kind = step_kind::copy_h2d;
+  queues[0].steps = h2d;
+  queues[1].kind = step_kind::copy_d2h;
+  queues[1].steps = d2h;
+  EXPECT_FALSE(actors::check_launch_order(ok, queues));
+  EXPECT_TRUE(actors::check_launch_order(*planted, queues));
+}
+
+TEST(LaunchProgram, AStepOnADeviceOutOfRangeIsRefusedNamingIt) {
+  auto good = ping_pong_plan();
+  plan bad = *good;
+  auto& steps = plan_test_hook::steps(bad);
+  steps.back().device = 7;
+  const step_id planted = steps.back().id;
+  auto r = lower(std::make_shared<const plan>(std::move(bad)));
+  ASSERT_FALSE(r.has_value());
+  EXPECT_EQ(r.err().code, errc::internal);
+  EXPECT_EQ(r.err().step, planted);
+  EXPECT_EQ(r.err().device, 7);
+}
+
+TEST(LaunchProgram, ACopyOfANodeNotResidentOnItsSourceIsRefusedNamingTheTensor) {
+  graph_builder b;
+  auto x = b.input("x", dtype::f32, {4, 8});
+  auto g0 = b.gelu(x, gelu_mode::tanh, "g0");
+  auto g1 = b.gelu(g0, gelu_mode::tanh, "g1");
+  b.pin(g0, 0);
+  b.pin(g1, 1);
+  b.output(g1);
+  auto good = compile(std::make_shared<const graph>(std::move(b).build().value()), sims(2)).value();
+  plan bad = *good;
+  auto& steps = plan_test_hook::steps(bad);
+  auto it = std::find_if(steps.begin(), steps.end(), [](const step& s) { return s.kind == step_kind::copy_d2h; });
+  ASSERT_NE(it, steps.end());
+  ASSERT_EQ(it->device, 1);
+  it->device = 0;  // g1 lives on device 1 only
+  const step_id planted = it->id;
+  auto r = lower(std::make_shared<const plan>(std::move(bad)));
+  ASSERT_FALSE(r.has_value());
+  EXPECT_EQ(r.err().code, errc::internal);
+  EXPECT_EQ(r.err().step, planted);
+  EXPECT_EQ(r.err().device, 0);
+  EXPECT_EQ(r.err().op, "g1");
+}
+
+// Collective steps (tensor parallelism) are planned but not executed yet: the
+// lowering's one collective case refuses them, naming the step, its device
+// and the collective node, so that a caller other than runtime::compile (which
+// refuses them first) cannot load a plan that would hang.
+TEST(LaunchProgram, CollectiveStepsAreRefusedNamingTheCollective) {
+  graph_builder b;
+  auto x = b.input("x", dtype::f32, {4, 8});
+  auto w1 = b.weight("w1", host_tensor::random_normal(dtype::f32, {8, 8}, 1, 0.3f));
+  auto w2 = b.weight("w2", host_tensor::random_normal(dtype::f32, {8, 8}, 2, 0.3f));
+  b.output(b.matmul(b.matmul(x, w1, false, false, "up"), w2, false, false, "down"));
+  plan_options o;
+  o.tensor_parallel = 2;
+  auto p = compile(std::make_shared<const graph>(std::move(b).build().value()), sims(2), o);
+  ASSERT_TRUE(p.has_value()) << p.err().to_string();
+  std::set<step_id> collectives;
+  for (const auto& s : (*p)->steps())
+    if (s.kind == step_kind::collective) collectives.insert(s.id);
+  ASSERT_FALSE(collectives.empty()) << "a row-parallel matmul should need an all-reduce";
+  auto r = lower(*p);
+  ASSERT_FALSE(r.has_value());
+  EXPECT_EQ(r.err().code, errc::unsupported_op) << r.err().to_string();
+  ASSERT_EQ(collectives.count(r.err().step), 1u) << r.err().to_string();
+  const step& s = (*p)->at(r.err().step);
+  EXPECT_EQ(r.err().device, s.device);
+  EXPECT_EQ(r.err().op, (*p)->source().at(s.ops.front()).name);
+}
+
+}  // namespace

@@ -1,0 +1,176 @@
+// actorgraph-generate on checkpoints the tests write: the greedy token and
+// the dumped logits equal the reference evaluator's on cpu and 2 sim stages,
+// text prompts go through the folder's tokenizer, and bad input exits with a
+// message (1: load or run failure, 2: command line).
+#include <gtest/gtest.h>
+
+#include <sys/wait.h>
+
+#include <cstdio>
+
+#include "checkpoint_test_util.hpp"
+#include "graph/reference.hpp"
+#include "graph/checkpoint/npy.hpp"
+
+using namespace ag;
+using namespace ag::models;
+using ag::test::temp_dir;
+
+#ifdef AG_GENERATE_BINARY
+
+namespace {
+
+struct run_result {
+  int rc = -1;
+  std::string out;
+};
+
+run_result run(const std::string& args) {
+  run_result r;
+  const std::string cmd = std::string(AG_GENERATE_BINARY) + " " + args + " 2>&1";
+  FILE* p = ::popen(cmd.c_str(), "r");
+  if (!p) return r;
+  char buf[4096];
+  std::size_t n;
+  while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) r.out.append(buf, n);
+  const int status = ::pclose(p);
+  r.rc = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
+// The value of a "name: value" line of the output.
+std::string field(const std::string& out, const std::string& name) {
+  const auto at = out.find("\n" + name + ": ");
+  const auto start = at == std::string::npos ? (out.rfind(name + ": ", 0) == 0 ? 0 : std::string::npos)
+                                             : at + 1;
+  if (start == std::string::npos) return {};
+  const auto from = start + name.size() + 2;
+  return out.substr(from, out.find('\n', from) - from);
+}
+
+// Reference logits [S, V] of the saved graph `g` (batch 1) for these tokens.
+host_tensor reference_logits(const transformer_config& cfg, const graph& saved, const std::vector<int32_t>& ids) {
+  auto c = cfg;
+  c.seq_len = static_cast<int64_t>(ids.size());
+  c.batch = 1;
+  auto g = build_transformer(c, [&](const std::string& name, dtype, const shape&) -> expected<weight_source_ptr> {
+    return saved.at(saved.find(name)).data;
+  });
+  EXPECT_TRUE(g.has_value());
+  std::vector<int32_t> pos(ids.size());
+  for (std::size_t i = 0; i < pos.size(); ++i) pos[i] = static_cast<int32_t>(i);
+  auto out = evaluate_reference(*g, {host_tensor::from_ints({1, c.seq_len}, ids),
+                                     host_tensor::from_ints({c.seq_len}, pos)});
+  EXPECT_TRUE(out.has_value());
+  host_tensor t;
+  t.reset(dtype::f32, {c.seq_len, c.vocab}, (*out)[0].raw());
+  return t;
+}
+
+int32_t argmax_last_row(const host_tensor& l) {
+  const int64_t S = l.dims()[0], V = l.dims()[1];
+  int32_t best = 0;
+  for (int64_t v = 1; v < V; ++v)
+    if (l.at((S - 1) * V + v) > l.at((S - 1) * V + best)) best = static_cast<int32_t>(v);
+  return best;
+}
+
+}  // namespace
+
+TEST(GenerateApp, GreedyTokenAndDumpedLogitsEqualTheReference) {
+  for (auto variant : {model_variant::gpt2, model_variant::llama}) {
+    const auto cfg = ag::test::tiny_model(variant, variant == model_variant::llama ? 2 : 0);
+    temp_dir dir;
+    const graph saved = ag::test::save_random_model(dir.str(), cfg);
+    const std::vector<int32_t> ids = {3, 14, 15, 9, 26};
+    const host_tensor want = reference_logits(cfg, saved, ids);
+    for (const std::string devices : {"--devices cpu:1", "--devices sim:2 --stages 2"}) {
+      SCOPED_TRACE(std::string(to_string(variant)) + " " + devices);
+      run_result r = run("--model " + dir.str() + " --prompt-ids 3,14,15,9,26 " + devices + " --dump-logits " +
+                         (dir / "logits.npy"));
+      ASSERT_EQ(r.rc, 0) << r.out;
+      EXPECT_EQ(field(r.out, "generated"), std::to_string(argmax_last_row(want))) << r.out;
+      EXPECT_NE(field(r.out, "load_gb_per_s"), "") << r.out;
+      EXPECT_NE(field(r.out, "prefill_tokens_per_s"), "") << r.out;
+      auto got = load_npy(dir / "logits.npy");
+      ASSERT_TRUE(got.has_value()) << got.err().to_string();
+      EXPECT_EQ(got->dims(), want.dims());
+      auto c = compare(*got, want, 2e-4, 2e-3);
+      EXPECT_TRUE(c.ok) << c.message;
+    }
+  }
+}
+
+TEST(GenerateApp, TextPromptGoesThroughTheTokenizer) {
+  auto cfg = ag::test::tiny_model(model_variant::gpt2);
+  cfg.vocab = 264;  // the small BPE vocabulary's size
+  temp_dir dir;
+  const graph saved = ag::test::save_random_model(dir.str(), cfg);
+  ag::test::small_bpe bpe;
+  bpe.write(dir);
+  auto tok = load_tokenizer(dir.str());
+  ASSERT_TRUE(tok.has_value() && *tok);
+  auto ids = (*tok)->encode("the cat tell");
+  ASSERT_TRUE(ids.has_value());
+  run_result r = run("--model " + dir.str() + " --prompt 'the cat tell'");
+  ASSERT_EQ(r.rc, 0) << r.out;
+  std::string list;
+  for (std::size_t i = 0; i < ids->size(); ++i) list += (i ? "," : "") + std::to_string((*ids)[i]);
+  EXPECT_EQ(field(r.out, "prompt_ids"), list) << r.out;
+  const int32_t next = argmax_last_row(reference_logits(cfg, saved, *ids));
+  EXPECT_EQ(field(r.out, "generated"), std::to_string(next)) << r.out;
+  EXPECT_EQ(field(r.out, "generated_text"), *(*tok)->decode({next})) << r.out;
+}
+
+TEST(GenerateApp, BadInputExitsWithAMessage) {
+  const auto cfg = ag::test::tiny_model(model_variant::gpt2);
+  temp_dir dir;
+  ag::test::save_random_model(dir.str(), cfg);
+  run_result r = run("--model " + (dir / "missing") + " --prompt-ids 1");
+  EXPECT_EQ(r.rc, 1) << r.out;
+  EXPECT_NE(r.out.find("missing: no such folder"), std::string::npos) << r.out;
+  r = run("--model " + dir.str() + " --prompt hello");
+  EXPECT_EQ(r.rc, 1) << r.out;
+  EXPECT_NE(r.out.find("has no tokenizer"), std::string::npos) << r.out;
+  r = run("--model " + dir.str() + " --prompt-ids 1,41");
+  EXPECT_EQ(r.rc, 1) << r.out;
+  EXPECT_NE(r.out.find("prompt token 41 is outside the vocabulary of 41"), std::string::npos) << r.out;
+  r = run("--model " + dir.str() + " --prompt-ids 1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17");
+  EXPECT_EQ(r.rc, 1) << r.out;
+  EXPECT_NE(r.out.find("17 tokens exceed n_positions 16"), std::string::npos) << r.out;
+  r = run("--model " + dir.str() + " --prompt-ids 1 --devices bogus:3");
+  EXPECT_EQ(r.rc, 1) << r.out;
+  EXPECT_NE(r.out.find("bogus"), std::string::npos) << r.out;
+  r = run("--model " + dir.str() + " --prompt-ids 1,x");
+  EXPECT_EQ(r.rc, 2) << r.out;
+  EXPECT_NE(r.out.find("'x' is not a token id"), std::string::npos) << r.out;
+  r = run("--model " + dir.str());
+  EXPECT_EQ(r.rc, 2) << r.out;
+  r = run("--model " + dir.str() + " --prompt-ids 1 --prompt a");
+  EXPECT_EQ(r.rc, 2) << r.out;
+  r = run("--model " + dir.str() + " --prompt-ids 1 --frobnicate 3");
+  EXPECT_EQ(r.rc, 2) << r.out;
+  EXPECT_NE(r.out.find("--frobnicate"), std::string::npos) << r.out;
+  r = run("--model " + dir.str() + " --prompt-ids 1 --stages x");
+  EXPECT_EQ(r.rc, 2) << r.out;
+  r = run("--model " + dir.str() + " --prompt-ids 1 --dtype f64");
+  EXPECT_EQ(r.rc, 2) << r.out;
+  // A broken tokenizer fails a text prompt; token ids still run, with a warning.
+  ag::test::write_text(dir / "vocab.json", "{");
+  ag::test::write_text(dir / "merges.txt", "");
+  r = run("--model " + dir.str() + " --prompt hello");
+  EXPECT_EQ(r.rc, 1) << r.out;
+  EXPECT_NE(r.out.find("vocab.json: not valid JSON"), std::string::npos) << r.out;
+  r = run("--model " + dir.str() + " --prompt-ids 1,2");
+  EXPECT_EQ(r.rc, 0) << r.out;
+  EXPECT_NE(r.out.find("warning: no generated_text"), std::string::npos) << r.out;
+  EXPECT_NE(field(r.out, "generated"), "") << r.out;
+}
+
+#else
+
+TEST(GenerateApp, GreedyTokenAndDumpedLogitsEqualTheReference) {
+  GTEST_SKIP() << "actorgraph-generate is not part of this build";
+}
+
+#endif

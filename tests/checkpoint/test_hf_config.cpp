@@ -1,0 +1,216 @@
+// config.json of GPT-2 and LLaMA, as older (4.x) and current (5.x)
+// transformers versions write them, into transformer_config; configs the
+// builder cannot honour are errors naming the key.
+#include <gtest/gtest.h>
+
+#include "graph/checkpoint/hf_config.hpp"
+
+using namespace ag;
+using namespace ag::models;
+
+namespace {
+
+hf_config parse_ok(const std::string& text) {
+  auto c = parse_hf_config(text, "config.json");
+  EXPECT_TRUE(c.has_value()) << c.err().to_string();
+  return c ? *c : hf_config{};
+}
+
+void expect_key_error(const std::string& text, const std::string& key, const std::string& what = "") {
+  auto c = parse_hf_config(text, "config.json");
+  ASSERT_FALSE(c.has_value()) << text;
+  EXPECT_EQ(c.err().code, errc::invalid_argument);
+  EXPECT_NE(c.err().message.find("config.json: '" + key + "'"), std::string::npos) << c.err().message;
+  EXPECT_NE(c.err().message.find(what), std::string::npos) << c.err().message;
+}
+
+// GPT-2 small's config.json as published (openai-community/gpt2, transformers 4.x).
+const char* gpt2_small = R"({
+  "activation_function": "gelu_new", "architectures": ["GPT2LMHeadModel"], "attn_pdrop": 0.1,
+  "bos_token_id": 50256, "embd_pdrop": 0.1, "eos_token_id": 50256, "initializer_range": 0.02,
+  "layer_norm_epsilon": 1e-05, "model_type": "gpt2", "n_ctx": 1024, "n_embd": 768, "n_head": 12,
+  "n_layer": 12, "n_positions": 1024, "resid_pdrop": 0.1, "summary_activation": null,
+  "summary_first_dropout": 0.1, "summary_proj_to_labels": true, "summary_type": "cls_index",
+  "summary_use_proj": true, "task_specific_params": {"text-generation": {"do_sample": true, "max_length": 50}},
+  "vocab_size": 50257})";
+
+// A LLaMA-3.2-1B-like config (transformers 4.45: rope_theta at the top level).
+const char* llama_v4 = R"({
+  "architectures": ["LlamaForCausalLM"], "attention_bias": false, "attention_dropout": 0.0,
+  "bos_token_id": 128000, "eos_token_id": [128001, 128008, 128009], "head_dim": 64,
+  "hidden_act": "silu", "hidden_size": 2048, "initializer_range": 0.02, "intermediate_size": 8192,
+  "max_position_embeddings": 131072, "mlp_bias": false, "model_type": "llama", "num_attention_heads": 32,
+  "num_hidden_layers": 16, "num_key_value_heads": 8, "pretraining_tp": 1, "rms_norm_eps": 1e-05,
+  "rope_scaling": null, "rope_theta": 500000.0, "tie_word_embeddings": true, "torch_dtype": "bfloat16",
+  "transformers_version": "4.45.0", "use_cache": true, "vocab_size": 128256})";
+
+// The same model as transformers 5 writes it: "dtype", rope_parameters.
+const char* llama_v5 = R"({
+  "architectures": ["LlamaForCausalLM"], "attention_bias": false, "bos_token_id": 128000,
+  "dtype": "bfloat16", "eos_token_id": 128001, "head_dim": 64, "hidden_act": "silu", "hidden_size": 2048,
+  "intermediate_size": 8192, "max_position_embeddings": 131072, "mlp_bias": false, "model_type": "llama",
+  "num_attention_heads": 32, "num_hidden_layers": 16, "num_key_value_heads": 8, "rms_norm_eps": 1e-05,
+  "rope_parameters": {"rope_theta": 500000.0, "rope_type": "default"}, "tie_word_embeddings": true,
+  "transformers_version": "5.0.0", "vocab_size": 128256})";
+
+// Adds (or, as a later duplicate key, overrides) keys at the end of the object.
+std::string with(std::string text, const std::string& extra) {
+  text.insert(text.rfind('}'), ", " + extra);
+  return text;
+}
+
+}  // namespace
+
+TEST(HfConfig, Gpt2SmallAsPublished) {
+  hf_config c = parse_ok(gpt2_small);
+  EXPECT_EQ(c.model_type, "gpt2");
+  EXPECT_EQ(c.model.variant, model_variant::gpt2);
+  EXPECT_EQ(c.model.n_layers, 12);
+  EXPECT_EQ(c.model.d_model, 768);
+  EXPECT_EQ(c.model.n_heads, 12);
+  EXPECT_EQ(c.model.d_ff, 3072) << "n_inner absent: 4 n_embd";
+  EXPECT_EQ(c.model.vocab, 50257);
+  EXPECT_EQ(c.max_positions, 1024);
+  EXPECT_EQ(c.model.max_positions, 1024);
+  EXPECT_FLOAT_EQ(c.model.eps, 1e-5f);
+  EXPECT_TRUE(c.model.tied_head());
+  EXPECT_EQ(c.model.activation, gelu_mode::tanh);
+  EXPECT_FALSE(c.dtype.has_value());
+  EXPECT_EQ(c.bos_token_id, 50256);
+  EXPECT_EQ(c.eos_token_ids, std::vector<int32_t>{50256});
+  // The builder would accept it, and its parameter count is GPT-2 small's.
+  EXPECT_EQ(parameter_count(c.model), 124439808);
+}
+
+TEST(HfConfig, LlamaFromTransformers4And5AreTheSameModel) {
+  hf_config a = parse_ok(llama_v4), b = parse_ok(llama_v5);
+  for (const hf_config* c : {&a, &b}) {
+    EXPECT_EQ(c->model.variant, model_variant::llama);
+    EXPECT_EQ(c->model.n_layers, 16);
+    EXPECT_EQ(c->model.d_model, 2048);
+    EXPECT_EQ(c->model.d_ff, 8192);
+    EXPECT_EQ(c->model.n_heads, 32);
+    EXPECT_EQ(c->model.kv_heads(), 8);
+    EXPECT_EQ(c->model.vocab, 128256);
+    EXPECT_FLOAT_EQ(c->model.rope_theta, 500000.0f);
+    EXPECT_FLOAT_EQ(c->model.eps, 1e-5f);
+    EXPECT_TRUE(c->model.tied_head());
+    EXPECT_EQ(c->dtype, dtype::bf16);
+    EXPECT_EQ(c->model.dtype, dtype::bf16);
+    EXPECT_EQ(c->max_positions, 131072);
+    EXPECT_EQ(c->bos_token_id, 128000);
+  }
+  EXPECT_EQ(a.eos_token_ids, (std::vector<int32_t>{128001, 128008, 128009}));
+  EXPECT_EQ(b.eos_token_ids, std::vector<int32_t>{128001});
+  // LLaMA 3.2 1B has 1,235,814,400 parameters (tied head).
+  EXPECT_EQ(parameter_count(a.model), 1235814400);
+}
+
+TEST(HfConfig, MissingKeysTakeTransformersDefaults) {
+  hf_config g = parse_ok(R"({"model_type": "gpt2"})");
+  EXPECT_EQ(g.model.n_layers, 12);
+  EXPECT_EQ(g.model.vocab, 50257);
+  EXPECT_TRUE(g.model.tied_head());
+  hf_config l = parse_ok(R"({"model_type": "llama", "hidden_size": 64, "num_attention_heads": 4})");
+  EXPECT_EQ(l.model.kv_heads(), 4) << "num_key_value_heads defaults to the heads";
+  EXPECT_FLOAT_EQ(l.model.rope_theta, 10000.0f);
+  EXPECT_FLOAT_EQ(l.model.eps, 1e-6f);
+  EXPECT_FALSE(l.model.tied_head());
+  EXPECT_EQ(l.model.d_ff, 11008);
+  // No model_type: the architecture names it.
+  hf_config a = parse_ok(R"({"architectures": ["LlamaForCausalLM"], "hidden_size": 64, "num_attention_heads": 4})");
+  EXPECT_EQ(a.model.variant, model_variant::llama);
+}
+
+TEST(HfConfig, OlderAndNewerKeySpellings) {
+  // n_ctx when n_positions is absent (early GPT-2 configs), explicit n_inner, erf gelu.
+  hf_config g = parse_ok(R"({"model_type": "gpt2", "n_ctx": 512, "n_embd": 64, "n_head": 4, "n_inner": 100,
+                             "activation_function": "gelu", "tie_word_embeddings": false,
+                             "torch_dtype": "torch.float16"})");
+  EXPECT_EQ(g.max_positions, 512);
+  EXPECT_EQ(g.model.d_ff, 100);
+  EXPECT_EQ(g.model.activation, gelu_mode::erf);
+  EXPECT_FALSE(g.model.tied_head());
+  EXPECT_EQ(g.dtype, dtype::f16);
+  hf_config n = parse_ok(R"({"model_type": "gpt2", "n_inner": null, "n_embd": 64, "n_head": 4})");
+  EXPECT_EQ(n.model.d_ff, 256);
+  // rope_scaling of type default is plain RoPE; dtype "auto" is unspecified.
+  hf_config l = parse_ok(with(llama_v4, R"("rope_scaling": {"rope_type": "default"}, "dtype": "auto")"));
+  EXPECT_EQ(l.dtype, dtype::bf16) << "torch_dtype still applies";
+  // "dtype" wins over "torch_dtype" when both are present.
+  hf_config d = parse_ok(with(llama_v4, R"("dtype": "float32")"));
+  EXPECT_EQ(d.dtype, dtype::f32);
+  hf_config m = parse_ok(R"({"model_type": "mistral", "hidden_size": 64, "num_attention_heads": 4,
+                             "num_key_value_heads": 2, "sliding_window": null})");
+  EXPECT_EQ(m.model.kv_heads(), 2);
+}
+
+TEST(HfConfig, UnsupportedFeaturesNameTheKey) {
+  expect_key_error(with(llama_v4, R"("rope_scaling": {"rope_type": "llama3", "factor": 32.0})"), "rope_scaling",
+                   "\"llama3\" is not implemented");
+  expect_key_error(with(llama_v5, R"("rope_parameters": {"rope_type": "yarn", "rope_theta": 1e4})"),
+                   "rope_parameters.rope_type", "\"yarn\"");
+  expect_key_error(with(llama_v4, R"("attention_bias": true)"), "attention_bias", "no bias");
+  expect_key_error(with(llama_v4, R"("mlp_bias": true)"), "mlp_bias");
+  expect_key_error(with(llama_v4, R"("hidden_act": "gelu")"), "hidden_act", "\"gelu\" is not implemented");
+  expect_key_error(with(llama_v4, R"("head_dim": 128)"), "head_dim", "differs from hidden_size / num_attention_heads");
+  expect_key_error(with(llama_v4, R"("num_key_value_heads": 5)"), "num_key_value_heads", "does not divide");
+  expect_key_error(with(gpt2_small, R"("activation_function": "relu")"), "activation_function", "\"relu\"");
+  expect_key_error(with(gpt2_small, R"("scale_attn_by_inverse_layer_idx": true)"), "scale_attn_by_inverse_layer_idx");
+  expect_key_error(with(gpt2_small, R"("add_cross_attention": true)"), "add_cross_attention");
+  expect_key_error(with(gpt2_small, R"("n_embd": 100)"), "n_embd", "not divisible by 'n_head' 12");
+  expect_key_error(R"({"model_type": "mistral", "sliding_window": 4096})", "sliding_window");
+  expect_key_error(R"({"model_type": "bert"})", "model_type", "\"bert\"");
+  expect_key_error(R"({"architectures": ["Qwen2ForCausalLM"]})", "architectures", "Qwen2ForCausalLM");
+  expect_key_error(R"({"vocab_size": 5})", "model_type", "missing");
+  expect_key_error(with(llama_v4, R"("torch_dtype": "float64")"), "torch_dtype", "\"float64\"");
+}
+
+TEST(HfConfig, WrongTypesAndRangesNameTheKey) {
+  expect_key_error(with(gpt2_small, R"("n_layer": "12")"), "n_layer", "expected an integer");
+  expect_key_error(with(gpt2_small, R"("n_layer": 0)"), "n_layer", "outside");
+  expect_key_error(with(gpt2_small, R"("n_head": 12.5)"), "n_head", "expected an integer");
+  expect_key_error(with(gpt2_small, R"("vocab_size": 99999999999)"), "vocab_size", "outside");
+  expect_key_error(with(gpt2_small, R"("layer_norm_epsilon": -1)"), "layer_norm_epsilon", "> 0");
+  expect_key_error(with(gpt2_small, R"("tie_word_embeddings": "yes")"), "tie_word_embeddings", "true or false");
+  expect_key_error(with(llama_v4, R"("rope_theta": "big")"), "rope_theta", "expected a number");
+  expect_key_error(with(llama_v4, R"("eos_token_id": [1, "x"])"), "eos_token_id", "not a token id");
+  expect_key_error(with(llama_v5, R"("rope_parameters": 7)"), "rope_parameters", "expected an object");
+  auto c = parse_hf_config("{not json", "config.json");
+  ASSERT_FALSE(c.has_value());
+  EXPECT_NE(c.err().message.find("config.json: not valid JSON"), std::string::npos) << c.err().message;
+  c = parse_hf_config("[1]", "config.json");
+  ASSERT_FALSE(c.has_value());
+  EXPECT_NE(c.err().message.find("not a JSON object"), std::string::npos) << c.err().message;
+}
+
+TEST(HfConfig, WrittenConfigsReadBackAsTheSameModel) {
+  for (auto v : {model_variant::gpt2, model_variant::llama}) {
+    transformer_config t;
+    t.variant = v;
+    t.n_layers = 3;
+    t.d_model = 48;
+    t.n_heads = 6;
+    t.n_kv_heads = v == model_variant::llama ? 2 : 0;
+    t.d_ff = 80;
+    t.vocab = 77;
+    t.max_positions = v == model_variant::gpt2 ? 40 : 0;
+    t.eps = 3e-6f;
+    t.rope_theta = 12345.0f;
+    t.dtype = dtype::bf16;
+    t.head = v == model_variant::gpt2 ? head_tying::separate : head_tying::tied;
+    hf_config c = parse_ok(to_hf_config_json(t, t.max_positions));
+    EXPECT_EQ(c.model.variant, v);
+    EXPECT_EQ(c.model.n_layers, 3);
+    EXPECT_EQ(c.model.d_model, 48);
+    EXPECT_EQ(c.model.n_heads, 6);
+    EXPECT_EQ(c.model.kv_heads(), t.kv_heads());
+    EXPECT_EQ(c.model.d_ff, 80);
+    EXPECT_EQ(c.model.vocab, 77);
+    EXPECT_EQ(c.model.eps, 3e-6f);
+    EXPECT_EQ(c.model.tied_head(), t.tied_head());
+    EXPECT_EQ(c.dtype, dtype::bf16);
+    if (v == model_variant::llama) EXPECT_EQ(c.model.rope_theta, 12345.0f);
+    else EXPECT_EQ(c.max_positions, 40);
+  }
+}

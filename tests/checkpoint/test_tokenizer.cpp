@@ -1,0 +1,237 @@
+// Tokenizers: GPT-2's byte-level BPE (byte alphabet, pre-tokenizer regex,
+// merges by rank, special tokens) from small vocab.json / merges.txt files
+// the tests write, and SentencePiece models the tests train with the
+// library's own trainer (libsentencepiece_train, in Debian's package).
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <set>
+
+#include "checkpoint_test_util.hpp"
+#include "graph/checkpoint/tokenizer.hpp"
+
+#ifdef AG_HAVE_SENTENCEPIECE_TRAINER
+#include <sentencepiece_processor.h>
+#include <sentencepiece_trainer.h>
+#endif
+
+using namespace ag;
+using namespace ag::models;
+using ag::test::small_bpe;
+using ag::test::temp_dir;
+using ag::test::u8;
+
+TEST(Gpt2Bpe, ByteAlphabetIsGpt2s) {
+  // Printable Latin-1 stands for itself; the others count up from U+0100 in byte order.
+  EXPECT_EQ(gpt2_byte_to_unicode('A'), U'A');
+  EXPECT_EQ(gpt2_byte_to_unicode('!'), U'!');
+  EXPECT_EQ(gpt2_byte_to_unicode(0x00), 0x100u);
+  EXPECT_EQ(gpt2_byte_to_unicode('\t'), 0x109u);  // 'ĉ'
+  EXPECT_EQ(gpt2_byte_to_unicode('\n'), 0x10Au);  // 'Ċ'
+  EXPECT_EQ(gpt2_byte_to_unicode(' '), 0x120u);   // 'Ġ'
+  EXPECT_EQ(gpt2_byte_to_unicode(0x7F), 0x121u);
+  EXPECT_EQ(gpt2_byte_to_unicode(0xA0), 0x142u);
+  EXPECT_EQ(gpt2_byte_to_unicode(0xAD), 0x143u);  // the last of the 68 remapped bytes
+  EXPECT_EQ(gpt2_byte_to_unicode(0xAE), 0xAEu);
+  std::set<char32_t> all;
+  for (int b = 0; b < 256; ++b) all.insert(gpt2_byte_to_unicode(static_cast<uint8_t>(b)));
+  EXPECT_EQ(all.size(), 256u);
+}
+
+TEST(Gpt2Bpe, PretokenizerMatchesTheRegex) {
+  // Expected pieces: GPT-2's pattern run by Python's `regex` module (the one
+  // encoder.py and transformers' GPT2Tokenizer use) on the same strings.
+  const std::vector<std::pair<std::string, std::vector<std::string>>> cases = {
+      {"Hello world", {"Hello", " world"}},
+      {"I'm here, they're 'there' and we'll've",
+       {"I", "'m", " here", ",", " they", "'re", " '", "there", "'", " and", " we", "'ll", "'ve"}},
+      {"  two  spaces   then\n\nnewlines\n",
+       {" ", " two", " ", " spaces", "  ", " then", "\n", "\n", "newlines", "\n"}},
+      {"trailing   ", {"trailing", "   "}},
+      {"tabs\tand \t mixed", {"tabs", "\t", "and", " \t", " mixed"}},
+      {"café naïve Ωμέγα 日本語", {"café", " naïve", " Ωμέγα", " 日本語"}},
+      {"x² ½ Ⅻ 123abc 4.5", {"x", "²", " ½", " Ⅻ", " 123", "abc", " 4", ".", "5"}},
+      {"emoji 🙂🙂 ok!!", {"emoji", " 🙂🙂", " ok", "!!"}},
+      {"'S 'd 'x", {"'", "S", " '", "d", " '", "x"}},
+      {"a\u3000b \u3000c", {"a", "\u3000", "b", " ", "\u3000", "c"}},
+      {"end.", {"end", "."}},
+      {"$$$ 100% (yes)", {"$$$", " 100", "%", " (", "yes", ")"}},
+      {" leading", {" leading"}},
+      {"\n", {"\n"}},
+      {"", {}},
+  };
+  for (const auto& [text, want] : cases) {
+    auto got = gpt2_pretokenize(text);
+    ASSERT_TRUE(got.has_value()) << got.err().to_string();
+    EXPECT_EQ(*got, want) << "text: " << text;
+  }
+}
+
+TEST(Gpt2Bpe, MergesApplyByRankAndIdsComeFromTheVocabulary) {
+  temp_dir dir;
+  small_bpe v;
+  v.write(dir);
+  auto tok = load_tokenizer(dir.str());
+  ASSERT_TRUE(tok.has_value()) << tok.err().to_string();
+  ASSERT_NE(*tok, nullptr);
+  EXPECT_EQ((*tok)->kind(), "gpt2 byte-level BPE");
+  EXPECT_EQ((*tok)->vocab_size(), 256 + 7 + 1);
+  const std::string G = u8(0x120);
+  auto ids = (*tok)->encode("the cat tell");
+  ASSERT_TRUE(ids.has_value()) << ids.err().to_string();
+  // "the" -> t + he (no "t he" merge); " cat" -> Ġ + ca + t (Ġ t would need a
+  // "Ġ c" pair first: no); " tell" -> Ġt + ell (l l before e l, then e ll).
+  EXPECT_EQ(*ids, (std::vector<int32_t>{v.id("t"), v.id("he"), v.id(G), v.id("ca"), v.id("t"), v.id(G + "t"),
+                                        v.id("ell")}));
+  auto the = (*tok)->encode(" the");
+  ASSERT_TRUE(the.has_value());
+  EXPECT_EQ(*the, std::vector<int32_t>{v.id(G + "the")});
+  // Bytes of non-ASCII text are byte tokens: "é" is C3 A9.
+  auto e = (*tok)->encode("é");
+  ASSERT_TRUE(e.has_value());
+  EXPECT_EQ(*e, (std::vector<int32_t>{0xC3, 0xA9}));
+}
+
+TEST(Gpt2Bpe, SpecialTokensAndRoundTrips) {
+  temp_dir dir;
+  small_bpe v;
+  v.write(dir);
+  auto tok = load_bpe_tokenizer(dir / "vocab.json", dir / "merges.txt");
+  ASSERT_TRUE(tok.has_value()) << tok.err().to_string();
+  auto ids = (*tok)->encode("he<|endoftext|> the");
+  ASSERT_TRUE(ids.has_value());
+  EXPECT_EQ(*ids, (std::vector<int32_t>{v.id("he"), v.eot, v.id(u8(0x120) + "the")}));
+  const std::vector<std::string> texts = {"Hello, world!\n", "café 日本語 🙂 x² \t\r\n end", "<|endoftext|>", "",
+                                         "   ", "we'll've 'S", std::string("nul\0byte", 8)};
+  for (const std::string& text : texts) {
+    auto enc = (*tok)->encode(text);
+    ASSERT_TRUE(enc.has_value()) << enc.err().to_string();
+    auto dec = (*tok)->decode(*enc);
+    ASSERT_TRUE(dec.has_value()) << dec.err().to_string();
+    EXPECT_EQ(*dec, text);
+  }
+}
+
+TEST(Gpt2Bpe, BadInputAndBadFilesAreErrors) {
+  temp_dir dir;
+  small_bpe v;
+  v.write(dir);
+  auto tok = load_tokenizer(dir.str());
+  ASSERT_TRUE(tok.has_value());
+  auto bad = (*tok)->encode("ok \xC3(");
+  ASSERT_FALSE(bad.has_value());
+  EXPECT_NE(bad.err().message.find("not valid UTF-8 at byte 3"), std::string::npos) << bad.err().message;
+  EXPECT_FALSE((*tok)->encode("\xED\xA0\x80").has_value()) << "a UTF-8 encoded surrogate";
+  EXPECT_FALSE((*tok)->encode("\xC0\x80").has_value()) << "an overlong NUL";
+  auto dec = (*tok)->decode({1, 5000});
+  ASSERT_FALSE(dec.has_value());
+  EXPECT_NE(dec.err().message.find("token id 5000"), std::string::npos) << dec.err().message;
+
+  ag::test::write_text(dir / "merges.txt", "#version: 0.2\nh e\nthree parts here\n");
+  auto t = load_tokenizer(dir.str());
+  ASSERT_FALSE(t.has_value());
+  EXPECT_NE(t.err().message.find("merges.txt: line 3"), std::string::npos) << t.err().message;
+  v.write(dir);
+  auto missing_byte = v.vocab;
+  missing_byte.erase(u8(0x120));
+  ag::test::write_text(dir / "vocab.json", missing_byte.dump());
+  t = load_tokenizer(dir.str());
+  ASSERT_FALSE(t.has_value());
+  EXPECT_NE(t.err().message.find("vocab.json: byte 32"), std::string::npos) << t.err().message;
+  ag::test::write_text(dir / "vocab.json", R"({"a": "x"})");
+  t = load_tokenizer(dir.str());
+  ASSERT_FALSE(t.has_value());
+  EXPECT_NE(t.err().message.find("token 'a' has id \"x\""), std::string::npos) << t.err().message;
+  ag::test::write_text(dir / "vocab.json", "[");
+  EXPECT_FALSE(load_tokenizer(dir.str()).has_value());
+}
+
+TEST(Tokenizer, FolderWithoutTokenizerGivesNone) {
+  temp_dir dir;
+  auto tok = load_tokenizer(dir.str());
+  ASSERT_TRUE(tok.has_value()) << tok.err().to_string();
+  EXPECT_EQ(*tok, nullptr);
+}
+
+#ifdef AG_HAVE_SENTENCEPIECE_TRAINER
+
+namespace {
+
+// Trains a tiny BPE SentencePiece model into dir/tokenizer.model.
+void train_sentencepiece(const temp_dir& dir) {
+  std::string corpus;
+  const char* lines[] = {"the quick brown fox jumps over the lazy dog", "a tokenizer turns text into pieces",
+                         "pipelines run stages on devices", "the model reads its weights from a checkpoint",
+                         "héllo wörld ünïcode text"};
+  for (int k = 0; k < 40; ++k)
+    for (const char* l : lines) corpus += std::string(l) + "\n";
+  ag::test::write_text(dir / "corpus.txt", corpus);
+  const auto status = sentencepiece::SentencePieceTrainer::Train(
+      "--input=" + (dir / "corpus.txt") + " --model_prefix=" + (dir / "tokenizer") +
+      " --vocab_size=80 --model_type=bpe --character_coverage=1.0 --minloglevel=2 --num_threads=1");
+  ASSERT_TRUE(status.ok()) << status.ToString();
+}
+
+}  // namespace
+
+TEST(SentencePiece, TrainedModelEncodesLikeTheLibraryWithBos) {
+  temp_dir dir;
+  train_sentencepiece(dir);
+  auto tok = load_tokenizer(dir.str());
+  ASSERT_TRUE(tok.has_value()) << tok.err().to_string();
+  ASSERT_NE(*tok, nullptr);
+  EXPECT_EQ((*tok)->kind(), "sentencepiece");
+  EXPECT_EQ((*tok)->vocab_size(), 80);
+  sentencepiece::SentencePieceProcessor sp;
+  ASSERT_TRUE(sp.Load(dir / "tokenizer.model").ok());
+  for (const std::string text : {"the quick fox", "héllo pipelines", "unseen words zq"}) {
+    auto ids = (*tok)->encode(text);
+    ASSERT_TRUE(ids.has_value()) << ids.err().to_string();
+    std::vector<int> want;
+    ASSERT_TRUE(sp.Encode(text, &want).ok());
+    ASSERT_FALSE(ids->empty());
+    EXPECT_EQ((*ids)[0], sp.bos_id()) << "LlamaTokenizer prepends BOS";
+    EXPECT_EQ(std::vector<int32_t>(ids->begin() + 1, ids->end()), std::vector<int32_t>(want.begin(), want.end()));
+    EXPECT_GT(ids->size(), 2u);
+    auto back = (*tok)->decode(*ids);
+    ASSERT_TRUE(back.has_value()) << back.err().to_string();
+    EXPECT_EQ(*back, text);
+  }
+  auto dec = (*tok)->decode({3, 80});
+  ASSERT_FALSE(dec.has_value());
+  EXPECT_NE(dec.err().message.find("token id 80"), std::string::npos);
+  EXPECT_FALSE((*tok)->encode("\xff").has_value());
+}
+
+TEST(SentencePiece, TokenizerConfigTurnsBosOffAndBadFilesAreErrors) {
+  temp_dir dir;
+  train_sentencepiece(dir);
+  ag::test::write_text(dir / "tokenizer_config.json", R"({"add_bos_token": false})");
+  auto tok = load_tokenizer(dir.str());
+  ASSERT_TRUE(tok.has_value()) << tok.err().to_string();
+  auto ids = (*tok)->encode("the fox");
+  ASSERT_TRUE(ids.has_value());
+  sentencepiece::SentencePieceProcessor sp;
+  ASSERT_TRUE(sp.Load(dir / "tokenizer.model").ok());
+  std::vector<int> want;
+  ASSERT_TRUE(sp.Encode("the fox", &want).ok());
+  EXPECT_EQ(*ids, std::vector<int32_t>(want.begin(), want.end()));
+  ag::test::write_text(dir / "tokenizer_config.json", R"({"add_bos_token": "yes"})");
+  auto bad_cfg = load_tokenizer(dir.str());
+  ASSERT_FALSE(bad_cfg.has_value());
+  EXPECT_NE(bad_cfg.err().message.find("'add_bos_token'"), std::string::npos);
+  std::filesystem::remove(dir / "tokenizer_config.json");
+  ag::test::write_text(dir / "tokenizer.model", "not a protobuf");
+  auto bad = load_tokenizer(dir.str());
+  ASSERT_FALSE(bad.has_value());
+  EXPECT_NE(bad.err().message.find(dir / "tokenizer.model"), std::string::npos) << bad.err().message;
+}
+
+#else
+
+TEST(SentencePiece, TrainedModelEncodesLikeTheLibraryWithBos) {
+  GTEST_SKIP() << "built without libsentencepiece / libsentencepiece_train (libsentencepiece-dev)";
+}
+
+#endif

@@ -1,0 +1,61 @@
+// libFuzzer entry point for the checkpoint parsers (owner: ckpt): the
+// safetensors header and index parser, config.json, and the tokenizer's
+// UTF-8 / GPT-2 pre-tokenizer. The first input byte picks the parser, the
+// rest is its input. Nothing may crash, hang or leak; errors are values.
+//
+// Every build runs it twice: its seed corpus (tests/fuzz/corpus/checkpoint/)
+// replayed as CTest fuzz.checkpoint, and a deterministic mutation loop
+// (checkpoint_smoke_main.cpp, CTest checkpoint.fuzz_smoke). scripts/fuzz.sh
+// runs it under libFuzzer with the other targets.
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <string_view>
+#include <vector>
+
+#include "graph/checkpoint/hf_config.hpp"
+#include "graph/checkpoint/safetensors.hpp"
+#include "graph/checkpoint/tokenizer.hpp"
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, std::size_t size) {
+  if (size == 0) return 0;
+  const uint8_t which = data[0] % 3;
+  ++data;
+  --size;
+  switch (which) {
+    case 0: {  // a whole safetensors file
+      std::vector<std::byte> bytes(size);
+      if (size) std::memcpy(bytes.data(), data, size);
+      auto f = ag::models::safetensors_file::parse(ag::models::mapped_file::from_bytes(std::move(bytes), "fuzz"));
+      if (f) {
+        // Every tensor a graph can hold reads back without touching bytes
+        // outside the file (ASan checks the copies).
+        for (const auto& e : (*f)->tensors()) {
+          for (ag::dtype as : {ag::dtype::f32, ag::dtype::bf16, ag::dtype::i32}) {
+            auto w = (*f)->weight(e.name, as);
+            if (!w || (*w)->bytes() > (int64_t{1} << 24)) continue;
+            std::vector<std::byte> out(static_cast<std::size_t>((*w)->bytes()));
+            if ((*w)->dims()[0] > 0) (void)(*w)->read_slice(0, 0, (*w)->dims()[0], out.data());
+          }
+        }
+      }
+      break;
+    }
+    case 1: {  // config.json
+      auto c = ag::models::parse_hf_config(std::string_view(reinterpret_cast<const char*>(data), size), "fuzz");
+      if (c) (void)ag::models::parameter_count(c->model);
+      break;
+    }
+    case 2: {  // text through UTF-8 decoding and GPT-2's pre-tokenizer
+      std::string_view text(reinterpret_cast<const char*>(data), size);
+      auto pieces = ag::models::gpt2_pretokenize(text);
+      if (pieces) {
+        std::size_t total = 0;
+        for (const auto& p : *pieces) total += p.size();
+        if (total != size) __builtin_trap();  // pieces must concatenate to the text
+      }
+      break;
+    }
+  }
+  return 0;
+}
