@@ -18,10 +18,11 @@
 //                            (d 4096, 32 heads, 8 kv heads, ff 14336, vocab 32000)
 //                            planned at tensor-parallel degree 4, over its
 //                            1-device plan's
+// --allreduce=SPEC prints allreduce_us_<size>_oneshot (8k, 64k, 256k, 1m, 16m)
+// for the backend's one-shot all-reduce on those devices (cuda:0,0 on one GPU).
 // --devices=KIND runs the runtime figures on another backend kind ("cpu",
 // "cuda"; figure names then end in that kind); --small shrinks the layer
-// (d 1024, 8 heads, T 256) for a quick run. allreduce_us_* comes with the
-// CUDA collectives (actorgraph-cuda-bench), not here.
+// (d 1024, 8 heads, T 256) for a quick run.
 // Prints a table, then `name: value` lines.
 #include <algorithm>
 #include <chrono>
@@ -150,12 +151,105 @@ run_result time_layer(const std::string& kind, int n, const std::shared_ptr<cons
   return r;
 }
 
+
+/// allreduce_us_<size>_<path>: one member part per device of `spec` per
+/// iteration, each member's stream waiting for every member's previous part
+/// (the collective's barrier), f32 operands of `bytes`; the time per
+/// iteration once `iters` ran (after a warm-up).
+double allreduce_us(const std::string& spec, int64_t bytes, int iters) {
+  auto devs = ag::gpu::make_devices(spec);
+  if (!devs) die("devices " + spec, devs.err());
+  const int n = static_cast<int>(devs->size());
+  const int64_t elems = bytes / 4;
+  std::vector<ag::node> nodes;
+  std::vector<ag::node_id> ins, outs;
+  for (int k = 0; k < n; ++k) {
+    ag::node x;
+    x.id = static_cast<ag::node_id>(nodes.size());
+    x.op = ag::op_kind::input;
+    x.name = "x" + std::to_string(k);
+    x.dims = ag::shape{elems};
+    nodes.push_back(x);
+    ins.push_back(x.id);
+  }
+  for (int k = 0; k < n; ++k) {
+    ag::node ar;
+    ar.id = static_cast<ag::node_id>(nodes.size());
+    ar.op = ag::op_kind::all_reduce;
+    ar.name = "sum" + std::to_string(k);
+    ar.inputs = ins;
+    ar.attrs.group = 0;
+    ar.attrs.rank = k;
+    nodes.push_back(ar);
+    outs.push_back(ar.id);
+  }
+  auto g = ag::graph::from_nodes(nodes, ins, outs);
+  if (!g) die("all-reduce graph", g.err());
+  std::vector<std::unique_ptr<ag::gpu::stream>> streams;
+  std::vector<std::unique_ptr<ag::gpu::event>> done;
+  std::vector<void*> in(static_cast<std::size_t>(n)), out(static_cast<std::size_t>(n));
+  std::vector<ag::gpu::device*> members;
+  for (int k = 0; k < n; ++k) {
+    auto& d = (*devs)[static_cast<std::size_t>(k)];
+    auto s = d->create_stream(ag::step_kind::collective);
+    if (!s) die("stream", s.err());
+    streams.push_back(std::move(*s));
+    auto e = d->create_event(false);
+    if (!e) die("event", e.err());
+    done.push_back(std::move(*e));
+    auto a = d->allocate(bytes), b = d->allocate(bytes);
+    if (!a || !b) die("allocate", a ? b.err() : a.err());
+    in[static_cast<std::size_t>(k)] = *a;
+    out[static_cast<std::size_t>(k)] = *b;
+    members.push_back(d.get());
+  }
+  std::vector<ag::gpu::collective_launch> parts(static_cast<std::size_t>(n));
+  for (int k = 0; k < n; ++k) {
+    auto& l = parts[static_cast<std::size_t>(k)];
+    l.op = &g->at(outs[static_cast<std::size_t>(k)]);
+    l.rank = k;
+    l.bytes = bytes;
+    l.algo = ag::collective_algo::one_shot;
+    l.members = members;
+    l.out = {out[static_cast<std::size_t>(k)], ag::dtype::f32, ag::shape{elems}, ag::strides{1}};
+    for (int j = 0; j < n; ++j) l.inputs.push_back({in[static_cast<std::size_t>(j)], ag::dtype::f32, ag::shape{elems}, ag::strides{1}});
+  }
+  auto round = [&] {
+    for (int k = 0; k < n; ++k) {
+      auto& d = *members[static_cast<std::size_t>(k)];
+      for (int j = 0; j < n; ++j)
+        if (j != k) (void)d.wait(*streams[static_cast<std::size_t>(k)], *done[static_cast<std::size_t>(j)]);
+      if (auto e = d.collective(*streams[static_cast<std::size_t>(k)], parts[static_cast<std::size_t>(k)])) die("collective", e);
+    }
+    for (int k = 0; k < n; ++k)
+      if (auto e = members[static_cast<std::size_t>(k)]->record(*done[static_cast<std::size_t>(k)], *streams[static_cast<std::size_t>(k)]))
+        die("record", e);
+  };
+  auto sync = [&] {
+    for (int k = 0; k < n; ++k)
+      if (auto e = members[static_cast<std::size_t>(k)]->synchronize(*streams[static_cast<std::size_t>(k)])) die("synchronize", e);
+  };
+  for (int i = 0; i < 10; ++i) round();
+  sync();
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < iters; ++i) round();
+  sync();
+  const double us = 1000.0 * ms_since(t0) / iters;
+  streams.clear();
+  for (int k = 0; k < n; ++k) {
+    members[static_cast<std::size_t>(k)]->deallocate(in[static_cast<std::size_t>(k)]);
+    members[static_cast<std::size_t>(k)]->deallocate(out[static_cast<std::size_t>(k)]);
+  }
+  return us;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   int repeats = 3, layers = 80, jobs = 5;
   int64_t vocab = 256;
-  std::string kind = "sim", trace_out;
+  std::string kind = "sim", trace_out, allreduce_spec;
+  int allreduce_iters = 200;
   bool small_layer = false, plan_only = false, run_only = false;
   ag::apps::flags app("actorgraph-tp-bench", "Tensor-parallel figures: runtime speedups on simulated H200s, planning.");
   app.add_option("--repeats", repeats, "compiles of the 64-device plan (the median counts)")->check(CLI::Range(1, 1000));
@@ -167,6 +261,9 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"sim", "cpu", "cuda"}));
   app.add_option("--trace", trace_out, "write the Chrome trace of the degree-4 runs (overlap on) to this file");
   app.add_flag("--small", small_layer, "a small layer (d 1024, 8 heads, T 256) for a quick run");
+  app.add_option("--allreduce", allreduce_spec,
+                 "print allreduce_us_<size>_oneshot for 8 KiB..16 MiB on these devices (e.g. cuda:0,0, cuda:0,1, sim:2)");
+  app.add_option("--allreduce-iters", allreduce_iters, "timed all-reduces per size")->check(CLI::Range(1, 1000000));
   app.add_flag("--plan-only", plan_only, "only the planning figures");
   app.add_flag("--run-only", run_only, "only the runtime figures");
   if (auto rc = ag::apps::parse_flags(app, argc, argv)) return *rc;
@@ -177,6 +274,15 @@ int main(int argc, char** argv) {
     std::string setup;
   };
   std::vector<figure> figs;
+  if (!allreduce_spec.empty()) {
+    for (int64_t kib : {8, 64, 256, 1024, 16384}) {
+      const std::string size = kib >= 1024 ? std::to_string(kib / 1024) + "m" : std::to_string(kib) + "k";
+      const double us = allreduce_us(allreduce_spec, kib * 1024, allreduce_iters);
+      figs.push_back({"allreduce_us_" + size + "_oneshot", us,
+                      "one-shot all-reduce of " + std::to_string(kib) + " KiB f32 on " + allreduce_spec + " (per call, " +
+                          std::to_string(allreduce_iters) + " calls)"});
+    }
+  }
 
   if (!plan_only) {
     ag::models::transformer_config layer;

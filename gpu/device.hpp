@@ -232,7 +232,9 @@ expected<std::vector<device_request>> parse_device_spec(const std::string& spec)
 ///   "cpu:2"        two cpu devices (real compute on host threads)
 ///   "sim:2,cpu:1"  mixed; indices 0,1 are sim, 2 is cpu
 ///   "cuda:all"     every CUDA GPU;  "cuda:0,1"  GPUs 0 and 1 (a bare number
-///                  after a comma continues the previous item's ordinals)
+///                  after a comma continues the previous item's ordinals);
+///                  "cuda:0,0"  two logical devices of GPU 0 ("cuda0",
+///                  "cuda0.1": own streams and events, the GPU's memory shared)
 /// Errors (errc::bad_device_spec) name the offending item and position, e.g.
 /// an unknown kind, a zero count, "cuda" without a GPU or without CUDA support
 /// in this build.

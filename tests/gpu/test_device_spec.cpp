@@ -108,3 +108,18 @@ TEST(DeviceSpec, CudaWithoutAGpuIsABadSpecNamingTheItem) {
 }
 
 }  // namespace
+
+namespace ag {
+namespace {
+
+// A repeated CUDA ordinal is a second logical device of the same GPU
+// ("cuda:0,0": tensor parallelism on a 1-GPU machine), not an error.
+TEST(DeviceSpec, RepeatedCudaOrdinalIsAnotherLogicalDeviceOfThatGpu) {
+  auto r = gpu::parse_device_spec("cuda:0,0");
+  ASSERT_TRUE(r.has_value()) << r.err().to_string();
+  ASSERT_EQ(r->size(), 1u);
+  EXPECT_EQ((*r)[0].ordinals, (std::vector<int>{0, 0}));
+}
+
+}  // namespace
+}  // namespace ag
