@@ -112,7 +112,8 @@ struct run_result {
 /// Runs `jobs` jobs of g, one at a time, on `n` devices of `kind` at
 /// tensor-parallel degree n (1: no tensor parallelism); median wall ms.
 run_result time_layer(const std::string& kind, int n, const std::shared_ptr<const ag::graph>& g,
-                      const std::vector<ag::host_tensor>& in, int jobs, bool overlap, const std::string& trace_out = {}) {
+                      const std::vector<ag::host_tensor>& in, int jobs, bool overlap, bool same_gpu,
+                      const std::string& trace_out = {}) {
   ag::runtime_options ro;
   ro.trace = !trace_out.empty();
   ro.arenas_per_device = 2;
@@ -120,7 +121,14 @@ run_result time_layer(const std::string& kind, int n, const std::shared_ptr<cons
   ro.backend.sim.compute_values = false;
   ro.backend.sim.time_scale = 1.0;
   ro.backend.sim.jitter = 0;
-  auto rt = ag::runtime::create(kind + ":" + std::to_string(n), ro);
+  // sim / cpu take a count; cuda takes ordinals: GPUs 0..n-1, or GPU 0 n
+  // times (--same-gpu: logical devices of one GPU).
+  std::string spec = kind + ":" + std::to_string(n);
+  if (kind == "cuda") {
+    spec = "cuda:";
+    for (int k = 0; k < n; ++k) spec += (k ? "," : "") + std::to_string(same_gpu ? 0 : k);
+  }
+  auto rt = ag::runtime::create(spec, ro);
   if (!rt) die("runtime " + kind, rt.err());
   ag::plan_options po;
   if (n > 1) po.tensor_parallel = n;
@@ -250,6 +258,7 @@ int main(int argc, char** argv) {
   int64_t vocab = 256;
   std::string kind = "sim", trace_out, allreduce_spec;
   int allreduce_iters = 200;
+  bool same_gpu = false;
   bool small_layer = false, plan_only = false, run_only = false;
   ag::apps::flags app("actorgraph-tp-bench", "Tensor-parallel figures: runtime speedups on simulated H200s, planning.");
   app.add_option("--repeats", repeats, "compiles of the 64-device plan (the median counts)")->check(CLI::Range(1, 1000));
@@ -260,6 +269,7 @@ int main(int argc, char** argv) {
   app.add_option("--devices", kind, "backend kind of the runtime figures: sim, cpu or cuda")
       ->check(CLI::IsMember({"sim", "cpu", "cuda"}));
   app.add_option("--trace", trace_out, "write the Chrome trace of the degree-4 runs (overlap on) to this file");
+  app.add_flag("--same-gpu", same_gpu, "cuda: the degrees' devices are logical devices of GPU 0 (cuda:0,0,...)");
   app.add_flag("--small", small_layer, "a small layer (d 1024, 8 heads, T 256) for a quick run");
   app.add_option("--allreduce", allreduce_spec,
                  "print allreduce_us_<size>_oneshot for 8 KiB..16 MiB on these devices (e.g. cuda:0,0, cuda:0,1, sim:2)");
@@ -304,10 +314,10 @@ int main(int argc, char** argv) {
     const auto in = ag::models::transformer_inputs(layer, 1);
     const std::string what = "LLaMA layer d " + std::to_string(layer.d_model) + ", " + std::to_string(layer.n_heads) +
                              " heads, ff 4d, T " + std::to_string(layer.seq_len) + ", B 2, bf16 on " + kind;
-    const run_result one = time_layer(kind, 1, gl, in, jobs, true);
-    const run_result two = time_layer(kind, 2, gl, in, jobs, true);
-    const run_result four = time_layer(kind, 4, gl, in, jobs, true, trace_out);
-    const run_result four_off = time_layer(kind, 4, gl, in, jobs, false);
+    const run_result one = time_layer(kind, 1, gl, in, jobs, true, same_gpu);
+    const run_result two = time_layer(kind, 2, gl, in, jobs, true, same_gpu);
+    const run_result four = time_layer(kind, 4, gl, in, jobs, true, same_gpu, trace_out);
+    const run_result four_off = time_layer(kind, 4, gl, in, jobs, false, same_gpu);
     char buf[160];
     std::snprintf(buf, sizeof buf, ": %.2f ms on 1, %.2f ms on 2 (%d collective parts)", one.median_ms, two.median_ms,
                   two.collectives);
