@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <atomic>
 #include <functional>
+#include <map>
+#include <set>
 #include <unordered_map>
 
 #include <caf/all.hpp>
@@ -51,6 +53,20 @@ struct exec_job {
   bool dropped = false;
 };
 
+/// A communication queue's agreed issue order for one plan's jobs: the
+/// collectives of job number n (job_context::collective_seq) are issued only
+/// after every job numbered below n issued all of its own here (or was
+/// cancelled). Every member of a group runs the same queue positions in the
+/// same order, so all members issue one plan's collectives in the same
+/// (job number, position) order, whatever order their `ready` messages came
+/// in: what NCCL needs to be free of deadlock. A job never waits for a job
+/// numbered after it (numbers are drawn once all arenas are held).
+struct issue_order {
+  uint64_t next = 0;                  // the job number whose turn it is
+  std::set<uint64_t> done_ahead;      // numbers above `next` already finished here
+  std::map<uint64_t, job_key> parked;  // job number -> job and queue, waiting for their turn
+};
+
 struct exec_state {
   gpu::device_ptr dev;
   int device = -1;
@@ -71,6 +87,8 @@ struct exec_state {
   // holds its last reference (no job context names it) and it completed.
   std::vector<std::shared_ptr<gpu::event>> pool[2];
   std::size_t cursor[2] = {0, 0};
+  // Communication queues only: by loaded plan key.
+  std::unordered_map<uint64_t, issue_order> order;
   std::vector<std::vector<step_id>> out;  // ready batch per consumer queue
   std::vector<int> touched;
   std::vector<int> local;  // consumer queues of the job run by this actor itself (advance)
@@ -199,9 +217,29 @@ error launch_step(exec_state& st, exec_job& e, step_id s) {
       err = st.dev->copy_peer(stream, dst, src_dev, src, c.bytes);
       break;
     }
-    case step_kind::collective:  // lower() and compile() refuse them for now
-      err = {errc::unsupported_op, "collective steps are not executed yet"};
+    case step_kind::collective: {
+      // This member's part: its own output, every member's operand where
+      // it lives (the remote deps above waited for all their producers).
+      const collective_desc& c = ls.coll;
+      gpu::collective_launch l;
+      l.op = ls.subject;
+      l.rank = c.rank;
+      l.algo = c.algo;
+      l.bytes = c.bytes;
+      l.out = c.out.proto;
+      l.out.data = ctx.base(c.out.where, st.device) + c.out.byte_offset;
+      l.inputs.reserve(c.inputs.size());
+      l.members.reserve(c.inputs.size());
+      for (std::size_t k = 0; k < c.inputs.size(); ++k) {
+        const int dev = c.member_devices[k];
+        gpu::tensor_arg a = c.inputs[k].proto;
+        a.data = ctx.base(c.inputs[k].where, dev) + c.inputs[k].byte_offset;
+        l.inputs.push_back(std::move(a));
+        l.members.push_back(ctx.lp->memory[static_cast<std::size_t>(dev)]->dev.get());
+      }
+      if (error ce = st.dev->collective(stream, l)) return step_error(st, lane, ls, {}, ce, ls.subject);
       break;
+    }
   }
   if (err) return step_error(st, lane, ls, {}, err);
   // The end event is read by the waits of consumers on other queues and by
@@ -271,6 +309,41 @@ void forget_job(exec_state& st, job_key id) {
   st.spare.push_back(std::move(node));
 }
 
+void advance(exec_actor_t* self, exec_job& e);
+
+/// Communication queues: job number `seq` of plan `key` is done here
+/// (issued all its collectives, or was cancelled); the next parked job in
+/// the agreed order gets its turn.
+void finish_turn(exec_actor_t* self, uint64_t key, uint64_t seq) {
+  auto& st = self->state;
+  auto& o = st.order[key];
+  if (seq < o.next) return;  // already counted (finished, then cancelled)
+  if (seq != o.next) {
+    o.done_ahead.insert(seq);
+    return;
+  }
+  ++o.next;
+  while (!o.done_ahead.empty() && *o.done_ahead.begin() == o.next) {
+    o.done_ahead.erase(o.done_ahead.begin());
+    ++o.next;
+  }
+  auto p = o.parked.find(o.next);
+  if (p == o.parked.end()) return;
+  const job_key job = p->second;
+  o.parked.erase(p);
+  auto it = st.jobs.find(job);  // this actor's one communication queue of the plan
+  if (it != st.jobs.end() && !it->second.dropped) advance(self, it->second);
+}
+
+/// Whether `e`'s job may issue its next collective now (always for other kinds).
+bool my_turn(exec_state& st, exec_job& e) {
+  if (st.kind != step_kind::collective) return true;
+  auto& o = st.order[e.ctx->lp->key];
+  if (e.ctx->collective_seq == o.next) return true;
+  o.parked[e.ctx->collective_seq] = job_key{e.ctx->id(), e.queue};
+  return false;
+}
+
 /// Launches every step of `e` whose remote deps all arrived, in order; then
 /// sends the batched ready messages. A consumer queue that this actor runs
 /// itself (another compute lane of the device) gets no message: its waiting
@@ -286,6 +359,7 @@ void advance_one(exec_actor_t* self, exec_job& e, const msg::job_ref_ptr& ref) {
       e.dropped = true;
       break;
     }
+    if (!my_turn(st, e)) break;
     const step_id s = mine[static_cast<std::size_t>(e.next)];
     if (error err = launch_step(st, e, s)) {
       self->send(ctx.job_actor, msg::step_failed{ctx.id(), s, std::move(err)});
@@ -320,7 +394,10 @@ void advance_one(exec_actor_t* self, exec_job& e, const msg::job_ref_ptr& ref) {
     v.clear();  // keeps its capacity: no allocation on the next batch
   }
   st.touched.clear();
-  if (!e.dropped && e.got_run && e.next == static_cast<int>(mine.size())) forget_job(st, job_key{ctx.id(), e.queue});
+  if (!e.dropped && e.got_run && e.next == static_cast<int>(mine.size())) {
+    forget_job(st, job_key{ctx.id(), e.queue});
+    if (st.kind == step_kind::collective) finish_turn(self, ctx.lp->key, ctx.collective_seq);
+  }
 }
 
 /// advance_one for `e`, then for the queues of the same job on this actor
@@ -328,9 +405,11 @@ void advance_one(exec_actor_t* self, exec_job& e, const msg::job_ref_ptr& ref) {
 void advance(exec_actor_t* self, exec_job& e) {
   auto& st = self->state;
   const msg::job_ref_ptr ref = e.ref;  // keeps the job alive past a forget_job
-  st.local.clear();  // handlers do not nest; a throw may have left some behind
+  // finish_turn may advance another job from inside advance_one: each call
+  // works off only the queues it added itself.
+  const std::size_t base = st.local.size();
   advance_one(self, e, ref);
-  while (!st.local.empty()) {
+  while (st.local.size() > base) {
     const int q = st.local.back();
     st.local.pop_back();
     exec_job& c = entry_for(st, ref, q);
@@ -341,6 +420,7 @@ void advance(exec_actor_t* self, exec_job& e) {
 /// A handler threw (out of memory): the job fails with an internal error
 /// naming this actor's device; the actor keeps serving.
 void report_exception(exec_actor_t* self, const msg::job_ref_ptr& ref, const std::exception& ex) {
+  self->state.local.clear();  // queues of the interrupted advance (they name its job)
   const job_context& ctx = job_of(*ref);
   self->send(ctx.job_actor,
              msg::step_failed{ctx.id(), -1,
@@ -394,6 +474,11 @@ caf::behavior exec_actor_fn(exec_actor_t* self, gpu::device_ptr dev, step_kind k
           ++it;
           if (k.job == ctx.id()) forget_job(st, k);
         }
+        if (st.kind == step_kind::collective) {
+          auto& o = st.order[ctx.lp->key];
+          o.parked.erase(ctx.collective_seq);
+          finish_turn(self, ctx.lp->key, ctx.collective_seq);
+        }
         std::vector<gpu::stream*> live;
         for (auto& l : st.streams)
           if (l.stream) live.push_back(l.stream.get());
@@ -411,6 +496,7 @@ caf::behavior exec_actor_fn(exec_actor_t* self, gpu::device_ptr dev, step_kind k
       [self](const msg::unload_plan& m) {
         auto& sc = self->state.scratch;
         for (auto it = sc.begin(); it != sc.end();) it = it->first.job == m.plan_key ? sc.erase(it) : std::next(it);
+        self->state.order.erase(m.plan_key);
       },
       // Tests: the number of jobs this actor still holds state for.
       [self](msg::stats_atom) -> int64_t { return static_cast<int64_t>(self->state.jobs.size()); },
