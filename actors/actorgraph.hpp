@@ -59,6 +59,13 @@ struct runtime_options {
   /// some idle CPU (16 idle workers: 2% of a core at 10 ms, 8% at 1 ms).
   int scheduler_idle_steal_us = 1000;
   bool trace = true;  ///< record a trace entry per step
+  /// One executing actor per compute lane of a device (true), or one actor
+  /// for all compute lanes of a device (false, the default): then a step
+  /// that feeds another lane of its device sends no message, the consumer
+  /// lane advances in the same actor turn, and only the streams differ (the
+  /// device still runs the lanes concurrently). Copy engines keep their own
+  /// actors either way.
+  bool actor_per_lane = false;
   /// Job outputs copied out of a device that offers host memory of its own
   /// (gpu::device::host_memory(): CUDA's pinned pool) are allocated there: the
   /// device copies into them directly, without a staging copy, and a buffer

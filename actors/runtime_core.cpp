@@ -83,6 +83,9 @@ caf::actor runtime_core::queue_actor(int device, step_kind kind, int lane) {
   const auto d = static_cast<std::size_t>(device);
   switch (kind) {
     case step_kind::compute: {
+      // One actor serves every lane of the device unless asked otherwise
+      // (runtime_options::actor_per_lane): it makes a stream per lane.
+      if (!opts_.actor_per_lane) lane = 0;
       std::lock_guard<std::mutex> lk(lanes_m_);
       auto& v = lanes_[d];
       while (static_cast<int>(v.size()) <= lane)
