@@ -89,7 +89,8 @@ class generation {
   generation() = default;
   explicit generation(std::shared_ptr<state> s) : s_(std::move(s)) {}
   bool ready() const;
-  /// Blocks until the sequence ended.
+  /// Blocks until the sequence ended; the result is valid while a handle to
+  /// the sequence lives.
   const generation_outcome& wait() const;
   bool wait_for(std::chrono::nanoseconds d) const;
   /// Runs `fn` when the sequence ends (at once on this thread if it has).
