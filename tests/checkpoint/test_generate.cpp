@@ -293,3 +293,38 @@ TEST(GenerateSampling, SameSeedSameTokensOtherSeedOtherTokens) {
   const auto stop_at = std::find(x.begin(), x.end(), x[3]) - x.begin();
   EXPECT_EQ(h.wait()->tokens, std::vector<int32_t>(x.begin(), x.begin() + stop_at + 1));
 }
+
+TEST(GenerateDecode, Bf16LlamaEqualsRecomputeWithinBf16RoundingCpu) {
+  auto cfg = ag::test::tiny_model(ag::models::model_variant::llama, 2);
+  cfg.dtype = ag::dtype::bf16;
+  temp_dir dir;
+  ag::test::save_random_model(dir.str(), cfg);
+  auto m = ag::models::hf_model::open(dir.str());
+  ASSERT_TRUE(m.has_value()) << m.err().to_string();
+  ASSERT_EQ(m->dtype(), ag::dtype::bf16);
+  auto rt = ag::runtime::create("cpu:1");
+  ASSERT_TRUE(rt.has_value());
+  ag::generator_options go;
+  go.cache_tokens = 16;
+  go.prefill_chunk = 4;
+  auto gen = ag::generator::create(**rt, m->model_config(1), m->provider(), go);
+  ASSERT_TRUE(gen.has_value()) << gen.err().to_string();
+  ag::generate_options o;
+  o.max_new_tokens = 6;
+  o.keep_logits = true;
+  const std::vector<int32_t> prompt{3, 1, 4, 1, 5, 9};
+  const ag::generation h = (*gen)->generate(prompt, o);
+  ASSERT_TRUE(h.wait_for(120s));
+  const auto& r = h.wait();
+  ASSERT_TRUE(r.has_value()) << r.err().to_string();
+  std::vector<int32_t> seq = prompt;
+  double worst = 0.0;
+  for (std::size_t t = 0; t < r->tokens.size(); ++t) {
+    const std::vector<float> ref = recomputed_last_logits(*m, seq);
+    for (std::size_t i = 0; i < ref.size(); ++i)
+      worst = std::max(worst, static_cast<double>(std::abs(ref[i] - r->logits[t][i])));
+    seq.push_back(r->tokens[t]);
+  }
+  std::printf("bf16 decode vs recompute: max |logit error| %.4f\n", worst);
+  EXPECT_LT(worst, 0.15);
+}
