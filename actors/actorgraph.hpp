@@ -94,7 +94,11 @@ class job {
   /// True once the job finished (done, failed or cancelled). Never blocks.
   bool ready() const noexcept;
   /// Blocks until ready; returns the result (valid as long as a handle lives).
-  const job_result& wait() const;
+  const job_result& wait() const&;
+  /// On a temporary handle (`rt.submit(p, in).wait()`): blocks until ready and
+  /// returns a copy of the result, so that nothing refers into a job state the
+  /// temporary's end may free.
+  job_result wait() &&;
   /// Waits at most `d`; true if ready.
   bool wait_for(std::chrono::nanoseconds d) const;
   /// Runs `fn` once the job is ready (at once, on this thread, if it already

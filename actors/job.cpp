@@ -63,7 +63,12 @@ bool job::ready() const noexcept {
   return st == job_state::done || st == job_state::failed || st == job_state::cancelled;
 }
 
-const job_result& job::wait() const {
+job_result job::wait() && {
+  const job& self = *this;
+  return self.wait();
+}
+
+const job_result& job::wait() const& {
   if (!s_) return no_job_result();
   std::unique_lock<std::mutex> lk(s_->m);
   s_->cv.wait(lk, [this] { return s_->result.has_value(); });

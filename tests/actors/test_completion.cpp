@@ -44,6 +44,22 @@ TEST(Completion, ContinuationSeesOutputsAndTheArenaIsStillReleased) {
   EXPECT_EQ(rt->jobs_in_flight(), 0);
 }
 
+// wait() on a temporary handle (the job's only one) returns a copy: binding
+// it to a reference keeps the result alive after the temporary, and its
+// state, are gone (a reference into the freed state was a use-after-free:
+// ASan sees it, and a GPU test crashed on it).
+TEST(Completion, WaitOnATemporaryHandleKeepsTheResultAlive) {
+  auto rt = ag::runtime::create("cpu:1").value();
+  auto p = small_plan(*rt);
+  const std::vector<ag::host_tensor> in{ag::host_tensor::random_normal(ag::dtype::f32, {16, 32}, 11)};
+  const ag::job_result& r = rt->submit(p, in).wait();
+  ASSERT_TRUE(r.has_value()) << r.err().to_string();
+  rt->wait_idle();  // the job actor has let go of its state too
+  const auto ref = ag::evaluate_reference(p->source(), in).value();
+  const auto c = ag::compare(r->front(), ref.front(), 1e-4, 1e-3);
+  EXPECT_TRUE(c.ok) << c.message;
+}
+
 TEST(Completion, RuntimeTornDownRightAfterTheLastWait) {
   // The handle becomes ready before the job actor has released its memory;
   // destroying the runtime at once must wait for that, not race it (ASan).

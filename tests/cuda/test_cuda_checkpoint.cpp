@@ -28,7 +28,7 @@ void run_checkpoints(const std::string& spec, int stages) {
     auto p = (*rt)->compile(*g, {.pipeline_stages = stages});
     ASSERT_TRUE(p) << p.err().to_string();
     const auto in = models::transformer_inputs(cfg, 31);
-    const auto& r = (*rt)->submit(*p, in).wait();
+    const auto r = (*rt)->submit(*p, in).wait();
     ASSERT_TRUE(r) << r.err().to_string();
     auto want = evaluate_reference(*g, in);
     ASSERT_TRUE(want) << want.err().to_string();
