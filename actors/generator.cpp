@@ -54,7 +54,11 @@ bool generation::ready() const {
   return s_->done;
 }
 
-const generation_outcome& generation::wait() const {
+generation_outcome generation::wait() && {
+  return static_cast<const generation&>(*this).wait();
+}
+
+const generation_outcome& generation::wait() const& {
   static const generation_outcome empty{error{errc::invalid_argument, "generation: empty handle"}};
   if (!s_) return empty;
   std::unique_lock lk(s_->m);

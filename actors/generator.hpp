@@ -91,7 +91,10 @@ class generation {
   bool ready() const;
   /// Blocks until the sequence ended; the result is valid while a handle to
   /// the sequence lives.
-  const generation_outcome& wait() const;
+  const generation_outcome& wait() const&;
+  /// On a temporary handle (`gen->generate(p).wait()`): blocks, then returns
+  /// a copy (a reference would outlive the sequence's state).
+  generation_outcome wait() &&;
   bool wait_for(std::chrono::nanoseconds d) const;
   /// Runs `fn` when the sequence ends (at once on this thread if it has).
   void then(std::function<void(const generation_outcome&)> fn) const;

@@ -328,3 +328,16 @@ TEST(GenerateDecode, Bf16LlamaEqualsRecomputeWithinBf16RoundingCpu) {
   std::printf("bf16 decode vs recompute: max |logit error| %.4f\n", worst);
   EXPECT_LT(worst, 0.15);
 }
+
+TEST(GenerateCache, WaitOnATemporaryHandleKeepsTheResult) {
+  const auto cfg = ag::test::tiny_model(ag::models::model_variant::gpt2);
+  auto rt = ag::runtime::create("cpu:1");
+  ASSERT_TRUE(rt.has_value());
+  auto gen = ag::generator::create(**rt, cfg, {}, {.cache_tokens = 8});
+  ASSERT_TRUE(gen.has_value()) << gen.err().to_string();
+  ag::generate_options o;
+  o.max_new_tokens = 3;
+  const auto& r = (*gen)->generate({1, 2}, o).wait();  // a copy, kept alive by the reference
+  ASSERT_TRUE(r.has_value()) << r.err().to_string();
+  EXPECT_EQ(r->tokens.size(), 3u);
+}
