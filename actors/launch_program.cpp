@@ -257,7 +257,9 @@ expected<std::shared_ptr<const launch_program>> lower(std::shared_ptr<const plan
       if (std::find(ls.consumer_queues.begin(), ls.consumer_queues.end(), cs.queue) == ls.consumer_queues.end())
         ls.consumer_queues.push_back(cs.queue);
     }
-    ls.completion = s.kind == step_kind::copy_d2h || s.consumers.empty();
+    // A step whose op may fail on its values (get_rows ids) reports too, so
+    // that failure reaches the job (op_failed) instead of a "done" job.
+    ls.completion = s.kind == step_kind::copy_d2h || s.consumers.empty() || may_fail_on_values(pl, s);
     if (ls.completion) prog->completion_.push_back(s.id);
     if (auto e = lower_step(pl, s, ls)) return e;
   }

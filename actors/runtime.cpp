@@ -4,6 +4,7 @@
 #include "actors/job_state.hpp"
 #include "actors/runtime_core.hpp"
 #include "actors/scheduler_options.hpp"
+#include "actors/validate_options.hpp"
 #include "messages/registration.hpp"
 
 namespace ag {
@@ -24,6 +25,7 @@ struct runtime::impl {
 };
 
 expected<std::unique_ptr<runtime>> runtime::create(const std::string& device_spec, runtime_options options) {
+  if (error e = validate(options)) return e;
   auto devs = gpu::make_devices(device_spec, options.backend);
   if (!devs) return devs.err();
   if (devs->empty()) return error{errc::bad_device_spec, "device spec '" + device_spec + "' names no device"};

@@ -4,6 +4,7 @@
 
 #include "gpu/cpu/cpu_device.hpp"
 #include "gpu/device.hpp"
+#include "gpu/device_factory.hpp"
 #include "gpu/sim/sim_device.hpp"
 
 #ifdef ACTORGRAPH_HAVE_CUDA
@@ -114,7 +115,32 @@ expected<std::vector<device_request>> parse_device_spec(const std::string& spec)
   return reqs;
 }
 
+error validate(const backend_options& o) {
+  const auto bad_option = [](const std::string& name, double v, const char* range) {
+    return error(errc::invalid_argument, "backend option " + name + " = " + std::to_string(v) + ": must be " + range);
+  };
+  const auto in = [](double v, double lo, double hi) { return v >= lo && v <= hi; };  // false for NaN
+  const sim_options& s = o.sim;
+  if (!in(s.time_scale, 0, 1e6)) return bad_option("sim.time_scale", s.time_scale, "in [0, 1e6]");
+  if (!in(s.jitter, 0, 100)) return bad_option("sim.jitter", s.jitter, "in [0, 100]");
+  if (!in(s.faults.op_error_rate, 0, 1))
+    return bad_option("sim.faults.op_error_rate", s.faults.op_error_rate, "a probability in [0, 1]");
+  if (!in(s.faults.op_stall_rate, 0, 1))
+    return bad_option("sim.faults.op_stall_rate", s.faults.op_stall_rate, "a probability in [0, 1]");
+  if (!in(s.faults.stall_seconds, 0, 1e6))
+    return bad_option("sim.faults.stall_seconds", s.faults.stall_seconds, "in [0, 1e6] seconds");
+  if (s.faults.die_after_ops < -1)
+    return error(errc::invalid_argument, "backend option sim.faults.die_after_ops = " +
+                                             std::to_string(s.faults.die_after_ops) + ": must be >= 0, or -1 for never");
+  if (error e = ag::validate(s.spec)) return error(e.code, "backend option sim.spec: " + e.message);
+  if (o.cpu_threads_per_stream < 0 || o.cpu_threads_per_stream > 1024)
+    return error(errc::invalid_argument, "backend option cpu_threads_per_stream = " +
+                                             std::to_string(o.cpu_threads_per_stream) + ": must be 0 (BLAS default) .. 1024");
+  return {};
+}
+
 expected<std::vector<device_ptr>> make_devices(const std::string& spec, const backend_options& options) {
+  if (error e = validate(options)) return e;
   auto reqs = parse_device_spec(spec);
   if (!reqs) return reqs.err();
   std::vector<device_ptr> devices;

@@ -1,6 +1,8 @@
 #include "graph/cost_model.hpp"
 
 #include <algorithm>
+#include <cmath>
+#include <string>
 #include <limits>
 
 namespace ag {
@@ -16,6 +18,38 @@ const char* to_string(device_kind k) noexcept {
 
 bool device_spec::supports(op_kind k) const noexcept {
   return std::find(unsupported.begin(), unsupported.end(), k) == unsupported.end();
+}
+
+error validate(const device_spec& d) {
+  const std::string who = "device spec '" + d.name + "': ";
+  if (d.name.empty()) return error(errc::invalid_argument, "device spec: empty name");
+  const auto positive = [&](const char* field, double v) -> error {
+    if (!(v > 0) || !std::isfinite(v))
+      return error(errc::invalid_argument, who + field + " must be a finite number > 0, got " + std::to_string(v));
+    return {};
+  };
+  const auto non_negative = [&](const char* field, double v) -> error {
+    if (!(v >= 0) || !std::isfinite(v))
+      return error(errc::invalid_argument, who + field + " must be a finite number >= 0, got " + std::to_string(v));
+    return {};
+  };
+  if (auto e = positive("flops_f32", d.flops_f32)) return e;
+  if (auto e = positive("flops_bf16", d.flops_bf16)) return e;
+  if (auto e = positive("mem_bandwidth", d.mem_bandwidth)) return e;
+  if (auto e = positive("link_bandwidth", d.link_bandwidth)) return e;
+  if (auto e = positive("host_bandwidth", d.host_bandwidth)) return e;
+  if (auto e = non_negative("launch_latency", d.launch_latency)) return e;
+  if (auto e = non_negative("link_latency", d.link_latency)) return e;
+  if (auto e = non_negative("host_latency", d.host_latency)) return e;
+  if (d.mem_bytes < 0)
+    return error(errc::invalid_argument, who + "mem_bytes must be >= 0, got " + std::to_string(d.mem_bytes));
+  if (d.copy_engines < 1 || d.copy_engines > 64)
+    return error(errc::invalid_argument, who + "copy_engines must be 1..64, got " + std::to_string(d.copy_engines));
+  if (d.max_lanes < 1 || d.max_lanes > 64)
+    return error(errc::invalid_argument, who + "max_lanes must be 1..64, got " + std::to_string(d.max_lanes));
+  if (static_cast<int>(d.kind) > static_cast<int>(device_kind::cuda))
+    return error(errc::invalid_argument, who + "unknown kind " + std::to_string(static_cast<int>(d.kind)));
+  return {};
 }
 
 namespace {

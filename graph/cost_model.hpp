@@ -42,9 +42,19 @@ struct device_spec {
   int copy_engines = 3;                ///< async copy engines
   int max_lanes = 4;                   ///< compute streams the device offers
   std::vector<op_kind> unsupported;    ///< ops this device cannot run
+  /// The device's memory is this host's memory (cpu devices, sim devices that
+  /// compute values): compile() counts its arena and weights against
+  /// host_memory_bytes() together with the job's inputs and outputs.
+  bool in_host_memory = false;
 
   bool supports(op_kind k) const noexcept;
 };
+
+/// Refuses a spec the planner and cost model cannot use, naming the device,
+/// the field and the value (errc::invalid_argument): an empty name, rates,
+/// bandwidths or latencies that are NaN, infinite, negative or (rates and
+/// bandwidths) zero, mem_bytes < 0, copy_engines or max_lanes outside 1..64.
+error validate(const device_spec& spec);
 
 /// Work of one op.
 struct op_cost {

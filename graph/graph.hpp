@@ -69,6 +69,12 @@ constexpr bool is_view_op(op_kind k) noexcept {
          k == op_kind::transpose || k == op_kind::slice;
 }
 constexpr bool is_leaf_op(op_kind k) noexcept { return k == op_kind::input || k == op_kind::weight; }
+/// Ops that can fail on the values they read, which only the kernel sees
+/// (get_rows: an id outside [0, V)); every other op's failures are known when
+/// it is launched. A device reports such a failure through the notify of the
+/// stream it ran on (op_failed), so the runtime asks for one after a step
+/// that holds one of these (plan.hpp, may_fail_on_values).
+constexpr bool may_fail_on_values(op_kind k) noexcept { return k == op_kind::get_rows; }
 /// all_reduce, all_gather, reduce_scatter.
 constexpr bool is_collective_op(op_kind k) noexcept {
   return k == op_kind::all_reduce || k == op_kind::all_gather || k == op_kind::reduce_scatter;

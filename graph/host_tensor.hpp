@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "graph/dtype.hpp"
+#include "graph/error.hpp"
 #include "graph/shape.hpp"
 
 namespace ag {
@@ -84,14 +85,34 @@ using byte_buffer = std::vector<std::byte, host_allocator<std::byte>>;
 class host_tensor {
  public:
   host_tensor() = default;
-  /// Zero-filled tensor of this type and shape.
+  /// Zero-filled tensor of this type and shape. Throws std::length_error for
+  /// a size no host tensor can have here (see create(): never a wrapped size)
+  /// and std::bad_alloc when the allocation fails.
   host_tensor(dtype type, shape dims);
   /// Tensor whose bytes are left unset: for buffers that are written in full
   /// right away (job outputs filled by a device-to-host copy). With `memory`,
   /// the bytes come from that resource (and return to it when the last
   /// host_tensor holding them is destroyed); else from the heap.
   static host_tensor uninitialized(dtype type, shape dims, host_memory_resource* memory = nullptr);
+  /// The constructors above throw (std::bad_alloc, std::length_error) for a
+  /// size that cannot be allocated. These checked factories return an error
+  /// instead, for shapes that come from outside (job inputs and outputs,
+  /// files): invalid_shape for a rank above 4, a negative dim, or a byte size
+  /// over max_tensor_bytes; out_of_memory, naming the bytes, for more than
+  /// this host has (host_memory_bytes(): refused before trying, since an
+  /// overcommitted allocation would "succeed" and the process be killed on
+  /// first touch) or a failed allocation. Zero-size dims are allowed.
+  static expected<host_tensor> create(dtype type, shape dims);
+  static expected<host_tensor> create_uninitialized(dtype type, shape dims,
+                                                    host_memory_resource* memory = nullptr);
 
+  /// The value factories below never throw: for a size no host tensor can
+  /// have here (what create() refuses) or an allocation that fails they
+  /// return a tensor with these dims and no bytes (bytes() == 0 <
+  /// numel() * size), which graph validation and check_inputs refuse with an
+  /// error naming the node or input. (A weight of [2^31, 2^31] used to wrap to
+  /// 0 bytes and be written past its end.)
+  ///
   /// Rounds each value to `type`. values.size() must equal dims.numel().
   static host_tensor from_floats(dtype type, shape dims, const std::vector<float>& values);
   static host_tensor from_ints(shape dims, const std::vector<int32_t>& values);
@@ -108,6 +129,9 @@ class host_tensor {
   dtype type() const noexcept { return type_; }
   const shape& dims() const noexcept { return dims_; }
   int64_t numel() const noexcept { return dims_.numel(); }
+  /// Elements the bytes hold: numel(), except for a tensor whose bytes do not
+  /// match its dims (an empty one from a value factory, or reset()).
+  int64_t stored_elements() const noexcept;
   std::size_t bytes() const noexcept { return data_.size(); }
   /// Where the bytes live: null for the heap.
   host_memory_resource* memory() const noexcept { return data_.get_allocator().resource(); }
@@ -137,6 +161,10 @@ class host_tensor {
   shape dims_;
   byte_buffer data_;
 };
+
+/// Memory this process may use on this host, in bytes: the physical memory,
+/// or the cgroup (container) limit when that is lower. Read once.
+int64_t host_memory_bytes() noexcept;
 
 /// Result of comparing two tensors elementwise.
 struct compare_result {

@@ -107,6 +107,22 @@ class happens_before {
   std::vector<std::vector<int32_t>> clock_;
 };
 
+/// out = align_up(x, plan_alignment); false when that overflows.
+bool checked_aligned(int64_t x, int64_t& out) {
+  int64_t up = 0;
+  if (!checked_add(x, plan_alignment - 1, up)) return false;
+  out = up / plan_alignment * plan_alignment;
+  return true;
+}
+
+error too_big(const plan& p, std::size_t d, const char* what, const node& n) {
+  const device_spec& spec = p.devices()[d];
+  return error(errc::out_of_memory, "device " + std::to_string(d) + " ('" + spec.name + "'): " + what +
+                                        " need more than 2^63 bytes (reached at " + to_string(n.op) + " '" +
+                                        n.name + "' " + to_string(n.type) + " " + n.dims.to_string() +
+                                        "); it has " + std::to_string(spec.mem_bytes));
+}
+
 }  // namespace
 
 error planner::plan_memory(plan& p) {
@@ -187,20 +203,29 @@ error planner::plan_memory(plan& p) {
     // past its end; the sweep stops at the first gap that fits.
     std::vector<const buffer*> placed;  // sorted by offset
     for (buffer* b : order) {
-      int64_t off = 0;
+      // Offsets and sums are checked: each buffer is at most max_tensor_bytes
+      // (graph validation), but many of them side by side can pass 2^63.
+      int64_t off = 0, end = 0;
+      bool fits = true;
       for (const buffer* a : placed) {
-        if (a->offset >= off + b->bytes) break;
-        if (a->offset + a->bytes <= off) continue;
+        if (!(fits = checked_add(off, b->bytes, end))) break;
+        if (a->offset >= end) break;
+        if (a->offset + a->bytes <= off) continue;  // placed buffers' ends were checked
         bool a_before_b = hb(a->write, b->write);
         for (std::size_t r = 0; a_before_b && r < a->reads.size(); ++r) a_before_b = hb(a->reads[r], b->write);
-        if (!a_before_b) off = std::max(off, align_up(a->offset + a->bytes, plan_alignment));
+        if (a_before_b) continue;
+        int64_t past_a = 0;
+        if (!(fits = checked_aligned(a->offset + a->bytes, past_a))) break;
+        off = std::max(off, past_a);
       }
+      if (fits) fits = checked_add(off, b->bytes, end) && checked_aligned(end, end) &&
+                       checked_add(mem.sum_tensor_bytes, b->bytes, mem.sum_tensor_bytes);
+      if (!fits) return too_big(p, d, "its activations", g.at(b->node));
       b->offset = off;
       placed.insert(std::upper_bound(placed.begin(), placed.end(), b,
                                      [](const buffer* x, const buffer* y) { return x->offset < y->offset; }),
                     b);
-      mem.arena_bytes = std::max(mem.arena_bytes, align_up(off + b->bytes, plan_alignment));
-      mem.sum_tensor_bytes += b->bytes;
+      mem.arena_bytes = std::max(mem.arena_bytes, end);
       p.slot_index_[d][static_cast<std::size_t>(b->node)] = static_cast<int32_t>(mem.slots.size());
       mem.slots.push_back(buffer_slot{b->node, static_cast<int>(d), region::arena, off, b->bytes});
     }
@@ -210,13 +235,17 @@ error planner::plan_memory(plan& p) {
       const int64_t bytes = g.at(static_cast<node_id>(id)).own_bytes();
       p.slot_index_[d][id] = static_cast<int32_t>(mem.slots.size());
       mem.slots.push_back(buffer_slot{static_cast<node_id>(id), static_cast<int>(d), region::weights, mem.weight_bytes, bytes});
-      mem.weight_bytes = align_up(mem.weight_bytes + bytes, plan_alignment);
+      int64_t end = 0;
+      if (!checked_add(mem.weight_bytes, bytes, end) || !checked_aligned(end, mem.weight_bytes))
+        return too_big(p, d, "its weights", g.at(static_cast<node_id>(id)));
     }
     const device_spec& spec = p.devices_[d];
-    if (mem.arena_bytes + mem.weight_bytes > spec.mem_bytes)
+    int64_t total = 0;
+    const bool overflow = !checked_add(mem.arena_bytes, mem.weight_bytes, total);
+    if (overflow || total > spec.mem_bytes)
       return error(errc::out_of_memory,
                    "device " + std::to_string(d) + " ('" + spec.name + "') needs " +
-                       std::to_string(mem.arena_bytes + mem.weight_bytes) + " bytes (arena " +
+                       (overflow ? std::string("more than 2^63") : std::to_string(total)) + " bytes (arena " +
                        std::to_string(mem.arena_bytes) + " + weights " + std::to_string(mem.weight_bytes) +
                        ") but has " + std::to_string(spec.mem_bytes),
                    static_cast<int>(d));

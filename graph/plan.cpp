@@ -206,4 +206,11 @@ std::string plan::to_dot() const {
   return os.str();
 }
 
+bool may_fail_on_values(const plan& p, const step& s) {
+  if (s.kind != step_kind::compute) return false;
+  for (node_id id : s.ops)
+    if (may_fail_on_values(p.source().at(id).op)) return true;
+  return false;
+}
+
 }  // namespace ag

@@ -142,6 +142,13 @@ struct plan_options {
   double min_branch_seconds = 20e-6;
 };
 
+/// Refuses options no plan can be made with, naming the option and the
+/// value (errc::invalid_argument): a policy other than automatic / single,
+/// pipeline_stages < 0 or > 4096, lanes_per_device outside 1..64,
+/// min_branch_seconds negative, infinite or NaN, tensor_parallel outside
+/// 1..4096. compile() calls it.
+error validate(const plan_options& options);
+
 /// The compiled plan. Steps are in a topological order (deps have smaller ids).
 class plan {
  public:
@@ -233,7 +240,11 @@ class plan {
 ///     256-byte aligned.
 ///  6. collectives: one step per member (see step), the algorithm and time
 ///     from estimate_collective_seconds.
-/// Errors: an op no device supports
+/// Errors: options or device specs that validate() refuses (invalid_argument),
+/// a graph with no outputs (invalid_argument: an empty or default-constructed
+/// graph has nothing to compute), a job whose inputs and outputs together need
+/// more host memory than this host has (out_of_memory, host_memory_bytes():
+/// names the bytes needed and the largest input or output), an op no device supports
 /// (unsupported_op, names the node), a pin to a device index out of range
 /// (invalid_argument), a memory plan that does not fit a device
 /// (out_of_memory, names the device and the bytes needed vs available), a
@@ -242,6 +253,12 @@ class plan {
 expected<std::shared_ptr<const plan>> compile(std::shared_ptr<const graph> g,
                                               std::vector<device_spec> devices,
                                               plan_options options = {});
+
+/// True when compute step `s` holds an op that may_fail_on_values (graph.hpp):
+/// its failure is only known once it ran, so the runtime must ask the device
+/// to report on it (a host notification), or the job could finish "done"
+/// with whatever the failed op left in memory.
+bool may_fail_on_values(const plan& p, const step& s);
 
 /// Proves the memory plan: for every pair of buffers on one device whose
 /// byte ranges overlap, every access (write or read) of one happens-before

@@ -2,6 +2,7 @@
 // memory_plan.cpp, the printing and lookups in plan.cpp.
 
 #include <algorithm>
+#include <cmath>
 #include <exception>
 #include <limits>
 #include <map>
@@ -544,7 +545,74 @@ struct step_builder {
   }
 };
 
+// One job needs host memory for its inputs and outputs (outputs that are
+// non-contiguous views also need their storage there to gather from), and a
+// device whose memory is the host's (device_spec::in_host_memory) needs its
+// arena and weights there too: refuse a plan that could never run on this
+// host, naming the sizes, before anything is allocated.
+error check_host_memory(const plan& p) {
+  const graph& g = p.source();
+  int64_t total = 0, io = 0, largest = -1;
+  std::string largest_what;
+  bool saturated = false;
+  const auto count = [&](const std::string& what, const node& n, int64_t bytes) {
+    if (!checked_add(io, bytes, io)) saturated = true;
+    if (bytes > largest) {
+      largest = bytes;
+      largest_what = what + " '" + n.name + "' " + to_string(n.type) + " " + n.dims.to_string() + " (" +
+                     std::to_string(bytes) + " bytes)";
+    }
+  };
+  for (std::size_t k = 0; k < g.inputs().size(); ++k) {
+    const node& n = g.at(g.inputs()[k]);
+    count("input " + std::to_string(k), n, n.own_bytes());
+  }
+  for (std::size_t k = 0; k < g.outputs().size(); ++k) {
+    const node& n = g.at(g.outputs()[k]);
+    const int64_t bytes = n.dims.numel() * static_cast<int64_t>(dtype_size(n.type));  // valid graph: fits
+    count("output " + std::to_string(k), n, bytes);
+    if (!n.contiguous()) {
+      const node& st = g.at(storage_root(g, n.id));
+      count("output " + std::to_string(k) + "'s storage", st, st.own_bytes());
+    }
+  }
+  total = io;
+  std::string devices;
+  for (int d : p.used_devices()) {
+    const device_spec& spec = p.devices()[static_cast<std::size_t>(d)];
+    if (!spec.in_host_memory) continue;
+    const device_memory& m = p.memory()[static_cast<std::size_t>(d)];
+    if (!checked_add(total, m.arena_bytes, total) || !checked_add(total, m.weight_bytes, total)) saturated = true;
+    devices += (devices.empty() ? "" : ", ") + spec.name + " arena " + std::to_string(m.arena_bytes) + " + weights " +
+               std::to_string(m.weight_bytes);
+  }
+  const int64_t have = host_memory_bytes();
+  if (saturated || total > have)
+    return error(errc::out_of_memory,
+                 "compile: one job of this plan needs " +
+                     (saturated ? std::string("more than 2^63") : std::to_string(total)) +
+                     " bytes of host memory, more than this host's " + std::to_string(have) + ": inputs and outputs " +
+                     std::to_string(io) + " (the largest is " + largest_what + ")" +
+                     (devices.empty() ? std::string() : "; devices in host memory: " + devices));
+  return {};
+}
+
 }  // namespace
+
+error validate(const plan_options& o) {
+  const auto bad = [](const std::string& what) { return error(errc::invalid_argument, "plan_options: " + what); };
+  if (o.policy != placement_policy::automatic && o.policy != placement_policy::single)
+    return bad("policy " + std::to_string(static_cast<int>(o.policy)) + " is not a placement_policy (automatic = 0, single = 1)");
+  if (o.pipeline_stages < 0 || o.pipeline_stages > 4096)
+    return bad("pipeline_stages must be 0 (all devices) .. 4096, got " + std::to_string(o.pipeline_stages));
+  if (o.lanes_per_device < 1 || o.lanes_per_device > 64)
+    return bad("lanes_per_device must be 1..64, got " + std::to_string(o.lanes_per_device));
+  if (!(o.min_branch_seconds >= 0) || !std::isfinite(o.min_branch_seconds))
+    return bad("min_branch_seconds must be a finite number >= 0, got " + std::to_string(o.min_branch_seconds));
+  if (o.tensor_parallel < 1 || o.tensor_parallel > 4096)
+    return bad("tensor_parallel must be >= 1 (at most 4096), got " + std::to_string(o.tensor_parallel));
+  return {};
+}
 
 error planner::group_collectives(plan& p) {
   const graph& g = *p.graph_;
@@ -572,12 +640,9 @@ expected<std::shared_ptr<const plan>> planner::compile(std::shared_ptr<const gra
                                                        plan_options options) {
   if (!gp) return error(errc::invalid_argument, "compile: graph is null");
   if (devices.empty()) return error(errc::invalid_argument, "compile: no devices given");
-  if (options.lanes_per_device < 1)
-    return error(errc::invalid_argument, "compile: lanes_per_device must be >= 1, got " + std::to_string(options.lanes_per_device));
-  if (options.pipeline_stages < 0)
-    return error(errc::invalid_argument, "compile: pipeline_stages must be >= 0, got " + std::to_string(options.pipeline_stages));
-  if (options.tensor_parallel < 1)
-    return error(errc::invalid_argument, "compile: tensor_parallel must be >= 1, got " + std::to_string(options.tensor_parallel));
+  if (auto e = validate(options)) return error(e.code, "compile: " + e.message);
+  for (const device_spec& d : devices)
+    if (auto e = validate(d)) return error(e.code, "compile: " + e.message);
   std::shared_ptr<const tensor_parallel_info> tp;
   if (options.tensor_parallel > 1) {
     auto rw = rewrite_tensor_parallel(gp, devices, options);
@@ -589,6 +654,9 @@ expected<std::shared_ptr<const plan>> planner::compile(std::shared_ptr<const gra
                                              " entries, the tensor-parallel degree is 1");
   }
   const graph& g = *gp;
+  if (g.outputs().empty())
+    return error(errc::invalid_argument, "compile: the graph has no outputs (" + std::to_string(g.size()) +
+                                             " nodes): nothing to compute; mark a tensor with output()");
   for (std::size_t i = 0; i < g.size(); ++i)
     if (g.at(static_cast<node_id>(i)).id != static_cast<node_id>(i))
       return error(errc::internal, "compile: node ids are not indices");
@@ -655,6 +723,7 @@ expected<std::shared_ptr<const plan>> planner::compile(std::shared_ptr<const gra
     if (used[d]) p->used_devices_.push_back(static_cast<int>(d));
 
   if (auto e = plan_memory(*p)) return e;
+  if (auto e = check_host_memory(*p)) return e;
   return std::shared_ptr<const plan>(std::move(p));
 }
 

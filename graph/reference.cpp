@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <exception>
 #include <limits>
 
 #include "graph/validate_util.hpp"
@@ -349,61 +350,104 @@ host_tensor eval_copy(const node& n, const host_tensor& x) {
 
 error stopped() { return error(errc::cancelled, "reference evaluation stopped"); }
 
+// Refuses a graph whose evaluation cannot fit this host, before allocating:
+// every node's value is kept (views materialised), and an op works on double
+// copies of its inputs and output (8 bytes per element each).
+error check_reference_memory(const graph& g) {
+  constexpr int64_t saturated = std::numeric_limits<int64_t>::max();
+  const auto add = [](int64_t a, int64_t b) { return checked_add(a, b, a) ? a : saturated; };
+  const auto doubles = [](const node& n) { int64_t b = 0; return checked_mul(n.dims.numel(), 8, b) ? b : saturated; };
+  int64_t total = 0, worst_temp = 0, biggest_bytes = -1;
+  const node* biggest = nullptr;
+  for (const node& n : g.nodes()) {
+    const int64_t bytes = n.dims.numel() * static_cast<int64_t>(dtype_size(n.type));  // valid graph: <= 2^62
+    int64_t temp = doubles(n);
+    for (node_id i : n.inputs) temp = add(temp, doubles(g.at(i)));
+    worst_temp = std::max(worst_temp, temp);
+    if (bytes > biggest_bytes) {
+      biggest = &n;
+      biggest_bytes = bytes;
+    }
+    total = add(total, bytes);
+  }
+  const int64_t need = add(total, worst_temp);
+  if (need > host_memory_bytes())
+    return error(errc::out_of_memory,
+                 "evaluate_reference: the graph needs about " +
+                     (need == saturated ? std::string("2^63 or more") : std::to_string(need)) + " bytes of host memory (every node's value plus double-precision scratch), this host has " +
+                     std::to_string(host_memory_bytes()) +
+                     (biggest ? "; the largest node is " + detail::label(*biggest) + " " + to_string(biggest->type) +
+                                    " " + biggest->dims.to_string()
+                              : std::string()));
+  return {};
+}
+
 expected<std::vector<host_tensor>> evaluate_all(const graph& g, const std::vector<host_tensor>& inputs,
                                                 const std::function<bool()>* stop) {
   if (auto e = check_inputs(g, inputs)) return e;
+  if (auto e = check_reference_memory(g)) return e;
   std::vector<host_tensor> val(g.size());
   for (std::size_t k = 0; k < g.inputs().size(); ++k) val[static_cast<std::size_t>(g.inputs()[k])] = inputs[k];
-  for (const node& n : g.nodes()) {
-    if (stop && (*stop)()) return stopped();
-    const auto id = static_cast<std::size_t>(n.id);
-    std::vector<const host_tensor*> in;
-    for (node_id i : n.inputs) in.push_back(&val[static_cast<std::size_t>(i)]);
-    if (n.is_view()) {
-      // views read the storage buffer (always a non-view node, already computed)
-      val[id] = materialise_view(n, val[static_cast<std::size_t>(n.storage)]);
-      continue;
-    }
-    switch (n.op) {
-      case op_kind::input: break;
-      case op_kind::weight: {
-        auto w = read_all(*n.data);
-        if (!w) return error(w.err().code, "weight '" + n.name + "' (" + n.data->origin() + "): " + w.err().message);
-        val[id] = std::move(*w);
-        break;
+  const node* current = nullptr;
+  try {
+    for (const node& n : g.nodes()) {
+      current = &n;
+      if (stop && (*stop)()) return stopped();
+      const auto id = static_cast<std::size_t>(n.id);
+      std::vector<const host_tensor*> in;
+      for (node_id i : n.inputs) in.push_back(&val[static_cast<std::size_t>(i)]);
+      if (n.is_view()) {
+        // views read the storage buffer (always a non-view node, already computed)
+        val[id] = materialise_view(n, val[static_cast<std::size_t>(n.storage)]);
+        continue;
       }
-      case op_kind::matmul:
-        val[id] = eval_matmul(n, *in[0], *in[1], stop);
-        if (stop && (*stop)()) return stopped();
-        break;
-      case op_kind::add:
-      case op_kind::mul: val[id] = eval_binary(n, *in[0], *in[1]); break;
-      case op_kind::scale:
-      case op_kind::gelu:
-      case op_kind::silu: val[id] = eval_unary(n, *in[0]); break;
-      case op_kind::rms_norm:
-      case op_kind::layer_norm: val[id] = eval_norm(n, in); break;
-      case op_kind::softmax: val[id] = eval_softmax(n, *in[0]); break;
-      case op_kind::rope: val[id] = eval_rope(n, *in[0], *in[1]); break;
-      case op_kind::get_rows: {
-        auto r = eval_get_rows(n, *in[0], *in[1]);
-        if (!r) return r.err();
-        val[id] = std::move(*r);
-        break;
+      switch (n.op) {
+        case op_kind::input: break;
+        case op_kind::weight: {
+          auto w = read_all(*n.data);
+          if (!w) return error(w.err().code, "weight '" + n.name + "' (" + n.data->origin() + "): " + w.err().message);
+          val[id] = std::move(*w);
+          break;
+        }
+        case op_kind::matmul:
+          val[id] = eval_matmul(n, *in[0], *in[1], stop);
+          if (stop && (*stop)()) return stopped();
+          break;
+        case op_kind::add:
+        case op_kind::mul: val[id] = eval_binary(n, *in[0], *in[1]); break;
+        case op_kind::scale:
+        case op_kind::gelu:
+        case op_kind::silu: val[id] = eval_unary(n, *in[0]); break;
+        case op_kind::rms_norm:
+        case op_kind::layer_norm: val[id] = eval_norm(n, in); break;
+        case op_kind::softmax: val[id] = eval_softmax(n, *in[0]); break;
+        case op_kind::rope: val[id] = eval_rope(n, *in[0], *in[1]); break;
+        case op_kind::get_rows: {
+          auto r = eval_get_rows(n, *in[0], *in[1]);
+          if (!r) return r.err();
+          val[id] = std::move(*r);
+          break;
+        }
+        case op_kind::concat: val[id] = eval_concat(n, in); break;
+        case op_kind::copy: val[id] = eval_copy(n, *in[0]); break;
+        case op_kind::all_reduce:
+        case op_kind::reduce_scatter: val[id] = eval_reduce(n, in); break;
+        case op_kind::all_gather: val[id] = eval_all_gather(n, in); break;
+        case op_kind::reshape:
+        case op_kind::view:
+        case op_kind::permute:
+        case op_kind::transpose:
+        case op_kind::slice:
+          // a view whose storage is itself (cannot happen in a validated graph)
+          return detail::node_error(errc::internal, n, "view without a storage node");
       }
-      case op_kind::concat: val[id] = eval_concat(n, in); break;
-      case op_kind::copy: val[id] = eval_copy(n, *in[0]); break;
-      case op_kind::all_reduce:
-      case op_kind::reduce_scatter: val[id] = eval_reduce(n, in); break;
-      case op_kind::all_gather: val[id] = eval_all_gather(n, in); break;
-      case op_kind::reshape:
-      case op_kind::view:
-      case op_kind::permute:
-      case op_kind::transpose:
-      case op_kind::slice:
-        // a view whose storage is itself (cannot happen in a validated graph)
-        return detail::node_error(errc::internal, n, "view without a storage node");
     }
+  } catch (const std::exception& e) {
+    // allocation failures (bad_alloc, length_error): an error, never an exception
+    return current ? detail::node_error(errc::out_of_memory, *current,
+                                        std::string("evaluate_reference: ") + e.what() + " while evaluating it (" +
+                                            to_string(current->type) + " " + current->dims.to_string() + ")")
+                   : error(errc::out_of_memory, std::string("evaluate_reference: ") + e.what());
   }
   return val;
 }

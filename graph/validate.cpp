@@ -41,7 +41,13 @@ bool norm_axis(int& axis, int rank) {
   return true;
 }
 
+// Rank 1..4, every dim >= 1, and an element count that fits in int64 (so
+// numel() is exact for every shape that passed).
 error check_rank(const node& n, const shape& s, const char* what) {
+  if (!s.valid_rank())
+    return node_error(errc::invalid_shape, n,
+                      std::string(what) + " " + s.to_string() + " has " + std::to_string(-s.rank()) +
+                          " dimensions, at most " + std::to_string(max_rank) + " are supported");
   if (s.rank() < 1 || s.rank() > max_rank)
     return node_error(errc::invalid_shape, n,
                       std::string(what) + " has rank " + std::to_string(s.rank()) + ", must be 1.." +
@@ -50,6 +56,25 @@ error check_rank(const node& n, const shape& s, const char* what) {
     if (s[i] < 1)
       return node_error(errc::invalid_shape, n,
                         std::string(what) + " " + s.to_string() + " has a dimension < 1");
+  int64_t count = 0;
+  if (!checked_numel(s, count))
+    return node_error(errc::invalid_shape, n,
+                      std::string(what) + " " + s.to_string() + " has " + numel_string(s) +
+                          " elements, more than a 64-bit size can count");
+  return {};
+}
+
+// The node's tensor (its logical extent: a view's too) is at most
+// max_tensor_bytes, so byte sizes, offsets and sums of a few of them never
+// overflow downstream (planner, memory plan, devices, host tensors).
+error check_size(const node& n) {
+  int64_t bytes = 0;
+  if (!checked_bytes(n.dims, static_cast<int64_t>(dtype_size(n.type)), bytes) || bytes > max_tensor_bytes)
+    return node_error(errc::invalid_shape, n,
+                      std::string(dname(n.type)) + " " + n.dims.to_string() + " needs " +
+                          numel_string(n.dims, static_cast<int64_t>(dtype_size(n.type))) +
+                          " bytes, more than the " + std::to_string(max_tensor_bytes) +
+                          " (2^62) a tensor may have");
   return {};
 }
 
@@ -86,13 +111,6 @@ error arity(const node& n, std::size_t lo, std::size_t hi) {
     return node_error(errc::invalid_argument, n,
                       "has " + std::to_string(k) + " inputs, takes " + range());
   return {};
-}
-
-// Largest element index a (dims, strides, offset) layout reaches.
-int64_t max_index(const shape& d, const strides& st, int64_t offset) {
-  int64_t m = offset;
-  for (int i = 0; i < d.rank(); ++i) m += (d[i] - 1) * st[i];
-  return m;
 }
 
 error infer_matmul(const std::vector<node>& nodes, node& n) {
@@ -333,7 +351,14 @@ error infer_view(const std::vector<node>& nodes, node& n) {
     if (n.stride[i] < 0) return node_error(errc::invalid_argument, n, "negative stride");
   for (int i = n.dims.rank(); i < max_rank; ++i) n.stride[i] = 0;
   const node& st = nodes[static_cast<std::size_t>(x.storage)];
-  const int64_t hi = max_index(n.dims, n.stride, n.offset);
+  int64_t hi = 0;
+  if (!checked_max_index(n.dims, n.stride, n.offset, hi)) {
+    std::string s = "(";
+    for (int i = 0; i < n.dims.rank(); ++i) s += (i ? ", " : "") + std::to_string(n.stride[static_cast<std::size_t>(i)]);
+    return node_error(errc::invalid_shape, n,
+                      "view " + n.dims.to_string() + " with strides " + s + ") at offset " +
+                          std::to_string(n.offset) + " reaches an element index past 64 bits");
+  }
   if (n.offset < 0 || hi >= st.dims.numel())
     return node_error(errc::invalid_shape, n,
                       "view " + n.dims.to_string() + " at offset " + std::to_string(n.offset) +
@@ -440,7 +465,10 @@ error infer_concat(const std::vector<node>& nodes, node& n) {
       return node_error(errc::invalid_shape, n,
                         "input " + std::to_string(i) + " '" + y.name + "' " + dims_str(y) + " does not match '" +
                             x.name + "' " + dims_str(x) + " outside axis " + std::to_string(n.attrs.axis));
-    out[n.attrs.axis] += y.dims[n.attrs.axis];
+    if (!checked_add(out[n.attrs.axis], y.dims[n.attrs.axis], out[n.attrs.axis]))
+      return node_error(errc::invalid_shape, n,
+                        "the sizes along axis " + std::to_string(n.attrs.axis) + " overflow 64 bits at input " +
+                            std::to_string(i) + " '" + y.name + "' " + dims_str(y));
   }
   n.dims = out;
   n.type = x.type;
@@ -475,6 +503,7 @@ error infer_node(const std::vector<node>& nodes, node& n) {
     case op_kind::input:
       if ((e = arity(n, 0, 0))) return e;
       if ((e = check_rank(n, n.dims, "shape"))) return e;
+      if ((e = check_size(n))) return e;
       make_contiguous(n);
       return {};
     case op_kind::weight:
@@ -482,12 +511,21 @@ error infer_node(const std::vector<node>& nodes, node& n) {
       if (!n.data) return node_error(errc::missing_input, n, "has no data");
       n.dims = n.data->dims();
       n.type = n.data->type();
+      if (static_cast<int>(n.type) > static_cast<int>(dtype::i32))
+        return node_error(errc::invalid_argument, n, "data has unknown dtype " + std::to_string(int(n.type)));
       if ((e = check_rank(n, n.dims, "data"))) return e;
+      if ((e = check_size(n))) return e;
       if (const host_tensor* t = n.data->in_memory();
-          t && t->bytes() != static_cast<std::size_t>(n.dims.numel()) * dtype_size(n.type))
+          t && t->bytes() != static_cast<std::size_t>(n.dims.numel()) * dtype_size(n.type)) {
+        const int64_t need = n.dims.numel() * int64_t(dtype_size(n.type));
+        // an empty tensor from a value factory: its size could not be allocated here
+        const std::string why = t->bytes() == 0 && need > host_memory_bytes()
+                                    ? " (more than this host's " + std::to_string(host_memory_bytes()) +
+                                          " bytes of memory: the data could not be made)"
+                                    : "";
         return node_error(errc::invalid_argument, n, "data holds " + std::to_string(t->bytes()) +
-                                                         " bytes, shape needs " +
-                                                         std::to_string(n.dims.numel() * int64_t(dtype_size(n.type))));
+                                                         " bytes, shape needs " + std::to_string(need) + why);
+      }
       make_contiguous(n);
       return {};
     case op_kind::matmul:
@@ -564,7 +602,8 @@ error infer_node(const std::vector<node>& nodes, node& n) {
     }
   }
   if (e) return e;
-  return check_rank(n, n.dims, "result shape");
+  if ((e = check_rank(n, n.dims, "result shape"))) return e;
+  return check_size(n);
 }
 
 }  // namespace ag

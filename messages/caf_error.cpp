@@ -24,6 +24,16 @@ ag::error from_caf(const caf::error& e) {
     } else if (ctx.match_elements<std::string>()) {
       r.message = ctx.get_as<std::string>(0);
     }
+    // A caf::error may come from another process (or bad bytes): never turn
+    // it into "ok" or an unknown code, never into an error without a message.
+    const uint8_t code = e.code();
+    if (code == 0 || code > static_cast<uint8_t>(errc::internal)) {
+      r.code = errc::internal;
+      r.message = "unknown actorgraph error code " + std::to_string(code) +
+                  (r.message.empty() ? std::string() : ": " + r.message);
+    } else if (r.message.empty()) {
+      r.message = std::string(to_string(static_cast<errc>(code))) + " (the error carried no message)";
+    }
     return r;
   }
   if (e.category() == caf::atom("system") &&

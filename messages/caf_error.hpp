@@ -19,7 +19,9 @@ constexpr caf::atom_value ag_error_category = caf::atom("ag");
 /// op as context). An ok error gives an empty caf::error.
 caf::error to_caf(const ag::error& e);
 
-/// caf::error -> ag::error. Errors of category "ag" keep code, message and fields;
+/// caf::error -> ag::error. Errors of category "ag" keep code, message and
+/// fields (an unknown code becomes errc::internal naming it; a missing message
+/// is replaced by one that says so);
 /// CAF's own errors (e.g. a request timeout or a dead actor) become
 /// errc::timeout / errc::internal with CAF's rendering as the message.
 ag::error from_caf(const caf::error& e);

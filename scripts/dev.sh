@@ -5,10 +5,13 @@
 #                              script examples/demo.ag, then the prompt
 #   bash scripts/dev.sh test   install what is missing, build, run every test
 #                              (release build, then the installed package with
-#                              examples/consumer, then AddressSanitizer, then
-#                              ThreadSanitizer on the code that runs outside CAF,
-#                              then the REPL's tests in a build without GNU
-#                              readline; each build is a CMakePresets.json preset)
+#                              examples/consumer, then AddressSanitizer + UBSan,
+#                              then the actor and backend tests under
+#                              ThreadSanitizer with an instrumented CAF, then 20 s
+#                              of each fuzz target, then the REPL's tests in a
+#                              build without GNU readline; builds are
+#                              CMakePresets.json presets). docs/TESTING.md has the
+#                              full forms.
 # Works on a fresh Debian bookworm machine as root (apt); on a machine where
 # everything is installed it skips apt. Extra arguments after `demo` go to the REPL
 # instead of the demo script (e.g. `demo --script examples/checked.ag`).
@@ -22,7 +25,8 @@ jobs="${AG_BUILD_JOBS:-$(nproc)}"
 packages=(build-essential cmake ninja-build pkg-config git
           libcaf-dev libconcurrentqueue-dev libgtest-dev libgmock-dev libbenchmark-dev
           libopenblas-dev libreadline-dev libcli11-dev python3 python3-numpy
-          nlohmann-json3-dev libsentencepiece-dev)
+          nlohmann-json3-dev libsentencepiece-dev
+          clang-14 libclang-rt-14-dev)  # clang: libFuzzer (scripts/fuzz.sh)
 
 install_missing() {
   local missing=()
@@ -109,12 +113,13 @@ case "$mode" in
     ctest --preset release -j "$jobs"
     echo "== installed package: examples/consumer built against a temporary install, run on sim:2"
     consumer_check
-    echo "== AddressSanitizer build (preset asan; CUDA off: nothing runs on a GPU here)"
+    echo "== AddressSanitizer + UndefinedBehaviorSanitizer build (preset asan; CUDA off: nothing runs on a GPU here)"
     preset_build asan build-asan
     ctest --preset asan -j "$jobs"
-    echo "== ThreadSanitizer on the device backends (preset tsan; host streams, events, sim clock: no CAF inside)"
-    preset_build tsan build-tsan
-    ctest --preset tsan -j "$jobs"
+    echo "== ThreadSanitizer over the actors (CAF built with -fsanitize=thread, cached) and the backends (preset tsan-caf-ci)"
+    AG_TSAN_CI=1 bash scripts/tsan.sh
+    echo "== fuzzing: every target for 20 s (clang, address + undefined)"
+    bash scripts/fuzz.sh 20
     echo "== the REPL without GNU readline (preset noreadline: test_repl and actorgraph only)"
     preset_build noreadline build-noreadline
     ctest --preset noreadline -j "$jobs"

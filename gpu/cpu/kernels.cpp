@@ -5,6 +5,8 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <new>
+#include <stdexcept>
 #include <vector>
 
 #ifdef ACTORGRAPH_HAVE_BLAS
@@ -583,17 +585,25 @@ error check_op(const op_launch& l) {
 
 error run_op(const op_launch& l) {
   if (error e = check_op(l)) return e;
-  switch (l.op->op) {
-    case op_kind::matmul: run_matmul(l); return {};
-    case op_kind::add: case op_kind::mul: run_binary(l); return {};
-    case op_kind::scale: case op_kind::gelu: case op_kind::silu: run_unary(l); return {};
-    case op_kind::copy: copy_strided(pad(l.inputs[0]), pad(l.out)); return {};
-    case op_kind::rms_norm: case op_kind::layer_norm: run_norm(l); return {};
-    case op_kind::softmax: run_softmax(l); return {};
-    case op_kind::rope: run_rope(l); return {};
-    case op_kind::get_rows: return run_get_rows(l);
-    case op_kind::concat: run_concat(l); return {};
-    default: return {};  // views and leaves: nothing to compute
+  // Kernels run on backend worker threads: an exception there (a scratch
+  // buffer the host cannot allocate) would terminate the process.
+  try {
+    switch (l.op->op) {
+      case op_kind::matmul: run_matmul(l); return {};
+      case op_kind::add: case op_kind::mul: run_binary(l); return {};
+      case op_kind::scale: case op_kind::gelu: case op_kind::silu: run_unary(l); return {};
+      case op_kind::copy: copy_strided(pad(l.inputs[0]), pad(l.out)); return {};
+      case op_kind::rms_norm: case op_kind::layer_norm: run_norm(l); return {};
+      case op_kind::softmax: run_softmax(l); return {};
+      case op_kind::rope: run_rope(l); return {};
+      case op_kind::get_rows: return run_get_rows(l);
+      case op_kind::concat: run_concat(l); return {};
+      default: return {};  // views and leaves: nothing to compute
+    }
+  } catch (const std::bad_alloc&) {
+    return bad(errc::out_of_memory, l, "the host could not allocate the kernel's scratch memory");
+  } catch (const std::exception& e) {
+    return bad(errc::internal, l, std::string("kernel threw: ") + e.what());
   }
 }
 

@@ -29,6 +29,14 @@ std::string op_label(const op_launch& l) {
 
 host_device::host_device(device_spec spec, int index, host_device_config cfg)
     : spec_(std::move(spec)), index_(index), cfg_(cfg) {
+  // Device memory of a computing host device is host memory: it cannot hold
+  // more than the host has, so the planner refuses a plan that would need it
+  // (naming the bytes) instead of an allocation that overcommits and gets the
+  // process killed on first touch. Timing-only memory is untouched address space.
+  if (!cfg_.lazy_memory) {
+    spec_.mem_bytes = std::min(spec_.mem_bytes, host_memory_bytes());
+    spec_.in_host_memory = true;
+  }
   const int n = std::max(1, spec_.copy_engines);
   for (int i = 0; i < n; ++i) engines_.push_back(std::make_unique<engine_clock>());
 }
@@ -210,8 +218,11 @@ void host_device::sleep_until(int64_t deadline_ns, const host_stream& hs) {
 
 int64_t host_device::occupy(task_context& ctx, host_stream& hs, const work_timing& t,
                             int64_t kernel_end_ns) {
-  const auto dur = static_cast<int64_t>(t.seconds * cfg_.time_scale * 1e9);
-  const auto extra = static_cast<int64_t>(t.extra_wall_seconds * 1e9);
+  // Clamped before the conversion (a double past int64 converts to undefined
+  // behaviour): about 30 years, far beyond any validated option.
+  const auto to_ns = [](double s) { return static_cast<int64_t>(std::clamp(s * 1e9, 0.0, 1e18)); };
+  const int64_t dur = to_ns(t.seconds * cfg_.time_scale);
+  const int64_t extra = to_ns(t.extra_wall_seconds);
   int64_t start = std::max(ctx.enqueue_ns, ctx.clock_ns);
   int64_t end;
   if (hs.engine() >= 0) {

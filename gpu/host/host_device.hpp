@@ -39,6 +39,9 @@ enum class copy_kind : uint8_t { h2d, d2h, peer };
 
 class host_device : public device {
  public:
+  /// Unless cfg.lazy_memory, this device's memory is the host's:
+  /// spec.mem_bytes is capped at host_memory_bytes() and spec.in_host_memory
+  /// set, so compile() refuses a plan the host cannot hold (with the sizes).
   host_device(device_spec spec, int index, host_device_config cfg);
   /// Frees memory still allocated. Streams must be destroyed before their device.
   ~host_device() override;

@@ -3,9 +3,14 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <cmath>
+#include <string>
 
 #include "actors/actorgraph.hpp"
 #include "graph/reference.hpp"
+#include "messages/caf_error.hpp"
+
+#include <caf/make_message.hpp>
 
 namespace {
 
@@ -137,6 +142,146 @@ TEST(Lifecycle, PlanOutlivesRuntimeAndJobsCanBeAwaitedAfterwards) {
   EXPECT_TRUE(ran);
   j.cancel();  // no-op once ready
   EXPECT_EQ(j.state(), ag::job_state::done);
+}
+
+// ---- issue 13: bad input below the runtime ------------------------------------
+
+// table [4, 8] weight, ids i32 [3] -> get_rows -> (pinned to the last device)
+// a matmul, so the get_rows step is not a sink: its kernel error must still
+// reach the job.
+ag::graph get_rows_graph(int consumer_device) {
+  ag::graph_builder b;
+  auto table = b.weight("table", ag::host_tensor::random_normal(ag::dtype::f32, {4, 8}, 3));
+  auto ids = b.input("ids", ag::dtype::i32, {3});
+  auto rows = b.get_rows(table, ids, "rows");
+  b.pin(rows, 0);
+  auto w = b.weight("w", ag::host_tensor::random_normal(ag::dtype::f32, {8, 2}, 4));
+  auto y = b.matmul(rows, w, false, false, "proj");
+  b.pin(y, consumer_device);
+  b.output(y);
+  return std::move(b).build().value();
+}
+
+struct KernelError : ::testing::TestWithParam<const char*> {};
+
+TEST_P(KernelError, GetRowsIdOutOfRangeFailsItsJobAndTheNextJobIsRight) {
+  auto rt = ag::runtime::create(GetParam()).value();
+  const int last = static_cast<int>(rt->devices().size()) - 1;
+  auto p = rt->compile(get_rows_graph(last)).value();
+  const auto good = [&] {
+    std::vector<ag::host_tensor> in{ag::host_tensor::from_ints({3}, {2, 0, 3})};
+    auto j = rt->submit(p, in);
+    ASSERT_TRUE(j.wait_for(20s));
+    ASSERT_TRUE(j.wait().has_value()) << j.wait().err().to_string();
+    auto ref = ag::evaluate_reference(p->source(), in).value();
+    auto c = ag::compare(j.wait()->front(), ref.front(), 1e-5, 1e-5);
+    EXPECT_TRUE(c.ok) << c.message;
+  };
+  good();
+  for (int32_t bad : {16, -1, 2000000000}) {
+    auto j = rt->submit(p, {ag::host_tensor::from_ints({3}, {1, bad, 0})});
+    // before the fix: done, with the previous job's rows or garbage
+    expect_failed(j, ag::errc::op_failed, "rows");
+    EXPECT_NE(j.wait().err().message.find("id " + std::to_string(bad)), std::string::npos) << j.wait().err().message;
+    good();  // the error belonged to that job only: nothing stale reaches this one
+  }
+  EXPECT_EQ(rt->jobs_in_flight(), 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, KernelError, ::testing::Values("cpu:1", "sim:1", "sim:2"));
+
+void expect_invalid_option(const ag::error& e, const std::string& option, const std::string& value) {
+  EXPECT_EQ(e.code, ag::errc::invalid_argument) << e.to_string();
+  EXPECT_NE(e.message.find(option), std::string::npos) << e.message;
+  EXPECT_NE(e.message.find(value), std::string::npos) << e.message;
+}
+
+TEST(BadOptions, RuntimeOptionsAreRefusedNamingOptionAndValue) {
+  const auto refused = [](ag::runtime_options o, const std::string& option, const std::string& value) {
+    auto rt = ag::runtime::create("sim:1", o);
+    ASSERT_FALSE(rt.has_value()) << option;
+    expect_invalid_option(rt.err(), option, value);
+  };
+  ag::runtime_options o;
+  o.arenas_per_device = 0;
+  refused(o, "arenas_per_device", "0");
+  o.arenas_per_device = -1;
+  refused(o, "arenas_per_device", "-1");
+  o = {};
+  o.scheduler_threads = -3;
+  refused(o, "scheduler_threads", "-3");
+  o = {};
+  o.scheduler_max_throughput = -1;
+  refused(o, "scheduler_max_throughput", "-1");
+  o = {};
+  o.scheduler_idle_steal_us = -10;
+  refused(o, "scheduler_idle_steal_us", "-10");
+  o = {};
+  o.backend.sim.jitter = std::nan("");
+  refused(o, "sim.jitter", "nan");
+  o = {};
+  o.backend.sim.time_scale = -1;
+  refused(o, "sim.time_scale", "-1");
+  o = {};
+  o.backend.sim.faults.op_error_rate = 2;
+  refused(o, "sim.faults.op_error_rate", "2");
+  // defaults still start
+  auto ok = ag::runtime::create("sim:1", ag::runtime_options{});
+  ASSERT_TRUE(ok.has_value()) << ok.err().to_string();
+}
+
+TEST(BadOptions, PlanOptionsAndEmptyGraphsAreRefusedAtCompile) {
+  auto rt = ag::runtime::create("sim:2").value();
+  ag::plan_options po;
+  po.policy = static_cast<ag::placement_policy>(9);
+  auto a = rt->compile(two_input_graph(), po);
+  ASSERT_FALSE(a.has_value());
+  expect_invalid_option(a.err(), "policy", "9");
+  po = {};
+  po.lanes_per_device = 0;
+  auto b = rt->compile(two_input_graph(), po);
+  ASSERT_FALSE(b.has_value());
+  expect_invalid_option(b.err(), "lanes_per_device", "0");
+  // an empty graph used to compile to a plan whose jobs finished "done" with no outputs
+  auto e = rt->compile(ag::graph{});
+  ASSERT_FALSE(e.has_value());
+  EXPECT_EQ(e.err().code, ag::errc::invalid_argument);
+  EXPECT_NE(e.err().message.find("no outputs"), std::string::npos) << e.err().message;
+  expect_good_job(*rt, rt->compile(two_input_graph()).value());
+}
+
+TEST(BadPlan, PlanNeedingMoreThanTheHostHasIsRefusedWithTheSize) {
+  // sim devices computing values keep their arenas in host memory: input and
+  // output (half the host) plus the arena (as much again) cannot fit. Before:
+  // compile tried the allocation. Now: out_of_memory with the bytes needed.
+  auto rt = ag::runtime::create("sim:1").value();
+  const int64_t elems = ag::host_memory_bytes() / 16 + 1;
+  ag::graph_builder b;
+  auto x = b.input("x", ag::dtype::f32, {elems});
+  b.output(b.gelu(x, ag::gelu_mode::tanh, "y"));
+  auto p = rt->compile(std::move(b).build().value());
+  ASSERT_FALSE(p.has_value());
+  EXPECT_EQ(p.err().code, ag::errc::out_of_memory) << p.err().to_string();
+  EXPECT_NE(p.err().message.find(std::to_string(2 * elems * 4)), std::string::npos) << p.err().message;
+  EXPECT_NE(p.err().message.find("sim0"), std::string::npos) << p.err().message;
+  expect_good_job(*rt, rt->compile(two_input_graph()).value());
+}
+
+TEST(MessagesFromOutside, AgErrorsWithoutMessageOrWithUnknownCodesStayErrorsThatSaySo) {
+  // Found by tests/fuzz/fuzz_messages (corpus/messages/caf_error_without_message):
+  // a deserialised caf::error of category "ag" without a string context became
+  // an ag::error with an empty message; an unknown code kept a code no one knows.
+  const ag::error no_text = ag::msg::from_caf(caf::error{static_cast<uint8_t>(ag::errc::timeout), ag::msg::ag_error_category});
+  EXPECT_EQ(no_text.code, ag::errc::timeout);
+  EXPECT_NE(no_text.message.find("no message"), std::string::npos) << no_text.message;
+  const ag::error unknown = ag::msg::from_caf(caf::error{200, ag::msg::ag_error_category, caf::make_message(std::string("x"))});
+  EXPECT_EQ(unknown.code, ag::errc::internal);
+  EXPECT_NE(unknown.message.find("unknown actorgraph error code 200: x"), std::string::npos) << unknown.message;
+  // the ordinary round trip is untouched
+  const ag::error e{ag::errc::op_failed, "device 'sim0': op 'rows' failed"};
+  const ag::error back = ag::msg::from_caf(ag::msg::to_caf(e));
+  EXPECT_EQ(back.code, e.code);
+  EXPECT_EQ(back.message, e.message);
 }
 
 }  // namespace

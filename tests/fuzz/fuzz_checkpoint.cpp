@@ -3,16 +3,10 @@
 // UTF-8 / GPT-2 pre-tokenizer. The first input byte picks the parser, the
 // rest is its input. Nothing may crash, hang or leak; errors are values.
 //
-// Every build runs it through a deterministic mutation loop
-// (fuzz_smoke_main.cpp, CTest checkpoint.fuzz_smoke). The libFuzzer target
-// belongs in scripts/fuzz.sh (owner: rel), which was not on main yet; by hand
-// with clang (from the repository root):
-//   clang++ -std=c++20 -O1 -g -fsanitize=fuzzer,address,undefined -I. \
-//     tests/fuzz/fuzz_checkpoint.cpp models/safetensors.cpp models/mapped_file.cpp \
-//     models/hf_config.cpp models/tokenizer.cpp models/tokenizer_bpe.cpp \
-//     models/tokenizer_sentencepiece.cpp models/unicode_classes.cpp graph/*.cpp graph/models/*.cpp \
-//     -o /tmp/fuzz_checkpoint
-//   /tmp/fuzz_checkpoint -max_total_time=60 -max_len=4096
+// Every build runs it twice: its seed corpus (tests/fuzz/corpus/checkpoint/)
+// replayed as CTest fuzz.checkpoint, and a deterministic mutation loop
+// (checkpoint_smoke_main.cpp, CTest checkpoint.fuzz_smoke). scripts/fuzz.sh
+// runs it under libFuzzer with the other targets.
 #include <cstddef>
 #include <cstdint>
 #include <cstring>

@@ -2,10 +2,13 @@
 // the offending item.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <string>
 #include <vector>
 
 #include "gpu/device.hpp"
+#include "gpu/device_factory.hpp"
+#include "graph/host_tensor.hpp"
 
 namespace {
 
@@ -105,6 +108,80 @@ TEST(DeviceSpec, CudaWithoutAGpuIsABadSpecNamingTheItem) {
   if (gpu::cuda_available()) GTEST_SKIP() << "this machine has a usable GPU: the no-GPU error cannot happen";
   expect_bad("sim:1,cuda:0", "'cuda:0'");
   expect_bad("cuda:all", "cuda:all");
+}
+
+TEST(DeviceSpec, ParsingAloneCreatesNothingAndNeedsNoGpu) {
+  auto r = gpu::parse_device_spec(" sim:2 , cuda:0,3");
+  ASSERT_TRUE(r.has_value()) << r.err().to_string();
+  ASSERT_EQ(r->size(), 2u);
+  EXPECT_EQ((*r)[0].kind, device_kind::sim);
+  EXPECT_EQ((*r)[0].count, 2);
+  EXPECT_EQ((*r)[0].text, "sim:2");
+  EXPECT_EQ((*r)[0].pos, 1u);
+  EXPECT_EQ((*r)[1].kind, device_kind::cuda);
+  EXPECT_EQ((*r)[1].ordinals, (std::vector<int>{0, 3}));
+  EXPECT_FALSE((*r)[1].all);
+  auto bad = gpu::parse_device_spec("cuda:0,0");
+  ASSERT_FALSE(bad.has_value());
+  EXPECT_EQ(bad.err().code, errc::bad_device_spec);
+  EXPECT_NE(bad.err().message.find("duplicate CUDA ordinal 0"), std::string::npos) << bad.err().message;
+}
+
+TEST(DeviceSpec, BackendOptionsAreValidatedNamingOptionAndValue) {
+  const auto refused = [](gpu::backend_options o, const std::string& option) {
+    auto d = gpu::make_devices("sim:1", o);
+    ASSERT_FALSE(d.has_value()) << option << " was accepted";
+    EXPECT_EQ(d.err().code, errc::invalid_argument);
+    EXPECT_NE(d.err().message.find(option), std::string::npos) << d.err().message;
+    EXPECT_EQ(gpu::validate(o).code, errc::invalid_argument);
+  };
+  EXPECT_TRUE(gpu::validate(gpu::backend_options{}).ok());
+  gpu::backend_options o;
+  o.sim.time_scale = -1;
+  refused(o, "sim.time_scale = -1");
+  o.sim.time_scale = std::nan("");
+  refused(o, "sim.time_scale = nan");
+  o = {};
+  o.sim.jitter = std::nan("");
+  refused(o, "sim.jitter = nan");
+  o.sim.jitter = -0.5;
+  refused(o, "sim.jitter = -0.5");
+  o = {};
+  o.sim.faults.op_error_rate = 2;
+  refused(o, "sim.faults.op_error_rate = 2");
+  o = {};
+  o.sim.faults.op_stall_rate = -0.1;
+  refused(o, "sim.faults.op_stall_rate");
+  o = {};
+  o.sim.faults.stall_seconds = INFINITY;
+  refused(o, "sim.faults.stall_seconds = inf");
+  o = {};
+  o.sim.faults.die_after_ops = -5;
+  refused(o, "sim.faults.die_after_ops = -5");
+  o = {};
+  o.sim.spec.link_bandwidth = -1;
+  refused(o, "link_bandwidth");
+  o = {};
+  o.cpu_threads_per_stream = -1;
+  refused(o, "cpu_threads_per_stream = -1");
+}
+
+TEST(DeviceSpec, DevicesInHostMemoryAreCappedAtWhatTheHostHas) {
+  gpu::backend_options o;
+  o.sim.spec.mem_bytes = ag::max_tensor_bytes;  // "80 GiB H100" or more on a smaller host
+  auto d = gpu::make_devices("sim:1,cpu:1", o);
+  ASSERT_TRUE(d.has_value()) << d.err().to_string();
+  for (const auto& dev : *d) {
+    EXPECT_TRUE(dev->spec().in_host_memory) << dev->spec().name;
+    EXPECT_LE(dev->memory_capacity(), ag::host_memory_bytes()) << dev->spec().name;
+    EXPECT_LE(dev->spec().mem_bytes, ag::host_memory_bytes()) << dev->spec().name;
+  }
+  // timing-only sim memory is untouched address space: not capped
+  o.sim.compute_values = false;
+  auto t = gpu::make_devices("sim:1", o);
+  ASSERT_TRUE(t.has_value());
+  EXPECT_FALSE((*t)[0]->spec().in_host_memory);
+  EXPECT_EQ((*t)[0]->memory_capacity(), ag::max_tensor_bytes);
 }
 
 }  // namespace

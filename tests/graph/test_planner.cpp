@@ -4,10 +4,12 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <map>
 #include <set>
 #include <string>
 
+#include "graph/host_tensor.hpp"
 #include "graph/plan.hpp"
 #include "graph/random.hpp"
 #include "plan_test_util.hpp"
@@ -548,6 +550,133 @@ TEST(Planner, DescribeAndDotNameStepsAndTotals) {
   EXPECT_EQ(dot.rfind("digraph", 0), 0u);
   EXPECT_NE(dot.find("cluster_dev1"), std::string::npos);
   EXPECT_STREQ(to_string(step_kind::copy_peer), "peer");
+}
+
+// ---- bad input (issue 13) ----------------------------------------------------
+
+bool mentions(const error& e, const std::string& what) { return e.message.find(what) != std::string::npos; }
+
+TEST(PlannerBadInput, OptionsAreValidatedNamingOptionAndValue) {
+  auto g = matmul_gelu_layers(1);
+  const auto refused = [&](plan_options o, const std::string& name, const std::string& value) {
+    auto p = compile(g, sim_devices(2), o);
+    ASSERT_FALSE(p.has_value()) << name;
+    EXPECT_EQ(p.err().code, errc::invalid_argument);
+    EXPECT_TRUE(mentions(p.err(), name) && mentions(p.err(), value)) << p.err().message;
+    EXPECT_EQ(validate(o).code, errc::invalid_argument);
+  };
+  plan_options o;
+  EXPECT_TRUE(validate(o).ok());
+  o.lanes_per_device = 0;
+  refused(o, "lanes_per_device", "0");
+  o.lanes_per_device = -1;
+  refused(o, "lanes_per_device", "-1");
+  o.lanes_per_device = 65;
+  refused(o, "lanes_per_device", "65");
+  o = {};
+  o.pipeline_stages = -2;
+  refused(o, "pipeline_stages", "-2");
+  o = {};
+  o.policy = static_cast<placement_policy>(7);
+  refused(o, "policy", "7");
+  o = {};
+  o.min_branch_seconds = std::nan("");
+  refused(o, "min_branch_seconds", "nan");
+  o.min_branch_seconds = -1e-6;
+  refused(o, "min_branch_seconds", "-0.000001");
+  o.min_branch_seconds = INFINITY;
+  refused(o, "min_branch_seconds", "inf");
+}
+
+TEST(PlannerBadInput, DeviceSpecsAreValidatedNamingDeviceAndField) {
+  auto g = matmul_gelu_layers(1);
+  auto devs = sim_devices(2);
+  EXPECT_TRUE(validate(devs[0]).ok());
+  devs[1].mem_bandwidth = 0;
+  auto p = compile(g, devs);
+  ASSERT_FALSE(p.has_value());
+  EXPECT_EQ(p.err().code, errc::invalid_argument);
+  EXPECT_TRUE(mentions(p.err(), "sim1") && mentions(p.err(), "mem_bandwidth")) << p.err().message;
+  devs = sim_devices(1);
+  devs[0].host_latency = std::nan("");
+  EXPECT_TRUE(mentions(validate(devs[0]), "host_latency"));
+  devs = sim_devices(1);
+  devs[0].mem_bytes = -1;
+  EXPECT_TRUE(mentions(validate(devs[0]), "mem_bytes"));
+  devs = sim_devices(1);
+  devs[0].copy_engines = 0;
+  EXPECT_TRUE(mentions(validate(devs[0]), "copy_engines"));
+}
+
+TEST(PlannerBadInput, EmptyGraphIsRefusedAtCompile) {
+  // a default-constructed graph has no outputs: its jobs would finish "done"
+  // with nothing
+  auto p = compile(std::make_shared<const graph>(), sim_devices(1));
+  ASSERT_FALSE(p.has_value());
+  EXPECT_EQ(p.err().code, errc::invalid_argument);
+  EXPECT_TRUE(mentions(p.err(), "no outputs")) << p.err().message;
+  // and the builder refuses a graph without outputs too
+  graph_builder b;
+  b.input("x", dtype::f32, {4});
+  auto g = std::move(b).build();
+  ASSERT_FALSE(g.has_value());
+  EXPECT_TRUE(mentions(g.err(), "no outputs")) << g.err().message;
+}
+
+TEST(PlannerBadInput, JobLargerThanHostMemoryIsRefusedWithTheSizeBeforeAllocating) {
+  // An input of more bytes than this host has (3e9 f32 elements on a 8 GiB
+  // host): compile says how much a job needs instead of trying.
+  const int64_t elems = host_memory_bytes() / 4 + 1;
+  graph_builder b;
+  auto x = b.input("x", dtype::f32, {elems});
+  b.output(b.gelu(x, gelu_mode::tanh, "y"));
+  auto g = finish(std::move(b));
+  auto p = compile(g, sim_devices(1));
+  ASSERT_FALSE(p.has_value());
+  EXPECT_EQ(p.err().code, errc::out_of_memory);
+  EXPECT_TRUE(mentions(p.err(), std::to_string(2 * elems * 4)))  // input + output
+      << p.err().message;
+  EXPECT_TRUE(mentions(p.err(), "input 0 'x'")) << p.err().message;
+  EXPECT_TRUE(mentions(p.err(), std::to_string(host_memory_bytes()))) << p.err().message;
+}
+
+TEST(PlannerBadInput, DevicesInHostMemoryCountTheirArenasAgainstTheHost) {
+  // input + output are half of the host; a device in host memory (cpu, sim
+  // computing values) needs as much again for its arena: 3e9 elements on a
+  // host of 24 GB. Refused with the sizes, before anything is allocated.
+  const int64_t elems = host_memory_bytes() / 16 + 1;
+  graph_builder b;
+  auto x = b.input("x", dtype::f32, {elems});
+  b.output(b.gelu(x, gelu_mode::tanh, "y"));
+  auto g = finish(std::move(b));
+  auto devs = sim_devices(1);
+  devs[0].mem_bytes = host_memory_bytes();
+  ASSERT_TRUE(compile(g, devs).has_value());  // a GPU's own memory: fits
+  devs[0].in_host_memory = true;
+  auto p = compile(g, devs);
+  ASSERT_FALSE(p.has_value());
+  EXPECT_EQ(p.err().code, errc::out_of_memory);
+  EXPECT_TRUE(mentions(p.err(), "inputs and outputs " + std::to_string(2 * elems * 4))) << p.err().message;
+  EXPECT_TRUE(mentions(p.err(), "sim0 arena ")) << p.err().message;
+}
+
+TEST(PlannerBadInput, ArenaLargerThan2To63IsRefusedNotWrapped) {
+  // Three live [2^30, 2^30] f32 tensors (2^62 bytes each, the most a tensor
+  // may have) on one device: the arena passes 2^63 and must not wrap to a
+  // small size that "fits". The job's own inputs and outputs are tiny.
+  const int64_t g30 = int64_t{1} << 30;
+  graph_builder b;
+  auto x = b.input("x", dtype::f32, {1});
+  auto bcast = b.view(x, {g30, g30}, {0, 0, 0, 0}, 0, "bcast");
+  auto a = b.contiguous(bcast, "a");
+  auto s = b.scale(bcast, 2.0f, "s");
+  auto c = b.add(a, s, "c");
+  b.output(b.slice(b.slice(c, 0, 0, 1), 1, 0, 1, "corner"));
+  auto g = finish(std::move(b));
+  auto p = compile(g, sim_devices(1));
+  ASSERT_FALSE(p.has_value());
+  EXPECT_EQ(p.err().code, errc::out_of_memory);
+  EXPECT_TRUE(mentions(p.err(), "sim0") && mentions(p.err(), "2^63")) << p.err().message;
 }
 
 }  // namespace

@@ -484,6 +484,24 @@ TEST(Reference, CheckInputsNamesTheInput) {
   EXPECT_EQ(r.err().code, errc::missing_input);
 }
 
+TEST(Reference, GraphLargerThanTheHostIsAnErrorNotAnException) {
+  // A valid graph whose values cannot fit this host (a [2^30, 2^30] f32
+  // broadcast, materialised): evaluate_reference used to throw
+  // std::length_error / std::bad_alloc; now out_of_memory naming the node.
+  const int64_t g30 = int64_t{1} << 30;
+  graph_builder b;
+  auto x = b.input("x", dtype::f32, {1});
+  auto big = b.contiguous(b.view(x, {g30, g30}, {0, 0, 0, 0}, 0, "bcast"), "big");
+  b.output(b.slice(b.slice(big, 0, 0, 1), 1, 0, 1, "corner"));
+  auto g = std::move(b).build();
+  ASSERT_TRUE(g.has_value()) << g.err().to_string();
+  auto r = evaluate_reference(*g, {host_tensor::from_floats(dtype::f32, {1}, {2.0f})});
+  ASSERT_FALSE(r.has_value());
+  EXPECT_EQ(r.err().code, errc::out_of_memory);
+  EXPECT_NE(r.err().message.find("[1073741824, 1073741824]"), std::string::npos) << r.err().message;
+  EXPECT_NE(r.err().message.find(std::to_string(host_memory_bytes())), std::string::npos) << r.err().message;
+}
+
 // The stop hook: asked between nodes and matmul rows; a stop in the middle of
 // a matmul fails the evaluation with errc::cancelled, and a hook that never
 // says stop gives the same outputs as the plain call.

@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "graph/graph.hpp"
+#include "graph/host_tensor.hpp"
 
 namespace ag {
 namespace {
@@ -447,6 +448,101 @@ TEST(FromNodes, RawViewUsesGivenLayoutAndBadEnumsAreRejected) {
   ASSERT_FALSE(g4);
   EXPECT_EQ(g4.err().code, errc::invalid_argument);
   expect_message(g4.err(), {"'weird'"});
+}
+
+// ---- sizes (issue 13): overflow is an error naming the node and its shape ----
+
+constexpr int64_t two31 = int64_t{1} << 31;
+
+TEST(Sizes, InputWhoseBytesOverflow64BitsIsRefusedNamingNodeAndShape) {
+  graph_builder b;
+  auto x = b.input("x", dtype::f32, {two31, two31});  // 2^62 elements, 2^64 bytes
+  EXPECT_FALSE(x.valid());
+  EXPECT_EQ(b.status().code, errc::invalid_shape);
+  expect_message(b.status(), {"input 'x'", "[2147483648, 2147483648]", "18446744073709551616 bytes"});
+  // one element count past int64 too
+  graph_builder c;
+  c.input("y", dtype::f16, {two31 * 2, two31 * 2});
+  EXPECT_EQ(c.status().code, errc::invalid_shape);
+  expect_message(c.status(), {"input 'y'", "18446744073709551616 elements"});
+  // the largest tensor a graph may hold is accepted
+  graph_builder d;
+  auto z = d.input("z", dtype::f32, {two31, two31 / 4});
+  EXPECT_TRUE(z.valid()) << d.status().to_string();
+}
+
+TEST(Sizes, ComputedShapesThatOverflowAreRefusedAtTheOp) {
+  {  // a matmul outer product of 2^32 x 2^32
+    graph_builder b;
+    auto a = b.input("a", dtype::f32, {two31 * 2, 1});
+    auto w = b.input("w", dtype::f32, {1, two31 * 2});
+    b.matmul(a, w, false, false, "outer");
+    EXPECT_EQ(b.status().code, errc::invalid_shape);
+    expect_message(b.status(), {"matmul 'outer'", "[4294967296, 4294967296]"});
+  }
+  {  // concat whose axis length passes int64
+    graph_builder b;
+    auto a = b.input("a", dtype::f16, {int64_t{1} << 61});  // 2^62 bytes: the largest tensor
+    ASSERT_TRUE(a.valid()) << b.status().to_string();
+    b.concat({a, a, a, a}, 0, "cat");  // 2^63 elements
+    EXPECT_EQ(b.status().code, errc::invalid_shape);
+    expect_message(b.status(), {"concat 'cat'", "overflow 64 bits"});
+  }
+  {  // get_rows output [ids..., D]
+    graph_builder b;
+    auto t = b.input("table", dtype::f32, {4, two31});
+    auto ids = b.input("ids", dtype::i32, {two31});
+    b.get_rows(t, ids, "rows");
+    EXPECT_EQ(b.status().code, errc::invalid_shape);
+    expect_message(b.status(), {"get_rows 'rows'"});
+  }
+  {  // a reshape target whose element count wraps around to the source's
+    graph_builder b;
+    auto x = b.input("x", dtype::f32, {4});
+    b.reshape(x, {4, (int64_t{1} << 62) + 1}, "r");  // 2^64 + 4 elements = 4 mod 2^64
+    EXPECT_EQ(b.status().code, errc::invalid_shape);
+    expect_message(b.status(), {"reshape 'r'", "elements"});
+  }
+}
+
+TEST(Sizes, ViewsWithStridesOrOffsetsPast64BitsAreRefused) {
+  node v = raw(1, op_kind::view, "v", {0});
+  v.dims = {3, 2};
+  v.stride = {int64_t{1} << 62, 1, 0, 0};  // reaches 2^63
+  auto g = graph::from_nodes({raw_input(0, "x", {8}), v}, {0}, {1});
+  ASSERT_FALSE(g);
+  EXPECT_EQ(g.err().code, errc::invalid_shape);
+  expect_message(g.err(), {"view 'v'", "past 64 bits"});
+  v.stride = {1, 1, 0, 0};
+  v.offset = INT64_MAX;
+  auto g2 = graph::from_nodes({raw_input(0, "x", {8}), v}, {0}, {1});
+  ASSERT_FALSE(g2);
+  expect_message(g2.err(), {"view 'v'"});
+  // A broadcast view (stride 0) of 2^64 bytes over one element is refused
+  // too: its readers and a host copy of it would need all of them.
+  node b = raw(1, op_kind::view, "bcast", {0});
+  b.dims = {two31, two31};
+  b.stride = {0, 0, 0, 0};
+  auto g3 = graph::from_nodes({raw_input(0, "x", {1}), b}, {0}, {1});
+  ASSERT_FALSE(g3);
+  EXPECT_EQ(g3.err().code, errc::invalid_shape);
+  expect_message(g3.err(), {"view 'bcast'", "18446744073709551616 bytes"});
+}
+
+TEST(Sizes, WeightDataMustMatchItsShapeWithoutOverflow) {
+  // dims of 2^64 bytes and no bytes at all: an unchecked product is 0 == 0
+  host_tensor odd;
+  odd.reset(dtype::f32, {two31, two31}, {});
+  graph_builder b;
+  b.weight("w", std::move(odd));
+  EXPECT_EQ(b.status().code, errc::invalid_shape);
+  expect_message(b.status(), {"weight 'w'", "18446744073709551616"});
+  host_tensor unknown;
+  unknown.reset(static_cast<dtype>(7), {2}, byte_buffer(8));
+  graph_builder c;
+  c.weight("w", std::move(unknown));
+  EXPECT_EQ(c.status().code, errc::invalid_argument);
+  expect_message(c.status(), {"weight 'w'", "unknown dtype 7"});
 }
 
 }  // namespace

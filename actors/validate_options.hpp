@@ -1,0 +1,36 @@
+#pragma once
+/// \file validate_options.hpp
+/// validate(runtime_options): what runtime::create refuses before it starts
+/// anything. Header-only so that the check stays next to the option list it
+/// guards without a new translation unit in ag_actors.
+
+#include <string>
+
+#include "actors/actorgraph.hpp"
+#include "gpu/device_factory.hpp"
+
+namespace ag {
+
+/// Refuses options no runtime can run with, naming the option and the value
+/// (errc::invalid_argument): arenas_per_device outside 1..65536,
+/// scheduler_threads outside 0 (CAF's default) .. 1024,
+/// scheduler_max_throughput < 0 (0: CAF's default, unlimited),
+/// scheduler_idle_steal_us outside 0 (CAF's default) .. 60 s, and every
+/// backend option gpu::validate(backend_options) refuses.
+inline error validate(const runtime_options& o) {
+  const auto bad = [](const char* name, long long v, const char* range) {
+    return error(errc::invalid_argument,
+                 std::string("runtime option ") + name + " = " + std::to_string(v) + ": must be " + range);
+  };
+  if (o.arenas_per_device < 1 || o.arenas_per_device > 65536)
+    return bad("arenas_per_device", o.arenas_per_device, "1..65536 (jobs of one plan holding memory on a device)");
+  if (o.scheduler_threads < 0 || o.scheduler_threads > 1024)
+    return bad("scheduler_threads", o.scheduler_threads, "0 (CAF's default) .. 1024");
+  if (o.scheduler_max_throughput < 0)
+    return bad("scheduler_max_throughput", o.scheduler_max_throughput, ">= 0 (0: CAF's default, unlimited)");
+  if (o.scheduler_idle_steal_us < 0 || o.scheduler_idle_steal_us > 60'000'000)
+    return bad("scheduler_idle_steal_us", o.scheduler_idle_steal_us, "0 (CAF's default) .. 60000000 (60 s)");
+  return gpu::validate(o.backend);
+}
+
+}  // namespace ag
