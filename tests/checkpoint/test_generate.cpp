@@ -48,7 +48,7 @@ std::vector<float> recomputed_last_logits(const ag::models::hf_model& m, const s
   return row;
 }
 
-void decode_equals_recompute(const std::string& spec, int stages, int64_t prefill_chunk) {
+void decode_equals_recompute(const std::string& spec, int stages, int64_t prefill_chunk, int tp = 1) {
   for (const auto& cfg : tiny_models()) {
     SCOPED_TRACE(std::string(to_string(cfg.variant)) + " on " + spec + ", stages " + std::to_string(stages) +
                  ", prefill_chunk " + std::to_string(prefill_chunk));
@@ -62,6 +62,7 @@ void decode_equals_recompute(const std::string& spec, int stages, int64_t prefil
     go.cache_tokens = 16;
     go.prefill_chunk = prefill_chunk;
     go.plan.pipeline_stages = stages;
+    go.plan.tensor_parallel = tp;
     auto gen = ag::generator::create(**rt, m->model_config(1), m->provider(), go);
     ASSERT_TRUE(gen.has_value()) << gen.err().to_string();
     const std::vector<int32_t> prompt{3, 1, 4, 1, 5, 9};
@@ -122,6 +123,8 @@ TEST(GenerateDecode, EqualsRecomputeSim2Stages) { decode_equals_recompute("sim:2
 TEST(GenerateDecode, EqualsRecomputeCpu2Stages) { decode_equals_recompute("cpu:2", 2, 0); }
 TEST(GenerateDecode, EqualsRecomputeWithPaddedPrefillChunksCpu) { decode_equals_recompute("cpu:1", 1, 4); }
 TEST(GenerateDecode, EqualsRecomputeWithPrefillChunks2StagesSim) { decode_equals_recompute("sim:2", 2, 4); }
+TEST(GenerateDecode, EqualsRecomputeTensorParallel2Sim) { decode_equals_recompute("sim:2", 1, 4, 2); }
+TEST(GenerateDecode, EqualsRecomputeTensorParallel2Cpu) { decode_equals_recompute("cpu:2", 1, 0, 2); }
 
 TEST(GenerateMany, ConcurrentSequencesEachEqualTheirSoloRunAndCancelledOnesStop) {
   const auto cfg = ag::test::tiny_model(ag::models::model_variant::llama, 2);
