@@ -72,6 +72,11 @@ struct runtime_options {
   /// returns to the pool when the last host_tensor holding it is destroyed
   /// (copies of an output are heap memory). False: outputs are heap memory.
   bool pinned_outputs = true;
+  /// Weights that are not in host memory (a memory-mapped checkpoint) are
+  /// uploaded by compile() in chunks of whole rows of at most this many
+  /// bytes (one row when a row is larger), read straight into one staging
+  /// buffer per device from the device's host memory (pinned on CUDA).
+  int64_t upload_chunk_bytes = int64_t{64} << 20;
 };
 
 enum class job_state : uint8_t { queued, running, done, failed, cancelled };

@@ -47,6 +47,34 @@ struct plan_deleter {
   }
 };
 
+/// Uploads a weight that is not in host memory (a mapped checkpoint, a
+/// tensor-parallel shard of one) in chunks of whole rows along dim 0, each
+/// read by the source straight into `staging` (the device's host memory,
+/// pinned on CUDA, when it has one) and then copied to the device: the host
+/// holds at most one chunk of the model besides the page cache behind the
+/// mapping. `staging` grows to one row when a row is larger than the chunk.
+error upload_in_chunks(gpu::device& dev, std::byte* dst, const weight_source& w, int64_t chunk_bytes,
+                       host_tensor& staging) {
+  const int64_t rows = w.dims()[0];
+  const int64_t row_bytes = rows > 0 ? w.bytes() / rows : 0;
+  if (row_bytes == 0) return {};
+  const int64_t rows_per_chunk = std::max<int64_t>(1, chunk_bytes / row_bytes);
+  const int64_t need = std::min(rows, rows_per_chunk) * row_bytes;
+  if (static_cast<int64_t>(staging.bytes()) < need) {
+    try {
+      staging = host_tensor::uninitialized(dtype::f32, {(need + 3) / 4}, dev.host_memory());
+    } catch (const std::bad_alloc&) {
+      return error{errc::out_of_memory, "no host memory for an upload staging buffer of " + std::to_string(need) + " bytes"};
+    }
+  }
+  for (int64_t r = 0; r < rows; r += rows_per_chunk) {
+    const int64_t end = std::min(rows, r + rows_per_chunk);
+    if (error e = w.read_slice(0, r, end, staging.data())) return e;
+    if (error e = dev.upload(dst + r * row_bytes, staging.data(), (end - r) * row_bytes)) return e;
+  }
+  return {};
+}
+
 }  // namespace
 
 runtime_core::runtime_core(caf::actor_system& sys, std::vector<gpu::device_ptr> devices, runtime_options opts)
@@ -149,6 +177,7 @@ expected<std::shared_ptr<const plan>> runtime_core::compile(std::shared_ptr<cons
     m->weight_bytes = mem.weight_bytes;
     m->arena_bytes = mem.arena_bytes;
     const std::string dname = "device '" + dev->spec().name + "'";
+    host_tensor staging;  // upload_in_chunks' buffer, reused for the device's weights
     if (mem.weight_bytes > 0) {
       auto w = dev->allocate(mem.weight_bytes);
       if (!w)
@@ -166,15 +195,15 @@ expected<std::shared_ptr<const plan>> runtime_core::compile(std::shared_ptr<cons
                            std::to_string(slot.bytes),
                        d, -1, n.name};
         // In-memory weights upload straight from the graph; others (a mapped
-        // checkpoint) are read into a host buffer first.
-        auto values = n.data->in_memory() ? expected<host_tensor>(host_tensor{}) : read_all(*n.data);
-        if (!values)
-          return error{values.err().code,
-                       dname + ": weight '" + n.name + "' (" + n.data->origin() + "): " + values.err().message, d, -1,
-                       n.name};
-        const std::byte* src = n.data->in_memory() ? n.data->in_memory()->data() : values->data();
-        if (auto e = dev->upload(static_cast<std::byte*>(m->weights) + slot.offset, src, bytes))
-          return error{e.code, dname + ": uploading weight '" + n.name + "': " + e.message, d, -1, n.name};
+        // checkpoint) in chunks through a staging buffer.
+        std::byte* dst = static_cast<std::byte*>(m->weights) + slot.offset;
+        if (const host_tensor* values = n.data->in_memory()) {
+          if (auto e = dev->upload(dst, values->data(), bytes))
+            return error{e.code, dname + ": uploading weight '" + n.name + "': " + e.message, d, -1, n.name};
+        } else if (auto e = upload_in_chunks(*dev, dst, *n.data, opts_.upload_chunk_bytes, staging)) {
+          return error{e.code, dname + ": uploading weight '" + n.name + "' (" + n.data->origin() + "): " + e.message,
+                       d, -1, n.name};
+        }
       }
     }
     auto a = dev->allocate(mem.arena_bytes > 0 ? mem.arena_bytes : 1);

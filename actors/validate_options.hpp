@@ -15,7 +15,8 @@ namespace ag {
 /// (errc::invalid_argument): arenas_per_device outside 1..65536,
 /// scheduler_threads outside 0 (CAF's default) .. 1024,
 /// scheduler_max_throughput < 0 (0: CAF's default, unlimited),
-/// scheduler_idle_steal_us outside 0 (CAF's default) .. 60 s, and every
+/// scheduler_idle_steal_us outside 0 (CAF's default) .. 60 s,
+/// upload_chunk_bytes < 1, and every
 /// backend option gpu::validate(backend_options) refuses.
 inline error validate(const runtime_options& o) {
   const auto bad = [](const char* name, long long v, const char* range) {
@@ -30,6 +31,8 @@ inline error validate(const runtime_options& o) {
     return bad("scheduler_max_throughput", o.scheduler_max_throughput, ">= 0 (0: CAF's default, unlimited)");
   if (o.scheduler_idle_steal_us < 0 || o.scheduler_idle_steal_us > 60'000'000)
     return bad("scheduler_idle_steal_us", o.scheduler_idle_steal_us, "0 (CAF's default) .. 60000000 (60 s)");
+  if (o.upload_chunk_bytes < 1)
+    return bad("upload_chunk_bytes", static_cast<long long>(o.upload_chunk_bytes), ">= 1 (bytes per weight upload chunk)");
   return gpu::validate(o.backend);
 }
 
