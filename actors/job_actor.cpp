@@ -290,6 +290,22 @@ void complete_from_backend(const job_context& ctx) noexcept {
   }
 }
 
+error dead_device_error(const job_context& ctx) {
+  for (int d : ctx.program().used_devices()) {
+    auto& dev = *ctx.lp->memory[static_cast<std::size_t>(d)]->dev;
+    if (dev.alive()) continue;
+    // A dead device refuses everything with its own death error (its reason,
+    // error::device set): an empty download asks for it and, on a live
+    // device, does nothing.
+    error e = dev.download(nullptr, nullptr, 0);
+    if (!e) e = error{errc::device_failed, "device died while the job ran", d};
+    e.code = errc::device_failed;
+    if (e.device < 0) e.device = d;
+    return e;
+  }
+  return {};
+}
+
 caf::actor spawn_job_actor(caf::actor_system& sys, runtime_core* core, std::shared_ptr<job::shared_state> ss,
                            std::shared_ptr<const loaded_plan> lp, std::shared_ptr<const plan> user_plan,
                            std::vector<host_tensor> inputs) {
