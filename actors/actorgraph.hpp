@@ -73,6 +73,16 @@ const char* to_string(job_state s) noexcept;
 /// Outputs in graph.outputs() order, or the error that says what failed where.
 using job_result = expected<std::vector<host_tensor>>;
 
+/// Per-job options of runtime::submit.
+struct submit_options {
+  /// Time from submission after which the job fails with errc::timeout
+  /// (message: the job and its deadline), wherever it is: waiting for an
+  /// arena, or running (steps not yet started are dropped, work already on a
+  /// device finishes, memory is released, as for cancel()). A job that
+  /// finished first keeps its result. Zero or negative: no deadline.
+  std::chrono::nanoseconds deadline{0};
+};
+
 /// When a job passed its milestones (host_clock_ns; 0 = not yet).
 struct job_times {
   int64_t submitted_ns = 0;
@@ -159,6 +169,8 @@ class runtime {
   /// a plan of another runtime or a stopped runtime give a failed job whose
   /// error says which input and what was expected; the runtime keeps serving.
   job submit(const std::shared_ptr<const plan>& p, std::vector<host_tensor> inputs);
+  /// The same, with per-job options (a deadline).
+  job submit(const std::shared_ptr<const plan>& p, std::vector<host_tensor> inputs, const submit_options& options);
   /// Submits several jobs of one plan together (micro-batches).
   std::vector<job> submit_batch(const std::shared_ptr<const plan>& p,
                                 std::vector<std::vector<host_tensor>> inputs);

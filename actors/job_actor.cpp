@@ -85,7 +85,14 @@ void begin_fail(job_actor_t* self, error e) {
       st.acks = actors.size();
       msg::job_ref_ptr ref = st.ctx;
       for (const auto& a : actors) self->send(a, msg::cancel_job{ref});
-      if (st.acks == 0) fail_now(self);
+      if (st.acks == 0) return fail_now(self);
+      // A deadline must not wait for the work already on a device (a stalled
+      // device may hold it for long): the handle gets the timeout now; the
+      // arenas are released once the queues acknowledge, as for any failure.
+      if (st.err.code == errc::timeout) {
+        auto* core = st.core;
+        st.ss->fulfil(st.err, job_state::failed, [core] { core->job_ready(); });
+      }
       return;
     }
     default:

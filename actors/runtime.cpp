@@ -58,6 +58,11 @@ job runtime::submit(const std::shared_ptr<const plan>& p, std::vector<host_tenso
   return impl_->core->submit(p, std::move(inputs));
 }
 
+job runtime::submit(const std::shared_ptr<const plan>& p, std::vector<host_tensor> inputs,
+                    const submit_options& options) {
+  return impl_->core->submit(p, std::move(inputs), options);
+}
+
 std::vector<job> runtime::submit_batch(const std::shared_ptr<const plan>& p, std::vector<std::vector<host_tensor>> inputs) {
   std::vector<job> r;
   r.reserve(inputs.size());

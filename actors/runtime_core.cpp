@@ -1,6 +1,7 @@
 #include "actors/runtime_core.hpp"
 
 #include <algorithm>
+#include <cstdio>
 
 #include <caf/all.hpp>
 
@@ -195,7 +196,8 @@ expected<std::shared_ptr<const plan>> runtime_core::compile(std::shared_ptr<cons
   return std::shared_ptr<const plan>(p.get(), plan_deleter{std::move(lp), live_});
 }
 
-job runtime_core::submit(const std::shared_ptr<const plan>& p, std::vector<host_tensor> inputs) {
+job runtime_core::submit(const std::shared_ptr<const plan>& p, std::vector<host_tensor> inputs,
+                         const submit_options& options) {
   auto ss = std::make_shared<job::shared_state>();
   ss->id = next_job_.fetch_add(1);
   ss->times.submitted_ns = gpu::host_clock_ns();
@@ -232,6 +234,15 @@ job runtime_core::submit(const std::shared_ptr<const plan>& p, std::vector<host_
   if (!used.empty())
     caf::anon_send(device_actors_[static_cast<std::size_t>(used.front())],
                    msg::acquire_arena{lp->key, ss->id, ja});
+  if (options.deadline.count() > 0) {
+    // The job actor fails the job as a cancel would (begin_fail), in any
+    // phase; after the job finished the message finds no actor.
+    const double ms = static_cast<double>(options.deadline.count()) / 1e6;
+    char text[96];
+    std::snprintf(text, sizeof text, "job %llu passed its deadline (%.3f ms after submission)",
+                  static_cast<unsigned long long>(ss->id), ms);
+    caf::delayed_anon_send(ja, options.deadline, msg::fail_job{error{errc::timeout, text}});
+  }
   return j;
 }
 

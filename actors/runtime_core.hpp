@@ -62,7 +62,8 @@ class runtime_core {
   expected<std::shared_ptr<const plan>> compile(std::shared_ptr<const graph> g, plan_options options);
   /// Spawns the job's actor and sends its first arena request (from this
   /// thread, so that one thread's jobs queue in submission order).
-  job submit(const std::shared_ptr<const plan>& p, std::vector<host_tensor> inputs);
+  job submit(const std::shared_ptr<const plan>& p, std::vector<host_tensor> inputs,
+             const submit_options& options = {});
 
   int64_t jobs_in_flight() const noexcept { return in_flight_.load(); }
   /// Blocks until no job actor is alive.

@@ -11,8 +11,8 @@
 //             slice + concat) pipelined over the remaining devices.
 // Faults (on by default, sim devices): random op errors, stalls (ops taking
 // stall_seconds longer), devices dying after a drawn number of ops; random
-// cancels (at once after submit, or later), deadlines the soak enforces
-// through wait_for() + cancel(), continuations that submit more jobs (from
+// cancels (at once after submit), deadlines (submit_options::deadline, 1 us
+// to 2 ms), continuations that submit more jobs (from
 // the runtime's completion thread). The run is split in epochs: each epoch is
 // one runtime; the next epoch creates a fresh runtime over fresh devices
 // (dead devices come back that way: the runtime has no reset_device yet).
@@ -22,7 +22,8 @@
 // past the watchdog (hung); every finished job is done with outputs equal to
 // evaluate_reference (all of them up to --check-all-below jobs, then one in
 // --check-every), or failed with a fault error (op_failed / device_failed
-// naming a device, message saying "injected fault"), or cancelled by the soak.
+// naming a device, message saying "injected fault"), or cancelled by the soak,
+// or failed with errc::timeout at the deadline it was given.
 // Anything else counts as wrong. Exit status 1 if anything was lost, hung or
 // wrong; 2 for bad flags.
 #include <algorithm>
@@ -226,7 +227,6 @@ struct job_record {
   bool cancelled_by_us = false;
   bool has_deadline = false;
   bool followup = false;
-  clk::time_point deadline{};
   outcome result = outcome::pending;
 };
 
@@ -280,11 +280,11 @@ class soak {
       sim.faults.op_error_rate = o_.op_error_rate;
       sim.faults.op_stall_rate = o_.op_stall_rate;
       sim.faults.stall_seconds = o_.stall_seconds;
-      // A device dies after about as many ops as the busiest device runs in
-      // 20..80% of the epoch (about one op per job there: three plans over
-      // disjoint devices, a few ops per plan and device).
+      // Devices die after as many ops as the busiest ones run in 40..120% of
+      // the epoch (about one op per job there: three plans over disjoint
+      // devices, a few ops per plan and device), so some epochs end first.
       if (deaths) {
-        sim.faults.die_after_ops = static_cast<int64_t>(static_cast<double>(n) * (0.2 + 0.6 * uni()));
+        sim.faults.die_after_ops = static_cast<int64_t>(static_cast<double>(n) * (0.4 + 0.8 * uni()));
         ++c_.deaths_configured;
       }
     }
@@ -358,16 +358,18 @@ class soak {
       rec->set = static_cast<int>(rng_() % 4);
       const int64_t index = c_.jobs + main_submitted;
       rec->check = index < o_.check_all_below || index % o_.check_every == 0;
+      ag::submit_options so;
+      if (uni() < o_.deadline_rate) {
+        rec->has_deadline = true;
+        // Deadlines from 1 us to 2 ms: some pass, some fire.
+        so.deadline = std::chrono::microseconds(1 + static_cast<int64_t>(2000 * uni()));
+      }
       rec->handle = rt->submit(compiled[static_cast<std::size_t>(rec->plan)],
-                               plans_[static_cast<std::size_t>(rec->plan)].inputs[static_cast<std::size_t>(rec->set)]);
+                               plans_[static_cast<std::size_t>(rec->plan)].inputs[static_cast<std::size_t>(rec->set)], so);
       ++main_submitted;
-      if (uni() < o_.cancel_rate) {
+      if (!rec->has_deadline && uni() < o_.cancel_rate) {
         rec->cancelled_by_us = true;
         rec->handle.cancel();
-      } else if (uni() < o_.deadline_rate) {
-        rec->has_deadline = true;
-        // Deadlines from 0 to 2 ms: some pass, some fire.
-        rec->deadline = clk::now() + std::chrono::microseconds(static_cast<int64_t>(2000 * uni()));
       }
       const bool follow = uni() < o_.continuation_rate;
       watch(rec, follow, rng_());
@@ -389,10 +391,6 @@ class soak {
     auto retire_front = [&] {
       auto rec = flight.front();
       flight.pop_front();
-      if (rec->has_deadline && !rec->handle.wait_for(rec->deadline - clk::now())) {
-        rec->handle.cancel();
-        rec->result = outcome::deadline;
-      }
       if (!rec->handle.wait_for(std::chrono::duration_cast<std::chrono::nanoseconds>(
               std::chrono::duration<double>(o_.watchdog_s)))) {
         rec->result = outcome::hung;
@@ -435,7 +433,6 @@ class soak {
   void classify(job_record& rec) {
     const auto& r = rec.handle.wait();
     if (r.has_value()) {
-      if (rec.result == outcome::deadline) rec.result = outcome::pending;  // finished just in time
       ++c_.done;
       if (!rec.check || !values()) return;
       ++c_.checked;
@@ -451,9 +448,12 @@ class soak {
       return;
     }
     const ag::error& e = r.err();
-    if (e.code == ag::errc::cancelled && (rec.cancelled_by_us || rec.result == outcome::deadline)) {
-      if (rec.result == outcome::deadline) ++c_.deadline;
-      else ++c_.cancelled;
+    if (e.code == ag::errc::cancelled && rec.cancelled_by_us) {
+      ++c_.cancelled;
+      return;
+    }
+    if (e.code == ag::errc::timeout && rec.has_deadline && e.message.find("deadline") != std::string::npos) {
+      ++c_.deadline;
       return;
     }
     const bool names_fault = e.device >= 0 && e.message.find("injected fault") != std::string::npos;
@@ -476,7 +476,7 @@ class soak {
     std::printf("%-28s %12" PRId64 "\n", "failed: injected op error", c_.fault_op);
     std::printf("%-28s %12" PRId64 "\n", "failed: device died", c_.fault_death);
     std::printf("%-28s %12" PRId64 "\n", "cancelled by the soak", c_.cancelled);
-    std::printf("%-28s %12" PRId64 "\n", "cancelled at deadline", c_.deadline);
+    std::printf("%-28s %12" PRId64 "\n", "failed at their deadline", c_.deadline);
     std::printf("%-28s %12" PRId64 "\n", "submitted by continuations", c_.followups);
     std::printf("%-28s %12" PRId64 "\n", "unexplained failure", c_.unexplained);
     std::printf("%-28s %12" PRId64 "\n", "continuation run twice", c_.duplicate);
@@ -524,7 +524,7 @@ int main(int argc, char** argv) {
   app.add_option("--stall-seconds", o.stall_seconds, "wall seconds a stalled op takes extra")->check(CLI::Range(0.0, 10.0));
   app.add_option("--death-fraction", o.death_fraction, "share of epochs whose devices die")->check(CLI::Range(0.0, 1.0));
   app.add_option("--cancel-rate", o.cancel_rate, "share of jobs cancelled")->check(CLI::Range(0.0, 1.0));
-  app.add_option("--deadline-rate", o.deadline_rate, "share of jobs with a 0..2 ms deadline")->check(CLI::Range(0.0, 1.0));
+  app.add_option("--deadline-rate", o.deadline_rate, "share of jobs submitted with a 1 us..2 ms deadline")->check(CLI::Range(0.0, 1.0));
   app.add_option("--continuation-rate", o.continuation_rate, "share of jobs whose continuation submits a job")
       ->check(CLI::Range(0.0, 1.0));
   app.add_option("--check-all-below", o.check_all_below, "check every job's outputs up to this many jobs");

@@ -81,4 +81,81 @@ TEST(Faults, ADeviceDyingUpstreamFailsItsJobsInsteadOfWrongOutputs) {
                                         << " with right ones (by luck), although their first stage never ran";
 }
 
+// Deadlines (submit_options::deadline).
+ag::gpu::sim::sim_device* stall_every_op(ag::runtime& rt, int device, double seconds) {
+  auto* dev = dynamic_cast<ag::gpu::sim::sim_device*>(rt.device(device).get());
+  if (!dev) return nullptr;
+  ag::gpu::fault_config f;
+  f.op_stall_rate = 1;
+  f.stall_seconds = seconds;
+  dev->set_faults(f);
+  return dev;
+}
+
+ag::graph one_device_chain() {
+  ag::graph_builder b;
+  auto x = b.input("x", ag::dtype::f32, {4, 8});
+  for (int l = 0; l < 3; ++l) {
+    auto w = b.weight("w" + std::to_string(l), ag::host_tensor::random_normal(ag::dtype::f32, {8, 8}, 70 + l, 0.3f));
+    x = b.gelu(b.matmul(x, w), ag::gelu_mode::tanh, "act" + std::to_string(l));
+  }
+  b.output(x);
+  return std::move(b).build().value();
+}
+
+TEST(Deadline, AJobOnAStalledDeviceFailsWithTimeoutAtItsDeadlineNotWhenTheStallEnds) {
+  auto rt = ag::runtime::create("sim:1").value();
+  auto p = rt->compile(one_device_chain()).value();
+  auto* dev = stall_every_op(*rt, 0, 600);  // the stall would outlast the test's limits
+  ASSERT_NE(dev, nullptr);
+  ag::submit_options so;
+  so.deadline = 20ms;
+  ag::job j = rt->submit(p, {ag::host_tensor::random_normal(ag::dtype::f32, {4, 8}, 1)}, so);
+  ASSERT_TRUE(j.wait_for(60s)) << "the deadline did not end the job";
+  ASSERT_FALSE(j.wait().has_value());
+  EXPECT_EQ(j.state(), ag::job_state::failed);
+  EXPECT_EQ(j.wait().err().code, ag::errc::timeout) << j.wait().err().to_string();
+  EXPECT_NE(j.wait().err().message.find("deadline"), std::string::npos) << j.wait().err().to_string();
+  dev->kill("end of test");  // ends the stall, so the runtime can stop
+}
+
+TEST(Deadline, AJobWaitingForAnArenaFailsAtItsDeadline) {
+  ag::runtime_options o;
+  o.arenas_per_device = 1;
+  auto rt = ag::runtime::create("sim:1", o).value();
+  auto p = rt->compile(one_device_chain()).value();
+  auto* dev = stall_every_op(*rt, 0, 600);
+  ASSERT_NE(dev, nullptr);
+  auto in = std::vector<ag::host_tensor>{ag::host_tensor::random_normal(ag::dtype::f32, {4, 8}, 1)};
+  ag::job holder = rt->submit(p, in);  // holds the only arena, stalled
+  ag::submit_options so;
+  so.deadline = 20ms;
+  ag::job j = rt->submit(p, in, so);
+  ASSERT_TRUE(j.wait_for(60s)) << "the deadline did not end the queued job";
+  ASSERT_FALSE(j.wait().has_value());
+  EXPECT_EQ(j.wait().err().code, ag::errc::timeout) << j.wait().err().to_string();
+  EXPECT_FALSE(holder.ready()) << "the job holding the arena has no deadline: it is still stalled";
+  dev->kill("end of test");
+  ASSERT_TRUE(holder.wait_for(60s));
+  EXPECT_EQ(holder.wait().err().code, ag::errc::device_failed);
+}
+
+TEST(Deadline, AJobFinishingBeforeItsDeadlineKeepsItsResultAndThePendingDeadlineDoesNotHoldTheRuntime) {
+  auto rt = ag::runtime::create("sim:1").value();
+  auto g = one_device_chain();
+  auto in = std::vector<ag::host_tensor>{ag::host_tensor::random_normal(ag::dtype::f32, {4, 8}, 1)};
+  const auto ref = ag::evaluate_reference(g, in).value();
+  auto p = rt->compile(std::move(g)).value();
+  ag::submit_options so;
+  so.deadline = std::chrono::hours(1);
+  ag::job j = rt->submit(p, in, so);
+  ASSERT_TRUE(j.wait_for(60s));
+  ASSERT_TRUE(j.wait().has_value()) << j.wait().err().to_string();
+  EXPECT_TRUE(ag::compare(j.wait().value()[0], ref[0], 2e-4, 2e-3).ok);
+  p.reset();
+  const auto t0 = std::chrono::steady_clock::now();
+  rt.reset();
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 30s) << "the runtime waited for a deadline timer";
+}
+
 }  // namespace
