@@ -99,12 +99,17 @@ class job {
   /// True once the job finished (done, failed or cancelled). Never blocks.
   bool ready() const noexcept;
   /// Blocks until ready; returns the result (valid as long as a handle lives).
+  /// Inside a continuation (a then() callback the runtime runs) on a job
+  /// that is not ready, it does not block: the thread may be the one that job
+  /// needs (a device's worker), so it returns errc::invalid_argument saying
+  /// so at once (it used to deadlock that device).
   const job_result& wait() const&;
   /// On a temporary handle (`rt.submit(p, in).wait()`): blocks until ready and
   /// returns a copy of the result, so that nothing refers into a job state the
   /// temporary's end may free.
   job_result wait() &&;
-  /// Waits at most `d`; true if ready.
+  /// Waits at most `d`; true if ready. Inside a continuation it does not
+  /// wait (see wait()): it only says whether the job is ready.
   bool wait_for(std::chrono::nanoseconds d) const;
   /// Runs `fn` once the job is ready (at once, on this thread, if it already
   /// is; else on a runtime thread: keep it short and non-blocking).
@@ -152,7 +157,10 @@ class runtime {
   /// grammar: "sim:4", "cpu:2", "sim:2,cpu:1", "cuda:all") and starts the actors.
   static expected<std::unique_ptr<runtime>> create(const std::string& device_spec,
                                                    runtime_options options = {});
-  /// Cancels nothing: waits for jobs in flight, then stops every actor.
+  /// Cancels nothing: first refuses new jobs (a submit from then on, e.g.
+  /// from a continuation, fails at once with errc::shutting_down), then waits
+  /// for the jobs in flight, then stops every actor. Must not run inside a
+  /// continuation of one of its own jobs.
   ~runtime();
   runtime(const runtime&) = delete;
   runtime& operator=(const runtime&) = delete;
@@ -168,6 +176,7 @@ class runtime {
   /// Submits one job; returns at once. Wrong input count, dtype or shape,
   /// a plan of another runtime or a stopped runtime give a failed job whose
   /// error says which input and what was expected; the runtime keeps serving.
+  /// A runtime being destroyed fails the job at once with errc::shutting_down.
   job submit(const std::shared_ptr<const plan>& p, std::vector<host_tensor> inputs);
   /// The same, with per-job options (a deadline).
   job submit(const std::shared_ptr<const plan>& p, std::vector<host_tensor> inputs, const submit_options& options);
@@ -177,7 +186,8 @@ class runtime {
 
   /// Jobs submitted and not yet ready.
   int64_t jobs_in_flight() const noexcept;
-  /// Blocks until no job is in flight.
+  /// Blocks until no job is in flight. Inside a continuation it returns at
+  /// once (the job running it is still in flight: it would wait for itself).
   void wait_idle();
   /// Returns and clears the trace records gathered so far (jobs that are ready).
   trace take_trace();

@@ -202,21 +202,29 @@ job runtime_core::submit(const std::shared_ptr<const plan>& p, std::vector<host_
   ss->id = next_job_.fetch_add(1);
   ss->times.submitted_ns = gpu::host_clock_ns();
   job j(ss);
-  if (stopped_) {
-    ss->fulfil(error{errc::shutting_down, "runtime is stopping"}, job_state::failed);
+  // Counted alive before the stop flag is read, as stop_submissions() sets
+  // the flag before wait_idle() reads the count: either this submit sees the
+  // flag, or the destructor waits for this job (it could otherwise spawn a
+  // job actor after the device actors stopped, and the actor system would
+  // wait for it forever).
+  alive_.fetch_add(1);
+  if (stopped_ || stopping_) {
+    job_gone();
+    ss->fulfil(error{errc::shutting_down, "runtime is stopping: it takes no new jobs"}, job_state::failed);
     return j;
   }
   const plan_deleter* d = p ? std::get_deleter<plan_deleter>(p) : nullptr;
   if (!d || d->live != live_) {
+    job_gone();
     ss->fulfil(error{errc::invalid_argument, "submit: the plan was not compiled by this runtime"}, job_state::failed);
     return j;
   }
   if (auto e = check_inputs(p->source(), inputs)) {
+    job_gone();
     ss->fulfil(std::move(e), job_state::failed);
     return j;
   }
   in_flight_.fetch_add(1);
-  alive_.fetch_add(1);
   const auto& lp = d->lp;
   caf::actor ja = spawn_job_actor(sys_, this, ss, lp, p, std::move(inputs));
   {

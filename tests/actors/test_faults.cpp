@@ -4,6 +4,10 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstdlib>
+#include <future>
+#include <iostream>
+#include <memory>
 #include <thread>
 
 #include "actors/actorgraph.hpp"
@@ -156,6 +160,110 @@ TEST(Deadline, AJobFinishingBeforeItsDeadlineKeepsItsResultAndThePendingDeadline
   const auto t0 = std::chrono::steady_clock::now();
   rt.reset();
   EXPECT_LT(std::chrono::steady_clock::now() - t0, 30s) << "the runtime waited for a deadline timer";
+}
+
+// x -> matmul -> gelu, all pinned to `device`.
+ag::graph pinned_small(int device) {
+  ag::graph_builder b;
+  auto x = b.input("x", ag::dtype::f32, {4, 8});
+  auto w = b.weight("w", ag::host_tensor::random_normal(ag::dtype::f32, {8, 8}, 5, 0.3f));
+  auto m = b.matmul(x, w, false, false, "mm");
+  auto y = b.gelu(m, ag::gelu_mode::tanh, "act");
+  for (auto t : {x, w, m, y}) b.pin(t, device);
+  b.output(y);
+  return std::move(b).build().value();
+}
+
+std::vector<ag::host_tensor> small_input(uint64_t seed) {
+  return {ag::host_tensor::random_normal(ag::dtype::f32, {4, 8}, seed)};
+}
+
+// wait() on another job inside a continuation used to block the thread
+// running it (a device's worker) until that job finished: a job needing that
+// device never did. It now fails at once, saying why.
+TEST(Continuation, WaitingOnAnotherJobInsideAContinuationFailsAtOnceInsteadOfBlocking) {
+  auto rt = ag::runtime::create("sim:2").value();
+  auto pa = rt->compile(pinned_small(0)).value();
+  auto pb = rt->compile(pinned_small(1)).value();
+  auto* dev1 = stall_every_op(*rt, 1, 600);  // b cannot finish while the test runs
+  ASSERT_NE(dev1, nullptr);
+  ag::job b = rt->submit(pb, small_input(2));
+  struct seen {
+    ag::errc wait_code = ag::errc::ok;
+    std::string wait_message;
+    bool wait_for_result = true;
+  };
+  std::promise<seen> inside;
+  ag::job a = rt->submit(pa, small_input(1));
+  a.then([&, b](const ag::job_result& r) {
+    seen s;
+    const ag::job_result& rb = b.wait();
+    if (!rb.has_value()) {
+      s.wait_code = rb.err().code;
+      s.wait_message = rb.err().message;
+    }
+    s.wait_for_result = b.wait_for(std::chrono::hours(1));
+    rt->wait_idle();  // would wait for `a` itself
+    (void)r;
+    inside.set_value(s);
+  });
+  auto f = inside.get_future();
+  ASSERT_EQ(f.wait_for(60s), std::future_status::ready) << "a wait inside the continuation blocked";
+  const seen s = f.get();
+  EXPECT_EQ(s.wait_code, ag::errc::invalid_argument);
+  EXPECT_NE(s.wait_message.find("continuation"), std::string::npos) << s.wait_message;
+  EXPECT_FALSE(s.wait_for_result);
+  EXPECT_FALSE(b.ready());
+  // Outside a continuation wait() still waits: end b's stall, then it is b's own result.
+  dev1->kill("end of test");
+  ASSERT_TRUE(b.wait_for(60s));
+  EXPECT_EQ(b.wait().err().code, ag::errc::device_failed);
+  ASSERT_TRUE(a.wait().has_value()) << a.wait().err().to_string();
+}
+
+// Destroying the runtime while continuations keep submitting chained jobs
+// never returned (20 s and 263k jobs later): destruction now refuses new jobs
+// first (errc::shutting_down, at once), then waits for those in flight.
+TEST(Shutdown, DestroyingTheRuntimeWhileContinuationsKeepSubmittingReturnsAndRefusesNewJobs) {
+  struct chains {
+    ag::runtime* rt = nullptr;
+    std::shared_ptr<const ag::plan> p;
+    std::atomic<int64_t> done{0}, refused{0}, other{0};
+    std::function<void(const ag::job_result&)> next;
+  };
+  auto rt = ag::runtime::create("sim:2").value();
+  auto c = std::make_shared<chains>();
+  c->rt = rt.get();
+  c->p = rt->compile(pinned_small(0)).value();
+  c->next = [c](const ag::job_result& r) {
+    if (r.has_value()) {
+      c->done.fetch_add(1);
+      c->rt->submit(c->p, small_input(3)).then(c->next);
+    } else if (r.err().code == ag::errc::shutting_down) {
+      c->refused.fetch_add(1);
+    } else {
+      c->other.fetch_add(1);
+    }
+  };
+  for (int i = 0; i < 8; ++i) rt->submit(c->p, small_input(4)).then(c->next);
+  const auto until = std::chrono::steady_clock::now() + 60s;
+  while (c->done.load() < 500 && std::chrono::steady_clock::now() < until) std::this_thread::yield();
+  ASSERT_GE(c->done.load(), 500) << "the chains did not run";
+  // A watchdog ends the process if the destructor does not return (its
+  // thread could not be joined): a hang fails the test instead of CTest's timeout.
+  std::promise<void> returned;
+  std::thread watchdog([f = returned.get_future()]() mutable {
+    if (f.wait_for(60s) != std::future_status::ready) {
+      std::cerr << "FAILED: the runtime's destructor did not return within 60 s\n";
+      std::_Exit(1);
+    }
+  });
+  rt.reset();
+  returned.set_value();
+  watchdog.join();
+  EXPECT_EQ(c->refused.load(), 8) << "each chain ends with one refused submission";
+  EXPECT_EQ(c->other.load(), 0);
+  c->next = nullptr;  // breaks the cycle c -> next -> c
 }
 
 }  // namespace
