@@ -59,6 +59,10 @@ struct runtime_options {
   /// some idle CPU (16 idle workers: 2% of a core at 10 ms, 8% at 1 ms).
   int scheduler_idle_steal_us = 1000;
   bool trace = true;  ///< record a trace entry per step
+  /// Trace records kept until take_trace(): a ring of the newest ones (about
+  /// 100 bytes each plus labels); older ones are dropped and counted in
+  /// trace::dropped_records. Bounds tracing's memory in long runs.
+  int64_t trace_max_records = 262144;
   /// Job outputs copied out of a device that offers host memory of its own
   /// (gpu::device::host_memory(): CUDA's pinned pool) are allocated there: the
   /// device copies into them directly, without a staging copy, and a buffer
@@ -143,6 +147,9 @@ struct trace_record {
 struct trace {
   std::vector<std::string> device_names;
   std::vector<trace_record> records;
+  /// Records dropped since the last take_trace() because the ring
+  /// (runtime_options::trace_max_records) was full: the oldest go first.
+  uint64_t dropped_records = 0;
   /// Chrome trace JSON (chrome://tracing, Perfetto): a process per device, a
   /// thread per lane, a complete event ("X") per record.
   std::string to_chrome_json() const;

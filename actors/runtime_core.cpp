@@ -51,7 +51,7 @@ struct plan_deleter {
 }  // namespace
 
 runtime_core::runtime_core(caf::actor_system& sys, std::vector<gpu::device_ptr> devices, runtime_options opts)
-    : sys_(sys), devices_(std::move(devices)), opts_(opts) {
+    : sys_(sys), devices_(std::move(devices)), opts_(opts), trace_(opts.trace_max_records) {
   for (const auto& d : devices_) specs_.push_back(d->spec());
   runtime_actor_ = spawn_runtime_actor(sys_, jobs_);
   live_ = std::make_shared<liveness>();
@@ -282,7 +282,7 @@ void runtime_core::wait_idle() {
 trace runtime_core::take_trace() {
   trace t;
   for (const auto& s : specs_) t.device_names.push_back(s.name);
-  t.records = trace_.take();
+  t.records = trace_.take(&t.dropped_records);
   return t;
 }
 

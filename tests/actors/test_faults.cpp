@@ -266,4 +266,52 @@ TEST(Shutdown, DestroyingTheRuntimeWhileContinuationsKeepSubmittingReturnsAndRef
   c->next = nullptr;  // breaks the cycle c -> next -> c
 }
 
+// Tracing was unbounded (about 4 KB per job: 1 GB after 207k jobs). The
+// buffer is now a ring of the newest trace_max_records records.
+TEST(Trace, TheTraceKeepsTheNewestRecordsUpToItsLimitAndCountsTheDropped) {
+  ag::runtime_options o;
+  o.trace_max_records = 10;
+  auto rt = ag::runtime::create("sim:1", o).value();
+  auto p = rt->compile(pinned_small(0)).value();
+  std::vector<ag::job> jobs;
+  for (int i = 0; i < 20; ++i) jobs.push_back(rt->submit(p, small_input(static_cast<uint64_t>(i))));
+  for (auto& j : jobs) ASSERT_TRUE(j.wait_for(60s));
+  rt->wait_idle();
+  const std::size_t per_job = p->steps().size();
+  ASSERT_GE(per_job, 2u);
+  const ag::trace t = rt->take_trace();
+  EXPECT_EQ(t.records.size(), 10u);
+  EXPECT_EQ(t.dropped_records, 20 * per_job - 10);
+  // The newest are kept: the last job's records are there.
+  bool last_job_kept = false;
+  for (const auto& r : t.records) last_job_kept |= r.job == jobs.back().id();
+  EXPECT_TRUE(last_job_kept);
+  const ag::trace again = rt->take_trace();
+  EXPECT_TRUE(again.records.empty());
+  EXPECT_EQ(again.dropped_records, 0u);
+  o.trace_max_records = -1;
+  auto bad = ag::runtime::create("sim:1", o);
+  ASSERT_FALSE(bad.has_value());
+  EXPECT_NE(bad.err().message.find("trace_max_records"), std::string::npos) << bad.err().to_string();
+}
+
+// A rank-5 input said "rank -1"; now the count of dims, at submit and in the builder.
+TEST(BadInputRank, ARankFiveInputSaysHowManyDimsItHas) {
+  auto rt = ag::runtime::create("sim:1").value();
+  auto p = rt->compile(pinned_small(0)).value();
+  auto in = ag::host_tensor::random_normal(ag::dtype::f32, {1, 1, 1, 4, 8}, 1);
+  ag::job j = rt->submit(p, {in});
+  ASSERT_TRUE(j.wait_for(60s));
+  ASSERT_FALSE(j.wait().has_value());
+  EXPECT_EQ(j.wait().err().code, ag::errc::invalid_shape);
+  EXPECT_NE(j.wait().err().message.find("5 dims"), std::string::npos) << j.wait().err().to_string();
+  EXPECT_EQ(j.wait().err().message.find("-1"), std::string::npos) << j.wait().err().to_string();
+  ag::graph_builder b;
+  b.output(b.input("y", ag::dtype::f32, {1, 1, 1, 4, 8}));
+  auto g = std::move(b).build();
+  ASSERT_FALSE(g.has_value());
+  EXPECT_NE(g.err().message.find("5 dimensions"), std::string::npos) << g.err().to_string();
+  EXPECT_EQ(g.err().message.find("-1"), std::string::npos) << g.err().to_string();
+}
+
 }  // namespace
