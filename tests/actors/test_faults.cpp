@@ -4,6 +4,8 @@
 
 #include <atomic>
 #include <chrono>
+#include <cmath>
+#include <limits>
 #include <cstdlib>
 #include <future>
 #include <iostream>
@@ -312,6 +314,72 @@ TEST(BadInputRank, ARankFiveInputSaysHowManyDimsItHas) {
   ASSERT_FALSE(g.has_value());
   EXPECT_NE(g.err().message.find("5 dimensions"), std::string::npos) << g.err().to_string();
   EXPECT_EQ(g.err().message.find("-1"), std::string::npos) << g.err().to_string();
+}
+
+// Bad data through the API: clear results, never a crash or hang.
+TEST(BadInputData, NanAndInfInputsRunAndGiveTheReferencesNonFiniteValues) {
+  auto rt = ag::runtime::create("sim:1").value();
+  auto g = pinned_small(0);
+  auto in = small_input(1);
+  in[0].set(0, std::numeric_limits<float>::quiet_NaN());
+  in[0].set(9, std::numeric_limits<float>::infinity());
+  in[0].set(17, -std::numeric_limits<float>::infinity());
+  const auto ref = ag::evaluate_reference(g, in).value();
+  auto p = rt->compile(std::move(g)).value();
+  ag::job j = rt->submit(p, in);
+  ASSERT_TRUE(j.wait_for(60s));
+  ASSERT_TRUE(j.wait().has_value()) << j.wait().err().to_string();
+  const ag::host_tensor& y = j.wait().value()[0];
+  const ag::host_tensor& r = ref[0];
+  ASSERT_EQ(y.numel(), r.numel());
+  int non_finite = 0;
+  for (int64_t i = 0; i < y.numel(); ++i) {
+    const float a = y.at(i), b = r.at(i);
+    EXPECT_EQ(std::isfinite(a), std::isfinite(b)) << "element " << i << ": " << a << " vs reference " << b;
+    if (!std::isfinite(b)) {
+      ++non_finite;
+      EXPECT_EQ(std::isnan(a), std::isnan(b)) << "element " << i;
+    } else {
+      EXPECT_NEAR(a, b, 2e-3 + 2e-4 * std::fabs(b)) << "element " << i;
+    }
+  }
+  EXPECT_GT(non_finite, 0) << "the NaN/Inf inputs reached the outputs";
+}
+
+TEST(BadInputData, ZeroSizeTensorsAreRefusedAtSubmitAndInTheBuilder) {
+  auto rt = ag::runtime::create("sim:1").value();
+  // A zero-size input given where the plan expects [4, 8].
+  auto p = rt->compile(pinned_small(0)).value();
+  ag::job j = rt->submit(p, {ag::host_tensor::random_normal(ag::dtype::f32, {0, 8}, 1)});
+  ASSERT_TRUE(j.wait_for(60s));
+  ASSERT_FALSE(j.wait().has_value());
+  EXPECT_EQ(j.wait().err().code, ag::errc::invalid_shape) << j.wait().err().to_string();
+  EXPECT_NE(j.wait().err().message.find("[0, 8]"), std::string::npos) << j.wait().err().to_string();
+  // A graph whose input has a zero dim is refused when built, naming it.
+  ag::graph_builder b;
+  auto x = b.input("x", ag::dtype::f32, {0, 8});
+  b.output(b.gelu(x, ag::gelu_mode::tanh, "act"));
+  auto g = std::move(b).build();
+  ASSERT_FALSE(g.has_value());
+  EXPECT_EQ(g.err().code, ag::errc::invalid_shape);
+  EXPECT_NE(g.err().message.find("'x'"), std::string::npos) << g.err().to_string();
+  EXPECT_NE(g.err().message.find("< 1"), std::string::npos) << g.err().to_string();
+}
+
+TEST(BadInputData, WaitingOnACancelledJobReturnsCancelled) {
+  auto rt = ag::runtime::create("sim:1").value();
+  auto p = rt->compile(pinned_small(0)).value();
+  auto* dev = stall_every_op(*rt, 0, 600);
+  ASSERT_NE(dev, nullptr);
+  ag::job j = rt->submit(p, small_input(1));
+  j.cancel();
+  dev->set_faults({});  // the cancel drops the steps not started; the rest runs at once
+  ASSERT_TRUE(j.wait_for(60s)) << "waiting on a cancelled job hung";
+  EXPECT_EQ(j.state(), ag::job_state::cancelled);
+  ASSERT_FALSE(j.wait().has_value());
+  EXPECT_EQ(j.wait().err().code, ag::errc::cancelled);
+  j.cancel();  // again: no effect
+  EXPECT_EQ(j.wait().err().code, ag::errc::cancelled);
 }
 
 }  // namespace
