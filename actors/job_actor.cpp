@@ -171,6 +171,9 @@ void start_run(job_actor_t* self) {
     ctx.staging[io] = host_tensor::uninitialized(sn.type, sn.dims, lp.output_memory[io]);
   }
   st.ph = phase::running;
+  // The job's place in the plan's agreed collective order: drawn now that
+  // it holds every arena, so a job never waits for one drawn after it.
+  ctx.collective_seq = lp.next_collective_seq.fetch_add(1, std::memory_order_relaxed);
   st.remaining = prog.completion_steps().size();
   ctx.completions_left.store(static_cast<int>(st.remaining), std::memory_order_relaxed);
   st.ss->mark_started(gpu::host_clock_ns());

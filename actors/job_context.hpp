@@ -51,6 +51,10 @@ struct job_context final : msg::job_ref, std::enable_shared_from_this<job_contex
   std::vector<host_tensor> inputs;
   caf::actor job_actor;
   bool timing = false;
+  /// This job's place in its plan's collective issue order
+  /// (loaded_plan::next_collective_seq), drawn by the job actor before
+  /// run_job is sent; read by communication queues after a message.
+  uint64_t collective_seq = 0;
   mutable std::vector<step_slot> slots;      ///< by step id
   mutable std::vector<host_tensor> outputs;
   mutable std::vector<host_tensor> staging;  ///< by output index, gathered outputs only

@@ -115,6 +115,47 @@ error lower_copy(const plan& p, const step& s, lowered_step& ls) {
   return {};
 }
 
+/// A collective part: its output here, every member's operand where that
+/// member lives (never copied: the backend reads or exchanges them), the
+/// members' devices in rank order, algorithm and size. Its label names the
+/// collective with its op, algorithm and bytes (traces, timeline).
+error lower_collective(const plan& p, const step& s, lowered_step& ls) {
+  const graph& g = p.source();
+  const step_errors err{s};
+  if (s.ops.size() != 1) return err("has " + std::to_string(s.ops.size()) + " nodes, expected 1 collective");
+  const node& n = g.at(s.ops.front());
+  if (!is_collective_op(n.op)) return err("runs '" + n.name + "', which is not a collective", n.name);
+  if (s.peers.size() != n.inputs.size())
+    return err("has " + std::to_string(s.peers.size()) + " parts for " + std::to_string(n.inputs.size()) + " operands",
+               n.name);
+  collective_desc& c = ls.coll;
+  c.rank = n.attrs.rank;
+  c.algo = s.algo;
+  c.bytes = s.bytes;
+  if (c.rank < 0 || static_cast<std::size_t>(c.rank) >= s.peers.size() || s.peers[static_cast<std::size_t>(c.rank)] != s.id)
+    return err("is not part " + std::to_string(c.rank) + " of its collective", n.name);
+  const auto ndev = static_cast<int>(p.devices().size());
+  for (std::size_t k = 0; k < s.peers.size(); ++k) {
+    const step_id peer = s.peers[k];
+    if (peer < 0 || static_cast<std::size_t>(peer) >= p.steps().size())
+      return err("names part " + std::to_string(peer) + ", which is not in the plan", n.name);
+    const int dev = p.at(peer).device;
+    if (dev < 0 || dev >= ndev) return err("has a part on a device out of range", n.name);
+    auto a = resolve(p, n.inputs[k], dev);
+    if (!a) return err.wrap(a.err(), "operand '" + g.at(n.inputs[k]).name + "'", n.name);
+    if (!is_contiguous(a->proto.dims, a->proto.stride))
+      return err("operand '" + g.at(n.inputs[k]).name + "' is not contiguous", n.name);
+    c.inputs.push_back(*a);
+    c.member_devices.push_back(dev);
+  }
+  auto out = resolve(p, n.id, s.device);
+  if (!out) return err.wrap(out.err(), "output '" + n.name + "'", n.name);
+  c.out = *out;
+  ls.subject = &n;
+  ls.label = n.name + " (" + to_string(n.op) + ", " + to_string(c.algo) + ", " + std::to_string(c.bytes) + " B)";
+  return {};
+}
+
 /// The per-kind part of the lowering: everything a step kind needs beyond
 /// queues, deps and consumers. A new step kind is one more case here (and
 /// one in the executor, stream_actor.cpp's launch_step).
@@ -124,15 +165,7 @@ error lower_step(const plan& p, const step& s, lowered_step& ls) {
     case step_kind::copy_h2d:
     case step_kind::copy_d2h:
     case step_kind::copy_peer: return lower_copy(p, s, ls);
-    case step_kind::collective: {
-      // Not executed yet (tensor-parallel plans with collectives are refused
-      // by runtime_core::compile): its descriptor (members' operands, algo,
-      // peers) goes here, its execution in stream_actor.cpp's launch_step.
-      error e = step_errors{s}("is a collective, which this runtime cannot run yet",
-                               s.ops.empty() ? std::string{} : p.source().at(s.ops.front()).name);
-      e.code = errc::unsupported_op;
-      return e;
-    }
+    case step_kind::collective: return lower_collective(p, s, ls);
   }
   return step_errors{s}("has an unknown kind");
 }

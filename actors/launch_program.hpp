@@ -20,7 +20,7 @@
 ///    (region + byte offset + tensor_arg prototype) or copy descriptor, and
 ///    its trace label.
 ///
-/// Adding a step kind (collectives, captured CUDA-graph segments): add it to
+/// Adding a step kind (captured CUDA-graph segments): add it to
 /// ag::step_kind, lower it in lower_step() (launch_program.cpp: one case
 /// that fills the step's queue lane and its own descriptor), and execute it
 /// in launch_step() (stream_actor.cpp: one case). Queues, deps, consumers,
@@ -65,6 +65,16 @@ struct copy_desc {
   bool gather = false;
 };
 
+/// What a collective step's part does (plan.hpp's step of kind collective).
+struct collective_desc {
+  operand out;                       ///< the result, on the step's device
+  std::vector<operand> inputs;       ///< each member's operand, on that member's device, rank order
+  std::vector<int> member_devices;   ///< device of each member, rank order
+  int rank = -1;                     ///< this part's member index
+  collective_algo algo = collective_algo::none;
+  int64_t bytes = 0;
+};
+
 /// A queue position: (queue index, position in that queue's steps).
 struct queue_pos {
   int queue = -1;
@@ -85,6 +95,7 @@ struct lowered_step {
   std::vector<lowered_op> ops;          ///< compute
   int first_launch = 0;                 ///< compute: index of ops[0]'s record in launch_records(queue)
   copy_desc copy;                       ///< copies
+  collective_desc coll;                 ///< collectives
   /// The node an error of this step concerns when no op does (a copy's
   /// tensor); compute steps name the op that failed instead.
   const node* subject = nullptr;

@@ -9,6 +9,7 @@
 /// registry; read on any thread. The mutable part of plan_memory (its arena
 /// table) is the device actor's (plan_memory.hpp).
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <vector>
@@ -35,6 +36,12 @@ struct loaded_plan {
   /// device that copies it out, when runtime_options::pinned_outputs); null: heap.
   std::vector<host_memory_resource*> output_memory;
   runtime_core* core = nullptr;
+  /// Issue order of collectives (actors/stream_actor.cpp, communication
+  /// queues): each job of this plan draws the next number when it starts
+  /// running (all its arenas held), and every communication queue issues the
+  /// collectives of this plan's jobs in (number, queue position) order. The
+  /// only mutable member: an atomic counter, drawn by job actors.
+  mutable std::atomic<uint64_t> next_collective_seq{0};
 
   const plan& source() const noexcept { return program->source(); }
 };

@@ -93,7 +93,14 @@ caf::actor runtime_core::queue_actor(int device, step_kind kind, int lane) {
     case step_kind::copy_h2d:
     case step_kind::copy_d2h:
     case step_kind::copy_peer: return copy_actors_[d][static_cast<std::size_t>(kind) - 1];
-    case step_kind::collective: break;  // no communication actor yet: compile() refuses such plans
+    case step_kind::collective: {
+      // The device's communication queue (collective parts of every plan),
+      // spawned on the first plan that needs it.
+      std::lock_guard<std::mutex> lk(lanes_m_);
+      if (comm_actors_.size() < devices_.size()) comm_actors_.resize(devices_.size());
+      if (!comm_actors_[d]) comm_actors_[d] = spawn_exec_actor(sys_, devices_[d], step_kind::collective, 0);
+      return comm_actors_[d];
+    }
   }
   return {};
 }
@@ -109,19 +116,6 @@ expected<std::shared_ptr<const plan>> runtime_core::compile(std::shared_ptr<cons
   if (p->devices().size() != ndev)
     return error{errc::internal, "planner returned a plan for " + std::to_string(p->devices().size()) +
                                      " devices, runtime has " + std::to_string(ndev)};
-  // Tensor-parallel plans plan (graph/tensor_parallel.hpp) but do not run
-  // yet: collective steps and vocabulary-sharded lookups have no executor.
-  for (const auto& s : p->steps())
-    if (s.kind == step_kind::collective)
-      return error{errc::unsupported_op,
-                   "compile: the plan has collective steps ('" + gr.at(s.ops.at(0)).name +
-                       "'): tensor-parallel plans cannot run on this runtime yet",
-                   s.device, s.id, gr.at(s.ops.at(0)).name};
-  for (const node& n : gr.nodes())
-    if (n.op == op_kind::get_rows && n.attrs.end != 0)
-      return error{errc::unsupported_op,
-                   "compile: get_rows '" + n.name + "' looks up a table shard: tensor-parallel plans cannot run on this runtime yet",
-                   p->placement()[static_cast<std::size_t>(n.id)], -1, n.name};
   auto program = lower(p);
   if (!program) return program.err();
 
@@ -259,6 +253,8 @@ std::vector<caf::actor> runtime_core::exec_actors() {
   std::vector<caf::actor> r;
   for (const auto& v : lanes_) r.insert(r.end(), v.begin(), v.end());
   for (const auto& arr : copy_actors_) r.insert(r.end(), arr.begin(), arr.end());
+  for (const auto& a : comm_actors_)
+    if (a) r.push_back(a);
   return r;
 }
 
@@ -308,6 +304,7 @@ void runtime_core::shutdown() {
     for (auto& a : v) stop(a);
   for (auto& arr : copy_actors_)
     for (auto& a : arr) stop(a);
+  for (auto& a : comm_actors_) stop(a);
 }
 
 }  // namespace ag::actors

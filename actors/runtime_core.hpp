@@ -96,6 +96,7 @@ class runtime_core {
   std::mutex lanes_m_;
   std::vector<std::vector<caf::actor>> lanes_;          // [device][lane], under lanes_m_
   std::vector<std::array<caf::actor, 3>> copy_actors_;  // [device][h2d, d2h, peer]
+  std::vector<caf::actor> comm_actors_;                 // [device], spawned on first use, under lanes_m_
   std::vector<std::shared_ptr<fault_sink>> fault_sinks_;
   std::atomic<uint64_t> next_job_{1};
   std::atomic<int64_t> in_flight_{0};  ///< submitted, handle not yet ready

@@ -1,6 +1,8 @@
 #include "actors/stream_actor.hpp"
 
 #include <algorithm>
+#include <map>
+#include <set>
 #include <unordered_map>
 
 #include <caf/all.hpp>
@@ -30,6 +32,20 @@ struct exec_job {
   bool dropped = false;
 };
 
+/// A communication queue's agreed issue order for one plan's jobs: the
+/// collectives of job number n (job_context::collective_seq) are issued only
+/// after every job numbered below n issued all of its own here (or was
+/// cancelled). Every member of a group runs the same queue positions in the
+/// same order, so all members issue one plan's collectives in the same
+/// (job number, position) order, whatever order their `ready` messages came
+/// in: what NCCL needs to be free of deadlock. A job never waits for a job
+/// numbered after it (numbers are drawn once all arenas are held).
+struct issue_order {
+  uint64_t next = 0;                  // the job number whose turn it is
+  std::set<uint64_t> done_ahead;      // numbers above `next` already finished here
+  std::map<uint64_t, uint64_t> parked;  // job number -> job id, waiting for their turn
+};
+
 struct exec_state {
   gpu::device_ptr dev;
   int device = -1;
@@ -46,6 +62,8 @@ struct exec_state {
   // holds its last reference (no job context names it) and it completed.
   std::vector<std::shared_ptr<gpu::event>> pool[2];
   std::size_t cursor[2] = {0, 0};
+  // Communication queues only: by loaded plan key.
+  std::unordered_map<uint64_t, issue_order> order;
   std::vector<std::vector<step_id>> out;  // ready batch per consumer queue
   std::vector<int> touched;
 
@@ -157,9 +175,29 @@ error launch_step(exec_state& st, exec_job& e, step_id s) {
       err = st.dev->copy_peer(stream, dst, src_dev, src, c.bytes);
       break;
     }
-    case step_kind::collective:  // lower() and compile() refuse them for now
-      err = {errc::unsupported_op, "collective steps are not executed yet"};
+    case step_kind::collective: {
+      // This member's part: its own output, every member's operand where
+      // it lives (the remote deps above waited for all their producers).
+      const collective_desc& c = ls.coll;
+      gpu::collective_launch l;
+      l.op = ls.subject;
+      l.rank = c.rank;
+      l.algo = c.algo;
+      l.bytes = c.bytes;
+      l.out = c.out.proto;
+      l.out.data = ctx.base(c.out.where, st.device) + c.out.byte_offset;
+      l.inputs.reserve(c.inputs.size());
+      l.members.reserve(c.inputs.size());
+      for (std::size_t k = 0; k < c.inputs.size(); ++k) {
+        const int dev = c.member_devices[k];
+        gpu::tensor_arg a = c.inputs[k].proto;
+        a.data = ctx.base(c.inputs[k].where, dev) + c.inputs[k].byte_offset;
+        l.inputs.push_back(std::move(a));
+        l.members.push_back(ctx.lp->memory[static_cast<std::size_t>(dev)]->dev.get());
+      }
+      if (error ce = st.dev->collective(stream, l)) return step_error(st, ls, {}, ce, ls.subject);
       break;
+    }
   }
   if (err) return step_error(st, ls, {}, err);
   auto end = take_event(st, ctx.timing);
@@ -207,8 +245,44 @@ exec_job& entry_for(exec_state& st, const msg::job_ref_ptr& ref, int queue) {
   return e;
 }
 
-/// Launches every step of `e` whose remote deps all arrived, in order; then
-/// sends the batched ready messages.
+void advance(exec_actor_t* self, exec_job& e);
+
+/// Communication queues: job number `seq` of plan `key` is done here
+/// (issued all its collectives, or was cancelled); the next parked job in
+/// the agreed order gets its turn.
+void finish_turn(exec_actor_t* self, uint64_t key, uint64_t seq) {
+  auto& st = self->state;
+  auto& o = st.order[key];
+  if (seq < o.next) return;  // already counted (finished, then cancelled)
+  if (seq != o.next) {
+    o.done_ahead.insert(seq);
+    return;
+  }
+  ++o.next;
+  while (!o.done_ahead.empty() && *o.done_ahead.begin() == o.next) {
+    o.done_ahead.erase(o.done_ahead.begin());
+    ++o.next;
+  }
+  auto p = o.parked.find(o.next);
+  if (p == o.parked.end()) return;
+  const uint64_t job = p->second;
+  o.parked.erase(p);
+  auto it = st.jobs.find(job);
+  if (it != st.jobs.end() && !it->second.dropped) advance(self, it->second);
+}
+
+/// Whether `e`'s job may issue its next collective now (always for other kinds).
+bool my_turn(exec_state& st, exec_job& e) {
+  if (st.kind != step_kind::collective) return true;
+  auto& o = st.order[e.ctx->lp->key];
+  if (e.ctx->collective_seq == o.next) return true;
+  o.parked[e.ctx->collective_seq] = e.ctx->id();
+  return false;
+}
+
+/// Launches every step of `e` whose remote deps all arrived, in order (on a
+/// communication queue, only in the job's turn); then sends the batched
+/// ready messages.
 void advance(exec_actor_t* self, exec_job& e) {
   auto& st = self->state;
   const msg::job_ref_ptr ref = e.ref;  // keeps the job alive past an erase
@@ -221,6 +295,7 @@ void advance(exec_actor_t* self, exec_job& e) {
       e.dropped = true;
       break;
     }
+    if (!my_turn(st, e)) break;
     const step_id s = mine[static_cast<std::size_t>(e.next)];
     if (error err = launch_step(st, e, s)) {
       self->send(ctx.job_actor, msg::step_failed{ctx.id(), s, std::move(err)});
@@ -243,7 +318,10 @@ void advance(exec_actor_t* self, exec_job& e) {
     v.clear();  // keeps its capacity: no allocation on the next batch
   }
   st.touched.clear();
-  if (!e.dropped && e.got_run && e.next == static_cast<int>(mine.size())) st.jobs.erase(ctx.id());
+  if (!e.dropped && e.got_run && e.next == static_cast<int>(mine.size())) {
+    st.jobs.erase(ctx.id());
+    if (st.kind == step_kind::collective) finish_turn(self, ctx.lp->key, ctx.collective_seq);
+  }
 }
 
 /// A handler threw (out of memory): the job fails with an internal error
@@ -297,6 +375,11 @@ caf::behavior exec_actor_fn(exec_actor_t* self, gpu::device_ptr dev, step_kind k
         auto& st = self->state;
         st.jobs.erase(m.job->job_id());
         const job_context& ctx = job_of(*m.job);
+        if (st.kind == step_kind::collective) {
+          auto& o = st.order[ctx.lp->key];
+          o.parked.erase(ctx.collective_seq);
+          finish_turn(self, ctx.lp->key, ctx.collective_seq);
+        }
         if (!st.stream) {
           self->send(ctx.job_actor, msg::cancel_ack{ctx.id()});  // nothing was launched here
           return;
@@ -306,7 +389,10 @@ caf::behavior exec_actor_fn(exec_actor_t* self, gpu::device_ptr dev, step_kind k
           caf::anon_send(who, msg::cancel_ack{job});
         });
       },
-      [self](const msg::unload_plan& m) { self->state.scratch.erase(m.plan_key); },
+      [self](const msg::unload_plan& m) {
+        self->state.scratch.erase(m.plan_key);
+        self->state.order.erase(m.plan_key);
+      },
       // Tests: the number of jobs this actor still holds state for.
       [self](msg::stats_atom) -> int64_t { return static_cast<int64_t>(self->state.jobs.size()); },
   };

@@ -1,4 +1,12 @@
 // actorgraph-tp-bench: tensor-parallel figures.
+//   tp_speedup_2_sim, tp_speedup_4_sim  one LLaMA layer (d 8192, 64 heads, ff
+//                            4 d, T 2048, B 2, bf16, vocab --vocab) run as jobs
+//                            on 2 and 4 simulated H200s (NVLink figures of
+//                            ../shared/DESIGN.md, values off) at tensor-parallel
+//                            degree 2 / 4, against the same layer on 1: median
+//                            job wall time (sim time scale 1: a modelled ms
+//                            takes a wall ms), one job in flight at a time
+//   tp_overlap_gain_4_sim    degree 4 with tp_overlap off over on
 //   tp_plan_ms_64            compile wall time (median of --repeats; the table
 //                            also shows CPU time, which a loaded machine does
 //                            not inflate) of an 8 x 8
@@ -10,43 +18,30 @@
 //                            (d 4096, 32 heads, 8 kv heads, ff 14336, vocab 32000)
 //                            planned at tensor-parallel degree 4, over its
 //                            1-device plan's
-// The runtime figures (tp_speedup_*_sim, tp_overlap_gain_4_sim, allreduce_us_*)
-// need collectives in the runtime and are not printed yet.
-// Flags (--name=value): --repeats=3 --layers=80 (of the 64-device plan)
-//   --devices=SPEC (for the runtime figures; the planning figures always use
-//   simulated H200 specs).
+// --allreduce=SPEC prints allreduce_us_<size>_oneshot (8k, 64k, 256k, 1m, 16m)
+// for the backend's one-shot all-reduce on those devices (cuda:0,0 on one GPU).
+// --devices=KIND runs the runtime figures on another backend kind ("cpu",
+// "cuda"; figure names then end in that kind); --small shrinks the layer
+// (d 1024, 8 heads, T 256) for a quick run.
 // Prints a table, then `name: value` lines.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <ctime>
 #include <map>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "actors/actorgraph.hpp"
+#include "apps/common/flags.hpp"
 #include "graph/models/transformer.hpp"
 #include "graph/plan.hpp"
+#include "graph/weight_source.hpp"
 
 namespace {
-
-std::map<std::string, std::string> parse_flags(int argc, char** argv) {
-  std::map<std::string, std::string> f;
-  for (int i = 1; i < argc; ++i) {
-    std::string a = argv[i];
-    if (a.rfind("--", 0) != 0) continue;
-    const auto eq = std::find(a.begin(), a.end(), '=');
-    std::string key(a.begin() + 2, eq);
-    f[key] = eq == a.end() ? std::string("1") : std::string(eq + 1, a.end());
-  }
-  return f;
-}
-
-int flag(const std::map<std::string, std::string>& f, const std::string& k, int def) {
-  auto it = f.find(k);
-  return it == f.end() ? def : std::atoi(it->second.c_str());
-}
 
 [[noreturn]] void die(const std::string& what, const ag::error& e) {
   std::fprintf(stderr, "actorgraph-tp-bench: %s: %s\n", what.c_str(), e.to_string().c_str());
@@ -90,12 +85,256 @@ std::string gib(int64_t b) {
   return buf;
 }
 
+
+/// Values the layer's weights "have" on a timing-only device: zeros made on
+/// read (no d 8192 model is kept in host memory; the sim does not read them).
+class zero_weight final : public ag::weight_source {
+ public:
+  zero_weight(ag::dtype t, ag::shape d) : type_(t), dims_(d) {}
+  ag::dtype type() const noexcept override { return type_; }
+  const ag::shape& dims() const noexcept override { return dims_; }
+  ag::error read_slice(int dim, int64_t begin, int64_t end, void* dst) const override {
+    std::memset(dst, 0, static_cast<std::size_t>(slice_bytes(dim, end - begin)));
+    return {};
+  }
+  std::string origin() const override { return "zeros (tp bench)"; }
+
+ private:
+  ag::dtype type_;
+  ag::shape dims_;
+};
+
+struct run_result {
+  double median_ms = 0;
+  int collectives = 0;  ///< collective parts per job
+};
+
+/// Runs `jobs` jobs of g, one at a time, on `n` devices of `kind` at
+/// tensor-parallel degree n (1: no tensor parallelism); median wall ms.
+run_result time_layer(const std::string& kind, int n, const std::shared_ptr<const ag::graph>& g,
+                      const std::vector<ag::host_tensor>& in, int jobs, bool overlap, bool same_gpu,
+                      const std::string& trace_out = {}) {
+  ag::runtime_options ro;
+  ro.trace = !trace_out.empty();
+  ro.arenas_per_device = 2;
+  ro.backend.sim.spec = h200(0);
+  ro.backend.sim.compute_values = false;
+  ro.backend.sim.time_scale = 1.0;
+  ro.backend.sim.jitter = 0;
+  // sim / cpu take a count; cuda takes ordinals: GPUs 0..n-1, or GPU 0 n
+  // times (--same-gpu: logical devices of one GPU).
+  std::string spec = kind + ":" + std::to_string(n);
+  if (kind == "cuda") {
+    spec = "cuda:";
+    for (int k = 0; k < n; ++k) spec += (k ? "," : "") + std::to_string(same_gpu ? 0 : k);
+  }
+  auto rt = ag::runtime::create(spec, ro);
+  if (!rt) die("runtime " + kind, rt.err());
+  ag::plan_options po;
+  if (n > 1) po.tensor_parallel = n;
+  po.tp_overlap = overlap;
+  auto p = (*rt)->compile(g, po);
+  if (!p) die("compile at degree " + std::to_string(n), p.err());
+  run_result r;
+  for (const auto& s : (*p)->steps()) r.collectives += s.kind == ag::step_kind::collective;
+  std::vector<double> ms;
+  for (int k = 0; k <= jobs; ++k) {
+    const auto t0 = std::chrono::steady_clock::now();
+    const auto& res = (*rt)->submit(*p, in).wait();
+    const double t = ms_since(t0);
+    if (!res) die("job at degree " + std::to_string(n), res.err());
+    if (k > 0) ms.push_back(t);  // the first job warms up
+  }
+  std::sort(ms.begin(), ms.end());
+  r.median_ms = ms[ms.size() / 2];
+  if (!trace_out.empty()) {
+    if (FILE* f = std::fopen(trace_out.c_str(), "w")) {
+      const std::string json = (*rt)->take_trace().to_chrome_json();
+      std::fwrite(json.data(), 1, json.size(), f);
+      std::fclose(f);
+    } else {
+      std::fprintf(stderr, "actorgraph-tp-bench: cannot write %s\n", trace_out.c_str());
+    }
+  }
+  return r;
+}
+
+
+/// allreduce_us_<size>_<path>: one member part per device of `spec` per
+/// iteration, each member's stream waiting for every member's previous part
+/// (the collective's barrier), f32 operands of `bytes`; the time per
+/// iteration once `iters` ran (after a warm-up).
+double allreduce_us(const std::string& spec, int64_t bytes, int iters) {
+  auto devs = ag::gpu::make_devices(spec);
+  if (!devs) die("devices " + spec, devs.err());
+  const int n = static_cast<int>(devs->size());
+  const int64_t elems = bytes / 4;
+  std::vector<ag::node> nodes;
+  std::vector<ag::node_id> ins, outs;
+  for (int k = 0; k < n; ++k) {
+    ag::node x;
+    x.id = static_cast<ag::node_id>(nodes.size());
+    x.op = ag::op_kind::input;
+    x.name = "x" + std::to_string(k);
+    x.dims = ag::shape{elems};
+    nodes.push_back(x);
+    ins.push_back(x.id);
+  }
+  for (int k = 0; k < n; ++k) {
+    ag::node ar;
+    ar.id = static_cast<ag::node_id>(nodes.size());
+    ar.op = ag::op_kind::all_reduce;
+    ar.name = "sum" + std::to_string(k);
+    ar.inputs = ins;
+    ar.attrs.group = 0;
+    ar.attrs.rank = k;
+    nodes.push_back(ar);
+    outs.push_back(ar.id);
+  }
+  auto g = ag::graph::from_nodes(nodes, ins, outs);
+  if (!g) die("all-reduce graph", g.err());
+  std::vector<std::unique_ptr<ag::gpu::stream>> streams;
+  std::vector<std::unique_ptr<ag::gpu::event>> done;
+  std::vector<void*> in(static_cast<std::size_t>(n)), out(static_cast<std::size_t>(n));
+  std::vector<ag::gpu::device*> members;
+  for (int k = 0; k < n; ++k) {
+    auto& d = (*devs)[static_cast<std::size_t>(k)];
+    auto s = d->create_stream(ag::step_kind::collective);
+    if (!s) die("stream", s.err());
+    streams.push_back(std::move(*s));
+    auto e = d->create_event(false);
+    if (!e) die("event", e.err());
+    done.push_back(std::move(*e));
+    auto a = d->allocate(bytes), b = d->allocate(bytes);
+    if (!a || !b) die("allocate", a ? b.err() : a.err());
+    in[static_cast<std::size_t>(k)] = *a;
+    out[static_cast<std::size_t>(k)] = *b;
+    members.push_back(d.get());
+  }
+  std::vector<ag::gpu::collective_launch> parts(static_cast<std::size_t>(n));
+  for (int k = 0; k < n; ++k) {
+    auto& l = parts[static_cast<std::size_t>(k)];
+    l.op = &g->at(outs[static_cast<std::size_t>(k)]);
+    l.rank = k;
+    l.bytes = bytes;
+    l.algo = ag::collective_algo::one_shot;
+    l.members = members;
+    l.out = {out[static_cast<std::size_t>(k)], ag::dtype::f32, ag::shape{elems}, ag::strides{1}};
+    for (int j = 0; j < n; ++j) l.inputs.push_back({in[static_cast<std::size_t>(j)], ag::dtype::f32, ag::shape{elems}, ag::strides{1}});
+  }
+  auto round = [&] {
+    for (int k = 0; k < n; ++k) {
+      auto& d = *members[static_cast<std::size_t>(k)];
+      for (int j = 0; j < n; ++j)
+        if (j != k) (void)d.wait(*streams[static_cast<std::size_t>(k)], *done[static_cast<std::size_t>(j)]);
+      if (auto e = d.collective(*streams[static_cast<std::size_t>(k)], parts[static_cast<std::size_t>(k)])) die("collective", e);
+    }
+    for (int k = 0; k < n; ++k)
+      if (auto e = members[static_cast<std::size_t>(k)]->record(*done[static_cast<std::size_t>(k)], *streams[static_cast<std::size_t>(k)]))
+        die("record", e);
+  };
+  auto sync = [&] {
+    for (int k = 0; k < n; ++k)
+      if (auto e = members[static_cast<std::size_t>(k)]->synchronize(*streams[static_cast<std::size_t>(k)])) die("synchronize", e);
+  };
+  for (int i = 0; i < 10; ++i) round();
+  sync();
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < iters; ++i) round();
+  sync();
+  const double us = 1000.0 * ms_since(t0) / iters;
+  streams.clear();
+  for (int k = 0; k < n; ++k) {
+    members[static_cast<std::size_t>(k)]->deallocate(in[static_cast<std::size_t>(k)]);
+    members[static_cast<std::size_t>(k)]->deallocate(out[static_cast<std::size_t>(k)]);
+  }
+  return us;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  const auto flags = parse_flags(argc, argv);
-  const int repeats = std::max(1, flag(flags, "repeats", 3));
-  const int layers = std::max(1, flag(flags, "layers", 80));
+  int repeats = 3, layers = 80, jobs = 5;
+  int64_t vocab = 256;
+  std::string kind = "sim", trace_out, allreduce_spec;
+  int allreduce_iters = 200;
+  bool same_gpu = false;
+  bool small_layer = false, plan_only = false, run_only = false;
+  ag::apps::flags app("actorgraph-tp-bench", "Tensor-parallel figures: runtime speedups on simulated H200s, planning.");
+  app.add_option("--repeats", repeats, "compiles of the 64-device plan (the median counts)")->check(CLI::Range(1, 1000));
+  app.add_option("--layers", layers, "layers of the 64-device plan's model")->check(CLI::Range(1, 1000));
+  app.add_option("--jobs", jobs, "timed jobs per runtime configuration (the median counts)")->check(CLI::Range(1, 10000));
+  app.add_option("--vocab", vocab, "vocabulary of the one-layer model (its head is not what is measured)")
+      ->check(CLI::Range(int64_t{8}, int64_t{1} << 20));
+  app.add_option("--devices", kind, "backend kind of the runtime figures: sim, cpu or cuda")
+      ->check(CLI::IsMember({"sim", "cpu", "cuda"}));
+  app.add_option("--trace", trace_out, "write the Chrome trace of the degree-4 runs (overlap on) to this file");
+  app.add_flag("--same-gpu", same_gpu, "cuda: the degrees' devices are logical devices of GPU 0 (cuda:0,0,...)");
+  app.add_flag("--small", small_layer, "a small layer (d 1024, 8 heads, T 256) for a quick run");
+  app.add_option("--allreduce", allreduce_spec,
+                 "print allreduce_us_<size>_oneshot for 8 KiB..16 MiB on these devices (e.g. cuda:0,0, cuda:0,1, sim:2)");
+  app.add_option("--allreduce-iters", allreduce_iters, "timed all-reduces per size")->check(CLI::Range(1, 1000000));
+  app.add_flag("--plan-only", plan_only, "only the planning figures");
+  app.add_flag("--run-only", run_only, "only the runtime figures");
+  if (auto rc = ag::apps::parse_flags(app, argc, argv)) return *rc;
+
+  struct figure {
+    std::string name;
+    double value;
+    std::string setup;
+  };
+  std::vector<figure> figs;
+  if (!allreduce_spec.empty()) {
+    for (int64_t kib : {8, 64, 256, 1024, 16384}) {
+      const std::string size = kib >= 1024 ? std::to_string(kib / 1024) + "m" : std::to_string(kib) + "k";
+      const double us = allreduce_us(allreduce_spec, kib * 1024, allreduce_iters);
+      figs.push_back({"allreduce_us_" + size + "_oneshot", us,
+                      "one-shot all-reduce of " + std::to_string(kib) + " KiB f32 on " + allreduce_spec + " (per call, " +
+                          std::to_string(allreduce_iters) + " calls)"});
+    }
+  }
+
+  if (!plan_only) {
+    ag::models::transformer_config layer;
+    layer.variant = ag::models::model_variant::llama;
+    layer.n_layers = 1;
+    layer.d_model = small_layer ? 1024 : 8192;
+    layer.n_heads = small_layer ? 8 : 64;
+    layer.d_ff = 4 * layer.d_model;
+    layer.vocab = vocab;
+    layer.seq_len = small_layer ? 256 : 2048;
+    layer.batch = 2;
+    layer.dtype = ag::dtype::bf16;
+    auto provider = [](const std::string&, ag::dtype t, const ag::shape& d) -> ag::expected<ag::weight_source_ptr> {
+      return ag::weight_source_ptr(std::make_shared<zero_weight>(t, d));
+    };
+    auto g = ag::models::build_transformer(layer, provider);
+    if (!g) die("build the layer", g.err());
+    auto gl = std::make_shared<const ag::graph>(std::move(*g));
+    const auto in = ag::models::transformer_inputs(layer, 1);
+    const std::string what = "LLaMA layer d " + std::to_string(layer.d_model) + ", " + std::to_string(layer.n_heads) +
+                             " heads, ff 4d, T " + std::to_string(layer.seq_len) + ", B 2, bf16 on " + kind;
+    const run_result one = time_layer(kind, 1, gl, in, jobs, true, same_gpu);
+    const run_result two = time_layer(kind, 2, gl, in, jobs, true, same_gpu);
+    const run_result four = time_layer(kind, 4, gl, in, jobs, true, same_gpu, trace_out);
+    const run_result four_off = time_layer(kind, 4, gl, in, jobs, false, same_gpu);
+    char buf[160];
+    std::snprintf(buf, sizeof buf, ": %.2f ms on 1, %.2f ms on 2 (%d collective parts)", one.median_ms, two.median_ms,
+                  two.collectives);
+    figs.push_back({"tp_speedup_2_" + kind, one.median_ms / two.median_ms, what + buf});
+    std::snprintf(buf, sizeof buf, ": %.2f ms on 1, %.2f ms on 4 (%d collective parts)", one.median_ms, four.median_ms,
+                  four.collectives);
+    figs.push_back({"tp_speedup_4_" + kind, one.median_ms / four.median_ms, what + buf});
+    std::snprintf(buf, sizeof buf, ": overlap off %.2f ms (%d parts), on %.2f ms (%d parts)", four_off.median_ms,
+                  four_off.collectives, four.median_ms, four.collectives);
+    figs.push_back({"tp_overlap_gain_4_" + kind, four_off.median_ms / four.median_ms, what + buf});
+  }
+  if (run_only) {
+    std::printf("%-26s %12s  %s\n", "figure", "value", "setup");
+    for (const auto& f : figs) std::printf("%-26s %12.3f  %s\n", f.name.c_str(), f.value, f.setup.c_str());
+    for (const auto& f : figs) std::printf("%s: %.3f\n", f.name.c_str(), f.value);
+    return 0;
+  }
 
   // tp_plan_ms_64
   ag::models::transformer_config big;
@@ -147,6 +386,7 @@ int main(int argc, char** argv) {
   const double ratio = static_cast<double>(worst) / static_cast<double>(whole);
 
   std::printf("%-26s %12s  %s\n", "figure", "value", "setup");
+  for (const auto& f : figs) std::printf("%-26s %12.3f  %s\n", f.name.c_str(), f.value, f.setup.c_str());
   std::printf("%-26s %12.1f  8 x 8 over 64 sim H200, %d layers d 8192, %zu nodes, %zu steps (%zu collective parts), "
               "wall ms:",
               "tp_plan_ms_64", plan_ms, layers, p64->source().size(), p64->steps().size(), coll_parts);
@@ -156,6 +396,7 @@ int main(int argc, char** argv) {
   std::printf(")\n");
   std::printf("%-26s %12.3f  12-layer d 4096 LLaMA, largest device %s of %s on 1 device\n", "tp_weight_bytes_ratio_4",
               ratio, gib(worst).c_str(), gib(whole).c_str());
+  for (const auto& f : figs) std::printf("%s: %.3f\n", f.name.c_str(), f.value);
   std::printf("tp_plan_ms_64: %.1f\n", plan_ms);
   std::printf("tp_weight_bytes_ratio_4: %.3f\n", ratio);
   return 0;

@@ -10,4 +10,11 @@ int64_t host_clock_ns() noexcept {
       .count();
 }
 
+error device::collective(stream&, const collective_launch& c) {
+  return error(errc::unsupported_op,
+               "device '" + spec().name + "' has no collectives" +
+                   (c.op ? " (op '" + c.op->name + "', " + to_string(c.op->op) + ")" : std::string{}),
+               index(), -1, c.op ? c.op->name : std::string{});
+}
+
 }  // namespace ag::gpu

@@ -76,6 +76,30 @@ struct op_launch {
   const graph* source = nullptr;
 };
 
+class device;
+
+/// One member's part of a collective step (all_reduce, all_gather,
+/// reduce_scatter; graph/graph.hpp defines the results): enqueued on the
+/// member's communication stream (step_kind::collective) after waits for
+/// every member's operand producer, like any step. The runtime issues the
+/// parts of one communicator (the members of a tensor-parallel group) in the
+/// same order on every member (actors/collective_order.hpp), so a backend
+/// whose parts meet (NCCL) cannot deadlock; the parts complete independently
+/// (each fires its own events), and a dead member makes the others' parts
+/// fail or finish, never wait forever.
+struct collective_launch {
+  const node* op = nullptr;          ///< this member's collective node (attrs.rank = `rank`)
+  int rank = -1;                     ///< this member's index in `members`
+  tensor_arg out;                    ///< the result, on this device (contiguous)
+  /// Every member's operand in rank order, each in its own member's device
+  /// memory (contiguous; the members' producers are complete when the
+  /// part's waits are). `inputs[rank]` is this device's own.
+  std::vector<tensor_arg> inputs;
+  std::vector<device*> members;      ///< device of each member, rank order
+  collective_algo algo = collective_algo::ring;  ///< what the plan's cost model picked (by size)
+  int64_t bytes = 0;                 ///< message size (the plan's step bytes)
+};
+
 /// Faults a simulated device can be told to produce (sim backend; other
 /// backends ignore it). Rates are per op, drawn from the device's seeded RNG.
 struct fault_config {
@@ -159,6 +183,12 @@ class device {
   /// Copies from `src` on device `src_dev` into `dst` on this device; `s` is a
   /// stream of this device.
   virtual error copy_peer(stream& s, void* dst, device& src_dev, const void* src, int64_t bytes) = 0;
+  /// Enqueues this member's part of a collective on `s` (a stream of kind
+  /// collective). Errors at once for bad arguments, a member this backend
+  /// cannot reach, or a dead device; asynchronous failures arrive through
+  /// notify like a kernel's. Default: unsupported_op (a backend without
+  /// collectives).
+  virtual error collective(stream& s, const collective_launch& c);
   /// Calls `done` on a backend thread once all work enqueued on `s` so far has
   /// completed: with ok, or with the error that stopped it (device_failed,
   /// op_failed for an asynchronous kernel fault). Called exactly once, also
@@ -202,7 +232,9 @@ expected<std::vector<device_request>> parse_device_spec(const std::string& spec)
 ///   "cpu:2"        two cpu devices (real compute on host threads)
 ///   "sim:2,cpu:1"  mixed; indices 0,1 are sim, 2 is cpu
 ///   "cuda:all"     every CUDA GPU;  "cuda:0,1"  GPUs 0 and 1 (a bare number
-///                  after a comma continues the previous item's ordinals)
+///                  after a comma continues the previous item's ordinals);
+///                  "cuda:0,0"  two logical devices of GPU 0 ("cuda0",
+///                  "cuda0.1": own streams and events, the GPU's memory shared)
 /// Errors (errc::bad_device_spec) name the offending item and position, e.g.
 /// an unknown kind, a zero count, "cuda" without a GPU or without CUDA support
 /// in this build.

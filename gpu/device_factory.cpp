@@ -68,11 +68,10 @@ expected<std::vector<device_request>> parse_device_spec(const std::string& spec)
       int ord = 0;
       if (parse_uint(it.text, ord) && !reqs.empty() && reqs.back().kind == device_kind::cuda &&
           !reqs.back().all) {
-        auto& ords = reqs.back().ordinals;
+        // A repeated ordinal is a second logical device on the same GPU
+        // ("cuda:0,0": tensor parallelism tested on one GPU).
         reqs.back().text += "," + it.text;
-        for (int o : ords)
-          if (o == ord) return bad(it, "duplicate CUDA ordinal " + std::to_string(ord));
-        ords.push_back(ord);
+        reqs.back().ordinals.push_back(ord);
       } else if (parse_uint(it.text, ord)) {
         return bad(it, "a bare number continues only a \"cuda:N\" item's ordinals");
       } else {

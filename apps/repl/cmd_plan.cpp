@@ -1,6 +1,8 @@
 // plan and set: the parallelism settings and the compiled plan, which is
 // refused before loading when the devices that live in host memory would
 // not fit this host.
+#include <cstdlib>
+
 #include "apps/repl/memory_budget.hpp"
 #include "apps/repl/session_impl.hpp"
 
@@ -26,27 +28,65 @@ expected<std::optional<check_mode>> read_check(params& p) {
   return bad_arg("check: '" + *r + "' is not one of auto, all, first, off");
 }
 
+/// "3,1" or "3:1": positive proportions, one per tensor-parallel rank.
+expected<std::vector<double>> parse_ratios(const std::string& text) {
+  std::vector<double> r;
+  if (text == "even" || text.empty()) return r;
+  std::size_t at = 0;
+  while (at <= text.size()) {
+    const std::size_t end = text.find_first_of(",:", at);
+    const std::string item = text.substr(at, end == std::string::npos ? std::string::npos : end - at);
+    char* stop = nullptr;
+    const double v = std::strtod(item.c_str(), &stop);
+    if (item.empty() || stop != item.c_str() + item.size() || !(v > 0) || v > 1e9)
+      return bad_arg("ratios: '" + item + "' in '" + text + "' is not a positive number (write e.g. ratios=3,1 or ratios=even)");
+    r.push_back(v);
+    if (end == std::string::npos) break;
+    at = end + 1;
+  }
+  return r;
+}
+
 expected<session::impl::layout> session::impl::read_layout(params& p) const {
-  layout l{stages, lanes};
+  layout l{stages, lanes, tp, ratios};
   auto st = p.get_int("stages", 0, 4096);
   if (!st) return st.err();
   auto ln = p.get_int("lanes", 1, 64);
   if (!ln) return ln.err();
+  auto t = p.get_int("tp", 1, 4096);
+  if (!t) return t.err();
   if (*st) l.stages = static_cast<int>(**st);
   if (*ln) l.lanes = static_cast<int>(**ln);
+  if (*t) {
+    l.tp = static_cast<int>(**t);
+    l.ratios.clear();  // a new degree starts even unless ratios= says otherwise
+  }
+  if (auto r = p.raw("ratios")) {
+    auto v = parse_ratios(*r);
+    if (!v) return v.err();
+    l.ratios = std::move(*v);
+  }
+  if (!l.ratios.empty() && static_cast<int>(l.ratios.size()) != l.tp)
+    return bad_arg(fmt("ratios: %zu entries for tp=%d (one per device of a stage)", l.ratios.size(), l.tp));
   return l;
 }
 
 void session::impl::apply_layout(layout l) {
-  if (l.stages == stages && l.lanes == lanes) return;
+  if (l.stages == stages && l.lanes == lanes && l.tp == tp && l.ratios == ratios) return;
   stages = l.stages;
   lanes = l.lanes;
+  tp = l.tp;
+  ratios = std::move(l.ratios);
   plan_ptr.reset();
 }
 
 std::string session::impl::settings_text() const {
-  return fmt("stages=%d%s microbatches=%d lanes=%d check=%s seed=%llu", stages, stages == 0 ? " (all devices)" : "", microbatches,
-             lanes, to_string(check), static_cast<unsigned long long>(seed));
+  std::string r;
+  for (double v : ratios) r += (r.empty() ? "" : ",") + fmt("%g", v);
+  return fmt("stages=%d%s tp=%d%s microbatches=%d lanes=%d check=%s seed=%llu", stages,
+             stages == 0 ? (tp > 1 ? " (devices / tp)" : " (all devices)") : "", tp,
+             ratios.empty() ? "" : (" ratios=" + r).c_str(), microbatches, lanes, to_string(check),
+             static_cast<unsigned long long>(seed));
 }
 
 bool session::impl::host_backed(const device_spec& d) const {
@@ -60,6 +100,8 @@ expected<std::shared_ptr<const plan>> session::impl::get_plan() {
   plan_options po;
   po.pipeline_stages = stages;
   po.lanes_per_device = lanes;
+  po.tensor_parallel = tp;
+  po.shard_ratios = ratios;
   // Plan first without loading (the planner allocates nothing): a plan that
   // does not fit a device fails here with its sizes, and loading one whose
   // host-backed devices would not fit this host's memory is refused.

@@ -102,6 +102,8 @@ struct session::impl {
 
   // settings
   int stages = 0, microbatches = 16, lanes = 1;
+  int tp = 1;                  ///< tensor-parallel degree ('set tp=N')
+  std::vector<double> ratios;  ///< shard ratios ('set ratios=3,1'); empty: even
   check_mode check = check_mode::automatic;
   uint64_t seed = 1, next_seed = 1;
 
@@ -151,6 +153,8 @@ struct session::impl {
   /// stages= and lanes=: the current ones with the given ones replaced.
   struct layout {
     int stages = 0, lanes = 1;
+    int tp = 1;                  ///< tensor-parallel degree (devices per stage)
+    std::vector<double> ratios;  ///< shard ratios (empty: even)
   };
   expected<layout> read_layout(params& p) const;
   /// Takes them; a change drops the compiled plan.

@@ -306,6 +306,11 @@ error run_get_rows(const op_launch& l) {
   const nd out = pad(l.out);  // [.., D] with the ids' dims in front
   const tensor_arg& table = l.inputs[0];
   const int64_t v = table.dims[0], d = table.dims[1];
+  // A table shard (tensor parallelism, attrs.end > 0) holds rows [first,
+  // first + v) of a vocabulary of attrs.end rows: ids elsewhere give zero rows.
+  const bool shard = l.op->attrs.end > 0;
+  const int64_t first = shard ? l.op->attrs.begin : 0;
+  const int64_t rows = shard ? l.op->attrs.end : v;
   // ids padded to rank 3, aligned with out's three outer dims
   nd ids;
   ids.p = static_cast<std::byte*>(l.inputs[1].data);
@@ -320,11 +325,11 @@ error run_get_rows(const op_launch& l) {
     for (int64_t i1 = 0; i1 < out.d[1]; ++i1)
       for (int64_t i2 = 0; i2 < out.d[2]; ++i2) {
         const int32_t id = load_i32(ids, ids.off(i0, i1, i2));
-        if (id < 0 || id >= v)
+        if (id < 0 || id >= rows)
           return bad(errc::invalid_argument, l,
                      "id " + std::to_string(id) + " at index " +
                          std::to_string((i0 * out.d[1] + i1) * out.d[2] + i2) + " is outside [0, " +
-                         std::to_string(v) + ")");
+                         std::to_string(rows) + ")");
       }
   nd row_src = pad(table);  // row r of the table = offset r * stride[0]
   nd one_row = row_src;
@@ -332,8 +337,14 @@ error run_get_rows(const op_launch& l) {
   std::vector<float> buf(static_cast<std::size_t>(d));
   const std::size_t es = dtype_size(table.type);
   for_rows(out, [&](int64_t i0, int64_t i1, int64_t i2) {
-    const int64_t src = load_i32(ids, ids.off(i0, i1, i2)) * table.stride[0];
+    const int64_t id = load_i32(ids, ids.off(i0, i1, i2));
     const int64_t dst = out.off(i0, i1, i2);
+    if (id < first || id >= first + v) {
+      std::fill(buf.begin(), buf.end(), 0.0f);
+      store_row(out, dst, d, buf.data());
+      return;
+    }
+    const int64_t src = (id - first) * table.stride[0];
     if (table.type == out.t && one_row.s[3] == 1 && out.s[3] == 1) {
       std::memcpy(out.p + dst * static_cast<int64_t>(es), one_row.p + src * static_cast<int64_t>(es),
                   static_cast<std::size_t>(d) * es);
@@ -472,8 +483,6 @@ error check_op(const op_launch& l) {
   if (is_view_op(k) || is_leaf_op(k)) return {};
   if (is_collective_op(k))
     return bad(errc::unsupported_op, l, "a collective runs as a collective step, not as a kernel");
-  if (k == op_kind::get_rows && nd_.attrs.end != 0)
-    return bad(errc::unsupported_op, l, "lookups in a table shard (tensor parallelism) are not implemented here yet");
   std::size_t lo = 1, hi = 1;
   switch (k) {
     case op_kind::matmul: case op_kind::add: case op_kind::mul: case op_kind::rope:

@@ -13,6 +13,7 @@
 #include <mutex>
 #include <unordered_map>
 
+#include "gpu/cuda/collective.cuh"
 #include "gpu/cuda/cuda_backend.hpp"
 #include "gpu/cuda/cuda_check.cuh"
 #include "gpu/cuda/cuda_device.hpp"
@@ -239,6 +240,49 @@ class cuda_device final : public device {
     auto us = usable(s, "launch");
     if (!us) return us.err();
     return dispatch_op(*core_, **us, l, spec_.name, sm_count_, tf32_);
+  }
+
+  /// One-shot over peer-mapped buffers (collective.cuh): every member must be
+  /// a CUDA device this GPU can read (the same GPU, or peer access), else
+  /// unsupported_op naming the member.
+  error collective(stream& s, const collective_launch& l) override {
+    auto us = usable(s, "collective");
+    if (!us) return us.err();
+    if (!l.op) return error(errc::invalid_argument, spec_.name + ": collective without a node", index_);
+    const std::string where = spec_.name + " " + to_string(l.op->op) + " '" + l.op->name + "'";
+    const auto refuse = [&](errc code, const std::string& what) {
+      return error(code, where + ": " + what, index_, -1, l.op->name);
+    };
+    if (l.members.size() != l.inputs.size() || l.rank < 0 || static_cast<std::size_t>(l.rank) >= l.inputs.size())
+      return refuse(errc::invalid_argument, "members, operands and rank do not agree");
+    if (!l.out.data && l.out.dims.numel() > 0) return refuse(errc::invalid_argument, "no output buffer");
+    for (std::size_t k = 0; k < l.members.size(); ++k) {
+      auto* peer = dynamic_cast<cuda_device*>(l.members[k]);
+      if (!peer)
+        return refuse(errc::unsupported_op, "member " + std::to_string(k) + " ('" +
+                                                (l.members[k] ? l.members[k]->spec().name : std::string("null")) +
+                                                "') is not a CUDA device");
+      if (!peer->alive()) return peer->core_->dead_error();
+      if (l.inputs[k].type != l.op->type || (!l.inputs[k].data && l.inputs[k].dims.numel() > 0))
+        return refuse(errc::invalid_argument, "operand of rank " + std::to_string(k) + " is null or of another dtype");
+      if (peer->core_->ordinal != core_->ordinal) {
+        int can = 0;
+        AG_CUDA_TRY(cudaDeviceCanAccessPeer(&can, core_->ordinal, peer->core_->ordinal), where);
+        if (!can)
+          return refuse(errc::unsupported_op, "no peer access from " + spec_.name + " to member '" + peer->spec_.name +
+                                                  "': the one-shot collective reads the members' memory (no NCCL path yet)");
+      }
+    }
+    device_guard g(core_->ordinal);
+    launch_ctx c;
+    c.stream = (*us)->s_;
+    c.fault_word = (*us)->fault_ ? (*us)->fault_->dev : nullptr;
+    c.where = where;
+    c.sm_count = sm_count_;
+    error e = launch_collective(c, l);
+    if (!e) return {};
+    if (e.code == errc::device_failed) core_->mark_dead(e);
+    return std::move(e).concerning(index_, -1, l.op->name);
   }
 
   // Pageable host memory goes through pinned staging (see staging_pool);

@@ -29,12 +29,12 @@ int attr(cudaDeviceAttr a, int ordinal) {
   return v;
 }
 
-expected<device_ptr> make_one(int ordinal, int index, const backend_options& opts) {
+expected<device_ptr> make_one(int ordinal, int index, const backend_options& opts, int repeat) {
   device_guard g(ordinal);
   cudaDeviceProp prop{};
   AG_CUDA_TRY(cudaGetDeviceProperties(&prop, ordinal), "cuda" + std::to_string(ordinal));
   device_spec spec;
-  spec.name = "cuda" + std::to_string(ordinal);
+  spec.name = "cuda" + std::to_string(ordinal) + (repeat > 0 ? "." + std::to_string(repeat) : std::string{});
   spec.kind = device_kind::cuda;
   spec.ordinal = ordinal;
   const double sms = prop.multiProcessorCount;
@@ -83,17 +83,17 @@ expected<std::vector<device_ptr>> make_cuda_devices(const std::vector<int>& ordi
   std::vector<int> ords = ordinals;
   if (ords.empty())
     for (int i = 0; i < count; ++i) ords.push_back(i);
-  for (std::size_t i = 0; i < ords.size(); ++i) {
+  for (std::size_t i = 0; i < ords.size(); ++i)
     if (ords[i] < 0 || ords[i] >= count)
       return error(errc::bad_device_spec, "CUDA ordinal " + std::to_string(ords[i]) + " out of range (" +
                                               std::to_string(count) + " GPUs)");
-    for (std::size_t j = 0; j < i; ++j)
-      if (ords[j] == ords[i])
-        return error(errc::bad_device_spec, "duplicate CUDA ordinal " + std::to_string(ords[i]));
-  }
   std::vector<device_ptr> out;
   for (std::size_t i = 0; i < ords.size(); ++i) {
-    auto d = make_one(ords[i], first_index + static_cast<int>(i), options);
+    // A repeated ordinal is another logical device of the same GPU (its own
+    // streams, events and poller; the GPU's memory is shared): "cuda0.1".
+    int repeat = 0;
+    for (std::size_t j = 0; j < i; ++j) repeat += ords[j] == ords[i];
+    auto d = make_one(ords[i], first_index + static_cast<int>(i), options, repeat);
     if (!d) {
       error e = d.err();
       if (e.code != errc::out_of_memory) e.code = errc::device_failed;

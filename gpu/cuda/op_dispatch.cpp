@@ -102,7 +102,8 @@ error dispatch_op(core& dev_core, cuda_stream& cs, const op_launch& l, const std
       break;
     case op_kind::get_rows:
       if ((e = need(2))) return e;
-      e = launch_get_rows(c, out, to_kt(l.inputs[0]), to_kt(l.inputs[1]));
+      e = n.attrs.end > 0 ? launch_get_rows(c, out, to_kt(l.inputs[0]), to_kt(l.inputs[1]), n.attrs.begin, n.attrs.end)
+                          : launch_get_rows(c, out, to_kt(l.inputs[0]), to_kt(l.inputs[1]));
       break;
     case op_kind::concat: {
       if ((e = need(1))) return e;

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <utility>
 
+#include "gpu/cpu/collective.hpp"
 #include "gpu/cpu/kernels.hpp"
 
 namespace ag::gpu::host {
@@ -278,6 +279,51 @@ error host_device::launch(stream& s, const op_launch& l) {
   };
   if (hs.inline_mode()) hs.post([&](task_context& ctx) { work(ctx, l); });  // no copy of `l`
   else hs.submit([work, l](task_context& ctx) { work(ctx, l); });
+  return {};
+}
+
+error host_device::collective(stream& s, const collective_launch& c) {
+  if (!c.op) return error(errc::invalid_argument, "device '" + spec_.name + "': collective without an op", index_);
+  const std::string label = "collective '" + c.op->name + "' (" + to_string(c.op->op) + ")";
+  if (!alive()) return dead_error(label.c_str()).concerning(index_, -1, c.op->name);
+  for (device* m : c.members)
+    if (!m || !dynamic_cast<host_device*>(m))
+      return error(errc::unsupported_op,
+                   "device '" + spec_.name + "': " + label + " has a member that is not a cpu or sim device (" +
+                       (m ? m->spec().name : std::string("null")) + "): host collectives read the members' memory",
+                   index_, -1, c.op->name);
+  if (cfg_.compute) {
+    if (error e = cpu::check_collective(c)) {
+      e.message = "device '" + spec_.name + "': " + e.message;
+      return std::move(e).concerning(index_, -1, c.op->name);
+    }
+  }
+  host_stream& hs = as_host(s);
+  const work_timing t = collective_timing(hs, c);
+  const bool compute = cfg_.compute;
+  hs.submit([this, &hs, t, compute, c, label](task_context& ctx) {
+    if (ctx.dropping || !alive()) return;
+    // A member that died may never have written its operand: fail the part
+    // (its job is failed by the runtime too), do not read or wait for it.
+    for (device* m : c.members)
+      if (!m->alive()) {
+        hs.set_error(error(errc::device_failed,
+                           "device '" + spec_.name + "': " + label + ": member '" + m->spec().name + "' died",
+                           m->index(), -1, c.op->name));
+        return;
+      }
+    int64_t end = 0;
+    if (compute) {
+      if (error e = cpu::run_collective(c)) {
+        e.code = errc::op_failed;
+        e.message = "device '" + spec_.name + "': " + e.message;
+        hs.set_error(std::move(e).concerning(index_, -1, c.op->name));
+      }
+      end = host_clock_ns();
+    }
+    if (cfg_.timed) occupy(ctx, hs, t, end);
+    else ctx.clock_ns = host_clock_ns();
+  });
   return {};
 }
 

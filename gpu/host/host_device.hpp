@@ -78,6 +78,11 @@ class host_device : public device {
   error copy_d2h(stream& s, void* dst, const void* src, int64_t bytes) override;
   /// From a host device: memcpy. From any other backend: src_dev.download() on the worker.
   error copy_peer(stream& s, void* dst, device& src_dev, const void* src, int64_t bytes) override;
+  /// One-shot over host memory (gpu/cpu/collective.hpp): every member must be
+  /// a host device (cpu or sim), else unsupported_op. A member that died
+  /// before the part ran fails the part (device_failed naming that member,
+  /// through notify); it never waits for it.
+  error collective(stream& s, const collective_launch& c) override;
   /// The callback gets: device_failed once the device died; else the first
   /// asynchronous op error on `s` since the previous notify (op_failed); else
   /// ok. On an inline stream it runs in the calling thread, before notify returns.
@@ -104,6 +109,9 @@ class host_device : public device {
   virtual error admit_op(host_stream& s, const op_launch& l, work_timing& t) { return {}; }
   /// Timing of a copy; `src` is the source device for peer copies. Default: none.
   virtual work_timing copy_timing(host_stream& s, copy_kind k, int64_t bytes, const device* src) { return {}; }
+  /// Timing of a collective part (sim: the cost model's ring or one-shot
+  /// time from the members' link figures). Default: none.
+  virtual work_timing collective_timing(host_stream& s, const collective_launch& c) { return {}; }
   /// Called on the worker after each op ran (sim: die_after_ops).
   virtual void op_executed(int64_t count) {}
 

@@ -134,6 +134,19 @@ host::work_timing sim_device::copy_timing(host::host_stream& s, host::copy_kind 
   return t;
 }
 
+host::work_timing sim_device::collective_timing(host::host_stream&, const collective_launch& c) {
+  if (options_.zero_delay || !c.op) return {};
+  std::vector<const device_spec*> specs;
+  specs.reserve(c.members.size());
+  for (const device* m : c.members) specs.push_back(&m->spec());
+  const double cost = estimate_collective_seconds(c.op->op, c.algo, specs, c.bytes);
+  std::lock_guard<std::mutex> lk(mutex_);
+  host::work_timing t;
+  t.seconds = cost * jitter_factor();
+  modelled_ += t.seconds;
+  return t;
+}
+
 void sim_device::op_executed(int64_t count) {
   const int64_t die_at = die_at_.load(std::memory_order_relaxed);  // every op: no lock
   if (die_at >= 0 && count >= die_at)

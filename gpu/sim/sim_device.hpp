@@ -60,6 +60,7 @@ class sim_device final : public host::host_device {
   error admit_op(host::host_stream& s, const op_launch& l, host::work_timing& t) override;
   host::work_timing copy_timing(host::host_stream& s, host::copy_kind k, int64_t bytes,
                                 const device* src) override;
+  host::work_timing collective_timing(host::host_stream& s, const collective_launch& c) override;
   void op_executed(int64_t count) override;
 
  private:

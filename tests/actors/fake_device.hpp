@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "gpu/cpu/collective.hpp"
 #include "gpu/cpu/kernels.hpp"
 #include "gpu/device.hpp"
 
@@ -36,8 +37,16 @@ class fake_device final : public gpu::device {
   struct logged_op {
     node_id node;
     int64_t seq;
+    const void* out = nullptr;  // its output buffer
   };
   std::vector<logged_op> log;        // compute ops run, in order
+  struct logged_collective {
+    node_id node;
+    int64_t seq;
+    const void* own_operand;  // this member's operand buffer
+    double checksum;          // sum of the result (equal on every member of an all_reduce)
+  };
+  std::vector<logged_collective> collectives;  // collective parts run, in order
   std::string fail_op;               // launch of a node with this name fails
   std::string fail_call;             // "create_stream", "create_event", "record" or "wait" fails
   host_memory_resource* host_mem = nullptr;  // what host_memory() offers (null: heap)
@@ -120,8 +129,19 @@ class fake_device final : public gpu::device {
     if (dead_) return dead_error();
     if (!fail_op.empty() && l.op->name == fail_op) return {errc::op_failed, "injected fault"};
     ++launches;
-    log.push_back({l.op->id, ++clock_});
+    log.push_back({l.op->id, ++clock_, l.out.data});
     return gpu::cpu::run_op(l);
+  }
+  /// Runs the part inline (one-shot over the members' memory, as the host
+  /// backends do) and logs it.
+  error collective(gpu::stream&, const gpu::collective_launch& c) override {
+    if (dead_) return dead_error();
+    if (error e = gpu::cpu::run_collective(c)) return e;
+    double sum = 0;
+    if (c.out.type == dtype::f32)
+      for (int64_t i = 0; i < c.out.dims.numel(); ++i) sum += static_cast<const float*>(c.out.data)[i];
+    collectives.push_back({c.op->id, ++clock_, c.inputs[static_cast<std::size_t>(c.rank)].data, sum});
+    return {};
   }
   error copy_h2d(gpu::stream&, void* dst, const void* src, int64_t bytes) override { return copy(dst, src, bytes); }
   error copy_d2h(gpu::stream&, void* dst, const void* src, int64_t bytes) override { return copy(dst, src, bytes); }

@@ -18,6 +18,9 @@ namespace {
 using namespace ag;
 using actors::launch_program;
 using actors::lower;
+using actors::collective_desc;
+using actors::launch_queue;
+using actors::lowered_step;
 
 std::vector<device_spec> sims(int n) {
   std::vector<device_spec> v(static_cast<std::size_t>(n));
@@ -272,11 +275,12 @@ TEST(LaunchProgram, ACopyOfANodeNotResidentOnItsSourceIsRefusedNamingTheTensor) 
   EXPECT_EQ(r.err().op, "g1");
 }
 
-// Collective steps (tensor parallelism) are planned but not executed yet: the
-// lowering's one collective case refuses them, naming the step, its device
-// and the collective node, so that a caller other than runtime::compile (which
-// refuses them first) cannot load a plan that would hang.
-TEST(LaunchProgram, CollectiveStepsAreRefusedNamingTheCollective) {
+// Collective steps (tensor parallelism) lower to a descriptor per part: the
+// part's own output on its device, every member's operand resolved on that
+// member's device in rank order (never peer-copied), the algorithm and size
+// the plan chose, on the device's communication queue; the label names the
+// collective with its op, algorithm and bytes (traces).
+TEST(LaunchProgram, CollectiveStepsLowerToMembersOperandsOnTheirDevices) {
   graph_builder b;
   auto x = b.input("x", dtype::f32, {4, 8});
   auto w1 = b.weight("w1", host_tensor::random_normal(dtype::f32, {8, 8}, 1, 0.3f));
@@ -286,17 +290,70 @@ TEST(LaunchProgram, CollectiveStepsAreRefusedNamingTheCollective) {
   o.tensor_parallel = 2;
   auto p = compile(std::make_shared<const graph>(std::move(b).build().value()), sims(2), o);
   ASSERT_TRUE(p.has_value()) << p.err().to_string();
-  std::set<step_id> collectives;
-  for (const auto& s : (*p)->steps())
-    if (s.kind == step_kind::collective) collectives.insert(s.id);
-  ASSERT_FALSE(collectives.empty()) << "a row-parallel matmul should need an all-reduce";
   auto r = lower(*p);
+  ASSERT_TRUE(r.has_value()) << r.err().to_string();
+  const launch_program& prog = **r;
+  int parts = 0;
+  for (const auto& s : (*p)->steps()) {
+    if (s.kind != step_kind::collective) continue;
+    ++parts;
+    const lowered_step& ls = prog.step(s.id);
+    const launch_queue& q = prog.queue(ls.queue);
+    EXPECT_EQ(q.kind, step_kind::collective);
+    EXPECT_EQ(q.device, s.device);
+    const node& n = (*p)->source().at(s.ops.front());
+    ASSERT_EQ(ls.subject, &n);
+    EXPECT_TRUE(is_collective_op(n.op));
+    const collective_desc& c = ls.coll;
+    EXPECT_EQ(c.rank, n.attrs.rank);
+    EXPECT_EQ(c.algo, s.algo);
+    EXPECT_EQ(c.bytes, s.bytes);
+    ASSERT_EQ(c.inputs.size(), n.inputs.size());
+    ASSERT_EQ(c.member_devices.size(), s.peers.size());
+    for (std::size_t k = 0; k < s.peers.size(); ++k) {
+      const int dev = (*p)->at(s.peers[k]).device;
+      EXPECT_EQ(c.member_devices[k], dev);
+      auto loc = (*p)->locate(n.inputs[k], dev);
+      ASSERT_TRUE(loc.has_value()) << loc.err().to_string();
+      EXPECT_EQ(c.inputs[k].byte_offset, loc->byte_offset);
+      EXPECT_EQ(c.inputs[k].where, loc->where);
+    }
+    auto out = (*p)->locate(n.id, s.device);
+    ASSERT_TRUE(out.has_value());
+    EXPECT_EQ(c.out.byte_offset, out->byte_offset);
+    EXPECT_NE(ls.label.find(n.name), std::string::npos) << ls.label;
+    EXPECT_NE(ls.label.find(to_string(s.algo)), std::string::npos) << ls.label;
+    EXPECT_NE(ls.label.find(std::to_string(s.bytes) + " B"), std::string::npos) << ls.label;
+  }
+  EXPECT_EQ(parts, 2) << "a row-parallel matmul needs one all-reduce, one part per device";
+}
+
+// A collective part whose peer list does not name it is refused by the
+// lowering, naming the step, its device and the collective node.
+TEST(LaunchProgram, CollectiveWithBrokenPeersIsRefusedNamingIt) {
+  graph_builder b;
+  auto x = b.input("x", dtype::f32, {4, 8});
+  auto w1 = b.weight("w1", host_tensor::random_normal(dtype::f32, {8, 8}, 1, 0.3f));
+  auto w2 = b.weight("w2", host_tensor::random_normal(dtype::f32, {8, 8}, 2, 0.3f));
+  b.output(b.matmul(b.matmul(x, w1, false, false, "up"), w2, false, false, "down"));
+  plan_options o;
+  o.tensor_parallel = 2;
+  auto good = compile(std::make_shared<const graph>(std::move(b).build().value()), sims(2), o);
+  ASSERT_TRUE(good.has_value()) << good.err().to_string();
+  plan bad = **good;
+  auto& steps = plan_test_hook::steps(bad);
+  auto it = std::find_if(steps.begin(), steps.end(), [](const step& s) { return s.kind == step_kind::collective; });
+  ASSERT_NE(it, steps.end());
+  std::reverse(it->peers.begin(), it->peers.end());
+  const step_id planted = it->id;
+  const int device = it->device;
+  const std::string op = (*good)->source().at(it->ops.front()).name;
+  auto r = lower(std::make_shared<const plan>(std::move(bad)));
   ASSERT_FALSE(r.has_value());
-  EXPECT_EQ(r.err().code, errc::unsupported_op) << r.err().to_string();
-  ASSERT_EQ(collectives.count(r.err().step), 1u) << r.err().to_string();
-  const step& s = (*p)->at(r.err().step);
-  EXPECT_EQ(r.err().device, s.device);
-  EXPECT_EQ(r.err().op, (*p)->source().at(s.ops.front()).name);
+  EXPECT_EQ(r.err().code, errc::internal) << r.err().to_string();
+  EXPECT_EQ(r.err().step, planted);
+  EXPECT_EQ(r.err().device, device);
+  EXPECT_EQ(r.err().op, op);
 }
 
 }  // namespace

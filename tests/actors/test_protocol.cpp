@@ -6,6 +6,7 @@
 #include <caf/all.hpp>
 #include <caf/scheduler/test_coordinator.hpp>
 
+#include <algorithm>
 #include <functional>
 #include <map>
 #include <set>
@@ -14,6 +15,7 @@
 #include "actors/job_state.hpp"
 #include "fake_device.hpp"
 #include "../graph/counting_host_memory.hpp"
+#include "graph/random.hpp"
 #include "graph/reference.hpp"
 #include "messages/atoms.hpp"
 #include "messages/messages.hpp"
@@ -561,3 +563,77 @@ TEST_F(Protocol, DeviceDeathReachesAJobWithItsReasonWhenTheNoticeComesFirst) {
 }
 
 }  // namespace
+
+namespace {
+
+/// Runs one pending message chosen by `r` (any actor's), so that messages
+/// arrive in orders a FIFO scheduler would not produce. False when none is pending.
+bool run_random_once(caf::scheduler::test_coordinator& sched, ag::rng& r) {
+  if (sched.jobs.empty()) return false;
+  const auto k = static_cast<std::size_t>(r.next() % sched.jobs.size());
+  std::swap(sched.jobs[0], sched.jobs[k]);
+  return sched.try_run_once();
+}
+
+}  // namespace
+
+// NCCL's rule: every member issues one communicator's collectives in the
+// same order. Jobs of a tensor-parallel plan run concurrently; under random
+// message orders (any pending actor runs next) they start in different
+// orders, and on both members the communication queues issue the
+// collectives in the agreed order: by job number, drawn when a job starts
+// running (all arenas held). Every result equals the reference.
+TEST_F(Protocol, CollectivesIssueInOneAgreedOrderOnEveryMemberAcrossConcurrentJobs) {
+  start(2, 4);
+  ag::graph_builder b;
+  auto x = b.input("x", ag::dtype::f32, {4, 8});
+  auto w1 = b.weight("w1", ag::host_tensor::random_normal(ag::dtype::f32, {8, 16}, 1, 0.3f));
+  auto w2 = b.weight("w2", ag::host_tensor::random_normal(ag::dtype::f32, {16, 8}, 2, 0.3f));
+  b.output(b.matmul(b.gelu(b.matmul(x, w1, false, false, "up"), ag::gelu_mode::tanh, "act"), w2, false, false, "down"));
+  auto g = std::make_shared<const ag::graph>(std::move(b).build().value());
+  ag::plan_options o;
+  o.tensor_parallel = 2;
+  o.tp_overlap = false;
+  auto p = core->compile(g, o);
+  ASSERT_TRUE(p.has_value()) << p.err().to_string();
+  int parts = 0;
+  for (const auto& s : (*p)->steps()) parts += s.kind == ag::step_kind::collective;
+  ASSERT_EQ(parts, 2) << "one all-reduce per job, a part per device";
+  int reordered = 0;
+  for (uint64_t seed = 1; seed <= 40; ++seed) {
+    SCOPED_TRACE("seed " + std::to_string(seed));
+    for (auto& d : devs) d->collectives.clear();
+    ag::rng r(seed);
+    std::vector<std::vector<ag::host_tensor>> ins;
+    std::vector<ag::job> jobs;
+    for (int k = 0; k < 4; ++k) {
+      ins.push_back(inputs_for(*g, seed * 10 + static_cast<uint64_t>(k)));
+      jobs.push_back(core->submit(*p, ins.back()));
+    }
+    while (run_random_once(*sched, r)) {
+    }
+    std::vector<std::pair<int64_t, double>> started;  // (start time, the job's all-reduce checksum)
+    for (int k = 0; k < 4; ++k) {
+      expect_reference(*g, ins[static_cast<std::size_t>(k)], jobs[static_cast<std::size_t>(k)]);
+      // The job's all-reduce result, summed, identifies it on both members.
+      const auto& out = jobs[static_cast<std::size_t>(k)].wait()->front();
+      double sum = 0;
+      for (int64_t i = 0; i < out.numel(); ++i) sum += out.at(i);
+      started.push_back({jobs[static_cast<std::size_t>(k)].times().started_ns, sum});
+    }
+    std::vector<double> order[2];
+    for (int d = 0; d < 2; ++d)
+      for (const auto& c : devs[static_cast<std::size_t>(d)]->collectives) order[d].push_back(c.checksum);
+    ASSERT_EQ(order[0].size(), 4u);
+    EXPECT_EQ(order[0], order[1]) << "members issued the collectives in different orders";
+    // The agreed order is the order in which the jobs started running.
+    std::vector<std::pair<int64_t, double>> by_start = started;
+    std::stable_sort(by_start.begin(), by_start.end(), [](auto& a, auto& c) { return a.first < c.first; });
+    reordered += by_start != started;
+    ASSERT_EQ(by_start.size(), order[0].size());
+    for (std::size_t k = 0; k < by_start.size(); ++k)
+      EXPECT_NEAR(order[0][k], by_start[k].second, 1e-3 * std::max(1.0, std::abs(by_start[k].second))) << "position " << k;
+  }
+  // The random schedules did start jobs out of submission order.
+  EXPECT_GT(reordered, 0);
+}

@@ -34,6 +34,9 @@ std::vector<program> programs() {
 #ifdef AG_BIN_ACTORGRAPH_PLAN_DEMO
   p.push_back({"actorgraph-plan-demo", AG_BIN_ACTORGRAPH_PLAN_DEMO, {"--layers", "--devices", "--variant", "--dot"}, "--layers=0"});
 #endif
+#ifdef AG_BIN_ACTORGRAPH_TP_BENCH
+  p.push_back({"actorgraph-tp-bench", AG_BIN_ACTORGRAPH_TP_BENCH, {"--devices", "--small", "--jobs", "--trace"}, "--jobs=abc"});
+#endif
 #ifdef AG_BIN_ACTORGRAPH_CUDA_BENCH
   p.push_back({"actorgraph-cuda-bench", AG_BIN_ACTORGRAPH_CUDA_BENCH, {"--quick"}, "--quick=maybe"});
 #endif

@@ -145,3 +145,53 @@ TEST(ReplRun, CudaWithoutAGpuIsAnErrorAndTheOldDevicesStay) {
   f.ok({small_gpt2, "run n=1", "wait"});
   EXPECT_TRUE(has(f.text, "check: ok")) << f.text;
 }
+
+// Tensor parallelism from the REPL: `set tp=2` (and ratios, and stages x tp)
+// changes the plan, `plan` shows split states and collectives, a run checks
+// ok against the reference, `timeline` has the communication lanes, and the
+// Chrome trace names each collective with its bytes and algorithm.
+TEST(ReplRun, TensorParallelSetPlanRunTimelineAndTrace) {
+  fixture f;
+  f.ok({"model llama layers=2 d=32 heads=4 kv=2 ff=48 seq=8 vocab=64"});
+  ASSERT_EQ(f.run("set tp=2"), exec_status::ok) << f.text;
+  EXPECT_TRUE(has(f.text, "tp=2")) << f.text;
+  ASSERT_EQ(f.run("plan"), exec_status::ok) << f.text;
+  EXPECT_TRUE(has(f.text, "tensor parallel: 1 stage(s) x 2 device(s)")) << f.text;
+  EXPECT_TRUE(has(f.text, "sharded dim 0")) << f.text;
+  EXPECT_TRUE(has(f.text, "coll  #")) << f.text;
+  EXPECT_TRUE(has(f.text, "all_reduce 'l1.attn.o_proj'")) << f.text;
+  ASSERT_EQ(f.run("run n=2 check=all"), exec_status::ok) << f.text;
+  ASSERT_EQ(f.run("wait"), exec_status::ok);
+  EXPECT_EQ(count(f.text, "check: ok"), 2) << f.text;
+  ASSERT_EQ(f.run("timeline width=60"), exec_status::ok);
+  EXPECT_TRUE(has(f.text, "sim0 comm")) << f.text;
+  EXPECT_TRUE(has(f.text, "sim1 comm")) << f.text;
+  const ag::trace t = f.s.last_trace();
+  int collectives = 0;
+  for (const auto& r : t.records)
+    if (r.lane == "comm") {
+      ++collectives;
+      EXPECT_TRUE(has(r.label, "(all_reduce, ")) << r.label;
+      EXPECT_TRUE(has(r.label, " B)")) << r.label;
+      EXPECT_TRUE(has(r.label, "one-shot") || has(r.label, "ring")) << r.label;
+    }
+  EXPECT_GT(collectives, 0);
+  EXPECT_TRUE(has(t.to_chrome_json(), "all_reduce, ")) << "the Chrome trace names the collectives";
+  // Uneven shares, and 2 x 2 pipeline x tensor on four devices.
+  ASSERT_EQ(f.run("set ratios=3,1"), exec_status::ok) << f.text;
+  EXPECT_TRUE(has(f.text, "ratios=3,1")) << f.text;
+  ASSERT_EQ(f.run("plan"), exec_status::ok) << f.text;
+  EXPECT_TRUE(has(f.text, "shares 0.75 0.25")) << f.text;
+  ASSERT_EQ(f.run("set ratios=1,2,3"), exec_status::failed);
+  EXPECT_TRUE(has(f.text, "3 entries for tp=2")) << f.text;
+  ASSERT_EQ(f.run("set ratios=3,x"), exec_status::failed);
+  EXPECT_TRUE(has(f.text, "'x'")) << f.text;
+  f.ok({"devices sim:4 scale=0.01", "model gpt2 layers=4 d=32 heads=4 ff=64 seq=8 vocab=64", "set stages=2 tp=2"});
+  ASSERT_EQ(f.run("plan"), exec_status::ok) << f.text;
+  EXPECT_TRUE(has(f.text, "tensor parallel: 2 stage(s) x 2 device(s)")) << f.text;
+  f.ok({"run n=2 check=all", "wait"});
+  EXPECT_EQ(count(f.text, "check: ok"), 2) << f.text;
+  // A degree the devices cannot hold is refused at compile time, naming it.
+  ASSERT_EQ(f.run("plan stages=1 tp=8"), exec_status::failed) << f.text;
+  EXPECT_TRUE(has(f.text, "8")) << f.text;
+}

@@ -1,0 +1,347 @@
+// Tensor-parallel plans run on the runtime (sim with values, and cpu):
+// collectives are steps of each member's communication queue, driven by the
+// same ready messages as every other step. Every result is checked against
+// evaluate_reference of the user's graph.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "actors/actorgraph.hpp"
+#include "gpu/sim/sim_device.hpp"
+#include "graph/models/transformer.hpp"
+#include "graph/reference.hpp"
+#include "../graph/random_dag.hpp"
+#include "../graph/tp_random_graph.hpp"
+
+namespace {
+
+using namespace std::chrono_literals;
+using ag::dtype;
+using ag::host_tensor;
+
+ag::plan_options tp(int degree, std::vector<double> ratios = {}, int stages = 1) {
+  ag::plan_options o;
+  o.tensor_parallel = degree;
+  o.shard_ratios = std::move(ratios);
+  o.pipeline_stages = stages;
+  return o;
+}
+
+ag::runtime_options opts() {
+  ag::runtime_options o;
+  o.backend.sim.time_scale = 1e-3;  // a simulated ms takes 1 us
+  o.backend.sim.jitter = 0.2;       // members reach their collectives at different times
+  o.arenas_per_device = 4;
+  return o;
+}
+
+void expect_outputs(const ag::job& j, const std::vector<host_tensor>& want, double atol, double rtol,
+                    const std::string& what) {
+  ASSERT_TRUE(j.wait_for(60s)) << what << ": job did not finish";
+  const auto& r = j.wait();
+  ASSERT_TRUE(r.has_value()) << what << ": " << r.err().to_string();
+  ASSERT_EQ(r->size(), want.size()) << what;
+  for (std::size_t i = 0; i < want.size(); ++i) {
+    auto c = ag::compare((*r)[i], want[i], atol, rtol);
+    EXPECT_TRUE(c.ok) << what << " output " << i << ": " << c.message;
+  }
+}
+
+/// Compiles g on `rt` with `o`, runs it on `in`, compares with the reference
+/// of the user's graph. Returns the plan.
+std::shared_ptr<const ag::plan> run_and_check(ag::runtime& rt, const std::shared_ptr<const ag::graph>& g,
+                                              const ag::plan_options& o, const std::vector<host_tensor>& in,
+                                              const std::string& what, double atol = 1e-4, double rtol = 1e-3) {
+  auto p = rt.compile(g, o);
+  EXPECT_TRUE(p.has_value()) << what << ": " << (p ? "" : p.err().to_string());
+  if (!p) return nullptr;
+  auto want = ag::evaluate_reference(*g, in);
+  EXPECT_TRUE(want.has_value());
+  if (!want) return nullptr;
+  expect_outputs(rt.submit(*p, in), *want, atol, rtol, what);
+  return *p;
+}
+
+int collective_steps(const ag::plan& p) {
+  int n = 0;
+  for (const auto& s : p.steps()) n += s.kind == ag::step_kind::collective;
+  return n;
+}
+
+ag::models::transformer_config tiny(ag::models::model_variant v, int heads, int kv = 0) {
+  ag::models::transformer_config c;
+  c.variant = v;
+  c.n_layers = 2;
+  c.d_model = 8 * heads;
+  c.n_heads = heads;
+  c.n_kv_heads = kv;
+  c.d_ff = 48;
+  c.vocab = 41;
+  c.seq_len = 6;
+  c.batch = 2;
+  c.seed = 5;
+  c.initializer_range = 0.2f;
+  return c;
+}
+
+std::shared_ptr<const ag::graph> build(const ag::models::transformer_config& c) {
+  return std::make_shared<const ag::graph>(ag::models::build_transformer(c).value());
+}
+
+std::vector<host_tensor> random_inputs(const ag::graph& g, uint64_t seed) {
+  std::vector<host_tensor> in;
+  for (ag::node_id id : g.inputs()) {
+    const auto& n = g.at(id);
+    in.push_back(n.type == dtype::i32 ? host_tensor::random_ints(n.dims, seed++, 11)  // ids of 11-row tables
+                                      : host_tensor::random_normal(n.type, n.dims, seed++));
+  }
+  return in;
+}
+
+/// A graph of user collectives over `n` members for dtype t: member k
+/// computes copy(x_k) on device k (a storage node there), then all_reduce,
+/// reduce_scatter (of dim 1) and all_gather (dim 1) parts on every member.
+std::shared_ptr<const ag::graph> user_collectives(dtype t, int n) {
+  using namespace ag;
+  std::vector<node> nodes;
+  auto add = [&](node nd) {
+    nd.id = static_cast<node_id>(nodes.size());
+    nodes.push_back(std::move(nd));
+    return nodes.back().id;
+  };
+  std::vector<node_id> ins, ops;
+  for (int k = 0; k < n; ++k) {
+    node x;
+    x.op = op_kind::input;
+    x.name = "x" + std::to_string(k);
+    x.type = t;
+    x.dims = shape{3, 4 * n};
+    ins.push_back(add(x));
+  }
+  for (int k = 0; k < n; ++k) {
+    node c;
+    c.op = op_kind::copy;
+    c.name = "own" + std::to_string(k);
+    c.type = t;
+    c.dims = shape{3, 4 * n};
+    c.inputs = {ins[static_cast<std::size_t>(k)]};
+    c.pinned_device = k;
+    ops.push_back(add(c));
+  }
+  std::vector<node_id> outs;
+  for (int k = 0; k < n; ++k) {
+    node ar;
+    ar.op = op_kind::all_reduce;
+    ar.name = "sum" + std::to_string(k);
+    ar.inputs = ops;
+    ar.attrs.group = 0;
+    ar.attrs.rank = k;
+    ar.pinned_device = k;
+    outs.push_back(add(ar));
+    node rs;
+    rs.op = op_kind::reduce_scatter;
+    rs.name = "scatter" + std::to_string(k);
+    rs.inputs = ops;
+    rs.attrs.group = 1;
+    rs.attrs.rank = k;
+    rs.attrs.axis = 1;
+    rs.attrs.begin = 4 * k;
+    rs.attrs.end = 4 * k + 4;
+    rs.pinned_device = k;
+    outs.push_back(add(rs));
+    node gth;
+    gth.op = op_kind::all_gather;
+    gth.name = "gather" + std::to_string(k);
+    gth.inputs = ops;
+    gth.dims = shape{3, 4 * n * n};
+    gth.attrs.group = 2;
+    gth.attrs.rank = k;
+    gth.attrs.axis = 1;
+    gth.attrs.axis2 = 1;
+    gth.pinned_device = k;
+    outs.push_back(add(gth));
+  }
+  auto g = graph::from_nodes(nodes, ins, outs);
+  EXPECT_TRUE(g.has_value()) << (g ? "" : g.err().to_string());
+  return g ? std::make_shared<const graph>(std::move(*g)) : nullptr;
+}
+
+struct TensorParallelRun : ::testing::TestWithParam<const char*> {};
+
+// all_reduce, reduce_scatter and all_gather alone, over 2 and 3 members, in
+// every dtype: the backends sum in double and round once, as the reference
+// does, so results are equal to it exactly.
+TEST_P(TensorParallelRun, CollectivesAloneEqualTheReferenceForEveryDtype) {
+  auto rt = ag::runtime::create(std::string(GetParam()) + ":3", opts()).value();
+  for (int n : {2, 3}) {
+    for (dtype t : {dtype::f32, dtype::f16, dtype::bf16, dtype::i32}) {
+      const std::string what = std::to_string(n) + " members " + ag::to_string(t);
+      auto g = user_collectives(t, n);
+      ASSERT_TRUE(g);
+      auto p = rt->compile(g);
+      ASSERT_TRUE(p.has_value()) << what << ": " << p.err().to_string();
+      EXPECT_EQ(collective_steps(**p), 3 * n) << what;
+      std::vector<host_tensor> in;
+      for (int k = 0; k < n; ++k)
+        in.push_back(t == dtype::i32 ? host_tensor::random_ints({3, 4 * n}, 10 + k, 1000)
+                                     : host_tensor::random_normal(t, {3, 4 * n}, 10 + k));
+      auto want = ag::evaluate_reference(*g, in).value();
+      expect_outputs(rt->submit(*p, in), want, 0, 0, what);
+    }
+  }
+}
+
+TEST_P(TensorParallelRun, TransformersEqualTheReferenceAtDegreesTwoThreeFour) {
+  auto rt = ag::runtime::create(std::string(GetParam()) + ":4", opts()).value();
+  using ag::models::model_variant;
+  struct model_case {
+    ag::models::transformer_config cfg;
+    std::string what;
+  };
+  const std::vector<model_case> cases = {
+      {tiny(model_variant::gpt2, 4), "gpt2"},
+      {tiny(model_variant::llama, 8, 2), "llama gqa 8/2"},
+      {tiny(model_variant::llama, 6, 3), "llama gqa 6/3"},
+  };
+  for (const auto& mc : cases) {
+    auto g = build(mc.cfg);
+    for (int degree : {2, 3, 4}) {
+      const std::string what = mc.what + " degree " + std::to_string(degree);
+      auto p = run_and_check(*rt, g, tp(degree), ag::models::transformer_inputs(mc.cfg, 7), what);
+      ASSERT_TRUE(p) << what;
+      EXPECT_GT(collective_steps(*p), 0) << what;
+    }
+  }
+}
+
+TEST_P(TensorParallelRun, UnevenRatiosAndPipelineByTensorEqualTheReference) {
+  auto rt = ag::runtime::create(std::string(GetParam()) + ":4", opts()).value();
+  using ag::models::model_variant;
+  for (auto cfg : {tiny(model_variant::gpt2, 4), tiny(model_variant::llama, 8, 2)}) {
+    const std::string v = ag::models::to_string(cfg.variant);
+    auto in = ag::models::transformer_inputs(cfg, 3);
+    ASSERT_TRUE(run_and_check(*rt, build(cfg), tp(2, {3, 1}), in, v + " 3:1"));
+    ASSERT_TRUE(run_and_check(*rt, build(cfg), tp(3, {1, 2, 1}), in, v + " 1:2:1"));
+    cfg.n_layers = 4;
+    auto p = run_and_check(*rt, build(cfg), tp(2, {}, 2), ag::models::transformer_inputs(cfg, 4), v + " 2 x 2");
+    ASSERT_TRUE(p);
+    EXPECT_EQ(p->tensor_parallel()->stages, 2);
+  }
+}
+
+// Random DAGs (ops without tensor-parallel rules are gathered: all_gather /
+// all_reduce before them) at degrees 2..4, some with uneven ratios.
+TEST_P(TensorParallelRun, RandomGraphsWithTheGatherFallbackEqualTheReference) {
+  auto rt = ag::runtime::create(std::string(GetParam()) + ":4", opts()).value();
+  int with_collectives = 0;
+  for (uint64_t seed = 1; seed <= 24; ++seed) {
+    std::shared_ptr<const ag::graph> g =
+        seed % 4 == 0 ? std::make_shared<const ag::graph>(
+                            ag::test::random_dag({.seed = seed, .ops = 20 + static_cast<int>(seed % 12), .outputs = 3}).value())
+                      : ag::test::tp_random_graph(seed, 10 + static_cast<int>(seed % 15));
+    ASSERT_TRUE(g);
+    const int degree = 2 + static_cast<int>(seed % 3);
+    std::vector<double> ratios;
+    if (seed % 2) ratios.assign(static_cast<std::size_t>(degree), 1.0), ratios[0] = 2.0;
+    const std::string what = "seed " + std::to_string(seed) + " degree " + std::to_string(degree);
+    auto p = run_and_check(*rt, g, tp(degree, ratios), random_inputs(*g, seed), what, 2e-4, 2e-3);
+    ASSERT_TRUE(p) << what;
+    with_collectives += collective_steps(*p) > 0;
+  }
+  EXPECT_GT(with_collectives, 12);  // the sample exercises collectives
+}
+
+// Many jobs of two tensor-parallel plans in flight at once (their
+// collectives interleave on every member's communication queue): all equal
+// the reference, nothing hangs.
+TEST_P(TensorParallelRun, ManyConcurrentJobsEqualTheReference) {
+  auto rt = ag::runtime::create(std::string(GetParam()) + ":4", opts()).value();
+  using ag::models::model_variant;
+  auto cfg_a = tiny(model_variant::llama, 8, 2);
+  auto cfg_b = tiny(model_variant::gpt2, 4);
+  auto ga = build(cfg_a), gb = build(cfg_b);
+  auto pa = rt->compile(ga, tp(4)).value();
+  auto pb = rt->compile(gb, tp(2, {}, 2)).value();
+  struct pending {
+    ag::job j;
+    std::vector<host_tensor> want;
+    std::string what;
+  };
+  std::vector<pending> jobs;
+  for (uint64_t k = 0; k < 24; ++k) {
+    const bool a = k % 3 != 2;
+    const auto& cfg = a ? cfg_a : cfg_b;
+    auto in = ag::models::transformer_inputs(cfg, 100 + k);
+    auto want = ag::evaluate_reference(a ? *ga : *gb, in).value();
+    jobs.push_back({rt->submit(a ? pa : pb, std::move(in)), std::move(want), "job " + std::to_string(k)});
+  }
+  for (auto& pj : jobs) expect_outputs(pj.j, pj.want, 1e-4, 1e-3, pj.what);
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, TensorParallelRun, ::testing::Values("sim", "cpu"));
+
+// A device that dies while tensor-parallel jobs are in flight fails exactly
+// the jobs that use it (with its death error), none hangs (the other
+// members' parts finish or fail, they do not wait for it), and a plan on
+// other devices keeps serving, during and after.
+TEST(TensorParallelFault, DeviceDeathDuringCollectivesFailsOnlyItsJobs) {
+  ag::runtime_options o = opts();
+  o.backend.sim.time_scale = 1.0;
+  o.backend.sim.jitter = 0;
+  o.backend.sim.spec.link_bandwidth = 2e6;  // each all-reduce part takes milliseconds
+  o.backend.sim.spec.oneshot_max_bytes = 0;
+  auto rt = ag::runtime::create("sim:4", o).value();
+  auto cfg = tiny(ag::models::model_variant::llama, 8, 2);
+  auto g = build(cfg);
+  auto ptp = rt->compile(g, tp(2)).value();  // devices 0 and 1
+  ASSERT_GT(collective_steps(*ptp), 0);
+  // A plan on device 3 only.
+  ag::graph_builder b;
+  auto x = b.input("x", dtype::f32, {4, 8});
+  auto w = b.weight("w", host_tensor::random_normal(dtype::f32, {8, 8}, 3, 0.3f));
+  auto y = b.gelu(b.matmul(x, w, false, false, "fc"), ag::gelu_mode::tanh, "act");
+  b.pin(y, 3);
+  b.output(y);
+  auto gother = std::make_shared<const ag::graph>(std::move(b).build().value());
+  auto pother = rt->compile(gother).value();
+  auto in = ag::models::transformer_inputs(cfg, 1);
+  auto want = ag::evaluate_reference(*g, in).value();
+  std::vector<ag::job> tp_jobs;
+  for (int k = 0; k < 8; ++k) tp_jobs.push_back(rt->submit(ptp, in));
+  auto other_in = std::vector<host_tensor>{host_tensor::random_normal(dtype::f32, {4, 8}, 9)};
+  auto other_want = ag::evaluate_reference(*gother, other_in).value();
+  std::vector<ag::job> other_jobs;
+  for (int k = 0; k < 4; ++k) other_jobs.push_back(rt->submit(pother, other_in));
+  // Kill device 1 once the first job's collectives are running (its
+  // outputs are ready), while the other seven are in flight.
+  ASSERT_TRUE(tp_jobs.front().wait_for(60s));
+  auto* sim1 = dynamic_cast<ag::gpu::sim::sim_device*>(rt->device(1).get());
+  ASSERT_NE(sim1, nullptr);
+  sim1->kill("pulled during a collective (test)");
+  for (int k = 0; k < 4; ++k) other_jobs.push_back(rt->submit(pother, other_in));
+  int failed = 0;
+  for (auto& j : tp_jobs) {
+    ASSERT_TRUE(j.wait_for(60s)) << "a tensor-parallel job hangs after its device died";
+    if (j.wait().has_value()) {
+      auto c = ag::compare(j.wait()->front(), want.front(), 1e-4, 1e-3);
+      EXPECT_TRUE(c.ok) << c.message;
+    } else {
+      ++failed;
+      EXPECT_EQ(j.wait().err().code, ag::errc::device_failed) << j.wait().err().to_string();
+      EXPECT_NE(j.wait().err().message.find("pulled during a collective"), std::string::npos)
+          << j.wait().err().message;
+    }
+  }
+  EXPECT_GT(failed, 0) << "the device died with no job in flight: the test proves nothing";
+  for (auto& j : other_jobs) expect_outputs(j, other_want, 1e-4, 1e-3, "plan on device 3");
+  // New tensor-parallel jobs on the dead device fail at once; device 3 serves.
+  auto late = rt->submit(ptp, in);
+  ASSERT_TRUE(late.wait_for(60s));
+  EXPECT_FALSE(late.wait().has_value());
+  expect_outputs(rt->submit(pother, other_in), other_want, 1e-4, 1e-3, "plan on device 3 after");
+}
+
+}  // namespace
