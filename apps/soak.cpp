@@ -2,13 +2,15 @@
 // and proves that every job ends exactly once, correctly or with an error that
 // names the device and the fault (issue 13).
 //
-// Jobs of three plan shapes run in one runtime at a time, each plan on its own
+// Jobs of four plan shapes run in one runtime at a time, each plan on its own
 // devices (pins), so a dead device fails only the plans that touch it:
 //   pipeline  a matmul + gelu chain over the first half of the devices (one
 //             stage per device),
 //   lanes     three independent branches on one device with 2 compute lanes,
 //   random    a random DAG (add, mul, matmul, gelu, softmax, transpose,
-//             slice + concat) pipelined over the remaining devices.
+//             slice + concat) pipelined over the remaining devices,
+//   tensor-parallel  column- then row-parallel matmul over devices 0 and 1
+//             (tensor_parallel = 2: an all-reduce per job).
 // Faults (on by default, sim devices): random op errors, stalls (ops taking
 // stall_seconds longer), devices dying after a drawn number of ops; random
 // cancels (at once after submit), deadlines (submit_options::deadline, 1 us
@@ -183,6 +185,18 @@ ag::expected<ag::graph> random_graph(uint64_t seed, int first, int count) {
   return std::move(b).build();
 }
 
+// x -> column-parallel matmul -> gelu -> row-parallel matmul: one
+// all-reduce per job when compiled with tensor_parallel = 2.
+ag::expected<ag::graph> tensor_parallel_graph() {
+  ag::graph_builder b;
+  auto x = b.input("x", ag::dtype::f32, {8, 32});
+  auto up = b.matmul(x, b.weight("up", weight_data(32, 64, 300)), false, false, "up_proj");
+  auto a = b.gelu(up, ag::gelu_mode::tanh, "act");
+  auto y = b.matmul(a, b.weight("down", weight_data(64, 32, 301)), false, false, "down_proj");
+  b.output(y);
+  return std::move(b).build();
+}
+
 ag::expected<std::vector<soak_plan>> make_plans(int devices, uint64_t seed) {
   // Disjoint device sets where there are enough devices.
   const int pipe_n = std::max(1, devices / 2);
@@ -212,6 +226,13 @@ ag::expected<std::vector<soak_plan>> make_plans(int devices, uint64_t seed) {
   for (auto e : {add("pipeline", pipeline_graph(0, pipe_n), {}), add("lanes", lanes_graph(lanes_dev), lanes_po),
                  add("random", random_graph(seed, rnd_first, rnd_n), {})})
     if (!e.ok()) return e;
+  if (devices >= 2) {
+    // Tensor parallel over devices 0 and 1 (the pipeline's first stages).
+    ag::plan_options tp;
+    tp.tensor_parallel = 2;
+    tp.pipeline_stages = 1;
+    if (auto e = add("tensor-parallel", tensor_parallel_graph(), tp); !e.ok()) return e;
+  }
   return plans;
 }
 
