@@ -1,6 +1,7 @@
 #include "actors/runtime_core.hpp"
 
 #include <algorithm>
+#include <cstdio>
 
 #include <caf/all.hpp>
 
@@ -78,7 +79,7 @@ error upload_in_chunks(gpu::device& dev, std::byte* dst, const weight_source& w,
 }  // namespace
 
 runtime_core::runtime_core(caf::actor_system& sys, std::vector<gpu::device_ptr> devices, runtime_options opts)
-    : sys_(sys), devices_(std::move(devices)), opts_(opts) {
+    : sys_(sys), devices_(std::move(devices)), opts_(opts), trace_(opts.trace_max_records) {
   for (const auto& d : devices_) specs_.push_back(d->spec());
   runtime_actor_ = spawn_runtime_actor(sys_, jobs_);
   live_ = std::make_shared<liveness>();
@@ -221,26 +222,35 @@ expected<std::shared_ptr<const plan>> runtime_core::compile(std::shared_ptr<cons
   return std::shared_ptr<const plan>(p.get(), plan_deleter{std::move(lp), live_});
 }
 
-job runtime_core::submit(const std::shared_ptr<const plan>& p, std::vector<host_tensor> inputs) {
+job runtime_core::submit(const std::shared_ptr<const plan>& p, std::vector<host_tensor> inputs,
+                         const submit_options& options) {
   auto ss = std::make_shared<job::shared_state>();
   ss->id = next_job_.fetch_add(1);
   ss->times.submitted_ns = gpu::host_clock_ns();
   job j(ss);
-  if (stopped_) {
-    ss->fulfil(error{errc::shutting_down, "runtime is stopping"}, job_state::failed);
+  // Counted alive before the stop flag is read, as stop_submissions() sets
+  // the flag before wait_idle() reads the count: either this submit sees the
+  // flag, or the destructor waits for this job (it could otherwise spawn a
+  // job actor after the device actors stopped, and the actor system would
+  // wait for it forever).
+  alive_.fetch_add(1);
+  if (stopped_ || stopping_) {
+    job_gone();
+    ss->fulfil(error{errc::shutting_down, "runtime is stopping: it takes no new jobs"}, job_state::failed);
     return j;
   }
   const plan_deleter* d = p ? std::get_deleter<plan_deleter>(p) : nullptr;
   if (!d || d->live != live_) {
+    job_gone();
     ss->fulfil(error{errc::invalid_argument, "submit: the plan was not compiled by this runtime"}, job_state::failed);
     return j;
   }
   if (auto e = check_inputs(p->source(), inputs)) {
+    job_gone();
     ss->fulfil(std::move(e), job_state::failed);
     return j;
   }
   in_flight_.fetch_add(1);
-  alive_.fetch_add(1);
   const auto& lp = d->lp;
   caf::actor ja = spawn_job_actor(sys_, this, ss, lp, p, std::move(inputs));
   {
@@ -258,6 +268,15 @@ job runtime_core::submit(const std::shared_ptr<const plan>& p, std::vector<host_
   if (!used.empty())
     caf::anon_send(device_actors_[static_cast<std::size_t>(used.front())],
                    msg::acquire_arena{lp->key, ss->id, ja});
+  if (options.deadline.count() > 0) {
+    // The job actor fails the job as a cancel would (begin_fail), in any
+    // phase; after the job finished the message finds no actor.
+    const double ms = static_cast<double>(options.deadline.count()) / 1e6;
+    char text[96];
+    std::snprintf(text, sizeof text, "job %llu passed its deadline (%.3f ms after submission)",
+                  static_cast<unsigned long long>(ss->id), ms);
+    caf::delayed_anon_send(ja, options.deadline, msg::fail_job{error{errc::timeout, text}});
+  }
   return j;
 }
 
@@ -291,7 +310,7 @@ void runtime_core::wait_idle() {
 trace runtime_core::take_trace() {
   trace t;
   for (const auto& s : specs_) t.device_names.push_back(s.name);
-  t.records = trace_.take();
+  t.records = trace_.take(&t.dropped_records);
   return t;
 }
 

@@ -254,7 +254,10 @@ error launch_step(exec_state& st, exec_job& e, step_id s) {
   if (ls.completion) {
     // `keep` holds the job context until the callback ran. A notification
     // that cannot be registered arrives as the callback's error (device.hpp).
-    st.dev->notify(stream, [keep = ctx.shared_from_this(), s](const error& ne) {
+    st.dev->notify(stream, [keep = ctx.shared_from_this(), s](const error& notified) {
+      // A dead device upstream let this step run on unwritten values
+      // (dead_device_error, job_actor.hpp): the job fails with its death.
+      error ne = notified ? notified : dead_device_error(*keep);
       if (!ne) complete_from_backend(*keep);
       caf::anon_send(keep->job_actor, msg::step_done{keep->id(), s, ne});
     });

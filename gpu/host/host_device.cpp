@@ -311,8 +311,13 @@ error host_device::collective(stream& s, const collective_launch& c) {
     // (its job is failed by the runtime too), do not read or wait for it.
     for (device* m : c.members)
       if (!m->alive()) {
+        // The member's own death error (a dead device refuses an empty
+        // download with it) says why it died: the job's error names the
+        // fault, not only the device (found by actorgraph-soak).
+        const error why = m->download(nullptr, nullptr, 0);
         hs.set_error(error(errc::device_failed,
-                           "device '" + spec_.name + "': " + label + ": member '" + m->spec().name + "' died",
+                           "device '" + spec_.name + "': " + label + ": member '" + m->spec().name + "' died" +
+                               (why ? " (" + why.message + ")" : std::string{}),
                            m->index(), -1, c.op->name));
         return;
       }
