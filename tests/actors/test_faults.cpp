@@ -369,7 +369,10 @@ TEST(BadInputData, ZeroSizeTensorsAreRefusedAtSubmitAndInTheBuilder) {
 TEST(BadInputData, WaitingOnACancelledJobReturnsCancelled) {
   auto rt = ag::runtime::create("sim:1").value();
   auto p = rt->compile(pinned_small(0)).value();
-  auto* dev = stall_every_op(*rt, 0, 600);
+  // Every op stalls 2 s, so the job cannot finish before the cancel. An op
+  // that began its stall before the faults are cleared still runs it out
+  // (the cancel only drops steps not started): 2 s, not the test's limit.
+  auto* dev = stall_every_op(*rt, 0, 2);
   ASSERT_NE(dev, nullptr);
   ag::job j = rt->submit(p, small_input(1));
   j.cancel();
