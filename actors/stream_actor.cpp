@@ -7,6 +7,7 @@
 
 #include <caf/all.hpp>
 
+#include "actors/collective_order.hpp"
 #include "actors/job_actor.hpp"
 #include "actors/job_context.hpp"
 #include "messages/atoms.hpp"
@@ -32,20 +33,6 @@ struct exec_job {
   bool dropped = false;
 };
 
-/// A communication queue's agreed issue order for one plan's jobs: the
-/// collectives of job number n (job_context::collective_seq) are issued only
-/// after every job numbered below n issued all of its own here (or was
-/// cancelled). Every member of a group runs the same queue positions in the
-/// same order, so all members issue one plan's collectives in the same
-/// (job number, position) order, whatever order their `ready` messages came
-/// in: what NCCL needs to be free of deadlock. A job never waits for a job
-/// numbered after it (numbers are drawn once all arenas are held).
-struct issue_order {
-  uint64_t next = 0;                  // the job number whose turn it is
-  std::set<uint64_t> done_ahead;      // numbers above `next` already finished here
-  std::map<uint64_t, uint64_t> parked;  // job number -> job id, waiting for their turn
-};
-
 struct exec_state {
   gpu::device_ptr dev;
   int device = -1;
@@ -63,7 +50,7 @@ struct exec_state {
   std::vector<std::shared_ptr<gpu::event>> pool[2];
   std::size_t cursor[2] = {0, 0};
   // Communication queues only: by loaded plan key.
-  std::unordered_map<uint64_t, issue_order> order;
+  std::unordered_map<uint64_t, collective_issue_order> order;  // see collective_order.hpp
   std::vector<std::vector<step_id>> out;  // ready batch per consumer queue
   std::vector<int> touched;
 
@@ -249,32 +236,16 @@ void advance(exec_actor_t* self, exec_job& e);
 /// the agreed order gets its turn.
 void finish_turn(exec_actor_t* self, uint64_t key, uint64_t seq) {
   auto& st = self->state;
-  auto& o = st.order[key];
-  if (seq < o.next) return;  // already counted (finished, then cancelled)
-  if (seq != o.next) {
-    o.done_ahead.insert(seq);
-    return;
-  }
-  ++o.next;
-  while (!o.done_ahead.empty() && *o.done_ahead.begin() == o.next) {
-    o.done_ahead.erase(o.done_ahead.begin());
-    ++o.next;
-  }
-  auto p = o.parked.find(o.next);
-  if (p == o.parked.end()) return;
-  const uint64_t job = p->second;
-  o.parked.erase(p);
-  auto it = st.jobs.find(job);
+  const std::optional<uint64_t> job = st.order[key].finish(seq);
+  if (!job) return;
+  auto it = st.jobs.find(*job);
   if (it != st.jobs.end() && !it->second.dropped) advance(self, it->second);
 }
 
 /// Whether `e`'s job may issue its next collective now (always for other kinds).
 bool my_turn(exec_state& st, exec_job& e) {
   if (st.kind != step_kind::collective) return true;
-  auto& o = st.order[e.ctx->lp->key];
-  if (e.ctx->collective_seq == o.next) return true;
-  o.parked[e.ctx->collective_seq] = e.ctx->id();
-  return false;
+  return st.order[e.ctx->lp->key].may_issue(e.ctx->collective_seq, e.ctx->id());
 }
 
 /// Launches every step of `e` whose remote deps all arrived, in order (on a
@@ -373,8 +344,7 @@ caf::behavior exec_actor_fn(exec_actor_t* self, gpu::device_ptr dev, step_kind k
         st.jobs.erase(m.job->job_id());
         const job_context& ctx = job_of(*m.job);
         if (st.kind == step_kind::collective) {
-          auto& o = st.order[ctx.lp->key];
-          o.parked.erase(ctx.collective_seq);
+          st.order[ctx.lp->key].forget(ctx.collective_seq);
           finish_turn(self, ctx.lp->key, ctx.collective_seq);
         }
         if (!st.stream) {
