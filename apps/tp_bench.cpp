@@ -276,7 +276,7 @@ int main(int argc, char** argv) {
                  "sim: wall seconds per modelled second; job times are divided by it, so host dispatch overhead "
                  "(not modelled) weighs 1/scale as much")
       ->check(CLI::Range(0.01, 1000.0));
-  app.add_option("--trace", trace_out, "write the Chrome trace of the degree-4 runs (overlap on) to this file");
+  app.add_option("--trace", trace_out, "write the Chrome trace of the degree-4 runs (overlap on) to this file, the degree-2 runs to FILE.2");
   app.add_flag("--same-gpu", same_gpu, "cuda: the degrees' devices are logical devices of GPU 0 (cuda:0,0,...)");
   app.add_flag("--small", small_layer, "a small layer (d 1024, 8 heads, T 256) for a quick run");
   app.add_option("--allreduce", allreduce_spec,
@@ -324,7 +324,7 @@ int main(int argc, char** argv) {
                              " heads, ff 4d, T " + std::to_string(layer.seq_len) + ", B 2, bf16 on " + kind +
                              (kind == "sim" ? " (time scale " + std::to_string(time_scale).substr(0, 5) + ")" : "");
     const run_result one = time_layer(kind, 1, gl, in, jobs, true, same_gpu, time_scale);
-    const run_result two = time_layer(kind, 2, gl, in, jobs, true, same_gpu, time_scale);
+    const run_result two = time_layer(kind, 2, gl, in, jobs, true, same_gpu, time_scale, trace_out.empty() ? "" : trace_out + ".2");
     const run_result four = time_layer(kind, 4, gl, in, jobs, true, same_gpu, time_scale, trace_out);
     const run_result four_off = time_layer(kind, 4, gl, in, jobs, false, same_gpu, time_scale);
     char buf[160];
