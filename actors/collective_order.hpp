@@ -15,6 +15,7 @@
 /// (job number, position) order. No deadlock: a job only waits for lower
 /// numbers, which never wait for it.
 
+#include <atomic>
 #include <cstdint>
 #include <map>
 #include <optional>
@@ -22,11 +23,20 @@
 
 namespace ag::actors {
 
+/// Test hook, process-wide: while false, orders made from then on (one per
+/// plan per communication actor, on the plan's first collective there) are
+/// off. Only tests set it, to show the hazard the order prevents.
+inline std::atomic<bool>& collective_order_enforced_for_testing() {
+  static std::atomic<bool> on{true};
+  return on;
+}
+
 class collective_issue_order {
  public:
+  collective_issue_order() : enforce_(collective_order_enforced_for_testing().load(std::memory_order_relaxed)) {}
   /// `enforce` false turns the order off (may_issue always says yes): a test
   /// hook that shows the hazard the order prevents. The runtime never does.
-  explicit collective_issue_order(bool enforce = true) : enforce_(enforce) {}
+  explicit collective_issue_order(bool enforce) : enforce_(enforce) {}
 
   /// Whether job number `seq` may issue its next collective now. When not,
   /// `job` (an opaque id) is parked until finish() hands it back.
