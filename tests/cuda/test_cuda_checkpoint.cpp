@@ -42,6 +42,11 @@ TEST(CudaCheckpoint, LoadedModelsOnOneGpuMatchReference) {
   run_checkpoints("cuda:0", 1);
 }
 
+TEST(CudaCheckpoint, LoadedModelsPipelinedOverTwoLogicalDevicesOfOneGpuMatchReference) {
+  AG_REQUIRE_GPU(1);
+  run_checkpoints("cuda:0,0", 2);
+}
+
 TEST(CudaCheckpoint, LoadedModelsPipelinedOverTwoGpusMatchReference) {
   AG_REQUIRE_GPU(2);
   run_checkpoints("cuda:0,1", 2);

@@ -27,7 +27,7 @@ class release_gpus_env : public ::testing::Environment {
 [[maybe_unused]] ::testing::Environment* const release_env =
     ::testing::AddGlobalTestEnvironment(new release_gpus_env);
 
-TEST(CudaDevice, EnumerationNeverCrashesAndRejectsBadOrdinals) {
+TEST(CudaDevice, EnumerationNeverCrashesRejectsBadOrdinalsAndSharesAGpuWhenRepeated) {
   // Runs with or without a GPU: without one, creating devices is an error value.
   const int n = gpu::cuda::device_count();
   ASSERT_GE(n, 0);
@@ -35,9 +35,13 @@ TEST(CudaDevice, EnumerationNeverCrashesAndRejectsBadOrdinals) {
   ASSERT_FALSE(made);
   EXPECT_EQ(made.err().code, errc::bad_device_spec) << made.err().to_string();
   if (n == 0) GTEST_SKIP() << "no CUDA device: only the no-GPU path was checked";
-  auto dup = gpu::cuda::make_cuda_devices({0, 0}, {}, 0);
-  ASSERT_FALSE(dup);
-  EXPECT_EQ(dup.err().code, errc::bad_device_spec);
+  // A repeated ordinal is two logical devices of one GPU (how multi-device
+  // CUDA code is tested on a 1-GPU machine), each named apart.
+  auto shared = gpu::cuda::make_cuda_devices({0, 0}, {}, 0);
+  ASSERT_TRUE(shared) << shared.err().to_string();
+  ASSERT_EQ(shared->size(), 2u);
+  EXPECT_EQ((*shared)[0]->spec().name, "cuda0");
+  EXPECT_EQ((*shared)[1]->spec().name, "cuda0.1");
 }
 
 TEST(CudaDevice, SpecComesFromTheHardware) {

@@ -76,6 +76,16 @@ TEST(CudaRuntime, TransformerPipelinedOverTwoGpusMatchesReference) {
   run_and_check(*rt, small_llama(), plan_options{.pipeline_stages = 2}, 8, &gpu::cuda::pinned_host_memory());
 }
 
+// The same pipeline over two logical devices of GPU 0 (cuda:0,0): the peer
+// copies, cross-device event waits and per-device arenas of a 2-stage plan,
+// runnable on a 1-GPU machine.
+TEST(CudaRuntime, TransformerPipelinedOverTwoLogicalDevicesOfOneGpuMatchesReference) {
+  AG_REQUIRE_GPU(1);
+  auto rt = make("cuda:0,0");
+  ASSERT_TRUE(rt);
+  run_and_check(*rt, small_llama(), plan_options{.pipeline_stages = 2}, 8, &gpu::cuda::pinned_host_memory());
+}
+
 TEST(CudaRuntime, PinnedOutputsOffGivesHeapOutputsWithTheSameValues) {
   AG_REQUIRE_GPU(1);
   auto rt = make("cuda:0", /*pinned_outputs=*/false);
