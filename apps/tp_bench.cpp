@@ -5,9 +5,9 @@
 //                            ../shared/DESIGN.md, values off) at tensor-parallel
 //                            degree 2 / 4, against the same layer on 1: median
 //                            job wall time over the sim time scale (--time-scale,
-//                            default 10: a modelled ms takes 10 wall ms, so the
+//                            default 50: a modelled ms takes 50 wall ms, so the
 //                            host's dispatch overhead, which the sim does not
-//                            model, weighs a tenth), one job in flight at a time
+//                            model, weighs 1/50), one job in flight at a time
 //   tp_overlap_gain_4_sim    degree 4 with tp_overlap off over on
 //   tp_plan_ms_64            compile wall time (median of --repeats; the table
 //                            also shows CPU time, which a loaded machine does
@@ -258,7 +258,7 @@ double allreduce_us(const std::string& spec, int64_t bytes, int iters) {
 
 int main(int argc, char** argv) {
   int repeats = 3, layers = 80, jobs = 5;
-  double time_scale = 10.0;
+  double time_scale = 50.0;
   int64_t vocab = 256;
   std::string kind = "sim", trace_out, allreduce_spec;
   int allreduce_iters = 200;
