@@ -59,12 +59,28 @@ struct runtime_options {
   /// some idle CPU (16 idle workers: 2% of a core at 10 ms, 8% at 1 ms).
   int scheduler_idle_steal_us = 1000;
   bool trace = true;  ///< record a trace entry per step
+  /// One executing actor per compute lane of a device (true), or one actor
+  /// for all compute lanes of a device (false, the default): then a step
+  /// that feeds another lane of its device sends no message, the consumer
+  /// lane advances in the same actor turn, and only the streams differ (the
+  /// device still runs the lanes concurrently). Copy engines keep their own
+  /// actors either way.
+  bool actor_per_lane = false;
+  /// Trace records kept until take_trace(): a ring of the newest ones (about
+  /// 100 bytes each plus labels); older ones are dropped and counted in
+  /// trace::dropped_records. Bounds tracing's memory in long runs.
+  int64_t trace_max_records = 262144;
   /// Job outputs copied out of a device that offers host memory of its own
   /// (gpu::device::host_memory(): CUDA's pinned pool) are allocated there: the
   /// device copies into them directly, without a staging copy, and a buffer
   /// returns to the pool when the last host_tensor holding it is destroyed
   /// (copies of an output are heap memory). False: outputs are heap memory.
   bool pinned_outputs = true;
+  /// Weights that are not in host memory (a memory-mapped checkpoint) are
+  /// uploaded by compile() in chunks of whole rows of at most this many
+  /// bytes (one row when a row is larger), read straight into one staging
+  /// buffer per device from the device's host memory (pinned on CUDA).
+  int64_t upload_chunk_bytes = int64_t{64} << 20;
 };
 
 enum class job_state : uint8_t { queued, running, done, failed, cancelled };
@@ -72,6 +88,16 @@ const char* to_string(job_state s) noexcept;
 
 /// Outputs in graph.outputs() order, or the error that says what failed where.
 using job_result = expected<std::vector<host_tensor>>;
+
+/// Per-job options of runtime::submit.
+struct submit_options {
+  /// Time from submission after which the job fails with errc::timeout
+  /// (message: the job and its deadline), wherever it is: waiting for an
+  /// arena, or running (steps not yet started are dropped, work already on a
+  /// device finishes, memory is released, as for cancel()). A job that
+  /// finished first keeps its result. Zero or negative: no deadline.
+  std::chrono::nanoseconds deadline{0};
+};
 
 /// When a job passed its milestones (host_clock_ns; 0 = not yet).
 struct job_times {
@@ -89,12 +115,17 @@ class job {
   /// True once the job finished (done, failed or cancelled). Never blocks.
   bool ready() const noexcept;
   /// Blocks until ready; returns the result (valid as long as a handle lives).
+  /// Inside a continuation (a then() callback the runtime runs) on a job
+  /// that is not ready, it does not block: the thread may be the one that job
+  /// needs (a device's worker), so it returns errc::invalid_argument saying
+  /// so at once (it used to deadlock that device).
   const job_result& wait() const&;
   /// On a temporary handle (`rt.submit(p, in).wait()`): blocks until ready and
   /// returns a copy of the result, so that nothing refers into a job state the
   /// temporary's end may free.
   job_result wait() &&;
-  /// Waits at most `d`; true if ready.
+  /// Waits at most `d`; true if ready. Inside a continuation it does not
+  /// wait (see wait()): it only says whether the job is ready.
   bool wait_for(std::chrono::nanoseconds d) const;
   /// Runs `fn` once the job is ready (at once, on this thread, if it already
   /// is; else on a runtime thread: keep it short and non-blocking).
@@ -128,6 +159,9 @@ struct trace_record {
 struct trace {
   std::vector<std::string> device_names;
   std::vector<trace_record> records;
+  /// Records dropped since the last take_trace() because the ring
+  /// (runtime_options::trace_max_records) was full: the oldest go first.
+  uint64_t dropped_records = 0;
   /// Chrome trace JSON (chrome://tracing, Perfetto): a process per device, a
   /// thread per lane, a complete event ("X") per record.
   std::string to_chrome_json() const;
@@ -142,7 +176,10 @@ class runtime {
   /// grammar: "sim:4", "cpu:2", "sim:2,cpu:1", "cuda:all") and starts the actors.
   static expected<std::unique_ptr<runtime>> create(const std::string& device_spec,
                                                    runtime_options options = {});
-  /// Cancels nothing: waits for jobs in flight, then stops every actor.
+  /// Cancels nothing: first refuses new jobs (a submit from then on, e.g.
+  /// from a continuation, fails at once with errc::shutting_down), then waits
+  /// for the jobs in flight, then stops every actor. Must not run inside a
+  /// continuation of one of its own jobs.
   ~runtime();
   runtime(const runtime&) = delete;
   runtime& operator=(const runtime&) = delete;
@@ -158,14 +195,18 @@ class runtime {
   /// Submits one job; returns at once. Wrong input count, dtype or shape,
   /// a plan of another runtime or a stopped runtime give a failed job whose
   /// error says which input and what was expected; the runtime keeps serving.
+  /// A runtime being destroyed fails the job at once with errc::shutting_down.
   job submit(const std::shared_ptr<const plan>& p, std::vector<host_tensor> inputs);
+  /// The same, with per-job options (a deadline).
+  job submit(const std::shared_ptr<const plan>& p, std::vector<host_tensor> inputs, const submit_options& options);
   /// Submits several jobs of one plan together (micro-batches).
   std::vector<job> submit_batch(const std::shared_ptr<const plan>& p,
                                 std::vector<std::vector<host_tensor>> inputs);
 
   /// Jobs submitted and not yet ready.
   int64_t jobs_in_flight() const noexcept;
-  /// Blocks until no job is in flight.
+  /// Blocks until no job is in flight. Inside a continuation it returns at
+  /// once (the job running it is still in flight: it would wait for itself).
   void wait_idle();
   /// Returns and clears the trace records gathered so far (jobs that are ready).
   trace take_trace();

@@ -31,6 +31,9 @@ inline std::atomic<bool>& collective_order_enforced_for_testing() {
   return on;
 }
 
+/// `Job` names a parked job for its resumption (an id, or the actor's own
+/// job-and-queue key).
+template <class Job = uint64_t>
 class collective_issue_order {
  public:
   collective_issue_order() : enforce_(collective_order_enforced_for_testing().load(std::memory_order_relaxed)) {}
@@ -40,7 +43,7 @@ class collective_issue_order {
 
   /// Whether job number `seq` may issue its next collective now. When not,
   /// `job` (an opaque id) is parked until finish() hands it back.
-  bool may_issue(uint64_t seq, uint64_t job) {
+  bool may_issue(uint64_t seq, const Job& job) {
     if (!enforce_ || seq == next_) return true;
     parked_[seq] = job;
     return false;
@@ -49,7 +52,7 @@ class collective_issue_order {
   /// Job number `seq` issued all its collectives here, or was cancelled
   /// (then also call forget). Returns the parked job whose turn has come, if
   /// any: the caller resumes it. Idempotent per `seq`.
-  std::optional<uint64_t> finish(uint64_t seq) {
+  std::optional<Job> finish(uint64_t seq) {
     if (seq < next_) return std::nullopt;  // already counted (finished, then cancelled)
     if (seq != next_) {
       done_ahead_.insert(seq);
@@ -62,7 +65,7 @@ class collective_issue_order {
     }
     auto p = parked_.find(next_);
     if (p == parked_.end()) return std::nullopt;
-    const uint64_t job = p->second;
+    const Job job = p->second;
     parked_.erase(p);
     return job;
   }
@@ -79,7 +82,7 @@ class collective_issue_order {
   bool enforce_;
   uint64_t next_ = 0;                   // the job number whose turn it is
   std::set<uint64_t> done_ahead_;       // numbers above next_ already finished here
-  std::map<uint64_t, uint64_t> parked_;  // job number -> job id, waiting for their turn
+  std::map<uint64_t, Job> parked_;      // job number -> job, waiting for their turn
 };
 
 }  // namespace ag::actors

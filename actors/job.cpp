@@ -17,6 +17,31 @@ const char* to_string(job_state s) noexcept {
   return "?";
 }
 
+namespace {
+// Depth of continuations running on this thread (a continuation may submit a
+// job that fails at once and runs its own continuations inline).
+thread_local int continuation_depth = 0;
+
+struct continuation_scope {
+  continuation_scope() noexcept { ++continuation_depth; }
+  ~continuation_scope() { --continuation_depth; }
+  continuation_scope(const continuation_scope&) = delete;
+  continuation_scope& operator=(const continuation_scope&) = delete;
+};
+
+const job_result& wait_in_continuation_result() {
+  static const job_result r{error{
+      errc::invalid_argument,
+      "job::wait() called inside a job continuation on a job that is not ready: the thread running the "
+      "continuation may be the one that job needs, so waiting could deadlock; chain with then() instead"}};
+  return r;
+}
+}  // namespace
+
+namespace actors {
+bool inside_continuation() noexcept { return continuation_depth > 0; }
+}  // namespace actors
+
 void job::shared_state::fulfil(job_result r, job_state final_state, const std::function<void()>& settled) {
   std::vector<std::function<void(const job_result&)>> conts;
   {
@@ -31,6 +56,7 @@ void job::shared_state::fulfil(job_result r, job_state final_state, const std::f
   }
   cv.notify_all();
   // result is immutable from here on: continuations read it without the lock.
+  continuation_scope scope;
   for (auto& f : conts) {
     try {
       f(*result);
@@ -71,6 +97,7 @@ job_result job::wait() && {
 const job_result& job::wait() const& {
   if (!s_) return no_job_result();
   std::unique_lock<std::mutex> lk(s_->m);
+  if (!s_->result && actors::inside_continuation()) return wait_in_continuation_result();
   s_->cv.wait(lk, [this] { return s_->result.has_value(); });
   return *s_->result;
 }
@@ -78,6 +105,7 @@ const job_result& job::wait() const& {
 bool job::wait_for(std::chrono::nanoseconds d) const {
   if (!s_) return true;
   std::unique_lock<std::mutex> lk(s_->m);
+  if (actors::inside_continuation()) return s_->result.has_value();  // never blocks there
   return s_->cv.wait_for(lk, d, [this] { return s_->result.has_value(); });
 }
 

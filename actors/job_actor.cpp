@@ -85,7 +85,14 @@ void begin_fail(job_actor_t* self, error e) {
       st.acks = actors.size();
       msg::job_ref_ptr ref = st.ctx;
       for (const auto& a : actors) self->send(a, msg::cancel_job{ref});
-      if (st.acks == 0) fail_now(self);
+      if (st.acks == 0) return fail_now(self);
+      // A deadline must not wait for the work already on a device (a stalled
+      // device may hold it for long): the handle gets the timeout now; the
+      // arenas are released once the queues acknowledge, as for any failure.
+      if (st.err.code == errc::timeout) {
+        auto* core = st.core;
+        st.ss->fulfil(st.err, job_state::failed, [core] { core->job_ready(); });
+      }
       return;
     }
     default:
@@ -291,6 +298,22 @@ void complete_from_backend(const job_context& ctx) noexcept {
   } catch (...) {
     // out of memory while gathering: leave it to the job actor's slow path
   }
+}
+
+error dead_device_error(const job_context& ctx) {
+  for (int d : ctx.program().used_devices()) {
+    auto& dev = *ctx.lp->memory[static_cast<std::size_t>(d)]->dev;
+    if (dev.alive()) continue;
+    // A dead device refuses everything with its own death error (its reason,
+    // error::device set): an empty download asks for it and, on a live
+    // device, does nothing.
+    error e = dev.download(nullptr, nullptr, 0);
+    if (!e) e = error{errc::device_failed, "device died while the job ran", d};
+    e.code = errc::device_failed;
+    if (e.device < 0) e.device = d;
+    return e;
+  }
+  return {};
 }
 
 caf::actor spawn_job_actor(caf::actor_system& sys, runtime_core* core, std::shared_ptr<job::shared_state> ss,

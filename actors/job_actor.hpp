@@ -43,6 +43,17 @@ class runtime_core;
 /// step_done, only releases the arenas. Does nothing for a cancelled job.
 void complete_from_backend(const job_context& ctx) noexcept;
 
+/// The death error of the first device the job's plan uses that is dead, or
+/// ok. A completion step's notify that finished without error is checked
+/// with it before the job may complete: a dead device skips the work still
+/// queued on its streams but fires their events (device.hpp: nothing waits
+/// forever), so a live device downstream runs on values that were never
+/// written and would report "done" with wrong outputs (found by
+/// actorgraph-soak). Conservative: a job whose part on the dead device was
+/// already finished fails too, as the runtime's device_down fails every job
+/// in flight that touches the device.
+error dead_device_error(const job_context& ctx);
+
 caf::actor spawn_job_actor(caf::actor_system& sys, runtime_core* core, std::shared_ptr<job::shared_state> ss,
                            std::shared_ptr<const loaded_plan> lp, std::shared_ptr<const plan> user_plan,
                            std::vector<host_tensor> inputs);

@@ -42,6 +42,13 @@ struct job::shared_state {
 
 namespace actors {
 
+/// True on a thread that is running a job's continuations (job::then
+/// callbacks run by the runtime). Such a thread may be a device's worker or a
+/// CAF worker that other jobs need: blocking it on another job can deadlock,
+/// so job::wait() / wait_for() / runtime::wait_idle() do not block there.
+bool inside_continuation() noexcept;
+
+
 /// Reaches the shared state behind a job handle (the runtime, tests).
 struct job_access {
   static const std::shared_ptr<job::shared_state>& state(const job& j) noexcept { return j.s_; }

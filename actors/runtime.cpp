@@ -16,6 +16,9 @@ struct runtime::impl {
 
   ~impl() {
     if (core) {
+      // New jobs are refused first: continuations that keep submitting would
+      // otherwise keep the runtime busy forever.
+      core->stop_submissions();
       core->wait_idle();
       core->shutdown();
       core.reset();  // drops every actor handle before the system goes
@@ -58,6 +61,11 @@ job runtime::submit(const std::shared_ptr<const plan>& p, std::vector<host_tenso
   return impl_->core->submit(p, std::move(inputs));
 }
 
+job runtime::submit(const std::shared_ptr<const plan>& p, std::vector<host_tensor> inputs,
+                    const submit_options& options) {
+  return impl_->core->submit(p, std::move(inputs), options);
+}
+
 std::vector<job> runtime::submit_batch(const std::shared_ptr<const plan>& p, std::vector<std::vector<host_tensor>> inputs) {
   std::vector<job> r;
   r.reserve(inputs.size());
@@ -66,7 +74,10 @@ std::vector<job> runtime::submit_batch(const std::shared_ptr<const plan>& p, std
 }
 
 int64_t runtime::jobs_in_flight() const noexcept { return impl_->core->jobs_in_flight(); }
-void runtime::wait_idle() { impl_->core->wait_idle(); }
+void runtime::wait_idle() {
+  if (actors::inside_continuation()) return;  // it would wait for the job running it
+  impl_->core->wait_idle();
+}
 trace runtime::take_trace() { return impl_->core->take_trace(); }
 
 gpu::device_ptr runtime::device(int index) const {

@@ -1,6 +1,7 @@
 #include "actors/runtime_core.hpp"
 
 #include <algorithm>
+#include <cstdio>
 
 #include <caf/all.hpp>
 
@@ -47,10 +48,38 @@ struct plan_deleter {
   }
 };
 
+/// Uploads a weight that is not in host memory (a mapped checkpoint, a
+/// tensor-parallel shard of one) in chunks of whole rows along dim 0, each
+/// read by the source straight into `staging` (the device's host memory,
+/// pinned on CUDA, when it has one) and then copied to the device: the host
+/// holds at most one chunk of the model besides the page cache behind the
+/// mapping. `staging` grows to one row when a row is larger than the chunk.
+error upload_in_chunks(gpu::device& dev, std::byte* dst, const weight_source& w, int64_t chunk_bytes,
+                       host_tensor& staging) {
+  const int64_t rows = w.dims()[0];
+  const int64_t row_bytes = rows > 0 ? w.bytes() / rows : 0;
+  if (row_bytes == 0) return {};
+  const int64_t rows_per_chunk = std::max<int64_t>(1, chunk_bytes / row_bytes);
+  const int64_t need = std::min(rows, rows_per_chunk) * row_bytes;
+  if (static_cast<int64_t>(staging.bytes()) < need) {
+    try {
+      staging = host_tensor::uninitialized(dtype::f32, {(need + 3) / 4}, dev.host_memory());
+    } catch (const std::bad_alloc&) {
+      return error{errc::out_of_memory, "no host memory for an upload staging buffer of " + std::to_string(need) + " bytes"};
+    }
+  }
+  for (int64_t r = 0; r < rows; r += rows_per_chunk) {
+    const int64_t end = std::min(rows, r + rows_per_chunk);
+    if (error e = w.read_slice(0, r, end, staging.data())) return e;
+    if (error e = dev.upload(dst + r * row_bytes, staging.data(), (end - r) * row_bytes)) return e;
+  }
+  return {};
+}
+
 }  // namespace
 
 runtime_core::runtime_core(caf::actor_system& sys, std::vector<gpu::device_ptr> devices, runtime_options opts)
-    : sys_(sys), devices_(std::move(devices)), opts_(opts) {
+    : sys_(sys), devices_(std::move(devices)), opts_(opts), trace_(opts.trace_max_records) {
   for (const auto& d : devices_) specs_.push_back(d->spec());
   runtime_actor_ = spawn_runtime_actor(sys_, jobs_);
   live_ = std::make_shared<liveness>();
@@ -83,6 +112,9 @@ caf::actor runtime_core::queue_actor(int device, step_kind kind, int lane) {
   const auto d = static_cast<std::size_t>(device);
   switch (kind) {
     case step_kind::compute: {
+      // One actor serves every lane of the device unless asked otherwise
+      // (runtime_options::actor_per_lane): it makes a stream per lane.
+      if (!opts_.actor_per_lane) lane = 0;
       std::lock_guard<std::mutex> lk(lanes_m_);
       auto& v = lanes_[d];
       while (static_cast<int>(v.size()) <= lane)
@@ -146,6 +178,7 @@ expected<std::shared_ptr<const plan>> runtime_core::compile(std::shared_ptr<cons
     m->weight_bytes = mem.weight_bytes;
     m->arena_bytes = mem.arena_bytes;
     const std::string dname = "device '" + dev->spec().name + "'";
+    host_tensor staging;  // upload_in_chunks' buffer, reused for the device's weights
     if (mem.weight_bytes > 0) {
       auto w = dev->allocate(mem.weight_bytes);
       if (!w)
@@ -163,15 +196,15 @@ expected<std::shared_ptr<const plan>> runtime_core::compile(std::shared_ptr<cons
                            std::to_string(slot.bytes),
                        d, -1, n.name};
         // In-memory weights upload straight from the graph; others (a mapped
-        // checkpoint) are read into a host buffer first.
-        auto values = n.data->in_memory() ? expected<host_tensor>(host_tensor{}) : read_all(*n.data);
-        if (!values)
-          return error{values.err().code,
-                       dname + ": weight '" + n.name + "' (" + n.data->origin() + "): " + values.err().message, d, -1,
-                       n.name};
-        const std::byte* src = n.data->in_memory() ? n.data->in_memory()->data() : values->data();
-        if (auto e = dev->upload(static_cast<std::byte*>(m->weights) + slot.offset, src, bytes))
-          return error{e.code, dname + ": uploading weight '" + n.name + "': " + e.message, d, -1, n.name};
+        // checkpoint) in chunks through a staging buffer.
+        std::byte* dst = static_cast<std::byte*>(m->weights) + slot.offset;
+        if (const host_tensor* values = n.data->in_memory()) {
+          if (auto e = dev->upload(dst, values->data(), bytes))
+            return error{e.code, dname + ": uploading weight '" + n.name + "': " + e.message, d, -1, n.name};
+        } else if (auto e = upload_in_chunks(*dev, dst, *n.data, opts_.upload_chunk_bytes, staging)) {
+          return error{e.code, dname + ": uploading weight '" + n.name + "' (" + n.data->origin() + "): " + e.message,
+                       d, -1, n.name};
+        }
       }
     }
     auto a = dev->allocate(mem.arena_bytes > 0 ? mem.arena_bytes : 1);
@@ -189,26 +222,35 @@ expected<std::shared_ptr<const plan>> runtime_core::compile(std::shared_ptr<cons
   return std::shared_ptr<const plan>(p.get(), plan_deleter{std::move(lp), live_});
 }
 
-job runtime_core::submit(const std::shared_ptr<const plan>& p, std::vector<host_tensor> inputs) {
+job runtime_core::submit(const std::shared_ptr<const plan>& p, std::vector<host_tensor> inputs,
+                         const submit_options& options) {
   auto ss = std::make_shared<job::shared_state>();
   ss->id = next_job_.fetch_add(1);
   ss->times.submitted_ns = gpu::host_clock_ns();
   job j(ss);
-  if (stopped_) {
-    ss->fulfil(error{errc::shutting_down, "runtime is stopping"}, job_state::failed);
+  // Counted alive before the stop flag is read, as stop_submissions() sets
+  // the flag before wait_idle() reads the count: either this submit sees the
+  // flag, or the destructor waits for this job (it could otherwise spawn a
+  // job actor after the device actors stopped, and the actor system would
+  // wait for it forever).
+  alive_.fetch_add(1);
+  if (stopped_ || stopping_) {
+    job_gone();
+    ss->fulfil(error{errc::shutting_down, "runtime is stopping: it takes no new jobs"}, job_state::failed);
     return j;
   }
   const plan_deleter* d = p ? std::get_deleter<plan_deleter>(p) : nullptr;
   if (!d || d->live != live_) {
+    job_gone();
     ss->fulfil(error{errc::invalid_argument, "submit: the plan was not compiled by this runtime"}, job_state::failed);
     return j;
   }
   if (auto e = check_inputs(p->source(), inputs)) {
+    job_gone();
     ss->fulfil(std::move(e), job_state::failed);
     return j;
   }
   in_flight_.fetch_add(1);
-  alive_.fetch_add(1);
   const auto& lp = d->lp;
   caf::actor ja = spawn_job_actor(sys_, this, ss, lp, p, std::move(inputs));
   {
@@ -226,6 +268,15 @@ job runtime_core::submit(const std::shared_ptr<const plan>& p, std::vector<host_
   if (!used.empty())
     caf::anon_send(device_actors_[static_cast<std::size_t>(used.front())],
                    msg::acquire_arena{lp->key, ss->id, ja});
+  if (options.deadline.count() > 0) {
+    // The job actor fails the job as a cancel would (begin_fail), in any
+    // phase; after the job finished the message finds no actor.
+    const double ms = static_cast<double>(options.deadline.count()) / 1e6;
+    char text[96];
+    std::snprintf(text, sizeof text, "job %llu passed its deadline (%.3f ms after submission)",
+                  static_cast<unsigned long long>(ss->id), ms);
+    caf::delayed_anon_send(ja, options.deadline, msg::fail_job{error{errc::timeout, text}});
+  }
   return j;
 }
 
@@ -259,7 +310,7 @@ void runtime_core::wait_idle() {
 trace runtime_core::take_trace() {
   trace t;
   for (const auto& s : specs_) t.device_names.push_back(s.name);
-  t.records = trace_.take();
+  t.records = trace_.take(&t.dropped_records);
   return t;
 }
 

@@ -62,7 +62,8 @@ class runtime_core {
   expected<std::shared_ptr<const plan>> compile(std::shared_ptr<const graph> g, plan_options options);
   /// Spawns the job's actor and sends its first arena request (from this
   /// thread, so that one thread's jobs queue in submission order).
-  job submit(const std::shared_ptr<const plan>& p, std::vector<host_tensor> inputs);
+  job submit(const std::shared_ptr<const plan>& p, std::vector<host_tensor> inputs,
+             const submit_options& options = {});
 
   int64_t jobs_in_flight() const noexcept { return in_flight_.load(); }
   /// Blocks until no job actor is alive.
@@ -77,6 +78,9 @@ class runtime_core {
   /// Stops every actor (call after wait_idle). Idempotent.
   void shutdown();
   bool stopped() const noexcept { return stopped_.load(); }
+  /// From now on submit() fails at once with errc::shutting_down (the
+  /// runtime's destructor calls it before waiting for the jobs in flight).
+  void stop_submissions() noexcept { stopping_.store(true); }
 
  private:
   /// The actor of queue (device, kind, lane), spawning missing compute lanes.
@@ -100,6 +104,7 @@ class runtime_core {
   mutable std::mutex idle_m_;
   std::condition_variable idle_cv_;
   std::atomic<bool> stopped_{false};
+  std::atomic<bool> stopping_{false};  ///< submissions refused (stop_submissions)
   trace_buffer trace_;
   std::shared_ptr<liveness> live_;
 };

@@ -1,6 +1,8 @@
 #include "actors/stream_actor.hpp"
 
 #include <algorithm>
+#include <atomic>
+#include <functional>
 #include <map>
 #include <set>
 #include <unordered_map>
@@ -17,7 +19,26 @@ namespace ag::actors {
 
 namespace {
 
-/// One job as seen by one executing actor.
+/// A job's queue on this actor: an actor may run several queues of one
+/// program (a device's compute lanes share one actor).
+struct job_key {
+  uint64_t job = 0;
+  int queue = -1;
+  bool operator==(const job_key&) const noexcept = default;
+};
+struct job_key_hash {
+  std::size_t operator()(const job_key& k) const noexcept {
+    return std::hash<uint64_t>{}(k.job * 0x9e3779b97f4a7c15ull + static_cast<uint64_t>(k.queue));
+  }
+};
+
+/// A stream of this actor: one per lane it serves (copy engines: lane 0).
+struct lane_stream {
+  std::unique_ptr<gpu::stream> stream;  // null when create_stream failed
+  error err;                            // why it failed
+};
+
+/// One job's queue as seen by one executing actor.
 struct exec_job {
   msg::job_ref_ptr ref;                 // keeps the job alive while it is here
   const job_context* ctx = nullptr;     // == &job_of(*ref)
@@ -37,27 +58,45 @@ struct exec_state {
   gpu::device_ptr dev;
   int device = -1;
   step_kind kind = step_kind::compute;
-  int lane = 0;
-  std::unique_ptr<gpu::stream> stream;  // null when create_stream failed
-  error stream_error;                   // why it failed
-  std::unordered_map<uint64_t, exec_job> jobs;
-  // By loaded plan key: this actor's copy of its queue's launch records
-  // (launch_program::launch_records), made on the plan's first job here and
-  // dropped on unload_plan. Only the data pointers are written, per job.
-  std::unordered_map<uint64_t, std::vector<gpu::op_launch>> scratch;
+  // By lane, made on the first step of that lane (lane 0 at spawn).
+  std::vector<lane_stream> streams;
+  using job_map = std::unordered_map<job_key, exec_job, job_key_hash>;
+  job_map jobs;
+  // Map nodes of finished jobs, kept for the next jobs: a node and its
+  // `waiting` vector are reused, so taking a job allocates nothing once the
+  // actor has seen as many jobs in flight as it will see.
+  std::vector<job_map::node_type> spare;
+  // By (loaded plan key, queue): this actor's copy of the queue's launch
+  // records (launch_program::launch_records), made on the plan's first job
+  // here and dropped on unload_plan. Only the data pointers are written, per job.
+  std::unordered_map<job_key, std::vector<gpu::op_launch>, job_key_hash> scratch;
   // Event pools (timing and plain). An event is reused only when the pool
   // holds its last reference (no job context names it) and it completed.
   std::vector<std::shared_ptr<gpu::event>> pool[2];
   std::size_t cursor[2] = {0, 0};
   // Communication queues only: by loaded plan key.
-  std::unordered_map<uint64_t, collective_issue_order> order;  // see collective_order.hpp
+  std::unordered_map<uint64_t, collective_issue_order<job_key>> order;  // see collective_order.hpp
   std::vector<std::vector<step_id>> out;  // ready batch per consumer queue
   std::vector<int> touched;
+  std::vector<int> local;  // consumer queues of the job run by this actor itself (advance)
 
   static constexpr const char* name = "ag.exec";
 };
 
 using exec_actor_t = caf::stateful_actor<exec_state>;
+
+/// The stream of `lane`, made on first use; null with `err` set when the
+/// device refused it (every step of that lane then fails with it).
+gpu::stream* stream_of(exec_state& st, int lane, const error** err) {
+  if (st.streams.size() <= static_cast<std::size_t>(lane)) st.streams.resize(static_cast<std::size_t>(lane) + 1);
+  auto& ls = st.streams[static_cast<std::size_t>(lane)];
+  if (!ls.stream && !ls.err) {
+    if (auto s = st.dev->create_stream(st.kind)) ls.stream = std::move(*s);
+    else ls.err = s.err();
+  }
+  *err = &ls.err;
+  return ls.stream.get();
+}
 
 expected<std::shared_ptr<gpu::event>> take_event(exec_state& st, bool timing) {
   auto& pool = st.pool[timing ? 1 : 0];
@@ -80,9 +119,9 @@ expected<std::shared_ptr<gpu::event>> take_event(exec_state& st, bool timing) {
 /// The job's error for a failure of step `ls` on this actor: names device,
 /// step (queue and label) and, where one is concerned, the op; keeps the
 /// cause's code and any field the cause set itself.
-error step_error(const exec_state& st, const lowered_step& ls, const std::string& what, const error& cause,
+error step_error(const exec_state& st, int lane, const lowered_step& ls, const std::string& what, const error& cause,
                  const node* op = nullptr) {
-  std::string m = "device '" + st.dev->spec().name + "' step " + std::to_string(ls.id) + " (" + lane_name(st.kind, st.lane);
+  std::string m = "device '" + st.dev->spec().name + "' step " + std::to_string(ls.id) + " (" + lane_name(st.kind, lane);
   if (!ls.label.empty()) m += ", " + ls.label;
   m += ")";
   if (op) m += " op '" + op->name + "' (" + to_string(op->op) + ")";
@@ -102,20 +141,23 @@ error launch_step(exec_state& st, exec_job& e, step_id s) {
   const job_context& ctx = *e.ctx;
   const launch_program& prog = ctx.program();
   const lowered_step& ls = prog.steps()[static_cast<std::size_t>(s)];
-  if (!st.stream) return step_error(st, ls, "has no stream", st.stream_error);
-  gpu::stream& stream = *st.stream;
+  const int lane = prog.queues()[static_cast<std::size_t>(ls.queue)].lane;
+  const error* stream_err = nullptr;
+  gpu::stream* sp = stream_of(st, lane, &stream_err);
+  if (!sp) return step_error(st, lane, ls, "has no stream", *stream_err);
+  gpu::stream& stream = *sp;
   auto& slot = ctx.slots[static_cast<std::size_t>(s)];
   if (ctx.timing) slot.enqueue_ns = gpu::host_clock_ns();
   for (step_id d : ls.remote_deps) {
     const auto& ev = ctx.slots[static_cast<std::size_t>(d)].end;
     if (!ev) continue;
-    if (error err = st.dev->wait(stream, *ev)) return step_error(st, ls, "waiting for step " + std::to_string(d), err);
+    if (error err = st.dev->wait(stream, *ev)) return step_error(st, lane, ls, "waiting for step " + std::to_string(d), err);
   }
   if (ctx.timing) {
     auto ev = take_event(st, true);
-    if (!ev) return step_error(st, ls, "creating its start event", ev.err());
+    if (!ev) return step_error(st, lane, ls, "creating its start event", ev.err());
     slot.start = std::move(*ev);
-    if (error err = st.dev->record(*slot.start, stream)) return step_error(st, ls, "recording its start", err);
+    if (error err = st.dev->record(*slot.start, stream)) return step_error(st, lane, ls, "recording its start", err);
   }
   error err;
   // The executor: one case per step kind (the lowering's other half,
@@ -136,7 +178,7 @@ error launch_step(exec_state& st, exec_job& e, step_id s) {
         gpu::op_launch& l = rec[k];
         l.out.data = at(op.out);
         for (std::size_t i = 0; i < op.inputs.size(); ++i) l.inputs[i].data = at(op.inputs[i]);
-        if (error le = st.dev->launch(stream, l)) return step_error(st, ls, {}, le, op.op);
+        if (error le = st.dev->launch(stream, l)) return step_error(st, lane, ls, {}, le, op.op);
       }
       break;
     }
@@ -182,19 +224,27 @@ error launch_step(exec_state& st, exec_job& e, step_id s) {
         l.inputs.push_back(std::move(a));
         l.members.push_back(ctx.lp->memory[static_cast<std::size_t>(dev)]->dev.get());
       }
-      if (error ce = st.dev->collective(stream, l)) return step_error(st, ls, {}, ce, ls.subject);
+      if (error ce = st.dev->collective(stream, l)) return step_error(st, lane, ls, {}, ce, ls.subject);
       break;
     }
   }
-  if (err) return step_error(st, ls, {}, err);
-  auto end = take_event(st, ctx.timing);
-  if (!end) return step_error(st, ls, "creating its end event", end.err());
-  slot.end = std::move(*end);
-  if (error re = st.dev->record(*slot.end, stream)) return step_error(st, ls, "recording its end", re);
+  if (err) return step_error(st, lane, ls, {}, err);
+  // The end event is read by the waits of consumers on other queues and by
+  // the trace; a step with neither (the last of a chain on one queue, a
+  // decode step's tail) records none: one event record fewer per step.
+  if (ctx.timing || !ls.consumer_queues.empty()) {
+    auto end = take_event(st, ctx.timing);
+    if (!end) return step_error(st, lane, ls, "creating its end event", end.err());
+    slot.end = std::move(*end);
+    if (error re = st.dev->record(*slot.end, stream)) return step_error(st, lane, ls, "recording its end", re);
+  }
   if (ls.completion) {
     // `keep` holds the job context until the callback ran. A notification
     // that cannot be registered arrives as the callback's error (device.hpp).
-    st.dev->notify(stream, [keep = ctx.shared_from_this(), s](const error& ne) {
+    st.dev->notify(stream, [keep = ctx.shared_from_this(), s](const error& notified) {
+      // A dead device upstream let this step run on unwritten values
+      // (dead_device_error, job_actor.hpp): the job fails with its death.
+      error ne = notified ? notified : dead_device_error(*keep);
       if (!ne) complete_from_backend(*keep);
       caf::anon_send(keep->job_actor, msg::step_done{keep->id(), s, ne});
     });
@@ -208,25 +258,45 @@ error launch_step(exec_state& st, exec_job& e, step_id s) {
 }
 
 std::vector<gpu::op_launch>& scratch_for(exec_state& st, const job_context& ctx, int queue) {
-  auto [it, fresh] = st.scratch.try_emplace(ctx.lp->key);
+  auto [it, fresh] = st.scratch.try_emplace(job_key{ctx.lp->key, queue});
   if (fresh) it->second = ctx.program().launch_records(queue);
   return it->second;
 }
 
 exec_job& entry_for(exec_state& st, const msg::job_ref_ptr& ref, int queue) {
-  auto [it, fresh] = st.jobs.try_emplace(ref->job_id());
-  auto& e = it->second;
-  if (fresh) {
-    const job_context& ctx = job_of(*ref);
-    e.ref = ref;
-    e.ctx = &ctx;
-    e.queue = queue;
-    const launch_queue& q = ctx.program().queues()[static_cast<std::size_t>(queue)];
-    e.waiting = q.remote_dep_counts;
-    e.got_run = !q.starts_itself;
-    e.launches = scratch_for(st, ctx, queue).data();
+  const job_key id{ref->job_id(), queue};
+  if (auto it = st.jobs.find(id); it != st.jobs.end()) return it->second;
+  exec_state::job_map::iterator it;
+  if (!st.spare.empty()) {
+    auto node = std::move(st.spare.back());
+    st.spare.pop_back();
+    node.key() = id;
+    it = st.jobs.insert(std::move(node)).position;
+  } else {
+    it = st.jobs.try_emplace(id).first;
   }
+  exec_job& e = it->second;
+  const job_context& ctx = job_of(*ref);
+  e.ref = ref;
+  e.ctx = &ctx;
+  e.queue = queue;
+  e.next = 0;
+  e.dropped = false;
+  const launch_queue& q = ctx.program().queues()[static_cast<std::size_t>(queue)];
+  e.waiting.assign(q.remote_dep_counts.begin(), q.remote_dep_counts.end());  // keeps capacity
+  e.got_run = !q.starts_itself;
+  e.launches = scratch_for(st, ctx, queue).data();
   return e;
+}
+
+/// Forgets job queue `id`, keeping its map node for a later job (entry_for).
+void forget_job(exec_state& st, job_key id) {
+  auto node = st.jobs.extract(id);
+  if (node.empty()) return;
+  node.mapped().ref.reset();  // the job context may go now
+  node.mapped().ctx = nullptr;
+  // Bounded: at most one node per job this actor ever held at once.
+  st.spare.push_back(std::move(node));
 }
 
 void advance(exec_actor_t* self, exec_job& e);
@@ -236,24 +306,24 @@ void advance(exec_actor_t* self, exec_job& e);
 /// the agreed order gets its turn.
 void finish_turn(exec_actor_t* self, uint64_t key, uint64_t seq) {
   auto& st = self->state;
-  const std::optional<uint64_t> job = st.order[key].finish(seq);
+  const std::optional<job_key> job = st.order[key].finish(seq);
   if (!job) return;
-  auto it = st.jobs.find(*job);
+  auto it = st.jobs.find(*job);  // this actor's one communication queue of the plan
   if (it != st.jobs.end() && !it->second.dropped) advance(self, it->second);
 }
 
 /// Whether `e`'s job may issue its next collective now (always for other kinds).
 bool my_turn(exec_state& st, exec_job& e) {
   if (st.kind != step_kind::collective) return true;
-  return st.order[e.ctx->lp->key].may_issue(e.ctx->collective_seq, e.ctx->id());
+  return st.order[e.ctx->lp->key].may_issue(e.ctx->collective_seq, job_key{e.ctx->id(), e.queue});
 }
 
-/// Launches every step of `e` whose remote deps all arrived, in order (on a
-/// communication queue, only in the job's turn); then sends the batched
-/// ready messages.
-void advance(exec_actor_t* self, exec_job& e) {
+/// Launches every step of `e` whose remote deps all arrived, in order; then
+/// sends the batched ready messages. A consumer queue that this actor runs
+/// itself (another compute lane of the device) gets no message: its waiting
+/// counts drop here and it advances in the same turn (`st.local`).
+void advance_one(exec_actor_t* self, exec_job& e, const msg::job_ref_ptr& ref) {
   auto& st = self->state;
-  const msg::job_ref_ptr ref = e.ref;  // keeps the job alive past an erase
   const job_context& ctx = *e.ctx;
   const launch_program& prog = ctx.program();
   const auto& mine = prog.queues()[static_cast<std::size_t>(e.queue)].steps;
@@ -274,33 +344,63 @@ void advance(exec_actor_t* self, exec_job& e) {
   }
   // Steps already launched (even before a failure) are announced: their
   // consumers may be needed for nothing, but nobody waits on a lost ready.
+  const auto& steps = prog.steps();
   for (int q : st.touched) {
     auto& v = st.out[static_cast<std::size_t>(q)];
     const auto& to = ctx.lp->queue_actors[static_cast<std::size_t>(q)];
-    for (std::size_t i = 0; i < v.size(); i += msg::ready::max_steps) {
-      msg::ready r{ref, q};
-      r.count = static_cast<int>(std::min<std::size_t>(msg::ready::max_steps, v.size() - i));
-      std::copy_n(v.begin() + static_cast<std::ptrdiff_t>(i), r.count, r.steps.begin());
-      self->send(to, std::move(r));
+    if (to.address() == self->address()) {
+      // Cannot be e's own queue (consumers on the same queue are not remote).
+      exec_job& c = entry_for(st, ref, q);
+      if (!c.dropped) {
+        for (step_id p : v)
+          for (const queue_pos& cp : steps[static_cast<std::size_t>(p)].remote_consumers)
+            if (cp.queue == q) --c.waiting[static_cast<std::size_t>(cp.pos)];
+        st.local.push_back(q);
+      }
+    } else {
+      for (std::size_t i = 0; i < v.size(); i += msg::ready::max_steps) {
+        msg::ready r{ref, q};
+        r.count = static_cast<int>(std::min<std::size_t>(msg::ready::max_steps, v.size() - i));
+        std::copy_n(v.begin() + static_cast<std::ptrdiff_t>(i), r.count, r.steps.begin());
+        self->send(to, std::move(r));
+      }
     }
     v.clear();  // keeps its capacity: no allocation on the next batch
   }
   st.touched.clear();
   if (!e.dropped && e.got_run && e.next == static_cast<int>(mine.size())) {
-    st.jobs.erase(ctx.id());
+    forget_job(st, job_key{ctx.id(), e.queue});
     if (st.kind == step_kind::collective) finish_turn(self, ctx.lp->key, ctx.collective_seq);
+  }
+}
+
+/// advance_one for `e`, then for the queues of the same job on this actor
+/// that it unblocked, until none is left.
+void advance(exec_actor_t* self, exec_job& e) {
+  auto& st = self->state;
+  const msg::job_ref_ptr ref = e.ref;  // keeps the job alive past a forget_job
+  // finish_turn may advance another job from inside advance_one: each call
+  // works off only the queues it added itself.
+  const std::size_t base = st.local.size();
+  advance_one(self, e, ref);
+  while (st.local.size() > base) {
+    const int q = st.local.back();
+    st.local.pop_back();
+    exec_job& c = entry_for(st, ref, q);
+    if (!c.dropped) advance_one(self, c, ref);
   }
 }
 
 /// A handler threw (out of memory): the job fails with an internal error
 /// naming this actor's device; the actor keeps serving.
 void report_exception(exec_actor_t* self, const msg::job_ref_ptr& ref, const std::exception& ex) {
+  self->state.local.clear();  // queues of the interrupted advance (they name its job)
   const job_context& ctx = job_of(*ref);
   self->send(ctx.job_actor,
              msg::step_failed{ctx.id(), -1,
                               {errc::internal,
                                "device '" + self->state.dev->spec().name + "' " +
-                                   lane_name(self->state.kind, self->state.lane) + ": " + ex.what(),
+                                   to_string(self->state.kind) + " actor: " + ex.what(),
                                self->state.device}});
 }
 
@@ -309,9 +409,8 @@ caf::behavior exec_actor_fn(exec_actor_t* self, gpu::device_ptr dev, step_kind k
   st.dev = std::move(dev);
   st.device = st.dev->index();
   st.kind = kind;
-  st.lane = lane;
-  if (auto s = st.dev->create_stream(kind)) st.stream = std::move(*s);
-  else st.stream_error = s.err();  // every step sent here fails with it
+  const error* ignored = nullptr;
+  (void)stream_of(st, lane, &ignored);  // a failure fails every step of the lane, naming why
   return {
       [self](const msg::run_job& m) {
         try {
@@ -340,24 +439,36 @@ caf::behavior exec_actor_fn(exec_actor_t* self, gpu::device_ptr dev, step_kind k
         }
       },
       [self](const msg::cancel_job& m) {
+        // One cancel_job per queue of the job (the job counts one ack per
+        // queue): the first forgets all of the job's queues here.
         auto& st = self->state;
-        st.jobs.erase(m.job->job_id());
         const job_context& ctx = job_of(*m.job);
+        for (auto it = st.jobs.begin(); it != st.jobs.end();) {
+          const job_key k = it->first;
+          ++it;
+          if (k.job == ctx.id()) forget_job(st, k);
+        }
         if (st.kind == step_kind::collective) {
           st.order[ctx.lp->key].forget(ctx.collective_seq);
           finish_turn(self, ctx.lp->key, ctx.collective_seq);
         }
-        if (!st.stream) {
+        std::vector<gpu::stream*> live;
+        for (auto& l : st.streams)
+          if (l.stream) live.push_back(l.stream.get());
+        if (live.empty()) {
           self->send(ctx.job_actor, msg::cancel_ack{ctx.id()});  // nothing was launched here
           return;
         }
-        // Launched work of this job is before this point of the stream.
-        st.dev->notify(*st.stream, [who = ctx.job_actor, job = ctx.id()](const error&) {
-          caf::anon_send(who, msg::cancel_ack{job});
-        });
+        // Launched work of this job is before this point of every stream.
+        auto left = std::make_shared<std::atomic<int>>(static_cast<int>(live.size()));
+        for (gpu::stream* s : live)
+          st.dev->notify(*s, [left, who = ctx.job_actor, job = ctx.id()](const error&) {
+            if (left->fetch_sub(1, std::memory_order_acq_rel) == 1) caf::anon_send(who, msg::cancel_ack{job});
+          });
       },
       [self](const msg::unload_plan& m) {
-        self->state.scratch.erase(m.plan_key);
+        auto& sc = self->state.scratch;
+        for (auto it = sc.begin(); it != sc.end();) it = it->first.job == m.plan_key ? sc.erase(it) : std::next(it);
         self->state.order.erase(m.plan_key);
       },
       // Tests: the number of jobs this actor still holds state for.

@@ -1,10 +1,13 @@
 #pragma once
 /// \file stream_actor.hpp
-/// The executing actors: one stream actor per compute lane of a device and
-/// one copy-engine actor per device and direction (h2d, d2h, peer-in). Each
-/// runs the steps of one queue of each loaded plan's launch program
-/// (launch_program.hpp) on its one gpu::stream, which only it drives. Both
-/// kinds speak the same protocol and share this implementation:
+/// The executing actors: one stream actor per device for all its compute
+/// lanes (or one per lane with runtime_options::actor_per_lane) and one
+/// copy-engine actor per device and direction (h2d, d2h, peer-in). Each runs
+/// the steps of its queues of each loaded plan's launch program
+/// (launch_program.hpp) on its gpu::streams (one per lane it serves), which
+/// only it drives. A ready for a queue the actor runs itself is not sent: the
+/// consumer advances in the same turn. Both kinds speak the same protocol and
+/// share this implementation:
 ///
 ///  - run_job{job, queue}: run the job's steps of queue `queue`, in order.
 ///    Only queues whose first step has no remote dep get one
@@ -22,9 +25,9 @@
 ///    once the work already launched has finished (device.notify);
 ///  - unload_plan{key}: drop this actor's launch records of that plan.
 ///
-/// State (exec_state, stream_actor.cpp) is the actor's own: the stream, the
-/// jobs it holds, its event pools and, per loaded plan, a scratch copy of its
-/// queue's launch records whose data pointers it patches per job (the launch
+/// State (exec_state, stream_actor.cpp) is the actor's own: the streams, the
+/// jobs it holds (per job and queue), its event pools and, per loaded plan and
+/// queue, a scratch copy of the queue's launch records whose data pointers it patches per job (the launch
 /// program itself is never written).
 
 #include <caf/actor.hpp>
@@ -35,7 +38,8 @@
 
 namespace ag::actors {
 
-/// Spawns the stream actor of lane `lane` of device `dev`.
+/// Spawns a stream actor of device `dev`, its stream of lane `lane` made at
+/// once (it makes the other lanes' streams on their first step).
 caf::actor spawn_stream_actor(caf::actor_system& sys, gpu::device_ptr dev, int lane);
 /// Spawns the executing actor of queue (dev, kind, lane); it creates its
 /// stream (a failure there fails every step sent to it, naming the device).

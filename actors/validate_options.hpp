@@ -12,10 +12,12 @@
 namespace ag {
 
 /// Refuses options no runtime can run with, naming the option and the value
-/// (errc::invalid_argument): arenas_per_device outside 1..65536,
+/// (errc::invalid_argument): arenas_per_device outside 1..65536, a negative
+/// trace_max_records,
 /// scheduler_threads outside 0 (CAF's default) .. 1024,
 /// scheduler_max_throughput < 0 (0: CAF's default, unlimited),
-/// scheduler_idle_steal_us outside 0 (CAF's default) .. 60 s, and every
+/// scheduler_idle_steal_us outside 0 (CAF's default) .. 60 s,
+/// upload_chunk_bytes < 1, and every
 /// backend option gpu::validate(backend_options) refuses.
 inline error validate(const runtime_options& o) {
   const auto bad = [](const char* name, long long v, const char* range) {
@@ -24,12 +26,16 @@ inline error validate(const runtime_options& o) {
   };
   if (o.arenas_per_device < 1 || o.arenas_per_device > 65536)
     return bad("arenas_per_device", o.arenas_per_device, "1..65536 (jobs of one plan holding memory on a device)");
+  if (o.trace_max_records < 0)
+    return bad("trace_max_records", o.trace_max_records, "0 or more (trace records kept until take_trace)");
   if (o.scheduler_threads < 0 || o.scheduler_threads > 1024)
     return bad("scheduler_threads", o.scheduler_threads, "0 (CAF's default) .. 1024");
   if (o.scheduler_max_throughput < 0)
     return bad("scheduler_max_throughput", o.scheduler_max_throughput, ">= 0 (0: CAF's default, unlimited)");
   if (o.scheduler_idle_steal_us < 0 || o.scheduler_idle_steal_us > 60'000'000)
     return bad("scheduler_idle_steal_us", o.scheduler_idle_steal_us, "0 (CAF's default) .. 60000000 (60 s)");
+  if (o.upload_chunk_bytes < 1)
+    return bad("upload_chunk_bytes", static_cast<long long>(o.upload_chunk_bytes), ">= 1 (bytes per weight upload chunk)");
   return gpu::validate(o.backend);
 }
 

@@ -7,6 +7,12 @@
 //                              by one through the sim. The table also shows
 //                              6-split jobs (fixed per-job cost) and 1-3 op
 //                              splits (2 branches: the runtime's own cost).
+//   submit_to_then_us          median round trip of a tiny one-kernel job
+//                              (x + w, 256 floats: h2d, one add, d2h), from
+//                              submit() to its then() continuation, one job at
+//                              a time, on --then-devices (default sim:1, an
+//                              instant sim device: the runtime's own round
+//                              trip; cpu:1 or cuda:0 for a real device)
 //   pipeline_speedup_n4_m16    4 sim devices, one stage each, 16 micro-batch
 //                              jobs submitted together, vs the same model on 1
 //   pipeline_efficiency_n4_m16 speedup / (N*M / (M+N-1)), the ideal for a
@@ -16,8 +22,11 @@
 //   --dispatch-jobs=2000 --dispatch-layers=32 --dispatch-branches=16 --dispatch-devices=2
 //   --in-flight=64 --threads=0 (CAF scheduler threads, 0: default)
 //   --sched-max-throughput=1 --sched-idle-steal-us=1000 (runtime_options::scheduler_*, 0: CAF's default)
+//   --then-devices=sim:1 --then-jobs=2000
 //   --dispatch-only=1 (many-split jobs only) / =2 (6-split jobs) / =3 (1-3 op splits): for profilers
+//                   / =4 (submit_to_then_us only)
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -129,6 +138,56 @@ dispatch_result run_dispatch(int devices, int branches, int layers, int jobs, in
   return r;
 }
 
+/// Median and p99 microseconds from submit() to the then() continuation of a
+/// tiny one-kernel job on `devices`, one job at a time (`jobs` timed after 50
+/// warm-ups).
+struct then_result {
+  double median_us = 0, p99_us = 0;
+};
+
+then_result run_submit_to_then(const std::string& devices, int jobs, int threads) {
+  ag::runtime_options o = base_options;
+  o.backend.sim.zero_delay = true;
+  o.backend.sim.compute_values = false;
+  o.scheduler_threads = threads;
+  o.trace = false;
+  auto rt = ag::runtime::create(devices, o);
+  if (!rt) die("runtime (" + devices + ")", rt.err());
+  constexpr int64_t n = 256;
+  ag::graph_builder b;
+  auto x = b.input("x", ag::dtype::f32, {n});
+  auto w = b.weight("w", ag::host_tensor::random_normal(ag::dtype::f32, {n}, 3, 1.0f));
+  b.output(b.add(x, w, "y"));
+  auto g = std::move(b).build();
+  if (!g) die("tiny graph", g.err());
+  ag::plan_options po;
+  po.policy = ag::placement_policy::single;
+  auto p = (*rt)->compile(std::move(*g), po);
+  if (!p) die("compile (tiny)", p.err());
+  const std::vector<ag::host_tensor> in{ag::host_tensor::random_normal(ag::dtype::f32, {n}, 5, 1.0f)};
+  std::vector<double> us;
+  us.reserve(static_cast<std::size_t>(jobs));
+  std::atomic<int64_t> done_ns{0};
+  for (int i = -50; i < jobs; ++i) {
+    done_ns.store(0, std::memory_order_relaxed);
+    const int64_t t0 = ag::gpu::host_clock_ns();
+    ag::job j = (*rt)->submit(*p, in);
+    j.then([&done_ns](const ag::job_result&) { done_ns.store(ag::gpu::host_clock_ns(), std::memory_order_release); });
+    if (!j.wait().has_value()) die("tiny job", j.wait().err());
+    // wait() may return just before the continuation has run: bounded spin.
+    const int64_t deadline = ag::gpu::host_clock_ns() + 10'000'000'000;
+    int64_t t1;
+    while ((t1 = done_ns.load(std::memory_order_acquire)) == 0)
+      if (ag::gpu::host_clock_ns() > deadline) die("tiny job", {ag::errc::internal, "then() did not run within 10 s"});
+    if (i >= 0) us.push_back(static_cast<double>(t1 - t0) / 1e3);
+  }
+  std::sort(us.begin(), us.end());
+  then_result r;
+  r.median_us = us[us.size() / 2];
+  r.p99_us = us[std::min(us.size() - 1, us.size() * 99 / 100)];
+  return r;
+}
+
 double run_pipeline(int devices, int stages, int micro, double stage_ms, int repeats, int threads) {
   ag::runtime_options o = base_options;
   // A slow f32 unit so that one stage (2 * rows * d * d flops) takes stage_ms
@@ -167,6 +226,8 @@ int main(int argc, char** argv) {
   int n = 4, m = 16, repeats = 3, threads = 0;
   double stage_ms = 2.0;
   int dispatch_devices = 2, branches = 16, layers = 32, dispatch_jobs = 2000, in_flight = 64, only = 0;
+  std::string then_devices = "sim:1";
+  int then_jobs = 2000;
   ag::apps::flags app("actorgraph-bench",
                                       "actorgraph-bench: dispatch cost per split and pipeline speedup on simulated devices");
   app.add_option("--devices", n, "sim devices (= pipeline stages) for the pipeline figure")->check(CLI::Range(1, 1024));
@@ -183,14 +244,23 @@ int main(int argc, char** argv) {
   app.add_option("--dispatch-layers", layers, "layers of each chain")->check(CLI::Range(1, 4096));
   app.add_option("--dispatch-jobs", dispatch_jobs, "dispatch jobs timed")->check(CLI::Range(1, 100000000));
   app.add_option("--in-flight", in_flight, "dispatch jobs in flight at once")->check(CLI::Range(1, 1000000));
+  app.add_option("--then-devices", then_devices, "device spec of the submit_to_then_us figure (sim:1, cpu:1, cuda:0)");
+  app.add_option("--then-jobs", then_jobs, "tiny jobs timed for submit_to_then_us")->check(CLI::Range(1, 10000000));
   app.add_option("--dispatch-only", only,
-                 "1: many-split jobs only, 2: 6-split jobs only, 3: 1-3 op splits only (for profilers); 0: everything")
-      ->check(CLI::Range(0, 3));
+                 "1: many-split jobs only, 2: 6-split jobs only, 3: 1-3 op splits only, 4: submit_to_then_us only "
+                 "(for profilers); 0: everything")
+      ->check(CLI::Range(0, 4));
   if (auto status = ag::apps::parse_flags(app, argc, argv)) return *status;
 
   // Dispatch cost: jobs of many small splits (the headline figure), and small
   // jobs of 6 splits, where the fixed per-job cost (job actor, arenas, handle)
   // is spread over few splits.
+  if (only == 4) {
+    const auto t = run_submit_to_then(then_devices, then_jobs, threads);
+    std::printf("submit_to_then_us_p99 (%s): %.1f\nsubmit_to_then_us: %.1f\n", then_devices.c_str(), t.p99_us,
+                t.median_us);
+    return 0;
+  }
   if (only != 0) {
     auto r = only == 1   ? run_dispatch(dispatch_devices, branches, layers, dispatch_jobs, in_flight, threads)
              : only == 2 ? run_dispatch(dispatch_devices, branches, dispatch_devices, dispatch_jobs, in_flight, threads)
@@ -205,6 +275,7 @@ int main(int argc, char** argv) {
   // per split above); with 2 branches per layer a split is 1-3 ops, so the
   // device's per-op cost hardly counts and the figure is the runtime's own.
   auto tiny = run_dispatch(dispatch_devices, 2, layers, dispatch_jobs * 4, in_flight, threads);
+  const auto then = run_submit_to_then(then_devices, then_jobs, threads);
   const double t1 = run_pipeline(1, n, m, stage_ms, repeats, threads);
   const double tn = run_pipeline(n, n, m, stage_ms, repeats, threads);
   const double speedup = t1 / tn;
@@ -222,10 +293,12 @@ int main(int argc, char** argv) {
   std::printf("%-34s %12d\n", "1-3 op splits: splits per job", tiny.splits);
   std::printf("%-34s %12.1f\n", "1-3 op splits: ops per split", static_cast<double>(tiny.ops) / tiny.splits);
   std::printf("%-34s %12.3f\n", "1-3 op splits: us per split", tiny.us_per_split);
+  std::printf("%-34s %12.1f\n", ("submit -> then, p99 us, " + then_devices).c_str(), then.p99_us);
   std::printf("%-34s %12.2f\n", "pipeline: 1 device, ms", t1 * 1e3);
   std::printf("%-34s %12.2f\n", ("pipeline: " + std::to_string(n) + " devices, ms").c_str(), tn * 1e3);
   std::printf("%-34s %12.3f\n", "pipeline: ideal speedup", ideal);
   std::printf("dispatch_us_per_split: %.3f\n", d.us_per_split);
+  std::printf("submit_to_then_us: %.1f\n", then.median_us);
   std::printf("pipeline_speedup_n%d_m%d: %.3f\n", n, m, speedup);
   std::printf("pipeline_efficiency_n%d_m%d: %.3f\n", n, m, speedup / ideal);
   return 0;

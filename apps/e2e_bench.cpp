@@ -505,6 +505,7 @@ void run_completion(const options& o, ag::runtime& rt) {
   add_row("completion: submit -> then(), median us", median(round_trip_us), "%.1f");
   figure("host_completion_us_median", median(us));
   figure("host_completion_us_p99", percentile(us, 0.99));
+  figure("submit_to_then_us", median(round_trip_us));  // issue 16's figure (target <= 20 on CUDA)
 }
 
 // ---- figure 4 ----------------------------------------------------------------

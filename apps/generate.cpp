@@ -3,12 +3,20 @@
 //
 //   actorgraph-generate --model DIR (--prompt-ids 1,2,3 | --prompt TEXT)
 //                       [--devices SPEC] [--stages N] [--dtype f32|f16|bf16]
+//                       [--max-new-tokens N] [--temperature T --top-k K --top-p P --seed S]
+//                       [--eos-ids 2,3] [--cache-tokens C]
 //                       [--dump-logits FILE.npy] [--progress]      (--help: all flags)
 //
 // Loads the model (the checkpoint's tensors are memory-mapped and read
 // straight to the devices), runs the prompt forward as one job, and prints:
 //   generated: 5            the greedy next token
 //   generated_text: ...     its text, when the folder has a tokenizer
+// With --max-new-tokens N > 1 or a sampling flag it generates through
+// ag::generator instead (prompt as one prefill job, then a decode job per
+// token over the KV cache; stops at N tokens, an end-of-sequence id (the
+// config's eos_token_id unless --eos-ids) or a full cache) and prints
+// `generated: 5,6,7`, the text, prefill_ms (time to the first token) and
+// decode_ms_per_token / decode_tokens_per_s.
 //   prefill_ms, prefill_tokens_per_s, load_s, load_gb_per_s (the model's
 //   checkpoint bytes over the seconds from opening the folder to the end of
 //   compile(), which uploads the weights; device start-up is not included)
@@ -33,6 +41,7 @@
 #include <vector>
 
 #include "actors/actorgraph.hpp"
+#include "actors/generator.hpp"
 #include "apps/common/flags.hpp"
 #include "graph/checkpoint/hf_model.hpp"
 #include "graph/checkpoint/npy.hpp"
@@ -49,6 +58,13 @@ struct options {
   std::string dtype;
   std::string dump_logits;
   bool progress = false;
+  int max_new_tokens = 1;
+  float temperature = 0.0f;
+  int top_k = 0;
+  float top_p = 1.0f;
+  uint64_t seed = 0;
+  std::string eos_ids;
+  int64_t cache_tokens = 0;
 };
 
 bool parse_ids(const std::string& s, std::vector<int32_t>& ids, std::string& why) {
@@ -118,6 +134,64 @@ int fail(const ag::error& e) {
   return 1;
 }
 
+// Generation through ag::generator: prints the tokens, their text and the
+// prefill / decode figures. Returns the exit status.
+int generate_tokens(ag::runtime& rt, const ag::models::hf_model& model, const options& o,
+                    const std::vector<int32_t>& ids, const std::vector<int32_t>& eos,
+                    const ag::models::tokenizer_ptr& tok, std::chrono::steady_clock::time_point t_open) {
+  const auto S = static_cast<int64_t>(ids.size());
+  ag::generator_options go;
+  go.cache_tokens = o.cache_tokens > 0 ? o.cache_tokens : S + o.max_new_tokens;
+  if (model.config().model.variant == ag::models::model_variant::gpt2)
+    go.cache_tokens = std::min<int64_t>(go.cache_tokens, model.config().max_positions);
+  go.max_sequences = 1;
+  go.prefill_chunk = S;
+  go.plan.pipeline_stages = o.stages;
+  std::shared_ptr<ag::generator> gen;
+  {
+    progress_line progress(model.weights(), model.model_bytes(), o.progress || ::isatty(2));
+    auto g = ag::generator::create(rt, model.model_config(1), model.provider(), go);
+    progress.stop();
+    if (!g) return fail(g.err());
+    gen = std::move(*g);
+  }
+  const double load_s = seconds_since(t_open);
+  ag::generate_options opt;
+  opt.max_new_tokens = o.max_new_tokens;
+  opt.stop_ids = eos;
+  opt.sampling = {.temperature = o.temperature, .top_k = o.top_k, .top_p = o.top_p, .seed = o.seed};
+  std::atomic<int64_t> first_token_ns{0};
+  const auto t_run = std::chrono::steady_clock::now();
+  opt.on_token = [&](int32_t, int64_t i) {
+    if (i == 0)
+      first_token_ns.store(std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t_run)
+                               .count());
+  };
+  const ag::generation handle = gen->generate(ids, opt);
+  const ag::generation_outcome& r = handle.wait();  // valid while `handle` lives
+  const double run_s = seconds_since(t_run);
+  if (!r) return fail(r.err());
+  std::string list;
+  for (std::size_t i = 0; i < r->tokens.size(); ++i) list += (i ? "," : "") + std::to_string(r->tokens[i]);
+  std::printf("generated: %s\n", list.c_str());
+  if (tok) {
+    auto text = tok->decode(r->tokens);
+    if (text) std::printf("generated_text: %s\n", text->c_str());
+  }
+  std::printf("stop_reason: %s\n", ag::to_string(r->reason));
+  const double prefill_s = static_cast<double>(first_token_ns.load()) / 1e9;
+  const auto n = static_cast<double>(r->tokens.size());
+  std::printf("prefill_ms: %.3f\n", prefill_s * 1e3);
+  std::printf("prefill_tokens_per_s: %.1f\n", prefill_s > 0 ? static_cast<double>(S) / prefill_s : 0.0);
+  if (n > 1) {
+    std::printf("decode_ms_per_token: %.3f\n", (run_s - prefill_s) * 1e3 / (n - 1));
+    std::printf("decode_tokens_per_s: %.1f\n", (n - 1) / (run_s - prefill_s));
+  }
+  std::printf("load_s: %.3f\n", load_s);
+  std::printf("load_gb_per_s: %.3f\n", load_s > 0 ? static_cast<double>(model.model_bytes()) / 1e9 / load_s : 0.0);
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -135,7 +209,27 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"", "f32", "f16", "bf16"}));
   app.add_option("--dump-logits", o.dump_logits, "write the prompt's logits, float32 [tokens, vocab], as .npy");
   app.add_flag("--progress", o.progress, "print load progress even when stderr is not a terminal");
+  app.add_option("--max-new-tokens", o.max_new_tokens, "tokens to generate (1: the prompt forward's next token)")
+      ->check(CLI::Range(1, 1 << 20));
+  app.add_option("--temperature", o.temperature, "0: greedy; > 0: sample")->check(CLI::Range(0.0f, 1e6f));
+  app.add_option("--top-k", o.top_k, "sample among the k most likely tokens (0: all)")->check(CLI::Range(0, 1 << 30));
+  app.add_option("--top-p", o.top_p, "sample among the most likely tokens holding this mass")
+      ->check(CLI::Range(0.0f, 1.0f));
+  app.add_option("--seed", o.seed, "sampling seed");
+  app.add_option("--eos-ids", o.eos_ids, "comma-separated ids that end generation (default: the config's)");
+  app.add_option("--cache-tokens", o.cache_tokens, "KV cache positions (default: prompt + max-new-tokens)")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 24));
   if (auto status = ag::apps::parse_flags(app, argc, argv)) return *status;
+  const bool decode = o.max_new_tokens > 1 || ag::apps::given(app, "--temperature") ||
+                      ag::apps::given(app, "--top-k") || ag::apps::given(app, "--top-p");
+  std::vector<int32_t> eos;
+  if (!o.eos_ids.empty()) {
+    std::string eos_why;
+    if (!parse_ids(o.eos_ids, eos, eos_why)) {
+      std::fprintf(stderr, "actorgraph-generate: --eos-ids%s\n", eos_why.substr(eos_why.find(':')).c_str());
+      return ag::apps::bad_flags_status;
+    }
+  }
   const bool have_prompt = ag::apps::given(app, "--prompt");
   if (have_prompt == ag::apps::given(app, "--prompt-ids")) {
     std::fprintf(stderr, "actorgraph-generate: give exactly one of --prompt-ids and --prompt\n");
@@ -188,6 +282,11 @@ int main(int argc, char** argv) {
       return fail({ag::errc::invalid_argument, "prompt token " + std::to_string(id) + " is outside the vocabulary of " +
                                                    std::to_string(cfg.model.vocab)});
   const auto S = static_cast<int64_t>(ids.size());
+  if (decode) {
+    if (o.eos_ids.empty()) eos = cfg.eos_token_ids;
+    const int rc = generate_tokens(**rt, *model, o, ids, eos, *tok, t_open);
+    if (rc != 0 || o.dump_logits.empty()) return rc;
+  }
 
   auto g = model->build(S, 1);
   if (!g) return fail(g.err());
@@ -222,6 +321,7 @@ int main(int argc, char** argv) {
     const float x = logits.at((S - 1) * V + v);
     if (x > best) best = x, next = static_cast<int32_t>(v);
   }
+  if (decode) return 0;  // --dump-logits alongside generation: the tokens are printed
   std::printf("generated: %d\n", next);
   if (*tok) {
     auto text = (*tok)->decode({next});

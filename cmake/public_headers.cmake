@@ -8,6 +8,7 @@
 # only each other (and system headers).
 set(ACTORGRAPH_PUBLIC_HEADERS
   actors/actorgraph.hpp
+  actors/generator.hpp
   gpu/device.hpp
   graph/cost_model.hpp
   graph/dtype.hpp

@@ -113,6 +113,10 @@ case "$mode" in
     ctest --preset release -j "$jobs"
     echo "== installed package: examples/consumer built against a temporary install, run on sim:2"
     consumer_check
+    echo "== soak, CI size: 50,000 jobs on 8 sim devices with faults, cancels, deadlines, continuations (apps/soak.cpp)"
+    soak_start=$(date +%s)
+    ./build/apps/actorgraph-soak --jobs 50000 --devices sim:8 --in-flight 64 --seed 13
+    echo "soak_ci_seconds: $(( $(date +%s) - soak_start ))"
     echo "== AddressSanitizer + UndefinedBehaviorSanitizer build (preset asan; CUDA off: nothing runs on a GPU here)"
     preset_build asan build-asan
     ctest --preset asan -j "$jobs"

@@ -65,6 +65,8 @@ outcome session::impl::cmd_model(const command_line& c) {
                 false);
   auto gr = models::build_transformer(cfg);
   if (!gr) return fail(gr.err(), false);
+  hf.reset();
+  tok.reset();
   tcfg = cfg;
   set_graph(std::make_shared<const graph>(std::move(*gr)), model_text(cfg));
   out << fmt("model %s\n  %.2f M parameters, %s of weights, %zu nodes, %.3f GFLOP per job\n", model_desc.c_str(),
@@ -75,6 +77,7 @@ outcome session::impl::cmd_model(const command_line& c) {
 void session::impl::set_graph(std::shared_ptr<const graph> ng, std::string desc) {
   g = std::move(ng);
   model_desc = std::move(desc);
+  gen.reset();
   plan_ptr.reset();
   model_flops = 0;
   for (const node& n : g->nodes()) model_flops += cost_of(*g, n).flops;

@@ -29,6 +29,7 @@ const std::map<std::string, handler>& handlers() {
       {"job", &session::impl::cmd_job},           {"cancel", &session::impl::cmd_cancel},
       {"timeline", &session::impl::cmd_timeline}, {"util", &session::impl::cmd_util},
       {"trace", &session::impl::cmd_trace},       {"source", &session::impl::cmd_source},
+      {"load", &session::impl::cmd_load},         {"generate", &session::impl::cmd_generate},
       {"echo", &session::impl::cmd_echo},         {"quit", &session::impl::cmd_quit},
       {"exit", &session::impl::cmd_quit},
   };
@@ -93,6 +94,7 @@ session::impl::~impl() {
   } catch (...) {
   }
   chk.reset();  // stops a running check; joins unless a late job callback still holds it
+  gen.reset();
   plan_ptr.reset();
   jobs.clear();
   rt.reset();
@@ -153,6 +155,7 @@ error session::impl::create_runtime(const std::string& s, runtime_options o, dou
   o.scheduler_threads = opt.scheduler_threads;
   auto r = runtime::create(s, o);
   if (!r) return r.err();
+  gen.reset();
   plan_ptr.reset();
   rt = std::move(*r);
   rt_ids.clear();
@@ -169,6 +172,7 @@ outcome session::impl::replace_runtime(const std::string& s, runtime_options o, 
   if (const int n = running())
     return fail(bad_arg(fmt("%s running: 'wait' or 'cancel all' before %s", n == 1 ? "1 job is" : fmt("%d jobs are", n).c_str(), why)),
                 false);
+  gen.reset();
   plan_ptr.reset();
   collect_trace();
   rt.reset();

@@ -7,6 +7,7 @@
 ///   commands.cpp      the command table and completion
 ///   cmd_devices.cpp   devices, fault
 ///   cmd_graph.cpp     model, graph
+///   cmd_generate.cpp  load, generate
 ///   cmd_plan.cpp      plan, set
 ///   cmd_run.cpp       run, wait, jobs, job, cancel, and the job reports
 ///   cmd_view.cpp      timeline, util, trace
@@ -27,7 +28,10 @@
 #include "apps/repl/args.hpp"
 #include "apps/repl/checker.hpp"
 #include "apps/repl/format.hpp"
+#include "actors/generator.hpp"
 #include "apps/repl/session.hpp"
+#include "graph/checkpoint/hf_model.hpp"
+#include "graph/checkpoint/tokenizer.hpp"
 #include "graph/models/transformer.hpp"
 
 namespace ag::repl {
@@ -99,6 +103,13 @@ struct session::impl {
   std::optional<models::transformer_config> tcfg;
   double model_flops = 0;
   std::shared_ptr<const plan> plan_ptr;
+  /// `load`: the folder's model (its mappings back g's weights) and tokenizer.
+  std::shared_ptr<const models::hf_model> hf;
+  models::tokenizer_ptr tok;
+  /// `generate`: the generator of the current model, layout and cache size
+  /// (gen_key); dropped with the plan (model, devices or layout change).
+  std::shared_ptr<generator> gen;
+  std::string gen_key;
 
   // settings
   int stages = 0, microbatches = 16, lanes = 1;
@@ -146,6 +157,10 @@ struct session::impl {
   outcome cmd_graph(const command_line& c);
   outcome adopt_graph(graph gr, const std::string& what);
   void set_graph(std::shared_ptr<const graph> ng, std::string desc);
+
+  // ---- cmd_generate.cpp
+  outcome cmd_load(const command_line& c);
+  outcome cmd_generate(const command_line& c);
 
   // ---- cmd_plan.cpp
   outcome cmd_plan(const command_line& c);

@@ -61,6 +61,20 @@ struct core {
 
 }  // namespace ag::gpu::cuda::detail
 
+namespace ag::gpu::cuda::detail {
+/// AG_CORE_CHECK's body: `where` is a callable making the text, called only on
+/// an error, so a successful call (every stream call on the hot path) builds
+/// no string.
+template <class Where>
+inline error core_check_lazy(core& c, cudaError_t r, Where&& where, const char* call, const char* file, int line) {
+  if (r == cudaSuccess) return {};
+  return c.check(r, where(), call, file, line);
+}
+}  // namespace ag::gpu::cuda::detail
+
 /// Checks `call` against the device core `core_`: an error naming `where`,
-/// the call and file:line; a sticky error marks the device dead.
-#define AG_CORE_CHECK(core_, call, where) (core_).check((call), (where), #call, __FILE__, __LINE__)
+/// the call and file:line; a sticky error marks the device dead. `where` is
+/// evaluated only when the call failed.
+#define AG_CORE_CHECK(core_, call, where)                                                              \
+  ::ag::gpu::cuda::detail::core_check_lazy((core_), (call), [&]() -> std::string { return (where); }, \
+                                           #call, __FILE__, __LINE__)

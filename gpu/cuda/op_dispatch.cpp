@@ -18,10 +18,14 @@ error dispatch_op(core& dev_core, cuda_stream& cs, const op_launch& l, const std
                   int sm_count, bool tf32) {
   if (!l.op) return error(errc::invalid_argument, device_name + ": launch without a node");
   const node& n = *l.op;
-  launch_ctx c;
+  // One context per thread, reused: `where` keeps its capacity, so a launch
+  // allocates nothing on the host once names of this length were seen (four
+  // string allocations per kernel before).
+  thread_local launch_ctx c;
   c.stream = cs.s_;
   c.fault_word = cs.fault_ ? cs.fault_->dev : nullptr;
-  c.where = device_name + " " + to_string(n.op) + " '" + n.name + "'";
+  c.where.clear();
+  c.where.append(device_name).append(" ").append(to_string(n.op)).append(" '").append(n.name).append("'");
   c.sm_count = sm_count;
   auto need = [&](std::size_t k) -> error {
     if (l.inputs.size() < k)

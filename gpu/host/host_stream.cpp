@@ -37,12 +37,12 @@ host_stream::~host_stream() {
 }
 
 void host_stream::submit(task t) {
-  const int64_t now = host_clock_ns();
   if (inline_) {
-    task_context ctx{now, clock_ns_, dropping()};
+    task_context ctx{0, clock_ns_, dropping()};  // untimed: no enqueue time (header)
     t(ctx);
     return;
   }
+  const int64_t now = host_clock_ns();
   bool wake;
   {
     std::lock_guard<std::mutex> lk(mutex_);

@@ -156,6 +156,12 @@ expected<graph> hf_model::build(int64_t seq_len, int64_t batch) const {
                            });
 }
 
+weight_provider hf_model::provider() const {
+  return [this](const std::string& name, ag::dtype type, const ag::shape&) {
+    return checkpoint_.weight(hf_name(name), type);
+  };
+}
+
 expected<graph> load_model(const std::string& dir, int64_t seq_len, int64_t batch, load_options options) {
   auto m = hf_model::open(dir, options);
   if (!m) return m.err();

@@ -73,6 +73,10 @@ class hf_model {
   /// ("l1.attn.w_qkv" -> "transformer.h.0.attn.c_attn.weight"), empty if the
   /// builder has no such weight.
   std::string hf_name(const std::string& name) const;
+  /// The builder's weights as mapped checkpoint tensors, for graphs of other
+  /// forms than build() makes (ag::generator's step graphs). The provider
+  /// refers to this model: keep the model alive while it is used.
+  weight_provider provider() const;
 
  private:
   hf_config config_;

@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <string>
+#include <tuple>
 #include <utility>
 
 namespace ag::models {
@@ -38,6 +39,7 @@ class model_builder {
     b_.set_layer(0);
     tensor tokens = b_.input("tokens", dtype::i32, {B, S});
     tensor positions = b_.input("positions", dtype::i32, {S});
+    if (cached()) mask_ = b_.input("attn_mask", cfg_.dtype, {S, cfg_.kv_cache_capacity + S});
     tensor x;
     if (cfg_.variant == model_variant::gpt2) {
       embed_ = normal("wte", {cfg_.vocab, cfg_.d_model});
@@ -66,6 +68,7 @@ class model_builder {
     tensor logits = b_.matmul(h, head, false, true, cfg_.dtype == dtype::f32 ? "logits" : "head");
     if (cfg_.dtype != dtype::f32) logits = b_.copy(logits, dtype::f32, "logits");
     b_.output(logits);
+    for (const tensor& t : new_kv_) b_.output(t);
     if (provider_error_) return provider_error_;
     return std::move(b_).build();
   }
@@ -112,20 +115,47 @@ class model_builder {
                                                       norm_noise, 1.0f));
   }
 
+  bool cached() const noexcept { return cfg_.kv_cache_capacity > 0; }
+
+  // Cache mode: the layer's cache inputs [B,Hkv,C,dh] joined with this
+  // step's keys / values (which also become outputs, for the caller to append
+  // to its cache), and the scores masked additively by `attn_mask` [S, C+S]
+  // instead of the causal flag. Returns the keys / values attention reads.
+  std::pair<tensor, tensor> with_cache(int k, tensor kh, tensor vh) {
+    const shape cache_dims{cfg_.batch, cfg_.kv_heads(), cfg_.kv_cache_capacity, cfg_.head_dim()};
+    tensor kc = b_.input(p(k, "k_cache"), cfg_.dtype, cache_dims);
+    tensor vc = b_.input(p(k, "v_cache"), cfg_.dtype, cache_dims);
+    tensor kn = b_.contiguous(kh, p(k, "k_new"));
+    tensor vn = b_.contiguous(vh, p(k, "v_new"));
+    new_kv_.push_back(kn);
+    new_kv_.push_back(vn);
+    return {b_.concat({kc, kn}, 2, p(k, "attn.k_all")), b_.concat({vc, vn}, 2, p(k, "attn.v_all"))};
+  }
+
+  // Softmax over the last dim of scores [B,H,S,keys]: causal without a cache,
+  // masked by attn_mask (broadcast over B and H) with one.
+  tensor attn_softmax(int k, tensor scores, float scale) {
+    if (!cached()) return b_.softmax(scores, true, scale, p(k, "attn.softmax"));
+    tensor masked = b_.add(scores, mask_, p(k, "attn.masked"));
+    return b_.softmax(masked, false, scale, p(k, "attn.softmax"));
+  }
+
   // Causal multi-head attention core. q [B,S,H,dh], k and v [B,S,Hkv,dh]
   // (views are fine) -> [B,S,H*dh], contiguous.
   tensor attention(int k, tensor q, tensor kk, tensor v) {
     const int64_t B = cfg_.batch, S = cfg_.seq_len, H = cfg_.n_heads, Hkv = cfg_.kv_heads();
     const int64_t dh = cfg_.head_dim(), rep = H / Hkv;
+    const int64_t keys = S + (cached() ? cfg_.kv_cache_capacity : 0);
     const float scale = 1.0f / std::sqrt(static_cast<float>(dh));
     const std::array<int, max_rank> bhsd{0, 2, 1, 3};
     tensor qh = b_.permute(q, bhsd, p(k, "attn.q_heads"));   // [B,H,S,dh]
     tensor kh = b_.permute(kk, bhsd, p(k, "attn.k_heads"));  // [B,Hkv,S,dh]
     tensor vh = b_.permute(v, bhsd, p(k, "attn.v_heads"));
+    if (cached()) std::tie(kh, vh) = with_cache(k, kh, vh);  // [B,Hkv,C+S,dh]
     tensor out;
     if (rep == 1) {
-      tensor scores = b_.matmul(qh, kh, false, true, p(k, "attn.qk"));  // [B,H,S,S]
-      tensor probs = b_.softmax(scores, true, scale, p(k, "attn.softmax"));
+      tensor scores = b_.matmul(qh, kh, false, true, p(k, "attn.qk"));  // [B,H,S,keys]
+      tensor probs = attn_softmax(k, scores, scale);
       out = b_.matmul(probs, vh, false, false, p(k, "attn.pv"));  // [B,H,S,dh]
     } else {
       // GQA without materialising repeated k/v: query heads g*rep .. g*rep+rep-1
@@ -134,10 +164,10 @@ class model_builder {
       // each head's [S,S] block again, hence the reshapes around the softmax.
       tensor qc = b_.contiguous(qh, p(k, "attn.q_cont"));
       tensor qg = b_.reshape(qc, {B, Hkv, rep * S, dh}, p(k, "attn.q_groups"));
-      tensor scores = b_.matmul(qg, kh, false, true, p(k, "attn.qk"));  // [B,Hkv,rep*S,S]
-      tensor sh = b_.reshape(scores, {B, H, S, S}, p(k, "attn.qk_heads"));
-      tensor probs = b_.softmax(sh, true, scale, p(k, "attn.softmax"));
-      tensor pg = b_.reshape(probs, {B, Hkv, rep * S, S}, p(k, "attn.probs_groups"));
+      tensor scores = b_.matmul(qg, kh, false, true, p(k, "attn.qk"));  // [B,Hkv,rep*S,keys]
+      tensor sh = b_.reshape(scores, {B, H, S, keys}, p(k, "attn.qk_heads"));
+      tensor probs = attn_softmax(k, sh, scale);
+      tensor pg = b_.reshape(probs, {B, Hkv, rep * S, keys}, p(k, "attn.probs_groups"));
       tensor og = b_.matmul(pg, vh, false, false, p(k, "attn.pv"));  // [B,Hkv,rep*S,dh]
       out = b_.reshape(og, {B, H, S, dh}, p(k, "attn.pv_heads"));
     }
@@ -206,6 +236,8 @@ class model_builder {
   error provider_error_;
   graph_builder b_;
   tensor embed_;  // wte / embed_tokens: the head reads it when tied
+  tensor mask_;   // cache mode: attn_mask [S, C+S]
+  std::vector<tensor> new_kv_;  // cache mode: l<k>.k_new, l<k>.v_new per layer
 };
 
 }  // namespace
@@ -277,6 +309,8 @@ error validate(const transformer_config& c) {
   if (c.vocab > (int64_t{1} << 31) - 1) return bad("vocab " + to_string(c.vocab) + " does not fit i32 token ids");
   if (c.seq_len < 1) return bad("seq_len must be >= 1, got " + to_string(c.seq_len));
   if (c.batch < 1) return bad("batch must be >= 1, got " + to_string(c.batch));
+  if (c.kv_cache_capacity < 0)
+    return bad("kv_cache_capacity must be >= 0 (0 = no cache), got " + to_string(c.kv_cache_capacity));
   if (c.max_positions < 0) return bad("max_positions must be >= 0 (0 = seq_len), got " + to_string(c.max_positions));
   if (c.variant == model_variant::gpt2 && c.positions_rows() < c.seq_len)
     return bad("max_positions " + to_string(c.max_positions) + " < seq_len " + to_string(c.seq_len));

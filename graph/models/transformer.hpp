@@ -35,6 +35,18 @@
 /// - weights and activations are stored in cfg.dtype (f32 / f16 / bf16); ops
 ///   compute in f32 or wider and round their result to the storage type.
 ///
+/// Cache mode (kv_cache_capacity = C > 0; the step graphs of ag::generator):
+/// - inputs: `tokens` [B,S], `positions` [S], `attn_mask` [S, C+S] in
+///   cfg.dtype (added to the attention scores before a non-causal softmax:
+///   0 where query i may see key j, a large negative value elsewhere), then per
+///   block k `l<k>.k_cache` and `l<k>.v_cache` [B, Hkv, C, dh] (tagged layer
+///   k, so a pipeline ships each to its block's stage). Keys are the cache's
+///   C rows followed by the S new ones: the mask hides unfilled cache rows
+///   and, among the new ones, later positions (and padding).
+/// - outputs: `logits` [B,S,vocab] f32, then per block `l<k>.k_new`,
+///   `l<k>.v_new` [B, Hkv, S, dh] (after RoPE for llama): the rows the caller
+///   appends to the sequence's cache.
+///
 /// Layer tags (node::layer, the unit the pipeline planner places):
 /// - 0: embedding (inputs, wte/wpe or embed_tokens, the gathers);
 /// - 1..n_layers: transformer block k (HF block k-1: `h.{k-1}` / `layers.{k-1}`);
@@ -129,6 +141,10 @@ struct transformer_config {
   /// can be planned, described and costed, not loaded or evaluated. Large
   /// layouts are planned this way (an 80-layer d 8192 model in milliseconds).
   bool weight_values = true;
+  /// Step graphs over a KV cache (0: a plain forward pass). With C > 0 the
+  /// graph processes seq_len new tokens of sequences whose earlier keys and
+  /// values are job inputs; see "Cache mode" in the file comment.
+  int64_t kv_cache_capacity = 0;
 
   /// n_kv_heads with the default resolved (n_heads for gpt2 or when 0).
   int kv_heads() const noexcept { return variant == model_variant::llama && n_kv_heads > 0 ? n_kv_heads : n_heads; }

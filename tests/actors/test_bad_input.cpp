@@ -227,6 +227,9 @@ TEST(BadOptions, RuntimeOptionsAreRefusedNamingOptionAndValue) {
   o.scheduler_idle_steal_us = -10;
   refused(o, "scheduler_idle_steal_us", "-10");
   o = {};
+  o.upload_chunk_bytes = 0;
+  refused(o, "upload_chunk_bytes", "0");
+  o = {};
   o.backend.sim.jitter = std::nan("");
   refused(o, "sim.jitter", "nan");
   o = {};

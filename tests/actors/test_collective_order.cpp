@@ -20,7 +20,7 @@
 
 namespace {
 
-using ag::actors::collective_issue_order;
+using collective_issue_order = ag::actors::collective_issue_order<>;
 using issued_t = std::pair<int, int>;  // (job number, position in the job's queue)
 
 /// One member's communication queue, issuing as stream_actor's advance()

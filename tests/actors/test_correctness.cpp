@@ -73,6 +73,14 @@ void run_random_dags(const std::string& spec, ag::runtime_options opts, int lane
 TEST(Correctness, RandomDagsCpu1) { run_random_dags("cpu:1", {}, 1); }
 TEST(Correctness, RandomDagsCpu2TwoLanes) { run_random_dags("cpu:2", {}, 2); }
 TEST(Correctness, RandomDagsSim4TwoLanes) { run_random_dags("sim:4", fast_sim(), 2); }
+// Lanes of one device share one executing actor by default; the layout with
+// an actor per lane (runtime_options::actor_per_lane) stays correct too.
+TEST(Correctness, RandomDagsSim2ThreeLanesOneActorPerDevice) { run_random_dags("sim:2", fast_sim(), 3); }
+TEST(Correctness, RandomDagsSim2ThreeLanesActorPerLane) {
+  auto o = fast_sim();
+  o.actor_per_lane = true;
+  run_random_dags("sim:2", o, 3);
+}
 TEST(Correctness, RandomDagsMixedSimCpu) { run_random_dags("sim:1,cpu:1", fast_sim(), 1); }
 
 void run_transformer(const std::string& spec, int devices, ag::models::model_variant v) {

@@ -7,6 +7,7 @@
 #include <caf/scheduler/test_coordinator.hpp>
 
 #include <algorithm>
+#include <cstdio>
 #include <functional>
 #include <map>
 #include <set>
@@ -34,6 +35,8 @@ struct Protocol : ::testing::Test {
 
   /// `configure` runs on each fake device before the runtime (and so its
   /// actors and streams) is built.
+  bool actor_per_lane = false;  ///< runtime_options::actor_per_lane of the next start()
+
   void start(int n, int arenas, int64_t mem = 1LL << 30, bool pinned_outputs = true,
              const std::function<void(ag::test::fake_device&)>& configure = {}) {
     cfg.set("scheduler.policy", caf::atom("testing"));
@@ -49,6 +52,7 @@ struct Protocol : ::testing::Test {
     ag::runtime_options o;
     o.arenas_per_device = arenas;
     o.pinned_outputs = pinned_outputs;
+    o.actor_per_lane = actor_per_lane;
     core = std::make_unique<ag::actors::runtime_core>(*sys, d, o);
     sched->run();
   }
@@ -561,6 +565,64 @@ TEST_F(Protocol, DeviceDeathReachesAJobWithItsReasonWhenTheNoticeComesFirst) {
   expect_death_of_fake0(j);
   EXPECT_EQ(devs[0]->launches, 0) << "a step ran although the job failed before it";
   EXPECT_EQ(core->jobs_in_flight(), 0);
+}
+
+// Compute lanes of one device share one executing actor by default
+// (runtime_options::actor_per_lane = false): a step that feeds another lane of
+// its device sends no ready message. The same 3-lane plan on one device runs
+// with fewer messages than with an actor per lane, both match the reference,
+// and no executing actor keeps job state.
+/// A Protocol harness usable inside one test body (two runtimes in one test).
+struct LaneRun : Protocol {
+  void TestBody() override {}
+};
+
+int messages_for_one_job(LaneRun& t, bool actor_per_lane) {
+  t.actor_per_lane = actor_per_lane;
+  t.start(1, 2);
+  auto g = std::make_shared<const ag::graph>(ag::test::random_dag({.seed = 5, .ops = 40}).value());
+  ag::plan_options po;
+  po.lanes_per_device = 3;
+  po.min_branch_seconds = 0;
+  auto p = t.core->compile(g, po);
+  EXPECT_TRUE(p.has_value()) << p.err().to_string();
+  if (!p) return -1;
+  auto lp = ag::actors::runtime_core::loaded(*p);
+  const auto& prog = *lp->program;
+  int cross_lane = 0;  // ready batches a lane-to-lane message would carry
+  for (const auto& ls : prog.steps())
+    for (int q : ls.consumer_queues)
+      cross_lane += prog.queues()[static_cast<std::size_t>(ls.queue)].kind == ag::step_kind::compute &&
+                    prog.queues()[static_cast<std::size_t>(q)].kind == ag::step_kind::compute;
+  EXPECT_GT(cross_lane, 0) << "the plan has no step feeding another lane: " << (*p)->describe();
+  auto in = inputs_for(*g, 7);
+  t.sched->run();
+  auto j = t.core->submit(*p, in);
+  int n = 0;
+  while (t.sched->try_run_once()) ++n;
+  expect_reference(*g, in, j);
+  {
+    caf::scoped_actor self{*t.sys};  // gone before TearDown: the system waits for it
+    for (const auto& a : t.core->exec_actors()) {
+      self->send(a, ag::msg::stats_atom::value);
+      t.sched->run();
+      self->receive([&](int64_t held) { EXPECT_EQ(held, 0) << "an executing actor still holds job state"; },
+                    caf::after(std::chrono::seconds(1)) >> [] { ADD_FAILURE() << "no answer"; });
+    }
+  }
+  t.TearDown();
+  return n;
+}
+
+TEST(LaneActors, OneActorPerDeviceSendsNoReadyBetweenItsLanes) {
+  LaneRun per_lane, shared;
+  const int with_actor_per_lane = messages_for_one_job(per_lane, true);
+  const int with_one_actor = messages_for_one_job(shared, false);
+  ASSERT_GT(with_actor_per_lane, 0);
+  ASSERT_GT(with_one_actor, 0);
+  EXPECT_LT(with_one_actor, with_actor_per_lane) << "sharing one actor per device saved no message";
+  std::printf("messages for one 3-lane job: %d with an actor per lane, %d with one actor per device\n",
+              with_actor_per_lane, with_one_actor);
 }
 
 }  // namespace

@@ -101,6 +101,40 @@ TEST(GenerateApp, GreedyTokenAndDumpedLogitsEqualTheReference) {
   }
 }
 
+TEST(GenerateApp, MaxNewTokensGreedyEqualsRecomputingEachToken) {
+  for (auto variant : {model_variant::gpt2, model_variant::llama}) {
+    const auto cfg = ag::test::tiny_model(variant, variant == model_variant::llama ? 2 : 0);
+    temp_dir dir;
+    const graph saved = ag::test::save_random_model(dir.str(), cfg);
+    std::vector<int32_t> seq = {3, 14, 15, 9, 26};
+    std::string want;
+    for (int t = 0; t < 5; ++t) {
+      const int32_t next = argmax_last_row(reference_logits(cfg, saved, seq));
+      want += (t ? "," : "") + std::to_string(next);
+      seq.push_back(next);
+    }
+    for (const std::string devices : {"--devices cpu:1", "--devices sim:2 --stages 2"}) {
+      SCOPED_TRACE(std::string(to_string(variant)) + " " + devices);
+      run_result r = run("--model " + dir.str() + " --prompt-ids 3,14,15,9,26 --max-new-tokens 5 " + devices);
+      ASSERT_EQ(r.rc, 0) << r.out;
+      EXPECT_EQ(field(r.out, "generated"), want) << r.out;
+      EXPECT_EQ(field(r.out, "stop_reason"), "max_tokens") << r.out;
+      EXPECT_NE(field(r.out, "decode_ms_per_token"), "") << r.out;
+    }
+    // Sampling: the same seed gives the same tokens; an eos id stops at once.
+    const std::string sample = "--model " + dir.str() + " --prompt-ids 3,14 --max-new-tokens 6 --temperature 3 "
+                               "--top-k 20 --top-p 0.95 --seed 9";
+    run_result a = run(sample), b = run(sample);
+    ASSERT_EQ(a.rc, 0) << a.out;
+    EXPECT_EQ(field(a.out, "generated"), field(b.out, "generated"));
+    const std::string first = field(a.out, "generated").substr(0, field(a.out, "generated").find(','));
+    run_result e = run(sample + " --eos-ids " + first);
+    ASSERT_EQ(e.rc, 0) << e.out;
+    EXPECT_EQ(field(e.out, "generated"), first) << e.out;
+    EXPECT_EQ(field(e.out, "stop_reason"), "eos") << e.out;
+  }
+}
+
 TEST(GenerateApp, TextPromptGoesThroughTheTokenizer) {
   auto cfg = ag::test::tiny_model(model_variant::gpt2);
   cfg.vocab = 264;  // the small BPE vocabulary's size
@@ -120,6 +154,21 @@ TEST(GenerateApp, TextPromptGoesThroughTheTokenizer) {
   const int32_t next = argmax_last_row(reference_logits(cfg, saved, *ids));
   EXPECT_EQ(field(r.out, "generated"), std::to_string(next)) << r.out;
   EXPECT_EQ(field(r.out, "generated_text"), *(*tok)->decode({next})) << r.out;
+  // Several tokens: their text together.
+  r = run("--model " + dir.str() + " --prompt 'the cat tell' --max-new-tokens 3");
+  ASSERT_EQ(r.rc, 0) << r.out;
+  std::vector<int32_t> gen;
+  for (const std::string& item : {field(r.out, "generated")}) {
+    std::size_t i = 0;
+    while (i < item.size()) {
+      const std::size_t c = std::min(item.find(',', i), item.size());
+      gen.push_back(std::stoi(item.substr(i, c - i)));
+      i = c + 1;
+    }
+  }
+  ASSERT_EQ(gen.size(), 3u) << r.out;
+  EXPECT_EQ(gen[0], next);
+  EXPECT_EQ(field(r.out, "generated_text"), *(*tok)->decode(gen)) << r.out;
 }
 
 TEST(GenerateApp, BadInputExitsWithAMessage) {

@@ -1,0 +1,443 @@
+#include "actors/generator.hpp"
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <mutex>
+#include <numeric>
+#include <string>
+#include <utility>
+
+namespace ag {
+
+const char* to_string(stop_reason r) noexcept {
+  switch (r) {
+    case stop_reason::eos: return "eos";
+    case stop_reason::max_tokens: return "max_tokens";
+    case stop_reason::cache_full: return "cache_full";
+    case stop_reason::cancelled: return "cancelled";
+  }
+  return "?";
+}
+
+// ---- the handle --------------------------------------------------------------
+
+struct generation::state {
+  mutable std::mutex m;
+  std::condition_variable cv;
+  bool done = false;
+  generation_outcome result{generation_result{}};
+  std::vector<int32_t> tokens;
+  std::vector<std::function<void(const generation_outcome&)>> continuations;
+  std::atomic<bool> cancel_requested{false};
+
+  void finish(generation_outcome r) {
+    std::vector<std::function<void(const generation_outcome&)>> conts;
+    {
+      std::lock_guard lk(m);
+      if (done) return;
+      result = std::move(r);
+      done = true;
+      conts.swap(continuations);
+    }
+    cv.notify_all();
+    for (auto& f : conts) f(result);  // result is immutable once done
+  }
+};
+
+bool generation::ready() const {
+  if (!s_) return true;
+  std::lock_guard lk(s_->m);
+  return s_->done;
+}
+
+generation_outcome generation::wait() && {
+  return static_cast<const generation&>(*this).wait();
+}
+
+const generation_outcome& generation::wait() const& {
+  static const generation_outcome empty{error{errc::invalid_argument, "generation: empty handle"}};
+  if (!s_) return empty;
+  std::unique_lock lk(s_->m);
+  s_->cv.wait(lk, [&] { return s_->done; });
+  return s_->result;
+}
+
+bool generation::wait_for(std::chrono::nanoseconds d) const {
+  if (!s_) return true;
+  std::unique_lock lk(s_->m);
+  return s_->cv.wait_for(lk, d, [&] { return s_->done; });
+}
+
+void generation::then(std::function<void(const generation_outcome&)> fn) const {
+  if (!s_) return;
+  {
+    std::lock_guard lk(s_->m);
+    if (!s_->done) {
+      s_->continuations.push_back(std::move(fn));
+      return;
+    }
+  }
+  fn(s_->result);
+}
+
+void generation::cancel() const {
+  if (s_) s_->cancel_requested.store(true);
+}
+
+std::vector<int32_t> generation::tokens() const {
+  if (!s_) return {};
+  std::lock_guard lk(s_->m);
+  return s_->tokens;
+}
+
+// ---- sampling ----------------------------------------------------------------
+
+namespace {
+
+uint64_t next_random(uint64_t& s) {  // splitmix64
+  uint64_t z = (s += 0x9e3779b97f4a7c15ull);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+}  // namespace
+
+int32_t sample_token(const std::vector<float>& logits, const sampling_options& s, uint64_t& rng_state) {
+  if (logits.empty()) return 0;
+  if (!(s.temperature > 0.0f)) {
+    return static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+  }
+  std::vector<int32_t> order(logits.size());
+  std::iota(order.begin(), order.end(), 0);
+  // Most likely first; ties by id so that the draw is deterministic.
+  auto more_likely = [&](int32_t a, int32_t b) {
+    return logits[static_cast<std::size_t>(a)] > logits[static_cast<std::size_t>(b)] ||
+           (logits[static_cast<std::size_t>(a)] == logits[static_cast<std::size_t>(b)] && a < b);
+  };
+  std::size_t keep = order.size();
+  if (s.top_k > 0 && static_cast<std::size_t>(s.top_k) < keep) keep = static_cast<std::size_t>(s.top_k);
+  std::partial_sort(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(keep), order.end(), more_likely);
+  order.resize(keep);
+  const double top = logits[static_cast<std::size_t>(order[0])];
+  std::vector<double> p(keep);
+  double sum = 0.0;
+  for (std::size_t i = 0; i < keep; ++i) {
+    p[i] = std::exp((logits[static_cast<std::size_t>(order[i])] - top) / static_cast<double>(s.temperature));
+    sum += p[i];
+  }
+  if (s.top_p < 1.0f && s.top_p > 0.0f) {
+    double mass = 0.0;
+    std::size_t n = 0;
+    while (n < keep) {
+      mass += p[n] / sum;
+      ++n;
+      if (mass >= static_cast<double>(s.top_p)) break;
+    }
+    keep = n;
+    sum = std::accumulate(p.begin(), p.begin() + static_cast<std::ptrdiff_t>(keep), 0.0);
+  }
+  const double u = static_cast<double>(next_random(rng_state) >> 11) * 0x1.0p-53 * sum;
+  double acc = 0.0;
+  for (std::size_t i = 0; i < keep; ++i) {
+    acc += p[i];
+    if (u < acc) return order[i];
+  }
+  return order[keep - 1];
+}
+
+// ---- the generator -----------------------------------------------------------
+
+namespace {
+
+// A large negative score: exp() of it times any attention scale is 0 in f32,
+// and it fits f16 and bf16.
+constexpr float masked_score = -30000.0f;
+
+// One cache slot: per block, keys and values [1, Hkv, C, dh].
+struct cache_slot {
+  std::vector<host_tensor> k, v;
+};
+
+struct step_plan {
+  std::shared_ptr<const plan> p;
+  int64_t new_tokens = 1;  // T
+};
+
+struct sequence;
+
+}  // namespace
+
+struct generator::impl : std::enable_shared_from_this<generator::impl> {
+  runtime* rt = nullptr;
+  models::transformer_config cfg;
+  generator_options opt;
+  step_plan decode, prefill;  // prefill.p null: the prompt goes through decode
+  int64_t slot_bytes = 0;
+
+  mutable std::mutex m;
+  std::vector<cache_slot> slots;
+  std::vector<int> free_slots;
+  std::deque<std::shared_ptr<sequence>> waiting;
+
+  void start_or_queue(const std::shared_ptr<sequence>& s);
+  void release_slot(int slot);
+};
+
+namespace {
+
+struct sequence : std::enable_shared_from_this<sequence> {
+  std::shared_ptr<generator::impl> gen;
+  std::shared_ptr<generation::state> st;
+  std::vector<int32_t> prompt;
+  generate_options opt;
+  uint64_t rng = 0;
+  int slot = -1;
+  int64_t cached = 0;         // positions in the cache
+  std::size_t prompt_fed = 0; // prompt tokens submitted
+  int32_t next_token = 0;     // the token the next decode job feeds
+  generation_result out;
+
+  cache_slot& cache() { return gen->slots[static_cast<std::size_t>(slot)]; }
+
+  // Inputs of a job over `toks` at positions cached.. (padded to plan.new_tokens).
+  std::vector<host_tensor> inputs(const step_plan& sp, const std::vector<int32_t>& toks) {
+    const models::transformer_config& c = gen->cfg;
+    const int64_t T = sp.new_tokens, C = c.kv_cache_capacity, n = static_cast<int64_t>(toks.size());
+    std::vector<int32_t> tk(static_cast<std::size_t>(T), 0), pos(static_cast<std::size_t>(T));
+    for (int64_t i = 0; i < T; ++i) {
+      if (i < n) tk[static_cast<std::size_t>(i)] = toks[static_cast<std::size_t>(i)];
+      pos[static_cast<std::size_t>(i)] = static_cast<int32_t>(i < n ? cached + i : cached);  // padding: a valid row
+    }
+    host_tensor mask = host_tensor::uninitialized(c.dtype, {T, C + T});
+    for (int64_t i = 0; i < T; ++i)
+      for (int64_t j = 0; j < C + T; ++j) {
+        const bool visible = j < C ? j < cached : j - C <= i;
+        mask.set(i * (C + T) + j, visible ? 0.0f : masked_score);
+      }
+    std::vector<host_tensor> in;
+    in.reserve(3 + 2 * static_cast<std::size_t>(c.n_layers));
+    in.push_back(host_tensor::from_ints({1, T}, tk));
+    in.push_back(host_tensor::from_ints({T}, pos));
+    in.push_back(std::move(mask));
+    cache_slot& cs = cache();
+    for (int k = 0; k < c.n_layers; ++k) {
+      in.push_back(cs.k[static_cast<std::size_t>(k)]);
+      in.push_back(cs.v[static_cast<std::size_t>(k)]);
+    }
+    return in;
+  }
+
+  // Copies rows [0, n) of new [1,Hkv,T,dh] into rows [cached, cached+n) of cache [1,Hkv,C,dh].
+  void append(host_tensor& cache_t, const host_tensor& fresh, int64_t n) {
+    const models::transformer_config& c = gen->cfg;
+    const int64_t Hkv = c.kv_heads(), dh = c.head_dim(), C = c.kv_cache_capacity;
+    const int64_t T = fresh.dims()[2];
+    const std::size_t es = dtype_size(c.dtype), row = static_cast<std::size_t>(dh) * es;
+    for (int64_t h = 0; h < Hkv; ++h)
+      std::memcpy(cache_t.data() + static_cast<std::size_t>((h * C + cached) * dh) * es,
+                  fresh.data() + static_cast<std::size_t>(h * T * dh) * es, row * static_cast<std::size_t>(n));
+  }
+
+  void submit_next() {
+    if (st->cancel_requested.load()) return finish(stop_reason::cancelled);
+    const bool prompting = prompt_fed < prompt.size();
+    const std::size_t left = prompt.size() - prompt_fed;
+    const step_plan& sp = prompting && gen->prefill.p && left > 1 ? gen->prefill : gen->decode;
+    std::vector<int32_t> toks;
+    if (prompting) {
+      const std::size_t n = std::min(left, static_cast<std::size_t>(sp.new_tokens));
+      toks.assign(prompt.begin() + static_cast<std::ptrdiff_t>(prompt_fed),
+                  prompt.begin() + static_cast<std::ptrdiff_t>(prompt_fed + n));
+      prompt_fed += n;
+    } else {
+      toks.push_back(next_token);
+    }
+    const int64_t n = static_cast<int64_t>(toks.size());
+    job j = gen->rt->submit(sp.p, inputs(sp, toks));
+    j.then([self = shared_from_this(), n](const job_result& r) { self->on_step(r, n); });
+  }
+
+  void on_step(const job_result& r, int64_t n) {
+    if (!r) return fail(r.err());
+    const std::vector<host_tensor>& outs = *r;
+    cache_slot& cs = cache();
+    for (int k = 0; k < gen->cfg.n_layers; ++k) {
+      append(cs.k[static_cast<std::size_t>(k)], outs[1 + 2 * static_cast<std::size_t>(k)], n);
+      append(cs.v[static_cast<std::size_t>(k)], outs[2 + 2 * static_cast<std::size_t>(k)], n);
+    }
+    cached += n;
+    if (prompt_fed < prompt.size()) return submit_next();
+    // Sample from the last real row of logits [1, T, V].
+    const int64_t V = gen->cfg.vocab;
+    const host_tensor& lg = outs[0];
+    std::vector<float> row(static_cast<std::size_t>(V));
+    for (int64_t i = 0; i < V; ++i) row[static_cast<std::size_t>(i)] = lg.at((n - 1) * V + i);
+    const int32_t tok = sample_token(row, opt.sampling, rng);
+    out.tokens.push_back(tok);
+    if (opt.keep_logits) out.logits.push_back(std::move(row));
+    {
+      std::lock_guard lk(st->m);
+      st->tokens.push_back(tok);
+    }
+    if (opt.on_token) opt.on_token(tok, static_cast<int64_t>(out.tokens.size()) - 1);
+    if (std::find(opt.stop_ids.begin(), opt.stop_ids.end(), tok) != opt.stop_ids.end())
+      return finish(stop_reason::eos);
+    if (static_cast<int>(out.tokens.size()) >= opt.max_new_tokens) return finish(stop_reason::max_tokens);
+    if (cached >= gen->cfg.kv_cache_capacity) return finish(stop_reason::cache_full);
+    next_token = tok;
+    submit_next();
+  }
+
+  void finish(stop_reason why) {
+    out.reason = why;
+    end(std::move(out));
+  }
+  void fail(const error& e) { end(e); }
+  void end(generation_outcome r) {
+    auto g = gen;
+    const int s = slot;
+    slot = -1;
+    st->finish(std::move(r));
+    if (s >= 0) g->release_slot(s);
+  }
+};
+
+}  // namespace
+
+void generator::impl::start_or_queue(const std::shared_ptr<sequence>& s) {
+  {
+    std::lock_guard lk(m);
+    if (free_slots.empty()) {
+      if (!opt.queue_when_full) {
+        s->st->finish(error{errc::out_of_memory,
+                            "generate: all " + std::to_string(opt.max_sequences) +
+                                " KV cache slots are taken (generator_options::max_sequences; "
+                                "queue_when_full is off)"});
+        return;
+      }
+      waiting.push_back(s);
+      return;
+    }
+    s->slot = free_slots.back();
+    free_slots.pop_back();
+  }
+  // A slot keeps its last sequence's rows: the mask hides every row at or
+  // beyond `cached`, so a fresh sequence needs no clearing.
+  s->submit_next();
+}
+
+void generator::impl::release_slot(int slot) {
+  std::shared_ptr<sequence> next;
+  {
+    std::lock_guard lk(m);
+    if (waiting.empty()) {
+      free_slots.push_back(slot);
+      return;
+    }
+    next = waiting.front();
+    waiting.pop_front();
+    next->slot = slot;
+  }
+  next->submit_next();
+}
+
+generator::generator(std::shared_ptr<impl> p) : impl_(std::move(p)) {}
+generator::~generator() = default;
+
+int64_t generator::cache_bytes() const noexcept {
+  return impl_->slot_bytes * static_cast<int64_t>(impl_->slots.size());
+}
+
+int generator::active_sequences() const {
+  std::lock_guard lk(impl_->m);
+  return static_cast<int>(impl_->slots.size() - impl_->free_slots.size());
+}
+
+int generator::waiting_sequences() const {
+  std::lock_guard lk(impl_->m);
+  return static_cast<int>(impl_->waiting.size());
+}
+
+expected<std::shared_ptr<generator>> generator::create(runtime& rt, models::transformer_config cfg,
+                                                       models::weight_provider weights, generator_options options) {
+  auto bad = [](std::string msg) { return error{errc::invalid_argument, "generator: " + std::move(msg)}; };
+  if (options.cache_tokens < 1) return bad("cache_tokens must be >= 1, got " + std::to_string(options.cache_tokens));
+  if (options.max_sequences < 1)
+    return bad("max_sequences must be >= 1, got " + std::to_string(options.max_sequences));
+  if (options.prefill_chunk < 0)
+    return bad("prefill_chunk must be >= 0, got " + std::to_string(options.prefill_chunk));
+  cfg.batch = 1;
+  cfg.kv_cache_capacity = options.cache_tokens;
+  if (cfg.variant == models::model_variant::gpt2) {
+    if (cfg.max_positions == 0) cfg.max_positions = options.cache_tokens;
+    if (cfg.max_positions < options.cache_tokens)
+      return bad("cache_tokens " + std::to_string(options.cache_tokens) + " exceed the gpt2 position table (" +
+                 std::to_string(cfg.max_positions) + " rows, n_positions)");
+  }
+  auto impl = std::make_shared<generator::impl>();
+  impl->rt = &rt;
+  impl->opt = options;
+  auto make_plan = [&](int64_t new_tokens, step_plan& out) -> error {
+    models::transformer_config c = cfg;
+    c.seq_len = new_tokens;
+    expected<graph> g = models::build_transformer(c, weights);
+    if (!g) return g.err();
+    expected<std::shared_ptr<const plan>> p = rt.compile(std::move(*g), options.plan);
+    if (!p) return p.err();
+    out.p = std::move(*p);
+    out.new_tokens = new_tokens;
+    return {};
+  };
+  if (error e = make_plan(1, impl->decode)) return e;
+  if (options.prefill_chunk > 1)
+    if (error e = make_plan(options.prefill_chunk, impl->prefill)) return e;
+  cfg.seq_len = 1;
+  impl->cfg = cfg;
+  const shape cache_dims{1, cfg.kv_heads(), cfg.kv_cache_capacity, cfg.head_dim()};
+  impl->slots.resize(static_cast<std::size_t>(options.max_sequences));
+  for (cache_slot& s : impl->slots)
+    for (int k = 0; k < cfg.n_layers; ++k) {
+      for (std::vector<host_tensor>* kv : {&s.k, &s.v}) {
+        host_tensor t = host_tensor::uninitialized(cfg.dtype, cache_dims);
+        std::memset(t.data(), 0, t.bytes());  // masked rows are read: keep them finite
+        kv->push_back(std::move(t));
+      }
+    }
+  impl->slot_bytes = 2 * cfg.n_layers * cache_dims.numel() * static_cast<int64_t>(dtype_size(cfg.dtype));
+  for (int i = options.max_sequences - 1; i >= 0; --i) impl->free_slots.push_back(i);
+  return std::make_shared<generator>(std::move(impl));
+}
+
+generation generator::generate(std::vector<int32_t> prompt, generate_options options) {
+  auto st = std::make_shared<generation::state>();
+  generation handle(st);
+  auto fail_now = [&](std::string msg) {
+    st->finish(error{errc::invalid_argument, "generate: " + std::move(msg)});
+    return handle;
+  };
+  if (prompt.empty()) return fail_now("the prompt is empty");
+  if (static_cast<int64_t>(prompt.size()) > impl_->cfg.kv_cache_capacity)
+    return fail_now("the prompt's " + std::to_string(prompt.size()) + " tokens exceed cache_tokens " +
+                    std::to_string(impl_->cfg.kv_cache_capacity));
+  for (std::size_t i = 0; i < prompt.size(); ++i)
+    if (prompt[i] < 0 || prompt[i] >= impl_->cfg.vocab)
+      return fail_now("prompt token " + std::to_string(i) + " is " + std::to_string(prompt[i]) +
+                      ", outside the vocabulary [0, " + std::to_string(impl_->cfg.vocab) + ")");
+  if (options.max_new_tokens < 1)
+    return fail_now("max_new_tokens must be >= 1, got " + std::to_string(options.max_new_tokens));
+  auto s = std::make_shared<sequence>();
+  s->gen = impl_;
+  s->st = st;
+  s->prompt = std::move(prompt);
+  s->opt = std::move(options);
+  s->rng = s->opt.sampling.seed;
+  impl_->start_or_queue(s);
+  return handle;
+}
+
+}  // namespace ag

@@ -1,0 +1,156 @@
+#pragma once
+/// \file generator.hpp
+/// Text generation over a runtime: prefill and decode jobs of one sequence
+/// chained through a KV cache, many sequences in flight at once.
+///
+///     auto gen = ag::generator::create(*rt, cfg, weights, {}).value();
+///     ag::generate_options o;
+///     o.max_new_tokens = 32;
+///     o.on_token = [](int32_t tok, int64_t i) { /* runtime thread */ };
+///     ag::generation g = gen->generate({1, 2, 3}, o);   // returns at once
+///     const ag::generation_outcome& r = g.wait();       // or g.then(...)
+///
+/// How it runs. `create` compiles two step graphs of the model
+/// (models::build_transformer in cache mode, see graph/models/transformer.hpp):
+/// a decode plan (1 new token) and, when prefill_chunk > 1, a prefill plan
+/// (prefill_chunk new tokens). A sequence is a chain of jobs: the prompt in
+/// chunks, then one decode job per token. Each job reads the sequence's cache
+/// (job inputs, one pair per block, so a pipeline ships each block's cache
+/// to that block's stage) and returns the new keys and values, which its
+/// completion appends to the cache before it submits the next job of the
+/// sequence: the cache orders the jobs of one sequence; jobs of different
+/// sequences are independent, so a pipeline interleaves them.
+///
+/// Cache memory is planned at `create`: max_sequences slots of
+/// cache_tokens positions each (cache_bytes()). A sequence holds a slot from
+/// its first job to its end; when all are taken a new sequence waits for one
+/// (queue_when_full) or fails at once with errc::out_of_memory saying so.
+///
+/// Today the cache lives in host memory and travels with each job (h2d of
+/// the whole cache, d2h of the new rows); keeping it resident on the devices
+/// as per-sequence state of the plan is the next step (issue 12).
+///
+/// Threads: create() on the caller's thread (it compiles and uploads);
+/// generate(), cancel() and the handle's calls from any thread; on_token and
+/// then() continuations run on runtime threads (keep them short). The
+/// generator and the runtime must outlive the sequences' completion (the
+/// runtime's destructor waits for their jobs; a sequence whose job the
+/// stopping runtime refuses fails with that error).
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "actors/actorgraph.hpp"
+#include "graph/models/transformer.hpp"
+
+namespace ag {
+
+/// How the next token is chosen from a logits row.
+struct sampling_options {
+  /// 0: greedy (argmax, lowest id on ties). > 0: sample from
+  /// softmax(logits / temperature) after the top-k and top-p filters.
+  float temperature = 0.0f;
+  int top_k = 0;        ///< keep the k most likely tokens (0: all)
+  float top_p = 1.0f;   ///< keep the smallest set of most likely tokens whose mass reaches top_p
+  uint64_t seed = 0;    ///< the sequence's random stream (same seed, same tokens)
+};
+
+/// Why a sequence ended.
+enum class stop_reason : uint8_t { eos, max_tokens, cache_full, cancelled };
+const char* to_string(stop_reason r) noexcept;
+
+struct generate_options {
+  int max_new_tokens = 16;
+  /// Stops after emitting one of these ids (end of sequence).
+  std::vector<int32_t> stop_ids;
+  sampling_options sampling;
+  /// Called once per generated token, in order, on a runtime thread.
+  std::function<void(int32_t token, int64_t index)> on_token;
+  /// Keep the logits row each generated token was sampled from (tests).
+  bool keep_logits = false;
+};
+
+struct generation_result {
+  std::vector<int32_t> tokens;  ///< generated tokens (the prompt not included)
+  stop_reason reason = stop_reason::max_tokens;
+  std::vector<std::vector<float>> logits;  ///< per token, with keep_logits
+};
+
+/// The generated tokens, or the error of the job that failed (naming it).
+using generation_outcome = expected<generation_result>;
+
+/// Handle to one sequence. Copyable; all copies refer to the same sequence.
+class generation {
+ public:
+  struct state;  ///< implementation detail (generator.cpp)
+  generation() = default;
+  explicit generation(std::shared_ptr<state> s) : s_(std::move(s)) {}
+  bool ready() const;
+  /// Blocks until the sequence ended; the result is valid while a handle to
+  /// the sequence lives.
+  const generation_outcome& wait() const&;
+  /// On a temporary handle (`gen->generate(p).wait()`): blocks, then returns
+  /// a copy (a reference would outlive the sequence's state).
+  generation_outcome wait() &&;
+  bool wait_for(std::chrono::nanoseconds d) const;
+  /// Runs `fn` when the sequence ends (at once on this thread if it has).
+  void then(std::function<void(const generation_outcome&)> fn) const;
+  /// Stops the sequence after the job in flight: the result keeps the tokens
+  /// generated so far, with stop_reason::cancelled. Non-blocking.
+  void cancel() const;
+  /// Tokens generated so far.
+  std::vector<int32_t> tokens() const;
+
+ private:
+  std::shared_ptr<state> s_;
+};
+
+struct generator_options {
+  /// Positions per sequence (prompt + generated tokens); a sequence that
+  /// reaches it stops with stop_reason::cache_full.
+  int64_t cache_tokens = 256;
+  int max_sequences = 8;        ///< cache slots: sequences holding a cache at once
+  bool queue_when_full = true;  ///< false: generate() fails at once when no slot is free
+  /// New tokens per prefill job (a plan of its own); 0 or 1: the prompt
+  /// goes through the decode plan one token per job.
+  int64_t prefill_chunk = 0;
+  plan_options plan;            ///< layout of both plans (stages, devices)
+};
+
+class generator {
+ public:
+  struct impl;
+  /// Compiles the step plans of `cfg` (batch forced to 1; seq_len and
+  /// kv_cache_capacity set from the options) with `weights` (empty: the
+  /// config's seeded random weights) and plans the cache slots. Errors: an
+  /// invalid config or option (naming it), a gpt2 cache longer than its
+  /// position table, compile errors.
+  static expected<std::shared_ptr<generator>> create(runtime& rt, models::transformer_config cfg,
+                                                     models::weight_provider weights = {},
+                                                     generator_options options = {});
+  ~generator();
+
+  /// Starts a sequence; returns at once. An empty prompt, a prompt that does
+  /// not fit cache_tokens, an id outside the vocabulary or no free slot
+  /// (queue_when_full off) give a handle that is already failed.
+  generation generate(std::vector<int32_t> prompt, generate_options options = {});
+
+  /// Bytes of host memory planned for the caches (all slots).
+  int64_t cache_bytes() const noexcept;
+  /// Sequences holding a slot now, and sequences waiting for one.
+  int active_sequences() const;
+  int waiting_sequences() const;
+
+  explicit generator(std::shared_ptr<impl> p);
+
+ private:
+  std::shared_ptr<impl> impl_;
+};
+
+/// The token `s` picks from `logits` with `rng_state` (advanced when sampling).
+int32_t sample_token(const std::vector<float>& logits, const sampling_options& s, uint64_t& rng_state);
+
+}  // namespace ag

@@ -1,0 +1,216 @@
+// actorgraph-generate-bench: generation figures through ag::generator.
+//
+//   actorgraph-generate-bench --mode sim
+//     pipelined_sequences_speedup_sim: 8 sequences decoding at once on 2
+//     simulated pipeline stages, against the same 8 one after another
+//     (timing-only sim devices: the cost model's time per op, scaled by
+//     --time-scale so that device time dominates the host's work per job).
+//
+//   actorgraph-generate-bench --mode decode --model DIR --devices cuda:0
+//                             [--context 512] [--new-tokens 64] [--prefill 2048]
+//                             [--bandwidth-gbs B]
+//     load_gb_per_s (checkpoint to device memory, through compile),
+//     decode_ms_per_token (median interval between tokens after a prompt of
+//     --context tokens), decode_vs_bandwidth_floor (over the time to read the
+//     weights a token reads (all but the input embedding table) plus the
+//     cache at B GB/s; B defaults to the device spec's bandwidth), and
+//     prefill_tokens_per_s (one forward job of --prefill tokens, best of 3).
+//
+// Prints a table and `name: value` lines.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "actors/actorgraph.hpp"
+#include "actors/generator.hpp"
+#include "apps/common/flags.hpp"
+#include "graph/checkpoint/hf_model.hpp"
+
+namespace {
+
+using clock_type = std::chrono::steady_clock;
+
+double seconds_since(clock_type::time_point t0) {
+  return std::chrono::duration<double>(clock_type::now() - t0).count();
+}
+
+int fail(const ag::error& e) {
+  std::fprintf(stderr, "error: %s\n", e.to_string().c_str());
+  return 1;
+}
+
+int run_sim(double time_scale, int sequences, int new_tokens) {
+  ag::runtime_options ro;
+  ro.backend.sim.time_scale = time_scale;
+  ro.backend.sim.compute_values = false;  // timing only: the tokens are arbitrary ids
+  auto rt = ag::runtime::create("sim:2", ro);
+  if (!rt) return fail(rt.err());
+  ag::models::transformer_config cfg;
+  cfg.variant = ag::models::model_variant::llama;
+  cfg.n_layers = 8;
+  cfg.d_model = 512;
+  cfg.n_heads = 8;
+  cfg.n_kv_heads = 2;
+  cfg.d_ff = 1408;
+  cfg.vocab = 4000;
+  ag::generator_options go;
+  go.cache_tokens = 64;
+  go.max_sequences = sequences;
+  go.plan.pipeline_stages = 2;
+  auto gen = ag::generator::create(**rt, cfg, {}, go);
+  if (!gen) return fail(gen.err());
+  ag::generate_options o;
+  o.max_new_tokens = new_tokens;
+  auto prompt = [](int i) { return std::vector<int32_t>{1, 2 + i, 3, 4}; };
+  // Warm-up: the first jobs of a plan make the actors' per-plan scratch.
+  (*gen)->generate(prompt(0), o).wait();
+
+  // Each way twice, alternating, best of two: neither order nor a slow first
+  // round (arenas allocated as jobs need them) favours one side.
+  double serial_s = 1e300, together_s = 1e300;
+  for (int round = 0; round < 2; ++round) {
+    const auto t_serial = clock_type::now();
+    for (int i = 0; i < sequences; ++i) {
+      const ag::generation h = (*gen)->generate(prompt(i), o);
+      if (!h.wait()) return fail(h.wait().err());
+    }
+    serial_s = std::min(serial_s, seconds_since(t_serial));
+
+    const auto t_together = clock_type::now();
+    std::vector<ag::generation> hs;
+    for (int i = 0; i < sequences; ++i) hs.push_back((*gen)->generate(prompt(i), o));
+    for (const auto& h : hs)
+      if (!h.wait()) return fail(h.wait().err());
+    together_s = std::min(together_s, seconds_since(t_together));
+  }
+
+  const double tokens = static_cast<double>(sequences) * new_tokens;
+  std::printf("%-34s %12s %14s\n", "sim:2, 2 stages, llama d512 x 8", "seconds", "tokens/s");
+  std::printf("%-34s %12.3f %14.1f\n", "one sequence at a time", serial_s, tokens / serial_s);
+  std::printf("%-34s %12.3f %14.1f\n", (std::to_string(sequences) + " sequences at once").c_str(), together_s,
+              tokens / together_s);
+  std::printf("pipelined_sequences_speedup_sim: %.2f\n", serial_s / together_s);
+  return 0;
+}
+
+struct decode_args {
+  std::string model, devices = "cuda:0";
+  int64_t context = 512, prefill = 2048;
+  int new_tokens = 64;
+  double bandwidth_gbs = 0.0;
+};
+
+int run_decode(const decode_args& a) {
+  auto rt = ag::runtime::create(a.devices);
+  if (!rt) return fail(rt.err());
+  const auto t_open = clock_type::now();
+  auto model = ag::models::hf_model::open(a.model);
+  if (!model) return fail(model.err());
+  const auto& mc = model->config().model;
+  ag::generator_options go;
+  go.cache_tokens = a.context + a.new_tokens;
+  go.max_sequences = 1;
+  go.prefill_chunk = a.context;
+  auto gen = ag::generator::create(**rt, model->model_config(1), model->provider(), go);
+  if (!gen) return fail(gen.err());
+  const double load_s = seconds_since(t_open);
+  // The generator compiled two plans (prefill and decode), each uploading the model.
+  const double model_gb = 2.0 * static_cast<double>(model->model_bytes()) / 1e9;
+
+  std::vector<int32_t> prompt(static_cast<std::size_t>(a.context));
+  for (std::size_t i = 0; i < prompt.size(); ++i) prompt[i] = static_cast<int32_t>((i * 7919 + 13) % mc.vocab);
+  std::mutex m;
+  std::vector<clock_type::time_point> at;
+  ag::generate_options o;
+  o.max_new_tokens = a.new_tokens;
+  o.on_token = [&](int32_t, int64_t) {
+    std::lock_guard lk(m);
+    at.push_back(clock_type::now());
+  };
+  const ag::generation h = (*gen)->generate(prompt, o);
+  if (!h.wait()) return fail(h.wait().err());
+  std::vector<double> gaps;
+  for (std::size_t i = 1; i < at.size(); ++i) gaps.push_back(std::chrono::duration<double>(at[i] - at[i - 1]).count());
+  if (gaps.empty()) return fail({ag::errc::internal, "fewer than 2 tokens generated"});
+  std::sort(gaps.begin(), gaps.end());
+  const double ms = gaps[gaps.size() / 2] * 1e3;
+
+  // Bytes one decode token must read: every weight but the input embedding
+  // table (one row of it), and the cache of `context` positions.
+  const double esize = static_cast<double>(ag::dtype_size(model->dtype()));
+  const double embed = static_cast<double>(mc.vocab * mc.d_model) * esize;
+  const double weights_read =
+      static_cast<double>(ag::models::parameter_count(model->model_config(1))) * esize - (mc.tied_head() ? 0.0 : embed);
+  const double cache = 2.0 * mc.n_layers * static_cast<double>(mc.kv_heads() * a.context * mc.head_dim()) * esize;
+  const double bw = a.bandwidth_gbs > 0 ? a.bandwidth_gbs * 1e9 : (*rt)->devices().at(0).mem_bandwidth;
+  const double floor_ms = (weights_read + cache) / bw * 1e3;
+
+  // Prefill: one forward job of `prefill` tokens (best of 3).
+  double prefill_best = 0.0;
+  if (a.prefill > 0) {
+    auto g = model->build(a.prefill, 1);
+    if (!g) return fail(g.err());
+    auto p = (*rt)->compile(std::move(*g));
+    if (!p) return fail(p.err());
+    std::vector<int32_t> ids(static_cast<std::size_t>(a.prefill)), pos(ids.size());
+    for (std::size_t i = 0; i < ids.size(); ++i) {
+      ids[i] = static_cast<int32_t>((i * 7919 + 13) % mc.vocab);
+      pos[i] = static_cast<int32_t>(i);
+    }
+    for (int rep = 0; rep < 4; ++rep) {
+      const auto t0 = clock_type::now();
+      ag::job j = (*rt)->submit(*p, {ag::host_tensor::from_ints({1, a.prefill}, ids),
+                                     ag::host_tensor::from_ints({a.prefill}, pos)});
+      if (!j.wait()) return fail(j.wait().err());
+      const double s = seconds_since(t0);
+      if (rep > 0 && (prefill_best == 0.0 || s < prefill_best)) prefill_best = s;  // rep 0 warms up
+    }
+  }
+
+  std::printf("%-28s %s, %s, %d layers, d %lld, %d heads (%d kv), vocab %lld\n", "model", a.model.c_str(),
+              ag::to_string(model->dtype()), mc.n_layers, static_cast<long long>(mc.d_model), mc.n_heads,
+              mc.kv_heads(), static_cast<long long>(mc.vocab));
+  std::printf("%-28s %.3f GB (2 plans x the model) in %.3f s\n", "load", model_gb, load_s);
+  std::printf("%-28s %.3f ms/token (median of %zu), context %lld\n", "decode", ms, gaps.size(),
+              static_cast<long long>(a.context));
+  std::printf("%-28s %.3f ms (%.1f MB weights + %.1f MB cache at %.0f GB/s)\n", "bandwidth floor", floor_ms,
+              weights_read / 1e6, cache / 1e6, bw / 1e9);
+  std::printf("load_gb_per_s: %.3f\n", model_gb / load_s);
+  std::printf("decode_ms_per_token: %.3f\n", ms);
+  std::printf("decode_floor_ms: %.3f\n", floor_ms);
+  std::printf("decode_vs_bandwidth_floor: %.3f\n", ms / floor_ms);
+  if (prefill_best > 0) std::printf("prefill_tokens_per_s: %.1f\n", static_cast<double>(a.prefill) / prefill_best);
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string mode = "sim";
+  double time_scale = 20.0;
+  int sequences = 8, sim_tokens = 12;
+  decode_args d;
+  ag::apps::flags app("actorgraph-generate-bench",
+                      "Generation figures: pipelined_sequences_speedup_sim (--mode sim), or decode, prefill and load "
+                      "figures of a model folder on real devices (--mode decode).");
+  app.add_option("--mode", mode, "sim or decode")->check(CLI::IsMember({"sim", "decode"}));
+  app.add_option("--time-scale", time_scale, "sim: wall seconds per simulated second")->check(CLI::PositiveNumber);
+  app.add_option("--sequences", sequences, "sim: sequences decoding at once")->check(CLI::Range(1, 256));
+  app.add_option("--sim-tokens", sim_tokens, "sim: tokens per sequence")->check(CLI::Range(1, 48));
+  app.add_option("--model", d.model, "decode: the model folder (actorgraph-save-model --shape llama-1b)");
+  app.add_option("--devices", d.devices, "decode: device spec");
+  app.add_option("--context", d.context, "decode: prompt tokens before decoding")->check(CLI::Range(1, 1 << 20));
+  app.add_option("--new-tokens", d.new_tokens, "decode: tokens to generate")->check(CLI::Range(2, 1 << 20));
+  app.add_option("--prefill", d.prefill, "prefill tokens (0: skip)")->check(CLI::Range(0, 1 << 20));
+  app.add_option("--bandwidth-gbs", d.bandwidth_gbs, "measured device memory bandwidth (0: the device spec's)");
+  if (auto status = ag::apps::parse_flags(app, argc, argv)) return *status;
+  if (mode == "sim") return run_sim(time_scale, sequences, sim_tokens);
+  if (d.model.empty()) {
+    std::fprintf(stderr, "actorgraph-generate-bench: --mode decode needs --model\n");
+    return ag::apps::bad_flags_status;
+  }
+  return run_decode(d);
+}

@@ -1,0 +1,393 @@
+// ag::generator: decode over the KV cache equals recomputing the whole
+// sequence (tiny GPT-2 and LLaMA GQA checkpoints written here, sim with
+// values and cpu, one device and two pipeline stages, with and without a
+// prefill plan); many sequences at once; cancel; a full cache; sampling.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <chrono>
+#include <future>
+#include <set>
+
+#include "actors/generator.hpp"
+#include "checkpoint/checkpoint_test_util.hpp"
+#include "graph/plan.hpp"
+#include "graph/reference.hpp"
+#include "graph/tensor_parallel.hpp"
+
+using namespace std::chrono_literals;
+using ag::test::temp_dir;
+
+namespace {
+
+ag::runtime_options fast_sim() {
+  ag::runtime_options o;
+  o.backend.sim.time_scale = 1e-2;
+  return o;
+}
+
+std::vector<ag::models::transformer_config> tiny_models() {
+  return {ag::test::tiny_model(ag::models::model_variant::gpt2),
+          ag::test::tiny_model(ag::models::model_variant::llama, 2)};
+}
+
+// The last row of the logits of the plain forward pass over `tokens`.
+std::vector<float> recomputed_last_logits(const ag::models::hf_model& m, const std::vector<int32_t>& tokens) {
+  const auto n = static_cast<int64_t>(tokens.size());
+  auto g = m.build(n);
+  EXPECT_TRUE(g.has_value()) << g.err().to_string();
+  if (!g) return {};
+  std::vector<int32_t> pos(tokens.size());
+  for (std::size_t i = 0; i < pos.size(); ++i) pos[i] = static_cast<int32_t>(i);
+  auto r = ag::evaluate_reference(*g, {ag::host_tensor::from_ints({1, n}, tokens), ag::host_tensor::from_ints({n}, pos)});
+  EXPECT_TRUE(r.has_value()) << r.err().to_string();
+  if (!r) return {};
+  const int64_t V = (*r)[0].dims()[2];
+  std::vector<float> row(static_cast<std::size_t>(V));
+  for (int64_t i = 0; i < V; ++i) row[static_cast<std::size_t>(i)] = (*r)[0].at((n - 1) * V + i);
+  return row;
+}
+
+void decode_equals_recompute(const std::string& spec, int stages, int64_t prefill_chunk, int tp = 1) {
+  for (const auto& cfg : tiny_models()) {
+    SCOPED_TRACE(std::string(to_string(cfg.variant)) + " on " + spec + ", stages " + std::to_string(stages) +
+                 ", prefill_chunk " + std::to_string(prefill_chunk));
+    temp_dir dir;
+    ag::test::save_random_model(dir.str(), cfg);
+    auto m = ag::models::hf_model::open(dir.str());
+    ASSERT_TRUE(m.has_value()) << m.err().to_string();
+    auto rt = ag::runtime::create(spec, fast_sim());
+    ASSERT_TRUE(rt.has_value()) << rt.err().to_string();
+    ag::generator_options go;
+    go.cache_tokens = 16;
+    go.prefill_chunk = prefill_chunk;
+    go.plan.pipeline_stages = stages;
+    go.plan.tensor_parallel = tp;
+    auto gen = ag::generator::create(**rt, m->model_config(1), m->provider(), go);
+    ASSERT_TRUE(gen.has_value()) << gen.err().to_string();
+    const std::vector<int32_t> prompt{3, 1, 4, 1, 5, 9};
+    ag::generate_options o;
+    o.max_new_tokens = 7;
+    o.keep_logits = true;
+    std::vector<int32_t> streamed;
+    o.on_token = [&](int32_t t, int64_t i) {
+      EXPECT_EQ(i, static_cast<int64_t>(streamed.size()));
+      streamed.push_back(t);
+    };
+    ag::generation h = (*gen)->generate(prompt, o);
+    ASSERT_TRUE(h.wait_for(120s)) << "generation hung";
+    const auto& r = h.wait();
+    ASSERT_TRUE(r.has_value()) << r.err().to_string();
+    ASSERT_EQ(r->tokens.size(), 7u);
+    EXPECT_EQ(r->reason, ag::stop_reason::max_tokens);
+    EXPECT_EQ(streamed, r->tokens);
+    std::vector<int32_t> seq = prompt;
+    for (std::size_t t = 0; t < r->tokens.size(); ++t) {
+      const std::vector<float> ref = recomputed_last_logits(*m, seq);
+      ASSERT_EQ(ref.size(), r->logits[t].size());
+      double worst = 0.0;
+      for (std::size_t i = 0; i < ref.size(); ++i)
+        worst = std::max(worst, static_cast<double>(std::abs(ref[i] - r->logits[t][i])));
+      EXPECT_LT(worst, 2e-3) << "token " << t << ": logits differ from recomputing the whole sequence";
+      const auto argmax = static_cast<int32_t>(std::max_element(ref.begin(), ref.end()) - ref.begin());
+      EXPECT_EQ(r->tokens[t], argmax) << "token " << t;
+      seq.push_back(r->tokens[t]);
+    }
+  }
+}
+
+// Generates `prompt` alone, greedy, on a fresh generator over the same model.
+std::vector<int32_t> alone(ag::runtime& rt, const ag::models::hf_model& m, const std::vector<int32_t>& prompt,
+                           int max_new, int stages) {
+  ag::generator_options go;
+  go.cache_tokens = 16;
+  go.max_sequences = 1;
+  go.plan.pipeline_stages = stages;
+  auto gen = ag::generator::create(rt, m.model_config(1), m.provider(), go);
+  EXPECT_TRUE(gen.has_value()) << gen.err().to_string();
+  if (!gen) return {};
+  ag::generate_options o;
+  o.max_new_tokens = max_new;
+  auto h = (*gen)->generate(prompt, o);
+  EXPECT_TRUE(h.wait_for(120s));
+  const auto& r = h.wait();
+  EXPECT_TRUE(r.has_value()) << r.err().to_string();
+  return r ? r->tokens : std::vector<int32_t>{};
+}
+
+}  // namespace
+
+TEST(GenerateDecode, EqualsRecomputeSim1Device) { decode_equals_recompute("sim:1", 1, 0); }
+TEST(GenerateDecode, EqualsRecomputeCpu1Device) { decode_equals_recompute("cpu:1", 1, 0); }
+TEST(GenerateDecode, EqualsRecomputeSim2Stages) { decode_equals_recompute("sim:2", 2, 0); }
+TEST(GenerateDecode, EqualsRecomputeCpu2Stages) { decode_equals_recompute("cpu:2", 2, 0); }
+TEST(GenerateDecode, EqualsRecomputeWithPaddedPrefillChunksCpu) { decode_equals_recompute("cpu:1", 1, 4); }
+TEST(GenerateDecode, EqualsRecomputeWithPrefillChunks2StagesSim) { decode_equals_recompute("sim:2", 2, 4); }
+TEST(GenerateDecode, EqualsRecomputeTensorParallel2Sim) { decode_equals_recompute("sim:2", 1, 4, 2); }
+TEST(GenerateDecode, EqualsRecomputeTensorParallel2Cpu) { decode_equals_recompute("cpu:2", 1, 0, 2); }
+
+TEST(GenerateMany, ConcurrentSequencesEachEqualTheirSoloRunAndCancelledOnesStop) {
+  const auto cfg = ag::test::tiny_model(ag::models::model_variant::llama, 2);
+  temp_dir dir;
+  ag::test::save_random_model(dir.str(), cfg);
+  auto m = ag::models::hf_model::open(dir.str());
+  ASSERT_TRUE(m.has_value()) << m.err().to_string();
+  auto rt = ag::runtime::create("sim:2", fast_sim());
+  ASSERT_TRUE(rt.has_value()) << rt.err().to_string();
+  ag::generator_options go;
+  go.cache_tokens = 16;
+  go.max_sequences = 3;  // 6 sequences: three wait for a slot
+  go.plan.pipeline_stages = 2;
+  auto gen = ag::generator::create(**rt, m->model_config(1), m->provider(), go);
+  ASSERT_TRUE(gen.has_value()) << gen.err().to_string();
+  const std::vector<std::vector<int32_t>> prompts{{1, 2, 3}, {7, 7}, {40, 0, 13, 2}, {5}, {9, 8, 7, 6, 5}, {11, 22}};
+  const std::size_t cancelled = 2;
+  std::vector<ag::generation> hs;
+  for (const auto& p : prompts) {
+    ag::generate_options o;
+    o.max_new_tokens = 6;
+    hs.push_back((*gen)->generate(p, o));
+  }
+  hs[cancelled].cancel();
+  for (std::size_t i = 0; i < hs.size(); ++i) {
+    ASSERT_TRUE(hs[i].wait_for(120s)) << "sequence " << i << " hung";
+    const auto& r = hs[i].wait();
+    ASSERT_TRUE(r.has_value()) << r.err().to_string();
+    if (i == cancelled) {
+      EXPECT_EQ(r->reason, ag::stop_reason::cancelled);
+      EXPECT_LT(r->tokens.size(), 6u);
+      continue;
+    }
+    EXPECT_EQ(r->reason, ag::stop_reason::max_tokens);
+    EXPECT_EQ(r->tokens, alone(**rt, *m, prompts[i], 6, 2)) << "sequence " << i << " differs from its solo run";
+  }
+  EXPECT_EQ((*gen)->active_sequences(), 0);
+  EXPECT_EQ((*gen)->waiting_sequences(), 0);
+}
+
+namespace {
+
+struct held_first {
+  std::promise<void> release;
+  std::shared_future<void> released{release.get_future().share()};
+};
+
+}  // namespace
+
+TEST(GenerateCache, FullCacheFailsClearlyOrQueuesAndSequencesStopAtCapacity) {
+  const auto cfg = ag::test::tiny_model(ag::models::model_variant::gpt2);
+  temp_dir dir;
+  ag::test::save_random_model(dir.str(), cfg);
+  auto m = ag::models::hf_model::open(dir.str());
+  ASSERT_TRUE(m.has_value()) << m.err().to_string();
+  auto rt = ag::runtime::create("cpu:1", fast_sim());
+  ASSERT_TRUE(rt.has_value()) << rt.err().to_string();
+  for (bool queue : {false, true}) {
+    SCOPED_TRACE(queue ? "queue_when_full" : "fail when full");
+    ag::generator_options go;
+    go.cache_tokens = 8;
+    go.max_sequences = 1;
+    go.queue_when_full = queue;
+    auto gen = ag::generator::create(**rt, m->model_config(1), m->provider(), go);
+    ASSERT_TRUE(gen.has_value()) << gen.err().to_string();
+    EXPECT_EQ((*gen)->cache_bytes(), 2 * cfg.n_layers * cfg.n_heads * 8 * cfg.head_dim() * 4);
+    // The first sequence holds the only slot until the test lets its first
+    // token's callback return.
+    held_first hold;
+    ag::generate_options first;
+    first.max_new_tokens = 100;  // capacity decides: 8 - 5 + 1 tokens
+    first.on_token = [&](int32_t, int64_t i) {
+      if (i == 0) hold.released.wait_for(60s);
+    };
+    ag::generation a = (*gen)->generate({1, 2, 3, 4, 5}, first);
+    ag::generate_options second;
+    second.max_new_tokens = 5;
+    ag::generation b = (*gen)->generate({6, 7}, second);
+    if (!queue) {
+      ASSERT_TRUE(b.ready());
+      ASSERT_FALSE(b.wait().has_value());
+      EXPECT_EQ(b.wait().err().code, ag::errc::out_of_memory);
+      EXPECT_NE(b.wait().err().message.find("KV cache slots are taken"), std::string::npos)
+          << b.wait().err().message;
+    } else {
+      EXPECT_FALSE(b.ready());
+      EXPECT_EQ((*gen)->waiting_sequences(), 1);
+    }
+    hold.release.set_value();
+    ASSERT_TRUE(a.wait_for(120s));
+    ASSERT_TRUE(a.wait().has_value()) << a.wait().err().to_string();
+    EXPECT_EQ(a.wait()->reason, ag::stop_reason::cache_full);
+    EXPECT_EQ(a.wait()->tokens.size(), 4u);
+    if (queue) {
+      ASSERT_TRUE(b.wait_for(120s));
+      ASSERT_TRUE(b.wait().has_value()) << b.wait().err().to_string();
+      EXPECT_EQ(b.wait()->tokens, alone(**rt, *m, {6, 7}, 5, 1));
+    }
+  }
+}
+
+TEST(GenerateCache, BadPromptsFailAtOnceNamingWhy) {
+  const auto cfg = ag::test::tiny_model(ag::models::model_variant::gpt2);
+  auto rt = ag::runtime::create("cpu:1");
+  ASSERT_TRUE(rt.has_value());
+  ag::generator_options go;
+  go.cache_tokens = 8;
+  auto gen = ag::generator::create(**rt, cfg, {}, go);
+  ASSERT_TRUE(gen.has_value()) << gen.err().to_string();
+  auto empty = (*gen)->generate({});
+  ASSERT_TRUE(empty.ready());
+  EXPECT_NE(empty.wait().err().message.find("prompt is empty"), std::string::npos);
+  auto oov = (*gen)->generate({1, 41});
+  EXPECT_NE(oov.wait().err().message.find("prompt token 1 is 41, outside the vocabulary [0, 41)"), std::string::npos)
+      << oov.wait().err().message;
+  auto longp = (*gen)->generate(std::vector<int32_t>(9, 1));
+  EXPECT_NE(longp.wait().err().message.find("exceed cache_tokens 8"), std::string::npos);
+  go.cache_tokens = 17;  // tiny gpt2 has 16 positions
+  auto too_long = ag::generator::create(**rt, cfg, {}, go);
+  ASSERT_FALSE(too_long.has_value());
+  EXPECT_NE(too_long.err().message.find("position table"), std::string::npos) << too_long.err().message;
+}
+
+TEST(GenerateSampling, SeedsTopKAndTopP) {
+  std::vector<float> logits{0.0f, 3.0f, 2.9f, -1.0f, 1.0f};
+  uint64_t s = 1;
+  EXPECT_EQ(ag::sample_token(logits, {}, s), 1);  // greedy
+  ag::sampling_options top2{.temperature = 1.0f, .top_k = 2};
+  std::set<int32_t> seen;
+  for (int i = 0; i < 400; ++i) seen.insert(ag::sample_token(logits, top2, s));
+  EXPECT_EQ(seen, (std::set<int32_t>{1, 2}));
+  ag::sampling_options nucleus{.temperature = 1.0f, .top_p = 0.3f};  // token 1 alone holds > 0.3
+  for (int i = 0; i < 100; ++i) EXPECT_EQ(ag::sample_token(logits, nucleus, s), 1);
+  ag::sampling_options hot{.temperature = 100.0f};
+  seen.clear();
+  for (int i = 0; i < 400; ++i) seen.insert(ag::sample_token(logits, hot, s));
+  EXPECT_EQ(seen.size(), 5u);
+  uint64_t a = 7, b = 7;
+  for (int i = 0; i < 50; ++i) EXPECT_EQ(ag::sample_token(logits, hot, a), ag::sample_token(logits, hot, b));
+}
+
+TEST(GenerateSampling, SameSeedSameTokensOtherSeedOtherTokens) {
+  auto cfg = ag::test::tiny_model(ag::models::model_variant::llama, 2);
+  auto rt = ag::runtime::create("cpu:1");
+  ASSERT_TRUE(rt.has_value());
+  ag::generator_options go;
+  go.cache_tokens = 16;
+  auto gen = ag::generator::create(**rt, cfg, {}, go);
+  ASSERT_TRUE(gen.has_value()) << gen.err().to_string();
+  auto run = [&](uint64_t seed) {
+    ag::generate_options o;
+    o.max_new_tokens = 12;
+    o.sampling = {.temperature = 50.0f, .seed = seed};
+    auto h = (*gen)->generate({1, 2}, o);
+    EXPECT_TRUE(h.wait_for(60s));
+    return h.wait().has_value() ? h.wait()->tokens : std::vector<int32_t>{};
+  };
+  const auto x = run(5);
+  EXPECT_EQ(x.size(), 12u);
+  EXPECT_EQ(x, run(5));
+  EXPECT_NE(x, run(6));  // 12 draws nearly uniform over 41 ids: equal with probability ~1e-19
+  // An end-of-sequence id stops the sequence right after emitting it.
+  ag::generate_options o;
+  o.max_new_tokens = 12;
+  o.sampling = {.temperature = 50.0f, .seed = 5};
+  o.stop_ids = {x[3]};
+  auto h = (*gen)->generate({1, 2}, o);
+  ASSERT_TRUE(h.wait_for(60s));
+  ASSERT_TRUE(h.wait().has_value());
+  EXPECT_EQ(h.wait()->reason, ag::stop_reason::eos);
+  const auto stop_at = std::find(x.begin(), x.end(), x[3]) - x.begin();
+  EXPECT_EQ(h.wait()->tokens, std::vector<int32_t>(x.begin(), x.begin() + stop_at + 1));
+}
+
+TEST(GenerateDecode, Bf16LlamaEqualsRecomputeWithinBf16RoundingCpu) {
+  auto cfg = ag::test::tiny_model(ag::models::model_variant::llama, 2);
+  cfg.dtype = ag::dtype::bf16;
+  temp_dir dir;
+  ag::test::save_random_model(dir.str(), cfg);
+  auto m = ag::models::hf_model::open(dir.str());
+  ASSERT_TRUE(m.has_value()) << m.err().to_string();
+  ASSERT_EQ(m->dtype(), ag::dtype::bf16);
+  auto rt = ag::runtime::create("cpu:1");
+  ASSERT_TRUE(rt.has_value());
+  ag::generator_options go;
+  go.cache_tokens = 16;
+  go.prefill_chunk = 4;
+  auto gen = ag::generator::create(**rt, m->model_config(1), m->provider(), go);
+  ASSERT_TRUE(gen.has_value()) << gen.err().to_string();
+  ag::generate_options o;
+  o.max_new_tokens = 6;
+  o.keep_logits = true;
+  const std::vector<int32_t> prompt{3, 1, 4, 1, 5, 9};
+  const ag::generation h = (*gen)->generate(prompt, o);
+  ASSERT_TRUE(h.wait_for(120s));
+  const auto& r = h.wait();
+  ASSERT_TRUE(r.has_value()) << r.err().to_string();
+  std::vector<int32_t> seq = prompt;
+  double worst = 0.0;
+  for (std::size_t t = 0; t < r->tokens.size(); ++t) {
+    const std::vector<float> ref = recomputed_last_logits(*m, seq);
+    for (std::size_t i = 0; i < ref.size(); ++i)
+      worst = std::max(worst, static_cast<double>(std::abs(ref[i] - r->logits[t][i])));
+    seq.push_back(r->tokens[t]);
+  }
+  std::printf("bf16 decode vs recompute: max |logit error| %.4f\n", worst);
+  EXPECT_LT(worst, 0.15);
+}
+
+TEST(GenerateCache, WaitOnATemporaryHandleKeepsTheResult) {
+  const auto cfg = ag::test::tiny_model(ag::models::model_variant::gpt2);
+  auto rt = ag::runtime::create("cpu:1");
+  ASSERT_TRUE(rt.has_value());
+  auto gen = ag::generator::create(**rt, cfg, {}, {.cache_tokens = 8});
+  ASSERT_TRUE(gen.has_value()) << gen.err().to_string();
+  ag::generate_options o;
+  o.max_new_tokens = 3;
+  const auto& r = (*gen)->generate({1, 2}, o).wait();  // a copy, kept alive by the reference
+  ASSERT_TRUE(r.has_value()) << r.err().to_string();
+  EXPECT_EQ(r->tokens.size(), 3u);
+}
+
+// Tensor parallelism does not execute in the runtime yet; its planning of a
+// step graph can be checked now: a decode step (cache mode) of GPT-2 and of
+// LLaMA with GQA, at degree 2, rewritten into per-device graphs whose
+// reference evaluation equals the user's graph, and how many gathers the
+// replicated cache inputs cost (printed: what sharding the cache by kv head
+// would remove).
+TEST(GenerateTensorParallel, DecodeStepGraphsPlanAtDegreeTwoAndEqualTheReference) {
+  for (auto cfg : tiny_models()) {
+    SCOPED_TRACE(to_string(cfg.variant));
+    cfg.seq_len = 1;
+    cfg.kv_cache_capacity = 8;
+    auto g = ag::models::build_transformer(cfg);
+    ASSERT_TRUE(g.has_value()) << g.err().to_string();
+    auto gp = std::make_shared<const ag::graph>(std::move(*g));
+    std::vector<ag::device_spec> devs(2);
+    for (int i = 0; i < 2; ++i) devs[static_cast<std::size_t>(i)].name = "sim" + std::to_string(i), devs[static_cast<std::size_t>(i)].ordinal = i;
+    ag::plan_options po;
+    po.tensor_parallel = 2;
+    auto p = ag::compile(gp, devs, po);
+    ASSERT_TRUE(p.has_value()) << p.err().to_string();
+    ASSERT_NE((*p)->tensor_parallel(), nullptr);
+    // Inputs: token 5 at position 3 after 3 cached positions.
+    const int64_t C = 8, Hkv = cfg.kv_heads(), dh = cfg.head_dim();
+    std::vector<ag::host_tensor> in{ag::host_tensor::from_ints({1, 1}, {5}), ag::host_tensor::from_ints({1}, {3})};
+    std::vector<float> mask(static_cast<std::size_t>(C + 1), -30000.0f);
+    for (int j : {0, 1, 2, 8}) mask[static_cast<std::size_t>(j)] = 0.0f;
+    in.push_back(ag::host_tensor::from_floats(ag::dtype::f32, {1, C + 1}, mask));
+    for (int k = 0; k < 2 * cfg.n_layers; ++k)
+      in.push_back(ag::host_tensor::random_normal(ag::dtype::f32, {1, Hkv, C, dh}, 40 + static_cast<uint64_t>(k), 1.0f));
+    auto want = ag::evaluate_reference(*gp, in);
+    auto got = ag::evaluate_reference((*p)->source(), in);
+    ASSERT_TRUE(want.has_value()) << want.err().to_string();
+    ASSERT_TRUE(got.has_value()) << got.err().to_string();
+    ASSERT_EQ(got->size(), want->size());
+    for (std::size_t i = 0; i < want->size(); ++i) {
+      auto c = ag::compare((*got)[i], (*want)[i], 1e-4, 1e-4);
+      EXPECT_TRUE(c.ok) << "output " << i << ": " << c.message;
+    }
+    int gathers = 0;
+    for (const auto& c : (*p)->tensor_parallel()->collectives) gathers += c.op == ag::op_kind::all_gather;
+    std::printf("%s decode step at tp 2: %zu collectives, %d all-gathers\n", to_string(cfg.variant),
+                (*p)->tensor_parallel()->collectives.size(), gathers);
+  }
+}

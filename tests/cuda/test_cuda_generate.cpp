@@ -1,0 +1,131 @@
+// ag::generator on real GPUs: decode over the KV cache (step graphs: cache
+// concat, broadcast mask add, non-causal softmax) equals recomputing the
+// whole sequence with the reference evaluator, for tiny GPT-2 and LLaMA GQA
+// checkpoints written by the test (f32, and bf16 with a bf16 tolerance), on
+// one GPU and pipelined over two.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+
+#include "actors/generator.hpp"
+#include "checkpoint/checkpoint_test_util.hpp"
+#include "cuda/cuda_test_util.hpp"
+#include "graph/reference.hpp"
+
+namespace ag {
+namespace {
+
+using namespace std::chrono_literals;
+
+std::vector<float> recomputed_last_logits(const models::hf_model& m, const std::vector<int32_t>& tokens) {
+  const auto n = static_cast<int64_t>(tokens.size());
+  auto g = m.build(n);
+  EXPECT_TRUE(g) << g.err().to_string();
+  if (!g) return {};
+  std::vector<int32_t> pos(tokens.size());
+  for (std::size_t i = 0; i < pos.size(); ++i) pos[i] = static_cast<int32_t>(i);
+  auto r = evaluate_reference(*g, {host_tensor::from_ints({1, n}, tokens), host_tensor::from_ints({n}, pos)});
+  EXPECT_TRUE(r) << r.err().to_string();
+  if (!r) return {};
+  const int64_t V = (*r)[0].dims()[2];
+  std::vector<float> row(static_cast<std::size_t>(V));
+  for (int64_t i = 0; i < V; ++i) row[static_cast<std::size_t>(i)] = (*r)[0].at((n - 1) * V + i);
+  return row;
+}
+
+void decode_on(const std::string& spec, int stages) {
+  auto rt = runtime::create(spec);
+  ASSERT_TRUE(rt) << rt.err().to_string();
+  auto bf16_llama = test::tiny_model(models::model_variant::llama, 2);
+  bf16_llama.dtype = dtype::bf16;
+  for (const auto& cfg : {test::tiny_model(models::model_variant::gpt2), test::tiny_model(models::model_variant::llama, 2),
+                          bf16_llama}) {
+    SCOPED_TRACE(std::string(models::to_string(cfg.variant)) + " " + to_string(cfg.dtype) + " on " + spec);
+    const bool bf16 = cfg.dtype == dtype::bf16;
+    test::temp_dir dir;
+    test::save_random_model(dir.str(), cfg);
+    auto m = models::hf_model::open(dir.str());
+    ASSERT_TRUE(m) << m.err().to_string();
+    generator_options go;
+    go.cache_tokens = 16;
+    go.prefill_chunk = 4;
+    go.plan.pipeline_stages = stages;
+    auto gen = generator::create(**rt, m->model_config(1), m->provider(), go);
+    ASSERT_TRUE(gen) << gen.err().to_string();
+    const std::vector<int32_t> prompt{3, 1, 4, 1, 5, 9};
+    generate_options o;
+    o.max_new_tokens = 6;
+    o.keep_logits = true;
+    const generation h = (*gen)->generate(prompt, o);
+    ASSERT_TRUE(h.wait_for(120s)) << "generation hung";
+    const auto& r = h.wait();
+    ASSERT_TRUE(r) << r.err().to_string();
+    ASSERT_EQ(r->tokens.size(), 6u);
+    std::vector<int32_t> seq = prompt;
+    for (std::size_t t = 0; t < r->tokens.size(); ++t) {
+      const std::vector<float> ref = recomputed_last_logits(*m, seq);
+      ASSERT_EQ(ref.size(), r->logits[t].size());
+      // bf16: every node is rounded to 8 mantissa bits; the GPU and the
+      // reference may round a value to neighbouring steps and carry it on.
+      double worst = 0.0;
+      for (std::size_t i = 0; i < ref.size(); ++i) {
+        const double allowed = bf16 ? 0.1 + 0.05 * std::abs(ref[i]) : 2e-3;
+        worst = std::max(worst, std::abs(ref[i] - r->logits[t][i]) / allowed);
+      }
+      EXPECT_LT(worst, 1.0) << "token " << t << ": error over tolerance";
+      if (!bf16) EXPECT_EQ(r->tokens[t], std::max_element(ref.begin(), ref.end()) - ref.begin()) << "token " << t;
+      seq.push_back(r->tokens[t]);
+    }
+  }
+}
+
+// The attention of a step graph in isolation: cache rows joined with new
+// ones (concat of a view), the [S, C+S] mask added with broadcasting over
+// [B, H, S, C+S], a non-causal scaled softmax, the product with the values.
+TEST(CudaGenerate, CachedAttentionOpsMatchReference) {
+  AG_REQUIRE_GPU(1);
+  for (dtype t : {dtype::f32, dtype::bf16}) {
+    const int64_t H = 4, S = 3, C = 37, dh = 16;
+    graph_builder b;
+    auto q = b.input("q", t, {1, H, S, dh});
+    auto kc = b.input("k_cache", t, {1, H, C, dh});
+    auto vc = b.input("v_cache", t, {1, H, C, dh});
+    auto kn = b.input("k_new", t, {1, S, H, dh});
+    auto vn = b.input("v_new", t, {1, S, H, dh});
+    auto mask = b.input("mask", t, {S, C + S});
+    auto k = b.concat({kc, b.permute(kn, {0, 2, 1, 3})}, 2);
+    auto v = b.concat({vc, b.permute(vn, {0, 2, 1, 3})}, 2);
+    auto scores = b.add(b.matmul(q, k, false, true), mask);
+    auto o = b.matmul(b.softmax(scores, false, 0.25f), v);
+    b.output(o);
+    auto g = std::move(b).build();
+    ASSERT_TRUE(g) << g.err().to_string();
+    std::vector<float> m(static_cast<std::size_t>(S * (C + S)));
+    for (int64_t i = 0; i < S; ++i)
+      for (int64_t j = 0; j < C + S; ++j)
+        m[static_cast<std::size_t>(i * (C + S) + j)] = (j < C ? j < 20 : j - C <= i) ? 0.0f : -30000.0f;
+    check_against_reference(*g,
+                            {host_tensor::random_normal(t, {1, H, S, dh}, 1, 1.0f),
+                             host_tensor::random_normal(t, {1, H, C, dh}, 2, 1.0f),
+                             host_tensor::random_normal(t, {1, H, C, dh}, 3, 1.0f),
+                             host_tensor::random_normal(t, {1, S, H, dh}, 4, 1.0f),
+                             host_tensor::random_normal(t, {1, S, H, dh}, 5, 1.0f), host_tensor::from_floats(t, {S, C + S}, m)},
+                            t == dtype::f32 ? test::tol{1e-4, 1e-4} : test::tol{6e-2, 6e-2},
+                            "cached attention " + std::string(to_string(t)));
+  }
+}
+
+TEST(CudaGenerate, DecodeEqualsRecomputeOnOneGpu) {
+  AG_REQUIRE_GPU(1);
+  decode_on("cuda:0", 1);
+}
+
+TEST(CudaGenerate, DecodeEqualsRecomputePipelinedOverTwoGpus) {
+  AG_REQUIRE_GPU(2);
+  decode_on("cuda:0,1", 2);
+}
+
+}  // namespace
+}  // namespace ag
