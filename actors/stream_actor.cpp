@@ -9,6 +9,7 @@
 
 #include <caf/all.hpp>
 
+#include "actors/collective_order.hpp"
 #include "actors/job_actor.hpp"
 #include "actors/job_context.hpp"
 #include "messages/atoms.hpp"
@@ -53,20 +54,6 @@ struct exec_job {
   bool dropped = false;
 };
 
-/// A communication queue's agreed issue order for one plan's jobs: the
-/// collectives of job number n (job_context::collective_seq) are issued only
-/// after every job numbered below n issued all of its own here (or was
-/// cancelled). Every member of a group runs the same queue positions in the
-/// same order, so all members issue one plan's collectives in the same
-/// (job number, position) order, whatever order their `ready` messages came
-/// in: what NCCL needs to be free of deadlock. A job never waits for a job
-/// numbered after it (numbers are drawn once all arenas are held).
-struct issue_order {
-  uint64_t next = 0;                  // the job number whose turn it is
-  std::set<uint64_t> done_ahead;      // numbers above `next` already finished here
-  std::map<uint64_t, job_key> parked;  // job number -> job and queue, waiting for their turn
-};
-
 struct exec_state {
   gpu::device_ptr dev;
   int device = -1;
@@ -88,7 +75,7 @@ struct exec_state {
   std::vector<std::shared_ptr<gpu::event>> pool[2];
   std::size_t cursor[2] = {0, 0};
   // Communication queues only: by loaded plan key.
-  std::unordered_map<uint64_t, issue_order> order;
+  std::unordered_map<uint64_t, collective_issue_order<job_key>> order;  // see collective_order.hpp
   std::vector<std::vector<step_id>> out;  // ready batch per consumer queue
   std::vector<int> touched;
   std::vector<int> local;  // consumer queues of the job run by this actor itself (advance)
@@ -319,32 +306,16 @@ void advance(exec_actor_t* self, exec_job& e);
 /// the agreed order gets its turn.
 void finish_turn(exec_actor_t* self, uint64_t key, uint64_t seq) {
   auto& st = self->state;
-  auto& o = st.order[key];
-  if (seq < o.next) return;  // already counted (finished, then cancelled)
-  if (seq != o.next) {
-    o.done_ahead.insert(seq);
-    return;
-  }
-  ++o.next;
-  while (!o.done_ahead.empty() && *o.done_ahead.begin() == o.next) {
-    o.done_ahead.erase(o.done_ahead.begin());
-    ++o.next;
-  }
-  auto p = o.parked.find(o.next);
-  if (p == o.parked.end()) return;
-  const job_key job = p->second;
-  o.parked.erase(p);
-  auto it = st.jobs.find(job);  // this actor's one communication queue of the plan
+  const std::optional<job_key> job = st.order[key].finish(seq);
+  if (!job) return;
+  auto it = st.jobs.find(*job);  // this actor's one communication queue of the plan
   if (it != st.jobs.end() && !it->second.dropped) advance(self, it->second);
 }
 
 /// Whether `e`'s job may issue its next collective now (always for other kinds).
 bool my_turn(exec_state& st, exec_job& e) {
   if (st.kind != step_kind::collective) return true;
-  auto& o = st.order[e.ctx->lp->key];
-  if (e.ctx->collective_seq == o.next) return true;
-  o.parked[e.ctx->collective_seq] = job_key{e.ctx->id(), e.queue};
-  return false;
+  return st.order[e.ctx->lp->key].may_issue(e.ctx->collective_seq, job_key{e.ctx->id(), e.queue});
 }
 
 /// Launches every step of `e` whose remote deps all arrived, in order; then
@@ -478,8 +449,7 @@ caf::behavior exec_actor_fn(exec_actor_t* self, gpu::device_ptr dev, step_kind k
           if (k.job == ctx.id()) forget_job(st, k);
         }
         if (st.kind == step_kind::collective) {
-          auto& o = st.order[ctx.lp->key];
-          o.parked.erase(ctx.collective_seq);
+          st.order[ctx.lp->key].forget(ctx.collective_seq);
           finish_turn(self, ctx.lp->key, ctx.collective_seq);
         }
         std::vector<gpu::stream*> live;

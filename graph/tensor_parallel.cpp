@@ -1472,6 +1472,20 @@ class rewriter {
                          return std::vector<node_id>{as_replicated(table)[static_cast<std::size_t>(k)], native(ids)[static_cast<std::size_t>(k)]};
                        }));
     }
+    const int64_t table_bytes = tn.dims.numel() * static_cast<int64_t>(dtype_size(tn.type));
+    const int64_t out_bytes = n.dims.numel() * static_cast<int64_t>(dtype_size(n.type));
+    if (tn.op == op_kind::weight && n.attrs.end == 0 && table_bytes <= out_bytes) {
+      // A table no larger than its lookup's output (a prompt-sized lookup of a
+      // small vocabulary): replicated. A vocabulary-parallel lookup writes as
+      // many bytes per rank and then all-reduces the whole output (64 MiB at
+      // d 8192, T 2048, B 2: ~280 us on 4 H200s), while the extra memory of
+      // the copies is at most the activation that all-reduce would move.
+      const auto ti_ = as_replicated(table);
+      const auto vi = as_replicated(ids);
+      return set_state(n.id, split_state{}, each_rank(n, [&](int k) {
+        return std::vector<node_id>{ti_[static_cast<std::size_t>(k)], vi[static_cast<std::size_t>(k)]};
+      }));
+    }
     if (tn.op == op_kind::weight && n.attrs.end == 0 && tn.dims[0] >= t_) {
       // Vocabulary-parallel: each rank looks up the ids its rows hold (zeros
       // elsewhere); the sum over ranks is the lookup.

@@ -12,6 +12,7 @@
 #include <map>
 #include <set>
 
+#include "actors/collective_order.hpp"
 #include "actors/runtime_core.hpp"
 #include "actors/job_state.hpp"
 #include "fake_device.hpp"
@@ -698,4 +699,84 @@ TEST_F(Protocol, CollectivesIssueInOneAgreedOrderOnEveryMemberAcrossConcurrentJo
   }
   // The random schedules did start jobs out of submission order.
   EXPECT_GT(reordered, 0);
+}
+
+// Two collectives per job: a job's second collective needs its first's
+// result, so under random schedules a later job's first collective becomes
+// ready before an earlier job's second, and the order parks it: each member
+// issues job by job, in start order. With the order off (the test hook) the
+// jobs' collectives interleave (A1 B1 A2 ...), which the check below sees, so
+// this test fails without the order. (Members still agree here: on the
+// coordinator each `ready` goes to every member in one handler, so their
+// mailboxes see one sequence; crossed orders, which need two threads, are
+// tested on the order itself in test_collective_order.cpp.)
+TEST_F(Protocol, LaterJobsCollectivesWaitTheirTurnSoEachMemberIssuesJobByJob) {
+  start(2, 4);
+  ag::graph_builder b;
+  auto x = b.input("x", ag::dtype::f32, {4, 8});
+  auto h = x;
+  for (int l = 0; l < 2; ++l) {
+    const auto s = static_cast<uint64_t>(10 * l);
+    auto w1 = b.weight("w1_" + std::to_string(l), ag::host_tensor::random_normal(ag::dtype::f32, {8, 16}, s + 1, 0.3f));
+    auto w2 = b.weight("w2_" + std::to_string(l), ag::host_tensor::random_normal(ag::dtype::f32, {16, 8}, s + 2, 0.3f));
+    h = b.matmul(b.gelu(b.matmul(h, w1, false, false, "up" + std::to_string(l)), ag::gelu_mode::tanh,
+                        "act" + std::to_string(l)),
+                 w2, false, false, "down" + std::to_string(l));
+  }
+  b.output(h);
+  auto g = std::make_shared<const ag::graph>(std::move(b).build().value());
+  ag::plan_options o;
+  o.tensor_parallel = 2;
+  o.tp_overlap = false;
+  struct restore_hook {
+    ~restore_hook() { ag::actors::collective_order_enforced_for_testing() = true; }
+  } restore;
+  // Seeds where some member did not issue job by job in start order.
+  auto interleaved = [&](bool enforce) {
+    ag::actors::collective_order_enforced_for_testing() = enforce;
+    auto p = core->compile(g, o);  // a fresh plan: its orders are made under the hook's setting
+    EXPECT_TRUE(p.has_value()) << p.err().to_string();
+    if (!p) return -1;
+    int parts = 0;
+    for (const auto& s : (*p)->steps()) parts += s.kind == ag::step_kind::collective;
+    EXPECT_EQ(parts, 4) << "two all-reduces per job, a part per device";
+    int count = 0;
+    for (uint64_t seed = 1; seed <= 30; ++seed) {
+      SCOPED_TRACE("seed " + std::to_string(seed) + (enforce ? " (order on)" : " (order off)"));
+      for (auto& d : devs) d->collectives.clear();
+      ag::rng r(seed);
+      std::vector<std::vector<ag::host_tensor>> ins;
+      std::vector<ag::job> jobs;
+      for (int k = 0; k < 4; ++k) {
+        ins.push_back(inputs_for(*g, seed * 10 + static_cast<uint64_t>(k)));
+        jobs.push_back(core->submit(*p, ins.back()));
+      }
+      while (run_random_once(*sched, r)) {
+      }
+      // The second all-reduce's result is the job's output: its checksum
+      // names the job (jobs by start time).
+      std::vector<std::pair<int64_t, double>> started;
+      for (int k = 0; k < 4; ++k) {
+        expect_reference(*g, ins[static_cast<std::size_t>(k)], jobs[static_cast<std::size_t>(k)]);
+        const auto& out = jobs[static_cast<std::size_t>(k)].wait()->front();
+        double sum = 0;
+        for (int64_t i = 0; i < out.numel(); ++i) sum += out.at(i);
+        started.push_back({jobs[static_cast<std::size_t>(k)].times().started_ns, sum});
+      }
+      std::stable_sort(started.begin(), started.end(), [](auto& a, auto& c) { return a.first < c.first; });
+      auto same = [](double a, double c) { return std::abs(a - c) <= 1e-3 * std::max(1.0, std::abs(c)); };
+      bool job_by_job = true;
+      for (int d = 0; d < 2; ++d) {
+        const auto& log = devs[static_cast<std::size_t>(d)]->collectives;
+        EXPECT_EQ(log.size(), 8u);
+        // Job by job: the k-th job's second collective is the (2k+1)-th issued.
+        for (std::size_t k = 0; k < 4 && 2 * k + 1 < log.size(); ++k)
+          job_by_job = job_by_job && same(log[2 * k + 1].checksum, started[k].second);
+      }
+      count += !job_by_job;
+    }
+    return count;
+  };
+  EXPECT_EQ(interleaved(true), 0);
+  EXPECT_GT(interleaved(false), 0) << "the schedules never interleaved jobs: this test could not catch a missing order";
 }

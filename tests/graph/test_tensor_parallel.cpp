@@ -521,6 +521,27 @@ TEST(TensorParallel, MegatronLayerHasExactlyTwoAllReducesPerBlock) {
   }
 }
 
+// The embedding lookup picks its layout by size: a table larger than the
+// lookup's output is vocabulary-parallel (one all-reduce of the output); a
+// table no larger (a small vocabulary under a prompt-sized batch) is
+// replicated, which needs no collective at all.
+TEST(TensorParallel, EmbeddingTableIsReplicatedOnlyWhenNoLargerThanItsLookup) {
+  for (int64_t vocab : {8, 41}) {  // tables of 8 x 32 and 41 x 32 elements; lookups of 12 x 32
+    auto cfg = tiny(model_variant::llama, 4);
+    cfg.vocab = vocab;
+    auto g = build(cfg);
+    ASSERT_TRUE(g);
+    for (int degree : {2, 4}) {
+      SCOPED_TRACE("vocab " + std::to_string(vocab) + " degree " + std::to_string(degree));
+      auto p = check_tp(g, degree, tp_options(degree), models::transformer_inputs(cfg, 3), 1e-4);
+      ASSERT_TRUE(p);
+      int embed_collectives = 0;
+      for (const auto& c : p->tensor_parallel()->collectives) embed_collectives += c.name.rfind("embed", 0) == 0;
+      EXPECT_EQ(embed_collectives, vocab == 8 ? 0 : 1);
+    }
+  }
+}
+
 TEST(TensorParallel, CollectiveOperandsAreReadInPlaceNeverPeerCopied) {
   auto cfg = tiny(model_variant::llama, 8, 2);
   auto g = build(cfg);
