@@ -64,14 +64,19 @@ TEST(SchedulerOptions, AMessageSentFromALongHandlerDoesNotWaitForTheSendersMailb
   o.scheduler_idle_steal_us = 1'000'000;
   caf::actor_system_config cfg;
   ag::actors::apply_scheduler_options(o, cfg);
-  caf::actor_system sys{cfg};
   constexpr int messages = 8;
+  // Declared before the actor system, so they outlive its worker threads
+  // (locals are destroyed in reverse order; the system joins its workers).
   std::atomic<int> busy_done{0};
   std::atomic<int> done_when_peer_ran{-1};
   std::mutex m;
   std::condition_variable cv;
+  caf::actor_system sys{cfg};
   const auto changed = [&] {
-    { std::lock_guard<std::mutex> lk(m); }  // orders the notify after a waiter's check
+    // Notified under the lock: once the waiter holds it again, no worker
+    // touches the condition variable any more (TSan saw a notify racing its
+    // destruction).
+    std::lock_guard<std::mutex> lk(m);
     cv.notify_all();
   };
   auto peer = sys.spawn([&](caf::event_based_actor*) -> caf::behavior {
