@@ -1,5 +1,7 @@
 #include "graph/shape.hpp"
 
+#include <limits>
+
 #include <vector>
 
 namespace ag {
@@ -95,10 +97,12 @@ std::string numel_string(const shape& s, int64_t element_bytes) {
 
 strides contiguous_strides(const shape& s) noexcept {
   strides st{};
+  // Saturating: a shape whose element count overflows is refused by
+  // validation, which may ask for its strides first (no signed overflow).
   int64_t acc = 1;
   for (int i = s.rank() - 1; i >= 0; --i) {
     st[i] = acc;
-    acc *= s[i];
+    if (__builtin_mul_overflow(acc, s[i], &acc)) acc = std::numeric_limits<int64_t>::max();
   }
   return st;
 }
@@ -107,7 +111,7 @@ bool is_contiguous(const shape& s, const strides& st) noexcept {
   int64_t acc = 1;
   for (int i = s.rank() - 1; i >= 0; --i) {
     if (s[i] != 1 && st[i] != acc) return false;
-    acc *= s[i];
+    if (__builtin_mul_overflow(acc, s[i], &acc)) acc = std::numeric_limits<int64_t>::max();
   }
   return true;
 }
