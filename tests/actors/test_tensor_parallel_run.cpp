@@ -101,74 +101,6 @@ std::vector<host_tensor> random_inputs(const ag::graph& g, uint64_t seed) {
   return in;
 }
 
-/// A graph of user collectives over `n` members for dtype t: member k
-/// computes copy(x_k) on device k (a storage node there), then all_reduce,
-/// reduce_scatter (of dim 1) and all_gather (dim 1) parts on every member.
-std::shared_ptr<const ag::graph> user_collectives(dtype t, int n) {
-  using namespace ag;
-  std::vector<node> nodes;
-  auto add = [&](node nd) {
-    nd.id = static_cast<node_id>(nodes.size());
-    nodes.push_back(std::move(nd));
-    return nodes.back().id;
-  };
-  std::vector<node_id> ins, ops;
-  for (int k = 0; k < n; ++k) {
-    node x;
-    x.op = op_kind::input;
-    x.name = "x" + std::to_string(k);
-    x.type = t;
-    x.dims = shape{3, 4 * n};
-    ins.push_back(add(x));
-  }
-  for (int k = 0; k < n; ++k) {
-    node c;
-    c.op = op_kind::copy;
-    c.name = "own" + std::to_string(k);
-    c.type = t;
-    c.dims = shape{3, 4 * n};
-    c.inputs = {ins[static_cast<std::size_t>(k)]};
-    c.pinned_device = k;
-    ops.push_back(add(c));
-  }
-  std::vector<node_id> outs;
-  for (int k = 0; k < n; ++k) {
-    node ar;
-    ar.op = op_kind::all_reduce;
-    ar.name = "sum" + std::to_string(k);
-    ar.inputs = ops;
-    ar.attrs.group = 0;
-    ar.attrs.rank = k;
-    ar.pinned_device = k;
-    outs.push_back(add(ar));
-    node rs;
-    rs.op = op_kind::reduce_scatter;
-    rs.name = "scatter" + std::to_string(k);
-    rs.inputs = ops;
-    rs.attrs.group = 1;
-    rs.attrs.rank = k;
-    rs.attrs.axis = 1;
-    rs.attrs.begin = 4 * k;
-    rs.attrs.end = 4 * k + 4;
-    rs.pinned_device = k;
-    outs.push_back(add(rs));
-    node gth;
-    gth.op = op_kind::all_gather;
-    gth.name = "gather" + std::to_string(k);
-    gth.inputs = ops;
-    gth.dims = shape{3, 4 * n * n};
-    gth.attrs.group = 2;
-    gth.attrs.rank = k;
-    gth.attrs.axis = 1;
-    gth.attrs.axis2 = 1;
-    gth.pinned_device = k;
-    outs.push_back(add(gth));
-  }
-  auto g = graph::from_nodes(nodes, ins, outs);
-  EXPECT_TRUE(g.has_value()) << (g ? "" : g.err().to_string());
-  return g ? std::make_shared<const graph>(std::move(*g)) : nullptr;
-}
-
 struct TensorParallelRun : ::testing::TestWithParam<const char*> {};
 
 // all_reduce, reduce_scatter and all_gather alone, over 2 and 3 members, in
@@ -179,7 +111,7 @@ TEST_P(TensorParallelRun, CollectivesAloneEqualTheReferenceForEveryDtype) {
   for (int n : {2, 3}) {
     for (dtype t : {dtype::f32, dtype::f16, dtype::bf16, dtype::i32}) {
       const std::string what = std::to_string(n) + " members " + ag::to_string(t);
-      auto g = user_collectives(t, n);
+      auto g = ag::test::user_collectives(t, n, 3, 4 * n);
       ASSERT_TRUE(g);
       auto p = rt->compile(g);
       ASSERT_TRUE(p.has_value()) << what << ": " << p.err().to_string();

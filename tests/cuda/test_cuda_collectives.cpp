@@ -9,77 +9,12 @@
 
 #include "actors/actorgraph.hpp"
 #include "cuda/cuda_test_util.hpp"
+#include "../graph/tp_random_graph.hpp"
 #include "graph/models/transformer.hpp"
 #include "graph/reference.hpp"
 
 namespace ag {
 namespace {
-
-/// Member k computes copy(x_k) on device k; then all_reduce, reduce_scatter
-/// (dim 1) and all_gather (dim 1) parts on both members.
-std::shared_ptr<const graph> two_member_collectives(dtype t) {
-  const int n = 2;
-  std::vector<node> nodes;
-  auto add = [&](node nd) {
-    nd.id = static_cast<node_id>(nodes.size());
-    nodes.push_back(std::move(nd));
-    return nodes.back().id;
-  };
-  std::vector<node_id> ins, own, outs;
-  for (int k = 0; k < n; ++k) {
-    node x;
-    x.op = op_kind::input;
-    x.name = "x" + std::to_string(k);
-    x.type = t;
-    x.dims = shape{5, 64};
-    ins.push_back(add(x));
-  }
-  for (int k = 0; k < n; ++k) {
-    node c;
-    c.op = op_kind::copy;
-    c.name = "own" + std::to_string(k);
-    c.type = t;
-    c.dims = shape{5, 64};
-    c.inputs = {ins[static_cast<std::size_t>(k)]};
-    c.pinned_device = k;
-    own.push_back(add(c));
-  }
-  for (int k = 0; k < n; ++k) {
-    node ar;
-    ar.op = op_kind::all_reduce;
-    ar.name = "sum" + std::to_string(k);
-    ar.inputs = own;
-    ar.attrs.group = 0;
-    ar.attrs.rank = k;
-    ar.pinned_device = k;
-    outs.push_back(add(ar));
-    node rs;
-    rs.op = op_kind::reduce_scatter;
-    rs.name = "scatter" + std::to_string(k);
-    rs.inputs = own;
-    rs.attrs.group = 1;
-    rs.attrs.rank = k;
-    rs.attrs.axis = 1;
-    rs.attrs.begin = 32 * k;
-    rs.attrs.end = 32 * k + 32;
-    rs.pinned_device = k;
-    outs.push_back(add(rs));
-    node gth;
-    gth.op = op_kind::all_gather;
-    gth.name = "gather" + std::to_string(k);
-    gth.inputs = own;
-    gth.dims = shape{5, 128};
-    gth.attrs.group = 2;
-    gth.attrs.rank = k;
-    gth.attrs.axis = 1;
-    gth.attrs.axis2 = 1;
-    gth.pinned_device = k;
-    outs.push_back(add(gth));
-  }
-  auto g = graph::from_nodes(nodes, ins, outs);
-  EXPECT_TRUE(g.has_value()) << (g ? "" : g.err().to_string());
-  return g ? std::make_shared<const graph>(std::move(*g)) : nullptr;
-}
 
 TEST(CudaCollectives, OneShotOnTwoLogicalDevicesOfOneGpuEqualsTheReferenceForEveryDtype) {
   AG_REQUIRE_GPU(1);
@@ -87,7 +22,7 @@ TEST(CudaCollectives, OneShotOnTwoLogicalDevicesOfOneGpuEqualsTheReferenceForEve
   ASSERT_TRUE(rt.has_value()) << rt.err().to_string();
   for (dtype t : {dtype::f32, dtype::f16, dtype::bf16, dtype::i32}) {
     SCOPED_TRACE(to_string(t));
-    auto g = two_member_collectives(t);
+    auto g = test::user_collectives(t, 2, 5, 64);
     ASSERT_TRUE(g);
     auto p = (*rt)->compile(g);
     ASSERT_TRUE(p.has_value()) << p.err().to_string();

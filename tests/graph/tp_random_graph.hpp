@@ -109,4 +109,72 @@ inline std::shared_ptr<const graph> tp_random_graph(uint64_t seed, int ops) {
   return g ? std::make_shared<const graph>(std::move(*g)) : nullptr;
 }
 
+/// A graph of user collectives over `n` members for dtype t: member k
+/// computes copy(x_k) ([rows, cols]) on device k (a storage node there),
+/// then all_reduce, reduce_scatter (of dim 1, cols / n each) and all_gather
+/// (dim 1, [rows, cols * n]) parts on every member. `cols` divides by n.
+inline std::shared_ptr<const graph> user_collectives(dtype t, int n, int64_t rows, int64_t cols) {
+  std::vector<node> nodes;
+  auto add = [&](node nd) {
+    nd.id = static_cast<node_id>(nodes.size());
+    nodes.push_back(std::move(nd));
+    return nodes.back().id;
+  };
+  std::vector<node_id> ins, own, outs;
+  for (int k = 0; k < n; ++k) {
+    node x;
+    x.op = op_kind::input;
+    x.name = "x" + std::to_string(k);
+    x.type = t;
+    x.dims = shape{rows, cols};
+    ins.push_back(add(x));
+  }
+  for (int k = 0; k < n; ++k) {
+    node c;
+    c.op = op_kind::copy;
+    c.name = "own" + std::to_string(k);
+    c.type = t;
+    c.dims = shape{rows, cols};
+    c.inputs = {ins[static_cast<std::size_t>(k)]};
+    c.pinned_device = k;
+    own.push_back(add(c));
+  }
+  const int64_t part = cols / n;
+  for (int k = 0; k < n; ++k) {
+    node ar;
+    ar.op = op_kind::all_reduce;
+    ar.name = "sum" + std::to_string(k);
+    ar.inputs = own;
+    ar.attrs.group = 0;
+    ar.attrs.rank = k;
+    ar.pinned_device = k;
+    outs.push_back(add(ar));
+    node rs;
+    rs.op = op_kind::reduce_scatter;
+    rs.name = "scatter" + std::to_string(k);
+    rs.inputs = own;
+    rs.attrs.group = 1;
+    rs.attrs.rank = k;
+    rs.attrs.axis = 1;
+    rs.attrs.begin = part * k;
+    rs.attrs.end = part * (k + 1);
+    rs.pinned_device = k;
+    outs.push_back(add(rs));
+    node gth;
+    gth.op = op_kind::all_gather;
+    gth.name = "gather" + std::to_string(k);
+    gth.inputs = own;
+    gth.dims = shape{rows, cols * n};
+    gth.attrs.group = 2;
+    gth.attrs.rank = k;
+    gth.attrs.axis = 1;
+    gth.attrs.axis2 = 1;
+    gth.pinned_device = k;
+    outs.push_back(add(gth));
+  }
+  auto g = graph::from_nodes(nodes, ins, outs);
+  EXPECT_TRUE(g.has_value()) << (g ? "" : g.err().to_string());
+  return g ? std::make_shared<const graph>(std::move(*g)) : nullptr;
+}
+
 }  // namespace ag::test
