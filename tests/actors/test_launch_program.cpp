@@ -275,12 +275,9 @@ TEST(LaunchProgram, ACopyOfANodeNotResidentOnItsSourceIsRefusedNamingTheTensor) 
   EXPECT_EQ(r.err().op, "g1");
 }
 
-// Collective steps (tensor parallelism) lower to a descriptor per part: the
-// part's own output on its device, every member's operand resolved on that
-// member's device in rank order (never peer-copied), the algorithm and size
-// the plan chose, on the device's communication queue; the label names the
-// collective with its op, algorithm and bytes (traces).
-TEST(LaunchProgram, CollectiveStepsLowerToMembersOperandsOnTheirDevices) {
+// up then down matmul planned at tensor-parallel degree 2 on 2 sims: the
+// row-parallel `down` needs one all-reduce, a collective part per device.
+expected<std::shared_ptr<const plan>> two_matmuls_at_tensor_degree_2() {
   graph_builder b;
   auto x = b.input("x", dtype::f32, {4, 8});
   auto w1 = b.weight("w1", host_tensor::random_normal(dtype::f32, {8, 8}, 1, 0.3f));
@@ -288,7 +285,16 @@ TEST(LaunchProgram, CollectiveStepsLowerToMembersOperandsOnTheirDevices) {
   b.output(b.matmul(b.matmul(x, w1, false, false, "up"), w2, false, false, "down"));
   plan_options o;
   o.tensor_parallel = 2;
-  auto p = compile(std::make_shared<const graph>(std::move(b).build().value()), sims(2), o);
+  return compile(std::make_shared<const graph>(std::move(b).build().value()), sims(2), o);
+}
+
+// Collective steps (tensor parallelism) lower to a descriptor per part: the
+// part's own output on its device, every member's operand resolved on that
+// member's device in rank order (never peer-copied), the algorithm and size
+// the plan chose, on the device's communication queue; the label names the
+// collective with its op, algorithm and bytes (traces).
+TEST(LaunchProgram, CollectiveStepsLowerToMembersOperandsOnTheirDevices) {
+  auto p = two_matmuls_at_tensor_degree_2();
   ASSERT_TRUE(p.has_value()) << p.err().to_string();
   auto r = lower(*p);
   ASSERT_TRUE(r.has_value()) << r.err().to_string();
@@ -331,14 +337,7 @@ TEST(LaunchProgram, CollectiveStepsLowerToMembersOperandsOnTheirDevices) {
 // A collective part whose peer list does not name it is refused by the
 // lowering, naming the step, its device and the collective node.
 TEST(LaunchProgram, CollectiveWithBrokenPeersIsRefusedNamingIt) {
-  graph_builder b;
-  auto x = b.input("x", dtype::f32, {4, 8});
-  auto w1 = b.weight("w1", host_tensor::random_normal(dtype::f32, {8, 8}, 1, 0.3f));
-  auto w2 = b.weight("w2", host_tensor::random_normal(dtype::f32, {8, 8}, 2, 0.3f));
-  b.output(b.matmul(b.matmul(x, w1, false, false, "up"), w2, false, false, "down"));
-  plan_options o;
-  o.tensor_parallel = 2;
-  auto good = compile(std::make_shared<const graph>(std::move(b).build().value()), sims(2), o);
+  auto good = two_matmuls_at_tensor_degree_2();
   ASSERT_TRUE(good.has_value()) << good.err().to_string();
   plan bad = **good;
   auto& steps = plan_test_hook::steps(bad);
