@@ -79,13 +79,18 @@ TEST(SchedulerOptions, AMessageSentFromALongHandlerDoesNotWaitForTheSendersMailb
     std::lock_guard<std::mutex> lk(m);
     cv.notify_all();
   };
-  auto peer = sys.spawn([&](caf::event_based_actor*) -> caf::behavior {
-    return {[&](int) {
-      done_when_peer_ran = busy_done.load();
-      changed();
-    }};
-  });
-  auto busy = sys.spawn([&, peer](caf::event_based_actor* self) -> caf::behavior {
+  // Both actors take their state as spawn arguments: CAF 0.17 binds a
+  // reference to a null argument tuple when a function actor is spawned
+  // without arguments (UBSan: init_fun_factory.hpp:85), harmless but reported.
+  auto peer = sys.spawn(
+      [&](caf::event_based_actor*, std::atomic<int>* ran_after) -> caf::behavior {
+        return {[&, ran_after](int) {
+          *ran_after = busy_done.load();
+          changed();
+        }};
+      },
+      &done_when_peer_ran);
+  auto busy = sys.spawn([&](caf::event_based_actor* self, caf::actor peer) -> caf::behavior {
     return {[&, self, peer](int k) {
       if (k == 0) self->send(peer, 1);
       const auto end = std::chrono::steady_clock::now() + 2ms;
@@ -94,7 +99,7 @@ TEST(SchedulerOptions, AMessageSentFromALongHandlerDoesNotWaitForTheSendersMailb
       busy_done.fetch_add(1);
       changed();
     }};
-  });
+  }, peer);
   for (int k = 0; k < messages; ++k) caf::anon_send(busy, k);
   {
     std::unique_lock<std::mutex> lk(m);
