@@ -8,8 +8,7 @@
 #                              examples/consumer, then AddressSanitizer + UBSan,
 #                              then the actor and backend tests under
 #                              ThreadSanitizer with an instrumented CAF, then 20 s
-#                              of each fuzz target, then the REPL's tests in a
-#                              build without GNU readline; builds are
+#                              of each fuzz target; builds are
 #                              CMakePresets.json presets). docs/TESTING.md has the
 #                              full forms.
 # Works on a fresh Debian bookworm machine as root (apt); on a machine where
@@ -117,16 +116,13 @@ case "$mode" in
     soak_start=$(date +%s)
     ./build/apps/actorgraph-soak --jobs 50000 --devices sim:8 --in-flight 64 --seed 13
     echo "soak_ci_seconds: $(( $(date +%s) - soak_start ))"
-    echo "== AddressSanitizer + UndefinedBehaviorSanitizer build (preset asan; CUDA off: nothing runs on a GPU here)"
+    echo "== AddressSanitizer + UndefinedBehaviorSanitizer build (preset asan; CUDA off: nothing runs on a GPU here; its REPL has no GNU readline: the plain line mode)"
     preset_build asan build-asan
     ctest --preset asan -j "$jobs"
     echo "== ThreadSanitizer over the actors (CAF built with -fsanitize=thread, cached) and the backends (preset tsan-caf-ci)"
     AG_TSAN_CI=1 bash scripts/tsan.sh
     echo "== fuzzing: every target for 20 s (clang, address + undefined)"
     bash scripts/fuzz.sh 20
-    echo "== the REPL without GNU readline (preset noreadline: test_repl and actorgraph only)"
-    preset_build noreadline build-noreadline
-    ctest --preset noreadline -j "$jobs"
     echo "== all tests passed in $(( $(date +%s) - start )) s"
     ;;
   *)
