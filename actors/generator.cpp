@@ -1,5 +1,7 @@
 #include "actors/generator.hpp"
 
+#include "graph/state_pool.hpp"
+
 #include <algorithm>
 #include <atomic>
 #include <cmath>
@@ -9,6 +11,7 @@
 #include <mutex>
 #include <numeric>
 #include <string>
+#include <unordered_map>
 #include <utility>
 
 namespace ag {
@@ -33,6 +36,9 @@ struct generation::state {
   std::vector<int32_t> tokens;
   std::vector<std::function<void(const generation_outcome&)>> continuations;
   std::atomic<bool> cancel_requested{false};
+  // Set by the generator before generate() returns, then only read: takes a
+  // sequence still waiting for a cache slot out of the queue at once.
+  std::function<void()> on_cancel;
 
   void finish(generation_outcome r) {
     std::vector<std::function<void(const generation_outcome&)>> conts;
@@ -85,7 +91,9 @@ void generation::then(std::function<void(const generation_outcome&)> fn) const {
 }
 
 void generation::cancel() const {
-  if (s_) s_->cancel_requested.store(true);
+  if (!s_) return;
+  s_->cancel_requested.store(true);
+  if (s_->on_cancel) s_->on_cancel();
 }
 
 std::vector<int32_t> generation::tokens() const {
@@ -181,11 +189,16 @@ struct generator::impl : std::enable_shared_from_this<generator::impl> {
 
   mutable std::mutex m;
   std::vector<cache_slot> slots;
-  std::vector<int> free_slots;
-  std::deque<std::shared_ptr<sequence>> waiting;
+  // Which sequence (by ticket) holds which slot, and who waits, FIFO
+  // (graph/state_pool.hpp); the waiting sequences by ticket. Guarded by m.
+  state_slots slot_table{0};
+  uint64_t next_ticket = 1;
+  std::unordered_map<uint64_t, std::shared_ptr<sequence>> waiting;
 
   void start_or_queue(const std::shared_ptr<sequence>& s);
-  void release_slot(int slot);
+  void release_slot(uint64_t ticket);
+  // A cancelled sequence still waiting for a slot leaves the queue and ends.
+  void cancel_waiting(uint64_t ticket);
 };
 
 namespace {
@@ -196,6 +209,7 @@ struct sequence : std::enable_shared_from_this<sequence> {
   std::vector<int32_t> prompt;
   generate_options opt;
   uint64_t rng = 0;
+  uint64_t ticket = 0;  // its name in gen->slot_table
   int slot = -1;
   int64_t cached = 0;         // positions in the cache
   std::size_t prompt_fed = 0; // prompt tokens submitted
@@ -303,7 +317,7 @@ struct sequence : std::enable_shared_from_this<sequence> {
     const int s = slot;
     slot = -1;
     st->finish(std::move(r));
-    if (s >= 0) g->release_slot(s);
+    if (s >= 0) g->release_slot(ticket);
   }
 };
 
@@ -312,38 +326,58 @@ struct sequence : std::enable_shared_from_this<sequence> {
 void generator::impl::start_or_queue(const std::shared_ptr<sequence>& s) {
   {
     std::lock_guard lk(m);
-    if (free_slots.empty()) {
-      if (!opt.queue_when_full) {
-        s->st->finish(error{errc::out_of_memory,
-                            "generate: all " + std::to_string(opt.max_sequences) +
-                                " KV cache slots are taken (generator_options::max_sequences; "
-                                "queue_when_full is off)"});
+    s->ticket = next_ticket++;
+    expected<std::optional<int>> got = slot_table.acquire(s->ticket, opt.queue_when_full);
+    if (!got) {
+      if (got.err().code != errc::out_of_memory) {  // a fresh ticket cannot be refused otherwise
+        s->st->finish(error{errc::internal, "generate: " + got.err().message});
         return;
       }
-      waiting.push_back(s);
+      s->st->finish(error{errc::out_of_memory,
+                          "generate: all " + std::to_string(opt.max_sequences) +
+                              " KV cache slots are taken (generator_options::max_sequences; "
+                              "queue_when_full is off)"});
       return;
     }
-    s->slot = free_slots.back();
-    free_slots.pop_back();
+    if (!got->has_value()) {
+      waiting.emplace(s->ticket, s);
+      s->st->on_cancel = [weak = weak_from_this(), ticket = s->ticket] {
+        if (auto g = weak.lock()) g->cancel_waiting(ticket);
+      };
+      return;
+    }
+    s->slot = **got;
   }
   // A slot keeps its last sequence's rows: the mask hides every row at or
   // beyond `cached`, so a fresh sequence needs no clearing.
   s->submit_next();
 }
 
-void generator::impl::release_slot(int slot) {
+void generator::impl::release_slot(uint64_t ticket) {
   std::shared_ptr<sequence> next;
   {
     std::lock_guard lk(m);
-    if (waiting.empty()) {
-      free_slots.push_back(slot);
-      return;
-    }
-    next = waiting.front();
-    waiting.pop_front();
-    next->slot = slot;
+    expected<std::optional<state_slots::grant>> handed = slot_table.release(ticket);
+    // A sequence releases only the slot it holds (end() runs once per sequence).
+    if (!handed || !handed->has_value()) return;
+    auto it = waiting.find((*handed)->ticket);
+    next = std::move(it->second);
+    waiting.erase(it);
+    next->slot = (*handed)->slot;
   }
   next->submit_next();
+}
+
+void generator::impl::cancel_waiting(uint64_t ticket) {
+  std::shared_ptr<sequence> s;
+  {
+    std::lock_guard lk(m);
+    if (!slot_table.cancel_wait(ticket)) return;  // holds a slot: submit_next sees the flag
+    auto it = waiting.find(ticket);
+    s = std::move(it->second);
+    waiting.erase(it);
+  }
+  s->finish(stop_reason::cancelled);  // holds no slot: end() releases nothing
 }
 
 generator::generator(std::shared_ptr<impl> p) : impl_(std::move(p)) {}
@@ -355,7 +389,7 @@ int64_t generator::cache_bytes() const noexcept {
 
 int generator::active_sequences() const {
   std::lock_guard lk(impl_->m);
-  return static_cast<int>(impl_->slots.size() - impl_->free_slots.size());
+  return impl_->slot_table.in_use();
 }
 
 int generator::waiting_sequences() const {
@@ -409,7 +443,7 @@ expected<std::shared_ptr<generator>> generator::create(runtime& rt, models::tran
       }
     }
   impl->slot_bytes = 2 * cfg.n_layers * cache_dims.numel() * static_cast<int64_t>(dtype_size(cfg.dtype));
-  for (int i = options.max_sequences - 1; i >= 0; --i) impl->free_slots.push_back(i);
+  impl->slot_table = state_slots(options.max_sequences);
   return std::make_shared<generator>(std::move(impl));
 }
 

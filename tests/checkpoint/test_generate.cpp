@@ -226,6 +226,52 @@ TEST(GenerateCache, FullCacheFailsClearlyOrQueuesAndSequencesStopAtCapacity) {
   }
 }
 
+TEST(GenerateCache, CancellingAWaitingSequenceEndsItWhileTheSlotIsStillHeld) {
+  const auto cfg = ag::test::tiny_model(ag::models::model_variant::gpt2);
+  temp_dir dir;
+  ag::test::save_random_model(dir.str(), cfg);
+  auto m = ag::models::hf_model::open(dir.str());
+  ASSERT_TRUE(m.has_value()) << m.err().to_string();
+  auto rt = ag::runtime::create("cpu:1", fast_sim());
+  ASSERT_TRUE(rt.has_value()) << rt.err().to_string();
+  ag::generator_options go;
+  go.cache_tokens = 8;
+  go.max_sequences = 1;
+  auto gen = ag::generator::create(**rt, m->model_config(1), m->provider(), go);
+  ASSERT_TRUE(gen.has_value()) << gen.err().to_string();
+  // `a` holds the only slot until its first token's callback returns, which
+  // is after the test has seen the cancelled waiters end.
+  held_first hold;
+  ag::generate_options first;
+  first.max_new_tokens = 2;
+  first.on_token = [&](int32_t, int64_t i) {
+    if (i == 0) hold.released.wait_for(60s);
+  };
+  ag::generation a = (*gen)->generate({1, 2, 3}, first);
+  ag::generate_options later;
+  later.max_new_tokens = 3;
+  ag::generation b = (*gen)->generate({4, 5}, later);
+  ag::generation c = (*gen)->generate({6, 7}, later);
+  EXPECT_EQ((*gen)->waiting_sequences(), 2);
+  b.cancel();
+  ASSERT_TRUE(b.ready());  // no slot and no job: it ends in cancel() itself
+  ASSERT_TRUE(b.wait().has_value()) << b.wait().err().to_string();
+  EXPECT_EQ(b.wait()->reason, ag::stop_reason::cancelled);
+  EXPECT_TRUE(b.wait()->tokens.empty());
+  EXPECT_EQ((*gen)->waiting_sequences(), 1);
+  EXPECT_FALSE(a.ready());
+  EXPECT_EQ((*gen)->active_sequences(), 1);
+  hold.release.set_value();
+  ASSERT_TRUE(a.wait_for(120s));
+  ASSERT_TRUE(a.wait().has_value()) << a.wait().err().to_string();
+  // The slot went to c, the waiter left after b's cancel.
+  ASSERT_TRUE(c.wait_for(120s));
+  ASSERT_TRUE(c.wait().has_value()) << c.wait().err().to_string();
+  EXPECT_EQ(c.wait()->tokens, alone(**rt, *m, {6, 7}, 3, 1));
+  EXPECT_EQ((*gen)->active_sequences(), 0);
+  EXPECT_EQ((*gen)->waiting_sequences(), 0);
+}
+
 TEST(GenerateCache, BadPromptsFailAtOnceNamingWhy) {
   const auto cfg = ag::test::tiny_model(ag::models::model_variant::gpt2);
   auto rt = ag::runtime::create("cpu:1");
