@@ -182,10 +182,24 @@ std::vector<gpu::op_launch> launch_program::launch_records(int q) const {
   const auto& queue = queues_.at(static_cast<std::size_t>(q));
   std::vector<gpu::op_launch> r;
   r.reserve(static_cast<std::size_t>(queue.launch_records));
+  // Graph replay: the first kernel of each segment pays the graph launch, the
+  // others ride on it (graph/replay.hpp). Never on cpu devices.
+  std::vector<char> segment_start(plan_->steps().size(), 0);
+  const bool replay = plan_->options().graph_replay != graph_replay_mode::off &&
+                      plan_->devices().at(static_cast<std::size_t>(queue.device)).kind != device_kind::cpu;
+  if (replay)
+    for (const replay_segment& seg : replay_segments(*plan_))
+      segment_start[static_cast<std::size_t>(seg.steps.front())] = 1;
+  bool segment_paid = false;
   for (step_id s : queue.steps) {
+    if (segment_start[static_cast<std::size_t>(s)]) segment_paid = false;
     for (const auto& op : steps_[static_cast<std::size_t>(s)].ops) {
       gpu::op_launch l;
       l.op = op.op;
+      if (replay && !is_view_op(op.op->op) && !is_leaf_op(op.op->op)) {
+        l.launch_paid_by_replay = segment_paid;
+        segment_paid = true;
+      }
       l.source = &plan_->source();
       l.out = op.out.proto;
       l.inputs.reserve(op.inputs.size());

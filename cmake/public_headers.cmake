@@ -17,6 +17,7 @@ set(ACTORGRAPH_PUBLIC_HEADERS
   graph/host_tensor.hpp
   graph/models/transformer.hpp
   graph/plan.hpp
+  graph/replay.hpp
   graph/random.hpp
   graph/reference.hpp
   graph/shape.hpp

@@ -74,6 +74,12 @@ struct op_launch {
   /// costs the op with estimate_seconds(spec, *source, *op), exactly as the
   /// planner did. Null: the sim costs it from the tensor_args (same formula).
   const graph* source = nullptr;
+  /// Graph replay (plan_options::graph_replay, graph/replay.hpp): this op is
+  /// a kernel of a replayed segment other than its first, so the segment's
+  /// one graph launch already paid its launch latency. The sim backend then
+  /// charges the op without spec.launch_latency; the cpu backend ignores it
+  /// (no replay there); the cuda backend ignores it too until capture lands.
+  bool launch_paid_by_replay = false;
 };
 
 class device;

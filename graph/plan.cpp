@@ -86,6 +86,8 @@ std::string device_label(const std::vector<device_spec>& devs, int d) {
 std::string plan::describe() const {
   std::ostringstream os;
   const graph& g = *graph_;
+  const std::vector<replay_segment> segments =
+      options_.graph_replay == graph_replay_mode::off ? std::vector<replay_segment>{} : replay_segments(*this);
   os << "plan: " << g.size() << " nodes, " << steps_.size() << " steps over " << used_devices_.size() << " of "
      << devices_.size() << " device(s), " << options_.lanes_per_device << " lane(s) per device\n";
   for (int d : used_devices_) {
@@ -122,6 +124,16 @@ std::string plan::describe() const {
     const device_memory& m = memory_[static_cast<std::size_t>(d)];
     os << "  compute " << fmt_us(est_seconds(d)) << "; arena " << fmt_bytes(m.arena_bytes) << " peak vs "
        << fmt_bytes(m.sum_tensor_bytes) << " sum of tensors; weights " << fmt_bytes(m.weight_bytes) << "\n";
+    if (options_.graph_replay != graph_replay_mode::off) {
+      int nseg = 0, kernels = 0;
+      for (const replay_segment& seg : segments)
+        if (seg.device == d) ++nseg, kernels += seg.kernels;
+      os << "  graph replay " << to_string(options_.graph_replay) << ": " << nseg << " segment(s), " << kernels
+         << " kernels";
+      if (spec.kind == device_kind::cpu) os << "; not applied on cpu (plain calls)";
+      else os << "; saves " << fmt_us(replay_launch_seconds_saved(*this, segments, d)) << " of launches per job (model)";
+      os << "\n";
+    }
   }
   int64_t peer = 0, host = 0;
   for (const step& s : steps_)

@@ -20,6 +20,7 @@
 
 #include "graph/cost_model.hpp"
 #include "graph/graph.hpp"
+#include "graph/replay.hpp"
 #include "graph/step_kind.hpp"
 #include "graph/tensor_parallel.hpp"
 
@@ -140,13 +141,18 @@ struct plan_options {
   /// Independent branches get their own lane only when each branch's
   /// estimated time exceeds this (fork/join costs an event pair).
   double min_branch_seconds = 20e-6;
+  /// Capture each (device, lane) run of compute steps between cross-queue
+  /// waits/records (graph/replay.hpp) and replay it per job. describe() shows
+  /// the segments and the launch time the model says replay saves; the cpu
+  /// backend never replays. Off by default.
+  graph_replay_mode graph_replay = graph_replay_mode::off;
 };
 
 /// Refuses options no plan can be made with, naming the option and the
 /// value (errc::invalid_argument): a policy other than automatic / single,
 /// pipeline_stages < 0 or > 4096, lanes_per_device outside 1..64,
 /// min_branch_seconds negative, infinite or NaN, tensor_parallel outside
-/// 1..4096. compile() calls it.
+/// 1..4096, graph_replay not off / on / auto. compile() calls it.
 error validate(const plan_options& options);
 
 /// The compiled plan. Steps are in a topological order (deps have smaller ids).

@@ -611,6 +611,10 @@ error validate(const plan_options& o) {
     return bad("min_branch_seconds must be a finite number >= 0, got " + std::to_string(o.min_branch_seconds));
   if (o.tensor_parallel < 1 || o.tensor_parallel > 4096)
     return bad("tensor_parallel must be >= 1 (at most 4096), got " + std::to_string(o.tensor_parallel));
+  if (o.graph_replay != graph_replay_mode::off && o.graph_replay != graph_replay_mode::on &&
+      o.graph_replay != graph_replay_mode::automatic)
+    return bad("graph_replay " + std::to_string(static_cast<int>(o.graph_replay)) +
+               " is not a graph_replay_mode (off = 0, on = 1, auto = 2)");
   return {};
 }
 

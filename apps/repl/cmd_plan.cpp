@@ -48,7 +48,7 @@ expected<std::vector<double>> parse_ratios(const std::string& text) {
 }
 
 expected<session::impl::layout> session::impl::read_layout(params& p) const {
-  layout l{stages, lanes, tp, ratios};
+  layout l{stages, lanes, tp, ratios, replay};
   auto st = p.get_int("stages", 0, 4096);
   if (!st) return st.err();
   auto ln = p.get_int("lanes", 1, 64);
@@ -66,13 +66,18 @@ expected<session::impl::layout> session::impl::read_layout(params& p) const {
     if (!v) return v.err();
     l.ratios = std::move(*v);
   }
+  if (auto r = p.raw("replay")) {
+    if (!parse_graph_replay_mode(*r, l.replay))
+      return bad_arg("replay: '" + *r + "' is not on, off or auto");
+  }
   if (!l.ratios.empty() && static_cast<int>(l.ratios.size()) != l.tp)
     return bad_arg(fmt("ratios: %zu entries for tp=%d (one per device of a stage)", l.ratios.size(), l.tp));
   return l;
 }
 
 void session::impl::apply_layout(layout l) {
-  if (l.stages == stages && l.lanes == lanes && l.tp == tp && l.ratios == ratios) return;
+  if (l.stages == stages && l.lanes == lanes && l.tp == tp && l.ratios == ratios && l.replay == replay) return;
+  replay = l.replay;
   stages = l.stages;
   lanes = l.lanes;
   tp = l.tp;
@@ -83,9 +88,9 @@ void session::impl::apply_layout(layout l) {
 std::string session::impl::settings_text() const {
   std::string r;
   for (double v : ratios) r += (r.empty() ? "" : ",") + fmt("%g", v);
-  return fmt("stages=%d%s tp=%d%s microbatches=%d lanes=%d check=%s seed=%llu", stages,
+  return fmt("stages=%d%s tp=%d%s microbatches=%d lanes=%d replay=%s check=%s seed=%llu", stages,
              stages == 0 ? (tp > 1 ? " (devices / tp)" : " (all devices)") : "", tp,
-             ratios.empty() ? "" : (" ratios=" + r).c_str(), microbatches, lanes, to_string(check),
+             ratios.empty() ? "" : (" ratios=" + r).c_str(), microbatches, lanes, to_string(replay), to_string(check),
              static_cast<unsigned long long>(seed));
 }
 
@@ -100,6 +105,7 @@ expected<std::shared_ptr<const plan>> session::impl::get_plan() {
   plan_options po;
   po.pipeline_stages = stages;
   po.lanes_per_device = lanes;
+  po.graph_replay = replay;
   po.tensor_parallel = tp;
   po.shard_ratios = ratios;
   // Plan first without loading (the planner allocates nothing): a plan that

@@ -62,11 +62,12 @@ const std::vector<command_info>& commands() {
       {"plan", "plan [stages=N tp=T ratios=A,B lanes=L]",
        "compile the current graph for the devices and describe the plan: splits, copies, shards and collectives (also sets the layout)",
        "plan stages=2 tp=2", {"stages=", "tp=", "ratios=", "lanes="}, {}},
-      {"set", "set [stages=N tp=T ratios=A,B microbatches=M lanes=L check=auto|all|first|off seed=S]",
+      {"set", "set [stages=N tp=T ratios=A,B microbatches=M lanes=L replay=on|off|auto check=auto|all|first|off seed=S]",
        "set parallelism (stages: pipeline stages, 0 = all devices / tp; tp: tensor-parallel devices per stage; ratios: "
-       "shard proportions per device, even by default; microbatches: jobs per run; lanes: streams per device) and "
+       "shard proportions per device, even by default; microbatches: jobs per run; lanes: streams per device; replay: graph replay of captured segments, "
+       "see 'plan') and "
        "checking; no argument: show",
-       "set tp=2 ratios=3,1", {"stages=", "tp=", "ratios=", "microbatches=", "lanes=", "check=", "seed="}, {}},
+       "set tp=2 ratios=3,1", {"stages=", "tp=", "ratios=", "microbatches=", "lanes=", "replay=", "check=", "seed="}, {}},
       {"run", "run [n=<microbatches>] [check=auto|all|first|off]",
        "submit n micro-batch jobs of the current plan and return at once; each job reports when it finishes",
        "run n=32", {"n=", "check="}, {}, run_details},
@@ -156,6 +157,7 @@ completion session::complete(const std::string& line, std::size_t word_start) co
     if (key == "check=") vals = {"auto", "all", "first", "off"};
     else if (key == "dtype=") vals = {"f32", "f16", "bf16"};
     else if (key == "values=") vals = {"on", "off"};
+    else if (key == "replay=") vals = {"on", "off", "auto"};
     for (const auto& v : vals) add(key + v);
     return r;
   }

@@ -113,6 +113,7 @@ struct session::impl {
 
   // settings
   int stages = 0, microbatches = 16, lanes = 1;
+  graph_replay_mode replay = graph_replay_mode::off;  ///< plan_options::graph_replay (set replay=)
   int tp = 1;                  ///< tensor-parallel degree ('set tp=N')
   std::vector<double> ratios;  ///< shard ratios ('set ratios=3,1'); empty: even
   check_mode check = check_mode::automatic;
@@ -170,6 +171,7 @@ struct session::impl {
     int stages = 0, lanes = 1;
     int tp = 1;                  ///< tensor-parallel degree (devices per stage)
     std::vector<double> ratios;  ///< shard ratios (empty: even)
+    graph_replay_mode replay = graph_replay_mode::off;
   };
   expected<layout> read_layout(params& p) const;
   /// Takes them; a change drops the compiled plan.

@@ -1,5 +1,7 @@
 #include "gpu/sim/sim_device.hpp"
 
+#include <algorithm>
+
 #include <cmath>
 
 namespace ag::gpu::sim {
@@ -106,6 +108,7 @@ error sim_device::admit_op(host::host_stream& s, const op_launch& l, host::work_
   if (l.source) cost = estimate_seconds(spec(), *l.source, *l.op);
   else if (!is_view_op(l.op->op) && !is_leaf_op(l.op->op))
     cost = estimate_seconds(spec(), cost_of_launch(l), l.op->type);
+  if (l.launch_paid_by_replay) cost = std::max(0.0, cost - spec().launch_latency);
   std::lock_guard<std::mutex> lk(mutex_);
   // Draw every number for every op, so the sequence does not depend on rates.
   const double u_err = rng_.uniform();

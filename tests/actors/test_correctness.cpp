@@ -46,7 +46,8 @@ std::vector<ag::host_tensor> inputs_for(const ag::graph& g, uint64_t seed) {
   return in;
 }
 
-void run_random_dags(const std::string& spec, ag::runtime_options opts, int lanes) {
+void run_random_dags(const std::string& spec, ag::runtime_options opts, int lanes,
+                     ag::graph_replay_mode replay = ag::graph_replay_mode::off) {
   auto rt = ag::runtime::create(spec, opts);
   ASSERT_TRUE(rt.has_value()) << rt.err().to_string();
   for (uint64_t seed = 1; seed <= 6; ++seed) {
@@ -55,6 +56,7 @@ void run_random_dags(const std::string& spec, ag::runtime_options opts, int lane
     ag::plan_options po;
     po.lanes_per_device = lanes;
     po.min_branch_seconds = 0;  // make the planner use every lane it may
+    po.graph_replay = replay;
     auto p = (*rt)->compile(*g, po);
     ASSERT_TRUE(p.has_value()) << "seed " << seed << ": " << p.err().to_string();
     std::vector<ag::job> jobs;
@@ -83,7 +85,8 @@ TEST(Correctness, RandomDagsSim2ThreeLanesActorPerLane) {
 }
 TEST(Correctness, RandomDagsMixedSimCpu) { run_random_dags("sim:1,cpu:1", fast_sim(), 1); }
 
-void run_transformer(const std::string& spec, int devices, ag::models::model_variant v) {
+void run_transformer(const std::string& spec, int devices, ag::models::model_variant v,
+                     ag::graph_replay_mode replay = ag::graph_replay_mode::off) {
   auto rt = ag::runtime::create(spec, fast_sim());
   ASSERT_TRUE(rt.has_value()) << rt.err().to_string();
   ag::models::transformer_config cfg;
@@ -93,6 +96,7 @@ void run_transformer(const std::string& spec, int devices, ag::models::model_var
   ASSERT_TRUE(g.has_value()) << g.err().to_string();
   ag::plan_options po;
   po.pipeline_stages = devices;
+  po.graph_replay = replay;
   auto p = (*rt)->compile(*g, po);
   ASSERT_TRUE(p.has_value()) << p.err().to_string();
   EXPECT_EQ(static_cast<int>((*p)->used_devices().size()), devices) << (*p)->describe();
@@ -113,6 +117,19 @@ TEST(Correctness, Gpt2PipelineSim2) { run_transformer("sim:2", 2, ag::models::mo
 TEST(Correctness, Gpt2PipelineSim4) { run_transformer("sim:4", 4, ag::models::model_variant::gpt2); }
 TEST(Correctness, LlamaPipelineSim3) { run_transformer("sim:3", 3, ag::models::model_variant::llama); }
 TEST(Correctness, LlamaPipelineCpu2) { run_transformer("cpu:2", 2, ag::models::model_variant::llama); }
+
+// Graph replay on (sim: modelled as one launch per segment; cpu: not applied)
+// leaves every result equal to the reference, jobs in flight together.
+TEST(Correctness, ReplayRandomDagsSim3TwoLanes) {
+  run_random_dags("sim:3", fast_sim(), 2, ag::graph_replay_mode::on);
+}
+TEST(Correctness, ReplayRandomDagsCpu2) { run_random_dags("cpu:2", {}, 1, ag::graph_replay_mode::on); }
+TEST(Correctness, ReplayGpt2PipelineSim2) {
+  run_transformer("sim:2", 2, ag::models::model_variant::gpt2, ag::graph_replay_mode::on);
+}
+TEST(Correctness, ReplayLlamaPipelineCpu2) {
+  run_transformer("cpu:2", 2, ag::models::model_variant::llama, ag::graph_replay_mode::automatic);
+}
 
 TEST(Correctness, TraceHasEveryStepAndExportsChromeJson) {
   auto rt = ag::runtime::create("sim:2", fast_sim());

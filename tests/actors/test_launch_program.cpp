@@ -31,12 +31,14 @@ std::vector<device_spec> sims(int n) {
   return v;
 }
 
-std::shared_ptr<const plan> random_plan(uint64_t seed, int devices, int lanes) {
+std::shared_ptr<const plan> random_plan(uint64_t seed, int devices, int lanes,
+                                        graph_replay_mode replay = graph_replay_mode::off) {
   auto g = test::random_dag({.seed = seed, .ops = 12 + static_cast<int>(seed % 30)});
   EXPECT_TRUE(g.has_value()) << g.err().to_string();
   plan_options o;
   o.lanes_per_device = lanes;
   o.min_branch_seconds = 0;
+  o.graph_replay = replay;
   auto p = compile(std::make_shared<const graph>(std::move(*g)), sims(devices), o);
   EXPECT_TRUE(p.has_value()) << p.err().to_string();
   return *p;
@@ -145,6 +147,38 @@ TEST(LaunchProgram, RandomPlansLowerIntoConsistentTables) {
   }
   EXPECT_GT(multi_queue_devices, 0) << "no plan used two lanes of a device";
   EXPECT_GT(cross_queue, 0);
+}
+
+// Graph replay on: in each replay segment exactly the first kernel pays a
+// launch; off: every kernel does.
+TEST(LaunchProgram, ReplayedSegmentsPayOneLaunchEach) {
+  for (uint64_t seed = 1; seed <= 20; ++seed) {
+    const int devices = 1 + static_cast<int>(seed % 3), lanes = 1 + static_cast<int>(seed % 2);
+    for (graph_replay_mode mode : {graph_replay_mode::off, graph_replay_mode::on}) {
+      auto p = random_plan(seed, devices, lanes, mode);
+      auto prog = lower(p).value();
+      int unpaid = 0, paid_by_replay = 0, kernels = 0;
+      for (std::size_t q = 0; q < prog->queues().size(); ++q) {
+        if (prog->queues()[q].kind != step_kind::compute) continue;
+        for (const auto& l : prog->launch_records(static_cast<int>(q))) {
+          if (is_view_op(l.op->op) || is_leaf_op(l.op->op)) {
+            EXPECT_FALSE(l.launch_paid_by_replay);
+            continue;
+          }
+          ++kernels;
+          (l.launch_paid_by_replay ? paid_by_replay : unpaid)++;
+        }
+      }
+      int segments_with_kernels = 0;
+      for (const auto& seg : replay_segments(*p)) segments_with_kernels += seg.kernels > 0;
+      if (mode == graph_replay_mode::off) {
+        EXPECT_EQ(unpaid, kernels) << "seed " << seed;
+      } else {
+        EXPECT_EQ(unpaid, segments_with_kernels) << "seed " << seed;
+        EXPECT_EQ(paid_by_replay, kernels - segments_with_kernels) << "seed " << seed;
+      }
+    }
+  }
 }
 
 TEST(LaunchProgram, LaunchRecordsAreTheCallersCopy) {

@@ -160,6 +160,31 @@ TEST(SimDevice, JitterIsDeterministicBySeed) {
   EXPECT_NE(a.first, exact.first);
 }
 
+// Graph replay: an op whose launch a segment's graph launch paid is charged
+// without spec.launch_latency.
+TEST(SimDevice, ReplayedOpsAreChargedWithoutTheirLaunchLatency) {
+  auto run = [](bool replayed) {
+    gpu::sim_options o;
+    o.jitter = 0;
+    o.time_scale = 1e-9;
+    o.compute_values = false;
+    auto dev = make_sim(o);
+    scale_job job(1 << 10);
+    auto dx = dev->allocate(job.n * 4), dy = dev->allocate(job.n * 4);
+    auto s = dev->create_stream(ag::step_kind::compute).value();
+    for (int i = 0; i < 10; ++i) {
+      auto l = job.launch(*dx, *dy);
+      l.launch_paid_by_replay = replayed && i > 0;
+      EXPECT_FALSE(dev->launch(*s, l));
+    }
+    EXPECT_FALSE(dev->synchronize(*s));
+    return std::make_pair(dev->modelled_seconds(), dev->spec().launch_latency);
+  };
+  const auto plain = run(false), replay = run(true);
+  EXPECT_GT(plain.second, 0);
+  EXPECT_NEAR(plain.first - replay.first, 9 * plain.second, 1e-12);
+}
+
 TEST(SimDevice, ZeroDelayModelsNothingUnlessFaultsAreConfigured) {
   gpu::sim_options o;
   o.zero_delay = true;

@@ -100,6 +100,23 @@ TEST(ReplCommands, ModelWithBadDimsIsRejected) {
   EXPECT_TRUE(has(f.text, "gpt2: 2 layers, d 32")) << f.text;
 }
 
+// set replay= follows plan_options::graph_replay: refused when not
+// on/off/auto, shown by set, and the plan's description shows the segments.
+TEST(ReplCommands, SetReplayIsValidatedAndReachesThePlan) {
+  fixture f;
+  EXPECT_EQ(f.run("set replay=maybe"), exec_status::failed);
+  EXPECT_TRUE(has(f.text, "replay: 'maybe' is not on, off or auto")) << f.text;
+  EXPECT_EQ(f.run("set"), exec_status::ok);
+  EXPECT_TRUE(has(f.text, "replay=off")) << f.text;
+  EXPECT_EQ(f.run("model gpt2 layers=2 d=32 heads=2 ff=64 seq=8 vocab=64"), exec_status::ok) << f.text;
+  EXPECT_EQ(f.run("plan"), exec_status::ok) << f.text;
+  EXPECT_FALSE(has(f.text, "graph replay")) << f.text;
+  EXPECT_EQ(f.run("set replay=on"), exec_status::ok) << f.text;
+  EXPECT_TRUE(has(f.text, "replay=on")) << f.text;
+  EXPECT_EQ(f.run("plan"), exec_status::ok) << f.text;
+  EXPECT_TRUE(has(f.text, "graph replay on:")) << f.text;
+}
+
 TEST(ReplCommands, GraphSyntaxErrorsGiveTheColumnOfTheTypedLine) {
   fixture f;
   EXPECT_EQ(f.run("graph x=input[8,64] y=gelu(x"), exec_status::failed);

@@ -1,0 +1,79 @@
+#include "graph/replay.hpp"
+
+#include <map>
+#include <utility>
+
+#include "graph/plan.hpp"
+
+namespace ag {
+
+const char* to_string(graph_replay_mode m) noexcept {
+  switch (m) {
+    case graph_replay_mode::off: return "off";
+    case graph_replay_mode::on: return "on";
+    case graph_replay_mode::automatic: return "auto";
+  }
+  return "?";
+}
+
+bool parse_graph_replay_mode(const std::string& text, graph_replay_mode& out) noexcept {
+  if (text == "off") out = graph_replay_mode::off;
+  else if (text == "on") out = graph_replay_mode::on;
+  else if (text == "auto") out = graph_replay_mode::automatic;
+  else return false;
+  return true;
+}
+
+namespace {
+
+bool same_queue(const step& a, const step& b) noexcept {
+  return a.kind == step_kind::compute && b.kind == step_kind::compute && a.device == b.device && a.lane == b.lane;
+}
+
+int kernels_of(const graph& g, const step& s) {
+  int n = 0;
+  for (node_id id : s.ops)
+    if (!is_view_op(g.at(id).op) && !is_leaf_op(g.at(id).op)) ++n;
+  return n;
+}
+
+}  // namespace
+
+std::vector<replay_segment> replay_segments(const plan& p) {
+  const graph& g = p.source();
+  // Steps of one (device, lane) queue come in increasing step id (plan.hpp),
+  // so one pass in id order sees each queue in lane order.
+  std::map<std::pair<int, int>, std::vector<replay_segment>> by_queue;
+  std::map<std::pair<int, int>, bool> open;  // last segment of the queue may grow
+  for (const step& s : p.steps()) {
+    if (s.kind != step_kind::compute) continue;
+    const std::pair<int, int> key{s.device, s.lane};
+    auto& segs = by_queue[key];
+    bool internal_deps = true;
+    for (step_id d : s.deps)
+      if (!same_queue(p.at(d), s)) internal_deps = false;
+    if (segs.empty() || !open[key] || !internal_deps) segs.push_back(replay_segment{s.device, s.lane, {}, 0});
+    segs.back().steps.push_back(s.id);
+    segs.back().kernels += kernels_of(g, s);
+    bool internal_consumers = true;
+    for (step_id c : s.consumers)
+      if (!same_queue(p.at(c), s)) internal_consumers = false;
+    open[key] = internal_consumers;
+  }
+  std::vector<replay_segment> out;
+  for (auto& [key, segs] : by_queue)
+    for (auto& seg : segs) out.push_back(std::move(seg));
+  return out;
+}
+
+double replay_launch_seconds_saved(const plan& p, const std::vector<replay_segment>& segments, int device) {
+  double saved = 0;
+  for (const replay_segment& seg : segments) {
+    if (device >= 0 && seg.device != device) continue;
+    if (seg.kernels < 2) continue;
+    saved += (seg.kernels - 1) * p.devices().at(static_cast<std::size_t>(seg.device)).launch_latency;
+  }
+  return saved;
+}
+
+}  // namespace ag

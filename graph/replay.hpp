@@ -1,0 +1,60 @@
+#pragma once
+/// \file replay.hpp
+/// Graph replay segments of a plan (issue 16 item 1, planning side).
+///
+/// A *replay segment* is a maximal run of compute steps of one (device, lane)
+/// queue, in lane order, that a CUDA backend may capture as one CUDA graph and
+/// replay per job instead of launching kernel by kernel. A segment ends where
+/// the queue must talk to the outside world:
+///  - before a step with a dependency that is not an earlier compute step of
+///    the same (device, lane) (an event wait on another lane or device, a copy,
+///    a collective, a `ready` message);
+///  - after a step with a consumer that is not a later compute step of the
+///    same (device, lane) (an event record another queue or a copy waits on).
+/// So events and `ready` messages between devices and copy engines stay as
+/// they are; pipeline and tensor parallelism work across captured segments.
+///
+/// The cost model of replay: a replayed segment pays one launch latency for
+/// the whole segment instead of one per kernel (a graph launch), see
+/// replay_launch_seconds_saved(). graph/ knows nothing of CUDA: this file only
+/// says *what* may be captured and what it saves.
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace ag {
+
+class plan;
+using step_id = int32_t;
+
+/// plan_options::graph_replay.
+enum class graph_replay_mode : uint8_t {
+  off = 0,        ///< plain launches, kernel by kernel
+  on = 1,         ///< every segment of two or more kernels is replayed
+  automatic = 2,  ///< replay where the backend supports it (cuda, sim); cpu: off
+};
+
+/// "off", "on", "auto".
+const char* to_string(graph_replay_mode m) noexcept;
+/// Parses "off" / "on" / "auto"; false for anything else.
+bool parse_graph_replay_mode(const std::string& text, graph_replay_mode& out) noexcept;
+
+/// One capturable run of compute steps (see the file comment).
+struct replay_segment {
+  int device = 0;
+  int lane = 0;
+  std::vector<step_id> steps;  ///< compute steps in lane order
+  int kernels = 0;             ///< non-view ops in those steps (kernel launches without replay)
+};
+
+/// Segments of every (device, lane) queue of `p`, ordered by device, lane,
+/// then lane order. Every compute step is in exactly one segment.
+std::vector<replay_segment> replay_segments(const plan& p);
+
+/// Launch latency a replayed plan saves per job on `device` (-1: all devices):
+/// for every segment with kernels >= 2, (kernels - 1) x that device's
+/// spec.launch_latency (one graph launch instead of `kernels` launches).
+double replay_launch_seconds_saved(const plan& p, const std::vector<replay_segment>& segments, int device = -1);
+
+}  // namespace ag

@@ -1,0 +1,123 @@
+// Graph replay segments (graph/replay.hpp): every compute step is in exactly
+// one segment, a segment never spans a cross-queue wait or record, the
+// replay mode is validated and shown by describe(), and the modelled saving
+// is (kernels - 1) launches per segment.
+#include <gtest/gtest.h>
+
+#include <set>
+
+#include "graph/replay.hpp"
+#include "plan_test_util.hpp"
+#include "random_dag.hpp"
+
+using namespace ag;
+using ag::test_util::must_compile;
+
+namespace {
+
+std::vector<device_spec> sims(int n) {
+  std::vector<device_spec> v(static_cast<std::size_t>(n));
+  for (int i = 0; i < n; ++i) {
+    v[static_cast<std::size_t>(i)].name = "sim" + std::to_string(i);
+    v[static_cast<std::size_t>(i)].ordinal = i;
+  }
+  return v;
+}
+
+bool same_queue(const step& a, const step& b) {
+  return a.kind == step_kind::compute && b.kind == step_kind::compute && a.device == b.device && a.lane == b.lane;
+}
+
+// The segment rules of replay.hpp, checked independently of how they were built.
+void check_segments(const plan& p, const std::vector<replay_segment>& segs) {
+  std::set<step_id> seen;
+  int compute = 0;
+  for (const step& s : p.steps()) compute += s.kind == step_kind::compute;
+  for (const replay_segment& seg : segs) {
+    ASSERT_FALSE(seg.steps.empty());
+    int kernels = 0;
+    for (std::size_t i = 0; i < seg.steps.size(); ++i) {
+      const step& s = p.at(seg.steps[i]);
+      EXPECT_EQ(s.kind, step_kind::compute);
+      EXPECT_EQ(s.device, seg.device);
+      EXPECT_EQ(s.lane, seg.lane);
+      EXPECT_TRUE(seen.insert(s.id).second) << "step " << s.id << " in two segments";
+      for (node_id id : s.ops) kernels += !is_view_op(p.source().at(id).op) && !is_leaf_op(p.source().at(id).op);
+      if (i > 0) {
+        EXPECT_GT(s.lane_seq, p.at(seg.steps[i - 1]).lane_seq);
+        for (step_id d : s.deps) EXPECT_TRUE(same_queue(p.at(d), s)) << "segment spans a wait at step " << s.id;
+      }
+      if (i + 1 < seg.steps.size())
+        for (step_id c : s.consumers) EXPECT_TRUE(same_queue(p.at(c), s)) << "segment spans a record at step " << s.id;
+    }
+    EXPECT_EQ(kernels, seg.kernels);
+  }
+  EXPECT_EQ(static_cast<int>(seen.size()), compute);
+}
+
+}  // namespace
+
+TEST(GraphReplay, SegmentsOfRandomGraphsFollowTheRules) {
+  for (uint64_t seed = 1; seed <= 60; ++seed) {
+    auto gr = test::random_dag({.seed = seed, .ops = 24});
+    ASSERT_TRUE(gr.has_value()) << gr.err().to_string();
+    auto g = std::make_shared<const graph>(std::move(*gr));
+    plan_options o;
+    o.lanes_per_device = 1 + static_cast<int>(seed % 3);
+    o.min_branch_seconds = 0;
+    o.graph_replay = graph_replay_mode::on;
+    auto p = must_compile(g, sims(1 + static_cast<int>(seed % 4)), o);
+    ASSERT_TRUE(p);
+    SCOPED_TRACE("seed " + std::to_string(seed));
+    check_segments(*p, replay_segments(*p));
+  }
+}
+
+TEST(GraphReplay, OneDeviceOneLaneIsOneSegmentAndSavesAllButOneLaunch) {
+  auto gr = test::random_dag({.seed = 3, .ops = 30, .layers = false});
+  ASSERT_TRUE(gr.has_value());
+  auto g = std::make_shared<const graph>(std::move(*gr));
+  plan_options o;
+  o.graph_replay = graph_replay_mode::on;
+  auto p = must_compile(g, sims(1), o);
+  ASSERT_TRUE(p);
+  const auto segs = replay_segments(*p);
+  ASSERT_EQ(segs.size(), 1u) << p->describe();
+  ASSERT_GE(segs[0].kernels, 2);
+  EXPECT_DOUBLE_EQ(replay_launch_seconds_saved(*p, segs), (segs[0].kernels - 1) * p->devices()[0].launch_latency);
+  EXPECT_NE(p->describe().find("graph replay on: 1 segment(s)"), std::string::npos) << p->describe();
+}
+
+TEST(GraphReplay, ModeIsValidatedAndShown) {
+  plan_options o;
+  o.graph_replay = static_cast<graph_replay_mode>(7);
+  const error e = validate(o);
+  ASSERT_FALSE(e.ok());
+  EXPECT_NE(e.to_string().find("graph_replay 7"), std::string::npos) << e.to_string();
+  graph_replay_mode m{};
+  EXPECT_TRUE(parse_graph_replay_mode("auto", m));
+  EXPECT_EQ(m, graph_replay_mode::automatic);
+  EXPECT_STREQ(to_string(m), "auto");
+  EXPECT_FALSE(parse_graph_replay_mode("yes", m));
+  // Off: describe() says nothing of replay.
+  auto gr = test::random_dag({.seed = 5, .ops = 12});
+  ASSERT_TRUE(gr.has_value());
+  auto g = std::make_shared<const graph>(std::move(*gr));
+  auto p = must_compile(g, sims(1), plan_options{});
+  ASSERT_TRUE(p);
+  EXPECT_EQ(p->describe().find("graph replay"), std::string::npos);
+}
+
+TEST(GraphReplay, CpuDevicesAreNotReplayed) {
+  auto gr = test::random_dag({.seed = 9, .ops = 16});
+  ASSERT_TRUE(gr.has_value());
+  auto g = std::make_shared<const graph>(std::move(*gr));
+  auto d = sims(1);
+  d[0].kind = device_kind::cpu;
+  d[0].name = "cpu0";
+  plan_options o;
+  o.graph_replay = graph_replay_mode::on;
+  auto p = must_compile(g, d, o);
+  ASSERT_TRUE(p);
+  EXPECT_NE(p->describe().find("not applied on cpu"), std::string::npos) << p->describe();
+}
