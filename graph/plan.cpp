@@ -89,7 +89,12 @@ std::string plan::describe() const {
   const std::vector<replay_segment> segments =
       options_.graph_replay == graph_replay_mode::off ? std::vector<replay_segment>{} : replay_segments(*this);
   os << "plan: " << g.size() << " nodes, " << steps_.size() << " steps over " << used_devices_.size() << " of "
-     << devices_.size() << " device(s), " << options_.lanes_per_device << " lane(s) per device\n";
+     << devices_.size() << " device(s), ";
+  int lanes_used = 1;
+  for (const step& s : steps_)
+    if (s.kind == step_kind::compute) lanes_used = std::max(lanes_used, s.lane + 1);
+  if (options_.lanes_per_device == 0) os << "auto lanes: " << lanes_used << " used per device at most\n";
+  else os << options_.lanes_per_device << " lane(s) per device allowed, " << lanes_used << " used at most\n";
   for (int d : used_devices_) {
     const device_spec& spec = devices_[static_cast<std::size_t>(d)];
     os << "device " << d << " '" << spec.name << "' (" << to_string(spec.kind) << ")\n";

@@ -137,10 +137,23 @@ struct plan_options {
   /// runs on the communication queue while the next chunk computes, where
   /// the cost model says it pays. Off: one matmul, then one all-reduce.
   bool tp_overlap = true;
-  int lanes_per_device = 1;      ///< compute streams per device the planner may use
+  /// Compute streams (lanes) per device the planner may use.
+  ///  - 0 (auto, the default): up to each device's max_lanes, and only where
+  ///    the cost model predicts the branches finish sooner spread over lanes
+  ///    than on one (their launch latencies overlap, their throughput-bound
+  ///    parts do not; each extra lane pays a fork/join of two launch
+  ///    latencies) and the device's arena stays within
+  ///    max_lane_memory_ratio of the one-lane plan's (else fewer lanes);
+  ///  - N >= 1: up to N lanes, independent branches spread over them whenever
+  ///    at least two each exceed min_branch_seconds (the caller decided).
+  int lanes_per_device = 0;
   /// Independent branches get their own lane only when each branch's
   /// estimated time exceeds this (fork/join costs an event pair).
   double min_branch_seconds = 20e-6;
+  /// Auto lanes only: the largest per-device arena of the plan with lanes
+  /// over the one-lane plan's that the planner accepts (branches running at
+  /// once keep their buffers live at once); >= 1.
+  double max_lane_memory_ratio = 1.1;
   /// Capture each (device, lane) run of compute steps between cross-queue
   /// waits/records (graph/replay.hpp) and replay it per job. describe() shows
   /// the segments and the launch time the model says replay saves; the cpu
@@ -150,7 +163,8 @@ struct plan_options {
 
 /// Refuses options no plan can be made with, naming the option and the
 /// value (errc::invalid_argument): a policy other than automatic / single,
-/// pipeline_stages < 0 or > 4096, lanes_per_device outside 1..64,
+/// pipeline_stages < 0 or > 4096, lanes_per_device outside 0..64,
+/// max_lane_memory_ratio below 1 or not finite,
 /// min_branch_seconds negative, infinite or NaN, tensor_parallel outside
 /// 1..4096, graph_replay not off / on / auto. compile() calls it.
 error validate(const plan_options& options);
@@ -234,10 +248,13 @@ class plan {
 ///     untagged graphs use one unit per node. An op its device does not
 ///     support moves to the nearest device that does (index distance, lower
 ///     index on ties); a pinned one is an error;
-///  3. lanes (lanes_per_device > 1): between two nodes that every other node
+///  3. lanes (lanes_per_device != 1): between two nodes that every other node
 ///     of the device is ordered against, the rest form groups with no path
-///     between them; when >= 2 groups each exceed min_branch_seconds they are
-///     spread over the lanes, else lane 0;
+///     between them; groups exceeding min_branch_seconds are spread over the
+///     lanes (heaviest first onto the least loaded lane) when there are >= 2
+///     of them and (auto lanes) the cost model predicts a gain, else lane 0;
+///     auto lanes then keep each device's arena within max_lane_memory_ratio
+///     of the one-lane plan's by planning again with fewer lanes;
 ///  4. splits: ops in topological order join the open split of their
 ///     (device, lane) unless that adds a wait the split does not already have
 ///     (job input uploads excepted); a split ends after an op whose value

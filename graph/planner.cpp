@@ -42,9 +42,13 @@ struct builder_state {
   std::vector<node_id> root;
   std::vector<int> place;  // device per node, -1 = pruned
   std::vector<int> lane;   // compute nodes only
+  int lane_cap;            // lanes per device at most (before the device's max_lanes)
+  bool lanes_by_model;     // auto lanes: spread only where the cost model predicts a gain
 
-  builder_state(const graph& gr, const std::vector<device_spec>& d, const plan_options& o)
-      : g(gr), devices(d), opt(o) {}
+  builder_state(const graph& gr, const std::vector<device_spec>& d, const plan_options& o, int auto_lane_cap)
+      : g(gr), devices(d), opt(o),
+        lane_cap(o.lanes_per_device == 0 ? auto_lane_cap : o.lanes_per_device),
+        lanes_by_model(o.lanes_per_device == 0) {}
   int ndev() const { return static_cast<int>(devices.size()); }
 };
 
@@ -240,7 +244,7 @@ void assign_lanes(builder_state& s) {
   const graph& g = s.g;
   s.lane.assign(g.size(), 0);
   bool any = false;
-  for (const device_spec& d : s.devices) any = any || (std::min(s.opt.lanes_per_device, d.max_lanes) > 1);
+  for (const device_spec& d : s.devices) any = any || (std::min(s.lane_cap, d.max_lanes) > 1);
   if (!any) return;
 
   const std::size_t n = g.size();
@@ -253,7 +257,8 @@ void assign_lanes(builder_state& s) {
     }
   }
   for (int dev = 0; dev < s.ndev(); ++dev) {
-    const int lanes = std::min(s.opt.lanes_per_device, s.devices[static_cast<std::size_t>(dev)].max_lanes);
+    const device_spec& spec = s.devices[static_cast<std::size_t>(dev)];
+    const int lanes = std::min(s.lane_cap, spec.max_lanes);
     if (lanes <= 1) continue;
     std::vector<node_id> nodes;
     for (const node& v : g.nodes())
@@ -283,13 +288,36 @@ void assign_lanes(builder_state& s) {
       while (parent[x] != x) x = parent[x] = parent[parent[x]];
       return x;
     };
-    for (std::size_t a = 0; a < m; ++a)
-      for (std::size_t b = a + 1; b < m; ++b)
-        if (!seq[a] && !seq[b] && interval[a] == interval[b] && comparable(a, b)) parent[find(a)] = find(b);
-    std::map<int, std::map<std::size_t, double>> groups;  // interval -> component -> seconds
-    for (std::size_t a = 0; a < m; ++a)
-      if (!seq[a])
-        groups[interval[a]][find(a)] += estimate_seconds(s.devices[static_cast<std::size_t>(dev)], g, g.at(nodes[a]));
+    // Branches: a node joins the branch of its inputs (non-sequential compute
+    // nodes of this device, same interval). A node whose inputs lie in two or
+    // more branches joins them (a sum of branch results): it and every node
+    // after it in the interval belong to no branch and run on lane 0, so the
+    // branches it joins stay independent groups (nodes of two groups have no
+    // path between them) instead of merging into one.
+    std::vector<std::size_t> index_of(g.size(), m);
+    for (std::size_t a = 0; a < m; ++a) index_of[static_cast<std::size_t>(nodes[a])] = a;
+    std::vector<char> joined(m, 0);
+    for (std::size_t a = 0; a < m; ++a) {  // nodes are in topological (id) order
+      if (seq[a]) continue;
+      std::size_t branch = m;
+      for (node_id in : g.at(nodes[a]).inputs) {
+        const std::size_t b = index_of[static_cast<std::size_t>(in)];
+        if (b == m || seq[b] || interval[b] != interval[a]) continue;
+        if (joined[b] || (branch != m && find(b) != branch)) joined[a] = 1;
+        else branch = find(b);
+      }
+      if (!joined[a] && branch != m) parent[find(a)] = branch;
+    }
+    // interval -> component -> modelled seconds, and the part of them that is
+    // launch latency (overlaps across lanes; the rest is throughput-bound and
+    // does not, the sim device models the same: host_device::occupy)
+    std::map<int, std::map<std::size_t, double>> groups, launch_part;
+    for (std::size_t a = 0; a < m; ++a) {
+      if (seq[a] || joined[a]) continue;
+      const double t = estimate_seconds(spec, g, g.at(nodes[a]));
+      groups[interval[a]][find(a)] += t;
+      launch_part[interval[a]][find(a)] += std::min(t, spec.launch_latency);
+    }
     std::map<std::size_t, int> lane_of_component;
     for (auto& [iv, comps] : groups) {
       std::vector<std::pair<double, std::size_t>> heavy;
@@ -298,14 +326,28 @@ void assign_lanes(builder_state& s) {
       if (heavy.size() < 2) continue;
       std::sort(heavy.begin(), heavy.end(), [](auto& x, auto& y) { return x.first > y.first || (x.first == y.first && x.second < y.second); });
       std::vector<double> load(static_cast<std::size_t>(lanes), 0.0);
+      std::map<std::size_t, int> chosen;
+      double one_lane = 0, throughput_part = 0;
       for (auto& [t, c] : heavy) {
         const auto l = static_cast<std::size_t>(std::min_element(load.begin(), load.end()) - load.begin());
         load[l] += t;
-        lane_of_component[c] = static_cast<int>(l);
+        chosen[c] = static_cast<int>(l);
+        one_lane += t;
+        throughput_part += t - launch_part[iv][c];
       }
+      if (s.lanes_by_model) {
+        // Lanes finish when the busiest lane does, but no sooner than the
+        // throughput-bound parts of all branches back to back; every extra
+        // lane costs a fork and a join (an event record and wait each).
+        const int used = static_cast<int>(std::count_if(load.begin(), load.end(), [](double x) { return x > 0; }));
+        const double spread = std::max(throughput_part, *std::max_element(load.begin(), load.end())) +
+                              2.0 * spec.launch_latency * (used - 1);
+        if (!(spread < 0.9 * one_lane)) continue;  // a gain under 10% is within the model's error
+      }
+      lane_of_component.insert(chosen.begin(), chosen.end());
     }
     for (std::size_t a = 0; a < m; ++a) {
-      if (seq[a]) continue;
+      if (seq[a] || joined[a]) continue;
       auto it = lane_of_component.find(find(a));
       if (it != lane_of_component.end()) s.lane[static_cast<std::size_t>(nodes[a])] = it->second;
     }
@@ -605,8 +647,10 @@ error validate(const plan_options& o) {
     return bad("policy " + std::to_string(static_cast<int>(o.policy)) + " is not a placement_policy (automatic = 0, single = 1)");
   if (o.pipeline_stages < 0 || o.pipeline_stages > 4096)
     return bad("pipeline_stages must be 0 (all devices) .. 4096, got " + std::to_string(o.pipeline_stages));
-  if (o.lanes_per_device < 1 || o.lanes_per_device > 64)
-    return bad("lanes_per_device must be 1..64, got " + std::to_string(o.lanes_per_device));
+  if (o.lanes_per_device < 0 || o.lanes_per_device > 64)
+    return bad("lanes_per_device must be 0 (auto) .. 64, got " + std::to_string(o.lanes_per_device));
+  if (!(o.max_lane_memory_ratio >= 1) || !std::isfinite(o.max_lane_memory_ratio))
+    return bad("max_lane_memory_ratio must be a finite number >= 1, got " + std::to_string(o.max_lane_memory_ratio));
   if (!(o.min_branch_seconds >= 0) || !std::isfinite(o.min_branch_seconds))
     return bad("min_branch_seconds must be a finite number >= 0, got " + std::to_string(o.min_branch_seconds));
   if (o.tensor_parallel < 1 || o.tensor_parallel > 4096)
@@ -641,7 +685,7 @@ error planner::group_collectives(plan& p) {
 
 expected<std::shared_ptr<const plan>> planner::compile(std::shared_ptr<const graph> gp,
                                                        std::vector<device_spec> devices,
-                                                       plan_options options) {
+                                                       plan_options options, int auto_lane_cap) {
   if (!gp) return error(errc::invalid_argument, "compile: graph is null");
   if (devices.empty()) return error(errc::invalid_argument, "compile: no devices given");
   if (auto e = validate(options)) return error(e.code, "compile: " + e.message);
@@ -665,7 +709,7 @@ expected<std::shared_ptr<const plan>> planner::compile(std::shared_ptr<const gra
     if (g.at(static_cast<node_id>(i)).id != static_cast<node_id>(i))
       return error(errc::internal, "compile: node ids are not indices");
 
-  builder_state s(g, devices, options);
+  builder_state s(g, devices, options, auto_lane_cap);
   prune(s);
   if (auto e = place_compute(s)) return e;
   place_leaves_and_views(s);
@@ -731,10 +775,43 @@ expected<std::shared_ptr<const plan>> planner::compile(std::shared_ptr<const gra
   return std::shared_ptr<const plan>(std::move(p));
 }
 
+namespace {
+
+bool uses_lanes(const plan& p) {
+  return std::any_of(p.steps().begin(), p.steps().end(),
+                     [](const step& st) { return st.kind == step_kind::compute && st.lane > 0; });
+}
+
+/// Every device's arena of `lanes` within `ratio` times the one-lane plan's.
+bool arena_within(const plan& lanes, const plan& one, double ratio) {
+  for (std::size_t d = 0; d < lanes.memory().size() && d < one.memory().size(); ++d)
+    if (static_cast<double>(lanes.memory()[d].arena_bytes) > ratio * static_cast<double>(one.memory()[d].arena_bytes))
+      return false;
+  return true;
+}
+
+}  // namespace
+
 expected<std::shared_ptr<const plan>> compile(std::shared_ptr<const graph> g, std::vector<device_spec> devices,
                                               plan_options options) {
   try {
-    return planner::compile(std::move(g), std::move(devices), options);
+    if (options.lanes_per_device != 0) return planner::compile(std::move(g), std::move(devices), options, 0);
+    // Auto lanes: most plans use none (one pass). A plan that spreads
+    // branches is kept only if no device's arena grows past
+    // max_lane_memory_ratio of the one-lane plan's; else fewer lanes.
+    int cap = 1;
+    for (const device_spec& d : devices) cap = std::max(cap, d.max_lanes);
+    auto first = planner::compile(g, devices, options, cap);
+    if (!first || cap == 1 || !uses_lanes(**first)) return first;
+    auto one = planner::compile(g, devices, options, 1);
+    if (!one) return one;
+    for (auto p = std::move(first); p && uses_lanes(**p);) {
+      if (arena_within(**p, **one, options.max_lane_memory_ratio)) return p;
+      if (--cap < 2) break;
+      p = planner::compile(g, devices, options, cap);
+      if (!p) return p;
+    }
+    return one;
   } catch (const std::exception& e) {
     return error(errc::internal, std::string("compile: ") + e.what());
   }

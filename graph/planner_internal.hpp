@@ -31,9 +31,13 @@ std::vector<int> partition_pipeline(const graph& g, const std::vector<node_id>& 
 
 class planner {
  public:
+  /// One planning pass. `auto_lane_cap` > 0: auto lanes (options.lanes_per_device
+  /// == 0) with at most that many lanes per device, spread only where the cost
+  /// model predicts a gain; ag::compile calls it again with a smaller cap when
+  /// the lanes cost more arena than max_lane_memory_ratio allows.
   static expected<std::shared_ptr<const plan>> compile(std::shared_ptr<const graph> g,
                                                        std::vector<device_spec> devices,
-                                                       plan_options options);
+                                                       plan_options options, int auto_lane_cap);
   /// Memory pass: fills p.memory_ and p.slot_index_ from the steps
   /// (memory_plan.cpp). Errors: out_of_memory, internal.
   static error plan_memory(plan& p);

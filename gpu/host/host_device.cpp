@@ -221,7 +221,7 @@ void host_device::sleep_until(int64_t deadline_ns, const host_stream& hs) {
 }
 
 int64_t host_device::occupy(task_context& ctx, host_stream& hs, const work_timing& t,
-                            int64_t kernel_end_ns) {
+                            int64_t kernel_end_ns, bool kernel) {
   // Clamped before the conversion (a double past int64 converts to undefined
   // behaviour): about 30 years, far beyond any validated option.
   const auto to_ns = [](double s) { return static_cast<int64_t>(std::clamp(s * 1e9, 0.0, 1e18)); };
@@ -237,6 +237,12 @@ int64_t host_device::occupy(task_context& ctx, host_stream& hs, const work_timin
     start = std::max(start, eng.busy_until);
     end = start + dur + extra;
     eng.busy_until = end;
+  } else if (kernel) {
+    const int64_t launch = std::min(dur, to_ns(t.launch_seconds * cfg_.time_scale));
+    std::lock_guard<std::mutex> lk(compute_clock_.mutex);
+    const int64_t body_start = std::max(start + launch, compute_clock_.busy_until);
+    compute_clock_.busy_until = body_start + (dur - launch);
+    end = compute_clock_.busy_until + extra;
   } else {
     end = start + dur + extra;
   }
@@ -278,7 +284,7 @@ error host_device::launch(stream& s, const op_launch& l) {
     }
     // An untimed stream's timeline is read by nobody (record() stamps events
     // with the clock itself): no clock read per op.
-    if (cfg_.timed) occupy(ctx, hs, t, kernel_end);
+    if (cfg_.timed) occupy(ctx, hs, t, kernel_end, /*kernel=*/true);
     op_executed(ops_run_.fetch_add(1, std::memory_order_relaxed) + 1);
   };
   if (hs.inline_mode()) hs.post([&](task_context& ctx) { work(ctx, l); });  // no copy of `l`

@@ -32,6 +32,10 @@ struct host_device_config {
 /// What a piece of work costs on a timed device.
 struct work_timing {
   double seconds = 0;            ///< modelled seconds (scaled by time_scale)
+  /// The part of `seconds` that is launch latency (kernels): it overlaps with
+  /// the work on the device's other compute lanes, the rest does not (one
+  /// device's compute throughput, shared by its lanes).
+  double launch_seconds = 0;
   double extra_wall_seconds = 0; ///< unscaled extra wall time (injected stall)
 };
 
@@ -120,9 +124,11 @@ class host_device : public device {
   error dead_error(const char* what) const;
 
  private:
-  /// Occupies the stream (and its copy engine, if any) for `t` from the
+  /// Occupies the stream (and its copy engine, if any; for a kernel, the
+  /// device's compute throughput after its launch latency) for `t` from the
   /// task's ready time, then sleeps until the end. Returns the end time.
-  int64_t occupy(task_context& ctx, host_stream& hs, const work_timing& t, int64_t kernel_end_ns);
+  int64_t occupy(task_context& ctx, host_stream& hs, const work_timing& t, int64_t kernel_end_ns,
+                 bool kernel = false);
   /// Sleeps until `deadline_ns` or until the device dies / the stream is dropped.
   void sleep_until(int64_t deadline_ns, const host_stream& hs);
   error enqueue_copy(stream& s, copy_kind k, void* dst, const void* src, int64_t bytes,
@@ -144,6 +150,10 @@ class host_device : public device {
     int64_t busy_until = 0;
   };
   std::vector<std::unique_ptr<engine_clock>> engines_;
+  /// Kernels on different compute lanes overlap their launch latencies but
+  /// share the device's throughput: the throughput-bound part of a kernel
+  /// starts when the previous one (any lane) has finished its own.
+  engine_clock compute_clock_;
 
   std::atomic<bool> dead_{false};
   std::mutex death_mutex_;

@@ -118,6 +118,8 @@ error sim_device::admit_op(host::host_stream& s, const op_launch& l, host::work_
     return error(errc::op_failed, "device '" + spec().name + "': op '" + l.op->name + "' (" +
                                       to_string(l.op->op) + ") failed (injected fault)");
   t.seconds = cost * factor;
+  // A kernel replayed inside a captured segment pays no launch of its own.
+  if (cost > 0 && !l.launch_paid_by_replay) t.launch_seconds = std::min(cost, spec().launch_latency) * factor;
   modelled_ += t.seconds;
   if (u_stall < faults_.op_stall_rate) t.extra_wall_seconds = faults_.stall_seconds;
   if (options_.zero_delay) t = {};

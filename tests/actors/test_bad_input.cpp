@@ -251,10 +251,10 @@ TEST(BadOptions, PlanOptionsAndEmptyGraphsAreRefusedAtCompile) {
   ASSERT_FALSE(a.has_value());
   expect_invalid_option(a.err(), "policy", "9");
   po = {};
-  po.lanes_per_device = 0;
+  po.lanes_per_device = -1;
   auto b = rt->compile(two_input_graph(), po);
   ASSERT_FALSE(b.has_value());
-  expect_invalid_option(b.err(), "lanes_per_device", "0");
+  expect_invalid_option(b.err(), "lanes_per_device", "-1");
   // an empty graph used to compile to a plan whose jobs finished "done" with no outputs
   auto e = rt->compile(ag::graph{});
   ASSERT_FALSE(e.has_value());

@@ -324,7 +324,7 @@ TEST(Planner, BadArgumentsAreErrors) {
   EXPECT_EQ(compile(g, {}).err().code, errc::invalid_argument);
   EXPECT_EQ(compile(nullptr, sim_devices(1)).err().code, errc::invalid_argument);
   plan_options o;
-  o.lanes_per_device = 0;
+  o.lanes_per_device = -1;
   EXPECT_EQ(compile(g, sim_devices(1), o).err().code, errc::invalid_argument);
 }
 
@@ -489,6 +489,101 @@ TEST(Planner, LightBranchesStayOnOneLane) {
   EXPECT_EQ(comp[0]->lane, 0);
 }
 
+// `chains` independent chains of `depth` matmul + gelu ([rows, d] x [d, d])
+// from one input, summed one after another as they finish (issue 16's
+// branchy graph): the sums join the chains, they do not merge them.
+std::shared_ptr<const graph> summed_chains(int chains, int depth, int64_t rows, int64_t d) {
+  graph_builder b;
+  auto x = b.input("x", dtype::f32, {rows, d});
+  tensor sum;
+  for (int c = 0; c < chains; ++c) {
+    tensor h = x;
+    for (int k = 0; k < depth; ++k) {
+      const std::string n = "c" + std::to_string(c) + "." + std::to_string(k);
+      auto w = b.weight(n + ".w", host_tensor::random_normal(dtype::f32, {d, d}, static_cast<uint64_t>(100 * c + k + 1), 0.05f));
+      h = b.gelu(b.matmul(h, w, false, false, n + ".mm"), gelu_mode::tanh, n + ".act");
+    }
+    sum = sum.valid() ? b.add(sum, h, "join" + std::to_string(c)) : h;
+  }
+  b.output(sum);
+  return finish(std::move(b));
+}
+
+int lanes_used(const plan& p) {
+  int n = 1;
+  for (const step* s : steps_of(p, step_kind::compute)) n = std::max(n, s->lane + 1);
+  return n;
+}
+
+TEST(Planner, JoinsOfBranchResultsDoNotMergeTheBranches) {
+  auto g = summed_chains(4, 3, 16, 64);
+  plan_options o;
+  o.lanes_per_device = 4;
+  o.min_branch_seconds = 0;
+  auto p = must_compile(g, sim_devices(1), o);
+  ASSERT_TRUE(p);
+  check_structure(*p);
+  EXPECT_EQ(lanes_used(*p), 4);
+  // each chain on one lane, the chains on four different lanes, the sums on lane 0
+  std::set<int> chain_lanes;
+  for (int c = 0; c < 4; ++c) {
+    std::set<int> mine;
+    for (const step* s : steps_of(*p, step_kind::compute))
+      for (node_id id : s->ops)
+        if (g->at(id).name.rfind("c" + std::to_string(c) + ".", 0) == 0) mine.insert(s->lane);
+    ASSERT_EQ(mine.size(), 1u) << "chain " << c << " spans lanes";
+    chain_lanes.insert(*mine.begin());
+  }
+  EXPECT_EQ(chain_lanes.size(), 4u);
+  for (const step* s : steps_of(*p, step_kind::compute))
+    for (node_id id : s->ops)
+      if (g->at(id).name.rfind("join", 0) == 0) EXPECT_EQ(s->lane, 0) << g->at(id).name;
+  EXPECT_TRUE(check_hazards(*p).ok());
+}
+
+// Auto lanes (the default): latency-bound chains are spread when the arena
+// may grow enough, never beyond max_lane_memory_ratio of the one-lane plan's.
+TEST(Planner, AutoLanesSpreadLatencyBoundChainsWithinTheMemoryRatio) {
+  auto g = summed_chains(8, 8, 16, 256);
+  plan_options one;
+  one.lanes_per_device = 1;
+  auto p1 = must_compile(g, sim_devices(1), one);
+  ASSERT_TRUE(p1);
+  const auto arena = [](const plan& p) { return static_cast<double>(p.memory()[0].arena_bytes); };
+  plan_options roomy;  // lanes_per_device 0: auto
+  EXPECT_EQ(roomy.lanes_per_device, 0);
+  roomy.max_lane_memory_ratio = 4;
+  auto p4 = must_compile(g, sim_devices(1), roomy);
+  ASSERT_TRUE(p4);
+  check_structure(*p4);
+  EXPECT_GT(lanes_used(*p4), 1) << (*p4).describe();
+  EXPECT_LE(arena(*p4), 4 * arena(*p1));
+  EXPECT_NE((*p4).describe().find("auto lanes"), std::string::npos);
+  EXPECT_TRUE(check_hazards(*p4).ok());
+  // The default ratio (1.1): four chains in flight hold four chains' buffers,
+  // so no lane plan of this graph fits; the planner falls back to one lane.
+  auto pd = must_compile(g, sim_devices(1), plan_options{});
+  ASSERT_TRUE(pd);
+  EXPECT_LE(arena(*pd), 1.1 * arena(*p1));
+  EXPECT_EQ(lanes_used(*pd), 1);
+}
+
+// Throughput-bound branches (large matmuls) gain nothing from lanes in the
+// cost model (their kernels share the device's throughput): one lane.
+TEST(Planner, AutoLanesLeaveThroughputBoundBranchesOnOneLane) {
+  auto g = two_chains(1024, 2048);  // ~290 us per matmul at 60 TFLOP/s f32, 4.5 us launch
+  plan_options o;
+  o.max_lane_memory_ratio = 100;
+  auto p = must_compile(g, sim_devices(1), o);
+  ASSERT_TRUE(p);
+  EXPECT_EQ(lanes_used(*p), 1) << (*p).describe();
+  // the same branches, lanes asked for explicitly: spread (the caller decided)
+  o.lanes_per_device = 2;
+  auto q = must_compile(g, sim_devices(1), o);
+  ASSERT_TRUE(q);
+  EXPECT_EQ(lanes_used(*q), 2);
+}
+
 TEST(Planner, RandomDagsAreWellFormed) {
   for (uint64_t seed = 1; seed <= 60; ++seed) {
     auto gr = test::random_dag({.seed = seed, .ops = 20});
@@ -567,12 +662,15 @@ TEST(PlannerBadInput, OptionsAreValidatedNamingOptionAndValue) {
   };
   plan_options o;
   EXPECT_TRUE(validate(o).ok());
-  o.lanes_per_device = 0;
-  refused(o, "lanes_per_device", "0");
   o.lanes_per_device = -1;
   refused(o, "lanes_per_device", "-1");
   o.lanes_per_device = 65;
   refused(o, "lanes_per_device", "65");
+  o = {};
+  o.max_lane_memory_ratio = 0.5;
+  refused(o, "max_lane_memory_ratio", "0.5");
+  o.max_lane_memory_ratio = std::nan("");
+  refused(o, "max_lane_memory_ratio", "nan");
   o = {};
   o.pipeline_stages = -2;
   refused(o, "pipeline_stages", "-2");

@@ -1,0 +1,169 @@
+// actorgraph-lanes-bench: do compute lanes pay off where the planner uses them?
+//
+// The graph is the one issue 16 names: `--chains` independent chains of
+// `--depth` small matmuls ([rows, d] x [d, d], d 256) + gelu, from one input,
+// joined at the end by a sum. The same graph is planned twice on one device:
+// with auto lanes (plan_options::lanes_per_device = 0, the default: the
+// planner spreads branches over lanes only where its cost model predicts a
+// gain and the arena stays within max_lane_memory_ratio of one lane's) and
+// with one lane. Jobs run one at a time (lanes only help inside a job), the
+// best of --repeats rounds counts.
+//
+// Prints a table and:
+//   lanes_speedup_branchy[_sim]: X   one-lane time per job / auto-lanes time
+//   lanes_peak_memory_ratio: X       auto-lanes plan's arena / one-lane plan's
+//   lanes_used: N                    lanes the planner chose
+//   ..._relaxed                      the same with max_lane_memory_ratio
+//                                    = --relaxed-memory-ratio (default 4)
+// On sim (default --devices sim:1) the device is modelled (time scaled by
+// --time-scale so that microsecond kernels are long against thread wake-ups;
+// the sim overlaps launch latencies across lanes and serialises throughput);
+// with --devices cuda:0 it is a GPU.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+
+#include "actors/actorgraph.hpp"
+#include "apps/common/flags.hpp"
+
+namespace {
+
+[[noreturn]] void die(const std::string& what, const ag::error& e) {
+  std::fprintf(stderr, "actorgraph-lanes-bench: %s: %s\n", what.c_str(), e.to_string().c_str());
+  std::exit(1);
+}
+
+ag::graph branchy_graph(int chains, int depth, int64_t rows, int64_t d, ag::dtype type) {
+  ag::graph_builder b;
+  auto x = b.input("x", type, {rows, d});
+  ag::tensor sum;
+  for (int c = 0; c < chains; ++c) {
+    ag::tensor h = x;
+    for (int k = 0; k < depth; ++k) {
+      const std::string n = "c" + std::to_string(c) + ".l" + std::to_string(k);
+      auto w = b.weight(n + ".w", ag::host_tensor::random_normal(type, {d, d}, 1000 * c + k, 0.06f));
+      h = b.gelu(b.matmul(h, w, false, false, n + ".mm"), ag::gelu_mode::tanh, n + ".act");
+    }
+    sum = sum.valid() ? b.add(sum, h, "join" + std::to_string(c)) : h;
+  }
+  b.output(sum);
+  auto g = std::move(b).build();
+  if (!g) die("branchy graph", g.err());
+  return std::move(*g);
+}
+
+struct plan_figures {
+  double ms_per_job = 0;
+  int64_t arena_bytes = 0;
+  int lanes_used = 1;
+  int compute_steps = 0;
+};
+
+double now_s() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+plan_figures measure(ag::runtime& rt, const ag::graph& g, const ag::plan_options& po, const ag::host_tensor& in,
+                     int jobs, int repeats) {
+  auto p = rt.compile(g, po);
+  if (!p) die("compile", p.err());
+  plan_figures f;
+  for (const auto& s : (*p)->steps())
+    if (s.kind == ag::step_kind::compute) {
+      ++f.compute_steps;
+      f.lanes_used = std::max(f.lanes_used, s.lane + 1);
+    }
+  for (const auto& m : (*p)->memory()) f.arena_bytes = std::max(f.arena_bytes, m.arena_bytes);
+  const std::vector<ag::host_tensor> inputs{in};
+  double best = 1e30;
+  for (int r = 0; r <= repeats; ++r) {  // round 0 warms up (arenas, events, streams)
+    const double t0 = now_s();
+    for (int j = 0; j < jobs; ++j) {
+      auto res = rt.submit(*p, inputs).wait();
+      if (!res.has_value()) die("job", res.err());
+    }
+    if (r > 0) best = std::min(best, (now_s() - t0) / jobs);
+  }
+  f.ms_per_job = best * 1e3;
+  return f;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string devices = "sim:1";
+  int chains = 8, depth = 8, jobs = 50, repeats = 3;
+  int64_t rows = 16, d = 256;
+  double time_scale = 20;
+  std::string type_name = "f32";
+  double relaxed_ratio = 4;
+  ag::apps::flags app("actorgraph-lanes-bench",
+                      "actorgraph-lanes-bench: auto lanes against one lane on a graph of independent small chains");
+  app.add_option("--devices", devices, "one device: sim:1 (modelled) or cuda:0");
+  app.add_option("--chains", chains, "independent chains")->check(CLI::Range(1, 256));
+  app.add_option("--depth", depth, "matmul + gelu per chain")->check(CLI::Range(1, 1024));
+  app.add_option("--rows", rows, "rows of the activations")->check(CLI::Range(int64_t{1}, int64_t{1} << 16));
+  app.add_option("--d", d, "width of the matmuls")->check(CLI::Range(int64_t{1}, int64_t{1} << 14));
+  app.add_option("--jobs", jobs, "jobs per round, one at a time")->check(CLI::Range(1, 1000000));
+  app.add_option("--repeats", repeats, "timed rounds (the best counts)")->check(CLI::Range(1, 1000));
+  app.add_option("--time-scale", time_scale, "sim only: wall seconds per modelled second")->check(CLI::Range(1e-3, 1e6));
+  app.add_option("--dtype", type_name, "f32 or bf16");
+  app.add_option("--relaxed-memory-ratio", relaxed_ratio, "max_lane_memory_ratio of the table's relaxed auto row")
+      ->check(CLI::Range(1.0, 1e6));
+  if (auto status = ag::apps::parse_flags(app, argc, argv)) return *status;
+  const ag::dtype type = type_name == "bf16" ? ag::dtype::bf16 : ag::dtype::f32;
+  if (type_name != "bf16" && type_name != "f32") die("flags", {ag::errc::invalid_argument, "--dtype must be f32 or bf16"});
+
+  ag::runtime_options o;
+  o.backend.sim.compute_values = false;
+  o.backend.sim.jitter = 0;
+  o.backend.sim.time_scale = time_scale;
+  o.trace = false;
+  auto rt = ag::runtime::create(devices, o);
+  if (!rt) die("runtime (" + devices + ")", rt.err());
+  const bool sim = devices.rfind("sim", 0) == 0;
+  const auto g = branchy_graph(chains, depth, rows, d, type);
+  const auto in = ag::host_tensor::random_normal(type, {rows, d}, 7, 1.0f);
+
+  ag::plan_options one_lane;
+  one_lane.lanes_per_device = 1;
+  ag::plan_options auto_lanes;  // lanes_per_device = 0: the planner decides
+  const auto one = measure(**rt, g, one_lane, in, jobs, repeats);
+  const auto lanes = measure(**rt, g, auto_lanes, in, jobs, repeats);
+  ag::plan_options relaxed;  // auto lanes, more arena allowed
+  relaxed.max_lane_memory_ratio = relaxed_ratio;
+  const auto roomy = measure(**rt, g, relaxed, in, jobs, repeats);
+  ag::plan_options forced;  // every lane the device offers, whatever it costs
+  forced.lanes_per_device = 64;
+  forced.min_branch_seconds = 0;
+  const auto all = measure(**rt, g, forced, in, jobs, repeats);
+  const double scale = sim ? time_scale : 1.0;  // report modelled ms on sim
+
+  std::printf("graph: %d chains x %d (matmul [%lld, %lld] x [%lld, %lld] + gelu), %s, on %s\n", chains, depth,
+              static_cast<long long>(rows), static_cast<long long>(d), static_cast<long long>(d),
+              static_cast<long long>(d), type_name.c_str(), devices.c_str());
+  std::printf("%-22s %8s %14s %12s %14s\n", "plan", "lanes", "compute steps", "arena KiB", sim ? "modelled ms" : "ms per job");
+  std::printf("%-22s %8d %14d %12.1f %14.4f\n", "one lane", one.lanes_used, one.compute_steps,
+              static_cast<double>(one.arena_bytes) / 1024, one.ms_per_job / scale);
+  std::printf("%-22s %8d %14d %12.1f %14.4f\n", "auto lanes (planner)", lanes.lanes_used, lanes.compute_steps,
+              static_cast<double>(lanes.arena_bytes) / 1024, lanes.ms_per_job / scale);
+  char roomy_name[64];
+  std::snprintf(roomy_name, sizeof roomy_name, "auto, memory <= %.1fx", relaxed_ratio);
+  std::printf("%-22s %8d %14d %12.1f %14.4f\n", roomy_name, roomy.lanes_used, roomy.compute_steps,
+              static_cast<double>(roomy.arena_bytes) / 1024, roomy.ms_per_job / scale);
+  std::printf("%-22s %8d %14d %12.1f %14.4f\n", "every lane (forced)", all.lanes_used, all.compute_steps,
+              static_cast<double>(all.arena_bytes) / 1024, all.ms_per_job / scale);
+  std::printf("lanes_used: %d\n", lanes.lanes_used);
+  const auto ratio = [&](const plan_figures& f) {
+    return one.arena_bytes > 0 ? static_cast<double>(f.arena_bytes) / static_cast<double>(one.arena_bytes) : 1.0;
+  };
+  // Default options: what a user gets without asking.
+  std::printf("lanes_speedup_branchy%s: %.3f\n", sim ? "_sim" : "", one.ms_per_job / lanes.ms_per_job);
+  std::printf("lanes_peak_memory_ratio: %.3f\n", ratio(lanes));
+  // With the relaxed memory ratio: what lanes buy when the arena may grow.
+  std::printf("lanes_speedup_branchy%s_relaxed: %.3f\n", sim ? "_sim" : "", one.ms_per_job / roomy.ms_per_job);
+  std::printf("lanes_peak_memory_ratio_relaxed: %.3f\n", ratio(roomy));
+  return 0;
+}
