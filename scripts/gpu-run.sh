@@ -10,7 +10,8 @@
 #    then the end-to-end ones (apps/actorgraph-e2e-bench, scripts/torch_e2e_ref.py);
 # 4. writes logs and results into OUTDIR (build.log, ctest-gpu.log,
 #    ctest-all.log, cuda-bench.txt, torch-bench.txt, summary.txt).
-# Environment: AG_GPU_RUN_STEPS (default "configure build gpu all bench e2e") picks steps;
+# Environment: AG_GPU_RUN_STEPS (default "configure build gpu all bench e2e"; also
+# "lanes": actorgraph-lanes-bench on cuda:0 and sim) picks steps;
 # AG_BUILD_DIR (default build-gpu); AG_JOBS (default nproc).
 set -uo pipefail
 out="${1:?usage: gpu-run.sh OUTDIR [ctest args...]}"
@@ -116,6 +117,13 @@ if has bench; then
     LD_LIBRARY_PATH="$orig_ld_path" PYTHONUNBUFFERED=1 timeout 180 python3 scripts/torch_ref_bench.py >"$out/torch-bench.txt" 2>&1 || true
     cat "$out/torch-bench.txt" | tee -a "$summary"
   fi
+fi
+# --- lanes: auto lanes against one lane on independent small chains (issue 16); step "lanes"
+if has lanes && [ -x "$build/apps/actorgraph-lanes-bench" ]; then
+  note "actorgraph-lanes-bench --devices cuda:0 (and the sim model of the same graph)"
+  "$build/apps/actorgraph-lanes-bench" --devices cuda:0 --jobs 200 >"$out/lanes-bench.txt" 2>&1 || status=1
+  "$build/apps/actorgraph-lanes-bench" >>"$out/lanes-bench.txt" 2>&1 || status=1
+  cat "$out/lanes-bench.txt" | tee -a "$summary"
 fi
 # --- end to end through the actor runtime (transformer forward vs PyTorch eager,
 # GPU idle time, host completion latency, 2-GPU pipeline); step "e2e" ----------
