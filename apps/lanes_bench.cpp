@@ -15,6 +15,9 @@
 //   lanes_used: N                    lanes the planner chose
 //   ..._relaxed                      the same with max_lane_memory_ratio
 //                                    = --relaxed-memory-ratio (default 4)
+//   lanes_speedup_mixed[_sim]: X     the same for a large matmul next to a
+//                                    chain of small gelus, where the cost
+//                                    model predicts lanes pay
 // On sim (default --devices sim:1) the device is modelled (time scaled by
 // --time-scale so that microsecond kernels are long against thread wake-ups;
 // the sim overlaps launch latencies across lanes and serialises throughput);
@@ -54,6 +57,24 @@ ag::graph branchy_graph(int chains, int depth, int64_t rows, int64_t d, ag::dtyp
   return std::move(*g);
 }
 
+/// One large matmul ([rows_big, 2048] x [2048, 2048], throughput-bound) next
+/// to a chain of `small_ops` gelus on [16, 256] (launch-bound): the graph
+/// where the cost model predicts lanes pay (one branch's launches overlap the
+/// other's work).
+ag::graph mixed_graph(int small_ops, int64_t rows_big, ag::dtype type) {
+  ag::graph_builder b;
+  auto x = b.input("x", type, {rows_big, 2048});
+  auto w = b.weight("w", ag::host_tensor::random_normal(type, {2048, 2048}, 3, 0.02f));
+  b.output(b.matmul(x, w, false, false, "big"));
+  auto s = b.input("s", type, {16, 256});
+  ag::tensor h = s;
+  for (int k = 0; k < small_ops; ++k) h = b.gelu(h, ag::gelu_mode::tanh, "small" + std::to_string(k));
+  b.output(h);
+  auto g = std::move(b).build();
+  if (!g) die("mixed graph", g.err());
+  return std::move(*g);
+}
+
 struct plan_figures {
   double ms_per_job = 0;
   int64_t arena_bytes = 0;
@@ -65,8 +86,8 @@ double now_s() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
-plan_figures measure(ag::runtime& rt, const ag::graph& g, const ag::plan_options& po, const ag::host_tensor& in,
-                     int jobs, int repeats) {
+plan_figures measure(ag::runtime& rt, const ag::graph& g, const ag::plan_options& po,
+                     const std::vector<ag::host_tensor>& inputs, int jobs, int repeats) {
   auto p = rt.compile(g, po);
   if (!p) die("compile", p.err());
   plan_figures f;
@@ -76,7 +97,6 @@ plan_figures measure(ag::runtime& rt, const ag::graph& g, const ag::plan_options
       f.lanes_used = std::max(f.lanes_used, s.lane + 1);
     }
   for (const auto& m : (*p)->memory()) f.arena_bytes = std::max(f.arena_bytes, m.arena_bytes);
-  const std::vector<ag::host_tensor> inputs{in};
   double best = 1e30;
   for (int r = 0; r <= repeats; ++r) {  // round 0 warms up (arenas, events, streams)
     const double t0 = now_s();
@@ -99,6 +119,8 @@ int main(int argc, char** argv) {
   double time_scale = 20;
   std::string type_name = "f32";
   double relaxed_ratio = 4;
+  int mixed_small_ops = 32;
+  int64_t mixed_rows = 1024;
   ag::apps::flags app("actorgraph-lanes-bench",
                       "actorgraph-lanes-bench: auto lanes against one lane on a graph of independent small chains");
   app.add_option("--devices", devices, "one device: sim:1 (modelled) or cuda:0");
@@ -110,6 +132,10 @@ int main(int argc, char** argv) {
   app.add_option("--repeats", repeats, "timed rounds (the best counts)")->check(CLI::Range(1, 1000));
   app.add_option("--time-scale", time_scale, "sim only: wall seconds per modelled second")->check(CLI::Range(1e-3, 1e6));
   app.add_option("--dtype", type_name, "f32 or bf16");
+  app.add_option("--mixed-small-ops", mixed_small_ops, "gelus of the mixed graph's launch-bound branch")
+      ->check(CLI::Range(1, 4096));
+  app.add_option("--mixed-rows", mixed_rows, "rows of the mixed graph's large matmul")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 16));
   app.add_option("--relaxed-memory-ratio", relaxed_ratio, "max_lane_memory_ratio of the table's relaxed auto row")
       ->check(CLI::Range(1.0, 1e6));
   if (auto status = ag::apps::parse_flags(app, argc, argv)) return *status;
@@ -125,7 +151,7 @@ int main(int argc, char** argv) {
   if (!rt) die("runtime (" + devices + ")", rt.err());
   const bool sim = devices.rfind("sim", 0) == 0;
   const auto g = branchy_graph(chains, depth, rows, d, type);
-  const auto in = ag::host_tensor::random_normal(type, {rows, d}, 7, 1.0f);
+  const std::vector<ag::host_tensor> in{ag::host_tensor::random_normal(type, {rows, d}, 7, 1.0f)};
 
   ag::plan_options one_lane;
   one_lane.lanes_per_device = 1;
@@ -165,5 +191,23 @@ int main(int argc, char** argv) {
   // With the relaxed memory ratio: what lanes buy when the arena may grow.
   std::printf("lanes_speedup_branchy%s_relaxed: %.3f\n", sim ? "_sim" : "", one.ms_per_job / roomy.ms_per_job);
   std::printf("lanes_peak_memory_ratio_relaxed: %.3f\n", ratio(roomy));
+
+  // The mixed graph: the cost model's case for lanes.
+  const auto mg = mixed_graph(mixed_small_ops, mixed_rows, type);
+  const std::vector<ag::host_tensor> min{ag::host_tensor::random_normal(type, {mixed_rows, 2048}, 8, 1.0f),
+                                         ag::host_tensor::random_normal(type, {16, 256}, 9, 1.0f)};
+  const auto m_one = measure(**rt, mg, one_lane, min, jobs, repeats);
+  const auto m_auto = measure(**rt, mg, auto_lanes, min, jobs, repeats);
+  std::printf("graph: matmul [%lld, 2048] x [2048, 2048] next to %d gelus on [16, 256], %s, on %s\n",
+              static_cast<long long>(mixed_rows), mixed_small_ops, type_name.c_str(), devices.c_str());
+  std::printf("%-22s %8d %14d %12.1f %14.4f\n", "one lane", m_one.lanes_used, m_one.compute_steps,
+              static_cast<double>(m_one.arena_bytes) / 1024, m_one.ms_per_job / scale);
+  std::printf("%-22s %8d %14d %12.1f %14.4f\n", "auto lanes (planner)", m_auto.lanes_used, m_auto.compute_steps,
+              static_cast<double>(m_auto.arena_bytes) / 1024, m_auto.ms_per_job / scale);
+  std::printf("lanes_used_mixed: %d\n", m_auto.lanes_used);
+  std::printf("lanes_speedup_mixed%s: %.3f\n", sim ? "_sim" : "", m_one.ms_per_job / m_auto.ms_per_job);
+  std::printf("lanes_peak_memory_ratio_mixed: %.3f\n",
+              m_one.arena_bytes > 0 ? static_cast<double>(m_auto.arena_bytes) / static_cast<double>(m_one.arena_bytes)
+                                    : 1.0);
   return 0;
 }

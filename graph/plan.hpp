@@ -140,9 +140,10 @@ struct plan_options {
   /// Compute streams (lanes) per device the planner may use.
   ///  - 0 (auto, the default): up to each device's max_lanes, and only where
   ///    the cost model predicts the branches finish sooner spread over lanes
-  ///    than on one (their launch latencies overlap, their throughput-bound
-  ///    parts do not; each extra lane pays a fork/join of two launch
-  ///    latencies) and the device's arena stays within
+  ///    than on one (launches of all lanes come one after another, and so do
+  ///    the throughput-bound parts of kernels: lanes overlap one branch's
+  ///    launches with another's work; each extra lane pays a fork/join of two
+  ///    launch latencies) and the device's arena stays within
   ///    max_lane_memory_ratio of the one-lane plan's (else fewer lanes);
   ///  - N >= 1: up to N lanes, independent branches spread over them whenever
   ///    at least two each exceed min_branch_seconds (the caller decided).

@@ -327,21 +327,26 @@ void assign_lanes(builder_state& s) {
       std::sort(heavy.begin(), heavy.end(), [](auto& x, auto& y) { return x.first > y.first || (x.first == y.first && x.second < y.second); });
       std::vector<double> load(static_cast<std::size_t>(lanes), 0.0);
       std::map<std::size_t, int> chosen;
-      double one_lane = 0, throughput_part = 0;
+      double one_lane = 0, throughput_part = 0, launch_total = 0;
       for (auto& [t, c] : heavy) {
         const auto l = static_cast<std::size_t>(std::min_element(load.begin(), load.end()) - load.begin());
         load[l] += t;
         chosen[c] = static_cast<int>(l);
         one_lane += t;
         throughput_part += t - launch_part[iv][c];
+        launch_total += launch_part[iv][c];
       }
       if (s.lanes_by_model) {
-        // Lanes finish when the busiest lane does, but no sooner than the
-        // throughput-bound parts of all branches back to back; every extra
-        // lane costs a fork and a join (an event record and wait each).
+        // Lanes finish when the busiest lane does, but no sooner than all
+        // launches back to back (one actor launches every lane's kernels) or
+        // the throughput-bound parts back to back (one device's throughput):
+        // lanes overlap one branch's launches with another's work, no more.
+        // Every extra lane costs a fork and a join (an event record and wait
+        // each). The sim device models the same (host_device::occupy).
         const int used = static_cast<int>(std::count_if(load.begin(), load.end(), [](double x) { return x > 0; }));
-        const double spread = std::max(throughput_part, *std::max_element(load.begin(), load.end())) +
-                              2.0 * spec.launch_latency * (used - 1);
+        const double spread =
+            std::max({throughput_part, launch_total, *std::max_element(load.begin(), load.end())}) +
+            2.0 * spec.launch_latency * (used - 1);
         if (!(spread < 0.9 * one_lane)) continue;  // a gain under 10% is within the model's error
       }
       lane_of_component.insert(chosen.begin(), chosen.end());

@@ -239,8 +239,10 @@ int64_t host_device::occupy(task_context& ctx, host_stream& hs, const work_timin
     eng.busy_until = end;
   } else if (kernel) {
     const int64_t launch = std::min(dur, to_ns(t.launch_seconds * cfg_.time_scale));
-    std::lock_guard<std::mutex> lk(compute_clock_.mutex);
-    const int64_t body_start = std::max(start + launch, compute_clock_.busy_until);
+    std::scoped_lock lk(launch_clock_.mutex, compute_clock_.mutex);
+    const int64_t launch_start = std::max(start, launch_clock_.busy_until);
+    launch_clock_.busy_until = launch_start + launch;
+    const int64_t body_start = std::max(launch_start + launch, compute_clock_.busy_until);
     compute_clock_.busy_until = body_start + (dur - launch);
     end = compute_clock_.busy_until + extra;
   } else {
