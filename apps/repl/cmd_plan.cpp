@@ -2,6 +2,7 @@
 // refused before loading when the devices that live in host memory would
 // not fit this host.
 #include <cstdlib>
+#include <optional>
 
 #include "apps/repl/memory_budget.hpp"
 #include "apps/repl/session_impl.hpp"
@@ -51,12 +52,19 @@ expected<session::impl::layout> session::impl::read_layout(params& p) const {
   layout l{stages, lanes, tp, ratios, replay};
   auto st = p.get_int("stages", 0, 4096);
   if (!st) return st.err();
-  auto ln = p.get_int("lanes", 1, 64);
-  if (!ln) return ln.err();
+  // lanes=auto (0): the planner decides (plan_options::lanes_per_device 0)
+  std::optional<int64_t> lanes_given;
+  if (auto r = p.raw("lanes"); r && *r == "auto") {
+    lanes_given = 0;
+  } else {
+    auto ln = p.get_int("lanes", 1, 64);
+    if (!ln) return ln.err();
+    lanes_given = *ln;
+  }
   auto t = p.get_int("tp", 1, 4096);
   if (!t) return t.err();
   if (*st) l.stages = static_cast<int>(**st);
-  if (*ln) l.lanes = static_cast<int>(**ln);
+  if (lanes_given) l.lanes = static_cast<int>(*lanes_given);
   if (*t) {
     l.tp = static_cast<int>(**t);
     l.ratios.clear();  // a new degree starts even unless ratios= says otherwise
@@ -88,9 +96,10 @@ void session::impl::apply_layout(layout l) {
 std::string session::impl::settings_text() const {
   std::string r;
   for (double v : ratios) r += (r.empty() ? "" : ",") + fmt("%g", v);
-  return fmt("stages=%d%s tp=%d%s microbatches=%d lanes=%d replay=%s check=%s seed=%llu", stages,
+  return fmt("stages=%d%s tp=%d%s microbatches=%d lanes=%s replay=%s check=%s seed=%llu", stages,
              stages == 0 ? (tp > 1 ? " (devices / tp)" : " (all devices)") : "", tp,
-             ratios.empty() ? "" : (" ratios=" + r).c_str(), microbatches, lanes, to_string(replay), to_string(check),
+             ratios.empty() ? "" : (" ratios=" + r).c_str(), microbatches,
+             lanes == 0 ? "auto" : std::to_string(lanes).c_str(), to_string(replay), to_string(check),
              static_cast<unsigned long long>(seed));
 }
 

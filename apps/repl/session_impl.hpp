@@ -112,7 +112,7 @@ struct session::impl {
   std::string gen_key;
 
   // settings
-  int stages = 0, microbatches = 16, lanes = 1;
+  int stages = 0, microbatches = 16, lanes = 0;  // lanes 0: auto (the planner decides)
   graph_replay_mode replay = graph_replay_mode::off;  ///< plan_options::graph_replay (set replay=)
   int tp = 1;                  ///< tensor-parallel degree ('set tp=N')
   std::vector<double> ratios;  ///< shard ratios ('set ratios=3,1'); empty: even
@@ -168,7 +168,7 @@ struct session::impl {
   outcome cmd_set(const command_line& c);
   /// stages= and lanes=: the current ones with the given ones replaced.
   struct layout {
-    int stages = 0, lanes = 1;
+    int stages = 0, lanes = 0;
     int tp = 1;                  ///< tensor-parallel degree (devices per stage)
     std::vector<double> ratios;  ///< shard ratios (empty: even)
     graph_replay_mode replay = graph_replay_mode::off;

@@ -57,7 +57,24 @@ TEST(ReplCommands, BadNumbersAndUnknownParametersAreRejected) {
   EXPECT_TRUE(has(f.text, "no value after '='")) << f.text;
   // Settings survive the failed attempts.
   EXPECT_EQ(f.run("set"), exec_status::ok);
-  EXPECT_TRUE(has(f.text, "microbatches=16 lanes=1")) << f.text;
+  EXPECT_TRUE(has(f.text, "microbatches=16 lanes=auto")) << f.text;
+}
+
+// lanes=auto (the default) and lanes=N reach the plan's options.
+TEST(ReplCommands, SetLanesAutoOrACountReachesThePlan) {
+  fixture f;
+  ASSERT_EQ(f.run("devices sim:1"), exec_status::ok) << f.text;
+  ASSERT_EQ(f.run("model gpt2 layers=1 d=64 heads=2 ff=128 seq=8 batch=1"), exec_status::ok) << f.text;
+  ASSERT_EQ(f.run("plan"), exec_status::ok) << f.text;
+  EXPECT_TRUE(has(f.text, "auto lanes")) << f.text;
+  ASSERT_EQ(f.run("set lanes=2"), exec_status::ok) << f.text;
+  ASSERT_EQ(f.run("plan"), exec_status::ok) << f.text;
+  EXPECT_TRUE(has(f.text, "2 lane(s) per device allowed")) << f.text;
+  ASSERT_EQ(f.run("set lanes=auto"), exec_status::ok) << f.text;
+  ASSERT_EQ(f.run("set"), exec_status::ok);
+  EXPECT_TRUE(has(f.text, "lanes=auto")) << f.text;
+  EXPECT_EQ(f.run("set lanes=0"), exec_status::failed);
+  EXPECT_TRUE(has(f.text, "out of range")) << f.text;
 }
 
 // Device specs are read by the library's own parser (gpu::parse_device_spec,
