@@ -24,7 +24,7 @@
 //   --sched-max-throughput=1 --sched-idle-steal-us=1000 (runtime_options::scheduler_*, 0: CAF's default)
 //   --then-devices=sim:1 --then-jobs=2000
 //   --dispatch-only=1 (many-split jobs only) / =2 (6-split jobs) / =3 (1-3 op splits): for profilers
-//                   / =4 (submit_to_then_us only)
+//                   / =4 (submit_to_then_us only) / =5 (its round trip cut into hops, trace on)
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -145,12 +145,19 @@ struct then_result {
   double median_us = 0, p99_us = 0;
 };
 
-then_result run_submit_to_then(const std::string& devices, int jobs, int threads) {
+/// With `breakdown`, the trace is on and each timed job's round trip is cut
+/// into hops (medians over the jobs, printed as a table): submit -> the first
+/// step enqueued, then per step enqueue -> start (queueing, launch) and
+/// start -> end (device), the hop from one step's end to the next step's
+/// enqueue (completion seen, message, next actor), and the last end -> the
+/// continuation. Tracing adds its own cost: the total is higher than the
+/// untraced figure.
+then_result run_submit_to_then(const std::string& devices, int jobs, int threads, bool breakdown = false) {
   ag::runtime_options o = base_options;
   o.backend.sim.zero_delay = true;
   o.backend.sim.compute_values = false;
   o.scheduler_threads = threads;
-  o.trace = false;
+  o.trace = breakdown;
   auto rt = ag::runtime::create(devices, o);
   if (!rt) die("runtime (" + devices + ")", rt.err());
   constexpr int64_t n = 256;
@@ -167,6 +174,7 @@ then_result run_submit_to_then(const std::string& devices, int jobs, int threads
   const std::vector<ag::host_tensor> in{ag::host_tensor::random_normal(ag::dtype::f32, {n}, 5, 1.0f)};
   std::vector<double> us;
   us.reserve(static_cast<std::size_t>(jobs));
+  std::vector<std::pair<std::string, std::vector<double>>> hops;  // breakdown: name, per-job us
   std::atomic<int64_t> done_ns{0};
   for (int i = -50; i < jobs; ++i) {
     done_ns.store(0, std::memory_order_relaxed);
@@ -180,6 +188,35 @@ then_result run_submit_to_then(const std::string& devices, int jobs, int threads
     while ((t1 = done_ns.load(std::memory_order_acquire)) == 0)
       if (ag::gpu::host_clock_ns() > deadline) die("tiny job", {ag::errc::internal, "then() did not run within 10 s"});
     if (i >= 0) us.push_back(static_cast<double>(t1 - t0) / 1e3);
+    if (breakdown) {
+      auto tr = (*rt)->take_trace();
+      if (i < 0) continue;
+      auto& r = tr.records;
+      std::sort(r.begin(), r.end(), [](const auto& a, const auto& b) { return a.start_ns < b.start_ns; });
+      if (r.empty()) continue;
+      std::vector<std::pair<std::string, double>> row;
+      row.emplace_back("submit -> first enqueue", static_cast<double>(r.front().enqueue_ns - t0) / 1e3);
+      for (std::size_t k = 0; k < r.size(); ++k) {
+        const std::string name = r[k].lane;
+        if (k > 0) row.emplace_back("  end -> enqueue " + name, static_cast<double>(r[k].enqueue_ns - r[k - 1].end_ns) / 1e3);
+        row.emplace_back("  " + name + ": enqueue -> start", static_cast<double>(r[k].start_ns - r[k].enqueue_ns) / 1e3);
+        row.emplace_back("  " + name + ": start -> end", static_cast<double>(r[k].end_ns - r[k].start_ns) / 1e3);
+      }
+      row.emplace_back("last end -> continuation", static_cast<double>(t1 - r.back().end_ns) / 1e3);
+      if (hops.empty()) hops.resize(row.size());
+      if (hops.size() == row.size())
+        for (std::size_t k = 0; k < row.size(); ++k) {
+          hops[k].first = row[k].first;
+          hops[k].second.push_back(row[k].second);
+        }
+    }
+  }
+  if (breakdown) {
+    std::printf("%-40s %12s\n", ("round trip hops, " + devices + " (trace on)").c_str(), "median us");
+    for (auto& [name, v] : hops) {
+      std::sort(v.begin(), v.end());
+      if (!v.empty()) std::printf("%-40s %12.1f\n", name.c_str(), v[v.size() / 2]);
+    }
   }
   std::sort(us.begin(), us.end());
   then_result r;
@@ -248,13 +285,17 @@ int main(int argc, char** argv) {
   app.add_option("--then-jobs", then_jobs, "tiny jobs timed for submit_to_then_us")->check(CLI::Range(1, 10000000));
   app.add_option("--dispatch-only", only,
                  "1: many-split jobs only, 2: 6-split jobs only, 3: 1-3 op splits only, 4: submit_to_then_us only "
-                 "(for profilers); 0: everything")
-      ->check(CLI::Range(0, 4));
+                 "(for profilers); 5: submit_to_then's round trip cut into hops (trace on); 0: everything")
+      ->check(CLI::Range(0, 5));
   if (auto status = ag::apps::parse_flags(app, argc, argv)) return *status;
 
   // Dispatch cost: jobs of many small splits (the headline figure), and small
   // jobs of 6 splits, where the fixed per-job cost (job actor, arenas, handle)
   // is spread over few splits.
+  if (only == 5) {
+    (void)run_submit_to_then(then_devices, then_jobs, threads, /*breakdown=*/true);
+    return 0;
+  }
   if (only == 4) {
     const auto t = run_submit_to_then(then_devices, then_jobs, threads);
     std::printf("submit_to_then_us_p99 (%s): %.1f\nsubmit_to_then_us: %.1f\n", then_devices.c_str(), t.p99_us,
