@@ -250,10 +250,15 @@ caf::behavior job_actor_fn(job_actor_t* self, runtime_core* core, std::shared_pt
           const auto& prog = st.ctx->program();
           const lowered_step& ls = prog.steps()[static_cast<std::size_t>(m.step)];
           const launch_queue& q = prog.queues()[static_cast<std::size_t>(ls.queue)];
-          std::string text = "device '" + st.core->specs()[static_cast<std::size_t>(q.device)].name + "' step " +
-                             std::to_string(m.step) + " (" + lane_name(q.kind, q.lane);
-          if (!ls.label.empty()) text += ", " + ls.label;
-          text += "): " + m.err.message;
+          std::string where = "device '" + st.core->specs()[static_cast<std::size_t>(q.device)].name + "' step " +
+                              std::to_string(m.step) + " (" + lane_name(q.kind, q.lane);
+          if (!ls.label.empty()) where += ", " + ls.label;
+          where += ")";
+          // An error that concerns another device (one that died upstream of
+          // this step) leads with that device's own message, so the failure
+          // names the device at fault first, whichever step saw it.
+          const bool elsewhere = m.err.device >= 0 && m.err.device != q.device;
+          std::string text = elsewhere ? m.err.message + " (seen by " + where + ")" : where + ": " + m.err.message;
           std::string op = !m.err.op.empty() ? m.err.op : ls.subject ? ls.subject->name : std::string{};
           return begin_fail(self, {m.err.code, std::move(text), m.err.device >= 0 ? m.err.device : q.device, m.step,
                                    std::move(op)});
