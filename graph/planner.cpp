@@ -309,8 +309,8 @@ void assign_lanes(builder_state& s) {
       if (!joined[a] && branch != m) parent[find(a)] = branch;
     }
     // interval -> component -> modelled seconds, and the part of them that is
-    // launch latency (overlaps across lanes; the rest is throughput-bound and
-    // does not, the sim device models the same: host_device::occupy)
+    // launch latency (the rest is throughput-bound; the auto-lane model below
+    // and the sim device, host_device::occupy, treat the two parts apart)
     std::map<int, std::map<std::size_t, double>> groups, launch_part;
     for (std::size_t a = 0; a < m; ++a) {
       if (seq[a] || joined[a]) continue;
