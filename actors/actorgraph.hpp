@@ -128,7 +128,8 @@ class job {
   /// wait (see wait()): it only says whether the job is ready.
   bool wait_for(std::chrono::nanoseconds d) const;
   /// Runs `fn` once the job is ready (at once, on this thread, if it already
-  /// is; else on a runtime thread: keep it short and non-blocking).
+  /// is; else on a runtime thread: keep it short and non-blocking). Either
+  /// way `fn` runs as a continuation: wait() on a job not ready fails there.
   void then(std::function<void(const job_result&)> fn) const;
   /// Asks the runtime to cancel: steps not yet started are dropped, work
   /// already on a device finishes, memory is released, and the result becomes

@@ -118,6 +118,11 @@ void job::then(std::function<void(const job_result&)> fn) const {
       return;
     }
   }
+  // A job already ready runs `fn` here, on the caller's thread, under the same
+  // rules as on a completion thread (wait() inside it fails at once): what a
+  // continuation may do must not depend on whether the job finished before
+  // then() was called (Continuation.WaitingOnAnotherJob... hung when it had).
+  continuation_scope scope;
   fn(*s_->result);
 }
 
