@@ -89,6 +89,21 @@ const char* to_string(job_state s) noexcept;
 /// Outputs in graph.outputs() order, or the error that says what failed where.
 using job_result = expected<std::vector<host_tensor>>;
 
+/// What graph replay (plan_options::graph_replay) did so far, summed over
+/// every device of a runtime: one count per replay segment run. A segment's
+/// first run on its executing actor is plain (kernel by kernel: the stream's
+/// resources are made then); later runs capture one graph per set of job
+/// buffers (arena) and replay it; a capture the device refuses makes that
+/// segment run plainly from then on (a fallback, also marked in the trace).
+/// Devices that do not capture (cpu) never count.
+struct replay_stats {
+  int64_t plain = 0;      ///< runs launched kernel by kernel (first runs, no graph slot left)
+  int64_t captured = 0;   ///< graphs captured (and launched)
+  int64_t replayed = 0;   ///< launches of a graph captured earlier
+  int64_t fallbacks = 0;  ///< runs launched plainly because a capture was refused
+  std::string last_fallback;  ///< why the last refused capture was refused ("" when none)
+};
+
 /// Per-job options of runtime::submit.
 struct submit_options {
   /// Time from submission after which the job fails with errc::timeout
@@ -211,6 +226,9 @@ class runtime {
   void wait_idle();
   /// Returns and clears the trace records gathered so far (jobs that are ready).
   trace take_trace();
+  /// Graph replay counters since the runtime started (thread-safe; the
+  /// executing actors add to them as they launch).
+  replay_stats replay_statistics() const;
 
   /// Advanced: the device objects (e.g. to inject faults into a sim device in tests).
   gpu::device_ptr device(int index) const;

@@ -115,6 +115,9 @@ void collect_trace(const job_context& ctx) {
     r.lane = lane_name(q.kind, q.lane);
     r.step = static_cast<step_id>(s);
     r.label = ls.label;
+    if (slot.replay != replay_outcome::none)
+      r.label += " [graph replay: " + std::string(to_string(slot.replay)) + ", " + std::to_string(ls.replay_steps) +
+                 " steps, " + std::to_string(ls.replay_kernels) + " kernels]";
     r.enqueue_ns = slot.enqueue_ns;
     r.start_ns = slot.start->completion_ns();
     r.end_ns = slot.end->completion_ns();
@@ -330,6 +333,17 @@ caf::actor spawn_job_actor(caf::actor_system& sys, runtime_core* core, std::shar
   if (lp->program->used_devices().empty())
     return sys.spawn(job_actor_fn, core, std::move(ss), std::move(lp), std::move(user_plan), std::move(inputs));
   return sys.spawn<caf::lazy_init>(job_actor_fn, core, std::move(ss), std::move(lp), std::move(user_plan), std::move(inputs));
+}
+
+const char* to_string(replay_outcome o) noexcept {
+  switch (o) {
+    case replay_outcome::none: return "none";
+    case replay_outcome::plain: return "plain";
+    case replay_outcome::captured: return "captured";
+    case replay_outcome::replayed: return "replayed";
+    case replay_outcome::fallback: return "fallback";
+  }
+  return "?";
 }
 
 }  // namespace ag::actors

@@ -32,11 +32,26 @@ namespace ag::actors {
 
 class runtime_core;
 
+/// How the executing actor ran a replay segment (launch_program.hpp's
+/// lowered_step::replay_steps), on the segment's first step; none elsewhere.
+enum class replay_outcome : uint8_t {
+  none = 0,   ///< not the first step of a replay segment
+  plain,      ///< launched kernel by kernel: the segment's first run on this actor, or no graph slot left
+  captured,   ///< captured now (for this job's buffers) and launched as one graph
+  replayed,   ///< a graph captured by an earlier job with the same buffers, launched again
+  fallback,   ///< launched kernel by kernel because the device refused the capture
+};
+/// "plain", "captured", ... (trace labels).
+const char* to_string(replay_outcome o) noexcept;
+
 /// Per step and job: the events the step recorded and when it was enqueued.
 struct step_slot {
   std::shared_ptr<gpu::event> start;  ///< timing runs only
+  /// A replayed segment's first step holds the segment's end event here
+  /// too (the trace shows the segment as one record).
   std::shared_ptr<gpu::event> end;
   int64_t enqueue_ns = 0;
+  replay_outcome replay = replay_outcome::none;
 };
 
 struct job_context final : msg::job_ref, std::enable_shared_from_this<job_context> {

@@ -182,24 +182,10 @@ std::vector<gpu::op_launch> launch_program::launch_records(int q) const {
   const auto& queue = queues_.at(static_cast<std::size_t>(q));
   std::vector<gpu::op_launch> r;
   r.reserve(static_cast<std::size_t>(queue.launch_records));
-  // Graph replay: the first kernel of each segment pays the graph launch, the
-  // others ride on it (graph/replay.hpp). Never on cpu devices.
-  std::vector<char> segment_start(plan_->steps().size(), 0);
-  const bool replay = plan_->options().graph_replay != graph_replay_mode::off &&
-                      plan_->devices().at(static_cast<std::size_t>(queue.device)).kind != device_kind::cpu;
-  if (replay)
-    for (const replay_segment& seg : replay_segments(*plan_))
-      segment_start[static_cast<std::size_t>(seg.steps.front())] = 1;
-  bool segment_paid = false;
   for (step_id s : queue.steps) {
-    if (segment_start[static_cast<std::size_t>(s)]) segment_paid = false;
     for (const auto& op : steps_[static_cast<std::size_t>(s)].ops) {
       gpu::op_launch l;
       l.op = op.op;
-      if (replay && !is_view_op(op.op->op) && !is_leaf_op(op.op->op)) {
-        l.launch_paid_by_replay = segment_paid;
-        segment_paid = true;
-      }
       l.source = &plan_->source();
       l.out = op.out.proto;
       l.inputs.reserve(op.inputs.size());
@@ -242,6 +228,31 @@ error check_launch_order(const plan& p, const std::vector<launch_queue>& queues)
             lq.device, s};
   }
   return {errc::internal, "plan's lane order deadlocks"};
+}
+
+/// Graph replay: marks the first step of each replay segment of two or more
+/// kernels (graph/replay.hpp) with the segment's step and launch-record
+/// counts, where the plan asks for replay and the device is not a cpu device.
+/// A segment whose steps are not consecutive in their queue (lane order
+/// differing from id order) is left unmarked: it runs kernel by kernel.
+void mark_replay_segments(const plan& pl, launch_program& prog) {
+  if (pl.options().graph_replay == graph_replay_mode::off) return;
+  for (const replay_segment& seg : replay_segments(pl)) {
+    if (seg.kernels < 2 || seg.steps.empty()) continue;
+    if (pl.devices().at(static_cast<std::size_t>(seg.device)).kind == device_kind::cpu) continue;
+    auto& first = prog.steps_[static_cast<std::size_t>(seg.steps.front())];
+    bool consecutive = true;
+    int records = 0;
+    for (std::size_t i = 0; i < seg.steps.size(); ++i) {
+      const auto& ls = prog.steps_[static_cast<std::size_t>(seg.steps[i])];
+      consecutive = consecutive && ls.queue == first.queue && ls.pos == first.pos + static_cast<int>(i);
+      records += static_cast<int>(ls.ops.size());
+    }
+    if (!consecutive) continue;
+    first.replay_steps = static_cast<int>(seg.steps.size());
+    first.replay_records = records;
+    first.replay_kernels = seg.kernels;
+  }
 }
 
 expected<std::shared_ptr<const launch_program>> lower(std::shared_ptr<const plan> p) {
@@ -320,6 +331,7 @@ expected<std::shared_ptr<const launch_program>> lower(std::shared_ptr<const plan
     }
     q.starts_itself = q.steps.empty() || q.remote_dep_counts.front() == 0;
   }
+  mark_replay_segments(pl, *prog);
   return std::shared_ptr<const launch_program>(std::move(prog));
 }
 

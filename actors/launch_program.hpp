@@ -94,6 +94,16 @@ struct lowered_step {
   bool completion = false;              ///< host notification when done (sinks, dead ends)
   std::vector<lowered_op> ops;          ///< compute
   int first_launch = 0;                 ///< compute: index of ops[0]'s record in launch_records(queue)
+  /// Graph replay (plan_options::graph_replay, graph/replay.hpp): on the
+  /// first step of a replay segment of two or more kernels on a non-cpu
+  /// device, the segment's steps (this one and the next replay_steps - 1 of
+  /// the queue, which have no remote deps and, but the last, no consumers on
+  /// other queues), their launch records (from first_launch on) and kernels;
+  /// 0 on every other step. The executing actor launches such a segment as
+  /// one replay_graph where the device captures (stream_actor.cpp).
+  int replay_steps = 0;
+  int replay_records = 0;
+  int replay_kernels = 0;
   copy_desc copy;                       ///< copies
   collective_desc coll;                 ///< collectives
   /// The node an error of this step concerns when no op does (a copy's
@@ -141,12 +151,16 @@ class launch_program {
 
  private:
   friend expected<std::shared_ptr<const launch_program>> lower(std::shared_ptr<const plan> p);
+  friend void mark_replay_segments(const plan& pl, launch_program& prog);
   std::shared_ptr<const plan> plan_;
   std::vector<launch_queue> queues_;
   std::vector<lowered_step> steps_;
   std::vector<step_id> completion_;
   std::vector<int> used_devices_;
 };
+
+/// Part of lower(): sets the replay_* fields of `prog`'s steps (see lowered_step).
+void mark_replay_segments(const plan& pl, launch_program& prog);
 
 /// Lowers `p` (valid plans from ag::compile; it checks what it relies on).
 /// Errors (errc::internal, with error::device / step / op set): a step on a

@@ -79,6 +79,7 @@ void runtime::wait_idle() {
   impl_->core->wait_idle();
 }
 trace runtime::take_trace() { return impl_->core->take_trace(); }
+replay_stats runtime::replay_statistics() const { return impl_->core->replays().read(); }
 
 gpu::device_ptr runtime::device(int index) const {
   const auto& d = impl_->core->devices();

@@ -307,6 +307,33 @@ void runtime_core::wait_idle() {
   idle_cv_.wait(lk, [this] { return alive_.load() == 0; });
 }
 
+void replay_counters::note(replay_outcome o, const std::string& why) {
+  switch (o) {
+    case replay_outcome::plain: plain_.fetch_add(1, std::memory_order_relaxed); break;
+    case replay_outcome::captured: captured_.fetch_add(1, std::memory_order_relaxed); break;
+    case replay_outcome::replayed: replayed_.fetch_add(1, std::memory_order_relaxed); break;
+    case replay_outcome::fallback:
+      fallbacks_.fetch_add(1, std::memory_order_relaxed);
+      if (!why.empty()) {
+        std::lock_guard<std::mutex> lk(why_m_);
+        last_fallback_ = why;
+      }
+      break;
+    case replay_outcome::none: break;
+  }
+}
+
+replay_stats replay_counters::read() const {
+  replay_stats r;
+  r.plain = plain_.load(std::memory_order_relaxed);
+  r.captured = captured_.load(std::memory_order_relaxed);
+  r.replayed = replayed_.load(std::memory_order_relaxed);
+  r.fallbacks = fallbacks_.load(std::memory_order_relaxed);
+  std::lock_guard<std::mutex> lk(why_m_);
+  r.last_fallback = last_fallback_;
+  return r;
+}
+
 trace runtime_core::take_trace() {
   trace t;
   for (const auto& s : specs_) t.device_names.push_back(s.name);

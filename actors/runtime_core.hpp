@@ -17,12 +17,14 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <vector>
 
 #include <caf/actor.hpp>
 #include <caf/actor_system.hpp>
 
 #include "actors/actorgraph.hpp"
+#include "actors/job_context.hpp"
 #include "actors/job_registry.hpp"
 #include "actors/loaded_plan.hpp"
 #include "actors/trace_buffer.hpp"
@@ -32,6 +34,19 @@ namespace ag::actors {
 
 struct liveness;
 struct fault_sink;
+
+/// Graph replay counters (runtime::replay_statistics): written by the
+/// executing actors, read by any thread.
+class replay_counters {
+ public:
+  void note(replay_outcome o, const std::string& why = {});
+  replay_stats read() const;
+
+ private:
+  std::atomic<int64_t> plain_{0}, captured_{0}, replayed_{0}, fallbacks_{0};
+  mutable std::mutex why_m_;
+  std::string last_fallback_;  // under why_m_
+};
 
 class runtime_core {
  public:
@@ -74,6 +89,7 @@ class runtime_core {
   void job_gone() noexcept;
   trace take_trace();
   trace_buffer& traces() noexcept { return trace_; }
+  replay_counters& replays() noexcept { return replays_; }
 
   /// Stops every actor (call after wait_idle). Idempotent.
   void shutdown();
@@ -106,6 +122,7 @@ class runtime_core {
   std::atomic<bool> stopped_{false};
   std::atomic<bool> stopping_{false};  ///< submissions refused (stop_submissions)
   trace_buffer trace_;
+  replay_counters replays_;
   std::shared_ptr<liveness> live_;
 };
 

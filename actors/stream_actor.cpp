@@ -12,6 +12,7 @@
 #include "actors/collective_order.hpp"
 #include "actors/job_actor.hpp"
 #include "actors/job_context.hpp"
+#include "actors/runtime_core.hpp"
 #include "messages/atoms.hpp"
 #include "messages/messages.hpp"
 
@@ -54,10 +55,33 @@ struct exec_job {
   bool dropped = false;
 };
 
+/// Graph replay of one segment (launch_program.hpp's lowered_step::replay_*)
+/// on this actor: one graph per set of job buffers.
+struct replay_entry {
+  /// Ran once plainly here: the stream's per-stream resources (cuBLAS handle
+  /// and workspace) exist, so a capture allocates nothing outside the graph.
+  bool seen = false;
+  bool refused = false;  ///< the device refused a capture: plain launches from now on
+  struct captured {
+    const std::byte* arena = nullptr;    ///< the job's arena base on this device
+    const std::byte* weights = nullptr;  ///< the plan's weights base on this device
+    std::unique_ptr<gpu::replay_graph> graph;
+  };
+  std::vector<captured> graphs;
+};
+/// Graphs kept per segment: one per arena of the plan on this device
+/// (runtime_options::arenas_per_device, 8 by default); a job whose buffers
+/// find no graph once the limit is reached runs plainly.
+constexpr std::size_t max_graphs_per_segment = 16;
+
 struct exec_state {
   gpu::device_ptr dev;
   int device = -1;
   step_kind kind = step_kind::compute;
+  // By (loaded plan key, first step of the segment). Declared before the
+  // streams so that it is destroyed after them: a stream drains its work
+  // when destroyed, and a graph must not be destroyed while it runs.
+  std::unordered_map<job_key, replay_entry, job_key_hash> replays;
   // By lane, made on the first step of that lane (lane 0 at spawn).
   std::vector<lane_stream> streams;
   using job_map = std::unordered_map<job_key, exec_job, job_key_hash>;
@@ -137,16 +161,30 @@ error step_error(const exec_state& st, int lane, const lowered_step& ls, const s
 /// remote deps' end events, its work, its end event; a host notification
 /// for completion steps; and queues the ready messages for its consumers.
 /// Returns the job's error when the device refuses any of it.
-error launch_step(exec_state& st, exec_job& e, step_id s) {
-  const job_context& ctx = *e.ctx;
-  const launch_program& prog = ctx.program();
-  const lowered_step& ls = prog.steps()[static_cast<std::size_t>(s)];
-  const int lane = prog.queues()[static_cast<std::size_t>(ls.queue)].lane;
-  const error* stream_err = nullptr;
-  gpu::stream* sp = stream_of(st, lane, &stream_err);
-  if (!sp) return step_error(st, lane, ls, "has no stream", *stream_err);
-  gpu::stream& stream = *sp;
-  auto& slot = ctx.slots[static_cast<std::size_t>(s)];
+/// Region bases of a job on this actor's device, by region (arena, weights).
+struct region_bases {
+  std::byte* base[2] = {nullptr, nullptr};
+  region_bases(const exec_state& st, const job_context& ctx) {
+    static_assert(static_cast<int>(region::arena) == 0 && static_cast<int>(region::weights) == 1);
+    const bool has_arena = ctx.arenas[static_cast<std::size_t>(st.device)] >= 0;
+    base[0] = has_arena ? ctx.base(region::arena, st.device) : nullptr;
+    base[1] = ctx.base(region::weights, st.device);
+  }
+  void* at(const operand& a) const { return base[static_cast<int>(a.where)] + a.byte_offset; }
+  /// Writes the job's buffers into the launch records of compute step `ls`.
+  void patch(const lowered_step& ls, gpu::op_launch* rec) const {
+    for (std::size_t k = 0; k < ls.ops.size(); ++k) {
+      const lowered_op& op = ls.ops[k];
+      rec[k].out.data = at(op.out);
+      for (std::size_t i = 0; i < op.inputs.size(); ++i) rec[k].inputs[i].data = at(op.inputs[i]);
+    }
+  }
+};
+
+/// A step's prologue on `stream`: waits for its remote deps' end events and,
+/// when timing, its start event.
+error begin_step(exec_state& st, const job_context& ctx, const lowered_step& ls, int lane, gpu::stream& stream) {
+  auto& slot = ctx.slots[static_cast<std::size_t>(ls.id)];
   if (ctx.timing) slot.enqueue_ns = gpu::host_clock_ns();
   for (step_id d : ls.remote_deps) {
     const auto& ev = ctx.slots[static_cast<std::size_t>(d)].end;
@@ -159,27 +197,59 @@ error launch_step(exec_state& st, exec_job& e, step_id s) {
     slot.start = std::move(*ev);
     if (error err = st.dev->record(*slot.start, stream)) return step_error(st, lane, ls, "recording its start", err);
   }
+  return {};
+}
+
+/// A step's epilogue on `stream` once its work is enqueued: its end event
+/// (when `record_end`), a host notification for completion steps, and the
+/// ready messages for its consumers (batched in st.out).
+error end_step(exec_state& st, const job_context& ctx, const lowered_step& ls, int lane, gpu::stream& stream,
+               bool record_end) {
+  auto& slot = ctx.slots[static_cast<std::size_t>(ls.id)];
+  if (record_end) {
+    auto end = take_event(st, ctx.timing);
+    if (!end) return step_error(st, lane, ls, "creating its end event", end.err());
+    slot.end = std::move(*end);
+    if (error re = st.dev->record(*slot.end, stream)) return step_error(st, lane, ls, "recording its end", re);
+  }
+  if (ls.completion) {
+    // `keep` holds the job context until the callback ran. A notification
+    // that cannot be registered arrives as the callback's error (device.hpp).
+    st.dev->notify(stream, [keep = ctx.shared_from_this(), s = ls.id](const error& notified) {
+      // A dead device upstream let this step run on unwritten values
+      // (dead_device_error, job_actor.hpp): the job fails with its death.
+      error ne = notified ? notified : dead_device_error(*keep);
+      if (!ne) complete_from_backend(*keep);
+      caf::anon_send(keep->job_actor, msg::step_done{keep->id(), s, ne});
+    });
+  }
+  for (int q : ls.consumer_queues) {
+    auto& v = st.out[static_cast<std::size_t>(q)];
+    if (v.empty()) st.touched.push_back(q);
+    v.push_back(ls.id);
+  }
+  return {};
+}
+
+error launch_step(exec_state& st, exec_job& e, step_id s) {
+  const job_context& ctx = *e.ctx;
+  const launch_program& prog = ctx.program();
+  const lowered_step& ls = prog.steps()[static_cast<std::size_t>(s)];
+  const int lane = prog.queues()[static_cast<std::size_t>(ls.queue)].lane;
+  const error* stream_err = nullptr;
+  gpu::stream* sp = stream_of(st, lane, &stream_err);
+  if (!sp) return step_error(st, lane, ls, "has no stream", *stream_err);
+  gpu::stream& stream = *sp;
+  if (error err = begin_step(st, ctx, ls, lane, stream)) return err;
   error err;
   // The executor: one case per step kind (the lowering's other half,
   // launch_program.cpp's lower_step).
   switch (ls.kind) {
     case step_kind::compute: {
-      // Region bases of this job on this device, by region (arena, weights).
-      const bool has_arena = ctx.arenas[static_cast<std::size_t>(st.device)] >= 0;
-      std::byte* const base[2] = {has_arena ? ctx.base(region::arena, st.device) : nullptr,
-                                  ctx.base(region::weights, st.device)};
-      static_assert(static_cast<int>(region::arena) == 0 && static_cast<int>(region::weights) == 1);
-      const auto at = [&base](const operand& a) {
-        return static_cast<void*>(base[static_cast<int>(a.where)] + a.byte_offset);
-      };
       gpu::op_launch* rec = e.launches + ls.first_launch;
-      for (std::size_t k = 0; k < ls.ops.size(); ++k) {
-        const lowered_op& op = ls.ops[k];
-        gpu::op_launch& l = rec[k];
-        l.out.data = at(op.out);
-        for (std::size_t i = 0; i < op.inputs.size(); ++i) l.inputs[i].data = at(op.inputs[i]);
-        if (error le = st.dev->launch(stream, l)) return step_error(st, lane, ls, {}, le, op.op);
-      }
+      region_bases(st, ctx).patch(ls, rec);
+      for (std::size_t k = 0; k < ls.ops.size(); ++k)
+        if (error le = st.dev->launch(stream, rec[k])) return step_error(st, lane, ls, {}, le, ls.ops[k].op);
       break;
     }
     case step_kind::copy_h2d: {
@@ -232,29 +302,87 @@ error launch_step(exec_state& st, exec_job& e, step_id s) {
   // The end event is read by the waits of consumers on other queues and by
   // the trace; a step with neither (the last of a chain on one queue, a
   // decode step's tail) records none: one event record fewer per step.
-  if (ctx.timing || !ls.consumer_queues.empty()) {
-    auto end = take_event(st, ctx.timing);
-    if (!end) return step_error(st, lane, ls, "creating its end event", end.err());
-    slot.end = std::move(*end);
-    if (error re = st.dev->record(*slot.end, stream)) return step_error(st, lane, ls, "recording its end", re);
+  return end_step(st, ctx, ls, lane, stream, ctx.timing || !ls.consumer_queues.empty());
+}
+
+/// The graph of `entry` for the job's buffers `b`, capturing it now when it
+/// has none yet (nullptr: run plainly; `outcome` says why).
+gpu::replay_graph* graph_for(exec_state& st, replay_entry& entry, const region_bases& b, gpu::stream& stream,
+                             const gpu::op_launch* rec, int records, replay_outcome& outcome, std::string& why) {
+  if (!entry.seen || entry.refused) {
+    outcome = entry.refused ? replay_outcome::fallback : replay_outcome::plain;
+    entry.seen = true;
+    return nullptr;
   }
-  if (ls.completion) {
-    // `keep` holds the job context until the callback ran. A notification
-    // that cannot be registered arrives as the callback's error (device.hpp).
-    st.dev->notify(stream, [keep = ctx.shared_from_this(), s](const error& notified) {
-      // A dead device upstream let this step run on unwritten values
-      // (dead_device_error, job_actor.hpp): the job fails with its death.
-      error ne = notified ? notified : dead_device_error(*keep);
-      if (!ne) complete_from_backend(*keep);
-      caf::anon_send(keep->job_actor, msg::step_done{keep->id(), s, ne});
-    });
+  for (auto& c : entry.graphs)
+    if (c.arena == b.base[0] && c.weights == b.base[1]) {
+      outcome = replay_outcome::replayed;
+      return c.graph.get();
+    }
+  if (entry.graphs.size() >= max_graphs_per_segment) {
+    outcome = replay_outcome::plain;
+    return nullptr;
   }
-  for (int q : ls.consumer_queues) {
-    auto& v = st.out[static_cast<std::size_t>(q)];
-    if (v.empty()) st.touched.push_back(q);
-    v.push_back(s);
+  auto g = st.dev->capture(stream, rec, static_cast<std::size_t>(records));
+  if (!g) {
+    entry.refused = true;
+    outcome = replay_outcome::fallback;
+    why = g.err().message;
+    return nullptr;
   }
-  return {};
+  outcome = replay_outcome::captured;
+  entry.graphs.push_back({b.base[0], b.base[1], std::move(*g)});
+  return entry.graphs.back().graph.get();
+}
+
+/// Launches the replay segment that starts at step `s` of `e` (its
+/// lowered_step::replay_steps steps, which have no remote deps but the
+/// first's, in queue order) as one graph where the device captures: the
+/// first run here and a refused capture launch its steps one by one
+/// instead. Returns the number of steps launched, or the job's error.
+expected<int> launch_segment(exec_state& st, exec_job& e, step_id s) {
+  const job_context& ctx = *e.ctx;
+  const launch_program& prog = ctx.program();
+  const lowered_step& first = prog.steps()[static_cast<std::size_t>(s)];
+  const launch_queue& q = prog.queues()[static_cast<std::size_t>(first.queue)];
+  const int lane = q.lane;
+  const int n = first.replay_steps;
+  const error* stream_err = nullptr;
+  gpu::stream* sp = stream_of(st, lane, &stream_err);
+  if (!sp) return step_error(st, lane, first, "has no stream", *stream_err);
+  gpu::stream& stream = *sp;
+  const region_bases bases(st, ctx);
+  gpu::op_launch* rec = e.launches + first.first_launch;
+  const auto step_at = [&](int i) -> const lowered_step& {
+    return prog.steps()[static_cast<std::size_t>(q.steps[static_cast<std::size_t>(first.pos + i)])];
+  };
+  replay_entry& entry = st.replays[job_key{ctx.lp->key, s}];
+  replay_outcome outcome = replay_outcome::plain;
+  std::string why;
+  // Pointers are patched before capture: a graph is keyed by the buffers it was captured with.
+  for (int i = 0; i < n; ++i) bases.patch(step_at(i), e.launches + step_at(i).first_launch);
+  gpu::replay_graph* g = graph_for(st, entry, bases, stream, rec, first.replay_records, outcome, why);
+  ctx.core->replays().note(outcome, why);
+  if (!g) {
+    // Kernel by kernel, each step with its own events and trace record.
+    for (int i = 0; i < n; ++i)
+      if (error err = launch_step(st, e, step_at(i).id)) return err;
+    ctx.slots[static_cast<std::size_t>(s)].replay = outcome;
+    return n;
+  }
+  if (error err = begin_step(st, ctx, first, lane, stream)) return err;
+  if (error err = st.dev->replay(stream, *g)) return step_error(st, lane, first, "replaying its graph", err);
+  auto& first_slot = ctx.slots[static_cast<std::size_t>(s)];
+  first_slot.replay = outcome;
+  for (int i = 0; i < n; ++i) {
+    const lowered_step& ls = step_at(i);
+    const bool last = i + 1 == n;
+    if (error err = end_step(st, ctx, ls, lane, stream, !ls.consumer_queues.empty() || (last && ctx.timing)))
+      return err;
+  }
+  // The trace shows the segment as one record on its first step.
+  if (ctx.timing) first_slot.end = ctx.slots[static_cast<std::size_t>(step_at(n - 1).id)].end;
+  return n;
 }
 
 std::vector<gpu::op_launch>& scratch_for(exec_state& st, const job_context& ctx, int queue) {
@@ -335,6 +463,16 @@ void advance_one(exec_actor_t* self, exec_job& e, const msg::job_ref_ptr& ref) {
     }
     if (!my_turn(st, e)) break;
     const step_id s = mine[static_cast<std::size_t>(e.next)];
+    if (prog.steps()[static_cast<std::size_t>(s)].replay_steps > 0 && st.dev->captures()) {
+      auto launched = launch_segment(st, e, s);
+      if (!launched) {
+        self->send(ctx.job_actor, msg::step_failed{ctx.id(), s, launched.err()});
+        e.dropped = true;
+        break;
+      }
+      e.next += *launched;
+      continue;
+    }
     if (error err = launch_step(st, e, s)) {
       self->send(ctx.job_actor, msg::step_failed{ctx.id(), s, std::move(err)});
       e.dropped = true;
@@ -469,6 +607,9 @@ caf::behavior exec_actor_fn(exec_actor_t* self, gpu::device_ptr dev, step_kind k
       [self](const msg::unload_plan& m) {
         auto& sc = self->state.scratch;
         for (auto it = sc.begin(); it != sc.end();) it = it->first.job == m.plan_key ? sc.erase(it) : std::next(it);
+        // No job of the plan is left, so no launch of its graphs is still running.
+        auto& rp = self->state.replays;
+        for (auto it = rp.begin(); it != rp.end();) it = it->first.job == m.plan_key ? rp.erase(it) : std::next(it);
         self->state.order.erase(m.plan_key);
       },
       // Tests: the number of jobs this actor still holds state for.

@@ -28,6 +28,7 @@
 #include <fstream>
 #include <map>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <utility>
 #include <vector>
@@ -54,6 +55,7 @@ struct options {
   int runs = 20;
   int warmup = 3;
   int lanes = 1;
+  std::string replay = "off";  // plan_options::graph_replay of figure 1
   int idle_lanes = 2;
   double idle_min_branch_us = 20;
   int arenas = 8;
@@ -100,6 +102,8 @@ std::optional<int> parse(int argc, char** argv, options& o) {
   app.add_option("--dtype", o.dtype)->check(CLI::IsMember({"f32", "f16", "bf16"}));
   app.add_option("--runs", o.runs, "timed forward jobs (figures 1, 2)")->check(CLI::PositiveNumber);
   app.add_option("--warmup", o.warmup, "untimed forward jobs first")->check(CLI::NonNegativeNumber);
+  app.add_option("--replay", o.replay, "graph replay of the figure-1 plan (plan_options::graph_replay)")
+      ->check(CLI::IsMember({"off", "on", "auto"}));
   app.add_option("--lanes", o.lanes, "compute lanes (streams) per device the planner may use (figures 1, 4)")->check(CLI::PositiveNumber);
   app.add_option("--idle-lanes", o.idle_lanes, "lanes of the figure-2 plan when the figure-1 plan is one split")->check(CLI::PositiveNumber);
   app.add_option("--idle-min-branch-us", o.idle_min_branch_us, "min_branch_seconds of that plan, in us")
@@ -326,8 +330,9 @@ std::vector<double> forward_jobs(const options& o, ag::runtime& rt, const std::s
 void run_forward(const options& o, ag::runtime& rt) {
   const auto cfg = model_config(o, o.batch);
   auto g = build_model(cfg);
-  auto p = compile_plan(rt, g, ag::plan_options{.policy = ag::placement_policy::single, .lanes_per_device = o.lanes},
-                        "forward, 1 device");
+  ag::plan_options po{.policy = ag::placement_policy::single, .lanes_per_device = o.lanes};
+  if (!ag::parse_graph_replay_mode(o.replay, po.graph_replay)) throw std::runtime_error("--replay " + o.replay);
+  auto p = compile_plan(rt, g, po, "forward, 1 device");
   const auto inputs = ag::models::transformer_inputs(cfg, 7);
   std::vector<uint64_t> ids;
   ag::trace t;
@@ -343,6 +348,7 @@ void run_forward(const options& o, ag::runtime& rt) {
           std::to_string(cfg.vocab) + " / " + std::to_string(cfg.seq_len) + " / " + std::to_string(cfg.batch));
   add_row("forward: parameters, M", ag::models::parameter_count(cfg) / 1e6, "%.1f");
   add_row("forward: lanes / compute steps", std::to_string(o.lanes) + " / " + std::to_string(compute_steps_on(*p, 0)));
+  add_row("forward: graph replay", o.replay);
   add_row("forward: runs", o.runs, "%.0f");
   add_row("forward: min ms", percentile(ms, 0), "%.3f");
   add_row("forward: median ms", fwd, "%.3f");

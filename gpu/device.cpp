@@ -17,4 +17,12 @@ error device::collective(stream&, const collective_launch& c) {
                index(), -1, c.op ? c.op->name : std::string{});
 }
 
+expected<std::unique_ptr<replay_graph>> device::capture(stream&, const op_launch*, std::size_t) {
+  return error(errc::unsupported_op, "device '" + spec().name + "' does not capture graphs", index());
+}
+
+error device::replay(stream&, replay_graph&) {
+  return error(errc::unsupported_op, "device '" + spec().name + "' does not replay graphs", index());
+}
+
 }  // namespace ag::gpu

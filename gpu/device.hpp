@@ -76,10 +76,23 @@ struct op_launch {
   const graph* source = nullptr;
   /// Graph replay (plan_options::graph_replay, graph/replay.hpp): this op is
   /// a kernel of a replayed segment other than its first, so the segment's
-  /// one graph launch already paid its launch latency. The sim backend then
-  /// charges the op without spec.launch_latency; the cpu backend ignores it
-  /// (no replay there); the cuda backend ignores it too until capture lands.
+  /// one graph launch already paid its launch latency. Set only on the copies
+  /// a backend keeps inside a replay_graph (the sim's capture()); the sim
+  /// then charges the op without spec.launch_latency; other backends ignore it.
   bool launch_paid_by_replay = false;
+};
+
+/// A captured run of kernels (one replay segment of a plan, with the job's
+/// buffers resolved) that its device can launch again as one unit: a CUDA
+/// graph on the cuda backend, the recorded launch list on the sim. Made by
+/// device::capture, launched by device::replay on a stream of the same
+/// device, owned (and destroyed) by the executing actor that made it, after
+/// every launch of it completed. Opaque.
+class replay_graph {
+ public:
+  virtual ~replay_graph() = default;
+  /// Kernels in it (views and leaves are not captured).
+  virtual int kernels() const noexcept = 0;
 };
 
 class device;
@@ -112,6 +125,9 @@ struct fault_config {
   double op_error_rate = 0;     ///< launch() fails with errc::op_failed
   double op_stall_rate = 0;     ///< op takes stall_seconds extra (wall time)
   double stall_seconds = 1.0;
+  /// capture() refuses every segment (graph replay then falls back to
+  /// plain launches: tests of the fallback).
+  bool refuse_capture = false;
   int64_t die_after_ops = -1;   ///< device dies after this many ops (-1: never)
 };
 
@@ -195,6 +211,22 @@ class device {
   /// notify like a kernel's. Default: unsupported_op (a backend without
   /// collectives).
   virtual error collective(stream& s, const collective_launch& c);
+
+  // --- graph replay (plan_options::graph_replay; actors/stream_actor.cpp) ---
+  /// True when capture() can succeed on this device (cuda, sim); false (the
+  /// default: cpu) means the runtime always launches kernel by kernel.
+  virtual bool captures() const noexcept { return false; }
+  /// Records `ops[0..n)` (in order, buffers resolved) as one replay_graph
+  /// *without running them*; nothing is enqueued on `s`, whose work so far
+  /// is unaffected. An error means the capture was refused (an op that
+  /// cannot be captured, a backend limit, an injected refusal): the caller
+  /// launches the ops one by one instead, which reports any real error of
+  /// the ops themselves. Default: unsupported_op.
+  virtual expected<std::unique_ptr<replay_graph>> capture(stream& s, const op_launch* ops, std::size_t n);
+  /// Enqueues `g` (made by this device's capture() for a stream of the same
+  /// lane) on `s`: the same work, in the same order, as launching its ops one
+  /// by one, for one launch. Errors as launch(). Default: unsupported_op.
+  virtual error replay(stream& s, replay_graph& g);
   /// Calls `done` on a backend thread once all work enqueued on `s` so far has
   /// completed: with ok, or with the error that stopped it (device_failed,
   /// op_failed for an asynchronous kernel fault). Called exactly once, also

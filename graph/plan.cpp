@@ -136,7 +136,11 @@ std::string plan::describe() const {
       os << "  graph replay " << to_string(options_.graph_replay) << ": " << nseg << " segment(s), " << kernels
          << " kernels";
       if (spec.kind == device_kind::cpu) os << "; not applied on cpu (plain calls)";
-      else os << "; saves " << fmt_us(replay_launch_seconds_saved(*this, segments, d)) << " of launches per job (model)";
+      else
+        os << "; saves " << fmt_us(replay_launch_seconds_saved(*this, segments, d))
+           << " of launches per job (model); each segment of 2+ kernels runs plainly on its first job, then is captured"
+              " once per arena and replayed; a refused capture falls back to plain launches (trace label, "
+              "runtime::replay_statistics)";
       os << "\n";
     }
   }

@@ -25,6 +25,14 @@ Prints `name: value` lines:
   torch_tokens_per_s       batch * seq / torch_forward_ms
   torch_forward_sdpa_device_ms   (--sdpa) as device_ms with
                            F.scaled_dot_product_attention(is_causal=True)
+  torch_graph_device_ms    (--cuda-graph) the forward captured once as a CUDA
+                           graph (torch.cuda.graph) and replayed: GPU time of
+                           one replay (CUDA events)
+  torch_graph_wall_ms      (--cuda-graph) host wall time of one job done the
+                           fastest way with that graph: inputs copied from
+                           pinned host memory into the graph's static inputs,
+                           replay, f32 logits into a pinned host tensor, then
+                           a synchronize (median, perf_counter)
 """
 import argparse
 import math
@@ -48,6 +56,7 @@ def parse():
     p.add_argument("--eps", type=float, default=1e-5)
     p.add_argument("--rope-theta", type=float, default=10000.0)
     p.add_argument("--sdpa", action="store_true", help="also time SDPA attention (separate line)")
+    p.add_argument("--cuda-graph", action="store_true", help="also time the forward replayed as a CUDA graph")
     return p.parse_args()
 
 
@@ -199,6 +208,43 @@ def main():
     if a.sdpa:
         sd = timed_ms(lambda: model.forward(tokens_dev.long(), positions_dev, sdpa=True), a.runs, a.warmup)
         print(f"torch_forward_sdpa_device_ms: {sd:.4f}")
+    if a.cuda_graph:
+        graph_figures(a, model, tokens_host, positions_host, dev)
+
+
+def graph_figures(a, model, tokens_host, positions_host, dev):
+    import time
+    static_tokens = tokens_host.to(dev).long()
+    static_positions = positions_host.to(dev)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up outside the capture (PyTorch's recipe)
+        for _ in range(3):
+            model.forward(static_tokens, static_positions)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_logits = model.forward(static_tokens, static_positions)
+    tokens_pinned = tokens_host.long().pin_memory()
+    positions_pinned = positions_host.pin_memory()
+    logits_pinned = torch.empty(static_logits.shape, dtype=static_logits.dtype, pin_memory=True)
+    print(f"torch_graph_device_ms: {timed_ms(graph.replay, a.runs, a.warmup):.4f}")
+
+    def job():
+        static_tokens.copy_(tokens_pinned, non_blocking=True)
+        static_positions.copy_(positions_pinned, non_blocking=True)
+        graph.replay()
+        logits_pinned.copy_(static_logits, non_blocking=True)
+        torch.cuda.current_stream().synchronize()
+
+    for _ in range(a.warmup):
+        job()
+    wall = []
+    for _ in range(a.runs):
+        t0 = time.perf_counter()
+        job()
+        wall.append((time.perf_counter() - t0) * 1e3)
+    print(f"torch_graph_wall_ms: {statistics.median(wall):.4f}")
 
 
 if __name__ == "__main__":

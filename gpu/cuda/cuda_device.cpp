@@ -45,6 +45,25 @@ void CUDART_CB host_func_trampoline(void* p) {
   pl->done(e);
 }
 
+/// A CUDA graph captured from one replay segment (cuda_device::capture):
+/// its executable, destroyed on the owning device's GPU. The executing actor
+/// destroys it only after every launch of it completed (its plan unloaded,
+/// or the actor stopped after its streams drained).
+class cuda_replay_graph final : public replay_graph {
+ public:
+  cuda_replay_graph(std::shared_ptr<core> c, cudaGraphExec_t exec, int kernels)
+      : core_(std::move(c)), exec_(exec), kernels_(kernels) {}
+  ~cuda_replay_graph() override {
+    device_guard g(core_->ordinal);
+    AG_CUDA_ASSERT(cudaGraphExecDestroy(exec_));
+  }
+  int kernels() const noexcept override { return kernels_; }
+
+  std::shared_ptr<core> core_;
+  cudaGraphExec_t exec_ = nullptr;
+  int kernels_ = 0;
+};
+
 class cuda_device final : public device {
  public:
   cuda_device(std::shared_ptr<core> c, device_spec spec, int index, const backend_options& opts, int sm_count)
@@ -240,6 +259,71 @@ class cuda_device final : public device {
     auto us = usable(s, "launch");
     if (!us) return us.err();
     return dispatch_op(*core_, **us, l, spec_.name, sm_count_, tf32_);
+  }
+
+  // --- graph replay ---
+  bool captures() const noexcept override { return true; }
+
+  /// Stream capture of the ops on `s` itself (thread-local mode: only this
+  /// thread's calls are checked, other actors keep using the GPU), then
+  /// instantiation. Capture enqueues nothing, so a refused capture leaves `s`
+  /// as it was and the caller launches the ops plainly. Ops whose launchers
+  /// allocate (cudaMallocAsync scratch) become graph memory nodes; the cuBLAS
+  /// handle of the stream already has its workspace (made by the segment's
+  /// first, plain run), so cuBLAS allocates nothing while capturing.
+  expected<std::unique_ptr<replay_graph>> capture(stream& s, const op_launch* ops, std::size_t n) override {
+    auto us = usable(s, "capture");
+    if (!us) return us.err();
+    cuda_stream* cs = *us;
+    device_guard g(core_->ordinal);
+    const auto refused = [&](const std::string& why) {
+      return error(errc::unsupported_op, spec_.name + ": graph capture refused: " + why, index_);
+    };
+    if (cudaError_t r = cudaStreamBeginCapture(cs->s_, cudaStreamCaptureModeThreadLocal); r != cudaSuccess) {
+      (void)cudaGetLastError();
+      return refused(std::string("cudaStreamBeginCapture: ") + cudaGetErrorString(r));
+    }
+    error launch_err;
+    int kernels = 0;
+    for (std::size_t i = 0; i < n && !launch_err; ++i) {
+      if (ops[i].op && !is_view_op(ops[i].op->op) && !is_leaf_op(ops[i].op->op)) ++kernels;
+      launch_err = dispatch_op(*core_, *cs, ops[i], spec_.name, sm_count_, tf32_);
+    }
+    cudaGraph_t graph = nullptr;
+    const cudaError_t ended = cudaStreamEndCapture(cs->s_, &graph);  // always: leaves capture mode
+    if (ended != cudaSuccess) (void)cudaGetLastError();
+    const auto drop = [&] {
+      if (graph) AG_CUDA_ASSERT(cudaGraphDestroy(graph));
+    };
+    if (launch_err) {
+      drop();
+      if (!alive()) return core_->dead_error();
+      return refused(launch_err.message);
+    }
+    if (ended != cudaSuccess || !graph) {
+      drop();
+      return refused(std::string("cudaStreamEndCapture: ") + cudaGetErrorString(ended));
+    }
+    cudaGraphExec_t exec = nullptr;
+    const cudaError_t inst = cudaGraphInstantiateWithFlags(&exec, graph, 0);
+    drop();
+    if (inst != cudaSuccess) {
+      (void)cudaGetLastError();
+      return refused(std::string("cudaGraphInstantiate: ") + cudaGetErrorString(inst));
+    }
+    return std::unique_ptr<replay_graph>(std::make_unique<cuda_replay_graph>(core_, exec, kernels));
+  }
+
+  error replay(stream& s, replay_graph& rg) override {
+    auto us = usable(s, "replay");
+    if (!us) return us.err();
+    auto* g = dynamic_cast<cuda_replay_graph*>(&rg);
+    if (!g || g->core_ != core_)
+      return error(errc::invalid_argument, spec_.name + ": replay of a graph another device captured", index_);
+    device_guard dg(core_->ordinal);
+    if (error e = AG_CORE_CHECK(*core_, cudaGraphLaunch(g->exec_, (*us)->s_), spec_.name + " graph replay"))
+      return std::move(e).concerning(index_);
+    return {};
   }
 
   /// One-shot over peer-mapped buffers (collective.cuh): every member must be

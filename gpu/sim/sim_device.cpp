@@ -63,6 +63,47 @@ op_cost cost_of_launch(const op_launch& l) {
   return c;
 }
 
+namespace {
+
+/// The sim's replay_graph: the captured launch records (sim_device::capture).
+class sim_replay_graph final : public replay_graph {
+ public:
+  const sim_device* owner = nullptr;
+  std::vector<op_launch> ops;
+  int kernels() const noexcept override { return static_cast<int>(ops.size()); }
+};
+
+}  // namespace
+
+expected<std::unique_ptr<replay_graph>> sim_device::capture(stream&, const op_launch* ops, std::size_t n) {
+  if (!alive()) return error(errc::device_failed, "device '" + spec().name + "' is dead: nothing to capture", index());
+  bool refuse = false;
+  {
+    std::lock_guard<std::mutex> lk(mutex_);
+    refuse = faults_.refuse_capture;
+  }
+  if (refuse)
+    return error(errc::unsupported_op, "device '" + spec().name + "' refused the capture (injected fault)", index());
+  auto g = std::make_unique<sim_replay_graph>();
+  g->owner = this;
+  for (std::size_t i = 0; i < n; ++i) {
+    if (!ops[i].op) return error(errc::invalid_argument, "device '" + spec().name + "': capture of a launch without a node", index());
+    if (is_view_op(ops[i].op->op) || is_leaf_op(ops[i].op->op)) continue;
+    g->ops.push_back(ops[i]);
+    g->ops.back().launch_paid_by_replay = g->ops.size() > 1;
+  }
+  return std::unique_ptr<replay_graph>(std::move(g));
+}
+
+error sim_device::replay(stream& s, replay_graph& g) {
+  auto* sg = dynamic_cast<sim_replay_graph*>(&g);
+  if (!sg || sg->owner != this)
+    return error(errc::invalid_argument, "device '" + spec().name + "': replay of a graph another device captured", index());
+  for (const op_launch& l : sg->ops)
+    if (error e = launch(s, l)) return e;
+  return {};
+}
+
 sim_device::sim_device(device_spec spec, int index, const sim_options& options)
     : host_device(std::move(spec), index, config_of(options)),
       options_(options),

@@ -149,36 +149,52 @@ TEST(LaunchProgram, RandomPlansLowerIntoConsistentTables) {
   EXPECT_GT(cross_queue, 0);
 }
 
-// Graph replay on: in each replay segment exactly the first kernel pays a
-// launch; off: every kernel does.
-TEST(LaunchProgram, ReplayedSegmentsPayOneLaunchEach) {
+// Graph replay on: the first step of every replay segment of two or more
+// kernels on a non-cpu device carries the segment (its steps, consecutive in
+// one queue; their launch records; its kernels), every other step nothing;
+// off: no step does. Launch records never claim a paid launch (only a
+// backend's captured copies do).
+TEST(LaunchProgram, ReplaySegmentsAreMarkedOnTheirFirstStep) {
+  int marked_total = 0;
   for (uint64_t seed = 1; seed <= 20; ++seed) {
     const int devices = 1 + static_cast<int>(seed % 3), lanes = 1 + static_cast<int>(seed % 2);
     for (graph_replay_mode mode : {graph_replay_mode::off, graph_replay_mode::on}) {
       auto p = random_plan(seed, devices, lanes, mode);
       auto prog = lower(p).value();
-      int unpaid = 0, paid_by_replay = 0, kernels = 0;
-      for (std::size_t q = 0; q < prog->queues().size(); ++q) {
-        if (prog->queues()[q].kind != step_kind::compute) continue;
-        for (const auto& l : prog->launch_records(static_cast<int>(q))) {
-          if (is_view_op(l.op->op) || is_leaf_op(l.op->op)) {
-            EXPECT_FALSE(l.launch_paid_by_replay);
-            continue;
-          }
-          ++kernels;
-          (l.launch_paid_by_replay ? paid_by_replay : unpaid)++;
+      for (std::size_t q = 0; q < prog->queues().size(); ++q)
+        for (const auto& l : prog->launch_records(static_cast<int>(q))) EXPECT_FALSE(l.launch_paid_by_replay);
+      std::vector<int> marked_steps(prog->steps().size(), 0);
+      for (const auto& seg : replay_segments(*p)) {
+        const auto& first = prog->step(seg.steps.front());
+        if (mode == graph_replay_mode::off || seg.kernels < 2) {
+          EXPECT_EQ(first.replay_steps, 0) << "seed " << seed;
+          continue;
         }
+        ++marked_total;
+        ASSERT_EQ(first.replay_steps, static_cast<int>(seg.steps.size())) << "seed " << seed;
+        EXPECT_EQ(first.replay_kernels, seg.kernels) << "seed " << seed;
+        int records = 0;
+        for (std::size_t i = 0; i < seg.steps.size(); ++i) {
+          const auto& ls = prog->step(seg.steps[i]);
+          ++marked_steps[static_cast<std::size_t>(ls.id)];
+          EXPECT_EQ(ls.queue, first.queue) << "seed " << seed;
+          EXPECT_EQ(ls.pos, first.pos + static_cast<int>(i)) << "seed " << seed;
+          EXPECT_EQ(ls.first_launch, first.first_launch + records) << "seed " << seed;
+          if (i > 0) {
+            EXPECT_TRUE(ls.remote_deps.empty()) << "seed " << seed << ": a segment step inside waits on another queue";
+            EXPECT_EQ(ls.replay_steps, 0) << "seed " << seed;
+          }
+          if (i + 1 < seg.steps.size())
+            EXPECT_TRUE(ls.consumer_queues.empty()) << "seed " << seed << ": a segment step inside feeds another queue";
+          records += static_cast<int>(ls.ops.size());
+        }
+        EXPECT_EQ(first.replay_records, records) << "seed " << seed;
       }
-      int segments_with_kernels = 0;
-      for (const auto& seg : replay_segments(*p)) segments_with_kernels += seg.kernels > 0;
-      if (mode == graph_replay_mode::off) {
-        EXPECT_EQ(unpaid, kernels) << "seed " << seed;
-      } else {
-        EXPECT_EQ(unpaid, segments_with_kernels) << "seed " << seed;
-        EXPECT_EQ(paid_by_replay, kernels - segments_with_kernels) << "seed " << seed;
-      }
+      for (const auto& ls : prog->steps())
+        if (ls.replay_steps > 0) EXPECT_EQ(marked_steps[static_cast<std::size_t>(ls.id)], 1) << "seed " << seed;
     }
   }
+  EXPECT_GT(marked_total, 0) << "no random plan had a replay segment of two kernels";
 }
 
 TEST(LaunchProgram, LaunchRecordsAreTheCallersCopy) {

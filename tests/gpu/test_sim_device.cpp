@@ -185,6 +185,45 @@ TEST(SimDevice, ReplayedOpsAreChargedWithoutTheirLaunchLatency) {
   EXPECT_NEAR(plain.first - replay.first, 9 * plain.second, 1e-12);
 }
 
+// capture() records launches without running them; replay() runs them with
+// the captured buffers (x -> y -> z, each tripled) for one launch latency;
+// refuse_capture makes capture() fail and leaves the stream untouched.
+TEST(SimDevice, CapturedLaunchesReplayWithOneLaunchLatencyAndTheSameValues) {
+  gpu::sim_options o;
+  o.jitter = 0;
+  o.time_scale = 1e-9;
+  auto dev = make_sim(o);
+  scale_job job(257);
+  auto dx = dev->allocate(job.n * 4), dy = dev->allocate(job.n * 4), dz = dev->allocate(job.n * 4);
+  ASSERT_TRUE(dx && dy && dz);
+  ASSERT_FALSE(dev->upload(*dx, job.in.data(), job.n * 4));
+  auto s = dev->create_stream(ag::step_kind::compute).value();
+  const gpu::op_launch ops[2] = {job.launch(*dx, *dy), job.launch(*dy, *dz)};
+  const double before = dev->modelled_seconds();
+  auto g = dev->capture(*s, ops, 2);
+  ASSERT_TRUE(g.has_value()) << g.err().to_string();
+  EXPECT_EQ((*g)->kernels(), 2);
+  EXPECT_FALSE(dev->synchronize(*s));
+  EXPECT_EQ(dev->modelled_seconds(), before) << "capture ran something";
+  std::vector<float> z(static_cast<std::size_t>(job.n), 0.0f);
+  ASSERT_FALSE(dev->download(z.data(), *dz, job.n * 4));
+  for (float v : z) ASSERT_EQ(v, 0.0f) << "capture wrote the output";
+  ASSERT_FALSE(dev->replay(*s, **g));
+  EXPECT_FALSE(dev->synchronize(*s));
+  ASSERT_FALSE(dev->download(z.data(), *dz, job.n * 4));
+  for (std::size_t i = 0; i < z.size(); ++i) ASSERT_FLOAT_EQ(z[i], 9.0f * job.in[i]) << i;
+  const double plain_two = 2 * estimate_seconds(dev->spec(), job.g, *job.op);
+  EXPECT_NEAR(dev->modelled_seconds() - before, plain_two - dev->spec().launch_latency, 1e-12);
+
+  gpu::fault_config f;
+  f.refuse_capture = true;
+  dev->set_faults(f);
+  auto refused = dev->capture(*s, ops, 2);
+  ASSERT_FALSE(refused.has_value());
+  EXPECT_EQ(refused.err().code, errc::unsupported_op);
+  EXPECT_NE(refused.err().message.find("refused the capture"), std::string::npos) << refused.err().to_string();
+}
+
 TEST(SimDevice, ZeroDelayModelsNothingUnlessFaultsAreConfigured) {
   gpu::sim_options o;
   o.zero_delay = true;

@@ -1,0 +1,231 @@
+// Graph replay through the public API on simulated devices (issue 16 item 1):
+// the executing actors capture each replay segment once per set of job
+// buffers (arena) and replay it; the sim's capture records the launches with
+// their buffers, so a graph replayed for the wrong arena would compute into
+// another job's memory and these value checks would fail. Also: a refused
+// capture falls back to plain launches, visibly; a device that dies while
+// jobs replay fails only the jobs that touch it.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <string>
+#include <vector>
+
+#include "actors/actorgraph.hpp"
+#include "gpu/sim/sim_device.hpp"
+#include "graph/models/transformer.hpp"
+#include "graph/reference.hpp"
+
+namespace {
+
+using namespace std::chrono_literals;
+
+ag::runtime_options replay_sim(int arenas) {
+  ag::runtime_options o;
+  o.backend.sim.time_scale = 1e-2;
+  o.backend.sim.jitter = 0.3;
+  o.arenas_per_device = arenas;
+  return o;
+}
+
+ag::models::transformer_config small_gpt2() {
+  ag::models::transformer_config cfg;
+  cfg.variant = ag::models::model_variant::gpt2;
+  cfg.n_layers = 3;
+  return cfg;
+}
+
+void expect_matches_reference(const ag::graph& g, const std::vector<ag::host_tensor>& in, const ag::job_result& r,
+                              const std::string& what) {
+  ASSERT_TRUE(r.has_value()) << what << ": " << r.err().to_string();
+  auto ref = ag::evaluate_reference(g, in);
+  ASSERT_TRUE(ref.has_value()) << ref.err().to_string();
+  ASSERT_EQ(r->size(), ref->size());
+  for (std::size_t i = 0; i < ref->size(); ++i) {
+    auto c = ag::compare((*r)[i], (*ref)[i], 1e-3, 1e-2);
+    EXPECT_TRUE(c.ok) << what << " output " << i << ": " << c.message;
+  }
+}
+
+/// Submits `waves` x `per_wave` jobs of `p` (each wave in flight together,
+/// more jobs than arenas) and checks each against the reference.
+void run_waves(ag::runtime& rt, const std::shared_ptr<const ag::plan>& p, const ag::graph& g,
+               const ag::models::transformer_config& cfg, int waves, int per_wave) {
+  for (int w = 0; w < waves; ++w) {
+    std::vector<std::vector<ag::host_tensor>> ins;
+    for (int k = 0; k < per_wave; ++k)
+      ins.push_back(ag::models::transformer_inputs(cfg, 1000 + static_cast<uint64_t>(w * per_wave + k)));
+    auto jobs = rt.submit_batch(p, ins);
+    for (std::size_t k = 0; k < jobs.size(); ++k) {
+      ASSERT_TRUE(jobs[k].wait_for(60s)) << "wave " << w << " job " << k << " hung";
+      expect_matches_reference(g, ins[k], jobs[k].wait(), "wave " + std::to_string(w) + " job " + std::to_string(k));
+    }
+  }
+}
+
+int segments_with_kernels(const ag::plan& p) {
+  int n = 0;
+  for (const auto& seg : ag::replay_segments(p))
+    if (seg.kernels >= 2) ++n;
+  return n;
+}
+
+TEST(GraphReplay, ReplayedJobsEqualTheReferenceAcrossArenasAndJobsInFlight) {
+  auto rt = ag::runtime::create("sim:2", replay_sim(3));
+  ASSERT_TRUE(rt.has_value()) << rt.err().to_string();
+  const auto cfg = small_gpt2();
+  auto g = ag::models::build_transformer(cfg);
+  ASSERT_TRUE(g.has_value()) << g.err().to_string();
+  ag::plan_options po;
+  po.pipeline_stages = 2;
+  po.graph_replay = ag::graph_replay_mode::on;
+  auto p = (*rt)->compile(*g, po);
+  ASSERT_TRUE(p.has_value()) << p.err().to_string();
+  const int segments = segments_with_kernels(**p);
+  ASSERT_GE(segments, 2) << (*p)->describe();
+  run_waves(**rt, *p, *g, cfg, 4, 6);  // 6 jobs in flight over 3 arenas per device
+  const ag::replay_stats s = (*rt)->replay_statistics();
+  // Each segment runs plainly once, then once per arena it meets is captured;
+  // every other run is a replay of a graph keyed by that arena.
+  EXPECT_EQ(s.plain, segments);
+  EXPECT_GE(s.captured, segments);
+  EXPECT_LE(s.captured, segments * 3);
+  EXPECT_EQ(s.plain + s.captured + s.replayed, segments * 24);
+  EXPECT_GT(s.replayed, s.captured);
+  EXPECT_EQ(s.fallbacks, 0);
+  EXPECT_EQ(s.last_fallback, "");
+}
+
+TEST(GraphReplay, TraceMarksReplayedSegmentsAsOneRecord) {
+  auto rt = ag::runtime::create("sim:1", replay_sim(2));
+  ASSERT_TRUE(rt.has_value()) << rt.err().to_string();
+  const auto cfg = small_gpt2();
+  auto g = ag::models::build_transformer(cfg);
+  ASSERT_TRUE(g.has_value()) << g.err().to_string();
+  ag::plan_options po;
+  po.graph_replay = ag::graph_replay_mode::automatic;
+  auto p = (*rt)->compile(*g, po);
+  ASSERT_TRUE(p.has_value()) << p.err().to_string();
+  run_waves(**rt, *p, *g, cfg, 3, 2);
+  const ag::trace t = (*rt)->take_trace();
+  int plain = 0, captured = 0, replayed = 0;
+  for (const auto& r : t.records) {
+    if (r.label.find("[graph replay: plain") != std::string::npos) ++plain;
+    if (r.label.find("[graph replay: captured") != std::string::npos) ++captured;
+    if (r.label.find("[graph replay: replayed") != std::string::npos) {
+      ++replayed;
+      EXPECT_GE(r.end_ns, r.start_ns) << r.label;
+    }
+  }
+  const ag::replay_stats s = (*rt)->replay_statistics();
+  EXPECT_EQ(plain, s.plain);
+  EXPECT_EQ(captured, s.captured);
+  EXPECT_EQ(replayed, s.replayed);
+  EXPECT_GT(replayed, 0);
+}
+
+TEST(GraphReplay, RefusedCaptureFallsBackToPlainLaunchesWithTheSameValues) {
+  auto o = replay_sim(2);
+  o.backend.sim.faults.refuse_capture = true;
+  auto rt = ag::runtime::create("sim:2", o);
+  ASSERT_TRUE(rt.has_value()) << rt.err().to_string();
+  const auto cfg = small_gpt2();
+  auto g = ag::models::build_transformer(cfg);
+  ASSERT_TRUE(g.has_value()) << g.err().to_string();
+  ag::plan_options po;
+  po.pipeline_stages = 2;
+  po.graph_replay = ag::graph_replay_mode::on;
+  auto p = (*rt)->compile(*g, po);
+  ASSERT_TRUE(p.has_value()) << p.err().to_string();
+  const int segments = segments_with_kernels(**p);
+  run_waves(**rt, *p, *g, cfg, 3, 4);
+  const ag::replay_stats s = (*rt)->replay_statistics();
+  EXPECT_EQ(s.captured, 0);
+  EXPECT_EQ(s.replayed, 0);
+  EXPECT_EQ(s.plain, segments);
+  EXPECT_EQ(s.fallbacks, segments * 11);  // every run after the first
+  EXPECT_NE(s.last_fallback.find("refused the capture"), std::string::npos) << s.last_fallback;
+  bool traced = false;
+  for (const auto& r : (*rt)->take_trace().records)
+    traced = traced || r.label.find("[graph replay: fallback") != std::string::npos;
+  EXPECT_TRUE(traced) << "no trace record says the segment fell back";
+}
+
+TEST(GraphReplay, OffAndCpuNeverCapture) {
+  for (const char* spec : {"sim:1", "cpu:1"}) {
+    auto rt = ag::runtime::create(spec, replay_sim(2));
+    ASSERT_TRUE(rt.has_value()) << rt.err().to_string();
+    const auto cfg = small_gpt2();
+    auto g = ag::models::build_transformer(cfg);
+    ASSERT_TRUE(g.has_value()) << g.err().to_string();
+    ag::plan_options po;
+    // sim: replay off; cpu: replay on, which the cpu device never applies.
+    po.graph_replay = std::string(spec) == "cpu:1" ? ag::graph_replay_mode::on : ag::graph_replay_mode::off;
+    auto p = (*rt)->compile(*g, po);
+    ASSERT_TRUE(p.has_value()) << p.err().to_string();
+    run_waves(**rt, *p, *g, cfg, 2, 2);
+    const ag::replay_stats s = (*rt)->replay_statistics();
+    EXPECT_EQ(s.plain + s.captured + s.replayed + s.fallbacks, 0) << spec;
+  }
+}
+
+// Plan `one` runs on device 0 alone, plan `both` pipelines over devices 0
+// and 1; device 1 dies a few ops into a wave of replayed jobs of both plans.
+// Jobs of `both` fail naming sim1 (or finished before the death, with right
+// values); every job of `one` keeps succeeding with right values.
+TEST(GraphReplay, DeviceDeathDuringReplayFailsOnlyTheJobsThatTouchIt) {
+  auto rt = ag::runtime::create("sim:2", replay_sim(2));
+  ASSERT_TRUE(rt.has_value()) << rt.err().to_string();
+  const auto cfg = small_gpt2();
+  auto g = ag::models::build_transformer(cfg);
+  ASSERT_TRUE(g.has_value()) << g.err().to_string();
+  ag::plan_options single;
+  single.policy = ag::placement_policy::single;
+  single.graph_replay = ag::graph_replay_mode::on;
+  ag::plan_options pipe;
+  pipe.pipeline_stages = 2;
+  pipe.graph_replay = ag::graph_replay_mode::on;
+  auto one = (*rt)->compile(*g, single);
+  auto both = (*rt)->compile(*g, pipe);
+  ASSERT_TRUE(one.has_value() && both.has_value());
+  run_waves(**rt, *one, *g, cfg, 2, 2);  // graphs captured on both plans' queues
+  run_waves(**rt, *both, *g, cfg, 2, 2);
+  ASSERT_GT((*rt)->replay_statistics().replayed, 0);
+
+  auto* dev1 = dynamic_cast<ag::gpu::sim::sim_device*>((*rt)->device(1).get());
+  ASSERT_NE(dev1, nullptr);
+  ag::gpu::fault_config f;
+  f.die_after_ops = 5;
+  dev1->set_faults(f);
+  std::vector<std::vector<ag::host_tensor>> in_one, in_both;
+  std::vector<ag::job> j_one, j_both;
+  for (int k = 0; k < 6; ++k) {
+    in_both.push_back(ag::models::transformer_inputs(cfg, 3000 + static_cast<uint64_t>(k)));
+    j_both.push_back((*rt)->submit(*both, in_both.back()));
+    in_one.push_back(ag::models::transformer_inputs(cfg, 4000 + static_cast<uint64_t>(k)));
+    j_one.push_back((*rt)->submit(*one, in_one.back()));
+  }
+  int failed = 0;
+  for (std::size_t k = 0; k < j_both.size(); ++k) {
+    ASSERT_TRUE(j_both[k].wait_for(60s)) << "job of the dying pipeline hung";
+    const auto& r = j_both[k].wait();
+    if (r.has_value()) {
+      expect_matches_reference(*g, in_both[k], r, "pipeline job " + std::to_string(k) + " (before the death)");
+    } else {
+      ++failed;
+      EXPECT_EQ(r.err().code, ag::errc::device_failed) << r.err().to_string();
+      EXPECT_NE(r.err().message.find("sim1"), std::string::npos) << r.err().to_string();
+    }
+  }
+  EXPECT_GT(failed, 0) << "device 1 died, yet every job that uses it succeeded";
+  for (std::size_t k = 0; k < j_one.size(); ++k) {
+    ASSERT_TRUE(j_one[k].wait_for(60s)) << "job on the healthy device hung";
+    expect_matches_reference(*g, in_one[k], j_one[k].wait(), "single-device job " + std::to_string(k));
+  }
+  // The healthy device keeps replaying afterwards.
+  const int64_t before = (*rt)->replay_statistics().replayed;
+  run_waves(**rt, *one, *g, cfg, 1, 2);
+  EXPECT_GT((*rt)->replay_statistics().replayed, before);
+}
+
+}  // namespace
