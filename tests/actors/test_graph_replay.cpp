@@ -8,6 +8,8 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <memory>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -70,21 +72,39 @@ int segments_with_kernels(const ag::plan& p) {
   return n;
 }
 
-TEST(GraphReplay, ReplayedJobsEqualTheReferenceAcrossArenasAndJobsInFlight) {
-  auto rt = ag::runtime::create("sim:2", replay_sim(3));
-  ASSERT_TRUE(rt.has_value()) << rt.err().to_string();
-  const auto cfg = small_gpt2();
-  auto g = ag::models::build_transformer(cfg);
-  ASSERT_TRUE(g.has_value()) << g.err().to_string();
+/// A runtime on `spec` and GPT-2 (small_gpt2) compiled there with `po`.
+struct replay_setup {
+  std::unique_ptr<ag::runtime> rt;
+  ag::models::transformer_config cfg = small_gpt2();
+  ag::graph g;
+  std::shared_ptr<const ag::plan> p;
+
+  replay_setup(const std::string& spec, const ag::runtime_options& o, const ag::plan_options& po) {
+    auto r = ag::runtime::create(spec, o);
+    if (!r) throw std::runtime_error(r.err().to_string());
+    rt = std::move(*r);
+    auto built = ag::models::build_transformer(cfg);
+    if (!built) throw std::runtime_error(built.err().to_string());
+    g = std::move(*built);
+    auto compiled = rt->compile(g, po);
+    if (!compiled) throw std::runtime_error(compiled.err().to_string());
+    p = *compiled;
+  }
+};
+
+ag::plan_options replay_on(int stages = 0) {
   ag::plan_options po;
-  po.pipeline_stages = 2;
+  po.pipeline_stages = stages;
   po.graph_replay = ag::graph_replay_mode::on;
-  auto p = (*rt)->compile(*g, po);
-  ASSERT_TRUE(p.has_value()) << p.err().to_string();
-  const int segments = segments_with_kernels(**p);
-  ASSERT_GE(segments, 2) << (*p)->describe();
-  run_waves(**rt, *p, *g, cfg, 4, 6);  // 6 jobs in flight over 3 arenas per device
-  const ag::replay_stats s = (*rt)->replay_statistics();
+  return po;
+}
+
+TEST(GraphReplay, ReplayedJobsEqualTheReferenceAcrossArenasAndJobsInFlight) {
+  replay_setup t("sim:2", replay_sim(3), replay_on(2));
+  const int segments = segments_with_kernels(*t.p);
+  ASSERT_GE(segments, 2) << t.p->describe();
+  run_waves(*t.rt, t.p, t.g, t.cfg, 4, 6);  // 6 jobs in flight over 3 arenas per device
+  const ag::replay_stats s = t.rt->replay_statistics();
   // Each segment runs plainly once, then once per arena it meets is captured;
   // every other run is a replay of a graph keyed by that arena.
   EXPECT_EQ(s.plain, segments);
@@ -97,19 +117,13 @@ TEST(GraphReplay, ReplayedJobsEqualTheReferenceAcrossArenasAndJobsInFlight) {
 }
 
 TEST(GraphReplay, TraceMarksReplayedSegmentsAsOneRecord) {
-  auto rt = ag::runtime::create("sim:1", replay_sim(2));
-  ASSERT_TRUE(rt.has_value()) << rt.err().to_string();
-  const auto cfg = small_gpt2();
-  auto g = ag::models::build_transformer(cfg);
-  ASSERT_TRUE(g.has_value()) << g.err().to_string();
   ag::plan_options po;
   po.graph_replay = ag::graph_replay_mode::automatic;
-  auto p = (*rt)->compile(*g, po);
-  ASSERT_TRUE(p.has_value()) << p.err().to_string();
-  run_waves(**rt, *p, *g, cfg, 3, 2);
-  const ag::trace t = (*rt)->take_trace();
+  replay_setup t("sim:1", replay_sim(2), po);
+  run_waves(*t.rt, t.p, t.g, t.cfg, 3, 2);
+  const ag::trace tr = t.rt->take_trace();
   int plain = 0, captured = 0, replayed = 0;
-  for (const auto& r : t.records) {
+  for (const auto& r : tr.records) {
     if (r.label.find("[graph replay: plain") != std::string::npos) ++plain;
     if (r.label.find("[graph replay: captured") != std::string::npos) ++captured;
     if (r.label.find("[graph replay: replayed") != std::string::npos) {
@@ -117,7 +131,7 @@ TEST(GraphReplay, TraceMarksReplayedSegmentsAsOneRecord) {
       EXPECT_GE(r.end_ns, r.start_ns) << r.label;
     }
   }
-  const ag::replay_stats s = (*rt)->replay_statistics();
+  const ag::replay_stats s = t.rt->replay_statistics();
   EXPECT_EQ(plain, s.plain);
   EXPECT_EQ(captured, s.captured);
   EXPECT_EQ(replayed, s.replayed);
@@ -127,44 +141,29 @@ TEST(GraphReplay, TraceMarksReplayedSegmentsAsOneRecord) {
 TEST(GraphReplay, RefusedCaptureFallsBackToPlainLaunchesWithTheSameValues) {
   auto o = replay_sim(2);
   o.backend.sim.faults.refuse_capture = true;
-  auto rt = ag::runtime::create("sim:2", o);
-  ASSERT_TRUE(rt.has_value()) << rt.err().to_string();
-  const auto cfg = small_gpt2();
-  auto g = ag::models::build_transformer(cfg);
-  ASSERT_TRUE(g.has_value()) << g.err().to_string();
-  ag::plan_options po;
-  po.pipeline_stages = 2;
-  po.graph_replay = ag::graph_replay_mode::on;
-  auto p = (*rt)->compile(*g, po);
-  ASSERT_TRUE(p.has_value()) << p.err().to_string();
-  const int segments = segments_with_kernels(**p);
-  run_waves(**rt, *p, *g, cfg, 3, 4);
-  const ag::replay_stats s = (*rt)->replay_statistics();
+  replay_setup t("sim:2", o, replay_on(2));
+  const int segments = segments_with_kernels(*t.p);
+  run_waves(*t.rt, t.p, t.g, t.cfg, 3, 4);
+  const ag::replay_stats s = t.rt->replay_statistics();
   EXPECT_EQ(s.captured, 0);
   EXPECT_EQ(s.replayed, 0);
   EXPECT_EQ(s.plain, segments);
   EXPECT_EQ(s.fallbacks, segments * 11);  // every run after the first
   EXPECT_NE(s.last_fallback.find("refused the capture"), std::string::npos) << s.last_fallback;
   bool traced = false;
-  for (const auto& r : (*rt)->take_trace().records)
+  for (const auto& r : t.rt->take_trace().records)
     traced = traced || r.label.find("[graph replay: fallback") != std::string::npos;
   EXPECT_TRUE(traced) << "no trace record says the segment fell back";
 }
 
 TEST(GraphReplay, OffAndCpuNeverCapture) {
   for (const char* spec : {"sim:1", "cpu:1"}) {
-    auto rt = ag::runtime::create(spec, replay_sim(2));
-    ASSERT_TRUE(rt.has_value()) << rt.err().to_string();
-    const auto cfg = small_gpt2();
-    auto g = ag::models::build_transformer(cfg);
-    ASSERT_TRUE(g.has_value()) << g.err().to_string();
     ag::plan_options po;
     // sim: replay off; cpu: replay on, which the cpu device never applies.
     po.graph_replay = std::string(spec) == "cpu:1" ? ag::graph_replay_mode::on : ag::graph_replay_mode::off;
-    auto p = (*rt)->compile(*g, po);
-    ASSERT_TRUE(p.has_value()) << p.err().to_string();
-    run_waves(**rt, *p, *g, cfg, 2, 2);
-    const ag::replay_stats s = (*rt)->replay_statistics();
+    replay_setup t(spec, replay_sim(2), po);
+    run_waves(*t.rt, t.p, t.g, t.cfg, 2, 2);
+    const ag::replay_stats s = t.rt->replay_statistics();
     EXPECT_EQ(s.plain + s.captured + s.replayed + s.fallbacks, 0) << spec;
   }
 }
