@@ -215,6 +215,13 @@ class device {
   /// notify like a kernel's. Default: unsupported_op (a backend without
   /// collectives).
   virtual error collective(stream& s, const collective_launch& c);
+  /// Called by the runtime when a plan whose collectives run over `members`
+  /// (rank order; this device is members[0]) loads, once per group and
+  /// plan, from the loading thread: a backend whose parts meet through a
+  /// communicator makes it here (CUDA: the group's NCCL communicator, when
+  /// its collectives can take that path), so the plan fails to load rather
+  /// than its first job. Default: nothing to prepare.
+  virtual error prepare_collective_group(const std::vector<device*>& members) { return {}; }
   /// Calls `done` on a backend thread once all work enqueued on `s` so far has
   /// completed: with ok, or with the error that stopped it (device_failed,
   /// op_failed for an asynchronous kernel fault). Called exactly once, also
