@@ -1,5 +1,6 @@
 #include "actors/runtime_core.hpp"
 
+#include <set>
 #include <algorithm>
 #include <cstdio>
 
@@ -215,6 +216,18 @@ expected<std::shared_ptr<const plan>> runtime_core::compile(std::shared_ptr<cons
                    d};
     m->arenas[0] = *a;
     lp->memory[static_cast<std::size_t>(d)] = std::move(m);
+  }
+  // Collective groups: a communicator per group is made now (NCCL on CUDA),
+  // so a group that cannot run fails the load, not the first job.
+  std::set<std::vector<int>> groups;
+  for (const lowered_step& ls : prog.steps())
+    if (ls.kind == step_kind::collective) groups.insert(ls.coll.member_devices);
+  for (const auto& members : groups) {
+    std::vector<gpu::device*> devs;
+    for (int d : members) devs.push_back(devices_[static_cast<std::size_t>(d)].get());
+    if (error e = devs.front()->prepare_collective_group(devs))
+      return error{e.code, "collective group of device '" + devs.front()->spec().name + "': " + e.message,
+                   members.front()};
   }
   for (int d : prog.used_devices())
     caf::anon_send(device_actors_[static_cast<std::size_t>(d)],

@@ -283,6 +283,8 @@ error launch_step(exec_state& st, exec_job& e, step_id s) {
       l.rank = c.rank;
       l.algo = c.algo;
       l.bytes = c.bytes;
+      // Aliases the job context: the flag (and the job) live while the part does.
+      l.cancelled = std::shared_ptr<const std::atomic<bool>>(ctx.shared_from_this(), &ctx.cancelled);
       l.out = c.out.proto;
       l.out.data = ctx.base(c.out.where, st.device) + c.out.byte_offset;
       l.inputs.reserve(c.inputs.size());

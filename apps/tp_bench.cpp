@@ -20,7 +20,9 @@
 //                            (d 4096, 32 heads, 8 kv heads, ff 14336, vocab 32000)
 //                            planned at tensor-parallel degree 4, over its
 //                            1-device plan's
-// --allreduce=SPEC prints allreduce_us_<size>_oneshot (8k, 64k, 256k, 1m, 16m)
+// --allreduce=SPEC prints allreduce_us_<size>_<path> (8k, 64k, 256k, 1m, 16m;
+// path: oneshot, ring on cpu / sim, nccl on distinct GPUs) and
+// allreduce_crossover_bytes (what the runtime picks; -1: never)
 // for the backend's one-shot all-reduce on those devices (cuda:0,0 on one GPU).
 // --devices=KIND runs the runtime figures on another backend kind ("cpu",
 // "cuda"; figure names then end in that kind); --small shrinks the layer
@@ -31,6 +33,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <ctime>
 #include <map>
 #include <memory>
@@ -39,6 +42,8 @@
 
 #include "actors/actorgraph.hpp"
 #include "apps/common/flags.hpp"
+#include "gpu/collective_path.hpp"
+#include "gpu/device.hpp"
 #include "graph/models/transformer.hpp"
 #include "graph/plan.hpp"
 #include "graph/weight_source.hpp"
@@ -167,8 +172,13 @@ run_result time_layer(const std::string& kind, int n, const std::shared_ptr<cons
 /// iteration, each member's stream waiting for every member's previous part
 /// (the collective's barrier), f32 operands of `bytes`; the time per
 /// iteration once `iters` ran (after a warm-up).
-double allreduce_us(const std::string& spec, int64_t bytes, int iters) {
-  auto devs = ag::gpu::make_devices(spec);
+double allreduce_us(const std::string& spec, int64_t bytes, int iters, const std::string& path) {
+  // The path is forced through the backend's own knobs: on CUDA the NCCL
+  // crossover (1 byte: always NCCL; never: always one-shot), on cpu the
+  // launch's algorithm (ring or one-shot).
+  ag::gpu::backend_options bo;
+  bo.cuda_nccl_min_bytes = path == "nccl" ? 1 : std::numeric_limits<int64_t>::max();
+  auto devs = ag::gpu::make_devices(spec, bo);
   if (!devs) die("devices " + spec, devs.err());
   const int n = static_cast<int>(devs->size());
   const int64_t elems = bytes / 4;
@@ -214,13 +224,14 @@ double allreduce_us(const std::string& spec, int64_t bytes, int iters) {
     out[static_cast<std::size_t>(k)] = *b;
     members.push_back(d.get());
   }
+  if (auto e = members.front()->prepare_collective_group(members)) die("collective group", e);
   std::vector<ag::gpu::collective_launch> parts(static_cast<std::size_t>(n));
   for (int k = 0; k < n; ++k) {
     auto& l = parts[static_cast<std::size_t>(k)];
     l.op = &g->at(outs[static_cast<std::size_t>(k)]);
     l.rank = k;
     l.bytes = bytes;
-    l.algo = ag::collective_algo::one_shot;
+    l.algo = path == "oneshot" ? ag::collective_algo::one_shot : ag::collective_algo::ring;
     l.members = members;
     l.out = {out[static_cast<std::size_t>(k)], ag::dtype::f32, ag::shape{elems}, ag::strides{1}};
     for (int j = 0; j < n; ++j) l.inputs.push_back({in[static_cast<std::size_t>(j)], ag::dtype::f32, ag::shape{elems}, ag::strides{1}});
@@ -280,7 +291,7 @@ int main(int argc, char** argv) {
   app.add_flag("--same-gpu", same_gpu, "cuda: the degrees' devices are logical devices of GPU 0 (cuda:0,0,...)");
   app.add_flag("--small", small_layer, "a small layer (d 1024, 8 heads, T 256) for a quick run");
   app.add_option("--allreduce", allreduce_spec,
-                 "print allreduce_us_<size>_oneshot for 8 KiB..16 MiB on these devices (e.g. cuda:0,0, cuda:0,1, sim:2)");
+                 "print allreduce_us_<size>_<path> (oneshot, ring, nccl) for 8 KiB..16 MiB and the crossover on these devices (e.g. cuda:0,0, cuda:0,1, cpu:2)");
   app.add_option("--allreduce-iters", allreduce_iters, "timed all-reduces per size")->check(CLI::Range(1, 1000000));
   app.add_flag("--plan-only", plan_only, "only the planning figures");
   app.add_flag("--run-only", run_only, "only the runtime figures");
@@ -293,13 +304,42 @@ int main(int argc, char** argv) {
   };
   std::vector<figure> figs;
   if (!allreduce_spec.empty()) {
+    auto devs = ag::gpu::make_devices(allreduce_spec);
+    if (!devs) die("devices " + allreduce_spec, devs.err());
+    std::vector<const ag::device_spec*> specs;
+    std::vector<int> gpus;
+    for (const auto& d : *devs) {
+      specs.push_back(&d->spec());
+      gpus.push_back(d->spec().ordinal);
+    }
+    const ag::device_kind kind = specs.front()->kind;
+    // The paths this machine has: one-shot everywhere; the ring on cpu and
+    // sim (modelled there); NCCL on distinct GPUs of a build with it.
+    std::vector<std::string> paths{"oneshot"};
+    if (kind != ag::device_kind::cuda) paths.push_back("ring");
+    else if (ag::gpu::choose_cuda_collective_path(ag::op_kind::all_reduce, int64_t{1} << 40, gpus, {}, 1,
+                                                  ag::gpu::nccl_built())
+                 .path == ag::gpu::collective_path::nccl)
+      paths.push_back("nccl");
     for (int64_t kib : {8, 64, 256, 1024, 16384}) {
       const std::string size = kib >= 1024 ? std::to_string(kib / 1024) + "m" : std::to_string(kib) + "k";
-      const double us = allreduce_us(allreduce_spec, kib * 1024, allreduce_iters);
-      figs.push_back({"allreduce_us_" + size + "_oneshot", us,
-                      "one-shot all-reduce of " + std::to_string(kib) + " KiB f32 on " + allreduce_spec + " (per call, " +
-                          std::to_string(allreduce_iters) + " calls)"});
+      for (const std::string& path : paths) {
+        const double us = allreduce_us(allreduce_spec, kib * 1024, allreduce_iters, path);
+        figs.push_back({"allreduce_us_" + size + "_" + path, us,
+                        path + " all-reduce of " + std::to_string(kib) + " KiB f32 on " + allreduce_spec + " (per call, " +
+                            std::to_string(allreduce_iters) + " calls)"});
+      }
     }
+    // What the runtime picks by default: the planner's ring / one-shot
+    // threshold (on CUDA, the NCCL crossover; -1: never, e.g. members on one GPU).
+    int64_t crossover = -1;
+    if (ag::choose_collective_algo(specs, int64_t{1} << 40) == ag::collective_algo::ring) {
+      int64_t limit = std::numeric_limits<int64_t>::max();
+      for (const auto* sp : specs) limit = std::min(limit, sp->oneshot_max_bytes);
+      crossover = limit + 1;
+    }
+    figs.push_back({"allreduce_crossover_bytes", static_cast<double>(crossover),
+                    "smallest message the runtime sends by ring / NCCL on " + allreduce_spec + " (-1: never)"});
   }
 
   if (!plan_only) {

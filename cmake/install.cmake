@@ -21,7 +21,7 @@ foreach(header IN LISTS ACTORGRAPH_PUBLIC_HEADERS)
 endforeach()
 
 set(ACTORGRAPH_EXPORTED_TARGETS
-  actorgraph_options ag_graph ag_host_memory ag_gpu ag_messages ag_actors ag_actorgraph)
+  actorgraph_options ag_graph ag_host_memory ag_collective_path ag_gpu ag_messages ag_actors ag_actorgraph)
 if(ACTORGRAPH_HAVE_CUDA)
   list(APPEND ACTORGRAPH_EXPORTED_TARGETS ag_gpu_cuda)
 endif()

@@ -13,6 +13,7 @@
 /// (e.g. caf::anon_send).
 
 #include <array>
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -117,6 +118,13 @@ struct collective_launch {
   std::vector<device*> members;      ///< device of each member, rank order
   collective_algo algo = collective_algo::ring;  ///< what the plan's cost model picked (by size)
   int64_t bytes = 0;                 ///< message size (the plan's step bytes)
+  /// The job's cancellation flag (set by the runtime, which keeps the job
+  /// alive through it; null where a test drives a device directly). Parts
+  /// that meet the other members' parts (the cpu ring) stop waiting for a
+  /// member that will never come once it is set, with errc::cancelled; with
+  /// the operand addresses it also tells the parts of one collective from
+  /// those of another job's.
+  std::shared_ptr<const std::atomic<bool>> cancelled;
 };
 
 /// Faults a simulated device can be told to produce (sim backend; other
@@ -146,6 +154,18 @@ struct backend_options {
   sim_options sim;
   int cpu_threads_per_stream = 1;  ///< cpu backend: BLAS threads per compute stream
   bool cuda_tf32 = false;          ///< cuda: allow TF32 tensor cores for f32 matmul
+  /// cpu: collectives of at most this many bytes run one-shot, larger ones
+  /// as a ring (gpu/cpu/ring.hpp). It becomes the cpu devices'
+  /// spec.oneshot_max_bytes, which the planner's cost model reads to pick
+  /// collective_launch::algo. -1: the spec's default (512 KiB).
+  int64_t cpu_oneshot_max_bytes = -1;
+  /// cuda: collectives of at least this many bytes go through NCCL (when the
+  /// build has it and the members are distinct GPUs), smaller ones through
+  /// the own one-shot kernel (the crossover; measure it with
+  /// `actorgraph-tp-bench --allreduce=cuda:0,1`). The CUDA devices'
+  /// spec.oneshot_max_bytes becomes this - 1, so the plan's algorithm
+  /// (describe, trace) names the path that runs. Must be >= 1.
+  int64_t cuda_nccl_min_bytes = int64_t{256} << 10;
 };
 
 /// One device. Obtained from make_devices(); shared_ptr because the device
@@ -211,6 +231,13 @@ class device {
   /// notify like a kernel's. Default: unsupported_op (a backend without
   /// collectives).
   virtual error collective(stream& s, const collective_launch& c);
+  /// Called by the runtime when a plan whose collectives run over `members`
+  /// (rank order; this device is members[0]) loads, once per group and
+  /// plan, from the loading thread: a backend whose parts meet through a
+  /// communicator makes it here (CUDA: the group's NCCL communicator, when
+  /// its collectives can take that path), so the plan fails to load rather
+  /// than its first job. Default: nothing to prepare.
+  virtual error prepare_collective_group(const std::vector<device*>& members) { return {}; }
 
   // --- graph replay (plan_options::graph_replay; actors/stream_actor.cpp) ---
   /// True when capture() can succeed on this device (cuda, sim); false (the

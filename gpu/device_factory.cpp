@@ -135,6 +135,12 @@ error validate(const backend_options& o) {
   if (o.cpu_threads_per_stream < 0 || o.cpu_threads_per_stream > 1024)
     return error(errc::invalid_argument, "backend option cpu_threads_per_stream = " +
                                              std::to_string(o.cpu_threads_per_stream) + ": must be 0 (BLAS default) .. 1024");
+  if (o.cpu_oneshot_max_bytes < -1)
+    return error(errc::invalid_argument, "backend option cpu_oneshot_max_bytes = " +
+                                             std::to_string(o.cpu_oneshot_max_bytes) + ": must be >= 0, or -1 for the default");
+  if (o.cuda_nccl_min_bytes < 1)
+    return error(errc::invalid_argument, "backend option cuda_nccl_min_bytes = " +
+                                             std::to_string(o.cuda_nccl_min_bytes) + ": must be >= 1");
   return {};
 }
 

@@ -80,7 +80,9 @@ enum class collective_algo : uint8_t {
 };
 const char* to_string(collective_algo a) noexcept;
 /// The algorithm for a collective of `bytes` over `members`: one_shot when
-/// bytes <= the smallest oneshot_max_bytes among them, else ring.
+/// bytes <= the smallest oneshot_max_bytes among them, or when two members
+/// are CUDA devices of one GPU (NCCL cannot run there), else ring (on CUDA:
+/// NCCL, whose threshold is the devices' oneshot_max_bytes).
 collective_algo choose_collective_algo(const std::vector<const device_spec*>& members, int64_t bytes);
 /// Time of one member's part of collective `op` (all_reduce, all_gather,
 /// reduce_scatter) of `bytes` (all_reduce / reduce_scatter: one operand;

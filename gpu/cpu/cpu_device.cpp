@@ -14,8 +14,14 @@ namespace {
 
 class cpu_device final : public host::host_device {
  public:
-  cpu_device(device_spec spec, int index)
-      : host_device(std::move(spec), index, host::host_device_config{}) {}
+  cpu_device(device_spec spec, int index) : host_device(std::move(spec), index, config()) {}
+
+ private:
+  static host::host_device_config config() {
+    host::host_device_config c;
+    c.ring_collectives = true;  // large collectives as a ring (gpu/cpu/ring.hpp)
+    return c;
+  }
 };
 
 }  // namespace
@@ -41,6 +47,7 @@ device_spec default_cpu_spec(int ordinal) {
 
 device_ptr make_cpu_device(device_spec spec, int index, const backend_options& options) {
   spec.kind = device_kind::cpu;
+  if (options.cpu_oneshot_max_bytes >= 0) spec.oneshot_max_bytes = options.cpu_oneshot_max_bytes;
   // Each stream is already a thread; BLAS threads per call multiply with
   // them. The setting is process-wide in OpenBLAS: the first device decides.
   static std::once_flag blas_threads;

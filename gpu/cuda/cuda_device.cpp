@@ -8,12 +8,15 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <limits>
 #include <atomic>
 #include <cstdio>
 #include <mutex>
 #include <unordered_map>
 
+#include "gpu/collective_path.hpp"
 #include "gpu/cuda/collective.cuh"
+#include "gpu/cuda/nccl_group.hpp"
 #include "gpu/cuda/cuda_backend.hpp"
 #include "gpu/cuda/cuda_check.cuh"
 #include "gpu/cuda/cuda_device.hpp"
@@ -67,7 +70,12 @@ class cuda_replay_graph final : public replay_graph {
 class cuda_device final : public device {
  public:
   cuda_device(std::shared_ptr<core> c, device_spec spec, int index, const backend_options& opts, int sm_count)
-      : core_(std::move(c)), spec_(std::move(spec)), index_(index), tf32_(opts.cuda_tf32), sm_count_(sm_count) {}
+      : core_(std::move(c)),
+        spec_(std::move(spec)),
+        index_(index),
+        tf32_(opts.cuda_tf32),
+        sm_count_(sm_count),
+        nccl_min_bytes_(opts.cuda_nccl_min_bytes) {}
 
   ~cuda_device() override {
     device_guard g(core_->ordinal);
@@ -326,38 +334,65 @@ class cuda_device final : public device {
     return {};
   }
 
-  /// One-shot over peer-mapped buffers (collective.cuh): every member must be
-  /// a CUDA device this GPU can read (the same GPU, or peer access), else
-  /// unsupported_op naming the member.
+  /// Picks the path by collective_path.hpp's rule (the same on every
+  /// member): NCCL over the group's communicator (nccl_group.hpp) for large
+  /// messages on distinct GPUs, else the own one-shot over peer-mapped
+  /// buffers (collective.cuh), for which every member must be a CUDA device
+  /// this GPU can read (the same GPU, or peer access), else unsupported_op
+  /// naming the member. A dead member aborts the group's communicator, so
+  /// the other members' NCCL parts do not wait for it.
   error collective(stream& s, const collective_launch& l) override {
     auto us = usable(s, "collective");
     if (!us) return us.err();
     if (!l.op) return error(errc::invalid_argument, spec_.name + ": collective without a node", index_);
-    const std::string where = spec_.name + " " + to_string(l.op->op) + " '" + l.op->name + "'";
+    std::string where = spec_.name + " " + to_string(l.op->op) + " '" + l.op->name + "'";
     const auto refuse = [&](errc code, const std::string& what) {
       return error(code, where + ": " + what, index_, -1, l.op->name);
     };
     if (l.members.size() != l.inputs.size() || l.rank < 0 || static_cast<std::size_t>(l.rank) >= l.inputs.size())
       return refuse(errc::invalid_argument, "members, operands and rank do not agree");
     if (!l.out.data && l.out.dims.numel() > 0) return refuse(errc::invalid_argument, "no output buffer");
+    std::vector<int> gpus;
+    std::vector<int64_t> elements;
     for (std::size_t k = 0; k < l.members.size(); ++k) {
       auto* peer = dynamic_cast<cuda_device*>(l.members[k]);
       if (!peer)
         return refuse(errc::unsupported_op, "member " + std::to_string(k) + " ('" +
                                                 (l.members[k] ? l.members[k]->spec().name : std::string("null")) +
                                                 "') is not a CUDA device");
-      if (!peer->alive()) return peer->core_->dead_error();
+      if (!peer->alive()) {
+        error why = peer->core_->dead_error();
+        abort_nccl_groups_of(peer->core_->ordinal, why.message);
+        return why;
+      }
       if (l.inputs[k].type != l.op->type || (!l.inputs[k].data && l.inputs[k].dims.numel() > 0))
         return refuse(errc::invalid_argument, "operand of rank " + std::to_string(k) + " is null or of another dtype");
+      gpus.push_back(peer->core_->ordinal);
+      elements.push_back(l.inputs[k].dims.numel());
+    }
+    const collective_path_choice path =
+        choose_cuda_collective_path(l.op->op, l.bytes, gpus, elements, nccl_min_bytes_, nccl_built());
+    where += " (" + path.reason + ")";  // errors say which path ran and why
+    device_guard g(core_->ordinal);
+    if (path.path == collective_path::nccl) {
+      error e = nccl_part(**us, l, gpus, where);
+      if (!e) return {};
+      if (e.code == errc::device_failed) {
+        core_->mark_dead(e);
+        abort_nccl_groups_of(core_->ordinal, e.message);
+      }
+      return std::move(e).concerning(index_, -1, l.op->name);
+    }
+    for (std::size_t k = 0; k < l.members.size(); ++k) {
+      auto* peer = static_cast<cuda_device*>(l.members[k]);
       if (peer->core_->ordinal != core_->ordinal) {
         int can = 0;
         AG_CUDA_TRY(cudaDeviceCanAccessPeer(&can, core_->ordinal, peer->core_->ordinal), where);
         if (!can)
           return refuse(errc::unsupported_op, "no peer access from " + spec_.name + " to member '" + peer->spec_.name +
-                                                  "': the one-shot collective reads the members' memory (no NCCL path yet)");
+                                                  "': the one-shot collective reads the members' memory");
       }
     }
-    device_guard g(core_->ordinal);
     launch_ctx c;
     c.stream = (*us)->s_;
     c.fault_word = (*us)->fault_ ? (*us)->fault_->dev : nullptr;
@@ -367,6 +402,27 @@ class cuda_device final : public device {
     if (!e) return {};
     if (e.code == errc::device_failed) core_->mark_dead(e);
     return std::move(e).concerning(index_, -1, l.op->name);
+  }
+
+  /// Makes the group's NCCL communicator now when its members are distinct
+  /// GPUs (the NCCL path is possible) and the build has NCCL; the device
+  /// keeps it for its lifetime. Same-GPU groups run one-shot: nothing to make.
+  error prepare_collective_group(const std::vector<device*>& members) override {
+    if (!nccl_built()) return {};
+    std::vector<int> gpus;
+    for (device* m : members) {
+      auto* peer = dynamic_cast<cuda_device*>(m);
+      if (!peer) return {};  // mixed backends: collective() refuses it, naming the member
+      gpus.push_back(peer->core_->ordinal);
+    }
+    const auto choice = choose_cuda_collective_path(op_kind::all_reduce, std::numeric_limits<int64_t>::max(), gpus, {},
+                                                    nccl_min_bytes_, true);
+    if (choice.path != collective_path::nccl) return {};
+    auto grp = nccl_group::get(gpus);
+    if (!grp) return error(grp.err()).concerning(index_);
+    std::lock_guard<std::mutex> lk(mem_mu_);
+    groups_.push_back(std::move(*grp));
+    return {};
   }
 
   // Pageable host memory goes through pinned staging (see staging_pool);
@@ -473,6 +529,74 @@ class cuda_device final : public device {
   }
 
  private:
+  /// This member's NCCL part on its communication stream. all_reduce: one
+  /// ncclAllReduce. all_gather: ncclAllGather, straight into the output when
+  /// the gathered axis is outermost, else into a stream-ordered scratch
+  /// buffer that one 2D copy per rank scatters to the output's rows.
+  /// reduce_scatter: ncclAllReduce into scratch, then a 2D copy of this
+  /// rank's slice (every rank must make the same NCCL call, and a rank knows
+  /// only its own slice, so ncclReduceScatter's even split cannot be
+  /// assumed). The current device is this one (caller's guard).
+  error nccl_part(cuda_stream& cs, const collective_launch& l, const std::vector<int>& gpus, const std::string& where) {
+    auto grp = nccl_group::get(gpus);
+    if (!grp) return grp.err();
+    nccl_group& g = **grp;
+    const node& n = *l.op;
+    const int r = l.rank;
+    const auto es = static_cast<int64_t>(dtype_size(n.type));
+    const cudaStream_t st = cs.s_;
+    const void* mine = l.inputs[static_cast<std::size_t>(r)].data;
+    int64_t outer = 1, inner = 1;
+    const int axis = n.attrs.axis;
+    if (n.op == op_kind::all_reduce) {
+      if (error e = g.all_reduce(r, mine, l.out.data, l.out.dims.numel(), n.type, st, where)) return e;
+      return g.async_error(r, where);
+    }
+    const shape& full = n.op == op_kind::all_gather ? n.dims : l.inputs[0].dims;
+    for (int d = 0; d < axis; ++d) outer *= full[d];
+    for (int d = axis + 1; d < full.rank(); ++d) inner *= full[d];
+    if (n.op == op_kind::all_gather && outer == 1) {
+      if (error e = g.all_gather(r, mine, l.out.data, l.inputs[static_cast<std::size_t>(r)].dims.numel(), n.type, st,
+                                 where))
+        return e;
+      return g.async_error(r, where);
+    }
+    const int64_t scratch_elems = n.op == op_kind::all_gather ? n.dims.numel() : full.numel();
+    void* scratch = nullptr;
+    if (error e = AG_CORE_CHECK(*core_, cudaMallocAsync(&scratch, static_cast<size_t>(scratch_elems * es), st),
+                                where + " scratch"))
+      return e;
+    error e;
+    if (n.op == op_kind::all_gather) {
+      // scratch: rank k's operand ([outer, part]) at k * outer * part; out: per row, the ranks' parts in order.
+      const int64_t part = l.inputs[0].dims.numel() / outer, row = n.dims.numel() / outer;
+      e = g.all_gather(r, mine, scratch, l.inputs[static_cast<std::size_t>(r)].dims.numel(), n.type, st, where);
+      for (int64_t k = 0; !e && k < static_cast<int64_t>(gpus.size()); ++k)
+        e = AG_CORE_CHECK(*core_,
+                          cudaMemcpy2DAsync(static_cast<std::byte*>(l.out.data) + k * part * es,
+                                            static_cast<size_t>(row * es),
+                                            static_cast<const std::byte*>(scratch) + k * outer * part * es,
+                                            static_cast<size_t>(part * es), static_cast<size_t>(part * es),
+                                            static_cast<size_t>(outer), cudaMemcpyDeviceToDevice, st),
+                          where + " gather rows");
+    } else {
+      const int64_t len = n.attrs.end - n.attrs.begin;
+      e = g.all_reduce(r, mine, scratch, full.numel(), n.type, st, where);
+      if (!e)
+        e = AG_CORE_CHECK(*core_,
+                          cudaMemcpy2DAsync(l.out.data, static_cast<size_t>(len * inner * es),
+                                            static_cast<const std::byte*>(scratch) + n.attrs.begin * inner * es,
+                                            static_cast<size_t>(full[axis] * inner * es),
+                                            static_cast<size_t>(len * inner * es), static_cast<size_t>(outer),
+                                            cudaMemcpyDeviceToDevice, st),
+                          where + " slice");
+    }
+    // Freed in stream order after the copies (also after a failed enqueue).
+    if (error fe = AG_CORE_CHECK(*core_, cudaFreeAsync(scratch, st), where + " scratch free"); fe && !e) e = fe;
+    if (e) return e;
+    return g.async_error(r, where);
+  }
+
   /// Device -> pageable host without blocking the caller (see staging_pool).
   error staged_copy_d2h(stream& s, void* dst, const void* src, int64_t bytes) {
     auto us = usable(s, "copy_d2h");
@@ -504,6 +628,8 @@ class cuda_device final : public device {
   int index_;
   bool tf32_;
   int sm_count_;
+  int64_t nccl_min_bytes_;
+  std::vector<std::shared_ptr<nccl_group>> groups_;  // communicators of loaded plans' groups (under mem_mu_)
   std::atomic<notify_mode> mode_{notify_mode::poller};
   mutable std::mutex mem_mu_;
   std::shared_ptr<staging_pool> staging_ = std::make_shared<staging_pool>();

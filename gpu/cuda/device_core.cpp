@@ -1,6 +1,7 @@
 // The shared device state (device_core.hpp): teardown and death.
 
 #include "gpu/cuda/device_core.hpp"
+#include "gpu/cuda/nccl_group.hpp"
 
 #include "gpu/cuda/cuda_check.cuh"
 #include "gpu/cuda/device_guard.hpp"
@@ -25,6 +26,9 @@ void core::mark_dead(const error& e) {
     alive.store(false, std::memory_order_release);
     h = fault_handler;
   }
+  // Other members' NCCL parts would wait for this GPU forever: abort the
+  // communicators it belongs to (nothing without NCCL).
+  abort_nccl_groups_of(ordinal, e.message);
   if (h) h(death);
 }
 

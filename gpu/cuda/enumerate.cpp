@@ -4,10 +4,12 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <limits>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "gpu/collective_path.hpp"
 #include "gpu/cuda/cuda_backend.hpp"
 #include "gpu/cuda/cuda_check.cuh"
 #include "gpu/cuda/cuda_device.hpp"
@@ -52,6 +54,9 @@ expected<device_ptr> make_one(int ordinal, int index, const backend_options& opt
   if (mem_clock_hz > 0 && bus_bits > 0) spec.mem_bandwidth = 2.0 * mem_clock_hz * bus_bits / 8.0;  // DDR
   spec.mem_bytes = static_cast<int64_t>(prop.totalGlobalMem);
   spec.copy_engines = std::max(1, prop.asyncEngineCount);
+  // The planner's ring/one-shot pick (describe, trace) names the path the
+  // backend runs: NCCL from the crossover on, when the build has NCCL.
+  spec.oneshot_max_bytes = nccl_built() ? opts.cuda_nccl_min_bytes - 1 : std::numeric_limits<int64_t>::max();
 
   auto c = std::make_shared<core>(ordinal, spec.name);
   c->index = index;

@@ -9,6 +9,7 @@
 #include <utility>
 
 #include "gpu/cpu/collective.hpp"
+#include "gpu/cpu/ring.hpp"
 #include "gpu/cpu/kernels.hpp"
 
 namespace ag::gpu::host {
@@ -313,24 +314,49 @@ error host_device::collective(stream& s, const collective_launch& c) {
   host_stream& hs = as_host(s);
   const work_timing t = collective_timing(hs, c);
   const bool compute = cfg_.compute;
-  hs.submit([this, &hs, t, compute, c, label](task_context& ctx) {
+  const bool ring = compute && cfg_.ring_collectives && !hs.inline_mode() && c.algo == collective_algo::ring &&
+                    c.members.size() > 1;
+  hs.submit([this, &hs, t, compute, ring, c, label](task_context& ctx) {
     if (ctx.dropping || !alive()) return;
     // A member that died may never have written its operand: fail the part
     // (its job is failed by the runtime too), do not read or wait for it.
-    for (device* m : c.members)
-      if (!m->alive()) {
-        // The member's own death error (a dead device refuses an empty
-        // download with it) says why it died: the job's error names the
-        // fault, not only the device (found by actorgraph-soak).
-        const error why = m->download(nullptr, nullptr, 0);
-        hs.set_error(error(errc::device_failed,
-                           "device '" + spec_.name + "': " + label + ": member '" + m->spec().name + "' died" +
-                               (why ? " (" + why.message + ")" : std::string{}),
-                           m->index(), -1, c.op->name));
-        return;
-      }
+    const auto dead_member = [&]() -> error {
+      for (device* m : c.members)
+        if (!m->alive()) {
+          // The member's own death error (a dead device refuses an empty
+          // download with it) says why it died: the job's error names the
+          // fault, not only the device (found by actorgraph-soak).
+          const error why = m->download(nullptr, nullptr, 0);
+          return error(errc::device_failed,
+                       "device '" + spec_.name + "': " + label + ": member '" + m->spec().name + "' died" +
+                           (why ? " (" + why.message + ")" : std::string{}),
+                       m->index(), -1, c.op->name);
+        }
+      return {};
+    };
+    if (error e = dead_member()) {
+      hs.set_error(std::move(e));
+      return;
+    }
     int64_t end = 0;
-    if (compute) {
+    if (ring) {
+      // Polled while the part waits for a neighbour: this device or stream
+      // going away, or a member dying, stops it (never a hang).
+      const auto abort = [&]() -> error {
+        if (hs.dropping())
+          return error(errc::cancelled, "device '" + spec_.name + "': " + label + ": stream destroyed", index_, -1,
+                       c.op->name);
+        if (!alive()) return dead_error(label.c_str()).concerning(index_, -1, c.op->name);
+        return dead_member();
+      };
+      if (error e = cpu::run_ring_collective(c, abort)) {
+        if (e.code != errc::device_failed && e.code != errc::cancelled) e.code = errc::op_failed;
+        if (e.message.rfind("device '", 0) != 0) e.message = "device '" + spec_.name + "': " + e.message;
+        if (e.device < 0) e = std::move(e).concerning(index_, -1, c.op->name);
+        hs.set_error(std::move(e));
+      }
+      end = host_clock_ns();
+    } else if (compute) {
       if (error e = cpu::run_collective(c)) {
         e.code = errc::op_failed;
         e.message = "device '" + spec_.name + "': " + e.message;

@@ -27,6 +27,11 @@ struct host_device_config {
   bool inline_streams = false; ///< run work in the calling thread (instant sim device)
   bool lazy_memory = false;    ///< back device memory with untouched mmap pages (timing only)
   double time_scale = 1.0;     ///< wall seconds per modelled second
+  /// Collectives whose plan picked the ring (collective_launch::algo) run as
+  /// a ring (gpu/cpu/ring.hpp) instead of one-shot: the cpu backend. Needs
+  /// worker streams (the parts meet); the sim keeps the one-shot for its
+  /// values and models the ring's time.
+  bool ring_collectives = false;
 };
 
 /// What a piece of work costs on a timed device.
@@ -85,10 +90,13 @@ class host_device : public device {
   error copy_d2h(stream& s, void* dst, const void* src, int64_t bytes) override;
   /// From a host device: memcpy. From any other backend: src_dev.download() on the worker.
   error copy_peer(stream& s, void* dst, device& src_dev, const void* src, int64_t bytes) override;
-  /// One-shot over host memory (gpu/cpu/collective.hpp): every member must be
-  /// a host device (cpu or sim), else unsupported_op. A member that died
-  /// before the part ran fails the part (device_failed naming that member,
-  /// through notify); it never waits for it.
+  /// Over host memory: one-shot (gpu/cpu/collective.hpp), or, on a device
+  /// configured with ring_collectives and a plan that picked the ring, a
+  /// ring whose parts meet on the members' communication streams
+  /// (gpu/cpu/ring.hpp). Every member must be a host device (cpu or sim),
+  /// else unsupported_op. A member that died before or while the part ran
+  /// fails the part (device_failed naming that member, through notify); it
+  /// never waits for it.
   error collective(stream& s, const collective_launch& c) override;
   /// The callback gets: device_failed once the device died; else the first
   /// asynchronous op error on `s` since the previous notify (op_failed); else

@@ -215,6 +215,83 @@ TEST_P(TensorParallelRun, ManyConcurrentJobsEqualTheReference) {
 
 INSTANTIATE_TEST_SUITE_P(Backends, TensorParallelRun, ::testing::Values("sim", "cpu"));
 
+/// The cpu ring (gpu/cpu/ring.hpp) sums in the dtype, in ring order, rounding
+/// after each of its t-1 steps: within (t-1) roundings of the partial sums'
+/// magnitude (standard-normal operands: partial sums below ~8), i32 exact.
+double ring_tolerance(dtype t, int members) {
+  switch (t) {
+    case dtype::f32: return 1e-5;
+    case dtype::f16: return (members - 1) * 8 * 0x1p-11;   // 8 ulp-units of f16 at magnitude 8
+    case dtype::bf16: return (members - 1) * 8 * 0x1p-8;   // same for bf16's 8-bit mantissa
+    case dtype::i32: return 0;
+  }
+  return 0;
+}
+
+ag::runtime_options ring_opts() {
+  ag::runtime_options o = opts();
+  o.backend.cpu_oneshot_max_bytes = 0;  // every collective a ring
+  return o;
+}
+
+// The cpu backend's ring: all_reduce (chunk sizes not dividing by the
+// members), reduce_scatter (even and uneven slices, several rows: strided
+// chunks) and all_gather over 2, 3 and 4 members, every dtype, equal to the
+// reference within the dtype's tolerance; the plan says ring for each.
+TEST(CpuRing, CollectivesEqualTheReferenceForEveryDtypeAndMemberCount) {
+  auto rt = ag::runtime::create("cpu:4", ring_opts()).value();
+  for (int n : {2, 3, 4}) {
+    for (dtype t : {dtype::f32, dtype::f16, dtype::bf16, dtype::i32}) {
+      for (bool uneven : {false, true}) {
+        const std::string what = std::to_string(n) + " members " + ag::to_string(t) + (uneven ? " uneven" : "");
+        const int64_t rows = 3, cols = 10 * n + (uneven ? 1 : 0);
+        std::vector<int64_t> parts;
+        if (uneven) {  // 1, then the rest spread
+          parts.assign(static_cast<std::size_t>(n), (cols - 1) / (n - 1));
+          parts[0] = cols - (cols - 1) / (n - 1) * (n - 1);
+        }
+        auto g = ag::test::user_collectives(t, n, rows, cols, parts);
+        ASSERT_TRUE(g) << what;
+        auto p = rt->compile(g);
+        ASSERT_TRUE(p.has_value()) << what << ": " << p.err().to_string();
+        int rings = 0;
+        for (const auto& s : (*p)->steps()) rings += s.kind == ag::step_kind::collective && s.algo == ag::collective_algo::ring;
+        EXPECT_EQ(rings, 3 * n) << what;
+        std::vector<host_tensor> in;
+        for (int k = 0; k < n; ++k)
+          in.push_back(t == dtype::i32 ? host_tensor::random_ints({rows, cols}, 100 + k + 7 * n, 100000)
+                                       : host_tensor::random_normal(t, {rows, cols}, 100 + k + 7 * n));
+        auto want = ag::evaluate_reference(*g, in).value();
+        const double tol = ring_tolerance(t, n);
+        expect_outputs(rt->submit(*p, in), want, tol, tol, what);
+      }
+    }
+  }
+}
+
+// Tensor-parallel transformers and many concurrent jobs with every
+// collective a ring: the parts of concurrent jobs meet their own job's
+// parts (no cross-talk), results equal the reference.
+TEST(CpuRing, ConcurrentTensorParallelJobsEqualTheReference) {
+  auto rt = ag::runtime::create("cpu:4", ring_opts()).value();
+  for (int degree : {2, 4}) {
+    auto cfg = tiny(ag::models::model_variant::llama, 8, 2);
+    auto g = build(cfg);
+    auto p = rt->compile(g, tp(degree)).value();
+    ASSERT_GT(collective_steps(*p), 0);
+    std::vector<ag::job> jobs;
+    std::vector<std::vector<host_tensor>> want;
+    for (int k = 0; k < 6; ++k) {
+      auto in = ag::models::transformer_inputs(cfg, 40 + static_cast<uint64_t>(k));
+      want.push_back(ag::evaluate_reference(*g, in).value());
+      jobs.push_back(rt->submit(p, in));
+    }
+    for (int k = 0; k < 6; ++k)
+      expect_outputs(jobs[static_cast<std::size_t>(k)], want[static_cast<std::size_t>(k)], 1e-4, 1e-3,
+                     "degree " + std::to_string(degree) + " job " + std::to_string(k));
+  }
+}
+
 // A device that dies while tensor-parallel jobs are in flight fails exactly
 // the jobs that use it (with its death error), none hangs (the other
 // members' parts finish or fail, they do not wait for it), and a plan on

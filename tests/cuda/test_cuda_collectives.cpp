@@ -1,6 +1,9 @@
 // Tensor parallelism on CUDA with two logical devices of one GPU ("cuda:0,0",
 // where NCCL cannot run): the backend's one-shot collectives (every dtype)
 // and tensor-parallel transformers at degree 2 equal the CPU reference.
+// The NCCL path: a one-rank communicator on one GPU (the code path: init,
+// enqueue, the strided gather/slice copies), and, with two distinct GPUs,
+// every collective and dtype against the reference.
 #include <gtest/gtest.h>
 
 #include <memory>
@@ -8,6 +11,8 @@
 #include <vector>
 
 #include "actors/actorgraph.hpp"
+#include "gpu/collective_path.hpp"
+#include "gpu/device.hpp"
 #include "cuda/cuda_test_util.hpp"
 #include "../graph/tp_random_graph.hpp"
 #include "graph/models/transformer.hpp"
@@ -37,6 +42,112 @@ TEST(CudaCollectives, OneShotOnTwoLogicalDevicesOfOneGpuEqualsTheReferenceForEve
     // Sums of two values in f32 then rounded once: exact for i32, within
     // one rounding of the storage dtype otherwise.
     const double tol = t == dtype::f32 ? 1e-6 : t == dtype::i32 ? 0 : 1e-2;
+    for (std::size_t i = 0; i < want.size(); ++i) {
+      auto c = compare((*got)[i], want[i], tol, tol);
+      EXPECT_TRUE(c.ok) << "output " << i << ": " << c.message;
+    }
+  }
+}
+
+// Even with the NCCL crossover at 1 byte, two logical devices of one GPU
+// run one-shot, and the plan says so.
+TEST(CudaCollectives, LogicalDevicesOfOneGpuRunOneShotWhateverTheCrossover) {
+  AG_REQUIRE_GPU(1);
+  runtime_options o;
+  o.backend.cuda_nccl_min_bytes = 1;
+  auto rt = runtime::create("cuda:0,0", o);
+  ASSERT_TRUE(rt.has_value()) << rt.err().to_string();
+  auto g = test::user_collectives(dtype::f32, 2, 64, 1024);  // 256 KiB operands
+  auto p = (*rt)->compile(g);
+  ASSERT_TRUE(p.has_value()) << p.err().to_string();
+  for (const auto& s : (*p)->steps())
+    if (s.kind == step_kind::collective) EXPECT_EQ(s.algo, collective_algo::one_shot);
+  std::vector<host_tensor> in{host_tensor::random_normal(dtype::f32, {64, 1024}, 1),
+                              host_tensor::random_normal(dtype::f32, {64, 1024}, 2)};
+  auto want = evaluate_reference(*g, in).value();
+  const auto& got = (*rt)->submit(*p, in).wait();
+  ASSERT_TRUE(got.has_value()) << got.err().to_string();
+  for (std::size_t i = 0; i < want.size(); ++i) {
+    auto c = compare((*got)[i], want[i], 1e-6, 1e-6);
+    EXPECT_TRUE(c.ok) << "output " << i << ": " << c.message;
+  }
+}
+
+// A one-rank NCCL communicator (ncclCommInitAll with one GPU) through the
+// device interface: all_reduce of one rank is a copy, all_gather of one
+// rank with rows (the scratch + 2D copy path) too, reduce_scatter its slice.
+TEST(CudaCollectives, NcclOneRankCommunicatorRunsEveryCollective) {
+  AG_REQUIRE_GPU(1);
+  if (!gpu::nccl_built()) GTEST_SKIP() << "this build has no NCCL (ACTORGRAPH_HAVE_NCCL unset)";
+  gpu::backend_options o;
+  o.cuda_nccl_min_bytes = 1;
+  auto devs = gpu::make_devices("cuda:0", o);
+  ASSERT_TRUE(devs.has_value()) << devs.err().to_string();
+  gpu::device& d = *devs->front();
+  gpu::device* members[] = {&d};
+  ASSERT_FALSE(d.prepare_collective_group({members[0]}));
+  auto s = d.create_stream(step_kind::collective);
+  ASSERT_TRUE(s.has_value()) << s.err().to_string();
+  auto g = test::user_collectives(dtype::f32, 1, 6, 40);  // sum0, scatter0, gather0
+  ASSERT_TRUE(g);
+  const shape dims{6, 40};
+  const int64_t bytes = dims.numel() * 4;
+  host_tensor x = host_tensor::random_normal(dtype::f32, dims, 17);
+  void* in = d.allocate(bytes).value();
+  ASSERT_FALSE(d.upload(in, x.data(), bytes));
+  auto want = evaluate_reference(*g, {x}).value();
+  for (std::size_t k = 0; k < g->outputs().size(); ++k) {
+    const node& n = g->at(g->outputs()[k]);
+    SCOPED_TRACE(n.name);
+    const auto path = gpu::choose_cuda_collective_path(n.op, bytes, {0}, {dims.numel()}, 1, true);
+    EXPECT_EQ(path.path, gpu::collective_path::nccl) << path.reason;
+    void* out = d.allocate(n.dims.numel() * 4).value();
+    gpu::collective_launch l;
+    l.op = &n;
+    l.rank = 0;
+    l.algo = collective_algo::ring;
+    l.bytes = bytes;
+    l.out = {out, dtype::f32, n.dims, contiguous_strides(n.dims)};
+    l.inputs = {{in, dtype::f32, dims, contiguous_strides(dims)}};
+    l.members = {&d};
+    ASSERT_FALSE(d.collective(**s, l));
+    ASSERT_FALSE(d.synchronize(**s));
+    host_tensor got = host_tensor::uninitialized(dtype::f32, n.dims);
+    ASSERT_FALSE(d.download(got.data(), out, n.dims.numel() * 4));
+    auto c = compare(got, want[k], 0, 0);  // one rank: copies, exact
+    EXPECT_TRUE(c.ok) << c.message;
+    d.deallocate(out);
+  }
+  d.deallocate(in);
+}
+
+// With two distinct GPUs and the crossover at 1 byte, every collective runs
+// through NCCL (the plan says ring for each) and equals the reference within
+// the dtype's tolerance (NCCL sums in the dtype); i32 exact.
+TEST(CudaCollectives, NcclOnTwoGpusEqualsTheReferenceForEveryDtype) {
+  AG_REQUIRE_GPU(2);
+  if (!gpu::nccl_built()) GTEST_SKIP() << "this build has no NCCL (ACTORGRAPH_HAVE_NCCL unset)";
+  runtime_options o;
+  o.backend.cuda_nccl_min_bytes = 1;
+  auto rt = runtime::create("cuda:0,1", o);
+  ASSERT_TRUE(rt.has_value()) << rt.err().to_string();
+  for (dtype t : {dtype::f32, dtype::f16, dtype::bf16, dtype::i32}) {
+    SCOPED_TRACE(to_string(t));
+    auto g = test::user_collectives(t, 2, 5, 64);
+    ASSERT_TRUE(g);
+    auto p = (*rt)->compile(g);
+    ASSERT_TRUE(p.has_value()) << p.err().to_string();
+    for (const auto& s : (*p)->steps())
+      if (s.kind == step_kind::collective) EXPECT_EQ(s.algo, collective_algo::ring);
+    std::vector<host_tensor> in;
+    for (int k = 0; k < 2; ++k)
+      in.push_back(t == dtype::i32 ? host_tensor::random_ints({5, 64}, 80 + k, 100000)
+                                   : host_tensor::random_normal(t, {5, 64}, 80 + k));
+    auto want = evaluate_reference(*g, in).value();
+    const auto& got = (*rt)->submit(*p, in).wait();
+    ASSERT_TRUE(got.has_value()) << got.err().to_string();
+    // Two summands: one rounding of the dtype at the sum's magnitude.
+    const double tol = t == dtype::f32 ? 1e-6 : t == dtype::f16 ? 4e-3 : t == dtype::bf16 ? 3e-2 : 0;
     for (std::size_t i = 0; i < want.size(); ++i) {
       auto c = compare((*got)[i], want[i], tol, tol);
       EXPECT_TRUE(c.ok) << "output " << i << ": " << c.message;

@@ -112,8 +112,11 @@ inline std::shared_ptr<const graph> tp_random_graph(uint64_t seed, int ops) {
 /// A graph of user collectives over `n` members for dtype t: member k
 /// computes copy(x_k) ([rows, cols]) on device k (a storage node there),
 /// then all_reduce, reduce_scatter (of dim 1, cols / n each) and all_gather
-/// (dim 1, [rows, cols * n]) parts on every member. `cols` divides by n.
-inline std::shared_ptr<const graph> user_collectives(dtype t, int n, int64_t rows, int64_t cols) {
+/// (dim 1, [rows, cols * n]) parts on every member. `cols` divides by n,
+/// unless `scatter_parts` (n column counts summing to cols) gives the
+/// reduce_scatter's uneven slices.
+inline std::shared_ptr<const graph> user_collectives(dtype t, int n, int64_t rows, int64_t cols,
+                                                     std::vector<int64_t> scatter_parts = {}) {
   std::vector<node> nodes;
   auto add = [&](node nd) {
     nd.id = static_cast<node_id>(nodes.size());
@@ -158,6 +161,11 @@ inline std::shared_ptr<const graph> user_collectives(dtype t, int n, int64_t row
     rs.attrs.axis = 1;
     rs.attrs.begin = part * k;
     rs.attrs.end = part * (k + 1);
+    if (!scatter_parts.empty()) {
+      rs.attrs.begin = 0;
+      for (int j = 0; j < k; ++j) rs.attrs.begin += scatter_parts[static_cast<std::size_t>(j)];
+      rs.attrs.end = rs.attrs.begin + scatter_parts[static_cast<std::size_t>(k)];
+    }
     rs.pinned_device = k;
     outs.push_back(add(rs));
     node gth;

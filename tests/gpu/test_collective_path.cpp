@@ -1,0 +1,93 @@
+// The CUDA backend's choice between NCCL and its own one-shot collective
+// (gpu/collective_path.hpp), and the planner's matching algorithm pick
+// (graph/cost_model.hpp): pure functions, tested without a GPU.
+#include <gtest/gtest.h>
+
+#include "gpu/collective_path.hpp"
+#include "graph/cost_model.hpp"
+
+namespace ag {
+namespace {
+
+using gpu::collective_path;
+using gpu::choose_cuda_collective_path;
+
+constexpr int64_t kib = 1024;
+
+TEST(CollectivePath, NcclFromTheCrossoverOnOneShotBelowIt) {
+  const std::vector<int> gpus{0, 1};
+  EXPECT_EQ(choose_cuda_collective_path(op_kind::all_reduce, 256 * kib, gpus, {}, 256 * kib, true).path,
+            collective_path::nccl);
+  EXPECT_EQ(choose_cuda_collective_path(op_kind::all_reduce, 256 * kib - 1, gpus, {}, 256 * kib, true).path,
+            collective_path::one_shot);
+  EXPECT_EQ(choose_cuda_collective_path(op_kind::all_reduce, 8 * kib, gpus, {}, 256 * kib, true).path,
+            collective_path::one_shot);
+  // The override moves the crossover.
+  EXPECT_EQ(choose_cuda_collective_path(op_kind::all_reduce, 8 * kib, gpus, {}, 4 * kib, true).path,
+            collective_path::nccl);
+  const auto c = choose_cuda_collective_path(op_kind::all_reduce, 8 * kib, gpus, {}, 256 * kib, true);
+  EXPECT_NE(c.reason.find("crossover 262144"), std::string::npos) << c.reason;
+}
+
+TEST(CollectivePath, TwoLogicalDevicesOfOneGpuAlwaysRunOneShot) {
+  for (const std::vector<int>& gpus : {std::vector<int>{0, 0}, std::vector<int>{1, 2, 1}}) {
+    const auto c = choose_cuda_collective_path(op_kind::all_reduce, int64_t{1} << 30, gpus, {}, 1, true);
+    EXPECT_EQ(c.path, collective_path::one_shot);
+    EXPECT_NE(c.reason.find("share GPU"), std::string::npos) << c.reason;
+  }
+}
+
+TEST(CollectivePath, WithoutNcclInTheBuildEverythingIsOneShot) {
+  const auto c = choose_cuda_collective_path(op_kind::all_reduce, int64_t{1} << 30, {0, 1}, {}, 1, false);
+  EXPECT_EQ(c.path, collective_path::one_shot);
+  EXPECT_NE(c.reason.find("no NCCL"), std::string::npos) << c.reason;
+  EXPECT_EQ(gpu::nccl_built(),
+#ifdef ACTORGRAPH_HAVE_NCCL
+            true
+#else
+            false
+#endif
+  );
+}
+
+TEST(CollectivePath, UnevenAllGatherRunsOneShotEvenGatherAndReductionsUseNccl) {
+  EXPECT_EQ(choose_cuda_collective_path(op_kind::all_gather, kib * kib, {0, 1}, {300, 200}, 1, true).path,
+            collective_path::one_shot);
+  EXPECT_EQ(choose_cuda_collective_path(op_kind::all_gather, kib * kib, {0, 1}, {256, 256}, 1, true).path,
+            collective_path::nccl);
+  // Operand sizes do not matter for reductions (all members' are equal).
+  EXPECT_EQ(choose_cuda_collective_path(op_kind::reduce_scatter, kib * kib, {0, 1}, {256, 256}, 1, true).path,
+            collective_path::nccl);
+}
+
+// Every member decides alone: the rule reads nothing rank-specific, so
+// members of one group always agree (NCCL would hang otherwise).
+TEST(CollectivePath, EveryMemberOfAGroupPicksTheSamePath) {
+  for (int64_t bytes : {int64_t{1}, 8 * kib, 256 * kib, 16 * kib * kib})
+    for (const std::vector<int>& gpus : {std::vector<int>{0, 1}, std::vector<int>{0, 0}, std::vector<int>{3, 1, 2}}) {
+      const auto first = choose_cuda_collective_path(op_kind::all_reduce, bytes, gpus, {}, 256 * kib, true).path;
+      for (std::size_t r = 1; r < gpus.size(); ++r)
+        EXPECT_EQ(choose_cuda_collective_path(op_kind::all_reduce, bytes, gpus, {}, 256 * kib, true).path, first);
+    }
+}
+
+// The planner says one-shot for members on one GPU at any size (describe and
+// the trace then name the path the backend runs), ring on distinct GPUs
+// above the devices' one-shot limit.
+TEST(CollectivePath, PlannerPicksOneShotForMembersOnOneGpu) {
+  device_spec a, b;
+  a.kind = b.kind = device_kind::cuda;
+  a.ordinal = b.ordinal = 0;
+  a.oneshot_max_bytes = b.oneshot_max_bytes = 256 * kib - 1;
+  EXPECT_EQ(choose_collective_algo({&a, &b}, int64_t{1} << 30), collective_algo::one_shot);
+  b.ordinal = 1;
+  EXPECT_EQ(choose_collective_algo({&a, &b}, int64_t{1} << 30), collective_algo::ring);
+  EXPECT_EQ(choose_collective_algo({&a, &b}, 8 * kib), collective_algo::one_shot);
+  // Simulated devices share no GPU: ordinals alone do not make them one-shot.
+  a.kind = b.kind = device_kind::sim;
+  b.ordinal = 0;
+  EXPECT_EQ(choose_collective_algo({&a, &b}, int64_t{1} << 30), collective_algo::ring);
+}
+
+}  // namespace
+}  // namespace ag
