@@ -17,4 +17,14 @@ error device::collective(stream&, const collective_launch& c) {
                index(), -1, c.op ? c.op->name : std::string{});
 }
 
+error device::reset() {
+  if (alive()) return {};
+  // The death reason, as every call of a dead device refuses with it.
+  const error why = download(nullptr, nullptr, 0);
+  return error(errc::device_failed,
+               "device '" + spec().name + "' is dead and its backend cannot revive it in this process" +
+                   (why ? " (" + why.message + ")" : std::string{}),
+               index());
+}
+
 }  // namespace ag::gpu
