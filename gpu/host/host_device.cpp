@@ -252,6 +252,10 @@ int64_t host_device::occupy(task_context& ctx, host_stream& hs, const work_timin
     end = start + dur + extra;
   }
   sleep_until(end, hs, ep);
+  // Cut short by a death or a reset: the stream's timeline ends now, not at
+  // the modelled end (a 600 s stall would otherwise delay the revived
+  // device's next work by the rest of it).
+  if (stale(ep)) end = std::min(end, host_clock_ns());
   // With values computed, the work completes at the later of model and kernel.
   ctx.clock_ns = std::max(end, kernel_end_ns);
   return ctx.clock_ns;
