@@ -6,6 +6,7 @@
 #include <caf/all.hpp>
 
 #include "actors/plan_memory.hpp"
+#include "messages/atoms.hpp"
 #include "messages/messages.hpp"
 
 namespace ag::actors {
@@ -173,16 +174,27 @@ caf::behavior device_actor_fn(device_actor_t* self, gpu::device_ptr dev, int cap
           if (m.done) m.done({});  // in service: nothing to reset
           return;
         }
-        if (error e = st.dev->reset()) {
-          if (m.done) m.done(e);  // stays out of service (a dead CUDA device)
-          return;
-        }
-        st.dead = false;
-        st.death = {};
-        st.last_reset_ns =
-            std::chrono::duration_cast<std::chrono::nanoseconds>(self->clock().now().time_since_epoch()).count();
-        // Through the runtime actor, after any device_down sent before.
-        self->send(st.runtime, msg::device_up{st.index, m.done});
+        // The reset makes the abandoned work's notifications report "reset
+        // with this work pending". Every job the death or stall failed must
+        // have its fail_job queued before that: the runtime actor handled
+        // our device_down (same sender, in order) once it answers this.
+        self->request(st.runtime, caf::infinite, msg::stats_atom::value).then([self, done = m.done](int64_t) {
+          auto& st = self->state;
+          if (!st.dead && st.dev->alive()) {  // another reset got there first
+            if (done) done({});
+            return;
+          }
+          if (error e = st.dev->reset()) {
+            if (done) done(e);  // stays out of service (a dead CUDA device)
+            return;
+          }
+          st.dead = false;
+          st.death = {};
+          st.last_reset_ns =
+              std::chrono::duration_cast<std::chrono::nanoseconds>(self->clock().now().time_since_epoch()).count();
+          // Through the runtime actor, after the device_down sent before.
+          self->send(st.runtime, msg::device_up{st.index, done});
+        });
       },
   };
 }
