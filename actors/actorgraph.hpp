@@ -81,6 +81,24 @@ struct runtime_options {
   /// bytes (one row when a row is larger), read straight into one staging
   /// buffer per device from the device's host memory (pinned on CUDA).
   int64_t upload_chunk_bytes = int64_t{64} << 20;
+  /// Stall detection; 0 (the default) turns it off. A step (a split, a
+  /// copy or a collective part) that has been running on its device for
+  /// longer than max(stall_min_seconds, stall_factor x its cost-model
+  /// estimate x the device's time_scale) is reported as stalled: every job
+  /// using that device fails with errc::timeout naming the device and the
+  /// step, and the device is quarantined (new jobs using it fail at once)
+  /// until reset_device(). "Running" starts when the step's inputs are ready
+  /// and the steps before it on its stream finished, as the executing actor
+  /// sees it (checked on CAF timers every stall_min_seconds / 2 while the
+  /// actor has work on its device; nothing runs when idle). Off by default
+  /// because the cost model is calibrated for the sim and for the GPUs it
+  /// was measured on: on the cpu backend or an unmeasured GPU a healthy step
+  /// can exceed its estimate many times, and a false stall takes a device
+  /// out of service. Suggested when on: 50-100, with a floor above the
+  /// slowest expected one-off delay (first-launch module loading: seconds).
+  double stall_factor = 0;
+  /// The floor of the stall limit, in seconds (> 0; at least 1 ms).
+  double stall_min_seconds = 1.0;
 };
 
 enum class job_state : uint8_t { queued, running, done, failed, cancelled };
@@ -229,6 +247,27 @@ class runtime {
   /// Graph replay counters since the runtime started (thread-safe; the
   /// executing actors add to them as they launch).
   replay_stats replay_statistics() const;
+
+  /// Takes device `index` out of quarantine (a stalled step, see
+  /// runtime_options::stall_factor) or revives it after it died, so that
+  /// new jobs may use it again. The device's pending work is abandoned: it
+  /// does not run, and jobs still waiting on it (all of them already failed
+  /// when the stall or death was reported) only release their memory. A sim
+  /// or cpu device comes back alive with its memory and loaded plans intact
+  /// (a die_after_ops fault is spent). A CUDA device that died of a sticky
+  /// error cannot come back in this process: the call returns
+  /// errc::device_failed saying so and the device stays dead (the process
+  /// and the other devices carry on). Resetting a healthy device does
+  /// nothing. Blocks until the device's actor and the job registry agree
+  /// (microseconds), then jobs submitted afterwards may use the device.
+  /// Errors: an index out of range (errc::invalid_argument), a call inside a
+  /// continuation (errc::invalid_argument: it would block a runtime thread),
+  /// a runtime being destroyed (errc::shutting_down).
+  error reset_device(int index);
+  /// Whether device `index` takes jobs: false while quarantined or dead
+  /// (out of range: false). Non-blocking; a stall or death being reported
+  /// right now may not show yet.
+  bool device_in_service(int index) const;
 
   /// Advanced: the device objects (e.g. to inject faults into a sim device in tests).
   gpu::device_ptr device(int index) const;

@@ -10,6 +10,6 @@
 namespace ag::actors {
 
 /// `kind` is h2d, d2h or peer.
-caf::actor spawn_copy_engine(caf::actor_system& sys, gpu::device_ptr dev, step_kind kind);
+caf::actor spawn_copy_engine(caf::actor_system& sys, gpu::device_ptr dev, step_kind kind, stall_watch watch = {});
 
 }  // namespace ag::actors

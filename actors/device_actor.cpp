@@ -6,6 +6,7 @@
 #include <caf/all.hpp>
 
 #include "actors/plan_memory.hpp"
+#include "messages/atoms.hpp"
 #include "messages/messages.hpp"
 
 namespace ag::actors {
@@ -24,8 +25,11 @@ struct device_state {
   int index = -1;
   int cap = 1;
   caf::actor runtime;
+  // Out of service: dead (device_fault) or quarantined (device_stalled)
+  // until reset_device. Acquires are refused with `death` meanwhile.
   bool dead = false;
   error death;
+  int64_t last_reset_ns = -1;  // actor clock; stall reports about older steps are stale
   std::unordered_map<uint64_t, arena_pool> pools;
 
   static constexpr const char* name = "ag.device";
@@ -128,6 +132,9 @@ caf::behavior device_actor_fn(device_actor_t* self, gpu::device_ptr dev, int cap
       [self](const msg::device_fault& m) {
         auto& st = self->state;
         if (st.dead) return;
+        // A fault notice that was still on its way when the device was
+        // reset (runtime::reset_device): the device is alive again.
+        if (st.dev->alive()) return;
         st.dead = true;
         // A backend that names this device in its fault says so in the
         // error's device field; otherwise the device is named here.
@@ -141,7 +148,53 @@ caf::behavior device_actor_fn(device_actor_t* self, gpu::device_ptr dev, int cap
           for (auto& req : pool.queue) refuse(self, req, st.death);
           pool.queue.clear();
         }
-        self->send(st.runtime, msg::device_down{st.index, st.death});
+        self->send(st.runtime, msg::device_down{st.index, st.death, {}, 0});
+      },
+      [self](const msg::device_stalled& m) {
+        auto& st = self->state;
+        if (st.dead) return;  // the first cause stays
+        if (m.since_ns <= st.last_reset_ns) return;  // about work a reset abandoned
+        st.dead = true;
+        // Jobs using the device fail with the stall (errc::timeout, device
+        // and step set); jobs submitted later are refused at once.
+        const error& stall = m.err;
+        st.death = error{errc::device_failed,
+                         "device '" + st.dev->spec().name + "' is quarantined until runtime::reset_device(" +
+                             std::to_string(st.index) + "): " + stall.message,
+                         st.index};
+        for (auto& [key, pool] : st.pools) {
+          for (auto& req : pool.queue) refuse(self, req, st.death);
+          pool.queue.clear();
+        }
+        self->send(st.runtime, msg::device_down{st.index, stall, st.death, m.plan_key});
+      },
+      [self](const msg::reset_device& m) {
+        auto& st = self->state;
+        if (!st.dead && st.dev->alive()) {
+          if (m.done) m.done({});  // in service: nothing to reset
+          return;
+        }
+        // The reset makes the abandoned work's notifications report "reset
+        // with this work pending". Every job the death or stall failed must
+        // have its fail_job queued before that: the runtime actor handled
+        // our device_down (same sender, in order) once it answers this.
+        self->request(st.runtime, caf::infinite, msg::stats_atom::value).then([self, done = m.done](int64_t) {
+          auto& st = self->state;
+          if (!st.dead && st.dev->alive()) {  // another reset got there first
+            if (done) done({});
+            return;
+          }
+          if (error e = st.dev->reset()) {
+            if (done) done(e);  // stays out of service (a dead CUDA device)
+            return;
+          }
+          st.dead = false;
+          st.death = {};
+          st.last_reset_ns =
+              std::chrono::duration_cast<std::chrono::nanoseconds>(self->clock().now().time_since_epoch()).count();
+          // Through the runtime actor, after the device_down sent before.
+          self->send(st.runtime, msg::device_up{st.index, done});
+        });
       },
   };
 }

@@ -17,15 +17,25 @@ void job_registry::remove(uint64_t id) {
   jobs_.erase(id);
 }
 
-std::vector<caf::actor> job_registry::mark_dead(int device, const error& why) {
+std::vector<job_registry::user> job_registry::mark_dead(int device, const error& why) {
   std::lock_guard<std::mutex> lk(m_);
   dead_.try_emplace(device, why);
-  std::vector<caf::actor> r;
+  std::vector<user> r;
   for (const auto& [id, e] : jobs_) {
     const auto& used = e.lp->program->used_devices();
-    if (std::find(used.begin(), used.end(), device) != used.end()) r.push_back(e.who);
+    if (std::find(used.begin(), used.end(), device) != used.end()) r.push_back({e.who, e.lp->key});
   }
   return r;
+}
+
+void job_registry::revive(int device) {
+  std::lock_guard<std::mutex> lk(m_);
+  dead_.erase(device);
+}
+
+bool job_registry::in_service(int device) {
+  std::lock_guard<std::mutex> lk(m_);
+  return dead_.find(device) == dead_.end();
 }
 
 std::size_t job_registry::size() {

@@ -28,11 +28,21 @@ class job_registry {
   /// that device's death error, which the job fails with.
   error add(uint64_t id, caf::actor who, std::shared_ptr<const loaded_plan> lp);
   void remove(uint64_t id);
-  /// Marks `device` dead with the error `why` (later add()s of jobs using it
-  /// fail with it) and returns the actors of the registered jobs using it.
-  /// Atomic with add(): a job registers either before (and is returned
-  /// here) or after (and add() fails it).
-  std::vector<caf::actor> mark_dead(int device, const error& why);
+  /// A registered job that uses a device being taken out of service.
+  struct user {
+    caf::actor who;
+    uint64_t plan_key = 0;  ///< its loaded plan
+  };
+  /// Marks `device` out of service (dead or quarantined) with the error
+  /// `why` (later add()s of jobs using it fail with it; the first mark
+  /// stays until revive) and returns the registered jobs using it. Atomic
+  /// with add(): a job registers either before (and is returned here) or
+  /// after (and add() fails it).
+  std::vector<user> mark_dead(int device, const error& why);
+  /// `device` serves again (runtime::reset_device): add() accepts jobs using it.
+  void revive(int device);
+  /// False while `device` is marked out of service.
+  bool in_service(int device);
   std::size_t size();
 
  private:

@@ -1,4 +1,7 @@
 // The public runtime (actorgraph.hpp): one CAF actor system + one runtime_core.
+#include <chrono>
+#include <future>
+
 #include <caf/all.hpp>
 
 #include "actors/job_state.hpp"
@@ -80,6 +83,29 @@ void runtime::wait_idle() {
 }
 trace runtime::take_trace() { return impl_->core->take_trace(); }
 replay_stats runtime::replay_statistics() const { return impl_->core->replays().read(); }
+
+error runtime::reset_device(int index) {
+  // It blocks for the device actor's answer: on a runtime thread that could
+  // be the thread the answer needs.
+  if (actors::inside_continuation())
+    return error{errc::invalid_argument, "reset_device(" + std::to_string(index) +
+                                             ") inside a continuation: it blocks; call it from another thread"};
+  auto done = std::make_shared<std::promise<error>>();
+  auto result = done->get_future();
+  impl_->core->reset_device(index, [done](const error& e) { done->set_value(e); });
+  // The answer takes two actor messages; a minute means the actors are gone.
+  if (result.wait_for(std::chrono::minutes(1)) != std::future_status::ready)
+    return error{errc::timeout, "reset_device(" + std::to_string(index) + "): the device actor did not answer in 60 s",
+                 index};
+  try {
+    return result.get();
+  } catch (const std::future_error&) {
+    // The message was dropped with its callback unanswered: the actor stopped.
+    return error{errc::shutting_down, "reset_device(" + std::to_string(index) + "): the runtime is stopping", index};
+  }
+}
+
+bool runtime::device_in_service(int index) const { return impl_->core->device_in_service(index); }
 
 gpu::device_ptr runtime::device(int index) const {
   const auto& d = impl_->core->devices();

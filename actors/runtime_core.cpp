@@ -89,11 +89,12 @@ runtime_core::runtime_core(caf::actor_system& sys, std::vector<gpu::device_ptr> 
     auto& dev = devices_[i];
     auto da = spawn_device_actor(sys_, dev, opts_.arenas_per_device, runtime_actor_);
     device_actors_.push_back(da);
-    lanes_[i].push_back(spawn_stream_actor(sys_, dev, 0));
+    const stall_watch w = watch_of(i);
+    lanes_[i].push_back(spawn_stream_actor(sys_, dev, 0, w));
     // Indexed by step kind - 1 (queue_actor()).
-    copy_actors_.push_back({spawn_copy_engine(sys_, dev, step_kind::copy_h2d),
-                            spawn_copy_engine(sys_, dev, step_kind::copy_d2h),
-                            spawn_copy_engine(sys_, dev, step_kind::copy_peer)});
+    copy_actors_.push_back({spawn_copy_engine(sys_, dev, step_kind::copy_h2d, w),
+                            spawn_copy_engine(sys_, dev, step_kind::copy_d2h, w),
+                            spawn_copy_engine(sys_, dev, step_kind::copy_peer, w)});
     auto sink = std::make_shared<fault_sink>();
     sink->target = da;
     fault_sinks_.push_back(sink);
@@ -109,6 +110,33 @@ runtime_core::runtime_core(caf::actor_system& sys, std::vector<gpu::device_ptr> 
 
 runtime_core::~runtime_core() { shutdown(); }
 
+stall_watch runtime_core::watch_of(std::size_t device) const {
+  stall_watch w;
+  w.factor = opts_.stall_factor;
+  w.min_seconds = opts_.stall_min_seconds;
+  w.device_actor = device_actors_[device];
+  return w;
+}
+
+void runtime_core::reset_device(int index, std::function<void(const error&)> done) {
+  if (index < 0 || static_cast<std::size_t>(index) >= devices_.size()) {
+    done(error{errc::invalid_argument, "reset_device(" + std::to_string(index) + "): no such device (the runtime has " +
+                                           std::to_string(devices_.size()) + ", 0.." +
+                                           std::to_string(static_cast<int>(devices_.size()) - 1) + ")"});
+    return;
+  }
+  if (stopped_ || stopping_) {
+    done(error{errc::shutting_down, "reset_device: the runtime is stopping", index});
+    return;
+  }
+  caf::anon_send(device_actors_[static_cast<std::size_t>(index)], msg::reset_device{std::move(done)});
+}
+
+bool runtime_core::device_in_service(int index) const {
+  if (index < 0 || static_cast<std::size_t>(index) >= devices_.size()) return false;
+  return jobs_->in_service(index);
+}
+
 caf::actor runtime_core::queue_actor(int device, step_kind kind, int lane) {
   const auto d = static_cast<std::size_t>(device);
   switch (kind) {
@@ -119,7 +147,7 @@ caf::actor runtime_core::queue_actor(int device, step_kind kind, int lane) {
       std::lock_guard<std::mutex> lk(lanes_m_);
       auto& v = lanes_[d];
       while (static_cast<int>(v.size()) <= lane)
-        v.push_back(spawn_stream_actor(sys_, devices_[d], static_cast<int>(v.size())));
+        v.push_back(spawn_stream_actor(sys_, devices_[d], static_cast<int>(v.size()), watch_of(d)));
       return v[static_cast<std::size_t>(lane)];
     }
     case step_kind::copy_h2d:
@@ -130,7 +158,8 @@ caf::actor runtime_core::queue_actor(int device, step_kind kind, int lane) {
       // spawned on the first plan that needs it.
       std::lock_guard<std::mutex> lk(lanes_m_);
       if (comm_actors_.size() < devices_.size()) comm_actors_.resize(devices_.size());
-      if (!comm_actors_[d]) comm_actors_[d] = spawn_exec_actor(sys_, devices_[d], step_kind::collective, 0);
+      if (!comm_actors_[d])
+        comm_actors_[d] = spawn_exec_actor(sys_, devices_[d], step_kind::collective, 0, watch_of(d));
       return comm_actors_[d];
     }
   }

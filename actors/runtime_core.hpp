@@ -15,6 +15,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -27,6 +28,7 @@
 #include "actors/job_context.hpp"
 #include "actors/job_registry.hpp"
 #include "actors/loaded_plan.hpp"
+#include "actors/stream_actor.hpp"
 #include "actors/trace_buffer.hpp"
 #include "gpu/device.hpp"
 
@@ -91,6 +93,14 @@ class runtime_core {
   trace_buffer& traces() noexcept { return trace_; }
   replay_counters& replays() noexcept { return replays_; }
 
+  /// Asks device `index`'s actor to lift its quarantine / revive it
+  /// (runtime::reset_device); `done` runs once jobs may use the device again,
+  /// or with the error that refused it (an index out of range and a stopping
+  /// runtime: at once, on this thread; else on an actor's thread).
+  void reset_device(int index, std::function<void(const error&)> done);
+  /// runtime::device_in_service.
+  bool device_in_service(int index) const;
+
   /// Stops every actor (call after wait_idle). Idempotent.
   void shutdown();
   bool stopped() const noexcept { return stopped_.load(); }
@@ -99,6 +109,8 @@ class runtime_core {
   void stop_submissions() noexcept { stopping_.store(true); }
 
  private:
+  /// The stall watch of device `device`'s executing actors (from the options).
+  stall_watch watch_of(std::size_t device) const;
   /// The actor of queue (device, kind, lane), spawning missing compute lanes.
   caf::actor queue_actor(int device, step_kind kind, int lane);
 

@@ -2,6 +2,9 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <deque>
 #include <functional>
 #include <map>
 #include <set>
@@ -73,6 +76,16 @@ struct replay_entry {
 /// (runtime_options::arenas_per_device, 8 by default); a job whose buffers
 /// find no graph once the limit is reached runs plainly.
 constexpr std::size_t max_graphs_per_segment = 16;
+/// A launched step under the stall watch (stall_watch, stream_actor.hpp).
+struct watched_step {
+  std::shared_ptr<const loaded_plan> lp;  // its program: label and estimate for the report
+  step_id step = -1;
+  std::shared_ptr<gpu::event> end;        // held: the pool cannot reuse it while watched
+  std::vector<std::shared_ptr<gpu::event>> deps;  // remote deps' end events
+  int64_t limit_ns = 0;
+  int64_t since_ns = -1;  // actor clock when first seen running; -1: not yet
+  bool reported = false;
+};
 
 struct exec_state {
   gpu::device_ptr dev;
@@ -103,6 +116,10 @@ struct exec_state {
   std::vector<std::vector<step_id>> out;  // ready batch per consumer queue
   std::vector<int> touched;
   std::vector<int> local;  // consumer queues of the job run by this actor itself (advance)
+  stall_watch stall;
+  // By lane: launched steps not known to be finished, in stream order.
+  std::vector<std::deque<watched_step>> watch;
+  bool check_armed = false;  // a stall_atom is on its way
 
   static constexpr const char* name = "ag.exec";
 };
@@ -304,7 +321,7 @@ error launch_step(exec_state& st, exec_job& e, step_id s) {
   // The end event is read by the waits of consumers on other queues and by
   // the trace; a step with neither (the last of a chain on one queue, a
   // decode step's tail) records none: one event record fewer per step.
-  return end_step(st, ctx, ls, lane, stream, ctx.timing || !ls.consumer_queues.empty());
+  return end_step(st, ctx, ls, lane, stream, ctx.timing || !ls.consumer_queues.empty() || st.stall.factor > 0);
 }
 
 /// The graph of `entry` for the job's buffers `b`, capturing it now when it
@@ -431,6 +448,93 @@ void forget_job(exec_state& st, job_key id) {
 
 void advance(exec_actor_t* self, exec_job& e);
 
+int64_t clock_ns(exec_actor_t* self) {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(self->clock().now().time_since_epoch()).count();
+}
+
+/// Drops the finished steps at the front of a lane's watch list.
+void prune(std::deque<watched_step>& q) {
+  while (!q.empty() && q.front().end->query()) q.pop_front();
+}
+
+void arm_stall_check(exec_actor_t* self) {
+  auto& st = self->state;
+  if (st.check_armed) return;
+  st.check_armed = true;
+  const auto period = std::chrono::nanoseconds(static_cast<int64_t>(st.stall.min_seconds * 0.5e9));
+  self->delayed_send(self, period, msg::stall_atom::value);
+}
+
+/// The step's stall limit: max(floor, factor x estimate x device time scale).
+int64_t stall_limit_ns(const exec_state& st, const launch_program& prog, step_id s) {
+  const double est = prog.source().at(s).est_seconds * st.dev->time_scale();
+  const double limit = std::max(st.stall.min_seconds, st.stall.factor * est);
+  return static_cast<int64_t>(std::clamp(limit * 1e9, 0.0, 1e18));
+}
+
+/// Puts step `s` (just launched, with its end event) under the stall watch.
+void watch_step(exec_actor_t* self, const job_context& ctx, step_id s) {
+  auto& st = self->state;
+  const launch_program& prog = ctx.program();
+  const lowered_step& ls = prog.steps()[static_cast<std::size_t>(s)];
+  const auto& slot = ctx.slots[static_cast<std::size_t>(s)];
+  if (!slot.end) return;
+  const auto lane = static_cast<std::size_t>(prog.queues()[static_cast<std::size_t>(ls.queue)].lane);
+  if (st.watch.size() <= lane) st.watch.resize(lane + 1);
+  auto& q = st.watch[lane];
+  prune(q);  // keeps the list as short as the stream's unfinished work
+  watched_step w;
+  w.lp = ctx.lp;
+  w.step = s;
+  w.end = slot.end;
+  for (step_id d : ls.remote_deps)
+    if (const auto& ev = ctx.slots[static_cast<std::size_t>(d)].end) w.deps.push_back(ev);
+  w.limit_ns = stall_limit_ns(st, prog, s);
+  q.push_back(std::move(w));
+  arm_stall_check(self);
+}
+
+/// The oldest unfinished step of `lane` ran past its limit: the device
+/// actor quarantines the device and fails the jobs using it.
+void report_stall(exec_actor_t* self, int lane, const watched_step& w, int64_t now) {
+  auto& st = self->state;
+  const launch_program& prog = *w.lp->program;
+  const lowered_step& ls = prog.steps()[static_cast<std::size_t>(w.step)];
+  char text[256];
+  std::snprintf(text, sizeof text,
+                "stalled: running for %.3f s, past its limit of %.3f s (cost-model estimate %.3g s; stall_factor %g, "
+                "stall_min_seconds %g); the device is quarantined until runtime::reset_device(%d)",
+                static_cast<double>(now - w.since_ns) / 1e9, static_cast<double>(w.limit_ns) / 1e9,
+                prog.source().at(w.step).est_seconds * st.dev->time_scale(), st.stall.factor, st.stall.min_seconds,
+                st.device);
+  error e = step_error(st, lane, ls, {}, error{errc::timeout, text});
+  self->send(st.stall.device_actor, msg::device_stalled{std::move(e), w.lp->key, w.since_ns});
+}
+
+/// stall_atom: each lane's oldest unfinished step counts as running from the
+/// first check that finds its remote deps complete (so never longer than it
+/// really ran), and is reported once when it passed its limit.
+void check_stalls(exec_actor_t* self) {
+  auto& st = self->state;
+  st.check_armed = false;
+  const int64_t now = clock_ns(self);
+  bool watching = false;
+  for (std::size_t lane = 0; lane < st.watch.size(); ++lane) {
+    auto& q = st.watch[lane];
+    prune(q);
+    if (q.empty()) continue;
+    watching = true;
+    watched_step& h = q.front();
+    if (h.since_ns < 0) {
+      if (std::all_of(h.deps.begin(), h.deps.end(), [](const auto& ev) { return ev->query(); })) h.since_ns = now;
+    } else if (!h.reported && now - h.since_ns > h.limit_ns) {
+      h.reported = true;
+      report_stall(self, static_cast<int>(lane), h, now);
+    }
+  }
+  if (watching) arm_stall_check(self);  // idle actors get no timer
+}
+
 /// Communication queues: job number `seq` of plan `key` is done here
 /// (issued all its collectives, or was cancelled); the next parked job in
 /// the agreed order gets its turn.
@@ -465,7 +569,9 @@ void advance_one(exec_actor_t* self, exec_job& e, const msg::job_ref_ptr& ref) {
     }
     if (!my_turn(st, e)) break;
     const step_id s = mine[static_cast<std::size_t>(e.next)];
-    if (prog.steps()[static_cast<std::size_t>(s)].replay_steps > 0 && st.dev->captures()) {
+    // Graph replay; not under the stall watch, which times each step by its own
+    // end event (a replayed segment's steps all end with the graph).
+    if (prog.steps()[static_cast<std::size_t>(s)].replay_steps > 0 && st.dev->captures() && st.stall.factor <= 0) {
       auto launched = launch_segment(st, e, s);
       if (!launched) {
         self->send(ctx.job_actor, msg::step_failed{ctx.id(), s, launched.err()});
@@ -480,6 +586,7 @@ void advance_one(exec_actor_t* self, exec_job& e, const msg::job_ref_ptr& ref) {
       e.dropped = true;
       break;
     }
+    if (st.stall.factor > 0) watch_step(self, ctx, s);
     ++e.next;
   }
   // Steps already launched (even before a failure) are announced: their
@@ -544,8 +651,9 @@ void report_exception(exec_actor_t* self, const msg::job_ref_ptr& ref, const std
                                self->state.device}});
 }
 
-caf::behavior exec_actor_fn(exec_actor_t* self, gpu::device_ptr dev, step_kind kind, int lane) {
+caf::behavior exec_actor_fn(exec_actor_t* self, gpu::device_ptr dev, step_kind kind, int lane, stall_watch watch) {
   auto& st = self->state;
+  st.stall = std::move(watch);
   st.dev = std::move(dev);
   st.device = st.dev->index();
   st.kind = kind;
@@ -614,6 +722,7 @@ caf::behavior exec_actor_fn(exec_actor_t* self, gpu::device_ptr dev, step_kind k
         for (auto it = rp.begin(); it != rp.end();) it = it->first.job == m.plan_key ? rp.erase(it) : std::next(it);
         self->state.order.erase(m.plan_key);
       },
+      [self](msg::stall_atom) { check_stalls(self); },
       // Tests: the number of jobs this actor still holds state for.
       [self](msg::stats_atom) -> int64_t { return static_cast<int64_t>(self->state.jobs.size()); },
   };
@@ -621,12 +730,12 @@ caf::behavior exec_actor_fn(exec_actor_t* self, gpu::device_ptr dev, step_kind k
 
 }  // namespace
 
-caf::actor spawn_exec_actor(caf::actor_system& sys, gpu::device_ptr dev, step_kind kind, int lane) {
-  return sys.spawn(exec_actor_fn, std::move(dev), kind, lane);
+caf::actor spawn_exec_actor(caf::actor_system& sys, gpu::device_ptr dev, step_kind kind, int lane, stall_watch watch) {
+  return sys.spawn(exec_actor_fn, std::move(dev), kind, lane, std::move(watch));
 }
 
-caf::actor spawn_stream_actor(caf::actor_system& sys, gpu::device_ptr dev, int lane) {
-  return spawn_exec_actor(sys, std::move(dev), step_kind::compute, lane);
+caf::actor spawn_stream_actor(caf::actor_system& sys, gpu::device_ptr dev, int lane, stall_watch watch) {
+  return spawn_exec_actor(sys, std::move(dev), step_kind::compute, lane, std::move(watch));
 }
 
 }  // namespace ag::actors

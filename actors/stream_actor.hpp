@@ -25,6 +25,15 @@
 ///    once the work already launched has finished (device.notify);
 ///  - unload_plan{key}: drop this actor's launch records of that plan.
 ///
+///  - stall watch (runtime_options::stall_factor > 0): every launched step
+///    records an end event and is kept, per stream, until it completed. A
+///    delayed stall_atom to itself (every stall_min_seconds / 2, only while
+///    something is kept) finds each stream's oldest unfinished step; once
+///    its remote deps completed it is running (from that check on), and
+///    when it has run past max(stall_min_seconds, stall_factor x estimate x
+///    device time_scale) the actor sends device_stalled (errc::timeout
+///    naming device and step) to its device actor, once per step.
+///
 /// State (exec_state, stream_actor.cpp) is the actor's own: the streams, the
 /// jobs it holds (per job and queue), its event pools and, per loaded plan and
 /// queue, a scratch copy of the queue's launch records whose data pointers it patches per job (the launch
@@ -38,11 +47,19 @@
 
 namespace ag::actors {
 
+/// Stall detection of an executing actor (runtime_options::stall_factor).
+struct stall_watch {
+  double factor = 0;          ///< 0: off
+  double min_seconds = 1.0;   ///< the limit's floor; checks run every min_seconds / 2
+  caf::actor device_actor;    ///< where device_stalled goes
+};
+
 /// Spawns a stream actor of device `dev`, its stream of lane `lane` made at
 /// once (it makes the other lanes' streams on their first step).
-caf::actor spawn_stream_actor(caf::actor_system& sys, gpu::device_ptr dev, int lane);
+caf::actor spawn_stream_actor(caf::actor_system& sys, gpu::device_ptr dev, int lane, stall_watch watch = {});
 /// Spawns the executing actor of queue (dev, kind, lane); it creates its
 /// stream (a failure there fails every step sent to it, naming the device).
-caf::actor spawn_exec_actor(caf::actor_system& sys, gpu::device_ptr dev, step_kind kind, int lane);
+caf::actor spawn_exec_actor(caf::actor_system& sys, gpu::device_ptr dev, step_kind kind, int lane,
+                            stall_watch watch = {});
 
 }  // namespace ag::actors

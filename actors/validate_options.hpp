@@ -17,7 +17,8 @@ namespace ag {
 /// scheduler_threads outside 0 (CAF's default) .. 1024,
 /// scheduler_max_throughput < 0 (0: CAF's default, unlimited),
 /// scheduler_idle_steal_us outside 0 (CAF's default) .. 60 s,
-/// upload_chunk_bytes < 1, and every
+/// upload_chunk_bytes < 1, stall_factor outside 0..1e9 or NaN,
+/// stall_min_seconds outside 0.001..1e6 or NaN, and every
 /// backend option gpu::validate(backend_options) refuses.
 inline error validate(const runtime_options& o) {
   const auto bad = [](const char* name, long long v, const char* range) {
@@ -36,6 +37,12 @@ inline error validate(const runtime_options& o) {
     return bad("scheduler_idle_steal_us", o.scheduler_idle_steal_us, "0 (CAF's default) .. 60000000 (60 s)");
   if (o.upload_chunk_bytes < 1)
     return bad("upload_chunk_bytes", static_cast<long long>(o.upload_chunk_bytes), ">= 1 (bytes per weight upload chunk)");
+  if (!(o.stall_factor >= 0) || o.stall_factor > 1e9)
+    return error(errc::invalid_argument, "runtime option stall_factor = " + std::to_string(o.stall_factor) +
+                                             ": must be 0 (stall detection off) .. 1e9");
+  if (!(o.stall_min_seconds >= 1e-3) || o.stall_min_seconds > 1e6)
+    return error(errc::invalid_argument, "runtime option stall_min_seconds = " + std::to_string(o.stall_min_seconds) +
+                                             ": must be 0.001 .. 1e6 (the stall limit's floor)");
   return gpu::validate(o.backend);
 }
 

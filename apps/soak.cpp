@@ -17,7 +17,8 @@
 // to 2 ms), continuations that submit more jobs (from
 // the runtime's completion thread). The run is split in epochs: each epoch is
 // one runtime; the next epoch creates a fresh runtime over fresh devices
-// (dead devices come back that way: the runtime has no reset_device yet).
+// (dead devices come back that way, and through runtime::reset_device a few
+// times an epoch: revived devices serve the epoch's later jobs).
 //
 // Checks: every job's continuation ran exactly once (counted after the
 // runtime is destroyed, which waits for every job); no job stays unfinished
@@ -254,7 +255,7 @@ struct job_record {
 struct counts {
   int64_t jobs = 0, done = 0, checked = 0, wrong = 0, lost = 0, duplicate = 0, hung = 0, faults = 0;
   int64_t fault_op = 0, fault_death = 0, fault_other = 0, cancelled = 0, deadline = 0, unexplained = 0;
-  int64_t followups = 0, epochs = 0, deaths_configured = 0;
+  int64_t followups = 0, epochs = 0, deaths_configured = 0, revivals = 0;
 };
 
 /// Shared between the main thread and the continuations of one epoch.
@@ -422,7 +423,21 @@ class soak {
     };
 
     const int64_t rss_mark_at = std::max<int64_t>(1, o_.jobs / 10);
+    // Dead devices are revived (runtime::reset_device) a few times an epoch,
+    // so later jobs of the same runtime run on them again.
+    const int64_t revive_every = std::max<int64_t>(1, n / 6);
+    int64_t retired = 0;
     while (true) {
+      if (++retired % revive_every == 0)
+        for (int d = 0; d < ndev; ++d)
+          if (!rt->device_in_service(d)) {
+            if (ag::error e = rt->reset_device(d)) {
+              ++c_.unexplained;
+              std::cerr << "reset_device(" << d << ") failed: " << e.to_string() << "\n";
+            } else {
+              ++c_.revivals;
+            }
+          }
       adopt_spawned();
       while (static_cast<int>(flight.size()) < o_.in_flight && submit_one()) {
         if (rss_first10_ < 0 && c_.jobs + main_submitted >= rss_mark_at) rss_first10_ = rss_bytes();
@@ -501,8 +516,8 @@ class soak {
     std::printf("%-28s %12" PRId64 "\n", "submitted by continuations", c_.followups);
     std::printf("%-28s %12" PRId64 "\n", "unexplained failure", c_.unexplained);
     std::printf("%-28s %12" PRId64 "\n", "continuation run twice", c_.duplicate);
-    std::printf("epochs: %" PRId64 " (devices die in %" PRId64 "), devices %s, in flight %d, values %s, faults %s\n",
-                c_.epochs, c_.deaths_configured, o_.devices.c_str(), o_.in_flight, o_.values.c_str(),
+    std::printf("epochs: %" PRId64 " (devices die in %" PRId64 ", revived %" PRId64 " times), devices %s, in flight %d, values %s, faults %s\n",
+                c_.epochs, c_.deaths_configured, c_.revivals, o_.devices.c_str(), o_.in_flight, o_.values.c_str(),
                 o_.faults ? "on" : "off");
     std::printf("soak_jobs: %" PRId64 "\n", c_.jobs);
     std::printf("soak_lost: %" PRId64 "\n", c_.lost);

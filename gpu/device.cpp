@@ -25,4 +25,14 @@ error device::replay(stream&, replay_graph&) {
   return error(errc::unsupported_op, "device '" + spec().name + "' does not replay graphs", index());
 }
 
+error device::reset() {
+  if (alive()) return {};
+  // The death reason, as every call of a dead device refuses with it.
+  const error why = download(nullptr, nullptr, 0);
+  return error(errc::device_failed,
+               "device '" + spec().name + "' is dead and its backend cannot revive it in this process" +
+                   (why ? " (" + why.message + ")" : std::string{}),
+               index());
+}
+
 }  // namespace ag::gpu

@@ -271,6 +271,20 @@ class device {
   /// pending notify callbacks fire with that error, so nothing waits forever.
   virtual void on_fault(std::function<void(const error&)> handler) = 0;
   virtual bool alive() const noexcept = 0;
+  /// Brings the device back into service: called by runtime::reset_device
+  /// (from the device's actor) after the device died or the runtime
+  /// quarantined it for a stalled step. A backend that can revive (cpu, sim:
+  /// host_device::reset) abandons the work pending on its streams (its
+  /// notifications report errc::device_failed) and is alive afterwards.
+  /// Default (CUDA): nothing to do on a live device (a stalled kernel keeps
+  /// its stream); a dead one stays dead and this returns errc::device_failed
+  /// saying so (a sticky CUDA error ends the device's context for the
+  /// process; the process itself carries on).
+  virtual error reset();
+  /// Wall seconds per second of the cost model's estimates on this device
+  /// (sim: sim_options::time_scale; real devices 1). The runtime's stall
+  /// limit scales estimates by it.
+  virtual double time_scale() const noexcept { return 1.0; }
 };
 
 using device_ptr = std::shared_ptr<device>;

@@ -11,6 +11,8 @@ namespace ag::msg {
 
 /// job actor: the user asked to cancel.
 using cancel_atom = caf::atom_constant<caf::atom("ag_cancel")>;
+/// executing actor to itself (delayed): check its running steps for stalls.
+using stall_atom = caf::atom_constant<caf::atom("ag_stall")>;
 /// any runtime actor: report internal counters (tests).
 using stats_atom = caf::atom_constant<caf::atom("ag_stats")>;
 

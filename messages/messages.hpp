@@ -16,9 +16,12 @@
 ///   runtime -> device, stream/copy: register_plan (device), unload_plan
 ///   stream -> job:          step_failed; via device.notify: step_done, cancel_ack
 ///   device -> runtime:      device_down;  runtime -> job: fail_job
+///   stream/copy -> device:  device_stalled (a step ran past its stall limit)
+///   user -> device:         reset_device;  device -> runtime: device_up
 
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -224,15 +227,50 @@ typename Inspector::result_type inspect(Inspector& f, device_fault& x) {
   return f(caf::meta::type_name("device_fault"), x.err);
 }
 
-/// From a device actor to the runtime actor: fail every job on `device`.
+/// From a device actor to the runtime actor: fail every job on `device`
+/// with `err`, and refuse jobs that register later with `refuse` (when set;
+/// else with `err`). `plan_key`: the loaded plan whose step `err.step`
+/// names (0: none); jobs of other plans get the error without that step id.
 struct device_down {
   int device = -1;
   ag::error err;
+  ag::error refuse;
+  uint64_t plan_key = 0;
 };
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, device_down& x) {
-  return f(caf::meta::type_name("device_down"), x.device, x.err);
+  return f(caf::meta::type_name("device_down"), x.device, x.err, x.refuse, x.plan_key);
 }
+
+/// From an executing actor to its device actor: step `err.step` of loaded
+/// plan `plan_key` has been running since `since_ns` (the actor clock, ns
+/// since its epoch) and passed its stall limit (`err`: errc::timeout naming
+/// device and step). The device actor quarantines the device, unless it was
+/// reset after `since_ns` (the report is then about abandoned work).
+struct device_stalled {
+  ag::error err;
+  uint64_t plan_key = 0;
+  int64_t since_ns = 0;
+};
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, device_stalled& x) {
+  return f(caf::meta::type_name("device_stalled"), x.err, x.plan_key, x.since_ns);
+}
+
+/// From runtime_core::reset_device to a device actor: lift the quarantine /
+/// revive the device (gpu::device::reset), then `done` once the job registry
+/// takes jobs on it again (or with the error that refused the reset).
+/// Local-only: `done` is a callback into the caller.
+struct reset_device {
+  std::function<void(const ag::error&)> done;
+};
+
+/// From a device actor to the runtime actor: `device` serves again (after
+/// device_down, which it follows in order); `done` once the registry knows.
+struct device_up {
+  int device = -1;
+  std::function<void(const ag::error&)> done;
+};
 
 }  // namespace ag::msg
 
@@ -243,3 +281,5 @@ CAF_ALLOW_UNSAFE_MESSAGE_TYPE(ag::msg::register_plan)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(ag::msg::run_job)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(ag::msg::ready)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(ag::msg::cancel_job)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(ag::msg::reset_device)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(ag::msg::device_up)

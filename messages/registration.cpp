@@ -17,6 +17,7 @@ void register_message_types(caf::actor_system_config& cfg) {
   cfg.add_message_type<fail_job>("ag.fail_job");
   cfg.add_message_type<device_fault>("ag.device_fault");
   cfg.add_message_type<device_down>("ag.device_down");
+  cfg.add_message_type<device_stalled>("ag.device_stalled");
   cfg.add_error_category(ag_error_category, [](uint8_t code, caf::atom_value, const caf::message& ctx) {
     std::string s = "ag: ";
     s += ag::to_string(static_cast<ag::errc>(code));

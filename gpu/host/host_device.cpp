@@ -56,10 +56,13 @@ host_device::~host_device() {
 error host_device::dead_error(const char* what) const {
   // The device's own death error (what on_fault reported, with its reason),
   // whichever path reaches a job first: this refusal or the fault notice.
-  // death_error_ is written once, before dead_ is set (release); callers saw
-  // dead_ set (acquire).
-  return error(errc::device_failed,
-               "device '" + spec_.name + "' is dead, cannot " + what + " (" + death_error_.message + ")", index_);
+  // Read under the lock: reset() clears death_error_ (a revived device).
+  std::string why;
+  {
+    std::lock_guard<std::mutex> lk(death_mutex_);
+    why = death_error_.message;
+  }
+  return error(errc::device_failed, "device '" + spec_.name + "' is dead, cannot " + what + " (" + why + ")", index_);
 }
 
 expected<void*> host_device::allocate(int64_t bytes) {
@@ -193,9 +196,9 @@ error host_device::wait(stream& s, const event& e) {
     std::shared_ptr<event_state> st = he->state();
     const uint64_t gen = st->armed();
     if (gen == 0) return {};  // never recorded: complete
-    hs.post([this, st = std::move(st), gen, &hs](task_context& ctx) {
+    hs.post([this, st = std::move(st), gen, &hs, ep = epoch()](task_context& ctx) {
       if (!ctx.dropping && !st->reached(gen))
-        st->wait_for(gen, [&] { return hs.dropping() || !alive(); });
+        st->wait_for(gen, [&] { return hs.dropping() || stale(ep); });
       if (st->reached(gen)) ctx.clock_ns = std::max(ctx.clock_ns, st->completion_ns());
     });
     return {};
@@ -210,11 +213,11 @@ error host_device::wait(stream& s, const event& e) {
   return {};
 }
 
-void host_device::sleep_until(int64_t deadline_ns, const host_stream& hs) {
+void host_device::sleep_until(int64_t deadline_ns, const host_stream& hs, uint64_t ep) {
   std::unique_lock<std::mutex> lk(death_mutex_);
   for (;;) {
     const int64_t now = host_clock_ns();
-    if (now >= deadline_ns || !alive() || hs.dropping()) return;
+    if (now >= deadline_ns || stale(ep) || hs.dropping()) return;
     // Chunks of at most 2 ms so a dropped stream notices without a notify.
     const int64_t step = std::min<int64_t>(deadline_ns - now, 2'000'000);
     death_cv_.wait_for(lk, std::chrono::nanoseconds(step));
@@ -222,7 +225,7 @@ void host_device::sleep_until(int64_t deadline_ns, const host_stream& hs) {
 }
 
 int64_t host_device::occupy(task_context& ctx, host_stream& hs, const work_timing& t,
-                            int64_t kernel_end_ns, bool kernel) {
+                            int64_t kernel_end_ns, uint64_t ep, bool kernel) {
   // Clamped before the conversion (a double past int64 converts to undefined
   // behaviour): about 30 years, far beyond any validated option.
   const auto to_ns = [](double s) { return static_cast<int64_t>(std::clamp(s * 1e9, 0.0, 1e18)); };
@@ -249,7 +252,11 @@ int64_t host_device::occupy(task_context& ctx, host_stream& hs, const work_timin
   } else {
     end = start + dur + extra;
   }
-  sleep_until(end, hs);
+  sleep_until(end, hs, ep);
+  // Cut short by a death or a reset: the stream's timeline ends now, not at
+  // the modelled end (a 600 s stall would otherwise delay the revived
+  // device's next work by the rest of it).
+  if (stale(ep)) end = std::min(end, host_clock_ns());
   // With values computed, the work completes at the later of model and kernel.
   ctx.clock_ns = std::max(end, kernel_end_ns);
   return ctx.clock_ns;
@@ -271,8 +278,8 @@ error host_device::launch(stream& s, const op_launch& l) {
   work_timing t;
   if (error e = admit_op(hs, l, t)) return std::move(e).concerning(index_, -1, l.op->name);
   const bool compute = cfg_.compute && !is_view_op(l.op->op) && !is_leaf_op(l.op->op);
-  auto work = [this, &hs, t, compute](task_context& ctx, const op_launch& op) {
-    if (ctx.dropping || !alive()) return;
+  auto work = [this, &hs, t, compute, ep = epoch()](task_context& ctx, const op_launch& op) {
+    if (ctx.dropping || stale(ep)) return;
     // Counted only where work takes modelled time: the instant device's
     // per-op cost is what dispatch benchmarks measure.
     if (cfg_.timed) ops_begun_.fetch_add(1, std::memory_order_relaxed);
@@ -287,7 +294,7 @@ error host_device::launch(stream& s, const op_launch& l) {
     }
     // An untimed stream's timeline is read by nobody (record() stamps events
     // with the clock itself): no clock read per op.
-    if (cfg_.timed) occupy(ctx, hs, t, kernel_end, /*kernel=*/true);
+    if (cfg_.timed) occupy(ctx, hs, t, kernel_end, ep, /*kernel=*/true);
     op_executed(ops_run_.fetch_add(1, std::memory_order_relaxed) + 1);
   };
   if (hs.inline_mode()) hs.post([&](task_context& ctx) { work(ctx, l); });  // no copy of `l`
@@ -316,8 +323,8 @@ error host_device::collective(stream& s, const collective_launch& c) {
   const bool compute = cfg_.compute;
   const bool ring = compute && cfg_.ring_collectives && !hs.inline_mode() && c.algo == collective_algo::ring &&
                     c.members.size() > 1;
-  hs.submit([this, &hs, t, compute, ring, c, label](task_context& ctx) {
-    if (ctx.dropping || !alive()) return;
+  hs.submit([this, &hs, t, compute, ring, c, label, ep = epoch()](task_context& ctx) {
+    if (ctx.dropping || stale(ep)) return;
     // A member that died may never have written its operand: fail the part
     // (its job is failed by the runtime too), do not read or wait for it.
     const auto dead_member = [&]() -> error {
@@ -364,7 +371,7 @@ error host_device::collective(stream& s, const collective_launch& c) {
       }
       end = host_clock_ns();
     }
-    if (cfg_.timed) occupy(ctx, hs, t, end);
+    if (cfg_.timed) occupy(ctx, hs, t, end, ep);
     else ctx.clock_ns = host_clock_ns();
   });
   return {};
@@ -386,8 +393,8 @@ error host_device::enqueue_copy(stream& s, copy_kind k, void* dst, const void* s
   const bool timed = cfg_.timed;
   // A source device of another backend is read through its synchronous download.
   device* foreign = (src_dev && !dynamic_cast<host_device*>(src_dev)) ? src_dev : nullptr;
-  hs.submit([this, &hs, dst, src, bytes, t, compute, timed, foreign, name](task_context& ctx) {
-    if (ctx.dropping || !alive()) return;
+  hs.submit([this, &hs, dst, src, bytes, t, compute, timed, foreign, name, ep = epoch()](task_context& ctx) {
+    if (ctx.dropping || stale(ep)) return;
     int64_t copy_end = 0;
     if (compute) {
       if (foreign) {
@@ -401,7 +408,7 @@ error host_device::enqueue_copy(stream& s, copy_kind k, void* dst, const void* s
       }
       copy_end = host_clock_ns();
     }
-    if (timed) occupy(ctx, hs, t, copy_end);
+    if (timed) occupy(ctx, hs, t, copy_end, ep);
   });
   return {};
 }
@@ -420,8 +427,13 @@ error host_device::copy_peer(stream& s, void* dst, device& src_dev, const void* 
 
 void host_device::notify(stream& s, std::function<void(const error&)> done) {
   host_stream& hs = as_host(s);
-  hs.submit([this, &hs, done = std::move(done)](task_context& ctx) {
-    if (!alive()) {
+  hs.submit([this, &hs, done = std::move(done), ep = epoch()](task_context& ctx) {
+    if (alive() && ep != epoch()) {
+      // Work enqueued before a reset() was abandoned, not run: whoever waits
+      // for it must not take its outputs for results.
+      done(error(errc::device_failed,
+                 "device '" + spec_.name + "' was reset with this work pending: it did not run", index_));
+    } else if (!alive()) {
       error why;
       {
         std::lock_guard<std::mutex> lk(death_mutex_);
@@ -478,6 +490,21 @@ void host_device::die(error why) {
   }
   death_cv_.notify_all();
   if (handler) handler(why);
+}
+
+error host_device::reset() {
+  {
+    std::lock_guard<std::mutex> lk(death_mutex_);
+    // Before dead_ clears: a task that sees the device alive again also sees
+    // the new epoch, so nothing enqueued before the reset runs after it.
+    epoch_.fetch_add(1, std::memory_order_acq_rel);
+    death_error_ = {};
+    fault_reported_ = false;  // the next death is reported again
+    dead_.store(false, std::memory_order_release);
+  }
+  death_cv_.notify_all();  // stalled work (sleep_until) gives up now
+  revived();
+  return {};
 }
 
 }  // namespace ag::gpu::host

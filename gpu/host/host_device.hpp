@@ -111,6 +111,15 @@ class host_device : public device {
   /// completes at once without running, the on_fault handler runs (once, in
   /// the calling thread). Later calls do nothing.
   void die(error why);
+  /// Brings the device back (sim revival, or a quarantine lifted): work
+  /// enqueued before the reset is abandoned (it does not run; a stalled op
+  /// stops sleeping), and each notify() enqueued before it reports
+  /// errc::device_failed ("reset with this work pending"); streams, events
+  /// and memory stay valid; a later death is reported to on_fault again.
+  /// Any thread. Always succeeds on host devices.
+  error reset() override;
+  /// Wall seconds per modelled second of this device's timing (time_scale).
+  double time_scale() const noexcept override { return cfg_.timed ? cfg_.time_scale : 1.0; }
   /// Number of ops that ran (or were skipped by death) on this device's streams.
   int64_t ops_run() const noexcept { return ops_run_.load(std::memory_order_relaxed); }
   /// Timed devices (sim with delays): number of ops whose work began on a
@@ -129,6 +138,8 @@ class host_device : public device {
   virtual work_timing collective_timing(host_stream& s, const collective_launch& c) { return {}; }
   /// Called on the worker after each op ran (sim: die_after_ops).
   virtual void op_executed(int64_t count) {}
+  /// Called by reset() once the device is alive again (sim: die_after_ops is spent).
+  virtual void revived() {}
 
   const host_device_config& config() const noexcept { return cfg_; }
   host_stream& as_host(stream& s) const { return static_cast<host_stream&>(s); }
@@ -138,10 +149,15 @@ class host_device : public device {
   /// Occupies the stream (and its copy engine, if any; for a kernel, the
   /// device's compute throughput after its launch latency) for `t` from the
   /// task's ready time, then sleeps until the end. Returns the end time.
-  int64_t occupy(task_context& ctx, host_stream& hs, const work_timing& t, int64_t kernel_end_ns,
+  int64_t occupy(task_context& ctx, host_stream& hs, const work_timing& t, int64_t kernel_end_ns, uint64_t ep,
                  bool kernel = false);
-  /// Sleeps until `deadline_ns` or until the device dies / the stream is dropped.
-  void sleep_until(int64_t deadline_ns, const host_stream& hs);
+  /// Sleeps until `deadline_ns` or until the device dies, is reset (leaves
+  /// epoch `ep`) or the stream is dropped.
+  void sleep_until(int64_t deadline_ns, const host_stream& hs, uint64_t ep);
+  /// The reset generation: work captures it at enqueue and is skipped once it changed.
+  uint64_t epoch() const noexcept { return epoch_.load(std::memory_order_acquire); }
+  /// Work enqueued in epoch `ep` must not run: the device died or was reset since.
+  bool stale(uint64_t ep) const noexcept { return !alive() || ep != epoch(); }
   error enqueue_copy(stream& s, copy_kind k, void* dst, const void* src, int64_t bytes,
                      device* src_dev);
 
@@ -168,7 +184,8 @@ class host_device : public device {
   engine_clock compute_clock_;
 
   std::atomic<bool> dead_{false};
-  std::mutex death_mutex_;
+  std::atomic<uint64_t> epoch_{0};  ///< reset() count (written under death_mutex_)
+  mutable std::mutex death_mutex_;  // mutable: dead_error() reads death_error_ under it
   std::condition_variable death_cv_;
   std::function<void(const error&)> fault_handler_;
   error death_error_;

@@ -199,6 +199,11 @@ void sim_device::op_executed(int64_t count) {
     kill("died after " + std::to_string(count) + " ops (injected fault)");
 }
 
+void sim_device::revived() {
+  std::lock_guard<std::mutex> lk(mutex_);
+  die_at_ = -1;
+}
+
 device_ptr make_sim_device(int ordinal, int index, const sim_options& options) {
   device_spec spec = options.spec;
   spec.name = "sim" + std::to_string(ordinal);

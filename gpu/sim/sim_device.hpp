@@ -72,6 +72,10 @@ class sim_device final : public host::host_device {
                                 const device* src) override;
   host::work_timing collective_timing(host::host_stream& s, const collective_launch& c) override;
   void op_executed(int64_t count) override;
+  /// After reset() (host_device: revives a dead device, cuts a stall short):
+  /// a die_after_ops that killed it is spent (set_faults arms a new one); op
+  /// error and stall rates stay as configured.
+  void revived() override;
 
  private:
   double jitter_factor();  // under mutex_

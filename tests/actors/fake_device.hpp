@@ -51,6 +51,34 @@ class fake_device final : public gpu::device {
   std::string fail_call;             // "create_stream", "create_event", "record" or "wait" fails
   host_memory_resource* host_mem = nullptr;  // what host_memory() offers (null: heap)
   int64_t launches = 0;
+  /// Launching the op of this name stalls the device: the op still runs
+  /// (values), but events recorded from then on stay incomplete and
+  /// notify() callbacks wait, until release() or reset() (a stalled kernel
+  /// as the runtime sees it).
+  std::string hold_op;
+  /// False: reset() is gpu::device's default (a dead device stays dead, as
+  /// CUDA after a sticky error).
+  bool revivable = true;
+  int64_t resets = 0;
+
+  bool held() const { return hold_ != nullptr; }
+  /// Ends the stall: held events complete, waiting notifications run (with `why`).
+  void release(const error& why = {}) {
+    if (hold_) *hold_ = false;
+    hold_.reset();
+    auto waiting = std::move(deferred_);
+    deferred_.clear();
+    for (auto& d : waiting) d(why);
+  }
+  /// Revives (when revivable): abandons the held work as host_device::reset does.
+  error reset() override {
+    if (!revivable) return gpu::device::reset();
+    ++resets;
+    dead_ = false;
+    hold_op.clear();
+    release(error{errc::device_failed, spec_.name + " was reset with this work pending", index_});
+    return {};
+  }
 
   /// Kills the device: later launches, copies and notifications fail with an
   /// error that carries `why` (as the real backends' do), and the fault
@@ -103,7 +131,8 @@ class fake_device final : public gpu::device {
   };
   struct fake_event : gpu::event {
     int64_t t = 0;
-    bool query() const override { return true; }
+    std::shared_ptr<const bool> held;  // recorded during a stall: complete once *held is false
+    bool query() const override { return !held || !*held; }
     void host_wait() const override {}
     int64_t completion_ns() const override { return t; }
   };
@@ -118,6 +147,7 @@ class fake_device final : public gpu::device {
   error record(gpu::event& e, gpu::stream&) override {
     if (fail_call == "record") return error{errc::device_failed, spec_.name + ": record failed (injected)", index_};
     static_cast<fake_event&>(e).t = ++clock_;
+    static_cast<fake_event&>(e).held = hold_;
     return {};
   }
   error wait(gpu::stream&, const gpu::event&) override {
@@ -129,6 +159,7 @@ class fake_device final : public gpu::device {
     if (dead_) return dead_error();
     if (!fail_op.empty() && l.op->name == fail_op) return {errc::op_failed, "injected fault"};
     ++launches;
+    if (!hold_op.empty() && l.op->name == hold_op && !hold_) hold_ = std::make_shared<bool>(true);
     log.push_back({l.op->id, ++clock_, l.out.data});
     return gpu::cpu::run_op(l);
   }
@@ -149,6 +180,7 @@ class fake_device final : public gpu::device {
     return copy(dst, src, bytes);
   }
   void notify(gpu::stream&, std::function<void(const error&)> done) override {
+    if (hold_ && !dead_) return deferred_.push_back(std::move(done));
     done(dead_ ? dead_error() : error{});
   }
   error synchronize(gpu::stream&) override { return {}; }
@@ -170,6 +202,8 @@ class fake_device final : public gpu::device {
   int64_t clock_ = 0;
   std::map<void*, int64_t> blocks_;
   std::function<void(const error&)> fault_;
+  std::shared_ptr<bool> hold_;  // set while stalled (hold_op)
+  std::vector<std::function<void(const error&)>> deferred_;  // notifications waiting for the stall
 };
 
 }  // namespace ag::test

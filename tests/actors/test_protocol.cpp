@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <functional>
 #include <map>
+#include <optional>
 #include <set>
 
 #include "actors/collective_order.hpp"
@@ -36,6 +37,8 @@ struct Protocol : ::testing::Test {
   /// `configure` runs on each fake device before the runtime (and so its
   /// actors and streams) is built.
   bool actor_per_lane = false;  ///< runtime_options::actor_per_lane of the next start()
+  double stall_factor = 0;      ///< runtime_options::stall_factor of the next start()
+  double stall_min_seconds = 1.0;
 
   void start(int n, int arenas, int64_t mem = 1LL << 30, bool pinned_outputs = true,
              const std::function<void(ag::test::fake_device&)>& configure = {}) {
@@ -53,6 +56,8 @@ struct Protocol : ::testing::Test {
     o.arenas_per_device = arenas;
     o.pinned_outputs = pinned_outputs;
     o.actor_per_lane = actor_per_lane;
+    o.stall_factor = stall_factor;
+    o.stall_min_seconds = stall_min_seconds;
     core = std::make_unique<ag::actors::runtime_core>(*sys, d, o);
     sched->run();
   }
@@ -298,6 +303,140 @@ TEST_F(Protocol, DeviceDeathFailsOnlyTheJobsOnThatDevice) {
   EXPECT_EQ(ja2.wait().err().message, "device 'fake0' failed: test kill");
   expect_reference(*gb, inb, jb2);
   EXPECT_EQ(core->jobs_in_flight(), 0);
+}
+
+// Stall detection on virtual time: fake0 stalls at op 'act' (its events stay
+// incomplete), the executing actor's timer sees the step running past its
+// limit and the device is quarantined; fake1 keeps serving; reset lifts it.
+TEST_F(Protocol, AStalledStepFailsItsJobsWithTimeoutAndQuarantinesTheDeviceUntilReset) {
+  stall_factor = 10;
+  stall_min_seconds = 2;
+  start(2, 2);
+  ag::plan_options single;
+  single.policy = ag::placement_policy::single;
+  auto ga = std::make_shared<const ag::graph>(pinned_mlp(0, 1));
+  auto gb = std::make_shared<const ag::graph>(pinned_mlp(1, 2));
+  auto pa = core->compile(ga, single).value();
+  auto pb = core->compile(gb, single).value();
+  devs[0]->hold_op = "act";
+  auto ina = inputs_for(*ga, 1), inb = inputs_for(*gb, 2);
+  auto ja = core->submit(pa, ina);
+  auto jb = core->submit(pb, inb);
+  sched->run();
+  ASSERT_TRUE(devs[0]->held());
+  expect_reference(*gb, inb, jb);
+  // No virtual time passed: nothing is reported before its limit.
+  EXPECT_FALSE(ja.ready());
+  EXPECT_TRUE(core->device_in_service(0));
+  // Advance virtual time check by check (each re-arms while a step runs).
+  int checks = 0;
+  while (!ja.ready() && checks < 50) {
+    checks += static_cast<int>(sched->trigger_timeouts());
+    sched->run();
+  }
+  ASSERT_TRUE(ja.ready()) << "the stall was never reported";
+  // Running counts from the first check that sees the step running; the
+  // limit (2 s floor) is 4 periods of 1 s: at least 4 checks, well under 50.
+  EXPECT_GE(checks, 4);
+  ASSERT_FALSE(ja.wait().has_value());
+  const auto& e = ja.wait().err();
+  EXPECT_EQ(e.code, ag::errc::timeout) << e.to_string();
+  EXPECT_EQ(e.device, 0) << e.to_string();
+  ASSERT_GE(e.step, 0) << e.to_string();
+  const auto& ops = pa->at(e.step).ops;
+  EXPECT_NE(std::find(ops.begin(), ops.end(), ga->find("act")), ops.end()) << "step " << e.step << " does not run 'act'";
+  EXPECT_NE(e.message.find("fake0"), std::string::npos) << e.to_string();
+  EXPECT_NE(e.message.find("stalled"), std::string::npos) << e.to_string();
+  // Quarantined: a new job on fake0 fails at once, fake1 serves.
+  EXPECT_FALSE(core->device_in_service(0));
+  EXPECT_TRUE(core->device_in_service(1));
+  auto ja2 = core->submit(pa, ina);
+  auto jb2 = core->submit(pb, inb);
+  sched->run();
+  ASSERT_TRUE(ja2.ready());
+  ASSERT_FALSE(ja2.wait().has_value());
+  EXPECT_EQ(ja2.wait().err().code, ag::errc::device_failed) << ja2.wait().err().to_string();
+  EXPECT_EQ(ja2.wait().err().device, 0);
+  EXPECT_NE(ja2.wait().err().message.find("quarantined"), std::string::npos) << ja2.wait().err().to_string();
+  expect_reference(*gb, inb, jb2);
+  // Reset: the held work is abandoned, the device serves again.
+  std::optional<ag::error> reset;
+  core->reset_device(0, [&reset](const ag::error& r) { reset = r; });
+  sched->run();
+  ASSERT_TRUE(reset.has_value()) << "reset_device never answered";
+  EXPECT_FALSE(*reset) << reset->to_string();
+  EXPECT_EQ(devs[0]->resets, 1);
+  EXPECT_TRUE(core->device_in_service(0));
+  auto in3 = inputs_for(*ga, 3);
+  auto ja3 = core->submit(pa, in3);
+  sched->run();
+  expect_reference(*ga, in3, ja3);
+  EXPECT_EQ(core->jobs_in_flight(), 0);
+  EXPECT_EQ(core->jobs().size(), 0u);
+  // Idle: the stall timers stop re-arming once nothing runs.
+  sched->trigger_timeouts();
+  sched->run();
+  EXPECT_EQ(sched->trigger_timeouts(), 0u) << "an idle executing actor keeps a stall timer";
+}
+
+// Without stall detection (the default) a stalled job just waits: nothing
+// fails it and no timer runs.
+TEST_F(Protocol, StallDetectionOffLeavesAStalledJobWaitingWithoutTimers) {
+  start(1, 1);
+  auto g = std::make_shared<const ag::graph>(pinned_mlp(0, 1));
+  auto p = core->compile(g, {}).value();
+  devs[0]->hold_op = "act";
+  auto in = inputs_for(*g, 1);
+  auto j = core->submit(p, in);
+  sched->run();
+  ASSERT_TRUE(devs[0]->held());
+  EXPECT_EQ(sched->trigger_timeouts(), 0u);
+  sched->run();
+  EXPECT_FALSE(j.ready());
+  devs[0]->release();
+  sched->run();
+  expect_reference(*g, in, j);
+}
+
+// A device whose backend cannot revive it (gpu::device's default reset, as
+// CUDA after a sticky error) refuses the reset with a clear error and stays
+// out of service; a device that can is revived and serves correct values;
+// an index out of range is refused.
+TEST_F(Protocol, ResetRevivesADeadDeviceThatCanBeRevivedAndRefusesOneThatCannot) {
+  start(2, 2);
+  ag::plan_options single;
+  single.policy = ag::placement_policy::single;
+  auto ga = std::make_shared<const ag::graph>(pinned_mlp(0, 1));
+  auto gb = std::make_shared<const ag::graph>(pinned_mlp(1, 2));
+  auto pa = core->compile(ga, single).value();
+  auto pb = core->compile(gb, single).value();
+  devs[0]->revivable = false;
+  devs[0]->kill("sticky");
+  devs[1]->kill("transient");
+  sched->run();
+  EXPECT_FALSE(core->device_in_service(0));
+  EXPECT_FALSE(core->device_in_service(1));
+  std::map<int, ag::error> answers;
+  for (int d : {0, 1, 2, -1}) core->reset_device(d, [&answers, d](const ag::error& r) { answers[d] = r; });
+  sched->run();
+  ASSERT_EQ(answers.size(), 4u);
+  EXPECT_EQ(answers[0].code, ag::errc::device_failed) << answers[0].to_string();
+  EXPECT_NE(answers[0].message.find("cannot revive"), std::string::npos) << answers[0].to_string();
+  EXPECT_FALSE(answers[1]) << answers[1].to_string();
+  for (int d : {2, -1}) {
+    EXPECT_EQ(answers[d].code, ag::errc::invalid_argument) << answers[d].to_string();
+    EXPECT_NE(answers[d].message.find("no such device"), std::string::npos) << answers[d].to_string();
+  }
+  EXPECT_FALSE(core->device_in_service(0));
+  EXPECT_TRUE(core->device_in_service(1));
+  auto ina = inputs_for(*ga, 1), inb = inputs_for(*gb, 2);
+  auto ja = core->submit(pa, ina);
+  auto jb = core->submit(pb, inb);
+  sched->run();
+  ASSERT_TRUE(ja.ready());
+  ASSERT_FALSE(ja.wait().has_value());
+  EXPECT_EQ(ja.wait().err().code, ag::errc::device_failed);
+  expect_reference(*gb, inb, jb);
 }
 
 TEST_F(Protocol, LaunchFailureNamesDeviceStepAndOp) {

@@ -71,7 +71,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, std::size_t size) {
   if (size == 0) return 0;
   const char* bytes = reinterpret_cast<const char*>(data) + 1;
   const std::size_t n = size - 1;
-  switch (data[0] % 14) {
+  switch (data[0] % 15) {
     case 0: round_trip<ag::error>(bytes, n); break;
     case 1: round_trip<ag::msg::acquire_arena>(bytes, n); break;
     case 2: round_trip<ag::msg::arena_reply>(bytes, n); break;
@@ -85,6 +85,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, std::size_t size) {
     case 10: round_trip<ag::msg::device_fault>(bytes, n); break;
     case 11: round_trip<ag::msg::device_down>(bytes, n); break;
     case 12: round_trip<caf::message>(bytes, n); break;
+    case 14: round_trip<ag::msg::device_stalled>(bytes, n); break;
     default: as_caf_error(bytes, n); break;
   }
   return 0;
