@@ -15,7 +15,9 @@ error bad(errc code, const collective_launch& c, const std::string& what) {
   return error(code, "collective '" + name + "': " + what, -1, -1, c.op ? c.op->name : std::string{});
 }
 
-double load(const std::byte* p, dtype t, int64_t i) {
+}  // namespace
+
+double load_element(const std::byte* p, dtype t, int64_t i) {
   switch (t) {
     case dtype::f32: {
       float v;
@@ -41,7 +43,7 @@ double load(const std::byte* p, dtype t, int64_t i) {
   return 0;
 }
 
-void store(std::byte* p, dtype t, int64_t i, double x) {
+void store_element(std::byte* p, dtype t, int64_t i, double x) {
   switch (t) {
     case dtype::f32: {
       const auto v = static_cast<float>(x);
@@ -68,6 +70,8 @@ void store(std::byte* p, dtype t, int64_t i, double x) {
     }
   }
 }
+
+namespace {
 
 bool contiguous(const tensor_arg& t) { return is_contiguous(t.dims, t.stride); }
 
@@ -149,8 +153,8 @@ error run_collective(const collective_launch& c) {
       for (int64_t i = 0; i < inner; ++i) {
         const int64_t src = (o * axis_len + begin + r) * inner + i;
         double sum = 0;
-        for (const std::byte* p : in) sum += load(p, t, src);
-        store(out, t, (o * len + r) * inner + i, sum);
+        for (const std::byte* p : in) sum += load_element(p, t, src);
+        store_element(out, t, (o * len + r) * inner + i, sum);
       }
   return {};
 }

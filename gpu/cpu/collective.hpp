@@ -23,6 +23,12 @@ namespace ag::gpu::cpu {
 /// collective, `rank` and members agree with the inputs, every buffer is
 /// non-null, contiguous, of the node's dtype, with the dims the op needs.
 /// Errors name the node (invalid_argument / invalid_shape / dtype_mismatch).
+/// Element `i` of a buffer of dtype `t`, widened to double (exact for every dtype).
+double load_element(const std::byte* p, dtype t, int64_t i);
+/// Writes `x` as element `i` of a buffer of dtype `t`: rounded once to the
+/// dtype; i32 saturates, NaN -> 0 (the reference evaluator's rule).
+void store_element(std::byte* p, dtype t, int64_t i, double x);
+
 error check_collective(const collective_launch& c);
 
 /// Runs the part (see the file comment). f32, f16, bf16 and i32.

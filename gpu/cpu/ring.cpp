@@ -87,49 +87,6 @@ void leave(const session_key& key, session& s, int t, const error* failure) {
   // poll (wait_for's abort check, every millisecond).
 }
 
-float load_f(const std::byte* p, dtype t, int64_t i) {
-  switch (t) {
-    case dtype::f32: {
-      float v;
-      std::memcpy(&v, p + i * 4, 4);
-      return v;
-    }
-    case dtype::f16: {
-      uint16_t v;
-      std::memcpy(&v, p + i * 2, 2);
-      return half_to_float(v);
-    }
-    case dtype::bf16: {
-      uint16_t v;
-      std::memcpy(&v, p + i * 2, 2);
-      return bf16_to_float(v);
-    }
-    case dtype::i32:
-      break;
-  }
-  return 0;
-}
-
-void store_f(std::byte* p, dtype t, int64_t i, float x) {
-  switch (t) {
-    case dtype::f32:
-      std::memcpy(p + i * 4, &x, 4);
-      return;
-    case dtype::f16: {
-      const uint16_t v = float_to_half(x);
-      std::memcpy(p + i * 2, &v, 2);
-      return;
-    }
-    case dtype::bf16: {
-      const uint16_t v = float_to_bf16(x);
-      std::memcpy(p + i * 2, &v, 2);
-      return;
-    }
-    case dtype::i32:
-      return;
-  }
-}
-
 /// dst[d + i] = a[a0 + i] + b[b0 + i] for i < n, in the dtype (f16 / bf16
 /// through f32, rounded once per step; i32 in 64 bits, saturated).
 void add(std::byte* dst, int64_t d, const std::byte* a, int64_t a0, const std::byte* b, int64_t b0, int64_t n,
@@ -156,7 +113,7 @@ void add(std::byte* dst, int64_t d, const std::byte* a, int64_t a0, const std::b
     }
     return;
   }
-  for (int64_t i = 0; i < n; ++i) store_f(dst, t, d + i, load_f(a, t, a0 + i) + load_f(b, t, b0 + i));
+  for (int64_t i = 0; i < n; ++i) store_element(dst, t, d + i, static_cast<float>(load_element(a, t, a0 + i)) + static_cast<float>(load_element(b, t, b0 + i)));
 }
 
 /// The chunks of `c` (one per rank) and the byte size of its operand.
