@@ -120,6 +120,7 @@ int main(int argc, char** argv) {
   std::string type_name = "f32";
   double relaxed_ratio = 4;
   int mixed_small_ops = 32;
+  std::string replay = "off";
   int64_t mixed_rows = 1024;
   ag::apps::flags app("actorgraph-lanes-bench",
                       "actorgraph-lanes-bench: auto lanes against one lane on a graph of independent small chains");
@@ -138,7 +139,11 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 16));
   app.add_option("--relaxed-memory-ratio", relaxed_ratio, "max_lane_memory_ratio of the table's relaxed auto row")
       ->check(CLI::Range(1.0, 1e6));
+  app.add_option("--replay", replay, "plan_options::graph_replay of every plan: off, on or auto");
   if (auto status = ag::apps::parse_flags(app, argc, argv)) return *status;
+  ag::graph_replay_mode replay_mode = ag::graph_replay_mode::off;
+  if (!ag::parse_graph_replay_mode(replay, replay_mode))
+    die("flags", {ag::errc::invalid_argument, "--replay must be off, on or auto, got '" + replay + "'"});
   const ag::dtype type = type_name == "bf16" ? ag::dtype::bf16 : ag::dtype::f32;
   if (type_name != "bf16" && type_name != "f32") die("flags", {ag::errc::invalid_argument, "--dtype must be f32 or bf16"});
 
@@ -153,23 +158,25 @@ int main(int argc, char** argv) {
   const auto g = branchy_graph(chains, depth, rows, d, type);
   const std::vector<ag::host_tensor> in{ag::host_tensor::random_normal(type, {rows, d}, 7, 1.0f)};
 
-  ag::plan_options one_lane;
+  ag::plan_options base;
+  base.graph_replay = replay_mode;
+  ag::plan_options one_lane = base;
   one_lane.lanes_per_device = 1;
-  ag::plan_options auto_lanes;  // lanes_per_device = 0: the planner decides
+  ag::plan_options auto_lanes = base;  // lanes_per_device = 0: the planner decides
   const auto one = measure(**rt, g, one_lane, in, jobs, repeats);
   const auto lanes = measure(**rt, g, auto_lanes, in, jobs, repeats);
-  ag::plan_options relaxed;  // auto lanes, more arena allowed
+  ag::plan_options relaxed = base;  // auto lanes, more arena allowed
   relaxed.max_lane_memory_ratio = relaxed_ratio;
   const auto roomy = measure(**rt, g, relaxed, in, jobs, repeats);
-  ag::plan_options forced;  // every lane the device offers, whatever it costs
+  ag::plan_options forced = base;  // every lane the device offers, whatever it costs
   forced.lanes_per_device = 64;
   forced.min_branch_seconds = 0;
   const auto all = measure(**rt, g, forced, in, jobs, repeats);
   const double scale = sim ? time_scale : 1.0;  // report modelled ms on sim
 
-  std::printf("graph: %d chains x %d (matmul [%lld, %lld] x [%lld, %lld] + gelu), %s, on %s\n", chains, depth,
-              static_cast<long long>(rows), static_cast<long long>(d), static_cast<long long>(d),
-              static_cast<long long>(d), type_name.c_str(), devices.c_str());
+  std::printf("graph: %d chains x %d (matmul [%lld, %lld] x [%lld, %lld] + gelu), %s, on %s, graph replay %s\n",
+              chains, depth, static_cast<long long>(rows), static_cast<long long>(d), static_cast<long long>(d),
+              static_cast<long long>(d), type_name.c_str(), devices.c_str(), ag::to_string(replay_mode));
   std::printf("%-22s %8s %14s %12s %14s\n", "plan", "lanes", "compute steps", "arena KiB", sim ? "modelled ms" : "ms per job");
   std::printf("%-22s %8d %14d %12.1f %14.4f\n", "one lane", one.lanes_used, one.compute_steps,
               static_cast<double>(one.arena_bytes) / 1024, one.ms_per_job / scale);

@@ -678,6 +678,14 @@ error launch_write_value(device& d, stream& s, uint32_t* dst, uint32_t value) {
   return cuda::launch_write_value(cs->s_, static_cast<unsigned int*>(target), value, d.spec().name + " write value");
 }
 
+error launch_trap(device& d, stream& s) {
+  auto* cd = dynamic_cast<cuda_device*>(&d);
+  cuda_stream* cs = cd ? cd->own(s) : nullptr;
+  if (!cs) return error(errc::invalid_argument, "launch_trap needs a CUDA device and one of its streams");
+  device_guard g(cs->core_->ordinal);
+  return cuda::launch_trap(cs->s_, d.spec().name + " trap (test)");
+}
+
 }  // namespace testing
 
 }  // namespace ag::gpu::cuda

@@ -20,4 +20,10 @@ error launch_spin_gate(device& d, stream& s, volatile uint32_t* flag);
 /// memory from allocate_host()).
 error launch_write_value(device& d, stream& s, uint32_t* dst, uint32_t value);
 
+/// Enqueues on `s` a kernel that traps: once it runs, the GPU's context has a
+/// sticky error for the rest of the process (every CUDA call on that GPU
+/// fails), as after a kernel's illegal address. Use it only in a process of
+/// its own (a death test): no later test in the process can use that GPU.
+error launch_trap(device& d, stream& s);
+
 }  // namespace ag::gpu::cuda::testing

@@ -16,6 +16,8 @@ __global__ void write_value_kernel(volatile unsigned int* dst, unsigned int valu
   __threadfence_system();
 }
 
+__global__ void trap_kernel() { __trap(); }
+
 }  // namespace
 
 error launch_wait_flag(cudaStream_t stream, unsigned int* flag, const std::string& where) {
@@ -26,6 +28,12 @@ error launch_wait_flag(cudaStream_t stream, unsigned int* flag, const std::strin
 
 error launch_write_value(cudaStream_t stream, unsigned int* dst, unsigned int value, const std::string& where) {
   write_value_kernel<<<1, 1, 0, stream>>>(dst, value);
+  AG_CUDA_TRY_LAUNCH(where);
+  return {};
+}
+
+error launch_trap(cudaStream_t stream, const std::string& where) {
+  trap_kernel<<<1, 1, 0, stream>>>();
   AG_CUDA_TRY_LAUNCH(where);
   return {};
 }

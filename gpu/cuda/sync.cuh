@@ -11,5 +11,9 @@ namespace ag::gpu::cuda {
 error launch_wait_flag(cudaStream_t stream, unsigned int* flag, const std::string& where);
 /// Enqueues one thread that stores `value` at `dst` (device or mapped host memory).
 error launch_write_value(cudaStream_t stream, unsigned int* dst, unsigned int value, const std::string& where);
+/// Enqueues one thread that executes a trap instruction: when it runs, the
+/// context gets a sticky error (cudaErrorLaunchFailure) that every later call
+/// in the process reports for this GPU. Tests of device death only.
+error launch_trap(cudaStream_t stream, const std::string& where);
 
 }  // namespace ag::gpu::cuda
