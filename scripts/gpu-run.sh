@@ -11,7 +11,9 @@
 # 4. writes logs and results into OUTDIR (build.log, ctest-gpu.log,
 #    ctest-all.log, cuda-bench.txt, torch-bench.txt, summary.txt).
 # Environment: AG_GPU_RUN_STEPS (default "configure build gpu all bench e2e"; also
-# "lanes": actorgraph-lanes-bench on cuda:0 and sim) picks steps;
+# "lanes": actorgraph-lanes-bench on cuda:0 and sim; "asan": the CI's
+# AddressSanitizer + UBSan suite (preset asan's settings, CUDA off) built and
+# run on this machine's many cores in build-asan-gpu, ctest-asan.log) picks steps;
 # AG_BUILD_DIR (default build-gpu); AG_JOBS (default nproc).
 set -uo pipefail
 out="${1:?usage: gpu-run.sh OUTDIR [ctest args...]}"
@@ -56,10 +58,10 @@ export LD_LIBRARY_PATH="$libdir:$blasdir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export CAF_ROOT="$prefix"
 
 # --- configure and build everything ----------------------------------------------
+cflags=""
+[ -d "$prefix/usr/include/x86_64-linux-gnu/openblas-pthread" ] &&
+  cflags="-isystem $prefix/usr/include/x86_64-linux-gnu/openblas-pthread"
 if has configure; then
-  cflags=""
-  [ -d "$prefix/usr/include/x86_64-linux-gnu/openblas-pthread" ] &&
-    cflags="-isystem $prefix/usr/include/x86_64-linux-gnu/openblas-pthread"
   note "configure ($build)"
   cmake -S "$here" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
     -DACTORGRAPH_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
@@ -116,6 +118,32 @@ if has bench; then
     # PyTorch brings its own libraries: not our unpacked ones.
     LD_LIBRARY_PATH="$orig_ld_path" PYTHONUNBUFFERED=1 timeout 180 python3 scripts/torch_ref_bench.py >"$out/torch-bench.txt" 2>&1 || true
     cat "$out/torch-bench.txt" | tee -a "$summary"
+  fi
+fi
+# --- asan: the sanitizer suite of scripts/dev.sh test on this host's cores (a
+# quick check before CI, which runs it on 2 cores; other compiler than CI's) ---
+if has asan; then
+  asan_build="$here/build-asan-gpu"
+  note "asan: configure + build ($asan_build, -j$jobs)"
+  start=$(date +%s)
+  cmake -S "$here" -B "$asan_build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+    -DACTORGRAPH_SANITIZER=address,undefined -DACTORGRAPH_CUDA=OFF -DACTORGRAPH_READLINE=OFF \
+    -DACTORGRAPH_BUILD_BENCHMARKS=OFF -DACTORGRAPH_BUILD_TESTS=ON \
+    -DCAF_ROOT="$prefix" -DCMAKE_PREFIX_PATH="$prefix/usr;$libdir/cmake" \
+    -DCMAKE_LIBRARY_PATH="$libdir;$blasdir" -DCMAKE_INCLUDE_PATH="$prefix/usr/include" \
+    -DCMAKE_CXX_FLAGS="$cflags" >"$out/asan-configure.log" 2>&1 &&
+    cmake --build "$asan_build" -j "$jobs" >"$out/asan-build.log" 2>&1
+  rc=$?
+  note "asan build rc $rc in $(( $(date +%s) - start )) s"
+  if [ $rc -ne 0 ]; then
+    status=1
+    grep -E "error|FAILED" "$out/asan-configure.log" "$out/asan-build.log" | head -40 | tee -a "$summary"
+  else
+    (cd "$asan_build" && ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
+      UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
+      ctest --output-on-failure -j "$jobs" --timeout 900) >"$out/ctest-asan.log" 2>&1 || status=1
+    tail -5 "$out/ctest-asan.log" | tee -a "$summary"
+    grep -E "\*\*\*Failed|\*\*\*Timeout|Not Run|Exception" "$out/ctest-asan.log" | head -40 | tee -a "$summary"
   fi
 fi
 # --- lanes: auto lanes against one lane on independent small chains (issue 16); step "lanes"
