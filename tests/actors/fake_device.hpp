@@ -119,7 +119,8 @@ class fake_device final : public gpu::device {
   int64_t memory_capacity() const noexcept override { return spec_.mem_bytes; }
   int64_t memory_in_use() const noexcept override { return in_use_; }
   error upload(void* dst, const void* src, int64_t bytes) override {
-    std::memcpy(dst, src, static_cast<std::size_t>(bytes));
+    if (dead_) return dead_error();  // as every call of a dead device (gpu::device::reset reads the reason so)
+    if (bytes > 0) std::memcpy(dst, src, static_cast<std::size_t>(bytes));
     return {};
   }
   error download(void* dst, const void* src, int64_t bytes) override { return upload(dst, src, bytes); }

@@ -197,6 +197,10 @@ TEST(SimDevice, CapturedLaunchesReplayWithOneLaunchLatencyAndTheSameValues) {
   auto dx = dev->allocate(job.n * 4), dy = dev->allocate(job.n * 4), dz = dev->allocate(job.n * 4);
   ASSERT_TRUE(dx && dy && dz);
   ASSERT_FALSE(dev->upload(*dx, job.in.data(), job.n * 4));
+  // Device memory starts uninitialised (ASan fills fresh heap blocks): zero
+  // the output so that "capture wrote nothing" can be seen.
+  const std::vector<float> zeros(static_cast<std::size_t>(job.n), 0.0f);
+  ASSERT_FALSE(dev->upload(*dz, zeros.data(), job.n * 4));
   auto s = dev->create_stream(ag::step_kind::compute).value();
   const gpu::op_launch ops[2] = {job.launch(*dx, *dy), job.launch(*dy, *dz)};
   const double before = dev->modelled_seconds();
