@@ -4,6 +4,7 @@
 #include <cctype>
 #include <cerrno>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <map>
 
@@ -295,6 +296,32 @@ class builder {
     v = e.args[i].number;
     return true;
   }
+  /// An integer argument (an axis, a bound): refuses fractions and values
+  /// outside [lo, hi] before any conversion (a double beyond the integer's
+  /// range converts to undefined behaviour).
+  bool int_arg(const expr& e, std::size_t i, const char* what, int64_t lo, int64_t hi, int64_t& v) {
+    double d = 0;
+    if (!num_arg(e, i, what, d)) return false;
+    return to_int(e.args[i], std::string("'") + e.text + "': " + what, d, lo, hi, v);
+  }
+  bool kw_int(const expr& e, const std::string& key, int64_t lo, int64_t hi, int64_t& v) {
+    double d = static_cast<double>(v);
+    for (const auto& [k, val] : e.kwargs)
+      if (k == key) {
+        if (!kw_num(e, key, d)) return false;
+        return to_int(val, "'" + key + "'", d, lo, hi, v);
+      }
+    return true;
+  }
+  bool to_int(const expr& at, const std::string& what, double d, int64_t lo, int64_t hi, int64_t& v) {
+    if (!(d >= static_cast<double>(lo) && d <= static_cast<double>(hi)) || d != std::floor(d)) {
+      char got[32];
+      std::snprintf(got, sizeof got, "%.17g", d);
+      return bad(at, what + " must be an integer in [" + std::to_string(lo) + ", " + std::to_string(hi) + "], got " + got);
+    }
+    v = static_cast<int64_t>(d);
+    return true;
+  }
   bool kw_num(const expr& e, const std::string& key, double& v) {
     for (const auto& [k, val] : e.kwargs)
       if (k == key) {
@@ -455,27 +482,34 @@ class builder {
       }
       std::array<int, max_rank> p{0, 1, 2, 3};
       if (e.args[1].list.size() > static_cast<std::size_t>(max_rank)) return bad(e.args[1], "too many axes");
-      for (std::size_t k = 0; k < e.args[1].list.size(); ++k) p[k] = static_cast<int>(e.args[1].list[k]);
+      for (std::size_t k = 0; k < e.args[1].list.size(); ++k) {
+        const int64_t a = e.args[1].list[k];
+        if (a < -max_rank || a >= max_rank) return bad(e.args[1], "axis " + std::to_string(a) + " is out of range");
+        p[k] = static_cast<int>(a);
+      }
       return built(e, b_.permute(ts[0], p, name), out);
     }
     if (f == "transpose") {
-      double a0 = 0, a1 = 0;
-      if (!arity(e, 3, 3) || !check_kwargs(e, {}) || !num_arg(e, 1, "two axes", a0) || !num_arg(e, 2, "two axes", a1) ||
-          !tensors(e, 1, ts))
+      int64_t a0 = 0, a1 = 0;
+      if (!arity(e, 3, 3) || !check_kwargs(e, {}) || !int_arg(e, 1, "two axes", -max_rank, max_rank, a0) ||
+          !int_arg(e, 2, "two axes", -max_rank, max_rank, a1) || !tensors(e, 1, ts))
         return false;
       return built(e, b_.transpose(ts[0], static_cast<int>(a0), static_cast<int>(a1), name), out);
     }
     if (f == "slice") {
-      double ax = 0, lo = 0, hi = 0;
-      if (!arity(e, 4, 4) || !check_kwargs(e, {}) || !num_arg(e, 1, "an axis", ax) || !num_arg(e, 2, "a begin", lo) ||
-          !num_arg(e, 3, "an end", hi) || !tensors(e, 1, ts))
+      int64_t ax = 0, lo = 0, hi = 0;
+      constexpr int64_t bound = int64_t{1} << 62;  // exactly representable; shapes are far smaller
+      if (!arity(e, 4, 4) || !check_kwargs(e, {}) || !int_arg(e, 1, "an axis", -max_rank, max_rank, ax) ||
+          !int_arg(e, 2, "a begin", -bound, bound, lo) || !int_arg(e, 3, "an end", -bound, bound, hi) ||
+          !tensors(e, 1, ts))
         return false;
-      return built(e, b_.slice(ts[0], static_cast<int>(ax), static_cast<int64_t>(lo), static_cast<int64_t>(hi), name), out);
+      return built(e, b_.slice(ts[0], static_cast<int>(ax), lo, hi, name), out);
     }
     if (f == "concat") {
-      double ax = 0;
+      int64_t ax = 0;
       if (e.args.size() < 2) return bad(e, "'concat' takes at least 2 tensors, got " + std::to_string(e.args.size()));
-      if (!check_kwargs(e, {"axis"}) || !kw_num(e, "axis", ax) || !tensors(e, e.args.size(), ts)) return false;
+      if (!check_kwargs(e, {"axis"}) || !kw_int(e, "axis", -max_rank, max_rank, ax) || !tensors(e, e.args.size(), ts))
+        return false;
       return built(e, b_.concat(ts, static_cast<int>(ax), name), out);
     }
     if (f == "copy") {

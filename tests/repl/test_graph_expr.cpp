@@ -129,6 +129,28 @@ TEST(ReplGraphExpr, SemanticErrorsNameWhatIsWrong) {
   EXPECT_NE(e.find("1 to 4 dims"), std::string::npos) << e;
 }
 
+// Found by fuzz_graph_expr: a bound or axis beyond any integer's range was
+// converted from double as it was (undefined behaviour; UBSan stopped the
+// fuzzer). Integer arguments are refused with their range before converting.
+TEST(ReplGraphExpr, IntegerArgumentsOutOfRangeOrFractionalAreErrorsNotOverflows) {
+  std::string e = err_of("a=input[4,6] s=slice(a,1,0,777777777777777777777777777772) out s");
+  EXPECT_NE(e.find("'slice': an end must be an integer in ["), std::string::npos) << e;
+  EXPECT_NE(e.find("got 7.7777777777777"), std::string::npos) << e;
+  e = err_of("a=input[4,6] s=slice(a,1e30,0,2) out s");
+  EXPECT_NE(e.find("an axis must be an integer in [-4, 4]"), std::string::npos) << e;
+  e = err_of("a=input[4,6] s=slice(a,1,0.5,2) out s");
+  EXPECT_NE(e.find("a begin must be an integer"), std::string::npos) << e;
+  e = err_of("a=input[4,6] t=transpose(a,0,-9e99) out t");
+  EXPECT_NE(e.find("two axes must be an integer in [-4, 4]"), std::string::npos) << e;
+  e = err_of("a=input[4,6] b=input[4,2] c=concat(a,b,axis=3e12) out c");
+  EXPECT_NE(e.find("'axis' must be an integer in [-4, 4]"), std::string::npos) << e;
+  e = err_of("a=input[4,6] p=permute(a,[1,4000000000]) out p");
+  EXPECT_NE(e.find("axis 4000000000 is out of range"), std::string::npos) << e;
+  // In range, the same calls still build.
+  EXPECT_EQ(err_of("a=input[4,6] b=input[4,2] c=concat(a,b,axis=1) s=slice(c,1,2,6) t=transpose(s,0,1) out t"),
+            "<no error>");
+}
+
 TEST(ReplGraphExpr, ShapeErrorsFromTheBuilderCarryTheColumnAndNode) {
   // Inner dims 64 vs 32: the builder's error, at the matmul's column.
   const std::string e = err_of("x=input[8,64] w=weight[32,16] y=matmul(x,w) out y");
