@@ -110,6 +110,32 @@ plan_figures measure(ag::runtime& rt, const ag::graph& g, const ag::plan_options
   return f;
 }
 
+/// One traced job of each plan (after warm-up jobs, whose records are
+/// dropped), in a runtime of its own so that tracing costs nothing above.
+void write_trace(const std::string& path, const std::string& devices, ag::runtime_options o, const ag::graph& g,
+                 const std::vector<ag::plan_options>& plans, const std::vector<ag::host_tensor>& inputs) {
+  o.trace = true;
+  auto rt = ag::runtime::create(devices, o);
+  if (!rt) die("traced runtime (" + devices + ")", rt.err());
+  std::vector<std::shared_ptr<const ag::plan>> compiled;
+  for (const auto& po : plans) {
+    auto p = (*rt)->compile(g, po);
+    if (!p) die("compile (traced)", p.err());
+    for (int j = 0; j < 20; ++j)
+      if (auto r = (*rt)->submit(*p, inputs).wait(); !r.has_value()) die("job (traced)", r.err());
+    compiled.push_back(*p);
+  }
+  (void)(*rt)->take_trace();
+  for (const auto& p : compiled)
+    if (auto r = (*rt)->submit(p, inputs).wait(); !r.has_value()) die("job (traced)", r.err());
+  FILE* f = std::fopen(path.c_str(), "w");
+  if (!f) die("trace", {ag::errc::invalid_argument, "cannot write " + path});
+  const std::string json = (*rt)->take_trace().to_chrome_json();
+  std::fwrite(json.data(), 1, json.size(), f);
+  std::fclose(f);
+  std::printf("trace: %s (one job of each plan: one lane, then every lane)\n", path.c_str());
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -121,6 +147,7 @@ int main(int argc, char** argv) {
   double relaxed_ratio = 4;
   int mixed_small_ops = 32;
   std::string replay = "off";
+  std::string trace_out;
   int64_t mixed_rows = 1024;
   ag::apps::flags app("actorgraph-lanes-bench",
                       "actorgraph-lanes-bench: auto lanes against one lane on a graph of independent small chains");
@@ -140,6 +167,9 @@ int main(int argc, char** argv) {
   app.add_option("--relaxed-memory-ratio", relaxed_ratio, "max_lane_memory_ratio of the table's relaxed auto row")
       ->check(CLI::Range(1.0, 1e6));
   app.add_option("--replay", replay, "plan_options::graph_replay of every plan: off, on or auto");
+  app.add_option("--trace", trace_out,
+                 "write a Chrome trace of one job of the one-lane plan and one of the every-lane plan (a traced "
+                 "runtime of its own, after the figures) to this file");
   if (auto status = ag::apps::parse_flags(app, argc, argv)) return *status;
   ag::graph_replay_mode replay_mode = ag::graph_replay_mode::off;
   if (!ag::parse_graph_replay_mode(replay, replay_mode))
@@ -198,6 +228,8 @@ int main(int argc, char** argv) {
   // With the relaxed memory ratio: what lanes buy when the arena may grow.
   std::printf("lanes_speedup_branchy%s_relaxed: %.3f\n", sim ? "_sim" : "", one.ms_per_job / roomy.ms_per_job);
   std::printf("lanes_peak_memory_ratio_relaxed: %.3f\n", ratio(roomy));
+
+  if (!trace_out.empty()) write_trace(trace_out, devices, o, g, {one_lane, forced}, in);
 
   // The mixed graph: the cost model's case for lanes.
   const auto mg = mixed_graph(mixed_small_ops, mixed_rows, type);

@@ -79,7 +79,8 @@ struct op_launch {
   /// a kernel of a replayed segment other than its first, so the segment's
   /// one graph launch already paid its launch latency. Set only on the copies
   /// a backend keeps inside a replay_graph (the sim's capture()); the sim
-  /// then charges the op without spec.launch_latency; other backends ignore it.
+  /// then charges the op spec.kernel_latency (on its own stream) instead of
+  /// spec.launch_latency (host time); other backends ignore it.
   bool launch_paid_by_replay = false;
 };
 

@@ -39,6 +39,7 @@ error validate(const device_spec& d) {
   if (auto e = positive("link_bandwidth", d.link_bandwidth)) return e;
   if (auto e = positive("host_bandwidth", d.host_bandwidth)) return e;
   if (auto e = non_negative("launch_latency", d.launch_latency)) return e;
+  if (auto e = non_negative("kernel_latency", d.kernel_latency)) return e;
   if (auto e = non_negative("link_latency", d.link_latency)) return e;
   if (auto e = non_negative("host_latency", d.host_latency)) return e;
   if (d.mem_bytes < 0)

@@ -27,6 +27,14 @@ struct device_spec {
   double mem_bandwidth = 3.35e12;      ///< bytes/s, device memory
   int64_t mem_bytes = 80LL << 30;      ///< device memory
   double launch_latency = 4.5e-6;      ///< s, per kernel
+  /// s, per kernel of a replayed graph (plan_options::graph_replay): the time
+  /// a kernel holds its stream on the device beyond its throughput-bound work
+  /// (block scheduling, ramp-up, tail), which kernels of other streams
+  /// overlap. A replayed kernel costs this instead of launch_latency, which
+  /// is host time one launching thread pays kernel after kernel (measured on
+  /// an H100: tiny kernels of a replayed graph took 3.9 us each on one stream,
+  /// and four streams ran them about 1.7x faster: docs/BENCHMARKS.md).
+  double kernel_latency = 3.5e-6;
   double link_bandwidth = 450e9;       ///< bytes/s, device <-> device (one way)
   double link_latency = 5e-6;          ///< s, per peer copy
   double host_bandwidth = 55e9;        ///< bytes/s, pinned host <-> device

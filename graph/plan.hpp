@@ -142,9 +142,11 @@ struct plan_options {
   ///    the cost model predicts the branches finish sooner spread over lanes
   ///    than on one (launches of all lanes come one after another, and so do
   ///    the throughput-bound parts of kernels: lanes overlap one branch's
-  ///    launches with another's work; each extra lane pays a fork/join of two
-  ///    launch latencies) and the device's arena stays within
-  ///    max_lane_memory_ratio of the one-lane plan's (else fewer lanes);
+  ///    launches with another's work, and under graph replay the kernels'
+  ///    device-side latency (device_spec::kernel_latency); each extra lane
+  ///    pays a fork/join of two launch latencies) and the device's arena stays within
+  ///    max_lane_memory_ratio of the one-lane plan's, or within
+  ///    lane_memory_slack_bytes of it (else fewer lanes);
   ///  - N >= 1: up to N lanes, independent branches spread over them whenever
   ///    at least two each exceed min_branch_seconds (the caller decided).
   int lanes_per_device = 0;
@@ -155,6 +157,11 @@ struct plan_options {
   /// over the one-lane plan's that the planner accepts (branches running at
   /// once keep their buffers live at once); >= 1.
   double max_lane_memory_ratio = 1.1;
+  /// Auto lanes only: a lane plan whose per-device arena exceeds the
+  /// one-lane plan's by at most this many bytes is accepted whatever the
+  /// ratio (small branches' buffers, a few hundred KiB, weigh nothing next to
+  /// a device's memory, and their lanes are where lanes pay most); >= 0.
+  int64_t lane_memory_slack_bytes = int64_t{1} << 20;
   /// Capture each (device, lane) run of compute steps between cross-queue
   /// waits/records (graph/replay.hpp) and replay it per job. describe() shows
   /// the segments and the launch time the model says replay saves; the cpu
@@ -165,7 +172,7 @@ struct plan_options {
 /// Refuses options no plan can be made with, naming the option and the
 /// value (errc::invalid_argument): a policy other than automatic / single,
 /// pipeline_stages < 0 or > 4096, lanes_per_device outside 0..64,
-/// max_lane_memory_ratio below 1 or not finite,
+/// max_lane_memory_ratio below 1 or not finite, lane_memory_slack_bytes < 0,
 /// min_branch_seconds negative, infinite or NaN, tensor_parallel outside
 /// 1..4096, graph_replay not off / on / auto. compile() calls it.
 error validate(const plan_options& options);

@@ -308,15 +308,26 @@ void assign_lanes(builder_state& s) {
       }
       if (!joined[a] && branch != m) parent[find(a)] = branch;
     }
-    // interval -> component -> modelled seconds, and the part of them that is
-    // launch latency (the rest is throughput-bound; the auto-lane model below
-    // and the sim device, host_device::occupy, treat the two parts apart)
-    std::map<int, std::map<std::size_t, double>> groups, launch_part;
+    // interval -> component -> modelled seconds on its lane, and the part of
+    // them that is launch latency, host time (the rest holds the device: the
+    // auto-lane model below and the sim device, host_device::occupy, treat
+    // the two parts apart). Under graph replay (a backend that captures:
+    // sim, cuda) a kernel has no launch of its own: it costs kernel_latency
+    // instead, device time that lanes overlap, and each lane's segment pays
+    // one graph launch.
+    const bool replayed = s.opt.graph_replay != graph_replay_mode::off && spec.kind != device_kind::cpu;
+    std::map<int, std::map<std::size_t, double>> groups, launch_part, latency_part;
     for (std::size_t a = 0; a < m; ++a) {
       if (seq[a] || joined[a]) continue;
-      const double t = estimate_seconds(spec, g, g.at(nodes[a]));
+      double t = estimate_seconds(spec, g, g.at(nodes[a]));
+      const double launch = std::min(t, spec.launch_latency);
+      if (replayed && t > 0) {
+        t = t - launch + spec.kernel_latency;
+        latency_part[interval[a]][find(a)] += spec.kernel_latency;
+      } else {
+        launch_part[interval[a]][find(a)] += launch;
+      }
       groups[interval[a]][find(a)] += t;
-      launch_part[interval[a]][find(a)] += std::min(t, spec.launch_latency);
     }
     std::map<std::size_t, int> lane_of_component;
     for (auto& [iv, comps] : groups) {
@@ -333,17 +344,19 @@ void assign_lanes(builder_state& s) {
         load[l] += t;
         chosen[c] = static_cast<int>(l);
         one_lane += t;
-        throughput_part += t - launch_part[iv][c];
+        throughput_part += t - launch_part[iv][c] - latency_part[iv][c];
         launch_total += launch_part[iv][c];
       }
       if (s.lanes_by_model) {
         // Lanes finish when the busiest lane does, but no sooner than all
-        // launches back to back (one actor launches every lane's kernels) or
-        // the throughput-bound parts back to back (one device's throughput):
-        // lanes overlap one branch's launches with another's work, no more.
+        // launches back to back (one actor launches every lane's kernels; one
+        // graph launch per lane under replay) or the throughput-bound parts
+        // back to back (one device's throughput): lanes overlap one branch's
+        // launches, or replayed kernels' latencies, with another's work.
         // Every extra lane costs a fork and a join (an event record and wait
         // each). The sim device models the same (host_device::occupy).
         const int used = static_cast<int>(std::count_if(load.begin(), load.end(), [](double x) { return x > 0; }));
+        if (replayed) launch_total = used * spec.launch_latency;  // a graph launch per lane
         const double spread =
             std::max({throughput_part, launch_total, *std::max_element(load.begin(), load.end())}) +
             2.0 * spec.launch_latency * (used - 1);
@@ -656,6 +669,8 @@ error validate(const plan_options& o) {
     return bad("lanes_per_device must be 0 (auto) .. 64, got " + std::to_string(o.lanes_per_device));
   if (!(o.max_lane_memory_ratio >= 1) || !std::isfinite(o.max_lane_memory_ratio))
     return bad("max_lane_memory_ratio must be a finite number >= 1, got " + std::to_string(o.max_lane_memory_ratio));
+  if (o.lane_memory_slack_bytes < 0)
+    return bad("lane_memory_slack_bytes must be >= 0, got " + std::to_string(o.lane_memory_slack_bytes));
   if (!(o.min_branch_seconds >= 0) || !std::isfinite(o.min_branch_seconds))
     return bad("min_branch_seconds must be a finite number >= 0, got " + std::to_string(o.min_branch_seconds));
   if (o.tensor_parallel < 1 || o.tensor_parallel > 4096)
@@ -787,11 +802,13 @@ bool uses_lanes(const plan& p) {
                      [](const step& st) { return st.kind == step_kind::compute && st.lane > 0; });
 }
 
-/// Every device's arena of `lanes` within `ratio` times the one-lane plan's.
-bool arena_within(const plan& lanes, const plan& one, double ratio) {
-  for (std::size_t d = 0; d < lanes.memory().size() && d < one.memory().size(); ++d)
-    if (static_cast<double>(lanes.memory()[d].arena_bytes) > ratio * static_cast<double>(one.memory()[d].arena_bytes))
-      return false;
+/// Every device's arena of `lanes` within `ratio` times the one-lane plan's,
+/// or at most `slack` bytes above it.
+bool arena_within(const plan& lanes, const plan& one, double ratio, int64_t slack) {
+  for (std::size_t d = 0; d < lanes.memory().size() && d < one.memory().size(); ++d) {
+    const int64_t with = lanes.memory()[d].arena_bytes, without = one.memory()[d].arena_bytes;
+    if (with - without > slack && static_cast<double>(with) > ratio * static_cast<double>(without)) return false;
+  }
   return true;
 }
 
@@ -803,7 +820,8 @@ expected<std::shared_ptr<const plan>> compile(std::shared_ptr<const graph> g, st
     if (options.lanes_per_device != 0) return planner::compile(std::move(g), std::move(devices), options, 0);
     // Auto lanes: most plans use none (one pass). A plan that spreads
     // branches is kept only if no device's arena grows past
-    // max_lane_memory_ratio of the one-lane plan's; else fewer lanes.
+    // max_lane_memory_ratio of the one-lane plan's (or by more than
+    // lane_memory_slack_bytes); else fewer lanes.
     int cap = 1;
     for (const device_spec& d : devices) cap = std::max(cap, d.max_lanes);
     auto first = planner::compile(g, devices, options, cap);
@@ -811,7 +829,7 @@ expected<std::shared_ptr<const plan>> compile(std::shared_ptr<const graph> g, st
     auto one = planner::compile(g, devices, options, 1);
     if (!one) return one;
     for (auto p = std::move(first); p && uses_lanes(**p);) {
-      if (arena_within(**p, **one, options.max_lane_memory_ratio)) return p;
+      if (arena_within(**p, **one, options.max_lane_memory_ratio, options.lane_memory_slack_bytes)) return p;
       if (--cap < 2) break;
       p = planner::compile(g, devices, options, cap);
       if (!p) return p;

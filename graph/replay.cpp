@@ -1,5 +1,6 @@
 #include "graph/replay.hpp"
 
+#include <algorithm>
 #include <map>
 #include <utility>
 
@@ -71,7 +72,8 @@ double replay_launch_seconds_saved(const plan& p, const std::vector<replay_segme
   for (const replay_segment& seg : segments) {
     if (device >= 0 && seg.device != device) continue;
     if (seg.kernels < 2) continue;
-    saved += (seg.kernels - 1) * p.devices().at(static_cast<std::size_t>(seg.device)).launch_latency;
+    const device_spec& d = p.devices().at(static_cast<std::size_t>(seg.device));
+    saved += (seg.kernels - 1) * std::max(0.0, d.launch_latency - d.kernel_latency);
   }
   return saved;
 }

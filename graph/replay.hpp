@@ -15,8 +15,10 @@
 /// they are; pipeline and tensor parallelism work across captured segments.
 ///
 /// The cost model of replay: a replayed segment pays one launch latency for
-/// the whole segment instead of one per kernel (a graph launch), see
-/// replay_launch_seconds_saved(). graph/ knows nothing of CUDA: this file only
+/// the whole segment instead of one per kernel (a graph launch); each of its
+/// kernels then costs spec.kernel_latency on its own stream instead (device
+/// time that lanes overlap, unlike launches), see
+/// replay_launch_seconds_saved() and the planner's auto lanes. graph/ knows nothing of CUDA: this file only
 /// says *what* may be captured and what it saves.
 
 #include <cstdint>
@@ -52,9 +54,11 @@ struct replay_segment {
 /// then lane order. Every compute step is in exactly one segment.
 std::vector<replay_segment> replay_segments(const plan& p);
 
-/// Launch latency a replayed plan saves per job on `device` (-1: all devices):
-/// for every segment with kernels >= 2, (kernels - 1) x that device's
-/// spec.launch_latency (one graph launch instead of `kernels` launches).
+/// Time a replayed plan saves per job on one lane of `device` (-1: all
+/// devices), by the cost model: for every segment with kernels >= 2,
+/// (kernels - 1) x max(0, launch_latency - kernel_latency) of that device's
+/// spec (one graph launch instead of `kernels` launches, each replayed
+/// kernel still holding its stream for kernel_latency).
 double replay_launch_seconds_saved(const plan& p, const std::vector<replay_segment>& segments, int device = -1);
 
 }  // namespace ag

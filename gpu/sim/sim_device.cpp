@@ -149,7 +149,14 @@ error sim_device::admit_op(host::host_stream& s, const op_launch& l, host::work_
   if (l.source) cost = estimate_seconds(spec(), *l.source, *l.op);
   else if (!is_view_op(l.op->op) && !is_leaf_op(l.op->op))
     cost = estimate_seconds(spec(), cost_of_launch(l), l.op->type);
-  if (l.launch_paid_by_replay) cost = std::max(0.0, cost - spec().launch_latency);
+  // A kernel replayed inside a captured segment pays no launch of its own:
+  // its launch latency becomes the device-side kernel latency, which holds
+  // only its stream (spec.kernel_latency; host_device::occupy).
+  double latency = 0;
+  if (l.launch_paid_by_replay && cost > 0) {
+    cost = std::max(0.0, cost - spec().launch_latency) + spec().kernel_latency;
+    latency = std::min(cost, spec().kernel_latency);
+  }
   std::lock_guard<std::mutex> lk(mutex_);
   // Draw every number for every op, so the sequence does not depend on rates.
   const double u_err = rng_.uniform();
@@ -159,8 +166,8 @@ error sim_device::admit_op(host::host_stream& s, const op_launch& l, host::work_
     return error(errc::op_failed, "device '" + spec().name + "': op '" + l.op->name + "' (" +
                                       to_string(l.op->op) + ") failed (injected fault)");
   t.seconds = cost * factor;
-  // A kernel replayed inside a captured segment pays no launch of its own.
   if (cost > 0 && !l.launch_paid_by_replay) t.launch_seconds = std::min(cost, spec().launch_latency) * factor;
+  t.latency_seconds = latency * factor;
   modelled_ += t.seconds;
   if (u_stall < faults_.op_stall_rate) t.extra_wall_seconds = faults_.stall_seconds;
   if (options_.zero_delay) t = {};

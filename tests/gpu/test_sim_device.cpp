@@ -161,8 +161,8 @@ TEST(SimDevice, JitterIsDeterministicBySeed) {
 }
 
 // Graph replay: an op whose launch a segment's graph launch paid is charged
-// without spec.launch_latency.
-TEST(SimDevice, ReplayedOpsAreChargedWithoutTheirLaunchLatency) {
+// spec.kernel_latency instead of spec.launch_latency.
+TEST(SimDevice, ReplayedOpsAreChargedTheKernelLatencyInsteadOfTheLaunchLatency) {
   auto run = [](bool replayed) {
     gpu::sim_options o;
     o.jitter = 0;
@@ -178,11 +178,50 @@ TEST(SimDevice, ReplayedOpsAreChargedWithoutTheirLaunchLatency) {
       EXPECT_FALSE(dev->launch(*s, l));
     }
     EXPECT_FALSE(dev->synchronize(*s));
-    return std::make_pair(dev->modelled_seconds(), dev->spec().launch_latency);
+    return std::make_pair(dev->modelled_seconds(), dev->spec().launch_latency - dev->spec().kernel_latency);
   };
   const auto plain = run(false), replay = run(true);
   EXPECT_GT(plain.second, 0);
   EXPECT_NEAR(plain.first - replay.first, 9 * plain.second, 1e-12);
+}
+
+// Two compute lanes of one device: plain launches of tiny ops come one after
+// another on the device's launch clock (one actor launches every lane), so a
+// second lane gains nothing; replayed ops hold only their own stream for the
+// kernel latency, so two lanes overlap them (as 4 streams did on an H100).
+TEST(SimDevice, LanesOverlapReplayedKernelLatenciesButNotPlainLaunches) {
+  auto two_lanes_ms = [](bool replayed) {
+    gpu::sim_options o;
+    o.jitter = 0;
+    o.compute_values = false;
+    o.spec.launch_latency = 0.01;  // both dominate a tiny op: 10 ms per op
+    o.spec.kernel_latency = 0.01;
+    auto dev = make_sim(o);
+    scale_job job(16);
+    auto dx = dev->allocate(64), dy = dev->allocate(64), dz = dev->allocate(64);
+    auto s0 = dev->create_stream(ag::step_kind::compute).value();
+    auto s1 = dev->create_stream(ag::step_kind::compute).value();
+    auto e0 = dev->create_event(true).value(), e1 = dev->create_event(true).value();
+    const int64_t t0 = gpu::host_clock_ns();
+    for (int i = 0; i < 6; ++i)
+      for (auto [s, out] : {std::pair{s0.get(), *dy}, std::pair{s1.get(), *dz}}) {
+        auto l = job.launch(*dx, out);
+        l.launch_paid_by_replay = replayed && i > 0;
+        EXPECT_FALSE(dev->launch(*s, l));
+      }
+    EXPECT_FALSE(dev->record(*e0, *s0));
+    EXPECT_FALSE(dev->record(*e1, *s1));
+    EXPECT_FALSE(dev->synchronize(*s0));
+    EXPECT_FALSE(dev->synchronize(*s1));
+    return static_cast<double>(std::max(e0->completion_ns(), e1->completion_ns()) - t0) * 1e-6;
+  };
+  const double plain = two_lanes_ms(false), replay = two_lanes_ms(true);
+  // plain: 12 launches back to back, >= 120 ms; replayed: the first launch of
+  // each lane on the launch clock, then 5 latencies per lane side by side:
+  // about 70 ms (host wake-ups may add a little, never take away).
+  EXPECT_GE(plain, 120 * 0.999);
+  EXPECT_GE(replay, 70 * 0.999);
+  EXPECT_LT(replay, 0.8 * plain) << "replayed ops on two lanes did not overlap: " << replay << " vs " << plain << " ms";
 }
 
 // capture() records launches without running them; replay() runs them with
@@ -217,7 +256,8 @@ TEST(SimDevice, CapturedLaunchesReplayWithOneLaunchLatencyAndTheSameValues) {
   ASSERT_FALSE(dev->download(z.data(), *dz, job.n * 4));
   for (std::size_t i = 0; i < z.size(); ++i) ASSERT_FLOAT_EQ(z[i], 9.0f * job.in[i]) << i;
   const double plain_two = 2 * estimate_seconds(dev->spec(), job.g, *job.op);
-  EXPECT_NEAR(dev->modelled_seconds() - before, plain_two - dev->spec().launch_latency, 1e-12);
+  EXPECT_NEAR(dev->modelled_seconds() - before, plain_two - dev->spec().launch_latency + dev->spec().kernel_latency,
+              1e-12);
 
   gpu::fault_config f;
   f.refuse_capture = true;
