@@ -196,9 +196,20 @@ error host_device::wait(stream& s, const event& e) {
     std::shared_ptr<event_state> st = he->state();
     const uint64_t gen = st->armed();
     if (gen == 0) return {};  // never recorded: complete
-    hs.post([this, st = std::move(st), gen, &hs, ep = epoch()](task_context& ctx) {
-      if (!ctx.dropping && !st->reached(gen))
-        st->wait_for(gen, [&] { return hs.dropping() || stale(ep); });
+    hs.post([st = std::move(st), gen, &hs](task_context& ctx) {
+      // Held across a death or a reset of this device: only the stream's
+      // destruction ends it early. The wait is what orders this stream's
+      // later records after the work `e` marks, which may still be running
+      // on another, live device; a dead device skips its own work but its
+      // events go on to live devices, and the memory plan relies on the
+      // order passing through it (a live device's copy must not overwrite
+      // bytes its own kernel still reads because a dead device in between
+      // fired early: TensorParallelFault under ThreadSanitizer). It does not
+      // wait forever: `gen` was armed by a record() enqueued before this
+      // wait, so waits never form a cycle, and every enqueued record fires
+      // (a dead or reset device skips its work and cuts its stalls short, a
+      // dropped stream completes its events).
+      if (!ctx.dropping && !st->reached(gen)) st->wait_for(gen, [&] { return hs.dropping(); });
       if (st->reached(gen)) ctx.clock_ns = std::max(ctx.clock_ns, st->completion_ns());
     });
     return {};

@@ -87,7 +87,10 @@ class host_device : public device {
   /// Host events are waited for by generation on the worker; any other event
   /// type (e.g. CUDA) by a blocking e.host_wait() on the worker. On an inline
   /// stream the wait blocks the calling thread. `s` must be a stream of this
-  /// device. Never fails.
+  /// device. Never fails. A host event's wait holds until the event fires,
+  /// also when this device dies or is reset meanwhile (only the stream's
+  /// destruction ends it early): what `s` records after it never fires
+  /// before the work `e` marks, which may still run on a live device.
   error wait(stream& s, const event& e) override;
 
   error launch(stream& s, const op_launch& l) override;
@@ -113,12 +116,16 @@ class host_device : public device {
   bool alive() const noexcept override { return !dead_.load(std::memory_order_acquire); }
 
   /// Kills the device: launches and copies fail from now on, pending work
-  /// completes at once without running, the on_fault handler runs (once, in
-  /// the calling thread). Later calls do nothing.
+  /// completes without running (an op under way finishes what it computes,
+  /// its modelled time is cut short), in stream order: a pending wait still
+  /// holds until its event fires (wait()), so the events recorded behind it
+  /// keep the order of the work around this device. The on_fault handler
+  /// runs (once, in the calling thread). Later calls do nothing.
   void die(error why);
   /// Brings the device back (sim revival, or a quarantine lifted): work
   /// enqueued before the reset is abandoned (it does not run; a stalled op
-  /// stops sleeping), and each notify() enqueued before it reports
+  /// stops sleeping; a wait still holds until its event fires, as on a
+  /// death), and each notify() enqueued before it reports
   /// errc::device_failed ("reset with this work pending"); streams, events
   /// and memory stay valid; a later death is reported to on_fault again.
   /// Any thread. Always succeeds on host devices.

@@ -370,14 +370,25 @@ TEST(SimDevice, DeathAfterOpsFailsEverythingOnceWithoutHanging) {
   scale_job job(8);
   auto dx = dev->allocate(32), dy = dev->allocate(32);
   auto s = dev->create_stream(ag::step_kind::compute).value();
-  gpu::host::host_event gate;  // never opened: death must release the wait
-  gate.state()->arm();
+  // A gate the test opens (the work of another device the stream waits for):
+  // death does not release the wait, so nothing the stream records or
+  // notifies behind it jumps ahead of that work; it completes once the gate opens.
+  gpu::host::host_event gate;
+  const uint64_t gen = gate.state()->arm();
   for (int i = 0; i < 2; ++i) ASSERT_FALSE(dev->launch(*s, job.launch(*dx, *dy)));
   dev->wait(*s, gate);
   std::promise<error> notified;
+  auto notice = notified.get_future();
   dev->notify(*s, [&](const error& e) { notified.set_value(e); });
   faulted.get_future().wait();
-  const error n = notified.get_future().get();
+  // The worker parks at the gate after the death (the death came from its
+  // second op): from then on the notify behind it cannot have run.
+  const auto deadline = std::chrono::steady_clock::now() + 10s;
+  while (gate.state()->waiters() == 0 && std::chrono::steady_clock::now() < deadline) std::this_thread::yield();
+  EXPECT_EQ(gate.state()->waiters(), 1) << "the stream did not wait at the gate after the death";
+  EXPECT_EQ(notice.wait_for(0s), std::future_status::timeout) << "the death released a wait whose event had not fired";
+  gate.state()->reach(gen, gpu::host_clock_ns());
+  const error n = notice.get();
   EXPECT_EQ(n.code, errc::device_failed);
   EXPECT_EQ(n.device, 0) << n.to_string();
   EXPECT_EQ(fault.code, errc::device_failed);
@@ -405,6 +416,65 @@ TEST(SimDevice, DeathAfterOpsFailsEverythingOnceWithoutHanging) {
   EXPECT_TRUE(ev->query());
   dev->kill("again");  // a second death does not report again
   EXPECT_EQ(faults.load(), 1);
+}
+
+// A dead device in the middle of a chain keeps its order: a live device's
+// stream waits for an event the dead device records after waiting for the
+// live device's own earlier work (the memory plan orders a copy that reuses
+// bytes after the kernel reading them this way, through whichever device the
+// dependency path crosses). Before, the dead device's wait gave up at the
+// death and its record fired at once, so the live device's later work ran
+// while its earlier work was still under way (ThreadSanitizer: a kernel read
+// arena bytes a peer copy was still writing, in
+// TensorParallelFault.DeviceDeathDuringCollectivesFailsOnlyItsJobs).
+TEST(SimDevice, ADeadDeviceFiresNoEventBeforeTheWorkItWaitsForHasReturned) {
+  // Device 0's op runs 0.2 s, then its copy writes `mid`: what device 0
+  // reads back behind the dead device's event must be that copy's bytes.
+  gpu::backend_options b;
+  b.sim = slow_launch_options(0.2);
+  auto d = gpu::make_devices("sim:2", b);
+  ASSERT_TRUE(d.has_value()) << d.err().to_string();
+  auto* live = dynamic_cast<gpu::sim::sim_device*>((*d)[0].get());
+  auto* dying = dynamic_cast<gpu::sim::sim_device*>((*d)[1].get());
+  ASSERT_TRUE(live && dying);
+  scale_job job(64);
+  const int64_t bytes = job.n * 4;
+  auto dx = live->allocate(bytes), dy = live->allocate(bytes), mid = live->allocate(bytes);
+  ASSERT_TRUE(dx && dy && mid);
+  std::memset(*mid, 0, static_cast<std::size_t>(bytes));
+  auto s0 = live->create_stream(ag::step_kind::compute).value();
+  auto s2 = live->create_stream(ag::step_kind::copy_d2h).value();
+  auto s1 = dying->create_stream(ag::step_kind::compute).value();  // made while alive
+  auto e0 = live->create_event().value();
+  auto e1 = dying->create_event().value();
+  // Live device: the long op, then the copy into `mid`, then e0.
+  ASSERT_FALSE(live->launch(*s0, job.launch(*dx, *dy)));
+  ASSERT_FALSE(live->copy_h2d(*s0, *mid, job.in.data(), bytes));
+  ASSERT_FALSE(live->record(*e0, *s0));
+  // The device in between dies before its wait runs, then waits for e0 and records e1.
+  dying->kill("pulled (test)");
+  ASSERT_FALSE(dying->wait(*s1, *e0));
+  ASSERT_FALSE(dying->record(*e1, *s1));
+  std::promise<error> dying_notice;
+  dying->notify(*s1, [&](const error& e) { dying_notice.set_value(e); });
+  // Live device, downstream of e1: reads `mid` back.
+  std::vector<float> back(static_cast<std::size_t>(job.n), -1.0f);
+  ASSERT_FALSE(live->wait(*s2, *e1));
+  ASSERT_FALSE(live->copy_d2h(*s2, back.data(), *mid, bytes));
+  std::promise<bool> upstream_done;  // e0's state when the work behind e1 finished
+  live->notify(*s2, [&](const error&) { upstream_done.set_value(e0->query()); });
+  auto done = upstream_done.get_future();
+  ASSERT_EQ(done.wait_for(10s), std::future_status::ready) << "the live device's work behind the dead device hangs";
+  EXPECT_TRUE(done.get()) << "the dead device fired e1 before the live op it waited for (e0) had returned";
+  EXPECT_EQ(std::memcmp(back.data(), job.in.data(), static_cast<std::size_t>(bytes)), 0)
+      << "the live device read `mid` before its copy wrote it";
+  // Nothing waits forever: the dead device's notify completes, with its death error.
+  auto dn = dying_notice.get_future();
+  ASSERT_EQ(dn.wait_for(10s), std::future_status::ready);
+  EXPECT_EQ(dn.get().code, errc::device_failed);
+  EXPECT_TRUE(e1->query());
+  ASSERT_FALSE(live->synchronize(*s0));
+  for (auto p : {*dx, *dy, *mid}) live->deallocate(p);
 }
 
 TEST(SimDevice, KillReleasesAStalledStreamAndLateHandlerStillHearsOnce) {
