@@ -731,6 +731,9 @@ TEST(PlannerBadInput, OptionsAreValidatedNamingOptionAndValue) {
   o.max_lane_memory_ratio = std::nan("");
   refused(o, "max_lane_memory_ratio", "nan");
   o = {};
+  o.lane_memory_slack_bytes = -1;
+  refused(o, "lane_memory_slack_bytes", "-1");
+  o = {};
   o.pipeline_stages = -2;
   refused(o, "pipeline_stages", "-2");
   o = {};
