@@ -15,9 +15,12 @@
 namespace ag::gpu::cuda {
 namespace {
 
-/// Below this, pinning saves nothing measurable (the backend stages small
-/// pageable copies itself) and costs at least a page of locked memory.
-constexpr std::size_t min_pinned_bytes = std::size_t{64} << 10;
+/// Every job output is pinned, however small: a pageable output is copied
+/// through staging and a stream-ordered host function (staging.hpp), whose
+/// wake-up held a 16 KiB output copy for 95-105 us of an H100's timeline,
+/// more than the rest of a tiny job; a pinned one is one DMA. The price is at
+/// least a page of locked memory per cached buffer.
+constexpr std::size_t min_pinned_bytes = 1;
 constexpr int64_t default_cache_limit = int64_t{4} << 30;
 
 host::caching_host_memory& pool() {
