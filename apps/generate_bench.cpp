@@ -101,6 +101,7 @@ struct decode_args {
   int64_t context = 512, prefill = 2048;
   int new_tokens = 64;
   double bandwidth_gbs = 0.0;
+  std::string replay = "off";  ///< plan_options::graph_replay of the decode and prefill plans
 };
 
 int run_decode(const decode_args& a) {
@@ -114,6 +115,8 @@ int run_decode(const decode_args& a) {
   go.cache_tokens = a.context + a.new_tokens;
   go.max_sequences = 1;
   go.prefill_chunk = a.context;
+  if (!ag::parse_graph_replay_mode(a.replay, go.plan.graph_replay))
+    return fail({ag::errc::invalid_argument, "--replay must be off, on or auto, got '" + a.replay + "'"});
   auto gen = ag::generator::create(**rt, model->model_config(1), model->provider(), go);
   if (!gen) return fail(gen.err());
   const double load_s = seconds_since(t_open);
@@ -174,8 +177,8 @@ int run_decode(const decode_args& a) {
               ag::to_string(model->dtype()), mc.n_layers, static_cast<long long>(mc.d_model), mc.n_heads,
               mc.kv_heads(), static_cast<long long>(mc.vocab));
   std::printf("%-28s %.3f GB (2 plans x the model) in %.3f s\n", "load", model_gb, load_s);
-  std::printf("%-28s %.3f ms/token (median of %zu), context %lld\n", "decode", ms, gaps.size(),
-              static_cast<long long>(a.context));
+  std::printf("%-28s %.3f ms/token (median of %zu), context %lld, graph replay %s\n", "decode", ms, gaps.size(),
+              static_cast<long long>(a.context), a.replay.c_str());
   std::printf("%-28s %.3f ms (%.1f MB weights + %.1f MB cache at %.0f GB/s)\n", "bandwidth floor", floor_ms,
               weights_read / 1e6, cache / 1e6, bw / 1e9);
   std::printf("load_gb_per_s: %.3f\n", model_gb / load_s);
@@ -206,6 +209,7 @@ int main(int argc, char** argv) {
   app.add_option("--new-tokens", d.new_tokens, "decode: tokens to generate")->check(CLI::Range(2, 1 << 20));
   app.add_option("--prefill", d.prefill, "prefill tokens (0: skip)")->check(CLI::Range(0, 1 << 20));
   app.add_option("--bandwidth-gbs", d.bandwidth_gbs, "measured device memory bandwidth (0: the device spec's)");
+  app.add_option("--replay", d.replay, "decode: graph replay of the generator's plans (off, on, auto)");
   if (auto status = ag::apps::parse_flags(app, argc, argv)) return *status;
   if (mode == "sim") return run_sim(time_scale, sequences, sim_tokens);
   if (d.model.empty()) {
