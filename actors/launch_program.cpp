@@ -239,7 +239,7 @@ void mark_replay_segments(const plan& pl, launch_program& prog) {
   if (pl.options().graph_replay == graph_replay_mode::off) return;
   for (const replay_segment& seg : replay_segments(pl)) {
     if (seg.kernels < 2 || seg.steps.empty()) continue;
-    if (pl.devices().at(static_cast<std::size_t>(seg.device)).kind == device_kind::cpu) continue;
+    if (!replays_on(pl.options().graph_replay, pl.devices().at(static_cast<std::size_t>(seg.device)).kind)) continue;
     auto& first = prog.steps_[static_cast<std::size_t>(seg.steps.front())];
     bool consecutive = true;
     int records = 0;

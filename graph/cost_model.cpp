@@ -120,6 +120,11 @@ double estimate_seconds(const device_spec& d, op_cost c, dtype type) {
   return d.launch_latency + std::max(compute, memory);
 }
 
+double estimate_replayed_seconds(const device_spec& d, double plain_seconds) {
+  if (!(plain_seconds > 0)) return 0.0;
+  return plain_seconds - std::min(plain_seconds, d.launch_latency) + d.kernel_latency;
+}
+
 double estimate_seconds(const device_spec& d, const graph& g, const node& n) {
   if (is_leaf_op(n.op) || is_view_op(n.op)) return 0.0;
   // The rate follows the node's own dtype, so the sim backend (which may only

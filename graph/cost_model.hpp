@@ -75,6 +75,10 @@ op_cost cost_of(const graph& g, const node& n);
 /// launch_latency + max(flops / rate(dtype), bytes / mem_bandwidth); 0 for views/leaves.
 double estimate_seconds(const device_spec& d, const graph& g, const node& n);
 double estimate_seconds(const device_spec& d, op_cost c, dtype type);
+/// The same kernel replayed inside a captured graph (not its first): its
+/// launch latency replaced by d.kernel_latency, device time on its own
+/// stream. `plain_seconds` is estimate_seconds' figure (0 stays 0).
+double estimate_replayed_seconds(const device_spec& d, double plain_seconds);
 /// Peer copy: latency + bytes / min(link bandwidths).
 double estimate_peer_copy_seconds(const device_spec& src, const device_spec& dst, int64_t bytes);
 /// Host <-> device copy: host_latency + bytes / host_bandwidth.

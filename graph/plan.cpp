@@ -135,7 +135,7 @@ std::string plan::describe() const {
         if (seg.device == d) ++nseg, kernels += seg.kernels;
       os << "  graph replay " << to_string(options_.graph_replay) << ": " << nseg << " segment(s), " << kernels
          << " kernels";
-      if (spec.kind == device_kind::cpu) os << "; not applied on cpu (plain calls)";
+      if (!replays_on(options_.graph_replay, spec.kind)) os << "; not applied on cpu (plain calls)";
       else
         os << "; saves " << fmt_us(replay_launch_seconds_saved(*this, segments, d))
            << " of launches per job (model); each segment of 2+ kernels runs plainly on its first job, then is captured"

@@ -315,17 +315,16 @@ void assign_lanes(builder_state& s) {
     // sim, cuda) a kernel has no launch of its own: it costs kernel_latency
     // instead, device time that lanes overlap, and each lane's segment pays
     // one graph launch.
-    const bool replayed = s.opt.graph_replay != graph_replay_mode::off && spec.kind != device_kind::cpu;
+    const bool replayed = replays_on(s.opt.graph_replay, spec.kind);
     std::map<int, std::map<std::size_t, double>> groups, launch_part, latency_part;
     for (std::size_t a = 0; a < m; ++a) {
       if (seq[a] || joined[a]) continue;
       double t = estimate_seconds(spec, g, g.at(nodes[a]));
-      const double launch = std::min(t, spec.launch_latency);
       if (replayed && t > 0) {
-        t = t - launch + spec.kernel_latency;
+        t = estimate_replayed_seconds(spec, t);
         latency_part[interval[a]][find(a)] += spec.kernel_latency;
       } else {
-        launch_part[interval[a]][find(a)] += launch;
+        launch_part[interval[a]][find(a)] += std::min(t, spec.launch_latency);
       }
       groups[interval[a]][find(a)] += t;
     }

@@ -17,6 +17,10 @@ const char* to_string(graph_replay_mode m) noexcept {
   return "?";
 }
 
+bool replays_on(graph_replay_mode m, device_kind kind) noexcept {
+  return m != graph_replay_mode::off && kind != device_kind::cpu;
+}
+
 bool parse_graph_replay_mode(const std::string& text, graph_replay_mode& out) noexcept {
   if (text == "off") out = graph_replay_mode::off;
   else if (text == "on") out = graph_replay_mode::on;

@@ -25,6 +25,8 @@
 #include <string>
 #include <vector>
 
+#include "graph/cost_model.hpp"
+
 namespace ag {
 
 class plan;
@@ -36,6 +38,11 @@ enum class graph_replay_mode : uint8_t {
   on = 1,         ///< every segment of two or more kernels is replayed
   automatic = 2,  ///< replay where the backend supports it (cuda, sim); cpu: off
 };
+
+/// Whether a device of `kind` runs the plan's segments as graphs under mode
+/// `m`: on and auto replay on every backend that captures (sim, cuda); cpu
+/// devices always launch plainly.
+bool replays_on(graph_replay_mode m, device_kind kind) noexcept;
 
 /// "off", "on", "auto".
 const char* to_string(graph_replay_mode m) noexcept;

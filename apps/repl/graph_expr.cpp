@@ -305,11 +305,10 @@ class builder {
     return to_int(e.args[i], std::string("'") + e.text + "': " + what, d, lo, hi, v);
   }
   bool kw_int(const expr& e, const std::string& key, int64_t lo, int64_t hi, int64_t& v) {
-    double d = static_cast<double>(v);
     for (const auto& [k, val] : e.kwargs)
       if (k == key) {
-        if (!kw_num(e, key, d)) return false;
-        return to_int(val, "'" + key + "'", d, lo, hi, v);
+        if (val.k != expr::kind::number) return bad(val, "'" + key + "' must be a number");
+        return to_int(val, "'" + key + "'", val.number, lo, hi, v);
       }
     return true;
   }

@@ -154,7 +154,7 @@ error sim_device::admit_op(host::host_stream& s, const op_launch& l, host::work_
   // only its stream (spec.kernel_latency; host_device::occupy).
   double latency = 0;
   if (l.launch_paid_by_replay && cost > 0) {
-    cost = std::max(0.0, cost - spec().launch_latency) + spec().kernel_latency;
+    cost = estimate_replayed_seconds(spec(), cost);
     latency = std::min(cost, spec().kernel_latency);
   }
   std::lock_guard<std::mutex> lk(mutex_);
