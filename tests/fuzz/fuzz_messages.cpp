@@ -9,6 +9,7 @@
 #include <caf/binary_deserializer.hpp>
 #include <caf/binary_serializer.hpp>
 
+#include <cmath>
 #include <memory>
 #include <vector>
 
@@ -42,11 +43,31 @@ buffer save(T& x) {
   return out;
 }
 
+/// CAF 0.17.6's serialiser never returns on an infinite float or double:
+/// detail::pack754 halves the value until it drops below 2, and infinity
+/// never does. A type-erased message of CAF's built-in `double` can carry
+/// one (unpack754 makes it from the exponent bits), so its round trip is not
+/// ours to check. None of the runtime's own messages carries a floating field
+/// (messages/messages.hpp), and in-process messages are never serialised.
+bool caf_cannot_serialise(const caf::message& m) {
+  for (std::size_t i = 0; i < m.size(); ++i) {
+    if (m.match_element<double>(i) && !std::isfinite(m.get_as<double>(i))) return true;
+    if (m.match_element<float>(i) && !std::isfinite(m.get_as<float>(i))) return true;
+  }
+  return false;
+}
+
+template <class T>
+bool caf_cannot_serialise(const T&) {
+  return false;
+}
+
 template <class T>
 void round_trip(const char* bytes, std::size_t size) {
   T x;
   caf::binary_deserializer src{system(), bytes, size};
   if (src(x)) return;  // refused: an error value, which is fine
+  if (caf_cannot_serialise(x)) return;
   const buffer once = save(x);
   T y;
   caf::binary_deserializer again{system(), once.data(), once.size()};
