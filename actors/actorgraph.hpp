@@ -130,6 +130,14 @@ struct submit_options {
   /// device finishes, memory is released, as for cancel()). A job that
   /// finished first keeps its result. Zero or negative: no deadline.
   std::chrono::nanoseconds deadline{0};
+  /// For a plan with state (store_rows nodes, e.g. a KV cache): the state
+  /// slot (0 .. plan_options::state_slots - 1) the job reads and stores into.
+  /// It sees what the previous job of the slot stored (zeros in a fresh
+  /// slot); jobs of one slot must not overlap: while one runs, a submit
+  /// naming its slot fails at once (errc::invalid_argument), and the slot is
+  /// free again by the time the job's handle is ready, so a continuation may
+  /// submit the next. -1 (none) for a plan without state; required with it.
+  int state_slot = -1;
 };
 
 /// When a job passed its milestones (host_clock_ns; 0 = not yet).

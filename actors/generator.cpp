@@ -166,11 +166,6 @@ namespace {
 // and it fits f16 and bf16.
 constexpr float masked_score = -30000.0f;
 
-// One cache slot: per block, keys and values [1, Hkv, C, dh].
-struct cache_slot {
-  std::vector<host_tensor> k, v;
-};
-
 struct step_plan {
   std::shared_ptr<const plan> p;
   int64_t new_tokens = 1;  // T
@@ -185,10 +180,9 @@ struct generator::impl : std::enable_shared_from_this<generator::impl> {
   models::transformer_config cfg;
   generator_options opt;
   step_plan decode, prefill;  // prefill.p null: the prompt goes through decode
-  int64_t slot_bytes = 0;
+  int64_t cache_bytes = 0;  // device memory of every slot's cache, all devices
 
   mutable std::mutex m;
-  std::vector<cache_slot> slots;
   // Which sequence (by ticket) holds which slot, and who waits, FIFO
   // (graph/state_pool.hpp); the waiting sequences by ticket. Guarded by m.
   state_slots slot_table{0};
@@ -216,45 +210,33 @@ struct sequence : std::enable_shared_from_this<sequence> {
   int32_t next_token = 0;     // the token the next decode job feeds
   generation_result out;
 
-  cache_slot& cache() { return gen->slots[static_cast<std::size_t>(slot)]; }
-
-  // Inputs of a job over `toks` at positions cached.. (padded to plan.new_tokens).
-  std::vector<host_tensor> inputs(const step_plan& sp, const std::vector<int32_t>& toks) {
+  // Inputs of a job over `toks` at positions cached.. (padded to
+  // plan.new_tokens). The keys and values of token i go to cache row
+  // cached + i; padding stores nothing (cache position -1) and reads a
+  // valid position. Query i sees cache rows 0 .. cached + i (padding: 0 ..
+  // cached), all written by then: by earlier jobs of the slot or this one.
+  std::vector<host_tensor> inputs(const step_plan& sp, const std::vector<int32_t>& toks) const {
     const models::transformer_config& c = gen->cfg;
     const int64_t T = sp.new_tokens, C = c.kv_cache_capacity, n = static_cast<int64_t>(toks.size());
-    std::vector<int32_t> tk(static_cast<std::size_t>(T), 0), pos(static_cast<std::size_t>(T));
+    std::vector<int32_t> tk(static_cast<std::size_t>(T), 0), pos(static_cast<std::size_t>(T)),
+        store(static_cast<std::size_t>(T));
     for (int64_t i = 0; i < T; ++i) {
       if (i < n) tk[static_cast<std::size_t>(i)] = toks[static_cast<std::size_t>(i)];
-      pos[static_cast<std::size_t>(i)] = static_cast<int32_t>(i < n ? cached + i : cached);  // padding: a valid row
+      pos[static_cast<std::size_t>(i)] = static_cast<int32_t>(i < n ? cached + i : cached);
+      store[static_cast<std::size_t>(i)] = static_cast<int32_t>(i < n ? cached + i : -1);
     }
-    host_tensor mask = host_tensor::uninitialized(c.dtype, {T, C + T});
-    for (int64_t i = 0; i < T; ++i)
-      for (int64_t j = 0; j < C + T; ++j) {
-        const bool visible = j < C ? j < cached : j - C <= i;
-        mask.set(i * (C + T) + j, visible ? 0.0f : masked_score);
-      }
+    host_tensor mask = host_tensor::uninitialized(c.dtype, {T, C});
+    for (int64_t i = 0; i < T; ++i) {
+      const int64_t last = cached + std::min(i, n - 1);
+      for (int64_t j = 0; j < C; ++j) mask.set(i * C + j, j <= last ? 0.0f : masked_score);
+    }
     std::vector<host_tensor> in;
-    in.reserve(3 + 2 * static_cast<std::size_t>(c.n_layers));
+    in.reserve(4);
     in.push_back(host_tensor::from_ints({1, T}, tk));
     in.push_back(host_tensor::from_ints({T}, pos));
+    in.push_back(host_tensor::from_ints({T}, store));
     in.push_back(std::move(mask));
-    cache_slot& cs = cache();
-    for (int k = 0; k < c.n_layers; ++k) {
-      in.push_back(cs.k[static_cast<std::size_t>(k)]);
-      in.push_back(cs.v[static_cast<std::size_t>(k)]);
-    }
     return in;
-  }
-
-  // Copies rows [0, n) of new [1,Hkv,T,dh] into rows [cached, cached+n) of cache [1,Hkv,C,dh].
-  void append(host_tensor& cache_t, const host_tensor& fresh, int64_t n) {
-    const models::transformer_config& c = gen->cfg;
-    const int64_t Hkv = c.kv_heads(), dh = c.head_dim(), C = c.kv_cache_capacity;
-    const int64_t T = fresh.dims()[2];
-    const std::size_t es = dtype_size(c.dtype), row = static_cast<std::size_t>(dh) * es;
-    for (int64_t h = 0; h < Hkv; ++h)
-      std::memcpy(cache_t.data() + static_cast<std::size_t>((h * C + cached) * dh) * es,
-                  fresh.data() + static_cast<std::size_t>(h * T * dh) * es, row * static_cast<std::size_t>(n));
   }
 
   void submit_next() {
@@ -272,19 +254,16 @@ struct sequence : std::enable_shared_from_this<sequence> {
       toks.push_back(next_token);
     }
     const int64_t n = static_cast<int64_t>(toks.size());
-    job j = gen->rt->submit(sp.p, inputs(sp, toks));
+    submit_options so;
+    so.state_slot = slot;  // the sequence's KV cache on the devices
+    job j = gen->rt->submit(sp.p, inputs(sp, toks), so);
     j.then([self = shared_from_this(), n](const job_result& r) { self->on_step(r, n); });
   }
 
   void on_step(const job_result& r, int64_t n) {
     if (!r) return fail(r.err());
     const std::vector<host_tensor>& outs = *r;
-    cache_slot& cs = cache();
-    for (int k = 0; k < gen->cfg.n_layers; ++k) {
-      append(cs.k[static_cast<std::size_t>(k)], outs[1 + 2 * static_cast<std::size_t>(k)], n);
-      append(cs.v[static_cast<std::size_t>(k)], outs[2 + 2 * static_cast<std::size_t>(k)], n);
-    }
-    cached += n;
+    cached += n;  // the job stored its rows in the slot's cache
     if (prompt_fed < prompt.size()) return submit_next();
     // Sample from the last real row of logits [1, T, V].
     const int64_t V = gen->cfg.vocab;
@@ -383,9 +362,7 @@ void generator::impl::cancel_waiting(uint64_t ticket) {
 generator::generator(std::shared_ptr<impl> p) : impl_(std::move(p)) {}
 generator::~generator() = default;
 
-int64_t generator::cache_bytes() const noexcept {
-  return impl_->slot_bytes * static_cast<int64_t>(impl_->slots.size());
-}
+int64_t generator::cache_bytes() const noexcept { return impl_->cache_bytes; }
 
 int generator::active_sequences() const {
   std::lock_guard lk(impl_->m);
@@ -416,33 +393,30 @@ expected<std::shared_ptr<generator>> generator::create(runtime& rt, models::tran
   auto impl = std::make_shared<generator::impl>();
   impl->rt = &rt;
   impl->opt = options;
-  auto make_plan = [&](int64_t new_tokens, step_plan& out) -> error {
+  // Both plans keep the caches on the devices: the decode plan owns
+  // max_sequences state slots, the prefill plan stores into the same ones.
+  auto make_plan = [&](int64_t new_tokens, step_plan& out, std::shared_ptr<const plan> share) -> error {
     models::transformer_config c = cfg;
     c.seq_len = new_tokens;
     expected<graph> g = models::build_transformer(c, weights);
     if (!g) return g.err();
-    expected<std::shared_ptr<const plan>> p = rt.compile(std::move(*g), options.plan);
+    plan_options po = options.plan;
+    po.state_slots = options.max_sequences;
+    po.share_state_with = std::move(share);
+    expected<std::shared_ptr<const plan>> p = rt.compile(std::move(*g), po);
     if (!p) return p.err();
     out.p = std::move(*p);
     out.new_tokens = new_tokens;
     return {};
   };
-  if (error e = make_plan(1, impl->decode)) return e;
+  if (options.max_sequences > 65536)
+    return bad("max_sequences must be at most 65536 (state slots), got " + std::to_string(options.max_sequences));
+  if (error e = make_plan(1, impl->decode, nullptr)) return e;
   if (options.prefill_chunk > 1)
-    if (error e = make_plan(options.prefill_chunk, impl->prefill)) return e;
+    if (error e = make_plan(options.prefill_chunk, impl->prefill, impl->decode.p)) return e;
   cfg.seq_len = 1;
   impl->cfg = cfg;
-  const shape cache_dims{1, cfg.kv_heads(), cfg.kv_cache_capacity, cfg.head_dim()};
-  impl->slots.resize(static_cast<std::size_t>(options.max_sequences));
-  for (cache_slot& s : impl->slots)
-    for (int k = 0; k < cfg.n_layers; ++k) {
-      for (std::vector<host_tensor>* kv : {&s.k, &s.v}) {
-        host_tensor t = host_tensor::uninitialized(cfg.dtype, cache_dims);
-        std::memset(t.data(), 0, t.bytes());  // masked rows are read: keep them finite
-        kv->push_back(std::move(t));
-      }
-    }
-  impl->slot_bytes = 2 * cfg.n_layers * cache_dims.numel() * static_cast<int64_t>(dtype_size(cfg.dtype));
+  for (const device_memory& m : impl->decode.p->memory()) impl->cache_bytes += m.state_bytes * options.max_sequences;
   impl->slot_table = state_slots(options.max_sequences);
   return std::make_shared<generator>(std::move(impl));
 }

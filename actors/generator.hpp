@@ -14,21 +14,24 @@
 /// (models::build_transformer in cache mode, see graph/models/transformer.hpp):
 /// a decode plan (1 new token) and, when prefill_chunk > 1, a prefill plan
 /// (prefill_chunk new tokens). A sequence is a chain of jobs: the prompt in
-/// chunks, then one decode job per token. Each job reads the sequence's cache
-/// (job inputs, one pair per block, so a pipeline ships each block's cache
-/// to that block's stage) and returns the new keys and values, which its
-/// completion appends to the cache before it submits the next job of the
-/// sequence: the cache orders the jobs of one sequence; jobs of different
-/// sequences are independent, so a pipeline interleaves them.
+/// chunks, then one decode job per token.
+///
+/// The KV cache lives on the devices, as state of the plans: each block's
+/// keys and values (store_rows nodes) stay on the device that runs the
+/// block (its pipeline stage; its kv-head shard under tensor parallelism),
+/// one copy per state slot, and the prefill plan shares the decode plan's
+/// (plan_options::share_state_with). A job names its sequence's slot
+/// (submit_options::state_slot), stores its tokens' keys and values there
+/// and attends over the slot in place; only tokens, positions and a mask go
+/// up and the logits come down. The completion of a sequence's job submits
+/// its next one (the slot orders them); jobs of different sequences are
+/// independent, so a pipeline interleaves them.
 ///
 /// Cache memory is planned at `create`: max_sequences slots of
-/// cache_tokens positions each (cache_bytes()). A sequence holds a slot from
-/// its first job to its end; when all are taken a new sequence waits for one
-/// (queue_when_full) or fails at once with errc::out_of_memory saying so.
-///
-/// Today the cache lives in host memory and travels with each job (h2d of
-/// the whole cache, d2h of the new rows); keeping it resident on the devices
-/// as per-sequence state of the plan is the next step (issue 12).
+/// cache_tokens positions each (cache_bytes(), device memory). A sequence
+/// holds a slot from its first job to its end; when all are taken a new
+/// sequence waits for one (queue_when_full) or fails at once with
+/// errc::out_of_memory saying so.
 ///
 /// Threads: create() on the caller's thread (it compiles and uploads);
 /// generate(), cancel() and the handle's calls from any thread; on_token and
@@ -112,12 +115,13 @@ struct generator_options {
   /// Positions per sequence (prompt + generated tokens); a sequence that
   /// reaches it stops with stop_reason::cache_full.
   int64_t cache_tokens = 256;
-  int max_sequences = 8;        ///< cache slots: sequences holding a cache at once
+  int max_sequences = 8;        ///< cache slots: sequences holding a cache at once (1..65536)
   bool queue_when_full = true;  ///< false: generate() fails at once when no slot is free
   /// New tokens per prefill job (a plan of its own); 0 or 1: the prompt
   /// goes through the decode plan one token per job.
   int64_t prefill_chunk = 0;
-  plan_options plan;            ///< layout of both plans (stages, devices)
+  plan_options plan;            ///< layout of both plans (stages, devices); state_slots and
+                                ///< share_state_with are set by the generator
 };
 
 class generator {
@@ -138,7 +142,7 @@ class generator {
   /// (queue_when_full off) give a handle that is already failed.
   generation generate(std::vector<int32_t> prompt, generate_options options = {});
 
-  /// Bytes of host memory planned for the caches (all slots).
+  /// Bytes of device memory the caches take (all slots, all devices).
   int64_t cache_bytes() const noexcept;
   /// Sequences holding a slot now, and sequences waiting for one.
   int active_sequences() const;

@@ -45,6 +45,7 @@ void finish(job_actor_t* self, job_result r, job_state final_state) {
   auto& st = self->state;
   st.ph = phase::finished;
   release_arenas(self);
+  st.ctx->release_state_slot();  // before the handle: a continuation may submit the slot's next job
   st.core->jobs().remove(st.ctx->id());
   auto ss = std::move(st.ss);
   auto* core = st.core;
@@ -198,7 +199,7 @@ void acquire_next(job_actor_t* self) {
 
 caf::behavior job_actor_fn(job_actor_t* self, runtime_core* core, std::shared_ptr<job::shared_state> ss,
                            std::shared_ptr<const loaded_plan> lp, std::shared_ptr<const plan> user_plan,
-                           std::vector<host_tensor> inputs) {
+                           std::vector<host_tensor> inputs, int state_slot) {
   auto& st = self->state;
   st.core = core;
   st.ss = std::move(ss);
@@ -208,6 +209,8 @@ caf::behavior job_actor_fn(job_actor_t* self, runtime_core* core, std::shared_pt
   ctx.user_plan = std::move(user_plan);
   ctx.arenas.assign(core->devices().size(), -1);
   ctx.inputs = std::move(inputs);
+  ctx.state_slot = state_slot;
+  ctx.holds_state_slot.store(state_slot >= 0);  // runtime_core::submit claimed it
   ctx.job_actor = caf::actor_cast<caf::actor>(self);
   ctx.timing = core->options().trace;
   ctx.core = core;
@@ -301,6 +304,7 @@ void complete_from_backend(const job_context& ctx) noexcept {
     if (ctx.timing) collect_trace(ctx);
     gather_outputs(ctx);
     auto* core = ctx.core;
+    ctx.release_state_slot();  // every step of the job is done
     ctx.handle->fulfil(std::move(ctx.outputs), job_state::done, [core] { core->job_ready(); });
     ctx.fulfilled_early.store(true, std::memory_order_release);
   } catch (...) {
@@ -326,13 +330,15 @@ error dead_device_error(const job_context& ctx) {
 
 caf::actor spawn_job_actor(caf::actor_system& sys, runtime_core* core, std::shared_ptr<job::shared_state> ss,
                            std::shared_ptr<const loaded_plan> lp, std::shared_ptr<const plan> user_plan,
-                           std::vector<host_tensor> inputs) {
+                           std::vector<host_tensor> inputs, int state_slot) {
   // lazy_init: the actor starts on its first message (the first arena_reply,
   // or cancel), which saves the scheduler a run of its own per job. A plan
   // without devices gets no arena_reply: that job actor starts at once.
   if (lp->program->used_devices().empty())
-    return sys.spawn(job_actor_fn, core, std::move(ss), std::move(lp), std::move(user_plan), std::move(inputs));
-  return sys.spawn<caf::lazy_init>(job_actor_fn, core, std::move(ss), std::move(lp), std::move(user_plan), std::move(inputs));
+    return sys.spawn(job_actor_fn, core, std::move(ss), std::move(lp), std::move(user_plan), std::move(inputs),
+                     state_slot);
+  return sys.spawn<caf::lazy_init>(job_actor_fn, core, std::move(ss), std::move(lp), std::move(user_plan),
+                                   std::move(inputs), state_slot);
 }
 
 const char* to_string(replay_outcome o) noexcept {

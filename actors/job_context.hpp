@@ -85,10 +85,29 @@ struct job_context final : msg::job_ref, std::enable_shared_from_this<job_contex
   mutable std::atomic<int> completions_left{0};   ///< set before run_job is sent
   mutable std::atomic<bool> fulfilled_early{false};
 
+  /// The plan's state slot this job reads and stores (submit_options::
+  /// state_slot); -1: none. Claimed by runtime_core::submit, released once
+  /// (release_state_slot) when the job's work is over.
+  int state_slot = -1;
+  mutable std::atomic<bool> holds_state_slot{false};
+
+  /// Frees the job's state slot for the plan's next job of that slot; the
+  /// first call does it, later ones nothing. Called before the handle is
+  /// fulfilled (the job's kernels are done or drained by then) and by the
+  /// destructor as a last resort.
+  void release_state_slot() const noexcept {
+    if (holds_state_slot.exchange(false, std::memory_order_acq_rel))
+      lp->state_busy[static_cast<std::size_t>(state_slot)].store(false, std::memory_order_release);
+  }
+  ~job_context() { release_state_slot(); }
+
   /// Base of `where` on `device` for this job (the device must be used by the
   /// plan; for the arena, the job must hold one there).
+  /// For the state region, the job's slot there (nullptr without one).
   std::byte* base(region where, int device) const noexcept {
     const auto& m = *lp->memory[static_cast<std::size_t>(device)];
+    if (where == region::state)
+      return state_slot < 0 || !m.states ? nullptr : static_cast<std::byte*>(m.states) + state_slot * m.state_bytes;
     return static_cast<std::byte*>(where == region::weights
                                        ? m.weights
                                        : m.arenas[static_cast<std::size_t>(arenas[static_cast<std::size_t>(device)])]);

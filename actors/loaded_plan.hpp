@@ -42,6 +42,20 @@ struct loaded_plan {
   /// collectives of this plan's jobs in (number, queue position) order. The
   /// only mutable member: an atomic counter, drawn by job actors.
   mutable std::atomic<uint64_t> next_collective_seq{0};
+  /// State slots (plan_options::state_slots) when the plan has store_rows
+  /// nodes, else 0. A job names one at submit and holds it until it ends:
+  /// jobs of one slot never overlap, since each reads what the previous one
+  /// stored. Busy flags by slot, claimed by runtime_core::submit, released
+  /// once by release_state_slot (job_context.hpp) before the job's handle is
+  /// fulfilled, so a continuation may submit the slot's next job.
+  int state_slots = 0;
+  std::shared_ptr<std::atomic<bool>[]> state_busy;  ///< shared with plan_options::share_state_with's plan
+
+  /// True when `slot` was free and is now held by the caller.
+  bool claim_state_slot(int slot) const noexcept {
+    bool expected = false;
+    return state_busy[static_cast<std::size_t>(slot)].compare_exchange_strong(expected, true, std::memory_order_acq_rel);
+  }
 
   const plan& source() const noexcept { return program->source(); }
 };

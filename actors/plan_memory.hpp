@@ -29,6 +29,14 @@ class plan_memory final : public msg::plan_memory_ref {
   gpu::device_ptr dev;
   void* weights = nullptr;
   int64_t weight_bytes = 0;
+  /// State region (store_rows nodes): state_slots slots of state_bytes each,
+  /// zeroed at load; slot s at states + s * state_bytes. Written only by the
+  /// kernels of the job that holds the slot (loaded_plan::claim_state_slot).
+  void* states = nullptr;
+  int64_t state_bytes = 0;
+  /// plan_options::share_state_with: the plan memory that owns `states`
+  /// (kept alive by this one; this one then frees no state).
+  std::shared_ptr<plan_memory> state_owner;
   int64_t arena_bytes = 0;
   /// Arena bases by handle. Fixed size (runtime_options::arenas_per_device);
   /// entry 0 is allocated by compile(), entry i > 0 is written only by the

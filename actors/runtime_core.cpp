@@ -77,6 +77,22 @@ error upload_in_chunks(gpu::device& dev, std::byte* dst, const weight_source& w,
   return {};
 }
 
+/// Zeroes `bytes` of device memory at `dst` through one zeroed host buffer
+/// of at most `chunk_bytes` (a fresh state slot reads as zeros: a KV cache's
+/// unwritten rows must hold no NaN for the attention mask to hide).
+error zero_device_memory(gpu::device& dev, std::byte* dst, int64_t bytes, int64_t chunk_bytes) {
+  const int64_t chunk = std::max<int64_t>(1, std::min(bytes, chunk_bytes));
+  std::vector<std::byte> zeros;
+  try {
+    zeros.assign(static_cast<std::size_t>(chunk), std::byte{0});
+  } catch (const std::bad_alloc&) {
+    return error{errc::out_of_memory, "no host memory for a zero buffer of " + std::to_string(chunk) + " bytes"};
+  }
+  for (int64_t off = 0; off < bytes; off += chunk)
+    if (error e = dev.upload(dst + off, zeros.data(), std::min(chunk, bytes - off))) return e;
+  return {};
+}
+
 }  // namespace
 
 runtime_core::runtime_core(caf::actor_system& sys, std::vector<gpu::device_ptr> devices, runtime_options opts)
@@ -197,6 +213,15 @@ expected<std::shared_ptr<const plan>> runtime_core::compile(std::shared_ptr<cons
             devices_[static_cast<std::size_t>(ls.device)]->host_memory();
     }
 
+  // plan_options::share_state_with: that plan's loaded state (same runtime).
+  std::shared_ptr<const loaded_plan> shared_state;
+  if (const auto& other = p->options().share_state_with) {
+    const plan_deleter* od = std::get_deleter<plan_deleter>(other);
+    if (!od || od->live != live_)
+      return error{errc::invalid_argument,
+                   "compile: plan_options::share_state_with names a plan this runtime did not compile"};
+    shared_state = od->lp;
+  }
   // Device memory: weights uploaded now, the first arena allocated now (so a
   // plan that does not fit fails here), the others when jobs need them.
   lp->memory.resize(ndev);
@@ -237,6 +262,30 @@ expected<std::shared_ptr<const plan>> runtime_core::compile(std::shared_ptr<cons
         }
       }
     }
+    if (mem.state_bytes > 0 && shared_state) {
+      // Another plan's state region (the planner laid this plan's state out at its offsets).
+      const auto& owner = shared_state->memory[static_cast<std::size_t>(d)];
+      if (!owner || !owner->states || owner->state_bytes != mem.state_bytes)
+        return error{errc::internal, dname + ": the plan named by share_state_with keeps no matching state here", d};
+      m->states = owner->states;
+      m->state_bytes = owner->state_bytes;
+      m->state_owner = owner;
+      lp->state_slots = shared_state->state_slots;
+    } else if (mem.state_bytes > 0) {
+      // The plan's state: state_slots slots, zeroed (planner checked the product fits).
+      const int64_t bytes = mem.state_bytes * p->options().state_slots;
+      auto s = dev->allocate(bytes);
+      if (!s)
+        return error{s.err().code,
+                     dname + ": state of " + std::to_string(p->options().state_slots) + " slot(s) x " +
+                         std::to_string(mem.state_bytes) + " bytes: " + s.err().message,
+                     d};
+      m->states = *s;
+      m->state_bytes = mem.state_bytes;
+      if (error e = zero_device_memory(*dev, static_cast<std::byte*>(m->states), bytes, opts_.upload_chunk_bytes))
+        return error{e.code, dname + ": zeroing its state: " + e.message, d};
+      lp->state_slots = p->options().state_slots;
+    }
     auto a = dev->allocate(mem.arena_bytes > 0 ? mem.arena_bytes : 1);
     if (!a)
       return error{a.err().code,
@@ -245,6 +294,12 @@ expected<std::shared_ptr<const plan>> runtime_core::compile(std::shared_ptr<cons
                    d};
     m->arenas[0] = *a;
     lp->memory[static_cast<std::size_t>(d)] = std::move(m);
+  }
+  if (lp->state_slots > 0 && shared_state) {
+    lp->state_busy = shared_state->state_busy;  // one slot, one job at a time, across both plans
+  } else if (lp->state_slots > 0) {
+    lp->state_busy = std::shared_ptr<std::atomic<bool>[]>(new std::atomic<bool>[static_cast<std::size_t>(lp->state_slots)]);
+    for (int s = 0; s < lp->state_slots; ++s) lp->state_busy[static_cast<std::size_t>(s)].store(false);
   }
   // Collective groups: a communicator per group is made now (NCCL on CUDA),
   // so a group that cannot run fails the load, not the first job.
@@ -263,6 +318,29 @@ expected<std::shared_ptr<const plan>> runtime_core::compile(std::shared_ptr<cons
                    msg::register_plan{lp->memory[static_cast<std::size_t>(d)]});
   return std::shared_ptr<const plan>(p.get(), plan_deleter{std::move(lp), live_});
 }
+
+namespace {
+
+/// Claims `slot` of a plan with state for a new job, or says why not.
+error check_state_slot(const loaded_plan& lp, int slot) {
+  if (lp.state_slots == 0) {
+    if (slot < 0) return {};
+    return error{errc::invalid_argument, "submit: state_slot " + std::to_string(slot) +
+                                             " names a state slot, but the plan keeps no state (no store_rows node)"};
+  }
+  if (slot < 0 || slot >= lp.state_slots)
+    return error{errc::invalid_argument,
+                 "submit: the plan keeps state in " + std::to_string(lp.state_slots) +
+                     " slot(s) (store_rows nodes): submit_options::state_slot must be 0.." +
+                     std::to_string(lp.state_slots - 1) + ", got " + std::to_string(slot)};
+  if (!lp.claim_state_slot(slot))
+    return error{errc::invalid_argument, "submit: state slot " + std::to_string(slot) +
+                                             " is held by another job of this plan still running (jobs of one slot "
+                                             "must not overlap: submit the next when the previous is ready)"};
+  return {};
+}
+
+}  // namespace
 
 job runtime_core::submit(const std::shared_ptr<const plan>& p, std::vector<host_tensor> inputs,
                          const submit_options& options) {
@@ -292,9 +370,14 @@ job runtime_core::submit(const std::shared_ptr<const plan>& p, std::vector<host_
     ss->fulfil(std::move(e), job_state::failed);
     return j;
   }
-  in_flight_.fetch_add(1);
   const auto& lp = d->lp;
-  caf::actor ja = spawn_job_actor(sys_, this, ss, lp, p, std::move(inputs));
+  if (auto e = check_state_slot(*lp, options.state_slot)) {
+    job_gone();
+    ss->fulfil(std::move(e), job_state::failed);
+    return j;
+  }
+  in_flight_.fetch_add(1);
+  caf::actor ja = spawn_job_actor(sys_, this, ss, lp, p, std::move(inputs), options.state_slot);
   {
     // The job actor starts lazily (on its first message): cancel() must be
     // able to reach it before then. Nobody else holds the handle yet.

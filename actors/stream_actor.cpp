@@ -65,17 +65,21 @@ struct replay_entry {
   /// and workspace) exist, so a capture allocates nothing outside the graph.
   bool seen = false;
   bool refused = false;  ///< the device refused a capture: plain launches from now on
+  /// Some op of the segment reads or writes the state region: its graphs are
+  /// per state slot too (else the slot is not part of the key).
+  bool uses_state = false;
   struct captured {
     const std::byte* arena = nullptr;    ///< the job's arena base on this device
     const std::byte* weights = nullptr;  ///< the plan's weights base on this device
+    const std::byte* state = nullptr;    ///< the job's state slot on this device (nullptr: none)
     std::unique_ptr<gpu::replay_graph> graph;
   };
   std::vector<captured> graphs;
 };
 /// Graphs kept per segment: one per arena of the plan on this device
-/// (runtime_options::arenas_per_device, 8 by default); a job whose buffers
-/// find no graph once the limit is reached runs plainly.
-constexpr std::size_t max_graphs_per_segment = 16;
+/// (runtime_options::arenas_per_device, 8 by default) and state slot; a job
+/// whose buffers find no graph once the limit is reached runs plainly.
+constexpr std::size_t max_graphs_per_segment = 64;
 /// A launched step under the stall watch (stall_watch, stream_actor.hpp).
 struct watched_step {
   std::shared_ptr<const loaded_plan> lp;  // its program: label and estimate for the report
@@ -178,14 +182,17 @@ error step_error(const exec_state& st, int lane, const lowered_step& ls, const s
 /// remote deps' end events, its work, its end event; a host notification
 /// for completion steps; and queues the ready messages for its consumers.
 /// Returns the job's error when the device refuses any of it.
-/// Region bases of a job on this actor's device, by region (arena, weights).
+/// Region bases of a job on this actor's device, by region (arena,
+/// weights, the job's state slot).
 struct region_bases {
-  std::byte* base[2] = {nullptr, nullptr};
+  std::byte* base[3] = {nullptr, nullptr, nullptr};
   region_bases(const exec_state& st, const job_context& ctx) {
-    static_assert(static_cast<int>(region::arena) == 0 && static_cast<int>(region::weights) == 1);
+    static_assert(static_cast<int>(region::arena) == 0 && static_cast<int>(region::weights) == 1 &&
+                  static_cast<int>(region::state) == 2);
     const bool has_arena = ctx.arenas[static_cast<std::size_t>(st.device)] >= 0;
     base[0] = has_arena ? ctx.base(region::arena, st.device) : nullptr;
     base[1] = ctx.base(region::weights, st.device);
+    base[2] = ctx.base(region::state, st.device);
   }
   void* at(const operand& a) const { return base[static_cast<int>(a.where)] + a.byte_offset; }
   /// Writes the job's buffers into the launch records of compute step `ls`.
@@ -334,7 +341,7 @@ gpu::replay_graph* graph_for(exec_state& st, replay_entry& entry, const region_b
     return nullptr;
   }
   for (auto& c : entry.graphs)
-    if (c.arena == b.base[0] && c.weights == b.base[1]) {
+    if (c.arena == b.base[0] && c.weights == b.base[1] && c.state == (entry.uses_state ? b.base[2] : nullptr)) {
       outcome = replay_outcome::replayed;
       return c.graph.get();
     }
@@ -350,7 +357,7 @@ gpu::replay_graph* graph_for(exec_state& st, replay_entry& entry, const region_b
     return nullptr;
   }
   outcome = replay_outcome::captured;
-  entry.graphs.push_back({b.base[0], b.base[1], std::move(*g)});
+  entry.graphs.push_back({b.base[0], b.base[1], entry.uses_state ? b.base[2] : nullptr, std::move(*g)});
   return entry.graphs.back().graph.get();
 }
 
@@ -376,6 +383,12 @@ expected<int> launch_segment(exec_state& st, exec_job& e, step_id s) {
     return prog.steps()[static_cast<std::size_t>(q.steps[static_cast<std::size_t>(first.pos + i)])];
   };
   replay_entry& entry = st.replays[job_key{ctx.lp->key, s}];
+  if (!entry.seen)
+    for (int i = 0; i < n; ++i)
+      for (const lowered_op& op : step_at(i).ops) {
+        entry.uses_state |= op.out.where == region::state;
+        for (const operand& a : op.inputs) entry.uses_state |= a.where == region::state;
+      }
   replay_outcome outcome = replay_outcome::plain;
   std::string why;
   // Pointers are patched before capture: a graph is keyed by the buffers it was captured with.

@@ -194,6 +194,15 @@ tensor graph_builder::get_rows(tensor table, tensor ids, std::string name) {
   return add_node(make(op_kind::get_rows, std::move(name), {table.id(), ids.id()}));
 }
 
+tensor graph_builder::store_rows(tensor rows, tensor positions, int axis, int64_t capacity, std::string name) {
+  const std::string w = who(op_kind::store_rows, name);
+  if (!check(rows, "rows", w) || !check(positions, "positions", w)) return tensor();
+  node n = make(op_kind::store_rows, std::move(name), {rows.id(), positions.id()});
+  n.attrs.axis = axis;
+  n.attrs.end = capacity;
+  return add_node(std::move(n));
+}
+
 tensor graph_builder::reshape(tensor x, shape dims, std::string name) {
   if (!check(x, "x", who(op_kind::reshape, name))) return tensor();
   node n = make(op_kind::reshape, std::move(name), {x.id()});

@@ -105,6 +105,11 @@ op_cost cost_of(const graph& g, const node& n) {
       c.bytes = tensor_bytes(ids) + 2 * out_bytes;
       break;
     }
+    case op_kind::store_rows:
+      // Writes only the rows it stores (the rest of the state stays put):
+      // reads them and the positions, writes them.
+      c.bytes = input_bytes(g, n) + tensor_bytes(g.at(n.inputs.at(0)));
+      break;
     default:
       c.flops = flops_per_element(n.op) * out_elems;
       c.bytes = input_bytes(g, n) + out_bytes;

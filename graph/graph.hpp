@@ -59,8 +59,15 @@ enum class op_kind : uint8_t {
                    ///< (like reshape): outside the merged dims they equal the inputs', inside
                    ///< their product is the sum of the inputs' products
   reduce_scatter,  ///< sum of the inputs (same dims), sliced to [attrs.begin, attrs.end) along attrs.axis
+  // state (a KV cache): a tensor that outlives the job
+  store_rows,  ///< persistent tensor: rows (input 0) stored at positions (input 1, i32 [rows.dims[axis]])
+               ///< along attrs.axis of a tensor of rows' dims with attrs.end rows there. Row i goes
+               ///< to index positions[i]; a position outside [0, attrs.end) stores nothing. Every
+               ///< other row keeps what the previous job of the same state slot stored there (zero
+               ///< in a fresh slot): the node lives in its device's state region, one copy per
+               ///< state slot (plan_options::state_slots; submit_options::state_slot picks one).
 };
-constexpr int op_kind_count = static_cast<int>(op_kind::reduce_scatter) + 1;
+constexpr int op_kind_count = static_cast<int>(op_kind::store_rows) + 1;
 const char* to_string(op_kind k) noexcept;
 bool parse_op_kind(const std::string& s, op_kind& out) noexcept;
 /// reshape, view, permute, transpose, slice.
@@ -76,6 +83,8 @@ constexpr bool is_leaf_op(op_kind k) noexcept { return k == op_kind::input || k 
 /// that holds one of these (plan.hpp, may_fail_on_values).
 constexpr bool may_fail_on_values(op_kind k) noexcept { return k == op_kind::get_rows; }
 /// all_reduce, all_gather, reduce_scatter.
+/// store_rows: a node whose value persists across the jobs of one state slot.
+constexpr bool is_state_op(op_kind k) noexcept { return k == op_kind::store_rows; }
 constexpr bool is_collective_op(op_kind k) noexcept {
   return k == op_kind::all_reduce || k == op_kind::all_gather || k == op_kind::reduce_scatter;
 }
@@ -97,9 +106,9 @@ struct op_attrs {
   bool trans_a = false;        ///< matmul
   bool trans_b = false;        ///< matmul
   bool causal = false;         ///< softmax
-  int axis = 0;                ///< concat, slice, transpose (first axis), all_gather / reduce_scatter
+  int axis = 0;                ///< concat, slice, transpose (first axis), all_gather / reduce_scatter, store_rows
   int axis2 = 0;               ///< transpose (second axis), all_gather (last merged axis)
-  int64_t begin = 0, end = 0;  ///< slice / reduce_scatter [begin, end) along axis; get_rows shard
+  int64_t begin = 0, end = 0;  ///< slice / reduce_scatter [begin, end) along axis; get_rows shard; store_rows: end = rows kept
   int group = -1;              ///< collectives: tensor-parallel group (pipeline stage) index
   int rank = -1;               ///< collectives: this node's index among its inputs
   std::array<int, max_rank> perm{0, 1, 2, 3};  ///< permute: output dim i = input dim perm[i]
@@ -245,6 +254,12 @@ class graph_builder {
   tensor rope(tensor x, tensor positions, float theta = 10000.0f, rope_mode mode = rope_mode::neox,
               std::string name = {});
   tensor get_rows(tensor table, tensor ids, std::string name = {});
+  /// State that outlives the job (op_kind::store_rows): a tensor of rows'
+  /// dims but `capacity` rows along `axis`, holding what earlier jobs of the
+  /// same state slot stored, with rows[.., i, ..] stored at index
+  /// positions[i] (positions i32 [rows.dims[axis]]). A KV cache is one per
+  /// layer for keys and one for values, read by attention in place.
+  tensor store_rows(tensor rows, tensor positions, int axis, int64_t capacity, std::string name = {});
 
   /// Views (free): reshape needs a contiguous source.
   tensor reshape(tensor x, shape dims, std::string name = {});

@@ -189,25 +189,32 @@ error check_hazards(const plan& p) {
   for (int d = 0; d < ndev; ++d) {
     const device_memory& mem = p.memory()[static_cast<std::size_t>(d)];
     std::map<std::pair<node_id, int>, const buffer_slot*> slot_of;
-    std::vector<const buffer_slot*> arena, weights;
+    std::vector<const buffer_slot*> arena, weights, states;
+    const char* region_name[] = {"arena", "weight region", "state region"};
     for (const buffer_slot& sl : mem.slots) {
-      const int64_t limit = sl.where == region::arena ? mem.arena_bytes : mem.weight_bytes;
+      if (static_cast<int>(sl.where) > static_cast<int>(region::state))
+        return error(errc::internal, "hazard check: a slot on " + where(p, d) + " names an unknown region");
+      const int64_t limit = sl.where == region::arena     ? mem.arena_bytes
+                            : sl.where == region::weights ? mem.weight_bytes
+                                                          : mem.state_bytes;
       if (sl.node < 0 || static_cast<std::size_t>(sl.node) >= g.size())
         return error(errc::internal, "hazard check: slot names node " + std::to_string(sl.node) + " on " + where(p, d));
       if (sl.offset < 0 || sl.bytes < 0 || sl.offset + sl.bytes > limit)
         return error(errc::internal, "hazard check: slot of '" + g.at(sl.node).name + "' [" + std::to_string(sl.offset) +
                                          ", " + std::to_string(sl.offset + sl.bytes) + ") lies outside the " +
-                                         (sl.where == region::arena ? "arena" : "weight region") + " of " +
+                                         region_name[static_cast<int>(sl.where)] + " of " +
                                          std::to_string(limit) + " bytes on " + where(p, d));
       if (!slot_of.emplace(std::make_pair(sl.node, static_cast<int>(sl.where)), &sl).second)
         return error(errc::internal, "hazard check: '" + g.at(sl.node).name + "' has two slots on " + where(p, d));
-      (sl.where == region::arena ? arena : weights).push_back(&sl);
+      (sl.where == region::arena ? arena : sl.where == region::weights ? weights : states).push_back(&sl);
     }
     // 4. Every accessed buffer has a slot big enough, and one writer.
     for (const auto& [id, a] : acc[static_cast<std::size_t>(d)]) {
       const node& nd = g.at(id);
       const bool is_weight = nd.op == op_kind::weight;
-      auto it = slot_of.find({id, static_cast<int>(is_weight ? region::weights : region::arena)});
+      // State lives in the state region of the device that computes it.
+      const bool is_state = is_state_op(nd.op) && p.placement()[static_cast<std::size_t>(id)] == d;
+      auto it = slot_of.find({id, static_cast<int>(is_weight ? region::weights : is_state ? region::state : region::arena)});
       if (it == slot_of.end())
         return error(errc::internal, "hazard check: '" + nd.name + "' is accessed on " + where(p, d) + " but has no slot");
       if (it->second->bytes < nd.own_bytes())
@@ -237,6 +244,11 @@ error check_hazards(const plan& p) {
     };
     if (auto e = overlapping(weights, [&](const buffer_slot& a, const buffer_slot& b) {
           return error(errc::internal, "hazard check: weights '" + g.at(a.node).name + "' and '" + g.at(b.node).name +
+                                           "' overlap on " + where(p, d));
+        }))
+      return e;
+    if (auto e = overlapping(states, [&](const buffer_slot& a, const buffer_slot& b) {
+          return error(errc::internal, "hazard check: states '" + g.at(a.node).name + "' and '" + g.at(b.node).name +
                                            "' overlap on " + where(p, d));
         }))
       return e;

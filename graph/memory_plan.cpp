@@ -135,17 +135,28 @@ error planner::plan_memory(plan& p) {
   // Accesses per device: arena buffers by storage node, and resident weights.
   std::vector<std::map<node_id, buffer>> bufs(ndev);
   std::vector<std::vector<char>> weight_used(ndev, std::vector<char>(g.size(), 0));
+  // State (store_rows) on the device that computes it: its state region, one
+  // copy per state slot, kept across jobs. A copy of it on another device is
+  // an ordinary arena buffer there.
+  std::vector<std::vector<char>> state_used(ndev, std::vector<char>(g.size(), 0));
+  auto in_state_region = [&](int dev, node_id sn) {
+    if (!is_state_op(g.at(sn).op) || p.placement_[static_cast<std::size_t>(sn)] != dev) return false;
+    state_used[static_cast<std::size_t>(dev)][static_cast<std::size_t>(sn)] = 1;
+    return true;
+  };
   auto read = [&](int dev, node_id id, position pos) {
     const node_id sn = storage_root(g, id);
     if (g.at(sn).op == op_kind::weight) {
       weight_used[static_cast<std::size_t>(dev)][static_cast<std::size_t>(sn)] = 1;
       return;
     }
+    if (in_state_region(dev, sn)) return;
     buffer& b = bufs[static_cast<std::size_t>(dev)][sn];
     b.node = sn;
     b.reads.push_back(pos);
   };
   auto write = [&](int dev, node_id sn, position pos) {
+    if (in_state_region(dev, sn)) return;
     buffer& b = bufs[static_cast<std::size_t>(dev)][sn];
     b.node = sn;
     b.write = pos;
@@ -239,14 +250,44 @@ error planner::plan_memory(plan& p) {
       if (!checked_add(mem.weight_bytes, bytes, end) || !checked_aligned(end, mem.weight_bytes))
         return too_big(p, d, "its weights", g.at(static_cast<node_id>(id)));
     }
+    // State: one slot's nodes packed; the device keeps state_slots slots.
+    // Shared with another plan: at that plan's offsets (pin_shared_state put
+    // each node on the device the other plan keeps it on).
+    const plan* other = p.options_.share_state_with.get();
+    if (other) mem.state_bytes = other->memory()[d].state_bytes;
+    for (std::size_t id = 0; id < g.size(); ++id) {
+      if (!state_used[d][id]) continue;
+      const int64_t bytes = g.at(static_cast<node_id>(id)).own_bytes();
+      if (other) {
+        const node& n = g.at(static_cast<node_id>(id));
+        const node_id o = other->source().find(n.name);
+        auto loc = o == no_node ? expected<tensor_location>(error(errc::invalid_argument, "not there"))
+                                : other->locate(o, static_cast<int>(d));
+        if (!loc || loc->where != region::state)
+          return error(errc::invalid_argument, "compile: plan_options::share_state_with: state '" + n.name +
+                                                   "' is not in the other plan's state on device " + std::to_string(d));
+        p.slot_index_[d][id] = static_cast<int32_t>(mem.slots.size());
+        mem.slots.push_back(buffer_slot{static_cast<node_id>(id), static_cast<int>(d), region::state, loc->byte_offset, bytes});
+        continue;
+      }
+      p.slot_index_[d][id] = static_cast<int32_t>(mem.slots.size());
+      mem.slots.push_back(buffer_slot{static_cast<node_id>(id), static_cast<int>(d), region::state, mem.state_bytes, bytes});
+      int64_t end = 0;
+      if (!checked_add(mem.state_bytes, bytes, end) || !checked_aligned(end, mem.state_bytes))
+        return too_big(p, d, "its state", g.at(static_cast<node_id>(id)));
+    }
     const device_spec& spec = p.devices_[d];
-    int64_t total = 0;
-    const bool overflow = !checked_add(mem.arena_bytes, mem.weight_bytes, total);
+    int64_t total = 0, states = 0;
+    const bool overflow = !checked_mul(mem.state_bytes, int64_t{p.options_.state_slots}, states) ||
+                          !checked_add(mem.arena_bytes, mem.weight_bytes, total) || !checked_add(total, states, total);
     if (overflow || total > spec.mem_bytes)
       return error(errc::out_of_memory,
                    "device " + std::to_string(d) + " ('" + spec.name + "') needs " +
                        (overflow ? std::string("more than 2^63") : std::to_string(total)) + " bytes (arena " +
                        std::to_string(mem.arena_bytes) + " + weights " + std::to_string(mem.weight_bytes) +
+                       (mem.state_bytes > 0 ? " + state " + std::to_string(p.options_.state_slots) + " x " +
+                                                  std::to_string(mem.state_bytes)
+                                            : std::string()) +
                        ") but has " + std::to_string(spec.mem_bytes),
                    static_cast<int>(d));
   }

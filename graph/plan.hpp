@@ -83,7 +83,9 @@ struct step {
 };
 
 /// Which region of a device a tensor lives in.
-enum class region : uint8_t { arena = 0, weights = 1 };
+/// arena: per job; weights: per plan, uploaded at load; state: per state
+/// slot, kept across the jobs of the slot (store_rows nodes, a KV cache).
+enum class region : uint8_t { arena = 0, weights = 1, state = 2 };
 
 /// Where node `node` lives on `device`: byte offset of its first element in
 /// the region, and its element strides there. A node copied to another device
@@ -109,8 +111,11 @@ struct buffer_slot {
 struct device_memory {
   int64_t arena_bytes = 0;        ///< per-job activation arena size (peak)
   int64_t weight_bytes = 0;       ///< weight region size
+  /// One state slot's size (the store_rows nodes computed here); the device
+  /// holds plan_options::state_slots of them, slot s at s * state_bytes.
+  int64_t state_bytes = 0;
   int64_t sum_tensor_bytes = 0;   ///< sum of all arena tensors' sizes (no reuse)
-  std::vector<buffer_slot> slots; ///< arena and weight slots on this device
+  std::vector<buffer_slot> slots; ///< arena, weight and state slots on this device
 };
 
 /// Placement policy.
@@ -118,6 +123,8 @@ enum class placement_policy : uint8_t {
   automatic = 0,  ///< pipeline over `pipeline_stages` devices balanced by cost, pins respected
   single = 1,     ///< everything on device 0 (pins respected)
 };
+
+class plan;
 
 struct plan_options {
   placement_policy policy = placement_policy::automatic;
@@ -167,6 +174,20 @@ struct plan_options {
   /// the segments and the launch time the model says replay saves; the cpu
   /// backend never replays. Off by default.
   graph_replay_mode graph_replay = graph_replay_mode::off;
+  /// Copies of the plan's state (its store_rows nodes, e.g. one KV cache per
+  /// sequence) each device keeps: a job names one (submit_options::
+  /// state_slot) and sees what the previous job of that slot stored. The
+  /// memory plan counts state_slots x device_memory::state_bytes. 1..65536;
+  /// a plan without store_rows nodes ignores it.
+  int state_slots = 1;
+  /// Another plan (compiled for the same devices) whose state this plan
+  /// reads and stores: its store_rows nodes are matched by name, pinned to
+  /// the devices the other plan keeps them on, and laid out at the same
+  /// offsets, and the runtime gives both plans one state region and one set
+  /// of slots (a generator's prefill and decode plans share one KV cache).
+  /// Each of this plan's store_rows nodes must exist there with the same
+  /// dims and dtype; state_slots is taken from it. Null: own state.
+  std::shared_ptr<const plan> share_state_with;
 };
 
 /// Refuses options no plan can be made with, naming the option and the
@@ -174,7 +195,8 @@ struct plan_options {
 /// pipeline_stages < 0 or > 4096, lanes_per_device outside 0..64,
 /// max_lane_memory_ratio below 1 or not finite, lane_memory_slack_bytes < 0,
 /// min_branch_seconds negative, infinite or NaN, tensor_parallel outside
-/// 1..4096, graph_replay not off / on / auto. compile() calls it.
+/// 1..4096, graph_replay not off / on / auto, state_slots outside 1..65536.
+/// compile() calls it.
 error validate(const plan_options& options);
 
 /// The compiled plan. Steps are in a topological order (deps have smaller ids).

@@ -641,9 +641,12 @@ error check_host_memory(const plan& p) {
     const device_spec& spec = p.devices()[static_cast<std::size_t>(d)];
     if (!spec.in_host_memory) continue;
     const device_memory& m = p.memory()[static_cast<std::size_t>(d)];
-    if (!checked_add(total, m.arena_bytes, total) || !checked_add(total, m.weight_bytes, total)) saturated = true;
+    int64_t states = 0;
+    if (!checked_add(total, m.arena_bytes, total) || !checked_add(total, m.weight_bytes, total) ||
+        !checked_mul(m.state_bytes, int64_t{p.options().state_slots}, states) || !checked_add(total, states, total))
+      saturated = true;
     devices += (devices.empty() ? "" : ", ") + spec.name + " arena " + std::to_string(m.arena_bytes) + " + weights " +
-               std::to_string(m.weight_bytes);
+               std::to_string(m.weight_bytes) + (states > 0 ? " + state " + std::to_string(states) : std::string());
   }
   const int64_t have = host_memory_bytes();
   if (saturated || total > have)
@@ -657,6 +660,39 @@ error check_host_memory(const plan& p) {
 }
 
 }  // namespace
+
+/// plan_options::share_state_with: `g` with each store_rows node pinned to
+/// the device `other` keeps the node of that name on (null when nothing
+/// changes); an error naming the node when `other` lacks it or holds it
+/// with other dims or dtype.
+static expected<std::shared_ptr<const graph>> pin_shared_state(const graph& g, const plan& other) {
+  std::vector<node> nodes(g.nodes().begin(), g.nodes().end());
+  bool changed = false;
+  for (node& n : nodes) {
+    if (!is_state_op(n.op)) continue;
+    const node_id o = other.source().find(n.name);
+    const auto bad = [&](const std::string& why) {
+      return error(errc::invalid_argument, "compile: plan_options::share_state_with: state '" + n.name + "' " + why);
+    };
+    if (o == no_node) return bad("is not in the other plan");
+    const node& on = other.source().at(o);
+    if (!is_state_op(on.op) || on.dims != n.dims || on.type != n.type)
+      return bad("is " + std::string(to_string(n.type)) + " " + n.dims.to_string() + " here but " +
+                 to_string(on.op) + " " + to_string(on.type) + " " + on.dims.to_string() + " in the other plan");
+    const int dev = other.placement()[static_cast<std::size_t>(o)];
+    if (dev < 0) return bad("is pruned from the other plan (no output needs it there)");
+    if (n.pinned_device >= 0 && n.pinned_device != dev)
+      return bad("is pinned to device " + std::to_string(n.pinned_device) + " here but lives on device " +
+                 std::to_string(dev) + " in the other plan");
+    changed |= n.pinned_device != dev;
+    n.pinned_device = dev;
+  }
+  if (!changed) return std::shared_ptr<const graph>{};
+  std::vector<node_id> inputs(g.inputs().begin(), g.inputs().end()), outputs(g.outputs().begin(), g.outputs().end());
+  auto rebuilt = graph::from_nodes(std::move(nodes), std::move(inputs), std::move(outputs));
+  if (!rebuilt) return rebuilt.err();
+  return std::make_shared<const graph>(std::move(*rebuilt));
+}
 
 error validate(const plan_options& o) {
   const auto bad = [](const std::string& what) { return error(errc::invalid_argument, "plan_options: " + what); };
@@ -678,6 +714,8 @@ error validate(const plan_options& o) {
       o.graph_replay != graph_replay_mode::automatic)
     return bad("graph_replay " + std::to_string(static_cast<int>(o.graph_replay)) +
                " is not a graph_replay_mode (off = 0, on = 1, auto = 2)");
+  if (o.state_slots < 1 || o.state_slots > 65536)
+    return bad("state_slots must be 1..65536, got " + std::to_string(o.state_slots));
   return {};
 }
 
@@ -719,6 +757,16 @@ expected<std::shared_ptr<const plan>> planner::compile(std::shared_ptr<const gra
   } else if (!options.shard_ratios.empty() && options.shard_ratios.size() != 1) {
     return error(errc::invalid_argument, "compile: shard_ratios has " + std::to_string(options.shard_ratios.size()) +
                                              " entries, the tensor-parallel degree is 1");
+  }
+  if (options.share_state_with) {
+    if (options.share_state_with->devices().size() != devices.size())
+      return error(errc::invalid_argument, "compile: plan_options::share_state_with names a plan over " +
+                                               std::to_string(options.share_state_with->devices().size()) +
+                                               " devices, this one has " + std::to_string(devices.size()));
+    auto pinned = pin_shared_state(*gp, *options.share_state_with);
+    if (!pinned) return pinned.err();
+    if (*pinned) gp = std::move(*pinned);
+    options.state_slots = options.share_state_with->options().state_slots;
   }
   const graph& g = *gp;
   if (g.outputs().empty())

@@ -340,6 +340,33 @@ host_tensor eval_concat(const node& n, const std::vector<const host_tensor*>& in
   return t;
 }
 
+// store_rows: the slot's previous value (zeros when the state holds none of
+// this node's dims and dtype), rows stored at their positions along the axis.
+host_tensor eval_store_rows(const node& n, const host_tensor& rows, const host_tensor& positions,
+                            reference_state* state) {
+  host_tensor t(n.type, n.dims);
+  if (state) {
+    auto it = state->find(n.name);
+    if (it != state->end() && it->second.type() == n.type && it->second.dims() == n.dims) t = it->second;
+  }
+  const int axis = n.attrs.axis;
+  int64_t outer = 1, inner = 1;
+  for (int k = 0; k < axis; ++k) outer *= n.dims[k];
+  for (int k = axis + 1; k < n.dims.rank(); ++k) inner *= n.dims[k];
+  const int64_t count = rows.dims()[axis], cap = n.dims[axis];
+  const std::size_t chunk = static_cast<std::size_t>(inner) * dtype_size(n.type);
+  const auto* pos = reinterpret_cast<const int32_t*>(positions.data());
+  for (int64_t o = 0; o < outer; ++o)
+    for (int64_t i = 0; i < count; ++i) {
+      const int64_t at = pos[i];
+      if (at < 0 || at >= cap) continue;
+      std::memcpy(t.data() + static_cast<std::size_t>(o * cap + at) * chunk,
+                  rows.data() + static_cast<std::size_t>(o * count + i) * chunk, chunk);
+    }
+  if (state) (*state)[n.name] = t;
+  return t;
+}
+
 host_tensor eval_copy(const node& n, const host_tensor& x) {
   if (x.type() == n.type) return x;
   host_tensor t(n.type, n.dims);
@@ -383,7 +410,7 @@ error check_reference_memory(const graph& g) {
 }
 
 expected<std::vector<host_tensor>> evaluate_all(const graph& g, const std::vector<host_tensor>& inputs,
-                                                const std::function<bool()>* stop) {
+                                                const std::function<bool()>* stop, reference_state* state = nullptr) {
   if (auto e = check_inputs(g, inputs)) return e;
   if (auto e = check_reference_memory(g)) return e;
   std::vector<host_tensor> val(g.size());
@@ -433,6 +460,7 @@ expected<std::vector<host_tensor>> evaluate_all(const graph& g, const std::vecto
         case op_kind::all_reduce:
         case op_kind::reduce_scatter: val[id] = eval_reduce(n, in); break;
         case op_kind::all_gather: val[id] = eval_all_gather(n, in); break;
+        case op_kind::store_rows: val[id] = eval_store_rows(n, *in[0], *in[1], state); break;
         case op_kind::reshape:
         case op_kind::view:
         case op_kind::permute:
@@ -473,6 +501,11 @@ expected<std::vector<host_tensor>> evaluate_reference(const graph& g, const std:
 expected<std::vector<host_tensor>> evaluate_reference(const graph& g, const std::vector<host_tensor>& inputs,
                                                       const std::function<bool()>& stop) {
   return outputs_of(g, evaluate_all(g, inputs, &stop));
+}
+
+expected<std::vector<host_tensor>> evaluate_reference(const graph& g, const std::vector<host_tensor>& inputs,
+                                                      reference_state& state) {
+  return outputs_of(g, evaluate_all(g, inputs, nullptr, &state));
 }
 
 }  // namespace ag

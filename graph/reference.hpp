@@ -7,6 +7,8 @@
 /// Pure function of its arguments; safe to call from any thread.
 
 #include <functional>
+#include <map>
+#include <string>
 #include <vector>
 
 #include "graph/error.hpp"
@@ -47,6 +49,19 @@ expected<std::vector<host_tensor>> evaluate_reference(const graph& g, const std:
 /// errc::cancelled.
 expected<std::vector<host_tensor>> evaluate_reference(const graph& g, const std::vector<host_tensor>& inputs,
                                                       const std::function<bool()>& stop);
+
+/// The values of a graph's store_rows nodes (op_kind::store_rows) that one
+/// state slot keeps between jobs, by node name: what a device's state region
+/// holds for that slot. A node the map lacks (or holds with other dims or
+/// dtype) starts as zeros, like a fresh slot.
+using reference_state = std::map<std::string, host_tensor>;
+
+/// Same, evaluating store_rows nodes over `state` (read, then updated with
+/// each node's new value): a sequence of calls with one state gives what a
+/// sequence of jobs on one state slot gives. Without a state, each
+/// store_rows starts from zeros.
+expected<std::vector<host_tensor>> evaluate_reference(const graph& g, const std::vector<host_tensor>& inputs,
+                                                      reference_state& state);
 
 /// Same, but returns every node's value (index = node id; views materialised
 /// as contiguous tensors).

@@ -696,8 +696,8 @@ class rewriter {
         case op_kind::softmax:
           same(c.inputs[0], 0);
           break;
-        case op_kind::rms_norm: case op_kind::layer_norm: case op_kind::rope:
-          same(c.inputs[0], 0);
+        case op_kind::rms_norm: case op_kind::layer_norm: case op_kind::rope: case op_kind::store_rows:
+          same(c.inputs[0], 0);  // store_rows: every dim but the stored axis (capacity vs rows)
           for (std::size_t i = 1; i < c.inputs.size(); ++i) mark_all(c.inputs[i]);
           break;
         case op_kind::matmul: {
@@ -1660,6 +1660,12 @@ class rewriter {
         });
       }
       case op_kind::get_rows: return get_rows_op(n);
+      case op_kind::store_rows: {
+        // State is kept per device: each rank stores its shard of the rows
+        // (a KV cache by kv head) when the shard leaves the stored axis whole.
+        const int axis = n.attrs.axis;
+        return same_state_op(n, false, [axis](const split_state& st) { return st.axis2 < axis || st.axis > axis; });
+      }
       case op_kind::concat: return concat_op(n);
       case op_kind::reshape:
       case op_kind::view:

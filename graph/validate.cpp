@@ -233,6 +233,32 @@ error infer_rope(const std::vector<node>& nodes, node& n) {
   return {};
 }
 
+error infer_store_rows(const std::vector<node>& nodes, node& n) {
+  const node& rows = nodes[static_cast<std::size_t>(n.inputs[0])];
+  const node& pos = nodes[static_cast<std::size_t>(n.inputs[1])];
+  if (auto e = need_float(n, rows, "rows")) return e;
+  const int r = rows.dims.rank();
+  if (n.attrs.axis < 0 || n.attrs.axis >= r)
+    return node_error(errc::invalid_argument, n,
+                      "axis " + std::to_string(n.attrs.axis) + " is outside rows '" + rows.name + "' " + dims_str(rows));
+  if (pos.type != dtype::i32)
+    return node_error(errc::dtype_mismatch, n, "positions '" + pos.name + "' are " + dname(pos.type) + ", must be i32");
+  const int64_t count = rows.dims[n.attrs.axis];
+  if (pos.dims.rank() != 1 || pos.dims[0] != count)
+    return node_error(errc::invalid_shape, n,
+                      "positions '" + pos.name + "' are " + dims_str(pos) + ", must be [" + std::to_string(count) +
+                          "] (one per row along axis " + std::to_string(n.attrs.axis) + " of rows " + dims_str(rows) + ")");
+  if (n.attrs.end < 1)
+    return node_error(errc::invalid_argument, n, "capacity (attrs.end) must be >= 1, got " + std::to_string(n.attrs.end));
+  shape out = rows.dims;
+  out[n.attrs.axis] = n.attrs.end;
+  if (auto e = check_rank(n, out, "state")) return e;
+  n.dims = out;
+  n.type = rows.type;
+  make_contiguous(n);
+  return {};
+}
+
 error infer_get_rows(const std::vector<node>& nodes, node& n) {
   const node& t = nodes[static_cast<std::size_t>(n.inputs[0])];
   const node& ids = nodes[static_cast<std::size_t>(n.inputs[1])];
@@ -562,6 +588,10 @@ error infer_node(const std::vector<node>& nodes, node& n) {
     case op_kind::get_rows:
       if ((e = arity(n, 2, 2))) return e;
       e = infer_get_rows(nodes, n);
+      break;
+    case op_kind::store_rows:
+      if ((e = arity(n, 2, 2))) return e;
+      e = infer_store_rows(nodes, n);
       break;
     case op_kind::reshape:
       if ((e = arity(n, 1, 1))) return e;

@@ -371,6 +371,27 @@ void run_concat(const op_launch& l) {
   }
 }
 
+// store_rows: row i of the rows along the axis goes to index positions[i] of
+// the state (out), one strided slice copy per row; positions outside the
+// state are skipped. The rest of the state keeps its bytes.
+void run_store_rows(const op_launch& l) {
+  const nd out = pad(l.out);
+  const nd rows = pad(l.inputs[0]);
+  const int pa = l.op->attrs.axis + (4 - l.out.dims.rank());
+  const tensor_arg& pos = l.inputs[1];
+  const auto* p = static_cast<const int32_t*>(pos.data);
+  const std::size_t es = dtype_size(out.t);
+  for (int64_t i = 0; i < rows.d[pa]; ++i) {
+    const int64_t at = p[i * pos.stride[0]];
+    if (at < 0 || at >= out.d[pa]) continue;
+    nd src = rows, dst = out;
+    src.d[pa] = dst.d[pa] = 1;
+    src.p = rows.p + i * rows.s[pa] * static_cast<int64_t>(dtype_size(rows.t));
+    dst.p = out.p + at * out.s[pa] * static_cast<int64_t>(es);
+    copy_strided(src, dst);
+  }
+}
+
 // --- matmul ----------------------------------------------------------------
 
 // A rows x cols matrix with element strides (rs, cs) as BLAS sees it.
@@ -486,7 +507,7 @@ error check_op(const op_launch& l) {
   std::size_t lo = 1, hi = 1;
   switch (k) {
     case op_kind::matmul: case op_kind::add: case op_kind::mul: case op_kind::rope:
-    case op_kind::get_rows: lo = hi = 2; break;
+    case op_kind::get_rows: case op_kind::store_rows: lo = hi = 2; break;
     case op_kind::rms_norm: hi = 2; break;
     case op_kind::layer_norm: hi = 3; break;
     case op_kind::concat: hi = SIZE_MAX; break;
@@ -508,7 +529,7 @@ error check_op(const op_launch& l) {
     const auto& in = l.inputs[i];
     if (!in.data) return bad(errc::invalid_argument, l, "input " + std::to_string(i) + " buffer is null");
     if (in.dims.rank() > max_rank) return bad(errc::invalid_shape, l, "input " + std::to_string(i) + " rank > 4");
-    const bool want_int = (k == op_kind::rope || k == op_kind::get_rows) && i == 1;
+    const bool want_int = (k == op_kind::rope || k == op_kind::get_rows || k == op_kind::store_rows) && i == 1;
     if (want_int != (in.type == dtype::i32) && k != op_kind::copy)
       return bad(errc::dtype_mismatch, l, "input " + std::to_string(i) + " is " + to_string(in.type));
   }
@@ -567,6 +588,18 @@ error check_op(const op_launch& l) {
         return bad(errc::invalid_argument, l, "negative table stride");
       break;
     }
+    case op_kind::store_rows: {
+      const shape& pos = l.inputs[1].dims;
+      const int axis = nd_.attrs.axis;
+      bool ok = axis >= 0 && axis < o.rank() && x.rank() == o.rank() && pos.rank() == 1 && pos[0] == x[axis];
+      for (int d = 0; ok && d < o.rank(); ++d) ok = d == axis || x[d] == o[d];
+      if (!ok)
+        return bad(errc::invalid_shape, l, "rows " + x.to_string() + ", positions " + pos.to_string() + ", state " +
+                                               o.to_string() + " along axis " + std::to_string(axis));
+      if (l.inputs[0].type != l.out.type)
+        return bad(errc::dtype_mismatch, l, "rows dtype differs from the state's");
+      break;
+    }
     case op_kind::concat: {
       int axis = nd_.attrs.axis;
       if (axis < 0) axis += o.rank();
@@ -607,6 +640,7 @@ error run_op(const op_launch& l) {
       case op_kind::rope: run_rope(l); return {};
       case op_kind::get_rows: return run_get_rows(l);
       case op_kind::concat: run_concat(l); return {};
+      case op_kind::store_rows: run_store_rows(l); return {};
       default: return {};  // views and leaves: nothing to compute
     }
   } catch (const std::bad_alloc&) {

@@ -21,7 +21,43 @@ __global__ void get_rows_kernel(kt out, kt table, kt ids, unsigned int* fault, i
   }
 }
 
+template <class T>
+__global__ void store_rows_kernel(kt state, kt rows, kt pos, int axis4, int64_t n) {
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+    int64_t c[4];
+    int64_t r = i;
+    for (int k = 3; k >= 0; --k) {
+      c[k] = r % rows.d[k];
+      r /= rows.d[k];
+    }
+    const int64_t at = static_cast<const int32_t*>(pos.p)[c[axis4] * pos.s[3]];
+    if (at < 0 || at >= state.d[axis4]) continue;
+    const int64_t src = c[0] * rows.s[0] + c[1] * rows.s[1] + c[2] * rows.s[2] + c[3] * rows.s[3];
+    c[axis4] = at;
+    const int64_t dst = c[0] * state.s[0] + c[1] * state.s[1] + c[2] * state.s[2] + c[3] * state.s[3];
+    static_cast<T*>(state.p)[dst] = static_cast<const T*>(rows.p)[src];
+  }
+}
+
 }  // namespace
+
+error launch_store_rows(const launch_ctx& c, const kt& state, const kt& rows, const kt& positions, int axis4) {
+  if (positions.t != static_cast<int>(dtype::i32))
+    return error(errc::dtype_mismatch, c.where + ": store_rows positions must be i32");
+  if (state.t != rows.t) return error(errc::dtype_mismatch, c.where + ": store_rows rows and state dtypes differ");
+  if (axis4 < 0 || axis4 > 3) return error(errc::invalid_argument, c.where + ": store_rows axis out of range");
+  const int64_t n = rows.numel();
+  if (n == 0) return {};
+  const int block = 256;
+  const unsigned grid = grid_for(n, block, c.sm_count * 16);
+  // A state of one row along the axis has stride 0 there (to_kt): only index 0 exists.
+  if (dtype_size(static_cast<dtype>(rows.t)) == 4)
+    store_rows_kernel<uint32_t><<<grid, block, 0, c.stream>>>(state, rows, positions, axis4, n);
+  else
+    store_rows_kernel<uint16_t><<<grid, block, 0, c.stream>>>(state, rows, positions, axis4, n);
+  AG_CUDA_TRY_LAUNCH(c.where);
+  return {};
+}
 
 error launch_get_rows(const launch_ctx& c, const kt& out, const kt& table, const kt& ids, int64_t first, int64_t rows) {
   if (ids.t != static_cast<int>(dtype::i32)) return error(errc::dtype_mismatch, c.where + ": get_rows ids must be i32");

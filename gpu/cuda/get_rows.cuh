@@ -1,5 +1,5 @@
 #pragma once
-// Embedding lookup (host launcher).
+// Row gather and scatter: embedding lookup and the state store (host launchers).
 #include "gpu/cuda/kernel_args.hpp"
 
 namespace ag::gpu::cuda {
@@ -14,5 +14,12 @@ namespace ag::gpu::cuda {
 /// outside the shard give zero rows, without a fault.
 error launch_get_rows(const launch_ctx& c, const kt& out, const kt& table, const kt& ids, int64_t first = 0,
                       int64_t rows = 0);
+
+/// The store of op_kind::store_rows: rows [.., S, ..] (S along the padded
+/// axis `axis4`, 0..3 of the right-aligned kt) into `state` at index
+/// positions[i] (i32 [S], read on the GPU, so a replayed graph stores where
+/// each job's positions say); positions outside [0, state.d[axis4]) store
+/// nothing. Same dtype (2- or 4-byte elements, moved as bits).
+error launch_store_rows(const launch_ctx& c, const kt& state, const kt& rows, const kt& positions, int axis4);
 
 }  // namespace ag::gpu::cuda

@@ -109,6 +109,10 @@ error dispatch_op(core& dev_core, cuda_stream& cs, const op_launch& l, const std
       e = n.attrs.end > 0 ? launch_get_rows(c, out, to_kt(l.inputs[0]), to_kt(l.inputs[1]), n.attrs.begin, n.attrs.end)
                           : launch_get_rows(c, out, to_kt(l.inputs[0]), to_kt(l.inputs[1]));
       break;
+    case op_kind::store_rows:
+      if ((e = need(2))) return e;
+      e = launch_store_rows(c, out, to_kt(l.inputs[0]), to_kt(l.inputs[1]), n.attrs.axis + 4 - l.out.dims.rank());
+      break;
     case op_kind::concat: {
       if ((e = need(1))) return e;
       const int rank = l.out.dims.rank();

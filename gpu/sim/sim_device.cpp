@@ -46,6 +46,9 @@ op_cost cost_of_launch(const op_launch& l) {
     case op_kind::get_rows:
       c.bytes = (l.inputs.size() > 1 ? bytes_of(l.inputs[1]) : 0.0) + 2 * out_bytes;
       break;
+    case op_kind::store_rows:
+      c.bytes = in_bytes + (l.inputs.empty() ? 0.0 : bytes_of(l.inputs[0]));
+      break;
     default: {
       double per = 0;
       switch (l.op->op) {

@@ -39,7 +39,10 @@ class model_builder {
     b_.set_layer(0);
     tensor tokens = b_.input("tokens", dtype::i32, {B, S});
     tensor positions = b_.input("positions", dtype::i32, {S});
-    if (cached()) mask_ = b_.input("attn_mask", cfg_.dtype, {S, cfg_.kv_cache_capacity + S});
+    if (cached()) {
+      cache_positions_ = b_.input("cache_positions", dtype::i32, {S});
+      mask_ = b_.input("attn_mask", cfg_.dtype, {S, cfg_.kv_cache_capacity});
+    }
     tensor x;
     if (cfg_.variant == model_variant::gpt2) {
       embed_ = normal("wte", {cfg_.vocab, cfg_.d_model});
@@ -68,7 +71,6 @@ class model_builder {
     tensor logits = b_.matmul(h, head, false, true, cfg_.dtype == dtype::f32 ? "logits" : "head");
     if (cfg_.dtype != dtype::f32) logits = b_.copy(logits, dtype::f32, "logits");
     b_.output(logits);
-    for (const tensor& t : new_kv_) b_.output(t);
     if (provider_error_) return provider_error_;
     return std::move(b_).build();
   }
@@ -117,19 +119,15 @@ class model_builder {
 
   bool cached() const noexcept { return cfg_.kv_cache_capacity > 0; }
 
-  // Cache mode: the layer's cache inputs [B,Hkv,C,dh] joined with this
-  // step's keys / values (which also become outputs, for the caller to append
-  // to its cache), and the scores masked additively by `attn_mask` [S, C+S]
-  // instead of the causal flag. Returns the keys / values attention reads.
+  // Cache mode: this step's keys / values [B,Hkv,S,dh] stored into the
+  // layer's KV cache (state that outlives the job: store_rows [B,Hkv,C,dh],
+  // row i at cache_positions[i]), which attention then reads whole, in
+  // place; the scores are masked additively by `attn_mask` [S, C] instead of
+  // the causal flag. Returns the keys / values attention reads.
   std::pair<tensor, tensor> with_cache(int k, tensor kh, tensor vh) {
-    const shape cache_dims{cfg_.batch, cfg_.kv_heads(), cfg_.kv_cache_capacity, cfg_.head_dim()};
-    tensor kc = b_.input(p(k, "k_cache"), cfg_.dtype, cache_dims);
-    tensor vc = b_.input(p(k, "v_cache"), cfg_.dtype, cache_dims);
-    tensor kn = b_.contiguous(kh, p(k, "k_new"));
-    tensor vn = b_.contiguous(vh, p(k, "v_new"));
-    new_kv_.push_back(kn);
-    new_kv_.push_back(vn);
-    return {b_.concat({kc, kn}, 2, p(k, "attn.k_all")), b_.concat({vc, vn}, 2, p(k, "attn.v_all"))};
+    const int64_t C = cfg_.kv_cache_capacity;
+    return {b_.store_rows(kh, cache_positions_, 2, C, p(k, "k_cache")),
+            b_.store_rows(vh, cache_positions_, 2, C, p(k, "v_cache"))};
   }
 
   // Softmax over the last dim of scores [B,H,S,keys]: causal without a cache,
@@ -145,13 +143,13 @@ class model_builder {
   tensor attention(int k, tensor q, tensor kk, tensor v) {
     const int64_t B = cfg_.batch, S = cfg_.seq_len, H = cfg_.n_heads, Hkv = cfg_.kv_heads();
     const int64_t dh = cfg_.head_dim(), rep = H / Hkv;
-    const int64_t keys = S + (cached() ? cfg_.kv_cache_capacity : 0);
+    const int64_t keys = cached() ? cfg_.kv_cache_capacity : S;
     const float scale = 1.0f / std::sqrt(static_cast<float>(dh));
     const std::array<int, max_rank> bhsd{0, 2, 1, 3};
     tensor qh = b_.permute(q, bhsd, p(k, "attn.q_heads"));   // [B,H,S,dh]
     tensor kh = b_.permute(kk, bhsd, p(k, "attn.k_heads"));  // [B,Hkv,S,dh]
     tensor vh = b_.permute(v, bhsd, p(k, "attn.v_heads"));
-    if (cached()) std::tie(kh, vh) = with_cache(k, kh, vh);  // [B,Hkv,C+S,dh]
+    if (cached()) std::tie(kh, vh) = with_cache(k, kh, vh);  // [B,Hkv,C,dh]
     tensor out;
     if (rep == 1) {
       tensor scores = b_.matmul(qh, kh, false, true, p(k, "attn.qk"));  // [B,H,S,keys]
@@ -236,8 +234,8 @@ class model_builder {
   error provider_error_;
   graph_builder b_;
   tensor embed_;  // wte / embed_tokens: the head reads it when tied
-  tensor mask_;   // cache mode: attn_mask [S, C+S]
-  std::vector<tensor> new_kv_;  // cache mode: l<k>.k_new, l<k>.v_new per layer
+  tensor mask_;             // cache mode: attn_mask [S, C]
+  tensor cache_positions_;  // cache mode: cache_positions i32 [S]
 };
 
 }  // namespace

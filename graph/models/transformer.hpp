@@ -36,16 +36,20 @@
 ///   compute in f32 or wider and round their result to the storage type.
 ///
 /// Cache mode (kv_cache_capacity = C > 0; the step graphs of ag::generator):
-/// - inputs: `tokens` [B,S], `positions` [S], `attn_mask` [S, C+S] in
-///   cfg.dtype (added to the attention scores before a non-causal softmax:
-///   0 where query i may see key j, a large negative value elsewhere), then per
-///   block k `l<k>.k_cache` and `l<k>.v_cache` [B, Hkv, C, dh] (tagged layer
-///   k, so a pipeline ships each to its block's stage). Keys are the cache's
-///   C rows followed by the S new ones: the mask hides unfilled cache rows
-///   and, among the new ones, later positions (and padding).
-/// - outputs: `logits` [B,S,vocab] f32, then per block `l<k>.k_new`,
-///   `l<k>.v_new` [B, Hkv, S, dh] (after RoPE for llama): the rows the caller
-///   appends to the sequence's cache.
+/// - inputs: `tokens` [B,S], `positions` [S] (the tokens' positions, for
+///   RoPE / wpe), `cache_positions` i32 [S] (the cache row each new token's
+///   keys and values go to; -1 stores nothing: padding), `attn_mask` [S, C]
+///   in cfg.dtype (added to the attention scores before a non-causal
+///   softmax: 0 where query i may see cache row j, a large negative value
+///   elsewhere, e.g. rows not yet written and later positions).
+/// - state: per block k, `l<k>.k_cache` and `l<k>.v_cache` [B, Hkv, C, dh]
+///   (op_kind::store_rows, tagged layer k so a pipeline keeps each with its
+///   block, sharded by kv head under tensor parallelism): this step's keys
+///   (after RoPE for llama) and values are stored at cache_positions, then
+///   attention reads all C rows in place. The cache lives on the devices, one
+///   copy per state slot (plan_options::state_slots), and a job names its
+///   slot (submit_options::state_slot).
+/// - outputs: `logits` [B,S,vocab] f32.
 ///
 /// Layer tags (node::layer, the unit the pipeline planner places):
 /// - 0: embedding (inputs, wte/wpe or embed_tokens, the gathers);

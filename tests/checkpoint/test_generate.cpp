@@ -414,22 +414,36 @@ TEST(GenerateTensorParallel, DecodeStepGraphsPlanAtDegreeTwoAndEqualTheReference
     auto p = ag::compile(gp, devs, po);
     ASSERT_TRUE(p.has_value()) << p.err().to_string();
     ASSERT_NE((*p)->tensor_parallel(), nullptr);
-    // Inputs: token 5 at position 3 after 3 cached positions.
-    const int64_t C = 8, Hkv = cfg.kv_heads(), dh = cfg.head_dim();
-    std::vector<ag::host_tensor> in{ag::host_tensor::from_ints({1, 1}, {5}), ag::host_tensor::from_ints({1}, {3})};
-    std::vector<float> mask(static_cast<std::size_t>(C + 1), -30000.0f);
-    for (int j : {0, 1, 2, 8}) mask[static_cast<std::size_t>(j)] = 0.0f;
-    in.push_back(ag::host_tensor::from_floats(ag::dtype::f32, {1, C + 1}, mask));
-    for (int k = 0; k < 2 * cfg.n_layers; ++k)
-      in.push_back(ag::host_tensor::random_normal(ag::dtype::f32, {1, Hkv, C, dh}, 40 + static_cast<uint64_t>(k), 1.0f));
-    auto want = ag::evaluate_reference(*gp, in);
-    auto got = ag::evaluate_reference((*p)->source(), in);
-    ASSERT_TRUE(want.has_value()) << want.err().to_string();
-    ASSERT_TRUE(got.has_value()) << got.err().to_string();
-    ASSERT_EQ(got->size(), want->size());
-    for (std::size_t i = 0; i < want->size(); ++i) {
-      auto c = ag::compare((*got)[i], (*want)[i], 1e-4, 1e-4);
-      EXPECT_TRUE(c.ok) << "output " << i << ": " << c.message;
+    // The caches are kept per device, sharded by kv head when the heads divide.
+    const int64_t C = 8, Hkv = cfg.kv_heads();
+    int states = 0;
+    for (const ag::node& n : (*p)->source().nodes()) {
+      if (!ag::is_state_op(n.op)) continue;
+      ++states;
+      EXPECT_EQ(n.dims[1], Hkv % 2 == 0 ? Hkv / 2 : Hkv) << n.name;
+      EXPECT_EQ(n.dims[2], C) << n.name;
+    }
+    EXPECT_EQ(states, 2 * 2 * cfg.n_layers);  // keys and values, per layer, on each of 2 devices
+    // Three decode steps (tokens 5, 2, 7 at positions 0, 1, 2), each storing
+    // into and reading the caches the earlier steps left: the sharded plan's
+    // graph and the user's graph, each over its own state, agree at every step.
+    ag::reference_state want_state, got_state;
+    const int32_t tokens[] = {5, 2, 7};
+    for (int32_t step = 0; step < 3; ++step) {
+      std::vector<float> mask(static_cast<std::size_t>(C), -30000.0f);
+      for (int j = 0; j <= step; ++j) mask[static_cast<std::size_t>(j)] = 0.0f;
+      std::vector<ag::host_tensor> in{ag::host_tensor::from_ints({1, 1}, {tokens[step]}),
+                                      ag::host_tensor::from_ints({1}, {step}), ag::host_tensor::from_ints({1}, {step}),
+                                      ag::host_tensor::from_floats(ag::dtype::f32, {1, C}, mask)};
+      auto want = ag::evaluate_reference(*gp, in, want_state);
+      auto got = ag::evaluate_reference((*p)->source(), in, got_state);
+      ASSERT_TRUE(want.has_value()) << want.err().to_string();
+      ASSERT_TRUE(got.has_value()) << got.err().to_string();
+      ASSERT_EQ(got->size(), want->size());
+      for (std::size_t i = 0; i < want->size(); ++i) {
+        auto c = ag::compare((*got)[i], (*want)[i], 1e-4, 1e-4);
+        EXPECT_TRUE(c.ok) << "step " << step << " output " << i << ": " << c.message;
+      }
     }
     int gathers = 0;
     for (const auto& c : (*p)->tensor_parallel()->collectives) gathers += c.op == ag::op_kind::all_gather;

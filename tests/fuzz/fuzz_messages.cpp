@@ -46,13 +46,20 @@ buffer save(T& x) {
 /// CAF 0.17.6's serialiser never returns on an infinite float or double:
 /// detail::pack754 halves the value until it drops below 2, and infinity
 /// never does. A type-erased message of CAF's built-in `double` can carry
-/// one (unpack754 makes it from the exponent bits), so its round trip is not
-/// ours to check. None of the runtime's own messages carries a floating field
+/// one (unpack754 makes it from the exponent bits), directly or inside a
+/// caf::error's context or a nested message, so its round trip is not ours
+/// to check. None of the runtime's own messages carries a floating field
 /// (messages/messages.hpp), and in-process messages are never serialised.
-bool caf_cannot_serialise(const caf::message& m) {
+bool caf_cannot_serialise(const caf::message& m, int depth = 0) {
+  if (depth > 64) return true;  // deeper than any real message: not ours either
   for (std::size_t i = 0; i < m.size(); ++i) {
     if (m.match_element<double>(i) && !std::isfinite(m.get_as<double>(i))) return true;
     if (m.match_element<float>(i) && !std::isfinite(m.get_as<float>(i))) return true;
+    if (m.match_element<caf::message>(i) && caf_cannot_serialise(m.get_as<caf::message>(i), depth + 1)) return true;
+    if (m.match_element<caf::error>(i)) {
+      const caf::error& e = m.get_as<caf::error>(i);
+      if (e && caf_cannot_serialise(e.context(), depth + 1)) return true;  // no error, no context (null data)
+    }
   }
   return false;
 }

@@ -1,0 +1,275 @@
+// State that outlives a job (op_kind::store_rows, e.g. a KV cache): kept on
+// the device that computes it, one copy per state slot; a job names its slot
+// and sees what the slot's previous job stored. Checked against the reference
+// evaluator run over one reference_state per slot, on sim and cpu, with a
+// pipeline that copies the state to the next stage, with graph replay, and
+// with two plans sharing one state; and the planner's memory accounting and
+// the submit-time errors.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <future>
+#include <map>
+#include <string>
+
+#include "actors/actorgraph.hpp"
+#include "graph/reference.hpp"
+
+namespace {
+
+using namespace std::chrono_literals;
+
+constexpr int64_t H = 2, D = 4, C = 8;
+
+ag::runtime_options fast_sim() {
+  ag::runtime_options o;
+  o.backend.sim.time_scale = 1e-2;
+  o.backend.sim.jitter = 0.2;
+  return o;
+}
+
+/// rows [1, H, S, D] f32 and positions i32 [S] -> store_rows (capacity C,
+/// axis 2) -> out = state x w [1, H, C, 5] and out2 = 2 * state. Layer 0 holds
+/// the store, layer 1 the readers, so a 2-stage pipeline copies the state.
+ag::graph state_graph(int64_t S) {
+  ag::graph_builder b;
+  b.set_layer(0);
+  auto rows = b.input("rows", ag::dtype::f32, {1, H, S, D});
+  auto pos = b.input("positions", ag::dtype::i32, {S});
+  auto st = b.store_rows(rows, pos, 2, C, "cache");
+  b.set_layer(1);
+  auto w = b.weight("w", ag::host_tensor::random_normal(ag::dtype::f32, {D, 5}, 7, 1.0f));
+  b.output(b.matmul(st, w, false, false, "out"));
+  b.output(b.scale(st, 2.0f, "out2"));
+  auto g = std::move(b).build();
+  EXPECT_TRUE(g.has_value()) << g.err().to_string();
+  return std::move(*g);
+}
+
+std::vector<ag::host_tensor> step_inputs(int64_t S, std::vector<int32_t> positions, uint64_t seed) {
+  return {ag::host_tensor::random_normal(ag::dtype::f32, {1, H, S, D}, seed, 1.0f),
+          ag::host_tensor::from_ints({S}, std::move(positions))};
+}
+
+ag::submit_options slot(int s) {
+  ag::submit_options o;
+  o.state_slot = s;
+  return o;
+}
+
+void expect_equal(const std::vector<ag::host_tensor>& got, const std::vector<ag::host_tensor>& want,
+                  const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  for (std::size_t i = 0; i < want.size(); ++i) {
+    auto c = ag::compare(got[i], want[i], 1e-4, 1e-4);
+    EXPECT_TRUE(c.ok) << what << " output " << i << ": " << c.message;
+  }
+}
+
+// Jobs on slots 0 and 1, interleaved; positions outside [0, C) store nothing.
+void run_slots(const std::string& spec, ag::plan_options po) {
+  SCOPED_TRACE(spec + ", stages " + std::to_string(po.pipeline_stages) + ", replay " +
+               std::to_string(static_cast<int>(po.graph_replay)));
+  auto rt = ag::runtime::create(spec, fast_sim());
+  ASSERT_TRUE(rt.has_value()) << rt.err().to_string();
+  const ag::graph g = state_graph(3);
+  po.state_slots = 2;
+  auto p = (*rt)->compile(g, po);
+  ASSERT_TRUE(p.has_value()) << p.err().to_string();
+  std::map<int, ag::reference_state> ref;  // by slot
+  const struct {
+    int slot;
+    std::vector<int32_t> pos;
+  } steps[] = {{0, {0, 1, 2}}, {1, {5, 6, 7}}, {0, {3, -1, 9}}, {1, {0, 1, 2}}, {0, {4, 5, 6}}, {0, {7, 0, 1}}};
+  uint64_t seed = 100;
+  for (const auto& s : steps) {
+    const auto in = step_inputs(3, s.pos, seed++);
+    ag::job j = (*rt)->submit(*p, in, slot(s.slot));
+    ASSERT_TRUE(j.wait_for(30s)) << "job hung";
+    const ag::job_result& r = j.wait();
+    ASSERT_TRUE(r.has_value()) << r.err().to_string();
+    auto want = ag::evaluate_reference(g, in, ref[s.slot]);
+    ASSERT_TRUE(want.has_value()) << want.err().to_string();
+    expect_equal(*r, *want, "slot " + std::to_string(s.slot) + " job " + std::to_string(seed));
+  }
+}
+
+TEST(State, EachSlotKeepsItsRowsAcrossJobsOnSimAndCpu) {
+  run_slots("sim:1", {});
+  run_slots("cpu:1", {});
+}
+
+TEST(State, APipelineCopiesTheStateToTheStageThatReadsIt) {
+  ag::plan_options po;
+  po.pipeline_stages = 2;
+  run_slots("sim:2", po);
+  run_slots("cpu:2", po);
+}
+
+TEST(State, ReplayedSegmentsStoreIntoTheSlotOfEachJob) {
+  ag::plan_options po;
+  po.graph_replay = ag::graph_replay_mode::on;
+  run_slots("sim:1", po);
+}
+
+TEST(State, TwoPlansSharingStateSeeEachOthersRows) {
+  auto rt = ag::runtime::create("sim:2", fast_sim());
+  ASSERT_TRUE(rt.has_value()) << rt.err().to_string();
+  const ag::graph g3 = state_graph(3), g1 = state_graph(1);
+  ag::plan_options po;
+  po.pipeline_stages = 2;
+  po.state_slots = 3;
+  auto p3 = (*rt)->compile(g3, po);
+  ASSERT_TRUE(p3.has_value()) << p3.err().to_string();
+  ag::plan_options po1 = po;
+  po1.state_slots = 1;  // taken from the other plan
+  po1.share_state_with = *p3;
+  auto p1 = (*rt)->compile(g1, po1);
+  ASSERT_TRUE(p1.has_value()) << p1.err().to_string();
+  EXPECT_EQ((*p1)->options().state_slots, 3);
+  // Same device and offset for the state in both plans.
+  const ag::node_id c3 = (*p3)->source().find("cache"), c1 = (*p1)->source().find("cache");
+  const int dev = (*p3)->placement()[static_cast<std::size_t>(c3)];
+  EXPECT_EQ((*p1)->placement()[static_cast<std::size_t>(c1)], dev);
+  auto l3 = (*p3)->locate(c3, dev), l1 = (*p1)->locate(c1, dev);
+  ASSERT_TRUE(l3.has_value() && l1.has_value());
+  EXPECT_EQ(l3->where, ag::region::state);
+  EXPECT_EQ(l1->where, ag::region::state);
+  EXPECT_EQ(l3->byte_offset, l1->byte_offset);
+  // A prefill-like job of 3 rows, then one-row jobs, on slot 2; the
+  // reference keeps one state for both graphs (same node name).
+  ag::reference_state ref;
+  const struct {
+    bool three;
+    std::vector<int32_t> pos;
+  } steps[] = {{true, {0, 1, 2}}, {false, {3}}, {false, {4}}, {true, {5, 6, -1}}, {false, {7}}};
+  uint64_t seed = 300;
+  for (const auto& s : steps) {
+    const ag::graph& g = s.three ? g3 : g1;
+    const auto in = step_inputs(s.three ? 3 : 1, s.pos, seed++);
+    ag::job j = (*rt)->submit(s.three ? *p3 : *p1, in, slot(2));
+    ASSERT_TRUE(j.wait_for(30s)) << "job hung";
+    ASSERT_TRUE(j.wait().has_value()) << j.wait().err().to_string();
+    auto want = ag::evaluate_reference(g, in, ref);
+    ASSERT_TRUE(want.has_value()) << want.err().to_string();
+    expect_equal(*j.wait(), *want, "shared state job " + std::to_string(seed));
+  }
+  // A state the other plan lacks is refused at compile time, naming it.
+  ag::graph_builder b;
+  auto rows = b.input("rows", ag::dtype::f32, {1, H, 1, D});
+  auto pos = b.input("positions", ag::dtype::i32, {1});
+  b.output(b.scale(b.store_rows(rows, pos, 2, C, "other_cache"), 1.0f, "o"));
+  auto lone = std::move(b).build();
+  ASSERT_TRUE(lone.has_value());
+  auto bad = (*rt)->compile(*lone, po1);
+  ASSERT_FALSE(bad.has_value());
+  EXPECT_EQ(bad.err().code, ag::errc::invalid_argument);
+  EXPECT_NE(bad.err().message.find("'other_cache' is not in the other plan"), std::string::npos) << bad.err().message;
+}
+
+TEST(State, SubmitNamesAFreeSlotOfAPlanWithStateOrFailsSayingWhy) {
+  ag::runtime_options slow;
+  slow.backend.sim.time_scale = 200;  // a modelled us takes 200 us: a job runs for milliseconds
+  auto rt = ag::runtime::create("sim:1", slow);
+  ASSERT_TRUE(rt.has_value()) << rt.err().to_string();
+  const ag::graph g = state_graph(3);
+  ag::plan_options po;
+  po.state_slots = 2;
+  auto p = (*rt)->compile(g, po);
+  ASSERT_TRUE(p.has_value()) << p.err().to_string();
+  const auto in = step_inputs(3, {0, 1, 2}, 1);
+  auto fails_with = [&](ag::job j, const std::string& text) {
+    ASSERT_TRUE(j.wait_for(30s));
+    ASSERT_FALSE(j.wait().has_value()) << "expected: " << text;
+    EXPECT_EQ(j.wait().err().code, ag::errc::invalid_argument);
+    EXPECT_NE(j.wait().err().message.find(text), std::string::npos) << j.wait().err().message;
+  };
+  fails_with((*rt)->submit(*p, in), "state_slot must be 0..1, got -1");
+  fails_with((*rt)->submit(*p, in, slot(2)), "state_slot must be 0..1, got 2");
+  // A slot held by a running job refuses a second job; its completion frees
+  // it before the handle is ready, so a continuation may submit the next.
+  ag::job first = (*rt)->submit(*p, in, slot(0));
+  fails_with((*rt)->submit(*p, in, slot(0)), "state slot 0 is held by another job");
+  ag::job other = (*rt)->submit(*p, in, slot(1));  // another slot runs alongside
+  std::promise<ag::job> next_p;
+  first.then([&](const ag::job_result&) { next_p.set_value((*rt)->submit(*p, step_inputs(3, {3, 4, 5}, 2), slot(0))); });
+  ASSERT_TRUE(first.wait_for(30s));
+  ASSERT_TRUE(first.wait().has_value()) << first.wait().err().to_string();
+  ag::job next = next_p.get_future().get();
+  ASSERT_TRUE(next.wait_for(30s));
+  EXPECT_TRUE(next.wait().has_value()) << next.wait().err().to_string();
+  ASSERT_TRUE(other.wait_for(30s));
+  EXPECT_TRUE(other.wait().has_value()) << other.wait().err().to_string();
+  // A plan without state takes no slot.
+  ag::graph_builder b;
+  auto x = b.input("x", ag::dtype::f32, {2, 2});
+  b.output(b.scale(x, 2.0f, "y"));
+  auto plain = (*rt)->compile(*std::move(b).build(), {});
+  ASSERT_TRUE(plain.has_value());
+  const std::vector<ag::host_tensor> xin{ag::host_tensor::random_normal(ag::dtype::f32, {2, 2}, 3, 1.0f)};
+  fails_with((*rt)->submit(*plain, xin, slot(0)), "the plan keeps no state");
+  ag::job ok = (*rt)->submit(*plain, xin);
+  ASSERT_TRUE(ok.wait_for(30s));
+  EXPECT_TRUE(ok.wait().has_value());
+}
+
+TEST(State, ThePlanKeepsStatePerSlotInTheStateRegionAndCountsEverySlot) {
+  const ag::graph g = state_graph(3);
+  auto gp = std::make_shared<const ag::graph>(g);
+  std::vector<ag::device_spec> devs(1);
+  devs[0].name = "sim0";
+  ag::plan_options po;
+  po.state_slots = 4;
+  auto p = ag::compile(gp, devs, po);
+  ASSERT_TRUE(p.has_value()) << p.err().to_string();
+  const int64_t one = H * C * D * 4;  // f32 [1, 2, 8, 4]
+  EXPECT_GE((*p)->memory()[0].state_bytes, one);
+  EXPECT_LT((*p)->memory()[0].state_bytes, one + 256);
+  auto loc = (*p)->locate(g.find("cache"), 0);
+  ASSERT_TRUE(loc.has_value());
+  EXPECT_EQ(loc->where, ag::region::state);
+  EXPECT_NE((*p)->describe().find("state 4 slot(s)"), std::string::npos) << (*p)->describe();
+  // Every slot counts against the device: too many slots do not fit.
+  devs[0].mem_bytes = 64 << 10;
+  po.state_slots = 65536;
+  auto big = ag::compile(gp, devs, po);
+  ASSERT_FALSE(big.has_value());
+  EXPECT_EQ(big.err().code, ag::errc::out_of_memory);
+  EXPECT_NE(big.err().message.find("state 65536 x"), std::string::npos) << big.err().message;
+  po.state_slots = 0;
+  auto none = ag::compile(gp, devs, po);
+  ASSERT_FALSE(none.has_value());
+  EXPECT_NE(none.err().message.find("state_slots must be 1..65536, got 0"), std::string::npos) << none.err().message;
+}
+
+TEST(State, StoreRowsRefusesWhatItCannotStoreNamingTheNode) {
+  auto err_of = [](auto&& build) {
+    ag::graph_builder b;
+    build(b);
+    auto g = std::move(b).build();
+    return g.has_value() ? std::string("built") : g.err().message;
+  };
+  auto rows = [](ag::graph_builder& b) { return b.input("rows", ag::dtype::f32, {1, 2, 3, 4}); };
+  EXPECT_NE(err_of([&](ag::graph_builder& b) {
+              b.output(b.store_rows(rows(b), b.input("p", ag::dtype::i32, {3}), 4, 8, "s"));
+            }).find("store_rows 's': axis 4 is outside rows"),
+            std::string::npos);
+  EXPECT_NE(err_of([&](ag::graph_builder& b) {
+              b.output(b.store_rows(rows(b), b.input("p", ag::dtype::f32, {3}), 2, 8, "s"));
+            }).find("positions 'p' are f32, must be i32"),
+            std::string::npos);
+  EXPECT_NE(err_of([&](ag::graph_builder& b) {
+              b.output(b.store_rows(rows(b), b.input("p", ag::dtype::i32, {4}), 2, 8, "s"));
+            }).find("must be [3] (one per row along axis 2"),
+            std::string::npos);
+  EXPECT_NE(err_of([&](ag::graph_builder& b) {
+              b.output(b.store_rows(rows(b), b.input("p", ag::dtype::i32, {3}), 2, 0, "s"));
+            }).find("capacity (attrs.end) must be >= 1, got 0"),
+            std::string::npos);
+  EXPECT_EQ(err_of([&](ag::graph_builder& b) {
+              b.output(b.store_rows(rows(b), b.input("p", ag::dtype::i32, {3}), 2, 8, "s"));
+            }),
+            "built");
+}
+
+}  // namespace
