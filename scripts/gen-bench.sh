@@ -14,6 +14,7 @@
 # 4. decode_vs_torch (ours / torch ms per token: lower is better) and prefill_vs_torch
 #    (our tokens/s / torch's: higher is better);
 # 5. actorgraph-generate-bench --mode sim: pipelined_sequences_speedup_sim.
+# AG_GEN_DECODE_FLAGS adds flags to step 3's decode run (e.g. "--replay on").
 # Everything is printed and written to OUTDIR/gen-bench.txt.
 set -uo pipefail
 out="${1:?usage: gen-bench.sh OUTDIR}"
@@ -45,7 +46,7 @@ model="$out/llama-1b"
 
 say "== actorgraph-generate-bench --mode decode (cuda:0)"
 timeout 600 "$build/apps/actorgraph-generate-bench" --mode decode --model "$model" --devices cuda:0 \
-  --context 512 --new-tokens 64 --prefill 2048 ${bw:+--bandwidth-gbs "$bw"} 2>&1 | tee "$out/ours-decode.txt" | tee -a "$log"
+  --context 512 --new-tokens 64 --prefill 2048 ${bw:+--bandwidth-gbs "$bw"} ${AG_GEN_DECODE_FLAGS:-} 2>&1 | tee "$out/ours-decode.txt" | tee -a "$log"
 ours_ms=$(awk '/^decode_ms_per_token:/{print $2}' "$out/ours-decode.txt")
 ours_tps=$(awk '/^prefill_tokens_per_s:/{print $2}' "$out/ours-decode.txt")
 if [ -n "$torch_ms" ] && [ -n "$ours_ms" ]; then
