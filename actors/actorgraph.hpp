@@ -132,11 +132,13 @@ struct submit_options {
   std::chrono::nanoseconds deadline{0};
   /// For a plan with state (store_rows nodes, e.g. a KV cache): the state
   /// slot (0 .. plan_options::state_slots - 1) the job reads and stores into.
-  /// It sees what the previous job of the slot stored (zeros in a fresh
-  /// slot); jobs of one slot must not overlap: while one runs, a submit
-  /// naming its slot fails at once (errc::invalid_argument), and the slot is
-  /// free again by the time the job's handle is ready, so a continuation may
-  /// submit the next. -1 (none) for a plan without state; required with it.
+  /// Jobs of one slot run one at a time, in the order they were submitted
+  /// (across the plans sharing the state, plan_options::share_state_with):
+  /// each sees what the previous one stored (zeros in a fresh slot); a job
+  /// whose slot is busy waits for its turn before it takes any memory, and
+  /// a job that fails or is cancelled while it waits leaves the queue. Jobs
+  /// of different slots run concurrently. -1 (none) for a plan without
+  /// state; required with it (errc::invalid_argument at submit otherwise).
   int state_slot = -1;
 };
 

@@ -180,7 +180,8 @@ struct generator::impl : std::enable_shared_from_this<generator::impl> {
   models::transformer_config cfg;
   generator_options opt;
   step_plan decode, prefill;  // prefill.p null: the prompt goes through decode
-  int64_t cache_bytes = 0;  // device memory of every slot's cache, all devices
+  int64_t cache_bytes = 0;   // device memory of every slot's cache, all devices
+  int64_t weight_bytes = 0;  // device memory of the plans' weights, all devices (shared uploads once)
 
   mutable std::mutex m;
   // Which sequence (by ticket) holds which slot, and who waits, FIFO
@@ -363,6 +364,7 @@ generator::generator(std::shared_ptr<impl> p) : impl_(std::move(p)) {}
 generator::~generator() = default;
 
 int64_t generator::cache_bytes() const noexcept { return impl_->cache_bytes; }
+int64_t generator::weight_bytes() const noexcept { return impl_->weight_bytes; }
 
 int generator::active_sequences() const {
   std::lock_guard lk(impl_->m);
@@ -402,6 +404,7 @@ expected<std::shared_ptr<generator>> generator::create(runtime& rt, models::tran
     if (!g) return g.err();
     plan_options po = options.plan;
     po.state_slots = options.max_sequences;
+    po.share_weights_with = share;  // one upload of the model where the layouts match
     po.share_state_with = std::move(share);
     expected<std::shared_ptr<const plan>> p = rt.compile(std::move(*g), po);
     if (!p) return p.err();
@@ -417,6 +420,9 @@ expected<std::shared_ptr<generator>> generator::create(runtime& rt, models::tran
   cfg.seq_len = 1;
   impl->cfg = cfg;
   for (const device_memory& m : impl->decode.p->memory()) impl->cache_bytes += m.state_bytes * options.max_sequences;
+  for (const step_plan* sp : {&impl->decode, &impl->prefill})
+    if (sp->p)
+      for (const device_memory& m : sp->p->memory()) impl->weight_bytes += m.weights_shared ? 0 : m.weight_bytes;
   impl->slot_table = state_slots(options.max_sequences);
   return std::make_shared<generator>(std::move(impl));
 }

@@ -27,6 +27,9 @@
 /// its next one (the slot orders them); jobs of different sequences are
 /// independent, so a pipeline interleaves them.
 ///
+/// The prefill plan also uses the decode plan's weights (one upload of the
+/// model, weight_bytes()) wherever the two plans lay them out alike.
+///
 /// Cache memory is planned at `create`: max_sequences slots of
 /// cache_tokens positions each (cache_bytes(), device memory). A sequence
 /// holds a slot from its first job to its end; when all are taken a new
@@ -144,6 +147,11 @@ class generator {
 
   /// Bytes of device memory the caches take (all slots, all devices).
   int64_t cache_bytes() const noexcept;
+  /// Bytes of device memory the model's weights take (all devices): the
+  /// prefill plan uses the decode plan's upload wherever both lay the
+  /// weights out alike (plan_options::share_weights_with), so usually one
+  /// copy of the model (of each device's part of it).
+  int64_t weight_bytes() const noexcept;
   /// Sequences holding a slot now, and sequences waiting for one.
   int active_sequences() const;
   int waiting_sequences() const;

@@ -24,6 +24,7 @@ struct job_actor_state {
   std::size_t remaining = 0;
   std::size_t acks = 0;
   bool asked = false;      // an acquire for used_devices[acq] is outstanding
+  bool waiting_slot = false;  // queued for its state slot's turn (slot_table): no acquire yet
   error err;
 
   static constexpr const char* name = "ag.job";
@@ -199,7 +200,7 @@ void acquire_next(job_actor_t* self) {
 
 caf::behavior job_actor_fn(job_actor_t* self, runtime_core* core, std::shared_ptr<job::shared_state> ss,
                            std::shared_ptr<const loaded_plan> lp, std::shared_ptr<const plan> user_plan,
-                           std::vector<host_tensor> inputs, int state_slot) {
+                           std::vector<host_tensor> inputs, int state_slot, bool slot_turn) {
   auto& st = self->state;
   st.core = core;
   st.ss = std::move(ss);
@@ -210,7 +211,8 @@ caf::behavior job_actor_fn(job_actor_t* self, runtime_core* core, std::shared_pt
   ctx.arenas.assign(core->devices().size(), -1);
   ctx.inputs = std::move(inputs);
   ctx.state_slot = state_slot;
-  ctx.holds_state_slot.store(state_slot >= 0);  // runtime_core::submit claimed it
+  ctx.in_slot_table.store(state_slot >= 0);  // runtime_core::submit entered it
+  st.waiting_slot = !slot_turn;
   ctx.job_actor = caf::actor_cast<caf::actor>(self);
   ctx.timing = core->options().trace;
   ctx.core = core;
@@ -224,15 +226,24 @@ caf::behavior job_actor_fn(job_actor_t* self, runtime_core* core, std::shared_pt
   // Registered for device_down; a device that died already fails the job.
   error dead = core->jobs().add(ctx.id(), ctx.job_actor, ctx.lp);
   // runtime_core::submit already asked the first device for an arena (in
-  // submission order); acquire_next() asks the following ones.
-  st.asked = !ctx.program().used_devices().empty();
+  // submission order), unless the job waits for its state slot's turn;
+  // acquire_next() asks the following ones.
+  st.asked = !ctx.program().used_devices().empty() && !st.waiting_slot;
   if (cancel_requested)
     begin_fail(self, {errc::cancelled, "job " + std::to_string(ctx.id()) + " cancelled"});
   else if (dead)
     begin_fail(self, std::move(dead));
-  else if (!st.asked)
+  else if (!st.asked && !st.waiting_slot)
     acquire_next(self);
   return {
+      [self](msg::slot_atom) {
+        // The state slot's earlier jobs are done: this job's turn. (A job
+        // that failed while it waited left the queue and quit.)
+        auto& st = self->state;
+        if (st.ph != phase::acquiring || !st.waiting_slot) return;
+        st.waiting_slot = false;
+        acquire_next(self);
+      },
       [self](const msg::arena_reply& m) {
         auto& st = self->state;
         st.asked = false;
@@ -330,15 +341,15 @@ error dead_device_error(const job_context& ctx) {
 
 caf::actor spawn_job_actor(caf::actor_system& sys, runtime_core* core, std::shared_ptr<job::shared_state> ss,
                            std::shared_ptr<const loaded_plan> lp, std::shared_ptr<const plan> user_plan,
-                           std::vector<host_tensor> inputs, int state_slot) {
+                           std::vector<host_tensor> inputs, int state_slot, bool slot_turn) {
   // lazy_init: the actor starts on its first message (the first arena_reply,
   // or cancel), which saves the scheduler a run of its own per job. A plan
   // without devices gets no arena_reply: that job actor starts at once.
   if (lp->program->used_devices().empty())
     return sys.spawn(job_actor_fn, core, std::move(ss), std::move(lp), std::move(user_plan), std::move(inputs),
-                     state_slot);
+                     state_slot, slot_turn);
   return sys.spawn<caf::lazy_init>(job_actor_fn, core, std::move(ss), std::move(lp), std::move(user_plan),
-                                   std::move(inputs), state_slot);
+                                   std::move(inputs), state_slot, slot_turn);
 }
 
 const char* to_string(replay_outcome o) noexcept {

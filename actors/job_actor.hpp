@@ -56,6 +56,6 @@ error dead_device_error(const job_context& ctx);
 
 caf::actor spawn_job_actor(caf::actor_system& sys, runtime_core* core, std::shared_ptr<job::shared_state> ss,
                            std::shared_ptr<const loaded_plan> lp, std::shared_ptr<const plan> user_plan,
-                           std::vector<host_tensor> inputs, int state_slot = -1);
+                           std::vector<host_tensor> inputs, int state_slot = -1, bool slot_turn = true);
 
 }  // namespace ag::actors

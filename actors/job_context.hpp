@@ -86,18 +86,18 @@ struct job_context final : msg::job_ref, std::enable_shared_from_this<job_contex
   mutable std::atomic<bool> fulfilled_early{false};
 
   /// The plan's state slot this job reads and stores (submit_options::
-  /// state_slot); -1: none. Claimed by runtime_core::submit, released once
-  /// (release_state_slot) when the job's work is over.
+  /// state_slot); -1: none. Entered by runtime_core::submit (held, or
+  /// waited for), left once (release_state_slot) when the job's work is over.
   int state_slot = -1;
-  mutable std::atomic<bool> holds_state_slot{false};
+  mutable std::atomic<bool> in_slot_table{false};
 
-  /// Frees the job's state slot for the plan's next job of that slot; the
-  /// first call does it, later ones nothing. Called before the handle is
-  /// fulfilled (the job's kernels are done or drained by then) and by the
-  /// destructor as a last resort.
+  /// Leaves the job's state slot: the slot's next job gets its turn (or this
+  /// job leaves the queue, if it never got one). The first call does it,
+  /// later ones nothing. Called before the handle is fulfilled (the job's
+  /// kernels are done or drained by then) and by the destructor as a last
+  /// resort.
   void release_state_slot() const noexcept {
-    if (holds_state_slot.exchange(false, std::memory_order_acq_rel))
-      lp->state_busy[static_cast<std::size_t>(state_slot)].store(false, std::memory_order_release);
+    if (in_slot_table.exchange(false, std::memory_order_acq_rel)) lp->slots->leave(state_slot, id());
   }
   ~job_context() { release_state_slot(); }
 

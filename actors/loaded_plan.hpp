@@ -11,18 +11,86 @@
 
 #include <atomic>
 #include <cstdint>
+#include <deque>
+#include <functional>
+#include <mutex>
 #include <memory>
 #include <vector>
 
 #include <caf/actor.hpp>
+#include <caf/send.hpp>
 
 #include "actors/launch_program.hpp"
 #include "actors/plan_memory.hpp"
+#include "messages/atoms.hpp"
 #include "graph/host_tensor.hpp"
 
 namespace ag::actors {
 
 class runtime_core;
+
+/// Who holds each state slot of a plan (and of the plans sharing its state),
+/// and the jobs waiting for it in submission order. A job holds its slot
+/// from its turn to its end: jobs of one slot run one after another, in the
+/// order they were submitted, each seeing what the previous one stored.
+/// Thread-safe: runtime_core::submit (submitting threads), job actors and
+/// backend threads (job_context::release_state_slot) call it.
+class slot_table {
+ public:
+  explicit slot_table(int slots) : slots_(static_cast<std::size_t>(slots)) {}
+
+  /// Job `job` wants `slot`: calls spawn(true) when the slot is free (the
+  /// job holds it now), else spawn(false) and queues the actor spawn
+  /// returns, which gets msg::slot_atom when its turn comes. spawn runs
+  /// under the table's lock, so no turn can come before the actor exists.
+  caf::actor acquire(int slot, uint64_t job, const std::function<caf::actor(bool)>& spawn) {
+    std::lock_guard<std::mutex> lk(m_);
+    entry& e = slots_[static_cast<std::size_t>(slot)];
+    if (!e.held) {
+      e.held = true;
+      e.holder = job;
+      return spawn(true);
+    }
+    caf::actor a = spawn(false);
+    e.waiting.emplace_back(job, a);
+    return a;
+  }
+
+  /// Job `job` is done with `slot`: it leaves the queue if it waits there;
+  /// if it holds the slot, the oldest waiter holds it now and is told.
+  void leave(int slot, uint64_t job) {
+    caf::actor next;
+    {
+      std::lock_guard<std::mutex> lk(m_);
+      entry& e = slots_[static_cast<std::size_t>(slot)];
+      if (e.held && e.holder == job) {
+        if (e.waiting.empty()) {
+          e.held = false;
+        } else {
+          e.holder = e.waiting.front().first;
+          next = std::move(e.waiting.front().second);
+          e.waiting.pop_front();
+        }
+      } else {
+        for (auto it = e.waiting.begin(); it != e.waiting.end(); ++it)
+          if (it->first == job) {
+            e.waiting.erase(it);
+            break;
+          }
+      }
+    }
+    if (next) caf::anon_send(next, msg::slot_atom::value);
+  }
+
+ private:
+  struct entry {
+    bool held = false;
+    uint64_t holder = 0;
+    std::deque<std::pair<uint64_t, caf::actor>> waiting;
+  };
+  std::mutex m_;
+  std::vector<entry> slots_;
+};
 
 struct loaded_plan {
   uint64_t key = 0;  ///< unique per runtime process; names the plan in messages
@@ -49,13 +117,7 @@ struct loaded_plan {
   /// once by release_state_slot (job_context.hpp) before the job's handle is
   /// fulfilled, so a continuation may submit the slot's next job.
   int state_slots = 0;
-  std::shared_ptr<std::atomic<bool>[]> state_busy;  ///< shared with plan_options::share_state_with's plan
-
-  /// True when `slot` was free and is now held by the caller.
-  bool claim_state_slot(int slot) const noexcept {
-    bool expected = false;
-    return state_busy[static_cast<std::size_t>(slot)].compare_exchange_strong(expected, true, std::memory_order_acq_rel);
-  }
+  std::shared_ptr<slot_table> slots;  ///< shared with plan_options::share_state_with's plan
 
   const plan& source() const noexcept { return program->source(); }
 };

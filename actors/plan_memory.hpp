@@ -31,12 +31,15 @@ class plan_memory final : public msg::plan_memory_ref {
   int64_t weight_bytes = 0;
   /// State region (store_rows nodes): state_slots slots of state_bytes each,
   /// zeroed at load; slot s at states + s * state_bytes. Written only by the
-  /// kernels of the job that holds the slot (loaded_plan::claim_state_slot).
+  /// kernels of the job whose turn it is on the slot (loaded_plan.hpp slot_table).
   void* states = nullptr;
   int64_t state_bytes = 0;
   /// plan_options::share_state_with: the plan memory that owns `states`
   /// (kept alive by this one; this one then frees no state).
   std::shared_ptr<plan_memory> state_owner;
+  /// plan_options::share_weights_with, on a device where the layouts match:
+  /// the plan memory that owns `weights` (this one then frees no weights).
+  std::shared_ptr<plan_memory> weight_owner;
   int64_t arena_bytes = 0;
   /// Arena bases by handle. Fixed size (runtime_options::arenas_per_device);
   /// entry 0 is allocated by compile(), entry i > 0 is written only by the

@@ -234,7 +234,16 @@ expected<std::shared_ptr<const plan>> runtime_core::compile(std::shared_ptr<cons
     m->arena_bytes = mem.arena_bytes;
     const std::string dname = "device '" + dev->spec().name + "'";
     host_tensor staging;  // upload_in_chunks' buffer, reused for the device's weights
-    if (mem.weight_bytes > 0) {
+    if (mem.weights_shared) {
+      // The other plan's weights, laid out identically (memory_plan.cpp same_weight_layout).
+      const auto* od = std::get_deleter<plan_deleter>(p->options().share_weights_with);
+      const auto& owner = od && od->live == live_ ? od->lp->memory[static_cast<std::size_t>(d)] : nullptr;
+      if (!owner || !owner->weights || owner->weight_bytes != mem.weight_bytes)
+        return error{errc::invalid_argument,
+                     dname + ": plan_options::share_weights_with names a plan this runtime did not load here", d};
+      m->weights = owner->weights;
+      m->weight_owner = owner;
+    } else if (mem.weight_bytes > 0) {
       auto w = dev->allocate(mem.weight_bytes);
       if (!w)
         return error{w.err().code, dname + ": weights of " + std::to_string(mem.weight_bytes) + " bytes: " + w.err().message,
@@ -295,12 +304,8 @@ expected<std::shared_ptr<const plan>> runtime_core::compile(std::shared_ptr<cons
     m->arenas[0] = *a;
     lp->memory[static_cast<std::size_t>(d)] = std::move(m);
   }
-  if (lp->state_slots > 0 && shared_state) {
-    lp->state_busy = shared_state->state_busy;  // one slot, one job at a time, across both plans
-  } else if (lp->state_slots > 0) {
-    lp->state_busy = std::shared_ptr<std::atomic<bool>[]>(new std::atomic<bool>[static_cast<std::size_t>(lp->state_slots)]);
-    for (int s = 0; s < lp->state_slots; ++s) lp->state_busy[static_cast<std::size_t>(s)].store(false);
-  }
+  if (lp->state_slots > 0)  // one job at a time per slot, across the plans sharing the state
+    lp->slots = shared_state ? shared_state->slots : std::make_shared<slot_table>(lp->state_slots);
   // Collective groups: a communicator per group is made now (NCCL on CUDA),
   // so a group that cannot run fails the load, not the first job.
   std::set<std::vector<int>> groups;
@@ -321,7 +326,7 @@ expected<std::shared_ptr<const plan>> runtime_core::compile(std::shared_ptr<cons
 
 namespace {
 
-/// Claims `slot` of a plan with state for a new job, or says why not.
+/// Whether a job of `lp` may name state slot `slot`, or why not.
 error check_state_slot(const loaded_plan& lp, int slot) {
   if (lp.state_slots == 0) {
     if (slot < 0) return {};
@@ -333,10 +338,6 @@ error check_state_slot(const loaded_plan& lp, int slot) {
                  "submit: the plan keeps state in " + std::to_string(lp.state_slots) +
                      " slot(s) (store_rows nodes): submit_options::state_slot must be 0.." +
                      std::to_string(lp.state_slots - 1) + ", got " + std::to_string(slot)};
-  if (!lp.claim_state_slot(slot))
-    return error{errc::invalid_argument, "submit: state slot " + std::to_string(slot) +
-                                             " is held by another job of this plan still running (jobs of one slot "
-                                             "must not overlap: submit the next when the previous is ready)"};
   return {};
 }
 
@@ -377,7 +378,18 @@ job runtime_core::submit(const std::shared_ptr<const plan>& p, std::vector<host_
     return j;
   }
   in_flight_.fetch_add(1);
-  caf::actor ja = spawn_job_actor(sys_, this, ss, lp, p, std::move(inputs), options.state_slot);
+  // A job of a state slot takes its turn on the slot in submission order:
+  // at once when the slot is free, else after the slot's earlier jobs (its
+  // actor then asks for arenas when msg::slot_atom says its turn came).
+  bool its_turn = true;
+  caf::actor ja;
+  if (options.state_slot >= 0)
+    ja = lp->slots->acquire(options.state_slot, ss->id, [&](bool now) {
+      its_turn = now;
+      return spawn_job_actor(sys_, this, ss, lp, p, std::move(inputs), options.state_slot, now);
+    });
+  else
+    ja = spawn_job_actor(sys_, this, ss, lp, p, std::move(inputs));
   {
     // The job actor starts lazily (on its first message): cancel() must be
     // able to reach it before then. Nobody else holds the handle yet.
@@ -390,7 +402,7 @@ job runtime_core::submit(const std::shared_ptr<const plan>& p, std::vector<host_
   // submission order. Sent from the submitting thread, the requests of one
   // thread reach the device in submission order (FIFO back-pressure).
   const auto& used = lp->program->used_devices();
-  if (!used.empty())
+  if (!used.empty() && its_turn)
     caf::anon_send(device_actors_[static_cast<std::size_t>(used.front())],
                    msg::acquire_arena{lp->key, ss->id, ja});
   if (options.deadline.count() > 0) {

@@ -125,6 +125,34 @@ error too_big(const plan& p, std::size_t d, const char* what, const node& n) {
 
 }  // namespace
 
+namespace {
+
+/// Whether `other` holds on device `d` exactly the weight region `p` laid
+/// out there: the same size, and each of p's weights at the same offset in
+/// `other` under the same name, with the same values (same_values).
+bool same_weight_layout(const plan& p, std::size_t d, const plan& other) {
+  if (other.memory().size() <= d || other.devices().size() != p.devices().size()) return false;
+  const device_memory& mine = p.memory()[d];
+  const device_memory& theirs = other.memory()[d];
+  if (theirs.weight_bytes != mine.weight_bytes || theirs.weights_shared) return false;
+  int64_t mine_count = 0, their_count = 0;
+  for (const buffer_slot& s : theirs.slots) their_count += s.where == region::weights;
+  for (const buffer_slot& s : mine.slots) {
+    if (s.where != region::weights) continue;
+    ++mine_count;
+    const node& n = p.source().at(s.node);
+    const node_id o = other.source().find(n.name);
+    if (o == no_node) return false;
+    const node& on = other.source().at(o);
+    if (on.op != op_kind::weight || !n.data || !on.data || !same_values(*n.data, *on.data)) return false;
+    auto loc = other.locate(o, static_cast<int>(d));
+    if (!loc || loc->where != region::weights || loc->byte_offset != s.offset) return false;
+  }
+  return mine_count == their_count;
+}
+
+}  // namespace
+
 error planner::plan_memory(plan& p) {
   const graph& g = *p.graph_;
   const std::size_t ndev = p.devices_.size();
@@ -250,6 +278,8 @@ error planner::plan_memory(plan& p) {
       if (!checked_add(mem.weight_bytes, bytes, end) || !checked_aligned(end, mem.weight_bytes))
         return too_big(p, d, "its weights", g.at(static_cast<node_id>(id)));
     }
+    if (const plan* w = p.options_.share_weights_with.get(); w && mem.weight_bytes > 0)
+      mem.weights_shared = same_weight_layout(p, d, *w);
     // State: one slot's nodes packed; the device keeps state_slots slots.
     // Shared with another plan: at that plan's offsets (pin_shared_state put
     // each node on the device the other plan keeps it on).
@@ -279,7 +309,8 @@ error planner::plan_memory(plan& p) {
     const device_spec& spec = p.devices_[d];
     int64_t total = 0, states = 0;
     const bool overflow = !checked_mul(mem.state_bytes, int64_t{p.options_.state_slots}, states) ||
-                          !checked_add(mem.arena_bytes, mem.weight_bytes, total) || !checked_add(total, states, total);
+                          !checked_add(mem.arena_bytes, mem.weights_shared ? 0 : mem.weight_bytes, total) ||
+                          !checked_add(total, states, total);
     if (overflow || total > spec.mem_bytes)
       return error(errc::out_of_memory,
                    "device " + std::to_string(d) + " ('" + spec.name + "') needs " +

@@ -128,7 +128,8 @@ std::string plan::describe() const {
     }
     const device_memory& m = memory_[static_cast<std::size_t>(d)];
     os << "  compute " << fmt_us(est_seconds(d)) << "; arena " << fmt_bytes(m.arena_bytes) << " peak vs "
-       << fmt_bytes(m.sum_tensor_bytes) << " sum of tensors; weights " << fmt_bytes(m.weight_bytes);
+       << fmt_bytes(m.sum_tensor_bytes) << " sum of tensors; weights " << fmt_bytes(m.weight_bytes)
+       << (m.weights_shared ? " (another plan's upload, shared)" : "");
     if (m.state_bytes > 0)
       os << "; state " << options_.state_slots << " slot(s) x " << fmt_bytes(m.state_bytes);
     os << "\n";

@@ -114,6 +114,10 @@ struct device_memory {
   /// One state slot's size (the store_rows nodes computed here); the device
   /// holds plan_options::state_slots of them, slot s at s * state_bytes.
   int64_t state_bytes = 0;
+  /// plan_options::share_weights_with: this device's weight region is the
+  /// other plan's (identical layout), so loading uploads nothing here and
+  /// the weights do not count again against the device's memory.
+  bool weights_shared = false;
   int64_t sum_tensor_bytes = 0;   ///< sum of all arena tensors' sizes (no reuse)
   std::vector<buffer_slot> slots; ///< arena, weight and state slots on this device
 };
@@ -188,6 +192,12 @@ struct plan_options {
   /// Each of this plan's store_rows nodes must exist there with the same
   /// dims and dtype; state_slots is taken from it. Null: own state.
   std::shared_ptr<const plan> share_state_with;
+  /// Another plan (same devices) whose uploaded weights this plan uses on
+  /// every device where the two lay out the same weights identically (same
+  /// names, offsets and values: weight_source same_values), instead of
+  /// uploading its own copy (device_memory::weights_shared; describe() says
+  /// where). Elsewhere it uploads its own. Null: own weights everywhere.
+  std::shared_ptr<const plan> share_weights_with;
 };
 
 /// Refuses options no plan can be made with, naming the option and the

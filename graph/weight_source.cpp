@@ -124,6 +124,19 @@ weight_source_ptr make_shape_only_weight(dtype type, shape dims) {
   return std::make_shared<shape_only_weight>(type, dims);
 }
 
+bool same_values(const weight_source& a, const weight_source& b) {
+  if (&a == &b) return a.has_values();
+  if (a.type() != b.type() || a.dims() != b.dims() || !a.has_values() || !b.has_values()) return false;
+  const auto* sa = dynamic_cast<const slice_weight*>(&a);
+  const auto* sb = dynamic_cast<const slice_weight*>(&b);
+  if (sa || sb)
+    return sa && sb && sa->dim() == sb->dim() && sa->begin() == sb->begin() && same_values(*sa->base(), *sb->base());
+  const host_tensor* ta = a.in_memory();
+  const host_tensor* tb = b.in_memory();
+  if (ta || tb) return ta && tb && ta->bytes() == tb->bytes() && std::memcmp(ta->data(), tb->data(), ta->bytes()) == 0;
+  return a.origin() == b.origin();
+}
+
 expected<host_tensor> read_all(const weight_source& w) {
   if (const host_tensor* t = w.in_memory()) return *t;
   host_tensor t = host_tensor::uninitialized(w.type(), w.dims());

@@ -62,6 +62,14 @@ weight_source_ptr make_host_weight(host_tensor values);
 /// A source with a shape and no values (planning only).
 weight_source_ptr make_shape_only_weight(dtype type, shape dims);
 
+/// Whether `a` and `b` give the same values, decided without reading a file:
+/// the same source; in-memory tensors with equal bytes; slices of sources
+/// that give the same values, over the same range; or two file-backed
+/// sources of the same origin (file and tensor name), dtype and dims. False
+/// for shapes-only sources. Two plans whose weights are the same values may
+/// share one upload (plan_options::share_weights_with).
+bool same_values(const weight_source& a, const weight_source& b);
+
 /// The slice [begin, end) along `dim` of `base`, as a source of its own (a
 /// tensor-parallel shard): its dims are base's with dims[dim] = end - begin,
 /// and reading it reads only that slice of `base` (read_slice along `dim`

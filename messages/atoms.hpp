@@ -13,6 +13,8 @@ namespace ag::msg {
 using cancel_atom = caf::atom_constant<caf::atom("ag_cancel")>;
 /// executing actor to itself (delayed): check its running steps for stalls.
 using stall_atom = caf::atom_constant<caf::atom("ag_stall")>;
+/// job actor: the state slot it waited for is its now (loaded_plan.hpp slot_table).
+using slot_atom = caf::atom_constant<caf::atom("ag_slot")>;
 /// any runtime actor: report internal counters (tests).
 using stats_atom = caf::atom_constant<caf::atom("ag_stats")>;
 

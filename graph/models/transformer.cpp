@@ -119,6 +119,13 @@ class model_builder {
 
   bool cached() const noexcept { return cfg_.kv_cache_capacity > 0; }
 
+  // x itself when its layout is already contiguous (a permute that only
+  // moves a dim of size 1, as a decode step's S = 1 does), else a copy: two
+  // kernels fewer per block of a decode step.
+  tensor contiguous(tensor x, std::string name) {
+    return b_.info(x).contiguous() ? x : b_.contiguous(x, std::move(name));
+  }
+
   // Cache mode: this step's keys / values [B,Hkv,S,dh] stored into the
   // layer's KV cache (state that outlives the job: store_rows [B,Hkv,C,dh],
   // row i at cache_positions[i]), which attention then reads whole, in
@@ -160,7 +167,7 @@ class model_builder {
       // share kv head g, so view the contiguous queries [B,H,S,dh] as
       // [B,Hkv,rep*S,dh] and multiply once per kv head; the causal mask needs
       // each head's [S,S] block again, hence the reshapes around the softmax.
-      tensor qc = b_.contiguous(qh, p(k, "attn.q_cont"));
+      tensor qc = contiguous(qh, p(k, "attn.q_cont"));
       tensor qg = b_.reshape(qc, {B, Hkv, rep * S, dh}, p(k, "attn.q_groups"));
       tensor scores = b_.matmul(qg, kh, false, true, p(k, "attn.qk"));  // [B,Hkv,rep*S,keys]
       tensor sh = b_.reshape(scores, {B, H, S, keys}, p(k, "attn.qk_heads"));
@@ -170,7 +177,7 @@ class model_builder {
       out = b_.reshape(og, {B, H, S, dh}, p(k, "attn.pv_heads"));
     }
     tensor merged = b_.permute(out, bhsd, p(k, "attn.merge"));  // [B,S,H,dh]
-    tensor mc = b_.contiguous(merged, p(k, "attn.merge_cont"));
+    tensor mc = contiguous(merged, p(k, "attn.merge_cont"));
     return b_.reshape(mc, {B, S, H * dh}, p(k, "attn.out"));
   }
 

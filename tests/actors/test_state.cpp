@@ -2,8 +2,9 @@
 // the device that computes it, one copy per state slot; a job names its slot
 // and sees what the slot's previous job stored. Checked against the reference
 // evaluator run over one reference_state per slot, on sim and cpu, with a
-// pipeline that copies the state to the next stage, with graph replay, and
-// with two plans sharing one state; and the planner's memory accounting and
+// pipeline that copies the state to the next stage, with graph replay, with
+// two plans sharing one state (and one weight upload), with jobs of one slot
+// taking turns in submission order; and the planner's memory accounting and
 // the submit-time errors.
 #include <gtest/gtest.h>
 
@@ -31,14 +32,14 @@ ag::runtime_options fast_sim() {
 /// rows [1, H, S, D] f32 and positions i32 [S] -> store_rows (capacity C,
 /// axis 2) -> out = state x w [1, H, C, 5] and out2 = 2 * state. Layer 0 holds
 /// the store, layer 1 the readers, so a 2-stage pipeline copies the state.
-ag::graph state_graph(int64_t S) {
+ag::graph state_graph(int64_t S, uint64_t weight_seed = 7) {
   ag::graph_builder b;
   b.set_layer(0);
   auto rows = b.input("rows", ag::dtype::f32, {1, H, S, D});
   auto pos = b.input("positions", ag::dtype::i32, {S});
   auto st = b.store_rows(rows, pos, 2, C, "cache");
   b.set_layer(1);
-  auto w = b.weight("w", ag::host_tensor::random_normal(ag::dtype::f32, {D, 5}, 7, 1.0f));
+  auto w = b.weight("w", ag::host_tensor::random_normal(ag::dtype::f32, {D, 5}, weight_seed, 1.0f));
   b.output(b.matmul(st, w, false, false, "out"));
   b.output(b.scale(st, 2.0f, "out2"));
   auto g = std::move(b).build();
@@ -154,6 +155,7 @@ TEST(State, TwoPlansSharingStateSeeEachOthersRows) {
     ASSERT_TRUE(want.has_value()) << want.err().to_string();
     expect_equal(*j.wait(), *want, "shared state job " + std::to_string(seed));
   }
+
   // A state the other plan lacks is refused at compile time, naming it.
   ag::graph_builder b;
   auto rows = b.input("rows", ag::dtype::f32, {1, H, 1, D});
@@ -167,10 +169,40 @@ TEST(State, TwoPlansSharingStateSeeEachOthersRows) {
   EXPECT_NE(bad.err().message.find("'other_cache' is not in the other plan"), std::string::npos) << bad.err().message;
 }
 
-TEST(State, SubmitNamesAFreeSlotOfAPlanWithStateOrFailsSayingWhy) {
-  ag::runtime_options slow;
-  slow.backend.sim.time_scale = 200;  // a modelled us takes 200 us: a job runs for milliseconds
-  auto rt = ag::runtime::create("sim:1", slow);
+// A second plan of the same model uses the first plan's weight upload where
+// both lay the weights out alike (the generator's prefill and decode plans);
+// other values under the same name get their own upload. Both run right.
+TEST(State, APlanUsesAnotherPlansUploadOfTheSameWeights) {
+  auto rt = ag::runtime::create("sim:1", fast_sim());
+  ASSERT_TRUE(rt.has_value()) << rt.err().to_string();
+  const ag::graph g3 = state_graph(3), g1 = state_graph(1), other_w = state_graph(1, 99);
+  auto p3 = (*rt)->compile(g3, {});
+  ASSERT_TRUE(p3.has_value()) << p3.err().to_string();
+  ag::plan_options po;
+  po.share_weights_with = *p3;
+  auto p1 = (*rt)->compile(g1, po);
+  ASSERT_TRUE(p1.has_value()) << p1.err().to_string();
+  auto p_other = (*rt)->compile(other_w, po);
+  ASSERT_TRUE(p_other.has_value()) << p_other.err().to_string();
+  EXPECT_FALSE((*p3)->memory()[0].weights_shared);
+  EXPECT_TRUE((*p1)->memory()[0].weights_shared);
+  EXPECT_FALSE((*p_other)->memory()[0].weights_shared);
+  EXPECT_NE((*p1)->describe().find("another plan's upload, shared"), std::string::npos) << (*p1)->describe();
+  // Each plan keeps its own state (no share_state_with): slot 0 of each is fresh.
+  for (const auto& [p, g] : {std::pair{*p1, &g1}, std::pair{*p_other, &other_w}}) {
+    const auto in = step_inputs(1, {0}, 400);
+    ag::job j = (*rt)->submit(p, in, slot(0));
+    ASSERT_TRUE(j.wait_for(30s));
+    ASSERT_TRUE(j.wait().has_value()) << j.wait().err().to_string();
+    ag::reference_state fresh;
+    auto want = ag::evaluate_reference(*g, in, fresh);
+    ASSERT_TRUE(want.has_value());
+    expect_equal(*j.wait(), *want, p == *p1 ? "the shared upload" : "its own upload");
+  }
+}
+
+TEST(State, SubmitNamesASlotOfAPlanWithStateOrFailsSayingWhy) {
+  auto rt = ag::runtime::create("sim:1", fast_sim());
   ASSERT_TRUE(rt.has_value()) << rt.err().to_string();
   const ag::graph g = state_graph(3);
   ag::plan_options po;
@@ -186,11 +218,8 @@ TEST(State, SubmitNamesAFreeSlotOfAPlanWithStateOrFailsSayingWhy) {
   };
   fails_with((*rt)->submit(*p, in), "state_slot must be 0..1, got -1");
   fails_with((*rt)->submit(*p, in, slot(2)), "state_slot must be 0..1, got 2");
-  // A slot held by a running job refuses a second job; its completion frees
-  // it before the handle is ready, so a continuation may submit the next.
+  // A continuation may submit the slot's next job (the generator's pattern).
   ag::job first = (*rt)->submit(*p, in, slot(0));
-  fails_with((*rt)->submit(*p, in, slot(0)), "state slot 0 is held by another job");
-  ag::job other = (*rt)->submit(*p, in, slot(1));  // another slot runs alongside
   std::promise<ag::job> next_p;
   first.then([&](const ag::job_result&) { next_p.set_value((*rt)->submit(*p, step_inputs(3, {3, 4, 5}, 2), slot(0))); });
   ASSERT_TRUE(first.wait_for(30s));
@@ -198,8 +227,6 @@ TEST(State, SubmitNamesAFreeSlotOfAPlanWithStateOrFailsSayingWhy) {
   ag::job next = next_p.get_future().get();
   ASSERT_TRUE(next.wait_for(30s));
   EXPECT_TRUE(next.wait().has_value()) << next.wait().err().to_string();
-  ASSERT_TRUE(other.wait_for(30s));
-  EXPECT_TRUE(other.wait().has_value()) << other.wait().err().to_string();
   // A plan without state takes no slot.
   ag::graph_builder b;
   auto x = b.input("x", ag::dtype::f32, {2, 2});
@@ -211,6 +238,59 @@ TEST(State, SubmitNamesAFreeSlotOfAPlanWithStateOrFailsSayingWhy) {
   ag::job ok = (*rt)->submit(*plain, xin);
   ASSERT_TRUE(ok.wait_for(30s));
   EXPECT_TRUE(ok.wait().has_value());
+}
+
+// Jobs submitted at once on one slot take turns in submission order, each
+// seeing the rows the previous one stored (no job may overlap another of its
+// slot); a job cancelled while it waits leaves the queue; other slots run
+// alongside. Real threads, jittered sim delays.
+TEST(State, JobsOfOneSlotTakeTurnsInSubmissionOrder) {
+  ag::runtime_options o = fast_sim();
+  o.backend.sim.time_scale = 20.0;  // a job runs for about a ms of wall time: the later ones really wait
+  auto rt = ag::runtime::create("sim:2", o);
+  ASSERT_TRUE(rt.has_value()) << rt.err().to_string();
+  const ag::graph g = state_graph(3);
+  ag::plan_options po;
+  po.pipeline_stages = 2;
+  po.state_slots = 2;
+  auto p = (*rt)->compile(g, po);
+  ASSERT_TRUE(p.has_value()) << p.err().to_string();
+  std::map<int, ag::reference_state> ref;  // by slot; the slots keep their rows from round to round
+  for (int round = 0; round < 5; ++round) {
+    SCOPED_TRACE("round " + std::to_string(round));
+    std::vector<std::vector<ag::host_tensor>> ins;
+    std::vector<ag::job> jobs;
+    std::vector<int> slots;
+    const int n = 12;
+    for (int k = 0; k < n; ++k) {
+      // Slot 0 gets 2 of every 3 jobs; each stores 3 rows where the last left off.
+      const int s = k % 3 == 2 ? 1 : 0;
+      const int32_t at = static_cast<int32_t>((3 * k) % static_cast<int>(C));
+      ins.push_back(step_inputs(3, {at, static_cast<int32_t>((at + 1) % C), static_cast<int32_t>((at + 2) % C)},
+                                static_cast<uint64_t>(1000 * round + k)));
+      jobs.push_back((*rt)->submit(*p, ins.back(), slot(s)));
+      slots.push_back(s);
+    }
+    // One job waiting on slot 0 is cancelled: it must leave the queue, and
+    // the jobs after it still run (the reference skips it).
+    const int cancelled = n - 3;  // slot 0 (k % 3 == 0)
+    jobs[static_cast<std::size_t>(cancelled)].cancel();
+    for (int k = 0; k < n; ++k) {
+      ASSERT_TRUE(jobs[static_cast<std::size_t>(k)].wait_for(30s)) << "job " << k << " hung";
+      const ag::job_result& r = jobs[static_cast<std::size_t>(k)].wait();
+      if (k == cancelled) {
+        // It may have had its turn and finished before the cancel arrived.
+        if (!r.has_value()) {
+          EXPECT_EQ(r.err().code, ag::errc::cancelled) << r.err().to_string();
+          continue;
+        }
+      }
+      ASSERT_TRUE(r.has_value()) << "job " << k << ": " << r.err().to_string();
+      auto want = ag::evaluate_reference(g, ins[static_cast<std::size_t>(k)], ref[slots[static_cast<std::size_t>(k)]]);
+      ASSERT_TRUE(want.has_value());
+      expect_equal(*r, *want, "job " + std::to_string(k) + " on slot " + std::to_string(slots[static_cast<std::size_t>(k)]));
+    }
+  }
 }
 
 TEST(State, ThePlanKeepsStatePerSlotInTheStateRegionAndCountsEverySlot) {

@@ -65,6 +65,12 @@ void decode_equals_recompute(const std::string& spec, int stages, int64_t prefil
     go.plan.tensor_parallel = tp;
     auto gen = ag::generator::create(**rt, m->model_config(1), m->provider(), go);
     ASSERT_TRUE(gen.has_value()) << gen.err().to_string();
+    if (stages <= 1 && tp == 1) {
+      // Decode and prefill plans lay the weights out alike on one device: one
+      // upload (each weight's slot is 256-byte aligned, so a little more).
+      EXPECT_GE((*gen)->weight_bytes(), m->model_bytes());
+      EXPECT_LT((*gen)->weight_bytes(), m->model_bytes() + 256 * 64);
+    }
     const std::vector<int32_t> prompt{3, 1, 4, 1, 5, 9};
     ag::generate_options o;
     o.max_new_tokens = 7;
