@@ -403,7 +403,20 @@ expected<int> launch_segment(exec_state& st, exec_job& e, step_id s) {
     return n;
   }
   if (error err = begin_step(st, ctx, first, lane, stream)) return err;
-  if (error err = st.dev->replay(stream, *g)) return step_error(st, lane, first, "replaying its graph", err);
+  if (error err = st.dev->replay(stream, *g)) {
+    // The device names the op that failed (err.op) where it knows it: the
+    // error then names its step and op, as a plain launch's would.
+    const lowered_step* at = &first;
+    const node* op = nullptr;
+    for (int i = 0; i < n && !err.op.empty() && !op; ++i)
+      for (const lowered_op& o : step_at(i).ops)
+        if (o.op && o.op->name == err.op) {
+          at = &step_at(i);
+          op = o.op;
+          break;
+        }
+    return step_error(st, lane, *at, "replaying its graph", err, op);
+  }
   auto& first_slot = ctx.slots[static_cast<std::size_t>(s)];
   first_slot.replay = outcome;
   for (int i = 0; i < n; ++i) {

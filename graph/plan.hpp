@@ -176,8 +176,11 @@ struct plan_options {
   /// Capture each (device, lane) run of compute steps between cross-queue
   /// waits/records (graph/replay.hpp) and replay it per job. describe() shows
   /// the segments and the launch time the model says replay saves; the cpu
-  /// backend never replays. Off by default.
-  graph_replay_mode graph_replay = graph_replay_mode::off;
+  /// backend never replays. Auto by default (on cuda and sim: a captured
+  /// segment is one launch per job, 3x faster on the GPT-2-small shape and
+  /// 1.6x on decode on an H100); off launches kernel by kernel. Replay is
+  /// skipped while runtime_options::stall_factor watches steps.
+  graph_replay_mode graph_replay = graph_replay_mode::automatic;
   /// Copies of the plan's state (its store_rows nodes, e.g. one KV cache per
   /// sequence) each device keeps: a job names one (submit_options::
   /// state_slot) and sees what the previous job of that slot stored. The

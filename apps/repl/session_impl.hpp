@@ -113,7 +113,7 @@ struct session::impl {
 
   // settings
   int stages = 0, microbatches = 16, lanes = 0;  // lanes 0: auto (the planner decides)
-  graph_replay_mode replay = graph_replay_mode::off;  ///< plan_options::graph_replay (set replay=)
+  graph_replay_mode replay = graph_replay_mode::automatic;  ///< plan_options::graph_replay (set replay=)
   int tp = 1;                  ///< tensor-parallel degree ('set tp=N')
   std::vector<double> ratios;  ///< shard ratios ('set ratios=3,1'); empty: even
   check_mode check = check_mode::automatic;
@@ -171,7 +171,7 @@ struct session::impl {
     int stages = 0, lanes = 0;
     int tp = 1;                  ///< tensor-parallel degree (devices per stage)
     std::vector<double> ratios;  ///< shard ratios (empty: even)
-    graph_replay_mode replay = graph_replay_mode::off;
+    graph_replay_mode replay = graph_replay_mode::automatic;
   };
   expected<layout> read_layout(params& p) const;
   /// Takes them; a change drops the compiled plan.

@@ -103,13 +103,20 @@ TEST(GraphReplay, ModeIsValidatedAndShown) {
   EXPECT_EQ(m, graph_replay_mode::automatic);
   EXPECT_STREQ(to_string(m), "auto");
   EXPECT_FALSE(parse_graph_replay_mode("yes", m));
-  // Off: describe() says nothing of replay.
+  // Auto by default (replay where the backend captures); off: describe()
+  // says nothing of replay.
+  EXPECT_EQ(plan_options{}.graph_replay, graph_replay_mode::automatic);
   auto gr = test::random_dag({.seed = 5, .ops = 12});
   ASSERT_TRUE(gr.has_value());
   auto g = std::make_shared<const graph>(std::move(*gr));
-  auto p = must_compile(g, sims(1), plan_options{});
+  plan_options off;
+  off.graph_replay = graph_replay_mode::off;
+  auto p = must_compile(g, sims(1), off);
   ASSERT_TRUE(p);
   EXPECT_EQ(p->describe().find("graph replay"), std::string::npos);
+  auto p_auto = must_compile(g, sims(1), plan_options{});
+  ASSERT_TRUE(p_auto);
+  EXPECT_NE(p_auto->describe().find("graph replay auto"), std::string::npos) << p_auto->describe();
 }
 
 TEST(GraphReplay, CpuDevicesAreNotReplayed) {

@@ -118,14 +118,18 @@ TEST(ReplCommands, ModelWithBadDimsIsRejected) {
 }
 
 // set replay= follows plan_options::graph_replay: refused when not
-// on/off/auto, shown by set, and the plan's description shows the segments.
+// on/off/auto, shown by set (auto by default), and the plan's description
+// shows the segments (nothing with replay off).
 TEST(ReplCommands, SetReplayIsValidatedAndReachesThePlan) {
   fixture f;
   EXPECT_EQ(f.run("set replay=maybe"), exec_status::failed);
   EXPECT_TRUE(has(f.text, "replay: 'maybe' is not on, off or auto")) << f.text;
   EXPECT_EQ(f.run("set"), exec_status::ok);
-  EXPECT_TRUE(has(f.text, "replay=off")) << f.text;
+  EXPECT_TRUE(has(f.text, "replay=auto")) << f.text;
   EXPECT_EQ(f.run("model gpt2 layers=2 d=32 heads=2 ff=64 seq=8 vocab=64"), exec_status::ok) << f.text;
+  EXPECT_EQ(f.run("plan"), exec_status::ok) << f.text;
+  EXPECT_TRUE(has(f.text, "graph replay auto:")) << f.text;
+  EXPECT_EQ(f.run("set replay=off"), exec_status::ok) << f.text;
   EXPECT_EQ(f.run("plan"), exec_status::ok) << f.text;
   EXPECT_FALSE(has(f.text, "graph replay")) << f.text;
   EXPECT_EQ(f.run("set replay=on"), exec_status::ok) << f.text;
