@@ -101,7 +101,7 @@ struct decode_args {
   int64_t context = 512, prefill = 2048;
   int new_tokens = 64;
   double bandwidth_gbs = 0.0;
-  std::string replay = "off";  ///< plan_options::graph_replay of the decode and prefill plans
+  std::string replay = "auto";  ///< plan_options::graph_replay of the decode and prefill plans (the default)
 };
 
 int run_decode(const decode_args& a) {
