@@ -102,13 +102,10 @@ struct decode_args {
   int new_tokens = 64;
   double bandwidth_gbs = 0.0;
   std::string replay = "auto";  ///< plan_options::graph_replay of the decode and prefill plans (the default)
-  int capture_streams = ag::gpu::backend_options{}.cuda_capture_streams;  ///< backend_options::cuda_capture_streams
 };
 
 int run_decode(const decode_args& a) {
-  ag::runtime_options ro;
-  ro.backend.cuda_capture_streams = a.capture_streams;
-  auto rt = ag::runtime::create(a.devices, ro);
+  auto rt = ag::runtime::create(a.devices);
   if (!rt) return fail(rt.err());
   const auto t_open = clock_type::now();
   auto model = ag::models::hf_model::open(a.model);
@@ -183,8 +180,8 @@ int run_decode(const decode_args& a) {
   std::printf("%-28s %.3f GB uploaded (%.2f x the model's %.3f GB, for 2 plans) in %.3f s\n", "load", model_gb,
               model_gb * 1e9 / static_cast<double>(model->model_bytes()), static_cast<double>(model->model_bytes()) / 1e9,
               load_s);
-  std::printf("%-28s %.3f ms/token (median of %zu), context %lld, graph replay %s, capture streams %d\n", "decode", ms,
-              gaps.size(), static_cast<long long>(a.context), a.replay.c_str(), a.capture_streams);
+  std::printf("%-28s %.3f ms/token (median of %zu), context %lld, graph replay %s\n", "decode", ms, gaps.size(),
+              static_cast<long long>(a.context), a.replay.c_str());
   std::printf("%-28s %.3f ms (%.1f MB weights + %.1f MB cache at %.0f GB/s)\n", "bandwidth floor", floor_ms,
               weights_read / 1e6, cache / 1e6, bw / 1e9);
   std::printf("load_gb_per_s: %.3f\n", model_gb / load_s);
@@ -216,9 +213,6 @@ int main(int argc, char** argv) {
   app.add_option("--prefill", d.prefill, "prefill tokens (0: skip)")->check(CLI::Range(0, 1 << 20));
   app.add_option("--bandwidth-gbs", d.bandwidth_gbs, "measured device memory bandwidth (0: the device spec's)");
   app.add_option("--replay", d.replay, "decode: graph replay of the generator's plans (off, on, auto)");
-  app.add_option("--capture-streams", d.capture_streams,
-                 "decode, cuda: streams a graph capture spreads independent ops over (1: a plain chain)")
-      ->check(CLI::Range(1, 16));
   if (auto status = ag::apps::parse_flags(app, argc, argv)) return *status;
   if (mode == "sim") return run_sim(time_scale, sequences, sim_tokens);
   if (d.model.empty()) {

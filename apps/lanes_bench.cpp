@@ -147,7 +147,6 @@ int main(int argc, char** argv) {
   double relaxed_ratio = 4;
   int mixed_small_ops = 32;
   std::string replay = "off";
-  int capture_streams = ag::gpu::backend_options{}.cuda_capture_streams;
   std::string trace_out;
   int64_t mixed_rows = 1024;
   ag::apps::flags app("actorgraph-lanes-bench",
@@ -168,9 +167,6 @@ int main(int argc, char** argv) {
   app.add_option("--relaxed-memory-ratio", relaxed_ratio, "max_lane_memory_ratio of the table's relaxed auto row")
       ->check(CLI::Range(1.0, 1e6));
   app.add_option("--replay", replay, "plan_options::graph_replay of every plan: off, on or auto");
-  app.add_option("--capture-streams", capture_streams,
-                 "cuda: streams a graph capture spreads independent ops over (1: a plain chain)")
-      ->check(CLI::Range(1, 16));
   app.add_option("--trace", trace_out,
                  "write a Chrome trace of one job of the one-lane plan and one of the every-lane plan (a traced "
                  "runtime of its own, after the figures) to this file");
@@ -186,7 +182,6 @@ int main(int argc, char** argv) {
   o.backend.sim.jitter = 0;
   o.backend.sim.time_scale = time_scale;
   o.trace = false;
-  o.backend.cuda_capture_streams = capture_streams;
   auto rt = ag::runtime::create(devices, o);
   if (!rt) die("runtime (" + devices + ")", rt.err());
   const bool sim = devices.rfind("sim", 0) == 0;

@@ -167,11 +167,6 @@ struct backend_options {
   /// spec.oneshot_max_bytes becomes this - 1, so the plan's algorithm
   /// (describe, trace) names the path that runs. Must be >= 1.
   int64_t cuda_nccl_min_bytes = int64_t{256} << 10;
-  /// cuda: streams a graph capture may spread a replay segment's ops over,
-  /// so that independent ops run side by side when the graph is replayed
-  /// (cuda_device::capture); 1 captures a plain chain in launch order.
-  /// 1..16.
-  int cuda_capture_streams = 4;
 };
 
 /// One device. Obtained from make_devices(); shared_ptr because the device

@@ -83,6 +83,8 @@ struct capture_plan {
   std::vector<std::vector<int>> waits;  ///< by op: events waited for before it
 };
 
+constexpr int max_capture_streams = 4;
+
 capture_plan plan_capture(const op_launch* ops, std::size_t n, int max_streams) {
   struct span {
     uintptr_t lo = 0, hi = 0;
@@ -163,7 +165,6 @@ class cuda_device final : public device {
         spec_(std::move(spec)),
         index_(index),
         tf32_(opts.cuda_tf32),
-        capture_streams_(std::clamp(opts.cuda_capture_streams, 1, 16)),
         sm_count_(sm_count),
         nccl_min_bytes_(opts.cuda_nccl_min_bytes) {}
 
@@ -381,7 +382,7 @@ class cuda_device final : public device {
     const auto refused = [&](const std::string& why) {
       return error(errc::unsupported_op, spec_.name + ": graph capture refused: " + why, index_);
     };
-    const capture_plan cp = plan_capture(ops, n, capture_streams_);
+    const capture_plan cp = plan_capture(ops, n, max_capture_streams);
     // Helper streams and events exist before the capture (creating them is
     // not a stream operation, and cuBLAS must not allocate inside it).
     std::vector<cuda_stream*> streams{cs};
@@ -772,7 +773,6 @@ class cuda_device final : public device {
   device_spec spec_;
   int index_;
   bool tf32_;
-  int capture_streams_;  // backend_options::cuda_capture_streams
   int sm_count_;
   int64_t nccl_min_bytes_;
   std::vector<std::shared_ptr<nccl_group>> groups_;  // communicators of loaded plans' groups (under mem_mu_)
