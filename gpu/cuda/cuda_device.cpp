@@ -67,97 +67,6 @@ class cuda_replay_graph final : public replay_graph {
   int kernels_ = 0;
 };
 
-/// How cuda_device::capture lays a segment's ops over streams so that the
-/// captured graph keeps only their real dependencies. Op j depends on an
-/// earlier op i when one writes bytes the other reads or writes (extents
-/// from each operand's dims and strides: conservative for strided views).
-/// Greedy: j continues the stream whose last op it depends on, else takes
-/// an unused stream, else the stream whose last op is oldest; a dependency
-/// on another stream becomes an event recorded after i and waited for
-/// before j. Events: 0 is the fork, the last `streams` are the joins.
-struct capture_plan {
-  int streams = 1;
-  int events = 0;
-  std::vector<int> stream_of;        ///< by op; -1: no kernel (view, leaf)
-  std::vector<int> record;           ///< by op: event recorded after it, or -1
-  std::vector<std::vector<int>> waits;  ///< by op: events waited for before it
-};
-
-constexpr int max_capture_streams = 4;
-
-capture_plan plan_capture(const op_launch* ops, std::size_t n, int max_streams) {
-  struct span {
-    uintptr_t lo = 0, hi = 0;
-    bool meets(const span& o) const { return lo < o.hi && o.lo < hi; }
-  };
-  const auto extent = [](const tensor_arg& a) {
-    span s;
-    if (!a.data || a.dims.numel() == 0) return s;
-    int64_t last = 0;
-    for (int k = 0; k < a.dims.rank(); ++k) last += (a.dims[k] - 1) * std::max<int64_t>(0, a.stride[static_cast<std::size_t>(k)]);
-    s.lo = reinterpret_cast<uintptr_t>(a.data);
-    s.hi = s.lo + static_cast<uintptr_t>((last + 1) * static_cast<int64_t>(dtype_size(a.type)));
-    return s;
-  };
-  capture_plan cp;
-  cp.stream_of.assign(n, -1);
-  cp.record.assign(n, -1);
-  cp.waits.assign(n, {});
-  std::vector<span> out(n);
-  std::vector<std::vector<span>> in(n);
-  std::vector<std::size_t> kern;
-  for (std::size_t i = 0; i < n; ++i) {
-    if (!ops[i].op || is_view_op(ops[i].op->op) || is_leaf_op(ops[i].op->op)) continue;
-    kern.push_back(i);
-    out[i] = extent(ops[i].out);
-    for (const tensor_arg& a : ops[i].inputs) in[i].push_back(extent(a));
-  }
-  std::vector<int> tail(static_cast<std::size_t>(max_streams), -1);  // last op on each stream
-  std::vector<int> event_after(n, -1);
-  int next_event = 1;  // 0: the fork
-  int used = 1;
-  for (std::size_t x = 0; x < kern.size(); ++x) {
-    const std::size_t j = kern[x];
-    std::vector<std::size_t> deps;
-    for (std::size_t y = 0; y < x; ++y) {
-      const std::size_t i = kern[y];
-      bool dep = out[i].meets(out[j]);
-      for (const span& r : in[j]) dep = dep || out[i].meets(r);
-      for (const span& r : in[i]) dep = dep || out[j].meets(r);
-      if (dep) deps.push_back(i);
-    }
-    int s = -1;
-    for (auto d = deps.rbegin(); d != deps.rend() && s < 0; ++d)
-      if (tail[static_cast<std::size_t>(cp.stream_of[*d])] == static_cast<int>(*d)) s = cp.stream_of[*d];
-    if (s < 0) {
-      for (int k = 0; k < max_streams && s < 0; ++k)
-        if (tail[static_cast<std::size_t>(k)] < 0) s = k;
-    }
-    if (s < 0) {
-      s = 0;
-      for (int k = 1; k < max_streams; ++k)
-        if (tail[static_cast<std::size_t>(k)] < tail[static_cast<std::size_t>(s)]) s = k;
-    }
-    used = std::max(used, s + 1);
-    for (std::size_t d : deps) {
-      if (cp.stream_of[d] == s) continue;  // earlier on the same stream: ordered already
-      if (event_after[d] < 0) event_after[d] = next_event++;
-      cp.record[d] = event_after[d];
-      cp.waits[j].push_back(event_after[d]);
-    }
-    cp.stream_of[j] = s;
-    tail[static_cast<std::size_t>(s)] = static_cast<int>(j);
-  }
-  cp.streams = used;
-  cp.events = used > 1 ? next_event + used : 0;  // fork, the records, a join per stream (index 0 unused)
-  if (used == 1) {
-    // One stream: a plain chain, no events at all.
-    for (auto& w : cp.waits) w.clear();
-    std::fill(cp.record.begin(), cp.record.end(), -1);
-  }
-  return cp;
-}
-
 class cuda_device final : public device {
  public:
   cuda_device(std::shared_ptr<core> c, device_spec spec, int index, const backend_options& opts, int sm_count)
@@ -363,17 +272,13 @@ class cuda_device final : public device {
   // --- graph replay ---
   bool captures() const noexcept override { return true; }
 
-  /// Stream capture of the ops (thread-local mode: only this thread's calls
-  /// are checked, other actors keep using the GPU), then instantiation.
-  /// The graph keeps the ops' own dependencies, not their order: ops that
-  /// touch no common bytes (capture_plan) are captured on helper streams
-  /// forked from `s` and joined back into it, so independent branches of
-  /// the segment (a layer's q, k and v projections, the chains of a branchy
-  /// graph) run concurrently when the graph is replayed. Capture enqueues
-  /// nothing, so a refused capture leaves `s` as it was and the caller
-  /// launches the ops plainly. Ops whose launchers allocate (cudaMallocAsync
-  /// scratch) become graph memory nodes; every stream's cuBLAS handle gets
-  /// its workspace before the capture, so cuBLAS allocates nothing in it.
+  /// Stream capture of the ops on `s` itself (thread-local mode: only this
+  /// thread's calls are checked, other actors keep using the GPU), then
+  /// instantiation. Capture enqueues nothing, so a refused capture leaves `s`
+  /// as it was and the caller launches the ops plainly. Ops whose launchers
+  /// allocate (cudaMallocAsync scratch) become graph memory nodes; the cuBLAS
+  /// handle of the stream already has its workspace (made by the segment's
+  /// first, plain run), so cuBLAS allocates nothing while capturing.
   expected<std::unique_ptr<replay_graph>> capture(stream& s, const op_launch* ops, std::size_t n) override {
     auto us = usable(s, "capture");
     if (!us) return us.err();
@@ -382,69 +287,18 @@ class cuda_device final : public device {
     const auto refused = [&](const std::string& why) {
       return error(errc::unsupported_op, spec_.name + ": graph capture refused: " + why, index_);
     };
-    const capture_plan cp = plan_capture(ops, n, max_capture_streams);
-    // Helper streams and events exist before the capture (creating them is
-    // not a stream operation, and cuBLAS must not allocate inside it).
-    std::vector<cuda_stream*> streams{cs};
-    for (int k = 1; k < cp.streams; ++k) {
-      if (cs->capture_helpers.size() < static_cast<std::size_t>(k)) {
-        auto h = std::make_unique<cuda_stream>(core_, step_kind::compute);
-        if (error e = h->init()) return refused("helper stream: " + e.message);
-        h->fault_ = cs->fault_;  // kernel faults reach the segment's own stream
-        cs->capture_helpers.push_back(std::move(h));
-      }
-      cuda_stream* h = cs->capture_helpers[static_cast<std::size_t>(k - 1)].get();
-      if (auto b = h->blas(tf32_); !b) return refused("helper stream: " + b.err().message);
-      streams.push_back(h);
-    }
-    if (cp.streams > 1)
-      if (auto b = cs->blas(tf32_); !b) return refused(b.err().message);
-    std::vector<cudaEvent_t> events(cp.events, nullptr);
-    const auto free_events = [&] {
-      for (cudaEvent_t e : events)
-        if (e) AG_CUDA_ASSERT(cudaEventDestroy(e));
-    };
-    for (cudaEvent_t& e : events)
-      if (cudaError_t r = cudaEventCreateWithFlags(&e, cudaEventDisableTiming); r != cudaSuccess) {
-        (void)cudaGetLastError();
-        e = nullptr;
-        free_events();
-        return refused(std::string("cudaEventCreate: ") + cudaGetErrorString(r));
-      }
     if (cudaError_t r = cudaStreamBeginCapture(cs->s_, cudaStreamCaptureModeThreadLocal); r != cudaSuccess) {
       (void)cudaGetLastError();
-      free_events();
       return refused(std::string("cudaStreamBeginCapture: ") + cudaGetErrorString(r));
     }
     error launch_err;
-    const auto step = [&](cudaError_t r, const char* what) {
-      if (r != cudaSuccess && !launch_err) launch_err = error(errc::unsupported_op, std::string(what) + ": " + cudaGetErrorString(r));
-    };
-    // Fork: every helper joins the capture after the work already on `s`.
-    if (cp.streams > 1) {
-      step(cudaEventRecord(events[0], cs->s_), "cudaEventRecord (fork)");
-      for (int k = 1; k < cp.streams; ++k) step(cudaStreamWaitEvent(streams[static_cast<std::size_t>(k)]->s_, events[0], 0), "cudaStreamWaitEvent (fork)");
-    }
     int kernels = 0;
     for (std::size_t i = 0; i < n && !launch_err; ++i) {
-      const int on = cp.stream_of[i];
-      if (on < 0) continue;  // a view or leaf: no kernel
-      ++kernels;
-      cuda_stream& st = *streams[static_cast<std::size_t>(on)];
-      for (int ev : cp.waits[i]) step(cudaStreamWaitEvent(st.s_, events[static_cast<std::size_t>(ev)], 0), "cudaStreamWaitEvent");
-      if (launch_err) break;
-      launch_err = dispatch_op(*core_, st, ops[i], spec_.name, sm_count_, tf32_);
-      if (cp.record[i] >= 0) step(cudaEventRecord(events[static_cast<std::size_t>(cp.record[i])], st.s_), "cudaEventRecord");
-    }
-    // Join: `s` waits for every helper's last op (capture needs them joined).
-    for (int k = 1; k < cp.streams; ++k) {
-      const auto ev = events[static_cast<std::size_t>(cp.events - cp.streams + k)];
-      step(cudaEventRecord(ev, streams[static_cast<std::size_t>(k)]->s_), "cudaEventRecord (join)");
-      step(cudaStreamWaitEvent(cs->s_, ev, 0), "cudaStreamWaitEvent (join)");
+      if (ops[i].op && !is_view_op(ops[i].op->op) && !is_leaf_op(ops[i].op->op)) ++kernels;
+      launch_err = dispatch_op(*core_, *cs, ops[i], spec_.name, sm_count_, tf32_);
     }
     cudaGraph_t graph = nullptr;
     const cudaError_t ended = cudaStreamEndCapture(cs->s_, &graph);  // always: leaves capture mode
-    free_events();
     if (ended != cudaSuccess) (void)cudaGetLastError();
     const auto drop = [&] {
       if (graph) AG_CUDA_ASSERT(cudaGraphDestroy(graph));
@@ -796,10 +650,6 @@ void set_notify_mode(device& d, notify_mode mode) noexcept {
 }
 
 namespace testing {
-
-std::vector<int> capture_streams(const std::vector<op_launch>& ops, int max_streams) {
-  return plan_capture(ops.data(), ops.size(), std::max(1, max_streams)).stream_of;
-}
 
 error launch_spin_gate(device& d, stream& s, volatile uint32_t* flag) {
   auto* cd = dynamic_cast<cuda_device*>(&d);

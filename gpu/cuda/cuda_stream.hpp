@@ -6,7 +6,6 @@
 #include <cuda_runtime.h>
 
 #include <memory>
-#include <vector>
 
 #include "gpu/cuda/device_core.hpp"
 #include "gpu/cuda/fault_cell.hpp"
@@ -37,12 +36,6 @@ class cuda_stream final : public stream {
   std::shared_ptr<fault_cell> fault_;
   cublasHandle_t blas_ = nullptr;
   void* workspace_ = nullptr;
-  /// Graph capture only (cuda_device::capture): streams that independent
-  /// ops of a captured segment fork onto, so the graph holds the segment's
-  /// dependency DAG instead of a chain. Each has its own cuBLAS handle and
-  /// workspace (concurrent GEMMs must not share one) and shares this
-  /// stream's fault word. Made before a capture, never used outside one.
-  std::vector<std::unique_ptr<cuda_stream>> capture_helpers;
 };
 
 }  // namespace ag::gpu::cuda::detail

@@ -5,7 +5,6 @@
 /// when `d` / `s` are not a CUDA device and one of its streams.
 
 #include <cstdint>
-#include <vector>
 
 #include "graph/error.hpp"
 #include "gpu/device.hpp"
@@ -26,11 +25,5 @@ error launch_write_value(device& d, stream& s, uint32_t* dst, uint32_t value);
 /// fails), as after a kernel's illegal address. Use it only in a process of
 /// its own (a death test): no later test in the process can use that GPU.
 error launch_trap(device& d, stream& s);
-
-/// How a graph capture lays `ops` over at most `max_streams` streams
-/// (cuda_device::capture): the stream of each op (-1 for views and leaves,
-/// which launch nothing), so that ops touching common bytes stay ordered and
-/// independent ones can run side by side. Pure host logic: needs no GPU.
-std::vector<int> capture_streams(const std::vector<op_launch>& ops, int max_streams);
 
 }  // namespace ag::gpu::cuda::testing

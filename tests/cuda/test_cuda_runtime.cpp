@@ -4,9 +4,6 @@
 // runtime_options::pinned_outputs = false gives heap outputs with the same values.
 #include <gtest/gtest.h>
 
-#include "../graph/random_dag.hpp"
-#include "gpu/cuda/cuda_testing.hpp"
-
 #include <memory>
 #include <vector>
 
@@ -152,98 +149,6 @@ TEST(CudaRuntime, GraphReplayOnOneGpuMatchesReference) {
 TEST(CudaRuntime, GraphReplayPipelinedOverTwoLogicalDevicesMatchesReference) {
   AG_REQUIRE_GPU(1);
   run_replayed("cuda:0,0", plan_options{.pipeline_stages = 2});
-}
-
-// A captured segment keeps its ops' dependencies, not their order: the
-// independent branches of random DAGs (one lane) are captured on forked
-// streams and run side by side when replayed. Values equal the reference
-// over many jobs of several arenas, and no capture is refused.
-TEST(CudaRuntime, ReplayedBranchyGraphsMatchReference) {
-  AG_REQUIRE_GPU(1);
-  runtime_options o;
-  o.arenas_per_device = 3;
-  auto rt = runtime::create("cuda:0", o);
-  ASSERT_TRUE(rt) << rt.err().to_string();
-  for (uint64_t seed = 1; seed <= 6; ++seed) {
-    auto g = test::random_dag({.seed = seed, .ops = 40});
-    ASSERT_TRUE(g.has_value()) << g.err().to_string();
-    plan_options po;
-    po.policy = placement_policy::single;
-    po.lanes_per_device = 1;
-    po.graph_replay = graph_replay_mode::on;
-    auto p = (*rt)->compile(*g, po);
-    ASSERT_TRUE(p.has_value()) << p.err().to_string();
-    std::vector<std::vector<host_tensor>> ins;
-    std::vector<job> jobs;
-    for (int k = 0; k < 8; ++k) {
-      std::vector<host_tensor> in;
-      uint64_t s = seed * 1000 + static_cast<uint64_t>(k) * 10;
-      for (node_id id : g->inputs()) in.push_back(host_tensor::random_normal(g->at(id).type, g->at(id).dims, s++, 1.0f));
-      ins.push_back(in);
-      jobs.push_back((*rt)->submit(*p, std::move(in)));
-    }
-    for (std::size_t k = 0; k < jobs.size(); ++k) {
-      const job_result& r = jobs[k].wait();
-      ASSERT_TRUE(r.has_value()) << "seed " << seed << " job " << k << ": " << r.err().to_string();
-      auto want = evaluate_reference(*g, ins[k]);
-      ASSERT_TRUE(want.has_value());
-      for (std::size_t i = 0; i < want->size(); ++i) {
-        auto c = compare((*r)[i], (*want)[i], 2e-3, 2e-2);
-        EXPECT_TRUE(c.ok) << "seed " << seed << " job " << k << " output " << i << ": " << c.message;
-      }
-    }
-  }
-  const replay_stats s = (*rt)->replay_statistics();
-  EXPECT_GT(s.replayed, 0);
-  EXPECT_EQ(s.fallbacks, 0) << s.last_fallback;
-}
-
-// The layout a capture gives a segment (no GPU needed): a chain stays on one
-// stream; ops that share no bytes go to other streams; an op that reads two
-// branches waits for both; a write over bytes an earlier op reads is
-// ordered after that read (write-after-read through a reused buffer).
-TEST(CudaCapture, IndependentOpsGoToOtherStreamsAndDependentOnesStayOrdered) {
-  node mm, add, view;
-  mm.op = op_kind::matmul;
-  add.op = op_kind::add;
-  view.op = op_kind::reshape;
-  alignas(64) static float mem[64 * 16];
-  auto arg = [](int block) {  // 16 floats of its own
-    gpu::tensor_arg a;
-    a.data = &mem[block * 16];
-    a.type = dtype::f32;
-    a.dims = shape{4, 4};
-    a.stride = contiguous_strides(a.dims);
-    return a;
-  };
-  auto op = [&](const node& n, int out, std::vector<int> in) {
-    gpu::op_launch l;
-    l.op = &n;
-    l.out = arg(out);
-    for (int b : in) l.inputs.push_back(arg(b));
-    return l;
-  };
-  std::vector<gpu::op_launch> ops{
-      op(mm, 1, {0, 10}),   // 0: x -> a
-      op(mm, 2, {0, 11}),   // 1: x -> b (independent of 0)
-      op(mm, 3, {0, 12}),   // 2: x -> c (independent)
-      op(view, 1, {1}),     // 3: a view: no kernel
-      op(add, 4, {1, 2}),   // 4: a + b: after 0 and 1
-      op(mm, 5, {4, 10}),   // 5: chain on 4
-      op(add, 0, {3, 3}),   // 6: writes x, which 0..2 read: after all of them
-  };
-  const std::vector<int> s = gpu::cuda::testing::capture_streams(ops, 4);
-  ASSERT_EQ(s.size(), ops.size());
-  EXPECT_EQ(s[0], 0);
-  EXPECT_NE(s[1], s[0]);
-  EXPECT_NE(s[2], s[0]);
-  EXPECT_NE(s[2], s[1]);
-  EXPECT_EQ(s[3], -1);
-  EXPECT_TRUE(s[4] == s[0] || s[4] == s[1]);
-  EXPECT_EQ(s[5], s[4]);
-  EXPECT_GE(s[6], 0);
-  // One stream allowed: every kernel on it.
-  for (int x : gpu::cuda::testing::capture_streams(ops, 1)) EXPECT_LE(x, 0);
 }
 
 }  // namespace
