@@ -1,6 +1,7 @@
 #include "actors/runtime_core.hpp"
 
 #include <set>
+#include <tuple>
 #include <algorithm>
 #include <cstdio>
 
@@ -213,14 +214,17 @@ expected<std::shared_ptr<const plan>> runtime_core::compile(std::shared_ptr<cons
             devices_[static_cast<std::size_t>(ls.device)]->host_memory();
     }
 
-  // plan_options::share_state_with: that plan's loaded state (same runtime).
-  std::shared_ptr<const loaded_plan> shared_state;
-  if (const auto& other = p->options().share_state_with) {
-    const plan_deleter* od = std::get_deleter<plan_deleter>(other);
-    if (!od || od->live != live_)
+  // plan_options::share_state_with / share_weights_with: those plans as
+  // this runtime loaded them.
+  std::shared_ptr<const loaded_plan> shared_state, shared_weights;
+  for (auto [other, into, what] : {std::tuple{&p->options().share_state_with, &shared_state, "share_state_with"},
+                                   std::tuple{&p->options().share_weights_with, &shared_weights, "share_weights_with"}}) {
+    if (!*other) continue;
+    const std::shared_ptr<const loaded_plan>* here = loaded_here(*other);
+    if (!here)
       return error{errc::invalid_argument,
-                   "compile: plan_options::share_state_with names a plan this runtime did not compile"};
-    shared_state = od->lp;
+                   std::string("compile: plan_options::") + what + " names a plan this runtime did not compile"};
+    *into = *here;
   }
   // Device memory: weights uploaded now, the first arena allocated now (so a
   // plan that does not fit fails here), the others when jobs need them.
@@ -236,11 +240,9 @@ expected<std::shared_ptr<const plan>> runtime_core::compile(std::shared_ptr<cons
     host_tensor staging;  // upload_in_chunks' buffer, reused for the device's weights
     if (mem.weights_shared) {
       // The other plan's weights, laid out identically (memory_plan.cpp same_weight_layout).
-      const auto* od = std::get_deleter<plan_deleter>(p->options().share_weights_with);
-      const auto& owner = od && od->live == live_ ? od->lp->memory[static_cast<std::size_t>(d)] : nullptr;
+      const auto& owner = shared_weights ? shared_weights->memory[static_cast<std::size_t>(d)] : nullptr;
       if (!owner || !owner->weights || owner->weight_bytes != mem.weight_bytes)
-        return error{errc::invalid_argument,
-                     dname + ": plan_options::share_weights_with names a plan this runtime did not load here", d};
+        return error{errc::internal, dname + ": the plan named by share_weights_with keeps no matching weights here", d};
       m->weights = owner->weights;
       m->weight_owner = owner;
     } else if (mem.weight_bytes > 0) {
@@ -360,8 +362,8 @@ job runtime_core::submit(const std::shared_ptr<const plan>& p, std::vector<host_
     ss->fulfil(error{errc::shutting_down, "runtime is stopping: it takes no new jobs"}, job_state::failed);
     return j;
   }
-  const plan_deleter* d = p ? std::get_deleter<plan_deleter>(p) : nullptr;
-  if (!d || d->live != live_) {
+  const std::shared_ptr<const loaded_plan>* here = loaded_here(p);
+  if (!here) {
     job_gone();
     ss->fulfil(error{errc::invalid_argument, "submit: the plan was not compiled by this runtime"}, job_state::failed);
     return j;
@@ -371,7 +373,7 @@ job runtime_core::submit(const std::shared_ptr<const plan>& p, std::vector<host_
     ss->fulfil(std::move(e), job_state::failed);
     return j;
   }
-  const auto& lp = d->lp;
+  const auto& lp = *here;
   if (auto e = check_state_slot(*lp, options.state_slot)) {
     job_gone();
     ss->fulfil(std::move(e), job_state::failed);
@@ -430,6 +432,11 @@ std::vector<caf::actor> runtime_core::exec_actors() {
 std::shared_ptr<const loaded_plan> runtime_core::loaded(const std::shared_ptr<const plan>& p) {
   const plan_deleter* d = p ? std::get_deleter<plan_deleter>(p) : nullptr;
   return d ? d->lp : nullptr;
+}
+
+const std::shared_ptr<const loaded_plan>* runtime_core::loaded_here(const std::shared_ptr<const plan>& p) const {
+  const plan_deleter* d = p ? std::get_deleter<plan_deleter>(p) : nullptr;
+  return d && d->live == live_ ? &d->lp : nullptr;
 }
 
 void runtime_core::job_ready() noexcept { in_flight_.fetch_sub(1); }

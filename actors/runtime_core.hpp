@@ -70,6 +70,8 @@ class runtime_core {
   /// The loaded plan behind a plan handle this runtime's compile() returned
   /// (tests); null for any other pointer.
   static std::shared_ptr<const loaded_plan> loaded(const std::shared_ptr<const plan>& p);
+  /// The loaded plan behind `p` when this runtime compiled it, else null.
+  const std::shared_ptr<const loaded_plan>* loaded_here(const std::shared_ptr<const plan>& p) const;
 
   /// Plans `g`, lowers the plan (lower(), launch_program.hpp), binds each
   /// queue to its executing actor (spawning missing compute lanes), uploads

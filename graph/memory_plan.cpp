@@ -123,10 +123,6 @@ error too_big(const plan& p, std::size_t d, const char* what, const node& n) {
                                         "); it has " + std::to_string(spec.mem_bytes));
 }
 
-}  // namespace
-
-namespace {
-
 /// Whether `other` holds on device `d` exactly the weight region `p` laid
 /// out there: the same size, and each of p's weights at the same offset in
 /// `other` under the same name, with the same values (same_values).
@@ -287,24 +283,24 @@ error planner::plan_memory(plan& p) {
     if (other) mem.state_bytes = other->memory()[d].state_bytes;
     for (std::size_t id = 0; id < g.size(); ++id) {
       if (!state_used[d][id]) continue;
-      const int64_t bytes = g.at(static_cast<node_id>(id)).own_bytes();
+      const node& n = g.at(static_cast<node_id>(id));
+      const int64_t bytes = n.own_bytes();
+      int64_t offset = mem.state_bytes;
       if (other) {
-        const node& n = g.at(static_cast<node_id>(id));
         const node_id o = other->source().find(n.name);
         auto loc = o == no_node ? expected<tensor_location>(error(errc::invalid_argument, "not there"))
                                 : other->locate(o, static_cast<int>(d));
         if (!loc || loc->where != region::state)
           return error(errc::invalid_argument, "compile: plan_options::share_state_with: state '" + n.name +
                                                    "' is not in the other plan's state on device " + std::to_string(d));
-        p.slot_index_[d][id] = static_cast<int32_t>(mem.slots.size());
-        mem.slots.push_back(buffer_slot{static_cast<node_id>(id), static_cast<int>(d), region::state, loc->byte_offset, bytes});
-        continue;
+        offset = loc->byte_offset;
+      } else {
+        int64_t end = 0;
+        if (!checked_add(mem.state_bytes, bytes, end) || !checked_aligned(end, mem.state_bytes))
+          return too_big(p, d, "its state", n);
       }
       p.slot_index_[d][id] = static_cast<int32_t>(mem.slots.size());
-      mem.slots.push_back(buffer_slot{static_cast<node_id>(id), static_cast<int>(d), region::state, mem.state_bytes, bytes});
-      int64_t end = 0;
-      if (!checked_add(mem.state_bytes, bytes, end) || !checked_aligned(end, mem.state_bytes))
-        return too_big(p, d, "its state", g.at(static_cast<node_id>(id)));
+      mem.slots.push_back(buffer_slot{static_cast<node_id>(id), static_cast<int>(d), region::state, offset, bytes});
     }
     const device_spec& spec = p.devices_[d];
     int64_t total = 0, states = 0;

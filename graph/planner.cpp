@@ -659,13 +659,11 @@ error check_host_memory(const plan& p) {
   return {};
 }
 
-}  // namespace
-
 /// plan_options::share_state_with: `g` with each store_rows node pinned to
 /// the device `other` keeps the node of that name on (null when nothing
 /// changes); an error naming the node when `other` lacks it or holds it
 /// with other dims or dtype.
-static expected<std::shared_ptr<const graph>> pin_shared_state(const graph& g, const plan& other) {
+expected<std::shared_ptr<const graph>> pin_shared_state(const graph& g, const plan& other) {
   std::vector<node> nodes(g.nodes().begin(), g.nodes().end());
   bool changed = false;
   for (node& n : nodes) {
@@ -693,6 +691,8 @@ static expected<std::shared_ptr<const graph>> pin_shared_state(const graph& g, c
   if (!rebuilt) return rebuilt.err();
   return std::make_shared<const graph>(std::move(*rebuilt));
 }
+
+}  // namespace
 
 error validate(const plan_options& o) {
   const auto bad = [](const std::string& what) { return error(errc::invalid_argument, "plan_options: " + what); };

@@ -323,33 +323,27 @@ TEST(State, ThePlanKeepsStatePerSlotInTheStateRegionAndCountsEverySlot) {
 }
 
 TEST(State, StoreRowsRefusesWhatItCannotStoreNamingTheNode) {
-  auto err_of = [](auto&& build) {
+  // rows [1, 2, 3, 4]; positions of `pos_type` [pos_len]; axis; capacity.
+  auto err_of = [](int axis, ag::dtype pos_type, int64_t pos_len, int64_t capacity) {
     ag::graph_builder b;
-    build(b);
+    auto rows = b.input("rows", ag::dtype::f32, {1, 2, 3, 4});
+    b.output(b.store_rows(rows, b.input("p", pos_type, {pos_len}), axis, capacity, "s"));
     auto g = std::move(b).build();
     return g.has_value() ? std::string("built") : g.err().message;
   };
-  auto rows = [](ag::graph_builder& b) { return b.input("rows", ag::dtype::f32, {1, 2, 3, 4}); };
-  EXPECT_NE(err_of([&](ag::graph_builder& b) {
-              b.output(b.store_rows(rows(b), b.input("p", ag::dtype::i32, {3}), 4, 8, "s"));
-            }).find("store_rows 's': axis 4 is outside rows"),
-            std::string::npos);
-  EXPECT_NE(err_of([&](ag::graph_builder& b) {
-              b.output(b.store_rows(rows(b), b.input("p", ag::dtype::f32, {3}), 2, 8, "s"));
-            }).find("positions 'p' are f32, must be i32"),
-            std::string::npos);
-  EXPECT_NE(err_of([&](ag::graph_builder& b) {
-              b.output(b.store_rows(rows(b), b.input("p", ag::dtype::i32, {4}), 2, 8, "s"));
-            }).find("must be [3] (one per row along axis 2"),
-            std::string::npos);
-  EXPECT_NE(err_of([&](ag::graph_builder& b) {
-              b.output(b.store_rows(rows(b), b.input("p", ag::dtype::i32, {3}), 2, 0, "s"));
-            }).find("capacity (attrs.end) must be >= 1, got 0"),
-            std::string::npos);
-  EXPECT_EQ(err_of([&](ag::graph_builder& b) {
-              b.output(b.store_rows(rows(b), b.input("p", ag::dtype::i32, {3}), 2, 8, "s"));
-            }),
-            "built");
+  const struct {
+    int axis;
+    ag::dtype pos_type;
+    int64_t pos_len, capacity;
+    const char* error;
+  } bad[] = {
+      {4, ag::dtype::i32, 3, 8, "store_rows 's': axis 4 is outside rows"},
+      {2, ag::dtype::f32, 3, 8, "positions 'p' are f32, must be i32"},
+      {2, ag::dtype::i32, 4, 8, "must be [3] (one per row along axis 2"},
+      {2, ag::dtype::i32, 3, 0, "capacity (attrs.end) must be >= 1, got 0"},
+  };
+  for (const auto& c : bad) EXPECT_NE(err_of(c.axis, c.pos_type, c.pos_len, c.capacity).find(c.error), std::string::npos) << c.error;
+  EXPECT_EQ(err_of(2, ag::dtype::i32, 3, 8), "built");
 }
 
 }  // namespace
