@@ -7,6 +7,10 @@
 //                              by one through the sim. The table also shows
 //                              6-split jobs (fixed per-job cost) and 1-3 op
 //                              splits (2 branches: the runtime's own cost).
+//                              Graph replay is off for these (each split is a
+//                              message and a launch: the runtime's own cost);
+//                              dispatch_us_per_split_replayed is the same
+//                              jobs as compiled by default (replayed segments).
 //   submit_to_then_us          median round trip of a tiny one-kernel job
 //                              (x + w, 256 floats: h2d, one add, d2h), from
 //                              submit() to its then() continuation, one job at
@@ -94,7 +98,11 @@ struct dispatch_result {
   int splits = 0, steps = 0, ops = 0;  // per job; ops: launched ops of the compute splits
 };
 
-dispatch_result run_dispatch(int devices, int branches, int layers, int jobs, int in_flight, int threads) {
+/// `replay`: off measures the runtime's own cost per split (each split is a
+/// message and a launch); automatic lets the sim replay captured segments,
+/// one launch per segment (what a job gets by default).
+dispatch_result run_dispatch(int devices, int branches, int layers, int jobs, int in_flight, int threads,
+                             ag::graph_replay_mode replay = ag::graph_replay_mode::off) {
   ag::runtime_options o = base_options;
   o.backend.sim.zero_delay = true;
   o.backend.sim.compute_values = false;
@@ -107,6 +115,7 @@ dispatch_result run_dispatch(int devices, int branches, int layers, int jobs, in
   po.lanes_per_device = 4;
   po.min_branch_seconds = 0;
   po.pipeline_stages = devices;
+  po.graph_replay = replay;
   auto p = (*rt)->compile(dispatch_graph(branches, layers), po);
   if (!p) die("compile (dispatch)", p.err());
   dispatch_result r;
@@ -316,6 +325,9 @@ int main(int argc, char** argv) {
   // per split above); with 2 branches per layer a split is 1-3 ops, so the
   // device's per-op cost hardly counts and the figure is the runtime's own.
   auto tiny = run_dispatch(dispatch_devices, 2, layers, dispatch_jobs * 4, in_flight, threads);
+  // The same many-split jobs with graph replay as compiled by default.
+  auto replayed = run_dispatch(dispatch_devices, branches, layers, dispatch_jobs, in_flight, threads,
+                               ag::graph_replay_mode::automatic);
   const auto then = run_submit_to_then(then_devices, then_jobs, threads);
   const double t1 = run_pipeline(1, n, m, stage_ms, repeats, threads);
   const double tn = run_pipeline(n, n, m, stage_ms, repeats, threads);
@@ -334,11 +346,13 @@ int main(int argc, char** argv) {
   std::printf("%-34s %12d\n", "1-3 op splits: splits per job", tiny.splits);
   std::printf("%-34s %12.1f\n", "1-3 op splits: ops per split", static_cast<double>(tiny.ops) / tiny.splits);
   std::printf("%-34s %12.3f\n", "1-3 op splits: us per split", tiny.us_per_split);
+  std::printf("%-34s %12.3f\n", "replayed: us per split", replayed.us_per_split);
   std::printf("%-34s %12.1f\n", ("submit -> then, p99 us, " + then_devices).c_str(), then.p99_us);
   std::printf("%-34s %12.2f\n", "pipeline: 1 device, ms", t1 * 1e3);
   std::printf("%-34s %12.2f\n", ("pipeline: " + std::to_string(n) + " devices, ms").c_str(), tn * 1e3);
   std::printf("%-34s %12.3f\n", "pipeline: ideal speedup", ideal);
   std::printf("dispatch_us_per_split: %.3f\n", d.us_per_split);
+  std::printf("dispatch_us_per_split_replayed: %.3f\n", replayed.us_per_split);
   std::printf("submit_to_then_us: %.1f\n", then.median_us);
   std::printf("pipeline_speedup_n%d_m%d: %.3f\n", n, m, speedup);
   std::printf("pipeline_efficiency_n%d_m%d: %.3f\n", n, m, speedup / ideal);

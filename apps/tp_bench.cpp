@@ -114,34 +114,79 @@ class zero_weight final : public ag::weight_source {
 struct run_result {
   double median_ms = 0;
   int collectives = 0;  ///< collective parts per job
+  /// With layer_run::busy: per device, the fraction of the last job's span
+  /// (first step start to last step end, over all devices) in which one of
+  /// its compute lanes ran a step.
+  std::vector<double> busy;
 };
 
-/// Runs `jobs` jobs of g, one at a time, on `n` devices of `kind` at
-/// tensor-parallel degree n (1: no tensor parallelism); median wall ms.
-run_result time_layer(const std::string& kind, int n, const std::shared_ptr<const ag::graph>& g,
-                      const std::vector<ag::host_tensor>& in, int jobs, bool overlap, bool same_gpu,
-                      double time_scale, const std::string& trace_out = {}) {
+/// One runtime configuration of time_layer.
+struct layer_run {
+  std::string kind = "sim";  ///< sim, cpu, cuda
+  int n = 1;                 ///< devices = tensor-parallel degree (1: none)
+  bool overlap = true;       ///< plan_options::tp_overlap
+  bool same_gpu = false;     ///< cuda: the n devices are logical devices of GPU 0
+  double time_scale = 50;    ///< sim: wall seconds per modelled second
+  ag::device_spec sim_spec = h200(0);
+  std::string trace_out;     ///< Chrome trace of the runs, when not empty
+  bool busy = false;         ///< trace on; fill run_result::busy
+};
+
+/// Compute-lane busy fraction of each device over the last job's span.
+std::vector<double> busy_fractions(const ag::trace& t, int devices) {
+  uint64_t last = 0;
+  for (const auto& r : t.records) last = std::max(last, r.job);
+  int64_t lo = std::numeric_limits<int64_t>::max(), hi = std::numeric_limits<int64_t>::min();
+  std::vector<std::vector<std::pair<int64_t, int64_t>>> spans(static_cast<std::size_t>(devices));
+  for (const auto& r : t.records) {
+    if (r.job != last || r.end_ns <= r.start_ns) continue;
+    lo = std::min(lo, r.start_ns);
+    hi = std::max(hi, r.end_ns);
+    if (r.lane.rfind("compute", 0) == 0 && r.device >= 0 && r.device < devices)
+      spans[static_cast<std::size_t>(r.device)].emplace_back(r.start_ns, r.end_ns);
+  }
+  std::vector<double> busy(static_cast<std::size_t>(devices), 0.0);
+  if (hi <= lo) return busy;
+  for (int d = 0; d < devices; ++d) {
+    auto& v = spans[static_cast<std::size_t>(d)];
+    std::sort(v.begin(), v.end());
+    int64_t covered = 0, at = lo;
+    for (const auto& [a, b] : v) {  // union of the lanes' intervals
+      const int64_t from = std::max(a, at);
+      if (b > from) covered += b - from;
+      at = std::max(at, b);
+    }
+    busy[static_cast<std::size_t>(d)] = static_cast<double>(covered) / static_cast<double>(hi - lo);
+  }
+  return busy;
+}
+
+/// Runs `jobs` jobs of g, one at a time, as `c` says; median wall ms (over
+/// the sim time scale on sim).
+run_result time_layer(const layer_run& c, const std::shared_ptr<const ag::graph>& g,
+                      const std::vector<ag::host_tensor>& in, int jobs) {
   ag::runtime_options ro;
-  ro.trace = !trace_out.empty();
+  ro.trace = !c.trace_out.empty() || c.busy;
   ro.arenas_per_device = 2;
-  ro.backend.sim.spec = h200(0);
+  ro.backend.sim.spec = c.sim_spec;
+  ro.backend.sim.spec.kind = ag::device_kind::sim;
   ro.backend.sim.compute_values = false;
-  ro.backend.sim.time_scale = time_scale;
+  ro.backend.sim.time_scale = c.time_scale;
   ro.backend.sim.jitter = 0;
   // sim / cpu take a count; cuda takes ordinals: GPUs 0..n-1, or GPU 0 n
   // times (--same-gpu: logical devices of one GPU).
-  std::string spec = kind + ":" + std::to_string(n);
-  if (kind == "cuda") {
+  std::string spec = c.kind + ":" + std::to_string(c.n);
+  if (c.kind == "cuda") {
     spec = "cuda:";
-    for (int k = 0; k < n; ++k) spec += (k ? "," : "") + std::to_string(same_gpu ? 0 : k);
+    for (int k = 0; k < c.n; ++k) spec += (k ? "," : "") + std::to_string(c.same_gpu ? 0 : k);
   }
   auto rt = ag::runtime::create(spec, ro);
-  if (!rt) die("runtime " + kind, rt.err());
+  if (!rt) die("runtime " + spec, rt.err());
   ag::plan_options po;
-  if (n > 1) po.tensor_parallel = n;
-  po.tp_overlap = overlap;
+  if (c.n > 1) po.tensor_parallel = c.n;
+  po.tp_overlap = c.overlap;
   auto p = (*rt)->compile(g, po);
-  if (!p) die("compile at degree " + std::to_string(n), p.err());
+  if (!p) die("compile at degree " + std::to_string(c.n) + " on " + spec, p.err());
   run_result r;
   for (const auto& s : (*p)->steps()) r.collectives += s.kind == ag::step_kind::collective;
   std::vector<double> ms;
@@ -149,19 +194,23 @@ run_result time_layer(const std::string& kind, int n, const std::shared_ptr<cons
     const auto t0 = std::chrono::steady_clock::now();
     const auto& res = (*rt)->submit(*p, in).wait();
     // Wall ms over the scale: modelled ms plus the host's share, scaled down.
-    const double t = ms_since(t0) / (kind == "sim" ? time_scale : 1.0);
-    if (!res) die("job at degree " + std::to_string(n), res.err());
+    const double t = ms_since(t0) / (c.kind == "sim" ? c.time_scale : 1.0);
+    if (!res) die("job at degree " + std::to_string(c.n) + " on " + spec, res.err());
     if (k > 0) ms.push_back(t);  // the first job warms up
   }
   std::sort(ms.begin(), ms.end());
   r.median_ms = ms[ms.size() / 2];
-  if (!trace_out.empty()) {
-    if (FILE* f = std::fopen(trace_out.c_str(), "w")) {
-      const std::string json = (*rt)->take_trace().to_chrome_json();
-      std::fwrite(json.data(), 1, json.size(), f);
-      std::fclose(f);
-    } else {
-      std::fprintf(stderr, "actorgraph-tp-bench: cannot write %s\n", trace_out.c_str());
+  if (ro.trace) {
+    const ag::trace t = (*rt)->take_trace();
+    if (c.busy) r.busy = busy_fractions(t, c.n);
+    if (!c.trace_out.empty()) {
+      if (FILE* f = std::fopen(c.trace_out.c_str(), "w")) {
+        const std::string json = t.to_chrome_json();
+        std::fwrite(json.data(), 1, json.size(), f);
+        std::fclose(f);
+      } else {
+        std::fprintf(stderr, "actorgraph-tp-bench: cannot write %s\n", c.trace_out.c_str());
+      }
     }
   }
   return r;
@@ -265,6 +314,120 @@ double allreduce_us(const std::string& spec, int64_t bytes, int iters, const std
   return us;
 }
 
+struct figure {
+  std::string name;
+  double value;
+  std::string setup;
+};
+
+/// The LLaMA layer of the tensor-parallel issue (d 8192, 64 heads, ff 4 d,
+/// T 2048, B 2, bf16; --small: d 1024, 8 heads, T 256), weights read as zeros.
+ag::models::transformer_config layer_config(bool small_layer, int64_t vocab) {
+  ag::models::transformer_config layer;
+  layer.variant = ag::models::model_variant::llama;
+  layer.n_layers = 1;
+  layer.d_model = small_layer ? 1024 : 8192;
+  layer.n_heads = small_layer ? 8 : 64;
+  layer.d_ff = 4 * layer.d_model;
+  layer.vocab = vocab;
+  layer.seq_len = small_layer ? 256 : 2048;
+  layer.batch = 2;
+  layer.dtype = ag::dtype::bf16;
+  return layer;
+}
+
+std::shared_ptr<const ag::graph> build_zero_weights(const ag::models::transformer_config& c) {
+  auto provider = [](const std::string&, ag::dtype t, const ag::shape& d) -> ag::expected<ag::weight_source_ptr> {
+    return ag::weight_source_ptr(std::make_shared<zero_weight>(t, d));
+  };
+  auto g = ag::models::build_transformer(c, provider);
+  if (!g) die("build the model", g.err());
+  return std::make_shared<const ag::graph>(std::move(*g));
+}
+
+/// Issues 14 and 15 (--devices cuda:all): the layer and a decode step on all
+/// n GPUs at degree n against one GPU, the compute lanes' busy fraction of
+/// each GPU, and the sim's prediction for the same plan from the GPUs' own
+/// device specs. With same_gpu, the n members are logical devices of GPU 0:
+/// the figures then check the program, not the speedups (one GPU does the
+/// work of all members).
+void multi_gpu_figures(int n, bool same_gpu, bool small_layer, int64_t vocab, int jobs, int decode_layers,
+                       const std::string& trace_out, std::vector<figure>& figs) {
+  const std::string tp = "tp" + std::to_string(n);
+  const std::string where = same_gpu ? " on " + std::to_string(n) + " logical devices of GPU 0 (not a speedup)"
+                                     : " on GPUs 0.." + std::to_string(n - 1);
+  char buf[256];
+  const auto layer = layer_config(small_layer, vocab);
+  const auto g = build_zero_weights(layer);
+  const auto in = ag::models::transformer_inputs(layer, 1);
+  const std::string what = "LLaMA layer d " + std::to_string(layer.d_model) + ", T " + std::to_string(layer.seq_len) +
+                           ", B 2, bf16";
+  layer_run c;
+  c.kind = "cuda";
+  c.same_gpu = same_gpu;
+  c.busy = true;
+  const run_result one = time_layer(c, g, in, jobs);
+  c.n = n;
+  c.trace_out = trace_out;
+  const run_result many = time_layer(c, g, in, jobs);
+  std::snprintf(buf, sizeof buf, ": %.3f ms on 1 GPU, %.3f ms at degree %d (%d collective parts)", one.median_ms,
+                many.median_ms, n, many.collectives);
+  figs.push_back({tp + "_layer_speedup", one.median_ms / many.median_ms, what + where + buf});
+  figs.push_back({tp + "_layer_ms", many.median_ms, what + where + ", median job wall ms (trace on)"});
+  std::string each;
+  double least = 1.0;
+  for (double b : many.busy) {
+    least = std::min(least, b);
+    std::snprintf(buf, sizeof buf, " %.3f", b);
+    each += buf;
+  }
+  figs.push_back({tp + "_gpu_busy_fraction", least,
+                  "least of the members' compute-lane busy fractions over the last job's span:" + each});
+
+  // The sim's prediction from the GPUs' own specs (values off, time scale 50).
+  auto devs = ag::gpu::make_devices("cuda:0");
+  if (!devs) die("devices cuda:0", devs.err());
+  layer_run s;
+  s.kind = "sim";
+  s.sim_spec = devs->front()->spec();
+  devs->clear();
+  const run_result predicted_one = time_layer(s, g, in, jobs);
+  s.n = n;
+  const run_result predicted = time_layer(s, g, in, jobs);
+  std::snprintf(buf, sizeof buf, ": sim %.3f ms predicted, %.3f ms measured", predicted.median_ms, many.median_ms);
+  figs.push_back({tp + "_sim_error", predicted.median_ms / many.median_ms,
+                  what + " at degree " + std::to_string(n) + buf + (same_gpu ? " (logical devices: not comparable)" : "")});
+  // The same on one GPU: how far the device spec's figures are from the GPU.
+  std::snprintf(buf, sizeof buf, ": sim %.3f ms predicted, %.3f ms measured", predicted_one.median_ms, one.median_ms);
+  figs.push_back({"sim_error_1gpu", predicted_one.median_ms / one.median_ms, what + " on 1 GPU" + buf});
+
+  // A decode step: LLaMA 7B shape, batch 1, one token, no cache (weight
+  // bandwidth bound).
+  if (decode_layers > 0) {
+    ag::models::transformer_config d;
+    d.variant = ag::models::model_variant::llama;
+    d.n_layers = decode_layers;
+    d.d_model = 4096;
+    d.n_heads = 32;
+    d.d_ff = 11008;
+    d.vocab = 32000;
+    d.seq_len = 1;
+    d.batch = 1;
+    d.dtype = ag::dtype::bf16;
+    const auto gd = build_zero_weights(d);
+    const auto din = ag::models::transformer_inputs(d, 1);
+    layer_run dc;
+    dc.kind = "cuda";
+    dc.same_gpu = same_gpu;
+    const run_result d1 = time_layer(dc, gd, din, 4 * jobs);
+    dc.n = n;
+    const run_result dn = time_layer(dc, gd, din, 4 * jobs);
+    std::snprintf(buf, sizeof buf, ", %d layers d 4096 ff 11008 bf16, B 1, T 1: %.3f ms on 1 GPU, %.3f ms at degree %d",
+                  decode_layers, d1.median_ms, dn.median_ms, n);
+    figs.push_back({tp + "_decode_step_speedup", d1.median_ms / dn.median_ms, "LLaMA 7B-shaped decode step" + where + buf});
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -275,14 +438,22 @@ int main(int argc, char** argv) {
   int allreduce_iters = 200;
   bool same_gpu = false;
   bool small_layer = false, plan_only = false, run_only = false;
+  int degree = 2, decode_layers = 32;
   ag::apps::flags app("actorgraph-tp-bench", "Tensor-parallel figures: runtime speedups on simulated H200s, planning.");
   app.add_option("--repeats", repeats, "compiles of the 64-device plan (the median counts)")->check(CLI::Range(1, 1000));
   app.add_option("--layers", layers, "layers of the 64-device plan's model")->check(CLI::Range(1, 1000));
   app.add_option("--jobs", jobs, "timed jobs per runtime configuration (the median counts)")->check(CLI::Range(1, 10000));
   app.add_option("--vocab", vocab, "vocabulary of the one-layer model (its head is not what is measured)")
       ->check(CLI::Range(int64_t{8}, int64_t{1} << 20));
-  app.add_option("--devices", kind, "backend kind of the runtime figures: sim, cpu or cuda")
-      ->check(CLI::IsMember({"sim", "cpu", "cuda"}));
+  app.add_option("--devices", kind,
+                 "backend kind of the runtime figures: sim, cpu or cuda; cuda:all: the multi-GPU figures of issues 14 "
+                 "and 15 (tpN_*) on all GPUs at degree N = their count")
+      ->check(CLI::IsMember({"sim", "cpu", "cuda", "cuda:all"}));
+  app.add_option("--degree", degree, "cuda:all with --same-gpu: logical devices of GPU 0 (the degree)")
+      ->check(CLI::Range(2, 16));
+  app.add_option("--decode-layers", decode_layers,
+                 "cuda:all: layers of the LLaMA 7B-shaped decode step (tpN_decode_step_speedup); 0 leaves it out")
+      ->check(CLI::Range(0, 1000));
   app.add_option("--time-scale", time_scale,
                  "sim: wall seconds per modelled second; job times are divided by it, so host dispatch overhead "
                  "(not modelled) weighs 1/scale as much")
@@ -297,11 +468,6 @@ int main(int argc, char** argv) {
   app.add_flag("--run-only", run_only, "only the runtime figures");
   if (auto rc = ag::apps::parse_flags(app, argc, argv)) return *rc;
 
-  struct figure {
-    std::string name;
-    double value;
-    std::string setup;
-  };
   std::vector<figure> figs;
   if (!allreduce_spec.empty()) {
     auto devs = ag::gpu::make_devices(allreduce_spec);
@@ -342,31 +508,46 @@ int main(int argc, char** argv) {
                     "smallest message the runtime sends by ring / NCCL on " + allreduce_spec + " (-1: never)"});
   }
 
-  if (!plan_only) {
-    ag::models::transformer_config layer;
-    layer.variant = ag::models::model_variant::llama;
-    layer.n_layers = 1;
-    layer.d_model = small_layer ? 1024 : 8192;
-    layer.n_heads = small_layer ? 8 : 64;
-    layer.d_ff = 4 * layer.d_model;
-    layer.vocab = vocab;
-    layer.seq_len = small_layer ? 256 : 2048;
-    layer.batch = 2;
-    layer.dtype = ag::dtype::bf16;
-    auto provider = [](const std::string&, ag::dtype t, const ag::shape& d) -> ag::expected<ag::weight_source_ptr> {
-      return ag::weight_source_ptr(std::make_shared<zero_weight>(t, d));
-    };
-    auto g = ag::models::build_transformer(layer, provider);
-    if (!g) die("build the layer", g.err());
-    auto gl = std::make_shared<const ag::graph>(std::move(*g));
+  if (kind == "cuda:all") {
+    // Degree: every GPU, or --degree logical devices of GPU 0.
+    int n = degree;
+    if (!same_gpu) {
+      auto devs = ag::gpu::make_devices("cuda:all");
+      if (!devs) die("devices cuda:all", devs.err());
+      n = static_cast<int>(devs->size());
+      if (n < 2) {
+        std::fprintf(stderr, "actorgraph-tp-bench: --devices cuda:all needs at least 2 GPUs, this machine has %d "
+                             "(--same-gpu --degree N runs N logical devices of GPU 0)\n", n);
+        return 2;
+      }
+    }
+    multi_gpu_figures(n, same_gpu, small_layer, vocab, jobs, decode_layers, trace_out, figs);
+    std::printf("%-26s %12s  %s\n", "figure", "value", "setup");
+    for (const auto& f : figs) std::printf("%-26s %12.3f  %s\n", f.name.c_str(), f.value, f.setup.c_str());
+    for (const auto& f : figs) std::printf("%s: %.3f\n", f.name.c_str(), f.value);
+    return 0;
+  }
+  if (!plan_only && kind != "cuda:all") {
+    const auto layer = layer_config(small_layer, vocab);
+    const auto gl = build_zero_weights(layer);
     const auto in = ag::models::transformer_inputs(layer, 1);
     const std::string what = "LLaMA layer d " + std::to_string(layer.d_model) + ", " + std::to_string(layer.n_heads) +
                              " heads, ff 4d, T " + std::to_string(layer.seq_len) + ", B 2, bf16 on " + kind +
                              (kind == "sim" ? " (time scale " + std::to_string(time_scale).substr(0, 5) + ")" : "");
-    const run_result one = time_layer(kind, 1, gl, in, jobs, true, same_gpu, time_scale);
-    const run_result two = time_layer(kind, 2, gl, in, jobs, true, same_gpu, time_scale, trace_out.empty() ? "" : trace_out + ".2");
-    const run_result four = time_layer(kind, 4, gl, in, jobs, true, same_gpu, time_scale, trace_out);
-    const run_result four_off = time_layer(kind, 4, gl, in, jobs, false, same_gpu, time_scale);
+    layer_run c;
+    c.kind = kind;
+    c.same_gpu = same_gpu;
+    c.time_scale = time_scale;
+    const run_result one = time_layer(c, gl, in, jobs);
+    c.n = 2;
+    c.trace_out = trace_out.empty() ? "" : trace_out + ".2";
+    const run_result two = time_layer(c, gl, in, jobs);
+    c.n = 4;
+    c.trace_out = trace_out;
+    const run_result four = time_layer(c, gl, in, jobs);
+    c.overlap = false;
+    c.trace_out.clear();
+    const run_result four_off = time_layer(c, gl, in, jobs);
     char buf[160];
     std::snprintf(buf, sizeof buf, ": %.2f ms on 1, %.2f ms on 2 (%d collective parts)", one.median_ms, two.median_ms,
                   two.collectives);

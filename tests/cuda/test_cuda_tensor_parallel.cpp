@@ -1,0 +1,209 @@
+// Tensor parallelism on the CUDA backend, against the CPU reference: the
+// layouts of issues 14 (two GPUs) and 15 (four GPUs), each also run on
+// logical devices of one GPU so that the same code is checked on a 1-GPU
+// machine. A layout needing more GPUs than the machine has skips, naming
+// how many it needs.
+//
+// Layouts (device spec, collective path):
+//  - logical: cuda:0,0 (cuda:0,0,0,0 for degree 4 and 2 x 2): members on one
+//    GPU, the project's own one-shot all-reduce (NCCL cannot run there);
+//  - oneshot: distinct GPUs, NCCL's crossover set above every message, so
+//    every collective takes the own path over peer-mapped buffers;
+//  - nccl: distinct GPUs, crossover at 1 byte, so every collective is NCCL's.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <limits>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "actors/actorgraph.hpp"
+#include "cuda_test_util.hpp"
+#include "gpu/collective_path.hpp"
+#include "graph/models/transformer.hpp"
+#include "graph/reference.hpp"
+#include "graph/tp_random_graph.hpp"
+
+namespace ag {
+namespace {
+
+using namespace std::chrono_literals;
+
+struct tp_layout {
+  const char* name;
+  int gpus;          ///< distinct GPUs the layout needs
+  bool nccl;         ///< collectives through NCCL (else the own one-shot path)
+};
+
+const tp_layout logical{"logical", 1, false};
+const tp_layout oneshot{"oneshot", 2, false};
+const tp_layout nccl{"nccl", 2, true};
+
+/// `members` devices: GPUs 0..gpus-1 in turn (cuda:0,1,0,1 for 4 members on
+/// 2 GPUs: each tensor-parallel group of 2 consecutive devices spans both).
+std::string spec_of(const tp_layout& l, int members) {
+  std::string s = "cuda:";
+  for (int k = 0; k < members; ++k) s += (k ? "," : "") + std::to_string(k % l.gpus);
+  return s;
+}
+
+runtime_options options_of(const tp_layout& l) {
+  runtime_options o;
+  o.arenas_per_device = 4;
+  o.backend.cuda_nccl_min_bytes = l.nccl ? 1 : std::numeric_limits<int64_t>::max();
+  return o;
+}
+
+/// Skips (with the reason) when the machine cannot run `l`.
+#define AG_REQUIRE_LAYOUT(l)                                                                              \
+  do {                                                                                                    \
+    AG_REQUIRE_GPU((l).gpus);                                                                             \
+    if ((l).nccl && !gpu::nccl_built()) GTEST_SKIP() << "this build has no NCCL (ACTORGRAPH_HAVE_NCCL unset)"; \
+  } while (0)
+
+/// The algorithm each collective step must carry on layout `l`: NCCL runs
+/// what the plan calls a ring; the own path and logical devices run one-shot.
+void expect_paths(const plan& p, const tp_layout& l) {
+  int parts = 0;
+  for (const auto& s : p.steps()) {
+    if (s.kind != step_kind::collective) continue;
+    ++parts;
+    EXPECT_EQ(s.algo, l.nccl ? collective_algo::ring : collective_algo::one_shot) << "step " << s.id;
+  }
+  EXPECT_GT(parts, 0) << "the plan has no collective";
+}
+
+std::vector<host_tensor> random_inputs(const graph& g, uint64_t seed) {
+  std::vector<host_tensor> in;
+  for (node_id id : g.inputs()) {
+    const auto& n = g.at(id);
+    in.push_back(n.type == dtype::i32 ? host_tensor::random_ints(n.dims, seed++, 11)  // ids of 11-row tables
+                                      : host_tensor::random_normal(n.type, n.dims, seed++));
+  }
+  return in;
+}
+
+models::transformer_config tiny(models::model_variant v, int layers) {
+  models::transformer_config c;
+  c.variant = v;
+  c.n_layers = layers;
+  c.d_model = 64;
+  c.n_heads = 8;
+  c.n_kv_heads = v == models::model_variant::llama ? 4 : 0;  // grouped-query attention: 2 query heads per kv head
+  c.vocab = 101;
+  c.seq_len = 16;
+  c.batch = 2;
+  return c;
+}
+
+/// Submits `jobs` jobs of `cfg` planned with `o` on `rt` at once and checks
+/// each against the reference (f32 sums in another order: 2e-4 / 2e-3).
+void run_transformer(runtime& rt, const models::transformer_config& cfg, const plan_options& o, const tp_layout& l,
+                     int jobs, const std::string& what) {
+  auto g = std::make_shared<const graph>(models::build_transformer(cfg).value());
+  auto p = rt.compile(g, o);
+  ASSERT_TRUE(p.has_value()) << what << ": " << p.err().to_string();
+  expect_paths(**p, l);
+  std::vector<job> js;
+  std::vector<std::vector<host_tensor>> ins;
+  for (int k = 0; k < jobs; ++k) {
+    ins.push_back(models::transformer_inputs(cfg, 300 + static_cast<uint64_t>(k)));
+    js.push_back(rt.submit(*p, ins.back()));
+  }
+  for (int k = 0; k < jobs; ++k) {
+    const job& j = js[static_cast<std::size_t>(k)];
+    ASSERT_TRUE(j.wait_for(120s)) << what << " job " << k << " did not finish in 120 s";
+    const auto& r = j.wait();
+    ASSERT_TRUE(r.has_value()) << what << " job " << k << ": " << r.err().to_string();
+    auto want = evaluate_reference(*g, ins[static_cast<std::size_t>(k)]).value();
+    auto c = compare(r->front(), want.front(), 2e-4, 2e-3);
+    EXPECT_TRUE(c.ok) << what << " job " << k << ": " << c.message;
+  }
+}
+
+plan_options tp(int degree, int stages = 1) {
+  plan_options o;
+  o.tensor_parallel = degree;
+  o.pipeline_stages = stages;
+  return o;
+}
+
+struct CudaTensorParallel : ::testing::TestWithParam<tp_layout> {};
+
+// GPT-2 and LLaMA (grouped-query attention) at degree 2, eight jobs in
+// flight (their collectives interleave on both members' queues).
+TEST_P(CudaTensorParallel, TransformersAtDegreeTwoEqualTheReference) {
+  const tp_layout& l = GetParam();
+  AG_REQUIRE_LAYOUT(l);
+  auto rt = runtime::create(spec_of(l, 2), options_of(l));
+  ASSERT_TRUE(rt.has_value()) << rt.err().to_string();
+  for (auto v : {models::model_variant::gpt2, models::model_variant::llama})
+    run_transformer(**rt, tiny(v, 2), tp(2), l, 8, std::string(models::to_string(v)) + " 1 x 2 on " + spec_of(l, 2));
+}
+
+// Random graphs through every op with a tensor-parallel rule and the gather
+// fallback (ops without one), at degree 2.
+TEST_P(CudaTensorParallel, RandomGraphsAtDegreeTwoEqualTheReference) {
+  const tp_layout& l = GetParam();
+  AG_REQUIRE_LAYOUT(l);
+  auto rt = runtime::create(spec_of(l, 2), options_of(l));
+  ASSERT_TRUE(rt.has_value()) << rt.err().to_string();
+  int with_collectives = 0;
+  for (uint64_t seed = 1; seed <= 10; ++seed) {
+    auto g = test::tp_random_graph(seed, 10 + static_cast<int>(seed % 9));
+    ASSERT_TRUE(g);
+    const std::string what = "seed " + std::to_string(seed) + " on " + spec_of(l, 2);
+    auto p = (*rt)->compile(g, tp(2));
+    ASSERT_TRUE(p.has_value()) << what << ": " << p.err().to_string();
+    int parts = 0;
+    for (const auto& s : (*p)->steps()) parts += s.kind == step_kind::collective;
+    with_collectives += parts > 0;
+    const auto in = random_inputs(*g, seed);
+    const auto want = evaluate_reference(*g, in).value();
+    const job j = (*rt)->submit(*p, in);
+    ASSERT_TRUE(j.wait_for(120s)) << what << ": did not finish in 120 s";
+    const auto& r = j.wait();
+    ASSERT_TRUE(r.has_value()) << what << ": " << r.err().to_string();
+    ASSERT_EQ(r->size(), want.size()) << what;
+    for (std::size_t i = 0; i < want.size(); ++i) {
+      auto c = compare((*r)[i], want[i], 2e-4, 2e-3);
+      EXPECT_TRUE(c.ok) << what << " output " << i << ": " << c.message;
+    }
+  }
+  EXPECT_GT(with_collectives, 5) << "the sample must exercise collectives";
+}
+
+// Two pipeline stages of two tensor-parallel members each: on two GPUs each
+// stage's group spans both GPUs (cuda:0,1,0,1).
+TEST_P(CudaTensorParallel, PipelineByTensorTwoByTwoEqualsTheReference) {
+  const tp_layout& l = GetParam();
+  AG_REQUIRE_LAYOUT(l);
+  auto rt = runtime::create(spec_of(l, 4), options_of(l));
+  ASSERT_TRUE(rt.has_value()) << rt.err().to_string();
+  auto cfg = tiny(models::model_variant::llama, 4);
+  run_transformer(**rt, cfg, tp(2, 2), l, 6, "llama 2 x 2 on " + spec_of(l, 4));
+}
+
+INSTANTIATE_TEST_SUITE_P(Layouts, CudaTensorParallel, ::testing::Values(logical, oneshot, nccl),
+                         [](const ::testing::TestParamInfo<tp_layout>& i) { return std::string(i.param.name); });
+
+// Degree 4 (issue 15): four logical devices of GPU 0, or GPUs 0..3 through
+// both paths.
+struct CudaTensorParallelFour : ::testing::TestWithParam<tp_layout> {};
+
+TEST_P(CudaTensorParallelFour, TransformersAtDegreeFourEqualTheReference) {
+  const tp_layout& l = GetParam();
+  AG_REQUIRE_LAYOUT(l);
+  auto rt = runtime::create(spec_of(l, 4), options_of(l));
+  ASSERT_TRUE(rt.has_value()) << rt.err().to_string();
+  for (auto v : {models::model_variant::gpt2, models::model_variant::llama})
+    run_transformer(**rt, tiny(v, 2), tp(4), l, 6, std::string(models::to_string(v)) + " 1 x 4 on " + spec_of(l, 4));
+}
+
+INSTANTIATE_TEST_SUITE_P(Layouts, CudaTensorParallelFour,
+                         ::testing::Values(logical, tp_layout{"oneshot4", 4, false}, tp_layout{"nccl4", 4, true}),
+                         [](const ::testing::TestParamInfo<tp_layout>& i) { return std::string(i.param.name); });
+
+}  // namespace
+}  // namespace ag
