@@ -22,6 +22,9 @@ struct device_spec {
   std::string name = "sim0";           ///< unique: "sim0", "cpu1", "cuda0"
   device_kind kind = device_kind::sim;
   int ordinal = 0;                     ///< index within its kind (CUDA device number)
+  /// FLOP/s and bytes/s the cost model divides by. A sim device takes them
+  /// as given (the defaults are data-sheet peaks); a CUDA device reports the
+  /// rates its kernels reach (peak x measured share, gpu/cuda/enumerate.cpp).
   double flops_f32 = 60e12;            ///< FLOP/s for f32 matmul
   double flops_bf16 = 990e12;          ///< FLOP/s for f16 / bf16 matmul
   double mem_bandwidth = 3.35e12;      ///< bytes/s, device memory
