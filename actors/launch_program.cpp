@@ -51,6 +51,43 @@ int queue_lane(const step& s) {
   return 0;
 }
 
+// ---- fusion ----
+//
+// The plan's fused chains (graph/fusion.hpp, plan::fusions()) of this step
+// become one record each, at the chain's last op: a decode step's attention
+// (scores, mask add, softmax, weighted sum) is one kernel on CUDA. The
+// memory plan kept q, k and the mask live until that op.
+error apply_fusions(const plan& p, const step& s, lowered_step& ls) {
+  const step_errors err{s};
+  for (const attention_fusion& f : p.fusions()) {
+    if (f.step != s.id) continue;
+    auto at = [&](node_id id) {
+      return std::find_if(ls.ops.begin(), ls.ops.end(), [&](const lowered_op& o) { return o.op->id == id; });
+    };
+    const auto first = at(f.scores), last = at(f.out), sm = at(f.softmax);
+    const auto add = f.mask_add == no_node ? ls.ops.end() : at(f.mask_add);
+    const std::ptrdiff_t span = f.mask_add == no_node ? 2 : 3;
+    if (first == ls.ops.end() || last == ls.ops.end() || sm == ls.ops.end() || last - first != span ||
+        (f.mask_add != no_node && add == ls.ops.end()))
+      return err("has a fusion whose ops are not consecutive in it", p.source().at(f.out).name);
+    lowered_op fused;
+    fused.op = last->op;
+    fused.out = last->out;
+    fused.inputs = {first->inputs.at(0), first->inputs.at(1), last->inputs.at(1)};
+    fused.fused = gpu::op_launch::fusion::attention;
+    fused.attention.scale = sm->op->attrs.scale;
+    fused.attention.causal = sm->op->attrs.causal;
+    fused.attention.softmax_rows = sm->op->dims[-2];
+    if (add != ls.ops.end()) {
+      fused.attention.masked = true;
+      fused.inputs.push_back(add->inputs.at(1));
+    }
+    *first = std::move(fused);
+    ls.ops.erase(first + 1, first + 1 + span);
+  }
+  return {};
+}
+
 error lower_compute(const plan& p, const step& s, lowered_step& ls) {
   const graph& g = p.source();
   const step_errors err{s};
@@ -69,6 +106,7 @@ error lower_compute(const plan& p, const step& s, lowered_step& ls) {
     }
     ls.ops.push_back(std::move(op));
   }
+  if (error e = apply_fusions(p, s, ls)) return e;
   if (!s.ops.empty())
     ls.label = s.ops.size() == 1 ? g.at(s.ops.front()).name : g.at(s.ops.front()).name + ".." + g.at(s.ops.back()).name;
   return {};
@@ -190,6 +228,8 @@ std::vector<gpu::op_launch> launch_program::launch_records(int q) const {
       l.out = op.out.proto;
       l.inputs.reserve(op.inputs.size());
       for (const auto& a : op.inputs) l.inputs.push_back(a.proto);
+      l.fused = op.fused;
+      l.attention = op.attention;
       r.push_back(std::move(l));
     }
   }

@@ -50,7 +50,9 @@ struct operand {
 struct lowered_op {
   const node* op = nullptr;     ///< lives in the plan's graph
   operand out;
-  std::vector<operand> inputs;  ///< node->inputs order
+  std::vector<operand> inputs;  ///< node->inputs order (a fused record: the fusion's, see gpu::op_launch)
+  gpu::op_launch::fusion fused = gpu::op_launch::fusion::none;
+  gpu::op_launch::attention_params attention{};
 };
 
 /// What a copy step moves.

@@ -102,6 +102,7 @@ struct decode_args {
   int new_tokens = 64;
   double bandwidth_gbs = 0.0;
   std::string replay = "auto";  ///< plan_options::graph_replay of the decode and prefill plans (the default)
+  std::string fusion = "off";   ///< plan_options::fuse_ops of both plans (off: the default)
 };
 
 int run_decode(const decode_args& a) {
@@ -117,6 +118,7 @@ int run_decode(const decode_args& a) {
   go.prefill_chunk = a.context;
   if (!ag::parse_graph_replay_mode(a.replay, go.plan.graph_replay))
     return fail({ag::errc::invalid_argument, "--replay must be off, on or auto, got '" + a.replay + "'"});
+  go.plan.fuse_ops = a.fusion == "on";
   auto gen = ag::generator::create(**rt, model->model_config(1), model->provider(), go);
   if (!gen) return fail(gen.err());
   const double load_s = seconds_since(t_open);
@@ -180,11 +182,18 @@ int run_decode(const decode_args& a) {
   std::printf("%-28s %.3f GB uploaded (%.2f x the model's %.3f GB, for 2 plans) in %.3f s\n", "load", model_gb,
               model_gb * 1e9 / static_cast<double>(model->model_bytes()), static_cast<double>(model->model_bytes()) / 1e9,
               load_s);
-  std::printf("%-28s %.3f ms/token (median of %zu), context %lld, graph replay %s\n", "decode", ms, gaps.size(),
-              static_cast<long long>(a.context), a.replay.c_str());
+  std::printf("%-28s %.3f ms/token (median of %zu), context %lld, graph replay %s, fusion %s\n", "decode", ms,
+              gaps.size(), static_cast<long long>(a.context), a.replay.c_str(), a.fusion.c_str());
   std::printf("%-28s %.3f ms (%.1f MB weights + %.1f MB cache at %.0f GB/s)\n", "bandwidth floor", floor_ms,
               weights_read / 1e6, cache / 1e6, bw / 1e9);
   std::printf("load_gb_per_s: %.3f\n", model_gb / load_s);
+  {
+    const ag::replay_stats rs = (*rt)->replay_statistics();
+    std::printf("%-28s plain %lld, captured %lld, replayed %lld, fallbacks %lld%s%s\n", "graph replay",
+                static_cast<long long>(rs.plain), static_cast<long long>(rs.captured),
+                static_cast<long long>(rs.replayed), static_cast<long long>(rs.fallbacks),
+                rs.last_fallback.empty() ? "" : ": ", rs.last_fallback.c_str());
+  }
   std::printf("decode_ms_per_token: %.3f\n", ms);
   std::printf("decode_floor_ms: %.3f\n", floor_ms);
   std::printf("decode_vs_bandwidth_floor: %.3f\n", ms / floor_ms);
@@ -213,6 +222,8 @@ int main(int argc, char** argv) {
   app.add_option("--prefill", d.prefill, "prefill tokens (0: skip)")->check(CLI::Range(0, 1 << 20));
   app.add_option("--bandwidth-gbs", d.bandwidth_gbs, "measured device memory bandwidth (0: the device spec's)");
   app.add_option("--replay", d.replay, "decode: graph replay of the generator's plans (off, on, auto)");
+  app.add_option("--fusion", d.fusion, "decode: plan_options::fuse_ops of the generator's plans (on, off)")
+      ->check(CLI::IsMember({"on", "off"}));
   if (auto status = ag::apps::parse_flags(app, argc, argv)) return *status;
   if (mode == "sim") return run_sim(time_scale, sequences, sim_tokens);
   if (d.model.empty()) {

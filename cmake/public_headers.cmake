@@ -13,6 +13,7 @@ set(ACTORGRAPH_PUBLIC_HEADERS
   graph/cost_model.hpp
   graph/dtype.hpp
   graph/error.hpp
+  graph/fusion.hpp
   graph/graph.hpp
   graph/host_tensor.hpp
   graph/models/transformer.hpp

@@ -82,6 +82,25 @@ struct op_launch {
   /// then charges the op spec.kernel_latency (on its own stream) instead of
   /// spec.launch_latency (host time); other backends ignore it.
   bool launch_paid_by_replay = false;
+  /// Set by the lowering (actors/launch_program.cpp) on CUDA devices only: this
+  /// record runs a chain of the plan's ops as one kernel (see fused_attention).
+  enum class fusion : uint8_t { none = 0, attention = 1 };
+  fusion fused = fusion::none;
+  /// fusion::attention, in place of the chain scores = matmul(q, k^T) [->
+  /// add(scores, mask)] -> probs = softmax(.. * scale, causal) -> out =
+  /// matmul(probs, v) (views between them allowed), whose intermediates
+  /// nothing else reads: `op` is the last matmul, `inputs` are {q [.., M, dh],
+  /// k [.., keys, dh], v [.., keys, dh]} and, when masked, the mask [S, keys];
+  /// `out` is [.., M, dh]. Row r of the rows the softmax saw (in order) is
+  /// query row m of batch b (r = b * M + m) and row r % softmax_rows of the
+  /// softmax's [.., S, keys] view, which the causal flag and the mask index.
+  struct attention_params {
+    float scale = 1.0f;
+    bool causal = false;
+    bool masked = false;
+    int64_t softmax_rows = 1;  ///< S: the softmax view's second-last dim
+  };
+  attention_params attention{};
 };
 
 /// A captured run of kernels (one replay segment of a plan, with the job's

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <string>
+#include <utility>
 #include <limits>
 
 namespace ag {
@@ -38,6 +39,10 @@ error validate(const device_spec& d) {
   if (auto e = positive("mem_bandwidth", d.mem_bandwidth)) return e;
   if (auto e = positive("link_bandwidth", d.link_bandwidth)) return e;
   if (auto e = positive("host_bandwidth", d.host_bandwidth)) return e;
+  for (auto [field, v] : {std::pair{"compute_efficiency", d.compute_efficiency},
+                          std::pair{"memory_efficiency", d.memory_efficiency}})
+    if (!(v > 0 && v <= 1))
+      return error(errc::invalid_argument, who + field + " must be in (0, 1], got " + std::to_string(v));
   if (auto e = non_negative("launch_latency", d.launch_latency)) return e;
   if (auto e = non_negative("kernel_latency", d.kernel_latency)) return e;
   if (auto e = non_negative("link_latency", d.link_latency)) return e;
@@ -120,8 +125,8 @@ op_cost cost_of(const graph& g, const node& n) {
 
 double estimate_seconds(const device_spec& d, op_cost c, dtype type) {
   const double rate = (type == dtype::f16 || type == dtype::bf16) ? d.flops_bf16 : d.flops_f32;
-  const double compute = rate > 0 ? c.flops / rate : 0.0;
-  const double memory = d.mem_bandwidth > 0 ? c.bytes / d.mem_bandwidth : 0.0;
+  const double compute = rate > 0 ? c.flops / (rate * d.compute_efficiency) : 0.0;
+  const double memory = d.mem_bandwidth > 0 ? c.bytes / (d.mem_bandwidth * d.memory_efficiency) : 0.0;
   return d.launch_latency + std::max(compute, memory);
 }
 

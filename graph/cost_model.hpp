@@ -22,12 +22,14 @@ struct device_spec {
   std::string name = "sim0";           ///< unique: "sim0", "cpu1", "cuda0"
   device_kind kind = device_kind::sim;
   int ordinal = 0;                     ///< index within its kind (CUDA device number)
-  /// FLOP/s and bytes/s the cost model divides by. A sim device takes them
-  /// as given (the defaults are data-sheet peaks); a CUDA device reports the
-  /// rates its kernels reach (peak x measured share, gpu/cuda/enumerate.cpp).
-  double flops_f32 = 60e12;            ///< FLOP/s for f32 matmul
-  double flops_bf16 = 990e12;          ///< FLOP/s for f16 / bf16 matmul
-  double mem_bandwidth = 3.35e12;      ///< bytes/s, device memory
+  double flops_f32 = 60e12;            ///< FLOP/s for f32 matmul (peak)
+  double flops_bf16 = 990e12;          ///< FLOP/s for f16 / bf16 matmul (peak)
+  double mem_bandwidth = 3.35e12;      ///< bytes/s, device memory (peak)
+  /// Shares of those peaks that kernels reach, which the cost model divides
+  /// by too: (0, 1]. 1 on sim (the spec is the model) and cpu; a CUDA device
+  /// sets what was measured on its kind of GPU (gpu/cuda/enumerate.cpp).
+  double compute_efficiency = 1.0;
+  double memory_efficiency = 1.0;
   int64_t mem_bytes = 80LL << 30;      ///< device memory
   double launch_latency = 4.5e-6;      ///< s, per kernel
   /// s, per kernel of a replayed graph (plan_options::graph_replay): the time
@@ -75,7 +77,8 @@ struct op_cost {
 
 /// Cost of node `n` of graph `g` (0 for leaves and views).
 op_cost cost_of(const graph& g, const node& n);
-/// launch_latency + max(flops / rate(dtype), bytes / mem_bandwidth); 0 for views/leaves.
+/// launch_latency + max(flops / (rate(dtype) x compute_efficiency), bytes /
+/// (mem_bandwidth x memory_efficiency)); 0 for views/leaves.
 double estimate_seconds(const device_spec& d, const graph& g, const node& n);
 double estimate_seconds(const device_spec& d, op_cost c, dtype type);
 /// The same kernel replayed inside a captured graph (not its first): its

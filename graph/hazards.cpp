@@ -161,6 +161,16 @@ error check_hazards(const plan& p) {
         for (node_id in : nd.inputs) acc[dev][root_of(g, in)].reads.push_back({s.id, static_cast<int>(k)});
         acc[dev][nd.id].writes.push_back({s.id, static_cast<int>(k)});
       }
+      // A fused chain's kernel reads q, k and the mask at the chain's last
+      // op (graph/fusion.hpp).
+      for (const attention_fusion& f : p.fusions()) {
+        if (f.step != s.id) continue;
+        const auto at = std::find(s.ops.begin(), s.ops.end(), f.out);
+        if (at == s.ops.end()) return step_err(s, "a fusion's last op is not in its step");
+        const int k = static_cast<int>(at - s.ops.begin());
+        for (node_id in : g.at(f.scores).inputs) acc[dev][root_of(g, in)].reads.push_back({s.id, k});
+        if (f.mask_add != no_node) acc[dev][root_of(g, g.at(f.mask_add).inputs.at(1))].reads.push_back({s.id, k});
+      }
     } else if (s.kind == step_kind::copy_h2d) {
       acc[dev][root_of(g, s.ops[0])].writes.push_back({s.id, 0});
     } else if (s.kind == step_kind::copy_d2h) {

@@ -218,6 +218,17 @@ error planner::plan_memory(plan& p) {
     }
   }
 
+  // A fused chain's kernel reads q, k and the mask at the chain's last op
+  // (graph/fusion.hpp): they stay live until then.
+  for (const attention_fusion& f : p.fusions_) {
+    const step& st = p.steps_[static_cast<std::size_t>(f.step)];
+    const auto at = std::find(st.ops.begin(), st.ops.end(), f.out);
+    if (at == st.ops.end()) return error(errc::internal, "memory plan: a fusion's last op is not in its step");
+    const position pos{st.id, static_cast<int>(at - st.ops.begin())};
+    for (node_id i : g.at(f.scores).inputs) read(st.device, i, pos);
+    if (f.mask_add != no_node) read(st.device, g.at(f.mask_add).inputs.at(1), pos);
+  }
+
   for (std::size_t d = 0; d < ndev; ++d) {
     device_memory& mem = p.memory_[d];
     std::vector<buffer*> order;

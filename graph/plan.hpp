@@ -20,6 +20,7 @@
 
 #include "graph/cost_model.hpp"
 #include "graph/graph.hpp"
+#include "graph/fusion.hpp"
 #include "graph/replay.hpp"
 #include "graph/step_kind.hpp"
 #include "graph/tensor_parallel.hpp"
@@ -181,6 +182,16 @@ struct plan_options {
   /// 1.6x on decode on an H100); off launches kernel by kernel. Replay is
   /// skipped while runtime_options::stall_factor watches steps.
   graph_replay_mode graph_replay = graph_replay_mode::automatic;
+  /// Let a backend run a chain of the plan's ops as one kernel where it has
+  /// one (graph/fusion.hpp; plan::fusions() lists them); the steps are the
+  /// same either way, and the memory plan keeps the chain's inputs until the
+  /// fused kernel reads them. Today: on CUDA devices, a decode step's
+  /// attention (scores, mask add, softmax, weighted sum: 4 kernels per
+  /// layer) as one kernel. Off by default: that kernel runs one block per
+  /// batch entry and kv head, and on an H100 it took 55 us where the four
+  /// kernels take about 16 (LLaMA-1B decode 2.73 vs 2.12 ms/token,
+  /// docs/BENCHMARKS.md); it needs the keys split over blocks first.
+  bool fuse_ops = false;
   /// Copies of the plan's state (its store_rows nodes, e.g. one KV cache per
   /// sequence) each device keeps: a job names one (submit_options::
   /// state_slot) and sees what the previous job of that slot stored. The
@@ -226,6 +237,10 @@ class plan {
   /// tensor_parallel == 1.
   const tensor_parallel_info* tensor_parallel() const noexcept { return tp_.get(); }
   const std::vector<device_spec>& devices() const noexcept { return devices_; }
+  /// Op chains a backend runs as one kernel (plan_options::fuse_ops,
+  /// graph/fusion.hpp), in step order; the memory plan keeps their inputs
+  /// until the kernel that reads them.
+  const std::vector<attention_fusion>& fusions() const noexcept { return fusions_; }
   const plan_options& options() const noexcept { return options_; }
   /// Device of each node (index = node id); leaves take their first consumer's device.
   /// Views take their first compute reader's device (else their storage's).
@@ -264,6 +279,7 @@ class plan {
   void describe_tensor_parallel(std::ostream& os) const;
   std::shared_ptr<const graph> graph_;
   std::shared_ptr<const tensor_parallel_info> tp_;
+  std::vector<attention_fusion> fusions_;
   std::vector<device_spec> devices_;
   plan_options options_;
   std::vector<int> placement_;

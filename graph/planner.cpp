@@ -837,6 +837,7 @@ expected<std::shared_ptr<const plan>> planner::compile(std::shared_ptr<const gra
   for (std::size_t d = 0; d < used.size(); ++d)
     if (used[d]) p->used_devices_.push_back(static_cast<int>(d));
 
+  if (options.fuse_ops) p->fusions_ = find_attention_fusions(g, p->steps_, p->devices_);
   if (auto e = plan_memory(*p)) return e;
   if (auto e = check_host_memory(*p)) return e;
   return std::shared_ptr<const plan>(std::move(p));

@@ -47,19 +47,19 @@ expected<device_ptr> make_one(int ordinal, int index, const backend_options& opt
   // Dense bf16 tensor cores: 4096 flops per SM per clock on sm_90 (H100 SXM:
   // 132 SMs x 1.83 GHz x 4096 = 989 TFLOP/s); 2048 on sm_80; 1024 before.
   const double tc_per_sm = prop.major >= 9 ? 4096 : prop.major == 8 ? 2048 : 1024;
-  // The cost model wants the rates kernels reach, not the data sheet's: the
-  // peaks above times what was measured on an H100 SXM (2026-11-25, PyTorch
-  // 2.11 + cuBLAS in the same run, docs/BENCHMARKS.md): bf16 GEMMs of a d-8192
-  // layer's shapes 763-813 of the 1070 TFLOP/s this formula gives at its
-  // 1980 MHz boost clock (0.76); a 256 MiB device copy 2.98 and a bf16 silu
-  // 2.77 of 3.35 TB/s (0.86). With the peaks, the sim predicted that layer
-  // at 0.75 of its measured time (actorgraph-tp-bench's sim_error_1gpu).
-  constexpr double gemm_share = 0.76, memory_share = 0.86;
   if (sms > 0 && clock_hz > 0) {
-    spec.flops_f32 = sms * clock_hz * 256.0 * gemm_share;
-    spec.flops_bf16 = sms * clock_hz * tc_per_sm * gemm_share;
+    spec.flops_f32 = sms * clock_hz * 256.0;
+    spec.flops_bf16 = sms * clock_hz * tc_per_sm;
   }
-  if (mem_clock_hz > 0 && bus_bits > 0) spec.mem_bandwidth = 2.0 * mem_clock_hz * bus_bits / 8.0 * memory_share;  // DDR
+  if (mem_clock_hz > 0 && bus_bits > 0) spec.mem_bandwidth = 2.0 * mem_clock_hz * bus_bits / 8.0;  // DDR
+  // What kernels reach of those peaks, measured on an H100 SXM (2026-11-25,
+  // PyTorch 2.11 + cuBLAS, docs/BENCHMARKS.md): bf16 GEMMs of a d-8192
+  // layer's shapes 763-813 of the 1070 TFLOP/s the formula gives at the
+  // 1980 MHz boost clock (0.76); a 256 MiB device copy 2.98 and a bf16 silu
+  // 2.77 of 3.35 TB/s (0.86). With the peaks alone, the sim predicted that
+  // layer at 0.75 of its measured time (actorgraph-tp-bench's sim_error_1gpu).
+  spec.compute_efficiency = 0.76;
+  spec.memory_efficiency = 0.86;
   spec.mem_bytes = static_cast<int64_t>(prop.totalGlobalMem);
   spec.copy_engines = std::max(1, prop.asyncEngineCount);
   // The planner's ring/one-shot pick (describe, trace) names the path the

@@ -3,6 +3,7 @@
 
 #include "gpu/cuda/op_dispatch.hpp"
 
+#include "gpu/cuda/attention.cuh"
 #include "gpu/cuda/device_guard.hpp"
 #include "gpu/cuda/elementwise.cuh"
 #include "gpu/cuda/gemm.cuh"
@@ -40,6 +41,18 @@ error dispatch_op(core& dev_core, cuda_stream& cs, const op_launch& l, const std
   device_guard g(dev_core.ordinal);
   const kt out = to_kt(l.out);
   error e;
+  if (l.fused == op_launch::fusion::attention) {
+    // The lowering's fused chain (gpu::op_launch::fusion): inputs q, k, v[, mask].
+    const bool masked = l.attention.masked;
+    if ((e = need(masked ? 4 : 3))) return e;
+    c.where.append(" (fused attention)");
+    const kt mask = masked ? to_kt(l.inputs[3]) : kt{};
+    e = launch_fused_attention(c, out, to_kt(l.inputs[0]), to_kt(l.inputs[1]), to_kt(l.inputs[2]),
+                               masked ? &mask : nullptr, l.attention.scale, l.attention.causal,
+                               l.attention.softmax_rows);
+    if (e.code == errc::device_failed) dev_core.mark_dead(e);
+    return e;
+  }
   switch (n.op) {
     case op_kind::input:
     case op_kind::weight:

@@ -5,12 +5,14 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <map>
 #include <set>
 
 #include "../graph/plan_test_util.hpp"
 #include "../graph/random_dag.hpp"
 #include "actors/launch_program.hpp"
+#include "graph/models/transformer.hpp"
 #include "graph/plan.hpp"
 
 namespace {
@@ -110,14 +112,18 @@ void expect_consistent(const launch_program& prog) {
     std::set<std::pair<int, int>> got;
     for (const auto& qp : ls.remote_consumers) got.insert({qp.queue, qp.pos});
     EXPECT_EQ(got, cpos) << "step " << ps.id;
-    const bool sink = ps.kind == step_kind::copy_d2h || ps.consumers.empty();
+    // A step whose ops can fail on their values (a lookup's ids) also
+    // reports completion, so that the job sees the error.
+    const bool sink = ps.kind == step_kind::copy_d2h || ps.consumers.empty() || may_fail_on_values(p, ps);
     EXPECT_EQ(ls.completion, sink) << "step " << ps.id;
     EXPECT_EQ(completion.count(ps.id) == 1, sink) << "step " << ps.id;
     if (ps.kind == step_kind::compute) {
       for (const auto& op : ls.ops) {
         EXPECT_FALSE(is_view_op(op.op->op) || is_leaf_op(op.op->op)) << op.op->name;
         EXPECT_EQ(std::count(ps.ops.begin(), ps.ops.end(), op.op->id), 1);
-        EXPECT_EQ(op.inputs.size(), op.op->inputs.size());
+        // A fused record lists the fusion's operands (gpu::op_launch::fusion).
+        if (op.fused == gpu::op_launch::fusion::none) EXPECT_EQ(op.inputs.size(), op.op->inputs.size());
+        else EXPECT_EQ(op.inputs.size(), op.attention.masked ? 4u : 3u);
       }
     } else {
       EXPECT_TRUE(ls.ops.empty());
@@ -403,6 +409,106 @@ TEST(LaunchProgram, CollectiveWithBrokenPeersIsRefusedNamingIt) {
   EXPECT_EQ(r.err().step, planted);
   EXPECT_EQ(r.err().device, device);
   EXPECT_EQ(r.err().op, op);
+}
+
+// Attention fusion (CUDA devices only): a decode step's scores -> [mask] ->
+// softmax -> weighted sum chain becomes one record per layer, carrying q, k,
+// v (and the mask in cache mode) and the softmax's scale, causal flag and
+// rows; a prefill's queries (more rows than the kernel takes) and every
+// non-CUDA device keep the ops as they are.
+struct fused_count {
+  int fused = 0, masked = 0, records = 0;
+};
+
+/// Bytes [first, last] an operand spans in its region.
+std::pair<int64_t, int64_t> span_of(const actors::operand& o) {
+  int64_t far = 0;
+  for (int d = 0; d < o.proto.dims.rank(); ++d) far += (o.proto.dims[d] - 1) * o.proto.stride[static_cast<std::size_t>(d)];
+  return {o.byte_offset, o.byte_offset + (far + 1) * static_cast<int64_t>(dtype_size(o.proto.type)) - 1};
+}
+
+fused_count count_fused(const models::transformer_config& cfg, device_kind kind, bool fuse_ops = true) {
+  auto g = models::build_transformer(cfg);
+  EXPECT_TRUE(g.has_value()) << g.err().to_string();
+  device_spec d;
+  d.name = kind == device_kind::cuda ? "cuda0" : "sim0";
+  d.kind = kind;
+  plan_options o;
+  o.fuse_ops = fuse_ops;
+  auto p = compile(std::make_shared<const graph>(std::move(*g)), {d}, o);
+  EXPECT_TRUE(p.has_value()) << p.err().to_string();
+  if (!p) return {};
+  // The independent checker sees the fused kernels' reads too.
+  EXPECT_TRUE(check_hazards(**p).ok()) << check_hazards(**p).to_string();
+  auto prog = lower(*p);
+  EXPECT_TRUE(prog.has_value()) << prog.err().to_string();
+  fused_count c;
+  if (!prog) return c;
+  expect_consistent(**prog);
+  for (const lowered_step& ls : (*prog)->steps())
+    for (const auto& op : ls.ops) {
+      ++c.records;
+      if (op.fused != gpu::op_launch::fusion::attention) continue;
+      ++c.fused;
+      c.masked += op.attention.masked;
+      EXPECT_EQ(op.op->op, op_kind::matmul) << "the record stands at the chain's last matmul";
+      EXPECT_EQ(op.inputs.size(), op.attention.masked ? 4u : 3u);
+      EXPECT_FLOAT_EQ(op.attention.scale, 1.0f / std::sqrt(static_cast<float>(cfg.head_dim())));
+      EXPECT_EQ(op.attention.causal, cfg.kv_cache_capacity == 0);
+      EXPECT_EQ(op.attention.softmax_rows, cfg.seq_len);
+      // The memory plan kept q, k and the mask out of the output's bytes:
+      // the kernel reads them while it writes.
+      for (const auto& in : op.inputs) {
+        if (in.where != op.out.where) continue;
+        const auto a = span_of(in), b = span_of(op.out);
+        EXPECT_TRUE(a.second < b.first || b.second < a.first)
+            << op.op->name << ": an input at [" << a.first << ", " << a.second << "] under the output at [" << b.first
+            << ", " << b.second << "]";
+      }
+    }
+  EXPECT_EQ(c.fused, static_cast<int>((*p)->fusions().size()));
+  return c;
+}
+
+TEST(LaunchProgram, DecodeAttentionIsOneFusedRecordPerLayerOnCudaOnly) {
+  for (auto variant : {models::model_variant::llama, models::model_variant::gpt2}) {
+    models::transformer_config cfg;
+    cfg.variant = variant;
+    cfg.n_layers = 3;
+    cfg.d_model = 64;
+    cfg.n_heads = 8;
+    cfg.n_kv_heads = variant == models::model_variant::llama ? 2 : 0;  // 4 query rows per kv head
+    cfg.vocab = 50;
+    cfg.batch = 2;
+    cfg.seq_len = 1;
+    cfg.weight_values = false;
+    SCOPED_TRACE(models::to_string(variant));
+    // A decode step without a cache (causal over the one key) and with one
+    // (masked over the cache's 32 positions).
+    for (int64_t cache : {int64_t{0}, int64_t{32}}) {
+      cfg.kv_cache_capacity = cache;
+      const auto cuda = count_fused(cfg, device_kind::cuda);
+      const auto sim = count_fused(cfg, device_kind::sim);
+      EXPECT_EQ(cuda.fused, 3) << "cache " << cache;
+      EXPECT_EQ(cuda.masked, cache > 0 ? 3 : 0) << "cache " << cache;
+      EXPECT_EQ(sim.fused, 0);
+      EXPECT_EQ(count_fused(cfg, device_kind::cuda, /*fuse_ops=*/false).fused, 0);
+      // Each fusion replaces 3 records (4 with the mask add) by one.
+      EXPECT_EQ(sim.records - cuda.records, 3 * (cache > 0 ? 3 : 2)) << "cache " << cache;
+    }
+  }
+  // A prefill of 16 positions: 64 query rows per kv head, more than the
+  // fused kernel takes; the chain stays as it is.
+  models::transformer_config prefill;
+  prefill.variant = models::model_variant::llama;
+  prefill.n_layers = 2;
+  prefill.d_model = 64;
+  prefill.n_heads = 8;
+  prefill.n_kv_heads = 2;
+  prefill.vocab = 50;
+  prefill.seq_len = 16;
+  prefill.weight_values = false;
+  EXPECT_EQ(count_fused(prefill, device_kind::cuda).fused, 0);
 }
 
 }  // namespace

@@ -12,6 +12,7 @@
 #include "actors/generator.hpp"
 #include "checkpoint/checkpoint_test_util.hpp"
 #include "cuda/cuda_test_util.hpp"
+#include "graph/models/transformer.hpp"
 #include "graph/reference.hpp"
 
 namespace ag {
@@ -35,7 +36,7 @@ std::vector<float> recomputed_last_logits(const models::hf_model& m, const std::
   return row;
 }
 
-void decode_on(const std::string& spec, int stages) {
+void decode_on(const std::string& spec, int stages, bool fuse_ops = false) {
   auto rt = runtime::create(spec);
   ASSERT_TRUE(rt) << rt.err().to_string();
   auto bf16_llama = test::tiny_model(models::model_variant::llama, 2);
@@ -52,6 +53,7 @@ void decode_on(const std::string& spec, int stages) {
     go.cache_tokens = 16;
     go.prefill_chunk = 4;
     go.plan.pipeline_stages = stages;
+    go.plan.fuse_ops = fuse_ops;
     auto gen = generator::create(**rt, m->model_config(1), m->provider(), go);
     ASSERT_TRUE(gen) << gen.err().to_string();
     const std::vector<int32_t> prompt{3, 1, 4, 1, 5, 9};
@@ -120,6 +122,77 @@ TEST(CudaGenerate, CachedAttentionOpsMatchReference) {
 TEST(CudaGenerate, DecodeEqualsRecomputeOnOneGpu) {
   AG_REQUIRE_GPU(1);
   decode_on("cuda:0", 1);
+}
+
+// plan_options::fuse_ops: each decode step's attention is one fused kernel
+// (graph/fusion.hpp); generation still equals recomputing the sequence.
+TEST(CudaGenerate, DecodeWithFusedAttentionEqualsRecomputeOnOneGpu) {
+  AG_REQUIRE_GPU(1);
+  decode_on("cuda:0", 1, /*fuse_ops=*/true);
+}
+
+// The fused attention kernel on its own plans: decode-shaped steps of GPT-2
+// and LLaMA (grouped-query: 4 query rows per kv head) with a KV cache (mask)
+// and without (causal over one key), f32 and bf16, batch 2; each job (with a
+// cache: on a fresh state slot) equals the reference, and every layer's
+// chain is fused.
+TEST(CudaGenerate, FusedAttentionStepsEqualTheReference) {
+  AG_REQUIRE_GPU(1);
+  auto rt = runtime::create("cuda:0");
+  ASSERT_TRUE(rt) << rt.err().to_string();
+  for (auto variant : {models::model_variant::gpt2, models::model_variant::llama})
+    for (dtype t : {dtype::f32, dtype::bf16})
+      for (int64_t cache : {int64_t{0}, int64_t{24}}) {
+        models::transformer_config cfg;
+        cfg.variant = variant;
+        cfg.n_layers = 2;
+        cfg.d_model = 64;
+        cfg.n_heads = 8;
+        cfg.n_kv_heads = variant == models::model_variant::llama ? 2 : 0;
+        cfg.vocab = 97;
+        cfg.seq_len = 1;
+        cfg.batch = 2;
+        cfg.dtype = t;
+        cfg.kv_cache_capacity = cache;
+        cfg.max_positions = 32;  // GPT-2's position table: the jobs' positions go up to 3
+        SCOPED_TRACE(std::string(models::to_string(variant)) + " " + to_string(t) + " cache " + std::to_string(cache));
+        auto g = std::make_shared<const graph>(models::build_transformer(cfg).value());
+        plan_options o;
+        o.fuse_ops = true;
+        o.state_slots = 4;
+        auto p = (*rt)->compile(g, o);
+        ASSERT_TRUE(p) << p.err().to_string();
+        EXPECT_EQ((*p)->fusions().size(), 2u) << "one fused attention per layer";
+        for (int k = 0; k < 4; ++k) {
+          std::vector<host_tensor> in;
+          for (node_id id : g->inputs()) {
+            const node& n = g->at(id);
+            if (n.type == dtype::i32) {
+              // tokens < vocab; positions and cache positions: row k of the cache
+              const bool tokens = n.name.find("token") != std::string::npos;
+              in.push_back(tokens ? host_tensor::random_ints(n.dims, 40 + static_cast<uint64_t>(k), cfg.vocab)
+                                  : host_tensor::from_ints(n.dims, std::vector<int32_t>(
+                                                                       static_cast<std::size_t>(n.dims.numel()), k)));
+            } else {
+              // the [S, C] mask: key j visible when j <= k
+              std::vector<float> m(static_cast<std::size_t>(n.dims.numel()));
+              for (std::size_t j = 0; j < m.size(); ++j) m[j] = static_cast<int64_t>(j) <= k ? 0.0f : -30000.0f;
+              in.push_back(host_tensor::from_floats(n.type, n.dims, m));
+            }
+          }
+          auto want = evaluate_reference(*g, in);
+          ASSERT_TRUE(want) << want.err().to_string();
+          submit_options so;
+          if (cache > 0) so.state_slot = k;  // a fresh slot each: zero cache rows, as the reference has
+          const job j = (*rt)->submit(*p, in, so);
+          ASSERT_TRUE(j.wait_for(60s)) << "job " << k << " hung";
+          const auto& r = j.wait();
+          ASSERT_TRUE(r) << "job " << k << ": " << r.err().to_string();
+          const auto c = t == dtype::f32 ? compare(r->front(), want->front(), 2e-4, 2e-3)
+                                         : compare(r->front(), want->front(), 6e-2, 6e-2);
+          EXPECT_TRUE(c.ok) << "job " << k << ": " << c.message;
+        }
+      }
 }
 
 TEST(CudaGenerate, DecodeEqualsRecomputePipelinedOverTwoGpus) {

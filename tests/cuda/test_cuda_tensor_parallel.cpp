@@ -15,6 +15,7 @@
 #include <chrono>
 #include <limits>
 #include <memory>
+#include <ostream>
 #include <string>
 #include <vector>
 
@@ -35,6 +36,9 @@ struct tp_layout {
   int gpus;          ///< distinct GPUs the layout needs
   bool nccl;         ///< collectives through NCCL (else the own one-shot path)
 };
+
+// What gtest prints for a layout (test names and ctest's list): its name.
+void PrintTo(const tp_layout& l, std::ostream* os) { *os << l.name; }
 
 const tp_layout logical{"logical", 1, false};
 const tp_layout oneshot{"oneshot", 2, false};

@@ -768,6 +768,30 @@ TEST(PlannerBadInput, DeviceSpecsAreValidatedNamingDeviceAndField) {
   devs = sim_devices(1);
   devs[0].copy_engines = 0;
   EXPECT_TRUE(mentions(validate(devs[0]), "copy_engines"));
+  for (double bad : {0.0, -0.5, 1.5, std::nan("")}) {
+    devs = sim_devices(1);
+    devs[0].compute_efficiency = bad;
+    EXPECT_TRUE(mentions(validate(devs[0]), "compute_efficiency")) << bad;
+    devs = sim_devices(1);
+    devs[0].memory_efficiency = bad;
+    EXPECT_TRUE(mentions(validate(devs[0]), "memory_efficiency")) << bad;
+  }
+}
+
+// The cost model divides by the share of the peaks kernels reach: a matmul
+// bound by compute takes 1/compute_efficiency as long (less its launch), a
+// copy bound by memory 1/memory_efficiency.
+TEST(CostModel, EfficienciesStretchTheBoundingTerm) {
+  device_spec d;
+  d.launch_latency = 0;
+  op_cost mm{2e12, 1e6};    // compute bound
+  op_cost copy{1e3, 1e10};  // memory bound
+  const double mm_peak = estimate_seconds(d, mm, dtype::bf16), copy_peak = estimate_seconds(d, copy, dtype::bf16);
+  d.compute_efficiency = 0.5;
+  EXPECT_DOUBLE_EQ(estimate_seconds(d, mm, dtype::bf16), 2 * mm_peak);
+  EXPECT_DOUBLE_EQ(estimate_seconds(d, copy, dtype::bf16), copy_peak);
+  d.memory_efficiency = 0.25;
+  EXPECT_DOUBLE_EQ(estimate_seconds(d, copy, dtype::bf16), 4 * copy_peak);
 }
 
 TEST(PlannerBadInput, EmptyGraphIsRefusedAtCompile) {

@@ -1,0 +1,49 @@
+#pragma once
+/// \file fusion.hpp
+/// Chains of a plan's ops that a backend runs as one kernel
+/// (plan_options::fuse_ops). The planner finds them (ag::compile) and keeps
+/// them in the plan, so that the memory plan keeps the chain's inputs until
+/// the kernel that reads them runs (it reads them at the chain's last op);
+/// the runtime's lowering (actors/launch_program.cpp) turns each into one
+/// launch record (gpu::op_launch::fusion). Pure functions; no threads.
+
+#include <vector>
+
+#include <cstdint>
+
+#include "graph/cost_model.hpp"
+#include "graph/graph.hpp"
+
+namespace ag {
+
+struct step;
+using step_id = int32_t;
+
+/// Attention of decode-sized queries: scores = matmul(q, k^T) [-> add(scores,
+/// mask)] -> softmax(.. * scale, causal) -> out = matmul(probs, v), reshapes
+/// between them allowed, every intermediate read only by the next op and no
+/// graph output; consecutive compute ops of one step on a CUDA device; q
+/// [.., M, dh], k and v [.., keys, dh] with equal batch dims, one float dtype;
+/// within the kernel's limits (M <= 16, keys <= 8192, M x keys <= 32768,
+/// dh <= 256; gpu/cuda/attention.cuh). The kernel reads q, k and the mask at
+/// `out`'s place in the step.
+struct attention_fusion {
+  step_id step = -1;
+  node_id scores = no_node;   ///< matmul(q, k^T): its inputs are q and k
+  node_id mask_add = no_node; ///< add(scores, mask), or no_node
+  node_id softmax = no_node;
+  node_id out = no_node;      ///< matmul(probs, v): its input 1 is v
+};
+
+/// The kernel's limits (gpu/cuda/attention.cu checks them again).
+inline constexpr int64_t fused_attention_max_rows = 16;
+inline constexpr int64_t fused_attention_max_keys = 8192;
+inline constexpr int64_t fused_attention_max_scores = 32768;
+inline constexpr int64_t fused_attention_max_head = 256;
+
+/// The attention chains of `steps` (a compiled plan's, in order) that the
+/// backends of `devices` run fused: today those on CUDA devices.
+std::vector<attention_fusion> find_attention_fusions(const graph& g, const std::vector<step>& steps,
+                                                     const std::vector<device_spec>& devices);
+
+}  // namespace ag
