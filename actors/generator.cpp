@@ -184,7 +184,7 @@ struct generator::impl : std::enable_shared_from_this<generator::impl> {
   int64_t weight_bytes = 0;  // device memory of the plans' weights, all devices (shared uploads once)
 
   mutable std::mutex m;
-  // Which sequence (by ticket) holds which slot, and who waits, FIFO
+  // Which sequence (by ticket) holds which state slot, and who waits, FIFO
   // (graph/state_pool.hpp); the waiting sequences by ticket. Guarded by m.
   state_slots slot_table{0};
   uint64_t next_ticket = 1;
