@@ -27,6 +27,18 @@
 // --devices=KIND runs the runtime figures on another backend kind ("cpu",
 // "cuda"; figure names then end in that kind); --small shrinks the layer
 // (d 1024, 8 heads, T 256) for a quick run.
+// --devices=cuda:all prints issues 14 / 15's figures instead, at degree N =
+// the GPU count (--same-gpu --degree N: N logical devices of GPU 0, which
+// checks the program, not the speedups):
+//   tpN_layer_speedup, tpN_layer_ms   the layer on 1 GPU vs on N
+//   tpN_gpu_busy_fraction    least member's compute-lane busy share of the
+//                            last job's span (trace)
+//   tpN_sim_error            the sim's time for the N-way plan, from the
+//                            GPUs' own device specs, over the measured one
+//   sim_error_1gpu           the same on one GPU
+//   tpN_decode_step_speedup  a LLaMA 7B-shaped decode step (--decode-layers,
+//                            B 1, T 1, no cache) on 1 GPU vs on N
+// scripts/gpu-tp.sh runs them with the tests and PyTorch's layer.
 // Prints a table, then `name: value` lines.
 #include <algorithm>
 #include <chrono>
