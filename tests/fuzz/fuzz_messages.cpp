@@ -10,7 +10,9 @@
 #include <caf/binary_serializer.hpp>
 
 #include <cmath>
+#include <exception>
 #include <memory>
+#include <type_traits>
 #include <vector>
 
 #include "fuzz_check.hpp"
@@ -53,6 +55,9 @@ buffer save(T& x) {
 bool caf_cannot_serialise(const caf::message& m, int depth = 0) {
   if (depth > 64) return true;  // deeper than any real message: not ours either
   for (std::size_t i = 0; i < m.size(); ++i) {
+    // A built-in caf::config_value may hold such a double too (or a list or
+    // dictionary of them): CAF's type, never in the runtime's messages.
+    if (m.match_element<caf::config_value>(i)) return true;
     if (m.match_element<double>(i) && !std::isfinite(m.get_as<double>(i))) return true;
     if (m.match_element<float>(i) && !std::isfinite(m.get_as<float>(i))) return true;
     if (m.match_element<caf::message>(i) && caf_cannot_serialise(m.get_as<caf::message>(i), depth + 1)) return true;
@@ -69,11 +74,33 @@ bool caf_cannot_serialise(const T&) {
   return false;
 }
 
+/// Reads `x` from the fuzzer's bytes; false when refused (an error value,
+/// which is fine). CAF 0.17.6 throws instead of returning an error when a
+/// type-erased built-in caf::config_value names a variant index it does not
+/// have (CAF_RAISE_ERROR in its variant inspect; found by this target:
+/// corpus/messages/caf-config-value-bad-variant in a caf::message,
+/// caf-error-context-config-value in a caf::error's context): reading CAF's
+/// own caf::message or caf::error, a throw is CAF refusing its own type. The
+/// runtime's messages carry no config_value, and its own types never throw: a
+/// throw reading one of them still ends the run.
+template <class T>
+bool load(T& x, const char* bytes, std::size_t size) {
+  caf::binary_deserializer src{system(), bytes, size};
+  if constexpr (std::is_same_v<T, caf::message> || std::is_same_v<T, caf::error>) {
+    try {
+      return !src(x);
+    } catch (const std::exception&) {
+      return false;
+    }
+  } else {
+    return !src(x);
+  }
+}
+
 template <class T>
 void round_trip(const char* bytes, std::size_t size) {
   T x;
-  caf::binary_deserializer src{system(), bytes, size};
-  if (src(x)) return;  // refused: an error value, which is fine
+  if (!load(x, bytes, size)) return;
   if (caf_cannot_serialise(x)) return;
   const buffer once = save(x);
   T y;
@@ -85,8 +112,7 @@ void round_trip(const char* bytes, std::size_t size) {
 
 void as_caf_error(const char* bytes, std::size_t size) {
   caf::error x;
-  caf::binary_deserializer src{system(), bytes, size};
-  if (src(x)) return;
+  if (!load(x, bytes, size)) return;
   const ag::error e = ag::msg::from_caf(x);
   if (x) ag::fuzz::check_error(e, "from_caf");
   (void)ag::msg::to_caf(e);
