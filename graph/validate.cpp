@@ -272,10 +272,10 @@ error infer_get_rows(const std::vector<node>& nodes, node& n) {
     return node_error(errc::invalid_shape, n, "ids '" + ids.name + "' are " + dims_str(ids) + ", rank must be <= 3");
   // A tensor-parallel shard of the table: rows [begin, begin + V) of end rows.
   if (n.attrs.end != 0 && (n.attrs.end < 0 || n.attrs.begin < 0 || n.attrs.begin > n.attrs.end - t.dims[0]))
+    // (begin + V is not computed: a fuzzed begin near 2^63 overflows it.)
     return node_error(errc::invalid_argument, n,
-                      "table shard rows [" + std::to_string(n.attrs.begin) + ", " +
-                          std::to_string(n.attrs.begin + t.dims[0]) + ") do not lie in a vocabulary of " +
-                          std::to_string(n.attrs.end) + " rows");
+                      "table shard of " + std::to_string(t.dims[0]) + " rows from row " + std::to_string(n.attrs.begin) +
+                          " does not lie in a vocabulary of " + std::to_string(n.attrs.end) + " rows");
   if (n.attrs.end == 0 && n.attrs.begin != 0)
     return node_error(errc::invalid_argument, n, "a row offset (begin) needs the vocabulary size (end)");
   shape out = ids.dims;
