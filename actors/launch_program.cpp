@@ -210,6 +210,34 @@ error lower_step(const plan& p, const step& s, lowered_step& ls) {
 
 }  // namespace
 
+/// Fills collective_desc::peer_ordered_deps of every collective part: a
+/// remote dep d of part k is ordered by member j's part p (j != k) when d
+/// runs on j's device and p waits for it (a dep of p) or runs after it on
+/// p's queue. Then p joins the collective only after d, and a part that
+/// waits for p to join (on the device) need not wait for d's event.
+void mark_peer_ordered_deps(const plan& pl, launch_program& prog) {
+  for (auto& ls : prog.steps_) {
+    if (ls.kind != step_kind::collective) continue;
+    const step& s = pl.at(ls.id);
+    auto& c = ls.coll;
+    for (step_id d : ls.remote_deps) {
+      const lowered_step& ld = prog.steps_[static_cast<std::size_t>(d)];
+      for (std::size_t j = 0; j < s.peers.size(); ++j) {
+        if (static_cast<int>(j) == c.rank || c.member_devices[j] != ld.device || ld.device == ls.device) continue;
+        const step_id peer = s.peers[j];
+        const lowered_step& lp = prog.steps_[static_cast<std::size_t>(peer)];
+        const auto& peer_deps = pl.at(peer).deps;
+        const bool ordered = std::find(peer_deps.begin(), peer_deps.end(), d) != peer_deps.end() ||
+                             (ld.queue == lp.queue && ld.pos < lp.pos);
+        if (ordered) {
+          c.peer_ordered_deps.push_back(d);
+          break;
+        }
+      }
+    }
+  }
+}
+
 int launch_program::find_queue(int device, step_kind kind, int lane) const noexcept {
   for (std::size_t q = 0; q < queues_.size(); ++q)
     if (queues_[q].device == device && queues_[q].kind == kind && queues_[q].lane == lane) return static_cast<int>(q);
@@ -361,6 +389,7 @@ expected<std::shared_ptr<const launch_program>> lower(std::shared_ptr<const plan
     if (ls.completion) prog->completion_.push_back(s.id);
     if (auto e = lower_step(pl, s, ls)) return e;
   }
+  mark_peer_ordered_deps(pl, *prog);
   for (auto& q : prog->queues_) {
     q.remote_dep_counts.reserve(q.steps.size());
     for (step_id s : q.steps) {

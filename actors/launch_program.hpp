@@ -75,6 +75,12 @@ struct collective_desc {
   int rank = -1;                     ///< this part's member index
   collective_algo algo = collective_algo::none;
   int64_t bytes = 0;
+  /// The remote deps that another member's part orders before itself: on
+  /// that member's device, and a dep of that part or earlier on its queue.
+  /// Where the backend pairs the members on the device
+  /// (gpu::device::collective_syncs_members), this part need not wait for
+  /// their events: that member joins only after them.
+  std::vector<step_id> peer_ordered_deps;
 };
 
 /// A queue position: (queue index, position in that queue's steps).
@@ -154,6 +160,7 @@ class launch_program {
  private:
   friend expected<std::shared_ptr<const launch_program>> lower(std::shared_ptr<const plan> p);
   friend void mark_replay_segments(const plan& pl, launch_program& prog);
+  friend void mark_peer_ordered_deps(const plan& pl, launch_program& prog);
   std::shared_ptr<const plan> plan_;
   std::vector<launch_queue> queues_;
   std::vector<lowered_step> steps_;
@@ -163,6 +170,9 @@ class launch_program {
 
 /// Part of lower(): sets the replay_* fields of `prog`'s steps (see lowered_step).
 void mark_replay_segments(const plan& pl, launch_program& prog);
+/// Part of lower(): sets collective_desc::peer_ordered_deps of the
+/// collective parts (see there).
+void mark_peer_ordered_deps(const plan& pl, launch_program& prog);
 
 /// Lowers `p` (valid plans from ag::compile; it checks what it relies on).
 /// Errors (errc::internal, with error::device / step / op set): a step on a

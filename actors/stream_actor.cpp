@@ -205,14 +205,18 @@ struct region_bases {
   }
 };
 
-/// A step's prologue on `stream`: waits for its remote deps' end events and,
-/// when timing, its start event.
-error begin_step(exec_state& st, const job_context& ctx, const lowered_step& ls, int lane, gpu::stream& stream) {
+/// A step's prologue on `stream`: waits for its remote deps' end events
+/// (but those in `paired`: a collective part whose backend pairs the
+/// members on the device skips the deps another member's part orders
+/// before it joins) and, when timing, its start event.
+error begin_step(exec_state& st, const job_context& ctx, const lowered_step& ls, int lane, gpu::stream& stream,
+                 const std::vector<step_id>* paired = nullptr) {
   auto& slot = ctx.slots[static_cast<std::size_t>(ls.id)];
   if (ctx.timing) slot.enqueue_ns = gpu::host_clock_ns();
   for (step_id d : ls.remote_deps) {
     const auto& ev = ctx.slots[static_cast<std::size_t>(d)].end;
     if (!ev) continue;
+    if (paired && std::find(paired->begin(), paired->end(), d) != paired->end()) continue;
     if (error err = st.dev->wait(stream, *ev)) return step_error(st, lane, ls, "waiting for step " + std::to_string(d), err);
   }
   if (ctx.timing) {
@@ -255,6 +259,31 @@ error end_step(exec_state& st, const job_context& ctx, const lowered_step& ls, i
   return {};
 }
 
+/// The backend's description of collective part `ls` of the job `ctx` on
+/// `device`: its output, every member's operand where it lives, the members.
+gpu::collective_launch collective_part(const job_context& ctx, const lowered_step& ls, int device) {
+  const collective_desc& c = ls.coll;
+  gpu::collective_launch l;
+  l.op = ls.subject;
+  l.rank = c.rank;
+  l.algo = c.algo;
+  l.bytes = c.bytes;
+  // Aliases the job context: the flag (and the job) live while the part does.
+  l.cancelled = std::shared_ptr<const std::atomic<bool>>(ctx.shared_from_this(), &ctx.cancelled);
+  l.out = c.out.proto;
+  l.out.data = ctx.base(c.out.where, device) + c.out.byte_offset;
+  l.inputs.reserve(c.inputs.size());
+  l.members.reserve(c.inputs.size());
+  for (std::size_t k = 0; k < c.inputs.size(); ++k) {
+    const int dev = c.member_devices[k];
+    gpu::tensor_arg a = c.inputs[k].proto;
+    a.data = ctx.base(c.inputs[k].where, dev) + c.inputs[k].byte_offset;
+    l.inputs.push_back(std::move(a));
+    l.members.push_back(ctx.lp->memory[static_cast<std::size_t>(dev)]->dev.get());
+  }
+  return l;
+}
+
 error launch_step(exec_state& st, exec_job& e, step_id s) {
   const job_context& ctx = *e.ctx;
   const launch_program& prog = ctx.program();
@@ -264,7 +293,15 @@ error launch_step(exec_state& st, exec_job& e, step_id s) {
   gpu::stream* sp = stream_of(st, lane, &stream_err);
   if (!sp) return step_error(st, lane, ls, "has no stream", *stream_err);
   gpu::stream& stream = *sp;
-  if (error err = begin_step(st, ctx, ls, lane, stream)) return err;
+  // A collective part is described first: whether its backend pairs the
+  // members on the device decides which waits its prologue enqueues.
+  gpu::collective_launch coll;
+  const std::vector<step_id>* paired = nullptr;
+  if (ls.kind == step_kind::collective) {
+    coll = collective_part(ctx, ls, st.device);
+    if (!ls.coll.peer_ordered_deps.empty() && st.dev->collective_syncs_members(coll)) paired = &ls.coll.peer_ordered_deps;
+  }
+  if (error err = begin_step(st, ctx, ls, lane, stream, paired)) return err;
   error err;
   // The executor: one case per step kind (the lowering's other half,
   // launch_program.cpp's lower_step).
@@ -299,27 +336,10 @@ error launch_step(exec_state& st, exec_job& e, step_id s) {
       break;
     }
     case step_kind::collective: {
-      // This member's part: its own output, every member's operand where
-      // it lives (the remote deps above waited for all their producers).
-      const collective_desc& c = ls.coll;
-      gpu::collective_launch l;
-      l.op = ls.subject;
-      l.rank = c.rank;
-      l.algo = c.algo;
-      l.bytes = c.bytes;
-      // Aliases the job context: the flag (and the job) live while the part does.
-      l.cancelled = std::shared_ptr<const std::atomic<bool>>(ctx.shared_from_this(), &ctx.cancelled);
-      l.out = c.out.proto;
-      l.out.data = ctx.base(c.out.where, st.device) + c.out.byte_offset;
-      l.inputs.reserve(c.inputs.size());
-      l.members.reserve(c.inputs.size());
-      for (std::size_t k = 0; k < c.inputs.size(); ++k) {
-        const int dev = c.member_devices[k];
-        gpu::tensor_arg a = c.inputs[k].proto;
-        a.data = ctx.base(c.inputs[k].where, dev) + c.inputs[k].byte_offset;
-        l.inputs.push_back(std::move(a));
-        l.members.push_back(ctx.lp->memory[static_cast<std::size_t>(dev)]->dev.get());
-      }
+      // This member's part: its own output, every member's operand where it
+      // lives (the remote deps above, or the backend's pairing, waited for
+      // all their producers).
+      const gpu::collective_launch& l = coll;
       if (error ce = st.dev->collective(stream, l)) return step_error(st, lane, ls, {}, ce, ls.subject);
       break;
     }

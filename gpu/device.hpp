@@ -251,6 +251,17 @@ class device {
   /// notify like a kernel's. Default: unsupported_op (a backend without
   /// collectives).
   virtual error collective(stream& s, const collective_launch& c);
+  /// True when this device's part of `c` waits for the other members' parts
+  /// on the device itself (CUDA: NCCL's kernels), so the caller need not make
+  /// the part's stream wait for the producers of the other members'
+  /// operands: each member's part waits for its own producers before it
+  /// joins, and no member touches another's operand before that member
+  /// joined. Every member of one collective answers alike. Default false:
+  /// the caller orders the members (events).
+  virtual bool collective_syncs_members(const collective_launch& c) const {
+    (void)c;
+    return false;
+  }
   /// Called by the runtime when a plan whose collectives run over `members`
   /// (rank order; this device is members[0]) loads, once per group and
   /// plan, from the loading thread: a backend whose parts meet through a

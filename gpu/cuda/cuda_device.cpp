@@ -8,11 +8,15 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <limits>
 #include <atomic>
 #include <cstdio>
+#include <cstdlib>
+#include <limits>
+#include <map>
 #include <mutex>
+#include <string>
 #include <unordered_map>
+#include <vector>
 
 #include "gpu/collective_path.hpp"
 #include "gpu/cuda/collective.cuh"
@@ -67,6 +71,11 @@ class cuda_replay_graph final : public replay_graph {
   int kernels_ = 0;
 };
 
+uint64_t next_device_uid() {
+  static std::atomic<uint64_t> next{1};
+  return next.fetch_add(1, std::memory_order_relaxed);
+}
+
 class cuda_device final : public device {
  public:
   cuda_device(std::shared_ptr<core> c, device_spec spec, int index, const backend_options& opts, int sm_count)
@@ -80,6 +89,7 @@ class cuda_device final : public device {
   ~cuda_device() override {
     device_guard g(core_->ordinal);
     std::lock_guard<std::mutex> lk(mem_mu_);
+    if (profiling_) print_op_profile();
     for (auto& [p, n] : allocs_) AG_CUDA_ASSERT(cudaFree(p));
     for (void* p : host_allocs_) AG_CUDA_ASSERT(cudaFreeHost(p));
     // Staged copies (and their host functions) may still be in flight, also
@@ -266,7 +276,20 @@ class cuda_device final : public device {
   error launch(stream& s, const op_launch& l) override {
     auto us = usable(s, "launch");
     if (!us) return us.err();
-    return dispatch_op(*core_, **us, l, spec_.name, sm_count_, tf32_);
+    if (!profiling_) return dispatch_op(*core_, **us, l, spec_.name, sm_count_, tf32_);
+    device_guard g(core_->ordinal);
+    op_sample smp;
+    smp.name = l.op ? l.op->name : std::string("?");
+    smp.kind = l.op ? std::string(to_string(l.op->op)) : std::string("?");
+    if (error e = AG_CORE_CHECK(*core_, cudaEventCreate(&smp.before), spec_.name + " op profile")) return e;
+    if (error e = AG_CORE_CHECK(*core_, cudaEventCreate(&smp.after), spec_.name + " op profile")) return e;
+    if (error e = AG_CORE_CHECK(*core_, cudaEventRecord(smp.before, (*us)->s_), spec_.name + " op profile")) return e;
+    error e = dispatch_op(*core_, **us, l, spec_.name, sm_count_, tf32_);
+    if (error re = AG_CORE_CHECK(*core_, cudaEventRecord(smp.after, (*us)->s_), spec_.name + " op profile"); re && !e)
+      e = re;
+    std::lock_guard<std::mutex> lk(mem_mu_);
+    profile_.push_back(std::move(smp));
+    return e;
   }
 
   // --- graph replay ---
@@ -334,6 +357,52 @@ class cuda_device final : public device {
     return {};
   }
 
+  /// The members' GPUs, device ids and operand sizes; an error naming the
+  /// first member that is not a live CUDA device or whose operand does not fit.
+  struct member_list {
+    std::vector<int> gpus;
+    std::vector<uint64_t> uids;
+    std::vector<int64_t> elements;
+  };
+  expected<member_list> members_of(const collective_launch& l, const std::string& where) const {
+    const auto refuse = [&](errc code, const std::string& what) {
+      return error(code, where + ": " + what, index_, -1, l.op->name);
+    };
+    if (l.members.size() != l.inputs.size() || l.rank < 0 || static_cast<std::size_t>(l.rank) >= l.inputs.size())
+      return refuse(errc::invalid_argument, "members, operands and rank do not agree");
+    member_list m;
+    for (std::size_t k = 0; k < l.members.size(); ++k) {
+      auto* peer = dynamic_cast<cuda_device*>(l.members[k]);
+      if (!peer)
+        return refuse(errc::unsupported_op, "member " + std::to_string(k) + " ('" +
+                                                (l.members[k] ? l.members[k]->spec().name : std::string("null")) +
+                                                "') is not a CUDA device");
+      if (!peer->alive()) {
+        error why = peer->core_->dead_error();
+        abort_nccl_groups_of(peer->core_->ordinal, why.message);
+        return why;
+      }
+      if (l.inputs[k].type != l.op->type || (!l.inputs[k].data && l.inputs[k].dims.numel() > 0))
+        return refuse(errc::invalid_argument, "operand of rank " + std::to_string(k) + " is null or of another dtype");
+      m.gpus.push_back(peer->core_->ordinal);
+      m.uids.push_back(peer->uid_);
+      m.elements.push_back(l.inputs[k].dims.numel());
+    }
+    return m;
+  }
+
+  collective_path_choice path_of(const collective_launch& l, const member_list& m) const {
+    return choose_cuda_collective_path(l.op->op, l.bytes, m.gpus, m.elements, nccl_min_bytes_, nccl_built());
+  }
+
+  /// NCCL's kernels pair the ranks themselves; the own one-shot reads the
+  /// other members' operands once the caller's waits say they are written.
+  bool collective_syncs_members(const collective_launch& l) const override {
+    if (!l.op) return false;
+    auto m = members_of(l, spec_.name);
+    return m && path_of(l, *m).path == collective_path::nccl;
+  }
+
   /// Picks the path by collective_path.hpp's rule (the same on every
   /// member): NCCL over the group's communicator (nccl_group.hpp) for large
   /// messages on distinct GPUs, else the own one-shot over peer-mapped
@@ -349,33 +418,14 @@ class cuda_device final : public device {
     const auto refuse = [&](errc code, const std::string& what) {
       return error(code, where + ": " + what, index_, -1, l.op->name);
     };
-    if (l.members.size() != l.inputs.size() || l.rank < 0 || static_cast<std::size_t>(l.rank) >= l.inputs.size())
-      return refuse(errc::invalid_argument, "members, operands and rank do not agree");
     if (!l.out.data && l.out.dims.numel() > 0) return refuse(errc::invalid_argument, "no output buffer");
-    std::vector<int> gpus;
-    std::vector<int64_t> elements;
-    for (std::size_t k = 0; k < l.members.size(); ++k) {
-      auto* peer = dynamic_cast<cuda_device*>(l.members[k]);
-      if (!peer)
-        return refuse(errc::unsupported_op, "member " + std::to_string(k) + " ('" +
-                                                (l.members[k] ? l.members[k]->spec().name : std::string("null")) +
-                                                "') is not a CUDA device");
-      if (!peer->alive()) {
-        error why = peer->core_->dead_error();
-        abort_nccl_groups_of(peer->core_->ordinal, why.message);
-        return why;
-      }
-      if (l.inputs[k].type != l.op->type || (!l.inputs[k].data && l.inputs[k].dims.numel() > 0))
-        return refuse(errc::invalid_argument, "operand of rank " + std::to_string(k) + " is null or of another dtype");
-      gpus.push_back(peer->core_->ordinal);
-      elements.push_back(l.inputs[k].dims.numel());
-    }
-    const collective_path_choice path =
-        choose_cuda_collective_path(l.op->op, l.bytes, gpus, elements, nccl_min_bytes_, nccl_built());
+    auto m = members_of(l, where);
+    if (!m) return m.err();
+    const collective_path_choice path = path_of(l, *m);
     where += " (" + path.reason + ")";  // errors say which path ran and why
     device_guard g(core_->ordinal);
     if (path.path == collective_path::nccl) {
-      error e = nccl_part(**us, l, gpus, where);
+      error e = nccl_part(**us, l, m->gpus, m->uids, where);
       if (!e) return {};
       if (e.code == errc::device_failed) {
         core_->mark_dead(e);
@@ -408,17 +458,19 @@ class cuda_device final : public device {
   /// GPUs (the NCCL path is possible) and the build has NCCL; the device
   /// keeps it for its lifetime. Same-GPU groups run one-shot: nothing to make.
   error prepare_collective_group(const std::vector<device*>& members) override {
-    if (!nccl_built()) return {};
     std::vector<int> gpus;
+    std::vector<uint64_t> uids;
     for (device* m : members) {
       auto* peer = dynamic_cast<cuda_device*>(m);
       if (!peer) return {};  // mixed backends: collective() refuses it, naming the member
       gpus.push_back(peer->core_->ordinal);
+      uids.push_back(peer->uid_);
     }
+    if (!nccl_built()) return {};
     const auto choice = choose_cuda_collective_path(op_kind::all_reduce, std::numeric_limits<int64_t>::max(), gpus, {},
                                                     nccl_min_bytes_, true);
     if (choice.path != collective_path::nccl) return {};
-    auto grp = nccl_group::get(gpus);
+    auto grp = nccl_group::get(gpus, uids);
     if (!grp) return error(grp.err()).concerning(index_);
     std::lock_guard<std::mutex> lk(mem_mu_);
     groups_.push_back(std::move(*grp));
@@ -537,8 +589,9 @@ class cuda_device final : public device {
   /// rank's slice (every rank must make the same NCCL call, and a rank knows
   /// only its own slice, so ncclReduceScatter's even split cannot be
   /// assumed). The current device is this one (caller's guard).
-  error nccl_part(cuda_stream& cs, const collective_launch& l, const std::vector<int>& gpus, const std::string& where) {
-    auto grp = nccl_group::get(gpus);
+  error nccl_part(cuda_stream& cs, const collective_launch& l, const std::vector<int>& gpus,
+                  const std::vector<uint64_t>& uids, const std::string& where) {
+    auto grp = nccl_group::get(gpus, uids);
     if (!grp) return grp.err();
     nccl_group& g = **grp;
     const node& n = *l.op;
@@ -625,7 +678,53 @@ class cuda_device final : public device {
 
   std::shared_ptr<core> core_;
   device_spec spec_;
+  /// AG_CUDA_OP_PROFILE set: every plain launch (not replayed segments) is
+  /// timed with an event pair; the destructor prints each op's time to
+  /// stderr ("op_profile" lines). A diagnosis aid (actorgraph-tp-bench
+  /// --op-profile), never on by default: two event records per op.
+  struct op_sample {
+    std::string name, kind;
+    cudaEvent_t before = nullptr, after = nullptr;
+  };
+  const bool profiling_ = std::getenv("AG_CUDA_OP_PROFILE") != nullptr;
+  std::vector<op_sample> profile_;  // under mem_mu_
+
+  /// Sums the samples by op name and prints them, largest first; frees the
+  /// events. Called with mem_mu_ held, from the destructor.
+  void print_op_profile() {
+    if (profile_.empty() || !alive()) return;
+    (void)cudaDeviceSynchronize();
+    struct total {
+      std::string kind;
+      int count = 0;
+      double us = 0;
+    };
+    std::map<std::string, total> by_name;
+    double all = 0;
+    for (auto& smp : profile_) {
+      float ms = 0;
+      if (cudaEventElapsedTime(&ms, smp.before, smp.after) != cudaSuccess) (void)cudaGetLastError();
+      auto& t = by_name[smp.name];
+      t.kind = smp.kind;
+      ++t.count;
+      t.us += 1000.0 * ms;
+      all += 1000.0 * ms;
+      (void)cudaEventDestroy(smp.before);
+      (void)cudaEventDestroy(smp.after);
+    }
+    std::vector<std::pair<std::string, total>> rows(by_name.begin(), by_name.end());
+    std::sort(rows.begin(), rows.end(), [](const auto& a, const auto& b) { return a.second.us > b.second.us; });
+    std::fprintf(stderr, "op_profile %s: %zu launches, %.1f us in all\n", spec_.name.c_str(), profile_.size(), all);
+    for (const auto& [name, t] : rows)
+      std::fprintf(stderr, "op_profile %s %10.1f us %5d x %-14s %s\n", spec_.name.c_str(), t.us, t.count, t.kind.c_str(),
+                   name.c_str());
+    profile_.clear();
+  }
+
   int index_;
+  /// Process-unique: names this logical device in its NCCL groups' keys
+  /// (index_ repeats across runtimes; an address can be reused).
+  const uint64_t uid_ = next_device_uid();
   bool tf32_;
   int sm_count_;
   int64_t nccl_min_bytes_;

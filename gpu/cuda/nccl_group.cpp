@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cstdlib>
 #include <map>
+#include <mutex>
+#include <shared_mutex>
 
 #ifdef ACTORGRAPH_HAVE_NCCL
 #include <nccl.h>
@@ -12,8 +14,14 @@ namespace ag::gpu::cuda {
 
 namespace {
 std::mutex cache_mutex;
-std::map<std::vector<int>, std::weak_ptr<nccl_group>>& cache() {
-  static std::map<std::vector<int>, std::weak_ptr<nccl_group>> c;
+// Keyed by (GPUs, member devices): one communicator per group of logical
+// devices, so two groups over the same GPUs (cuda:0,1,0,1 as 2 stages x 2)
+// never share one. A communicator's collectives must be issued in one order
+// on every rank, and the runtime agrees that order per group (per member
+// queue): two groups interleaving on one communicator mispaired and hung.
+using group_key = std::pair<std::vector<int>, std::vector<uint64_t>>;
+std::map<group_key, std::weak_ptr<nccl_group>>& cache() {
+  static std::map<group_key, std::weak_ptr<nccl_group>> c;
   return c;
 }
 std::string gpus(const std::vector<int>& o) {
@@ -60,37 +68,52 @@ void set_env_defaults() {
     // overwrite = 0: a value the user set wins.
     ::setenv("NCCL_NVLS_ENABLE", "0", 0);
     ::setenv("NCCL_LAUNCH_MODE", "PARALLEL", 0);
+    // Connect every peer inside ncclCommInitAll. With NCCL's default lazy
+    // connection (2.22+), a rank's first collective does a host-side
+    // handshake with its peers and blocks until they make the same call; the
+    // runtime issues each rank's part from that member's actor on whatever
+    // worker thread CAF picks, so two ranks' first calls can sit on one
+    // thread and the handshake never completes (seen on 2 H100s: the first
+    // 2-GPU all-reduce hung). Connected at init, a call only enqueues.
+    ::setenv("NCCL_RUNTIME_CONNECT", "0", 0);
   });
 }
 
 }  // namespace
 
 struct nccl_group::impl {
-  std::mutex mutex;                 // comms vs abort
+  // Enqueues take it shared, abort() exclusive: the ranks' enqueues never
+  // wait for one another here (an exclusive lock would make a rank's call
+  // that NCCL holds until its peers call too a deadlock), and an abort never
+  // frees a communicator that a call is using.
+  std::shared_mutex mutex;
   std::vector<ncclComm_t> comms;
   bool aborted = false;
 };
 
-nccl_group::nccl_group(std::vector<int> ordinals) : ordinals_(std::move(ordinals)), impl_(std::make_unique<impl>()) {}
+nccl_group::nccl_group(std::vector<int> ordinals, std::vector<uint64_t> members)
+    : ordinals_(std::move(ordinals)), members_(std::move(members)), impl_(std::make_unique<impl>()) {}
 
 nccl_group::~nccl_group() {
-  std::lock_guard<std::mutex> lk(impl_->mutex);
+  std::lock_guard<std::shared_mutex> lk(impl_->mutex);
   if (impl_->aborted) return;
   for (ncclComm_t c : impl_->comms)
     if (c) (void)ncclCommDestroy(c);  // a destructor never throws; an error here has nobody to go to
 }
 
-expected<std::shared_ptr<nccl_group>> nccl_group::get(const std::vector<int>& ordinals) {
+expected<std::shared_ptr<nccl_group>> nccl_group::get(const std::vector<int>& ordinals,
+                                                       const std::vector<uint64_t>& members) {
   std::lock_guard<std::mutex> lk(cache_mutex);
-  if (auto it = cache().find(ordinals); it != cache().end())
+  const group_key key{ordinals, members};
+  if (auto it = cache().find(key); it != cache().end())
     if (auto g = it->second.lock(); g && !g->aborted()) return g;
   set_env_defaults();
   const std::string where = "NCCL communicator of " + gpus(ordinals);
-  std::shared_ptr<nccl_group> g(new nccl_group(ordinals));
+  std::shared_ptr<nccl_group> g(new nccl_group(ordinals, members));
   g->impl_->comms.assign(ordinals.size(), nullptr);
   // All ranks at once, from this thread: ncclCommInitAll needs every one.
   AG_NCCL_TRY(ncclCommInitAll(g->impl_->comms.data(), static_cast<int>(ordinals.size()), ordinals.data()), where);
-  cache()[ordinals] = g;
+  cache()[key] = g;
   return g;
 }
 
@@ -98,7 +121,7 @@ error nccl_group::all_reduce(int rank, const void* send, void* recv, int64_t cou
                              const std::string& where) {
   auto t = nccl_type(type, where);
   if (!t) return t.err();
-  std::lock_guard<std::mutex> lk(impl_->mutex);
+  std::shared_lock<std::shared_mutex> lk(impl_->mutex);
   if (impl_->aborted) return error(errc::device_failed, where + ": the NCCL communicator was aborted (a member died)");
   AG_NCCL_TRY(ncclAllReduce(send, recv, static_cast<size_t>(count), *t, ncclSum,
                             impl_->comms[static_cast<std::size_t>(rank)], stream),
@@ -110,7 +133,7 @@ error nccl_group::all_gather(int rank, const void* send, void* recv, int64_t cou
                              const std::string& where) {
   auto t = nccl_type(type, where);
   if (!t) return t.err();
-  std::lock_guard<std::mutex> lk(impl_->mutex);
+  std::shared_lock<std::shared_mutex> lk(impl_->mutex);
   if (impl_->aborted) return error(errc::device_failed, where + ": the NCCL communicator was aborted (a member died)");
   AG_NCCL_TRY(ncclAllGather(send, recv, static_cast<size_t>(count), *t, impl_->comms[static_cast<std::size_t>(rank)],
                             stream),
@@ -119,7 +142,7 @@ error nccl_group::all_gather(int rank, const void* send, void* recv, int64_t cou
 }
 
 error nccl_group::async_error(int rank, const std::string& where) {
-  std::lock_guard<std::mutex> lk(impl_->mutex);
+  std::shared_lock<std::shared_mutex> lk(impl_->mutex);
   if (impl_->aborted) return error(errc::device_failed, where + ": the NCCL communicator was aborted (a member died)");
   ncclResult_t state = ncclSuccess;
   AG_NCCL_TRY(ncclCommGetAsyncError(impl_->comms[static_cast<std::size_t>(rank)], &state), where);
@@ -129,7 +152,7 @@ error nccl_group::async_error(int rank, const std::string& where) {
 
 void nccl_group::abort(const std::string& why) {
   {
-    std::lock_guard<std::mutex> lk(impl_->mutex);
+    std::lock_guard<std::shared_mutex> lk(impl_->mutex);
     if (impl_->aborted) return;
     impl_->aborted = true;
     // Every rank: kernels of the other members that wait for the dead one
@@ -139,11 +162,12 @@ void nccl_group::abort(const std::string& why) {
   }
   (void)why;
   std::lock_guard<std::mutex> lk(cache_mutex);
-  if (auto it = cache().find(ordinals_); it != cache().end() && it->second.lock().get() == this) cache().erase(it);
+  if (auto it = cache().find(group_key{ordinals_, members_}); it != cache().end() && it->second.lock().get() == this)
+    cache().erase(it);
 }
 
 bool nccl_group::aborted() const noexcept {
-  std::lock_guard<std::mutex> lk(impl_->mutex);
+  std::shared_lock<std::shared_mutex> lk(impl_->mutex);
   return impl_->aborted;
 }
 
@@ -152,7 +176,8 @@ void abort_nccl_groups_of(int ordinal, const std::string& why) {
   {
     std::lock_guard<std::mutex> lk(cache_mutex);
     for (auto& [k, w] : cache())
-      if (auto g = w.lock(); g && std::find(k.begin(), k.end(), ordinal) != k.end()) hit.push_back(std::move(g));
+      if (auto g = w.lock(); g && std::find(k.first.begin(), k.first.end(), ordinal) != k.first.end())
+        hit.push_back(std::move(g));
   }
   for (auto& g : hit) g->abort(why);  // outside the cache lock: abort() takes it
 }
@@ -160,7 +185,8 @@ void abort_nccl_groups_of(int ordinal, const std::string& why) {
 #else  // no NCCL in this build
 
 struct nccl_group::impl {};
-nccl_group::nccl_group(std::vector<int> ordinals) : ordinals_(std::move(ordinals)) {}
+nccl_group::nccl_group(std::vector<int> ordinals, std::vector<uint64_t> members)
+    : ordinals_(std::move(ordinals)), members_(std::move(members)) {}
 nccl_group::~nccl_group() = default;
 
 namespace {
@@ -169,7 +195,8 @@ error no_nccl(const std::string& where) {
 }
 }  // namespace
 
-expected<std::shared_ptr<nccl_group>> nccl_group::get(const std::vector<int>& ordinals) {
+expected<std::shared_ptr<nccl_group>> nccl_group::get(const std::vector<int>& ordinals,
+                                                       const std::vector<uint64_t>&) {
   return no_nccl("NCCL communicator of " + gpus(ordinals));
 }
 error nccl_group::all_reduce(int, const void*, void*, int64_t, dtype, cudaStream_t, const std::string& where) {

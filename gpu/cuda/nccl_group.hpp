@@ -1,8 +1,8 @@
 #pragma once
 /// \file nccl_group.hpp
 /// NCCL communicators of the CUDA backend: one per tensor-parallel group
-/// (its members' distinct GPUs, rank order), shared by every plan of this
-/// process that has that group, created by ncclCommInitAll when the first
+/// (its member devices, on distinct GPUs, rank order), shared by every plan
+/// of this process that has that group of devices, created by ncclCommInitAll when the first
 /// such plan loads (device::prepare_collective_group). Only gpu/cuda/
 /// includes it; without NCCL in the build (ACTORGRAPH_HAVE_NCCL unset) every
 /// call returns errc::unsupported_op.
@@ -17,6 +17,7 @@
 
 #include <cuda_runtime.h>
 
+#include <cstdint>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -29,12 +30,17 @@ namespace ag::gpu::cuda {
 
 class nccl_group {
  public:
-  /// The communicator of the GPUs `ordinals` (distinct, rank order), made
-  /// now (ncclCommInitAll, all ranks at once) unless this process has it.
+  /// The communicator of the member devices `members` (process-unique
+  /// device ids, rank order) on the GPUs `ordinals` (distinct, rank order),
+  /// made now (ncclCommInitAll, all ranks at once) unless this process has
+  /// it. Two groups of other devices over the same GPUs get two
+  /// communicators: each group's issue order is agreed on its own.
   /// Sets NCCL_NVLS_ENABLE=0 (NVLink multicast stays off, DESIGN.md) and
-  /// NCCL_LAUNCH_MODE=PARALLEL in the environment before the first NCCL
+  /// NCCL_LAUNCH_MODE=PARALLEL and NCCL_RUNTIME_CONNECT=0 (peers connected at
+  /// init, so no collective blocks the host) in the environment before the first NCCL
   /// call when they are unset. Errors name the GPUs and NCCL's message.
-  static expected<std::shared_ptr<nccl_group>> get(const std::vector<int>& ordinals);
+  static expected<std::shared_ptr<nccl_group>> get(const std::vector<int>& ordinals,
+                                                   const std::vector<uint64_t>& members);
 
   ~nccl_group();
   nccl_group(const nccl_group&) = delete;
@@ -63,8 +69,9 @@ class nccl_group {
 
  private:
   struct impl;
-  explicit nccl_group(std::vector<int> ordinals);
+  nccl_group(std::vector<int> ordinals, std::vector<uint64_t> members);
   std::vector<int> ordinals_;
+  std::vector<uint64_t> members_;
   std::unique_ptr<impl> impl_;
 };
 

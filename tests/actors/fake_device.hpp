@@ -49,6 +49,8 @@ class fake_device final : public gpu::device {
   std::vector<logged_collective> collectives;  // collective parts run, in order
   std::string fail_op;               // launch of a node with this name fails
   std::string fail_call;             // "create_stream", "create_event", "record" or "wait" fails
+  bool pairs_collectives = false;    // collective_syncs_members() answers this (as NCCL's parts would)
+  int64_t collective_stream_waits = 0;  // waits enqueued on collective streams
   host_memory_resource* host_mem = nullptr;  // what host_memory() offers (null: heap)
   int64_t launches = 0;
   /// Launching the op of this name stalls the device: the op still runs
@@ -151,10 +153,12 @@ class fake_device final : public gpu::device {
     static_cast<fake_event&>(e).held = hold_;
     return {};
   }
-  error wait(gpu::stream&, const gpu::event&) override {
+  error wait(gpu::stream& s, const gpu::event&) override {
     if (fail_call == "wait") return error{errc::device_failed, spec_.name + ": wait failed (injected)", index_};
+    collective_stream_waits += s.kind() == ag::step_kind::collective;
     return {};
   }
+  bool collective_syncs_members(const gpu::collective_launch&) const override { return pairs_collectives; }
 
   error launch(gpu::stream&, const gpu::op_launch& l) override {
     if (dead_) return dead_error();

@@ -390,6 +390,63 @@ TEST(LaunchProgram, CollectiveStepsLowerToMembersOperandsOnTheirDevices) {
   EXPECT_EQ(parts, 2) << "a row-parallel matmul needs one all-reduce, one part per device";
 }
 
+// The deps a collective part may leave to its backend's pairing
+// (collective_desc::peer_ordered_deps): in GPT-2 and LLaMA plans at degrees
+// 2 and 4, each is one of the part's remote deps, on another member's
+// device, and that member's part waits for it (a dep of its own) or runs
+// after it on the same queue, so that part joins only after it. Every
+// part has some (the producers of the other members' operands), and
+// none is on the part's own device, whose producers it must still wait for.
+TEST(LaunchProgram, CollectivePartsLeaveOnlyDepsAnotherMembersPartOrdersToThePairing) {
+  for (auto variant : {models::model_variant::gpt2, models::model_variant::llama})
+    for (int degree : {2, 4}) {
+      SCOPED_TRACE(std::string(models::to_string(variant)) + " at degree " + std::to_string(degree));
+      models::transformer_config cfg;
+      cfg.variant = variant;
+      cfg.n_layers = 2;
+      cfg.d_model = 64;
+      cfg.n_heads = 8;
+      cfg.n_kv_heads = variant == models::model_variant::llama ? 4 : 0;
+      cfg.vocab = 96;
+      cfg.seq_len = 8;
+      cfg.batch = 2;
+      auto g = models::build_transformer(cfg);
+      ASSERT_TRUE(g.has_value()) << g.err().to_string();
+      plan_options o;
+      o.tensor_parallel = degree;
+      auto p = compile(std::make_shared<const graph>(std::move(*g)), sims(degree), o);
+      ASSERT_TRUE(p.has_value()) << p.err().to_string();
+      auto r = lower(*p);
+      ASSERT_TRUE(r.has_value()) << r.err().to_string();
+      const launch_program& prog = **r;
+      int parts = 0;
+      for (const auto& s : (*p)->steps()) {
+        if (s.kind != step_kind::collective) continue;
+        ++parts;
+        const lowered_step& ls = prog.step(s.id);
+        const collective_desc& c = ls.coll;
+        EXPECT_FALSE(c.peer_ordered_deps.empty()) << "part " << s.id << " waits for no other member's producer";
+        for (step_id d : c.peer_ordered_deps) {
+          ASSERT_NE(std::find(ls.remote_deps.begin(), ls.remote_deps.end(), d), ls.remote_deps.end())
+              << "step " << d << " is not a remote dep of part " << s.id;
+          const lowered_step& ld = prog.step(d);
+          EXPECT_NE(ld.device, ls.device) << "part " << s.id << " skips a producer on its own device";
+          bool ordered = false;
+          for (std::size_t j = 0; j < s.peers.size(); ++j) {
+            if (static_cast<int>(j) == c.rank || c.member_devices[j] != ld.device) continue;
+            const step_id peer = s.peers[j];
+            const auto& deps = (*p)->at(peer).deps;
+            const lowered_step& lp = prog.step(peer);
+            ordered = ordered || std::find(deps.begin(), deps.end(), d) != deps.end() ||
+                      (ld.queue == lp.queue && ld.pos < lp.pos);
+          }
+          EXPECT_TRUE(ordered) << "no member's part orders step " << d << " before it joins";
+        }
+      }
+      EXPECT_GT(parts, 0);
+    }
+}
+
 // A collective part whose peer list does not name it is refused by the
 // lowering, naming the step, its device and the collective node.
 TEST(LaunchProgram, CollectiveWithBrokenPeersIsRefusedNamingIt) {

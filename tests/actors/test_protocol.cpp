@@ -22,6 +22,7 @@
 #include "graph/reference.hpp"
 #include "messages/atoms.hpp"
 #include "messages/messages.hpp"
+#include "actors/launch_program.hpp"
 #include "messages/registration.hpp"
 #include "../graph/random_dag.hpp"
 
@@ -838,6 +839,46 @@ TEST_F(Protocol, CollectivesIssueInOneAgreedOrderOnEveryMemberAcrossConcurrentJo
   }
   // The random schedules did start jobs out of submission order.
   EXPECT_GT(reordered, 0);
+}
+
+// A collective part whose backend pairs the members on the device
+// (gpu::device::collective_syncs_members, as NCCL's kernels do) leaves out
+// exactly the waits for deps another member's part orders before it joins
+// (collective_desc::peer_ordered_deps), and keeps every other wait; the
+// results still equal the reference.
+TEST_F(Protocol, PairedCollectivePartsSkipOnlyTheWaitsAnotherMembersPartOrders) {
+  start(2, 2);
+  ag::graph_builder b;
+  auto x = b.input("x", ag::dtype::f32, {4, 8});
+  auto w1 = b.weight("w1", ag::host_tensor::random_normal(ag::dtype::f32, {8, 16}, 1, 0.3f));
+  auto w2 = b.weight("w2", ag::host_tensor::random_normal(ag::dtype::f32, {16, 8}, 2, 0.3f));
+  b.output(b.matmul(b.gelu(b.matmul(x, w1, false, false, "up"), ag::gelu_mode::tanh, "act"), w2, false, false, "down"));
+  auto g = std::make_shared<const ag::graph>(std::move(b).build().value());
+  ag::plan_options o;
+  o.tensor_parallel = 2;
+  o.tp_overlap = false;
+  auto p = core->compile(g, o);
+  ASSERT_TRUE(p.has_value()) << p.err().to_string();
+  auto prog = ag::actors::lower(*p);
+  ASSERT_TRUE(prog.has_value()) << prog.err().to_string();
+  int64_t skippable = 0;
+  for (const auto& s : (*p)->steps())
+    if (s.kind == ag::step_kind::collective) skippable += static_cast<int64_t>((*prog)->step(s.id).coll.peer_ordered_deps.size());
+  ASSERT_GT(skippable, 0) << "each part waits for the other member's operand producer";
+  int64_t waits[2] = {0, 0};
+  for (bool paired : {false, true}) {
+    SCOPED_TRACE(paired ? "paired on the device" : "ordered by events");
+    for (auto& d : devs) {
+      d->pairs_collectives = paired;
+      d->collective_stream_waits = 0;
+    }
+    const auto in = inputs_for(*g, paired ? 11 : 7);
+    const ag::job j = core->submit(*p, in);
+    sched->run();
+    expect_reference(*g, in, j);
+    for (auto& d : devs) waits[paired] += d->collective_stream_waits;
+  }
+  EXPECT_EQ(waits[0] - waits[1], skippable) << "event-ordered " << waits[0] << " waits, paired " << waits[1];
 }
 
 // Two collectives per job: a job's second collective needs its first's
