@@ -1,3 +1,5 @@
+#include <cmath>
+
 #include "gpu/cuda/common.cuh"
 #include "gpu/cuda/cuda_check.cuh"
 #include "gpu/cuda/rope.cuh"
@@ -5,7 +7,48 @@
 namespace ag::gpu::cuda {
 namespace {
 
-__global__ void rope_kernel(kt out, kt x, kt pos, float theta, bool neox, int64_t pairs) {
+/// theta^(-2k/D) for k < D/2, computed once on the host (f64), passed by
+/// value: heads up to D = 512 (4 KiB of kernel parameters at most).
+constexpr int max_rope_pairs = 256;
+struct rope_freqs {
+  double inv[max_rope_pairs];
+};
+
+/// Heads one thread rotates with one angle.
+constexpr int64_t rope_heads_per_thread = 4;
+
+/// One thread per (position row group, pair k, run of up to 4 heads): x
+/// viewed as rows of [groups, H] (a group: one [b, s]); the angle
+/// pos[s] * inv[k] and its sin / cos in f64 once, then the pair rotated in
+/// each head of the run. (The angle depends on s and k only: per element it
+/// cost an f64 pow and sincos, 200 us for a [2, 2048, 32, 128] bf16 tensor
+/// on an H200. All heads in one thread was as slow for a decode step's one
+/// position: 64 threads, 32 heads each in series.)
+__global__ void rope_kernel(kt out, kt x, kt pos, bool neox, int64_t work, rope_freqs f) {
+  const int64_t D = x.d[3], half = D / 2, H = x.d[2];
+  const int64_t runs = (H + rope_heads_per_thread - 1) / rope_heads_per_thread;
+  for (int64_t p = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; p < work; p += (int64_t)gridDim.x * blockDim.x) {
+    const int64_t k = p % half, run = (p / half) % runs, group = p / (half * runs);
+    const int64_t s = group % x.d[1];
+    const int64_t j0 = neox ? k : 2 * k;
+    const int64_t j1 = neox ? k + half : 2 * k + 1;
+    const double position = static_cast<double>(static_cast<const int32_t*>(pos.p)[s * pos.s[3]]);
+    double sn, cs;
+    sincos(position * f.inv[k], &sn, &cs);
+    const float fc = static_cast<float>(cs), fs = static_cast<float>(sn);
+    const int64_t h0 = run * rope_heads_per_thread, h1 = h0 + rope_heads_per_thread < H ? h0 + rope_heads_per_thread : H;
+    int64_t xo = row_offset(x, group * H + h0), yo = row_offset(out, group * H + h0);
+    for (int64_t h = h0; h < h1; ++h, xo += x.s[2], yo += out.s[2]) {
+      const float a = ld(x.p, x.t, xo + j0 * x.s[3]);
+      const float b = ld(x.p, x.t, xo + j1 * x.s[3]);
+      st(out.p, out.t, yo + j0 * out.s[3], a * fc - b * fs);
+      st(out.p, out.t, yo + j1 * out.s[3], a * fs + b * fc);
+    }
+  }
+}
+
+/// Heads wider than 512: the frequency per element (f64 pow), as before.
+__global__ void rope_wide_kernel(kt out, kt x, kt pos, float theta, bool neox, int64_t pairs) {
   const int64_t D = x.d[3], half = D / 2;
   for (int64_t p = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; p < pairs; p += (int64_t)gridDim.x * blockDim.x) {
     const int64_t row = p / half, k = p % half;
@@ -33,7 +76,17 @@ error launch_rope(const launch_ctx& c, const kt& out, const kt& x, const kt& pos
   const int64_t pairs = x.numel() / 2;
   if (pairs == 0) return {};
   const int block = 256;
-  rope_kernel<<<grid_for(pairs, block, c.sm_count * 16), block, 0, c.stream>>>(out, x, pos, theta, neox, pairs);
+  const int64_t half = x.d[3] / 2;
+  if (half <= max_rope_pairs) {
+    rope_freqs f{};
+    for (int64_t k = 0; k < half; ++k)
+      f.inv[k] = std::pow(static_cast<double>(theta), -2.0 * static_cast<double>(k) / static_cast<double>(x.d[3]));
+    // (row groups) x (runs of heads) x (pairs of a row)
+    const int64_t work = pairs / x.d[2] * ((x.d[2] + rope_heads_per_thread - 1) / rope_heads_per_thread);
+    rope_kernel<<<grid_for(work, block, c.sm_count * 16), block, 0, c.stream>>>(out, x, pos, neox, work, f);
+  } else {
+    rope_wide_kernel<<<grid_for(pairs, block, c.sm_count * 16), block, 0, c.stream>>>(out, x, pos, theta, neox, pairs);
+  }
   AG_CUDA_TRY_LAUNCH(c.where);
   return {};
 }
