@@ -30,14 +30,26 @@
 // --devices=cuda:all prints issues 14 / 15's figures instead, at degree N =
 // the GPU count (--same-gpu --degree N: N logical devices of GPU 0, which
 // checks the program, not the speedups):
-//   tpN_layer_speedup, tpN_layer_ms   the layer on 1 GPU vs on N
+//   tpN_layer_speedup        the layer's device span (a job's first step's
+//                            start to its last step's end, from the trace:
+//                            what PyTorch's CUDA events around its layer
+//                            measure) on 1 GPU over on N
+//   tpN_layer_device_ms, layer_device_ms_1gpu   those spans
+//   tpN_layer_speedup_wall, tpN_layer_ms, layer_ms_1gpu   the same by job
+//                            wall time (submit to future, the host's hops in)
 //   tpN_gpu_busy_fraction    least member's compute-lane busy share of the
 //                            last job's span (trace)
 //   tpN_sim_error            the sim's time for the N-way plan, from the
-//                            GPUs' own device specs, over the measured one
+//                            GPUs' own device specs, over the measured
+//                            device span (the sim models devices, not hosts)
 //   sim_error_1gpu           the same on one GPU
 //   tpN_decode_step_speedup  a LLaMA 7B-shaped decode step (--decode-layers,
-//                            B 1, T 1, no cache) on 1 GPU vs on N
+//                            B 1, T 1, no cache) on 1 GPU vs on N (job wall
+//                            ms, trace off), with decode_step_ms_1gpu and
+//                            tpN_decode_step_ms
+// With --trace FILE: the N-GPU layer's trace in FILE, the 1-GPU layer's in
+// FILE-1gpu, and a few decode steps' in FILE-decode-1gpu / -decode-tpN.
+// --op-profile prints each op's GPU time in the layer instead (1 GPU, then N).
 // scripts/gpu-tp.sh runs them with the tests and PyTorch's layer.
 // Prints a table, then `name: value` lines.
 #include <algorithm>
@@ -55,6 +67,9 @@
 #include "actors/actorgraph.hpp"
 #include "apps/common/flags.hpp"
 #include "gpu/collective_path.hpp"
+#ifdef ACTORGRAPH_HAVE_CUDA
+#include "gpu/cuda/cuda_testing.hpp"
+#endif
 #include "gpu/device.hpp"
 #include "graph/models/transformer.hpp"
 #include "graph/plan.hpp"
@@ -125,6 +140,12 @@ class zero_weight final : public ag::weight_source {
 
 struct run_result {
   double median_ms = 0;
+  /// With the trace on: median over the timed jobs of each job's device
+  /// span (its first step's start to its last step's end, over all
+  /// devices): the time the GPUs spent on the job, what PyTorch's CUDA
+  /// events around its layer measure; without the host's submit and
+  /// completion hops, which median_ms includes. 0 when the trace is off.
+  double device_ms = 0;
   int collectives = 0;  ///< collective parts per job
   /// With layer_run::busy: per device, the fraction of the last job's span
   /// (first step start to last step end, over all devices) in which one of
@@ -142,6 +163,7 @@ struct layer_run {
   ag::device_spec sim_spec = h200(0);
   std::string trace_out;     ///< Chrome trace of the runs, when not empty
   bool busy = false;         ///< trace on; fill run_result::busy
+  bool replay_off = false;   ///< plan_options::graph_replay off (plain launches)
 };
 
 /// Compute-lane busy fraction of each device over the last job's span.
@@ -173,6 +195,26 @@ std::vector<double> busy_fractions(const ag::trace& t, int devices) {
   return busy;
 }
 
+/// Median over the jobs after the first (the warm-up) of each job's device
+/// span in `t`, in ms; 0 when the trace holds none.
+double median_device_span_ms(const ag::trace& t) {
+  std::map<uint64_t, std::pair<int64_t, int64_t>> span;
+  for (const auto& r : t.records) {
+    if (r.end_ns <= r.start_ns) continue;
+    auto [it, fresh] = span.try_emplace(r.job, r.start_ns, r.end_ns);
+    if (!fresh) {
+      it->second.first = std::min(it->second.first, r.start_ns);
+      it->second.second = std::max(it->second.second, r.end_ns);
+    }
+  }
+  std::vector<double> ms;
+  for (auto it = span.begin(); it != span.end(); ++it)
+    if (it != span.begin() || span.size() == 1) ms.push_back(static_cast<double>(it->second.second - it->second.first) / 1e6);
+  if (ms.empty()) return 0;
+  std::sort(ms.begin(), ms.end());
+  return ms[ms.size() / 2];
+}
+
 /// Runs `jobs` jobs of g, one at a time, as `c` says; median wall ms (over
 /// the sim time scale on sim).
 run_result time_layer(const layer_run& c, const std::shared_ptr<const ag::graph>& g,
@@ -197,6 +239,7 @@ run_result time_layer(const layer_run& c, const std::shared_ptr<const ag::graph>
   ag::plan_options po;
   if (c.n > 1) po.tensor_parallel = c.n;
   po.tp_overlap = c.overlap;
+  if (c.replay_off) po.graph_replay = ag::graph_replay_mode::off;
   auto p = (*rt)->compile(g, po);
   if (!p) die("compile at degree " + std::to_string(c.n) + " on " + spec, p.err());
   run_result r;
@@ -215,6 +258,7 @@ run_result time_layer(const layer_run& c, const std::shared_ptr<const ag::graph>
   if (ro.trace) {
     const ag::trace t = (*rt)->take_trace();
     if (c.busy) r.busy = busy_fractions(t, c.n);
+    if (c.kind != "sim") r.device_ms = median_device_span_ms(t);
     if (!c.trace_out.empty()) {
       if (FILE* f = std::fopen(c.trace_out.c_str(), "w")) {
         const std::string json = t.to_chrome_json();
@@ -229,11 +273,23 @@ run_result time_layer(const layer_run& c, const std::shared_ptr<const ag::graph>
 }
 
 
+/// Per-call times of one all-reduce path (allreduce_us).
+struct allreduce_times {
+  double host_us = 0;  ///< wall per call, the host enqueueing as the GPUs run
+  double gpu_us = -1;  ///< the devices' time per call (CUDA; -1 elsewhere)
+};
+
 /// allreduce_us_<size>_<path>: one member part per device of `spec` per
 /// iteration, each member's stream waiting for every member's previous part
-/// (the collective's barrier), f32 operands of `bytes`; the time per
-/// iteration once `iters` ran (after a warm-up).
-double allreduce_us(const std::string& spec, int64_t bytes, int iters, const std::string& path) {
+/// (the collective's barrier) unless the backend pairs the members on the
+/// device, f32 operands of `bytes`. host_us: the time
+/// per iteration once `iters` ran (after a warm-up), the host enqueueing
+/// while the GPUs run, so the host's enqueue cost bounds it from below.
+/// gpu_us (CUDA): every member's stream is held by a spin gate while the
+/// host enqueues `gated` iterations, then released: the devices run them
+/// back to back, and timing events after the gate and after the last one
+/// on member 0 give the devices' time per call, the host's cost out of it.
+allreduce_times allreduce_us(const std::string& spec, int64_t bytes, int iters, const std::string& path) {
   // The path is forced through the backend's own knobs: on CUDA the NCCL
   // crossover (1 byte: always NCCL; never: always one-shot), on cpu the
   // launch's algorithm (ring or one-shot).
@@ -297,10 +353,14 @@ double allreduce_us(const std::string& spec, int64_t bytes, int iters, const std
     l.out = {out[static_cast<std::size_t>(k)], ag::dtype::f32, ag::shape{elems}, ag::strides{1}};
     for (int j = 0; j < n; ++j) l.inputs.push_back({in[static_cast<std::size_t>(j)], ag::dtype::f32, ag::shape{elems}, ag::strides{1}});
   }
+  // A backend that pairs the members on the device (CUDA: NCCL) needs no
+  // waits for the other members' events, as in the runtime
+  // (device::collective_syncs_members).
+  const bool paired = members.front()->collective_syncs_members(parts.front());
   auto round = [&] {
     for (int k = 0; k < n; ++k) {
       auto& d = *members[static_cast<std::size_t>(k)];
-      for (int j = 0; j < n; ++j)
+      for (int j = 0; j < n && !paired; ++j)
         if (j != k) (void)d.wait(*streams[static_cast<std::size_t>(k)], *done[static_cast<std::size_t>(j)]);
       if (auto e = d.collective(*streams[static_cast<std::size_t>(k)], parts[static_cast<std::size_t>(k)])) die("collective", e);
     }
@@ -317,13 +377,38 @@ double allreduce_us(const std::string& spec, int64_t bytes, int iters, const std
   const auto t0 = std::chrono::steady_clock::now();
   for (int i = 0; i < iters; ++i) round();
   sync();
-  const double us = 1000.0 * ms_since(t0) / iters;
+  allreduce_times times;
+  times.host_us = 1000.0 * ms_since(t0) / iters;
+#ifdef ACTORGRAPH_HAVE_CUDA
+  if (members.front()->spec().kind == ag::device_kind::cuda) {
+    // Few enough that the gated streams' queues never fill (a full queue
+    // would block the host's enqueue behind the gate).
+    constexpr int gated = 64;
+    auto flag_mem = members.front()->allocate_host(sizeof(uint32_t));
+    if (!flag_mem) die("gate flag", flag_mem.err());
+    auto* flag = static_cast<volatile uint32_t*>(*flag_mem);
+    *flag = 0;
+    for (int k = 0; k < n; ++k)
+      if (auto e = ag::gpu::cuda::testing::launch_spin_gate(*members[static_cast<std::size_t>(k)],
+                                                            *streams[static_cast<std::size_t>(k)], flag))
+        die("spin gate", e);
+    auto start = members.front()->create_event(true), end = members.front()->create_event(true);
+    if (!start || !end) die("timing event", start ? end.err() : start.err());
+    if (auto e = members.front()->record(**start, *streams.front())) die("record", e);
+    for (int i = 0; i < gated; ++i) round();
+    if (auto e = members.front()->record(**end, *streams.front())) die("record", e);
+    *flag = 1;  // release every member at once
+    sync();
+    times.gpu_us = static_cast<double>((*end)->completion_ns() - (*start)->completion_ns()) / 1000.0 / gated;
+    members.front()->deallocate_host(*flag_mem);
+  }
+#endif
   streams.clear();
   for (int k = 0; k < n; ++k) {
     members[static_cast<std::size_t>(k)]->deallocate(in[static_cast<std::size_t>(k)]);
     members[static_cast<std::size_t>(k)]->deallocate(out[static_cast<std::size_t>(k)]);
   }
-  return us;
+  return times;
 }
 
 struct figure {
@@ -357,6 +442,16 @@ std::shared_ptr<const ag::graph> build_zero_weights(const ag::models::transforme
   return std::make_shared<const ag::graph>(std::move(*g));
 }
 
+/// `path` with `-tag` before its extension ("t.json", "1gpu" -> "t-1gpu.json");
+/// empty stays empty.
+std::string tagged(const std::string& path, const std::string& tag) {
+  if (path.empty()) return path;
+  const auto dot = path.rfind('.');
+  const auto slash = path.rfind('/');
+  if (dot == std::string::npos || (slash != std::string::npos && dot < slash)) return path + "-" + tag;
+  return path.substr(0, dot) + "-" + tag + path.substr(dot);
+}
+
 /// Issues 14 and 15 (--devices cuda:all): the layer and a decode step on all
 /// n GPUs at degree n against one GPU, the compute lanes' busy fraction of
 /// each GPU, and the sim's prediction for the same plan from the GPUs' own
@@ -364,7 +459,7 @@ std::shared_ptr<const ag::graph> build_zero_weights(const ag::models::transforme
 /// the figures then check the program, not the speedups (one GPU does the
 /// work of all members).
 void multi_gpu_figures(int n, bool same_gpu, bool small_layer, int64_t vocab, int jobs, int decode_layers,
-                       const std::string& trace_out, std::vector<figure>& figs) {
+                       const std::string& trace_out, bool op_profile, std::vector<figure>& figs) {
   const std::string tp = "tp" + std::to_string(n);
   const std::string where = same_gpu ? " on " + std::to_string(n) + " logical devices of GPU 0 (not a speedup)"
                                      : " on GPUs 0.." + std::to_string(n - 1);
@@ -377,15 +472,38 @@ void multi_gpu_figures(int n, bool same_gpu, bool small_layer, int64_t vocab, in
   layer_run c;
   c.kind = "cuda";
   c.same_gpu = same_gpu;
+  if (op_profile) {
+    // Each op's time on each GPU, 1 GPU then n (plain launches, 3 jobs):
+    // the devices print "op_profile" lines when the runtime ends.
+    ::setenv("AG_CUDA_OP_PROFILE", "1", 1);
+    c.replay_off = true;
+    std::fprintf(stderr, "== op profile: the layer on 1 GPU\n");
+    (void)time_layer(c, g, in, 2);
+    c.n = n;
+    std::fprintf(stderr, "== op profile: the layer at degree %d\n", n);
+    (void)time_layer(c, g, in, 2);
+    ::unsetenv("AG_CUDA_OP_PROFILE");
+    return;
+  }
   c.busy = true;
+  c.trace_out = tagged(trace_out, "1gpu");
   const run_result one = time_layer(c, g, in, jobs);
   c.n = n;
   c.trace_out = trace_out;
   const run_result many = time_layer(c, g, in, jobs);
-  std::snprintf(buf, sizeof buf, ": %.3f ms on 1 GPU, %.3f ms at degree %d (%d collective parts)", one.median_ms,
-                many.median_ms, n, many.collectives);
-  figs.push_back({tp + "_layer_speedup", one.median_ms / many.median_ms, what + where + buf});
+  // Two measures, both printed: the job's wall time (submit to its future,
+  // the host's hops included) and its device span (what the GPUs spent on
+  // it; PyTorch's reference times its layer with CUDA events, the same).
+  std::snprintf(buf, sizeof buf, ": device span %.3f ms on 1 GPU, %.3f ms at degree %d (%d collective parts)",
+                one.device_ms, many.device_ms, n, many.collectives);
+  figs.push_back({tp + "_layer_speedup", one.device_ms / many.device_ms, what + where + buf});
+  figs.push_back({tp + "_layer_device_ms", many.device_ms,
+                  what + where + ", median job device span ms (trace on), comparable to PyTorch's CUDA events"});
+  figs.push_back({"layer_device_ms_1gpu", one.device_ms, what + " on 1 GPU, median job device span ms (trace on)"});
+  std::snprintf(buf, sizeof buf, ": job wall %.3f ms on 1 GPU, %.3f ms at degree %d", one.median_ms, many.median_ms, n);
+  figs.push_back({tp + "_layer_speedup_wall", one.median_ms / many.median_ms, what + where + buf});
   figs.push_back({tp + "_layer_ms", many.median_ms, what + where + ", median job wall ms (trace on)"});
+  figs.push_back({"layer_ms_1gpu", one.median_ms, what + " on 1 GPU, median job wall ms (trace on)"});
   std::string each;
   double least = 1.0;
   for (double b : many.busy) {
@@ -406,12 +524,16 @@ void multi_gpu_figures(int n, bool same_gpu, bool small_layer, int64_t vocab, in
   const run_result predicted_one = time_layer(s, g, in, jobs);
   s.n = n;
   const run_result predicted = time_layer(s, g, in, jobs);
-  std::snprintf(buf, sizeof buf, ": sim %.3f ms predicted, %.3f ms measured", predicted.median_ms, many.median_ms);
-  figs.push_back({tp + "_sim_error", predicted.median_ms / many.median_ms,
+  // The sim models the devices, not the host's submit and completion hops:
+  // its prediction is compared with the device span.
+  std::snprintf(buf, sizeof buf, ": sim %.3f ms predicted, %.3f ms measured (device span)", predicted.median_ms,
+                many.device_ms);
+  figs.push_back({tp + "_sim_error", predicted.median_ms / many.device_ms,
                   what + " at degree " + std::to_string(n) + buf + (same_gpu ? " (logical devices: not comparable)" : "")});
   // The same on one GPU: how far the device spec's figures are from the GPU.
-  std::snprintf(buf, sizeof buf, ": sim %.3f ms predicted, %.3f ms measured", predicted_one.median_ms, one.median_ms);
-  figs.push_back({"sim_error_1gpu", predicted_one.median_ms / one.median_ms, what + " on 1 GPU" + buf});
+  std::snprintf(buf, sizeof buf, ": sim %.3f ms predicted, %.3f ms measured (device span)", predicted_one.median_ms,
+                one.device_ms);
+  figs.push_back({"sim_error_1gpu", predicted_one.median_ms / one.device_ms, what + " on 1 GPU" + buf});
 
   // A decode step: LLaMA 7B shape, batch 1, one token, no cache (weight
   // bandwidth bound).
@@ -437,6 +559,20 @@ void multi_gpu_figures(int n, bool same_gpu, bool small_layer, int64_t vocab, in
     std::snprintf(buf, sizeof buf, ", %d layers d 4096 ff 11008 bf16, B 1, T 1: %.3f ms on 1 GPU, %.3f ms at degree %d",
                   decode_layers, d1.median_ms, dn.median_ms, n);
     figs.push_back({tp + "_decode_step_speedup", d1.median_ms / dn.median_ms, "LLaMA 7B-shaped decode step" + where + buf});
+    figs.push_back({"decode_step_ms_1gpu", d1.median_ms, "LLaMA 7B-shaped decode step on 1 GPU, median job wall ms"});
+    figs.push_back({tp + "_decode_step_ms", dn.median_ms, "LLaMA 7B-shaped decode step at degree " +
+                                                              std::to_string(n) + ", median job wall ms"});
+    // Traces of a few more steps, where a step's time goes per device and
+    // lane. Not timed: the trace's timing events (two per step) weigh on a
+    // step of small kernels, and on the N-GPU one most.
+    if (!trace_out.empty()) {
+      dc.n = 1;
+      dc.trace_out = tagged(trace_out, "decode-1gpu");
+      (void)time_layer(dc, gd, din, 4);
+      dc.n = n;
+      dc.trace_out = tagged(trace_out, "decode-" + tp);
+      (void)time_layer(dc, gd, din, 4);
+    }
   }
 }
 
@@ -448,7 +584,7 @@ int main(int argc, char** argv) {
   int64_t vocab = 256;
   std::string kind = "sim", trace_out, allreduce_spec;
   int allreduce_iters = 200;
-  bool same_gpu = false;
+  bool same_gpu = false, op_profile = false;
   bool small_layer = false, plan_only = false, run_only = false;
   int degree = 2, decode_layers = 32;
   ag::apps::flags app("actorgraph-tp-bench", "Tensor-parallel figures: runtime speedups on simulated H200s, planning.");
@@ -470,8 +606,13 @@ int main(int argc, char** argv) {
                  "sim: wall seconds per modelled second; job times are divided by it, so host dispatch overhead "
                  "(not modelled) weighs 1/scale as much")
       ->check(CLI::Range(0.01, 1000.0));
-  app.add_option("--trace", trace_out, "write the Chrome trace of the degree-4 runs (overlap on) to this file, the degree-2 runs to FILE.2");
+  app.add_option("--trace", trace_out,
+                 "write the Chrome trace of the degree-4 runs (overlap on) to this file, the degree-2 runs to FILE.2; "
+                 "with --devices cuda:all, the N-GPU layer's (and FILE-1gpu, FILE-decode-1gpu, FILE-decode-tpN)");
   app.add_flag("--same-gpu", same_gpu, "cuda: the degrees' devices are logical devices of GPU 0 (cuda:0,0,...)");
+  app.add_flag("--op-profile", op_profile,
+               "cuda:all: instead of the figures, each op's GPU time of the layer on 1 GPU and at degree N "
+               "(\"op_profile\" lines on stderr; plain launches)");
   app.add_flag("--small", small_layer, "a small layer (d 1024, 8 heads, T 256) for a quick run");
   app.add_option("--allreduce", allreduce_spec,
                  "print allreduce_us_<size>_<path> (oneshot, ring, nccl) for 8 KiB..16 MiB and the crossover on these devices (e.g. cuda:0,0, cuda:0,1, cpu:2)");
@@ -502,10 +643,18 @@ int main(int argc, char** argv) {
     for (int64_t kib : {8, 64, 256, 1024, 16384}) {
       const std::string size = kib >= 1024 ? std::to_string(kib / 1024) + "m" : std::to_string(kib) + "k";
       for (const std::string& path : paths) {
-        const double us = allreduce_us(allreduce_spec, kib * 1024, allreduce_iters, path);
-        figs.push_back({"allreduce_us_" + size + "_" + path, us,
-                        path + " all-reduce of " + std::to_string(kib) + " KiB f32 on " + allreduce_spec + " (per call, " +
-                            std::to_string(allreduce_iters) + " calls)"});
+        const allreduce_times t = allreduce_us(allreduce_spec, kib * 1024, allreduce_iters, path);
+        const std::string what = path + " all-reduce of " + std::to_string(kib) + " KiB f32 on " + allreduce_spec;
+        if (t.gpu_us >= 0) {
+          figs.push_back({"allreduce_us_" + size + "_" + path, t.gpu_us,
+                          what + ": the devices' time per call, back to back (64 calls queued behind a gate)"});
+          figs.push_back({"allreduce_host_us_" + size + "_" + path, t.host_us,
+                          what + ": wall per call with the host enqueueing (" + std::to_string(allreduce_iters) +
+                              " calls)"});
+        } else {
+          figs.push_back({"allreduce_us_" + size + "_" + path, t.host_us,
+                          what + " (per call, " + std::to_string(allreduce_iters) + " calls)"});
+        }
       }
     }
     // What the runtime picks by default: the planner's ring / one-shot
@@ -533,7 +682,7 @@ int main(int argc, char** argv) {
         return 2;
       }
     }
-    multi_gpu_figures(n, same_gpu, small_layer, vocab, jobs, decode_layers, trace_out, figs);
+    multi_gpu_figures(n, same_gpu, small_layer, vocab, jobs, decode_layers, trace_out, op_profile, figs);
     std::printf("%-26s %12s  %s\n", "figure", "value", "setup");
     for (const auto& f : figs) std::printf("%-26s %12.3f  %s\n", f.name.c_str(), f.value, f.setup.c_str());
     for (const auto& f : figs) std::printf("%s: %.3f\n", f.name.c_str(), f.value);

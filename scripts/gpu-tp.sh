@@ -8,20 +8,34 @@
 # Environment: AG_TP_SMALL=1 uses the small layer (d 1024, T 256) and a 4-layer
 # decode step, for a quick run; AG_TP_DECODE_LAYERS overrides the decode
 # step's layers (32 by default: the LLaMA 7B shape).
+# AG_TP_SKIP_SIM=1 skips step 5 (the sim figures need no GPU: run them anywhere).
+# AG_TP_OP_PROFILE=1 adds step 2b: each op's GPU time in the layer on 1 GPU
+# and at degree N (actorgraph-tp-bench --op-profile), in OUTDIR/tp-opprofile.txt.
+#
+# AG_TP_PREBUILT=1 skips the build (see below: binaries built on the dev
+# machine and carried, which saves the GPU machine minutes of nvcc);
+# AG_TP_TEST_LIMIT / AG_TP_BENCH_LIMIT / AG_TP_ALLREDUCE_LIMIT bound steps
+# 1-3 in seconds (a hang then ends the step, with every thread's stack where
+# the machine has gdb).
 #
 # It configures through scripts/gpu-run.sh (configure step only), builds
 # test_cuda and actorgraph-tp-bench, then:
 #   1. the CUDA tensor-parallel and collective tests (tests/cuda:
 #      CudaTensorParallel*, CudaCollectives*), every layout this machine has;
-#   2. actorgraph-tp-bench --devices cuda:all: tpN_layer_speedup,
-#      tpN_layer_ms, tpN_gpu_busy_fraction, tpN_sim_error,
-#      tpN_decode_step_speedup, and the Chrome trace of the N-GPU layer run
-#      (OUTDIR/tp-layer-trace.json);
+#   2. actorgraph-tp-bench --devices cuda:all: tpN_layer_speedup (device
+#      spans), tpN_layer_device_ms, tpN_layer_speedup_wall, tpN_layer_ms,
+#      tpN_gpu_busy_fraction, tpN_sim_error, tpN_decode_step_speedup, and the
+#      Chrome traces (OUTDIR/tp-layer-trace.json: the N-GPU layer;
+#      tp-layer-trace-1gpu.json, tp-layer-trace-decode-*.json);
 #   3. actorgraph-tp-bench --allreduce over the N GPUs: allreduce_us_<size>_<path>
-#      for the own one-shot path and NCCL, and the crossover the runtime picks;
-#   4. scripts/torch_tp_layer.py --world-list 1,N (PyTorch, torch.distributed
-#      with NCCL, Megatron split) and tpN_vs_torch = actorgraph's N-GPU layer
-#      ms over PyTorch's;
+#      (the devices' time per call) and allreduce_host_us_<size>_<path> (wall
+#      per call, the host enqueueing) for the own one-shot path and NCCL, and
+#      the crossover the runtime picks;
+#   4. scripts/torch_tp_layer.py --world-list 1,N --allreduce (PyTorch,
+#      torch.distributed with NCCL, Megatron split): torch_tp_layer_ms_<w>,
+#      torch_nccl_allreduce_us_<size>_Ngpu, and tpN_vs_torch = actorgraph's
+#      N-GPU layer device span over PyTorch's CUDA-event time (tpN_vs_torch_wall:
+#      our job wall time over the same);
 #   5. the sim's tensor-parallel figures (tp_speedup_2_sim, tp_speedup_4_sim).
 # Logs go to OUTDIR (tp-*.txt); the `name: value` lines are printed at the end.
 # NCCL_NVLS_ENABLE=0 for every process (NVLink multicast stays off there).
@@ -36,7 +50,15 @@ export NCCL_NVLS_ENABLE=0
 same_gpu="${AG_TP_SAME_GPU:-}"
 small="${AG_TP_SMALL:-}"
 
-AG_GPU_RUN_STEPS=configure bash scripts/gpu-run.sh "$out" >"$out/tp-configure.txt" 2>&1 || {
+# AG_TP_PREBUILT=1: $build already holds tests/cuda/test_cuda and
+# apps/actorgraph-tp-bench, built on another machine (for sm_90 against the same
+# packages, e.g. `AG_GPU_RUN_STEPS=configure bash scripts/gpu-run.sh OUT` then
+# `cmake --build build-gpu --target test_cuda actorgraph-tp-bench` on the
+# dev machine; carry build-gpu/tests/cuda/test_cuda and
+# build-gpu/apps/actorgraph-tp-bench): only the packages are unpacked here.
+steps=configure
+[ -n "${AG_TP_PREBUILT:-}" ] && steps=unpack-only
+AG_GPU_RUN_STEPS=$steps bash scripts/gpu-run.sh "$out" >"$out/tp-configure.txt" 2>&1 || {
   echo "configure failed (see $out/tp-configure.txt)"
   tail -20 "$out/tp-configure.txt"
   exit 1
@@ -45,11 +67,41 @@ prefix="$here/.device-deps/prefix"
 libdir="$prefix/usr/lib/x86_64-linux-gnu"
 export LD_LIBRARY_PATH="$libdir:$libdir/openblas-pthread${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 
-echo "== build (test_cuda actorgraph-tp-bench)"
-if ! cmake --build "$build" -j "$(nproc)" --target test_cuda actorgraph-tp-bench >"$out/tp-build.txt" 2>&1; then
-  grep -E "error|FAILED" "$out/tp-build.txt" | head -30
-  exit 1
+if [ -z "${AG_TP_PREBUILT:-}" ]; then
+  echo "== build (test_cuda actorgraph-tp-bench)"
+  start=$(date +%s)
+  if ! cmake --build "$build" -j "$(nproc)" --target test_cuda actorgraph-tp-bench >"$out/tp-build.txt" 2>&1; then
+    grep -E "error|FAILED" "$out/tp-build.txt" | head -30
+    exit 1
+  fi
+  echo "built in $(($(date +%s) - start)) s"
+else
+  echo "== prebuilt binaries in $build"
 fi
+
+# bounded LIMIT LOG CMD...: runs CMD with its output in LOG for at most LIMIT
+# seconds; on a hang it first writes every thread's stack (gdb, when the
+# machine has it) to LOG.stacks, so a hang is diagnosed from one run.
+bounded() {
+  local limit="$1" log="$2"
+  shift 2
+  local t0=$(date +%s)
+  "$@" >"$log" 2>&1 &
+  local pid=$!
+  while kill -0 "$pid" 2>/dev/null; do
+    if (($(date +%s) - t0 >= limit)); then
+      echo "TIMEOUT after ${limit} s: $*" | tee -a "$log"
+      if command -v gdb >/dev/null; then
+        timeout 60 gdb -p "$pid" -batch -ex "thread apply all bt 25" >"$log.stacks" 2>&1
+      fi
+      kill -9 "$pid" 2>/dev/null
+      wait "$pid" 2>/dev/null
+      return 124
+    fi
+    sleep 1
+  done
+  wait "$pid"
+}
 
 gpus="$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')"
 if [ -n "$same_gpu" ]; then
@@ -80,8 +132,8 @@ fi
 
 status=0
 echo "== 1. CUDA tensor-parallel tests"
-timeout 600 "$build/tests/cuda/test_cuda" --gtest_filter='*CudaTensorParallel*:CudaCollectives.*' --gtest_brief=0 \
-  >"$out/tp-tests.txt" 2>&1 || status=1
+bounded "${AG_TP_TEST_LIMIT:-600}" "$out/tp-tests.txt" "$build/tests/cuda/test_cuda" \
+  --gtest_filter='*CudaTensorParallel*:CudaCollectives.*' --gtest_brief=0 || status=1
 sed -n '1,/tests* ran/p' "$out/tp-tests.txt" | grep -E "^\[ +(OK|FAILED|SKIPPED) +\] [A-Za-z]" | sed 's/ (.*ms)$//' | head -60
 passed="$(grep -c '^\[       OK \]' "$out/tp-tests.txt")"
 failed="$(grep -c '^\[  FAILED  \] .*\.' "$out/tp-tests.txt")"
@@ -91,33 +143,49 @@ echo "tp_tests_failed: $failed"
 echo "tp_tests_skipped: $skipped"
 
 echo "== 2. actorgraph-tp-bench ${bench_devices[*]} ${layer_flags[*]}"
-timeout 900 "$build/apps/actorgraph-tp-bench" "${bench_devices[@]}" "${layer_flags[@]}" --decode-layers "$decode_layers" \
-  --trace "$out/tp-layer-trace.json" >"$out/tp-bench.txt" 2>&1 || status=1
+bounded "${AG_TP_BENCH_LIMIT:-900}" "$out/tp-bench.txt" "$build/apps/actorgraph-tp-bench" "${bench_devices[@]}" \
+  "${layer_flags[@]}" --decode-layers "$decode_layers" --trace "$out/tp-layer-trace.json" || status=1
 grep -vE '^[a-z0-9_]+: ' "$out/tp-bench.txt" | tail -12
 
+if [ -n "${AG_TP_OP_PROFILE:-}" ]; then
+  echo "== 2b. op profile of the layer (1 GPU, then degree $n; plain launches)"
+  bounded 180 "$out/tp-opprofile.txt" "$build/apps/actorgraph-tp-bench" "${bench_devices[@]}" "${layer_flags[@]}" \
+    --op-profile || status=1
+  grep -E "^op_profile [a-z0-9]+: " "$out/tp-opprofile.txt"
+fi
+
 echo "== 3. all-reduce over cuda:$members"
-timeout 600 "$build/apps/actorgraph-tp-bench" --allreduce "cuda:$members" --plan-only --repeats 1 --layers 1 \
-  >"$out/tp-allreduce.txt" 2>&1 || status=1
+bounded "${AG_TP_ALLREDUCE_LIMIT:-600}" "$out/tp-allreduce.txt" "$build/apps/actorgraph-tp-bench" \
+  --allreduce "cuda:$members" --plan-only --repeats 1 --layers 1 || status=1
 grep -E '^allreduce_' "$out/tp-allreduce.txt" | grep -vE '^allreduce_[a-z0-9_]+: ' || tail -5 "$out/tp-allreduce.txt"
 
 echo "== 4. PyTorch tensor-parallel layer (world 1,$n)"
 if [ -n "$same_gpu" ]; then
   echo "skipped: PyTorch's NCCL layer needs $n distinct GPUs (this is the one-GPU rehearsal)" | tee "$out/tp-torch.txt"
 else
-  timeout 900 python3 scripts/torch_tp_layer.py --world-list "1,$n" "${torch_flags[@]}" >"$out/tp-torch.txt" 2>&1 || status=1
+  timeout 900 python3 scripts/torch_tp_layer.py --world-list "1,$n" --allreduce "${torch_flags[@]}" >"$out/tp-torch.txt" 2>&1 || status=1
   tail -6 "$out/tp-torch.txt"
 fi
 
-echo "== 5. sim figures"
-timeout 300 "$build/apps/actorgraph-tp-bench" --run-only >"$out/tp-sim.txt" 2>&1 || status=1
+if [ -z "${AG_TP_SKIP_SIM:-}" ]; then
+  echo "== 5. sim figures"
+  timeout 300 "$build/apps/actorgraph-tp-bench" --run-only >"$out/tp-sim.txt" 2>&1 || status=1
+else
+  echo "== 5. sim figures: skipped (AG_TP_SKIP_SIM; they need no GPU)"
+fi
 
 echo "== figures"
-ours="$(grep -E "^tp${n}_layer_ms: " "$out/tp-bench.txt" | awk '{print $2}')"
+ours="$(grep -E "^tp${n}_layer_device_ms: " "$out/tp-bench.txt" | awk '{print $2}')"
+ours_wall="$(grep -E "^tp${n}_layer_ms: " "$out/tp-bench.txt" | awk '{print $2}')"
 torch="$(grep -E "^torch_tp_layer_ms_${n}: " "$out/tp-torch.txt" 2>/dev/null | awk '{print $2}')"
-grep -hE '^(tp[0-9]+_[a-z_]+|sim_error_1gpu|allreduce_[a-z0-9_]+|torch_tp_layer_ms_[0-9]+|tp_speedup_[24]_sim): ' \
+grep -hE '^(tp[0-9]+_[a-z_]+|sim_error_1gpu|layer_[a-z0-9_]+|decode_[a-z0-9_]+|allreduce_[a-z0-9_]+|torch_tp_layer_ms_[0-9]+|torch_nccl_[a-z0-9_]+|tp_speedup_[24]_sim): ' \
   "$out/tp-bench.txt" "$out/tp-allreduce.txt" "$out/tp-torch.txt" "$out/tp-sim.txt" 2>/dev/null
+# tpN_vs_torch: device span against PyTorch's CUDA-event time of its layer
+# (the same measure); tpN_vs_torch_wall: our job's wall time (submit to
+# future) against the same PyTorch figure.
 if [ -n "$ours" ] && [ -n "$torch" ]; then
-  awk -v a="$ours" -v b="$torch" -v n="$n" 'BEGIN { printf "tp%d_vs_torch: %.3f\n", n, a / b }'
+  awk -v a="$ours" -v w="$ours_wall" -v b="$torch" -v n="$n" \
+    'BEGIN { printf "tp%d_vs_torch: %.3f\ntp%d_vs_torch_wall: %.3f\n", n, a / b, n, w / b }'
 else
   echo "tp${n}_vs_torch: not measured (actorgraph ${ours:-none}, PyTorch ${torch:-none})"
 fi

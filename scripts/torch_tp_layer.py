@@ -45,6 +45,9 @@ def parse():
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--port", type=int, default=29517)
+    ap.add_argument("--allreduce", action="store_true",
+                    help="also time torch.distributed's NCCL all-reduce of 8 KiB .. 16 MiB f32 on the largest world: "
+                         "torch_nccl_allreduce_us_<size> (NCCL's own figure beside actorgraph-tp-bench --allreduce)")
     return ap.parse_args()
 
 
@@ -115,6 +118,25 @@ def worker(rank, world, args, results):
     dist.all_reduce(med, op=dist.ReduceOp.MAX)
     if rank == 0:
         results[world] = med.item()
+    if args.allreduce and world == results.get("allreduce_world", -1):
+        # NCCL's own per-call time: 100 back-to-back all-reduces between two
+        # CUDA events after a warm-up (the host enqueues ahead of the GPUs).
+        for kib in (8, 64, 256, 1024, 16384):
+            buf = torch.randn(kib * 256, device=dev, dtype=torch.float32)
+            for _ in range(10):
+                dist.all_reduce(buf)
+            torch.cuda.synchronize()
+            dist.barrier()
+            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            s.record()
+            for _ in range(100):
+                dist.all_reduce(buf)
+            e.record()
+            e.synchronize()
+            us = torch.tensor([s.elapsed_time(e) * 1000.0 / 100], device=dev)
+            dist.all_reduce(us, op=dist.ReduceOp.MAX)
+            if rank == 0:
+                results[f"allreduce_{kib}"] = us.item()
     dist.destroy_process_group()
 
 
@@ -139,12 +161,19 @@ def main():
         if world > ngpu:
             print(f"torch_tp_layer: world {world} skipped: only {ngpu} GPU(s) here")
             continue
+        largest = max(int(w) for w in args.world_list.split(",") if w and int(w) <= ngpu)
         with mp.Manager() as m:
             results = m.dict()
+            results["allreduce_world"] = largest if world > 1 else -1
             mp.spawn(worker, args=(world, args, results), nprocs=world, join=True)
             ms = results.get(world)
+            sizes = {k: v for k, v in results.items() if isinstance(k, str) and k.startswith("allreduce_") and k != "allreduce_world"}
         print(f"{world:>6} {ms:>10.3f}")
         print(f"torch_tp_layer_ms_{world}: {ms:.3f}")
+        for key, us in sizes.items():
+            kib = int(key.split("_")[1])
+            name = f"{kib // 1024}m" if kib >= 1024 else f"{kib}k"
+            print(f"torch_nccl_allreduce_us_{name}_{world}gpu: {us:.2f}")
     return 0
 
 
