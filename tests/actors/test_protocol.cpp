@@ -101,6 +101,23 @@ void expect_reference(const ag::graph& g, const std::vector<ag::host_tensor>& in
   }
 }
 
+/// up (column-parallel) -> gelu -> down (row-parallel): one all-reduce per
+/// job at tensor-parallel degree 2 (tensor_degree_2: no chunking).
+std::shared_ptr<const ag::graph> up_act_down() {
+  ag::graph_builder b;
+  auto x = b.input("x", ag::dtype::f32, {4, 8});
+  auto w1 = b.weight("w1", ag::host_tensor::random_normal(ag::dtype::f32, {8, 16}, 1, 0.3f));
+  auto w2 = b.weight("w2", ag::host_tensor::random_normal(ag::dtype::f32, {16, 8}, 2, 0.3f));
+  b.output(b.matmul(b.gelu(b.matmul(x, w1, false, false, "up"), ag::gelu_mode::tanh, "act"), w2, false, false, "down"));
+  return std::make_shared<const ag::graph>(std::move(b).build().value());
+}
+ag::plan_options tensor_degree_2() {
+  ag::plan_options o;
+  o.tensor_parallel = 2;
+  o.tp_overlap = false;
+  return o;
+}
+
 /// An MLP whose compute nodes are pinned to `device`.
 ag::graph pinned_mlp(int device, uint64_t seed) {
   ag::graph_builder b;
@@ -788,16 +805,8 @@ bool run_random_once(caf::scheduler::test_coordinator& sched, ag::rng& r) {
 // running (all arenas held). Every result equals the reference.
 TEST_F(Protocol, CollectivesIssueInOneAgreedOrderOnEveryMemberAcrossConcurrentJobs) {
   start(2, 4);
-  ag::graph_builder b;
-  auto x = b.input("x", ag::dtype::f32, {4, 8});
-  auto w1 = b.weight("w1", ag::host_tensor::random_normal(ag::dtype::f32, {8, 16}, 1, 0.3f));
-  auto w2 = b.weight("w2", ag::host_tensor::random_normal(ag::dtype::f32, {16, 8}, 2, 0.3f));
-  b.output(b.matmul(b.gelu(b.matmul(x, w1, false, false, "up"), ag::gelu_mode::tanh, "act"), w2, false, false, "down"));
-  auto g = std::make_shared<const ag::graph>(std::move(b).build().value());
-  ag::plan_options o;
-  o.tensor_parallel = 2;
-  o.tp_overlap = false;
-  auto p = core->compile(g, o);
+  auto g = up_act_down();
+  auto p = core->compile(g, tensor_degree_2());
   ASSERT_TRUE(p.has_value()) << p.err().to_string();
   int parts = 0;
   for (const auto& s : (*p)->steps()) parts += s.kind == ag::step_kind::collective;
@@ -848,16 +857,8 @@ TEST_F(Protocol, CollectivesIssueInOneAgreedOrderOnEveryMemberAcrossConcurrentJo
 // results still equal the reference.
 TEST_F(Protocol, PairedCollectivePartsSkipOnlyTheWaitsAnotherMembersPartOrders) {
   start(2, 2);
-  ag::graph_builder b;
-  auto x = b.input("x", ag::dtype::f32, {4, 8});
-  auto w1 = b.weight("w1", ag::host_tensor::random_normal(ag::dtype::f32, {8, 16}, 1, 0.3f));
-  auto w2 = b.weight("w2", ag::host_tensor::random_normal(ag::dtype::f32, {16, 8}, 2, 0.3f));
-  b.output(b.matmul(b.gelu(b.matmul(x, w1, false, false, "up"), ag::gelu_mode::tanh, "act"), w2, false, false, "down"));
-  auto g = std::make_shared<const ag::graph>(std::move(b).build().value());
-  ag::plan_options o;
-  o.tensor_parallel = 2;
-  o.tp_overlap = false;
-  auto p = core->compile(g, o);
+  auto g = up_act_down();
+  auto p = core->compile(g, tensor_degree_2());
   ASSERT_TRUE(p.has_value()) << p.err().to_string();
   auto prog = ag::actors::lower(*p);
   ASSERT_TRUE(prog.has_value()) << prog.err().to_string();
