@@ -336,11 +336,9 @@ error launch_step(exec_state& st, exec_job& e, step_id s) {
       break;
     }
     case step_kind::collective: {
-      // This member's part: its own output, every member's operand where it
-      // lives (the remote deps above, or the backend's pairing, waited for
-      // all their producers).
-      const gpu::collective_launch& l = coll;
-      if (error ce = st.dev->collective(stream, l)) return step_error(st, lane, ls, {}, ce, ls.subject);
+      // This member's part (collective_part, above): the remote deps, or the
+      // backend's pairing, waited for all the operands' producers.
+      if (error ce = st.dev->collective(stream, coll)) return step_error(st, lane, ls, {}, ce, ls.subject);
       break;
     }
   }

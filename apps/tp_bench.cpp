@@ -166,23 +166,34 @@ struct layer_run {
   bool replay_off = false;   ///< plan_options::graph_replay off (plain launches)
 };
 
+/// Each job's span in `t`: its first step's start and last step's end, over
+/// all devices.
+std::map<uint64_t, std::pair<int64_t, int64_t>> job_spans(const ag::trace& t) {
+  std::map<uint64_t, std::pair<int64_t, int64_t>> span;
+  for (const auto& r : t.records) {
+    if (r.end_ns <= r.start_ns) continue;
+    auto [it, fresh] = span.try_emplace(r.job, r.start_ns, r.end_ns);
+    if (!fresh) {
+      it->second.first = std::min(it->second.first, r.start_ns);
+      it->second.second = std::max(it->second.second, r.end_ns);
+    }
+  }
+  return span;
+}
+
 /// Compute-lane busy fraction of each device over the last job's span.
 std::vector<double> busy_fractions(const ag::trace& t, int devices) {
-  uint64_t last = 0;
-  for (const auto& r : t.records) last = std::max(last, r.job);
-  int64_t lo = std::numeric_limits<int64_t>::max(), hi = std::numeric_limits<int64_t>::min();
-  std::vector<std::vector<std::pair<int64_t, int64_t>>> spans(static_cast<std::size_t>(devices));
-  for (const auto& r : t.records) {
-    if (r.job != last || r.end_ns <= r.start_ns) continue;
-    lo = std::min(lo, r.start_ns);
-    hi = std::max(hi, r.end_ns);
-    if (r.lane.rfind("compute", 0) == 0 && r.device >= 0 && r.device < devices)
-      spans[static_cast<std::size_t>(r.device)].emplace_back(r.start_ns, r.end_ns);
-  }
+  const auto spans = job_spans(t);
   std::vector<double> busy(static_cast<std::size_t>(devices), 0.0);
-  if (hi <= lo) return busy;
+  if (spans.empty()) return busy;
+  const uint64_t last = spans.rbegin()->first;
+  const auto [lo, hi] = spans.rbegin()->second;
+  std::vector<std::vector<std::pair<int64_t, int64_t>>> on(static_cast<std::size_t>(devices));
+  for (const auto& r : t.records)
+    if (r.job == last && r.end_ns > r.start_ns && r.lane.rfind("compute", 0) == 0 && r.device >= 0 && r.device < devices)
+      on[static_cast<std::size_t>(r.device)].emplace_back(r.start_ns, r.end_ns);
   for (int d = 0; d < devices; ++d) {
-    auto& v = spans[static_cast<std::size_t>(d)];
+    auto& v = on[static_cast<std::size_t>(d)];
     std::sort(v.begin(), v.end());
     int64_t covered = 0, at = lo;
     for (const auto& [a, b] : v) {  // union of the lanes' intervals
@@ -198,18 +209,11 @@ std::vector<double> busy_fractions(const ag::trace& t, int devices) {
 /// Median over the jobs after the first (the warm-up) of each job's device
 /// span in `t`, in ms; 0 when the trace holds none.
 double median_device_span_ms(const ag::trace& t) {
-  std::map<uint64_t, std::pair<int64_t, int64_t>> span;
-  for (const auto& r : t.records) {
-    if (r.end_ns <= r.start_ns) continue;
-    auto [it, fresh] = span.try_emplace(r.job, r.start_ns, r.end_ns);
-    if (!fresh) {
-      it->second.first = std::min(it->second.first, r.start_ns);
-      it->second.second = std::max(it->second.second, r.end_ns);
-    }
-  }
+  const auto spans = job_spans(t);
   std::vector<double> ms;
-  for (auto it = span.begin(); it != span.end(); ++it)
-    if (it != span.begin() || span.size() == 1) ms.push_back(static_cast<double>(it->second.second - it->second.first) / 1e6);
+  for (auto it = spans.begin(); it != spans.end(); ++it)
+    if (it != spans.begin() || spans.size() == 1)
+      ms.push_back(static_cast<double>(it->second.second - it->second.first) / 1e6);
   if (ms.empty()) return 0;
   std::sort(ms.begin(), ms.end());
   return ms[ms.size() / 2];

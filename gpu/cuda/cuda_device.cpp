@@ -359,12 +359,15 @@ class cuda_device final : public device {
 
   /// The members' GPUs, device ids and operand sizes; an error naming the
   /// first member that is not a live CUDA device or whose operand does not fit.
+  /// With `abort_for_dead`, a dead member also aborts its NCCL groups (the
+  /// enqueue path, so the other members' parts do not wait for it); a query
+  /// (collective_syncs_members) leaves that to the enqueue.
   struct member_list {
     std::vector<int> gpus;
     std::vector<uint64_t> uids;
     std::vector<int64_t> elements;
   };
-  expected<member_list> members_of(const collective_launch& l, const std::string& where) const {
+  expected<member_list> members_of(const collective_launch& l, const std::string& where, bool abort_for_dead) const {
     const auto refuse = [&](errc code, const std::string& what) {
       return error(code, where + ": " + what, index_, -1, l.op->name);
     };
@@ -379,7 +382,7 @@ class cuda_device final : public device {
                                                 "') is not a CUDA device");
       if (!peer->alive()) {
         error why = peer->core_->dead_error();
-        abort_nccl_groups_of(peer->core_->ordinal, why.message);
+        if (abort_for_dead) abort_nccl_groups_of(peer->core_->ordinal, why.message);
         return why;
       }
       if (l.inputs[k].type != l.op->type || (!l.inputs[k].data && l.inputs[k].dims.numel() > 0))
@@ -399,7 +402,7 @@ class cuda_device final : public device {
   /// other members' operands once the caller's waits say they are written.
   bool collective_syncs_members(const collective_launch& l) const override {
     if (!l.op) return false;
-    auto m = members_of(l, spec_.name);
+    auto m = members_of(l, spec_.name, false);
     return m && path_of(l, *m).path == collective_path::nccl;
   }
 
@@ -419,7 +422,7 @@ class cuda_device final : public device {
       return error(code, where + ": " + what, index_, -1, l.op->name);
     };
     if (!l.out.data && l.out.dims.numel() > 0) return refuse(errc::invalid_argument, "no output buffer");
-    auto m = members_of(l, where);
+    auto m = members_of(l, where, true);
     if (!m) return m.err();
     const collective_path_choice path = path_of(l, *m);
     where += " (" + path.reason + ")";  // errors say which path ran and why

@@ -14,6 +14,16 @@ struct rope_freqs {
   double inv[max_rope_pairs];
 };
 
+/// Rotates the pair (j0, j1) of the row at xo in x into the row at yo in out:
+/// (a, b) -> (a cos - b sin, a sin + b cos).
+__device__ __forceinline__ void rotate_pair(const kt& out, const kt& x, int64_t xo, int64_t yo, int64_t j0, int64_t j1,
+                                            float fc, float fs) {
+  const float a = ld(x.p, x.t, xo + j0 * x.s[3]);
+  const float b = ld(x.p, x.t, xo + j1 * x.s[3]);
+  st(out.p, out.t, yo + j0 * out.s[3], a * fc - b * fs);
+  st(out.p, out.t, yo + j1 * out.s[3], a * fs + b * fc);
+}
+
 /// Heads one thread rotates with one angle.
 constexpr int64_t rope_heads_per_thread = 4;
 
@@ -38,12 +48,7 @@ __global__ void rope_kernel(kt out, kt x, kt pos, bool neox, int64_t work, rope_
     const float fc = static_cast<float>(cs), fs = static_cast<float>(sn);
     const int64_t h0 = run * rope_heads_per_thread, h1 = h0 + rope_heads_per_thread < H ? h0 + rope_heads_per_thread : H;
     int64_t xo = row_offset(x, group * H + h0), yo = row_offset(out, group * H + h0);
-    for (int64_t h = h0; h < h1; ++h, xo += x.s[2], yo += out.s[2]) {
-      const float a = ld(x.p, x.t, xo + j0 * x.s[3]);
-      const float b = ld(x.p, x.t, xo + j1 * x.s[3]);
-      st(out.p, out.t, yo + j0 * out.s[3], a * fc - b * fs);
-      st(out.p, out.t, yo + j1 * out.s[3], a * fs + b * fc);
-    }
+    for (int64_t h = h0; h < h1; ++h, xo += x.s[2], yo += out.s[2]) rotate_pair(out, x, xo, yo, j0, j1, fc, fs);
   }
 }
 
@@ -55,16 +60,11 @@ __global__ void rope_wide_kernel(kt out, kt x, kt pos, float theta, bool neox, i
     const int64_t s = (row / x.d[2]) % x.d[1];
     const int64_t j0 = neox ? k : 2 * k;
     const int64_t j1 = neox ? k + half : 2 * k + 1;
-    const int64_t xo = row_offset(x, row), yo = row_offset(out, row);
-    const float a = ld(x.p, x.t, xo + j0 * x.s[3]);
-    const float b = ld(x.p, x.t, xo + j1 * x.s[3]);
     const double position = static_cast<double>(static_cast<const int32_t*>(pos.p)[s * pos.s[3]]);
     const double ang = position * pow(static_cast<double>(theta), -2.0 * static_cast<double>(k) / static_cast<double>(D));
     double sn, cs;
     sincos(ang, &sn, &cs);
-    const float fc = static_cast<float>(cs), fs = static_cast<float>(sn);
-    st(out.p, out.t, yo + j0 * out.s[3], a * fc - b * fs);
-    st(out.p, out.t, yo + j1 * out.s[3], a * fs + b * fc);
+    rotate_pair(out, x, row_offset(x, row), row_offset(out, row), j0, j1, static_cast<float>(cs), static_cast<float>(sn));
   }
 }
 
