@@ -16,7 +16,7 @@ namespace ag {
 /// trace_max_records,
 /// scheduler_threads outside 0 (CAF's default) .. 1024,
 /// scheduler_max_throughput < 0 (0: CAF's default, unlimited),
-/// scheduler_idle_steal_us outside 0 (CAF's default) .. 60 s,
+/// scheduler_spin_polls < -1, scheduler_idle_steal_us outside 0 (CAF's default) .. 60 s,
 /// upload_chunk_bytes < 1, stall_factor outside 0..1e9 or NaN,
 /// stall_min_seconds outside 0.001..1e6 or NaN, and every
 /// backend option gpu::validate(backend_options) refuses.
@@ -33,6 +33,8 @@ inline error validate(const runtime_options& o) {
     return bad("scheduler_threads", o.scheduler_threads, "0 (CAF's default) .. 1024");
   if (o.scheduler_max_throughput < 0)
     return bad("scheduler_max_throughput", o.scheduler_max_throughput, ">= 0 (0: CAF's default, unlimited)");
+  if (o.scheduler_spin_polls < -1)
+    return bad("scheduler_spin_polls", o.scheduler_spin_polls, ">= -1 (-1: by core count, 0: CAF's default)");
   if (o.scheduler_idle_steal_us < 0 || o.scheduler_idle_steal_us > 60'000'000)
     return bad("scheduler_idle_steal_us", o.scheduler_idle_steal_us, "0 (CAF's default) .. 60000000 (60 s)");
   if (o.upload_chunk_bytes < 1)

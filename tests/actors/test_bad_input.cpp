@@ -227,6 +227,9 @@ TEST(BadOptions, RuntimeOptionsAreRefusedNamingOptionAndValue) {
   o.scheduler_idle_steal_us = -10;
   refused(o, "scheduler_idle_steal_us", "-10");
   o = {};
+  o.scheduler_spin_polls = -2;
+  refused(o, "scheduler_spin_polls", "-2");
+  o = {};
   o.upload_chunk_bytes = 0;
   refused(o, "upload_chunk_bytes", "0");
   o = {};

@@ -5,6 +5,8 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <cstdlib>
+#include <string>
 #include <mutex>
 #include <thread>
 
@@ -29,6 +31,50 @@ TEST(SchedulerOptions, ReachTheCafConfig) {
   EXPECT_EQ(caf::get_or(cfg, "work-stealing.moderate-poll-attempts", size_t{99}), 0u);
   EXPECT_EQ(caf::get_or(cfg, "work-stealing.relaxed-sleep-duration", caf::timespan{0}),
             caf::timespan{std::chrono::microseconds(750)});
+}
+
+// The idle workers' spin: an explicit count reaches CAF; the default (-1)
+// spins 20000 polls only where the machine has 16 hardware threads or more;
+// 0 leaves CAF's default. AG_SCHED_SPIN_POLLS, when set, would override all
+// three: the test clears it for its duration.
+TEST(SchedulerOptions, SpinPollsReachTheCafConfigAndDefaultByCoreCount) {
+  const char* env = std::getenv("AG_SCHED_SPIN_POLLS");
+  const std::string saved = env ? env : "";
+  ::unsetenv("AG_SCHED_SPIN_POLLS");
+  constexpr size_t unset = 12345;
+  {
+    ag::runtime_options o;
+    o.scheduler_spin_polls = 777;
+    caf::actor_system_config cfg;
+    ag::actors::apply_scheduler_options(o, cfg);
+    EXPECT_EQ(caf::get_or(cfg, "work-stealing.aggressive-poll-attempts", unset), 777u);
+  }
+  {
+    const ag::runtime_options o;  // -1: by core count
+    EXPECT_EQ(o.scheduler_spin_polls, -1);
+    caf::actor_system_config cfg;
+    ag::actors::apply_scheduler_options(o, cfg);
+    const size_t want = std::thread::hardware_concurrency() >= 16 ? 20000u : unset;
+    EXPECT_EQ(caf::get_or(cfg, "work-stealing.aggressive-poll-attempts", unset), want)
+        << std::thread::hardware_concurrency() << " hardware threads";
+  }
+  {
+    ag::runtime_options o;
+    o.scheduler_spin_polls = 0;
+    caf::actor_system_config cfg;
+    ag::actors::apply_scheduler_options(o, cfg);
+    EXPECT_EQ(caf::get_or(cfg, "work-stealing.aggressive-poll-attempts", unset), unset);
+  }
+  {
+    ::setenv("AG_SCHED_SPIN_POLLS", "4321", 1);
+    ag::runtime_options o;
+    o.scheduler_spin_polls = 0;
+    caf::actor_system_config cfg;
+    ag::actors::apply_scheduler_options(o, cfg);
+    EXPECT_EQ(caf::get_or(cfg, "work-stealing.aggressive-poll-attempts", unset), 4321u);
+  }
+  if (env) ::setenv("AG_SCHED_SPIN_POLLS", saved.c_str(), 1);
+  else ::unsetenv("AG_SCHED_SPIN_POLLS");
 }
 
 TEST(SchedulerOptions, UntunedLeavesCafDefaults) {
