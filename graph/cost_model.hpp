@@ -52,6 +52,17 @@ struct device_spec {
   /// ones a ring. The crossover is a property of the machine (about 0.5 MiB
   /// on H100 NVLink, ../shared/TP-NOTES.md) and is measured there.
   int64_t oneshot_max_bytes = int64_t{512} << 10;
+  /// Whether a collective runs at its own speed beside a compute kernel of
+  /// its device, so that a row-parallel matmul split in chunks hides each
+  /// chunk's all-reduce behind the next chunk (plan_options::tp_overlap).
+  /// True on sim (the model gives collectives a lane of their own) and cpu.
+  /// False on CUDA GPUs: NCCL's kernels need SMs that a GEMM's full grid
+  /// holds, so they wait for its last wave, and the chunks only add a
+  /// concat and smaller GEMMs (measured on H200s, docs/BENCHMARKS.md: a d-8192
+  /// layer took 7.04 ms unchunked against 7.17 chunked at degree 2, 4.27
+  /// against 4.45 at degree 4; cuBLAS SM-count targets that left 24-48 SMs
+  /// to NCCL did not change that).
+  bool collectives_overlap_compute = true;
   int copy_engines = 3;                ///< async copy engines
   int max_lanes = 4;                   ///< compute streams the device offers
   std::vector<op_kind> unsupported;    ///< ops this device cannot run

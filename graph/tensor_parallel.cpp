@@ -1057,6 +1057,9 @@ class rewriter {
     const int64_t es = static_cast<int64_t>(dtype_size(n.type));
     std::vector<const device_spec*> members;
     for (int k = 0; k < t_; ++k) members.push_back(&devices_[static_cast<std::size_t>(dev(s, k))]);
+    // Chunks pay only where a chunk's all-reduce runs beside the next chunk.
+    for (const device_spec* m : members)
+      if (!m->collectives_overlap_compute) return {};
     const device_spec& d0 = *members[0];
     auto mm = [&](int64_t m) {
       op_cost c;

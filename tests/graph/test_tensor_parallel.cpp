@@ -740,6 +740,14 @@ TEST(TensorParallel, OverlapSplitsRowParallelMatmulsWhenTheCostModelSaysItPays) 
   EXPECT_NE(ar0->id, mm1->id);
   EXPECT_EQ(std::count(ar0->deps.begin(), ar0->deps.end(), mm1->id), 0);
   EXPECT_EQ(std::count(mm1->deps.begin(), mm1->deps.end(), ar0->id), 0);
+  // Devices whose collectives cannot run beside a kernel (CUDA GPUs): the
+  // same slow links get no chunks, since nothing would hide them.
+  auto serial = devs;
+  serial[1].collectives_overlap_compute = false;
+  auto unchunked = test_util::must_compile(g, serial, tp_options(2));
+  ASSERT_TRUE(unchunked);
+  EXPECT_TRUE(unchunked->tensor_parallel()->chunked.empty());
+  EXPECT_EQ(unchunked->tensor_parallel()->collectives.size(), 1u);
   // Fast links: the all-reduce is too cheap to be worth chunks.
   for (auto& d : devs) d.link_bandwidth = 1e15;
   auto fast = test_util::must_compile(g, devs, tp_options(2));
