@@ -49,6 +49,25 @@
 //                            tpN_decode_step_ms
 // With --trace FILE: the N-GPU layer's trace in FILE, the 1-GPU layer's in
 // FILE-1gpu, and a few decode steps' in FILE-decode-1gpu / -decode-tpN.
+// Then, with 4 or more devices (GPUs, or --same-gpu --degree 4) and unless
+// --no-layouts, issue 15's layout comparison; --layouts runs it alone, on
+// any kind but cpu (sim: 4 simulated H200s, values off, wall over the time
+// scale; cuda: GPUs 0..3, or --same-gpu: GPU 0 four times). A 24-layer LLaMA
+// (d 4096, 32 heads, ff 11008, vocab 32000, bf16; --layout-layers), 16
+// micro-batches (--layout-microbatches) of B 1 x T 512 (--layout-seq) each,
+// i.e. 16 jobs of one plan submitted together (submit_batch), timed as
+// rounds (submit to the last job done; one warm-up round, then the median of
+// --layout-rounds 3, trace off) in four layouts, stages x devices per stage:
+// 1 x 1 (a 1-device runtime), 2 x 2, 4 x 1 and 1 x 4:
+//   pp2xtp2_speedup          1 x 1's round over 2 x 2's
+//   pp2xtp2_vs_pp4           4 x 1's over 2 x 2's (>1: 2 x 2 wins)
+//   pp2xtp2_vs_tp4           1 x 4's over 2 x 2's
+//   pp_layout_ms_1x1, pp_layout_ms_2x2, pp_layout_ms_4x1, pp_layout_ms_1x4
+//                            the median round wall ms
+// (on sim each name ends in _sim); the table also names the winning layout
+// and its margin, and each layout's arena and weight bytes per device. With
+// --trace FILE, one more 2 x 2 round, on a runtime of its own with the trace
+// on, in FILE-pp2xtp2 (the timed rounds stay untraced).
 // --op-profile prints each op's GPU time in the layer instead (1 GPU, then N).
 // scripts/gpu-tp.sh runs them with the tests and PyTorch's layer.
 // Prints a table, then `name: value` lines.
@@ -219,39 +238,63 @@ double median_device_span_ms(const ag::trace& t) {
   return ms[ms.size() / 2];
 }
 
-/// Runs `jobs` jobs of g, one at a time, as `c` says; median wall ms (over
-/// the sim time scale on sim).
-run_result time_layer(const layer_run& c, const std::shared_ptr<const ag::graph>& g,
-                      const std::vector<ag::host_tensor>& in, int jobs) {
+/// The device spec of `c`: sim / cpu take a count; cuda takes ordinals: GPUs
+/// 0..n-1, or GPU 0 n times (--same-gpu: logical devices of one GPU).
+std::string devices_of(const layer_run& c) {
+  if (c.kind != "cuda") return c.kind + ":" + std::to_string(c.n);
+  std::string spec = "cuda:";
+  for (int k = 0; k < c.n; ++k) spec += (k ? "," : "") + std::to_string(c.same_gpu ? 0 : k);
+  return spec;
+}
+
+/// A runtime over `c`'s devices (sim: c.sim_spec, values off, no jitter, at
+/// c.time_scale), its trace on or off, `arenas` jobs of a plan holding memory
+/// on a device at once.
+std::unique_ptr<ag::runtime> runtime_of(const layer_run& c, bool trace, int arenas) {
   ag::runtime_options ro;
-  ro.trace = !c.trace_out.empty() || c.busy;
-  ro.arenas_per_device = 2;
+  ro.trace = trace;
+  ro.arenas_per_device = arenas;
   ro.backend.sim.spec = c.sim_spec;
   ro.backend.sim.spec.kind = ag::device_kind::sim;
   ro.backend.sim.compute_values = false;
   ro.backend.sim.time_scale = c.time_scale;
   ro.backend.sim.jitter = 0;
-  // sim / cpu take a count; cuda takes ordinals: GPUs 0..n-1, or GPU 0 n
-  // times (--same-gpu: logical devices of one GPU).
-  std::string spec = c.kind + ":" + std::to_string(c.n);
-  if (c.kind == "cuda") {
-    spec = "cuda:";
-    for (int k = 0; k < c.n; ++k) spec += (k ? "," : "") + std::to_string(c.same_gpu ? 0 : k);
-  }
+  const std::string spec = devices_of(c);
   auto rt = ag::runtime::create(spec, ro);
   if (!rt) die("runtime " + spec, rt.err());
+  return std::move(*rt);
+}
+
+/// `t` as Chrome trace JSON in `path` (a message on stderr when it cannot be written).
+void write_trace(const ag::trace& t, const std::string& path) {
+  if (FILE* f = std::fopen(path.c_str(), "w")) {
+    const std::string json = t.to_chrome_json();
+    std::fwrite(json.data(), 1, json.size(), f);
+    std::fclose(f);
+  } else {
+    std::fprintf(stderr, "actorgraph-tp-bench: cannot write %s\n", path.c_str());
+  }
+}
+
+/// Runs `jobs` jobs of g, one at a time, as `c` says; median wall ms (over
+/// the sim time scale on sim).
+run_result time_layer(const layer_run& c, const std::shared_ptr<const ag::graph>& g,
+                      const std::vector<ag::host_tensor>& in, int jobs) {
+  const bool trace = !c.trace_out.empty() || c.busy;
+  const std::string spec = devices_of(c);
+  auto rt = runtime_of(c, trace, 2);
   ag::plan_options po;
   if (c.n > 1) po.tensor_parallel = c.n;
   po.tp_overlap = c.overlap;
   if (c.replay_off) po.graph_replay = ag::graph_replay_mode::off;
-  auto p = (*rt)->compile(g, po);
+  auto p = rt->compile(g, po);
   if (!p) die("compile at degree " + std::to_string(c.n) + " on " + spec, p.err());
   run_result r;
   for (const auto& s : (*p)->steps()) r.collectives += s.kind == ag::step_kind::collective;
   std::vector<double> ms;
   for (int k = 0; k <= jobs; ++k) {
     const auto t0 = std::chrono::steady_clock::now();
-    const auto& res = (*rt)->submit(*p, in).wait();
+    const auto& res = rt->submit(*p, in).wait();
     // Wall ms over the scale: modelled ms plus the host's share, scaled down.
     const double t = ms_since(t0) / (c.kind == "sim" ? c.time_scale : 1.0);
     if (!res) die("job at degree " + std::to_string(c.n) + " on " + spec, res.err());
@@ -259,19 +302,11 @@ run_result time_layer(const layer_run& c, const std::shared_ptr<const ag::graph>
   }
   std::sort(ms.begin(), ms.end());
   r.median_ms = ms[ms.size() / 2];
-  if (ro.trace) {
-    const ag::trace t = (*rt)->take_trace();
+  if (trace) {
+    const ag::trace t = rt->take_trace();
     if (c.busy) r.busy = busy_fractions(t, c.n);
     if (c.kind != "sim") r.device_ms = median_device_span_ms(t);
-    if (!c.trace_out.empty()) {
-      if (FILE* f = std::fopen(c.trace_out.c_str(), "w")) {
-        const std::string json = t.to_chrome_json();
-        std::fwrite(json.data(), 1, json.size(), f);
-        std::fclose(f);
-      } else {
-        std::fprintf(stderr, "actorgraph-tp-bench: cannot write %s\n", c.trace_out.c_str());
-      }
-    }
+    if (!c.trace_out.empty()) write_trace(t, c.trace_out);
   }
   return r;
 }
@@ -419,7 +454,20 @@ struct figure {
   std::string name;
   double value;
   std::string setup;
+  bool table_only = false;  ///< a row of the table, no `name: value` line (not a figure to track)
 };
+
+/// The table of `figs`: name, value, setup.
+void print_table(const std::vector<figure>& figs) {
+  std::printf("%-26s %12s  %s\n", "figure", "value", "setup");
+  for (const auto& f : figs) std::printf("%-26s %12.3f  %s\n", f.name.c_str(), f.value, f.setup.c_str());
+}
+
+/// The `name: value` lines of `figs` (what scripts grep).
+void print_values(const std::vector<figure>& figs) {
+  for (const auto& f : figs)
+    if (!f.table_only) std::printf("%s: %.3f\n", f.name.c_str(), f.value);
+}
 
 /// The LLaMA layer of the tensor-parallel issue (d 8192, 64 heads, ff 4 d,
 /// T 2048, B 2, bf16; --small: d 1024, 8 heads, T 256), weights read as zeros.
@@ -463,7 +511,7 @@ std::string tagged(const std::string& path, const std::string& tag) {
 /// the figures then check the program, not the speedups (one GPU does the
 /// work of all members).
 void multi_gpu_figures(int n, bool same_gpu, bool small_layer, int64_t vocab, int jobs, int decode_layers,
-                       const std::string& trace_out, bool op_profile, std::vector<figure>& figs) {
+                       const std::string& trace_out, bool op_profile, bool overlap, std::vector<figure>& figs) {
   const std::string tp = "tp" + std::to_string(n);
   const std::string where = same_gpu ? " on " + std::to_string(n) + " logical devices of GPU 0 (not a speedup)"
                                      : " on GPUs 0.." + std::to_string(n - 1);
@@ -476,6 +524,7 @@ void multi_gpu_figures(int n, bool same_gpu, bool small_layer, int64_t vocab, in
   layer_run c;
   c.kind = "cuda";
   c.same_gpu = same_gpu;
+  c.overlap = overlap;
   if (op_profile) {
     // Each op's time on each GPU, 1 GPU then n (plain launches, 3 jobs):
     // the devices print "op_profile" lines when the runtime ends.
@@ -580,6 +629,171 @@ void multi_gpu_figures(int n, bool same_gpu, bool small_layer, int64_t vocab, in
   }
 }
 
+/// Sizes of issue 15's layout comparison (the --layout-* flags).
+struct layout_sizes {
+  int layers = 24;         ///< LLaMA layers (d 4096, 32 heads, ff 11008, vocab 32000, bf16)
+  int micro_batches = 16;  ///< jobs of one round, submitted together
+  int seq = 512;           ///< tokens of a micro-batch (batch 1)
+  int rounds = 3;          ///< timed rounds after one warm-up round (the median counts)
+};
+
+/// One layout's result in layout_figures.
+struct layout_time {
+  double round_ms = 0;       ///< median round wall ms (over the time scale on sim)
+  int64_t arena_bytes = 0;   ///< the largest device's activation arena (one job's peak)
+  int64_t weight_bytes = 0;  ///< the largest device's weights
+  int arenas = 0;            ///< arenas per device: jobs holding memory on a device at once
+  int collectives = 0;       ///< collective parts per job
+};
+
+/// Wall ms of one round: every micro-batch's job submitted together
+/// (submit_batch), to the last one done.
+double round_ms(ag::runtime& rt, const std::shared_ptr<const ag::plan>& p,
+                const std::vector<std::vector<ag::host_tensor>>& batch, const std::string& what) {
+  auto in = batch;  // submit_batch takes its inputs: copied before the clock starts
+  const auto t0 = std::chrono::steady_clock::now();
+  const std::vector<ag::job> jobs = rt.submit_batch(p, std::move(in));
+  for (const ag::job& j : jobs)
+    if (const auto& r = j.wait(); !r) die("job of the " + what, r.err());
+  return ms_since(t0);
+}
+
+/// g planned as `stages` pipeline stages x `tp` devices each over c's kind
+/// (stages x tp devices; 1 x 1: a 1-device runtime), one warm-up round then
+/// `rounds` timed rounds of the micro-batches in `batch`, trace off. With
+/// `trace_out`, one more round's trace is written there, from a runtime of
+/// its own with the trace on (a runtime option): the timed rounds of every
+/// layout run untraced, so the trace's end event per step is in none of them.
+layout_time time_layout(layer_run c, int stages, int tp, const std::shared_ptr<const ag::graph>& g,
+                        const std::vector<std::vector<ag::host_tensor>>& batch, int rounds,
+                        const std::string& trace_out) {
+  c.n = stages * tp;
+  const std::string what = std::to_string(stages) + " x " + std::to_string(tp) + " layout on " + devices_of(c);
+  ag::plan_options po;
+  po.pipeline_stages = stages;
+  po.tensor_parallel = tp;
+  // A job holds an arena on each of its devices from its start to its end,
+  // so a 4-stage pipeline keeps its stages busy only with at least 4 jobs
+  // holding memory; 16 (every micro-batch of the default round) fill each
+  // layout, more would only cost device memory.
+  const int arenas = std::min(static_cast<int>(batch.size()), 16);
+  auto load = [&](bool trace) {
+    auto rt = runtime_of(c, trace, arenas);
+    auto p = rt->compile(g, po);
+    if (!p) die("compile the " + what, p.err());
+    return std::make_pair(std::move(rt), std::move(*p));  // the plan goes first, then its runtime
+  };
+  layout_time r;
+  r.arenas = arenas;
+  {
+    const auto [rt, p] = load(false);
+    for (const auto& m : p->memory()) {
+      r.arena_bytes = std::max(r.arena_bytes, m.arena_bytes);
+      r.weight_bytes = std::max(r.weight_bytes, m.weight_bytes);
+    }
+    for (const auto& s : p->steps()) r.collectives += s.kind == ag::step_kind::collective;
+    (void)round_ms(*rt, p, batch, what);  // warm-up: arenas, graph captures, pinned outputs
+    // Wall ms over the scale on sim: modelled ms plus the host's share, scaled down.
+    const double scale = c.kind == "sim" ? c.time_scale : 1.0;
+    std::vector<double> ms;
+    for (int k = 0; k < rounds; ++k) ms.push_back(round_ms(*rt, p, batch, what) / scale);
+    std::sort(ms.begin(), ms.end());
+    r.round_ms = ms[ms.size() / 2];
+  }  // the timed runtime is gone before the traced one loads: the devices' memory is free again
+  if (!trace_out.empty()) {
+    const auto [rt, p] = load(true);
+    (void)round_ms(*rt, p, batch, what);
+    (void)rt->take_trace();  // the warm-up round's records
+    (void)round_ms(*rt, p, batch, what);
+    write_trace(rt->take_trace(), trace_out);
+  }
+  return r;
+}
+
+/// Issue 15's layout comparison (--layouts; after the cuda:all figures on 4
+/// or more devices): a LLaMA of o.layers layers (d 4096, 32 heads, ff 11008,
+/// vocab 32000, bf16; weights are zero sources, nothing big is drawn on the
+/// host), o.micro_batches micro-batches of B 1 x T o.seq per round, as
+/// 1 device, 2 stages x 2, 4 stages x 1 and 1 stage x 4 on 4 devices of
+/// base's kind (sim: 4 simulated H200s; cuda: GPUs 0..3, or 4 logical
+/// devices of GPU 0 with base.same_gpu, which checks the program, not the
+/// speedups). Figures end in "_sim" on sim. With `trace_out`, the trace of
+/// one 2 x 2 round goes to tagged(trace_out, "pp2xtp2").
+void layout_figures(const layer_run& base, const layout_sizes& o, const std::string& trace_out,
+                    std::vector<figure>& figs) {
+  ag::models::transformer_config m;
+  m.variant = ag::models::model_variant::llama;
+  m.n_layers = o.layers;
+  m.d_model = 4096;
+  m.n_heads = 32;
+  m.d_ff = 11008;
+  m.vocab = 32000;
+  m.seq_len = o.seq;
+  m.batch = 1;
+  m.dtype = ag::dtype::bf16;
+  const auto g = build_zero_weights(m);
+  std::vector<std::vector<ag::host_tensor>> batch;
+  for (int i = 0; i < o.micro_batches; ++i)
+    batch.push_back(ag::models::transformer_inputs(m, 100 + static_cast<uint64_t>(i)));
+  const std::string sfx = base.kind == "sim" ? "_sim" : "";
+  const std::string where =
+      base.kind == "sim" ? " on sim H200s (time scale " + std::to_string(base.time_scale).substr(0, 5) + ")"
+      : base.same_gpu    ? " on logical devices of GPU 0 (not a speedup)"
+                         : " on GPUs 0..3";
+  const std::string what = "LLaMA " + std::to_string(o.layers) + " layers d 4096 ff 11008 bf16, " +
+                           std::to_string(o.micro_batches) + " micro-batches of B 1 x T " + std::to_string(o.seq) +
+                           where;
+  struct layout {
+    int stages, tp;
+    std::string name;  ///< figure name part: stages x devices per stage
+    layout_time t{};
+    std::string label() const { return std::to_string(stages) + " x " + std::to_string(tp); }
+    std::string shown() const { return stages * tp == 1 ? "1 device" : label(); }  ///< in the table's text
+  };
+  std::vector<layout> ls{{1, 1, "1x1"}, {2, 2, "2x2"}, {4, 1, "4x1"}, {1, 4, "1x4"}};
+  for (auto& l : ls) {
+    l.t = time_layout(base, l.stages, l.tp, g, batch, o.rounds, l.name == "2x2" ? tagged(trace_out, "pp2xtp2") : "");
+    std::fprintf(stderr, "layouts: %s: %.2f ms per round\n", l.label().c_str(), l.t.round_ms);
+  }
+  const double one = ls[0].t.round_ms, two_by_two = ls[1].t.round_ms;
+  char buf[256];
+  auto vs = [&](const layout& l) {
+    std::snprintf(buf, sizeof buf, ": round %.2f ms as %s, %.2f ms as 2 x 2 (stages x devices; >1: 2 x 2 wins)",
+                  l.t.round_ms, l.shown().c_str(), two_by_two);
+    return what + buf;
+  };
+  figs.push_back({"pp2xtp2_speedup" + sfx, one / two_by_two, vs(ls[0])});
+  figs.push_back({"pp2xtp2_vs_pp4" + sfx, ls[2].t.round_ms / two_by_two, vs(ls[2])});
+  figs.push_back({"pp2xtp2_vs_tp4" + sfx, ls[3].t.round_ms / two_by_two, vs(ls[3])});
+  for (const auto& l : ls) {
+    std::snprintf(buf, sizeof buf,
+                  " (stages x devices per stage): median wall ms of %d rounds (submit to the last job done); largest "
+                  "device: arena %s x %d, weights %s; %d collective parts per job",
+                  o.rounds, gib(l.t.arena_bytes).c_str(), l.t.arenas, gib(l.t.weight_bytes).c_str(), l.t.collectives);
+    figs.push_back({"pp_layout_ms_" + l.name + sfx, l.t.round_ms, l.label() + buf});
+  }
+  // Which layout wins and by how much: the winner's round against each other's.
+  std::vector<const layout*> by_time;
+  for (const auto& l : ls) by_time.push_back(&l);
+  std::sort(by_time.begin(), by_time.end(),
+            [](const layout* a, const layout* b) { return a->t.round_ms < b->t.round_ms; });
+  std::string text = by_time[0]->shown() + " wins:";
+  for (std::size_t k = 1; k < by_time.size(); ++k) {
+    std::snprintf(buf, sizeof buf, "%s %.2fx faster than %s", k > 1 ? "," : "",
+                  by_time[k]->t.round_ms / by_time[0]->t.round_ms, by_time[k]->shown().c_str());
+    text += buf;
+  }
+  figs.push_back({"pp_layout_winner" + sfx, by_time[1]->t.round_ms / by_time[0]->t.round_ms,
+                  text + " (value: over the runner-up; layouts are stages x devices per stage)", true});
+}
+
+/// GPUs on this machine (exits with the reason when there is no CUDA backend or device).
+int gpu_count() {
+  auto devs = ag::gpu::make_devices("cuda:all");
+  if (!devs) die("devices cuda:all", devs.err());
+  return static_cast<int>(devs->size());
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -588,9 +802,11 @@ int main(int argc, char** argv) {
   int64_t vocab = 256;
   std::string kind = "sim", trace_out, allreduce_spec;
   int allreduce_iters = 200;
-  bool same_gpu = false, op_profile = false;
+  bool same_gpu = false, op_profile = false, no_overlap = false;
   bool small_layer = false, plan_only = false, run_only = false;
   int degree = 2, decode_layers = 32;
+  bool layouts_only = false, no_layouts = false;
+  layout_sizes sizes;
   ag::apps::flags app("actorgraph-tp-bench", "Tensor-parallel figures: runtime speedups on simulated H200s, planning.");
   app.add_option("--repeats", repeats, "compiles of the 64-device plan (the median counts)")->check(CLI::Range(1, 1000));
   app.add_option("--layers", layers, "layers of the 64-device plan's model")->check(CLI::Range(1, 1000));
@@ -612,7 +828,11 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(0.01, 1000.0));
   app.add_option("--trace", trace_out,
                  "write the Chrome trace of the degree-4 runs (overlap on) to this file, the degree-2 runs to FILE.2; "
-                 "with --devices cuda:all, the N-GPU layer's (and FILE-1gpu, FILE-decode-1gpu, FILE-decode-tpN)");
+                 "with --devices cuda:all, the N-GPU layer's (and FILE-1gpu, FILE-decode-1gpu, FILE-decode-tpN); "
+                 "with the layout comparison, one 2 x 2 round's in FILE-pp2xtp2");
+  app.add_flag("--no-overlap", no_overlap,
+               "cuda:all: plan the layer with plan_options::tp_overlap off (each row-parallel matmul whole, then "
+               "one all-reduce), to compare with the chunked overlap");
   app.add_flag("--same-gpu", same_gpu, "cuda: the degrees' devices are logical devices of GPU 0 (cuda:0,0,...)");
   app.add_flag("--op-profile", op_profile,
                "cuda:all: instead of the figures, each op's GPU time of the layer on 1 GPU and at degree N "
@@ -621,6 +841,22 @@ int main(int argc, char** argv) {
   app.add_option("--allreduce", allreduce_spec,
                  "print allreduce_us_<size>_<path> (oneshot, ring, nccl) for 8 KiB..16 MiB and the crossover on these devices (e.g. cuda:0,0, cuda:0,1, cpu:2)");
   app.add_option("--allreduce-iters", allreduce_iters, "timed all-reduces per size")->check(CLI::Range(1, 1000000));
+  auto* layouts_flag =
+      app.add_flag("--layouts", layouts_only,
+                   "only issue 15's layout comparison (pp2xtp2_*, pp_layout_ms_*): a LLaMA (d 4096) as 1 device, "
+                   "2 stages x 2, 4 x 1 and 1 x 4 on 4 devices of --devices (sim: simulated H200s; cuda, cuda:all: "
+                   "GPUs 0..3, or with --same-gpu 4 logical devices of GPU 0)");
+  app.add_flag("--no-layouts", no_layouts,
+               "cuda:all: leave out the layout comparison (it follows the other figures when there are 4 devices)")
+      ->excludes(layouts_flag);
+  app.add_option("--layout-layers", sizes.layers, "layout comparison: layers of the LLaMA")->check(CLI::Range(1, 1000));
+  app.add_option("--layout-microbatches", sizes.micro_batches,
+                 "layout comparison: micro-batches (jobs of one plan submitted together) per round")
+      ->check(CLI::Range(1, 4096));
+  app.add_option("--layout-seq", sizes.seq, "layout comparison: tokens per micro-batch (batch 1)")
+      ->check(CLI::Range(1, 32768));
+  app.add_option("--layout-rounds", sizes.rounds, "layout comparison: timed rounds per layout (the median counts)")
+      ->check(CLI::Range(1, 1000));
   app.add_flag("--plan-only", plan_only, "only the planning figures");
   app.add_flag("--run-only", run_only, "only the runtime figures");
   if (auto rc = ag::apps::parse_flags(app, argc, argv)) return *rc;
@@ -673,23 +909,56 @@ int main(int argc, char** argv) {
                     "smallest message the runtime sends by ring / NCCL on " + allreduce_spec + " (-1: never)"});
   }
 
+  // The layout comparison's devices: sim, or GPUs 0..3 (--same-gpu: GPU 0
+  // four times); cuda and cuda:all are the same there.
+  layer_run layouts;
+  layouts.kind = kind == "cuda:all" ? "cuda" : kind;
+  layouts.same_gpu = same_gpu;
+  layouts.time_scale = time_scale;
+  if (layouts_only) {
+    if (kind == "cpu") {
+      // A micro-batch of the 24-layer d 4096 model is ~5 TFLOP: ~80 s on a
+      // cpu device of a 2-core machine that runs the small layer at ~70
+      // GFLOP/s, so 1 x 1's 4 rounds alone take an hour and a half; and the
+      // 4 cpu devices share the host's cores, so the layouts would not
+      // compare anyway.
+      std::fprintf(stderr, "actorgraph-tp-bench: --layouts does not run on cpu (16 micro-batches of a 24-layer "
+                           "d 4096 LLaMA, 4 layouts x 4 rounds: hours, on 4 devices that share the host's cores); "
+                           "--devices sim --layouts runs it on 4 simulated H200s, --devices cuda --layouts on 4 "
+                           "GPUs\n");
+      return 2;
+    }
+    if (layouts.kind == "cuda" && !same_gpu) {
+      if (const int gpus = gpu_count(); gpus < 4) {
+        std::fprintf(stderr, "actorgraph-tp-bench: --layouts on cuda needs 4 GPUs, this machine has %d (--same-gpu "
+                             "runs the 4 devices as logical devices of GPU 0)\n", gpus);
+        return 2;
+      }
+    }
+    layout_figures(layouts, sizes, trace_out, figs);
+    print_table(figs);
+    print_values(figs);
+    return 0;
+  }
+
   if (kind == "cuda:all") {
     // Degree: every GPU, or --degree logical devices of GPU 0.
     int n = degree;
     if (!same_gpu) {
-      auto devs = ag::gpu::make_devices("cuda:all");
-      if (!devs) die("devices cuda:all", devs.err());
-      n = static_cast<int>(devs->size());
+      n = gpu_count();
       if (n < 2) {
         std::fprintf(stderr, "actorgraph-tp-bench: --devices cuda:all needs at least 2 GPUs, this machine has %d "
                              "(--same-gpu --degree N runs N logical devices of GPU 0)\n", n);
         return 2;
       }
     }
-    multi_gpu_figures(n, same_gpu, small_layer, vocab, jobs, decode_layers, trace_out, op_profile, figs);
-    std::printf("%-26s %12s  %s\n", "figure", "value", "setup");
-    for (const auto& f : figs) std::printf("%-26s %12.3f  %s\n", f.name.c_str(), f.value, f.setup.c_str());
-    for (const auto& f : figs) std::printf("%s: %.3f\n", f.name.c_str(), f.value);
+    multi_gpu_figures(n, same_gpu, small_layer, vocab, jobs, decode_layers, trace_out, op_profile, !no_overlap, figs);
+    if (!op_profile && !no_layouts) {
+      if (n >= 4) layout_figures(layouts, sizes, trace_out, figs);
+      else std::fprintf(stderr, "layouts: skipped, the layout comparison needs 4 devices, this run has %d\n", n);
+    }
+    print_table(figs);
+    print_values(figs);
     return 0;
   }
   if (!plan_only && kind != "cuda:all") {
@@ -725,9 +994,8 @@ int main(int argc, char** argv) {
     figs.push_back({"tp_overlap_gain_4_" + kind, four_off.median_ms / four.median_ms, what + buf});
   }
   if (run_only) {
-    std::printf("%-26s %12s  %s\n", "figure", "value", "setup");
-    for (const auto& f : figs) std::printf("%-26s %12.3f  %s\n", f.name.c_str(), f.value, f.setup.c_str());
-    for (const auto& f : figs) std::printf("%s: %.3f\n", f.name.c_str(), f.value);
+    print_table(figs);
+    print_values(figs);
     return 0;
   }
 
@@ -780,8 +1048,7 @@ int main(int argc, char** argv) {
   const int64_t whole = (*one)->memory()[0].weight_bytes;
   const double ratio = static_cast<double>(worst) / static_cast<double>(whole);
 
-  std::printf("%-26s %12s  %s\n", "figure", "value", "setup");
-  for (const auto& f : figs) std::printf("%-26s %12.3f  %s\n", f.name.c_str(), f.value, f.setup.c_str());
+  print_table(figs);
   std::printf("%-26s %12.1f  8 x 8 over 64 sim H200, %d layers d 8192, %zu nodes, %zu steps (%zu collective parts), "
               "wall ms:",
               "tp_plan_ms_64", plan_ms, layers, p64->source().size(), p64->steps().size(), coll_parts);
@@ -791,7 +1058,7 @@ int main(int argc, char** argv) {
   std::printf(")\n");
   std::printf("%-26s %12.3f  12-layer d 4096 LLaMA, largest device %s of %s on 1 device\n", "tp_weight_bytes_ratio_4",
               ratio, gib(worst).c_str(), gib(whole).c_str());
-  for (const auto& f : figs) std::printf("%s: %.3f\n", f.name.c_str(), f.value);
+  print_values(figs);
   std::printf("tp_plan_ms_64: %.1f\n", plan_ms);
   std::printf("tp_weight_bytes_ratio_4: %.3f\n", ratio);
   return 0;

@@ -5,18 +5,26 @@
 # On a 1-GPU machine, a rehearsal of the same program on logical devices of
 # GPU 0 (the figures then check the program, not the speedups):
 #   AG_TP_SAME_GPU=2 bash scripts/gpu-tp.sh OUTDIR
-# Environment: AG_TP_SMALL=1 uses the small layer (d 1024, T 256) and a 4-layer
-# decode step, for a quick run; AG_TP_DECODE_LAYERS overrides the decode
-# step's layers (32 by default: the LLaMA 7B shape).
-# AG_TP_SKIP_SIM=1 skips step 5 (the sim figures need no GPU: run them anywhere).
+# Environment: AG_TP_SMALL=1 uses the small layer (d 1024, T 256), a 4-layer
+# decode step and a 4-layer model in step 2c, for a quick run;
+# AG_TP_DECODE_LAYERS overrides the decode step's layers (32 by default: the
+# LLaMA 7B shape).
+# AG_TP_GPUS=N runs on the first N GPUs of a larger machine (with
+# CUDA_VISIBLE_DEVICES naming them, so that cuda:all and PyTorch see N):
+# issue 14's 2-GPU figures on a 4-GPU host.
+# AG_TP_SKIP_SIM=1 skips step 5 (the sim figures need no GPU: run them anywhere);
+# AG_TP_SKIP_ALLREDUCE=1 / AG_TP_SKIP_TORCH=1 skip steps 3 / 4 (a rerun that
+# keeps an earlier run's all-reduce and PyTorch figures).
+# On 4 GPUs, step 1b runs the GPU-death scenarios (CudaFault.AGpuDying*, bounded
+# by AG_TP_FAULT_LIMIT seconds, log in OUTDIR/tp-fault.txt).
 # AG_TP_OP_PROFILE=1 adds step 2b: each op's GPU time in the layer on 1 GPU
 # and at degree N (actorgraph-tp-bench --op-profile), in OUTDIR/tp-opprofile.txt.
 #
 # AG_TP_PREBUILT=1 skips the build (see below: binaries built on the dev
 # machine and carried, which saves the GPU machine minutes of nvcc);
-# AG_TP_TEST_LIMIT / AG_TP_BENCH_LIMIT / AG_TP_ALLREDUCE_LIMIT bound steps
-# 1-3 in seconds (a hang then ends the step, with every thread's stack where
-# the machine has gdb).
+# AG_TP_TEST_LIMIT / AG_TP_BENCH_LIMIT / AG_TP_LAYOUT_LIMIT (300) /
+# AG_TP_ALLREDUCE_LIMIT bound steps 1, 2, 2c and 3 in seconds (a hang then
+# ends the step, with every thread's stack where the machine has gdb).
 #
 # It configures through scripts/gpu-run.sh (configure step only), builds
 # test_cuda and actorgraph-tp-bench, then:
@@ -26,7 +34,15 @@
 #      spans), tpN_layer_device_ms, tpN_layer_speedup_wall, tpN_layer_ms,
 #      tpN_gpu_busy_fraction, tpN_sim_error, tpN_decode_step_speedup, and the
 #      Chrome traces (OUTDIR/tp-layer-trace.json: the N-GPU layer;
-#      tp-layer-trace-1gpu.json, tp-layer-trace-decode-*.json);
+#      tp-layer-trace-1gpu.json, tp-layer-trace-decode-*.json), with
+#      --no-layouts (step 2c runs them bounded on their own);
+#   2c. with N >= 4 (GPUs, or AG_TP_SAME_GPU=4): actorgraph-tp-bench --layouts,
+#      issue 15's layout comparison on GPUs 0..3: a 24-layer LLaMA (d 4096,
+#      ~10 GB bf16) with 16 micro-batches of B 1 x T 512 as 1 GPU, 2 stages x
+#      2, 4 x 1 and 1 x 4: pp2xtp2_speedup, pp2xtp2_vs_pp4, pp2xtp2_vs_tp4,
+#      pp_layout_ms_{1x1,2x2,4x1,1x4}, the winning layout in the table
+#      (OUTDIR/tp-layouts.txt), and one 2 x 2 round's Chrome trace in
+#      OUTDIR/tp-layer-trace-pp2xtp2.json;
 #   3. actorgraph-tp-bench --allreduce over the N GPUs: allreduce_us_<size>_<path>
 #      (the devices' time per call) and allreduce_host_us_<size>_<path> (wall
 #      per call, the host enqueueing) for the own one-shot path and NCCL, and
@@ -111,7 +127,11 @@ if [ -n "$same_gpu" ]; then
   where="$n logical devices of GPU 0 (rehearsal: not a speedup)"
   bench_devices=(--devices cuda:all --same-gpu --degree "$n")
 else
-  n="$gpus"
+  n="${AG_TP_GPUS:-$gpus}"
+  if [ "$n" -gt "$gpus" ]; then
+    echo "AG_TP_GPUS=$n but this machine has $gpus GPU(s)"
+    exit 1
+  fi
   if [ "$n" -lt 2 ]; then
     echo "this machine has $n GPU(s); issues 14/15 need 2 or 4 (AG_TP_SAME_GPU=2 rehearses on one GPU)"
     exit 1
@@ -122,10 +142,12 @@ else
 fi
 echo "== $where ($(nvidia-smi --query-gpu=name --format=csv,noheader | head -1), $gpus GPU(s) on the machine)"
 layer_flags=()
+layout_flags=()
 torch_flags=(--d 8192 --heads 64 --seq 2048 --batch 2 --variant llama)
 decode_layers="${AG_TP_DECODE_LAYERS:-32}"
 if [ -n "$small" ]; then
   layer_flags=(--small)
+  layout_flags=(--layout-layers 4)
   torch_flags=(--d 1024 --heads 8 --seq 256 --batch 2 --variant llama)
   decode_layers="${AG_TP_DECODE_LAYERS:-4}"
 fi
@@ -142,9 +164,21 @@ echo "tp_tests_passed: $passed"
 echo "tp_tests_failed: $failed"
 echo "tp_tests_skipped: $skipped"
 
+# A GPU dying inside its collectives (issue 15): each scenario runs in a
+# process of its own (a death test: the dead GPU's context stays unusable for
+# the rest of its process), bounded on its own so that a hang shows as one.
+if [ "$n" -ge 4 ] && [ -z "$same_gpu" ]; then
+  echo "== 1b. a GPU dying inside its collectives (CudaFault.AGpuDying*)"
+  bounded "${AG_TP_FAULT_LIMIT:-240}" "$out/tp-fault.txt" "$build/tests/cuda/test_cuda" \
+    --gtest_filter='CudaFault.AGpuDying*' --gtest_brief=0 || status=1
+  grep -E "^\[ +(OK|FAILED|SKIPPED) +\] [A-Za-z]|peer death|peer-death" "$out/tp-fault.txt" | head -12
+  echo "tp_fault_tests_passed: $(grep -c '^\[       OK \]' "$out/tp-fault.txt")"
+  echo "tp_fault_tests_failed: $(grep -c '^\[  FAILED  \] .*\.' "$out/tp-fault.txt")"
+fi
+
 echo "== 2. actorgraph-tp-bench ${bench_devices[*]} ${layer_flags[*]}"
 bounded "${AG_TP_BENCH_LIMIT:-900}" "$out/tp-bench.txt" "$build/apps/actorgraph-tp-bench" "${bench_devices[@]}" \
-  "${layer_flags[@]}" --decode-layers "$decode_layers" --trace "$out/tp-layer-trace.json" || status=1
+  "${layer_flags[@]}" --decode-layers "$decode_layers" --trace "$out/tp-layer-trace.json" --no-layouts || status=1
 grep -vE '^[a-z0-9_]+: ' "$out/tp-bench.txt" | tail -12
 
 if [ -n "${AG_TP_OP_PROFILE:-}" ]; then
@@ -154,13 +188,30 @@ if [ -n "${AG_TP_OP_PROFILE:-}" ]; then
   grep -E "^op_profile [a-z0-9]+: " "$out/tp-opprofile.txt"
 fi
 
-echo "== 3. all-reduce over cuda:$members"
-bounded "${AG_TP_ALLREDUCE_LIMIT:-600}" "$out/tp-allreduce.txt" "$build/apps/actorgraph-tp-bench" \
-  --allreduce "cuda:$members" --plan-only --repeats 1 --layers 1 || status=1
-grep -E '^allreduce_' "$out/tp-allreduce.txt" | grep -vE '^allreduce_[a-z0-9_]+: ' || tail -5 "$out/tp-allreduce.txt"
+# 4 layouts x 4 rounds of 16 jobs of a ~10 GB model, and 5 uploads of it
+# (one per layout, one more for the traced 2 x 2 round): bounded on its own.
+if [ "$n" -ge 4 ]; then
+  echo "== 2c. layouts: 1 GPU, 2 stages x 2, 4 x 1, 1 x 4 ${layout_flags[*]}"
+  bounded "${AG_TP_LAYOUT_LIMIT:-300}" "$out/tp-layouts.txt" "$build/apps/actorgraph-tp-bench" "${bench_devices[@]}" \
+    "${layout_flags[@]}" --layouts --trace "$out/tp-layer-trace.json" || status=1
+  grep -E '^(layouts: |pp_layout_winner)' "$out/tp-layouts.txt" || tail -5 "$out/tp-layouts.txt"
+else
+  echo "== 2c. layouts: skipped, they need 4 devices ($n here)"
+fi
+
+if [ -z "${AG_TP_SKIP_ALLREDUCE:-}" ]; then
+  echo "== 3. all-reduce over cuda:$members"
+  bounded "${AG_TP_ALLREDUCE_LIMIT:-600}" "$out/tp-allreduce.txt" "$build/apps/actorgraph-tp-bench" \
+    --allreduce "cuda:$members" --plan-only --repeats 1 --layers 1 || status=1
+  grep -E '^allreduce_' "$out/tp-allreduce.txt" | grep -vE '^allreduce_[a-z0-9_]+: ' || tail -5 "$out/tp-allreduce.txt"
+else
+  echo "== 3. all-reduce: skipped (AG_TP_SKIP_ALLREDUCE)"
+fi
 
 echo "== 4. PyTorch tensor-parallel layer (world 1,$n)"
-if [ -n "$same_gpu" ]; then
+if [ -n "${AG_TP_SKIP_TORCH:-}" ]; then
+  echo "skipped (AG_TP_SKIP_TORCH)" | tee "$out/tp-torch.txt"
+elif [ -n "$same_gpu" ]; then
   echo "skipped: PyTorch's NCCL layer needs $n distinct GPUs (this is the one-GPU rehearsal)" | tee "$out/tp-torch.txt"
 else
   timeout 900 python3 scripts/torch_tp_layer.py --world-list "1,$n" --allreduce "${torch_flags[@]}" >"$out/tp-torch.txt" 2>&1 || status=1
@@ -178,8 +229,8 @@ echo "== figures"
 ours="$(grep -E "^tp${n}_layer_device_ms: " "$out/tp-bench.txt" | awk '{print $2}')"
 ours_wall="$(grep -E "^tp${n}_layer_ms: " "$out/tp-bench.txt" | awk '{print $2}')"
 torch="$(grep -E "^torch_tp_layer_ms_${n}: " "$out/tp-torch.txt" 2>/dev/null | awk '{print $2}')"
-grep -hE '^(tp[0-9]+_[a-z_]+|sim_error_1gpu|layer_[a-z0-9_]+|decode_[a-z0-9_]+|allreduce_[a-z0-9_]+|torch_tp_layer_ms_[0-9]+|torch_nccl_[a-z0-9_]+|tp_speedup_[24]_sim): ' \
-  "$out/tp-bench.txt" "$out/tp-allreduce.txt" "$out/tp-torch.txt" "$out/tp-sim.txt" 2>/dev/null
+grep -hE '^(tp[0-9]+_[a-z_]+|sim_error_1gpu|layer_[a-z0-9_]+|decode_[a-z0-9_]+|allreduce_[a-z0-9_]+|torch_tp_layer_ms_[0-9]+|torch_nccl_[a-z0-9_]+|tp_speedup_[24]_sim|pp2xtp2_[a-z0-9_]+|pp_layout_[a-z0-9_]+): ' \
+  "$out/tp-bench.txt" "$out/tp-layouts.txt" "$out/tp-allreduce.txt" "$out/tp-torch.txt" "$out/tp-sim.txt" 2>/dev/null
 # tpN_vs_torch: device span against PyTorch's CUDA-event time of its layer
 # (the same measure); tpN_vs_torch_wall: our job's wall time (submit to
 # future) against the same PyTorch figure.
