@@ -205,6 +205,17 @@ TEST_P(CudaTensorParallelFour, TransformersAtDegreeFourEqualTheReference) {
     run_transformer(**rt, tiny(v, 2), tp(4), l, 6, std::string(models::to_string(v)) + " 1 x 4 on " + spec_of(l, 4));
 }
 
+// Two stages of two members each on four GPUs (issue 15): stage 0 on GPUs
+// 0 and 1, stage 1 on GPUs 2 and 3, activations crossing by peer copies.
+TEST_P(CudaTensorParallelFour, PipelineByTensorTwoByTwoEqualsTheReference) {
+  const tp_layout& l = GetParam();
+  AG_REQUIRE_LAYOUT(l);
+  auto rt = runtime::create(spec_of(l, 4), options_of(l));
+  ASSERT_TRUE(rt.has_value()) << rt.err().to_string();
+  for (auto v : {models::model_variant::gpt2, models::model_variant::llama})
+    run_transformer(**rt, tiny(v, 4), tp(2, 2), l, 6, std::string(models::to_string(v)) + " 2 x 2 on " + spec_of(l, 4));
+}
+
 INSTANTIATE_TEST_SUITE_P(Layouts, CudaTensorParallelFour,
                          ::testing::Values(logical, tp_layout{"oneshot4", 4, false}, tp_layout{"nccl4", 4, true}),
                          [](const ::testing::TestParamInfo<tp_layout>& i) { return std::string(i.param.name); });
