@@ -147,7 +147,9 @@ struct plan_options {
   std::vector<double> shard_ratios{};
   /// Split row-parallel matmuls in chunks so that each chunk's all-reduce
   /// runs on the communication queue while the next chunk computes, where
-  /// the cost model says it pays. Off: one matmul, then one all-reduce.
+  /// the cost model says it pays and every member's collectives run beside
+  /// compute (device_spec::collectives_overlap_compute: not on CUDA GPUs,
+  /// where NCCL waits for a GEMM's SMs). Off: one matmul, then one all-reduce.
   bool tp_overlap = true;
   /// Compute streams (lanes) per device the planner may use.
   ///  - 0 (auto, the default): up to each device's max_lanes, and only where
