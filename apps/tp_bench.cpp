@@ -333,7 +333,7 @@ allreduce_times allreduce_us(const std::string& spec, int64_t bytes, int iters, 
   // crossover (1 byte: always NCCL; never: always one-shot), on cpu the
   // launch's algorithm (ring or one-shot).
   ag::gpu::backend_options bo;
-  bo.cuda_nccl_min_bytes = path == "nccl" ? 1 : std::numeric_limits<int64_t>::max();
+  bo.cuda_nccl_min_bytes = bo.cuda_nccl_min_bytes_wide = path == "nccl" ? 1 : std::numeric_limits<int64_t>::max();
   auto devs = ag::gpu::make_devices(spec, bo);
   if (!devs) die("devices " + spec, devs.err());
   const int n = static_cast<int>(devs->size());
@@ -899,11 +899,17 @@ int main(int argc, char** argv) {
     }
     // What the runtime picks by default: the planner's ring / one-shot
     // threshold (on CUDA, the NCCL crossover; -1: never, e.g. members on one GPU).
+    // The planner's own rule (it depends on the group's size), searched:
+    // one-shot below the crossover, ring from it on.
     int64_t crossover = -1;
     if (ag::choose_collective_algo(specs, int64_t{1} << 40) == ag::collective_algo::ring) {
-      int64_t limit = std::numeric_limits<int64_t>::max();
-      for (const auto* sp : specs) limit = std::min(limit, sp->oneshot_max_bytes);
-      crossover = limit + 1;
+      int64_t lo = 1, hi = int64_t{1} << 40;  // hi is ring
+      while (lo < hi) {
+        const int64_t mid = lo + (hi - lo) / 2;
+        if (ag::choose_collective_algo(specs, mid) == ag::collective_algo::ring) hi = mid;
+        else lo = mid + 1;
+      }
+      crossover = lo;
     }
     figs.push_back({"allreduce_crossover_bytes", static_cast<double>(crossover),
                     "smallest message the runtime sends by ring / NCCL on " + allreduce_spec + " (-1: never)"});

@@ -31,6 +31,13 @@ collective_path_choice choose_cuda_collective_path(op_kind op, int64_t bytes, co
           "nccl: " + std::to_string(bytes) + " bytes >= crossover " + std::to_string(nccl_min_bytes)};
 }
 
+int64_t nccl_crossover_for(const std::vector<int>& member_gpus, int64_t narrow, int64_t wide) {
+  std::vector<int> sorted = member_gpus;
+  std::sort(sorted.begin(), sorted.end());
+  const auto distinct = std::unique(sorted.begin(), sorted.end()) - sorted.begin();
+  return distinct >= 3 ? wide : narrow;
+}
+
 bool nccl_built() noexcept {
 #ifdef ACTORGRAPH_HAVE_NCCL
   return true;

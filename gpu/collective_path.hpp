@@ -45,6 +45,11 @@ collective_path_choice choose_cuda_collective_path(op_kind op, int64_t bytes, co
                                                    const std::vector<int64_t>& operand_elements,
                                                    int64_t nccl_min_bytes, bool nccl_built);
 
+/// The crossover of a group: `wide` (backend_options::
+/// cuda_nccl_min_bytes_wide) for three or more distinct GPUs, else `narrow`
+/// (cuda_nccl_min_bytes). Like the rule above, alike on every member.
+int64_t nccl_crossover_for(const std::vector<int>& member_gpus, int64_t narrow, int64_t wide);
+
 /// True when this build links NCCL (CMake found it: ACTORGRAPH_HAVE_NCCL).
 bool nccl_built() noexcept;
 

@@ -186,6 +186,13 @@ struct backend_options {
   /// spec.oneshot_max_bytes becomes this - 1, so the plan's algorithm
   /// (describe, trace) names the path that runs. Must be >= 1.
   int64_t cuda_nccl_min_bytes = int64_t{256} << 10;
+  /// cuda: the crossover for groups of three or more distinct GPUs, where
+  /// each member's one-shot part reads n - 1 peers (cuda_nccl_min_bytes is
+  /// then for groups of two). On 4 H200s NCCL was faster at every size
+  /// measured (8 KiB: 9.9 against 13.2 us of the devices' time per call;
+  /// docs/BENCHMARKS.md, session 10), so by default NCCL takes them all.
+  /// It becomes the CUDA devices' spec.oneshot_max_bytes_wide (+ 1). >= 1.
+  int64_t cuda_nccl_min_bytes_wide = 1;
 };
 
 /// One device. Obtained from make_devices(); shared_ptr because the device

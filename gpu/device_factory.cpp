@@ -141,6 +141,9 @@ error validate(const backend_options& o) {
   if (o.cuda_nccl_min_bytes < 1)
     return error(errc::invalid_argument, "backend option cuda_nccl_min_bytes = " +
                                              std::to_string(o.cuda_nccl_min_bytes) + ": must be >= 1");
+  if (o.cuda_nccl_min_bytes_wide < 1)
+    return error(errc::invalid_argument, "backend option cuda_nccl_min_bytes_wide = " +
+                                             std::to_string(o.cuda_nccl_min_bytes_wide) + ": must be >= 1");
   return {};
 }
 

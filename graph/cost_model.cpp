@@ -166,8 +166,6 @@ const char* to_string(collective_algo a) noexcept {
 }
 
 collective_algo choose_collective_algo(const std::vector<const device_spec*>& members, int64_t bytes) {
-  int64_t limit = std::numeric_limits<int64_t>::max();
-  for (const device_spec* d : members) limit = std::min(limit, d->oneshot_max_bytes);
   // Two logical devices of one GPU ("cuda:0,0"): NCCL refuses a GPU twice,
   // so the backend runs them one-shot at any size (gpu/collective_path.hpp).
   for (std::size_t i = 0; i < members.size(); ++i)
@@ -175,6 +173,11 @@ collective_algo choose_collective_algo(const std::vector<const device_spec*>& me
       if (members[i]->kind == device_kind::cuda && members[j]->kind == device_kind::cuda &&
           members[i]->ordinal == members[j]->ordinal)
         return collective_algo::one_shot;
+  // Distinct devices from here on: three or more take the wide limit.
+  const bool wide = members.size() >= 3;
+  int64_t limit = std::numeric_limits<int64_t>::max();
+  for (const device_spec* d : members)
+    limit = std::min(limit, wide && d->oneshot_max_bytes_wide >= 0 ? d->oneshot_max_bytes_wide : d->oneshot_max_bytes);
   return bytes <= limit ? collective_algo::one_shot : collective_algo::ring;
 }
 

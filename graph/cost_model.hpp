@@ -52,6 +52,10 @@ struct device_spec {
   /// ones a ring. The crossover is a property of the machine (about 0.5 MiB
   /// on H100 NVLink, ../shared/TP-NOTES.md) and is measured there.
   int64_t oneshot_max_bytes = int64_t{512} << 10;
+  /// The same limit for groups of three or more distinct devices (each
+  /// member's one-shot reads n - 1 peers); -1: oneshot_max_bytes. CUDA
+  /// devices set it from backend_options::cuda_nccl_min_bytes_wide.
+  int64_t oneshot_max_bytes_wide = -1;
   /// Whether a collective runs at its own speed beside a compute kernel of
   /// its device, so that a row-parallel matmul split in chunks hides each
   /// chunk's all-reduce behind the next chunk (plan_options::tp_overlap).

@@ -84,7 +84,8 @@ class cuda_device final : public device {
         index_(index),
         tf32_(opts.cuda_tf32),
         sm_count_(sm_count),
-        nccl_min_bytes_(opts.cuda_nccl_min_bytes) {}
+        nccl_min_bytes_(opts.cuda_nccl_min_bytes),
+        nccl_min_bytes_wide_(opts.cuda_nccl_min_bytes_wide) {}
 
   ~cuda_device() override {
     device_guard g(core_->ordinal);
@@ -395,7 +396,8 @@ class cuda_device final : public device {
   }
 
   collective_path_choice path_of(const collective_launch& l, const member_list& m) const {
-    return choose_cuda_collective_path(l.op->op, l.bytes, m.gpus, m.elements, nccl_min_bytes_, nccl_built());
+    return choose_cuda_collective_path(l.op->op, l.bytes, m.gpus, m.elements,
+                                       nccl_crossover_for(m.gpus, nccl_min_bytes_, nccl_min_bytes_wide_), nccl_built());
   }
 
   /// NCCL's kernels pair the ranks themselves; the own one-shot reads the
@@ -731,6 +733,7 @@ class cuda_device final : public device {
   bool tf32_;
   int sm_count_;
   int64_t nccl_min_bytes_;
+  int64_t nccl_min_bytes_wide_;
   std::vector<std::shared_ptr<nccl_group>> groups_;  // communicators of loaded plans' groups (under mem_mu_)
   std::atomic<notify_mode> mode_{notify_mode::poller};
   mutable std::mutex mem_mu_;

@@ -230,6 +230,9 @@ TEST(BadOptions, RuntimeOptionsAreRefusedNamingOptionAndValue) {
   o.scheduler_spin_polls = -2;
   refused(o, "scheduler_spin_polls", "-2");
   o = {};
+  o.backend.cuda_nccl_min_bytes_wide = 0;
+  refused(o, "cuda_nccl_min_bytes_wide", "0");
+  o = {};
   o.upload_chunk_bytes = 0;
   refused(o, "upload_chunk_bytes", "0");
   o = {};

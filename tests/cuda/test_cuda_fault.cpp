@@ -160,7 +160,7 @@ std::string peer_death_scenario(bool nccl) {
   runtime_options o;
   o.trace = false;
   o.arenas_per_device = 8;
-  o.backend.cuda_nccl_min_bytes = nccl ? 1 : std::numeric_limits<int64_t>::max();
+  o.backend.cuda_nccl_min_bytes = o.backend.cuda_nccl_min_bytes_wide = nccl ? 1 : std::numeric_limits<int64_t>::max();
   auto made = runtime::create("cuda:0,1,2,3,cpu:1", o);
   if (!made) return "runtime::create(cuda:0,1,2,3,cpu:1): " + made.err().to_string();
   auto& rt = **made;

@@ -55,7 +55,7 @@ std::string spec_of(const tp_layout& l, int members) {
 runtime_options options_of(const tp_layout& l) {
   runtime_options o;
   o.arenas_per_device = 4;
-  o.backend.cuda_nccl_min_bytes = l.nccl ? 1 : std::numeric_limits<int64_t>::max();
+  o.backend.cuda_nccl_min_bytes = o.backend.cuda_nccl_min_bytes_wide = l.nccl ? 1 : std::numeric_limits<int64_t>::max();
   return o;
 }
 

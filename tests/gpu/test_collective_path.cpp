@@ -71,6 +71,32 @@ TEST(CollectivePath, EveryMemberOfAGroupPicksTheSamePath) {
     }
 }
 
+// Groups of three or more distinct GPUs take the wide crossover (on 4 H200s
+// NCCL won at every size), groups of two the narrow one; logical devices of
+// one GPU count once.
+TEST(CollectivePath, GroupsOfThreeOrMoreGpusTakeTheWideCrossover) {
+  EXPECT_EQ(gpu::nccl_crossover_for({0, 1}, 256 * kib, 1), 256 * kib);
+  EXPECT_EQ(gpu::nccl_crossover_for({0, 1, 2}, 256 * kib, 1), 1);
+  EXPECT_EQ(gpu::nccl_crossover_for({3, 1, 2, 0}, 256 * kib, 1), 1);
+  EXPECT_EQ(gpu::nccl_crossover_for({0, 0, 1}, 256 * kib, 1), 256 * kib);
+  // The planner agrees: 8 KiB is one-shot on 2 GPUs, ring (NCCL) on 4.
+  std::vector<device_spec> specs(4);
+  std::vector<const device_spec*> two, four;
+  for (int k = 0; k < 4; ++k) {
+    specs[static_cast<std::size_t>(k)].kind = device_kind::cuda;
+    specs[static_cast<std::size_t>(k)].ordinal = k;
+    specs[static_cast<std::size_t>(k)].oneshot_max_bytes = 256 * kib - 1;
+    specs[static_cast<std::size_t>(k)].oneshot_max_bytes_wide = 0;
+    four.push_back(&specs[static_cast<std::size_t>(k)]);
+    if (k < 2) two.push_back(&specs[static_cast<std::size_t>(k)]);
+  }
+  EXPECT_EQ(choose_collective_algo(two, 8 * kib), collective_algo::one_shot);
+  EXPECT_EQ(choose_collective_algo(four, 8 * kib), collective_algo::ring);
+  // Without a wide limit (-1: sim, cpu) a group of four keeps the narrow one.
+  for (auto& sp : specs) sp.oneshot_max_bytes_wide = -1;
+  EXPECT_EQ(choose_collective_algo(four, 8 * kib), collective_algo::one_shot);
+}
+
 // The planner says one-shot for members on one GPU at any size (describe and
 // the trace then name the path the backend runs), ring on distinct GPUs
 // above the devices' one-shot limit.
