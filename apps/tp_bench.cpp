@@ -897,10 +897,9 @@ int main(int argc, char** argv) {
         }
       }
     }
-    // What the runtime picks by default: the planner's ring / one-shot
-    // threshold (on CUDA, the NCCL crossover; -1: never, e.g. members on one GPU).
-    // The planner's own rule (it depends on the group's size), searched:
-    // one-shot below the crossover, ring from it on.
+    // What the runtime picks by default: the smallest message the planner's
+    // rule (it depends on the group's size) sends by ring, i.e. NCCL on CUDA,
+    // found by bisection; -1: never (e.g. members on one GPU).
     int64_t crossover = -1;
     if (ag::choose_collective_algo(specs, int64_t{1} << 40) == ag::collective_algo::ring) {
       int64_t lo = 1, hi = int64_t{1} << 40;  // hi is ring

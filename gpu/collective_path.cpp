@@ -32,9 +32,13 @@ collective_path_choice choose_cuda_collective_path(op_kind op, int64_t bytes, co
 }
 
 int64_t nccl_crossover_for(const std::vector<int>& member_gpus, int64_t narrow, int64_t wide) {
-  std::vector<int> sorted = member_gpus;
-  std::sort(sorted.begin(), sorted.end());
-  const auto distinct = std::unique(sorted.begin(), sorted.end()) - sorted.begin();
+  // Distinct GPUs counted in place (a group has a handful of members): no
+  // copy to sort on every collective's enqueue.
+  int distinct = 0;
+  for (std::size_t i = 0; i < member_gpus.size() && distinct < 3; ++i)
+    if (std::find(member_gpus.begin(), member_gpus.begin() + static_cast<std::ptrdiff_t>(i), member_gpus[i]) ==
+        member_gpus.begin() + static_cast<std::ptrdiff_t>(i))
+      ++distinct;
   return distinct >= 3 ? wide : narrow;
 }
 

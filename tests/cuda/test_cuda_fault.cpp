@@ -130,9 +130,9 @@ std::string sticky_error_scenario() {
 graph mlp_stack(int blocks, int64_t rows, int64_t d, int64_t ff) {
   graph_builder b;
   auto x = b.input("x", dtype::f32, {rows, d});
+  const float up_std = 1.0f / std::sqrt(static_cast<float>(d)), down_std = 0.5f / std::sqrt(static_cast<float>(ff));
   for (int k = 0; k < blocks; ++k) {
     const std::string l = "b" + std::to_string(k);
-    const float up_std = 1.0f / std::sqrt(static_cast<float>(d)), down_std = 0.5f / std::sqrt(static_cast<float>(ff));
     auto up = b.matmul(x, b.weight(l + ".up", host_tensor::random_normal(dtype::f32, {d, ff}, 100 + 2 * k, up_std)),
                        false, false, l + ".up_proj");
     auto act = b.gelu(up, gelu_mode::tanh, l + ".act");
@@ -170,11 +170,12 @@ std::string peer_death_scenario(bool nccl) {
   auto tp = rt.compile(mlp_stack(6, 256, 1024, 4096), pair);
   if (!tp) return "compile the degree-2 plan: " + tp.err().to_string();
   constexpr int cpu_device = 4;
-  std::vector<std::shared_ptr<const plan>> alone;  // one plan pinned to each other device
+  // One plan pinned to each other device, with that device.
+  std::vector<std::pair<int, std::shared_ptr<const plan>>> alone;
   for (int d : {0, 2, 3, cpu_device}) {
     auto p = rt.compile(matmul_gelu_on(d));
     if (!p) return "compile the plan pinned to device " + std::to_string(d) + ": " + p.err().to_string();
-    alone.push_back(*p);
+    alone.emplace_back(d, *p);
   }
   const std::vector<host_tensor> in{host_tensor::random_normal(dtype::f32, {256, 1024}, 7)};
   const std::vector<host_tensor> small{host_tensor::random_normal(dtype::f32, {16, 32}, 5)};
@@ -187,9 +188,8 @@ std::string peer_death_scenario(bool nccl) {
     auto j = rt.submit(*tp, in);
     if (auto why = check_done(j, want_tp, "degree-2 job before the fault (" + path + ")"); !why.empty()) return why;
   }
-  for (const auto& p : alone) {
+  for (const auto& [d, p] : alone) {
     auto j = rt.submit(p, small);
-    const int d = p->source().at(p->source().outputs().front()).pinned_device;
     if (auto why = check_done(j, evaluate_reference(p->source(), small).value(), name_of(d) + " job before the fault");
         !why.empty())
       return why;
@@ -247,8 +247,7 @@ std::string peer_death_scenario(bool nccl) {
          (after.wait() ? std::string("done") : after.wait().err().to_string()));
   // A GPU the error reached but that had no work learns of it on its next
   // CUDA call: its first job then fails naming it, and it leaves service.
-  for (const auto& p : alone) {
-    const int d = p->source().at(p->source().outputs().front()).pinned_device;
+  for (const auto& [d, p] : alone) {
     const std::string what = name_of(d) + " job after GPU 1 died";
     const auto want = evaluate_reference(p->source(), small).value();
     auto j = rt.submit(p, small);
