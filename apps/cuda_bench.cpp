@@ -1,6 +1,6 @@
 // actorgraph-cuda-bench: kernel and completion benchmarks of the CUDA backend.
 // Prints a table and `name: value` lines (docs/BENCHMARKS.md records them).
-//   actorgraph-cuda-bench [--quick]   (--help)
+//   actorgraph-cuda-bench [--quick] [--decode-kernels]   (--help)
 // Uses only the device interface (gpu/device.hpp) plus the CUDA backend's
 // entry points: apps include no CUDA header.
 #include <algorithm>
@@ -65,14 +65,22 @@ struct bound_graph {
     a.stride = n.stride;
     return a;
   }
-  /// Enqueues every compute node once.
-  void enqueue(gpu::stream& s) const {
+  /// One launch record per compute node, in id order.
+  std::vector<gpu::op_launch> launches() const {
+    std::vector<gpu::op_launch> out;
     for (const node& n : g.nodes()) {
       if (is_leaf_op(n.op) || is_view_op(n.op)) continue;
       gpu::op_launch l;
       l.op = &n;
       l.out = arg(n);
       for (node_id in : n.inputs) l.inputs.push_back(arg(g.at(in)));
+      out.push_back(std::move(l));
+    }
+    return out;
+  }
+  /// Enqueues every compute node once.
+  void enqueue(gpu::stream& s) const {
+    for (const gpu::op_launch& l : launches()) {
       if (error e = d.launch(s, l)) {
         std::fprintf(stderr, "%s\n", e.to_string().c_str());
         std::exit(1);
@@ -80,6 +88,120 @@ struct bound_graph {
     }
   }
 };
+
+template <class T>
+T or_exit(expected<T> v) {
+  if (!v) {
+    std::fprintf(stderr, "%s\n", v.err().to_string().c_str());
+    std::exit(1);
+  }
+  return std::move(*v);
+}
+void or_exit(const error& e) {
+  if (e) {
+    std::fprintf(stderr, "%s\n", e.to_string().c_str());
+    std::exit(1);
+  }
+}
+
+/// Microseconds per kernel of `ops` captured into one CUDA graph and replayed
+/// (as a decode step's segments run: back to back, no host launch between
+/// them); median over `iters` replays, over the number of launch records.
+double us_per_replayed_launch(gpu::device& d, const std::vector<gpu::op_launch>& ops, int iters) {
+  auto s = or_exit(d.create_stream(ag::step_kind::compute));
+  for (const gpu::op_launch& l : ops) or_exit(d.launch(*s, l));  // a plain run first (cuBLAS workspace)
+  or_exit(d.synchronize(*s));
+  auto rg = or_exit(d.capture(*s, ops.data(), ops.size()));
+  std::vector<double> t;
+  for (int i = 0; i < iters + 2; ++i) {
+    auto e0 = or_exit(d.create_event(true)), e1 = or_exit(d.create_event(true));
+    or_exit(d.record(*e0, *s));
+    or_exit(d.replay(*s, *rg));
+    or_exit(d.record(*e1, *s));
+    or_exit(d.synchronize(*s));
+    if (i >= 2) t.push_back((e1->completion_ns() - e0->completion_ns()) * 1e-3);
+  }
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2] / static_cast<double>(ops.size());
+}
+
+/// A decode step's kernels one by one (LLaMA-1B shape, bf16, batch 1, 576
+/// cached keys), each as `copies` launches replayed in one graph, with
+/// distinct weights where the step has them, so that they stream from memory
+/// and not from L2 as they would in a step. `plain`: a device with
+/// backend_options' defaults; `no_gemv`: the same GPU with cuda_gemv off.
+void bench_decode_kernels(const gpu::device_ptr& plain, const gpu::device_ptr& no_gemv, int iters) {
+  const dtype t = dtype::bf16;
+  struct proj {
+    const char* name;
+    int64_t n, k;
+  };
+  for (const proj& pr : {proj{"q_o", 2048, 2048}, proj{"k_v", 512, 2048}, proj{"gate_up", 8192, 2048},
+                         proj{"down", 2048, 8192}, proj{"head", 32000, 2048}}) {
+    const double bytes = 2.0 * pr.n * pr.k;
+    const int copies = static_cast<int>(std::clamp(512e6 / bytes, 4.0, 64.0));
+    graph_builder b;
+    auto x = b.input("x", t, {1, pr.k});
+    for (int i = 0; i < copies; ++i) b.output(b.matmul(x, b.input("w" + std::to_string(i), t, {pr.n, pr.k}), false, true));
+    auto g = or_exit(std::move(b).build());
+    for (const auto& [dev, label] : {std::pair{plain, "gemv"}, std::pair{no_gemv, "cublas"}}) {
+      bound_graph bg(*dev, g);
+      const double us = us_per_replayed_launch(*dev, bg.launches(), iters);
+      report(std::string("decode_") + pr.name + "_" + label + "_us", us, "us");
+      report(std::string("decode_") + pr.name + "_" + label + "_gbps", bytes / (us * 1e-6) / 1e9, "GB/s");
+    }
+  }
+  // Attention of one layer: 8 kv heads x 4 query rows, 576 keys of 64, a mask.
+  const int copies = 16;
+  graph_builder b;
+  for (int i = 0; i < copies; ++i) {
+    const std::string n = std::to_string(i);
+    auto q = b.input("q" + n, t, {1, 8, 4, 64});
+    auto k = b.input("k" + n, t, {1, 8, 576, 64});
+    auto v = b.input("v" + n, t, {1, 8, 576, 64});
+    auto mask = b.input("mask" + n, t, {1, 576});
+    auto scores = b.reshape(b.matmul(q, k, false, true), {1, 32, 1, 576});
+    auto probs = b.reshape(b.softmax(b.add(scores, mask), false, 0.125f), {1, 8, 4, 576});
+    b.output(b.matmul(probs, v));
+  }
+  auto g = or_exit(std::move(b).build());
+  bound_graph bg(*plain, g);
+  const std::vector<gpu::op_launch> four = bg.launches();  // qk, add, softmax, pv per copy
+  report("decode_attention_4_kernels_us", us_per_replayed_launch(*plain, four, iters) * 4, "us");
+  std::vector<gpu::op_launch> fused;
+  for (std::size_t i = 0; i + 3 < four.size(); i += 4) {
+    gpu::op_launch l = four[i + 3];  // the pv matmul: its output
+    l.fused = gpu::op_launch::fusion::attention;
+    l.inputs = {four[i].inputs[0], four[i].inputs[1], four[i + 3].inputs[1], four[i + 1].inputs[1]};
+    l.attention.scale = 0.125f;
+    l.attention.masked = true;
+    l.attention.softmax_rows = 1;
+    fused.push_back(std::move(l));
+  }
+  report("decode_attention_fused_us", us_per_replayed_launch(*plain, fused, iters), "us");
+  // The small row ops of a step.
+  struct small {
+    const char* name;
+    shape dims;
+  };
+  for (const small& sm : {small{"rms_norm", {1, 2048}}, small{"rope", {1, 1, 32, 64}}, small{"add", {1, 2048}},
+                          small{"silu", {1, 8192}}}) {
+    graph_builder sb;
+    auto x = sb.input("x", t, sm.dims);
+    auto w = sb.input("w", t, {sm.dims[-1]});
+    auto pos = sb.input("pos", dtype::i32, {1});
+    for (int i = 0; i < copies; ++i) {
+      const std::string op = sm.name;
+      sb.output(op == "rms_norm" ? sb.rms_norm(x, w, 1e-5f)
+                : op == "rope"   ? sb.rope(x, pos, 10000.0f, rope_mode::neox)
+                : op == "add"    ? sb.add(x, x)
+                                 : sb.silu(x));
+    }
+    auto sg = or_exit(std::move(sb).build());
+    bound_graph sbg(*plain, sg);
+    report(std::string("decode_") + sm.name + "_us", us_per_replayed_launch(*plain, sbg.launches(), iters), "us");
+  }
+}
 
 /// Median seconds per enqueue() of g over `iters` runs (GPU time from timing events).
 double time_graph(gpu::device& d, const graph& g, int iters) {
@@ -184,6 +306,8 @@ int main(int argc, char** argv) {
   ag::apps::flags app("actorgraph-cuda-bench",
                                       "actorgraph-cuda-bench: kernel throughput and host-completion latency of the CUDA backend");
   app.add_flag("--quick", quick, "fewer iterations (a smoke run)");
+  bool decode_only = false;
+  app.add_flag("--decode-kernels", decode_only, "only a decode step's kernels, one by one (GEMV against cuBLAS, attention fused or not)");
   if (auto status = ag::apps::parse_flags(app, argc, argv)) return *status;
   const int n_gpus = gpu::cuda::device_count();
   if (n_gpus <= 0) {
@@ -204,6 +328,21 @@ int main(int argc, char** argv) {
               sp.name.c_str(), n_gpus, sp.mem_bytes / double(1ll << 30), sp.flops_f32 / 1e12, sp.flops_bf16 / 1e12,
               sp.mem_bandwidth / 1e9, sp.copy_engines);
   const int it = quick ? 3 : 10;
+  {
+    gpu::backend_options cublas_only;
+    cublas_only.cuda_gemv = false;
+    auto ndev = gpu::cuda::make_cuda_devices({0}, cublas_only, 0);
+    if (!ndev) {
+      std::fprintf(stderr, "%s\n", ndev.err().to_string().c_str());
+      return 1;
+    }
+    bench_decode_kernels(d, (*ndev)[0], quick ? 5 : 20);
+  }
+  if (decode_only) {
+    std::printf("\n");
+    for (const auto& r : results) std::printf("%s: %.3f\n", r.name.c_str(), r.value);
+    return 0;
+  }
   std::printf("%-44s %12s\n", "benchmark", "value");
   bench_matmul(d, "f32", dtype::f32, 4096, it);
   bench_matmul((*tdev)[0], "tf32", dtype::f32, 4096, it);

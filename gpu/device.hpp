@@ -174,6 +174,10 @@ struct backend_options {
   sim_options sim;
   int cpu_threads_per_stream = 1;  ///< cpu backend: BLAS threads per compute stream
   bool cuda_tf32 = false;          ///< cuda: allow TF32 tensor cores for f32 matmul
+  /// cuda: matmuls of at most 8 rows against a weight (a decode step's
+  /// projections) run on the project's GEMV kernel instead of cuBLAS
+  /// (gpu/cuda/gemv.cuh; faster at batch 1: docs/BENCHMARKS.md, session 11).
+  bool cuda_gemv = true;
   /// cpu: collectives of at most this many bytes run one-shot, larger ones
   /// as a ring (gpu/cpu/ring.hpp). It becomes the cpu devices'
   /// spec.oneshot_max_bytes, which the planner's cost model reads to pick

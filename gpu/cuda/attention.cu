@@ -4,6 +4,7 @@
 
 #include "gpu/cuda/common.cuh"
 #include "gpu/cuda/cuda_check.cuh"
+#include "gpu/cuda/vec.cuh"
 
 namespace ag::gpu::cuda {
 namespace {
@@ -139,6 +140,297 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// ---- keys split over blocks (flash-decoding) ----------------------------
+//
+// The kernel above gives a kv head one block: 8 blocks for a LLaMA-1B decode
+// step, on 8 of 132 SMs, slower than the four unfused kernels. This one gives
+// each (batch entry, share of the keys) a block: grid (groups, splits). A
+// block computes its keys' scores for all M query rows, their softmax
+// relative to its own maximum, and the weighted sum of its values, writes
+// (max, sum, unnormalised sum of values) to the stream's workspace, and the
+// last block of a group to finish (a counter per group) combines the splits
+// into the output and resets the counter. Needs 16-byte rows (dh a multiple
+// of 8 with dh / 8 a power of two up to 32, unit stride along dh, aligned),
+// else the kernel above runs.
+
+constexpr int kSplitThreads = 128;
+constexpr int kMaxSplits = 32;
+constexpr int kPrefetch = 2;  // the loops below select between the two by hand
+
+struct split_plan {
+  int splits = 1;
+  int64_t chunk = 0;  // keys per split, a multiple of the keys one pass covers
+};
+
+template <class T, int MR>
+__global__ void __launch_bounds__(kSplitThreads)
+    split_attention_kernel(kt out, kt q, kt k, kt v, kt mask, bool masked, float scale, bool causal, int64_t S,
+                           int64_t chunk, float* ws, unsigned* counters) {
+  extern __shared__ float smem[];
+  __shared__ float row_max[MR], row_sum[MR];
+  __shared__ float weight[MR * kMaxSplits], weighted_sum[MR * kMaxSplits];  // the combine's, per (row, split)
+  __shared__ bool last_block;
+  const int M = static_cast<int>(q.d[2]);
+  const int dh = static_cast<int>(q.d[3]);
+  const int64_t keys = k.d[2];
+  const int splits = static_cast<int>(gridDim.y), split = static_cast<int>(blockIdx.y);
+  const int64_t group = blockIdx.x;
+  const int64_t b1 = group % q.d[1], b0 = group / q.d[1];
+  const int64_t first_row = group * M;
+  const int64_t j_begin = split * chunk, j_end = j_begin + chunk < keys ? j_begin + chunk : keys;
+  const int G = dh / kChunk;                // threads per key row: one 8-element chunk each
+  const int per_pass = kSplitThreads / G;   // keys one pass covers
+  float* qs = smem;                         // [M][dh]
+  float* sc = qs + M * dh;                  // [M][chunk]
+  float* acc = sc + M * chunk;              // [M][dh]
+  const T* qb = static_cast<const T*>(q.p) + b0 * q.s[0] + b1 * q.s[1];
+  const T* kb = static_cast<const T*>(k.p) + b0 * k.s[0] + b1 * k.s[1];
+  const T* vb = static_cast<const T*>(v.p) + b0 * v.s[0] + b1 * v.s[1];
+  auto live = [&](int m) -> int64_t {
+    if (!causal) return keys;
+    const int64_t n = (first_row + m) % S + (keys - S) + 1;
+    return n < 0 ? 0 : (n > keys ? keys : n);
+  };
+  const int part = static_cast<int>(threadIdx.x) % G, slot = static_cast<int>(threadIdx.x) / G;
+  // The first kPrefetch passes' key and value rows are loaded before
+  // anything else, with the queries: one memory round trip where the phases
+  // below would wait for three (a decode step's block has two passes).
+  float k_pre[kPrefetch][kChunk], v_pre[kPrefetch][kChunk];
+#pragma unroll
+  for (int p = 0; p < kPrefetch; ++p) {
+    const int64_t j = j_begin + static_cast<int64_t>(p) * per_pass + slot;
+    if (j < j_end) {
+      load8(kb + j * k.s[2] + part * kChunk, k_pre[p]);
+      load8(vb + j * v.s[2] + part * kChunk, v_pre[p]);
+    }
+  }
+  for (int i = threadIdx.x; i < M * dh; i += kSplitThreads) {
+    qs[i] = to_f(qb[(i / dh) * q.s[2] + (i % dh) * q.s[3]]);
+    acc[i] = 0.f;
+  }
+  __syncthreads();
+  // 1. scores: G neighbouring threads read one key row (16 bytes each) and
+  // sum their partial dot products with shuffles.
+  for (int64_t j0 = j_begin, pass = 0; j0 < j_end; j0 += per_pass, ++pass) {
+    const int64_t j = j0 + slot;
+    float kv[kChunk];
+    if (j < j_end && pass < kPrefetch) {
+#pragma unroll
+      for (int e = 0; e < kChunk; ++e) kv[e] = pass == 0 ? k_pre[0][e] : k_pre[1][e];  // selects: no local memory
+    } else if (j < j_end) {
+      load8(kb + j * k.s[2] + part * kChunk, kv);
+    } else {
+#pragma unroll
+      for (int e = 0; e < kChunk; ++e) kv[e] = 0.f;
+    }
+#pragma unroll
+    for (int m = 0; m < MR; ++m) {
+      if (m >= M) break;
+      float d = 0.f;
+#pragma unroll
+      for (int e = 0; e < kChunk; ++e) d = fmaf(qs[m * dh + part * kChunk + e], kv[e], d);
+      for (int o = G / 2; o > 0; o >>= 1) d += __shfl_xor_sync(0xffffffffu, d, o);
+      if (part == 0 && j < j_end) {
+        float s = -INFINITY;
+        if (j < live(m)) {
+          s = d;
+          if (masked) s += to_f(static_cast<const T*>(mask.p)[((first_row + m) % S) * mask.s[2] + j * mask.s[3]]);
+          s *= scale;
+        }
+        sc[m * chunk + (j - j_begin)] = s;
+      }
+    }
+  }
+  __syncthreads();
+  // 2. each row's maximum over this block's keys, exponentials, their sum.
+  const int n_here = static_cast<int>(j_end - j_begin);
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  for (int m = warp; m < M; m += kSplitThreads / 32) {
+    float* row = sc + m * chunk;
+    float mx = -INFINITY;
+    for (int j = lane; j < n_here; j += 32) mx = fmaxf(mx, row[j]);
+    mx = warp_max(mx);
+    float sum = 0.f;
+    for (int j = lane; j < n_here; j += 32) {
+      const float e = (mx == -INFINITY || row[j] == -INFINITY) ? 0.f : __expf(row[j] - mx);
+      row[j] = e;
+      sum += e;
+    }
+    sum = warp_sum(sum);
+    if (lane == 0) row_max[m] = mx, row_sum[m] = sum;
+  }
+  __syncthreads();
+  // 3. sum of p v over this block's keys: thread (slot, part) takes keys
+  // slot, slot + per_pass, ... and the 8 dims of its part, for every row.
+  {
+    float a[MR][kChunk];
+#pragma unroll
+    for (int m = 0; m < MR; ++m)
+#pragma unroll
+      for (int e = 0; e < kChunk; ++e) a[m][e] = 0.f;
+    for (int j = slot, pass = 0; j < n_here; j += per_pass, ++pass) {
+      float vv[kChunk];
+      if (pass < kPrefetch) {
+#pragma unroll
+        for (int e = 0; e < kChunk; ++e) vv[e] = pass == 0 ? v_pre[0][e] : v_pre[1][e];
+      } else {
+        load8(vb + (j_begin + j) * v.s[2] + part * kChunk, vv);
+      }
+#pragma unroll
+      for (int m = 0; m < MR; ++m) {
+        if (m >= M) break;
+        const float p = sc[m * chunk + j];
+#pragma unroll
+        for (int e = 0; e < kChunk; ++e) a[m][e] = fmaf(p, vv[e], a[m][e]);
+      }
+    }
+    // Sum over the slots: first inside each warp (its 32 / G slots, with
+    // shuffles), then the warps one after the other. (Shared-memory float
+    // atomics from every slot were a compare-and-swap loop under 16-way
+    // contention: 43 us a launch, ncu.)
+#pragma unroll
+    for (int m = 0; m < MR; ++m) {
+      if (m >= M) break;
+#pragma unroll
+      for (int e = 0; e < kChunk; ++e)
+        for (int o = G; o < 32; o <<= 1) a[m][e] += __shfl_xor_sync(0xffffffffu, a[m][e], o);
+    }
+    for (int w = 0; w < kSplitThreads / 32; ++w) {
+      if (warp == w && lane < G) {
+#pragma unroll
+        for (int m = 0; m < MR; ++m) {
+          if (m >= M) break;
+#pragma unroll
+          for (int e = 0; e < kChunk; ++e) acc[m * dh + part * kChunk + e] += a[m][e];
+        }
+      }
+      __syncthreads();
+    }
+  }
+  T* ob = static_cast<T*>(out.p) + b0 * out.s[0] + b1 * out.s[1];
+  if (splits == 1) {
+    for (int i = threadIdx.x; i < M * dh; i += kSplitThreads) {
+      const int m = i / dh;
+      const float inv = row_sum[m] > 0.f ? 1.f / row_sum[m] : 0.f;
+      ob[m * out.s[2] + (i % dh) * out.s[3]] = from_f<T>(acc[i] * inv);
+    }
+    return;
+  }
+  // 4. this split's part to the workspace: per (group, split) M stats
+  // (max, sum) then M x dh sums.
+  const int64_t per_split = static_cast<int64_t>(M) * (dh + 2);
+  float* mine = ws + (group * splits + split) * per_split;
+  for (int i = threadIdx.x; i < M * dh; i += kSplitThreads) mine[2 * M + i] = acc[i];
+  if (threadIdx.x < M) mine[2 * threadIdx.x] = row_max[threadIdx.x], mine[2 * threadIdx.x + 1] = row_sum[threadIdx.x];
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) last_block = atomicAdd(&counters[group], 1u) == static_cast<unsigned>(splits - 1);
+  __syncthreads();
+  if (!last_block) return;
+  __threadfence();
+  // 5. the last block combines: out = sum_s w_s acc_s / sum_s w_s sum_s with
+  // w_s = e^(max_s - max). The splits' figures are read in parallel into
+  // shared memory first, so that the last loop's loads are independent of
+  // each other (read one by one, behind a branch each, they made this block
+  // a chain of L2 round trips: 50 us a launch).
+  const float* all = ws + group * splits * per_split;
+  const int ms_count = M * splits;
+  for (int i = threadIdx.x; i < ms_count; i += kSplitThreads) {
+    const int m = i / splits, s = i % splits;
+    weight[i] = __ldcg(all + s * per_split + 2 * m);
+    weighted_sum[i] = __ldcg(all + s * per_split + 2 * m + 1);
+  }
+  __syncthreads();
+  if (threadIdx.x < M) {
+    float mx = -INFINITY;
+    for (int s = 0; s < splits; ++s) mx = fmaxf(mx, weight[threadIdx.x * splits + s]);
+    row_max[threadIdx.x] = mx;
+  }
+  __syncthreads();
+  for (int i = threadIdx.x; i < ms_count; i += kSplitThreads) {
+    const float mx = row_max[i / splits], ms = weight[i];
+    const float w = (mx == -INFINITY || ms == -INFINITY) ? 0.f : __expf(ms - mx);
+    weight[i] = w;
+    weighted_sum[i] *= w;
+  }
+  __syncthreads();
+  if (threadIdx.x < M) {
+    float total = 0.f;
+    for (int s = 0; s < splits; ++s) total += weighted_sum[threadIdx.x * splits + s];
+    row_sum[threadIdx.x] = total > 0.f ? 1.f / total : 0.f;
+  }
+  __syncthreads();
+  for (int i = threadIdx.x; i < M * dh; i += kSplitThreads) {
+    const int m = i / dh;
+    const float* w = weight + m * splits;
+    const float* src = all + 2 * M + i;
+    float sum = 0.f;
+#pragma unroll 8
+    for (int s = 0; s < splits; ++s) sum = fmaf(__ldcg(src + s * per_split), w[s], sum);
+    ob[m * out.s[2] + (i % dh) * out.s[3]] = from_f<T>(sum * row_sum[m]);
+  }
+  if (threadIdx.x == 0) counters[group] = 0;  // ready for the next launch on this stream
+}
+
+// 16-byte key / value / query-free rows: dh / 8 a power of two <= 32, unit
+// stride along dh, aligned rows.
+bool split_rows_ok(const kt& x) {
+  const int64_t dh = x.d[3];
+  if (dh % kChunk != 0 || x.s[3] != 1 || !aligned16(x.p)) return false;
+  for (int k = 0; k < 3; ++k)
+    if (x.d[k] != 1 && x.s[k] % kChunk != 0) return false;
+  return true;
+}
+
+// Splits for `groups` x `keys`: about two blocks per SM, at least one pass of
+// keys per block, within the workspace; splits = 1 needs none.
+split_plan plan_splits(const launch_ctx& c, int64_t groups, int64_t M, int64_t dh, int64_t keys) {
+  const int64_t per_pass = kSplitThreads / (dh / kChunk);
+  // Shared memory (q, sums, scores: f32) within the default 48 KiB with
+  // the combine's 4 KiB of static arrays.
+  const int64_t max_chunk = (10752 - 2 * M * dh) / M;
+  if (max_chunk < per_pass) return {0, 0};
+  int64_t splits = (2 * c.sm_count + groups - 1) / groups;
+  const int64_t most = (keys + per_pass - 1) / per_pass;
+  if (splits > most) splits = most;
+  if (splits > kMaxSplits) splits = kMaxSplits;
+  if (splits < 1) splits = 1;
+  const int64_t per_split = M * (dh + 2);
+  if (groups > c.attention_counters || groups * splits * per_split > c.attention_workspace_floats)
+    splits = c.attention_workspace_floats / (groups * per_split);
+  if (groups > c.attention_counters || splits < 1) splits = 1;
+  int64_t chunk = (keys + splits - 1) / splits;
+  chunk = (chunk + per_pass - 1) / per_pass * per_pass;
+  if (chunk > max_chunk) return {0, 0};  // too many keys for one block's scores
+  split_plan p;
+  p.splits = static_cast<int>((keys + chunk - 1) / chunk);
+  p.chunk = chunk;
+  return p;
+}
+
+template <class T, int MR>
+error go_split(const launch_ctx& c, const kt& out, const kt& q, const kt& k, const kt& v, const kt& mask, bool masked,
+               float scale, bool causal, int64_t S, int64_t groups, const split_plan& sp) {
+  const int64_t M = q.d[2], dh = q.d[3];
+  const std::size_t shared = static_cast<std::size_t>(2 * M * dh + M * sp.chunk) * sizeof(float);
+  split_attention_kernel<T, MR><<<dim3(static_cast<unsigned>(groups), static_cast<unsigned>(sp.splits)),
+                                  kSplitThreads, shared, c.stream>>>(out, q, k, v, mask, masked, scale, causal, S,
+                                                                     sp.chunk, c.attention_workspace,
+                                                                     c.attention_counter_words);
+  return {};
+}
+
+template <class T>
+error go_split_rows(const launch_ctx& c, const kt& out, const kt& q, const kt& k, const kt& v, const kt& mask,
+                    bool masked, float scale, bool causal, int64_t S, int64_t groups, const split_plan& sp) {
+  const int64_t M = q.d[2];
+  if (M <= 1) return go_split<T, 1>(c, out, q, k, v, mask, masked, scale, causal, S, groups, sp);
+  if (M <= 2) return go_split<T, 2>(c, out, q, k, v, mask, masked, scale, causal, S, groups, sp);
+  if (M <= 4) return go_split<T, 4>(c, out, q, k, v, mask, masked, scale, causal, S, groups, sp);
+  if (M <= 8) return go_split<T, 8>(c, out, q, k, v, mask, masked, scale, causal, S, groups, sp);
+  return go_split<T, kMaxRows>(c, out, q, k, v, mask, masked, scale, causal, S, groups, sp);
+}
+
 std::size_t shared_bytes(int64_t M, int64_t dh, int64_t keys) {
   return static_cast<std::size_t>(M * dh + M * keys + kThreads * M) * sizeof(float);
 }
@@ -203,6 +495,21 @@ error launch_fused_attention(const launch_ctx& c, const kt& out, const kt& q, co
   const kt none{};
   const kt& mk = mask ? *mask : none;
   error e;
+  const int64_t G = dh / kChunk;
+  if (c.attention_workspace && dh % kChunk == 0 && G <= 32 && (G & (G - 1)) == 0 && split_rows_ok(k) &&
+      split_rows_ok(v)) {
+    const split_plan sp = plan_splits(c, groups, M, dh, keys);
+    if (sp.splits > 0) {
+      switch (static_cast<dtype>(t)) {
+        case dtype::f32: e = go_split_rows<float>(c, out, q, k, v, mk, mask != nullptr, scale, causal, softmax_rows, groups, sp); break;
+        case dtype::f16: e = go_split_rows<__half>(c, out, q, k, v, mk, mask != nullptr, scale, causal, softmax_rows, groups, sp); break;
+        default: e = go_split_rows<__nv_bfloat16>(c, out, q, k, v, mk, mask != nullptr, scale, causal, softmax_rows, groups, sp); break;
+      }
+      if (e) return e;
+      AG_CUDA_TRY_LAUNCH(c.where);
+      return {};
+    }
+  }
   switch (static_cast<dtype>(t)) {
     case dtype::f32: e = go<float>(c, out, q, k, v, mk, mask != nullptr, scale, causal, softmax_rows, groups); break;
     case dtype::f16: e = go<__half>(c, out, q, k, v, mk, mask != nullptr, scale, causal, softmax_rows, groups); break;

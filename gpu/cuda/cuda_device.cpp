@@ -82,7 +82,7 @@ class cuda_device final : public device {
       : core_(std::move(c)),
         spec_(std::move(spec)),
         index_(index),
-        tf32_(opts.cuda_tf32),
+        kernels_{opts.cuda_tf32, opts.cuda_gemv},
         sm_count_(sm_count),
         nccl_min_bytes_(opts.cuda_nccl_min_bytes),
         nccl_min_bytes_wide_(opts.cuda_nccl_min_bytes_wide) {}
@@ -277,7 +277,7 @@ class cuda_device final : public device {
   error launch(stream& s, const op_launch& l) override {
     auto us = usable(s, "launch");
     if (!us) return us.err();
-    if (!profiling_) return dispatch_op(*core_, **us, l, spec_.name, sm_count_, tf32_);
+    if (!profiling_) return dispatch_op(*core_, **us, l, spec_.name, sm_count_, kernels_);
     device_guard g(core_->ordinal);
     op_sample smp;
     smp.name = l.op ? l.op->name : std::string("?");
@@ -285,7 +285,7 @@ class cuda_device final : public device {
     if (error e = AG_CORE_CHECK(*core_, cudaEventCreate(&smp.before), spec_.name + " op profile")) return e;
     if (error e = AG_CORE_CHECK(*core_, cudaEventCreate(&smp.after), spec_.name + " op profile")) return e;
     if (error e = AG_CORE_CHECK(*core_, cudaEventRecord(smp.before, (*us)->s_), spec_.name + " op profile")) return e;
-    error e = dispatch_op(*core_, **us, l, spec_.name, sm_count_, tf32_);
+    error e = dispatch_op(*core_, **us, l, spec_.name, sm_count_, kernels_);
     if (error re = AG_CORE_CHECK(*core_, cudaEventRecord(smp.after, (*us)->s_), spec_.name + " op profile"); re && !e)
       e = re;
     std::lock_guard<std::mutex> lk(mem_mu_);
@@ -319,7 +319,7 @@ class cuda_device final : public device {
     int kernels = 0;
     for (std::size_t i = 0; i < n && !launch_err; ++i) {
       if (ops[i].op && !is_view_op(ops[i].op->op) && !is_leaf_op(ops[i].op->op)) ++kernels;
-      launch_err = dispatch_op(*core_, *cs, ops[i], spec_.name, sm_count_, tf32_);
+      launch_err = dispatch_op(*core_, *cs, ops[i], spec_.name, sm_count_, kernels_);
     }
     cudaGraph_t graph = nullptr;
     const cudaError_t ended = cudaStreamEndCapture(cs->s_, &graph);  // always: leaves capture mode
@@ -730,7 +730,7 @@ class cuda_device final : public device {
   /// Process-unique: names this logical device in its NCCL groups' keys
   /// (index_ repeats across runtimes; an address can be reused).
   const uint64_t uid_ = next_device_uid();
-  bool tf32_;
+  kernel_choices kernels_;
   int sm_count_;
   int64_t nccl_min_bytes_;
   int64_t nccl_min_bytes_wide_;

@@ -18,9 +18,10 @@ cuda_stream::~cuda_stream() {
   }
   // cudaStreamDestroy returns at once; cuBLAS work may still use the
   // workspace, so drain the stream before freeing it.
-  if (s_ && workspace_ && core_->alive.load()) AG_CUDA_ASSERT(cudaStreamSynchronize(s_));
+  if (s_ && (workspace_ || attention_ws_) && core_->alive.load()) AG_CUDA_ASSERT(cudaStreamSynchronize(s_));
   if (s_) AG_CUDA_ASSERT(cudaStreamDestroy(s_));
   if (workspace_) AG_CUDA_ASSERT(cudaFree(workspace_));
+  if (attention_ws_) AG_CUDA_ASSERT(cudaFree(attention_ws_));
 }
 
 error cuda_stream::init() {
@@ -36,6 +37,20 @@ error cuda_stream::init() {
   void* d = nullptr;
   AG_CUDA_TRY(cudaHostGetDevicePointer(&d, p, 0), core_->name + " create_stream");
   fault_->dev = static_cast<unsigned int*>(d);
+  if (role_ == step_kind::compute) {
+    // One allocation: the partials, then the counters (zeroed once; the
+    // kernel leaves them zero). Optional: without it attention runs unsplit.
+    const std::size_t bytes = static_cast<std::size_t>(attention_workspace_floats) * sizeof(float) +
+                              static_cast<std::size_t>(attention_counters) * sizeof(unsigned);
+    void* ws = nullptr;
+    if (cudaMalloc(&ws, bytes) == cudaSuccess) {
+      AG_CUDA_TRY(cudaMemset(ws, 0, bytes), core_->name + " create_stream (attention workspace)");
+      attention_ws_ = static_cast<float*>(ws);
+      attention_counters_ = reinterpret_cast<unsigned*>(attention_ws_ + attention_workspace_floats);
+    } else {
+      (void)cudaGetLastError();
+    }
+  }
   return {};
 }
 

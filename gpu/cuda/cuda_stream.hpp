@@ -36,6 +36,12 @@ class cuda_stream final : public stream {
   std::shared_ptr<fault_cell> fault_;
   cublasHandle_t blas_ = nullptr;
   void* workspace_ = nullptr;
+  /// Compute streams: the split attention's workspace (launch_ctx), made by
+  /// init(); null where that allocation failed (the kernel then runs unsplit).
+  static constexpr int64_t attention_workspace_floats = int64_t{1} << 20;  // 4 MiB
+  static constexpr int64_t attention_counters = 4096;
+  float* attention_ws_ = nullptr;
+  unsigned* attention_counters_ = nullptr;
 };
 
 }  // namespace ag::gpu::cuda::detail

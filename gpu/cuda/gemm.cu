@@ -4,6 +4,7 @@
 #include "gpu/cuda/cuda_check.cuh"
 #include "gpu/cuda/elementwise.cuh"
 #include "gpu/cuda/gemm.cuh"
+#include "gpu/cuda/gemv.cuh"
 
 namespace ag::gpu::cuda {
 
@@ -83,6 +84,10 @@ error launch_matmul(const launch_ctx& c, cublasHandle_t h, const tensor_arg& out
   }
   if (!is_contiguous(out_arg.dims, out_arg.stride))
     return error(errc::invalid_argument, c.where + ": matmul output must be contiguous");
+  if (c.gemv) {
+    error gemv_err;
+    if (try_launch_gemv(c, o, a, b, trans_a, trans_b, gemv_err)) return gemv_err;
+  }
 
   // Scratch copies for operands without a unit stride (rare: general strided views).
   std::vector<void*> scratch;

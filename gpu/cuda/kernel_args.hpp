@@ -40,6 +40,16 @@ inline kt to_kt(const tensor_arg& a) {
 /// range), and a name for error messages.
 struct launch_ctx {
   cudaStream_t stream = nullptr;
+  bool gemv = true;                    // matmuls of a few rows may take the GEMV kernel (gemv.cuh)
+  // The stream's workspace for attention with keys split over blocks
+  // (attention.cu): partial results, and per-group counters that are zero
+  // between launches. Kernels on one stream run in order, and a captured
+  // graph replays on the stream it was captured on, so one per stream is
+  // enough. Null on streams without one (copy streams).
+  float* attention_workspace = nullptr;
+  int64_t attention_workspace_floats = 0;
+  unsigned* attention_counter_words = nullptr;
+  int64_t attention_counters = 0;
   unsigned int* fault_word = nullptr;  // device-visible pointer
   std::string where;                   // "cuda0 rms_norm 'ln1'"
   int sm_count = 132;

@@ -143,6 +143,16 @@ bool go_vec(const launch_ctx& c, const kt& out, const kt& x, const kt* w, const 
   const int64_t rows = x.numel() / x.d[3];
   const int64_t C = x.d[3] / kChunk;
   const bool wv = param_vec(w, x), bv = param_vec(b, x);
+  // Fewer rows than SMs (a decode step's one token): a row's latency is the
+  // kernel's, so spread it over up to 1024 threads, one chunk each, rather
+  // than 64 threads of 4 chunks (6.4 us -> measured in docs/BENCHMARKS.md, session 11).
+  if (rows < c.sm_count && C > 32 && C <= 1024) {
+    if (C <= 128) go_vec_cfg<T, LAYER, 128, 1>(c, out, x, w, b, wv, bv, rows, eps);
+    else if (C <= 256) go_vec_cfg<T, LAYER, 256, 1>(c, out, x, w, b, wv, bv, rows, eps);
+    else if (C <= 512) go_vec_cfg<T, LAYER, 512, 1>(c, out, x, w, b, wv, bv, rows, eps);
+    else go_vec_cfg<T, LAYER, 1024, 1>(c, out, x, w, b, wv, bv, rows, eps);
+    return true;
+  }
   if (C <= 32) go_vec_cfg<T, LAYER, 32, 1>(c, out, x, w, b, wv, bv, rows, eps);
   else if (C <= 64) go_vec_cfg<T, LAYER, 32, 2>(c, out, x, w, b, wv, bv, rows, eps);
   else if (C <= 128) go_vec_cfg<T, LAYER, 32, 4>(c, out, x, w, b, wv, bv, rows, eps);

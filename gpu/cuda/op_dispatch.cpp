@@ -16,7 +16,8 @@
 namespace ag::gpu::cuda::detail {
 
 error dispatch_op(core& dev_core, cuda_stream& cs, const op_launch& l, const std::string& device_name,
-                  int sm_count, bool tf32) {
+                  int sm_count, const kernel_choices& kernels) {
+  const bool tf32 = kernels.tf32;
   if (!l.op) return error(errc::invalid_argument, device_name + ": launch without a node");
   const node& n = *l.op;
   // One context per thread, reused: `where` keeps its capacity, so a launch
@@ -28,6 +29,11 @@ error dispatch_op(core& dev_core, cuda_stream& cs, const op_launch& l, const std
   c.where.clear();
   c.where.append(device_name).append(" ").append(to_string(n.op)).append(" '").append(n.name).append("'");
   c.sm_count = sm_count;
+  c.gemv = kernels.gemv;
+  c.attention_workspace = cs.attention_ws_;
+  c.attention_workspace_floats = cs.attention_ws_ ? cuda_stream::attention_workspace_floats : 0;
+  c.attention_counter_words = cs.attention_counters_;
+  c.attention_counters = cs.attention_ws_ ? cuda_stream::attention_counters : 0;
   auto need = [&](std::size_t k) -> error {
     if (l.inputs.size() < k)
       return error(errc::missing_input, c.where + ": needs " + std::to_string(k) + " inputs, got " +

@@ -15,8 +15,12 @@ namespace ag::gpu::cuda::detail {
 /// the device current for the call. Views and leaves enqueue nothing. Errors
 /// name the device, op and node; a device_failed error from a launcher marks
 /// the device dead. `device_name` names the device, `sm_count` sizes grids,
-/// `tf32` lets f32 matmuls use TF32 tensor cores.
+/// `kernels` picks among kernels (backend_options' cuda_* choices).
+struct kernel_choices {
+  bool tf32 = false;  ///< f32 matmuls may use TF32 tensor cores
+  bool gemv = true;   ///< matmuls of at most gemv_max_rows rows take the GEMV kernel (gemv.cuh)
+};
 error dispatch_op(core& dev_core, cuda_stream& cs, const op_launch& l, const std::string& device_name, int sm_count,
-                  bool tf32);
+                  const kernel_choices& kernels);
 
 }  // namespace ag::gpu::cuda::detail

@@ -24,7 +24,8 @@ __device__ __forceinline__ void rotate_pair(const kt& out, const kt& x, int64_t 
   st(out.p, out.t, yo + j1 * out.s[3], a * fs + b * fc);
 }
 
-/// Heads one thread rotates with one angle.
+/// Heads one thread rotates with one angle, where there is work enough for
+/// every SM without it (else 1: a decode step's one position).
 constexpr int64_t rope_heads_per_thread = 4;
 
 /// One thread per (position row group, pair k, run of up to 4 heads): x
@@ -34,21 +35,40 @@ constexpr int64_t rope_heads_per_thread = 4;
 /// cost an f64 pow and sincos, 200 us for a [2, 2048, 32, 128] bf16 tensor
 /// on an H200. All heads in one thread was as slow for a decode step's one
 /// position: 64 threads, 32 heads each in series.)
-__global__ void rope_kernel(kt out, kt x, kt pos, bool neox, int64_t work, rope_freqs f) {
+__global__ void rope_kernel(kt out, kt x, kt pos, bool neox, int64_t work, int64_t heads_per_thread, rope_freqs f) {
   const int64_t D = x.d[3], half = D / 2, H = x.d[2];
-  const int64_t runs = (H + rope_heads_per_thread - 1) / rope_heads_per_thread;
+  const int64_t runs = (H + heads_per_thread - 1) / heads_per_thread;
   for (int64_t p = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; p < work; p += (int64_t)gridDim.x * blockDim.x) {
     const int64_t k = p % half, run = (p / half) % runs, group = p / (half * runs);
     const int64_t s = group % x.d[1];
     const int64_t j0 = neox ? k : 2 * k;
     const int64_t j1 = neox ? k + half : 2 * k + 1;
+    const int64_t h0 = run * heads_per_thread, n = (h0 + heads_per_thread < H ? h0 + heads_per_thread : H) - h0;
+    const int64_t xo = row_offset(x, group * H + h0), yo = row_offset(out, group * H + h0);
+    // The pairs first, then the position: their loads are independent, so
+    // they wait for memory once, not twice (a decode step's rope is latency).
+    float a[rope_heads_per_thread], b[rope_heads_per_thread];
+#pragma unroll
+    for (int h = 0; h < rope_heads_per_thread; ++h)
+      if (h < n) {
+        a[h] = ld(x.p, x.t, xo + h * x.s[2] + j0 * x.s[3]);
+        b[h] = ld(x.p, x.t, xo + h * x.s[2] + j1 * x.s[3]);
+      }
     const double position = static_cast<double>(static_cast<const int32_t*>(pos.p)[s * pos.s[3]]);
-    double sn, cs;
-    sincos(position * f.inv[k], &sn, &cs);
-    const float fc = static_cast<float>(cs), fs = static_cast<float>(sn);
-    const int64_t h0 = run * rope_heads_per_thread, h1 = h0 + rope_heads_per_thread < H ? h0 + rope_heads_per_thread : H;
-    int64_t xo = row_offset(x, group * H + h0), yo = row_offset(out, group * H + h0);
-    for (int64_t h = h0; h < h1; ++h, xo += x.s[2], yo += out.s[2]) rotate_pair(out, x, xo, yo, j0, j1, fc, fs);
+    // The angle in f64, reduced to [-pi, pi] in f64 (exact to about 1e-12 for
+    // any int32 position), then sin / cos in f32: cheaper than an f64 sincos
+    // of an angle of up to 2^31 radians, as accurate for f32 / 16-bit data.
+    const double angle = position * f.inv[k];
+    const double two_pi = 6.283185307179586476925286766559;
+    const float reduced = static_cast<float>(angle - rint(angle * (1.0 / two_pi)) * two_pi);
+    float fs, fc;
+    sincosf(reduced, &fs, &fc);
+#pragma unroll
+    for (int h = 0; h < rope_heads_per_thread; ++h)
+      if (h < n) {
+        st(out.p, out.t, yo + h * out.s[2] + j0 * out.s[3], a[h] * fc - b[h] * fs);
+        st(out.p, out.t, yo + h * out.s[2] + j1 * out.s[3], a[h] * fs + b[h] * fc);
+      }
   }
 }
 
@@ -81,9 +101,12 @@ error launch_rope(const launch_ctx& c, const kt& out, const kt& x, const kt& pos
     rope_freqs f{};
     for (int64_t k = 0; k < half; ++k)
       f.inv[k] = std::pow(static_cast<double>(theta), -2.0 * static_cast<double>(k) / static_cast<double>(x.d[3]));
-    // (row groups) x (runs of heads) x (pairs of a row)
-    const int64_t work = pairs / x.d[2] * ((x.d[2] + rope_heads_per_thread - 1) / rope_heads_per_thread);
-    rope_kernel<<<grid_for(work, block, c.sm_count * 16), block, 0, c.stream>>>(out, x, pos, neox, work, f);
+    // (row groups) x (runs of heads) x (pairs of a row). A decode step's
+    // 32 heads x 32 pairs ran as 256 threads of 4 heads each: one block, 8 us
+    // of dependent loads (ncu, H100); a thread per head there.
+    const int64_t hpt = pairs >= static_cast<int64_t>(c.sm_count) * block * rope_heads_per_thread ? rope_heads_per_thread : 1;
+    const int64_t work = pairs / x.d[2] * ((x.d[2] + hpt - 1) / hpt);
+    rope_kernel<<<grid_for(work, block, c.sm_count * 16), block, 0, c.stream>>>(out, x, pos, neox, work, hpt, f);
   } else {
     rope_wide_kernel<<<grid_for(pairs, block, c.sm_count * 16), block, 0, c.stream>>>(out, x, pos, theta, neox, pairs);
   }

@@ -195,6 +195,81 @@ TEST(CudaGenerate, FusedAttentionStepsEqualTheReference) {
       }
 }
 
+// Fused attention with its keys split over blocks (gpu/cuda/attention.cu):
+// key counts that leave a last split short, heads of 32 to 128, 1 to 16
+// query rows per kv head, masked (some keys hidden) and causal, f32 / f16 /
+// bf16; 3 jobs each, so that graph replay runs the kernel again on the
+// counters the last launch left. Every job equals the reference, and the
+// chain is fused.
+TEST(CudaGenerate, FusedAttentionWithKeysSplitOverBlocksEqualsTheReference) {
+  AG_REQUIRE_GPU(1);
+  auto rt = runtime::create("cuda:0");
+  ASSERT_TRUE(rt) << rt.err().to_string();
+  struct shape_case {
+    int64_t batch, kv_heads, rows, keys, head;
+    bool causal;
+  };
+  const shape_case cases[] = {
+      {1, 8, 4, 600, 64, false},    // a LLaMA-1B decode step's shape
+      {2, 3, 1, 4097, 128, false},  // one row per kv head, many keys
+      {1, 2, 16, 1000, 32, false},  // 16 rows (4 positions of 4 heads each)
+      {1, 4, 2, 300, 64, true},     // causal over the keys, no mask
+  };
+  uint64_t seed = 7000;
+  for (const shape_case& sc : cases)
+    for (dtype t : {dtype::f32, dtype::f16, dtype::bf16}) {
+      const int64_t B = sc.batch, G = sc.kv_heads, M = sc.rows, C = sc.keys, D = sc.head;
+      const int64_t S = sc.causal ? M : (M >= 4 ? 4 : 1);  // softmax rows: query positions
+      SCOPED_TRACE(std::string(to_string(t)) + " B " + std::to_string(B) + " kv heads " + std::to_string(G) +
+                   " rows " + std::to_string(M) + " keys " + std::to_string(C) + " head " + std::to_string(D) +
+                   (sc.causal ? " causal" : " masked"));
+      graph_builder b;
+      auto q = b.input("q", t, {B, G, M, D});
+      auto k = b.input("k", t, {B, G, C, D});
+      auto v = b.input("v", t, {B, G, C, D});
+      auto scores = b.matmul(q, k, false, true, "qk");
+      auto heads = b.reshape(scores, {B, G * (M / S), S, C}, "heads");
+      tensor probs;
+      if (sc.causal) {
+        probs = b.softmax(heads, true, 0.125f, "softmax");
+      } else {
+        auto mask = b.input("mask", t, {S, C});
+        probs = b.softmax(b.add(heads, mask, "masked"), false, 0.125f, "softmax");
+      }
+      auto pg = b.reshape(probs, {B, G, M, C}, "probs");
+      b.output(b.matmul(pg, v, false, false, "pv"));
+      auto g = std::make_shared<const graph>(std::move(b).build().value());
+      plan_options o;
+      o.fuse_ops = true;
+      auto p = (*rt)->compile(g, o);
+      ASSERT_TRUE(p) << p.err().to_string();
+      EXPECT_EQ((*p)->fusions().size(), 1u) << "the chain is fused";
+      for (int job_no = 0; job_no < 3; ++job_no) {
+        std::vector<host_tensor> in{host_tensor::random_normal(t, {B, G, M, D}, ++seed, 1.0f),
+                                    host_tensor::random_normal(t, {B, G, C, D}, ++seed, 1.0f),
+                                    host_tensor::random_normal(t, {B, G, C, D}, ++seed, 1.0f)};
+        if (!sc.causal) {
+          // Position s sees keys j < C - 37 * (job + s): the last keys hidden, more for later jobs.
+          std::vector<float> m(static_cast<std::size_t>(S * C));
+          for (int64_t s = 0; s < S; ++s)
+            for (int64_t j = 0; j < C; ++j)
+              m[static_cast<std::size_t>(s * C + j)] = j < C - 37 * (job_no + s) ? 0.0f : -30000.0f;
+          in.push_back(host_tensor::from_floats(t, {S, C}, m));
+        }
+        auto want = evaluate_reference(*g, in);
+        ASSERT_TRUE(want) << want.err().to_string();
+        const job j = (*rt)->submit(*p, in);
+        ASSERT_TRUE(j.wait_for(60s)) << "job " << job_no << " hung";
+        const auto& r = j.wait();
+        ASSERT_TRUE(r) << "job " << job_no << ": " << r.err().to_string();
+        const auto c = t == dtype::f32   ? compare(r->front(), want->front(), 1e-4, 1e-3)
+                       : t == dtype::f16 ? compare(r->front(), want->front(), 4e-3, 1e-2)
+                                         : compare(r->front(), want->front(), 3e-2, 3e-2);
+        EXPECT_TRUE(c.ok) << "job " << job_no << ": " << c.message;
+      }
+    }
+}
+
 TEST(CudaGenerate, DecodeEqualsRecomputePipelinedOverTwoGpus) {
   AG_REQUIRE_GPU(2);
   decode_on("cuda:0,1", 2);

@@ -77,8 +77,12 @@ TEST(CudaOps, ElementwiseOnTransposedViewsMatchReference) {
 
 TEST(CudaOps, NormsMatchReference) {
   AG_REQUIRE_GPU(1);
+  // kShapes, and rows a decode step normalises (fewer rows than SMs, 8-element
+  // chunks: one chunk per thread, 128 to 1024 threads a row).
+  std::vector<shape> shapes(std::begin(kShapes), std::end(kShapes));
+  for (const shape& s : {shape{1, 2048}, shape{3, 1, 520}, shape{2, 8192}, shape{1, 4096}}) shapes.push_back(s);
   for (dtype t : kFloatTypes)
-    for (const shape& s : kShapes) {
+    for (const shape& s : shapes) {
       const int64_t D = s[-1];
       graph_builder b;
       auto x = b.input("x", t, s);
@@ -116,7 +120,10 @@ TEST(CudaOps, SoftmaxMatchesReferenceWithScaleAndCausalMask) {
 
 TEST(CudaOps, RopeMatchesReferenceInBothPairings) {
   AG_REQUIRE_GPU(1);
-  const shape shapes[] = {{1, 1, 2}, {7, 3, 64}, {2, 33, 4, 128}};
+  // The small shapes rotate one head per thread; the last has more pairs
+  // than 4 x 256 threads per SM (4 heads per thread), 30 heads per position
+  // (the last run of heads is short).
+  const shape shapes[] = {{1, 1, 2}, {7, 3, 64}, {2, 33, 4, 128}, {1, 160, 30, 128}};
   for (dtype t : kFloatTypes)
     for (const shape& s : shapes)
       for (rope_mode m : {rope_mode::neox, rope_mode::interleaved}) {
@@ -250,6 +257,55 @@ TEST(CudaOps, MatmulMatchesReferenceWithTransposesAndBatches) {
                               "matmul " + label(t, mc.a) + (mc.ta ? "^T" : "") + " x " + mc.b.to_string() +
                                   (mc.tb ? "^T" : ""));
     }
+}
+
+// Products of at most 8 rows against a weight take the GEMV kernel
+// (gpu/cuda/gemv.cuh) where K and the rows allow 16-byte loads, cuBLAS
+// otherwise; both against the reference, on devices with the kernel on and off.
+TEST(CudaOps, MatmulOfFewRowsMatchesReferenceOnTheGemvKernelAndOnCublas) {
+  AG_REQUIRE_GPU(1);
+  const mm_case cases[] = {
+      {{1, 256}, {1000, 256}, false, true},          // one row: a decode step's projection
+      {{3, 512}, {77, 512}, false, true},            // 3 rows, N not a multiple of the block's warps
+      {{2, 1, 1024}, {300, 1024}, false, true},      // batch 2 of one row each
+      {{2, 4, 64}, {5, 64}, false, true},            // 8 rows: the most the kernel takes
+      {{1, 8200}, {64, 8200}, false, true},          // K not a multiple of a warp's 256-element sweep
+      {{1, 4096}, {1, 4096}, false, true},           // N = 1
+      {{1, 24}, {5, 24}, false, true},               // K of 3 bf16 / 6 f32 vectors
+      {{64, 1}, {33, 64}, true, true},               // trans_a: a column of a [K, 1] tensor
+      {{1, 64}, {64, 33}, false, false},             // w not K-contiguous: cuBLAS
+      {{9, 64}, {16, 64}, false, true},              // 9 rows: cuBLAS
+      {{1, 13}, {7, 13}, false, true},               // K = 13: no 16-byte rows, cuBLAS
+  };
+  for (bool gemv : {true, false}) {
+    gpu::backend_options o;
+    o.cuda_gemv = gemv;
+    auto made = gpu::cuda::make_cuda_devices({0}, o, 0);
+    ASSERT_TRUE(made) << made.err().to_string();
+    for (dtype t : kFloatTypes)
+      for (const mm_case& mc : cases) {
+        graph_builder b;
+        auto x = b.input("a", t, mc.a);
+        auto y = b.input("b", t, mc.b);
+        b.output(b.matmul(x, y, mc.ta, mc.tb));
+        auto g = std::move(b).build();
+        ASSERT_TRUE(g) << g.err().to_string();
+        const int64_t K = mc.ta ? mc.a[-2] : mc.a[-1];
+        const double k = std::sqrt(static_cast<double>(K));
+        const test::tol tl = t == dtype::f32   ? test::tol{1e-4 * k, 1e-4}
+                             : t == dtype::f16 ? test::tol{2e-3 * k, 4e-3}
+                                               : test::tol{4e-3 * k, 2e-2};
+        const std::vector<host_tensor> in{rnd(t, mc.a), rnd(t, mc.b)};
+        const std::string what = std::string(gemv ? "gemv on: " : "gemv off: ") + label(t, mc.a) +
+                                 (mc.ta ? "^T" : "") + " x " + mc.b.to_string() + (mc.tb ? "^T" : "");
+        auto ref = evaluate_reference(*g, in);
+        ASSERT_TRUE(ref) << what << ": " << ref.err().to_string();
+        auto got = test::run_on(*(*made)[0], *g, in, false);
+        ASSERT_TRUE(got) << what << ": " << got.err().to_string();
+        auto cmp = compare((*got)[0], (*ref)[0], tl.atol, tl.rtol);
+        EXPECT_TRUE(cmp.ok) << what << ": " << cmp.message << " (max abs err " << cmp.max_abs_err << ")";
+      }
+  }
 }
 
 TEST(CudaOps, MatmulOnStridedViewsMatchesReference) {

@@ -1,0 +1,21 @@
+#pragma once
+// Matrix-vector products of a few rows against a shared weight matrix (host
+// launcher): the shape of every projection of a decode step.
+#include "gpu/cuda/kernel_args.hpp"
+
+namespace ag::gpu::cuda {
+
+/// The most rows (batch entries x M) the GEMV kernel takes; more go to cuBLAS.
+inline constexpr int gemv_max_rows = 8;
+
+/// out [.., M, N] = op(a) [.., M, K] x op(b) [K, N] when the product is a
+/// GEMV: at most gemv_max_rows rows of a in all, b without batch dims (a
+/// weight), K contiguous in both a's rows and b's (op(b) = w^T with w [N, K]
+/// row-major, the layout of every nn.Linear weight), 16-byte aligned rows,
+/// f32 / f16 / bf16 with out of that dtype or f32, out contiguous (the caller
+/// checks). Accumulates in f32. Returns false, launching nothing, when the
+/// product does not fit; true when it launched (result: a launch error, if any).
+bool try_launch_gemv(const launch_ctx& c, const kt& out, const kt& a, const kt& b, bool trans_a, bool trans_b,
+                     error& result);
+
+}  // namespace ag::gpu::cuda
