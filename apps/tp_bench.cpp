@@ -250,8 +250,12 @@ std::string devices_of(const layer_run& c) {
 /// A runtime over `c`'s devices (sim: c.sim_spec, values off, no jitter, at
 /// c.time_scale), its trace on or off, `arenas` jobs of a plan holding memory
 /// on a device at once.
+/// --gemv: backend_options::cuda_gemv of every runtime the bench makes.
+bool cuda_gemv = true;
+
 std::unique_ptr<ag::runtime> runtime_of(const layer_run& c, bool trace, int arenas) {
   ag::runtime_options ro;
+  ro.backend.cuda_gemv = cuda_gemv;
   ro.trace = trace;
   ro.arenas_per_device = arenas;
   ro.backend.sim.spec = c.sim_spec;
@@ -830,6 +834,9 @@ int main(int argc, char** argv) {
                  "write the Chrome trace of the degree-4 runs (overlap on) to this file, the degree-2 runs to FILE.2; "
                  "with --devices cuda:all, the N-GPU layer's (and FILE-1gpu, FILE-decode-1gpu, FILE-decode-tpN); "
                  "with the layout comparison, one 2 x 2 round's in FILE-pp2xtp2");
+  std::string gemv = "on";
+  app.add_option("--gemv", gemv, "cuda: backend_options::cuda_gemv, the GEMV kernel for few-row matmuls (on, off)")
+      ->check(CLI::IsMember({"on", "off"}));
   app.add_flag("--no-overlap", no_overlap,
                "cuda:all: plan the layer with plan_options::tp_overlap off (each row-parallel matmul whole, then "
                "one all-reduce), to compare with the chunked overlap");
@@ -860,6 +867,7 @@ int main(int argc, char** argv) {
   app.add_flag("--plan-only", plan_only, "only the planning figures");
   app.add_flag("--run-only", run_only, "only the runtime figures");
   if (auto rc = ag::apps::parse_flags(app, argc, argv)) return *rc;
+  cuda_gemv = gemv == "on";
 
   std::vector<figure> figs;
   if (!allreduce_spec.empty()) {
