@@ -85,6 +85,44 @@ error apply_fusions(const plan& p, const step& s, lowered_step& ls) {
     *first = std::move(fused);
     ls.ops.erase(first + 1, first + 1 + span);
   }
+  // Projection groups: one GEMV record at the group's first op (its ops are
+  // consecutive records), reading and writing what graph/fusion.hpp says.
+  for (const projection_fusion& f : p.projection_fusions()) {
+    if (f.step != s.id) continue;
+    const auto first = std::find_if(ls.ops.begin(), ls.ops.end(),
+                                    [&](const lowered_op& o) { return o.op->id == f.ops.front(); });
+    const auto n = static_cast<std::ptrdiff_t>(f.ops.size());
+    bool consecutive = first != ls.ops.end() && ls.ops.end() - first >= n;
+    for (std::ptrdiff_t k = 0; consecutive && k < n; ++k) consecutive = first[k].op->id == f.ops[static_cast<std::size_t>(k)];
+    if (!consecutive) return err("has a projection group whose ops are not consecutive in it", p.source().at(f.ops.back()).name);
+    lowered_op fused;
+    fused.op = first[n - 1].op;
+    fused.fused = gpu::op_launch::fusion::projections;
+    fused.projection = f.kind;
+    fused.inputs = {first->inputs.at(0), first->inputs.at(1)};
+    switch (f.kind) {
+      case projection_kind::shared_input:
+        fused.out = first->out;
+        for (std::ptrdiff_t k = 1; k < n; ++k) {
+          fused.inputs.push_back(first[k].inputs.at(1));
+          fused.extra_outs.push_back(first[k].out);
+        }
+        break;
+      case projection_kind::gated:  // gate, up, silu, mul
+        fused.inputs.push_back(first[1].inputs.at(1));
+        fused.out = first[3].out;
+        break;
+      case projection_kind::residual: {  // m, add(r, m)
+        const lowered_op& add = first[1];
+        const bool m_first = add.op->inputs.at(0) == first->op->id;
+        fused.inputs.push_back(add.inputs.at(m_first ? 1 : 0));
+        fused.out = add.out;
+        break;
+      }
+    }
+    *first = std::move(fused);
+    ls.ops.erase(first + 1, first + n);
+  }
   return {};
 }
 
@@ -258,6 +296,8 @@ std::vector<gpu::op_launch> launch_program::launch_records(int q) const {
       for (const auto& a : op.inputs) l.inputs.push_back(a.proto);
       l.fused = op.fused;
       l.attention = op.attention;
+      l.projection = op.projection;
+      for (const auto& o : op.extra_outs) l.extra_outs.push_back(o.proto);
       r.push_back(std::move(l));
     }
   }

@@ -53,6 +53,8 @@ struct lowered_op {
   std::vector<operand> inputs;  ///< node->inputs order (a fused record: the fusion's, see gpu::op_launch)
   gpu::op_launch::fusion fused = gpu::op_launch::fusion::none;
   gpu::op_launch::attention_params attention{};
+  projection_kind projection = projection_kind::shared_input;  ///< fusion::projections
+  std::vector<operand> extra_outs;                             ///< fusion::projections, shared_input
 };
 
 /// What a copy step moves.

@@ -201,6 +201,7 @@ struct region_bases {
       const lowered_op& op = ls.ops[k];
       rec[k].out.data = at(op.out);
       for (std::size_t i = 0; i < op.inputs.size(); ++i) rec[k].inputs[i].data = at(op.inputs[i]);
+      for (std::size_t i = 0; i < op.extra_outs.size(); ++i) rec[k].extra_outs[i].data = at(op.extra_outs[i]);
     }
   }
 };

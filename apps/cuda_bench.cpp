@@ -151,6 +151,58 @@ void bench_decode_kernels(const gpu::device_ptr& plain, const gpu::device_ptr& n
       report(std::string("decode_") + pr.name + "_" + label + "_gbps", bytes / (us * 1e-6) / 1e9, "GB/s");
     }
   }
+  // Projection groups (plan_options::fuse_projections) against their ops one
+  // by one: q, k, v of one x; gate, up, silu, mul.
+  {
+    const int n = 16;
+    graph_builder b;
+    auto x = b.input("x", t, {1, 2048});
+    for (int i = 0; i < n; ++i) {
+      const std::string s = std::to_string(i);
+      b.output(b.matmul(x, b.input("wq" + s, t, {2048, 2048}), false, true));
+      b.output(b.matmul(x, b.input("wk" + s, t, {512, 2048}), false, true));
+      b.output(b.matmul(x, b.input("wv" + s, t, {512, 2048}), false, true));
+    }
+    auto g = or_exit(std::move(b).build());
+    bound_graph bg(*plain, g);
+    const std::vector<gpu::op_launch> three = bg.launches();
+    report("decode_qkv_3_kernels_us", us_per_replayed_launch(*plain, three, iters) * 3, "us");
+    std::vector<gpu::op_launch> grouped;
+    for (std::size_t i = 0; i + 2 < three.size(); i += 3) {
+      gpu::op_launch l = three[i + 2];
+      l.fused = gpu::op_launch::fusion::projections;
+      l.projection = projection_kind::shared_input;
+      l.out = three[i].out;
+      l.extra_outs = {three[i + 1].out, three[i + 2].out};
+      l.inputs = {three[i].inputs[0], three[i].inputs[1], three[i + 1].inputs[1], three[i + 2].inputs[1]};
+      grouped.push_back(std::move(l));
+    }
+    report("decode_qkv_grouped_us", us_per_replayed_launch(*plain, grouped, iters), "us");
+  }
+  {
+    const int n = 8;
+    graph_builder b;
+    auto x = b.input("x", t, {1, 2048});
+    for (int i = 0; i < n; ++i) {
+      const std::string s = std::to_string(i);
+      auto gate = b.matmul(x, b.input("wg" + s, t, {8192, 2048}), false, true);
+      auto up = b.matmul(x, b.input("wu" + s, t, {8192, 2048}), false, true);
+      b.output(b.mul(b.silu(gate), up));
+    }
+    auto g = or_exit(std::move(b).build());
+    bound_graph bg(*plain, g);
+    const std::vector<gpu::op_launch> four = bg.launches();  // gate, up, silu, mul
+    report("decode_gated_mlp_4_kernels_us", us_per_replayed_launch(*plain, four, iters) * 4, "us");
+    std::vector<gpu::op_launch> grouped;
+    for (std::size_t i = 0; i + 3 < four.size(); i += 4) {
+      gpu::op_launch l = four[i + 3];
+      l.fused = gpu::op_launch::fusion::projections;
+      l.projection = projection_kind::gated;
+      l.inputs = {four[i].inputs[0], four[i].inputs[1], four[i + 1].inputs[1]};
+      grouped.push_back(std::move(l));
+    }
+    report("decode_gated_mlp_grouped_us", us_per_replayed_launch(*plain, grouped, iters), "us");
+  }
   // Attention of one layer: 8 kv heads x 4 query rows, 576 keys of 64, a mask.
   const int copies = 16;
   graph_builder b;

@@ -104,6 +104,7 @@ struct decode_args {
   std::string replay = "auto";  ///< plan_options::graph_replay of the decode and prefill plans (the default)
   std::string fusion = "off";   ///< plan_options::fuse_ops of both plans (off: the default)
   std::string gemv = "on";      ///< backend_options::cuda_gemv (on: the default)
+  std::string projections = "on";  ///< plan_options::fuse_projections of both plans (on: the default)
 };
 
 int run_decode(const decode_args& a) {
@@ -122,6 +123,7 @@ int run_decode(const decode_args& a) {
   if (!ag::parse_graph_replay_mode(a.replay, go.plan.graph_replay))
     return fail({ag::errc::invalid_argument, "--replay must be off, on or auto, got '" + a.replay + "'"});
   go.plan.fuse_ops = a.fusion == "on";
+  go.plan.fuse_projections = a.projections == "on";
   auto gen = ag::generator::create(**rt, model->model_config(1), model->provider(), go);
   if (!gen) return fail(gen.err());
   const double load_s = seconds_since(t_open);
@@ -185,8 +187,9 @@ int run_decode(const decode_args& a) {
   std::printf("%-28s %.3f GB uploaded (%.2f x the model's %.3f GB, for 2 plans) in %.3f s\n", "load", model_gb,
               model_gb * 1e9 / static_cast<double>(model->model_bytes()), static_cast<double>(model->model_bytes()) / 1e9,
               load_s);
-  std::printf("%-28s %.3f ms/token (median of %zu), context %lld, graph replay %s, fusion %s, gemv %s\n", "decode",
-              ms, gaps.size(), static_cast<long long>(a.context), a.replay.c_str(), a.fusion.c_str(), a.gemv.c_str());
+  std::printf("%-28s %.3f ms/token (median of %zu), context %lld, graph replay %s, fusion %s, gemv %s, projections %s\n",
+              "decode", ms, gaps.size(), static_cast<long long>(a.context), a.replay.c_str(), a.fusion.c_str(),
+              a.gemv.c_str(), a.projections.c_str());
   std::printf("%-28s %.3f ms (%.1f MB weights + %.1f MB cache at %.0f GB/s)\n", "bandwidth floor", floor_ms,
               weights_read / 1e6, cache / 1e6, bw / 1e9);
   std::printf("load_gb_per_s: %.3f\n", model_gb / load_s);
@@ -226,6 +229,9 @@ int main(int argc, char** argv) {
   app.add_option("--bandwidth-gbs", d.bandwidth_gbs, "measured device memory bandwidth (0: the device spec's)");
   app.add_option("--replay", d.replay, "decode: graph replay of the generator's plans (off, on, auto)");
   app.add_option("--fusion", d.fusion, "decode: plan_options::fuse_ops of the generator's plans (on, off)")
+      ->check(CLI::IsMember({"on", "off"}));
+  app.add_option("--projections", d.projections,
+                 "decode: plan_options::fuse_projections, projection groups on the GEMV kernel (on, off)")
       ->check(CLI::IsMember({"on", "off"}));
   app.add_option("--gemv", d.gemv, "decode: backend_options::cuda_gemv, the GEMV kernel for few-row matmuls (on, off)")
       ->check(CLI::IsMember({"on", "off"}));

@@ -22,6 +22,7 @@
 
 #include "graph/cost_model.hpp"
 #include "graph/error.hpp"
+#include "graph/fusion.hpp"
 #include "graph/graph.hpp"
 #include "graph/step_kind.hpp"
 
@@ -84,8 +85,14 @@ struct op_launch {
   bool launch_paid_by_replay = false;
   /// Set by the lowering (actors/launch_program.cpp) on CUDA devices only: this
   /// record runs a chain of the plan's ops as one kernel (see fused_attention).
-  enum class fusion : uint8_t { none = 0, attention = 1 };
+  enum class fusion : uint8_t { none = 0, attention = 1, projections = 2 };
   fusion fused = fusion::none;
+  /// fusion::projections, in place of a projection group (graph/fusion.hpp,
+  /// projection_fusion): `inputs` are {x, w_1, .., w_n} (gated: {x, w_gate,
+  /// w_up}; residual: {x, w, r}); `out` is the group's output (shared_input:
+  /// the first matmul's, `extra_outs` the others'); `op` is the group's last op.
+  projection_kind projection = projection_kind::shared_input;
+  std::vector<tensor_arg> extra_outs;
   /// fusion::attention, in place of the chain scores = matmul(q, k^T) [->
   /// add(scores, mask)] -> probs = softmax(.. * scale, causal) -> out =
   /// matmul(probs, v) (views between them allowed), whose intermediates

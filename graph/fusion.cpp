@@ -88,18 +88,103 @@ std::optional<attention_fusion> match(const graph& g, const std::vector<node_id>
   return f;
 }
 
+/// x [.., K] (read as rows of K) times the weight leaf w [N, K] transposed,
+/// within the GEMV kernel's limits (graph/fusion.hpp, projection_fusion).
+bool is_gemv_projection(const graph& g, const node& mm) {
+  if (mm.op != op_kind::matmul || mm.attrs.trans_a || !mm.attrs.trans_b || mm.inputs.size() != 2) return false;
+  const node& x = g.at(mm.inputs[0]);
+  const node& w = g.at(mm.inputs[1]);
+  if (w.op != op_kind::weight || w.dims.rank() != 2 || x.dims.rank() < 2) return false;
+  const dtype t = x.type;
+  if ((t != dtype::f32 && t != dtype::f16 && t != dtype::bf16) || w.type != t || mm.type != t) return false;
+  const int64_t K = w.dims[1], esz = static_cast<int64_t>(dtype_size(t));
+  if (x.dims[-1] != K || (K * esz) % 16 != 0 || x.dims.numel() / K > fused_gemv_max_rows) return false;
+  return x.contiguous() && (x.offset * esz) % 16 == 0 && mm.dims[-1] == w.dims[0];
+}
+
+/// The elementwise op `n` (add / mul) has the inputs {a, b} in either order, and its dims.
+bool binary_of(const graph& g, const node& n, node_id a, node_id b) {
+  if (n.inputs.size() != 2) return false;
+  const bool ab = n.inputs[0] == a && n.inputs[1] == b, ba = n.inputs[0] == b && n.inputs[1] == a;
+  return (ab || ba) && g.at(a).dims == n.dims && g.at(b).dims == n.dims && g.at(b).type == n.type &&
+         g.at(a).type == n.type;
+}
+
+/// The projection group starting at ops[i], or nullopt.
+std::optional<projection_fusion> match_projection(const graph& g, const std::vector<node_id>& ops, std::size_t i) {
+  const node& first = g.at(ops[i]);
+  if (!is_gemv_projection(g, first)) return std::nullopt;
+  auto at = [&](std::size_t k) -> const node* { return k < ops.size() ? &g.at(ops[k]) : nullptr; };
+  auto same_x = [&](const node* n) {
+    return n && is_gemv_projection(g, *n) && n->inputs[0] == first.inputs[0];
+  };
+  projection_fusion f;
+  // gated: gate, up, silu(gate), mul(silu, up)
+  if (const node *up = at(i + 1), *act = at(i + 2), *mul = at(i + 3);
+      same_x(up) && act && mul && up->dims == first.dims && act->op == op_kind::silu && act->inputs.size() == 1 &&
+      act->inputs[0] == first.id && act->dims == first.dims && act->type == first.type && mul->op == op_kind::mul &&
+      binary_of(g, *mul, act->id, up->id) && only_read_by(g, first.id, act->id) && only_read_by(g, act->id, mul->id) &&
+      only_read_by(g, up->id, mul->id)) {
+    f.kind = projection_kind::gated;
+    f.ops = {first.id, up->id, act->id, mul->id};
+    return f;
+  }
+  // residual: m = x w^T, add(r, m)
+  if (const node* add = at(i + 1); add && add->op == op_kind::add && add->inputs.size() == 2 &&
+                                   (add->inputs[0] == first.id) != (add->inputs[1] == first.id)) {
+    const node_id r = add->inputs[0] == first.id ? add->inputs[1] : add->inputs[0];
+    if (binary_of(g, *add, first.id, r) && g.at(r).contiguous() && only_read_by(g, first.id, add->id)) {
+      f.kind = projection_kind::residual;
+      f.ops = {first.id, add->id};
+      return f;
+    }
+  }
+  // shared_input: 2-3 consecutive projections of one x
+  f.kind = projection_kind::shared_input;
+  f.ops = {first.id};
+  for (std::size_t k = i + 1; k < i + 3 && same_x(at(k)); ++k) {
+    // A gated pair further on keeps its gate (gate and up share x too).
+    if (auto later = match_projection(g, ops, k); later && later->kind == projection_kind::gated) break;
+    f.ops.push_back(ops[k]);
+  }
+  if (f.ops.size() < 2) return std::nullopt;
+  return f;
+}
+
+/// The non-view, non-leaf ops of a CUDA compute step, in order (empty otherwise).
+void compute_ops(const graph& g, const step& st, const std::vector<device_spec>& devices, std::vector<node_id>& ops) {
+  ops.clear();
+  if (st.kind != step_kind::compute || devices.at(static_cast<std::size_t>(st.device)).kind != device_kind::cuda)
+    return;
+  for (node_id id : st.ops)
+    if (!is_view_op(g.at(id).op) && !is_leaf_op(g.at(id).op)) ops.push_back(id);
+}
+
 }  // namespace
+
+std::vector<projection_fusion> find_projection_fusions(const graph& g, const std::vector<step>& steps,
+                                                       const std::vector<device_spec>& devices) {
+  std::vector<projection_fusion> found;
+  std::vector<node_id> ops;
+  for (const step& st : steps) {
+    compute_ops(g, st, devices, ops);
+    for (std::size_t i = 0; i < ops.size(); ++i) {
+      auto f = match_projection(g, ops, i);
+      if (!f) continue;
+      f->step = st.id;
+      i += f->ops.size() - 1;  // past the group's last op
+      found.push_back(std::move(*f));
+    }
+  }
+  return found;
+}
 
 std::vector<attention_fusion> find_attention_fusions(const graph& g, const std::vector<step>& steps,
                                                      const std::vector<device_spec>& devices) {
   std::vector<attention_fusion> found;
   std::vector<node_id> ops;
   for (const step& st : steps) {
-    if (st.kind != step_kind::compute || devices.at(static_cast<std::size_t>(st.device)).kind != device_kind::cuda)
-      continue;
-    ops.clear();
-    for (node_id id : st.ops)
-      if (!is_view_op(g.at(id).op) && !is_leaf_op(g.at(id).op)) ops.push_back(id);
+    compute_ops(g, st, devices, ops);
     for (std::size_t i = 0; i < ops.size(); ++i) {
       auto f = match(g, ops, i);
       if (!f) continue;

@@ -46,4 +46,33 @@ inline constexpr int64_t fused_attention_max_head = 256;
 std::vector<attention_fusion> find_attention_fusions(const graph& g, const std::vector<step>& steps,
                                                      const std::vector<device_spec>& devices);
 
+/// Matrix-vector products of a decode step that one GEMV kernel runs
+/// together (plan_options::fuse_projections; gpu/cuda/gemv.cuh). Every
+/// matmul here is x [.., K] times a weight leaf w [N, K] transposed (an
+/// nn.Linear), with at most fused_gemv_max_rows rows of x, K a whole number
+/// of 16-byte vectors, x contiguous and 16-byte aligned, one float dtype;
+/// the ops are consecutive compute ops of one step on a CUDA device.
+enum class projection_kind : uint8_t {
+  shared_input,  ///< 2-3 matmuls of the same x (q, k, v): each output written
+  gated,         ///< {gate = x w_g^T, up = x w_u^T, silu(gate), mul(silu, up)}: the mul's output
+  residual,      ///< {m = x w^T, add(r, m) or add(m, r)}, same dims: the add's output
+};
+struct projection_fusion {
+  step_id step = -1;
+  projection_kind kind = projection_kind::shared_input;
+  /// In step order; the kernel runs at the last, reading every op's inputs
+  /// there (the memory plan keeps them live until then). The outputs of
+  /// gated's first three ops and residual's matmul are never written.
+  std::vector<node_id> ops;
+};
+
+/// The most rows of x a fused projection takes (gpu/cuda/gemv.cuh's gemv_max_rows).
+inline constexpr int64_t fused_gemv_max_rows = 8;
+
+/// The projection groups of `steps` on CUDA devices, in step order; an op is
+/// in at most one group (gated before shared_input: gate and up are matmuls
+/// of one x).
+std::vector<projection_fusion> find_projection_fusions(const graph& g, const std::vector<step>& steps,
+                                                       const std::vector<device_spec>& devices);
+
 }  // namespace ag

@@ -171,6 +171,24 @@ error check_hazards(const plan& p) {
         for (node_id in : g.at(f.scores).inputs) acc[dev][root_of(g, in)].reads.push_back({s.id, k});
         if (f.mask_add != no_node) acc[dev][root_of(g, g.at(f.mask_add).inputs.at(1))].reads.push_back({s.id, k});
       }
+      // A projection group's kernel reads the group's inputs from outside it
+      // at its last op, and writes every output there (a shared-input
+      // group's earlier outputs move their one write; gated and residual
+      // groups write only the last op's).
+      for (const projection_fusion& f : p.projection_fusions()) {
+        if (f.step != s.id) continue;
+        const auto at = std::find(s.ops.begin(), s.ops.end(), f.ops.back());
+        if (at == s.ops.end()) return step_err(s, "a projection group's last op is not in its step");
+        const int k = static_cast<int>(at - s.ops.begin());
+        for (node_id op : f.ops) {
+          for (node_id in : g.at(op).inputs)
+            if (std::find(f.ops.begin(), f.ops.end(), in) == f.ops.end())
+              acc[dev][root_of(g, in)].reads.push_back({s.id, k});
+          if (f.kind == projection_kind::shared_input)
+            for (access_pos& w : acc[dev][op].writes)
+              if (w.step == s.id) w.op = k;
+        }
+      }
     } else if (s.kind == step_kind::copy_h2d) {
       acc[dev][root_of(g, s.ops[0])].writes.push_back({s.id, 0});
     } else if (s.kind == step_kind::copy_d2h) {

@@ -228,6 +228,17 @@ error planner::plan_memory(plan& p) {
     for (node_id i : g.at(f.scores).inputs) read(st.device, i, pos);
     if (f.mask_add != no_node) read(st.device, g.at(f.mask_add).inputs.at(1), pos);
   }
+  // A projection group's kernel reads the group's inputs from outside it at
+  // its last op.
+  for (const projection_fusion& f : p.projection_fusions_) {
+    const step& st = p.steps_[static_cast<std::size_t>(f.step)];
+    const auto at = std::find(st.ops.begin(), st.ops.end(), f.ops.back());
+    if (at == st.ops.end()) return error(errc::internal, "memory plan: a projection group's last op is not in its step");
+    const position pos{st.id, static_cast<int>(at - st.ops.begin())};
+    for (node_id op : f.ops)
+      for (node_id i : g.at(op).inputs)
+        if (std::find(f.ops.begin(), f.ops.end(), i) == f.ops.end()) read(st.device, i, pos);
+  }
 
   for (std::size_t d = 0; d < ndev; ++d) {
     device_memory& mem = p.memory_[d];

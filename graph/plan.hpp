@@ -189,11 +189,17 @@ struct plan_options {
   /// same either way, and the memory plan keeps the chain's inputs until the
   /// fused kernel reads them. Today: on CUDA devices, a decode step's
   /// attention (scores, mask add, softmax, weighted sum: 4 kernels per
-  /// layer) as one kernel. Off by default: that kernel runs one block per
-  /// batch entry and kv head, and on an H100 it took 55 us where the four
-  /// kernels take about 16 (LLaMA-1B decode 2.73 vs 2.12 ms/token,
-  /// docs/BENCHMARKS.md); it needs the keys split over blocks first.
+  /// layer) as one kernel. Off by default: with its keys split over blocks
+  /// it takes 15.7 us on an H100 where the four kernels take 10.0
+  /// (docs/BENCHMARKS.md, session 11).
   bool fuse_ops = false;
+  /// On CUDA devices, run a decode step's projections of at most 8 rows
+  /// together on the GEMV kernel (graph/fusion.hpp, projection_fusion;
+  /// plan::projection_fusions() lists them): q, k and v of one input as one
+  /// kernel, gate, up, silu and their product as one, and a projection with
+  /// the residual add after it as one. Same steps and memory rules as
+  /// fuse_ops. On by default (measured in docs/BENCHMARKS.md, session 11).
+  bool fuse_projections = true;
   /// Copies of the plan's state (its store_rows nodes, e.g. one KV cache per
   /// sequence) each device keeps: a job names one (submit_options::
   /// state_slot) and sees what the previous job of that slot stored. The
@@ -243,6 +249,9 @@ class plan {
   /// graph/fusion.hpp), in step order; the memory plan keeps their inputs
   /// until the kernel that reads them.
   const std::vector<attention_fusion>& fusions() const noexcept { return fusions_; }
+  /// Projection groups one GEMV kernel runs (plan_options::fuse_projections),
+  /// in step order; the memory plan keeps their inputs until the group's last op.
+  const std::vector<projection_fusion>& projection_fusions() const noexcept { return projection_fusions_; }
   const plan_options& options() const noexcept { return options_; }
   /// Device of each node (index = node id); leaves take their first consumer's device.
   /// Views take their first compute reader's device (else their storage's).
@@ -282,6 +291,7 @@ class plan {
   std::shared_ptr<const graph> graph_;
   std::shared_ptr<const tensor_parallel_info> tp_;
   std::vector<attention_fusion> fusions_;
+  std::vector<projection_fusion> projection_fusions_;
   std::vector<device_spec> devices_;
   plan_options options_;
   std::vector<int> placement_;

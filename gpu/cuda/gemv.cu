@@ -48,71 +48,116 @@ template <> struct vec16<__half> {
   }
 };
 
-// y[r * N + n] = sum_k x[off[r] + k] * w[n * ldw + k], for r < R. A warp per
-// weight row n (grid-stride); each lane keeps kInFlight 16-byte loads of the
-// row in flight (the weights stream through once: no L1 allocation), reads
-// the matching x vectors through L1 (every warp of the SM reads the same x),
-// and the warp sums its lanes at the end.
-template <class T, class TO, int R>
+// What one launch computes (gemv.cuh): up to 3 weight matrices of K
+// columns, stacked: the warp for global row n works on matrix m where
+// n_end[m - 1] <= n < n_end[m] (plain), or on row n of both w[0] and w[1]
+// (gated), writing y[m][r * N_m + local row].
+template <class T, class TO>
+struct gemv_targets {
+  const T* w[3] = {nullptr, nullptr, nullptr};
+  TO* y[3] = {nullptr, nullptr, nullptr};
+  int64_t n_end[3] = {0, 0, 0};
+  int count = 1;
+  const T* residual = nullptr;  // residual mode: [R, N] contiguous, added to the product
+};
+
+enum gemv_mode : int { plain = 0, gated = 1, residual = 2 };
+
+// A warp per weight row (grid-stride); each lane keeps its 16-byte loads of
+// the row in flight (the weights stream through once: no L1 allocation),
+// reads the matching x vectors through L1 (every warp of the SM reads the
+// same x), and the warp sums its lanes at the end. Gated: the row of w[0]
+// (gate) and of w[1] (up) together, then silu(gate) * up.
+template <class T, class TO, int R, int MODE>
 __global__ void __launch_bounds__(kThreads)
-    gemv_kernel(TO* __restrict__ y, const T* __restrict__ x, row_offsets xr, const T* __restrict__ w, int64_t ldw,
-                int64_t N, int64_t vecs) {
+    gemv_kernel(gemv_targets<T, TO> tg, const T* __restrict__ x, row_offsets xr, int64_t ldw, int64_t vecs) {
   constexpr int V = vec16<T>::n;
+  constexpr int F = MODE == gated ? kInFlight / 2 : kInFlight;  // loads per matrix in flight
   const int lane = static_cast<int>(threadIdx.x & 31);
   const int64_t warps = (static_cast<int64_t>(gridDim.x) * blockDim.x) >> 5;
-  for (int64_t n = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5; n < N; n += warps) {
-    const uint4* wr = reinterpret_cast<const uint4*>(w + n * ldw);
-    float acc[R];
+  const int64_t total = tg.n_end[tg.count - 1];
+  for (int64_t n = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5; n < total; n += warps) {
+    int m = 0;
+    if constexpr (MODE == plain)
+      while (m + 1 < tg.count && n >= tg.n_end[m]) ++m;
+    const int64_t row = m == 0 ? n : n - tg.n_end[m - 1];
+    const int64_t N = m == 0 ? tg.n_end[0] : tg.n_end[m] - tg.n_end[m - 1];
+    const uint4* wr = reinterpret_cast<const uint4*>(tg.w[m] + row * ldw);
+    const uint4* ur = MODE == gated ? reinterpret_cast<const uint4*>(tg.w[1] + row * ldw) : nullptr;
+    float acc[R], acc_up[R];
 #pragma unroll
-    for (int r = 0; r < R; ++r) acc[r] = 0.f;
-    for (int64_t v0 = lane; v0 < vecs; v0 += 32 * kInFlight) {
-      uint4 wv[kInFlight];
+    for (int r = 0; r < R; ++r) acc[r] = 0.f, acc_up[r] = 0.f;
+    for (int64_t v0 = lane; v0 < vecs; v0 += 32 * F) {
+      uint4 wv[F], uv[MODE == gated ? F : 1];
 #pragma unroll
-      for (int u = 0; u < kInFlight; ++u) {
+      for (int u = 0; u < F; ++u) {
         const int64_t v = v0 + 32 * u;
-        if (v < vecs) wv[u] = __ldcs(wr + v);
+        if (v < vecs) {
+          wv[u] = __ldcs(wr + v);
+          if constexpr (MODE == gated) uv[u] = __ldcs(ur + v);
+        }
       }
 #pragma unroll
-      for (int u = 0; u < kInFlight; ++u) {
+      for (int u = 0; u < F; ++u) {
         const int64_t v = v0 + 32 * u;
         if (v >= vecs) break;
-        float wf[V];
+        float wf[V], uf[V];
         vec16<T>::unpack(wv[u], wf);
+        if constexpr (MODE == gated) vec16<T>::unpack(uv[u], uf);
 #pragma unroll
         for (int r = 0; r < R; ++r) {
           float xf[V];
           vec16<T>::unpack(__ldg(reinterpret_cast<const uint4*>(x + xr.off[r]) + v), xf);
 #pragma unroll
-          for (int e = 0; e < V; ++e) acc[r] = fmaf(wf[e], xf[e], acc[r]);
+          for (int e = 0; e < V; ++e) {
+            acc[r] = fmaf(wf[e], xf[e], acc[r]);
+            if constexpr (MODE == gated) acc_up[r] = fmaf(uf[e], xf[e], acc_up[r]);
+          }
         }
       }
     }
 #pragma unroll
     for (int r = 0; r < R; ++r) {
-      const float s = warp_sum(acc[r]);
-      if (lane == 0) y[r * N + n] = from_f<TO>(s);
+      float s = warp_sum(acc[r]);
+      if constexpr (MODE == gated) {
+        const float up = warp_sum(acc_up[r]);
+        s = s / (1.f + __expf(-s)) * up;
+      }
+      if (lane == 0) {
+        if constexpr (MODE == residual) s += to_f(tg.residual[r * N + row]);
+        tg.y[m][r * N + row] = from_f<TO>(s);
+      }
     }
   }
 }
 
-template <class T, class TO, int R>
-void go_rows(const launch_ctx& c, void* y, const void* x, const row_offsets& xr, const void* w, int64_t ldw, int64_t N,
+template <class T, class TO, int R, int MODE>
+void go_rows(const launch_ctx& c, const gemv_targets<T, TO>& tg, const void* x, const row_offsets& xr, int64_t ldw,
              int64_t K) {
   const int64_t vecs = K / vec16<T>::n;
-  const unsigned grid = grid_for(N * 32, kThreads, c.sm_count * 64);
-  gemv_kernel<T, TO, R><<<grid, kThreads, 0, c.stream>>>(static_cast<TO*>(y), static_cast<const T*>(x), xr,
-                                                         static_cast<const T*>(w), ldw, N, vecs);
+  const unsigned grid = grid_for(tg.n_end[tg.count - 1] * 32, kThreads, c.sm_count * 64);
+  gemv_kernel<T, TO, R, MODE><<<grid, kThreads, 0, c.stream>>>(tg, static_cast<const T*>(x), xr, ldw, vecs);
+}
+
+template <class T, class TO, int MODE = plain>
+void go(const launch_ctx& c, int rows, const gemv_targets<T, TO>& tg, const void* x, const row_offsets& xr,
+        int64_t ldw, int64_t K) {
+  switch (rows) {
+    case 1: go_rows<T, TO, 1, MODE>(c, tg, x, xr, ldw, K); break;
+    case 2: go_rows<T, TO, 2, MODE>(c, tg, x, xr, ldw, K); break;
+    case 3: case 4: go_rows<T, TO, 4, MODE>(c, tg, x, xr, ldw, K); break;
+    default: go_rows<T, TO, 8, MODE>(c, tg, x, xr, ldw, K); break;
+  }
 }
 
 template <class T, class TO>
-void go(const launch_ctx& c, int rows, void* y, const void* x, const row_offsets& xr, const void* w, int64_t ldw,
-        int64_t N, int64_t K) {
-  switch (rows) {
-    case 1: go_rows<T, TO, 1>(c, y, x, xr, w, ldw, N, K); break;
-    case 2: go_rows<T, TO, 2>(c, y, x, xr, w, ldw, N, K); break;
-    case 3: case 4: go_rows<T, TO, 4>(c, y, x, xr, w, ldw, N, K); break;
-    default: go_rows<T, TO, 8>(c, y, x, xr, w, ldw, N, K); break;
-  }
+void go_one(const launch_ctx& c, int rows, void* y, const void* x, const row_offsets& xr, const void* w, int64_t ldw,
+            int64_t N, int64_t K) {
+  gemv_targets<T, TO> tg;
+  tg.w[0] = static_cast<const T*>(w);
+  tg.y[0] = static_cast<TO*>(y);
+  tg.n_end[0] = N;
+  go<T, TO>(c, rows, tg, x, xr, ldw, K);
 }
 
 }  // namespace
@@ -152,19 +197,118 @@ bool try_launch_gemv(const launch_ctx& c, const kt& out, const kt& a, const kt& 
   const int rn = static_cast<int>(rows);
   const bool f32_out = out.t == static_cast<int>(dtype::f32);
   switch (static_cast<dtype>(t)) {
-    case dtype::f32: go<float, float>(c, rn, out.p, a.p, xr, b.p, ldw, N, K); break;
+    case dtype::f32: go_one<float, float>(c, rn, out.p, a.p, xr, b.p, ldw, N, K); break;
     case dtype::f16:
-      if (f32_out) go<__half, float>(c, rn, out.p, a.p, xr, b.p, ldw, N, K);
-      else go<__half, __half>(c, rn, out.p, a.p, xr, b.p, ldw, N, K);
+      if (f32_out) go_one<__half, float>(c, rn, out.p, a.p, xr, b.p, ldw, N, K);
+      else go_one<__half, __half>(c, rn, out.p, a.p, xr, b.p, ldw, N, K);
       break;
     default:
-      if (f32_out) go<__nv_bfloat16, float>(c, rn, out.p, a.p, xr, b.p, ldw, N, K);
-      else go<__nv_bfloat16, __nv_bfloat16>(c, rn, out.p, a.p, xr, b.p, ldw, N, K);
+      if (f32_out) go_one<__nv_bfloat16, float>(c, rn, out.p, a.p, xr, b.p, ldw, N, K);
+      else go_one<__nv_bfloat16, __nv_bfloat16>(c, rn, out.p, a.p, xr, b.p, ldw, N, K);
       break;
   }
   if (cudaError_t e = cudaGetLastError(); e != cudaSuccess)
     result = cuda_error(e, c.where, "gemv_kernel", __FILE__, __LINE__);
   return true;
+}
+
+namespace {
+
+// x's rows as element offsets (rows over d[0], d[1], d[2]), false when a row
+// is not K-contiguous and 16-byte aligned or there are too many.
+template <class T>
+bool x_rows(const kt& x, int64_t& rows, row_offsets& xr) {
+  constexpr int V = vec16<T>::n;
+  const int64_t K = x.d[3];
+  rows = x.d[0] * x.d[1] * x.d[2];
+  if (rows < 1 || rows > gemv_max_rows || K % V != 0 || (K > 1 && x.s[3] != 1) || !aligned16(x.p)) return false;
+  int r = 0;
+  for (int64_t i0 = 0; i0 < x.d[0]; ++i0)
+    for (int64_t i1 = 0; i1 < x.d[1]; ++i1)
+      for (int64_t m = 0; m < x.d[2]; ++m, ++r) {
+        xr.off[r] = i0 * x.s[0] + i1 * x.s[1] + m * x.s[2];
+        if (xr.off[r] % V != 0) return false;
+      }
+  return true;
+}
+
+// A weight leaf [N, K], contiguous and aligned.
+bool weight_ok(const kt& w, int64_t K) {
+  return w.d[0] == 1 && w.d[1] == 1 && w.d[3] == K && (w.d[2] == 1 || w.s[2] == K) && (K == 1 || w.s[3] == 1) &&
+         aligned16(w.p);
+}
+
+// `y` holds rows x N elements contiguously.
+bool dense(const kt& y, int64_t rows, int64_t N) {
+  if (y.d[0] * y.d[1] * y.d[2] * y.d[3] != rows * N) return false;
+  int64_t expect = 1;
+  for (int k = 3; k >= 0; --k) {
+    if (y.d[k] != 1 && y.s[k] != expect) return false;
+    expect *= y.d[k];
+  }
+  return true;
+}
+
+template <class T>
+error go_projections(const launch_ctx& c, projection_kind kind, const kt& out, const kt* extra_outs, int n_extra,
+                     const kt& x, const kt* w, int n_w, const kt* resid) {
+  const auto refuse = [&](const char* why) {
+    return error(errc::internal, c.where + ": fused projections outside the GEMV kernel's limits: " + why);
+  };
+  int64_t rows = 0;
+  row_offsets xr{};
+  if (!x_rows<T>(x, rows, xr)) return refuse("x's rows (at most 8, K-contiguous, 16-byte aligned)");
+  const int64_t K = x.d[3];
+  gemv_targets<T, T> tg;
+  tg.count = kind == projection_kind::shared_input ? n_w : 1;
+  if (n_w < 1 || n_w > 3 || (kind != projection_kind::shared_input && n_w != (kind == projection_kind::gated ? 2 : 1)) ||
+      (kind == projection_kind::shared_input && n_extra != n_w - 1))
+    return refuse("operand count");
+  int64_t end = 0;
+  for (int m = 0; m < n_w; ++m) {
+    if (!weight_ok(w[m], K)) return refuse("a weight is not a contiguous, aligned [N, K]");
+    tg.w[m] = static_cast<const T*>(w[m].p);
+  }
+  for (int m = 0; m < tg.count; ++m) {
+    const kt& y = m == 0 ? out : extra_outs[m - 1];
+    const int64_t N = w[m].d[2];
+    if (!dense(y, rows, N)) return refuse("an output is not [rows, N] contiguous");
+    tg.y[m] = static_cast<T*>(y.p);
+    tg.n_end[m] = end += N;
+  }
+  if (kind == projection_kind::gated && w[1].d[2] != w[0].d[2]) return refuse("gate and up differ in N");
+  if (kind == projection_kind::residual) {
+    if (!resid || !dense(*resid, rows, w[0].d[2])) return refuse("the residual is not [rows, N] contiguous");
+    tg.residual = static_cast<const T*>(resid->p);
+  }
+  const int rn = static_cast<int>(rows);
+  switch (kind) {
+    case projection_kind::shared_input: go<T, T, plain>(c, rn, tg, x.p, xr, K, K); break;
+    case projection_kind::gated: go<T, T, gated>(c, rn, tg, x.p, xr, K, K); break;
+    case projection_kind::residual: go<T, T, residual>(c, rn, tg, x.p, xr, K, K); break;
+  }
+  AG_CUDA_TRY_LAUNCH(c.where);
+  return {};
+}
+
+}  // namespace
+
+error launch_gemv_projections(const launch_ctx& c, projection_kind kind, const kt& out, const kt* extra_outs,
+                              int n_extra, const kt& x, const kt* weights, int n_weights, const kt* residual) {
+  const int t = x.t;
+  if (out.t != t) return error(errc::dtype_mismatch, c.where + ": fused projections need one dtype");
+  for (int m = 0; m < n_weights; ++m)
+    if (weights[m].t != t) return error(errc::dtype_mismatch, c.where + ": fused projections need one dtype");
+  for (int m = 0; m < n_extra; ++m)
+    if (extra_outs[m].t != t) return error(errc::dtype_mismatch, c.where + ": fused projections need one dtype");
+  if (residual && residual->t != t) return error(errc::dtype_mismatch, c.where + ": fused projections need one dtype");
+  switch (static_cast<dtype>(t)) {
+    case dtype::f32: return go_projections<float>(c, kind, out, extra_outs, n_extra, x, weights, n_weights, residual);
+    case dtype::f16: return go_projections<__half>(c, kind, out, extra_outs, n_extra, x, weights, n_weights, residual);
+    case dtype::bf16:
+      return go_projections<__nv_bfloat16>(c, kind, out, extra_outs, n_extra, x, weights, n_weights, residual);
+    default: return error(errc::dtype_mismatch, c.where + ": fused projections need f32, f16 or bf16");
+  }
 }
 
 }  // namespace ag::gpu::cuda

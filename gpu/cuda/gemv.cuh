@@ -2,6 +2,7 @@
 // Matrix-vector products of a few rows against a shared weight matrix (host
 // launcher): the shape of every projection of a decode step.
 #include "gpu/cuda/kernel_args.hpp"
+#include "graph/fusion.hpp"
 
 namespace ag::gpu::cuda {
 
@@ -17,5 +18,16 @@ inline constexpr int gemv_max_rows = 8;
 /// product does not fit; true when it launched (result: a launch error, if any).
 bool try_launch_gemv(const launch_ctx& c, const kt& out, const kt& a, const kt& b, bool trans_a, bool trans_b,
                      error& result);
+
+/// A projection group (graph/fusion.hpp, projection_fusion) as one GEMV
+/// launch: x [rows, K] (rows <= gemv_max_rows, 16-byte aligned rows) against
+/// `weights` (contiguous [N_m, K]). shared_input: out = x w_0^T and
+/// extra_outs[m - 1] = x w_m^T (n_weights 2-3); gated: out = silu(x w_0^T) *
+/// (x w_1^T); residual: out = x w_0^T + residual. Outputs and the residual
+/// contiguous [rows, N]; one dtype (f32, f16, bf16), f32 accumulation, one
+/// rounding at the end. The planner only groups what fits (is_gemv_projection);
+/// anything else is an errc::internal error naming the op.
+error launch_gemv_projections(const launch_ctx& c, projection_kind kind, const kt& out, const kt* extra_outs,
+                              int n_extra, const kt& x, const kt* weights, int n_weights, const kt* residual);
 
 }  // namespace ag::gpu::cuda

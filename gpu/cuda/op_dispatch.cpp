@@ -7,6 +7,7 @@
 #include "gpu/cuda/device_guard.hpp"
 #include "gpu/cuda/elementwise.cuh"
 #include "gpu/cuda/gemm.cuh"
+#include "gpu/cuda/gemv.cuh"
 #include "gpu/cuda/get_rows.cuh"
 #include "gpu/cuda/kernel_args.hpp"
 #include "gpu/cuda/norm.cuh"
@@ -56,6 +57,24 @@ error dispatch_op(core& dev_core, cuda_stream& cs, const op_launch& l, const std
     e = launch_fused_attention(c, out, to_kt(l.inputs[0]), to_kt(l.inputs[1]), to_kt(l.inputs[2]),
                                masked ? &mask : nullptr, l.attention.scale, l.attention.causal,
                                l.attention.softmax_rows);
+    if (e.code == errc::device_failed) dev_core.mark_dead(e);
+    return e;
+  }
+  if (l.fused == op_launch::fusion::projections) {
+    // The lowering's projection group (gpu::op_launch::projection): inputs
+    // {x, w_1, .., w_n} or {x, w, residual}.
+    if ((e = need(2))) return e;
+    c.where.append(" (fused projections)");
+    const bool with_residual = l.projection == projection_kind::residual;
+    const int n_w = static_cast<int>(l.inputs.size()) - 1 - (with_residual ? 1 : 0);
+    kt ws[3], extra[2];
+    if (n_w < 1 || n_w > 3 || l.extra_outs.size() > 2)
+      return error(errc::internal, c.where + ": fused projections with " + std::to_string(l.inputs.size()) + " inputs");
+    for (int m = 0; m < n_w; ++m) ws[m] = to_kt(l.inputs[static_cast<std::size_t>(1 + m)]);
+    for (std::size_t m = 0; m < l.extra_outs.size(); ++m) extra[m] = to_kt(l.extra_outs[m]);
+    const kt resid = with_residual ? to_kt(l.inputs.back()) : kt{};
+    e = launch_gemv_projections(c, l.projection, out, extra, static_cast<int>(l.extra_outs.size()),
+                                to_kt(l.inputs[0]), ws, n_w, with_residual ? &resid : nullptr);
     if (e.code == errc::device_failed) dev_core.mark_dead(e);
     return e;
   }

@@ -123,7 +123,9 @@ void expect_consistent(const launch_program& prog) {
         EXPECT_EQ(std::count(ps.ops.begin(), ps.ops.end(), op.op->id), 1);
         // A fused record lists the fusion's operands (gpu::op_launch::fusion).
         if (op.fused == gpu::op_launch::fusion::none) EXPECT_EQ(op.inputs.size(), op.op->inputs.size());
-        else EXPECT_EQ(op.inputs.size(), op.attention.masked ? 4u : 3u);
+        else if (op.fused == gpu::op_launch::fusion::attention) EXPECT_EQ(op.inputs.size(), op.attention.masked ? 4u : 3u);
+        else EXPECT_GE(op.inputs.size(), 3u) << "x and at least two weights, or x, a weight and the residual";
+        if (op.fused != gpu::op_launch::fusion::projections) EXPECT_TRUE(op.extra_outs.empty()) << op.op->name;
       }
     } else {
       EXPECT_TRUE(ls.ops.empty());
@@ -492,6 +494,7 @@ fused_count count_fused(const models::transformer_config& cfg, device_kind kind,
   d.kind = kind;
   plan_options o;
   o.fuse_ops = fuse_ops;
+  o.fuse_projections = false;  // counted on their own below
   auto p = compile(std::make_shared<const graph>(std::move(*g)), {d}, o);
   EXPECT_TRUE(p.has_value()) << p.err().to_string();
   if (!p) return {};
@@ -566,6 +569,125 @@ TEST(LaunchProgram, DecodeAttentionIsOneFusedRecordPerLayerOnCudaOnly) {
   prefill.seq_len = 16;
   prefill.weight_values = false;
   EXPECT_EQ(count_fused(prefill, device_kind::cuda).fused, 0);
+}
+
+// Projection groups (CUDA devices only, plan_options::fuse_projections): in
+// a LLaMA decode step q, k and v become one record, gate, up, silu and their
+// product one, and o and down each one with the residual add after it; GPT-2
+// (biases between its matmuls and the residual adds), a prefill (more than 8
+// rows) and sim devices keep their ops. The hazard checker passes, and no
+// group's output shares bytes with what the kernel reads.
+struct projection_count {
+  int shared = 0, gated = 0, residual = 0, records = 0;
+};
+
+projection_count count_projections(const models::transformer_config& cfg, device_kind kind, bool fuse = true) {
+  auto g = models::build_transformer(cfg);
+  EXPECT_TRUE(g.has_value()) << g.err().to_string();
+  device_spec d;
+  d.name = kind == device_kind::cuda ? "cuda0" : "sim0";
+  d.kind = kind;
+  plan_options o;
+  o.fuse_projections = fuse;
+  auto p = compile(std::make_shared<const graph>(std::move(*g)), {d}, o);
+  EXPECT_TRUE(p.has_value()) << p.err().to_string();
+  if (!p) return {};
+  EXPECT_TRUE(check_hazards(**p).ok()) << check_hazards(**p).to_string();
+  auto prog = lower(*p);
+  EXPECT_TRUE(prog.has_value()) << prog.err().to_string();
+  projection_count c;
+  if (!prog) return c;
+  expect_consistent(**prog);
+  auto apart = [](const actors::operand& a, const actors::operand& b) {
+    if (a.where != b.where) return true;
+    const auto x = span_of(a), y = span_of(b);
+    return x.second < y.first || y.second < x.first;
+  };
+  for (const lowered_step& ls : (*prog)->steps())
+    for (const auto& op : ls.ops) {
+      ++c.records;
+      if (op.fused != gpu::op_launch::fusion::projections) continue;
+      switch (op.projection) {
+        case projection_kind::shared_input:
+          ++c.shared;
+          EXPECT_EQ(op.op->op, op_kind::matmul);
+          EXPECT_EQ(op.inputs.size(), 2 + op.extra_outs.size()) << "x and a weight per output";
+          break;
+        case projection_kind::gated:
+          ++c.gated;
+          EXPECT_EQ(op.op->op, op_kind::mul);
+          EXPECT_EQ(op.inputs.size(), 3u) << "x, w_gate, w_up";
+          break;
+        case projection_kind::residual:
+          ++c.residual;
+          EXPECT_EQ(op.op->op, op_kind::add);
+          EXPECT_EQ(op.inputs.size(), 3u) << "x, w, the residual";
+          break;
+      }
+      // x (and the residual) are read while the outputs are written.
+      std::vector<actors::operand> outs{op.out};
+      outs.insert(outs.end(), op.extra_outs.begin(), op.extra_outs.end());
+      for (const auto& out : outs) {
+        EXPECT_TRUE(apart(op.inputs.front(), out)) << op.op->name << ": x under an output";
+        if (op.projection == projection_kind::residual)
+          EXPECT_TRUE(apart(op.inputs.back(), out)) << op.op->name << ": the residual under the output";
+      }
+      for (std::size_t i = 0; i < outs.size(); ++i)
+        for (std::size_t j = i + 1; j < outs.size(); ++j) EXPECT_TRUE(apart(outs[i], outs[j])) << op.op->name;
+    }
+  EXPECT_EQ(c.shared + c.gated + c.residual, static_cast<int>((*p)->projection_fusions().size()));
+  // describe() names the groups (and says nothing of fusion without any).
+  const std::string text = (*p)->describe();
+  if (c.shared + c.gated + c.residual > 0) {
+    EXPECT_NE(text.find(std::to_string(c.shared) + " shared-input projection group(s), " + std::to_string(c.gated) +
+                        " gated-MLP group(s), " + std::to_string(c.residual) + " projection + residual group(s)"),
+              std::string::npos)
+        << text;
+  } else {
+    EXPECT_EQ(text.find("fused:"), std::string::npos) << text;
+  }
+  return c;
+}
+
+TEST(LaunchProgram, DecodeProjectionsAreGroupedIntoGemvRecordsOnCudaOnly) {
+  models::transformer_config cfg;
+  cfg.variant = models::model_variant::llama;
+  cfg.n_layers = 3;
+  cfg.d_model = 64;
+  cfg.n_heads = 8;
+  cfg.n_kv_heads = 2;
+  cfg.d_ff = 96;
+  cfg.vocab = 50;
+  cfg.batch = 2;
+  cfg.seq_len = 1;
+  cfg.weight_values = false;
+  for (dtype t : {dtype::f32, dtype::bf16})
+    for (int64_t cache : {int64_t{0}, int64_t{32}}) {
+      cfg.dtype = t;
+      cfg.kv_cache_capacity = cache;
+      SCOPED_TRACE(std::string(to_string(t)) + " cache " + std::to_string(cache));
+      const auto cuda = count_projections(cfg, device_kind::cuda);
+      EXPECT_EQ(cuda.shared, 3) << "q, k, v of each layer";
+      EXPECT_EQ(cuda.gated, 3) << "gate, up, silu, mul of each layer";
+      EXPECT_EQ(cuda.residual, 6) << "o and down of each layer, each with its residual add";
+      const auto off = count_projections(cfg, device_kind::cuda, /*fuse=*/false);
+      EXPECT_EQ(off.shared + off.gated + off.residual, 0);
+      EXPECT_EQ(off.records - cuda.records, 7 * 3) << "11 records of a layer become 4";
+      const auto sim = count_projections(cfg, device_kind::sim);
+      EXPECT_EQ(sim.shared + sim.gated + sim.residual, 0);
+    }
+  // GPT-2: a bias add between each matmul and what follows; a LLaMA prefill
+  // of 16 positions: more rows than the kernel takes.
+  models::transformer_config gpt2 = cfg;
+  gpt2.variant = models::model_variant::gpt2;
+  gpt2.n_kv_heads = 0;
+  const auto g2 = count_projections(gpt2, device_kind::cuda);
+  EXPECT_EQ(g2.shared + g2.gated + g2.residual, 0);
+  models::transformer_config prefill = cfg;
+  prefill.kv_cache_capacity = 0;
+  prefill.seq_len = 16;
+  const auto pf = count_projections(prefill, device_kind::cuda);
+  EXPECT_EQ(pf.shared + pf.gated + pf.residual, 0);
 }
 
 }  // namespace

@@ -131,6 +131,63 @@ TEST(CudaGenerate, DecodeWithFusedAttentionEqualsRecomputeOnOneGpu) {
   decode_on("cuda:0", 1, /*fuse_ops=*/true);
 }
 
+// Jobs of a decode-step plan of `cfg` compiled with `o` (4 state slots),
+// each (with a cache: on a fresh state slot) against the reference.
+void decode_steps_equal_the_reference(runtime& rt, const models::transformer_config& cfg, plan_options o,
+                                      std::size_t attention_fusions, std::size_t projection_groups) {
+  auto g = std::make_shared<const graph>(models::build_transformer(cfg).value());
+  o.state_slots = 4;
+  auto p = rt.compile(g, o);
+  ASSERT_TRUE(p) << p.err().to_string();
+  EXPECT_EQ((*p)->fusions().size(), attention_fusions) << "fused attentions";
+  EXPECT_EQ((*p)->projection_fusions().size(), projection_groups) << "projection groups";
+  for (int k = 0; k < 4; ++k) {
+    std::vector<host_tensor> in;
+    for (node_id id : g->inputs()) {
+      const node& n = g->at(id);
+      if (n.type == dtype::i32) {
+        // tokens < vocab; positions and cache positions: row k of the cache
+        const bool tokens = n.name.find("token") != std::string::npos;
+        in.push_back(tokens ? host_tensor::random_ints(n.dims, 40 + static_cast<uint64_t>(k), cfg.vocab)
+                            : host_tensor::from_ints(n.dims, std::vector<int32_t>(
+                                                                 static_cast<std::size_t>(n.dims.numel()), k)));
+      } else {
+        // the [S, C] mask: key j visible when j <= k
+        std::vector<float> m(static_cast<std::size_t>(n.dims.numel()));
+        for (std::size_t j = 0; j < m.size(); ++j) m[j] = static_cast<int64_t>(j) <= k ? 0.0f : -30000.0f;
+        in.push_back(host_tensor::from_floats(n.type, n.dims, m));
+      }
+    }
+    auto want = evaluate_reference(*g, in);
+    ASSERT_TRUE(want) << want.err().to_string();
+    submit_options so;
+    if (cfg.kv_cache_capacity > 0) so.state_slot = k;  // a fresh slot each: zero cache rows, as the reference has
+    const job j = rt.submit(*p, in, so);
+    ASSERT_TRUE(j.wait_for(60s)) << "job " << k << " hung";
+    const auto& r = j.wait();
+    ASSERT_TRUE(r) << "job " << k << ": " << r.err().to_string();
+    const auto c = cfg.dtype == dtype::f32 ? compare(r->front(), want->front(), 2e-4, 2e-3)
+                                           : compare(r->front(), want->front(), 6e-2, 6e-2);
+    EXPECT_TRUE(c.ok) << "job " << k << ": " << c.message;
+  }
+}
+
+models::transformer_config decode_step_config(models::model_variant variant, dtype t, int64_t cache) {
+  models::transformer_config cfg;
+  cfg.variant = variant;
+  cfg.n_layers = 2;
+  cfg.d_model = 64;
+  cfg.n_heads = 8;
+  cfg.n_kv_heads = variant == models::model_variant::llama ? 2 : 0;
+  cfg.vocab = 97;
+  cfg.seq_len = 1;
+  cfg.batch = 2;
+  cfg.dtype = t;
+  cfg.kv_cache_capacity = cache;
+  cfg.max_positions = 32;  // GPT-2's position table: the jobs' positions go up to 3
+  return cfg;
+}
+
 // The fused attention kernel on its own plans: decode-shaped steps of GPT-2
 // and LLaMA (grouped-query: 4 query rows per kv head) with a KV cache (mask)
 // and without (causal over one key), f32 and bf16, batch 2; each job (with a
@@ -143,55 +200,30 @@ TEST(CudaGenerate, FusedAttentionStepsEqualTheReference) {
   for (auto variant : {models::model_variant::gpt2, models::model_variant::llama})
     for (dtype t : {dtype::f32, dtype::bf16})
       for (int64_t cache : {int64_t{0}, int64_t{24}}) {
-        models::transformer_config cfg;
-        cfg.variant = variant;
-        cfg.n_layers = 2;
-        cfg.d_model = 64;
-        cfg.n_heads = 8;
-        cfg.n_kv_heads = variant == models::model_variant::llama ? 2 : 0;
-        cfg.vocab = 97;
-        cfg.seq_len = 1;
-        cfg.batch = 2;
-        cfg.dtype = t;
-        cfg.kv_cache_capacity = cache;
-        cfg.max_positions = 32;  // GPT-2's position table: the jobs' positions go up to 3
         SCOPED_TRACE(std::string(models::to_string(variant)) + " " + to_string(t) + " cache " + std::to_string(cache));
-        auto g = std::make_shared<const graph>(models::build_transformer(cfg).value());
         plan_options o;
         o.fuse_ops = true;
-        o.state_slots = 4;
-        auto p = (*rt)->compile(g, o);
-        ASSERT_TRUE(p) << p.err().to_string();
-        EXPECT_EQ((*p)->fusions().size(), 2u) << "one fused attention per layer";
-        for (int k = 0; k < 4; ++k) {
-          std::vector<host_tensor> in;
-          for (node_id id : g->inputs()) {
-            const node& n = g->at(id);
-            if (n.type == dtype::i32) {
-              // tokens < vocab; positions and cache positions: row k of the cache
-              const bool tokens = n.name.find("token") != std::string::npos;
-              in.push_back(tokens ? host_tensor::random_ints(n.dims, 40 + static_cast<uint64_t>(k), cfg.vocab)
-                                  : host_tensor::from_ints(n.dims, std::vector<int32_t>(
-                                                                       static_cast<std::size_t>(n.dims.numel()), k)));
-            } else {
-              // the [S, C] mask: key j visible when j <= k
-              std::vector<float> m(static_cast<std::size_t>(n.dims.numel()));
-              for (std::size_t j = 0; j < m.size(); ++j) m[j] = static_cast<int64_t>(j) <= k ? 0.0f : -30000.0f;
-              in.push_back(host_tensor::from_floats(n.type, n.dims, m));
-            }
-          }
-          auto want = evaluate_reference(*g, in);
-          ASSERT_TRUE(want) << want.err().to_string();
-          submit_options so;
-          if (cache > 0) so.state_slot = k;  // a fresh slot each: zero cache rows, as the reference has
-          const job j = (*rt)->submit(*p, in, so);
-          ASSERT_TRUE(j.wait_for(60s)) << "job " << k << " hung";
-          const auto& r = j.wait();
-          ASSERT_TRUE(r) << "job " << k << ": " << r.err().to_string();
-          const auto c = t == dtype::f32 ? compare(r->front(), want->front(), 2e-4, 2e-3)
-                                         : compare(r->front(), want->front(), 6e-2, 6e-2);
-          EXPECT_TRUE(c.ok) << "job " << k << ": " << c.message;
-        }
+        o.fuse_projections = false;
+        decode_steps_equal_the_reference(**rt, decode_step_config(variant, t, cache), o, 2, 0);
+      }
+}
+
+// plan_options::fuse_projections (on by default): a LLaMA decode step's q /
+// k / v, gate / up / silu / mul, and o and down with their residual adds run
+// as GEMV groups (4 per layer), alone and with the fused attention; every job
+// equals the reference in f32, f16 and bf16, with a cache and without.
+TEST(CudaGenerate, ProjectionGroupStepsEqualTheReference) {
+  AG_REQUIRE_GPU(1);
+  auto rt = runtime::create("cuda:0");
+  ASSERT_TRUE(rt) << rt.err().to_string();
+  for (dtype t : {dtype::f32, dtype::f16, dtype::bf16})
+    for (int64_t cache : {int64_t{0}, int64_t{24}})
+      for (bool attention : {false, true}) {
+        SCOPED_TRACE(std::string(to_string(t)) + " cache " + std::to_string(cache) + (attention ? " + attention" : ""));
+        plan_options o;
+        o.fuse_ops = attention;
+        decode_steps_equal_the_reference(**rt, decode_step_config(models::model_variant::llama, t, cache), o,
+                                         attention ? 2 : 0, 8);
       }
 }
 
