@@ -13,6 +13,28 @@ constexpr int kThreads = 512;
 constexpr int64_t kMaxRows = 16, kMaxKeys = 8192, kMaxHead = 256, kMaxScores = 32768;
 constexpr int kMaxOrdinals = 64;
 
+// Rows m < M of `sc` (row m at sc + m * stride, n entries) replaced by
+// e^(s - max) (0 where s or the max is -inf), a warp per row; row_max[m] and
+// row_sum[m] get the row's max and sum (lane 0). The caller syncs after.
+__device__ __forceinline__ void softmax_rows_unnormalised(float* sc, int M, int64_t n, int64_t stride,
+                                                          float* row_max, float* row_sum) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+  for (int m = warp; m < M; m += warps) {
+    float* row = sc + m * stride;
+    float mx = -INFINITY;
+    for (int64_t j = lane; j < n; j += 32) mx = fmaxf(mx, row[j]);
+    mx = warp_max(mx);
+    float sum = 0.f;
+    for (int64_t j = lane; j < n; j += 32) {
+      const float e = (mx == -INFINITY || row[j] == -INFINITY) ? 0.f : __expf(row[j] - mx);
+      row[j] = e;
+      sum += e;
+    }
+    sum = warp_sum(sum);
+    if (lane == 0) row_max[m] = mx, row_sum[m] = sum;
+  }
+}
+
 // One block per batch entry (b0, b1) with all its M query rows, so each key
 // and value row is read once for all of them (grouped-query attention puts
 // a kv head's query heads in M). Phases, each spread over the whole block:
@@ -83,21 +105,10 @@ __global__ void __launch_bounds__(kThreads)
   }
   __syncthreads();
   // 2. softmax of each row: probabilities unnormalised, 1 / sum kept.
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
-  for (int m = warp; m < M; m += warps) {
-    float* row = sc + m * keys;
-    float mx = -INFINITY;
-    for (int64_t j = lane; j < keys; j += 32) mx = fmaxf(mx, row[j]);
-    mx = warp_max(mx);
-    float sum = 0.f;
-    for (int64_t j = lane; j < keys; j += 32) {
-      const float e = (mx == -INFINITY || row[j] == -INFINITY) ? 0.f : __expf(row[j] - mx);
-      row[j] = e;
-      sum += e;
-    }
-    sum = warp_sum(sum);
-    if (lane == 0) inv_sum[m] = sum > 0.f ? 1.f / sum : 0.f;
-  }
+  __shared__ float row_max[MR];
+  softmax_rows_unnormalised(sc, M, keys, keys, row_max, inv_sum);
+  __syncthreads();
+  if (threadIdx.x < M) inv_sum[threadIdx.x] = inv_sum[threadIdx.x] > 0.f ? 1.f / inv_sum[threadIdx.x] : 0.f;
   __syncthreads();
   // 3. out[m][d] = sum_j p[m][j] v[j][d] / sum[m] (dh <= kThreads: checked).
   const int shares = static_cast<int>(kThreads / dh);
@@ -245,20 +256,7 @@ __global__ void __launch_bounds__(kSplitThreads)
   // 2. each row's maximum over this block's keys, exponentials, their sum.
   const int n_here = static_cast<int>(j_end - j_begin);
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  for (int m = warp; m < M; m += kSplitThreads / 32) {
-    float* row = sc + m * chunk;
-    float mx = -INFINITY;
-    for (int j = lane; j < n_here; j += 32) mx = fmaxf(mx, row[j]);
-    mx = warp_max(mx);
-    float sum = 0.f;
-    for (int j = lane; j < n_here; j += 32) {
-      const float e = (mx == -INFINITY || row[j] == -INFINITY) ? 0.f : __expf(row[j] - mx);
-      row[j] = e;
-      sum += e;
-    }
-    sum = warp_sum(sum);
-    if (lane == 0) row_max[m] = mx, row_sum[m] = sum;
-  }
+  softmax_rows_unnormalised(sc, M, n_here, chunk, row_max, row_sum);
   __syncthreads();
   // 3. sum of p v over this block's keys: thread (slot, part) takes keys
   // slot, slot + per_pass, ... and the 8 dims of its part, for every row.

@@ -486,26 +486,39 @@ std::pair<int64_t, int64_t> span_of(const actors::operand& o) {
   return {o.byte_offset, o.byte_offset + (far + 1) * static_cast<int64_t>(dtype_size(o.proto.type)) - 1};
 }
 
-fused_count count_fused(const models::transformer_config& cfg, device_kind kind, bool fuse_ops = true) {
+/// A decode step of `cfg` compiled for one device of `kind` with `o`,
+/// checked by the independent hazard checker (which sees fused kernels'
+/// reads too), and lowered; null where a step failed (a test failure).
+struct compiled_and_lowered {
+  std::shared_ptr<const plan> p;
+  std::shared_ptr<const launch_program> prog;
+};
+compiled_and_lowered compile_and_lower(const models::transformer_config& cfg, device_kind kind, const plan_options& o) {
   auto g = models::build_transformer(cfg);
   EXPECT_TRUE(g.has_value()) << g.err().to_string();
+  if (!g) return {};
   device_spec d;
   d.name = kind == device_kind::cuda ? "cuda0" : "sim0";
   d.kind = kind;
-  plan_options o;
-  o.fuse_ops = fuse_ops;
-  o.fuse_projections = false;  // counted on their own below
   auto p = compile(std::make_shared<const graph>(std::move(*g)), {d}, o);
   EXPECT_TRUE(p.has_value()) << p.err().to_string();
   if (!p) return {};
-  // The independent checker sees the fused kernels' reads too.
   EXPECT_TRUE(check_hazards(**p).ok()) << check_hazards(**p).to_string();
   auto prog = lower(*p);
   EXPECT_TRUE(prog.has_value()) << prog.err().to_string();
+  if (!prog) return {*p, nullptr};
+  expect_consistent(**prog);
+  return {*p, *prog};
+}
+
+fused_count count_fused(const models::transformer_config& cfg, device_kind kind, bool fuse_ops = true) {
+  plan_options o;
+  o.fuse_ops = fuse_ops;
+  o.fuse_projections = false;  // counted on their own below
+  const auto [p, prog] = compile_and_lower(cfg, kind, o);
   fused_count c;
   if (!prog) return c;
-  expect_consistent(**prog);
-  for (const lowered_step& ls : (*prog)->steps())
+  for (const lowered_step& ls : prog->steps())
     for (const auto& op : ls.ops) {
       ++c.records;
       if (op.fused != gpu::op_launch::fusion::attention) continue;
@@ -526,7 +539,7 @@ fused_count count_fused(const models::transformer_config& cfg, device_kind kind,
             << ", " << b.second << "]";
       }
     }
-  EXPECT_EQ(c.fused, static_cast<int>((*p)->fusions().size()));
+  EXPECT_EQ(c.fused, static_cast<int>(p->fusions().size()));
   return c;
 }
 
@@ -582,28 +595,17 @@ struct projection_count {
 };
 
 projection_count count_projections(const models::transformer_config& cfg, device_kind kind, bool fuse = true) {
-  auto g = models::build_transformer(cfg);
-  EXPECT_TRUE(g.has_value()) << g.err().to_string();
-  device_spec d;
-  d.name = kind == device_kind::cuda ? "cuda0" : "sim0";
-  d.kind = kind;
   plan_options o;
   o.fuse_projections = fuse;
-  auto p = compile(std::make_shared<const graph>(std::move(*g)), {d}, o);
-  EXPECT_TRUE(p.has_value()) << p.err().to_string();
-  if (!p) return {};
-  EXPECT_TRUE(check_hazards(**p).ok()) << check_hazards(**p).to_string();
-  auto prog = lower(*p);
-  EXPECT_TRUE(prog.has_value()) << prog.err().to_string();
+  const auto [p, prog] = compile_and_lower(cfg, kind, o);
   projection_count c;
   if (!prog) return c;
-  expect_consistent(**prog);
   auto apart = [](const actors::operand& a, const actors::operand& b) {
     if (a.where != b.where) return true;
     const auto x = span_of(a), y = span_of(b);
     return x.second < y.first || y.second < x.first;
   };
-  for (const lowered_step& ls : (*prog)->steps())
+  for (const lowered_step& ls : prog->steps())
     for (const auto& op : ls.ops) {
       ++c.records;
       if (op.fused != gpu::op_launch::fusion::projections) continue;
@@ -635,9 +637,9 @@ projection_count count_projections(const models::transformer_config& cfg, device
       for (std::size_t i = 0; i < outs.size(); ++i)
         for (std::size_t j = i + 1; j < outs.size(); ++j) EXPECT_TRUE(apart(outs[i], outs[j])) << op.op->name;
     }
-  EXPECT_EQ(c.shared + c.gated + c.residual, static_cast<int>((*p)->projection_fusions().size()));
+  EXPECT_EQ(c.shared + c.gated + c.residual, static_cast<int>(p->projection_fusions().size()));
   // describe() names the groups (and says nothing of fusion without any).
-  const std::string text = (*p)->describe();
+  const std::string text = p->describe();
   if (c.shared + c.gated + c.residual > 0) {
     EXPECT_NE(text.find(std::to_string(c.shared) + " shared-input projection group(s), " + std::to_string(c.gated) +
                         " gated-MLP group(s), " + std::to_string(c.residual) + " projection + residual group(s)"),

@@ -224,6 +224,14 @@ struct mm_case {
   bool ta, tb;
 };
 
+// Products accumulate in f32 on both sides; 16-bit results differ from the
+// (double, then rounded) reference by about one rounding of the output, and
+// the sum's error grows with sqrt(K).
+test::tol matmul_tol(dtype t, int64_t K) {
+  const double k = std::sqrt(static_cast<double>(K));
+  return t == dtype::f32 ? test::tol{1e-4 * k, 1e-4} : t == dtype::f16 ? test::tol{2e-3 * k, 4e-3} : test::tol{4e-3 * k, 2e-2};
+}
+
 TEST(CudaOps, MatmulMatchesReferenceWithTransposesAndBatches) {
   AG_REQUIRE_GPU(1);
   const mm_case cases[] = {
@@ -246,13 +254,7 @@ TEST(CudaOps, MatmulMatchesReferenceWithTransposesAndBatches) {
       b.output(b.matmul(x, y, mc.ta, mc.tb));
       auto g = std::move(b).build();
       ASSERT_TRUE(g) << g.err().to_string();
-      const int64_t K = mc.ta ? mc.a[-2] : mc.a[-1];
-      const double k = std::sqrt(static_cast<double>(K));
-      // Products accumulate in f32 on both sides; 16-bit results differ from the
-      // (double, then rounded) reference by about one rounding of the output.
-      test::tol tl = t == dtype::f32   ? test::tol{1e-4 * k, 1e-4}
-                     : t == dtype::f16 ? test::tol{2e-3 * k, 4e-3}
-                                       : test::tol{4e-3 * k, 2e-2};
+      const test::tol tl = matmul_tol(t, mc.ta ? mc.a[-2] : mc.a[-1]);
       check_against_reference(*g, {rnd(t, mc.a), rnd(t, mc.b)}, tl,
                               "matmul " + label(t, mc.a) + (mc.ta ? "^T" : "") + " x " + mc.b.to_string() +
                                   (mc.tb ? "^T" : ""));
@@ -290,11 +292,7 @@ TEST(CudaOps, MatmulOfFewRowsMatchesReferenceOnTheGemvKernelAndOnCublas) {
         b.output(b.matmul(x, y, mc.ta, mc.tb));
         auto g = std::move(b).build();
         ASSERT_TRUE(g) << g.err().to_string();
-        const int64_t K = mc.ta ? mc.a[-2] : mc.a[-1];
-        const double k = std::sqrt(static_cast<double>(K));
-        const test::tol tl = t == dtype::f32   ? test::tol{1e-4 * k, 1e-4}
-                             : t == dtype::f16 ? test::tol{2e-3 * k, 4e-3}
-                                               : test::tol{4e-3 * k, 2e-2};
+        const test::tol tl = matmul_tol(t, mc.ta ? mc.a[-2] : mc.a[-1]);
         const std::vector<host_tensor> in{rnd(t, mc.a), rnd(t, mc.b)};
         const std::string what = std::string(gemv ? "gemv on: " : "gemv off: ") + label(t, mc.a) +
                                  (mc.ta ? "^T" : "") + " x " + mc.b.to_string() + (mc.tb ? "^T" : "");
