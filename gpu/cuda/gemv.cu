@@ -70,7 +70,7 @@ enum gemv_mode : int { plain = 0, gated = 1, residual = 2 };
 // (gate) and of w[1] (up) together, then silu(gate) * up.
 template <class T, class TO, int R, int MODE>
 __global__ void __launch_bounds__(kThreads)
-    gemv_kernel(gemv_targets<T, TO> tg, const T* __restrict__ x, row_offsets xr, int64_t ldw, int64_t vecs) {
+    gemv_kernel(gemv_targets<T, TO> tg, const T* __restrict__ x, row_offsets xr, int rows, int64_t ldw, int64_t vecs) {
   constexpr int V = vec16<T>::n;
   constexpr int F = MODE == gated ? kInFlight / 2 : kInFlight;  // loads per matrix in flight
   const int lane = static_cast<int>(threadIdx.x & 31);
@@ -106,6 +106,7 @@ __global__ void __launch_bounds__(kThreads)
         if constexpr (MODE == gated) vec16<T>::unpack(uv[u], uf);
 #pragma unroll
         for (int r = 0; r < R; ++r) {
+          if (r >= rows) break;  // R is the unroll bound: rows <= R
           float xf[V];
           vec16<T>::unpack(__ldg(reinterpret_cast<const uint4*>(x + xr.off[r]) + v), xf);
 #pragma unroll
@@ -118,6 +119,7 @@ __global__ void __launch_bounds__(kThreads)
     }
 #pragma unroll
     for (int r = 0; r < R; ++r) {
+      if (r >= rows) break;  // no row past the output's last
       float s = warp_sum(acc[r]);
       if constexpr (MODE == gated) {
         const float up = warp_sum(acc_up[r]);
@@ -132,21 +134,22 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 template <class T, class TO, int R, int MODE>
-void go_rows(const launch_ctx& c, const gemv_targets<T, TO>& tg, const void* x, const row_offsets& xr, int64_t ldw,
-             int64_t K) {
+void go_rows(const launch_ctx& c, const gemv_targets<T, TO>& tg, const void* x, const row_offsets& xr, int rows,
+             int64_t ldw, int64_t K) {
   const int64_t vecs = K / vec16<T>::n;
   const unsigned grid = grid_for(tg.n_end[tg.count - 1] * 32, kThreads, c.sm_count * 64);
-  gemv_kernel<T, TO, R, MODE><<<grid, kThreads, 0, c.stream>>>(tg, static_cast<const T*>(x), xr, ldw, vecs);
+  gemv_kernel<T, TO, R, MODE><<<grid, kThreads, 0, c.stream>>>(tg, static_cast<const T*>(x), xr, rows, ldw, vecs);
 }
 
 template <class T, class TO, int MODE = plain>
 void go(const launch_ctx& c, int rows, const gemv_targets<T, TO>& tg, const void* x, const row_offsets& xr,
         int64_t ldw, int64_t K) {
+  // Unrolled for the next of 1, 2, 4, 8 rows; the kernel stops at `rows`.
   switch (rows) {
-    case 1: go_rows<T, TO, 1, MODE>(c, tg, x, xr, ldw, K); break;
-    case 2: go_rows<T, TO, 2, MODE>(c, tg, x, xr, ldw, K); break;
-    case 3: case 4: go_rows<T, TO, 4, MODE>(c, tg, x, xr, ldw, K); break;
-    default: go_rows<T, TO, 8, MODE>(c, tg, x, xr, ldw, K); break;
+    case 1: go_rows<T, TO, 1, MODE>(c, tg, x, xr, rows, ldw, K); break;
+    case 2: go_rows<T, TO, 2, MODE>(c, tg, x, xr, rows, ldw, K); break;
+    case 3: case 4: go_rows<T, TO, 4, MODE>(c, tg, x, xr, rows, ldw, K); break;
+    default: go_rows<T, TO, 8, MODE>(c, tg, x, xr, rows, ldw, K); break;
   }
 }
 

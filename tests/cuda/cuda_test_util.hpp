@@ -66,22 +66,34 @@ inline host_tensor gather(const node& n, const std::vector<std::byte>& storage) 
   return t;
 }
 
+/// Bytes after every buffer of run_on, filled with guard_byte: a kernel that
+/// writes past its output's end changes them, and run_on says so.
+inline constexpr int64_t guard_bytes = 4096;
+inline constexpr unsigned char guard_byte = 0xA5;
+
 /// Runs every node of g on `d` in id order on one compute stream and returns
-/// the outputs. Errors of launch / synchronize come back as the error.
+/// the outputs. Errors of launch / synchronize come back as the error, and so
+/// does a write past the end of any buffer (errc::internal naming the node).
 inline expected<std::vector<host_tensor>> run_on(gpu::device& d, const graph& g, const std::vector<host_tensor>& inputs,
                                                  bool tf32 = false) {
   std::vector<void*> bufs(g.size(), nullptr);
   auto release = [&] {
     for (void* p : bufs) d.deallocate(p);
   };
+  const std::vector<unsigned char> guard(static_cast<std::size_t>(guard_bytes), guard_byte);
+  auto bytes_of = [](const node& n) { return std::max<int64_t>(n.own_bytes(), 4); };
   for (const node& n : g.nodes()) {
     if (n.is_view()) continue;
-    auto p = d.allocate(std::max<int64_t>(n.own_bytes(), 4));
+    auto p = d.allocate(bytes_of(n) + guard_bytes);
     if (!p) {
       release();
       return p.err();
     }
     bufs[static_cast<std::size_t>(n.id)] = *p;
+    if (error e = d.upload(static_cast<char*>(*p) + bytes_of(n), guard.data(), guard_bytes)) {
+      release();
+      return e;
+    }
   }
   auto arg = [&](const node& n) {
     gpu::tensor_arg a;
@@ -120,6 +132,20 @@ inline expected<std::vector<host_tensor>> run_on(gpu::device& d, const graph& g,
   if (error e = d.synchronize(*s)) {
     release();
     return e;
+  }
+  std::vector<unsigned char> after(guard.size());
+  for (const node& n : g.nodes()) {
+    if (n.is_view()) continue;
+    const void* end = static_cast<const char*>(bufs[static_cast<std::size_t>(n.id)]) + bytes_of(n);
+    if (error e = d.download(after.data(), end, guard_bytes)) {
+      release();
+      return e;
+    }
+    if (after != guard) {
+      release();
+      return error(errc::internal, "a kernel wrote past the end of '" + n.name + "' (" + std::to_string(bytes_of(n)) +
+                                       " bytes): its guard bytes changed");
+    }
   }
   std::vector<host_tensor> outs;
   for (node_id id : g.outputs()) {
