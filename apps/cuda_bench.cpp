@@ -7,6 +7,7 @@
 #include <atomic>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -151,86 +152,78 @@ void bench_decode_kernels(const gpu::device_ptr& plain, const gpu::device_ptr& n
       report(std::string("decode_") + pr.name + "_" + label + "_gbps", bytes / (us * 1e-6) / 1e9, "GB/s");
     }
   }
-  // Projection groups (plan_options::fuse_projections) against their ops one
-  // by one: q, k, v of one x; gate, up, silu, mul.
+  // Fused records (projection groups, fuse_projections; attention, fuse_ops)
+  // against their ops one by one: `g` holds copies of a chain of `per` ops,
+  // `fuse` makes the chain's one record from its `per` records.
+  const auto fused_against_ops = [&](const char* name, const graph& g, std::size_t per,
+                                     const std::function<gpu::op_launch(const gpu::op_launch*)>& fuse) {
+    bound_graph bg(*plain, g);
+    const std::vector<gpu::op_launch> ops = bg.launches();
+    report(std::string("decode_") + name + "_" + std::to_string(per) + "_kernels_us",
+           us_per_replayed_launch(*plain, ops, iters) * static_cast<double>(per), "us");
+    std::vector<gpu::op_launch> fused;
+    for (std::size_t i = 0; i + per <= ops.size(); i += per) fused.push_back(fuse(&ops[i]));
+    report(std::string("decode_") + name + "_fused_us", us_per_replayed_launch(*plain, fused, iters), "us");
+  };
   {
-    const int n = 16;
-    graph_builder b;
+    graph_builder b;  // q, k, v of one x
     auto x = b.input("x", t, {1, 2048});
-    for (int i = 0; i < n; ++i) {
+    for (int i = 0; i < 16; ++i) {
       const std::string s = std::to_string(i);
       b.output(b.matmul(x, b.input("wq" + s, t, {2048, 2048}), false, true));
       b.output(b.matmul(x, b.input("wk" + s, t, {512, 2048}), false, true));
       b.output(b.matmul(x, b.input("wv" + s, t, {512, 2048}), false, true));
     }
-    auto g = or_exit(std::move(b).build());
-    bound_graph bg(*plain, g);
-    const std::vector<gpu::op_launch> three = bg.launches();
-    report("decode_qkv_3_kernels_us", us_per_replayed_launch(*plain, three, iters) * 3, "us");
-    std::vector<gpu::op_launch> grouped;
-    for (std::size_t i = 0; i + 2 < three.size(); i += 3) {
-      gpu::op_launch l = three[i + 2];
+    fused_against_ops("qkv", or_exit(std::move(b).build()), 3, [](const gpu::op_launch* r) {
+      gpu::op_launch l = r[2];
       l.fused = gpu::op_launch::fusion::projections;
       l.projection = projection_kind::shared_input;
-      l.out = three[i].out;
-      l.extra_outs = {three[i + 1].out, three[i + 2].out};
-      l.inputs = {three[i].inputs[0], three[i].inputs[1], three[i + 1].inputs[1], three[i + 2].inputs[1]};
-      grouped.push_back(std::move(l));
-    }
-    report("decode_qkv_grouped_us", us_per_replayed_launch(*plain, grouped, iters), "us");
+      l.out = r[0].out;
+      l.extra_outs = {r[1].out, r[2].out};
+      l.inputs = {r[0].inputs[0], r[0].inputs[1], r[1].inputs[1], r[2].inputs[1]};
+      return l;
+    });
   }
   {
-    const int n = 8;
-    graph_builder b;
+    graph_builder b;  // gate, up, silu, mul
     auto x = b.input("x", t, {1, 2048});
-    for (int i = 0; i < n; ++i) {
+    for (int i = 0; i < 8; ++i) {
       const std::string s = std::to_string(i);
       auto gate = b.matmul(x, b.input("wg" + s, t, {8192, 2048}), false, true);
       auto up = b.matmul(x, b.input("wu" + s, t, {8192, 2048}), false, true);
       b.output(b.mul(b.silu(gate), up));
     }
-    auto g = or_exit(std::move(b).build());
-    bound_graph bg(*plain, g);
-    const std::vector<gpu::op_launch> four = bg.launches();  // gate, up, silu, mul
-    report("decode_gated_mlp_4_kernels_us", us_per_replayed_launch(*plain, four, iters) * 4, "us");
-    std::vector<gpu::op_launch> grouped;
-    for (std::size_t i = 0; i + 3 < four.size(); i += 4) {
-      gpu::op_launch l = four[i + 3];
+    fused_against_ops("gated_mlp", or_exit(std::move(b).build()), 4, [](const gpu::op_launch* r) {
+      gpu::op_launch l = r[3];
       l.fused = gpu::op_launch::fusion::projections;
       l.projection = projection_kind::gated;
-      l.inputs = {four[i].inputs[0], four[i].inputs[1], four[i + 1].inputs[1]};
-      grouped.push_back(std::move(l));
-    }
-    report("decode_gated_mlp_grouped_us", us_per_replayed_launch(*plain, grouped, iters), "us");
+      l.inputs = {r[0].inputs[0], r[0].inputs[1], r[1].inputs[1]};
+      return l;
+    });
   }
-  // Attention of one layer: 8 kv heads x 4 query rows, 576 keys of 64, a mask.
   const int copies = 16;
-  graph_builder b;
-  for (int i = 0; i < copies; ++i) {
-    const std::string n = std::to_string(i);
-    auto q = b.input("q" + n, t, {1, 8, 4, 64});
-    auto k = b.input("k" + n, t, {1, 8, 576, 64});
-    auto v = b.input("v" + n, t, {1, 8, 576, 64});
-    auto mask = b.input("mask" + n, t, {1, 576});
-    auto scores = b.reshape(b.matmul(q, k, false, true), {1, 32, 1, 576});
-    auto probs = b.reshape(b.softmax(b.add(scores, mask), false, 0.125f), {1, 8, 4, 576});
-    b.output(b.matmul(probs, v));
+  {
+    graph_builder b;  // attention of one layer: 8 kv heads x 4 query rows, 576 keys of 64, a mask
+    for (int i = 0; i < copies; ++i) {
+      const std::string n = std::to_string(i);
+      auto q = b.input("q" + n, t, {1, 8, 4, 64});
+      auto k = b.input("k" + n, t, {1, 8, 576, 64});
+      auto v = b.input("v" + n, t, {1, 8, 576, 64});
+      auto mask = b.input("mask" + n, t, {1, 576});
+      auto scores = b.reshape(b.matmul(q, k, false, true), {1, 32, 1, 576});
+      auto probs = b.reshape(b.softmax(b.add(scores, mask), false, 0.125f), {1, 8, 4, 576});
+      b.output(b.matmul(probs, v));
+    }
+    fused_against_ops("attention", or_exit(std::move(b).build()), 4, [](const gpu::op_launch* r) {
+      gpu::op_launch l = r[3];  // qk, add, softmax, pv: the pv matmul's output
+      l.fused = gpu::op_launch::fusion::attention;
+      l.inputs = {r[0].inputs[0], r[0].inputs[1], r[3].inputs[1], r[1].inputs[1]};
+      l.attention.scale = 0.125f;
+      l.attention.masked = true;
+      l.attention.softmax_rows = 1;
+      return l;
+    });
   }
-  auto g = or_exit(std::move(b).build());
-  bound_graph bg(*plain, g);
-  const std::vector<gpu::op_launch> four = bg.launches();  // qk, add, softmax, pv per copy
-  report("decode_attention_4_kernels_us", us_per_replayed_launch(*plain, four, iters) * 4, "us");
-  std::vector<gpu::op_launch> fused;
-  for (std::size_t i = 0; i + 3 < four.size(); i += 4) {
-    gpu::op_launch l = four[i + 3];  // the pv matmul: its output
-    l.fused = gpu::op_launch::fusion::attention;
-    l.inputs = {four[i].inputs[0], four[i].inputs[1], four[i + 3].inputs[1], four[i + 1].inputs[1]};
-    l.attention.scale = 0.125f;
-    l.attention.masked = true;
-    l.attention.softmax_rows = 1;
-    fused.push_back(std::move(l));
-  }
-  report("decode_attention_fused_us", us_per_replayed_launch(*plain, fused, iters), "us");
   // The small row ops of a step.
   struct small {
     const char* name;

@@ -1,5 +1,6 @@
 #include "graph/fusion.hpp"
 
+#include <algorithm>
 #include <optional>
 
 #include "graph/plan.hpp"
@@ -110,6 +111,17 @@ bool binary_of(const graph& g, const node& n, node_id a, node_id b) {
          g.at(a).type == n.type;
 }
 
+/// A gated group starts at ops[i]: gate = x w_g^T, up = x w_u^T (same x and
+/// dims), silu(gate), mul(silu, up), each intermediate read only by the next.
+bool gated_at(const graph& g, const std::vector<node_id>& ops, std::size_t i) {
+  if (i + 3 >= ops.size()) return false;
+  const node &gate = g.at(ops[i]), &up = g.at(ops[i + 1]), &act = g.at(ops[i + 2]), &mul = g.at(ops[i + 3]);
+  return is_gemv_projection(g, gate) && is_gemv_projection(g, up) && up.inputs[0] == gate.inputs[0] &&
+         up.dims == gate.dims && act.op == op_kind::silu && act.inputs.size() == 1 && act.inputs[0] == gate.id &&
+         act.dims == gate.dims && act.type == gate.type && mul.op == op_kind::mul && binary_of(g, mul, act.id, up.id) &&
+         only_read_by(g, gate.id, act.id) && only_read_by(g, act.id, mul.id) && only_read_by(g, up.id, mul.id);
+}
+
 /// The projection group starting at ops[i], or nullopt.
 std::optional<projection_fusion> match_projection(const graph& g, const std::vector<node_id>& ops, std::size_t i) {
   const node& first = g.at(ops[i]);
@@ -119,14 +131,9 @@ std::optional<projection_fusion> match_projection(const graph& g, const std::vec
     return n && is_gemv_projection(g, *n) && n->inputs[0] == first.inputs[0];
   };
   projection_fusion f;
-  // gated: gate, up, silu(gate), mul(silu, up)
-  if (const node *up = at(i + 1), *act = at(i + 2), *mul = at(i + 3);
-      same_x(up) && act && mul && up->dims == first.dims && act->op == op_kind::silu && act->inputs.size() == 1 &&
-      act->inputs[0] == first.id && act->dims == first.dims && act->type == first.type && mul->op == op_kind::mul &&
-      binary_of(g, *mul, act->id, up->id) && only_read_by(g, first.id, act->id) && only_read_by(g, act->id, mul->id) &&
-      only_read_by(g, up->id, mul->id)) {
+  if (gated_at(g, ops, i)) {
     f.kind = projection_kind::gated;
-    f.ops = {first.id, up->id, act->id, mul->id};
+    f.ops = {ops[i], ops[i + 1], ops[i + 2], ops[i + 3]};
     return f;
   }
   // residual: m = x w^T, add(r, m)
@@ -143,8 +150,7 @@ std::optional<projection_fusion> match_projection(const graph& g, const std::vec
   f.kind = projection_kind::shared_input;
   f.ops = {first.id};
   for (std::size_t k = i + 1; k < i + 3 && same_x(at(k)); ++k) {
-    // A gated pair further on keeps its gate (gate and up share x too).
-    if (auto later = match_projection(g, ops, k); later && later->kind == projection_kind::gated) break;
+    if (gated_at(g, ops, k)) break;  // a gated group further on keeps its gate (gate and up share x too)
     f.ops.push_back(ops[k]);
   }
   if (f.ops.size() < 2) return std::nullopt;
@@ -161,6 +167,14 @@ void compute_ops(const graph& g, const step& st, const std::vector<device_spec>&
 }
 
 }  // namespace
+
+std::vector<node_id> projection_group_inputs(const graph& g, const projection_fusion& f) {
+  std::vector<node_id> in;
+  for (node_id op : f.ops)
+    for (node_id i : g.at(op).inputs)
+      if (std::find(f.ops.begin(), f.ops.end(), i) == f.ops.end()) in.push_back(i);
+  return in;
+}
 
 std::vector<projection_fusion> find_projection_fusions(const graph& g, const std::vector<step>& steps,
                                                        const std::vector<device_spec>& devices) {

@@ -69,6 +69,11 @@ struct projection_fusion {
 /// The most rows of x a fused projection takes (gpu/cuda/gemv.cuh's gemv_max_rows).
 inline constexpr int64_t fused_gemv_max_rows = 8;
 
+/// What a projection group's kernel reads, at the group's last op: the
+/// inputs of its ops that no op of the group computes (x, the weights, the
+/// residual), with repeats.
+std::vector<node_id> projection_group_inputs(const graph& g, const projection_fusion& f);
+
 /// The projection groups of `steps` on CUDA devices, in step order; an op is
 /// in at most one group (gated before shared_input: gate and up are matmuls
 /// of one x).

@@ -180,14 +180,11 @@ error check_hazards(const plan& p) {
         const auto at = std::find(s.ops.begin(), s.ops.end(), f.ops.back());
         if (at == s.ops.end()) return step_err(s, "a projection group's last op is not in its step");
         const int k = static_cast<int>(at - s.ops.begin());
-        for (node_id op : f.ops) {
-          for (node_id in : g.at(op).inputs)
-            if (std::find(f.ops.begin(), f.ops.end(), in) == f.ops.end())
-              acc[dev][root_of(g, in)].reads.push_back({s.id, k});
-          if (f.kind == projection_kind::shared_input)
+        for (node_id in : projection_group_inputs(g, f)) acc[dev][root_of(g, in)].reads.push_back({s.id, k});
+        if (f.kind == projection_kind::shared_input)
+          for (node_id op : f.ops)
             for (access_pos& w : acc[dev][op].writes)
               if (w.step == s.id) w.op = k;
-        }
       }
     } else if (s.kind == step_kind::copy_h2d) {
       acc[dev][root_of(g, s.ops[0])].writes.push_back({s.id, 0});

@@ -235,9 +235,7 @@ error planner::plan_memory(plan& p) {
     const auto at = std::find(st.ops.begin(), st.ops.end(), f.ops.back());
     if (at == st.ops.end()) return error(errc::internal, "memory plan: a projection group's last op is not in its step");
     const position pos{st.id, static_cast<int>(at - st.ops.begin())};
-    for (node_id op : f.ops)
-      for (node_id i : g.at(op).inputs)
-        if (std::find(f.ops.begin(), f.ops.end(), i) == f.ops.end()) read(st.device, i, pos);
+    for (node_id i : projection_group_inputs(g, f)) read(st.device, i, pos);
   }
 
   for (std::size_t d = 0; d < ndev; ++d) {

@@ -13,6 +13,26 @@ constexpr int kThreads = 512;
 constexpr int64_t kMaxRows = 16, kMaxKeys = 8192, kMaxHead = 256, kMaxScores = 32768;
 constexpr int kMaxOrdinals = 64;
 
+// One batch entry (b0, b1) of both attention kernels: its q, k, v and
+// output, the flat query row of its m = 0, and the keys its row m sees:
+// j < live(m) (softmax row (first_row + m) % S; all keys unless causal).
+template <class T>
+struct group_view {
+  int64_t b0, b1, first_row, keys, S;
+  bool causal;
+  const T *q, *k, *v;
+  __device__ group_view(int64_t group, const kt& qx, const kt& kx, const kt& vx, bool causal_, int64_t S_)
+      : b0(group / qx.d[1]), b1(group % qx.d[1]), first_row(group * qx.d[2]), keys(kx.d[2]), S(S_), causal(causal_),
+        q(base(qx)), k(base(kx)), v(base(vx)) {}
+  __device__ const T* base(const kt& x) const { return static_cast<const T*>(x.p) + b0 * x.s[0] + b1 * x.s[1]; }
+  __device__ T* out_base(const kt& o) const { return static_cast<T*>(o.p) + b0 * o.s[0] + b1 * o.s[1]; }
+  __device__ int64_t live(int m) const {
+    if (!causal) return keys;
+    const int64_t n = (first_row + m) % S + (keys - S) + 1;
+    return n < 0 ? 0 : (n > keys ? keys : n);
+  }
+};
+
 // Rows m < M of `sc` (row m at sc + m * stride, n entries) replaced by
 // e^(s - max) (0 where s or the max is -inf), a warp per row; row_max[m] and
 // row_sum[m] get the row's max and sum (lane 0). The caller syncs after.
@@ -53,35 +73,28 @@ __global__ void __launch_bounds__(kThreads)
   float* qs = smem;
   float* sc = qs + M * dh;
   float* part = sc + M * keys;
-  const int64_t b1 = blockIdx.x % q.d[1], b0 = blockIdx.x / q.d[1];
-  const int64_t first_row = static_cast<int64_t>(blockIdx.x) * M;  // flat query row of m = 0
-  const T* qb = static_cast<const T*>(q.p) + b0 * q.s[0] + b1 * q.s[1];
-  const T* kb = static_cast<const T*>(k.p) + b0 * k.s[0] + b1 * k.s[1];
-  const T* vb = static_cast<const T*>(v.p) + b0 * v.s[0] + b1 * v.s[1];
-  // Keys row m sees: j < live(m) (softmax row (first_row + m) % S).
-  auto live = [&](int m) -> int64_t {
-    if (!causal) return keys;
-    const int64_t n = (first_row + m) % S + (keys - S) + 1;
-    return n < 0 ? 0 : (n > keys ? keys : n);
-  };
+  const group_view<T> gv(blockIdx.x, q, k, v, causal, S);
+  const T *qb = gv.q, *kb = gv.k, *vb = gv.v;
+  const int64_t first_row = gv.first_row;
+  auto live = [&](int m) { return gv.live(m); };
   for (int64_t i = threadIdx.x; i < M * dh; i += blockDim.x)
     qs[i] = to_f(qb[(i / dh) * q.s[2] + (i % dh) * q.s[3]]);
   __syncthreads();
   // 1. scores, (q.k + mask) * scale: the unfused chain's order. A thread per
-  // key; its row is read kChunk elements at a time, all loads of a chunk in
+  // key; its row is read kKeyChunk elements at a time, all loads of a chunk in
   // flight before the arithmetic (a decode step is latency bound).
-  constexpr int kChunk = 16;
+  constexpr int kKeyChunk = 16;
   for (int64_t j = threadIdx.x; j < keys; j += blockDim.x) {
     const T* kr = kb + j * k.s[2];
     float dot[MR];
 #pragma unroll
     for (int m = 0; m < MR; ++m) dot[m] = 0.f;
-    for (int64_t d0 = 0; d0 < dh; d0 += kChunk) {
-      float kv[kChunk];
+    for (int64_t d0 = 0; d0 < dh; d0 += kKeyChunk) {
+      float kv[kKeyChunk];
 #pragma unroll
-      for (int u = 0; u < kChunk; ++u) kv[u] = d0 + u < dh ? to_f(kr[(d0 + u) * k.s[3]]) : 0.f;
+      for (int u = 0; u < kKeyChunk; ++u) kv[u] = d0 + u < dh ? to_f(kr[(d0 + u) * k.s[3]]) : 0.f;
 #pragma unroll
-      for (int u = 0; u < kChunk; ++u)
+      for (int u = 0; u < kKeyChunk; ++u)
         if (d0 + u < dh)
 #pragma unroll
           for (int m = 0; m < MR; ++m)
@@ -141,7 +154,7 @@ __global__ void __launch_bounds__(kThreads)
       if (m < M) part[(share * M + m) * dh + d] = acc[m];
   }
   __syncthreads();
-  T* ob = static_cast<T*>(out.p) + b0 * out.s[0] + b1 * out.s[1];
+  T* ob = gv.out_base(out);
   for (int64_t i = threadIdx.x; i < M * dh; i += blockDim.x) {
     const int m = static_cast<int>(i / dh);
     const int64_t e = i % dh;
@@ -166,7 +179,6 @@ __global__ void __launch_bounds__(kThreads)
 
 constexpr int kSplitThreads = 128;
 constexpr int kMaxSplits = 32;
-constexpr int kPrefetch = 2;  // the loops below select between the two by hand
 
 struct split_plan {
   int splits = 1;
@@ -186,35 +198,17 @@ __global__ void __launch_bounds__(kSplitThreads)
   const int64_t keys = k.d[2];
   const int splits = static_cast<int>(gridDim.y), split = static_cast<int>(blockIdx.y);
   const int64_t group = blockIdx.x;
-  const int64_t b1 = group % q.d[1], b0 = group / q.d[1];
-  const int64_t first_row = group * M;
+  const group_view<T> gv(group, q, k, v, causal, S);
+  const T *qb = gv.q, *kb = gv.k, *vb = gv.v;
+  const int64_t first_row = gv.first_row;
+  auto live = [&](int m) { return gv.live(m); };
   const int64_t j_begin = split * chunk, j_end = j_begin + chunk < keys ? j_begin + chunk : keys;
   const int G = dh / kChunk;                // threads per key row: one 8-element chunk each
   const int per_pass = kSplitThreads / G;   // keys one pass covers
   float* qs = smem;                         // [M][dh]
   float* sc = qs + M * dh;                  // [M][chunk]
   float* acc = sc + M * chunk;              // [M][dh]
-  const T* qb = static_cast<const T*>(q.p) + b0 * q.s[0] + b1 * q.s[1];
-  const T* kb = static_cast<const T*>(k.p) + b0 * k.s[0] + b1 * k.s[1];
-  const T* vb = static_cast<const T*>(v.p) + b0 * v.s[0] + b1 * v.s[1];
-  auto live = [&](int m) -> int64_t {
-    if (!causal) return keys;
-    const int64_t n = (first_row + m) % S + (keys - S) + 1;
-    return n < 0 ? 0 : (n > keys ? keys : n);
-  };
   const int part = static_cast<int>(threadIdx.x) % G, slot = static_cast<int>(threadIdx.x) / G;
-  // The first kPrefetch passes' key and value rows are loaded before
-  // anything else, with the queries: one memory round trip where the phases
-  // below would wait for three (a decode step's block has two passes).
-  float k_pre[kPrefetch][kChunk], v_pre[kPrefetch][kChunk];
-#pragma unroll
-  for (int p = 0; p < kPrefetch; ++p) {
-    const int64_t j = j_begin + static_cast<int64_t>(p) * per_pass + slot;
-    if (j < j_end) {
-      load8(kb + j * k.s[2] + part * kChunk, k_pre[p]);
-      load8(vb + j * v.s[2] + part * kChunk, v_pre[p]);
-    }
-  }
   for (int i = threadIdx.x; i < M * dh; i += kSplitThreads) {
     qs[i] = to_f(qb[(i / dh) * q.s[2] + (i % dh) * q.s[3]]);
     acc[i] = 0.f;
@@ -222,18 +216,13 @@ __global__ void __launch_bounds__(kSplitThreads)
   __syncthreads();
   // 1. scores: G neighbouring threads read one key row (16 bytes each) and
   // sum their partial dot products with shuffles.
-  for (int64_t j0 = j_begin, pass = 0; j0 < j_end; j0 += per_pass, ++pass) {
+  for (int64_t j0 = j_begin; j0 < j_end; j0 += per_pass) {
     const int64_t j = j0 + slot;
     float kv[kChunk];
-    if (j < j_end && pass < kPrefetch) {
-#pragma unroll
-      for (int e = 0; e < kChunk; ++e) kv[e] = pass == 0 ? k_pre[0][e] : k_pre[1][e];  // selects: no local memory
-    } else if (j < j_end) {
-      load8(kb + j * k.s[2] + part * kChunk, kv);
-    } else {
+    if (j < j_end) load8(kb + j * k.s[2] + part * kChunk, kv);
+    else
 #pragma unroll
       for (int e = 0; e < kChunk; ++e) kv[e] = 0.f;
-    }
 #pragma unroll
     for (int m = 0; m < MR; ++m) {
       if (m >= M) break;
@@ -266,14 +255,9 @@ __global__ void __launch_bounds__(kSplitThreads)
     for (int m = 0; m < MR; ++m)
 #pragma unroll
       for (int e = 0; e < kChunk; ++e) a[m][e] = 0.f;
-    for (int j = slot, pass = 0; j < n_here; j += per_pass, ++pass) {
+    for (int j = slot; j < n_here; j += per_pass) {
       float vv[kChunk];
-      if (pass < kPrefetch) {
-#pragma unroll
-        for (int e = 0; e < kChunk; ++e) vv[e] = pass == 0 ? v_pre[0][e] : v_pre[1][e];
-      } else {
-        load8(vb + (j_begin + j) * v.s[2] + part * kChunk, vv);
-      }
+      load8(vb + (j_begin + j) * v.s[2] + part * kChunk, vv);
 #pragma unroll
       for (int m = 0; m < MR; ++m) {
         if (m >= M) break;
@@ -305,7 +289,7 @@ __global__ void __launch_bounds__(kSplitThreads)
       __syncthreads();
     }
   }
-  T* ob = static_cast<T*>(out.p) + b0 * out.s[0] + b1 * out.s[1];
+  T* ob = gv.out_base(out);
   if (splits == 1) {
     for (int i = threadIdx.x; i < M * dh; i += kSplitThreads) {
       const int m = i / dh;

@@ -20,6 +20,22 @@ struct row_offsets {
   int64_t off[gemv_max_rows];  // element offset of each x row
 };
 
+// Offsets of the d0 x d1 x M rows of x (batch strides x.s[0], x.s[1]: 0
+// where x broadcasts, as to_kt makes them; row stride `row_stride`) into
+// xr; false when one is not a whole number of 16-byte vectors
+// (`per_vec` elements).
+bool x_row_offsets(const kt& x, int64_t d0, int64_t d1, int64_t M, int64_t row_stride, int64_t per_vec,
+                   row_offsets& xr) {
+  int r = 0;
+  for (int64_t i0 = 0; i0 < d0; ++i0)
+    for (int64_t i1 = 0; i1 < d1; ++i1)
+      for (int64_t m = 0; m < M; ++m, ++r) {
+        xr.off[r] = i0 * x.s[0] + i1 * x.s[1] + m * row_stride;
+        if (xr.off[r] % per_vec != 0) return false;
+      }
+  return true;
+}
+
 // 16 bytes of T as 16 / sizeof(T) floats (kChunk = 8 for 16-bit types, 4 for f32).
 template <class T> struct vec16;
 template <> struct vec16<float> {
@@ -189,14 +205,7 @@ bool try_launch_gemv(const launch_ctx& c, const kt& out, const kt& a, const kt& 
   if (K > 1 && a_k != 1) return false;
   if (!aligned16(a.p)) return false;
   row_offsets xr{};
-  int r = 0;
-  for (int64_t i0 = 0; i0 < out.d[0]; ++i0)
-    for (int64_t i1 = 0; i1 < out.d[1]; ++i1)
-      for (int64_t m = 0; m < M; ++m, ++r) {
-        const int64_t off = (a.d[0] == 1 ? 0 : i0 * a.s[0]) + (a.d[1] == 1 ? 0 : i1 * a.s[1]) + m * a_m;
-        if (off % per_vec != 0) return false;
-        xr.off[r] = off;
-      }
+  if (!x_row_offsets(a, out.d[0], out.d[1], M, a_m, per_vec, xr)) return false;
   const int rn = static_cast<int>(rows);
   const bool f32_out = out.t == static_cast<int>(dtype::f32);
   switch (static_cast<dtype>(t)) {
@@ -225,14 +234,7 @@ bool x_rows(const kt& x, int64_t& rows, row_offsets& xr) {
   const int64_t K = x.d[3];
   rows = x.d[0] * x.d[1] * x.d[2];
   if (rows < 1 || rows > gemv_max_rows || K % V != 0 || (K > 1 && x.s[3] != 1) || !aligned16(x.p)) return false;
-  int r = 0;
-  for (int64_t i0 = 0; i0 < x.d[0]; ++i0)
-    for (int64_t i1 = 0; i1 < x.d[1]; ++i1)
-      for (int64_t m = 0; m < x.d[2]; ++m, ++r) {
-        xr.off[r] = i0 * x.s[0] + i1 * x.s[1] + m * x.s[2];
-        if (xr.off[r] % V != 0) return false;
-      }
-  return true;
+  return x_row_offsets(x, x.d[0], x.d[1], x.d[2], x.s[2], V, xr);
 }
 
 // A weight leaf [N, K], contiguous and aligned.

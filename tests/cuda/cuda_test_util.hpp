@@ -175,15 +175,12 @@ inline tol tol_for(dtype t, double scale = 1.0) {
   }
 }
 
-/// Builds g with `make`, evaluates it on the GPU and with the reference, and
-/// compares every output.
-inline void check_against_reference(const graph& g, const std::vector<host_tensor>& inputs, tol t,
-                                    const std::string& what, bool tf32 = false) {
+/// Evaluates g on `dev` and with the reference, and compares every output.
+inline void check_against_reference_on(gpu::device& dev, const graph& g, const std::vector<host_tensor>& inputs, tol t,
+                                       const std::string& what, bool tf32 = false) {
   auto ref = evaluate_reference(g, inputs);
   ASSERT_TRUE(ref) << what << ": reference failed: " << ref.err().to_string();
-  auto dev = gpu0(tf32);
-  ASSERT_TRUE(dev);
-  auto got = run_on(*dev, g, inputs, tf32);
+  auto got = run_on(dev, g, inputs, tf32);
   ASSERT_TRUE(got) << what << ": " << got.err().to_string();
   ASSERT_EQ(got->size(), ref->size());
   for (std::size_t i = 0; i < ref->size(); ++i) {
@@ -191,6 +188,14 @@ inline void check_against_reference(const graph& g, const std::vector<host_tenso
     auto c = compare((*got)[i], (*ref)[i], t.atol, t.rtol);
     EXPECT_TRUE(c.ok) << what << " output " << i << ": " << c.message << " (max abs err " << c.max_abs_err << ")";
   }
+}
+
+/// The same on the shared device 0 (TF32 matmuls with `tf32`).
+inline void check_against_reference(const graph& g, const std::vector<host_tensor>& inputs, tol t,
+                                    const std::string& what, bool tf32 = false) {
+  auto dev = gpu0(tf32);
+  ASSERT_TRUE(dev);
+  check_against_reference_on(*dev, g, inputs, t, what, tf32);
 }
 
 inline std::string label(dtype t, const shape& s) { return std::string(to_string(t)) + " " + s.to_string(); }

@@ -227,9 +227,22 @@ struct mm_case {
 // Products accumulate in f32 on both sides; 16-bit results differ from the
 // (double, then rounded) reference by about one rounding of the output, and
 // the sum's error grows with sqrt(K).
-test::tol matmul_tol(dtype t, int64_t K) {
-  const double k = std::sqrt(static_cast<double>(K));
+test::tol matmul_tol(dtype t, const mm_case& mc) {
+  const double k = std::sqrt(static_cast<double>(mc.ta ? mc.a[-2] : mc.a[-1]));
   return t == dtype::f32 ? test::tol{1e-4 * k, 1e-4} : t == dtype::f16 ? test::tol{2e-3 * k, 4e-3} : test::tol{4e-3 * k, 2e-2};
+}
+
+/// matmul(a, b) of the case's inputs "a" and "b", its only output.
+graph matmul_graph(dtype t, const mm_case& mc) {
+  graph_builder b;
+  auto x = b.input("a", t, mc.a);
+  auto y = b.input("b", t, mc.b);
+  b.output(b.matmul(x, y, mc.ta, mc.tb));
+  return std::move(b).build().value();
+}
+
+std::string matmul_label(dtype t, const mm_case& mc) {
+  return label(t, mc.a) + (mc.ta ? "^T" : "") + " x " + mc.b.to_string() + (mc.tb ? "^T" : "");
 }
 
 TEST(CudaOps, MatmulMatchesReferenceWithTransposesAndBatches) {
@@ -247,18 +260,9 @@ TEST(CudaOps, MatmulMatchesReferenceWithTransposesAndBatches) {
       {{2, 1, 33, 17}, {1, 4, 33, 9}, true, false},  // both broadcast
   };
   for (dtype t : kFloatTypes)
-    for (const mm_case& mc : cases) {
-      graph_builder b;
-      auto x = b.input("a", t, mc.a);
-      auto y = b.input("b", t, mc.b);
-      b.output(b.matmul(x, y, mc.ta, mc.tb));
-      auto g = std::move(b).build();
-      ASSERT_TRUE(g) << g.err().to_string();
-      const test::tol tl = matmul_tol(t, mc.ta ? mc.a[-2] : mc.a[-1]);
-      check_against_reference(*g, {rnd(t, mc.a), rnd(t, mc.b)}, tl,
-                              "matmul " + label(t, mc.a) + (mc.ta ? "^T" : "") + " x " + mc.b.to_string() +
-                                  (mc.tb ? "^T" : ""));
-    }
+    for (const mm_case& mc : cases)
+      check_against_reference(matmul_graph(t, mc), {rnd(t, mc.a), rnd(t, mc.b)}, matmul_tol(t, mc),
+                              "matmul " + matmul_label(t, mc));
 }
 
 // Products of at most 8 rows against a weight take the GEMV kernel
@@ -286,22 +290,9 @@ TEST(CudaOps, MatmulOfFewRowsMatchesReferenceOnTheGemvKernelAndOnCublas) {
     ASSERT_TRUE(made) << made.err().to_string();
     for (dtype t : kFloatTypes)
       for (const mm_case& mc : cases) {
-        graph_builder b;
-        auto x = b.input("a", t, mc.a);
-        auto y = b.input("b", t, mc.b);
-        b.output(b.matmul(x, y, mc.ta, mc.tb));
-        auto g = std::move(b).build();
-        ASSERT_TRUE(g) << g.err().to_string();
-        const test::tol tl = matmul_tol(t, mc.ta ? mc.a[-2] : mc.a[-1]);
-        const std::vector<host_tensor> in{rnd(t, mc.a), rnd(t, mc.b)};
-        const std::string what = std::string(gemv ? "gemv on: " : "gemv off: ") + label(t, mc.a) +
-                                 (mc.ta ? "^T" : "") + " x " + mc.b.to_string() + (mc.tb ? "^T" : "");
-        auto ref = evaluate_reference(*g, in);
-        ASSERT_TRUE(ref) << what << ": " << ref.err().to_string();
-        auto got = test::run_on(*(*made)[0], *g, in, false);
-        ASSERT_TRUE(got) << what << ": " << got.err().to_string();
-        auto cmp = compare((*got)[0], (*ref)[0], tl.atol, tl.rtol);
-        EXPECT_TRUE(cmp.ok) << what << ": " << cmp.message << " (max abs err " << cmp.max_abs_err << ")";
+        const graph g = matmul_graph(t, mc);
+        test::check_against_reference_on(*(*made)[0], g, {rnd(t, mc.a), rnd(t, mc.b)}, matmul_tol(t, mc),
+                                         std::string(gemv ? "gemv on: " : "gemv off: ") + matmul_label(t, mc));
       }
   }
 }
