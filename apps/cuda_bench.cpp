@@ -353,6 +353,8 @@ int main(int argc, char** argv) {
   app.add_flag("--quick", quick, "fewer iterations (a smoke run)");
   bool decode_only = false;
   app.add_flag("--decode-kernels", decode_only, "only a decode step's kernels, one by one (GEMV against cuBLAS, attention fused or not)");
+  std::string pdl = "on";
+  app.add_option("--pdl", pdl, "backend_options::cuda_pdl of every device (on, off)")->check(CLI::IsMember({"on", "off"}));
   if (auto status = ag::apps::parse_flags(app, argc, argv)) return *status;
   const int n_gpus = gpu::cuda::device_count();
   if (n_gpus <= 0) {
@@ -360,6 +362,8 @@ int main(int argc, char** argv) {
     return 0;
   }
   gpu::backend_options plain, tf32;
+  plain.cuda_pdl = pdl == "on";
+  tf32 = plain;
   tf32.cuda_tf32 = true;
   auto devs = gpu::cuda::make_cuda_devices({}, plain, 0);
   auto tdev = gpu::cuda::make_cuda_devices({0}, tf32, 0);
@@ -374,7 +378,7 @@ int main(int argc, char** argv) {
               sp.mem_bandwidth / 1e9, sp.copy_engines);
   const int it = quick ? 3 : 10;
   {
-    gpu::backend_options cublas_only;
+    gpu::backend_options cublas_only = plain;
     cublas_only.cuda_gemv = false;
     auto ndev = gpu::cuda::make_cuda_devices({0}, cublas_only, 0);
     if (!ndev) {

@@ -71,6 +71,7 @@ struct options {
   double torch_pinned_ms = 0;
   bool sim_values = false;
   bool pageable_outputs = false;
+  std::string pdl = "on";  ///< backend_options::cuda_pdl (on: the default)
   std::string chrome_trace;
   std::string pipeline_trace;
   bool skip_forward = false, skip_idle = false, skip_completion = false, skip_pipeline = false;
@@ -124,6 +125,8 @@ std::optional<int> parse(int argc, char** argv, options& o) {
   app.add_option("--torch-pinned-ms", o.torch_pinned_ms, "torch_forward_pinned_ms of it: prints e2e_ratio_vs_torch_pinned");
   app.add_flag("--sim-values", o.sim_values, "sim devices compute real values (default: timing only)");
   app.add_flag("--pageable-outputs", o.pageable_outputs, "job outputs on the heap (runtime_options::pinned_outputs = false)");
+  app.add_option("--pdl", o.pdl, "cuda: backend_options::cuda_pdl, kernels as programmatic dependent launches (on, off)")
+      ->check(CLI::IsMember({"on", "off"}));
   app.add_option("--chrome-trace", o.chrome_trace, "write the trace of one timed forward job (Perfetto / chrome://tracing)")
       ->option_text("FILE");
   app.add_option("--pipeline-trace", o.pipeline_trace, "write the trace of the last 2-device pipeline round")->option_text("FILE");
@@ -253,6 +256,7 @@ ag::runtime_options runtime_opts(const options& o) {
   ro.scheduler_idle_steal_us = o.sched_idle_steal_us;
   ro.trace = true;
   ro.pinned_outputs = !o.pageable_outputs;
+  ro.backend.cuda_pdl = o.pdl == "on";
   // Sim devices: costs of the default (H100-like) spec in real time; timing
   // only unless --sim-values (the cpu kernels behind sim values would be the
   // bottleneck on a small host, not the runtime).

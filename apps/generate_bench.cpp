@@ -20,6 +20,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <map>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -105,11 +106,13 @@ struct decode_args {
   std::string fusion = "off";   ///< plan_options::fuse_ops of both plans (off: the default)
   std::string gemv = "on";      ///< backend_options::cuda_gemv (on: the default)
   std::string projections = "on";  ///< plan_options::fuse_projections of both plans (on: the default)
+  std::string pdl = "on";          ///< backend_options::cuda_pdl (on: the default)
 };
 
 int run_decode(const decode_args& a) {
   ag::runtime_options ro;
   ro.backend.cuda_gemv = a.gemv == "on";
+  ro.backend.cuda_pdl = a.pdl == "on";
   auto rt = ag::runtime::create(a.devices, ro);
   if (!rt) return fail(rt.err());
   const auto t_open = clock_type::now();
@@ -148,6 +151,59 @@ int run_decode(const decode_args& a) {
   if (gaps.empty()) return fail({ag::errc::internal, "fewer than 2 tokens generated"});
   std::sort(gaps.begin(), gaps.end());
   const double ms = gaps[gaps.size() / 2] * 1e3;
+  // Where a token's time goes, from the trace: the device's span of each
+  // decode job (its first step's start to its last step's end) and the
+  // device's idle time between one job's end and the next one's start (the
+  // host's round trip: logits down, sampling, the next submit, inputs up).
+  const ag::trace tr = (*rt)->take_trace();
+  std::map<uint64_t, std::pair<int64_t, int64_t>> span;  // job -> first start, last end
+  for (const auto& r : tr.records) {
+    auto [it, fresh] = span.try_emplace(r.job, r.start_ns, r.end_ns);
+    if (!fresh) it->second = {std::min(it->second.first, r.start_ns), std::max(it->second.second, r.end_ns)};
+  }
+  // Per job also: its first step's enqueue (host clock), and its copies'.
+  struct job_marks {
+    int64_t first_enqueue = 0, h2d_first_start = 0, h2d_last_end = 0, compute_first_start = 0, compute_last_end = 0;
+    int h2d_steps = 0;
+  };
+  std::map<uint64_t, job_marks> marks;
+  const auto first_of = [](int64_t& v, int64_t x) { v = v == 0 ? x : std::min(v, x); };
+  for (const auto& r : tr.records) {
+    auto& mk = marks[r.job];
+    first_of(mk.first_enqueue, r.enqueue_ns);
+    if (r.lane == "h2d") {
+      ++mk.h2d_steps;
+      first_of(mk.h2d_first_start, r.start_ns);
+      mk.h2d_last_end = std::max(mk.h2d_last_end, r.end_ns);
+    } else if (r.lane.rfind("compute", 0) == 0) {
+      first_of(mk.compute_first_start, r.start_ns);
+      mk.compute_last_end = std::max(mk.compute_last_end, r.end_ns);
+    }
+  }
+  std::vector<double> device_ms, idle_ms, to_enqueue_us, h2d_us, h2d_to_compute_us, compute_ms, tail_us;
+  std::vector<double> h2d_steps;
+  const std::pair<int64_t, int64_t>* before = nullptr;
+  std::size_t k = 0;
+  for (const auto& [job, sp] : span) {
+    if (k++ > 0) {  // the first job is the prompt's (prefill)
+      const job_marks& mk = marks[job];
+      device_ms.push_back(static_cast<double>(sp.second - sp.first) / 1e6);
+      if (k > 2) {
+        idle_ms.push_back(static_cast<double>(sp.first - before->second) / 1e6);
+        to_enqueue_us.push_back(static_cast<double>(mk.first_enqueue - before->second) / 1e3);
+      }
+      h2d_steps.push_back(mk.h2d_steps);
+      h2d_us.push_back(static_cast<double>(mk.h2d_last_end - mk.h2d_first_start) / 1e3);
+      h2d_to_compute_us.push_back(static_cast<double>(mk.compute_first_start - mk.h2d_last_end) / 1e3);
+      compute_ms.push_back(static_cast<double>(mk.compute_last_end - mk.compute_first_start) / 1e6);
+      tail_us.push_back(static_cast<double>(sp.second - mk.compute_last_end) / 1e3);
+    }
+    before = &sp;
+  }
+  const auto median_of = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v.empty() ? 0.0 : v[v.size() / 2];
+  };
 
   // Bytes one decode token must read: every weight but the input embedding
   // table (one row of it), and the cache of `context` positions.
@@ -187,11 +243,22 @@ int run_decode(const decode_args& a) {
   std::printf("%-28s %.3f GB uploaded (%.2f x the model's %.3f GB, for 2 plans) in %.3f s\n", "load", model_gb,
               model_gb * 1e9 / static_cast<double>(model->model_bytes()), static_cast<double>(model->model_bytes()) / 1e9,
               load_s);
-  std::printf("%-28s %.3f ms/token (median of %zu), context %lld, graph replay %s, fusion %s, gemv %s, projections %s\n",
-              "decode", ms, gaps.size(), static_cast<long long>(a.context), a.replay.c_str(), a.fusion.c_str(),
-              a.gemv.c_str(), a.projections.c_str());
+  std::printf(
+      "%-28s %.3f ms/token (median of %zu), context %lld, graph replay %s, fusion %s, gemv %s, projections %s, pdl %s\n",
+      "decode", ms, gaps.size(), static_cast<long long>(a.context), a.replay.c_str(), a.fusion.c_str(), a.gemv.c_str(),
+      a.projections.c_str(), a.pdl.c_str());
   std::printf("%-28s %.3f ms (%.1f MB weights + %.1f MB cache at %.0f GB/s)\n", "bandwidth floor", floor_ms,
               weights_read / 1e6, cache / 1e6, bw / 1e9);
+  if (!device_ms.empty()) {
+    std::printf("%-28s %.3f ms on the device, %.3f ms idle between tokens (medians over %zu decode jobs, trace)\n",
+                "decode job", median_of(device_ms), median_of(idle_ms), device_ms.size());
+    std::printf("decode_device_ms_per_token: %.3f\ndecode_idle_ms_between_tokens: %.3f\n", median_of(device_ms),
+                median_of(idle_ms));
+    std::printf("%-28s previous job's end -> first step enqueued %.1f us; h2d: %.0f steps over %.1f us; "
+                "-> compute %.1f us; compute %.3f ms; compute end -> job end %.1f us (medians)\n",
+                "decode job, cut", median_of(to_enqueue_us), median_of(h2d_steps), median_of(h2d_us),
+                median_of(h2d_to_compute_us), median_of(compute_ms), median_of(tail_us));
+  }
   std::printf("load_gb_per_s: %.3f\n", model_gb / load_s);
   {
     const ag::replay_stats rs = (*rt)->replay_statistics();
@@ -234,6 +301,8 @@ int main(int argc, char** argv) {
                  "decode: plan_options::fuse_projections, projection groups on the GEMV kernel (on, off)")
       ->check(CLI::IsMember({"on", "off"}));
   app.add_option("--gemv", d.gemv, "decode: backend_options::cuda_gemv, the GEMV kernel for few-row matmuls (on, off)")
+      ->check(CLI::IsMember({"on", "off"}));
+  app.add_option("--pdl", d.pdl, "decode: backend_options::cuda_pdl, kernels as programmatic dependent launches (on, off)")
       ->check(CLI::IsMember({"on", "off"}));
   if (auto status = ag::apps::parse_flags(app, argc, argv)) return *status;
   if (mode == "sim") return run_sim(time_scale, sequences, sim_tokens);

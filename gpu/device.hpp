@@ -185,6 +185,14 @@ struct backend_options {
   /// projections) run on the project's GEMV kernel instead of cuBLAS
   /// (gpu/cuda/gemv.cuh; faster at batch 1: docs/BENCHMARKS.md, session 11).
   bool cuda_gemv = true;
+  /// cuda (sm_90 and later): the project's kernels launch as programmatic
+  /// dependents of the kernel before them on their stream (PDL). Such a
+  /// kernel is launched while its predecessor still runs, waits for it at
+  /// `griddepcontrol.wait` before it touches activations, and may read its
+  /// weights before that (the GEMV kernel prefetches them into L2): kernel
+  /// boundaries stop costing a launch gap. Captured graphs keep it as a
+  /// programmatic edge. cuBLAS and copies are unaffected.
+  bool cuda_pdl = true;
   /// cpu: collectives of at most this many bytes run one-shot, larger ones
   /// as a ring (gpu/cpu/ring.hpp). It becomes the cpu devices'
   /// spec.oneshot_max_bytes, which the planner's cost model reads to pick

@@ -66,6 +66,7 @@ __device__ __forceinline__ void softmax_rows_unnormalised(float* sc, int M, int6
 template <class T, int MR>  // MR: rows the loops are unrolled for (M <= MR, the next power of two)
 __global__ void __launch_bounds__(kThreads)
     fused_attention_kernel(kt out, kt q, kt k, kt v, kt mask, bool masked, float scale, bool causal, int64_t S) {
+  pdl_enter();
   extern __shared__ float smem[];
   __shared__ float inv_sum[MR];
   const int M = static_cast<int>(q.d[2]);
@@ -189,6 +190,7 @@ template <class T, int MR>
 __global__ void __launch_bounds__(kSplitThreads)
     split_attention_kernel(kt out, kt q, kt k, kt v, kt mask, bool masked, float scale, bool causal, int64_t S,
                            int64_t chunk, float* ws, unsigned* counters) {
+  pdl_enter();
   extern __shared__ float smem[];
   __shared__ float row_max[MR], row_sum[MR];
   __shared__ float weight[MR * kMaxSplits], weighted_sum[MR * kMaxSplits];  // the combine's, per (row, split)
@@ -395,10 +397,9 @@ error go_split(const launch_ctx& c, const kt& out, const kt& q, const kt& k, con
                float scale, bool causal, int64_t S, int64_t groups, const split_plan& sp) {
   const int64_t M = q.d[2], dh = q.d[3];
   const std::size_t shared = static_cast<std::size_t>(2 * M * dh + M * sp.chunk) * sizeof(float);
-  split_attention_kernel<T, MR><<<dim3(static_cast<unsigned>(groups), static_cast<unsigned>(sp.splits)),
-                                  kSplitThreads, shared, c.stream>>>(out, q, k, v, mask, masked, scale, causal, S,
-                                                                     sp.chunk, c.attention_workspace,
-                                                                     c.attention_counter_words);
+  launch_kernel(c, split_attention_kernel<T, MR>, dim3(static_cast<unsigned>(groups), static_cast<unsigned>(sp.splits)),
+                kSplitThreads, shared, out, q, k, v, mask, masked, scale, causal, S, sp.chunk, c.attention_workspace,
+                c.attention_counter_words);
   return {};
 }
 
@@ -436,8 +437,8 @@ error go_rows(const launch_ctx& c, const kt& out, const kt& q, const kt& k, cons
               float scale, bool causal, int64_t S, int64_t groups) {
   const std::size_t shared = shared_bytes(q.d[2], q.d[3], k.d[2]);
   AG_CUDA_TRY((allow_shared<T, MR>(shared)), c.where + " (shared memory for fused attention)");
-  fused_attention_kernel<T, MR><<<static_cast<unsigned>(groups), kThreads, shared, c.stream>>>(out, q, k, v, mask, masked,
-                                                                                              scale, causal, S);
+  launch_kernel(c, fused_attention_kernel<T, MR>, static_cast<unsigned>(groups), kThreads, shared, out, q, k, v, mask,
+                masked, scale, causal, S);
   return {};
 }
 

@@ -7,12 +7,58 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
+#include <utility>
 
 #include "gpu/cuda/kernel_args.hpp"
 
 namespace ag::gpu::cuda {
+
+// Programmatic dependent launch (PDL, sm_90+; launch_ctx::pdl). A kernel
+// launched by launch_kernel() with PDL on may start while the kernel before
+// it on the stream still runs, so every such kernel calls pdl_wait() before
+// it reads or writes anything but weights: griddepcontrol.wait returns once
+// the previous grid has completed and its writes are visible (and at once
+// when there is no programmatic predecessor). pdl_release() lets the next
+// kernel launch early; our kernels call it right after their wait, so at
+// most one kernel's blocks wait behind a running one. Without PDL both are
+// no-ops.
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void pdl_release() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+/// The usual kernel entry: wait for the kernel before, then let the next one launch.
+__device__ __forceinline__ void pdl_enter() {
+  pdl_wait();
+  pdl_release();
+}
+
+/// Launches `kernel` on c.stream, as a programmatic dependent of the
+/// previous kernel when c.pdl (the kernel must call pdl_wait() first: see
+/// above). Errors are left for cudaGetLastError(), as with <<<>>>.
+template <class... KernelArgs, class... Args>
+void launch_kernel(const launch_ctx& c, void (*kernel)(KernelArgs...), dim3 grid, dim3 block, std::size_t shared,
+                   Args&&... args) {
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = shared;
+  cfg.stream = c.stream;
+  cfg.attrs = attr;
+  cfg.numAttrs = c.pdl ? 1 : 0;
+  (void)cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
+}
 
 __device__ __forceinline__ float ld(const void* p, int t, int64_t i) {
   switch (t) {

@@ -78,11 +78,13 @@ uint64_t next_device_uid() {
 
 class cuda_device final : public device {
  public:
-  cuda_device(std::shared_ptr<core> c, device_spec spec, int index, const backend_options& opts, int sm_count)
+  cuda_device(std::shared_ptr<core> c, device_spec spec, int index, const backend_options& opts, int sm_count,
+              int cc_major)
       : core_(std::move(c)),
         spec_(std::move(spec)),
         index_(index),
-        kernels_{opts.cuda_tf32, opts.cuda_gemv},
+        // Programmatic dependent launch needs sm_90 (griddepcontrol).
+        kernels_{opts.cuda_tf32, opts.cuda_gemv, opts.cuda_pdl && cc_major >= 9},
         sm_count_(sm_count),
         nccl_min_bytes_(opts.cuda_nccl_min_bytes),
         nccl_min_bytes_wide_(opts.cuda_nccl_min_bytes_wide) {}
@@ -746,8 +748,8 @@ class cuda_device final : public device {
 }  // namespace
 
 device_ptr detail::make_device(std::shared_ptr<core> c, device_spec spec, int index, const backend_options& opts,
-                               int sm_count) {
-  return device_ptr(std::make_shared<cuda_device>(std::move(c), std::move(spec), index, opts, sm_count));
+                               int sm_count, int cc_major) {
+  return device_ptr(std::make_shared<cuda_device>(std::move(c), std::move(spec), index, opts, sm_count, cc_major));
 }
 
 void set_notify_mode(device& d, notify_mode mode) noexcept {

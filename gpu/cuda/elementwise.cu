@@ -35,6 +35,7 @@ __device__ __forceinline__ float silu(float x) { return x / (1.f + expf(-x)); }
 
 template <int OP>
 __global__ void ew_kernel(kt out, kt a, kt b, float scale, int64_t n) {
+  pdl_enter();
   for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
     const coords c = split(out, i);
     const float x = ld(a.p, a.t, off(a, c));
@@ -55,6 +56,7 @@ __global__ void ew_kernel(kt out, kt a, kt b, float scale, int64_t n) {
 template <int OP, class T>
 __global__ void ew_contig_kernel(T* __restrict__ out, const T* __restrict__ a, const T* __restrict__ b, float scale,
                                  int64_t n) {
+  pdl_enter();
   for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
     const float x = to_f(a[i]);
     float y;
@@ -89,6 +91,7 @@ __device__ __forceinline__ float apply(float x, float y, float scale) {
 template <int OP, class T, int BM>
 __global__ void ew_vec_kernel(T* __restrict__ out, const T* __restrict__ a, const T* __restrict__ b, float scale,
                               int64_t n, int64_t D) {
+  pdl_enter();
   const int64_t nc = n / kChunk;
   const int64_t stride = (int64_t)gridDim.x * blockDim.x;
   for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < nc; i += stride) {
@@ -122,9 +125,9 @@ void launch_vec(const launch_ctx& c, const kt& out, const kt& a, const kt* b, in
   T* o = static_cast<T*>(out.p);
   const T* ap = static_cast<const T*>(a.p);
   const T* bp = b ? static_cast<const T*>(b->p) : nullptr;
-  if (bm == 0) ew_vec_kernel<OP, T, 0><<<grid, block, 0, c.stream>>>(o, ap, bp, scale, n, out.d[3]);
-  else if (bm == 1) ew_vec_kernel<OP, T, 1><<<grid, block, 0, c.stream>>>(o, ap, bp, scale, n, out.d[3]);
-  else ew_vec_kernel<OP, T, 2><<<grid, block, 0, c.stream>>>(o, ap, bp, scale, n, out.d[3]);
+  if (bm == 0) launch_kernel(c, ew_vec_kernel<OP, T, 0>, grid, block, 0, o, ap, bp, scale, n, out.d[3]);
+  else if (bm == 1) launch_kernel(c, ew_vec_kernel<OP, T, 1>, grid, block, 0, o, ap, bp, scale, n, out.d[3]);
+  else launch_kernel(c, ew_vec_kernel<OP, T, 2>, grid, block, 0, o, ap, bp, scale, n, out.d[3]);
 }
 
 bool contiguous_like(const kt& x, const kt& ref) {
@@ -175,21 +178,21 @@ error dispatch(const launch_ctx& c, const kt& out, const kt& a, const kt* b, flo
     const void* bp = b ? b->p : nullptr;
     switch (static_cast<dtype>(out.t)) {
       case dtype::f32:
-        ew_contig_kernel<OP, float><<<grid, block, 0, c.stream>>>(
+        launch_kernel(c, ew_contig_kernel<OP, float>, grid, block, 0,
             static_cast<float*>(out.p), static_cast<const float*>(a.p), static_cast<const float*>(bp), scale, n);
         break;
       case dtype::f16:
-        ew_contig_kernel<OP, __half><<<grid, block, 0, c.stream>>>(
+        launch_kernel(c, ew_contig_kernel<OP, __half>, grid, block, 0,
             static_cast<__half*>(out.p), static_cast<const __half*>(a.p), static_cast<const __half*>(bp), scale, n);
         break;
       default:
-        ew_contig_kernel<OP, __nv_bfloat16><<<grid, block, 0, c.stream>>>(
+        launch_kernel(c, ew_contig_kernel<OP, __nv_bfloat16>, grid, block, 0,
             static_cast<__nv_bfloat16*>(out.p), static_cast<const __nv_bfloat16*>(a.p),
             static_cast<const __nv_bfloat16*>(bp), scale, n);
         break;
     }
   } else {
-    ew_kernel<OP><<<grid, block, 0, c.stream>>>(out, a, b ? *b : kt{}, scale, n);
+    launch_kernel(c, ew_kernel<OP>, grid, block, 0, out, a, b ? *b : kt{}, scale, n);
   }
   AG_CUDA_TRY_LAUNCH(c.where);
   return {};
@@ -197,12 +200,14 @@ error dispatch(const launch_ctx& c, const kt& out, const kt& a, const kt* b, flo
 
 template <class T>
 __global__ void raw_copy_kernel(kt dst, kt src, int64_t n) {
+  pdl_enter();
   for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
     const coords c = split(src, i);
     static_cast<T*>(dst.p)[off(dst, c)] = static_cast<const T*>(src.p)[off(src, c)];
   }
 }
 __global__ void cast_copy_kernel(kt dst, kt src, int64_t n) {
+  pdl_enter();
   for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
     const coords c = split(src, i);
     if (dst.t == 3 && src.t == 3) {
@@ -234,6 +239,7 @@ namespace {
 /// dst[r * dpitch + w] (pitches in words), `total` = rows x words.
 __global__ void rows_copy_kernel(uint4* dst, const uint4* src, int64_t total, int64_t words, int64_t dpitch,
                                  int64_t spitch) {
+  pdl_enter();
   for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total; i += (int64_t)gridDim.x * blockDim.x) {
     const int64_t r = i / words, w = i - r * words;
     dst[r * dpitch + w] = src[r * spitch + w];
@@ -290,7 +296,7 @@ error launch_strided_copy(const launch_ctx& c, const kt& dst, const kt& src) {
           reinterpret_cast<uintptr_t>(dst.p) % 16 == 0 && reinterpret_cast<uintptr_t>(src.p) % 16 == 0) {
         const int64_t words = row_bytes / 16, total = r->rows * words;
         const int block = 256;
-        rows_copy_kernel<<<grid_for(total, block, c.sm_count * 16), block, 0, c.stream>>>(
+        launch_kernel(c, rows_copy_kernel, grid_for(total, block, c.sm_count * 16), block, 0,
             static_cast<uint4*>(dst.p), static_cast<const uint4*>(src.p), total, words, dpitch / 16, spitch / 16);
         AG_CUDA_TRY_LAUNCH(c.where);
         return {};
@@ -300,11 +306,11 @@ error launch_strided_copy(const launch_ctx& c, const kt& dst, const kt& src) {
   const unsigned grid = grid_for(n, block, c.sm_count * 16);
   if (dst.t == src.t) {
     if (dtype_size(static_cast<dtype>(src.t)) == 4)
-      raw_copy_kernel<uint32_t><<<grid, block, 0, c.stream>>>(dst, src, n);
+      launch_kernel(c, raw_copy_kernel<uint32_t>, grid, block, 0, dst, src, n);
     else
-      raw_copy_kernel<uint16_t><<<grid, block, 0, c.stream>>>(dst, src, n);
+      launch_kernel(c, raw_copy_kernel<uint16_t>, grid, block, 0, dst, src, n);
   } else {
-    cast_copy_kernel<<<grid, block, 0, c.stream>>>(dst, src, n);
+    launch_kernel(c, cast_copy_kernel, grid, block, 0, dst, src, n);
   }
   AG_CUDA_TRY_LAUNCH(c.where);
   return {};

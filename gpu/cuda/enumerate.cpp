@@ -78,7 +78,7 @@ expected<device_ptr> make_one(int ordinal, int index, const backend_options& opt
     if (auto cc = weak.lock()) cc->mark_dead(e);
   };
   c->poll->start(c->poll);
-  return make_device(std::move(c), std::move(spec), index, opts, prop.multiProcessorCount);
+  return make_device(std::move(c), std::move(spec), index, opts, prop.multiProcessorCount, prop.major);
 }
 
 }  // namespace

@@ -13,8 +13,10 @@
 namespace ag::gpu::cuda {
 namespace {
 
-constexpr int kThreads = 256;  // 8 warps, a weight row each at a time
-constexpr int kInFlight = 8;   // 16-byte weight loads per lane issued before the arithmetic
+constexpr int kThreads = 256;     // 8 warps
+constexpr int kWarpsPerRow = 2;   // each takes half of the row's K (summed through shared memory)
+constexpr int kRowsPerBlock = kThreads / 32 / kWarpsPerRow;
+constexpr int kInFlight = 8;      // 16-byte weight loads per lane issued before the arithmetic
 
 struct row_offsets {
   int64_t off[gemv_max_rows];  // element offset of each x row
@@ -79,73 +81,105 @@ struct gemv_targets {
 
 enum gemv_mode : int { plain = 0, gated = 1, residual = 2 };
 
-// A warp per weight row (grid-stride); each lane keeps its 16-byte loads of
-// the row in flight (the weights stream through once: no L1 allocation),
-// reads the matching x vectors through L1 (every warp of the SM reads the
-// same x), and the warp sums its lanes at the end. Gated: the row of w[0]
-// (gate) and of w[1] (up) together, then silu(gate) * up.
+// Two warps per weight row, each over half of K (grid-stride over groups of
+// kRowsPerBlock rows, so every warp of a block takes the same trip count);
+// each lane keeps its 16-byte loads of the row in flight (the weights
+// stream through once: no L1 allocation), reads the matching x vectors
+// through L1 (every warp of the SM reads the same x); the two warps' sums
+// meet in shared memory. Gated: the row of w[0] (gate) and of w[1] (up)
+// together, then silu(gate) * up. Measured on an H100 against one warp per
+// row (docs/BENCHMARKS.md, session 12): faster for every decode shape, e.g.
+// 2048 x 8192 17.4 -> 15.1 us. One x row (a decode step) fits 64 registers:
+// four blocks per SM instead of three.
 template <class T, class TO, int R, int MODE>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kThreads, R == 1 ? 4 : 1)
     gemv_kernel(gemv_targets<T, TO> tg, const T* __restrict__ x, row_offsets xr, int rows, int64_t ldw, int64_t vecs) {
   constexpr int V = vec16<T>::n;
   constexpr int F = MODE == gated ? kInFlight / 2 : kInFlight;  // loads per matrix in flight
-  const int lane = static_cast<int>(threadIdx.x & 31);
-  const int64_t warps = (static_cast<int64_t>(gridDim.x) * blockDim.x) >> 5;
-  const int64_t total = tg.n_end[tg.count - 1];
-  for (int64_t n = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5; n < total; n += warps) {
-    int m = 0;
-    if constexpr (MODE == plain)
-      while (m + 1 < tg.count && n >= tg.n_end[m]) ++m;
-    const int64_t row = m == 0 ? n : n - tg.n_end[m - 1];
-    const int64_t N = m == 0 ? tg.n_end[0] : tg.n_end[m] - tg.n_end[m - 1];
-    const uint4* wr = reinterpret_cast<const uint4*>(tg.w[m] + row * ldw);
-    const uint4* ur = MODE == gated ? reinterpret_cast<const uint4*>(tg.w[1] + row * ldw) : nullptr;
+  constexpr int kWarps = kThreads / 32;
+  __shared__ float part[kWarps][R], part_up[MODE == gated ? kWarps : 1][R];
+  const int lane = static_cast<int>(threadIdx.x & 31), warp = static_cast<int>(threadIdx.x >> 5);
+  const int slice = warp % kWarpsPerRow;
+  const int64_t per_slice = (vecs + kWarpsPerRow - 1) / kWarpsPerRow;
+  const int64_t v_begin = slice * per_slice, v_end = v_begin + per_slice < vecs ? v_begin + per_slice : vecs;
+  const int64_t total = tg.count == 3 ? tg.n_end[2] : tg.count == 2 ? tg.n_end[1] : tg.n_end[0];
+  pdl_enter();
+  for (int64_t base = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock; base < total;
+       base += static_cast<int64_t>(gridDim.x) * kRowsPerBlock) {
+    const int64_t n = base + warp / kWarpsPerRow;
+    // Which of the (up to 3) matrices global row n belongs to, its row there,
+    // that matrix's rows, weights and output. Selects, not tg.x[m]: indexing
+    // the parameter arrays by a runtime m copies tg to local memory in every
+    // thread (an 88-byte stack frame, measured slower on large grids).
+    const bool in1 = MODE == plain && tg.count > 1 && n >= tg.n_end[0];
+    const bool in2 = MODE == plain && tg.count > 2 && n >= tg.n_end[1];
+    const int64_t start = in2 ? tg.n_end[1] : in1 ? tg.n_end[0] : 0;
+    const int64_t row = n - start;
+    const int64_t N = (in2 ? tg.n_end[2] : in1 ? tg.n_end[1] : tg.n_end[0]) - start;
+    const T* wm = in2 ? tg.w[2] : in1 ? tg.w[1] : tg.w[0];
+    TO* ym = in2 ? tg.y[2] : in1 ? tg.y[1] : tg.y[0];
     float acc[R], acc_up[R];
 #pragma unroll
     for (int r = 0; r < R; ++r) acc[r] = 0.f, acc_up[r] = 0.f;
-    for (int64_t v0 = lane; v0 < vecs; v0 += 32 * F) {
-      uint4 wv[F], uv[MODE == gated ? F : 1];
+    if (n < total) {
+      const uint4* wr = reinterpret_cast<const uint4*>(wm + row * ldw);
+      const uint4* ur = MODE == gated ? reinterpret_cast<const uint4*>(tg.w[1] + row * ldw) : nullptr;
+      for (int64_t v0 = v_begin + lane; v0 < v_end; v0 += 32 * F) {
+        uint4 wv[F], uv[MODE == gated ? F : 1];
 #pragma unroll
-      for (int u = 0; u < F; ++u) {
-        const int64_t v = v0 + 32 * u;
-        if (v < vecs) {
-          wv[u] = __ldcs(wr + v);
-          if constexpr (MODE == gated) uv[u] = __ldcs(ur + v);
+        for (int u = 0; u < F; ++u) {
+          const int64_t v = v0 + 32 * u;
+          if (v < v_end) {
+            wv[u] = __ldcs(wr + v);
+            if constexpr (MODE == gated) uv[u] = __ldcs(ur + v);
+          }
         }
-      }
 #pragma unroll
-      for (int u = 0; u < F; ++u) {
-        const int64_t v = v0 + 32 * u;
-        if (v >= vecs) break;
-        float wf[V], uf[V];
-        vec16<T>::unpack(wv[u], wf);
-        if constexpr (MODE == gated) vec16<T>::unpack(uv[u], uf);
+        for (int u = 0; u < F; ++u) {
+          const int64_t v = v0 + 32 * u;
+          if (v >= v_end) break;
+          float wf[V], uf[V];
+          vec16<T>::unpack(wv[u], wf);
+          if constexpr (MODE == gated) vec16<T>::unpack(uv[u], uf);
 #pragma unroll
-        for (int r = 0; r < R; ++r) {
-          if (r >= rows) break;  // R is the unroll bound: rows <= R
-          float xf[V];
-          vec16<T>::unpack(__ldg(reinterpret_cast<const uint4*>(x + xr.off[r]) + v), xf);
+          for (int r = 0; r < R; ++r) {
+            if (r >= rows) break;  // R is the unroll bound: rows <= R
+            float xf[V];
+            vec16<T>::unpack(__ldg(reinterpret_cast<const uint4*>(x + xr.off[r]) + v), xf);
 #pragma unroll
-          for (int e = 0; e < V; ++e) {
-            acc[r] = fmaf(wf[e], xf[e], acc[r]);
-            if constexpr (MODE == gated) acc_up[r] = fmaf(uf[e], xf[e], acc_up[r]);
+            for (int e = 0; e < V; ++e) {
+              acc[r] = fmaf(wf[e], xf[e], acc[r]);
+              if constexpr (MODE == gated) acc_up[r] = fmaf(uf[e], xf[e], acc_up[r]);
+            }
           }
         }
       }
     }
 #pragma unroll
     for (int r = 0; r < R; ++r) {
-      if (r >= rows) break;  // no row past the output's last
-      float s = warp_sum(acc[r]);
-      if constexpr (MODE == gated) {
-        const float up = warp_sum(acc_up[r]);
-        s = s / (1.f + __expf(-s)) * up;
-      }
+      if (r >= rows) break;
+      acc[r] = warp_sum(acc[r]);
+      if constexpr (MODE == gated) acc_up[r] = warp_sum(acc_up[r]);
       if (lane == 0) {
-        if constexpr (MODE == residual) s += to_f(tg.residual[r * N + row]);
-        tg.y[m][r * N + row] = from_f<TO>(s);
+        part[warp][r] = acc[r];
+        if constexpr (MODE == gated) part_up[warp][r] = acc_up[r];
       }
     }
+    __syncthreads();
+    if (slice == 0 && lane < rows && n < total) {
+      // Lane r writes x row r's output (no row past the output's last).
+      const int r = lane;
+      float s = 0.f, up = 0.f;
+#pragma unroll
+      for (int k = 0; k < kWarpsPerRow; ++k) {
+        s += part[warp + k][r];
+        if constexpr (MODE == gated) up += part_up[warp + k][r];
+      }
+      if constexpr (MODE == gated) s = s / (1.f + __expf(-s)) * up;
+      if constexpr (MODE == residual) s += to_f(tg.residual[r * N + row]);
+      ym[r * N + row] = from_f<TO>(s);
+    }
+    __syncthreads();  // part is rewritten by the next group
   }
 }
 
@@ -153,8 +187,8 @@ template <class T, class TO, int R, int MODE>
 void go_rows(const launch_ctx& c, const gemv_targets<T, TO>& tg, const void* x, const row_offsets& xr, int rows,
              int64_t ldw, int64_t K) {
   const int64_t vecs = K / vec16<T>::n;
-  const unsigned grid = grid_for(tg.n_end[tg.count - 1] * 32, kThreads, c.sm_count * 64);
-  gemv_kernel<T, TO, R, MODE><<<grid, kThreads, 0, c.stream>>>(tg, static_cast<const T*>(x), xr, rows, ldw, vecs);
+  const unsigned grid = grid_for(tg.n_end[tg.count - 1], kRowsPerBlock, c.sm_count * 64);
+  launch_kernel(c, gemv_kernel<T, TO, R, MODE>, grid, kThreads, 0, tg, static_cast<const T*>(x), xr, rows, ldw, vecs);
 }
 
 template <class T, class TO, int MODE = plain>

@@ -6,6 +6,7 @@ namespace ag::gpu::cuda {
 namespace {
 
 __global__ void get_rows_kernel(kt out, kt table, kt ids, unsigned int* fault, int64_t n, int64_t first, int64_t rows) {
+  pdl_enter();
   const int64_t D = table.d[3], V = table.d[2];
   for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
     const int64_t r = i / D, j = i % D;
@@ -29,6 +30,7 @@ __global__ void get_rows_kernel(kt out, kt table, kt ids, unsigned int* fault, i
 __global__ void get_rows_words_kernel(uint4* out, const uint4* table, kt ids, unsigned int* fault, int64_t n_ids,
                                       int64_t words, int64_t table_row_words, int64_t first, int64_t V,
                                       int64_t rows) {
+  pdl_enter();
   for (int64_t r = blockIdx.x; r < n_ids; r += gridDim.x) {
     const int64_t id = static_cast<const int32_t*>(ids.p)[flat_offset(ids, r)];
     const bool here = id >= first && id < first + V;
@@ -42,6 +44,7 @@ __global__ void get_rows_words_kernel(uint4* out, const uint4* table, kt ids, un
 
 template <class T>
 __global__ void store_rows_kernel(kt state, kt rows, kt pos, int axis4, int64_t n) {
+  pdl_enter();
   for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
     int64_t c[4];
     int64_t r = i;
@@ -71,9 +74,9 @@ error launch_store_rows(const launch_ctx& c, const kt& state, const kt& rows, co
   const unsigned grid = grid_for(n, block, c.sm_count * 16);
   // A state of one row along the axis has stride 0 there (to_kt): only index 0 exists.
   if (dtype_size(static_cast<dtype>(rows.t)) == 4)
-    store_rows_kernel<uint32_t><<<grid, block, 0, c.stream>>>(state, rows, positions, axis4, n);
+    launch_kernel(c, store_rows_kernel<uint32_t>, grid, block, 0, state, rows, positions, axis4, n);
   else
-    store_rows_kernel<uint16_t><<<grid, block, 0, c.stream>>>(state, rows, positions, axis4, n);
+    launch_kernel(c, store_rows_kernel<uint16_t>, grid, block, 0, state, rows, positions, axis4, n);
   AG_CUDA_TRY_LAUNCH(c.where);
   return {};
 }
@@ -93,14 +96,14 @@ error launch_get_rows(const launch_ctx& c, const kt& out, const kt& table, const
   if (out.t == table.t && table.s[3] == 1 && contiguous_out && row_bytes % 16 == 0 && (table.s[2] * es) % 16 == 0 &&
       reinterpret_cast<uintptr_t>(table.p) % 16 == 0 && reinterpret_cast<uintptr_t>(out.p) % 16 == 0) {
     const int64_t n_ids = ids.numel(), words = row_bytes / 16;
-    get_rows_words_kernel<<<grid_for(n_ids, 1, c.sm_count * 16), 128, 0, c.stream>>>(
+    launch_kernel(c, get_rows_words_kernel, grid_for(n_ids, 1, c.sm_count * 16), 128, 0,
         static_cast<uint4*>(out.p), static_cast<const uint4*>(table.p), ids, c.fault_word, n_ids, words,
         table.s[2] * es / 16, first, table.d[2], rows > 0 ? rows : table.d[2]);
     AG_CUDA_TRY_LAUNCH(c.where);
     return {};
   }
-  get_rows_kernel<<<grid_for(n, block, c.sm_count * 16), block, 0, c.stream>>>(out, table, ids, c.fault_word, n, first,
-                                                                                   rows > 0 ? rows : table.d[2]);
+  launch_kernel(c, get_rows_kernel, grid_for(n, block, c.sm_count * 16), block, 0, out, table, ids, c.fault_word, n,
+                first, rows > 0 ? rows : table.d[2]);
   AG_CUDA_TRY_LAUNCH(c.where);
   return {};
 }

@@ -41,6 +41,9 @@ inline kt to_kt(const tensor_arg& a) {
 struct launch_ctx {
   cudaStream_t stream = nullptr;
   bool gemv = true;                    // matmuls of a few rows may take the GEMV kernel (gemv.cuh)
+  // Launch the project's kernels as programmatic dependents of the kernel
+  // before them on the stream (launch_kernel, common.cuh; sm_90+ only).
+  bool pdl = false;
   // The stream's workspace for attention with keys split over blocks
   // (attention.cu): partial results, and per-group counters that are zero
   // between launches. Kernels on one stream run in order, and a captured

@@ -8,6 +8,7 @@ namespace {
 
 template <class TI, class TO, bool LAYER>
 __global__ void norm_kernel(kt out, kt x, kt w, kt b, bool has_w, bool has_b, float eps) {
+  pdl_enter();
   __shared__ float sh[32];
   const int64_t row = blockIdx.x;
   const int64_t D = x.d[3];
@@ -46,6 +47,7 @@ template <class T, bool LAYER, int TPR, int MAXC>
 __global__ void __launch_bounds__(TPR == 32 ? 128 : TPR)
     norm_vec_kernel(kt out, kt x, kt w, kt b, bool has_w, bool w_vec, bool has_b, bool b_vec, int64_t rows,
                     float eps) {
+  pdl_enter();
   constexpr int RPB = TPR == 32 ? 4 : 1;
   __shared__ float sh[32];
   const int lane = TPR == 32 ? static_cast<int>(threadIdx.x & 31) : static_cast<int>(threadIdx.x);
@@ -126,7 +128,7 @@ void go_vec_cfg(const launch_ctx& c, const kt& out, const kt& x, const kt* w, co
                 int64_t rows, float eps) {
   constexpr int RPB = TPR == 32 ? 4 : 1;
   const unsigned grid = static_cast<unsigned>((rows + RPB - 1) / RPB);
-  norm_vec_kernel<T, LAYER, TPR, MAXC><<<grid, TPR * RPB, 0, c.stream>>>(
+  launch_kernel(c, norm_vec_kernel<T, LAYER, TPR, MAXC>, grid, TPR * RPB, 0,
       out, x, w ? *w : kt{}, b ? *b : kt{}, w != nullptr, w_vec, b != nullptr, b_vec, rows, eps);
 }
 
@@ -170,7 +172,7 @@ void go(const launch_ctx& c, const kt& out, const kt& x, const kt* w, const kt* 
   const int64_t rows = x.numel() / x.d[3];
   const int64_t D = x.d[3];
   const int block = D >= 4096 ? 1024 : D >= 1024 ? 512 : D >= 256 ? 256 : D > 32 ? 128 : 32;
-  norm_kernel<TI, TO, LAYER><<<static_cast<unsigned>(rows), block, 0, c.stream>>>(
+  launch_kernel(c, norm_kernel<TI, TO, LAYER>, static_cast<unsigned>(rows), block, 0,
       out, x, w ? *w : kt{}, b ? *b : kt{}, w != nullptr, b != nullptr, eps);
 }
 

@@ -19,6 +19,7 @@ namespace ag::gpu::cuda::detail {
 struct kernel_choices {
   bool tf32 = false;  ///< f32 matmuls may use TF32 tensor cores
   bool gemv = true;   ///< matmuls of at most gemv_max_rows rows take the GEMV kernel (gemv.cuh)
+  bool pdl = false;   ///< own kernels launch as programmatic dependents (common.cuh launch_kernel)
 };
 error dispatch_op(core& dev_core, cuda_stream& cs, const op_launch& l, const std::string& device_name, int sm_count,
                   const kernel_choices& kernels);

@@ -36,6 +36,7 @@ constexpr int64_t rope_heads_per_thread = 4;
 /// on an H200. All heads in one thread was as slow for a decode step's one
 /// position: 64 threads, 32 heads each in series.)
 __global__ void rope_kernel(kt out, kt x, kt pos, bool neox, int64_t work, int64_t heads_per_thread, rope_freqs f) {
+  pdl_enter();
   const int64_t D = x.d[3], half = D / 2, H = x.d[2];
   const int64_t runs = (H + heads_per_thread - 1) / heads_per_thread;
   for (int64_t p = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; p < work; p += (int64_t)gridDim.x * blockDim.x) {
@@ -74,6 +75,7 @@ __global__ void rope_kernel(kt out, kt x, kt pos, bool neox, int64_t work, int64
 
 /// Heads wider than 512: the frequency per element (f64 pow), as before.
 __global__ void rope_wide_kernel(kt out, kt x, kt pos, float theta, bool neox, int64_t pairs) {
+  pdl_enter();
   const int64_t D = x.d[3], half = D / 2;
   for (int64_t p = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; p < pairs; p += (int64_t)gridDim.x * blockDim.x) {
     const int64_t row = p / half, k = p % half;
@@ -106,9 +108,10 @@ error launch_rope(const launch_ctx& c, const kt& out, const kt& x, const kt& pos
     // of dependent loads (ncu, H100); a thread per head there.
     const int64_t hpt = pairs >= static_cast<int64_t>(c.sm_count) * block * rope_heads_per_thread ? rope_heads_per_thread : 1;
     const int64_t work = pairs / x.d[2] * ((x.d[2] + hpt - 1) / hpt);
-    rope_kernel<<<grid_for(work, block, c.sm_count * 16), block, 0, c.stream>>>(out, x, pos, neox, work, hpt, f);
+    launch_kernel(c, rope_kernel, grid_for(work, block, c.sm_count * 16), block, 0, out, x, pos, neox, work, hpt, f);
   } else {
-    rope_wide_kernel<<<grid_for(pairs, block, c.sm_count * 16), block, 0, c.stream>>>(out, x, pos, theta, neox, pairs);
+    launch_kernel(c, rope_wide_kernel, grid_for(pairs, block, c.sm_count * 16), block, 0, out, x, pos, theta, neox,
+                  pairs);
   }
   AG_CUDA_TRY_LAUNCH(c.where);
   return {};

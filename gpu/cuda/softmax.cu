@@ -8,6 +8,7 @@ namespace {
 
 template <class TI, class TO>
 __global__ void softmax_kernel(kt out, kt x, float scale, bool causal) {
+  pdl_enter();
   __shared__ float sh[32];
   const int64_t row = blockIdx.x;
   const int64_t Sk = x.d[3], Sq = x.d[2];
@@ -68,6 +69,7 @@ __device__ __forceinline__ void reduce_ms(float& m, float& s, float* sh) {
 template <class T, int TPR, int MAXC>
 __global__ void __launch_bounds__(TPR == 32 ? 128 : TPR)
     softmax_vec_kernel(kt out, kt x, float scale, bool causal, int64_t rows) {
+  pdl_enter();
   constexpr int RPB = TPR == 32 ? 4 : 1;
   __shared__ float sh[32];
   const int lane = TPR == 32 ? static_cast<int>(threadIdx.x & 31) : static_cast<int>(threadIdx.x);
@@ -122,7 +124,7 @@ template <class T, int TPR, int MAXC>
 void go_vec_cfg(const launch_ctx& c, const kt& out, const kt& x, float scale, bool causal, int64_t rows) {
   constexpr int RPB = TPR == 32 ? 4 : 1;
   const unsigned grid = static_cast<unsigned>((rows + RPB - 1) / RPB);
-  softmax_vec_kernel<T, TPR, MAXC><<<grid, TPR * RPB, 0, c.stream>>>(out, x, scale, causal, rows);
+  launch_kernel(c, softmax_vec_kernel<T, TPR, MAXC>, grid, TPR * RPB, 0, out, x, scale, causal, rows);
 }
 
 // Split-row path for rows too long for registers, or too few rows to fill the
@@ -141,6 +143,7 @@ __device__ __forceinline__ void segment_bounds(const kt& x, int64_t seg, int64_t
 template <class T, bool VEC>
 __global__ void __launch_bounds__(kSplitThreads)
     softmax_split_stats(kt x, float scale, bool causal, int64_t seg, float2* partial) {
+  pdl_enter();
   __shared__ float sh[32];
   const int64_t row = blockIdx.y;
   int64_t lo, hi;
@@ -177,6 +180,7 @@ __global__ void __launch_bounds__(kSplitThreads)
 template <class T, bool VEC>
 __global__ void __launch_bounds__(kSplitThreads)
     softmax_split_write(kt out, kt x, float scale, bool causal, int64_t seg, const float2* partial) {
+  pdl_enter();
   __shared__ float sh[32];
   const int64_t row = blockIdx.y;
   // Merge the row's partial pairs (gridDim.x of them).
@@ -238,11 +242,11 @@ error go_split(const launch_ctx& c, const kt& out, const kt& x, float scale, boo
   const dim3 grid(static_cast<unsigned>(splits), static_cast<unsigned>(rows));
   auto* part = static_cast<float2*>(scratch);
   if (vec) {
-    softmax_split_stats<T, true><<<grid, kSplitThreads, 0, c.stream>>>(x, scale, causal, seg, part);
-    softmax_split_write<T, true><<<grid, kSplitThreads, 0, c.stream>>>(out, x, scale, causal, seg, part);
+    launch_kernel(c, softmax_split_stats<T, true>, grid, kSplitThreads, 0, x, scale, causal, seg, part);
+    launch_kernel(c, softmax_split_write<T, true>, grid, kSplitThreads, 0, out, x, scale, causal, seg, part);
   } else {
-    softmax_split_stats<T, false><<<grid, kSplitThreads, 0, c.stream>>>(x, scale, causal, seg, part);
-    softmax_split_write<T, false><<<grid, kSplitThreads, 0, c.stream>>>(out, x, scale, causal, seg, part);
+    launch_kernel(c, softmax_split_stats<T, false>, grid, kSplitThreads, 0, x, scale, causal, seg, part);
+    launch_kernel(c, softmax_split_write<T, false>, grid, kSplitThreads, 0, out, x, scale, causal, seg, part);
   }
   const cudaError_t launched = cudaGetLastError();
   AG_CUDA_TRY(cudaFreeAsync(scratch, c.stream), c.where);
@@ -282,7 +286,7 @@ void go(const launch_ctx& c, const kt& out, const kt& x, float scale, bool causa
   const int64_t rows = x.numel() / x.d[3];
   const int64_t D = x.d[3];
   const int block = D >= 8192 ? 1024 : D >= 2048 ? 512 : D >= 256 ? 256 : D > 32 ? 128 : 32;
-  softmax_kernel<TI, TO><<<static_cast<unsigned>(rows), block, 0, c.stream>>>(out, x, scale, causal);
+  launch_kernel(c, softmax_kernel<TI, TO>, static_cast<unsigned>(rows), block, 0, out, x, scale, causal);
 }
 
 template <class TI>
