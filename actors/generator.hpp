@@ -47,6 +47,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <span>
 #include <vector>
 
 #include "actors/actorgraph.hpp"
@@ -163,6 +164,7 @@ class generator {
 };
 
 /// The token `s` picks from `logits` with `rng_state` (advanced when sampling).
-int32_t sample_token(const std::vector<float>& logits, const sampling_options& s, uint64_t& rng_state);
+/// Greedy (temperature 0) is the first maximum; a NaN never wins.
+int32_t sample_token(std::span<const float> logits, const sampling_options& s, uint64_t& rng_state);
 
 }  // namespace ag

@@ -99,26 +99,36 @@ error apply_fusions(const plan& p, const step& s, lowered_step& ls) {
     fused.op = first[n - 1].op;
     fused.fused = gpu::op_launch::fusion::projections;
     fused.projection = f.kind;
-    fused.inputs = {first->inputs.at(0), first->inputs.at(1)};
+    // With a norm prologue the matmuls start one record later and x is the
+    // norm's input; the norm's weight, if any, goes last.
+    const auto mm = f.norm_prologue ? first + 1 : first;
+    const std::ptrdiff_t n_mm = f.norm_prologue ? n - 1 : n;
+    fused.inputs = {f.norm_prologue ? first->inputs.at(0) : mm->inputs.at(0), mm->inputs.at(1)};
     switch (f.kind) {
       case projection_kind::shared_input:
-        fused.out = first->out;
-        for (std::ptrdiff_t k = 1; k < n; ++k) {
-          fused.inputs.push_back(first[k].inputs.at(1));
-          fused.extra_outs.push_back(first[k].out);
+        fused.out = mm->out;
+        for (std::ptrdiff_t k = 1; k < n_mm; ++k) {
+          fused.inputs.push_back(mm[k].inputs.at(1));
+          fused.extra_outs.push_back(mm[k].out);
         }
         break;
       case projection_kind::gated:  // gate, up, silu, mul
-        fused.inputs.push_back(first[1].inputs.at(1));
-        fused.out = first[3].out;
+        fused.inputs.push_back(mm[1].inputs.at(1));
+        fused.out = mm[3].out;
         break;
       case projection_kind::residual: {  // m, add(r, m)
-        const lowered_op& add = first[1];
-        const bool m_first = add.op->inputs.at(0) == first->op->id;
+        const lowered_op& add = mm[1];
+        const bool m_first = add.op->inputs.at(0) == mm->op->id;
         fused.inputs.push_back(add.inputs.at(m_first ? 1 : 0));
         fused.out = add.out;
         break;
       }
+    }
+    if (f.norm_prologue) {
+      fused.projection_norm.on = true;
+      fused.projection_norm.eps = first->op->attrs.eps;
+      fused.projection_norm.weighted = first->inputs.size() > 1;
+      if (fused.projection_norm.weighted) fused.inputs.push_back(first->inputs.at(1));
     }
     *first = std::move(fused);
     ls.ops.erase(first + 1, first + n);
@@ -297,6 +307,7 @@ std::vector<gpu::op_launch> launch_program::launch_records(int q) const {
       l.fused = op.fused;
       l.attention = op.attention;
       l.projection = op.projection;
+      l.projection_norm = op.projection_norm;
       for (const auto& o : op.extra_outs) l.extra_outs.push_back(o.proto);
       r.push_back(std::move(l));
     }

@@ -54,6 +54,7 @@ struct lowered_op {
   gpu::op_launch::fusion fused = gpu::op_launch::fusion::none;
   gpu::op_launch::attention_params attention{};
   projection_kind projection = projection_kind::shared_input;  ///< fusion::projections
+  gpu::op_launch::norm_prologue projection_norm{};             ///< fusion::projections
   std::vector<operand> extra_outs;                             ///< fusion::projections, shared_input
 };
 

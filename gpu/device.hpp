@@ -93,6 +93,15 @@ struct op_launch {
   /// the first matmul's, `extra_outs` the others'); `op` is the group's last op.
   projection_kind projection = projection_kind::shared_input;
   std::vector<tensor_arg> extra_outs;
+  /// A projection group's rms_norm prologue (projection_fusion::norm_prologue):
+  /// `inputs[0]` is the norm's input, which the kernel normalises row by row
+  /// (eps) and, when `weighted`, scales by the norm's weight, the last input.
+  struct norm_prologue {
+    bool on = false;
+    bool weighted = false;
+    float eps = 0.0f;
+  };
+  norm_prologue projection_norm{};
   /// fusion::attention, in place of the chain scores = matmul(q, k^T) [->
   /// add(scores, mask)] -> probs = softmax(.. * scale, causal) -> out =
   /// matmul(probs, v) (views between them allowed), whose intermediates

@@ -157,6 +157,43 @@ std::optional<projection_fusion> match_projection(const graph& g, const std::vec
   return f;
 }
 
+/// Every reader of `x` (through views) is in `readers`, and neither x nor a
+/// view of it is a graph output.
+bool only_read_by_any(const graph& g, node_id x, const std::vector<node_id>& readers) {
+  for (node_id o : g.outputs())
+    if (o == x) return false;
+  for (node_id c : g.consumers(x)) {
+    if (std::find(readers.begin(), readers.end(), c) != readers.end()) continue;
+    if (!is_view_op(g.at(c).op) || !only_read_by_any(g, c, readers)) return false;
+  }
+  return true;
+}
+
+/// ops[i - 1] is an rms_norm that group `f` (shared_input or gated, found at
+/// ops[i]) can take in as its prologue: the norm's output is the matmuls' x
+/// and nothing else reads it; its input has x's dims, dtype and layout
+/// limits, its weight (if any) is a contiguous, 16-byte aligned [K] of that
+/// dtype.
+bool norm_prologue_at(const graph& g, const std::vector<node_id>& ops, std::size_t i, const projection_fusion& f) {
+  if (i == 0 || f.kind == projection_kind::residual) return false;
+  const node& norm = g.at(ops[i - 1]);
+  const node& mm = g.at(f.ops.front());
+  if (norm.op != op_kind::rms_norm || mm.inputs.at(0) != norm.id || norm.inputs.empty()) return false;
+  std::vector<node_id> matmuls;
+  for (node_id id : f.ops)
+    if (g.at(id).op == op_kind::matmul) matmuls.push_back(id);
+  if (!only_read_by_any(g, norm.id, matmuls)) return false;
+  const node& x = g.at(norm.inputs[0]);
+  const int64_t esz = static_cast<int64_t>(dtype_size(norm.type));
+  if (x.type != norm.type || x.dims != norm.dims || !x.contiguous() || (x.offset * esz) % 16 != 0 ||
+      x.dims.numel() > fused_gemv_norm_max_floats)
+    return false;
+  if (norm.inputs.size() < 2) return true;
+  const node& w = g.at(norm.inputs[1]);
+  return w.type == norm.type && w.dims.rank() == 1 && w.dims[0] == norm.dims[-1] && w.contiguous() &&
+         (w.offset * esz) % 16 == 0;
+}
+
 /// The non-view, non-leaf ops of a CUDA compute step, in order (empty otherwise).
 void compute_ops(const graph& g, const step& st, const std::vector<device_spec>& devices, std::vector<node_id>& ops) {
   ops.clear();
@@ -187,6 +224,10 @@ std::vector<projection_fusion> find_projection_fusions(const graph& g, const std
       if (!f) continue;
       f->step = st.id;
       i += f->ops.size() - 1;  // past the group's last op
+      if (norm_prologue_at(g, ops, i + 1 - f->ops.size(), *f)) {
+        f->ops.insert(f->ops.begin(), ops[i - f->ops.size()]);
+        f->norm_prologue = true;
+      }
       found.push_back(std::move(*f));
     }
   }

@@ -77,6 +77,11 @@ struct gemv_targets {
   int64_t n_end[3] = {0, 0, 0};
   int count = 1;
   const T* residual = nullptr;  // residual mode: [R, N] contiguous, added to the product
+  // rms_norm prologue (gemv_norm): x's rows normalised (and scaled by
+  // norm_w [K] when it is set) as they are read.
+  bool norm = false;
+  const T* norm_w = nullptr;
+  float eps = 0.0f;
 };
 
 enum gemv_mode : int { plain = 0, gated = 1, residual = 2 };
@@ -91,7 +96,7 @@ enum gemv_mode : int { plain = 0, gated = 1, residual = 2 };
 // row (docs/BENCHMARKS.md, session 12): faster for every decode shape, e.g.
 // 2048 x 8192 17.4 -> 15.1 us. One x row (a decode step) fits 64 registers:
 // four blocks per SM instead of three.
-template <class T, class TO, int R, int MODE>
+template <class T, class TO, int R, int MODE, bool NORM>
 __global__ void __launch_bounds__(kThreads, R == 1 ? 4 : 1)
     gemv_kernel(gemv_targets<T, TO> tg, const T* __restrict__ x, row_offsets xr, int rows, int64_t ldw, int64_t vecs) {
   constexpr int V = vec16<T>::n;
@@ -103,35 +108,115 @@ __global__ void __launch_bounds__(kThreads, R == 1 ? 4 : 1)
   const int64_t per_slice = (vecs + kWarpsPerRow - 1) / kWarpsPerRow;
   const int64_t v_begin = slice * per_slice, v_end = v_begin + per_slice < vecs ? v_begin + per_slice : vecs;
   const int64_t total = tg.count == 3 ? tg.n_end[2] : tg.count == 2 ? tg.n_end[1] : tg.n_end[0];
-  pdl_enter();
-  for (int64_t base = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock; base < total;
-       base += static_cast<int64_t>(gridDim.x) * kRowsPerBlock) {
-    const int64_t n = base + warp / kWarpsPerRow;
-    // Which of the (up to 3) matrices global row n belongs to, its row there,
-    // that matrix's rows, weights and output. Selects, not tg.x[m]: indexing
-    // the parameter arrays by a runtime m copies tg to local memory in every
-    // thread (an 88-byte stack frame, measured slower on large grids).
+  // Where global row n is: which of the (up to 3) matrices, its row there,
+  // that matrix's rows, weights and output. Selects, not tg.x[m]: indexing
+  // the parameter arrays by a runtime m copies tg to local memory in every
+  // thread (an 88-byte stack frame, up to 1.6x slower on large grids).
+  struct place {
+    int64_t row, N;
+    const T* w;
+    TO* y;
+  };
+  const auto locate = [&](int64_t n) {
     const bool in1 = MODE == plain && tg.count > 1 && n >= tg.n_end[0];
     const bool in2 = MODE == plain && tg.count > 2 && n >= tg.n_end[1];
     const int64_t start = in2 ? tg.n_end[1] : in1 ? tg.n_end[0] : 0;
-    const int64_t row = n - start;
-    const int64_t N = (in2 ? tg.n_end[2] : in1 ? tg.n_end[1] : tg.n_end[0]) - start;
-    const T* wm = in2 ? tg.w[2] : in1 ? tg.w[1] : tg.w[0];
-    TO* ym = in2 ? tg.y[2] : in1 ? tg.y[1] : tg.y[0];
+    return place{n - start, (in2 ? tg.n_end[2] : in1 ? tg.n_end[1] : tg.n_end[0]) - start,
+                 in2 ? tg.w[2] : in1 ? tg.w[1] : tg.w[0], in2 ? tg.y[2] : in1 ? tg.y[1] : tg.y[0]};
+  };
+  // The warp's first chunk of its first row is loaded before waiting for the
+  // kernel before this one (PDL, common.cuh), which writes no weights: the
+  // loads overlap that kernel's tail. One set of registers serves every
+  // chunk. (16 layers of back-to-back decode GEMVs replayed as a graph on an
+  // H100: 785 us plain, 767 with PDL, 700 with PDL and this.)
+  uint4 wv[F], uv[MODE == gated ? F : 1];
+  const int64_t first = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + warp / kWarpsPerRow;
+  if (first < total) {
+    const place f = locate(first);
+#pragma unroll
+    for (int u = 0; u < F; ++u) {
+      const int64_t v = v_begin + lane + 32 * u;
+      if (v < v_end) {
+        wv[u] = __ldcs(reinterpret_cast<const uint4*>(f.w + f.row * ldw) + v);
+        if constexpr (MODE == gated) uv[u] = __ldcs(reinterpret_cast<const uint4*>(tg.w[1] + f.row * ldw) + v);
+      }
+    }
+  }
+  pdl_enter();
+  // NORM (the group's rms_norm prologue): each block normalises x's rows
+  // once into shared memory, f32 [rows][K] (gemv_norm_max_floats bounds
+  // it), which the products then read instead of x.
+  extern __shared__ float x_normed[];
+  // Vector v (16 bytes) of x row r, as floats.
+  const auto x_vec = [&](int r, int64_t v, float (&xf)[V]) {
+    vec16<T>::unpack(__ldg(reinterpret_cast<const uint4*>(x + xr.off[r]) + v), xf);
+  };
+  if constexpr (NORM) {
+    __shared__ float inv_rms[R], norm_part[kWarps][R];
+    float ss[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) ss[r] = 0.f;
+    for (int64_t v = threadIdx.x; v < vecs; v += kThreads) {
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        if (r >= rows) break;
+        float xf[V];
+        x_vec(r, v, xf);
+#pragma unroll
+        for (int e = 0; e < V; ++e) ss[r] = fmaf(xf[e], xf[e], ss[r]);
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      if (r >= rows) break;
+      ss[r] = warp_sum(ss[r]);
+      if (lane == 0) norm_part[warp][r] = ss[r];
+    }
+    __syncthreads();
+    if (threadIdx.x < rows) {
+      float t = 0.f;
+      for (int k = 0; k < kWarps; ++k) t += norm_part[k][threadIdx.x];
+      inv_rms[threadIdx.x] = rsqrtf(t / static_cast<float>(vecs * V) + tg.eps);
+    }
+    __syncthreads();
+    for (int64_t v = threadIdx.x; v < vecs; v += kThreads) {
+      float gf[V];
+      if (tg.norm_w) vec16<T>::unpack(__ldg(reinterpret_cast<const uint4*>(tg.norm_w) + v), gf);
+      else
+#pragma unroll
+        for (int e = 0; e < V; ++e) gf[e] = 1.f;
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        if (r >= rows) break;
+        float xf[V];
+        x_vec(r, v, xf);
+#pragma unroll
+        for (int e = 0; e < V; ++e) x_normed[(r * vecs + v) * V + e] = xf[e] * inv_rms[r] * gf[e];
+      }
+    }
+    __syncthreads();
+  }
+  for (int64_t base = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock; base < total;
+       base += static_cast<int64_t>(gridDim.x) * kRowsPerBlock) {
+    const int64_t n = base + warp / kWarpsPerRow;
+    const place at = locate(n);
+    const int64_t row = at.row, N = at.N;
+    TO* ym = at.y;
     float acc[R], acc_up[R];
 #pragma unroll
     for (int r = 0; r < R; ++r) acc[r] = 0.f, acc_up[r] = 0.f;
     if (n < total) {
-      const uint4* wr = reinterpret_cast<const uint4*>(wm + row * ldw);
+      const uint4* wr = reinterpret_cast<const uint4*>(at.w + row * ldw);
       const uint4* ur = MODE == gated ? reinterpret_cast<const uint4*>(tg.w[1] + row * ldw) : nullptr;
       for (int64_t v0 = v_begin + lane; v0 < v_end; v0 += 32 * F) {
-        uint4 wv[F], uv[MODE == gated ? F : 1];
+        if (n != first || v0 != v_begin + lane) {  // else preloaded
 #pragma unroll
-        for (int u = 0; u < F; ++u) {
-          const int64_t v = v0 + 32 * u;
-          if (v < v_end) {
-            wv[u] = __ldcs(wr + v);
-            if constexpr (MODE == gated) uv[u] = __ldcs(ur + v);
+          for (int u = 0; u < F; ++u) {
+            const int64_t v = v0 + 32 * u;
+            if (v < v_end) {
+              wv[u] = __ldcs(wr + v);
+              if constexpr (MODE == gated) uv[u] = __ldcs(ur + v);
+            }
           }
         }
 #pragma unroll
@@ -145,7 +230,16 @@ __global__ void __launch_bounds__(kThreads, R == 1 ? 4 : 1)
           for (int r = 0; r < R; ++r) {
             if (r >= rows) break;  // R is the unroll bound: rows <= R
             float xf[V];
-            vec16<T>::unpack(__ldg(reinterpret_cast<const uint4*>(x + xr.off[r]) + v), xf);
+            if constexpr (NORM) {
+              const float4* xs = reinterpret_cast<const float4*>(x_normed + (r * vecs + v) * V);
+#pragma unroll
+              for (int q = 0; q < V / 4; ++q) {
+                const float4 f = xs[q];
+                xf[4 * q] = f.x, xf[4 * q + 1] = f.y, xf[4 * q + 2] = f.z, xf[4 * q + 3] = f.w;
+              }
+            } else {
+              x_vec(r, v, xf);
+            }
 #pragma unroll
             for (int e = 0; e < V; ++e) {
               acc[r] = fmaf(wf[e], xf[e], acc[r]);
@@ -183,23 +277,25 @@ __global__ void __launch_bounds__(kThreads, R == 1 ? 4 : 1)
   }
 }
 
-template <class T, class TO, int R, int MODE>
+template <class T, class TO, int R, int MODE, bool NORM>
 void go_rows(const launch_ctx& c, const gemv_targets<T, TO>& tg, const void* x, const row_offsets& xr, int rows,
              int64_t ldw, int64_t K) {
   const int64_t vecs = K / vec16<T>::n;
   const unsigned grid = grid_for(tg.n_end[tg.count - 1], kRowsPerBlock, c.sm_count * 64);
-  launch_kernel(c, gemv_kernel<T, TO, R, MODE>, grid, kThreads, 0, tg, static_cast<const T*>(x), xr, rows, ldw, vecs);
+  const std::size_t shared = NORM ? static_cast<std::size_t>(rows * K) * sizeof(float) : 0;
+  launch_kernel(c, gemv_kernel<T, TO, R, MODE, NORM>, grid, kThreads, shared, tg, static_cast<const T*>(x), xr, rows,
+                ldw, vecs);
 }
 
-template <class T, class TO, int MODE = plain>
+template <class T, class TO, int MODE = plain, bool NORM = false>
 void go(const launch_ctx& c, int rows, const gemv_targets<T, TO>& tg, const void* x, const row_offsets& xr,
         int64_t ldw, int64_t K) {
   // Unrolled for the next of 1, 2, 4, 8 rows; the kernel stops at `rows`.
   switch (rows) {
-    case 1: go_rows<T, TO, 1, MODE>(c, tg, x, xr, rows, ldw, K); break;
-    case 2: go_rows<T, TO, 2, MODE>(c, tg, x, xr, rows, ldw, K); break;
-    case 3: case 4: go_rows<T, TO, 4, MODE>(c, tg, x, xr, rows, ldw, K); break;
-    default: go_rows<T, TO, 8, MODE>(c, tg, x, xr, rows, ldw, K); break;
+    case 1: go_rows<T, TO, 1, MODE, NORM>(c, tg, x, xr, rows, ldw, K); break;
+    case 2: go_rows<T, TO, 2, MODE, NORM>(c, tg, x, xr, rows, ldw, K); break;
+    case 3: case 4: go_rows<T, TO, 4, MODE, NORM>(c, tg, x, xr, rows, ldw, K); break;
+    default: go_rows<T, TO, 8, MODE, NORM>(c, tg, x, xr, rows, ldw, K); break;
   }
 }
 
@@ -290,7 +386,7 @@ bool dense(const kt& y, int64_t rows, int64_t N) {
 
 template <class T>
 error go_projections(const launch_ctx& c, projection_kind kind, const kt& out, const kt* extra_outs, int n_extra,
-                     const kt& x, const kt* w, int n_w, const kt* resid) {
+                     const kt& x, const kt* w, int n_w, const kt* resid, const gemv_norm* norm) {
   const auto refuse = [&](const char* why) {
     return error(errc::internal, c.where + ": fused projections outside the GEMV kernel's limits: " + why);
   };
@@ -320,10 +416,28 @@ error go_projections(const launch_ctx& c, projection_kind kind, const kt& out, c
     if (!resid || !dense(*resid, rows, w[0].d[2])) return refuse("the residual is not [rows, N] contiguous");
     tg.residual = static_cast<const T*>(resid->p);
   }
+  if (norm) {
+    if (kind == projection_kind::residual) return refuse("a norm prologue on a residual group");
+    if (rows * K > gemv_norm_max_floats) return refuse("x too large for the norm prologue's shared memory");
+    tg.norm = true;
+    tg.eps = norm->eps;
+    if (norm->weight) {
+      const kt& g = *norm->weight;
+      if (g.numel() != K || (K > 1 && g.s[3] != 1) || !aligned16(g.p))
+        return refuse("the norm's weight is not a contiguous, aligned [K]");
+      tg.norm_w = static_cast<const T*>(g.p);
+    }
+  }
   const int rn = static_cast<int>(rows);
   switch (kind) {
-    case projection_kind::shared_input: go<T, T, plain>(c, rn, tg, x.p, xr, K, K); break;
-    case projection_kind::gated: go<T, T, gated>(c, rn, tg, x.p, xr, K, K); break;
+    case projection_kind::shared_input:
+      if (tg.norm) go<T, T, plain, true>(c, rn, tg, x.p, xr, K, K);
+      else go<T, T, plain>(c, rn, tg, x.p, xr, K, K);
+      break;
+    case projection_kind::gated:
+      if (tg.norm) go<T, T, gated, true>(c, rn, tg, x.p, xr, K, K);
+      else go<T, T, gated>(c, rn, tg, x.p, xr, K, K);
+      break;
     case projection_kind::residual: go<T, T, residual>(c, rn, tg, x.p, xr, K, K); break;
   }
   AG_CUDA_TRY_LAUNCH(c.where);
@@ -333,7 +447,8 @@ error go_projections(const launch_ctx& c, projection_kind kind, const kt& out, c
 }  // namespace
 
 error launch_gemv_projections(const launch_ctx& c, projection_kind kind, const kt& out, const kt* extra_outs,
-                              int n_extra, const kt& x, const kt* weights, int n_weights, const kt* residual) {
+                              int n_extra, const kt& x, const kt* weights, int n_weights, const kt* residual,
+                              const gemv_norm* norm) {
   const int t = x.t;
   if (out.t != t) return error(errc::dtype_mismatch, c.where + ": fused projections need one dtype");
   for (int m = 0; m < n_weights; ++m)
@@ -341,11 +456,15 @@ error launch_gemv_projections(const launch_ctx& c, projection_kind kind, const k
   for (int m = 0; m < n_extra; ++m)
     if (extra_outs[m].t != t) return error(errc::dtype_mismatch, c.where + ": fused projections need one dtype");
   if (residual && residual->t != t) return error(errc::dtype_mismatch, c.where + ": fused projections need one dtype");
+  if (norm && norm->weight && norm->weight->t != t)
+    return error(errc::dtype_mismatch, c.where + ": fused projections need one dtype");
+  const auto go = [&]<class T>() {
+    return go_projections<T>(c, kind, out, extra_outs, n_extra, x, weights, n_weights, residual, norm);
+  };
   switch (static_cast<dtype>(t)) {
-    case dtype::f32: return go_projections<float>(c, kind, out, extra_outs, n_extra, x, weights, n_weights, residual);
-    case dtype::f16: return go_projections<__half>(c, kind, out, extra_outs, n_extra, x, weights, n_weights, residual);
-    case dtype::bf16:
-      return go_projections<__nv_bfloat16>(c, kind, out, extra_outs, n_extra, x, weights, n_weights, residual);
+    case dtype::f32: return go.template operator()<float>();
+    case dtype::f16: return go.template operator()<__half>();
+    case dtype::bf16: return go.template operator()<__nv_bfloat16>();
     default: return error(errc::dtype_mismatch, c.where + ": fused projections need f32, f16 or bf16");
   }
 }

@@ -25,9 +25,20 @@ bool try_launch_gemv(const launch_ctx& c, const kt& out, const kt& a, const kt& 
 /// extra_outs[m - 1] = x w_m^T (n_weights 2-3); gated: out = silu(x w_0^T) *
 /// (x w_1^T); residual: out = x w_0^T + residual. Outputs and the residual
 /// contiguous [rows, N]; one dtype (f32, f16, bf16), f32 accumulation, one
-/// rounding at the end. The planner only groups what fits (is_gemv_projection);
-/// anything else is an errc::internal error naming the op.
+/// rounding at the end. With `norm` (shared_input, gated: the group's
+/// rms_norm prologue), each row of x is first normalised, x / sqrt(mean(x^2)
+/// + eps), and scaled by `norm_weight` [K] when it is given, in f32, never
+/// stored. The planner only groups what fits (is_gemv_projection); anything
+/// else is an errc::internal error naming the op.
+/// The most elements (rows x K) of x a norm prologue takes: they are
+/// normalised once per block into shared memory as f32 (40 KiB).
+inline constexpr int64_t gemv_norm_max_floats = fused_gemv_norm_max_floats;
+struct gemv_norm {
+  const kt* weight = nullptr;  ///< [K], contiguous and 16-byte aligned, or null
+  float eps = 0.0f;
+};
 error launch_gemv_projections(const launch_ctx& c, projection_kind kind, const kt& out, const kt* extra_outs,
-                              int n_extra, const kt& x, const kt* weights, int n_weights, const kt* residual);
+                              int n_extra, const kt& x, const kt* weights, int n_weights, const kt* residual,
+                              const gemv_norm* norm = nullptr);
 
 }  // namespace ag::gpu::cuda

@@ -591,7 +591,7 @@ TEST(LaunchProgram, DecodeAttentionIsOneFusedRecordPerLayerOnCudaOnly) {
 // rows) and sim devices keep their ops. The hazard checker passes, and no
 // group's output shares bytes with what the kernel reads.
 struct projection_count {
-  int shared = 0, gated = 0, residual = 0, records = 0;
+  int shared = 0, gated = 0, residual = 0, records = 0, norm_prologues = 0;
 };
 
 projection_count count_projections(const models::transformer_config& cfg, device_kind kind, bool fuse = true) {
@@ -613,18 +613,25 @@ projection_count count_projections(const models::transformer_config& cfg, device
         case projection_kind::shared_input:
           ++c.shared;
           EXPECT_EQ(op.op->op, op_kind::matmul);
-          EXPECT_EQ(op.inputs.size(), 2 + op.extra_outs.size()) << "x and a weight per output";
+          EXPECT_EQ(op.inputs.size(), 2 + op.extra_outs.size() + (op.projection_norm.weighted ? 1 : 0))
+              << "x, a weight per output, and the norm's weight";
           break;
         case projection_kind::gated:
           ++c.gated;
           EXPECT_EQ(op.op->op, op_kind::mul);
-          EXPECT_EQ(op.inputs.size(), 3u) << "x, w_gate, w_up";
+          EXPECT_EQ(op.inputs.size(), 3u + (op.projection_norm.weighted ? 1 : 0)) << "x, w_gate, w_up, the norm's weight";
           break;
         case projection_kind::residual:
           ++c.residual;
           EXPECT_EQ(op.op->op, op_kind::add);
           EXPECT_EQ(op.inputs.size(), 3u) << "x, w, the residual";
           break;
+      }
+      if (op.projection_norm.on) {
+        ++c.norm_prologues;
+        EXPECT_TRUE(op.projection_norm.weighted) << "LLaMA's norms have weights";
+        EXPECT_GT(op.projection_norm.eps, 0.0f);
+        EXPECT_EQ(op.inputs.back().proto.dims.rank(), 1) << "the norm's weight [K] comes last";
       }
       // x (and the residual) are read while the outputs are written.
       std::vector<actors::operand> outs{op.out};
@@ -674,7 +681,8 @@ TEST(LaunchProgram, DecodeProjectionsAreGroupedIntoGemvRecordsOnCudaOnly) {
       EXPECT_EQ(cuda.residual, 6) << "o and down of each layer, each with its residual add";
       const auto off = count_projections(cfg, device_kind::cuda, /*fuse=*/false);
       EXPECT_EQ(off.shared + off.gated + off.residual, 0);
-      EXPECT_EQ(off.records - cuda.records, 7 * 3) << "11 records of a layer become 4";
+      EXPECT_EQ(cuda.norm_prologues, 6) << "the rms_norm before q/k/v and before gate/up of each layer";
+      EXPECT_EQ(off.records - cuda.records, 9 * 3) << "13 records of a layer become 4";
       const auto sim = count_projections(cfg, device_kind::sim);
       EXPECT_EQ(sim.shared + sim.gated + sim.residual, 0);
     }

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <chrono>
 #include <future>
+#include <limits>
 #include <set>
 
 #include "actors/generator.hpp"
@@ -316,6 +317,30 @@ TEST(GenerateSampling, SeedsTopKAndTopP) {
   EXPECT_EQ(seen.size(), 5u);
   uint64_t a = 7, b = 7;
   for (int i = 0; i < 50; ++i) EXPECT_EQ(ag::sample_token(logits, hot, a), ag::sample_token(logits, hot, b));
+}
+
+// Greedy picks the first maximum wherever it lies (the argmax runs eight
+// lanes at a time, then a tail), ignores NaNs, and matches a plain scan on
+// random rows of odd lengths.
+TEST(GenerateSampling, GreedyIsTheFirstMaximumInEveryPosition) {
+  uint64_t s = 1;
+  for (std::size_t n : {1u, 7u, 8u, 9u, 31u, 32000u, 32003u}) {
+    for (std::size_t at : {std::size_t{0}, n / 2, n - 1}) {
+      std::vector<float> v(n, -1.0f);
+      v[at] = 5.0f;
+      EXPECT_EQ(ag::sample_token(v, {}, s), static_cast<int32_t>(at)) << "n " << n << " max at " << at;
+      if (at + 1 < n) {
+        v[n - 1] = 5.0f;  // a tie later on: the first one wins
+        EXPECT_EQ(ag::sample_token(v, {}, s), static_cast<int32_t>(at)) << "n " << n << " tie at " << at;
+      }
+    }
+  }
+  std::vector<float> with_nan{1.0f, std::numeric_limits<float>::quiet_NaN(), 3.0f, 2.0f};
+  EXPECT_EQ(ag::sample_token(with_nan, {}, s), 2);
+  ag::host_tensor r = ag::host_tensor::random_normal(ag::dtype::f32, {1001}, 99, 1.0f);
+  std::vector<float> row(1001);
+  for (int64_t i = 0; i < 1001; ++i) row[static_cast<std::size_t>(i)] = r.at(i);
+  EXPECT_EQ(ag::sample_token(row, {}, s), static_cast<int32_t>(std::max_element(row.begin(), row.end()) - row.begin()));
 }
 
 TEST(GenerateSampling, SameSeedSameTokensOtherSeedOtherTokens) {
