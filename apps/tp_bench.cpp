@@ -250,12 +250,14 @@ std::string devices_of(const layer_run& c) {
 /// A runtime over `c`'s devices (sim: c.sim_spec, values off, no jitter, at
 /// c.time_scale), its trace on or off, `arenas` jobs of a plan holding memory
 /// on a device at once.
-/// --gemv: backend_options::cuda_gemv of every runtime the bench makes.
+/// --gemv / --pdl: backend_options::cuda_gemv / cuda_pdl of every runtime the bench makes.
 bool cuda_gemv = true;
+bool cuda_pdl = true;
 
 std::unique_ptr<ag::runtime> runtime_of(const layer_run& c, bool trace, int arenas) {
   ag::runtime_options ro;
   ro.backend.cuda_gemv = cuda_gemv;
+  ro.backend.cuda_pdl = cuda_pdl;
   ro.trace = trace;
   ro.arenas_per_device = arenas;
   ro.backend.sim.spec = c.sim_spec;
@@ -837,6 +839,9 @@ int main(int argc, char** argv) {
   std::string gemv = "on";
   app.add_option("--gemv", gemv, "cuda: backend_options::cuda_gemv, the GEMV kernel for few-row matmuls (on, off)")
       ->check(CLI::IsMember({"on", "off"}));
+  std::string pdl = "on";
+  app.add_option("--pdl", pdl, "cuda: backend_options::cuda_pdl, kernels as programmatic dependent launches (on, off)")
+      ->check(CLI::IsMember({"on", "off"}));
   app.add_flag("--no-overlap", no_overlap,
                "cuda:all: plan the layer with plan_options::tp_overlap off (each row-parallel matmul whole, then "
                "one all-reduce), to compare with the chunked overlap");
@@ -868,6 +873,7 @@ int main(int argc, char** argv) {
   app.add_flag("--run-only", run_only, "only the runtime figures");
   if (auto rc = ag::apps::parse_flags(app, argc, argv)) return *rc;
   cuda_gemv = gemv == "on";
+  cuda_pdl = pdl == "on";
 
   std::vector<figure> figs;
   if (!allreduce_spec.empty()) {
