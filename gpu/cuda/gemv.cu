@@ -153,19 +153,24 @@ __global__ void __launch_bounds__(kThreads, R == 1 ? 4 : 1)
   };
   if constexpr (NORM) {
     __shared__ float inv_rms[R], norm_part[kWarps][R];
+    // fn(r, v, xf) for each of this thread's vectors of x's rows.
+    const auto each_x = [&](auto&& fn) {
+      for (int64_t v = threadIdx.x; v < vecs; v += kThreads)
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+          if (r >= rows) break;
+          float xf[V];
+          x_vec(r, v, xf);
+          fn(r, v, xf);
+        }
+    };
     float ss[R];
 #pragma unroll
     for (int r = 0; r < R; ++r) ss[r] = 0.f;
-    for (int64_t v = threadIdx.x; v < vecs; v += kThreads) {
+    each_x([&](int r, int64_t, const float (&xf)[V]) {
 #pragma unroll
-      for (int r = 0; r < R; ++r) {
-        if (r >= rows) break;
-        float xf[V];
-        x_vec(r, v, xf);
-#pragma unroll
-        for (int e = 0; e < V; ++e) ss[r] = fmaf(xf[e], xf[e], ss[r]);
-      }
-    }
+      for (int e = 0; e < V; ++e) ss[r] = fmaf(xf[e], xf[e], ss[r]);
+    });
 #pragma unroll
     for (int r = 0; r < R; ++r) {
       if (r >= rows) break;
@@ -179,21 +184,15 @@ __global__ void __launch_bounds__(kThreads, R == 1 ? 4 : 1)
       inv_rms[threadIdx.x] = rsqrtf(t / static_cast<float>(vecs * V) + tg.eps);
     }
     __syncthreads();
-    for (int64_t v = threadIdx.x; v < vecs; v += kThreads) {
+    each_x([&](int r, int64_t v, const float (&xf)[V]) {
       float gf[V];
       if (tg.norm_w) vec16<T>::unpack(__ldg(reinterpret_cast<const uint4*>(tg.norm_w) + v), gf);
       else
 #pragma unroll
         for (int e = 0; e < V; ++e) gf[e] = 1.f;
 #pragma unroll
-      for (int r = 0; r < R; ++r) {
-        if (r >= rows) break;
-        float xf[V];
-        x_vec(r, v, xf);
-#pragma unroll
-        for (int e = 0; e < V; ++e) x_normed[(r * vecs + v) * V + e] = xf[e] * inv_rms[r] * gf[e];
-      }
-    }
+      for (int e = 0; e < V; ++e) x_normed[(r * vecs + v) * V + e] = xf[e] * inv_rms[r] * gf[e];
+    });
     __syncthreads();
   }
   for (int64_t base = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock; base < total;

@@ -79,52 +79,32 @@ int main() {
   __nv_bfloat16* y; CK(cudaMalloc(&y, 1 << 20));
   cudaStream_t s; CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
   double ideal_us = per_layer * L / 2.99e12 * 1e6;
-  for (int mode = 0; mode < 3; ++mode) {  // 0: no pdl, 1: pdl, 2: pdl + preload
-    const bool pdl = mode > 0;
-    cudaGraph_t g; CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-    char* wp = wts;
-    for (int l = 0; l < L; ++l)
-      for (auto& sh : layer) {
-        launch(pdl, s, small_k, 1, 256, (const __nv_bfloat16*)a, b, 2048);
-        unsigned grid = (sh.N + 3) / 4;
-        if (mode == 2) launch(pdl, s, gemv<1>, grid, 256, (const __nv_bfloat16*)wp, (const __nv_bfloat16*)b, y, sh.N, sh.K);
-        else launch(pdl, s, gemv<0>, grid, 256, (const __nv_bfloat16*)wp, (const __nv_bfloat16*)b, y, sh.N, sh.K);
-        wp += size_t(2) * sh.N * sh.K;
-      }
-    CK(cudaStreamEndCapture(s, &g));
-    cudaGraphExec_t ge; CK(cudaGraphInstantiate(&ge, g, 0));
-    for (int i = 0; i < 5; ++i) CK(cudaGraphLaunch(ge, s));
-    cudaEvent_t e0, e1; CK(cudaEventCreate(&e0)); CK(cudaEventCreate(&e1));
-    CK(cudaEventRecord(e0, s));
-    const int reps = 30;
-    for (int i = 0; i < reps; ++i) CK(cudaGraphLaunch(ge, s));
-    CK(cudaEventRecord(e1, s)); CK(cudaEventSynchronize(e1));
-    float ms; CK(cudaEventElapsedTime(&ms, e0, e1));
-    std::printf("mode %s: %.1f us per 16 layers (%d kernels), weights at 2.99 TB/s: %.1f us\n",
-                mode == 0 ? "no pdl        " : mode == 1 ? "pdl           " : "pdl + preload ", ms * 1e3 / reps, L * 8, ideal_us);
-  }
-  // the same without the small kernels: GEMVs back to back
-  for (int mode = 0; mode < 3; ++mode) {
-    const bool pdl = mode > 0;
-    cudaGraph_t g; CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-    char* wp = wts;
-    for (int l = 0; l < L; ++l)
-      for (auto& sh : layer) {
-        unsigned grid = (sh.N + 3) / 4;
-        if (mode == 2) launch(pdl, s, gemv<1>, grid, 256, (const __nv_bfloat16*)wp, (const __nv_bfloat16*)b, y, sh.N, sh.K);
-        else launch(pdl, s, gemv<0>, grid, 256, (const __nv_bfloat16*)wp, (const __nv_bfloat16*)b, y, sh.N, sh.K);
-        wp += size_t(2) * sh.N * sh.K;
-      }
-    CK(cudaStreamEndCapture(s, &g));
-    cudaGraphExec_t ge; CK(cudaGraphInstantiate(&ge, g, 0));
-    for (int i = 0; i < 5; ++i) CK(cudaGraphLaunch(ge, s));
-    cudaEvent_t e0, e1; CK(cudaEventCreate(&e0)); CK(cudaEventCreate(&e1));
-    CK(cudaEventRecord(e0, s));
-    const int reps = 30;
-    for (int i = 0; i < reps; ++i) CK(cudaGraphLaunch(ge, s));
-    CK(cudaEventRecord(e1, s)); CK(cudaEventSynchronize(e1));
-    float ms; CK(cudaEventElapsedTime(&ms, e0, e1));
-    std::printf("gemvs only, mode %d: %.1f us\n", mode, ms * 1e3 / reps);
-  }
+  const char* mode_name[3] = {"plain", "pdl", "pdl + preload"};
+  for (bool with_small : {true, false})        // a small kernel before each GEMV, or GEMVs back to back
+    for (int mode = 0; mode < 3; ++mode) {  // 0: no pdl, 1: pdl, 2: pdl + preload
+      const bool pdl = mode > 0;
+      cudaGraph_t g; CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+      char* wp = wts;
+      for (int l = 0; l < L; ++l)
+        for (auto& sh : layer) {
+          if (with_small) launch(pdl, s, small_k, 1, 256, (const __nv_bfloat16*)a, b, 2048);
+          unsigned grid = (sh.N + 3) / 4;
+          if (mode == 2) launch(pdl, s, gemv<1>, grid, 256, (const __nv_bfloat16*)wp, (const __nv_bfloat16*)b, y, sh.N, sh.K);
+          else launch(pdl, s, gemv<0>, grid, 256, (const __nv_bfloat16*)wp, (const __nv_bfloat16*)b, y, sh.N, sh.K);
+          wp += size_t(2) * sh.N * sh.K;
+        }
+      CK(cudaStreamEndCapture(s, &g));
+      cudaGraphExec_t ge; CK(cudaGraphInstantiate(&ge, g, 0));
+      for (int i = 0; i < 5; ++i) CK(cudaGraphLaunch(ge, s));
+      cudaEvent_t e0, e1; CK(cudaEventCreate(&e0)); CK(cudaEventCreate(&e1));
+      CK(cudaEventRecord(e0, s));
+      const int reps = 30;
+      for (int i = 0; i < reps; ++i) CK(cudaGraphLaunch(ge, s));
+      CK(cudaEventRecord(e1, s)); CK(cudaEventSynchronize(e1));
+      float ms; CK(cudaEventElapsedTime(&ms, e0, e1));
+      std::printf("%-32s %-14s: %.1f us per 16 layers (weights at 2.99 TB/s: %.1f us)\n",
+                  with_small ? "small kernel before each GEMV" : "GEMVs back to back", mode_name[mode], ms * 1e3 / reps,
+                  ideal_us);
+    }
   return 0;
 }
