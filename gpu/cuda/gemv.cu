@@ -82,6 +82,11 @@ struct gemv_targets {
   bool norm = false;
   const T* norm_w = nullptr;
   float eps = 0.0f;
+  // The w[] are weight leaves, which no kernel writes, so the first chunk
+  // may be read before the PDL wait. Only projection groups say so: the
+  // planner checks their operands are weights; a plain product's b may be
+  // the output of the kernel right before it.
+  bool weights_immutable = false;
 };
 
 enum gemv_mode : int { plain = 0, gated = 1, residual = 2 };
@@ -124,14 +129,16 @@ __global__ void __launch_bounds__(kThreads, R == 1 ? 4 : 1)
     return place{n - start, (in2 ? tg.n_end[2] : in1 ? tg.n_end[1] : tg.n_end[0]) - start,
                  in2 ? tg.w[2] : in1 ? tg.w[1] : tg.w[0], in2 ? tg.y[2] : in1 ? tg.y[1] : tg.y[0]};
   };
-  // The warp's first chunk of its first row is loaded before waiting for the
-  // kernel before this one (PDL, common.cuh), which writes no weights: the
-  // loads overlap that kernel's tail. One set of registers serves every
-  // chunk. (16 layers of back-to-back decode GEMVs replayed as a graph on an
-  // H100: 785 us plain, 767 with PDL, 700 with PDL and this.)
+  // With weights_immutable, the warp's first chunk of its first row is
+  // loaded before waiting for the kernel before this one (PDL, common.cuh),
+  // which cannot write weights: the loads overlap that kernel's tail. One
+  // set of registers serves every chunk. (16 layers of back-to-back decode
+  // GEMVs replayed as a graph on an H100: 785 us plain, 767 with PDL, 700
+  // with PDL and this.)
   uint4 wv[F], uv[MODE == gated ? F : 1];
   const int64_t first = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + warp / kWarpsPerRow;
-  if (first < total) {
+  const bool preloaded = tg.weights_immutable && first < total;
+  if (preloaded) {
     const place f = locate(first);
 #pragma unroll
     for (int u = 0; u < F; ++u) {
@@ -208,7 +215,7 @@ __global__ void __launch_bounds__(kThreads, R == 1 ? 4 : 1)
       const uint4* wr = reinterpret_cast<const uint4*>(at.w + row * ldw);
       const uint4* ur = MODE == gated ? reinterpret_cast<const uint4*>(tg.w[1] + row * ldw) : nullptr;
       for (int64_t v0 = v_begin + lane; v0 < v_end; v0 += 32 * F) {
-        if (n != first || v0 != v_begin + lane) {  // else preloaded
+        if (!preloaded || n != first || v0 != v_begin + lane) {
 #pragma unroll
           for (int u = 0; u < F; ++u) {
             const int64_t v = v0 + 32 * u;
@@ -427,6 +434,7 @@ error go_projections(const launch_ctx& c, projection_kind kind, const kt& out, c
       tg.norm_w = static_cast<const T*>(g.p);
     }
   }
+  tg.weights_immutable = true;  // is_gemv_projection: every w is a weight leaf
   const int rn = static_cast<int>(rows);
   switch (kind) {
     case projection_kind::shared_input:

@@ -252,5 +252,42 @@ TEST(CudaRuntime, KernelChainsEqualTheReferenceWithProgrammaticDependentLaunchOn
   }
 }
 
+// A product of a few rows whose right operand is not a weight but the output
+// of the kernel right before it (here silu(z), new values every job): the
+// GEMV kernel may read weights before its PDL wait, never such an operand.
+TEST(CudaRuntime, FewRowProductsOfAFreshOperandEqualTheReferenceWithProgrammaticDependentLaunch) {
+  AG_REQUIRE_GPU(1);
+  constexpr int64_t K = 512, N = 384;
+  graph_builder b;
+  auto x = b.input("x", dtype::f32, {4, K});
+  auto z = b.input("z", dtype::f32, {N, K});
+  auto y = b.silu(z, "y");
+  b.output(b.matmul(x, y, false, true, "xy"));
+  auto model = std::move(b).build();
+  ASSERT_TRUE(model) << model.err().to_string();
+  for (bool pdl : {true, false}) {
+    runtime_options o;
+    o.arenas_per_device = 2;
+    o.backend.cuda_pdl = pdl;
+    auto rt = runtime::create("cuda:0", o);
+    ASSERT_TRUE(rt) << rt.err().to_string();
+    plan_options po;
+    po.policy = placement_policy::single;
+    po.graph_replay = graph_replay_mode::on;
+    auto p = (*rt)->compile(*model, po);
+    ASSERT_TRUE(p) << p.err().to_string();
+    for (int k = 0; k < 12; ++k) {
+      std::vector<host_tensor> in{host_tensor::random_normal(dtype::f32, {4, K}, 5000 + static_cast<uint64_t>(k), 1.0f),
+                                  host_tensor::random_normal(dtype::f32, {N, K}, 6000 + static_cast<uint64_t>(k), 1.0f)};
+      auto want = evaluate_reference(*model, in);
+      ASSERT_TRUE(want) << want.err().to_string();
+      const job_result& r = (*rt)->submit(*p, in).wait();
+      ASSERT_TRUE(r) << "pdl " << pdl << " job " << k << ": " << r.err().to_string();
+      auto c = compare((*r)[0], (*want)[0], 1e-4, 1e-3);
+      EXPECT_TRUE(c.ok) << "pdl " << pdl << " job " << k << ": " << c.message;
+    }
+  }
+}
+
 
 }  // namespace ag
