@@ -198,6 +198,34 @@ TEST(CudaRuntime, ReplayedBranchyGraphsMatchReference) {
 
 
 }  // namespace
+/// `model` compiled for cuda:0 alone with graph replay on, in a runtime with
+/// `arenas` arenas and backend_options::cuda_pdl = `pdl` (the PDL tests).
+struct replayed_on_gpu0 {
+  std::unique_ptr<runtime> rt;
+  std::shared_ptr<const plan> p;
+  replayed_on_gpu0(const graph& model, bool pdl, int arenas) {
+    runtime_options o;
+    o.arenas_per_device = arenas;
+    o.backend.cuda_pdl = pdl;
+    auto r = runtime::create("cuda:0", o);
+    if (!r) {
+      ADD_FAILURE() << r.err().to_string();
+      return;
+    }
+    rt = std::move(*r);
+    plan_options po;
+    po.policy = placement_policy::single;
+    po.graph_replay = graph_replay_mode::on;
+    auto compiled = rt->compile(model, po);
+    if (!compiled) {
+      ADD_FAILURE() << compiled.err().to_string();
+      return;
+    }
+    p = *compiled;
+  }
+  bool ok() const { return rt && p; }
+};
+
 // Programmatic dependent launch (backend_options::cuda_pdl, on by default on
 // sm_90): each kernel may launch while the one before it runs and must wait
 // for it before touching activations; the GEMV kernel reads its weights
@@ -224,21 +252,13 @@ TEST(CudaRuntime, KernelChainsEqualTheReferenceWithProgrammaticDependentLaunchOn
   auto model = std::move(b).build();
   ASSERT_TRUE(model) << model.err().to_string();
   for (bool pdl : {true, false}) {
-    runtime_options o;
-    o.arenas_per_device = 3;
-    o.backend.cuda_pdl = pdl;
-    auto rt = runtime::create("cuda:0", o);
-    ASSERT_TRUE(rt) << rt.err().to_string();
-    plan_options po;
-    po.policy = placement_policy::single;
-    po.graph_replay = graph_replay_mode::on;
-    auto p = (*rt)->compile(*model, po);
-    ASSERT_TRUE(p) << p.err().to_string();
+    replayed_on_gpu0 run(*model, pdl, 3);
+    ASSERT_TRUE(run.ok());
     std::vector<std::vector<host_tensor>> ins;
     std::vector<job> jobs;
     for (int k = 0; k < 24; ++k) {
       ins.push_back({host_tensor::random_normal(dtype::f32, {1, D}, 4000 + static_cast<uint64_t>(k), 1.0f)});
-      jobs.push_back((*rt)->submit(*p, ins.back()));
+      jobs.push_back(run.rt->submit(run.p, ins.back()));
     }
     for (std::size_t k = 0; k < jobs.size(); ++k) {
       const job_result& r = jobs[k].wait();
@@ -248,7 +268,7 @@ TEST(CudaRuntime, KernelChainsEqualTheReferenceWithProgrammaticDependentLaunchOn
       auto c = compare((*r)[0], (*want)[0], 1e-3, 1e-2);
       EXPECT_TRUE(c.ok) << "pdl " << pdl << " job " << k << ": " << c.message;
     }
-    EXPECT_GT((*rt)->replay_statistics().replayed, 0) << "pdl " << pdl;
+    EXPECT_GT(run.rt->replay_statistics().replayed, 0) << "pdl " << pdl;
   }
 }
 
@@ -266,22 +286,14 @@ TEST(CudaRuntime, FewRowProductsOfAFreshOperandEqualTheReferenceWithProgrammatic
   auto model = std::move(b).build();
   ASSERT_TRUE(model) << model.err().to_string();
   for (bool pdl : {true, false}) {
-    runtime_options o;
-    o.arenas_per_device = 2;
-    o.backend.cuda_pdl = pdl;
-    auto rt = runtime::create("cuda:0", o);
-    ASSERT_TRUE(rt) << rt.err().to_string();
-    plan_options po;
-    po.policy = placement_policy::single;
-    po.graph_replay = graph_replay_mode::on;
-    auto p = (*rt)->compile(*model, po);
-    ASSERT_TRUE(p) << p.err().to_string();
+    replayed_on_gpu0 run(*model, pdl, 2);
+    ASSERT_TRUE(run.ok());
     for (int k = 0; k < 12; ++k) {
       std::vector<host_tensor> in{host_tensor::random_normal(dtype::f32, {4, K}, 5000 + static_cast<uint64_t>(k), 1.0f),
                                   host_tensor::random_normal(dtype::f32, {N, K}, 6000 + static_cast<uint64_t>(k), 1.0f)};
       auto want = evaluate_reference(*model, in);
       ASSERT_TRUE(want) << want.err().to_string();
-      const job_result& r = (*rt)->submit(*p, in).wait();
+      const job_result& r = run.rt->submit(run.p, in).wait();
       ASSERT_TRUE(r) << "pdl " << pdl << " job " << k << ": " << r.err().to_string();
       auto c = compare((*r)[0], (*want)[0], 1e-4, 1e-3);
       EXPECT_TRUE(c.ok) << "pdl " << pdl << " job " << k << ": " << c.message;
