@@ -35,6 +35,7 @@
 
 #include "actors/actorgraph.hpp"
 #include "apps/common/flags.hpp"
+#include "apps/common/trace_spans.hpp"
 #include "graph/models/transformer.hpp"
 
 namespace {
@@ -367,14 +368,7 @@ void run_forward(const options& o, ag::runtime& rt) {
   // Where the wall time goes: job milestones against the trace (all on
   // host_clock_ns). "started" is after arenas and host output buffers.
   {
-    std::map<uint64_t, std::pair<int64_t, int64_t>> span;  // job -> first start, last end (any step)
-    for (const auto& r : t.records) {
-      auto [it, fresh] = span.try_emplace(r.job, r.start_ns, r.end_ns);
-      if (!fresh) {
-        it->second.first = std::min(it->second.first, r.start_ns);
-        it->second.second = std::max(it->second.second, r.end_ns);
-      }
-    }
+    const auto span = ag::apps::job_spans(t);  // job -> first start, last end (any step)
     std::vector<double> to_start, to_first, on_device, to_finish;
     for (std::size_t i = 0; i < ids.size() && i < times.size(); ++i) {
       auto it = span.find(ids[i]);

@@ -28,6 +28,7 @@
 #include "actors/actorgraph.hpp"
 #include "actors/generator.hpp"
 #include "apps/common/flags.hpp"
+#include "apps/common/trace_spans.hpp"
 #include "graph/checkpoint/hf_model.hpp"
 
 namespace {
@@ -156,11 +157,7 @@ int run_decode(const decode_args& a) {
   // device's idle time between one job's end and the next one's start (the
   // host's round trip: logits down, sampling, the next submit, inputs up).
   const ag::trace tr = (*rt)->take_trace();
-  std::map<uint64_t, std::pair<int64_t, int64_t>> span;  // job -> first start, last end
-  for (const auto& r : tr.records) {
-    auto [it, fresh] = span.try_emplace(r.job, r.start_ns, r.end_ns);
-    if (!fresh) it->second = {std::min(it->second.first, r.start_ns), std::max(it->second.second, r.end_ns)};
-  }
+  const auto span = ag::apps::job_spans(tr);
   // Per job also: its first step's enqueue (host clock), and its copies'.
   struct job_marks {
     int64_t first_enqueue = 0, h2d_first_start = 0, h2d_last_end = 0, compute_first_start = 0, compute_last_end = 0;

@@ -85,6 +85,7 @@
 
 #include "actors/actorgraph.hpp"
 #include "apps/common/flags.hpp"
+#include "apps/common/trace_spans.hpp"
 #include "gpu/collective_path.hpp"
 #ifdef ACTORGRAPH_HAVE_CUDA
 #include "gpu/cuda/cuda_testing.hpp"
@@ -185,24 +186,9 @@ struct layer_run {
   bool replay_off = false;   ///< plan_options::graph_replay off (plain launches)
 };
 
-/// Each job's span in `t`: its first step's start and last step's end, over
-/// all devices.
-std::map<uint64_t, std::pair<int64_t, int64_t>> job_spans(const ag::trace& t) {
-  std::map<uint64_t, std::pair<int64_t, int64_t>> span;
-  for (const auto& r : t.records) {
-    if (r.end_ns <= r.start_ns) continue;
-    auto [it, fresh] = span.try_emplace(r.job, r.start_ns, r.end_ns);
-    if (!fresh) {
-      it->second.first = std::min(it->second.first, r.start_ns);
-      it->second.second = std::max(it->second.second, r.end_ns);
-    }
-  }
-  return span;
-}
-
 /// Compute-lane busy fraction of each device over the last job's span.
 std::vector<double> busy_fractions(const ag::trace& t, int devices) {
-  const auto spans = job_spans(t);
+  const auto spans = ag::apps::job_spans(t);
   std::vector<double> busy(static_cast<std::size_t>(devices), 0.0);
   if (spans.empty()) return busy;
   const uint64_t last = spans.rbegin()->first;
@@ -228,7 +214,7 @@ std::vector<double> busy_fractions(const ag::trace& t, int devices) {
 /// Median over the jobs after the first (the warm-up) of each job's device
 /// span in `t`, in ms; 0 when the trace holds none.
 double median_device_span_ms(const ag::trace& t) {
-  const auto spans = job_spans(t);
+  const auto spans = ag::apps::job_spans(t);
   std::vector<double> ms;
   for (auto it = spans.begin(); it != spans.end(); ++it)
     if (it != spans.begin() || spans.size() == 1)

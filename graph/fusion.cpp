@@ -18,17 +18,20 @@ std::optional<node_id> through_reshapes(const graph& g, node_id id) {
   return id;
 }
 
-/// Every reader of `x` (through views) is `reader`, and neither x nor a view
-/// of it is a graph output.
-bool only_read_by(const graph& g, node_id x, node_id reader) {
+/// Every reader of `x` (through views) is in `readers`, and neither x nor a
+/// view of it is a graph output.
+bool only_read_by_any(const graph& g, node_id x, const std::vector<node_id>& readers) {
   for (node_id o : g.outputs())
     if (o == x) return false;
   for (node_id c : g.consumers(x)) {
-    if (c == reader) continue;
-    if (!is_view_op(g.at(c).op) || !only_read_by(g, c, reader)) return false;
+    if (std::find(readers.begin(), readers.end(), c) != readers.end()) continue;
+    if (!is_view_op(g.at(c).op) || !only_read_by_any(g, c, readers)) return false;
   }
   return true;
 }
+
+/// Every reader of `x` (through views) is `reader`, and x is no graph output.
+bool only_read_by(const graph& g, node_id x, node_id reader) { return only_read_by_any(g, x, {reader}); }
 
 bool same_batch(const shape& a, const shape& b) {
   if (a.rank() != b.rank()) return false;
@@ -155,18 +158,6 @@ std::optional<projection_fusion> match_projection(const graph& g, const std::vec
   }
   if (f.ops.size() < 2) return std::nullopt;
   return f;
-}
-
-/// Every reader of `x` (through views) is in `readers`, and neither x nor a
-/// view of it is a graph output.
-bool only_read_by_any(const graph& g, node_id x, const std::vector<node_id>& readers) {
-  for (node_id o : g.outputs())
-    if (o == x) return false;
-  for (node_id c : g.consumers(x)) {
-    if (std::find(readers.begin(), readers.end(), c) != readers.end()) continue;
-    if (!is_view_op(g.at(c).op) || !only_read_by_any(g, c, readers)) return false;
-  }
-  return true;
 }
 
 /// ops[i - 1] is an rms_norm that group `f` (shared_input or gated, found at

@@ -77,9 +77,8 @@ struct gemv_targets {
   int64_t n_end[3] = {0, 0, 0};
   int count = 1;
   const T* residual = nullptr;  // residual mode: [R, N] contiguous, added to the product
-  // rms_norm prologue (gemv_norm): x's rows normalised (and scaled by
-  // norm_w [K] when it is set) as they are read.
-  bool norm = false;
+  // rms_norm prologue (gemv_norm, the kernel's NORM): x's rows normalised
+  // (and scaled by norm_w [K] when it is set) as they are read.
   const T* norm_w = nullptr;
   float eps = 0.0f;
   // The w[] are weight leaves, which no kernel writes, so the first chunk
@@ -138,16 +137,23 @@ __global__ void __launch_bounds__(kThreads, R == 1 ? 4 : 1)
   uint4 wv[F], uv[MODE == gated ? F : 1];
   const int64_t first = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + warp / kWarpsPerRow;
   const bool preloaded = tg.weights_immutable && first < total;
-  if (preloaded) {
-    const place f = locate(first);
+  // The lane's F 16-byte loads, from vector v0 on, of row `row` of w (and,
+  // gated, of w[1]).
+  const auto load_chunk = [&](const T* w, int64_t row, int64_t v0) {
+    const uint4* wr = reinterpret_cast<const uint4*>(w + row * ldw);
+    const uint4* ur = MODE == gated ? reinterpret_cast<const uint4*>(tg.w[1] + row * ldw) : nullptr;
 #pragma unroll
     for (int u = 0; u < F; ++u) {
-      const int64_t v = v_begin + lane + 32 * u;
+      const int64_t v = v0 + 32 * u;
       if (v < v_end) {
-        wv[u] = __ldcs(reinterpret_cast<const uint4*>(f.w + f.row * ldw) + v);
-        if constexpr (MODE == gated) uv[u] = __ldcs(reinterpret_cast<const uint4*>(tg.w[1] + f.row * ldw) + v);
+        wv[u] = __ldcs(wr + v);
+        if constexpr (MODE == gated) uv[u] = __ldcs(ur + v);
       }
     }
+  };
+  if (preloaded) {
+    const place f = locate(first);
+    load_chunk(f.w, f.row, v_begin + lane);
   }
   pdl_enter();
   // NORM (the group's rms_norm prologue): each block normalises x's rows
@@ -212,19 +218,8 @@ __global__ void __launch_bounds__(kThreads, R == 1 ? 4 : 1)
 #pragma unroll
     for (int r = 0; r < R; ++r) acc[r] = 0.f, acc_up[r] = 0.f;
     if (n < total) {
-      const uint4* wr = reinterpret_cast<const uint4*>(at.w + row * ldw);
-      const uint4* ur = MODE == gated ? reinterpret_cast<const uint4*>(tg.w[1] + row * ldw) : nullptr;
       for (int64_t v0 = v_begin + lane; v0 < v_end; v0 += 32 * F) {
-        if (!preloaded || n != first || v0 != v_begin + lane) {
-#pragma unroll
-          for (int u = 0; u < F; ++u) {
-            const int64_t v = v0 + 32 * u;
-            if (v < v_end) {
-              wv[u] = __ldcs(wr + v);
-              if constexpr (MODE == gated) uv[u] = __ldcs(ur + v);
-            }
-          }
-        }
+        if (!preloaded || n != first || v0 != v_begin + lane) load_chunk(at.w, row, v0);
 #pragma unroll
         for (int u = 0; u < F; ++u) {
           const int64_t v = v0 + 32 * u;
@@ -425,7 +420,6 @@ error go_projections(const launch_ctx& c, projection_kind kind, const kt& out, c
   if (norm) {
     if (kind == projection_kind::residual) return refuse("a norm prologue on a residual group");
     if (rows * K > gemv_norm_max_floats) return refuse("x too large for the norm prologue's shared memory");
-    tg.norm = true;
     tg.eps = norm->eps;
     if (norm->weight) {
       const kt& g = *norm->weight;
@@ -438,11 +432,11 @@ error go_projections(const launch_ctx& c, projection_kind kind, const kt& out, c
   const int rn = static_cast<int>(rows);
   switch (kind) {
     case projection_kind::shared_input:
-      if (tg.norm) go<T, T, plain, true>(c, rn, tg, x.p, xr, K, K);
+      if (norm) go<T, T, plain, true>(c, rn, tg, x.p, xr, K, K);
       else go<T, T, plain>(c, rn, tg, x.p, xr, K, K);
       break;
     case projection_kind::gated:
-      if (tg.norm) go<T, T, gated, true>(c, rn, tg, x.p, xr, K, K);
+      if (norm) go<T, T, gated, true>(c, rn, tg, x.p, xr, K, K);
       else go<T, T, gated>(c, rn, tg, x.p, xr, K, K);
       break;
     case projection_kind::residual: go<T, T, residual>(c, rn, tg, x.p, xr, K, K); break;
