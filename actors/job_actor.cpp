@@ -353,6 +353,13 @@ error dead_device_error(const job_context& ctx) {
   return {};
 }
 
+error in_stream_fault(const job_context& ctx) {
+  if (!ctx.program().has_in_stream_parts()) return {};
+  for (int d : ctx.program().used_devices())
+    if (error e = ctx.lp->memory[static_cast<std::size_t>(d)]->dev->collective_fault(ctx.id())) return e;
+  return {};
+}
+
 caf::actor spawn_job_actor(caf::actor_system& sys, runtime_core* core, std::shared_ptr<job::shared_state> ss,
                            std::shared_ptr<const loaded_plan> lp, std::shared_ptr<const plan> user_plan,
                            std::vector<host_tensor> inputs, int state_slot, bool slot_turn) {

@@ -54,6 +54,12 @@ void complete_from_backend(const job_context& ctx) noexcept;
 /// in flight that touches the device.
 error dead_device_error(const job_context& ctx);
 
+/// The fault of an in-stream collective part of the job that gave up waiting
+/// for a member (gpu::device::collective_fault), on the first device of the
+/// job's plan that reports one, or ok (always ok for plans without in-stream
+/// parts). Checked with dead_device_error before the job may complete.
+error in_stream_fault(const job_context& ctx);
+
 caf::actor spawn_job_actor(caf::actor_system& sys, runtime_core* core, std::shared_ptr<job::shared_state> ss,
                            std::shared_ptr<const loaded_plan> lp, std::shared_ptr<const plan> user_plan,
                            std::vector<host_tensor> inputs, int state_slot = -1, bool slot_turn = true);

@@ -39,7 +39,7 @@ struct step_errors {
 
 /// The lane of the queue that runs `s`: compute steps run on their lane;
 /// the copy kinds have one queue per device, and so do collectives (a
-/// device's communication queue, never a compute lane).
+/// device's communication queue), but for in-stream parts (compute lane 0).
 int queue_lane(const step& s) {
   switch (s.kind) {
     case step_kind::compute: return s.lane;
@@ -50,6 +50,10 @@ int queue_lane(const step& s) {
   }
   return 0;
 }
+
+/// The kind of the queue that runs `s`: its own, but compute for an
+/// in-stream collective part.
+step_kind queue_kind(const step& s) { return runs_in_stream(s) ? step_kind::compute : s.kind; }
 
 // ---- fusion ----
 //
@@ -237,6 +241,26 @@ error lower_collective(const plan& p, const step& s, lowered_step& ls) {
   auto out = resolve(p, n.id, s.device);
   if (!out) return err.wrap(out.err(), "output '" + n.name + "'", n.name);
   c.out = *out;
+  if (runs_in_stream(s)) {
+    // One launch record, run on compute lane 0 like a kernel of the lane.
+    if (s.peers.size() > static_cast<std::size_t>(max_in_stream_members))
+      return err("is an in-stream part of " + std::to_string(s.peers.size()) + " members (at most " +
+                     std::to_string(max_in_stream_members) + ")",
+                 n.name);
+    lowered_op op;
+    op.op = &n;
+    op.out = c.out;
+    op.inputs = c.inputs;
+    op.collective.rank = c.rank;
+    op.collective.members = static_cast<int>(s.peers.size());
+    // The first part's step id names the collective alike on every member.
+    op.collective.key = static_cast<uint32_t>(*std::min_element(s.peers.begin(), s.peers.end()));
+    for (std::size_t k = 0; k < s.peers.size(); ++k) {
+      op.inputs[k].device = c.member_devices[k];
+      op.collective.device_index[k] = c.member_devices[k];
+    }
+    ls.ops.push_back(std::move(op));
+  }
   ls.subject = &n;
   ls.label = n.name + " (" + to_string(n.op) + ", " + to_string(c.algo) + ", " + std::to_string(c.bytes) + " B)";
   return {};
@@ -308,6 +332,7 @@ std::vector<gpu::op_launch> launch_program::launch_records(int q) const {
       l.attention = op.attention;
       l.projection = op.projection;
       l.projection_norm = op.projection_norm;
+      l.collective = op.collective;
       for (const auto& o : op.extra_outs) l.extra_outs.push_back(o.proto);
       r.push_back(std::move(l));
     }
@@ -368,6 +393,7 @@ void mark_replay_segments(const plan& pl, launch_program& prog) {
       records += static_cast<int>(ls.ops.size());
     }
     if (!consecutive) continue;
+    for (step_id s : seg.steps) first.replay_in_stream |= runs_in_stream(pl.at(s));
     first.replay_steps = static_cast<int>(seg.steps.size());
     first.replay_records = records;
     first.replay_kernels = seg.kernels;
@@ -395,16 +421,17 @@ expected<std::shared_ptr<const launch_program>> lower(std::shared_ptr<const plan
       if (d < 0 || static_cast<std::size_t>(d) >= pl.steps().size())
         return step_errors{s}("depends on step " + std::to_string(d) + ", which is not in the plan");
     const int lane = queue_lane(s);
-    int q = prog->find_queue(s.device, s.kind, lane);
+    int q = prog->find_queue(s.device, queue_kind(s), lane);
     if (q < 0) {
       q = static_cast<int>(prog->queues_.size());
       launch_queue lq;
       lq.device = s.device;
-      lq.kind = s.kind;
+      lq.kind = queue_kind(s);
       lq.lane = lane;
       prog->queues_.push_back(std::move(lq));
     }
     prog->queues_[static_cast<std::size_t>(q)].steps.push_back(s.id);
+    if (runs_in_stream(s)) prog->queues_[static_cast<std::size_t>(q)].in_stream_parts = prog->has_in_stream_ = true;
     auto& ls = prog->steps_[i];
     ls.id = s.id;
     ls.kind = s.kind;
@@ -420,16 +447,23 @@ expected<std::shared_ptr<const launch_program>> lower(std::shared_ptr<const plan
   if (auto e = check_launch_order(pl, prog->queues_)) return e;
 
   // Per step: remote deps, consumers on other queues, completion, and what
-  // its kind needs (operands, copy descriptor, label).
+  // its kind needs (operands, copy descriptor, label). Only the deps a queue
+  // waits for (waited_deps: not those met on the devices, nor those an
+  // earlier step of the lane waited for) are remote deps and announced.
+  const auto waited = waited_deps(pl);
+  const auto waits_for = [&](step_id c, step_id d) {
+    const auto& w = waited[static_cast<std::size_t>(c)];
+    return std::find(w.begin(), w.end(), d) != w.end();
+  };
   for (const auto& s : pl.steps()) {
     auto& ls = prog->steps_[static_cast<std::size_t>(s.id)];
-    for (step_id d : s.deps)
+    for (step_id d : waited[static_cast<std::size_t>(s.id)])
       if (prog->steps_[static_cast<std::size_t>(d)].queue != ls.queue) ls.remote_deps.push_back(d);
     for (step_id c : s.consumers) {
       if (c < 0 || static_cast<std::size_t>(c) >= pl.steps().size())
         return step_errors{s}("is consumed by step " + std::to_string(c) + ", which is not in the plan");
       const auto& cs = prog->steps_[static_cast<std::size_t>(c)];
-      if (cs.queue == ls.queue) continue;
+      if (cs.queue == ls.queue || !waits_for(c, s.id)) continue;
       ls.remote_consumers.push_back({cs.queue, cs.pos});
       if (std::find(ls.consumer_queues.begin(), ls.consumer_queues.end(), cs.queue) == ls.consumer_queues.end())
         ls.consumer_queues.push_back(cs.queue);

@@ -44,6 +44,9 @@ struct operand {
   region where = region::arena;
   int64_t byte_offset = 0;
   gpu::tensor_arg proto;  ///< data == nullptr; dtype, dims and strides set
+  /// The device whose base the actor adds: -1, the step's own; an in-stream
+  /// collective part's operands of other members name their member's.
+  int device = -1;
 };
 
 /// One op of a compute step (views and leaves are dropped: they cost nothing).
@@ -56,6 +59,9 @@ struct lowered_op {
   projection_kind projection = projection_kind::shared_input;  ///< fusion::projections
   gpu::op_launch::norm_prologue projection_norm{};             ///< fusion::projections
   std::vector<operand> extra_outs;                             ///< fusion::projections, shared_input
+  /// An in-stream collective part's record (its step's only op): rank,
+  /// members and key; the member devices' handles are set by the actor.
+  gpu::op_launch::in_stream_part collective{};
 };
 
 /// What a copy step moves.
@@ -115,6 +121,9 @@ struct lowered_step {
   int replay_steps = 0;
   int replay_records = 0;
   int replay_kernels = 0;
+  /// The segment holds in-stream collective parts: the actor gives the
+  /// stream the job's collective tag before it launches the segment.
+  bool replay_in_stream = false;
   copy_desc copy;                       ///< copies
   collective_desc coll;                 ///< collectives
   /// The node an error of this step concerns when no op does (a copy's
@@ -134,6 +143,11 @@ struct launch_queue {
   /// Its first step has no remote dep: the job actor starts this queue with
   /// run_job. The others start on their first ready message.
   bool starts_itself = false;
+  /// It runs in-stream collective parts (compute lane 0): like a
+  /// communication queue, it issues its jobs in the plan's agreed order
+  /// (actors/collective_order.hpp), since their parts wait on the devices
+  /// for the other members' parts of the same job.
+  bool in_stream_parts = false;
 };
 
 /// The lowered plan. Immutable; see the file comment.
@@ -152,6 +166,8 @@ class launch_program {
   const std::vector<int>& used_devices() const noexcept { return used_devices_; }
   /// Index of the queue (device, kind, lane), or -1 when the plan has none.
   int find_queue(int device, step_kind kind, int lane) const noexcept;
+  /// Some queue runs in-stream collective parts (launch_queue::in_stream_parts).
+  bool has_in_stream_parts() const noexcept { return has_in_stream_; }
 
   /// The launch records of queue `q`'s compute steps, in order (step
   /// first_launch + k holds ops[k]): node, source graph and tensor_arg
@@ -169,6 +185,7 @@ class launch_program {
   std::vector<lowered_step> steps_;
   std::vector<step_id> completion_;
   std::vector<int> used_devices_;
+  bool has_in_stream_ = false;
 };
 
 /// Part of lower(): sets the replay_* fields of `prog`'s steps (see lowered_step).

@@ -72,6 +72,9 @@ struct replay_entry {
     const std::byte* arena = nullptr;    ///< the job's arena base on this device
     const std::byte* weights = nullptr;  ///< the plan's weights base on this device
     const std::byte* state = nullptr;    ///< the job's state slot on this device (nullptr: none)
+    /// In-stream collective parts read the other members' operands: the
+    /// job's arena base on every device of the plan (empty otherwise).
+    std::vector<const std::byte*> peers;
     std::unique_ptr<gpu::replay_graph> graph;
   };
   std::vector<captured> graphs;
@@ -186,7 +189,8 @@ error step_error(const exec_state& st, int lane, const lowered_step& ls, const s
 /// weights, the job's state slot).
 struct region_bases {
   std::byte* base[3] = {nullptr, nullptr, nullptr};
-  region_bases(const exec_state& st, const job_context& ctx) {
+  const job_context* job = nullptr;  // for operands on other devices (in-stream collective parts)
+  region_bases(const exec_state& st, const job_context& ctx) : job(&ctx) {
     static_assert(static_cast<int>(region::arena) == 0 && static_cast<int>(region::weights) == 1 &&
                   static_cast<int>(region::state) == 2);
     const bool has_arena = ctx.arenas[static_cast<std::size_t>(st.device)] >= 0;
@@ -194,7 +198,10 @@ struct region_bases {
     base[1] = ctx.base(region::weights, st.device);
     base[2] = ctx.base(region::state, st.device);
   }
-  void* at(const operand& a) const { return base[static_cast<int>(a.where)] + a.byte_offset; }
+  void* at(const operand& a) const {
+    if (a.device >= 0) return job->base(a.where, a.device) + a.byte_offset;
+    return base[static_cast<int>(a.where)] + a.byte_offset;
+  }
   /// Writes the job's buffers into the launch records of compute step `ls`.
   void patch(const lowered_step& ls, gpu::op_launch* rec) const {
     for (std::size_t k = 0; k < ls.ops.size(); ++k) {
@@ -247,7 +254,9 @@ error end_step(exec_state& st, const job_context& ctx, const lowered_step& ls, i
     st.dev->notify(stream, [keep = ctx.shared_from_this(), s = ls.id](const error& notified) {
       // A dead device upstream let this step run on unwritten values
       // (dead_device_error, job_actor.hpp): the job fails with its death.
+      // So does an in-stream collective part that gave up waiting.
       error ne = notified ? notified : dead_device_error(*keep);
+      if (!ne) ne = in_stream_fault(*keep);
       if (!ne) complete_from_backend(*keep);
       caf::anon_send(keep->job_actor, msg::step_done{keep->id(), s, ne});
     });
@@ -285,6 +294,12 @@ gpu::collective_launch collective_part(const job_context& ctx, const lowered_ste
   return l;
 }
 
+/// An in-stream collective part: launched like a compute step's kernel, under
+/// the job's tag (device::set_collective_tag).
+bool in_stream_step(const lowered_step& ls) {
+  return ls.kind == step_kind::collective && ls.coll.algo == collective_algo::in_stream;
+}
+
 error launch_step(exec_state& st, exec_job& e, step_id s) {
   const job_context& ctx = *e.ctx;
   const launch_program& prog = ctx.program();
@@ -298,7 +313,8 @@ error launch_step(exec_state& st, exec_job& e, step_id s) {
   // members on the device decides which waits its prologue enqueues.
   gpu::collective_launch coll;
   const std::vector<step_id>* paired = nullptr;
-  if (ls.kind == step_kind::collective) {
+  const bool in_stream = in_stream_step(ls);
+  if (ls.kind == step_kind::collective && !in_stream) {
     coll = collective_part(ctx, ls, st.device);
     if (!ls.coll.peer_ordered_deps.empty() && st.dev->collective_syncs_members(coll)) paired = &ls.coll.peer_ordered_deps;
   }
@@ -337,6 +353,14 @@ error launch_step(exec_state& st, exec_job& e, step_id s) {
       break;
     }
     case step_kind::collective: {
+      if (in_stream) {
+        // Its record is the queue's next; the members meet on the devices.
+        gpu::op_launch* rec = e.launches + ls.first_launch;
+        region_bases(st, ctx).patch(ls, rec);
+        if (error te = st.dev->set_collective_tag(stream, ctx.id())) return step_error(st, lane, ls, {}, te, ls.subject);
+        if (error le = st.dev->launch(stream, rec[0])) return step_error(st, lane, ls, {}, le, ls.subject);
+        break;
+      }
       // This member's part (collective_part, above): the remote deps, or the
       // backend's pairing, waited for all the operands' producers.
       if (error ce = st.dev->collective(stream, coll)) return step_error(st, lane, ls, {}, ce, ls.subject);
@@ -353,14 +377,16 @@ error launch_step(exec_state& st, exec_job& e, step_id s) {
 /// The graph of `entry` for the job's buffers `b`, capturing it now when it
 /// has none yet (nullptr: run plainly; `outcome` says why).
 gpu::replay_graph* graph_for(exec_state& st, replay_entry& entry, const region_bases& b, gpu::stream& stream,
-                             const gpu::op_launch* rec, int records, replay_outcome& outcome, std::string& why) {
+                             const gpu::op_launch* rec, int records, replay_outcome& outcome, std::string& why,
+                             const std::vector<const std::byte*>& peers) {
   if (!entry.seen || entry.refused) {
     outcome = entry.refused ? replay_outcome::fallback : replay_outcome::plain;
     entry.seen = true;
     return nullptr;
   }
   for (auto& c : entry.graphs)
-    if (c.arena == b.base[0] && c.weights == b.base[1] && c.state == (entry.uses_state ? b.base[2] : nullptr)) {
+    if (c.arena == b.base[0] && c.weights == b.base[1] && c.state == (entry.uses_state ? b.base[2] : nullptr) &&
+        c.peers == peers) {
       outcome = replay_outcome::replayed;
       return c.graph.get();
     }
@@ -376,7 +402,7 @@ gpu::replay_graph* graph_for(exec_state& st, replay_entry& entry, const region_b
     return nullptr;
   }
   outcome = replay_outcome::captured;
-  entry.graphs.push_back({b.base[0], b.base[1], entry.uses_state ? b.base[2] : nullptr, std::move(*g)});
+  entry.graphs.push_back({b.base[0], b.base[1], entry.uses_state ? b.base[2] : nullptr, peers, std::move(*g)});
   return entry.graphs.back().graph.get();
 }
 
@@ -412,7 +438,13 @@ expected<int> launch_segment(exec_state& st, exec_job& e, step_id s) {
   std::string why;
   // Pointers are patched before capture: a graph is keyed by the buffers it was captured with.
   for (int i = 0; i < n; ++i) bases.patch(step_at(i), e.launches + step_at(i).first_launch);
-  gpu::replay_graph* g = graph_for(st, entry, bases, stream, rec, first.replay_records, outcome, why);
+  // A segment with in-stream parts reads the other members' arenas too.
+  thread_local std::vector<const std::byte*> peers;
+  peers.clear();
+  if (first.replay_in_stream)
+    for (int d : prog.used_devices())
+      peers.push_back(ctx.arenas[static_cast<std::size_t>(d)] >= 0 ? ctx.base(region::arena, d) : nullptr);
+  gpu::replay_graph* g = graph_for(st, entry, bases, stream, rec, first.replay_records, outcome, why, peers);
   ctx.core->replays().note(outcome, why);
   if (!g) {
     // Kernel by kernel, each step with its own events and trace record.
@@ -422,6 +454,8 @@ expected<int> launch_segment(exec_state& st, exec_job& e, step_id s) {
     return n;
   }
   if (error err = begin_step(st, ctx, first, lane, stream)) return err;
+  if (first.replay_in_stream)
+    if (error err = st.dev->set_collective_tag(stream, ctx.id())) return step_error(st, lane, first, {}, err);
   if (error err = st.dev->replay(stream, *g)) {
     // The device names the op that failed (err.op) where it knows it: the
     // error then names its step and op, as a plain launch's would.
@@ -451,7 +485,14 @@ expected<int> launch_segment(exec_state& st, exec_job& e, step_id s) {
 
 std::vector<gpu::op_launch>& scratch_for(exec_state& st, const job_context& ctx, int queue) {
   auto [it, fresh] = st.scratch.try_emplace(job_key{ctx.lp->key, queue});
-  if (fresh) it->second = ctx.program().launch_records(queue);
+  if (fresh) {
+    it->second = ctx.program().launch_records(queue);
+    // In-stream collective parts name their members' devices (fixed per plan).
+    for (gpu::op_launch& l : it->second)
+      for (int k = 0; k < l.collective.members; ++k)
+        l.collective.devices[static_cast<std::size_t>(k)] =
+            ctx.lp->memory[static_cast<std::size_t>(l.collective.device_index[static_cast<std::size_t>(k)])]->dev.get();
+  }
   return it->second;
 }
 
@@ -591,9 +632,16 @@ void finish_turn(exec_actor_t* self, uint64_t key, uint64_t seq) {
   if (it != st.jobs.end() && !it->second.dropped) advance(self, it->second);
 }
 
-/// Whether `e`'s job may issue its next collective now (always for other kinds).
+/// Whether queue `q` of `prog` issues its jobs in the agreed order: a
+/// communication queue, or a compute lane with in-stream collective parts.
+bool ordered_queue(const exec_state& st, const launch_program& prog, int q) {
+  return st.kind == step_kind::collective || prog.queue(q).in_stream_parts;
+}
+
+/// Whether `e`'s job may issue its next step now (always on queues that are
+/// not ordered_queue).
 bool my_turn(exec_state& st, exec_job& e) {
-  if (st.kind != step_kind::collective) return true;
+  if (!ordered_queue(st, e.ctx->program(), e.queue)) return true;
   return st.order[e.ctx->lp->key].may_issue(e.ctx->collective_seq, job_key{e.ctx->id(), e.queue});
 }
 
@@ -673,8 +721,9 @@ void advance_one(exec_actor_t* self, exec_job& e, const msg::job_ref_ptr& ref) {
   }
   st.touched.clear();
   if (!e.dropped && e.got_run && e.next == static_cast<int>(mine.size())) {
+    const bool ordered = ordered_queue(st, prog, e.queue);
     forget_job(st, job_key{ctx.id(), e.queue});
-    if (st.kind == step_kind::collective) finish_turn(self, ctx.lp->key, ctx.collective_seq);
+    if (ordered) finish_turn(self, ctx.lp->key, ctx.collective_seq);
   }
 }
 
@@ -753,9 +802,15 @@ caf::behavior exec_actor_fn(exec_actor_t* self, gpu::device_ptr dev, step_kind k
           ++it;
           if (k.job == ctx.id()) forget_job(st, k);
         }
-        if (st.kind == step_kind::collective) {
-          st.order[ctx.lp->key].forget(ctx.collective_seq);
-          finish_turn(self, ctx.lp->key, ctx.collective_seq);
+        const launch_program& prog = ctx.program();
+        if (st.kind == step_kind::collective || prog.has_in_stream_parts()) {
+          if (prog.has_in_stream_parts()) st.dev->abort_collectives(ctx.id());  // peers' parts stop waiting here
+          const int lane0 = prog.find_queue(st.device, step_kind::compute, 0);
+          if (st.kind == step_kind::collective ||
+              (st.kind == step_kind::compute && lane0 >= 0 && prog.queue(lane0).in_stream_parts)) {
+            st.order[ctx.lp->key].forget(ctx.collective_seq);
+            finish_turn(self, ctx.lp->key, ctx.collective_seq);
+          }
         }
         std::vector<gpu::stream*> live;
         for (auto& l : st.streams)

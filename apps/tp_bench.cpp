@@ -21,7 +21,7 @@
 //                            planned at tensor-parallel degree 4, over its
 //                            1-device plan's
 // --allreduce=SPEC prints allreduce_us_<size>_<path> (8k, 64k, 256k, 1m, 16m;
-// path: oneshot, ring on cpu / sim, nccl on distinct GPUs) and
+// path: oneshot, ring on cpu / sim, instream on CUDA, nccl on distinct GPUs) and
 // allreduce_crossover_bytes (what the runtime picks; -1: never)
 // for the backend's one-shot all-reduce on those devices (cuda:0,0 on one GPU).
 // --devices=KIND runs the runtime figures on another backend kind ("cpu",
@@ -239,6 +239,8 @@ std::string devices_of(const layer_run& c) {
 /// --gemv / --pdl: backend_options::cuda_gemv / cuda_pdl of every runtime the bench makes.
 bool cuda_gemv = true;
 bool cuda_pdl = true;
+/// --in-stream: plan_options::in_stream_collectives of every plan the bench runs.
+bool in_stream_collectives = false;
 
 std::unique_ptr<ag::runtime> runtime_of(const layer_run& c, bool trace, int arenas) {
   ag::runtime_options ro;
@@ -278,6 +280,7 @@ run_result time_layer(const layer_run& c, const std::shared_ptr<const ag::graph>
   ag::plan_options po;
   if (c.n > 1) po.tensor_parallel = c.n;
   po.tp_overlap = c.overlap;
+  po.in_stream_collectives = in_stream_collectives;
   if (c.replay_off) po.graph_replay = ag::graph_replay_mode::off;
   auto p = rt->compile(g, po);
   if (!p) die("compile at degree " + std::to_string(c.n) + " on " + spec, p.err());
@@ -358,9 +361,13 @@ allreduce_times allreduce_us(const std::string& spec, int64_t bytes, int iters, 
   std::vector<std::unique_ptr<ag::gpu::event>> done;
   std::vector<void*> in(static_cast<std::size_t>(n)), out(static_cast<std::size_t>(n));
   std::vector<ag::gpu::device*> members;
+  // instream: each member's part is a kernel of its compute stream, meeting
+  // the others on the devices (collective_algo::in_stream); one job tag for
+  // the run, a fresh key per call.
+  const bool in_stream = path == "instream";
   for (int k = 0; k < n; ++k) {
     auto& d = (*devs)[static_cast<std::size_t>(k)];
-    auto s = d->create_stream(ag::step_kind::collective);
+    auto s = d->create_stream(in_stream ? ag::step_kind::compute : ag::step_kind::collective);
     if (!s) die("stream", s.err());
     streams.push_back(std::move(*s));
     auto e = d->create_event(false);
@@ -384,13 +391,36 @@ allreduce_times allreduce_us(const std::string& spec, int64_t bytes, int iters, 
     l.out = {out[static_cast<std::size_t>(k)], ag::dtype::f32, ag::shape{elems}, ag::strides{1}};
     for (int j = 0; j < n; ++j) l.inputs.push_back({in[static_cast<std::size_t>(j)], ag::dtype::f32, ag::shape{elems}, ag::strides{1}});
   }
-  // A backend that pairs the members on the device (CUDA: NCCL) needs no
-  // waits for the other members' events, as in the runtime
+  std::vector<ag::gpu::op_launch> in_stream_parts(static_cast<std::size_t>(n));
+  for (int k = 0; k < n && in_stream; ++k) {
+    auto& l = in_stream_parts[static_cast<std::size_t>(k)];
+    l.op = parts[static_cast<std::size_t>(k)].op;
+    l.out = parts[static_cast<std::size_t>(k)].out;
+    l.inputs = parts[static_cast<std::size_t>(k)].inputs;
+    l.collective.rank = k;
+    l.collective.members = n;
+    for (int j = 0; j < n; ++j) {
+      l.collective.device_index[static_cast<std::size_t>(j)] = j;
+      l.collective.devices[static_cast<std::size_t>(j)] = members[static_cast<std::size_t>(j)];
+    }
+    if (auto e = members[static_cast<std::size_t>(k)]->set_collective_tag(*streams[static_cast<std::size_t>(k)], 1))
+      die("in-stream tag", e);
+  }
+  uint32_t key = 0;
+  // A backend that pairs the members on the device (CUDA: NCCL; in-stream
+  // parts) needs no waits for the other members' events, as in the runtime
   // (device::collective_syncs_members).
-  const bool paired = members.front()->collective_syncs_members(parts.front());
+  const bool paired = in_stream || members.front()->collective_syncs_members(parts.front());
   auto round = [&] {
+    key = (key + 1) % (1u << 20);
     for (int k = 0; k < n; ++k) {
       auto& d = *members[static_cast<std::size_t>(k)];
+      if (in_stream) {
+        in_stream_parts[static_cast<std::size_t>(k)].collective.key = key;
+        if (auto e = d.launch(*streams[static_cast<std::size_t>(k)], in_stream_parts[static_cast<std::size_t>(k)]))
+          die("in-stream all-reduce", e);
+        continue;
+      }
       for (int j = 0; j < n && !paired; ++j)
         if (j != k) (void)d.wait(*streams[static_cast<std::size_t>(k)], *done[static_cast<std::size_t>(j)]);
       if (auto e = d.collective(*streams[static_cast<std::size_t>(k)], parts[static_cast<std::size_t>(k)])) die("collective", e);
@@ -664,6 +694,7 @@ layout_time time_layout(layer_run c, int stages, int tp, const std::shared_ptr<c
   ag::plan_options po;
   po.pipeline_stages = stages;
   po.tensor_parallel = tp;
+  po.in_stream_collectives = in_stream_collectives;
   // A job holds an arena on each of its devices from its start to its end,
   // so a 4-stage pipeline keeps its stages busy only with at least 4 jobs
   // holding memory; 16 (every micro-batch of the default round) fill each
@@ -828,6 +859,11 @@ int main(int argc, char** argv) {
   std::string pdl = "on";
   app.add_option("--pdl", pdl, "cuda: backend_options::cuda_pdl, kernels as programmatic dependent launches (on, off)")
       ->check(CLI::IsMember({"on", "off"}));
+  std::string in_stream = "off";
+  app.add_option("--in-stream", in_stream,
+                 "cuda: plan_options::in_stream_collectives (experimental), small all-reduces as kernels of the "
+                 "compute stream that meet on the devices (on, off: the communication queue)")
+      ->check(CLI::IsMember({"on", "off"}));
   app.add_flag("--no-overlap", no_overlap,
                "cuda:all: plan the layer with plan_options::tp_overlap off (each row-parallel matmul whole, then "
                "one all-reduce), to compare with the chunked overlap");
@@ -860,6 +896,7 @@ int main(int argc, char** argv) {
   if (auto rc = ag::apps::parse_flags(app, argc, argv)) return *rc;
   cuda_gemv = gemv == "on";
   cuda_pdl = pdl == "on";
+  in_stream_collectives = in_stream == "on";
 
   std::vector<figure> figs;
   if (!allreduce_spec.empty()) {
@@ -875,6 +912,7 @@ int main(int argc, char** argv) {
     // The paths this machine has: one-shot everywhere; the ring on cpu and
     // sim (modelled there); NCCL on distinct GPUs of a build with it.
     std::vector<std::string> paths{"oneshot"};
+    if (kind == ag::device_kind::cuda) paths.push_back("instream");
     if (kind != ag::device_kind::cuda) paths.push_back("ring");
     else if (ag::gpu::choose_cuda_collective_path(ag::op_kind::all_reduce, int64_t{1} << 40, gpus, {}, 1,
                                                   ag::gpu::nccl_built())

@@ -17,6 +17,10 @@ error device::collective(stream&, const collective_launch& c) {
                index(), -1, c.op ? c.op->name : std::string{});
 }
 
+error device::set_collective_tag(stream&, uint64_t) {
+  return error(errc::unsupported_op, "device '" + spec().name + "' runs no in-stream collectives", index());
+}
+
 expected<std::unique_ptr<replay_graph>> device::capture(stream&, const op_launch*, std::size_t) {
   return error(errc::unsupported_op, "device '" + spec().name + "' does not capture graphs", index());
 }

@@ -57,6 +57,8 @@ class event {
   virtual int64_t completion_ns() const = 0;
 };
 
+class device;
+
 /// A tensor as a kernel sees it: resolved pointer, dtype, dims, element strides.
 struct tensor_arg {
   void* data = nullptr;
@@ -117,6 +119,20 @@ struct op_launch {
     int64_t softmax_rows = 1;  ///< S: the softmax view's second-last dim
   };
   attention_params attention{};
+  /// An in-stream all-reduce part (collective_algo::in_stream, plan.hpp):
+  /// `op` is this member's all_reduce node, `inputs` every member's operand
+  /// in rank order (each in its own member's memory), `out` the result here.
+  /// The part meets the other members' parts on the devices, under the job
+  /// tag its stream was given last (device::set_collective_tag) and `key`,
+  /// which names the collective within the job alike on every member.
+  struct in_stream_part {
+    int rank = -1;  ///< this member's index; -1: not an in-stream part
+    int members = 0;
+    uint32_t key = 0;
+    std::array<int, max_in_stream_members> device_index{};   ///< runtime index of each member
+    std::array<device*, max_in_stream_members> devices{};    ///< each member (set by the runtime)
+  };
+  in_stream_part collective{};
 };
 
 /// A captured run of kernels (one replay segment of a plan, with the job's
@@ -221,6 +237,14 @@ struct backend_options {
   /// docs/BENCHMARKS.md, session 10), so by default NCCL takes them all.
   /// It becomes the CUDA devices' spec.oneshot_max_bytes_wide (+ 1). >= 1.
   int64_t cuda_nccl_min_bytes_wide = 1;
+  /// cuda: all-reduces of at most this many bytes run in-stream
+  /// (collective_algo::in_stream, plan_options::in_stream_collectives): it
+  /// becomes the CUDA devices' spec.in_stream_max_bytes. 0: never.
+  int64_t cuda_in_stream_max_bytes = int64_t{256} << 10;
+  /// cuda: how long an in-stream part waits for a live member's part before
+  /// it gives up and fails its job (collective_fault). Parts of a dead member
+  /// or a cancelled job stop waiting at once.
+  double cuda_collective_timeout_s = 5.0;
 };
 
 /// One device. Obtained from make_devices(); shared_ptr because the device
@@ -304,6 +328,25 @@ class device {
   /// its collectives can take that path), so the plan fails to load rather
   /// than its first job. Default: nothing to prepare.
   virtual error prepare_collective_group(const std::vector<device*>& members) { return {}; }
+
+  // --- in-stream collectives (collective_algo::in_stream; CUDA only) ---
+  /// Enqueues on `s` the job tag under which the in-stream all-reduce parts
+  /// enqueued on `s` after it (plainly or in a replayed graph) meet their
+  /// peers: the job's id, the same on every member, so parts of different
+  /// jobs never pair. Default: unsupported_op.
+  virtual error set_collective_tag(stream& s, uint64_t job_tag);
+  /// The job `job_tag` was cancelled: its in-stream parts waiting on this
+  /// device for a member stop waiting (and report a fault) instead of
+  /// waiting for a part that will not come. Default: nothing to stop.
+  virtual void abort_collectives(uint64_t job_tag) noexcept { (void)job_tag; }
+  /// An error when an in-stream part of job `job_tag` on this device gave up
+  /// waiting for a member (a dead member, the job cancelled, or
+  /// backend_options::cuda_collective_timeout_s passed): its result is not
+  /// the sum. The runtime asks every device of a job before it completes.
+  virtual error collective_fault(uint64_t job_tag) const {
+    (void)job_tag;
+    return {};
+  }
 
   // --- graph replay (plan_options::graph_replay; actors/stream_actor.cpp) ---
   /// True when capture() can succeed on this device (cuda, sim); false (the

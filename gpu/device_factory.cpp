@@ -1,4 +1,5 @@
 #include <cctype>
+#include <cmath>
 #include <string>
 #include <vector>
 
@@ -141,6 +142,12 @@ error validate(const backend_options& o) {
   if (o.cuda_nccl_min_bytes < 1)
     return error(errc::invalid_argument, "backend option cuda_nccl_min_bytes = " +
                                              std::to_string(o.cuda_nccl_min_bytes) + ": must be >= 1");
+  if (o.cuda_in_stream_max_bytes < 0)
+    return error(errc::invalid_argument, "backend option cuda_in_stream_max_bytes = " +
+                                             std::to_string(o.cuda_in_stream_max_bytes) + ": must be >= 0");
+  if (!(o.cuda_collective_timeout_s > 0) || !std::isfinite(o.cuda_collective_timeout_s))
+    return error(errc::invalid_argument, "backend option cuda_collective_timeout_s = " +
+                                             std::to_string(o.cuda_collective_timeout_s) + ": must be > 0 and finite");
   if (o.cuda_nccl_min_bytes_wide < 1)
     return error(errc::invalid_argument, "backend option cuda_nccl_min_bytes_wide = " +
                                              std::to_string(o.cuda_nccl_min_bytes_wide) + ": must be >= 1");

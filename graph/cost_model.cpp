@@ -161,11 +161,18 @@ const char* to_string(collective_algo a) noexcept {
     case collective_algo::none: return "none";
     case collective_algo::ring: return "ring";
     case collective_algo::one_shot: return "one-shot";
+    case collective_algo::in_stream: return "in-stream";
   }
   return "unknown";
 }
 
-collective_algo choose_collective_algo(const std::vector<const device_spec*>& members, int64_t bytes) {
+collective_algo choose_collective_algo(const std::vector<const device_spec*>& members, int64_t bytes, op_kind op,
+                                       bool allow_in_stream) {
+  if (allow_in_stream && op == op_kind::all_reduce && members.size() >= 2 &&
+      members.size() <= static_cast<std::size_t>(max_in_stream_members) &&
+      std::all_of(members.begin(), members.end(),
+                  [&](const device_spec* d) { return d->in_stream_max_bytes > 0 && bytes <= d->in_stream_max_bytes; }))
+    return collective_algo::in_stream;
   // Two logical devices of one GPU ("cuda:0,0"): NCCL refuses a GPU twice,
   // so the backend runs them one-shot at any size (gpu/collective_path.hpp).
   for (std::size_t i = 0; i < members.size(); ++i)
@@ -193,7 +200,7 @@ double estimate_collective_seconds(op_kind op, collective_algo algo, const std::
   const double b = static_cast<double>(bytes);
   auto xfer = [&](double x) { return bw > 0 ? x / bw : 0.0; };
   if (op == op_kind::all_reduce) {
-    if (algo == collective_algo::one_shot) return lat + xfer((n - 1) * b);
+    if (algo == collective_algo::one_shot || algo == collective_algo::in_stream) return lat + xfer((n - 1) * b);
     return 2 * (n - 1) * lat + xfer(2 * (n - 1) / n * b);
   }
   if (algo == collective_algo::one_shot) return lat + xfer((n - 1) / n * b);

@@ -56,6 +56,14 @@ struct device_spec {
   /// member's one-shot reads n - 1 peers); -1: oneshot_max_bytes. CUDA
   /// devices set it from backend_options::cuda_nccl_min_bytes_wide.
   int64_t oneshot_max_bytes_wide = -1;
+  /// All-reduces of at most this many bytes over members that all allow it
+  /// run in-stream (collective_algo::in_stream): each member's part is a
+  /// kernel on its compute lane 0 that meets the other members' parts on the
+  /// devices (flags in device memory), so a job's compute stream runs
+  /// through its collectives without the host and a replayed segment spans
+  /// them. 0 (sim, cpu): never. CUDA devices set it from
+  /// backend_options::cuda_in_stream_max_bytes.
+  int64_t in_stream_max_bytes = 0;
   /// Whether a collective runs at its own speed beside a compute kernel of
   /// its device, so that a row-parallel matmul split in chunks hides each
   /// chunk's all-reduce behind the next chunk (plan_options::tp_overlap).
@@ -110,18 +118,26 @@ enum class collective_algo : uint8_t {
   none = 0,      ///< not a collective
   ring = 1,      ///< ring over the members (NCCL's, for large messages)
   one_shot = 2,  ///< each member reads every peer's operand directly, then reduces (small messages)
+  /// one-shot all_reduce whose members meet on the devices, each part a
+  /// kernel on its member's compute lane 0 (device_spec::in_stream_max_bytes)
+  in_stream = 3,
 };
 const char* to_string(collective_algo a) noexcept;
 /// The algorithm for a collective of `bytes` over `members`: one_shot when
 /// bytes <= the smallest oneshot_max_bytes among them, or when two members
 /// are CUDA devices of one GPU (NCCL cannot run there), else ring (on CUDA:
-/// NCCL, whose threshold is the devices' oneshot_max_bytes).
-collective_algo choose_collective_algo(const std::vector<const device_spec*>& members, int64_t bytes);
+/// NCCL, whose threshold is the devices' oneshot_max_bytes). With
+/// `allow_in_stream` (plan_options::in_stream_collectives), an all_reduce of
+/// 2..8 members of at most every member's in_stream_max_bytes is in_stream.
+collective_algo choose_collective_algo(const std::vector<const device_spec*>& members, int64_t bytes,
+                                       op_kind op = op_kind::all_gather, bool allow_in_stream = false);
+/// Most members of an in-stream all-reduce (its kernel takes their pointers by value).
+constexpr int max_in_stream_members = 8;
 /// Time of one member's part of collective `op` (all_reduce, all_gather,
 /// reduce_scatter) of `bytes` (all_reduce / reduce_scatter: one operand;
 /// all_gather: the gathered result) over n = members.size() devices, with
 /// lat = the largest collective_latency and bw = the smallest link_bandwidth:
-///   all_reduce     ring: 2 (n-1) lat + 2 (n-1)/n bytes / bw;  one_shot: lat + (n-1) bytes / bw
+///   all_reduce     ring: 2 (n-1) lat + 2 (n-1)/n bytes / bw;  one_shot, in_stream: lat + (n-1) bytes / bw
 ///   all_gather / reduce_scatter  ring: (n-1) lat + (n-1)/n bytes / bw;  one_shot: lat + (n-1)/n bytes / bw
 double estimate_collective_seconds(op_kind op, collective_algo algo, const std::vector<const device_spec*>& members,
                                    int64_t bytes);

@@ -93,7 +93,10 @@ error check_hazards(const plan& p) {
       if (d < 0 || static_cast<std::size_t>(d) >= n) return step_err(s, "dep out of range");
       preds[i].push_back(d);
     }
-    queues[{s.device, static_cast<int>(s.kind), s.kind == step_kind::compute ? s.lane : -1}].emplace_back(s.lane_seq, s.id);
+    // In-stream collective parts queue on compute lane 0 (plan.hpp, step).
+    const bool compute_lane = s.kind == step_kind::compute || runs_in_stream(s);
+    queues[{s.device, static_cast<int>(compute_lane ? step_kind::compute : s.kind), compute_lane ? s.lane : -1}]
+        .emplace_back(s.lane_seq, s.id);
   }
   for (auto& [key, q] : queues) {
     std::sort(q.begin(), q.end());
@@ -121,11 +124,12 @@ error check_hazards(const plan& p) {
   if (topo.size() != n)
     return error(errc::internal, "hazard check: deps and lane order form a cycle (the plan would deadlock)");
   // Collectives: every device issues them in one global order (a collective
-  // is ordered by its first part's id), which NCCL needs of each group.
+  // is ordered by its first part's id), which NCCL and in-stream parts need
+  // of each group.
   for (const auto& [key, q] : queues) {
-    if (std::get<1>(key) != static_cast<int>(step_kind::collective)) continue;
     step_id prev = -1;
     for (const auto& [seq, id] : q) {
+      if (steps[static_cast<std::size_t>(id)].kind != step_kind::collective) continue;
       const step_id first = *std::min_element(steps[static_cast<std::size_t>(id)].peers.begin(),
                                               steps[static_cast<std::size_t>(id)].peers.end());
       if (first < prev)

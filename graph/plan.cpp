@@ -2,6 +2,7 @@
 
 #include <cstdio>
 #include <map>
+#include <set>
 #include <sstream>
 
 #include "graph/planner_internal.hpp"
@@ -250,6 +251,30 @@ bool may_fail_on_values(const plan& p, const step& s) {
   for (node_id id : s.ops)
     if (may_fail_on_values(p.source().at(id).op)) return true;
   return false;
+}
+
+bool met_on_device(const plan& p, const step& s, step_id d) {
+  return runs_in_stream(s) && p.at(d).device != s.device;
+}
+
+std::vector<std::vector<step_id>> waited_deps(const plan& p) {
+  std::vector<std::vector<step_id>> out(p.steps().size());
+  // Per compute lane (device, lane): deps on other queues some step of the
+  // lane waited for so far. Steps come in id order, which is lane order.
+  std::map<std::pair<int, int>, std::set<step_id>> waited_on_lane;
+  for (const step& s : p.steps()) {
+    const bool lane = s.kind == step_kind::compute || runs_in_stream(s);
+    auto& seen = waited_on_lane[{lane ? s.device : -1 - s.device, lane ? s.lane : -1}];
+    auto& mine = out[static_cast<std::size_t>(s.id)];
+    for (step_id d : s.deps) {
+      if (met_on_device(p, s, d)) continue;
+      const step& ds = p.at(d);
+      const bool same_lane = (ds.kind == step_kind::compute || runs_in_stream(ds)) && ds.device == s.device && ds.lane == s.lane;
+      if (lane && !same_lane && !seen.insert(d).second) continue;  // an earlier step of the lane waited for it
+      mine.push_back(d);
+    }
+  }
+  return out;
 }
 
 }  // namespace ag

@@ -59,9 +59,15 @@ using step_id = int32_t;
 ///    parts of one collective have consecutive step ids, so every device's
 ///    communication queue issues collectives in the same order (what NCCL
 ///    needs; check_hazards proves it).
+///    An in-stream part (algo collective_algo::in_stream) runs on its
+///    device's compute lane 0 instead, in step id order among that lane's
+///    compute steps (its lane_seq counts there), and meets the other parts
+///    on the devices: its deps on other devices are met there, not waited
+///    for by the host (met_on_device()).
 /// Queues: compute steps are ordered per (device, lane); copies per
 /// (device, kind) — a peer copy is queued on its destination device;
-/// collectives per device (its communication queue, never a compute lane).
+/// collectives per device (its communication queue; in-stream parts: compute
+/// lane 0).
 /// lane_seq always increases with the step id inside a queue. The memory
 /// plan relies on the FIFO order of compute lanes only; copies and
 /// collectives may run in any order their deps allow.
@@ -82,6 +88,11 @@ struct step {
   collective_algo algo = collective_algo::none;  ///< collective: ring or one-shot
   std::vector<step_id> peers;    ///< collective: all parts of this collective in rank order
 };
+
+/// Whether `s` is an in-stream collective part (see step).
+inline bool runs_in_stream(const step& s) noexcept {
+  return s.kind == step_kind::collective && s.algo == collective_algo::in_stream;
+}
 
 /// Which region of a device a tensor lives in.
 /// arena: per job; weights: per plan, uploaded at load; state: per state
@@ -200,6 +211,21 @@ struct plan_options {
   /// the residual add after it as one. Same steps and memory rules as
   /// fuse_ops. On by default (measured in docs/BENCHMARKS.md, session 11).
   bool fuse_projections = true;
+  /// Experimental, off by default: all-reduces small enough for every
+  /// member's device_spec::in_stream_max_bytes (CUDA: 256 KiB by default)
+  /// run in-stream (collective_algo::in_stream): one kernel per member on its
+  /// compute lane 0, the members meeting on the devices, so a
+  /// tensor-parallel decode step is one replayed graph per device with no
+  /// host between its layers (LLaMA 7B-shaped decode on 2 H100s: 4.15 ms
+  /// against 4.54 on the communication queue, docs/BENCHMARKS.md). Known
+  /// hazard: a part spins on its GPU while it waits, and a host call that
+  /// synchronises the device meanwhile (a first-use allocation: cuBLAS
+  /// handle, pinned staging) can keep a member from arriving; the part then
+  /// gives up after backend_options::cuda_collective_timeout_s and its job
+  /// fails with a timeout (seen on the first job of a plan on logical
+  /// devices of one GPU). Off: they take the communication queue (NCCL or
+  /// the own one-shot).
+  bool in_stream_collectives = false;
   /// Copies of the plan's state (its store_rows nodes, e.g. one KV cache per
   /// sequence) each device keeps: a job names one (submit_options::
   /// state_slot) and sees what the previous job of that slot stored. The
@@ -302,6 +328,24 @@ class plan {
   // (node, device) -> slot index lookup, built by the planner
   std::vector<std::vector<int32_t>> slot_index_;  // [device][node] -> index into memory_[device].slots or -1
 };
+
+/// Whether dep `d` of step `s` is met on the devices rather than waited for
+/// by `s`'s queue: `s` is an in-stream collective part and `d` runs on
+/// another device. Every such dep is a dep of that device's own part (the
+/// parts of one collective share their deps), which waits for it before it
+/// joins, and `s` reads that member's operand only once it joined. The
+/// lowering drops these edges (no event wait, no `ready`), and a replay
+/// segment runs through them (graph/replay.hpp).
+bool met_on_device(const plan& p, const step& s, step_id d);
+
+/// For each step (index = id), the deps its queue waits for: its deps but
+/// those met on the devices (met_on_device) and, on a compute lane, those an
+/// earlier step of the same (device, lane) already waits for (the lane's
+/// stream order implies them: a decode step's layers all read its position
+/// input, whose copy the first of them waited for). Deps on the step's own
+/// queue stay in (the lowering and replay segments skip them). The lowering
+/// (remote deps and consumers) and replay_segments() both use it.
+std::vector<std::vector<step_id>> waited_deps(const plan& p);
 
 /// Compiles `g` for `devices`.
 ///

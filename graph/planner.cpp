@@ -806,8 +806,17 @@ expected<std::shared_ptr<const plan>> planner::compile(std::shared_ptr<const gra
   std::map<std::tuple<int, int, int>, int> seq;
   std::vector<char> used(p->devices_.size(), 0);
   for (step& st : p->steps_) {
-    const int queue = st.kind == step_kind::compute ? st.lane : -1;
-    st.lane_seq = seq[{st.device, static_cast<int>(st.kind), queue}]++;
+    if (st.kind == step_kind::collective) {
+      std::vector<const device_spec*> members;
+      for (step_id q : st.peers) members.push_back(&p->devices_[static_cast<std::size_t>(p->steps_[static_cast<std::size_t>(q)].device)]);
+      st.algo = choose_collective_algo(members, st.bytes, g.at(st.ops[0]).op, options.in_stream_collectives);
+      st.est_seconds = estimate_collective_seconds(g.at(st.ops[0]).op, st.algo, members, st.bytes);
+      if (runs_in_stream(st)) st.lane = 0;
+    }
+    // An in-stream collective part queues on compute lane 0 (plan.hpp, step).
+    const bool compute_lane = st.kind == step_kind::compute || runs_in_stream(st);
+    const int queue = compute_lane ? st.lane : -1;
+    st.lane_seq = seq[{st.device, static_cast<int>(compute_lane ? step_kind::compute : st.kind), queue}]++;
     used[static_cast<std::size_t>(st.device)] = 1;
     if (st.src_device >= 0) used[static_cast<std::size_t>(st.src_device)] = 1;
     const device_spec& d = p->devices_[static_cast<std::size_t>(st.device)];
@@ -823,13 +832,7 @@ expected<std::shared_ptr<const plan>> planner::compile(std::shared_ptr<const gra
       case step_kind::copy_peer:
         st.est_seconds = estimate_peer_copy_seconds(p->devices_[static_cast<std::size_t>(st.src_device)], d, st.bytes);
         break;
-      case step_kind::collective: {
-        std::vector<const device_spec*> members;
-        for (step_id q : st.peers) members.push_back(&p->devices_[static_cast<std::size_t>(p->steps_[static_cast<std::size_t>(q)].device)]);
-        st.algo = choose_collective_algo(members, st.bytes);
-        st.est_seconds = estimate_collective_seconds(g.at(st.ops[0]).op, st.algo, members, st.bytes);
-        break;
-      }
+      case step_kind::collective: break;  // above
     }
     if (st.deps.empty()) p->sources_.push_back(st.id);
     if (st.kind == step_kind::copy_d2h) p->sinks_.push_back(st.id);

@@ -31,8 +31,11 @@ bool parse_graph_replay_mode(const std::string& text, graph_replay_mode& out) no
 
 namespace {
 
+/// Compute steps and in-stream collective parts run on compute lanes.
+bool on_compute_lane(const step& s) noexcept { return s.kind == step_kind::compute || runs_in_stream(s); }
+
 bool same_queue(const step& a, const step& b) noexcept {
-  return a.kind == step_kind::compute && b.kind == step_kind::compute && a.device == b.device && a.lane == b.lane;
+  return on_compute_lane(a) && on_compute_lane(b) && a.device == b.device && a.lane == b.lane;
 }
 
 int kernels_of(const graph& g, const step& s) {
@@ -50,19 +53,24 @@ std::vector<replay_segment> replay_segments(const plan& p) {
   // so one pass in id order sees each queue in lane order.
   std::map<std::pair<int, int>, std::vector<replay_segment>> by_queue;
   std::map<std::pair<int, int>, bool> open;  // last segment of the queue may grow
+  const auto waited = waited_deps(p);
+  const auto waits_for = [&](const step& c, step_id d) {
+    const auto& w = waited[static_cast<std::size_t>(c.id)];
+    return std::find(w.begin(), w.end(), d) != w.end();
+  };
   for (const step& s : p.steps()) {
-    if (s.kind != step_kind::compute) continue;
+    if (!on_compute_lane(s)) continue;
     const std::pair<int, int> key{s.device, s.lane};
     auto& segs = by_queue[key];
     bool internal_deps = true;
-    for (step_id d : s.deps)
+    for (step_id d : waited[static_cast<std::size_t>(s.id)])
       if (!same_queue(p.at(d), s)) internal_deps = false;
     if (segs.empty() || !open[key] || !internal_deps) segs.push_back(replay_segment{s.device, s.lane, {}, 0});
     segs.back().steps.push_back(s.id);
     segs.back().kernels += kernels_of(g, s);
     bool internal_consumers = true;
     for (step_id c : s.consumers)
-      if (!same_queue(p.at(c), s)) internal_consumers = false;
+      if (!same_queue(p.at(c), s) && waits_for(p.at(c), s.id)) internal_consumers = false;
     open[key] = internal_consumers;
   }
   std::vector<replay_segment> out;

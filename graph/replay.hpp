@@ -9,6 +9,12 @@
 ///  - before a step with a dependency that is not an earlier compute step of
 ///    the same (device, lane) (an event wait on another lane or device, a copy,
 ///    a collective, a `ready` message);
+/// In-stream collective parts (collective_algo::in_stream) are steps of
+/// compute lane 0 like compute steps, and their deps on other devices are
+/// met on the devices (met_on_device, plan.hpp): a segment runs through them,
+/// so a tensor-parallel decode step replays as one graph per device. Deps
+/// are the ones the queue waits for (waited_deps, plan.hpp): a dep an
+/// earlier step of the lane already waited for does not end a segment.
 ///  - after a step with a consumer that is not a later compute step of the
 ///    same (device, lane) (an event record another queue or a copy waits on).
 /// So events and `ready` messages between devices and copy engines stay as

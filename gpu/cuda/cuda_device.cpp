@@ -8,9 +8,11 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <limits>
 #include <map>
 #include <mutex>
@@ -30,6 +32,7 @@
 #include "gpu/cuda/device_core.hpp"
 #include "gpu/cuda/device_guard.hpp"
 #include "gpu/cuda/event_poller.hpp"
+#include "gpu/cuda/in_stream.cuh"
 #include "gpu/cuda/op_dispatch.hpp"
 #include "gpu/cuda/staging.hpp"
 #include "gpu/cuda/sync.cuh"
@@ -87,7 +90,8 @@ class cuda_device final : public device {
         kernels_{opts.cuda_tf32, opts.cuda_gemv, opts.cuda_pdl && cc_major >= 9},
         sm_count_(sm_count),
         nccl_min_bytes_(opts.cuda_nccl_min_bytes),
-        nccl_min_bytes_wide_(opts.cuda_nccl_min_bytes_wide) {}
+        nccl_min_bytes_wide_(opts.cuda_nccl_min_bytes_wide),
+        collective_timeout_s_(opts.cuda_collective_timeout_s) {}
 
   ~cuda_device() override {
     device_guard g(core_->ordinal);
@@ -95,6 +99,10 @@ class cuda_device final : public device {
     if (profiling_) print_op_profile();
     for (auto& [p, n] : allocs_) AG_CUDA_ASSERT(cudaFree(p));
     for (void* p : host_allocs_) AG_CUDA_ASSERT(cudaFreeHost(p));
+    // In-stream memory: peers' parts read it only while a job of a plan on
+    // this device runs, and the runtime stops those before its devices go.
+    if (area_.arrive) AG_CUDA_ASSERT(cudaFree(area_.arrive));
+    if (area_.aborted_host) AG_CUDA_ASSERT(cudaFreeHost(area_.aborted_host));
     // Staged copies (and their host functions) may still be in flight, also
     // on streams already destroyed: wait for all of them before freeing the
     // staging buffers. No pool lock is held here (host functions take one).
@@ -279,7 +287,7 @@ class cuda_device final : public device {
   error launch(stream& s, const op_launch& l) override {
     auto us = usable(s, "launch");
     if (!us) return us.err();
-    if (!profiling_) return dispatch_op(*core_, **us, l, spec_.name, sm_count_, kernels_);
+    if (!profiling_) return run_op(**us, l);
     device_guard g(core_->ordinal);
     op_sample smp;
     smp.name = l.op ? l.op->name : std::string("?");
@@ -287,7 +295,7 @@ class cuda_device final : public device {
     if (error e = AG_CORE_CHECK(*core_, cudaEventCreate(&smp.before), spec_.name + " op profile")) return e;
     if (error e = AG_CORE_CHECK(*core_, cudaEventCreate(&smp.after), spec_.name + " op profile")) return e;
     if (error e = AG_CORE_CHECK(*core_, cudaEventRecord(smp.before, (*us)->s_), spec_.name + " op profile")) return e;
-    error e = dispatch_op(*core_, **us, l, spec_.name, sm_count_, kernels_);
+    error e = run_op(**us, l);
     if (error re = AG_CORE_CHECK(*core_, cudaEventRecord(smp.after, (*us)->s_), spec_.name + " op profile"); re && !e)
       e = re;
     std::lock_guard<std::mutex> lk(mem_mu_);
@@ -321,7 +329,7 @@ class cuda_device final : public device {
     int kernels = 0;
     for (std::size_t i = 0; i < n && !launch_err; ++i) {
       if (ops[i].op && !is_view_op(ops[i].op->op) && !is_leaf_op(ops[i].op->op)) ++kernels;
-      launch_err = dispatch_op(*core_, *cs, ops[i], spec_.name, sm_count_, kernels_);
+      launch_err = run_op(*cs, ops[i]);
     }
     cudaGraph_t graph = nullptr;
     const cudaError_t ended = cudaStreamEndCapture(cs->s_, &graph);  // always: leaves capture mode
@@ -470,6 +478,9 @@ class cuda_device final : public device {
     for (device* m : members) {
       auto* peer = dynamic_cast<cuda_device*>(m);
       if (!peer) return {};  // mixed backends: collective() refuses it, naming the member
+      // Every member's in-stream memory exists before any part is captured.
+      if (peer->spec_.in_stream_max_bytes > 0)
+        if (auto a = peer->in_stream_memory(); !a) return a.err();
       gpus.push_back(peer->core_->ordinal);
       uids.push_back(peer->uid_);
     }
@@ -482,6 +493,42 @@ class cuda_device final : public device {
     std::lock_guard<std::mutex> lk(mem_mu_);
     groups_.push_back(std::move(*grp));
     return {};
+  }
+
+  // --- in-stream collectives (in_stream.cuh) ---
+  error set_collective_tag(stream& s, uint64_t job_tag) override {
+    auto us = usable(s, "set_collective_tag");
+    if (!us) return us.err();
+    auto area = in_stream_memory();
+    if (!area) return area.err();
+    launch_ctx c;
+    c.stream = (*us)->s_;
+    c.where = spec_.name + " in-stream collective tag";
+    device_guard g(core_->ordinal);
+    if (error e = launch_set_in_stream_tag(c, **area, job_tag)) return std::move(e).concerning(index_);
+    return {};
+  }
+  void abort_collectives(uint64_t job_tag) noexcept override {
+    std::lock_guard<std::mutex> lk(area_mu_);
+    if (!area_.aborted_host) return;  // no part ever ran here
+    const uint32_t at = abort_next_++ % static_cast<uint32_t>(in_stream_aborts);
+    __atomic_store_n(&area_.aborted_host[at], in_stream_job_word(job_tag), __ATOMIC_RELEASE);
+  }
+  error collective_fault(uint64_t job_tag) const override {
+    std::lock_guard<std::mutex> lk(area_mu_);
+    if (!area_.faults_host) return {};
+    const unsigned long long w = in_stream_job_word(job_tag);
+    if (__atomic_load_n(&area_.faults_host[w % in_stream_faults], __ATOMIC_ACQUIRE) != w) return {};
+    const unsigned long long* d = area_.faults_host + in_stream_faults;
+    char detail[200];
+    std::snprintf(detail, sizeof detail, " (first give-up here: wanted tag %#llx from device %llu in block %llu, saw %#llx; "
+                  "previous announcement %#llx)", d[0], d[1 + 1] >> 32, d[2] & 0xffffffffull, d[1], d[3]);
+    return error(errc::timeout,
+                 spec_.name + ": an in-stream all_reduce part of job " + std::to_string(job_tag) +
+                     " gave up waiting for a member (the member died, the job was cancelled, or it waited past "
+                     "cuda_collective_timeout_s = " + std::to_string(collective_timeout_s_) +
+                     " s); its result is not the sum" + detail,
+                 index_);
   }
 
   // Pageable host memory goes through pinned staging (see staging_pool);
@@ -588,6 +635,108 @@ class cuda_device final : public device {
   }
 
  private:
+  /// One op of a launch record: an in-stream collective part here, every
+  /// other op through dispatch_op.
+  error run_op(cuda_stream& cs, const op_launch& l) {
+    if (l.collective.rank >= 0) return in_stream_part(cs, l);
+    return dispatch_op(*core_, cs, l, spec_.name, sm_count_, kernels_);
+  }
+
+  /// This device's in-stream memory (in_stream.cuh), made on first use.
+  expected<const in_stream_area*> in_stream_memory() {
+    std::lock_guard<std::mutex> lk(area_mu_);
+    if (area_.arrive) return &area_;
+    const auto refuse = [&](const std::string& why) {
+      return error(errc::unsupported_op, spec_.name + ": in-stream collectives: " + why, index_);
+    };
+    if (index_ < 0 || index_ >= in_stream_slots)
+      return refuse("device index " + std::to_string(index_) + " outside 0.." + std::to_string(in_stream_slots - 1));
+    device_guard g(core_->ordinal);
+    constexpr std::size_t flags = std::size_t{in_stream_blocks} * in_stream_slots;
+    const std::size_t dev_bytes = (3 * flags + 1) * sizeof(unsigned long long);
+    void* d = nullptr;
+    if (error e = AG_CORE_CHECK(*core_, cudaMalloc(&d, dev_bytes), spec_.name + " in-stream flags")) return e;
+    if (error e = AG_CORE_CHECK(*core_, cudaMemset(d, 0, dev_bytes), spec_.name + " in-stream flags")) {
+      AG_CUDA_ASSERT(cudaFree(d));
+      return e;
+    }
+    void* h = nullptr;
+    const std::size_t host_bytes =
+        (in_stream_aborts + in_stream_faults + in_stream_fault_detail) * sizeof(unsigned long long);
+    if (error e = AG_CORE_CHECK(*core_, cudaHostAlloc(&h, host_bytes, cudaHostAllocMapped | cudaHostAllocPortable),
+                                spec_.name + " in-stream rings")) {
+      AG_CUDA_ASSERT(cudaFree(d));
+      return e;
+    }
+    std::memset(h, 0, host_bytes);
+    const unsigned int* dead = core_->dead_word_for_kernels();
+    if (!dead) {
+      AG_CUDA_ASSERT(cudaFree(d));
+      AG_CUDA_ASSERT(cudaFreeHost(h));
+      return refuse("no host-mapped death word");
+    }
+    auto* words = static_cast<unsigned long long*>(d);
+    area_.arrive = words;
+    area_.ack = words + flags;
+    area_.last = words + 2 * flags;
+    area_.tag = words + 3 * flags;
+    // Mapped pinned memory has the same address on every GPU (UVA).
+    area_.aborted_host = area_.aborted_dev = static_cast<unsigned long long*>(h);
+    area_.faults_host = area_.faults_dev = area_.aborted_host + in_stream_aborts;
+    area_.dead_dev = dead;
+    area_.slot = index_;
+    return &area_;
+  }
+
+  /// This member's in-stream all-reduce part (op_launch::in_stream_part):
+  /// every member must be a live CUDA device this GPU can read.
+  error in_stream_part(cuda_stream& cs, const op_launch& l) {
+    const auto& part = l.collective;
+    const std::string where = spec_.name + " " + to_string(l.op->op) + " '" + l.op->name + "' (in-stream)";
+    const auto refuse = [&](errc code, const std::string& what) {
+      return error(code, where + ": " + what, index_, -1, l.op->name);
+    };
+    if (part.members < 2 || part.members > in_stream_members_max || part.rank >= part.members ||
+        l.inputs.size() != static_cast<std::size_t>(part.members))
+      return refuse(errc::invalid_argument, "members, operands and rank do not agree");
+    std::array<in_stream_member, in_stream_members_max> members{};
+    for (int k = 0; k < part.members; ++k) {
+      auto* peer = dynamic_cast<cuda_device*>(part.devices[static_cast<std::size_t>(k)]);
+      if (!peer) return refuse(errc::unsupported_op, "member " + std::to_string(k) + " is not a CUDA device");
+      if (!peer->alive()) return peer->core_->dead_error();
+      if (peer->core_->ordinal != core_->ordinal && !can_read(peer->core_->ordinal))
+        return refuse(errc::unsupported_op, "no peer access from " + spec_.name + " to member '" + peer->spec_.name +
+                                                "': the part reads the members' memory");
+      auto area = peer->in_stream_memory();
+      if (!area) return area.err();
+      members[static_cast<std::size_t>(k)] = {l.inputs[static_cast<std::size_t>(k)].data, *area};
+    }
+    launch_ctx c;
+    c.stream = cs.s_;
+    c.pdl = kernels_.pdl;
+    c.where = where;
+    c.sm_count = sm_count_;
+    device_guard g(core_->ordinal);
+    error e = launch_in_stream_all_reduce(c, l.out, members.data(), part.members, part.rank,
+                                          *members[static_cast<std::size_t>(part.rank)].area, part.key,
+                                          collective_timeout_s_);
+    if (!e) return {};
+    if (e.code == errc::device_failed) core_->mark_dead(e);
+    return std::move(e).concerning(index_, -1, l.op->name);
+  }
+
+  /// Whether this GPU can read GPU `ordinal`'s memory (asked once per GPU).
+  bool can_read(int ordinal) {
+    std::lock_guard<std::mutex> lk(area_mu_);
+    auto [it, fresh] = peer_readable_.try_emplace(ordinal, false);
+    if (fresh) {
+      int can = 0;
+      if (cudaDeviceCanAccessPeer(&can, core_->ordinal, ordinal) != cudaSuccess) (void)cudaGetLastError();
+      it->second = can != 0;
+    }
+    return it->second;
+  }
+
   /// This member's NCCL part on its communication stream. all_reduce: one
   /// ncclAllReduce. all_gather: ncclAllGather, straight into the output when
   /// the gathered axis is outermost, else into a stream-ordered scratch
@@ -737,6 +886,13 @@ class cuda_device final : public device {
   int64_t nccl_min_bytes_;
   int64_t nccl_min_bytes_wide_;
   std::vector<std::shared_ptr<nccl_group>> groups_;  // communicators of loaded plans' groups (under mem_mu_)
+  double collective_timeout_s_;
+  // In-stream collectives: this device's flags and rings (in_stream_memory),
+  // the abort ring's cursor and which GPUs this one can read.
+  mutable std::mutex area_mu_;
+  in_stream_area area_{};
+  uint32_t abort_next_ = 0;
+  std::map<int, bool> peer_readable_;
   std::atomic<notify_mode> mode_{notify_mode::poller};
   mutable std::mutex mem_mu_;
   std::shared_ptr<staging_pool> staging_ = std::make_shared<staging_pool>();

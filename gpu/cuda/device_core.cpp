@@ -12,7 +12,22 @@ core::~core() {
   if (poll) poll->stop();
   device_guard g(ordinal);
   for (cudaEvent_t e : pool) AG_CUDA_ASSERT(cudaEventDestroy(e));
+  if (dead_word) AG_CUDA_ASSERT(cudaFreeHost(dead_word));
   // `clock` (a member) destroys its anchor events and stream after this body.
+}
+
+unsigned int* core::dead_word_for_kernels() {
+  std::lock_guard<std::mutex> lk(fault_mu);
+  if (!dead_word) {
+    void* p = nullptr;
+    if (cudaHostAlloc(&p, sizeof(unsigned int), cudaHostAllocMapped | cudaHostAllocPortable) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return nullptr;
+    }
+    dead_word = static_cast<unsigned int*>(p);
+    __atomic_store_n(dead_word, fault_reported ? 1u : 0u, __ATOMIC_RELEASE);
+  }
+  return dead_word;
 }
 
 void core::mark_dead(const error& e) {
@@ -24,6 +39,7 @@ void core::mark_dead(const error& e) {
     death = e;
     death.device = index;  // the message names the device ("cudaN ...")
     alive.store(false, std::memory_order_release);
+    if (dead_word) __atomic_store_n(dead_word, 1u, __ATOMIC_RELEASE);  // peers' in-stream parts stop waiting
     h = fault_handler;
   }
   // Other members' NCCL parts would wait for this GPU forever: abort the

@@ -40,6 +40,13 @@ struct core {
   std::function<void(const error&)> fault_handler;
   bool fault_reported = false;
   error death;
+  /// Host-mapped (portable) word that mark_dead sets to 1: in-stream
+  /// collective parts of other devices waiting for this one read it
+  /// (in_stream.cuh). Made on first use (dead_word_for_kernels), under fault_mu.
+  unsigned int* dead_word = nullptr;
+  /// The death word, made now if needed (1 already when dead); null when
+  /// the host allocation failed.
+  unsigned int* dead_word_for_kernels();
 
   // Event pool (timing disabled) for create_event().
   std::mutex pool_mu;

@@ -66,6 +66,7 @@ expected<device_ptr> make_one(int ordinal, int index, const backend_options& opt
   // backend runs: NCCL from the crossover on, when the build has NCCL.
   spec.oneshot_max_bytes = nccl_built() ? opts.cuda_nccl_min_bytes - 1 : std::numeric_limits<int64_t>::max();
   spec.oneshot_max_bytes_wide = nccl_built() ? opts.cuda_nccl_min_bytes_wide - 1 : std::numeric_limits<int64_t>::max();
+  spec.in_stream_max_bytes = opts.cuda_in_stream_max_bytes;
   // A GEMM's full grid starves NCCL's kernels beside it (device_spec).
   spec.collectives_overlap_compute = false;
 

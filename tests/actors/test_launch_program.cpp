@@ -67,8 +67,10 @@ void expect_consistent(const launch_program& prog) {
       EXPECT_EQ(ls.pos, static_cast<int>(i));
       EXPECT_EQ(ls.kind, ps.kind);
       EXPECT_EQ(lq.device, ps.device);
-      EXPECT_EQ(lq.kind, ps.kind);
-      if (ps.kind == step_kind::compute) EXPECT_EQ(lq.lane, ps.lane);
+      // In-stream collective parts run on compute lane 0 (plan.hpp, step).
+      EXPECT_EQ(lq.kind, runs_in_stream(ps) ? step_kind::compute : ps.kind);
+      if (ps.kind == step_kind::compute || runs_in_stream(ps)) EXPECT_EQ(lq.lane, ps.lane);
+      if (runs_in_stream(ps)) EXPECT_TRUE(lq.in_stream_parts);
       if (i > 0) EXPECT_LT(p.at(lq.steps[i - 1]).lane_seq, ps.lane_seq) << "queue " << q << " out of lane order";
       EXPECT_EQ(lq.remote_dep_counts[i], static_cast<int>(ls.remote_deps.size()));
       EXPECT_EQ(ls.first_launch, records);
@@ -97,13 +99,27 @@ void expect_consistent(const launch_program& prog) {
   for (const auto& ps : p.steps()) {
     const auto& ls = prog.step(ps.id);
     std::set<step_id> remote;
-    for (step_id d : ps.deps)
+    const auto waited = waited_deps(p);
+    const auto& mine = waited[static_cast<std::size_t>(ps.id)];
+    for (step_id d : mine)
       if (prog.step(d).queue != ls.queue) remote.insert(d);
+    // A dep left out is met on the devices or waited for earlier on the lane.
+    for (step_id d : ps.deps)
+      if (std::find(mine.begin(), mine.end(), d) == mine.end()) {
+        bool earlier = met_on_device(p, ps, d);
+        for (step_id y : prog.queue(ls.queue).steps) {
+          if (prog.step(y).pos >= ls.pos) break;
+          const auto& wy = waited[static_cast<std::size_t>(y)];
+          earlier = earlier || std::find(wy.begin(), wy.end(), d) != wy.end();
+        }
+        EXPECT_TRUE(earlier) << "step " << ps.id << " leaves dep " << d << " to nobody";
+      }
     EXPECT_EQ(std::set<step_id>(ls.remote_deps.begin(), ls.remote_deps.end()), remote) << "step " << ps.id;
     std::set<int> cq;
     std::set<std::pair<int, int>> cpos;
     for (step_id c : ps.consumers)
-      if (prog.step(c).queue != ls.queue) {
+      if (prog.step(c).queue != ls.queue && std::count(waited[static_cast<std::size_t>(c)].begin(),
+                                                       waited[static_cast<std::size_t>(c)].end(), ps.id) > 0) {
         cq.insert(prog.step(c).queue);
         cpos.insert({prog.step(c).queue, prog.step(c).pos});
       }
@@ -127,6 +143,19 @@ void expect_consistent(const launch_program& prog) {
         else EXPECT_GE(op.inputs.size(), 3u) << "x and at least two weights, or x, a weight and the residual";
         if (op.fused != gpu::op_launch::fusion::projections) EXPECT_TRUE(op.extra_outs.empty()) << op.op->name;
       }
+    } else if (runs_in_stream(ps)) {
+      ASSERT_EQ(ls.ops.size(), 1u) << "an in-stream part is one launch record";
+      EXPECT_EQ(ls.ops[0].op, ls.subject);
+      EXPECT_EQ(ls.ops[0].collective.rank, ls.coll.rank);
+      EXPECT_EQ(ls.ops[0].collective.members, static_cast<int>(ps.peers.size()));
+      EXPECT_EQ(ls.ops[0].collective.key, static_cast<uint32_t>(*std::min_element(ps.peers.begin(), ps.peers.end())));
+      ASSERT_EQ(ls.ops[0].inputs.size(), ps.peers.size());
+      for (std::size_t k = 0; k < ps.peers.size(); ++k) {
+        EXPECT_EQ(ls.ops[0].inputs[k].device, p.at(ps.peers[k]).device);
+        EXPECT_EQ(ls.ops[0].inputs[k].byte_offset, ls.coll.inputs[k].byte_offset);
+      }
+    } else if (ps.kind == step_kind::collective) {
+      EXPECT_TRUE(ls.ops.empty());
     } else {
       EXPECT_TRUE(ls.ops.empty());
       EXPECT_EQ(ls.copy.io_index, ps.io_index);
@@ -700,4 +729,122 @@ TEST(LaunchProgram, DecodeProjectionsAreGroupedIntoGemvRecordsOnCudaOnly) {
   EXPECT_EQ(pf.shared + pf.gated + pf.residual, 0);
 }
 
+/// `n` CUDA-kind specs (the planner needs no GPU) that take in-stream
+/// all-reduces of up to `in_stream_max` bytes.
+std::vector<device_spec> cuda_specs(int n, int64_t in_stream_max) {
+  std::vector<device_spec> v(static_cast<std::size_t>(n));
+  for (int i = 0; i < n; ++i) {
+    auto& d = v[static_cast<std::size_t>(i)];
+    d.name = "cuda" + std::to_string(i);
+    d.kind = device_kind::cuda;
+    d.ordinal = i;
+    d.in_stream_max_bytes = in_stream_max;
+  }
+  return v;
+}
+
+// A tensor-parallel decode step on CUDA devices: every all-reduce small
+// enough runs in-stream (collective_algo::in_stream). Its parts are steps of
+// their device's compute lane 0, one launch record each naming every
+// member's operand on its member's device; they neither wait for nor are
+// announced to the other devices' producers (met on the devices), and the
+// lane's replay segments run through them: the whole step between its input
+// copies and its output is one segment per device, so it replays as one
+// graph with no host between its layers. The hazard checker accepts the
+// plan. Without in-stream collectives (the option off, or messages past the
+// devices' limit) the parts take the communication queue, and each one
+// splits the lane's segments.
+TEST(LaunchProgram, InStreamAllReducesRunOnComputeLaneZeroAndADecodeStepReplaysAsOneSegmentPerDevice) {
+  models::transformer_config cfg;
+  cfg.variant = models::model_variant::llama;
+  cfg.n_layers = 3;
+  cfg.d_model = 64;
+  cfg.n_heads = 8;
+  cfg.n_kv_heads = 4;
+  cfg.d_ff = 128;
+  cfg.vocab = 96;
+  cfg.batch = 1;
+  cfg.seq_len = 1;
+  cfg.kv_cache_capacity = 16;
+  cfg.dtype = dtype::bf16;
+  cfg.weight_values = false;
+  for (int degree : {2, 4})
+    for (int mode = 0; mode < 3; ++mode) {  // in-stream; option off; limit below the messages
+      SCOPED_TRACE("degree " + std::to_string(degree) + " mode " + std::to_string(mode));
+      auto g = models::build_transformer(cfg);
+      ASSERT_TRUE(g.has_value()) << g.err().to_string();
+      plan_options o;
+      o.tensor_parallel = degree;
+      o.lanes_per_device = 1;
+      o.graph_replay = graph_replay_mode::on;
+      o.in_stream_collectives = mode != 1;
+      auto p = compile(std::make_shared<const graph>(std::move(*g)), cuda_specs(degree, mode == 2 ? 8 : 256 << 10), o);
+      ASSERT_TRUE(p.has_value()) << p.err().to_string();
+      EXPECT_TRUE(check_hazards(**p).ok()) << check_hazards(**p).to_string();
+      auto r = lower(*p);
+      ASSERT_TRUE(r.has_value()) << r.err().to_string();
+      const launch_program& prog = **r;
+      expect_consistent(prog);
+      int all_reduces = 0, in_stream = 0;
+      for (const auto& s : (*p)->steps()) {
+        if (s.kind != step_kind::collective) continue;
+        const node& n = (*p)->source().at(s.ops.front());
+        all_reduces += n.op == op_kind::all_reduce;
+        if (!runs_in_stream(s)) continue;
+        ++in_stream;
+        EXPECT_EQ(n.op, op_kind::all_reduce);
+        const lowered_step& ls = prog.step(s.id);
+        const launch_queue& q = prog.queue(ls.queue);
+        EXPECT_EQ(q.kind, step_kind::compute);
+        EXPECT_EQ(q.lane, 0);
+        EXPECT_TRUE(q.in_stream_parts);
+        for (step_id d : ls.remote_deps) EXPECT_EQ(prog.step(d).device, s.device) << "part " << s.id << " waits for another device";
+        for (step_id d : s.deps) {
+          const auto& cq = prog.step(d).consumer_queues;
+          if (prog.step(d).device != s.device)
+            EXPECT_EQ(std::find(cq.begin(), cq.end(), ls.queue), cq.end()) << "step " << d << " announces itself to part " << s.id;
+        }
+        EXPECT_NE(ls.label.find("in-stream"), std::string::npos) << ls.label;
+      }
+      EXPECT_GE(all_reduces, 2 * cfg.n_layers * degree) << "two all-reduces per layer, one part per device";
+      EXPECT_EQ(prog.has_in_stream_parts(), in_stream > 0);
+      if (mode == 0) {
+        EXPECT_EQ(in_stream, all_reduces) << "every all-reduce of a decode step is small";
+        EXPECT_NE((*p)->describe().find("in-stream"), std::string::npos);
+      } else {
+        EXPECT_EQ(in_stream, 0);
+      }
+      // Replay segments: which one holds each step (by its first step).
+      std::map<step_id, step_id> segment_of;
+      std::map<int, int> segments;  // device -> replayed segments
+      for (const auto& ls : prog.steps()) {
+        if (ls.replay_steps == 0) continue;
+        ++segments[ls.device];
+        bool parts = false;
+        for (int i = 0; i < ls.replay_steps; ++i) {
+          const step_id x = prog.queue(ls.queue).steps[static_cast<std::size_t>(ls.pos + i)];
+          segment_of[x] = ls.id;
+          parts = parts || runs_in_stream((*p)->at(x));
+        }
+        EXPECT_EQ(ls.replay_in_stream, parts) << "segment at step " << ls.id;
+      }
+      for (int d = 0; d < degree; ++d) {
+        if (mode != 0) {
+          EXPECT_GE(segments[d], 2 * cfg.n_layers) << "device " << d << ": each collective ends a segment";
+          continue;
+        }
+        // The embedding's all-reduce may close a segment of its own (the
+        // layers wait for the position input); every layer's lies in one.
+        std::vector<step_id> parts;
+        for (const auto& s : (*p)->steps())
+          if (runs_in_stream(s) && s.device == d) parts.push_back(s.id);
+        ASSERT_EQ(static_cast<int>(parts.size()), 2 * cfg.n_layers + 1) << "device " << d;
+        for (step_id x : parts) EXPECT_EQ(segment_of.count(x), 1u) << "part " << x << " is not replayed";
+        for (std::size_t i = 2; i < parts.size(); ++i)
+          EXPECT_EQ(segment_of[parts[i]], segment_of[parts[1]]) << "device " << d << ": the layers are not one segment";
+        EXPECT_LE(segments[d], 2) << "device " << d;
+      }
+    }
+}
 }  // namespace
+

@@ -50,7 +50,8 @@ TEST(CudaCollectives, OneShotOnTwoLogicalDevicesOfOneGpuEqualsTheReferenceForEve
 }
 
 // Even with the NCCL crossover at 1 byte, two logical devices of one GPU
-// run one-shot, and the plan says so.
+// run one-shot on the communication queue (in-stream collectives off), and
+// the plan says so.
 TEST(CudaCollectives, LogicalDevicesOfOneGpuRunOneShotWhateverTheCrossover) {
   AG_REQUIRE_GPU(1);
   runtime_options o;
@@ -58,7 +59,7 @@ TEST(CudaCollectives, LogicalDevicesOfOneGpuRunOneShotWhateverTheCrossover) {
   auto rt = runtime::create("cuda:0,0", o);
   ASSERT_TRUE(rt.has_value()) << rt.err().to_string();
   auto g = test::user_collectives(dtype::f32, 2, 64, 1024);  // 256 KiB operands
-  auto p = (*rt)->compile(g);
+  auto p = (*rt)->compile(g);  // in-stream collectives are off by default
   ASSERT_TRUE(p.has_value()) << p.err().to_string();
   for (const auto& s : (*p)->steps())
     if (s.kind == step_kind::collective) EXPECT_EQ(s.algo, collective_algo::one_shot);

@@ -1,0 +1,227 @@
+#include "gpu/cuda/common.cuh"
+#include "gpu/cuda/cuda_check.cuh"
+#include "gpu/cuda/in_stream.cuh"
+
+namespace ag::gpu::cuda {
+namespace {
+
+struct in_stream_args {
+  const void* in[in_stream_members_max];
+  unsigned long long* arrive_at[in_stream_members_max];  // member k's arrive array
+  unsigned long long* ack_at[in_stream_members_max];     // member k's ack array
+  unsigned long long* arrive = nullptr;  // this member's: [block][sender slot]
+  unsigned long long* ack = nullptr;     // this member's: what each sender saw of mine
+  unsigned long long* last = nullptr;    // this member's: the tag it last announced to each
+  const unsigned int* dead[in_stream_members_max];    // member k's death word
+  int slot[in_stream_members_max];                    // member k's slot in the arrays
+  int n = 0;
+  int rank = 0;
+  unsigned int key = 0;
+  int type = 0;
+  const unsigned long long* tag = nullptr;
+  const unsigned long long* aborted = nullptr;
+  unsigned long long* faults = nullptr;
+  long long timeout_ns = 0;
+  long long n_out = 0;
+  long long per_block = 0;  // elements per block (a multiple of 8 when `words`)
+  int words = 0;            // f32/f16/bf16 read and written as 16-byte words
+};
+
+__device__ __forceinline__ unsigned long long load_acquire(const unsigned long long* p) {
+  unsigned long long v;
+  asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+  return v;
+}
+__device__ __forceinline__ void store_release(unsigned long long* p, unsigned long long v) {
+  asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
+__device__ __forceinline__ long long global_ns() {
+  long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
+/// Waits until *flag == want; false when the member died, the job was
+/// cancelled here, or the timeout passed (checked every 1024 polls: the
+/// host-mapped words cost a PCIe read each).
+__device__ bool wait_for(const unsigned long long* flag, unsigned long long want, const unsigned int* dead,
+                         const unsigned long long* aborted, unsigned long long job, long long t0, long long timeout) {
+  for (unsigned i = 1;; ++i) {
+    if (load_acquire(flag) == want) return true;
+    if ((i & 1023u) == 0) {
+      if (*reinterpret_cast<const volatile unsigned int*>(dead) != 0) return false;
+      for (int j = 0; j < in_stream_aborts; ++j)
+        if (reinterpret_cast<const volatile unsigned long long*>(aborted)[j] == job) return false;
+      if (global_ns() - t0 > timeout) return false;
+    }
+  }
+}
+
+/// Adds the 16 bytes `w` (8 x f16/bf16 or 4 x f32, type t) into acc.
+__device__ __forceinline__ void add_words(float* acc, const uint4& w, int t) {
+  const auto* h = reinterpret_cast<const unsigned short*>(&w);
+  if (t == 0) {
+    const auto* f = reinterpret_cast<const float*>(&w);
+    for (int e = 0; e < 4; ++e) acc[e] += f[e];
+  } else if (t == 1) {
+    for (int e = 0; e < 8; ++e) acc[e] += __half2float(__ushort_as_half(h[e]));
+  } else {
+    for (int e = 0; e < 8; ++e) acc[e] += __bfloat162float(__ushort_as_bfloat16(h[e]));
+  }
+}
+__device__ __forceinline__ uint4 pack_words(const float* acc, int t) {
+  uint4 w;
+  auto* h = reinterpret_cast<unsigned short*>(&w);
+  if (t == 0) {
+    auto* f = reinterpret_cast<float*>(&w);
+    for (int e = 0; e < 4; ++e) f[e] = acc[e];
+  } else if (t == 1) {
+    for (int e = 0; e < 8; ++e) h[e] = __half_as_ushort(__float2half_rn(acc[e]));
+  } else {
+    for (int e = 0; e < 8; ++e) h[e] = __bfloat16_as_ushort(__float2bfloat16_rn(acc[e]));
+  }
+  return w;
+}
+
+// One barrier, at arrival: a member's part reads the others' operands only
+// once each announced the job's tag (its operand is written: stream order).
+// No barrier at the end: the memory plan lets a stream overwrite its operand
+// only after a step that the plan orders after every member's part (through
+// a later collective's deps on the other members' steps, which that
+// collective's arrival barrier meets, or through the job's end), so the
+// readers are done by then (graph/memory_plan.cpp, happens-before).
+// Without it a member may reach its next collective while a peer has not
+// yet seen its previous announcement in the same flag: each member
+// acknowledges what it saw (ack), and a member overwrites its announcement
+// to a peer only once the peer acknowledged the previous one; in steady
+// state that acknowledgement came long before, so it costs no wait.
+__global__ void __launch_bounds__(512) in_stream_all_reduce_kernel(void* out, in_stream_args a) {
+  pdl_wait();  // the operand is the previous kernel's output; no early release (in_stream.cuh)
+  __shared__ int failed;
+  const int b = blockIdx.x;
+  const unsigned long long job = *reinterpret_cast<const volatile unsigned long long*>(a.tag);
+  const unsigned long long tag = (job << in_stream_key_bits) | a.key;
+  const int me = a.slot[a.rank];
+  const int k = threadIdx.x;  // thread k < n talks to member k
+  if (threadIdx.x == 0) failed = 0;
+  __syncthreads();
+  if (k < a.n && k != a.rank) {
+    const int from_k = b * in_stream_slots + a.slot[k];
+    // The peer saw my last announcement before I overwrite it (or its job
+    // ended: cancelled here, the peer dead, the timeout).
+    // Not for an announcement of a job this device gave up on (the peer may
+    // never look for it).
+    const unsigned long long prev = a.last[from_k], prev_job = prev >> in_stream_key_bits;
+    if (prev != 0 && load_acquire(&a.ack[from_k]) != prev &&
+        reinterpret_cast<const volatile unsigned long long*>(a.faults)[prev_job % in_stream_faults] != prev_job)
+      (void)wait_for(&a.ack[from_k], prev, a.dead[k], a.aborted, prev_job, global_ns(), a.timeout_ns);
+    // The operand was written by earlier kernels, complete and in this GPU's
+    // memory: the release store alone publishes the announcement.
+    store_release(&a.arrive_at[k][b * in_stream_slots + me], tag);
+    a.last[from_k] = tag;
+    if (wait_for(&a.arrive[from_k], tag, a.dead[k], a.aborted, job, global_ns(), a.timeout_ns)) {
+      store_release(&a.ack_at[k][b * in_stream_slots + me], tag);
+    } else {
+      failed = 1;
+      // What the first give-up here waited for and saw, for the fault's message.
+      volatile unsigned long long* d = a.faults + in_stream_faults;
+      if (d[0] == 0) {
+      d[0] = tag;
+      d[1] = load_acquire(&a.arrive[from_k]);
+      d[2] = (static_cast<unsigned long long>(a.slot[k]) << 32) | static_cast<unsigned>(b);
+      d[3] = prev;
+      }
+    }
+  }
+  __syncthreads();
+  if (failed) {
+    if (threadIdx.x == 0) reinterpret_cast<volatile unsigned long long*>(a.faults)[job % in_stream_faults] = job;
+    return;
+  }
+  const long long begin = b * a.per_block;
+  const long long end = begin + a.per_block < a.n_out ? begin + a.per_block : a.n_out;
+  if (a.words) {
+    // 16-byte loads: one NVLink transaction serves 8 bf16 elements.
+    const int per = a.type == 0 ? 4 : 8;
+    for (long long w = begin / per + threadIdx.x; w < end / per; w += blockDim.x) {
+      float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+      for (int m = 0; m < a.n; ++m) add_words(acc, static_cast<const uint4*>(a.in[m])[w], a.type);
+      static_cast<uint4*>(out)[w] = pack_words(acc, a.type);
+    }
+    return;
+  }
+  for (long long i = begin + threadIdx.x; i < end; i += blockDim.x) {
+    if (a.type == 3) {  // i32: exact, saturated as the reference does
+      long long s = 0;
+      for (int m = 0; m < a.n; ++m) s += static_cast<const int32_t*>(a.in[m])[i];
+      if (s > 2147483647LL) s = 2147483647LL;
+      if (s < -2147483648LL) s = -2147483648LL;
+      static_cast<int32_t*>(out)[i] = static_cast<int32_t>(s);
+    } else {
+      float s = 0.f;
+      for (int m = 0; m < a.n; ++m) s += ld(a.in[m], a.type, i);
+      st(out, a.type, i, s);
+    }
+  }
+}
+
+__global__ void set_tag_kernel(unsigned long long* slot, unsigned long long job) { *slot = job; }
+
+}  // namespace
+
+error launch_in_stream_all_reduce(const launch_ctx& c, const tensor_arg& out, const in_stream_member* members, int n,
+                                  int rank, const in_stream_area& mine, uint32_t key, double timeout_s) {
+  if (n < 2 || n > in_stream_members_max || rank < 0 || rank >= n)
+    return error(errc::invalid_argument, c.where + ": in-stream all_reduce of " + std::to_string(n) +
+                                             " members, rank " + std::to_string(rank));
+  if (key >= (1u << in_stream_key_bits))
+    return error(errc::invalid_argument, c.where + ": collective key " + std::to_string(key) + " too large");
+  const int64_t n_out = out.dims.numel();
+  if (n_out == 0) return {};
+  in_stream_args a{};
+  a.n = n;
+  a.rank = rank;
+  a.key = key;
+  a.type = static_cast<int>(out.type);
+  a.tag = mine.tag;
+  a.aborted = mine.aborted_dev;
+  a.faults = mine.faults_dev;
+  a.timeout_ns = static_cast<long long>(timeout_s * 1e9);
+  a.arrive = mine.arrive;
+  a.ack = mine.ack;
+  a.last = mine.last;
+  for (int m = 0; m < n; ++m) {
+    const in_stream_area& ar = *members[m].area;
+    a.in[m] = members[m].operand;
+    a.arrive_at[m] = ar.arrive;
+    a.ack_at[m] = ar.ack;
+    a.dead[m] = ar.dead_dev;
+    a.slot[m] = ar.slot;
+  }
+  constexpr int block = 512;
+  constexpr int64_t per_thread = 4;  // elements per thread before another block pays
+  int64_t grid = (n_out + block * per_thread - 1) / (block * per_thread);
+  if (grid > in_stream_blocks) grid = in_stream_blocks;
+  a.n_out = n_out;
+  a.per_block = (n_out + grid - 1) / grid;
+  // 16-byte words where every buffer is aligned and blocks split at words.
+  bool aligned = reinterpret_cast<uintptr_t>(out.data) % 16 == 0;
+  for (int m = 0; m < n; ++m) aligned = aligned && reinterpret_cast<uintptr_t>(members[m].operand) % 16 == 0;
+  const int per = a.type == 0 ? 4 : 8;
+  if (a.type != 3 && aligned && n_out % per == 0) {
+    a.words = 1;
+    a.per_block = (a.per_block + 7) / 8 * 8;
+  }
+  launch_kernel(c, in_stream_all_reduce_kernel, dim3(static_cast<unsigned>(grid)), dim3(block), 0, out.data, a);
+  AG_CUDA_TRY_LAUNCH(c.where);
+  return {};
+}
+
+error launch_set_in_stream_tag(const launch_ctx& c, const in_stream_area& mine, uint64_t job) {
+  // Stored as job + 1: zero is what the flags and rings hold before any part.
+  set_tag_kernel<<<1, 1, 0, c.stream>>>(mine.tag, in_stream_job_word(job));
+  AG_CUDA_TRY_LAUNCH(c.where);
+  return {};
+}
+
+}  // namespace ag::gpu::cuda

@@ -1,0 +1,84 @@
+#pragma once
+// In-stream all-reduce (collective_algo::in_stream, graph/plan.hpp): each
+// member's part is one kernel on its compute stream that meets the other
+// members' parts on the devices, so a job's stream runs through its
+// collectives without the host, inside a replayed graph too. Only gpu/cuda/
+// includes it.
+//
+// How the parts meet. Every logical device owns an in_stream_area: flag
+// words in device memory that its peers write (arrive: one per block and
+// sending device) and a tag word its own stream sets before the job's parts
+// run (cuda_device::set_collective_tag: the job's id). A part with tag T (the
+// job id shifted left 20 bits, or the collective's key) runs block b of the
+// same grid on every member: after its stream's previous kernel (its operand
+// is written), each block announces T in every peer's arrive[b][my slot]
+// (release, system scope) and waits until every peer announced T in its
+// own; then it sums slice b of every member's operand (read in place, over
+// NVLink or, for two logical devices of one GPU, directly) into its output.
+// Each member acknowledges the announcement it saw (ack, in the sender's
+// area), and a sender overwrites its announcement to a peer only once the
+// peer acknowledged the previous one (in steady state long before).
+// There is no barrier at the end: a stream overwrites an operand only after
+// a step the plan orders after every member's part (the memory plan's
+// happens-before; a later collective's arrival barrier or the job's end
+// meets that order), so the readers are done by then.
+// Flags hold tags, compared for equality: parts of different jobs or
+// collectives never pair, whatever ran before. A wait gives up when the
+// member's device died (its host-mapped dead word), when this device was
+// told the job was cancelled (abort ring), or after the timeout; the part
+// then records the job in its device's fault ring (host-mapped), which the
+// runtime reads before the job completes (device::collective_fault).
+// The kernel never releases its dependents early (no pdl_release): blocks of
+// the next kernel waiting on an SM could keep a member sharing the GPU from
+// arriving.
+
+#include <array>
+#include <cstdint>
+
+#include "gpu/cuda/kernel_args.hpp"
+
+namespace ag::gpu::cuda {
+
+constexpr int in_stream_blocks = 32;      ///< most blocks of one part (flags per block)
+constexpr int in_stream_slots = 64;       ///< sending devices per flag array (the runtime's device index)
+constexpr int in_stream_aborts = 8;       ///< abort ring: recently cancelled jobs
+constexpr int in_stream_faults = 16;      ///< fault ring: jobs whose parts gave up
+constexpr int in_stream_fault_detail = 4; ///< after the ring: the last give-up's wanted tag, seen tag, peer/block, previous tag
+constexpr int in_stream_members_max = 8;  ///< == ag::max_in_stream_members
+constexpr int in_stream_key_bits = 20;    ///< tag = job << key_bits | key
+
+/// One logical device's in-stream memory (made by cuda_device, freed with it).
+struct in_stream_area {
+  unsigned long long* arrive = nullptr;  ///< device: [in_stream_blocks][in_stream_slots]
+  unsigned long long* ack = nullptr;     ///< device: same shape, what each sender saw of this one's
+  unsigned long long* last = nullptr;    ///< device: same shape, this one's last announcement to each
+  unsigned long long* tag = nullptr;     ///< device: the job tag its stream set last
+  // Job ids are stored as id + 1 (in_stream_job_word): zero means none.
+  unsigned long long* aborted_host = nullptr;  ///< mapped: [in_stream_aborts] cancelled jobs
+  unsigned long long* aborted_dev = nullptr;
+  unsigned long long* faults_host = nullptr;   ///< mapped: [in_stream_faults], slot w % n holds word w
+  unsigned long long* faults_dev = nullptr;
+  const unsigned int* dead_dev = nullptr;      ///< mapped: its device core's death word (nonzero: dead)
+  int slot = 0;                                ///< its runtime device index (< in_stream_slots)
+};
+
+/// How a job id is stored in the tag word and the rings.
+constexpr unsigned long long in_stream_job_word(uint64_t job) { return job + 1; }
+
+/// One member of a part as this member's kernel sees it.
+struct in_stream_member {
+  const void* operand = nullptr;  ///< in that member's memory
+  const in_stream_area* area = nullptr;
+};
+
+/// Enqueues this member's part on c.stream: out = the sum of every member's
+/// operand (f32 accumulation; i32 exact, saturated), members in rank order,
+/// `mine` this device's area. All members launch the same grid (it depends
+/// on the element count only).
+error launch_in_stream_all_reduce(const launch_ctx& c, const tensor_arg& out, const in_stream_member* members, int n,
+                                  int rank, const in_stream_area& mine, uint32_t key, double timeout_s);
+
+/// Enqueues the job tag for the parts that follow on c.stream.
+error launch_set_in_stream_tag(const launch_ctx& c, const in_stream_area& mine, uint64_t job);
+
+}  // namespace ag::gpu::cuda

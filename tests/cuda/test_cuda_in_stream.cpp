@@ -1,0 +1,195 @@
+// In-stream all-reduce parts (collective_algo::in_stream, gpu/cuda/in_stream.cuh)
+// driven through the device interface on two logical devices of GPU 0
+// ("cuda:0,0"): each member's part is a kernel on its own stream that meets
+// the other's on the GPU. Sums equal the host's for every dtype and for
+// sizes from one element to a full grid; a part whose peer never comes gives
+// up after the timeout, or at once when its job is cancelled, and reports
+// the fault for its job only; the device serves on.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "cuda/cuda_test_util.hpp"
+#include "gpu/device.hpp"
+#include "graph/graph.hpp"
+#include "graph/host_tensor.hpp"
+
+namespace ag {
+namespace {
+
+using namespace std::chrono_literals;
+
+/// Two logical devices of GPU 0, a compute stream each, and operand and
+/// output buffers of `elems` elements of `t` on each.
+struct pair_of_members {
+  std::vector<gpu::device_ptr> devs;
+  std::vector<std::unique_ptr<gpu::stream>> streams;
+  std::vector<void*> in, out;
+  std::vector<node> nodes;  // the all_reduce node of each member (name, op, dtype, dims)
+  dtype type = dtype::f32;
+  int64_t elems = 0;
+
+  pair_of_members(dtype t, int64_t n, const gpu::backend_options& o = {}) : type(t), elems(n) {
+    auto made = gpu::make_devices("cuda:0,0", o);
+    if (!made) {
+      ADD_FAILURE() << made.err().to_string();
+      return;
+    }
+    devs = std::move(*made);
+    for (int k = 0; k < 2; ++k) {
+      auto s = devs[static_cast<std::size_t>(k)]->create_stream(step_kind::compute);
+      EXPECT_TRUE(s.has_value()) << s.err().to_string();
+      streams.push_back(std::move(*s));
+      const int64_t bytes = std::max<int64_t>(1, n) * static_cast<int64_t>(dtype_size(t));
+      auto a = devs[static_cast<std::size_t>(k)]->allocate(bytes), b = devs[static_cast<std::size_t>(k)]->allocate(bytes);
+      EXPECT_TRUE(a && b);
+      in.push_back(*a);
+      out.push_back(*b);
+      node nd;
+      nd.id = k;
+      nd.op = op_kind::all_reduce;
+      nd.name = "sum" + std::to_string(k);
+      nd.type = t;
+      nd.dims = shape{n};
+      nd.attrs.rank = k;
+      nodes.push_back(nd);
+    }
+    std::vector<gpu::device*> members{devs[0].get(), devs[1].get()};
+    EXPECT_FALSE(devs[0]->prepare_collective_group(members));
+  }
+
+  /// Member k's part of the collective `key`.
+  gpu::op_launch part(int k, uint32_t key) const {
+    gpu::op_launch l;
+    l.op = &nodes[static_cast<std::size_t>(k)];
+    l.out = {out[static_cast<std::size_t>(k)], type, shape{elems}, strides{1}};
+    for (int j = 0; j < 2; ++j) l.inputs.push_back({in[static_cast<std::size_t>(j)], type, shape{elems}, strides{1}});
+    l.collective.rank = k;
+    l.collective.members = 2;
+    l.collective.key = key;
+    for (int j = 0; j < 2; ++j) {
+      l.collective.device_index[static_cast<std::size_t>(j)] = devs[static_cast<std::size_t>(j)]->index();
+      l.collective.devices[static_cast<std::size_t>(j)] = devs[static_cast<std::size_t>(j)].get();
+    }
+    return l;
+  }
+
+  /// Member k's stream: the job's tag, then its part of `key`.
+  void launch(int k, uint64_t job, uint32_t key) {
+    auto& d = *devs[static_cast<std::size_t>(k)];
+    auto& s = *streams[static_cast<std::size_t>(k)];
+    ASSERT_FALSE(d.set_collective_tag(s, job));
+    ASSERT_FALSE(d.launch(s, part(k, key)));
+  }
+
+  void sync(int k) { ASSERT_FALSE(devs[static_cast<std::size_t>(k)]->synchronize(*streams[static_cast<std::size_t>(k)])); }
+};
+
+host_tensor random_operand(dtype t, int64_t n, uint64_t seed) {
+  return t == dtype::i32 ? host_tensor::random_ints(shape{n}, seed, 1000) : host_tensor::random_normal(t, shape{n}, seed);
+}
+
+// Sums of two members in f32, rounded once: exact for i32 and f32 (two
+// terms), within one rounding of the storage dtype for f16 / bf16. Three
+// collectives of one job run back to back on each stream (fresh keys).
+TEST(CudaInStream, PartsOnTwoLogicalDevicesEqualTheHostSumForEveryDtypeAndSize) {
+  AG_REQUIRE_GPU(1);
+  uint64_t job = 100;
+  for (dtype t : {dtype::f32, dtype::f16, dtype::bf16, dtype::i32})
+    for (int64_t n : {int64_t{1}, int64_t{1000}, int64_t{8193}, int64_t{65541}}) {
+      SCOPED_TRACE(std::string(to_string(t)) + " x " + std::to_string(n));
+      pair_of_members m(t, n);
+      ASSERT_EQ(m.devs.size(), 2u);
+      ++job;
+      for (uint32_t key = 1; key <= 3; ++key) {
+        std::vector<host_tensor> x;
+        for (int k = 0; k < 2; ++k) {
+          x.push_back(random_operand(t, n, job * 10 + key * 2 + static_cast<uint64_t>(k)));
+          ASSERT_FALSE(m.devs[static_cast<std::size_t>(k)]->upload(m.in[static_cast<std::size_t>(k)], x.back().data(),
+                                                                   static_cast<int64_t>(x.back().bytes())));
+        }
+        m.launch(0, job, key);
+        m.launch(1, job, key);
+        m.sync(0);
+        m.sync(1);
+        for (int k = 0; k < 2; ++k) {
+          EXPECT_FALSE(m.devs[static_cast<std::size_t>(k)]->collective_fault(job)) << "member " << k;
+          host_tensor got(t, shape{n});
+          ASSERT_FALSE(m.devs[static_cast<std::size_t>(k)]->download(got.data(), m.out[static_cast<std::size_t>(k)],
+                                                                     static_cast<int64_t>(got.bytes())));
+          for (int64_t i = 0; i < n; ++i) {
+            const float want = x[0].at(i) + x[1].at(i);  // in f32, as the kernel sums
+            const double tol = t == dtype::f16 || t == dtype::bf16 ? 1e-2 * (1 + std::fabs(want)) : 0;
+            ASSERT_LE(std::fabs(got.at(i) - want), tol)
+                << "member " << k << " key " << key << " element " << i << ": " << got.at(i) << " vs " << want;
+          }
+        }
+      }
+    }
+}
+
+// A part whose peer never launches gives up after
+// backend_options::cuda_collective_timeout_s, its stream moves on, and its
+// device reports the fault for that job and no other; the pair then sums
+// right under another job.
+TEST(CudaInStream, APartWhosePeerNeverComesGivesUpAfterTheTimeoutAndReportsItsJob) {
+  AG_REQUIRE_GPU(1);
+  gpu::backend_options o;
+  o.cuda_collective_timeout_s = 0.3;
+  pair_of_members m(dtype::f32, 4096, o);
+  ASSERT_EQ(m.devs.size(), 2u);
+  const auto t0 = std::chrono::steady_clock::now();
+  m.launch(0, 7, 1);
+  m.sync(0);
+  const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_GE(waited, 0.25) << "gave up before the timeout";
+  EXPECT_LT(waited, 5.0) << "did not give up in bounded time";
+  const error f = m.devs[0]->collective_fault(7);
+  EXPECT_EQ(f.code, errc::timeout) << f.to_string();
+  EXPECT_NE(f.message.find("gave up waiting"), std::string::npos) << f.message;
+  EXPECT_FALSE(m.devs[0]->collective_fault(8)) << "another job is reported";
+  EXPECT_FALSE(m.devs[1]->collective_fault(7)) << "the member that never ran reports it";
+  // The pair serves on: a fresh job meets and sums.
+  const host_tensor a = random_operand(dtype::f32, 4096, 1), b = random_operand(dtype::f32, 4096, 2);
+  ASSERT_FALSE(m.devs[0]->upload(m.in[0], a.data(), static_cast<int64_t>(a.bytes())));
+  ASSERT_FALSE(m.devs[1]->upload(m.in[1], b.data(), static_cast<int64_t>(b.bytes())));
+  m.launch(0, 9, 1);
+  m.launch(1, 9, 1);
+  m.sync(0);
+  m.sync(1);
+  EXPECT_FALSE(m.devs[0]->collective_fault(9));
+  host_tensor got(dtype::f32, shape{4096});
+  ASSERT_FALSE(m.devs[1]->download(got.data(), m.out[1], static_cast<int64_t>(got.bytes())));
+  for (int64_t i = 0; i < 4096; ++i) ASSERT_EQ(got.at(i), a.at(i) + b.at(i)) << "element " << i;
+}
+
+// A cancelled job's part stops waiting at once (abort_collectives on its
+// device), long before the timeout, and reports the fault.
+TEST(CudaInStream, ACancelledJobsWaitingPartStopsAtOnce) {
+  AG_REQUIRE_GPU(1);
+  gpu::backend_options o;
+  o.cuda_collective_timeout_s = 60;
+  pair_of_members m(dtype::bf16, 512, o);
+  ASSERT_EQ(m.devs.size(), 2u);
+  const auto t0 = std::chrono::steady_clock::now();
+  m.launch(0, 21, 5);
+  std::thread cancel([&] {
+    std::this_thread::sleep_for(100ms);
+    m.devs[0]->abort_collectives(21);
+  });
+  m.sync(0);
+  cancel.join();
+  const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_LT(waited, 10.0) << "the part waited on after its job was cancelled";
+  EXPECT_EQ(m.devs[0]->collective_fault(21).code, errc::timeout);
+}
+
+}  // namespace
+}  // namespace ag
