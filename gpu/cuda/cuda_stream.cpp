@@ -50,6 +50,11 @@ error cuda_stream::init() {
     } else {
       (void)cudaGetLastError();
     }
+    // The cuBLAS handle and its workspace now, not on the stream's first
+    // matmul: their allocations synchronise the device, which must not
+    // happen while a kernel of another stream spins waiting for this
+    // stream's work (in-stream collectives, in_stream.cuh).
+    if (auto h = blas(false); !h) return h.err();
   }
   return {};
 }

@@ -112,7 +112,7 @@ __global__ void __launch_bounds__(512) in_stream_all_reduce_kernel(void* out, in
     // Not for an announcement of a job this device gave up on (the peer may
     // never look for it).
     const unsigned long long prev = a.last[from_k], prev_job = prev >> in_stream_key_bits;
-    if (prev != 0 && load_acquire(&a.ack[from_k]) != prev &&
+    if (prev != 0 && *reinterpret_cast<const volatile unsigned long long*>(&a.ack[from_k]) != prev &&
         reinterpret_cast<const volatile unsigned long long*>(a.faults)[prev_job % in_stream_faults] != prev_job)
       (void)wait_for(&a.ack[from_k], prev, a.dead[k], a.aborted, prev_job, global_ns(), a.timeout_ns);
     // The operand was written by earlier kernels, complete and in this GPU's
@@ -120,7 +120,8 @@ __global__ void __launch_bounds__(512) in_stream_all_reduce_kernel(void* out, in
     store_release(&a.arrive_at[k][b * in_stream_slots + me], tag);
     a.last[from_k] = tag;
     if (wait_for(&a.arrive[from_k], tag, a.dead[k], a.aborted, job, global_ns(), a.timeout_ns)) {
-      store_release(&a.ack_at[k][b * in_stream_slots + me], tag);
+      // Orders nothing but the load just done (a relaxed store is enough).
+      *reinterpret_cast<volatile unsigned long long*>(&a.ack_at[k][b * in_stream_slots + me]) = tag;
     } else {
       failed = 1;
       // What the first give-up here waited for and saw, for the fault's message.

@@ -11,14 +11,14 @@
 //    every collective takes the own path over peer-mapped buffers;
 //  - nccl: distinct GPUs, crossover at 1 byte, so every collective is NCCL's;
 //  - logical_instream / instream: all-reduces in-stream (collective_algo::
-//    in_stream: kernels of the compute streams meeting on the devices), on
-//    logical devices of GPU 0 or on distinct GPUs; the others take the own
-//    one-shot path. DISABLED (the DISABLED_InStream instantiations and
-//    CudaTensorParallelInStream): on an H100 the first job of a plan timed
-//    out in about one run of three, on logical devices of one GPU (a part
-//    spinning while a member's host thread sat in a first-use allocation,
-//    plan_options::in_stream_collectives); the device-level tests
-//    (test_cuda_in_stream.cpp) pass. Run them with
+//    in_stream, plan_options::in_stream_collectives, experimental: kernels
+//    of the compute streams meeting on the devices), on logical devices of
+//    GPU 0 or on distinct GPUs; the others take the own one-shot path. The
+//    three layouts above plan with in-stream collectives off (the default).
+//    On 2 H100s the instream layout passed 3 runs of 3; logical_instream
+//    (the DISABLED_InStream instantiations) timed out on the first job of a
+//    plan in about one run of three on logical devices of one GPU, and
+//    instream4 has not run on 4 GPUs yet: run them with
 //    --gtest_also_run_disabled_tests when working on it.
 #include <gtest/gtest.h>
 
@@ -211,21 +211,21 @@ TEST_P(CudaTensorParallel, PipelineByTensorTwoByTwoEqualsTheReference) {
   run_transformer(**rt, cfg, tp(2, 2), l, 6, "llama 2 x 2 on " + spec_of(l, 4));
 }
 
-INSTANTIATE_TEST_SUITE_P(Layouts, CudaTensorParallel, ::testing::Values(logical, oneshot, nccl),
+INSTANTIATE_TEST_SUITE_P(Layouts, CudaTensorParallel, ::testing::Values(logical, oneshot, nccl, instream),
                          [](const ::testing::TestParamInfo<tp_layout>& i) { return std::string(i.param.name); });
-INSTANTIATE_TEST_SUITE_P(DISABLED_InStream, CudaTensorParallel, ::testing::Values(logical_instream, instream),
+INSTANTIATE_TEST_SUITE_P(DISABLED_InStream, CudaTensorParallel, ::testing::Values(logical_instream),
                          [](const ::testing::TestParamInfo<tp_layout>& i) { return std::string(i.param.name); });
 
-// In-stream all-reduces of a decode-shaped LLaMA at degree 2 on logical
-// devices of GPU 0, graph replay on (each device's step between its input
-// copies and its output replays as one graph): 48 jobs in flight, a third
-// of them cancelled as soon as they are submitted. Every job resolves in
-// bounded time: done and equal to the reference, or cancelled; a cancelled
-// job's parts never leave another member's part waiting (its runtime tells
-// the devices, device::abort_collectives). Then the runtime serves on.
-TEST(CudaTensorParallelInStream, DISABLED_ManyJobsInFlightWithCancellationsResolveAndEqualTheReference) {
-  AG_REQUIRE_GPU(1);
-  auto rt = runtime::create(spec_of(logical_instream, 2), options_of(logical_instream));
+// In-stream all-reduces of a decode-shaped LLaMA at degree 2 on two GPUs,
+// graph replay on (each device's step between its input copies and its
+// output replays as one graph): 48 jobs in flight, a third of them
+// cancelled as soon as they are submitted. Every job resolves in bounded
+// time: done and equal to the reference, or cancelled; a cancelled job's
+// parts never leave another member's part waiting (its runtime tells the
+// devices, device::abort_collectives). Then the runtime serves on.
+TEST(CudaTensorParallelInStream, ManyJobsInFlightWithCancellationsResolveAndEqualTheReference) {
+  AG_REQUIRE_GPU(2);
+  auto rt = runtime::create(spec_of(instream, 2), options_of(instream));
   ASSERT_TRUE(rt.has_value()) << rt.err().to_string();
   auto cfg = tiny(models::model_variant::llama, 3);
   cfg.seq_len = 1;
@@ -234,9 +234,10 @@ TEST(CudaTensorParallelInStream, DISABLED_ManyJobsInFlightWithCancellationsResol
   auto g = std::make_shared<const graph>(models::build_transformer(cfg).value());
   plan_options o = tp(2);
   o.graph_replay = graph_replay_mode::on;
+  o.in_stream_collectives = true;
   auto p = (*rt)->compile(g, o);
   ASSERT_TRUE(p.has_value()) << p.err().to_string();
-  expect_paths(**p, logical_instream);
+  expect_paths(**p, instream);
   std::vector<std::vector<host_tensor>> ins;
   std::vector<job> js;
   for (int k = 0; k < 48; ++k) {
