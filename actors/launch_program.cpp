@@ -451,10 +451,6 @@ expected<std::shared_ptr<const launch_program>> lower(std::shared_ptr<const plan
   // waits for (waited_deps: not those met on the devices, nor those an
   // earlier step of the lane waited for) are remote deps and announced.
   const auto waited = waited_deps(pl);
-  const auto waits_for = [&](step_id c, step_id d) {
-    const auto& w = waited[static_cast<std::size_t>(c)];
-    return std::find(w.begin(), w.end(), d) != w.end();
-  };
   for (const auto& s : pl.steps()) {
     auto& ls = prog->steps_[static_cast<std::size_t>(s.id)];
     for (step_id d : waited[static_cast<std::size_t>(s.id)])
@@ -463,7 +459,7 @@ expected<std::shared_ptr<const launch_program>> lower(std::shared_ptr<const plan
       if (c < 0 || static_cast<std::size_t>(c) >= pl.steps().size())
         return step_errors{s}("is consumed by step " + std::to_string(c) + ", which is not in the plan");
       const auto& cs = prog->steps_[static_cast<std::size_t>(c)];
-      if (cs.queue == ls.queue || !waits_for(c, s.id)) continue;
+      if (cs.queue == ls.queue || !waits_for(waited, c, s.id)) continue;
       ls.remote_consumers.push_back({cs.queue, cs.pos});
       if (std::find(ls.consumer_queues.begin(), ls.consumer_queues.end(), cs.queue) == ls.consumer_queues.end())
         ls.consumer_queues.push_back(cs.queue);

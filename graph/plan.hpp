@@ -12,6 +12,7 @@
 ///  - each job has its own activation arena per device; weights live in a
 ///    per-device weight region uploaded once when the plan is loaded.
 
+#include <algorithm>
 #include <cstdint>
 #include <iosfwd>
 #include <memory>
@@ -346,6 +347,12 @@ bool met_on_device(const plan& p, const step& s, step_id d);
 /// queue stay in (the lowering and replay segments skip them). The lowering
 /// (remote deps and consumers) and replay_segments() both use it.
 std::vector<std::vector<step_id>> waited_deps(const plan& p);
+
+/// Whether step `c` waits for its dep `d` in `waited` (waited_deps' result).
+inline bool waits_for(const std::vector<std::vector<step_id>>& waited, step_id c, step_id d) {
+  const auto& w = waited[static_cast<std::size_t>(c)];
+  return std::find(w.begin(), w.end(), d) != w.end();
+}
 
 /// Compiles `g` for `devices`.
 ///

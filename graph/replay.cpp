@@ -54,10 +54,6 @@ std::vector<replay_segment> replay_segments(const plan& p) {
   std::map<std::pair<int, int>, std::vector<replay_segment>> by_queue;
   std::map<std::pair<int, int>, bool> open;  // last segment of the queue may grow
   const auto waited = waited_deps(p);
-  const auto waits_for = [&](const step& c, step_id d) {
-    const auto& w = waited[static_cast<std::size_t>(c.id)];
-    return std::find(w.begin(), w.end(), d) != w.end();
-  };
   for (const step& s : p.steps()) {
     if (!on_compute_lane(s)) continue;
     const std::pair<int, int> key{s.device, s.lane};
@@ -70,7 +66,7 @@ std::vector<replay_segment> replay_segments(const plan& p) {
     segs.back().kernels += kernels_of(g, s);
     bool internal_consumers = true;
     for (step_id c : s.consumers)
-      if (!same_queue(p.at(c), s) && waits_for(p.at(c), s.id)) internal_consumers = false;
+      if (!same_queue(p.at(c), s) && waits_for(waited, c, s.id)) internal_consumers = false;
     open[key] = internal_consumers;
   }
   std::vector<replay_segment> out;

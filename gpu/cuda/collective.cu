@@ -17,17 +17,7 @@ __global__ void reduce_kernel(void* out, int t, members_arg in, int64_t len, int
   for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n_out; i += (int64_t)gridDim.x * blockDim.x) {
     const int64_t o = i / (len * inner), rem = i % (len * inner);
     const int64_t src = (o * axis_len + begin + rem / inner) * inner + rem % inner;
-    if (t == 3) {  // i32: exact, saturated as the reference does
-      long long s = 0;
-      for (int k = 0; k < in.n; ++k) s += static_cast<const int32_t*>(in.p[k])[src];
-      if (s > 2147483647LL) s = 2147483647LL;
-      if (s < -2147483648LL) s = -2147483648LL;
-      static_cast<int32_t*>(out)[i] = static_cast<int32_t>(s);
-    } else {
-      float s = 0.f;
-      for (int k = 0; k < in.n; ++k) s += ld(in.p[k], t, src);
-      st(out, t, i, s);
-    }
+    store_member_sum(out, t, in.p, in.n, src, i);
   }
 }
 

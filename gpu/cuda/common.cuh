@@ -77,6 +77,24 @@ __device__ __forceinline__ void st(void* p, int t, int64_t i, float v) {
   }
 }
 
+/// out[i] = the sum of in[k][src] over the n members, in f32 rounded once to
+/// type t; i32 (t == 3) exactly in 64 bits, saturated as the reference does.
+/// The collectives' reduction (collective.cu, in_stream.cu).
+__device__ __forceinline__ void store_member_sum(void* out, int t, const void* const* in, int n, int64_t src,
+                                                 int64_t i) {
+  if (t == 3) {
+    long long s = 0;
+    for (int k = 0; k < n; ++k) s += static_cast<const int32_t*>(in[k])[src];
+    if (s > 2147483647LL) s = 2147483647LL;
+    if (s < -2147483648LL) s = -2147483648LL;
+    static_cast<int32_t*>(out)[i] = static_cast<int32_t>(s);
+  } else {
+    float s = 0.f;
+    for (int k = 0; k < n; ++k) s += ld(in[k], t, src);
+    st(out, t, i, s);
+  }
+}
+
 // Typed versions for the templated (fast) kernels.
 template <class T> __device__ __forceinline__ float to_f(T v);
 template <> __device__ __forceinline__ float to_f<float>(float v) { return v; }

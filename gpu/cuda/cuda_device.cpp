@@ -522,7 +522,7 @@ class cuda_device final : public device {
     const unsigned long long* d = area_.faults_host + in_stream_faults;
     char detail[200];
     std::snprintf(detail, sizeof detail, " (first give-up here: wanted tag %#llx from device %llu in block %llu, saw %#llx; "
-                  "previous announcement %#llx)", d[0], d[1 + 1] >> 32, d[2] & 0xffffffffull, d[1], d[3]);
+                  "previous announcement %#llx)", d[0], d[2] >> 32, d[2] & 0xffffffffull, d[1], d[3]);
     return error(errc::timeout,
                  spec_.name + ": an in-stream all_reduce part of job " + std::to_string(job_tag) +
                      " gave up waiting for a member (the member died, the job was cancelled, or it waited past "
@@ -642,8 +642,10 @@ class cuda_device final : public device {
     return dispatch_op(*core_, cs, l, spec_.name, sm_count_, kernels_);
   }
 
-  /// This device's in-stream memory (in_stream.cuh), made on first use.
+  /// This device's in-stream memory (in_stream.cuh), made on first use
+  /// (then read without the lock: area_ does not change once published).
   expected<const in_stream_area*> in_stream_memory() {
+    if (const in_stream_area* a = area_ready_.load(std::memory_order_acquire)) return a;
     std::lock_guard<std::mutex> lk(area_mu_);
     if (area_.arrive) return &area_;
     const auto refuse = [&](const std::string& why) {
@@ -685,6 +687,7 @@ class cuda_device final : public device {
     area_.faults_host = area_.faults_dev = area_.aborted_host + in_stream_aborts;
     area_.dead_dev = dead;
     area_.slot = index_;
+    area_ready_.store(&area_, std::memory_order_release);
     return &area_;
   }
 
@@ -692,9 +695,12 @@ class cuda_device final : public device {
   /// every member must be a live CUDA device this GPU can read.
   error in_stream_part(cuda_stream& cs, const op_launch& l) {
     const auto& part = l.collective;
-    const std::string where = spec_.name + " " + to_string(l.op->op) + " '" + l.op->name + "' (in-stream)";
+    // Reused per thread, as dispatch_op's: `where` keeps its capacity.
+    thread_local launch_ctx c;
+    c.where.clear();
+    c.where.append(spec_.name).append(" ").append(to_string(l.op->op)).append(" '").append(l.op->name).append("' (in-stream)");
     const auto refuse = [&](errc code, const std::string& what) {
-      return error(code, where + ": " + what, index_, -1, l.op->name);
+      return error(code, c.where + ": " + what, index_, -1, l.op->name);
     };
     if (part.members < 2 || part.members > in_stream_members_max || part.rank >= part.members ||
         l.inputs.size() != static_cast<std::size_t>(part.members))
@@ -711,10 +717,8 @@ class cuda_device final : public device {
       if (!area) return area.err();
       members[static_cast<std::size_t>(k)] = {l.inputs[static_cast<std::size_t>(k)].data, *area};
     }
-    launch_ctx c;
     c.stream = cs.s_;
     c.pdl = kernels_.pdl;
-    c.where = where;
     c.sm_count = sm_count_;
     device_guard g(core_->ordinal);
     error e = launch_in_stream_all_reduce(c, l.out, members.data(), part.members, part.rank,
@@ -725,16 +729,19 @@ class cuda_device final : public device {
     return std::move(e).concerning(index_, -1, l.op->name);
   }
 
-  /// Whether this GPU can read GPU `ordinal`'s memory (asked once per GPU).
+  /// Whether this GPU can read GPU `ordinal`'s memory (asked once per GPU,
+  /// then read without a lock).
   bool can_read(int ordinal) {
-    std::lock_guard<std::mutex> lk(area_mu_);
-    auto [it, fresh] = peer_readable_.try_emplace(ordinal, false);
-    if (fresh) {
+    if (ordinal < 0 || ordinal >= static_cast<int>(peer_readable_.size())) return false;
+    auto& known = peer_readable_[static_cast<std::size_t>(ordinal)];
+    int8_t v = known.load(std::memory_order_relaxed);
+    if (v == 0) {
       int can = 0;
       if (cudaDeviceCanAccessPeer(&can, core_->ordinal, ordinal) != cudaSuccess) (void)cudaGetLastError();
-      it->second = can != 0;
+      v = can != 0 ? 2 : 1;
+      known.store(v, std::memory_order_relaxed);
     }
-    return it->second;
+    return v == 2;
   }
 
   /// This member's NCCL part on its communication stream. all_reduce: one
@@ -891,8 +898,9 @@ class cuda_device final : public device {
   // the abort ring's cursor and which GPUs this one can read.
   mutable std::mutex area_mu_;
   in_stream_area area_{};
+  std::atomic<const in_stream_area*> area_ready_{nullptr};  // &area_ once made
   uint32_t abort_next_ = 0;
-  std::map<int, bool> peer_readable_;
+  std::array<std::atomic<int8_t>, 64> peer_readable_{};  // by GPU ordinal: 0 not asked, 1 no, 2 yes
   std::atomic<notify_mode> mode_{notify_mode::poller};
   mutable std::mutex mem_mu_;
   std::shared_ptr<staging_pool> staging_ = std::make_shared<staging_pool>();

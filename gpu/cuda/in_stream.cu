@@ -151,19 +151,7 @@ __global__ void __launch_bounds__(512) in_stream_all_reduce_kernel(void* out, in
     }
     return;
   }
-  for (long long i = begin + threadIdx.x; i < end; i += blockDim.x) {
-    if (a.type == 3) {  // i32: exact, saturated as the reference does
-      long long s = 0;
-      for (int m = 0; m < a.n; ++m) s += static_cast<const int32_t*>(a.in[m])[i];
-      if (s > 2147483647LL) s = 2147483647LL;
-      if (s < -2147483648LL) s = -2147483648LL;
-      static_cast<int32_t*>(out)[i] = static_cast<int32_t>(s);
-    } else {
-      float s = 0.f;
-      for (int m = 0; m < a.n; ++m) s += ld(a.in[m], a.type, i);
-      st(out, a.type, i, s);
-    }
-  }
+  for (long long i = begin + threadIdx.x; i < end; i += blockDim.x) store_member_sum(out, a.type, a.in, a.n, i, i);
 }
 
 __global__ void set_tag_kernel(unsigned long long* slot, unsigned long long job) { *slot = job; }

@@ -118,8 +118,7 @@ void expect_consistent(const launch_program& prog) {
     std::set<int> cq;
     std::set<std::pair<int, int>> cpos;
     for (step_id c : ps.consumers)
-      if (prog.step(c).queue != ls.queue && std::count(waited[static_cast<std::size_t>(c)].begin(),
-                                                       waited[static_cast<std::size_t>(c)].end(), ps.id) > 0) {
+      if (prog.step(c).queue != ls.queue && waits_for(waited, c, ps.id)) {
         cq.insert(prog.step(c).queue);
         cpos.insert({prog.step(c).queue, prog.step(c).pos});
       }
