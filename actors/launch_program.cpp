@@ -374,11 +374,29 @@ error check_launch_order(const plan& p, const std::vector<launch_queue>& queues)
   return {errc::internal, "plan's lane order deadlocks"};
 }
 
+/// Whether two members of in-stream part `s` are logical devices of one GPU
+/// (a spec such as "cuda:0,0": one CUDA context).
+bool in_stream_members_share_a_gpu(const plan& pl, const step& s) {
+  if (!runs_in_stream(s)) return false;
+  for (std::size_t i = 0; i < s.peers.size(); ++i)
+    for (std::size_t j = i + 1; j < s.peers.size(); ++j) {
+      const device_spec& a = pl.devices().at(static_cast<std::size_t>(pl.at(s.peers[i]).device));
+      const device_spec& b = pl.devices().at(static_cast<std::size_t>(pl.at(s.peers[j]).device));
+      if (a.kind == b.kind && a.ordinal == b.ordinal) return true;
+    }
+  return false;
+}
+
 /// Graph replay: marks the first step of each replay segment of two or more
 /// kernels (graph/replay.hpp) with the segment's step and launch-record
 /// counts, where the plan asks for replay and the device is not a cpu device.
 /// A segment whose steps are not consecutive in their queue (lane order
 /// differing from id order) is left unmarked: it runs kernel by kernel.
+/// So is a segment with in-stream parts whose members share a GPU: replayed,
+/// such parts timed out on an H100 (a host call that instantiated or
+/// launched a graph blocked for as long as parts spun on the GPU, and the
+/// part that would end the wait was behind it: docs/BENCHMARKS.md, session
+/// 14), launched plainly they met every time.
 void mark_replay_segments(const plan& pl, launch_program& prog) {
   if (pl.options().graph_replay == graph_replay_mode::off) return;
   for (const replay_segment& seg : replay_segments(pl)) {
@@ -393,6 +411,9 @@ void mark_replay_segments(const plan& pl, launch_program& prog) {
       records += static_cast<int>(ls.ops.size());
     }
     if (!consecutive) continue;
+    bool shared_gpu = false;
+    for (step_id s : seg.steps) shared_gpu = shared_gpu || in_stream_members_share_a_gpu(pl, pl.at(s));
+    if (shared_gpu) continue;
     for (step_id s : seg.steps) first.replay_in_stream |= runs_in_stream(pl.at(s));
     first.replay_steps = static_cast<int>(seg.steps.size());
     first.replay_records = records;

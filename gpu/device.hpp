@@ -245,6 +245,12 @@ struct backend_options {
   /// it gives up and fails its job (collective_fault). Parts of a dead member
   /// or a cancelled job stop waiting at once.
   double cuda_collective_timeout_s = 5.0;
+  /// cuda: load every one of the backend's own kernels into each GPU's
+  /// context when its devices are made, rather than on first launch (CUDA's
+  /// lazy loading). A lazy load may synchronise the whole context; with an
+  /// in-stream part spinning on the same GPU for a member whose next kernel
+  /// is being loaded, that is a deadlock (gpu/cuda/kernel_preload.hpp).
+  bool cuda_preload_kernels = true;
 };
 
 /// One device. Obtained from make_devices(); shared_ptr because the device

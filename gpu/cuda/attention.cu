@@ -7,6 +7,8 @@
 #include "gpu/cuda/vec.cuh"
 
 namespace ag::gpu::cuda {
+
+AG_CUDA_MODULE_ANCHOR()
 namespace {
 
 constexpr int kThreads = 512;

@@ -3,6 +3,8 @@
 #include "gpu/cuda/cuda_check.cuh"
 
 namespace ag::gpu::cuda {
+
+AG_CUDA_MODULE_ANCHOR()
 namespace {
 
 struct members_arg {

@@ -13,8 +13,19 @@
 #include <utility>
 
 #include "gpu/cuda/kernel_args.hpp"
+#include "gpu/cuda/kernel_preload.hpp"
 
 namespace ag::gpu::cuda {
+
+/// Registers the module of the .cu file it is in, so that preload_kernels()
+/// (kernel_preload.hpp) loads all its kernels when the devices are made.
+/// Every .cu file with kernels has one, inside namespace ag::gpu::cuda.
+#define AG_CUDA_MODULE_ANCHOR()                                                                  \
+  namespace {                                                                                    \
+  __global__ void module_anchor_kernel() {}                                                      \
+  [[maybe_unused]] const bool module_anchor_registered =                                         \
+      register_module_anchor(reinterpret_cast<const void*>(&module_anchor_kernel));             \
+  }
 
 // Programmatic dependent launch (PDL, sm_90+; launch_ctx::pdl). A kernel
 // launched by launch_kernel() with PDL on may start while the kernel before

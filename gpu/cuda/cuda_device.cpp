@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -42,6 +43,29 @@ namespace {
 
 using namespace detail;
 
+/// Reports on stderr a host call of the backend that blocked for over a
+/// second: it waited for the GPU, or for a driver lock held by a call that
+/// did. With an in-stream part spinning on that GPU for a kernel this thread
+/// has yet to enqueue, that is how a part times out (in_stream.cuh; a
+/// graph's instantiation and launch did, on logical devices of one H100:
+/// docs/BENCHMARKS.md, session 14). A diagnosis aid; it costs a clock read.
+class slow_call {
+ public:
+  slow_call(const std::string& device, const char* what) : device_(device), what_(what) {}
+  ~slow_call() {
+    const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0_).count();
+    if (ms > 1000.0)
+      std::fprintf(stderr, "actorgraph cuda: %s: %s blocked the host for %.0f ms\n", device_.c_str(), what_, ms);
+  }
+  slow_call(const slow_call&) = delete;
+  slow_call& operator=(const slow_call&) = delete;
+
+ private:
+  const std::string& device_;
+  const char* what_;
+  std::chrono::steady_clock::time_point t0_ = std::chrono::steady_clock::now();
+};
+
 struct host_func_payload {
   std::function<void(const error&)> done;
   std::shared_ptr<fault_cell> fault;
@@ -65,6 +89,7 @@ class cuda_replay_graph final : public replay_graph {
       : core_(std::move(c)), exec_(exec), kernels_(kernels) {}
   ~cuda_replay_graph() override {
     device_guard g(core_->ordinal);
+    slow_call probe(core_->name, "cudaGraphExecDestroy");
     AG_CUDA_ASSERT(cudaGraphExecDestroy(exec_));
   }
   int kernels() const noexcept override { return kernels_; }
@@ -321,6 +346,7 @@ class cuda_device final : public device {
     const auto refused = [&](const std::string& why) {
       return error(errc::unsupported_op, spec_.name + ": graph capture refused: " + why, index_);
     };
+    slow_call probe(spec_.name, "graph capture");
     if (cudaError_t r = cudaStreamBeginCapture(cs->s_, cudaStreamCaptureModeThreadLocal); r != cudaSuccess) {
       (void)cudaGetLastError();
       return refused(std::string("cudaStreamBeginCapture: ") + cudaGetErrorString(r));
@@ -347,7 +373,11 @@ class cuda_device final : public device {
       return refused(std::string("cudaStreamEndCapture: ") + cudaGetErrorString(ended));
     }
     cudaGraphExec_t exec = nullptr;
-    const cudaError_t inst = cudaGraphInstantiateWithFlags(&exec, graph, 0);
+    cudaError_t inst = cudaSuccess;
+    {
+      slow_call instantiating(spec_.name, "cudaGraphInstantiate");
+      inst = cudaGraphInstantiateWithFlags(&exec, graph, 0);
+    }
     drop();
     if (inst != cudaSuccess) {
       (void)cudaGetLastError();
@@ -363,6 +393,7 @@ class cuda_device final : public device {
     if (!g || g->core_ != core_)
       return error(errc::invalid_argument, spec_.name + ": replay of a graph another device captured", index_);
     device_guard dg(core_->ordinal);
+    slow_call probe(spec_.name, "cudaGraphLaunch");
     if (error e = AG_CORE_CHECK(*core_, cudaGraphLaunch(g->exec_, (*us)->s_), spec_.name + " graph replay"))
       return std::move(e).concerning(index_);
     return {};
@@ -505,6 +536,7 @@ class cuda_device final : public device {
     c.stream = (*us)->s_;
     c.where = spec_.name + " in-stream collective tag";
     device_guard g(core_->ordinal);
+    slow_call probe(spec_.name, "the in-stream tag's launch");
     if (error e = launch_set_in_stream_tag(c, **area, job_tag)) return std::move(e).concerning(index_);
     return {};
   }
@@ -835,6 +867,7 @@ class cuda_device final : public device {
     cuda_stream* cs = *us;
     if (bytes <= 0) return {};
     device_guard g(core_->ordinal);
+    slow_call probe(spec_.name, what);
     return AG_CORE_CHECK(*core_, cudaMemcpyAsync(dst, src, static_cast<size_t>(bytes), kind, cs->s_),
                          spec_.name + " " + what);
   }

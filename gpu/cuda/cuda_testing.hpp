@@ -26,4 +26,10 @@ error launch_write_value(device& d, stream& s, uint32_t* dst, uint32_t value);
 /// its own (a death test): no later test in the process can use that GPU.
 error launch_trap(device& d, stream& s);
 
+/// How many of the backend's own kernels are not loaded in GPU `ordinal`'s
+/// context (kernel_preload.hpp): 0 once its devices were made with
+/// backend_options::cuda_preload_kernels; -1 when the driver cannot tell
+/// (before CUDA 12.4). `modules` receives how many modules hold them.
+expected<int> unloaded_kernels(int ordinal, int* modules = nullptr);
+
 }  // namespace ag::gpu::cuda::testing

@@ -7,6 +7,8 @@
 #include <vector>
 
 namespace ag::gpu::cuda {
+
+AG_CUDA_MODULE_ANCHOR()
 namespace {
 
 struct coords {

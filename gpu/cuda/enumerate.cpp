@@ -16,6 +16,7 @@
 #include "gpu/cuda/device_core.hpp"
 #include "gpu/cuda/device_guard.hpp"
 #include "gpu/cuda/event_poller.hpp"
+#include "gpu/cuda/kernel_preload.hpp"
 
 namespace ag::gpu::cuda {
 namespace {
@@ -117,6 +118,17 @@ expected<std::vector<device_ptr>> make_cuda_devices(const std::vector<int>& ordi
       return e;
     }
     out.push_back(std::move(*d));
+  }
+  // Every own kernel loaded now, once per GPU (kernel_preload.hpp): no lazy
+  // load, which may synchronise the context, while a job runs.
+  if (options.cuda_preload_kernels) {
+    std::vector<int> done;
+    for (std::size_t i = 0; i < ords.size(); ++i) {
+      if (std::find(done.begin(), done.end(), ords[i]) != done.end()) continue;
+      done.push_back(ords[i]);
+      device_guard g(ords[i]);
+      if (auto r = preload_kernels(out[i]->spec().name); !r) return r.err();
+    }
   }
   // Peer access both ways between every pair that allows it (copies between
   // others still work: the driver stages them through the host).

@@ -3,6 +3,8 @@
 #include "gpu/cuda/get_rows.cuh"
 
 namespace ag::gpu::cuda {
+
+AG_CUDA_MODULE_ANCHOR()
 namespace {
 
 __global__ void get_rows_kernel(kt out, kt table, kt ids, unsigned int* fault, int64_t n, int64_t first, int64_t rows) {

@@ -3,6 +3,8 @@
 #include "gpu/cuda/in_stream.cuh"
 
 namespace ag::gpu::cuda {
+
+AG_CUDA_MODULE_ANCHOR()
 namespace {
 
 struct in_stream_args {

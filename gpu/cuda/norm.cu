@@ -4,6 +4,8 @@
 #include "gpu/cuda/vec.cuh"
 
 namespace ag::gpu::cuda {
+
+AG_CUDA_MODULE_ANCHOR()
 namespace {
 
 template <class TI, class TO, bool LAYER>

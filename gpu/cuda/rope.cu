@@ -5,6 +5,8 @@
 #include "gpu/cuda/rope.cuh"
 
 namespace ag::gpu::cuda {
+
+AG_CUDA_MODULE_ANCHOR()
 namespace {
 
 /// theta^(-2k/D) for k < D/2, computed once on the host (f64), passed by

@@ -3,6 +3,8 @@
 #include "gpu/cuda/sync.cuh"
 
 namespace ag::gpu::cuda {
+
+AG_CUDA_MODULE_ANCHOR()
 namespace {
 
 __global__ void wait_flag_kernel(volatile unsigned int* flag) {

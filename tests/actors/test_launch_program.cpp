@@ -742,6 +742,69 @@ std::vector<device_spec> cuda_specs(int n, int64_t in_stream_max) {
   return v;
 }
 
+// Two logical devices of one GPU (ordinal 0 twice: "cuda:0,0"): the decode
+// step's all-reduces still run in-stream, but no replay segment holds an
+// in-stream part; those segments launch kernel by kernel (replayed, parts
+// of one GPU timed out on an H100; mark_replay_segments). On two GPUs every
+// part lies in a replayed segment.
+TEST(LaunchProgram, InStreamPartsOfLogicalDevicesOfOneGpuAreNeverReplayed) {
+  models::transformer_config cfg;
+  cfg.variant = models::model_variant::llama;
+  cfg.n_layers = 2;
+  cfg.d_model = 64;
+  cfg.n_heads = 8;
+  cfg.n_kv_heads = 4;
+  cfg.d_ff = 128;
+  cfg.vocab = 96;
+  cfg.batch = 1;
+  cfg.seq_len = 1;
+  cfg.kv_cache_capacity = 16;
+  cfg.dtype = dtype::bf16;
+  cfg.weight_values = false;
+  for (bool one_gpu : {false, true}) {
+    SCOPED_TRACE(one_gpu ? "cuda:0,0" : "cuda:0,1");
+    auto g = models::build_transformer(cfg);
+    ASSERT_TRUE(g.has_value()) << g.err().to_string();
+    plan_options o;
+    o.tensor_parallel = 2;
+    o.lanes_per_device = 1;
+    o.graph_replay = graph_replay_mode::on;
+    o.in_stream_collectives = true;
+    auto specs = cuda_specs(2, 256 << 10);
+    if (one_gpu) {
+      specs[1].ordinal = 0;
+      specs[1].name = "cuda0.1";
+    }
+    auto p = compile(std::make_shared<const graph>(std::move(*g)), specs, o);
+    ASSERT_TRUE(p.has_value()) << p.err().to_string();
+    auto r = lower(*p);
+    ASSERT_TRUE(r.has_value()) << r.err().to_string();
+    const launch_program& prog = **r;
+    expect_consistent(prog);
+    int parts = 0, replayed_parts = 0, segments = 0;
+    std::set<step_id> in_segment;
+    for (const auto& ls : prog.steps()) {
+      if (ls.replay_steps == 0) continue;
+      ++segments;
+      for (int i = 0; i < ls.replay_steps; ++i)
+        in_segment.insert(prog.queue(ls.queue).steps[static_cast<std::size_t>(ls.pos + i)]);
+    }
+    for (const auto& s : (*p)->steps()) {
+      if (!runs_in_stream(s)) continue;
+      ++parts;
+      replayed_parts += in_segment.count(s.id) > 0;
+    }
+    EXPECT_GE(parts, 2 * cfg.n_layers * 2);
+    EXPECT_TRUE(prog.has_in_stream_parts());
+    if (one_gpu) {
+      EXPECT_EQ(replayed_parts, 0);
+    } else {
+      EXPECT_EQ(replayed_parts, parts);
+      EXPECT_GT(segments, 0);
+    }
+  }
+}
+
 // A tensor-parallel decode step on CUDA devices: every all-reduce small
 // enough runs in-stream (collective_algo::in_stream). Its parts are steps of
 // their device's compute lane 0, one launch record each naming every

@@ -44,6 +44,23 @@ TEST(CudaDevice, EnumerationNeverCrashesRejectsBadOrdinalsAndSharesAGpuWhenRepea
   EXPECT_EQ((*shared)[1]->spec().name, "cuda0.1");
 }
 
+// Lazy loading would load a kernel on its first launch, which may
+// synchronise the GPU's whole context: with an in-stream part spinning on
+// the GPU for another logical device of it, a deadlock
+// (gpu/cuda/kernel_preload.hpp). Making the devices loads every own kernel.
+TEST(CudaDevice, MakingTheDevicesLoadsEveryOwnKernel) {
+  AG_REQUIRE_GPU(1);
+  auto made = gpu::cuda::make_cuda_devices({0}, {}, 0);
+  ASSERT_TRUE(made) << made.err().to_string();
+  int modules = 0;
+  auto unloaded = gpu::cuda::testing::unloaded_kernels(0, &modules);
+  ASSERT_TRUE(unloaded) << unloaded.err().to_string();
+  if (*unloaded < 0) GTEST_SKIP() << "the driver is older than CUDA 12.4: it cannot tell whether a kernel is loaded";
+  EXPECT_EQ(*unloaded, 0) << "of the kernels of " << modules << " modules";
+  // One module per .cu file with kernels (AG_CUDA_MODULE_ANCHOR).
+  EXPECT_EQ(modules, 10);
+}
+
 TEST(CudaDevice, SpecComesFromTheHardware) {
   AG_REQUIRE_GPU(1);
   auto d = test::gpu0();
