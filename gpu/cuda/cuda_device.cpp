@@ -10,7 +10,6 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
-#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -36,35 +35,13 @@
 #include "gpu/cuda/in_stream.cuh"
 #include "gpu/cuda/op_dispatch.hpp"
 #include "gpu/cuda/staging.hpp"
+#include "gpu/cuda/slow_call.hpp"
 #include "gpu/cuda/sync.cuh"
 
 namespace ag::gpu::cuda {
 namespace {
 
 using namespace detail;
-
-/// Reports on stderr a host call of the backend that blocked for over a
-/// second: it waited for the GPU, or for a driver lock held by a call that
-/// did. With an in-stream part spinning on that GPU for a kernel this thread
-/// has yet to enqueue, that is how a part times out (in_stream.cuh; a
-/// graph's instantiation and launch did, on logical devices of one H100:
-/// docs/BENCHMARKS.md, session 14). A diagnosis aid; it costs a clock read.
-class slow_call {
- public:
-  slow_call(const std::string& device, const char* what) : device_(device), what_(what) {}
-  ~slow_call() {
-    const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0_).count();
-    if (ms > 1000.0)
-      std::fprintf(stderr, "actorgraph cuda: %s: %s blocked the host for %.0f ms\n", device_.c_str(), what_, ms);
-  }
-  slow_call(const slow_call&) = delete;
-  slow_call& operator=(const slow_call&) = delete;
-
- private:
-  const std::string& device_;
-  const char* what_;
-  std::chrono::steady_clock::time_point t0_ = std::chrono::steady_clock::now();
-};
 
 struct host_func_payload {
   std::function<void(const error&)> done;
@@ -145,6 +122,7 @@ class cuda_device final : public device {
     device_guard g(core_->ordinal);
     void* p = nullptr;
     const size_t n = static_cast<size_t>(std::max<int64_t>(bytes, 256));
+    slow_call probe(spec_.name, "cudaMalloc");
     const cudaError_t r = cudaMalloc(&p, n);
     if (r == cudaErrorMemoryAllocation) {
       (void)cudaGetLastError();
@@ -172,6 +150,7 @@ class cuda_device final : public device {
       allocs_.erase(it);
     }
     device_guard g(core_->ordinal);
+    slow_call probe(spec_.name, "cudaFree");
     AG_CUDA_ASSERT(cudaFree(p));
   }
   expected<void*> allocate_host(int64_t bytes) override {
@@ -179,6 +158,7 @@ class cuda_device final : public device {
     device_guard g(core_->ordinal);
     void* p = nullptr;
     // Portable + mapped: usable by every device's copies and readable by kernels.
+    slow_call probe(spec_.name, "cudaHostAlloc");
     const cudaError_t r = cudaHostAlloc(&p, static_cast<size_t>(std::max<int64_t>(bytes, 64)),
                                         cudaHostAllocPortable | cudaHostAllocMapped);
     if (r == cudaErrorMemoryAllocation) {

@@ -7,6 +7,7 @@
 #include "gpu/cuda/cuda_check.cuh"
 #include "gpu/cuda/device_guard.hpp"
 #include "gpu/cuda/host_clock.hpp"
+#include "gpu/cuda/slow_call.hpp"
 
 #if defined(__x86_64__) || defined(_M_X64)
 #include <immintrin.h>
@@ -69,6 +70,7 @@ unsigned int* poller::take_slot() {
     device_guard g(ordinal_);
     constexpr int n = 1024;
     void* p = nullptr;
+    slow_call probe(name_, "cudaHostAlloc (host-wait flags)");
     if (cudaHostAlloc(&p, n * sizeof(unsigned int), cudaHostAllocMapped | cudaHostAllocPortable) != cudaSuccess) {
       (void)cudaGetLastError();
       return nullptr;

@@ -10,6 +10,7 @@
 
 #include "gpu/cuda/cuda_backend.hpp"
 #include "gpu/cuda/cuda_check.cuh"
+#include "gpu/cuda/slow_call.hpp"
 #include "gpu/host/caching_host_memory.hpp"
 
 namespace ag::gpu::cuda {
@@ -28,6 +29,8 @@ host::caching_host_memory& pool() {
       "cuda pinned",
       [](std::size_t n, std::string& why) -> void* {
         void* q = nullptr;
+        static const std::string who = "cuda pinned pool";
+        detail::slow_call probe(who, "cudaHostAlloc");
         // Portable: every device's copy engines use it directly.
         const cudaError_t r = cudaHostAlloc(&q, n, cudaHostAllocPortable);
         if (r == cudaSuccess) return q;

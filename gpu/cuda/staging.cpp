@@ -7,6 +7,7 @@
 #include <thread>
 
 #include "gpu/cuda/cuda_check.cuh"
+#include "gpu/cuda/slow_call.hpp"
 
 namespace ag::gpu::cuda::detail {
 namespace {
@@ -83,7 +84,11 @@ expected<std::pair<void*, std::size_t>> staging_pool::take(core& c, const std::s
   if (got.first) return got;
   const std::size_t cap = std::max<std::size_t>(n, 4096);
   void* buf = nullptr;
-  const cudaError_t r = cudaHostAlloc(&buf, cap, cudaHostAllocPortable);
+  cudaError_t r = cudaSuccess;
+  {
+    slow_call probe(name, "cudaHostAlloc (pinned staging)");
+    r = cudaHostAlloc(&buf, cap, cudaHostAllocPortable);
+  }
   if (r == cudaErrorMemoryAllocation) {
     (void)cudaGetLastError();
     return error(errc::out_of_memory,
