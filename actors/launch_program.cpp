@@ -411,10 +411,13 @@ void mark_replay_segments(const plan& pl, launch_program& prog) {
       records += static_cast<int>(ls.ops.size());
     }
     if (!consecutive) continue;
-    bool shared_gpu = false;
-    for (step_id s : seg.steps) shared_gpu = shared_gpu || in_stream_members_share_a_gpu(pl, pl.at(s));
+    bool in_stream = false, shared_gpu = false;
+    for (step_id s : seg.steps) {
+      in_stream = in_stream || runs_in_stream(pl.at(s));
+      shared_gpu = shared_gpu || in_stream_members_share_a_gpu(pl, pl.at(s));
+    }
     if (shared_gpu) continue;
-    for (step_id s : seg.steps) first.replay_in_stream |= runs_in_stream(pl.at(s));
+    first.replay_in_stream |= in_stream;
     first.replay_steps = static_cast<int>(seg.steps.size());
     first.replay_records = records;
     first.replay_kernels = seg.kernels;

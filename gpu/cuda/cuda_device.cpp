@@ -326,7 +326,7 @@ class cuda_device final : public device {
     const auto refused = [&](const std::string& why) {
       return error(errc::unsupported_op, spec_.name + ": graph capture refused: " + why, index_);
     };
-    slow_call probe(spec_.name, "graph capture");
+    slow_call probe(spec_.name, "graph capture and instantiation");
     if (cudaError_t r = cudaStreamBeginCapture(cs->s_, cudaStreamCaptureModeThreadLocal); r != cudaSuccess) {
       (void)cudaGetLastError();
       return refused(std::string("cudaStreamBeginCapture: ") + cudaGetErrorString(r));
@@ -353,11 +353,7 @@ class cuda_device final : public device {
       return refused(std::string("cudaStreamEndCapture: ") + cudaGetErrorString(ended));
     }
     cudaGraphExec_t exec = nullptr;
-    cudaError_t inst = cudaSuccess;
-    {
-      slow_call instantiating(spec_.name, "cudaGraphInstantiate");
-      inst = cudaGraphInstantiateWithFlags(&exec, graph, 0);
-    }
+    const cudaError_t inst = cudaGraphInstantiateWithFlags(&exec, graph, 0);
     drop();
     if (inst != cudaSuccess) {
       (void)cudaGetLastError();

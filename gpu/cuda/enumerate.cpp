@@ -127,7 +127,7 @@ expected<std::vector<device_ptr>> make_cuda_devices(const std::vector<int>& ordi
       if (std::find(done.begin(), done.end(), ords[i]) != done.end()) continue;
       done.push_back(ords[i]);
       device_guard g(ords[i]);
-      if (auto r = preload_kernels(out[i]->spec().name); !r) return r.err();
+      if (error e = preload_kernels(out[i]->spec().name)) return e;
     }
   }
   // Peer access both ways between every pair that allows it (copies between

@@ -65,21 +65,10 @@ error driver_error(CUresult r, const std::string& where, const char* call) {
                                         ") while loading the backend's kernels");
 }
 
-}  // namespace
-
-bool register_module_anchor(const void* kernel) noexcept {
-  auto& a = anchors();
-  std::lock_guard<std::mutex> lk(a.mu);
-  a.kernels.push_back(kernel);
-  return true;
-}
-
-namespace {
-
 /// Calls visit(function) for every function of every registered module in
-/// the current device's context; counts them into `out`.
+/// the current device's context; `modules` receives how many modules.
 template <class Visit>
-error for_each_kernel(const driver_calls& d, const std::string& where, preload_result& out, Visit&& visit) {
+error for_each_kernel(const driver_calls& d, const std::string& where, int& modules, Visit&& visit) {
   std::vector<const void*> kernels;
   {
     auto& a = anchors();
@@ -104,49 +93,46 @@ error for_each_kernel(const driver_calls& d, const std::string& where, preload_r
       return driver_error(r, where, "cuModuleEnumerateFunctions");
     for (CUfunction fn : functions)
       if (error e = visit(fn)) return e;
-    out.functions += static_cast<int>(n);
   }
-  out.modules = static_cast<int>(seen.size());
+  modules = static_cast<int>(seen.size());
   return {};
 }
 
 }  // namespace
 
-expected<preload_result> preload_kernels(const std::string& where) {
-  preload_result out;
-  const driver_calls& d = driver();
-  if (!d.complete()) {
-    out.supported = false;
-    return out;
-  }
-  if (error e = for_each_kernel(d, where, out, [&](CUfunction fn) -> error {
-        if (CUresult r = d.func_load(fn); r != CUDA_SUCCESS) return driver_error(r, where, "cuFuncLoad");
-        return {};
-      }))
-    return e;
-  return out;
+bool register_module_anchor(const void* kernel) noexcept {
+  auto& a = anchors();
+  std::lock_guard<std::mutex> lk(a.mu);
+  a.kernels.push_back(kernel);
+  return true;
 }
 
-expected<int> unloaded_kernels(const std::string& where, int* modules) {
+error preload_kernels(const std::string& where) {
+  const driver_calls& d = driver();
+  if (!d.complete()) return {};
+  int modules = 0;
+  return for_each_kernel(d, where, modules, [&](CUfunction fn) -> error {
+    if (CUresult r = d.func_load(fn); r != CUDA_SUCCESS) return driver_error(r, where, "cuFuncLoad");
+    return {};
+  });
+}
+
+namespace testing {
+expected<int> unloaded_kernels(int ordinal, int* modules) {
   const driver_calls& d = driver();
   if (!d.complete()) return -1;
-  preload_result seen;
-  int unloaded = 0;
-  if (error e = for_each_kernel(d, where, seen, [&](CUfunction fn) -> error {
+  detail::device_guard g(ordinal);
+  const std::string where = "cuda" + std::to_string(ordinal);
+  int walked = 0, unloaded = 0;
+  if (error e = for_each_kernel(d, where, walked, [&](CUfunction fn) -> error {
         CUfunctionLoadingState st{};
         if (CUresult r = d.func_is_loaded(&st, fn); r != CUDA_SUCCESS) return driver_error(r, where, "cuFuncIsLoaded");
         unloaded += st != CU_FUNCTION_LOADING_STATE_LOADED;
         return {};
       }))
     return e;
-  if (modules) *modules = seen.modules;
+  if (modules) *modules = walked;
   return unloaded;
-}
-
-namespace testing {
-expected<int> unloaded_kernels(int ordinal, int* modules) {
-  detail::device_guard g(ordinal);
-  return cuda::unloaded_kernels("cuda" + std::to_string(ordinal), modules);
 }
 }  // namespace testing
 

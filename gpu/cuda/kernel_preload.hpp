@@ -28,21 +28,10 @@ namespace ag::gpu::cuda {
 /// Called by AG_CUDA_MODULE_ANCHOR at static initialisation; returns true.
 bool register_module_anchor(const void* kernel) noexcept;
 
-struct preload_result {
-  int modules = 0;    ///< modules found from the anchors
-  int functions = 0;  ///< functions loaded (already loaded ones included)
-  bool supported = true;  ///< false: the driver has no cuFuncLoad (before CUDA 12.4): nothing was done
-};
-
 /// Loads every registered module's functions into the current device's
 /// context (the caller sets the device). Safe to call again: loading a
-/// loaded function does nothing. An error names the call that failed.
-expected<preload_result> preload_kernels(const std::string& where);
-
-/// How many functions of the registered modules are not loaded in the
-/// current device's context (for tests: 0 once preload_kernels ran);
-/// -1 when the driver cannot tell (before CUDA 12.4). `modules` receives how
-/// many modules were walked.
-expected<int> unloaded_kernels(const std::string& where, int* modules = nullptr);
+/// loaded function does nothing. Does nothing on drivers without cuFuncLoad
+/// (before CUDA 12.4). An error names the call that failed.
+error preload_kernels(const std::string& where);
 
 }  // namespace ag::gpu::cuda

@@ -742,15 +742,12 @@ std::vector<device_spec> cuda_specs(int n, int64_t in_stream_max) {
   return v;
 }
 
-// Two logical devices of one GPU (ordinal 0 twice: "cuda:0,0"): the decode
-// step's all-reduces still run in-stream, but no replay segment holds an
-// in-stream part; those segments launch kernel by kernel (replayed, parts
-// of one GPU timed out on an H100; mark_replay_segments). On two GPUs every
-// part lies in a replayed segment.
-TEST(LaunchProgram, InStreamPartsOfLogicalDevicesOfOneGpuAreNeverReplayed) {
+/// A LLaMA decode step (batch 1, one token, a KV cache) of `layers` small
+/// layers, shapes only.
+models::transformer_config decode_step_config(int layers) {
   models::transformer_config cfg;
   cfg.variant = models::model_variant::llama;
-  cfg.n_layers = 2;
+  cfg.n_layers = layers;
   cfg.d_model = 64;
   cfg.n_heads = 8;
   cfg.n_kv_heads = 4;
@@ -761,6 +758,16 @@ TEST(LaunchProgram, InStreamPartsOfLogicalDevicesOfOneGpuAreNeverReplayed) {
   cfg.kv_cache_capacity = 16;
   cfg.dtype = dtype::bf16;
   cfg.weight_values = false;
+  return cfg;
+}
+
+// Two logical devices of one GPU (ordinal 0 twice: "cuda:0,0"): the decode
+// step's all-reduces still run in-stream, but no replay segment holds an
+// in-stream part; those segments launch kernel by kernel (replayed, parts
+// of one GPU timed out on an H100; mark_replay_segments). On two GPUs every
+// part lies in a replayed segment.
+TEST(LaunchProgram, InStreamPartsOfLogicalDevicesOfOneGpuAreNeverReplayed) {
+  const models::transformer_config cfg = decode_step_config(2);
   for (bool one_gpu : {false, true}) {
     SCOPED_TRACE(one_gpu ? "cuda:0,0" : "cuda:0,1");
     auto g = models::build_transformer(cfg);
@@ -817,19 +824,7 @@ TEST(LaunchProgram, InStreamPartsOfLogicalDevicesOfOneGpuAreNeverReplayed) {
 // devices' limit) the parts take the communication queue, and each one
 // splits the lane's segments.
 TEST(LaunchProgram, InStreamAllReducesRunOnComputeLaneZeroAndADecodeStepReplaysAsOneSegmentPerDevice) {
-  models::transformer_config cfg;
-  cfg.variant = models::model_variant::llama;
-  cfg.n_layers = 3;
-  cfg.d_model = 64;
-  cfg.n_heads = 8;
-  cfg.n_kv_heads = 4;
-  cfg.d_ff = 128;
-  cfg.vocab = 96;
-  cfg.batch = 1;
-  cfg.seq_len = 1;
-  cfg.kv_cache_capacity = 16;
-  cfg.dtype = dtype::bf16;
-  cfg.weight_values = false;
+  const models::transformer_config cfg = decode_step_config(3);
   for (int degree : {2, 4})
     for (int mode = 0; mode < 3; ++mode) {  // in-stream; option off; limit below the messages
       SCOPED_TRACE("degree " + std::to_string(degree) + " mode " + std::to_string(mode));

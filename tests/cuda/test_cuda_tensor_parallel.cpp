@@ -181,7 +181,7 @@ TEST_P(CudaTensorParallel, RandomGraphsAtDegreeTwoEqualTheReference) {
     const std::string what = "seed " + std::to_string(seed) + " on " + spec_of(l, 2);
     plan_options po = tp(2);
     po.in_stream_collectives = l.in_stream;
-      auto p = (*rt)->compile(g, po);
+    auto p = (*rt)->compile(g, po);
     ASSERT_TRUE(p.has_value()) << what << ": " << p.err().to_string();
     int parts = 0;
     for (const auto& s : (*p)->steps()) parts += s.kind == step_kind::collective;
