@@ -14,8 +14,7 @@ namespace ag::actors {
 namespace {
 
 struct arena_pool {
-  std::shared_ptr<plan_memory> mem;
-  std::vector<int> free;
+  std::shared_ptr<plan_memory> mem;  // its free list: plan_memory::put_free / take_for_request
   int allocated = 0;
   std::deque<msg::acquire_arena> queue;
 };
@@ -37,11 +36,15 @@ struct device_state {
 
 using device_actor_t = caf::stateful_actor<device_state>;
 
-void grant(device_actor_t* self, const msg::acquire_arena& req, int arena) {
+// Every acquire_arena gets exactly one answer; it counts as answered for the
+// submit fast path (plan_memory::request_answered) once sent.
+void grant(device_actor_t* self, arena_pool& pool, const msg::acquire_arena& req, int arena) {
+  pool.mem->request_answered();
   self->send(req.reply_to, msg::arena_reply{req.job, self->state.index, arena, {}});
 }
 
-void refuse(device_actor_t* self, const msg::acquire_arena& req, error e) {
+void refuse(device_actor_t* self, arena_pool* pool, const msg::acquire_arena& req, error e) {
+  if (pool) pool->mem->request_answered();
   self->send(req.reply_to, msg::arena_reply{req.job, self->state.index, -1, std::move(e)});
 }
 
@@ -60,7 +63,7 @@ caf::behavior device_actor_fn(device_actor_t* self, gpu::device_ptr dev, int cap
         // compile() allocated the arenas it found already (at least the first).
         for (std::size_t i = 0; i < pool.mem->arenas.size(); ++i)
           if (pool.mem->arenas[i]) {
-            pool.free.push_back(static_cast<int>(i));
+            pool.mem->put_free(static_cast<int>(i));
             ++pool.allocated;
           }
       },
@@ -68,21 +71,20 @@ caf::behavior device_actor_fn(device_actor_t* self, gpu::device_ptr dev, int cap
         auto& st = self->state;
         auto it = st.pools.find(m.plan_key);
         if (it == st.pools.end()) return;
-        for (auto& req : it->second.queue) refuse(self, req, {errc::internal, "plan unloaded while a job waited", st.index});
+        for (auto& req : it->second.queue)
+          refuse(self, &it->second, req, {errc::internal, "plan unloaded while a job waited", st.index});
         st.pools.erase(it);
       },
       [self](const msg::acquire_arena& req) {
         auto& st = self->state;
-        if (st.dead) return refuse(self, req, st.death);
         auto it = st.pools.find(req.plan_key);
-        if (it == st.pools.end())
-          return refuse(self, req, {errc::internal, "plan not loaded on device '" + st.dev->spec().name + "'", st.index});
-        auto& pool = it->second;
-        if (!pool.free.empty()) {
-          const int a = pool.free.back();
-          pool.free.pop_back();
-          return grant(self, req, a);
-        }
+        arena_pool* found = it == st.pools.end() ? nullptr : &it->second;
+        if (st.dead) return refuse(self, found, req, st.death);
+        if (!found)
+          return refuse(self, nullptr, req,
+                        {errc::internal, "plan not loaded on device '" + st.dev->spec().name + "'", st.index});
+        auto& pool = *found;
+        if (const int a = pool.mem->take_for_request(); a >= 0) return grant(self, pool, req, a);
         if (pool.allocated < static_cast<int>(pool.mem->arenas.size())) {
           // Lazily grow the pool; when memory runs out the pool just stops growing.
           auto p = st.dev->allocate(pool.mem->arena_bytes > 0 ? pool.mem->arena_bytes : 1);
@@ -91,11 +93,11 @@ caf::behavior device_actor_fn(device_actor_t* self, gpu::device_ptr dev, int cap
             while (pool.mem->arenas[static_cast<std::size_t>(a)]) ++a;
             pool.mem->arenas[static_cast<std::size_t>(a)] = *p;
             ++pool.allocated;
-            return grant(self, req, a);
+            return grant(self, pool, req, a);
           }
           if (pool.allocated == 0) {
             const auto& e = p.err();
-            return refuse(self, req, {e.code,
+            return refuse(self, &pool, req, {e.code,
                                       "device '" + st.dev->spec().name + "': activation arena of " +
                                           std::to_string(pool.mem->arena_bytes) + " bytes: " + e.message,
                                       st.index});
@@ -111,9 +113,9 @@ caf::behavior device_actor_fn(device_actor_t* self, gpu::device_ptr dev, int cap
         if (!pool.queue.empty() && !st.dead) {
           auto req = std::move(pool.queue.front());
           pool.queue.pop_front();
-          return grant(self, req, m.arena);
+          return grant(self, pool, req, m.arena);
         }
-        pool.free.push_back(m.arena);
+        pool.mem->put_free(m.arena);
       },
       [self](const msg::withdraw_arena& m) {
         auto it = self->state.pools.find(m.plan_key);
@@ -125,7 +127,7 @@ caf::behavior device_actor_fn(device_actor_t* self, gpu::device_ptr dev, int cap
           if (i->job == m.job) {
             auto req = std::move(*i);
             q.erase(i);
-            refuse(self, req, {errc::cancelled, "withdrawn"});
+            refuse(self, &it->second, req, {errc::cancelled, "withdrawn"});
             break;
           }
       },
@@ -145,7 +147,7 @@ caf::behavior device_actor_fn(device_actor_t* self, gpu::device_ptr dev, int cap
           st.death.device = st.index;
         }
         for (auto& [key, pool] : st.pools) {
-          for (auto& req : pool.queue) refuse(self, req, st.death);
+          for (auto& req : pool.queue) refuse(self, &pool, req, st.death);
           pool.queue.clear();
         }
         self->send(st.runtime, msg::device_down{st.index, st.death, {}, 0});
@@ -163,7 +165,7 @@ caf::behavior device_actor_fn(device_actor_t* self, gpu::device_ptr dev, int cap
                              std::to_string(st.index) + "): " + stall.message,
                          st.index};
         for (auto& [key, pool] : st.pools) {
-          for (auto& req : pool.queue) refuse(self, req, st.death);
+          for (auto& req : pool.queue) refuse(self, &pool, req, st.death);
           pool.queue.clear();
         }
         self->send(st.runtime, msg::device_down{st.index, stall, st.death, m.plan_key});

@@ -152,9 +152,11 @@ void gather_outputs(const job_context& ctx) {
   }
 }
 
-void start_run(job_actor_t* self) {
-  auto& st = self->state;
-  auto& ctx = *st.ctx;
+/// Readies `ctx` to run once it holds every arena (outputs, slots, its
+/// collective order, the completion count); returns how many completion
+/// steps it waits for. On the job actor, or on the submitting thread
+/// (try_start_now) before any message reaches the actor.
+std::size_t prepare_run(job_context& ctx) {
   const auto& lp = *ctx.lp;
   const auto& prog = *lp.program;
   const graph& g = prog.source().source();
@@ -175,31 +177,45 @@ void start_run(job_actor_t* self) {
     const node& sn = g.at(g.at(g.outputs()[io]).storage);
     ctx.staging[io] = host_tensor::uninitialized(sn.type, sn.dims, lp.output_memory[io]);
   }
-  st.ph = phase::running;
   // The job's place in the plan's agreed collective order: drawn now that
   // it holds every arena, so a job never waits for one drawn after it.
   ctx.collective_seq = lp.next_collective_seq.fetch_add(1, std::memory_order_relaxed);
-  st.remaining = prog.completion_steps().size();
-  ctx.completions_left.store(static_cast<int>(st.remaining), std::memory_order_relaxed);
-  st.ss->mark_started(gpu::host_clock_ns());
-  msg::job_ref_ptr ref = st.ctx;
-  // The queues that start the job start on different scheduler threads.
-  // self->send puts an idle receiver on this thread's own queue, which runs
-  // the last one first and then its whole chain of ready messages (depth
-  // first) before the next: on 2 GPUs GPU 0's first upload was enqueued
-  // 230-550 us after GPU 1's in every job, and GPU 1 then waited at the
-  // first all-reduce. anon_send schedules the receiver through the
-  // coordinator, which hands it to another thread (round robin, waking it).
-  // The last starting queue stays on this thread.
-  std::size_t last = prog.queues().size();
-  for (std::size_t q = 0; q < prog.queues().size(); ++q)
-    if (prog.queues()[q].starts_itself) last = q;
-  for (std::size_t q = 0; q < prog.queues().size(); ++q) {
-    if (!prog.queues()[q].starts_itself) continue;
-    if (q == last) self->send(lp.queue_actors[q], msg::run_job{ref, static_cast<int>(q)});
+  const std::size_t remaining = prog.completion_steps().size();
+  ctx.completions_left.store(static_cast<int>(remaining), std::memory_order_relaxed);
+  ctx.handle->mark_started(gpu::host_clock_ns());
+  return remaining;
+}
+
+/// Sends run_job to the actor of every queue that starts the job
+/// (launch_queue::starts_itself). The queues that start the job start on
+/// different scheduler threads. self->send puts an idle receiver on this
+/// thread's own queue, which runs the last one first and then its whole
+/// chain of ready messages (depth first) before the next: on 2 GPUs GPU 0's
+/// first upload was enqueued 230-550 us after GPU 1's in every job, and GPU
+/// 1 then waited at the first all-reduce. anon_send schedules the receiver
+/// through the coordinator, which hands it to another thread (round robin,
+/// waking it). From the job actor (`self`) the last starting queue stays on
+/// this thread; from a submitting thread (no self) every one is anon_send.
+void send_run_jobs(const job_context& ctx, job_actor_t* self) {
+  const auto& lp = *ctx.lp;
+  const auto& queues = lp.program->queues();
+  msg::job_ref_ptr ref = ctx.shared_from_this();
+  std::size_t last = queues.size();
+  for (std::size_t q = 0; q < queues.size(); ++q)
+    if (queues[q].starts_itself) last = q;
+  for (std::size_t q = 0; q < queues.size(); ++q) {
+    if (!queues[q].starts_itself) continue;
+    if (self && q == last) self->send(lp.queue_actors[q], msg::run_job{ref, static_cast<int>(q)});
     else caf::anon_send(lp.queue_actors[q], msg::run_job{ref, static_cast<int>(q)});
   }
-  if (st.remaining == 0) finish(self, std::move(ctx.outputs), job_state::done);
+}
+
+void start_run(job_actor_t* self) {
+  auto& st = self->state;
+  st.remaining = prepare_run(*st.ctx);
+  st.ph = phase::running;
+  send_run_jobs(*st.ctx, self);
+  if (st.remaining == 0) finish(self, std::move(st.ctx->outputs), job_state::done);
 }
 
 void acquire_next(job_actor_t* self) {
@@ -208,47 +224,43 @@ void acquire_next(job_actor_t* self) {
   const auto& used = lp.program->used_devices();
   if (st.acq >= used.size()) return start_run(self);
   st.asked = true;
+  lp.memory[static_cast<std::size_t>(used[st.acq])]->note_request();
   self->send(st.core->device_actor(used[st.acq]),
              msg::acquire_arena{lp.key, st.ctx->id(), caf::actor_cast<caf::actor>(self)});
 }
 
 caf::behavior job_actor_fn(job_actor_t* self, runtime_core* core, std::shared_ptr<job::shared_state> ss,
-                           std::shared_ptr<const loaded_plan> lp, std::shared_ptr<const plan> user_plan,
-                           std::vector<host_tensor> inputs, int state_slot, bool slot_turn) {
+                           std::shared_ptr<job_context> ctx) {
   auto& st = self->state;
   st.core = core;
   st.ss = std::move(ss);
-  st.ctx = std::make_shared<job_context>(st.ss->id);
-  auto& ctx = *st.ctx;
-  ctx.lp = std::move(lp);
-  ctx.user_plan = std::move(user_plan);
-  ctx.arenas.assign(core->devices().size(), -1);
-  ctx.inputs = std::move(inputs);
-  ctx.state_slot = state_slot;
-  ctx.in_slot_table.store(state_slot >= 0);  // runtime_core::submit entered it
-  st.waiting_slot = !slot_turn;
-  ctx.job_actor = caf::actor_cast<caf::actor>(self);
-  ctx.timing = core->options().trace;
-  ctx.core = core;
-  ctx.handle = st.ss;
+  st.ctx = std::move(ctx);
+  const job_start start = st.ctx->start;
   bool cancel_requested = false;
   {
     std::lock_guard<std::mutex> lk(st.ss->m);
-    st.ss->actor = ctx.job_actor;
     cancel_requested = st.ss->cancel_requested;
   }
-  // Registered for device_down; a device that died already fails the job.
-  error dead = core->jobs().add(ctx.id(), ctx.job_actor, ctx.lp);
-  // runtime_core::submit already asked the first device for an arena (in
-  // submission order), unless the job waits for its state slot's turn;
-  // acquire_next() asks the following ones.
-  st.asked = !ctx.program().used_devices().empty() && !st.waiting_slot;
+  switch (start) {
+    case job_start::asked:  // runtime_core::submit asked the first device (in submission order)
+      st.asked = true;
+      break;
+    case job_start::waiting_slot:  // msg::slot_atom says when its state slot's turn comes
+      st.waiting_slot = true;
+      break;
+    case job_start::failing:  // a fail_job is on its way
+      break;
+    case job_start::running:  // try_start_now took every arena and sent run_job
+      st.ph = phase::running;
+      st.remaining = st.ctx->program().completion_steps().size();
+      break;
+    case job_start::no_devices:
+      break;
+  }
   if (cancel_requested)
-    begin_fail(self, {errc::cancelled, "job " + std::to_string(ctx.id()) + " cancelled"});
-  else if (dead)
-    begin_fail(self, std::move(dead));
-  else if (!st.asked && !st.waiting_slot)
-    acquire_next(self);
+    begin_fail(self, {errc::cancelled, "job " + std::to_string(st.ctx->id()) + " cancelled"});
+  else if (start == job_start::no_devices)
+    acquire_next(self);  // nothing to acquire: runs at once
   return {
       [self](msg::slot_atom) {
         // The state slot's earlier jobs are done: this job's turn. (A job
@@ -360,17 +372,57 @@ error in_stream_fault(const job_context& ctx) {
   return {};
 }
 
+std::shared_ptr<job_context> make_job_context(runtime_core* core, const std::shared_ptr<job::shared_state>& ss,
+                                              std::shared_ptr<const loaded_plan> lp,
+                                              std::shared_ptr<const plan> user_plan, std::vector<host_tensor> inputs,
+                                              int state_slot) {
+  auto ctx = std::make_shared<job_context>(ss->id);
+  ctx->lp = std::move(lp);
+  ctx->user_plan = std::move(user_plan);
+  ctx->arenas.assign(core->devices().size(), -1);
+  ctx->inputs = std::move(inputs);
+  ctx->state_slot = state_slot;
+  ctx->in_slot_table.store(state_slot >= 0);  // runtime_core::submit entered it
+  ctx->timing = core->options().trace;
+  ctx->core = core;
+  ctx->handle = ss;
+  return ctx;
+}
+
 caf::actor spawn_job_actor(caf::actor_system& sys, runtime_core* core, std::shared_ptr<job::shared_state> ss,
-                           std::shared_ptr<const loaded_plan> lp, std::shared_ptr<const plan> user_plan,
-                           std::vector<host_tensor> inputs, int state_slot, bool slot_turn) {
+                           std::shared_ptr<job_context> ctx) {
   // lazy_init: the actor starts on its first message (the first arena_reply,
-  // or cancel), which saves the scheduler a run of its own per job. A plan
-  // without devices gets no arena_reply: that job actor starts at once.
-  if (lp->program->used_devices().empty())
-    return sys.spawn(job_actor_fn, core, std::move(ss), std::move(lp), std::move(user_plan), std::move(inputs),
-                     state_slot, slot_turn);
-  return sys.spawn<caf::lazy_init>(job_actor_fn, core, std::move(ss), std::move(lp), std::move(user_plan),
-                                   std::move(inputs), state_slot, slot_turn);
+  // a step_done, or cancel), which saves the scheduler a run of its own per
+  // job. A plan without devices gets no message: that job actor starts at once.
+  if (ctx->start == job_start::no_devices) return sys.spawn(job_actor_fn, core, std::move(ss), std::move(ctx));
+  return sys.spawn<caf::lazy_init>(job_actor_fn, core, std::move(ss), std::move(ctx));
+}
+
+bool try_start_now(job_context& ctx) {
+  const auto& lp = *ctx.lp;
+  const auto& used = lp.program->used_devices();
+  if (used.empty() || lp.program->completion_steps().empty()) return false;
+  std::size_t taken = 0;
+  for (; taken < used.size(); ++taken) {
+    const int d = used[taken];
+    const int a = lp.memory[static_cast<std::size_t>(d)]->try_take_arena();
+    if (a < 0) break;
+    ctx.arenas[static_cast<std::size_t>(d)] = a;
+  }
+  if (taken < used.size()) {
+    // Not all free: give back what was taken (through the device actors,
+    // which hand an arena to a request that waits first); the job asks as usual.
+    for (std::size_t k = 0; k < taken; ++k) {
+      const auto d = static_cast<std::size_t>(used[k]);
+      caf::anon_send(ctx.core->device_actor(used[k]), msg::release_arena{lp.key, ctx.arenas[d]});
+      ctx.arenas[d] = -1;
+    }
+    return false;
+  }
+  ctx.start = job_start::running;  // before anything can reach the actor
+  prepare_run(ctx);
+  send_run_jobs(ctx, nullptr);
+  return true;
 }
 
 const char* to_string(replay_outcome o) noexcept {

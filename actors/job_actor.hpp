@@ -1,8 +1,9 @@
 #pragma once
 /// \file job_actor.hpp
 /// The job actor: one per job, spawned lazily (it first runs on its first
-/// message, normally the first arena_reply). Registers in the runtime's
-/// job_registry (device faults reach it from there). Acquires an arena on
+/// message, normally the first arena_reply). runtime_core::submit registers
+/// the job in the runtime's job_registry (device faults reach it from
+/// there) and may start it itself (try_start_now). Otherwise it acquires an arena on
 /// each device the plan uses, in ascending device order (two jobs never wait
 /// for each other in opposite orders; the first request is sent by
 /// runtime_core::submit so that jobs queue in submission order), sends
@@ -60,8 +61,28 @@ error dead_device_error(const job_context& ctx);
 /// parts). Checked with dead_device_error before the job may complete.
 error in_stream_fault(const job_context& ctx);
 
+/// Builds a job's context (job_context.hpp) on the submitting thread: its
+/// plan, inputs, state slot and handle; no arena yet.
+std::shared_ptr<job_context> make_job_context(runtime_core* core, const std::shared_ptr<job::shared_state>& ss,
+                                              std::shared_ptr<const loaded_plan> lp,
+                                              std::shared_ptr<const plan> user_plan, std::vector<host_tensor> inputs,
+                                              int state_slot);
+
+/// Spawns the job actor of `ctx`, lazily: it first runs on its first
+/// message and begins as ctx->start says (but for job_start::no_devices: at
+/// once). The caller sets ctx->job_actor, registers the job and settles
+/// ctx->start before anything can message the actor.
 caf::actor spawn_job_actor(caf::actor_system& sys, runtime_core* core, std::shared_ptr<job::shared_state> ss,
-                           std::shared_ptr<const loaded_plan> lp, std::shared_ptr<const plan> user_plan,
-                           std::vector<host_tensor> inputs, int state_slot = -1, bool slot_turn = true);
+                           std::shared_ptr<job_context> ctx);
+
+/// The submit fast path, on the submitting thread: when every device the
+/// job's plan uses has an arena free and no earlier request of the plan
+/// waits there (plan_memory::try_take_arena, so jobs keep their submission
+/// order), takes them, readies the job and sends run_job to its starting
+/// queues: two actor hops fewer (device actor, job actor) between submit and
+/// the first launch. Returns false, holding nothing, otherwise: the job then
+/// asks the device actors as usual. The job must be registered; on true
+/// ctx.start is job_start::running (set before run_job goes out).
+bool try_start_now(job_context& ctx);
 
 }  // namespace ag::actors

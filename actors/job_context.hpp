@@ -4,8 +4,10 @@
 /// its steps, and the backend thread that completes it. Messages carry it as
 /// a msg::job_ref (messages.hpp); executing actors downcast with job_of().
 ///
-/// Ownership and threads: built by the job actor (job_actor.cpp) before it
-/// sends run_job, then shared read-only by shared_ptr<const job_context>.
+/// Ownership and threads: built by runtime_core::submit (make_job_context)
+/// and readied by whoever takes its last arena (the job actor, or submit's
+/// try_start_now) before run_job is sent; then shared read-only by
+/// shared_ptr<const job_context>.
 /// The mutable parts are each written by one party and read after a message
 /// or device notification that orders the write before the read:
 ///  - slots[s]: by the executing actor that runs step s; read by the
@@ -13,7 +15,7 @@
 ///    collects the trace (after the completion steps' notifications);
 ///  - outputs / staging: written by the d2h copies on the device, read by
 ///    the completing thread after the completion notifications;
-///  - arenas: by the job actor, before run_job;
+///  - arenas: by the job actor or the submitting thread, before run_job;
 ///  - cancelled: set by the job actor before it sends cancel_job (atomic).
 
 #include <atomic>
@@ -54,6 +56,16 @@ struct step_slot {
   replay_outcome replay = replay_outcome::none;
 };
 
+/// How a job actor begins (job_context::start), settled by
+/// runtime_core::submit before the actor's first message.
+enum class job_start : uint8_t {
+  asked,         ///< submit sent the first device's acquire_arena; the actor asks the next ones
+  waiting_slot,  ///< queued for its state slot; msg::slot_atom starts the acquiring
+  running,       ///< try_start_now took every arena and sent run_job from the submitting thread
+  failing,       ///< submit sent it a fail_job (a device it uses is dead)
+  no_devices,    ///< its plan uses no device: it runs at once
+};
+
 struct job_context final : msg::job_ref, std::enable_shared_from_this<job_context> {
   explicit job_context(uint64_t id) noexcept : msg::job_ref(id) {}
 
@@ -65,6 +77,7 @@ struct job_context final : msg::job_ref, std::enable_shared_from_this<job_contex
   std::vector<int> arenas;                ///< arena handle by device index (-1 unused)
   std::vector<host_tensor> inputs;
   caf::actor job_actor;
+  job_start start = job_start::asked;  ///< read once, by the job actor's first run
   bool timing = false;
   /// This job's place in its plan's collective issue order
   /// (loaded_plan::next_collective_seq), drawn by the job actor before

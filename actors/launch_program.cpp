@@ -37,23 +37,15 @@ struct step_errors {
   }
 };
 
-/// The lane of the queue that runs `s`: compute steps run on their lane;
-/// the copy kinds have one queue per device, and so do collectives (a
-/// device's communication queue), but for in-stream parts (compute lane 0).
-int queue_lane(const step& s) {
-  switch (s.kind) {
-    case step_kind::compute: return s.lane;
-    case step_kind::copy_h2d:
-    case step_kind::copy_d2h:
-    case step_kind::copy_peer:
-    case step_kind::collective: return 0;
-  }
-  return 0;
-}
+/// The lane of the queue that runs `s`: steps on a compute lane (compute
+/// steps, in-stream collective parts, inlined copies) run on theirs; the
+/// copy kinds have one queue per device, and so do collectives (a device's
+/// communication queue).
+int queue_lane(const step& s) { return on_compute_lane(s) ? s.lane : 0; }
 
 /// The kind of the queue that runs `s`: its own, but compute for an
-/// in-stream collective part.
-step_kind queue_kind(const step& s) { return runs_in_stream(s) ? step_kind::compute : s.kind; }
+/// in-stream collective part and an inlined copy.
+step_kind queue_kind(const step& s) { return on_compute_lane(s) ? step_kind::compute : s.kind; }
 
 // ---- fusion ----
 //

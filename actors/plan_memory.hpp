@@ -7,9 +7,11 @@
 /// Ownership and threads: built by runtime_core::compile, then shared by the
 /// loaded plan (loaded_plan::memory), the device actor (register_plan) and,
 /// through the loaded plan, every job of the plan. Frees its memory when the
-/// last holder lets go. The arena table is the device actor's: see `arenas`.
+/// last holder lets go. The arena table is the device actor's: see `arenas`;
+/// the free list is shared with submitting threads under its mutex.
 
 #include <cstdint>
+#include <mutex>
 #include <vector>
 
 #include "gpu/device.hpp"
@@ -47,6 +49,49 @@ class plan_memory final : public msg::plan_memory_ref {
   /// actors that got i through a job (a message orders the write before
   /// the read).
   std::vector<void*> arenas;
+
+  /// Arena handles free for the taking, shared by the device actor and
+  /// submitting threads (job_actor.hpp, try_start_now). The device actor
+  /// puts a released arena here only when no request waits for one, and a
+  /// submit takes one only when no acquire_arena request of this plan is
+  /// outstanding at the device actor: a job never overtakes an earlier one.
+  /// Returns -1 when it may not take one.
+  int try_take_arena() {
+    std::lock_guard<std::mutex> lk(free_mu_);
+    if (requests_outstanding_ > 0 || free_.empty()) return -1;
+    const int a = free_.back();
+    free_.pop_back();
+    return a;
+  }
+  /// An acquire_arena request of this plan is sent to the device actor
+  /// (called by its sender, before sending).
+  void note_request() {
+    std::lock_guard<std::mutex> lk(free_mu_);
+    ++requests_outstanding_;
+  }
+  /// Device actor only: a request was answered (granted or refused).
+  void request_answered() {
+    std::lock_guard<std::mutex> lk(free_mu_);
+    if (requests_outstanding_ > 0) --requests_outstanding_;
+  }
+  /// Device actor only: takes a free arena for a request (-1: none).
+  int take_for_request() {
+    std::lock_guard<std::mutex> lk(free_mu_);
+    if (free_.empty()) return -1;
+    const int a = free_.back();
+    free_.pop_back();
+    return a;
+  }
+  /// Device actor only: arena `a` is free (no request waits for it).
+  void put_free(int a) {
+    std::lock_guard<std::mutex> lk(free_mu_);
+    free_.push_back(a);
+  }
+
+ private:
+  std::mutex free_mu_;
+  std::vector<int> free_;
+  int requests_outstanding_ = 0;
 };
 
 }  // namespace ag::actors

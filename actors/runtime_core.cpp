@@ -380,33 +380,47 @@ job runtime_core::submit(const std::shared_ptr<const plan>& p, std::vector<host_
     return j;
   }
   in_flight_.fetch_add(1);
+  auto ctx = make_job_context(this, ss, lp, p, std::move(inputs), options.state_slot);
+  const auto& used = lp->program->used_devices();
   // A job of a state slot takes its turn on the slot in submission order:
   // at once when the slot is free, else after the slot's earlier jobs (its
   // actor then asks for arenas when msg::slot_atom says its turn came).
+  // Spawned under the slot table's lock, so no turn can come before the
+  // actor exists; the actor starts lazily (on its first message), so its
+  // context is finished here, before anything is sent to it.
   bool its_turn = true;
-  caf::actor ja;
-  if (options.state_slot >= 0)
-    ja = lp->slots->acquire(options.state_slot, ss->id, [&](bool now) {
-      its_turn = now;
-      return spawn_job_actor(sys_, this, ss, lp, p, std::move(inputs), options.state_slot, now);
-    });
-  else
-    ja = spawn_job_actor(sys_, this, ss, lp, p, std::move(inputs));
-  {
-    // The job actor starts lazily (on its first message): cancel() must be
-    // able to reach it before then. Nobody else holds the handle yet.
-    std::lock_guard<std::mutex> lk(ss->m);
-    ss->actor = ja;
+  error dead;
+  auto spawn = [&](bool now) {
+    its_turn = now;
+    ctx->start = used.empty() ? job_start::no_devices : now ? job_start::asked : job_start::waiting_slot;
+    caf::actor a = spawn_job_actor(sys_, this, ss, ctx);
+    ctx->job_actor = a;
+    {
+      // cancel() must be able to reach the actor before it first runs.
+      std::lock_guard<std::mutex> lk(ss->m);
+      ss->actor = a;
+    }
+    // Registered before anything can run it (device_down finds it there); a
+    // device that died already fails the job. (A job on no device has
+    // nothing to fail, and its actor may have finished already.)
+    if (!used.empty()) dead = jobs().add(ss->id, a, lp);
+    if (dead) ctx->start = job_start::failing;
+    return a;
+  };
+  caf::actor ja = options.state_slot >= 0 ? lp->slots->acquire(options.state_slot, ss->id, spawn) : spawn(true);
+  if (dead) {
+    caf::anon_send(ja, msg::fail_job{std::move(dead)});
+  } else if (its_turn && !used.empty() && !try_start_now(*ctx)) {
+    // The first arena request goes out from here, not from the job actor:
+    // CAF starts freshly spawned actors in no particular order (work
+    // stealing runs the newest first), so jobs would queue for their first
+    // device out of submission order. Sent from the submitting thread, the
+    // requests of one thread reach the device in submission order (FIFO
+    // back-pressure). try_start_now started the job from here instead when
+    // every arena was free.
+    lp->memory[static_cast<std::size_t>(used.front())]->note_request();
+    caf::anon_send(device_actors_[static_cast<std::size_t>(used.front())], msg::acquire_arena{lp->key, ss->id, ja});
   }
-  // The first arena request goes out from here, not from the job actor: CAF
-  // starts freshly spawned actors in no particular order (work stealing runs
-  // the newest first), so jobs would queue for their first device out of
-  // submission order. Sent from the submitting thread, the requests of one
-  // thread reach the device in submission order (FIFO back-pressure).
-  const auto& used = lp->program->used_devices();
-  if (!used.empty() && its_turn)
-    caf::anon_send(device_actors_[static_cast<std::size_t>(used.front())],
-                   msg::acquire_arena{lp->key, ss->id, ja});
   if (options.deadline.count() > 0) {
     // The job actor fails the job as a cancel would (begin_fail), in any
     // phase; after the job finished the message finds no actor.

@@ -64,6 +64,12 @@ struct device_spec {
   /// them. 0 (sim, cpu): never. CUDA devices set it from
   /// backend_options::cuda_in_stream_max_bytes.
   int64_t in_stream_max_bytes = 0;
+  /// Host copies (h2d, d2h) of at most this many bytes may run on the
+  /// compute lane that reads or wrote them (plan_options::inline_small_copies):
+  /// below it the transfer (host_latency plus a few microseconds at
+  /// host_bandwidth) costs less than a hand-off between a copy queue and a
+  /// compute lane (an event each way and a message between actors). 0: never.
+  int64_t inline_copy_max_bytes = int64_t{64} << 10;
   /// Whether a collective runs at its own speed beside a compute kernel of
   /// its device, so that a row-parallel matmul split in chunks hides each
   /// chunk's all-reduce behind the next chunk (plan_options::tp_overlap).

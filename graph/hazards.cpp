@@ -93,8 +93,8 @@ error check_hazards(const plan& p) {
       if (d < 0 || static_cast<std::size_t>(d) >= n) return step_err(s, "dep out of range");
       preds[i].push_back(d);
     }
-    // In-stream collective parts queue on compute lane 0 (plan.hpp, step).
-    const bool compute_lane = s.kind == step_kind::compute || runs_in_stream(s);
+    // In-stream collective parts and inlined copies queue on compute lanes (plan.hpp, step).
+    const bool compute_lane = on_compute_lane(s);
     queues[{s.device, static_cast<int>(compute_lane ? step_kind::compute : s.kind), compute_lane ? s.lane : -1}]
         .emplace_back(s.lane_seq, s.id);
   }

@@ -124,7 +124,9 @@ std::string plan::describe() const {
         const std::string src = s.kind == step_kind::copy_h2d ? "host" : device_label(devices_, s.kind == step_kind::copy_peer ? s.src_device : s.device);
         const std::string dst = s.kind == step_kind::copy_d2h ? "host" : device_label(devices_, s.device);
         os << "  copy  #" << s.id << " " << to_string(s.kind) << " '" << n.name << "' " << src << " -> " << dst << " "
-           << fmt_bytes(s.bytes) << " (" << fmt_us(s.est_seconds) << ")\n";
+           << fmt_bytes(s.bytes) << " (" << fmt_us(s.est_seconds) << ")";
+        if (s.on_compute_stream) os << " inline on lane " << s.lane << " seq " << s.lane_seq;
+        os << "\n";
       }
     }
     const device_memory& m = memory_[static_cast<std::size_t>(d)];
@@ -263,13 +265,13 @@ std::vector<std::vector<step_id>> waited_deps(const plan& p) {
   // lane waited for so far. Steps come in id order, which is lane order.
   std::map<std::pair<int, int>, std::set<step_id>> waited_on_lane;
   for (const step& s : p.steps()) {
-    const bool lane = s.kind == step_kind::compute || runs_in_stream(s);
+    const bool lane = on_compute_lane(s);
     auto& seen = waited_on_lane[{lane ? s.device : -1 - s.device, lane ? s.lane : -1}];
     auto& mine = out[static_cast<std::size_t>(s.id)];
     for (step_id d : s.deps) {
       if (met_on_device(p, s, d)) continue;
       const step& ds = p.at(d);
-      const bool same_lane = (ds.kind == step_kind::compute || runs_in_stream(ds)) && ds.device == s.device && ds.lane == s.lane;
+      const bool same_lane = on_compute_lane(ds) && ds.device == s.device && ds.lane == s.lane;
       if (lane && !same_lane && !seen.insert(d).second) continue;  // an earlier step of the lane waited for it
       mine.push_back(d);
     }

@@ -66,7 +66,8 @@ using step_id = int32_t;
 ///    on the devices: its deps on other devices are met there, not waited
 ///    for by the host (met_on_device()).
 /// Queues: compute steps are ordered per (device, lane); copies per
-/// (device, kind) — a peer copy is queued on its destination device;
+/// (device, kind) — a peer copy is queued on its destination device — but
+/// for small host copies inlined on a compute lane (on_compute_stream);
 /// collectives per device (its communication queue; in-stream parts: compute
 /// lane 0).
 /// lane_seq always increases with the step id inside a queue. The memory
@@ -88,11 +89,24 @@ struct step {
   double est_seconds = 0;        ///< cost-model estimate
   collective_algo algo = collective_algo::none;  ///< collective: ring or one-shot
   std::vector<step_id> peers;    ///< collective: all parts of this collective in rank order
+  /// h2d / d2h only: the copy runs on compute lane `lane` of its device, in
+  /// that lane's order (lane_seq counts there), not on the copy queue: a
+  /// copy of at most device_spec::inline_copy_max_bytes, first on the lane
+  /// that reads it (h2d) or last on the lane that wrote it (d2h), where
+  /// handing it over between streams costs more than the transfer
+  /// (plan_options::inline_small_copies).
+  bool on_compute_stream = false;
 };
 
 /// Whether `s` is an in-stream collective part (see step).
 inline bool runs_in_stream(const step& s) noexcept {
   return s.kind == step_kind::collective && s.algo == collective_algo::in_stream;
+}
+
+/// Whether `s` queues on a compute lane (device, lane): compute steps,
+/// in-stream collective parts and copies inlined there (step::on_compute_stream).
+inline bool on_compute_lane(const step& s) noexcept {
+  return s.kind == step_kind::compute || runs_in_stream(s) || s.on_compute_stream;
 }
 
 /// Which region of a device a tensor lives in.
@@ -227,6 +241,16 @@ struct plan_options {
   /// devices of one GPU). Off: they take the communication queue (NCCL or
   /// the own one-shot).
   bool in_stream_collectives = false;
+  /// Run a host copy of at most its device's device_spec::inline_copy_max_bytes
+  /// (64 KiB by default) on the compute lane that reads it (h2d, when the
+  /// lane starts with it) or wrote it (d2h, when the lane ends with it)
+  /// instead of the device's copy queue (step::on_compute_stream): the
+  /// transfer takes a microsecond or two, while a hand-off between streams
+  /// costs an event record, a wait and a message between actors on the host
+  /// (a tiny job's round trip, the token and position of a decode step).
+  /// Larger copies keep their copy engine, beside compute. Off: every copy
+  /// takes its copy queue.
+  bool inline_small_copies = true;
   /// Copies of the plan's state (its store_rows nodes, e.g. one KV cache per
   /// sequence) each device keeps: a job names one (submit_options::
   /// state_slot) and sees what the previous job of that slot stored. The

@@ -604,6 +604,49 @@ struct step_builder {
   }
 };
 
+/// Puts host copies of at most device_spec::inline_copy_max_bytes on the
+/// compute lane that reads them (h2d) or wrote them (d2h), see
+/// plan_options::inline_small_copies. Only at a lane's ends: an h2d whose
+/// consumers are all on one compute lane that has no step before it, a d2h
+/// of one compute-lane producer whose lane has no step after it. So a copy
+/// never splits a lane's run of compute steps (a replayed segment), and the
+/// lane order, by step id, is still a topological order. The memory plan
+/// takes no order from it (it orders compute steps only).
+void inline_small_copies(std::vector<step>& steps, const std::vector<device_spec>& devices) {
+  // (device, lane) -> the first and last step id on that compute lane.
+  std::map<std::pair<int, int>, std::pair<step_id, step_id>> span;
+  for (const step& st : steps) {
+    if (!on_compute_lane(st)) continue;
+    auto [it, fresh] = span.try_emplace({st.device, st.lane}, st.id, st.id);
+    if (!fresh) it->second.second = st.id;  // steps come in id order
+  }
+  for (step& st : steps) {
+    if (st.kind != step_kind::copy_h2d && st.kind != step_kind::copy_d2h) continue;
+    if (st.bytes > devices[static_cast<std::size_t>(st.device)].inline_copy_max_bytes) continue;
+    int lane = -1;
+    if (st.kind == step_kind::copy_h2d) {
+      for (step_id c : st.consumers) {
+        const step& cs = steps[static_cast<std::size_t>(c)];
+        const bool same = on_compute_lane(cs) && !cs.on_compute_stream && cs.device == st.device;
+        if (!same || (lane >= 0 && cs.lane != lane)) {
+          lane = -1;
+          break;
+        }
+        lane = cs.lane;
+      }
+      if (lane < 0 || span.at({st.device, lane}).first < st.id) continue;
+    } else {
+      if (st.deps.size() != 1) continue;
+      const step& ps = steps[static_cast<std::size_t>(st.deps[0])];
+      if (!on_compute_lane(ps) || ps.on_compute_stream || ps.device != st.device) continue;
+      lane = ps.lane;
+      if (span.at({st.device, lane}).second > st.id) continue;
+    }
+    st.lane = lane;
+    st.on_compute_stream = true;
+  }
+}
+
 // One job needs host memory for its inputs and outputs (outputs that are
 // non-contiguous views also need their storage there to gather from), and a
 // device whose memory is the host's (device_spec::in_host_memory) needs its
@@ -801,20 +844,24 @@ expected<std::shared_ptr<const plan>> planner::compile(std::shared_ptr<const gra
 
   if (auto e = group_collectives(*p)) return e;
 
-  // Lane order: compute steps per (device, lane), copies per (device, kind),
-  // both in step order (so lane order never contradicts deps).
+  for (step& st : p->steps_) {
+    if (st.kind != step_kind::collective) continue;
+    std::vector<const device_spec*> members;
+    for (step_id q : st.peers) members.push_back(&p->devices_[static_cast<std::size_t>(p->steps_[static_cast<std::size_t>(q)].device)]);
+    st.algo = choose_collective_algo(members, st.bytes, g.at(st.ops[0]).op, options.in_stream_collectives);
+    st.est_seconds = estimate_collective_seconds(g.at(st.ops[0]).op, st.algo, members, st.bytes);
+    // An in-stream collective part queues on compute lane 0 (plan.hpp, step).
+    if (runs_in_stream(st)) st.lane = 0;
+  }
+  if (options.inline_small_copies) inline_small_copies(p->steps_, p->devices_);
+
+  // Lane order: compute lanes (with the in-stream parts and copies inlined
+  // there) per (device, lane), copies per (device, kind), both in step order
+  // (so lane order never contradicts deps).
   std::map<std::tuple<int, int, int>, int> seq;
   std::vector<char> used(p->devices_.size(), 0);
   for (step& st : p->steps_) {
-    if (st.kind == step_kind::collective) {
-      std::vector<const device_spec*> members;
-      for (step_id q : st.peers) members.push_back(&p->devices_[static_cast<std::size_t>(p->steps_[static_cast<std::size_t>(q)].device)]);
-      st.algo = choose_collective_algo(members, st.bytes, g.at(st.ops[0]).op, options.in_stream_collectives);
-      st.est_seconds = estimate_collective_seconds(g.at(st.ops[0]).op, st.algo, members, st.bytes);
-      if (runs_in_stream(st)) st.lane = 0;
-    }
-    // An in-stream collective part queues on compute lane 0 (plan.hpp, step).
-    const bool compute_lane = st.kind == step_kind::compute || runs_in_stream(st);
+    const bool compute_lane = on_compute_lane(st);
     const int queue = compute_lane ? st.lane : -1;
     st.lane_seq = seq[{st.device, static_cast<int>(compute_lane ? step_kind::compute : st.kind), queue}]++;
     used[static_cast<std::size_t>(st.device)] = 1;

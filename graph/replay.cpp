@@ -31,9 +31,6 @@ bool parse_graph_replay_mode(const std::string& text, graph_replay_mode& out) no
 
 namespace {
 
-/// Compute steps and in-stream collective parts run on compute lanes.
-bool on_compute_lane(const step& s) noexcept { return s.kind == step_kind::compute || runs_in_stream(s); }
-
 bool same_queue(const step& a, const step& b) noexcept {
   return on_compute_lane(a) && on_compute_lane(b) && a.device == b.device && a.lane == b.lane;
 }
@@ -57,6 +54,12 @@ std::vector<replay_segment> replay_segments(const plan& p) {
   for (const step& s : p.steps()) {
     if (!on_compute_lane(s)) continue;
     const std::pair<int, int> key{s.device, s.lane};
+    if (s.on_compute_stream) {
+      // A copy inlined on the lane (at its start or end) is launched on its
+      // own: host memory of the job cannot be captured.
+      open[key] = false;
+      continue;
+    }
     auto& segs = by_queue[key];
     bool internal_deps = true;
     for (step_id d : waited[static_cast<std::size_t>(s.id)])

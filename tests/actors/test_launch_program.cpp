@@ -67,9 +67,9 @@ void expect_consistent(const launch_program& prog) {
       EXPECT_EQ(ls.pos, static_cast<int>(i));
       EXPECT_EQ(ls.kind, ps.kind);
       EXPECT_EQ(lq.device, ps.device);
-      // In-stream collective parts run on compute lane 0 (plan.hpp, step).
-      EXPECT_EQ(lq.kind, runs_in_stream(ps) ? step_kind::compute : ps.kind);
-      if (ps.kind == step_kind::compute || runs_in_stream(ps)) EXPECT_EQ(lq.lane, ps.lane);
+      // In-stream collective parts and inlined copies run on compute lanes (plan.hpp, step).
+      EXPECT_EQ(lq.kind, on_compute_lane(ps) ? step_kind::compute : ps.kind);
+      if (on_compute_lane(ps)) EXPECT_EQ(lq.lane, ps.lane);
       if (runs_in_stream(ps)) EXPECT_TRUE(lq.in_stream_parts);
       if (i > 0) EXPECT_LT(p.at(lq.steps[i - 1]).lane_seq, ps.lane_seq) << "queue " << q << " out of lane order";
       EXPECT_EQ(lq.remote_dep_counts[i], static_cast<int>(ls.remote_deps.size()));

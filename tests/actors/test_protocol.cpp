@@ -269,16 +269,26 @@ TEST_F(Protocol, CancelWhileWaitingForAnArena) {
   start(1, 1);
   auto g = std::make_shared<const ag::graph>(ag::test::random_dag({.seed = 2, .ops = 10}).value());
   auto p = core->compile(g, {}).value();
+  // j1 holds the only arena and stalls in its last compute op until released.
+  for (const auto& s : p->steps())
+    if (s.kind == ag::step_kind::compute) devs[0]->hold_op = g->at(s.ops.back()).name;
+  ASSERT_FALSE(devs[0]->hold_op.empty());
   auto in1 = inputs_for(*g, 1);
   auto j1 = core->submit(p, in1);
-  ASSERT_TRUE(run_until([&] { return j1.state() == ag::job_state::running; }));
+  sched->run();
+  ASSERT_TRUE(devs[0]->held());
+  ASSERT_EQ(j1.state(), ag::job_state::running);
+  // j2 asks the device actor for the arena: queued behind j1.
   auto j2 = core->submit(p, inputs_for(*g, 2));
-  // j2 starts and asks for the arena: queued behind j1.
-  for (int i = 0; i < 3 && !j1.ready(); ++i) sched->try_run_once();
-  ASSERT_FALSE(j1.ready());
+  sched->run();
+  ASSERT_FALSE(j2.ready());
   j2.cancel();
   sched->run();
   EXPECT_EQ(j2.state(), ag::job_state::cancelled);
+  ASSERT_FALSE(j1.ready());
+  devs[0]->hold_op.clear();  // j3 runs through
+  devs[0]->release();
+  sched->run();
   expect_reference(*g, in1, j1);
   auto in3 = inputs_for(*g, 3);
   auto j3 = core->submit(p, in3);
@@ -536,7 +546,9 @@ TEST_F(Protocol, ReadyBatchesLargerThanOneMessageArriveComplete) {
   }
   b.output(b.gelu(acc, ag::gelu_mode::tanh, "act"));
   auto g = std::make_shared<const ag::graph>(std::move(b).build().value());
-  auto p = core->compile(g, {}).value();
+  ag::plan_options copy_queues;
+  copy_queues.inline_small_copies = false;  // the copies take the h2d queue, the sums a compute lane
+  auto p = core->compile(g, copy_queues).value();
   auto lp = ag::actors::runtime_core::loaded(p);
   ASSERT_NE(lp, nullptr);
   // The h2d steps of one queue with consumers on one other queue.
@@ -616,7 +628,9 @@ TEST_F(Protocol, PinnedOutputsOffKeepsOutputsOnTheHeap) {
 TEST_F(Protocol, FailingStreamAndEventCallsFailTheJobNamingDeviceAndStep) {
   start(1, 2);
   auto g = std::make_shared<const ag::graph>(pinned_mlp(0, 4));
-  auto p = core->compile(g, {}).value();
+  ag::plan_options copy_queues;
+  copy_queues.inline_small_copies = false;  // copies on their queues: the compute step waits for them
+  auto p = core->compile(g, copy_queues).value();
   // create_event first: the actors' event pools are still empty.
   for (const char* call : {"create_event", "record", "wait"}) {
     SCOPED_TRACE(call);

@@ -12,6 +12,7 @@
 #include "graph/host_tensor.hpp"
 #include "graph/plan.hpp"
 #include "graph/random.hpp"
+#include "graph/replay.hpp"
 #include "plan_test_util.hpp"
 #include "random_dag.hpp"
 
@@ -88,9 +89,27 @@ void check_structure(const plan& p) {
       EXPECT_NE(std::find(d.begin(), d.end(), s.id), d.end());
     }
     EXPECT_EQ(s.deps.empty(), std::count(p.sources().begin(), p.sources().end(), s.id) == 1);
-    const int queue = s.kind == step_kind::compute ? s.lane : -1;
-    const int expected_seq = next_seq[{s.device, static_cast<int>(s.kind), queue}]++;
+    // Compute lanes hold compute steps, in-stream collective parts and copies
+    // inlined there (step::on_compute_stream); copies queue per kind otherwise.
+    const bool lane = on_compute_lane(s);
+    const int queue = lane ? s.lane : -1;
+    const int expected_seq = next_seq[{s.device, static_cast<int>(lane ? step_kind::compute : s.kind), queue}]++;
     EXPECT_EQ(s.lane_seq, expected_seq);
+    if (s.on_compute_stream) {
+      ASSERT_TRUE(s.kind == step_kind::copy_h2d || s.kind == step_kind::copy_d2h) << "step " << s.id;
+      EXPECT_LE(s.bytes, p.devices()[static_cast<std::size_t>(s.device)].inline_copy_max_bytes) << "step " << s.id;
+      // At the lane's start (h2d, read only there) or end (d2h of that lane's step).
+      for (const step& o : p.steps()) {
+        if (o.on_compute_stream || !on_compute_lane(o) || o.device != s.device || o.lane != s.lane) continue;
+        if (s.kind == step_kind::copy_h2d) EXPECT_GT(o.id, s.id) << "inlined h2d " << s.id << " after lane step " << o.id;
+        else EXPECT_LT(o.id, s.id) << "inlined d2h " << s.id << " before lane step " << o.id;
+      }
+      for (step_id c : s.consumers) {
+        EXPECT_EQ(p.at(c).device, s.device);
+        EXPECT_EQ(p.at(c).lane, s.lane);
+      }
+      for (step_id d : s.deps) EXPECT_EQ(p.at(d).lane, s.lane);
+    }
     if (s.kind == step_kind::compute) {
       node_id prev = -1;
       for (node_id id : s.ops) {
@@ -871,3 +890,50 @@ TEST(PlannerBadInput, ArenaLargerThan2To63IsRefusedNotWrapped) {
 }
 
 }  // namespace
+
+// plan_options::inline_small_copies: a host copy of at most its device's
+// inline_copy_max_bytes runs on the compute lane that reads it (first on it)
+// or wrote it (last on it); a larger one keeps its copy queue; off, or a
+// device whose limit is 0, keeps every copy on its queue.
+TEST(Planner, SmallHostCopiesRunOnTheComputeLaneThatUsesThem) {
+  graph_builder b;
+  auto tiny = b.input("tiny", dtype::f32, {4, 8});      // 128 bytes
+  auto large = b.input("large", dtype::f32, {256, 128});  // 128 KiB
+  auto w = b.weight("w", host_tensor::random_normal(dtype::f32, {8, 128}, 5));
+  auto h = b.matmul(tiny, w, false, false, "h");          // [4, 128]
+  b.output(b.gelu(h, gelu_mode::tanh, "small_out"));      // 2 KiB
+  b.output(b.add(large, large, "large_out"));             // 128 KiB
+  auto g = finish(std::move(b));
+  auto named = [&](const plan& p, step_kind k, const std::string& n) -> const step& {
+    for (const step& st : p.steps())
+      if (st.kind == k && g->at(st.ops.at(0)).name == n) return st;
+    ADD_FAILURE() << "no " << to_string(k) << " of " << n;
+    return p.steps().front();
+  };
+  {
+    auto p = must_compile(g, sim_devices(1));
+    ASSERT_TRUE(p);
+    check_structure(*p);
+    EXPECT_TRUE(check_hazards(*p).ok());
+    const step& in_tiny = named(*p, step_kind::copy_h2d, "tiny");
+    EXPECT_TRUE(in_tiny.on_compute_stream);
+    EXPECT_EQ(in_tiny.lane, 0);
+    EXPECT_FALSE(named(*p, step_kind::copy_h2d, "large").on_compute_stream);
+    EXPECT_TRUE(named(*p, step_kind::copy_d2h, "small_out").on_compute_stream);
+    EXPECT_FALSE(named(*p, step_kind::copy_d2h, "large_out").on_compute_stream);
+    EXPECT_NE(p->describe().find("inline on lane 0"), std::string::npos) << p->describe();
+    // Inlined copies never split a replayed run of compute steps.
+    for (const replay_segment& seg : replay_segments(*p))
+      for (step_id id : seg.steps) EXPECT_EQ(p->at(id).kind, step_kind::compute);
+  }
+  plan_options off;
+  off.inline_small_copies = false;
+  auto no_limit = sim_devices(1);
+  no_limit[0].inline_copy_max_bytes = 0;
+  for (auto [devices, options] : {std::pair{sim_devices(1), off}, std::pair{no_limit, plan_options{}}}) {
+    auto p = must_compile(g, devices, options);
+    ASSERT_TRUE(p);
+    check_structure(*p);
+    for (const step& st : p->steps()) EXPECT_FALSE(st.on_compute_stream) << "step " << st.id;
+  }
+}
