@@ -78,6 +78,13 @@ struct runtime_options {
   /// device still runs the lanes concurrently). Copy engines keep their own
   /// actors either way.
   bool actor_per_lane = false;
+  /// A job whose plan finds an arena free on every device it uses starts on
+  /// the submitting thread: submit takes the arenas and sends the first
+  /// steps to their executing actors itself, two actor hops (device actor,
+  /// job actor) fewer between submit() and the first launch. A job that
+  /// must wait, or any job when this is off, asks each device actor for its
+  /// arena in turn, and jobs still get their arenas in submission order.
+  bool start_jobs_on_submit = true;
   /// Trace records kept until take_trace(): a ring of the newest ones (about
   /// 100 bytes each plus labels); older ones are dropped and counted in
   /// trace::dropped_records. Bounds tracing's memory in long runs.
@@ -88,6 +95,13 @@ struct runtime_options {
   /// returns to the pool when the last host_tensor holding it is destroyed
   /// (copies of an output are heap memory). False: outputs are heap memory.
   bool pinned_outputs = true;
+  /// A job input of at most this many bytes that a device offering host
+  /// memory of its own (CUDA's pinned pool) copies in is first copied into
+  /// that memory by submit(), on the submitting thread: the device then
+  /// copies it straight from there instead of through its staging (a pool
+  /// buffer and an event per copy, 15 us of the copying actor's time per
+  /// copy on an H100). The job keeps the copy until it ends. 0: never.
+  int64_t pinned_inputs_max_bytes = int64_t{64} << 10;
   /// Weights that are not in host memory (a memory-mapped checkpoint) are
   /// uploaded by compile() in chunks of whole rows of at most this many
   /// bytes (one row when a row is larger), read straight into one staging

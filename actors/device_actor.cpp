@@ -60,12 +60,10 @@ caf::behavior device_actor_fn(device_actor_t* self, gpu::device_ptr dev, int cap
         auto mem = std::static_pointer_cast<plan_memory>(m.memory);
         auto& pool = self->state.pools[mem->plan_key()];
         pool.mem = std::move(mem);
-        // compile() allocated the arenas it found already (at least the first).
+        // compile() allocated the first arena and put it in the free list
+        // (plan_memory::put_free); the others are allocated here on demand.
         for (std::size_t i = 0; i < pool.mem->arenas.size(); ++i)
-          if (pool.mem->arenas[i]) {
-            pool.mem->put_free(static_cast<int>(i));
-            ++pool.allocated;
-          }
+          if (pool.mem->arenas[i]) ++pool.allocated;
       },
       [self](const msg::unload_plan& m) {
         auto& st = self->state;

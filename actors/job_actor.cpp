@@ -381,6 +381,17 @@ std::shared_ptr<job_context> make_job_context(runtime_core* core, const std::sha
   ctx->user_plan = std::move(user_plan);
   ctx->arenas.assign(core->devices().size(), -1);
   ctx->inputs = std::move(inputs);
+  for (std::size_t k = 0; k < ctx->inputs.size(); ++k) {
+    // A small input goes to its device's pinned host memory here, so the
+    // device copies it without staging (runtime_options::pinned_inputs_max_bytes).
+    host_memory_resource* pinned = ctx->lp->input_memory[k];
+    host_tensor& in = ctx->inputs[k];
+    if (!pinned || in.memory() == pinned) continue;
+    auto copy = host_tensor::create_uninitialized(in.type(), in.dims(), pinned);
+    if (!copy || copy->bytes() != in.bytes()) continue;  // no pinned memory: the device stages it
+    std::memcpy(copy->data(), in.data(), in.bytes());
+    in = std::move(*copy);
+  }
   ctx->state_slot = state_slot;
   ctx->in_slot_table.store(state_slot >= 0);  // runtime_core::submit entered it
   ctx->timing = core->options().trace;

@@ -103,6 +103,10 @@ struct loaded_plan {
   /// By output: where its host buffer comes from (the host_memory() of the
   /// device that copies it out, when runtime_options::pinned_outputs); null: heap.
   std::vector<host_memory_resource*> output_memory;
+  /// By input: the host memory submit() copies it into first (the
+  /// host_memory() of a device that copies it in, for inputs of at most
+  /// runtime_options::pinned_inputs_max_bytes); null: used where it is.
+  std::vector<host_memory_resource*> input_memory;
   runtime_core* core = nullptr;
   /// Issue order of collectives (actors/stream_actor.cpp, communication
   /// queues): each job of this plan draws the next number when it starts

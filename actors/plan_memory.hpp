@@ -82,7 +82,8 @@ class plan_memory final : public msg::plan_memory_ref {
     free_.pop_back();
     return a;
   }
-  /// Device actor only: arena `a` is free (no request waits for it).
+  /// Arena `a` is free (no request waits for it): the device actor's, or
+  /// compile()'s for the first arena, before the device actor knows the plan.
   void put_free(int a) {
     std::lock_guard<std::mutex> lk(free_mu_);
     free_.push_back(a);

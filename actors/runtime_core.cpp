@@ -213,6 +213,13 @@ expected<std::shared_ptr<const plan>> runtime_core::compile(std::shared_ptr<cons
         lp->output_memory[static_cast<std::size_t>(ls.copy.io_index)] =
             devices_[static_cast<std::size_t>(ls.device)]->host_memory();
     }
+  lp->input_memory.assign(gr.inputs().size(), nullptr);
+  for (const lowered_step& ls : prog.steps()) {
+    if (ls.kind != step_kind::copy_h2d) continue;
+    const auto k = static_cast<std::size_t>(ls.copy.io_index);
+    if (lp->input_memory[k] || gr.at(gr.inputs()[k]).own_bytes() > opts_.pinned_inputs_max_bytes) continue;
+    lp->input_memory[k] = devices_[static_cast<std::size_t>(ls.device)]->host_memory();
+  }
 
   // plan_options::share_state_with / share_weights_with: those plans as
   // this runtime loaded them.
@@ -304,6 +311,7 @@ expected<std::shared_ptr<const plan>> runtime_core::compile(std::shared_ptr<cons
                        std::to_string(mem.weight_bytes) + " bytes of weights): " + a.err().message,
                    d};
     m->arenas[0] = *a;
+    m->put_free(0);  // free for the first job (start on submit), before the device actor hears of it
     lp->memory[static_cast<std::size_t>(d)] = std::move(m);
   }
   if (lp->state_slots > 0)  // one job at a time per slot, across the plans sharing the state
@@ -410,7 +418,7 @@ job runtime_core::submit(const std::shared_ptr<const plan>& p, std::vector<host_
   caf::actor ja = options.state_slot >= 0 ? lp->slots->acquire(options.state_slot, ss->id, spawn) : spawn(true);
   if (dead) {
     caf::anon_send(ja, msg::fail_job{std::move(dead)});
-  } else if (its_turn && !used.empty() && !try_start_now(*ctx)) {
+  } else if (its_turn && !used.empty() && !(opts_.start_jobs_on_submit && try_start_now(*ctx))) {
     // The first arena request goes out from here, not from the job actor:
     // CAF starts freshly spawned actors in no particular order (work
     // stealing runs the newest first), so jobs would queue for their first

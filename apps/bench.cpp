@@ -161,6 +161,9 @@ struct then_result {
 /// enqueue (completion seen, message, next actor), and the last end -> the
 /// continuation. Tracing adds its own cost: the total is higher than the
 /// untraced figure.
+bool then_inline_copies = true;  // --inline-copies
+bool then_pinned_inputs = true;  // --pinned-inputs
+
 then_result run_submit_to_then(const std::string& devices, int jobs, int threads, bool breakdown = false) {
   ag::runtime_options o = base_options;
   o.backend.sim.zero_delay = true;
@@ -178,6 +181,7 @@ then_result run_submit_to_then(const std::string& devices, int jobs, int threads
   if (!g) die("tiny graph", g.err());
   ag::plan_options po;
   po.policy = ag::placement_policy::single;
+  po.inline_small_copies = then_inline_copies;
   auto p = (*rt)->compile(std::move(*g), po);
   if (!p) die("compile (tiny)", p.err());
   const std::vector<ag::host_tensor> in{ag::host_tensor::random_normal(ag::dtype::f32, {n}, 5, 1.0f)};
@@ -292,11 +296,18 @@ int main(int argc, char** argv) {
   app.add_option("--in-flight", in_flight, "dispatch jobs in flight at once")->check(CLI::Range(1, 1000000));
   app.add_option("--then-devices", then_devices, "device spec of the submit_to_then_us figure (sim:1, cpu:1, cuda:0)");
   app.add_option("--then-jobs", then_jobs, "tiny jobs timed for submit_to_then_us")->check(CLI::Range(1, 10000000));
+  app.add_option("--start-on-submit", base_options.start_jobs_on_submit,
+                 "on|off: runtime_options::start_jobs_on_submit (a job with free arenas starts from submit)");
+  app.add_option("--pinned-inputs", then_pinned_inputs,
+                 "on|off: runtime_options::pinned_inputs_max_bytes 64 KiB or 0 (submit copies small inputs to pinned memory)");
+  app.add_option("--inline-copies", then_inline_copies,
+                 "on|off: plan_options::inline_small_copies of the submit_to_then_us job (its copies on its compute lane)");
   app.add_option("--dispatch-only", only,
                  "1: many-split jobs only, 2: 6-split jobs only, 3: 1-3 op splits only, 4: submit_to_then_us only "
                  "(for profilers); 5: submit_to_then's round trip cut into hops (trace on); 0: everything")
       ->check(CLI::Range(0, 5));
   if (auto status = ag::apps::parse_flags(app, argc, argv)) return *status;
+  if (!then_pinned_inputs) base_options.pinned_inputs_max_bytes = 0;
 
   // Dispatch cost: jobs of many small splits (the headline figure), and small
   // jobs of 6 splits, where the fixed per-job cost (job actor, arenas, handle)

@@ -108,12 +108,17 @@ struct decode_args {
   std::string gemv = "on";      ///< backend_options::cuda_gemv (on: the default)
   std::string projections = "on";  ///< plan_options::fuse_projections of both plans (on: the default)
   std::string pdl = "on";          ///< backend_options::cuda_pdl (on: the default)
+  std::string inline_copies = "on";  ///< plan_options::inline_small_copies of both plans (on: the default)
+  std::string start_on_submit = "on";  ///< runtime_options::start_jobs_on_submit (on: the default)
+  std::string pinned_inputs = "on";    ///< runtime_options::pinned_inputs_max_bytes 64 KiB (on: the default) or 0
 };
 
 int run_decode(const decode_args& a) {
   ag::runtime_options ro;
   ro.backend.cuda_gemv = a.gemv == "on";
   ro.backend.cuda_pdl = a.pdl == "on";
+  ro.start_jobs_on_submit = a.start_on_submit == "on";
+  if (a.pinned_inputs == "off") ro.pinned_inputs_max_bytes = 0;
   auto rt = ag::runtime::create(a.devices, ro);
   if (!rt) return fail(rt.err());
   const auto t_open = clock_type::now();
@@ -128,6 +133,7 @@ int run_decode(const decode_args& a) {
     return fail({ag::errc::invalid_argument, "--replay must be off, on or auto, got '" + a.replay + "'"});
   go.plan.fuse_ops = a.fusion == "on";
   go.plan.fuse_projections = a.projections == "on";
+  go.plan.inline_small_copies = a.inline_copies == "on";
   auto gen = ag::generator::create(**rt, model->model_config(1), model->provider(), go);
   if (!gen) return fail(gen.err());
   const double load_s = seconds_since(t_open);
@@ -241,9 +247,11 @@ int run_decode(const decode_args& a) {
               model_gb * 1e9 / static_cast<double>(model->model_bytes()), static_cast<double>(model->model_bytes()) / 1e9,
               load_s);
   std::printf(
-      "%-28s %.3f ms/token (median of %zu), context %lld, graph replay %s, fusion %s, gemv %s, projections %s, pdl %s\n",
+      "%-28s %.3f ms/token (median of %zu), context %lld, graph replay %s, fusion %s, gemv %s, projections %s, pdl %s, "
+      "inline copies %s, start on submit %s, pinned inputs %s\n",
       "decode", ms, gaps.size(), static_cast<long long>(a.context), a.replay.c_str(), a.fusion.c_str(), a.gemv.c_str(),
-      a.projections.c_str(), a.pdl.c_str());
+      a.projections.c_str(), a.pdl.c_str(), a.inline_copies.c_str(), a.start_on_submit.c_str(),
+      a.pinned_inputs.c_str());
   std::printf("%-28s %.3f ms (%.1f MB weights + %.1f MB cache at %.0f GB/s)\n", "bandwidth floor", floor_ms,
               weights_read / 1e6, cache / 1e6, bw / 1e9);
   if (!device_ms.empty()) {
@@ -300,6 +308,15 @@ int main(int argc, char** argv) {
   app.add_option("--gemv", d.gemv, "decode: backend_options::cuda_gemv, the GEMV kernel for few-row matmuls (on, off)")
       ->check(CLI::IsMember({"on", "off"}));
   app.add_option("--pdl", d.pdl, "decode: backend_options::cuda_pdl, kernels as programmatic dependent launches (on, off)")
+      ->check(CLI::IsMember({"on", "off"}));
+  app.add_option("--inline-copies", d.inline_copies,
+                 "decode: plan_options::inline_small_copies, small host copies on the compute lane (on, off)")
+      ->check(CLI::IsMember({"on", "off"}));
+  app.add_option("--pinned-inputs", d.pinned_inputs,
+                 "decode: runtime_options::pinned_inputs_max_bytes, small inputs copied to pinned memory by submit (on, off)")
+      ->check(CLI::IsMember({"on", "off"}));
+  app.add_option("--start-on-submit", d.start_on_submit,
+                 "decode: runtime_options::start_jobs_on_submit, jobs with free arenas start from submit (on, off)")
       ->check(CLI::IsMember({"on", "off"}));
   if (auto status = ag::apps::parse_flags(app, argc, argv)) return *status;
   if (mode == "sim") return run_sim(time_scale, sequences, sim_tokens);

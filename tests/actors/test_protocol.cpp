@@ -40,6 +40,8 @@ struct Protocol : ::testing::Test {
   bool actor_per_lane = false;  ///< runtime_options::actor_per_lane of the next start()
   double stall_factor = 0;      ///< runtime_options::stall_factor of the next start()
   double stall_min_seconds = 1.0;
+  bool start_on_submit = true;  ///< runtime_options::start_jobs_on_submit of the next start()
+  int64_t pinned_inputs_max_bytes = int64_t{64} << 10;  ///< runtime_options::pinned_inputs_max_bytes
 
   void start(int n, int arenas, int64_t mem = 1LL << 30, bool pinned_outputs = true,
              const std::function<void(ag::test::fake_device&)>& configure = {}) {
@@ -59,6 +61,8 @@ struct Protocol : ::testing::Test {
     o.actor_per_lane = actor_per_lane;
     o.stall_factor = stall_factor;
     o.stall_min_seconds = stall_min_seconds;
+    o.start_jobs_on_submit = start_on_submit;
+    o.pinned_inputs_max_bytes = pinned_inputs_max_bytes;
     core = std::make_unique<ag::actors::runtime_core>(*sys, d, o);
     sched->run();
   }
@@ -128,6 +132,23 @@ ag::graph pinned_mlp(int device, uint64_t seed) {
   auto z = b.add(y, x, "resid");
   for (auto t : {h, y, z}) b.pin(t, device);
   b.output(z);
+  return std::move(b).build().value();
+}
+
+/// fc0 (+ gelu) pinned to device 0, fc1 to device 1; outputs: act0 (copied
+/// out of device 0), fc1 (out of device 1) and fc1's transpose (a
+/// non-contiguous view on device 1).
+ag::graph two_device_mlp() {
+  ag::graph_builder b;
+  auto x = b.input("x", ag::dtype::f32, {6, 10});
+  auto w = b.weight("w", ag::host_tensor::random_normal(ag::dtype::f32, {10, 10}, 3, 0.3f));
+  auto h0 = b.gelu(b.matmul(x, w, false, false, "fc0"), ag::gelu_mode::tanh, "act0");
+  auto h1 = b.matmul(h0, w, false, false, "fc1");
+  b.pin(h0, 0);
+  b.pin(h1, 1);
+  b.output(h0);
+  b.output(h1);
+  b.output(b.transpose(h1, 0, 1, "h1_t"));
   return std::move(b).build().value();
 }
 
@@ -254,6 +275,7 @@ TEST_F(Protocol, CancelInFlightDropsStepsAndReleasesTheArena) {
 }
 
 TEST_F(Protocol, CancelBeforeTheJobActorStarted) {
+  start_on_submit = false;  // else submit starts the job itself (AJobWhoseArenasAreFreeIsStartedBySubmit)
   start(1, 1);
   auto g = std::make_shared<const ag::graph>(ag::test::random_dag({.seed = 5, .ops = 10}).value());
   auto p = core->compile(g, {}).value();
@@ -295,6 +317,37 @@ TEST_F(Protocol, CancelWhileWaitingForAnArena) {
   sched->run();
   expect_reference(*g, in3, j3);
 }
+
+// runtime_options::start_jobs_on_submit: a job that finds its arenas free
+// is running when submit() returns (submit took the arenas and sent run_job;
+// no device or job actor ran); one that must wait is queued behind it, and
+// starts, in order, when the arenas come back. Off, every job waits for its
+// device actors' answers.
+void start_on_submit_case(Protocol& t, bool on) {
+  t.start_on_submit = on;
+  t.start(2, 1);
+  auto g = std::make_shared<const ag::graph>(two_device_mlp());
+  auto p = t.core->compile(g, {}).value();
+  ASSERT_EQ(p->used_devices().size(), 2u);
+  auto in1 = inputs_for(*g, 1), in2 = inputs_for(*g, 2);
+  auto j1 = t.core->submit(p, in1);
+  EXPECT_EQ(j1.state(), on ? ag::job_state::running : ag::job_state::queued);
+  auto j2 = t.core->submit(p, in2);
+  EXPECT_EQ(j2.state(), ag::job_state::queued);  // j1 holds the only arenas
+  t.sched->run();
+  expect_reference(*g, in1, j1);
+  expect_reference(*g, in2, j2);
+  EXPECT_LE(j1.times().started_ns, j2.times().started_ns);
+  auto in3 = inputs_for(*g, 3);
+  auto j3 = t.core->submit(p, in3);  // the arenas are back in the free lists
+  EXPECT_EQ(j3.state(), on ? ag::job_state::running : ag::job_state::queued);
+  t.sched->run();
+  expect_reference(*g, in3, j3);
+}
+
+TEST_F(Protocol, AJobWhoseArenasAreFreeIsStartedBySubmit) { start_on_submit_case(*this, true); }
+
+TEST_F(Protocol, WithStartOnSubmitOffEveryJobAsksItsDeviceActors) { start_on_submit_case(*this, false); }
 
 TEST_F(Protocol, DeviceDeathFailsOnlyTheJobsOnThatDevice) {
   start(2, 2);
@@ -578,17 +631,7 @@ TEST_F(Protocol, OutputsComeFromTheCopyingDevicesHostMemory) {
   ag::test::counting_host_memory mem;
   start(2, 2);
   devs[1]->host_mem = &mem;  // device 0 offers none: its outputs stay on the heap
-  ag::graph_builder b;
-  auto x = b.input("x", ag::dtype::f32, {6, 10});
-  auto w = b.weight("w", ag::host_tensor::random_normal(ag::dtype::f32, {10, 10}, 3, 0.3f));
-  auto h0 = b.gelu(b.matmul(x, w, false, false, "fc0"), ag::gelu_mode::tanh, "act0");
-  auto h1 = b.matmul(h0, w, false, false, "fc1");
-  b.pin(h0, 0);
-  b.pin(h1, 1);
-  b.output(h0);                                // copied out of device 0
-  b.output(h1);                                // copied out of device 1
-  b.output(b.transpose(h1, 0, 1, "h1_t"));     // non-contiguous view on device 1
-  auto g = std::make_shared<const ag::graph>(std::move(b).build().value());
+  auto g = std::make_shared<const ag::graph>(two_device_mlp());
   auto p = core->compile(g, {}).value();
   auto in = inputs_for(*g, 21);
   {
@@ -608,17 +651,50 @@ TEST_F(Protocol, OutputsComeFromTheCopyingDevicesHostMemory) {
   EXPECT_EQ(mem.bad_deallocations(), 0);
 }
 
+/// One job of pinned_mlp(0) on a device that offers `mem` as its host
+/// memory, with pinned outputs off and runtime_options::
+/// pinned_inputs_max_bytes = `pinned_inputs_limit`; checked against the
+/// reference. Returns how many buffers `mem` handed out by the time submit()
+/// returned (before any actor ran) and whether the output is heap memory.
+std::pair<int, bool> mlp_job_on_host_memory(Protocol& t, ag::test::counting_host_memory& mem,
+                                            int64_t pinned_inputs_limit) {
+  t.pinned_inputs_max_bytes = pinned_inputs_limit;
+  t.start(1, 2, 1LL << 30, /*pinned_outputs=*/false);
+  t.devs[0]->host_mem = &mem;
+  auto g = std::make_shared<const ag::graph>(pinned_mlp(0, 5));
+  auto p = t.core->compile(g, {}).value();
+  auto in = inputs_for(*g, 8);
+  auto j = t.core->submit(p, in);
+  const int at_submit = mem.allocations();
+  t.sched->run();
+  expect_reference(*g, in, j);
+  return {at_submit, j.ready() && j.wait().has_value() && j.wait()->front().memory() == nullptr};
+}
+
 TEST_F(Protocol, PinnedOutputsOffKeepsOutputsOnTheHeap) {
   ag::test::counting_host_memory mem;
-  start(1, 2, 1LL << 30, /*pinned_outputs=*/false);
-  devs[0]->host_mem = &mem;
-  auto g = std::make_shared<const ag::graph>(pinned_mlp(0, 5));
-  auto p = core->compile(g, {}).value();
-  auto in = inputs_for(*g, 8);
-  auto j = core->submit(p, in);
+  const auto [at_submit, heap_output] = mlp_job_on_host_memory(*this, mem, 0);  // inputs stay where they are too
+  EXPECT_TRUE(heap_output);
+  EXPECT_EQ(at_submit, 0);
+  EXPECT_EQ(mem.allocations(), 0);
+}
+
+// runtime_options::pinned_inputs_max_bytes: submit() copies an input of at
+// most that size into the host memory of the device that copies it in, so
+// the device copies it without staging; the values still match, and the
+// buffer goes back when the job ends. A larger input stays where it is.
+TEST_F(Protocol, SmallInputsAreCopiedIntoTheCopyingDevicesHostMemoryBySubmit) {
+  ag::test::counting_host_memory mem;
+  // x of pinned_mlp: [4, 8] f32, 128 bytes
+  EXPECT_EQ(mlp_job_on_host_memory(*this, mem, 4 * 8 * 4).first, 1);
   sched->run();
-  expect_reference(*g, in, j);
-  EXPECT_EQ(j.wait()->front().memory(), nullptr);
+  EXPECT_EQ(mem.live(), 0u) << "the pinned input outlived its job";
+  EXPECT_EQ(mem.bad_deallocations(), 0);
+}
+
+TEST_F(Protocol, InputsLargerThanThePinnedLimitStayWhereTheyAre) {
+  ag::test::counting_host_memory mem;
+  EXPECT_EQ(mlp_job_on_host_memory(*this, mem, 4 * 8 * 4 - 1).first, 0);
   EXPECT_EQ(mem.allocations(), 0);
 }
 
@@ -718,6 +794,7 @@ TEST_F(Protocol, DeviceDeathReachesAJobWithItsReasonWhenTheNoticeComesFirst) {
   start(1, 2);
   auto g = std::make_shared<const ag::graph>(pinned_mlp(0, 6));
   auto p = core->compile(g, {}).value();
+  sched->run();  // the device actor registers the plan: the fault notice is its next message
   auto j = core->submit(p, inputs_for(*g, 1));
   ASSERT_TRUE(run_until([&] { return j.state() == ag::job_state::running; }));
   caf::actor job_actor;
