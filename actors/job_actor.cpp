@@ -152,15 +152,15 @@ void gather_outputs(const job_context& ctx) {
   }
 }
 
-/// Readies `ctx` to run once it holds every arena (outputs, slots, its
-/// collective order, the completion count); returns how many completion
-/// steps it waits for. On the job actor, or on the submitting thread
-/// (try_start_now) before any message reaches the actor.
-std::size_t prepare_run(job_context& ctx) {
+/// The job's per-step slots and output buffers (and the storage copies of
+/// non-contiguous outputs), unless made already. Throws when host memory
+/// runs out.
+void allocate_job_buffers(job_context& ctx) {
   const auto& lp = *ctx.lp;
   const auto& prog = *lp.program;
   const graph& g = prog.source().source();
   ctx.slots.resize(prog.steps().size());
+  if (!ctx.outputs.empty() || g.outputs().empty()) return;
   ctx.outputs.reserve(g.outputs().size());
   // Every output is written in full (by its d2h copy, or by the gather from
   // its storage's copy), so no zero-fill: on a fresh buffer that pass alone
@@ -177,8 +177,20 @@ std::size_t prepare_run(job_context& ctx) {
     const node& sn = g.at(g.at(g.outputs()[io]).storage);
     ctx.staging[io] = host_tensor::uninitialized(sn.type, sn.dims, lp.output_memory[io]);
   }
+}
+
+/// Readies `ctx` to run once it holds every arena (its buffers, its
+/// collective order, the completion count); returns how many completion
+/// steps it waits for. On the job actor, or on the submitting thread
+/// (try_start_now) before any message reaches the actor.
+std::size_t prepare_run(job_context& ctx) {
+  const auto& lp = *ctx.lp;
+  const auto& prog = *lp.program;
+  allocate_job_buffers(ctx);
   // The job's place in the plan's agreed collective order: drawn now that
-  // it holds every arena, so a job never waits for one drawn after it.
+  // it holds every arena, so a job never waits for one drawn after it (and
+  // after anything that may throw: a number drawn by a job that never runs
+  // would stall the jobs after it).
   ctx.collective_seq = lp.next_collective_seq.fetch_add(1, std::memory_order_relaxed);
   const std::size_t remaining = prog.completion_steps().size();
   ctx.completions_left.store(static_cast<int>(remaining), std::memory_order_relaxed);
@@ -420,15 +432,25 @@ bool try_start_now(job_context& ctx) {
     if (a < 0) break;
     ctx.arenas[static_cast<std::size_t>(d)] = a;
   }
-  if (taken < used.size()) {
-    // Not all free: give back what was taken (through the device actors,
-    // which hand an arena to a request that waits first); the job asks as usual.
+  // Gives back what was taken (through the device actors, which hand an
+  // arena to a request that waits first); the job then asks as usual.
+  auto give_back = [&] {
     for (std::size_t k = 0; k < taken; ++k) {
       const auto d = static_cast<std::size_t>(used[k]);
       caf::anon_send(ctx.core->device_actor(used[k]), msg::release_arena{lp.key, ctx.arenas[d]});
       ctx.arenas[d] = -1;
     }
     return false;
+  };
+  if (taken < used.size()) return give_back();
+  try {
+    allocate_job_buffers(ctx);
+  } catch (...) {
+    // submit() must not throw: the job actor tries again, and fails the job
+    // if its host memory is still short.
+    ctx.outputs.clear();
+    ctx.staging.clear();
+    return give_back();
   }
   ctx.start = job_start::running;  // before anything can reach the actor
   prepare_run(ctx);
