@@ -241,6 +241,11 @@ bool cuda_gemv = true;
 bool cuda_pdl = true;
 /// --in-stream: plan_options::in_stream_collectives of every plan the bench runs.
 bool in_stream_collectives = false;
+/// --tiny-job-path off: jobs start through the device and job actors, small
+/// inputs are not pinned at submit and small copies keep their copy queues
+/// (runtime_options::start_jobs_on_submit, pinned_inputs_max_bytes,
+/// plan_options::inline_small_copies), as before session 15.
+bool tiny_job_path = true;
 
 std::unique_ptr<ag::runtime> runtime_of(const layer_run& c, bool trace, int arenas) {
   ag::runtime_options ro;
@@ -248,6 +253,8 @@ std::unique_ptr<ag::runtime> runtime_of(const layer_run& c, bool trace, int aren
   ro.backend.cuda_pdl = cuda_pdl;
   ro.trace = trace;
   ro.arenas_per_device = arenas;
+  ro.start_jobs_on_submit = tiny_job_path;
+  if (!tiny_job_path) ro.pinned_inputs_max_bytes = 0;
   ro.backend.sim.spec = c.sim_spec;
   ro.backend.sim.spec.kind = ag::device_kind::sim;
   ro.backend.sim.compute_values = false;
@@ -281,6 +288,7 @@ run_result time_layer(const layer_run& c, const std::shared_ptr<const ag::graph>
   if (c.n > 1) po.tensor_parallel = c.n;
   po.tp_overlap = c.overlap;
   po.in_stream_collectives = in_stream_collectives;
+  po.inline_small_copies = tiny_job_path;
   if (c.replay_off) po.graph_replay = ag::graph_replay_mode::off;
   auto p = rt->compile(g, po);
   if (!p) die("compile at degree " + std::to_string(c.n) + " on " + spec, p.err());
@@ -695,6 +703,7 @@ layout_time time_layout(layer_run c, int stages, int tp, const std::shared_ptr<c
   po.pipeline_stages = stages;
   po.tensor_parallel = tp;
   po.in_stream_collectives = in_stream_collectives;
+  po.inline_small_copies = tiny_job_path;
   // A job holds an arena on each of its devices from its start to its end,
   // so a 4-stage pipeline keeps its stages busy only with at least 4 jobs
   // holding memory; 16 (every micro-batch of the default round) fill each
@@ -864,6 +873,11 @@ int main(int argc, char** argv) {
                  "cuda: plan_options::in_stream_collectives (experimental), small all-reduces as kernels of the "
                  "compute stream that meet on the devices (on, off: the communication queue)")
       ->check(CLI::IsMember({"on", "off"}));
+  std::string tiny_jobs = "on";
+  app.add_option("--tiny-job-path", tiny_jobs,
+                 "start on submit, pinned small inputs and small copies on the compute lane (on: the defaults; off: "
+                 "none of them, as before session 15)")
+      ->check(CLI::IsMember({"on", "off"}));
   app.add_flag("--no-overlap", no_overlap,
                "cuda:all: plan the layer with plan_options::tp_overlap off (each row-parallel matmul whole, then "
                "one all-reduce), to compare with the chunked overlap");
@@ -897,6 +911,7 @@ int main(int argc, char** argv) {
   cuda_gemv = gemv == "on";
   cuda_pdl = pdl == "on";
   in_stream_collectives = in_stream == "on";
+  tiny_job_path = tiny_jobs == "on";
 
   std::vector<figure> figs;
   if (!allreduce_spec.empty()) {
