@@ -81,6 +81,45 @@ uint64_t next_device_uid() {
   return next.fetch_add(1, std::memory_order_relaxed);
 }
 
+/// Device memory given back while jobs may run (a plan unloaded) is freed
+/// later, per GPU: cudaFree waits for all of the GPU's work, so a plan
+/// dropped beside another plan's jobs stalled them, and on logical devices
+/// of one GPU it deadlocked with in-stream collective parts spinning on
+/// their peers (whose next launch then waited behind the free) until the
+/// parts gave up after cuda_collective_timeout_s (an H100, session 15:
+/// "cudaFree blocked the host for 5000 ms"). The memory is freed when an
+/// allocation on that GPU runs short (it is then retried once) and when a
+/// device of that GPU is destroyed. Shared by the logical devices of a GPU:
+/// keyed by CUDA ordinal.
+class deferred_frees {
+ public:
+  static deferred_frees& instance() {
+    static auto* d = new deferred_frees;  // never destroyed: devices may outlive statics
+    return *d;
+  }
+  void add(int ordinal, void* p) {
+    std::lock_guard<std::mutex> lk(mu_);
+    pending_[ordinal].push_back(p);
+  }
+  /// Frees every pointer deferred on `ordinal` (the caller made it current);
+  /// false when there was none.
+  bool flush(int ordinal, const std::string& who) {
+    std::vector<void*> mine;
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      auto it = pending_.find(ordinal);
+      if (it == pending_.end() || it->second.empty()) return false;
+      mine.swap(it->second);
+    }
+    slow_call probe(who, "cudaFree (deferred)");
+    for (void* q : mine) AG_CUDA_ASSERT(cudaFree(q));
+    return true;
+  }
+ private:
+  std::mutex mu_;
+  std::map<int, std::vector<void*>> pending_;
+};
+
 class cuda_device final : public device {
  public:
   cuda_device(std::shared_ptr<core> c, device_spec spec, int index, const backend_options& opts, int sm_count,
@@ -100,6 +139,7 @@ class cuda_device final : public device {
     std::lock_guard<std::mutex> lk(mem_mu_);
     if (profiling_) print_op_profile();
     for (auto& [p, n] : allocs_) AG_CUDA_ASSERT(cudaFree(p));
+    (void)deferred_frees::instance().flush(core_->ordinal, spec_.name);
     for (void* p : host_allocs_) AG_CUDA_ASSERT(cudaFreeHost(p));
     // In-stream memory: peers' parts read it only while a job of a plan on
     // this device runs, and the runtime stops those before its devices go.
@@ -122,8 +162,16 @@ class cuda_device final : public device {
     device_guard g(core_->ordinal);
     void* p = nullptr;
     const size_t n = static_cast<size_t>(std::max<int64_t>(bytes, 256));
-    slow_call probe(spec_.name, "cudaMalloc");
-    const cudaError_t r = cudaMalloc(&p, n);
+    cudaError_t r = cudaSuccess;
+    {
+      slow_call probe(spec_.name, "cudaMalloc");
+      r = cudaMalloc(&p, n);
+    }
+    if (r == cudaErrorMemoryAllocation && deferred_frees::instance().flush(core_->ordinal, spec_.name)) {
+      (void)cudaGetLastError();
+      slow_call probe(spec_.name, "cudaMalloc (after the deferred frees)");
+      r = cudaMalloc(&p, n);
+    }
     if (r == cudaErrorMemoryAllocation) {
       (void)cudaGetLastError();
       size_t free_b = 0, total_b = 0;
@@ -149,9 +197,7 @@ class cuda_device final : public device {
       in_use_ -= it->second;
       allocs_.erase(it);
     }
-    device_guard g(core_->ordinal);
-    slow_call probe(spec_.name, "cudaFree");
-    AG_CUDA_ASSERT(cudaFree(p));
+    deferred_frees::instance().add(core_->ordinal, p);  // freed when the GPU runs short, or with the device
   }
   expected<void*> allocate_host(int64_t bytes) override {
     if (bytes < 0) return error(errc::invalid_argument, spec_.name + ": allocate_host of negative size");
@@ -956,6 +1002,15 @@ error launch_write_value(device& d, stream& s, uint32_t* dst, uint32_t value) {
   }
   (void)cudaGetLastError();
   return cuda::launch_write_value(cs->s_, static_cast<unsigned int*>(target), value, d.spec().name + " write value");
+}
+
+expected<int64_t> free_gpu_memory(device& d) {
+  auto* cd = dynamic_cast<cuda_device*>(&d);
+  if (!cd) return error(errc::invalid_argument, "free_gpu_memory needs a CUDA device");
+  device_guard g(d.spec().ordinal);
+  size_t free_b = 0, total_b = 0;
+  AG_CUDA_TRY(cudaMemGetInfo(&free_b, &total_b), d.spec().name + " free_gpu_memory");
+  return static_cast<int64_t>(free_b);
 }
 
 error launch_trap(device& d, stream& s) {

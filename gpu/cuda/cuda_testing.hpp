@@ -26,6 +26,11 @@ error launch_write_value(device& d, stream& s, uint32_t* dst, uint32_t value);
 /// its own (a death test): no later test in the process can use that GPU.
 error launch_trap(device& d, stream& s);
 
+/// The GPU's free memory in bytes as CUDA counts it (cudaMemGetInfo on the
+/// device's ordinal): memory given back but not yet freed (deallocate
+/// defers cudaFree) counts as used there.
+expected<int64_t> free_gpu_memory(device& d);
+
 /// How many of the backend's own kernels are not loaded in GPU `ordinal`'s
 /// context (kernel_preload.hpp): 0 once its devices were made with
 /// backend_options::cuda_preload_kernels; -1 when the driver cannot tell

@@ -105,6 +105,57 @@ TEST(CudaDevice, EventWaitOrdersStreamsSpinGate) {
   d->deallocate_host(*gate_mem);
 }
 
+// deallocate() defers cudaFree, which would wait for all of the GPU's work
+// (a plan unloaded beside running jobs stalled them; on logical devices of
+// one GPU it deadlocked with spinning in-stream parts): it returns while a
+// kernel still spins on the GPU, and the memory is freed when an allocation
+// runs short, which then succeeds.
+TEST(CudaDevice, GivingMemoryBackNeitherWaitsForTheGpuNorLosesTheMemory) {
+  AG_REQUIRE_GPU(1);
+  auto d = test::gpu0();
+  ASSERT_TRUE(d);
+  auto s = d->create_stream(ag::step_kind::compute).value();
+  auto gate_mem = d->allocate_host(64);
+  ASSERT_TRUE(gate_mem);
+  auto* gate = as_flag(*gate_mem);
+  gate[0] = 0;
+  auto buf = d->allocate(1 << 20);
+  ASSERT_TRUE(buf) << buf.err().to_string();
+  const int64_t in_use = d->memory_in_use();
+  ASSERT_FALSE(gpu::cuda::testing::launch_spin_gate(*d, *s, gate));
+  // A watchdog opens the gate after 20 s; a deallocate that waited for the
+  // GPU would return only then.
+  std::atomic<bool> opened_by_watchdog{false}, done{false};
+  std::thread watchdog([&] {
+    for (int i = 0; i < 2000 && !done.load(); ++i) std::this_thread::sleep_for(10ms);
+    if (!done.load()) {
+      opened_by_watchdog = true;
+      gate[0] = 1;
+    }
+  });
+  d->deallocate(*buf);
+  const bool gate_still_closed = gate[0] == 0;
+  done = true;
+  gate[0] = 1;
+  watchdog.join();
+  EXPECT_FALSE(opened_by_watchdog.load()) << "deallocate waited for the spinning kernel";
+  EXPECT_TRUE(gate_still_closed);
+  EXPECT_EQ(d->memory_in_use(), in_use - (1 << 20));
+  ASSERT_FALSE(d->synchronize(*s));
+  // Two thirds of the free memory, given back, then asked for again: the
+  // second allocation fits only once the first one is really freed.
+  auto free_b = gpu::cuda::testing::free_gpu_memory(*d);
+  ASSERT_TRUE(free_b) << free_b.err().to_string();
+  const int64_t big = *free_b / 3 * 2;
+  auto first = d->allocate(big);
+  ASSERT_TRUE(first) << first.err().to_string();
+  d->deallocate(*first);
+  auto second = d->allocate(big);
+  ASSERT_TRUE(second) << "memory given back was not reused: " << second.err().to_string();
+  d->deallocate(*second);
+  d->deallocate_host(*gate_mem);
+}
+
 TEST(CudaDevice, NotifyFiresOnceAfterTheWorkWithLowLatency) {
   AG_REQUIRE_GPU(1);
   auto d = test::gpu0();
