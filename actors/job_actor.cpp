@@ -182,7 +182,7 @@ void allocate_job_buffers(job_context& ctx) {
 /// Readies `ctx` to run once it holds every arena (its buffers, its
 /// collective order, the completion count); returns how many completion
 /// steps it waits for. On the job actor, or on the submitting thread
-/// (try_start_now) before any message reaches the actor.
+/// (take_arenas_now) before the job is registered.
 std::size_t prepare_run(job_context& ctx) {
   const auto& lp = *ctx.lp;
   const auto& prog = *lp.program;
@@ -262,7 +262,7 @@ caf::behavior job_actor_fn(job_actor_t* self, runtime_core* core, std::shared_pt
       break;
     case job_start::failing:  // a fail_job is on its way
       break;
-    case job_start::running:  // try_start_now took every arena and sent run_job
+    case job_start::running:  // take_arenas_now readied it; submit sends run_job (unless it failed to register)
       st.ph = phase::running;
       st.remaining = st.ctx->program().completion_steps().size();
       break;
@@ -421,7 +421,7 @@ caf::actor spawn_job_actor(caf::actor_system& sys, runtime_core* core, std::shar
   return sys.spawn<caf::lazy_init>(job_actor_fn, core, std::move(ss), std::move(ctx));
 }
 
-bool try_start_now(job_context& ctx) {
+bool take_arenas_now(job_context& ctx) {
   const auto& lp = *ctx.lp;
   const auto& used = lp.program->used_devices();
   if (used.empty() || lp.program->completion_steps().empty()) return false;
@@ -452,11 +452,12 @@ bool try_start_now(job_context& ctx) {
     ctx.staging.clear();
     return give_back();
   }
-  ctx.start = job_start::running;  // before anything can reach the actor
   prepare_run(ctx);
-  send_run_jobs(ctx, nullptr);
+  ctx.start = job_start::running;
   return true;
 }
+
+void start_from_submit(const job_context& ctx) { send_run_jobs(ctx, nullptr); }
 
 const char* to_string(replay_outcome o) noexcept {
   switch (o) {

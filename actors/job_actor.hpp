@@ -3,7 +3,7 @@
 /// The job actor: one per job, spawned lazily (it first runs on its first
 /// message, normally the first arena_reply). runtime_core::submit registers
 /// the job in the runtime's job_registry (device faults reach it from
-/// there) and may start it itself (try_start_now). Otherwise it acquires an arena on
+/// there) and may start it itself (take_arenas_now, start_from_submit). Otherwise it acquires an arena on
 /// each device the plan uses, in ascending device order (two jobs never wait
 /// for each other in opposite orders; the first request is sent by
 /// runtime_core::submit so that jobs queue in submission order), sends
@@ -75,14 +75,20 @@ std::shared_ptr<job_context> make_job_context(runtime_core* core, const std::sha
 caf::actor spawn_job_actor(caf::actor_system& sys, runtime_core* core, std::shared_ptr<job::shared_state> ss,
                            std::shared_ptr<job_context> ctx);
 
-/// The submit fast path, on the submitting thread: when every device the
+/// The submit fast path, on the submitting thread, before the job is
+/// registered (nothing can reach its actor yet): when every device the
 /// job's plan uses has an arena free and no earlier request of the plan
 /// waits there (plan_memory::try_take_arena, so jobs keep their submission
-/// order), takes them, readies the job and sends run_job to its starting
-/// queues: two actor hops fewer (device actor, job actor) between submit and
-/// the first launch. Returns false, holding nothing, otherwise: the job then
-/// asks the device actors as usual. The job must be registered; on true
-/// ctx.start is job_start::running (set before run_job goes out).
-bool try_start_now(job_context& ctx);
+/// order), takes them, readies the job (its buffers, its collective number)
+/// and sets ctx.start to job_start::running; start_from_submit() then sends
+/// run_job to its starting queues: two actor hops (device actor, job actor)
+/// fewer between submit and the first launch. Returns false, holding
+/// nothing, otherwise: the job then asks the device actors as usual.
+bool take_arenas_now(job_context& ctx);
+
+/// Sends a job readied by take_arenas_now() to its starting queues, once it
+/// is registered. A job whose registration failed is not sent: its actor,
+/// told by fail_job, cancels it on its queues (as any running job).
+void start_from_submit(const job_context& ctx);
 
 }  // namespace ag::actors

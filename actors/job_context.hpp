@@ -6,7 +6,7 @@
 ///
 /// Ownership and threads: built by runtime_core::submit (make_job_context)
 /// and readied by whoever takes its last arena (the job actor, or submit's
-/// try_start_now) before run_job is sent; then shared read-only by
+/// take_arenas_now) before run_job is sent; then shared read-only by
 /// shared_ptr<const job_context>.
 /// The mutable parts are each written by one party and read after a message
 /// or device notification that orders the write before the read:
@@ -61,7 +61,7 @@ struct step_slot {
 enum class job_start : uint8_t {
   asked,         ///< submit sent the first device's acquire_arena; the actor asks the next ones
   waiting_slot,  ///< queued for its state slot; msg::slot_atom starts the acquiring
-  running,       ///< try_start_now took every arena and sent run_job from the submitting thread
+  running,       ///< take_arenas_now readied it; submit sends run_job (start_from_submit)
   failing,       ///< submit sent it a fail_job (a device it uses is dead)
   no_devices,    ///< its plan uses no device: it runs at once
 };

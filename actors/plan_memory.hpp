@@ -51,7 +51,7 @@ class plan_memory final : public msg::plan_memory_ref {
   std::vector<void*> arenas;
 
   /// Arena handles free for the taking, shared by the device actor and
-  /// submitting threads (job_actor.hpp, try_start_now). The device actor
+  /// submitting threads (job_actor.hpp, take_arenas_now). The device actor
   /// puts a released arena here only when no request waits for one, and a
   /// submit takes one only when no acquire_arena request of this plan is
   /// outstanding at the device actor: a job never overtakes an earlier one.

@@ -396,7 +396,7 @@ job runtime_core::submit(const std::shared_ptr<const plan>& p, std::vector<host_
   // Spawned under the slot table's lock, so no turn can come before the
   // actor exists; the actor starts lazily (on its first message), so its
   // context is finished here, before anything is sent to it.
-  bool its_turn = true;
+  bool its_turn = true, started = false;
   error dead;
   auto spawn = [&](bool now) {
     its_turn = now;
@@ -408,24 +408,31 @@ job runtime_core::submit(const std::shared_ptr<const plan>& p, std::vector<host_
       std::lock_guard<std::mutex> lk(ss->m);
       ss->actor = a;
     }
+    // Start on submit: with every arena free the job is readied here, and
+    // ctx->start settled, before registering makes it reachable (a device
+    // fault reaches registered jobs' actors).
+    if (now && !used.empty() && opts_.start_jobs_on_submit) started = take_arenas_now(*ctx);
     // Registered before anything can run it (device_down finds it there); a
     // device that died already fails the job. (A job on no device has
     // nothing to fail, and its actor may have finished already.)
     if (!used.empty()) dead = jobs().add(ss->id, a, lp);
-    if (dead) ctx->start = job_start::failing;
+    if (dead && !started) ctx->start = job_start::failing;
     return a;
   };
   caf::actor ja = options.state_slot >= 0 ? lp->slots->acquire(options.state_slot, ss->id, spawn) : spawn(true);
   if (dead) {
+    // A readied job (job_start::running) is cancelled on its queues by its
+    // actor, which then releases its arenas; it was never sent.
     caf::anon_send(ja, msg::fail_job{std::move(dead)});
-  } else if (its_turn && !used.empty() && !(opts_.start_jobs_on_submit && try_start_now(*ctx))) {
+  } else if (started) {
+    start_from_submit(*ctx);
+  } else if (its_turn && !used.empty()) {
     // The first arena request goes out from here, not from the job actor:
     // CAF starts freshly spawned actors in no particular order (work
     // stealing runs the newest first), so jobs would queue for their first
     // device out of submission order. Sent from the submitting thread, the
     // requests of one thread reach the device in submission order (FIFO
-    // back-pressure). try_start_now started the job from here instead when
-    // every arena was free.
+    // back-pressure).
     lp->memory[static_cast<std::size_t>(used.front())]->note_request();
     caf::anon_send(device_actors_[static_cast<std::size_t>(used.front())], msg::acquire_arena{lp->key, ss->id, ja});
   }
