@@ -153,14 +153,12 @@ void gather_outputs(const job_context& ctx) {
 }
 
 /// The job's per-step slots and output buffers (and the storage copies of
-/// non-contiguous outputs), unless made already. Throws when host memory
-/// runs out.
+/// non-contiguous outputs). Throws when host memory runs out.
 void allocate_job_buffers(job_context& ctx) {
   const auto& lp = *ctx.lp;
   const auto& prog = *lp.program;
   const graph& g = prog.source().source();
   ctx.slots.resize(prog.steps().size());
-  if (!ctx.outputs.empty() || g.outputs().empty()) return;
   ctx.outputs.reserve(g.outputs().size());
   // Every output is written in full (by its d2h copy, or by the gather from
   // its storage's copy), so no zero-fill: on a fresh buffer that pass alone
@@ -179,14 +177,13 @@ void allocate_job_buffers(job_context& ctx) {
   }
 }
 
-/// Readies `ctx` to run once it holds every arena (its buffers, its
+/// Readies `ctx` to run once it holds every arena and its buffers (its
 /// collective order, the completion count); returns how many completion
 /// steps it waits for. On the job actor, or on the submitting thread
 /// (take_arenas_now) before the job is registered.
 std::size_t prepare_run(job_context& ctx) {
   const auto& lp = *ctx.lp;
   const auto& prog = *lp.program;
-  allocate_job_buffers(ctx);
   // The job's place in the plan's agreed collective order: drawn now that
   // it holds every arena, so a job never waits for one drawn after it (and
   // after anything that may throw: a number drawn by a job that never runs
@@ -224,6 +221,7 @@ void send_run_jobs(const job_context& ctx, job_actor_t* self) {
 
 void start_run(job_actor_t* self) {
   auto& st = self->state;
+  allocate_job_buffers(*st.ctx);
   st.remaining = prepare_run(*st.ctx);
   st.ph = phase::running;
   send_run_jobs(*st.ctx, self);

@@ -58,10 +58,7 @@ class plan_memory final : public msg::plan_memory_ref {
   /// Returns -1 when it may not take one.
   int try_take_arena() {
     std::lock_guard<std::mutex> lk(free_mu_);
-    if (requests_outstanding_ > 0 || free_.empty()) return -1;
-    const int a = free_.back();
-    free_.pop_back();
-    return a;
+    return requests_outstanding_ > 0 ? -1 : pop_free();
   }
   /// An acquire_arena request of this plan is sent to the device actor
   /// (called by its sender, before sending).
@@ -77,10 +74,7 @@ class plan_memory final : public msg::plan_memory_ref {
   /// Device actor only: takes a free arena for a request (-1: none).
   int take_for_request() {
     std::lock_guard<std::mutex> lk(free_mu_);
-    if (free_.empty()) return -1;
-    const int a = free_.back();
-    free_.pop_back();
-    return a;
+    return pop_free();
   }
   /// Arena `a` is free (no request waits for it): the device actor's, or
   /// compile()'s for the first arena, before the device actor knows the plan.
@@ -90,6 +84,13 @@ class plan_memory final : public msg::plan_memory_ref {
   }
 
  private:
+  int pop_free() {  // free_mu_ held; -1 when none is free
+    if (free_.empty()) return -1;
+    const int a = free_.back();
+    free_.pop_back();
+    return a;
+  }
+
   std::mutex free_mu_;
   std::vector<int> free_;
   int requests_outstanding_ = 0;
