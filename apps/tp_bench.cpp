@@ -246,6 +246,8 @@ bool in_stream_collectives = false;
 /// (runtime_options::start_jobs_on_submit, pinned_inputs_max_bytes,
 /// plan_options::inline_small_copies), as before session 15.
 bool tiny_job_path = true;
+/// --sequence-parallel: plan_options::sequence_parallel of every plan the bench runs.
+ag::sequence_parallel_mode sequence_parallel = ag::sequence_parallel_mode::automatic;
 
 std::unique_ptr<ag::runtime> runtime_of(const layer_run& c, bool trace, int arenas) {
   ag::runtime_options ro;
@@ -288,6 +290,7 @@ run_result time_layer(const layer_run& c, const std::shared_ptr<const ag::graph>
   if (c.n > 1) po.tensor_parallel = c.n;
   po.tp_overlap = c.overlap;
   po.in_stream_collectives = in_stream_collectives;
+  po.sequence_parallel = sequence_parallel;
   po.inline_small_copies = tiny_job_path;
   if (c.replay_off) po.graph_replay = ag::graph_replay_mode::off;
   auto p = rt->compile(g, po);
@@ -703,6 +706,7 @@ layout_time time_layout(layer_run c, int stages, int tp, const std::shared_ptr<c
   po.pipeline_stages = stages;
   po.tensor_parallel = tp;
   po.in_stream_collectives = in_stream_collectives;
+  po.sequence_parallel = sequence_parallel;
   po.inline_small_copies = tiny_job_path;
   // A job holds an arena on each of its devices from its start to its end,
   // so a 4-stage pipeline keeps its stages busy only with at least 4 jobs
@@ -873,6 +877,12 @@ int main(int argc, char** argv) {
                  "cuda: plan_options::in_stream_collectives (experimental), small all-reduces as kernels of the "
                  "compute stream that meet on the devices (on, off: the communication queue)")
       ->check(CLI::IsMember({"on", "off"}));
+  std::string seq_parallel = "auto";
+  app.add_option("--sequence-parallel", seq_parallel,
+                 "plan_options::sequence_parallel of the tensor-parallel plans: reduce-scatter and all-gather by rows "
+                 "instead of all-reduce, norms and residual adds on a rank's rows (on, off, auto: on where collectives "
+                 "run beside compute, i.e. sim and cpu)")
+      ->check(CLI::IsMember({"on", "off", "auto"}));
   std::string tiny_jobs = "on";
   app.add_option("--tiny-job-path", tiny_jobs,
                  "start on submit, pinned small inputs and small copies on the compute lane (on: the defaults; off: "
@@ -911,6 +921,7 @@ int main(int argc, char** argv) {
   cuda_gemv = gemv == "on";
   cuda_pdl = pdl == "on";
   in_stream_collectives = in_stream == "on";
+  ag::parse_sequence_parallel_mode(seq_parallel, sequence_parallel);
   tiny_job_path = tiny_jobs == "on";
 
   std::vector<figure> figs;

@@ -9,6 +9,23 @@
 
 namespace ag {
 
+const char* to_string(sequence_parallel_mode m) noexcept {
+  switch (m) {
+    case sequence_parallel_mode::off: return "off";
+    case sequence_parallel_mode::on: return "on";
+    case sequence_parallel_mode::automatic: return "auto";
+  }
+  return "?";
+}
+
+bool parse_sequence_parallel_mode(const std::string& text, sequence_parallel_mode& out) noexcept {
+  if (text == "off") out = sequence_parallel_mode::off;
+  else if (text == "on") out = sequence_parallel_mode::on;
+  else if (text == "auto") out = sequence_parallel_mode::automatic;
+  else return false;
+  return true;
+}
+
 expected<tensor_location> plan::locate(node_id id, int device) const {
   if (!graph_ || id < 0 || static_cast<std::size_t>(id) >= graph_->size())
     return error(errc::internal, "locate: node id " + std::to_string(id) + " is not in the plan's graph");

@@ -157,6 +157,22 @@ enum class placement_policy : uint8_t {
 
 class plan;
 
+/// plan_options::sequence_parallel.
+enum class sequence_parallel_mode : uint8_t {
+  off = 0,
+  on = 1,
+  /// On for a tensor-parallel group whose members all run collectives beside
+  /// compute (device_spec::collectives_overlap_compute: sim, cpu), where the
+  /// chunked pipeline hides them; off on CUDA GPUs, where NCCL waits for a
+  /// GEMM's SMs and a reduce-scatter of rows that are not outermost runs as
+  /// an all-reduce and a copy (gpu/cuda), so the all-gather would be extra.
+  automatic = 2,
+};
+/// "off", "on", "auto".
+const char* to_string(sequence_parallel_mode m) noexcept;
+/// Parses "off" / "on" / "auto"; false for anything else.
+bool parse_sequence_parallel_mode(const std::string& text, sequence_parallel_mode& out) noexcept;
+
 struct plan_options {
   placement_policy policy = placement_policy::automatic;
   /// Pipeline stages to spread layers over; 0 = as many as the devices allow
@@ -177,6 +193,19 @@ struct plan_options {
   /// compute (device_spec::collectives_overlap_compute: not on CUDA GPUs,
   /// where NCCL waits for a GEMM's SMs). Off: one matmul, then one all-reduce.
   bool tp_overlap = true;
+  /// Sequence parallelism (Megatron's; see sequence_parallel_mode): where a
+  /// partial result (a row-parallel matmul's) meets row-wise work (a residual
+  /// add, a norm), it is reduce-scattered by rows instead of all-reduced; the
+  /// row-wise ops run on each rank's rows, and the rows are all-gathered
+  /// where a matmul with a weight reads them. The links carry the same bytes
+  /// (a ring all-reduce is a reduce-scatter and an all-gather), while each
+  /// device does 1/degree of the norms and residual adds and holds 1/degree
+  /// of the activations between layers; with tp_overlap the region between
+  /// an all-gather and its reduce-scatter (an MLP, o_proj) runs in chunks of
+  /// rows whose collectives overlap the next chunk. Applies only where a
+  /// tensor's rows split over the ranks (a prompt, not a one-token decode
+  /// step).
+  sequence_parallel_mode sequence_parallel = sequence_parallel_mode::automatic;
   /// Compute streams (lanes) per device the planner may use.
   ///  - 0 (auto, the default): up to each device's max_lanes, and only where
   ///    the cost model predicts the branches finish sooner spread over lanes

@@ -563,6 +563,23 @@ class rewriter {
         if (ok && at == g_.at(w).dims[st.axis]) info->state[static_cast<std::size_t>(w)] = st;
       }
     }
+    // Collectives that nothing needs (an all-gather whose readers a chunked
+    // reduce-scatter emitted again per chunk) are pruned by the planner:
+    // they are not the plan's.
+    {
+      std::vector<char> live(out_size_, 0);
+      const graph& rg = *rewritten_;
+      for (node_id o : rg.outputs()) live[static_cast<std::size_t>(o)] = 1;
+      for (std::size_t id = out_size_; id-- > 0;) {
+        if (!live[id]) continue;
+        const node& x = rg.at(static_cast<node_id>(id));
+        for (node_id in : x.inputs) live[static_cast<std::size_t>(in)] = 1;
+        if (x.storage != no_node) live[static_cast<std::size_t>(x.storage)] = 1;
+      }
+      std::erase_if(collectives_, [&](const tp_collective& c) {
+        return std::none_of(c.parts.begin(), c.parts.end(), [&](node_id p) { return live[static_cast<std::size_t>(p)] != 0; });
+      });
+    }
     info->collectives = std::move(collectives_);
     info->chunked = std::move(chunked_);
     return tp_rewrite{rewritten_, std::move(info)};
@@ -1016,8 +1033,15 @@ class rewriter {
     }
     const node& xn = g_.at(x);
     const int s = stage(x);
+    // A partial is reduce-scattered once: a second reduce-scatter of the
+    // same operands by the same ranks is not a collective of its own (the
+    // planner refuses it); another shard comes from the all-reduce.
     std::vector<node_id> r;
-    if (ti(x).st.k == skind::partial && !has_replicated(x) && want.axis == want.axis2) {
+    const bool first_scatter = ti(x).st.k == skind::partial && !has_replicated(x) && ti(x).shards.empty();
+    if (first_scatter && ti(x).pending) r = chunked_reduce_scatter(x, want);
+    if (!r.empty()) {
+      // pipelined in chunks (sequence parallelism with overlap)
+    } else if (first_scatter && want.axis == want.axis2) {
       r = collective(op_kind::reduce_scatter, x, native(x), {}, xn.name, [&](node& c, int k) {
         c.attrs.axis = want.axis;
         c.attrs.begin = want.begin[static_cast<std::size_t>(k)];
@@ -1147,6 +1171,254 @@ class rewriter {
     return result;
   }
 
+  /// Device time of local node `id` of the rewritten graph on `d` (the
+  /// planner's cost model, from the local shapes).
+  double local_seconds(const device_spec& d, node_id id) const {
+    const node& m = at(id);
+    op_cost c;
+    for (node_id in : m.inputs) c.bytes += static_cast<double>(at(in).dims.numel() * static_cast<int64_t>(dtype_size(at(in).type)));
+    c.bytes += static_cast<double>(m.dims.numel() * static_cast<int64_t>(dtype_size(m.type)));
+    c.flops = static_cast<double>(m.dims.numel());
+    if (m.op == op_kind::matmul) {
+      const shape& a = at(m.inputs[0]).dims;
+      c.flops *= 2.0 * static_cast<double>(m.attrs.trans_a ? a[-2] : a[-1]);
+    }
+    return estimate_seconds(d, c, m.type);
+  }
+
+  /// True for a weight, or a view of one: nothing of it depends on rows.
+  bool row_free(node_id id) const {
+    while (at(id).is_view()) id = at(id).inputs[0];
+    return at(id).op == op_kind::weight;
+  }
+
+  /// Sequence parallelism with overlap (plan_options::sequence_parallel and
+  /// tp_overlap): the reduce-scatter by rows `want` of the pending
+  /// row-parallel matmul x, pipelined in chunks of rows. Chunk c holds piece
+  /// c of every rank's rows. The row-wise ops between x and the all-gathers
+  /// that fed them (an MLP's gate, up, silu and product) are emitted once per
+  /// chunk, reading chunk c's all-gather, so chunk c's reduce-scatter and the
+  /// next chunks' all-gathers run on the communication queue while later
+  /// chunks compute; an operand that holds every row on every rank
+  /// (attention's output before o_proj) is cut into the chunk's rows by
+  /// slices and a concat. The all-gathers of all chunks are emitted first, so
+  /// a queue never holds one behind a reduce-scatter that waits for compute.
+  /// Returns rank k's rows (the chunks' reduce-scatter outputs, concatenated)
+  /// or empty where the rows do not split or the cost model says it does not
+  /// pay; the unchunked nodes it replaces are left unread (pruned).
+  std::vector<node_id> chunked_reduce_scatter(node_id x, const split_state& want) {
+    const node& n = g_.at(x);
+    const int s = stage(x);
+    if (!opt_.tp_overlap || !sequence_parallel(s, bytes_of(n)) || !ti(x).pending || n.attrs.trans_a ||
+        want.axis != want.axis2 || want.axis >= n.dims.rank() - 1)
+      return {};
+    const int ax = want.axis, r = n.dims.rank();
+    std::vector<const device_spec*> members;
+    for (int k = 0; k < t_; ++k) members.push_back(&devices_[static_cast<std::size_t>(dev(s, k))]);
+    for (const device_spec* m : members)
+      if (!m->collectives_overlap_compute) return {};
+    const auto rows_prefix = [&](const shape& d) {
+      if (d.rank() != r) return false;
+      for (int j = 0; j <= ax; ++j)
+        if (d[j] != n.dims[j]) return false;
+      return true;
+    };
+    // All-gathered tensors whose rows the region may read per chunk instead:
+    // the replicated local of rank k -> the tensor.
+    std::unordered_map<node_id, node_id> gathered_of;
+    for (std::size_t e = 0; e < info_.size(); ++e) {
+      const tensor_info& te = info_[e];
+      if (te.repl.empty() || !(te.st == want) || !rows_prefix(g_.at(static_cast<node_id>(e)).dims)) continue;
+      for (node_id l : te.repl) gathered_of[l] = static_cast<node_id>(e);
+    }
+    // Per rank: the local nodes to emit per chunk (ascending ids), the
+    // all-gathered tensors and the every-row operands they read.
+    struct region {
+      std::vector<node_id> clone;
+      std::set<node_id> gathered;  // tensors of g_
+      std::set<node_id> whole;     // local nodes holding every row
+    };
+    std::vector<region> reg(static_cast<std::size_t>(t_));
+    const std::vector<node_id>& pa = ti(x).pa;
+    const std::vector<node_id>& pb = ti(x).pb;
+    for (int k = 0; k < t_; ++k) {
+      region& rg = reg[static_cast<std::size_t>(k)];
+      std::set<node_id> seen;
+      std::vector<node_id> stack{pa[static_cast<std::size_t>(k)]};
+      if (!row_free(pb[static_cast<std::size_t>(k)])) return {};
+      while (!stack.empty()) {
+        const node_id id = stack.back();
+        stack.pop_back();
+        if (!seen.insert(id).second) continue;
+        const node& m = at(id);
+        if (auto it = gathered_of.find(id); it != gathered_of.end()) {
+          rg.gathered.insert(it->second);
+          continue;
+        }
+        if (row_free(id)) continue;
+        bool clone = !m.is_view() && rows_prefix(m.dims);
+        switch (m.op) {
+          case op_kind::matmul: clone = clone && !m.attrs.trans_a && row_free(m.inputs[1]); break;
+          case op_kind::scale: case op_kind::gelu: case op_kind::silu: case op_kind::add: case op_kind::mul:
+          case op_kind::copy: break;
+          default: clone = false;
+        }
+        if (clone) {
+          rg.clone.push_back(id);
+          for (node_id in : m.inputs) stack.push_back(in);
+        } else if (rows_prefix(m.dims)) {
+          rg.whole.insert(id);
+        } else {
+          return {};
+        }
+      }
+      std::sort(rg.clone.begin(), rg.clone.end());
+      if (reg[0].gathered != rg.gathered || reg[0].clone.size() != rg.clone.size()) return {};
+    }
+    // Pieces: rank k's rows [want.begin[k], want.end[k]) in `chunks` runs.
+    const int64_t es = static_cast<int64_t>(dtype_size(n.type));
+    int64_t fewest = INT64_MAX;
+    for (int k = 0; k < t_; ++k) fewest = std::min(fewest, want.end[static_cast<std::size_t>(k)] - want.begin[static_cast<std::size_t>(k)]);
+    const device_spec& d0 = *members[0];
+    double comp = 0;
+    for (node_id id : reg[0].clone) comp += local_seconds(d0, id);
+    {
+      // The row-parallel matmul on rank 0: rows x K_local x N.
+      const shape& a = at(pa[0]).dims;
+      op_cost c;
+      c.flops = 2.0 * static_cast<double>(n.dims.numel()) * static_cast<double>(a[-1]);
+      c.bytes = static_cast<double>((a.numel() + at(pb[0]).dims.numel() + n.dims.numel()) * es);
+      comp += estimate_seconds(d0, c, n.type);
+    }
+    int64_t gather_bytes = 0;
+    for (node_id e : reg[0].gathered) gather_bytes += g_.at(e).dims.numel() * static_cast<int64_t>(dtype_size(g_.at(e).type));
+    const int64_t scatter_bytes = n.dims.numel() * es;
+    const int kernels = static_cast<int>(reg[0].clone.size()) + 1;
+    auto coll = [&](op_kind op, int64_t bytes) {
+      return bytes <= 0 ? 0.0 : estimate_collective_seconds(op, choose_collective_algo(members, bytes, op), members, bytes);
+    };
+    const double t1 = coll(op_kind::all_gather, gather_bytes) + comp + coll(op_kind::reduce_scatter, scatter_bytes);
+    int chunks = 1;
+    double best = t1;
+    for (int c : {2, 4, 8}) {
+      if (c > fewest) break;
+      const double ag = coll(op_kind::all_gather, gather_bytes / c), rs = coll(op_kind::reduce_scatter, scatter_bytes / c);
+      const double step = comp / c + kernels * d0.kernel_latency;
+      op_cost cat;
+      cat.bytes = 2.0 * static_cast<double>(scatter_bytes / t_);
+      const double tc = ag + (c - 1) * std::max(step, ag + rs) + step + rs + estimate_seconds(d0, cat, n.type);
+      if (tc < best && tc < t1 * 0.99) {
+        chunks = c;
+        best = tc;
+      }
+    }
+    if (chunks == 1) return {};
+    std::vector<std::vector<int64_t>> piece(static_cast<std::size_t>(t_)), at_row(static_cast<std::size_t>(t_));
+    for (int k = 0; k < t_; ++k) {
+      piece[static_cast<std::size_t>(k)] =
+          apportion(want.end[static_cast<std::size_t>(k)] - want.begin[static_cast<std::size_t>(k)],
+                    std::vector<double>(static_cast<std::size_t>(chunks), 1.0));
+      int64_t o = 0;
+      for (int64_t p : piece[static_cast<std::size_t>(k)]) {
+        at_row[static_cast<std::size_t>(k)].push_back(o);
+        o += p;
+      }
+    }
+    const auto P = [&](int k, int c) { return piece[static_cast<std::size_t>(k)][static_cast<std::size_t>(c)]; };
+    const auto O = [&](int k, int c) { return at_row[static_cast<std::size_t>(k)][static_cast<std::size_t>(c)]; };
+    // All-gathers of every chunk first: [chunk][tensor] -> parts per rank.
+    // The pieces they send are made first, all of them (a piece that is not
+    // a whole buffer is copied into one): one run of compute, not one
+    // between each two collectives.
+    std::vector<std::map<node_id, std::vector<node_id>>> ag(static_cast<std::size_t>(chunks));
+    for (int c = 0; c < chunks; ++c)
+      for (node_id e : reg[0].gathered)
+        for (int k = 0; k < t_; ++k) {
+          const node& en = g_.at(e);
+          const node_id piece =
+              slice_view(native(e)[static_cast<std::size_t>(k)], ax, O(k, c), O(k, c) + P(k, c), en.name, s, k, en.layer);
+          ag[static_cast<std::size_t>(c)][e].push_back(operand(piece, s, k, en.layer));
+        }
+    for (int c = 0; c < chunks; ++c)
+      for (node_id e : reg[0].gathered) {
+        const node& en = g_.at(e);
+        shape gathered = en.dims;
+        gathered[ax] = 0;
+        for (int k = 0; k < t_; ++k) gathered[ax] += P(k, c);
+        auto& parts = ag[static_cast<std::size_t>(c)][e];
+        parts = collective(op_kind::all_gather, x, parts, gathered, en.name + ".chunk" + std::to_string(c),
+                           [&](node& v, int) {
+                             v.attrs.axis = ax;
+                             v.attrs.axis2 = ax;
+                           });
+      }
+    std::vector<std::vector<node_id>> reduced(static_cast<std::size_t>(t_));
+    for (int c = 0; c < chunks; ++c) {
+      const std::string tag = ".chunk" + std::to_string(c);
+      std::vector<node_id> parts;
+      for (int k = 0; k < t_; ++k) {
+        const region& rg = reg[static_cast<std::size_t>(k)];
+        std::unordered_map<node_id, node_id> now;  // local node -> its chunk-c version
+        for (node_id e : rg.gathered) now[ti(e).repl[static_cast<std::size_t>(k)]] = ag[static_cast<std::size_t>(c)][e][static_cast<std::size_t>(k)];
+        for (node_id w : rg.whole) {
+          // Chunk c's rows of every rank, in rank order, cut from all the rows.
+          std::vector<node_id> cut;
+          for (int j = 0; j < t_; ++j) {
+            const int64_t b = want.begin[static_cast<std::size_t>(j)] + O(j, c);
+            cut.push_back(slice_view(w, ax, b, b + P(j, c), at(w).name + tag, s, k, n.layer));
+          }
+          node cat;
+          cat.op = op_kind::concat;
+          cat.name = at(w).name + tag;
+          cat.inputs = cut;
+          cat.attrs.axis = ax;
+          cat.layer = n.layer;
+          now[w] = emit_compute(std::move(cat), s, k);
+        }
+        const auto mapped = [&](node_id in) {
+          auto it = now.find(in);
+          return it == now.end() ? in : it->second;
+        };
+        for (node_id id : rg.clone) {
+          const node& o = at(id);
+          node m;
+          m.op = o.op;
+          m.attrs = o.attrs;
+          m.type = o.type;
+          m.layer = o.layer;
+          m.name = o.name + tag;
+          for (node_id in : o.inputs) m.inputs.push_back(mapped(in));
+          now[id] = emit_compute(std::move(m), s, k);
+        }
+        node mm = n;
+        mm.name = local_name(n.name + tag, s, k);
+        mm.inputs = {mapped(pa[static_cast<std::size_t>(k)]), pb[static_cast<std::size_t>(k)]};
+        mm.pinned_device = -1;
+        parts.push_back(emit_compute(std::move(mm), s, k));
+      }
+      const auto rs = collective(op_kind::reduce_scatter, x, parts, {}, n.name + tag, [&](node& v, int k) {
+        int64_t b = 0;
+        for (int j = 0; j < k; ++j) b += P(j, c);
+        v.attrs.axis = ax;
+        v.attrs.begin = b;
+        v.attrs.end = b + P(k, c);
+      });
+      for (int k = 0; k < t_; ++k) reduced[static_cast<std::size_t>(k)].push_back(rs[static_cast<std::size_t>(k)]);
+    }
+    std::vector<node_id> result;
+    for (int k = 0; k < t_; ++k) {
+      node cat;
+      cat.op = op_kind::concat;
+      cat.name = local_name(n.name + ".chunks", s, k);
+      cat.inputs = reduced[static_cast<std::size_t>(k)];
+      cat.attrs.axis = ax;
+      cat.layer = n.layer;
+      result.push_back(emit_compute(std::move(cat), s, k));
+    }
+    chunked_.emplace_back(n.name, chunks);
+    return result;
+  }
+
   // ---------------------------------------------------------------- rules --
 
   /// Emits n on every rank with per-rank inputs; `adjust` edits the node.
@@ -1181,13 +1453,59 @@ class rewriter {
     set_state(n.id, {}, each_rank(n, [&](int k) { return pick(ins, k); }));
   }
 
+  /// Whether stage s's group runs sequence parallel (plan_options::sequence_parallel)
+  /// for tensors of `bytes`: auto wants members that run collectives beside
+  /// compute, and a ring for that size (a one-shot reduce-scatter and
+  /// all-gather pay two synchronisations where the all-reduce pays one).
+  bool sequence_parallel(int s, int64_t bytes) const {
+    switch (opt_.sequence_parallel) {
+      case sequence_parallel_mode::off: return false;
+      case sequence_parallel_mode::on: return true;
+      case sequence_parallel_mode::automatic: break;
+    }
+    std::vector<const device_spec*> members;
+    for (int k = 0; k < t_; ++k) {
+      members.push_back(&devices_[static_cast<std::size_t>(dev(std::max(0, s), k))]);
+      if (!members.back()->collectives_overlap_compute) return false;
+    }
+    return choose_collective_algo(members, bytes, op_kind::reduce_scatter) == collective_algo::ring;
+  }
+  static int64_t bytes_of(const node& v) { return v.dims.numel() * static_cast<int64_t>(dtype_size(v.type)); }
+
+  /// Sequence parallelism (plan_options::sequence_parallel): the rows state
+  /// of a tensor of `dims`, sharded along its rows (the dim before the last,
+  /// else the outermost other dim that has at least one row per rank) by
+  /// the shard ratios; nullopt when sequence parallelism is off or no such
+  /// dim splits over the ranks (a one-token decode step).
+  std::optional<split_state> rows_state(const shape& dims, dtype type, int s) const {
+    if (dims.rank() < 2 || !sequence_parallel(s, dims.numel() * static_cast<int64_t>(dtype_size(type))))
+      return std::nullopt;
+    std::vector<int> order{dims.rank() - 2};
+    for (int d = 0; d < dims.rank() - 2; ++d) order.push_back(d);
+    for (int d : order) {
+      if (dims[d] < t_) continue;
+      split_state st = sharded_on(d, {});
+      int64_t at = 0;
+      for (int64_t c : apportion(dims[d], ratios_)) {
+        st.begin.push_back(at);
+        st.end.push_back(at += c);
+      }
+      if (normalise(st, dims)) return st;
+    }
+    return std::nullopt;
+  }
+
   /// Ops that keep x's state when `shard_ok` accepts it (and a partial one
-  /// when `partial_ok`); their other inputs are replicated.
+  /// when `partial_ok`); their other inputs are replicated. Under sequence
+  /// parallelism a partial x the op cannot take is reduce-scattered by rows
+  /// where `shard_ok` accepts that state (a norm after a row-parallel
+  /// matmul), instead of all-reduced.
   void same_state_op(const node& n, bool partial_ok, const std::function<bool(const split_state&)>& shard_ok) {
     const node_id x = n.inputs[0];
     const split_state st = ti(x).st;
     std::vector<std::vector<node_id>> ins(n.inputs.size());
     split_state out;
+    const auto rows = st.k == skind::partial ? rows_state(g_.at(x).dims, g_.at(x).type, stage(n.id)) : std::nullopt;
     if (st.sharded() && !ti(x).pending && shard_ok(st)) {
       ins[0] = native(x);
       out = st;
@@ -1196,6 +1514,9 @@ class rewriter {
     } else if (st.k == skind::partial && partial_ok) {
       ins[0] = native(x);
       out.k = skind::partial;
+    } else if (rows && shard_ok(*rows)) {
+      ins[0] = as_state(x, *rows);
+      out = *rows;
     } else {
       ins[0] = as_replicated(x);
     }
@@ -1257,7 +1578,17 @@ class rewriter {
     if (n.op == op_kind::add) {
       // partial + replicated: reduce first (Megatron: the residual stream
       // stays replicated, the all-reduce follows the row-parallel matmul).
-      if (pa && pb && !ra && !rb) return emit_with(native(a), native(b), partial);
+      // Under sequence parallelism the residual stream is sharded by rows:
+      // a partial is reduce-scattered, a replicated operand sliced. Two
+      // partials stay partial (no collective) unless one of them has its rows
+      // already (the embedding's, reduce-scattered for the first norm).
+      const auto rows = rows_state(od, n.type, stage(n.id));
+      auto has_rows = [&](node_id y) {
+        const auto want = rows ? need_for(y, od, *rows) : std::nullopt;
+        return want && want->sharded() && cheap(y, *want);
+      };
+      if (pa && pb && !ra && !rb && !has_rows(a) && !has_rows(b)) return emit_with(native(a), native(b), partial);
+      if (rows && (pa || pb) && with(*rows)) return;
       return (void)with(split_state{});
     }
     // mul is linear in each operand: partial x replicated stays partial.
@@ -1368,7 +1699,25 @@ class rewriter {
       return true;
     };
 
-    if (sa.sharded()) {
+    // Sequence parallelism: rows of a (its M or batch dims) meet a weight
+    // that the column-parallel rule splits: gather the rows (the all-gather
+    // half of Megatron's all-reduce) rather than keep the rows sharded and
+    // hold the whole weight on every rank. A weight whose columns cannot
+    // split (kv heads fewer than ranks) reads the rows gathered already for
+    // its neighbours (q), if any. A product narrower than its rows whose
+    // weight is no larger than them (a small vocabulary's head) keeps the
+    // rows instead, its weight replicated as a small embedding table is:
+    // each rank multiplies its own rows, and what is gathered later (the
+    // logits) is smaller than the rows would have been.
+    const bool keep_rows = bytes_of(bn) <= bytes_of(an) && bytes_of(n) < bytes_of(an);
+    const bool gather_rows =
+        opt_.sequence_parallel != sequence_parallel_mode::off && sa.sharded() && !(sa.axis <= ka && ka <= sa.axis2) &&
+        bn.op == op_kind::weight && rb == 2 && !sb.sharded() &&
+        (has_replicated(a) ||
+         (!keep_rows &&
+          !column_ranges(bn.dims[nb], chain_[static_cast<std::size_t>(n.id)][static_cast<std::size_t>(ro - 1)]).empty()));
+    if (gather_rows) (void)as_replicated(a);
+    if (sa.sharded() && !gather_rows) {
       // Row-parallel: a sharded on K alone.
       if (sa.axis == ka && sa.axis2 == ka) {
         split_state want_b = sa;

@@ -49,6 +49,7 @@ plan_options tp_options(int degree, std::vector<double> ratios = {}, int stages 
   o.shard_ratios = std::move(ratios);
   o.pipeline_stages = stages;
   o.tp_overlap = overlap;
+  o.sequence_parallel = sequence_parallel_mode::off;  // the plain Megatron layout; SequenceParallel tests set it
   return o;
 }
 
@@ -525,6 +526,236 @@ TEST(TensorParallel, MegatronLayerHasExactlyTwoAllReducesPerBlock) {
 // lookup's output is vocabulary-parallel (one all-reduce of the output); a
 // table no larger (a small vocabulary under a prompt-sized batch) is
 // replicated, which needs no collective at all.
+// ------------------------------------------------- sequence parallelism --
+
+plan_options sp_options(int degree, std::vector<double> ratios = {}, int stages = 0) {
+  plan_options o = tp_options(degree, std::move(ratios), stages, false);
+  o.sequence_parallel = sequence_parallel_mode::on;
+  return o;
+}
+
+const split_state& state_of(const plan& p, const std::string& name) {
+  const auto& tp = *p.tensor_parallel();
+  const node_id id = tp.analysed->find(name);
+  EXPECT_NE(id, no_node) << name;
+  static const split_state none{};
+  return id == no_node ? none : tp.state[static_cast<std::size_t>(id)];
+}
+
+TEST(SequenceParallel, TransformersMatchReferenceAtEveryDegreeRatioAndLayout) {
+  struct model_case {
+    transformer_config cfg;
+    std::string what;
+  };
+  const std::vector<model_case> cases = {
+      {tiny(model_variant::gpt2, 4), "gpt2"},
+      {tiny(model_variant::llama, 4), "llama"},
+      {tiny(model_variant::llama, 8, 2), "llama gqa 8/2"},
+      {tiny(model_variant::llama, 6, 3), "llama gqa 6/3"},
+  };
+  for (const auto& mc : cases) {
+    auto g = build(mc.cfg);
+    ASSERT_TRUE(g);
+    const auto in = models::transformer_inputs(mc.cfg, 7);
+    for (int degree : {2, 3, 4}) {
+      SCOPED_TRACE(mc.what + " degree " + std::to_string(degree));
+      ASSERT_TRUE(check_tp(g, degree, sp_options(degree), in, 1e-4));
+    }
+    for (auto ratios : std::vector<std::vector<double>>{{3, 1}, {4, 1, 1, 2}}) {
+      SCOPED_TRACE(mc.what + " ratios of degree " + std::to_string(ratios.size()));
+      const int degree = static_cast<int>(ratios.size());
+      ASSERT_TRUE(check_tp(g, degree, sp_options(degree, ratios), in, 1e-4));
+    }
+    SCOPED_TRACE(mc.what + " 2 x 2");
+    ASSERT_TRUE(check_tp(g, 4, sp_options(2, {}, 2), in, 1e-4));
+  }
+}
+
+// Megatron's sequence parallelism: each block's two all-reduces become a
+// reduce-scatter after the row-parallel matmul and an all-gather before the
+// next column-parallel one; norms and residual adds run on a rank's rows.
+TEST(SequenceParallel, EachBlockReduceScattersAndGathersInsteadOfAllReducing) {
+  for (auto cfg : {tiny(model_variant::gpt2, 4), tiny(model_variant::llama, 8, 2)}) {
+    cfg.n_layers = 3;
+    cfg.seq_len = 8;
+    auto g = build(cfg);
+    ASSERT_TRUE(g);
+    const bool gpt2 = cfg.variant == model_variant::gpt2;
+    for (int degree : {2, 4}) {
+      SCOPED_TRACE(std::string(models::to_string(cfg.variant)) + " degree " + std::to_string(degree));
+      auto p = check_tp(g, degree, sp_options(degree), models::transformer_inputs(cfg, 1), 1e-4);
+      ASSERT_TRUE(p);
+      auto per = collectives_per_layer(*p);
+      int64_t rs_bytes = 0, ag_bytes = 0;
+      for (int l = 2; l <= cfg.n_layers; ++l) {  // block 1 starts from the (replicated) embedding
+        EXPECT_EQ(per[l][op_kind::all_reduce], 0) << "layer " << l;
+        EXPECT_EQ(per[l][op_kind::reduce_scatter], 2) << "layer " << l;
+        EXPECT_EQ(per[l][op_kind::all_gather], 2) << "layer " << l;
+      }
+      for (const auto& c : p->tensor_parallel()->collectives) {
+        if (c.layer != 2) continue;
+        if (c.op == op_kind::reduce_scatter) rs_bytes += c.bytes;
+        if (c.op == op_kind::all_gather) ag_bytes += c.bytes;
+      }
+      // Both move the block's two [B, T, d] activations, as the all-reduces did.
+      const int64_t act = cfg.batch * cfg.seq_len * cfg.d_model * 4;
+      EXPECT_EQ(rs_bytes, 2 * act);
+      EXPECT_EQ(ag_bytes, 2 * act);
+      // Rows of 8 tokens over the ranks: norms and residuals hold a rank's rows.
+      const std::string rows = degree == 2 ? "sharded dim 1 [0, 4) [4, 8)" : "sharded dim 1 [0, 2) [2, 4) [4, 6) [6, 8)";
+      for (const char* name : gpt2 ? std::vector<const char*>{"l2.attn.residual", "l2.ln_2", "l2.mlp.residual", "l3.ln_1"}
+                                   : std::vector<const char*>{"l2.attn.residual", "l2.mlp_norm", "l2.mlp.residual",
+                                                              "l3.attn_norm"})
+        EXPECT_EQ(state_of(*p, name).to_string(), rows) << name;
+      // The projections still split the weights' columns (no rank holds a whole weight matrix).
+      EXPECT_EQ(state_of(*p, gpt2 ? "l2.mlp.w_fc" : "l2.mlp.w_up").k, split_state::kind::sharded);
+    }
+  }
+}
+
+// A one-token step has fewer rows than ranks: sequence parallelism does not
+// apply, and the blocks all-reduce as without it.
+TEST(SequenceParallel, RowsFewerThanRanksKeepTheAllReduces) {
+  auto cfg = tiny(model_variant::llama, 8, 2);
+  cfg.seq_len = 1;
+  cfg.batch = 1;
+  cfg.n_layers = 2;
+  auto g = build(cfg);
+  ASSERT_TRUE(g);
+  auto p = check_tp(g, 2, sp_options(2), models::transformer_inputs(cfg, 3), 1e-4);
+  ASSERT_TRUE(p);
+  auto per = collectives_per_layer(*p);
+  for (int l = 1; l <= 2; ++l) {
+    EXPECT_EQ(per[l][op_kind::all_reduce], 2) << "layer " << l;
+    EXPECT_EQ(per[l].size(), 1u) << "layer " << l;
+  }
+}
+
+// Sequence parallelism also halves the bytes of activations a device holds
+// between blocks, and never the weights' split: each device's weights stay
+// its shard.
+TEST(SequenceParallel, WeightsStayShardedAndTheArenaDoesNotGrow) {
+  auto cfg = tiny(model_variant::llama, 8, 4);
+  cfg.n_layers = 4;
+  cfg.d_ff = 128;
+  cfg.seq_len = 16;
+  auto g = build(cfg);
+  ASSERT_TRUE(g);
+  const auto in = models::transformer_inputs(cfg, 2);
+  auto plain = check_tp(g, 4, tp_options(4, {}, 0, false), in, 1e-4);
+  auto sp = check_tp(g, 4, sp_options(4), in, 1e-4);
+  ASSERT_TRUE(plain && sp);
+  for (int d = 0; d < 4; ++d) {
+    EXPECT_EQ(sp->memory()[static_cast<std::size_t>(d)].weight_bytes, plain->memory()[static_cast<std::size_t>(d)].weight_bytes)
+        << "device " << d;
+    EXPECT_LE(sp->memory()[static_cast<std::size_t>(d)].arena_bytes, plain->memory()[static_cast<std::size_t>(d)].arena_bytes)
+        << "device " << d;
+  }
+}
+
+// Slow compute and slow links (a matmul's and a collective's time far above
+// a kernel's latency, as for a prompt-sized layer), so that the cost model
+// finds chunks of these tiny shapes worth their extra kernels.
+std::vector<device_spec> compute_bound_devices(int n) {
+  auto v = sim_devices(n);
+  for (auto& d : v) {
+    d.flops_f32 = 1e8;
+    d.link_bandwidth = 2e6;
+    d.collective_latency = 1e-7;
+    d.oneshot_max_bytes = 0;  // rings: what sequence parallelism's auto mode wants
+  }
+  return v;
+}
+
+// With overlap, the region between an all-gather and the reduce-scatter
+// that ends it runs in chunks of rows: every chunk's all-gather, then per
+// chunk the region's ops and its reduce-scatter; the whole all-gather that
+// the chunks replaced is gone from the plan.
+TEST(SequenceParallel, OverlapRunsTheMlpAndOutputProjectionInChunksOfRows) {
+  for (auto cfg : {tiny(model_variant::llama, 8, 2), tiny(model_variant::gpt2, 4)}) {
+    const bool gpt2 = cfg.variant == model_variant::gpt2;
+    const std::string down = gpt2 ? "l2.mlp.proj_mm" : "l2.mlp.down", proj = gpt2 ? "l2.attn.proj_mm" : "l2.attn.o_proj";
+    const std::string norm = gpt2 ? "l2.ln_2" : "l2.mlp_norm";
+    cfg.n_layers = 2;
+    cfg.seq_len = 16;
+    auto g = build(cfg);
+    ASSERT_TRUE(g);
+    const auto in = models::transformer_inputs(cfg, 11);
+    for (int degree : {2, 4}) {
+      SCOPED_TRACE(std::string(models::to_string(cfg.variant)) + " degree " + std::to_string(degree));
+      plan_options o = tp_options(degree);  // overlap on
+      o.sequence_parallel = sequence_parallel_mode::automatic;
+      auto p = test_util::must_compile(g, compute_bound_devices(degree), o);
+      ASSERT_TRUE(p);
+      EXPECT_TRUE(check_hazards(*p).ok()) << check_hazards(*p).to_string();
+      auto want = evaluate_reference(*g, in);
+      auto got = evaluate_reference(p->source(), in);
+      ASSERT_TRUE(want && got);
+      EXPECT_LE(max_rel_diff(*got, *want), 1e-4);
+      const auto& tp = *p->tensor_parallel();
+      std::map<std::string, int> chunks(tp.chunked.begin(), tp.chunked.end());
+      ASSERT_GT(chunks[down], 1);
+      ASSERT_GT(chunks[proj], 1);
+      const int c = chunks[down];
+      auto per = collectives_per_layer(*p);
+      EXPECT_EQ(per[2][op_kind::all_reduce], 0);
+      // The MLP: one all-gather and one reduce-scatter per chunk; the output
+      // projection: a reduce-scatter per chunk; the attention's input: one
+      // all-gather.
+      EXPECT_EQ(per[2][op_kind::reduce_scatter], c + chunks[proj]);
+      EXPECT_EQ(per[2][op_kind::all_gather], c + 1);
+      // No collective of the plan is left unread (the unchunked all-gather is pruned).
+      for (const auto& col : tp.collectives)
+        for (node_id part : col.parts) EXPECT_GE(p->placement()[static_cast<std::size_t>(part)], 0) << col.name;
+      // On each device's communication queue, the MLP's all-gathers all come
+      // before its first reduce-scatter: none waits behind a chunk's compute.
+      std::vector<std::string> order;
+      for (const step& st : p->steps())
+        if (st.kind == step_kind::collective && st.device == 0) order.push_back(p->source().at(st.ops[0]).name);
+      int last_gather = -1, first_scatter = -1;
+      for (int i = 0; i < static_cast<int>(order.size()); ++i) {
+        if (order[static_cast<std::size_t>(i)].rfind(norm + ".chunk", 0) == 0) last_gather = i;
+        if (first_scatter < 0 && order[static_cast<std::size_t>(i)].rfind(down + ".chunk", 0) == 0) first_scatter = i;
+      }
+      ASSERT_GE(last_gather, 0);
+      ASSERT_GE(first_scatter, 0);
+      EXPECT_LT(last_gather, first_scatter);
+    }
+  }
+}
+
+// Auto mode follows the devices: sequence parallel on sim with rings, not
+// where collectives cannot run beside compute (CUDA GPUs), nor for messages
+// small enough for the one-shot algorithm.
+TEST(SequenceParallel, AutoModeNeedsOverlappingCollectivesAndRingSizedMessages) {
+  auto cfg = tiny(model_variant::llama, 8, 2);
+  cfg.seq_len = 16;
+  auto g = build(cfg);
+  ASSERT_TRUE(g);
+  auto count = [&](std::vector<device_spec> devs) {
+    plan_options o = tp_options(2);
+    o.sequence_parallel = sequence_parallel_mode::automatic;
+    auto p = test_util::must_compile(g, devs, o);
+    EXPECT_TRUE(p);
+    std::map<op_kind, int> k;
+    if (p)
+      for (const auto& c : p->tensor_parallel()->collectives) ++k[c.op];
+    return k;
+  };
+  EXPECT_GT(count(compute_bound_devices(2))[op_kind::reduce_scatter], 0);
+  auto no_overlap = compute_bound_devices(2);
+  for (auto& d : no_overlap) d.collectives_overlap_compute = false;
+  EXPECT_EQ(count(no_overlap)[op_kind::reduce_scatter], 0);
+  EXPECT_GT(count(no_overlap)[op_kind::all_reduce], 0);
+  EXPECT_EQ(count(sim_devices(2))[op_kind::reduce_scatter], 0) << "one-shot sized messages keep the all-reduce";
+  EXPECT_STREQ(to_string(sequence_parallel_mode::automatic), "auto");
+  sequence_parallel_mode m = sequence_parallel_mode::off;
+  EXPECT_TRUE(parse_sequence_parallel_mode("on", m));
+  EXPECT_EQ(m, sequence_parallel_mode::on);
+  EXPECT_FALSE(parse_sequence_parallel_mode("yes", m));
+  EXPECT_EQ(m, sequence_parallel_mode::on);
+}
+
 TEST(TensorParallel, EmbeddingTableIsReplicatedOnlyWhenNoLargerThanItsLookup) {
   for (int64_t vocab : {8, 41}) {  // tables of 8 x 32 and 41 x 32 elements; lookups of 12 x 32
     auto cfg = tiny(model_variant::llama, 4);
