@@ -49,7 +49,7 @@ expected<std::vector<double>> parse_ratios(const std::string& text) {
 }
 
 expected<session::impl::layout> session::impl::read_layout(params& p) const {
-  layout l{stages, lanes, tp, ratios, replay};
+  layout l{stages, lanes, tp, ratios, replay, sp};
   auto st = p.get_int("stages", 0, 4096);
   if (!st) return st.err();
   // lanes=auto (0): the planner decides (plan_options::lanes_per_device 0)
@@ -78,14 +78,19 @@ expected<session::impl::layout> session::impl::read_layout(params& p) const {
     if (!parse_graph_replay_mode(*r, l.replay))
       return bad_arg("replay: '" + *r + "' is not on, off or auto");
   }
+  if (auto r = p.raw("sp")) {
+    if (!parse_sequence_parallel_mode(*r, l.sp)) return bad_arg("sp: '" + *r + "' is not on, off or auto");
+  }
   if (!l.ratios.empty() && static_cast<int>(l.ratios.size()) != l.tp)
     return bad_arg(fmt("ratios: %zu entries for tp=%d (one per device of a stage)", l.ratios.size(), l.tp));
   return l;
 }
 
 void session::impl::apply_layout(layout l) {
-  if (l.stages == stages && l.lanes == lanes && l.tp == tp && l.ratios == ratios && l.replay == replay) return;
+  if (l.stages == stages && l.lanes == lanes && l.tp == tp && l.ratios == ratios && l.replay == replay && l.sp == sp)
+    return;
   replay = l.replay;
+  sp = l.sp;
   stages = l.stages;
   lanes = l.lanes;
   tp = l.tp;
@@ -96,9 +101,9 @@ void session::impl::apply_layout(layout l) {
 std::string session::impl::settings_text() const {
   std::string r;
   for (double v : ratios) r += (r.empty() ? "" : ",") + fmt("%g", v);
-  return fmt("stages=%d%s tp=%d%s microbatches=%d lanes=%s replay=%s check=%s seed=%llu", stages,
+  return fmt("stages=%d%s tp=%d%s sp=%s microbatches=%d lanes=%s replay=%s check=%s seed=%llu", stages,
              stages == 0 ? (tp > 1 ? " (devices / tp)" : " (all devices)") : "", tp,
-             ratios.empty() ? "" : (" ratios=" + r).c_str(), microbatches,
+             ratios.empty() ? "" : (" ratios=" + r).c_str(), to_string(sp), microbatches,
              lanes == 0 ? "auto" : std::to_string(lanes).c_str(), to_string(replay), to_string(check),
              static_cast<unsigned long long>(seed));
 }
@@ -117,6 +122,7 @@ expected<std::shared_ptr<const plan>> session::impl::get_plan() {
   po.graph_replay = replay;
   po.tensor_parallel = tp;
   po.shard_ratios = ratios;
+  po.sequence_parallel = sp;
   // Plan first without loading (the planner allocates nothing): a plan that
   // does not fit a device fails here with its sizes, and loading one whose
   // host-backed devices would not fit this host's memory is refused.

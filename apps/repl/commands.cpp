@@ -59,15 +59,16 @@ const std::vector<command_info>& commands() {
       {"graph", "graph <name=expr ...> out <name> | graph @<file>",
        "build a custom graph from expressions (ops: matmul add mul scale gelu silu softmax rms_norm layer_norm get_rows rope reshape transpose permute slice concat copy contiguous)",
        "graph x=input[8,64] w=weight[64,64] y=gelu(matmul(x,w)) out y", {}, {}, graph_details, true},
-      {"plan", "plan [stages=N tp=T ratios=A,B lanes=auto|L]",
+      {"plan", "plan [stages=N tp=T ratios=A,B sp=on|off|auto lanes=auto|L]",
        "compile the current graph for the devices and describe the plan: splits, copies, shards and collectives (also sets the layout)",
-       "plan stages=2 tp=2", {"stages=", "tp=", "ratios=", "lanes="}, {}},
-      {"set", "set [stages=N tp=T ratios=A,B microbatches=M lanes=auto|L replay=on|off|auto check=auto|all|first|off seed=S]",
+       "plan stages=2 tp=2", {"stages=", "tp=", "ratios=", "sp=", "lanes="}, {}},
+      {"set", "set [stages=N tp=T ratios=A,B sp=on|off|auto microbatches=M lanes=auto|L replay=on|off|auto check=auto|all|first|off seed=S]",
        "set parallelism (stages: pipeline stages, 0 = all devices / tp; tp: tensor-parallel devices per stage; ratios: "
-       "shard proportions per device, even by default; microbatches: jobs per run; lanes: compute streams per device (auto: where the cost model says branches pay); replay: graph replay of captured segments, "
+       "shard proportions per device, even by default; sp: sequence parallelism, reduce-scatter and all-gather by rows "
+       "instead of all-reduce (auto: where collectives run beside compute and messages take a ring); microbatches: jobs per run; lanes: compute streams per device (auto: where the cost model says branches pay); replay: graph replay of captured segments, "
        "see 'plan') and "
        "checking; no argument: show",
-       "set tp=2 ratios=3,1", {"stages=", "tp=", "ratios=", "microbatches=", "lanes=", "replay=", "check=", "seed="}, {}},
+       "set tp=2 ratios=3,1", {"stages=", "tp=", "ratios=", "sp=", "microbatches=", "lanes=", "replay=", "check=", "seed="}, {}},
       {"run", "run [n=<microbatches>] [check=auto|all|first|off]",
        "submit n micro-batch jobs of the current plan and return at once; each job reports when it finishes",
        "run n=32", {"n=", "check="}, {}, run_details},
@@ -157,7 +158,7 @@ completion session::complete(const std::string& line, std::size_t word_start) co
     if (key == "check=") vals = {"auto", "all", "first", "off"};
     else if (key == "dtype=") vals = {"f32", "f16", "bf16"};
     else if (key == "values=") vals = {"on", "off"};
-    else if (key == "replay=") vals = {"on", "off", "auto"};
+    else if (key == "replay=" || key == "sp=") vals = {"on", "off", "auto"};
     for (const auto& v : vals) add(key + v);
     return r;
   }

@@ -116,6 +116,8 @@ struct session::impl {
   graph_replay_mode replay = graph_replay_mode::automatic;  ///< plan_options::graph_replay (set replay=)
   int tp = 1;                  ///< tensor-parallel degree ('set tp=N')
   std::vector<double> ratios;  ///< shard ratios ('set ratios=3,1'); empty: even
+  /// plan_options::sequence_parallel ('set sp=on|off|auto')
+  sequence_parallel_mode sp = sequence_parallel_mode::automatic;
   check_mode check = check_mode::automatic;
   uint64_t seed = 1, next_seed = 1;
 
@@ -172,6 +174,7 @@ struct session::impl {
     int tp = 1;                  ///< tensor-parallel degree (devices per stage)
     std::vector<double> ratios;  ///< shard ratios (empty: even)
     graph_replay_mode replay = graph_replay_mode::automatic;
+    sequence_parallel_mode sp = sequence_parallel_mode::automatic;
   };
   expected<layout> read_layout(params& p) const;
   /// Takes them; a change drops the compiled plan.

@@ -195,3 +195,27 @@ TEST(ReplRun, TensorParallelSetPlanRunTimelineAndTrace) {
   ASSERT_EQ(f.run("plan stages=1 tp=8"), exec_status::failed) << f.text;
   EXPECT_TRUE(has(f.text, "8")) << f.text;
 }
+
+// set sp=on: the blocks reduce-scatter and all-gather by rows (plan and
+// trace say so) and the results still check; a bad value is refused.
+TEST(ReplRun, SequenceParallelSetPlanRunAndTrace) {
+  fixture f;
+  f.ok({"model llama layers=2 d=32 heads=4 kv=2 ff=48 seq=8 vocab=64"});
+  ASSERT_EQ(f.run("set tp=2 sp=on"), exec_status::ok) << f.text;
+  EXPECT_TRUE(has(f.text, "tp=2 sp=on")) << f.text;
+  ASSERT_EQ(f.run("plan"), exec_status::ok) << f.text;
+  EXPECT_TRUE(has(f.text, "reduce_scatter 'l1.attn.o_proj'")) << f.text;
+  EXPECT_TRUE(has(f.text, "all_gather 'l1.mlp_norm'")) << f.text;
+  EXPECT_FALSE(has(f.text, "all_reduce 'l1.attn.o_proj'")) << f.text;
+  ASSERT_EQ(f.run("run n=2 check=all"), exec_status::ok) << f.text;
+  ASSERT_EQ(f.run("wait"), exec_status::ok);
+  EXPECT_EQ(count(f.text, "check: ok"), 2) << f.text;
+  int scatters = 0;
+  for (const auto& r : f.s.last_trace().records) scatters += has(r.label, "(reduce_scatter, ");
+  EXPECT_GT(scatters, 0);
+  ASSERT_EQ(f.run("set sp=maybe"), exec_status::failed) << f.text;
+  EXPECT_TRUE(has(f.text, "sp: 'maybe' is not on, off or auto")) << f.text;
+  ASSERT_EQ(f.run("set sp=off"), exec_status::ok) << f.text;
+  ASSERT_EQ(f.run("plan"), exec_status::ok) << f.text;
+  EXPECT_TRUE(has(f.text, "all_reduce 'l1.attn.o_proj'")) << f.text;
+}
