@@ -10,6 +10,9 @@
 //  - oneshot: distinct GPUs, NCCL's crossover set above every message, so
 //    every collective takes the own path over peer-mapped buffers;
 //  - nccl: distinct GPUs, crossover at 1 byte, so every collective is NCCL's;
+//  - logical_sp / nccl_sp: sequence parallelism on (reduce-scatter and
+//    all-gather by rows), own one-shot path on logical devices, NCCL on two
+//    GPUs;
 //  - logical_instream / instream: all-reduces in-stream (collective_algo::
 //    in_stream, plan_options::in_stream_collectives, experimental: kernels
 //    of the compute streams meeting on the devices), on logical devices of
@@ -49,6 +52,11 @@ struct tp_layout {
   int gpus;          ///< distinct GPUs the layout needs
   bool nccl;         ///< collectives through NCCL (else the own one-shot path)
   bool in_stream = false;  ///< plan_options::in_stream_collectives
+  /// plan_options::sequence_parallel on (its auto mode leaves it off on CUDA):
+  /// reduce-scatters and all-gathers by rows, on the own one-shot path or
+  /// NCCL (a reduce-scatter of rows that are not outermost: an all-reduce
+  /// into scratch and a copy).
+  bool sequence_parallel = false;
 };
 
 // What gtest prints for a layout (test names and ctest's list): its name.
@@ -59,6 +67,8 @@ const tp_layout oneshot{"oneshot", 2, false};
 const tp_layout nccl{"nccl", 2, true};
 const tp_layout logical_instream{"logical_instream", 1, false, true};
 const tp_layout instream{"instream", 2, false, true};
+const tp_layout logical_sp{"logical_sp", 1, false, false, true};
+const tp_layout nccl_sp{"nccl_sp", 2, true, false, true};
 
 /// `members` devices: GPUs 0..gpus-1 in turn (cuda:0,1,0,1 for 4 members on
 /// 2 GPUs: each tensor-parallel group of 2 consecutive devices spans both).
@@ -127,6 +137,7 @@ void run_transformer(runtime& rt, const models::transformer_config& cfg, const p
   auto g = std::make_shared<const graph>(models::build_transformer(cfg).value());
   plan_options po = o;
   po.in_stream_collectives = l.in_stream;
+  if (l.sequence_parallel) po.sequence_parallel = sequence_parallel_mode::on;
   auto p = rt.compile(g, po);
   ASSERT_TRUE(p.has_value()) << what << ": " << p.err().to_string();
   expect_paths(**p, l);
@@ -181,6 +192,7 @@ TEST_P(CudaTensorParallel, RandomGraphsAtDegreeTwoEqualTheReference) {
     const std::string what = "seed " + std::to_string(seed) + " on " + spec_of(l, 2);
     plan_options po = tp(2);
     po.in_stream_collectives = l.in_stream;
+    if (l.sequence_parallel) po.sequence_parallel = sequence_parallel_mode::on;
     auto p = (*rt)->compile(g, po);
     ASSERT_TRUE(p.has_value()) << what << ": " << p.err().to_string();
     int parts = 0;
@@ -214,7 +226,7 @@ TEST_P(CudaTensorParallel, PipelineByTensorTwoByTwoEqualsTheReference) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Layouts, CudaTensorParallel,
-                         ::testing::Values(logical, oneshot, nccl, instream, logical_instream),
+                         ::testing::Values(logical, oneshot, nccl, instream, logical_instream, logical_sp, nccl_sp),
                          [](const ::testing::TestParamInfo<tp_layout>& i) { return std::string(i.param.name); });
 
 // In-stream all-reduces of a decode-shaped LLaMA at degree 2 on two GPUs,
@@ -294,7 +306,8 @@ TEST_P(CudaTensorParallelFour, PipelineByTensorTwoByTwoEqualsTheReference) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Layouts, CudaTensorParallelFour,
-                         ::testing::Values(logical, tp_layout{"oneshot4", 4, false}, tp_layout{"nccl4", 4, true}),
+                         ::testing::Values(logical, tp_layout{"oneshot4", 4, false}, tp_layout{"nccl4", 4, true},
+                                           logical_sp),
                          [](const ::testing::TestParamInfo<tp_layout>& i) { return std::string(i.param.name); });
 INSTANTIATE_TEST_SUITE_P(DISABLED_InStream, CudaTensorParallelFour,
                          ::testing::Values(logical_instream, tp_layout{"instream4", 4, false, true}),
