@@ -111,6 +111,9 @@ struct decode_args {
   std::string inline_copies = "on";  ///< plan_options::inline_small_copies of both plans (on: the default)
   std::string start_on_submit = "on";  ///< runtime_options::start_jobs_on_submit (on: the default)
   std::string pinned_inputs = "on";    ///< runtime_options::pinned_inputs_max_bytes 64 KiB (on: the default) or 0
+  /// runtime_options::trace (on: the default, and the per-token breakdown
+  /// below needs it; off: no timing events per step)
+  std::string trace = "on";
 };
 
 int run_decode(const decode_args& a) {
@@ -118,6 +121,7 @@ int run_decode(const decode_args& a) {
   ro.backend.cuda_gemv = a.gemv == "on";
   ro.backend.cuda_pdl = a.pdl == "on";
   ro.start_jobs_on_submit = a.start_on_submit == "on";
+  ro.trace = a.trace == "on";
   if (a.pinned_inputs == "off") ro.pinned_inputs_max_bytes = 0;
   auto rt = ag::runtime::create(a.devices, ro);
   if (!rt) return fail(rt.err());
@@ -248,10 +252,10 @@ int run_decode(const decode_args& a) {
               load_s);
   std::printf(
       "%-28s %.3f ms/token (median of %zu), context %lld, graph replay %s, fusion %s, gemv %s, projections %s, pdl %s, "
-      "inline copies %s, start on submit %s, pinned inputs %s\n",
+      "inline copies %s, start on submit %s, pinned inputs %s, trace %s\n",
       "decode", ms, gaps.size(), static_cast<long long>(a.context), a.replay.c_str(), a.fusion.c_str(), a.gemv.c_str(),
       a.projections.c_str(), a.pdl.c_str(), a.inline_copies.c_str(), a.start_on_submit.c_str(),
-      a.pinned_inputs.c_str());
+      a.pinned_inputs.c_str(), a.trace.c_str());
   std::printf("%-28s %.3f ms (%.1f MB weights + %.1f MB cache at %.0f GB/s)\n", "bandwidth floor", floor_ms,
               weights_read / 1e6, cache / 1e6, bw / 1e9);
   if (!device_ms.empty()) {
@@ -317,6 +321,10 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"on", "off"}));
   app.add_option("--start-on-submit", d.start_on_submit,
                  "decode: runtime_options::start_jobs_on_submit, jobs with free arenas start from submit (on, off)")
+      ->check(CLI::IsMember({"on", "off"}));
+  app.add_option("--trace", d.trace,
+                 "decode: runtime_options::trace, timing events per step (on: the default and what the breakdown reads; "
+                 "off)")
       ->check(CLI::IsMember({"on", "off"}));
   if (auto status = ag::apps::parse_flags(app, argc, argv)) return *status;
   if (mode == "sim") return run_sim(time_scale, sequences, sim_tokens);

@@ -1298,15 +1298,32 @@ class rewriter {
       return bytes <= 0 ? 0.0 : estimate_collective_seconds(op, choose_collective_algo(members, bytes, op), members, bytes);
     };
     const double t1 = coll(op_kind::all_gather, gather_bytes) + comp + coll(op_kind::reduce_scatter, scatter_bytes);
+    // Chunk sizes: the first and the last half as large as the others, since
+    // only the first chunk's all-gather and the last one's reduce-scatter
+    // have no compute beside them.
+    const auto weights_of = [](int c) {
+      std::vector<double> w(static_cast<std::size_t>(c), 2.0);
+      w.front() = w.back() = 1.0;
+      return w;
+    };
+    const auto time_of = [&](int c) {
+      const std::vector<double> w = weights_of(c);
+      const double sum = std::accumulate(w.begin(), w.end(), 0.0);
+      const auto part = [&](int i) { return w[static_cast<std::size_t>(i)] / sum; };
+      const auto ag = [&](int i) { return coll(op_kind::all_gather, static_cast<int64_t>(static_cast<double>(gather_bytes) * part(i))); };
+      const auto rs = [&](int i) { return coll(op_kind::reduce_scatter, static_cast<int64_t>(static_cast<double>(scatter_bytes) * part(i))); };
+      const auto step = [&](int i) { return comp * part(i) + kernels * d0.kernel_latency; };
+      op_cost cat;
+      cat.bytes = 2.0 * static_cast<double>(scatter_bytes / t_);
+      double t = ag(0) + step(c - 1) + rs(c - 1) + estimate_seconds(d0, cat, n.type);
+      for (int i = 0; i + 1 < c; ++i) t += std::max(step(i), ag(i + 1) + rs(i));
+      return t;
+    };
     int chunks = 1;
     double best = t1;
     for (int c : {2, 4, 8}) {
-      if (c > fewest) break;
-      const double ag = coll(op_kind::all_gather, gather_bytes / c), rs = coll(op_kind::reduce_scatter, scatter_bytes / c);
-      const double step = comp / c + kernels * d0.kernel_latency;
-      op_cost cat;
-      cat.bytes = 2.0 * static_cast<double>(scatter_bytes / t_);
-      const double tc = ag + (c - 1) * std::max(step, ag + rs) + step + rs + estimate_seconds(d0, cat, n.type);
+      if (2 * c > fewest) break;  // a middle chunk takes two rows of every rank at least
+      const double tc = time_of(c);
       if (tc < best && tc < t1 * 0.99) {
         chunks = c;
         best = tc;
@@ -1316,8 +1333,7 @@ class rewriter {
     std::vector<std::vector<int64_t>> piece(static_cast<std::size_t>(t_)), at_row(static_cast<std::size_t>(t_));
     for (int k = 0; k < t_; ++k) {
       piece[static_cast<std::size_t>(k)] =
-          apportion(want.end[static_cast<std::size_t>(k)] - want.begin[static_cast<std::size_t>(k)],
-                    std::vector<double>(static_cast<std::size_t>(chunks), 1.0));
+          apportion(want.end[static_cast<std::size_t>(k)] - want.begin[static_cast<std::size_t>(k)], weights_of(chunks));
       int64_t o = 0;
       for (int64_t p : piece[static_cast<std::size_t>(k)]) {
         at_row[static_cast<std::size_t>(k)].push_back(o);
