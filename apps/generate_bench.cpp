@@ -168,9 +168,13 @@ int run_decode(const decode_args& a) {
   // host's round trip: logits down, sampling, the next submit, inputs up).
   const ag::trace tr = (*rt)->take_trace();
   const auto span = ag::apps::job_spans(tr);
-  // Per job also: its first step's enqueue (host clock), and its copies'.
+  // Per job also: its first step's enqueue (host clock), its input copies
+  // (the steps that end before its longest compute step, the replayed
+  // segment, starts: on the h2d queue, or on the compute lane when small
+  // copies run there) and that segment.
   struct job_marks {
     int64_t first_enqueue = 0, h2d_first_start = 0, h2d_last_end = 0, compute_first_start = 0, compute_last_end = 0;
+    int64_t longest = -1;  // the longest compute step's duration
     int h2d_steps = 0;
   };
   std::map<uint64_t, job_marks> marks;
@@ -178,12 +182,18 @@ int run_decode(const decode_args& a) {
   for (const auto& r : tr.records) {
     auto& mk = marks[r.job];
     first_of(mk.first_enqueue, r.enqueue_ns);
-    if (r.lane == "h2d") {
+    if (r.lane.rfind("compute", 0) == 0 && r.end_ns - r.start_ns > mk.longest) {
+      mk.longest = r.end_ns - r.start_ns;
+      mk.compute_first_start = r.start_ns;
+    }
+  }
+  for (const auto& r : tr.records) {
+    auto& mk = marks[r.job];
+    if ((r.lane == "h2d" || r.lane.rfind("compute", 0) == 0) && r.end_ns <= mk.compute_first_start) {
       ++mk.h2d_steps;
       first_of(mk.h2d_first_start, r.start_ns);
       mk.h2d_last_end = std::max(mk.h2d_last_end, r.end_ns);
     } else if (r.lane.rfind("compute", 0) == 0) {
-      first_of(mk.compute_first_start, r.start_ns);
       mk.compute_last_end = std::max(mk.compute_last_end, r.end_ns);
     }
   }
@@ -201,7 +211,8 @@ int run_decode(const decode_args& a) {
       }
       h2d_steps.push_back(mk.h2d_steps);
       h2d_us.push_back(static_cast<double>(mk.h2d_last_end - mk.h2d_first_start) / 1e3);
-      h2d_to_compute_us.push_back(static_cast<double>(mk.compute_first_start - mk.h2d_last_end) / 1e3);
+      h2d_to_compute_us.push_back(mk.h2d_steps > 0 ? static_cast<double>(mk.compute_first_start - mk.h2d_last_end) / 1e3
+                                                   : 0.0);
       compute_ms.push_back(static_cast<double>(mk.compute_last_end - mk.compute_first_start) / 1e6);
       tail_us.push_back(static_cast<double>(sp.second - mk.compute_last_end) / 1e3);
     }
@@ -263,8 +274,8 @@ int run_decode(const decode_args& a) {
                 "decode job", median_of(device_ms), median_of(idle_ms), device_ms.size());
     std::printf("decode_device_ms_per_token: %.3f\ndecode_idle_ms_between_tokens: %.3f\n", median_of(device_ms),
                 median_of(idle_ms));
-    std::printf("%-28s previous job's end -> first step enqueued %.1f us; h2d: %.0f steps over %.1f us; "
-                "-> compute %.1f us; compute %.3f ms; compute end -> job end %.1f us (medians)\n",
+    std::printf("%-28s previous job's end -> first step enqueued %.1f us; input copies: %.0f steps over %.1f us; "
+                "-> segment %.1f us; segment to the last compute end %.3f ms; -> job end %.1f us (medians)\n",
                 "decode job, cut", median_of(to_enqueue_us), median_of(h2d_steps), median_of(h2d_us),
                 median_of(h2d_to_compute_us), median_of(compute_ms), median_of(tail_us));
   }
