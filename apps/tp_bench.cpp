@@ -9,6 +9,8 @@
 //                            host's dispatch overhead, which the sim does not
 //                            model, weighs 1/50), one job in flight at a time
 //   tp_overlap_gain_4_sim    degree 4 with tp_overlap off over on
+// (--sequence-parallel off|on|auto: plan_options::sequence_parallel of every
+// plan; auto, the default, runs these sequence parallel on sim)
 //   tp_plan_ms_64            compile wall time (median of --repeats; the table
 //                            also shows CPU time, which a loaded machine does
 //                            not inflate) of an 8 x 8
