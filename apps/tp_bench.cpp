@@ -1087,6 +1087,7 @@ int main(int argc, char** argv) {
   ag::plan_options o64;
   o64.pipeline_stages = 8;
   o64.tensor_parallel = 8;
+  o64.sequence_parallel = sequence_parallel;
   std::vector<double> times, cpu;
   std::shared_ptr<const ag::plan> p64;
   for (int r = 0; r < repeats; ++r) {

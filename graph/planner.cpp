@@ -248,14 +248,8 @@ void assign_lanes(builder_state& s) {
   if (!any) return;
 
   const std::size_t n = g.size();
-  bit_matrix anc(n, n);  // anc(v, u): u reaches v
-  for (const node& v : g.nodes()) {
-    if (!s.needed[static_cast<std::size_t>(v.id)]) continue;
-    for (node_id u : v.inputs) {
-      anc.merge(static_cast<std::size_t>(v.id), static_cast<std::size_t>(u));
-      anc.set(static_cast<std::size_t>(v.id), static_cast<std::size_t>(u));
-    }
-  }
+  std::vector<std::size_t> col_of(n);
+  bit_matrix anc;
   for (int dev = 0; dev < s.ndev(); ++dev) {
     const device_spec& spec = s.devices[static_cast<std::size_t>(dev)];
     const int lanes = std::min(s.lane_cap, spec.max_lanes);
@@ -264,9 +258,29 @@ void assign_lanes(builder_state& s) {
     for (const node& v : g.nodes())
       if (s.place[static_cast<std::size_t>(v.id)] == dev && is_compute(v)) nodes.push_back(v.id);
     const std::size_t m = nodes.size();
+    // anc(v, j): this device's j-th node reaches node v (through any
+    // device's nodes). Only this device's nodes are columns: the questions
+    // below are about them, and a full n x n closure of a 64-device plan
+    // (50,000 nodes) took 300 MB and most of its compile time.
+    std::fill(col_of.begin(), col_of.end(), m);
+    for (std::size_t a = 0; a < m; ++a) col_of[static_cast<std::size_t>(nodes[a])] = a;
+    // A path between two of them runs through nodes between them in id
+    // (topological) order: only those rows are kept (row of node v: v - lo),
+    // and nodes before the first reach none of them.
+    const node_id lo = m ? nodes.front() : 0, hi = m ? nodes.back() : -1;
+    const auto row = [lo](node_id v) { return static_cast<std::size_t>(v - lo); };
+    anc.reset(static_cast<std::size_t>(hi - lo + 1), m);
+    for (node_id vid = lo; vid <= hi; ++vid) {
+      const node& v = g.at(vid);
+      if (!s.needed[static_cast<std::size_t>(v.id)]) continue;
+      for (node_id u : v.inputs) {
+        if (u < lo) continue;
+        anc.merge(row(v.id), row(u));
+        if (col_of[static_cast<std::size_t>(u)] < m) anc.set(row(v.id), col_of[static_cast<std::size_t>(u)]);
+      }
+    }
     auto comparable = [&](std::size_t a, std::size_t b) {
-      return anc.test(static_cast<std::size_t>(nodes[a]), static_cast<std::size_t>(nodes[b])) ||
-             anc.test(static_cast<std::size_t>(nodes[b]), static_cast<std::size_t>(nodes[a]));
+      return anc.test(row(nodes[a]), b) || anc.test(row(nodes[b]), a);
     };
     std::vector<char> seq(m, 1);
     for (std::size_t a = 0; a < m; ++a)
@@ -279,7 +293,7 @@ void assign_lanes(builder_state& s) {
       if (seq[a]) { ++seen_seq; continue; }
       int c = 0;
       for (std::size_t b = 0; b < m; ++b)
-        if (seq[b] && anc.test(static_cast<std::size_t>(nodes[a]), static_cast<std::size_t>(nodes[b]))) ++c;
+        if (seq[b] && anc.test(row(nodes[a]), b)) ++c;
       interval[a] = c;
     }
     std::vector<std::size_t> parent(m);
@@ -451,7 +465,9 @@ struct step_builder {
     return id;
   }
 
-  // True when `target` is reachable from `from` through deps.
+  // True when `target` is reachable from `from` through deps. A step's deps
+  // were all made before it (smaller ids), so a step older than `target`
+  // cannot lead to it: the search stays within the steps made since.
   bool reaches(step_id from, step_id target) {
     ++visit_stamp;
     std::vector<step_id> stack{from};
@@ -459,7 +475,7 @@ struct step_builder {
       const step_id x = stack.back();
       stack.pop_back();
       if (x == target) return true;
-      if (visit_mark[static_cast<std::size_t>(x)] == visit_stamp) continue;
+      if (x < target || visit_mark[static_cast<std::size_t>(x)] == visit_stamp) continue;
       visit_mark[static_cast<std::size_t>(x)] = visit_stamp;
       for (step_id d : steps[static_cast<std::size_t>(x)].deps) stack.push_back(d);
     }

@@ -49,8 +49,15 @@ class planner {
 /// Dense bitset rows: one row of `words` 64-bit words per element.
 class bit_matrix {
  public:
+  bit_matrix() = default;
   bit_matrix(std::size_t rows, std::size_t cols)
       : words_((cols + 63) / 64), bits_(rows * words_, 0) {}
+  /// All zero, `rows` x `cols`, keeping the memory held (one matrix reused
+  /// for many shapes touches its pages once).
+  void reset(std::size_t rows, std::size_t cols) {
+    words_ = (cols + 63) / 64;
+    bits_.assign(rows * words_, 0);
+  }
   bool test(std::size_t r, std::size_t c) const noexcept {
     return (bits_[r * words_ + c / 64] >> (c % 64)) & 1u;
   }
@@ -61,7 +68,7 @@ class bit_matrix {
   }
 
  private:
-  std::size_t words_;
+  std::size_t words_ = 0;
   std::vector<uint64_t> bits_;
 };
 

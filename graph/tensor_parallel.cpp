@@ -614,6 +614,8 @@ class rewriter {
   std::map<std::tuple<node_id, int, int64_t, int64_t>, node_id> weight_slices_;
   std::vector<tp_collective> collectives_;
   std::vector<std::pair<std::string, int>> chunked_;
+  /// A replicated local (tensor_info::repl) -> the tensor of g_ it holds.
+  std::unordered_map<node_id, node_id> repl_owner_;
   std::size_t out_size_ = 0;
   std::shared_ptr<const graph> rewritten_;
 
@@ -1005,18 +1007,21 @@ class rewriter {
     if (i.st.k == skind::partial) {
       if (i.pending) {
         auto r = chunked_all_reduce(x);
-        if (!r.empty()) return ti(x).repl = r;
+        if (!r.empty()) return remember_replicated(x, std::move(r));
       }
-      auto r = collective(op_kind::all_reduce, x, native(x), {}, xn.name);
-      return ti(x).repl = r;
+      return remember_replicated(x, collective(op_kind::all_reduce, x, native(x), {}, xn.name));
     }
     // sharded: all_gather along the merged dims
     const split_state st = i.st;
-    auto r = collective(op_kind::all_gather, x, native(x), xn.dims, xn.name, [&](node& c, int) {
-      c.attrs.axis = st.axis;
-      c.attrs.axis2 = st.axis2;
-    });
-    return ti(x).repl = r;
+    return remember_replicated(x, collective(op_kind::all_gather, x, native(x), xn.dims, xn.name, [&](node& c, int) {
+                                 c.attrs.axis = st.axis;
+                                 c.attrs.axis2 = st.axis2;
+                               }));
+  }
+
+  const std::vector<node_id>& remember_replicated(node_id x, std::vector<node_id> r) {
+    for (node_id l : r) repl_owner_[l] = x;
+    return ti(x).repl = std::move(r);
   }
 
   std::vector<node_id> as_state(node_id x, const split_state& want) {
@@ -1225,12 +1230,12 @@ class rewriter {
     };
     // All-gathered tensors whose rows the region may read per chunk instead:
     // the replicated local of rank k -> the tensor.
-    std::unordered_map<node_id, node_id> gathered_of;
-    for (std::size_t e = 0; e < info_.size(); ++e) {
-      const tensor_info& te = info_[e];
-      if (te.repl.empty() || !(te.st == want) || !rows_prefix(g_.at(static_cast<node_id>(e)).dims)) continue;
-      for (node_id l : te.repl) gathered_of[l] = static_cast<node_id>(e);
-    }
+    const auto gathered_of = [&](node_id l) -> node_id {
+      const auto it = repl_owner_.find(l);
+      if (it == repl_owner_.end()) return no_node;
+      const tensor_info& te = ti(it->second);
+      return te.st == want && rows_prefix(g_.at(it->second).dims) ? it->second : no_node;
+    };
     // Per rank: the local nodes to emit per chunk (ascending ids), the
     // all-gathered tensors and the every-row operands they read.
     struct region {
@@ -1251,8 +1256,8 @@ class rewriter {
         stack.pop_back();
         if (!seen.insert(id).second) continue;
         const node& m = at(id);
-        if (auto it = gathered_of.find(id); it != gathered_of.end()) {
-          rg.gathered.insert(it->second);
+        if (const node_id e = gathered_of(id); e != no_node) {
+          rg.gathered.insert(e);
           continue;
         }
         if (row_free(id)) continue;
@@ -1321,7 +1326,7 @@ class rewriter {
     };
     int chunks = 1;
     double best = t1;
-    for (int c : {2, 4, 8}) {
+    for (int c : {2, 4}) {
       if (2 * c > fewest) break;  // a middle chunk takes two rows of every rank at least
       const double tc = time_of(c);
       if (tc < best && tc < t1 * 0.99) {
