@@ -724,6 +724,32 @@ TEST(SequenceParallel, OverlapRunsTheMlpAndOutputProjectionInChunksOfRows) {
   }
 }
 
+// Chunks of rows under uneven shares: each rank's rows split into its own
+// pieces, the chunk's all-gather and reduce-scatter use every rank's piece
+// in rank order, and the plan still evaluates to the reference.
+TEST(SequenceParallel, ChunksOfRowsFollowUnevenShares) {
+  auto cfg = tiny(model_variant::llama, 8, 2);
+  cfg.n_layers = 2;
+  cfg.seq_len = 48;  // 4:1:1:2 leaves the smallest share 6 rows: room for 2 chunks
+  auto g = build(cfg);
+  ASSERT_TRUE(g);
+  const auto in = models::transformer_inputs(cfg, 13);
+  for (auto ratios : std::vector<std::vector<double>>{{3, 1}, {1, 2, 1}, {4, 1, 1, 2}}) {
+    const int degree = static_cast<int>(ratios.size());
+    SCOPED_TRACE("degree " + std::to_string(degree));
+    plan_options o = tp_options(degree, ratios);  // overlap on
+    o.sequence_parallel = sequence_parallel_mode::on;
+    auto p = test_util::must_compile(g, compute_bound_devices(degree), o);
+    ASSERT_TRUE(p);
+    EXPECT_TRUE(check_hazards(*p).ok()) << check_hazards(*p).to_string();
+    EXPECT_FALSE(p->tensor_parallel()->chunked.empty()) << "the sample must exercise the chunks";
+    auto want = evaluate_reference(*g, in);
+    auto got = evaluate_reference(p->source(), in);
+    ASSERT_TRUE(want && got) << (got ? "" : got.err().to_string());
+    EXPECT_LE(max_rel_diff(*got, *want), 1e-4);
+  }
+}
+
 // Auto mode follows the devices: sequence parallel on sim with rings, not
 // where collectives cannot run beside compute (CUDA GPUs), nor for messages
 // small enough for the one-shot algorithm.
