@@ -773,6 +773,10 @@ error validate(const plan_options& o) {
       o.graph_replay != graph_replay_mode::automatic)
     return bad("graph_replay " + std::to_string(static_cast<int>(o.graph_replay)) +
                " is not a graph_replay_mode (off = 0, on = 1, auto = 2)");
+  if (o.sequence_parallel != sequence_parallel_mode::off && o.sequence_parallel != sequence_parallel_mode::on &&
+      o.sequence_parallel != sequence_parallel_mode::automatic)
+    return bad("sequence_parallel " + std::to_string(static_cast<int>(o.sequence_parallel)) +
+               " is not a sequence_parallel_mode (off = 0, on = 1, auto = 2)");
   if (o.state_slots < 1 || o.state_slots > 65536)
     return bad("state_slots must be 1..65536, got " + std::to_string(o.state_slots));
   return {};

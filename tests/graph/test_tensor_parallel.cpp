@@ -780,6 +780,12 @@ TEST(SequenceParallel, AutoModeNeedsOverlappingCollectivesAndRingSizedMessages) 
   EXPECT_EQ(m, sequence_parallel_mode::on);
   EXPECT_FALSE(parse_sequence_parallel_mode("yes", m));
   EXPECT_EQ(m, sequence_parallel_mode::on);
+  EXPECT_EQ(plan_options{}.sequence_parallel, sequence_parallel_mode::automatic);
+  plan_options bad_mode = tp_options(2);
+  bad_mode.sequence_parallel = static_cast<sequence_parallel_mode>(7);
+  const error e = validate(bad_mode);
+  ASSERT_FALSE(e.ok());
+  EXPECT_NE(e.to_string().find("sequence_parallel 7"), std::string::npos) << e.to_string();
 }
 
 TEST(TensorParallel, EmbeddingTableIsReplicatedOnlyWhenNoLargerThanItsLookup) {
