@@ -891,6 +891,41 @@ class rewriter {
     return emit_compute(std::move(c), s, k);
   }
 
+  /// Concatenation of `inputs` along `axis` on rank k of stage s.
+  node_id emit_concat(std::vector<node_id> inputs, int axis, std::string name, int s, int k, int layer) {
+    node c;
+    c.op = op_kind::concat;
+    c.name = std::move(name);
+    c.inputs = std::move(inputs);
+    c.attrs.axis = axis;
+    c.layer = layer;
+    return emit_compute(std::move(c), s, k);
+  }
+
+  /// Rank k's part of row-parallel matmul n (a sharded on K, b its slice of
+  /// the weight): whole, or one chunk of its rows (`base` names it).
+  node_id emit_row_parallel_part(const node& n, node_id a, node_id b, const std::string& base, int s, int k) {
+    node m = n;
+    m.name = local_name(base, s, k);
+    m.inputs = {a, b};
+    m.pinned_device = -1;
+    return emit_compute(std::move(m), s, k);
+  }
+
+  /// The devices of stage s's group, in rank order.
+  std::vector<const device_spec*> group_members(int s) const {
+    std::vector<const device_spec*> members;
+    for (int k = 0; k < t_; ++k) members.push_back(&devices_[static_cast<std::size_t>(dev(std::max(0, s), k))]);
+    return members;
+  }
+
+  /// Whether every member runs a collective beside a compute kernel
+  /// (device_spec::collectives_overlap_compute): where chunks can overlap.
+  static bool collectives_beside_compute(const std::vector<const device_spec*>& members) {
+    return std::all_of(members.begin(), members.end(),
+                       [](const device_spec* m) { return m->collectives_overlap_compute; });
+  }
+
   node_id weight_slice(node_id w, int dim, int64_t b, int64_t e) {
     const node& wn = g_.at(w);
     const node_id full = ti(w).loc[0];
@@ -987,13 +1022,9 @@ class rewriter {
       // The row-parallel matmul, unchunked.
       const node& n = g_.at(x);
       const int s = stage(x);
-      for (int k = 0; k < t_; ++k) {
-        node m = n;
-        m.name = local_name(n.name, s, k);
-        m.inputs = {i.pa[static_cast<std::size_t>(k)], i.pb[static_cast<std::size_t>(k)]};
-        m.pinned_device = -1;
-        i.loc.push_back(emit_compute(std::move(m), s, k));
-      }
+      for (int k = 0; k < t_; ++k)
+        i.loc.push_back(
+            emit_row_parallel_part(n, i.pa[static_cast<std::size_t>(k)], i.pb[static_cast<std::size_t>(k)], n.name, s, k));
       i.pending = false;
     }
     return i.loc;
@@ -1043,16 +1074,14 @@ class rewriter {
     // planner refuses it); another shard comes from the all-reduce.
     std::vector<node_id> r;
     const bool first_scatter = ti(x).st.k == skind::partial && !has_replicated(x) && ti(x).shards.empty();
-    if (first_scatter && ti(x).pending) r = chunked_reduce_scatter(x, want);
-    if (!r.empty()) {
-      // pipelined in chunks (sequence parallelism with overlap)
-    } else if (first_scatter && want.axis == want.axis2) {
+    if (first_scatter && ti(x).pending) r = chunked_reduce_scatter(x, want);  // empty: not in chunks
+    if (r.empty() && first_scatter && want.axis == want.axis2) {
       r = collective(op_kind::reduce_scatter, x, native(x), {}, xn.name, [&](node& c, int k) {
         c.attrs.axis = want.axis;
         c.attrs.begin = want.begin[static_cast<std::size_t>(k)];
         c.attrs.end = want.end[static_cast<std::size_t>(k)];
       });
-    } else {
+    } else if (r.empty()) {
       const std::vector<node_id> full = as_replicated(x);
       for (int k = 0; k < t_; ++k)
         r.push_back(box_of_replicated(x, full[static_cast<std::size_t>(k)], rank_box(xn.dims, want, k), s, k));
@@ -1084,11 +1113,9 @@ class rewriter {
     int64_t kmax = 0;
     for (int k = 0; k < t_; ++k) kmax = std::max(kmax, at(i.pa[static_cast<std::size_t>(k)]).dims[-1]);
     const int64_t es = static_cast<int64_t>(dtype_size(n.type));
-    std::vector<const device_spec*> members;
-    for (int k = 0; k < t_; ++k) members.push_back(&devices_[static_cast<std::size_t>(dev(s, k))]);
+    const std::vector<const device_spec*> members = group_members(s);
     // Chunks pay only where a chunk's all-reduce runs beside the next chunk.
-    for (const device_spec* m : members)
-      if (!m->collectives_overlap_compute) return {};
+    if (!collectives_beside_compute(members)) return {};
     const device_spec& d0 = *members[0];
     auto mm = [&](int64_t m) {
       op_cost c;
@@ -1131,11 +1158,8 @@ class rewriter {
       for (int k = 0; k < t_; ++k) {
         const node_id a = slice_view(flat[static_cast<std::size_t>(k)], 0, r0, r1, n.name + ".chunk" + std::to_string(c),
                                      s, k, n.layer);
-        node m = n;
-        m.name = local_name(n.name + ".chunk" + std::to_string(c), s, k);
-        m.inputs = {a, i.pb[static_cast<std::size_t>(k)]};
-        m.pinned_device = -1;
-        parts.push_back(emit_compute(std::move(m), s, k));
+        parts.push_back(
+            emit_row_parallel_part(n, a, i.pb[static_cast<std::size_t>(k)], n.name + ".chunk" + std::to_string(c), s, k));
       }
       // Collective of this chunk, recorded under the tensor's name.
       const std::string base = n.name + ".chunk" + std::to_string(c);
@@ -1163,13 +1187,7 @@ class rewriter {
     }
     std::vector<node_id> result;
     for (int k = 0; k < t_; ++k) {
-      node cat_node;
-      cat_node.op = op_kind::concat;
-      cat_node.name = local_name(n.name + ".chunks", s, k);
-      cat_node.inputs = reduced[static_cast<std::size_t>(k)];
-      cat_node.attrs.axis = 0;
-      cat_node.layer = n.layer;
-      const node_id c = emit_compute(std::move(cat_node), s, k);
+      const node_id c = emit_concat(reduced[static_cast<std::size_t>(k)], 0, local_name(n.name + ".chunks", s, k), s, k, n.layer);
       result.push_back(emit_view(op_kind::reshape, n.name + ".reduced", c, s, k, n.layer, [&](node& v) { v.dims = n.dims; }));
     }
     chunked_.emplace_back(n.name, best);
@@ -1218,10 +1236,8 @@ class rewriter {
         want.axis != want.axis2 || want.axis >= n.dims.rank() - 1)
       return {};
     const int ax = want.axis, r = n.dims.rank();
-    std::vector<const device_spec*> members;
-    for (int k = 0; k < t_; ++k) members.push_back(&devices_[static_cast<std::size_t>(dev(s, k))]);
-    for (const device_spec* m : members)
-      if (!m->collectives_overlap_compute) return {};
+    const std::vector<const device_spec*> members = group_members(s);
+    if (!collectives_beside_compute(members)) return {};
     const auto rows_prefix = [&](const shape& d) {
       if (d.rank() != r) return false;
       for (int j = 0; j <= ax; ++j)
@@ -1296,8 +1312,8 @@ class rewriter {
       comp += estimate_seconds(d0, c, n.type);
     }
     int64_t gather_bytes = 0;
-    for (node_id e : reg[0].gathered) gather_bytes += g_.at(e).dims.numel() * static_cast<int64_t>(dtype_size(g_.at(e).type));
-    const int64_t scatter_bytes = n.dims.numel() * es;
+    for (node_id e : reg[0].gathered) gather_bytes += bytes_of(g_.at(e));
+    const int64_t scatter_bytes = bytes_of(n);
     const int kernels = static_cast<int>(reg[0].clone.size()) + 1;
     auto coll = [&](op_kind op, int64_t bytes) {
       return bytes <= 0 ? 0.0 : estimate_collective_seconds(op, choose_collective_algo(members, bytes, op), members, bytes);
@@ -1388,13 +1404,7 @@ class rewriter {
             const int64_t b = want.begin[static_cast<std::size_t>(j)] + O(j, c);
             cut.push_back(slice_view(w, ax, b, b + P(j, c), at(w).name + tag, s, k, n.layer));
           }
-          node cat;
-          cat.op = op_kind::concat;
-          cat.name = at(w).name + tag;
-          cat.inputs = cut;
-          cat.attrs.axis = ax;
-          cat.layer = n.layer;
-          now[w] = emit_compute(std::move(cat), s, k);
+          now[w] = emit_concat(std::move(cut), ax, at(w).name + tag, s, k, n.layer);
         }
         const auto mapped = [&](node_id in) {
           auto it = now.find(in);
@@ -1411,11 +1421,8 @@ class rewriter {
           for (node_id in : o.inputs) m.inputs.push_back(mapped(in));
           now[id] = emit_compute(std::move(m), s, k);
         }
-        node mm = n;
-        mm.name = local_name(n.name + tag, s, k);
-        mm.inputs = {mapped(pa[static_cast<std::size_t>(k)]), pb[static_cast<std::size_t>(k)]};
-        mm.pinned_device = -1;
-        parts.push_back(emit_compute(std::move(mm), s, k));
+        parts.push_back(
+            emit_row_parallel_part(n, mapped(pa[static_cast<std::size_t>(k)]), pb[static_cast<std::size_t>(k)], n.name + tag, s, k));
       }
       const auto rs = collective(op_kind::reduce_scatter, x, parts, {}, n.name + tag, [&](node& v, int k) {
         int64_t b = 0;
@@ -1427,15 +1434,8 @@ class rewriter {
       for (int k = 0; k < t_; ++k) reduced[static_cast<std::size_t>(k)].push_back(rs[static_cast<std::size_t>(k)]);
     }
     std::vector<node_id> result;
-    for (int k = 0; k < t_; ++k) {
-      node cat;
-      cat.op = op_kind::concat;
-      cat.name = local_name(n.name + ".chunks", s, k);
-      cat.inputs = reduced[static_cast<std::size_t>(k)];
-      cat.attrs.axis = ax;
-      cat.layer = n.layer;
-      result.push_back(emit_compute(std::move(cat), s, k));
-    }
+    for (int k = 0; k < t_; ++k)
+      result.push_back(emit_concat(reduced[static_cast<std::size_t>(k)], ax, local_name(n.name + ".chunks", s, k), s, k, n.layer));
     chunked_.emplace_back(n.name, chunks);
     return result;
   }
@@ -1484,11 +1484,8 @@ class rewriter {
       case sequence_parallel_mode::on: return true;
       case sequence_parallel_mode::automatic: break;
     }
-    std::vector<const device_spec*> members;
-    for (int k = 0; k < t_; ++k) {
-      members.push_back(&devices_[static_cast<std::size_t>(dev(std::max(0, s), k))]);
-      if (!members.back()->collectives_overlap_compute) return false;
-    }
+    const std::vector<const device_spec*> members = group_members(s);
+    if (!collectives_beside_compute(members)) return false;
     return choose_collective_algo(members, bytes, op_kind::reduce_scatter) == collective_algo::ring;
   }
   static int64_t bytes_of(const node& v) { return v.dims.numel() * static_cast<int64_t>(dtype_size(v.type)); }
@@ -2063,13 +2060,7 @@ class rewriter {
       id = as_replicated(o)[0];
     } else if (st.axis == st.axis2) {
       // Gather onto rank 0 only: a concat there (the planner copies the shards).
-      node c;
-      c.op = op_kind::concat;
-      c.name = n.name + ".gathered";
-      c.attrs.axis = st.axis;
-      c.inputs = native(o);
-      c.layer = n.layer;
-      id = emit_compute(std::move(c), s, 0);
+      id = emit_concat(native(o), st.axis, n.name + ".gathered", s, 0, n.layer);
     } else {
       id = as_replicated(o)[0];
     }
