@@ -65,6 +65,22 @@ std::shared_ptr<const ag::plan> run_and_check(ag::runtime& rt, const std::shared
   return *p;
 }
 
+/// Submits `n` jobs of plan p (of g, a transformer `cfg`: inputs drawn from
+/// seeds first_seed, first_seed + 1, ...) all at once, then checks each
+/// against the reference.
+void expect_jobs_equal_reference(ag::runtime& rt, const std::shared_ptr<const ag::plan>& p, const ag::graph& g,
+                                 const ag::models::transformer_config& cfg, uint64_t first_seed, int n,
+                                 const std::string& what) {
+  std::vector<ag::job> jobs;
+  std::vector<std::vector<host_tensor>> want;
+  for (int k = 0; k < n; ++k) {
+    auto in = ag::models::transformer_inputs(cfg, first_seed + static_cast<uint64_t>(k));
+    want.push_back(ag::evaluate_reference(g, in).value());
+    jobs.push_back(rt.submit(p, std::move(in)));
+  }
+  for (std::size_t k = 0; k < jobs.size(); ++k) expect_outputs(jobs[k], want[k], 1e-4, 1e-3, what + " job " + std::to_string(k));
+}
+
 int collective_steps(const ag::plan& p) {
   int n = 0;
   for (const auto& s : p.steps()) n += s.kind == ag::step_kind::collective;
@@ -238,15 +254,7 @@ TEST_P(TensorParallelRun, SequenceParallelTransformersEqualTheReference) {
     ASSERT_TRUE(run_and_check(*rt, g, o, in, v + " 3:1"));
     o = tp(2, {}, 2);
     o.sequence_parallel = ag::sequence_parallel_mode::on;
-    auto p = rt->compile(g, o).value();
-    std::vector<ag::job> jobs;
-    std::vector<std::vector<host_tensor>> want;
-    for (uint64_t k = 0; k < 8; ++k) {
-      auto ink = ag::models::transformer_inputs(cfg, 60 + k);
-      want.push_back(ag::evaluate_reference(*g, ink).value());
-      jobs.push_back(rt->submit(p, std::move(ink)));
-    }
-    for (std::size_t k = 0; k < jobs.size(); ++k) expect_outputs(jobs[k], want[k], 1e-4, 1e-3, v + " 2 x 2 job " + std::to_string(k));
+    expect_jobs_equal_reference(*rt, rt->compile(g, o).value(), *g, cfg, 60, 8, v + " 2 x 2");
   }
 }
 
@@ -271,14 +279,7 @@ TEST(SequenceParallelRun, ChunksOfRowsOnSimEqualTheReference) {
     const std::string what = "degree " + std::to_string(degree);
     auto p = rt->compile(g, tp(degree)).value();  // sequence parallelism and overlap: the defaults
     ASSERT_FALSE(p->tensor_parallel()->chunked.empty()) << what;
-    std::vector<ag::job> jobs;
-    std::vector<std::vector<host_tensor>> want;
-    for (uint64_t k = 0; k < 8; ++k) {
-      auto in = ag::models::transformer_inputs(cfg, 80 + k);
-      want.push_back(ag::evaluate_reference(*g, in).value());
-      jobs.push_back(rt->submit(p, std::move(in)));
-    }
-    for (std::size_t k = 0; k < jobs.size(); ++k) expect_outputs(jobs[k], want[k], 1e-4, 1e-3, what + " job " + std::to_string(k));
+    expect_jobs_equal_reference(*rt, p, *g, cfg, 80, 8, what);
   }
 }
 
@@ -346,16 +347,7 @@ TEST(CpuRing, ConcurrentTensorParallelJobsEqualTheReference) {
     auto g = build(cfg);
     auto p = rt->compile(g, tp(degree)).value();
     ASSERT_GT(collective_steps(*p), 0);
-    std::vector<ag::job> jobs;
-    std::vector<std::vector<host_tensor>> want;
-    for (int k = 0; k < 6; ++k) {
-      auto in = ag::models::transformer_inputs(cfg, 40 + static_cast<uint64_t>(k));
-      want.push_back(ag::evaluate_reference(*g, in).value());
-      jobs.push_back(rt->submit(p, in));
-    }
-    for (int k = 0; k < 6; ++k)
-      expect_outputs(jobs[static_cast<std::size_t>(k)], want[static_cast<std::size_t>(k)], 1e-4, 1e-3,
-                     "degree " + std::to_string(degree) + " job " + std::to_string(k));
+    expect_jobs_equal_reference(*rt, p, *g, cfg, 40, 6, "degree " + std::to_string(degree));
   }
 }
 
