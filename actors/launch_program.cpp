@@ -168,6 +168,9 @@ error lower_copy(const plan& p, const step& s, lowered_step& ls) {
   c.io_index = s.io_index;
   c.bytes = n.dims.numel() * static_cast<int64_t>(dtype_size(n.type));
   c.src_device = s.kind == step_kind::copy_peer ? s.src_device : s.device;
+  c.host_offset = s.host_offset;
+  c.host_blocks = s.host_blocks;
+  c.host_pitch = s.host_pitch;
   if (s.kind != step_kind::copy_h2d) {
     auto a = resolve(p, id, c.src_device);
     if (!a) return err.wrap(a.err(), "source '" + n.name + "'", n.name);

@@ -74,6 +74,11 @@ struct copy_desc {
   /// d2h of a non-contiguous view output: the storage's whole buffer is
   /// copied (into the job's staging buffer) and gathered on the host.
   bool gather = false;
+  /// d2h: where the bytes land in the host output (step::host_offset):
+  /// host_blocks runs of bytes / host_blocks, host_pitch apart.
+  int64_t host_offset = 0;
+  int64_t host_blocks = 1;
+  int64_t host_pitch = 0;
 };
 
 /// What a collective step's part does (plan.hpp's step of kind collective).

@@ -341,7 +341,11 @@ error launch_step(exec_state& st, exec_job& e, step_id s) {
       const void* src = ctx.base(c.src.where, st.device) + c.src.byte_offset;
       auto& host = c.gather ? ctx.staging[static_cast<std::size_t>(c.io_index)]
                             : ctx.outputs[static_cast<std::size_t>(c.io_index)];
-      err = st.dev->copy_d2h(stream, host.data(), src, c.bytes);
+      if (c.host_blocks > 1)
+        err = st.dev->copy_d2h_blocks(stream, host.data() + c.host_offset, c.host_pitch, src,
+                                      c.bytes / c.host_blocks, c.host_blocks);
+      else
+        err = st.dev->copy_d2h(stream, host.data() + c.host_offset, src, c.bytes);
       break;
     }
     case step_kind::copy_peer: {

@@ -17,6 +17,15 @@ error device::collective(stream&, const collective_launch& c) {
                index(), -1, c.op ? c.op->name : std::string{});
 }
 
+error device::copy_d2h_blocks(stream& s, void* dst, int64_t dst_pitch, const void* src, int64_t block_bytes,
+                              int64_t blocks) {
+  for (int64_t b = 0; b < blocks; ++b)
+    if (error e = copy_d2h(s, static_cast<char*>(dst) + b * dst_pitch, static_cast<const char*>(src) + b * block_bytes,
+                           block_bytes))
+      return e;
+  return {};
+}
+
 error device::set_collective_tag(stream&, uint64_t) {
   return error(errc::unsupported_op, "device '" + spec().name + "' runs no in-stream collectives", index());
 }

@@ -307,6 +307,12 @@ class device {
   virtual error copy_h2d(stream& s, void* dst, const void* src, int64_t bytes) = 0;
   /// `dst` must stay valid until the stream passes this point.
   virtual error copy_d2h(stream& s, void* dst, const void* src, int64_t bytes) = 0;
+  /// Copies `blocks` runs of `block_bytes` from contiguous device memory at
+  /// `src` to host memory, run k at dst + k * dst_pitch (a piece of a job
+  /// output gathered on the host, plan_options::output_pieces); same rules as
+  /// copy_d2h. Default: one copy_d2h per run.
+  virtual error copy_d2h_blocks(stream& s, void* dst, int64_t dst_pitch, const void* src, int64_t block_bytes,
+                                int64_t blocks);
   /// Copies from `src` on device `src_dev` into `dst` on this device; `s` is a
   /// stream of this device.
   virtual error copy_peer(stream& s, void* dst, device& src_dev, const void* src, int64_t bytes) = 0;

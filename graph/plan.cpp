@@ -139,7 +139,11 @@ std::string plan::describe() const {
       } else {
         const node& n = g.at(s.ops.at(0));
         const std::string src = s.kind == step_kind::copy_h2d ? "host" : device_label(devices_, s.kind == step_kind::copy_peer ? s.src_device : s.device);
-        const std::string dst = s.kind == step_kind::copy_d2h ? "host" : device_label(devices_, s.device);
+        std::string dst = s.kind == step_kind::copy_d2h ? "host" : device_label(devices_, s.device);
+        if (s.kind == step_kind::copy_d2h && g.outputs()[static_cast<std::size_t>(s.io_index)] != n.id)
+          dst += " (piece of output '" + g.at(g.outputs()[static_cast<std::size_t>(s.io_index)]).name + "' at byte " +
+                 std::to_string(s.host_offset) +
+                 (s.host_blocks > 1 ? ", " + std::to_string(s.host_blocks) + " runs" : std::string{}) + ")";
         os << "  copy  #" << s.id << " " << to_string(s.kind) << " '" << n.name << "' " << src << " -> " << dst << " "
            << fmt_bytes(s.bytes) << " (" << fmt_us(s.est_seconds) << ")";
         if (s.on_compute_stream) os << " inline on lane " << s.lane << " seq " << s.lane_seq;

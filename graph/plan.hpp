@@ -41,6 +41,8 @@ using step_id = int32_t;
 ///    resolved on the destination with its own strides/offset, exactly as on
 ///    the source (see plan::locate). One step per (storage, destination).
 ///  - copy_d2h: ops[0] is the job output node as listed in graph.outputs()
+///    (or, for an output gathered on the host piece by piece, one piece of
+///    it, see host_offset)
 ///    (it may be a view), `device` is the device its storage lives on. If the
 ///    node is contiguous, `bytes` = its own bytes, read from
 ///    locate(ops[0], device).byte_offset. If it is a non-contiguous view,
@@ -96,6 +98,15 @@ struct step {
   /// handing it over between streams costs more than the transfer
   /// (plan_options::inline_small_copies).
   bool on_compute_stream = false;
+  /// d2h only: where its bytes land in the job's host output `io_index`:
+  /// `host_blocks` runs of bytes / host_blocks bytes, the first at byte
+  /// `host_offset`, each `host_pitch` bytes after the one before. A whole
+  /// output: offset 0, one block. A piece of an output gathered on the host
+  /// (plan_options::output_pieces): ops[0] is the piece (a concat's input,
+  /// contiguous on `device`), and the output's pieces together cover it once.
+  int64_t host_offset = 0;
+  int64_t host_blocks = 1;
+  int64_t host_pitch = 0;
 };
 
 /// Whether `s` is an in-stream collective part (see step).
@@ -280,6 +291,14 @@ struct plan_options {
   /// Larger copies keep their copy engine, beside compute. Off: every copy
   /// takes its copy queue.
   bool inline_small_copies = true;
+  /// Copy an output that is a concat of tensors computed on several devices
+  /// (a tensor-parallel output sharded by rows or columns, branches of a
+  /// pipeline joined at the end) to the host piece by piece: each device
+  /// copies its own pieces straight into their place in the job's output
+  /// (step::host_offset), side by side on their own copy engines, and the
+  /// concat is never computed. Off: the pieces are peer-copied to one device,
+  /// concatenated there and copied to the host from it.
+  bool output_pieces = true;
   /// Copies of the plan's state (its store_rows nodes, e.g. one KV cache per
   /// sequence) each device keeps: a job names one (submit_options::
   /// state_slot) and sees what the previous job of that slot stored. The

@@ -77,6 +77,73 @@ void prune(builder_state& s) {
   for (std::size_t i = 0; i < g.size(); ++i) s.root[i] = storage_root(g, static_cast<node_id>(i));
 }
 
+// ---------------------------------------------------------- output pieces --
+
+/// One piece of an output gathered on the host (plan_options::output_pieces):
+/// the node its device copies, and where its bytes land (step::host_offset).
+struct output_piece {
+  node_id node = no_node;
+  int64_t host_offset = 0, host_blocks = 1, host_pitch = 0;
+};
+
+/// Per output: the pieces its d2h copies carry, or none (the output is
+/// copied whole). An output qualifies when it is a concat that nothing else
+/// reads, of inputs that are computed here in their own buffers on two or
+/// more devices: the concat is then unplaced (never computed), and each
+/// input is copied from its device into its place in the host output.
+constexpr int64_t min_output_piece_run_bytes = 256;
+
+std::vector<std::vector<output_piece>> find_output_pieces(builder_state& s) {
+  const graph& g = s.g;
+  std::vector<std::vector<output_piece>> pieces(g.outputs().size());
+  if (!s.opt.output_pieces) return pieces;
+  std::vector<int> reads(g.size(), 0);
+  for (const node& n : g.nodes()) {
+    if (s.place[static_cast<std::size_t>(n.id)] < 0) continue;
+    for (node_id i : n.inputs) ++reads[static_cast<std::size_t>(i)];
+    if (n.storage != no_node && n.storage != n.id) ++reads[static_cast<std::size_t>(n.storage)];
+  }
+  for (node_id o : g.outputs()) ++reads[static_cast<std::size_t>(o)];
+  for (std::size_t k = 0; k < g.outputs().size(); ++k) {
+    const node& o = g.at(g.outputs()[k]);
+    if (o.op != op_kind::concat || o.storage != o.id || reads[static_cast<std::size_t>(o.id)] != 1 ||
+        s.place[static_cast<std::size_t>(o.id)] < 0)
+      continue;
+    std::vector<int> devices;
+    bool whole_buffers = true;
+    for (node_id i : o.inputs) {
+      const node& in = g.at(i);
+      const int dev = s.place[static_cast<std::size_t>(i)];
+      whole_buffers = whole_buffers && is_compute(in) && in.storage == in.id && dev >= 0 && in.type == o.type;
+      devices.push_back(dev);
+    }
+    std::sort(devices.begin(), devices.end());
+    if (!whole_buffers || std::unique(devices.begin(), devices.end()) - devices.begin() < 2) continue;
+    const int axis = o.attrs.axis;
+    const auto es = static_cast<int64_t>(dtype_size(o.type));
+    int64_t outer = 1, inner = 1;
+    for (int d = 0; d < axis; ++d) outer *= o.dims[d];
+    for (int d = axis + 1; d < o.dims.rank(); ++d) inner *= o.dims[d];
+    // Runs too short for a copy engine (a 2-D copy moves whole rows well
+    // only when they are long): gathered on a device instead.
+    int64_t shortest = std::numeric_limits<int64_t>::max();
+    for (node_id i : o.inputs) shortest = std::min(shortest, g.at(i).dims[axis] * inner * es);
+    if (outer > 1 && shortest < min_output_piece_run_bytes) continue;
+    int64_t at = 0;
+    for (node_id i : o.inputs) {
+      output_piece piece;
+      piece.node = i;
+      piece.host_offset = at * inner * es;
+      piece.host_blocks = outer;
+      piece.host_pitch = o.dims[axis] * inner * es;
+      pieces[k].push_back(piece);
+      at += g.at(i).dims[axis];
+    }
+    s.place[static_cast<std::size_t>(o.id)] = -1;
+  }
+  return pieces;
+}
+
 // -------------------------------------------------------------- placement --
 
 // Contiguous split of `units` (costs per device) over devices 0..k-1 that
@@ -557,9 +624,26 @@ struct step_builder {
     return {};
   }
 
-  error add_outputs() {
+  error add_outputs(const std::vector<std::vector<output_piece>>& pieces) {
     const auto& outs = s.g.outputs();
     for (std::size_t k = 0; k < outs.size(); ++k) {
+      for (const output_piece& piece : pieces[k]) {
+        const int home = s.place[static_cast<std::size_t>(piece.node)];
+        auto producer = value_step(piece.node, home);
+        if (!producer) return producer.err();
+        step st;
+        st.kind = step_kind::copy_d2h;
+        st.device = home;
+        st.ops = {piece.node};
+        st.io_index = static_cast<int>(k);
+        st.bytes = s.g.at(piece.node).own_bytes();
+        st.host_offset = piece.host_offset;
+        st.host_blocks = piece.host_blocks;
+        st.host_pitch = piece.host_pitch;
+        if (*producer >= 0) st.deps = {*producer};
+        add_step(std::move(st));
+      }
+      if (!pieces[k].empty()) continue;
       const node_id o = outs[k];
       const node_id sn = s.root[static_cast<std::size_t>(o)];
       const int home = s.place[static_cast<std::size_t>(sn)];
@@ -843,6 +927,7 @@ expected<std::shared_ptr<const plan>> planner::compile(std::shared_ptr<const gra
   prune(s);
   if (auto e = place_compute(s)) return e;
   place_leaves_and_views(s);
+  const auto output_pieces = find_output_pieces(s);
   assign_lanes(s);
 
   step_builder sb(s);
@@ -850,7 +935,7 @@ expected<std::shared_ptr<const plan>> planner::compile(std::shared_ptr<const gra
     if (s.place[static_cast<std::size_t>(n.id)] < 0 || !is_compute(n)) continue;
     if (auto e = sb.add_compute(n)) return e;
   }
-  if (auto e = sb.add_outputs()) return e;
+  if (auto e = sb.add_outputs(output_pieces)) return e;
   auto sorted = sb.sorted();
   if (!sorted) return sorted.err();
 

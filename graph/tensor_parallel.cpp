@@ -616,6 +616,11 @@ class rewriter {
   std::vector<std::pair<std::string, int>> chunked_;
   /// A replicated local (tensor_info::repl) -> the tensor of g_ it holds.
   std::unordered_map<node_id, node_id> repl_owner_;
+  /// rows_piece's results: (local, axis, begin, end) -> the piece.
+  std::map<std::tuple<node_id, int, int64_t, int64_t>, node_id> rows_pieces_;
+  /// Concats of a chunked reduce-scatter's pieces (and of pieces rows_piece
+  /// made from them): piece_bounds looks for these.
+  std::unordered_set<node_id> chunk_concats_;
   std::size_t out_size_ = 0;
   std::shared_ptr<const graph> rewritten_;
 
@@ -1215,6 +1220,108 @@ class rewriter {
     return at(id).op == op_kind::weight;
   }
 
+  /// Whether `in` has `m`'s dims up to and including `ax` (its rows there).
+  bool same_rows(node_id in, const node& m, int ax) const {
+    const shape& d = at(in).dims;
+    if (d.rank() != m.dims.rank()) return false;
+    for (int j = 0; j <= ax; ++j)
+      if (d[j] != m.dims[j]) return false;
+    return true;
+  }
+
+  /// Whether op m computes each row along `ax` from the same rows of its
+  /// operands alone: a norm of the last dim, an elementwise op, a matmul of
+  /// rows by a weight.
+  bool row_wise(const node& m, int ax) const {
+    if (m.is_view() || ax >= m.dims.rank() - 1) return false;
+    switch (m.op) {
+      case op_kind::rms_norm: case op_kind::layer_norm: case op_kind::add: case op_kind::mul:
+      case op_kind::scale: case op_kind::silu: case op_kind::gelu: case op_kind::copy: return true;
+      case op_kind::matmul: return !m.attrs.trans_a && row_free(m.inputs[1]);
+      default: return false;
+    }
+  }
+
+  /// The row boundaries along `ax` of the chunked pieces rank k's local `id`
+  /// is made of (a chunked reduce-scatter's concat, reached through row-wise
+  /// ops), e.g. {0, 171, 512, 853, 1024}; empty where it is not so made.
+  std::vector<int64_t> piece_bounds(node_id id, int ax) const {
+    for (;;) {
+      const node& m = at(id);
+      if (m.op == op_kind::concat && m.attrs.axis == ax && chunk_concats_.count(id)) {
+        std::vector<int64_t> b{0};
+        for (node_id in : m.inputs) b.push_back(b.back() + at(in).dims[ax]);
+        return b;
+      }
+      if (!row_wise(m, ax) || !same_rows(m.inputs[0], m, ax)) return {};
+      id = m.inputs[0];
+    }
+  }
+
+  /// Rows [b, e) along `ax` of rank k's local node `id`, made from the
+  /// pieces its rows were made of, where they were made in pieces: the input
+  /// of a concat along ax that holds those rows, or a row-wise op (row_wise)
+  /// emitted again on its operands' rows [b, e), themselves made so or else
+  /// sliced. No node where no concat's piece lies underneath (then the rows
+  /// are better sliced out of `id` than computed again). The row-wise locals
+  /// computed again are added to `again` (rank k's, once each); pieces are
+  /// memoised.
+  node_id rows_piece(node_id id, int ax, int64_t b, int64_t e, const std::string& tag, int s, int k,
+                     std::vector<node_id>& again) {
+    const node& m = at(id);
+    if (m.dims.rank() <= ax + 1 || (b == 0 && e == m.dims[ax])) return no_node;
+    const auto key = std::make_tuple(id, ax, b, e);
+    if (const auto it = rows_pieces_.find(key); it != rows_pieces_.end()) return it->second;
+    node_id r = no_node;
+    if (m.op == op_kind::concat && m.attrs.axis == ax) {
+      int64_t o = 0;
+      for (node_id in : m.inputs) {
+        const int64_t len = at(in).dims[ax];
+        if (b >= o && e <= o + len) {
+          r = (b == o && e == o + len) ? in : slice_view(in, ax, b - o, e - o, at(in).name + tag, s, k, m.layer);
+          break;
+        }
+        o += len;
+      }
+    } else if (row_wise(m, ax)) {
+      node c;
+      c.op = m.op;
+      c.attrs = m.attrs;
+      c.type = m.type;
+      c.layer = m.layer;
+      c.name = m.name + tag;
+      bool found = false;
+      for (node_id in : m.inputs) {
+        const shape& d = at(in).dims;
+        if (row_free(in) || d.rank() < m.dims.rank() - ax) {
+          c.inputs.push_back(in);  // broadcast along the rows: the same for every piece
+        } else if (m.op == op_kind::matmul ? same_rows(in, m, ax) : d == m.dims) {
+          const node_id p = rows_piece(in, ax, b, e, tag, s, k, again);
+          found = found || p != no_node;
+          c.inputs.push_back(p != no_node ? p : slice_view(in, ax, b, e, at(in).name + tag, s, k, m.layer));
+        } else {
+          return no_node;
+        }
+      }
+      if (!found) return no_node;
+      r = emit_compute(std::move(c), s, k);
+      if (std::find(again.begin(), again.end(), id) == again.end()) again.push_back(id);
+    }
+    if (r != no_node) rows_pieces_[key] = r;
+    return r;
+  }
+
+  /// Every tensor of g_ that rank k held as `from` now holds `to` (same
+  /// value): later readers take `to`, and `from`, unread, is pruned.
+  void redirect(node_id from, node_id to) {
+    for (tensor_info& i : info_) {
+      for (node_id& l : i.loc) if (l == from) l = to;
+      for (node_id& l : i.repl) if (l == from) l = to;
+      for (auto& sh : i.shards)
+        for (node_id& l : sh.second) if (l == from) l = to;
+    }
+  }
+
   /// Sequence parallelism with overlap (plan_options::sequence_parallel and
   /// tp_overlap): the reduce-scatter by rows `want` of the pending
   /// row-parallel matmul x, pipelined in chunks of rows. Chunk c holds piece
@@ -1367,15 +1474,38 @@ class rewriter {
     // The pieces they send are made first, all of them (a piece that is not
     // a whole buffer is copied into one): one run of compute, not one
     // between each two collectives.
+    // A piece whose rows were made in pieces already (the reduce-scatter of
+    // an earlier chunked region, then a residual add and a norm) is made
+    // from those (rows_piece): it need not wait for all of them, nor be
+    // copied out of their concat.
     std::vector<std::map<node_id, std::vector<node_id>>> ag(static_cast<std::size_t>(chunks));
+    std::vector<std::vector<node_id>> again(static_cast<std::size_t>(t_));
     for (int c = 0; c < chunks; ++c)
       for (node_id e : reg[0].gathered)
         for (int k = 0; k < t_; ++k) {
           const node& en = g_.at(e);
-          const node_id piece =
-              slice_view(native(e)[static_cast<std::size_t>(k)], ax, O(k, c), O(k, c) + P(k, c), en.name, s, k, en.layer);
+          const node_id local = native(e)[static_cast<std::size_t>(k)];
+          node_id piece = rows_piece(local, ax, O(k, c), O(k, c) + P(k, c), ".chunk" + std::to_string(c), s, k,
+                                     again[static_cast<std::size_t>(k)]);
+          if (piece == no_node) piece = slice_view(local, ax, O(k, c), O(k, c) + P(k, c), en.name, s, k, en.layer);
           ag[static_cast<std::size_t>(c)][e].push_back(operand(piece, s, k, en.layer));
         }
+    // The locals computed again in pieces are read from their pieces' concat
+    // from now on, so that the whole (which waits for every piece) is not
+    // computed ahead of the chunks on the compute lane.
+    for (int k = 0; k < t_; ++k)
+      for (node_id l : again[static_cast<std::size_t>(k)]) {
+        std::vector<node_id> parts;
+        for (int c = 0; c < chunks; ++c) {
+          const auto it = rows_pieces_.find(std::make_tuple(l, ax, O(k, c), O(k, c) + P(k, c)));
+          if (it == rows_pieces_.end()) break;
+          parts.push_back(it->second);
+        }
+        if (static_cast<int>(parts.size()) != chunks) continue;
+        const node_id whole = emit_concat(std::move(parts), ax, at(l).name + ".pieces", s, k, at(l).layer);
+        chunk_concats_.insert(whole);
+        redirect(l, whole);
+      }
     for (int c = 0; c < chunks; ++c)
       for (node_id e : reg[0].gathered) {
         const node& en = g_.at(e);
@@ -1434,8 +1564,10 @@ class rewriter {
       for (int k = 0; k < t_; ++k) reduced[static_cast<std::size_t>(k)].push_back(rs[static_cast<std::size_t>(k)]);
     }
     std::vector<node_id> result;
-    for (int k = 0; k < t_; ++k)
+    for (int k = 0; k < t_; ++k) {
       result.push_back(emit_concat(reduced[static_cast<std::size_t>(k)], ax, local_name(n.name + ".chunks", s, k), s, k, n.layer));
+      chunk_concats_.insert(result.back());
+    }
     chunked_.emplace_back(n.name, chunks);
     return result;
   }
@@ -1572,7 +1704,16 @@ class rewriter {
     auto with = [&](const split_state& so) -> bool {
       auto na = need_for(a, od, so), nb = need_for(b, od, so);
       if (!na || !nb) return false;
-      auto va = as_state(a, *na), vb = as_state(b, *nb);
+      // A pending operand first: its reduce-scatter in chunks may redirect
+      // the other operand's locals to pieces (chunked_reduce_scatter).
+      std::vector<node_id> va, vb;
+      if (ti(b).pending && !ti(a).pending) {
+        vb = as_state(b, *nb);
+        va = as_state(a, *na);
+      } else {
+        va = as_state(a, *na);
+        vb = as_state(b, *nb);
+      }
       set_state(n.id, so, each_rank(n, [&](int k) {
                   return std::vector<node_id>{va[static_cast<std::size_t>(k)], vb[static_cast<std::size_t>(k)]};
                 }));
@@ -2059,8 +2200,24 @@ class rewriter {
     if (has_replicated(o) || !st.sharded()) {
       id = as_replicated(o)[0];
     } else if (st.axis == st.axis2) {
-      // Gather onto rank 0 only: a concat there (the planner copies the shards).
-      id = emit_concat(native(o), st.axis, n.name + ".gathered", s, 0, n.layer);
+      // Gather onto rank 0 only: a concat there (the planner copies the
+      // shards, or each rank copies its own to the host: output_pieces). A
+      // rank's rows made from chunks of rows are given in those pieces, so
+      // each piece's last ops and its copy to the host follow its chunk.
+      std::vector<node_id> parts;
+      for (int k = 0; k < t_; ++k) {
+        const node_id local = native(o)[static_cast<std::size_t>(k)];
+        const std::vector<int64_t> bounds = opt_.output_pieces ? piece_bounds(local, st.axis) : std::vector<int64_t>{};
+        std::vector<node_id> pieces, again;
+        for (std::size_t c = 0; c + 1 < bounds.size(); ++c) {
+          const node_id p = rows_piece(local, st.axis, bounds[c], bounds[c + 1], ".piece" + std::to_string(c), s, k, again);
+          if (p == no_node) break;
+          pieces.push_back(p);
+        }
+        if (pieces.size() + 1 != bounds.size() || pieces.empty()) pieces = {local};
+        parts.insert(parts.end(), pieces.begin(), pieces.end());
+      }
+      id = emit_concat(std::move(parts), st.axis, n.name + ".gathered", s, 0, n.layer);
     } else {
       id = as_replicated(o)[0];
     }

@@ -595,6 +595,23 @@ class cuda_device final : public device {
     if (bytes > 0 && dst && is_pageable_host(dst)) return staged_copy_d2h(s, dst, src, bytes);
     return copy(s, dst, src, bytes, cudaMemcpyDeviceToHost, "copy_d2h");
   }
+
+  /// Pinned destination: one 2-D copy (cudaMemcpy2DAsync); pageable: a
+  /// staged copy per run.
+  error copy_d2h_blocks(stream& s, void* dst, int64_t dst_pitch, const void* src, int64_t block_bytes,
+                        int64_t blocks) override {
+    if (blocks <= 1 || block_bytes <= 0 || !dst || is_pageable_host(dst))
+      return device::copy_d2h_blocks(s, dst, dst_pitch, src, block_bytes, blocks);
+    auto us = usable(s, "copy_d2h");
+    if (!us) return us.err();
+    device_guard g(core_->ordinal);
+    slow_call probe(spec_.name, "copy_d2h");
+    return AG_CORE_CHECK(*core_,
+                         cudaMemcpy2DAsync(dst, static_cast<size_t>(dst_pitch), src, static_cast<size_t>(block_bytes),
+                                           static_cast<size_t>(block_bytes), static_cast<size_t>(blocks),
+                                           cudaMemcpyDeviceToHost, (*us)->s_),
+                         spec_.name + " copy_d2h (" + std::to_string(blocks) + " runs)");
+  }
   error copy_peer(stream& s, void* dst, device& src_dev, const void* src, int64_t bytes) override {
     auto us = usable(s, "copy_peer");
     if (!us) return us.err();

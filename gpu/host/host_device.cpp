@@ -392,7 +392,7 @@ error host_device::collective(stream& s, const collective_launch& c) {
 }
 
 error host_device::enqueue_copy(stream& s, copy_kind k, void* dst, const void* src, int64_t bytes,
-                                device* src_dev) {
+                                device* src_dev, int64_t blocks, int64_t dst_pitch) {
   static const char* names[] = {"copy_h2d", "copy_d2h", "copy_peer"};
   const char* name = names[static_cast<int>(k)];
   if (!alive()) return dead_error(name);
@@ -407,7 +407,13 @@ error host_device::enqueue_copy(stream& s, copy_kind k, void* dst, const void* s
   const bool timed = cfg_.timed;
   // A source device of another backend is read through its synchronous download.
   device* foreign = (src_dev && !dynamic_cast<host_device*>(src_dev)) ? src_dev : nullptr;
-  hs.submit([this, &hs, dst, src, bytes, t, compute, timed, foreign, name, ep = epoch()](task_context& ctx) {
+  if (blocks < 1 || bytes % blocks != 0 || (blocks > 1 && dst_pitch < bytes / blocks))
+    return error(errc::invalid_argument,
+                 "device '" + spec_.name + "': " + name + " of " + std::to_string(bytes) + " bytes in " +
+                     std::to_string(blocks) + " runs " + std::to_string(dst_pitch) + " bytes apart",
+                 index_);
+  hs.submit([this, &hs, dst, src, bytes, t, compute, timed, foreign, name, blocks, dst_pitch,
+             ep = epoch()](task_context& ctx) {
     if (ctx.dropping || stale(ep)) return;
     int64_t copy_end = 0;
     if (compute) {
@@ -417,8 +423,13 @@ error host_device::enqueue_copy(stream& s, copy_kind k, void* dst, const void* s
                       "' failed: " + e.message;
           hs.set_error(std::move(e).concerning(index_));
         }
-      } else {
+      } else if (blocks == 1) {
         std::memcpy(dst, src, static_cast<std::size_t>(bytes));
+      } else {
+        const int64_t run = bytes / blocks;
+        for (int64_t b = 0; b < blocks; ++b)
+          std::memcpy(static_cast<char*>(dst) + b * dst_pitch, static_cast<const char*>(src) + b * run,
+                      static_cast<std::size_t>(run));
       }
       copy_end = host_clock_ns();
     }
@@ -433,6 +444,11 @@ error host_device::copy_h2d(stream& s, void* dst, const void* src, int64_t bytes
 
 error host_device::copy_d2h(stream& s, void* dst, const void* src, int64_t bytes) {
   return enqueue_copy(s, copy_kind::d2h, dst, src, bytes, nullptr);
+}
+
+error host_device::copy_d2h_blocks(stream& s, void* dst, int64_t dst_pitch, const void* src, int64_t block_bytes,
+                                   int64_t blocks) {
+  return enqueue_copy(s, copy_kind::d2h, dst, src, block_bytes * blocks, nullptr, blocks, dst_pitch);
 }
 
 error host_device::copy_peer(stream& s, void* dst, device& src_dev, const void* src, int64_t bytes) {

@@ -96,6 +96,9 @@ class host_device : public device {
   error launch(stream& s, const op_launch& l) override;
   error copy_h2d(stream& s, void* dst, const void* src, int64_t bytes) override;
   error copy_d2h(stream& s, void* dst, const void* src, int64_t bytes) override;
+  /// One copy of blocks x block_bytes (timed as one, like a 2-D copy).
+  error copy_d2h_blocks(stream& s, void* dst, int64_t dst_pitch, const void* src, int64_t block_bytes,
+                        int64_t blocks) override;
   /// From a host device: memcpy. From any other backend: src_dev.download() on the worker.
   error copy_peer(stream& s, void* dst, device& src_dev, const void* src, int64_t bytes) override;
   /// Over host memory: one-shot (gpu/cpu/collective.hpp), or, on a device
@@ -170,8 +173,10 @@ class host_device : public device {
   uint64_t epoch() const noexcept { return epoch_.load(std::memory_order_acquire); }
   /// Work enqueued in epoch `ep` must not run: the device died or was reset since.
   bool stale(uint64_t ep) const noexcept { return !alive() || ep != epoch(); }
+  /// `bytes` in all; with blocks > 1 (d2h only) they land in `blocks` runs
+  /// of bytes / blocks, dst_pitch apart.
   error enqueue_copy(stream& s, copy_kind k, void* dst, const void* src, int64_t bytes,
-                     device* src_dev);
+                     device* src_dev, int64_t blocks = 1, int64_t dst_pitch = 0);
 
   device_spec spec_;
   int index_;

@@ -73,6 +73,7 @@ void check_structure(const plan& p) {
   const graph& g = p.source();
   std::map<node_id, int> computed;
   std::set<std::pair<node_id, int>> h2d, peer;
+  std::map<int, std::vector<step_id>> d2h_of;  // output index -> its d2h steps
   std::map<std::tuple<int, int, int>, int> next_seq;
   for (std::size_t i = 0; i < p.steps().size(); ++i) {
     const step& s = p.steps()[i];
@@ -138,12 +139,44 @@ void check_structure(const plan& p) {
         EXPECT_NE(s.src_device, s.device);
         EXPECT_EQ(p.placement()[static_cast<std::size_t>(s.ops[0])], s.src_device);
       } else {
-        EXPECT_EQ(g.outputs().at(static_cast<std::size_t>(s.io_index)), s.ops[0]);
+        d2h_of[s.io_index].push_back(s.id);
         EXPECT_TRUE(p.locate(s.ops[0], s.device).has_value());
       }
     }
   }
-  EXPECT_EQ(p.sinks().size(), g.outputs().size());
+  // Each output: one d2h of the output itself, or (plan_options::
+  // output_pieces) one per input of an uncomputed concat, each from the
+  // device that computed it, together covering the output's bytes once.
+  std::set<node_id> pieced;
+  std::size_t d2h_steps = 0;
+  for (std::size_t k = 0; k < g.outputs().size(); ++k) {
+    const node& o = g.at(g.outputs()[k]);
+    const auto& ds = d2h_of[static_cast<int>(k)];
+    d2h_steps += ds.size();
+    ASSERT_FALSE(ds.empty()) << "output " << k << " has no d2h";
+    if (ds.size() == 1 && p.at(ds[0]).ops[0] == o.id) {
+      EXPECT_EQ(p.at(ds[0]).host_offset, 0);
+      EXPECT_EQ(p.at(ds[0]).host_blocks, 1);
+      continue;
+    }
+    pieced.insert(o.id);
+    ASSERT_EQ(o.op, op_kind::concat) << "output " << k << " copied in pieces";
+    EXPECT_EQ(p.placement()[static_cast<std::size_t>(o.id)], -1) << "a pieced output is not computed";
+    ASSERT_EQ(ds.size(), o.inputs.size());
+    int64_t bytes = 0;
+    std::set<int64_t> offsets;
+    for (std::size_t i = 0; i < ds.size(); ++i) {
+      const step& s = p.at(ds[i]);
+      EXPECT_EQ(std::count(o.inputs.begin(), o.inputs.end(), s.ops[0]), 1) << "piece " << g.at(s.ops[0]).name;
+      EXPECT_EQ(p.placement()[static_cast<std::size_t>(s.ops[0])], s.device);
+      EXPECT_EQ(s.bytes % s.host_blocks, 0);
+      EXPECT_LE(s.host_offset + (s.host_blocks - 1) * s.host_pitch + s.bytes / s.host_blocks, o.own_bytes());
+      EXPECT_TRUE(offsets.insert(s.host_offset).second) << "two pieces at byte " << s.host_offset;
+      bytes += s.bytes;
+    }
+    EXPECT_EQ(bytes, o.own_bytes()) << "output " << k << "'s pieces cover it";
+  }
+  EXPECT_EQ(p.sinks().size(), d2h_steps);
   for (step_id s : p.sinks()) EXPECT_EQ(p.at(s).kind, step_kind::copy_d2h);
   // Every compute node an output needs is computed exactly once.
   std::vector<char> needed(g.size(), 0);
@@ -158,7 +191,7 @@ void check_structure(const plan& p) {
   for (const node& n : g.nodes()) {
     const bool compute = !is_leaf_op(n.op) && !is_view_op(n.op);
     if (compute) {
-      EXPECT_EQ(computed.count(n.id), needed[static_cast<std::size_t>(n.id)] ? 1u : 0u) << n.name;
+      EXPECT_EQ(computed.count(n.id), needed[static_cast<std::size_t>(n.id)] && !pieced.count(n.id) ? 1u : 0u) << n.name;
     }
     if (!needed[static_cast<std::size_t>(n.id)]) {
       EXPECT_EQ(p.placement()[static_cast<std::size_t>(n.id)], -1) << n.name;
