@@ -928,6 +928,68 @@ TEST(PlannerBadInput, ArenaLargerThan2To63IsRefusedNotWrapped) {
 // inline_copy_max_bytes runs on the compute lane that reads it (first on it)
 // or wrote it (last on it); a larger one keeps its copy queue; off, or a
 // device whose limit is 0, keeps every copy on its queue.
+// plan_options::output_pieces: an output that concatenates tensors computed
+// on several devices is copied to the host by each of them, each piece into
+// its place (here two runs per piece: the concat axis is not the outermost);
+// the concat is never computed and nothing is peer-copied. Off, or with runs
+// too short for a copy engine: gathered on one device and copied whole.
+TEST(Planner, AnOutputConcatenatedFromSeveralDevicesIsCopiedToTheHostPieceByPiece) {
+  const auto build = [](int64_t width) {
+    graph_builder b;
+    auto x = b.input("x", dtype::f32, {2, 6, width});
+    auto p0 = b.silu(x, "p0");
+    auto p1 = b.gelu(x, gelu_mode::tanh, "p1");
+    auto p2 = b.scale(x, 2.0f, "p2");
+    b.pin(p0, 0);
+    b.pin(p1, 1);
+    b.pin(p2, 0);
+    b.output(b.concat({p0, p1, p2}, 1, "out"));
+    return finish(std::move(b));
+  };
+  const auto g = build(64);
+  auto p = must_compile(g, sim_devices(2));
+  ASSERT_TRUE(p);
+  check_structure(*p);
+  EXPECT_EQ(p->placement()[static_cast<std::size_t>(g->find("out"))], -1);
+  EXPECT_TRUE(steps_of(*p, step_kind::copy_peer).empty());
+  const auto d2h = steps_of(*p, step_kind::copy_d2h);
+  ASSERT_EQ(d2h.size(), 3u);
+  const int64_t run = 6 * 64 * 4, pitch = 3 * run;
+  for (const step* s : d2h) {
+    const std::string& piece = g->at(s->ops[0]).name;
+    const int at = piece == "p0" ? 0 : piece == "p1" ? 1 : 2;
+    EXPECT_EQ(s->device, at == 1 ? 1 : 0) << piece;
+    EXPECT_EQ(s->host_offset, at * run) << piece;
+    EXPECT_EQ(s->host_blocks, 2) << piece;
+    EXPECT_EQ(s->host_pitch, pitch) << piece;
+    EXPECT_EQ(s->bytes, 2 * run) << piece;
+  }
+  EXPECT_NE(p->describe().find("piece of output 'out' at byte " + std::to_string(run) + ", 2 runs"), std::string::npos)
+      << p->describe();
+  EXPECT_TRUE(check_hazards(*p).ok());
+
+  plan_options off;
+  off.output_pieces = false;
+  const auto gather = [&](const std::shared_ptr<const plan>& q) {
+    check_structure(*q);
+    const auto d = steps_of(*q, step_kind::copy_d2h);
+    ASSERT_EQ(d.size(), 1u);
+    EXPECT_EQ(g->at(d[0]->ops[0]).name, "out");
+    EXPECT_GE(q->placement()[static_cast<std::size_t>(q->source().find("out"))], 0);
+    EXPECT_FALSE(steps_of(*q, step_kind::copy_peer).empty());
+  };
+  auto q = must_compile(g, sim_devices(2), off);
+  ASSERT_TRUE(q);
+  gather(q);
+  // Runs of 16 bytes: gathered on a device too.
+  const auto narrow = build(4);
+  auto r = must_compile(narrow, sim_devices(2));
+  ASSERT_TRUE(r);
+  check_structure(*r);
+  ASSERT_EQ(steps_of(*r, step_kind::copy_d2h).size(), 1u);
+  EXPECT_GE(r->placement()[static_cast<std::size_t>(narrow->find("out"))], 0);
+}
+
 TEST(Planner, SmallHostCopiesRunOnTheComputeLaneThatUsesThem) {
   graph_builder b;
   auto tiny = b.input("tiny", dtype::f32, {4, 8});      // 128 bytes

@@ -726,6 +726,62 @@ TEST(SequenceParallel, OverlapRunsTheMlpAndOutputProjectionInChunksOfRows) {
   }
 }
 
+// Two chunked regions in a row (the output projection, then the MLP) hand
+// over in pieces: each MLP chunk's all-gather sends a norm computed again on
+// the matching piece of the output projection's reduce-scatter (a whole
+// buffer, no copy), so the first waits for the first piece only, not for the
+// last reduce-scatter. The output's rows are made per chunk too, and every
+// rank copies its own pieces to the host (plan_options::output_pieces).
+TEST(SequenceParallel, ChunkedRegionsHandOverInPiecesAndTheOutputLeavesInPieces) {
+  auto cfg = tiny(model_variant::llama, 8, 2);
+  cfg.n_layers = 2;
+  cfg.seq_len = 16;
+  cfg.vocab = 16;  // a head narrower than the rows: the logits keep their rows
+  cfg.batch = 1;   // so each rank's piece of them is one run of memory
+  auto g = build(cfg);
+  ASSERT_TRUE(g);
+  const auto in = models::transformer_inputs(cfg, 17);
+  for (int degree : {2, 4}) {
+    SCOPED_TRACE("degree " + std::to_string(degree));
+    plan_options o = tp_options(degree);  // overlap on
+    o.sequence_parallel = sequence_parallel_mode::on;
+    auto p = check_tp_on(g, compute_bound_devices(degree), o, in, 1e-4);
+    ASSERT_TRUE(p);
+    std::map<std::string, int> chunks(p->tensor_parallel()->chunked.begin(), p->tensor_parallel()->chunked.end());
+    ASSERT_GT(chunks["l2.attn.o_proj"], 1);
+    ASSERT_EQ(chunks["l2.mlp.down"], chunks["l2.attn.o_proj"]) << "the sample needs matching chunks";
+    const graph& rg = p->source();
+    const std::string last_scatter = "l2.attn.o_proj.chunk" + std::to_string(chunks["l2.attn.o_proj"] - 1);
+    int gathers = 0;
+    for (const node& n : rg.nodes()) {
+      if (n.op != op_kind::all_gather || n.name.rfind("l2.mlp_norm.chunk", 0) != 0 ||
+          p->placement()[static_cast<std::size_t>(n.id)] < 0)
+        continue;
+      ++gathers;
+      for (node_id operand : n.inputs) EXPECT_EQ(rg.at(operand).op, op_kind::rms_norm) << n.name;
+      if (n.name.rfind("l2.mlp_norm.chunk0", 0) != 0) continue;
+      // What chunk 0's all-gather waits for: never the last reduce-scatter.
+      std::vector<node_id> stack(n.inputs.begin(), n.inputs.end());
+      std::set<node_id> seen;
+      while (!stack.empty()) {
+        const node_id id = stack.back();
+        stack.pop_back();
+        if (!seen.insert(id).second) continue;
+        const node& m = rg.at(id);
+        EXPECT_FALSE(m.op == op_kind::reduce_scatter && m.name.rfind(last_scatter, 0) == 0)
+            << n.name << " waits for " << m.name;
+        stack.insert(stack.end(), m.inputs.begin(), m.inputs.end());
+      }
+    }
+    EXPECT_EQ(gathers, degree * chunks["l2.mlp.down"]);
+    // The logits: a piece per chunk and rank, each copied by its own device.
+    std::vector<int> d2h(static_cast<std::size_t>(degree), 0);
+    for (const step& st : p->steps())
+      if (st.kind == step_kind::copy_d2h) ++d2h[static_cast<std::size_t>(st.device)];
+    for (int d = 0; d < degree; ++d) EXPECT_EQ(d2h[static_cast<std::size_t>(d)], chunks["l2.mlp.down"]) << "device " << d;
+  }
+}
+
 // Chunks of rows under uneven shares: each rank's rows split into its own
 // pieces, the chunk's all-gather and reduce-scatter use every rank's piece
 // in rank order, and the plan still evaluates to the reference.
