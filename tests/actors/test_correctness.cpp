@@ -138,8 +138,8 @@ TEST(Correctness, ReplayLlamaPipelineCpu2) {
 // flight, with the pieces and with the gather they replace.
 TEST(Correctness, OutputsCopiedPieceByPieceFromSeveralDevicesEqualTheReference) {
   ag::graph_builder b;
-  auto x = b.input("x", ag::dtype::f32, {3, 5, 32});
-  auto w = b.weight("w", ag::host_tensor::random_normal(ag::dtype::f32, {32, 32}, 7));
+  auto x = b.input("x", ag::dtype::f32, {3, 8, 128});  // runs of 4 KiB
+  auto w = b.weight("w", ag::host_tensor::random_normal(ag::dtype::f32, {128, 128}, 7, 0.1f));
   auto p0 = b.silu(b.matmul(x, w, false, false, "m0"), "p0");
   auto p1 = b.gelu(x, ag::gelu_mode::tanh, "p1");
   auto p2 = b.matmul(x, w, false, false, "p2");

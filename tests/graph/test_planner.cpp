@@ -946,7 +946,7 @@ TEST(Planner, AnOutputConcatenatedFromSeveralDevicesIsCopiedToTheHostPieceByPiec
     b.output(b.concat({p0, p1, p2}, 1, "out"));
     return finish(std::move(b));
   };
-  const auto g = build(64);
+  const auto g = build(256);
   auto p = must_compile(g, sim_devices(2));
   ASSERT_TRUE(p);
   check_structure(*p);
@@ -954,7 +954,7 @@ TEST(Planner, AnOutputConcatenatedFromSeveralDevicesIsCopiedToTheHostPieceByPiec
   EXPECT_TRUE(steps_of(*p, step_kind::copy_peer).empty());
   const auto d2h = steps_of(*p, step_kind::copy_d2h);
   ASSERT_EQ(d2h.size(), 3u);
-  const int64_t run = 6 * 64 * 4, pitch = 3 * run;
+  const int64_t run = 6 * 256 * 4, pitch = 3 * run;
   for (const step* s : d2h) {
     const std::string& piece = g->at(s->ops[0]).name;
     const int at = piece == "p0" ? 0 : piece == "p1" ? 1 : 2;
@@ -981,8 +981,8 @@ TEST(Planner, AnOutputConcatenatedFromSeveralDevicesIsCopiedToTheHostPieceByPiec
   auto q = must_compile(g, sim_devices(2), off);
   ASSERT_TRUE(q);
   gather(q);
-  // Runs of 16 bytes: gathered on a device too.
-  const auto narrow = build(4);
+  // Runs of 1.5 KiB: gathered on a device too.
+  const auto narrow = build(64);
   auto r = must_compile(narrow, sim_devices(2));
   ASSERT_TRUE(r);
   check_structure(*r);
