@@ -256,6 +256,8 @@ bool in_stream_collectives = false;
 bool tiny_job_path = true;
 /// --sequence-parallel: plan_options::sequence_parallel of every plan the bench runs.
 ag::sequence_parallel_mode sequence_parallel = ag::sequence_parallel_mode::automatic;
+/// --output-pieces: plan_options::output_pieces of every plan the bench runs.
+bool output_pieces = true;
 
 std::unique_ptr<ag::runtime> runtime_of(const layer_run& c, bool trace, int arenas) {
   ag::runtime_options ro;
@@ -299,6 +301,7 @@ run_result time_layer(const layer_run& c, const std::shared_ptr<const ag::graph>
   po.tp_overlap = c.overlap;
   po.in_stream_collectives = in_stream_collectives;
   po.sequence_parallel = sequence_parallel;
+  po.output_pieces = output_pieces;
   po.inline_small_copies = tiny_job_path;
   if (c.replay_off) po.graph_replay = ag::graph_replay_mode::off;
   auto p = rt->compile(g, po);
@@ -715,6 +718,7 @@ layout_time time_layout(layer_run c, int stages, int tp, const std::shared_ptr<c
   po.tensor_parallel = tp;
   po.in_stream_collectives = in_stream_collectives;
   po.sequence_parallel = sequence_parallel;
+  po.output_pieces = output_pieces;
   po.inline_small_copies = tiny_job_path;
   // A job holds an arena on each of its devices from its start to its end,
   // so a 4-stage pipeline keeps its stages busy only with at least 4 jobs
@@ -891,6 +895,11 @@ int main(int argc, char** argv) {
                  "instead of all-reduce, norms and residual adds on a rank's rows (on, off, auto: on where collectives "
                  "run beside compute, i.e. sim and cpu)")
       ->check(CLI::IsMember({"on", "off", "auto"}));
+  std::string pieces = "on";
+  app.add_option("--output-pieces", pieces,
+                 "plan_options::output_pieces of every plan: an output concatenated from several devices is copied "
+                 "to the host by each of them (on), or gathered on one device first (off)")
+      ->check(CLI::IsMember({"on", "off"}));
   std::string tiny_jobs = "on";
   app.add_option("--tiny-job-path", tiny_jobs,
                  "start on submit, pinned small inputs and small copies on the compute lane (on: the defaults; off: "
@@ -931,6 +940,7 @@ int main(int argc, char** argv) {
   in_stream_collectives = in_stream == "on";
   ag::parse_sequence_parallel_mode(seq_parallel, sequence_parallel);
   tiny_job_path = tiny_jobs == "on";
+  output_pieces = pieces == "on";
 
   std::vector<figure> figs;
   if (!allreduce_spec.empty()) {
