@@ -1274,15 +1274,22 @@ class rewriter {
     if (const auto it = rows_pieces_.find(key); it != rows_pieces_.end()) return it->second;
     node_id r = no_node;
     if (m.op == op_kind::concat && m.attrs.axis == ax) {
+      // Within one input: that input (or its slice); on inputs' boundaries:
+      // their concat.
       int64_t o = 0;
+      std::vector<node_id> span;
       for (node_id in : m.inputs) {
         const int64_t len = at(in).dims[ax];
         if (b >= o && e <= o + len) {
           r = (b == o && e == o + len) ? in : slice_view(in, ax, b - o, e - o, at(in).name + tag, s, k, m.layer);
           break;
         }
+        if (o >= b && o + len <= e) span.push_back(in);
         o += len;
       }
+      int64_t covered = 0;
+      for (node_id in : span) covered += at(in).dims[ax];
+      if (r == no_node && span.size() > 1 && covered == e - b) r = emit_concat(span, ax, m.name + tag, s, k, m.layer);
     } else if (row_wise(m, ax)) {
       node c;
       c.op = m.op;
@@ -2202,12 +2209,15 @@ class rewriter {
     } else if (st.axis == st.axis2) {
       // Gather onto rank 0 only: a concat there (the planner copies the
       // shards, or each rank copies its own to the host: output_pieces). A
-      // rank's rows made from chunks of rows are given in those pieces, so
-      // each piece's last ops and its copy to the host follow its chunk.
+      // rank's rows made from chunks of rows are given in two pieces: the
+      // last chunk's, and the others' together, so only the last chunk's
+      // last ops and copy to the host follow the last reduce-scatter (the
+      // others' run beside it), without a launch per chunk.
       std::vector<node_id> parts;
       for (int k = 0; k < t_; ++k) {
         const node_id local = native(o)[static_cast<std::size_t>(k)];
-        const std::vector<int64_t> bounds = opt_.output_pieces ? piece_bounds(local, st.axis) : std::vector<int64_t>{};
+        std::vector<int64_t> bounds = opt_.output_pieces ? piece_bounds(local, st.axis) : std::vector<int64_t>{};
+        if (bounds.size() > 3) bounds.erase(bounds.begin() + 1, bounds.end() - 2);
         std::vector<node_id> pieces, again;
         for (std::size_t c = 0; c + 1 < bounds.size(); ++c) {
           const node_id p = rows_piece(local, st.axis, bounds[c], bounds[c + 1], ".piece" + std::to_string(c), s, k, again);

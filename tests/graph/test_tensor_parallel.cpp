@@ -774,11 +774,18 @@ TEST(SequenceParallel, ChunkedRegionsHandOverInPiecesAndTheOutputLeavesInPieces)
       }
     }
     EXPECT_EQ(gathers, degree * chunks["l2.mlp.down"]);
-    // The logits: a piece per chunk and rank, each copied by its own device.
+    // The logits: per rank, the last chunk's piece and the others' together,
+    // each copied by its own device; the last piece's rows are the last
+    // chunk's only.
     std::vector<int> d2h(static_cast<std::size_t>(degree), 0);
     for (const step& st : p->steps())
       if (st.kind == step_kind::copy_d2h) ++d2h[static_cast<std::size_t>(st.device)];
-    for (int d = 0; d < degree; ++d) EXPECT_EQ(d2h[static_cast<std::size_t>(d)], chunks["l2.mlp.down"]) << "device " << d;
+    for (int d = 0; d < degree; ++d) EXPECT_EQ(d2h[static_cast<std::size_t>(d)], 2) << "device " << d;
+    const node& logits = rg.at(rg.outputs()[0]);
+    ASSERT_EQ(logits.op, op_kind::concat);
+    ASSERT_EQ(logits.inputs.size(), static_cast<std::size_t>(2 * degree));
+    const node& rows = rg.at(rg.find("l2.mlp.down.chunk" + std::to_string(chunks["l2.mlp.down"] - 1) + ".reduce_scatter@0"));
+    EXPECT_EQ(rg.at(logits.inputs[1]).dims[logits.attrs.axis], rows.dims[logits.attrs.axis]);
   }
 }
 
