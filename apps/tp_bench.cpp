@@ -191,6 +191,7 @@ struct layer_run {
   ag::device_spec sim_spec = h200(0);
   std::string trace_out;     ///< Chrome trace of the runs, when not empty
   bool busy = false;         ///< trace on; fill run_result::busy
+  bool spans = false;        ///< trace on (run_result::device_ms), no file
   bool replay_off = false;   ///< plan_options::graph_replay off (plain launches)
 };
 
@@ -293,7 +294,7 @@ void write_trace(const ag::trace& t, const std::string& path) {
 /// the sim time scale on sim).
 run_result time_layer(const layer_run& c, const std::shared_ptr<const ag::graph>& g,
                       const std::vector<ag::host_tensor>& in, int jobs) {
-  const bool trace = !c.trace_out.empty() || c.busy;
+  const bool trace = !c.trace_out.empty() || c.busy || c.spans;
   const std::string spec = devices_of(c);
   auto rt = runtime_of(c, trace, 2);
   ag::plan_options po;
@@ -1054,12 +1055,11 @@ int main(int argc, char** argv) {
     const auto in = ag::models::transformer_inputs(layer, 1);
     // Wall times with the trace off (unless asked for); on sim, a second run
     // with the trace on gives the modelled device spans (device_ms).
-    const auto time_layer = [&](layer_run r, const std::shared_ptr<const ag::graph>& g,
-                                const std::vector<ag::host_tensor>& inputs, int n_jobs) {
-      run_result res = ::time_layer(r, g, inputs, n_jobs);
+    const auto time_with_spans = [&](layer_run r, int n_jobs) {
+      run_result res = time_layer(r, gl, in, n_jobs);
       if (r.kind == "sim" && res.device_ms == 0) {
-        r.busy = true;  // the trace on, no file
-        res.device_ms = ::time_layer(r, g, inputs, n_jobs).device_ms;
+        r.spans = true;
+        res.device_ms = time_layer(r, gl, in, n_jobs).device_ms;
       }
       return res;
     };
@@ -1070,16 +1070,16 @@ int main(int argc, char** argv) {
     c.kind = kind;
     c.same_gpu = same_gpu;
     c.time_scale = time_scale;
-    const run_result one = time_layer(c, gl, in, jobs);
+    const run_result one = time_with_spans(c, jobs);
     c.n = 2;
     c.trace_out = trace_out.empty() ? "" : trace_out + ".2";
-    const run_result two = time_layer(c, gl, in, jobs);
+    const run_result two = time_with_spans(c, jobs);
     c.n = 4;
     c.trace_out = trace_out;
-    const run_result four = time_layer(c, gl, in, jobs);
+    const run_result four = time_with_spans(c, jobs);
     c.overlap = false;
     c.trace_out.clear();
-    const run_result four_off = time_layer(c, gl, in, jobs);
+    const run_result four_off = time_with_spans(c, jobs);
     char buf[160];
     std::snprintf(buf, sizeof buf, ": %.2f ms on 1, %.2f ms on 2 (%d collective parts)", one.median_ms, two.median_ms,
                   two.collectives);

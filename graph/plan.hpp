@@ -41,9 +41,8 @@ using step_id = int32_t;
 ///    resolved on the destination with its own strides/offset, exactly as on
 ///    the source (see plan::locate). One step per (storage, destination).
 ///  - copy_d2h: ops[0] is the job output node as listed in graph.outputs()
-///    (or, for an output gathered on the host piece by piece, one piece of
-///    it, see host_offset)
-///    (it may be a view), `device` is the device its storage lives on. If the
+///    (it may be a view), or one piece of an output gathered on the host
+///    piece by piece (see host_offset); `device` is the device its storage lives on. If the
 ///    node is contiguous, `bytes` = its own bytes, read from
 ///    locate(ops[0], device).byte_offset. If it is a non-contiguous view,
 ///    `bytes` = its storage's whole buffer, read from locate(storage, device),

@@ -86,13 +86,16 @@ struct output_piece {
   int64_t host_offset = 0, host_blocks = 1, host_pitch = 0;
 };
 
+/// The shortest run of host memory a piece of an output may land in when its
+/// runs are strided (a 2-D copy moves rows of a few KiB at full speed, rows
+/// of a few hundred bytes at a fraction of it).
+constexpr int64_t min_output_piece_run_bytes = 4096;
+
 /// Per output: the pieces its d2h copies carry, or none (the output is
 /// copied whole). An output qualifies when it is a concat that nothing else
 /// reads, of inputs that are computed here in their own buffers on two or
 /// more devices: the concat is then unplaced (never computed), and each
 /// input is copied from its device into its place in the host output.
-constexpr int64_t min_output_piece_run_bytes = 4096;
-
 std::vector<std::vector<output_piece>> find_output_pieces(builder_state& s) {
   const graph& g = s.g;
   std::vector<std::vector<output_piece>> pieces(g.outputs().size());
@@ -124,9 +127,7 @@ std::vector<std::vector<output_piece>> find_output_pieces(builder_state& s) {
     int64_t outer = 1, inner = 1;
     for (int d = 0; d < axis; ++d) outer *= o.dims[d];
     for (int d = axis + 1; d < o.dims.rank(); ++d) inner *= o.dims[d];
-    // Runs too short for a copy engine (a 2-D copy moves rows of a few KiB
-    // at full speed, rows of a few hundred bytes at a fraction of it):
-    // gathered on a device instead.
+    // Runs too short for a copy engine: gathered on a device instead.
     int64_t shortest = std::numeric_limits<int64_t>::max();
     for (node_id i : o.inputs) shortest = std::min(shortest, g.at(i).dims[axis] * inner * es);
     if (outer > 1 && shortest < min_output_piece_run_bytes) continue;

@@ -1220,6 +1220,19 @@ class rewriter {
     return at(id).op == op_kind::weight;
   }
 
+  /// The op of local node `o` (kind, attributes, type, layer), named
+  /// o.name + tag, with no inputs yet: `o` computed again on other operands
+  /// (a chunk's, a piece's).
+  static node tagged_copy(const node& o, const std::string& tag) {
+    node m;
+    m.op = o.op;
+    m.attrs = o.attrs;
+    m.type = o.type;
+    m.layer = o.layer;
+    m.name = o.name + tag;
+    return m;
+  }
+
   /// Whether `in` has `m`'s dims up to and including `ax` (its rows there).
   bool same_rows(node_id in, const node& m, int ax) const {
     const shape& d = at(in).dims;
@@ -1291,12 +1304,7 @@ class rewriter {
       for (node_id in : span) covered += at(in).dims[ax];
       if (r == no_node && span.size() > 1 && covered == e - b) r = emit_concat(span, ax, m.name + tag, s, k, m.layer);
     } else if (row_wise(m, ax)) {
-      node c;
-      c.op = m.op;
-      c.attrs = m.attrs;
-      c.type = m.type;
-      c.layer = m.layer;
-      c.name = m.name + tag;
+      node c = tagged_copy(m, tag);
       bool found = false;
       for (node_id in : m.inputs) {
         const shape& d = at(in).dims;
@@ -1549,12 +1557,7 @@ class rewriter {
         };
         for (node_id id : rg.clone) {
           const node& o = at(id);
-          node m;
-          m.op = o.op;
-          m.attrs = o.attrs;
-          m.type = o.type;
-          m.layer = o.layer;
-          m.name = o.name + tag;
+          node m = tagged_copy(o, tag);
           for (node_id in : o.inputs) m.inputs.push_back(mapped(in));
           now[id] = emit_compute(std::move(m), s, k);
         }

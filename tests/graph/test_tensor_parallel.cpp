@@ -130,6 +130,18 @@ transformer_config tiny(model_variant v, int heads = 4, int kv = 0) {
 
 using test::tp_random_graph;
 
+/// The random graphs of the reference tests: every third seed a generic
+/// random DAG (the gather fallback), else one of tensor-parallel shapes.
+std::shared_ptr<const graph> mixed_random_graph(uint64_t seed) {
+  if (seed % 3 != 0) return tp_random_graph(seed, 10 + static_cast<int>(seed % 15));
+  auto gr = test::random_dag({.seed = seed, .ops = 24 + static_cast<int>(seed % 20), .outputs = 3});
+  if (!gr) {
+    ADD_FAILURE() << "seed " << seed << ": " << gr.err().to_string();
+    return nullptr;
+  }
+  return std::make_shared<const graph>(std::move(*gr));
+}
+
 std::shared_ptr<const graph> build(const transformer_config& c) {
   auto g = models::build_transformer(c);
   EXPECT_TRUE(g.has_value()) << (g ? "" : g.err().to_string());
@@ -357,15 +369,8 @@ TEST(TensorParallel, RandomDagsMatchReferenceWithTheGatherFallback) {
   std::map<op_kind, int> kinds;
   const std::vector<std::vector<double>> ratio_sets = {{}, {3, 1}, {1, 2, 1}, {2, 1, 1, 3}};
   for (uint64_t seed = 1; seed <= AG_TP_SEEDS; ++seed) {
-    std::shared_ptr<const graph> g;
-    if (seed % 3 == 0) {
-      auto gr = test::random_dag({.seed = seed, .ops = 24 + static_cast<int>(seed % 20), .outputs = 3});
-      ASSERT_TRUE(gr.has_value()) << gr.err().to_string();
-      g = std::make_shared<const graph>(std::move(*gr));
-    } else {
-      g = tp_random_graph(seed, 10 + static_cast<int>(seed % 15));
-      ASSERT_TRUE(g);
-    }
+    const std::shared_ptr<const graph> g = mixed_random_graph(seed);
+    ASSERT_TRUE(g);
     const int degree = 2 + static_cast<int>(seed % 3);
     std::vector<double> ratios = seed % 2 ? ratio_sets[static_cast<std::size_t>(degree) - 1] : std::vector<double>{};
     if (ratios.size() != static_cast<std::size_t>(degree)) ratios.clear();
@@ -816,15 +821,8 @@ TEST(SequenceParallel, ChunksOfRowsFollowUnevenShares) {
 TEST(SequenceParallel, RandomDagsMatchTheReferenceWithChunksOfRows) {
   int scattered = 0;
   for (uint64_t seed = 1; seed <= 40; ++seed) {
-    std::shared_ptr<const graph> g;
-    if (seed % 3 == 0) {
-      auto gr = test::random_dag({.seed = seed, .ops = 24 + static_cast<int>(seed % 20), .outputs = 3});
-      ASSERT_TRUE(gr.has_value()) << gr.err().to_string();
-      g = std::make_shared<const graph>(std::move(*gr));
-    } else {
-      g = tp_random_graph(seed, 10 + static_cast<int>(seed % 15));
-      ASSERT_TRUE(g);
-    }
+    const std::shared_ptr<const graph> g = mixed_random_graph(seed);
+    ASSERT_TRUE(g);
     const int degree = 2 + static_cast<int>(seed % 3);
     SCOPED_TRACE("seed " + std::to_string(seed) + " degree " + std::to_string(degree));
     plan_options o = tp_options(degree);
