@@ -259,11 +259,16 @@ bool tiny_job_path = true;
 ag::sequence_parallel_mode sequence_parallel = ag::sequence_parallel_mode::automatic;
 /// --output-pieces: plan_options::output_pieces of every plan the bench runs.
 bool output_pieces = true;
+/// --copy-engine: backend_options::cuda_copy_engine_collectives of every runtime the bench makes.
+bool cuda_copy_engine = true;
+/// --chunks: plan_options::tp_overlap_chunks of every plan the bench runs.
+int overlap_chunks = 0;
 
 std::unique_ptr<ag::runtime> runtime_of(const layer_run& c, bool trace, int arenas) {
   ag::runtime_options ro;
   ro.backend.cuda_gemv = cuda_gemv;
   ro.backend.cuda_pdl = cuda_pdl;
+  ro.backend.cuda_copy_engine_collectives = cuda_copy_engine;
   ro.trace = trace;
   ro.arenas_per_device = arenas;
   ro.start_jobs_on_submit = tiny_job_path;
@@ -303,6 +308,7 @@ run_result time_layer(const layer_run& c, const std::shared_ptr<const ag::graph>
   po.in_stream_collectives = in_stream_collectives;
   po.sequence_parallel = sequence_parallel;
   po.output_pieces = output_pieces;
+  po.tp_overlap_chunks = overlap_chunks;
   po.inline_small_copies = tiny_job_path;
   if (c.replay_off) po.graph_replay = ag::graph_replay_mode::off;
   auto p = rt->compile(g, po);
@@ -720,6 +726,7 @@ layout_time time_layout(layer_run c, int stages, int tp, const std::shared_ptr<c
   po.in_stream_collectives = in_stream_collectives;
   po.sequence_parallel = sequence_parallel;
   po.output_pieces = output_pieces;
+  po.tp_overlap_chunks = overlap_chunks;
   po.inline_small_copies = tiny_job_path;
   // A job holds an arena on each of its devices from its start to its end,
   // so a 4-stage pipeline keeps its stages busy only with at least 4 jobs
@@ -893,14 +900,23 @@ int main(int argc, char** argv) {
   std::string seq_parallel = "auto";
   app.add_option("--sequence-parallel", seq_parallel,
                  "plan_options::sequence_parallel of the tensor-parallel plans: reduce-scatter and all-gather by rows "
-                 "instead of all-reduce, norms and residual adds on a rank's rows (on, off, auto: on where collectives "
-                 "run beside compute, i.e. sim and cpu)")
+                 "instead of all-reduce, norms and residual adds on a rank's rows (on, off, auto: on where they "
+                 "run beside compute: sim, cpu, and CUDA GPUs with --copy-engine on)")
       ->check(CLI::IsMember({"on", "off", "auto"}));
   std::string pieces = "on";
   app.add_option("--output-pieces", pieces,
                  "plan_options::output_pieces of every plan: an output concatenated from several devices is copied "
                  "to the host by each of them (on), or gathered on one device first (off)")
       ->check(CLI::IsMember({"on", "off"}));
+  std::string copy_engine = "on";
+  app.add_option("--copy-engine", copy_engine,
+                 "cuda: backend_options::cuda_copy_engine_collectives, large reduce-scatters and all-gathers moved "
+                 "by the copy engines, beside the GEMMs (on), or by NCCL's kernels (off)")
+      ->check(CLI::IsMember({"on", "off"}));
+  app.add_option("--chunks", overlap_chunks,
+                 "plan_options::tp_overlap_chunks: 0 (the cost model's choice), or 2 / 4 chunks of rows wherever a "
+                 "sequence-parallel region can be chunked")
+      ->check(CLI::IsMember({0, 2, 4}));
   std::string tiny_jobs = "on";
   app.add_option("--tiny-job-path", tiny_jobs,
                  "start on submit, pinned small inputs and small copies on the compute lane (on: the defaults; off: "
@@ -942,6 +958,7 @@ int main(int argc, char** argv) {
   ag::parse_sequence_parallel_mode(seq_parallel, sequence_parallel);
   tiny_job_path = tiny_jobs == "on";
   output_pieces = pieces == "on";
+  cuda_copy_engine = copy_engine == "on";
 
   std::vector<figure> figs;
   if (!allreduce_spec.empty()) {
@@ -984,11 +1001,11 @@ int main(int argc, char** argv) {
     // rule (it depends on the group's size) sends by ring, i.e. NCCL on CUDA,
     // found by bisection; -1: never (e.g. members on one GPU).
     int64_t crossover = -1;
-    if (ag::choose_collective_algo(specs, int64_t{1} << 40) == ag::collective_algo::ring) {
+    if (ag::choose_collective_algo(specs, int64_t{1} << 40, ag::op_kind::all_reduce) == ag::collective_algo::ring) {
       int64_t lo = 1, hi = int64_t{1} << 40;  // hi is ring
       while (lo < hi) {
         const int64_t mid = lo + (hi - lo) / 2;
-        if (ag::choose_collective_algo(specs, mid) == ag::collective_algo::ring) hi = mid;
+        if (ag::choose_collective_algo(specs, mid, ag::op_kind::all_reduce) == ag::collective_algo::ring) hi = mid;
         else lo = mid + 1;
       }
       crossover = lo;

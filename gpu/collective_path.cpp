@@ -8,13 +8,17 @@ const char* to_string(collective_path p) noexcept {
   switch (p) {
     case collective_path::one_shot: return "one-shot";
     case collective_path::nccl: return "nccl";
+    case collective_path::copy_engine: return "copy-engine";
   }
   return "unknown";
 }
 
 collective_path_choice choose_cuda_collective_path(op_kind op, int64_t bytes, const std::vector<int>& member_gpus,
                                                    const std::vector<int64_t>& operand_elements,
-                                                   int64_t nccl_min_bytes, bool built) {
+                                                   int64_t nccl_min_bytes, bool built, collective_algo algo) {
+  if (algo == collective_algo::copy_engine && (op == op_kind::reduce_scatter || op == op_kind::all_gather))
+    return {collective_path::copy_engine,
+            "copy-engine: the plan's algorithm for " + std::to_string(bytes) + " bytes (peer copies, no SMs)"};
   const auto one_shot = [](std::string why) { return collective_path_choice{collective_path::one_shot, "one-shot: " + why}; };
   if (!built) return one_shot("this build has no NCCL");
   std::vector<int> sorted = member_gpus;

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "graph/cost_model.hpp"
 #include "graph/graph.hpp"
 
 namespace ag::gpu {
@@ -20,6 +21,10 @@ namespace ag::gpu {
 enum class collective_path : uint8_t {
   one_shot,  ///< own kernel reading every member's operand in place
   nccl,      ///< ncclAllReduce / ncclAllGather (+ a strided copy) on the member's stream
+  /// reduce_scatter / all_gather whose member pulls its peers' pieces with
+  /// peer copies (the copy engines, no SMs); a reduce_scatter then sums them
+  /// with one local kernel (collective_algo::copy_engine)
+  copy_engine,
 };
 const char* to_string(collective_path p) noexcept;
 
@@ -30,6 +35,9 @@ struct collective_path_choice {
 };
 
 /// Picks the path of a CUDA collective part:
+///  - copy-engine when the plan's algorithm (`algo`, the same in every
+///    member's part) is collective_algo::copy_engine and `op` is a
+///    reduce_scatter or all_gather;
 ///  - one-shot when this build has no NCCL (`nccl_built` false);
 ///  - one-shot when two members are logical devices of one GPU (spec
 ///    "cuda:0,0"): NCCL refuses a communicator with a GPU twice;
@@ -43,7 +51,8 @@ struct collective_path_choice {
 /// `operand_elements`: each member's operand size (all_gather), rank order.
 collective_path_choice choose_cuda_collective_path(op_kind op, int64_t bytes, const std::vector<int>& member_gpus,
                                                    const std::vector<int64_t>& operand_elements,
-                                                   int64_t nccl_min_bytes, bool nccl_built);
+                                                   int64_t nccl_min_bytes, bool nccl_built,
+                                                   collective_algo algo = collective_algo::ring);
 
 /// The crossover of a group: `wide` (backend_options::
 /// cuda_nccl_min_bytes_wide) for three or more distinct GPUs, else `narrow`

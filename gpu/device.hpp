@@ -237,6 +237,15 @@ struct backend_options {
   /// docs/BENCHMARKS.md, session 10), so by default NCCL takes them all.
   /// It becomes the CUDA devices' spec.oneshot_max_bytes_wide (+ 1). >= 1.
   int64_t cuda_nccl_min_bytes_wide = 1;
+  /// cuda: reduce-scatters and all-gathers above the one-shot limit move
+  /// their data with the copy engines (collective_algo::copy_engine: each
+  /// member pulls its peers' pieces with peer copies, then a reduce-scatter
+  /// sums them with one local kernel) instead of NCCL's kernels, which wait
+  /// for the SMs a GEMM holds. So they run beside the GEMMs, and the planner
+  /// turns on sequence parallelism and its chunked overlap on CUDA GPUs
+  /// (becomes the devices' spec.copy_engine_collectives). All-reduces keep
+  /// their path.
+  bool cuda_copy_engine_collectives = true;
   /// cuda: all-reduces of at most this many bytes run in-stream
   /// (collective_algo::in_stream, plan_options::in_stream_collectives): it
   /// becomes the CUDA devices' spec.in_stream_max_bytes. 0: never.

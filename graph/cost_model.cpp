@@ -49,6 +49,11 @@ error validate(const device_spec& d) {
   if (auto e = non_negative("host_latency", d.host_latency)) return e;
   if (d.mem_bytes < 0)
     return error(errc::invalid_argument, who + "mem_bytes must be >= 0, got " + std::to_string(d.mem_bytes));
+  if (d.gemm_row_tile < 1 || d.gemm_row_tile > 4096)
+    return error(errc::invalid_argument, who + "gemm_row_tile must be 1..4096, got " + std::to_string(d.gemm_row_tile));
+  if (d.max_overlap_chunks < 1 || d.max_overlap_chunks > 64)
+    return error(errc::invalid_argument,
+                 who + "max_overlap_chunks must be 1..64, got " + std::to_string(d.max_overlap_chunks));
   if (d.copy_engines < 1 || d.copy_engines > 64)
     return error(errc::invalid_argument, who + "copy_engines must be 1..64, got " + std::to_string(d.copy_engines));
   if (d.max_lanes < 1 || d.max_lanes > 64)
@@ -162,6 +167,7 @@ const char* to_string(collective_algo a) noexcept {
     case collective_algo::ring: return "ring";
     case collective_algo::one_shot: return "one-shot";
     case collective_algo::in_stream: return "in-stream";
+    case collective_algo::copy_engine: return "copy-engine";
   }
   return "unknown";
 }
@@ -173,6 +179,14 @@ collective_algo choose_collective_algo(const std::vector<const device_spec*>& me
       std::all_of(members.begin(), members.end(),
                   [&](const device_spec* d) { return d->in_stream_max_bytes > 0 && bytes <= d->in_stream_max_bytes; }))
     return collective_algo::in_stream;
+  // Three or more members take the wide limit.
+  const bool wide = members.size() >= 3;
+  int64_t limit = std::numeric_limits<int64_t>::max();
+  for (const device_spec* d : members)
+    limit = std::min(limit, wide && d->oneshot_max_bytes_wide >= 0 ? d->oneshot_max_bytes_wide : d->oneshot_max_bytes);
+  if (bytes > limit && (op == op_kind::reduce_scatter || op == op_kind::all_gather) && !members.empty() &&
+      std::all_of(members.begin(), members.end(), [](const device_spec* d) { return d->copy_engine_collectives; }))
+    return collective_algo::copy_engine;
   // Two logical devices of one GPU ("cuda:0,0"): NCCL refuses a GPU twice,
   // so the backend runs them one-shot at any size (gpu/collective_path.hpp).
   for (std::size_t i = 0; i < members.size(); ++i)
@@ -180,11 +194,6 @@ collective_algo choose_collective_algo(const std::vector<const device_spec*>& me
       if (members[i]->kind == device_kind::cuda && members[j]->kind == device_kind::cuda &&
           members[i]->ordinal == members[j]->ordinal)
         return collective_algo::one_shot;
-  // Distinct devices from here on: three or more take the wide limit.
-  const bool wide = members.size() >= 3;
-  int64_t limit = std::numeric_limits<int64_t>::max();
-  for (const device_spec* d : members)
-    limit = std::min(limit, wide && d->oneshot_max_bytes_wide >= 0 ? d->oneshot_max_bytes_wide : d->oneshot_max_bytes);
   return bytes <= limit ? collective_algo::one_shot : collective_algo::ring;
 }
 
@@ -204,6 +213,18 @@ double estimate_collective_seconds(op_kind op, collective_algo algo, const std::
     return 2 * (n - 1) * lat + xfer(2 * (n - 1) / n * b);
   }
   if (algo == collective_algo::one_shot) return lat + xfer((n - 1) / n * b);
+  if (algo == collective_algo::copy_engine) {
+    double t = lat + xfer((n - 1) / n * b);
+    if (op == op_kind::reduce_scatter) {
+      double mem = std::numeric_limits<double>::infinity(), launch = 0;
+      for (const device_spec* d : members) {
+        mem = std::min(mem, d->mem_bandwidth * d->memory_efficiency);
+        launch = std::max(launch, d->launch_latency);
+      }
+      t += launch + (mem > 0 ? (n + 1) / n * b / mem : 0.0);
+    }
+    return t;
+  }
   return (n - 1) * lat + xfer((n - 1) / n * b);
 }
 

@@ -81,6 +81,26 @@ struct device_spec {
   /// against 4.45 at degree 4; cuBLAS SM-count targets that left 24-48 SMs
   /// to NCCL did not change that).
   bool collectives_overlap_compute = true;
+  /// Reduce-scatters and all-gathers of more than the one-shot limit move
+  /// their data with the copy engines (collective_algo::copy_engine): each
+  /// member pulls its peers' pieces with peer copies, DMA that needs no SM,
+  /// so they run beside a GEMM even where collectives_overlap_compute is
+  /// false, and sequence parallelism's chunks overlap there. CUDA devices set
+  /// it from backend_options::cuda_copy_engine_collectives; false on sim
+  /// (unless its spec is a CUDA device's) and cpu (whose ring already runs
+  /// on the copy-engine workers).
+  bool copy_engine_collectives = false;
+  /// Rows of a GEMM tile: a matmul split in chunks of rows
+  /// (plan_options::tp_overlap) gets chunks whose rows are multiples of it
+  /// where the rows allow, so that no chunk pays a partly empty wave of
+  /// tiles. 1 on sim (the model is linear in rows) and cpu; 128 on CUDA GPUs.
+  int64_t gemm_row_tile = 1;
+  /// Most chunks of rows the planner splits a sequence-parallel region into
+  /// (plan_options::tp_overlap): 4 on sim and cpu; 2 on CUDA GPUs, where a
+  /// GEMM of fewer rows fills fewer waves of the SMs and the finer split
+  /// lost more than its overlap gained (a d-8192 layer at degree 2 on two
+  /// H100s: 6.87 ms in 2 chunks, 7.40 in 4; docs/BENCHMARKS.md, session 18).
+  int max_overlap_chunks = 4;
   int copy_engines = 3;                ///< async copy engines
   int max_lanes = 4;                   ///< compute streams the device offers
   std::vector<op_kind> unsupported;    ///< ops this device cannot run
@@ -127,6 +147,11 @@ enum class collective_algo : uint8_t {
   /// one-shot all_reduce whose members meet on the devices, each part a
   /// kernel on its member's compute lane 0 (device_spec::in_stream_max_bytes)
   in_stream = 3,
+  /// reduce_scatter / all_gather by the copy engines
+  /// (device_spec::copy_engine_collectives): each member pulls its peers'
+  /// pieces with peer copies (no SMs), then a reduce_scatter sums them with
+  /// one local kernel
+  copy_engine = 4,
 };
 const char* to_string(collective_algo a) noexcept;
 /// The algorithm for a collective of `bytes` over `members`: one_shot when
@@ -135,8 +160,11 @@ const char* to_string(collective_algo a) noexcept;
 /// NCCL, whose threshold is the devices' oneshot_max_bytes). With
 /// `allow_in_stream` (plan_options::in_stream_collectives), an all_reduce of
 /// 2..8 members of at most every member's in_stream_max_bytes is in_stream.
-collective_algo choose_collective_algo(const std::vector<const device_spec*>& members, int64_t bytes,
-                                       op_kind op = op_kind::all_gather, bool allow_in_stream = false);
+/// A reduce_scatter or all_gather above the one-shot limit over members that
+/// all have copy_engine_collectives is copy_engine (also on logical devices
+/// of one GPU, where it is how the path is tested on one GPU).
+collective_algo choose_collective_algo(const std::vector<const device_spec*>& members, int64_t bytes, op_kind op,
+                                       bool allow_in_stream = false);
 /// Most members of an in-stream all-reduce (its kernel takes their pointers by value).
 constexpr int max_in_stream_members = 8;
 /// Time of one member's part of collective `op` (all_reduce, all_gather,
@@ -145,6 +173,9 @@ constexpr int max_in_stream_members = 8;
 /// lat = the largest collective_latency and bw = the smallest link_bandwidth:
 ///   all_reduce     ring: 2 (n-1) lat + 2 (n-1)/n bytes / bw;  one_shot, in_stream: lat + (n-1) bytes / bw
 ///   all_gather / reduce_scatter  ring: (n-1) lat + (n-1)/n bytes / bw;  one_shot: lat + (n-1)/n bytes / bw
+///   copy_engine: one_shot's, and for reduce_scatter the local sum of n
+///   pieces of bytes / n (read) into one (written) at the slowest member's
+///   memory bandwidth x memory_efficiency, plus one launch_latency
 double estimate_collective_seconds(op_kind op, collective_algo algo, const std::vector<const device_spec*>& members,
                                    int64_t bytes);
 

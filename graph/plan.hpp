@@ -203,6 +203,11 @@ struct plan_options {
   /// compute (device_spec::collectives_overlap_compute: not on CUDA GPUs,
   /// where NCCL waits for a GEMM's SMs). Off: one matmul, then one all-reduce.
   bool tp_overlap = true;
+  /// With tp_overlap under sequence parallelism: 0 (the default) lets the
+  /// cost model pick the chunks of a region (1, 2 or 4); 2 or 4 uses that
+  /// many wherever a region can be chunked at all (its collectives run
+  /// beside compute and its rows split), to measure a choice against it.
+  int tp_overlap_chunks = 0;
   /// Sequence parallelism (Megatron's; see sequence_parallel_mode): where a
   /// partial result (a row-parallel matmul's) meets row-wise work (a residual
   /// add, a norm), it is reduce-scattered by rows instead of all-reduced; the

@@ -863,6 +863,9 @@ error validate(const plan_options& o) {
       o.sequence_parallel != sequence_parallel_mode::automatic)
     return bad("sequence_parallel " + std::to_string(static_cast<int>(o.sequence_parallel)) +
                " is not a sequence_parallel_mode (off = 0, on = 1, auto = 2)");
+  if (o.tp_overlap_chunks != 0 && o.tp_overlap_chunks != 2 && o.tp_overlap_chunks != 4)
+    return bad("tp_overlap_chunks must be 0 (the cost model's choice), 2 or 4, got " +
+               std::to_string(o.tp_overlap_chunks));
   if (o.state_slots < 1 || o.state_slots > 65536)
     return bad("state_slots must be 1..65536, got " + std::to_string(o.state_slots));
   return {};

@@ -931,6 +931,14 @@ class rewriter {
                        [](const device_spec* m) { return m->collectives_overlap_compute; });
   }
 
+  /// Whether a reduce-scatter or all-gather (`op`) of `bytes` runs beside
+  /// compute on every member: their collectives do, or it moves by the copy
+  /// engines (collective_algo::copy_engine: no SMs; CUDA GPUs).
+  static bool beside_compute(const std::vector<const device_spec*>& members, op_kind op, int64_t bytes) {
+    return collectives_beside_compute(members) ||
+           choose_collective_algo(members, bytes, op) == collective_algo::copy_engine;
+  }
+
   node_id weight_slice(node_id w, int dim, int64_t b, int64_t e) {
     const node& wn = g_.at(w);
     const node_id full = ti(w).loc[0];
@@ -1130,7 +1138,7 @@ class rewriter {
     };
     auto ar = [&](int64_t m) {
       const int64_t b = m * N * es;
-      return estimate_collective_seconds(op_kind::all_reduce, choose_collective_algo(members, b), members, b);
+      return estimate_collective_seconds(op_kind::all_reduce, choose_collective_algo(members, b, op_kind::all_reduce), members, b);
     };
     op_cost cat;
     cat.bytes = 2.0 * static_cast<double>(rows * N * es);
@@ -1359,7 +1367,7 @@ class rewriter {
       return {};
     const int ax = want.axis, r = n.dims.rank();
     const std::vector<const device_spec*> members = group_members(s);
-    if (!collectives_beside_compute(members)) return {};
+    if (!beside_compute(members, op_kind::reduce_scatter, bytes_of(n))) return {};
     const auto rows_prefix = [&](const shape& d) {
       if (d.rank() != r) return false;
       for (int j = 0; j <= ax; ++j)
@@ -1464,8 +1472,25 @@ class rewriter {
     };
     int chunks = 1;
     double best = t1;
+    // Chunks pay only where their collectives run beside compute: on CUDA
+    // GPUs, the smallest chunk's still moves by the copy engines.
+    const auto chunks_beside = [&](int c) {
+      const std::vector<double> w = weights_of(c);
+      const double first = w.front() / std::accumulate(w.begin(), w.end(), 0.0);
+      const auto piece_of = [&](int64_t b) { return static_cast<int64_t>(static_cast<double>(b) * first); };
+      return beside_compute(members, op_kind::reduce_scatter, piece_of(scatter_bytes)) &&
+             (gather_bytes <= 0 || beside_compute(members, op_kind::all_gather, piece_of(gather_bytes)));
+    };
+    int most_chunks = 4;
+    for (const device_spec* m : members) most_chunks = std::min(most_chunks, m->max_overlap_chunks);
     for (int c : {2, 4}) {
       if (2 * c > fewest) break;  // a middle chunk takes two rows of every rank at least
+      if (!chunks_beside(c)) continue;
+      if (opt_.tp_overlap_chunks != 0) {
+        if (c == opt_.tp_overlap_chunks) chunks = c;
+        continue;
+      }
+      if (c > most_chunks) break;
       const double tc = time_of(c);
       if (tc < best && tc < t1 * 0.99) {
         chunks = c;
@@ -1473,10 +1498,25 @@ class rewriter {
       }
     }
     if (chunks == 1) return {};
+    // Each rank's piece of a chunk in whole units of `align` rows where the
+    // rows allow: a chunk's matmul then has a multiple of the devices' GEMM
+    // tile in rows (outer dims x every rank's piece), not a last partial wave.
+    int64_t outer = 1;
+    for (int j = 0; j < ax; ++j) outer *= n.dims[j];
+    int64_t tile = 1;
+    for (const device_spec* m : members) tile = std::max(tile, m->gemm_row_tile);
+    const int64_t align = tile / std::gcd(tile, outer * t_);
     std::vector<std::vector<int64_t>> piece(static_cast<std::size_t>(t_)), at_row(static_cast<std::size_t>(t_));
     for (int k = 0; k < t_; ++k) {
-      piece[static_cast<std::size_t>(k)] =
-          apportion(want.end[static_cast<std::size_t>(k)] - want.begin[static_cast<std::size_t>(k)], weights_of(chunks));
+      const int64_t rows_k = want.end[static_cast<std::size_t>(k)] - want.begin[static_cast<std::size_t>(k)];
+      std::vector<int64_t>& pk = piece[static_cast<std::size_t>(k)];
+      if (align > 1 && rows_k / align >= chunks) {
+        pk = apportion(rows_k / align, weights_of(chunks));
+        for (int64_t& v : pk) v *= align;
+        pk.back() += rows_k - rows_k / align * align;
+      } else {
+        pk = apportion(rows_k, weights_of(chunks));
+      }
       int64_t o = 0;
       for (int64_t p : piece[static_cast<std::size_t>(k)]) {
         at_row[static_cast<std::size_t>(k)].push_back(o);
@@ -1617,8 +1657,9 @@ class rewriter {
   }
 
   /// Whether stage s's group runs sequence parallel (plan_options::sequence_parallel)
-  /// for tensors of `bytes`: auto wants members that run collectives beside
-  /// compute, and a ring for that size (a one-shot reduce-scatter and
+  /// for tensors of `bytes`: auto wants a reduce-scatter that moves by the
+  /// copy engines (CUDA GPUs), or members that run collectives beside
+  /// compute and a ring for that size (a one-shot reduce-scatter and
   /// all-gather pay two synchronisations where the all-reduce pays one).
   bool sequence_parallel(int s, int64_t bytes) const {
     switch (opt_.sequence_parallel) {
@@ -1627,8 +1668,10 @@ class rewriter {
       case sequence_parallel_mode::automatic: break;
     }
     const std::vector<const device_spec*> members = group_members(s);
+    const collective_algo algo = choose_collective_algo(members, bytes, op_kind::reduce_scatter);
+    if (algo == collective_algo::copy_engine) return true;  // beside compute, as many bytes as a ring
     if (!collectives_beside_compute(members)) return false;
-    return choose_collective_algo(members, bytes, op_kind::reduce_scatter) == collective_algo::ring;
+    return algo == collective_algo::ring;
   }
   static int64_t bytes_of(const node& v) { return v.dims.numel() * static_cast<int64_t>(dtype_size(v.type)); }
 

@@ -19,4 +19,24 @@ constexpr int max_collective_members = 8;
 /// one strided copy per member. Errors name c.where.
 error launch_collective(const launch_ctx& c, const collective_launch& l);
 
+/// Bytes of scratch the copy-engine part `l` needs on its device: the
+/// peers' pieces of a reduce_scatter ((members - 1) x this rank's output);
+/// 0 for an all_gather.
+int64_t copy_engine_scratch_bytes(const collective_launch& l);
+
+/// Enqueues the copy-engine part `l` (collective_algo::copy_engine) on
+/// c.stream: all_gather as one strided copy per member, straight into the
+/// output (its own part first, then the peers from the next rank on);
+/// reduce_scatter as one strided peer copy per peer (from the next rank on) of its piece of
+/// this rank's slice into `scratch` (copy_engine_scratch_bytes(l), valid in
+/// stream order until the part ends), then one kernel that sums them with
+/// this rank's own piece in rank order, in f32 rounded once (i32 exact,
+/// saturated): the one-shot's result. The copies need no SM, so the part
+/// runs beside a GEMM of its device; the sum (a pass over (members + 1) /
+/// members x the output's bytes) and an all_gather's own part (a copy within
+/// the GPU) take SMs. AG_CUDA_CE_PROFILE set: each copy's time on stderr
+/// ("ce_profile" lines; the calling thread waits for the part). Errors name
+/// c.where.
+error launch_copy_engine_collective(const launch_ctx& c, const collective_launch& l, void* scratch);
+
 }  // namespace ag::gpu::cuda

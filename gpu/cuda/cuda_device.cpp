@@ -460,7 +460,8 @@ class cuda_device final : public device {
 
   collective_path_choice path_of(const collective_launch& l, const member_list& m) const {
     return choose_cuda_collective_path(l.op->op, l.bytes, m.gpus, m.elements,
-                                       nccl_crossover_for(m.gpus, nccl_min_bytes_, nccl_min_bytes_wide_), nccl_built());
+                                       nccl_crossover_for(m.gpus, nccl_min_bytes_, nccl_min_bytes_wide_), nccl_built(),
+                                       l.algo);
   }
 
   /// NCCL's kernels pair the ranks themselves; the own one-shot reads the
@@ -508,7 +509,7 @@ class cuda_device final : public device {
         AG_CUDA_TRY(cudaDeviceCanAccessPeer(&can, core_->ordinal, peer->core_->ordinal), where);
         if (!can)
           return refuse(errc::unsupported_op, "no peer access from " + spec_.name + " to member '" + peer->spec_.name +
-                                                  "': the one-shot collective reads the members' memory");
+                                                  "': the " + std::string(to_string(path.path)) + " collective reads the members' memory");
       }
     }
     launch_ctx c;
@@ -516,10 +517,26 @@ class cuda_device final : public device {
     c.fault_word = (*us)->fault_ ? (*us)->fault_->dev : nullptr;
     c.where = where;
     c.sm_count = sm_count_;
-    error e = launch_collective(c, l);
+    error e = path.path == collective_path::copy_engine ? copy_engine_part(c, l) : launch_collective(c, l);
     if (!e) return {};
     if (e.code == errc::device_failed) core_->mark_dead(e);
     return std::move(e).concerning(index_, -1, l.op->name);
+  }
+
+  /// A copy-engine part (collective.cuh) with its scratch allocated and
+  /// freed in the order of c.stream (the pool's memory, no device sync).
+  error copy_engine_part(const launch_ctx& c, const collective_launch& l) {
+    const int64_t bytes = copy_engine_scratch_bytes(l);
+    void* scratch = nullptr;
+    if (bytes > 0)
+      if (error e = AG_CORE_CHECK(*core_, cudaMallocAsync(&scratch, static_cast<size_t>(bytes), c.stream),
+                                  c.where + " scratch"))
+        return e;
+    error e = launch_copy_engine_collective(c, l, scratch);
+    if (scratch)
+      if (error fe = AG_CORE_CHECK(*core_, cudaFreeAsync(scratch, c.stream), c.where + " scratch free"); fe && !e)
+        e = fe;
+    return e;
   }
 
   /// Makes the group's NCCL communicator now when its members are distinct

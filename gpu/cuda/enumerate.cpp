@@ -68,8 +68,12 @@ expected<device_ptr> make_one(int ordinal, int index, const backend_options& opt
   spec.oneshot_max_bytes = nccl_built() ? opts.cuda_nccl_min_bytes - 1 : std::numeric_limits<int64_t>::max();
   spec.oneshot_max_bytes_wide = nccl_built() ? opts.cuda_nccl_min_bytes_wide - 1 : std::numeric_limits<int64_t>::max();
   spec.in_stream_max_bytes = opts.cuda_in_stream_max_bytes;
-  // A GEMM's full grid starves NCCL's kernels beside it (device_spec).
+  // A GEMM's full grid starves NCCL's kernels beside it (device_spec); the
+  // copy engines need no SM.
   spec.collectives_overlap_compute = false;
+  spec.copy_engine_collectives = opts.cuda_copy_engine_collectives;
+  spec.gemm_row_tile = 128;  // cuBLAS's bf16 tiles on sm_90 are 64 or 128 rows
+  spec.max_overlap_chunks = 2;
 
   auto c = std::make_shared<core>(ordinal, spec.name);
   c->index = index;

@@ -6,6 +6,7 @@
 // every collective and dtype against the reference.
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <memory>
 #include <string>
 #include <vector>
@@ -56,6 +57,7 @@ TEST(CudaCollectives, LogicalDevicesOfOneGpuRunOneShotWhateverTheCrossover) {
   AG_REQUIRE_GPU(1);
   runtime_options o;
   o.backend.cuda_nccl_min_bytes = 1;
+  o.backend.cuda_copy_engine_collectives = false;  // else reduce-scatters and all-gathers take the copy engines
   auto rt = runtime::create("cuda:0,0", o);
   ASSERT_TRUE(rt.has_value()) << rt.err().to_string();
   auto g = test::user_collectives(dtype::f32, 2, 64, 1024);  // 256 KiB operands
@@ -71,6 +73,69 @@ TEST(CudaCollectives, LogicalDevicesOfOneGpuRunOneShotWhateverTheCrossover) {
   for (std::size_t i = 0; i < want.size(); ++i) {
     auto c = compare((*got)[i], want[i], 1e-6, 1e-6);
     EXPECT_TRUE(c.ok) << "output " << i << ": " << c.message;
+  }
+}
+
+// The copy-engine path (collective_algo::copy_engine): with the one-shot
+// limit at 0 every reduce-scatter and all-gather pulls its peers' pieces
+// with peer copies (a reduce-scatter then sums them with one kernel), and
+// equals the reference for every dtype: 2 and 4 logical devices of GPU 0,
+// and 2 distinct GPUs when there are two; slices whose rows are a multiple
+// of 16 bytes (the vectorised sum) and uneven ones that are not (the
+// scalar sum). All-reduces keep their path.
+TEST(CudaCollectives, CopyEnginePathEqualsTheReferenceForEveryDtypeAndShare) {
+  AG_REQUIRE_GPU(1);
+  std::vector<std::string> specs{"cuda:0,0", "cuda:0,0,0,0"};
+  if (gpu::cuda::device_count() >= 2) specs.push_back("cuda:0,1");
+  else std::printf("[  NOTE    ] one GPU: the copy-engine path on distinct GPUs is not run here\n");
+  runtime_options o;
+  o.backend.cuda_nccl_min_bytes = 1;
+  o.backend.cuda_nccl_min_bytes_wide = 1;
+  for (const std::string& spec : specs) {
+    auto rt = runtime::create(spec, o);
+    ASSERT_TRUE(rt.has_value()) << rt.err().to_string();
+    const int n = static_cast<int>((*rt)->devices().size());
+    for (dtype t : {dtype::f32, dtype::f16, dtype::bf16, dtype::i32}) {
+      for (bool uneven : {false, true}) {
+        SCOPED_TRACE(spec + " " + to_string(t) + (uneven ? " uneven" : " even"));
+        const int64_t rows = 7, cols = 64 * n;
+        std::vector<int64_t> parts;
+        if (uneven) {  // 61 + 67 (+ 64 + 64): odd widths, unaligned starts
+          parts.assign(static_cast<std::size_t>(n), 64);
+          parts[0] = 61;
+          parts[1] = 67;
+        }
+        auto g = test::user_collectives(t, n, rows, cols, parts);
+        ASSERT_TRUE(g);
+        auto p = (*rt)->compile(g);
+        ASSERT_TRUE(p.has_value()) << p.err().to_string();
+        int copy_engine = 0;
+        for (const auto& st : (*p)->steps()) {
+          if (st.kind != step_kind::collective) continue;
+          const op_kind op = (*p)->source().at(st.ops[0]).op;
+          if (op == op_kind::all_reduce) EXPECT_NE(st.algo, collective_algo::copy_engine);
+          else EXPECT_EQ(st.algo, collective_algo::copy_engine) << to_string(op);
+          copy_engine += st.algo == collective_algo::copy_engine;
+        }
+        EXPECT_EQ(copy_engine, 2 * n);
+        std::vector<host_tensor> in;
+        for (int k = 0; k < n; ++k)
+          in.push_back(t == dtype::i32 ? host_tensor::random_ints({rows, cols}, 40 + k, 1000)
+                                       : host_tensor::random_normal(t, {rows, cols}, 40 + k));
+        auto want = evaluate_reference(*g, in).value();
+        for (int rep = 0; rep < 2; ++rep) {  // the second job reuses the stream-ordered scratch
+          const auto& got = (*rt)->submit(*p, in).wait();
+          ASSERT_TRUE(got.has_value()) << got.err().to_string();
+          ASSERT_EQ(got->size(), want.size());
+          // Sums in f32 rounded once (as the one-shot): exact for i32.
+          const double tol = t == dtype::f32 ? 1e-6 : t == dtype::i32 ? 0 : 1e-2;
+          for (std::size_t i = 0; i < want.size(); ++i) {
+            auto c = compare((*got)[i], want[i], tol, tol);
+            EXPECT_TRUE(c.ok) << "output " << i << " (" << g->at(g->outputs()[i]).name << "): " << c.message;
+          }
+        }
+      }
+    }
   }
 }
 
@@ -130,6 +195,7 @@ TEST(CudaCollectives, NcclOnTwoGpusEqualsTheReferenceForEveryDtype) {
   if (!gpu::nccl_built()) GTEST_SKIP() << "this build has no NCCL (ACTORGRAPH_HAVE_NCCL unset)";
   runtime_options o;
   o.backend.cuda_nccl_min_bytes = 1;
+  o.backend.cuda_copy_engine_collectives = false;  // NCCL for every op
   auto rt = runtime::create("cuda:0,1", o);
   ASSERT_TRUE(rt.has_value()) << rt.err().to_string();
   for (dtype t : {dtype::f32, dtype::f16, dtype::bf16, dtype::i32}) {
@@ -156,41 +222,58 @@ TEST(CudaCollectives, NcclOnTwoGpusEqualsTheReferenceForEveryDtype) {
   }
 }
 
+// Degree 2 on two logical devices of GPU 0, three ways: the defaults (the
+// tiny activations stay under the one-shot limit: all-reduces); the
+// one-shot limit at 0, so auto mode plans sequence parallelism with
+// reduce-scatters and all-gathers on the copy engines; and the same with
+// the copy engines off (no sequence parallelism: all-reduces again).
 TEST(CudaCollectives, TensorParallelTransformersOnTwoLogicalDevicesEqualTheReference) {
   AG_REQUIRE_GPU(1);
-  auto rt = runtime::create("cuda:0,0");
-  ASSERT_TRUE(rt.has_value()) << rt.err().to_string();
-  for (auto variant : {models::model_variant::gpt2, models::model_variant::llama}) {
-    models::transformer_config cfg;
-    cfg.variant = variant;
-    cfg.n_layers = 2;
-    cfg.d_model = 64;
-    cfg.n_heads = 8;
-    cfg.n_kv_heads = variant == models::model_variant::llama ? 2 : 0;
-    cfg.vocab = 101;
-    cfg.seq_len = 16;
-    cfg.batch = 2;
-    SCOPED_TRACE(models::to_string(variant));
-    auto g = std::make_shared<const graph>(models::build_transformer(cfg).value());
-    plan_options o;
-    o.tensor_parallel = 2;
-    auto p = (*rt)->compile(g, o);
-    ASSERT_TRUE(p.has_value()) << p.err().to_string();
-    int parts = 0;
-    for (const auto& s : (*p)->steps()) parts += s.kind == step_kind::collective;
-    EXPECT_GT(parts, 0);
-    std::vector<job> jobs;
-    std::vector<std::vector<host_tensor>> ins;
-    for (int k = 0; k < 4; ++k) {
-      ins.push_back(models::transformer_inputs(cfg, 70 + static_cast<uint64_t>(k)));
-      jobs.push_back((*rt)->submit(*p, ins.back()));
-    }
-    for (int k = 0; k < 4; ++k) {
-      const auto& r = jobs[static_cast<std::size_t>(k)].wait();
-      ASSERT_TRUE(r.has_value()) << r.err().to_string();
-      auto want = evaluate_reference(*g, ins[static_cast<std::size_t>(k)]).value();
-      auto c = compare(r->front(), want.front(), 2e-4, 2e-3);
-      EXPECT_TRUE(c.ok) << "job " << k << ": " << c.message;
+  for (int mode = 0; mode < 3; ++mode) {
+    runtime_options ro;
+    if (mode > 0) ro.backend.cuda_nccl_min_bytes = 1;
+    ro.backend.cuda_copy_engine_collectives = mode != 2;
+    auto rt = runtime::create("cuda:0,0", ro);
+    ASSERT_TRUE(rt.has_value()) << rt.err().to_string();
+    for (auto variant : {models::model_variant::gpt2, models::model_variant::llama}) {
+      models::transformer_config cfg;
+      cfg.variant = variant;
+      cfg.n_layers = 2;
+      cfg.d_model = 64;
+      cfg.n_heads = 8;
+      cfg.n_kv_heads = variant == models::model_variant::llama ? 2 : 0;
+      cfg.vocab = 101;
+      cfg.seq_len = 16;
+      cfg.batch = 2;
+      SCOPED_TRACE(std::string(models::to_string(variant)) + " mode " + std::to_string(mode));
+      auto g = std::make_shared<const graph>(models::build_transformer(cfg).value());
+      plan_options o;
+      o.tensor_parallel = 2;
+      auto p = (*rt)->compile(g, o);
+      ASSERT_TRUE(p.has_value()) << p.err().to_string();
+      int parts = 0, copy_engine = 0;
+      for (const auto& s : (*p)->steps()) {
+        parts += s.kind == step_kind::collective;
+        copy_engine += s.kind == step_kind::collective && s.algo == collective_algo::copy_engine;
+      }
+      EXPECT_GT(parts, 0);
+      if (mode == 1)
+        EXPECT_GT(copy_engine, 0) << "sequence parallelism on the copy engines";
+      else
+        EXPECT_EQ(copy_engine, 0);
+      std::vector<job> jobs;
+      std::vector<std::vector<host_tensor>> ins;
+      for (int k = 0; k < 4; ++k) {
+        ins.push_back(models::transformer_inputs(cfg, 70 + static_cast<uint64_t>(k)));
+        jobs.push_back((*rt)->submit(*p, ins.back()));
+      }
+      for (int k = 0; k < 4; ++k) {
+        const auto& r = jobs[static_cast<std::size_t>(k)].wait();
+        ASSERT_TRUE(r.has_value()) << r.err().to_string();
+        auto want = evaluate_reference(*g, ins[static_cast<std::size_t>(k)]).value();
+        auto c = compare(r->front(), want.front(), 2e-4, 2e-3);
+        EXPECT_TRUE(c.ok) << "job " << k << ": " << c.message;
+      }
     }
   }
 }

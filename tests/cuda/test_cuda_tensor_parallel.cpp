@@ -13,6 +13,10 @@
 //  - logical_sp / nccl_sp: sequence parallelism on (reduce-scatter and
 //    all-gather by rows), own one-shot path on logical devices, NCCL on two
 //    GPUs;
+//  - logical_ce / copy_engine: sequence parallelism on with the one-shot
+//    limit at 0, so every reduce-scatter and all-gather moves by the copy
+//    engines (collective_algo::copy_engine, the default for large messages);
+//    all-reduces one-shot on logical devices, NCCL on two GPUs;
 //  - logical_instream / instream: all-reduces in-stream (collective_algo::
 //    in_stream, plan_options::in_stream_collectives, experimental: kernels
 //    of the compute streams meeting on the devices), on logical devices of
@@ -57,6 +61,10 @@ struct tp_layout {
   /// NCCL (a reduce-scatter of rows that are not outermost: an all-reduce
   /// into scratch and a copy).
   bool sequence_parallel = false;
+  /// backend_options::cuda_copy_engine_collectives, with the one-shot limit
+  /// at 0: every reduce-scatter and all-gather by the copy engines. Off in
+  /// the other layouts, so that theirs keep the path the layout names.
+  bool copy_engine = false;
 };
 
 // What gtest prints for a layout (test names and ctest's list): its name.
@@ -69,6 +77,8 @@ const tp_layout logical_instream{"logical_instream", 1, false, true};
 const tp_layout instream{"instream", 2, false, true};
 const tp_layout logical_sp{"logical_sp", 1, false, false, true};
 const tp_layout nccl_sp{"nccl_sp", 2, true, false, true};
+const tp_layout logical_ce{"logical_ce", 1, false, false, true, true};
+const tp_layout copy_engine{"copy_engine", 2, true, false, true, true};
 
 /// `members` devices: GPUs 0..gpus-1 in turn (cuda:0,1,0,1 for 4 members on
 /// 2 GPUs: each tensor-parallel group of 2 consecutive devices spans both).
@@ -81,7 +91,9 @@ std::string spec_of(const tp_layout& l, int members) {
 runtime_options options_of(const tp_layout& l) {
   runtime_options o;
   o.arenas_per_device = 4;
-  o.backend.cuda_nccl_min_bytes = o.backend.cuda_nccl_min_bytes_wide = l.nccl ? 1 : std::numeric_limits<int64_t>::max();
+  o.backend.cuda_nccl_min_bytes = o.backend.cuda_nccl_min_bytes_wide =
+      l.nccl || l.copy_engine ? 1 : std::numeric_limits<int64_t>::max();
+  o.backend.cuda_copy_engine_collectives = l.copy_engine;
   return o;
 }
 
@@ -93,13 +105,17 @@ runtime_options options_of(const tp_layout& l) {
   } while (0)
 
 /// The algorithm each collective step must carry on layout `l`: NCCL runs
-/// what the plan calls a ring; the own path and logical devices run one-shot.
+/// what the plan calls a ring; the own path and logical devices run one-shot;
+/// with the copy engines, reduce-scatters and all-gathers take them.
 void expect_paths(const plan& p, const tp_layout& l) {
   int parts = 0;
   for (const auto& s : p.steps()) {
     if (s.kind != step_kind::collective) continue;
     ++parts;
-    if (l.in_stream && p.source().at(s.ops.front()).op == op_kind::all_reduce)
+    const op_kind op = p.source().at(s.ops.front()).op;
+    if (l.copy_engine && (op == op_kind::reduce_scatter || op == op_kind::all_gather))
+      EXPECT_EQ(s.algo, collective_algo::copy_engine) << "step " << s.id;
+    else if (l.in_stream && op == op_kind::all_reduce)
       EXPECT_EQ(s.algo, collective_algo::in_stream) << "step " << s.id;
     else
       EXPECT_EQ(s.algo, l.nccl ? collective_algo::ring : collective_algo::one_shot) << "step " << s.id;
@@ -226,7 +242,8 @@ TEST_P(CudaTensorParallel, PipelineByTensorTwoByTwoEqualsTheReference) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Layouts, CudaTensorParallel,
-                         ::testing::Values(logical, oneshot, nccl, instream, logical_instream, logical_sp, nccl_sp),
+                         ::testing::Values(logical, oneshot, nccl, instream, logical_instream, logical_sp, nccl_sp,
+                                           logical_ce, copy_engine),
                          [](const ::testing::TestParamInfo<tp_layout>& i) { return std::string(i.param.name); });
 
 // In-stream all-reduces of a decode-shaped LLaMA at degree 2 on two GPUs,

@@ -90,11 +90,11 @@ TEST(CollectivePath, GroupsOfThreeOrMoreGpusTakeTheWideCrossover) {
     four.push_back(&specs[static_cast<std::size_t>(k)]);
     if (k < 2) two.push_back(&specs[static_cast<std::size_t>(k)]);
   }
-  EXPECT_EQ(choose_collective_algo(two, 8 * kib), collective_algo::one_shot);
-  EXPECT_EQ(choose_collective_algo(four, 8 * kib), collective_algo::ring);
+  EXPECT_EQ(choose_collective_algo(two, 8 * kib, op_kind::all_reduce), collective_algo::one_shot);
+  EXPECT_EQ(choose_collective_algo(four, 8 * kib, op_kind::all_reduce), collective_algo::ring);
   // Without a wide limit (-1: sim, cpu) a group of four keeps the narrow one.
   for (auto& sp : specs) sp.oneshot_max_bytes_wide = -1;
-  EXPECT_EQ(choose_collective_algo(four, 8 * kib), collective_algo::one_shot);
+  EXPECT_EQ(choose_collective_algo(four, 8 * kib, op_kind::all_reduce), collective_algo::one_shot);
 }
 
 // The planner says one-shot for members on one GPU at any size (describe and
@@ -105,14 +105,61 @@ TEST(CollectivePath, PlannerPicksOneShotForMembersOnOneGpu) {
   a.kind = b.kind = device_kind::cuda;
   a.ordinal = b.ordinal = 0;
   a.oneshot_max_bytes = b.oneshot_max_bytes = 256 * kib - 1;
-  EXPECT_EQ(choose_collective_algo({&a, &b}, int64_t{1} << 30), collective_algo::one_shot);
+  EXPECT_EQ(choose_collective_algo({&a, &b}, int64_t{1} << 30, op_kind::all_reduce), collective_algo::one_shot);
   b.ordinal = 1;
-  EXPECT_EQ(choose_collective_algo({&a, &b}, int64_t{1} << 30), collective_algo::ring);
-  EXPECT_EQ(choose_collective_algo({&a, &b}, 8 * kib), collective_algo::one_shot);
+  EXPECT_EQ(choose_collective_algo({&a, &b}, int64_t{1} << 30, op_kind::all_reduce), collective_algo::ring);
+  EXPECT_EQ(choose_collective_algo({&a, &b}, 8 * kib, op_kind::all_reduce), collective_algo::one_shot);
   // Simulated devices share no GPU: ordinals alone do not make them one-shot.
   a.kind = b.kind = device_kind::sim;
   b.ordinal = 0;
-  EXPECT_EQ(choose_collective_algo({&a, &b}, int64_t{1} << 30), collective_algo::ring);
+  EXPECT_EQ(choose_collective_algo({&a, &b}, int64_t{1} << 30, op_kind::all_reduce), collective_algo::ring);
+}
+
+// Reduce-scatters and all-gathers above the one-shot limit move by the
+// copy engines when every member offers them (CUDA GPUs, distinct or one
+// GPU's logical devices); all-reduces, small messages and groups with a
+// member without copy-engine collectives keep the old rule. The backend's
+// rule follows the plan's algorithm, for those two ops only.
+TEST(CollectivePath, ReduceScattersAndAllGathersAboveTheOneShotLimitMoveByTheCopyEngines) {
+  device_spec a, b;
+  a.kind = b.kind = device_kind::cuda;
+  a.ordinal = 0;
+  b.ordinal = 1;
+  a.oneshot_max_bytes = b.oneshot_max_bytes = 256 * kib - 1;
+  a.copy_engine_collectives = b.copy_engine_collectives = true;
+  const int64_t big = int64_t{32} << 20;
+  EXPECT_EQ(choose_collective_algo({&a, &b}, big, op_kind::reduce_scatter), collective_algo::copy_engine);
+  EXPECT_EQ(choose_collective_algo({&a, &b}, big, op_kind::all_gather), collective_algo::copy_engine);
+  EXPECT_EQ(choose_collective_algo({&a, &b}, big, op_kind::all_reduce), collective_algo::ring);
+  EXPECT_EQ(choose_collective_algo({&a, &b}, 8 * kib, op_kind::reduce_scatter), collective_algo::one_shot);
+  b.ordinal = 0;  // logical devices of one GPU: the copy engines too (how one GPU tests the path)
+  EXPECT_EQ(choose_collective_algo({&a, &b}, big, op_kind::reduce_scatter), collective_algo::copy_engine);
+  EXPECT_EQ(choose_collective_algo({&a, &b}, big, op_kind::all_reduce), collective_algo::one_shot);
+  b.copy_engine_collectives = false;
+  EXPECT_EQ(choose_collective_algo({&a, &b}, big, op_kind::reduce_scatter), collective_algo::one_shot);
+  EXPECT_STREQ(to_string(collective_algo::copy_engine), "copy-engine");
+
+  // Time: the pulls move what a ring moves; a reduce-scatter adds its sum.
+  a.copy_engine_collectives = b.copy_engine_collectives = true;
+  b.ordinal = 1;
+  const double gather = estimate_collective_seconds(op_kind::all_gather, collective_algo::copy_engine, {&a, &b}, big);
+  const double scatter =
+      estimate_collective_seconds(op_kind::reduce_scatter, collective_algo::copy_engine, {&a, &b}, big);
+  EXPECT_NEAR(gather, a.collective_latency + 0.5 * static_cast<double>(big) / a.link_bandwidth, 1e-9);
+  EXPECT_NEAR(scatter - gather,
+              a.launch_latency + 1.5 * static_cast<double>(big) / (a.mem_bandwidth * a.memory_efficiency), 1e-9);
+
+  for (op_kind op : {op_kind::reduce_scatter, op_kind::all_gather}) {
+    const auto c = choose_cuda_collective_path(op, big, {0, 1}, {}, 256 * kib, true, collective_algo::copy_engine);
+    EXPECT_EQ(c.path, collective_path::copy_engine) << c.reason;
+    EXPECT_NE(c.reason.find("copy-engine"), std::string::npos) << c.reason;
+    EXPECT_EQ(choose_cuda_collective_path(op, big, {0, 1}, {}, 256 * kib, true, collective_algo::ring).path,
+              collective_path::nccl);
+  }
+  EXPECT_EQ(choose_cuda_collective_path(op_kind::all_reduce, big, {0, 1}, {}, 256 * kib, true,
+                                        collective_algo::copy_engine)
+                .path,
+            collective_path::nccl);
 }
 
 }  // namespace

@@ -872,6 +872,90 @@ TEST(SequenceParallel, AutoModeNeedsOverlappingCollectivesAndRingSizedMessages) 
   EXPECT_NE(e.to_string().find("sequence_parallel 7"), std::string::npos) << e.to_string();
 }
 
+// Devices whose collective kernels cannot run beside compute (CUDA GPUs)
+// but whose reduce-scatters and all-gathers move by the copy engines get
+// sequence parallelism and its chunks from auto mode, as overlapping devices
+// do: the plan's reduce-scatters and all-gathers say copy-engine, the
+// all-reduces keep their algorithm, and the result is the reference's.
+TEST(SequenceParallel, CopyEngineCollectivesBringSequenceParallelismAndChunksToGpuLikeDevices) {
+  auto cfg = tiny(model_variant::llama, 8, 2);
+  cfg.n_layers = 2;
+  cfg.seq_len = 16;
+  auto g = build(cfg);
+  ASSERT_TRUE(g);
+  const auto in = models::transformer_inputs(cfg, 5);
+  for (int degree : {2, 4}) {
+    SCOPED_TRACE("degree " + std::to_string(degree));
+    auto gpu_like = compute_bound_devices(degree);
+    for (auto& d : gpu_like) {
+      d.collectives_overlap_compute = false;
+      d.copy_engine_collectives = true;
+    }
+    plan_options o = tp_options(degree);
+    o.sequence_parallel = sequence_parallel_mode::automatic;
+    auto p = check_tp_on(g, gpu_like, o, in, 1e-4);
+    ASSERT_TRUE(p);
+    const auto& tp = *p->tensor_parallel();
+    std::map<std::string, int> chunks(tp.chunked.begin(), tp.chunked.end());
+    EXPECT_GT(chunks["l2.mlp.down"], 1);
+    EXPECT_GT(chunks["l2.attn.o_proj"], 1);
+    std::map<op_kind, int> by_op;
+    for (const step& st : p->steps()) {
+      if (st.kind != step_kind::collective) continue;
+      const op_kind op = p->source().at(st.ops[0]).op;
+      ++by_op[op];
+      if (op == op_kind::reduce_scatter || op == op_kind::all_gather)
+        EXPECT_EQ(st.algo, collective_algo::copy_engine) << p->source().at(st.ops[0]).name;
+      else
+        EXPECT_NE(st.algo, collective_algo::copy_engine) << p->source().at(st.ops[0]).name;
+    }
+    EXPECT_GT(by_op[op_kind::reduce_scatter], 0);
+    EXPECT_GT(by_op[op_kind::all_gather], 0);
+    EXPECT_NE(p->describe().find("copy-engine"), std::string::npos);
+    // Without the copy engines the same devices keep the all-reduces, unchunked.
+    for (auto& d : gpu_like) d.copy_engine_collectives = false;
+    auto plain = check_tp_on(g, gpu_like, o, in, 1e-4);
+    ASSERT_TRUE(plain);
+    for (const auto& c : plain->tensor_parallel()->collectives) EXPECT_EQ(c.op, op_kind::all_reduce) << c.name;
+    EXPECT_TRUE(plain->tensor_parallel()->chunked.empty());
+    {  // The devices' max_overlap_chunks bounds the cost model's choice (CUDA GPUs: 2) ...
+      auto capped = gpu_like;
+      for (auto& d : capped) {
+        d.copy_engine_collectives = true;
+        d.max_overlap_chunks = 2;
+      }
+      auto pc = check_tp_on(g, capped, o, in, 1e-4);
+      ASSERT_TRUE(pc);
+      for (const auto& [name, c] : pc->tensor_parallel()->chunked) EXPECT_EQ(c, 2) << name;
+      // ... and plan_options::tp_overlap_chunks forces a count wherever a
+      // region chunks (4 chunks need 8 rows per rank: degree 2 here).
+      if (degree != 2) continue;
+      plan_options forced = o;
+      forced.tp_overlap_chunks = 4;
+      auto pf = check_tp_on(g, capped, forced, in, 1e-4);
+      ASSERT_TRUE(pf);
+      EXPECT_FALSE(pf->tensor_parallel()->chunked.empty());
+      for (const auto& [name, c] : pf->tensor_parallel()->chunked) EXPECT_EQ(c, 4) << name;
+      // gemm_row_tile: a chunk's rows (batch x every rank's piece) are whole
+      // tiles where the rows allow. 8 rows of each rank in 4 chunks weighted
+      // 1, 2, 2, 1 are 1, 3, 3, 1 rows; with a tile of 2 x 2 x degree rows
+      // (batch 2), pieces of 2 rows each.
+      const auto piece_rows = [&](const plan& pl) {
+        std::set<int64_t> rows;
+        for (const auto& col : pl.tensor_parallel()->collectives)
+          if (col.op == op_kind::reduce_scatter && col.name.find(".chunk") != std::string::npos)
+            rows.insert(pl.source().at(col.parts[0]).dims[-2]);
+        return rows;
+      };
+      EXPECT_EQ(piece_rows(*pf), (std::set<int64_t>{1, 3}));
+      for (auto& d : capped) d.gemm_row_tile = 8;
+      auto pt = check_tp_on(g, capped, forced, in, 1e-4);
+      ASSERT_TRUE(pt);
+      EXPECT_EQ(piece_rows(*pt), (std::set<int64_t>{2}));
+    }
+  }
+}
+
 TEST(TensorParallel, EmbeddingTableIsReplicatedOnlyWhenNoLargerThanItsLookup) {
   for (int64_t vocab : {8, 41}) {  // tables of 8 x 32 and 41 x 32 elements; lookups of 12 x 32
     auto cfg = tiny(model_variant::llama, 4);
