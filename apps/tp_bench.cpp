@@ -260,7 +260,7 @@ ag::sequence_parallel_mode sequence_parallel = ag::sequence_parallel_mode::autom
 /// --output-pieces: plan_options::output_pieces of every plan the bench runs.
 bool output_pieces = true;
 /// --copy-engine: backend_options::cuda_copy_engine_collectives of every runtime the bench makes.
-bool cuda_copy_engine = true;
+bool cuda_copy_engine = false;
 /// --chunks: plan_options::tp_overlap_chunks of every plan the bench runs.
 int overlap_chunks = 0;
 
@@ -908,10 +908,11 @@ int main(int argc, char** argv) {
                  "plan_options::output_pieces of every plan: an output concatenated from several devices is copied "
                  "to the host by each of them (on), or gathered on one device first (off)")
       ->check(CLI::IsMember({"on", "off"}));
-  std::string copy_engine = "on";
+  std::string copy_engine = "off";
   app.add_option("--copy-engine", copy_engine,
                  "cuda: backend_options::cuda_copy_engine_collectives, large reduce-scatters and all-gathers moved "
-                 "by the copy engines, beside the GEMMs (on), or by NCCL's kernels (off)")
+                 "by the copy engines beside the GEMMs, with sequence parallelism (on), or none and NCCL's "
+                 "all-reduces (off, the default)")
       ->check(CLI::IsMember({"on", "off"}));
   app.add_option("--chunks", overlap_chunks,
                  "plan_options::tp_overlap_chunks: 0 (the cost model's choice), or 2 / 4 chunks of rows wherever a "

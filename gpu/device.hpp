@@ -244,8 +244,13 @@ struct backend_options {
   /// for the SMs a GEMM holds. So they run beside the GEMMs, and the planner
   /// turns on sequence parallelism and its chunked overlap on CUDA GPUs
   /// (becomes the devices' spec.copy_engine_collectives). All-reduces keep
-  /// their path.
-  bool cuda_copy_engine_collectives = true;
+  /// their path. Off by default: one large job at a time gains (a d-8192
+  /// layer on 4 H100s: 3.13-3.21x one GPU against 2.80), but with many jobs
+  /// in flight the parts' work that needs SMs (an all-gather's own part, a
+  /// reduce-scatter's sum) waits behind the other jobs' GEMMs and the
+  /// communication queue becomes the bottleneck (a 6-layer LLaMA as 1 x 4
+  /// with 16 micro-batches: 70 ms against 30; docs/BENCHMARKS.md, session 18).
+  bool cuda_copy_engine_collectives = false;
   /// cuda: all-reduces of at most this many bytes run in-stream
   /// (collective_algo::in_stream, plan_options::in_stream_collectives): it
   /// becomes the CUDA devices' spec.in_stream_max_bytes. 0: never.

@@ -1,5 +1,6 @@
 #include "gpu/cuda/collective.cuh"
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -130,10 +131,33 @@ class ce_profile {
   std::vector<std::pair<std::string, cudaEvent_t>> marks_;
 };
 
+/// Enqueues `count` peer pulls, pull(i, stream) for i in [0, count): fanned
+/// out over `lanes` (pull i on side[i % n] after the fork; c.stream then
+/// waits for every side stream used), or one after another on c.stream.
+template <class Pull>
+error fan_out(const launch_ctx& c, const copy_lanes& lanes, int count, Pull&& pull) {
+  if (lanes.n <= 0 || count <= 1) {
+    for (int i = 0; i < count; ++i)
+      if (error e = pull(i, c.stream)) return e;
+    return {};
+  }
+  const int used = std::min(count, lanes.n);
+  AG_CUDA_TRY(cudaEventRecord(lanes.fork, c.stream), c.where + " fork of the pulls");
+  for (int s = 0; s < used; ++s)
+    AG_CUDA_TRY(cudaStreamWaitEvent(lanes.side[s], lanes.fork, 0), c.where + " fork of the pulls");
+  for (int i = 0; i < count; ++i)
+    if (error e = pull(i, lanes.side[i % lanes.n])) return e;
+  for (int s = 0; s < used; ++s) {
+    AG_CUDA_TRY(cudaEventRecord(lanes.join[s], lanes.side[s]), c.where + " join of the pulls");
+    AG_CUDA_TRY(cudaStreamWaitEvent(c.stream, lanes.join[s], 0), c.where + " join of the pulls");
+  }
+  return {};
+}
+
 /// all_gather: one strided copy per member of its operand into this rank's
 /// output (the parts of each outer row in rank order). Peer copies run on
-/// the copy engines.
-error enqueue_gather_copies(const launch_ctx& c, const collective_launch& l) {
+/// the copy engines, fanned out over `lanes`.
+error enqueue_gather_copies(const launch_ctx& c, const collective_launch& l, const copy_lanes& lanes = {}) {
   const node& n = *l.op;
   const std::size_t es = dtype_size(n.type);
   const int members = static_cast<int>(l.inputs.size());
@@ -154,17 +178,21 @@ error enqueue_gather_copies(const launch_ctx& c, const collective_launch& l) {
   // at the next rank, members gathering at once read different peers at
   // each step instead of all reading rank 0 first.
   const int me = l.rank >= 0 && l.rank < members ? l.rank : 0;
-  ce_profile prof(c);
-  for (int j = 0; j < members; ++j) {
-    const int k = (me + j) % members;
+  const auto copy_part = [&](int k, cudaStream_t s) -> error {
     const int64_t part = at[static_cast<std::size_t>(k) + 1] - at[static_cast<std::size_t>(k)];
     if (part > 0)
       AG_CUDA_TRY(cudaMemcpy2DAsync(static_cast<std::byte*>(l.out.data) + at[static_cast<std::size_t>(k)] * es,
                                     row * es, l.inputs[static_cast<std::size_t>(k)].data, part * es, part * es,
-                                    static_cast<std::size_t>(outer), cudaMemcpyDefault, c.stream),
+                                    static_cast<std::size_t>(outer), cudaMemcpyDefault, s),
                   c.where + " all_gather part of rank " + std::to_string(k));
-    prof.mark(k == me ? "own" : "rank " + std::to_string(k));
-  }
+    return {};
+  };
+  ce_profile prof(c);
+  if (error e = copy_part(me, c.stream)) return e;
+  prof.mark("own");
+  if (error e = fan_out(c, lanes, members - 1, [&](int i, cudaStream_t s) { return copy_part((me + 1 + i) % members, s); }))
+    return e;
+  prof.mark("pulls");
   return {};
 }
 
@@ -205,14 +233,15 @@ int64_t copy_engine_scratch_bytes(const collective_launch& l) {
   return static_cast<int64_t>(l.inputs.size() - 1) * l.op->dims.numel() * static_cast<int64_t>(dtype_size(l.op->type));
 }
 
-error launch_copy_engine_collective(const launch_ctx& c, const collective_launch& l, void* scratch) {
+error launch_copy_engine_collective(const launch_ctx& c, const collective_launch& l, void* scratch,
+                                    const copy_lanes& lanes) {
   const node& n = *l.op;
   const int members = static_cast<int>(l.inputs.size());
   if (members < 1 || members > max_collective_members || l.rank < 0 || l.rank >= members)
     return error(errc::unsupported_op, c.where + ": " + std::to_string(members) + " members, rank " +
                                            std::to_string(l.rank) + " (at most " +
                                            std::to_string(max_collective_members) + " members)");
-  if (n.op == op_kind::all_gather) return enqueue_gather_copies(c, l);
+  if (n.op == op_kind::all_gather) return enqueue_gather_copies(c, l, lanes);
   if (n.op != op_kind::reduce_scatter)
     return error(errc::unsupported_op, c.where + ": the copy-engine path runs reduce_scatter and all_gather only");
   const int64_t n_out = n.dims.numel();
@@ -231,18 +260,20 @@ error launch_copy_engine_collective(const launch_ctx& c, const collective_launch
   //    on (members pulling at once read different peers at each step);
   //    scratch holds them in rank order.
   ce_profile prof(c);
-  for (int step = 1; step < members; ++step) {
-    const int k = (l.rank + step) % members;
+  const auto pull = [&](int i, cudaStream_t s) -> error {
+    const int k = (l.rank + 1 + i) % members;
     const int64_t j = k < l.rank ? k : k - 1;
     AG_CUDA_TRY(cudaMemcpy2DAsync(static_cast<std::byte*>(scratch) + j * n_out * es,
                                   static_cast<size_t>(row * es),
                                   static_cast<const std::byte*>(l.inputs[static_cast<std::size_t>(k)].data) +
                                       own_begin * es,
                                   static_cast<size_t>(own_pitch * es), static_cast<size_t>(row * es),
-                                  static_cast<size_t>(outer), cudaMemcpyDefault, c.stream),
+                                  static_cast<size_t>(outer), cudaMemcpyDefault, s),
                 c.where + " pull of rank " + std::to_string(k) + "'s piece");
-    prof.mark("rank " + std::to_string(k));
-  }
+    return {};
+  };
+  if (error e = fan_out(c, lanes, members - 1, pull)) return e;
+  prof.mark("pulls");
   // 2. Sum them with this rank's own slice.
   const void* own = l.inputs[static_cast<std::size_t>(l.rank)].data;
   const int block = 256;

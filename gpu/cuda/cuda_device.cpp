@@ -517,7 +517,7 @@ class cuda_device final : public device {
     c.fault_word = (*us)->fault_ ? (*us)->fault_->dev : nullptr;
     c.where = where;
     c.sm_count = sm_count_;
-    error e = path.path == collective_path::copy_engine ? copy_engine_part(c, l) : launch_collective(c, l);
+    error e = path.path == collective_path::copy_engine ? copy_engine_part(c, l, **us) : launch_collective(c, l);
     if (!e) return {};
     if (e.code == errc::device_failed) core_->mark_dead(e);
     return std::move(e).concerning(index_, -1, l.op->name);
@@ -525,14 +525,16 @@ class cuda_device final : public device {
 
   /// A copy-engine part (collective.cuh) with its scratch allocated and
   /// freed in the order of c.stream (the pool's memory, no device sync).
-  error copy_engine_part(const launch_ctx& c, const collective_launch& l) {
+  error copy_engine_part(const launch_ctx& c, const collective_launch& l, const cuda_stream& cs) {
     const int64_t bytes = copy_engine_scratch_bytes(l);
     void* scratch = nullptr;
     if (bytes > 0)
       if (error e = AG_CORE_CHECK(*core_, cudaMallocAsync(&scratch, static_cast<size_t>(bytes), c.stream),
                                   c.where + " scratch"))
         return e;
-    error e = launch_copy_engine_collective(c, l, scratch);
+    copy_lanes lanes;
+    if (cs.fork_) lanes = {cs.side_, cs.fork_, cs.join_, cuda_stream::side_streams};
+    error e = launch_copy_engine_collective(c, l, scratch, lanes);
     if (scratch)
       if (error fe = AG_CORE_CHECK(*core_, cudaFreeAsync(scratch, c.stream), c.where + " scratch free"); fe && !e)
         e = fe;

@@ -20,6 +20,11 @@ cuda_stream::~cuda_stream() {
   // workspace, so drain the stream before freeing it.
   if (s_ && (workspace_ || attention_ws_) && core_->alive.load()) AG_CUDA_ASSERT(cudaStreamSynchronize(s_));
   if (s_) AG_CUDA_ASSERT(cudaStreamDestroy(s_));
+  for (int i = 0; i < side_streams; ++i) {
+    if (side_[i]) AG_CUDA_ASSERT(cudaStreamDestroy(side_[i]));
+    if (join_[i]) AG_CUDA_ASSERT(cudaEventDestroy(join_[i]));
+  }
+  if (fork_) AG_CUDA_ASSERT(cudaEventDestroy(fork_));
   if (workspace_) AG_CUDA_ASSERT(cudaFree(workspace_));
   if (attention_ws_) AG_CUDA_ASSERT(cudaFree(attention_ws_));
 }
@@ -37,6 +42,23 @@ error cuda_stream::init() {
   void* d = nullptr;
   AG_CUDA_TRY(cudaHostGetDevicePointer(&d, p, 0), core_->name + " create_stream");
   fault_->dev = static_cast<unsigned int*>(d);
+  if (role_ == step_kind::collective) {
+    bool made = cudaEventCreateWithFlags(&fork_, cudaEventDisableTiming) == cudaSuccess;
+    for (int i = 0; made && i < side_streams; ++i)
+      made = cudaStreamCreateWithFlags(&side_[i], cudaStreamNonBlocking) == cudaSuccess &&
+             cudaEventCreateWithFlags(&join_[i], cudaEventDisableTiming) == cudaSuccess;
+    if (!made) {  // optional: the pulls then run one after another
+      (void)cudaGetLastError();
+      for (int i = 0; i < side_streams; ++i) {
+        if (side_[i]) (void)cudaStreamDestroy(side_[i]);
+        if (join_[i]) (void)cudaEventDestroy(join_[i]);
+        side_[i] = nullptr;
+        join_[i] = nullptr;
+      }
+      if (fork_) (void)cudaEventDestroy(fork_);
+      fork_ = nullptr;
+    }
+  }
   if (role_ == step_kind::compute) {
     // One allocation: the partials, then the counters (zeroed once; the
     // kernel leaves them zero). Optional: without it attention runs unsplit.

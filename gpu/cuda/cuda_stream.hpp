@@ -42,6 +42,15 @@ class cuda_stream final : public stream {
   static constexpr int64_t attention_counters = 4096;
   float* attention_ws_ = nullptr;
   unsigned* attention_counters_ = nullptr;
+  /// Communication streams: side streams and events on which a copy-engine
+  /// part's peer pulls fan out (copy_lanes, collective.cuh), so that pulls
+  /// from different peers run at once on different copy engines; made by
+  /// init(). Null elsewhere, or where making them failed (pulls then run
+  /// one after another on s_).
+  static constexpr int side_streams = 3;
+  cudaStream_t side_[side_streams] = {};
+  cudaEvent_t fork_ = nullptr;
+  cudaEvent_t join_[side_streams] = {};
 };
 
 }  // namespace ag::gpu::cuda::detail
