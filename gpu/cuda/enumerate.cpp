@@ -61,6 +61,12 @@ expected<device_ptr> make_one(int ordinal, int index, const backend_options& opt
   // layer at 0.75 of its measured time (actorgraph-tp-bench's sim_error_1gpu).
   spec.compute_efficiency = 0.76;
   spec.memory_efficiency = 0.86;
+  // What moving data between two GPUs reaches on H100 SXM NVLink (2026-11-27,
+  // docs/BENCHMARKS.md session 18): a 16 MiB copy-engine peer pull 266-294
+  // GB/s, NCCL's 64 MiB all-reduce at degree 2 a bus bandwidth of 266 GB/s;
+  // the link's 450 GB/s one way is not reached. Other interconnects (PCIe)
+  // are slower and would need their own figure.
+  spec.link_bandwidth = 270e9;
   spec.mem_bytes = static_cast<int64_t>(prop.totalGlobalMem);
   spec.copy_engines = std::max(1, prop.asyncEngineCount);
   // The planner's ring/one-shot pick (describe, trace) names the path the
