@@ -1138,7 +1138,8 @@ class rewriter {
     };
     auto ar = [&](int64_t m) {
       const int64_t b = m * N * es;
-      return estimate_collective_seconds(op_kind::all_reduce, choose_collective_algo(members, b, op_kind::all_reduce), members, b);
+      const collective_algo algo = choose_collective_algo(members, b, op_kind::all_reduce);
+      return estimate_collective_seconds(op_kind::all_reduce, algo, members, b);
     };
     op_cost cat;
     cat.bytes = 2.0 * static_cast<double>(rows * N * es);

@@ -43,7 +43,8 @@ __global__ void sum_pieces_kernel(T* out, const T* own, const T* scratch, int me
     uint4 u;
     T v[V];
   };
-  for (int64_t q = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; q < n_out / V; q += (int64_t)gridDim.x * blockDim.x) {
+  for (int64_t q = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; q < n_out / V;
+       q += (int64_t)gridDim.x * blockDim.x) {
     const int64_t i = q * V, o = i / row, r = i % row;
     float acc[V];
 #pragma unroll
@@ -190,8 +191,8 @@ error enqueue_gather_copies(const launch_ctx& c, const collective_launch& l, con
   ce_profile prof(c);
   if (error e = copy_part(me, c.stream)) return e;
   prof.mark("own");
-  if (error e = fan_out(c, lanes, members - 1, [&](int i, cudaStream_t s) { return copy_part((me + 1 + i) % members, s); }))
-    return e;
+  const auto pull = [&](int i, cudaStream_t s) { return copy_part((me + 1 + i) % members, s); };
+  if (error e = fan_out(c, lanes, members - 1, pull)) return e;
   prof.mark("pulls");
   return {};
 }

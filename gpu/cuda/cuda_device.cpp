@@ -509,7 +509,8 @@ class cuda_device final : public device {
         AG_CUDA_TRY(cudaDeviceCanAccessPeer(&can, core_->ordinal, peer->core_->ordinal), where);
         if (!can)
           return refuse(errc::unsupported_op, "no peer access from " + spec_.name + " to member '" + peer->spec_.name +
-                                                  "': the " + std::string(to_string(path.path)) + " collective reads the members' memory");
+                                                  "': the " + std::string(to_string(path.path)) +
+                                                  " collective reads the members' memory");
       }
     }
     launch_ctx c;

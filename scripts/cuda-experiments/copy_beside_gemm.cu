@@ -129,7 +129,8 @@ int main() {
     std::printf("%-44s %10.1f %14.1f %14.1f\n", name, alone, at0, at1);
   };
   // Local copies on GPU 0 (the GEMM runs on GPU 0 too: "gemm@dst").
-  row("local 1D (cudaMemcpyAsync D2D)", 0, s0, [&] { CK(cudaMemcpyAsync(dst0, src0, bytes, cudaMemcpyDeviceToDevice, s0)); }, false);
+  row("local 1D (cudaMemcpyAsync D2D)", 0, s0,
+      [&] { CK(cudaMemcpyAsync(dst0, src0, bytes, cudaMemcpyDeviceToDevice, s0)); }, false);
   row("local 2D, 2 rows (cudaMemcpy2DAsync)", 0, s0,
       [&] { CK(cudaMemcpy2DAsync(dst0, bytes / 2, src0, bytes / 2, half, 2, cudaMemcpyDeviceToDevice, s0)); }, false);
   row("local 1D, high-priority stream", 0, s0hi,

@@ -57,7 +57,8 @@ TEST(CudaCollectives, LogicalDevicesOfOneGpuRunOneShotWhateverTheCrossover) {
   AG_REQUIRE_GPU(1);
   runtime_options o;
   o.backend.cuda_nccl_min_bytes = 1;
-  o.backend.cuda_copy_engine_collectives = false;  // the default; on, reduce-scatters and all-gathers take the copy engines
+  // The default; on, reduce-scatters and all-gathers would take the copy engines.
+  o.backend.cuda_copy_engine_collectives = false;
   auto rt = runtime::create("cuda:0,0", o);
   ASSERT_TRUE(rt.has_value()) << rt.err().to_string();
   auto g = test::user_collectives(dtype::f32, 2, 64, 1024);  // 256 KiB operands
