@@ -64,33 +64,16 @@ __global__ void sum_pieces_kernel(T* out, const T* own, const T* scratch, int me
 }
 
 /// The same, one element per thread, for any dtype (i32 exact, saturated)
-/// and any alignment.
+/// and any alignment: store_member_sum over each member's element.
 __global__ void sum_pieces_scalar_kernel(void* out, int t, const void* own, const void* scratch, int members, int rank,
                                          int64_t n_out, int64_t row, int64_t own_pitch, int64_t own_begin) {
-  const size_t es = t == 0 || t == 3 ? 4 : 2;
+  const int64_t es = t == 0 || t == 3 ? 4 : 2;
   for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n_out; i += (int64_t)gridDim.x * blockDim.x) {
     const void* src[max_collective_members];
-    int64_t at[max_collective_members];
-    for (int k = 0, j = 0; k < members; ++k) {
-      if (k == rank) {
-        src[k] = own;
-        at[k] = (i / row) * own_pitch + own_begin + i % row;
-      } else {
-        src[k] = static_cast<const char*>(scratch) + (int64_t)(j++) * n_out * es;
-        at[k] = i;
-      }
-    }
-    if (t == 3) {
-      long long sum = 0;
-      for (int k = 0; k < members; ++k) sum += static_cast<const int32_t*>(src[k])[at[k]];
-      if (sum > 2147483647LL) sum = 2147483647LL;
-      if (sum < -2147483648LL) sum = -2147483648LL;
-      static_cast<int32_t*>(out)[i] = static_cast<int32_t>(sum);
-    } else {
-      float sum = 0.f;
-      for (int k = 0; k < members; ++k) sum += ld(src[k], t, at[k]);
-      st(out, t, i, sum);
-    }
+    for (int k = 0, j = 0; k < members; ++k)
+      src[k] = k == rank ? static_cast<const char*>(own) + ((i / row) * own_pitch + own_begin + i % row) * es
+                         : static_cast<const char*>(scratch) + ((int64_t)(j++) * n_out + i) * es;
+    store_member_sum(out, t, src, members, 0, i);
   }
 }
 
@@ -100,17 +83,17 @@ __global__ void sum_pieces_scalar_kernel(void* out, int t, const void* own, cons
 /// A diagnosis aid (which copy of a part is slow), never on by default.
 class ce_profile {
  public:
-  explicit ce_profile(const launch_ctx& c) : c_(c), on_(std::getenv("AG_CUDA_CE_PROFILE") != nullptr) { mark("start"); }
+  explicit ce_profile(const launch_ctx& c) : c_(c), on_(enabled()) { mark("start"); }
   ce_profile(const ce_profile&) = delete;
   ce_profile& operator=(const ce_profile&) = delete;
-  void mark(std::string what) {
+  void mark(const char* what) {
     if (!on_) return;
     cudaEvent_t e = nullptr;
     if (cudaEventCreate(&e) != cudaSuccess || cudaEventRecord(e, c_.stream) != cudaSuccess) {
       (void)cudaGetLastError();
       return;
     }
-    marks_.emplace_back(std::move(what), e);
+    marks_.emplace_back(what, e);
   }
   ~ce_profile() {
     if (!on_ || marks_.empty()) return;
@@ -119,7 +102,7 @@ class ce_profile {
       for (std::size_t i = 1; i < marks_.size(); ++i) {
         float ms = 0;
         (void)cudaEventElapsedTime(&ms, marks_[i - 1].second, marks_[i].second);
-        line += " " + marks_[i].first + " " + std::to_string(static_cast<int>(1000.0f * ms)) + " us;";
+        line += std::string(" ") + marks_[i].first + " " + std::to_string(static_cast<int>(1000.0f * ms)) + " us;";
       }
     (void)cudaGetLastError();
     for (auto& m : marks_) (void)cudaEventDestroy(m.second);
@@ -127,10 +110,35 @@ class ce_profile {
   }
 
  private:
+  static bool enabled() {
+    static const bool on = std::getenv("AG_CUDA_CE_PROFILE") != nullptr;
+    return on;
+  }
   const launch_ctx& c_;
   const bool on_;
-  std::vector<std::pair<std::string, cudaEvent_t>> marks_;
+  std::vector<std::pair<const char*, cudaEvent_t>> marks_;
 };
+
+/// A reduce_scatter's (or all_reduce's) operands as [outer, axis_len, inner]
+/// and this rank's slice, rows [begin, begin + len) of the axis (all_reduce:
+/// the whole operand as one row).
+struct slice_geometry {
+  int64_t outer = 1, axis_len = 1, inner = 1, begin = 0, len = 1;
+};
+slice_geometry slice_geometry_of(const node& n, const shape& full) {
+  slice_geometry g;
+  if (n.op != op_kind::reduce_scatter) {
+    g.axis_len = g.len = full.numel();
+    return g;
+  }
+  const int axis = n.attrs.axis;
+  for (int d = 0; d < axis; ++d) g.outer *= full[d];
+  for (int d = axis + 1; d < full.rank(); ++d) g.inner *= full[d];
+  g.axis_len = full[axis];
+  g.begin = n.attrs.begin;
+  g.len = n.attrs.end - n.attrs.begin;
+  return g;
+}
 
 /// Enqueues `count` peer pulls, pull(i, stream) for i in [0, count): fanned
 /// out over `lanes` (pull i on side[i % n] after the fork; c.stream then
@@ -205,26 +213,16 @@ error launch_collective(const launch_ctx& c, const collective_launch& l) {
   if (members < 1 || members > max_collective_members)
     return error(errc::unsupported_op, c.where + ": " + std::to_string(members) + " members (at most " +
                                            std::to_string(max_collective_members) + ")");
-  const std::size_t es = dtype_size(n.type);
   if (n.op == op_kind::all_gather) return enqueue_gather_copies(c, l);
   members_arg in{};
   in.n = members;
   for (int k = 0; k < members; ++k) in.p[k] = l.inputs[static_cast<std::size_t>(k)].data;
-  const shape& full = l.inputs[0].dims;
-  int64_t len = full.numel(), inner = 1, axis_len = full.numel(), begin = 0;
-  if (n.op == op_kind::reduce_scatter) {
-    const int axis = n.attrs.axis;
-    inner = 1;
-    for (int d = axis + 1; d < full.rank(); ++d) inner *= full[d];
-    len = n.attrs.end - n.attrs.begin;
-    axis_len = full[axis];
-    begin = n.attrs.begin;
-  }
+  const slice_geometry g = slice_geometry_of(n, l.inputs[0].dims);
   const int64_t n_out = n.dims.numel();
   if (n_out == 0) return {};
   const int block = 256;
   reduce_kernel<<<grid_for(n_out, block, c.sm_count * 8), block, 0, c.stream>>>(
-      l.out.data, static_cast<int>(n.type), in, len, inner, axis_len, begin, n_out);
+      l.out.data, static_cast<int>(n.type), in, g.len, g.inner, g.axis_len, g.begin, n_out);
   AG_CUDA_TRY_LAUNCH(c.where);
   return {};
 }
@@ -248,14 +246,8 @@ error launch_copy_engine_collective(const launch_ctx& c, const collective_launch
   const int64_t n_out = n.dims.numel();
   if (n_out == 0) return {};
   if (members > 1 && !scratch) return error(errc::invalid_argument, c.where + ": no scratch for the peers' pieces");
-  // Operands [outer, axis_len, inner]; this rank's slice rows [begin, end) of axis.
-  const shape& full = l.inputs[0].dims;
-  const int axis = n.attrs.axis;
-  int64_t outer = 1, inner = 1;
-  for (int d = 0; d < axis; ++d) outer *= full[d];
-  for (int d = axis + 1; d < full.rank(); ++d) inner *= full[d];
-  const int64_t len = n.attrs.end - n.attrs.begin, row = len * inner, own_pitch = full[axis] * inner,
-                own_begin = n.attrs.begin * inner;
+  const slice_geometry g = slice_geometry_of(n, l.inputs[0].dims);
+  const int64_t outer = g.outer, row = g.len * g.inner, own_pitch = g.axis_len * g.inner, own_begin = g.begin * g.inner;
   const auto es = static_cast<int64_t>(dtype_size(n.type));
   // 1. Pull each peer's slice with a strided peer copy, from the next rank
   //    on (members pulling at once read different peers at each step);

@@ -22,6 +22,26 @@
 namespace ag {
 namespace {
 
+/// `members` operands of `dims`, fresh random values: normal, or ints in
+/// [0, int_max) for i32; seeds first_seed, first_seed + 1, ...
+std::vector<host_tensor> random_operands(dtype t, int members, const shape& dims, uint64_t first_seed,
+                                         int32_t int_max) {
+  std::vector<host_tensor> in;
+  for (int k = 0; k < members; ++k)
+    in.push_back(t == dtype::i32 ? host_tensor::random_ints(dims, first_seed + static_cast<uint64_t>(k), int_max)
+                                 : host_tensor::random_normal(t, dims, first_seed + static_cast<uint64_t>(k)));
+  return in;
+}
+
+/// Every output of `got` equals `want`'s within `tol` (absolute and relative).
+void expect_outputs_equal(const std::vector<host_tensor>& got, const std::vector<host_tensor>& want, double tol) {
+  ASSERT_EQ(got.size(), want.size());
+  for (std::size_t i = 0; i < want.size(); ++i) {
+    auto c = compare(got[i], want[i], tol, tol);
+    EXPECT_TRUE(c.ok) << "output " << i << ": " << c.message;
+  }
+}
+
 TEST(CudaCollectives, OneShotOnTwoLogicalDevicesOfOneGpuEqualsTheReferenceForEveryDtype) {
   AG_REQUIRE_GPU(1);
   auto rt = runtime::create("cuda:0,0");
@@ -32,21 +52,13 @@ TEST(CudaCollectives, OneShotOnTwoLogicalDevicesOfOneGpuEqualsTheReferenceForEve
     ASSERT_TRUE(g);
     auto p = (*rt)->compile(g);
     ASSERT_TRUE(p.has_value()) << p.err().to_string();
-    std::vector<host_tensor> in;
-    for (int k = 0; k < 2; ++k)
-      in.push_back(t == dtype::i32 ? host_tensor::random_ints({5, 64}, 30 + k, 1000)
-                                   : host_tensor::random_normal(t, {5, 64}, 30 + k));
+    const std::vector<host_tensor> in = random_operands(t, 2, {5, 64}, 30, 1000);
     auto want = evaluate_reference(*g, in).value();
     const auto& got = (*rt)->submit(*p, in).wait();
     ASSERT_TRUE(got.has_value()) << got.err().to_string();
-    ASSERT_EQ(got->size(), want.size());
     // Sums of two values in f32 then rounded once: exact for i32, within
     // one rounding of the storage dtype otherwise.
-    const double tol = t == dtype::f32 ? 1e-6 : t == dtype::i32 ? 0 : 1e-2;
-    for (std::size_t i = 0; i < want.size(); ++i) {
-      auto c = compare((*got)[i], want[i], tol, tol);
-      EXPECT_TRUE(c.ok) << "output " << i << ": " << c.message;
-    }
+    expect_outputs_equal(*got, want, t == dtype::f32 ? 1e-6 : t == dtype::i32 ? 0 : 1e-2);
   }
 }
 
@@ -120,21 +132,13 @@ TEST(CudaCollectives, CopyEnginePathEqualsTheReferenceForEveryDtypeAndShare) {
           copy_engine += st.algo == collective_algo::copy_engine;
         }
         EXPECT_EQ(copy_engine, 2 * n);
-        std::vector<host_tensor> in;
-        for (int k = 0; k < n; ++k)
-          in.push_back(t == dtype::i32 ? host_tensor::random_ints({rows, cols}, 40 + k, 1000)
-                                       : host_tensor::random_normal(t, {rows, cols}, 40 + k));
+        const std::vector<host_tensor> in = random_operands(t, n, {rows, cols}, 40, 1000);
         auto want = evaluate_reference(*g, in).value();
         for (int rep = 0; rep < 2; ++rep) {  // the second job reuses the stream-ordered scratch
           const auto& got = (*rt)->submit(*p, in).wait();
           ASSERT_TRUE(got.has_value()) << got.err().to_string();
-          ASSERT_EQ(got->size(), want.size());
           // Sums in f32 rounded once (as the one-shot): exact for i32.
-          const double tol = t == dtype::f32 ? 1e-6 : t == dtype::i32 ? 0 : 1e-2;
-          for (std::size_t i = 0; i < want.size(); ++i) {
-            auto c = compare((*got)[i], want[i], tol, tol);
-            EXPECT_TRUE(c.ok) << "output " << i << " (" << g->at(g->outputs()[i]).name << "): " << c.message;
-          }
+          expect_outputs_equal(*got, want, t == dtype::f32 ? 1e-6 : t == dtype::i32 ? 0 : 1e-2);
         }
       }
     }
@@ -208,19 +212,12 @@ TEST(CudaCollectives, NcclOnTwoGpusEqualsTheReferenceForEveryDtype) {
     ASSERT_TRUE(p.has_value()) << p.err().to_string();
     for (const auto& s : (*p)->steps())
       if (s.kind == step_kind::collective) EXPECT_EQ(s.algo, collective_algo::ring);
-    std::vector<host_tensor> in;
-    for (int k = 0; k < 2; ++k)
-      in.push_back(t == dtype::i32 ? host_tensor::random_ints({5, 64}, 80 + k, 100000)
-                                   : host_tensor::random_normal(t, {5, 64}, 80 + k));
+    const std::vector<host_tensor> in = random_operands(t, 2, {5, 64}, 80, 100000);
     auto want = evaluate_reference(*g, in).value();
     const auto& got = (*rt)->submit(*p, in).wait();
     ASSERT_TRUE(got.has_value()) << got.err().to_string();
     // Two summands: one rounding of the dtype at the sum's magnitude.
-    const double tol = t == dtype::f32 ? 1e-6 : t == dtype::f16 ? 4e-3 : t == dtype::bf16 ? 3e-2 : 0;
-    for (std::size_t i = 0; i < want.size(); ++i) {
-      auto c = compare((*got)[i], want[i], tol, tol);
-      EXPECT_TRUE(c.ok) << "output " << i << ": " << c.message;
-    }
+    expect_outputs_equal(*got, want, t == dtype::f32 ? 1e-6 : t == dtype::f16 ? 4e-3 : t == dtype::bf16 ? 3e-2 : 0);
   }
 }
 
