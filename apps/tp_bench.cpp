@@ -263,6 +263,8 @@ bool output_pieces = true;
 bool cuda_copy_engine = false;
 /// --chunks: plan_options::tp_overlap_chunks of every plan the bench runs.
 int overlap_chunks = 0;
+/// --elide-concats: plan_options::elide_concats of every plan the bench runs.
+bool elide_concats = true;
 
 std::unique_ptr<ag::runtime> runtime_of(const layer_run& c, bool trace, int arenas) {
   ag::runtime_options ro;
@@ -309,6 +311,7 @@ run_result time_layer(const layer_run& c, const std::shared_ptr<const ag::graph>
   po.sequence_parallel = sequence_parallel;
   po.output_pieces = output_pieces;
   po.tp_overlap_chunks = overlap_chunks;
+  po.elide_concats = elide_concats;
   po.inline_small_copies = tiny_job_path;
   if (c.replay_off) po.graph_replay = ag::graph_replay_mode::off;
   auto p = rt->compile(g, po);
@@ -727,6 +730,7 @@ layout_time time_layout(layer_run c, int stages, int tp, const std::shared_ptr<c
   po.sequence_parallel = sequence_parallel;
   po.output_pieces = output_pieces;
   po.tp_overlap_chunks = overlap_chunks;
+  po.elide_concats = elide_concats;
   po.inline_small_copies = tiny_job_path;
   // A job holds an arena on each of its devices from its start to its end,
   // so a 4-stage pipeline keeps its stages busy only with at least 4 jobs
@@ -883,7 +887,7 @@ int main(int argc, char** argv) {
                  "(not modelled) weighs 1/scale as much")
       ->check(CLI::Range(0.01, 1000.0));
   app.add_option("--trace", trace_out,
-                 "write the Chrome trace of the degree-4 runs (overlap on) to this file, the degree-2 runs to FILE.2; "
+                 "write the Chrome trace of the degree-4 runs (overlap on) to this file, the degree-2 runs to FILE.2, the 1-device runs to FILE.1; "
                  "with --devices cuda:all, the N-GPU layer's (and FILE-1gpu, FILE-decode-1gpu, FILE-decode-tpN); "
                  "with the layout comparison, one 2 x 2 round's in FILE-pp2xtp2");
   std::string gemv = "on";
@@ -907,6 +911,11 @@ int main(int argc, char** argv) {
   app.add_option("--output-pieces", pieces,
                  "plan_options::output_pieces of every plan: an output concatenated from several devices is copied "
                  "to the host by each of them (on), or gathered on one device first (off)")
+      ->check(CLI::IsMember({"on", "off"}));
+  std::string elide = "on";
+  app.add_option("--elide-concats", elide,
+                 "plan_options::elide_concats of every plan: producers write a concat's inputs in place where they "
+                 "can, so the concat copies nothing (on), or every concat is a kernel (off)")
       ->check(CLI::IsMember({"on", "off"}));
   std::string copy_engine = "off";
   app.add_option("--copy-engine", copy_engine,
@@ -959,6 +968,7 @@ int main(int argc, char** argv) {
   ag::parse_sequence_parallel_mode(seq_parallel, sequence_parallel);
   tiny_job_path = tiny_jobs == "on";
   output_pieces = pieces == "on";
+  elide_concats = elide == "on";
   cuda_copy_engine = copy_engine == "on";
 
   std::vector<figure> figs;
@@ -1088,6 +1098,7 @@ int main(int argc, char** argv) {
     c.kind = kind;
     c.same_gpu = same_gpu;
     c.time_scale = time_scale;
+    c.trace_out = trace_out.empty() ? "" : trace_out + ".1";
     const run_result one = time_with_spans(c, jobs);
     c.n = 2;
     c.trace_out = trace_out.empty() ? "" : trace_out + ".2";

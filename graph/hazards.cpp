@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <map>
+#include <set>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -161,7 +162,7 @@ error check_hazards(const plan& p) {
     if (s.kind == step_kind::compute) {
       for (std::size_t k = 0; k < s.ops.size(); ++k) {
         const node& nd = g.at(s.ops[k]);
-        if (is_view_op(nd.op)) continue;
+        if (is_view_op(nd.op) || p.runs_nothing(nd.id)) continue;  // an elided concat copies nothing
         for (node_id in : nd.inputs) acc[dev][root_of(g, in)].reads.push_back({s.id, static_cast<int>(k)});
         acc[dev][nd.id].writes.push_back({s.id, static_cast<int>(k)});
       }
@@ -238,8 +239,53 @@ error check_hazards(const plan& p) {
         return error(errc::internal, "hazard check: '" + g.at(sl.node).name + "' has two slots on " + where(p, d));
       (sl.where == region::arena ? arena : sl.where == region::weights ? weights : states).push_back(&sl);
     }
+    // 3b. An elided concat's pieces lie in its output's slot at their
+    // offsets; the output is written by its pieces' writes only, each read
+    // of it comes after all of them, and for overlaps with other buffers
+    // the output stands for its pieces (their accesses merged into it).
+    std::map<node_id, accesses> merged;
+    std::set<const buffer_slot*> piece_slots;
+    for (const elided_concat& e : p.elided_concats()) {
+      if (e.device != d) continue;
+      const node& cn = g.at(e.concat);
+      const auto cs = slot_of.find({e.concat, static_cast<int>(region::arena)});
+      if (cs == slot_of.end())
+        return error(errc::internal, "hazard check: elided concat '" + cn.name + "' has no slot on " + where(p, d));
+      if (e.pieces.size() != e.offsets.size() || e.pieces.size() != cn.inputs.size())
+        return error(errc::internal, "hazard check: elided concat '" + cn.name + "' does not list each input once");
+      accesses& m = merged[e.concat];
+      const auto own = acc[static_cast<std::size_t>(d)].find(e.concat);
+      if (own != acc[static_cast<std::size_t>(d)].end()) {
+        if (!own->second.writes.empty())
+          return error(errc::internal, "hazard check: elided concat '" + cn.name + "' is written on " + where(p, d));
+        m.reads = own->second.reads;
+      }
+      const std::vector<access_pos> concat_reads = m.reads;
+      for (std::size_t k = 0; k < e.pieces.size(); ++k) {
+        const node& pn = g.at(e.pieces[k]);
+        const auto ps = slot_of.find({e.pieces[k], static_cast<int>(region::arena)});
+        if (e.pieces[k] != cn.inputs[k] || ps == slot_of.end() ||
+            ps->second->offset != cs->second->offset + e.offsets[k] ||
+            e.offsets[k] + pn.own_bytes() > cs->second->bytes)
+          return error(errc::internal, "hazard check: piece '" + pn.name + "' of elided concat '" + cn.name +
+                                           "' is not at its place in the concat's slot on " + where(p, d));
+        piece_slots.insert(ps->second);
+        const auto pa = acc[static_cast<std::size_t>(d)].find(e.pieces[k]);
+        if (pa == acc[static_cast<std::size_t>(d)].end() || pa->second.writes.size() != 1)
+          return error(errc::internal, "hazard check: piece '" + pn.name + "' of elided concat '" + cn.name +
+                                           "' is not written once on " + where(p, d));
+        for (const access_pos& r : concat_reads)
+          if (!hb(pa->second.writes[0], r))
+            return error(errc::internal, "hazard check: elided concat '" + cn.name + "' is read by step #" +
+                                             std::to_string(r.step) + " on " + where(p, d) + " before its piece '" +
+                                             pn.name + "' is written");
+        m.writes.push_back(pa->second.writes[0]);
+        m.reads.insert(m.reads.end(), pa->second.reads.begin(), pa->second.reads.end());
+      }
+    }
     // 4. Every accessed buffer has a slot big enough, and one writer.
     for (const auto& [id, a] : acc[static_cast<std::size_t>(d)]) {
+      if (merged.count(id)) continue;  // an elided concat: checked above
       const node& nd = g.at(id);
       const bool is_weight = nd.op == op_kind::weight;
       // State lives in the state region of the device that computes it.
@@ -284,15 +330,26 @@ error check_hazards(const plan& p) {
       return e;
     const auto& dacc = acc[static_cast<std::size_t>(d)];
     auto all_before = [&](const accesses& a, const accesses& b) {
-      const access_pos w = b.writes[0];
-      for (const access_pos& x : a.writes) if (!hb(x, w)) return false;
-      for (const access_pos& x : a.reads) if (!hb(x, w)) return false;
+      for (const access_pos& w : b.writes) {
+        for (const access_pos& x : a.writes) if (!hb(x, w)) return false;
+        for (const access_pos& x : a.reads) if (!hb(x, w)) return false;
+      }
       return true;
     };
-    if (auto e = overlapping(arena, [&](const buffer_slot& a, const buffer_slot& b) -> error {
-          auto ia = dacc.find(a.node), ib = dacc.find(b.node);
-          if (ia == dacc.end() || ib == dacc.end()) return {};  // a slot nobody touches cannot race
-          if (all_before(ia->second, ib->second) || all_before(ib->second, ia->second)) return {};
+    // Pieces are checked through their concat's slot and merged accesses.
+    std::vector<const buffer_slot*> arena_buffers;
+    for (const buffer_slot* sl : arena)
+      if (!piece_slots.count(sl)) arena_buffers.push_back(sl);
+    const auto accesses_of = [&](node_id id) -> const accesses* {
+      if (const auto m = merged.find(id); m != merged.end()) return &m->second;
+      const auto a = dacc.find(id);
+      return a == dacc.end() ? nullptr : &a->second;
+    };
+    if (auto e = overlapping(arena_buffers, [&](const buffer_slot& a, const buffer_slot& b) -> error {
+          const accesses* ia = accesses_of(a.node);
+          const accesses* ib = accesses_of(b.node);
+          if (!ia || !ib) return {};  // a slot nobody touches cannot race
+          if (all_before(*ia, *ib) || all_before(*ib, *ia)) return {};
           return error(errc::internal,
                        "hazard check: '" + g.at(a.node).name + "' [" + std::to_string(a.offset) + ", " +
                            std::to_string(a.offset + a.bytes) + ") and '" + g.at(b.node).name + "' [" +

@@ -3,8 +3,9 @@
 // Reuse is decided from happens-before over the plan's steps (deps, plus the
 // order of steps on one compute lane, plus op order inside a split),
 // never from node order: buffer B may take bytes of buffer A only when every
-// access of A happens-before B's (single) write. check_hazards (hazards.cpp)
-// re-derives all of this independently.
+// access of A happens-before B's write (every one of B's writes, for the
+// output of an elided concat, whose pieces its producers write in place).
+// check_hazards (hazards.cpp) re-derives all of this independently.
 
 #include <algorithm>
 #include <map>
@@ -25,10 +26,13 @@ struct position {
 struct buffer {
   node_id node = no_node;
   int64_t bytes = 0;
-  position write;
+  position write;                      // the first write (step order)
+  std::vector<position> later_writes;  // an elided concat's other pieces' writes
   std::vector<position> reads;
   int64_t offset = -1;
 };
+
+bool before_in_step_order(position a, position b) { return std::tie(a.step, a.op) < std::tie(b.step, b.op); }
 
 /// Happens-before over the plan's steps: the transitive closure of deps and
 /// compute-lane order. Only compute lanes contribute order: copy queues may
@@ -149,6 +153,69 @@ bool same_weight_layout(const plan& p, std::size_t d, const plan& other) {
 
 }  // namespace
 
+void planner::elide_concats(plan& p) {
+  const graph& g = *p.graph_;
+  p.elided_.assign(g.size(), 0);
+  p.elided_concats_.clear();
+  if (!p.options_.elide_concats) return;
+  // What writes each node, on the node's device: the compute step holding
+  // its op, or the collective part whose node it is (an in-stream part
+  // keeps its own buffer: its kernel runs where the members meet).
+  std::vector<const step*> writer(g.size(), nullptr);
+  for (const step& st : p.steps_) {
+    if (st.kind == step_kind::compute) {
+      for (node_id id : st.ops)
+        if (!is_view_op(g.at(id).op) && !is_leaf_op(g.at(id).op)) writer[static_cast<std::size_t>(id)] = &st;
+    } else if (st.kind == step_kind::collective && !runs_in_stream(st)) {
+      writer[static_cast<std::size_t>(st.ops.at(0))] = &st;
+    }
+  }
+  // Nodes inside a fused kernel may never be written as nodes: not pieces.
+  std::vector<char> taken(g.size(), 0);
+  for (const attention_fusion& f : p.fusions_)
+    for (node_id id : {f.scores, f.mask_add, f.softmax, f.out})
+      if (id != no_node) taken[static_cast<std::size_t>(id)] = 1;
+  for (const projection_fusion& f : p.projection_fusions_)
+    for (node_id id : f.ops) taken[static_cast<std::size_t>(id)] = 1;
+  for (step& st : p.steps_) {
+    if (st.kind != step_kind::compute) continue;
+    for (node_id id : st.ops) {
+      const node& n = g.at(id);
+      if (n.op != op_kind::concat || taken[static_cast<std::size_t>(id)]) continue;
+      // Each input a contiguous block of the output: every dim before the axis is 1.
+      const int axis = n.attrs.axis;
+      bool ok = axis >= 0 && axis < n.dims.rank();
+      for (int k = 0; ok && k < axis; ++k) ok = n.dims[k] == 1;
+      elided_concat e;
+      e.concat = id;
+      e.device = st.device;
+      int64_t offset = 0;
+      for (std::size_t k = 0; ok && k < n.inputs.size(); ++k) {
+        const node_id in = n.inputs[k];
+        const node& pn = g.at(in);
+        const step* w = writer[static_cast<std::size_t>(in)];
+        // Its own storage, written once on this device by an op or a
+        // collective part, a piece of nothing else, at an aligned offset
+        // (kernels take 16-byte loads where their pointers allow).
+        ok = storage_root(g, in) == in && w && w->device == st.device && pn.op != op_kind::concat &&
+             std::find(e.pieces.begin(), e.pieces.end(), in) == e.pieces.end() &&
+             !is_state_op(pn.op) && !taken[static_cast<std::size_t>(in)] && pn.type == n.type &&
+             p.placement_[static_cast<std::size_t>(in)] == st.device && offset % plan_alignment == 0;
+        if (!ok) break;
+        e.pieces.push_back(in);
+        e.offsets.push_back(offset);
+        offset += pn.own_bytes();
+      }
+      if (!ok || offset != n.own_bytes()) continue;
+      for (node_id in : e.pieces) taken[static_cast<std::size_t>(in)] = 1;
+      taken[static_cast<std::size_t>(id)] = 1;
+      p.elided_[static_cast<std::size_t>(id)] = 1;
+      st.est_seconds = std::max(0.0, st.est_seconds - estimate_seconds(p.devices_[static_cast<std::size_t>(st.device)], g, n));
+      p.elided_concats_.push_back(std::move(e));
+    }
+  }
+}
+
 error planner::plan_memory(plan& p) {
   const graph& g = *p.graph_;
   const std::size_t ndev = p.devices_.size();
@@ -168,8 +235,18 @@ error planner::plan_memory(plan& p) {
     state_used[static_cast<std::size_t>(dev)][static_cast<std::size_t>(sn)] = 1;
     return true;
   };
+  // An elided concat's pieces live inside its output on its device: their
+  // accesses there are the output buffer's.
+  std::vector<std::map<node_id, node_id>> piece_of(ndev);
+  for (const elided_concat& e : p.elided_concats_)
+    for (node_id piece : e.pieces) piece_of[static_cast<std::size_t>(e.device)][piece] = e.concat;
+  auto buffer_node = [&](int dev, node_id sn) {
+    const auto& m = piece_of[static_cast<std::size_t>(dev)];
+    const auto it = m.find(sn);
+    return it == m.end() ? sn : it->second;
+  };
   auto read = [&](int dev, node_id id, position pos) {
-    const node_id sn = storage_root(g, id);
+    const node_id sn = buffer_node(dev, storage_root(g, id));
     if (g.at(sn).op == op_kind::weight) {
       weight_used[static_cast<std::size_t>(dev)][static_cast<std::size_t>(sn)] = 1;
       return;
@@ -179,18 +256,27 @@ error planner::plan_memory(plan& p) {
     b.node = sn;
     b.reads.push_back(pos);
   };
-  auto write = [&](int dev, node_id sn, position pos) {
-    if (in_state_region(dev, sn)) return;
+  auto write = [&](int dev, node_id id, position pos) {
+    if (in_state_region(dev, id)) return;
+    const node_id sn = buffer_node(dev, id);
     buffer& b = bufs[static_cast<std::size_t>(dev)][sn];
     b.node = sn;
-    b.write = pos;
+    if (b.write.step < 0) {
+      b.write = pos;
+    } else if (before_in_step_order(pos, b.write)) {
+      b.later_writes.push_back(b.write);
+      b.write = pos;
+    } else {
+      b.later_writes.push_back(pos);
+    }
   };
   for (const step& st : p.steps_) {
     switch (st.kind) {
       case step_kind::compute:
         for (std::size_t k = 0; k < st.ops.size(); ++k) {
           const node& n = g.at(st.ops[k]);
-          if (is_view_op(n.op)) continue;  // views run nothing; their readers access the storage
+          // Views and elided concats run nothing; their readers access the storage.
+          if (p.runs_nothing(n.id)) continue;
           const position pos{st.id, static_cast<int>(k)};
           for (node_id i : n.inputs) read(st.device, i, pos);
           write(st.device, n.id, pos);
@@ -256,6 +342,21 @@ error planner::plan_memory(plan& p) {
     // placed buffers in offset order, asking happens-before only of those
     // that overlap the candidate range: a conflicting one moves the range
     // past its end; the sweep stops at the first gap that fits.
+    // Every access of a (writes, reads) happens-before every write of b.
+    const auto all_accesses_before = [&](const buffer& a, const buffer& b) {
+      const auto before_all_writes = [&](position x) {
+        if (!hb(x, b.write)) return false;
+        for (const position& w : b.later_writes)
+          if (!hb(x, w)) return false;
+        return true;
+      };
+      if (!before_all_writes(a.write)) return false;
+      for (const position& w : a.later_writes)
+        if (!before_all_writes(w)) return false;
+      for (const position& r : a.reads)
+        if (!before_all_writes(r)) return false;
+      return true;
+    };
     std::vector<const buffer*> placed;  // sorted by offset
     for (buffer* b : order) {
       // Offsets and sums are checked: each buffer is at most max_tensor_bytes
@@ -266,9 +367,7 @@ error planner::plan_memory(plan& p) {
         if (!(fits = checked_add(off, b->bytes, end))) break;
         if (a->offset >= end) break;
         if (a->offset + a->bytes <= off) continue;  // placed buffers' ends were checked
-        bool a_before_b = hb(a->write, b->write);
-        for (std::size_t r = 0; a_before_b && r < a->reads.size(); ++r) a_before_b = hb(a->reads[r], b->write);
-        if (a_before_b) continue;
+        if (all_accesses_before(*a, *b)) continue;
         int64_t past_a = 0;
         if (!(fits = checked_aligned(a->offset + a->bytes, past_a))) break;
         off = std::max(off, past_a);
@@ -283,6 +382,18 @@ error planner::plan_memory(plan& p) {
       mem.arena_bytes = std::max(mem.arena_bytes, end);
       p.slot_index_[d][static_cast<std::size_t>(b->node)] = static_cast<int32_t>(mem.slots.size());
       mem.slots.push_back(buffer_slot{b->node, static_cast<int>(d), region::arena, off, b->bytes});
+    }
+    // An elided concat's pieces: slots inside its output's.
+    for (const elided_concat& e : p.elided_concats_) {
+      if (static_cast<std::size_t>(e.device) != d) continue;
+      const int32_t at = p.slot_index_[d][static_cast<std::size_t>(e.concat)];
+      if (at < 0) return error(errc::internal, "memory plan: elided concat '" + g.at(e.concat).name + "' has no buffer");
+      const int64_t base = mem.slots[static_cast<std::size_t>(at)].offset;
+      for (std::size_t k = 0; k < e.pieces.size(); ++k) {
+        p.slot_index_[d][static_cast<std::size_t>(e.pieces[k])] = static_cast<int32_t>(mem.slots.size());
+        mem.slots.push_back(buffer_slot{e.pieces[k], static_cast<int>(d), region::arena, base + e.offsets[k],
+                                        g.at(e.pieces[k]).own_bytes()});
+      }
     }
     // Weights: one slot each, packed, live for the plan's lifetime.
     for (std::size_t id = 0; id < g.size(); ++id) {

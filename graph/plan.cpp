@@ -26,6 +26,12 @@ bool parse_sequence_parallel_mode(const std::string& text, sequence_parallel_mod
   return true;
 }
 
+bool plan::runs_nothing(node_id id) const {
+  const node& n = graph_->at(id);
+  return is_view_op(n.op) || is_leaf_op(n.op) ||
+         (static_cast<std::size_t>(id) < elided_.size() && elided_[static_cast<std::size_t>(id)] != 0);
+}
+
 expected<tensor_location> plan::locate(node_id id, int device) const {
   if (!graph_ || id < 0 || static_cast<std::size_t>(id) >= graph_->size())
     return error(errc::internal, "locate: node id " + std::to_string(id) + " is not in the plan's graph");
@@ -122,7 +128,7 @@ std::string plan::describe() const {
         int nops = 0;
         node_id first = no_node, last = no_node;
         for (node_id id : s.ops) {
-          if (is_view_op(g.at(id).op)) continue;
+          if (runs_nothing(id)) continue;
           if (first == no_node) first = id;
           last = id;
           ++nops;
@@ -157,6 +163,10 @@ std::string plan::describe() const {
     if (m.state_bytes > 0)
       os << "; state " << options_.state_slots << " slot(s) x " << fmt_bytes(m.state_bytes);
     os << "\n";
+    int elided = 0;
+    for (const elided_concat& e : elided_concats_) elided += e.device == d;
+    if (elided > 0)
+      os << "  " << elided << " concat(s) elided: their inputs are written in place (plan_options::elide_concats)\n";
     if (options_.graph_replay != graph_replay_mode::off) {
       int nseg = 0, kernels = 0;
       for (const replay_segment& seg : segments)
@@ -250,7 +260,7 @@ std::string plan::to_dot() const {
         text = "#" + std::to_string(s.id) + " lane " + std::to_string(s.lane) + "\\n";
         int shown = 0;
         for (node_id id : s.ops) {
-          if (is_view_op(g.at(id).op)) continue;
+          if (runs_nothing(id)) continue;
           if (shown++ < 6) text += dot_escape(g.at(id).name) + "\\n";
         }
         if (shown > 6) text += "(+" + std::to_string(shown - 6) + " ops)";

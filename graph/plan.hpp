@@ -165,6 +165,20 @@ enum class placement_policy : uint8_t {
   single = 1,     ///< everything on device 0 (pins respected)
 };
 
+/// A concat that runs nothing (plan_options::elide_concats): the memory plan
+/// places each of its inputs inside its output's buffer, at the input's
+/// byte offset there, so whatever writes an input (a compute op or a
+/// collective part on `device`) writes it straight into its place in the
+/// output. Only a concat whose inputs are contiguous blocks of its output
+/// (every dim before the axis is 1) and are each its own storage, written
+/// on `device` by one op or collective part and a piece of no other concat.
+struct elided_concat {
+  node_id concat = no_node;
+  int device = -1;
+  std::vector<node_id> pieces;   ///< the concat's inputs, in order
+  std::vector<int64_t> offsets;  ///< byte offset of each piece in the concat's output
+};
+
 class plan;
 
 /// plan_options::sequence_parallel.
@@ -303,6 +317,12 @@ struct plan_options {
   /// concat is never computed. Off: the pieces are peer-copied to one device,
   /// concatenated there and copied to the host from it.
   bool output_pieces = true;
+  /// Let producers write a concat's inputs straight into its output where
+  /// they can (elided_concat, plan::elided_concats()), so the concat copies
+  /// nothing: the chunks of a tensor-parallel row-parallel matmul, the
+  /// pieces of a sequence-parallel hidden state. Off: every concat is a
+  /// kernel that copies its inputs.
+  bool elide_concats = true;
   /// Copies of the plan's state (its store_rows nodes, e.g. one KV cache per
   /// sequence) each device keeps: a job names one (submit_options::
   /// state_slot) and sees what the previous job of that slot stored. The
@@ -355,6 +375,10 @@ class plan {
   /// Projection groups one GEMV kernel runs (plan_options::fuse_projections),
   /// in step order; the memory plan keeps their inputs until the group's last op.
   const std::vector<projection_fusion>& projection_fusions() const noexcept { return projection_fusions_; }
+  /// Concats that run nothing (plan_options::elide_concats), in step order.
+  const std::vector<elided_concat>& elided_concats() const noexcept { return elided_concats_; }
+  /// Whether op `id` runs no kernel: a view, a leaf or an elided concat.
+  bool runs_nothing(node_id id) const;
   const plan_options& options() const noexcept { return options_; }
   /// Device of each node (index = node id); leaves take their first consumer's device.
   /// Views take their first compute reader's device (else their storage's).
@@ -395,6 +419,8 @@ class plan {
   std::shared_ptr<const tensor_parallel_info> tp_;
   std::vector<attention_fusion> fusions_;
   std::vector<projection_fusion> projection_fusions_;
+  std::vector<elided_concat> elided_concats_;
+  std::vector<char> elided_;  // [node] -> 1 for an elided concat
   std::vector<device_spec> devices_;
   plan_options options_;
   std::vector<int> placement_;

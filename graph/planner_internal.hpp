@@ -41,6 +41,11 @@ class planner {
   /// Memory pass: fills p.memory_ and p.slot_index_ from the steps
   /// (memory_plan.cpp). Errors: out_of_memory, internal.
   static error plan_memory(plan& p);
+  /// Picks the concats whose inputs their producers can write in place
+  /// (plan_options::elide_concats; elided_concat says which), fills
+  /// p.elided_concats_ and p.elided_, and takes their cost out of their
+  /// steps' estimates. Runs after the fusions, before plan_memory.
+  static void elide_concats(plan& p);
   /// Fills step::peers of collective steps: the steps whose nodes share op
   /// and operands, in rank order. Error: two parts claiming one rank.
   static error group_collectives(plan& p);

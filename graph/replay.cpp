@@ -35,17 +35,15 @@ bool same_queue(const step& a, const step& b) noexcept {
   return on_compute_lane(a) && on_compute_lane(b) && a.device == b.device && a.lane == b.lane;
 }
 
-int kernels_of(const graph& g, const step& s) {
+int kernels_of(const plan& p, const step& s) {
   int n = 0;
-  for (node_id id : s.ops)
-    if (!is_view_op(g.at(id).op) && !is_leaf_op(g.at(id).op)) ++n;
+  for (node_id id : s.ops) n += !p.runs_nothing(id);
   return n;
 }
 
 }  // namespace
 
 std::vector<replay_segment> replay_segments(const plan& p) {
-  const graph& g = p.source();
   // Steps of one (device, lane) queue come in increasing step id (plan.hpp),
   // so one pass in id order sees each queue in lane order.
   std::map<std::pair<int, int>, std::vector<replay_segment>> by_queue;
@@ -66,7 +64,7 @@ std::vector<replay_segment> replay_segments(const plan& p) {
       if (!same_queue(p.at(d), s)) internal_deps = false;
     if (segs.empty() || !open[key] || !internal_deps) segs.push_back(replay_segment{s.device, s.lane, {}, 0});
     segs.back().steps.push_back(s.id);
-    segs.back().kernels += kernels_of(g, s);
+    segs.back().kernels += kernels_of(p, s);
     bool internal_consumers = true;
     for (step_id c : s.consumers)
       if (!same_queue(p.at(c), s) && waits_for(waited, c, s.id)) internal_consumers = false;

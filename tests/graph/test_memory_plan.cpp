@@ -36,7 +36,7 @@ bool overlap(const buffer_slot& a, const buffer_slot& b) {
 }
 
 TEST(MemoryPlan, RandomDagsAreHazardFree) {
-  int with_reuse = 0, plans = 0, multi_lane = 0, peer = 0;
+  int with_reuse = 0, plans = 0, multi_lane = 0, peer = 0, elided = 0;
   for (uint64_t seed = 1; seed <= 300; ++seed) {
     test::random_dag_options ro;
     ro.seed = seed;
@@ -65,12 +65,15 @@ TEST(MemoryPlan, RandomDagsAreHazardFree) {
       multi_lane += s.kind == step_kind::compute && s.lane > 0;
       peer += s.kind == step_kind::copy_peer;
     }
+    elided += static_cast<int>(p->elided_concats().size());
   }
   EXPECT_EQ(plans, 300);
-  // The sample must exercise what it claims to: reuse, several lanes, peer copies.
+  // The sample must exercise what it claims to: reuse, several lanes, peer
+  // copies, concats whose inputs are written in place.
   EXPECT_GT(with_reuse, 50);
   EXPECT_GT(multi_lane, 10);
   EXPECT_GT(peer, 50);
+  EXPECT_GT(elided, 10);
 }
 
 std::shared_ptr<const graph> gelu_chain(int n, int64_t d) {
@@ -79,6 +82,94 @@ std::shared_ptr<const graph> gelu_chain(int n, int64_t d) {
   for (int i = 0; i < n; ++i) x = b.gelu(x, gelu_mode::tanh, "g" + std::to_string(i));
   b.output(x);
   return finish(std::move(b));
+}
+
+// x -> three row blocks (gelu, scale, mul) -> concat by rows -> matmul to 8 columns.
+std::shared_ptr<const graph> row_blocks_concat(int axis, bool leaf_piece = false) {
+  graph_builder b;
+  auto x = b.input("x", dtype::f32, {64, 64});
+  auto a = b.gelu(x, gelu_mode::tanh, "a");
+  auto s = b.scale(x, 2.0f, "s");
+  auto m = leaf_piece ? x : b.mul(x, x, "m");
+  auto c = b.concat({a, s, m}, axis, "c");
+  auto w = b.weight("w", host_tensor::random_normal(dtype::f32, {axis == 0 ? 64 : 192, 8}, 7, 0.1f));
+  b.output(b.matmul(c, w, false, false, "out"));
+  return finish(std::move(b));
+}
+
+TEST(MemoryPlan, ConcatOfComputedRowBlocksIsWrittenInPlace) {
+  const int64_t t = 64 * 64 * 4;
+  auto g = row_blocks_concat(0);
+  auto p = must_compile(g, sim_devices(1));
+  ASSERT_TRUE(p);
+  ASSERT_EQ(p->elided_concats().size(), 1u) << p->describe();
+  const elided_concat& e = p->elided_concats()[0];
+  EXPECT_EQ(e.concat, g->find("c"));
+  EXPECT_EQ(e.pieces, (std::vector<node_id>{g->find("a"), g->find("s"), g->find("m")}));
+  EXPECT_EQ(e.offsets, (std::vector<int64_t>{0, t, 2 * t}));
+  EXPECT_TRUE(p->runs_nothing(g->find("c")));
+  // Each piece lives at its place inside the concat's buffer.
+  const auto c = p->locate(g->find("c"), 0);
+  ASSERT_TRUE(c);
+  for (std::size_t k = 0; k < e.pieces.size(); ++k) {
+    const auto piece = p->locate(e.pieces[k], 0);
+    ASSERT_TRUE(piece);
+    EXPECT_EQ(piece->byte_offset, c->byte_offset + e.offsets[k]) << "piece " << k;
+  }
+  EXPECT_TRUE(check_hazards(*p).ok()) << check_hazards(*p).to_string();
+  EXPECT_NE(p->describe().find("1 concat(s) elided"), std::string::npos) << p->describe();
+  // Without elision the concat is a kernel that copies its inputs, and the
+  // pieces and its output are live together.
+  plan_options off;
+  off.elide_concats = false;
+  auto q = must_compile(g, sim_devices(1), off);
+  ASSERT_TRUE(q);
+  EXPECT_TRUE(q->elided_concats().empty());
+  EXPECT_FALSE(q->runs_nothing(g->find("c")));
+  EXPECT_LT(p->memory()[0].arena_bytes, q->memory()[0].arena_bytes);
+  EXPECT_LT(p->est_seconds(0), q->est_seconds(0));
+}
+
+TEST(MemoryPlan, ConcatsWhosePiecesCannotBeInPlaceStayKernels) {
+  // Along columns a piece is not a contiguous block of the output.
+  auto cols = must_compile(row_blocks_concat(1), sim_devices(1));
+  ASSERT_TRUE(cols);
+  EXPECT_TRUE(cols->elided_concats().empty());
+  // A job input is written by its copy, not by an op.
+  auto leaf = must_compile(row_blocks_concat(0, /*leaf_piece=*/true), sim_devices(1));
+  ASSERT_TRUE(leaf);
+  EXPECT_TRUE(leaf->elided_concats().empty());
+  // A view (slice) is not its own storage; a tensor twice in one concat
+  // cannot sit in two places.
+  graph_builder b;
+  auto x = b.input("x", dtype::f32, {64, 64});
+  auto a = b.gelu(x, gelu_mode::tanh, "a");
+  auto v = b.slice(a, 0, 0, 32, "v");
+  auto c1 = b.concat({v, b.scale(v, 2.0f, "s")}, 0, "c1");
+  auto c2 = b.concat({a, a}, 0, "c2");
+  b.output(c1);
+  b.output(c2);
+  auto g = finish(std::move(b));
+  auto p = must_compile(g, sim_devices(1));
+  ASSERT_TRUE(p);
+  EXPECT_TRUE(p->elided_concats().empty()) << p->describe();
+  EXPECT_TRUE(check_hazards(*p).ok());
+}
+
+TEST(MemoryPlan, MisplacedPieceOfAnElidedConcatIsRejected) {
+  auto g = row_blocks_concat(0);
+  auto p = must_compile(g, sim_devices(1));
+  ASSERT_TRUE(p);
+  ASSERT_EQ(p->elided_concats().size(), 1u);
+  plan bad = *p;
+  auto& mem = plan_test_hook::memory(bad);
+  buffer_slot* s = slot_of(mem, 0, g->find("s"));
+  ASSERT_TRUE(s);
+  s->offset += 256;
+  const error e = check_hazards(bad);
+  ASSERT_FALSE(e.ok());
+  EXPECT_NE(e.message.find("'s'"), std::string::npos) << e.message;
+  EXPECT_NE(e.message.find("'c'"), std::string::npos) << e.message;
 }
 
 TEST(MemoryPlan, ChainReusesBuffers) {
