@@ -8,7 +8,10 @@
 //   - peer pull (the copy enqueued on the reading GPU), 1D and 2D (2 rows);
 //   - peer push (enqueued on the GPU that owns the data);
 //   - a local device-to-device copy, 1D and 2D (2 rows);
-//   - with the copy stream at the highest priority, and a plain kernel copy.
+//   - with the copy stream at the highest priority, and a plain kernel copy;
+//   - a local copy through cudaMemcpyBatchAsync / cudaMemcpy3DBatchAsync
+//     with cudaMemcpyFlagPreferOverlapWithCompute (CUDA 12.8+: the driver
+//     is asked to keep it off the SMs), and one enqueued on the other GPU.
 // Build: nvcc -O3 -arch=sm_90 -std=c++17 -o copy_beside_gemm copy_beside_gemm.cu -lcublas
 // Run on a machine with 2 GPUs with peer access (1 GPU: the local rows only).
 #include <cublas_v2.h>
@@ -135,6 +138,30 @@ int main() {
       [&] { CK(cudaMemcpy2DAsync(dst0, bytes / 2, src0, bytes / 2, half, 2, cudaMemcpyDeviceToDevice, s0)); }, false);
   row("local 1D, high-priority stream", 0, s0hi,
       [&] { CK(cudaMemcpyAsync(dst0, src0, bytes, cudaMemcpyDeviceToDevice, s0hi)); }, false);
+  row("local 1D, batch API, prefer overlap", 0, s0,
+      [&] {
+        cudaMemcpyAttributes a{};
+        a.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
+        a.flags = cudaMemcpyFlagPreferOverlapWithCompute;
+        void* dsts[] = {dst0};
+        const void* srcs[] = {src0};
+        size_t sizes[] = {bytes}, idx[] = {0};
+        CK(cudaMemcpyBatchAsync(dsts, srcs, sizes, 1, &a, idx, 1, s0));
+      },
+      false);
+  row("local 2D, 2 rows, 3D batch API, prefer overlap", 0, s0,
+      [&] {
+        cudaMemcpy3DBatchOp op{};
+        op.src.type = op.dst.type = cudaMemcpyOperandTypePointer;
+        op.src.op.ptr.ptr = src0;
+        op.dst.op.ptr.ptr = dst0;
+        op.src.op.ptr.rowLength = op.dst.op.ptr.rowLength = bytes / 2;
+        op.extent = make_cudaExtent(half, 2, 1);
+        op.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
+        op.flags = cudaMemcpyFlagPreferOverlapWithCompute;
+        CK(cudaMemcpy3DBatchAsync(1, &op, 0, s0));
+      },
+      false);
   row("local kernel copy (132 blocks)", 0, s0,
       [&] { copy_kernel<<<132, 512, 0, s0>>>((uint4*)dst0, (const uint4*)src0, bytes / 16); }, false);
   if (gpus > 1) {
@@ -147,6 +174,9 @@ int main() {
         [&] { CK(cudaMemcpyAsync(dst0, src1, bytes, cudaMemcpyDefault, s0hi)); }, true);
     row("peer pull by kernel (132 blocks)", 0, s0,
         [&] { copy_kernel<<<132, 512, 0, s0>>>((uint4*)dst0, (const uint4*)src1, bytes / 16); }, true);
+    // GPU 0's own data copied within GPU 0, enqueued on GPU 1's stream.
+    row("local 1D on GPU 0, enqueued on GPU 1", 1, s1,
+        [&] { CK(cudaMemcpyAsync(dst0, src0, bytes, cudaMemcpyDefault, s1)); }, true);
     // GPU 1 pushes into GPU 0 (gemm@dst: GEMMs on GPU 0 = the destination).
     row("peer push 1D (enqueued on the owner)", 1, s1,
         [&] { CK(cudaMemcpyAsync(dst0, src1, bytes, cudaMemcpyDefault, s1)); }, true);
