@@ -283,6 +283,39 @@ TEST(SequenceParallelRun, ChunksOfRowsOnSimEqualTheReference) {
   }
 }
 
+// The same with a batch of 1: a rank's rows of a chunk are one block of the
+// hidden state, so the concats that join the chunks' pieces are written in
+// place (plan_options::elide_concats): their producers (reduce-scatter
+// parts, residual adds) write straight into the joined tensor. Jobs in
+// flight together equal the reference with it on and off.
+TEST(SequenceParallelRun, ChunksJoinedInPlaceEqualTheReference) {
+  ag::runtime_options ro = opts();
+  ro.backend.sim.spec.flops_f32 = 1e8;
+  ro.backend.sim.spec.link_bandwidth = 2e6;
+  ro.backend.sim.spec.collective_latency = 1e-7;
+  ro.backend.sim.spec.oneshot_max_bytes = 0;
+  ro.backend.sim.time_scale = 1e-4;
+  auto rt = ag::runtime::create("sim:4", ro).value();
+  auto cfg = tiny(ag::models::model_variant::llama, 8, 2);  // d 64: a row is 256 bytes
+  cfg.seq_len = 16;
+  cfg.batch = 1;
+  auto g = build(cfg);
+  for (int degree : {2, 4}) {
+    for (bool elide : {true, false}) {
+      const std::string what = "degree " + std::to_string(degree) + (elide ? ", in place" : ", copied");
+      auto o = tp(degree);
+      o.elide_concats = elide;
+      auto p = rt->compile(g, o).value();
+      ASSERT_FALSE(p->tensor_parallel()->chunked.empty()) << what;
+      EXPECT_EQ(p->elided_concats().empty(), !elide) << what << "\n" << p->describe();
+      for (const ag::elided_concat& e : p->elided_concats())
+        EXPECT_EQ(p->source().at(e.concat).op, ag::op_kind::concat) << what;
+      EXPECT_TRUE(ag::check_hazards(*p).ok()) << what << ": " << ag::check_hazards(*p).to_string();
+      expect_jobs_equal_reference(*rt, p, *g, cfg, 90, 8, what);
+    }
+  }
+}
+
 /// The cpu ring (gpu/cpu/ring.hpp) sums in the dtype, in ring order, rounding
 /// after each of its t-1 steps: within (t-1) roundings of the partial sums'
 /// magnitude (standard-normal operands: partial sums below ~8), i32 exact.
