@@ -113,8 +113,12 @@ __global__ void __launch_bounds__(512) in_stream_all_reduce_kernel(void* out, in
     // ended: cancelled here, the peer dead, the timeout).
     // Not for an announcement of a job this device gave up on (the peer may
     // never look for it).
+    // Both words are loaded before either is compared, so the two loads
+    // are in flight together (one memory latency before the announcement,
+    // not two in a row).
     const unsigned long long prev = a.last[from_k], prev_job = prev >> in_stream_key_bits;
-    if (prev != 0 && *reinterpret_cast<const volatile unsigned long long*>(&a.ack[from_k]) != prev &&
+    const unsigned long long seen = *reinterpret_cast<const volatile unsigned long long*>(&a.ack[from_k]);
+    if (prev != 0 && seen != prev &&
         reinterpret_cast<const volatile unsigned long long*>(a.faults)[prev_job % in_stream_faults] != prev_job)
       (void)wait_for(&a.ack[from_k], prev, a.dead[k], a.aborted, prev_job, global_ns(), a.timeout_ns);
     // The operand was written by earlier kernels, complete and in this GPU's
