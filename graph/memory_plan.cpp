@@ -194,13 +194,13 @@ void planner::elide_concats(plan& p) {
         const node_id in = n.inputs[k];
         const node& pn = g.at(in);
         const step* w = writer[static_cast<std::size_t>(in)];
-        // Its own storage, written once on this device by an op or a
-        // collective part, a piece of nothing else, at an aligned offset
-        // (kernels take 16-byte loads where their pointers allow).
-        ok = storage_root(g, in) == in && w && w->device == st.device && pn.op != op_kind::concat &&
+        // Written on this device by an op or a collective part (so its own
+        // storage: views and leaves have no writer), not state, a piece of
+        // nothing else, at an aligned offset (kernels take 16-byte loads
+        // where their pointers allow).
+        ok = w && w->device == st.device && pn.op != op_kind::concat && !is_state_op(pn.op) &&
              std::find(e.pieces.begin(), e.pieces.end(), in) == e.pieces.end() &&
-             !is_state_op(pn.op) && !taken[static_cast<std::size_t>(in)] && pn.type == n.type &&
-             p.placement_[static_cast<std::size_t>(in)] == st.device && offset % plan_alignment == 0;
+             !taken[static_cast<std::size_t>(in)] && pn.type == n.type && offset % plan_alignment == 0;
         if (!ok) break;
         e.pieces.push_back(in);
         e.offsets.push_back(offset);

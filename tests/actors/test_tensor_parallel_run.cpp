@@ -264,14 +264,20 @@ INSTANTIATE_TEST_SUITE_P(Backends, TensorParallelRun, ::testing::Values("sim", "
 // links are slow enough that chunks of rows pay (the cost model splits the
 // MLP and the output projection): jobs in flight together, under jitter,
 // equal the reference.
-TEST(SequenceParallelRun, ChunksOfRowsOnSimEqualTheReference) {
+/// 4 simulated devices whose compute and links are slow enough that the
+/// cost model splits a tiny transformer's row-parallel matmuls in chunks.
+std::unique_ptr<ag::runtime> chunking_sim4() {
   ag::runtime_options ro = opts();
   ro.backend.sim.spec.flops_f32 = 1e8;
   ro.backend.sim.spec.link_bandwidth = 2e6;
   ro.backend.sim.spec.collective_latency = 1e-7;
   ro.backend.sim.spec.oneshot_max_bytes = 0;
   ro.backend.sim.time_scale = 1e-4;
-  auto rt = ag::runtime::create("sim:4", ro).value();
+  return ag::runtime::create("sim:4", ro).value();
+}
+
+TEST(SequenceParallelRun, ChunksOfRowsOnSimEqualTheReference) {
+  auto rt = chunking_sim4();
   auto cfg = tiny(ag::models::model_variant::llama, 8, 2);
   cfg.seq_len = 16;
   auto g = build(cfg);
@@ -289,13 +295,7 @@ TEST(SequenceParallelRun, ChunksOfRowsOnSimEqualTheReference) {
 // parts, residual adds) write straight into the joined tensor. Jobs in
 // flight together equal the reference with it on and off.
 TEST(SequenceParallelRun, ChunksJoinedInPlaceEqualTheReference) {
-  ag::runtime_options ro = opts();
-  ro.backend.sim.spec.flops_f32 = 1e8;
-  ro.backend.sim.spec.link_bandwidth = 2e6;
-  ro.backend.sim.spec.collective_latency = 1e-7;
-  ro.backend.sim.spec.oneshot_max_bytes = 0;
-  ro.backend.sim.time_scale = 1e-4;
-  auto rt = ag::runtime::create("sim:4", ro).value();
+  auto rt = chunking_sim4();
   auto cfg = tiny(ag::models::model_variant::llama, 8, 2);  // d 64: a row is 256 bytes
   cfg.seq_len = 16;
   cfg.batch = 1;
