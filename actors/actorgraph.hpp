@@ -189,9 +189,13 @@ class job {
   /// needs (a device's worker), so it returns errc::invalid_argument saying
   /// so at once (it used to deadlock that device).
   const job_result& wait() const&;
-  /// On a temporary handle (`rt.submit(p, in).wait()`): blocks until ready and
-  /// returns a copy of the result, so that nothing refers into a job state the
-  /// temporary's end may free.
+  /// On a temporary handle (`rt.submit(p, in).wait()`, `std::move(j).wait()`):
+  /// blocks until ready and returns the result by value, so that nothing
+  /// refers into a job state the temporary's end may free. When this is the
+  /// job's last handle (no copy of it lives), the outputs are moved out once
+  /// the job's continuations have run, not copied: a loop of
+  /// `rt.submit(p, in).wait()` pays no copy of its outputs. With other handles
+  /// alive it returns a copy, and they still see the result.
   job_result wait() &&;
   /// Waits at most `d`; true if ready. Inside a continuation it does not
   /// wait (see wait()): it only says whether the job is ready.
@@ -207,10 +211,20 @@ class job {
   job_times times() const noexcept;
 
   struct shared_state;  ///< implementation detail (actors/job_state.hpp)
-  explicit job(std::shared_ptr<shared_state> s) : s_(std::move(s)) {}
+  explicit job(std::shared_ptr<shared_state> s);
+  job(const job& o);
+  job(job&& o) noexcept;
+  job& operator=(const job& o);
+  job& operator=(job&& o) noexcept;
+  ~job();
 
  private:
   friend struct actors::job_access;
+  /// Counts this handle in s_->handles (the user's handles: the runtime's own
+  /// references to the state are not jobs), so wait() && knows when it holds
+  /// the last one.
+  void retain() noexcept;
+  void release() noexcept;
   std::shared_ptr<shared_state> s_;
 };
 

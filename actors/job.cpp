@@ -56,14 +56,21 @@ void job::shared_state::fulfil(job_result r, job_state final_state, const std::f
   }
   cv.notify_all();
   // result is immutable from here on: continuations read it without the lock.
-  continuation_scope scope;
-  for (auto& f : conts) {
-    try {
-      f(*result);
-    } catch (...) {
-      // a throwing continuation must not take the runtime down
+  {
+    continuation_scope scope;
+    for (auto& f : conts) {
+      try {
+        f(*result);
+      } catch (...) {
+        // a throwing continuation must not take the runtime down
+      }
     }
   }
+  {
+    std::lock_guard<std::mutex> lk(m);
+    continuations_ran = true;
+  }
+  cv.notify_all();
 }
 
 void job::shared_state::mark_started(int64_t ns) {
@@ -89,9 +96,49 @@ bool job::ready() const noexcept {
   return st == job_state::done || st == job_state::failed || st == job_state::cancelled;
 }
 
+job::job(std::shared_ptr<shared_state> s) : s_(std::move(s)) { retain(); }
+job::job(const job& o) : s_(o.s_) { retain(); }
+job::job(job&& o) noexcept : s_(std::move(o.s_)) {}
+job& job::operator=(const job& o) {
+  if (this != &o) {
+    release();
+    s_ = o.s_;
+    retain();
+  }
+  return *this;
+}
+job& job::operator=(job&& o) noexcept {
+  if (this != &o) {
+    release();
+    s_ = std::move(o.s_);
+  }
+  return *this;
+}
+job::~job() { release(); }
+void job::retain() noexcept {
+  if (s_) s_->handles.fetch_add(1, std::memory_order_relaxed);
+}
+void job::release() noexcept {
+  // acq_rel: a handle's reads of the result happen before the last handle,
+  // seeing the count drop to 1, moves it (wait() &&).
+  if (s_) s_->handles.fetch_sub(1, std::memory_order_acq_rel);
+}
+
 job_result job::wait() && {
   const job& self = *this;
-  return self.wait();
+  const job_result& r = self.wait();
+  if (!s_ || &r != &*s_->result) return r;  // an error of wait() itself
+  // Inside a continuation this thread may be running this job's own
+  // continuations, which the move below would wait for: a copy.
+  if (actors::inside_continuation() || s_->handles.load(std::memory_order_acquire) != 1) return r;
+  std::unique_lock<std::mutex> lk(s_->m);
+  // The continuations fulfil() runs read the result outside the lock: they
+  // end first (fulfil() is quick once it notified). Then, as the last handle,
+  // nobody else can read it: the runtime reads results only through
+  // continuations, and a new handle is only made by copying this one.
+  s_->cv.wait(lk, [this] { return s_->continuations_ran; });
+  if (s_->handles.load(std::memory_order_acquire) == 1) return std::move(*s_->result);
+  return r;
 }
 
 const job_result& job::wait() const& {

@@ -30,6 +30,12 @@ struct job::shared_state {
   caf::actor actor;
   /// cancel() came before the job actor started (under m).
   bool cancel_requested = false;
+  /// The continuations fulfil() took have all returned (under m): from then
+  /// on only job handles read the result.
+  bool continuations_ran = false;
+  /// Live job handles (class job) on this state. wait() && moves the result
+  /// out when it is the last one and continuations_ran.
+  std::atomic<int> handles{0};
 
   /// Sets the result and final state, wakes waiters, runs continuations (on
   /// the calling thread, outside the lock). Only the first call counts.
