@@ -265,6 +265,9 @@ bool cuda_copy_engine = false;
 int overlap_chunks = 0;
 /// --elide-concats: plan_options::elide_concats of every plan the bench runs.
 bool elide_concats = true;
+/// --order-steps: plan_options::order_steps_by_model of every plan the bench
+/// compiles.
+bool order_steps = true;
 
 std::unique_ptr<ag::runtime> runtime_of(const layer_run& c, bool trace, int arenas) {
   ag::runtime_options ro;
@@ -312,6 +315,7 @@ run_result time_layer(const layer_run& c, const std::shared_ptr<const ag::graph>
   po.output_pieces = output_pieces;
   po.tp_overlap_chunks = overlap_chunks;
   po.elide_concats = elide_concats;
+  po.order_steps_by_model = order_steps;
   po.inline_small_copies = tiny_job_path;
   if (c.replay_off) po.graph_replay = ag::graph_replay_mode::off;
   auto p = rt->compile(g, po);
@@ -731,6 +735,7 @@ layout_time time_layout(layer_run c, int stages, int tp, const std::shared_ptr<c
   po.output_pieces = output_pieces;
   po.tp_overlap_chunks = overlap_chunks;
   po.elide_concats = elide_concats;
+  po.order_steps_by_model = order_steps;
   po.inline_small_copies = tiny_job_path;
   // A job holds an arena on each of its devices from its start to its end,
   // so a 4-stage pipeline keeps its stages busy only with at least 4 jobs
@@ -917,6 +922,11 @@ int main(int argc, char** argv) {
                  "plan_options::elide_concats of every plan: producers write a concat's inputs in place where they "
                  "can, so the concat copies nothing (on), or every concat is a kernel (off)")
       ->check(CLI::IsMember({"on", "off"}));
+  std::string order = "on";
+  app.add_option("--order-steps", order,
+                 "plan_options::order_steps_by_model of every plan: steps ordered by a simulation of one job and a "
+                 "search over the collectives' order (on), or the step builder's order (off)")
+      ->check(CLI::IsMember({"on", "off"}));
   std::string copy_engine = "off";
   app.add_option("--copy-engine", copy_engine,
                  "cuda: backend_options::cuda_copy_engine_collectives, large reduce-scatters and all-gathers moved "
@@ -969,6 +979,7 @@ int main(int argc, char** argv) {
   tiny_job_path = tiny_jobs == "on";
   output_pieces = pieces == "on";
   elide_concats = elide == "on";
+  order_steps = order == "on";
   cuda_copy_engine = copy_engine == "on";
 
   std::vector<figure> figs;
@@ -1152,6 +1163,7 @@ int main(int argc, char** argv) {
   ag::plan_options o64;
   o64.pipeline_stages = 8;
   o64.tensor_parallel = 8;
+  o64.order_steps_by_model = order_steps;
   o64.sequence_parallel = sequence_parallel;
   std::vector<double> times, cpu;
   std::shared_ptr<const ag::plan> p64;

@@ -963,6 +963,7 @@ expected<std::shared_ptr<const plan>> planner::compile(std::shared_ptr<const gra
     // An in-stream collective part queues on compute lane 0 (plan.hpp, step).
     if (runs_in_stream(st)) st.lane = 0;
   }
+  if (options.order_steps_by_model) order_steps(*p);
   if (options.inline_small_copies) inline_small_copies(p->steps_, p->devices_);
 
   // Lane order: compute lanes (with the in-stream parts and copies inlined

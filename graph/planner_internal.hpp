@@ -49,6 +49,12 @@ class planner {
   /// Fills step::peers of collective steps: the steps whose nodes share op
   /// and operands, in rank order. Error: two parts claiming one rank.
   static error group_collectives(plan& p);
+  /// plan_options::order_steps_by_model (graph/schedule.cpp): renumbers
+  /// p.steps_ (ids, deps, consumers, peers) in the order a simulation of one
+  /// job with the searched order of collectives starts them. Runs after
+  /// group_collectives and the collectives' estimates, before small copies
+  /// are inlined and lane_seq is set.
+  static void order_steps(plan& p);
 };
 
 /// Dense bitset rows: one row of `words` 64-bit words per element.
