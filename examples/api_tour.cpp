@@ -65,6 +65,14 @@ int main(int argc, char** argv) {
     }
   }
 
+  // A temporary handle's wait() returns the result by value; as the job's
+  // last handle it moves the outputs out (no copy).
+  ag::job_result mine = (*rt)->submit(*plan, inputs[0]).wait();
+  if (!mine || !ag::compare((*mine)[0], (*jobs[0].wait())[0], 1e-5, 1e-5).ok) {
+    std::printf("a job on a temporary handle: %s\n", mine ? "differs from the same job's first run" : mine.err().to_string().c_str());
+    ++bad;
+  }
+
   // 6. The trace of those jobs: per-device utilisation, Chrome trace JSON for Perfetto.
   ag::trace t = (*rt)->take_trace();
   for (int d = 0; d < static_cast<int>(t.device_names.size()); ++d)
