@@ -436,6 +436,10 @@ class plan {
   std::vector<attention_fusion> fusions_;
   std::vector<projection_fusion> projection_fusions_;
   std::vector<elided_concat> elided_concats_;
+  /// plan_options::order_steps_by_model: the modelled span of one job in the
+  /// step builder's order and in the order kept (seconds); 0 when the pass
+  /// did not run, equal when it kept the builder's order.
+  double builder_order_seconds_ = 0, kept_order_seconds_ = 0;
   std::vector<char> elided_;  // [node] -> 1 for an elided concat
   std::vector<device_spec> devices_;
   plan_options options_;

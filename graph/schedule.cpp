@@ -270,7 +270,9 @@ void planner::order_steps(plan& p) {
     }
   }
   // Worth a new order only if the model says so (0.1%): else the builder's.
+  p.builder_order_seconds_ = p.kept_order_seconds_ = before;
   if (!(best < before * 0.999)) return;
+  p.kept_order_seconds_ = best;
 
   // New ids: by simulated start, ties by the old id (a topological order:
   // a unit starts no earlier than its inputs finish, and ties keep the old

@@ -848,6 +848,8 @@ TEST(SequenceParallel, StepsOrderedByTheModelStartTheMlpSooner) {
   std::printf("modelled span of one job: builder's order %.1f us, ordered by the model %.1f us\n", before * 1e6,
               after * 1e6);
   EXPECT_LT(after, before * 0.995);
+  EXPECT_NE(ordered->describe().find("step order: by the cost model's search"), std::string::npos);
+  EXPECT_EQ(built->describe().find("step order:"), std::string::npos);
   const error hz = check_hazards(*ordered);
   EXPECT_TRUE(hz.ok()) << hz.to_string();
   for (const step& st : ordered->steps())
