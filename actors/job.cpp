@@ -127,10 +127,10 @@ void job::release() noexcept {
 job_result job::wait() && {
   const job& self = *this;
   const job_result& r = self.wait();
-  if (!s_ || &r != &*s_->result) return r;  // an error of wait() itself
-  // Inside a continuation this thread may be running this job's own
-  // continuations, which the move below would wait for: a copy.
-  if (actors::inside_continuation() || s_->handles.load(std::memory_order_acquire) != 1) return r;
+  // Inside a continuation (where wait() may also have returned its own
+  // error) this thread may be running this job's own continuations, which
+  // the move below would wait for: a copy.
+  if (!s_ || actors::inside_continuation() || s_->handles.load(std::memory_order_acquire) != 1) return r;
   std::unique_lock<std::mutex> lk(s_->m);
   // The continuations fulfil() runs read the result outside the lock: they
   // end first (fulfil() is quick once it notified). Then, as the last handle,

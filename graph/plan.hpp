@@ -414,7 +414,7 @@ class plan {
   double est_seconds(int device) const;        ///< compute on that device
   /// The modelled span of one job on this plan (seconds): its steps run on
   /// their queues (compute lanes, communication and copy queues) in program
-  /// order, each when its inputs are done, taking the cost model's time (the
+  /// order, each when its inputs are done, taking its step::est_seconds (the
   /// simulation plan_options::order_steps_by_model plans with; kernels timed
   /// plainly, not replayed).
   double modelled_seconds() const;

@@ -954,14 +954,31 @@ expected<std::shared_ptr<const plan>> planner::compile(std::shared_ptr<const gra
 
   if (auto e = group_collectives(*p)) return e;
 
+  // Each step's cost-model time (what order_steps simulates with).
   for (step& st : p->steps_) {
-    if (st.kind != step_kind::collective) continue;
-    std::vector<const device_spec*> members;
-    for (step_id q : st.peers) members.push_back(&p->devices_[static_cast<std::size_t>(p->steps_[static_cast<std::size_t>(q)].device)]);
-    st.algo = choose_collective_algo(members, st.bytes, g.at(st.ops[0]).op, options.in_stream_collectives);
-    st.est_seconds = estimate_collective_seconds(g.at(st.ops[0]).op, st.algo, members, st.bytes);
-    // An in-stream collective part queues on compute lane 0 (plan.hpp, step).
-    if (runs_in_stream(st)) st.lane = 0;
+    const device_spec& d = p->devices_[static_cast<std::size_t>(st.device)];
+    switch (st.kind) {
+      case step_kind::compute:
+        st.est_seconds = 0;
+        for (node_id id : st.ops) st.est_seconds += estimate_seconds(d, g, g.at(id));
+        break;
+      case step_kind::copy_h2d:
+      case step_kind::copy_d2h:
+        st.est_seconds = estimate_host_copy_seconds(d, st.bytes);
+        break;
+      case step_kind::copy_peer:
+        st.est_seconds = estimate_peer_copy_seconds(p->devices_[static_cast<std::size_t>(st.src_device)], d, st.bytes);
+        break;
+      case step_kind::collective: {
+        std::vector<const device_spec*> members;
+        for (step_id q : st.peers) members.push_back(&p->devices_[static_cast<std::size_t>(p->steps_[static_cast<std::size_t>(q)].device)]);
+        st.algo = choose_collective_algo(members, st.bytes, g.at(st.ops[0]).op, options.in_stream_collectives);
+        st.est_seconds = estimate_collective_seconds(g.at(st.ops[0]).op, st.algo, members, st.bytes);
+        // An in-stream collective part queues on compute lane 0 (plan.hpp, step).
+        if (runs_in_stream(st)) st.lane = 0;
+        break;
+      }
+    }
   }
   if (options.order_steps_by_model) order_steps(*p);
   if (options.inline_small_copies) inline_small_copies(p->steps_, p->devices_);
@@ -977,21 +994,6 @@ expected<std::shared_ptr<const plan>> planner::compile(std::shared_ptr<const gra
     st.lane_seq = seq[{st.device, static_cast<int>(compute_lane ? step_kind::compute : st.kind), queue}]++;
     used[static_cast<std::size_t>(st.device)] = 1;
     if (st.src_device >= 0) used[static_cast<std::size_t>(st.src_device)] = 1;
-    const device_spec& d = p->devices_[static_cast<std::size_t>(st.device)];
-    switch (st.kind) {
-      case step_kind::compute:
-        st.est_seconds = 0;
-        for (node_id id : st.ops) st.est_seconds += estimate_seconds(d, g, g.at(id));
-        break;
-      case step_kind::copy_h2d:
-      case step_kind::copy_d2h:
-        st.est_seconds = estimate_host_copy_seconds(d, st.bytes);
-        break;
-      case step_kind::copy_peer:
-        st.est_seconds = estimate_peer_copy_seconds(p->devices_[static_cast<std::size_t>(st.src_device)], d, st.bytes);
-        break;
-      case step_kind::collective: break;  // above
-    }
     if (st.deps.empty()) p->sources_.push_back(st.id);
     if (st.kind == step_kind::copy_d2h) p->sinks_.push_back(st.id);
   }

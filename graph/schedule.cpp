@@ -17,7 +17,6 @@
 #include <tuple>
 #include <vector>
 
-#include "graph/cost_model.hpp"
 #include "graph/planner_internal.hpp"
 
 namespace ag {
@@ -39,25 +38,7 @@ struct sim_model {
   int nqueues = 0;
 };
 
-double step_seconds(const plan& p, const graph& g, const step& st) {
-  const device_spec& d = p.devices()[static_cast<std::size_t>(st.device)];
-  switch (st.kind) {
-    case step_kind::compute: {
-      double t = 0;
-      for (node_id id : st.ops) t += estimate_seconds(d, g, g.at(id));
-      return t;
-    }
-    case step_kind::collective: return st.est_seconds;
-    case step_kind::copy_h2d:
-    case step_kind::copy_d2h: return estimate_host_copy_seconds(d, st.bytes);
-    case step_kind::copy_peer:
-      return estimate_peer_copy_seconds(p.devices()[static_cast<std::size_t>(st.src_device)], d, st.bytes);
-  }
-  return 0;
-}
-
-sim_model build_model(const plan& p, const std::vector<step>& steps) {
-  const graph& g = p.source();
+sim_model build_model(const std::vector<step>& steps) {
   sim_model m;
   m.unit_of.assign(steps.size(), -1);
   std::map<std::tuple<int, int, int>, int> queue_ids;
@@ -78,7 +59,7 @@ sim_model build_model(const plan& p, const std::vector<step>& steps) {
     for (step_id s : members) {
       m.unit_of[static_cast<std::size_t>(s)] = u;
       const step& ms = steps[static_cast<std::size_t>(s)];
-      t = std::max(t, step_seconds(p, g, ms));
+      t = std::max(t, ms.est_seconds);  // the planner's estimate
       qs.push_back(queue_of(ms));
     }
     std::sort(qs.begin(), qs.end());
@@ -204,7 +185,7 @@ std::vector<double> step_order_priority(const sim_model& m) {
 
 double plan::modelled_seconds() const {
   if (steps_.empty()) return 0;
-  const sim_model m = build_model(*this, steps_);
+  const sim_model m = build_model(steps_);
   std::vector<double> start, ready;
   return std::max(0.0, simulate(m, step_order_priority(m), /*in_order=*/true, start, ready));
 }
@@ -212,7 +193,7 @@ double plan::modelled_seconds() const {
 void planner::order_steps(plan& p) {
   // Only plans with collectives on communication queues: their order is what
   // the search changes (other plans keep the builder's order).
-  const sim_model m = build_model(p, p.steps_);
+  const sim_model m = build_model(p.steps_);
   int comm_units = 0;
   for (char c : m.on_comm) comm_units += c;
   if (comm_units < 2) return;

@@ -266,11 +266,15 @@ INSTANTIATE_TEST_SUITE_P(Backends, TensorParallelRun, ::testing::Values("sim", "
 // equal the reference.
 /// 4 simulated devices whose compute and links are slow enough that the
 /// cost model splits a tiny transformer's row-parallel matmuls in chunks.
-std::unique_ptr<ag::runtime> chunking_sim4() {
+/// Four sim devices whose collectives are rings (no one-shot), fast in wall
+/// time; by default slow compute and slower links, so that the cost model
+/// chunks even tiny shapes.
+std::unique_ptr<ag::runtime> chunking_sim4(double flops_f32 = 1e8, double link_bandwidth = 2e6,
+                                           double collective_latency = 1e-7) {
   ag::runtime_options ro = opts();
-  ro.backend.sim.spec.flops_f32 = 1e8;
-  ro.backend.sim.spec.link_bandwidth = 2e6;
-  ro.backend.sim.spec.collective_latency = 1e-7;
+  ro.backend.sim.spec.flops_f32 = flops_f32;
+  ro.backend.sim.spec.link_bandwidth = link_bandwidth;
+  ro.backend.sim.spec.collective_latency = collective_latency;
   ro.backend.sim.spec.oneshot_max_bytes = 0;
   ro.backend.sim.time_scale = 1e-4;
   return ag::runtime::create("sim:4", ro).value();
@@ -297,13 +301,7 @@ TEST(SequenceParallelRun, ChunksOfRowsOnSimEqualTheReference) {
 TEST(SequenceParallelRun, StepsOrderedByTheModelEqualTheReference) {
   // Links and compute in the proportions of the d-8192 benchmark layer on
   // H200s: a chunk's reduce-scatter about as long as its matmul.
-  ag::runtime_options ro = opts();
-  ro.backend.sim.spec.flops_f32 = 1e9;
-  ro.backend.sim.spec.link_bandwidth = 3.2e7;
-  ro.backend.sim.spec.collective_latency = 4e-6;
-  ro.backend.sim.spec.oneshot_max_bytes = 0;
-  ro.backend.sim.time_scale = 1e-4;
-  auto rt = ag::runtime::create("sim:4", ro).value();
+  auto rt = chunking_sim4(1e9, 3.2e7, 4e-6);
   auto cfg = tiny(ag::models::model_variant::llama, 8, 2);
   cfg.d_model = 128;
   cfg.d_ff = 512;
