@@ -104,7 +104,7 @@ struct decode_args {
   int new_tokens = 64;
   double bandwidth_gbs = 0.0;
   std::string replay = "auto";  ///< plan_options::graph_replay of the decode and prefill plans (the default)
-  std::string fusion = "off";   ///< plan_options::fuse_ops of both plans (off: the default)
+  std::string fusion = "on";    ///< plan_options::fuse_ops of both plans (on: the default)
   std::string gemv = "on";      ///< backend_options::cuda_gemv (on: the default)
   std::string projections = "on";  ///< plan_options::fuse_projections of both plans (on: the default)
   std::string pdl = "on";          ///< backend_options::cuda_pdl (on: the default)

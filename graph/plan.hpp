@@ -273,10 +273,10 @@ struct plan_options {
   /// same either way, and the memory plan keeps the chain's inputs until the
   /// fused kernel reads them. Today: on CUDA devices, a decode step's
   /// attention (scores, mask add, softmax, weighted sum: 4 kernels per
-  /// layer) as one kernel. Off by default: with its keys split over blocks
-  /// it takes 15.7 us on an H100 where the four kernels take 10.0
-  /// (docs/BENCHMARKS.md, session 11).
-  bool fuse_ops = false;
+  /// layer) as one kernel, its keys split over blocks. On by default since
+  /// session 21: 8.0 us on an H100 where the four kernels take 9.2
+  /// (docs/BENCHMARKS.md); off runs the four kernels.
+  bool fuse_ops = true;
   /// On CUDA devices, run a decode step's projections of at most 8 rows
   /// together on the GEMV kernel (graph/fusion.hpp, projection_fusion;
   /// plan::projection_fusions() lists them): q, k and v of one input as one

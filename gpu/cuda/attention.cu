@@ -176,208 +176,276 @@ __global__ void __launch_bounds__(kThreads)
 // relative to its own maximum, and the weighted sum of its values, writes
 // (max, sum, unnormalised sum of values) to the stream's workspace, and the
 // last block of a group to finish (a counter per group) combines the splits
-// into the output and resets the counter. Needs 16-byte rows (dh a multiple
-// of 8 with dh / 8 a power of two up to 32, unit stride along dh, aligned),
-// else the kernel above runs.
+// into the output and resets the counter.
+//
+// A decode step's attention is latency bound: a block has a few KiB to read
+// and one warp per scheduler, so every instruction of a thread's chain
+// waits for the one before. Layout for short chains: a warp per query row,
+// a lane per key (rounds of 32 keys, staged with the values in shared
+// memory): a lane computes its key's whole score, the row's softmax is two
+// warp reductions, and for the weighted sum a lane owns dh / 32 of the
+// row's output dims, with no reduction across threads. (The version before,
+// eight threads per key and a cross-thread sum of every output, ran about
+// 2,000 instructions per warp at 9 cycles each, ncu: 13.8 us a LLaMA-1B
+// layer against 9.3 for the four unfused kernels, docs/BENCHMARKS.md.)
+// Needs dh = 32, 64, 128 or 256 and 16-byte key and value rows (unit stride
+// along dh, aligned), else the kernel above runs.
 
 constexpr int kSplitThreads = 128;
+constexpr int kSplitWarps = kSplitThreads / 32;
+constexpr int kRoundKeys = 32;  // keys of one round: a lane each
 constexpr int kMaxSplits = 32;
 
 struct split_plan {
   int splits = 1;
-  int64_t chunk = 0;  // keys per split, a multiple of the keys one pass covers
+  int64_t chunk = 0;  // keys per split, a multiple of kRoundKeys
 };
 
-template <class T, int MR>
+// 16 bytes of T as floats.
+template <class T>
+__device__ __forceinline__ void unpack16(const uint4& u, float (&f)[16 / sizeof(T)]) {
+  if constexpr (sizeof(T) == 4) {
+    f[0] = __uint_as_float(u.x), f[1] = __uint_as_float(u.y), f[2] = __uint_as_float(u.z), f[3] = __uint_as_float(u.w);
+  } else {
+    const unsigned w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      T pair[2];
+      memcpy(pair, &w[i], 4);
+      f[2 * i] = to_f(pair[0]), f[2 * i + 1] = to_f(pair[1]);
+    }
+  }
+}
+
+// Dynamic shared memory of the split kernel: q rows (f32), one round's key
+// rows (padded) and value rows.
+template <class T>
+constexpr std::size_t split_key_stride(int dh) {
+  return static_cast<std::size_t>(dh) + 16 / sizeof(T);  // an odd number of 16-byte units: no bank conflicts
+}
+template <class T>
+std::size_t split_shared_bytes(int64_t M, int dh) {
+  return static_cast<std::size_t>(M * dh) * sizeof(float) +
+         kRoundKeys * (split_key_stride<T>(dh) + static_cast<std::size_t>(dh)) * sizeof(T);
+}
+
+// DPL: head dims per lane (dh = 32 DPL); RPW: query rows per warp the loops
+// are unrolled for (M <= kSplitWarps RPW; warp w takes rows w, w + 4, ...).
+template <class T, int DPL, int RPW>
 __global__ void __launch_bounds__(kSplitThreads)
     split_attention_kernel(kt out, kt q, kt k, kt v, kt mask, bool masked, float scale, bool causal, int64_t S,
                            int64_t chunk, float* ws, unsigned* counters) {
+  constexpr int dh = 32 * DPL;
+  constexpr int E = 16 / sizeof(T);                       // elements per 16-byte vector
+  constexpr int kVecs = dh / E;                           // vectors per key row
+  constexpr int kStride = static_cast<int>(split_key_stride<T>(dh));
+  constexpr int kLoads = kRoundKeys * kVecs / kSplitThreads;  // vectors of K (and of V) per thread per round
+  static_assert(kRoundKeys * kVecs % kSplitThreads == 0, "whole vectors per thread");
   pdl_enter();
-  extern __shared__ float smem[];
-  __shared__ float row_max[MR], row_sum[MR];
-  __shared__ float weight[MR * kMaxSplits], weighted_sum[MR * kMaxSplits];  // the combine's, per (row, split)
+  extern __shared__ __align__(16) unsigned char split_smem[];
+  __shared__ __align__(16) float ps[kSplitWarps][kRoundKeys];
   __shared__ bool last_block;
   const int M = static_cast<int>(q.d[2]);
-  const int dh = static_cast<int>(q.d[3]);
   const int64_t keys = k.d[2];
   const int splits = static_cast<int>(gridDim.y), split = static_cast<int>(blockIdx.y);
   const int64_t group = blockIdx.x;
   const group_view<T> gv(group, q, k, v, causal, S);
   const T *qb = gv.q, *kb = gv.k, *vb = gv.v;
-  const int64_t first_row = gv.first_row;
-  auto live = [&](int m) { return gv.live(m); };
+  const int lane = static_cast<int>(threadIdx.x & 31), warp = static_cast<int>(threadIdx.x >> 5);
+  float* qs = reinterpret_cast<float*>(split_smem);  // [M][dh]
+  T* ks = reinterpret_cast<T*>(qs + M * dh);         // [kRoundKeys][kStride]
+  T* vs = ks + kRoundKeys * kStride;                 // [kRoundKeys][dh]
   const int64_t j_begin = split * chunk, j_end = j_begin + chunk < keys ? j_begin + chunk : keys;
-  const int G = dh / kChunk;                // threads per key row: one 8-element chunk each
-  const int per_pass = kSplitThreads / G;   // keys one pass covers
-  float* qs = smem;                         // [M][dh]
-  float* sc = qs + M * dh;                  // [M][chunk]
-  float* acc = sc + M * chunk;              // [M][dh]
-  const int part = static_cast<int>(threadIdx.x) % G, slot = static_cast<int>(threadIdx.x) / G;
-  for (int i = threadIdx.x; i < M * dh; i += kSplitThreads) {
-    qs[i] = to_f(qb[(i / dh) * q.s[2] + (i % dh) * q.s[3]]);
-    acc[i] = 0.f;
-  }
-  __syncthreads();
-  // 1. scores: G neighbouring threads read one key row (16 bytes each) and
-  // sum their partial dot products with shuffles.
-  for (int64_t j0 = j_begin; j0 < j_end; j0 += per_pass) {
-    const int64_t j = j0 + slot;
-    float kv[kChunk];
-    if (j < j_end) load8(kb + j * k.s[2] + part * kChunk, kv);
-    else
+  // The mask row of query row m (rows repeat every S), its first key.
+  const auto mask_at = [&](int m, int64_t j) {
+    return to_f(static_cast<const T*>(mask.p)[((gv.first_row + m) % S) * mask.s[2] + j * mask.s[3]]);
+  };
+  // One round: this thread's vectors of the key and value rows j0.. (zeros
+  // past the split's end) and, per row it scores, the mask at its key.
+  uint4 kx[kLoads], vx[kLoads];
+  float mk[RPW];
+  const auto load_round = [&](int64_t j0) {
 #pragma unroll
-      for (int e = 0; e < kChunk; ++e) kv[e] = 0.f;
-#pragma unroll
-    for (int m = 0; m < MR; ++m) {
-      if (m >= M) break;
-      float d = 0.f;
-#pragma unroll
-      for (int e = 0; e < kChunk; ++e) d = fmaf(qs[m * dh + part * kChunk + e], kv[e], d);
-      for (int o = G / 2; o > 0; o >>= 1) d += __shfl_xor_sync(0xffffffffu, d, o);
-      if (part == 0 && j < j_end) {
-        float s = -INFINITY;
-        if (j < live(m)) {
-          s = d;
-          if (masked) s += to_f(static_cast<const T*>(mask.p)[((first_row + m) % S) * mask.s[2] + j * mask.s[3]]);
-          s *= scale;
-        }
-        sc[m * chunk + (j - j_begin)] = s;
+    for (int u = 0; u < kLoads; ++u) {
+      const int i = static_cast<int>(threadIdx.x) + u * kSplitThreads;
+      const int64_t j = j0 + i / kVecs;
+      kx[u] = vx[u] = make_uint4(0, 0, 0, 0);
+      if (j < j_end) {
+        kx[u] = *reinterpret_cast<const uint4*>(kb + j * k.s[2] + (i % kVecs) * E);
+        vx[u] = *reinterpret_cast<const uint4*>(vb + j * v.s[2] + (i % kVecs) * E);
       }
     }
+#pragma unroll
+    for (int rr = 0; rr < RPW; ++rr) {
+      const int m = warp + rr * kSplitWarps;
+      mk[rr] = masked && m < M && j0 + lane < j_end ? mask_at(m, j0 + lane) : 0.f;
+    }
+  };
+  const auto store_round = [&] {
+#pragma unroll
+    for (int u = 0; u < kLoads; ++u) {
+      const int i = static_cast<int>(threadIdx.x) + u * kSplitThreads;
+      *reinterpret_cast<uint4*>(ks + (i / kVecs) * kStride + (i % kVecs) * E) = kx[u];
+      *reinterpret_cast<uint4*>(vs + (i / kVecs) * dh + (i % kVecs) * E) = vx[u];
+    }
+  };
+  // The first round's loads and q's in flight together.
+  load_round(j_begin);
+  for (int i = threadIdx.x; i < M * dh; i += kSplitThreads) qs[i] = to_f(qb[(i / dh) * q.s[2] + (i % dh) * q.s[3]]);
+  store_round();
+  float acc[RPW][DPL], run_max[RPW], run_sum[RPW];
+#pragma unroll
+  for (int rr = 0; rr < RPW; ++rr) {
+    run_max[rr] = -INFINITY, run_sum[rr] = 0.f;
+#pragma unroll
+    for (int e = 0; e < DPL; ++e) acc[rr][e] = 0.f;
   }
-  __syncthreads();
-  // 2. each row's maximum over this block's keys, exponentials, their sum.
-  const int n_here = static_cast<int>(j_end - j_begin);
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  softmax_rows_unnormalised(sc, M, n_here, chunk, row_max, row_sum);
-  __syncthreads();
-  // 3. sum of p v over this block's keys: thread (slot, part) takes keys
-  // slot, slot + per_pass, ... and the 8 dims of its part, for every row.
-  {
-    float a[MR][kChunk];
-#pragma unroll
-    for (int m = 0; m < MR; ++m)
-#pragma unroll
-      for (int e = 0; e < kChunk; ++e) a[m][e] = 0.f;
-    for (int j = slot; j < n_here; j += per_pass) {
-      float vv[kChunk];
-      load8(vb + (j_begin + j) * v.s[2] + part * kChunk, vv);
-#pragma unroll
-      for (int m = 0; m < MR; ++m) {
-        if (m >= M) break;
-        const float p = sc[m * chunk + j];
-#pragma unroll
-        for (int e = 0; e < kChunk; ++e) a[m][e] = fmaf(p, vv[e], a[m][e]);
-      }
+  for (int64_t j0 = j_begin; j0 < j_end; j0 += kRoundKeys) {
+    if (j0 != j_begin) {
+      load_round(j0);
+      __syncthreads();  // every warp is done with the last round's rows
+      store_round();
     }
-    // Sum over the slots: first inside each warp (its 32 / G slots, with
-    // shuffles), then the warps one after the other. (Shared-memory float
-    // atomics from every slot were a compare-and-swap loop under 16-way
-    // contention: 43 us a launch, ncu.)
+    __syncthreads();
+    const int64_t j = j0 + lane;
 #pragma unroll
-    for (int m = 0; m < MR; ++m) {
-      if (m >= M) break;
+    for (int rr = 0; rr < RPW; ++rr) {
+      const int m = warp + rr * kSplitWarps;
+      if (m >= M) break;  // the same for the whole warp
+      // Lane's key: (q.k + mask) * scale, the unfused chain's order.
+      const T* kr = ks + lane * kStride;
+      const float* qr = qs + m * dh;
+      float d0 = 0.f, d1 = 0.f;
 #pragma unroll
-      for (int e = 0; e < kChunk; ++e)
-        for (int o = G; o < 32; o <<= 1) a[m][e] += __shfl_xor_sync(0xffffffffu, a[m][e], o);
-    }
-    for (int w = 0; w < kSplitThreads / 32; ++w) {
-      if (warp == w && lane < G) {
+      for (int c = 0; c < kVecs; ++c) {
+        float kf[E];
+        unpack16<T>(*reinterpret_cast<const uint4*>(kr + c * E), kf);
 #pragma unroll
-        for (int m = 0; m < MR; ++m) {
-          if (m >= M) break;
-#pragma unroll
-          for (int e = 0; e < kChunk; ++e) acc[m * dh + part * kChunk + e] += a[m][e];
+        for (int e = 0; e < E; e += 2) {
+          d0 = fmaf(qr[c * E + e], kf[e], d0);
+          d1 = fmaf(qr[c * E + e + 1], kf[e + 1], d1);
         }
       }
-      __syncthreads();
+      float s = -INFINITY;
+      if (j < j_end && j < gv.live(m)) s = (masked ? d0 + d1 + mk[rr] : d0 + d1) * scale;
+      // The row's running softmax over the rounds so far.
+      const float new_max = fmaxf(run_max[rr], warp_max(s));
+      const float p = s == -INFINITY ? 0.f : __expf(s - new_max);
+      const float corr = run_max[rr] == -INFINITY ? 0.f : __expf(run_max[rr] - new_max);
+      run_sum[rr] = run_sum[rr] * corr + warp_sum(p);
+      run_max[rr] = new_max;
+      ps[warp][lane] = p;
+      __syncwarp();
+      // The lane's DPL output dims: sum over the round's keys of p v.
+      float a[DPL];
+#pragma unroll
+      for (int e = 0; e < DPL; ++e) a[e] = acc[rr][e] * corr;
+#pragma unroll
+      for (int jj = 0; jj < kRoundKeys; jj += 4) {
+        const float4 p4 = *reinterpret_cast<const float4*>(&ps[warp][jj]);
+        const float pk[4] = {p4.x, p4.y, p4.z, p4.w};
+#pragma unroll
+        for (int t = 0; t < 4; ++t) {
+          const T* vr = vs + (jj + t) * dh + lane * DPL;
+#pragma unroll
+          for (int e = 0; e < DPL; ++e) a[e] = fmaf(pk[t], to_f(vr[e]), a[e]);
+        }
+      }
+#pragma unroll
+      for (int e = 0; e < DPL; ++e) acc[rr][e] = a[e];
+      __syncwarp();  // ps is the next row's
     }
   }
   T* ob = gv.out_base(out);
   if (splits == 1) {
-    for (int i = threadIdx.x; i < M * dh; i += kSplitThreads) {
-      const int m = i / dh;
-      const float inv = row_sum[m] > 0.f ? 1.f / row_sum[m] : 0.f;
-      ob[m * out.s[2] + (i % dh) * out.s[3]] = from_f<T>(acc[i] * inv);
+#pragma unroll
+    for (int rr = 0; rr < RPW; ++rr) {
+      const int m = warp + rr * kSplitWarps;
+      if (m >= M) break;
+      const float inv = run_sum[rr] > 0.f ? 1.f / run_sum[rr] : 0.f;
+#pragma unroll
+      for (int e = 0; e < DPL; ++e) ob[m * out.s[2] + (lane * DPL + e) * out.s[3]] = from_f<T>(acc[rr][e] * inv);
     }
     return;
   }
-  // 4. this split's part to the workspace: per (group, split) M stats
-  // (max, sum) then M x dh sums.
+  // This split's part to the workspace: per (group, split) M stats (max,
+  // sum) then M x dh sums.
   const int64_t per_split = static_cast<int64_t>(M) * (dh + 2);
   float* mine = ws + (group * splits + split) * per_split;
-  for (int i = threadIdx.x; i < M * dh; i += kSplitThreads) mine[2 * M + i] = acc[i];
-  if (threadIdx.x < M) mine[2 * threadIdx.x] = row_max[threadIdx.x], mine[2 * threadIdx.x + 1] = row_sum[threadIdx.x];
+#pragma unroll
+  for (int rr = 0; rr < RPW; ++rr) {
+    const int m = warp + rr * kSplitWarps;
+    if (m >= M) break;
+#pragma unroll
+    for (int e = 0; e < DPL; ++e) mine[2 * M + m * dh + lane * DPL + e] = acc[rr][e];
+    if (lane == 0) mine[2 * m] = run_max[rr], mine[2 * m + 1] = run_sum[rr];
+  }
   __threadfence();
   __syncthreads();
   if (threadIdx.x == 0) last_block = atomicAdd(&counters[group], 1u) == static_cast<unsigned>(splits - 1);
   __syncthreads();
   if (!last_block) return;
   __threadfence();
-  // 5. the last block combines: out = sum_s w_s acc_s / sum_s w_s sum_s with
-  // w_s = e^(max_s - max). The splits' figures are read in parallel into
-  // shared memory first, so that the last loop's loads are independent of
-  // each other (read one by one, behind a branch each, they made this block
-  // a chain of L2 round trips: 50 us a launch).
+  // The last block combines: out = sum_s w_s acc_s / sum_s w_s sum_s with
+  // w_s = e^(max_s - max), in the kernel's layout (a warp per row, lane s
+  // reads split s's max and sum, each lane its dims of every split's sums).
+  // The stats and the sums are loaded before any of them is used, so the
+  // combine waits for one round trip to L2 per batch of splits (the version
+  // before staged the stats through shared memory and read the sums after
+  // them: two round trips and ~1,000 cycles of dependent loops).
+  constexpr int kBatch = 64 / DPL < kMaxSplits ? 64 / DPL : kMaxSplits;  // splits' sums in registers at once
   const float* all = ws + group * splits * per_split;
-  const int ms_count = M * splits;
-  for (int i = threadIdx.x; i < ms_count; i += kSplitThreads) {
-    const int m = i / splits, s = i % splits;
-    weight[i] = __ldcg(all + s * per_split + 2 * m);
-    weighted_sum[i] = __ldcg(all + s * per_split + 2 * m + 1);
+#pragma unroll
+  for (int rr = 0; rr < RPW; ++rr) {
+    const int m = warp + rr * kSplitWarps;
+    if (m >= M) break;
+    const float* stats = all + 2 * m;
+    const float* sums = all + 2 * M + m * dh + lane * DPL;
+    const float split_max = lane < splits ? __ldcg(stats + lane * per_split) : -INFINITY;
+    const float split_sum = lane < splits ? __ldcg(stats + lane * per_split + 1) : 0.f;
+    float o[DPL];
+#pragma unroll
+    for (int e = 0; e < DPL; ++e) o[e] = 0.f;
+    float w = 0.f, inv_total = 0.f;
+    for (int s0 = 0; s0 < splits; s0 += kBatch) {
+      float part[kBatch][DPL];
+#pragma unroll
+      for (int b = 0; b < kBatch; ++b)
+#pragma unroll
+        for (int e = 0; e < DPL; ++e) part[b][e] = s0 + b < splits ? __ldcg(sums + (s0 + b) * per_split + e) : 0.f;
+      if (s0 == 0) {
+        const float mx = warp_max(split_max);
+        w = mx == -INFINITY || split_max == -INFINITY ? 0.f : __expf(split_max - mx);
+        const float total = warp_sum(w * split_sum);
+        inv_total = total > 0.f ? 1.f / total : 0.f;
+      }
+#pragma unroll
+      for (int b = 0; b < kBatch; ++b) {
+        const float wb = __shfl_sync(0xffffffffu, w, (s0 + b) & 31);
+#pragma unroll
+        for (int e = 0; e < DPL; ++e) o[e] = fmaf(wb, part[b][e], o[e]);
+      }
+    }
+#pragma unroll
+    for (int e = 0; e < DPL; ++e) ob[m * out.s[2] + (lane * DPL + e) * out.s[3]] = from_f<T>(o[e] * inv_total);
   }
-  __syncthreads();
-  if (threadIdx.x < M) {
-    float mx = -INFINITY;
-    for (int s = 0; s < splits; ++s) mx = fmaxf(mx, weight[threadIdx.x * splits + s]);
-    row_max[threadIdx.x] = mx;
-  }
-  __syncthreads();
-  for (int i = threadIdx.x; i < ms_count; i += kSplitThreads) {
-    const float mx = row_max[i / splits], ms = weight[i];
-    const float w = (mx == -INFINITY || ms == -INFINITY) ? 0.f : __expf(ms - mx);
-    weight[i] = w;
-    weighted_sum[i] *= w;
-  }
-  __syncthreads();
-  if (threadIdx.x < M) {
-    float total = 0.f;
-    for (int s = 0; s < splits; ++s) total += weighted_sum[threadIdx.x * splits + s];
-    row_sum[threadIdx.x] = total > 0.f ? 1.f / total : 0.f;
-  }
-  __syncthreads();
-  for (int i = threadIdx.x; i < M * dh; i += kSplitThreads) {
-    const int m = i / dh;
-    const float* w = weight + m * splits;
-    const float* src = all + 2 * M + i;
-    float sum = 0.f;
-#pragma unroll 8
-    for (int s = 0; s < splits; ++s) sum = fmaf(__ldcg(src + s * per_split), w[s], sum);
-    ob[m * out.s[2] + (i % dh) * out.s[3]] = from_f<T>(sum * row_sum[m]);
-  }
+  __syncthreads();  // every warp has read the workspace before the counter is reset
   if (threadIdx.x == 0) counters[group] = 0;  // ready for the next launch on this stream
 }
 
-// 16-byte key / value / query-free rows: dh / 8 a power of two <= 32, unit
-// stride along dh, aligned rows.
+// 16-byte key / value rows: unit stride along dh, aligned rows.
 bool split_rows_ok(const kt& x) {
-  const int64_t dh = x.d[3];
-  if (dh % kChunk != 0 || x.s[3] != 1 || !aligned16(x.p)) return false;
+  if (x.s[3] != 1 || !aligned16(x.p)) return false;
   for (int k = 0; k < 3; ++k)
     if (x.d[k] != 1 && x.s[k] % kChunk != 0) return false;
   return true;
 }
 
-// Splits for `groups` x `keys`: about two blocks per SM, at least one pass of
-// keys per block, within the workspace; splits = 1 needs none.
+// Splits for `groups` x `keys`: about two blocks per SM, at least one round
+// of keys per block, within the workspace; splits = 1 needs none.
 split_plan plan_splits(const launch_ctx& c, int64_t groups, int64_t M, int64_t dh, int64_t keys) {
-  const int64_t per_pass = kSplitThreads / (dh / kChunk);
-  // Shared memory (q, sums, scores: f32) within the default 48 KiB with
-  // the combine's 4 KiB of static arrays.
-  const int64_t max_chunk = (10752 - 2 * M * dh) / M;
-  if (max_chunk < per_pass) return {0, 0};
   int64_t splits = (2 * c.sm_count + groups - 1) / groups;
-  const int64_t most = (keys + per_pass - 1) / per_pass;
+  const int64_t most = (keys + kRoundKeys - 1) / kRoundKeys;
   if (splits > most) splits = most;
   if (splits > kMaxSplits) splits = kMaxSplits;
   if (splits < 1) splits = 1;
@@ -386,61 +454,73 @@ split_plan plan_splits(const launch_ctx& c, int64_t groups, int64_t M, int64_t d
     splits = c.attention_workspace_floats / (groups * per_split);
   if (groups > c.attention_counters || splits < 1) splits = 1;
   int64_t chunk = (keys + splits - 1) / splits;
-  chunk = (chunk + per_pass - 1) / per_pass * per_pass;
-  if (chunk > max_chunk) return {0, 0};  // too many keys for one block's scores
+  chunk = (chunk + kRoundKeys - 1) / kRoundKeys * kRoundKeys;
   split_plan p;
   p.splits = static_cast<int>((keys + chunk - 1) / chunk);
   p.chunk = chunk;
   return p;
 }
 
-template <class T, int MR>
+// Lets `kernel` take `bytes` of dynamic shared memory when that is more than
+// the 48 KiB a launch gets without asking: once per device, for the most
+// any of its launches asks (`most`).
+template <class Kernel>
+cudaError_t allow_shared(Kernel kernel, std::size_t bytes, std::size_t most, std::atomic<bool> (&done)[kMaxOrdinals]) {
+  if (bytes <= 48 * 1024) return cudaSuccess;
+  int dev = 0;
+  if (cudaError_t r = cudaGetDevice(&dev); r != cudaSuccess) return r;
+  if (dev >= 0 && dev < kMaxOrdinals && done[dev].load(std::memory_order_acquire)) return cudaSuccess;
+  const cudaError_t r = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(most));
+  if (r == cudaSuccess && dev >= 0 && dev < kMaxOrdinals) done[dev].store(true, std::memory_order_release);
+  return r;
+}
+
+template <class T, int DPL, int RPW>
 error go_split(const launch_ctx& c, const kt& out, const kt& q, const kt& k, const kt& v, const kt& mask, bool masked,
                float scale, bool causal, int64_t S, int64_t groups, const split_plan& sp) {
-  const int64_t M = q.d[2], dh = q.d[3];
-  const std::size_t shared = static_cast<std::size_t>(2 * M * dh + M * sp.chunk) * sizeof(float);
-  launch_kernel(c, split_attention_kernel<T, MR>, dim3(static_cast<unsigned>(groups), static_cast<unsigned>(sp.splits)),
-                kSplitThreads, shared, out, q, k, v, mask, masked, scale, causal, S, sp.chunk, c.attention_workspace,
+  static std::atomic<bool> done[kMaxOrdinals];
+  const auto kernel = split_attention_kernel<T, DPL, RPW>;
+  const std::size_t shared = split_shared_bytes<T>(q.d[2], 32 * DPL);
+  AG_CUDA_TRY(allow_shared(kernel, shared, split_shared_bytes<T>(kSplitWarps * RPW, 32 * DPL), done),
+              c.where + " (shared memory for fused attention)");
+  launch_kernel(c, kernel, dim3(static_cast<unsigned>(groups), static_cast<unsigned>(sp.splits)), kSplitThreads, shared,
+                out, q, k, v, mask, masked, scale, causal, S, sp.chunk, c.attention_workspace,
                 c.attention_counter_words);
   return {};
 }
 
-template <class T>
+template <class T, int DPL>
 error go_split_rows(const launch_ctx& c, const kt& out, const kt& q, const kt& k, const kt& v, const kt& mask,
                     bool masked, float scale, bool causal, int64_t S, int64_t groups, const split_plan& sp) {
-  const int64_t M = q.d[2];
-  if (M <= 1) return go_split<T, 1>(c, out, q, k, v, mask, masked, scale, causal, S, groups, sp);
-  if (M <= 2) return go_split<T, 2>(c, out, q, k, v, mask, masked, scale, causal, S, groups, sp);
-  if (M <= 4) return go_split<T, 4>(c, out, q, k, v, mask, masked, scale, causal, S, groups, sp);
-  if (M <= 8) return go_split<T, 8>(c, out, q, k, v, mask, masked, scale, causal, S, groups, sp);
-  return go_split<T, kMaxRows>(c, out, q, k, v, mask, masked, scale, causal, S, groups, sp);
+  // A warp per row up to 4 rows (a LLaMA decode step's query heads per kv head), up to 4 rows per warp beyond.
+  if (q.d[2] <= kSplitWarps) return go_split<T, DPL, 1>(c, out, q, k, v, mask, masked, scale, causal, S, groups, sp);
+  return go_split<T, DPL, kMaxRows / kSplitWarps>(c, out, q, k, v, mask, masked, scale, causal, S, groups, sp);
+}
+
+template <class T>
+error go_split_head(const launch_ctx& c, const kt& out, const kt& q, const kt& k, const kt& v, const kt& mask,
+                    bool masked, float scale, bool causal, int64_t S, int64_t groups, const split_plan& sp) {
+  switch (q.d[3]) {
+    case 32: return go_split_rows<T, 1>(c, out, q, k, v, mask, masked, scale, causal, S, groups, sp);
+    case 64: return go_split_rows<T, 2>(c, out, q, k, v, mask, masked, scale, causal, S, groups, sp);
+    case 128: return go_split_rows<T, 4>(c, out, q, k, v, mask, masked, scale, causal, S, groups, sp);
+    default: return go_split_rows<T, 8>(c, out, q, k, v, mask, masked, scale, causal, S, groups, sp);
+  }
 }
 
 std::size_t shared_bytes(int64_t M, int64_t dh, int64_t keys) {
   return static_cast<std::size_t>(M * dh + M * keys + kThreads * M) * sizeof(float);
 }
 
-// Lets the kernel use more than 48 KiB of shared memory, once per device.
-template <class T, int MR>
-cudaError_t allow_shared(std::size_t bytes) {
-  static std::atomic<bool> done[kMaxOrdinals];
-  if (bytes <= 48 * 1024) return cudaSuccess;
-  int dev = 0;
-  if (cudaError_t r = cudaGetDevice(&dev); r != cudaSuccess) return r;
-  if (dev >= 0 && dev < kMaxOrdinals && done[dev].load(std::memory_order_acquire)) return cudaSuccess;
-  const cudaError_t r = cudaFuncSetAttribute(fused_attention_kernel<T, MR>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                             static_cast<int>(shared_bytes(kMaxRows, kMaxHead, kMaxScores / kMaxRows)));
-  if (r == cudaSuccess && dev >= 0 && dev < kMaxOrdinals) done[dev].store(true, std::memory_order_release);
-  return r;
-}
-
 template <class T, int MR>
 error go_rows(const launch_ctx& c, const kt& out, const kt& q, const kt& k, const kt& v, const kt& mask, bool masked,
               float scale, bool causal, int64_t S, int64_t groups) {
+  static std::atomic<bool> done[kMaxOrdinals];
+  const auto kernel = fused_attention_kernel<T, MR>;
   const std::size_t shared = shared_bytes(q.d[2], q.d[3], k.d[2]);
-  AG_CUDA_TRY((allow_shared<T, MR>(shared)), c.where + " (shared memory for fused attention)");
-  launch_kernel(c, fused_attention_kernel<T, MR>, static_cast<unsigned>(groups), kThreads, shared, out, q, k, v, mask,
-                masked, scale, causal, S);
+  AG_CUDA_TRY(allow_shared(kernel, shared, shared_bytes(kMaxRows, kMaxHead, kMaxScores / kMaxRows), done),
+              c.where + " (shared memory for fused attention)");
+  launch_kernel(c, kernel, static_cast<unsigned>(groups), kThreads, shared, out, q, k, v, mask, masked, scale, causal, S);
   return {};
 }
 
@@ -480,15 +560,14 @@ error launch_fused_attention(const launch_ctx& c, const kt& out, const kt& q, co
   const kt none{};
   const kt& mk = mask ? *mask : none;
   error e;
-  const int64_t G = dh / kChunk;
-  if (c.attention_workspace && dh % kChunk == 0 && G <= 32 && (G & (G - 1)) == 0 && split_rows_ok(k) &&
+  if (c.attention_workspace && (dh == 32 || dh == 64 || dh == 128 || dh == 256) && split_rows_ok(k) &&
       split_rows_ok(v)) {
     const split_plan sp = plan_splits(c, groups, M, dh, keys);
     if (sp.splits > 0) {
       switch (static_cast<dtype>(t)) {
-        case dtype::f32: e = go_split_rows<float>(c, out, q, k, v, mk, mask != nullptr, scale, causal, softmax_rows, groups, sp); break;
-        case dtype::f16: e = go_split_rows<__half>(c, out, q, k, v, mk, mask != nullptr, scale, causal, softmax_rows, groups, sp); break;
-        default: e = go_split_rows<__nv_bfloat16>(c, out, q, k, v, mk, mask != nullptr, scale, causal, softmax_rows, groups, sp); break;
+        case dtype::f32: e = go_split_head<float>(c, out, q, k, v, mk, mask != nullptr, scale, causal, softmax_rows, groups, sp); break;
+        case dtype::f16: e = go_split_head<__half>(c, out, q, k, v, mk, mask != nullptr, scale, causal, softmax_rows, groups, sp); break;
+        default: e = go_split_head<__nv_bfloat16>(c, out, q, k, v, mk, mask != nullptr, scale, causal, softmax_rows, groups, sp); break;
       }
       if (e) return e;
       AG_CUDA_TRY_LAUNCH(c.where);
