@@ -625,6 +625,7 @@ struct projection_count {
 projection_count count_projections(const models::transformer_config& cfg, device_kind kind, bool fuse = true) {
   plan_options o;
   o.fuse_projections = fuse;
+  o.fuse_ops = false;  // attention chains apart: describe() below names only projection groups
   const auto [p, prog] = compile_and_lower(cfg, kind, o);
   projection_count c;
   if (!prog) return c;
