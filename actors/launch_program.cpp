@@ -66,6 +66,23 @@ error apply_fusions(const plan& p, const step& s, lowered_step& ls) {
     if (first == ls.ops.end() || last == ls.ops.end() || sm == ls.ops.end() || last - first != span ||
         (f.mask_add != no_node && add == ls.ops.end()))
       return err("has a fusion whose ops are not consecutive in it", p.source().at(f.out).name);
+    // The prologue's records (graph/fusion.hpp) are the ones right before.
+    const auto n_pro = static_cast<std::ptrdiff_t>(f.prologue_ops());
+    if (first - ls.ops.begin() < n_pro)
+      return err("has a fusion whose prologue is not right before its chain", p.source().at(f.out).name);
+    const auto pro = first - n_pro;
+    const auto role = [&](node_id id) -> lowered_op* {
+      for (auto it = pro; it != first; ++it)
+        if (it->op->id == id) return &*it;
+      return nullptr;
+    };
+    lowered_op* k_store = role(f.k_store);
+    lowered_op* v_store = role(f.v_store);
+    lowered_op* k_rope = role(f.k_rope);
+    lowered_op* q_rope = role(f.q_rope);
+    if ((f.k_store != no_node && !k_store) || (f.v_store != no_node && !v_store) || (f.k_rope != no_node && !k_rope) ||
+        (f.q_rope != no_node && !q_rope))
+      return err("has a fusion whose prologue is not right before its chain", p.source().at(f.out).name);
     lowered_op fused;
     fused.op = last->op;
     fused.out = last->out;
@@ -78,8 +95,38 @@ error apply_fusions(const plan& p, const step& s, lowered_step& ls) {
       fused.attention.masked = true;
       fused.inputs.push_back(add->inputs.at(1));
     }
-    *first = std::move(fused);
-    ls.ops.erase(first + 1, first + 1 + span);
+    if (k_store) {
+      // A rope's output read through a view, as the same view of its input:
+      // the rope writes its input's layout (both contiguous, same dims).
+      const auto before_rope = [&](operand viewed, const lowered_op& rope, operand& pre) {
+        const operand &in = rope.inputs.at(0), &out = rope.out;
+        if (viewed.where != out.where || in.proto.dims != out.proto.dims || in.proto.stride != out.proto.stride ||
+            viewed.device != out.device || in.device != out.device)
+          return false;
+        pre = viewed;
+        pre.where = in.where;
+        pre.byte_offset = in.byte_offset + (viewed.byte_offset - out.byte_offset);
+        return true;
+      };
+      operand k_new = k_store->inputs.at(0);
+      if (q_rope && !before_rope(fused.inputs[0], *q_rope, fused.inputs[0]))
+        return err("has a fused rope whose input and output layouts differ", q_rope->op->name);
+      if (k_rope && !before_rope(k_store->inputs.at(0), *k_rope, k_new))
+        return err("has a fused rope whose input and output layouts differ", k_rope->op->name);
+      fused.inputs.push_back(k_new);
+      fused.inputs.push_back(v_store->inputs.at(0));
+      fused.inputs.push_back(k_store->inputs.at(1));
+      fused.attention.store_new_rows = true;
+      fused.attention.rope_q = q_rope != nullptr;
+      fused.attention.rope_k = k_rope != nullptr;
+      if (q_rope || k_rope) {
+        const lowered_op& r = q_rope ? *q_rope : *k_rope;
+        fused.inputs.push_back(r.inputs.at(1));
+        fused.attention.rope_theta = r.op->attrs.theta;
+      }
+    }
+    *pro = std::move(fused);
+    ls.ops.erase(pro + 1, first + 1 + span);
   }
   // Projection groups: one GEMV record at the group's first op (its ops are
   // consecutive records), reading and writing what graph/fusion.hpp says.

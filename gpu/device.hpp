@@ -112,11 +112,23 @@ struct op_launch {
   /// `out` is [.., M, dh]. Row r of the rows the softmax saw (in order) is
   /// query row m of batch b (r = b * M + m) and row r % softmax_rows of the
   /// softmax's [.., S, keys] view, which the causal flag and the mask index.
+  ///
+  /// With a cache prologue (graph/fusion.hpp; `store_new_rows`), `inputs`
+  /// go on with {k_new, v_new [.., S, dh] (views), cache_positions i32 [S]}
+  /// and, when a rope is fused, the rope positions i32 [S]: the kernel
+  /// stores the new rows at cache_positions along k's and v's keys (-1 or
+  /// out of range: not stored) and reads them there; `rope_q` / `rope_k`:
+  /// q's rows / the new keys are first rotated (neox, `rope_theta`) by the
+  /// position of their softmax row, rounded to the dtype as a rope op would.
   struct attention_params {
     float scale = 1.0f;
     bool causal = false;
     bool masked = false;
     int64_t softmax_rows = 1;  ///< S: the softmax view's second-last dim
+    bool store_new_rows = false;
+    bool rope_q = false;
+    bool rope_k = false;
+    float rope_theta = 10000.0f;
   };
   attention_params attention{};
   /// An in-stream all-reduce part (collective_algo::in_stream, plan.hpp):

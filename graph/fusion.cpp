@@ -92,6 +92,82 @@ std::optional<attention_fusion> match(const graph& g, const std::vector<node_id>
   return f;
 }
 
+/// `id` through views of any kind (permute, reshape, ...): the node whose
+/// buffer it reads.
+node_id through_views(const graph& g, node_id id) {
+  while (is_view_op(g.at(id).op)) id = g.at(id).inputs.at(0);
+  return id;
+}
+
+/// A neox rope of [.., S, H, dh] rows by positions i32 [S], same dtype in and out.
+bool is_fusable_rope(const graph& g, const node& r, int64_t dh, dtype t) {
+  if (r.op != op_kind::rope || r.attrs.rope != rope_mode::neox || r.inputs.size() != 2 || r.type != t) return false;
+  const node& x = g.at(r.inputs[0]);
+  return x.type == t && x.dims == r.dims && r.dims.rank() >= 3 && r.dims[-1] == dh &&
+         g.at(r.inputs[1]).type == dtype::i32;
+}
+
+/// The cache prologue of chain `f` (graph/fusion.hpp), filled in when its
+/// ops are the compute ops right before ops[i] (the chain's scores).
+void match_prologue(const graph& g, const std::vector<node_id>& ops, std::size_t i, attention_fusion& f) {
+  const node& qk = g.at(f.scores);
+  const node& pv = g.at(f.out);
+  const node& q = g.at(qk.inputs[0]);
+  const int64_t dh = q.dims[-1];
+  const dtype t = q.type;
+  if (dh != 32 && dh != 64 && dh != 128 && dh != 256) return;
+  const node& ks = g.at(qk.inputs[1]);
+  const node& vs = g.at(pv.inputs[1]);
+  if (ks.op != op_kind::store_rows || vs.op != op_kind::store_rows || !only_read_by(g, ks.id, qk.id) ||
+      !only_read_by(g, vs.id, pv.id))
+    return;
+  const node& k_rows = g.at(ks.inputs[0]);
+  const node& v_rows = g.at(vs.inputs[0]);
+  const int rank = ks.dims.rank();
+  // Both caches [.., keys, dh] along the keys, the same positions, S <= 16
+  // new rows of k and v alike, one per softmax row position.
+  if (ks.attrs.axis != rank - 2 || vs.attrs.axis != rank - 2 || ks.inputs[1] != vs.inputs[1] || ks.dims != vs.dims ||
+      k_rows.dims != v_rows.dims || k_rows.type != t || v_rows.type != t || ks.type != t || vs.type != t ||
+      k_rows.dims.rank() != rank || k_rows.dims[-2] > fused_attention_max_new_rows ||
+      k_rows.dims[-2] != g.at(f.softmax).dims[-2])
+    return;
+  for (int d = 0; d < rank; ++d)
+    if (d != rank - 2 && k_rows.dims[d] != ks.dims[d]) return;
+  const int64_t S = k_rows.dims[-2];
+  // The ropes: neox, S positions, read by nothing but the chain.
+  const auto rope_of = [&](node_id viewed, node_id reader) {
+    const node_id r = through_views(g, viewed);
+    const node& n = g.at(r);
+    return is_fusable_rope(g, n, dh, t) && g.at(n.inputs[1]).dims.numel() == S && only_read_by(g, r, reader) ? r
+                                                                                                             : no_node;
+  };
+  attention_fusion p = f;
+  p.k_store = ks.id;
+  p.v_store = vs.id;
+  p.k_rope = rope_of(ks.inputs[0], ks.id);
+  p.q_rope = rope_of(qk.inputs[0], qk.id);
+  if (p.q_rope != no_node && p.k_rope != no_node &&
+      (g.at(p.q_rope).inputs[1] != g.at(p.k_rope).inputs[1] || g.at(p.q_rope).attrs.theta != g.at(p.k_rope).attrs.theta))
+    p.q_rope = no_node;
+  // Its ops must be the ones right before the scores (any order): with q's
+  // rope, else without it.
+  const auto right_before = [&](const attention_fusion& c) {
+    const auto n = static_cast<std::size_t>(c.prologue_ops());
+    if (n > i) return false;
+    for (std::size_t back = 1; back <= n; ++back) {
+      const node_id id = ops[i - back];
+      if (id != c.k_store && id != c.v_store && id != c.k_rope && id != c.q_rope) return false;
+    }
+    return true;
+  };
+  if (!right_before(p)) {
+    if (p.q_rope == no_node) return;
+    p.q_rope = no_node;
+    if (!right_before(p)) return;
+  }
+  f = p;
+}
+
 /// x [.., K] (read as rows of K) times the weight leaf w [N, K] transposed,
 /// within the GEMV kernel's limits (graph/fusion.hpp, projection_fusion).
 bool is_gemv_projection(const graph& g, const node& mm) {
@@ -225,6 +301,26 @@ std::vector<projection_fusion> find_projection_fusions(const graph& g, const std
   return found;
 }
 
+std::vector<node_id> attention_fusion::ops() const {
+  std::vector<node_id> all;
+  for (node_id id : {k_store, v_store, k_rope, q_rope, scores, mask_add, softmax, out})
+    if (id != no_node) all.push_back(id);
+  return all;
+}
+
+std::vector<node_id> attention_fusion::inputs(const graph& g) const {
+  std::vector<node_id> in{q_rope != no_node ? g.at(q_rope).inputs[0] : g.at(scores).inputs[0], g.at(scores).inputs[1],
+                          g.at(out).inputs[1]};
+  if (mask_add != no_node) in.push_back(g.at(mask_add).inputs[1]);
+  if (k_store != no_node) {
+    in.push_back(k_rope != no_node ? g.at(k_rope).inputs[0] : g.at(k_store).inputs[0]);
+    in.push_back(g.at(v_store).inputs[0]);
+    in.push_back(g.at(k_store).inputs[1]);
+    if (q_rope != no_node || k_rope != no_node) in.push_back(g.at(q_rope != no_node ? q_rope : k_rope).inputs[1]);
+  }
+  return in;
+}
+
 std::vector<attention_fusion> find_attention_fusions(const graph& g, const std::vector<step>& steps,
                                                      const std::vector<device_spec>& devices) {
   std::vector<attention_fusion> found;
@@ -235,6 +331,7 @@ std::vector<attention_fusion> find_attention_fusions(const graph& g, const std::
       auto f = match(g, ops, i);
       if (!f) continue;
       f->step = st.id;
+      match_prologue(g, ops, i, *f);
       found.push_back(*f);
       i += f->mask_add == no_node ? 2 : 3;  // past the chain's last op
     }

@@ -27,13 +27,41 @@ using step_id = int32_t;
 /// within the kernel's limits (M <= 16, keys <= 8192, M x keys <= 32768,
 /// dh <= 256; gpu/cuda/attention.cuh). The kernel reads q, k and the mask at
 /// `out`'s place in the step.
+///
+/// The chain may take in a KV cache's prologue, the compute ops right before
+/// it in the step (any order): `k_store` and `v_store`, the store_rows ops
+/// whose outputs (the caches [.., keys, dh]) are k and v, storing the same
+/// positions (i32 [S]) along the keys; then optionally `k_rope`, the neox
+/// rope whose output (through views) is k_store's rows, and `q_rope`, the
+/// neox rope whose output (through views) is q, both by one positions input
+/// and theta; each read by nothing else. The kernel then rotates q's and the
+/// new keys' rows itself (rounding as the rope would), stores the new rows
+/// into the caches and uses them in place of the caches' rows at those
+/// positions. Only where the head dim is 32, 64, 128 or 256 (the split
+/// kernel, gpu/cuda/attention.cu) and S <= 16.
 struct attention_fusion {
   step_id step = -1;
   node_id scores = no_node;   ///< matmul(q, k^T): its inputs are q and k
   node_id mask_add = no_node; ///< add(scores, mask), or no_node
   node_id softmax = no_node;
   node_id out = no_node;      ///< matmul(probs, v): its input 1 is v
+  node_id k_store = no_node;  ///< the prologue (above), or no_node
+  node_id v_store = no_node;
+  node_id k_rope = no_node;
+  node_id q_rope = no_node;
+  /// The prologue's ops (those set), then the chain's, in no particular order.
+  std::vector<node_id> ops() const;
+  /// The nodes the kernel reads from outside the chain: q (q_rope's input
+  /// when it is fused), k and v (the caches), the mask, and with a prologue
+  /// the new rows, their positions and the rope positions.
+  std::vector<node_id> inputs(const graph& g) const;
+  /// How many prologue ops the chain took in (0 to 4).
+  int prologue_ops() const noexcept {
+    return (k_store != no_node) + (v_store != no_node) + (k_rope != no_node) + (q_rope != no_node);
+  }
 };
+/// The most query positions (S) a fused prologue takes.
+inline constexpr int64_t fused_attention_max_new_rows = 16;
 
 /// The kernel's limits (gpu/cuda/attention.cu checks them again).
 inline constexpr int64_t fused_attention_max_rows = 16;

@@ -166,15 +166,14 @@ error check_hazards(const plan& p) {
         for (node_id in : nd.inputs) acc[dev][root_of(g, in)].reads.push_back({s.id, static_cast<int>(k)});
         acc[dev][nd.id].writes.push_back({s.id, static_cast<int>(k)});
       }
-      // A fused chain's kernel reads q, k and the mask at the chain's last
-      // op (graph/fusion.hpp).
+      // A fused chain's kernel reads q, k, v, the mask and its prologue's
+      // inputs at the chain's last op (graph/fusion.hpp).
       for (const attention_fusion& f : p.fusions()) {
         if (f.step != s.id) continue;
         const auto at = std::find(s.ops.begin(), s.ops.end(), f.out);
         if (at == s.ops.end()) return step_err(s, "a fusion's last op is not in its step");
         const int k = static_cast<int>(at - s.ops.begin());
-        for (node_id in : g.at(f.scores).inputs) acc[dev][root_of(g, in)].reads.push_back({s.id, k});
-        if (f.mask_add != no_node) acc[dev][root_of(g, g.at(f.mask_add).inputs.at(1))].reads.push_back({s.id, k});
+        for (node_id in : f.inputs(g)) acc[dev][root_of(g, in)].reads.push_back({s.id, k});
       }
       // A projection group's kernel reads the group's inputs from outside it
       // at its last op, and writes every output there (a shared-input

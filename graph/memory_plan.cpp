@@ -173,8 +173,7 @@ void planner::elide_concats(plan& p) {
   // Nodes inside a fused kernel may never be written as nodes: not pieces.
   std::vector<char> taken(g.size(), 0);
   for (const attention_fusion& f : p.fusions_)
-    for (node_id id : {f.scores, f.mask_add, f.softmax, f.out})
-      if (id != no_node) taken[static_cast<std::size_t>(id)] = 1;
+    for (node_id id : f.ops()) taken[static_cast<std::size_t>(id)] = 1;
   for (const projection_fusion& f : p.projection_fusions_)
     for (node_id id : f.ops) taken[static_cast<std::size_t>(id)] = 1;
   for (step& st : p.steps_) {
@@ -304,15 +303,14 @@ error planner::plan_memory(plan& p) {
     }
   }
 
-  // A fused chain's kernel reads q, k and the mask at the chain's last op
-  // (graph/fusion.hpp): they stay live until then.
+  // A fused chain's kernel reads q, k, v, the mask and its prologue's inputs
+  // at the chain's last op (graph/fusion.hpp): they stay live until then.
   for (const attention_fusion& f : p.fusions_) {
     const step& st = p.steps_[static_cast<std::size_t>(f.step)];
     const auto at = std::find(st.ops.begin(), st.ops.end(), f.out);
     if (at == st.ops.end()) return error(errc::internal, "memory plan: a fusion's last op is not in its step");
     const position pos{st.id, static_cast<int>(at - st.ops.begin())};
-    for (node_id i : g.at(f.scores).inputs) read(st.device, i, pos);
-    if (f.mask_add != no_node) read(st.device, g.at(f.mask_add).inputs.at(1), pos);
+    for (node_id i : f.inputs(g)) read(st.device, i, pos);
   }
   // A projection group's kernel reads the group's inputs from outside it at
   // its last op.

@@ -182,9 +182,13 @@ std::string plan::describe() const {
       os << "\n";
     }
     // Fused kernels on this device (plan_options::fuse_ops, fuse_projections).
-    int attention = 0, qkv = 0, gated = 0, residual = 0, normed = 0, saved = 0;
+    int attention = 0, cached = 0, qkv = 0, gated = 0, residual = 0, normed = 0, saved = 0;
     for (const attention_fusion& f : fusions_)
-      if (steps_[static_cast<std::size_t>(f.step)].device == d) ++attention, saved += f.mask_add == no_node ? 2 : 3;
+      if (steps_[static_cast<std::size_t>(f.step)].device == d) {
+        ++attention;
+        cached += f.k_store != no_node ? 1 : 0;
+        saved += static_cast<int>(f.ops().size()) - 1;
+      }
     for (const projection_fusion& f : projection_fusions_) {
       if (steps_[static_cast<std::size_t>(f.step)].device != d) continue;
       saved += static_cast<int>(f.ops.size()) - 1;
@@ -192,7 +196,7 @@ std::string plan::describe() const {
       normed += f.norm_prologue ? 1 : 0;
     }
     if (saved > 0)
-      os << "  fused: " << attention << " attention chain(s), " << qkv << " shared-input projection group(s), " << gated
+      os << "  fused: " << attention << " attention chain(s) (" << cached << " with their KV cache's stores and ropes), " << qkv << " shared-input projection group(s), " << gated
          << " gated-MLP group(s), " << residual << " projection + residual group(s); " << normed
          << " group(s) with their rms_norm: " << saved << " launches fewer per job\n";
   }

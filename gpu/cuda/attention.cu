@@ -1,6 +1,8 @@
 #include "gpu/cuda/attention.cuh"
 
 #include <atomic>
+#include <cmath>
+#include <string>
 
 #include "gpu/cuda/common.cuh"
 #include "gpu/cuda/cuda_check.cuh"
@@ -224,9 +226,35 @@ constexpr std::size_t split_key_stride(int dh) {
   return static_cast<std::size_t>(dh) + 16 / sizeof(T);  // an odd number of 16-byte units: no bank conflicts
 }
 template <class T>
-std::size_t split_shared_bytes(int64_t M, int dh) {
+std::size_t split_shared_bytes(int64_t M, int dh, int64_t new_rows) {
   return static_cast<std::size_t>(M * dh) * sizeof(float) +
-         kRoundKeys * (split_key_stride<T>(dh) + static_cast<std::size_t>(dh)) * sizeof(T);
+         (kRoundKeys * (split_key_stride<T>(dh) + static_cast<std::size_t>(dh)) +
+          0) * sizeof(T) + 2 * static_cast<std::size_t>(new_rows * dh) * sizeof(float);
+}
+
+// A cache prologue (attention.cuh, attention_prologue) as the split kernel
+// takes it: rows S = the softmax rows; inv[k] = theta^(-2k/dh) (f64, as
+// gpu/cuda/rope.cu computes them on the host).
+constexpr int kMaxRopePairs = 128;
+constexpr int kMaxNewRows = 16;  // graph/fusion.hpp's fused_attention_max_new_rows
+struct split_prologue {
+  bool on = false, rope_q = false, rope_k = false;
+  kt k_new, v_new, cache_positions, rope_positions;
+  double inv[kMaxRopePairs];
+};
+
+// Rotates the pair (x[k], x[k + half]) by position `pos` (neox), rounded to
+// T as the rope op's output is: gpu/cuda/rope.cu's arithmetic.
+template <class T>
+__device__ __forceinline__ void rotate_rounded(float* x, int k, int half, int32_t pos, double inv) {
+  const double angle = static_cast<double>(pos) * inv;
+  const double two_pi = 6.283185307179586476925286766559;
+  const float reduced = static_cast<float>(angle - rint(angle * (1.0 / two_pi)) * two_pi);
+  float fs, fc;
+  sincosf(reduced, &fs, &fc);
+  const float a = x[k], b = x[k + half];
+  x[k] = to_f(from_f<T>(a * fc - b * fs));
+  x[k + half] = to_f(from_f<T>(a * fs + b * fc));
 }
 
 // DPL: head dims per lane (dh = 32 DPL); RPW: query rows per warp the loops
@@ -234,7 +262,7 @@ std::size_t split_shared_bytes(int64_t M, int dh) {
 template <class T, int DPL, int RPW>
 __global__ void __launch_bounds__(kSplitThreads)
     split_attention_kernel(kt out, kt q, kt k, kt v, kt mask, bool masked, float scale, bool causal, int64_t S,
-                           int64_t chunk, float* ws, unsigned* counters) {
+                           int64_t chunk, float* ws, unsigned* counters, split_prologue pro) {
   constexpr int dh = 32 * DPL;
   constexpr int E = 16 / sizeof(T);                       // elements per 16-byte vector
   constexpr int kVecs = dh / E;                           // vectors per key row
@@ -289,10 +317,70 @@ __global__ void __launch_bounds__(kSplitThreads)
       *reinterpret_cast<uint4*>(vs + (i / kVecs) * dh + (i % kVecs) * E) = vx[u];
     }
   };
-  // The first round's loads and q's in flight together.
+  // The prologue's new rows [S][dh] (as T; rotated in place), after the round's rows.
+  float* knew = reinterpret_cast<float*>(vs + kRoundKeys * dh);
+  float* vnew = knew + (pro.on ? S * dh : 0);
+  __shared__ int32_t cache_row[kMaxNewRows];
+  const int n_new = pro.on ? static_cast<int>(S) : 0;
+  // The first round's loads, q's and the prologue's in flight together.
   load_round(j_begin);
   for (int i = threadIdx.x; i < M * dh; i += kSplitThreads) qs[i] = to_f(qb[(i / dh) * q.s[2] + (i % dh) * q.s[3]]);
+  if (pro.on) {
+    const T* kn = static_cast<const T*>(pro.k_new.p) + gv.b0 * pro.k_new.s[0] + gv.b1 * pro.k_new.s[1];
+    const T* vn = static_cast<const T*>(pro.v_new.p) + gv.b0 * pro.v_new.s[0] + gv.b1 * pro.v_new.s[1];
+    for (int i = threadIdx.x; i < n_new * dh; i += kSplitThreads) {
+      knew[i] = to_f(kn[(i / dh) * pro.k_new.s[2] + (i % dh) * pro.k_new.s[3]]);
+      vnew[i] = to_f(vn[(i / dh) * pro.v_new.s[2] + (i % dh) * pro.v_new.s[3]]);
+    }
+    if (threadIdx.x < n_new) {
+      // A row stored twice keeps the later (store_rows' order): the earlier is dropped.
+      int32_t at = static_cast<const int32_t*>(pro.cache_positions.p)[threadIdx.x * pro.cache_positions.s[3]];
+      for (int later = threadIdx.x + 1; later < n_new; ++later)
+        if (static_cast<const int32_t*>(pro.cache_positions.p)[later * pro.cache_positions.s[3]] == at) at = -1;
+      cache_row[threadIdx.x] = at < 0 || at >= keys ? -1 : at;
+    }
+    if (pro.rope_q || pro.rope_k) {
+      __syncthreads();
+      constexpr int half = dh / 2;
+      const auto pos_of = [&](int64_t s) { return static_cast<const int32_t*>(pro.rope_positions.p)[s * pro.rope_positions.s[3]]; };
+      if (pro.rope_q)
+        for (int i = threadIdx.x; i < M * half; i += kSplitThreads) {
+          const int m = i / half, kk = i % half;
+          rotate_rounded<T>(qs + m * dh, kk, half, pos_of((gv.first_row + m) % S), pro.inv[kk]);
+        }
+      if (pro.rope_k)
+        for (int i = threadIdx.x; i < n_new * half; i += kSplitThreads) {
+          const int r = i / half, kk = i % half;
+          rotate_rounded<T>(knew + r * dh, kk, half, pos_of(r), pro.inv[kk]);
+        }
+    }
+    __syncthreads();
+    // One block of the group stores the new rows into the caches; every
+    // block reads them from shared memory where a round meets them.
+    if (split == 0)
+      for (int i = threadIdx.x; i < n_new * dh; i += kSplitThreads) {
+        const int r = i / dh, d = i % dh;
+        if (cache_row[r] < 0) continue;
+        T* kc = const_cast<T*>(kb) + cache_row[r] * k.s[2] + d * k.s[3];
+        T* vc = const_cast<T*>(vb) + cache_row[r] * v.s[2] + d * v.s[3];
+        *kc = from_f<T>(knew[i]);
+        *vc = from_f<T>(vnew[i]);
+      }
+  }
   store_round();
+  // The new rows in place of the round's cache rows at their positions.
+  const auto substitute = [&](int64_t j0) {
+    if (!pro.on) return;
+    __syncthreads();
+    for (int i = threadIdx.x; i < n_new * dh; i += kSplitThreads) {
+      const int r = i / dh, d = i % dh;
+      const int64_t j = cache_row[r];
+      if (j < j0 || j >= j0 + kRoundKeys || j >= j_end) continue;
+      ks[(j - j0) * kStride + d] = from_f<T>(knew[i]);
+      vs[(j - j0) * dh + d] = from_f<T>(vnew[i]);
+    }
+  };
+  substitute(j_begin);
   float acc[RPW][DPL], run_max[RPW], run_sum[RPW];
 #pragma unroll
   for (int rr = 0; rr < RPW; ++rr) {
@@ -305,6 +393,7 @@ __global__ void __launch_bounds__(kSplitThreads)
       load_round(j0);
       __syncthreads();  // every warp is done with the last round's rows
       store_round();
+      substitute(j0);
     }
     __syncthreads();
     const int64_t j = j0 + lane;
@@ -477,34 +566,36 @@ cudaError_t allow_shared(Kernel kernel, std::size_t bytes, std::size_t most, std
 
 template <class T, int DPL, int RPW>
 error go_split(const launch_ctx& c, const kt& out, const kt& q, const kt& k, const kt& v, const kt& mask, bool masked,
-               float scale, bool causal, int64_t S, int64_t groups, const split_plan& sp) {
+               float scale, bool causal, int64_t S, int64_t groups, const split_plan& sp, const split_prologue& pro) {
   static std::atomic<bool> done[kMaxOrdinals];
   const auto kernel = split_attention_kernel<T, DPL, RPW>;
-  const std::size_t shared = split_shared_bytes<T>(q.d[2], 32 * DPL);
-  AG_CUDA_TRY(allow_shared(kernel, shared, split_shared_bytes<T>(kSplitWarps * RPW, 32 * DPL), done),
+  const std::size_t shared = split_shared_bytes<T>(q.d[2], 32 * DPL, pro.on ? S : 0);
+  AG_CUDA_TRY(allow_shared(kernel, shared, split_shared_bytes<T>(kSplitWarps * RPW, 32 * DPL, kMaxNewRows), done),
               c.where + " (shared memory for fused attention)");
   launch_kernel(c, kernel, dim3(static_cast<unsigned>(groups), static_cast<unsigned>(sp.splits)), kSplitThreads, shared,
                 out, q, k, v, mask, masked, scale, causal, S, sp.chunk, c.attention_workspace,
-                c.attention_counter_words);
+                c.attention_counter_words, pro);
   return {};
 }
 
 template <class T, int DPL>
 error go_split_rows(const launch_ctx& c, const kt& out, const kt& q, const kt& k, const kt& v, const kt& mask,
-                    bool masked, float scale, bool causal, int64_t S, int64_t groups, const split_plan& sp) {
+                    bool masked, float scale, bool causal, int64_t S, int64_t groups, const split_plan& sp,
+                    const split_prologue& pro) {
   // A warp per row up to 4 rows (a LLaMA decode step's query heads per kv head), up to 4 rows per warp beyond.
-  if (q.d[2] <= kSplitWarps) return go_split<T, DPL, 1>(c, out, q, k, v, mask, masked, scale, causal, S, groups, sp);
-  return go_split<T, DPL, kMaxRows / kSplitWarps>(c, out, q, k, v, mask, masked, scale, causal, S, groups, sp);
+  if (q.d[2] <= kSplitWarps) return go_split<T, DPL, 1>(c, out, q, k, v, mask, masked, scale, causal, S, groups, sp, pro);
+  return go_split<T, DPL, kMaxRows / kSplitWarps>(c, out, q, k, v, mask, masked, scale, causal, S, groups, sp, pro);
 }
 
 template <class T>
 error go_split_head(const launch_ctx& c, const kt& out, const kt& q, const kt& k, const kt& v, const kt& mask,
-                    bool masked, float scale, bool causal, int64_t S, int64_t groups, const split_plan& sp) {
+                    bool masked, float scale, bool causal, int64_t S, int64_t groups, const split_plan& sp,
+                    const split_prologue& pro) {
   switch (q.d[3]) {
-    case 32: return go_split_rows<T, 1>(c, out, q, k, v, mask, masked, scale, causal, S, groups, sp);
-    case 64: return go_split_rows<T, 2>(c, out, q, k, v, mask, masked, scale, causal, S, groups, sp);
-    case 128: return go_split_rows<T, 4>(c, out, q, k, v, mask, masked, scale, causal, S, groups, sp);
-    default: return go_split_rows<T, 8>(c, out, q, k, v, mask, masked, scale, causal, S, groups, sp);
+    case 32: return go_split_rows<T, 1>(c, out, q, k, v, mask, masked, scale, causal, S, groups, sp, pro);
+    case 64: return go_split_rows<T, 2>(c, out, q, k, v, mask, masked, scale, causal, S, groups, sp, pro);
+    case 128: return go_split_rows<T, 4>(c, out, q, k, v, mask, masked, scale, causal, S, groups, sp, pro);
+    default: return go_split_rows<T, 8>(c, out, q, k, v, mask, masked, scale, causal, S, groups, sp, pro);
   }
 }
 
@@ -538,7 +629,8 @@ error go(const launch_ctx& c, const kt& out, const kt& q, const kt& k, const kt&
 }  // namespace
 
 error launch_fused_attention(const launch_ctx& c, const kt& out, const kt& q, const kt& k, const kt& v,
-                             const kt* mask, float scale, bool causal, int64_t softmax_rows) {
+                             const kt* mask, float scale, bool causal, int64_t softmax_rows,
+                             const attention_prologue* prologue) {
   const int64_t groups = q.d[0] * q.d[1];
   if (groups * q.d[2] == 0) return {};
   const int t = q.t;
@@ -560,14 +652,40 @@ error launch_fused_attention(const launch_ctx& c, const kt& out, const kt& q, co
   const kt none{};
   const kt& mk = mask ? *mask : none;
   error e;
-  if (c.attention_workspace && (dh == 32 || dh == 64 || dh == 128 || dh == 256) && split_rows_ok(k) &&
-      split_rows_ok(v)) {
+  const bool split_ok =
+      c.attention_workspace && (dh == 32 || dh == 64 || dh == 128 || dh == 256) && split_rows_ok(k) && split_rows_ok(v);
+  split_prologue pro;
+  if (prologue) {
+    const attention_prologue& ap = *prologue;
+    if (!split_ok)
+      return error(errc::internal, c.where + ": a fused cache prologue needs the split attention kernel (head dim " +
+                                       std::to_string(dh) + ", aligned cache rows, the stream's workspace)");
+    const int64_t S = softmax_rows;
+    const bool rope = ap.rope_q || ap.rope_k;
+    if (S > kMaxNewRows || ap.k_new.t != t || ap.v_new.t != t || ap.k_new.d[0] != q.d[0] || ap.k_new.d[1] != q.d[1] ||
+        ap.k_new.d[2] != S || ap.k_new.d[3] != dh || ap.v_new.d[0] != q.d[0] || ap.v_new.d[1] != q.d[1] ||
+        ap.v_new.d[2] != S || ap.v_new.d[3] != dh || ap.cache_positions.t != static_cast<int>(dtype::i32) ||
+        ap.cache_positions.numel() != S ||
+        (rope && (ap.rope_positions.t != static_cast<int>(dtype::i32) || ap.rope_positions.numel() != S)))
+      return error(errc::invalid_shape, c.where + ": fused cache prologue shapes out of its limits (" +
+                                            std::to_string(S) + " new rows of " + std::to_string(dh) + ")");
+    pro.on = true;
+    pro.rope_q = ap.rope_q;
+    pro.rope_k = ap.rope_k;
+    pro.k_new = ap.k_new;
+    pro.v_new = ap.v_new;
+    pro.cache_positions = ap.cache_positions;
+    pro.rope_positions = ap.rope_positions;
+    for (int64_t kk = 0; kk < dh / 2; ++kk)  // as gpu/cuda/rope.cu
+      pro.inv[kk] = std::pow(static_cast<double>(ap.theta), -2.0 * static_cast<double>(kk) / static_cast<double>(dh));
+  }
+  if (split_ok) {
     const split_plan sp = plan_splits(c, groups, M, dh, keys);
     if (sp.splits > 0) {
       switch (static_cast<dtype>(t)) {
-        case dtype::f32: e = go_split_head<float>(c, out, q, k, v, mk, mask != nullptr, scale, causal, softmax_rows, groups, sp); break;
-        case dtype::f16: e = go_split_head<__half>(c, out, q, k, v, mk, mask != nullptr, scale, causal, softmax_rows, groups, sp); break;
-        default: e = go_split_head<__nv_bfloat16>(c, out, q, k, v, mk, mask != nullptr, scale, causal, softmax_rows, groups, sp); break;
+        case dtype::f32: e = go_split_head<float>(c, out, q, k, v, mk, mask != nullptr, scale, causal, softmax_rows, groups, sp, pro); break;
+        case dtype::f16: e = go_split_head<__half>(c, out, q, k, v, mk, mask != nullptr, scale, causal, softmax_rows, groups, sp, pro); break;
+        default: e = go_split_head<__nv_bfloat16>(c, out, q, k, v, mk, mask != nullptr, scale, causal, softmax_rows, groups, sp, pro); break;
       }
       if (e) return e;
       AG_CUDA_TRY_LAUNCH(c.where);

@@ -12,7 +12,22 @@ namespace ag::gpu::cuda {
 /// sees keys j <= r % S + (keys - S); a row that sees none is zeros. One
 /// block per query row: f32 scores in shared memory (keys <= 8192, dh <=
 /// 256, checked), f32 accumulation; f32, f16 or bf16, all one dtype.
+/// A KV cache's prologue taken into the kernel (graph/fusion.hpp,
+/// gpu::op_launch::attention_params): the S new rows k_new / v_new [.., S,
+/// dh] (views with k's batch dims) are stored into k and v (the caches) at
+/// rows cache_positions[i] (i32 [S]; -1 or out of range: not stored) and
+/// read from there; with rope_q / rope_k, q's rows and the new keys are
+/// first rotated (neox, theta) by rope_positions (i32 [S]) of their softmax
+/// row, rounded to the dtype. Needs the split kernel (head dims 32, 64, 128
+/// or 256, 16-byte cache rows, the stream's workspace): else an
+/// errc::internal error, launching nothing.
+struct attention_prologue {
+  kt k_new, v_new, cache_positions, rope_positions;
+  bool rope_q = false, rope_k = false;
+  float theta = 10000.0f;
+};
 error launch_fused_attention(const launch_ctx& c, const kt& out, const kt& q, const kt& k, const kt& v,
-                             const kt* mask, float scale, bool causal, int64_t softmax_rows);
+                             const kt* mask, float scale, bool causal, int64_t softmax_rows,
+                             const attention_prologue* prologue = nullptr);
 
 }  // namespace ag::gpu::cuda

@@ -50,14 +50,28 @@ error dispatch_op(core& dev_core, cuda_stream& cs, const op_launch& l, const std
   const kt out = to_kt(l.out);
   error e;
   if (l.fused == op_launch::fusion::attention) {
-    // The lowering's fused chain (gpu::op_launch::fusion): inputs q, k, v[, mask].
-    const bool masked = l.attention.masked;
-    if ((e = need(masked ? 4 : 3))) return e;
+    // The lowering's fused chain (gpu::op_launch::fusion): inputs q, k, v[,
+    // mask][, k_new, v_new, cache_positions[, rope positions]].
+    const op_launch::attention_params& ap = l.attention;
+    const bool masked = ap.masked;
+    const std::size_t base = masked ? 4 : 3;
+    const std::size_t count = base + (ap.store_new_rows ? 3 + (ap.rope_q || ap.rope_k ? 1 : 0) : 0);
+    if ((e = need(count))) return e;
     c.where.append(" (fused attention)");
     const kt mask = masked ? to_kt(l.inputs[3]) : kt{};
+    attention_prologue pro;
+    if (ap.store_new_rows) {
+      pro.k_new = to_kt(l.inputs[base]);
+      pro.v_new = to_kt(l.inputs[base + 1]);
+      pro.cache_positions = to_kt(l.inputs[base + 2]);
+      if (ap.rope_q || ap.rope_k) pro.rope_positions = to_kt(l.inputs[base + 3]);
+      pro.rope_q = ap.rope_q;
+      pro.rope_k = ap.rope_k;
+      pro.theta = ap.rope_theta;
+    }
     e = launch_fused_attention(c, out, to_kt(l.inputs[0]), to_kt(l.inputs[1]), to_kt(l.inputs[2]),
-                               masked ? &mask : nullptr, l.attention.scale, l.attention.causal,
-                               l.attention.softmax_rows);
+                               masked ? &mask : nullptr, ap.scale, ap.causal, ap.softmax_rows,
+                               ap.store_new_rows ? &pro : nullptr);
     if (e.code == errc::device_failed) dev_core.mark_dead(e);
     return e;
   }

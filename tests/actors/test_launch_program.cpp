@@ -138,7 +138,11 @@ void expect_consistent(const launch_program& prog) {
         EXPECT_EQ(std::count(ps.ops.begin(), ps.ops.end(), op.op->id), 1);
         // A fused record lists the fusion's operands (gpu::op_launch::fusion).
         if (op.fused == gpu::op_launch::fusion::none) EXPECT_EQ(op.inputs.size(), op.op->inputs.size());
-        else if (op.fused == gpu::op_launch::fusion::attention) EXPECT_EQ(op.inputs.size(), op.attention.masked ? 4u : 3u);
+        else if (op.fused == gpu::op_launch::fusion::attention)
+          EXPECT_EQ(op.inputs.size(), (op.attention.masked ? 4u : 3u) +
+                                          (op.attention.store_new_rows
+                                               ? (op.attention.rope_q || op.attention.rope_k ? 4u : 3u)
+                                               : 0u));
         else EXPECT_GE(op.inputs.size(), 3u) << "x and at least two weights, or x, a weight and the residual";
         if (op.fused != gpu::op_launch::fusion::projections) EXPECT_TRUE(op.extra_outs.empty()) << op.op->name;
       }
@@ -505,6 +509,7 @@ TEST(LaunchProgram, CollectiveWithBrokenPeersIsRefusedNamingIt) {
 // non-CUDA device keep the ops as they are.
 struct fused_count {
   int fused = 0, masked = 0, records = 0;
+  int cache_prologues = 0, ropes = 0;  ///< records with a cache prologue; ropes fused into them
 };
 
 /// Bytes [first, last] an operand spans in its region.
@@ -553,7 +558,19 @@ fused_count count_fused(const models::transformer_config& cfg, device_kind kind,
       ++c.fused;
       c.masked += op.attention.masked;
       EXPECT_EQ(op.op->op, op_kind::matmul) << "the record stands at the chain's last matmul";
-      EXPECT_EQ(op.inputs.size(), op.attention.masked ? 4u : 3u);
+      const bool rope = op.attention.rope_q || op.attention.rope_k;
+      c.cache_prologues += op.attention.store_new_rows;
+      c.ropes += op.attention.rope_q + op.attention.rope_k;
+      EXPECT_EQ(op.inputs.size(), (op.attention.masked ? 4u : 3u) + (op.attention.store_new_rows ? (rope ? 4u : 3u) : 0u))
+          << "q, k, v, the mask, then the new rows of k and v, their cache positions and the rope positions";
+      if (op.attention.store_new_rows) {
+        const std::size_t at = op.attention.masked ? 4 : 3;
+        EXPECT_EQ(op.inputs[at].proto.dims, op.inputs[at + 1].proto.dims) << "new rows of k and of v";
+        EXPECT_EQ(op.inputs[at].proto.dims[-2], cfg.seq_len) << "one new row per position";
+        EXPECT_EQ(op.inputs[at + 2].proto.type, dtype::i32) << "cache positions";
+        if (rope) EXPECT_EQ(op.inputs[at + 3].proto.type, dtype::i32) << "rope positions";
+        if (op.attention.rope_q) EXPECT_FLOAT_EQ(op.attention.rope_theta, cfg.rope_theta);
+      }
       EXPECT_FLOAT_EQ(op.attention.scale, 1.0f / std::sqrt(static_cast<float>(cfg.head_dim())));
       EXPECT_EQ(op.attention.causal, cfg.kv_cache_capacity == 0);
       EXPECT_EQ(op.attention.softmax_rows, cfg.seq_len);
@@ -596,6 +613,34 @@ TEST(LaunchProgram, DecodeAttentionIsOneFusedRecordPerLayerOnCudaOnly) {
       EXPECT_EQ(count_fused(cfg, device_kind::cuda, /*fuse_ops=*/false).fused, 0);
       // Each fusion replaces 3 records (4 with the mask add) by one.
       EXPECT_EQ(sim.records - cuda.records, 3 * (cache > 0 ? 3 : 2)) << "cache " << cache;
+    }
+  }
+  // Heads of 32 with a cache: the cache prologue goes into the kernel too
+  // (graph/fusion.hpp): LLaMA's q rope, k rope and the two store_rows,
+  // GPT-2's two store_rows; none without a cache or on sim devices.
+  for (auto variant : {models::model_variant::llama, models::model_variant::gpt2}) {
+    models::transformer_config cfg;
+    cfg.variant = variant;
+    cfg.n_layers = 3;
+    cfg.d_model = 256;
+    cfg.n_heads = 8;
+    cfg.n_kv_heads = variant == models::model_variant::llama ? 2 : 0;
+    cfg.vocab = 50;
+    cfg.batch = 2;
+    cfg.seq_len = 1;
+    cfg.weight_values = false;
+    const bool llama = variant == models::model_variant::llama;
+    SCOPED_TRACE(std::string(models::to_string(variant)) + " heads of 32");
+    for (int64_t cache : {int64_t{0}, int64_t{32}}) {
+      cfg.kv_cache_capacity = cache;
+      const auto cuda = count_fused(cfg, device_kind::cuda);
+      const auto sim = count_fused(cfg, device_kind::sim);
+      EXPECT_EQ(cuda.fused, 3) << "cache " << cache;
+      EXPECT_EQ(cuda.cache_prologues, cache > 0 ? 3 : 0) << "cache " << cache;
+      EXPECT_EQ(cuda.ropes, cache > 0 && llama ? 6 : 0) << "cache " << cache;
+      EXPECT_EQ(sim.cache_prologues, 0);
+      const int per_layer = cache > 0 ? 3 + (llama ? 4 : 2) : 2;
+      EXPECT_EQ(sim.records - cuda.records, 3 * per_layer) << "cache " << cache;
     }
   }
   // A prefill of 16 positions: 64 query rows per kv head, more than the

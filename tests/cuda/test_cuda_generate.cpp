@@ -36,13 +36,23 @@ std::vector<float> recomputed_last_logits(const models::hf_model& m, const std::
   return row;
 }
 
-void decode_on(const std::string& spec, int stages, bool fuse_ops = false) {
+// head_dim: the tiny models' heads (8) or wider (d_model = 4 heads of it):
+// from 32 on, a fused attention takes in the KV cache's stores and ropes.
+void decode_on(const std::string& spec, int stages, bool fuse_ops = false, int64_t head_dim = 8) {
   auto rt = runtime::create(spec);
   ASSERT_TRUE(rt) << rt.err().to_string();
-  auto bf16_llama = test::tiny_model(models::model_variant::llama, 2);
+  const auto widened = [&](models::transformer_config c) {
+    // The initial scale shrinks with the width (as 1 / sqrt(fan-in)), so
+    // that the logits, and with them bf16's rounding, stay the tiny model's size.
+    c.initializer_range *= std::sqrt(static_cast<float>(c.d_model) / static_cast<float>(c.n_heads * head_dim));
+    c.d_model = c.n_heads * head_dim;
+    c.d_ff = 3 * c.d_model / 2;
+    return c;
+  };
+  auto bf16_llama = widened(test::tiny_model(models::model_variant::llama, 2));
   bf16_llama.dtype = dtype::bf16;
-  for (const auto& cfg : {test::tiny_model(models::model_variant::gpt2), test::tiny_model(models::model_variant::llama, 2),
-                          bf16_llama}) {
+  for (const auto& cfg : {widened(test::tiny_model(models::model_variant::gpt2)),
+                          widened(test::tiny_model(models::model_variant::llama, 2)), bf16_llama}) {
     SCOPED_TRACE(std::string(models::to_string(cfg.variant)) + " " + to_string(cfg.dtype) + " on " + spec);
     const bool bf16 = cfg.dtype == dtype::bf16;
     test::temp_dir dir;
@@ -131,6 +141,19 @@ TEST(CudaGenerate, DecodeWithFusedAttentionEqualsRecomputeOnOneGpu) {
   decode_on("cuda:0", 1, /*fuse_ops=*/true);
 }
 
+// Heads of 32 and 64: each decode step's fused attention also rotates q and
+// the new key (LLaMA), stores the new key and value rows into the cache and
+// reads them from there (graph/fusion.hpp's cache prologue), token after
+// token on one state slot; generation still equals recomputing the sequence.
+TEST(CudaGenerate, DecodeWithTheCacheStoresAndRopesInTheFusedAttentionEqualsRecompute) {
+  AG_REQUIRE_GPU(1);
+  for (int64_t head : {int64_t{32}, int64_t{64}})
+    for (bool fuse : {false, true}) {  // the same models through the unfused kernels too
+      SCOPED_TRACE("heads of " + std::to_string(head) + (fuse ? ", fused" : ", unfused"));
+      decode_on("cuda:0", 1, fuse, head);
+    }
+}
+
 // Jobs of a decode-step plan of `cfg` compiled with `o` (4 state slots),
 // each (with a cache: on a fresh state slot) against the reference.
 void decode_steps_equal_the_reference(runtime& rt, const models::transformer_config& cfg, plan_options o,
@@ -140,6 +163,14 @@ void decode_steps_equal_the_reference(runtime& rt, const models::transformer_con
   auto p = rt.compile(g, o);
   ASSERT_TRUE(p) << p.err().to_string();
   EXPECT_EQ((*p)->fusions().size(), attention_fusions) << "fused attentions";
+  // Heads of 32 and more with a cache: every fused attention took in its
+  // cache's stores (and, for LLaMA, the ropes of q and k).
+  const bool prologue = cfg.kv_cache_capacity > 0 && cfg.head_dim() >= 32;
+  for (const attention_fusion& f : (*p)->fusions()) {
+    EXPECT_EQ(f.k_store != no_node && f.v_store != no_node, prologue) << "cache stores fused";
+    const bool llama = cfg.variant == models::model_variant::llama;
+    EXPECT_EQ(f.q_rope != no_node && f.k_rope != no_node, prologue && llama) << "ropes fused";
+  }
   EXPECT_EQ((*p)->projection_fusions().size(), projection_groups) << "projection groups";
   for (int k = 0; k < 4; ++k) {
     std::vector<host_tensor> in;
@@ -172,11 +203,12 @@ void decode_steps_equal_the_reference(runtime& rt, const models::transformer_con
   }
 }
 
-models::transformer_config decode_step_config(models::model_variant variant, dtype t, int64_t cache) {
+models::transformer_config decode_step_config(models::model_variant variant, dtype t, int64_t cache,
+                                              int64_t head_dim = 8) {
   models::transformer_config cfg;
   cfg.variant = variant;
   cfg.n_layers = 2;
-  cfg.d_model = 64;
+  cfg.d_model = 8 * head_dim;
   cfg.n_heads = 8;
   cfg.n_kv_heads = variant == models::model_variant::llama ? 2 : 0;
   cfg.vocab = 97;
@@ -199,13 +231,15 @@ TEST(CudaGenerate, FusedAttentionStepsEqualTheReference) {
   ASSERT_TRUE(rt) << rt.err().to_string();
   for (auto variant : {models::model_variant::gpt2, models::model_variant::llama})
     for (dtype t : {dtype::f32, dtype::bf16})
-      for (int64_t cache : {int64_t{0}, int64_t{24}}) {
-        SCOPED_TRACE(std::string(models::to_string(variant)) + " " + to_string(t) + " cache " + std::to_string(cache));
-        plan_options o;
-        o.fuse_ops = true;
-        o.fuse_projections = false;
-        decode_steps_equal_the_reference(**rt, decode_step_config(variant, t, cache), o, 2, 0);
-      }
+      for (int64_t cache : {int64_t{0}, int64_t{24}})
+        for (int64_t head : {int64_t{8}, int64_t{32}}) {  // 32: with a cache, its stores and ropes fused in
+          SCOPED_TRACE(std::string(models::to_string(variant)) + " " + to_string(t) + " cache " +
+                       std::to_string(cache) + " heads of " + std::to_string(head));
+          plan_options o;
+          o.fuse_ops = true;
+          o.fuse_projections = false;
+          decode_steps_equal_the_reference(**rt, decode_step_config(variant, t, cache, head), o, 2, 0);
+        }
 }
 
 // plan_options::fuse_projections (on by default): a LLaMA decode step's q /
