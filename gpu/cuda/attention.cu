@@ -654,7 +654,7 @@ error launch_fused_attention(const launch_ctx& c, const kt& out, const kt& q, co
   error e;
   const bool split_ok =
       c.attention_workspace && (dh == 32 || dh == 64 || dh == 128 || dh == 256) && split_rows_ok(k) && split_rows_ok(v);
-  split_prologue pro;
+  split_prologue pro{};  // off, nothing read
   if (prologue) {
     const attention_prologue& ap = *prologue;
     if (!split_ok)

@@ -526,14 +526,19 @@ struct compiled_and_lowered {
   std::shared_ptr<const plan> p;
   std::shared_ptr<const launch_program> prog;
 };
-compiled_and_lowered compile_and_lower(const models::transformer_config& cfg, device_kind kind, const plan_options& o) {
+compiled_and_lowered compile_and_lower(const models::transformer_config& cfg, device_kind kind, const plan_options& o,
+                                       int devices = 1) {
   auto g = models::build_transformer(cfg);
   EXPECT_TRUE(g.has_value()) << g.err().to_string();
   if (!g) return {};
-  device_spec d;
-  d.name = kind == device_kind::cuda ? "cuda0" : "sim0";
-  d.kind = kind;
-  auto p = compile(std::make_shared<const graph>(std::move(*g)), {d}, o);
+  std::vector<device_spec> specs;
+  for (int k = 0; k < devices; ++k) {
+    device_spec d;
+    d.name = (kind == device_kind::cuda ? "cuda" : "sim") + std::to_string(k);
+    d.kind = kind;
+    specs.push_back(d);
+  }
+  auto p = compile(std::make_shared<const graph>(std::move(*g)), specs, o);
   EXPECT_TRUE(p.has_value()) << p.err().to_string();
   if (!p) return {};
   EXPECT_TRUE(check_hazards(**p).ok()) << check_hazards(**p).to_string();
@@ -544,11 +549,13 @@ compiled_and_lowered compile_and_lower(const models::transformer_config& cfg, de
   return {*p, *prog};
 }
 
-fused_count count_fused(const models::transformer_config& cfg, device_kind kind, bool fuse_ops = true) {
+fused_count count_fused(const models::transformer_config& cfg, device_kind kind, bool fuse_ops = true,
+                        int tensor_degree = 1) {
   plan_options o;
   o.fuse_ops = fuse_ops;
   o.fuse_projections = false;  // counted on their own below
-  const auto [p, prog] = compile_and_lower(cfg, kind, o);
+  o.tensor_parallel = tensor_degree;
+  const auto [p, prog] = compile_and_lower(cfg, kind, o, tensor_degree);
   fused_count c;
   if (!prog) return c;
   for (const lowered_step& ls : prog->steps())
@@ -641,6 +648,12 @@ TEST(LaunchProgram, DecodeAttentionIsOneFusedRecordPerLayerOnCudaOnly) {
       EXPECT_EQ(sim.cache_prologues, 0);
       const int per_layer = cache > 0 ? 3 + (llama ? 4 : 2) : 2;
       EXPECT_EQ(sim.records - cuda.records, 3 * per_layer) << "cache " << cache;
+      // At tensor degree 2 each device's share of the heads (and of the
+      // cache, by kv head) is fused the same way.
+      const auto tp2 = count_fused(cfg, device_kind::cuda, true, 2);
+      EXPECT_EQ(tp2.fused, 6) << "cache " << cache;
+      EXPECT_EQ(tp2.cache_prologues, cache > 0 ? 6 : 0) << "cache " << cache;
+      EXPECT_EQ(tp2.ropes, cache > 0 && llama ? 12 : 0) << "cache " << cache;
     }
   }
   // A prefill of 16 positions: 64 query rows per kv head, more than the

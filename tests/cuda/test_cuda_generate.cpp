@@ -38,7 +38,8 @@ std::vector<float> recomputed_last_logits(const models::hf_model& m, const std::
 
 // head_dim: the tiny models' heads (8) or wider (d_model = 4 heads of it):
 // from 32 on, a fused attention takes in the KV cache's stores and ropes.
-void decode_on(const std::string& spec, int stages, bool fuse_ops = false, int64_t head_dim = 8) {
+void decode_on(const std::string& spec, int stages, bool fuse_ops = false, int64_t head_dim = 8,
+               int tensor_degree = 1) {
   auto rt = runtime::create(spec);
   ASSERT_TRUE(rt) << rt.err().to_string();
   const auto widened = [&](models::transformer_config c) {
@@ -63,6 +64,7 @@ void decode_on(const std::string& spec, int stages, bool fuse_ops = false, int64
     go.cache_tokens = 16;
     go.prefill_chunk = 4;
     go.plan.pipeline_stages = stages;
+    go.plan.tensor_parallel = tensor_degree;
     go.plan.fuse_ops = fuse_ops;
     auto gen = generator::create(**rt, m->model_config(1), m->provider(), go);
     ASSERT_TRUE(gen) << gen.err().to_string();
@@ -152,6 +154,13 @@ TEST(CudaGenerate, DecodeWithTheCacheStoresAndRopesInTheFusedAttentionEqualsReco
       SCOPED_TRACE("heads of " + std::to_string(head) + (fuse ? ", fused" : ", unfused"));
       decode_on("cuda:0", 1, fuse, head);
     }
+}
+
+// The same at tensor degree 2 on two logical devices of one GPU: each
+// device's fused attention stores and rotates its share of the kv heads.
+TEST(CudaGenerate, DecodeAtTensorDegreeTwoWithTheCacheStoresAndRopesFusedEqualsRecompute) {
+  AG_REQUIRE_GPU(1);
+  decode_on("cuda:0,0", 1, /*fuse_ops=*/true, /*head_dim=*/32, /*tensor_degree=*/2);
 }
 
 // Jobs of a decode-step plan of `cfg` compiled with `o` (4 state slots),
