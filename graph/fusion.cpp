@@ -4,6 +4,7 @@
 #include <optional>
 
 #include "graph/plan.hpp"
+#include "graph/planner_internal.hpp"
 
 namespace ag {
 namespace {
@@ -92,13 +93,6 @@ std::optional<attention_fusion> match(const graph& g, const std::vector<node_id>
   return f;
 }
 
-/// `id` through views of any kind (permute, reshape, ...): the node whose
-/// buffer it reads.
-node_id through_views(const graph& g, node_id id) {
-  while (is_view_op(g.at(id).op)) id = g.at(id).inputs.at(0);
-  return id;
-}
-
 /// A neox rope of [.., S, H, dh] rows by positions i32 [S], same dtype in and out.
 bool is_fusable_rope(const graph& g, const node& r, int64_t dh, dtype t) {
   if (r.op != op_kind::rope || r.attrs.rope != rope_mode::neox || r.inputs.size() != 2 || r.type != t) return false;
@@ -136,7 +130,7 @@ void match_prologue(const graph& g, const std::vector<node_id>& ops, std::size_t
   const int64_t S = k_rows.dims[-2];
   // The ropes: neox, S positions, read by nothing but the chain.
   const auto rope_of = [&](node_id viewed, node_id reader) {
-    const node_id r = through_views(g, viewed);
+    const node_id r = storage_root(g, viewed);
     const node& n = g.at(r);
     return is_fusable_rope(g, n, dh, t) && g.at(n.inputs[1]).dims.numel() == S && only_read_by(g, r, reader) ? r
                                                                                                              : no_node;

@@ -1,11 +1,11 @@
 #include "gpu/cuda/attention.cuh"
 
 #include <atomic>
-#include <cmath>
 #include <string>
 
 #include "gpu/cuda/common.cuh"
 #include "gpu/cuda/cuda_check.cuh"
+#include "gpu/cuda/rope.cuh"
 #include "gpu/cuda/vec.cuh"
 
 namespace ag::gpu::cuda {
@@ -203,22 +203,6 @@ struct split_plan {
   int64_t chunk = 0;  // keys per split, a multiple of kRoundKeys
 };
 
-// 16 bytes of T as floats.
-template <class T>
-__device__ __forceinline__ void unpack16(const uint4& u, float (&f)[16 / sizeof(T)]) {
-  if constexpr (sizeof(T) == 4) {
-    f[0] = __uint_as_float(u.x), f[1] = __uint_as_float(u.y), f[2] = __uint_as_float(u.z), f[3] = __uint_as_float(u.w);
-  } else {
-    const unsigned w[4] = {u.x, u.y, u.z, u.w};
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      T pair[2];
-      memcpy(pair, &w[i], 4);
-      f[2 * i] = to_f(pair[0]), f[2 * i + 1] = to_f(pair[1]);
-    }
-  }
-}
-
 // Dynamic shared memory of the split kernel: q rows (f32), one round's key
 // rows (padded) and value rows.
 template <class T>
@@ -228,13 +212,12 @@ constexpr std::size_t split_key_stride(int dh) {
 template <class T>
 std::size_t split_shared_bytes(int64_t M, int dh, int64_t new_rows) {
   return static_cast<std::size_t>(M * dh) * sizeof(float) +
-         (kRoundKeys * (split_key_stride<T>(dh) + static_cast<std::size_t>(dh)) +
-          0) * sizeof(T) + 2 * static_cast<std::size_t>(new_rows * dh) * sizeof(float);
+         kRoundKeys * (split_key_stride<T>(dh) + static_cast<std::size_t>(dh)) * sizeof(T) +
+         2 * static_cast<std::size_t>(new_rows * dh) * sizeof(float);
 }
 
 // A cache prologue (attention.cuh, attention_prologue) as the split kernel
-// takes it: rows S = the softmax rows; inv[k] = theta^(-2k/dh) (f64, as
-// gpu/cuda/rope.cu computes them on the host).
+// takes it: rows S = the softmax rows; inv: rope_inverse_frequencies.
 constexpr int kMaxRopePairs = 128;
 constexpr int kMaxNewRows = 16;  // graph/fusion.hpp's fused_attention_max_new_rows
 struct split_prologue {
@@ -247,11 +230,8 @@ struct split_prologue {
 // T as the rope op's output is: gpu/cuda/rope.cu's arithmetic.
 template <class T>
 __device__ __forceinline__ void rotate_rounded(float* x, int k, int half, int32_t pos, double inv) {
-  const double angle = static_cast<double>(pos) * inv;
-  const double two_pi = 6.283185307179586476925286766559;
-  const float reduced = static_cast<float>(angle - rint(angle * (1.0 / two_pi)) * two_pi);
   float fs, fc;
-  sincosf(reduced, &fs, &fc);
+  rope_sincos(static_cast<double>(pos), inv, fs, fc);
   const float a = x[k], b = x[k + half];
   x[k] = to_f(from_f<T>(a * fc - b * fs));
   x[k + half] = to_f(from_f<T>(a * fs + b * fc));
@@ -406,13 +386,13 @@ __global__ void __launch_bounds__(kSplitThreads)
       const float* qr = qs + m * dh;
       float d0 = 0.f, d1 = 0.f;
 #pragma unroll
-      for (int c = 0; c < kVecs; ++c) {
-        float kf[E];
-        unpack16<T>(*reinterpret_cast<const uint4*>(kr + c * E), kf);
+      for (int c = 0; c < dh / kChunk; ++c) {
+        float kf[kChunk];
+        load8(kr + c * kChunk, kf);  // rows of ks start 16-byte aligned (kStride)
 #pragma unroll
-        for (int e = 0; e < E; e += 2) {
-          d0 = fmaf(qr[c * E + e], kf[e], d0);
-          d1 = fmaf(qr[c * E + e + 1], kf[e + 1], d1);
+        for (int e = 0; e < kChunk; e += 2) {
+          d0 = fmaf(qr[c * kChunk + e], kf[e], d0);
+          d1 = fmaf(qr[c * kChunk + e + 1], kf[e + 1], d1);
         }
       }
       float s = -INFINITY;
@@ -676,21 +656,18 @@ error launch_fused_attention(const launch_ctx& c, const kt& out, const kt& q, co
     pro.v_new = ap.v_new;
     pro.cache_positions = ap.cache_positions;
     pro.rope_positions = ap.rope_positions;
-    for (int64_t kk = 0; kk < dh / 2; ++kk)  // as gpu/cuda/rope.cu
-      pro.inv[kk] = std::pow(static_cast<double>(ap.theta), -2.0 * static_cast<double>(kk) / static_cast<double>(dh));
+    rope_inverse_frequencies(ap.theta, dh, pro.inv);
   }
   if (split_ok) {
     const split_plan sp = plan_splits(c, groups, M, dh, keys);
-    if (sp.splits > 0) {
-      switch (static_cast<dtype>(t)) {
-        case dtype::f32: e = go_split_head<float>(c, out, q, k, v, mk, mask != nullptr, scale, causal, softmax_rows, groups, sp, pro); break;
-        case dtype::f16: e = go_split_head<__half>(c, out, q, k, v, mk, mask != nullptr, scale, causal, softmax_rows, groups, sp, pro); break;
-        default: e = go_split_head<__nv_bfloat16>(c, out, q, k, v, mk, mask != nullptr, scale, causal, softmax_rows, groups, sp, pro); break;
-      }
-      if (e) return e;
-      AG_CUDA_TRY_LAUNCH(c.where);
-      return {};
+    switch (static_cast<dtype>(t)) {
+      case dtype::f32: e = go_split_head<float>(c, out, q, k, v, mk, mask != nullptr, scale, causal, softmax_rows, groups, sp, pro); break;
+      case dtype::f16: e = go_split_head<__half>(c, out, q, k, v, mk, mask != nullptr, scale, causal, softmax_rows, groups, sp, pro); break;
+      default: e = go_split_head<__nv_bfloat16>(c, out, q, k, v, mk, mask != nullptr, scale, causal, softmax_rows, groups, sp, pro); break;
     }
+    if (e) return e;
+    AG_CUDA_TRY_LAUNCH(c.where);
+    return {};
   }
   switch (static_cast<dtype>(t)) {
     case dtype::f32: e = go<float>(c, out, q, k, v, mk, mask != nullptr, scale, causal, softmax_rows, groups); break;

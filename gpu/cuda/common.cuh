@@ -126,6 +126,17 @@ __device__ __forceinline__ float warp_max(float v) {
   for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
   return v;
 }
+/// sin and cos of a rope angle, pos * inv (inv = theta^(-2k/D),
+/// rope_inverse_frequencies): the angle in f64, reduced to [-pi, pi] in f64
+/// (exact to about 1e-12 for any int32 position), then sin / cos in f32:
+/// cheaper than an f64 sincos of up to 2^31 radians, as accurate for f32 /
+/// 16-bit data. The rope kernel and the fused attention's rope both use it,
+/// so that they round alike.
+__device__ __forceinline__ void rope_sincos(double position, double inv, float& fs, float& fc) {
+  const double angle = position * inv;
+  const double two_pi = 6.283185307179586476925286766559;
+  sincosf(static_cast<float>(angle - rint(angle * (1.0 / two_pi)) * two_pi), &fs, &fc);
+}
 /// Sum over the block; every thread gets the result. `sh` holds 32 floats.
 __device__ __forceinline__ float block_sum(float v, float* sh) {
   v = warp_sum(v);

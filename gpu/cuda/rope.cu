@@ -58,14 +58,8 @@ __global__ void rope_kernel(kt out, kt x, kt pos, bool neox, int64_t work, int64
         b[h] = ld(x.p, x.t, xo + h * x.s[2] + j1 * x.s[3]);
       }
     const double position = static_cast<double>(static_cast<const int32_t*>(pos.p)[s * pos.s[3]]);
-    // The angle in f64, reduced to [-pi, pi] in f64 (exact to about 1e-12 for
-    // any int32 position), then sin / cos in f32: cheaper than an f64 sincos
-    // of an angle of up to 2^31 radians, as accurate for f32 / 16-bit data.
-    const double angle = position * f.inv[k];
-    const double two_pi = 6.283185307179586476925286766559;
-    const float reduced = static_cast<float>(angle - rint(angle * (1.0 / two_pi)) * two_pi);
     float fs, fc;
-    sincosf(reduced, &fs, &fc);
+    rope_sincos(position, f.inv[k], fs, fc);
 #pragma unroll
     for (int h = 0; h < rope_heads_per_thread; ++h)
       if (h < n) {
@@ -94,6 +88,11 @@ __global__ void rope_wide_kernel(kt out, kt x, kt pos, float theta, bool neox, i
 
 }  // namespace
 
+void rope_inverse_frequencies(float theta, int64_t D, double* inv) {
+  for (int64_t k = 0; k < D / 2; ++k)
+    inv[k] = std::pow(static_cast<double>(theta), -2.0 * static_cast<double>(k) / static_cast<double>(D));
+}
+
 error launch_rope(const launch_ctx& c, const kt& out, const kt& x, const kt& pos, float theta, bool neox) {
   if (x.d[3] % 2 != 0) return error(errc::invalid_shape, c.where + ": rope needs an even last dim");
   if (pos.t != static_cast<int>(dtype::i32)) return error(errc::dtype_mismatch, c.where + ": rope positions must be i32");
@@ -103,8 +102,7 @@ error launch_rope(const launch_ctx& c, const kt& out, const kt& x, const kt& pos
   const int64_t half = x.d[3] / 2;
   if (half <= max_rope_pairs) {
     rope_freqs f{};
-    for (int64_t k = 0; k < half; ++k)
-      f.inv[k] = std::pow(static_cast<double>(theta), -2.0 * static_cast<double>(k) / static_cast<double>(x.d[3]));
+    rope_inverse_frequencies(theta, x.d[3], f.inv);
     // (row groups) x (runs of heads) x (pairs of a row). A decode step's
     // 32 heads x 32 pairs ran as 256 threads of 4 heads each: one block, 8 us
     // of dependent loads (ncu, H100); a thread per head there.

@@ -10,4 +10,8 @@ namespace ag::gpu::cuda {
 /// long positions keep f32 accuracy.
 error launch_rope(const launch_ctx& c, const kt& out, const kt& x, const kt& pos, float theta, bool neox);
 
+/// inv[k] = theta^(-2k/D) for k < D/2, in f64: the frequencies the rope
+/// kernels rotate pair k by (the fused attention's rope too).
+void rope_inverse_frequencies(float theta, int64_t D, double* inv);
+
 }  // namespace ag::gpu::cuda

@@ -595,18 +595,25 @@ fused_count count_fused(const models::transformer_config& cfg, device_kind kind,
   return c;
 }
 
+/// A 3-layer decode step (batch 2, one position) of 8 heads of d_model / 8,
+/// LLaMA with 2 kv heads (4 query rows per kv head), shapes only.
+models::transformer_config decode_step(models::model_variant variant, int64_t d_model) {
+  models::transformer_config cfg;
+  cfg.variant = variant;
+  cfg.n_layers = 3;
+  cfg.d_model = d_model;
+  cfg.n_heads = 8;
+  cfg.n_kv_heads = variant == models::model_variant::llama ? 2 : 0;
+  cfg.vocab = 50;
+  cfg.batch = 2;
+  cfg.seq_len = 1;
+  cfg.weight_values = false;
+  return cfg;
+}
+
 TEST(LaunchProgram, DecodeAttentionIsOneFusedRecordPerLayerOnCudaOnly) {
   for (auto variant : {models::model_variant::llama, models::model_variant::gpt2}) {
-    models::transformer_config cfg;
-    cfg.variant = variant;
-    cfg.n_layers = 3;
-    cfg.d_model = 64;
-    cfg.n_heads = 8;
-    cfg.n_kv_heads = variant == models::model_variant::llama ? 2 : 0;  // 4 query rows per kv head
-    cfg.vocab = 50;
-    cfg.batch = 2;
-    cfg.seq_len = 1;
-    cfg.weight_values = false;
+    models::transformer_config cfg = decode_step(variant, 64);
     SCOPED_TRACE(models::to_string(variant));
     // A decode step without a cache (causal over the one key) and with one
     // (masked over the cache's 32 positions).
@@ -626,16 +633,7 @@ TEST(LaunchProgram, DecodeAttentionIsOneFusedRecordPerLayerOnCudaOnly) {
   // (graph/fusion.hpp): LLaMA's q rope, k rope and the two store_rows,
   // GPT-2's two store_rows; none without a cache or on sim devices.
   for (auto variant : {models::model_variant::llama, models::model_variant::gpt2}) {
-    models::transformer_config cfg;
-    cfg.variant = variant;
-    cfg.n_layers = 3;
-    cfg.d_model = 256;
-    cfg.n_heads = 8;
-    cfg.n_kv_heads = variant == models::model_variant::llama ? 2 : 0;
-    cfg.vocab = 50;
-    cfg.batch = 2;
-    cfg.seq_len = 1;
-    cfg.weight_values = false;
+    models::transformer_config cfg = decode_step(variant, 256);
     const bool llama = variant == models::model_variant::llama;
     SCOPED_TRACE(std::string(models::to_string(variant)) + " heads of 32");
     for (int64_t cache : {int64_t{0}, int64_t{32}}) {

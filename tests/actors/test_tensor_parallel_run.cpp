@@ -264,11 +264,9 @@ INSTANTIATE_TEST_SUITE_P(Backends, TensorParallelRun, ::testing::Values("sim", "
 // links are slow enough that chunks of rows pay (the cost model splits the
 // MLP and the output projection): jobs in flight together, under jitter,
 // equal the reference.
-/// 4 simulated devices whose compute and links are slow enough that the
-/// cost model splits a tiny transformer's row-parallel matmuls in chunks.
 /// Four sim devices whose collectives are rings (no one-shot), fast in wall
-/// time; by default slow compute and slower links, so that the cost model
-/// chunks even tiny shapes.
+/// time; by default compute and links slow enough that the cost model splits
+/// a tiny transformer's row-parallel matmuls in chunks.
 std::unique_ptr<ag::runtime> chunking_sim4(double flops_f32 = 1e8, double link_bandwidth = 2e6,
                                            double collective_latency = 1e-7) {
   ag::runtime_options ro = opts();
