@@ -250,6 +250,10 @@ bool cuda_gemv = true;
 bool cuda_pdl = true;
 /// --in-stream: plan_options::in_stream_collectives of every plan the bench runs.
 bool in_stream_collectives = false;
+/// --fusion off: plan_options::fuse_ops and fuse_projections off in every
+/// plan the bench runs (the decode step's attention chain and projections
+/// kernel by kernel, as before session 11 / 21).
+bool fusion = true;
 /// --tiny-job-path off: jobs start through the device and job actors, small
 /// inputs are not pinned at submit and small copies keep their copy queues
 /// (runtime_options::start_jobs_on_submit, pinned_inputs_max_bytes,
@@ -311,6 +315,7 @@ run_result time_layer(const layer_run& c, const std::shared_ptr<const ag::graph>
   if (c.n > 1) po.tensor_parallel = c.n;
   po.tp_overlap = c.overlap;
   po.in_stream_collectives = in_stream_collectives;
+  po.fuse_ops = po.fuse_projections = fusion;
   po.sequence_parallel = sequence_parallel;
   po.output_pieces = output_pieces;
   po.tp_overlap_chunks = overlap_chunks;
@@ -731,6 +736,7 @@ layout_time time_layout(layer_run c, int stages, int tp, const std::shared_ptr<c
   po.pipeline_stages = stages;
   po.tensor_parallel = tp;
   po.in_stream_collectives = in_stream_collectives;
+  po.fuse_ops = po.fuse_projections = fusion;
   po.sequence_parallel = sequence_parallel;
   po.output_pieces = output_pieces;
   po.tp_overlap_chunks = overlap_chunks;
@@ -906,6 +912,11 @@ int main(int argc, char** argv) {
                  "cuda: plan_options::in_stream_collectives (experimental), small all-reduces as kernels of the "
                  "compute stream that meet on the devices (on, off: the communication queue)")
       ->check(CLI::IsMember({"on", "off"}));
+  std::string fusion_flag = "on";
+  app.add_option("--fusion", fusion_flag,
+                 "cuda: plan_options::fuse_ops and fuse_projections (on: the defaults; off: the decode step's "
+                 "attention and projections kernel by kernel)")
+      ->check(CLI::IsMember({"on", "off"}));
   std::string seq_parallel = "auto";
   app.add_option("--sequence-parallel", seq_parallel,
                  "plan_options::sequence_parallel of the tensor-parallel plans: reduce-scatter and all-gather by rows "
@@ -975,6 +986,7 @@ int main(int argc, char** argv) {
   cuda_gemv = gemv == "on";
   cuda_pdl = pdl == "on";
   in_stream_collectives = in_stream == "on";
+  fusion = fusion_flag == "on";
   ag::parse_sequence_parallel_mode(seq_parallel, sequence_parallel);
   tiny_job_path = tiny_jobs == "on";
   output_pieces = pieces == "on";

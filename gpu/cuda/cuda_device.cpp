@@ -595,8 +595,13 @@ class cuda_device final : public device {
     if (__atomic_load_n(&area_.faults_host[w % in_stream_faults], __ATOMIC_ACQUIRE) != w) return {};
     const unsigned long long* d = area_.faults_host + in_stream_faults;
     char detail[200];
-    std::snprintf(detail, sizeof detail, " (first give-up here: wanted tag %#llx from device %llu in block %llu, saw %#llx; "
-                  "previous announcement %#llx)", d[0], d[2] >> 32, d[2] & 0xffffffffull, d[1], d[3]);
+    if (d[3] >> 63)  // the push path (in_stream.cuh): line flags, not announcements
+      std::snprintf(detail, sizeof detail, " (first give-up here: wanted tag %#llx from device %llu in block %llu, its "
+                    "pushed lines' flag %#llx, saw %#llx)", d[0], d[2] >> 32, d[2] & 0xffffffffull,
+                    d[3] & 0xffffffffull, d[1]);
+    else
+      std::snprintf(detail, sizeof detail, " (first give-up here: wanted tag %#llx from device %llu in block %llu, saw "
+                    "%#llx; previous announcement %#llx)", d[0], d[2] >> 32, d[2] & 0xffffffffull, d[1], d[3]);
     return error(errc::timeout,
                  spec_.name + ": an in-stream all_reduce part of job " + std::to_string(job_tag) +
                      " gave up waiting for a member (the member died, the job was cancelled, or it waited past "
@@ -746,7 +751,11 @@ class cuda_device final : public device {
       return refuse("device index " + std::to_string(index_) + " outside 0.." + std::to_string(in_stream_slots - 1));
     device_guard g(core_->ordinal);
     constexpr std::size_t flags = std::size_t{in_stream_blocks} * in_stream_slots;
-    const std::size_t dev_bytes = (3 * flags + 1) * sizeof(unsigned long long);
+    // The flag arrays, the tag word, the push parities, then the inboxes
+    // (16 MiB: 64 senders x 2 parities x 128 KiB of lines).
+    const std::size_t words_bytes = (4 * flags + 2) * sizeof(unsigned long long);
+    const std::size_t inbox_bytes = std::size_t{in_stream_slots} * 2 * in_stream_inbox_lines * 16;
+    const std::size_t dev_bytes = words_bytes + inbox_bytes;
     void* d = nullptr;
     if (error e = AG_CORE_CHECK(*core_, cudaMalloc(&d, dev_bytes), spec_.name + " in-stream flags")) return e;
     if (error e = AG_CORE_CHECK(*core_, cudaMemset(d, 0, dev_bytes), spec_.name + " in-stream flags")) {
@@ -773,6 +782,8 @@ class cuda_device final : public device {
     area_.ack = words + flags;
     area_.last = words + 2 * flags;
     area_.tag = words + 3 * flags;
+    area_.push_parity = words + 3 * flags + 2;  // 16-byte aligned, as the inboxes after it
+    area_.inbox = reinterpret_cast<unsigned int*>(static_cast<char*>(d) + words_bytes);
     // Mapped pinned memory has the same address on every GPU (UVA).
     area_.aborted_host = area_.aborted_dev = static_cast<unsigned long long*>(h);
     area_.faults_host = area_.faults_dev = area_.aborted_host + in_stream_aborts;

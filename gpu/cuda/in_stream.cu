@@ -27,6 +27,10 @@ struct in_stream_args {
   long long n_out = 0;
   long long per_block = 0;  // elements per block (a multiple of 8 when `words`)
   int words = 0;            // f32/f16/bf16 read and written as 16-byte words
+  int push = 0;             // the push path (in_stream.cuh): words, at most in_stream_push_max_bytes
+  unsigned int* inbox_at[in_stream_members_max];  // member k's inboxes
+  unsigned int* inbox = nullptr;                  // this member's
+  unsigned long long* push_parity = nullptr;      // this member's: [block][receiver slot]
 };
 
 __device__ __forceinline__ unsigned long long load_acquire(const unsigned long long* p) {
@@ -51,6 +55,57 @@ __device__ bool wait_for(const unsigned long long* flag, unsigned long long want
   for (unsigned i = 1;; ++i) {
     if (load_acquire(flag) == want) return true;
     if ((i & 1023u) == 0) {
+      if (*reinterpret_cast<const volatile unsigned int*>(dead) != 0) return false;
+      for (int j = 0; j < in_stream_aborts; ++j)
+        if (reinterpret_cast<const volatile unsigned long long*>(aborted)[j] == job) return false;
+      if (global_ns() - t0 > timeout) return false;
+    }
+  }
+}
+
+// ---- the push path (in_stream.cuh) ----
+
+/// The flag of a tag's lines: a nonzero 32-bit hash of all 64 bits.
+__device__ __forceinline__ unsigned push_flag(unsigned long long tag) {
+  const unsigned long long x = (tag ^ (tag >> 31)) * 0x9E3779B97F4A7C15ull;
+  return static_cast<unsigned>(x >> 32) | 1u;
+}
+/// One 16-byte line, in one store whose 8-byte halves each land whole.
+__device__ __forceinline__ void line_store(unsigned int* p, unsigned d0, unsigned f0, unsigned d1, unsigned f1) {
+  asm volatile("st.volatile.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(d0), "r"(f0), "r"(d1), "r"(f1)
+               : "memory");
+}
+__device__ __forceinline__ uint4 line_load(const unsigned int* p) {
+  uint4 v;
+  asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p)
+               : "memory");
+  return v;
+}
+/// Takes line `i` pushed with `flag` from either parity of one sender's
+/// inboxes (`box`: parity 0, then `lines` further parity 1), clearing it;
+/// false under wait_for's conditions. `seen`: the flag last read, for a
+/// give-up's message.
+__device__ bool take_line(unsigned int* box, long long i, unsigned flag, uint2& data, unsigned& seen,
+                          const unsigned int* dead, const unsigned long long* aborted, unsigned long long job,
+                          long long t0, long long timeout) {
+  unsigned int* p0 = box + 4 * i;
+  unsigned int* p1 = box + 4 * (in_stream_inbox_lines + i);
+  for (unsigned n = 1;; ++n) {
+    uint4 v = line_load(p0);
+    unsigned int* at = p0;
+    if (v.y != flag || v.w != flag) {
+      v = line_load(p1);
+      at = p1;
+    }
+    if (v.y == flag && v.w == flag) {
+      data = make_uint2(v.x, v.z);
+      line_store(at, 0, 0, 0, 0);
+      return true;
+    }
+    seen = v.y;
+    if ((n & 1023u) == 0) {
       if (*reinterpret_cast<const volatile unsigned int*>(dead) != 0) return false;
       for (int j = 0; j < in_stream_aborts; ++j)
         if (reinterpret_cast<const volatile unsigned long long*>(aborted)[j] == job) return false;
@@ -107,6 +162,59 @@ __global__ void __launch_bounds__(512) in_stream_all_reduce_kernel(void* out, in
   const int k = threadIdx.x;  // thread k < n talks to member k
   if (threadIdx.x == 0) failed = 0;
   __syncthreads();
+  if (a.push) {
+    // Block b's words of every member's slice: push mine to each peer, then
+    // take each peer's from my inboxes, summing in rank order as below.
+    const int per = a.type == 0 ? 4 : 8;
+    const long long w0 = b * a.per_block / per;
+    const long long w1 = (b * a.per_block + a.per_block < a.n_out ? b * a.per_block + a.per_block : a.n_out) / per;
+    const unsigned flag = push_flag(tag);
+    const uint4* mine = static_cast<const uint4*>(a.in[a.rank]);
+    for (int m = 0; m < a.n; ++m) {
+      if (m == a.rank) continue;
+      const unsigned long long parity = a.push_parity[b * in_stream_slots + a.slot[m]] & 1u;
+      unsigned int* box = a.inbox_at[m] + 4 * (static_cast<long long>(me) * 2 + static_cast<long long>(parity)) *
+                                              in_stream_inbox_lines;
+      for (long long w = w0 + threadIdx.x; w < w1; w += blockDim.x) {
+        const uint4 v = mine[w];
+        line_store(box + 8 * w, v.x, flag, v.y, flag);
+        line_store(box + 8 * w + 4, v.z, flag, v.w, flag);
+      }
+    }
+    const long long t0 = global_ns();
+    for (long long w = w0 + threadIdx.x; w < w1 && !*reinterpret_cast<volatile int*>(&failed); w += blockDim.x) {
+      float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+      for (int m = 0; m < a.n; ++m) {
+        if (m == a.rank) {
+          add_words(acc, mine[w], a.type);
+          continue;
+        }
+        unsigned int* box = a.inbox + 4 * (static_cast<long long>(a.slot[m]) * 2) * in_stream_inbox_lines;
+        uint2 lo, hi;
+        unsigned seen = 0;
+        if (!take_line(box, 2 * w, flag, lo, seen, a.dead[m], a.aborted, job, t0, a.timeout_ns) ||
+            !take_line(box, 2 * w + 1, flag, hi, seen, a.dead[m], a.aborted, job, t0, a.timeout_ns)) {
+          failed = 1;
+          volatile unsigned long long* d = a.faults + in_stream_faults;
+          if (d[0] == 0) {
+            d[0] = tag;
+            d[1] = seen;
+            d[2] = (static_cast<unsigned long long>(a.slot[m]) << 32) | static_cast<unsigned>(b);
+            d[3] = (1ull << 63) | flag;  // marks a pushed line's flags (cuda_device's message)
+          }
+          break;
+        }
+        add_words(acc, make_uint4(lo.x, lo.y, hi.x, hi.y), a.type);
+      }
+      if (!failed) static_cast<uint4*>(out)[w] = pack_words(acc, a.type);
+    }
+    __syncthreads();
+    // The next push to each peer goes to the other parity (pushes were made
+    // whatever happened after them).
+    if (threadIdx.x < a.n && threadIdx.x != a.rank) a.push_parity[b * in_stream_slots + a.slot[threadIdx.x]] ^= 1u;
+    if (failed && threadIdx.x == 0) reinterpret_cast<volatile unsigned long long*>(a.faults)[job % in_stream_faults] = job;
+    return;
+  }
   if (k < a.n && k != a.rank) {
     const int from_k = b * in_stream_slots + a.slot[k];
     // The peer saw my last announcement before I overwrite it (or its job
@@ -206,7 +314,11 @@ error launch_in_stream_all_reduce(const launch_ctx& c, const tensor_arg& out, co
   if (a.type != 3 && aligned && n_out % per == 0) {
     a.words = 1;
     a.per_block = (a.per_block + 7) / 8 * 8;
+    a.push = n_out * static_cast<int64_t>(dtype_size(out.type)) <= in_stream_push_max_bytes;
   }
+  a.inbox = mine.inbox;
+  a.push_parity = mine.push_parity;
+  for (int m = 0; m < n; ++m) a.inbox_at[m] = members[m].area->inbox;
   launch_kernel(c, in_stream_all_reduce_kernel, dim3(static_cast<unsigned>(grid)), dim3(block), 0, out.data, a);
   AG_CUDA_TRY_LAUNCH(c.where);
   return {};

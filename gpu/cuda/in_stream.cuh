@@ -28,6 +28,24 @@
 // told the job was cancelled (abort ring), or after the timeout; the part
 // then records the job in its device's fault ring (host-mapped), which the
 // runtime reads before the job completes (device::collective_fault).
+//
+// Small parts push instead (at most in_stream_push_max_bytes of 16-byte
+// words, the decode step's all-reduces): a reader then waits for one
+// crossing of NVLink, not an announcement plus a round trip to read. Each
+// member's block b writes its slice of its operand into every peer's inbox
+// as 16-byte lines {4 data bytes, flag, 4 data bytes, flag}, the flag a
+// nonzero 32-bit hash of the tag, with single 16-byte stores whose 8-byte
+// halves land whole; no announcement, no fence. A reader takes a line when
+// both flags match its tag's, then clears it. A sender alternates between
+// two inboxes (parities) per peer and block, and the reader looks in both:
+// a sender's next push into a parity follows the peer's push of the
+// collective between, which the peer makes only after its part of the one
+// before (that read and cleared the parity) completed, so no line is
+// overwritten before it is read. A part that gives up leaves its peers'
+// lines uncleared with its own flag, which no later part looks for (a
+// stale line could only be taken on a 32-bit hash collision of two tags of
+// the same pair); the runtime's same-order rule (collective_order.hpp) is
+// what makes "the collective between" well defined.
 // The kernel never releases its dependents early (no pdl_release): blocks of
 // the next kernel waiting on an SM could keep a member sharing the GPU from
 // arriving.
@@ -46,6 +64,11 @@ constexpr int in_stream_faults = 16;      ///< fault ring: jobs whose parts gave
 constexpr int in_stream_fault_detail = 4; ///< after the ring: the last give-up's wanted tag, seen tag, peer/block, previous tag
 constexpr int in_stream_members_max = 8;  ///< == ag::max_in_stream_members
 constexpr int in_stream_key_bits = 20;    ///< tag = job << key_bits | key
+/// Parts of at most this many bytes (and 16-byte words) push their operand
+/// into each peer's inbox instead of letting the peers read it (see below).
+constexpr int64_t in_stream_push_max_bytes = 64 * 1024;
+/// 16-byte lines of one inbox (a sender's, one parity): 8 data bytes each.
+constexpr int64_t in_stream_inbox_lines = in_stream_push_max_bytes / 8;
 
 /// One logical device's in-stream memory (made by cuda_device, freed with it).
 struct in_stream_area {
@@ -53,6 +76,10 @@ struct in_stream_area {
   unsigned long long* ack = nullptr;     ///< device: same shape, what each sender saw of this one's
   unsigned long long* last = nullptr;    ///< device: same shape, this one's last announcement to each
   unsigned long long* tag = nullptr;     ///< device: the job tag its stream set last
+  /// device: [in_stream_slots][2][in_stream_inbox_lines] 16-byte lines, the
+  /// pushes of each sender (by its slot) into this device, two parities
+  unsigned int* inbox = nullptr;
+  unsigned long long* push_parity = nullptr;  ///< device: [blocks][slots], the parity of this one's next push to each
   // Job ids are stored as id + 1 (in_stream_job_word): zero means none.
   unsigned long long* aborted_host = nullptr;  ///< mapped: [in_stream_aborts] cancelled jobs
   unsigned long long* aborted_dev = nullptr;

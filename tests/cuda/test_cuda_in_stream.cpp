@@ -9,6 +9,7 @@
 
 #include <chrono>
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <memory>
@@ -103,7 +104,10 @@ TEST(CudaInStream, PartsOnTwoLogicalDevicesEqualTheHostSumForEveryDtypeAndSize) 
   AG_REQUIRE_GPU(1);
   uint64_t job = 100;
   for (dtype t : {dtype::f32, dtype::f16, dtype::bf16, dtype::i32})
-    for (int64_t n : {int64_t{1}, int64_t{1000}, int64_t{8193}, int64_t{65541}}) {
+    // 1000 and 16384 elements push their operands (words of at most 64 KiB:
+    // in_stream_push_max_bytes), 32768 pushes in 16-bit types and is read in
+    // place in f32 (128 KiB), the odd sizes are read element by element.
+    for (int64_t n : {int64_t{1}, int64_t{1000}, int64_t{8193}, int64_t{16384}, int64_t{32768}, int64_t{65541}}) {
       SCOPED_TRACE(std::string(to_string(t)) + " x " + std::to_string(n));
       pair_of_members m(t, n);
       ASSERT_EQ(m.devs.size(), 2u);
@@ -133,6 +137,59 @@ TEST(CudaInStream, PartsOnTwoLogicalDevicesEqualTheHostSumForEveryDtypeAndSize) 
         }
       }
     }
+}
+
+// Pushed parts (in_stream.cuh): 24 collectives of one job enqueued back to
+// back on both streams with no host sync between, each over its own
+// operands and output, so that a member pushes its next part while its peer
+// still reads the last one: the pushes alternate between the two inboxes of
+// each peer and block, and every sum is the host's.
+TEST(CudaInStream, PushedPartsBackToBackKeepEachCollectivesLinesApart) {
+  AG_REQUIRE_GPU(1);
+  constexpr int parts = 24;
+  constexpr int64_t n = 6144;  // f32, 24 KiB: the push path, 3 blocks
+  pair_of_members m(dtype::f32, n);
+  ASSERT_EQ(m.devs.size(), 2u);
+  const auto bytes = static_cast<int64_t>(n * sizeof(float));
+  std::vector<std::array<void*, 2>> ins(parts), outs(parts);
+  std::vector<std::array<host_tensor, 2>> x(parts);
+  for (int c = 0; c < parts; ++c)
+    for (int k = 0; k < 2; ++k) {
+      auto& d = *m.devs[static_cast<std::size_t>(k)];
+      auto in = d.allocate(bytes), out = d.allocate(bytes);
+      ASSERT_TRUE(in && out);
+      ins[static_cast<std::size_t>(c)][static_cast<std::size_t>(k)] = *in;
+      outs[static_cast<std::size_t>(c)][static_cast<std::size_t>(k)] = *out;
+      x[static_cast<std::size_t>(c)][static_cast<std::size_t>(k)] =
+          random_operand(dtype::f32, n, 500 + static_cast<uint64_t>(2 * c + k));
+      ASSERT_FALSE(d.upload(*in, x[static_cast<std::size_t>(c)][static_cast<std::size_t>(k)].data(), bytes));
+    }
+  constexpr uint64_t job = 77;
+  for (int k = 0; k < 2; ++k) {
+    auto& d = *m.devs[static_cast<std::size_t>(k)];
+    auto& s = *m.streams[static_cast<std::size_t>(k)];
+    ASSERT_FALSE(d.set_collective_tag(s, job));
+    for (int c = 0; c < parts; ++c) {
+      gpu::op_launch l = m.part(k, static_cast<uint32_t>(c + 1));
+      for (int j = 0; j < 2; ++j)
+        l.inputs[static_cast<std::size_t>(j)].data = ins[static_cast<std::size_t>(c)][static_cast<std::size_t>(j)];
+      l.out.data = outs[static_cast<std::size_t>(c)][static_cast<std::size_t>(k)];
+      ASSERT_FALSE(d.launch(s, l));
+    }
+  }
+  m.sync(0);
+  m.sync(1);
+  for (int k = 0; k < 2; ++k) {
+    EXPECT_FALSE(m.devs[static_cast<std::size_t>(k)]->collective_fault(job)) << "member " << k;
+    for (int c = 0; c < parts; ++c) {
+      host_tensor got(dtype::f32, shape{n});
+      ASSERT_FALSE(m.devs[static_cast<std::size_t>(k)]->download(
+          got.data(), outs[static_cast<std::size_t>(c)][static_cast<std::size_t>(k)], bytes));
+      const auto& xc = x[static_cast<std::size_t>(c)];
+      for (int64_t i = 0; i < n; ++i)
+        ASSERT_EQ(got.at(i), xc[0].at(i) + xc[1].at(i)) << "member " << k << " collective " << c << " element " << i;
+    }
+  }
 }
 
 // A part whose peer never launches gives up after
