@@ -2,6 +2,8 @@
 #include "gpu/cuda/cuda_check.cuh"
 #include "gpu/cuda/in_stream.cuh"
 
+#include <cstdlib>
+
 namespace ag::gpu::cuda {
 
 AG_CUDA_MODULE_ANCHOR()
@@ -27,7 +29,8 @@ struct in_stream_args {
   long long n_out = 0;
   long long per_block = 0;  // elements per block (a multiple of 8 when `words`)
   int words = 0;            // f32/f16/bf16 read and written as 16-byte words
-  int push = 0;             // the push path (in_stream.cuh): words, at most in_stream_push_max_bytes
+  int push = 0;             // the push path (in_stream.cuh): aligned operands, at most in_stream_push_max_bytes
+  int out_words = 0;        // push path: the output is written as 16-byte words (else element by element)
   unsigned int* inbox_at[in_stream_members_max];  // member k's inboxes
   unsigned int* inbox = nullptr;                  // this member's
   unsigned long long* push_parity = nullptr;      // this member's: [block][receiver slot]
@@ -206,7 +209,11 @@ __global__ void __launch_bounds__(512) in_stream_all_reduce_kernel(void* out, in
         }
         add_words(acc, make_uint4(lo.x, lo.y, hi.x, hi.y), a.type);
       }
-      if (!failed) static_cast<uint4*>(out)[w] = pack_words(acc, a.type);
+      if (failed) break;
+      if (a.out_words)
+        static_cast<uint4*>(out)[w] = pack_words(acc, a.type);
+      else
+        for (int e = 0; e < per; ++e) st(out, a.type, w * per + e, acc[e]);
     }
     __syncthreads();
     // The next push to each peer goes to the other parity (pushes were made
@@ -307,14 +314,25 @@ error launch_in_stream_all_reduce(const launch_ctx& c, const tensor_arg& out, co
   if (grid > in_stream_blocks) grid = in_stream_blocks;
   a.n_out = n_out;
   a.per_block = (n_out + grid - 1) / grid;
-  // 16-byte words where every buffer is aligned and blocks split at words.
-  bool aligned = reinterpret_cast<uintptr_t>(out.data) % 16 == 0;
-  for (int m = 0; m < n; ++m) aligned = aligned && reinterpret_cast<uintptr_t>(members[m].operand) % 16 == 0;
+  // Blocks split at 16-byte words, and small parts push, where every
+  // member's operand is aligned: decided from what all members see alike
+  // (the operands, the size, the dtype), since pushing parts and reading
+  // parts do not meet and the members' blocks must cover the same slices.
+  // This member's output only decides how it is written.
+  bool operands_aligned = true;
+  for (int m = 0; m < n; ++m) operands_aligned = operands_aligned && reinterpret_cast<uintptr_t>(members[m].operand) % 16 == 0;
+  const bool out_aligned = reinterpret_cast<uintptr_t>(out.data) % 16 == 0;
   const int per = a.type == 0 ? 4 : 8;
-  if (a.type != 3 && aligned && n_out % per == 0) {
-    a.words = 1;
+  if (a.type != 3 && operands_aligned && n_out % per == 0) {
     a.per_block = (a.per_block + 7) / 8 * 8;
-    a.push = n_out * static_cast<int64_t>(dtype_size(out.type)) <= in_stream_push_max_bytes;
+    a.words = out_aligned;
+    // AG_CUDA_IN_STREAM_PUSH=0: every part reads in place (a diagnostic switch).
+    static const bool push_on = [] {
+      const char* v = std::getenv("AG_CUDA_IN_STREAM_PUSH");
+      return !(v && v[0] == '0');
+    }();
+    a.push = push_on && n_out * static_cast<int64_t>(dtype_size(out.type)) <= in_stream_push_max_bytes;
+    a.out_words = out_aligned;
   }
   a.inbox = mine.inbox;
   a.push_parity = mine.push_parity;

@@ -143,7 +143,9 @@ TEST(CudaInStream, PartsOnTwoLogicalDevicesEqualTheHostSumForEveryDtypeAndSize) 
 // back on both streams with no host sync between, each over its own
 // operands and output, so that a member pushes its next part while its peer
 // still reads the last one: the pushes alternate between the two inboxes of
-// each peer and block, and every sum is the host's.
+// each peer and block, and every sum is the host's. Member 1 writes every
+// other output 4 bytes off 16-byte alignment: the members still both push
+// (the path is chosen from what they see alike), and it writes elements.
 TEST(CudaInStream, PushedPartsBackToBackKeepEachCollectivesLinesApart) {
   AG_REQUIRE_GPU(1);
   constexpr int parts = 24;
@@ -156,10 +158,11 @@ TEST(CudaInStream, PushedPartsBackToBackKeepEachCollectivesLinesApart) {
   for (int c = 0; c < parts; ++c)
     for (int k = 0; k < 2; ++k) {
       auto& d = *m.devs[static_cast<std::size_t>(k)];
-      auto in = d.allocate(bytes), out = d.allocate(bytes);
+      auto in = d.allocate(bytes), out = d.allocate(bytes + 16);
       ASSERT_TRUE(in && out);
       ins[static_cast<std::size_t>(c)][static_cast<std::size_t>(k)] = *in;
-      outs[static_cast<std::size_t>(c)][static_cast<std::size_t>(k)] = *out;
+      outs[static_cast<std::size_t>(c)][static_cast<std::size_t>(k)] =
+          static_cast<char*>(*out) + (k == 1 && c % 2 == 1 ? 4 : 0);
       x[static_cast<std::size_t>(c)][static_cast<std::size_t>(k)] =
           random_operand(dtype::f32, n, 500 + static_cast<uint64_t>(2 * c + k));
       ASSERT_FALSE(d.upload(*in, x[static_cast<std::size_t>(c)][static_cast<std::size_t>(k)].data(), bytes));
