@@ -30,9 +30,7 @@ struct in_stream_args {
   long long per_block = 0;  // elements per block (a multiple of 8 when `words`)
   int words = 0;            // f32/f16/bf16 read and written as 16-byte words
   int push = 0;             // the push path (in_stream.cuh): aligned operands, at most in_stream_push_max_bytes
-  int out_words = 0;        // push path: the output is written as 16-byte words (else element by element)
   unsigned int* inbox_at[in_stream_members_max];  // member k's inboxes
-  unsigned int* inbox = nullptr;                  // this member's
   unsigned long long* push_parity = nullptr;      // this member's: [block][receiver slot]
 };
 
@@ -50,20 +48,38 @@ __device__ __forceinline__ long long global_ns() {
   return t;
 }
 
-/// Waits until *flag == want; false when the member died, the job was
-/// cancelled here, or the timeout passed (checked every 1024 polls: the
-/// host-mapped words cost a PCIe read each).
+/// Whether a waiting part gives up: the member died, the job was cancelled
+/// here, or the timeout passed. Waits ask every 1024 polls: the host-mapped
+/// words cost a PCIe read each.
+__device__ bool gave_up(const unsigned int* dead, const unsigned long long* aborted, unsigned long long job,
+                        long long t0, long long timeout) {
+  if (*reinterpret_cast<const volatile unsigned int*>(dead) != 0) return true;
+  for (int j = 0; j < in_stream_aborts; ++j)
+    if (reinterpret_cast<const volatile unsigned long long*>(aborted)[j] == job) return true;
+  return global_ns() - t0 > timeout;
+}
+
+/// Waits until *flag == want; false when it gave_up.
 __device__ bool wait_for(const unsigned long long* flag, unsigned long long want, const unsigned int* dead,
                          const unsigned long long* aborted, unsigned long long job, long long t0, long long timeout) {
   for (unsigned i = 1;; ++i) {
     if (load_acquire(flag) == want) return true;
-    if ((i & 1023u) == 0) {
-      if (*reinterpret_cast<const volatile unsigned int*>(dead) != 0) return false;
-      for (int j = 0; j < in_stream_aborts; ++j)
-        if (reinterpret_cast<const volatile unsigned long long*>(aborted)[j] == job) return false;
-      if (global_ns() - t0 > timeout) return false;
-    }
+    if ((i & 1023u) == 0 && gave_up(dead, aborted, job, t0, timeout)) return false;
   }
+}
+
+/// What the first give-up on this device waited for and saw, for the
+/// fault's message (cuda_device::collective_fault): the tag, what was seen,
+/// the peer's slot and block, and the previous announcement (pull) or, with
+/// the top bit set, the pushed lines' flag.
+__device__ void note_give_up(unsigned long long* faults, unsigned long long tag, unsigned long long seen, int slot,
+                             int block, unsigned long long fourth) {
+  volatile unsigned long long* d = faults + in_stream_faults;
+  if (d[0] != 0) return;
+  d[0] = tag;
+  d[1] = seen;
+  d[2] = (static_cast<unsigned long long>(slot) << 32) | static_cast<unsigned>(block);
+  d[3] = fourth;
 }
 
 // ---- the push path (in_stream.cuh) ----
@@ -88,8 +104,7 @@ __device__ __forceinline__ uint4 line_load(const unsigned int* p) {
 }
 /// Takes line `i` pushed with `flag` from either parity of one sender's
 /// inboxes (`box`: parity 0, then `lines` further parity 1), clearing it;
-/// false under wait_for's conditions. `seen`: the flag last read, for a
-/// give-up's message.
+/// false when it gave_up. `seen`: the flag last read, for a give-up's message.
 __device__ bool take_line(unsigned int* box, long long i, unsigned flag, uint2& data, unsigned& seen,
                           const unsigned int* dead, const unsigned long long* aborted, unsigned long long job,
                           long long t0, long long timeout) {
@@ -108,12 +123,7 @@ __device__ bool take_line(unsigned int* box, long long i, unsigned flag, uint2& 
       return true;
     }
     seen = v.y;
-    if ((n & 1023u) == 0) {
-      if (*reinterpret_cast<const volatile unsigned int*>(dead) != 0) return false;
-      for (int j = 0; j < in_stream_aborts; ++j)
-        if (reinterpret_cast<const volatile unsigned long long*>(aborted)[j] == job) return false;
-      if (global_ns() - t0 > timeout) return false;
-    }
+    if ((n & 1023u) == 0 && gave_up(dead, aborted, job, t0, timeout)) return false;
   }
 }
 
@@ -192,25 +202,19 @@ __global__ void __launch_bounds__(512) in_stream_all_reduce_kernel(void* out, in
           add_words(acc, mine[w], a.type);
           continue;
         }
-        unsigned int* box = a.inbox + 4 * (static_cast<long long>(a.slot[m]) * 2) * in_stream_inbox_lines;
+        unsigned int* box = a.inbox_at[a.rank] + 4 * (static_cast<long long>(a.slot[m]) * 2) * in_stream_inbox_lines;
         uint2 lo, hi;
         unsigned seen = 0;
         if (!take_line(box, 2 * w, flag, lo, seen, a.dead[m], a.aborted, job, t0, a.timeout_ns) ||
             !take_line(box, 2 * w + 1, flag, hi, seen, a.dead[m], a.aborted, job, t0, a.timeout_ns)) {
           failed = 1;
-          volatile unsigned long long* d = a.faults + in_stream_faults;
-          if (d[0] == 0) {
-            d[0] = tag;
-            d[1] = seen;
-            d[2] = (static_cast<unsigned long long>(a.slot[m]) << 32) | static_cast<unsigned>(b);
-            d[3] = (1ull << 63) | flag;  // marks a pushed line's flags (cuda_device's message)
-          }
+          note_give_up(a.faults, tag, seen, a.slot[m], b, (1ull << 63) | flag);
           break;
         }
         add_words(acc, make_uint4(lo.x, lo.y, hi.x, hi.y), a.type);
       }
       if (failed) break;
-      if (a.out_words)
+      if (a.words)  // this member's output is aligned
         static_cast<uint4*>(out)[w] = pack_words(acc, a.type);
       else
         for (int e = 0; e < per; ++e) st(out, a.type, w * per + e, acc[e]);
@@ -245,14 +249,7 @@ __global__ void __launch_bounds__(512) in_stream_all_reduce_kernel(void* out, in
       *reinterpret_cast<volatile unsigned long long*>(&a.ack_at[k][b * in_stream_slots + me]) = tag;
     } else {
       failed = 1;
-      // What the first give-up here waited for and saw, for the fault's message.
-      volatile unsigned long long* d = a.faults + in_stream_faults;
-      if (d[0] == 0) {
-      d[0] = tag;
-      d[1] = load_acquire(&a.arrive[from_k]);
-      d[2] = (static_cast<unsigned long long>(a.slot[k]) << 32) | static_cast<unsigned>(b);
-      d[3] = prev;
-      }
+      note_give_up(a.faults, tag, load_acquire(&a.arrive[from_k]), a.slot[k], b, prev);
     }
   }
   __syncthreads();
@@ -332,9 +329,7 @@ error launch_in_stream_all_reduce(const launch_ctx& c, const tensor_arg& out, co
       return !(v && v[0] == '0');
     }();
     a.push = push_on && n_out * static_cast<int64_t>(dtype_size(out.type)) <= in_stream_push_max_bytes;
-    a.out_words = out_aligned;
   }
-  a.inbox = mine.inbox;
   a.push_parity = mine.push_parity;
   for (int m = 0; m < n; ++m) a.inbox_at[m] = members[m].area->inbox;
   launch_kernel(c, in_stream_all_reduce_kernel, dim3(static_cast<unsigned>(grid)), dim3(block), 0, out.data, a);

@@ -61,7 +61,7 @@ constexpr int in_stream_blocks = 32;      ///< most blocks of one part (flags pe
 constexpr int in_stream_slots = 64;       ///< sending devices per flag array (the runtime's device index)
 constexpr int in_stream_aborts = 8;       ///< abort ring: recently cancelled jobs
 constexpr int in_stream_faults = 16;      ///< fault ring: jobs whose parts gave up
-constexpr int in_stream_fault_detail = 4; ///< after the ring: the last give-up's wanted tag, seen tag, peer/block, previous tag
+constexpr int in_stream_fault_detail = 4; ///< after the ring: the last give-up's wanted tag, seen word, peer/block, previous tag (or, top bit set, the pushed lines' flag)
 constexpr int in_stream_members_max = 8;  ///< == ag::max_in_stream_members
 constexpr int in_stream_key_bits = 20;    ///< tag = job << key_bits | key
 /// Parts of at most this many bytes (and 16-byte words) push their operand
