@@ -369,7 +369,11 @@ std::vector<gpu::op_launch> launch_program::launch_records(int q) const {
       l.source = &plan_->source();
       l.out = op.out.proto;
       l.inputs.reserve(op.inputs.size());
-      for (const auto& a : op.inputs) l.inputs.push_back(a.proto);
+      for (std::size_t i = 0; i < op.inputs.size(); ++i) {
+        const operand& a = op.inputs[i];
+        l.inputs.push_back(a.proto);
+        if (i < 32 && a.where == region::weights && a.device < 0) l.weight_inputs |= uint32_t{1} << i;
+      }
       l.fused = op.fused;
       l.attention = op.attention;
       l.projection = op.projection;

@@ -89,6 +89,12 @@ struct op_launch {
   /// record runs a chain of the plan's ops as one kernel (see fused_attention).
   enum class fusion : uint8_t { none = 0, attention = 1, projections = 2 };
   fusion fused = fusion::none;
+  /// Set by the lowering: bit i when `inputs[i]` is a weight leaf in the
+  /// plan's weights region, which no kernel of any job writes (i < 32). A
+  /// kernel may read such an input before it waits for the kernel before
+  /// it (programmatic dependent launch): the CUDA GEMV does for a plain
+  /// product's weight. Backends that do not look at it lose nothing.
+  uint32_t weight_inputs = 0;
   /// fusion::projections, in place of a projection group (graph/fusion.hpp,
   /// projection_fusion): `inputs` are {x, w_1, .., w_n} (gated: {x, w_gate,
   /// w_up}; residual: {x, w, r}); `out` is the group's output (shared_input:

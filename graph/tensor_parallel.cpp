@@ -1111,16 +1111,17 @@ class rewriter {
 
   // ---------------------------------------------------------- chunking --
 
-  /// The all-reduce of a pending row-parallel matmul, split in chunks of rows
-  /// when the cost model says overlap pays; empty when it does not.
-  std::vector<node_id> chunked_all_reduce(node_id x) {
+  /// Chunks of rows the all-reduce of pending row-parallel matmul x goes
+  /// in: more than 1 where the cost model says a chunk's all-reduce beside
+  /// the next chunk's product pays (chunked_all_reduce), else 1.
+  int all_reduce_chunks(node_id x) {
     tensor_info& i = ti(x);
     const node& n = g_.at(x);
-    if (!opt_.tp_overlap || n.attrs.trans_a) return {};
+    if (!opt_.tp_overlap || n.attrs.trans_a) return 1;
     const int s = stage(x);
     for (int k = 0; k < t_; ++k)
       if (at(i.pb[static_cast<std::size_t>(k)]).dims.rank() != 2 || !at(i.pa[static_cast<std::size_t>(k)]).contiguous())
-        return {};
+        return 1;
     const int64_t N = n.dims[-1];
     const int64_t rows = n.dims.numel() / N;
     int64_t kmax = 0;
@@ -1128,7 +1129,7 @@ class rewriter {
     const int64_t es = static_cast<int64_t>(dtype_size(n.type));
     const std::vector<const device_spec*> members = group_members(s);
     // Chunks pay only where a chunk's all-reduce runs beside the next chunk.
-    if (!collectives_beside_compute(members)) return {};
+    if (!collectives_beside_compute(members)) return 1;
     const device_spec& d0 = *members[0];
     auto mm = [&](int64_t m) {
       op_cost c;
@@ -1155,7 +1156,19 @@ class rewriter {
         best_t = tc;
       }
     }
+    return best;
+  }
+
+  /// The all-reduce of a pending row-parallel matmul, split in chunks of rows
+  /// when the cost model says overlap pays; empty when it does not.
+  std::vector<node_id> chunked_all_reduce(node_id x) {
+    const int best = all_reduce_chunks(x);
     if (best == 1) return {};
+    tensor_info& i = ti(x);
+    const node& n = g_.at(x);
+    const int s = stage(x);
+    const int64_t N = n.dims[-1];
+    const int64_t rows = n.dims.numel() / N;
     const std::vector<int64_t> counts = apportion(rows, std::vector<double>(static_cast<std::size_t>(best), 1.0));
     std::vector<node_id> flat(static_cast<std::size_t>(t_));
     for (int k = 0; k < t_; ++k) {
@@ -1802,12 +1815,49 @@ class rewriter {
       };
       if (pa && pb && !ra && !rb && !has_rows(a) && !has_rows(b)) return emit_with(native(a), native(b), partial);
       if (rows && (pa || pb) && with(*rows)) return;
+      if (fold_into_all_reduce(n)) return;
       return (void)with(split_state{});
     }
     // mul is linear in each operand: partial x replicated stays partial.
     if (pa && (rb || !pb)) return emit_with(native(a), as_replicated(b), partial);
     if (pb) return emit_with(as_replicated(a), native(b), partial);
     with(split_state{});
+  }
+
+  /// add(x, y) of a pending row-parallel matmul x (its all-reduce whole, not
+  /// in chunks) that feeds nothing else and a replicated y of the same dims
+  /// and dtype: rank 0 adds y to its part and the all-reduce of the parts is
+  /// the sum, so no rank runs the add after the all-reduce. A residual add
+  /// after the row-parallel o and down projections is one kernel fewer per
+  /// rank, and rank 0's add joins its product as a residual projection
+  /// (graph/fusion.hpp). The sum is rounded in another order than the
+  /// reference's (rank 0's part and y first), as every all-reduce already is.
+  bool fold_into_all_reduce(const node& n) {
+    for (int side = 0; side < 2; ++side) {
+      const node_id x = n.inputs[static_cast<std::size_t>(side)], y = n.inputs[static_cast<std::size_t>(1 - side)];
+      if (x == y || ti(x).st.k != skind::partial || !ti(x).pending || !has_replicated(y)) continue;
+      const node& xn = g_.at(x);
+      const node& yn = g_.at(y);
+      if (xn.dims != n.dims || yn.dims != n.dims || xn.type != n.type || yn.type != n.type) continue;
+      if (g_.consumers(x).size() != 1) continue;
+      if (std::find(g_.outputs().begin(), g_.outputs().end(), x) != g_.outputs().end()) continue;
+      if (all_reduce_chunks(x) > 1) continue;
+      std::vector<node_id> parts = native(x);
+      const std::vector<node_id> ys = as_replicated(y);
+      const int s = stage(n.id);
+      node add;
+      add.op = op_kind::add;
+      add.attrs = n.attrs;
+      add.type = n.type;
+      add.layer = n.layer;
+      add.name = local_name(n.name + ".into_part", s, 0);
+      add.inputs = side == 0 ? std::vector<node_id>{parts[0], ys[0]} : std::vector<node_id>{ys[0], parts[0]};
+      parts[0] = emit_compute(std::move(add), s, 0);
+      // Named after the product it reduces, as the all-reduce it replaces.
+      set_state(n.id, split_state{}, collective(op_kind::all_reduce, x, parts, {}, xn.name));
+      return true;
+    }
+    return false;
   }
 
   /// Column ranges of `total` for a column-parallel split with granule chain

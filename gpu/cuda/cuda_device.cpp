@@ -808,6 +808,8 @@ class cuda_device final : public device {
         l.inputs.size() != static_cast<std::size_t>(part.members))
       return refuse(errc::invalid_argument, "members, operands and rank do not agree");
     std::array<in_stream_member, in_stream_members_max> members{};
+    std::array<int, in_stream_members_max> gpus{};
+    bool own_gpus = true;  // no two members on one GPU: the kernel may release the next one early
     for (int k = 0; k < part.members; ++k) {
       auto* peer = dynamic_cast<cuda_device*>(part.devices[static_cast<std::size_t>(k)]);
       if (!peer) return refuse(errc::unsupported_op, "member " + std::to_string(k) + " is not a CUDA device");
@@ -818,6 +820,8 @@ class cuda_device final : public device {
       auto area = peer->in_stream_memory();
       if (!area) return area.err();
       members[static_cast<std::size_t>(k)] = {l.inputs[static_cast<std::size_t>(k)].data, *area};
+      gpus[static_cast<std::size_t>(k)] = peer->core_->ordinal;
+      for (int j = 0; j < k; ++j) own_gpus = own_gpus && gpus[static_cast<std::size_t>(j)] != peer->core_->ordinal;
     }
     c.stream = cs.s_;
     c.pdl = kernels_.pdl;
@@ -825,7 +829,7 @@ class cuda_device final : public device {
     device_guard g(core_->ordinal);
     error e = launch_in_stream_all_reduce(c, l.out, members.data(), part.members, part.rank,
                                           *members[static_cast<std::size_t>(part.rank)].area, part.key,
-                                          collective_timeout_s_);
+                                          collective_timeout_s_, own_gpus);
     if (!e) return {};
     if (e.code == errc::device_failed) core_->mark_dead(e);
     return std::move(e).concerning(index_, -1, l.op->name);

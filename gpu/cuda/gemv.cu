@@ -84,8 +84,9 @@ struct gemv_targets {
   const T* norm_w = nullptr;
   float eps = 0.0f;
   // The w[] are weight leaves, which no kernel writes, so the first chunk
-  // may be read before the PDL wait. Only projection groups say so: the
-  // planner checks their operands are weights; a plain product's b may be
+  // may be read before the PDL wait. Projection groups say so (the planner
+  // checks their operands are weights), and a plain product whose b the
+  // lowering marked a weight (launch_ctx::b_is_weight); any other b may be
   // the output of the kernel right before it.
   bool weights_immutable = false;
 };
@@ -309,6 +310,7 @@ void go_one(const launch_ctx& c, int rows, void* y, const void* x, const row_off
   tg.w[0] = static_cast<const T*>(w);
   tg.y[0] = static_cast<TO*>(y);
   tg.n_end[0] = N;
+  tg.weights_immutable = c.b_is_weight;
   go<T, TO>(c, rows, tg, x, xr, ldw, K);
 }
 

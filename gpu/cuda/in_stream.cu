@@ -30,6 +30,7 @@ struct in_stream_args {
   long long per_block = 0;  // elements per block (a multiple of 8 when `words`)
   int words = 0;            // f32/f16/bf16 read and written as 16-byte words
   int push = 0;             // the push path (in_stream.cuh): aligned operands, at most in_stream_push_max_bytes
+  int release_early = 0;    // every member a GPU of its own: the next kernel may launch now (in_stream.cuh)
   unsigned int* inbox_at[in_stream_members_max];  // member k's inboxes
   unsigned long long* push_parity = nullptr;      // this member's: [block][receiver slot]
 };
@@ -166,7 +167,8 @@ __device__ __forceinline__ uint4 pack_words(const float* acc, int t) {
 // to a peer only once the peer acknowledged the previous one; in steady
 // state that acknowledgement came long before, so it costs no wait.
 __global__ void __launch_bounds__(512) in_stream_all_reduce_kernel(void* out, in_stream_args a) {
-  pdl_wait();  // the operand is the previous kernel's output; no early release (in_stream.cuh)
+  pdl_wait();  // the operand is the previous kernel's output
+  if (a.release_early) pdl_release();  // only where no member shares this GPU (in_stream.cuh)
   __shared__ int failed;
   const int b = blockIdx.x;
   const unsigned long long job = *reinterpret_cast<const volatile unsigned long long*>(a.tag);
@@ -277,7 +279,8 @@ __global__ void set_tag_kernel(unsigned long long* slot, unsigned long long job)
 }  // namespace
 
 error launch_in_stream_all_reduce(const launch_ctx& c, const tensor_arg& out, const in_stream_member* members, int n,
-                                  int rank, const in_stream_area& mine, uint32_t key, double timeout_s) {
+                                  int rank, const in_stream_area& mine, uint32_t key, double timeout_s,
+                                  bool release_early) {
   if (n < 2 || n > in_stream_members_max || rank < 0 || rank >= n)
     return error(errc::invalid_argument, c.where + ": in-stream all_reduce of " + std::to_string(n) +
                                              " members, rank " + std::to_string(rank));
@@ -294,6 +297,12 @@ error launch_in_stream_all_reduce(const launch_ctx& c, const tensor_arg& out, co
   a.aborted = mine.aborted_dev;
   a.faults = mine.faults_dev;
   a.timeout_ns = static_cast<long long>(timeout_s * 1e9);
+  // AG_CUDA_IN_STREAM_RELEASE=0: never release early (a diagnostic switch).
+  static const bool release_on = [] {
+    const char* v = std::getenv("AG_CUDA_IN_STREAM_RELEASE");
+    return !(v && v[0] == '0');
+  }();
+  a.release_early = release_early && release_on;
   a.arrive = mine.arrive;
   a.ack = mine.ack;
   a.last = mine.last;

@@ -46,9 +46,11 @@
 // stale line could only be taken on a 32-bit hash collision of two tags of
 // the same pair); the runtime's same-order rule (collective_order.hpp) is
 // what makes "the collective between" well defined.
-// The kernel never releases its dependents early (no pdl_release): blocks of
-// the next kernel waiting on an SM could keep a member sharing the GPU from
-// arriving.
+// The kernel releases its dependents early (pdl_release: the next kernel's
+// blocks launch, load their first weights and wait for this grid) only
+// where every member is a GPU of its own: where members share a GPU
+// (logical devices), blocks of the next kernel waiting on an SM could keep
+// another member's part from arriving.
 
 #include <array>
 #include <cstdint>
@@ -101,9 +103,11 @@ struct in_stream_member {
 /// Enqueues this member's part on c.stream: out = the sum of every member's
 /// operand (f32 accumulation; i32 exact, saturated), members in rank order,
 /// `mine` this device's area. All members launch the same grid (it depends
-/// on the element count only).
+/// on the element count only). `release_early`: every member is a GPU of
+/// its own (see above).
 error launch_in_stream_all_reduce(const launch_ctx& c, const tensor_arg& out, const in_stream_member* members, int n,
-                                  int rank, const in_stream_area& mine, uint32_t key, double timeout_s);
+                                  int rank, const in_stream_area& mine, uint32_t key, double timeout_s,
+                                  bool release_early);
 
 /// Enqueues the job tag for the parts that follow on c.stream.
 error launch_set_in_stream_tag(const launch_ctx& c, const in_stream_area& mine, uint64_t job);

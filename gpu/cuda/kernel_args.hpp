@@ -41,6 +41,9 @@ inline kt to_kt(const tensor_arg& a) {
 struct launch_ctx {
   cudaStream_t stream = nullptr;
   bool gemv = true;                    // matmuls of a few rows may take the GEMV kernel (gemv.cuh)
+  // A matmul's right operand is a weight leaf, which no kernel writes
+  // (op_launch::weight_inputs): the GEMV kernel may load it before its PDL wait.
+  bool b_is_weight = false;
   // Launch the project's kernels as programmatic dependents of the kernel
   // before them on the stream (launch_kernel, common.cuh; sm_90+ only).
   bool pdl = false;

@@ -31,6 +31,7 @@ error dispatch_op(core& dev_core, cuda_stream& cs, const op_launch& l, const std
   c.where.append(device_name).append(" ").append(to_string(n.op)).append(" '").append(n.name).append("'");
   c.sm_count = sm_count;
   c.gemv = kernels.gemv;
+  c.b_is_weight = (l.weight_inputs >> 1) & 1u;
   c.pdl = kernels.pdl;
   c.attention_workspace = cs.attention_ws_;
   c.attention_workspace_floats = cs.attention_ws_ ? cuda_stream::attention_workspace_floats : 0;

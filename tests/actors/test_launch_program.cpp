@@ -962,3 +962,50 @@ TEST(LaunchProgram, InStreamAllReducesRunOnComputeLaneZeroAndADecodeStepReplaysA
 }
 }  // namespace
 
+
+// The lowering marks the inputs that are weight leaves (gpu::op_launch::
+// weight_inputs), which the CUDA GEMV may read before its PDL wait: a
+// product's weight, a norm's weight; never an activation or the KV cache.
+// At tensor degree 2 rank 0's o and down products take in the residual add
+// before their all-reduce (one residual projection each), rank 1's stay
+// plain products of a marked weight.
+TEST(LaunchProgram, WeightInputsAreMarkedForTheKernels) {
+  models::transformer_config cfg = decode_step(models::model_variant::llama, 256);
+  cfg.kv_cache_capacity = 32;
+  cfg.dtype = dtype::bf16;
+  plan_options o;
+  o.fuse_ops = false;  // the scores product stays a matmul of the cache
+  o.tensor_parallel = 2;
+  o.sequence_parallel = sequence_parallel_mode::off;
+  const auto [p, prog] = compile_and_lower(cfg, device_kind::cuda, o, 2);
+  ASSERT_TRUE(prog);
+  int weight_products = 0, activation_products = 0, residual_groups = 0, norms = 0;
+  for (std::size_t q = 0; q < prog->queues().size(); ++q) {
+    const auto records = prog->launch_records(static_cast<int>(q));
+    for (const gpu::op_launch& l : records) {
+      if (l.op->op == op_kind::rms_norm && l.fused == gpu::op_launch::fusion::none) {
+        ++norms;
+        EXPECT_EQ(l.weight_inputs, 0b10u) << l.op->name << ": {x, weight}";
+      }
+      if (l.fused == gpu::op_launch::fusion::projections && l.projection == projection_kind::residual) {
+        ++residual_groups;
+        EXPECT_EQ(l.op->pinned_device, 0) << l.op->name << ": only rank 0 adds the residual";
+        EXPECT_EQ(l.weight_inputs, 0b010u) << l.op->name << ": {x, w, residual}";
+        continue;
+      }
+      if (l.fused != gpu::op_launch::fusion::none || l.op->op != op_kind::matmul) continue;
+      const node& b = p->source().at(l.op->inputs[1]);
+      node_id root = b.id;
+      while (p->source().at(root).is_view()) root = p->source().at(root).inputs[0];
+      const bool weight = p->source().at(root).op == op_kind::weight;
+      EXPECT_EQ(l.weight_inputs, weight ? 0b10u : 0u) << l.op->name;
+      (weight ? weight_products : activation_products) += 1;
+    }
+  }
+  // Per layer: rank 1's o and down (rank 0's are residual groups), and
+  // the head on each rank; the scores and weighted sums of each rank.
+  EXPECT_EQ(residual_groups, 2 * cfg.n_layers);
+  EXPECT_EQ(weight_products, 2 * cfg.n_layers + 2);
+  EXPECT_EQ(activation_products, 2 * 2 * cfg.n_layers);
+  EXPECT_EQ(norms, 2) << "the final norm on each rank (the others are projection prologues)";
+}

@@ -535,6 +535,67 @@ TEST(TensorParallel, MegatronLayerHasExactlyTwoAllReducesPerBlock) {
   }
 }
 
+// A residual add after a row-parallel product (LLaMA's o and down
+// projections) joins rank 0's part before the all-reduce: the all-reduce
+// yields the sum, so no rank adds after it. Not where the product also feeds
+// something else, not where a bias sits between them (GPT-2), not under
+// sequence parallelism (the residual stream is sharded by rows there).
+TEST(TensorParallel, ResidualAddJoinsRankZerosPartBeforeTheAllReduce) {
+  auto count = [](const plan& p, const std::string& suffix, op_kind op) {
+    std::map<int, int> per_device;
+    for (const node& n : p.source().nodes())
+      if (n.op == op && n.name.size() > suffix.size() && n.name.find(suffix) != std::string::npos)
+        ++per_device[n.pinned_device];
+    return per_device;
+  };
+  for (int64_t seq : {int64_t{1}, int64_t{6}}) {
+    auto cfg = tiny(model_variant::llama, 8, 2);
+    cfg.n_layers = 3;
+    cfg.seq_len = seq;
+    cfg.batch = seq == 1 ? 1 : 2;
+    auto g = build(cfg);
+    ASSERT_TRUE(g);
+    for (int degree : {2, 4}) {
+      SCOPED_TRACE("seq " + std::to_string(seq) + " degree " + std::to_string(degree));
+      auto p = check_tp(g, degree, tp_options(degree, {}, 0, false), models::transformer_inputs(cfg, 3), 1e-4);
+      ASSERT_TRUE(p);
+      // Two residual adds per layer, each on rank 0 only (device 0), before
+      // the all-reduce named after its product.
+      EXPECT_EQ(count(*p, ".residual.into_part@", op_kind::add), (std::map<int, int>{{0, 2 * cfg.n_layers}}));
+      EXPECT_TRUE(count(*p, ".residual@", op_kind::add).empty()) << "an add of the residual after an all-reduce";
+      for (const node& n : p->source().nodes()) {
+        if (n.op != op_kind::all_reduce || n.layer < 1 || n.layer > cfg.n_layers) continue;
+        const node& part0 = p->source().at(n.inputs[0]);
+        EXPECT_EQ(part0.op, op_kind::add) << n.name << ": rank 0's operand is its part plus the residual";
+        for (std::size_t k = 1; k < n.inputs.size(); ++k)
+          EXPECT_EQ(p->source().at(n.inputs[k]).op, op_kind::matmul) << n.name << ": rank " << k << "'s part";
+      }
+      auto per = collectives_per_layer(*p);
+      for (int l = 1; l <= cfg.n_layers; ++l) EXPECT_EQ(per[l][op_kind::all_reduce], 2) << "layer " << l;
+    }
+  }
+  // GPT-2: the bias add sits between product and residual; sequence
+  // parallel: reduce-scatters instead. Neither folds.
+  {
+    auto cfg = tiny(model_variant::gpt2, 4);
+    auto g = build(cfg);
+    ASSERT_TRUE(g);
+    auto p = check_tp(g, 2, tp_options(2, {}, 0, false), models::transformer_inputs(cfg, 3), 1e-4);
+    ASSERT_TRUE(p);
+    EXPECT_TRUE(count(*p, ".into_part@", op_kind::add).empty());
+  }
+  {
+    auto cfg = tiny(model_variant::llama, 8, 2);
+    auto g = build(cfg);
+    ASSERT_TRUE(g);
+    plan_options o = tp_options(2, {}, 0, false);
+    o.sequence_parallel = sequence_parallel_mode::on;
+    auto p = check_tp(g, 2, o, models::transformer_inputs(cfg, 3), 1e-4);
+    ASSERT_TRUE(p);
+    EXPECT_TRUE(count(*p, ".into_part@", op_kind::add).empty());
+  }
+}
+
 // The embedding lookup picks its layout by size: a table larger than the
 // lookup's output is vocabulary-parallel (one all-reduce of the output); a
 // table no larger (a small vocabulary under a prompt-sized batch) is
