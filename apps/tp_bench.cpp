@@ -567,6 +567,22 @@ std::string tagged(const std::string& path, const std::string& tag) {
   return path.substr(0, dot) + "-" + tag + path.substr(dot);
 }
 
+/// The LLaMA 7B-shaped decode step of issues 14 and 15: batch 1, one token,
+/// no cache (weight-bandwidth bound).
+ag::models::transformer_config decode_step_config(int layers) {
+  ag::models::transformer_config d;
+  d.variant = ag::models::model_variant::llama;
+  d.n_layers = layers;
+  d.d_model = 4096;
+  d.n_heads = 32;
+  d.d_ff = 11008;
+  d.vocab = 32000;
+  d.seq_len = 1;
+  d.batch = 1;
+  d.dtype = ag::dtype::bf16;
+  return d;
+}
+
 /// Issues 14 and 15 (--devices cuda:all): the layer and a decode step on all
 /// n GPUs at degree n against one GPU, the compute lanes' busy fraction of
 /// each GPU, and the sim's prediction for the same plan from the GPUs' own
@@ -598,6 +614,17 @@ void multi_gpu_figures(int n, bool same_gpu, bool small_layer, int64_t vocab, in
     c.n = n;
     std::fprintf(stderr, "== op profile: the layer at degree %d\n", n);
     (void)time_layer(c, g, in, 2);
+    if (decode_layers > 0) {
+      const auto gd = build_zero_weights(decode_step_config(decode_layers));
+      const auto din = ag::models::transformer_inputs(decode_step_config(decode_layers), 1);
+      layer_run dc = c;
+      dc.n = 1;
+      std::fprintf(stderr, "== op profile: the decode step on 1 GPU\n");
+      (void)time_layer(dc, gd, din, 2);
+      dc.n = n;
+      std::fprintf(stderr, "== op profile: the decode step at degree %d\n", n);
+      (void)time_layer(dc, gd, din, 2);
+    }
     ::unsetenv("AG_CUDA_OP_PROFILE");
     return;
   }
@@ -654,16 +681,7 @@ void multi_gpu_figures(int n, bool same_gpu, bool small_layer, int64_t vocab, in
   // A decode step: LLaMA 7B shape, batch 1, one token, no cache (weight
   // bandwidth bound).
   if (decode_layers > 0) {
-    ag::models::transformer_config d;
-    d.variant = ag::models::model_variant::llama;
-    d.n_layers = decode_layers;
-    d.d_model = 4096;
-    d.n_heads = 32;
-    d.d_ff = 11008;
-    d.vocab = 32000;
-    d.seq_len = 1;
-    d.batch = 1;
-    d.dtype = ag::dtype::bf16;
+    const ag::models::transformer_config d = decode_step_config(decode_layers);
     const auto gd = build_zero_weights(d);
     const auto din = ag::models::transformer_inputs(d, 1);
     layer_run dc;
@@ -958,8 +976,9 @@ int main(int argc, char** argv) {
                "one all-reduce), to compare with the chunked overlap");
   app.add_flag("--same-gpu", same_gpu, "cuda: the degrees' devices are logical devices of GPU 0 (cuda:0,0,...)");
   app.add_flag("--op-profile", op_profile,
-               "cuda:all: instead of the figures, each op's GPU time of the layer on 1 GPU and at degree N "
-               "(\"op_profile\" lines on stderr; plain launches)");
+               "cuda:all: instead of the figures, each op's GPU time of the layer (and of the decode step, "
+               "unless --decode-layers 0) on 1 GPU and at degree N (\"op_profile\" lines on stderr; plain launches, whose "
+               "plan may use other lanes, and so other fusions, than the replayed one)");
   app.add_flag("--small", small_layer, "a small layer (d 1024, 8 heads, T 256) for a quick run");
   app.add_option("--allreduce", allreduce_spec,
                  "print allreduce_us_<size>_<path> (oneshot, ring, nccl) for 8 KiB..16 MiB and the crossover on these devices (e.g. cuda:0,0, cuda:0,1, cpu:2)");
