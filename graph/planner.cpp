@@ -666,7 +666,13 @@ struct step_builder {
   }
 
   // Kahn's algorithm, ties broken by creation order, so the final ids are a
-  // topological order close to the graph's. Fills ids, deps, consumers.
+  // topological order close to the graph's; the job's input copies (h2d
+  // steps, which wait for nothing) first of all, so that each is the first
+  // step of the queue it runs on: one read only by a later step of a
+  // compute lane (a decode step's positions under tensor parallelism, read
+  // from the first layer on, after the embedding's all-reduce) can still be
+  // inlined there (inline_small_copies) instead of making the lane wait for
+  // another queue. Fills ids, deps, consumers.
   expected<std::vector<step>> sorted() {
     const std::size_t n = steps.size();
     std::vector<int> indeg(n, 0);
@@ -678,19 +684,20 @@ struct step_builder {
       for (step_id x : d) out[static_cast<std::size_t>(x)].push_back(static_cast<step_id>(i));
       indeg[i] = static_cast<int>(d.size());
     }
-    std::priority_queue<step_id, std::vector<step_id>, std::greater<>> ready;
+    using entry = std::pair<int, step_id>;  // (0 for an input copy, else 1; creation order)
+    std::priority_queue<entry, std::vector<entry>, std::greater<>> ready;
     for (std::size_t i = 0; i < n; ++i)
-      if (indeg[i] == 0) ready.push(static_cast<step_id>(i));
+      if (indeg[i] == 0) ready.push({steps[i].kind == step_kind::copy_h2d ? 0 : 1, static_cast<step_id>(i)});
     std::vector<step_id> new_id(n, -1);
     std::vector<step> result;
     result.reserve(n);
     while (!ready.empty()) {
-      const step_id x = ready.top();
+      const step_id x = ready.top().second;
       ready.pop();
       new_id[static_cast<std::size_t>(x)] = static_cast<step_id>(result.size());
       result.push_back(steps[static_cast<std::size_t>(x)]);
       for (step_id y : out[static_cast<std::size_t>(x)])
-        if (--indeg[static_cast<std::size_t>(y)] == 0) ready.push(y);
+        if (--indeg[static_cast<std::size_t>(y)] == 0) ready.push({1, y});
     }
     if (result.size() != n) return error(errc::internal, "planner built a cyclic step graph");
     for (std::size_t i = 0; i < n; ++i) {

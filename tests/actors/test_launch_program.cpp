@@ -14,6 +14,7 @@
 #include "actors/launch_program.hpp"
 #include "graph/models/transformer.hpp"
 #include "graph/plan.hpp"
+#include "graph/replay.hpp"
 
 namespace {
 
@@ -1008,4 +1009,69 @@ TEST(LaunchProgram, WeightInputsAreMarkedForTheKernels) {
   EXPECT_EQ(weight_products, 2 * cfg.n_layers + 2);
   EXPECT_EQ(activation_products, 2 * 2 * cfg.n_layers);
   EXPECT_EQ(norms, 2) << "the final norm on each rank (the others are projection prologues)";
+}
+
+// The job's input copies get the first step ids, so each is the first step
+// of its queue: a decode step's positions under tensor parallelism, read
+// from the first layer on (after the embedding and its all-reduce), is
+// inlined on the compute lane like the tokens. With in-stream all-reduces a
+// device's whole step (embedding, all-reduce, layers, head) is then one
+// replay segment, one graph launch per job and device.
+TEST(LaunchProgram, InputCopiesComeFirstSoADecodeStepAtDegreeTwoIsOneSegmentPerDevice) {
+  models::transformer_config cfg = decode_step(models::model_variant::llama, 256);
+  cfg.dtype = dtype::bf16;
+  plan_options o;
+  o.tensor_parallel = 2;
+  o.in_stream_collectives = true;
+  auto g = models::build_transformer(cfg);
+  ASSERT_TRUE(g.has_value()) << g.err().to_string();
+  std::vector<device_spec> specs(2);
+  for (int k = 0; k < 2; ++k) {
+    specs[static_cast<std::size_t>(k)].name = "cuda" + std::to_string(k);
+    specs[static_cast<std::size_t>(k)].kind = device_kind::cuda;
+    specs[static_cast<std::size_t>(k)].in_stream_max_bytes = 256 * 1024;  // the CUDA backend's default
+  }
+  auto compiled = compile(std::make_shared<const graph>(std::move(*g)), specs, o);
+  ASSERT_TRUE(compiled.has_value()) << compiled.err().to_string();
+  const std::shared_ptr<const plan> p = *compiled;
+  EXPECT_TRUE(check_hazards(*p).ok()) << check_hazards(*p).to_string();
+  int in_stream = 0;
+  for (const step& st : p->steps()) in_stream += st.kind == step_kind::collective && st.algo == collective_algo::in_stream;
+  EXPECT_GT(in_stream, 0);
+  int h2d = 0;
+  for (const step& st : p->steps()) {
+    if (st.kind != step_kind::copy_h2d) continue;
+    ++h2d;
+    EXPECT_TRUE(st.on_compute_stream) << "input copy step " << st.id << " on device " << st.device;
+    for (const step& c : p->steps())
+      if (on_compute_lane(c) && c.device == st.device && c.lane == st.lane && c.kind != step_kind::copy_h2d)
+        EXPECT_LT(st.lane_seq, c.lane_seq) << "input copy step " << st.id << " before step " << c.id;
+  }
+  EXPECT_EQ(h2d, 4) << "tokens and positions on each device";
+  // The segment that starts with a device's embedding runs through every
+  // layer, its all-reduces included, to the final norm (device 0 then
+  // gathers the logits: a segment of its own, after a peer copy).
+  int whole = 0;
+  for (const replay_segment& seg : replay_segments(*p)) {
+    std::set<std::string> names;
+    int parts = 0;
+    for (step_id x : seg.steps) {
+      for (node_id op : p->at(x).ops) names.insert(p->source().at(op).name);
+      parts += p->at(x).kind == step_kind::collective;
+    }
+    const std::string at = "@" + std::to_string(seg.device);
+    if (!names.count("embed" + at)) continue;
+    ++whole;
+    EXPECT_TRUE(names.count("norm" + at)) << "device " << seg.device << ": the body is not one segment";
+    EXPECT_EQ(parts, 1 + 2 * cfg.n_layers) << "device " << seg.device << ": the embedding's and each layer's all-reduces";
+  }
+  EXPECT_EQ(whole, 2);
+  // Without in-stream all-reduces (NCCL's queue) the segments end at each
+  // all-reduce, but the copies are still inlined.
+  o.in_stream_collectives = false;
+  const auto [q, qprog] = compile_and_lower(cfg, device_kind::cuda, o, 2);
+  ASSERT_TRUE(q);
+  ASSERT_TRUE(qprog);
+  for (const step& st : q->steps())
+    if (st.kind == step_kind::copy_h2d) EXPECT_TRUE(st.on_compute_stream) << "input copy step " << st.id;
 }
