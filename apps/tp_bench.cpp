@@ -615,8 +615,9 @@ void multi_gpu_figures(int n, bool same_gpu, bool small_layer, int64_t vocab, in
     std::fprintf(stderr, "== op profile: the layer at degree %d\n", n);
     (void)time_layer(c, g, in, 2);
     if (decode_layers > 0) {
-      const auto gd = build_zero_weights(decode_step_config(decode_layers));
-      const auto din = ag::models::transformer_inputs(decode_step_config(decode_layers), 1);
+      const ag::models::transformer_config d = decode_step_config(decode_layers);
+      const auto gd = build_zero_weights(d);
+      const auto din = ag::models::transformer_inputs(d, 1);
       layer_run dc = c;
       dc.n = 1;
       std::fprintf(stderr, "== op profile: the decode step on 1 GPU\n");

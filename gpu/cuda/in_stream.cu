@@ -276,6 +276,12 @@ __global__ void __launch_bounds__(512) in_stream_all_reduce_kernel(void* out, in
 
 __global__ void set_tag_kernel(unsigned long long* slot, unsigned long long job) { *slot = job; }
 
+/// Whether the environment sets the diagnostic switch `name` to 0 (off).
+bool switched_off(const char* name) {
+  const char* v = std::getenv(name);
+  return v && v[0] == '0';
+}
+
 }  // namespace
 
 error launch_in_stream_all_reduce(const launch_ctx& c, const tensor_arg& out, const in_stream_member* members, int n,
@@ -298,10 +304,7 @@ error launch_in_stream_all_reduce(const launch_ctx& c, const tensor_arg& out, co
   a.faults = mine.faults_dev;
   a.timeout_ns = static_cast<long long>(timeout_s * 1e9);
   // AG_CUDA_IN_STREAM_RELEASE=0: never release early (a diagnostic switch).
-  static const bool release_on = [] {
-    const char* v = std::getenv("AG_CUDA_IN_STREAM_RELEASE");
-    return !(v && v[0] == '0');
-  }();
+  static const bool release_on = !switched_off("AG_CUDA_IN_STREAM_RELEASE");
   a.release_early = release_early && release_on;
   a.arrive = mine.arrive;
   a.ack = mine.ack;
@@ -333,10 +336,7 @@ error launch_in_stream_all_reduce(const launch_ctx& c, const tensor_arg& out, co
     a.per_block = (a.per_block + 7) / 8 * 8;
     a.words = out_aligned;
     // AG_CUDA_IN_STREAM_PUSH=0: every part reads in place (a diagnostic switch).
-    static const bool push_on = [] {
-      const char* v = std::getenv("AG_CUDA_IN_STREAM_PUSH");
-      return !(v && v[0] == '0');
-    }();
+    static const bool push_on = !switched_off("AG_CUDA_IN_STREAM_PUSH");
     a.push = push_on && n_out * static_cast<int64_t>(dtype_size(out.type)) <= in_stream_push_max_bytes;
   }
   a.push_parity = mine.push_parity;
