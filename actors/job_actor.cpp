@@ -378,7 +378,13 @@ error dead_device_error(const job_context& ctx) {
 error in_stream_fault(const job_context& ctx) {
   if (!ctx.program().has_in_stream_parts()) return {};
   for (int d : ctx.program().used_devices())
-    if (error e = ctx.lp->memory[static_cast<std::size_t>(d)]->dev->collective_fault(ctx.id())) return e;
+    if (error e = ctx.lp->memory[static_cast<std::size_t>(d)]->dev->collective_fault(ctx.id())) {
+      // Where every member was, so the report names who never arrived.
+      for (int m : ctx.program().used_devices())
+        if (std::string p = ctx.lp->memory[static_cast<std::size_t>(m)]->dev->collective_progress(); !p.empty())
+          e.message += "; " + p;
+      return e;
+    }
   return {};
 }
 

@@ -508,7 +508,11 @@ expected<std::shared_ptr<const launch_program>> lower(std::shared_ptr<const plan
     ls.device = s.device;
     ls.queue = q;
   }
+  // With collectives, every queue issues jobs in the agreed order (launch_queue::in_job_order).
+  const bool has_collectives =
+      std::any_of(pl.steps().begin(), pl.steps().end(), [](const step& s) { return s.kind == step_kind::collective; });
   for (auto& q : prog->queues_) {
+    q.in_job_order = has_collectives;
     std::sort(q.steps.begin(), q.steps.end(), [&](step_id x, step_id y) {
       return std::make_pair(pl.at(x).lane_seq, x) < std::make_pair(pl.at(y).lane_seq, y);
     });

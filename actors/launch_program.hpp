@@ -148,11 +148,22 @@ struct launch_queue {
   /// Its first step has no remote dep: the job actor starts this queue with
   /// run_job. The others start on their first ready message.
   bool starts_itself = false;
-  /// It runs in-stream collective parts (compute lane 0): like a
-  /// communication queue, it issues its jobs in the plan's agreed order
-  /// (actors/collective_order.hpp), since their parts wait on the devices
-  /// for the other members' parts of the same job.
+  /// It runs in-stream collective parts (compute lane 0).
   bool in_stream_parts = false;
+  /// It issues the plan's jobs in their agreed order (job_context::
+  /// collective_seq, actors/collective_order.hpp): a later job's steps only
+  /// once every earlier job issued all of its steps here. Every queue of a
+  /// plan with collectives. A collective's parts wait for each other on the
+  /// devices (NCCL's kernels, in-stream parts) or by events; if one queue
+  /// took a later job's step before an earlier job's, its stream would hold
+  /// the later job's wait in front of the earlier job's work, and a member
+  /// waiting the other way round would close a cycle on the GPUs that no
+  /// host message breaks. Seen on 4 H100s with in-stream all-reduces and
+  /// jobs in flight: device 0's peer-copy stream took job 6's copy of a
+  /// peer's logits (waiting for that peer's job 6, whose parts waited for
+  /// device 0's) before job 5's, which device 0's job 5, and so its job 6
+  /// parts, waited for (docs/ARCHITECTURE.md "Issue order").
+  bool in_job_order = false;
 };
 
 /// The lowered plan. Immutable; see the file comment.

@@ -4,6 +4,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <deque>
 #include <functional>
 #include <map>
@@ -118,8 +119,11 @@ struct exec_state {
   // holds its last reference (no job context names it) and it completed.
   std::vector<std::shared_ptr<gpu::event>> pool[2];
   std::size_t cursor[2] = {0, 0};
-  // Communication queues only: by loaded plan key.
-  std::unordered_map<uint64_t, collective_issue_order<job_key>> order;  // see collective_order.hpp
+  // Queues that issue jobs in the agreed order (launch_queue::in_job_order):
+  // by (loaded plan key, queue). One per queue: an actor may run several
+  // ordered queues of one plan (a device's compute lanes), and each counts
+  // its own turns.
+  std::unordered_map<job_key, collective_issue_order<job_key>, job_key_hash> order;  // see collective_order.hpp
   std::vector<std::vector<step_id>> out;  // ready batch per consumer queue
   std::vector<int> touched;
   std::vector<int> local;  // consumer queues of the job run by this actor itself (advance)
@@ -132,6 +136,24 @@ struct exec_state {
 };
 
 using exec_actor_t = caf::stateful_actor<exec_state>;
+
+/// AG_DEBUG_COLLECTIVE_ORDER=1 (a diagnostic switch): every ordered queue
+/// reports on stderr when a job waits for its turn, gets it, and launches
+/// an in-stream part or a segment holding some, so a hang's log shows which
+/// member's host never enqueued what.
+bool order_log_on() {
+  static const bool on = [] {
+    const char* v = std::getenv("AG_DEBUG_COLLECTIVE_ORDER");
+    return v && v[0] == '1';
+  }();
+  return on;
+}
+void order_log(const exec_state& st, const char* what, uint64_t job, uint64_t seq, long long extra) {
+  std::fprintf(stderr, "[order %lld us] %s %s: job %llu seq %llu %s %lld\n",
+               static_cast<long long>(gpu::host_clock_ns() / 1000), st.dev->spec().name.c_str(), to_string(st.kind),
+               static_cast<unsigned long long>(job), static_cast<unsigned long long>(seq), what, extra);
+}
+
 
 /// The stream of `lane`, made on first use; null with `err` set when the
 /// device refused it (every step of that lane then fails with it).
@@ -362,6 +384,7 @@ error launch_step(exec_state& st, exec_job& e, step_id s) {
         gpu::op_launch* rec = e.launches + ls.first_launch;
         region_bases(st, ctx).patch(ls, rec);
         if (error te = st.dev->set_collective_tag(stream, ctx.id())) return step_error(st, lane, ls, {}, te, ls.subject);
+        if (order_log_on()) order_log(st, "launches its in-stream part, step", ctx.id(), ctx.collective_seq, ls.id);
         if (error le = st.dev->launch(stream, rec[0])) return step_error(st, lane, ls, {}, le, ls.subject);
         break;
       }
@@ -458,8 +481,10 @@ expected<int> launch_segment(exec_state& st, exec_job& e, step_id s) {
     return n;
   }
   if (error err = begin_step(st, ctx, first, lane, stream)) return err;
-  if (first.replay_in_stream)
+  if (first.replay_in_stream) {
     if (error err = st.dev->set_collective_tag(stream, ctx.id())) return step_error(st, lane, first, {}, err);
+    if (order_log_on()) order_log(st, "replays its in-stream segment from step", ctx.id(), ctx.collective_seq, s);
+  }
   if (error err = st.dev->replay(stream, *g)) {
     // The device names the op that failed (err.op) where it knows it: the
     // error then names its step and op, as a plain launch's would.
@@ -625,28 +650,33 @@ void check_stalls(exec_actor_t* self) {
   if (watching) arm_stall_check(self);  // idle actors get no timer
 }
 
-/// Communication queues: job number `seq` of plan `key` is done here
-/// (issued all its collectives, or was cancelled); the next parked job in
-/// the agreed order gets its turn.
-void finish_turn(exec_actor_t* self, uint64_t key, uint64_t seq) {
+/// Ordered queue `queue` of plan `key`: job number `seq` is done here
+/// (issued all its steps, or was cancelled); the next parked job in the
+/// agreed order gets its turn.
+void finish_turn(exec_actor_t* self, uint64_t key, int queue, uint64_t seq) {
   auto& st = self->state;
-  const std::optional<job_key> job = st.order[key].finish(seq);
+  auto& order = st.order[job_key{key, queue}];
+  const std::optional<job_key> job = order.finish(seq);
+  if (order_log_on()) order_log(st, "finished its turn on queue", 0, seq, queue);
   if (!job) return;
+  if (order_log_on()) order_log(st, "resumes on queue", job->job, order.next(), job->queue);
   auto it = st.jobs.find(*job);  // this actor's one communication queue of the plan
   if (it != st.jobs.end() && !it->second.dropped) advance(self, it->second);
 }
 
-/// Whether queue `q` of `prog` issues its jobs in the agreed order: a
-/// communication queue, or a compute lane with in-stream collective parts.
-bool ordered_queue(const exec_state& st, const launch_program& prog, int q) {
-  return st.kind == step_kind::collective || prog.queue(q).in_stream_parts;
-}
+/// Whether queue `q` of `prog` issues its jobs in the agreed order
+/// (launch_queue::in_job_order: every queue of a plan with collectives).
+bool ordered_queue(const launch_program& prog, int q) { return prog.queue(q).in_job_order; }
 
 /// Whether `e`'s job may issue its next step now (always on queues that are
 /// not ordered_queue).
 bool my_turn(exec_state& st, exec_job& e) {
-  if (!ordered_queue(st, e.ctx->program(), e.queue)) return true;
-  return st.order[e.ctx->lp->key].may_issue(e.ctx->collective_seq, job_key{e.ctx->id(), e.queue});
+  if (!ordered_queue(e.ctx->program(), e.queue)) return true;
+  auto& order = st.order[job_key{e.ctx->lp->key, e.queue}];
+  const bool mine = order.may_issue(e.ctx->collective_seq, job_key{e.ctx->id(), e.queue});
+  if (!mine && order_log_on())
+    order_log(st, "waits for its turn at step", e.ctx->id(), e.ctx->collective_seq, e.next);
+  return mine;
 }
 
 /// Launches every step of `e` whose remote deps all arrived, in order; then
@@ -725,9 +755,10 @@ void advance_one(exec_actor_t* self, exec_job& e, const msg::job_ref_ptr& ref) {
   }
   st.touched.clear();
   if (!e.dropped && e.got_run && e.next == static_cast<int>(mine.size())) {
-    const bool ordered = ordered_queue(st, prog, e.queue);
-    forget_job(st, job_key{ctx.id(), e.queue});
-    if (ordered) finish_turn(self, ctx.lp->key, ctx.collective_seq);
+    const bool ordered = ordered_queue(prog, e.queue);
+    const int queue = e.queue;
+    forget_job(st, job_key{ctx.id(), queue});
+    if (ordered) finish_turn(self, ctx.lp->key, queue, ctx.collective_seq);
   }
 }
 
@@ -807,14 +838,12 @@ caf::behavior exec_actor_fn(exec_actor_t* self, gpu::device_ptr dev, step_kind k
           if (k.job == ctx.id()) forget_job(st, k);
         }
         const launch_program& prog = ctx.program();
-        if (st.kind == step_kind::collective || prog.has_in_stream_parts()) {
-          if (prog.has_in_stream_parts()) st.dev->abort_collectives(ctx.id());  // peers' parts stop waiting here
-          const int lane0 = prog.find_queue(st.device, step_kind::compute, 0);
-          if (st.kind == step_kind::collective ||
-              (st.kind == step_kind::compute && lane0 >= 0 && prog.queue(lane0).in_stream_parts)) {
-            st.order[ctx.lp->key].forget(ctx.collective_seq);
-            finish_turn(self, ctx.lp->key, ctx.collective_seq);
-          }
+        if (prog.has_in_stream_parts()) st.dev->abort_collectives(ctx.id());  // peers' parts stop waiting here
+        // The job's turn ends on every ordered queue this actor runs.
+        for (std::size_t q = 0; q < prog.queues().size(); ++q) {
+          if (!prog.queues()[q].in_job_order || ctx.lp->queue_actors[q].address() != self->address()) continue;
+          st.order[job_key{ctx.lp->key, static_cast<int>(q)}].forget(ctx.collective_seq);
+          finish_turn(self, ctx.lp->key, static_cast<int>(q), ctx.collective_seq);
         }
         std::vector<gpu::stream*> live;
         for (auto& l : st.streams)
@@ -836,7 +865,8 @@ caf::behavior exec_actor_fn(exec_actor_t* self, gpu::device_ptr dev, step_kind k
         // No job of the plan is left, so no launch of its graphs is still running.
         auto& rp = self->state.replays;
         for (auto it = rp.begin(); it != rp.end();) it = it->first.job == m.plan_key ? rp.erase(it) : std::next(it);
-        self->state.order.erase(m.plan_key);
+        auto& od = self->state.order;
+        for (auto it = od.begin(); it != od.end();) it = it->first.job == m.plan_key ? od.erase(it) : std::next(it);
       },
       [self](msg::stall_atom) { check_stalls(self); },
       // Tests: the number of jobs this actor still holds state for.

@@ -391,6 +391,12 @@ class device {
     (void)job_tag;
     return {};
   }
+  /// One line on what this device did last for in-stream collectives (the
+  /// job tag and part its host enqueued last, the parts its GPU started and
+  /// finished last), appended to a collective fault's error for every member
+  /// so that the report says which member never reached the part. Empty
+  /// where no part ever ran. Any thread.
+  virtual std::string collective_progress() const { return {}; }
 
   // --- graph replay (plan_options::graph_replay; actors/stream_actor.cpp) ---
   /// True when capture() can succeed on this device (cuda, sim); false (the

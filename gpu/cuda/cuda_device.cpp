@@ -580,7 +580,21 @@ class cuda_device final : public device {
     device_guard g(core_->ordinal);
     slow_call probe(spec_.name, "the in-stream tag's launch");
     if (error e = launch_set_in_stream_tag(c, **area, job_tag)) return std::move(e).concerning(index_);
+    tag_enqueued_.store(job_tag, std::memory_order_relaxed);
     return {};
+  }
+  std::string collective_progress() const override {
+    std::lock_guard<std::mutex> lk(area_mu_);
+    if (!area_.progress_host) return {};
+    char line[240];
+    const auto* p = reinterpret_cast<const volatile unsigned long long*>(area_.progress_host);
+    const unsigned long long part = part_enqueued_.load(std::memory_order_relaxed);
+    std::snprintf(line, sizeof line,
+                  "%s: tag of job %llu enqueued last, last plain part %#llx; on the GPU, part %#llx started last, "
+                  "%#llx finished",
+                  spec_.name.c_str(), static_cast<unsigned long long>(tag_enqueued_.load(std::memory_order_relaxed)),
+                  part, p[0], p[1]);
+    return line;
   }
   void abort_collectives(uint64_t job_tag) noexcept override {
     std::lock_guard<std::mutex> lk(area_mu_);
@@ -764,7 +778,7 @@ class cuda_device final : public device {
     }
     void* h = nullptr;
     const std::size_t host_bytes =
-        (in_stream_aborts + in_stream_faults + in_stream_fault_detail) * sizeof(unsigned long long);
+        (in_stream_aborts + in_stream_faults + in_stream_fault_detail + in_stream_progress) * sizeof(unsigned long long);
     if (error e = AG_CORE_CHECK(*core_, cudaHostAlloc(&h, host_bytes, cudaHostAllocMapped | cudaHostAllocPortable),
                                 spec_.name + " in-stream rings")) {
       AG_CUDA_ASSERT(cudaFree(d));
@@ -787,6 +801,7 @@ class cuda_device final : public device {
     // Mapped pinned memory has the same address on every GPU (UVA).
     area_.aborted_host = area_.aborted_dev = static_cast<unsigned long long*>(h);
     area_.faults_host = area_.faults_dev = area_.aborted_host + in_stream_aborts;
+    area_.progress_host = area_.progress_dev = area_.faults_host + in_stream_faults + in_stream_fault_detail;
     area_.dead_dev = dead;
     area_.slot = index_;
     area_ready_.store(&area_, std::memory_order_release);
@@ -830,7 +845,12 @@ class cuda_device final : public device {
     error e = launch_in_stream_all_reduce(c, l.out, members.data(), part.members, part.rank,
                                           *members[static_cast<std::size_t>(part.rank)].area, part.key,
                                           collective_timeout_s_, own_gpus);
-    if (!e) return {};
+    if (!e) {
+      // As the kernel forms it (in_stream.cu): the job word, then the key.
+      part_enqueued_.store((in_stream_job_word(tag_enqueued_.load(std::memory_order_relaxed)) << in_stream_key_bits) | part.key,
+                           std::memory_order_relaxed);
+      return {};
+    }
     if (e.code == errc::device_failed) core_->mark_dead(e);
     return std::move(e).concerning(index_, -1, l.op->name);
   }
@@ -1006,6 +1026,10 @@ class cuda_device final : public device {
   mutable std::mutex area_mu_;
   in_stream_area area_{};
   std::atomic<const in_stream_area*> area_ready_{nullptr};  // &area_ once made
+  // What the host enqueued last (collective_progress): the job whose tag,
+  // and the tag of the last part launched plainly (a replayed one is not seen).
+  std::atomic<uint64_t> tag_enqueued_{0};
+  std::atomic<unsigned long long> part_enqueued_{0};
   uint32_t abort_next_ = 0;
   std::array<std::atomic<int8_t>, 64> peer_readable_{};  // by GPU ordinal: 0 not asked, 1 no, 2 yes
   std::atomic<notify_mode> mode_{notify_mode::poller};

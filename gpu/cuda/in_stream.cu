@@ -25,6 +25,7 @@ struct in_stream_args {
   const unsigned long long* tag = nullptr;
   const unsigned long long* aborted = nullptr;
   unsigned long long* faults = nullptr;
+  unsigned long long* progress = nullptr;  // host-mapped: last part started / finished here (block 0)
   long long timeout_ns = 0;
   long long n_out = 0;
   long long per_block = 0;  // elements per block (a multiple of 8 when `words`)
@@ -176,7 +177,12 @@ __global__ void __launch_bounds__(512) in_stream_all_reduce_kernel(void* out, in
   const int me = a.slot[a.rank];
   const int k = threadIdx.x;  // thread k < n talks to member k
   if (threadIdx.x == 0) failed = 0;
+  // What the GPU did last, for a give-up's report (one posted write each).
+  if (b == 0 && threadIdx.x == 0) reinterpret_cast<volatile unsigned long long*>(a.progress)[0] = tag;
   __syncthreads();
+  const auto finished = [&] {
+    if (b == 0 && threadIdx.x == 0) reinterpret_cast<volatile unsigned long long*>(a.progress)[1] = tag;
+  };
   if (a.push) {
     // Block b's words of every member's slice: push mine to each peer, then
     // take each peer's from my inboxes, summing in rank order as below.
@@ -226,6 +232,7 @@ __global__ void __launch_bounds__(512) in_stream_all_reduce_kernel(void* out, in
     // whatever happened after them).
     if (threadIdx.x < a.n && threadIdx.x != a.rank) a.push_parity[b * in_stream_slots + a.slot[threadIdx.x]] ^= 1u;
     if (failed && threadIdx.x == 0) reinterpret_cast<volatile unsigned long long*>(a.faults)[job % in_stream_faults] = job;
+    finished();
     return;
   }
   if (k < a.n && k != a.rank) {
@@ -257,6 +264,7 @@ __global__ void __launch_bounds__(512) in_stream_all_reduce_kernel(void* out, in
   __syncthreads();
   if (failed) {
     if (threadIdx.x == 0) reinterpret_cast<volatile unsigned long long*>(a.faults)[job % in_stream_faults] = job;
+    finished();
     return;
   }
   const long long begin = b * a.per_block;
@@ -269,9 +277,11 @@ __global__ void __launch_bounds__(512) in_stream_all_reduce_kernel(void* out, in
       for (int m = 0; m < a.n; ++m) add_words(acc, static_cast<const uint4*>(a.in[m])[w], a.type);
       static_cast<uint4*>(out)[w] = pack_words(acc, a.type);
     }
+    finished();
     return;
   }
   for (long long i = begin + threadIdx.x; i < end; i += blockDim.x) store_member_sum(out, a.type, a.in, a.n, i, i);
+  finished();
 }
 
 __global__ void set_tag_kernel(unsigned long long* slot, unsigned long long job) { *slot = job; }
@@ -302,6 +312,7 @@ error launch_in_stream_all_reduce(const launch_ctx& c, const tensor_arg& out, co
   a.tag = mine.tag;
   a.aborted = mine.aborted_dev;
   a.faults = mine.faults_dev;
+  a.progress = mine.progress_dev;
   a.timeout_ns = static_cast<long long>(timeout_s * 1e9);
   // AG_CUDA_IN_STREAM_RELEASE=0: never release early (a diagnostic switch).
   static const bool release_on = !switched_off("AG_CUDA_IN_STREAM_RELEASE");

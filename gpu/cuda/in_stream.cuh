@@ -64,6 +64,7 @@ constexpr int in_stream_slots = 64;       ///< sending devices per flag array (t
 constexpr int in_stream_aborts = 8;       ///< abort ring: recently cancelled jobs
 constexpr int in_stream_faults = 16;      ///< fault ring: jobs whose parts gave up
 constexpr int in_stream_fault_detail = 4; ///< after the ring: the last give-up's wanted tag, seen word, peer/block, previous tag (or, top bit set, the pushed lines' flag)
+constexpr int in_stream_progress = 2;     ///< after the detail: the tag of the last part whose block 0 started here, and finished
 constexpr int in_stream_members_max = 8;  ///< == ag::max_in_stream_members
 constexpr int in_stream_key_bits = 20;    ///< tag = job << key_bits | key
 /// Parts of at most this many bytes (and 16-byte words) push their operand
@@ -87,6 +88,11 @@ struct in_stream_area {
   unsigned long long* aborted_dev = nullptr;
   unsigned long long* faults_host = nullptr;   ///< mapped: [in_stream_faults], slot w % n holds word w
   unsigned long long* faults_dev = nullptr;
+  /// mapped: [in_stream_progress], what this device's GPU last did (for a
+  /// give-up's report: which member never started the part, or is stuck in
+  /// which earlier one)
+  unsigned long long* progress_host = nullptr;
+  unsigned long long* progress_dev = nullptr;
   const unsigned int* dead_dev = nullptr;      ///< mapped: its device core's death word (nonzero: dead)
   int slot = 0;                                ///< its runtime device index (< in_stream_slots)
 };

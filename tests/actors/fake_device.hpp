@@ -8,6 +8,7 @@
 /// killed (on_fault fires inline) or told to fail launches of one op, or
 /// one kind of stream/event call.
 
+#include <algorithm>
 #include <atomic>
 #include <cstring>
 #include <functional>
@@ -47,6 +48,11 @@ class fake_device final : public gpu::device {
     double checksum;          // sum of the result (equal on every member of an all_reduce)
   };
   std::vector<logged_collective> collectives;  // collective parts run, in order
+  struct logged_copy {
+    int64_t seq;
+    std::vector<float> tail;  // up to its last 4 floats (what it copied identifies the job)
+  };
+  std::vector<logged_copy> peer_copies;  // peer copies into this device, in order
   std::string fail_op;               // launch of a node with this name fails
   std::string fail_call;             // "create_stream", "create_event", "record" or "wait" fails
   bool pairs_collectives = false;    // collective_syncs_members() answers this (as NCCL's parts would)
@@ -182,7 +188,11 @@ class fake_device final : public gpu::device {
   error copy_h2d(gpu::stream&, void* dst, const void* src, int64_t bytes) override { return copy(dst, src, bytes); }
   error copy_d2h(gpu::stream&, void* dst, const void* src, int64_t bytes) override { return copy(dst, src, bytes); }
   error copy_peer(gpu::stream&, void* dst, device&, const void* src, int64_t bytes) override {
-    return copy(dst, src, bytes);
+    if (error e = copy(dst, src, bytes)) return e;
+    const auto* f = static_cast<const float*>(src);
+    const int64_t n = bytes / 4;
+    peer_copies.push_back({++clock_, std::vector<float>(f + n - std::min<int64_t>(4, n), f + n)});
+    return {};
   }
   void notify(gpu::stream&, std::function<void(const error&)> done) override {
     if (hold_ && !dead_) return deferred_.push_back(std::move(done));

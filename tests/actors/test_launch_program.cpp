@@ -53,8 +53,12 @@ void expect_consistent(const launch_program& prog) {
   ASSERT_EQ(prog.steps().size(), p.steps().size());
   std::set<step_id> seen;
   std::set<std::tuple<int, step_kind, int>> keys;
+  const bool collectives =
+      std::any_of(p.steps().begin(), p.steps().end(), [](const step& s) { return s.kind == step_kind::collective; });
   for (std::size_t q = 0; q < prog.queues().size(); ++q) {
     const auto& lq = prog.queues()[q];
+    // Every queue of a plan with collectives issues jobs in the agreed order.
+    EXPECT_EQ(lq.in_job_order, collectives) << "queue " << q;
     EXPECT_TRUE(keys.insert({lq.device, lq.kind, lq.lane}).second) << "two queues for one (device, kind, lane)";
     EXPECT_EQ(prog.find_queue(lq.device, lq.kind, lq.lane), static_cast<int>(q));
     ASSERT_EQ(lq.remote_dep_counts.size(), lq.steps.size());

@@ -18,6 +18,7 @@
 #include "actors/job_state.hpp"
 #include "fake_device.hpp"
 #include "../graph/counting_host_memory.hpp"
+#include "graph/models/transformer.hpp"
 #include "graph/random.hpp"
 #include "graph/reference.hpp"
 #include "messages/atoms.hpp"
@@ -1044,6 +1045,94 @@ TEST_F(Protocol, LaterJobsCollectivesWaitTheirTurnSoEachMemberIssuesJobByJob) {
         // Job by job: the k-th job's second collective is the (2k+1)-th issued.
         for (std::size_t k = 0; k < 4 && 2 * k + 1 < log.size(); ++k)
           job_by_job = job_by_job && same(log[2 * k + 1].checksum, started[k].second);
+      }
+      count += !job_by_job;
+    }
+    return count;
+  };
+  EXPECT_EQ(interleaved(true), 0);
+  EXPECT_GT(interleaved(false), 0) << "the schedules never interleaved jobs: this test could not catch a missing order";
+}
+
+// Every queue of a plan with collectives issues the plan's jobs one after
+// another in the agreed order (launch_queue::in_job_order), not only the
+// communication queues. At degree 4 device 0 gathers the logits from the
+// other three by peer copies, one step of its peer queue per member, each
+// made ready by that member: under random schedules a later job's first
+// copy becomes ready before an earlier job's last. A stream that took it
+// first would hold that job's wait (for a member whose collective parts wait
+// for device 0's) in front of the earlier job's copies, which device 0's
+// next parts wait for: on 4 H100s with in-stream all-reduces the jobs then
+// waited for each other on the GPUs until the parts timed out. With the
+// order off (the test hook) the copies interleave, so this test fails
+// without it.
+TEST_F(Protocol, EveryQueueOfAPlanWithCollectivesIssuesJobByJob) {
+  start(4, 4);
+  ag::models::transformer_config cfg;
+  cfg.n_layers = 2;
+  cfg.d_model = 64;
+  cfg.n_heads = 8;
+  cfg.vocab = 101;
+  cfg.seq_len = 8;
+  cfg.batch = 1;
+  auto g = std::make_shared<const ag::graph>(ag::models::build_transformer(cfg).value());
+  ag::plan_options o;
+  o.tensor_parallel = 4;
+  struct restore_hook {
+    ~restore_hook() { ag::actors::collective_order_enforced_for_testing() = true; }
+  } restore;
+  // Seeds where device 0's peer copies were not job by job in start order.
+  auto interleaved = [&](bool enforce) {
+    ag::actors::collective_order_enforced_for_testing() = enforce;
+    auto p = core->compile(g, o);  // a fresh plan: its orders are made under the hook's setting
+    EXPECT_TRUE(p.has_value()) << p.err().to_string();
+    if (!p) return -1;
+    int gathers = 0;
+    for (const auto& s : (*p)->steps()) gathers += s.kind == ag::step_kind::copy_peer && s.device == 0;
+    EXPECT_EQ(gathers, 3) << "device 0 gathers the logits of the other three members";
+    int count = 0;
+    for (uint64_t seed = 1; seed <= 30; ++seed) {
+      SCOPED_TRACE("seed " + std::to_string(seed) + (enforce ? " (order on)" : " (order off)"));
+      for (auto& d : devs) d->peer_copies.clear();
+      ag::rng r(seed);
+      std::vector<std::vector<ag::host_tensor>> ins;
+      std::vector<ag::job> jobs;
+      for (int k = 0; k < 4; ++k) {
+        ins.push_back(ag::models::transformer_inputs(cfg, seed * 10 + static_cast<uint64_t>(k)));
+        jobs.push_back(core->submit(*p, ins.back()));
+      }
+      while (run_random_once(*sched, r)) {
+      }
+      // Jobs by start time; a copy belongs to the job whose logits hold its
+      // last floats (a member's block of the last position's logits, which
+      // depend on every token: the first position's depend on one).
+      std::vector<std::pair<int64_t, int>> started;
+      for (int k = 0; k < 4; ++k) {
+        expect_reference(*g, ins[static_cast<std::size_t>(k)], jobs[static_cast<std::size_t>(k)]);
+        started.push_back({jobs[static_cast<std::size_t>(k)].times().started_ns, k});
+      }
+      std::stable_sort(started.begin(), started.end());
+      std::vector<int> rank_of(4);
+      for (int i = 0; i < 4; ++i) rank_of[static_cast<std::size_t>(started[static_cast<std::size_t>(i)].second)] = i;
+      const auto job_of_copy = [&](const std::vector<float>& tail) {
+        for (int k = 0; k < 4; ++k) {
+          const auto& out = jobs[static_cast<std::size_t>(k)].wait()->front();
+          const auto* f = reinterpret_cast<const float*>(out.data());
+          for (int64_t i = 0; i + static_cast<int64_t>(tail.size()) <= out.numel(); ++i)
+            if (std::equal(tail.begin(), tail.end(), f + i)) return k;
+        }
+        return -1;
+      };
+      const auto& log = devs[0]->peer_copies;
+      EXPECT_EQ(log.size(), 12u);
+      int last = 0;
+      bool job_by_job = true;
+      for (const auto& c : log) {
+        const int k = job_of_copy(c.tail);
+        EXPECT_GE(k, 0) << "a peer copy whose data is in no job's logits";
+        if (k < 0) continue;
+        job_by_job = job_by_job && rank_of[static_cast<std::size_t>(k)] >= last;
+        last = std::max(last, rank_of[static_cast<std::size_t>(k)]);
       }
       count += !job_by_job;
     }
