@@ -249,7 +249,7 @@ std::string devices_of(const layer_run& c) {
 bool cuda_gemv = true;
 bool cuda_pdl = true;
 /// --in-stream: plan_options::in_stream_collectives of every plan the bench runs.
-bool in_stream_collectives = false;
+bool in_stream_collectives = true;
 /// --fusion off: plan_options::fuse_ops and fuse_projections off in every
 /// plan the bench runs (the decode step's attention chain and projections
 /// kernel by kernel, as before session 11 / 21).
@@ -926,9 +926,9 @@ int main(int argc, char** argv) {
   std::string pdl = "on";
   app.add_option("--pdl", pdl, "cuda: backend_options::cuda_pdl, kernels as programmatic dependent launches (on, off)")
       ->check(CLI::IsMember({"on", "off"}));
-  std::string in_stream = "off";
+  std::string in_stream = "on";
   app.add_option("--in-stream", in_stream,
-                 "cuda: plan_options::in_stream_collectives (experimental), small all-reduces as kernels of the "
+                 "cuda: plan_options::in_stream_collectives (on by default), small all-reduces as kernels of the "
                  "compute stream that meet on the devices (on, off: the communication queue)")
       ->check(CLI::IsMember({"on", "off"}));
   std::string fusion_flag = "on";

@@ -284,21 +284,24 @@ struct plan_options {
   /// the residual add after it as one. Same steps and memory rules as
   /// fuse_ops. On by default (measured in docs/BENCHMARKS.md, session 11).
   bool fuse_projections = true;
-  /// Experimental, off by default: all-reduces small enough for every
-  /// member's device_spec::in_stream_max_bytes (CUDA: 256 KiB by default)
-  /// run in-stream (collective_algo::in_stream): one kernel per member on its
+  /// On by default: all-reduces small enough for every member's
+  /// device_spec::in_stream_max_bytes (CUDA: 256 KiB by default) run
+  /// in-stream (collective_algo::in_stream): one kernel per member on its
   /// compute lane 0, the members meeting on the devices, so a
   /// tensor-parallel decode step is one replayed graph per device with no
-  /// host between its layers (LLaMA 7B-shaped decode on 2 H100s: 4.15 ms
-  /// against 4.54 on the communication queue, docs/BENCHMARKS.md). Known
-  /// hazard: a part spins on its GPU while it waits, and a host call that
-  /// synchronises the device meanwhile (a first-use allocation: cuBLAS
-  /// handle, pinned staging) can keep a member from arriving; the part then
-  /// gives up after backend_options::cuda_collective_timeout_s and its job
-  /// fails with a timeout (seen on the first job of a plan on logical
-  /// devices of one GPU). Off: they take the communication queue (NCCL or
-  /// the own one-shot).
-  bool in_stream_collectives = false;
+  /// host between its layers (LLaMA 7B-shaped decode on 2 H100s: 3.7 ms
+  /// against 4.0 on NCCL's queue; on 4: 2.7 against 4-5 ms,
+  /// docs/BENCHMARKS.md). Only devices that set in_stream_max_bytes (CUDA)
+  /// take it. A part spins on its GPU while it waits for the others: every
+  /// queue of the plan issues jobs in one agreed order so that no stream
+  /// holds a later job's work in front of an earlier one's
+  /// (launch_queue::in_job_order), but parts of two plans running at once on
+  /// the same devices are not ordered against each other (as NCCL's
+  /// collectives of two plans are not); a part that waits past
+  /// backend_options::cuda_collective_timeout_s gives up and its job fails
+  /// with a timeout. Off: they take the communication queue (NCCL or the
+  /// own one-shot).
+  bool in_stream_collectives = true;
   /// Run a host copy of at most its device's device_spec::inline_copy_max_bytes
   /// (64 KiB by default) on the compute lane that reads it (h2d, when the
   /// lane starts with it) or wrote it (d2h, when the lane ends with it)
