@@ -74,7 +74,9 @@ TEST(CudaCollectives, LogicalDevicesOfOneGpuRunOneShotWhateverTheCrossover) {
   auto rt = runtime::create("cuda:0,0", o);
   ASSERT_TRUE(rt.has_value()) << rt.err().to_string();
   auto g = test::user_collectives(dtype::f32, 2, 64, 1024);  // 256 KiB operands
-  auto p = (*rt)->compile(g);  // in-stream collectives are off by default
+  plan_options po;
+  po.in_stream_collectives = false;  // on by default: all-reduces would run in-stream
+  auto p = (*rt)->compile(g, po);
   ASSERT_TRUE(p.has_value()) << p.err().to_string();
   for (const auto& s : (*p)->steps())
     if (s.kind == step_kind::collective) EXPECT_EQ(s.algo, collective_algo::one_shot);
@@ -208,7 +210,9 @@ TEST(CudaCollectives, NcclOnTwoGpusEqualsTheReferenceForEveryDtype) {
     SCOPED_TRACE(to_string(t));
     auto g = test::user_collectives(t, 2, 5, 64);
     ASSERT_TRUE(g);
-    auto p = (*rt)->compile(g);
+    plan_options po;
+    po.in_stream_collectives = false;  // on by default: the small all-reduces would run in-stream
+    auto p = (*rt)->compile(g, po);
     ASSERT_TRUE(p.has_value()) << p.err().to_string();
     for (const auto& s : (*p)->steps())
       if (s.kind == step_kind::collective) EXPECT_EQ(s.algo, collective_algo::ring);
