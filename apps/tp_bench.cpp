@@ -249,7 +249,7 @@ std::string devices_of(const layer_run& c) {
 bool cuda_gemv = true;
 bool cuda_pdl = true;
 /// --in-stream: plan_options::in_stream_collectives of every plan the bench runs.
-bool in_stream_collectives = true;
+ag::in_stream_mode in_stream_collectives = ag::in_stream_mode::distinct_gpus;
 /// --fusion off: plan_options::fuse_ops and fuse_projections off in every
 /// plan the bench runs (the decode step's attention chain and projections
 /// kernel by kernel, as before session 11 / 21).
@@ -926,11 +926,12 @@ int main(int argc, char** argv) {
   std::string pdl = "on";
   app.add_option("--pdl", pdl, "cuda: backend_options::cuda_pdl, kernels as programmatic dependent launches (on, off)")
       ->check(CLI::IsMember({"on", "off"}));
-  std::string in_stream = "on";
+  std::string in_stream = "auto";
   app.add_option("--in-stream", in_stream,
-                 "cuda: plan_options::in_stream_collectives (on by default), small all-reduces as kernels of the "
-                 "compute stream that meet on the devices (on, off: the communication queue)")
-      ->check(CLI::IsMember({"on", "off"}));
+                 "cuda: plan_options::in_stream_collectives, small all-reduces as kernels of the compute stream that "
+                 "meet on the devices (auto: the default, where the members are distinct GPUs; on: also on logical "
+                 "devices of one GPU; off: the communication queue)")
+      ->check(CLI::IsMember({"auto", "on", "off"}));
   std::string fusion_flag = "on";
   app.add_option("--fusion", fusion_flag,
                  "cuda: plan_options::fuse_ops and fuse_projections (on: the defaults; off: the decode step's "
@@ -1005,7 +1006,9 @@ int main(int argc, char** argv) {
   if (auto rc = ag::apps::parse_flags(app, argc, argv)) return *rc;
   cuda_gemv = gemv == "on";
   cuda_pdl = pdl == "on";
-  in_stream_collectives = in_stream == "on";
+  in_stream_collectives = in_stream == "on"    ? ag::in_stream_mode::on
+                          : in_stream == "off" ? ag::in_stream_mode::off
+                                               : ag::in_stream_mode::distinct_gpus;
   fusion = fusion_flag == "on";
   ag::parse_sequence_parallel_mode(seq_parallel, sequence_parallel);
   tiny_job_path = tiny_jobs == "on";

@@ -172,8 +172,31 @@ const char* to_string(collective_algo a) noexcept {
   return "unknown";
 }
 
+namespace {
+/// Two of `members` are CUDA devices of one GPU (logical devices, "cuda:0,0").
+bool shares_a_gpu(const std::vector<const device_spec*>& members) {
+  for (std::size_t i = 0; i < members.size(); ++i)
+    for (std::size_t j = i + 1; j < members.size(); ++j)
+      if (members[i]->kind == device_kind::cuda && members[j]->kind == device_kind::cuda &&
+          members[i]->ordinal == members[j]->ordinal)
+        return true;
+  return false;
+}
+}  // namespace
+
+const char* to_string(in_stream_mode m) noexcept {
+  switch (m) {
+    case in_stream_mode::off: return "off";
+    case in_stream_mode::distinct_gpus: return "distinct GPUs";
+    case in_stream_mode::on: return "on";
+  }
+  return "?";
+}
+
 collective_algo choose_collective_algo(const std::vector<const device_spec*>& members, int64_t bytes, op_kind op,
-                                       bool allow_in_stream) {
+                                       in_stream_mode in_stream) {
+  const bool allow_in_stream = in_stream == in_stream_mode::on ||
+                               (in_stream == in_stream_mode::distinct_gpus && !shares_a_gpu(members));
   if (allow_in_stream && op == op_kind::all_reduce && members.size() >= 2 &&
       members.size() <= static_cast<std::size_t>(max_in_stream_members) &&
       std::all_of(members.begin(), members.end(),
@@ -189,11 +212,7 @@ collective_algo choose_collective_algo(const std::vector<const device_spec*>& me
     return collective_algo::copy_engine;
   // Two logical devices of one GPU ("cuda:0,0"): NCCL refuses a GPU twice,
   // so the backend runs them one-shot at any size (gpu/collective_path.hpp).
-  for (std::size_t i = 0; i < members.size(); ++i)
-    for (std::size_t j = i + 1; j < members.size(); ++j)
-      if (members[i]->kind == device_kind::cuda && members[j]->kind == device_kind::cuda &&
-          members[i]->ordinal == members[j]->ordinal)
-        return collective_algo::one_shot;
+  if (shares_a_gpu(members)) return collective_algo::one_shot;
   return bytes <= limit ? collective_algo::one_shot : collective_algo::ring;
 }
 

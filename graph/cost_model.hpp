@@ -154,17 +154,30 @@ enum class collective_algo : uint8_t {
   copy_engine = 4,
 };
 const char* to_string(collective_algo a) noexcept;
+/// Where all-reduces may run in-stream (collective_algo::in_stream;
+/// plan_options::in_stream_collectives).
+enum class in_stream_mode : uint8_t {
+  off = 0,            ///< never: every collective takes the communication queue
+  distinct_gpus = 1,  ///< the default: only where no two members are logical devices of one GPU
+  /// Also between logical devices of one GPU: how the path is tested on one
+  /// GPU. Not the default there: a part found none of a peer's pushed lines
+  /// in 2 of about 600 parts of one whole-suite run (docs/BENCHMARKS.md,
+  /// session 24), a cause not yet found.
+  on = 2,
+};
+const char* to_string(in_stream_mode m) noexcept;
 /// The algorithm for a collective of `bytes` over `members`: one_shot when
 /// bytes <= the smallest oneshot_max_bytes among them, or when two members
 /// are CUDA devices of one GPU (NCCL cannot run there), else ring (on CUDA:
-/// NCCL, whose threshold is the devices' oneshot_max_bytes). With
-/// `allow_in_stream` (plan_options::in_stream_collectives), an all_reduce of
-/// 2..8 members of at most every member's in_stream_max_bytes is in_stream.
+/// NCCL, whose threshold is the devices' oneshot_max_bytes). An all_reduce
+/// of 2..8 members of at most every member's in_stream_max_bytes is
+/// in_stream as `in_stream` allows (plan_options::in_stream_collectives).
+/// Two CUDA members of one ordinal are logical devices of one GPU.
 /// A reduce_scatter or all_gather above the one-shot limit over members that
 /// all have copy_engine_collectives is copy_engine (also on logical devices
 /// of one GPU, where it is how the path is tested on one GPU).
 collective_algo choose_collective_algo(const std::vector<const device_spec*>& members, int64_t bytes, op_kind op,
-                                       bool allow_in_stream = false);
+                                       in_stream_mode in_stream = in_stream_mode::off);
 /// Most members of an in-stream all-reduce (its kernel takes their pointers by value).
 constexpr int max_in_stream_members = 8;
 /// Time of one member's part of collective `op` (all_reduce, all_gather,

@@ -284,24 +284,26 @@ struct plan_options {
   /// the residual add after it as one. Same steps and memory rules as
   /// fuse_ops. On by default (measured in docs/BENCHMARKS.md, session 11).
   bool fuse_projections = true;
-  /// On by default: all-reduces small enough for every member's
+  /// All-reduces small enough for every member's
   /// device_spec::in_stream_max_bytes (CUDA: 256 KiB by default) run
   /// in-stream (collective_algo::in_stream): one kernel per member on its
   /// compute lane 0, the members meeting on the devices, so a
   /// tensor-parallel decode step is one replayed graph per device with no
   /// host between its layers (LLaMA 7B-shaped decode on 2 H100s: 3.7 ms
-  /// against 4.0 on NCCL's queue; on 4: 2.7 against 4-5 ms,
+  /// against 4.1-4.2 on NCCL's queue; on 4: 2.7 against 4.7-5.4 ms,
   /// docs/BENCHMARKS.md). Only devices that set in_stream_max_bytes (CUDA)
-  /// take it. A part spins on its GPU while it waits for the others: every
-  /// queue of the plan issues jobs in one agreed order so that no stream
-  /// holds a later job's work in front of an earlier one's
+  /// take it. By default (distinct_gpus) only where every member is a GPU
+  /// of its own; `on` also between logical devices of one GPU (see
+  /// in_stream_mode); `off`: the communication queue (NCCL or the own
+  /// one-shot). A part spins on its GPU while it waits for the others:
+  /// every queue of the plan issues jobs in one agreed order, so that no
+  /// stream holds a later job's work in front of an earlier one's
   /// (launch_queue::in_job_order), but parts of two plans running at once on
-  /// the same devices are not ordered against each other (as NCCL's
-  /// collectives of two plans are not); a part that waits past
+  /// the same devices are not ordered against each other (nor are NCCL's
+  /// collectives of two plans); a part that waits past
   /// backend_options::cuda_collective_timeout_s gives up and its job fails
-  /// with a timeout. Off: they take the communication queue (NCCL or the
-  /// own one-shot).
-  bool in_stream_collectives = true;
+  /// with a timeout.
+  in_stream_mode in_stream_collectives = in_stream_mode::distinct_gpus;
   /// Run a host copy of at most its device's device_spec::inline_copy_max_bytes
   /// (64 KiB by default) on the compute lane that reads it (h2d, when the
   /// lane starts with it) or wrote it (d2h, when the lane ends with it)

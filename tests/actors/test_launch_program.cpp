@@ -838,7 +838,7 @@ TEST(LaunchProgram, InStreamPartsOfLogicalDevicesOfOneGpuAreNeverReplayed) {
     o.tensor_parallel = 2;
     o.lanes_per_device = 1;
     o.graph_replay = graph_replay_mode::on;
-    o.in_stream_collectives = true;
+    o.in_stream_collectives = in_stream_mode::on;
     auto specs = cuda_specs(2, 256 << 10);
     if (one_gpu) {
       specs[1].ordinal = 0;
@@ -896,7 +896,7 @@ TEST(LaunchProgram, InStreamAllReducesRunOnComputeLaneZeroAndADecodeStepReplaysA
       o.tensor_parallel = degree;
       o.lanes_per_device = 1;
       o.graph_replay = graph_replay_mode::on;
-      o.in_stream_collectives = mode != 1;
+      o.in_stream_collectives = mode != 1 ? in_stream_mode::on : in_stream_mode::off;
       auto p = compile(std::make_shared<const graph>(std::move(*g)), cuda_specs(degree, mode == 2 ? 8 : 256 << 10), o);
       ASSERT_TRUE(p.has_value()) << p.err().to_string();
       EXPECT_TRUE(check_hazards(**p).ok()) << check_hazards(**p).to_string();
@@ -1026,7 +1026,7 @@ TEST(LaunchProgram, InputCopiesComeFirstSoADecodeStepAtDegreeTwoIsOneSegmentPerD
   cfg.dtype = dtype::bf16;
   plan_options o;
   o.tensor_parallel = 2;
-  o.in_stream_collectives = true;
+  o.in_stream_collectives = in_stream_mode::on;
   auto g = models::build_transformer(cfg);
   ASSERT_TRUE(g.has_value()) << g.err().to_string();
   std::vector<device_spec> specs(2);
@@ -1072,7 +1072,7 @@ TEST(LaunchProgram, InputCopiesComeFirstSoADecodeStepAtDegreeTwoIsOneSegmentPerD
   EXPECT_EQ(whole, 2);
   // Without in-stream all-reduces (NCCL's queue) the segments end at each
   // all-reduce, but the copies are still inlined.
-  o.in_stream_collectives = false;
+  o.in_stream_collectives = in_stream_mode::off;
   const auto [q, qprog] = compile_and_lower(cfg, device_kind::cuda, o, 2);
   ASSERT_TRUE(q);
   ASSERT_TRUE(qprog);

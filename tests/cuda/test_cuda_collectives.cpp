@@ -75,7 +75,7 @@ TEST(CudaCollectives, LogicalDevicesOfOneGpuRunOneShotWhateverTheCrossover) {
   ASSERT_TRUE(rt.has_value()) << rt.err().to_string();
   auto g = test::user_collectives(dtype::f32, 2, 64, 1024);  // 256 KiB operands
   plan_options po;
-  po.in_stream_collectives = false;  // on by default: all-reduces would run in-stream
+  po.in_stream_collectives = in_stream_mode::off;  // the default already, on logical devices
   auto p = (*rt)->compile(g, po);
   ASSERT_TRUE(p.has_value()) << p.err().to_string();
   for (const auto& s : (*p)->steps())
@@ -211,7 +211,7 @@ TEST(CudaCollectives, NcclOnTwoGpusEqualsTheReferenceForEveryDtype) {
     auto g = test::user_collectives(t, 2, 5, 64);
     ASSERT_TRUE(g);
     plan_options po;
-    po.in_stream_collectives = false;  // on by default: the small all-reduces would run in-stream
+    po.in_stream_collectives = in_stream_mode::off;  // on by default: the small all-reduces would run in-stream
     auto p = (*rt)->compile(g, po);
     ASSERT_TRUE(p.has_value()) << p.err().to_string();
     for (const auto& s : (*p)->steps())

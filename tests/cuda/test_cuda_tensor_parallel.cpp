@@ -152,7 +152,7 @@ void run_transformer(runtime& rt, const models::transformer_config& cfg, const p
                      int jobs, const std::string& what) {
   auto g = std::make_shared<const graph>(models::build_transformer(cfg).value());
   plan_options po = o;
-  po.in_stream_collectives = l.in_stream;
+  po.in_stream_collectives = l.in_stream ? in_stream_mode::on : in_stream_mode::off;
   if (l.sequence_parallel) po.sequence_parallel = sequence_parallel_mode::on;
   auto p = rt.compile(g, po);
   ASSERT_TRUE(p.has_value()) << what << ": " << p.err().to_string();
@@ -207,7 +207,7 @@ TEST_P(CudaTensorParallel, RandomGraphsAtDegreeTwoEqualTheReference) {
     ASSERT_TRUE(g);
     const std::string what = "seed " + std::to_string(seed) + " on " + spec_of(l, 2);
     plan_options po = tp(2);
-    po.in_stream_collectives = l.in_stream;
+    po.in_stream_collectives = l.in_stream ? in_stream_mode::on : in_stream_mode::off;
     if (l.sequence_parallel) po.sequence_parallel = sequence_parallel_mode::on;
     auto p = (*rt)->compile(g, po);
     ASSERT_TRUE(p.has_value()) << what << ": " << p.err().to_string();
@@ -264,7 +264,7 @@ TEST(CudaTensorParallelInStream, ManyJobsInFlightWithCancellationsResolveAndEqua
   auto g = std::make_shared<const graph>(models::build_transformer(cfg).value());
   plan_options o = tp(2);
   o.graph_replay = graph_replay_mode::on;
-  o.in_stream_collectives = true;
+  o.in_stream_collectives = in_stream_mode::on;
   auto p = (*rt)->compile(g, o);
   ASSERT_TRUE(p.has_value()) << p.err().to_string();
   expect_paths(**p, instream);

@@ -5,6 +5,7 @@
 
 #include "gpu/collective_path.hpp"
 #include "graph/cost_model.hpp"
+#include "graph/plan.hpp"
 
 namespace ag {
 namespace {
@@ -113,6 +114,32 @@ TEST(CollectivePath, PlannerPicksOneShotForMembersOnOneGpu) {
   a.kind = b.kind = device_kind::sim;
   b.ordinal = 0;
   EXPECT_EQ(choose_collective_algo({&a, &b}, int64_t{1} << 30, op_kind::all_reduce), collective_algo::ring);
+}
+
+// In-stream all-reduces (plan_options::in_stream_collectives): by default
+// only where every member is a GPU of its own; `on` also between logical
+// devices of one GPU; never `off`, never past a member's in_stream_max_bytes,
+// never for devices without the path (0) or other collectives.
+TEST(CollectivePath, InStreamAllReducesByDefaultOnlyBetweenDistinctGpus) {
+  device_spec a, b;
+  a.kind = b.kind = device_kind::cuda;
+  a.ordinal = 0;
+  b.ordinal = 1;
+  a.in_stream_max_bytes = b.in_stream_max_bytes = 256 * kib;
+  const auto algo = [&](int64_t bytes, in_stream_mode m, op_kind op = op_kind::all_reduce) {
+    return choose_collective_algo({&a, &b}, bytes, op, m);
+  };
+  EXPECT_EQ(plan_options{}.in_stream_collectives, in_stream_mode::distinct_gpus) << "the default";
+  EXPECT_EQ(algo(8 * kib, in_stream_mode::distinct_gpus), collective_algo::in_stream);
+  EXPECT_EQ(algo(256 * kib, in_stream_mode::distinct_gpus), collective_algo::in_stream);
+  EXPECT_EQ(algo(256 * kib + 1, in_stream_mode::distinct_gpus), collective_algo::one_shot);  // the queue's path
+  EXPECT_EQ(algo(8 * kib, in_stream_mode::off), collective_algo::one_shot);
+  EXPECT_EQ(algo(8 * kib, in_stream_mode::distinct_gpus, op_kind::all_gather), collective_algo::one_shot);
+  b.ordinal = 0;  // logical devices of GPU 0
+  EXPECT_EQ(algo(8 * kib, in_stream_mode::distinct_gpus), collective_algo::one_shot);
+  EXPECT_EQ(algo(8 * kib, in_stream_mode::on), collective_algo::in_stream);
+  b.in_stream_max_bytes = 0;  // a device without the path
+  EXPECT_EQ(algo(8 * kib, in_stream_mode::on), collective_algo::one_shot);
 }
 
 // Reduce-scatters and all-gathers above the one-shot limit move by the
