@@ -1,8 +1,10 @@
 #pragma once
 /// \file collective_order.hpp
-/// The agreed issue order of one plan's collectives on one communication
-/// queue (owned by that queue's executing actor, actors/stream_actor.cpp; no
-/// locking: one actor, one thread at a time).
+/// The agreed issue order of one plan's jobs on one queue: a communication
+/// queue, and since session 24 every queue of a plan with collectives
+/// (launch_queue::in_job_order says why). Owned by that queue's executing
+/// actor, actors/stream_actor.cpp; no locking: one actor, one thread at a
+/// time.
 ///
 /// NCCL (and any rendezvous collective) needs every member of a group to
 /// issue the group's collectives in one order. Concurrent jobs become ready in
