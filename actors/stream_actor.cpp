@@ -154,7 +154,6 @@ void order_log(const exec_state& st, const char* what, uint64_t job, uint64_t se
                static_cast<unsigned long long>(job), static_cast<unsigned long long>(seq), what, extra);
 }
 
-
 /// The stream of `lane`, made on first use; null with `err` set when the
 /// device refused it (every step of that lane then fails with it).
 gpu::stream* stream_of(exec_state& st, int lane, const error** err) {
@@ -660,7 +659,7 @@ void finish_turn(exec_actor_t* self, uint64_t key, int queue, uint64_t seq) {
   if (order_log_on()) order_log(st, "finished its turn on queue", 0, seq, queue);
   if (!job) return;
   if (order_log_on()) order_log(st, "resumes on queue", job->job, order.next(), job->queue);
-  auto it = st.jobs.find(*job);  // this actor's one communication queue of the plan
+  auto it = st.jobs.find(*job);  // the parked job's entry for this queue
   if (it != st.jobs.end() && !it->second.dropped) advance(self, it->second);
 }
 

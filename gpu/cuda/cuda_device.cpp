@@ -586,15 +586,16 @@ class cuda_device final : public device {
   std::string collective_progress() const override {
     std::lock_guard<std::mutex> lk(area_mu_);
     if (!area_.progress_host) return {};
-    char line[240];
     const auto* p = reinterpret_cast<const volatile unsigned long long*>(area_.progress_host);
-    const unsigned long long part = part_enqueued_.load(std::memory_order_relaxed);
-    std::snprintf(line, sizeof line,
-                  "%s: tag of job %llu enqueued last, last plain part %#llx; on the GPU, part %#llx started last, "
-                  "%#llx finished",
-                  spec_.name.c_str(), static_cast<unsigned long long>(tag_enqueued_.load(std::memory_order_relaxed)),
-                  part, p[0], p[1]);
-    return line;
+    // A part's tag (in_stream.cuh) as "job J key K".
+    const auto part = [](unsigned long long tag) {
+      if (tag == 0) return std::string("none");
+      return "job " + std::to_string((tag >> in_stream_key_bits) - 1) + " key " +
+             std::to_string(tag & ((1ull << in_stream_key_bits) - 1));
+    };
+    return spec_.name + ": the host set job " + std::to_string(tag_enqueued_.load(std::memory_order_relaxed)) +
+           "'s tag last, launched " + part(part_enqueued_.load(std::memory_order_relaxed)) +
+           " as its last plain part; the GPU started " + part(p[0]) + " last and finished " + part(p[1]);
   }
   void abort_collectives(uint64_t job_tag) noexcept override {
     std::lock_guard<std::mutex> lk(area_mu_);
