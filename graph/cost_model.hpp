@@ -160,8 +160,8 @@ enum class in_stream_mode : uint8_t {
   off = 0,            ///< never: every collective takes the communication queue
   distinct_gpus = 1,  ///< the default: only where no two members are logical devices of one GPU
   /// Also between logical devices of one GPU: how the path is tested on one
-  /// GPU. Not the default there: a part found none of a peer's pushed lines
-  /// in 2 of about 600 parts of one whole-suite run (docs/BENCHMARKS.md,
+  /// GPU. Not the default there: in one of two whole-suite runs on 4 H100s
+  /// two tests' parts found none of a peer's pushed lines (docs/BENCHMARKS.md,
   /// session 24), a cause not yet found.
   on = 2,
 };
