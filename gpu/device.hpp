@@ -309,8 +309,14 @@ class device {
   virtual host_memory_resource* host_memory() noexcept { return nullptr; }
   virtual int64_t memory_capacity() const noexcept = 0;
   virtual int64_t memory_in_use() const noexcept = 0;
-  /// Synchronous host -> device copy (weight upload at plan load). Never on a hot path.
+  /// Host -> device copy at plan load (weights, zeroed state); never on a
+  /// hot path. Returns once `src` may be reused, which on CUDA is before the
+  /// last bytes from pageable memory have landed: finish_uploads() waits.
   virtual error upload(void* dst, const void* src, int64_t bytes) = 0;
+  /// Returns once every upload() to this device has landed in its memory.
+  /// Plan load calls it before the plan's first job can run, whose kernels
+  /// run on streams that do not wait for the uploads. Default: nothing to wait for.
+  virtual error finish_uploads() { return {}; }
   /// Synchronous device -> host copy (tests, debugging).
   virtual error download(void* dst, const void* src, int64_t bytes) = 0;
 

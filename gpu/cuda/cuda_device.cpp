@@ -132,7 +132,15 @@ class cuda_device final : public device {
         sm_count_(sm_count),
         nccl_min_bytes_(opts.cuda_nccl_min_bytes),
         nccl_min_bytes_wide_(opts.cuda_nccl_min_bytes_wide),
-        collective_timeout_s_(opts.cuda_collective_timeout_s) {}
+        collective_timeout_s_(opts.cuda_collective_timeout_s) {
+    if (const char* skip = std::getenv("AG_CUDA_DEBUG_SKIP")) {
+      const std::string v = skip;
+      kernels_.skip_attention = v.find("attention") != std::string::npos;
+      kernels_.skip_residual = v.find("residual") != std::string::npos;
+      kernels_.skip_gated = v.find("gated") != std::string::npos;
+      kernels_.skip_shared = v.find("shared") != std::string::npos;
+    }
+  }
 
   ~cuda_device() override {
     device_guard g(core_->ordinal);
@@ -238,6 +246,14 @@ class cuda_device final : public device {
     device_guard g(core_->ordinal);
     return AG_CORE_CHECK(*core_, cudaMemcpy(dst, src, static_cast<size_t>(bytes), cudaMemcpyHostToDevice),
                          spec_.name + " upload");
+  }
+  error finish_uploads() override {
+    if (!alive()) return core_->dead_error();
+    device_guard g(core_->ordinal);
+    // upload()'s cudaMemcpy from pageable memory returns when the source is
+    // staged, with its DMA still queued on the default stream; the streams
+    // jobs run on are non-blocking, so they would not wait for it.
+    return AG_CORE_CHECK(*core_, cudaStreamSynchronize(nullptr), spec_.name + " finishing the uploads");
   }
   error download(void* dst, const void* src, int64_t bytes) override {
     if (!alive()) return core_->dead_error();
@@ -753,6 +769,16 @@ class cuda_device final : public device {
     return dispatch_op(*core_, cs, l, spec_.name, sm_count_, kernels_);
   }
 
+  /// Zeroes `bytes` at `d` on a temporary non-blocking stream and waits for it.
+  error zero_and_wait(void* d, std::size_t bytes, const std::string& what) {
+    cudaStream_t s = nullptr;
+    if (error e = AG_CORE_CHECK(*core_, cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), what)) return e;
+    error e = AG_CORE_CHECK(*core_, cudaMemsetAsync(d, 0, bytes, s), what);
+    if (!e) e = AG_CORE_CHECK(*core_, cudaStreamSynchronize(s), what);
+    AG_CUDA_ASSERT(cudaStreamDestroy(s));
+    return e;
+  }
+
   /// This device's in-stream memory (in_stream.cuh), made on first use
   /// (then read without the lock: area_ does not change once published).
   expected<const in_stream_area*> in_stream_memory() {
@@ -773,7 +799,11 @@ class cuda_device final : public device {
     const std::size_t dev_bytes = words_bytes + inbox_bytes;
     void* d = nullptr;
     if (error e = AG_CORE_CHECK(*core_, cudaMalloc(&d, dev_bytes), spec_.name + " in-stream flags")) return e;
-    if (error e = AG_CORE_CHECK(*core_, cudaMemset(d, 0, dev_bytes), spec_.name + " in-stream flags")) {
+    // Zeroed on a stream of its own and waited for: a memset on the default
+    // stream would not be ordered before the parts, which run on
+    // non-blocking streams (and a device-wide sync could wait for another
+    // group's parts spinning on this GPU).
+    if (error e = zero_and_wait(d, dev_bytes, spec_.name + " in-stream flags")) {
       AG_CUDA_ASSERT(cudaFree(d));
       return e;
     }

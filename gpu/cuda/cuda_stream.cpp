@@ -66,7 +66,9 @@ error cuda_stream::init() {
                               static_cast<std::size_t>(attention_counters) * sizeof(unsigned);
     void* ws = nullptr;
     if (cudaMalloc(&ws, bytes) == cudaSuccess) {
-      AG_CUDA_TRY(cudaMemset(ws, 0, bytes), core_->name + " create_stream (attention workspace)");
+      // On this stream, whose kernels use it: a memset on the default stream
+      // would not be ordered before them (the stream is non-blocking).
+      AG_CUDA_TRY(cudaMemsetAsync(ws, 0, bytes, s_), core_->name + " create_stream (attention workspace)");
       attention_ws_ = static_cast<float*>(ws);
       attention_counters_ = reinterpret_cast<unsigned*>(attention_ws_ + attention_workspace_floats);
     } else {

@@ -59,6 +59,7 @@ error dispatch_op(core& dev_core, cuda_stream& cs, const op_launch& l, const std
     const std::size_t count = base + (ap.store_new_rows ? 3 + (ap.rope_q || ap.rope_k ? 1 : 0) : 0);
     if ((e = need(count))) return e;
     c.where.append(" (fused attention)");
+    if (kernels.skip_attention) return {};
     const kt mask = masked ? to_kt(l.inputs[3]) : kt{};
     attention_prologue pro;
     if (ap.store_new_rows) {
@@ -82,6 +83,10 @@ error dispatch_op(core& dev_core, cuda_stream& cs, const op_launch& l, const std
     // weight when it has one.
     if ((e = need(2))) return e;
     c.where.append(" (fused projections)");
+    if ((kernels.skip_residual && l.projection == projection_kind::residual) ||
+        (kernels.skip_gated && l.projection == projection_kind::gated) ||
+        (kernels.skip_shared && l.projection == projection_kind::shared_input))
+      return {};
     const bool with_residual = l.projection == projection_kind::residual;
     const bool norm_weighted = l.projection_norm.on && l.projection_norm.weighted;
     const int n_w = static_cast<int>(l.inputs.size()) - 1 - (with_residual ? 1 : 0) - (norm_weighted ? 1 : 0);

@@ -20,6 +20,10 @@ struct kernel_choices {
   bool tf32 = false;  ///< f32 matmuls may use TF32 tensor cores
   bool gemv = true;   ///< matmuls of at most gemv_max_rows rows take the GEMV kernel (gemv.cuh)
   bool pdl = false;   ///< own kernels launch as programmatic dependents (common.cuh launch_kernel)
+  /// Diagnosis only (AG_CUDA_DEBUG_SKIP): fused records of these kinds are
+  /// not launched, so a replayed step without them measures what they cost
+  /// in the chain. Results are wrong while it is set.
+  bool skip_attention = false, skip_residual = false, skip_gated = false, skip_shared = false;
 };
 error dispatch_op(core& dev_core, cuda_stream& cs, const op_launch& l, const std::string& device_name, int sm_count,
                   const kernel_choices& kernels);
