@@ -2,6 +2,7 @@
 #include "gpu/cuda/cuda_check.cuh"
 #include "gpu/cuda/in_stream.cuh"
 
+#include <algorithm>
 #include <cstdlib>
 
 namespace ag::gpu::cuda {
@@ -294,6 +295,22 @@ bool switched_off(const char* name) {
 
 }  // namespace
 
+in_stream_split_t in_stream_split(int64_t n_out, int64_t elem_bytes, bool words, bool push_allowed) {
+  in_stream_split_t s;
+  if (n_out <= 0) return s;
+  if (words && push_allowed && n_out * elem_bytes <= in_stream_push_max_bytes) {
+    s.push = true;
+    s.per_block = in_stream_push_block_words * (16 / elem_bytes);
+    s.grid = (n_out + s.per_block - 1) / s.per_block;
+    return s;
+  }
+  constexpr int64_t per_block_min = 512 * 4;  // elements: 4 per thread before another block pays
+  s.grid = std::min<int64_t>((n_out + per_block_min - 1) / per_block_min, in_stream_blocks);
+  s.per_block = (n_out + s.grid - 1) / s.grid;
+  if (words) s.per_block = (s.per_block + 7) / 8 * 8;
+  return s;
+}
+
 error launch_in_stream_all_reduce(const launch_ctx& c, const tensor_arg& out, const in_stream_member* members, int n,
                                   int rank, const in_stream_area& mine, uint32_t key, double timeout_s,
                                   bool release_early) {
@@ -329,11 +346,7 @@ error launch_in_stream_all_reduce(const launch_ctx& c, const tensor_arg& out, co
     a.slot[m] = ar.slot;
   }
   constexpr int block = 512;
-  constexpr int64_t per_thread = 4;  // elements per thread before another block pays
-  int64_t grid = (n_out + block * per_thread - 1) / (block * per_thread);
-  if (grid > in_stream_blocks) grid = in_stream_blocks;
   a.n_out = n_out;
-  a.per_block = (n_out + grid - 1) / grid;
   // Blocks split at 16-byte words, and small parts push, where every
   // member's operand is aligned: decided from what all members see alike
   // (the operands, the size, the dtype), since pushing parts and reading
@@ -343,13 +356,14 @@ error launch_in_stream_all_reduce(const launch_ctx& c, const tensor_arg& out, co
   for (int m = 0; m < n; ++m) operands_aligned = operands_aligned && reinterpret_cast<uintptr_t>(members[m].operand) % 16 == 0;
   const bool out_aligned = reinterpret_cast<uintptr_t>(out.data) % 16 == 0;
   const int per = a.type == 0 ? 4 : 8;
-  if (a.type != 3 && operands_aligned && n_out % per == 0) {
-    a.per_block = (a.per_block + 7) / 8 * 8;
-    a.words = out_aligned;
-    // AG_CUDA_IN_STREAM_PUSH=0: every part reads in place (a diagnostic switch).
-    static const bool push_on = !switched_off("AG_CUDA_IN_STREAM_PUSH");
-    a.push = push_on && n_out * static_cast<int64_t>(dtype_size(out.type)) <= in_stream_push_max_bytes;
-  }
+  const bool words = a.type != 3 && operands_aligned && n_out % per == 0;
+  // AG_CUDA_IN_STREAM_PUSH=0: every part reads in place (a diagnostic switch).
+  static const bool push_on = !switched_off("AG_CUDA_IN_STREAM_PUSH");
+  const in_stream_split_t split = in_stream_split(n_out, static_cast<int64_t>(dtype_size(out.type)), words, push_on);
+  const int64_t grid = split.grid;
+  a.per_block = split.per_block;
+  a.push = split.push;
+  a.words = words && out_aligned;
   a.push_parity = mine.push_parity;
   for (int m = 0; m < n; ++m) a.inbox_at[m] = members[m].area->inbox;
   launch_kernel(c, in_stream_all_reduce_kernel, dim3(static_cast<unsigned>(grid)), dim3(block), 0, out.data, a);

@@ -41,7 +41,14 @@
 // a sender's next push into a parity follows the peer's push of the
 // collective between, which the peer makes only after its part of the one
 // before (that read and cleared the parity) completed, so no line is
-// overwritten before it is read. A part that gives up leaves its peers'
+// overwritten before it is read. That holds per line only because a word
+// always travels through the same block, whatever the part's size: a pushed
+// part's block b carries words [b W, (b + 1) W), W =
+// in_stream_push_block_words (in_stream_split). (Until 2026-11-28 blocks
+// split each part evenly, so parts of different sizes sent a word through
+// different blocks, whose parities need not alternate: a sender one part
+// ahead could overwrite lines its peer had not read, which then waited
+// until it gave up. Seen on logical devices with parts forced on.) A part that gives up leaves its peers'
 // lines uncleared with its own flag, which no later part looks for (a
 // stale line could only be taken on a 32-bit hash collision of two tags of
 // the same pair); the runtime's same-order rule (collective_order.hpp) is
@@ -55,11 +62,11 @@
 #include <array>
 #include <cstdint>
 
+#include "gpu/cuda/in_stream_split.hpp"
 #include "gpu/cuda/kernel_args.hpp"
 
 namespace ag::gpu::cuda {
 
-constexpr int in_stream_blocks = 32;      ///< most blocks of one part (flags per block)
 constexpr int in_stream_slots = 64;       ///< sending devices per flag array (the runtime's device index)
 constexpr int in_stream_aborts = 8;       ///< abort ring: recently cancelled jobs
 constexpr int in_stream_faults = 16;      ///< fault ring: jobs whose parts gave up
@@ -67,11 +74,9 @@ constexpr int in_stream_fault_detail = 4; ///< after the ring: the last give-up'
 constexpr int in_stream_progress = 2;     ///< after the detail: the tag of the last part whose block 0 started here, and finished
 constexpr int in_stream_members_max = 8;  ///< == ag::max_in_stream_members
 constexpr int in_stream_key_bits = 20;    ///< tag = job << key_bits | key
-/// Parts of at most this many bytes (and 16-byte words) push their operand
-/// into each peer's inbox instead of letting the peers read it (see below).
-constexpr int64_t in_stream_push_max_bytes = 64 * 1024;
 /// 16-byte lines of one inbox (a sender's, one parity): 8 data bytes each.
 constexpr int64_t in_stream_inbox_lines = in_stream_push_max_bytes / 8;
+
 
 /// One logical device's in-stream memory (made by cuda_device, freed with it).
 struct in_stream_area {

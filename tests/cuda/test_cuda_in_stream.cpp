@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "cuda/cuda_test_util.hpp"
+#include "gpu/cuda/in_stream_split.hpp"
 #include "gpu/device.hpp"
 #include "graph/graph.hpp"
 #include "graph/host_tensor.hpp"
@@ -188,6 +189,101 @@ TEST(CudaInStream, PushedPartsBackToBackKeepEachCollectivesLinesApart) {
       host_tensor got(dtype::f32, shape{n});
       ASSERT_FALSE(m.devs[static_cast<std::size_t>(k)]->download(
           got.data(), outs[static_cast<std::size_t>(c)][static_cast<std::size_t>(k)], bytes));
+      const auto& xc = x[static_cast<std::size_t>(c)];
+      for (int64_t i = 0; i < n; ++i)
+        ASSERT_EQ(got.at(i), xc[0].at(i) + xc[1].at(i)) << "member " << k << " collective " << c << " element " << i;
+    }
+  }
+}
+
+// A pushed part's 16-byte word w always travels through block w / W
+// (in_stream_push_block_words), whatever the part's size and dtype: each
+// block alternates its own two inboxes per peer, so a sender one part ahead
+// never overwrites a line its peer has not read only if consecutive pushes
+// of a word come from one block. (Blocks used to split each part evenly: a
+// 5004-element f32 part sent word 450 through block 1, a 6144-element one
+// through block 0.) No GPU needed: this is the split every launch uses.
+TEST(CudaInStream, APushedWordTravelsThroughTheSameBlockInPartsOfEverySize) {
+  using gpu::cuda::in_stream_push_block_words;
+  for (int64_t elem_bytes : {int64_t{4}, int64_t{2}}) {
+    const int64_t per_word = 16 / elem_bytes;
+    for (int64_t n = per_word; n * elem_bytes <= gpu::cuda::in_stream_push_max_bytes; n += per_word) {
+      const auto s = gpu::cuda::in_stream_split(n, elem_bytes, true, true);
+      ASSERT_TRUE(s.push) << n;
+      ASSERT_EQ(s.per_block * elem_bytes, 16 * in_stream_push_block_words) << n << " elements of " << elem_bytes;
+      ASSERT_LE(s.grid, gpu::cuda::in_stream_blocks) << n;
+      ASSERT_GE(s.grid * s.per_block, n) << n;
+      ASSERT_LT((s.grid - 1) * s.per_block, n) << "no block without words: " << n;
+    }
+  }
+  // Larger parts, unaligned ones and the push switched off read in place:
+  // split evenly over at most in_stream_blocks blocks, whole words where aligned.
+  for (int64_t n : {int64_t{16385}, int64_t{1} << 20, int64_t{1} << 24}) {
+    const auto s = gpu::cuda::in_stream_split(n * 4, 4, true, true);
+    EXPECT_FALSE(s.push) << n;
+    EXPECT_LE(s.grid, gpu::cuda::in_stream_blocks);
+    EXPECT_EQ(s.per_block % 8, 0);
+    EXPECT_GE(s.grid * s.per_block, n * 4);
+  }
+  EXPECT_FALSE(gpu::cuda::in_stream_split(1000, 4, false, true).push);
+  EXPECT_FALSE(gpu::cuda::in_stream_split(1000, 4, true, false).push);
+}
+
+// Pushed parts of different sizes back to back, with no host sync between:
+// the case the fixed split (above) keeps apart. 60 collectives cycling
+// through six sizes whose even splits sent words through different blocks.
+TEST(CudaInStream, PushedPartsOfDifferentSizesBackToBackEqualTheHostSum) {
+  AG_REQUIRE_GPU(1);
+  constexpr int parts = 60;
+  const int64_t sizes[] = {6144, 5004, 2048, 16384, 1028, 12288};  // f32 elements, all pushed (at most 64 KiB)
+  constexpr int64_t n_max = 16384;
+  pair_of_members m(dtype::f32, n_max);
+  ASSERT_EQ(m.devs.size(), 2u);
+  std::vector<std::array<void*, 2>> ins(parts), outs(parts);
+  std::vector<std::array<host_tensor, 2>> x(parts);
+  for (int c = 0; c < parts; ++c) {
+    const int64_t n = sizes[c % 6];
+    for (int k = 0; k < 2; ++k) {
+      auto& d = *m.devs[static_cast<std::size_t>(k)];
+      auto in = d.allocate(n * 4), out = d.allocate(n * 4);
+      ASSERT_TRUE(in && out);
+      ins[static_cast<std::size_t>(c)][static_cast<std::size_t>(k)] = *in;
+      outs[static_cast<std::size_t>(c)][static_cast<std::size_t>(k)] = *out;
+      x[static_cast<std::size_t>(c)][static_cast<std::size_t>(k)] =
+          random_operand(dtype::f32, n, 900 + static_cast<uint64_t>(2 * c + k));
+      ASSERT_FALSE(d.upload(*in, x[static_cast<std::size_t>(c)][static_cast<std::size_t>(k)].data(), n * 4));
+    }
+  }
+  for (int k = 0; k < 2; ++k) ASSERT_FALSE(m.devs[static_cast<std::size_t>(k)]->finish_uploads());
+  constexpr uint64_t job = 78;
+  std::vector<node> nodes(static_cast<std::size_t>(2 * parts));
+  for (int k = 0; k < 2; ++k) {
+    auto& d = *m.devs[static_cast<std::size_t>(k)];
+    auto& s = *m.streams[static_cast<std::size_t>(k)];
+    ASSERT_FALSE(d.set_collective_tag(s, job));
+    for (int c = 0; c < parts; ++c) {
+      const int64_t n = sizes[c % 6];
+      node& nd = nodes[static_cast<std::size_t>(2 * c + k)];
+      nd = m.nodes[static_cast<std::size_t>(k)];
+      nd.dims = shape{n};
+      gpu::op_launch l = m.part(k, static_cast<uint32_t>(c + 1));
+      l.op = &nd;
+      l.out = {outs[static_cast<std::size_t>(c)][static_cast<std::size_t>(k)], dtype::f32, shape{n}, strides{1}};
+      for (int j = 0; j < 2; ++j)
+        l.inputs[static_cast<std::size_t>(j)] = {ins[static_cast<std::size_t>(c)][static_cast<std::size_t>(j)], dtype::f32,
+                                                 shape{n}, strides{1}};
+      ASSERT_FALSE(d.launch(s, l));
+    }
+  }
+  m.sync(0);
+  m.sync(1);
+  for (int k = 0; k < 2; ++k) {
+    EXPECT_FALSE(m.devs[static_cast<std::size_t>(k)]->collective_fault(job)) << "member " << k;
+    for (int c = 0; c < parts; ++c) {
+      const int64_t n = sizes[c % 6];
+      host_tensor got(dtype::f32, shape{n});
+      ASSERT_FALSE(m.devs[static_cast<std::size_t>(k)]->download(
+          got.data(), outs[static_cast<std::size_t>(c)][static_cast<std::size_t>(k)], n * 4));
       const auto& xc = x[static_cast<std::size_t>(c)];
       for (int64_t i = 0; i < n; ++i)
         ASSERT_EQ(got.at(i), xc[0].at(i) + xc[1].at(i)) << "member " << k << " collective " << c << " element " << i;
