@@ -304,7 +304,6 @@ expected<std::shared_ptr<const plan>> runtime_core::compile(std::shared_ptr<cons
         return error{e.code, dname + ": zeroing its state: " + e.message, d};
       lp->state_slots = p->options().state_slots;
     }
-    if (error e = dev->finish_uploads()) return error{e.code, dname + ": " + e.message, d};
     auto a = dev->allocate(mem.arena_bytes > 0 ? mem.arena_bytes : 1);
     if (!a)
       return error{a.err().code,

@@ -309,14 +309,10 @@ class device {
   virtual host_memory_resource* host_memory() noexcept { return nullptr; }
   virtual int64_t memory_capacity() const noexcept = 0;
   virtual int64_t memory_in_use() const noexcept = 0;
-  /// Host -> device copy at plan load (weights, zeroed state); never on a
-  /// hot path. Returns once `src` may be reused, which on CUDA is before the
-  /// last bytes from pageable memory have landed: finish_uploads() waits.
+  /// Synchronous host -> device copy (weight upload at plan load, tests):
+  /// returns once the bytes are in device memory, so that a kernel on any
+  /// stream may read them. Never on a hot path.
   virtual error upload(void* dst, const void* src, int64_t bytes) = 0;
-  /// Returns once every upload() to this device has landed in its memory.
-  /// Plan load calls it before the plan's first job can run, whose kernels
-  /// run on streams that do not wait for the uploads. Default: nothing to wait for.
-  virtual error finish_uploads() { return {}; }
   /// Synchronous device -> host copy (tests, debugging).
   virtual error download(void* dst, const void* src, int64_t bytes) = 0;
 

@@ -244,16 +244,13 @@ class cuda_device final : public device {
     if (!alive()) return core_->dead_error();
     if (bytes <= 0) return {};
     device_guard g(core_->ordinal);
-    return AG_CORE_CHECK(*core_, cudaMemcpy(dst, src, static_cast<size_t>(bytes), cudaMemcpyHostToDevice),
-                         spec_.name + " upload");
-  }
-  error finish_uploads() override {
-    if (!alive()) return core_->dead_error();
-    device_guard g(core_->ordinal);
-    // upload()'s cudaMemcpy from pageable memory returns when the source is
-    // staged, with its DMA still queued on the default stream; the streams
-    // jobs run on are non-blocking, so they would not wait for it.
-    return AG_CORE_CHECK(*core_, cudaStreamSynchronize(nullptr), spec_.name + " finishing the uploads");
+    if (error e = AG_CORE_CHECK(*core_, cudaMemcpy(dst, src, static_cast<size_t>(bytes), cudaMemcpyHostToDevice),
+                                spec_.name + " upload"))
+      return e;
+    // From pageable memory cudaMemcpy returns once the source is staged, its
+    // last DMA still queued on the default stream, which the runtime's
+    // non-blocking streams do not wait for: wait for it here.
+    return AG_CORE_CHECK(*core_, cudaStreamSynchronize(nullptr), spec_.name + " upload");
   }
   error download(void* dst, const void* src, int64_t bytes) override {
     if (!alive()) return core_->dead_error();

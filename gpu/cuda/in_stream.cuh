@@ -47,11 +47,10 @@
 // in_stream_push_block_words (in_stream_split). (Until 2026-11-28 blocks
 // split each part evenly, so parts of different sizes sent a word through
 // different blocks, whose parities need not alternate: a sender one part
-// ahead could overwrite lines its peer had not read, which then waited
-// until it gave up. Seen on logical devices with parts forced on.) A part that gives up leaves its peers'
-// lines uncleared with its own flag, which no later part looks for (a
-// stale line could only be taken on a 32-bit hash collision of two tags of
-// the same pair); the runtime's same-order rule (collective_order.hpp) is
+// ahead could overwrite lines its peer had not read yet. Found by review.)
+// A part that gives up leaves its peers' lines uncleared with its own flag,
+// which no later part looks for (a stale line could only be taken on a
+// 32-bit hash collision of two tags of the same pair); the runtime's same-order rule (collective_order.hpp) is
 // what makes "the collective between" well defined.
 // The kernel releases its dependents early (pdl_release: the next kernel's
 // blocks launch, load their first weights and wait for this grid) only
@@ -76,7 +75,6 @@ constexpr int in_stream_members_max = 8;  ///< == ag::max_in_stream_members
 constexpr int in_stream_key_bits = 20;    ///< tag = job << key_bits | key
 /// 16-byte lines of one inbox (a sender's, one parity): 8 data bytes each.
 constexpr int64_t in_stream_inbox_lines = in_stream_push_max_bytes / 8;
-
 
 /// One logical device's in-stream memory (made by cuda_device, freed with it).
 struct in_stream_area {

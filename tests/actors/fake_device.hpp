@@ -54,9 +54,7 @@ class fake_device final : public gpu::device {
   };
   std::vector<logged_copy> peer_copies;  // peer copies into this device, in order
   std::string fail_op;               // launch of a node with this name fails
-  std::string fail_call;             // "create_stream", "create_event", "record", "wait" or "finish_uploads" fails
-  int64_t uploads = 0;               // upload() calls
-  int64_t uploads_finished = 0;      // `uploads` when finish_uploads() last returned
+  std::string fail_call;             // "create_stream", "create_event", "record" or "wait" fails
   bool pairs_collectives = false;    // collective_syncs_members() answers this (as NCCL's parts would)
   int64_t collective_stream_waits = 0;  // waits enqueued on collective streams
   host_memory_resource* host_mem = nullptr;  // what host_memory() offers (null: heap)
@@ -131,21 +129,9 @@ class fake_device final : public gpu::device {
   error upload(void* dst, const void* src, int64_t bytes) override {
     if (dead_) return dead_error();  // as every call of a dead device (gpu::device::reset reads the reason so)
     if (bytes > 0) std::memcpy(dst, src, static_cast<std::size_t>(bytes));
-    ++uploads;
     return {};
   }
-  error finish_uploads() override {
-    if (dead_) return dead_error();
-    if (fail_call == "finish_uploads")
-      return error{errc::device_failed, spec_.name + ": uploads did not finish (injected)", index_};
-    uploads_finished = uploads;
-    return {};
-  }
-  error download(void* dst, const void* src, int64_t bytes) override {
-    if (dead_) return dead_error();
-    if (bytes > 0) std::memcpy(dst, src, static_cast<std::size_t>(bytes));
-    return {};
-  }
+  error download(void* dst, const void* src, int64_t bytes) override { return upload(dst, src, bytes); }
 
   struct fake_stream : gpu::stream {
     ag::step_kind r;

@@ -733,32 +733,6 @@ TEST_F(Protocol, FailingStreamAndEventCallsFailTheJobNamingDeviceAndStep) {
   EXPECT_EQ(core->jobs().size(), 0u);
 }
 
-// A CUDA upload from pageable memory returns before its last bytes land,
-// and jobs run on streams that do not wait for it: loading a plan waits for
-// its uploads (weights, zeroed state) on every device before a job can run,
-// and a device that cannot finish them fails the load, naming it.
-TEST_F(Protocol, LoadingAPlanWaitsForItsUploadsOnEveryDevice) {
-  start(2, 1);
-  auto g = std::make_shared<const ag::graph>(two_device_mlp());
-  auto p = core->compile(g).value();
-  for (int d = 0; d < 2; ++d) {
-    SCOPED_TRACE(d);
-    EXPECT_GT(devs[static_cast<std::size_t>(d)]->uploads, 0) << "the plan's weights are uploaded to both devices";
-    EXPECT_EQ(devs[static_cast<std::size_t>(d)]->uploads_finished, devs[static_cast<std::size_t>(d)]->uploads);
-  }
-  devs[1]->fail_call = "finish_uploads";
-  auto refused = core->compile(std::make_shared<const ag::graph>(two_device_mlp()));
-  ASSERT_FALSE(refused.has_value());
-  EXPECT_EQ(refused.err().code, ag::errc::device_failed) << refused.err().to_string();
-  EXPECT_EQ(refused.err().device, 1) << refused.err().to_string();
-  EXPECT_NE(refused.err().message.find("fake1"), std::string::npos) << refused.err().to_string();
-  devs[1]->fail_call.clear();
-  auto in = inputs_for(*g, 3);
-  auto j = core->submit(p, in);
-  sched->run();
-  expect_reference(*g, in, j);
-}
-
 TEST_F(Protocol, AStreamThatCannotBeCreatedFailsTheJobsOnItsDeviceOnly) {
   start(2, 2, 1LL << 30, true, [](ag::test::fake_device& d) {
     if (d.index() == 0) d.fail_call = "create_stream";

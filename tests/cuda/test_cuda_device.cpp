@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstring>
 #include <thread>
 #include <vector>
 
@@ -237,6 +238,34 @@ TEST(CudaDevice, CopiesRoundTripThroughPinnedStaging) {
   d->deallocate(*dev);
   d->deallocate_host(*src);
   d->deallocate_host(*dst);
+}
+
+// upload() is synchronous (gpu::device): from pageable memory cudaMemcpy
+// returns once the source is staged, its last DMA still queued on the
+// default stream, which the runtime's non-blocking streams do not wait
+// for. A copy on such a stream right after the upload reads every byte it
+// wrote, including the last ones, over several rounds.
+TEST(CudaDevice, UploadedBytesAreThereForAStreamThatStartsRightAfter) {
+  AG_REQUIRE_GPU(1);
+  auto d = test::gpu0();
+  ASSERT_TRUE(d);
+  const int64_t n = int64_t{48} << 20;  // floats: 192 MiB from pageable memory
+  const int64_t tail = int64_t{1} << 18;  // the last 1 MiB
+  auto d2h = d->create_stream(ag::step_kind::copy_d2h).value();
+  auto dev = d->allocate(n * 4);
+  auto back = d->allocate_host(tail * 4);
+  ASSERT_TRUE(dev && back);
+  std::vector<float> host(static_cast<std::size_t>(n));
+  for (int round = 0; round < 3; ++round) {
+    SCOPED_TRACE(round);
+    for (int64_t i = n - tail; i < n; ++i) host[static_cast<std::size_t>(i)] = static_cast<float>(i % 1009 + round);
+    ASSERT_FALSE(d->upload(*dev, host.data(), n * 4));
+    ASSERT_FALSE(d->copy_d2h(*d2h, *back, static_cast<float*>(*dev) + (n - tail), tail * 4));
+    ASSERT_FALSE(d->synchronize(*d2h));
+    EXPECT_EQ(std::memcmp(*back, host.data() + (n - tail), static_cast<std::size_t>(tail) * 4), 0);
+  }
+  d->deallocate(*dev);
+  d->deallocate_host(*back);
 }
 
 TEST(CudaDevice, PeerCopyBetweenTwoGpusWithCrossDeviceWait) {
