@@ -98,6 +98,25 @@ host_tensor random_operand(dtype t, int64_t n, uint64_t seed) {
   return t == dtype::i32 ? host_tensor::random_ints(shape{n}, seed, 1000) : host_tensor::random_normal(t, shape{n}, seed);
 }
 
+// After collectives c = 0, 1, .. of `job` on both members: no fault, and
+// member k's output of collective c (outs[c][k]) is x[c][0] + x[c][1],
+// exactly (f32, two terms).
+void expect_exact_f32_sums(pair_of_members& m, uint64_t job, const std::vector<std::array<void*, 2>>& outs,
+                           const std::vector<std::array<host_tensor, 2>>& x) {
+  for (int k = 0; k < 2; ++k) {
+    EXPECT_FALSE(m.devs[static_cast<std::size_t>(k)]->collective_fault(job)) << "member " << k;
+    for (std::size_t c = 0; c < outs.size(); ++c) {
+      const auto& xc = x[c];
+      const auto n = static_cast<int64_t>(xc[0].bytes() / sizeof(float));
+      host_tensor got(dtype::f32, shape{n});
+      ASSERT_FALSE(m.devs[static_cast<std::size_t>(k)]->download(got.data(), outs[c][static_cast<std::size_t>(k)],
+                                                                 n * static_cast<int64_t>(sizeof(float))));
+      for (int64_t i = 0; i < n; ++i)
+        ASSERT_EQ(got.at(i), xc[0].at(i) + xc[1].at(i)) << "member " << k << " collective " << c << " element " << i;
+    }
+  }
+}
+
 // Sums of two members in f32, rounded once: exact for i32 and f32 (two
 // terms), within one rounding of the storage dtype for f16 / bf16. Three
 // collectives of one job run back to back on each stream (fresh keys).
@@ -183,17 +202,7 @@ TEST(CudaInStream, PushedPartsBackToBackKeepEachCollectivesLinesApart) {
   }
   m.sync(0);
   m.sync(1);
-  for (int k = 0; k < 2; ++k) {
-    EXPECT_FALSE(m.devs[static_cast<std::size_t>(k)]->collective_fault(job)) << "member " << k;
-    for (int c = 0; c < parts; ++c) {
-      host_tensor got(dtype::f32, shape{n});
-      ASSERT_FALSE(m.devs[static_cast<std::size_t>(k)]->download(
-          got.data(), outs[static_cast<std::size_t>(c)][static_cast<std::size_t>(k)], bytes));
-      const auto& xc = x[static_cast<std::size_t>(c)];
-      for (int64_t i = 0; i < n; ++i)
-        ASSERT_EQ(got.at(i), xc[0].at(i) + xc[1].at(i)) << "member " << k << " collective " << c << " element " << i;
-    }
-  }
+  expect_exact_f32_sums(m, job, outs, x);
 }
 
 // A pushed part's 16-byte word w always travels through block w / W
@@ -276,18 +285,7 @@ TEST(CudaInStream, PushedPartsOfDifferentSizesBackToBackEqualTheHostSum) {
   }
   m.sync(0);
   m.sync(1);
-  for (int k = 0; k < 2; ++k) {
-    EXPECT_FALSE(m.devs[static_cast<std::size_t>(k)]->collective_fault(job)) << "member " << k;
-    for (int c = 0; c < parts; ++c) {
-      const int64_t n = sizes[c % 6];
-      host_tensor got(dtype::f32, shape{n});
-      ASSERT_FALSE(m.devs[static_cast<std::size_t>(k)]->download(
-          got.data(), outs[static_cast<std::size_t>(c)][static_cast<std::size_t>(k)], n * 4));
-      const auto& xc = x[static_cast<std::size_t>(c)];
-      for (int64_t i = 0; i < n; ++i)
-        ASSERT_EQ(got.at(i), xc[0].at(i) + xc[1].at(i)) << "member " << k << " collective " << c << " element " << i;
-    }
-  }
+  expect_exact_f32_sums(m, job, outs, x);
 }
 
 // A part whose peer never launches gives up after
