@@ -358,10 +358,40 @@ int launch_program::find_queue(int device, step_kind kind, int lane) const noexc
   return -1;
 }
 
+namespace {
+
+/// The bytes an operand spans in its region: [first, last) (a view's
+/// strides may skip some; counted as covered).
+struct byte_span {
+  region where = region::arena;
+  int device = -1;
+  int64_t first = 0, last = 0;
+};
+
+byte_span span_of(const operand& a) {
+  const int64_t es = static_cast<int64_t>(dtype_size(a.proto.type));
+  int64_t lo = 0, hi = 0;
+  for (int k = 0; k < a.proto.dims.rank(); ++k) {
+    const int64_t extent = (a.proto.dims[k] - 1) * a.proto.stride[static_cast<std::size_t>(k)];
+    if (a.proto.dims[k] == 0) return {a.where, a.device, a.byte_offset, a.byte_offset};
+    (extent < 0 ? lo : hi) += extent;
+  }
+  return {a.where, a.device, a.byte_offset + lo * es, a.byte_offset + (hi + 1) * es};
+}
+
+bool overlap(const byte_span& x, const byte_span& y) {
+  return x.where == y.where && x.device == y.device && x.first < y.last && y.first < x.last;
+}
+
+}  // namespace
+
 std::vector<gpu::op_launch> launch_program::launch_records(int q) const {
   const auto& queue = queues_.at(static_cast<std::size_t>(q));
   std::vector<gpu::op_launch> r;
   r.reserve(static_cast<std::size_t>(queue.launch_records));
+  // What the record before wrote (its output and extra outputs): an input
+  // outside them is settled (gpu::op_launch::settled_inputs).
+  std::vector<byte_span> written_before;
   for (step_id s : queue.steps) {
     for (const auto& op : steps_[static_cast<std::size_t>(s)].ops) {
       gpu::op_launch l;
@@ -372,8 +402,20 @@ std::vector<gpu::op_launch> launch_program::launch_records(int q) const {
       for (std::size_t i = 0; i < op.inputs.size(); ++i) {
         const operand& a = op.inputs[i];
         l.inputs.push_back(a.proto);
-        if (i < 32 && a.where == region::weights && a.device < 0) l.weight_inputs |= uint32_t{1} << i;
+        if (i >= 32 || a.device >= 0) continue;
+        if (a.where == region::weights) {
+          l.weight_inputs |= uint32_t{1} << i;
+          l.settled_inputs |= uint32_t{1} << i;
+          continue;
+        }
+        const byte_span in = span_of(a);
+        if (std::none_of(written_before.begin(), written_before.end(),
+                         [&](const byte_span& w) { return overlap(in, w); }))
+          l.settled_inputs |= uint32_t{1} << i;
       }
+      written_before.clear();
+      written_before.push_back(span_of(op.out));
+      for (const auto& o : op.extra_outs) written_before.push_back(span_of(o));
       l.fused = op.fused;
       l.attention = op.attention;
       l.projection = op.projection;

@@ -29,6 +29,7 @@
 #include "actors/generator.hpp"
 #include "apps/common/flags.hpp"
 #include "apps/common/trace_spans.hpp"
+#include "gpu/device.hpp"
 #include "graph/checkpoint/hf_model.hpp"
 
 namespace {
@@ -149,11 +150,13 @@ int run_decode(const decode_args& a) {
   for (std::size_t i = 0; i < prompt.size(); ++i) prompt[i] = static_cast<int32_t>((i * 7919 + 13) % mc.vocab);
   std::mutex m;
   std::vector<clock_type::time_point> at;
+  std::vector<int64_t> token_ns;  // host_clock_ns of each token's on_token (the trace's clock)
   ag::generate_options o;
   o.max_new_tokens = a.new_tokens;
   o.on_token = [&](int32_t, int64_t) {
     std::lock_guard lk(m);
     at.push_back(clock_type::now());
+    token_ns.push_back(ag::gpu::host_clock_ns());
   };
   const ag::generation h = (*gen)->generate(prompt, o);
   if (!h.wait()) return fail(h.wait().err());
@@ -198,7 +201,7 @@ int run_decode(const decode_args& a) {
     }
   }
   std::vector<double> device_ms, idle_ms, to_enqueue_us, h2d_us, h2d_to_compute_us, compute_ms, tail_us;
-  std::vector<double> h2d_steps;
+  std::vector<double> h2d_steps, end_to_token_us, token_to_enqueue_us;
   const std::pair<int64_t, int64_t>* before = nullptr;
   std::size_t k = 0;
   for (const auto& [job, sp] : span) {
@@ -208,6 +211,12 @@ int run_decode(const decode_args& a) {
       if (k > 2) {
         idle_ms.push_back(static_cast<double>(sp.first - before->second) / 1e6);
         to_enqueue_us.push_back(static_cast<double>(mk.first_enqueue - before->second) / 1e3);
+        // Job k - 2 in span order sampled token k - 2 (the prompt's job, token 0, is first).
+        if (k - 2 < token_ns.size()) {
+          const int64_t tok = token_ns[k - 2];
+          end_to_token_us.push_back(static_cast<double>(tok - before->second) / 1e3);
+          token_to_enqueue_us.push_back(static_cast<double>(mk.first_enqueue - tok) / 1e3);
+        }
       }
       h2d_steps.push_back(mk.h2d_steps);
       h2d_us.push_back(static_cast<double>(mk.h2d_last_end - mk.h2d_first_start) / 1e3);
@@ -278,6 +287,9 @@ int run_decode(const decode_args& a) {
                 "-> segment %.1f us; segment to the last compute end %.3f ms; -> job end %.1f us (medians)\n",
                 "decode job, cut", median_of(to_enqueue_us), median_of(h2d_steps), median_of(h2d_us),
                 median_of(h2d_to_compute_us), median_of(compute_ms), median_of(tail_us));
+    std::printf("%-28s previous job's end -> its token sampled on the host %.1f us; token -> first step enqueued "
+                "%.1f us (medians)\n",
+                "decode job, host part", median_of(end_to_token_us), median_of(token_to_enqueue_us));
   }
   std::printf("load_gb_per_s: %.3f\n", model_gb / load_s);
   {

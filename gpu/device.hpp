@@ -95,6 +95,15 @@ struct op_launch {
   /// it (programmatic dependent launch): the CUDA GEMV does for a plain
   /// product's weight. Backends that do not look at it lose nothing.
   uint32_t weight_inputs = 0;
+  /// Set by the lowering: bit i when `inputs[i]` is not written by the
+  /// record launched right before this one on its queue (and is not an
+  /// in-stream part's peer operand). Our kernels wait for the kernel before
+  /// them before they release the next one (gpu/cuda/common.cuh), so a
+  /// kernel that starts early under programmatic dependent launch runs
+  /// beside that one kernel only, and may read such an input before its
+  /// wait: the CUDA decode attention loads its first keys and values of the
+  /// cache there. Weights are always settled. A superset of weight_inputs.
+  uint32_t settled_inputs = 0;
   /// fusion::projections, in place of a projection group (graph/fusion.hpp,
   /// projection_fusion): `inputs` are {x, w_1, .., w_n} (gated: {x, w_gate,
   /// w_up}; residual: {x, w, r}); `out` is the group's output (shared_input:

@@ -1,6 +1,7 @@
 #include "gpu/cuda/attention.cuh"
 
 #include <atomic>
+#include <cstdlib>
 #include <string>
 
 #include "gpu/cuda/common.cuh"
@@ -222,6 +223,11 @@ constexpr int kMaxRopePairs = 128;
 constexpr int kMaxNewRows = 16;  // graph/fusion.hpp's fused_attention_max_new_rows
 struct split_prologue {
   bool on = false, rope_q = false, rope_k = false;
+  // The kernel before this one does not write k, v or the mask
+  // (launch_ctx::settled_inputs): the first round of keys and values is
+  // loaded before the PDL wait, beside that kernel's tail. In a decode step
+  // they are the KV cache, which only this kernel's prologue writes.
+  bool cache_settled = false;
   kt k_new, v_new, cache_positions, rope_positions;
   double inv[kMaxRopePairs];
 };
@@ -249,7 +255,7 @@ __global__ void __launch_bounds__(kSplitThreads)
   constexpr int kStride = static_cast<int>(split_key_stride<T>(dh));
   constexpr int kLoads = kRoundKeys * kVecs / kSplitThreads;  // vectors of K (and of V) per thread per round
   static_assert(kRoundKeys * kVecs % kSplitThreads == 0, "whole vectors per thread");
-  pdl_enter();
+  if (!pro.cache_settled) pdl_enter();
   extern __shared__ __align__(16) unsigned char split_smem[];
   __shared__ __align__(16) float ps[kSplitWarps][kRoundKeys];
   __shared__ bool last_block;
@@ -302,8 +308,10 @@ __global__ void __launch_bounds__(kSplitThreads)
   float* vnew = knew + (pro.on ? S * dh : 0);
   __shared__ int32_t cache_row[kMaxNewRows];
   const int n_new = pro.on ? static_cast<int>(S) : 0;
-  // The first round's loads, q's and the prologue's in flight together.
+  // The first round's loads, q's and the prologue's in flight together
+  // (the round's before the PDL wait when the cache is settled).
   load_round(j_begin);
+  if (pro.cache_settled) pdl_enter();
   for (int i = threadIdx.x; i < M * dh; i += kSplitThreads) qs[i] = to_f(qb[(i / dh) * q.s[2] + (i % dh) * q.s[3]]);
   if (pro.on) {
     const T* kn = static_cast<const T*>(pro.k_new.p) + gv.b0 * pro.k_new.s[0] + gv.b1 * pro.k_new.s[1];
@@ -635,6 +643,13 @@ error launch_fused_attention(const launch_ctx& c, const kt& out, const kt& q, co
   const bool split_ok =
       c.attention_workspace && (dh == 32 || dh == 64 || dh == 128 || dh == 256) && split_rows_ok(k) && split_rows_ok(v);
   split_prologue pro{};  // off, nothing read
+  // AG_CUDA_ATTENTION_EARLY=0: never load before the PDL wait (a diagnostic switch).
+  static const bool early_on = [] {
+    const char* e = std::getenv("AG_CUDA_ATTENTION_EARLY");
+    return !(e && e[0] == '0');
+  }();
+  const auto settled = [&](int i) { return ((c.settled_inputs >> i) & 1u) != 0; };
+  pro.cache_settled = early_on && c.pdl && settled(1) && settled(2) && (!mask || settled(3));
   if (prologue) {
     const attention_prologue& ap = *prologue;
     if (!split_ok)

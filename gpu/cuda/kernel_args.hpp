@@ -44,6 +44,10 @@ struct launch_ctx {
   // A matmul's right operand is a weight leaf, which no kernel writes
   // (op_launch::weight_inputs): the GEMV kernel may load it before its PDL wait.
   bool b_is_weight = false;
+  // op_launch::settled_inputs: bit i when input i is not written by the
+  // kernel before this one on the stream, so it may be read before the PDL
+  // wait (the fused attention's cache).
+  uint32_t settled_inputs = 0;
   // Launch the project's kernels as programmatic dependents of the kernel
   // before them on the stream (launch_kernel, common.cuh; sm_90+ only).
   bool pdl = false;

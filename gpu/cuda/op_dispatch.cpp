@@ -32,6 +32,7 @@ error dispatch_op(core& dev_core, cuda_stream& cs, const op_launch& l, const std
   c.sm_count = sm_count;
   c.gemv = kernels.gemv;
   c.b_is_weight = (l.weight_inputs >> 1) & 1u;
+  c.settled_inputs = l.settled_inputs;
   c.pdl = kernels.pdl;
   c.attention_workspace = cs.attention_ws_;
   c.attention_workspace_floats = cs.attention_ws_ ? cuda_stream::attention_workspace_floats : 0;

@@ -1015,6 +1015,59 @@ TEST(LaunchProgram, WeightInputsAreMarkedForTheKernels) {
   EXPECT_EQ(norms, 2) << "the final norm on each rank (the others are projection prologues)";
 }
 
+// The lowering marks the inputs that the record launched right before on
+// the same queue does not write (gpu::op_launch::settled_inputs): a kernel
+// that starts early under programmatic dependent launch runs beside that
+// one only. The CUDA decode attention then loads its first keys and values
+// of the cache before its wait. In a decode step with a cache: the fused
+// attention's k and v (the cache) and mask are settled, its q (the q/k/v
+// projection's output, the record before) is not; without fusion the
+// attention's product reads the cache right after the store_rows that wrote
+// it, which is not settled. Weights are always settled.
+TEST(LaunchProgram, InputsTheRecordBeforeDoesNotWriteAreSettled) {
+  for (const bool fuse : {true, false})
+    for (const int degree : {1, 2}) {
+      SCOPED_TRACE(std::string(fuse ? "fused" : "unfused") + ", tensor degree " + std::to_string(degree));
+      models::transformer_config cfg = decode_step(models::model_variant::llama, 256);
+      cfg.kv_cache_capacity = 32;
+      cfg.dtype = dtype::bf16;
+      plan_options o;
+      o.fuse_ops = fuse;
+      o.tensor_parallel = degree;
+      const auto [p, prog] = compile_and_lower(cfg, device_kind::cuda, o, degree);
+      ASSERT_TRUE(prog);
+      const graph& g = p->source();
+      const auto root = [&](node_id n) {
+        while (g.at(n).is_view()) n = g.at(n).inputs[0];
+        return n;
+      };
+      int attentions = 0, after_producer = 0;
+      for (std::size_t q = 0; q < prog->queues().size(); ++q) {
+        const auto records = prog->launch_records(static_cast<int>(q));
+        for (std::size_t r = 0; r < records.size(); ++r) {
+          const gpu::op_launch& l = records[r];
+          EXPECT_EQ(l.settled_inputs & l.weight_inputs, l.weight_inputs) << l.op->name << ": weights are settled";
+          if (l.fused == gpu::op_launch::fusion::attention) {
+            ++attentions;
+            ASSERT_TRUE(l.attention.masked && l.attention.store_new_rows) << l.op->name;
+            EXPECT_EQ(l.settled_inputs & 0b1111u, 0b1110u) << l.op->name << ": {q, k, v, mask}";
+          }
+          // A plain record that reads the previous plain record's output.
+          if (r == 0 || l.fused != gpu::op_launch::fusion::none || records[r - 1].fused != gpu::op_launch::fusion::none)
+            continue;
+          for (std::size_t i = 0; i < l.op->inputs.size() && i < l.inputs.size(); ++i)
+            if (root(l.op->inputs[i]) == records[r - 1].op->id) {
+              ++after_producer;
+              EXPECT_EQ((l.settled_inputs >> i) & 1u, 0u)
+                  << l.op->name << " input " << i << " is " << records[r - 1].op->name << "'s output";
+            }
+        }
+      }
+      EXPECT_EQ(attentions, fuse ? cfg.n_layers * degree : 0);
+      EXPECT_GT(after_producer, 0);
+    }
+}
+
 // The job's input copies get the first step ids, so each is the first step
 // of its queue: a decode step's positions under tensor parallelism, read
 // from the first layer on (after the embedding and its all-reduce), is
