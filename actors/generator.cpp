@@ -204,6 +204,7 @@ struct generator::impl : std::enable_shared_from_this<generator::impl> {
   models::transformer_config cfg;
   generator_options opt;
   step_plan decode, prefill;  // prefill.p null: the prompt goes through decode
+  step_plan decode_greedy;    // null without generator_options::device_greedy: outputs the token
   int64_t cache_bytes = 0;   // device memory of every slot's cache, all devices
   int64_t weight_bytes = 0;  // device memory of the plans' weights, all devices (shared uploads once)
 
@@ -269,7 +270,14 @@ struct sequence : std::enable_shared_from_this<sequence> {
     if (st->cancel_requested.load()) return finish(stop_reason::cancelled);
     const bool prompting = prompt_fed < prompt.size();
     const std::size_t left = prompt.size() - prompt_fed;
-    const step_plan& sp = prompting && gen->prefill.p && left > 1 ? gen->prefill : gen->decode;
+    // A greedy sequence's decode steps take the plan that picks the token on
+    // the device (generator_options::device_greedy); the last prompt token's
+    // job too, as its output is the first new token.
+    const bool on_device = gen->decode_greedy.p && !(opt.sampling.temperature > 0.0f) && !opt.keep_logits &&
+                           (!prompting || left == 1);
+    const step_plan& sp = on_device ? gen->decode_greedy
+                          : prompting && gen->prefill.p && left > 1 ? gen->prefill
+                                                                    : gen->decode;
     std::vector<int32_t> toks;
     if (prompting) {
       const std::size_t n = std::min(left, static_cast<std::size_t>(sp.new_tokens));
@@ -283,14 +291,21 @@ struct sequence : std::enable_shared_from_this<sequence> {
     submit_options so;
     so.state_slot = slot;  // the sequence's KV cache on the devices
     job j = gen->rt->submit(sp.p, inputs(sp, toks), so);
-    j.then([self = shared_from_this(), n](const job_result& r) { self->on_step(r, n); });
+    j.then([self = shared_from_this(), n, on_device](const job_result& r) { self->on_step(r, n, on_device); });
   }
 
-  void on_step(const job_result& r, int64_t n) {
+  void on_step(const job_result& r, int64_t n, bool token_out) {
     if (!r) return fail(r.err());
     const std::vector<host_tensor>& outs = *r;
     cached += n;  // the job stored its rows in the slot's cache
     if (prompt_fed < prompt.size()) return submit_next();
+    if (token_out) {
+      // next_token, i32 [1, T, 1]: the last real row's.
+      int32_t tok = 0;
+      std::memcpy(&tok, outs[0].data() + (n - 1) * static_cast<int64_t>(sizeof tok), sizeof tok);
+      ++out.tokens_picked_on_device;
+      return take(tok);
+    }
     // Sample from the last real row of logits [1, T, V]: in place when they
     // are f32 (the model's logits are), else converted into a buffer kept
     // across tokens. A decode step's host work between two jobs is on the
@@ -306,8 +321,13 @@ struct sequence : std::enable_shared_from_this<sequence> {
       row = row_scratch;
     }
     const int32_t tok = sample_token(row, opt.sampling, rng);
-    out.tokens.push_back(tok);
     if (opt.keep_logits) out.logits.emplace_back(row.begin(), row.end());
+    take(tok);
+  }
+
+  // A new token: streamed, then the sequence stops or goes on.
+  void take(int32_t tok) {
+    out.tokens.push_back(tok);
     {
       std::lock_guard lk(st->m);
       st->tokens.push_back(tok);
@@ -431,9 +451,11 @@ expected<std::shared_ptr<generator>> generator::create(runtime& rt, models::tran
   impl->opt = options;
   // Both plans keep the caches on the devices: the decode plan owns
   // max_sequences state slots, the prefill plan stores into the same ones.
-  auto make_plan = [&](int64_t new_tokens, step_plan& out, std::shared_ptr<const plan> share) -> error {
+  auto make_plan = [&](int64_t new_tokens, step_plan& out, std::shared_ptr<const plan> share,
+                       bool argmax_output = false) -> error {
     models::transformer_config c = cfg;
     c.seq_len = new_tokens;
+    c.argmax_output = argmax_output;
     expected<graph> g = models::build_transformer(c, weights);
     if (!g) return g.err();
     plan_options po = options.plan;
@@ -451,10 +473,12 @@ expected<std::shared_ptr<generator>> generator::create(runtime& rt, models::tran
   if (error e = make_plan(1, impl->decode, nullptr)) return e;
   if (options.prefill_chunk > 1)
     if (error e = make_plan(options.prefill_chunk, impl->prefill, impl->decode.p)) return e;
+  if (options.device_greedy)
+    if (error e = make_plan(1, impl->decode_greedy, impl->decode.p, true)) return e;
   cfg.seq_len = 1;
   impl->cfg = cfg;
   for (const device_memory& m : impl->decode.p->memory()) impl->cache_bytes += m.state_bytes * options.max_sequences;
-  for (const step_plan* sp : {&impl->decode, &impl->prefill})
+  for (const step_plan* sp : {&impl->decode, &impl->prefill, &impl->decode_greedy})
     if (sp->p)
       for (const device_memory& m : sp->p->memory()) impl->weight_bytes += m.weights_shared ? 0 : m.weight_bytes;
   impl->slot_table = state_slots(options.max_sequences);

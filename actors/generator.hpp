@@ -84,6 +84,8 @@ struct generation_result {
   std::vector<int32_t> tokens;  ///< generated tokens (the prompt not included)
   stop_reason reason = stop_reason::max_tokens;
   std::vector<std::vector<float>> logits;  ///< per token, with keep_logits
+  /// Of `tokens`, those picked on the device (generator_options::device_greedy).
+  int64_t tokens_picked_on_device = 0;
 };
 
 /// The generated tokens, or the error of the job that failed (naming it).
@@ -124,6 +126,12 @@ struct generator_options {
   /// New tokens per prefill job (a plan of its own); 0 or 1: the prompt
   /// goes through the decode plan one token per job.
   int64_t prefill_chunk = 0;
+  /// Greedy sequences (sampling temperature <= 0, no keep_logits) decode
+  /// with a third plan whose output is the token, picked on the device
+  /// (transformer_config::argmax_output), sharing the decode plan's weights
+  /// and caches: a step copies 4 bytes to the host instead of its logits,
+  /// and the host does not scan them. false: every sequence samples on the host.
+  bool device_greedy = true;
   plan_options plan;            ///< layout of both plans (stages, devices); state_slots and
                                 ///< share_state_with are set by the generator
 };

@@ -110,6 +110,7 @@ struct decode_args {
   std::string projections = "on";  ///< plan_options::fuse_projections of both plans (on: the default)
   std::string pdl = "on";          ///< backend_options::cuda_pdl (on: the default)
   std::string inline_copies = "on";  ///< plan_options::inline_small_copies of both plans (on: the default)
+  std::string device_greedy = "on";  ///< generator_options::device_greedy (on: the default): tokens picked on the device
   std::string start_on_submit = "on";  ///< runtime_options::start_jobs_on_submit (on: the default)
   std::string pinned_inputs = "on";    ///< runtime_options::pinned_inputs_max_bytes 64 KiB (on: the default) or 0
   /// runtime_options::trace (on: the default, and the per-token breakdown
@@ -139,6 +140,7 @@ int run_decode(const decode_args& a) {
   go.plan.fuse_ops = a.fusion == "on";
   go.plan.fuse_projections = a.projections == "on";
   go.plan.inline_small_copies = a.inline_copies == "on";
+  go.device_greedy = a.device_greedy == "on";
   auto gen = ag::generator::create(**rt, model->model_config(1), model->provider(), go);
   if (!gen) return fail(gen.err());
   const double load_s = seconds_since(t_open);
@@ -267,15 +269,15 @@ int run_decode(const decode_args& a) {
   std::printf("%-28s %s, %s, %d layers, d %lld, %d heads (%d kv), vocab %lld\n", "model", a.model.c_str(),
               ag::to_string(model->dtype()), mc.n_layers, static_cast<long long>(mc.d_model), mc.n_heads,
               mc.kv_heads(), static_cast<long long>(mc.vocab));
-  std::printf("%-28s %.3f GB uploaded (%.2f x the model's %.3f GB, for 2 plans) in %.3f s\n", "load", model_gb,
+  std::printf("%-28s %.3f GB uploaded (%.2f x the model's %.3f GB, for its plans) in %.3f s\n", "load", model_gb,
               model_gb * 1e9 / static_cast<double>(model->model_bytes()), static_cast<double>(model->model_bytes()) / 1e9,
               load_s);
   std::printf(
       "%-28s %.3f ms/token (median of %zu), context %lld, graph replay %s, fusion %s, gemv %s, projections %s, pdl %s, "
-      "inline copies %s, start on submit %s, pinned inputs %s, trace %s\n",
+      "inline copies %s, start on submit %s, pinned inputs %s, device greedy %s, trace %s\n",
       "decode", ms, gaps.size(), static_cast<long long>(a.context), a.replay.c_str(), a.fusion.c_str(), a.gemv.c_str(),
       a.projections.c_str(), a.pdl.c_str(), a.inline_copies.c_str(), a.start_on_submit.c_str(),
-      a.pinned_inputs.c_str(), a.trace.c_str());
+      a.pinned_inputs.c_str(), a.device_greedy.c_str(), a.trace.c_str());
   std::printf("%-28s %.3f ms (%.1f MB weights + %.1f MB cache at %.0f GB/s)\n", "bandwidth floor", floor_ms,
               weights_read / 1e6, cache / 1e6, bw / 1e9);
   if (!device_ms.empty()) {
@@ -338,6 +340,9 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"on", "off"}));
   app.add_option("--inline-copies", d.inline_copies,
                  "decode: plan_options::inline_small_copies, small host copies on the compute lane (on, off)")
+      ->check(CLI::IsMember({"on", "off"}));
+  app.add_option("--device-greedy", d.device_greedy,
+                 "decode: generator_options::device_greedy, the token picked on the device (on, off)")
       ->check(CLI::IsMember({"on", "off"}));
   app.add_option("--pinned-inputs", d.pinned_inputs,
                  "decode: runtime_options::pinned_inputs_max_bytes, small inputs copied to pinned memory by submit (on, off)")

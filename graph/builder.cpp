@@ -167,6 +167,11 @@ tensor graph_builder::softmax(tensor x, bool causal, float scale, std::string na
   return add_node(std::move(n));
 }
 
+tensor graph_builder::argmax(tensor x, std::string name) {
+  if (!check(x, "x", who(op_kind::argmax, name))) return tensor();
+  return add_node(make(op_kind::argmax, std::move(name), {x.id()}));
+}
+
 tensor graph_builder::gelu(tensor x, gelu_mode mode, std::string name) {
   if (!check(x, "x", who(op_kind::gelu, name))) return tensor();
   node n = make(op_kind::gelu, std::move(name), {x.id()});

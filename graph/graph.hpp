@@ -66,8 +66,10 @@ enum class op_kind : uint8_t {
                ///< other row keeps what the previous job of the same state slot stored there (zero
                ///< in a fresh slot): the node lives in its device's state region, one copy per
                ///< state slot (plan_options::state_slots; submit_options::state_slot picks one).
+  argmax,      ///< i32 index of the first maximum along the last dim (NaNs never win; 0 when a row is all
+               ///< NaN): x [.., N] -> [.., 1]. A decode step's greedy token, picked on the device.
 };
-constexpr int op_kind_count = static_cast<int>(op_kind::store_rows) + 1;
+constexpr int op_kind_count = static_cast<int>(op_kind::argmax) + 1;
 const char* to_string(op_kind k) noexcept;
 bool parse_op_kind(const std::string& s, op_kind& out) noexcept;
 /// reshape, view, permute, transpose, slice.
@@ -250,6 +252,8 @@ class graph_builder {
   tensor softmax(tensor x, bool causal = false, float scale = 1.0f, std::string name = {});
   tensor gelu(tensor x, gelu_mode mode = gelu_mode::tanh, std::string name = {});
   tensor silu(tensor x, std::string name = {});
+  /// i32 [.., 1]: the index of the first maximum of each row of x [.., N] (op_kind::argmax).
+  tensor argmax(tensor x, std::string name = {});
   /// x [.., S, H, D] (D even), positions i32 [S].
   tensor rope(tensor x, tensor positions, float theta = 10000.0f, rope_mode mode = rope_mode::neox,
               std::string name = {});

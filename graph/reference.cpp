@@ -238,6 +238,20 @@ host_tensor eval_softmax(const node& n, const host_tensor& tx) {
   return from_doubles(n.type, n.dims, out);
 }
 
+host_tensor eval_argmax(const node& n, const host_tensor& tx) {
+  const dvec x = to_doubles(tx);
+  const int64_t N = tx.dims()[-1], rows = n.dims.numel();
+  std::vector<int32_t> out(static_cast<std::size_t>(rows), 0);
+  for (int64_t r = 0; r < rows; ++r) {
+    const double* row = x.data() + r * N;
+    int64_t best = -1;
+    for (int64_t j = 0; j < N; ++j)  // the first maximum; a NaN never compares greater
+      if (!std::isnan(row[j]) && (best < 0 || row[j] > row[best])) best = j;
+    out[static_cast<std::size_t>(r)] = static_cast<int32_t>(best < 0 ? 0 : best);
+  }
+  return host_tensor::from_ints(n.dims, out);
+}
+
 host_tensor eval_rope(const node& n, const host_tensor& tx, const host_tensor& tp) {
   const dvec x = to_doubles(tx);
   const int64_t D = n.dims[-1], H = n.dims[-2], S = n.dims[-3];
@@ -448,6 +462,7 @@ expected<std::vector<host_tensor>> evaluate_all(const graph& g, const std::vecto
         case op_kind::rms_norm:
         case op_kind::layer_norm: val[id] = eval_norm(n, in); break;
         case op_kind::softmax: val[id] = eval_softmax(n, *in[0]); break;
+        case op_kind::argmax: val[id] = eval_argmax(n, *in[0]); break;
         case op_kind::rope: val[id] = eval_rope(n, *in[0], *in[1]); break;
         case op_kind::get_rows: {
           auto r = eval_get_rows(n, *in[0], *in[1]);

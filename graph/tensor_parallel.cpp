@@ -717,7 +717,7 @@ class rewriter {
           same(c.inputs[1], c.dims.rank() - g_.at(c.inputs[1]).dims.rank());
           break;
         case op_kind::scale: case op_kind::gelu: case op_kind::silu: case op_kind::copy:
-        case op_kind::softmax:
+        case op_kind::softmax: case op_kind::argmax:  // argmax: the last dim differs (1), so it is never shared
           same(c.inputs[0], 0);
           break;
         case op_kind::rms_norm: case op_kind::layer_norm: case op_kind::rope: case op_kind::store_rows:
@@ -2266,6 +2266,11 @@ class rewriter {
       case op_kind::softmax: {
         const int keep = n.attrs.causal ? n.dims.rank() - 2 : n.dims.rank() - 1;
         return same_state_op(n, false, [keep](const split_state& st) { return st.axis2 < keep; });
+      }
+      case op_kind::argmax: {
+        // Over whole rows: shards of the leading dims only.
+        const int last = n.dims.rank() - 1;
+        return same_state_op(n, false, [last](const split_state& st) { return st.axis2 < last; });
       }
       case op_kind::rope: {
         const int r = n.dims.rank();

@@ -211,6 +211,18 @@ error infer_softmax(const std::vector<node>& nodes, node& n) {
   return {};
 }
 
+error infer_argmax(const std::vector<node>& nodes, node& n) {
+  const node& x = nodes[static_cast<std::size_t>(n.inputs[0])];
+  if (auto e = need_float(n, x, "x")) return e;
+  if (x.dims.rank() < 1 || x.dims[-1] < 1)
+    return node_error(errc::invalid_shape, n, "x " + dims_str(x) + " needs a last dim of at least one element");
+  n.dims = x.dims;
+  n.dims[n.dims.rank() - 1] = 1;
+  n.type = dtype::i32;
+  make_contiguous(n);
+  return {};
+}
+
 error infer_rope(const std::vector<node>& nodes, node& n) {
   const node& x = nodes[static_cast<std::size_t>(n.inputs[0])];
   const node& p = nodes[static_cast<std::size_t>(n.inputs[1])];
@@ -584,6 +596,10 @@ error infer_node(const std::vector<node>& nodes, node& n) {
     case op_kind::rope:
       if ((e = arity(n, 2, 2))) return e;
       e = infer_rope(nodes, n);
+      break;
+    case op_kind::argmax:
+      if ((e = arity(n, 1, 1))) return e;
+      e = infer_argmax(nodes, n);
       break;
     case op_kind::get_rows:
       if ((e = arity(n, 2, 2))) return e;

@@ -24,7 +24,7 @@ const char* const graph_details =
     "Functions: matmul(a,b[,ta=1][,tb=1]) add(a,b) mul(a,b) scale(x,0.5) gelu(x) silu(x)\n"
     "  softmax(x[,causal=1][,scale=s]) rms_norm(x[,w][,eps=]) layer_norm(x[,w[,b]][,eps=]) get_rows(table,ids)\n"
     "  rope(x,pos[,theta=]) reshape(x,[2,32]) transpose(x,0,1) permute(x,[1,0]) slice(x,axis,begin,end)\n"
-    "  concat(a,b,...,axis=k) copy(x,f16) contiguous(x)\n"
+    "  concat(a,b,...,axis=k) copy(x,f16) contiguous(x) argmax(x)\n"
     "'graph @file' reads the statements from a file (at most 1 MiB; '#' starts a comment).\n";
 
 const char* const run_details =
@@ -57,7 +57,7 @@ const std::vector<command_info>& commands() {
        "generate text from the current model over a KV cache, tokens printed as they come (Ctrl-C stops)",
        "generate \"Once upon a time\" n=32 temperature=0.8 top_k=40", {"ids=", "n=", "temperature=", "top_k=", "top_p=", "seed=", "cache="}, {}},
       {"graph", "graph <name=expr ...> out <name> | graph @<file>",
-       "build a custom graph from expressions (ops: matmul add mul scale gelu silu softmax rms_norm layer_norm get_rows rope reshape transpose permute slice concat copy contiguous)",
+       "build a custom graph from expressions (ops: matmul add mul scale gelu silu softmax rms_norm layer_norm get_rows rope reshape transpose permute slice concat copy contiguous argmax)",
        "graph x=input[8,64] w=weight[64,64] y=gelu(matmul(x,w)) out y", {}, {}, graph_details, true},
       {"plan", "plan [stages=N tp=T ratios=A,B sp=on|off|auto lanes=auto|L]",
        "compile the current graph for the devices and describe the plan: splits, copies, shards and collectives (also sets the layout)",

@@ -434,6 +434,7 @@ class builder {
     if (f == "mul") return binary([&](tensor a, tensor b) { return b_.mul(a, b, name); });
     if (f == "gelu") return unary([&](tensor x) { return b_.gelu(x, gelu_mode::tanh, name); });
     if (f == "silu") return unary([&](tensor x) { return b_.silu(x, name); });
+    if (f == "argmax") return unary([&](tensor x) { return b_.argmax(x, name); });
     if (f == "contiguous") return unary([&](tensor x) { return b_.contiguous(x, name); });
     if (f == "matmul") {
       double ta = 0, tb = 0;
@@ -554,7 +555,7 @@ const std::vector<std::string>& graph_expr_functions() {
   static const std::vector<std::string> f = {
       "input",   "weight",    "matmul",  "add",        "mul",       "scale",   "gelu",
       "silu",    "softmax",   "rms_norm", "layer_norm", "get_rows", "rope",    "reshape",
-      "transpose", "permute", "slice",   "concat",     "copy",      "contiguous"};
+      "transpose", "permute", "slice",   "concat",     "copy",      "contiguous", "argmax"};
   return f;
 }
 

@@ -266,6 +266,21 @@ void run_softmax(const op_launch& l) {
   });
 }
 
+void run_argmax(const op_launch& l) {
+  const nd out = pad(l.out);  // [.., 1] i32
+  const nd x = pad(l.inputs[0]);
+  const int64_t n = x.d[3];
+  std::vector<float> row(static_cast<std::size_t>(n));
+  for_rows(out, [&](int64_t i0, int64_t i1, int64_t i2) {
+    load_row(x, x.off(i0, i1, i2), n, row.data());
+    int64_t best = -1;
+    for (int64_t j = 0; j < n; ++j)  // the first maximum; a NaN never compares greater
+      if (!std::isnan(row[j]) && (best < 0 || row[j] > row[best])) best = j;
+    const auto v = static_cast<int32_t>(best < 0 ? 0 : best);
+    std::memcpy(out.p + out.off(i0, i1, i2) * 4, &v, 4);
+  });
+}
+
 void run_rope(const op_launch& l) {
   const nd out = pad(l.out);  // [B, S, H, D]
   const nd x = pad(l.inputs[0]);
@@ -565,6 +580,13 @@ error check_op(const op_launch& l) {
     case op_kind::copy:
       if (x != o) return bad(errc::invalid_shape, l, "input " + x.to_string() + " vs output " + o.to_string());
       break;
+    case op_kind::argmax: {
+      bool ok = x.rank() == o.rank() && o[-1] == 1 && x[-1] >= 1;
+      for (int d = 0; ok && d + 1 < o.rank(); ++d) ok = x[d] == o[d];
+      if (!ok) return bad(errc::invalid_shape, l, "input " + x.to_string() + " vs output " + o.to_string());
+      if (l.out.type != dtype::i32) return bad(errc::dtype_mismatch, l, "output must be i32");
+      break;
+    }
     case op_kind::rms_norm: case op_kind::layer_norm:
       if (x != o) return bad(errc::invalid_shape, l, "input " + x.to_string() + " vs output " + o.to_string());
       for (std::size_t i = 1; i < ni; ++i)
@@ -620,7 +642,8 @@ error check_op(const op_launch& l) {
     }
     default: break;
   }
-  if (k != op_kind::copy && k != op_kind::get_rows && k != op_kind::concat && !is_float(l.out.type))
+  if (k != op_kind::copy && k != op_kind::get_rows && k != op_kind::concat && k != op_kind::argmax &&
+      !is_float(l.out.type))
     return bad(errc::dtype_mismatch, l, "output must be a float type");
   return {};
 }
@@ -637,6 +660,7 @@ error run_op(const op_launch& l) {
       case op_kind::copy: copy_strided(pad(l.inputs[0]), pad(l.out)); return {};
       case op_kind::rms_norm: case op_kind::layer_norm: run_norm(l); return {};
       case op_kind::softmax: run_softmax(l); return {};
+      case op_kind::argmax: run_argmax(l); return {};
       case op_kind::rope: run_rope(l); return {};
       case op_kind::get_rows: return run_get_rows(l);
       case op_kind::concat: run_concat(l); return {};

@@ -3,6 +3,7 @@
 
 #include "gpu/cuda/op_dispatch.hpp"
 
+#include "gpu/cuda/argmax.cuh"
 #include "gpu/cuda/attention.cuh"
 #include "gpu/cuda/device_guard.hpp"
 #include "gpu/cuda/elementwise.cuh"
@@ -164,6 +165,10 @@ error dispatch_op(core& dev_core, cuda_stream& cs, const op_launch& l, const std
     case op_kind::softmax:
       if ((e = need(1))) return e;
       e = launch_softmax(c, out, to_kt(l.inputs[0]), n.attrs.scale, n.attrs.causal);
+      break;
+    case op_kind::argmax:
+      if ((e = need(1))) return e;
+      e = launch_argmax(c, out, to_kt(l.inputs[0]));
       break;
     case op_kind::rope:
       if ((e = need(2))) return e;

@@ -69,8 +69,14 @@ class model_builder {
     }
     tensor head = cfg_.tied_head() ? embed_ : normal("lm_head", {cfg_.vocab, cfg_.d_model});
     tensor logits = b_.matmul(h, head, false, true, cfg_.dtype == dtype::f32 ? "logits" : "head");
-    if (cfg_.dtype != dtype::f32) logits = b_.copy(logits, dtype::f32, "logits");
-    b_.output(logits);
+    if (cfg_.argmax_output) {
+      // The first maximum of the head's output: the same token as of its
+      // f32 copy (the conversion is exact), without the copy.
+      b_.output(b_.argmax(logits, "next_token"));
+    } else {
+      if (cfg_.dtype != dtype::f32) logits = b_.copy(logits, dtype::f32, "logits");
+      b_.output(logits);
+    }
     if (provider_error_) return provider_error_;
     return std::move(b_).build();
   }

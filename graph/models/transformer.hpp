@@ -149,6 +149,11 @@ struct transformer_config {
   /// graph processes seq_len new tokens of sequences whose earlier keys and
   /// values are job inputs; see "Cache mode" in the file comment.
   int64_t kv_cache_capacity = 0;
+  /// true: the graph's output is each position's greedy token, i32 [batch,
+  /// seq_len, 1] (op_kind::argmax of its logits, picked on the device:
+  /// "next_token"), instead of the logits. A decode step then copies 4
+  /// bytes to the host instead of a row of the vocabulary.
+  bool argmax_output = false;
 
   /// n_kv_heads with the default resolved (n_heads for gpt2 or when 0).
   int kv_heads() const noexcept { return variant == model_variant::llama && n_kv_heads > 0 ? n_kv_heads : n_heads; }

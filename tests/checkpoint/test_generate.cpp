@@ -100,6 +100,21 @@ void decode_equals_recompute(const std::string& spec, int stages, int64_t prefil
       EXPECT_EQ(r->tokens[t], argmax) << "token " << t;
       seq.push_back(r->tokens[t]);
     }
+    EXPECT_EQ(r->tokens_picked_on_device, 0) << "keep_logits samples on the host";
+    // Greedy without logits: every token picked on the device
+    // (generator_options::device_greedy), the same tokens.
+    o.keep_logits = false;
+    streamed.clear();
+    ag::generation d = (*gen)->generate(prompt, o);
+    ASSERT_TRUE(d.wait_for(120s)) << "generation hung";
+    const auto& dr = d.wait();
+    ASSERT_TRUE(dr.has_value()) << dr.err().to_string();
+    EXPECT_EQ(dr->tokens, r->tokens);
+    // The first token comes from the prompt's last job: a prefill chunk of
+    // more than one token samples on the host.
+    const auto last_chunk = prefill_chunk > 1 ? (static_cast<int64_t>(prompt.size()) - 1) % prefill_chunk + 1 : 1;
+    EXPECT_EQ(dr->tokens_picked_on_device, last_chunk > 1 ? 6 : 7);
+    EXPECT_EQ(streamed, dr->tokens);
   }
 }
 

@@ -92,6 +92,15 @@ void decode_on(const std::string& spec, int stages, bool fuse_ops = false, int64
       if (!bf16) EXPECT_EQ(r->tokens[t], std::max_element(ref.begin(), ref.end()) - ref.begin()) << "token " << t;
       seq.push_back(r->tokens[t]);
     }
+    // Greedy without logits: the tokens picked on the GPU (argmax of the
+    // same head output), the same as the host's pick from the logits.
+    o.keep_logits = false;
+    const generation d = (*gen)->generate(prompt, o);
+    ASSERT_TRUE(d.wait_for(120s)) << "generation hung";
+    const auto& dr = d.wait();
+    ASSERT_TRUE(dr) << dr.err().to_string();
+    EXPECT_EQ(dr->tokens, r->tokens);
+    EXPECT_EQ(dr->tokens_picked_on_device, 5) << "the first token from the last prefill chunk's logits (2 tokens)";
   }
 }
 

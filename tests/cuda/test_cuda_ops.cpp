@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <limits>
 
 #include "cuda/cuda_test_util.hpp"
 
@@ -116,6 +117,32 @@ TEST(CudaOps, SoftmaxMatchesReferenceWithScaleAndCausalMask) {
       ASSERT_TRUE(g) << g.err().to_string();
       check_against_reference(*g, {rnd(t, s, 3.0f)}, tol_for(t, 2), "softmax " + label(t, s));
     }
+}
+
+// argmax on the GPU: the reference's index for every row, random rows
+// (a vocabulary-long one too, and rows of 16-bit values, where ties at the
+// maximum happen) and rows with ties, NaNs and infinities.
+TEST(CudaOps, ArgmaxMatchesReferenceWithTiesAndNaNs) {
+  AG_REQUIRE_GPU(1);
+  const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+  const std::vector<float> crafted = {1, 3, 3, 2, nan, 2, nan, 2, nan, nan, nan, nan, -inf, -inf, -inf, -inf,
+                                      -1, nan, 5, 5, 4, -inf, inf, 0};
+  for (dtype t : kFloatTypes) {
+    for (const shape& s : {shape{1, 32000}, shape{7, 13}, shape{3, 4097}, shape{2, 3, 5, 33}, shape{64, 1}}) {
+      graph_builder b;
+      b.output(b.argmax(b.input("x", t, s)));
+      auto g = std::move(b).build();
+      ASSERT_TRUE(g) << g.err().to_string();
+      check_against_reference(*g, {rnd(t, s, 2.0f)}, test::tol{0, 0}, "argmax " + label(t, s));
+    }
+    host_tensor x = host_tensor::uninitialized(t, {6, 4});
+    for (std::size_t i = 0; i < crafted.size(); ++i) x.set(static_cast<int64_t>(i), crafted[i]);
+    graph_builder b;
+    b.output(b.argmax(b.input("x", t, {6, 4})));
+    auto g = std::move(b).build();
+    ASSERT_TRUE(g) << g.err().to_string();
+    check_against_reference(*g, {x}, test::tol{0, 0}, std::string("argmax of crafted rows ") + to_string(t));
+  }
 }
 
 TEST(CudaOps, RopeMatchesReferenceInBothPairings) {

@@ -194,6 +194,25 @@ TEST(CpuKernels, SoftmaxPlainCausalScaledStrided) {
   }
 }
 
+// argmax over contiguous, strided (permuted) and long rows, every float
+// dtype: equal to the reference, index for index.
+TEST(CpuKernels, ArgmaxOfContiguousStridedAndLongRows) {
+  uint64_t seed = 900;
+  for (dtype t : float_types) {
+    graph_builder b;
+    b.output(b.argmax(b.input("x", t, {3, 5, 37}), "am"));
+    auto p = b.permute(b.input("y", t, {37, 3, 5}), {1, 2, 0, 3}, "p");  // [3, 5, 37], inner stride != 1
+    b.output(b.argmax(p, "am_perm"));
+    b.output(b.argmax(b.input("v", t, {32000}), "am_vocab"));
+    graph g = must(std::move(b).build());
+    SCOPED_TRACE(to_string(t));
+    EXPECT_EQ(check_graph(g, {rnd(t, {3, 5, 37}, seed), rnd(t, {37, 3, 5}, seed + 1), rnd(t, {32000}, seed + 2)},
+                          {0, 0}),
+              3);
+    seed += 10;
+  }
+}
+
 TEST(CpuKernels, RopeBothPairingsRanks3And4) {
   uint64_t seed = 400;
   for (dtype t : float_types)

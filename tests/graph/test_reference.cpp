@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <limits>
 
 #include "graph/graph.hpp"
 #include "graph/reference.hpp"
@@ -234,6 +235,29 @@ TEST(Reference, SoftmaxPlainScaledAndCausalWithShortQuery) {
     }
   }
   EXPECT_EQ(out[1].at(3), 0.0f);  // row 0, j = 3 > 0 + 2: masked exactly
+}
+
+// argmax: the first maximum of each row; NaNs never win, a row of NaNs
+// gives 0; i32 [.., 1] in every float dtype (the rows below are exact in
+// each, so every dtype picks the same).
+TEST(Reference, ArgmaxFirstMaximumSkipsNaNs) {
+  const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+  const std::vector<std::vector<float>> rows = {
+      {1, 3, 3, 2}, {nan, 2, nan, 2}, {nan, nan, nan, nan}, {-inf, -inf, -inf, -inf}, {-1, nan, 5, 5}, {4, -inf, inf, 0}};
+  const std::vector<double> want = {1, 1, 0, 0, 2, 2};
+  for (dtype t : {dtype::f32, dtype::f16, dtype::bf16}) {
+    SCOPED_TRACE(to_string(t));
+    host_tensor x = host_tensor::uninitialized(t, {static_cast<int64_t>(rows.size()), 4});
+    for (std::size_t r = 0; r < rows.size(); ++r)
+      for (std::size_t j = 0; j < 4; ++j) x.set(static_cast<int64_t>(r * 4 + j), rows[r][j]);
+    graph_builder b;
+    b.output(b.argmax(b.input("x", t, {static_cast<int64_t>(rows.size()), 4}), "pick"));
+    auto out = run(std::move(b), {x});
+    ASSERT_EQ(out.size(), 1u);
+    EXPECT_EQ(out[0].type(), dtype::i32);
+    EXPECT_EQ(out[0].dims(), (shape{static_cast<int64_t>(rows.size()), 1}));
+    expect_close(out[0], want, 0.0);
+  }
 }
 
 TEST(Reference, SoftmaxLargeLogitsDoNotOverflow) {

@@ -124,6 +124,25 @@ TEST(Validation, SoftmaxCausalNeedsKeysAtLeastQueries) {
   expect_message(b.status(), {"softmax 'attn'", "Sk >= Sq"});
 }
 
+TEST(Validation, ArgmaxTakesFloatsAndGivesI32RowsOfOne) {
+  {
+    graph_builder b;
+    auto x = b.input("ids", dtype::i32, {4, 7});
+    b.argmax(x, "pick");
+    EXPECT_EQ(b.status().code, errc::dtype_mismatch);
+    expect_message(b.status(), {"argmax 'pick'", "x"});
+  }
+  graph_builder b;
+  auto y = b.argmax(b.input("logits", dtype::bf16, {2, 3, 50}), "pick");
+  ASSERT_TRUE(y.valid()) << b.status().to_string();
+  b.output(y);
+  auto g = std::move(b).build();
+  ASSERT_TRUE(g) << g.err().to_string();
+  const node& n = g->at(g->outputs()[0]);
+  EXPECT_EQ(n.type, dtype::i32);
+  EXPECT_EQ(n.dims, (shape{2, 3, 1}));
+}
+
 TEST(Validation, RopeShapeAndPositions) {
   {
     graph_builder b;

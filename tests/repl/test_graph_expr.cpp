@@ -158,8 +158,17 @@ TEST(ReplGraphExpr, ShapeErrorsFromTheBuilderCarryTheColumnAndNode) {
   EXPECT_NE(e.find("y"), std::string::npos) << e;
 }
 
+TEST(ReplGraphExpr, ArgmaxGivesI32RowsOfOne) {
+  auto g = graph_from_expr("x=input[4,9] y=argmax(softmax(x)) out y");
+  ASSERT_TRUE(g) << g.err().message;
+  const node& y = g->at(g->outputs()[0]);
+  EXPECT_EQ(y.op, op_kind::argmax);
+  EXPECT_EQ(y.type, dtype::i32);
+  EXPECT_EQ(y.dims, (shape{4, 1}));
+}
+
 TEST(ReplGraphExpr, FunctionListCoversTheLanguage) {
   const auto& f = graph_expr_functions();
-  for (const char* name : {"input", "weight", "matmul", "gelu", "softmax", "rope", "concat"})
+  for (const char* name : {"input", "weight", "matmul", "gelu", "softmax", "rope", "concat", "argmax"})
     EXPECT_NE(std::find(f.begin(), f.end(), name), f.end()) << name;
 }
