@@ -599,6 +599,24 @@ class cuda_device final : public device {
   std::string collective_progress() const override {
     std::lock_guard<std::mutex> lk(area_mu_);
     if (!area_.progress_host) return {};
+    // Copied out on a stream of its own (the copy engine runs beside parts
+    // spinning on this GPU); a GPU that cannot copy any more says so.
+    std::string gpu_side;
+    {
+      device_guard g(core_->ordinal);
+      cudaStream_t s = nullptr;
+      cudaError_t r = cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+      if (r == cudaSuccess) {
+        r = cudaMemcpyAsync(area_.progress_host, area_.progress_dev, in_stream_progress * sizeof(unsigned long long),
+                            cudaMemcpyDeviceToHost, s);
+        if (r == cudaSuccess) r = cudaStreamSynchronize(s);
+        (void)cudaStreamDestroy(s);
+      }
+      if (r != cudaSuccess) {
+        gpu_side = std::string("; what the GPU did last is unreadable (") + cudaGetErrorString(r) + ")";
+        (void)cudaGetLastError();
+      }
+    }
     const auto* p = reinterpret_cast<const volatile unsigned long long*>(area_.progress_host);
     // A part's tag (in_stream.cuh) as "job J key K".
     const auto part = [](unsigned long long tag) {
@@ -608,7 +626,8 @@ class cuda_device final : public device {
     };
     return spec_.name + ": the host set job " + std::to_string(tag_enqueued_.load(std::memory_order_relaxed)) +
            "'s tag last, launched " + part(part_enqueued_.load(std::memory_order_relaxed)) +
-           " as its last plain part; the GPU started " + part(p[0]) + " last and finished " + part(p[1]);
+           " as its last plain part" +
+           (gpu_side.empty() ? "; the GPU started " + part(p[0]) + " last and finished " + part(p[1]) : gpu_side);
   }
   void abort_collectives(uint64_t job_tag) noexcept override {
     std::lock_guard<std::mutex> lk(area_mu_);
@@ -789,9 +808,9 @@ class cuda_device final : public device {
       return refuse("device index " + std::to_string(index_) + " outside 0.." + std::to_string(in_stream_slots - 1));
     device_guard g(core_->ordinal);
     constexpr std::size_t flags = std::size_t{in_stream_blocks} * in_stream_slots;
-    // The flag arrays, the tag word, the push parities, then the inboxes
-    // (16 MiB: 64 senders x 2 parities x 128 KiB of lines).
-    const std::size_t words_bytes = (4 * flags + 2) * sizeof(unsigned long long);
+    // The flag arrays, the tag word, the push parities, the progress words,
+    // then the inboxes (16 MiB: 64 senders x 2 parities x 128 KiB of lines).
+    const std::size_t words_bytes = (4 * flags + 2 + in_stream_progress) * sizeof(unsigned long long);
     const std::size_t inbox_bytes = std::size_t{in_stream_slots} * 2 * in_stream_inbox_lines * 16;
     const std::size_t dev_bytes = words_bytes + inbox_bytes;
     void* d = nullptr;
@@ -825,11 +844,12 @@ class cuda_device final : public device {
     area_.last = words + 2 * flags;
     area_.tag = words + 3 * flags;
     area_.push_parity = words + 3 * flags + 2;  // 16-byte aligned, as the inboxes after it
+    area_.progress_dev = words + 4 * flags + 2;
     area_.inbox = reinterpret_cast<unsigned int*>(static_cast<char*>(d) + words_bytes);
     // Mapped pinned memory has the same address on every GPU (UVA).
     area_.aborted_host = area_.aborted_dev = static_cast<unsigned long long*>(h);
     area_.faults_host = area_.faults_dev = area_.aborted_host + in_stream_aborts;
-    area_.progress_host = area_.progress_dev = area_.faults_host + in_stream_faults + in_stream_fault_detail;
+    area_.progress_host = area_.faults_host + in_stream_faults + in_stream_fault_detail;  // the readback's
     area_.dead_dev = dead;
     area_.slot = index_;
     area_ready_.store(&area_, std::memory_order_release);

@@ -91,11 +91,12 @@ struct in_stream_area {
   unsigned long long* aborted_dev = nullptr;
   unsigned long long* faults_host = nullptr;   ///< mapped: [in_stream_faults], slot w % n holds word w
   unsigned long long* faults_dev = nullptr;
-  /// mapped: [in_stream_progress], what this device's GPU last did (for a
+  /// device: [in_stream_progress], what this device's GPU last did (for a
   /// give-up's report: which member never started the part, or is stuck in
-  /// which earlier one)
-  unsigned long long* progress_host = nullptr;
+  /// which earlier one); the host copies it into progress_host (pinned) to
+  /// read it. Not host-mapped: the parts' writes would delay their grids' end.
   unsigned long long* progress_dev = nullptr;
+  unsigned long long* progress_host = nullptr;
   const unsigned int* dead_dev = nullptr;      ///< mapped: its device core's death word (nonzero: dead)
   int slot = 0;                                ///< its runtime device index (< in_stream_slots)
 };

@@ -300,6 +300,13 @@ TEST(CudaInStream, APartWhosePeerNeverComesGivesUpAfterTheTimeoutAndReportsItsJo
   ASSERT_EQ(m.devs.size(), 2u);
   const auto t0 = std::chrono::steady_clock::now();
   m.launch(0, 7, 1);
+  // While the part spins, its device reports it started and not finished
+  // (the progress words are copied out beside the spinning kernel).
+  std::string spinning;
+  while (std::chrono::steady_clock::now() - t0 < 200ms &&
+         (spinning = m.devs[0]->collective_progress()).find("started job 7 key 1") == std::string::npos)
+    std::this_thread::sleep_for(1ms);
+  EXPECT_NE(spinning.find("the GPU started job 7 key 1 last and finished none"), std::string::npos) << spinning;
   m.sync(0);
   const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   EXPECT_GE(waited, 0.25) << "gave up before the timeout";
@@ -309,6 +316,9 @@ TEST(CudaInStream, APartWhosePeerNeverComesGivesUpAfterTheTimeoutAndReportsItsJo
   EXPECT_NE(f.message.find("gave up waiting"), std::string::npos) << f.message;
   EXPECT_FALSE(m.devs[0]->collective_fault(8)) << "another job is reported";
   EXPECT_FALSE(m.devs[1]->collective_fault(7)) << "the member that never ran reports it";
+  const std::string after = m.devs[0]->collective_progress(), never = m.devs[1]->collective_progress();
+  EXPECT_NE(after.find("the GPU started job 7 key 1 last and finished job 7 key 1"), std::string::npos) << after;
+  EXPECT_NE(never.find("the GPU started none last and finished none"), std::string::npos) << never;
   // The pair serves on: a fresh job meets and sums.
   const host_tensor a = random_operand(dtype::f32, 4096, 1), b = random_operand(dtype::f32, 4096, 2);
   ASSERT_FALSE(m.devs[0]->upload(m.in[0], a.data(), static_cast<int64_t>(a.bytes())));
