@@ -139,6 +139,7 @@ class cuda_device final : public device {
       kernels_.skip_residual = v.find("residual") != std::string::npos;
       kernels_.skip_gated = v.find("gated") != std::string::npos;
       kernels_.skip_shared = v.find("shared") != std::string::npos;
+      kernels_.skip_in_stream = v.find("instream") != std::string::npos;
     }
   }
 
@@ -859,6 +860,7 @@ class cuda_device final : public device {
   /// This member's in-stream all-reduce part (op_launch::in_stream_part):
   /// every member must be a live CUDA device this GPU can read.
   error in_stream_part(cuda_stream& cs, const op_launch& l) {
+    if (kernels_.skip_in_stream) return {};  // AG_CUDA_DEBUG_SKIP=instream: diagnosis only, values wrong
     const auto& part = l.collective;
     // Reused per thread, as dispatch_op's: `where` keeps its capacity.
     thread_local launch_ctx c;
