@@ -3,6 +3,7 @@
 // two can never disagree about what a valid node is.
 #include <algorithm>
 #include <cstdint>
+#include <limits>
 #include <sstream>
 
 #include "graph/graph.hpp"
@@ -216,6 +217,8 @@ error infer_argmax(const std::vector<node>& nodes, node& n) {
   if (auto e = need_float(n, x, "x")) return e;
   if (x.dims.rank() < 1 || x.dims[-1] < 1)
     return node_error(errc::invalid_shape, n, "x " + dims_str(x) + " needs a last dim of at least one element");
+  if (x.dims[-1] > std::numeric_limits<int32_t>::max())
+    return node_error(errc::invalid_shape, n, "x " + dims_str(x) + ": rows longer than 2^31 - 1 elements have no i32 index");
   n.dims = x.dims;
   n.dims[n.dims.rank() - 1] = 1;
   n.type = dtype::i32;

@@ -132,6 +132,12 @@ TEST(Validation, ArgmaxTakesFloatsAndGivesI32RowsOfOne) {
     EXPECT_EQ(b.status().code, errc::dtype_mismatch);
     expect_message(b.status(), {"argmax 'pick'", "x"});
   }
+  {
+    graph_builder b;
+    b.argmax(b.input("huge", dtype::f32, {1, int64_t{1} << 31}), "pick");
+    EXPECT_EQ(b.status().code, errc::invalid_shape);
+    expect_message(b.status(), {"argmax 'pick'", "i32 index"});
+  }
   graph_builder b;
   auto y = b.argmax(b.input("logits", dtype::bf16, {2, 3, 50}), "pick");
   ASSERT_TRUE(y.valid()) << b.status().to_string();
