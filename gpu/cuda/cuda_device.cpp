@@ -593,7 +593,7 @@ class cuda_device final : public device {
     c.where = spec_.name + " in-stream collective tag";
     device_guard g(core_->ordinal);
     slow_call probe(spec_.name, "the in-stream tag's launch");
-    if (error e = launch_set_in_stream_tag(c, **area, job_tag)) return std::move(e).concerning(index_);
+    if (error e = launch_set_in_stream_tag(c, (*us)->in_stream_tag_, job_tag)) return std::move(e).concerning(index_);
     tag_enqueued_.store(job_tag, std::memory_order_relaxed);
     return {};
   }
@@ -843,7 +843,8 @@ class cuda_device final : public device {
     area_.arrive = words;
     area_.ack = words + flags;
     area_.last = words + 2 * flags;
-    area_.tag = words + 3 * flags;
+    // words + 3 * flags: the device's tag word until 2026-11-28 (now one per
+    // stream, cuda_stream::in_stream_tag_), left in place.
     area_.push_parity = words + 3 * flags + 2;  // 16-byte aligned, as the inboxes after it
     area_.progress_dev = words + 4 * flags + 2;
     area_.inbox = reinterpret_cast<unsigned int*>(static_cast<char*>(d) + words_bytes);
@@ -893,7 +894,7 @@ class cuda_device final : public device {
     c.sm_count = sm_count_;
     device_guard g(core_->ordinal);
     error e = launch_in_stream_all_reduce(c, l.out, members.data(), part.members, part.rank,
-                                          *members[static_cast<std::size_t>(part.rank)].area, part.key,
+                                          *members[static_cast<std::size_t>(part.rank)].area, cs.in_stream_tag_, part.key,
                                           collective_timeout_s_, own_gpus);
     if (!e) {
       // As the kernel forms it (in_stream.cu): the job word, then the key.

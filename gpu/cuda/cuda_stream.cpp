@@ -18,7 +18,8 @@ cuda_stream::~cuda_stream() {
   }
   // cudaStreamDestroy returns at once; cuBLAS work may still use the
   // workspace, so drain the stream before freeing it.
-  if (s_ && (workspace_ || attention_ws_) && core_->alive.load()) AG_CUDA_ASSERT(cudaStreamSynchronize(s_));
+  if (s_ && (workspace_ || attention_ws_ || in_stream_tag_) && core_->alive.load())
+    AG_CUDA_ASSERT(cudaStreamSynchronize(s_));
   if (s_) AG_CUDA_ASSERT(cudaStreamDestroy(s_));
   for (int i = 0; i < side_streams; ++i) {
     if (side_[i]) AG_CUDA_ASSERT(cudaStreamDestroy(side_[i]));
@@ -27,6 +28,7 @@ cuda_stream::~cuda_stream() {
   if (fork_) AG_CUDA_ASSERT(cudaEventDestroy(fork_));
   if (workspace_) AG_CUDA_ASSERT(cudaFree(workspace_));
   if (attention_ws_) AG_CUDA_ASSERT(cudaFree(attention_ws_));
+  if (in_stream_tag_) AG_CUDA_ASSERT(cudaFree(in_stream_tag_));
 }
 
 error cuda_stream::init() {
@@ -71,6 +73,14 @@ error cuda_stream::init() {
       AG_CUDA_TRY(cudaMemsetAsync(ws, 0, bytes, s_), core_->name + " create_stream (attention workspace)");
       attention_ws_ = static_cast<float*>(ws);
       attention_counters_ = reinterpret_cast<unsigned*>(attention_ws_ + attention_workspace_floats);
+    } else {
+      (void)cudaGetLastError();
+    }
+    void* tag = nullptr;
+    if (cudaMalloc(&tag, sizeof(unsigned long long)) == cudaSuccess) {
+      AG_CUDA_TRY(cudaMemsetAsync(tag, 0, sizeof(unsigned long long), s_),
+                  core_->name + " create_stream (in-stream tag)");
+      in_stream_tag_ = static_cast<unsigned long long*>(tag);
     } else {
       (void)cudaGetLastError();
     }

@@ -42,6 +42,13 @@ class cuda_stream final : public stream {
   static constexpr int64_t attention_counters = 4096;
   float* attention_ws_ = nullptr;
   unsigned* attention_counters_ = nullptr;
+  /// Compute streams: the job tag of the in-stream collective parts launched
+  /// on this stream (device memory, job + 1; in_stream.cuh), set by
+  /// cuda_device::set_collective_tag before them. One per stream, not per
+  /// device: parts of different jobs on two lanes of one device would
+  /// otherwise read each other's tag. Made by init(); null where that failed
+  /// (parts on this stream then fail, saying so).
+  unsigned long long* in_stream_tag_ = nullptr;
   /// Communication streams: side streams and events on which a copy-engine
   /// part's peer pulls fan out (copy_lanes, collective.cuh), so that pulls
   /// from different peers run at once on different copy engines; made by

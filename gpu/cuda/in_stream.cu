@@ -321,8 +321,8 @@ in_stream_split_t in_stream_split(int64_t n_out, int64_t elem_bytes, bool words,
 }
 
 error launch_in_stream_all_reduce(const launch_ctx& c, const tensor_arg& out, const in_stream_member* members, int n,
-                                  int rank, const in_stream_area& mine, uint32_t key, double timeout_s,
-                                  bool release_early) {
+                                  int rank, const in_stream_area& mine, const unsigned long long* tag_word,
+                                  uint32_t key, double timeout_s, bool release_early) {
   if (n < 2 || n > in_stream_members_max || rank < 0 || rank >= n)
     return error(errc::invalid_argument, c.where + ": in-stream all_reduce of " + std::to_string(n) +
                                              " members, rank " + std::to_string(rank));
@@ -335,7 +335,8 @@ error launch_in_stream_all_reduce(const launch_ctx& c, const tensor_arg& out, co
   a.rank = rank;
   a.key = key;
   a.type = static_cast<int>(out.type);
-  a.tag = mine.tag;
+  if (!tag_word) return error(errc::out_of_memory, c.where + ": the stream has no in-stream tag word (only compute streams have one, and its allocation may have failed)");
+  a.tag = tag_word;
   a.aborted = mine.aborted_dev;
   a.faults = mine.faults_dev;
   a.progress = mine.progress_dev;
@@ -380,9 +381,10 @@ error launch_in_stream_all_reduce(const launch_ctx& c, const tensor_arg& out, co
   return {};
 }
 
-error launch_set_in_stream_tag(const launch_ctx& c, const in_stream_area& mine, uint64_t job) {
+error launch_set_in_stream_tag(const launch_ctx& c, unsigned long long* tag_word, uint64_t job) {
+  if (!tag_word) return error(errc::out_of_memory, c.where + ": the stream has no in-stream tag word (only compute streams have one, and its allocation may have failed)");
   // Stored as job + 1: zero is what the flags and rings hold before any part.
-  set_tag_kernel<<<1, 1, 0, c.stream>>>(mine.tag, in_stream_job_word(job));
+  set_tag_kernel<<<1, 1, 0, c.stream>>>(tag_word, in_stream_job_word(job));
   AG_CUDA_TRY_LAUNCH(c.where);
   return {};
 }

@@ -7,8 +7,11 @@
 //
 // How the parts meet. Every logical device owns an in_stream_area: flag
 // words in device memory that its peers write (arrive: one per block and
-// sending device) and a tag word its own stream sets before the job's parts
-// run (cuda_device::set_collective_tag: the job's id). A part with tag T (the
+// sending device); each compute stream owns a tag word that it sets before
+// the job's parts run (cuda_device::set_collective_tag: the job's id). The
+// tag is per stream: with one word per device (until 2026-11-28), a part of
+// one job on lane 0 could read the tag that lane 1 set for another job, and
+// then look for lines its peer never pushed. A part with tag T (the
 // job id shifted left 20 bits, or the collective's key) runs block b of the
 // same grid on every member: after its stream's previous kernel (its operand
 // is written), each block announces T in every peer's arrive[b][my slot]
@@ -81,7 +84,6 @@ struct in_stream_area {
   unsigned long long* arrive = nullptr;  ///< device: [in_stream_blocks][in_stream_slots]
   unsigned long long* ack = nullptr;     ///< device: same shape, what each sender saw of this one's
   unsigned long long* last = nullptr;    ///< device: same shape, this one's last announcement to each
-  unsigned long long* tag = nullptr;     ///< device: the job tag its stream set last
   /// device: [in_stream_slots][2][in_stream_inbox_lines] 16-byte lines, the
   /// pushes of each sender (by its slot) into this device, two parities
   unsigned int* inbox = nullptr;
@@ -112,14 +114,17 @@ struct in_stream_member {
 
 /// Enqueues this member's part on c.stream: out = the sum of every member's
 /// operand (f32 accumulation; i32 exact, saturated), members in rank order,
-/// `mine` this device's area. All members launch the same grid (it depends
-/// on the element count only). `release_early`: every member is a GPU of
-/// its own (see above).
+/// `mine` this device's area, `tag_word` the stream's job tag (set by
+/// launch_set_in_stream_tag on the same stream). All members launch the
+/// same grid (it depends on the element count only). `release_early`:
+/// every member is a GPU of its own (see above).
 error launch_in_stream_all_reduce(const launch_ctx& c, const tensor_arg& out, const in_stream_member* members, int n,
-                                  int rank, const in_stream_area& mine, uint32_t key, double timeout_s,
-                                  bool release_early);
+                                  int rank, const in_stream_area& mine, const unsigned long long* tag_word,
+                                  uint32_t key, double timeout_s, bool release_early);
 
-/// Enqueues the job tag for the parts that follow on c.stream.
-error launch_set_in_stream_tag(const launch_ctx& c, const in_stream_area& mine, uint64_t job);
+/// Enqueues the job tag for the parts that follow on c.stream, in that
+/// stream's tag word (one per stream: parts of other jobs on another stream
+/// of the device have their own).
+error launch_set_in_stream_tag(const launch_ctx& c, unsigned long long* tag_word, uint64_t job);
 
 }  // namespace ag::gpu::cuda

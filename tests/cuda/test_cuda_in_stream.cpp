@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "cuda/cuda_test_util.hpp"
+#include "gpu/cuda/cuda_testing.hpp"
 #include "gpu/cuda/in_stream_split.hpp"
 #include "gpu/device.hpp"
 #include "graph/graph.hpp"
@@ -331,6 +332,50 @@ TEST(CudaInStream, APartWhosePeerNeverComesGivesUpAfterTheTimeoutAndReportsItsJo
   host_tensor got(dtype::f32, shape{4096});
   ASSERT_FALSE(m.devs[1]->download(got.data(), m.out[1], static_cast<int64_t>(got.bytes())));
   for (int64_t i = 0; i < 4096; ++i) ASSERT_EQ(got.at(i), a.at(i) + b.at(i)) << "element " << i;
+}
+
+// The job tag is per stream. Member 0 sets job 7's tag on its first
+// stream, whose part then waits behind a gate; meanwhile its second stream
+// sets job 8's tag. Released, the part still pairs with member 1's part of
+// job 7 and sums. (With one tag word per device, as until session 26, it
+// would read job 8's tag, look for lines member 1 never pushed and time
+// out: a plan with in-stream parts on two lanes of a device, jobs in
+// flight. That was a candidate for the failures of parts forced onto logical
+// devices of one GPU, and is not their cause: they persist with the fix.)
+TEST(CudaInStream, ATagSetOnAnotherStreamOfTheDeviceDoesNotReachThisStreamsParts) {
+  AG_REQUIRE_GPU(1);
+  gpu::backend_options o;
+  o.cuda_collective_timeout_s = 1.0;
+  pair_of_members m(dtype::f32, 4096, o);
+  ASSERT_EQ(m.devs.size(), 2u);
+  auto other = m.devs[0]->create_stream(step_kind::compute);
+  ASSERT_TRUE(other.has_value()) << other.err().to_string();
+  auto gate_mem = m.devs[0]->allocate_host(64);
+  ASSERT_TRUE(gate_mem.has_value());
+  auto* gate = static_cast<volatile uint32_t*>(*gate_mem);
+  gate[0] = 0;
+  const host_tensor a = random_operand(dtype::f32, 4096, 11), b = random_operand(dtype::f32, 4096, 12);
+  ASSERT_FALSE(m.devs[0]->upload(m.in[0], a.data(), static_cast<int64_t>(a.bytes())));
+  ASSERT_FALSE(m.devs[1]->upload(m.in[1], b.data(), static_cast<int64_t>(b.bytes())));
+  auto& s0 = *m.streams[0];
+  ASSERT_FALSE(m.devs[0]->set_collective_tag(s0, 7));
+  ASSERT_FALSE(gpu::cuda::testing::launch_spin_gate(*m.devs[0], s0, gate));
+  ASSERT_FALSE(m.devs[0]->launch(s0, m.part(0, 1)));
+  std::this_thread::sleep_for(50ms);  // job 7's tag is set by now; the part waits behind the gate
+  ASSERT_FALSE(m.devs[0]->set_collective_tag(**other, 8));
+  ASSERT_FALSE(m.devs[0]->synchronize(**other));
+  m.launch(1, 7, 1);
+  gate[0] = 1;
+  m.sync(0);
+  m.sync(1);
+  for (int k = 0; k < 2; ++k) {
+    const error f = m.devs[static_cast<std::size_t>(k)]->collective_fault(7);
+    EXPECT_FALSE(f) << "member " << k << ": " << f.to_string();
+  }
+  host_tensor got(dtype::f32, shape{4096});
+  ASSERT_FALSE(m.devs[0]->download(got.data(), m.out[0], static_cast<int64_t>(got.bytes())));
+  for (int64_t i = 0; i < 4096; ++i) ASSERT_EQ(got.at(i), a.at(i) + b.at(i)) << "element " << i;
+  m.devs[0]->deallocate_host(*gate_mem);
 }
 
 // A cancelled job's part stops waiting at once (abort_collectives on its
