@@ -289,6 +289,21 @@ TEST(CudaInStream, PushedPartsOfDifferentSizesBackToBackEqualTheHostSum) {
   expect_exact_f32_sums(m, job, outs, x);
 }
 
+// Uploads a as member 0's operand and b as member 1's.
+void upload_f32_operands(pair_of_members& m, const host_tensor& a, const host_tensor& b) {
+  ASSERT_FALSE(m.devs[0]->upload(m.in[0], a.data(), static_cast<int64_t>(a.bytes())));
+  ASSERT_FALSE(m.devs[1]->upload(m.in[1], b.data(), static_cast<int64_t>(b.bytes())));
+}
+
+// Member k's output is a + b, exactly (f32, two terms).
+void expect_f32_sum_on(pair_of_members& m, int k, const host_tensor& a, const host_tensor& b) {
+  const int64_t n = a.numel();
+  host_tensor got(dtype::f32, shape{n});
+  ASSERT_FALSE(m.devs[static_cast<std::size_t>(k)]->download(got.data(), m.out[static_cast<std::size_t>(k)],
+                                                             static_cast<int64_t>(got.bytes())));
+  for (int64_t i = 0; i < n; ++i) ASSERT_EQ(got.at(i), a.at(i) + b.at(i)) << "member " << k << " element " << i;
+}
+
 // A part whose peer never launches gives up after
 // backend_options::cuda_collective_timeout_s, its stream moves on, and its
 // device reports the fault for that job and no other; the pair then sums
@@ -322,16 +337,13 @@ TEST(CudaInStream, APartWhosePeerNeverComesGivesUpAfterTheTimeoutAndReportsItsJo
   EXPECT_NE(never.find("the GPU started none last and finished none"), std::string::npos) << never;
   // The pair serves on: a fresh job meets and sums.
   const host_tensor a = random_operand(dtype::f32, 4096, 1), b = random_operand(dtype::f32, 4096, 2);
-  ASSERT_FALSE(m.devs[0]->upload(m.in[0], a.data(), static_cast<int64_t>(a.bytes())));
-  ASSERT_FALSE(m.devs[1]->upload(m.in[1], b.data(), static_cast<int64_t>(b.bytes())));
+  upload_f32_operands(m, a, b);
   m.launch(0, 9, 1);
   m.launch(1, 9, 1);
   m.sync(0);
   m.sync(1);
   EXPECT_FALSE(m.devs[0]->collective_fault(9));
-  host_tensor got(dtype::f32, shape{4096});
-  ASSERT_FALSE(m.devs[1]->download(got.data(), m.out[1], static_cast<int64_t>(got.bytes())));
-  for (int64_t i = 0; i < 4096; ++i) ASSERT_EQ(got.at(i), a.at(i) + b.at(i)) << "element " << i;
+  expect_f32_sum_on(m, 1, a, b);
 }
 
 // The job tag is per stream. Member 0 sets job 7's tag on its first
@@ -355,8 +367,7 @@ TEST(CudaInStream, ATagSetOnAnotherStreamOfTheDeviceDoesNotReachThisStreamsParts
   auto* gate = static_cast<volatile uint32_t*>(*gate_mem);
   gate[0] = 0;
   const host_tensor a = random_operand(dtype::f32, 4096, 11), b = random_operand(dtype::f32, 4096, 12);
-  ASSERT_FALSE(m.devs[0]->upload(m.in[0], a.data(), static_cast<int64_t>(a.bytes())));
-  ASSERT_FALSE(m.devs[1]->upload(m.in[1], b.data(), static_cast<int64_t>(b.bytes())));
+  upload_f32_operands(m, a, b);
   auto& s0 = *m.streams[0];
   ASSERT_FALSE(m.devs[0]->set_collective_tag(s0, 7));
   ASSERT_FALSE(gpu::cuda::testing::launch_spin_gate(*m.devs[0], s0, gate));
@@ -372,9 +383,7 @@ TEST(CudaInStream, ATagSetOnAnotherStreamOfTheDeviceDoesNotReachThisStreamsParts
     const error f = m.devs[static_cast<std::size_t>(k)]->collective_fault(7);
     EXPECT_FALSE(f) << "member " << k << ": " << f.to_string();
   }
-  host_tensor got(dtype::f32, shape{4096});
-  ASSERT_FALSE(m.devs[0]->download(got.data(), m.out[0], static_cast<int64_t>(got.bytes())));
-  for (int64_t i = 0; i < 4096; ++i) ASSERT_EQ(got.at(i), a.at(i) + b.at(i)) << "element " << i;
+  expect_f32_sum_on(m, 0, a, b);
   m.devs[0]->deallocate_host(*gate_mem);
 }
 
