@@ -9,8 +9,10 @@
 #include <cstring>
 #include <deque>
 #include <limits>
+#include <map>
 #include <mutex>
 #include <numeric>
+#include <optional>
 #include <string>
 #include <unordered_map>
 #include <utility>
@@ -193,7 +195,14 @@ constexpr float masked_score = -30000.0f;
 struct step_plan {
   std::shared_ptr<const plan> p;
   int64_t new_tokens = 1;  // T
+  bool token_input = true;  // false: the step reads its token from state (token_state_in)
 };
+
+// The states a pipelined greedy step reads its token from and keeps its own
+// in (transformer_config::token_state_in / out). The last prompt token's
+// step keeps the first new token in the first; then the two chain plans
+// alternate.
+constexpr const char* token_state_names[2] = {"token_state_a", "token_state_b"};
 
 struct sequence;
 
@@ -205,6 +214,11 @@ struct generator::impl : std::enable_shared_from_this<generator::impl> {
   generator_options opt;
   step_plan decode, prefill;  // prefill.p null: the prompt goes through decode
   step_plan decode_greedy;    // null without generator_options::device_greedy: outputs the token
+                              // (pipelined: also keeps it in token_state_a)
+  // Pipelined greedy decoding (generator_options::pipeline_depth > 1, one
+  // stream): chain[0] reads token_state_a and keeps its token in
+  // token_state_b, chain[1] the other way round. Null otherwise.
+  step_plan chain[2];
   int64_t cache_bytes = 0;   // device memory of every slot's cache, all devices
   int64_t weight_bytes = 0;  // device memory of the plans' weights, all devices (shared uploads once)
 
@@ -237,18 +251,43 @@ struct sequence : std::enable_shared_from_this<sequence> {
   std::vector<float> row_scratch;  // a row of logits that are not f32, as f32
   generation_result out;
 
+  // Pipelined greedy decoding (generator_options::pipeline_depth): from the
+  // last prompt token (or the first token, sampled from a prefill chunk's
+  // logits) on, steps are submitted ahead; step k feeds first_token (k 0) or
+  // the token step k - 1 kept on the device, at cache position
+  // first_position + k, and gives output token base_tokens + k. Its result
+  // may come back on any thread: results wait in `arrived` until their turn,
+  // and one thread at a time (`draining`) takes them in order and submits more.
+  bool pipelined = false;
+  int64_t first_position = 0;
+  int32_t first_token = 0;
+  int64_t base_tokens = 0;
+  std::mutex pm;  // guards the fields below
+  int64_t steps_submitted = 0;
+  int64_t steps_taken = 0;
+  int in_flight = 0;
+  bool draining = false;
+  bool ended = false;
+  std::map<int64_t, job_result> arrived;
+
   // Inputs of a job over `toks` at positions cached.. (padded to
   // plan.new_tokens). The keys and values of token i go to cache row
   // cached + i; padding stores nothing (cache position -1) and reads a
   // valid position. Query i sees cache rows 0 .. cached + i (padding: 0 ..
   // cached), all written by then: by earlier jobs of the slot or this one.
   std::vector<host_tensor> inputs(const step_plan& sp, const std::vector<int32_t>& toks) const {
+    return inputs_at(sp, toks, cached, static_cast<int64_t>(toks.size()));
+  }
+  // The same at cache position `cached` for `n` tokens (toks may be empty
+  // for a step that reads its token from state: it then has no tokens input).
+  std::vector<host_tensor> inputs_at(const step_plan& sp, const std::vector<int32_t>& toks, int64_t cached,
+                                     int64_t n) const {
     const models::transformer_config& c = gen->cfg;
-    const int64_t T = sp.new_tokens, C = c.kv_cache_capacity, n = static_cast<int64_t>(toks.size());
+    const int64_t T = sp.new_tokens, C = c.kv_cache_capacity;
     std::vector<int32_t> tk(static_cast<std::size_t>(T), 0), pos(static_cast<std::size_t>(T)),
         store(static_cast<std::size_t>(T));
     for (int64_t i = 0; i < T; ++i) {
-      if (i < n) tk[static_cast<std::size_t>(i)] = toks[static_cast<std::size_t>(i)];
+      if (i < static_cast<int64_t>(toks.size())) tk[static_cast<std::size_t>(i)] = toks[static_cast<std::size_t>(i)];
       pos[static_cast<std::size_t>(i)] = static_cast<int32_t>(i < n ? cached + i : cached);
       store[static_cast<std::size_t>(i)] = static_cast<int32_t>(i < n ? cached + i : -1);
     }
@@ -259,7 +298,7 @@ struct sequence : std::enable_shared_from_this<sequence> {
     }
     std::vector<host_tensor> in;
     in.reserve(4);
-    in.push_back(host_tensor::from_ints({1, T}, tk));
+    if (sp.token_input) in.push_back(host_tensor::from_ints({1, T}, tk));
     in.push_back(host_tensor::from_ints({T}, pos));
     in.push_back(host_tensor::from_ints({T}, store));
     in.push_back(std::move(mask));
@@ -275,6 +314,16 @@ struct sequence : std::enable_shared_from_this<sequence> {
     // job too, as its output is the first new token.
     const bool on_device = gen->decode_greedy.p && !(opt.sampling.temperature > 0.0f) && !opt.keep_logits &&
                            (!prompting || left == 1);
+    if (on_device && gen->chain[0].p) {
+      // The last prompt token, or a first token sampled from a prefill
+      // chunk's logits: from here on, steps go ahead of the tokens.
+      pipelined = true;
+      first_position = cached;
+      first_token = prompting ? prompt.back() : next_token;
+      base_tokens = static_cast<int64_t>(out.tokens.size());
+      prompt_fed = prompt.size();
+      return drain();
+    }
     const step_plan& sp = on_device ? gen->decode_greedy
                           : prompting && gen->prefill.p && left > 1 ? gen->prefill
                                                                     : gen->decode;
@@ -327,18 +376,121 @@ struct sequence : std::enable_shared_from_this<sequence> {
 
   // A new token: streamed, then the sequence stops or goes on.
   void take(int32_t tok) {
+    if (!stream(tok)) return;
+    next_token = tok;
+    submit_next();
+  }
+  // Streams `tok`; false when the sequence stopped with it.
+  bool stream(int32_t tok) {
     out.tokens.push_back(tok);
     {
       std::lock_guard lk(st->m);
       st->tokens.push_back(tok);
     }
     if (opt.on_token) opt.on_token(tok, static_cast<int64_t>(out.tokens.size()) - 1);
-    if (std::find(opt.stop_ids.begin(), opt.stop_ids.end(), tok) != opt.stop_ids.end())
-      return finish(stop_reason::eos);
-    if (static_cast<int>(out.tokens.size()) >= opt.max_new_tokens) return finish(stop_reason::max_tokens);
-    if (cached >= gen->cfg.kv_cache_capacity) return finish(stop_reason::cache_full);
-    next_token = tok;
-    submit_next();
+    if (std::find(opt.stop_ids.begin(), opt.stop_ids.end(), tok) != opt.stop_ids.end()) {
+      finish(stop_reason::eos);
+      return false;
+    }
+    if (static_cast<int>(out.tokens.size()) >= opt.max_new_tokens) {
+      finish(stop_reason::max_tokens);
+      return false;
+    }
+    if (cached >= gen->cfg.kv_cache_capacity) {
+      finish(stop_reason::cache_full);
+      return false;
+    }
+    return true;
+  }
+
+  // ---- pipelined greedy decoding ----
+
+  // Whether step `k` (output token k) is wanted: within max_new_tokens and
+  // the cache.
+  bool step_wanted(int64_t k) const {
+    return base_tokens + k < opt.max_new_tokens && first_position + k < gen->cfg.kv_cache_capacity;
+  }
+
+  // Submits step k: k 0 feeds first_token from the host (and keeps its own
+  // in token_state_a), later ones are chain[(k - 1) % 2], reading the token
+  // the step before kept on the device.
+  void submit_step(int64_t k) {
+    const step_plan& sp = k == 0 ? gen->decode_greedy : gen->chain[(k - 1) % 2];
+    std::vector<int32_t> toks;
+    if (k == 0) toks.push_back(first_token);
+    submit_options so;
+    so.state_slot = slot;
+    job j = gen->rt->submit(sp.p, inputs_at(sp, toks, first_position + k, 1), so);
+    j.then([self = shared_from_this(), k](const job_result& r) { self->arrive(k, r); });
+  }
+
+  void arrive(int64_t k, const job_result& r) {
+    {
+      std::lock_guard lk(pm);
+      arrived.emplace(k, r);
+      --in_flight;
+      if (draining) return;  // the draining thread takes it
+      draining = true;
+    }
+    drain_held();
+  }
+
+  void drain() {
+    {
+      std::lock_guard lk(pm);
+      if (draining) return;
+      draining = true;
+    }
+    drain_held();
+  }
+
+  // One thread at a time (draining set): takes the results in token order
+  // and keeps pipeline_depth steps in flight. Submits and streams without
+  // the lock (a failed submit runs its continuation at once, on this thread).
+  void drain_held() {
+    for (;;) {
+      int64_t k = -1;
+      std::optional<job_result> r;
+      bool submit = false;
+      {
+        std::lock_guard lk(pm);
+        auto it = ended ? arrived.end() : arrived.find(steps_taken);
+        if (it != arrived.end()) {
+          k = steps_taken++;
+          r = std::move(it->second);
+          arrived.erase(it);
+        } else if (!ended && !st->cancel_requested.load() && in_flight < gen->opt.pipeline_depth &&
+                   step_wanted(steps_submitted)) {
+          k = steps_submitted++;
+          ++in_flight;
+          submit = true;
+        } else if (!ended && in_flight == 0 && st->cancel_requested.load()) {
+          k = -2;  // cancelled with nothing in flight: end below
+        } else {
+          draining = false;
+          return;
+        }
+      }
+      if (k == -2) {
+        finish(stop_reason::cancelled);
+        continue;
+      }
+      if (submit) {
+        submit_step(k);
+        continue;
+      }
+      if (!*r) {
+        fail(r->err());
+        continue;
+      }
+      int32_t tok = 0;
+      std::memcpy(&tok, (**r)[0].data(), sizeof tok);
+      cached = first_position + k + 1;  // the step stored its keys and values
+      ++out.tokens_picked_on_device;
+      if (k > 0) ++out.tokens_pipelined;
+      if (!stream(tok)) continue;
+      if (st->cancel_requested.load()) finish(stop_reason::cancelled);
+    }
   }
 
   void finish(stop_reason why) {
@@ -347,11 +499,18 @@ struct sequence : std::enable_shared_from_this<sequence> {
   }
   void fail(const error& e) { end(e); }
   void end(generation_outcome r) {
+    {
+      // Steps still in flight (pipelined) run on; their results are dropped.
+      std::lock_guard lk(pm);
+      ended = true;
+    }
     auto g = gen;
     const int s = slot;
     slot = -1;
-    st->finish(std::move(r));
+    // The slot first: once a handle is ready, its sequence no longer counts
+    // as active (the next waiting sequence may start on this thread).
     if (s >= 0) g->release_slot(ticket);
+    st->finish(std::move(r));
   }
 };
 
@@ -451,34 +610,73 @@ expected<std::shared_ptr<generator>> generator::create(runtime& rt, models::tran
   impl->opt = options;
   // Both plans keep the caches on the devices: the decode plan owns
   // max_sequences state slots, the prefill plan stores into the same ones.
-  auto make_plan = [&](int64_t new_tokens, step_plan& out, std::shared_ptr<const plan> share,
-                       bool argmax_output = false) -> error {
+  if (options.pipeline_depth < 1 || options.pipeline_depth > 16)
+    return bad("pipeline_depth must be 1..16, got " + std::to_string(options.pipeline_depth));
+  // A step graph: new_tokens tokens a job; greedy: its output is the token
+  // (kept in state token_out, read from state token_in, where named).
+  struct step_shape {
+    int64_t new_tokens = 1;
+    bool greedy = false;
+    const char* token_in = nullptr;
+    const char* token_out = nullptr;
+  };
+  auto step_graph = [&](const step_shape& sh) {
     models::transformer_config c = cfg;
-    c.seq_len = new_tokens;
-    c.argmax_output = argmax_output;
-    expected<graph> g = models::build_transformer(c, weights);
-    if (!g) return g.err();
+    c.seq_len = sh.new_tokens;
+    c.argmax_output = sh.greedy;
+    if (sh.token_in) c.token_state_in = sh.token_in;
+    if (sh.token_out) c.token_state_out = sh.token_out;
+    return models::build_transformer(c, weights);
+  };
+  auto plan_opts = [&](std::shared_ptr<const plan> share) {
     plan_options po = options.plan;
     po.state_slots = options.max_sequences;
-    po.share_weights_with = share;  // one upload of the model where the layouts match
+    po.share_weights_with = share;  // one upload of the model: the owner holds every weight
     po.share_state_with = std::move(share);
-    expected<std::shared_ptr<const plan>> p = rt.compile(std::move(*g), po);
+    return po;
+  };
+  auto make_plan = [&](const step_shape& sh, step_plan& out, std::shared_ptr<const plan> share) -> error {
+    expected<graph> g = step_graph(sh);
+    if (!g) return g.err();
+    expected<std::shared_ptr<const plan>> p = rt.compile(std::move(*g), plan_opts(std::move(share)));
     if (!p) return p.err();
     out.p = std::move(*p);
-    out.new_tokens = new_tokens;
+    out.new_tokens = sh.new_tokens;
+    out.token_input = sh.token_in == nullptr;
     return {};
   };
   if (options.max_sequences > 65536)
     return bad("max_sequences must be at most 65536 (state slots), got " + std::to_string(options.max_sequences));
-  if (error e = make_plan(1, impl->decode, nullptr)) return e;
+  const step_shape chain_b{1, true, token_state_names[0], token_state_names[1]};
+  const step_shape chain_a{1, true, token_state_names[1], token_state_names[0]};
+  // Pipelined greedy decoding needs every step on one stream. A chain plan
+  // is planned (not loaded) first to see; it then owns the weights and the
+  // state (the token states too), and the other plans use them.
+  bool pipelined = false;
+  if (options.device_greedy && options.pipeline_depth > 1) {
+    expected<graph> g = step_graph(chain_a);
+    if (!g) return g.err();
+    auto probe = compile(std::make_shared<const graph>(std::move(*g)), rt.devices(), plan_opts(nullptr));
+    pipelined = probe && single_lane_of(**probe).has_value();
+  }
+  if (pipelined) {
+    if (error e = make_plan(chain_a, impl->chain[1], nullptr)) return e;
+    const std::shared_ptr<const plan> owner = impl->chain[1].p;
+    if (error e = make_plan(chain_b, impl->chain[0], owner)) return e;
+    if (error e = make_plan({1, true, nullptr, token_state_names[0]}, impl->decode_greedy, owner)) return e;
+    if (error e = make_plan({1}, impl->decode, owner)) return e;
+  } else {
+    if (error e = make_plan({1}, impl->decode, nullptr)) return e;
+    if (options.device_greedy)
+      if (error e = make_plan({1, true}, impl->decode_greedy, impl->decode.p)) return e;
+  }
   if (options.prefill_chunk > 1)
-    if (error e = make_plan(options.prefill_chunk, impl->prefill, impl->decode.p)) return e;
-  if (options.device_greedy)
-    if (error e = make_plan(1, impl->decode_greedy, impl->decode.p, true)) return e;
+    if (error e = make_plan({options.prefill_chunk}, impl->prefill, pipelined ? impl->chain[1].p : impl->decode.p))
+      return e;
   cfg.seq_len = 1;
   impl->cfg = cfg;
   for (const device_memory& m : impl->decode.p->memory()) impl->cache_bytes += m.state_bytes * options.max_sequences;
-  for (const step_plan* sp : {&impl->decode, &impl->prefill, &impl->decode_greedy})
+  for (const step_plan* sp : {&impl->decode, &impl->prefill, &impl->decode_greedy, &impl->chain[0], &impl->chain[1]})
     if (sp->p)
       for (const device_memory& m : sp->p->memory()) impl->weight_bytes += m.weights_shared ? 0 : m.weight_bytes;
   impl->slot_table = state_slots(options.max_sequences);

@@ -25,7 +25,11 @@
 /// and attends over the slot in place; only tokens, positions and a mask go
 /// up and the logits come down. The completion of a sequence's job submits
 /// its next one (the slot orders them); jobs of different sequences are
-/// independent, so a pipeline interleaves them.
+/// independent, so a pipeline interleaves them. Greedy sequences pick their
+/// tokens on the device (device_greedy) and, where every step runs on one
+/// stream, queue their next steps behind the running one, the token passed
+/// on the device (pipeline_depth; docs/ARCHITECTURE.md "Pipelined greedy
+/// decoding").
 ///
 /// The prefill plan also uses the decode plan's weights (one upload of the
 /// model, weight_bytes()) wherever the two plans lay them out alike.
@@ -86,6 +90,9 @@ struct generation_result {
   std::vector<std::vector<float>> logits;  ///< per token, with keep_logits
   /// Of `tokens`, those picked on the device (generator_options::device_greedy).
   int64_t tokens_picked_on_device = 0;
+  /// Of those, the ones whose step read its token on the device, queued
+  /// behind the step before (generator_options::pipeline_depth).
+  int64_t tokens_pipelined = 0;
 };
 
 /// The generated tokens, or the error of the job that failed (naming it).
@@ -132,6 +139,19 @@ struct generator_options {
   /// and caches: a step copies 4 bytes to the host instead of its logits,
   /// and the host does not scan them. false: every sequence samples on the host.
   bool device_greedy = true;
+  /// Greedy sequences decoding on the device (above) keep up to this many
+  /// decode steps in flight when every step of the plan runs on one stream
+  /// (one device, one compute lane, small copies inlined there:
+  /// single_lane_of): step n + 1 reads its token where step n kept it on the
+  /// device (transformer_config::token_state_in / token_state_out: two more
+  /// plans that alternate, sharing the weights and caches) and is queued
+  /// behind step n, which passes its slot's turn on once it is issued
+  /// (slot_table::leave_issued). The device then does not wait for the host
+  /// between tokens; the host still sees each token, in order, as its step
+  /// ends. A sequence that stops (end of sequence, cancel) lets the steps
+  /// already queued run and drops their tokens. 1: one step at a time, the
+  /// host submitting each after the last one's token arrived. 1..16.
+  int pipeline_depth = 2;
   plan_options plan;            ///< layout of both plans (stages, devices); state_slots and
                                 ///< share_state_with are set by the generator
 };

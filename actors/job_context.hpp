@@ -100,7 +100,9 @@ struct job_context final : msg::job_ref, std::enable_shared_from_this<job_contex
 
   /// The plan's state slot this job reads and stores (submit_options::
   /// state_slot); -1: none. Entered by runtime_core::submit (held, or
-  /// waited for), left once (release_state_slot) when the job's work is over.
+  /// waited for), left once (release_state_slot) when the job's work is
+  /// over, or earlier, when the plan runs on one stream, as soon as every
+  /// step is issued there (leave_slot_issued).
   int state_slot = -1;
   mutable std::atomic<bool> in_slot_table{false};
 
@@ -111,6 +113,14 @@ struct job_context final : msg::job_ref, std::enable_shared_from_this<job_contex
   /// resort.
   void release_state_slot() const noexcept {
     if (in_slot_table.exchange(false, std::memory_order_acq_rel)) lp->slots->leave(state_slot, id());
+  }
+  /// Every step of the job is issued on its plan's one stream
+  /// (loaded_plan::stream_key): the slot's next job of that stream may start
+  /// now (slot_table::leave_issued; a job that ended already changes
+  /// nothing there). Executing actor only.
+  void leave_slot_issued() const noexcept {
+    if (state_slot >= 0 && lp->stream_key != 0 && in_slot_table.load(std::memory_order_acquire))
+      lp->slots->leave_issued(state_slot, id(), lp->stream_key);
   }
   ~job_context() { release_state_slot(); }
 

@@ -9,6 +9,7 @@
 /// registry; read on any thread. The mutable part of plan_memory (its arena
 /// table) is the device actor's (plan_memory.hpp).
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <deque>
@@ -30,63 +31,116 @@ namespace ag::actors {
 class runtime_core;
 
 /// Who holds each state slot of a plan (and of the plans sharing its state),
-/// and the jobs waiting for it in submission order. A job holds its slot
-/// from its turn to its end: jobs of one slot run one after another, in the
-/// order they were submitted, each seeing what the previous one stored.
-/// Thread-safe: runtime_core::submit (submitting threads), job actors and
-/// backend threads (job_context::release_state_slot) call it.
+/// and the jobs waiting for it in submission order. Jobs of one slot run one
+/// after another, in the order they were submitted, each seeing what the
+/// previous one stored. A job holds its slot from its turn until either
+/// - it ended (leave), or
+/// - its plan runs on one stream (loaded_plan::stream_key) and the job has
+///   been issued there in full (leave_issued): from then on the stream
+///   itself orders it before anything issued later. A waiting job of a plan
+///   on the same stream gets its turn at once; a job of any other plan
+///   waits until every such issued job ended (leave). This is what
+///   lets a generator queue a sequence's next decode step behind the one
+///   running (generator.hpp, pipelined greedy decoding).
+/// Thread-safe: runtime_core::submit (submitting threads), job actors,
+/// executing actors and backend threads (job_context::release_state_slot)
+/// call it.
 class slot_table {
  public:
   explicit slot_table(int slots) : slots_(static_cast<std::size_t>(slots)) {}
 
-  /// Job `job` wants `slot`: calls spawn(true) when the slot is free (the
-  /// job holds it now), else spawn(false) and queues the actor spawn
-  /// returns, which gets msg::slot_atom when its turn comes. spawn runs
-  /// under the table's lock, so no turn can come before the actor exists.
-  caf::actor acquire(int slot, uint64_t job, const std::function<caf::actor(bool)>& spawn) {
+  /// Job `job`, of a plan on stream `stream` (0: not on one stream), wants
+  /// `slot`: calls spawn(true) when it may take the slot now (the job holds
+  /// it), else spawn(false) and queues the actor spawn returns, which gets
+  /// msg::slot_atom when its turn comes. spawn runs under the table's lock,
+  /// so no turn can come before the actor exists.
+  caf::actor acquire(int slot, uint64_t job, uint64_t stream, const std::function<caf::actor(bool)>& spawn) {
     std::lock_guard<std::mutex> lk(m_);
     entry& e = slots_[static_cast<std::size_t>(slot)];
-    if (!e.held) {
+    if (e.waiting.empty() && e.may_take(stream)) {
       e.held = true;
       e.holder = job;
       return spawn(true);
     }
     caf::actor a = spawn(false);
-    e.waiting.emplace_back(job, a);
+    e.waiting.push_back(waiter{job, stream, a});
     return a;
   }
 
-  /// Job `job` is done with `slot`: it leaves the queue if it waits there;
-  /// if it holds the slot, the oldest waiter holds it now and is told.
+  /// Job `job` is done with `slot` (it ended, or failed or was cancelled
+  /// while it waited): it leaves the queue if it waits there; if it holds
+  /// the slot, the oldest waiter may take it.
   void leave(int slot, uint64_t job) {
     caf::actor next;
     {
       std::lock_guard<std::mutex> lk(m_);
       entry& e = slots_[static_cast<std::size_t>(slot)];
       if (e.held && e.holder == job) {
-        if (e.waiting.empty()) {
-          e.held = false;
-        } else {
-          e.holder = e.waiting.front().first;
-          next = std::move(e.waiting.front().second);
-          e.waiting.pop_front();
-        }
+        e.held = false;
+      } else if (auto it = std::find(e.issued.begin(), e.issued.end(), job); it != e.issued.end()) {
+        e.issued.erase(it);
       } else {
-        for (auto it = e.waiting.begin(); it != e.waiting.end(); ++it)
-          if (it->first == job) {
-            e.waiting.erase(it);
+        for (auto w = e.waiting.begin(); w != e.waiting.end(); ++w)
+          if (w->job == job) {
+            e.waiting.erase(w);
             break;
           }
       }
+      next = e.grant_front();
     }
     if (next) caf::anon_send(next, msg::slot_atom::value);
   }
 
+  /// Job `job`, which holds `slot`, has every step issued on stream
+  /// `stream` (non-zero): later jobs of that stream may take the slot now;
+  /// the job still counts until it leaves (ended). Returns false, changing
+  /// nothing, when the job does not hold the slot (it ended already).
+  bool leave_issued(int slot, uint64_t job, uint64_t stream) {
+    caf::actor next;
+    {
+      std::lock_guard<std::mutex> lk(m_);
+      entry& e = slots_[static_cast<std::size_t>(slot)];
+      if (!e.held || e.holder != job || stream == 0 || (!e.issued.empty() && e.stream != stream)) return false;
+      e.held = false;
+      e.stream = stream;
+      e.issued.push_back(job);
+      next = e.grant_front();
+    }
+    if (next) caf::anon_send(next, msg::slot_atom::value);
+    return true;
+  }
+
+  /// Tests: jobs that left `slot` issued and have not ended.
+  int issued(int slot) {
+    std::lock_guard<std::mutex> lk(m_);
+    return static_cast<int>(slots_[static_cast<std::size_t>(slot)].issued.size());
+  }
+
  private:
+  struct waiter {
+    uint64_t job = 0;
+    uint64_t stream = 0;
+    caf::actor actor;
+  };
   struct entry {
     bool held = false;
     uint64_t holder = 0;
-    std::deque<std::pair<uint64_t, caf::actor>> waiting;
+    uint64_t stream = 0;            ///< the stream of the issued jobs (while there are any)
+    std::vector<uint64_t> issued;   ///< jobs that left by leave_issued and have not ended
+    std::deque<waiter> waiting;
+
+    /// Whether a job of a plan on `s` (0: none) may take the slot now.
+    bool may_take(uint64_t s) const noexcept { return !held && (issued.empty() || (s != 0 && s == stream)); }
+    /// The oldest waiter, now the holder, when it may take the slot (its
+    /// actor is to be told, outside the lock); else null.
+    caf::actor grant_front() {
+      if (waiting.empty() || !may_take(waiting.front().stream)) return {};
+      held = true;
+      holder = waiting.front().job;
+      caf::actor a = std::move(waiting.front().actor);
+      waiting.pop_front();
+      return a;
+    }
   };
   std::mutex m_;
   std::vector<entry> slots_;
@@ -122,6 +176,11 @@ struct loaded_plan {
   /// fulfilled, so a continuation may submit the slot's next job.
   int state_slots = 0;
   std::shared_ptr<slot_table> slots;  ///< shared with plan_options::share_state_with's plan
+  /// Non-zero when every step of the plan queues on one compute lane of one
+  /// device (single_lane_of): names that lane's stream, the same for every
+  /// plan on it. A job of a state slot then passes its slot's turn on as
+  /// soon as its steps are issued (slot_table::leave_issued).
+  uint64_t stream_key = 0;
 
   const plan& source() const noexcept { return program->source(); }
 };

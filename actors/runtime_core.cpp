@@ -246,7 +246,7 @@ expected<std::shared_ptr<const plan>> runtime_core::compile(std::shared_ptr<cons
     const std::string dname = "device '" + dev->spec().name + "'";
     host_tensor staging;  // upload_in_chunks' buffer, reused for the device's weights
     if (mem.weights_shared) {
-      // The other plan's weights, laid out identically (memory_plan.cpp same_weight_layout).
+      // The other plan's weights, each of ours at its offset there (memory_plan.cpp offsets_in).
       const auto& owner = shared_weights ? shared_weights->memory[static_cast<std::size_t>(d)] : nullptr;
       if (!owner || !owner->weights || owner->weight_bytes != mem.weight_bytes)
         return error{errc::internal, dname + ": the plan named by share_weights_with keeps no matching weights here", d};
@@ -316,6 +316,8 @@ expected<std::shared_ptr<const plan>> runtime_core::compile(std::shared_ptr<cons
   }
   if (lp->state_slots > 0)  // one job at a time per slot, across the plans sharing the state
     lp->slots = shared_state ? shared_state->slots : std::make_shared<slot_table>(lp->state_slots);
+  if (auto one = single_lane_of(*p))  // (device, lane) names the stream the lane's actor issues on
+    lp->stream_key = (uint64_t{1} << 63) | (static_cast<uint64_t>(one->device) << 32) | static_cast<uint32_t>(one->lane);
   // Collective groups: a communicator per group is made now (NCCL on CUDA),
   // so a group that cannot run fails the load, not the first job.
   std::set<std::vector<int>> groups;
@@ -419,7 +421,7 @@ job runtime_core::submit(const std::shared_ptr<const plan>& p, std::vector<host_
     if (dead && !started) ctx->start = job_start::failing;
     return a;
   };
-  caf::actor ja = options.state_slot >= 0 ? lp->slots->acquire(options.state_slot, ss->id, spawn) : spawn(true);
+  caf::actor ja = options.state_slot >= 0 ? lp->slots->acquire(options.state_slot, ss->id, lp->stream_key, spawn) : spawn(true);
   if (dead) {
     // A readied job (job_start::running) is cancelled on its queues by its
     // actor, which then releases its arenas; it was never sent.

@@ -754,6 +754,9 @@ void advance_one(exec_actor_t* self, exec_job& e, const msg::job_ref_ptr& ref) {
   }
   st.touched.clear();
   if (!e.dropped && e.got_run && e.next == static_cast<int>(mine.size())) {
+    // A plan on one stream: the job is issued in full, so the stream orders
+    // it before the slot's next job, which may start now.
+    ctx.leave_slot_issued();
     const bool ordered = ordered_queue(prog, e.queue);
     const int queue = e.queue;
     forget_job(st, job_key{ctx.id(), queue});

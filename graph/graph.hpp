@@ -60,7 +60,7 @@ enum class op_kind : uint8_t {
                    ///< their product is the sum of the inputs' products
   reduce_scatter,  ///< sum of the inputs (same dims), sliced to [attrs.begin, attrs.end) along attrs.axis
   // state (a KV cache): a tensor that outlives the job
-  store_rows,  ///< persistent tensor: rows (input 0) stored at positions (input 1, i32 [rows.dims[axis]])
+  store_rows,  ///< persistent tensor: rows (input 0, a float type or i32) stored at positions (input 1, i32 [rows.dims[axis]])
                ///< along attrs.axis of a tensor of rows' dims with attrs.end rows there. Row i goes
                ///< to index positions[i]; a position outside [0, attrs.end) stores nothing. Every
                ///< other row keeps what the previous job of the same state slot stored there (zero

@@ -127,28 +127,32 @@ error too_big(const plan& p, std::size_t d, const char* what, const node& n) {
                                         "); it has " + std::to_string(spec.mem_bytes));
 }
 
-/// Whether `other` holds on device `d` exactly the weight region `p` laid
-/// out there: the same size, and each of p's weights at the same offset in
-/// `other` under the same name, with the same values (same_values).
-bool same_weight_layout(const plan& p, std::size_t d, const plan& other) {
-  if (other.memory().size() <= d || other.devices().size() != p.devices().size()) return false;
-  const device_memory& mine = p.memory()[d];
+/// Where `other` keeps each of `p`'s weights on device `d` (by p's weight
+/// slot, in slot order), when it keeps every one of them there under the
+/// same name with the same values (same_values); empty when one is missing
+/// or differs, or `other` shares its own weights. `other` may hold more
+/// weights than p (a generator's plans that read a token from state carry
+/// two small constants the others lack): p then reads its weights inside
+/// other's region, at other's offsets.
+std::vector<int64_t> offsets_in(const plan& p, std::size_t d, const device_memory& mine, const plan& other) {
+  if (other.memory().size() <= d || other.devices().size() != p.devices().size()) return {};
   const device_memory& theirs = other.memory()[d];
-  if (theirs.weight_bytes != mine.weight_bytes || theirs.weights_shared) return false;
-  int64_t mine_count = 0, their_count = 0;
-  for (const buffer_slot& s : theirs.slots) their_count += s.where == region::weights;
+  if (theirs.weights_shared) return {};
+  std::vector<int64_t> at;
   for (const buffer_slot& s : mine.slots) {
     if (s.where != region::weights) continue;
-    ++mine_count;
     const node& n = p.source().at(s.node);
     const node_id o = other.source().find(n.name);
-    if (o == no_node) return false;
+    if (o == no_node) return {};
     const node& on = other.source().at(o);
-    if (on.op != op_kind::weight || !n.data || !on.data || !same_values(*n.data, *on.data)) return false;
+    if (on.op != op_kind::weight || on.type != n.type || on.dims != n.dims || !n.data || !on.data ||
+        !same_values(*n.data, *on.data))
+      return {};
     auto loc = other.locate(o, static_cast<int>(d));
-    if (!loc || loc->where != region::weights || loc->byte_offset != s.offset) return false;
+    if (!loc || loc->where != region::weights) return {};
+    at.push_back(loc->byte_offset);
   }
-  return mine_count == their_count;
+  return at;
 }
 
 }  // namespace
@@ -403,8 +407,16 @@ error planner::plan_memory(plan& p) {
       if (!checked_add(mem.weight_bytes, bytes, end) || !checked_aligned(end, mem.weight_bytes))
         return too_big(p, d, "its weights", g.at(static_cast<node_id>(id)));
     }
-    if (const plan* w = p.options_.share_weights_with.get(); w && mem.weight_bytes > 0)
-      mem.weights_shared = same_weight_layout(p, d, *w);
+    if (const plan* w = p.options_.share_weights_with.get(); w && mem.weight_bytes > 0) {
+      const std::vector<int64_t> at = offsets_in(p, d, mem, *w);
+      if (!at.empty()) {
+        std::size_t k = 0;
+        for (buffer_slot& s : mem.slots)
+          if (s.where == region::weights) s.offset = at[k++];
+        mem.weight_bytes = w->memory()[d].weight_bytes;
+        mem.weights_shared = true;
+      }
+    }
     // State: one slot's nodes packed; the device keeps state_slots slots.
     // Shared with another plan: at that plan's offsets (pin_shared_state put
     // each node on the device the other plan keeps it on).

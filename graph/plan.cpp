@@ -323,3 +323,17 @@ std::vector<std::vector<step_id>> waited_deps(const plan& p) {
 }
 
 }  // namespace ag
+
+namespace ag {
+
+std::optional<single_lane> single_lane_of(const plan& p) {
+  std::optional<single_lane> one;
+  for (const step& s : p.steps()) {
+    if (!on_compute_lane(s) || runs_in_stream(s)) return std::nullopt;
+    if (!one) one = single_lane{s.device, s.lane};
+    else if (one->device != s.device || one->lane != s.lane) return std::nullopt;
+  }
+  return one;
+}
+
+}  // namespace ag

@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <iosfwd>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -119,6 +120,20 @@ inline bool on_compute_lane(const step& s) noexcept {
   return s.kind == step_kind::compute || runs_in_stream(s) || s.on_compute_stream;
 }
 
+/// The compute lane every step of a plan's jobs queues on, when there is one.
+struct single_lane {
+  int device = 0;
+  int lane = 0;
+};
+class plan;
+/// Whether every step of `p` queues on one compute lane (on_compute_lane:
+/// compute steps, host copies inlined there) of one device: then a job's
+/// whole work is issued on that lane's stream, in the order its actor takes
+/// the jobs. A state slot's next job may then start as soon as this one is
+/// issued (actors/loaded_plan.hpp slot_table). nullopt for plans with
+/// copies on copy queues, collectives, several lanes or devices.
+std::optional<single_lane> single_lane_of(const plan& p);
+
 /// Which region of a device a tensor lives in.
 /// arena: per job; weights: per plan, uploaded at load; state: per state
 /// slot, kept across the jobs of the slot (store_rows nodes, a KV cache).
@@ -152,8 +167,9 @@ struct device_memory {
   /// holds plan_options::state_slots of them, slot s at s * state_bytes.
   int64_t state_bytes = 0;
   /// plan_options::share_weights_with: this device's weight region is the
-  /// other plan's (identical layout), so loading uploads nothing here and
-  /// the weights do not count again against the device's memory.
+  /// other plan's (each weight at the other plan's offset; weight_bytes is
+  /// the other's region), so loading uploads nothing here and the weights do
+  /// not count again against the device's memory.
   bool weights_shared = false;
   int64_t sum_tensor_bytes = 0;   ///< sum of all arena tensors' sizes (no reuse)
   std::vector<buffer_slot> slots; ///< arena, weight and state slots on this device
@@ -353,10 +369,11 @@ struct plan_options {
   /// dims and dtype; state_slots is taken from it. Null: own state.
   std::shared_ptr<const plan> share_state_with;
   /// Another plan (same devices) whose uploaded weights this plan uses on
-  /// every device where the two lay out the same weights identically (same
-  /// names, offsets and values: weight_source same_values), instead of
-  /// uploading its own copy (device_memory::weights_shared; describe() says
-  /// where). Elsewhere it uploads its own. Null: own weights everywhere.
+  /// every device where the other holds each of this plan's weights (same
+  /// name, dims, dtype and values: weight_source same_values; it may hold
+  /// more), read at the other's offsets, instead of uploading its own copy
+  /// (device_memory::weights_shared; describe() says where). Elsewhere it
+  /// uploads its own. Null: own weights everywhere.
   std::shared_ptr<const plan> share_weights_with;
 };
 

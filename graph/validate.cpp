@@ -251,7 +251,10 @@ error infer_rope(const std::vector<node>& nodes, node& n) {
 error infer_store_rows(const std::vector<node>& nodes, node& n) {
   const node& rows = nodes[static_cast<std::size_t>(n.inputs[0])];
   const node& pos = nodes[static_cast<std::size_t>(n.inputs[1])];
-  if (auto e = need_float(n, rows, "rows")) return e;
+  // Floats (a KV cache) or i32 (a token that the next job of the slot reads:
+  // transformer_config::token_state_out).
+  if (rows.type != dtype::i32)
+    if (auto e = need_float(n, rows, "rows")) return e;
   const int r = rows.dims.rank();
   if (n.attrs.axis < 0 || n.attrs.axis >= r)
     return node_error(errc::invalid_argument, n,

@@ -545,7 +545,9 @@ error check_op(const op_launch& l) {
     if (!in.data) return bad(errc::invalid_argument, l, "input " + std::to_string(i) + " buffer is null");
     if (in.dims.rank() > max_rank) return bad(errc::invalid_shape, l, "input " + std::to_string(i) + " rank > 4");
     const bool want_int = (k == op_kind::rope || k == op_kind::get_rows || k == op_kind::store_rows) && i == 1;
-    if (want_int != (in.type == dtype::i32) && k != op_kind::copy)
+    // store_rows also keeps i32 rows (a token for the slot's next job).
+    const bool any_type = k == op_kind::copy || (k == op_kind::store_rows && i == 0);
+    if (want_int != (in.type == dtype::i32) && !any_type)
       return bad(errc::dtype_mismatch, l, "input " + std::to_string(i) + " is " + to_string(in.type));
   }
   const shape& o = l.out.dims;
@@ -643,7 +645,7 @@ error check_op(const op_launch& l) {
     default: break;
   }
   if (k != op_kind::copy && k != op_kind::get_rows && k != op_kind::concat && k != op_kind::argmax &&
-      !is_float(l.out.type))
+      k != op_kind::store_rows && !is_float(l.out.type))
     return bad(errc::dtype_mismatch, l, "output must be a float type");
   return {};
 }

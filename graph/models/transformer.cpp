@@ -37,11 +37,22 @@ class model_builder {
   expected<graph> build() && {
     const int64_t B = cfg_.batch, S = cfg_.seq_len;
     b_.set_layer(0);
-    tensor tokens = b_.input("tokens", dtype::i32, {B, S});
+    tensor tokens;
+    if (cfg_.token_state_in.empty()) tokens = b_.input("tokens", dtype::i32, {B, S});
     tensor positions = b_.input("positions", dtype::i32, {S});
     if (cached()) {
       cache_positions_ = b_.input("cache_positions", dtype::i32, {S});
       mask_ = b_.input("attn_mask", cfg_.dtype, {S, cfg_.kv_cache_capacity});
+    }
+    if (!cfg_.token_state_in.empty()) {
+      // The token the slot's previous job kept: the state read through a
+      // store_rows node that stores nothing (its rows and position: the
+      // constant -1). Another plan that shares this one's weights finds
+      // each weight by name (plan_options::share_weights_with), so the
+      // constant may sit ahead of the model's weights.
+      tensor none = b_.weight("token_state.none", host_tensor::from_ints({1}, {-1}));
+      tensor kept = b_.store_rows(none, none, 0, 1, cfg_.token_state_in);
+      tokens = b_.reshape(kept, {B, S}, "tokens");
     }
     tensor x;
     if (cfg_.variant == model_variant::gpt2) {
@@ -72,7 +83,14 @@ class model_builder {
     if (cfg_.argmax_output) {
       // The first maximum of the head's output: the same token as of its
       // f32 copy (the conversion is exact), without the copy.
-      b_.output(b_.argmax(logits, "next_token"));
+      tensor next = b_.argmax(logits, "next_token");
+      if (!cfg_.token_state_out.empty()) {
+        // Kept for the slot's next job (token_state_in there); the state is
+        // the output, so the job's host copy is the same 4 bytes.
+        tensor at = b_.weight("token_state.at", host_tensor::from_ints({1}, {0}));
+        next = b_.store_rows(b_.reshape(next, {1}, "next_token.row"), at, 0, 1, cfg_.token_state_out);
+      }
+      b_.output(next);
     } else {
       if (cfg_.dtype != dtype::f32) logits = b_.copy(logits, dtype::f32, "logits");
       b_.output(logits);
@@ -336,6 +354,18 @@ error validate(const transformer_config& c) {
     return bad("unknown activation (gelu mode) " + to_string(static_cast<int>(c.activation)));
   if (c.variant == model_variant::llama && (!(c.rope_theta > 0.0f) || !std::isfinite(c.rope_theta)))
     return bad("rope_theta must be a finite value > 0, got " + to_string(c.rope_theta));
+  if (!c.token_state_in.empty() || !c.token_state_out.empty()) {
+    const std::string which = c.token_state_in.empty() ? "token_state_out" : "token_state_in";
+    if (c.batch != 1 || c.seq_len != 1 || c.kv_cache_capacity < 1)
+      return bad(which + " needs batch 1, seq_len 1 and a KV cache (one token a job), got batch " +
+                 to_string(c.batch) + ", seq_len " + to_string(c.seq_len) + ", kv_cache_capacity " +
+                 to_string(c.kv_cache_capacity));
+    if (!c.token_state_out.empty() && !c.argmax_output)
+      return bad("token_state_out '" + c.token_state_out + "' needs argmax_output (it keeps the greedy token)");
+    if (c.token_state_in == c.token_state_out)
+      return bad("token_state_in and token_state_out are both '" + c.token_state_in +
+                 "': a job reads the token the slot's previous job kept in one state and keeps its own in another");
+  }
   // Rank-4 shapes: [B, Hkv, rep*S, S] etc. must not overflow int64 element counts.
   const double biggest = static_cast<double>(c.batch) * c.n_heads * c.seq_len * c.seq_len +
                          static_cast<double>(c.vocab) * c.d_model + static_cast<double>(c.batch) * c.seq_len * c.vocab;

@@ -154,6 +154,20 @@ struct transformer_config {
   /// "next_token"), instead of the logits. A decode step then copies 4
   /// bytes to the host instead of a row of the vocabulary.
   bool argmax_output = false;
+  /// Tokens handed from one job of a state slot to the next on the device
+  /// (the generator's pipelined greedy decoding, generator.hpp): both need
+  /// batch 1, seq_len 1 and a KV cache.
+  /// - token_state_out (needs argmax_output): the greedy token is also kept
+  ///   in a state of one i32 of this name (store_rows, [1]), and that state
+  ///   is the graph's output instead of next_token: i32 [1].
+  ///   Its position is the constant weight "token_state.at" (i32 [1] = 0).
+  /// - token_state_in: the graph has no "tokens" input; its token is the one
+  ///   the slot's previous job kept in the state of this name (a store_rows
+  ///   node that stores nothing: its rows and position are the constant
+  ///   weight "token_state.none", i32 [1] = -1).
+  /// The two names must differ: a job reads the token the previous job kept
+  /// in one state and keeps its own in the other (two plans alternate).
+  std::string token_state_in, token_state_out;
 
   /// n_kv_heads with the default resolved (n_heads for gpt2 or when 0).
   int kv_heads() const noexcept { return variant == model_variant::llama && n_kv_heads > 0 ? n_kv_heads : n_heads; }

@@ -293,6 +293,68 @@ TEST(State, JobsOfOneSlotTakeTurnsInSubmissionOrder) {
   }
 }
 
+// A plan whose every step runs on one stream (single_lane_of) passes its
+// slot's turn on as soon as a job is issued: the next job of the slot is
+// queued behind it on the device, not after the host saw it end. A plan on
+// copy queues sharing the state waits for the jobs before it to end. Every
+// job still sees exactly the rows of the ones before it.
+TEST(State, AJobOnOneStreamPassesItsSlotOnOnceIssued) {
+  ag::runtime_options o = fast_sim();
+  o.backend.sim.time_scale = 20.0;  // a job takes about a ms of wall time
+  o.backend.sim.jitter = 0;
+  o.trace = true;
+  auto rt = ag::runtime::create("sim:1", o);
+  ASSERT_TRUE(rt.has_value()) << rt.err().to_string();
+  const ag::graph g = state_graph(3);
+  ag::plan_options po;
+  po.state_slots = 2;
+  po.lanes_per_device = 1;
+  auto one = (*rt)->compile(g, po);
+  ASSERT_TRUE(one.has_value()) << one.err().to_string();
+  ASSERT_TRUE(ag::single_lane_of(**one).has_value()) << (*one)->describe();
+  ag::plan_options copies = po;  // the same graph with its host copies on the copy queues
+  copies.inline_small_copies = false;
+  copies.share_state_with = *one;
+  auto queued = (*rt)->compile(g, copies);
+  ASSERT_TRUE(queued.has_value()) << queued.err().to_string();
+  ASSERT_FALSE(ag::single_lane_of(**queued).has_value());
+  ag::reference_state ref;  // slot 0's rows, as the jobs leave them
+  for (int round = 0; round < 3; ++round) {
+    SCOPED_TRACE("round " + std::to_string(round));
+    (void)(*rt)->take_trace();
+    const std::vector<std::vector<int32_t>> pos{{0, 1, 2}, {3, 4, 5}, {6, 7, 1}, {2, 0, 4}};
+    std::vector<std::vector<ag::host_tensor>> ins;
+    std::vector<ag::job> jobs;
+    for (std::size_t k = 0; k < pos.size(); ++k) {
+      ins.push_back(step_inputs(3, pos[k], 10 * round + k));
+      // Jobs 0-2 on one stream; job 3 on the copy queues, after them.
+      jobs.push_back((*rt)->submit(k < 3 ? *one : *queued, ins.back(), slot(0)));
+    }
+    for (std::size_t k = 0; k < jobs.size(); ++k) {
+      ASSERT_TRUE(jobs[k].wait_for(30s)) << "job " << k << " hung";
+      ASSERT_TRUE(jobs[k].wait().has_value()) << jobs[k].wait().err().to_string();
+      auto want = ag::evaluate_reference(g, ins[k], ref);
+      ASSERT_TRUE(want.has_value());
+      expect_equal(*jobs[k].wait(), *want, "job " + std::to_string(k));
+    }
+    const ag::trace t = (*rt)->take_trace();
+    std::map<uint64_t, std::pair<int64_t, int64_t>> span;  // job -> first enqueue, last end
+    for (const auto& r : t.records) {
+      auto [it, fresh] = span.try_emplace(r.job, r.enqueue_ns, r.end_ns);
+      if (!fresh) {
+        it->second.first = std::min(it->second.first, r.enqueue_ns);
+        it->second.second = std::max(it->second.second, r.end_ns);
+      }
+    }
+    std::vector<std::pair<int64_t, int64_t>> by_job;
+    for (const auto& j : jobs) by_job.push_back(span.at(j.id()));
+    for (int k = 1; k < 3; ++k)
+      EXPECT_LT(by_job[k].first, by_job[k - 1].second)
+          << "job " << k << " was queued only after job " << k - 1 << " ended: the slot waited for the host";
+    EXPECT_GE(by_job[3].first, by_job[2].second) << "the copy-queue plan's job started before the slot's jobs ended";
+  }
+}
+
 TEST(State, ThePlanKeepsStatePerSlotInTheStateRegionAndCountsEverySlot) {
   const ag::graph g = state_graph(3);
   auto gp = std::make_shared<const ag::graph>(g);
@@ -344,6 +406,26 @@ TEST(State, StoreRowsRefusesWhatItCannotStoreNamingTheNode) {
   };
   for (const auto& c : bad) EXPECT_NE(err_of(c.axis, c.pos_type, c.pos_len, c.capacity).find(c.error), std::string::npos) << c.error;
   EXPECT_EQ(err_of(2, ag::dtype::i32, 3, 8), "built");
+  // Rows of i32 (a token kept for the slot's next job) are stored too.
+  ag::graph_builder b;
+  auto ids = b.input("ids", ag::dtype::i32, {3});
+  b.output(b.store_rows(ids, b.input("p", ag::dtype::i32, {3}), 0, 5, "kept"));
+  auto g = std::move(b).build();
+  ASSERT_TRUE(g.has_value()) << g.err().to_string();
+  ag::reference_state st;
+  const std::vector<ag::host_tensor> in{ag::host_tensor::from_ints({3}, {7, 8, 9}), ag::host_tensor::from_ints({3}, {4, -1, 1})};
+  auto want = ag::evaluate_reference(*g, in, st);
+  ASSERT_TRUE(want.has_value()) << want.err().to_string();
+  EXPECT_EQ((*want)[0].to_floats(), (std::vector<float>{0, 9, 0, 0, 7}));
+  for (const char* spec : {"sim:1", "cpu:1"}) {
+    auto rt = ag::runtime::create(spec, fast_sim());
+    ASSERT_TRUE(rt.has_value()) << rt.err().to_string();
+    auto p = (*rt)->compile(*g, {});
+    ASSERT_TRUE(p.has_value()) << p.err().to_string();
+    auto r = (*rt)->submit(*p, in, slot(0)).wait();
+    ASSERT_TRUE(r.has_value()) << spec << ": " << r.err().to_string();
+    EXPECT_EQ((*r)[0].to_floats(), (*want)[0].to_floats()) << spec;
+  }
 }
 
 }  // namespace

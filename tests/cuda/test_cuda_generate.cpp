@@ -101,6 +101,9 @@ void decode_on(const std::string& spec, int stages, bool fuse_ops = false, int64
     ASSERT_TRUE(dr) << dr.err().to_string();
     EXPECT_EQ(dr->tokens, r->tokens);
     EXPECT_EQ(dr->tokens_picked_on_device, 5) << "the first token from the last prefill chunk's logits (2 tokens)";
+    // One GPU: every step on one stream, so steps 2.. read their token on
+    // the device, queued behind the step before (pipeline_depth 2).
+    EXPECT_EQ(dr->tokens_pipelined, stages == 1 && tensor_degree == 1 ? 4 : 0);
   }
 }
 

@@ -332,6 +332,20 @@ TEST(Transformer, InvalidConfigsAreRejectedWithTheField) {
       {"initializer_range", [](transformer_config& c) { c.initializer_range = 0.0f; }},
       {"rope_theta", [](transformer_config& c) { c.variant = model_variant::llama; c.rope_theta = -1.0f; }},
       {"variant", [](transformer_config& c) { c.variant = static_cast<model_variant>(7); }},
+      // Token states: one token a job over a cache; out keeps an argmax; two names.
+      {"token_state_in", [](transformer_config& c) { c.token_state_in = "t"; }},
+      {"token_state_out", [](transformer_config& c) { c.argmax_output = true; c.token_state_out = "t"; }},
+      {"token_state_out", [](transformer_config& c) {
+         c.batch = c.seq_len = 1;
+         c.kv_cache_capacity = 4;
+         c.token_state_out = "t";  // without argmax_output
+       }},
+      {"token_state_in", [](transformer_config& c) {
+         c.batch = c.seq_len = 1;
+         c.kv_cache_capacity = 4;
+         c.argmax_output = true;
+         c.token_state_in = c.token_state_out = "t";
+       }},
   };
   for (const auto& bc : cases) {
     auto c = small(model_variant::gpt2);
