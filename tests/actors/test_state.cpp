@@ -4,16 +4,19 @@
 // evaluator run over one reference_state per slot, on sim and cpu, with a
 // pipeline that copies the state to the next stage, with graph replay, with
 // two plans sharing one state (and one weight upload), with jobs of one slot
-// taking turns in submission order; and the planner's memory accounting and
-// the submit-time errors.
+// taking turns in submission order, with a job on one stream passing its
+// slot on once issued; the planner's memory accounting and the submit-time
+// errors; and the generator's pipelined greedy decoding under real threads.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <future>
 #include <map>
 #include <string>
 
 #include "actors/actorgraph.hpp"
+#include "actors/generator.hpp"
 #include "graph/reference.hpp"
 
 namespace {
@@ -352,6 +355,107 @@ TEST(State, AJobOnOneStreamPassesItsSlotOnOnceIssued) {
       EXPECT_LT(by_job[k].first, by_job[k - 1].second)
           << "job " << k << " was queued only after job " << k - 1 << " ended: the slot waited for the host";
     EXPECT_GE(by_job[3].first, by_job[2].second) << "the copy-queue plan's job started before the slot's jobs ended";
+  }
+}
+
+// Pipelined greedy decoding (generator_options::pipeline_depth) with many
+// sequences on one device, under real threads with jittered sim delays:
+// steps of a sequence queued behind each other, sequences sharing the two
+// chain plans, slots handed to the next sequence while a dropped step of the
+// last one may still run. Each sequence equals its solo run one step at a
+// time; one stops at an end-of-sequence id with steps in flight, one is
+// cancelled. Seeded random weights (no checkpoint), so that the actor tests
+// (and ThreadSanitizer's run of them) cover the generator's threads.
+ag::models::transformer_config tiny_generator_model(ag::models::model_variant v) {
+  ag::models::transformer_config c;
+  c.variant = v;
+  c.n_layers = 2;
+  c.d_model = 32;
+  c.n_heads = 4;
+  c.n_kv_heads = v == ag::models::model_variant::llama ? 2 : 0;
+  c.d_ff = 48;
+  c.vocab = 41;
+  c.max_positions = v == ag::models::model_variant::gpt2 ? 16 : 0;
+  c.seed = 23;
+  c.initializer_range = 0.2f;
+  return c;
+}
+
+std::vector<int32_t> generate_alone(ag::runtime& rt, const ag::models::transformer_config& cfg,
+                                    const std::vector<int32_t>& prompt, int max_new) {
+  ag::generator_options go;
+  go.cache_tokens = 16;
+  go.max_sequences = 1;
+  go.pipeline_depth = 1;  // one step at a time: the host feeds every token
+  auto gen = ag::generator::create(rt, cfg, {}, go);
+  EXPECT_TRUE(gen.has_value()) << gen.err().to_string();
+  if (!gen) return {};
+  ag::generate_options o;
+  o.max_new_tokens = max_new;
+  auto r = (*gen)->generate(prompt, o).wait();
+  EXPECT_TRUE(r.has_value()) << r.err().to_string();
+  if (!r) return {};
+  EXPECT_EQ(r->tokens_pipelined, 0);
+  return r->tokens;
+}
+
+TEST(GeneratePipelined, ManySequencesOnOneDeviceEqualTheirSoloRunsOneStepAtATime) {
+  for (auto variant : {ag::models::model_variant::gpt2, ag::models::model_variant::llama}) {
+    const auto cfg = tiny_generator_model(variant);
+    SCOPED_TRACE(to_string(variant));
+    ag::runtime_options ro = fast_sim();
+    ro.backend.sim.jitter = 0.3;
+    auto rt = ag::runtime::create("sim:1", ro);
+    ASSERT_TRUE(rt.has_value()) << rt.err().to_string();
+    ag::generator_options go;
+    go.cache_tokens = 16;
+    go.max_sequences = 3;  // 7 sequences: four wait for a slot
+    go.pipeline_depth = 3;
+    auto gen = ag::generator::create(**rt, cfg, {}, go);
+    ASSERT_TRUE(gen.has_value()) << gen.err().to_string();
+    const std::vector<std::vector<int32_t>> prompts{{1, 2, 3}, {7, 7}, {40, 0, 13, 2}, {5},
+                                                    {9, 8, 7, 6, 5}, {11, 22}, {3, 3, 3}};
+    std::vector<std::vector<int32_t>> solo;
+    for (const auto& p : prompts) solo.push_back(generate_alone(**rt, cfg, p, 8));
+    const std::size_t cancelled = 2, stopped = 4;
+    ASSERT_EQ(solo[stopped].size(), 8u);
+    std::vector<ag::generation> hs;
+    for (std::size_t i = 0; i < prompts.size(); ++i) {
+      ag::generate_options o;
+      o.max_new_tokens = 8;
+      if (i == stopped) o.stop_ids = {solo[stopped][2]};  // ends at its third token, steps queued behind
+      hs.push_back((*gen)->generate(prompts[i], o));
+    }
+    hs[cancelled].cancel();
+    for (std::size_t i = 0; i < hs.size(); ++i) {
+      ASSERT_TRUE(hs[i].wait_for(120s)) << "sequence " << i << " hung";
+      const auto& r = hs[i].wait();
+      ASSERT_TRUE(r.has_value()) << r.err().to_string();
+      if (i == cancelled) {
+        EXPECT_EQ(r->reason, ag::stop_reason::cancelled);
+        EXPECT_LT(r->tokens.size(), 8u);
+        continue;
+      }
+      if (i == stopped) {
+        EXPECT_EQ(r->reason, ag::stop_reason::eos);
+        const auto first = std::find(solo[i].begin(), solo[i].end(), solo[i][2]) - solo[i].begin() + 1;
+        EXPECT_EQ(r->tokens, std::vector<int32_t>(solo[i].begin(), solo[i].begin() + first));
+        continue;
+      }
+      EXPECT_EQ(r->reason, ag::stop_reason::max_tokens);
+      EXPECT_EQ(r->tokens, solo[i]) << "sequence " << i << " differs from its solo run";
+      EXPECT_EQ(r->tokens_pipelined, 7) << "sequence " << i;
+    }
+    EXPECT_EQ((*gen)->active_sequences(), 0);
+    EXPECT_EQ((*gen)->waiting_sequences(), 0);
+    // The slots work on after the dropped steps: a fresh round equals solo again.
+    for (std::size_t i = 0; i < 3; ++i) {
+      ag::generate_options o;
+      o.max_new_tokens = 8;
+      auto r = (*gen)->generate(prompts[i], o).wait();
+      ASSERT_TRUE(r.has_value()) << r.err().to_string();
+      EXPECT_EQ(r->tokens, solo[i]) << "second round, sequence " << i;
+    }
   }
 }
 

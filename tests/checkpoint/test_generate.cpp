@@ -135,15 +135,13 @@ void decode_equals_recompute(const std::string& spec, int stages, int64_t prefil
   }
 }
 
-// Generates `prompt` alone, greedy, on a fresh generator over the same model
-// (one step at a time with pipeline_depth 1).
+// Generates `prompt` alone, greedy, on a fresh generator over the same model.
 std::vector<int32_t> alone(ag::runtime& rt, const ag::models::hf_model& m, const std::vector<int32_t>& prompt,
-                           int max_new, int stages, int pipeline_depth = 2) {
+                           int max_new, int stages) {
   ag::generator_options go;
   go.cache_tokens = 16;
   go.max_sequences = 1;
   go.plan.pipeline_stages = stages;
-  go.pipeline_depth = pipeline_depth;
   auto gen = ag::generator::create(rt, m.model_config(1), m.provider(), go);
   EXPECT_TRUE(gen.has_value()) << gen.err().to_string();
   if (!gen) return {};
@@ -204,74 +202,6 @@ TEST(GenerateMany, ConcurrentSequencesEachEqualTheirSoloRunAndCancelledOnesStop)
   }
   EXPECT_EQ((*gen)->active_sequences(), 0);
   EXPECT_EQ((*gen)->waiting_sequences(), 0);
-}
-
-// Pipelined greedy decoding with many sequences on one device: steps of a
-// sequence queued behind each other, sequences sharing the two chain plans,
-// slots reused by the next sequence while a dropped step of the last one may
-// still run. Each sequence equals its solo run one step at a time; one stops
-// at an end-of-sequence id with a step in flight, one is cancelled.
-TEST(GeneratePipelined, ManySequencesOnOneDeviceEqualTheirSoloRunsOneStepAtATime) {
-  for (const auto& cfg : tiny_models()) {
-    SCOPED_TRACE(to_string(cfg.variant));
-    temp_dir dir;
-    ag::test::save_random_model(dir.str(), cfg);
-    auto m = ag::models::hf_model::open(dir.str());
-    ASSERT_TRUE(m.has_value()) << m.err().to_string();
-    ag::runtime_options ro = fast_sim();
-    ro.backend.sim.jitter = 0.3;
-    auto rt = ag::runtime::create("sim:1", ro);
-    ASSERT_TRUE(rt.has_value()) << rt.err().to_string();
-    ag::generator_options go;
-    go.cache_tokens = 16;
-    go.max_sequences = 3;  // 7 sequences: four wait for a slot
-    go.pipeline_depth = 3;
-    auto gen = ag::generator::create(**rt, m->model_config(1), m->provider(), go);
-    ASSERT_TRUE(gen.has_value()) << gen.err().to_string();
-    const std::vector<std::vector<int32_t>> prompts{{1, 2, 3}, {7, 7}, {40, 0, 13, 2}, {5},
-                                                    {9, 8, 7, 6, 5}, {11, 22}, {3, 3, 3}};
-    std::vector<std::vector<int32_t>> solo;
-    for (const auto& p : prompts) solo.push_back(alone(**rt, *m, p, 8, 1, /*pipeline_depth=*/1));
-    const std::size_t cancelled = 2, stopped = 4;
-    ASSERT_GE(solo[stopped].size(), 3u);
-    std::vector<ag::generation> hs;
-    for (std::size_t i = 0; i < prompts.size(); ++i) {
-      ag::generate_options o;
-      o.max_new_tokens = 8;
-      if (i == stopped) o.stop_ids = {solo[stopped][2]};  // ends at its third token, a step queued behind
-      hs.push_back((*gen)->generate(prompts[i], o));
-    }
-    hs[cancelled].cancel();
-    for (std::size_t i = 0; i < hs.size(); ++i) {
-      ASSERT_TRUE(hs[i].wait_for(120s)) << "sequence " << i << " hung";
-      const auto& r = hs[i].wait();
-      ASSERT_TRUE(r.has_value()) << r.err().to_string();
-      if (i == cancelled) {
-        EXPECT_EQ(r->reason, ag::stop_reason::cancelled);
-        EXPECT_LT(r->tokens.size(), 8u);
-        continue;
-      }
-      if (i == stopped) {
-        EXPECT_EQ(r->reason, ag::stop_reason::eos);
-        const auto first = std::find(solo[i].begin(), solo[i].end(), solo[i][2]) - solo[i].begin() + 1;
-        EXPECT_EQ(r->tokens, std::vector<int32_t>(solo[i].begin(), solo[i].begin() + first));
-        continue;
-      }
-      EXPECT_EQ(r->reason, ag::stop_reason::max_tokens);
-      EXPECT_EQ(r->tokens, solo[i]) << "sequence " << i << " differs from its solo run";
-      EXPECT_EQ(r->tokens_pipelined, 7) << "sequence " << i;
-    }
-    EXPECT_EQ((*gen)->active_sequences(), 0);
-    EXPECT_EQ((*gen)->waiting_sequences(), 0);
-    // The slots work on after the dropped steps: a fresh round equals solo again.
-    for (std::size_t i = 0; i < 3; ++i) {
-      ag::generate_options o;
-      o.max_new_tokens = 8;
-      auto r = (*gen)->generate(prompts[i], o).wait();
-      ASSERT_TRUE(r.has_value()) << r.err().to_string();
-      EXPECT_EQ(r->tokens, solo[i]) << "second round, sequence " << i;
-    }
-  }
 }
 
 TEST(GeneratePipelined, DepthOutsideItsRangeIsRefused) {
