@@ -163,8 +163,11 @@ outcome session::impl::cmd_generate(const command_line& c) {
   const auto& r = h.wait();
   out << "\n";
   if (!r) return fail(r.err(), false);
-  out << fmt("%zu tokens (%s) in %.1f ms, %.1f tokens/s\n", r->tokens.size(), ag::to_string(r->reason), s * 1e3,
-             static_cast<double>(r->tokens.size()) / s);
+  // Pipelined: steps that read their token on the device, queued behind the
+  // step before (generator_options::pipeline_depth; one stream only).
+  out << fmt("%zu tokens (%s) in %.1f ms, %.1f tokens/s; %lld picked on the device, %lld of them pipelined\n",
+             r->tokens.size(), ag::to_string(r->reason), s * 1e3, static_cast<double>(r->tokens.size()) / s,
+             static_cast<long long>(r->tokens_picked_on_device), static_cast<long long>(r->tokens_pipelined));
   return {};
 }
 

@@ -71,6 +71,15 @@ TEST(ReplGenerate, LoadedFolderGeneratesWhatTheGeneratorDoesOnOneDeviceAndTwoSta
   f.ok({"set stages=2"});
   ASSERT_EQ(f.run("generate ids=1,2,3 n=6"), exec_status::ok) << f.text;
   EXPECT_TRUE(has(f.text, want)) << f.text;
+  // The first token comes from the prompt's chunk (host), the rest from the
+  // device; two stages meet on two streams: one step at a time.
+  EXPECT_TRUE(has(f.text, "5 picked on the device, 0 of them pipelined")) << f.text;
+  f.ok({"devices sim:1 scale=0.01"});
+  ASSERT_EQ(f.run("generate ids=1,2,3 n=6"), exec_status::ok) << f.text;
+  EXPECT_TRUE(has(f.text, want)) << f.text;
+  // One device: the steps after the first read their token on the device.
+  EXPECT_TRUE(has(f.text, "5 picked on the device, 4 of them pipelined")) << f.text;
+  f.ok({"set stages=1"});
   // A prompt it cannot take.
   EXPECT_EQ(f.run("generate \"hello\""), exec_status::failed);
   EXPECT_TRUE(has(f.text, "no tokenizer: give ids=")) << f.text;
