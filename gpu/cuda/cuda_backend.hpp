@@ -33,11 +33,14 @@ expected<std::vector<device_ptr>> make_cuda_devices(const std::vector<int>& ordi
 /// The process's pool of pinned (page-locked, portable) host buffers: what
 /// a CUDA device's host_memory() returns, so job outputs land in memory the
 /// copy engines write directly (no staging copy, no page faults of fresh
-/// memory). Buffers of 64 KiB or more are pinned and cached when their last
-/// host_tensor is destroyed (up to 4 GiB; beyond it
-/// they are freed); smaller ones come from the heap, as do all when pinning
+/// memory). Every buffer, however small, is pinned (pinned_host_pool.cpp says
+/// why) and cached when its last host_tensor is destroyed (up to 4 GiB;
+/// beyond it they are freed); buffers come from the heap only when pinning
 /// fails (printed once). Thread-safe; lives until the process exits.
 host_memory_resource& pinned_host_memory() noexcept;
+/// Whether `p` points into a buffer that pool handed out (pinned: a device
+/// copies it directly, without asking the driver what the pointer is).
+bool in_pinned_pool(const void* p);
 
 /// Counters of that pool (tests, benchmarks); raw_allocations counts cudaHostAlloc calls.
 host::host_cache_stats pinned_host_pool_stats();

@@ -46,6 +46,8 @@ host::caching_host_memory& pool() {
 
 host_memory_resource& pinned_host_memory() noexcept { return pool(); }
 
+bool in_pinned_pool(const void* p) { return pool().contains(p); }
+
 host::host_cache_stats pinned_host_pool_stats() { return pool().stats(); }
 
 }  // namespace ag::gpu::cuda

@@ -94,6 +94,14 @@ void caching_host_memory::deallocate(void* p, std::size_t bytes) noexcept {
   free_fn_(p);  // over the cache limit (outside the lock: it may be slow)
 }
 
+bool caching_host_memory::contains(const void* p) {
+  std::lock_guard<std::mutex> lk(m_);
+  auto it = live_.upper_bound(p);  // the first buffer starting after p
+  if (it == live_.begin()) return false;
+  --it;
+  return static_cast<const std::byte*>(p) < static_cast<const std::byte*>(it->first) + it->second;
+}
+
 host_cache_stats caching_host_memory::stats() {
   std::lock_guard<std::mutex> lk(m_);
   return stats_;

@@ -53,6 +53,11 @@ class caching_host_memory final : public host_memory_resource {
   const char* name() const noexcept override { return name_.c_str(); }
 
   host_cache_stats stats();
+  /// Whether `p` points into a buffer of the raw allocator handed out now
+  /// (for the CUDA pool: pinned memory, which a device copies directly). A
+  /// lookup under the lock, far cheaper than asking the driver
+  /// (cudaPointerGetAttributes, about a microsecond).
+  bool contains(const void* p);
   /// Caps the cached bytes; frees cached buffers above the cap now (largest first).
   void set_max_cached_bytes(int64_t n);
 
@@ -66,7 +71,7 @@ class caching_host_memory final : public host_memory_resource {
   std::size_t min_bytes_;
   std::mutex m_;
   std::multimap<std::size_t, void*> cached_;     // capacity -> buffer
-  std::unordered_map<void*, std::size_t> live_;  // handed out from the raw allocator: buffer -> capacity
+  std::map<const void*, std::size_t> live_;      // handed out from the raw allocator: buffer -> capacity (ordered: contains())
   std::unordered_map<void*, std::size_t> heap_;  // handed out from the heap (fallback)
   int64_t max_cached_bytes_;
   host_cache_stats stats_;

@@ -4,7 +4,9 @@
 // threads at once.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
+#include <cstddef>
 #include <cstring>
 #include <mutex>
 #include <new>
@@ -99,6 +101,31 @@ TEST(CachingHostMemory, SmallRequestsAndRawFailuresUseTheHeap) {
   EXPECT_EQ(raw.frees, 0);
   EXPECT_EQ(raw.bad_frees, 0);
   EXPECT_EQ(pool.stats().cached_bytes, 0);
+}
+
+// contains(): every byte of a buffer handed out from the raw allocator (a
+// CUDA copy then skips asking the driver whether it is pinned), none of a
+// heap buffer, a cached one or a neighbour's.
+TEST(CachingHostMemory, ContainsTheBuffersItHandedOutFromTheRawAllocatorOnly) {
+  raw_heap raw;
+  auto pool = raw.make(int64_t{1} << 30);
+  auto* a = static_cast<std::byte*>(pool.allocate(100 * kib));  // 128 KiB of capacity
+  auto* b = static_cast<std::byte*>(pool.allocate(300 * kib));
+  auto* small = static_cast<std::byte*>(pool.allocate(16));  // below min_bytes: the heap
+  EXPECT_TRUE(pool.contains(a));
+  EXPECT_TRUE(pool.contains(a + 100 * kib - 1));
+  EXPECT_TRUE(pool.contains(a + 128 * kib - 1)) << "the capacity is the buffer's";
+  EXPECT_TRUE(pool.contains(b + 1234));
+  EXPECT_FALSE(pool.contains(small));
+  EXPECT_FALSE(pool.contains(std::min(a, b) - 1)) << "the byte before the lower buffer";
+  int local = 0;
+  EXPECT_FALSE(pool.contains(&local));
+  pool.deallocate(a, 100 * kib);  // cached now: not handed out
+  EXPECT_FALSE(pool.contains(a));
+  EXPECT_TRUE(pool.contains(b));
+  pool.deallocate(b, 300 * kib);
+  pool.deallocate(small, 16);
+  EXPECT_FALSE(pool.contains(b));
 }
 
 TEST(CachingHostMemory, BuffersOverTheCacheLimitGoBackToTheRawAllocator) {
