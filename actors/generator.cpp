@@ -608,8 +608,9 @@ expected<std::shared_ptr<generator>> generator::create(runtime& rt, models::tran
   auto impl = std::make_shared<generator::impl>();
   impl->rt = &rt;
   impl->opt = options;
-  // Both plans keep the caches on the devices: the decode plan owns
-  // max_sequences state slots, the prefill plan stores into the same ones.
+  // Every plan keeps the caches on the devices: one plan owns the weights
+  // and max_sequences state slots (the decode plan, or a chain plan when
+  // greedy steps are pipelined), the others read and store into the same.
   if (options.pipeline_depth < 1 || options.pipeline_depth > 16)
     return bad("pipeline_depth must be 1..16, got " + std::to_string(options.pipeline_depth));
   // A step graph: new_tokens tokens a job; greedy: its output is the token
