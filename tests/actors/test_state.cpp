@@ -17,6 +17,7 @@
 
 #include "actors/actorgraph.hpp"
 #include "actors/generator.hpp"
+#include "gpu/sim/sim_device.hpp"
 #include "graph/reference.hpp"
 
 namespace {
@@ -456,6 +457,67 @@ TEST(GeneratePipelined, ManySequencesOnOneDeviceEqualTheirSoloRunsOneStepAtATime
       ASSERT_TRUE(r.has_value()) << r.err().to_string();
       EXPECT_EQ(r->tokens, solo[i]) << "second round, sequence " << i;
     }
+  }
+}
+
+// A device that dies while sequences have steps queued behind each other:
+// every sequence ends (the steps in flight fail with it, none hangs), those
+// that finished first equal their solo runs, and after reset_device the same
+// generator generates the solo tokens again.
+TEST(GeneratePipelined, ADeviceDyingUnderQueuedStepsEndsItsSequencesAndTheGeneratorServesOn) {
+  const auto cfg = tiny_generator_model(ag::models::model_variant::llama);
+  ag::runtime_options ro = fast_sim();
+  ro.backend.sim.jitter = 0.3;
+  auto rt = ag::runtime::create("sim:1", ro);
+  ASSERT_TRUE(rt.has_value()) << rt.err().to_string();
+  const std::vector<std::vector<int32_t>> prompts{{1, 2, 3}, {7, 7}, {40, 0, 13, 2}};
+  std::vector<std::vector<int32_t>> solo;
+  for (const auto& p : prompts) solo.push_back(generate_alone(**rt, cfg, p, 12));
+  ag::generator_options go;
+  go.cache_tokens = 16;
+  go.max_sequences = 3;
+  go.pipeline_depth = 3;
+  auto gen = ag::generator::create(**rt, cfg, {}, go);
+  ASSERT_TRUE(gen.has_value()) << gen.err().to_string();
+  auto* dev = dynamic_cast<ag::gpu::sim::sim_device*>((*rt)->device(0).get());
+  ASSERT_NE(dev, nullptr);
+  ag::gpu::fault_config f;
+  f.die_after_ops = 400;  // a few decode steps into the three sequences
+  dev->set_faults(f);
+  std::vector<ag::generation> hs;
+  for (const auto& p : prompts) {
+    ag::generate_options o;
+    o.max_new_tokens = 12;
+    hs.push_back((*gen)->generate(p, o));
+  }
+  int failed = 0;
+  std::size_t most_streamed = 0;  // by a failed sequence: it had pipelined steps in flight
+  for (std::size_t i = 0; i < hs.size(); ++i) {
+    ASSERT_TRUE(hs[i].wait_for(60s)) << "sequence " << i << " hung on the dead device";
+    const auto& r = hs[i].wait();
+    if (r.has_value()) {
+      EXPECT_EQ(r->tokens, solo[i]) << "sequence " << i << " finished before the death";
+      continue;
+    }
+    ++failed;
+    EXPECT_EQ(r.err().code, ag::errc::device_failed) << r.err().to_string();
+    EXPECT_NE(r.err().message.find("sim0"), std::string::npos) << r.err().to_string();
+    const std::vector<int32_t> streamed = hs[i].tokens();
+    EXPECT_EQ(streamed, std::vector<int32_t>(solo[i].begin(), solo[i].begin() + static_cast<std::ptrdiff_t>(streamed.size())))
+        << "sequence " << i << ": the tokens streamed before the death";
+    most_streamed = std::max(most_streamed, streamed.size());
+  }
+  EXPECT_GT(failed, 0) << "the device died, yet every sequence finished";
+  EXPECT_GE(most_streamed, 2u) << "the device died before any sequence had decode steps queued";
+  EXPECT_EQ((*gen)->active_sequences(), 0);
+  ASSERT_FALSE((*rt)->reset_device(0)) << "a sim device comes back";
+  for (std::size_t i = 0; i < prompts.size(); ++i) {
+    ag::generate_options o;
+    o.max_new_tokens = 12;
+    auto r = (*gen)->generate(prompts[i], o).wait();
+    ASSERT_TRUE(r.has_value()) << r.err().to_string();
+    EXPECT_EQ(r->tokens, solo[i]) << "after the reset, sequence " << i;
+    EXPECT_EQ(r->tokens_pipelined, 11);
   }
 }
 
