@@ -114,8 +114,10 @@ class generation {
   bool wait_for(std::chrono::nanoseconds d) const;
   /// Runs `fn` when the sequence ends (at once on this thread if it has).
   void then(std::function<void(const generation_outcome&)> fn) const;
-  /// Stops the sequence after the job in flight: the result keeps the tokens
-  /// generated so far, with stop_reason::cancelled. Non-blocking.
+  /// Stops the sequence after the job in flight (pipelined greedy steps:
+  /// when the next step's token arrives; the steps queued behind it run on
+  /// and their tokens are dropped): the result keeps the tokens generated so
+  /// far, with stop_reason::cancelled. Non-blocking.
   void cancel() const;
   /// Tokens generated so far.
   std::vector<int32_t> tokens() const;
