@@ -325,7 +325,7 @@ TEST(State, AJobOnOneStreamPassesItsSlotOnOnceIssued) {
   ASSERT_TRUE(queued.has_value()) << queued.err().to_string();
   ASSERT_FALSE(ag::single_lane_of(**queued).has_value());
   ag::reference_state ref;  // slot 0's rows, as the jobs leave them
-  for (int round = 0; round < 3; ++round) {
+  for (int round = 0; round < 4; ++round) {
     SCOPED_TRACE("round " + std::to_string(round));
     (void)(*rt)->take_trace();
     const std::vector<std::vector<int32_t>> pos{{0, 1, 2}, {3, 4, 5}, {6, 7, 1}, {2, 0, 4}};
@@ -344,6 +344,10 @@ TEST(State, AJobOnOneStreamPassesItsSlotOnOnceIssued) {
       expect_equal(*jobs[k].wait(), *want, "job " + std::to_string(k));
     }
     const ag::trace t = (*rt)->take_trace();
+    // The first round is the plan's first jobs: its actors start, its
+    // segment is captured, and under the sanitizers that may take longer
+    // than a job. The later rounds are timed.
+    if (round == 0) continue;
     std::map<uint64_t, std::pair<int64_t, int64_t>> span;  // job -> first enqueue, last end
     for (const auto& r : t.records) {
       auto [it, fresh] = span.try_emplace(r.job, r.enqueue_ns, r.end_ns);
