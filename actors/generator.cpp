@@ -429,10 +429,8 @@ struct sequence : std::enable_shared_from_this<sequence> {
       std::lock_guard lk(pm);
       arrived.emplace(k, r);
       --in_flight;
-      if (draining) return;  // the draining thread takes it
-      draining = true;
     }
-    drain_held();
+    drain();  // or the thread draining now takes it
   }
 
   void drain() {

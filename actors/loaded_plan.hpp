@@ -93,27 +93,20 @@ class slot_table {
 
   /// Job `job`, which holds `slot`, has every step issued on stream
   /// `stream` (non-zero): later jobs of that stream may take the slot now;
-  /// the job still counts until it leaves (ended). Returns false, changing
-  /// nothing, when the job does not hold the slot (it ended already).
-  bool leave_issued(int slot, uint64_t job, uint64_t stream) {
+  /// the job still counts until it leaves (ended). Changes nothing when the
+  /// job does not hold the slot (it ended already).
+  void leave_issued(int slot, uint64_t job, uint64_t stream) {
     caf::actor next;
     {
       std::lock_guard<std::mutex> lk(m_);
       entry& e = slots_[static_cast<std::size_t>(slot)];
-      if (!e.held || e.holder != job || stream == 0 || (!e.issued.empty() && e.stream != stream)) return false;
+      if (!e.held || e.holder != job || stream == 0 || (!e.issued.empty() && e.stream != stream)) return;
       e.held = false;
       e.stream = stream;
       e.issued.push_back(job);
       next = e.grant_front();
     }
     if (next) caf::anon_send(next, msg::slot_atom::value);
-    return true;
-  }
-
-  /// Tests: jobs that left `slot` issued and have not ended.
-  int issued(int slot) {
-    std::lock_guard<std::mutex> lk(m_);
-    return static_cast<int>(slots_[static_cast<std::size_t>(slot)].issued.size());
   }
 
  private:

@@ -302,6 +302,13 @@ bool switched_off(const char* name) {
   return v && v[0] == '0';
 }
 
+// A stream without a tag word (launch_set_in_stream_tag, launch_in_stream_all_reduce).
+error no_tag_word(const launch_ctx& c) {
+  return error(errc::out_of_memory, c.where +
+                                        ": the stream has no in-stream tag word (only compute streams have one, "
+                                        "and its allocation may have failed)");
+}
+
 }  // namespace
 
 in_stream_split_t in_stream_split(int64_t n_out, int64_t elem_bytes, bool words, bool push_allowed) {
@@ -335,7 +342,7 @@ error launch_in_stream_all_reduce(const launch_ctx& c, const tensor_arg& out, co
   a.rank = rank;
   a.key = key;
   a.type = static_cast<int>(out.type);
-  if (!tag_word) return error(errc::out_of_memory, c.where + ": the stream has no in-stream tag word (only compute streams have one, and its allocation may have failed)");
+  if (!tag_word) return no_tag_word(c);
   a.tag = tag_word;
   a.aborted = mine.aborted_dev;
   a.faults = mine.faults_dev;
@@ -382,7 +389,7 @@ error launch_in_stream_all_reduce(const launch_ctx& c, const tensor_arg& out, co
 }
 
 error launch_set_in_stream_tag(const launch_ctx& c, unsigned long long* tag_word, uint64_t job) {
-  if (!tag_word) return error(errc::out_of_memory, c.where + ": the stream has no in-stream tag word (only compute streams have one, and its allocation may have failed)");
+  if (!tag_word) return no_tag_word(c);
   // Stored as job + 1: zero is what the flags and rings hold before any part.
   set_tag_kernel<<<1, 1, 0, c.stream>>>(tag_word, in_stream_job_word(job));
   AG_CUDA_TRY_LAUNCH(c.where);
