@@ -425,6 +425,38 @@ caf::actor spawn_job_actor(caf::actor_system& sys, runtime_core* core, std::shar
   return sys.spawn<caf::lazy_init>(job_actor_fn, core, std::move(ss), std::move(ctx));
 }
 
+struct job_binding {
+  std::shared_ptr<job::shared_state> ss;  // both set once, by bind_spare_job_actor, before any message
+  std::shared_ptr<job_context> ctx;
+};
+
+namespace {
+caf::behavior spare_job_actor_fn(job_actor_t* self, runtime_core* core, std::shared_ptr<job_binding> b) {
+  // Runs on the first message. The sender bound the job before sending (the
+  // mailbox orders the binding's writes before this read).
+  if (!b->ctx) {
+    self->quit();  // dismissed unbound (runtime_core::shutdown)
+    return {};
+  }
+  auto ss = std::move(b->ss);
+  auto ctx = std::move(b->ctx);
+  return job_actor_fn(self, core, std::move(ss), std::move(ctx));
+}
+}  // namespace
+
+spare_job_actor spawn_spare_job_actor(caf::actor_system& sys, runtime_core* core) {
+  auto b = std::make_shared<job_binding>();
+  caf::actor a = sys.spawn<caf::lazy_init>(spare_job_actor_fn, core, b);
+  return {std::move(a), std::move(b)};
+}
+
+caf::actor bind_spare_job_actor(spare_job_actor spare, std::shared_ptr<job::shared_state> ss,
+                                std::shared_ptr<job_context> ctx) {
+  spare.binding->ss = std::move(ss);
+  spare.binding->ctx = std::move(ctx);
+  return std::move(spare.actor);
+}
+
 bool take_arenas_now(job_context& ctx) {
   const auto& lp = *ctx.lp;
   const auto& used = lp.program->used_devices();

@@ -37,8 +37,10 @@ struct job::shared_state {
   /// out when it is the last one and continuations_ran.
   std::atomic<int> handles{0};
 
-  /// Sets the result and final state, wakes waiters, runs continuations (on
-  /// the calling thread, outside the lock). Only the first call counts.
+  /// Sets the result and final state, runs continuations (on the calling
+  /// thread, outside the lock), then wakes the threads blocked in wait() (a
+  /// wait() that starts meanwhile sees the result and returns at once). Only
+  /// the first call counts.
   /// `settled` runs under the lock once the result is set, before waiters
   /// wake (the runtime's in-flight count drops there, so jobs_in_flight()
   /// is 0 as soon as every wait() returned).

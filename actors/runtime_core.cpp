@@ -1,9 +1,10 @@
 #include "actors/runtime_core.hpp"
 
-#include <set>
-#include <tuple>
 #include <algorithm>
 #include <cstdio>
+#include <optional>
+#include <set>
+#include <tuple>
 
 #include <caf/all.hpp>
 
@@ -123,6 +124,12 @@ runtime_core::runtime_core(caf::actor_system& sys, std::vector<gpu::device_ptr> 
     });
   }
   live_->device_actors = device_actors_;
+  for (int k = 0; k < opts_.spare_job_actors; ++k) spares_.push_back(spawn_spare_job_actor(sys_, this));
+}
+
+std::size_t runtime_core::spare_job_actors() const {
+  std::lock_guard<std::mutex> lk(spares_m_);
+  return spares_.size();
 }
 
 runtime_core::~runtime_core() { shutdown(); }
@@ -366,7 +373,14 @@ job runtime_core::submit(const std::shared_ptr<const plan>& p, std::vector<host_
   // flag, or the destructor waits for this job (it could otherwise spawn a
   // job actor after the device actors stopped, and the actor system would
   // wait for it forever).
-  alive_.fetch_add(1);
+  // Two counts: the job's (its actor's job_gone(), or the early returns
+  // below) and this call's own, held until it returns, so that no teardown
+  // runs while it still spawns a spare job actor after sending the job.
+  alive_.fetch_add(2);
+  struct call_count {
+    runtime_core* core;
+    ~call_count() { core->job_gone(); }
+  } const this_call{this};
   if (stopped_ || stopping_) {
     job_gone();
     ss->fulfil(error{errc::shutting_down, "runtime is stopping: it takes no new jobs"}, job_state::failed);
@@ -398,12 +412,23 @@ job runtime_core::submit(const std::shared_ptr<const plan>& p, std::vector<host_
   // Spawned under the slot table's lock, so no turn can come before the
   // actor exists; the actor starts lazily (on its first message), so its
   // context is finished here, before anything is sent to it.
-  bool its_turn = true, started = false;
+  bool its_turn = true, started = false, took_spare = false;
   error dead;
   auto spawn = [&](bool now) {
     its_turn = now;
     ctx->start = used.empty() ? job_start::no_devices : now ? job_start::asked : job_start::waiting_slot;
-    caf::actor a = spawn_job_actor(sys_, this, ss, ctx);
+    // A spare actor when there is one (not for a plan without devices: a
+    // spare starts on a message only), else CAF's spawn here.
+    std::optional<spare_job_actor> spare;
+    if (!used.empty()) {
+      std::lock_guard<std::mutex> lk(spares_m_);
+      if (!spares_.empty()) {
+        spare = std::move(spares_.back());
+        spares_.pop_back();
+      }
+    }
+    took_spare = spare.has_value();
+    caf::actor a = spare ? bind_spare_job_actor(std::move(*spare), ss, ctx) : spawn_job_actor(sys_, this, ss, ctx);
     ctx->job_actor = a;
     {
       // cancel() must be able to reach the actor before it first runs.
@@ -446,6 +471,19 @@ job runtime_core::submit(const std::shared_ptr<const plan>& p, std::vector<host_
     std::snprintf(text, sizeof text, "job %llu passed its deadline (%.3f ms after submission)",
                   static_cast<unsigned long long>(ss->id), ms);
     caf::delayed_anon_send(ja, options.deadline, msg::fail_job{error{errc::timeout, text}});
+  }
+  if (took_spare) {
+    // The replacement, now that the job is on its way: CAF's spawn costs
+    // the submitting thread its microseconds after the job's first message,
+    // not before it. Not once shutdown() dismissed the spares.
+    spare_job_actor fresh = spawn_spare_job_actor(sys_, this);
+    std::unique_lock<std::mutex> lk(spares_m_);
+    if (!stopped_.load()) {
+      spares_.push_back(std::move(fresh));
+    } else {
+      lk.unlock();
+      caf::anon_send_exit(fresh.actor, caf::exit_reason::user_shutdown);
+    }
   }
   return j;
 }
@@ -533,6 +571,12 @@ void runtime_core::shutdown() {
   };
   stop(runtime_actor_);
   for (auto& a : device_actors_) stop(a);
+  {
+    // Unbound spares quit on this, their first message (spare_job_actor_fn).
+    std::lock_guard<std::mutex> lk(spares_m_);
+    for (auto& sp : spares_) stop(sp.actor);
+    spares_.clear();
+  }
   std::lock_guard<std::mutex> lk(lanes_m_);
   for (auto& v : lanes_)
     for (auto& a : v) stop(a);

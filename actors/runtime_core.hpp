@@ -25,6 +25,7 @@
 #include <caf/actor_system.hpp>
 
 #include "actors/actorgraph.hpp"
+#include "actors/job_actor.hpp"
 #include "actors/job_context.hpp"
 #include "actors/job_registry.hpp"
 #include "actors/loaded_plan.hpp"
@@ -84,6 +85,11 @@ class runtime_core {
   job submit(const std::shared_ptr<const plan>& p, std::vector<host_tensor> inputs,
              const submit_options& options = {});
 
+  /// Job actors spawned ahead and not yet bound to a job (tests): at most
+  /// runtime_options::spare_job_actors, fewer while submitting threads race
+  /// for them, none after shutdown().
+  std::size_t spare_job_actors() const;
+
   int64_t jobs_in_flight() const noexcept { return in_flight_.load(); }
   /// Blocks until no job actor is alive.
   void wait_idle();
@@ -128,6 +134,11 @@ class runtime_core {
   std::vector<std::array<caf::actor, 3>> copy_actors_;  // [device][h2d, d2h, peer]
   std::vector<caf::actor> comm_actors_;                 // [device], spawned on first use, under lanes_m_
   std::vector<std::shared_ptr<fault_sink>> fault_sinks_;
+  /// Spare job actors (job_actor.hpp, spare_job_actor): submit() binds one
+  /// instead of spawning, and spawns its replacement once the job is sent.
+  /// Dismissed by shutdown(). Any submitting thread; under spares_m_.
+  mutable std::mutex spares_m_;
+  std::vector<spare_job_actor> spares_;
   std::atomic<uint64_t> next_job_{1};
   std::atomic<int64_t> in_flight_{0};  ///< submitted, handle not yet ready
   std::atomic<int64_t> alive_{0};      ///< submitted, job actor not yet finished

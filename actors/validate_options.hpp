@@ -17,6 +17,7 @@ namespace ag {
 /// scheduler_threads outside 0 (CAF's default) .. 1024,
 /// scheduler_max_throughput < 0 (0: CAF's default, unlimited),
 /// scheduler_spin_polls < -1, scheduler_idle_steal_us outside 0 (CAF's default) .. 60 s,
+/// spare_job_actors outside 0..1024,
 /// upload_chunk_bytes < 1, stall_factor outside 0..1e9 or NaN,
 /// stall_min_seconds outside 0.001..1e6 or NaN, and every
 /// backend option gpu::validate(backend_options) refuses.
@@ -37,6 +38,8 @@ inline error validate(const runtime_options& o) {
     return bad("scheduler_spin_polls", o.scheduler_spin_polls, ">= -1 (-1: by core count, 0: CAF's default)");
   if (o.scheduler_idle_steal_us < 0 || o.scheduler_idle_steal_us > 60'000'000)
     return bad("scheduler_idle_steal_us", o.scheduler_idle_steal_us, "0 (CAF's default) .. 60000000 (60 s)");
+  if (o.spare_job_actors < 0 || o.spare_job_actors > 1024)
+    return bad("spare_job_actors", o.spare_job_actors, "0..1024 (job actors spawned ahead of their jobs)");
   if (o.upload_chunk_bytes < 1)
     return bad("upload_chunk_bytes", static_cast<long long>(o.upload_chunk_bytes), ">= 1 (bytes per weight upload chunk)");
   if (!(o.stall_factor >= 0) || o.stall_factor > 1e9)

@@ -298,6 +298,9 @@ int main(int argc, char** argv) {
   app.add_option("--then-jobs", then_jobs, "tiny jobs timed for submit_to_then_us")->check(CLI::Range(1, 10000000));
   app.add_option("--start-on-submit", base_options.start_jobs_on_submit,
                  "on|off: runtime_options::start_jobs_on_submit (a job with free arenas starts from submit)");
+  app.add_option("--spare-job-actors", base_options.spare_job_actors,
+                 "runtime_options::spare_job_actors (job actors spawned ahead of their jobs; 0: spawned by submit)")
+      ->check(CLI::Range(0, 1024));
   app.add_option("--pinned-inputs", then_pinned_inputs,
                  "on|off: runtime_options::pinned_inputs_max_bytes 64 KiB or 0 (submit copies small inputs to pinned memory)");
   app.add_option("--inline-copies", then_inline_copies,

@@ -230,6 +230,11 @@ TEST(BadOptions, RuntimeOptionsAreRefusedNamingOptionAndValue) {
   o.scheduler_spin_polls = -2;
   refused(o, "scheduler_spin_polls", "-2");
   o = {};
+  o.spare_job_actors = -1;
+  refused(o, "spare_job_actors", "-1");
+  o.spare_job_actors = 1025;
+  refused(o, "spare_job_actors", "1025");
+  o = {};
   o.backend.cuda_nccl_min_bytes_wide = 0;
   refused(o, "cuda_nccl_min_bytes_wide", "0");
   o = {};

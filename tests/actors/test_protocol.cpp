@@ -43,6 +43,7 @@ struct Protocol : ::testing::Test {
   double stall_min_seconds = 1.0;
   bool start_on_submit = true;  ///< runtime_options::start_jobs_on_submit of the next start()
   int64_t pinned_inputs_max_bytes = int64_t{64} << 10;  ///< runtime_options::pinned_inputs_max_bytes
+  int spare_job_actors = ag::runtime_options{}.spare_job_actors;  ///< runtime_options::spare_job_actors
 
   void start(int n, int arenas, int64_t mem = 1LL << 30, bool pinned_outputs = true,
              const std::function<void(ag::test::fake_device&)>& configure = {}) {
@@ -64,6 +65,7 @@ struct Protocol : ::testing::Test {
     o.stall_min_seconds = stall_min_seconds;
     o.start_jobs_on_submit = start_on_submit;
     o.pinned_inputs_max_bytes = pinned_inputs_max_bytes;
+    o.spare_job_actors = spare_job_actors;
     core = std::make_unique<ag::actors::runtime_core>(*sys, d, o);
     sched->run();
   }
@@ -349,6 +351,42 @@ void start_on_submit_case(Protocol& t, bool on) {
 TEST_F(Protocol, AJobWhoseArenasAreFreeIsStartedBySubmit) { start_on_submit_case(*this, true); }
 
 TEST_F(Protocol, WithStartOnSubmitOffEveryJobAsksItsDeviceActors) { start_on_submit_case(*this, false); }
+
+// runtime_options::spare_job_actors: submit binds a job actor spawned ahead
+// and spawns its replacement after sending the job, so the spares stay at
+// their count; a bound spare that has not run yet still takes a cancel; the
+// jobs equal the reference with spares and without; shutdown dismisses the
+// unbound spares (no actor keeps running, or the actor system would wait
+// for it forever at teardown).
+void spare_job_actors_case(Protocol& t, int spares) {
+  t.spare_job_actors = spares;
+  t.start(2, 1);
+  EXPECT_EQ(t.core->spare_job_actors(), static_cast<std::size_t>(spares));
+  auto g = std::make_shared<const ag::graph>(two_device_mlp());
+  auto p = t.core->compile(g, {}).value();
+  auto in1 = inputs_for(*g, 1), in2 = inputs_for(*g, 2), in3 = inputs_for(*g, 3);
+  auto j1 = t.core->submit(p, in1);
+  EXPECT_EQ(j1.state(), ag::job_state::running);
+  EXPECT_EQ(t.core->spare_job_actors(), static_cast<std::size_t>(spares));
+  auto j2 = t.core->submit(p, in2);  // waits for j1's arenas; its actor has not run
+  auto j3 = t.core->submit(p, in3);
+  EXPECT_EQ(t.core->spare_job_actors(), static_cast<std::size_t>(spares));
+  j2.cancel();
+  t.sched->run();
+  expect_reference(*g, in1, j1);
+  ASSERT_TRUE(j2.ready());
+  EXPECT_EQ(j2.state(), ag::job_state::cancelled);
+  EXPECT_EQ(j2.wait().err().code, ag::errc::cancelled);
+  expect_reference(*g, in3, j3);
+  t.core->shutdown();
+  t.sched->run();
+  EXPECT_EQ(t.core->spare_job_actors(), 0u);
+  EXPECT_EQ(t.sys->registry().running(), 0u) << "an actor is still running after shutdown";
+}
+
+TEST_F(Protocol, SpareJobActorsRunJobsAndAreReplacedAndDismissed) { spare_job_actors_case(*this, 2); }
+
+TEST_F(Protocol, WithoutSpareJobActorsEverySubmitSpawnsItsActor) { spare_job_actors_case(*this, 0); }
 
 TEST_F(Protocol, DeviceDeathFailsOnlyTheJobsOnThatDevice) {
   start(2, 2);
