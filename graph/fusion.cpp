@@ -68,10 +68,11 @@ std::optional<attention_fusion> match(const graph& g, const std::vector<node_id>
   const int64_t M = q.dims[-2], dh = q.dims[-1], keys = kk.dims[-2];
   if (kk.dims[-1] != dh || v.dims[-1] != dh || v.dims[-2] != keys || pv.dims[-2] != M || pv.dims[-1] != dh)
     return std::nullopt;
-  if (M > fused_attention_max_rows || keys < 1 || keys > fused_attention_max_keys ||
-      M * keys > fused_attention_max_scores || dh > fused_attention_max_head)
-    return std::nullopt;
   const dtype t = q.type;
+  const bool flash = M > fused_attention_max_rows && keys >= 1 && fused_flash_attention_fits(t, dh);
+  if (!flash && (M > fused_attention_max_rows || keys < 1 || keys > fused_attention_max_keys ||
+                 M * keys > fused_attention_max_scores || dh > fused_attention_max_head))
+    return std::nullopt;
   if ((t != dtype::f32 && t != dtype::bf16 && t != dtype::f16) || kk.type != t || v.type != t || pv.type != t ||
       qk.type != t || sm.type != t)
     return std::nullopt;
@@ -325,7 +326,8 @@ std::vector<attention_fusion> find_attention_fusions(const graph& g, const std::
       auto f = match(g, ops, i);
       if (!f) continue;
       f->step = st.id;
-      match_prologue(g, ops, i, *f);
+      // Only the decode kernels take a cache prologue (not the flash kernel's longer runs).
+      if (g.at(g.at(f->scores).inputs[0]).dims[-2] <= fused_attention_max_rows) match_prologue(g, ops, i, *f);
       found.push_back(*f);
       i += f->mask_add == no_node ? 2 : 3;  // past the chain's last op
     }

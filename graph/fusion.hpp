@@ -24,9 +24,12 @@ using step_id = int32_t;
 /// between them allowed, every intermediate read only by the next op and no
 /// graph output; consecutive compute ops of one step on a CUDA device; q
 /// [.., M, dh], k and v [.., keys, dh] with equal batch dims, one float dtype;
-/// within the kernel's limits (M <= 16, keys <= 8192, M x keys <= 32768,
-/// dh <= 256; gpu/cuda/attention.cuh). The kernel reads q, k and the mask at
-/// `out`'s place in the step.
+/// within the decode kernels' limits (M <= 16, keys <= 8192, M x keys <=
+/// 32768, dh <= 256; gpu/cuda/attention.cuh), or, for longer query runs (a
+/// prefill, a training-shaped layer: M > 16), the flash kernel's
+/// (fused_flash_attention_fits: f16 or bf16, dh 64 or 128, any keys;
+/// gpu/cuda/flash_attention.cuh), which never writes the scores. The kernel
+/// reads q, k and the mask at `out`'s place in the step.
 ///
 /// The chain may take in a KV cache's prologue, the compute ops right before
 /// it in the step (any order): `k_store` and `v_store`, the store_rows ops
@@ -60,6 +63,13 @@ struct attention_fusion {
     return (k_store != no_node) + (v_store != no_node) + (k_rope != no_node) + (q_rope != no_node);
   }
 };
+/// Whether a chain of more than fused_attention_max_rows query rows fuses
+/// (the flash kernel: f16 or bf16, head dim 64 or 128). Such a chain takes
+/// no cache prologue.
+inline bool fused_flash_attention_fits(dtype t, int64_t dh) noexcept {
+  return (t == dtype::bf16 || t == dtype::f16) && (dh == 64 || dh == 128);
+}
+
 /// The most query positions (S) a fused prologue takes.
 inline constexpr int64_t fused_attention_max_new_rows = 16;
 

@@ -6,6 +6,7 @@
 
 #include "gpu/cuda/common.cuh"
 #include "gpu/cuda/cuda_check.cuh"
+#include "gpu/cuda/flash_attention.cuh"
 #include "gpu/cuda/rope.cuh"
 #include "gpu/cuda/vec.cuh"
 
@@ -619,6 +620,8 @@ error go(const launch_ctx& c, const kt& out, const kt& q, const kt& k, const kt&
 error launch_fused_attention(const launch_ctx& c, const kt& out, const kt& q, const kt& k, const kt& v,
                              const kt* mask, float scale, bool causal, int64_t softmax_rows,
                              const attention_prologue* prologue) {
+  // Longer query runs (a prefill): the flash kernel, which never writes the scores.
+  if (q.d[2] > kMaxRows && !prologue) return launch_flash_attention(c, out, q, k, v, mask, scale, causal, softmax_rows);
   const int64_t groups = q.d[0] * q.d[1];
   if (groups * q.d[2] == 0) return {};
   const int t = q.t;

@@ -616,6 +616,31 @@ models::transformer_config decode_step(models::model_variant variant, int64_t d_
   return cfg;
 }
 
+// Longer query runs (a prefill of 80 positions) fuse into the flash kernel
+// (graph/fusion.hpp, fused_flash_attention_fits): one record per layer for
+// f16 and bf16 heads of 64 and 128, causal without a cache and masked with
+// one, never with a cache prologue; f32 and heads of 32 keep their four
+// kernels, as do sim devices.
+TEST(LaunchProgram, LongQueryRunsFuseIntoTheFlashKernelForHalfTypesAndHeadsOf64Or128) {
+  for (auto variant : {models::model_variant::llama, models::model_variant::gpt2})
+    for (dtype t : {dtype::f32, dtype::f16, dtype::bf16})
+      for (int64_t head : {int64_t{32}, int64_t{64}, int64_t{128}})
+        for (int64_t cache : {int64_t{0}, int64_t{96}}) {
+          SCOPED_TRACE(std::string(models::to_string(variant)) + " " + to_string(t) + " heads of " +
+                       std::to_string(head) + " cache " + std::to_string(cache));
+          models::transformer_config cfg = decode_step(variant, 8 * head);
+          cfg.seq_len = 80;
+          cfg.dtype = t;
+          cfg.kv_cache_capacity = cache;
+          const bool flash = t != dtype::f32 && (head == 64 || head == 128);
+          const auto cuda = count_fused(cfg, device_kind::cuda);
+          EXPECT_EQ(cuda.fused, flash ? 3 : 0);
+          EXPECT_EQ(cuda.masked, flash && cache > 0 ? 3 : 0);
+          EXPECT_EQ(cuda.cache_prologues, 0);
+          EXPECT_EQ(count_fused(cfg, device_kind::sim).fused, 0);
+        }
+}
+
 TEST(LaunchProgram, DecodeAttentionIsOneFusedRecordPerLayerOnCudaOnly) {
   for (auto variant : {models::model_variant::llama, models::model_variant::gpt2}) {
     models::transformer_config cfg = decode_step(variant, 64);

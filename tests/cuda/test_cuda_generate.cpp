@@ -263,6 +263,133 @@ TEST(CudaGenerate, FusedAttentionStepsEqualTheReference) {
         }
 }
 
+// Attention over long query runs is one flash kernel (gpu/cuda/
+// flash_attention.cuh) that never writes the scores. Each case is the
+// chain the transformer builds (q k^T [+ mask] -> softmax -> p v) on its
+// own, f16 and bf16 inputs of fresh random values: heads of 64 and 128,
+// causal with as many keys as queries and with more (a cache's offset),
+// non-causal, an additive mask of
+// random finite values and holes, query and key counts that are not
+// multiples of the kernel's 64, and q as a strided view (rows not whole
+// 16-byte units: the element-by-element loads). Every output equals the
+// reference and the chain is fused.
+TEST(CudaGenerate, FlashAttentionOfLongQueryRunsEqualsTheReference) {
+  AG_REQUIRE_GPU(1);
+  auto rt = runtime::create("cuda:0");
+  ASSERT_TRUE(rt) << rt.err().to_string();
+  struct attention_case {
+    dtype t;
+    int64_t batch, heads, S, keys, dh;
+    bool causal, mask, strided_q;
+  };
+  const attention_case cases[] = {
+      {dtype::bf16, 2, 3, 100, 100, 64, true, false, false},  {dtype::f16, 1, 2, 70, 130, 128, true, false, false},
+      {dtype::bf16, 2, 2, 90, 150, 64, false, true, false},
+      {dtype::f16, 1, 3, 64, 64, 128, false, false, false},   {dtype::bf16, 1, 2, 96, 96, 64, true, false, true},
+      {dtype::bf16, 1, 1, 200, 333, 128, false, true, false},
+  };
+  uint64_t seed = 7300;
+  for (const attention_case& c : cases) {
+    SCOPED_TRACE(std::string(to_string(c.t)) + " B " + std::to_string(c.batch) + " H " + std::to_string(c.heads) +
+                 " S " + std::to_string(c.S) + " keys " + std::to_string(c.keys) + " dh " + std::to_string(c.dh) +
+                 (c.causal ? " causal" : "") + (c.mask ? " masked" : "") + (c.strided_q ? " strided q" : ""));
+    graph_builder b;
+    tensor q = c.strided_q ? b.slice(b.input("q_wide", c.t, {c.batch, c.heads, c.S, c.dh + 2}), 3, 0, c.dh, "q")
+                           : b.input("q", c.t, {c.batch, c.heads, c.S, c.dh});
+    tensor k = b.input("k", c.t, {c.batch, c.heads, c.keys, c.dh});
+    tensor v = b.input("v", c.t, {c.batch, c.heads, c.keys, c.dh});
+    tensor scores = b.matmul(q, k, false, true, "qk");
+    if (c.mask) scores = b.add(scores, b.input("mask", c.t, {c.S, c.keys}), "masked");
+    tensor probs = b.softmax(scores, c.causal, 1.0f / std::sqrt(static_cast<float>(c.dh)), "softmax");
+    b.output(b.matmul(probs, v, false, false, "pv"));
+    auto g = std::move(b).build();
+    ASSERT_TRUE(g) << g.err().to_string();
+    std::vector<host_tensor> in;
+    for (node_id id : g->inputs()) {
+      const node& n = g->at(id);
+      if (n.name != "mask") {
+        in.push_back(host_tensor::random_normal(n.type, n.dims, ++seed, 1.0f));
+        continue;
+      }
+      // Finite values and holes (-30000) but at each row's first key (a row
+      // of holes only would compare the reference's rounding of -30000 + s
+      // in bf16, not the kernel), one row left with that key alone.
+      auto m = host_tensor::random_normal(dtype::f32, n.dims, ++seed, 1.0f).to_floats();
+      for (std::size_t j = 0; j < m.size(); ++j)
+        if ((j * 7919) % 5 == 0 && j % static_cast<std::size_t>(c.keys) != 0) m[j] = -30000.0f;
+      for (int64_t j = 1; j < c.keys; ++j) m[static_cast<std::size_t>(3 * c.keys + j)] = -30000.0f;
+      in.push_back(host_tensor::from_floats(n.type, n.dims, m));
+    }
+    plan_options o;
+    o.policy = placement_policy::single;
+    o.fuse_ops = true;
+    auto p = (*rt)->compile(*g, o);
+    ASSERT_TRUE(p) << p.err().to_string();
+    EXPECT_EQ((*p)->fusions().size(), 1u) << (*p)->describe();
+    auto want = evaluate_reference(*g, in);
+    ASSERT_TRUE(want) << want.err().to_string();
+    for (int round = 0; round < 2; ++round) {
+      const job j = (*rt)->submit(*p, in);
+      ASSERT_TRUE(j.wait_for(60s)) << "hung";
+      const auto& r = j.wait();
+      ASSERT_TRUE(r) << r.err().to_string();
+      const auto cmp = compare(r->front(), want->front(), 2e-2, 2e-2);
+      EXPECT_TRUE(cmp.ok) << "round " << round << ": " << cmp.message;
+    }
+  }
+}
+
+// A prefill through the transformer: LLaMA with grouped-query heads (4
+// query heads per kv head, so a kernel's 64 rows span heads) with a KV cache
+// (masked) and without (causal), GPT-2 with heads of 64, bf16 and f16,
+// every layer's attention one flash kernel; the logits equal the reference.
+TEST(CudaGenerate, PrefillWithFlashAttentionEqualsTheReference) {
+  AG_REQUIRE_GPU(1);
+  auto rt = runtime::create("cuda:0");
+  ASSERT_TRUE(rt) << rt.err().to_string();
+  for (auto variant : {models::model_variant::llama, models::model_variant::gpt2})
+    for (dtype t : {dtype::bf16, dtype::f16})
+      for (int64_t cache : {int64_t{0}, int64_t{96}}) {
+        SCOPED_TRACE(std::string(models::to_string(variant)) + " " + to_string(t) + " cache " + std::to_string(cache));
+        models::transformer_config cfg = decode_step_config(variant, t, cache, 64);
+        cfg.seq_len = 72;
+        cfg.max_positions = 128;
+        plan_options o;
+        o.fuse_ops = true;
+        o.state_slots = 2;
+        auto g = std::make_shared<const graph>(models::build_transformer(cfg).value());
+        auto p = (*rt)->compile(g, o);
+        ASSERT_TRUE(p) << p.err().to_string();
+        EXPECT_EQ((*p)->fusions().size(), static_cast<std::size_t>(cfg.n_layers)) << "one flash kernel a layer";
+        std::vector<host_tensor> in;
+        for (node_id id : g->inputs()) {
+          const node& n = g->at(id);
+          if (n.type == dtype::i32) {
+            const bool tokens = n.name.find("token") != std::string::npos;
+            std::vector<int32_t> pos(static_cast<std::size_t>(n.dims.numel()));
+            for (std::size_t i = 0; i < pos.size(); ++i) pos[i] = static_cast<int32_t>(i % static_cast<std::size_t>(cfg.seq_len));
+            in.push_back(tokens ? host_tensor::random_ints(n.dims, 91, cfg.vocab) : host_tensor::from_ints(n.dims, pos));
+          } else {
+            // the [S, C] mask of a prefill from position 0: causal over the cache
+            std::vector<float> m(static_cast<std::size_t>(n.dims.numel()));
+            for (int64_t i = 0; i < n.dims[0]; ++i)
+              for (int64_t j = 0; j < n.dims[1]; ++j) m[static_cast<std::size_t>(i * n.dims[1] + j)] = j <= i ? 0.f : -30000.f;
+            in.push_back(host_tensor::from_floats(n.type, n.dims, m));
+          }
+        }
+        auto want = evaluate_reference(*g, in);
+        ASSERT_TRUE(want) << want.err().to_string();
+        submit_options so;
+        if (cache > 0) so.state_slot = 0;
+        const job j = (*rt)->submit(*p, in, so);
+        ASSERT_TRUE(j.wait_for(60s)) << "hung";
+        const auto& r = j.wait();
+        ASSERT_TRUE(r) << r.err().to_string();
+        const auto cmp = compare(r->front(), want->front(), 6e-2, 6e-2);
+        EXPECT_TRUE(cmp.ok) << cmp.message;
+      }
+}
+
 // plan_options::fuse_projections (on by default): a LLaMA decode step's q /
 // k / v, gate / up / silu / mul, and o and down with their residual adds run
 // as GEMV groups (4 per layer), alone and with the fused attention; every job

@@ -1,0 +1,434 @@
+#include "gpu/cuda/flash_attention.cuh"
+
+#include <atomic>
+#include <string>
+
+#include "gpu/cuda/common.cuh"
+#include "gpu/cuda/cuda_check.cuh"
+
+namespace ag::gpu::cuda {
+
+AG_CUDA_MODULE_ANCHOR()
+namespace {
+
+// A block: 4 warps, 64 query rows (16 a warp, the rows of one m16n8k16
+// product), key tiles of 64. Shared memory: the block's q rows, one tile of
+// keys and one of values, each row padded by 16 bytes so that the 8 rows a
+// fragment load touches fall in different banks.
+constexpr int kRows = 64;
+constexpr int kKeys = 64;
+constexpr int kThreads = 128;
+constexpr int kMaxOrdinals = 64;
+constexpr float kLog2e = 1.4426950408889634f;
+
+template <int HD>
+constexpr int row_stride() {
+  return HD + 8;  // elements (2 bytes each)
+}
+template <int HD>
+constexpr int tile_elems() {
+  return kRows * row_stride<HD>();
+}
+// q, then two buffers of a key tile and a value tile (the next tile loads
+// while this one is used).
+template <int HD>
+constexpr std::size_t shared_bytes() {
+  return static_cast<std::size_t>(5 * tile_elems<HD>()) * 2;
+}
+
+// One m16n8k16 product c += a b on the tensor cores, f32 accumulation
+// (PTX ISA, "Matrix fragments for mma.m16n8k16"): lane = 4 g + t holds
+// a = {(g, 2t..2t+1), (g+8, 2t..), (g, 2t+8..), (g+8, 2t+8..)} of the 16x16
+// a, b = {(k 2t..2t+1, n g), (k 2t+8.., n g)} of the 16x8 b, and
+// c = {(g, 2t), (g, 2t+1), (g+8, 2t), (g+8, 2t+1)} of the 16x8 result.
+template <class T>
+__device__ __forceinline__ void mma16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1);
+template <>
+__device__ __forceinline__ void mma16816<__nv_bfloat16>(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
+                                                        uint32_t b1) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#endif
+}
+template <>
+__device__ __forceinline__ void mma16816<__half>(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#endif
+}
+
+// Two floats as the dtype's pair, the first in the low half (the lower column).
+template <class T>
+__device__ __forceinline__ uint32_t pack2(float lo, float hi);
+template <>
+__device__ __forceinline__ uint32_t pack2<__nv_bfloat16>(float lo, float hi) {
+  __nv_bfloat162 p = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<uint32_t*>(&p);
+}
+template <>
+__device__ __forceinline__ uint32_t pack2<__half>(float lo, float hi) {
+  __half2 p = __floats2half2_rn(lo, hi);
+  return *reinterpret_cast<uint32_t*>(&p);
+}
+
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));  // 2^-inf = +0
+  return y;
+}
+
+__device__ __forceinline__ uint32_t lds32(const void* p) { return *static_cast<const uint32_t*>(p); }
+
+// Four 8x8 matrices of 2-byte elements from shared memory, transposed: lane
+// 8 i + r gives the address of row r of matrix i; each lane receives, per
+// matrix, the elements (row 2t, column g) and (row 2t + 1, column g).
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t& r0, uint32_t& r1, uint32_t& r2, uint32_t& r3,
+                                                  const void* p) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  const auto a = static_cast<uint32_t>(__cvta_generic_to_shared(p));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+               : "r"(a));
+#endif
+}
+
+// Four 8x8 matrices, not transposed: lane 8 i + r gives the address of row
+// r of matrix i; each lane receives, per matrix, (row g, columns 2t, 2t + 1).
+__device__ __forceinline__ void ldmatrix_x4(uint32_t& r0, uint32_t& r1, uint32_t& r2, uint32_t& r3, const void* p) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  const auto a = static_cast<uint32_t>(__cvta_generic_to_shared(p));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+               : "r"(a));
+#endif
+}
+
+// 16 bytes global -> shared without the registers (zeros when !valid:
+// nothing is read then), completed by cp_async_wait_all().
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool valid) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  const auto d = static_cast<uint32_t>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(d), "l"(src), "r"(valid ? 16 : 0) : "memory");
+#endif
+}
+__device__ __forceinline__ void cp_async_commit() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.commit_group;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void cp_async_wait_all() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.wait_group 0;" ::: "memory");
+#endif
+}
+
+// Rows [first, first + kRows) of x (row r at base + r * s2, element c at
+// + c * s3; rows at or past `limit` as zeros) into shared rows of HD + 8:
+// asynchronously with 16-byte rows (VEC), else element by element.
+template <class T, int HD, bool VEC>
+__device__ __forceinline__ void load_rows(T* dst, const T* base, int64_t s2, int64_t s3, int64_t first,
+                                          int64_t limit) {
+  if constexpr (VEC) {
+    constexpr int chunks = HD / 8;  // 16 bytes each
+    for (int i = threadIdx.x; i < kRows * chunks; i += kThreads) {
+      const int r = i / chunks, c = (i % chunks) * 8;
+      const int64_t row = first + r;
+      cp_async16(dst + r * row_stride<HD>() + c, row < limit ? base + row * s2 + c : base, row < limit);
+    }
+  } else {
+    for (int i = threadIdx.x; i < kRows * HD; i += kThreads) {
+      const int r = i / HD, c = i % HD;
+      const int64_t row = first + r;
+      dst[r * row_stride<HD>() + c] = row < limit ? base[row * s2 + c * s3] : from_f<T>(0.f);
+    }
+  }
+}
+
+// Grid (row blocks, batch entries), the heaviest causal row blocks first.
+template <class T, int HD, bool VEC>
+__global__ void __launch_bounds__(kThreads)
+    flash_attention_kernel(kt out, kt q, kt k, kt v, kt mask, bool masked, float scale, bool causal, int64_t S) {
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  T* qs = reinterpret_cast<T*>(smem_raw);
+  T* kbuf = qs + tile_elems<HD>();      // [2] key tiles
+  T* vbuf = kbuf + 2 * tile_elems<HD>();  // [2] value tiles
+  const int64_t group = blockIdx.y;
+  const int64_t b0 = group / q.d[1], b1 = group % q.d[1];
+  const int64_t M = q.d[2], keys = k.d[2];
+  const int64_t m0 = static_cast<int64_t>(gridDim.x - 1 - blockIdx.x) * kRows;
+  const T* qb = static_cast<const T*>(q.p) + b0 * q.s[0] + b1 * q.s[1];
+  const T* kb = static_cast<const T*>(k.p) + b0 * k.s[0] + b1 * k.s[1];
+  const T* vb = static_cast<const T*>(v.p) + b0 * v.s[0] + b1 * v.s[1];
+  T* ob = static_cast<T*>(out.p) + b0 * out.s[0] + b1 * out.s[1];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+
+  // The keys this block's rows see: all, or under `causal` up to its last
+  // row's (the block's rows may wrap around S in a grouped-query layout).
+  const int64_t last = (m0 + kRows < M ? m0 + kRows : M) - 1;
+  int64_t kv_end = keys;
+  if (causal) {
+    const int64_t top = (m0 / S == last / S) ? last % S : S - 1;
+    kv_end = top + (keys - S) + 1;
+    if (kv_end > keys) kv_end = keys;
+  }
+
+  // Rows of the block whose tiles need no per-key check: every key of a
+  // tile up to `clear_end` is seen by every row (no mask, whole tiles).
+  int64_t clear_end = 0;
+  if (!masked && m0 + kRows <= M) {
+    const int64_t low = (m0 / S == last / S) ? m0 % S : 0;  // the block's first softmax row
+    clear_end = causal ? low + (keys - S) + 1 : keys;
+    clear_end = clear_end < keys ? clear_end : keys;
+  }
+
+  pdl_enter();
+  load_rows<T, HD, VEC>(qs, qb, q.s[2], q.s[3], m0, M);
+  load_rows<T, HD, VEC>(kbuf, kb, k.s[2], k.s[3], 0, keys);
+  load_rows<T, HD, VEC>(vbuf, vb, v.s[2], v.s[3], 0, keys);
+  cp_async_commit();
+  cp_async_wait_all();
+  __syncthreads();
+  // This warp's 16 rows as a fragments, kept for the whole kernel.
+  uint32_t qa[HD / 16][4];
+  {
+    const T* r0 = qs + (warp * 16 + g) * row_stride<HD>();
+    const T* r1 = r0 + 8 * row_stride<HD>();
+#pragma unroll
+    for (int kk = 0; kk < HD / 16; ++kk) {
+      qa[kk][0] = lds32(r0 + kk * 16 + 2 * t);
+      qa[kk][1] = lds32(r1 + kk * 16 + 2 * t);
+      qa[kk][2] = lds32(r0 + kk * 16 + 8 + 2 * t);
+      qa[kk][3] = lds32(r1 + kk * 16 + 8 + 2 * t);
+    }
+  }
+  // The thread's two rows: flat row, softmax row, whether it exists.
+  const int64_t rowf[2] = {m0 + warp * 16 + g, m0 + warp * 16 + g + 8};
+  const int64_t srow[2] = {rowf[0] % S, rowf[1] % S};
+  const bool live[2] = {rowf[0] < M, rowf[1] < M};
+  const float x_scale = scale * kLog2e;  // scores go to the base-2 domain once
+  float o[HD / 8][4];
+#pragma unroll
+  for (int n = 0; n < HD / 8; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
+  float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.f, 0.f};
+
+  int buf = 0;
+  for (int64_t k0 = 0; k0 < kv_end; k0 += kKeys, buf ^= 1) {
+    // The next tile loads into the other buffers while this one is used
+    // (every warp finished with them at the barrier ending the last round).
+    if (k0 + kKeys < kv_end) {
+      load_rows<T, HD, VEC>(kbuf + (buf ^ 1) * tile_elems<HD>(), kb, k.s[2], k.s[3], k0 + kKeys, keys);
+      load_rows<T, HD, VEC>(vbuf + (buf ^ 1) * tile_elems<HD>(), vb, v.s[2], v.s[3], k0 + kKeys, keys);
+    }
+    cp_async_commit();
+    const T* ks = kbuf + buf * tile_elems<HD>();
+    const T* vs = vbuf + buf * tile_elems<HD>();
+    // Scores of the warp's 16 rows and the tile's 64 keys: 8 products of 8
+    // keys, their b fragments two products at a time (ldmatrix: keys
+    // 16 np + 8 (i / 2) + r, head dims 16 kk + 8 (i % 2) for matrix i).
+    float s[kKeys / 8][4];
+#pragma unroll
+    for (int n = 0; n < kKeys / 8; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
+    {
+      const int mi = lane >> 3, r = lane & 7;
+      const T* krow = ks + ((mi >> 1) * 8 + r) * row_stride<HD>() + (mi & 1) * 8;
+#pragma unroll
+      for (int np = 0; np < kKeys / 16; ++np)
+#pragma unroll
+        for (int kk = 0; kk < HD / 16; ++kk) {
+          uint32_t b0, b1, b2, b3;
+          ldmatrix_x4(b0, b1, b2, b3, krow + np * 16 * row_stride<HD>() + kk * 16);
+          mma16816<T>(s[2 * np], qa[kk], b0, b1);
+          mma16816<T>(s[2 * np + 1], qa[kk], b2, b3);
+        }
+    }
+    // Mask, visibility and scale; the rows' new maxima.
+    float tile_max[2] = {-INFINITY, -INFINITY};
+    if (k0 + kKeys <= clear_end) {
+#pragma unroll
+      for (int n = 0; n < kKeys / 8; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          s[n][e] *= x_scale;
+          tile_max[e >> 1] = fmaxf(tile_max[e >> 1], s[n][e]);
+        }
+    } else {
+#pragma unroll
+      for (int n = 0; n < kKeys / 8; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int h = e >> 1;
+          const int64_t j = k0 + n * 8 + 2 * t + (e & 1);
+          const bool seen = live[h] && j < keys && (!causal || j <= srow[h] + (keys - S));
+          float x = s[n][e];
+          if (seen && masked) x += to_f(static_cast<const T*>(mask.p)[srow[h] * mask.s[2] + j * mask.s[3]]);
+          x = seen ? x * x_scale : -INFINITY;
+          s[n][e] = x;
+          tile_max[h] = fmaxf(tile_max[h], x);
+        }
+    }
+    float alpha[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float mx = tile_max[h];
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      const float m_new = fmaxf(row_max[h], mx);
+      // Nothing seen yet: the running sums are zero, any factor will do.
+      alpha[h] = m_new == -INFINITY ? 1.f : fast_exp2(row_max[h] - m_new);
+      row_max[h] = m_new;
+      row_sum[h] *= alpha[h];
+    }
+    // Probabilities (unnormalised), the thread's share of the row sums.
+#pragma unroll
+    for (int n = 0; n < kKeys / 8; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int h = e >> 1;
+        const float p = row_max[h] == -INFINITY ? 0.f : fast_exp2(s[n][e] - row_max[h]);
+        s[n][e] = p;
+        row_sum[h] += p;
+      }
+#pragma unroll
+    for (int n = 0; n < HD / 8; ++n) {
+      o[n][0] *= alpha[0];
+      o[n][1] *= alpha[0];
+      o[n][2] *= alpha[1];
+      o[n][3] *= alpha[1];
+    }
+    // out += p v: the scores' result fragments are the next product's a
+    // fragments (keys 16 kk .. 16 kk + 15 are score products 2 kk, 2 kk + 1).
+#pragma unroll
+    for (int kk = 0; kk < kKeys / 16; ++kk) {
+      uint32_t pa[4] = {pack2<T>(s[2 * kk][0], s[2 * kk][1]), pack2<T>(s[2 * kk][2], s[2 * kk][3]),
+                        pack2<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]), pack2<T>(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+      const int mi = lane >> 3, r = lane & 7;
+      const T* vrow = vs + (kk * 16 + (mi & 1) * 8 + r) * row_stride<HD>() + (mi >> 1) * 8;
+#pragma unroll
+      for (int p2 = 0; p2 < HD / 16; ++p2) {
+        uint32_t v0, v1, v2, v3;
+        ldmatrix_x4_trans(v0, v1, v2, v3, vrow + p2 * 16);
+        mma16816<T>(o[2 * p2], pa, v0, v1);
+        mma16816<T>(o[2 * p2 + 1], pa, v2, v3);
+      }
+    }
+    cp_async_wait_all();
+    __syncthreads();  // the next tile is in; every warp is done with this one
+  }
+  // Each row's sum over its quad; out = o / sum (zeros for a row that saw nothing).
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    row_sum[h] += __shfl_xor_sync(0xffffffffu, row_sum[h], 1);
+    row_sum[h] += __shfl_xor_sync(0xffffffffu, row_sum[h], 2);
+  }
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    if (!live[h]) continue;
+    const float inv = row_sum[h] > 0.f ? 1.f / row_sum[h] : 0.f;
+    T* orow = ob + rowf[h] * out.s[2];
+#pragma unroll
+    for (int n = 0; n < HD / 8; ++n) {
+      const int d = n * 8 + 2 * t;
+      const float a = o[n][2 * h] * inv, b = o[n][2 * h + 1] * inv;
+      if constexpr (VEC) {
+        *reinterpret_cast<uint32_t*>(orow + d) = pack2<T>(a, b);
+      } else {
+        orow[d * out.s[3]] = from_f<T>(a);
+        orow[(d + 1) * out.s[3]] = from_f<T>(b);
+      }
+    }
+  }
+}
+
+template <class Kernel>
+cudaError_t allow_shared(Kernel kernel, std::size_t bytes, std::atomic<bool> (&done)[kMaxOrdinals]) {
+  if (bytes <= 48 * 1024) return cudaSuccess;
+  int dev = 0;
+  if (cudaError_t r = cudaGetDevice(&dev); r != cudaSuccess) return r;
+  if (dev >= 0 && dev < kMaxOrdinals && done[dev].load(std::memory_order_acquire)) return cudaSuccess;
+  const cudaError_t r = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
+  if (r == cudaSuccess && dev >= 0 && dev < kMaxOrdinals) done[dev].store(true, std::memory_order_release);
+  return r;
+}
+
+template <class T, int HD, bool VEC>
+error go(const launch_ctx& c, const kt& out, const kt& q, const kt& k, const kt& v, const kt& mask, bool masked,
+         float scale, bool causal, int64_t S, int64_t groups) {
+  static std::atomic<bool> done[kMaxOrdinals];
+  const auto kernel = flash_attention_kernel<T, HD, VEC>;
+  constexpr std::size_t shared = shared_bytes<HD>();
+  AG_CUDA_TRY(allow_shared(kernel, shared, done), c.where + " (shared memory for flash attention)");
+  const auto row_blocks = static_cast<unsigned>((q.d[2] + kRows - 1) / kRows);
+  launch_kernel(c, kernel, dim3(row_blocks, static_cast<unsigned>(groups)), kThreads, shared, out, q, k, v, mask,
+                masked, scale, causal, S);
+  return {};
+}
+
+// 16-byte rows: unit stride along dh, row and batch strides of whole 16-byte
+// units, a 16-byte aligned start (out: 4-byte pairs).
+bool rows_of_vectors(const kt& x) {
+  return x.s[3] == 1 && x.s[0] % 8 == 0 && x.s[1] % 8 == 0 && x.s[2] % 8 == 0 &&
+         reinterpret_cast<uintptr_t>(x.p) % 16 == 0;
+}
+bool rows_of_pairs(const kt& x) {
+  return x.s[3] == 1 && x.s[0] % 2 == 0 && x.s[1] % 2 == 0 && x.s[2] % 2 == 0 &&
+         reinterpret_cast<uintptr_t>(x.p) % 4 == 0;
+}
+
+template <class T, int HD>
+error go_vec(const launch_ctx& c, const kt& out, const kt& q, const kt& k, const kt& v, const kt& mask, bool masked,
+             float scale, bool causal, int64_t S, int64_t groups) {
+  if (rows_of_vectors(q) && rows_of_vectors(k) && rows_of_vectors(v) && rows_of_pairs(out))
+    return go<T, HD, true>(c, out, q, k, v, mask, masked, scale, causal, S, groups);
+  return go<T, HD, false>(c, out, q, k, v, mask, masked, scale, causal, S, groups);
+}
+
+template <class T>
+error go_head(const launch_ctx& c, const kt& out, const kt& q, const kt& k, const kt& v, const kt& mask, bool masked,
+              float scale, bool causal, int64_t S, int64_t groups) {
+  if (q.d[3] == 64) return go_vec<T, 64>(c, out, q, k, v, mask, masked, scale, causal, S, groups);
+  return go_vec<T, 128>(c, out, q, k, v, mask, masked, scale, causal, S, groups);
+}
+
+}  // namespace
+
+bool flash_attention_fits(int dtype_code, int64_t dh) {
+  return (dtype_code == static_cast<int>(dtype::bf16) || dtype_code == static_cast<int>(dtype::f16)) &&
+         (dh == 64 || dh == 128);
+}
+
+error launch_flash_attention(const launch_ctx& c, const kt& out, const kt& q, const kt& k, const kt& v,
+                             const kt* mask, float scale, bool causal, int64_t softmax_rows) {
+  const int64_t groups = q.d[0] * q.d[1], M = q.d[2], dh = q.d[3], keys = k.d[2];
+  if (groups * M == 0) return {};
+  const int t = q.t;
+  if (k.t != t || v.t != t || out.t != t || (mask && mask->t != t))
+    return error(errc::dtype_mismatch, c.where + ": flash attention needs one dtype for q, k, v, mask and output");
+  if (!flash_attention_fits(t, dh))
+    return error(errc::invalid_shape, c.where + ": flash attention needs f16 or bf16 and a head dim of 64 or 128 (" +
+                                          std::to_string(dh) + ")");
+  if (keys < 1 || k.d[3] != dh || v.d[3] != dh || v.d[2] != keys || out.d[2] != M || out.d[3] != dh ||
+      softmax_rows < 1 || M % softmax_rows != 0 || (mask && (mask->d[2] != softmax_rows || mask->d[3] != keys)))
+    return error(errc::invalid_shape, c.where + ": flash attention shapes do not match (rows " + std::to_string(M) +
+                                          ", keys " + std::to_string(keys) + ", head " + std::to_string(dh) + ")");
+  for (int i = 0; i < 2; ++i)
+    if (k.d[i] != q.d[i] || v.d[i] != q.d[i] || out.d[i] != q.d[i])
+      return error(errc::invalid_shape, c.where + ": flash attention needs equal batch dims");
+  if (groups > 65535 || (M + kRows - 1) / kRows > 0x7fffffffLL)
+    return error(errc::invalid_shape, c.where + ": flash attention takes at most 65535 batch entries");
+  const kt none{};
+  const kt& mk = mask ? *mask : none;
+  error e = t == static_cast<int>(dtype::bf16)
+                ? go_head<__nv_bfloat16>(c, out, q, k, v, mk, mask != nullptr, scale, causal, softmax_rows, groups)
+                : go_head<__half>(c, out, q, k, v, mk, mask != nullptr, scale, causal, softmax_rows, groups);
+  if (e) return e;
+  AG_CUDA_TRY_LAUNCH(c.where);
+  return {};
+}
+
+}  // namespace ag::gpu::cuda
