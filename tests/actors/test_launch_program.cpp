@@ -510,8 +510,9 @@ TEST(LaunchProgram, CollectiveWithBrokenPeersIsRefusedNamingIt) {
 // Attention fusion (CUDA devices only): a decode step's scores -> [mask] ->
 // softmax -> weighted sum chain becomes one record per layer, carrying q, k,
 // v (and the mask in cache mode) and the softmax's scale, causal flag and
-// rows; a prefill's queries (more rows than the kernel takes) and every
-// non-CUDA device keep the ops as they are.
+// rows; a prefill's queries (more rows than the decode kernels take) keep
+// the ops where the flash kernel does not fit (f32, heads of 8 here), and
+// so does every non-CUDA device.
 struct fused_count {
   int fused = 0, masked = 0, records = 0;
   int cache_prologues = 0, ropes = 0;  ///< records with a cache prologue; ropes fused into them
@@ -685,7 +686,8 @@ TEST(LaunchProgram, DecodeAttentionIsOneFusedRecordPerLayerOnCudaOnly) {
     }
   }
   // A prefill of 16 positions: 64 query rows per kv head, more than the
-  // fused kernel takes; the chain stays as it is.
+  // decode kernels take, in f32 with heads of 8 (no flash kernel either:
+  // LongQueryRuns... below); the chain stays as it is.
   models::transformer_config prefill;
   prefill.variant = models::model_variant::llama;
   prefill.n_layers = 2;
