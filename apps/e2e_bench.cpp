@@ -73,6 +73,7 @@ struct options {
   bool sim_values = false;
   bool pageable_outputs = false;
   std::string pdl = "on";  ///< backend_options::cuda_pdl (on: the default)
+  std::string fusion = "on";  ///< plan_options::fuse_ops of figure 1 (on: the default)
   std::string chrome_trace;
   std::string pipeline_trace;
   bool skip_forward = false, skip_idle = false, skip_completion = false, skip_pipeline = false;
@@ -104,6 +105,9 @@ std::optional<int> parse(int argc, char** argv, options& o) {
   app.add_option("--dtype", o.dtype)->check(CLI::IsMember({"f32", "f16", "bf16"}));
   app.add_option("--runs", o.runs, "timed forward jobs (figures 1, 2)")->check(CLI::PositiveNumber);
   app.add_option("--warmup", o.warmup, "untimed forward jobs first")->check(CLI::NonNegativeNumber);
+  app.add_option("--fusion", o.fusion,
+                 "plan_options::fuse_ops of the figure-1 plan (on: the default, attention chains as one kernel; off)")
+      ->check(CLI::IsMember({"on", "off"}));
   app.add_option("--replay", o.replay, "graph replay of the figure-1 plan (plan_options::graph_replay)")
       ->check(CLI::IsMember({"off", "on", "auto"}));
   app.add_option("--lanes", o.lanes, "compute lanes (streams) per device the planner may use (figures 1, 4)")->check(CLI::PositiveNumber);
@@ -337,6 +341,7 @@ void run_forward(const options& o, ag::runtime& rt) {
   auto g = build_model(cfg);
   ag::plan_options po{.policy = ag::placement_policy::single, .lanes_per_device = o.lanes};
   if (!ag::parse_graph_replay_mode(o.replay, po.graph_replay)) throw std::runtime_error("--replay " + o.replay);
+  po.fuse_ops = o.fusion == "on";
   auto p = compile_plan(rt, g, po, "forward, 1 device");
   const auto inputs = ag::models::transformer_inputs(cfg, 7);
   std::vector<uint64_t> ids;
