@@ -17,7 +17,6 @@ namespace {
 
 constexpr int kThreads = 512;
 constexpr int64_t kMaxRows = 16, kMaxKeys = 8192, kMaxHead = 256, kMaxScores = 32768;
-constexpr int kMaxOrdinals = 64;
 
 // One batch entry (b0, b1) of both attention kernels: its q, k, v and
 // output, the flat query row of its m = 0, and the keys its row m sees:
@@ -539,24 +538,10 @@ split_plan plan_splits(const launch_ctx& c, int64_t groups, int64_t M, int64_t d
   return p;
 }
 
-// Lets `kernel` take `bytes` of dynamic shared memory when that is more than
-// the 48 KiB a launch gets without asking: once per device, for the most
-// any of its launches asks (`most`).
-template <class Kernel>
-cudaError_t allow_shared(Kernel kernel, std::size_t bytes, std::size_t most, std::atomic<bool> (&done)[kMaxOrdinals]) {
-  if (bytes <= 48 * 1024) return cudaSuccess;
-  int dev = 0;
-  if (cudaError_t r = cudaGetDevice(&dev); r != cudaSuccess) return r;
-  if (dev >= 0 && dev < kMaxOrdinals && done[dev].load(std::memory_order_acquire)) return cudaSuccess;
-  const cudaError_t r = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(most));
-  if (r == cudaSuccess && dev >= 0 && dev < kMaxOrdinals) done[dev].store(true, std::memory_order_release);
-  return r;
-}
-
 template <class T, int DPL, int RPW>
 error go_split(const launch_ctx& c, const kt& out, const kt& q, const kt& k, const kt& v, const kt& mask, bool masked,
                float scale, bool causal, int64_t S, int64_t groups, const split_plan& sp, const split_prologue& pro) {
-  static std::atomic<bool> done[kMaxOrdinals];
+  static std::atomic<bool> done[kMaxSharedOrdinals];
   const auto kernel = split_attention_kernel<T, DPL, RPW>;
   const std::size_t shared = split_shared_bytes<T>(q.d[2], 32 * DPL, pro.on ? S : 0);
   AG_CUDA_TRY(allow_shared(kernel, shared, split_shared_bytes<T>(kSplitWarps * RPW, 32 * DPL, kMaxNewRows), done),
@@ -595,7 +580,7 @@ std::size_t shared_bytes(int64_t M, int64_t dh, int64_t keys) {
 template <class T, int MR>
 error go_rows(const launch_ctx& c, const kt& out, const kt& q, const kt& k, const kt& v, const kt& mask, bool masked,
               float scale, bool causal, int64_t S, int64_t groups) {
-  static std::atomic<bool> done[kMaxOrdinals];
+  static std::atomic<bool> done[kMaxSharedOrdinals];
   const auto kernel = fused_attention_kernel<T, MR>;
   const std::size_t shared = shared_bytes(q.d[2], q.d[3], k.d[2]);
   AG_CUDA_TRY(allow_shared(kernel, shared, shared_bytes(kMaxRows, kMaxHead, kMaxScores / kMaxRows), done),

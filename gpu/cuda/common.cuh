@@ -7,6 +7,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -50,6 +51,25 @@ __device__ __forceinline__ void pdl_release() {
 __device__ __forceinline__ void pdl_enter() {
   pdl_wait();
   pdl_release();
+}
+
+/// Devices a kernel's allow_shared() flags track (ordinals at or past it ask every time).
+inline constexpr int kMaxSharedOrdinals = 64;
+
+/// Lets `kernel` take `bytes` of dynamic shared memory when that is more
+/// than the 48 KiB a launch gets without asking: once per device (`done`, a
+/// static array of the launcher), for the most any of its launches asks
+/// (`most`).
+template <class Kernel>
+cudaError_t allow_shared(Kernel kernel, std::size_t bytes, std::size_t most,
+                         std::atomic<bool> (&done)[kMaxSharedOrdinals]) {
+  if (bytes <= 48 * 1024) return cudaSuccess;
+  int dev = 0;
+  if (cudaError_t r = cudaGetDevice(&dev); r != cudaSuccess) return r;
+  if (dev >= 0 && dev < kMaxSharedOrdinals && done[dev].load(std::memory_order_acquire)) return cudaSuccess;
+  const cudaError_t r = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(most));
+  if (r == cudaSuccess && dev >= 0 && dev < kMaxSharedOrdinals) done[dev].store(true, std::memory_order_release);
+  return r;
 }
 
 /// Launches `kernel` on c.stream, as a programmatic dependent of the

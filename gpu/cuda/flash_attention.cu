@@ -1,6 +1,5 @@
 #include "gpu/cuda/flash_attention.cuh"
 
-#include <atomic>
 #include <string>
 
 #include "gpu/cuda/common.cuh"
@@ -18,7 +17,6 @@ namespace {
 constexpr int kRows = 64;
 constexpr int kKeys = 64;
 constexpr int kThreads = 128;
-constexpr int kMaxOrdinals = 64;
 constexpr float kLog2e = 1.4426950408889634f;
 
 template <int HD>
@@ -178,8 +176,8 @@ __global__ void __launch_bounds__(kThreads)
     if (kv_end > keys) kv_end = keys;
   }
 
-  // Rows of the block whose tiles need no per-key check: every key of a
-  // tile up to `clear_end` is seen by every row (no mask, whole tiles).
+  // Tiles wholly below `clear_end` need no per-key check: every row of the
+  // block exists and sees every key below it (no mask).
   int64_t clear_end = 0;
   if (!masked && m0 + kRows <= M) {
     const int64_t low = (m0 / S == last / S) ? m0 % S : 0;  // the block's first softmax row
@@ -345,24 +343,13 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-template <class Kernel>
-cudaError_t allow_shared(Kernel kernel, std::size_t bytes, std::atomic<bool> (&done)[kMaxOrdinals]) {
-  if (bytes <= 48 * 1024) return cudaSuccess;
-  int dev = 0;
-  if (cudaError_t r = cudaGetDevice(&dev); r != cudaSuccess) return r;
-  if (dev >= 0 && dev < kMaxOrdinals && done[dev].load(std::memory_order_acquire)) return cudaSuccess;
-  const cudaError_t r = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
-  if (r == cudaSuccess && dev >= 0 && dev < kMaxOrdinals) done[dev].store(true, std::memory_order_release);
-  return r;
-}
-
 template <class T, int HD, bool VEC>
 error go(const launch_ctx& c, const kt& out, const kt& q, const kt& k, const kt& v, const kt& mask, bool masked,
          float scale, bool causal, int64_t S, int64_t groups) {
-  static std::atomic<bool> done[kMaxOrdinals];
+  static std::atomic<bool> done[kMaxSharedOrdinals];
   const auto kernel = flash_attention_kernel<T, HD, VEC>;
   constexpr std::size_t shared = shared_bytes<HD>();
-  AG_CUDA_TRY(allow_shared(kernel, shared, done), c.where + " (shared memory for flash attention)");
+  AG_CUDA_TRY(allow_shared(kernel, shared, shared, done), c.where + " (shared memory for flash attention)");
   const auto row_blocks = static_cast<unsigned>((q.d[2] + kRows - 1) / kRows);
   launch_kernel(c, kernel, dim3(row_blocks, static_cast<unsigned>(groups)), kThreads, shared, out, q, k, v, mask,
                 masked, scale, causal, S);
