@@ -69,7 +69,9 @@ std::optional<attention_fusion> match(const graph& g, const std::vector<node_id>
   if (kk.dims[-1] != dh || v.dims[-1] != dh || v.dims[-2] != keys || pv.dims[-2] != M || pv.dims[-1] != dh)
     return std::nullopt;
   const dtype t = q.type;
-  const bool flash = M > fused_attention_max_rows && keys >= 1 && fused_flash_attention_fits(t, dh);
+  const int64_t batch_entries = M * dh > 0 ? q.dims.numel() / (M * dh) : 0;
+  const bool flash =
+      M > fused_attention_max_rows && keys >= 1 && fused_flash_attention_fits(t, dh, batch_entries);
   if (!flash && (M > fused_attention_max_rows || keys < 1 || keys > fused_attention_max_keys ||
                  M * keys > fused_attention_max_scores || dh > fused_attention_max_head))
     return std::nullopt;

@@ -63,11 +63,17 @@ struct attention_fusion {
     return (k_store != no_node) + (v_store != no_node) + (k_rope != no_node) + (q_rope != no_node);
   }
 };
+/// The most batch entries (the product of q's leading dims) the flash
+/// kernel takes: they are its grid's y, which CUDA bounds at 65535.
+inline constexpr int64_t fused_flash_max_batch = 65535;
+
 /// Whether a chain of more than fused_attention_max_rows query rows fuses
-/// (the flash kernel: f16 or bf16, head dim 64 or 128). Such a chain takes
-/// no cache prologue.
-inline bool fused_flash_attention_fits(dtype t, int64_t dh) noexcept {
-  return (t == dtype::bf16 || t == dtype::f16) && (dh == 64 || dh == 128);
+/// (the flash kernel: f16 or bf16, head dim 64 or 128, at most
+/// fused_flash_max_batch batch entries; more keep their four kernels). Such
+/// a chain takes no cache prologue.
+inline bool fused_flash_attention_fits(dtype t, int64_t dh, int64_t batch_entries) noexcept {
+  return (t == dtype::bf16 || t == dtype::f16) && (dh == 64 || dh == 128) && batch_entries >= 1 &&
+         batch_entries <= fused_flash_max_batch;
 }
 
 /// The most query positions (S) a fused prologue takes.

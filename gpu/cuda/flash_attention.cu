@@ -4,6 +4,7 @@
 
 #include "gpu/cuda/common.cuh"
 #include "gpu/cuda/cuda_check.cuh"
+#include "graph/fusion.hpp"
 
 namespace ag::gpu::cuda {
 
@@ -406,8 +407,10 @@ error launch_flash_attention(const launch_ctx& c, const kt& out, const kt& q, co
   for (int i = 0; i < 2; ++i)
     if (k.d[i] != q.d[i] || v.d[i] != q.d[i] || out.d[i] != q.d[i])
       return error(errc::invalid_shape, c.where + ": flash attention needs equal batch dims");
-  if (groups > 65535 || (M + kRows - 1) / kRows > 0x7fffffffLL)
-    return error(errc::invalid_shape, c.where + ": flash attention takes at most 65535 batch entries");
+  if (groups > fused_flash_max_batch || (M + kRows - 1) / kRows > 0x7fffffffLL)
+    return error(errc::invalid_shape, c.where + ": flash attention takes at most " +
+                                          std::to_string(fused_flash_max_batch) + " batch entries (" +
+                                          std::to_string(groups) + ")");
   const kt none{};
   const kt& mk = mask ? *mask : none;
   error e = t == static_cast<int>(dtype::bf16)

@@ -642,6 +642,29 @@ TEST(LaunchProgram, LongQueryRunsFuseIntoTheFlashKernelForHalfTypesAndHeadsOf64O
         }
 }
 
+// The flash kernel's grid takes at most fused_flash_max_batch (65535) batch
+// entries: a long query run over 65535 of them fuses, one over 65536 keeps
+// its four kernels instead of failing at launch.
+TEST(LaunchProgram, FlashFusionStopsAtTheKernelsBatchLimit) {
+  for (int64_t batch : {fused_flash_max_batch, fused_flash_max_batch + 1}) {
+    SCOPED_TRACE("batch entries " + std::to_string(batch));
+    graph_builder b;
+    auto q = b.input("q", dtype::bf16, {1, batch, 17, 64});
+    auto k = b.input("k", dtype::bf16, {1, batch, 17, 64});
+    auto v = b.input("v", dtype::bf16, {1, batch, 17, 64});
+    auto probs = b.softmax(b.matmul(q, k, false, true, "qk"), true, 0.125f, "softmax");
+    b.output(b.matmul(probs, v, false, false, "pv"));
+    auto g = std::move(b).build();
+    ASSERT_TRUE(g) << g.err().to_string();
+    device_spec d;
+    d.name = "cuda0";
+    d.kind = device_kind::cuda;
+    auto p = compile(std::make_shared<const graph>(std::move(*g)), {d}, plan_options{});
+    ASSERT_TRUE(p) << p.err().to_string();
+    EXPECT_EQ((*p)->fusions().size(), batch <= fused_flash_max_batch ? 1u : 0u);
+  }
+}
+
 TEST(LaunchProgram, DecodeAttentionIsOneFusedRecordPerLayerOnCudaOnly) {
   for (auto variant : {models::model_variant::llama, models::model_variant::gpt2}) {
     models::transformer_config cfg = decode_step(variant, 64);

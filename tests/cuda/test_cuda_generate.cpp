@@ -339,6 +339,38 @@ TEST(CudaGenerate, FlashAttentionOfLongQueryRunsEqualsTheReference) {
   }
 }
 
+// A long query run over more batch entries than the flash kernel's grid
+// takes (graph/fusion.hpp, fused_flash_max_batch) keeps its four kernels
+// and still equals the reference, on fresh random values.
+TEST(CudaGenerate, AttentionOverMoreBatchEntriesThanTheFlashGridTakesRunsUnfused) {
+  AG_REQUIRE_GPU(1);
+  auto rt = runtime::create("cuda:0");
+  ASSERT_TRUE(rt) << rt.err().to_string();
+  const int64_t batch = fused_flash_max_batch + 1, rows = 17, dh = 64;
+  graph_builder b;
+  auto q = b.input("q", dtype::bf16, {1, batch, rows, dh});
+  auto k = b.input("k", dtype::bf16, {1, batch, rows, dh});
+  auto v = b.input("v", dtype::bf16, {1, batch, rows, dh});
+  auto probs = b.softmax(b.matmul(q, k, false, true, "qk"), true, 0.125f, "softmax");
+  b.output(b.matmul(probs, v, false, false, "pv"));
+  auto g = std::move(b).build();
+  ASSERT_TRUE(g) << g.err().to_string();
+  auto p = (*rt)->compile(*g, plan_options{});
+  ASSERT_TRUE(p) << p.err().to_string();
+  EXPECT_TRUE((*p)->fusions().empty()) << "past the flash kernel's grid";
+  std::vector<host_tensor> in;
+  uint64_t seed = 7700;
+  for (node_id id : g->inputs()) in.push_back(host_tensor::random_normal(dtype::bf16, g->at(id).dims, ++seed, 1.0f));
+  auto want = evaluate_reference(*g, in);
+  ASSERT_TRUE(want) << want.err().to_string();
+  const job j = (*rt)->submit(*p, in);
+  ASSERT_TRUE(j.wait_for(60s)) << "hung";
+  const auto& r = j.wait();
+  ASSERT_TRUE(r) << r.err().to_string();
+  const auto cmp = compare(r->front(), want->front(), 3e-2, 3e-2);
+  EXPECT_TRUE(cmp.ok) << cmp.message;
+}
+
 // A prefill through the transformer: LLaMA with grouped-query heads (4
 // query heads per kv head, so a kernel's 64 rows span heads) with a KV cache
 // (masked) and without (causal), GPT-2 with heads of 64, bf16 and f16,
