@@ -27,7 +27,8 @@ using step_id = int32_t;
 /// within the decode kernels' limits (M <= 16, keys <= 8192, M x keys <=
 /// 32768, dh <= 256; gpu/cuda/attention.cuh), or, for longer query runs (a
 /// prefill, a training-shaped layer: M > 16), the flash kernel's
-/// (fused_flash_attention_fits: f16 or bf16, dh 64 or 128, any keys;
+/// (fused_flash_attention_fits: f16 or bf16, dh 64 or 128, any keys, at
+/// most fused_flash_max_batch batch entries;
 /// gpu/cuda/flash_attention.cuh), which never writes the scores. The kernel
 /// reads q, k and the mask at `out`'s place in the step.
 ///
