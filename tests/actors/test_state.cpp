@@ -304,9 +304,10 @@ TEST(State, JobsOfOneSlotTakeTurnsInSubmissionOrder) {
 // job still sees exactly the rows of the ones before it.
 TEST(State, AJobOnOneStreamPassesItsSlotOnOnceIssued) {
   ag::runtime_options o = fast_sim();
-  // A job takes milliseconds of wall time: far longer than issuing the next
-  // one, also under the sanitizers.
-  o.backend.sim.time_scale = 100.0;
+  // A job takes about 10 ms of wall time: far longer than issuing the next
+  // one, also under the sanitizers on a loaded 2-core machine (at 100, about
+  // 1 ms, an ASan run once saw the host take 0.4 ms longer than a job).
+  o.backend.sim.time_scale = 1000.0;
   o.backend.sim.jitter = 0;
   o.trace = true;
   auto rt = ag::runtime::create("sim:1", o);
