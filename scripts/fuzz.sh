@@ -53,7 +53,10 @@ launcher=()
 command -v ccache >/dev/null && launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
 mkdir -p "$dir"
 echo "== fuzz build ($cxx, address+undefined, libFuzzer): $dir"
+# -O1 -gline-tables-only: libFuzzer's own advice, and 2-3x faster to compile
+# with the sanitizers than -O2 -g; reports keep their file:line frames.
 cmake -S "$here" -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+  -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -gline-tables-only -DNDEBUG" \
   -DCMAKE_C_COMPILER="$cc" -DCMAKE_CXX_COMPILER="$cxx" "${launcher[@]}" \
   -DCMAKE_CXX_FLAGS="-fsanitize=fuzzer-no-link -fno-sanitize-recover=all" \
   -DACTORGRAPH_SANITIZER=address,undefined -DACTORGRAPH_CUDA=OFF \
