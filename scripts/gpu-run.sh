@@ -127,6 +127,7 @@ if has asan; then
   note "asan: configure + build ($asan_build, -j$jobs)"
   start=$(date +%s)
   cmake -S "$here" -B "$asan_build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+    -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g1 -DNDEBUG" \
     -DACTORGRAPH_SANITIZER=address,undefined -DACTORGRAPH_CUDA=OFF -DACTORGRAPH_READLINE=OFF \
     -DACTORGRAPH_BUILD_BENCHMARKS=OFF -DACTORGRAPH_BUILD_TESTS=ON \
     -DCAF_ROOT="$prefix" -DCMAKE_PREFIX_PATH="$prefix/usr;$libdir/cmake" \
