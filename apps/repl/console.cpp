@@ -77,13 +77,14 @@ std::string read_answer() {
   return a;
 }
 
+#ifdef AG_REPL_HAVE_READLINE
+
+// The plain line mode (no readline) keeps no history.
 std::string history_path() {
   if (const char* p = std::getenv("AG_REPL_HISTORY")) return p;  // empty: no history file
   if (const char* h = std::getenv("HOME")) return std::string(h) + "/.actorgraph_history";
   return {};
 }
-
-#ifdef AG_REPL_HAVE_READLINE
 
 struct rl_state {
   session* s = nullptr;

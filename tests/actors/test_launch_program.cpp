@@ -74,9 +74,9 @@ void expect_consistent(const launch_program& prog) {
       EXPECT_EQ(lq.device, ps.device);
       // In-stream collective parts and inlined copies run on compute lanes (plan.hpp, step).
       EXPECT_EQ(lq.kind, on_compute_lane(ps) ? step_kind::compute : ps.kind);
-      if (on_compute_lane(ps)) EXPECT_EQ(lq.lane, ps.lane);
-      if (runs_in_stream(ps)) EXPECT_TRUE(lq.in_stream_parts);
-      if (i > 0) EXPECT_LT(p.at(lq.steps[i - 1]).lane_seq, ps.lane_seq) << "queue " << q << " out of lane order";
+      if (on_compute_lane(ps)) { EXPECT_EQ(lq.lane, ps.lane); }
+      if (runs_in_stream(ps)) { EXPECT_TRUE(lq.in_stream_parts); }
+      if (i > 0) { EXPECT_LT(p.at(lq.steps[i - 1]).lane_seq, ps.lane_seq) << "queue " << q << " out of lane order"; }
       EXPECT_EQ(lq.remote_dep_counts[i], static_cast<int>(ls.remote_deps.size()));
       EXPECT_EQ(ls.first_launch, records);
       records += static_cast<int>(ls.ops.size());
@@ -149,7 +149,7 @@ void expect_consistent(const launch_program& prog) {
                                                ? (op.attention.rope_q || op.attention.rope_k ? 4u : 3u)
                                                : 0u));
         else EXPECT_GE(op.inputs.size(), 3u) << "x and at least two weights, or x, a weight and the residual";
-        if (op.fused != gpu::op_launch::fusion::projections) EXPECT_TRUE(op.extra_outs.empty()) << op.op->name;
+        if (op.fused != gpu::op_launch::fusion::projections) { EXPECT_TRUE(op.extra_outs.empty()) << op.op->name; }
       }
     } else if (runs_in_stream(ps)) {
       ASSERT_EQ(ls.ops.size(), 1u) << "an in-stream part is one launch record";
@@ -229,14 +229,15 @@ TEST(LaunchProgram, ReplaySegmentsAreMarkedOnTheirFirstStep) {
             EXPECT_TRUE(ls.remote_deps.empty()) << "seed " << seed << ": a segment step inside waits on another queue";
             EXPECT_EQ(ls.replay_steps, 0) << "seed " << seed;
           }
-          if (i + 1 < seg.steps.size())
+          if (i + 1 < seg.steps.size()) {
             EXPECT_TRUE(ls.consumer_queues.empty()) << "seed " << seed << ": a segment step inside feeds another queue";
+          }
           records += static_cast<int>(ls.ops.size());
         }
         EXPECT_EQ(first.replay_records, records) << "seed " << seed;
       }
       for (const auto& ls : prog->steps())
-        if (ls.replay_steps > 0) EXPECT_EQ(marked_steps[static_cast<std::size_t>(ls.id)], 1) << "seed " << seed;
+        if (ls.replay_steps > 0) { EXPECT_EQ(marked_steps[static_cast<std::size_t>(ls.id)], 1) << "seed " << seed; }
     }
   }
   EXPECT_GT(marked_total, 0) << "no random plan had a replay segment of two kernels";
@@ -581,8 +582,8 @@ fused_count count_fused(const models::transformer_config& cfg, device_kind kind,
         EXPECT_EQ(op.inputs[at].proto.dims, op.inputs[at + 1].proto.dims) << "new rows of k and of v";
         EXPECT_EQ(op.inputs[at].proto.dims[-2], cfg.seq_len) << "one new row per position";
         EXPECT_EQ(op.inputs[at + 2].proto.type, dtype::i32) << "cache positions";
-        if (rope) EXPECT_EQ(op.inputs[at + 3].proto.type, dtype::i32) << "rope positions";
-        if (op.attention.rope_q) EXPECT_FLOAT_EQ(op.attention.rope_theta, cfg.rope_theta);
+        if (rope) { EXPECT_EQ(op.inputs[at + 3].proto.type, dtype::i32) << "rope positions"; }
+        if (op.attention.rope_q) { EXPECT_FLOAT_EQ(op.attention.rope_theta, cfg.rope_theta); }
       }
       EXPECT_FLOAT_EQ(op.attention.scale, 1.0f / std::sqrt(static_cast<float>(cfg.head_dim())));
       EXPECT_EQ(op.attention.causal, cfg.kv_cache_capacity == 0);
@@ -778,8 +779,9 @@ projection_count count_projections(const models::transformer_config& cfg, device
       outs.insert(outs.end(), op.extra_outs.begin(), op.extra_outs.end());
       for (const auto& out : outs) {
         EXPECT_TRUE(apart(op.inputs.front(), out)) << op.op->name << ": x under an output";
-        if (op.projection == projection_kind::residual)
+        if (op.projection == projection_kind::residual) {
           EXPECT_TRUE(apart(op.inputs.back(), out)) << op.op->name << ": the residual under the output";
+        }
       }
       for (std::size_t i = 0; i < outs.size(); ++i)
         for (std::size_t j = i + 1; j < outs.size(); ++j) EXPECT_TRUE(apart(outs[i], outs[j])) << op.op->name;
@@ -970,8 +972,9 @@ TEST(LaunchProgram, InStreamAllReducesRunOnComputeLaneZeroAndADecodeStepReplaysA
         for (step_id d : ls.remote_deps) EXPECT_EQ(prog.step(d).device, s.device) << "part " << s.id << " waits for another device";
         for (step_id d : s.deps) {
           const auto& cq = prog.step(d).consumer_queues;
-          if (prog.step(d).device != s.device)
+          if (prog.step(d).device != s.device) {
             EXPECT_EQ(std::find(cq.begin(), cq.end(), ls.queue), cq.end()) << "step " << d << " announces itself to part " << s.id;
+          }
         }
         EXPECT_NE(ls.label.find("in-stream"), std::string::npos) << ls.label;
       }
@@ -1151,8 +1154,9 @@ TEST(LaunchProgram, InputCopiesComeFirstSoADecodeStepAtDegreeTwoIsOneSegmentPerD
     ++h2d;
     EXPECT_TRUE(st.on_compute_stream) << "input copy step " << st.id << " on device " << st.device;
     for (const step& c : p->steps())
-      if (on_compute_lane(c) && c.device == st.device && c.lane == st.lane && c.kind != step_kind::copy_h2d)
+      if (on_compute_lane(c) && c.device == st.device && c.lane == st.lane && c.kind != step_kind::copy_h2d) {
         EXPECT_LT(st.lane_seq, c.lane_seq) << "input copy step " << st.id << " before step " << c.id;
+      }
   }
   EXPECT_EQ(h2d, 4) << "tokens and positions on each device";
   // The segment that starts with a device's embedding runs through every
@@ -1180,5 +1184,5 @@ TEST(LaunchProgram, InputCopiesComeFirstSoADecodeStepAtDegreeTwoIsOneSegmentPerD
   ASSERT_TRUE(q);
   ASSERT_TRUE(qprog);
   for (const step& st : q->steps())
-    if (st.kind == step_kind::copy_h2d) EXPECT_TRUE(st.on_compute_stream) << "input copy step " << st.id;
+    if (st.kind == step_kind::copy_h2d) { EXPECT_TRUE(st.on_compute_stream) << "input copy step " << st.id; }
 }

@@ -759,8 +759,9 @@ TEST_F(Protocol, FailingStreamAndEventCallsFailTheJobNamingDeviceAndStep) {
     EXPECT_EQ(e.device, 0) << e.to_string();
     ASSERT_GE(e.step, 0) << e.to_string();
     EXPECT_EQ(p->at(e.step).device, 0);
-    if (std::string(call) == "wait")  // only steps with a dep on another queue wait
+    if (std::string(call) == "wait") {  // only steps with a dep on another queue wait
       EXPECT_EQ(p->at(e.step).kind, ag::step_kind::compute) << e.to_string();
+    }
     devs[0]->fail_call.clear();
     auto in = inputs_for(*g, 2);
     auto ok = core->submit(p, in);

@@ -127,7 +127,7 @@ TEST(HfModel, ShardedUnprefixedAndBufferCarryingCheckpointsLoadTheSame) {
   ag::test::write_text(b / "config.json", to_hf_config_json(cfg, cfg.max_positions));
   const auto in = transformer_inputs(cfg, 4);
   const host_tensor want = logits_of(original, in);
-  for (const std::string dir : {a.str(), b.str()}) {
+  for (const std::string& dir : {a.str(), b.str()}) {
     auto g = load_model(dir, cfg.seq_len);
     ASSERT_TRUE(g.has_value()) << g.err().to_string();
     EXPECT_TRUE(logits_of(*g, in) == want) << dir;
@@ -325,7 +325,7 @@ void run_loaded(const std::string& spec, int stages) {
     ASSERT_TRUE(g.has_value()) << g.err().to_string();
     auto p = (*rt)->compile(*g, {.pipeline_stages = stages});
     ASSERT_TRUE(p.has_value()) << p.err().to_string();
-    if (stages > 1) EXPECT_EQ(static_cast<int>((*p)->used_devices().size()), stages);
+    if (stages > 1) { EXPECT_EQ(static_cast<int>((*p)->used_devices().size()), stages); }
     const auto in = transformer_inputs(cfg, 17);
     job j = (*rt)->submit(*p, in);
     ASSERT_TRUE(j.wait_for(60s)) << "job hung";

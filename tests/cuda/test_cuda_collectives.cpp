@@ -79,7 +79,7 @@ TEST(CudaCollectives, LogicalDevicesOfOneGpuRunOneShotWhateverTheCrossover) {
   auto p = (*rt)->compile(g, po);
   ASSERT_TRUE(p.has_value()) << p.err().to_string();
   for (const auto& s : (*p)->steps())
-    if (s.kind == step_kind::collective) EXPECT_EQ(s.algo, collective_algo::one_shot);
+    if (s.kind == step_kind::collective) { EXPECT_EQ(s.algo, collective_algo::one_shot); }
   std::vector<host_tensor> in{host_tensor::random_normal(dtype::f32, {64, 1024}, 1),
                               host_tensor::random_normal(dtype::f32, {64, 1024}, 2)};
   auto want = evaluate_reference(*g, in).value();
@@ -215,7 +215,7 @@ TEST(CudaCollectives, NcclOnTwoGpusEqualsTheReferenceForEveryDtype) {
     auto p = (*rt)->compile(g, po);
     ASSERT_TRUE(p.has_value()) << p.err().to_string();
     for (const auto& s : (*p)->steps())
-      if (s.kind == step_kind::collective) EXPECT_EQ(s.algo, collective_algo::ring);
+      if (s.kind == step_kind::collective) { EXPECT_EQ(s.algo, collective_algo::ring); }
     const std::vector<host_tensor> in = random_operands(t, 2, {5, 64}, 80, 100000);
     auto want = evaluate_reference(*g, in).value();
     const auto& got = (*rt)->submit(*p, in).wait();

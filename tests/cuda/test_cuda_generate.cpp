@@ -89,7 +89,7 @@ void decode_on(const std::string& spec, int stages, bool fuse_ops = false, int64
         worst = std::max(worst, std::abs(ref[i] - r->logits[t][i]) / allowed);
       }
       EXPECT_LT(worst, 1.0) << "token " << t << ": error over tolerance";
-      if (!bf16) EXPECT_EQ(r->tokens[t], std::max_element(ref.begin(), ref.end()) - ref.begin()) << "token " << t;
+      if (!bf16) { EXPECT_EQ(r->tokens[t], std::max_element(ref.begin(), ref.end()) - ref.begin()) << "token " << t; }
       seq.push_back(r->tokens[t]);
     }
     // Greedy without logits: the tokens picked on the GPU (argmax of the

@@ -157,7 +157,7 @@ void run_transformer(runtime& rt, const models::transformer_config& cfg, const p
   auto p = rt.compile(g, po);
   ASSERT_TRUE(p.has_value()) << what << ": " << p.err().to_string();
   expect_paths(**p, l);
-  if (fusions > 0) EXPECT_EQ((*p)->fusions().size(), fusions) << what << ": fused attention chains";
+  if (fusions > 0) { EXPECT_EQ((*p)->fusions().size(), fusions) << what << ": fused attention chains"; }
   std::vector<job> js;
   std::vector<std::vector<host_tensor>> ins;
   for (int k = 0; k < jobs; ++k) {

@@ -589,7 +589,7 @@ TEST(Planner, JoinsOfBranchResultsDoNotMergeTheBranches) {
   EXPECT_EQ(chain_lanes.size(), 4u);
   for (const step* s : steps_of(*p, step_kind::compute))
     for (node_id id : s->ops)
-      if (g->at(id).name.rfind("join", 0) == 0) EXPECT_EQ(s->lane, 0) << g->at(id).name;
+      if (g->at(id).name.rfind("join", 0) == 0) { EXPECT_EQ(s->lane, 0) << g->at(id).name; }
   EXPECT_TRUE(check_hazards(*p).ok());
 }
 
@@ -678,7 +678,7 @@ TEST(Planner, AutoLanesOverlapALaunchBoundBranchWithAThroughputBoundOne) {
   strict.lane_memory_slack_bytes = 0;
   auto q = must_compile(g, sim_devices(1), strict);
   ASSERT_TRUE(q);
-  if (p->memory()[0].arena_bytes > p1->memory()[0].arena_bytes) EXPECT_EQ(lanes_used(*q), 1);
+  if (p->memory()[0].arena_bytes > p1->memory()[0].arena_bytes) { EXPECT_EQ(lanes_used(*q), 1); }
 }
 
 // Throughput-bound branches (large matmuls) gain nothing from lanes in the

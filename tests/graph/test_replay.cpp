@@ -61,8 +61,9 @@ void check_segments(const plan& p, const std::vector<replay_segment>& segs) {
           EXPECT_TRUE(waited_before) << "segment spans a wait at step " << s.id << " (for step " << d << ")";
         }
       }
-      if (i + 1 < seg.steps.size())
+      if (i + 1 < seg.steps.size()) {
         for (step_id c : s.consumers) EXPECT_TRUE(same_queue(p.at(c), s)) << "segment spans a record at step " << s.id;
+      }
     }
     EXPECT_EQ(kernels, seg.kernels);
   }

@@ -190,7 +190,7 @@ TEST(ReplCommands, EveryCommandInTheTableIsDispatched) {
     f.run(name + " zzz=1");
     EXPECT_FALSE(has(f.text, "unknown command")) << name << "\n" << f.text;
     EXPECT_FALSE(has(f.text, "internal")) << name << "\n" << f.text;
-    if (!c.own_syntax && name != "source") EXPECT_TRUE(has(f.text, "usage: " + std::string(c.usage))) << name << "\n" << f.text;
+    if (!c.own_syntax && name != "source") { EXPECT_TRUE(has(f.text, "usage: " + std::string(c.usage))) << name << "\n" << f.text; }
   }
 }
 
