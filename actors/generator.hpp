@@ -183,6 +183,9 @@ class generator {
   /// weights out alike (plan_options::share_weights_with), so usually one
   /// copy of the model (of each device's part of it).
   int64_t weight_bytes() const noexcept;
+  /// The plan of one decode step (its layout: used_devices(),
+  /// tensor_parallel()); the other step plans share its devices.
+  const plan& decode_plan() const noexcept;
   /// Sequences holding a slot now, and sequences waiting for one.
   int active_sequences() const;
   int waiting_sequences() const;

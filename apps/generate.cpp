@@ -2,13 +2,14 @@
 // safetensors, optional tokenizer) on the runtime's devices.
 //
 //   actorgraph-generate --model DIR (--prompt-ids 1,2,3 | --prompt TEXT)
-//                       [--devices SPEC] [--stages N] [--dtype f32|f16|bf16]
+//                       [--devices SPEC] [--tp N] [--stages N] [--dtype f32|f16|bf16]
 //                       [--max-new-tokens N] [--temperature T --top-k K --top-p P --seed S]
 //                       [--eos-ids 2,3] [--cache-tokens C]
 //                       [--dump-logits FILE.npy] [--progress]      (--help: all flags)
 //
 // Loads the model (the checkpoint's tensors are memory-mapped and read
-// straight to the devices), runs the prompt forward as one job, and prints:
+// straight to the devices: under --tp each device reads only its shard;
+// --stages S x --tp T lays the model out over S * T devices), runs the prompt forward as one job, and prints:
 //   generated: 5            the greedy next token
 //   generated_text: ...     its text, when the folder has a tokenizer
 // With --max-new-tokens N > 1 or a sampling flag it generates through
@@ -55,6 +56,7 @@ struct options {
   std::string prompt_ids;
   std::string devices = "cpu:1";
   int stages = 0;
+  int tp = 1;
   std::string dtype;
   std::string dump_logits;
   bool progress = false;
@@ -129,6 +131,14 @@ class progress_line {
   std::thread thread_;
 };
 
+// The layout as planned: used devices, pipeline stages, devices per stage
+// (a pipeline without tensor parallelism: a stage per used device).
+void print_layout(const std::string& devices, const ag::plan& p) {
+  const ag::tensor_parallel_info* tpi = p.tensor_parallel();
+  std::printf("devices: %s, %zu used, stages: %d, tp: %d\n", devices.c_str(), p.used_devices().size(),
+              tpi ? tpi->stages : static_cast<int>(p.used_devices().size()), tpi ? tpi->degree : 1);
+}
+
 int fail(const ag::error& e) {
   std::fprintf(stderr, "error: %s\n", e.to_string().c_str());
   return 1;
@@ -147,6 +157,7 @@ int generate_tokens(ag::runtime& rt, const ag::models::hf_model& model, const op
   go.max_sequences = 1;
   go.prefill_chunk = S;
   go.plan.pipeline_stages = o.stages;
+  go.plan.tensor_parallel = o.tp;
   std::shared_ptr<ag::generator> gen;
   {
     progress_line progress(model.weights(), model.model_bytes(), o.progress || ::isatty(2));
@@ -179,6 +190,7 @@ int generate_tokens(ag::runtime& rt, const ag::models::hf_model& model, const op
     if (text) std::printf("generated_text: %s\n", text->c_str());
   }
   std::printf("stop_reason: %s\n", ag::to_string(r->reason));
+  print_layout(o.devices, gen->decode_plan());
   const double prefill_s = static_cast<double>(first_token_ns.load()) / 1e9;
   const auto n = static_cast<double>(r->tokens.size());
   std::printf("prefill_ms: %.3f\n", prefill_s * 1e3);
@@ -204,7 +216,9 @@ int main(int argc, char** argv) {
   app.add_option("--prompt-ids", o.prompt_ids, "comma-separated token ids");
   app.add_option("--prompt", o.prompt, "text, encoded with the folder's tokenizer");
   app.add_option("--devices", o.devices, "device spec (sim:2, cpu:1, cuda:0, cuda:all, ...)");
-  app.add_option("--stages", o.stages, "pipeline stages (0: every device)")->check(CLI::Range(0, 4096));
+  app.add_option("--stages", o.stages, "pipeline stages (0: every device, or devices / tp)")->check(CLI::Range(0, 4096));
+  app.add_option("--tp", o.tp, "tensor-parallel degree: devices per stage, each holding its heads' and columns' share")
+      ->check(CLI::Range(1, 4096));
   app.add_option("--dtype", o.dtype, "f32, f16 or bf16 (default: the config's torch_dtype)")
       ->check(CLI::IsMember({"", "f32", "f16", "bf16"}));
   app.add_option("--dump-logits", o.dump_logits, "write the prompt's logits, float32 [tokens, vocab], as .npy");
@@ -293,7 +307,7 @@ int main(int argc, char** argv) {
   std::shared_ptr<const ag::plan> plan;
   {
     progress_line progress(model->weights(), model->model_bytes(), o.progress || ::isatty(2));
-    auto p = (*rt)->compile(std::move(*g), {.pipeline_stages = o.stages});
+    auto p = (*rt)->compile(std::move(*g), {.pipeline_stages = o.stages, .tensor_parallel = o.tp});
     progress.stop();
     if (!p) return fail(p.err());
     plan = std::move(*p);
@@ -328,7 +342,7 @@ int main(int argc, char** argv) {
     if (text) std::printf("generated_text: %s\n", text->c_str());
   }
   const double gb = static_cast<double>(model->model_bytes()) / 1e9;
-  std::printf("devices: %s, stages: %zu\n", o.devices.c_str(), plan->used_devices().size());
+  print_layout(o.devices, *plan);
   std::printf("prefill_ms: %.3f\n", run_s * 1e3);
   std::printf("prefill_tokens_per_s: %.1f\n", static_cast<double>(S) / run_s);
   std::printf("load_s: %.3f\n", load_s);

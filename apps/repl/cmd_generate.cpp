@@ -112,9 +112,15 @@ outcome session::impl::cmd_generate(const command_line& c) {
     go.cache_tokens = std::min<int64_t>(go.cache_tokens, hf->config().max_positions);
   go.max_sequences = 1;
   go.prefill_chunk = std::min<int64_t>(static_cast<int64_t>(prompt.size()), 64);
+  // The layout 'set' chose, as 'run' plans it (get_plan): the cache is placed
+  // like the layers, by stage and by kv head.
   go.plan.pipeline_stages = stages;
-  const std::string key = fmt("%s|%d|%lld|%lld", model_desc.c_str(), stages, static_cast<long long>(go.cache_tokens),
-                              static_cast<long long>(go.prefill_chunk));
+  go.plan.tensor_parallel = tp;
+  go.plan.shard_ratios = ratios;
+  go.plan.sequence_parallel = sp;
+  go.plan.graph_replay = replay;
+  const std::string key = fmt("%s|%s|%lld|%lld", model_desc.c_str(), settings_text().c_str(),
+                              static_cast<long long>(go.cache_tokens), static_cast<long long>(go.prefill_chunk));
   if (!gen || gen_key != key) {
     gen.reset();
     models::transformer_config cfg = *tcfg;
@@ -165,9 +171,14 @@ outcome session::impl::cmd_generate(const command_line& c) {
   if (!r) return fail(r.err(), false);
   // Pipelined: steps that read their token on the device, queued behind the
   // step before (generator_options::pipeline_depth; one stream only).
-  out << fmt("%zu tokens (%s) in %.1f ms, %.1f tokens/s; %lld picked on the device, %lld of them pipelined\n",
+  // The layout as planned (a pipeline without tensor parallelism: a stage per used device).
+  const plan& dp = gen->decode_plan();
+  const tensor_parallel_info* tpi = dp.tensor_parallel();
+  out << fmt("%zu tokens (%s) in %.1f ms, %.1f tokens/s; %lld picked on the device, %lld of them pipelined; "
+             "stages=%d tp=%d\n",
              r->tokens.size(), ag::to_string(r->reason), s * 1e3, static_cast<double>(r->tokens.size()) / s,
-             static_cast<long long>(r->tokens_picked_on_device), static_cast<long long>(r->tokens_pipelined));
+             static_cast<long long>(r->tokens_picked_on_device), static_cast<long long>(r->tokens_pipelined),
+             tpi ? tpi->stages : static_cast<int>(dp.used_devices().size()), tpi ? tpi->degree : 1);
   return {};
 }
 

@@ -1,5 +1,6 @@
 // actorgraph-generate on checkpoints the tests write: the greedy token and
-// the dumped logits equal the reference evaluator's on cpu and 2 sim stages,
+// the dumped logits equal the reference evaluator's on one device, 2 stages,
+// tensor degree 2 and 2 stages x degree 2 (cpu and sim),
 // text prompts go through the folder's tokenizer, and bad input exits with a
 // message (1: load or run failure, 2: command line).
 #include <gtest/gtest.h>
@@ -84,7 +85,8 @@ TEST(GenerateApp, GreedyTokenAndDumpedLogitsEqualTheReference) {
     const graph saved = ag::test::save_random_model(dir.str(), cfg);
     const std::vector<int32_t> ids = {3, 14, 15, 9, 26};
     const host_tensor want = reference_logits(cfg, saved, ids);
-    for (const std::string devices : {"--devices cpu:1", "--devices sim:2 --stages 2"}) {
+    for (const std::string devices : {"--devices cpu:1", "--devices sim:2 --stages 2", "--devices cpu:2 --tp 2",
+                                      "--devices sim:4 --stages 2 --tp 2"}) {
       SCOPED_TRACE(std::string(to_string(variant)) + " " + devices);
       run_result r = run("--model " + dir.str() + " --prompt-ids 3,14,15,9,26 " + devices + " --dump-logits " +
                          (dir / "logits.npy"));
@@ -92,6 +94,11 @@ TEST(GenerateApp, GreedyTokenAndDumpedLogitsEqualTheReference) {
       EXPECT_EQ(field(r.out, "generated"), std::to_string(argmax_last_row(want))) << r.out;
       EXPECT_NE(field(r.out, "load_gb_per_s"), "") << r.out;
       EXPECT_NE(field(r.out, "prefill_tokens_per_s"), "") << r.out;
+      // The layout as planned.
+      const bool tp = devices.find("--tp 2") != std::string::npos;
+      const bool staged = devices.find("--stages 2") != std::string::npos;
+      EXPECT_NE(r.out.find(std::string("stages: ") + (staged ? "2" : "1") + ", tp: " + (tp ? "2" : "1")),
+                std::string::npos) << r.out;
       auto got = load_npy(dir / "logits.npy");
       ASSERT_TRUE(got.has_value()) << got.err().to_string();
       EXPECT_EQ(got->dims(), want.dims());
@@ -113,13 +120,18 @@ TEST(GenerateApp, MaxNewTokensGreedyEqualsRecomputingEachToken) {
       want += (t ? "," : "") + std::to_string(next);
       seq.push_back(next);
     }
-    for (const std::string devices : {"--devices cpu:1", "--devices sim:2 --stages 2"}) {
+    for (const std::string devices : {"--devices cpu:1", "--devices sim:2 --stages 2", "--devices sim:2 --tp 2",
+                                      "--devices cpu:4 --stages 2 --tp 2"}) {
       SCOPED_TRACE(std::string(to_string(variant)) + " " + devices);
       run_result r = run("--model " + dir.str() + " --prompt-ids 3,14,15,9,26 --max-new-tokens 5 " + devices);
       ASSERT_EQ(r.rc, 0) << r.out;
       EXPECT_EQ(field(r.out, "generated"), want) << r.out;
       EXPECT_EQ(field(r.out, "stop_reason"), "max_tokens") << r.out;
       EXPECT_NE(field(r.out, "decode_ms_per_token"), "") << r.out;
+      const bool tp = devices.find("--tp 2") != std::string::npos;
+      const bool staged = devices.find("--stages 2") != std::string::npos;
+      EXPECT_NE(r.out.find(std::string("stages: ") + (staged ? "2" : "1") + ", tp: " + (tp ? "2" : "1")),
+                std::string::npos) << r.out;
     }
     // Sampling: the same seed gives the same tokens; an eos id stops at once.
     const std::string sample = "--model " + dir.str() + " --prompt-ids 3,14 --max-new-tokens 6 --temperature 3 "
@@ -204,6 +216,20 @@ TEST(GenerateApp, BadInputExitsWithAMessage) {
   EXPECT_EQ(r.rc, 2) << r.out;
   r = run("--model " + dir.str() + " --prompt-ids 1 --dtype f64");
   EXPECT_EQ(r.rc, 2) << r.out;
+  r = run("--model " + dir.str() + " --prompt-ids 1 --tp 0");
+  EXPECT_EQ(r.rc, 2) << r.out;
+  EXPECT_NE(r.out.find("--tp"), std::string::npos) << r.out;
+  // Layouts the planner refuses, naming why (exit 1): more devices per
+  // stage than given, more than the model's 4 heads, too few for the stages.
+  r = run("--model " + dir.str() + " --prompt-ids 1 --devices sim:2 --tp 4");
+  EXPECT_EQ(r.rc, 1) << r.out;
+  EXPECT_NE(r.out.find("tensor_parallel degree 4 is larger than the 2 device(s) given"), std::string::npos) << r.out;
+  r = run("--model " + dir.str() + " --prompt-ids 1,2 --max-new-tokens 3 --devices sim:5 --tp 5");
+  EXPECT_EQ(r.rc, 1) << r.out;
+  EXPECT_NE(r.out.find("fewer units than devices"), std::string::npos) << r.out;
+  r = run("--model " + dir.str() + " --prompt-ids 1 --devices sim:4 --tp 2 --stages 3");
+  EXPECT_EQ(r.rc, 1) << r.out;
+  EXPECT_NE(r.out.find("3 stages x 2 tensor-parallel needs 6 devices, 4 given"), std::string::npos) << r.out;
   // A broken tokenizer fails a text prompt; token ids still run, with a warning.
   ag::test::write_text(dir / "vocab.json", "{");
   ag::test::write_text(dir / "merges.txt", "");

@@ -1,6 +1,7 @@
 // `load` and `generate`: a Hugging Face folder saved by the test becomes the
 // current model, and generate prints the same tokens as ag::generator run
-// directly (greedy), on one device and two pipeline stages; bad prompts get
+// directly (greedy), on one device, two pipeline stages, tensor degree 2 and
+// 2 stages x degree 2; bad prompts get
 // errors naming why.
 #include <gtest/gtest.h>
 
@@ -50,7 +51,7 @@ std::string direct_tokens(const ag::models::transformer_config& cfg, const std::
 
 }  // namespace
 
-TEST(ReplGenerate, LoadedFolderGeneratesWhatTheGeneratorDoesOnOneDeviceAndTwoStages) {
+TEST(ReplGenerate, LoadedFolderGeneratesWhatTheGeneratorDoesOnEveryLayout) {
   const auto cfg = tiny_llama();
   const std::string dir =
       (std::filesystem::temp_directory_path() / ("ag_repl_gen_" + std::to_string(::getpid()))).string();
@@ -80,6 +81,16 @@ TEST(ReplGenerate, LoadedFolderGeneratesWhatTheGeneratorDoesOnOneDeviceAndTwoSta
   // One device: the steps after the first read their token on the device.
   EXPECT_TRUE(has(f.text, "5 picked on the device, 4 of them pipelined")) << f.text;
   f.ok({"set stages=1"});
+  // Tensor parallel, and 2 stages x 2: the layout 'set' chose, the same tokens.
+  f.ok({"devices sim:2 scale=0.01", "set tp=2"});
+  ASSERT_EQ(f.run("generate ids=1,2,3 n=6"), exec_status::ok) << f.text;
+  EXPECT_TRUE(has(f.text, want)) << f.text;
+  EXPECT_TRUE(has(f.text, "stages=1 tp=2")) << f.text;
+  f.ok({"devices sim:4 scale=0.01", "set stages=2"});
+  ASSERT_EQ(f.run("generate ids=1,2,3 n=6"), exec_status::ok) << f.text;
+  EXPECT_TRUE(has(f.text, want)) << f.text;
+  EXPECT_TRUE(has(f.text, "stages=2 tp=2")) << f.text;
+  f.ok({"devices sim:1 scale=0.01", "set stages=1 tp=1"});
   // A prompt it cannot take.
   EXPECT_EQ(f.run("generate \"hello\""), exec_status::failed);
   EXPECT_TRUE(has(f.text, "no tokenizer: give ids=")) << f.text;
