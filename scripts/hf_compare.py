@@ -7,8 +7,8 @@ head; GPT-2 saved in bfloat16 and sharded) it
   1. builds the model with transformers from a seed, perturbs every parameter
      (so that biases and norm weights are not 0 and 1), save_pretrained()s it
      as safetensors;
-  2. runs `actorgraph-generate --dump-logits` on the prompt on each device
-     spec given and compares the prompt's logits with transformers' (float32,
+  2. runs `actorgraph-generate --dump-logits` on the prompt on each layout
+     given (one device, 2 stages, tensor degree 2, 2 stages x 2 by default) and compares the prompt's logits with transformers' (float32,
      eager attention): max |difference| <= --atol + --rtol * max |logit|;
   3. decodes --steps greedy tokens both ways (transformers' generate() with
      do_sample=False; actorgraph by calling the program again on the prompt
@@ -36,9 +36,10 @@ def parse_args():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--generate", required=True, help="path of actorgraph-generate")
     p.add_argument("--workdir", default=None, help="folder for the saved models (default: a temp dir)")
-    p.add_argument("--devices", default="cpu:1;sim:2",
-                   help="device specs, ';'-separated; a model runs pipelined over all devices of a spec "
-                        "(sim:2: 2 stages; on a GPU machine e.g. 'cuda:0;cuda:0,1')")
+    p.add_argument("--devices", default="cpu:1;sim:2;cpu:2 --tp 2;sim:4 --stages 2 --tp 2",
+                   help="layouts, ';'-separated: a device spec, then any actorgraph-generate layout flags; "
+                        "without flags a model runs pipelined over all devices of the spec (sim:2: 2 stages; "
+                        "on a GPU machine e.g. 'cuda:0;cuda:0,1;cuda:0,1 --tp 2')")
     p.add_argument("--steps", type=int, default=4, help="greedy tokens to compare")
     p.add_argument("--atol", type=float, default=2e-4)
     p.add_argument("--rtol", type=float, default=2e-4)
@@ -110,8 +111,9 @@ def main():
                                pad_token_id=0, eos_token_id=None)
         want_tokens = gen[0, len(prompt):].tolist()
         for spec in args.devices.split(";"):
-            # No --stages: the model is pipelined over every device of the spec.
-            base = [args.generate, "--model", folder, "--devices", spec, "--dtype", "f32"]
+            # Without layout flags the model is pipelined over every device of the spec.
+            devices, *layout = spec.split()
+            base = [args.generate, "--model", folder, "--devices", devices, "--dtype", "f32"] + layout
             out_npy = os.path.join(folder, "logits.npy")
             ids = list(prompt)
             got_tokens = []
@@ -133,7 +135,7 @@ def main():
                 scale = float(np.max(np.abs(want)))
                 ok_logits = got.shape == want.shape and err <= args.atol + args.rtol * scale
                 ok_tokens = got_tokens == want_tokens
-                print("%-18s %-6s logits max_abs_err %.3g (max |logit| %.3g) %s; greedy %s vs %s %s" %
+                print("%-18s %-26s logits max_abs_err %.3g (max |logit| %.3g) %s; greedy %s vs %s %s" %
                       (name, spec, err, scale, "ok" if ok_logits else "MISMATCH", got_tokens, want_tokens,
                        "ok" if ok_tokens else "MISMATCH"))
                 if not ok_logits:
