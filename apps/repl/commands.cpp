@@ -54,7 +54,7 @@ const std::vector<command_info>& commands() {
        "make a Hugging Face model folder (config.json + safetensors, optional tokenizer) the current model",
        "load /models/gpt2", {"seq=", "dtype="}, {}},
       {"generate", "generate \"<text>\" | ids=1,2,3 [n=16 temperature=0 top_k=0 top_p=1 seed=S cache=<tokens>]",
-       "generate text from the current model over a KV cache, tokens printed as they come (Ctrl-C stops)",
+       "generate text from the current model over a KV cache on the devices and layout set (set stages= tp=), tokens printed as they come (Ctrl-C stops)",
        "generate \"Once upon a time\" n=32 temperature=0.8 top_k=40", {"ids=", "n=", "temperature=", "top_k=", "top_p=", "seed=", "cache="}, {}},
       {"graph", "graph <name=expr ...> out <name> | graph @<file>",
        "build a custom graph from expressions (ops: matmul add mul scale gelu silu softmax rms_norm layer_norm get_rows rope reshape transpose permute slice concat copy contiguous argmax)",
