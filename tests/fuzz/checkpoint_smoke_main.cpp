@@ -24,8 +24,10 @@ uint64_t next(uint64_t& s) {  // splitmix64
 }
 
 std::vector<uint8_t> with_selector(uint8_t which, const std::string& body) {
-  std::vector<uint8_t> v{which};
-  v.insert(v.end(), body.begin(), body.end());
+  // Sized once and filled (GCC 12 misreads insert() into a 1-byte vector as out of bounds).
+  std::vector<uint8_t> v(body.size() + 1);
+  v[0] = which;
+  std::copy(body.begin(), body.end(), v.begin() + 1);
   return v;
 }
 
