@@ -9,7 +9,8 @@
 //
 // Loads the model (the checkpoint's tensors are memory-mapped and read
 // straight to the devices: under --tp each device reads only its shard;
-// --stages S x --tp T lays the model out over S * T devices), runs the prompt forward as one job, and prints:
+// --stages S x --tp T lays the model out over S * T devices), runs the
+// prompt forward as one job, and prints:
 //   generated: 5            the greedy next token
 //   generated_text: ...     its text, when the folder has a tokenizer
 // With --max-new-tokens N > 1 or a sampling flag it generates through
