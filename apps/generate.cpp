@@ -132,12 +132,10 @@ class progress_line {
   std::thread thread_;
 };
 
-// The layout as planned: used devices, pipeline stages, devices per stage
-// (a pipeline without tensor parallelism: a stage per used device).
+// The layout as planned: used devices, pipeline stages, devices per stage.
 void print_layout(const std::string& devices, const ag::plan& p) {
-  const ag::tensor_parallel_info* tpi = p.tensor_parallel();
-  std::printf("devices: %s, %zu used, stages: %d, tp: %d\n", devices.c_str(), p.used_devices().size(),
-              tpi ? tpi->stages : static_cast<int>(p.used_devices().size()), tpi ? tpi->degree : 1);
+  std::printf("devices: %s, %zu used, stages: %d, tp: %d\n", devices.c_str(), p.used_devices().size(), p.stage_count(),
+              p.tensor_degree());
 }
 
 int fail(const ag::error& e) {

@@ -399,6 +399,10 @@ class plan {
   /// Split states, groups and collectives of a tensor-parallel plan; null when
   /// tensor_parallel == 1.
   const tensor_parallel_info* tensor_parallel() const noexcept { return tp_.get(); }
+  /// The layout as planned: pipeline stages (without tensor parallelism a
+  /// stage per used device) and devices per stage.
+  int stage_count() const noexcept { return tp_ ? tp_->stages : static_cast<int>(used_devices_.size()); }
+  int tensor_degree() const noexcept { return tp_ ? tp_->degree : 1; }
   const std::vector<device_spec>& devices() const noexcept { return devices_; }
   /// Op chains a backend runs as one kernel (plan_options::fuse_ops,
   /// graph/fusion.hpp), in step order; the memory plan keeps their inputs

@@ -171,14 +171,13 @@ outcome session::impl::cmd_generate(const command_line& c) {
   if (!r) return fail(r.err(), false);
   // Pipelined: steps that read their token on the device, queued behind the
   // step before (generator_options::pipeline_depth; one stream only).
-  // The layout as planned (a pipeline without tensor parallelism: a stage per used device).
+  // The layout as planned.
   const plan& dp = gen->decode_plan();
-  const tensor_parallel_info* tpi = dp.tensor_parallel();
   out << fmt("%zu tokens (%s) in %.1f ms, %.1f tokens/s; %lld picked on the device, %lld of them pipelined; "
              "stages=%d tp=%d\n",
              r->tokens.size(), ag::to_string(r->reason), s * 1e3, static_cast<double>(r->tokens.size()) / s,
              static_cast<long long>(r->tokens_picked_on_device), static_cast<long long>(r->tokens_pipelined),
-             tpi ? tpi->stages : static_cast<int>(dp.used_devices().size()), tpi ? tpi->degree : 1);
+             dp.stage_count(), dp.tensor_degree());
   return {};
 }
 

@@ -68,6 +68,15 @@ host_tensor reference_logits(const transformer_config& cfg, const graph& saved, 
   return t;
 }
 
+// The program printed the layout that its flags (`devices`: "--stages 2",
+// "--tp 2" or neither) ask for, as planned.
+void expect_layout(const std::string& out, const std::string& devices) {
+  const bool tp = devices.find("--tp 2") != std::string::npos;
+  const bool staged = devices.find("--stages 2") != std::string::npos;
+  EXPECT_NE(out.find(std::string("stages: ") + (staged ? "2" : "1") + ", tp: " + (tp ? "2" : "1")), std::string::npos)
+      << out;
+}
+
 int32_t argmax_last_row(const host_tensor& l) {
   const int64_t S = l.dims()[0], V = l.dims()[1];
   int32_t best = 0;
@@ -94,11 +103,7 @@ TEST(GenerateApp, GreedyTokenAndDumpedLogitsEqualTheReference) {
       EXPECT_EQ(field(r.out, "generated"), std::to_string(argmax_last_row(want))) << r.out;
       EXPECT_NE(field(r.out, "load_gb_per_s"), "") << r.out;
       EXPECT_NE(field(r.out, "prefill_tokens_per_s"), "") << r.out;
-      // The layout as planned.
-      const bool tp = devices.find("--tp 2") != std::string::npos;
-      const bool staged = devices.find("--stages 2") != std::string::npos;
-      EXPECT_NE(r.out.find(std::string("stages: ") + (staged ? "2" : "1") + ", tp: " + (tp ? "2" : "1")),
-                std::string::npos) << r.out;
+      expect_layout(r.out, devices);
       auto got = load_npy(dir / "logits.npy");
       ASSERT_TRUE(got.has_value()) << got.err().to_string();
       EXPECT_EQ(got->dims(), want.dims());
@@ -128,10 +133,7 @@ TEST(GenerateApp, MaxNewTokensGreedyEqualsRecomputingEachToken) {
       EXPECT_EQ(field(r.out, "generated"), want) << r.out;
       EXPECT_EQ(field(r.out, "stop_reason"), "max_tokens") << r.out;
       EXPECT_NE(field(r.out, "decode_ms_per_token"), "") << r.out;
-      const bool tp = devices.find("--tp 2") != std::string::npos;
-      const bool staged = devices.find("--stages 2") != std::string::npos;
-      EXPECT_NE(r.out.find(std::string("stages: ") + (staged ? "2" : "1") + ", tp: " + (tp ? "2" : "1")),
-                std::string::npos) << r.out;
+      expect_layout(r.out, devices);
     }
     // Sampling: the same seed gives the same tokens; an eos id stops at once.
     const std::string sample = "--model " + dir.str() + " --prompt-ids 3,14 --max-new-tokens 6 --temperature 3 "
