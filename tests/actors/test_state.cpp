@@ -10,6 +10,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <future>
 #include <map>
@@ -470,7 +471,10 @@ TEST(GeneratePipelined, ManySequencesOnOneDeviceEqualTheirSoloRunsOneStepAtATime
 // A device that dies while sequences have steps queued behind each other:
 // every sequence ends (the steps in flight fail with it, none hangs), those
 // that finished first equal their solo runs, and after reset_device the same
-// generator generates the solo tokens again.
+// generator generates the solo tokens again. The device is killed from the
+// token stream when the first sequence streams its fourth token, so the death
+// always lands with decode steps in flight, however the threads are timed
+// (an op-count fault landed before any decode step on a slow ASan run).
 TEST(GeneratePipelined, ADeviceDyingUnderQueuedStepsEndsItsSequencesAndTheGeneratorServesOn) {
   const auto cfg = tiny_generator_model(ag::models::model_variant::llama);
   ag::runtime_options ro = fast_sim();
@@ -488,13 +492,15 @@ TEST(GeneratePipelined, ADeviceDyingUnderQueuedStepsEndsItsSequencesAndTheGenera
   ASSERT_TRUE(gen.has_value()) << gen.err().to_string();
   auto* dev = dynamic_cast<ag::gpu::sim::sim_device*>((*rt)->device(0).get());
   ASSERT_NE(dev, nullptr);
-  ag::gpu::fault_config f;
-  f.die_after_ops = 400;  // a few decode steps into the three sequences
-  dev->set_faults(f);
+  constexpr int64_t kill_at_index = 3;
+  std::atomic<bool> killed{false};
   std::vector<ag::generation> hs;
   for (const auto& p : prompts) {
     ag::generate_options o;
     o.max_new_tokens = 12;
+    o.on_token = [&](int32_t, int64_t index) {
+      if (index == kill_at_index && !killed.exchange(true)) dev->kill("pulled with decode steps queued (test)");
+    };
     hs.push_back((*gen)->generate(p, o));
   }
   int failed = 0;
@@ -514,8 +520,11 @@ TEST(GeneratePipelined, ADeviceDyingUnderQueuedStepsEndsItsSequencesAndTheGenera
         << "sequence " << i << ": the tokens streamed before the death";
     most_streamed = std::max(most_streamed, streamed.size());
   }
-  EXPECT_GT(failed, 0) << "the device died, yet every sequence finished";
-  EXPECT_GE(most_streamed, 2u) << "the device died before any sequence had decode steps queued";
+  EXPECT_TRUE(killed.load()) << "no sequence streamed a fourth token";
+  // The sequence that streamed the fourth token first had 8 more to go: it
+  // cannot have finished, and no other had got further.
+  EXPECT_EQ(failed, 3) << "a sequence finished although the device died before any had 5 tokens";
+  EXPECT_GE(most_streamed, static_cast<std::size_t>(kill_at_index + 1));
   EXPECT_EQ((*gen)->active_sequences(), 0);
   ASSERT_FALSE((*rt)->reset_device(0)) << "a sim device comes back";
   for (std::size_t i = 0; i < prompts.size(); ++i) {
