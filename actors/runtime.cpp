@@ -37,7 +37,7 @@ expected<std::unique_ptr<runtime>> runtime::create(const std::string& device_spe
   if (devs->empty()) return error{errc::bad_device_spec, "device spec '" + device_spec + "' names no device"};
   auto p = std::make_unique<impl>();
   msg::register_message_types(p->cfg);
-  actors::apply_scheduler_options(options, p->cfg);
+  actors::apply_scheduler_options(options, p->cfg, static_cast<int>(devs->size()));
   try {
     p->sys = std::make_unique<caf::actor_system>(p->cfg);
   } catch (const std::exception& e) {

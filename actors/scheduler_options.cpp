@@ -1,5 +1,6 @@
 #include "actors/scheduler_options.hpp"
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <thread>
@@ -8,16 +9,38 @@
 
 namespace ag::actors {
 
-void apply_scheduler_options(const runtime_options& o, caf::actor_system_config& cfg) {
-  if (o.scheduler_threads > 0) cfg.set("scheduler.max-threads", static_cast<size_t>(o.scheduler_threads));
+namespace {
+
+int env_int(const char* name, int fallback) {
+  const char* v = std::getenv(name);
+  return v ? std::atoi(v) : fallback;
+}
+
+}  // namespace
+
+int spinning_polls(const runtime_options& o) {
+  if (!o.tuned_scheduler) return 0;
+  int spin = o.scheduler_spin_polls;
+  if (spin < 0) spin = std::thread::hardware_concurrency() >= 16 ? 20000 : 0;
+  return env_int("AG_SCHED_SPIN_POLLS", spin);
+}
+
+int scheduler_thread_count(const runtime_options& o, int devices) {
+  const int asked = env_int("AG_SCHED_THREADS", o.scheduler_threads);
+  if (asked > 0) return asked;
+  const int caf_default = std::max(4, static_cast<int>(std::thread::hardware_concurrency()));
+  if (spinning_polls(o) <= 0) return caf_default;
+  return std::min(caf_default, std::max(4, spinning_workers_per_device * std::max(devices, 1)));
+}
+
+void apply_scheduler_options(const runtime_options& o, caf::actor_system_config& cfg, int devices) {
+  cfg.set("scheduler.max-threads", static_cast<size_t>(scheduler_thread_count(o, devices)));
   if (!o.tuned_scheduler) return;
   cfg.set("work-stealing.moderate-poll-attempts", static_cast<size_t>(0));
   if (o.scheduler_max_throughput > 0)
     cfg.set("scheduler.max-throughput", static_cast<size_t>(o.scheduler_max_throughput));
-  int spin = o.scheduler_spin_polls;
-  if (spin < 0) spin = std::thread::hardware_concurrency() >= 16 ? 20000 : 0;
-  if (const char* env = std::getenv("AG_SCHED_SPIN_POLLS")) spin = std::atoi(env);
-  if (spin > 0) cfg.set("work-stealing.aggressive-poll-attempts", static_cast<size_t>(spin));
+  if (const int spin = spinning_polls(o); spin > 0)
+    cfg.set("work-stealing.aggressive-poll-attempts", static_cast<size_t>(spin));
   if (o.scheduler_idle_steal_us > 0)
     cfg.set("work-stealing.relaxed-sleep-duration", caf::timespan{std::chrono::microseconds(o.scheduler_idle_steal_us)});
 }

@@ -14,7 +14,7 @@ namespace ag {
 /// Refuses options no runtime can run with, naming the option and the value
 /// (errc::invalid_argument): arenas_per_device outside 1..65536, a negative
 /// trace_max_records,
-/// scheduler_threads outside 0 (CAF's default) .. 1024,
+/// scheduler_threads outside 0 (auto) .. 1024,
 /// scheduler_max_throughput < 0 (0: CAF's default, unlimited),
 /// scheduler_spin_polls < -1, scheduler_idle_steal_us outside 0 (CAF's default) .. 60 s,
 /// spare_job_actors outside 0..1024,
@@ -31,7 +31,7 @@ inline error validate(const runtime_options& o) {
   if (o.trace_max_records < 0)
     return bad("trace_max_records", o.trace_max_records, "0 or more (trace records kept until take_trace)");
   if (o.scheduler_threads < 0 || o.scheduler_threads > 1024)
-    return bad("scheduler_threads", o.scheduler_threads, "0 (CAF's default) .. 1024");
+    return bad("scheduler_threads", o.scheduler_threads, "0 (auto) .. 1024");
   if (o.scheduler_max_throughput < 0)
     return bad("scheduler_max_throughput", o.scheduler_max_throughput, ">= 0 (0: CAF's default, unlimited)");
   if (o.scheduler_spin_polls < -1)

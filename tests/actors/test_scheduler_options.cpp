@@ -2,6 +2,7 @@
 // them a message sent from inside a long handler does not wait for the
 // sender's whole mailbox (the pipeline stalls that scheduler_max_throughput
 // fixes: docs/BENCHMARKS.md, "CAF scheduler settings").
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -18,6 +19,27 @@
 namespace {
 
 using namespace std::chrono_literals;
+
+// Clears an environment variable for a test's duration and restores it after.
+class scoped_unset_env {
+ public:
+  explicit scoped_unset_env(const char* name) : name_(name) {
+    if (const char* v = std::getenv(name)) saved_ = v;
+    had_ = std::getenv(name) != nullptr;
+    ::unsetenv(name);
+  }
+  ~scoped_unset_env() {
+    if (had_) ::setenv(name_, saved_.c_str(), 1);
+    else ::unsetenv(name_);
+  }
+  scoped_unset_env(const scoped_unset_env&) = delete;
+  scoped_unset_env& operator=(const scoped_unset_env&) = delete;
+
+ private:
+  const char* name_;
+  std::string saved_;
+  bool had_ = false;
+};
 
 TEST(SchedulerOptions, ReachTheCafConfig) {
   ag::runtime_options o;
@@ -38,9 +60,7 @@ TEST(SchedulerOptions, ReachTheCafConfig) {
 // 0 leaves CAF's default. AG_SCHED_SPIN_POLLS, when set, would override all
 // three: the test clears it for its duration.
 TEST(SchedulerOptions, SpinPollsReachTheCafConfigAndDefaultByCoreCount) {
-  const char* env = std::getenv("AG_SCHED_SPIN_POLLS");
-  const std::string saved = env ? env : "";
-  ::unsetenv("AG_SCHED_SPIN_POLLS");
+  const scoped_unset_env no_override("AG_SCHED_SPIN_POLLS");
   constexpr size_t unset = 12345;
   {
     ag::runtime_options o;
@@ -73,8 +93,39 @@ TEST(SchedulerOptions, SpinPollsReachTheCafConfigAndDefaultByCoreCount) {
     ag::actors::apply_scheduler_options(o, cfg);
     EXPECT_EQ(caf::get_or(cfg, "work-stealing.aggressive-poll-attempts", unset), 4321u);
   }
-  if (env) ::setenv("AG_SCHED_SPIN_POLLS", saved.c_str(), 1);
-  else ::unsetenv("AG_SCHED_SPIN_POLLS");
+}
+
+// The worker count: asked for, it is what was asked; auto (0) is CAF's
+// default max(hardware threads, 4), capped at 4 per device (at least 4) only
+// where idle workers spin. AG_SCHED_THREADS overrides all of it.
+TEST(SchedulerOptions, ThreadsAreAskedOrAutoWithFourSpinningWorkersPerDevice) {
+  const scoped_unset_env no_spin_override("AG_SCHED_SPIN_POLLS");
+  const scoped_unset_env no_threads_override("AG_SCHED_THREADS");
+  const size_t caf_default = std::max<size_t>(4, std::thread::hardware_concurrency());
+  const auto threads = [](const ag::runtime_options& o, int devices) {
+    caf::actor_system_config cfg;
+    ag::actors::apply_scheduler_options(o, cfg, devices);
+    return caf::get_or(cfg, "scheduler.max-threads", size_t{0});
+  };
+  ag::runtime_options spinning;
+  spinning.scheduler_spin_polls = 777;
+  EXPECT_EQ(threads(spinning, 1), std::min<size_t>(caf_default, 4));
+  EXPECT_EQ(threads(spinning, 2), std::min<size_t>(caf_default, 8));
+  EXPECT_EQ(threads(spinning, 1000), caf_default) << "never above CAF's default";
+  EXPECT_EQ(threads(spinning, 0), std::min<size_t>(caf_default, 4)) << "at least 4";
+  spinning.scheduler_threads = 3;
+  EXPECT_EQ(threads(spinning, 8), 3u) << "asked for";
+  ag::runtime_options sleeping;
+  sleeping.scheduler_spin_polls = 0;
+  EXPECT_EQ(threads(sleeping, 1), caf_default) << "no spinning, no cap";
+  ag::runtime_options untuned;
+  untuned.tuned_scheduler = false;
+  untuned.scheduler_spin_polls = 777;
+  EXPECT_EQ(threads(untuned, 1), caf_default) << "untuned: CAF's default";
+  ::setenv("AG_SCHED_THREADS", "6", 1);
+  EXPECT_EQ(threads(spinning, 1), 6u);
+  EXPECT_EQ(threads(sleeping, 1), 6u);
+  EXPECT_EQ(ag::actors::scheduler_thread_count(untuned, 1), 6);
 }
 
 TEST(SchedulerOptions, UntunedLeavesCafDefaults) {
