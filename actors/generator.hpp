@@ -142,17 +142,22 @@ struct generator_options {
   /// and the host does not scan them. false: every sequence samples on the host.
   bool device_greedy = true;
   /// Greedy sequences decoding on the device (above) keep up to this many
-  /// decode steps in flight when every step of the plan runs on one stream
-  /// (one device, one compute lane, small copies inlined there:
-  /// single_lane_of): step n + 1 reads its token where step n kept it on the
-  /// device (transformer_config::token_state_in / token_state_out: two more
-  /// plans that alternate, sharing the weights and caches) and is queued
+  /// decode steps in flight: step n + 1 reads its token where step n kept it
+  /// on the device (transformer_config::token_state_in / token_state_out:
+  /// two more plans that alternate, sharing the weights and caches). Where
+  /// every step of the plan runs on one stream (one device, one compute
+  /// lane, small copies inlined there: single_lane_of) step n + 1 is queued
   /// behind step n, which passes its slot's turn on once it is issued
-  /// (slot_table::leave_issued). The device then does not wait for the host
-  /// between tokens; the host still sees each token, in order, as its step
-  /// ends. A sequence that stops (end of sequence, cancel) lets the steps
-  /// already queued run and drops their tokens. 1: one step at a time, the
-  /// host submitting each after the last one's token arrived. 1..16.
+  /// (slot_table::leave_issued): the device does not wait for the host
+  /// between tokens. Over tensor-parallel ranks (one stage) step n + 1
+  /// starts when step n ended (the slot's turn), each rank reading the
+  /// token it kept, without the token's round trip through the generator.
+  /// Layouts of several pipeline stages keep one step at a time: there the
+  /// token would cross from the last stage to the first as a peer copy,
+  /// which measured slower than the host's round trip. The host still sees each token, in order, as
+  /// its step ends. A sequence that stops (end of sequence, cancel) lets the
+  /// steps already queued run and drops their tokens. 1: one step at a time,
+  /// the host submitting each after the last one's token arrived. 1..16.
   int pipeline_depth = 2;
   plan_options plan;            ///< layout of both plans (stages, devices); state_slots and
                                 ///< share_state_with are set by the generator

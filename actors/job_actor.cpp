@@ -274,10 +274,20 @@ caf::behavior job_actor_fn(job_actor_t* self, runtime_core* core, std::shared_pt
   return {
       [self](msg::slot_atom) {
         // The state slot's earlier jobs are done: this job's turn. (A job
-        // that failed while it waited left the queue and quit.)
+        // that failed while it waited left the queue and quit.) With every
+        // arena free and nobody asking, it takes them here, as submit does,
+        // instead of asking device by device (a request and a reply per
+        // device: the hops a pipelined decode step's turn used to pay).
         auto& st = self->state;
         if (st.ph != phase::acquiring || !st.waiting_slot) return;
         st.waiting_slot = false;
+        if (st.acq == 0 && st.core->options().start_jobs_on_submit && take_arenas_now(*st.ctx)) {
+          st.acq = st.ctx->lp->program->used_devices().size();
+          st.remaining = st.ctx->program().completion_steps().size();
+          st.ph = phase::running;
+          send_run_jobs(*st.ctx, self);
+          return;
+        }
         acquire_next(self);
       },
       [self](const msg::arena_reply& m) {

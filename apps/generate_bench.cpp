@@ -114,6 +114,8 @@ struct decode_args {
   std::string inline_copies = "on";  ///< plan_options::inline_small_copies of both plans (on: the default)
   std::string device_greedy = "on";  ///< generator_options::device_greedy (on: the default): tokens picked on the device
   int pipeline_depth = 2;  ///< generator_options::pipeline_depth (2: the default): greedy steps queued ahead
+  int tensor_parallel = 1;  ///< plan_options::tensor_parallel of the generator's plans
+  int stages = 0;           ///< plan_options::pipeline_stages of the generator's plans (0: every device)
   std::string start_on_submit = "on";  ///< runtime_options::start_jobs_on_submit (on: the default)
   std::string pinned_inputs = "on";    ///< runtime_options::pinned_inputs_max_bytes 64 KiB (on: the default) or 0
   /// runtime_options::trace (on: the default, and the per-token breakdown
@@ -145,6 +147,8 @@ int run_decode(const decode_args& a) {
   go.plan.inline_small_copies = a.inline_copies == "on";
   go.device_greedy = a.device_greedy == "on";
   go.pipeline_depth = a.pipeline_depth;
+  go.plan.tensor_parallel = a.tensor_parallel;
+  go.plan.pipeline_stages = a.stages;
   auto gen = ag::generator::create(**rt, model->model_config(1), model->provider(), go);
   if (!gen) return fail(gen.err());
   const double load_s = seconds_since(t_open);
@@ -291,10 +295,12 @@ int run_decode(const decode_args& a) {
               load_s);
   std::printf(
       "%-28s %.3f ms/token (median of %zu), context %lld, graph replay %s, fusion %s, gemv %s, projections %s, pdl %s, "
-      "inline copies %s, start on submit %s, pinned inputs %s, device greedy %s, pipeline depth %d, trace %s\n",
+      "inline copies %s, start on submit %s, pinned inputs %s, device greedy %s, pipeline depth %d, trace %s; "
+      "devices %s, stages %d, tp %d\n",
       "decode", ms, gaps.size(), static_cast<long long>(a.context), a.replay.c_str(), a.fusion.c_str(), a.gemv.c_str(),
       a.projections.c_str(), a.pdl.c_str(), a.inline_copies.c_str(), a.start_on_submit.c_str(),
-      a.pinned_inputs.c_str(), a.device_greedy.c_str(), a.pipeline_depth, a.trace.c_str());
+      a.pinned_inputs.c_str(), a.device_greedy.c_str(), a.pipeline_depth, a.trace.c_str(), a.devices.c_str(),
+      (*gen)->decode_plan().stage_count(), (*gen)->decode_plan().tensor_degree());
   std::printf("%-28s %.3f ms (%.1f MB weights + %.1f MB cache at %.0f GB/s)\n", "bandwidth floor", floor_ms,
               weights_read / 1e6, cache / 1e6, bw / 1e9);
   if (!device_ms.empty()) {
@@ -364,8 +370,12 @@ int main(int argc, char** argv) {
                  "decode: plan_options::inline_small_copies, small host copies on the compute lane (on, off)")
       ->check(CLI::IsMember({"on", "off"}));
   app.add_option("--pipeline-depth", d.pipeline_depth,
-                 "decode: generator_options::pipeline_depth, greedy steps in flight on one stream (1: one at a time)")
+                 "decode: generator_options::pipeline_depth, greedy steps in flight (1: one at a time)")
       ->check(CLI::Range(1, 16));
+  app.add_option("--tp", d.tensor_parallel, "decode: plan_options::tensor_parallel of the generator's plans")
+      ->check(CLI::Range(1, 1024));
+  app.add_option("--stages", d.stages, "decode: plan_options::pipeline_stages of the generator's plans (0: every device)")
+      ->check(CLI::Range(0, 1024));
   app.add_option("--device-greedy", d.device_greedy,
                  "decode: generator_options::device_greedy, the token picked on the device (on, off)")
       ->check(CLI::IsMember({"on", "off"}));

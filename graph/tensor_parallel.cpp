@@ -81,6 +81,16 @@ std::vector<int64_t> apportion(int64_t total, const std::vector<double>& ratios)
 
 namespace {
 
+/// Where pruning starts: the outputs, and every state store (a later job of
+/// the slot reads what it stores, whether or not this job's outputs need it).
+std::vector<node_id> prune_roots(const graph& g) {
+  std::vector<node_id> roots(g.outputs().begin(), g.outputs().end());
+  for (const node& n : g.nodes())
+    if (is_state_op(n.op)) roots.push_back(n.id);
+  return roots;
+}
+
+
 using skind = split_state::kind;
 using detail::label;
 
@@ -632,7 +642,7 @@ class rewriter {
 
   void prune() {
     needed_.assign(g_.size(), 0);
-    std::vector<node_id> stack(g_.outputs().begin(), g_.outputs().end());
+    std::vector<node_id> stack = prune_roots(g_);
     while (!stack.empty()) {
       const node_id id = stack.back();
       stack.pop_back();
@@ -2333,8 +2343,14 @@ class rewriter {
     } else {
       id = as_replicated(o)[0];
     }
-    // The output keeps the user's name (job outputs, describe, traces).
-    if (std::find(outputs_.begin(), outputs_.end(), id) != outputs_.end()) {
+    // The output keeps the user's name (job outputs, describe, traces). A
+    // state store keeps its rank's name ("<state>@<device>", the name other
+    // plans sharing the state find it by: plan_options::share_state_with),
+    // and the output is a view of it under the user's name.
+    if (is_state_op(at(id).op)) {
+      const shape dims = at(id).dims;
+      id = emit_view(op_kind::reshape, n.name + ".output", id, s, 0, n.layer, [&](node& v) { v.dims = dims; });
+    } else if (std::find(outputs_.begin(), outputs_.end(), id) != outputs_.end()) {
       // Two outputs resolved to one node (a view that kept its source): copy.
       node c;
       c.op = op_kind::copy;
@@ -2382,7 +2398,7 @@ expected<tp_rewrite> rewrite_tensor_parallel(std::shared_ptr<const graph> gp, co
     const graph& g = *gp;
     std::vector<char> needed(g.size(), 0);
     {
-      std::vector<node_id> stack(g.outputs().begin(), g.outputs().end());
+      std::vector<node_id> stack = prune_roots(g);
       while (!stack.empty()) {
         const node_id id = stack.back();
         stack.pop_back();

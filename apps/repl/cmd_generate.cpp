@@ -170,7 +170,7 @@ outcome session::impl::cmd_generate(const command_line& c) {
   out << "\n";
   if (!r) return fail(r.err(), false);
   // Pipelined: steps that read their token on the device, queued behind the
-  // step before (generator_options::pipeline_depth; one stream only).
+  // step before (generator_options::pipeline_depth; plans of one stage).
   // The layout as planned.
   const plan& dp = gen->decode_plan();
   out << fmt("%zu tokens (%s) in %.1f ms, %.1f tokens/s; %lld picked on the device, %lld of them pipelined; "

@@ -112,6 +112,45 @@ TEST(State, APipelineCopiesTheStateToTheStageThatReadsIt) {
   run_slots("cpu:2", po);
 }
 
+// Jobs submitted all at once on two slots of a 2-stage plan: each waits for
+// its slot's turn, and on its turn takes the arenas itself when they are
+// free or asks the devices for them when another slot's job holds them (one
+// arena per device forces both). Every job equals the reference evaluated
+// slot by slot in submission order.
+TEST(State, JobsQueuedForTheirSlotRunInOrderWhetherTheArenasAreFreeOnTheirTurnOrNot) {
+  for (int arenas : {1, 4}) {
+    SCOPED_TRACE(std::to_string(arenas) + " arena(s) per device");
+    ag::runtime_options ro = fast_sim();
+    ro.arenas_per_device = arenas;
+    ro.backend.sim.jitter = 0.5;
+    auto rt = ag::runtime::create("sim:2", ro);
+    ASSERT_TRUE(rt.has_value()) << rt.err().to_string();
+    const ag::graph g = state_graph(3);
+    ag::plan_options po;
+    po.pipeline_stages = 2;
+    po.state_slots = 2;
+    auto p = (*rt)->compile(g, po);
+    ASSERT_TRUE(p.has_value()) << p.err().to_string();
+    std::map<int, ag::reference_state> ref;
+    std::vector<std::vector<ag::host_tensor>> want;
+    std::vector<ag::job> jobs;
+    for (int k = 0; k < 24; ++k) {
+      const int s = (k * 7 / 3) % 2;
+      const auto in = step_inputs(3, {k % C, (k + 3) % C, -1}, 500 + static_cast<uint64_t>(k));
+      auto w = ag::evaluate_reference(g, in, ref[s]);
+      ASSERT_TRUE(w.has_value()) << w.err().to_string();
+      want.push_back(std::move(*w));
+      jobs.push_back((*rt)->submit(*p, in, slot(s)));
+    }
+    for (std::size_t k = 0; k < jobs.size(); ++k) {
+      ASSERT_TRUE(jobs[k].wait_for(30s)) << "job " << k << " hung";
+      const ag::job_result& r = jobs[k].wait();
+      ASSERT_TRUE(r.has_value()) << r.err().to_string();
+      expect_equal(*r, want[k], "job " + std::to_string(k));
+    }
+  }
+}
+
 TEST(State, ReplayedSegmentsStoreIntoTheSlotOfEachJob) {
   ag::plan_options po;
   po.graph_replay = ag::graph_replay_mode::on;
@@ -535,6 +574,53 @@ TEST(GeneratePipelined, ADeviceDyingUnderQueuedStepsEndsItsSequencesAndTheGenera
     EXPECT_EQ(r->tokens, solo[i]) << "after the reset, sequence " << i;
     EXPECT_EQ(r->tokens_pipelined, 11);
   }
+}
+
+// A store whose result no output needs still runs: a later job of the slot
+// reads what it stored (the planner prunes from the outputs and every state
+// store). The writer's output is its input scaled; a second plan sharing the
+// state reads the rows through a store that stores nothing (position -1).
+TEST(State, AStoreNoOutputNeedsStillStoresForTheSlotsNextJob) {
+  auto rt = ag::runtime::create("sim:1", fast_sim());
+  ASSERT_TRUE(rt.has_value()) << rt.err().to_string();
+  ag::graph_builder wb;
+  auto rows = wb.input("rows", ag::dtype::f32, {1, H, 1, D});
+  auto pos = wb.input("positions", ag::dtype::i32, {1});
+  (void)wb.store_rows(rows, pos, 2, C, "cache");
+  wb.output(wb.scale(rows, 3.0f, "echo"));
+  auto writer_graph = std::move(wb).build();
+  ASSERT_TRUE(writer_graph.has_value()) << writer_graph.err().to_string();
+  ag::graph_builder rb;
+  auto none = rb.input("rows", ag::dtype::f32, {1, H, 1, D});
+  auto nowhere = rb.input("positions", ag::dtype::i32, {1});
+  rb.output(rb.scale(rb.store_rows(none, nowhere, 2, C, "cache"), 1.0f, "cache_now"));
+  auto reader_graph = std::move(rb).build();
+  ASSERT_TRUE(reader_graph.has_value()) << reader_graph.err().to_string();
+  ag::plan_options po;
+  po.state_slots = 2;
+  auto writer = (*rt)->compile(std::move(*writer_graph), po);
+  ASSERT_TRUE(writer.has_value()) << writer.err().to_string();
+  EXPECT_GE((*writer)->placement()[static_cast<std::size_t>((*writer)->source().find("cache"))], 0)
+      << "the store was pruned";
+  po.share_state_with = *writer;
+  auto reader = (*rt)->compile(std::move(*reader_graph), po);
+  ASSERT_TRUE(reader.has_value()) << reader.err().to_string();
+  // Fill slot 1 with known rows, then store a random row at position 5.
+  ag::host_tensor stored = ag::host_tensor::random_normal(ag::dtype::f32, {1, H, 1, D}, 77, 1.0f);
+  for (int32_t p = 0; p < C; ++p) {
+    const ag::host_tensor r = p == 5 ? stored : ag::host_tensor::random_normal(ag::dtype::f32, {1, H, 1, D}, 100 + p, 1.0f);
+    auto w = (*rt)->submit(*writer, {r, ag::host_tensor::from_ints({1}, {p})}, slot(1)).wait();
+    ASSERT_TRUE(w.has_value()) << w.err().to_string();
+    EXPECT_FLOAT_EQ((*w)[0].at(0), 3.0f * r.at(0)) << "the writer's own output";
+  }
+  auto r = (*rt)->submit(*reader, {ag::host_tensor::random_normal(ag::dtype::f32, {1, H, 1, D}, 9, 1.0f),
+                                   ag::host_tensor::from_ints({1}, {-1})}, slot(1)).wait();
+  ASSERT_TRUE(r.has_value()) << r.err().to_string();
+  const ag::host_tensor& cache = (*r)[0];  // [1, H, C, D]
+  ASSERT_EQ(cache.dims(), ag::shape({1, H, C, D}));
+  for (int64_t h = 0; h < H; ++h)
+    for (int64_t d = 0; d < D; ++d)
+      EXPECT_EQ(cache.at((h * C + 5) * D + d), stored.at(h * D + d)) << "head " << h << ", element " << d;
 }
 
 TEST(State, ThePlanKeepsStatePerSlotInTheStateRegionAndCountsEverySlot) {

@@ -101,9 +101,10 @@ void decode_on(const std::string& spec, int stages, bool fuse_ops = false, int64
     ASSERT_TRUE(dr) << dr.err().to_string();
     EXPECT_EQ(dr->tokens, r->tokens);
     EXPECT_EQ(dr->tokens_picked_on_device, 5) << "the first token from the last prefill chunk's logits (2 tokens)";
-    // One GPU: every step on one stream, so steps 2.. read their token on
-    // the device, queued behind the step before (pipeline_depth 2).
-    EXPECT_EQ(dr->tokens_pipelined, stages == 1 && tensor_degree == 1 ? 4 : 0);
+    // Steps 2.. read their token on the device (pipeline_depth 2): queued
+    // behind the step before on one stream, started when it ended over
+    // tensor-parallel ranks; over stages one step at a time.
+    EXPECT_EQ(dr->tokens_pipelined, stages > 1 ? 0 : 4);
   }
 }
 
@@ -580,6 +581,14 @@ TEST(CudaGenerate, FusedAttentionWithKeysSplitOverBlocksEqualsTheReference) {
 TEST(CudaGenerate, DecodeEqualsRecomputePipelinedOverTwoGpus) {
   AG_REQUIRE_GPU(2);
   decode_on("cuda:0,1", 2);
+}
+
+// Two stages, and two stages x tensor degree 2, on logical devices of one
+// GPU (one step at a time: decode_on checks that none was pipelined).
+TEST(CudaGenerate, DecodeEqualsRecomputeOverStagesAndStagesByTensorOnOneGpu) {
+  AG_REQUIRE_GPU(1);
+  decode_on("cuda:0,0", 2);
+  decode_on("cuda:0,0,0,0", 2, /*fuse_ops=*/true, /*head_dim=*/32, /*tensor_degree=*/2);
 }
 
 }  // namespace

@@ -1352,6 +1352,54 @@ TEST(TensorParallel, OutputsInEveryStateComeBackWholeUnderTheirNames) {
   }
 }
 
+// A state store that is an output (a greedy step keeps its token: the
+// generator's pipelined decoding) keeps its per-rank name "<state>@<device>"
+// on every rank, each rank's store is kept (no output needs rank 1's, a
+// later step reads it), and the output is a view under the user's name. So
+// a plan that reads the state on each rank shares it with one that writes
+// it (plan_options::share_state_with finds each rank's store by name).
+TEST(TensorParallel, AStateStoreThatIsAnOutputKeepsItsRankNamesOnEveryRank) {
+  auto step = [](const char* in, const char* out) {
+    transformer_config c = tiny(model_variant::llama, 4, 2);
+    c.batch = 1;
+    c.seq_len = 1;
+    c.kv_cache_capacity = 8;
+    c.argmax_output = true;
+    if (in) c.token_state_in = in;
+    c.token_state_out = out;
+    auto g = models::build_transformer(c, {});
+    EXPECT_TRUE(g.has_value()) << g.err().to_string();
+    return std::make_shared<const graph>(std::move(*g));
+  };
+  plan_options o = tp_options(2);
+  o.state_slots = 2;
+  // The owner reads token_b and keeps its token in token_a (a chain step).
+  auto owner = compile(step("token_b", "token_a"), sim_devices(2), o);
+  ASSERT_TRUE(owner.has_value()) << owner.err().to_string();
+  const graph& src = (*owner)->source();
+  for (const std::string state : {"token_a", "token_b"})
+    for (int d = 0; d < 2; ++d) {
+      const node_id n = src.find(state + "@" + std::to_string(d));
+      ASSERT_NE(n, no_node) << state << ": rank " << d << "'s store";
+      EXPECT_EQ(src.at(n).op, op_kind::store_rows);
+      EXPECT_EQ((*owner)->placement()[static_cast<std::size_t>(n)], d) << state << ": rank " << d << "'s store is pruned or moved";
+    }
+  ASSERT_EQ(src.outputs().size(), 1u);
+  EXPECT_EQ(src.at(src.outputs()[0]).name, "token_a");
+  EXPECT_FALSE(is_state_op(src.at(src.outputs()[0]).op)) << "the output is a view of rank 0's store";
+  // A step that only keeps its token (the first after the prompt) shares
+  // the owner's states: each rank stores where the owner's rank reads.
+  o.share_state_with = *owner;
+  o.share_weights_with = *owner;
+  auto first = compile(step(nullptr, "token_a"), sim_devices(2), o);
+  ASSERT_TRUE(first.has_value()) << first.err().to_string();
+  for (int d = 0; d < 2; ++d) {
+    const node_id n = (*first)->source().find("token_a@" + std::to_string(d));
+    ASSERT_NE(n, no_node);
+    EXPECT_EQ((*first)->placement()[static_cast<std::size_t>(n)], d) << "rank " << d << " keeps its own token";
+  }
+}
+
 // A graph that holds collectives itself (not from the rewrite) plans too.
 TEST(TensorParallel, PlannerGroupsUserCollectivesAndRejectsDuplicateRanks) {
   graph_builder b;

@@ -73,7 +73,7 @@ TEST(ReplGenerate, LoadedFolderGeneratesWhatTheGeneratorDoesOnEveryLayout) {
   ASSERT_EQ(f.run("generate ids=1,2,3 n=6"), exec_status::ok) << f.text;
   EXPECT_TRUE(has(f.text, want)) << f.text;
   // The first token comes from the prompt's chunk (host), the rest from the
-  // device; two stages meet on two streams: one step at a time.
+  // device; two stages: one step at a time.
   EXPECT_TRUE(has(f.text, "5 picked on the device, 0 of them pipelined")) << f.text;
   f.ok({"devices sim:1 scale=0.01"});
   ASSERT_EQ(f.run("generate ids=1,2,3 n=6"), exec_status::ok) << f.text;
@@ -86,10 +86,13 @@ TEST(ReplGenerate, LoadedFolderGeneratesWhatTheGeneratorDoesOnEveryLayout) {
   ASSERT_EQ(f.run("generate ids=1,2,3 n=6"), exec_status::ok) << f.text;
   EXPECT_TRUE(has(f.text, want)) << f.text;
   EXPECT_TRUE(has(f.text, "stages=1 tp=2")) << f.text;
+  EXPECT_TRUE(has(f.text, "5 picked on the device, 4 of them pipelined")) << f.text;
   f.ok({"devices sim:4 scale=0.01", "set stages=2"});
   ASSERT_EQ(f.run("generate ids=1,2,3 n=6"), exec_status::ok) << f.text;
   EXPECT_TRUE(has(f.text, want)) << f.text;
   EXPECT_TRUE(has(f.text, "stages=2 tp=2")) << f.text;
+  // Pipeline x tensor: one step at a time, as over stages.
+  EXPECT_TRUE(has(f.text, "5 picked on the device, 0 of them pipelined")) << f.text;
   f.ok({"devices sim:1 scale=0.01", "set stages=1 tp=1"});
   // A prompt it cannot take.
   EXPECT_EQ(f.run("generate \"hello\""), exec_status::failed);
