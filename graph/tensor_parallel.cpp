@@ -90,7 +90,6 @@ std::vector<node_id> prune_roots(const graph& g) {
   return roots;
 }
 
-
 using skind = split_state::kind;
 using detail::label;
 
