@@ -284,7 +284,7 @@ int main(int argc, char** argv) {
   app.add_option("--micro", m, "micro-batch jobs per pipeline round")->check(CLI::Range(1, 1000000));
   app.add_option("--stage-ms", stage_ms, "simulated milliseconds per pipeline stage")->check(CLI::PositiveNumber);
   app.add_option("--repeats", repeats, "pipeline rounds (the best counts)")->check(CLI::Range(1, 1000));
-  app.add_option("--threads", threads, "CAF scheduler threads (0: CAF's default)")->check(CLI::NonNegativeNumber);
+  app.add_option("--threads", threads, "CAF scheduler threads (0: auto, runtime_options::scheduler_threads)")->check(CLI::NonNegativeNumber);
   app.add_option("--sched-max-throughput", base_options.scheduler_max_throughput,
                  "runtime_options::scheduler_max_throughput (0: CAF's default)");
   app.add_option("--sched-idle-steal-us", base_options.scheduler_idle_steal_us,

@@ -115,7 +115,7 @@ std::optional<int> parse(int argc, char** argv, options& o) {
   app.add_option("--idle-min-branch-us", o.idle_min_branch_us, "min_branch_seconds of that plan, in us")
       ->check(CLI::NonNegativeNumber);
   app.add_option("--arenas", o.arenas, "activation arenas per device and plan (jobs in flight)")->check(CLI::PositiveNumber);
-  app.add_option("--threads", o.threads, "CAF scheduler threads (0: CAF default)")->check(CLI::NonNegativeNumber);
+  app.add_option("--threads", o.threads, "CAF scheduler threads (0: auto, runtime_options::scheduler_threads)")->check(CLI::NonNegativeNumber);
   app.add_option("--sched-max-throughput", o.sched_max_throughput, "runtime_options::scheduler_max_throughput (0: CAF's default)");
   app.add_option("--sched-idle-steal-us", o.sched_idle_steal_us, "runtime_options::scheduler_idle_steal_us (0: CAF's default)");
   app.add_option("--micro-batches", o.micro_batches, "micro-batch jobs of figure 4")->check(CLI::PositiveNumber);
