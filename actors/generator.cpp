@@ -649,9 +649,10 @@ expected<std::shared_ptr<generator>> generator::create(runtime& rt, models::tran
     return bad("max_sequences must be at most 65536 (state slots), got " + std::to_string(options.max_sequences));
   const step_shape chain_b{1, true, token_state_names[0], token_state_names[1]};
   const step_shape chain_a{1, true, token_state_names[1], token_state_names[0]};
-  // Pipelined greedy decoding needs plans of one stage that hand the token
-  // on through the token states: the chain plans and the greedy plan of the
-  // first new token are planned (not loaded) first to see. On one stream a
+  // Pipelined greedy decoding needs plans of one stage (unless
+  // pipeline_across_stages) that hand the token on through the token
+  // states: the chain plans and the greedy plan of the first new token are
+  // planned (not loaded) first to see. On one stream a
   // step is queued behind the last one as soon as that one is issued; over
   // tensor-parallel ranks it starts when the last one ended (the slot's
   // turn), each rank reading the token it kept, without the host's round
@@ -671,7 +672,7 @@ expected<std::shared_ptr<generator>> generator::create(runtime& rt, models::tran
         return p ? std::move(*p) : nullptr;
       };
       const std::shared_ptr<const plan> owner = probe(chain_a, nullptr);
-      return owner && owner->stage_count() == 1 && probe(chain_b, owner) &&
+      return owner && (owner->stage_count() == 1 || options.pipeline_across_stages) && probe(chain_b, owner) &&
              probe({1, true, nullptr, token_state_names[0]}, owner);
     };
     pipelined = plans_share();

@@ -115,6 +115,8 @@ struct decode_args {
   std::string device_greedy = "on";  ///< generator_options::device_greedy (on: the default): tokens picked on the device
   int pipeline_depth = 2;  ///< generator_options::pipeline_depth (2: the default): greedy steps queued ahead
   int tensor_parallel = 1;  ///< plan_options::tensor_parallel of the generator's plans
+  std::string across_stages = "off";  ///< generator_options::pipeline_across_stages (off: the default)
+  bool sim_zero_delay = false;  ///< sim devices model no time and compute no values: the host's costs alone
   int stages = 0;           ///< plan_options::pipeline_stages of the generator's plans (0: every device)
   std::string start_on_submit = "on";  ///< runtime_options::start_jobs_on_submit (on: the default)
   std::string pinned_inputs = "on";    ///< runtime_options::pinned_inputs_max_bytes 64 KiB (on: the default) or 0
@@ -130,6 +132,10 @@ int run_decode(const decode_args& a) {
   ro.start_jobs_on_submit = a.start_on_submit == "on";
   ro.trace = a.trace == "on";
   if (a.pinned_inputs == "off") ro.pinned_inputs_max_bytes = 0;
+  if (a.sim_zero_delay) {
+    ro.backend.sim.zero_delay = true;
+    ro.backend.sim.compute_values = false;
+  }
   auto rt = ag::runtime::create(a.devices, ro);
   if (!rt) return fail(rt.err());
   const auto t_open = clock_type::now();
@@ -147,6 +153,7 @@ int run_decode(const decode_args& a) {
   go.plan.inline_small_copies = a.inline_copies == "on";
   go.device_greedy = a.device_greedy == "on";
   go.pipeline_depth = a.pipeline_depth;
+  go.pipeline_across_stages = a.across_stages == "on";
   go.plan.tensor_parallel = a.tensor_parallel;
   go.plan.pipeline_stages = a.stages;
   auto gen = ag::generator::create(**rt, model->model_config(1), model->provider(), go);
@@ -295,11 +302,12 @@ int run_decode(const decode_args& a) {
               load_s);
   std::printf(
       "%-28s %.3f ms/token (median of %zu), context %lld, graph replay %s, fusion %s, gemv %s, projections %s, pdl %s, "
-      "inline copies %s, start on submit %s, pinned inputs %s, device greedy %s, pipeline depth %d, trace %s; "
-      "devices %s, stages %d, tp %d\n",
+      "inline copies %s, start on submit %s, pinned inputs %s, device greedy %s, pipeline depth %d (across stages "
+      "%s), trace %s; devices %s%s, stages %d, tp %d\n",
       "decode", ms, gaps.size(), static_cast<long long>(a.context), a.replay.c_str(), a.fusion.c_str(), a.gemv.c_str(),
       a.projections.c_str(), a.pdl.c_str(), a.inline_copies.c_str(), a.start_on_submit.c_str(),
-      a.pinned_inputs.c_str(), a.device_greedy.c_str(), a.pipeline_depth, a.trace.c_str(), a.devices.c_str(),
+      a.pinned_inputs.c_str(), a.device_greedy.c_str(), a.pipeline_depth, a.across_stages.c_str(), a.trace.c_str(),
+      a.devices.c_str(), a.sim_zero_delay ? " (zero delay)" : "",
       (*gen)->decode_plan().stage_count(), (*gen)->decode_plan().tensor_degree());
   std::printf("%-28s %.3f ms (%.1f MB weights + %.1f MB cache at %.0f GB/s)\n", "bandwidth floor", floor_ms,
               weights_read / 1e6, cache / 1e6, bw / 1e9);
@@ -372,6 +380,11 @@ int main(int argc, char** argv) {
   app.add_option("--pipeline-depth", d.pipeline_depth,
                  "decode: generator_options::pipeline_depth, greedy steps in flight (1: one at a time)")
       ->check(CLI::Range(1, 16));
+  app.add_option("--pipeline-across-stages", d.across_stages,
+                 "decode: generator_options::pipeline_across_stages, greedy steps pipelined over stages too (on, off)")
+      ->check(CLI::IsMember({"on", "off"}));
+  app.add_flag("--sim-zero-delay", d.sim_zero_delay,
+               "decode: sim devices model no time and compute no values (the host's costs alone; tokens meaningless)");
   app.add_option("--tp", d.tensor_parallel, "decode: plan_options::tensor_parallel of the generator's plans")
       ->check(CLI::Range(1, 1024));
   app.add_option("--stages", d.stages, "decode: plan_options::pipeline_stages of the generator's plans (0: every device)")

@@ -49,7 +49,8 @@ std::vector<float> recomputed_last_logits(const ag::models::hf_model& m, const s
   return row;
 }
 
-void decode_equals_recompute(const std::string& spec, int stages, int64_t prefill_chunk, int tp = 1) {
+void decode_equals_recompute(const std::string& spec, int stages, int64_t prefill_chunk, int tp = 1,
+                             bool across_stages = false) {
   for (const auto& cfg : tiny_models()) {
     SCOPED_TRACE(std::string(to_string(cfg.variant)) + " on " + spec + ", stages " + std::to_string(stages) +
                  ", prefill_chunk " + std::to_string(prefill_chunk));
@@ -64,6 +65,7 @@ void decode_equals_recompute(const std::string& spec, int stages, int64_t prefil
     go.prefill_chunk = prefill_chunk;
     go.plan.pipeline_stages = stages;
     go.plan.tensor_parallel = tp;
+    go.pipeline_across_stages = across_stages;
     auto gen = ag::generator::create(**rt, m->model_config(1), m->provider(), go);
     ASSERT_TRUE(gen.has_value()) << gen.err().to_string();
     if (stages <= 1 && tp == 1) {
@@ -118,8 +120,9 @@ void decode_equals_recompute(const std::string& spec, int stages, int64_t prefil
     // Pipelined (generator_options::pipeline_depth 2, the default) on one
     // stage: each step after the first read its token on the device, queued
     // behind the step before (one stream) or started when it ended (tensor
-    // parallel). Layouts of several stages keep one step at a time.
-    const bool pipelines = stages <= 1;
+    // parallel). Layouts of several stages keep one step at a time unless
+    // generator_options::pipeline_across_stages (the token crosses stages).
+    const bool pipelines = stages <= 1 || across_stages;
     EXPECT_EQ(dr->tokens_pipelined, pipelines ? (last_chunk > 1 ? 5 : 6) : 0);
     {
       // One step at a time (pipeline_depth 1): the same tokens, none pipelined.
@@ -166,6 +169,10 @@ TEST(GenerateDecode, EqualsRecomputeWithPrefillChunks2StagesSim) { decode_equals
 TEST(GenerateDecode, EqualsRecomputeTensorParallel2Sim) { decode_equals_recompute("sim:2", 1, 4, 2); }
 TEST(GenerateDecode, EqualsRecomputeTensorParallel2Cpu) { decode_equals_recompute("cpu:2", 1, 0, 2); }
 TEST(GenerateDecode, EqualsRecomputeTwoStagesByTensorParallel2Sim) { decode_equals_recompute("sim:4", 2, 0, 2); }
+TEST(GenerateDecode, EqualsRecomputePipelinedAcrossTwoStages) {
+  decode_equals_recompute("sim:2", 2, 0, 1, /*across_stages=*/true);
+  decode_equals_recompute("cpu:2", 2, 4, 1, /*across_stages=*/true);
+}
 
 TEST(GenerateMany, ConcurrentSequencesEachEqualTheirSoloRunAndCancelledOnesStop) {
   const auto cfg = ag::test::tiny_model(ag::models::model_variant::llama, 2);
