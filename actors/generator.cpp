@@ -649,33 +649,30 @@ expected<std::shared_ptr<generator>> generator::create(runtime& rt, models::tran
     return bad("max_sequences must be at most 65536 (state slots), got " + std::to_string(options.max_sequences));
   const step_shape chain_b{1, true, token_state_names[0], token_state_names[1]};
   const step_shape chain_a{1, true, token_state_names[1], token_state_names[0]};
-  // Pipelined greedy decoding needs plans of one stage (unless
-  // pipeline_across_stages) that hand the token on through the token
-  // states: the chain plans and the greedy plan of the first new token are
-  // planned (not loaded) first to see. On one stream a
-  // step is queued behind the last one as soon as that one is issued; over
-  // tensor-parallel ranks it starts when the last one ended (the slot's
-  // turn), each rank reading the token it kept, without the host's round
-  // trip for the token (LLaMA-1B shape at degree 2 on logical devices of one
-  // H200: 1.277 -> 1.155-1.237 ms a token). Over pipeline stages the token
-  // would cross from the last stage to the first as a peer copy before each
-  // step, which measured slower than the host's round trip (0.887 -> 0.944-
-  // 0.960 ms), so stages keep one step at a time. chain[1] owns the weights
-  // and the state (the token states too), and the other plans use them.
+  // Pipelined greedy decoding needs plans that hand the token on through
+  // the token states: the chain plans and the greedy plan of the first new
+  // token are planned (not loaded) first to see that they compile sharing
+  // them. On one stream a step is queued behind the last one as soon as
+  // that one is issued; over tensor-parallel ranks it starts when the last
+  // one ended (the slot's turn), each rank reading the token it kept,
+  // without the host's round trip for the token (LLaMA-1B shape at degree 2
+  // on logical devices of one H200: 1.277 -> 1.155-1.237 ms a token). Over
+  // pipeline stages the token crosses from the last stage to the first as a
+  // peer copy before each step, which measured slower than the host's round
+  // trip (0.887 -> 0.944-0.960 ms), so several stages keep one step at a
+  // time unless pipeline_across_stages. chain[1] owns the weights and the
+  // state (the token states too), and the other plans use them.
   bool pipelined = false;
   if (options.device_greedy && options.pipeline_depth > 1) {
-    const auto plans_share = [&]() -> bool {
-      const auto probe = [&](const step_shape& sh, std::shared_ptr<const plan> share) -> std::shared_ptr<const plan> {
-        expected<graph> g = step_graph(sh);
-        if (!g) return nullptr;
-        auto p = compile(std::make_shared<const graph>(std::move(*g)), rt.devices(), plan_opts(std::move(share)));
-        return p ? std::move(*p) : nullptr;
-      };
-      const std::shared_ptr<const plan> owner = probe(chain_a, nullptr);
-      return owner && (owner->stage_count() == 1 || options.pipeline_across_stages) && probe(chain_b, owner) &&
-             probe({1, true, nullptr, token_state_names[0]}, owner);
+    const auto probe = [&](const step_shape& sh, std::shared_ptr<const plan> share) -> std::shared_ptr<const plan> {
+      expected<graph> g = step_graph(sh);
+      if (!g) return nullptr;
+      auto p = compile(std::make_shared<const graph>(std::move(*g)), rt.devices(), plan_opts(std::move(share)));
+      return p ? std::move(*p) : nullptr;
     };
-    pipelined = plans_share();
+    const std::shared_ptr<const plan> owner = probe(chain_a, nullptr);
+    pipelined = owner && (owner->stage_count() == 1 || options.pipeline_across_stages) && probe(chain_b, owner) &&
+                probe({1, true, nullptr, token_state_names[0]}, owner);
   }
   if (pipelined) {
     if (error e = make_plan(chain_a, impl->chain[1], nullptr)) return e;

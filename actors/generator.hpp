@@ -154,10 +154,11 @@ struct generator_options {
   /// token it kept, without the token's round trip through the generator.
   /// Layouts of several pipeline stages keep one step at a time unless
   /// pipeline_across_stages (below): there the token crosses from the last
-  /// stage to the first as a peer copy. The host still sees each token, in order, as
-  /// its step ends. A sequence that stops (end of sequence, cancel) lets the
-  /// steps already queued run and drops their tokens. 1: one step at a time,
-  /// the host submitting each after the last one's token arrived. 1..16.
+  /// stage to the first as a peer copy. The host still sees each token, in
+  /// order, as its step ends. A sequence that stops (end of sequence,
+  /// cancel) lets the steps already queued run and drops their tokens. 1:
+  /// one step at a time, the host submitting each after the last one's
+  /// token arrived. 1..16.
   int pipeline_depth = 2;
   /// Pipelines greedy steps over pipeline stages too: each step's token
   /// then crosses from the last stage to the first as a peer copy before

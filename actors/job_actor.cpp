@@ -228,6 +228,13 @@ void start_run(job_actor_t* self) {
   if (st.remaining == 0) finish(self, std::move(st.ctx->outputs), job_state::done);
 }
 
+/// A job readied by take_arenas_now (every arena, its buffers, its place in
+/// the collective order) waits for its completion steps from now on.
+void enter_running_readied(job_actor_state& st) {
+  st.ph = phase::running;
+  st.remaining = st.ctx->program().completion_steps().size();
+}
+
 void acquire_next(job_actor_t* self) {
   auto& st = self->state;
   const auto& lp = *st.ctx->lp;
@@ -261,8 +268,7 @@ caf::behavior job_actor_fn(job_actor_t* self, runtime_core* core, std::shared_pt
     case job_start::failing:  // a fail_job is on its way
       break;
     case job_start::running:  // take_arenas_now readied it; submit sends run_job (unless it failed to register)
-      st.ph = phase::running;
-      st.remaining = st.ctx->program().completion_steps().size();
+      enter_running_readied(st);
       break;
     case job_start::no_devices:
       break;
@@ -281,10 +287,8 @@ caf::behavior job_actor_fn(job_actor_t* self, runtime_core* core, std::shared_pt
         auto& st = self->state;
         if (st.ph != phase::acquiring || !st.waiting_slot) return;
         st.waiting_slot = false;
-        if (st.acq == 0 && st.core->options().start_jobs_on_submit && take_arenas_now(*st.ctx)) {
-          st.acq = st.ctx->lp->program->used_devices().size();
-          st.remaining = st.ctx->program().completion_steps().size();
-          st.ph = phase::running;
+        if (st.core->options().start_jobs_on_submit && take_arenas_now(*st.ctx)) {
+          enter_running_readied(st);
           send_run_jobs(*st.ctx, self);
           return;
         }

@@ -256,4 +256,11 @@ std::string graph::to_dot() const {
   return s;
 }
 
+std::vector<node_id> pruning_roots(const graph& g) {
+  std::vector<node_id> roots(g.outputs().begin(), g.outputs().end());
+  for (const node& n : g.nodes())
+    if (is_state_op(n.op)) roots.push_back(n.id);
+  return roots;
+}
+
 }  // namespace ag

@@ -191,6 +191,11 @@ class graph {
   std::unordered_map<std::string, node_id> by_name_;
 };
 
+/// Where pruning starts (the planner's and the tensor-parallel rewrite's):
+/// the outputs, then every state store, since a later job of the slot reads
+/// what a store keeps whether or not this job's outputs need it.
+std::vector<node_id> pruning_roots(const graph& g);
+
 /// Infers dims/stride/offset/storage of node `n` from its inputs (already
 /// valid, in `nodes`) and checks op arity, shapes and dtypes. Used by the
 /// builder and by graph::from_nodes. Errors name the node.

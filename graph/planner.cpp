@@ -61,11 +61,7 @@ void prune(builder_state& s) {
   std::map<std::pair<op_kind, std::vector<node_id>>, std::vector<node_id>> parts;
   for (const node& n : g.nodes())
     if (is_collective_op(n.op)) parts[{n.op, n.inputs}].push_back(n.id);
-  // Roots: the outputs, and every state store (a later job of the slot reads
-  // what it stores, whether or not this job's outputs need it).
-  std::vector<node_id> stack(g.outputs().begin(), g.outputs().end());
-  for (const node& n : g.nodes())
-    if (is_state_op(n.op)) stack.push_back(n.id);
+  std::vector<node_id> stack = pruning_roots(g);
   while (!stack.empty()) {
     node_id id = stack.back();
     stack.pop_back();

@@ -81,15 +81,6 @@ std::vector<int64_t> apportion(int64_t total, const std::vector<double>& ratios)
 
 namespace {
 
-/// Where pruning starts: the outputs, and every state store (a later job of
-/// the slot reads what it stores, whether or not this job's outputs need it).
-std::vector<node_id> prune_roots(const graph& g) {
-  std::vector<node_id> roots(g.outputs().begin(), g.outputs().end());
-  for (const node& n : g.nodes())
-    if (is_state_op(n.op)) roots.push_back(n.id);
-  return roots;
-}
-
 using skind = split_state::kind;
 using detail::label;
 
@@ -641,7 +632,7 @@ class rewriter {
 
   void prune() {
     needed_.assign(g_.size(), 0);
-    std::vector<node_id> stack = prune_roots(g_);
+    std::vector<node_id> stack = pruning_roots(g_);
     while (!stack.empty()) {
       const node_id id = stack.back();
       stack.pop_back();
@@ -2397,7 +2388,7 @@ expected<tp_rewrite> rewrite_tensor_parallel(std::shared_ptr<const graph> gp, co
     const graph& g = *gp;
     std::vector<char> needed(g.size(), 0);
     {
-      std::vector<node_id> stack = prune_roots(g);
+      std::vector<node_id> stack = pruning_roots(g);
       while (!stack.empty()) {
         const node_id id = stack.back();
         stack.pop_back();

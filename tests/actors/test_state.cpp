@@ -112,6 +112,21 @@ TEST(State, APipelineCopiesTheStateToTheStageThatReadsIt) {
   run_slots("cpu:2", po);
 }
 
+// A sim:2 runtime with `ro`, and state_graph(3) compiled on it as 2 stages
+// with 2 state slots.
+void two_stage_state_plan(const ag::runtime_options& ro, std::unique_ptr<ag::runtime>& rt,
+                          std::shared_ptr<const ag::plan>& p) {
+  auto created = ag::runtime::create("sim:2", ro);
+  ASSERT_TRUE(created.has_value()) << created.err().to_string();
+  rt = std::move(*created);
+  ag::plan_options po;
+  po.pipeline_stages = 2;
+  po.state_slots = 2;
+  auto compiled = rt->compile(state_graph(3), po);
+  ASSERT_TRUE(compiled.has_value()) << compiled.err().to_string();
+  p = std::move(*compiled);
+}
+
 // Jobs submitted all at once on two slots of a 2-stage plan: each waits for
 // its slot's turn, and on its turn takes the arenas itself when they are
 // free or asks the devices for them when another slot's job holds them (one
@@ -123,24 +138,21 @@ TEST(State, JobsQueuedForTheirSlotRunInOrderWhetherTheArenasAreFreeOnTheirTurnOr
     ag::runtime_options ro = fast_sim();
     ro.arenas_per_device = arenas;
     ro.backend.sim.jitter = 0.5;
-    auto rt = ag::runtime::create("sim:2", ro);
-    ASSERT_TRUE(rt.has_value()) << rt.err().to_string();
+    std::unique_ptr<ag::runtime> rt;
+    std::shared_ptr<const ag::plan> p;
+    ASSERT_NO_FATAL_FAILURE(two_stage_state_plan(ro, rt, p));
     const ag::graph g = state_graph(3);
-    ag::plan_options po;
-    po.pipeline_stages = 2;
-    po.state_slots = 2;
-    auto p = (*rt)->compile(g, po);
-    ASSERT_TRUE(p.has_value()) << p.err().to_string();
     std::map<int, ag::reference_state> ref;
     std::vector<std::vector<ag::host_tensor>> want;
     std::vector<ag::job> jobs;
     for (int k = 0; k < 24; ++k) {
       const int s = (k * 7 / 3) % 2;
-      const auto in = step_inputs(3, {k % C, (k + 3) % C, -1}, 500 + static_cast<uint64_t>(k));
+      const auto at = [&](int row) { return static_cast<int32_t>(row % C); };
+      const auto in = step_inputs(3, {at(k), at(k + 3), -1}, 500 + static_cast<uint64_t>(k));
       auto w = ag::evaluate_reference(g, in, ref[s]);
       ASSERT_TRUE(w.has_value()) << w.err().to_string();
       want.push_back(std::move(*w));
-      jobs.push_back((*rt)->submit(*p, in, slot(s)));
+      jobs.push_back(rt->submit(p, in, slot(s)));
     }
     for (std::size_t k = 0; k < jobs.size(); ++k) {
       ASSERT_TRUE(jobs[k].wait_for(30s)) << "job " << k << " hung";
@@ -291,14 +303,10 @@ TEST(State, SubmitNamesASlotOfAPlanWithStateOrFailsSayingWhy) {
 TEST(State, JobsOfOneSlotTakeTurnsInSubmissionOrder) {
   ag::runtime_options o = fast_sim();
   o.backend.sim.time_scale = 20.0;  // a job runs for about a ms of wall time: the later ones really wait
-  auto rt = ag::runtime::create("sim:2", o);
-  ASSERT_TRUE(rt.has_value()) << rt.err().to_string();
+  std::unique_ptr<ag::runtime> rt;
+  std::shared_ptr<const ag::plan> p;
+  ASSERT_NO_FATAL_FAILURE(two_stage_state_plan(o, rt, p));
   const ag::graph g = state_graph(3);
-  ag::plan_options po;
-  po.pipeline_stages = 2;
-  po.state_slots = 2;
-  auto p = (*rt)->compile(g, po);
-  ASSERT_TRUE(p.has_value()) << p.err().to_string();
   std::map<int, ag::reference_state> ref;  // by slot; the slots keep their rows from round to round
   for (int round = 0; round < 5; ++round) {
     SCOPED_TRACE("round " + std::to_string(round));
@@ -312,7 +320,7 @@ TEST(State, JobsOfOneSlotTakeTurnsInSubmissionOrder) {
       const int32_t at = static_cast<int32_t>((3 * k) % static_cast<int>(C));
       ins.push_back(step_inputs(3, {at, static_cast<int32_t>((at + 1) % C), static_cast<int32_t>((at + 2) % C)},
                                 static_cast<uint64_t>(1000 * round + k)));
-      jobs.push_back((*rt)->submit(*p, ins.back(), slot(s)));
+      jobs.push_back(rt->submit(p, ins.back(), slot(s)));
       slots.push_back(s);
     }
     // One job waiting on slot 0 is cancelled: it must leave the queue, and

@@ -189,56 +189,40 @@ TEST(GenerateApp, BadInputExitsWithAMessage) {
   const auto cfg = ag::test::tiny_model(model_variant::gpt2);
   temp_dir dir;
   ag::test::save_random_model(dir.str(), cfg);
-  run_result r = run("--model " + (dir / "missing") + " --prompt-ids 1");
-  EXPECT_EQ(r.rc, 1) << r.out;
-  EXPECT_NE(r.out.find("missing: no such folder"), std::string::npos) << r.out;
-  r = run("--model " + dir.str() + " --prompt hello");
-  EXPECT_EQ(r.rc, 1) << r.out;
-  EXPECT_NE(r.out.find("has no tokenizer"), std::string::npos) << r.out;
-  r = run("--model " + dir.str() + " --prompt-ids 1,41");
-  EXPECT_EQ(r.rc, 1) << r.out;
-  EXPECT_NE(r.out.find("prompt token 41 is outside the vocabulary of 41"), std::string::npos) << r.out;
-  r = run("--model " + dir.str() + " --prompt-ids 1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17");
-  EXPECT_EQ(r.rc, 1) << r.out;
-  EXPECT_NE(r.out.find("17 tokens exceed n_positions 16"), std::string::npos) << r.out;
-  r = run("--model " + dir.str() + " --prompt-ids 1 --devices bogus:3");
-  EXPECT_EQ(r.rc, 1) << r.out;
-  EXPECT_NE(r.out.find("bogus"), std::string::npos) << r.out;
-  r = run("--model " + dir.str() + " --prompt-ids 1,x");
-  EXPECT_EQ(r.rc, 2) << r.out;
-  EXPECT_NE(r.out.find("'x' is not a token id"), std::string::npos) << r.out;
-  r = run("--model " + dir.str());
-  EXPECT_EQ(r.rc, 2) << r.out;
-  r = run("--model " + dir.str() + " --prompt-ids 1 --prompt a");
-  EXPECT_EQ(r.rc, 2) << r.out;
-  r = run("--model " + dir.str() + " --prompt-ids 1 --frobnicate 3");
-  EXPECT_EQ(r.rc, 2) << r.out;
-  EXPECT_NE(r.out.find("--frobnicate"), std::string::npos) << r.out;
-  r = run("--model " + dir.str() + " --prompt-ids 1 --stages x");
-  EXPECT_EQ(r.rc, 2) << r.out;
-  r = run("--model " + dir.str() + " --prompt-ids 1 --dtype f64");
-  EXPECT_EQ(r.rc, 2) << r.out;
-  r = run("--model " + dir.str() + " --prompt-ids 1 --tp 0");
-  EXPECT_EQ(r.rc, 2) << r.out;
-  EXPECT_NE(r.out.find("--tp"), std::string::npos) << r.out;
+  // Runs the program with `args`: it exits with `rc`, its output naming `says`.
+  const auto refused = [](const std::string& args, int rc, const std::string& says = "") {
+    const run_result r = run(args);
+    EXPECT_EQ(r.rc, rc) << args << "\n" << r.out;
+    if (!says.empty()) {
+      EXPECT_NE(r.out.find(says), std::string::npos) << args << "\n" << r.out;
+    }
+  };
+  refused("--model " + (dir / "missing") + " --prompt-ids 1", 1, "missing: no such folder");
+  refused("--model " + dir.str() + " --prompt hello", 1, "has no tokenizer");
+  refused("--model " + dir.str() + " --prompt-ids 1,41", 1, "prompt token 41 is outside the vocabulary of 41");
+  refused("--model " + dir.str() + " --prompt-ids 1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17", 1,
+          "17 tokens exceed n_positions 16");
+  refused("--model " + dir.str() + " --prompt-ids 1 --devices bogus:3", 1, "bogus");
+  refused("--model " + dir.str() + " --prompt-ids 1,x", 2, "'x' is not a token id");
+  refused("--model " + dir.str(), 2);
+  refused("--model " + dir.str() + " --prompt-ids 1 --prompt a", 2);
+  refused("--model " + dir.str() + " --prompt-ids 1 --frobnicate 3", 2, "--frobnicate");
+  refused("--model " + dir.str() + " --prompt-ids 1 --stages x", 2);
+  refused("--model " + dir.str() + " --prompt-ids 1 --dtype f64", 2);
+  refused("--model " + dir.str() + " --prompt-ids 1 --tp 0", 2, "--tp");
   // Layouts the planner refuses, naming why (exit 1): more devices per
   // stage than given, more than the model's 4 heads, too few for the stages.
-  r = run("--model " + dir.str() + " --prompt-ids 1 --devices sim:2 --tp 4");
-  EXPECT_EQ(r.rc, 1) << r.out;
-  EXPECT_NE(r.out.find("tensor_parallel degree 4 is larger than the 2 device(s) given"), std::string::npos) << r.out;
-  r = run("--model " + dir.str() + " --prompt-ids 1,2 --max-new-tokens 3 --devices sim:5 --tp 5");
-  EXPECT_EQ(r.rc, 1) << r.out;
-  EXPECT_NE(r.out.find("fewer units than devices"), std::string::npos) << r.out;
-  r = run("--model " + dir.str() + " --prompt-ids 1 --devices sim:4 --tp 2 --stages 3");
-  EXPECT_EQ(r.rc, 1) << r.out;
-  EXPECT_NE(r.out.find("3 stages x 2 tensor-parallel needs 6 devices, 4 given"), std::string::npos) << r.out;
+  refused("--model " + dir.str() + " --prompt-ids 1 --devices sim:2 --tp 4", 1,
+          "tensor_parallel degree 4 is larger than the 2 device(s) given");
+  refused("--model " + dir.str() + " --prompt-ids 1,2 --max-new-tokens 3 --devices sim:5 --tp 5", 1,
+          "fewer units than devices");
+  refused("--model " + dir.str() + " --prompt-ids 1 --devices sim:4 --tp 2 --stages 3", 1,
+          "3 stages x 2 tensor-parallel needs 6 devices, 4 given");
   // A broken tokenizer fails a text prompt; token ids still run, with a warning.
   ag::test::write_text(dir / "vocab.json", "{");
   ag::test::write_text(dir / "merges.txt", "");
-  r = run("--model " + dir.str() + " --prompt hello");
-  EXPECT_EQ(r.rc, 1) << r.out;
-  EXPECT_NE(r.out.find("vocab.json: not valid JSON"), std::string::npos) << r.out;
-  r = run("--model " + dir.str() + " --prompt-ids 1,2");
+  refused("--model " + dir.str() + " --prompt hello", 1, "vocab.json: not valid JSON");
+  run_result r = run("--model " + dir.str() + " --prompt-ids 1,2");
   EXPECT_EQ(r.rc, 0) << r.out;
   EXPECT_NE(r.out.find("warning: no generated_text"), std::string::npos) << r.out;
   EXPECT_NE(field(r.out, "generated"), "") << r.out;
