@@ -86,9 +86,15 @@ caf::behavior device_actor_fn(device_actor_t* self, gpu::device_ptr dev, int cap
         if (pool.allocated < static_cast<int>(pool.mem->arenas.size())) {
           // Lazily grow the pool; when memory runs out the pool just stops growing.
           auto p = st.dev->allocate(pool.mem->arena_bytes > 0 ? pool.mem->arena_bytes : 1);
+          int a = 0;
+          while (p && pool.mem->arenas[static_cast<std::size_t>(a)]) ++a;
+          if (p && !pool.mem->allocate_window(static_cast<std::size_t>(a))) {
+            // Its host window did not fit: as if the arena had not.
+            st.dev->deallocate(*p);
+            p = error{errc::out_of_memory, "its host window of " + std::to_string(pool.mem->window_bytes) +
+                                               " bytes: host memory ran out"};
+          }
           if (p) {
-            int a = 0;
-            while (pool.mem->arenas[static_cast<std::size_t>(a)]) ++a;
             pool.mem->arenas[static_cast<std::size_t>(a)] = *p;
             ++pool.allocated;
             return grant(self, pool, req, a);

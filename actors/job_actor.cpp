@@ -128,8 +128,17 @@ void collect_trace(const job_context& ctx) {
   ctx.core->traces().push(std::move(recs));
 }
 
-/// Non-contiguous view outputs: pick the view's elements out of the copied storage.
+/// Outputs copied into the arenas' host windows (copy_desc::window_offset)
+/// go to the job's output buffers; non-contiguous view outputs: pick the
+/// view's elements out of the copied storage.
 void gather_outputs(const job_context& ctx) {
+  const launch_program& prog = ctx.program();
+  for (step_id s : prog.window_outputs()) {
+    const copy_desc& c = prog.steps()[static_cast<std::size_t>(s)].copy;
+    std::memcpy(ctx.outputs[static_cast<std::size_t>(c.io_index)].data() + c.host_offset,
+                ctx.window(prog.steps()[static_cast<std::size_t>(s)].device) + c.window_offset,
+                static_cast<std::size_t>(c.bytes));
+  }
   const graph& g = ctx.lp->source().source();
   for (std::size_t i = 0; i < ctx.staging.size(); ++i) {
     const auto& src = ctx.staging[i];
@@ -189,6 +198,12 @@ std::size_t prepare_run(job_context& ctx) {
   // after anything that may throw: a number drawn by a job that never runs
   // would stall the jobs after it).
   ctx.collective_seq = lp.next_collective_seq.fetch_add(1, std::memory_order_relaxed);
+  // Inputs whose copies replay inside graphs go to the arenas' host windows.
+  for (step_id s : prog.window_inputs()) {
+    const lowered_step& ls = prog.steps()[static_cast<std::size_t>(s)];
+    std::memcpy(ctx.window(ls.device) + ls.copy.window_offset,
+                ctx.inputs[static_cast<std::size_t>(ls.copy.io_index)].data(), static_cast<std::size_t>(ls.copy.bytes));
+  }
   const std::size_t remaining = prog.completion_steps().size();
   ctx.completions_left.store(static_cast<int>(remaining), std::memory_order_relaxed);
   ctx.handle->mark_started(gpu::host_clock_ns());

@@ -124,6 +124,12 @@ struct job_context final : msg::job_ref, std::enable_shared_from_this<job_contex
   }
   ~job_context() { release_state_slot(); }
 
+  /// The host window of the job's arena on `device` (plan_memory::windows;
+  /// the job must hold an arena there); null where the plan needs none.
+  std::byte* window(int device) const noexcept {
+    const auto& m = *lp->memory[static_cast<std::size_t>(device)];
+    return m.windows[static_cast<std::size_t>(arenas[static_cast<std::size_t>(device)])];
+  }
   /// Base of `where` on `device` for this job (the device must be used by the
   /// plan; for the arena, the job must hold one there).
   /// For the state region, the job's slot there (nullptr without one).

@@ -476,8 +476,10 @@ bool in_stream_members_share_a_gpu(const plan& pl, const step& s) {
 }
 
 /// Graph replay: marks the first step of each replay segment of two or more
-/// kernels (graph/replay.hpp) with the segment's step and launch-record
-/// counts, where the plan asks for replay and the device is not a cpu device.
+/// kernels and host copies (graph/replay.hpp) with the segment's step and
+/// launch-record counts, where the plan asks for replay and the device is
+/// not a cpu device, and gives each host copy of such a segment its place in
+/// the device's arena host window (copy_desc::window_offset).
 /// A segment whose steps are not consecutive in their queue (lane order
 /// differing from id order) is left unmarked: it runs kernel by kernel.
 /// So is a segment with in-stream parts whose members share a GPU: replayed,
@@ -486,9 +488,10 @@ bool in_stream_members_share_a_gpu(const plan& pl, const step& s) {
 /// part that would end the wait was behind it: docs/BENCHMARKS.md, session
 /// 14), launched plainly they met every time.
 void mark_replay_segments(const plan& pl, launch_program& prog) {
+  prog.window_bytes_.assign(pl.devices().size(), 0);
   if (pl.options().graph_replay == graph_replay_mode::off) return;
   for (const replay_segment& seg : replay_segments(pl)) {
-    if (seg.kernels < 2 || seg.steps.empty()) continue;
+    if (seg.launches() < 2 || seg.steps.empty()) continue;
     if (!replays_on(pl.options().graph_replay, pl.devices().at(static_cast<std::size_t>(seg.device)).kind)) continue;
     auto& first = prog.steps_[static_cast<std::size_t>(seg.steps.front())];
     bool consecutive = true;
@@ -505,6 +508,22 @@ void mark_replay_segments(const plan& pl, launch_program& prog) {
       shared_gpu = shared_gpu || in_stream_members_share_a_gpu(pl, pl.at(s));
     }
     if (shared_gpu) continue;
+    // Host copies of the segment move through the arena's host window.
+    bool windowable = true;
+    for (step_id s : seg.steps) {
+      const copy_desc& c = prog.steps_[static_cast<std::size_t>(s)].copy;
+      const step_kind k = pl.at(s).kind;
+      if ((k == step_kind::copy_h2d || k == step_kind::copy_d2h) && (c.gather || c.host_blocks != 1)) windowable = false;
+    }
+    if (!windowable) continue;
+    for (step_id s : seg.steps) {
+      lowered_step& ls = prog.steps_[static_cast<std::size_t>(s)];
+      if (ls.kind != step_kind::copy_h2d && ls.kind != step_kind::copy_d2h) continue;
+      int64_t& window = prog.window_bytes_[static_cast<std::size_t>(ls.device)];
+      ls.copy.window_offset = window;
+      window += (ls.copy.bytes + 63) / 64 * 64;  // each copy's bytes 64-aligned, as a host_tensor's
+      (ls.kind == step_kind::copy_h2d ? prog.window_inputs_ : prog.window_outputs_).push_back(s);
+    }
     first.replay_in_stream |= in_stream;
     first.replay_steps = static_cast<int>(seg.steps.size());
     first.replay_records = records;

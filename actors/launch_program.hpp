@@ -79,6 +79,12 @@ struct copy_desc {
   int64_t host_offset = 0;
   int64_t host_blocks = 1;
   int64_t host_pitch = 0;
+  /// h2d / d2h of a replay segment (plan_options::replay_host_copies): the
+  /// host side is the job arena's host window on the step's device at this
+  /// byte offset (job_context::window), not the job's input or output
+  /// buffer; the job copies its input in when it holds its arenas and its
+  /// output out when it completes. -1: the job's own buffer.
+  int64_t window_offset = -1;
 };
 
 /// What a collective step's part does (plan.hpp's step of kind collective).
@@ -184,6 +190,15 @@ class launch_program {
   int find_queue(int device, step_kind kind, int lane) const noexcept;
   /// Some queue runs in-stream collective parts (launch_queue::in_stream_parts).
   bool has_in_stream_parts() const noexcept { return has_in_stream_; }
+  /// Bytes of the host window each arena of device `d` needs (0: none; see
+  /// copy_desc::window_offset).
+  int64_t window_bytes(int d) const noexcept {
+    return d >= 0 && static_cast<std::size_t>(d) < window_bytes_.size() ? window_bytes_[static_cast<std::size_t>(d)] : 0;
+  }
+  /// The h2d steps whose host side is a window (copied in by the job when it
+  /// holds its arenas), and the d2h ones (copied out when it completes).
+  const std::vector<step_id>& window_inputs() const noexcept { return window_inputs_; }
+  const std::vector<step_id>& window_outputs() const noexcept { return window_outputs_; }
 
   /// The launch records of queue `q`'s compute steps, in order (step
   /// first_launch + k holds ops[k]): node, source graph and tensor_arg
@@ -202,6 +217,8 @@ class launch_program {
   std::vector<step_id> completion_;
   std::vector<int> used_devices_;
   bool has_in_stream_ = false;
+  std::vector<int64_t> window_bytes_;  ///< by device
+  std::vector<step_id> window_inputs_, window_outputs_;
 };
 
 /// Part of lower(): sets the replay_* fields of `prog`'s steps (see lowered_step).

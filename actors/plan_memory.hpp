@@ -10,6 +10,7 @@
 /// last holder lets go. The arena table is the device actor's: see `arenas`;
 /// the free list is shared with submitting threads under its mutex.
 
+#include <cstddef>
 #include <cstdint>
 #include <mutex>
 #include <vector>
@@ -22,7 +23,10 @@ namespace ag::actors {
 class plan_memory final : public msg::plan_memory_ref {
  public:
   plan_memory(uint64_t plan_key, gpu::device_ptr dev, int arena_capacity)
-      : msg::plan_memory_ref(plan_key), dev(std::move(dev)), arenas(static_cast<std::size_t>(arena_capacity), nullptr) {}
+      : msg::plan_memory_ref(plan_key),
+        dev(std::move(dev)),
+        arenas(static_cast<std::size_t>(arena_capacity), nullptr),
+        windows(static_cast<std::size_t>(arena_capacity), nullptr) {}
   plan_memory(const plan_memory&) = delete;
   plan_memory& operator=(const plan_memory&) = delete;
   /// Frees the weights and every arena allocated.
@@ -49,6 +53,22 @@ class plan_memory final : public msg::plan_memory_ref {
   /// actors that got i through a job (a message orders the write before
   /// the read).
   std::vector<void*> arenas;
+  /// Host window of each arena (launch_program::window_bytes, copy_desc::
+  /// window_offset): the host side of the job's copies that replay inside
+  /// graphs, so it stays put per arena. Same index and lifetime as `arenas`
+  /// (allocated with its arena, by the same party); null where the plan
+  /// needs none. The holder of the arena owns its window's bytes: the job
+  /// writes its inputs there before run_job, its device copies them, and
+  /// the completing thread reads the outputs back before the arena is
+  /// released.
+  int64_t window_bytes = 0;
+  std::vector<std::byte*> windows;
+  /// Where the windows come from: the device's host_memory() when the plan
+  /// was loaded (pinned on CUDA, so their copies can be captured); null: the heap.
+  host_memory_resource* window_memory = nullptr;
+  /// Allocates arena `a`'s window from window_memory. False when host
+  /// memory ran out. No-op without window_bytes.
+  bool allocate_window(std::size_t a);
 
   /// Arena handles free for the taking, shared by the device actor and
   /// submitting threads (job_actor.hpp, take_arenas_now). The device actor

@@ -216,13 +216,13 @@ expected<std::shared_ptr<const plan>> runtime_core::compile(std::shared_ptr<cons
   if (opts_.pinned_outputs)
     for (step_id s : prog.completion_steps()) {
       const lowered_step& ls = prog.steps()[static_cast<std::size_t>(s)];
-      if (ls.kind == step_kind::copy_d2h)
+      if (ls.kind == step_kind::copy_d2h && ls.copy.window_offset < 0)  // a window's copy lands in pinned memory already
         lp->output_memory[static_cast<std::size_t>(ls.copy.io_index)] =
             devices_[static_cast<std::size_t>(ls.device)]->host_memory();
     }
   lp->input_memory.assign(gr.inputs().size(), nullptr);
   for (const lowered_step& ls : prog.steps()) {
-    if (ls.kind != step_kind::copy_h2d) continue;
+    if (ls.kind != step_kind::copy_h2d || ls.copy.window_offset >= 0) continue;  // copied into a window, not pinned per job
     const auto k = static_cast<std::size_t>(ls.copy.io_index);
     if (lp->input_memory[k] || gr.at(gr.inputs()[k]).own_bytes() > opts_.pinned_inputs_max_bytes) continue;
     lp->input_memory[k] = devices_[static_cast<std::size_t>(ls.device)]->host_memory();
@@ -318,6 +318,11 @@ expected<std::shared_ptr<const plan>> runtime_core::compile(std::shared_ptr<cons
                        std::to_string(mem.weight_bytes) + " bytes of weights): " + a.err().message,
                    d};
     m->arenas[0] = *a;
+    m->window_bytes = prog.window_bytes(d);
+    m->window_memory = dev->host_memory();
+    if (!m->allocate_window(0))
+      return error{errc::out_of_memory, dname + ": host window of " + std::to_string(m->window_bytes) +
+                                            " bytes for its first arena: host memory ran out", d};
     m->put_free(0);  // free for the first job (start on submit), before the device actor hears of it
     lp->memory[static_cast<std::size_t>(d)] = std::move(m);
   }

@@ -260,14 +260,19 @@ error begin_step(exec_state& st, const job_context& ctx, const lowered_step& ls,
 /// A step's epilogue on `stream` once its work is enqueued: its end event
 /// (when `record_end`), a host notification for completion steps, and the
 /// ready messages for its consumers (batched in st.out).
+/// `segment_start`: the slot of a replayed segment's first step, which
+/// the trace shows as the segment's record: it gets this (the segment's
+/// last) step's end event too, before the notification that may collect
+/// the trace.
 error end_step(exec_state& st, const job_context& ctx, const lowered_step& ls, int lane, gpu::stream& stream,
-               bool record_end) {
+               bool record_end, step_slot* segment_start = nullptr) {
   auto& slot = ctx.slots[static_cast<std::size_t>(ls.id)];
   if (record_end) {
     auto end = take_event(st, ctx.timing);
     if (!end) return step_error(st, lane, ls, "creating its end event", end.err());
     slot.end = std::move(*end);
     if (error re = st.dev->record(*slot.end, stream)) return step_error(st, lane, ls, "recording its end", re);
+    if (segment_start) segment_start->end = slot.end;
   }
   if (ls.completion) {
     // `keep` holds the job context until the callback ran. A notification
@@ -354,7 +359,9 @@ error launch_step(exec_state& st, exec_job& e, step_id s) {
     case step_kind::copy_h2d: {
       const copy_desc& c = ls.copy;
       void* dst = ctx.base(c.dst.where, st.device) + c.dst.byte_offset;
-      err = st.dev->copy_h2d(stream, dst, ctx.inputs[static_cast<std::size_t>(c.io_index)].data(), c.bytes);
+      const std::byte* src = c.window_offset >= 0 ? ctx.window(st.device) + c.window_offset
+                                                  : ctx.inputs[static_cast<std::size_t>(c.io_index)].data();
+      err = st.dev->copy_h2d(stream, dst, src, c.bytes);
       break;
     }
     case step_kind::copy_d2h: {
@@ -362,7 +369,9 @@ error launch_step(exec_state& st, exec_job& e, step_id s) {
       const void* src = ctx.base(c.src.where, st.device) + c.src.byte_offset;
       auto& host = c.gather ? ctx.staging[static_cast<std::size_t>(c.io_index)]
                             : ctx.outputs[static_cast<std::size_t>(c.io_index)];
-      if (c.host_blocks > 1)
+      if (c.window_offset >= 0)
+        err = st.dev->copy_d2h(stream, ctx.window(st.device) + c.window_offset, src, c.bytes);
+      else if (c.host_blocks > 1)
         err = st.dev->copy_d2h_blocks(stream, host.data() + c.host_offset, c.host_pitch, src,
                                       c.bytes / c.host_blocks, c.host_blocks);
       else
@@ -402,8 +411,10 @@ error launch_step(exec_state& st, exec_job& e, step_id s) {
 
 /// The graph of `entry` for the job's buffers `b`, capturing it now when it
 /// has none yet (nullptr: run plainly; `outcome` says why).
+/// `segment_ops()` lists what to capture (called only when capturing).
+template <typename SegmentOps>
 gpu::replay_graph* graph_for(exec_state& st, replay_entry& entry, const region_bases& b, gpu::stream& stream,
-                             const gpu::op_launch* rec, int records, replay_outcome& outcome, std::string& why,
+                             const SegmentOps& segment_ops, replay_outcome& outcome, std::string& why,
                              const std::vector<const std::byte*>& peers) {
   if (!entry.seen || entry.refused) {
     outcome = entry.refused ? replay_outcome::fallback : replay_outcome::plain;
@@ -420,7 +431,8 @@ gpu::replay_graph* graph_for(exec_state& st, replay_entry& entry, const region_b
     outcome = replay_outcome::plain;
     return nullptr;
   }
-  auto g = st.dev->capture(stream, rec, static_cast<std::size_t>(records));
+  const std::vector<gpu::segment_op>& ops = segment_ops();
+  auto g = st.dev->capture_segment(stream, ops.data(), ops.size());
   if (!g) {
     entry.refused = true;
     outcome = replay_outcome::fallback;
@@ -449,7 +461,6 @@ expected<int> launch_segment(exec_state& st, exec_job& e, step_id s) {
   if (!sp) return step_error(st, lane, first, "has no stream", *stream_err);
   gpu::stream& stream = *sp;
   const region_bases bases(st, ctx);
-  gpu::op_launch* rec = e.launches + first.first_launch;
   const auto step_at = [&](int i) -> const lowered_step& {
     return prog.steps()[static_cast<std::size_t>(q.steps[static_cast<std::size_t>(first.pos + i)])];
   };
@@ -470,7 +481,28 @@ expected<int> launch_segment(exec_state& st, exec_job& e, step_id s) {
   if (first.replay_in_stream)
     for (int d : prog.used_devices())
       peers.push_back(ctx.arenas[static_cast<std::size_t>(d)] >= 0 ? ctx.base(region::arena, d) : nullptr);
-  gpu::replay_graph* g = graph_for(st, entry, bases, stream, rec, first.replay_records, outcome, why, peers);
+  // What the graph holds, in stream order: each step's kernels, or its
+  // host copy (through the arena's host window).
+  const auto segment_ops = [&]() -> const std::vector<gpu::segment_op>& {
+    thread_local std::vector<gpu::segment_op> ops;
+    ops.clear();
+    for (int i = 0; i < n; ++i) {
+      const lowered_step& ls = step_at(i);
+      const copy_desc& c = ls.copy;
+      if (ls.kind == step_kind::copy_h2d) {
+        ops.push_back({gpu::segment_op::kind::copy_h2d, nullptr, ctx.base(c.dst.where, st.device) + c.dst.byte_offset,
+                       ctx.window(st.device) + c.window_offset, c.bytes});
+      } else if (ls.kind == step_kind::copy_d2h) {
+        ops.push_back({gpu::segment_op::kind::copy_d2h, nullptr, ctx.window(st.device) + c.window_offset,
+                       ctx.base(c.src.where, st.device) + c.src.byte_offset, c.bytes});
+      } else {
+        for (std::size_t k = 0; k < ls.ops.size(); ++k)
+          ops.push_back({gpu::segment_op::kind::launch, e.launches + ls.first_launch + k, nullptr, nullptr, 0});
+      }
+    }
+    return ops;
+  };
+  gpu::replay_graph* g = graph_for(st, entry, bases, stream, segment_ops, outcome, why, peers);
   ctx.core->replays().note(outcome, why);
   if (!g) {
     // Kernel by kernel, each step with its own events and trace record.
@@ -503,11 +535,11 @@ expected<int> launch_segment(exec_state& st, exec_job& e, step_id s) {
   for (int i = 0; i < n; ++i) {
     const lowered_step& ls = step_at(i);
     const bool last = i + 1 == n;
-    if (error err = end_step(st, ctx, ls, lane, stream, !ls.consumer_queues.empty() || (last && ctx.timing)))
+    // The trace shows the segment as one record on its first step.
+    if (error err = end_step(st, ctx, ls, lane, stream, !ls.consumer_queues.empty() || (last && ctx.timing),
+                             last && ctx.timing && n > 1 ? &first_slot : nullptr))
       return err;
   }
-  // The trace shows the segment as one record on its first step.
-  if (ctx.timing) first_slot.end = ctx.slots[static_cast<std::size_t>(step_at(n - 1).id)].end;
   return n;
 }
 

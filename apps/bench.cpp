@@ -162,6 +162,7 @@ struct then_result {
 /// continuation. Tracing adds its own cost: the total is higher than the
 /// untraced figure.
 bool then_inline_copies = true;  // --inline-copies
+bool then_replay_host_copies = true;  // --replay-host-copies
 bool then_pinned_inputs = true;  // --pinned-inputs
 
 then_result run_submit_to_then(const std::string& devices, int jobs, int threads, bool breakdown = false) {
@@ -182,6 +183,7 @@ then_result run_submit_to_then(const std::string& devices, int jobs, int threads
   ag::plan_options po;
   po.policy = ag::placement_policy::single;
   po.inline_small_copies = then_inline_copies;
+  po.replay_host_copies = then_replay_host_copies;
   auto p = (*rt)->compile(std::move(*g), po);
   if (!p) die("compile (tiny)", p.err());
   const std::vector<ag::host_tensor> in{ag::host_tensor::random_normal(ag::dtype::f32, {n}, 5, 1.0f)};
@@ -305,6 +307,9 @@ int main(int argc, char** argv) {
                  "on|off: runtime_options::pinned_inputs_max_bytes 64 KiB or 0 (submit copies small inputs to pinned memory)");
   app.add_option("--inline-copies", then_inline_copies,
                  "on|off: plan_options::inline_small_copies of the submit_to_then_us job (its copies on its compute lane)");
+  app.add_option("--replay-host-copies", then_replay_host_copies,
+                 "on|off: plan_options::replay_host_copies of the submit_to_then_us job (its copies inside its "
+                 "replayed graph, through the arena's host window)");
   app.add_option("--dispatch-only", only,
                  "1: many-split jobs only, 2: 6-split jobs only, 3: 1-3 op splits only, 4: submit_to_then_us only "
                  "(for profilers); 5: submit_to_then's round trip cut into hops (trace on); 0: everything")

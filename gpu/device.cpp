@@ -30,8 +30,14 @@ error device::set_collective_tag(stream&, uint64_t) {
   return error(errc::unsupported_op, "device '" + spec().name + "' runs no in-stream collectives", index());
 }
 
-expected<std::unique_ptr<replay_graph>> device::capture(stream&, const op_launch*, std::size_t) {
+expected<std::unique_ptr<replay_graph>> device::capture_segment(stream&, const segment_op*, std::size_t) {
   return error(errc::unsupported_op, "device '" + spec().name + "' does not capture graphs", index());
+}
+
+expected<std::unique_ptr<replay_graph>> device::capture(stream& s, const op_launch* ops, std::size_t n) {
+  std::vector<segment_op> seg(n);
+  for (std::size_t i = 0; i < n; ++i) seg[i].launch = &ops[i];
+  return capture_segment(s, seg.data(), n);
 }
 
 error device::replay(stream&, replay_graph&) {

@@ -175,6 +175,19 @@ class replay_graph {
   virtual int kernels() const noexcept = 0;
 };
 
+/// One operation of a replay segment handed to device::capture_segment: a
+/// kernel (its launch record), or a host copy of the segment (a small input
+/// copied in at the start of a lane, an output copied out at its end:
+/// plan_options::replay_host_copies).
+struct segment_op {
+  enum class kind : uint8_t { launch, copy_h2d, copy_d2h };
+  kind what = kind::launch;
+  const op_launch* launch = nullptr;  ///< kind::launch
+  void* dst = nullptr;                ///< copies: device memory (h2d) or host memory (d2h)
+  const void* src = nullptr;          ///< copies: host memory (h2d) or device memory (d2h)
+  int64_t bytes = 0;                  ///< copies
+};
+
 class device;
 
 /// One member's part of a collective step (all_reduce, all_gather,
@@ -418,8 +431,14 @@ class device {
   /// is unaffected. An error means the capture was refused (an op that
   /// cannot be captured, a backend limit, an injected refusal): the caller
   /// launches the ops one by one instead, which reports any real error of
-  /// the ops themselves. Default: unsupported_op.
-  virtual expected<std::unique_ptr<replay_graph>> capture(stream& s, const op_launch* ops, std::size_t n);
+  /// the ops themselves. Copies in `ops` move bytes between device memory
+  /// and host memory that stays where it is while the graph lives (a job
+  /// arena's host window, actors/plan_memory.hpp); a backend that cannot
+  /// capture a copy from that memory (CUDA: pageable memory) refuses.
+  /// Default: unsupported_op.
+  virtual expected<std::unique_ptr<replay_graph>> capture_segment(stream& s, const segment_op* ops, std::size_t n);
+  /// capture_segment() of kernels only.
+  expected<std::unique_ptr<replay_graph>> capture(stream& s, const op_launch* ops, std::size_t n);
   /// Enqueues `g` (made by this device's capture() for a stream of the same
   /// lane) on `s`: the same work, in the same order, as launching its ops one
   /// by one, for one launch. Errors as launch(). Default: unsupported_op.

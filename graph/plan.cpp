@@ -168,15 +168,16 @@ std::string plan::describe() const {
     if (elided > 0)
       os << "  " << elided << " concat(s) elided: their inputs are written in place (plan_options::elide_concats)\n";
     if (options_.graph_replay != graph_replay_mode::off) {
-      int nseg = 0, kernels = 0;
+      int nseg = 0, kernels = 0, copies = 0;
       for (const replay_segment& seg : segments)
-        if (seg.device == d) ++nseg, kernels += seg.kernels;
+        if (seg.device == d) ++nseg, kernels += seg.kernels, copies += seg.copies;
       os << "  graph replay " << to_string(options_.graph_replay) << ": " << nseg << " segment(s), " << kernels
          << " kernels";
+      if (copies > 0) os << ", " << copies << " host copies (through the arenas' host windows)";
       if (!replays_on(options_.graph_replay, spec.kind)) os << "; not applied on cpu (plain calls)";
       else
         os << "; saves " << fmt_us(replay_launch_seconds_saved(*this, segments, d))
-           << " of launches per job (model); each segment of 2+ kernels runs plainly on its first job, then is captured"
+           << " of launches per job (model); each segment of 2+ kernels and copies runs plainly on its first job, then is captured"
               " once per arena and replayed; a refused capture falls back to plain launches (trace label, "
               "runtime::replay_statistics)";
       os << "\n";

@@ -284,6 +284,15 @@ struct plan_options {
   /// 1.6x on decode on an H100); off launches kernel by kernel. Replay is
   /// skipped while runtime_options::stall_factor watches steps.
   graph_replay_mode graph_replay = graph_replay_mode::automatic;
+  /// Under graph replay, a host copy inlined at a lane's start or end
+  /// (inline_small_copies: a job's small input or output) joins that lane's
+  /// replay segment (graph/replay.hpp): its host side is then the job
+  /// arena's host window, pinned memory per arena that the job's input is
+  /// copied into when the job holds its arenas and its output copied out of
+  /// when it completes (actors/plan_memory.hpp), so a tiny job or a decode
+  /// step is one graph launch. Off: such copies launch on their own, from
+  /// and into the job's own buffers.
+  bool replay_host_copies = true;
   /// Let a backend run a chain of the plan's ops as one kernel where it has
   /// one (graph/fusion.hpp; plan::fusions() lists them); the steps are the
   /// same either way, and the memory plan keeps the chain's inputs until the

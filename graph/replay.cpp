@@ -43,6 +43,14 @@ int kernels_of(const plan& p, const step& s) {
 
 }  // namespace
 
+bool captures_host_copy(const plan& p, const step& s) {
+  if (!p.options().replay_host_copies || !s.on_compute_stream || s.ops.size() != 1) return false;
+  if (s.kind == step_kind::copy_h2d) return true;
+  if (s.kind != step_kind::copy_d2h || s.host_blocks != 1) return false;
+  const node& n = p.source().at(s.ops.front());
+  return !n.is_view() || n.contiguous();
+}
+
 std::vector<replay_segment> replay_segments(const plan& p) {
   // Steps of one (device, lane) queue come in increasing step id (plan.hpp),
   // so one pass in id order sees each queue in lane order.
@@ -52,9 +60,9 @@ std::vector<replay_segment> replay_segments(const plan& p) {
   for (const step& s : p.steps()) {
     if (!on_compute_lane(s)) continue;
     const std::pair<int, int> key{s.device, s.lane};
-    if (s.on_compute_stream) {
-      // A copy inlined on the lane (at its start or end) is launched on its
-      // own: host memory of the job cannot be captured.
+    const bool copy = s.on_compute_stream;
+    if (copy && !captures_host_copy(p, s)) {
+      // Launched on its own: its host side is the job's own buffer.
       open[key] = false;
       continue;
     }
@@ -64,7 +72,8 @@ std::vector<replay_segment> replay_segments(const plan& p) {
       if (!same_queue(p.at(d), s)) internal_deps = false;
     if (segs.empty() || !open[key] || !internal_deps) segs.push_back(replay_segment{s.device, s.lane, {}, 0});
     segs.back().steps.push_back(s.id);
-    segs.back().kernels += kernels_of(p, s);
+    if (copy) ++segs.back().copies;
+    else segs.back().kernels += kernels_of(p, s);
     bool internal_consumers = true;
     for (step_id c : s.consumers)
       if (!same_queue(p.at(c), s) && waits_for(waited, c, s.id)) internal_consumers = false;

@@ -9,6 +9,11 @@
 ///  - before a step with a dependency that is not an earlier compute step of
 ///    the same (device, lane) (an event wait on another lane or device, a copy,
 ///    a collective, a `ready` message);
+/// A small host copy inlined at the lane's start or end (a job's input read
+/// there, an output written there: plan_options::inline_small_copies) is
+/// part of the segment next to it (plan_options::replay_host_copies): its
+/// host side is a buffer that stays put per job arena (the arena's host
+/// window, actors/plan_memory.hpp), so it can be captured too;
 /// In-stream collective parts (collective_algo::in_stream) are steps of
 /// compute lane 0 like compute steps, and their deps on other devices are
 /// met on the devices (met_on_device, plan.hpp): a segment runs through them,
@@ -36,6 +41,7 @@
 namespace ag {
 
 class plan;
+struct step;
 using step_id = int32_t;
 
 /// plan_options::graph_replay.
@@ -59,12 +65,26 @@ bool parse_graph_replay_mode(const std::string& text, graph_replay_mode& out) no
 struct replay_segment {
   int device = 0;
   int lane = 0;
-  std::vector<step_id> steps;  ///< compute steps in lane order
+  /// Compute steps in lane order; with plan_options::replay_host_copies,
+  /// also the host copies inlined at the lane's ends that join them
+  /// (captures_host_copy).
+  std::vector<step_id> steps;
   int kernels = 0;             ///< non-view ops in those steps (kernel launches without replay)
+  int copies = 0;              ///< host copies among the steps
+  /// Calls the segment saves the host per job when replayed: its kernels
+  /// and copies but one (a segment of fewer than two is not replayed).
+  int launches() const noexcept { return kernels + copies; }
 };
 
+/// Whether step `s` of `p` is a host copy that joins its lane's replay
+/// segment: plan_options::replay_host_copies, inlined on the lane
+/// (step::on_compute_stream), and for a d2h one contiguous run into its
+/// output (not a piece gathered on the host, not a strided view).
+bool captures_host_copy(const plan& p, const step& s);
+
 /// Segments of every (device, lane) queue of `p`, ordered by device, lane,
-/// then lane order. Every compute step is in exactly one segment.
+/// then lane order. Every compute step is in exactly one segment, and so is
+/// every host copy that captures_host_copy() accepts.
 std::vector<replay_segment> replay_segments(const plan& p);
 
 /// Time a replayed plan saves per job on one lane of `device` (-1: all

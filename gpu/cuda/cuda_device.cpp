@@ -378,7 +378,7 @@ class cuda_device final : public device {
   /// allocate (cudaMallocAsync scratch) become graph memory nodes; the cuBLAS
   /// handle of the stream already has its workspace (made by the segment's
   /// first, plain run), so cuBLAS allocates nothing while capturing.
-  expected<std::unique_ptr<replay_graph>> capture(stream& s, const op_launch* ops, std::size_t n) override {
+  expected<std::unique_ptr<replay_graph>> capture_segment(stream& s, const segment_op* ops, std::size_t n) override {
     auto us = usable(s, "capture");
     if (!us) return us.err();
     cuda_stream* cs = *us;
@@ -394,8 +394,27 @@ class cuda_device final : public device {
     error launch_err;
     int kernels = 0;
     for (std::size_t i = 0; i < n && !launch_err; ++i) {
-      if (ops[i].op && !is_view_op(ops[i].op->op) && !is_leaf_op(ops[i].op->op)) ++kernels;
-      launch_err = run_op(*cs, ops[i]);
+      const segment_op& o = ops[i];
+      if (o.what == segment_op::kind::launch) {
+        const op_launch& l = *o.launch;
+        if (l.op && !is_view_op(l.op->op) && !is_leaf_op(l.op->op)) ++kernels;
+        launch_err = run_op(*cs, l);
+        continue;
+      }
+      // A host copy becomes a memcpy node: only from memory the GPU reads
+      // directly (pageable memory goes through staging, which a graph cannot).
+      const bool h2d = o.what == segment_op::kind::copy_h2d;
+      if (o.bytes <= 0) continue;
+      if (pageable(h2d ? o.src : o.dst)) {
+        launch_err = error(errc::unsupported_op, "a host copy of the segment is from pageable memory", index_);
+        continue;
+      }
+      if (cudaError_t r = cudaMemcpyAsync(o.dst, o.src, static_cast<size_t>(o.bytes),
+                                          h2d ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost, cs->s_);
+          r != cudaSuccess) {
+        (void)cudaGetLastError();
+        launch_err = error(errc::unsupported_op, std::string("cudaMemcpyAsync: ") + cudaGetErrorString(r), index_);
+      }
     }
     cudaGraph_t graph = nullptr;
     const cudaError_t ended = cudaStreamEndCapture(cs->s_, &graph);  // always: leaves capture mode

@@ -68,17 +68,26 @@ op_cost cost_of_launch(const op_launch& l) {
 
 namespace {
 
-/// The sim's replay_graph: the captured launch records (sim_device::capture).
+/// The sim's replay_graph: the captured launch records and host copies
+/// (sim_device::capture_segment), in segment order.
 class sim_replay_graph final : public replay_graph {
  public:
+  struct item {
+    segment_op::kind what = segment_op::kind::launch;
+    op_launch launch;  ///< kind::launch
+    void* dst = nullptr;
+    const void* src = nullptr;
+    int64_t bytes = 0;
+  };
   const sim_device* owner = nullptr;
-  std::vector<op_launch> ops;
-  int kernels() const noexcept override { return static_cast<int>(ops.size()); }
+  std::vector<item> items;
+  int kernel_count = 0;
+  int kernels() const noexcept override { return kernel_count; }
 };
 
 }  // namespace
 
-expected<std::unique_ptr<replay_graph>> sim_device::capture(stream&, const op_launch* ops, std::size_t n) {
+expected<std::unique_ptr<replay_graph>> sim_device::capture_segment(stream&, const segment_op* ops, std::size_t n) {
   if (!alive()) return error(errc::device_failed, "device '" + spec().name + "' is dead: nothing to capture", index());
   bool refuse = false;
   {
@@ -90,10 +99,21 @@ expected<std::unique_ptr<replay_graph>> sim_device::capture(stream&, const op_la
   auto g = std::make_unique<sim_replay_graph>();
   g->owner = this;
   for (std::size_t i = 0; i < n; ++i) {
-    if (!ops[i].op) return error(errc::invalid_argument, "device '" + spec().name + "': capture of a launch without a node", index());
-    if (is_view_op(ops[i].op->op) || is_leaf_op(ops[i].op->op)) continue;
-    g->ops.push_back(ops[i]);
-    g->ops.back().launch_paid_by_replay = g->ops.size() > 1;
+    sim_replay_graph::item it;
+    it.what = ops[i].what;
+    if (ops[i].what != segment_op::kind::launch) {
+      it.dst = ops[i].dst;
+      it.src = ops[i].src;
+      it.bytes = ops[i].bytes;
+      g->items.push_back(it);
+      continue;
+    }
+    const op_launch* l = ops[i].launch;
+    if (!l || !l->op) return error(errc::invalid_argument, "device '" + spec().name + "': capture of a launch without a node", index());
+    if (is_view_op(l->op->op) || is_leaf_op(l->op->op)) continue;
+    it.launch = *l;
+    it.launch.launch_paid_by_replay = g->kernel_count++ > 0;
+    g->items.push_back(std::move(it));
   }
   return std::unique_ptr<replay_graph>(std::move(g));
 }
@@ -102,8 +122,15 @@ error sim_device::replay(stream& s, replay_graph& g) {
   auto* sg = dynamic_cast<sim_replay_graph*>(&g);
   if (!sg || sg->owner != this)
     return error(errc::invalid_argument, "device '" + spec().name + "': replay of a graph another device captured", index());
-  for (const op_launch& l : sg->ops)
-    if (error e = launch(s, l)) return e;
+  for (const auto& it : sg->items) {
+    error e;
+    switch (it.what) {
+      case segment_op::kind::launch: e = launch(s, it.launch); break;
+      case segment_op::kind::copy_h2d: e = copy_h2d(s, it.dst, it.src, it.bytes); break;
+      case segment_op::kind::copy_d2h: e = copy_d2h(s, it.dst, it.src, it.bytes); break;
+    }
+    if (e) return e;
+  }
   return {};
 }
 

@@ -56,14 +56,15 @@ class sim_device final : public host::host_device {
   double modelled_seconds() const;
   const sim_options& options() const noexcept { return options_; }
 
-  /// Graph replay, modelled: capture() keeps a copy of the launch records
-  /// (views and leaves dropped) with launch_paid_by_replay set on every
-  /// kernel but the first; replay() launches them in order, so a replayed
-  /// segment pays one launch latency and computes the same values as plain
-  /// launches of the same buffers. fault_config::refuse_capture makes
-  /// capture() fail (fallback tests).
+  /// Graph replay, modelled: capture_segment() keeps a copy of the launch
+  /// records (views and leaves dropped) with launch_paid_by_replay set on
+  /// every kernel but the first, and the segment's host copies; replay()
+  /// launches and copies them in order, so a replayed segment pays one
+  /// launch latency and computes the same values as plain launches of the
+  /// same buffers (its copies keep their modelled transfer time).
+  /// fault_config::refuse_capture makes capture fail (fallback tests).
   bool captures() const noexcept override { return true; }
-  expected<std::unique_ptr<replay_graph>> capture(stream& s, const op_launch* ops, std::size_t n) override;
+  expected<std::unique_ptr<replay_graph>> capture_segment(stream& s, const segment_op* ops, std::size_t n) override;
   error replay(stream& s, replay_graph& g) override;
 
  protected:

@@ -274,7 +274,9 @@ TEST(Trace, TheTraceKeepsTheNewestRecordsUpToItsLimitAndCountsTheDropped) {
   ag::runtime_options o;
   o.trace_max_records = 10;
   auto rt = ag::runtime::create("sim:1", o).value();
-  auto p = rt->compile(pinned_small(0)).value();
+  ag::plan_options plain;  // a record per step (a replayed segment makes one)
+  plain.graph_replay = ag::graph_replay_mode::off;
+  auto p = rt->compile(pinned_small(0), plain).value();
   std::vector<ag::job> jobs;
   for (int i = 0; i < 20; ++i) jobs.push_back(rt->submit(p, small_input(static_cast<uint64_t>(i))));
   for (auto& j : jobs) ASSERT_TRUE(j.wait_for(60s));

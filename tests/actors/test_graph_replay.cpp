@@ -65,10 +65,11 @@ void run_waves(ag::runtime& rt, const std::shared_ptr<const ag::plan>& p, const 
   }
 }
 
+/// Segments replayed as graphs: two or more kernels and host copies.
 int segments_with_kernels(const ag::plan& p) {
   int n = 0;
   for (const auto& seg : ag::replay_segments(p))
-    if (seg.kernels >= 2) ++n;
+    if (seg.launches() >= 2) ++n;
   return n;
 }
 
@@ -154,6 +155,56 @@ TEST(GraphReplay, RefusedCaptureFallsBackToPlainLaunchesWithTheSameValues) {
   for (const auto& r : t.rt->take_trace().records)
     traced = traced || r.label.find("[graph replay: fallback") != std::string::npos;
   EXPECT_TRUE(traced) << "no trace record says the segment fell back";
+}
+
+// A tiny job (its input copied in, one add, its output copied out) is one
+// segment whose copies move through the host window of the job's arena:
+// captured once per arena and replayed, with its input and output copies
+// inside the graph. Each job, in flight beside others on other arenas and
+// after others on the same arena, gets its own sum; a refused capture runs
+// the same copies plainly, with the same values.
+TEST(GraphReplay, TinyJobsReplayTheirHostCopiesInsideTheGraph) {
+  ag::graph_builder b;
+  auto x = b.input("x", ag::dtype::f32, {256});
+  auto w = b.weight("w", ag::host_tensor::random_normal(ag::dtype::f32, {256}, 3, 1.0f));
+  b.output(b.add(x, w, "y"));
+  const ag::graph g = std::move(b).build().value();
+  for (bool refuse : {false, true}) {
+    SCOPED_TRACE(refuse ? "capture refused" : "captured");
+    auto o = replay_sim(4);
+    o.trace = true;
+    o.backend.sim.faults.refuse_capture = refuse;
+    auto rt = ag::runtime::create("sim:1", o).value();
+    auto p = rt->compile(g, replay_on()).value();
+    const auto segs = ag::replay_segments(*p);
+    ASSERT_EQ(segs.size(), 1u) << p->describe();
+    ASSERT_EQ(segs[0].copies, 2) << p->describe();
+    constexpr int waves = 4, per_wave = 8;  // 8 jobs in flight over 4 arenas
+    for (int wv = 0; wv < waves; ++wv) {
+      std::vector<std::vector<ag::host_tensor>> ins;
+      for (int k = 0; k < per_wave; ++k)
+        ins.push_back({ag::host_tensor::random_normal(ag::dtype::f32, {256}, 77 + static_cast<uint64_t>(wv * per_wave + k), 1.0f)});
+      auto jobs = rt->submit_batch(p, ins);
+      for (std::size_t k = 0; k < jobs.size(); ++k) {
+        ASSERT_TRUE(jobs[k].wait_for(60s)) << "wave " << wv << " job " << k << " hung";
+        expect_matches_reference(g, ins[k], jobs[k].wait(), "wave " + std::to_string(wv) + " job " + std::to_string(k));
+      }
+    }
+    const ag::replay_stats s = rt->replay_statistics();
+    EXPECT_EQ(s.plain, 1);
+    if (refuse) {
+      EXPECT_EQ(s.fallbacks, waves * per_wave - 1);
+      continue;
+    }
+    EXPECT_GE(s.captured, 1);
+    EXPECT_LE(s.captured, 4) << "more graphs than arenas";
+    EXPECT_EQ(s.plain + s.captured + s.replayed, waves * per_wave);
+    EXPECT_EQ(s.fallbacks, 0);
+    int replayed_records = 0;
+    for (const auto& r : rt->take_trace().records)
+      if (r.label.find("[graph replay: replayed, 3 steps, 1 kernels]") != std::string::npos) ++replayed_records;
+    EXPECT_EQ(replayed_records, s.replayed) << "a replayed tiny job is one trace record of its 3 steps";
+  }
 }
 
 TEST(GraphReplay, OffAndCpuNeverCapture) {

@@ -195,12 +195,14 @@ TEST(LaunchProgram, RandomPlansLowerIntoConsistentTables) {
 }
 
 // Graph replay on: the first step of every replay segment of two or more
-// kernels on a non-cpu device carries the segment (its steps, consecutive in
-// one queue; their launch records; its kernels), every other step nothing;
-// off: no step does. Launch records never claim a paid launch (only a
-// backend's captured copies do).
+// kernels and host copies on a non-cpu device carries the segment (its
+// steps, consecutive in one queue; their launch records; its kernels),
+// every other step nothing; off: no step does. The host copies of a marked
+// segment, and only they, have disjoint places in their device's host
+// window. Launch records never claim a paid launch (only a backend's
+// captured copies do).
 TEST(LaunchProgram, ReplaySegmentsAreMarkedOnTheirFirstStep) {
-  int marked_total = 0;
+  int marked_total = 0, windowed_total = 0;
   for (uint64_t seed = 1; seed <= 20; ++seed) {
     const int devices = 1 + static_cast<int>(seed % 3), lanes = 1 + static_cast<int>(seed % 2);
     for (graph_replay_mode mode : {graph_replay_mode::off, graph_replay_mode::on}) {
@@ -211,8 +213,9 @@ TEST(LaunchProgram, ReplaySegmentsAreMarkedOnTheirFirstStep) {
       std::vector<int> marked_steps(prog->steps().size(), 0);
       for (const auto& seg : replay_segments(*p)) {
         const auto& first = prog->step(seg.steps.front());
-        if (mode == graph_replay_mode::off || seg.kernels < 2) {
+        if (mode == graph_replay_mode::off || seg.launches() < 2) {
           EXPECT_EQ(first.replay_steps, 0) << "seed " << seed;
+          for (step_id s : seg.steps) EXPECT_EQ(prog->step(s).copy.window_offset, -1) << "seed " << seed;
           continue;
         }
         ++marked_total;
@@ -233,6 +236,21 @@ TEST(LaunchProgram, ReplaySegmentsAreMarkedOnTheirFirstStep) {
             EXPECT_TRUE(ls.consumer_queues.empty()) << "seed " << seed << ": a segment step inside feeds another queue";
           }
           records += static_cast<int>(ls.ops.size());
+          // A host copy of the segment has its own place in the device's
+          // host window; nothing else has one.
+          const bool host_copy = ls.kind == step_kind::copy_h2d || ls.kind == step_kind::copy_d2h;
+          EXPECT_EQ(ls.copy.window_offset >= 0, host_copy) << "seed " << seed << " step " << ls.id;
+          if (host_copy) {
+            ++windowed_total;
+            EXPECT_LE(ls.copy.window_offset + ls.copy.bytes, prog->window_bytes(ls.device)) << "seed " << seed;
+            for (step_id o : seg.steps)
+              if (o != ls.id && prog->step(o).copy.window_offset >= 0) {
+                const auto& oc = prog->step(o).copy;
+                EXPECT_TRUE(oc.window_offset >= ls.copy.window_offset + ls.copy.bytes ||
+                            ls.copy.window_offset >= oc.window_offset + oc.bytes)
+                    << "seed " << seed << ": host copies " << ls.id << " and " << o << " overlap in the window";
+              }
+          }
         }
         EXPECT_EQ(first.replay_records, records) << "seed " << seed;
       }
@@ -241,6 +259,7 @@ TEST(LaunchProgram, ReplaySegmentsAreMarkedOnTheirFirstStep) {
     }
   }
   EXPECT_GT(marked_total, 0) << "no random plan had a replay segment of two kernels";
+  EXPECT_GT(windowed_total, 0) << "no random plan had a host copy inside a replay segment";
 }
 
 TEST(LaunchProgram, LaunchRecordsAreTheCallersCopy) {

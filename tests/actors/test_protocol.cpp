@@ -665,13 +665,17 @@ TEST_F(Protocol, ReadyBatchesLargerThanOneMessageArriveComplete) {
 // CUDA's pinned pool) gets the job outputs it copies out allocated there, also
 // a non-contiguous output's storage copy; the values still match the
 // reference, and each buffer goes back when the result is dropped. With
-// runtime_options::pinned_outputs off, outputs are heap memory.
+// runtime_options::pinned_outputs off, outputs are heap memory. (Copies
+// that replay inside graphs go through the arenas' host windows instead:
+// replay_host_copies off here, see the next test.)
 TEST_F(Protocol, OutputsComeFromTheCopyingDevicesHostMemory) {
   ag::test::counting_host_memory mem;
   start(2, 2);
   devs[1]->host_mem = &mem;  // device 0 offers none: its outputs stay on the heap
   auto g = std::make_shared<const ag::graph>(two_device_mlp());
-  auto p = core->compile(g, {}).value();
+  ag::plan_options own_buffers;
+  own_buffers.replay_host_copies = false;
+  auto p = core->compile(g, own_buffers).value();
   auto in = inputs_for(*g, 21);
   {
     auto j = core->submit(p, in);
@@ -690,6 +694,47 @@ TEST_F(Protocol, OutputsComeFromTheCopyingDevicesHostMemory) {
   EXPECT_EQ(mem.bad_deallocations(), 0);
 }
 
+// Under graph replay, a lane's inlined input and output copies go through
+// the host window of the job's arena (plan_options::replay_host_copies): one
+// buffer per arena from the device's host memory, made with the arena and
+// kept for the plan's life, not one per job. Jobs in flight on different
+// arenas, and later jobs reusing them, all get their own values; the
+// windows go back when the plan is unloaded.
+TEST_F(Protocol, ReplayedHostCopiesGoThroughOneHostWindowPerArena) {
+  ag::test::counting_host_memory mem;
+  start(1, 3, 1LL << 30, /*pinned_outputs=*/false);
+  devs[0]->host_mem = &mem;
+  auto g = std::make_shared<const ag::graph>(pinned_mlp(0, 5));
+  auto p = core->compile(g, {}).value();
+  auto lp = ag::actors::runtime_core::loaded(p);
+  ASSERT_NE(lp, nullptr);
+  ASSERT_FALSE(lp->program->window_inputs().empty()) << p->describe();
+  ASSERT_FALSE(lp->program->window_outputs().empty()) << p->describe();
+  ASSERT_GT(lp->program->window_bytes(0), 0);
+  EXPECT_EQ(mem.allocations(), 1) << "the first arena's window is made with it, at load";
+  for (int round = 0; round < 3; ++round) {
+    std::vector<std::vector<ag::host_tensor>> ins;
+    std::vector<ag::job> jobs;
+    for (int k = 0; k < 5; ++k) {  // more jobs than arenas: some wait for one
+      ins.push_back(inputs_for(*g, 1000 + 10 * round + k));
+      jobs.push_back(core->submit(p, ins.back()));
+    }
+    sched->run();
+    for (std::size_t k = 0; k < jobs.size(); ++k) {
+      SCOPED_TRACE("round " + std::to_string(round) + " job " + std::to_string(k));
+      expect_reference(*g, ins[k], jobs[k]);
+      EXPECT_EQ(jobs[k].wait()->front().memory(), nullptr) << "an output copied out of a window is the job's own";
+    }
+  }
+  EXPECT_EQ(mem.allocations(), 3) << "one window per arena, whatever the number of jobs";
+  EXPECT_EQ(mem.live(), 3u);
+  lp.reset();
+  p.reset();
+  sched->run();
+  EXPECT_EQ(mem.live(), 0u) << "the windows outlived their plan";
+  EXPECT_EQ(mem.bad_deallocations(), 0);
+}
+
 /// One job of pinned_mlp(0) on a device that offers `mem` as its host
 /// memory, with pinned outputs off and runtime_options::
 /// pinned_inputs_max_bytes = `pinned_inputs_limit`; checked against the
@@ -701,7 +746,9 @@ std::pair<int, bool> mlp_job_on_host_memory(Protocol& t, ag::test::counting_host
   t.start(1, 2, 1LL << 30, /*pinned_outputs=*/false);
   t.devs[0]->host_mem = &mem;
   auto g = std::make_shared<const ag::graph>(pinned_mlp(0, 5));
-  auto p = t.core->compile(g, {}).value();
+  ag::plan_options own_buffers;  // the job's own input and output buffers, no arena host windows
+  own_buffers.replay_host_copies = false;
+  auto p = t.core->compile(g, own_buffers).value();
   auto in = inputs_for(*g, 8);
   auto j = t.core->submit(p, in);
   const int at_submit = mem.allocations();

@@ -239,6 +239,51 @@ TEST(CudaRuntime, ReplayedBranchyGraphsMatchReference) {
   EXPECT_EQ(s.fallbacks, 0) << s.last_fallback;
 }
 
+// A tiny job (1 KiB in, one add, 1 KiB out) replays as one CUDA graph with
+// its input and output copies inside (memcpy nodes from and to its arena's
+// pinned host window): 32 jobs, 8 in flight over 4 arenas, each its own sum;
+// no capture refused; the trace shows each replayed job as one record of 3 steps.
+TEST(CudaRuntime, TinyJobsReplayTheirHostCopiesInsideTheGraph) {
+  AG_REQUIRE_GPU(1);
+  runtime_options o;
+  o.arenas_per_device = 4;
+  o.trace = true;
+  auto rt = runtime::create("cuda:0", o);
+  ASSERT_TRUE(rt) << rt.err().to_string();
+  graph_builder b;
+  auto x = b.input("x", dtype::f32, {256});
+  auto w = b.weight("w", host_tensor::random_normal(dtype::f32, {256}, 3, 1.0f));
+  b.output(b.add(x, w, "y"));
+  const graph g = std::move(b).build().value();
+  plan_options po;
+  po.policy = placement_policy::single;
+  po.graph_replay = graph_replay_mode::on;
+  auto p = (*rt)->compile(g, po);
+  ASSERT_TRUE(p.has_value()) << p.err().to_string();
+  ASSERT_NE((*p)->describe().find("2 host copies"), std::string::npos) << (*p)->describe();
+  for (int wave = 0; wave < 4; ++wave) {
+    std::vector<std::vector<host_tensor>> ins;
+    for (int k = 0; k < 8; ++k)
+      ins.push_back({host_tensor::random_normal(dtype::f32, {256}, 500 + static_cast<uint64_t>(wave * 8 + k), 1.0f)});
+    auto jobs = (*rt)->submit_batch(*p, ins);
+    for (std::size_t k = 0; k < jobs.size(); ++k) {
+      const job_result& r = jobs[k].wait();
+      ASSERT_TRUE(r.has_value()) << "wave " << wave << " job " << k << ": " << r.err().to_string();
+      auto want = evaluate_reference(g, ins[k]);
+      ASSERT_TRUE(want.has_value());
+      auto c = compare(r->front(), want->front(), 1e-6, 1e-6);
+      EXPECT_TRUE(c.ok) << "wave " << wave << " job " << k << ": " << c.message;
+    }
+  }
+  const replay_stats s = (*rt)->replay_statistics();
+  EXPECT_EQ(s.fallbacks, 0) << s.last_fallback;
+  EXPECT_GT(s.replayed, 20);
+  int one_record = 0;
+  for (const auto& r : (*rt)->take_trace().records)
+    one_record += r.label.find("[graph replay: replayed, 3 steps, 1 kernels]") != std::string::npos;
+  EXPECT_EQ(one_record, s.replayed);
+}
+
 
 }  // namespace
 /// `model` compiled for cuda:0 alone with graph replay on, in a runtime with

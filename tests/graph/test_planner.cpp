@@ -1017,9 +1017,24 @@ TEST(Planner, SmallHostCopiesRunOnTheComputeLaneThatUsesThem) {
     EXPECT_TRUE(named(*p, step_kind::copy_d2h, "small_out").on_compute_stream);
     EXPECT_FALSE(named(*p, step_kind::copy_d2h, "large_out").on_compute_stream);
     EXPECT_NE(p->describe().find("inline on lane 0"), std::string::npos) << p->describe();
-    // Inlined copies never split a replayed run of compute steps.
-    for (const replay_segment& seg : replay_segments(*p))
-      for (step_id id : seg.steps) EXPECT_EQ(p->at(id).kind, step_kind::compute);
+    // Inlined copies never split a replayed run of compute steps: they
+    // join one only at its ends (first its input copies, last its outputs').
+    for (const replay_segment& seg : replay_segments(*p)) {
+      std::size_t first_compute = seg.steps.size(), last_compute = 0;
+      for (std::size_t i = 0; i < seg.steps.size(); ++i)
+        if (p->at(seg.steps[i]).kind == step_kind::compute) {
+          first_compute = std::min(first_compute, i);
+          last_compute = i;
+        }
+      for (std::size_t i = 0; i < seg.steps.size(); ++i) {
+        const step& s = p->at(seg.steps[i]);
+        if (s.kind == step_kind::compute) continue;
+        EXPECT_TRUE(s.on_compute_stream);
+        if (first_compute == seg.steps.size()) continue;  // a segment of copies alone (never replayed)
+        if (s.kind == step_kind::copy_h2d) EXPECT_LT(i, first_compute) << "step " << s.id;
+        else EXPECT_GT(i, last_compute) << "step " << s.id;
+      }
+    }
   }
   plan_options off;
   off.inline_small_copies = false;

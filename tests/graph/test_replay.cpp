@@ -33,19 +33,35 @@ bool same_queue(const step& a, const step& b) {
 // The segment rules of replay.hpp, checked independently of how they were built.
 void check_segments(const plan& p, const std::vector<replay_segment>& segs) {
   std::set<step_id> seen;
-  int compute = 0;
-  for (const step& s : p.steps()) compute += s.kind == step_kind::compute;
+  int in_segments = 0;  // compute steps, and the host copies that join segments
+  for (const step& s : p.steps()) in_segments += s.kind == step_kind::compute || captures_host_copy(p, s);
   for (const replay_segment& seg : segs) {
     ASSERT_FALSE(seg.steps.empty());
-    int kernels = 0;
+    int kernels = 0, copies = 0;
     for (std::size_t i = 0; i < seg.steps.size(); ++i) {
       const step& s = p.at(seg.steps[i]);
-      EXPECT_EQ(s.kind, step_kind::compute);
+      if (s.kind != step_kind::compute) {
+        // A host copy inlined at the lane's start (nothing before it) or end
+        // (nothing after it).
+        ++copies;
+        EXPECT_TRUE(captures_host_copy(p, s)) << "step " << s.id;
+        bool lane_after = false;
+        for (const step& e : p.steps()) lane_after |= same_queue(e, s) && e.lane_seq > s.lane_seq && !e.on_compute_stream;
+        if (s.kind == step_kind::copy_d2h) {
+          EXPECT_FALSE(lane_after) << "an output copy before the lane's end, step " << s.id;
+        }
+        if (s.kind == step_kind::copy_h2d) {
+          bool lane_before = false;
+          for (const step& e : p.steps())
+            lane_before |= same_queue(e, s) && e.lane_seq < s.lane_seq && e.kind == step_kind::compute;
+          EXPECT_FALSE(lane_before) << "an input copy after the lane's start, step " << s.id;
+        }
+      }
       EXPECT_EQ(s.device, seg.device);
       EXPECT_EQ(s.lane, seg.lane);
       EXPECT_TRUE(seen.insert(s.id).second) << "step " << s.id << " in two segments";
       for (node_id id : s.ops)
-        kernels += !is_view_op(p.source().at(id).op) && !is_leaf_op(p.source().at(id).op) &&
+        kernels += s.kind == step_kind::compute && !is_view_op(p.source().at(id).op) && !is_leaf_op(p.source().at(id).op) &&
                    !std::any_of(p.elided_concats().begin(), p.elided_concats().end(),
                                 [&](const elided_concat& e) { return e.concat == id; });
       if (i > 0) {
@@ -66,8 +82,9 @@ void check_segments(const plan& p, const std::vector<replay_segment>& segs) {
       }
     }
     EXPECT_EQ(kernels, seg.kernels);
+    EXPECT_EQ(copies, seg.copies);
   }
-  EXPECT_EQ(static_cast<int>(seen.size()), compute);
+  EXPECT_EQ(static_cast<int>(seen.size()), in_segments);
 }
 
 }  // namespace
@@ -146,4 +163,49 @@ TEST(GraphReplay, CpuDevicesAreNotReplayed) {
   auto p = must_compile(g, d, o);
   ASSERT_TRUE(p);
   EXPECT_NE(p->describe().find("not applied on cpu"), std::string::npos) << p->describe();
+}
+
+// A tiny job (input copied in, one add, output copied out): its copies are
+// inlined on the lane and, with replay_host_copies (the default), join the
+// add's segment, which then holds 1 kernel and 2 copies and is replayed as
+// one graph; off, the copies stay out and the lone kernel is not a segment
+// worth a graph. Lanes without inlined copies are as before.
+TEST(GraphReplay, InlinedHostCopiesJoinTheirLanesSegment) {
+  graph_builder b;
+  auto x = b.input("x", dtype::f32, {256});
+  auto w = b.weight("w", host_tensor::random_normal(dtype::f32, {256}, 3, 1.0f));
+  b.output(b.add(x, w, "y"));
+  auto g = std::make_shared<const graph>(std::move(b).build().value());
+  plan_options o;
+  o.graph_replay = graph_replay_mode::on;
+  auto p = must_compile(g, sims(1), o);
+  ASSERT_TRUE(p);
+  const auto segs = replay_segments(*p);
+  ASSERT_EQ(segs.size(), 1u) << p->describe();
+  EXPECT_EQ(segs[0].kernels, 1);
+  EXPECT_EQ(segs[0].copies, 2);
+  EXPECT_EQ(segs[0].launches(), 3);
+  ASSERT_EQ(segs[0].steps.size(), 3u);
+  EXPECT_EQ(p->at(segs[0].steps.front()).kind, step_kind::copy_h2d);
+  EXPECT_EQ(p->at(segs[0].steps.back()).kind, step_kind::copy_d2h);
+  EXPECT_NE(p->describe().find("1 kernels, 2 host copies"), std::string::npos) << p->describe();
+  check_segments(*p, segs);
+
+  plan_options apart = o;
+  apart.replay_host_copies = false;
+  auto q = must_compile(g, sims(1), apart);
+  ASSERT_TRUE(q);
+  const auto alone = replay_segments(*q);
+  ASSERT_EQ(alone.size(), 1u) << q->describe();
+  EXPECT_EQ(alone[0].copies, 0);
+  EXPECT_EQ(alone[0].launches(), 1);
+  for (const step& s : q->steps()) EXPECT_FALSE(captures_host_copy(*q, s));
+  check_segments(*q, alone);
+
+  // Copies on their copy queue (inline_small_copies off) never join.
+  plan_options queued = o;
+  queued.inline_small_copies = false;
+  auto r = must_compile(g, sims(1), queued);
+  ASSERT_TRUE(r);
+  for (const replay_segment& seg : replay_segments(*r)) EXPECT_EQ(seg.copies, 0);
 }
