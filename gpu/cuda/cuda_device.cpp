@@ -31,6 +31,7 @@
 #include "gpu/cuda/cuda_testing.hpp"
 #include "gpu/cuda/device_core.hpp"
 #include "gpu/cuda/device_guard.hpp"
+#include "gpu/cuda/elementwise.cuh"
 #include "gpu/cuda/event_poller.hpp"
 #include "gpu/cuda/in_stream.cuh"
 #include "gpu/cuda/op_dispatch.hpp"
@@ -401,14 +402,33 @@ class cuda_device final : public device {
         launch_err = run_op(*cs, l);
         continue;
       }
-      // A host copy becomes a memcpy node: only from memory the GPU reads
-      // directly (pageable memory goes through staging, which a graph cannot).
+      // A host copy becomes a kernel node that reads (h2d) or writes (d2h)
+      // the pinned host memory directly: on an H200 a tiny job's graph with
+      // memcpy nodes cost its host 10.3 us to launch against 4.7 with copy
+      // kernels, and each copy engine hand-over cost GPU time (a tiny job's
+      // round trip 28.9-32.4 us against 24.2-28.9; a LLaMA-1B decode step
+      // 0.834 ms against 0.818; docs/BENCHMARKS.md, session 33). Only from
+      // memory the GPU reads directly: pageable memory goes through staging,
+      // which a graph cannot.
       const bool h2d = o.what == segment_op::kind::copy_h2d;
       if (o.bytes <= 0) continue;
-      if (pageable(h2d ? o.src : o.dst)) {
+      void* host = h2d ? const_cast<void*>(o.src) : o.dst;
+      if (pageable(host)) {
         launch_err = error(errc::unsupported_op, "a host copy of the segment is from pageable memory", index_);
         continue;
       }
+      void* mapped = nullptr;
+      if (graph_copy_kernels_ && cudaHostGetDevicePointer(&mapped, host, 0) == cudaSuccess && mapped) {
+        thread_local launch_ctx c;
+        c.stream = cs->s_;
+        c.pdl = kernels_.pdl;
+        c.sm_count = sm_count_;
+        c.where = spec_.name + (h2d ? " copy_h2d" : " copy_d2h") + " (a kernel in a graph)";
+        launch_err = launch_byte_copy(c, h2d ? o.dst : mapped, h2d ? mapped : o.src, o.bytes);
+        if (launch_err) (void)cudaGetLastError();
+        continue;
+      }
+      (void)cudaGetLastError();  // a refused cudaHostGetDevicePointer: a memcpy node instead
       if (cudaError_t r = cudaMemcpyAsync(o.dst, o.src, static_cast<size_t>(o.bytes),
                                           h2d ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost, cs->s_);
           r != cudaSuccess) {
@@ -1089,6 +1109,13 @@ class cuda_device final : public device {
   /// (index_ repeats across runtimes; an address can be reused).
   const uint64_t uid_ = next_device_uid();
   kernel_choices kernels_;
+  /// A replayed segment's host copies are captured as copy kernels on the
+  /// pinned host memory (capture_segment); AG_CUDA_GRAPH_COPY=memcpy (a
+  /// diagnosis switch, for A/B runs) captures memcpy nodes instead.
+  const bool graph_copy_kernels_ = [] {
+    const char* v = std::getenv("AG_CUDA_GRAPH_COPY");
+    return !(v && std::string(v) == "memcpy");
+  }();
   int sm_count_;
   int64_t nccl_min_bytes_;
   int64_t nccl_min_bytes_wide_;

@@ -281,6 +281,33 @@ std::optional<copy_rows> as_copy_rows(const kt& dst, const kt& src) {
 
 }  // namespace
 
+namespace {
+
+__global__ void byte_copy_kernel(unsigned char* __restrict__ dst, const unsigned char* __restrict__ src, int64_t bytes,
+                                 bool words) {
+  pdl_enter();  // reads the previous kernel's output, writes what the next one reads
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (words) {
+    for (int64_t w = i; w < bytes / 16; w += stride)
+      reinterpret_cast<uint4*>(dst)[w] = reinterpret_cast<const uint4*>(src)[w];
+    i += bytes / 16 * 16;
+  }
+  for (; i < bytes; i += stride) dst[i] = src[i];
+}
+
+}  // namespace
+
+error launch_byte_copy(const launch_ctx& c, void* dst, const void* src, int64_t bytes) {
+  if (bytes <= 0) return {};
+  const bool words = reinterpret_cast<uintptr_t>(dst) % 16 == 0 && reinterpret_cast<uintptr_t>(src) % 16 == 0;
+  const int block = 256;
+  launch_kernel(c, byte_copy_kernel, grid_for(words ? bytes / 16 + 1 : bytes, block, c.sm_count * 4), block, 0,
+                static_cast<unsigned char*>(dst), static_cast<const unsigned char*>(src), bytes, words);
+  AG_CUDA_TRY_LAUNCH(c.where);
+  return {};
+}
+
 error launch_strided_copy(const launch_ctx& c, const kt& dst, const kt& src) {
   const int64_t n = src.numel();
   if (n == 0) return {};

@@ -21,4 +21,10 @@ error launch_elementwise(const launch_ctx& c, ew_op op, const kt& out, const kt&
 /// bit-exact (also for i32).
 error launch_strided_copy(const launch_ctx& c, const kt& dst, const kt& src);
 
+/// `bytes` bytes from `src` to `dst` by a kernel (16 bytes a thread where
+/// both are 16-byte aligned), either side in device memory or in pinned host
+/// memory the GPU reads and writes directly (unified addressing): a replayed
+/// segment's small host copy as a kernel node (cuda_device::capture_segment).
+error launch_byte_copy(const launch_ctx& c, void* dst, const void* src, int64_t bytes);
+
 }  // namespace ag::gpu::cuda
