@@ -504,11 +504,13 @@ expected<int> launch_segment(exec_state& st, exec_job& e, step_id s) {
   };
   gpu::replay_graph* g = graph_for(st, entry, bases, stream, segment_ops, outcome, why, peers);
   ctx.core->replays().note(outcome, why);
+  // Set before any step of the segment is issued: a completion step's
+  // notification may collect the trace, which reads it, at once.
+  ctx.slots[static_cast<std::size_t>(s)].replay = outcome;
   if (!g) {
     // Kernel by kernel, each step with its own events and trace record.
     for (int i = 0; i < n; ++i)
       if (error err = launch_step(st, e, step_at(i).id)) return err;
-    ctx.slots[static_cast<std::size_t>(s)].replay = outcome;
     return n;
   }
   if (error err = begin_step(st, ctx, first, lane, stream)) return err;
@@ -531,7 +533,6 @@ expected<int> launch_segment(exec_state& st, exec_job& e, step_id s) {
     return step_error(st, lane, *at, "replaying its graph", err, op);
   }
   auto& first_slot = ctx.slots[static_cast<std::size_t>(s)];
-  first_slot.replay = outcome;
   for (int i = 0; i < n; ++i) {
     const lowered_step& ls = step_at(i);
     const bool last = i + 1 == n;
