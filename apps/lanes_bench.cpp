@@ -147,6 +147,7 @@ int main(int argc, char** argv) {
   double relaxed_ratio = 4;
   int mixed_small_ops = 32;
   std::string replay = "off";
+  bool replay_host_copies = true;
   std::string trace_out;
   int64_t mixed_rows = 1024;
   ag::apps::flags app("actorgraph-lanes-bench",
@@ -167,6 +168,8 @@ int main(int argc, char** argv) {
   app.add_option("--relaxed-memory-ratio", relaxed_ratio, "max_lane_memory_ratio of the table's relaxed auto row")
       ->check(CLI::Range(1.0, 1e6));
   app.add_option("--replay", replay, "plan_options::graph_replay of every plan: off, on or auto");
+  app.add_option("--replay-host-copies", replay_host_copies,
+                 "on|off: plan_options::replay_host_copies of every plan (small input and output copies inside the graphs)");
   app.add_option("--trace", trace_out,
                  "write a Chrome trace of one job of the one-lane plan and one of the every-lane plan (a traced "
                  "runtime of its own, after the figures) to this file");
@@ -190,6 +193,7 @@ int main(int argc, char** argv) {
 
   ag::plan_options base;
   base.graph_replay = replay_mode;
+  base.replay_host_copies = replay_host_copies;
   ag::plan_options one_lane = base;
   one_lane.lanes_per_device = 1;
   ag::plan_options auto_lanes = base;  // lanes_per_device = 0: the planner decides
