@@ -475,6 +475,96 @@ bool in_stream_members_share_a_gpu(const plan& pl, const step& s) {
   return false;
 }
 
+namespace {
+
+/// Ops whose kernels read their inputs element by element, each element a
+/// few times at most (so reading them from pinned host memory costs a
+/// PCIe read, not a stream of them): plan_options::host_windows_in_place.
+bool reads_elementwise(op_kind k) noexcept {
+  switch (k) {
+    case op_kind::add: case op_kind::mul: case op_kind::scale: case op_kind::gelu: case op_kind::silu:
+    case op_kind::copy: case op_kind::get_rows: case op_kind::store_rows: return true;
+    default: return false;
+  }
+}
+/// Ops whose kernels write their output element by element, once.
+bool writes_elementwise(op_kind k) noexcept {
+  return (reads_elementwise(k) && k != op_kind::store_rows) || k == op_kind::argmax;
+}
+
+/// Lets the kernels of a replay segment (its steps `in_seg`) read the input
+/// of h2d step `cs` (or write the output of d2h step `cs`) in the arena's
+/// host window itself (copy_desc::in_place), when every reader of that
+/// tensor, and for an output its producer, is an unfused elementwise kernel
+/// of the segment; else changes nothing.
+void place_in_window(const plan& pl, std::vector<lowered_step>& steps, const std::vector<step_id>& in_seg, lowered_step& cs) {
+  const graph& g = pl.source();
+  const step& ps = pl.at(cs.id);
+  if (ps.ops.size() != 1) return;
+  const node_id t = ps.ops.front();
+  const bool h2d = cs.kind == step_kind::copy_h2d;
+  if (!h2d && g.at(t).is_view()) return;  // the window holds the copied run, not its storage
+  const auto in_segment = [&](step_id s) { return std::find(in_seg.begin(), in_seg.end(), s) != in_seg.end(); };
+  // Every reader of t depends on the step that makes it: the copy (h2d) or
+  // its producer step (d2h). Those steps must all be kernels of the segment.
+  step_id maker = cs.id;
+  if (!h2d) {
+    if (ps.deps.size() != 1 || !in_segment(ps.deps.front())) return;
+    maker = ps.deps.front();
+  }
+  std::vector<step_id> users;
+  for (step_id c : pl.at(maker).consumers) {
+    if (c == cs.id) continue;
+    if (!in_segment(c) || pl.at(c).kind != step_kind::compute) return;
+    users.push_back(c);
+  }
+  if (!h2d) users.push_back(maker);
+  const int64_t base = h2d ? cs.copy.dst.byte_offset : cs.copy.src.byte_offset;
+  std::vector<operand*> refs;
+  bool written = h2d;  // an output needs its producer among the kernels
+  // An operand in t's arena bytes that is not t by name (a fused record's
+  // operands follow the fusion, not the node) keeps t where it is.
+  const auto in_bytes = [&](const operand& a) {
+    return a.where == region::arena && a.device < 0 && a.byte_offset >= base && a.byte_offset < base + cs.copy.bytes;
+  };
+  for (step_id u : users) {
+    for (lowered_op& op : steps[static_cast<std::size_t>(u)].ops) {
+      if (op.fused != gpu::op_launch::fusion::none) {
+        if (in_bytes(op.out) || std::any_of(op.inputs.begin(), op.inputs.end(), in_bytes) ||
+            std::any_of(op.extra_outs.begin(), op.extra_outs.end(), in_bytes))
+          return;
+        continue;
+      }
+      const bool touches = std::any_of(op.op->inputs.begin(), op.op->inputs.end(),
+                                       [&](node_id in) { return g.at(in).storage == t; }) ||
+                           op.op->id == t;
+      if (!touches) continue;
+      if (op.fused != gpu::op_launch::fusion::none || op.inputs.size() != op.op->inputs.size()) return;
+      for (std::size_t i = 0; i < op.inputs.size(); ++i) {
+        if (g.at(op.op->inputs[i]).storage != t) continue;
+        if (!reads_elementwise(op.op->op)) return;
+        refs.push_back(&op.inputs[i]);
+      }
+      if (op.op->id == t) {
+        if (!writes_elementwise(op.op->op)) return;
+        refs.push_back(&op.out);
+        written = true;
+      }
+    }
+  }
+  if (!written || refs.empty()) return;
+  for (const operand* r : refs)
+    if (r->where != region::arena || r->device >= 0 || r->byte_offset < base || r->byte_offset >= base + cs.copy.bytes)
+      return;
+  for (operand* r : refs) {
+    r->in_window = true;
+    r->byte_offset = cs.copy.window_offset + (r->byte_offset - base);
+  }
+  cs.copy.in_place = true;
+}
+
+}  // namespace
+
 /// Graph replay: marks the first step of each replay segment of two or more
 /// kernels and host copies (graph/replay.hpp) with the segment's step and
 /// launch-record counts, where the plan asks for replay and the device is
@@ -524,6 +614,11 @@ void mark_replay_segments(const plan& pl, launch_program& prog) {
       window += (ls.copy.bytes + 63) / 64 * 64;  // each copy's bytes 64-aligned, as a host_tensor's
       (ls.kind == step_kind::copy_h2d ? prog.window_inputs_ : prog.window_outputs_).push_back(s);
     }
+    if (pl.options().host_windows_in_place)
+      for (step_id s : seg.steps) {
+        lowered_step& ls = prog.steps_[static_cast<std::size_t>(s)];
+        if (ls.copy.window_offset >= 0) place_in_window(pl, prog.steps_, seg.steps, ls);
+      }
     first.replay_in_stream |= in_stream;
     first.replay_steps = static_cast<int>(seg.steps.size());
     first.replay_records = records;

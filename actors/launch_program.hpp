@@ -47,6 +47,10 @@ struct operand {
   /// The device whose base the actor adds: -1, the step's own; an in-stream
   /// collective part's operands of other members name their member's.
   int device = -1;
+  /// byte_offset is into the job arena's host window on the step's device
+  /// (job_context::window), not into `where`: a small input a kernel reads,
+  /// or an output it writes, in the window itself (copy_desc::in_place).
+  bool in_window = false;
 };
 
 /// One op of a compute step (views and leaves are dropped: they cost nothing).
@@ -85,6 +89,13 @@ struct copy_desc {
   /// buffer; the job copies its input in when it holds its arenas and its
   /// output out when it completes. -1: the job's own buffer.
   int64_t window_offset = -1;
+  /// A windowed copy whose tensor the segment's kernels read (h2d) or write
+  /// (d2h) in the window itself (operand::in_window): the copy moves
+  /// nothing, it only keeps its place in the step order (notification,
+  /// `ready`). Only where every reader (and for an output, its producer) is
+  /// a kernel of the segment that reads or writes it element by element
+  /// (plan_options::host_windows_in_place).
+  bool in_place = false;
 };
 
 /// What a collective step's part does (plan.hpp's step of kind collective).

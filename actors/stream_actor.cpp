@@ -210,6 +210,7 @@ error step_error(const exec_state& st, int lane, const lowered_step& ls, const s
 /// weights, the job's state slot).
 struct region_bases {
   std::byte* base[3] = {nullptr, nullptr, nullptr};
+  std::byte* window = nullptr;  // the arena's host window (operand::in_window)
   const job_context* job = nullptr;  // for operands on other devices (in-stream collective parts)
   region_bases(const exec_state& st, const job_context& ctx) : job(&ctx) {
     static_assert(static_cast<int>(region::arena) == 0 && static_cast<int>(region::weights) == 1 &&
@@ -218,8 +219,10 @@ struct region_bases {
     base[0] = has_arena ? ctx.base(region::arena, st.device) : nullptr;
     base[1] = ctx.base(region::weights, st.device);
     base[2] = ctx.base(region::state, st.device);
+    if (has_arena) window = ctx.window(st.device);
   }
   void* at(const operand& a) const {
+    if (a.in_window) return window + a.byte_offset;
     if (a.device >= 0) return job->base(a.where, a.device) + a.byte_offset;
     return base[static_cast<int>(a.where)] + a.byte_offset;
   }
@@ -358,6 +361,7 @@ error launch_step(exec_state& st, exec_job& e, step_id s) {
     }
     case step_kind::copy_h2d: {
       const copy_desc& c = ls.copy;
+      if (c.in_place) break;  // its readers read the window itself
       void* dst = ctx.base(c.dst.where, st.device) + c.dst.byte_offset;
       const std::byte* src = c.window_offset >= 0 ? ctx.window(st.device) + c.window_offset
                                                   : ctx.inputs[static_cast<std::size_t>(c.io_index)].data();
@@ -366,6 +370,7 @@ error launch_step(exec_state& st, exec_job& e, step_id s) {
     }
     case step_kind::copy_d2h: {
       const copy_desc& c = ls.copy;
+      if (c.in_place) break;  // its producer wrote the window itself
       const void* src = ctx.base(c.src.where, st.device) + c.src.byte_offset;
       auto& host = c.gather ? ctx.staging[static_cast<std::size_t>(c.io_index)]
                             : ctx.outputs[static_cast<std::size_t>(c.io_index)];
@@ -489,6 +494,7 @@ expected<int> launch_segment(exec_state& st, exec_job& e, step_id s) {
     for (int i = 0; i < n; ++i) {
       const lowered_step& ls = step_at(i);
       const copy_desc& c = ls.copy;
+      if (c.in_place) continue;  // nothing to move: its kernels use the window
       if (ls.kind == step_kind::copy_h2d) {
         ops.push_back({gpu::segment_op::kind::copy_h2d, nullptr, ctx.base(c.dst.where, st.device) + c.dst.byte_offset,
                        ctx.window(st.device) + c.window_offset, c.bytes});

@@ -163,6 +163,7 @@ struct then_result {
 /// untraced figure.
 bool then_inline_copies = true;  // --inline-copies
 bool then_replay_host_copies = true;  // --replay-host-copies
+bool then_windows_in_place = true;    // --host-windows-in-place
 bool then_pinned_inputs = true;  // --pinned-inputs
 
 then_result run_submit_to_then(const std::string& devices, int jobs, int threads, bool breakdown = false) {
@@ -184,6 +185,7 @@ then_result run_submit_to_then(const std::string& devices, int jobs, int threads
   po.policy = ag::placement_policy::single;
   po.inline_small_copies = then_inline_copies;
   po.replay_host_copies = then_replay_host_copies;
+  po.host_windows_in_place = then_windows_in_place;
   auto p = (*rt)->compile(std::move(*g), po);
   if (!p) die("compile (tiny)", p.err());
   const std::vector<ag::host_tensor> in{ag::host_tensor::random_normal(ag::dtype::f32, {n}, 5, 1.0f)};
@@ -310,6 +312,9 @@ int main(int argc, char** argv) {
   app.add_option("--replay-host-copies", then_replay_host_copies,
                  "on|off: plan_options::replay_host_copies of the submit_to_then_us job (its copies inside its "
                  "replayed graph, through the arena's host window)");
+  app.add_option("--host-windows-in-place", then_windows_in_place,
+                 "on|off: plan_options::host_windows_in_place of the submit_to_then_us job (its add reads and writes "
+                 "the arena's host window itself)");
   app.add_option("--dispatch-only", only,
                  "1: many-split jobs only, 2: 6-split jobs only, 3: 1-3 op splits only, 4: submit_to_then_us only "
                  "(for profilers); 5: submit_to_then's round trip cut into hops (trace on); 0: everything")

@@ -113,6 +113,7 @@ struct decode_args {
   std::string pdl = "on";          ///< backend_options::cuda_pdl (on: the default)
   std::string inline_copies = "on";  ///< plan_options::inline_small_copies of both plans (on: the default)
   std::string replay_host_copies = "on";  ///< plan_options::replay_host_copies of both plans (on: the default)
+  std::string windows_in_place = "on";    ///< plan_options::host_windows_in_place of both plans (on: the default)
   std::string device_greedy = "on";  ///< generator_options::device_greedy (on: the default): tokens picked on the device
   int pipeline_depth = 2;  ///< generator_options::pipeline_depth (2: the default): greedy steps queued ahead
   int tensor_parallel = 1;  ///< plan_options::tensor_parallel of the generator's plans
@@ -153,6 +154,7 @@ int run_decode(const decode_args& a) {
   go.plan.fuse_projections = a.projections == "on";
   go.plan.inline_small_copies = a.inline_copies == "on";
   go.plan.replay_host_copies = a.replay_host_copies == "on";
+  go.plan.host_windows_in_place = a.windows_in_place == "on";
   go.device_greedy = a.device_greedy == "on";
   go.pipeline_depth = a.pipeline_depth;
   go.pipeline_across_stages = a.across_stages == "on";
@@ -381,6 +383,9 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"on", "off"}));
   app.add_option("--replay-host-copies", d.replay_host_copies,
                  "decode: plan_options::replay_host_copies, the token's copies inside the replayed graph (on, off)")
+      ->check(CLI::IsMember({"on", "off"}));
+  app.add_option("--host-windows-in-place", d.windows_in_place,
+                 "decode: plan_options::host_windows_in_place, the token read and written in the host window (on, off)")
       ->check(CLI::IsMember({"on", "off"}));
   app.add_option("--pipeline-depth", d.pipeline_depth,
                  "decode: generator_options::pipeline_depth, greedy steps in flight (1: one at a time)")

@@ -293,6 +293,13 @@ struct plan_options {
   /// step is one graph launch. Off: such copies launch on their own, from
   /// and into the job's own buffers.
   bool replay_host_copies = true;
+  /// With replay_host_copies: a small input whose every reader is an
+  /// elementwise kernel of the same replay segment (add, mul, scale, gelu,
+  /// silu, copy, get_rows' ids, store_rows) is read by those kernels from the
+  /// host window itself, and an output such a kernel (or argmax) writes, read
+  /// by no other, is written there: the copy then moves nothing, and a tiny
+  /// job is one kernel. Off: the copies run as copy kernels in the graph.
+  bool host_windows_in_place = true;
   /// Let a backend run a chain of the plan's ops as one kernel where it has
   /// one (graph/fusion.hpp; plan::fusions() lists them); the steps are the
   /// same either way, and the memory plan keeps the chain's inputs until the

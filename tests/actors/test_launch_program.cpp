@@ -194,6 +194,72 @@ TEST(LaunchProgram, RandomPlansLowerIntoConsistentTables) {
   EXPECT_GT(cross_queue, 0);
 }
 
+// plan_options::host_windows_in_place: a small input read only by
+// elementwise kernels of its segment is read by them in the arena's host
+// window (the copy moves nothing), and an output written by one and read by
+// no other kernel is written there; a matmul reading the input, or writing
+// the output, keeps the copy; off, every copy moves its bytes.
+TEST(LaunchProgram, SmallTensorsReadOrWrittenElementwiseStayInTheHostWindow) {
+  const auto build = [](bool matmul) {
+    graph_builder b;
+    auto x = b.input("x", dtype::f32, {16, 16});
+    auto w = b.weight("w", host_tensor::random_normal(dtype::f32, {16, 16}, 3, 1.0f));
+    auto y = matmul ? b.matmul(x, w, false, false, "y") : b.add(x, w, "y");
+    b.output(b.gelu(y, gelu_mode::tanh, "z"));
+    return std::make_shared<const graph>(std::move(b).build().value());
+  };
+  const auto copies = [](const launch_program& prog) {
+    std::vector<const lowered_step*> v;
+    for (const auto& ls : prog.steps())
+      if (ls.kind == step_kind::copy_h2d || ls.kind == step_kind::copy_d2h) v.push_back(&ls);
+    return v;
+  };
+  plan_options o;
+  o.graph_replay = graph_replay_mode::on;
+  {
+    auto prog = lower(test_util::must_compile(build(false), sims(1), o)).value();
+    const auto cs = copies(*prog);
+    ASSERT_EQ(cs.size(), 2u);
+    int in_window = 0;
+    for (const auto& ls : prog->steps())
+      for (const auto& op : ls.ops) {
+        for (const auto& a : op.inputs) in_window += a.in_window;
+        in_window += op.out.in_window;
+        if (op.op->name == "y") {
+          EXPECT_TRUE(op.inputs[0].in_window) << "add reads x in the window";
+          EXPECT_FALSE(op.inputs[1].in_window) << "the weight stays where it is";
+          EXPECT_FALSE(op.out.in_window);
+        }
+        if (op.op->name == "z") {
+          EXPECT_TRUE(op.out.in_window) << "gelu writes the output in the window";
+        }
+      }
+    EXPECT_EQ(in_window, 2);
+    for (const lowered_step* c : cs) {
+      EXPECT_TRUE(c->copy.in_place) << c->label;
+      EXPECT_GE(c->copy.window_offset, 0);
+    }
+    expect_consistent(*prog);
+  }
+  {
+    // A matmul reads x: its copy moves; gelu still writes the output in place.
+    auto prog = lower(test_util::must_compile(build(true), sims(1), o)).value();
+    for (const lowered_step* c : copies(*prog))
+      EXPECT_EQ(c->copy.in_place, c->kind == step_kind::copy_d2h) << c->label;
+  }
+  {
+    plan_options off = o;
+    off.host_windows_in_place = false;
+    auto prog = lower(test_util::must_compile(build(false), sims(1), off)).value();
+    for (const lowered_step* c : copies(*prog)) {
+      EXPECT_FALSE(c->copy.in_place) << c->label;
+      EXPECT_GE(c->copy.window_offset, 0) << "still through the window, as a copy";
+    }
+    for (const auto& ls : prog->steps())
+      for (const auto& op : ls.ops) EXPECT_FALSE(op.out.in_window);
+  }
+}
+
 // Graph replay on: the first step of every replay segment of two or more
 // kernels and host copies on a non-cpu device carries the segment (its
 // steps, consecutive in one queue; their launch records; its kernels),
