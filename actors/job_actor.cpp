@@ -134,10 +134,9 @@ void collect_trace(const job_context& ctx) {
 void gather_outputs(const job_context& ctx) {
   const launch_program& prog = ctx.program();
   for (step_id s : prog.window_outputs()) {
-    const copy_desc& c = prog.steps()[static_cast<std::size_t>(s)].copy;
-    std::memcpy(ctx.outputs[static_cast<std::size_t>(c.io_index)].data() + c.host_offset,
-                ctx.window(prog.steps()[static_cast<std::size_t>(s)].device) + c.window_offset,
-                static_cast<std::size_t>(c.bytes));
+    const lowered_step& ls = prog.steps()[static_cast<std::size_t>(s)];
+    std::memcpy(ctx.outputs[static_cast<std::size_t>(ls.copy.io_index)].data() + ls.copy.host_offset, ctx.window_of(ls),
+                static_cast<std::size_t>(ls.copy.bytes));
   }
   const graph& g = ctx.lp->source().source();
   for (std::size_t i = 0; i < ctx.staging.size(); ++i) {
@@ -201,7 +200,7 @@ std::size_t prepare_run(job_context& ctx) {
   // Inputs whose copies replay inside graphs go to the arenas' host windows.
   for (step_id s : prog.window_inputs()) {
     const lowered_step& ls = prog.steps()[static_cast<std::size_t>(s)];
-    std::memcpy(ctx.window(ls.device) + ls.copy.window_offset,
+    std::memcpy(ctx.window_of(ls),
                 ctx.inputs[static_cast<std::size_t>(ls.copy.io_index)].data(), static_cast<std::size_t>(ls.copy.bytes));
   }
   const std::size_t remaining = prog.completion_steps().size();

@@ -130,6 +130,9 @@ struct job_context final : msg::job_ref, std::enable_shared_from_this<job_contex
     const auto& m = *lp->memory[static_cast<std::size_t>(device)];
     return m.windows[static_cast<std::size_t>(arenas[static_cast<std::size_t>(device)])];
   }
+  /// The host side of windowed copy step `ls` (copy_desc::window_offset):
+  /// its place in the window of the job's arena on the step's device.
+  std::byte* window_of(const lowered_step& ls) const noexcept { return window(ls.device) + ls.copy.window_offset; }
   /// Base of `where` on `device` for this job (the device must be used by the
   /// plan; for the arena, the job must hold one there).
   /// For the state region, the job's slot there (nullptr without one).

@@ -539,7 +539,7 @@ void place_in_window(const plan& pl, std::vector<lowered_step>& steps, const std
                                        [&](node_id in) { return g.at(in).storage == t; }) ||
                            op.op->id == t;
       if (!touches) continue;
-      if (op.fused != gpu::op_launch::fusion::none || op.inputs.size() != op.op->inputs.size()) return;
+      if (op.inputs.size() != op.op->inputs.size()) return;
       for (std::size_t i = 0; i < op.inputs.size(); ++i) {
         if (g.at(op.op->inputs[i]).storage != t) continue;
         if (!reads_elementwise(op.op->op)) return;
@@ -553,9 +553,7 @@ void place_in_window(const plan& pl, std::vector<lowered_step>& steps, const std
     }
   }
   if (!written || refs.empty()) return;
-  for (const operand* r : refs)
-    if (r->where != region::arena || r->device >= 0 || r->byte_offset < base || r->byte_offset >= base + cs.copy.bytes)
-      return;
+  if (!std::all_of(refs.begin(), refs.end(), [&](const operand* r) { return in_bytes(*r); })) return;
   for (operand* r : refs) {
     r->in_window = true;
     r->byte_offset = cs.copy.window_offset + (r->byte_offset - base);
@@ -613,12 +611,8 @@ void mark_replay_segments(const plan& pl, launch_program& prog) {
       ls.copy.window_offset = window;
       window += (ls.copy.bytes + 63) / 64 * 64;  // each copy's bytes 64-aligned, as a host_tensor's
       (ls.kind == step_kind::copy_h2d ? prog.window_inputs_ : prog.window_outputs_).push_back(s);
+      if (pl.options().host_windows_in_place) place_in_window(pl, prog.steps_, seg.steps, ls);
     }
-    if (pl.options().host_windows_in_place)
-      for (step_id s : seg.steps) {
-        lowered_step& ls = prog.steps_[static_cast<std::size_t>(s)];
-        if (ls.copy.window_offset >= 0) place_in_window(pl, prog.steps_, seg.steps, ls);
-      }
     first.replay_in_stream |= in_stream;
     first.replay_steps = static_cast<int>(seg.steps.size());
     first.replay_records = records;

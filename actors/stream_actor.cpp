@@ -363,8 +363,8 @@ error launch_step(exec_state& st, exec_job& e, step_id s) {
       const copy_desc& c = ls.copy;
       if (c.in_place) break;  // its readers read the window itself
       void* dst = ctx.base(c.dst.where, st.device) + c.dst.byte_offset;
-      const std::byte* src = c.window_offset >= 0 ? ctx.window(st.device) + c.window_offset
-                                                  : ctx.inputs[static_cast<std::size_t>(c.io_index)].data();
+      const std::byte* src =
+          c.window_offset >= 0 ? ctx.window_of(ls) : ctx.inputs[static_cast<std::size_t>(c.io_index)].data();
       err = st.dev->copy_h2d(stream, dst, src, c.bytes);
       break;
     }
@@ -375,7 +375,7 @@ error launch_step(exec_state& st, exec_job& e, step_id s) {
       auto& host = c.gather ? ctx.staging[static_cast<std::size_t>(c.io_index)]
                             : ctx.outputs[static_cast<std::size_t>(c.io_index)];
       if (c.window_offset >= 0)
-        err = st.dev->copy_d2h(stream, ctx.window(st.device) + c.window_offset, src, c.bytes);
+        err = st.dev->copy_d2h(stream, ctx.window_of(ls), src, c.bytes);
       else if (c.host_blocks > 1)
         err = st.dev->copy_d2h_blocks(stream, host.data() + c.host_offset, c.host_pitch, src,
                                       c.bytes / c.host_blocks, c.host_blocks);
@@ -497,9 +497,9 @@ expected<int> launch_segment(exec_state& st, exec_job& e, step_id s) {
       if (c.in_place) continue;  // nothing to move: its kernels use the window
       if (ls.kind == step_kind::copy_h2d) {
         ops.push_back({gpu::segment_op::kind::copy_h2d, nullptr, ctx.base(c.dst.where, st.device) + c.dst.byte_offset,
-                       ctx.window(st.device) + c.window_offset, c.bytes});
+                       ctx.window_of(ls), c.bytes});
       } else if (ls.kind == step_kind::copy_d2h) {
-        ops.push_back({gpu::segment_op::kind::copy_d2h, nullptr, ctx.window(st.device) + c.window_offset,
+        ops.push_back({gpu::segment_op::kind::copy_d2h, nullptr, ctx.window_of(ls),
                        ctx.base(c.src.where, st.device) + c.src.byte_offset, c.bytes});
       } else {
         for (std::size_t k = 0; k < ls.ops.size(); ++k)
