@@ -563,7 +563,7 @@ void place_in_window(const plan& pl, std::vector<lowered_step>& steps, const std
 
 }  // namespace
 
-/// Graph replay: marks the first step of each replay segment of two or more
+/// Graph replay: marks the first step of each replay segment of one or more
 /// kernels and host copies (graph/replay.hpp) with the segment's step and
 /// launch-record counts, where the plan asks for replay and the device is
 /// not a cpu device, and gives each host copy of such a segment its place in
@@ -575,11 +575,14 @@ void place_in_window(const plan& pl, std::vector<lowered_step>& steps, const std
 /// launched a graph blocked for as long as parts spun on the GPU, and the
 /// part that would end the wait was behind it: docs/BENCHMARKS.md, session
 /// 14), launched plainly they met every time.
+/// A segment of one kernel is replayed too: on an H200 host a graph of one
+/// kernel cost 1.3-2.0 us to launch, the kernel itself (cudaLaunchKernelEx)
+/// 2.7-4.9 us (docs/BENCHMARKS.md, session 34).
 void mark_replay_segments(const plan& pl, launch_program& prog) {
   prog.window_bytes_.assign(pl.devices().size(), 0);
   if (pl.options().graph_replay == graph_replay_mode::off) return;
   for (const replay_segment& seg : replay_segments(pl)) {
-    if (seg.launches() < 2 || seg.steps.empty()) continue;
+    if (seg.launches() < 1 || seg.steps.empty()) continue;
     if (!replays_on(pl.options().graph_replay, pl.devices().at(static_cast<std::size_t>(seg.device)).kind)) continue;
     auto& first = prog.steps_[static_cast<std::size_t>(seg.steps.front())];
     bool consecutive = true;

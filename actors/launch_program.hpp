@@ -134,7 +134,7 @@ struct lowered_step {
   std::vector<lowered_op> ops;          ///< compute
   int first_launch = 0;                 ///< compute: index of ops[0]'s record in launch_records(queue)
   /// Graph replay (plan_options::graph_replay, graph/replay.hpp): on the
-  /// first step of a replay segment of two or more kernels on a non-cpu
+  /// first step of a replay segment of kernels (and host copies) on a non-cpu
   /// device, the segment's steps (this one and the next replay_steps - 1 of
   /// the queue, which have no remote deps and, but the last, no consumers on
   /// other queues), their launch records (from first_launch on) and kernels;

@@ -44,19 +44,20 @@ namespace {
 
 // Checks that `dims` of `type` can be a host tensor here; its byte size in `bytes`.
 error check_host_size(dtype type, const shape& dims, int64_t& bytes) {
-  const std::string what = std::string(to_string(type)) + " " + dims.to_string();
+  // Built only for an error: a job's outputs pass here on submit's path.
+  const auto what = [&] { return std::string(to_string(type)) + " " + dims.to_string(); };
   if (!dims.valid_rank())
-    return error(errc::invalid_shape, "host tensor " + what + ": more than " + std::to_string(max_rank) + " dims");
+    return error(errc::invalid_shape, "host tensor " + what() + ": more than " + std::to_string(max_rank) + " dims");
   for (int i = 0; i < dims.rank(); ++i)
-    if (dims[i] < 0) return error(errc::invalid_shape, "host tensor " + what + ": negative dim");
+    if (dims[i] < 0) return error(errc::invalid_shape, "host tensor " + what() + ": negative dim");
   if (static_cast<int>(type) > static_cast<int>(dtype::i32))
     return error(errc::invalid_argument, "host tensor: unknown dtype " + std::to_string(static_cast<int>(type)));
   if (!checked_bytes(dims, static_cast<int64_t>(dtype_size(type)), bytes) || bytes > max_tensor_bytes)
-    return error(errc::invalid_shape, "host tensor " + what + " needs " +
+    return error(errc::invalid_shape, "host tensor " + what() + " needs " +
                                           numel_string(dims, static_cast<int64_t>(dtype_size(type))) +
                                           " bytes, more than a tensor may have (2^62)");
   if (bytes > host_memory_bytes())
-    return error(errc::out_of_memory, "host tensor " + what + " needs " + std::to_string(bytes) +
+    return error(errc::out_of_memory, "host tensor " + what() + " needs " + std::to_string(bytes) +
                                           " bytes, more than this host's " + std::to_string(host_memory_bytes()) +
                                           " bytes of memory");
   return {};

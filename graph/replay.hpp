@@ -47,7 +47,7 @@ using step_id = int32_t;
 /// plan_options::graph_replay.
 enum class graph_replay_mode : uint8_t {
   off = 0,        ///< plain launches, kernel by kernel
-  on = 1,         ///< every segment of two or more kernels is replayed
+  on = 1,         ///< every segment is replayed
   automatic = 2,  ///< replay where the backend supports it (cuda, sim); cpu: off
 };
 
@@ -71,8 +71,9 @@ struct replay_segment {
   std::vector<step_id> steps;
   int kernels = 0;             ///< non-view ops in those steps (kernel launches without replay)
   int copies = 0;              ///< host copies among the steps
-  /// Calls the segment saves the host per job when replayed: its kernels
-  /// and copies but one (a segment of fewer than two is not replayed).
+  /// Launches the segment makes when run plainly: its kernels and copies
+  /// (replayed, one graph launch; a segment of one launch is replayed too,
+  /// since a graph launch costs the host less than a kernel's).
   int launches() const noexcept { return kernels + copies; }
 };
 

@@ -284,6 +284,45 @@ TEST(CudaRuntime, TinyJobsReplayTheirHostCopiesInsideTheGraph) {
   EXPECT_EQ(one_record, s.replayed);
 }
 
+// A segment of one kernel is replayed too: the tiny job with its host copies
+// launched on their own leaves one add in its segment; 24 jobs over 2
+// arenas, each its own sum, the replayed ones one record of one step.
+TEST(CudaRuntime, SegmentsOfOneKernelAreReplayedToo) {
+  AG_REQUIRE_GPU(1);
+  runtime_options o;
+  o.arenas_per_device = 2;
+  o.trace = true;
+  auto rt = runtime::create("cuda:0", o);
+  ASSERT_TRUE(rt) << rt.err().to_string();
+  graph_builder b;
+  auto x = b.input("x", dtype::f32, {256});
+  auto w = b.weight("w", host_tensor::random_normal(dtype::f32, {256}, 3, 1.0f));
+  b.output(b.add(x, w, "y"));
+  const graph g = std::move(b).build().value();
+  plan_options po;
+  po.policy = placement_policy::single;
+  po.graph_replay = graph_replay_mode::on;
+  po.replay_host_copies = false;
+  auto p = (*rt)->compile(g, po);
+  ASSERT_TRUE(p.has_value()) << p.err().to_string();
+  for (int k = 0; k < 24; ++k) {
+    const std::vector<host_tensor> in{host_tensor::random_normal(dtype::f32, {256}, 900 + static_cast<uint64_t>(k), 1.0f)};
+    auto j = (*rt)->submit(*p, in);
+    const job_result& r = j.wait();
+    ASSERT_TRUE(r.has_value()) << "job " << k << ": " << r.err().to_string();
+    auto want = evaluate_reference(g, in);
+    ASSERT_TRUE(want.has_value());
+    auto c = compare(r->front(), want->front(), 1e-6, 1e-6);
+    EXPECT_TRUE(c.ok) << "job " << k << ": " << c.message;
+  }
+  const replay_stats s = (*rt)->replay_statistics();
+  EXPECT_EQ(s.fallbacks, 0) << s.last_fallback;
+  EXPECT_GT(s.replayed, 18);
+  int one_record = 0;
+  for (const auto& r : (*rt)->take_trace().records)
+    one_record += r.label.find("[graph replay: replayed, 1 steps, 1 kernels]") != std::string::npos;
+  EXPECT_EQ(one_record, s.replayed);
+}
 
 }  // namespace
 /// `model` compiled for cuda:0 alone with graph replay on, in a runtime with
