@@ -5,6 +5,7 @@
 
 #include <caf/all.hpp>
 
+#include "actors/hop_probe.hpp"
 #include "actors/runtime_core.hpp"
 #include "messages/atoms.hpp"
 #include "messages/messages.hpp"
@@ -167,6 +168,7 @@ void allocate_job_buffers(job_context& ctx) {
   const auto& prog = *lp.program;
   const graph& g = prog.source().source();
   ctx.slots.resize(prog.steps().size());
+  AG_HOP_PROBE(slots_sized, ctx.id());
   ctx.outputs.reserve(g.outputs().size());
   // Every output is written in full (by its d2h copy, or by the gather from
   // its storage's copy), so no zero-fill: on a fresh buffer that pass alone
@@ -175,6 +177,7 @@ void allocate_job_buffers(job_context& ctx) {
     const node& o = g.at(g.outputs()[k]);
     ctx.outputs.push_back(host_tensor::uninitialized(o.type, o.dims, lp.output_memory[k]));
   }
+  AG_HOP_PROBE(outputs_made, ctx.id());
   ctx.staging.resize(g.outputs().size());
   for (step_id s : prog.completion_steps()) {
     const lowered_step& ls = prog.steps()[static_cast<std::size_t>(s)];
@@ -507,8 +510,10 @@ bool take_arenas_now(job_context& ctx) {
     return false;
   };
   if (taken < used.size()) return give_back();
+  AG_HOP_PROBE(arenas_taken, ctx.id());
   try {
     allocate_job_buffers(ctx);
+    AG_HOP_PROBE(buffers_ready, ctx.id());
   } catch (...) {
     // submit() must not throw: the job actor tries again, and fails the job
     // if its host memory is still short.
@@ -517,6 +522,7 @@ bool take_arenas_now(job_context& ctx) {
     return give_back();
   }
   prepare_run(ctx);
+  AG_HOP_PROBE(prepared, ctx.id());
   ctx.start = job_start::running;
   return true;
 }

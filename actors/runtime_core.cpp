@@ -10,6 +10,7 @@
 
 #include "actors/copy_engine_actor.hpp"
 #include "actors/device_actor.hpp"
+#include "actors/hop_probe.hpp"
 #include "actors/job_actor.hpp"
 #include "actors/job_state.hpp"
 #include "actors/runtime_actor.hpp"
@@ -372,6 +373,7 @@ job runtime_core::submit(const std::shared_ptr<const plan>& p, std::vector<host_
   auto ss = std::make_shared<job::shared_state>();
   ss->id = next_job_.fetch_add(1);
   ss->times.submitted_ns = gpu::host_clock_ns();
+  AG_HOP_PROBE(submit, ss->id);
   job j(ss);
   // Counted alive before the stop flag is read, as stop_submissions() sets
   // the flag before wait_idle() reads the count: either this submit sees the
@@ -410,6 +412,7 @@ job runtime_core::submit(const std::shared_ptr<const plan>& p, std::vector<host_
   }
   in_flight_.fetch_add(1);
   auto ctx = make_job_context(this, ss, lp, p, std::move(inputs), options.state_slot);
+  AG_HOP_PROBE(context_made, ss->id);
   const auto& used = lp->program->used_devices();
   // A job of a state slot takes its turn on the slot in submission order:
   // at once when the slot is free, else after the slot's earlier jobs (its
@@ -435,6 +438,7 @@ job runtime_core::submit(const std::shared_ptr<const plan>& p, std::vector<host_
     took_spare = spare.has_value();
     caf::actor a = spare ? bind_spare_job_actor(std::move(*spare), ss, ctx) : spawn_job_actor(sys_, this, ss, ctx);
     ctx->job_actor = a;
+    AG_HOP_PROBE(actor_bound, ss->id);
     {
       // cancel() must be able to reach the actor before it first runs.
       std::lock_guard<std::mutex> lk(ss->m);
@@ -448,6 +452,7 @@ job runtime_core::submit(const std::shared_ptr<const plan>& p, std::vector<host_
     // device that died already fails the job. (A job on no device has
     // nothing to fail, and its actor may have finished already.)
     if (!used.empty()) dead = jobs().add(ss->id, a, lp);
+    AG_HOP_PROBE(registered, ss->id);
     if (dead && !started) ctx->start = job_start::failing;
     return a;
   };
@@ -458,6 +463,7 @@ job runtime_core::submit(const std::shared_ptr<const plan>& p, std::vector<host_
     caf::anon_send(ja, msg::fail_job{std::move(dead)});
   } else if (started) {
     start_from_submit(*ctx);
+    AG_HOP_PROBE(run_job_sent, ss->id);
   } else if (its_turn && !used.empty()) {
     // The first arena request goes out from here, not from the job actor:
     // CAF starts freshly spawned actors in no particular order (work

@@ -14,6 +14,7 @@
 #include <caf/all.hpp>
 
 #include "actors/collective_order.hpp"
+#include "actors/hop_probe.hpp"
 #include "actors/job_actor.hpp"
 #include "actors/job_context.hpp"
 #include "actors/runtime_core.hpp"
@@ -278,15 +279,18 @@ error end_step(exec_state& st, const job_context& ctx, const lowered_step& ls, i
     if (segment_start) segment_start->end = slot.end;
   }
   if (ls.completion) {
+    AG_HOP_PROBE(notify_called, ctx.id());
     // `keep` holds the job context until the callback ran. A notification
     // that cannot be registered arrives as the callback's error (device.hpp).
     st.dev->notify(stream, [keep = ctx.shared_from_this(), s = ls.id](const error& notified) {
       // A dead device upstream let this step run on unwritten values
       // (dead_device_error, job_actor.hpp): the job fails with its death.
       // So does an in-stream collective part that gave up waiting.
+      AG_HOP_PROBE(poller_saw_it, keep->id());
       error ne = notified ? notified : dead_device_error(*keep);
       if (!ne) ne = in_stream_fault(*keep);
       if (!ne) complete_from_backend(*keep);
+      AG_HOP_PROBE(fulfilled, keep->id());
       caf::anon_send(keep->job_actor, msg::step_done{keep->id(), s, ne});
     });
   }
@@ -509,6 +513,7 @@ expected<int> launch_segment(exec_state& st, exec_job& e, step_id s) {
     return ops;
   };
   gpu::replay_graph* g = graph_for(st, entry, bases, stream, segment_ops, outcome, why, peers);
+  AG_HOP_PROBE(graph_found, ctx.id());
   ctx.core->replays().note(outcome, why);
   // Set before any step of the segment is issued: a completion step's
   // notification may collect the trace, which reads it, at once.
@@ -524,6 +529,7 @@ expected<int> launch_segment(exec_state& st, exec_job& e, step_id s) {
     if (error err = st.dev->set_collective_tag(stream, ctx.id())) return step_error(st, lane, first, {}, err);
     if (order_log_on()) order_log(st, "replays its in-stream segment from step", ctx.id(), ctx.collective_seq, s);
   }
+  AG_HOP_PROBE(replay_called, ctx.id());
   if (error err = st.dev->replay(stream, *g)) {
     // The device names the op that failed (err.op) where it knows it: the
     // error then names its step and op, as a plain launch's would.
@@ -538,6 +544,7 @@ expected<int> launch_segment(exec_state& st, exec_job& e, step_id s) {
         }
     return step_error(st, lane, *at, "replaying its graph", err, op);
   }
+  AG_HOP_PROBE(launched, ctx.id());
   auto& first_slot = ctx.slots[static_cast<std::size_t>(s)];
   for (int i = 0; i < n; ++i) {
     const lowered_step& ls = step_at(i);
@@ -547,6 +554,7 @@ expected<int> launch_segment(exec_state& st, exec_job& e, step_id s) {
                              last && ctx.timing && n > 1 ? &first_slot : nullptr))
       return err;
   }
+  AG_HOP_PROBE(notify_registered, ctx.id());
   return n;
 }
 
@@ -844,6 +852,7 @@ caf::behavior exec_actor_fn(exec_actor_t* self, gpu::device_ptr dev, step_kind k
   return {
       [self](const msg::run_job& m) {
         try {
+          AG_HOP_PROBE(actor_has_it, m.job->job_id());
           if (job_of(*m.job).cancelled.load(std::memory_order_acquire)) return;
           auto& e = entry_for(self->state, m.job, m.queue);
           if (e.dropped) return;

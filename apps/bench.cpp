@@ -28,7 +28,8 @@
 //   --sched-max-throughput=1 --sched-idle-steal-us=1000 (runtime_options::scheduler_*, 0: CAF's default)
 //   --then-devices=sim:1 --then-jobs=2000
 //   --dispatch-only=1 (many-split jobs only) / =2 (6-split jobs) / =3 (1-3 op splits): for profilers
-//                   / =4 (submit_to_then_us only) / =5 (its round trip cut into hops, trace on)
+//                   / =4 (submit_to_then_us only; with -DACTORGRAPH_HOP_PROBES=ON also its hop table)
+//                   / =5 (its round trip cut into hops, trace on)
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -38,6 +39,7 @@
 #include <string>
 
 #include "actors/actorgraph.hpp"
+#include "actors/hop_probe.hpp"
 #include "apps/common/flags.hpp"
 
 namespace {
@@ -333,6 +335,8 @@ int main(int argc, char** argv) {
     const auto t = run_submit_to_then(then_devices, then_jobs, threads);
     std::printf("submit_to_then_us_p99 (%s): %.1f\nsubmit_to_then_us: %.1f\n", then_devices.c_str(), t.p99_us,
                 t.median_us);
+    // A build with -DACTORGRAPH_HOP_PROBES=ON: where the round trips went.
+    if (ag::actors::hop_probe::enabled()) std::fputs(ag::actors::hop_probe::report().c_str(), stdout);
     return 0;
   }
   if (only != 0) {
