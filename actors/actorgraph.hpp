@@ -340,4 +340,13 @@ class runtime {
   std::unique_ptr<impl> impl_;
 };
 
+/// Developer diagnostics, process-wide. In a library configured with
+/// -DACTORGRAPH_HOP_PROBES=ON: a table of the median host time (us after
+/// submit was entered) at which the jobs since the last call passed each
+/// hand-over (context made, arenas taken, run_job sent, graph launched,
+/// notification registered, handle fulfilled...), over the jobs that passed
+/// them all (a tiny job's path); the table is then cleared. Otherwise an
+/// empty string. Any thread, once those jobs are ready.
+std::string hop_probe_report();
+
 }  // namespace ag

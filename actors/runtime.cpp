@@ -4,6 +4,7 @@
 
 #include <caf/all.hpp>
 
+#include "actors/hop_probe.hpp"
 #include "actors/job_state.hpp"
 #include "actors/runtime_core.hpp"
 #include "actors/scheduler_options.hpp"
@@ -111,6 +112,10 @@ gpu::device_ptr runtime::device(int index) const {
   const auto& d = impl_->core->devices();
   if (index < 0 || static_cast<std::size_t>(index) >= d.size()) return nullptr;
   return d[static_cast<std::size_t>(index)];
+}
+
+std::string hop_probe_report() {
+  return actors::hop_probe::enabled() ? actors::hop_probe::report() : std::string{};
 }
 
 }  // namespace ag

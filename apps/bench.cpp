@@ -39,7 +39,6 @@
 #include <string>
 
 #include "actors/actorgraph.hpp"
-#include "actors/hop_probe.hpp"
 #include "apps/common/flags.hpp"
 
 namespace {
@@ -336,7 +335,7 @@ int main(int argc, char** argv) {
     std::printf("submit_to_then_us_p99 (%s): %.1f\nsubmit_to_then_us: %.1f\n", then_devices.c_str(), t.p99_us,
                 t.median_us);
     // A build with -DACTORGRAPH_HOP_PROBES=ON: where the round trips went.
-    if (ag::actors::hop_probe::enabled()) std::fputs(ag::actors::hop_probe::report().c_str(), stdout);
+    std::fputs(ag::hop_probe_report().c_str(), stdout);
     return 0;
   }
   if (only != 0) {
