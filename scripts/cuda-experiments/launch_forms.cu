@@ -4,13 +4,17 @@
 //   nvcc -O2 -arch=sm_90 -std=c++17 -o launch_forms launch_forms.cu && ./launch_forms
 // Medians of 4000 launches each, two rounds. The kernel adds two 256-float
 // vectors of mapped pinned host memory, as a tiny job whose operands stay in
-// its arena's host window does.
+// its arena's host window does. The last two rows launch as a runtime's
+// actor does: after other work on its thread, or from a different thread
+// each time.
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <thread>
 #include <vector>
 
 #define CK(x)                                                                   \
@@ -102,6 +106,9 @@ int main() {
   // unless `own_event`, an event record after it, then spins on the event
   // (ev, or node_ev for the graph that records it); checks the kernel's sum
   // was written by the time the event said done.
+  // With walk_before, 4 MiB of other memory is walked (untimed) before each launch.
+  std::vector<unsigned char> other(std::size_t{4} << 20);
+  bool walk_before = false;
   const auto run = [&](const char* name, auto&& launch, bool one_window = false, bool own_event = false) {
     std::vector<double> host_us, record_us, trip_us;
     int early = 0;
@@ -109,6 +116,8 @@ int main() {
       const int w = one_window ? 0 : i % windows;
       float* h = host[w];
       h[0] = static_cast<float>(i), h[n] = 1.f, h[2 * n] = -1.f;
+      if (walk_before)
+        for (std::size_t k = 0; k < other.size(); k += 64) other[k] = static_cast<unsigned char>(other[k] + 1);
       const double t0 = now_ns();
       CK(launch(w));
       const double t1 = now_ns();
@@ -125,6 +134,36 @@ int main() {
     std::printf("  %-46s launch %5.2f us, event record %5.2f us, round trip %5.2f us%s\n", name, median(host_us),
                 own_event ? 0.0 : median(record_us), median(trip_us),
                 early ? " (EVENT SEEN BEFORE THE KERNEL'S WRITE)" : "");
+  };
+  // As run(), each job's launch and round trip made by the next of 4
+  // threads in turn (the others spin, waiting for their turn).
+  const auto run_from_threads = [&](const char* name, auto&& launch) {
+    constexpr int threads = 4;
+    std::vector<double> host_us(jobs), trip_us(jobs);
+    std::atomic<int> turn{0};
+    std::vector<std::thread> pool;
+    for (int t = 0; t < threads; ++t)
+      pool.emplace_back([&, t] {
+        CK(cudaSetDevice(0));
+        for (int i = t; i < jobs; i += threads) {
+          while (turn.load(std::memory_order_acquire) != i) {
+          }
+          const int w = i % windows;
+          host[w][0] = static_cast<float>(i), host[w][n] = 1.f, host[w][2 * n] = -1.f;
+          const double t0 = now_ns();
+          CK(launch(w));
+          const double t1 = now_ns();
+          CK(cudaEventRecord(ev, s));
+          while (cudaEventQuery(ev) == cudaErrorNotReady) {
+          }
+          const double t2 = now_ns();
+          host_us[static_cast<std::size_t>(i)] = (t1 - t0) / 1e3;
+          trip_us[static_cast<std::size_t>(i)] = (t2 - t0) / 1e3;
+          turn.store(i + 1, std::memory_order_release);
+        }
+      });
+    for (auto& t : pool) t.join();
+    std::printf("  %-46s launch %5.2f us, round trip %5.2f us\n", name, median(host_us), median(trip_us));
   };
   for (int round = 1; round <= 2; ++round) {
     std::printf("round %d\n", round);
@@ -143,6 +182,13 @@ int main() {
     });
     run("graph recording its own end event (window 0)", [&](int) { return cudaGraphLaunch(with_event, s); },
         /*one_window=*/true, /*own_event=*/true);
+    // The graph launch as a runtime makes it: after other work on the thread
+    // (here 4 MiB of memory walked, evicting the core's caches), or from
+    // whichever of several threads runs the stream's actor this time.
+    walk_before = true;
+    run("graph per window, after 4 MiB of other work", [&](int w) { return cudaGraphLaunch(plain[w], s); });
+    walk_before = false;
+    run_from_threads("graph per window, from 4 threads in turn", [&](int w) { return cudaGraphLaunch(plain[w], s); });
   }
   return 0;
 }
