@@ -5,6 +5,7 @@
 #include <array>
 #include <atomic>
 #include <cstdio>
+#include <utility>
 #include <vector>
 
 #include "gpu/device.hpp"
