@@ -1,6 +1,7 @@
 #include "apps/repl/args.hpp"
 
 #include <cctype>
+#include <charconv>
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
@@ -81,6 +82,20 @@ std::string range_text(double lo, double hi) {
 }  // namespace
 
 expected<int64_t> parse_int(const std::string& text, const std::string& what, int64_t lo, int64_t hi) {
+  const auto out_of_range = [&] {
+    return bad_arg(what + ": " + text + " is out of range " + range_text(static_cast<double>(lo), static_cast<double>(hi)));
+  };
+  // Plain digits are read exactly: through a double, 9223372036854775807
+  // becomes 2^63, which no int64_t holds.
+  int64_t exact = 0;
+  const char* first = text.data();
+  const char* last = first + text.size();
+  const auto [end, ec] = std::from_chars(first, last, exact);
+  if (!text.empty() && end == last && ec == std::errc::result_out_of_range) return out_of_range();
+  if (!text.empty() && end == last && ec == std::errc{}) {
+    if (exact < lo || exact > hi) return out_of_range();
+    return exact;
+  }
   double v = 0;
   std::string suffix;
   bool ok = split_suffix(text, v, suffix);
@@ -92,9 +107,13 @@ expected<int64_t> parse_int(const std::string& text, const std::string& what, in
   }
   if (!ok || !std::isfinite(v)) return bad_arg(what + ": '" + text + "' is not a number");
   if (v != std::floor(v)) return bad_arg(what + ": '" + text + "' is not a whole number");
-  if (v < static_cast<double>(lo) || v > static_cast<double>(hi))
-    return bad_arg(what + ": " + text + " is out of range " + range_text(static_cast<double>(lo), static_cast<double>(hi)));
-  return static_cast<int64_t>(v);
+  // [-2^63, 2^63) holds every double an int64_t can take; the bounds are
+  // compared as integers (a double rounds INT64_MAX up to 2^63).
+  constexpr double two_to_63 = 9223372036854775808.0;
+  if (v < -two_to_63 || v >= two_to_63) return out_of_range();
+  const auto n = static_cast<int64_t>(v);
+  if (n < lo || n > hi) return out_of_range();
+  return n;
 }
 
 expected<double> parse_number(const std::string& text, const std::string& what, double lo, double hi) {

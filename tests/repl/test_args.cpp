@@ -1,4 +1,6 @@
 // Command-line splitting and typed parameters of the REPL.
+#include <limits>
+
 #include <gtest/gtest.h>
 
 #include "apps/repl/args.hpp"
@@ -63,6 +65,27 @@ TEST(ReplArgs, ParseIntAcceptsSuffixesAndRejectsJunkFractionsAndRange) {
   EXPECT_NE(range.err().message.find("out of range [1, 100]"), std::string::npos) << range.err().message;
   EXPECT_FALSE(parse_int("", "n", 0, 1));
   EXPECT_FALSE(parse_int("nan", "n", 0, 1));
+}
+
+// The int64 ends (fuzz_repl_args found the upper one: through a double,
+// 9223372036854775807 became 2^63, which passed the range check against
+// INT64_MAX, also 2^63 as a double, and the cast to int64_t overflowed).
+TEST(ReplArgs, ParseIntIsExactAtTheEndsOfInt64) {
+  constexpr int64_t max = std::numeric_limits<int64_t>::max(), min = std::numeric_limits<int64_t>::min();
+  ASSERT_TRUE(parse_int("9223372036854775807", "n", 0, max));
+  EXPECT_EQ(*parse_int("9223372036854775807", "n", 0, max), max);
+  ASSERT_TRUE(parse_int("-9223372036854775808", "n", min, 0));
+  EXPECT_EQ(*parse_int("-9223372036854775808", "n", min, 0), min);
+  for (const char* text : {"9223372036854775808", "99999999999999999999", "-9223372036854775809", "9.3e18", "-9.3e18",
+                           "9.3E+18"}) {
+    auto r = parse_int(text, "n", min, max);
+    ASSERT_FALSE(r) << text << " gave " << *r;
+    EXPECT_NE(r.err().message.find("out of range"), std::string::npos) << text << ": " << r.err().message;
+  }
+  auto small = parse_int("9223372036854775807", "n", 1, 100);
+  ASSERT_FALSE(small);
+  EXPECT_NE(small.err().message.find("out of range [1, 100]"), std::string::npos) << small.err().message;
+  EXPECT_EQ(*parse_int("9e18", "n", 0, max), int64_t{9'000'000'000'000'000'000});
 }
 
 TEST(ReplArgs, ParseNumberUnderstandsSiAndTimeSuffixes) {
