@@ -34,8 +34,6 @@ std::vector<row>& table() {
 
 }  // namespace
 
-bool enabled() noexcept { return true; }
-
 void stamp(point p, uint64_t job) noexcept {
   table()[job % rows][static_cast<std::size_t>(p)].store(gpu::host_clock_ns(), std::memory_order_relaxed);
 }
@@ -70,9 +68,8 @@ std::string report() {
   return out;
 }
 #else
-bool enabled() noexcept { return false; }
 void stamp(point, uint64_t) noexcept {}
-std::string report() { return "hop probes not compiled in (configure with -DACTORGRAPH_HOP_PROBES=ON)\n"; }
+std::string report() { return {}; }
 #endif
 
 }  // namespace ag::actors::hop_probe

@@ -4,7 +4,7 @@
 /// handle being fulfilled: where a tiny job's round trip goes
 /// (docs/BENCHMARKS.md, session 34). A developer's tool: compiled in only
 /// with the CMake option ACTORGRAPH_HOP_PROBES=ON; otherwise AG_HOP_PROBE is
-/// nothing and report() says so.
+/// nothing and report() is empty.
 ///
 /// Threads: stamp() is called on the submitting thread, the executing
 /// actors' threads and the backend's completion thread, each writing its own
@@ -39,15 +39,12 @@ enum class point : int {
   count
 };
 
-/// Whether the probes are compiled in.
-bool enabled() noexcept;
-
 /// Stamps `p` of job `job` with the host clock.
 void stamp(point p, uint64_t job) noexcept;
 
 /// A table of each point's median, in us after `submit`, over the jobs that
 /// stamped every point of a tiny job (not arenas taken by the job actor);
-/// says so when the probes are not compiled in. Clears the table.
+/// empty when the probes are not compiled in. Clears the table.
 std::string report();
 
 }  // namespace ag::actors::hop_probe

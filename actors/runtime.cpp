@@ -114,8 +114,6 @@ gpu::device_ptr runtime::device(int index) const {
   return d[static_cast<std::size_t>(index)];
 }
 
-std::string hop_probe_report() {
-  return actors::hop_probe::enabled() ? actors::hop_probe::report() : std::string{};
-}
+std::string hop_probe_report() { return actors::hop_probe::report(); }
 
 }  // namespace ag

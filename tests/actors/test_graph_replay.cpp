@@ -157,6 +157,15 @@ TEST(GraphReplay, RefusedCaptureFallsBackToPlainLaunchesWithTheSameValues) {
   EXPECT_TRUE(traced) << "no trace record says the segment fell back";
 }
 
+/// The tiny job's graph: y = x + w over 256 floats.
+ag::graph tiny_add_graph() {
+  ag::graph_builder b;
+  auto x = b.input("x", ag::dtype::f32, {256});
+  auto w = b.weight("w", ag::host_tensor::random_normal(ag::dtype::f32, {256}, 3, 1.0f));
+  b.output(b.add(x, w, "y"));
+  return std::move(b).build().value();
+}
+
 // A tiny job (its input copied in, one add, its output copied out) is one
 // segment whose copies move through the host window of the job's arena:
 // captured once per arena and replayed, with its input and output copies
@@ -164,11 +173,7 @@ TEST(GraphReplay, RefusedCaptureFallsBackToPlainLaunchesWithTheSameValues) {
 // after others on the same arena, gets its own sum; a refused capture runs
 // the same copies plainly, with the same values.
 TEST(GraphReplay, TinyJobsReplayTheirHostCopiesInsideTheGraph) {
-  ag::graph_builder b;
-  auto x = b.input("x", ag::dtype::f32, {256});
-  auto w = b.weight("w", ag::host_tensor::random_normal(ag::dtype::f32, {256}, 3, 1.0f));
-  b.output(b.add(x, w, "y"));
-  const ag::graph g = std::move(b).build().value();
+  const ag::graph g = tiny_add_graph();
   for (bool refuse : {false, true}) {
     SCOPED_TRACE(refuse ? "capture refused" : "captured");
     auto o = replay_sim(4);
@@ -212,11 +217,7 @@ TEST(GraphReplay, TinyJobsReplayTheirHostCopiesInsideTheGraph) {
 // launched on their own leaves one kernel in its segment, which is captured
 // per arena and replayed, with the reference's values.
 TEST(GraphReplay, SegmentsOfOneKernelAreReplayedToo) {
-  ag::graph_builder b;
-  auto x = b.input("x", ag::dtype::f32, {256});
-  auto w = b.weight("w", ag::host_tensor::random_normal(ag::dtype::f32, {256}, 3, 1.0f));
-  b.output(b.add(x, w, "y"));
-  const ag::graph g = std::move(b).build().value();
+  const ag::graph g = tiny_add_graph();
   auto o = replay_sim(2);
   o.trace = true;
   auto rt = ag::runtime::create("sim:1", o).value();

@@ -239,6 +239,15 @@ TEST(CudaRuntime, ReplayedBranchyGraphsMatchReference) {
   EXPECT_EQ(s.fallbacks, 0) << s.last_fallback;
 }
 
+/// The tiny job's graph: y = x + w over 256 floats (1 KiB in, 1 KiB out).
+graph tiny_add_graph() {
+  graph_builder b;
+  auto x = b.input("x", dtype::f32, {256});
+  auto w = b.weight("w", host_tensor::random_normal(dtype::f32, {256}, 3, 1.0f));
+  b.output(b.add(x, w, "y"));
+  return std::move(b).build().value();
+}
+
 // A tiny job (1 KiB in, one add, 1 KiB out) replays as one CUDA graph with
 // its input and output copies inside (memcpy nodes from and to its arena's
 // pinned host window): 32 jobs, 8 in flight over 4 arenas, each its own sum;
@@ -250,11 +259,7 @@ TEST(CudaRuntime, TinyJobsReplayTheirHostCopiesInsideTheGraph) {
   o.trace = true;
   auto rt = runtime::create("cuda:0", o);
   ASSERT_TRUE(rt) << rt.err().to_string();
-  graph_builder b;
-  auto x = b.input("x", dtype::f32, {256});
-  auto w = b.weight("w", host_tensor::random_normal(dtype::f32, {256}, 3, 1.0f));
-  b.output(b.add(x, w, "y"));
-  const graph g = std::move(b).build().value();
+  const graph g = tiny_add_graph();
   plan_options po;
   po.policy = placement_policy::single;
   po.graph_replay = graph_replay_mode::on;
@@ -294,11 +299,7 @@ TEST(CudaRuntime, SegmentsOfOneKernelAreReplayedToo) {
   o.trace = true;
   auto rt = runtime::create("cuda:0", o);
   ASSERT_TRUE(rt) << rt.err().to_string();
-  graph_builder b;
-  auto x = b.input("x", dtype::f32, {256});
-  auto w = b.weight("w", host_tensor::random_normal(dtype::f32, {256}, 3, 1.0f));
-  b.output(b.add(x, w, "y"));
-  const graph g = std::move(b).build().value();
+  const graph g = tiny_add_graph();
   plan_options po;
   po.policy = placement_policy::single;
   po.graph_replay = graph_replay_mode::on;
