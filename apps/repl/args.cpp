@@ -90,10 +90,8 @@ expected<int64_t> parse_int(const std::string& text, const std::string& what, in
   int64_t exact = 0;
   const char* first = text.data();
   const char* last = first + text.size();
-  const auto [end, ec] = std::from_chars(first, last, exact);
-  if (!text.empty() && end == last && ec == std::errc::result_out_of_range) return out_of_range();
-  if (!text.empty() && end == last && ec == std::errc{}) {
-    if (exact < lo || exact > hi) return out_of_range();
+  if (const auto [end, ec] = std::from_chars(first, last, exact); end == last && ec != std::errc::invalid_argument) {
+    if (ec == std::errc::result_out_of_range || exact < lo || exact > hi) return out_of_range();
     return exact;
   }
   double v = 0;
