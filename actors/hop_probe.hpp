@@ -43,8 +43,8 @@ enum class point : int {
 void stamp(point p, uint64_t job) noexcept;
 
 /// A table of each point's median, in us after `submit`, over the jobs that
-/// stamped every point of a tiny job (not arenas taken by the job actor);
-/// empty when the probes are not compiled in. Clears the table.
+/// stamped `submit` and `fulfilled` (a point some of them passed by says
+/// over how many); empty when the probes are not compiled in. Clears the table.
 std::string report();
 
 }  // namespace ag::actors::hop_probe

@@ -261,6 +261,24 @@ error begin_step(exec_state& st, const job_context& ctx, const lowered_step& ls,
   return {};
 }
 
+/// What a completion step's notification runs on the backend's thread once
+/// the step's work is done: it settles the job (complete_from_backend) and
+/// tells the job actor. `keep` holds the job context until then. A
+/// notification that cannot be registered arrives as its error (device.hpp).
+std::function<void(const error&)> completion_callback(const job_context& ctx, step_id step) {
+  return [keep = ctx.shared_from_this(), step](const error& notified) {
+    // A dead device upstream let this step run on unwritten values
+    // (dead_device_error, job_actor.hpp): the job fails with its death.
+    // So does an in-stream collective part that gave up waiting.
+    AG_HOP_PROBE(poller_saw_it, keep->id());
+    error ne = notified ? notified : dead_device_error(*keep);
+    if (!ne) ne = in_stream_fault(*keep);
+    if (!ne) complete_from_backend(*keep);
+    AG_HOP_PROBE(fulfilled, keep->id());
+    caf::anon_send(keep->job_actor, msg::step_done{keep->id(), step, ne});
+  };
+}
+
 /// A step's epilogue on `stream` once its work is enqueued: its end event
 /// (when `record_end`), a host notification for completion steps, and the
 /// ready messages for its consumers (batched in st.out).
@@ -280,19 +298,7 @@ error end_step(exec_state& st, const job_context& ctx, const lowered_step& ls, i
   }
   if (ls.completion) {
     AG_HOP_PROBE(notify_called, ctx.id());
-    // `keep` holds the job context until the callback ran. A notification
-    // that cannot be registered arrives as the callback's error (device.hpp).
-    st.dev->notify(stream, [keep = ctx.shared_from_this(), s = ls.id](const error& notified) {
-      // A dead device upstream let this step run on unwritten values
-      // (dead_device_error, job_actor.hpp): the job fails with its death.
-      // So does an in-stream collective part that gave up waiting.
-      AG_HOP_PROBE(poller_saw_it, keep->id());
-      error ne = notified ? notified : dead_device_error(*keep);
-      if (!ne) ne = in_stream_fault(*keep);
-      if (!ne) complete_from_backend(*keep);
-      AG_HOP_PROBE(fulfilled, keep->id());
-      caf::anon_send(keep->job_actor, msg::step_done{keep->id(), s, ne});
-    });
+    st.dev->notify(stream, completion_callback(ctx, ls.id));
   }
   for (int q : ls.consumer_queues) {
     auto& v = st.out[static_cast<std::size_t>(q)];
@@ -453,6 +459,22 @@ gpu::replay_graph* graph_for(exec_state& st, replay_entry& entry, const region_b
   return entry.graphs.back().graph.get();
 }
 
+/// Whether the replay segment of `n` steps from `first` is the tail of its
+/// job's work on its queue, with only its last step's notification to
+/// issue after the graph: no step feeds another queue (no end event to
+/// record), only the last is a completion step, no trace (its records need
+/// end events) and no in-stream parts (whose launch order across the
+/// members the actors keep: collective_order.hpp).
+template <typename StepAt>
+bool ends_its_work_here(const job_context& ctx, const lowered_step& first, int n, const StepAt& step_at) {
+  if (ctx.timing || first.replay_in_stream) return false;
+  for (int i = 0; i < n; ++i) {
+    const lowered_step& ls = step_at(i);
+    if (!ls.consumer_queues.empty() || ls.completion != (i + 1 == n)) return false;
+  }
+  return true;
+}
+
 /// Launches the replay segment that starts at step `s` of `e` (its
 /// lowered_step::replay_steps steps, which have no remote deps but the
 /// first's, in queue order) as one graph where the device captures: the
@@ -529,10 +551,9 @@ expected<int> launch_segment(exec_state& st, exec_job& e, step_id s) {
     if (error err = st.dev->set_collective_tag(stream, ctx.id())) return step_error(st, lane, first, {}, err);
     if (order_log_on()) order_log(st, "replays its in-stream segment from step", ctx.id(), ctx.collective_seq, s);
   }
-  AG_HOP_PROBE(replay_called, ctx.id());
-  if (error err = st.dev->replay(stream, *g)) {
-    // The device names the op that failed (err.op) where it knows it: the
-    // error then names its step and op, as a plain launch's would.
+  // The device names the op that failed (err.op) where it knows it: the
+  // error then names its step and op, as a plain launch's would.
+  const auto replay_failed = [&](const error& err) {
     const lowered_step* at = &first;
     const node* op = nullptr;
     for (int i = 0; i < n && !err.op.empty() && !op; ++i)
@@ -543,7 +564,17 @@ expected<int> launch_segment(exec_state& st, exec_job& e, step_id s) {
           break;
         }
     return step_error(st, lane, *at, "replaying its graph", err, op);
+  };
+  AG_HOP_PROBE(replay_called, ctx.id());
+  if (ends_its_work_here(ctx, first, n, step_at)) {
+    // Its launch and its notification are all that is left to issue: one
+    // hand-over, which the backend may make from a thread of its own.
+    const lowered_step& last = step_at(n - 1);
+    if (error err = st.dev->replay_and_notify(stream, *g, completion_callback(ctx, last.id))) return replay_failed(err);
+    AG_HOP_PROBE(notify_registered, ctx.id());
+    return n;
   }
+  if (error err = st.dev->replay(stream, *g)) return replay_failed(err);
   AG_HOP_PROBE(launched, ctx.id());
   auto& first_slot = ctx.slots[static_cast<std::size_t>(s)];
   for (int i = 0; i < n; ++i) {

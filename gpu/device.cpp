@@ -44,6 +44,12 @@ error device::replay(stream&, replay_graph&) {
   return error(errc::unsupported_op, "device '" + spec().name + "' does not replay graphs", index());
 }
 
+error device::replay_and_notify(stream& s, replay_graph& g, std::function<void(const error&)> done) {
+  if (error e = replay(s, g)) return e;
+  notify(s, std::move(done));
+  return {};
+}
+
 error device::reset() {
   if (alive()) return {};
   // The death reason, as every call of a dead device refuses with it.

@@ -305,6 +305,14 @@ struct backend_options {
   /// in-stream part spinning on the same GPU for a member whose next kernel
   /// is being loaded, that is a deadlock (gpu/cuda/kernel_preload.hpp).
   bool cuda_preload_kernels = true;
+  /// cuda: a replayed segment that ends its job's work on its stream (no
+  /// other queue waits for it, no trace) is launched, with its completion
+  /// event, by the device's event poller thread (device::replay_and_notify)
+  /// while that thread is awake: a thread that launches again and again
+  /// keeps the driver warm in its core's caches, where a CAF worker paid
+  /// 2-3 us more per graph launch (docs/BENCHMARKS.md, session 35). The
+  /// environment variable AG_CUDA_LAUNCH_ON_POLLER=0|1 overrides it (A/B runs).
+  bool cuda_launch_on_poller = true;
 };
 
 /// One device. Obtained from make_devices(); shared_ptr because the device
@@ -443,6 +451,14 @@ class device {
   /// lane) on `s`: the same work, in the same order, as launching its ops one
   /// by one, for one launch. Errors as launch(). Default: unsupported_op.
   virtual error replay(stream& s, replay_graph& g);
+  /// replay(s, g), then notify(s, done): the tail of a job's work on `s`,
+  /// handed over in one call so that a backend may issue both from a thread
+  /// of its own (cuda: the event poller's, backend_options::
+  /// cuda_launch_on_poller); the stream's later work is still ordered after
+  /// them. An error returned means nothing was enqueued and `done` will not
+  /// be called; otherwise `done` is called exactly once, as by notify(),
+  /// also with an error of the launch itself. Default: replay, then notify.
+  virtual error replay_and_notify(stream& s, replay_graph& g, std::function<void(const error&)> done);
   /// Calls `done` on a backend thread once all work enqueued on `s` so far has
   /// completed: with ok, or with the error that stopped it (device_failed,
   /// op_failed for an asynchronous kernel fault). Called exactly once, also

@@ -66,6 +66,7 @@ class cuda_replay_graph final : public replay_graph {
   cuda_replay_graph(std::shared_ptr<core> c, cudaGraphExec_t exec, int kernels)
       : core_(std::move(c)), exec_(exec), kernels_(kernels) {}
   ~cuda_replay_graph() override {
+    core_->poll->drain_launches();  // no launch of it still waits on the poller
     device_guard g(core_->ordinal);
     slow_call probe(core_->name, "cudaGraphExecDestroy");
     AG_CUDA_ASSERT(cudaGraphExecDestroy(exec_));
@@ -76,6 +77,12 @@ class cuda_replay_graph final : public replay_graph {
   cudaGraphExec_t exec_ = nullptr;
   int kernels_ = 0;
 };
+
+/// backend_options::cuda_launch_on_poller, or AG_CUDA_LAUNCH_ON_POLLER=0|1.
+bool launch_on_poller(const backend_options& opts) {
+  if (const char* v = std::getenv("AG_CUDA_LAUNCH_ON_POLLER"); v && *v) return std::string(v) != "0";
+  return opts.cuda_launch_on_poller;
+}
 
 uint64_t next_device_uid() {
   static std::atomic<uint64_t> next{1};
@@ -133,7 +140,8 @@ class cuda_device final : public device {
         sm_count_(sm_count),
         nccl_min_bytes_(opts.cuda_nccl_min_bytes),
         nccl_min_bytes_wide_(opts.cuda_nccl_min_bytes_wide),
-        collective_timeout_s_(opts.cuda_collective_timeout_s) {
+        collective_timeout_s_(opts.cuda_collective_timeout_s),
+        launch_on_poller_(launch_on_poller(opts)) {
     if (const char* skip = std::getenv("AG_CUDA_DEBUG_SKIP")) {
       const std::string v = skip;
       kernels_.skip_attention = v.find("attention") != std::string::npos;
@@ -474,6 +482,30 @@ class cuda_device final : public device {
     return {};
   }
 
+  /// On the poller thread while it is awake (backend_options::
+  /// cuda_launch_on_poller; event_poller.hpp says why and how the stream's
+  /// order is kept); a sleeping poller would make the launch wait for its
+  /// wake-up, so then here, as replay() and notify().
+  error replay_and_notify(stream& s, replay_graph& rg, std::function<void(const error&)> done) override {
+    if (!launch_on_poller_ || mode_.load(std::memory_order_relaxed) != notify_mode::poller || !core_->poll->awake())
+      return device::replay_and_notify(s, rg, std::move(done));
+    if (!alive()) return core_->dead_error();
+    // No drain: the hand-over queue keeps the order of the launches before it.
+    auto* cs = own_undrained(s);
+    if (!cs) return error(errc::invalid_argument, spec_.name + ": replay on a stream of another device", index_);
+    auto* g = dynamic_cast<cuda_replay_graph*>(&rg);
+    if (!g || g->core_ != core_)
+      return error(errc::invalid_argument, spec_.name + ": replay of a graph another device captured", index_);
+    launch_item it;
+    it.owner = core_;
+    it.exec = g->exec_;
+    it.stream = cs->s_;
+    it.then.done = std::move(done);
+    it.then.fault = cs->fault_;
+    core_->poll->push_launch(std::move(it));
+    return {};
+  }
+
   /// The members' GPUs, device ids and operand sizes; an error naming the
   /// first member that is not a live CUDA device or whose operand does not fit.
   /// With `abort_for_dead`, a dead member also aborts its NCCL groups (the
@@ -805,9 +837,17 @@ class cuda_device final : public device {
   bool alive() const noexcept override { return core_->alive.load(std::memory_order_acquire); }
 
   void set_mode(notify_mode m) noexcept { mode_.store(m, std::memory_order_relaxed); }
+  uint64_t launches_on_poller() const noexcept { return core_->poll->launches_issued(); }
 
   /// Test hooks (cuda_testing.hpp).
+  /// `s` as this device's stream (null if it is not), once the launches
+  /// handed to the poller (replay_and_notify) were issued: every call that
+  /// enqueues on a stream comes through here, so it lands after them.
   cuda_stream* own(stream& s) {
+    core_->poll->drain_launches();
+    return own_undrained(s);
+  }
+  cuda_stream* own_undrained(stream& s) {
     auto* cs = dynamic_cast<cuda_stream*>(&s);
     return cs && cs->core_ == core_ && cs->s_ ? cs : nullptr;
   }
@@ -1121,6 +1161,7 @@ class cuda_device final : public device {
   int64_t nccl_min_bytes_wide_;
   std::vector<std::shared_ptr<nccl_group>> groups_;  // communicators of loaded plans' groups (under mem_mu_)
   double collective_timeout_s_;
+  const bool launch_on_poller_;
   // In-stream collectives: this device's flags and rings (in_stream_memory),
   // the abort ring's cursor and which GPUs this one can read.
   mutable std::mutex area_mu_;
@@ -1178,6 +1219,12 @@ error launch_write_value(device& d, stream& s, uint32_t* dst, uint32_t value) {
   }
   (void)cudaGetLastError();
   return cuda::launch_write_value(cs->s_, static_cast<unsigned int*>(target), value, d.spec().name + " write value");
+}
+
+expected<uint64_t> launches_on_poller(device& d) {
+  auto* cd = dynamic_cast<cuda_device*>(&d);
+  if (!cd) return error(errc::invalid_argument, "launches_on_poller needs a CUDA device");
+  return cd->launches_on_poller();
 }
 
 expected<int64_t> free_gpu_memory(device& d) {

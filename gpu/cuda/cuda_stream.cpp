@@ -11,6 +11,7 @@
 namespace ag::gpu::cuda::detail {
 
 cuda_stream::~cuda_stream() {
+  if (core_->poll) core_->poll->drain_launches();  // a launch handed to the poller still names s_
   device_guard g(core_->ordinal);
   if (blas_) {
     if (cublasDestroy(blas_) != CUBLAS_STATUS_SUCCESS)

@@ -37,4 +37,8 @@ expected<int64_t> free_gpu_memory(device& d);
 /// (before CUDA 12.4). `modules` receives how many modules hold them.
 expected<int> unloaded_kernels(int ordinal, int* modules = nullptr);
 
+/// How many replayed graphs the poller thread of `d` launched
+/// (device::replay_and_notify; backend_options::cuda_launch_on_poller).
+expected<uint64_t> launches_on_poller(device& d);
+
 }  // namespace ag::gpu::cuda::testing

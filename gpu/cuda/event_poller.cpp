@@ -5,6 +5,7 @@
 #include <chrono>
 
 #include "gpu/cuda/cuda_check.cuh"
+#include "gpu/cuda/device_core.hpp"
 #include "gpu/cuda/device_guard.hpp"
 #include "gpu/cuda/host_clock.hpp"
 #include "gpu/cuda/slow_call.hpp"
@@ -39,6 +40,52 @@ void poller::stop() {
 void poller::push(poll_item it) {
   q_.enqueue(std::move(it));
   wake();
+}
+
+void poller::push_launch(launch_item it) {
+  {
+    std::lock_guard<std::mutex> lk(launch_mu_);
+    launches_.push_back(std::move(it));
+    launches_handed_.fetch_add(1, std::memory_order_release);
+  }
+  wake();
+}
+
+void poller::drain_launches() const {
+  const uint64_t handed = launches_handed_.load(std::memory_order_acquire);
+  if (launches_issued_.load(std::memory_order_acquire) >= handed) return;
+  if (thread_id_.load(std::memory_order_relaxed) == std::this_thread::get_id()) return;
+  while (launches_issued_.load(std::memory_order_acquire) < handed) AG_CPU_RELAX();
+}
+
+bool poller::issue_launches(std::vector<poll_item>& pending) {
+  if (launches_issued_.load(std::memory_order_relaxed) == launches_handed_.load(std::memory_order_acquire))
+    return false;
+  {
+    std::lock_guard<std::mutex> lk(launch_mu_);
+    issuing_.swap(launches_);
+  }
+  for (launch_item& l : issuing_) {
+    poll_item& it = l.then;
+    core& c = *l.owner;
+    if (!c.alive.load(std::memory_order_acquire)) {
+      it.early = c.dead_error();
+    } else if (error e = AG_CORE_CHECK(c, cudaGraphLaunch(l.exec, l.stream), c.name + " graph replay")) {
+      it.early = std::move(e).concerning(c.index);
+    } else if (!(it.ev = take_event())) {
+      it.early = error(errc::device_failed, c.name + ": notify could not create an event");
+    } else if (error re = AG_CORE_CHECK(c, cudaEventRecord(it.ev, l.stream), c.name + " notify")) {
+      give_event(it.ev);
+      it.ev = nullptr;
+      it.early = std::move(re);
+    }
+    pending.push_back(std::move(it));
+    l.owner.reset();
+    // Issued: a device call waiting in drain_launches() may go on.
+    launches_issued_.fetch_add(1, std::memory_order_release);
+  }
+  issuing_.clear();
+  return true;
 }
 
 cudaEvent_t poller::take_event() {
@@ -141,12 +188,23 @@ void poller::finish(poll_item& it, const error& e) {
   if (it.ev) give_event(it.ev);
   it.ev = nullptr;
   auto done = std::move(it.done);
-  if (done) done(e);
+  if (!done) return;
+  // A callback may take long (it runs the job's continuations, the user's
+  // code): the launches handed over so far are issued first, and while it
+  // runs the thread does not count as awake, so callers launch themselves
+  // rather than wait for it. (One handed over in the instant between the
+  // caller's awake() and this store still waits for the callback.)
+  awake_.store(false, std::memory_order_relaxed);
+  issue_launches(issued_in_callbacks_);
+  done(e);
+  awake_.store(true, std::memory_order_relaxed);
 }
 
 void poller::run() {
-  // The thread keeps this device current (event queries need no guard).
+  // The thread keeps this device current (event queries and launches need no guard).
   if (cudaSetDevice(ordinal_) != cudaSuccess) (void)cudaGetLastError();
+  thread_id_.store(std::this_thread::get_id(), std::memory_order_relaxed);
+  awake_.store(true, std::memory_order_relaxed);
   std::vector<poll_item> pending;
   int64_t last_progress = now_ns();
   // Back-off: spin while work completed recently, then yield, then sleep;
@@ -154,7 +212,7 @@ void poller::run() {
   constexpr int64_t spin_ns = 200'000, yield_ns = 5'000'000;
   for (;;) {
     const uint32_t seen = seq_.load(std::memory_order_acquire);
-    bool progressed = false;
+    bool progressed = issue_launches(pending);
     poll_item it;
     while (q_.try_dequeue(it)) {
       pending.push_back(std::move(it));
@@ -169,15 +227,22 @@ void poller::run() {
         ++i;
       }
     }
+    for (poll_item& f : issued_in_callbacks_) pending.push_back(std::move(f));
+    issued_in_callbacks_.clear();
     const int64_t t = now_ns();
     if (progressed) last_progress = t;
     if (pending.empty()) {
-      if (stop_.load(std::memory_order_acquire) && q_.size_approx() == 0) break;
+      const bool idle = q_.size_approx() == 0 &&
+                        launches_issued_.load(std::memory_order_relaxed) ==
+                            launches_handed_.load(std::memory_order_acquire);
+      if (stop_.load(std::memory_order_acquire) && idle) break;
       if (t - last_progress < spin_ns) {
         AG_CPU_RELAX();
         continue;
       }
+      awake_.store(false, std::memory_order_relaxed);
       seq_.wait(seen, std::memory_order_acquire);
+      awake_.store(true, std::memory_order_relaxed);
       last_progress = now_ns();
       continue;
     }

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <thread>
 #include <vector>
@@ -195,6 +196,82 @@ TEST(CudaDevice, NotifyFiresOnceAfterTheWorkWithLowLatency) {
   }
   gpu::cuda::set_notify_mode(*d, gpu::cuda::notify_mode::poller);
   d->deallocate_host(*mem);
+}
+
+// device::replay_and_notify hands the graph launch to the poller thread
+// (backend_options::cuda_launch_on_poller); a direct call on the same stream
+// made right after must still land behind it. Each round writes k + 1 into a
+// device word with a direct kernel, then replays a graph that copies the word
+// into the round's own pinned slot: the slot must hold k + 1, not a later
+// round's value. Batches of 64 rounds (one graph per slot), checked once
+// their notifications came; the first batch queues behind a spin gate, the
+// rest race the poller. With the option on the poller makes (nearly) every
+// launch, with it off none.
+TEST(CudaDevice, ReplayedTailsLaunchedByThePollerKeepTheStreamsOrder) {
+  AG_REQUIRE_GPU(1);
+  if (const char* v = std::getenv("AG_CUDA_LAUNCH_ON_POLLER"); v && *v)
+    GTEST_SKIP() << "AG_CUDA_LAUNCH_ON_POLLER=" << v << " overrides the option this test compares";
+  for (const bool on_poller : {true, false}) {
+    SCOPED_TRACE(on_poller ? "launches on the poller" : "launches on the caller");
+    gpu::backend_options o;
+    o.cuda_launch_on_poller = on_poller;
+    auto made = gpu::cuda::make_cuda_devices({0}, o, 0);
+    ASSERT_TRUE(made) << made.err().to_string();
+    gpu::device& d = *(*made)[0];
+    auto s = d.create_stream(ag::step_kind::compute).value();
+    auto word = d.allocate(64);
+    auto gate_mem = d.allocate_host(64);
+    ASSERT_TRUE(word && gate_mem);
+    host_memory_resource* pinned = d.host_memory();
+    ASSERT_NE(pinned, nullptr);
+    constexpr int slots = 64, batches = 40;
+    auto* out = static_cast<uint32_t*>(pinned->allocate(slots * sizeof(uint32_t)));
+    std::vector<std::unique_ptr<gpu::replay_graph>> graphs;
+    for (int j = 0; j < slots; ++j) {
+      gpu::segment_op copy_out{gpu::segment_op::kind::copy_d2h, nullptr, out + j, *word, sizeof(uint32_t)};
+      auto g = d.capture_segment(*s, &copy_out, 1);
+      ASSERT_TRUE(g) << g.err().to_string();
+      graphs.push_back(std::move(*g));
+    }
+    const uint64_t launched_before = gpu::cuda::testing::launches_on_poller(d).value();
+    std::atomic<int> calls{0}, errors{0};
+    int out_of_order = 0;
+    auto* gate = as_flag(*gate_mem);
+    for (int batch = 0; batch < batches; ++batch) {
+      gate[0] = 0;
+      if (batch == 0) {
+        ASSERT_FALSE(gpu::cuda::testing::launch_spin_gate(d, *s, gate));
+      }
+      for (int j = 0; j < slots; ++j) {
+        const uint32_t k = static_cast<uint32_t>(batch * slots + j);
+        ASSERT_FALSE(gpu::cuda::testing::launch_write_value(d, *s, static_cast<uint32_t*>(*word), k + 1));
+        ASSERT_FALSE(d.replay_and_notify(*s, *graphs[static_cast<std::size_t>(j)], [&](const error& e) {
+          if (!e.ok()) errors.fetch_add(1);
+          calls.fetch_add(1);
+        }));
+      }
+      gate[0] = 1;
+      const int want = (batch + 1) * slots;
+      for (int i = 0; i < 10000 && calls.load() < want; ++i) std::this_thread::sleep_for(100us);
+      ASSERT_EQ(calls.load(), want) << "batch " << batch;
+      for (int j = 0; j < slots; ++j)
+        out_of_order += out[j] != static_cast<uint32_t>(batch * slots + j + 1);
+    }
+    EXPECT_EQ(errors.load(), 0);
+    EXPECT_EQ(out_of_order, 0) << "rounds whose slot holds another round's value";
+    const uint64_t launched = gpu::cuda::testing::launches_on_poller(d).value() - launched_before;
+    std::printf("launches made by the poller: %llu of %d\n", static_cast<unsigned long long>(launched),
+                slots * batches);
+    if (on_poller)
+      EXPECT_GE(launched, static_cast<uint64_t>(slots * batches / 2)) << "the poller, awake with work pending, launched few";
+    else
+      EXPECT_EQ(launched, 0u);
+    graphs.clear();
+    ASSERT_FALSE(d.synchronize(*s));
+    pinned->deallocate(out, slots * sizeof(uint32_t));
+    d.deallocate(*word);
+    d.deallocate_host(*gate_mem);
+  }
 }
 
 TEST(CudaDevice, ManyNotifiesOnSeveralStreamsAllFire) {
