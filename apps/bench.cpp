@@ -11,6 +11,8 @@
 //                              message and a launch: the runtime's own cost);
 //                              dispatch_us_per_split_replayed is the same
 //                              jobs as compiled by default (replayed segments).
+//   tiny_jobs_per_s            (--dispatch-only=4) the same tiny jobs, --in-flight
+//                              of them in flight over as many arenas: jobs/s
 //   submit_to_then_us          median round trip of a tiny one-kernel job
 //                              (x + w, 256 floats: h2d, one add, d2h), from
 //                              submit() to its then() continuation, one job at
@@ -167,12 +169,21 @@ bool then_replay_host_copies = true;  // --replay-host-copies
 bool then_windows_in_place = true;    // --host-windows-in-place
 bool then_pinned_inputs = true;  // --pinned-inputs
 
-then_result run_submit_to_then(const std::string& devices, int jobs, int threads, bool breakdown = false) {
+/// The tiny one-kernel job (x + w, 256 floats) compiled for one device of
+/// `devices` in a runtime of `arenas` arenas per device (0: the default).
+struct tiny_job {
+  std::unique_ptr<ag::runtime> rt;
+  std::shared_ptr<const ag::plan> p;
+  std::vector<ag::host_tensor> in;
+};
+
+tiny_job make_tiny_job(const std::string& devices, int threads, bool trace, int arenas = 0) {
   ag::runtime_options o = base_options;
   o.backend.sim.zero_delay = true;
   o.backend.sim.compute_values = false;
   o.scheduler_threads = threads;
-  o.trace = breakdown;
+  o.trace = trace;
+  if (arenas > 0) o.arenas_per_device = arenas;
   auto rt = ag::runtime::create(devices, o);
   if (!rt) die("runtime (" + devices + ")", rt.err());
   constexpr int64_t n = 256;
@@ -189,7 +200,33 @@ then_result run_submit_to_then(const std::string& devices, int jobs, int threads
   po.host_windows_in_place = then_windows_in_place;
   auto p = (*rt)->compile(std::move(*g), po);
   if (!p) die("compile (tiny)", p.err());
-  const std::vector<ag::host_tensor> in{ag::host_tensor::random_normal(ag::dtype::f32, {n}, 5, 1.0f)};
+  return {std::move(*rt), std::move(*p), {ag::host_tensor::random_normal(ag::dtype::f32, {n}, 5, 1.0f)}};
+}
+
+/// Tiny jobs per second with `in_flight` of them in flight (as many arenas):
+/// the runtime's throughput where each job is all overhead.
+double run_tiny_throughput(const std::string& devices, int jobs, int in_flight, int threads) {
+  tiny_job t = make_tiny_job(devices, threads, false, in_flight);
+  auto run = [&](int count) {
+    std::deque<ag::job> q;
+    for (int i = 0; i < count; ++i) {
+      if (static_cast<int>(q.size()) >= in_flight) {
+        if (!q.front().wait().has_value()) die("tiny job", q.front().wait().err());
+        q.pop_front();
+      }
+      q.push_back(t.rt->submit(t.p, t.in));
+    }
+    for (auto& j : q)
+      if (!j.wait().has_value()) die("tiny job", j.wait().err());
+  };
+  run(std::max(4 * in_flight, 200));  // warm-up: every arena's graph captured
+  const double t0 = now_s();
+  run(jobs);
+  return jobs / (now_s() - t0);
+}
+
+then_result run_submit_to_then(const std::string& devices, int jobs, int threads, bool breakdown = false) {
+  tiny_job t = make_tiny_job(devices, threads, breakdown);
   std::vector<double> us;
   us.reserve(static_cast<std::size_t>(jobs));
   std::vector<std::pair<std::string, std::vector<double>>> hops;  // breakdown: name, per-job us
@@ -197,7 +234,7 @@ then_result run_submit_to_then(const std::string& devices, int jobs, int threads
   for (int i = -50; i < jobs; ++i) {
     done_ns.store(0, std::memory_order_relaxed);
     const int64_t t0 = ag::gpu::host_clock_ns();
-    ag::job j = (*rt)->submit(*p, in);
+    ag::job j = t.rt->submit(t.p, t.in);
     j.then([&done_ns](const ag::job_result&) { done_ns.store(ag::gpu::host_clock_ns(), std::memory_order_release); });
     if (!j.wait().has_value()) die("tiny job", j.wait().err());
     // wait() may return just before the continuation has run: bounded spin.
@@ -207,7 +244,7 @@ then_result run_submit_to_then(const std::string& devices, int jobs, int threads
       if (ag::gpu::host_clock_ns() > deadline) die("tiny job", {ag::errc::internal, "then() did not run within 10 s"});
     if (i >= 0) us.push_back(static_cast<double>(t1 - t0) / 1e3);
     if (breakdown) {
-      auto tr = (*rt)->take_trace();
+      auto tr = t.rt->take_trace();
       if (i < 0) continue;
       auto& r = tr.records;
       std::sort(r.begin(), r.end(), [](const auto& a, const auto& b) { return a.start_ns < b.start_ns; });
@@ -334,6 +371,8 @@ int main(int argc, char** argv) {
     const auto t = run_submit_to_then(then_devices, then_jobs, threads);
     std::printf("submit_to_then_us_p99 (%s): %.1f\nsubmit_to_then_us: %.1f\n", then_devices.c_str(), t.p99_us,
                 t.median_us);
+    std::printf("tiny_jobs_per_s (%s, %d in flight): %.0f\n", then_devices.c_str(), in_flight,
+                run_tiny_throughput(then_devices, then_jobs * 4, in_flight, threads));
     // A build with -DACTORGRAPH_HOP_PROBES=ON: where the round trips went.
     std::fputs(ag::hop_probe_report().c_str(), stdout);
     return 0;
