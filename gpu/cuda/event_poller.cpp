@@ -249,7 +249,12 @@ void poller::run() {
     const int64_t idle = t - last_progress;
     if (idle < spin_ns) AG_CPU_RELAX();
     else if (idle < yield_ns) std::this_thread::yield();
-    else std::this_thread::sleep_for(std::chrono::microseconds(20));
+    else {
+      // Asleep for a while: a launch handed over now would wait for it.
+      awake_.store(false, std::memory_order_relaxed);
+      std::this_thread::sleep_for(std::chrono::microseconds(20));
+      awake_.store(true, std::memory_order_relaxed);
+    }
   }
 }
 
