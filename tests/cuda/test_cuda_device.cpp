@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <future>
 #include <thread>
 #include <vector>
 
@@ -272,6 +273,64 @@ TEST(CudaDevice, ReplayedTailsLaunchedByThePollerKeepTheStreamsOrder) {
     d.deallocate(*word);
     d.deallocate_host(*gate_mem);
   }
+}
+
+// While the poller runs a callback (a job's continuations: user code that
+// may take long) it does not count as awake: replay_and_notify then launches
+// on the caller's thread, so neither the launch nor a later call on the
+// stream waits for the callback. A callback that blocks until released holds
+// the poller; meanwhile ten replays and a synchronize must finish, with no
+// launch made by the poller, and their notifications fire once it is free.
+TEST(CudaDevice, ReplaysDoNotWaitForACallbackThatHoldsThePoller) {
+  AG_REQUIRE_GPU(1);
+  if (const char* v = std::getenv("AG_CUDA_LAUNCH_ON_POLLER"); v && *v)
+    GTEST_SKIP() << "AG_CUDA_LAUNCH_ON_POLLER=" << v << " overrides the option this test needs on";
+  gpu::backend_options o;
+  o.cuda_launch_on_poller = true;
+  auto made = gpu::cuda::make_cuda_devices({0}, o, 0);
+  ASSERT_TRUE(made) << made.err().to_string();
+  gpu::device& d = *(*made)[0];
+  auto s = d.create_stream(ag::step_kind::compute).value();
+  auto word = d.allocate(64);
+  ASSERT_TRUE(word);
+  host_memory_resource* pinned = d.host_memory();
+  ASSERT_NE(pinned, nullptr);
+  auto* out = static_cast<uint32_t*>(pinned->allocate(64));
+  gpu::segment_op copy_out{gpu::segment_op::kind::copy_d2h, nullptr, out, *word, sizeof(uint32_t)};
+  auto g = d.capture_segment(*s, &copy_out, 1);
+  ASSERT_TRUE(g) << g.err().to_string();
+  std::atomic<bool> entered{false}, release{false};
+  std::atomic<int> calls{0};
+  struct releaser {  // whatever assertion returns early, the poller is let go
+    std::atomic<bool>& r;
+    ~releaser() { r = true; }
+  } const let_go{release};
+  d.notify(*s, [&](const error&) {
+    entered = true;
+    while (!release.load()) std::this_thread::sleep_for(1ms);
+  });
+  for (int i = 0; i < 5000 && !entered.load(); ++i) std::this_thread::sleep_for(1ms);
+  ASSERT_TRUE(entered.load()) << "the blocking callback never ran";
+  const uint64_t launched_before = gpu::cuda::testing::launches_on_poller(d).value();
+  auto replays = std::async(std::launch::async, [&] {
+    for (int k = 0; k < 10; ++k) {
+      if (error e = gpu::cuda::testing::launch_write_value(d, *s, static_cast<uint32_t*>(*word), k + 1)) return e;
+      if (error e = d.replay_and_notify(*s, **g, [&](const error&) { calls.fetch_add(1); })) return e;
+    }
+    return d.synchronize(*s);
+  });
+  const bool finished = replays.wait_for(10s) == std::future_status::ready;
+  const uint64_t launched = gpu::cuda::testing::launches_on_poller(d).value() - launched_before;
+  release = true;
+  ASSERT_TRUE(finished) << "replays and synchronize waited for the callback holding the poller";
+  ASSERT_FALSE(replays.get());
+  EXPECT_EQ(*out, 10u) << "the last replay copied the last value";
+  EXPECT_EQ(launched, 0u) << "the poller was handed launches while a callback held it";
+  for (int i = 0; i < 5000 && calls.load() < 10; ++i) std::this_thread::sleep_for(1ms);
+  EXPECT_EQ(calls.load(), 10);
+  g->reset();
+  pinned->deallocate(out, 64);
+  d.deallocate(*word);
 }
 
 TEST(CudaDevice, ManyNotifiesOnSeveralStreamsAllFire) {
