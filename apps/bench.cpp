@@ -371,10 +371,11 @@ int main(int argc, char** argv) {
     const auto t = run_submit_to_then(then_devices, then_jobs, threads);
     std::printf("submit_to_then_us_p99 (%s): %.1f\nsubmit_to_then_us: %.1f\n", then_devices.c_str(), t.p99_us,
                 t.median_us);
+    // A build with -DACTORGRAPH_HOP_PROBES=ON: where the round trips went
+    // (before the throughput run's jobs stamp the table too).
+    std::fputs(ag::hop_probe_report().c_str(), stdout);
     std::printf("tiny_jobs_per_s (%s, %d in flight): %.0f\n", then_devices.c_str(), in_flight,
                 run_tiny_throughput(then_devices, then_jobs * 4, in_flight, threads));
-    // A build with -DACTORGRAPH_HOP_PROBES=ON: where the round trips went.
-    std::fputs(ag::hop_probe_report().c_str(), stdout);
     return 0;
   }
   if (only != 0) {
