@@ -41,6 +41,10 @@ void apply_scheduler_options(const runtime_options& o, caf::actor_system_config&
     cfg.set("scheduler.max-throughput", static_cast<size_t>(o.scheduler_max_throughput));
   if (const int spin = spinning_polls(o); spin > 0)
     cfg.set("work-stealing.aggressive-poll-attempts", static_cast<size_t>(spin));
+  // A/B runs: how many polls of its own queue a spinning worker makes
+  // between steal attempts (CAF: 10).
+  if (const int steal = env_int("AG_SCHED_STEAL_INTERVAL", 0); steal > 0)
+    cfg.set("work-stealing.aggressive-steal-interval", static_cast<size_t>(steal));
   if (o.scheduler_idle_steal_us > 0)
     cfg.set("work-stealing.relaxed-sleep-duration", caf::timespan{std::chrono::microseconds(o.scheduler_idle_steal_us)});
 }
