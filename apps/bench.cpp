@@ -101,6 +101,22 @@ struct dispatch_result {
   int splits = 0, steps = 0, ops = 0;  // per job; ops: launched ops of the compute splits
 };
 
+/// Submits `count` jobs of `p`, at most `in_flight` of them unfinished at
+/// once, and returns when all are done; a failed job ends the program.
+void submit_in_flight(ag::runtime& rt, const std::shared_ptr<const ag::plan>& p, const std::vector<ag::host_tensor>& in,
+                      int count, int in_flight, const char* what) {
+  std::deque<ag::job> q;
+  const auto finish_front = [&] {
+    if (!q.front().wait().has_value()) die(what, q.front().wait().err());
+    q.pop_front();
+  };
+  for (int i = 0; i < count; ++i) {
+    if (static_cast<int>(q.size()) >= in_flight) finish_front();
+    q.push_back(rt.submit(p, in));
+  }
+  while (!q.empty()) finish_front();
+}
+
 /// `replay`: off measures the runtime's own cost per split (each split is a
 /// message and a launch); automatic lets the sim replay captured segments,
 /// one launch per segment (what a job gets by default).
@@ -129,17 +145,7 @@ dispatch_result run_dispatch(int devices, int branches, int layers, int jobs, in
       for (ag::node_id id : s.ops) r.ops += !ag::is_view_op((*p)->source().at(id).op) && !ag::is_leaf_op((*p)->source().at(id).op);
     }
   std::vector<ag::host_tensor> in{ag::host_tensor::random_normal(ag::dtype::f32, {8, 32}, 1)};
-  auto run = [&](int n) {
-    std::deque<ag::job> q;
-    for (int i = 0; i < n; ++i) {
-      if (static_cast<int>(q.size()) >= in_flight) {
-        if (!q.front().wait().has_value()) die("dispatch job", q.front().wait().err());
-        q.pop_front();
-      }
-      q.push_back((*rt)->submit(*p, in));
-    }
-    (*rt)->wait_idle();
-  };
+  auto run = [&](int n) { submit_in_flight(**rt, *p, in, n, in_flight, "dispatch job"); };
   run(std::min(jobs / 10 + 1, 1000));  // warm-up: event pools, arenas
   const double t0 = now_s();
   run(jobs);
@@ -207,18 +213,7 @@ tiny_job make_tiny_job(const std::string& devices, int threads, bool trace, int 
 /// the runtime's throughput where each job is all overhead.
 double run_tiny_throughput(const std::string& devices, int jobs, int in_flight, int threads) {
   tiny_job t = make_tiny_job(devices, threads, false, in_flight);
-  auto run = [&](int count) {
-    std::deque<ag::job> q;
-    for (int i = 0; i < count; ++i) {
-      if (static_cast<int>(q.size()) >= in_flight) {
-        if (!q.front().wait().has_value()) die("tiny job", q.front().wait().err());
-        q.pop_front();
-      }
-      q.push_back(t.rt->submit(t.p, t.in));
-    }
-    for (auto& j : q)
-      if (!j.wait().has_value()) die("tiny job", j.wait().err());
-  };
+  auto run = [&](int count) { submit_in_flight(*t.rt, t.p, t.in, count, in_flight, "tiny job"); };
   run(std::max(4 * in_flight, 200));  // warm-up: every arena's graph captured
   const double t0 = now_s();
   run(jobs);

@@ -803,14 +803,7 @@ class cuda_device final : public device {
       core_->poll->push(std::move(it));
       return;
     }
-    it.ev = core_->poll->take_event();
-    if (!it.ev) {
-      it.early = error(errc::device_failed, spec_.name + ": notify could not create an event");
-    } else if (error e = AG_CORE_CHECK(*core_, cudaEventRecord(it.ev, cs->s_), spec_.name + " notify")) {
-      core_->poll->give_event(it.ev);
-      it.ev = nullptr;
-      it.early = e;
-    }
+    core_->poll->record_notification(*core_, it, cs->s_);
     core_->poll->push(std::move(it));
   }
 

@@ -72,12 +72,8 @@ bool poller::issue_launches(std::vector<poll_item>& pending) {
       it.early = c.dead_error();
     } else if (error e = AG_CORE_CHECK(c, cudaGraphLaunch(l.exec, l.stream), c.name + " graph replay")) {
       it.early = std::move(e).concerning(c.index);
-    } else if (!(it.ev = take_event())) {
-      it.early = error(errc::device_failed, c.name + ": notify could not create an event");
-    } else if (error re = AG_CORE_CHECK(c, cudaEventRecord(it.ev, l.stream), c.name + " notify")) {
-      give_event(it.ev);
-      it.ev = nullptr;
-      it.early = std::move(re);
+    } else {
+      record_notification(c, it, l.stream);
     }
     pending.push_back(std::move(it));
     l.owner.reset();
@@ -86,6 +82,17 @@ bool poller::issue_launches(std::vector<poll_item>& pending) {
   }
   issuing_.clear();
   return true;
+}
+
+void poller::record_notification(core& c, poll_item& it, cudaStream_t s) {
+  it.ev = take_event();
+  if (!it.ev) {
+    it.early = error(errc::device_failed, c.name + ": notify could not create an event");
+  } else if (error e = AG_CORE_CHECK(c, cudaEventRecord(it.ev, s), c.name + " notify")) {
+    give_event(it.ev);
+    it.ev = nullptr;
+    it.early = std::move(e);
+  }
 }
 
 cudaEvent_t poller::take_event() {

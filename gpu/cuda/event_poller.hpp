@@ -96,6 +96,11 @@ class poller {
   cudaEvent_t take_event();
   void give_event(cudaEvent_t e);
 
+  /// Arms notification `it` on `s` of device `c`: an event from the pool,
+  /// recorded after the work enqueued on `s` so far. On a failure `it.early`
+  /// says why (and the event is back in the pool).
+  void record_notification(core& c, poll_item& it, cudaStream_t s);
+
   /// A host-mapped flag word, zeroed; nullptr on failure.
   unsigned int* take_slot();
 

@@ -199,6 +199,27 @@ TEST(CudaDevice, NotifyFiresOnceAfterTheWorkWithLowLatency) {
   d->deallocate_host(*mem);
 }
 
+/// GPU 0 as a device of its own with backend_options::cuda_launch_on_poller
+/// = `on_poller` (the shared test device keeps the defaults).
+gpu::device_ptr gpu0_launching_on_poller(bool on_poller) {
+  gpu::backend_options o;
+  o.cuda_launch_on_poller = on_poller;
+  auto made = gpu::cuda::make_cuda_devices({0}, o, 0);
+  if (!made) {
+    ADD_FAILURE() << made.err().to_string();
+    return nullptr;
+  }
+  return (*made)[0];
+}
+
+/// A replay graph of one copy: the 4-byte word at device address `word` to
+/// pinned host memory at `dst`.
+expected<std::unique_ptr<gpu::replay_graph>> capture_word_copy(gpu::device& d, gpu::stream& s, void* word,
+                                                              uint32_t* dst) {
+  gpu::segment_op copy_out{gpu::segment_op::kind::copy_d2h, nullptr, dst, word, sizeof(uint32_t)};
+  return d.capture_segment(s, &copy_out, 1);
+}
+
 // device::replay_and_notify hands the graph launch to the poller thread
 // (backend_options::cuda_launch_on_poller); a direct call on the same stream
 // made right after must still land behind it. Each round writes k + 1 into a
@@ -214,11 +235,9 @@ TEST(CudaDevice, ReplayedTailsLaunchedByThePollerKeepTheStreamsOrder) {
     GTEST_SKIP() << "AG_CUDA_LAUNCH_ON_POLLER=" << v << " overrides the option this test compares";
   for (const bool on_poller : {true, false}) {
     SCOPED_TRACE(on_poller ? "launches on the poller" : "launches on the caller");
-    gpu::backend_options o;
-    o.cuda_launch_on_poller = on_poller;
-    auto made = gpu::cuda::make_cuda_devices({0}, o, 0);
-    ASSERT_TRUE(made) << made.err().to_string();
-    gpu::device& d = *(*made)[0];
+    gpu::device_ptr dev = gpu0_launching_on_poller(on_poller);
+    ASSERT_TRUE(dev);
+    gpu::device& d = *dev;
     auto s = d.create_stream(ag::step_kind::compute).value();
     auto word = d.allocate(64);
     auto gate_mem = d.allocate_host(64);
@@ -229,8 +248,7 @@ TEST(CudaDevice, ReplayedTailsLaunchedByThePollerKeepTheStreamsOrder) {
     auto* out = static_cast<uint32_t*>(pinned->allocate(slots * sizeof(uint32_t)));
     std::vector<std::unique_ptr<gpu::replay_graph>> graphs;
     for (int j = 0; j < slots; ++j) {
-      gpu::segment_op copy_out{gpu::segment_op::kind::copy_d2h, nullptr, out + j, *word, sizeof(uint32_t)};
-      auto g = d.capture_segment(*s, &copy_out, 1);
+      auto g = capture_word_copy(d, *s, *word, out + j);
       ASSERT_TRUE(g) << g.err().to_string();
       graphs.push_back(std::move(*g));
     }
@@ -285,19 +303,16 @@ TEST(CudaDevice, ReplaysDoNotWaitForACallbackThatHoldsThePoller) {
   AG_REQUIRE_GPU(1);
   if (const char* v = std::getenv("AG_CUDA_LAUNCH_ON_POLLER"); v && *v)
     GTEST_SKIP() << "AG_CUDA_LAUNCH_ON_POLLER=" << v << " overrides the option this test needs on";
-  gpu::backend_options o;
-  o.cuda_launch_on_poller = true;
-  auto made = gpu::cuda::make_cuda_devices({0}, o, 0);
-  ASSERT_TRUE(made) << made.err().to_string();
-  gpu::device& d = *(*made)[0];
+  gpu::device_ptr dev = gpu0_launching_on_poller(true);
+  ASSERT_TRUE(dev);
+  gpu::device& d = *dev;
   auto s = d.create_stream(ag::step_kind::compute).value();
   auto word = d.allocate(64);
   ASSERT_TRUE(word);
   host_memory_resource* pinned = d.host_memory();
   ASSERT_NE(pinned, nullptr);
   auto* out = static_cast<uint32_t*>(pinned->allocate(64));
-  gpu::segment_op copy_out{gpu::segment_op::kind::copy_d2h, nullptr, out, *word, sizeof(uint32_t)};
-  auto g = d.capture_segment(*s, &copy_out, 1);
+  auto g = capture_word_copy(d, *s, *word, out);
   ASSERT_TRUE(g) << g.err().to_string();
   std::atomic<bool> entered{false}, release{false};
   std::atomic<int> calls{0};
