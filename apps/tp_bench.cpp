@@ -658,8 +658,15 @@ void multi_gpu_figures(int n, bool same_gpu, bool small_layer, int64_t vocab, in
   figs.push_back({tp + "_gpu_busy_fraction", least,
                   "least of the members' compute-lane busy fractions over the last job's span:" + each});
 
-  // The sim's prediction from the GPUs' own specs (values off, time scale 50).
-  auto devs = ag::gpu::make_devices("cuda:0");
+  // The sim's prediction from the GPUs' own specs (values off, time scale
+  // 50), made with the backend options of the measured runs: with
+  // --copy-engine on the spec says so, and the sim plans the sequence-parallel
+  // chunks that ran (until session 36 it planned NCCL all-reduces there).
+  ag::gpu::backend_options spec_options;
+  spec_options.cuda_gemv = cuda_gemv;
+  spec_options.cuda_pdl = cuda_pdl;
+  spec_options.cuda_copy_engine_collectives = cuda_copy_engine;
+  auto devs = ag::gpu::make_devices("cuda:0", spec_options);
   if (!devs) die("devices cuda:0", devs.err());
   layer_run s;
   s.kind = "sim";

@@ -152,6 +152,32 @@ TEST(CudaPerfPaths, ElementwiseOnMisalignedViewsMatchesReference) {
   }
 }
 
+// Slices of rows out of a larger tensor (a chunk of a sequence-parallel
+// region: rows of every batch, so no one contiguous run): each row aligned
+// and contiguous, the rows vectorised path of the elementwise kernels.
+TEST(CudaPerfPaths, ElementwiseOnSlicesOfRowsMatchesReference) {
+  AG_REQUIRE_GPU(1);
+  for (dtype t : kFloatTypes) {
+    graph_builder b;
+    auto x = b.input("x", t, {2, 40, 64});
+    auto y = b.input("y", t, {2, 16, 64});
+    auto z = b.input("z", t, {2, 3, 10, 72});
+    auto rows_a = b.slice(x, 1, 8, 24);   // [2, 16, 64], batch stride 2560
+    auto rows_b = b.slice(x, 1, 16, 32);  // overlaps rows_a: reads only
+    auto rows_z = b.slice(z, 2, 2, 9);    // [2, 3, 7, 72], two strided outer dims
+    b.output(b.add(rows_a, y));
+    b.output(b.add(y, rows_b));
+    b.output(b.mul(rows_a, rows_b));
+    b.output(b.silu(rows_a));
+    b.output(b.scale(rows_z, 0.5f));
+    b.output(b.add(rows_z, rows_z));
+    auto g = std::move(b).build();
+    ASSERT_TRUE(g) << g.err().to_string();
+    check_against_reference(*g, {rnd(t, {2, 40, 64}), rnd(t, {2, 16, 64}), rnd(t, {2, 3, 10, 72})}, tol_for(t, 4),
+                            std::string("ew rows ") + to_string(t));
+  }
+}
+
 TEST(CudaPerfPaths, AttentionMatmulOnPermutedHeadsMatchesReference) {
   AG_REQUIRE_GPU(1);
   // [B, S, H, Dh] permuted to [B, H, S, Dh] with B > H and B < H: the batch
