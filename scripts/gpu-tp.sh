@@ -36,6 +36,10 @@
 #      Chrome traces (OUTDIR/tp-layer-trace.json: the N-GPU layer;
 #      tp-layer-trace-1gpu.json, tp-layer-trace-decode-*.json), with
 #      --no-layouts (step 2c runs them bounded on their own);
+#   2d. the layer again with --copy-engine on (copy-engine collectives,
+#      sequence parallelism in chunks): the same figures with a
+#      _copy_engine suffix, tpN_vs_torch_copy_engine, and its trace
+#      (OUTDIR/tp-layer-trace-ce.json); AG_TP_SKIP_COPY_ENGINE=1 skips it;
 #   2c. with N >= 4 (GPUs, or AG_TP_SAME_GPU=4): actorgraph-tp-bench --layouts,
 #      issue 15's layout comparison on GPUs 0..3: a 24-layer LLaMA (d 4096,
 #      ~10 GB bf16) with 16 micro-batches of B 1 x T 512 as 1 GPU, 2 stages x
@@ -181,6 +185,15 @@ bounded "${AG_TP_BENCH_LIMIT:-900}" "$out/tp-bench.txt" "$build/apps/actorgraph-
   "${layer_flags[@]}" --decode-layers "$decode_layers" --trace "$out/tp-layer-trace.json" --no-layouts || status=1
 grep -vE '^[a-z0-9_]+: ' "$out/tp-bench.txt" | tail -12
 
+# The same layer with the copy-engine collectives (sequence parallelism and
+# its chunks; off by default, see backend_options::cuda_copy_engine_collectives):
+# its figures are printed with a _copy_engine suffix.
+if [ -z "${AG_TP_SKIP_COPY_ENGINE:-}" ]; then
+  echo "== 2d. the layer with --copy-engine on"
+  bounded 120 "$out/tp-bench-ce.txt" "$build/apps/actorgraph-tp-bench" "${bench_devices[@]}" "${layer_flags[@]}" \
+    --decode-layers 0 --copy-engine on --no-layouts --trace "$out/tp-layer-trace-ce.json" || status=1
+fi
+
 if [ -n "${AG_TP_OP_PROFILE:-}" ]; then
   echo "== 2b. op profile of the layer (1 GPU, then degree $n; plain launches)"
   bounded 180 "$out/tp-opprofile.txt" "$build/apps/actorgraph-tp-bench" "${bench_devices[@]}" "${layer_flags[@]}" \
@@ -231,6 +244,12 @@ ours_wall="$(grep -E "^tp${n}_layer_ms: " "$out/tp-bench.txt" | awk '{print $2}'
 torch="$(grep -E "^torch_tp_layer_ms_${n}: " "$out/tp-torch.txt" 2>/dev/null | awk '{print $2}')"
 grep -hE '^(tp[0-9]+_[a-z_]+|sim_error_1gpu|layer_[a-z0-9_]+|decode_[a-z0-9_]+|allreduce_[a-z0-9_]+|torch_tp_layer_ms_[0-9]+|torch_nccl_[a-z0-9_]+|tp_speedup_[24]_sim|pp2xtp2_[a-z0-9_]+|pp_layout_[a-z0-9_]+): ' \
   "$out/tp-bench.txt" "$out/tp-layouts.txt" "$out/tp-allreduce.txt" "$out/tp-torch.txt" "$out/tp-sim.txt" 2>/dev/null
+grep -hE "^(tp${n}_(layer_speedup|layer_device_ms|layer_ms|gpu_busy_fraction|sim_error)): " "$out/tp-bench-ce.txt" 2>/dev/null |
+  sed -E 's/^([a-z0-9_]+): /\1_copy_engine: /'
+ours_ce="$(grep -E "^tp${n}_layer_device_ms: " "$out/tp-bench-ce.txt" 2>/dev/null | awk '{print $2}')"
+if [ -n "$ours_ce" ] && [ -n "$torch" ]; then
+  awk -v a="$ours_ce" -v b="$torch" -v n="$n" 'BEGIN { printf "tp%d_vs_torch_copy_engine: %.3f\n", n, a / b }'
+fi
 # tpN_vs_torch: device span against PyTorch's CUDA-event time of its layer
 # (the same measure); tpN_vs_torch_wall: our job's wall time (submit to
 # future) against the same PyTorch figure.
