@@ -36,7 +36,7 @@
 #      Chrome traces (OUTDIR/tp-layer-trace.json: the N-GPU layer;
 #      tp-layer-trace-1gpu.json, tp-layer-trace-decode-*.json), with
 #      --no-layouts (step 2c runs them bounded on their own);
-#   2d. the layer again with --copy-engine on (copy-engine collectives,
+#   2a. the layer again with --copy-engine on (copy-engine collectives,
 #      sequence parallelism in chunks): the same figures with a
 #      _copy_engine suffix, tpN_vs_torch_copy_engine, and its trace
 #      (OUTDIR/tp-layer-trace-ce.json); AG_TP_SKIP_COPY_ENGINE=1 skips it;
@@ -189,7 +189,7 @@ grep -vE '^[a-z0-9_]+: ' "$out/tp-bench.txt" | tail -12
 # its chunks; off by default, see backend_options::cuda_copy_engine_collectives):
 # its figures are printed with a _copy_engine suffix.
 if [ -z "${AG_TP_SKIP_COPY_ENGINE:-}" ]; then
-  echo "== 2d. the layer with --copy-engine on"
+  echo "== 2a. the layer with --copy-engine on"
   bounded 120 "$out/tp-bench-ce.txt" "$build/apps/actorgraph-tp-bench" "${bench_devices[@]}" "${layer_flags[@]}" \
     --decode-layers 0 --copy-engine on --no-layouts --trace "$out/tp-layer-trace-ce.json" || status=1
 fi
