@@ -472,9 +472,8 @@ class cuda_device final : public device {
   error replay(stream& s, replay_graph& rg) override {
     auto us = usable(s, "replay");
     if (!us) return us.err();
-    auto* g = dynamic_cast<cuda_replay_graph*>(&rg);
-    if (!g || g->core_ != core_)
-      return error(errc::invalid_argument, spec_.name + ": replay of a graph another device captured", index_);
+    auto* g = own_graph(rg);
+    if (!g) return foreign_graph_error();
     device_guard dg(core_->ordinal);
     slow_call probe(spec_.name, "cudaGraphLaunch");
     if (error e = AG_CORE_CHECK(*core_, cudaGraphLaunch(g->exec_, (*us)->s_), spec_.name + " graph replay"))
@@ -489,19 +488,17 @@ class cuda_device final : public device {
   error replay_and_notify(stream& s, replay_graph& rg, std::function<void(const error&)> done) override {
     if (!launch_on_poller_ || mode_.load(std::memory_order_relaxed) != notify_mode::poller || !core_->poll->awake())
       return device::replay_and_notify(s, rg, std::move(done));
-    if (!alive()) return core_->dead_error();
     // No drain: the hand-over queue keeps the order of the launches before it.
-    auto* cs = own_undrained(s);
-    if (!cs) return error(errc::invalid_argument, spec_.name + ": replay on a stream of another device", index_);
-    auto* g = dynamic_cast<cuda_replay_graph*>(&rg);
-    if (!g || g->core_ != core_)
-      return error(errc::invalid_argument, spec_.name + ": replay of a graph another device captured", index_);
+    auto us = usable(s, "replay", /*drain=*/false);
+    if (!us) return us.err();
+    auto* g = own_graph(rg);
+    if (!g) return foreign_graph_error();
     launch_item it;
     it.owner = core_;
     it.exec = g->exec_;
-    it.stream = cs->s_;
+    it.stream = (*us)->s_;
     it.then.done = std::move(done);
-    it.then.fault = cs->fault_;
+    it.then.fault = (*us)->fault_;
     core_->poll->push_launch(std::move(it));
     return {};
   }
@@ -846,11 +843,22 @@ class cuda_device final : public device {
   }
   /// The stream to enqueue `what` on: the device's death error if it is
   /// dead, invalid_argument if `s` belongs to another device.
-  expected<cuda_stream*> usable(stream& s, const char* what) {
+  /// `s` as this device's live stream, or the error `what` meets; with
+  /// `drain` (own) after the launches handed to the poller were issued.
+  expected<cuda_stream*> usable(stream& s, const char* what, bool drain = true) {
     if (!alive()) return core_->dead_error();
-    auto* cs = own(s);
+    auto* cs = drain ? own(s) : own_undrained(s);
     if (!cs) return error(errc::invalid_argument, spec_.name + ": " + what + " on a stream of another device");
     return cs;
+  }
+
+  /// `rg` as a graph this device captured (null if it is not).
+  cuda_replay_graph* own_graph(replay_graph& rg) const {
+    auto* g = dynamic_cast<cuda_replay_graph*>(&rg);
+    return g && g->core_ == core_ ? g : nullptr;
+  }
+  error foreign_graph_error() const {
+    return error(errc::invalid_argument, spec_.name + ": replay of a graph another device captured", index_);
   }
 
  private:

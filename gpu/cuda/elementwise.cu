@@ -156,6 +156,16 @@ bool rows_like(const kt& x, const kt& out) {
   return x.t == out.t && rows_vectorisable(x);
 }
 
+/// AG_CUDA_EW_ROWS=0 sends rows to the generic kernel instead (a diagnostic
+/// switch, A/B); read once.
+bool rows_path_on() {
+  static const bool on = [] {
+    const char* e = std::getenv("AG_CUDA_EW_ROWS");
+    return !(e && e[0] == '0');
+  }();
+  return on;
+}
+
 template <int OP, class T>
 void launch_rows(const launch_ctx& c, const kt& out, const kt& a, const kt* b, float scale, unsigned grid,
                  int block) {
@@ -227,12 +237,7 @@ error dispatch(const launch_ctx& c, const kt& out, const kt& a, const kt* b, flo
                     (!b || (contiguous_like(*b, out) && b->t == out.t));
   // Rows of one shape, each contiguous, anywhere in memory (see
   // ew_rows_kernel); all-contiguous f32 stays on ew_contig_kernel (above).
-  // AG_CUDA_EW_ROWS=0: the generic kernel instead (a diagnostic switch, A/B).
-  static const bool rows_on = [] {
-    const char* e = std::getenv("AG_CUDA_EW_ROWS");
-    return !(e && e[0] == '0');
-  }();
-  if (rows_on && !fast && out.t != static_cast<int>(dtype::i32) && rows_vectorisable(out) && rows_like(a, out) &&
+  if (rows_path_on() && !fast && out.t != static_cast<int>(dtype::i32) && rows_vectorisable(out) && rows_like(a, out) &&
       (!b || rows_like(*b, out))) {
     const unsigned rgrid = grid_for(n / kChunk, block, c.sm_count * 16);
     switch (static_cast<dtype>(out.t)) {
