@@ -476,13 +476,22 @@ TEST(GeneratePipelined, ManySequencesOnOneDeviceEqualTheirSoloRunsOneStepAtATime
     const std::size_t cancelled = 2, stopped = 4;
     ASSERT_EQ(solo[stopped].size(), 8u);
     std::vector<ag::generation> hs;
+    // The cancelled sequence is cancelled from its own first token, so that
+    // it is cancelled mid-way however fast it runs (cancelling it after the
+    // loop let it finish all its tokens first on a loaded machine).
+    std::promise<ag::generation> cancelled_handle;
+    std::shared_future<ag::generation> cancel_it = cancelled_handle.get_future().share();
     for (std::size_t i = 0; i < prompts.size(); ++i) {
       ag::generate_options o;
       o.max_new_tokens = 8;
       if (i == stopped) o.stop_ids = {solo[stopped][2]};  // ends at its third token, steps queued behind
+      if (i == cancelled)
+        o.on_token = [cancel_it](int32_t, int64_t index) {
+          if (index == 0) cancel_it.get().cancel();  // waits the instant until generate() returned
+        };
       hs.push_back((*gen)->generate(prompts[i], o));
+      if (i == cancelled) cancelled_handle.set_value(hs.back());
     }
-    hs[cancelled].cancel();
     for (std::size_t i = 0; i < hs.size(); ++i) {
       ASSERT_TRUE(hs[i].wait_for(120s)) << "sequence " << i << " hung";
       const auto& r = hs[i].wait();
