@@ -272,6 +272,8 @@ bool elide_concats = true;
 /// --order-steps: plan_options::order_steps_by_model of every plan the bench
 /// compiles.
 bool order_steps = true;
+/// --batch-chunks: plan_options::tp_batch_chunks of every plan the bench compiles.
+bool batch_chunks = false;
 
 std::unique_ptr<ag::runtime> runtime_of(const layer_run& c, bool trace, int arenas) {
   ag::runtime_options ro;
@@ -321,6 +323,7 @@ run_result time_layer(const layer_run& c, const std::shared_ptr<const ag::graph>
   po.tp_overlap_chunks = overlap_chunks;
   po.elide_concats = elide_concats;
   po.order_steps_by_model = order_steps;
+  po.tp_batch_chunks = batch_chunks;
   po.inline_small_copies = tiny_job_path;
   if (c.replay_off) po.graph_replay = ag::graph_replay_mode::off;
   auto p = rt->compile(g, po);
@@ -768,6 +771,7 @@ layout_time time_layout(layer_run c, int stages, int tp, const std::shared_ptr<c
   po.tp_overlap_chunks = overlap_chunks;
   po.elide_concats = elide_concats;
   po.order_steps_by_model = order_steps;
+  po.tp_batch_chunks = batch_chunks;
   po.inline_small_copies = tiny_job_path;
   // A job holds an arena on each of its devices from its start to its end,
   // so a 4-stage pipeline keeps its stages busy only with at least 4 jobs
@@ -965,6 +969,11 @@ int main(int argc, char** argv) {
                  "plan_options::order_steps_by_model of every plan: steps ordered by a simulation of one job and a "
                  "search over the collectives' order (on), or the step builder's order (off)")
       ->check(CLI::IsMember({"on", "off"}));
+  std::string batch = "off";
+  app.add_option("--batch-chunks", batch,
+                 "plan_options::tp_batch_chunks of every plan: a sequence-parallel region's chunks are parts of the "
+                 "batch, attention included, where the batch allows (on), or always runs of rows (off, the default)")
+      ->check(CLI::IsMember({"on", "off"}));
   std::string copy_engine = "off";
   app.add_option("--copy-engine", copy_engine,
                  "cuda: backend_options::cuda_copy_engine_collectives, large reduce-scatters and all-gathers moved "
@@ -1022,6 +1031,7 @@ int main(int argc, char** argv) {
   output_pieces = pieces == "on";
   elide_concats = elide == "on";
   order_steps = order == "on";
+  batch_chunks = batch == "on";
   cuda_copy_engine = copy_engine == "on";
 
   std::vector<figure> figs;

@@ -1,5 +1,6 @@
 // plan's lookups and printing. Built by planner.cpp / memory_plan.cpp.
 
+#include <algorithm>
 #include <cstdio>
 #include <map>
 #include <set>
@@ -252,7 +253,11 @@ void plan::describe_tensor_parallel(std::ostream& os) const {
   }
   if (!tp.chunked.empty()) {
     os << "overlapped (row-parallel matmul in chunks):";
-    for (const auto& [name, chunks] : tp.chunked) os << " " << name << " x" << chunks;
+    for (const auto& [name, chunks] : tp.chunked) {
+      os << " " << name << " x" << chunks;
+      if (std::find(tp.chunked_by_batch.begin(), tp.chunked_by_batch.end(), name) != tp.chunked_by_batch.end())
+        os << " by batch";
+    }
     os << "\n";
   }
   os << "weight bytes per device:";

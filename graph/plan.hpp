@@ -238,6 +238,19 @@ struct plan_options {
   /// many wherever a region can be chunked at all (its collectives run
   /// beside compute and its rows split), to measure a choice against it.
   int tp_overlap_chunks = 0;
+  /// With tp_overlap under sequence parallelism, where the rows are sharded
+  /// along the sequence and the batch holds 2 or more: chunks are parts of
+  /// the batch (dim 0), and a chunk is the whole computation of its part
+  /// back to the region's all-gathers (attention's projections, scores and
+  /// softmax, not only o_proj), so one chunk's reduce-scatter and the next
+  /// region's all-gather of its rows run beside the next chunk's attention.
+  /// Used where the region can be cut so and the cost model says it pays;
+  /// else chunks of rows. Off (the default): always chunks of rows. On four
+  /// and two H200s the d-8192 layer ran 2% slower so (docs/BENCHMARKS.md,
+  /// session 37): half-batch attention kernels cost more than the overlap
+  /// won, and the first MLP all-gather still queues behind the last
+  /// reduce-scatter; an option for links slower against compute.
+  bool tp_batch_chunks = false;
   /// Sequence parallelism (Megatron's; see sequence_parallel_mode): where a
   /// partial result (a row-parallel matmul's) meets row-wise work (a residual
   /// add, a norm), it is reduce-scattered by rows instead of all-reduced; the

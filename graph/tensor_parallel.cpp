@@ -582,6 +582,7 @@ class rewriter {
     }
     info->collectives = std::move(collectives_);
     info->chunked = std::move(chunked_);
+    info->chunked_by_batch = std::move(chunked_by_batch_);
     return tp_rewrite{rewritten_, std::move(info)};
   }
 
@@ -614,6 +615,7 @@ class rewriter {
   std::map<std::tuple<node_id, int, int64_t, int64_t>, node_id> weight_slices_;
   std::vector<tp_collective> collectives_;
   std::vector<std::pair<std::string, int>> chunked_;
+  std::vector<std::string> chunked_by_batch_;
   /// A replicated local (tensor_info::repl) -> the tensor of g_ it holds.
   std::unordered_map<node_id, node_id> repl_owner_;
   /// rows_piece's results: (local, axis, begin, end) -> the piece.
@@ -1359,6 +1361,284 @@ class rewriter {
     }
   }
 
+  /// A chunked region of one rank (chunked_reduce_scatter): the local nodes
+  /// emitted again per chunk (ascending ids), the all-gathered tensors of g_
+  /// they read (gathered per chunk instead), and the locals they read whole
+  /// (cut into the chunk's rows).
+  struct chunk_region {
+    std::vector<node_id> clone;
+    std::set<node_id> gathered;
+    std::set<node_id> whole;
+  };
+
+  /// Modelled seconds of collective `op` of `bytes` over `members` (0 for none).
+  static double coll_seconds(const std::vector<const device_spec*>& members, op_kind op, int64_t bytes) {
+    return bytes <= 0 ? 0.0 : estimate_collective_seconds(op, choose_collective_algo(members, bytes, op), members, bytes);
+  }
+
+  /// Modelled span of a region in chunks of relative sizes `w`: `comp`
+  /// seconds of compute in `kernels` kernels per chunk on the first member,
+  /// all-gathers of `gather_bytes` and a reduce-scatter of `scatter_bytes`
+  /// in all. The first chunk's all-gather, then each chunk's compute beside
+  /// the next chunk's all-gather and its own reduce-scatter, the last chunk's
+  /// reduce-scatter, and the concat of the pieces.
+  double chunked_seconds(const std::vector<const device_spec*>& members, double comp, int kernels, int64_t gather_bytes,
+                         int64_t scatter_bytes, const std::vector<double>& w, dtype type) const {
+    const device_spec& d0 = *members[0];
+    const int c = static_cast<int>(w.size());
+    const double sum = std::accumulate(w.begin(), w.end(), 0.0);
+    const auto part = [&](int i) { return w[static_cast<std::size_t>(i)] / sum; };
+    const auto scaled = [&](int64_t bytes, int i) { return static_cast<int64_t>(static_cast<double>(bytes) * part(i)); };
+    const auto ag = [&](int i) { return coll_seconds(members, op_kind::all_gather, scaled(gather_bytes, i)); };
+    const auto rs = [&](int i) { return coll_seconds(members, op_kind::reduce_scatter, scaled(scatter_bytes, i)); };
+    const auto step = [&](int i) { return comp * part(i) + kernels * d0.kernel_latency; };
+    op_cost cat;
+    cat.bytes = 2.0 * static_cast<double>(scatter_bytes / t_);
+    double t = ag(0) + step(c - 1) + rs(c - 1) + estimate_seconds(d0, cat, type);
+    for (int i = 0; i + 1 < c; ++i) t += std::max(step(i), ag(i + 1) + rs(i));
+    return t;
+  }
+
+  /// Rows [lo(k, c), hi(k, c)) of rank k's chunk c along the chunk axis.
+  using chunk_rows = std::function<int64_t(int, int)>;
+
+  /// Every chunk's all-gathers of the region's gathered tensors (emitted
+  /// first, so that a communication queue never holds one behind a
+  /// reduce-scatter that waits for compute): rank k sends rows [lo(k, c),
+  /// hi(k, c)) along `cax` of its local, gathered along the tensor's sharded
+  /// axis `ax` into dims gathered_dims(tensor, c). The pieces they send are
+  /// made first, all of them (a piece that is not a whole buffer is copied
+  /// into one): one run of compute, not one between each two collectives. A
+  /// piece whose rows were made in pieces already (the reduce-scatter of an
+  /// earlier chunked region, then a residual add and a norm) is made from
+  /// those (rows_piece): it need not wait for all of them, nor be copied out
+  /// of their concat. Returns [chunk][tensor] -> the gathered parts per rank.
+  std::vector<std::map<node_id, std::vector<node_id>>> chunk_all_gathers(
+      node_id x, const std::set<node_id>& gathered, int chunks, int cax, int ax, const chunk_rows& lo,
+      const chunk_rows& hi, const std::function<shape(node_id, int)>& gathered_dims) {
+    const int s = stage(x);
+    std::vector<std::map<node_id, std::vector<node_id>>> ag(static_cast<std::size_t>(chunks));
+    std::vector<std::vector<node_id>> again(static_cast<std::size_t>(t_));
+    for (int c = 0; c < chunks; ++c)
+      for (node_id e : gathered)
+        for (int k = 0; k < t_; ++k) {
+          const node& en = g_.at(e);
+          const node_id local = native(e)[static_cast<std::size_t>(k)];
+          node_id piece = rows_piece(local, cax, lo(k, c), hi(k, c), ".chunk" + std::to_string(c), s, k,
+                                     again[static_cast<std::size_t>(k)]);
+          if (piece == no_node) piece = slice_view(local, cax, lo(k, c), hi(k, c), en.name, s, k, en.layer);
+          ag[static_cast<std::size_t>(c)][e].push_back(operand(piece, s, k, en.layer));
+        }
+    // The locals computed again in pieces are read from their pieces' concat
+    // from now on, so that the whole (which waits for every piece) is not
+    // computed ahead of the chunks on the compute lane.
+    for (int k = 0; k < t_; ++k)
+      for (node_id l : again[static_cast<std::size_t>(k)]) {
+        std::vector<node_id> parts;
+        for (int c = 0; c < chunks; ++c) {
+          const auto it = rows_pieces_.find(std::make_tuple(l, cax, lo(k, c), hi(k, c)));
+          if (it == rows_pieces_.end()) break;
+          parts.push_back(it->second);
+        }
+        if (static_cast<int>(parts.size()) != chunks) continue;
+        const node_id whole = emit_concat(std::move(parts), cax, at(l).name + ".pieces", s, k, at(l).layer);
+        chunk_concats_.insert(whole);
+        redirect(l, whole);
+      }
+    for (int c = 0; c < chunks; ++c)
+      for (node_id e : gathered) {
+        auto& parts = ag[static_cast<std::size_t>(c)][e];
+        parts = collective(op_kind::all_gather, x, parts, gathered_dims(e, c), g_.at(e).name + ".chunk" + std::to_string(c),
+                           [&](node& v, int) {
+                             v.attrs.axis = ax;
+                             v.attrs.axis2 = ax;
+                           });
+      }
+    return ag;
+  }
+
+  /// Whether op m (a local node whose dim 0 is a batch) computes each index
+  /// of dim 0 from the same index of its operands' dim 0 alone: an op on
+  /// the inner dims (a norm, softmax, rope, a matmul whose batch dims lead),
+  /// an elementwise op, or a view that keeps dim 0 where it is.
+  bool batch_wise(const node& m) const {
+    switch (m.op) {
+      case op_kind::matmul: case op_kind::rms_norm: case op_kind::layer_norm: case op_kind::softmax:
+      case op_kind::rope: case op_kind::add: case op_kind::mul: case op_kind::scale: case op_kind::silu:
+      case op_kind::gelu: case op_kind::copy:
+        return m.dims.rank() >= 2;
+      case op_kind::reshape: return at(m.inputs[0]).dims.rank() >= 2 && at(m.inputs[0]).dims[0] == m.dims[0];
+      case op_kind::permute: return m.attrs.perm[0] == 0;
+      case op_kind::transpose: return m.attrs.axis != 0 && m.attrs.axis2 != 0;
+      case op_kind::slice: return m.attrs.axis != 0;
+      default: return false;
+    }
+  }
+
+  /// Whether operand `in` of batch-wise op m is the same for every batch
+  /// chunk of m: a weight, or an operand that broadcasts along m's dim 0
+  /// (fewer dims: a bias, rope's positions, a mask; or 1 there).
+  bool batch_shared(const node& m, node_id in) const {
+    if (row_free(in)) return true;
+    if (m.is_view()) return false;
+    const shape& d = at(in).dims;
+    return d.rank() < m.dims.rank() || (d[0] == 1 && m.dims[0] != 1);
+  }
+
+  /// Sequence parallelism with overlap in chunks of the batch (dim 0), where
+  /// the rows are sharded along a later dim (the sequence) and the batch
+  /// holds 2 or more. A batch chunk is a whole part of the computation, not
+  /// only of its row-wise ops: the region grows back from the row-parallel
+  /// matmul x through every op that treats dim 0 as a batch (attention's
+  /// projections, rope, scores, softmax, and their views) to the all-gathers
+  /// that fed it or to locals it cuts by batch. So chunk c's reduce-scatter
+  /// (and the next region's all-gather of chunk c's rows) runs beside chunk
+  /// c + 1's attention, where chunks of rows overlap o_proj alone. Returns
+  /// rank k's rows (the chunks' outputs concatenated along dim 0) or empty
+  /// where the region cannot be cut by batch or the cost model says it does
+  /// not pay.
+  std::vector<node_id> batch_chunked_reduce_scatter(node_id x, const split_state& want,
+                                                    const std::vector<const device_spec*>& members) {
+    const node& n = g_.at(x);
+    const int s = stage(x);
+    const int ax = want.axis;
+    const int64_t batch = n.dims[0];
+    if (ax < 1 || batch < 2) return {};
+    const std::vector<node_id>& pa = ti(x).pa;
+    const std::vector<node_id>& pb = ti(x).pb;
+    std::vector<chunk_region> reg(static_cast<std::size_t>(t_));
+    for (int k = 0; k < t_; ++k) {
+      chunk_region& rg = reg[static_cast<std::size_t>(k)];
+      if (!row_free(pb[static_cast<std::size_t>(k)])) return {};
+      std::set<node_id> seen;
+      std::vector<node_id> stack{pa[static_cast<std::size_t>(k)]};
+      while (!stack.empty()) {
+        const node_id id = stack.back();
+        stack.pop_back();
+        if (!seen.insert(id).second) continue;
+        const node& m = at(id);
+        if (m.dims.rank() < 2 || m.dims[0] != batch) return {};
+        if (const auto it = repl_owner_.find(id); it != repl_owner_.end()) {
+          const node_id e = it->second;
+          const shape& ed = g_.at(e).dims;
+          if (ti(e).st == want && ed.rank() > ax && ed[0] == batch) {
+            rg.gathered.insert(e);
+            continue;
+          }
+        }
+        if (batch_wise(m)) {
+          rg.clone.push_back(id);
+          for (node_id in : m.inputs)
+            if (!batch_shared(m, in)) stack.push_back(in);
+        } else if (m.contiguous()) {
+          rg.whole.insert(id);  // cut by batch with a slice: still contiguous
+        } else {
+          return {};
+        }
+      }
+      std::sort(rg.clone.begin(), rg.clone.end());
+      if (reg[0].gathered != rg.gathered || reg[0].clone.size() != rg.clone.size()) return {};
+    }
+    // The cost model: the region's compute (its kernels, not its views) and
+    // the row-parallel matmul, beside the chunks' collectives.
+    const device_spec& d0 = *members[0];
+    double comp = 0;
+    int kernels = 1;
+    for (node_id id : reg[0].clone)
+      if (!at(id).is_view()) {
+        comp += local_seconds(d0, id);
+        ++kernels;
+      }
+    {
+      const shape& a = at(pa[0]).dims;
+      op_cost c;
+      c.flops = 2.0 * static_cast<double>(n.dims.numel()) * static_cast<double>(a[-1]);
+      c.bytes = static_cast<double>((a.numel() + at(pb[0]).dims.numel() + n.dims.numel()) *
+                                    static_cast<int64_t>(dtype_size(n.type)));
+      comp += estimate_seconds(d0, c, n.type);
+    }
+    int64_t gather_bytes = 0;
+    for (node_id e : reg[0].gathered) gather_bytes += bytes_of(g_.at(e));
+    const int64_t scatter_bytes = bytes_of(n);
+    const double t1 = coll_seconds(members, op_kind::all_gather, gather_bytes) + comp + kernels * d0.kernel_latency +
+                      coll_seconds(members, op_kind::reduce_scatter, scatter_bytes);
+    int most_chunks = 4;
+    for (const device_spec* m : members) most_chunks = std::min(most_chunks, m->max_overlap_chunks);
+    int chunks = 1;
+    double best = t1;
+    for (int c : {2, 4}) {
+      if (c > batch) break;
+      const std::vector<double> w(static_cast<std::size_t>(c), 1.0);
+      if (!beside_compute(members, op_kind::reduce_scatter, scatter_bytes / c) ||
+          (gather_bytes > 0 && !beside_compute(members, op_kind::all_gather, gather_bytes / c)))
+        continue;
+      if (opt_.tp_overlap_chunks != 0) {
+        if (c == opt_.tp_overlap_chunks) chunks = c;
+        continue;
+      }
+      if (c > most_chunks) break;
+      const double tc = chunked_seconds(members, comp, kernels, gather_bytes, scatter_bytes, w, n.type);
+      if (tc < best && tc < t1 * 0.99) {
+        chunks = c;
+        best = tc;
+      }
+    }
+    if (chunks == 1) return {};
+    const std::vector<int64_t> counts = apportion(batch, std::vector<double>(static_cast<std::size_t>(chunks), 1.0));
+    std::vector<int64_t> first{0};
+    for (int64_t v : counts) first.push_back(first.back() + v);
+    const auto lo = [&](int, int c) { return first[static_cast<std::size_t>(c)]; };
+    const auto hi = [&](int, int c) { return first[static_cast<std::size_t>(c) + 1]; };
+    const std::vector<std::map<node_id, std::vector<node_id>>> ag =
+        chunk_all_gathers(x, reg[0].gathered, chunks, 0, ax, lo, hi, [&](node_id e, int c) {
+          shape gathered = g_.at(e).dims;
+          gathered[0] = hi(0, c) - lo(0, c);
+          return gathered;
+        });
+    std::vector<std::vector<node_id>> reduced(static_cast<std::size_t>(t_));
+    for (int c = 0; c < chunks; ++c) {
+      const std::string tag = ".chunk" + std::to_string(c);
+      const int64_t b = lo(0, c), e = hi(0, c);
+      std::vector<node_id> parts;
+      for (int k = 0; k < t_; ++k) {
+        const chunk_region& rg = reg[static_cast<std::size_t>(k)];
+        std::unordered_map<node_id, node_id> now;  // local node -> its chunk-c version
+        for (node_id g : rg.gathered)
+          now[ti(g).repl[static_cast<std::size_t>(k)]] = ag[static_cast<std::size_t>(c)].at(g)[static_cast<std::size_t>(k)];
+        for (node_id w : rg.whole) now[w] = slice_view(w, 0, b, e, at(w).name + tag, s, k, n.layer);
+        for (node_id id : rg.clone) {
+          const node& o = at(id);
+          node m = tagged_copy(o, tag);
+          for (node_id in : o.inputs) {
+            const auto it = now.find(in);
+            m.inputs.push_back(it == now.end() ? in : it->second);
+          }
+          if (o.op == op_kind::reshape) {
+            m.dims = o.dims;
+            m.dims[0] = e - b;
+          }
+          now[id] = o.is_view() ? emit(std::move(m)) : emit_compute(std::move(m), s, k);
+        }
+        parts.push_back(emit_row_parallel_part(n, now.at(pa[static_cast<std::size_t>(k)]), pb[static_cast<std::size_t>(k)],
+                                               n.name + tag, s, k));
+      }
+      const auto rs = collective(op_kind::reduce_scatter, x, parts, {}, n.name + tag, [&](node& v, int k) {
+        v.attrs.axis = ax;
+        v.attrs.begin = want.begin[static_cast<std::size_t>(k)];
+        v.attrs.end = want.end[static_cast<std::size_t>(k)];
+      });
+      for (int k = 0; k < t_; ++k) reduced[static_cast<std::size_t>(k)].push_back(rs[static_cast<std::size_t>(k)]);
+    }
+    std::vector<node_id> result;
+    for (int k = 0; k < t_; ++k) {
+      result.push_back(emit_concat(reduced[static_cast<std::size_t>(k)], 0, local_name(n.name + ".chunks", s, k), s, k, n.layer));
+      chunk_concats_.insert(result.back());
+    }
+    chunked_.emplace_back(n.name, chunks);
+    chunked_by_batch_.push_back(n.name);
+    return result;
+  }
+
   /// Sequence parallelism with overlap (plan_options::sequence_parallel and
   /// tp_overlap): the reduce-scatter by rows `want` of the pending
   /// row-parallel matmul x, pipelined in chunks of rows. Chunk c holds piece
@@ -1396,18 +1676,16 @@ class rewriter {
       const tensor_info& te = ti(it->second);
       return te.st == want && rows_prefix(g_.at(it->second).dims) ? it->second : no_node;
     };
+    if (opt_.tp_batch_chunks)
+      if (std::vector<node_id> by_batch = batch_chunked_reduce_scatter(x, want, members); !by_batch.empty())
+        return by_batch;
     // Per rank: the local nodes to emit per chunk (ascending ids), the
     // all-gathered tensors and the every-row operands they read.
-    struct region {
-      std::vector<node_id> clone;
-      std::set<node_id> gathered;  // tensors of g_
-      std::set<node_id> whole;     // local nodes holding every row
-    };
-    std::vector<region> reg(static_cast<std::size_t>(t_));
+    std::vector<chunk_region> reg(static_cast<std::size_t>(t_));
     const std::vector<node_id>& pa = ti(x).pa;
     const std::vector<node_id>& pb = ti(x).pb;
     for (int k = 0; k < t_; ++k) {
-      region& rg = reg[static_cast<std::size_t>(k)];
+      chunk_region& rg = reg[static_cast<std::size_t>(k)];
       std::set<node_id> seen;
       std::vector<node_id> stack{pa[static_cast<std::size_t>(k)]};
       if (!row_free(pb[static_cast<std::size_t>(k)])) return {};
@@ -1459,10 +1737,8 @@ class rewriter {
     for (node_id e : reg[0].gathered) gather_bytes += bytes_of(g_.at(e));
     const int64_t scatter_bytes = bytes_of(n);
     const int kernels = static_cast<int>(reg[0].clone.size()) + 1;
-    auto coll = [&](op_kind op, int64_t bytes) {
-      return bytes <= 0 ? 0.0 : estimate_collective_seconds(op, choose_collective_algo(members, bytes, op), members, bytes);
-    };
-    const double t1 = coll(op_kind::all_gather, gather_bytes) + comp + coll(op_kind::reduce_scatter, scatter_bytes);
+    const double t1 = coll_seconds(members, op_kind::all_gather, gather_bytes) + comp + kernels * d0.kernel_latency +
+                      coll_seconds(members, op_kind::reduce_scatter, scatter_bytes);
     // Chunk sizes: the first and the last half as large as the others, since
     // only the first chunk's all-gather and the last one's reduce-scatter
     // have no compute beside them.
@@ -1472,17 +1748,7 @@ class rewriter {
       return w;
     };
     const auto time_of = [&](int c) {
-      const std::vector<double> w = weights_of(c);
-      const double sum = std::accumulate(w.begin(), w.end(), 0.0);
-      const auto part = [&](int i) { return w[static_cast<std::size_t>(i)] / sum; };
-      const auto ag = [&](int i) { return coll(op_kind::all_gather, static_cast<int64_t>(static_cast<double>(gather_bytes) * part(i))); };
-      const auto rs = [&](int i) { return coll(op_kind::reduce_scatter, static_cast<int64_t>(static_cast<double>(scatter_bytes) * part(i))); };
-      const auto step = [&](int i) { return comp * part(i) + kernels * d0.kernel_latency; };
-      op_cost cat;
-      cat.bytes = 2.0 * static_cast<double>(scatter_bytes / t_);
-      double t = ag(0) + step(c - 1) + rs(c - 1) + estimate_seconds(d0, cat, n.type);
-      for (int i = 0; i + 1 < c; ++i) t += std::max(step(i), ag(i + 1) + rs(i));
-      return t;
+      return chunked_seconds(members, comp, kernels, gather_bytes, scatter_bytes, weights_of(c), n.type);
     };
     int chunks = 1;
     double best = t1;
@@ -1539,63 +1805,23 @@ class rewriter {
     }
     const auto P = [&](int k, int c) { return piece[static_cast<std::size_t>(k)][static_cast<std::size_t>(c)]; };
     const auto O = [&](int k, int c) { return at_row[static_cast<std::size_t>(k)][static_cast<std::size_t>(c)]; };
-    // All-gathers of every chunk first: [chunk][tensor] -> parts per rank.
-    // The pieces they send are made first, all of them (a piece that is not
-    // a whole buffer is copied into one): one run of compute, not one
-    // between each two collectives.
-    // A piece whose rows were made in pieces already (the reduce-scatter of
-    // an earlier chunked region, then a residual add and a norm) is made
-    // from those (rows_piece): it need not wait for all of them, nor be
-    // copied out of their concat.
-    std::vector<std::map<node_id, std::vector<node_id>>> ag(static_cast<std::size_t>(chunks));
-    std::vector<std::vector<node_id>> again(static_cast<std::size_t>(t_));
-    for (int c = 0; c < chunks; ++c)
-      for (node_id e : reg[0].gathered)
-        for (int k = 0; k < t_; ++k) {
-          const node& en = g_.at(e);
-          const node_id local = native(e)[static_cast<std::size_t>(k)];
-          node_id piece = rows_piece(local, ax, O(k, c), O(k, c) + P(k, c), ".chunk" + std::to_string(c), s, k,
-                                     again[static_cast<std::size_t>(k)]);
-          if (piece == no_node) piece = slice_view(local, ax, O(k, c), O(k, c) + P(k, c), en.name, s, k, en.layer);
-          ag[static_cast<std::size_t>(c)][e].push_back(operand(piece, s, k, en.layer));
-        }
-    // The locals computed again in pieces are read from their pieces' concat
-    // from now on, so that the whole (which waits for every piece) is not
-    // computed ahead of the chunks on the compute lane.
-    for (int k = 0; k < t_; ++k)
-      for (node_id l : again[static_cast<std::size_t>(k)]) {
-        std::vector<node_id> parts;
-        for (int c = 0; c < chunks; ++c) {
-          const auto it = rows_pieces_.find(std::make_tuple(l, ax, O(k, c), O(k, c) + P(k, c)));
-          if (it == rows_pieces_.end()) break;
-          parts.push_back(it->second);
-        }
-        if (static_cast<int>(parts.size()) != chunks) continue;
-        const node_id whole = emit_concat(std::move(parts), ax, at(l).name + ".pieces", s, k, at(l).layer);
-        chunk_concats_.insert(whole);
-        redirect(l, whole);
-      }
-    for (int c = 0; c < chunks; ++c)
-      for (node_id e : reg[0].gathered) {
-        const node& en = g_.at(e);
-        shape gathered = en.dims;
-        gathered[ax] = 0;
-        for (int k = 0; k < t_; ++k) gathered[ax] += P(k, c);
-        auto& parts = ag[static_cast<std::size_t>(c)][e];
-        parts = collective(op_kind::all_gather, x, parts, gathered, en.name + ".chunk" + std::to_string(c),
-                           [&](node& v, int) {
-                             v.attrs.axis = ax;
-                             v.attrs.axis2 = ax;
-                           });
-      }
+    const auto lo = [&](int k, int c) { return O(k, c); };
+    const auto hi = [&](int k, int c) { return O(k, c) + P(k, c); };
+    const std::vector<std::map<node_id, std::vector<node_id>>> ag =
+        chunk_all_gathers(x, reg[0].gathered, chunks, ax, ax, lo, hi, [&](node_id e, int c) {
+          shape gathered = g_.at(e).dims;
+          gathered[ax] = 0;
+          for (int k = 0; k < t_; ++k) gathered[ax] += P(k, c);
+          return gathered;
+        });
     std::vector<std::vector<node_id>> reduced(static_cast<std::size_t>(t_));
     for (int c = 0; c < chunks; ++c) {
       const std::string tag = ".chunk" + std::to_string(c);
       std::vector<node_id> parts;
       for (int k = 0; k < t_; ++k) {
-        const region& rg = reg[static_cast<std::size_t>(k)];
+        const chunk_region& rg = reg[static_cast<std::size_t>(k)];
         std::unordered_map<node_id, node_id> now;  // local node -> its chunk-c version
-        for (node_id e : rg.gathered) now[ti(e).repl[static_cast<std::size_t>(k)]] = ag[static_cast<std::size_t>(c)][e][static_cast<std::size_t>(k)];
+        for (node_id e : rg.gathered) now[ti(e).repl[static_cast<std::size_t>(k)]] = ag[static_cast<std::size_t>(c)].at(e)[static_cast<std::size_t>(k)];
         for (node_id w : rg.whole) {
           // Chunk c's rows of every rank, in rank order, cut from all the rows.
           std::vector<node_id> cut;

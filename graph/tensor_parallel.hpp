@@ -84,6 +84,10 @@ struct tensor_parallel_info {
   std::vector<tp_collective> collectives;    ///< in creation order
   /// Row-parallel matmuls split into chunks for overlap: (name, chunks).
   std::vector<std::pair<std::string, int>> chunked;
+  /// The names in `chunked` whose chunks are parts of the batch (dim 0), each
+  /// with the whole region before it (plan_options::tp_batch_chunks), not
+  /// runs of rows.
+  std::vector<std::string> chunked_by_batch;
 };
 
 /// The rewritten graph and what was decided.

@@ -283,12 +283,16 @@ TEST(SequenceParallelRun, ChunksOfRowsOnSimEqualTheReference) {
   auto cfg = tiny(ag::models::model_variant::llama, 8, 2);
   cfg.seq_len = 16;
   auto g = build(cfg);
-  for (int degree : {2, 4}) {
-    const std::string what = "degree " + std::to_string(degree);
-    auto p = rt->compile(g, tp(degree)).value();  // sequence parallelism and overlap: the defaults
-    ASSERT_FALSE(p->tensor_parallel()->chunked.empty()) << what;
-    expect_jobs_equal_reference(*rt, p, *g, cfg, 80, 8, what);
-  }
+  for (int degree : {2, 4})
+    for (bool by_batch : {true, false}) {  // chunks of the batch (plan_options::tp_batch_chunks), of rows
+      const std::string what = "degree " + std::to_string(degree) + (by_batch ? " by batch" : " by rows");
+      auto o = tp(degree);  // sequence parallelism and overlap: the defaults
+      o.tp_batch_chunks = by_batch;
+      auto p = rt->compile(g, o).value();
+      ASSERT_FALSE(p->tensor_parallel()->chunked.empty()) << what;
+      EXPECT_EQ(p->tensor_parallel()->chunked_by_batch.empty(), !by_batch) << what;
+      expect_jobs_equal_reference(*rt, p, *g, cfg, 80, 8, what);
+    }
 }
 
 // The steps in the order the cost model's search picks
@@ -307,6 +311,7 @@ TEST(SequenceParallelRun, StepsOrderedByTheModelEqualTheReference) {
   auto g = build(cfg);
   for (int degree : {4}) {  // (at degree 2 the search finds nothing better here)
     auto o = tp(degree);
+    o.tp_batch_chunks = false;  // chunks of rows (the sample the search was measured on)
     o.order_steps_by_model = false;
     auto built = rt->compile(g, o).value();
     o.order_steps_by_model = true;

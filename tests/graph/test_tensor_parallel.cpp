@@ -9,8 +9,10 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdio>
+#include <functional>
 #include <map>
 #include <set>
 #include <string>
@@ -741,15 +743,36 @@ std::vector<device_spec> compute_bound_devices(int n) {
   return v;
 }
 
+// The first node that node `from` of g waits for (through its inputs, at
+// any depth; not itself) for which `is` holds; nullptr when none.
+const node* first_waited_for(const graph& g, node_id from, const std::function<bool(const node&)>& is) {
+  std::vector<node_id> stack(g.at(from).inputs.begin(), g.at(from).inputs.end());
+  std::set<node_id> seen;
+  while (!stack.empty()) {
+    const node_id id = stack.back();
+    stack.pop_back();
+    if (!seen.insert(id).second) continue;
+    const node& m = g.at(id);
+    if (is(m)) return &m;
+    stack.insert(stack.end(), m.inputs.begin(), m.inputs.end());
+  }
+  return nullptr;
+}
+
+// Layer 2's MLP down projection, attention output projection and the MLP's
+// norm, by the names each variant's builder gives them.
+std::array<std::string, 3> layer2_region_names(const transformer_config& cfg) {
+  if (cfg.variant == model_variant::gpt2) return {"l2.mlp.proj_mm", "l2.attn.proj_mm", "l2.ln_2"};
+  return {"l2.mlp.down", "l2.attn.o_proj", "l2.mlp_norm"};
+}
+
 // With overlap, the region between an all-gather and the reduce-scatter
 // that ends it runs in chunks of rows: every chunk's all-gather, then per
 // chunk the region's ops and its reduce-scatter; the whole all-gather that
 // the chunks replaced is gone from the plan.
 TEST(SequenceParallel, OverlapRunsTheMlpAndOutputProjectionInChunksOfRows) {
   for (auto cfg : {tiny(model_variant::llama, 8, 2), tiny(model_variant::gpt2, 4)}) {
-    const bool gpt2 = cfg.variant == model_variant::gpt2;
-    const std::string down = gpt2 ? "l2.mlp.proj_mm" : "l2.mlp.down", proj = gpt2 ? "l2.attn.proj_mm" : "l2.attn.o_proj";
-    const std::string norm = gpt2 ? "l2.ln_2" : "l2.mlp_norm";
+    const auto [down, proj, norm] = layer2_region_names(cfg);
     cfg.n_layers = 2;
     cfg.seq_len = 16;
     auto g = build(cfg);
@@ -759,9 +782,11 @@ TEST(SequenceParallel, OverlapRunsTheMlpAndOutputProjectionInChunksOfRows) {
       SCOPED_TRACE(std::string(models::to_string(cfg.variant)) + " degree " + std::to_string(degree));
       plan_options o = tp_options(degree);  // overlap on
       o.sequence_parallel = sequence_parallel_mode::automatic;
+      o.tp_batch_chunks = false;  // chunks of rows (of the batch: ChunksOfTheBatch... below)
       auto p = check_tp_on(g, compute_bound_devices(degree), o, in, 1e-4);
       ASSERT_TRUE(p);
       const auto& tp = *p->tensor_parallel();
+      EXPECT_TRUE(tp.chunked_by_batch.empty());
       std::map<std::string, int> chunks(tp.chunked.begin(), tp.chunked.end());
       ASSERT_GT(chunks[down], 1);
       ASSERT_GT(chunks[proj], 1);
@@ -828,17 +853,10 @@ TEST(SequenceParallel, ChunkedRegionsHandOverInPiecesAndTheOutputLeavesInPieces)
       for (node_id operand : n.inputs) EXPECT_EQ(rg.at(operand).op, op_kind::rms_norm) << n.name;
       if (n.name.rfind("l2.mlp_norm.chunk0", 0) != 0) continue;
       // What chunk 0's all-gather waits for: never the last reduce-scatter.
-      std::vector<node_id> stack(n.inputs.begin(), n.inputs.end());
-      std::set<node_id> seen;
-      while (!stack.empty()) {
-        const node_id id = stack.back();
-        stack.pop_back();
-        if (!seen.insert(id).second) continue;
-        const node& m = rg.at(id);
-        EXPECT_FALSE(m.op == op_kind::reduce_scatter && m.name.rfind(last_scatter, 0) == 0)
-            << n.name << " waits for " << m.name;
-        stack.insert(stack.end(), m.inputs.begin(), m.inputs.end());
-      }
+      const node* waited = first_waited_for(rg, n.id, [&](const node& m) {
+        return m.op == op_kind::reduce_scatter && m.name.rfind(last_scatter, 0) == 0;
+      });
+      EXPECT_EQ(waited, nullptr) << n.name << " waits for " << waited->name;
     }
     EXPECT_EQ(gathers, degree * chunks["l2.mlp.down"]);
     // The logits: per rank, the last chunk's piece and the others' together,
@@ -866,6 +884,79 @@ std::vector<std::string> comm_order(const plan& p, int device) {
       names.push_back(n.substr(0, n.rfind('@')));
     }
   return names;
+}
+
+// With a batch of 2 or more and the rows sharded along the sequence, a
+// region's chunks are parts of the batch (plan_options::tp_batch_chunks):
+// each chunk is the whole computation of its part back to the region's
+// all-gathers, attention included (projections, scores, softmax), so chunk
+// 0's reduce-scatter waits for nothing of chunk 1, and the MLP's chunk-0
+// all-gather waits for no chunk-1 reduce-scatter of the output projection.
+// The result is the reference's (GQA and GPT-2, degree 2 and 4); a batch of
+// 1, or the option off (the default), keeps chunks of rows.
+TEST(SequenceParallel, ChunksOfTheBatchRunTheWholeAttentionPerChunk) {
+  EXPECT_FALSE(plan_options{}.tp_batch_chunks);
+  for (auto base : {tiny(model_variant::llama, 8, 2), tiny(model_variant::gpt2, 4)}) {
+    const auto [down, proj, norm] = layer2_region_names(base);
+    base.n_layers = 2;
+    base.seq_len = 16;
+    for (int degree : {2, 4}) {
+      SCOPED_TRACE(std::string(models::to_string(base.variant)) + " degree " + std::to_string(degree));
+      auto cfg = base;
+      auto g = build(cfg);
+      ASSERT_TRUE(g);
+      plan_options o = tp_options(degree);  // overlap on
+      o.sequence_parallel = sequence_parallel_mode::automatic;
+      o.tp_batch_chunks = true;
+      auto p = check_tp_on(g, compute_bound_devices(degree), o, models::transformer_inputs(cfg, 23), 1e-4);
+      ASSERT_TRUE(p);
+      const auto& tp = *p->tensor_parallel();
+      std::map<std::string, int> chunks(tp.chunked.begin(), tp.chunked.end());
+      const std::set<std::string> by_batch(tp.chunked_by_batch.begin(), tp.chunked_by_batch.end());
+      EXPECT_EQ(chunks[proj], 2);
+      EXPECT_EQ(chunks[down], 2);
+      EXPECT_TRUE(by_batch.count(proj) && by_batch.count(down));
+      EXPECT_NE(p->describe().find(proj + " x2 by batch"), std::string::npos) << p->describe();
+      const graph& rg = p->source();
+      // Each chunk's attention scores exist and hold one batch index.
+      for (int c = 0; c < 2; ++c) {
+        const node_id qk = rg.find("l2.attn.qk@0.chunk" + std::to_string(c));
+        ASSERT_NE(qk, no_node) << "chunk " << c;
+        EXPECT_EQ(rg.at(qk).dims[0], 1);
+      }
+      const auto waits_for = [&](node_id from, const std::string& part) {
+        return first_waited_for(rg, from, [&](const node& m) { return m.name.find(part) != std::string::npos; }) !=
+               nullptr;
+      };
+      const node_id rs0 = rg.find(proj + ".chunk0.reduce_scatter@0");
+      const node_id ag0 = rg.find(norm + ".chunk0.all_gather@0");
+      ASSERT_NE(rs0, no_node);
+      ASSERT_NE(ag0, no_node);
+      EXPECT_FALSE(waits_for(rs0, ".chunk1")) << "chunk 0's reduce-scatter waits for chunk 1";
+      EXPECT_FALSE(waits_for(ag0, proj + ".chunk1")) << "the MLP's first all-gather waits for the last reduce-scatter";
+      // Per layer: a reduce-scatter per chunk and region, an all-gather per
+      // chunk and region (the attention's input too).
+      auto per = collectives_per_layer(*p);
+      EXPECT_EQ(per[2][op_kind::reduce_scatter], 4);
+      EXPECT_EQ(per[2][op_kind::all_gather], 4);
+      EXPECT_EQ(per[2][op_kind::all_reduce], 0);
+
+      // The option off, or a batch of 1: chunks of rows.
+      plan_options rows = o;
+      rows.tp_batch_chunks = false;
+      auto pr = check_tp_on(g, compute_bound_devices(degree), rows, models::transformer_inputs(cfg, 23), 1e-4);
+      ASSERT_TRUE(pr);
+      EXPECT_TRUE(pr->tensor_parallel()->chunked_by_batch.empty());
+      EXPECT_FALSE(pr->tensor_parallel()->chunked.empty());
+      cfg.batch = 1;
+      auto g1 = build(cfg);
+      ASSERT_TRUE(g1);
+      auto p1 = check_tp_on(g1, compute_bound_devices(degree), o, models::transformer_inputs(cfg, 23), 1e-4);
+      ASSERT_TRUE(p1);
+      EXPECT_TRUE(p1->tensor_parallel()->chunked_by_batch.empty());
+      EXPECT_FALSE(p1->tensor_parallel()->chunked.empty());
+    }
+  }
 }
 
 // plan_options::order_steps_by_model on the large layer of the tensor-parallel
@@ -900,6 +991,7 @@ TEST(SequenceParallel, StepsOrderedByTheModelStartTheMlpSooner) {
   }
   plan_options o = tp_options(4);
   o.sequence_parallel = sequence_parallel_mode::automatic;
+  o.tp_batch_chunks = false;  // chunks of rows: o_proj's region ends just before the MLP's
   o.order_steps_by_model = false;
   auto built = test_util::must_compile(g, devs, o);
   o.order_steps_by_model = true;
