@@ -274,6 +274,8 @@ bool elide_concats = true;
 bool order_steps = true;
 /// --batch-chunks: plan_options::tp_batch_chunks of every plan the bench compiles.
 bool batch_chunks = false;
+/// --hand-over-lane: plan_options::hand_over_lane of every plan the bench compiles.
+bool hand_over_lane = true;
 
 std::unique_ptr<ag::runtime> runtime_of(const layer_run& c, bool trace, int arenas) {
   ag::runtime_options ro;
@@ -324,6 +326,7 @@ run_result time_layer(const layer_run& c, const std::shared_ptr<const ag::graph>
   po.elide_concats = elide_concats;
   po.order_steps_by_model = order_steps;
   po.tp_batch_chunks = batch_chunks;
+  po.hand_over_lane = hand_over_lane;
   po.inline_small_copies = tiny_job_path;
   if (c.replay_off) po.graph_replay = ag::graph_replay_mode::off;
   auto p = rt->compile(g, po);
@@ -772,6 +775,7 @@ layout_time time_layout(layer_run c, int stages, int tp, const std::shared_ptr<c
   po.elide_concats = elide_concats;
   po.order_steps_by_model = order_steps;
   po.tp_batch_chunks = batch_chunks;
+  po.hand_over_lane = hand_over_lane;
   po.inline_small_copies = tiny_job_path;
   // A job holds an arena on each of its devices from its start to its end,
   // so a 4-stage pipeline keeps its stages busy only with at least 4 jobs
@@ -974,6 +978,11 @@ int main(int argc, char** argv) {
                  "plan_options::tp_batch_chunks of every plan: a sequence-parallel region's chunks are parts of the "
                  "batch, attention included, where the batch allows (on), or always runs of rows (off, the default)")
       ->check(CLI::IsMember({"on", "off"}));
+  std::string hand_over = "on";
+  app.add_option("--hand-over-lane", hand_over,
+                 "plan_options::hand_over_lane of every plan: the ops that hand a chunk's rows to a later all-gather "
+                 "or output piece run on compute lane 1 (on), or on lane 0 (off)")
+      ->check(CLI::IsMember({"on", "off"}));
   std::string copy_engine = "off";
   app.add_option("--copy-engine", copy_engine,
                  "cuda: backend_options::cuda_copy_engine_collectives, large reduce-scatters and all-gathers moved "
@@ -1032,6 +1041,7 @@ int main(int argc, char** argv) {
   elide_concats = elide == "on";
   order_steps = order == "on";
   batch_chunks = batch == "on";
+  hand_over_lane = hand_over == "on";
   cuda_copy_engine = copy_engine == "on";
 
   std::vector<figure> figs;

@@ -251,6 +251,13 @@ struct plan_options {
   /// won, and the first MLP all-gather still queues behind the last
   /// reduce-scatter; an option for links slower against compute.
   bool tp_batch_chunks = false;
+  /// With chunks under sequence parallelism: the ops that hand rows over
+  /// from one chunk's reduce-scatter to a later all-gather or output piece
+  /// (a residual add and a norm of those rows; tensor_parallel_info::
+  /// hand_over) run on compute lane 1 where the devices have a second lane
+  /// and lanes_per_device allows it, so that they run beside the chunk lane
+  /// 0 computes instead of after it. Off: on lane 0.
+  bool hand_over_lane = true;
   /// Sequence parallelism (Megatron's; see sequence_parallel_mode): where a
   /// partial result (a row-parallel matmul's) meets row-wise work (a residual
   /// add, a norm), it is reduce-scattered by rows instead of all-reduced; the

@@ -44,6 +44,7 @@ struct builder_state {
   std::vector<int> lane;   // compute nodes only
   int lane_cap;            // lanes per device at most (before the device's max_lanes)
   bool lanes_by_model;     // auto lanes: spread only where the cost model predicts a gain
+  std::vector<node_id> hand_over;  // tensor_parallel_info::hand_over, with plan_options::hand_over_lane
 
   builder_state(const graph& gr, const std::vector<device_spec>& d, const plan_options& o, int auto_lane_cap)
       : g(gr), devices(d), opt(o),
@@ -315,6 +316,14 @@ void assign_lanes(builder_state& s) {
   bool any = false;
   for (const device_spec& d : s.devices) any = any || (std::min(s.lane_cap, d.max_lanes) > 1);
   if (!any) return;
+  // Hand-over ops of tensor-parallel chunks (tensor_parallel_info::hand_over)
+  // take lane 1 of a device that has one: the next chunk's all-gather
+  // operand is made beside the chunk that lane 0 computes, not after it.
+  for (node_id id : s.hand_over) {
+    const int dev = s.place[static_cast<std::size_t>(id)];
+    if (dev >= 0 && std::min(s.lane_cap, s.devices[static_cast<std::size_t>(dev)].max_lanes) > 1)
+      s.lane[static_cast<std::size_t>(id)] = 1;
+  }
 
   const std::size_t n = g.size();
   std::vector<std::size_t> col_of(n);
@@ -936,6 +945,7 @@ expected<std::shared_ptr<const plan>> planner::compile(std::shared_ptr<const gra
       return error(errc::internal, "compile: node ids are not indices");
 
   builder_state s(g, devices, options, auto_lane_cap);
+  if (tp && options.hand_over_lane) s.hand_over = tp->hand_over;
   prune(s);
   if (auto e = place_compute(s)) return e;
   place_leaves_and_views(s);

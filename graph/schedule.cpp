@@ -1,15 +1,19 @@
-// Step order by the cost model: a list-scheduling simulation of one job over
-// the plan's queues, and a search over the order of the collectives on the
+// Step order by the cost model: a simulation of one job over the plan's
+// queues, and a search over the order of the collectives on the
 // communication queues (planner::order_steps, plan::modelled_seconds).
 //
 // Why: the step builder numbers steps close to the graph's order, and each
 // queue runs its steps in that order. Across two chunked tensor-parallel
 // regions that is not what keeps the compute lanes busy: the next region's
 // first all-gather queues behind the previous region's last reduce-scatter,
-// and its first chunk of compute waits for both. The simulation lets each
-// compute lane take the lowest-numbered step whose inputs are ready (not the
-// next in line), and the search swaps neighbouring collectives on the
-// communication queues while the modelled span of the job shrinks.
+// and its first chunk of compute waits for both. The search's simulation
+// lets each compute lane take the lowest-numbered step whose inputs are
+// ready (not the next in line) while each communication queue runs its
+// collectives in the order searched, waiting for the next one as the
+// runtime's queue does; the search swaps neighbouring collectives on the
+// communication queues while the modelled span of the job shrinks (a swap
+// may make a queue wait for an all-gather whose operand is made 20 us
+// later, so that a reduce-scatter that no one needs yet runs after it).
 
 #include <algorithm>
 #include <map>
@@ -35,6 +39,7 @@ struct sim_model {
   std::vector<int> indeg;                   // [unit] -> units it waits for
   std::vector<double> seconds;              // [unit]
   std::vector<char> on_comm;                // [unit] -> a collective on communication queues
+  std::vector<char> comm_queue;             // [queue] -> a communication queue
   int nqueues = 0;
 };
 
@@ -85,17 +90,31 @@ sim_model build_model(const std::vector<step>& steps) {
     m.indeg[u] = static_cast<int>(pred.size());
   }
   m.nqueues = static_cast<int>(queue_ids.size());
+  m.comm_queue.assign(queue_ids.size(), 0);
+  for (std::size_t u = 0; u < n; ++u)
+    if (m.on_comm[u])
+      for (int q : m.queues[u]) m.comm_queue[static_cast<std::size_t>(q)] = 1;
   return m;
 }
 
+/// How the simulation's queues pick their next unit.
+enum class queue_order {
+  /// Every queue runs its units in priority order, the next waiting for its
+  /// inputs: how the runtime runs a plan.
+  all,
+  /// Communication queues so; a compute or copy queue takes the ready unit
+  /// of lowest priority (list scheduling). The search's model: the order of
+  /// the collectives is what it chooses (a queue may wait for the one it
+  /// put first, as the runtime's does), the compute lanes' follows from it.
+  communication,
+};
+
 /// One job simulated: each unit starts when its inputs are ready and each of
-/// its queues is free. `in_order`: each queue runs its units in priority
-/// order, the next waiting for its inputs (how the runtime runs a plan);
-/// else a free queue takes the ready unit of lowest priority. Returns the
-/// span (seconds), each unit's start and the time its inputs were ready; a
+/// its queues is free, its queues picking as `order` says. Returns the span
+/// (seconds), each unit's start and the time its inputs were ready; a
 /// negative span when the units cannot all run (priorities that disagree
 /// across a collective's queues).
-double simulate(const sim_model& m, const std::vector<double>& priority, bool in_order, std::vector<double>& start,
+double simulate(const sim_model& m, const std::vector<double>& priority, queue_order order, std::vector<double>& start,
                 std::vector<double>& ready) {
   const std::size_t n = m.steps.size();
   const auto nq = static_cast<std::size_t>(m.nqueues);
@@ -105,19 +124,21 @@ double simulate(const sim_model& m, const std::vector<double>& priority, bool in
   std::vector<int> indeg = m.indeg;
   std::vector<char> available(n, 0);
   using by_priority = std::pair<double, int>;
-  // in_order: each queue's units by priority and a cursor; else a heap of
+  // A queue in order: its units by priority and a cursor; else a heap of
   // the available ones.
+  std::vector<char> in_order(nq, 1);
+  if (order == queue_order::communication)
+    for (std::size_t q = 0; q < nq; ++q) in_order[q] = m.comm_queue[q];
   std::vector<std::vector<int>> line(nq);
   std::vector<std::size_t> cursor(nq, 0);
   std::vector<std::priority_queue<by_priority, std::vector<by_priority>, std::greater<>>> heap(nq);
-  if (in_order) {
-    for (std::size_t u = 0; u < n; ++u)
-      for (int q : m.queues[u]) line[static_cast<std::size_t>(q)].push_back(static_cast<int>(u));
-    for (auto& l : line)
-      std::sort(l.begin(), l.end(), [&](int a, int b) {
-        return priority[static_cast<std::size_t>(a)] < priority[static_cast<std::size_t>(b)];
-      });
-  }
+  for (std::size_t u = 0; u < n; ++u)
+    for (int q : m.queues[u])
+      if (in_order[static_cast<std::size_t>(q)]) line[static_cast<std::size_t>(q)].push_back(static_cast<int>(u));
+  for (auto& l : line)
+    std::sort(l.begin(), l.end(), [&](int a, int b) {
+      return priority[static_cast<std::size_t>(a)] < priority[static_cast<std::size_t>(b)];
+    });
   // Events: (time, kind, id): kind 0 = unit id becomes available, 1 = queue
   // id checks for work. Availability first at equal times.
   using event = std::tuple<double, int, int>;
@@ -127,7 +148,7 @@ double simulate(const sim_model& m, const std::vector<double>& priority, bool in
   std::size_t started = 0;
   double span = 0;
   const auto next_of = [&](std::size_t q) -> int {
-    if (in_order) {
+    if (in_order[q]) {
       while (cursor[q] < line[q].size() && start[static_cast<std::size_t>(line[q][cursor[q]])] >= 0) ++cursor[q];
       if (cursor[q] == line[q].size()) return -1;
       const int u = line[q][cursor[q]];
@@ -143,7 +164,7 @@ double simulate(const sim_model& m, const std::vector<double>& priority, bool in
       const auto u = static_cast<std::size_t>(id);
       available[u] = 1;
       for (int q : m.queues[u]) {
-        if (!in_order) heap[static_cast<std::size_t>(q)].emplace(priority[u], id);
+        if (!in_order[static_cast<std::size_t>(q)]) heap[static_cast<std::size_t>(q)].emplace(priority[u], id);
         events.emplace(std::max(t, free[static_cast<std::size_t>(q)]), 1, q);
       }
       continue;
@@ -187,7 +208,7 @@ double plan::modelled_seconds() const {
   if (steps_.empty()) return 0;
   const sim_model m = build_model(steps_);
   std::vector<double> start, ready;
-  return std::max(0.0, simulate(m, step_order_priority(m), /*in_order=*/true, start, ready));
+  return std::max(0.0, simulate(m, step_order_priority(m), queue_order::all, start, ready));
 }
 
 void planner::order_steps(plan& p) {
@@ -199,11 +220,11 @@ void planner::order_steps(plan& p) {
   if (comm_units < 2) return;
   const std::vector<double> given = step_order_priority(m);
   std::vector<double> start, ready;
-  const double before = simulate(m, given, /*in_order=*/true, start, ready);
+  const double before = simulate(m, given, queue_order::all, start, ready);
   if (before <= 0) return;
 
   std::vector<double> best_priority = given, best_start, best_ready;
-  double best = simulate(m, best_priority, /*in_order=*/false, best_start, best_ready);
+  double best = simulate(m, best_priority, queue_order::communication, best_start, best_ready);
   if (best < 0) return;
   // Hill climbing: swap two collectives that follow each other on a
   // communication queue (their priorities: every member queue sees the
@@ -227,11 +248,13 @@ void planner::order_steps(plan& p) {
         return std::make_pair(best_start[static_cast<std::size_t>(a)], best_priority[static_cast<std::size_t>(a)]) <
                std::make_pair(best_start[static_cast<std::size_t>(b)], best_priority[static_cast<std::size_t>(b)]);
       });
-      // Only a pair whose second was ready when the first started: the
-      // queue chose between them (else the swap cannot start it sooner).
-      for (std::size_t i = 0; i + 1 < s.size(); ++i)
-        if (best_ready[static_cast<std::size_t>(s[i + 1])] <= best_start[static_cast<std::size_t>(s[i])])
-          pairs.emplace_back(s[i], s[i + 1]);
+      // Only a pair whose second was ready before the first ended: the
+      // queue could have run it first (waiting for it, if it was not ready
+      // yet, while the first was), else the swap cannot start it sooner.
+      for (std::size_t i = 0; i + 1 < s.size(); ++i) {
+        const auto a = static_cast<std::size_t>(s[i]);
+        if (best_ready[static_cast<std::size_t>(s[i + 1])] < best_start[a] + m.seconds[a]) pairs.emplace_back(s[i], s[i + 1]);
+      }
     }
     std::sort(pairs.begin(), pairs.end());
     pairs.erase(std::unique(pairs.begin(), pairs.end()), pairs.end());
@@ -240,7 +263,7 @@ void planner::order_steps(plan& p) {
       std::vector<double> trial = best_priority;
       std::swap(trial[static_cast<std::size_t>(a)], trial[static_cast<std::size_t>(b)]);
       std::vector<double> trial_start, trial_ready;
-      const double t = simulate(m, trial, /*in_order=*/false, trial_start, trial_ready);
+      const double t = simulate(m, trial, queue_order::communication, trial_start, trial_ready);
       if (t > 0 && t < best * (1 - 1e-6)) {
         best = t;
         best_priority = std::move(trial);

@@ -583,6 +583,7 @@ class rewriter {
     info->collectives = std::move(collectives_);
     info->chunked = std::move(chunked_);
     info->chunked_by_batch = std::move(chunked_by_batch_);
+    info->hand_over = std::move(hand_over_);
     return tp_rewrite{rewritten_, std::move(info)};
   }
 
@@ -616,6 +617,7 @@ class rewriter {
   std::vector<tp_collective> collectives_;
   std::vector<std::pair<std::string, int>> chunked_;
   std::vector<std::string> chunked_by_batch_;
+  std::vector<node_id> hand_over_;
   /// A replicated local (tensor_info::repl) -> the tensor of g_ it holds.
   std::unordered_map<node_id, node_id> repl_owner_;
   /// rows_piece's results: (local, axis, begin, end) -> the piece.
@@ -1361,6 +1363,13 @@ class rewriter {
     }
   }
 
+  /// The compute nodes emitted from id `first` on hand rows over between
+  /// chunks (tensor_parallel_info::hand_over).
+  void mark_hand_over(node_id first) {
+    for (auto id = static_cast<std::size_t>(first); id < out_.size(); ++id)
+      if (!is_leaf_op(out_[id].op) && !is_view_op(out_[id].op)) hand_over_.push_back(static_cast<node_id>(id));
+  }
+
   /// A chunked region of one rank (chunked_reduce_scatter): the local nodes
   /// emitted again per chunk (ascending ids), the all-gathered tensors of g_
   /// they read (gathered per chunk instead), and the locals they read whole
@@ -1424,10 +1433,12 @@ class rewriter {
         for (int k = 0; k < t_; ++k) {
           const node& en = g_.at(e);
           const node_id local = native(e)[static_cast<std::size_t>(k)];
+          const auto first = static_cast<node_id>(out_.size());
           node_id piece = rows_piece(local, cax, lo(k, c), hi(k, c), ".chunk" + std::to_string(c), s, k,
                                      again[static_cast<std::size_t>(k)]);
           if (piece == no_node) piece = slice_view(local, cax, lo(k, c), hi(k, c), en.name, s, k, en.layer);
           ag[static_cast<std::size_t>(c)][e].push_back(operand(piece, s, k, en.layer));
+          mark_hand_over(first);
         }
     // The locals computed again in pieces are read from their pieces' concat
     // from now on, so that the whole (which waits for every piece) is not
@@ -2547,11 +2558,13 @@ class rewriter {
         std::vector<int64_t> bounds = opt_.output_pieces ? piece_bounds(local, st.axis) : std::vector<int64_t>{};
         if (bounds.size() > 3) bounds.erase(bounds.begin() + 1, bounds.end() - 2);
         std::vector<node_id> pieces, again;
+        const auto first = static_cast<node_id>(out_.size());
         for (std::size_t c = 0; c + 1 < bounds.size(); ++c) {
           const node_id p = rows_piece(local, st.axis, bounds[c], bounds[c + 1], ".piece" + std::to_string(c), s, k, again);
           if (p == no_node) break;
           pieces.push_back(p);
         }
+        mark_hand_over(first);
         if (pieces.size() + 1 != bounds.size() || pieces.empty()) pieces = {local};
         parts.insert(parts.end(), pieces.begin(), pieces.end());
       }

@@ -88,6 +88,13 @@ struct tensor_parallel_info {
   /// with the whole region before it (plan_options::tp_batch_chunks), not
   /// runs of rows.
   std::vector<std::string> chunked_by_batch;
+  /// Nodes of the rewritten graph that hand rows over between chunks: the
+  /// ops that make a chunk's all-gather operand, or a piece of an output,
+  /// from an earlier chunk's reduce-scatter (the residual add and norm of
+  /// those rows, a copy into a buffer). With plan_options::hand_over_lane
+  /// the planner runs them on compute lane 1, beside the chunk lane 0
+  /// computes. Ascending ids.
+  std::vector<node_id> hand_over;
 };
 
 /// The rewritten graph and what was decided.

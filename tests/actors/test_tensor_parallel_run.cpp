@@ -4,6 +4,7 @@
 // evaluate_reference of the user's graph.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <memory>
 #include <string>
@@ -291,6 +292,9 @@ TEST(SequenceParallelRun, ChunksOfRowsOnSimEqualTheReference) {
       auto p = rt->compile(g, o).value();
       ASSERT_FALSE(p->tensor_parallel()->chunked.empty()) << what;
       EXPECT_EQ(p->tensor_parallel()->chunked_by_batch.empty(), !by_batch) << what;
+      // The hand-over ops run on lane 1 (plan_options::hand_over_lane), beside the chunks.
+      EXPECT_TRUE(std::any_of(p->steps().begin(), p->steps().end(), [](const ag::step& st) { return st.lane == 1; }))
+          << what;
       expect_jobs_equal_reference(*rt, p, *g, cfg, 80, 8, what);
     }
 }

@@ -874,6 +874,55 @@ TEST(SequenceParallel, ChunkedRegionsHandOverInPiecesAndTheOutputLeavesInPieces)
   }
 }
 
+// plan_options::hand_over_lane: the ops that hand a chunk's rows over (the
+// MLP's norm of each output-projection chunk, the output's pieces) run on
+// compute lane 1, so the next chunk's all-gather operand is made beside the
+// chunk lane 0 computes; every other op stays on lane 0. Off, or one lane
+// per device: all on lane 0. Equal to the reference and hazard-free either way.
+TEST(SequenceParallel, HandOverOpsRunOnTheirOwnLane) {
+  auto cfg = tiny(model_variant::llama, 8, 2);
+  cfg.n_layers = 2;
+  cfg.seq_len = 16;
+  auto g = build(cfg);
+  ASSERT_TRUE(g);
+  const auto in = models::transformer_inputs(cfg, 29);
+  for (int degree : {2, 4}) {
+    SCOPED_TRACE("degree " + std::to_string(degree));
+    plan_options o = tp_options(degree);
+    o.sequence_parallel = sequence_parallel_mode::on;
+    EXPECT_TRUE(o.hand_over_lane);
+    auto p = check_tp_on(g, compute_bound_devices(degree), o, in, 1e-4);
+    ASSERT_TRUE(p);
+    const auto& tp = *p->tensor_parallel();
+    ASSERT_FALSE(tp.chunked.empty());
+    ASSERT_FALSE(tp.hand_over.empty());
+    const std::set<node_id> hand_over(tp.hand_over.begin(), tp.hand_over.end());
+    const graph& rg = p->source();
+    int on_lane1 = 0;
+    for (const step& st : p->steps()) {
+      if (st.kind != step_kind::compute) continue;
+      for (node_id id : st.ops) {
+        if (is_view_op(rg.at(id).op)) continue;
+        EXPECT_EQ(st.lane, hand_over.count(id) ? 1 : 0) << rg.at(id).name;
+        on_lane1 += st.lane == 1;
+      }
+    }
+    EXPECT_GT(on_lane1, 0);
+    // Chunk 1's MLP norm is a hand-over op (made from chunk 1's reduce-scatter).
+    const node_id norm1 = rg.find("l2.mlp_norm@0.chunk1");
+    ASSERT_NE(norm1, no_node);
+    EXPECT_TRUE(hand_over.count(norm1));
+    for (int variant = 0; variant < 2; ++variant) {
+      plan_options one = o;
+      if (variant == 0) one.hand_over_lane = false;
+      else one.lanes_per_device = 1;
+      auto q = check_tp_on(g, compute_bound_devices(degree), one, in, 1e-4);
+      ASSERT_TRUE(q);
+      for (const step& st : q->steps()) EXPECT_EQ(st.lane, 0) << "variant " << variant << " step " << st.id;
+    }
+  }
+}
+
 // The collectives of a device's communication queue in step order, by name
 // without the rank suffix ("@k").
 std::vector<std::string> comm_order(const plan& p, int device) {
