@@ -382,7 +382,9 @@ struct plan_options {
   bool elide_concats = true;
   /// Order the steps of a plan with collectives by the cost model: a
   /// simulation of one job lets each compute lane take the first step whose
-  /// inputs are ready, and a search swaps neighbouring collectives on the
+  /// inputs are ready and each communication queue run its collectives in
+  /// the order searched (waiting for the next, as the runtime's queue does),
+  /// and a search swaps neighbouring collectives on the
   /// communication queues while the modelled span shrinks (the next chunked
   /// region's first all-gather ahead of the last reduce-scatter of the one
   /// before, so its first chunk starts sooner). The order is kept only when

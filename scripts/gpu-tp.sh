@@ -141,6 +141,8 @@ else
     exit 1
   fi
   members="$(seq -s, 0 $((n - 1)))"
+  # Fewer GPUs than the machine has: every program sees only the first n.
+  if [ "$n" -lt "$gpus" ]; then export CUDA_VISIBLE_DEVICES="$members"; fi
   where="GPUs $members"
   bench_devices=(--devices cuda:all)
 fi
