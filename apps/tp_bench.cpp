@@ -273,7 +273,7 @@ bool elide_concats = true;
 /// compiles.
 bool order_steps = true;
 /// --batch-chunks: plan_options::tp_batch_chunks of every plan the bench compiles.
-bool batch_chunks = false;
+ag::batch_chunks_mode batch_chunks = ag::batch_chunks_mode::automatic;
 /// --hand-over-lane: plan_options::hand_over_lane of every plan the bench compiles.
 bool hand_over_lane = true;
 
@@ -973,11 +973,12 @@ int main(int argc, char** argv) {
                  "plan_options::order_steps_by_model of every plan: steps ordered by a simulation of one job and a "
                  "search over the collectives' order (on), or the step builder's order (off)")
       ->check(CLI::IsMember({"on", "off"}));
-  std::string batch = "off";
+  std::string batch = "auto";
   app.add_option("--batch-chunks", batch,
                  "plan_options::tp_batch_chunks of every plan: a sequence-parallel region's chunks are parts of the "
-                 "batch, attention included, where the batch allows (on), or always runs of rows (off, the default)")
-      ->check(CLI::IsMember({"on", "off"}));
+                 "batch, attention included (on), always runs of rows (off), or per stage where the hand-over of "
+                 "chunks of rows does not fit beside their last product (auto, the default)")
+      ->check(CLI::IsMember({"on", "off", "auto"}));
   std::string hand_over = "on";
   app.add_option("--hand-over-lane", hand_over,
                  "plan_options::hand_over_lane of every plan: the ops that hand a chunk's rows to a later all-gather "
@@ -1040,7 +1041,7 @@ int main(int argc, char** argv) {
   output_pieces = pieces == "on";
   elide_concats = elide == "on";
   order_steps = order == "on";
-  batch_chunks = batch == "on";
+  ag::parse_batch_chunks_mode(batch, batch_chunks);
   hand_over_lane = hand_over == "on";
   cuda_copy_engine = copy_engine == "on";
 

@@ -27,6 +27,23 @@ bool parse_sequence_parallel_mode(const std::string& text, sequence_parallel_mod
   return true;
 }
 
+const char* to_string(batch_chunks_mode m) noexcept {
+  switch (m) {
+    case batch_chunks_mode::off: return "off";
+    case batch_chunks_mode::on: return "on";
+    case batch_chunks_mode::automatic: return "auto";
+  }
+  return "?";
+}
+
+bool parse_batch_chunks_mode(const std::string& text, batch_chunks_mode& out) noexcept {
+  if (text == "off") out = batch_chunks_mode::off;
+  else if (text == "on") out = batch_chunks_mode::on;
+  else if (text == "auto") out = batch_chunks_mode::automatic;
+  else return false;
+  return true;
+}
+
 bool plan::runs_nothing(node_id id) const {
   const node& n = graph_->at(id);
   return is_view_op(n.op) || is_leaf_op(n.op) ||

@@ -213,6 +213,28 @@ const char* to_string(sequence_parallel_mode m) noexcept;
 /// Parses "off" / "on" / "auto"; false for anything else.
 bool parse_sequence_parallel_mode(const std::string& text, sequence_parallel_mode& out) noexcept;
 
+/// plan_options::tp_batch_chunks.
+enum class batch_chunks_mode : uint8_t {
+  /// Chunks of rows only.
+  off = 0,
+  /// Chunks of the batch wherever a region can be cut so and its own cost
+  /// model says chunks pay.
+  on = 1,
+  /// Per pipeline stage, decided at its first chunked region: chunks of the
+  /// batch where the hand-over does not fit beside chunks of rows (the
+  /// modelled chunk-0 reduce-scatter and the next region's first all-gather,
+  /// of half the rows each, take longer than the row-parallel product of
+  /// the last half), then in every region of that stage that can be cut so,
+  /// since the gain is the hand-over between regions, which a region's own
+  /// model does not see. On 4 H200s that is chunks of the batch, on 2 chunks
+  /// of rows, as measured (docs/BENCHMARKS.md, session 37).
+  automatic = 2,
+};
+/// "off", "on", "auto".
+const char* to_string(batch_chunks_mode m) noexcept;
+/// Parses "off" / "on" / "auto"; false for anything else.
+bool parse_batch_chunks_mode(const std::string& text, batch_chunks_mode& out) noexcept;
+
 struct plan_options {
   placement_policy policy = placement_policy::automatic;
   /// Pipeline stages to spread layers over; 0 = as many as the devices allow
@@ -239,18 +261,16 @@ struct plan_options {
   /// beside compute and its rows split), to measure a choice against it.
   int tp_overlap_chunks = 0;
   /// With tp_overlap under sequence parallelism, where the rows are sharded
-  /// along the sequence and the batch holds 2 or more: chunks are parts of
-  /// the batch (dim 0), and a chunk is the whole computation of its part
-  /// back to the region's all-gathers (attention's projections, scores and
-  /// softmax, not only o_proj), so one chunk's reduce-scatter and the next
-  /// region's all-gather of its rows run beside the next chunk's attention.
-  /// Used where the region can be cut so and the cost model says it pays;
-  /// else chunks of rows. Off (the default): always chunks of rows. On four
-  /// and two H200s the d-8192 layer ran 2% slower so (docs/BENCHMARKS.md,
-  /// session 37): half-batch attention kernels cost more than the overlap
-  /// won, and the first MLP all-gather still queues behind the last
-  /// reduce-scatter; an option for links slower against compute.
-  bool tp_batch_chunks = false;
+  /// along the sequence and the batch holds 2 or more: chunks may be parts
+  /// of the batch (dim 0), and then a chunk is the whole computation of its
+  /// part back to the region's all-gathers (attention's projections, scores
+  /// and softmax, not only o_proj), so one chunk's reduce-scatter and the
+  /// next region's all-gather of its rows run beside the next chunk's
+  /// attention. It costs half-batch attention kernels (slower per row) and
+  /// the output's pieces; with the hand-over lane it took the d-8192 layer
+  /// on 4 H200s from 3.57-3.60 to 3.41-3.45 ms, and on 2 from 6.14-6.17 to
+  /// 6.29-6.33 ms (docs/BENCHMARKS.md, session 37): see batch_chunks_mode.
+  batch_chunks_mode tp_batch_chunks = batch_chunks_mode::automatic;
   /// With chunks under sequence parallelism: the ops that hand rows over
   /// from one chunk's reduce-scatter to a later all-gather or output piece
   /// (a residual add and a norm of those rows; tensor_parallel_info::

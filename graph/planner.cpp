@@ -879,6 +879,10 @@ error validate(const plan_options& o) {
       o.sequence_parallel != sequence_parallel_mode::automatic)
     return bad("sequence_parallel " + std::to_string(static_cast<int>(o.sequence_parallel)) +
                " is not a sequence_parallel_mode (off = 0, on = 1, auto = 2)");
+  if (o.tp_batch_chunks != batch_chunks_mode::off && o.tp_batch_chunks != batch_chunks_mode::on &&
+      o.tp_batch_chunks != batch_chunks_mode::automatic)
+    return bad("tp_batch_chunks " + std::to_string(static_cast<int>(o.tp_batch_chunks)) +
+               " is not a batch_chunks_mode (off = 0, on = 1, auto = 2)");
   if (o.tp_overlap_chunks != 0 && o.tp_overlap_chunks != 2 && o.tp_overlap_chunks != 4)
     return bad("tp_overlap_chunks must be 0 (the cost model's choice), 2 or 4, got " +
                std::to_string(o.tp_overlap_chunks));

@@ -617,6 +617,8 @@ class rewriter {
   std::vector<tp_collective> collectives_;
   std::vector<std::pair<std::string, int>> chunked_;
   std::vector<std::string> chunked_by_batch_;
+  /// batch_chunks_mode::automatic: stage -> chunks of the batch there.
+  std::map<int, bool> batch_stage_;
   std::vector<node_id> hand_over_;
   /// A replicated local (tensor_info::repl) -> the tensor of g_ it holds.
   std::unordered_map<node_id, node_id> repl_owner_;
@@ -1577,8 +1579,33 @@ class rewriter {
     for (const device_spec* m : members) most_chunks = std::min(most_chunks, m->max_overlap_chunks);
     int chunks = 1;
     double best = t1;
+    if (opt_.tp_batch_chunks == batch_chunks_mode::automatic) {
+      // Decided once per stage, at its first chunked region (see
+      // batch_chunks_mode::automatic): the hand-over of chunks of rows is
+      // the first half's reduce-scatter and the next region's all-gather of
+      // the same rows, beside the product of the last half.
+      auto [it, fresh] = batch_stage_.try_emplace(s, false);
+      if (fresh) {
+        const shape& a = at(pa[0]).dims;
+        op_cost half;
+        half.flops = static_cast<double>(n.dims.numel()) * static_cast<double>(a[-1]);
+        half.bytes = static_cast<double>((a.numel() / 2 + at(pb[0]).dims.numel() + n.dims.numel() / 2) *
+                                         static_cast<int64_t>(dtype_size(n.type)));
+        const double hand_over = coll_seconds(members, op_kind::reduce_scatter, scatter_bytes / 2) +
+                                 coll_seconds(members, op_kind::all_gather, scatter_bytes / 2);
+        it->second = hand_over > estimate_seconds(d0, half, n.type) + d0.kernel_latency;
+      }
+      // Two chunks, or the count plan_options::tp_overlap_chunks forces
+      // (chunks of rows where the batch has too few).
+      const int c = opt_.tp_overlap_chunks != 0 ? opt_.tp_overlap_chunks : 2;
+      if (!it->second || c > batch || (opt_.tp_overlap_chunks == 0 && c > most_chunks) ||
+          !beside_compute(members, op_kind::reduce_scatter, scatter_bytes / c) ||
+          (gather_bytes > 0 && !beside_compute(members, op_kind::all_gather, gather_bytes / c)))
+        return {};
+      chunks = c;
+    }
     for (int c : {2, 4}) {
-      if (c > batch) break;
+      if (chunks > 1 || c > batch) break;
       const std::vector<double> w(static_cast<std::size_t>(c), 1.0);
       if (!beside_compute(members, op_kind::reduce_scatter, scatter_bytes / c) ||
           (gather_bytes > 0 && !beside_compute(members, op_kind::all_gather, gather_bytes / c)))
@@ -1687,7 +1714,7 @@ class rewriter {
       const tensor_info& te = ti(it->second);
       return te.st == want && rows_prefix(g_.at(it->second).dims) ? it->second : no_node;
     };
-    if (opt_.tp_batch_chunks)
+    if (opt_.tp_batch_chunks != batch_chunks_mode::off)
       if (std::vector<node_id> by_batch = batch_chunked_reduce_scatter(x, want, members); !by_batch.empty())
         return by_batch;
     // Per rank: the local nodes to emit per chunk (ascending ids), the

@@ -288,7 +288,7 @@ TEST(SequenceParallelRun, ChunksOfRowsOnSimEqualTheReference) {
     for (bool by_batch : {true, false}) {  // chunks of the batch (plan_options::tp_batch_chunks), of rows
       const std::string what = "degree " + std::to_string(degree) + (by_batch ? " by batch" : " by rows");
       auto o = tp(degree);  // sequence parallelism and overlap: the defaults
-      o.tp_batch_chunks = by_batch;
+      o.tp_batch_chunks = by_batch ? ag::batch_chunks_mode::on : ag::batch_chunks_mode::off;
       auto p = rt->compile(g, o).value();
       ASSERT_FALSE(p->tensor_parallel()->chunked.empty()) << what;
       EXPECT_EQ(p->tensor_parallel()->chunked_by_batch.empty(), !by_batch) << what;
@@ -315,7 +315,7 @@ TEST(SequenceParallelRun, StepsOrderedByTheModelEqualTheReference) {
   auto g = build(cfg);
   for (int degree : {4}) {  // (at degree 2 the search finds nothing better here)
     auto o = tp(degree);
-    o.tp_batch_chunks = false;  // chunks of rows (the sample the search was measured on)
+    o.tp_batch_chunks = ag::batch_chunks_mode::off;  // chunks of rows (the sample the search was measured on)
     o.order_steps_by_model = false;
     auto built = rt->compile(g, o).value();
     o.order_steps_by_model = true;

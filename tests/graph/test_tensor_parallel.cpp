@@ -782,7 +782,7 @@ TEST(SequenceParallel, OverlapRunsTheMlpAndOutputProjectionInChunksOfRows) {
       SCOPED_TRACE(std::string(models::to_string(cfg.variant)) + " degree " + std::to_string(degree));
       plan_options o = tp_options(degree);  // overlap on
       o.sequence_parallel = sequence_parallel_mode::automatic;
-      o.tp_batch_chunks = false;  // chunks of rows (of the batch: ChunksOfTheBatch... below)
+      o.tp_batch_chunks = batch_chunks_mode::off;  // chunks of rows (of the batch: ChunksOfTheBatch... below)
       auto p = check_tp_on(g, compute_bound_devices(degree), o, in, 1e-4);
       ASSERT_TRUE(p);
       const auto& tp = *p->tensor_parallel();
@@ -942,9 +942,9 @@ std::vector<std::string> comm_order(const plan& p, int device) {
 // 0's reduce-scatter waits for nothing of chunk 1, and the MLP's chunk-0
 // all-gather waits for no chunk-1 reduce-scatter of the output projection.
 // The result is the reference's (GQA and GPT-2, degree 2 and 4); a batch of
-// 1, or the option off (the default), keeps chunks of rows.
+// 1, or the option off, keeps chunks of rows.
 TEST(SequenceParallel, ChunksOfTheBatchRunTheWholeAttentionPerChunk) {
-  EXPECT_FALSE(plan_options{}.tp_batch_chunks);
+  EXPECT_EQ(plan_options{}.tp_batch_chunks, batch_chunks_mode::automatic);
   for (auto base : {tiny(model_variant::llama, 8, 2), tiny(model_variant::gpt2, 4)}) {
     const auto [down, proj, norm] = layer2_region_names(base);
     base.n_layers = 2;
@@ -956,7 +956,7 @@ TEST(SequenceParallel, ChunksOfTheBatchRunTheWholeAttentionPerChunk) {
       ASSERT_TRUE(g);
       plan_options o = tp_options(degree);  // overlap on
       o.sequence_parallel = sequence_parallel_mode::automatic;
-      o.tp_batch_chunks = true;
+      o.tp_batch_chunks = batch_chunks_mode::on;
       auto p = check_tp_on(g, compute_bound_devices(degree), o, models::transformer_inputs(cfg, 23), 1e-4);
       ASSERT_TRUE(p);
       const auto& tp = *p->tensor_parallel();
@@ -992,7 +992,7 @@ TEST(SequenceParallel, ChunksOfTheBatchRunTheWholeAttentionPerChunk) {
 
       // The option off, or a batch of 1: chunks of rows.
       plan_options rows = o;
-      rows.tp_batch_chunks = false;
+      rows.tp_batch_chunks = batch_chunks_mode::off;
       auto pr = check_tp_on(g, compute_bound_devices(degree), rows, models::transformer_inputs(cfg, 23), 1e-4);
       ASSERT_TRUE(pr);
       EXPECT_TRUE(pr->tensor_parallel()->chunked_by_batch.empty());
@@ -1008,17 +1008,12 @@ TEST(SequenceParallel, ChunksOfTheBatchRunTheWholeAttentionPerChunk) {
   }
 }
 
-// plan_options::order_steps_by_model on the large layer of the tensor-parallel
-// benchmark (d 8192, T 2048, B 2, bf16, H200-like sims, degree 4, shapes
-// only): the builder's order runs the output projection's last
-// reduce-scatter before the MLP's first all-gather, so the MLP's first chunk
-// waits for both; the searched order puts that all-gather first and models
-// the job faster. Every member sees the same order of collectives, the
-// hazard checker passes, and deps still come first.
-TEST(SequenceParallel, StepsOrderedByTheModelStartTheMlpSooner) {
+// The large layer of the tensor-parallel benchmark (LLaMA d 8192, T 2048,
+// B 2, bf16), `layers` of it, shapes only.
+transformer_config benchmark_layer(int layers) {
   transformer_config cfg;
   cfg.variant = model_variant::llama;
-  cfg.n_layers = 1;
+  cfg.n_layers = layers;
   cfg.d_model = 8192;
   cfg.n_heads = 64;
   cfg.d_ff = 4 * cfg.d_model;
@@ -1027,9 +1022,12 @@ TEST(SequenceParallel, StepsOrderedByTheModelStartTheMlpSooner) {
   cfg.batch = 2;
   cfg.dtype = dtype::bf16;
   cfg.weight_values = false;
-  auto g = build(cfg);
-  ASSERT_TRUE(g);
-  std::vector<device_spec> devs = sim_devices(4);
+  return cfg;
+}
+
+// n sim devices with an H200's peaks and NVLink.
+std::vector<device_spec> h200_like_sims(int n) {
+  std::vector<device_spec> devs = sim_devices(n);
   for (device_spec& d : devs) {
     d.flops_f32 = 67e12;
     d.flops_bf16 = 989e12;
@@ -1038,9 +1036,23 @@ TEST(SequenceParallel, StepsOrderedByTheModelStartTheMlpSooner) {
     d.link_bandwidth = 396e9;
     d.collective_latency = 4e-6;
   }
+  return devs;
+}
+
+// plan_options::order_steps_by_model on the large layer of the tensor-parallel
+// benchmark (d 8192, T 2048, B 2, bf16, H200-like sims, degree 4, shapes
+// only): the builder's order runs the output projection's last
+// reduce-scatter before the MLP's first all-gather, so the MLP's first chunk
+// waits for both; the searched order puts that all-gather first and models
+// the job faster. Every member sees the same order of collectives, the
+// hazard checker passes, and deps still come first.
+TEST(SequenceParallel, StepsOrderedByTheModelStartTheMlpSooner) {
+  auto g = build(benchmark_layer(1));
+  ASSERT_TRUE(g);
+  const std::vector<device_spec> devs = h200_like_sims(4);
   plan_options o = tp_options(4);
   o.sequence_parallel = sequence_parallel_mode::automatic;
-  o.tp_batch_chunks = false;  // chunks of rows: o_proj's region ends just before the MLP's
+  o.tp_batch_chunks = batch_chunks_mode::off;  // chunks of rows: o_proj's region ends just before the MLP's
   o.order_steps_by_model = false;
   auto built = test_util::must_compile(g, devs, o);
   o.order_steps_by_model = true;
@@ -1073,6 +1085,76 @@ TEST(SequenceParallel, StepsOrderedByTheModelStartTheMlpSooner) {
             std::find(was.begin(), was.end(), last_scatter) - was.begin())
       << "the builder's order no longer has the all-gather last: the sample shows nothing";
   for (int d = 1; d < 4; ++d) EXPECT_EQ(comm_order(*ordered, d), order) << "device " << d;
+}
+
+// batch_chunks_mode::automatic (the default) on the benchmark's d-8192 layer
+// (H200-like sims, shapes only): at degree 2 the first half's
+// reduce-scatter and the next all-gather of the same rows fit beside the
+// last half's output projection, so chunks stay rows; at degree 4 they do
+// not, and every region of the stage is chunked by batch, which models the
+// job faster than chunks of rows.
+TEST(SequenceParallel, AutomaticBatchChunksWhereTheHandOverDoesNotFitBesideRows) {
+  auto g = build(benchmark_layer(2));
+  ASSERT_TRUE(g);
+  for (int degree : {2, 4}) {
+    SCOPED_TRACE("degree " + std::to_string(degree));
+    const std::vector<device_spec> devs = h200_like_sims(degree);
+    plan_options o = tp_options(degree);
+    o.sequence_parallel = sequence_parallel_mode::automatic;
+    auto p = test_util::must_compile(g, devs, o);
+    ASSERT_TRUE(p);
+    const auto& tp = *p->tensor_parallel();
+    ASSERT_EQ(tp.chunked.size(), 4u);
+    const std::set<std::string> by_batch(tp.chunked_by_batch.begin(), tp.chunked_by_batch.end());
+    if (degree == 2) {
+      EXPECT_TRUE(by_batch.empty());
+      continue;
+    }
+    EXPECT_EQ(by_batch, (std::set<std::string>{"l1.attn.o_proj", "l1.mlp.down", "l2.attn.o_proj", "l2.mlp.down"}));
+    plan_options rows = o;
+    rows.tp_batch_chunks = batch_chunks_mode::off;
+    auto pr = test_util::must_compile(g, devs, rows);
+    ASSERT_TRUE(pr);
+    std::printf("modelled span at degree 4: chunks of rows %.1f us, of the batch %.1f us\n",
+                pr->modelled_seconds() * 1e6, p->modelled_seconds() * 1e6);
+    EXPECT_LT(p->modelled_seconds(), pr->modelled_seconds());
+    EXPECT_TRUE(check_hazards(*p).ok());
+  }
+  // The same decisions on specs like those the CUDA backend makes for H200s
+  // with copy-engine collectives (gpu/cuda/enumerate.cpp: links 270 GB/s,
+  // 0.76 / 0.86 of peak compute / memory, collectives that do not overlap
+  // compute, 2 chunks at most): by rows at degree 2, by batch at degree 4,
+  // the choice that measured faster on 2 and 4 H200s (BENCHMARKS session 37).
+  for (int degree : {2, 4}) {
+    SCOPED_TRACE("CUDA-like, degree " + std::to_string(degree));
+    std::vector<device_spec> devs = h200_like_sims(degree);
+    for (device_spec& d : devs) {
+      d.flops_bf16 = 1070e12;
+      d.compute_efficiency = 0.76;
+      d.memory_efficiency = 0.86;
+      d.link_bandwidth = 270e9;
+      d.collectives_overlap_compute = false;
+      d.copy_engine_collectives = true;
+      d.max_overlap_chunks = 2;
+      d.gemm_row_tile = 128;
+    }
+    plan_options o = tp_options(degree);
+    o.sequence_parallel = sequence_parallel_mode::automatic;
+    auto p = test_util::must_compile(g, devs, o);
+    ASSERT_TRUE(p);
+    EXPECT_FALSE(p->tensor_parallel()->chunked.empty());
+    EXPECT_EQ(p->tensor_parallel()->chunked_by_batch.size(), degree == 4 ? 4u : 0u);
+  }
+  EXPECT_STREQ(to_string(batch_chunks_mode::automatic), "auto");
+  batch_chunks_mode m = batch_chunks_mode::off;
+  EXPECT_TRUE(parse_batch_chunks_mode("on", m));
+  EXPECT_EQ(m, batch_chunks_mode::on);
+  EXPECT_FALSE(parse_batch_chunks_mode("yes", m));
+  plan_options bad = tp_options(2);
+  bad.tp_batch_chunks = static_cast<batch_chunks_mode>(9);
+  const error e = validate(bad);
+  ASSERT_FALSE(e.ok());
+  EXPECT_NE(e.to_string().find("tp_batch_chunks 9"), std::string::npos) << e.to_string();
 }
 
 // Chunks of rows under uneven shares: each rank's rows split into its own
