@@ -1309,7 +1309,8 @@ class rewriter {
   /// memoised.
   node_id rows_piece(node_id id, int ax, int64_t b, int64_t e, const std::string& tag, int s, int k,
                      std::vector<node_id>& again) {
-    const node& m = at(id);
+    // A copy: the pieces made below grow out_, which moves its nodes.
+    const node m = at(id);
     if (m.dims.rank() <= ax + 1 || (b == 0 && e == m.dims[ax])) return no_node;
     const auto key = std::make_tuple(id, ax, b, e);
     if (const auto it = rows_pieces_.find(key); it != rows_pieces_.end()) return it->second;
