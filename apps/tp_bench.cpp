@@ -277,6 +277,23 @@ ag::batch_chunks_mode batch_chunks = ag::batch_chunks_mode::automatic;
 /// --hand-over-lane: plan_options::hand_over_lane of every plan the bench compiles.
 bool hand_over_lane = true;
 
+/// The plan options the command-line flags above set (every plan the bench
+/// compiles starts from these).
+ag::plan_options flag_plan_options() {
+  ag::plan_options po;
+  po.in_stream_collectives = in_stream_collectives;
+  po.fuse_ops = po.fuse_projections = fusion;
+  po.sequence_parallel = sequence_parallel;
+  po.output_pieces = output_pieces;
+  po.tp_overlap_chunks = overlap_chunks;
+  po.elide_concats = elide_concats;
+  po.order_steps_by_model = order_steps;
+  po.tp_batch_chunks = batch_chunks;
+  po.hand_over_lane = hand_over_lane;
+  po.inline_small_copies = tiny_job_path;
+  return po;
+}
+
 std::unique_ptr<ag::runtime> runtime_of(const layer_run& c, bool trace, int arenas) {
   ag::runtime_options ro;
   ro.backend.cuda_gemv = cuda_gemv;
@@ -315,19 +332,9 @@ run_result time_layer(const layer_run& c, const std::shared_ptr<const ag::graph>
   const bool trace = !c.trace_out.empty() || c.busy || c.spans;
   const std::string spec = devices_of(c);
   auto rt = runtime_of(c, trace, 2);
-  ag::plan_options po;
+  ag::plan_options po = flag_plan_options();
   if (c.n > 1) po.tensor_parallel = c.n;
   po.tp_overlap = c.overlap;
-  po.in_stream_collectives = in_stream_collectives;
-  po.fuse_ops = po.fuse_projections = fusion;
-  po.sequence_parallel = sequence_parallel;
-  po.output_pieces = output_pieces;
-  po.tp_overlap_chunks = overlap_chunks;
-  po.elide_concats = elide_concats;
-  po.order_steps_by_model = order_steps;
-  po.tp_batch_chunks = batch_chunks;
-  po.hand_over_lane = hand_over_lane;
-  po.inline_small_copies = tiny_job_path;
   if (c.replay_off) po.graph_replay = ag::graph_replay_mode::off;
   auto p = rt->compile(g, po);
   if (!p) die("compile at degree " + std::to_string(c.n) + " on " + spec, p.err());
@@ -764,19 +771,9 @@ layout_time time_layout(layer_run c, int stages, int tp, const std::shared_ptr<c
                         const std::string& trace_out) {
   c.n = stages * tp;
   const std::string what = std::to_string(stages) + " x " + std::to_string(tp) + " layout on " + devices_of(c);
-  ag::plan_options po;
+  ag::plan_options po = flag_plan_options();
   po.pipeline_stages = stages;
   po.tensor_parallel = tp;
-  po.in_stream_collectives = in_stream_collectives;
-  po.fuse_ops = po.fuse_projections = fusion;
-  po.sequence_parallel = sequence_parallel;
-  po.output_pieces = output_pieces;
-  po.tp_overlap_chunks = overlap_chunks;
-  po.elide_concats = elide_concats;
-  po.order_steps_by_model = order_steps;
-  po.tp_batch_chunks = batch_chunks;
-  po.hand_over_lane = hand_over_lane;
-  po.inline_small_copies = tiny_job_path;
   // A job holds an arena on each of its devices from its start to its end,
   // so a 4-stage pipeline keeps its stages busy only with at least 4 jobs
   // holding memory; 16 (every micro-batch of the default round) fill each

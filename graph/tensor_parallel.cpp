@@ -1383,6 +1383,65 @@ class rewriter {
     std::set<node_id> whole;
   };
 
+  /// Device time on `d` of rank 0's part of pending row-parallel matmul x
+  /// (rows x K_local x N), for `share` of its rows.
+  double row_parallel_seconds(node_id x, const device_spec& d, double share) {
+    const node& n = g_.at(x);
+    const shape& a = at(ti(x).pa[0]).dims;
+    op_cost c;
+    c.flops = 2.0 * share * static_cast<double>(n.dims.numel()) * static_cast<double>(a[-1]);
+    c.bytes = (share * static_cast<double>(a.numel() + n.dims.numel()) + static_cast<double>(at(ti(x).pb[0]).dims.numel())) *
+              static_cast<double>(dtype_size(n.type));
+    return estimate_seconds(d, c, n.type);
+  }
+
+  /// Rank k's part of one chunk of region `rg` for pending row-parallel
+  /// matmul x: the region's ops emitted again (named with `tag`) on the
+  /// chunk's operands (the chunk's parts of the all-gathered tensors in
+  /// `gathered`, the whole locals cut by `cut`), then x's product of them.
+  /// `batch` > 0 (chunks of the batch): a reshape's dim 0 is that count.
+  node_id chunk_part(node_id x, const chunk_region& rg, int k, const std::string& tag,
+                     const std::map<node_id, std::vector<node_id>>& gathered, const std::function<node_id(node_id)>& cut,
+                     int64_t batch) {
+    const node& n = g_.at(x);
+    const int s = stage(x);
+    std::unordered_map<node_id, node_id> now;  // local node -> its chunk's version
+    for (node_id e : rg.gathered) now[ti(e).repl[static_cast<std::size_t>(k)]] = gathered.at(e)[static_cast<std::size_t>(k)];
+    for (node_id w : rg.whole) now[w] = cut(w);
+    const auto mapped = [&](node_id in) {
+      const auto it = now.find(in);
+      return it == now.end() ? in : it->second;
+    };
+    for (node_id id : rg.clone) {
+      const node& o = at(id);
+      node m = tagged_copy(o, tag);
+      for (node_id in : o.inputs) m.inputs.push_back(mapped(in));
+      if (o.op == op_kind::reshape && batch > 0) {
+        m.dims = o.dims;
+        m.dims[0] = batch;
+      }
+      const bool view = o.is_view();  // (o moves as nodes are emitted)
+      now[id] = view ? emit(std::move(m)) : emit_compute(std::move(m), s, k);
+    }
+    return emit_row_parallel_part(n, mapped(ti(x).pa[static_cast<std::size_t>(k)]), ti(x).pb[static_cast<std::size_t>(k)],
+                                  n.name + tag, s, k);
+  }
+
+  /// Each rank's chunk outputs `reduced` concatenated along `axis` (marked
+  /// for piece_bounds / rows_piece), x recorded as chunked: a chunked
+  /// reduce-scatter's result.
+  std::vector<node_id> join_chunks(node_id x, const std::vector<std::vector<node_id>>& reduced, int axis) {
+    const node& n = g_.at(x);
+    const int s = stage(x);
+    std::vector<node_id> result;
+    for (int k = 0; k < t_; ++k) {
+      result.push_back(emit_concat(reduced[static_cast<std::size_t>(k)], axis, local_name(n.name + ".chunks", s, k), s, k, n.layer));
+      chunk_concats_.insert(result.back());
+    }
+    chunked_.emplace_back(n.name, static_cast<int>(reduced[0].size()));
+    return result;
+  }
+
   /// Modelled seconds of collective `op` of `bytes` over `members` (0 for none).
   static double coll_seconds(const std::vector<const device_spec*>& members, op_kind op, int64_t bytes) {
     return bytes <= 0 ? 0.0 : estimate_collective_seconds(op, choose_collective_algo(members, bytes, op), members, bytes);
@@ -1563,14 +1622,7 @@ class rewriter {
         comp += local_seconds(d0, id);
         ++kernels;
       }
-    {
-      const shape& a = at(pa[0]).dims;
-      op_cost c;
-      c.flops = 2.0 * static_cast<double>(n.dims.numel()) * static_cast<double>(a[-1]);
-      c.bytes = static_cast<double>((a.numel() + at(pb[0]).dims.numel() + n.dims.numel()) *
-                                    static_cast<int64_t>(dtype_size(n.type)));
-      comp += estimate_seconds(d0, c, n.type);
-    }
+    comp += row_parallel_seconds(x, d0, 1.0);
     int64_t gather_bytes = 0;
     for (node_id e : reg[0].gathered) gather_bytes += bytes_of(g_.at(e));
     const int64_t scatter_bytes = bytes_of(n);
@@ -1587,14 +1639,9 @@ class rewriter {
       // the same rows, beside the product of the last half.
       auto [it, fresh] = batch_stage_.try_emplace(s, false);
       if (fresh) {
-        const shape& a = at(pa[0]).dims;
-        op_cost half;
-        half.flops = static_cast<double>(n.dims.numel()) * static_cast<double>(a[-1]);
-        half.bytes = static_cast<double>((a.numel() / 2 + at(pb[0]).dims.numel() + n.dims.numel() / 2) *
-                                         static_cast<int64_t>(dtype_size(n.type)));
         const double hand_over = coll_seconds(members, op_kind::reduce_scatter, scatter_bytes / 2) +
                                  coll_seconds(members, op_kind::all_gather, scatter_bytes / 2);
-        it->second = hand_over > estimate_seconds(d0, half, n.type) + d0.kernel_latency;
+        it->second = hand_over > row_parallel_seconds(x, d0, 0.5) + d0.kernel_latency;
       }
       // Two chunks, or the count plan_options::tp_overlap_chunks forces
       // (chunks of rows where the batch has too few).
@@ -1639,28 +1686,10 @@ class rewriter {
       const std::string tag = ".chunk" + std::to_string(c);
       const int64_t b = lo(0, c), e = hi(0, c);
       std::vector<node_id> parts;
-      for (int k = 0; k < t_; ++k) {
-        const chunk_region& rg = reg[static_cast<std::size_t>(k)];
-        std::unordered_map<node_id, node_id> now;  // local node -> its chunk-c version
-        for (node_id g : rg.gathered)
-          now[ti(g).repl[static_cast<std::size_t>(k)]] = ag[static_cast<std::size_t>(c)].at(g)[static_cast<std::size_t>(k)];
-        for (node_id w : rg.whole) now[w] = slice_view(w, 0, b, e, at(w).name + tag, s, k, n.layer);
-        for (node_id id : rg.clone) {
-          const node& o = at(id);
-          node m = tagged_copy(o, tag);
-          for (node_id in : o.inputs) {
-            const auto it = now.find(in);
-            m.inputs.push_back(it == now.end() ? in : it->second);
-          }
-          if (o.op == op_kind::reshape) {
-            m.dims = o.dims;
-            m.dims[0] = e - b;
-          }
-          now[id] = o.is_view() ? emit(std::move(m)) : emit_compute(std::move(m), s, k);
-        }
-        parts.push_back(emit_row_parallel_part(n, now.at(pa[static_cast<std::size_t>(k)]), pb[static_cast<std::size_t>(k)],
-                                               n.name + tag, s, k));
-      }
+      for (int k = 0; k < t_; ++k)
+        parts.push_back(chunk_part(x, reg[static_cast<std::size_t>(k)], k, tag, ag[static_cast<std::size_t>(c)],
+                                   [&](node_id w) { return slice_view(w, 0, b, e, at(w).name + tag, s, k, n.layer); },
+                                   e - b));
       const auto rs = collective(op_kind::reduce_scatter, x, parts, {}, n.name + tag, [&](node& v, int k) {
         v.attrs.axis = ax;
         v.attrs.begin = want.begin[static_cast<std::size_t>(k)];
@@ -1668,14 +1697,8 @@ class rewriter {
       });
       for (int k = 0; k < t_; ++k) reduced[static_cast<std::size_t>(k)].push_back(rs[static_cast<std::size_t>(k)]);
     }
-    std::vector<node_id> result;
-    for (int k = 0; k < t_; ++k) {
-      result.push_back(emit_concat(reduced[static_cast<std::size_t>(k)], 0, local_name(n.name + ".chunks", s, k), s, k, n.layer));
-      chunk_concats_.insert(result.back());
-    }
-    chunked_.emplace_back(n.name, chunks);
     chunked_by_batch_.push_back(n.name);
-    return result;
+    return join_chunks(x, reduced, 0);
   }
 
   /// Sequence parallelism with overlap (plan_options::sequence_parallel and
@@ -1758,20 +1781,12 @@ class rewriter {
       if (reg[0].gathered != rg.gathered || reg[0].clone.size() != rg.clone.size()) return {};
     }
     // Pieces: rank k's rows [want.begin[k], want.end[k]) in `chunks` runs.
-    const int64_t es = static_cast<int64_t>(dtype_size(n.type));
     int64_t fewest = INT64_MAX;
     for (int k = 0; k < t_; ++k) fewest = std::min(fewest, want.end[static_cast<std::size_t>(k)] - want.begin[static_cast<std::size_t>(k)]);
     const device_spec& d0 = *members[0];
     double comp = 0;
     for (node_id id : reg[0].clone) comp += local_seconds(d0, id);
-    {
-      // The row-parallel matmul on rank 0: rows x K_local x N.
-      const shape& a = at(pa[0]).dims;
-      op_cost c;
-      c.flops = 2.0 * static_cast<double>(n.dims.numel()) * static_cast<double>(a[-1]);
-      c.bytes = static_cast<double>((a.numel() + at(pb[0]).dims.numel() + n.dims.numel()) * es);
-      comp += estimate_seconds(d0, c, n.type);
-    }
+    comp += row_parallel_seconds(x, d0, 1.0);
     int64_t gather_bytes = 0;
     for (node_id e : reg[0].gathered) gather_bytes += bytes_of(g_.at(e));
     const int64_t scatter_bytes = bytes_of(n);
@@ -1857,32 +1872,18 @@ class rewriter {
     for (int c = 0; c < chunks; ++c) {
       const std::string tag = ".chunk" + std::to_string(c);
       std::vector<node_id> parts;
-      for (int k = 0; k < t_; ++k) {
-        const chunk_region& rg = reg[static_cast<std::size_t>(k)];
-        std::unordered_map<node_id, node_id> now;  // local node -> its chunk-c version
-        for (node_id e : rg.gathered) now[ti(e).repl[static_cast<std::size_t>(k)]] = ag[static_cast<std::size_t>(c)].at(e)[static_cast<std::size_t>(k)];
-        for (node_id w : rg.whole) {
-          // Chunk c's rows of every rank, in rank order, cut from all the rows.
-          std::vector<node_id> cut;
-          for (int j = 0; j < t_; ++j) {
-            const int64_t b = want.begin[static_cast<std::size_t>(j)] + O(j, c);
-            cut.push_back(slice_view(w, ax, b, b + P(j, c), at(w).name + tag, s, k, n.layer));
-          }
-          now[w] = emit_concat(std::move(cut), ax, at(w).name + tag, s, k, n.layer);
-        }
-        const auto mapped = [&](node_id in) {
-          auto it = now.find(in);
-          return it == now.end() ? in : it->second;
-        };
-        for (node_id id : rg.clone) {
-          const node& o = at(id);
-          node m = tagged_copy(o, tag);
-          for (node_id in : o.inputs) m.inputs.push_back(mapped(in));
-          now[id] = emit_compute(std::move(m), s, k);
-        }
-        parts.push_back(
-            emit_row_parallel_part(n, mapped(pa[static_cast<std::size_t>(k)]), pb[static_cast<std::size_t>(k)], n.name + tag, s, k));
-      }
+      for (int k = 0; k < t_; ++k)
+        parts.push_back(chunk_part(x, reg[static_cast<std::size_t>(k)], k, tag, ag[static_cast<std::size_t>(c)],
+                                   [&](node_id w) {
+                                     // Chunk c's rows of every rank, in rank order, cut from all the rows.
+                                     std::vector<node_id> cut;
+                                     for (int j = 0; j < t_; ++j) {
+                                       const int64_t b = want.begin[static_cast<std::size_t>(j)] + O(j, c);
+                                       cut.push_back(slice_view(w, ax, b, b + P(j, c), at(w).name + tag, s, k, n.layer));
+                                     }
+                                     return emit_concat(std::move(cut), ax, at(w).name + tag, s, k, n.layer);
+                                   },
+                                   0));
       const auto rs = collective(op_kind::reduce_scatter, x, parts, {}, n.name + tag, [&](node& v, int k) {
         int64_t b = 0;
         for (int j = 0; j < k; ++j) b += P(j, c);
@@ -1892,13 +1893,7 @@ class rewriter {
       });
       for (int k = 0; k < t_; ++k) reduced[static_cast<std::size_t>(k)].push_back(rs[static_cast<std::size_t>(k)]);
     }
-    std::vector<node_id> result;
-    for (int k = 0; k < t_; ++k) {
-      result.push_back(emit_concat(reduced[static_cast<std::size_t>(k)], ax, local_name(n.name + ".chunks", s, k), s, k, n.layer));
-      chunk_concats_.insert(result.back());
-    }
-    chunked_.emplace_back(n.name, chunks);
-    return result;
+    return join_chunks(x, reduced, ax);
   }
 
   // ---------------------------------------------------------------- rules --
