@@ -68,11 +68,14 @@ struct runtime_options {
   /// worker that spins picks up a message sent to it through the
   /// coordinator at once; a sleeping one waits for the kernel to wake it
   /// (tens of us). Spinning costs a core per idle worker while it lasts
-  /// (about a millisecond at 20000), so it is for machines with cores to
-  /// spare. -1 (the default): 20000 where the machine has at least 16
-  /// hardware threads, else CAF's default. On 4 H200s (64 cores) 20000 took
-  /// a LLaMA-7B-shaped decode step at tensor-parallel degree 4 from 7.72 to
-  /// 4.36 ms: its 64 all-reduces are each a hop to the other GPUs' actors.
+  /// (about 50 ns a poll), so it is for machines with cores to spare. -1
+  /// (the default): actors::default_spin_polls (400000, about 20 ms) where
+  /// the machine has at least 16 hardware threads, else CAF's default. On 4
+  /// H200s (64 cores) spinning took a LLaMA-7B-shaped decode step at
+  /// tensor-parallel degree 4 from 7.72 to 4.36 ms (its 64 all-reduces are
+  /// each a hop to the other GPUs' actors); 400000 rather than 20000 keeps
+  /// the workers awake between jobs of a few ms, so that a tensor-parallel
+  /// job's GPUs start 2-10 us apart instead of 29-37 (scheduler_options.hpp).
   /// The environment variable AG_SCHED_SPIN_POLLS, when set, overrides it.
   int scheduler_spin_polls = -1;
   bool trace = true;  ///< record a trace entry per step

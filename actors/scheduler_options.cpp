@@ -21,7 +21,7 @@ int env_int(const char* name, int fallback) {
 int spinning_polls(const runtime_options& o) {
   if (!o.tuned_scheduler) return 0;
   int spin = o.scheduler_spin_polls;
-  if (spin < 0) spin = std::thread::hardware_concurrency() >= 16 ? 20000 : 0;
+  if (spin < 0) spin = std::thread::hardware_concurrency() >= 16 ? default_spin_polls : 0;
   return env_int("AG_SCHED_SPIN_POLLS", spin);
 }
 

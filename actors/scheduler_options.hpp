@@ -16,6 +16,16 @@ namespace ag::actors {
 /// scheduler is untuned or does not spin (CAF's default applies).
 int spinning_polls(const runtime_options& o);
 
+/// Idle-worker spin polls of runtime_options::scheduler_spin_polls = -1 on
+/// a machine with 16 or more hardware threads: about 20 ms of spinning after
+/// a worker's last message. At 20000 (about 1 ms) the workers were asleep
+/// again when the next job of a 6 ms layer came, and the first GPU of a
+/// tensor-parallel job started 29-37 us before the second (their run_job
+/// waited for a condition variable's wake-up); at 400000, 2-10 us, and the
+/// LLaMA-7B-shaped decode step took 1.5-3% less on 1 GPU and at degree 2
+/// (docs/BENCHMARKS.md, session 38).
+inline constexpr int default_spin_polls = 400000;
+
 /// Spinning CAF workers per device when runtime_options::scheduler_threads
 /// is 0 (auto). A device keeps few actors busy at once (its compute actor,
 /// its copy engines, the jobs' actors), and each spinning worker costs a

@@ -45,6 +45,9 @@
 //   tpN_layer_device_ms, layer_device_ms_1gpu   those spans
 //   tpN_layer_speedup_wall, tpN_layer_ms, layer_ms_1gpu   the same by job
 //                            wall time (submit to future, the host's hops in)
+//   tpN_start_skew_us        median over jobs of how far apart the GPUs
+//                            began the job (the latest first step start
+//                            minus the earliest; trace)
 //   tpN_gpu_busy_fraction    least member's compute-lane busy share of the
 //                            last job's span (trace)
 //   tpN_sim_error            the sim's time for the N-way plan, from the
@@ -89,6 +92,8 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "actors/actorgraph.hpp"
@@ -174,6 +179,11 @@ struct run_result {
   /// events around its layer measure; without the host's submit and
   /// completion hops, which median_ms includes. 0 when the trace is off.
   double device_ms = 0;
+  /// With the trace on: medians over the timed jobs of how far apart the
+  /// devices started each job (first step's start on the GPUs, first
+  /// enqueue on the host), in us (trace_spans.hpp, job_start_skews).
+  double start_skew_us = 0;
+  double enqueue_skew_us = 0;
   int collectives = 0;  ///< collective parts per job
   /// With layer_run::busy: per device, the fraction of the last job's span
   /// (first step start to last step end, over all devices) in which one of
@@ -231,6 +241,22 @@ double median_device_span_ms(const ag::trace& t) {
   if (ms.empty()) return 0;
   std::sort(ms.begin(), ms.end());
   return ms[ms.size() / 2];
+}
+
+/// Medians over the jobs after the first (the warm-up) of job_start_skews:
+/// {start, enqueue} in us.
+std::pair<double, double> median_start_skews_us(const ag::trace& t) {
+  const auto skews = ag::apps::job_start_skews(t);
+  std::vector<double> start, enqueue;
+  for (auto it = skews.begin(); it != skews.end(); ++it)
+    if (it != skews.begin() || skews.size() == 1) {
+      start.push_back(static_cast<double>(it->second.start) / 1e3);
+      enqueue.push_back(static_cast<double>(it->second.enqueue) / 1e3);
+    }
+  if (start.empty()) return {0, 0};
+  std::sort(start.begin(), start.end());
+  std::sort(enqueue.begin(), enqueue.end());
+  return {start[start.size() / 2], enqueue[enqueue.size() / 2]};
 }
 
 /// The device spec of `c`: sim / cpu take a count; cuda takes ordinals: GPUs
@@ -355,6 +381,7 @@ run_result time_layer(const layer_run& c, const std::shared_ptr<const ag::graph>
     const ag::trace t = rt->take_trace();
     if (c.busy) r.busy = busy_fractions(t, c.n);
     r.device_ms = median_device_span_ms(t) / (c.kind == "sim" ? c.time_scale : 1.0);
+    std::tie(r.start_skew_us, r.enqueue_skew_us) = median_start_skews_us(t);
     if (!c.trace_out.empty()) write_trace(t, c.trace_out);
   }
   return r;
@@ -657,6 +684,9 @@ void multi_gpu_figures(int n, bool same_gpu, bool small_layer, int64_t vocab, in
   figs.push_back({tp + "_layer_device_ms", many.device_ms,
                   what + where + ", median job device span ms (trace on), comparable to PyTorch's CUDA events"});
   figs.push_back({"layer_device_ms_1gpu", one.device_ms, what + " on 1 GPU, median job device span ms (trace on)"});
+  std::snprintf(buf, sizeof buf, ", median over jobs of the latest device's first step start minus the earliest's "
+                "(the host's first enqueues: %.1f us apart)", many.enqueue_skew_us);
+  figs.push_back({tp + "_start_skew_us", many.start_skew_us, what + where + buf});
   std::snprintf(buf, sizeof buf, ": job wall %.3f ms on 1 GPU, %.3f ms at degree %d", one.median_ms, many.median_ms, n);
   figs.push_back({tp + "_layer_speedup_wall", one.median_ms / many.median_ms, what + where + buf});
   figs.push_back({tp + "_layer_ms", many.median_ms, what + where + ", median job wall ms (trace on)"});

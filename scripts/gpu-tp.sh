@@ -246,7 +246,7 @@ ours_wall="$(grep -E "^tp${n}_layer_ms: " "$out/tp-bench.txt" | awk '{print $2}'
 torch="$(grep -E "^torch_tp_layer_ms_${n}: " "$out/tp-torch.txt" 2>/dev/null | awk '{print $2}')"
 grep -hE '^(tp[0-9]+_[a-z_]+|sim_error_1gpu|layer_[a-z0-9_]+|decode_[a-z0-9_]+|allreduce_[a-z0-9_]+|torch_tp_layer_ms_[0-9]+|torch_nccl_[a-z0-9_]+|tp_speedup_[24]_sim|pp2xtp2_[a-z0-9_]+|pp_layout_[a-z0-9_]+): ' \
   "$out/tp-bench.txt" "$out/tp-layouts.txt" "$out/tp-allreduce.txt" "$out/tp-torch.txt" "$out/tp-sim.txt" 2>/dev/null
-grep -hE "^(tp${n}_(layer_speedup|layer_device_ms|layer_ms|gpu_busy_fraction|sim_error)): " "$out/tp-bench-ce.txt" 2>/dev/null |
+grep -hE "^(tp${n}_(layer_speedup|layer_device_ms|layer_ms|gpu_busy_fraction|sim_error|start_skew_us)): " "$out/tp-bench-ce.txt" 2>/dev/null |
   sed -E 's/^([a-z0-9_]+): /\1_copy_engine: /'
 ours_ce="$(grep -E "^tp${n}_layer_device_ms: " "$out/tp-bench-ce.txt" 2>/dev/null | awk '{print $2}')"
 if [ -n "$ours_ce" ] && [ -n "$torch" ]; then

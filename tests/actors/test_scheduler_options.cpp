@@ -56,7 +56,7 @@ TEST(SchedulerOptions, ReachTheCafConfig) {
 }
 
 // The idle workers' spin: an explicit count reaches CAF; the default (-1)
-// spins 20000 polls only where the machine has 16 hardware threads or more;
+// spins default_spin_polls only where the machine has 16 hardware threads or more;
 // 0 leaves CAF's default. AG_SCHED_SPIN_POLLS, when set, would override all
 // three: the test clears it for its duration.
 TEST(SchedulerOptions, SpinPollsReachTheCafConfigAndDefaultByCoreCount) {
@@ -74,7 +74,7 @@ TEST(SchedulerOptions, SpinPollsReachTheCafConfigAndDefaultByCoreCount) {
     EXPECT_EQ(o.scheduler_spin_polls, -1);
     caf::actor_system_config cfg;
     ag::actors::apply_scheduler_options(o, cfg);
-    const size_t want = std::thread::hardware_concurrency() >= 16 ? 20000u : unset;
+    const size_t want = std::thread::hardware_concurrency() >= 16 ? static_cast<size_t>(ag::actors::default_spin_polls) : unset;
     EXPECT_EQ(caf::get_or(cfg, "work-stealing.aggressive-poll-attempts", unset), want)
         << std::thread::hardware_concurrency() << " hardware threads";
   }

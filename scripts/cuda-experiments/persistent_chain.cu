@@ -1,0 +1,426 @@
+// Would a persistent decode kernel pay? 16 decode layers of GEMVs (the
+// LLaMA-1B shape: q/k/v 3072 x 2048, o 2048 x 2048, gate|up 16384 x 2048,
+// down 2048 x 8192; bf16, one row of activations) chained as a decode step
+// chains them, run three ways (docs/BENCHMARKS.md, session 38):
+//   A. one kernel per GEMV, as the runtime's GEMV (two warps per row, four
+//      rows a block, the first weights loaded before the PDL wait), PDL
+//      launches captured in one CUDA graph: the kernel boundaries of today;
+//   B. the same per-GEMV launches of the kernel that C runs per stage (a
+//      warp per row, the block's x staged in shared memory, at most 4
+//      blocks an SM: a warp takes several rows), to tell the kernel's own
+//      speed from what the boundaries cost; B2 reads x through L1 instead,
+//      B3 / B4 launch a block per 8 rows (one row a warp);
+//   C. one cooperative kernel for all 64 GEMVs, a grid barrier between them,
+//      each warp loading its first weights of the next GEMV before it waits
+//      at the barrier (C0: without that preload).
+// Against the floor: the weights' bytes at the GPU's streaming read rate
+// (measured here on the same bytes). The outputs of A and C are checked
+// against a host reference of the first GEMV and against each other.
+// Standalone (README.md here):
+//   nvcc -O3 -arch=sm_90 -std=c++17 -o persistent_chain persistent_chain.cu && ./persistent_chain
+#include <cuda/atomic>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <vector>
+
+#define CK(x)                                                                              \
+  do {                                                                                     \
+    cudaError_t e_ = (x);                                                                  \
+    if (e_ != cudaSuccess) {                                                               \
+      std::fprintf(stderr, "%s: %s (line %d)\n", #x, cudaGetErrorString(e_), __LINE__);   \
+      std::exit(1);                                                                        \
+    }                                                                                      \
+  } while (0)
+
+namespace {
+
+using bf16 = __nv_bfloat16;
+constexpr int kThreads = 256, kWarps = kThreads / 32, kLoads = 8;  // 16-byte weight loads per lane in flight
+constexpr int kMaxK = 8192;
+
+struct stage {
+  const bf16* w;  // [N, K] row-major
+  const bf16* x;  // [K]
+  bf16* y;        // [N]
+  int N, K;
+};
+
+__device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+__device__ __forceinline__ void pdl_release() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+__device__ __forceinline__ void fma8(const uint4& w, const uint4& x, float& acc) {
+  const unsigned a[4] = {w.x, w.y, w.z, w.w}, b[4] = {x.x, x.y, x.z, x.w};
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    acc = fmaf(__uint_as_float(a[k] << 16), __uint_as_float(b[k] << 16), acc);
+    acc = fmaf(__uint_as_float(a[k] & 0xffff0000u), __uint_as_float(b[k] & 0xffff0000u), acc);
+  }
+}
+
+// A: the runtime's GEMV design (gpu/cuda/gemv.cu, one x row): two warps per
+// weight row, each over half of K, four rows a block, sums met in shared
+// memory; the first chunk of the first row loaded before the PDL wait.
+__global__ void __launch_bounds__(kThreads, 4) gemv_runtime_like(stage s) {
+  __shared__ float part[kWarps];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, slice = warp % 2;
+  const int vecs = s.K / 8, per = vecs / 2, vb = slice * per, ve = vb + per;
+  const long long n = static_cast<long long>(blockIdx.x) * (kWarps / 2) + warp / 2;
+  uint4 wv[kLoads];
+  const uint4* wr = reinterpret_cast<const uint4*>(s.w + n * s.K);
+  if (n < s.N)
+#pragma unroll
+    for (int u = 0; u < kLoads; ++u)
+      if (vb + lane + 32 * u < ve) wv[u] = __ldcs(wr + vb + lane + 32 * u);
+  pdl_wait();
+  pdl_release();
+  float acc = 0.f;
+  if (n < s.N) {
+    const uint4* xr = reinterpret_cast<const uint4*>(s.x);
+    for (int v0 = vb + lane; v0 < ve; v0 += 32 * kLoads) {
+      if (v0 != vb + lane)
+#pragma unroll
+        for (int u = 0; u < kLoads; ++u)
+          if (v0 + 32 * u < ve) wv[u] = __ldcs(wr + v0 + 32 * u);
+#pragma unroll
+      for (int u = 0; u < kLoads; ++u)
+        if (v0 + 32 * u < ve) fma8(wv[u], __ldg(xr + v0 + 32 * u), acc);
+    }
+  }
+  acc = warp_sum(acc);
+  if (lane == 0) part[warp] = acc;
+  __syncthreads();
+  if (slice == 0 && lane == 0 && n < s.N) s.y[n] = __float2bfloat16(part[warp] + part[warp + 1]);
+}
+
+// One warp's first chunk of its first row of `s` (weights never change, so
+// this may run before the producer of x is done).
+__device__ __forceinline__ void preload(const stage& s, long long gwarp, int lane, uint4 (&wv)[kLoads]) {
+  if (gwarp >= s.N) return;
+  const uint4* wr = reinterpret_cast<const uint4*>(s.w + gwarp * s.K);
+  const int vecs = s.K / 8;
+#pragma unroll
+  for (int u = 0; u < kLoads; ++u)
+    if (lane + 32 * u < vecs) wv[u] = __ldcs(wr + lane + 32 * u);
+}
+
+// The persistent form's GEMV over the warps of the whole grid: the block
+// stages x in shared memory (through L2: other SMs wrote it), then each warp
+// takes whole rows gwarp, gwarp + nwarps, ...; `preloaded`: wv holds the
+// first chunk of row gwarp.
+__device__ __forceinline__ void gemv_rows(const stage& s, long long gwarp, long long nwarps, int lane,
+                                          uint4 (&wv)[kLoads], bool preloaded, uint4* xs) {
+  const int vecs = s.K / 8;
+  const uint4* xg = reinterpret_cast<const uint4*>(s.x);
+  for (int v = threadIdx.x; v < vecs; v += kThreads) xs[v] = __ldcg(xg + v);
+  __syncthreads();
+  for (long long n = gwarp; n < s.N; n += nwarps) {
+    const uint4* wr = reinterpret_cast<const uint4*>(s.w + n * s.K);
+    float acc = 0.f;
+    for (int v0 = lane; v0 < vecs; v0 += 32 * kLoads) {
+      if (!(preloaded && n == gwarp && v0 == lane))
+#pragma unroll
+        for (int u = 0; u < kLoads; ++u)
+          if (v0 + 32 * u < vecs) wv[u] = __ldcs(wr + v0 + 32 * u);
+#pragma unroll
+      for (int u = 0; u < kLoads; ++u)
+        if (v0 + 32 * u < vecs) fma8(wv[u], xs[v0 + 32 * u], acc);
+    }
+    acc = warp_sum(acc);
+    if (lane == 0) s.y[n] = __float2bfloat16(acc);
+  }
+  __syncthreads();  // xs is restaged by the next GEMV
+}
+
+// B: one stage of gemv_rows as its own PDL launch.
+__global__ void __launch_bounds__(kThreads, 4) gemv_rows_kernel(stage s) {
+  __shared__ uint4 xs[kMaxK / 8];
+  const int lane = threadIdx.x & 31;
+  const long long gwarp = static_cast<long long>(blockIdx.x) * kWarps + (threadIdx.x >> 5);
+  uint4 wv[kLoads];
+  preload(s, gwarp, lane, wv);
+  pdl_wait();
+  pdl_release();
+  gemv_rows(s, gwarp, static_cast<long long>(gridDim.x) * kWarps, lane, wv, true, xs);
+}
+
+// B2: B's rows with x read through L1 (__ldg, as A), not staged in shared
+// memory: a kernel launch ends before the next reads what it wrote.
+__global__ void __launch_bounds__(kThreads, 4) gemv_rows_l1_kernel(stage s) {
+  const int lane = threadIdx.x & 31;
+  const long long gwarp = static_cast<long long>(blockIdx.x) * kWarps + (threadIdx.x >> 5);
+  const long long nwarps = static_cast<long long>(gridDim.x) * kWarps;
+  uint4 wv[kLoads];
+  preload(s, gwarp, lane, wv);
+  pdl_wait();
+  pdl_release();
+  const int vecs = s.K / 8;
+  const uint4* xg = reinterpret_cast<const uint4*>(s.x);
+  for (long long n = gwarp; n < s.N; n += nwarps) {
+    const uint4* wr = reinterpret_cast<const uint4*>(s.w + n * s.K);
+    float acc = 0.f;
+    for (int v0 = lane; v0 < vecs; v0 += 32 * kLoads) {
+      if (!(n == gwarp && v0 == lane))
+#pragma unroll
+        for (int u = 0; u < kLoads; ++u)
+          if (v0 + 32 * u < vecs) wv[u] = __ldcs(wr + v0 + 32 * u);
+#pragma unroll
+      for (int u = 0; u < kLoads; ++u)
+        if (v0 + 32 * u < vecs) fma8(wv[u], __ldg(xg + v0 + 32 * u), acc);
+    }
+    acc = warp_sum(acc);
+    if (lane == 0) s.y[n] = __float2bfloat16(acc);
+  }
+}
+
+__device__ unsigned barrier_count = 0, barrier_generation = 0;
+
+// Every block of the (co-resident) grid arrives before any leaves.
+__device__ __forceinline__ void grid_barrier() {
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    cuda::atomic_ref<unsigned, cuda::thread_scope_device> count(barrier_count), gen(barrier_generation);
+    const unsigned g = gen.load(cuda::memory_order_relaxed);
+    __threadfence();
+    if (count.fetch_add(1, cuda::memory_order_acq_rel) == gridDim.x - 1) {
+      count.store(0, cuda::memory_order_relaxed);
+      gen.fetch_add(1, cuda::memory_order_release);
+    } else {
+      while (gen.load(cuda::memory_order_acquire) == g) {
+      }
+    }
+    __threadfence();
+  }
+  __syncthreads();
+}
+
+// C: every stage in one cooperative launch.
+template <bool PRELOAD>
+__global__ void __launch_bounds__(kThreads, 4) persistent_chain(const stage* stages, int count) {
+  __shared__ uint4 xs[kMaxK / 8];
+  const int lane = threadIdx.x & 31;
+  const long long gwarp = static_cast<long long>(blockIdx.x) * kWarps + (threadIdx.x >> 5);
+  const long long nwarps = static_cast<long long>(gridDim.x) * kWarps;
+  uint4 wv[kLoads];
+  if (PRELOAD) preload(stages[0], gwarp, lane, wv);
+  for (int k = 0; k < count; ++k) {
+    const stage s = stages[k];
+    gemv_rows(s, gwarp, nwarps, lane, wv, PRELOAD, xs);
+    if (k + 1 < count) {
+      if (PRELOAD) preload(stages[k + 1], gwarp, lane, wv);
+      grid_barrier();
+    }
+  }
+}
+
+__global__ void fill_uniform(bf16* p, long long n, unsigned seed, float scale) {
+  for (long long i = blockIdx.x * static_cast<long long>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<long long>(gridDim.x) * blockDim.x) {
+    unsigned h = static_cast<unsigned>(i) * 2654435761u ^ (seed * 0x9e3779b9u + static_cast<unsigned>(i >> 32));
+    h ^= h >> 16, h *= 0x7feb352du, h ^= h >> 15, h *= 0x846ca68bu, h ^= h >> 16;
+    p[i] = __float2bfloat16(scale * (2.0f * (h & 0xffffff) / 16777215.0f - 1.0f));
+  }
+}
+
+__global__ void read_all(const uint4* p, long long n, unsigned* sink) {
+  unsigned acc = 0;
+  for (long long i = blockIdx.x * static_cast<long long>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<long long>(gridDim.x) * blockDim.x) {
+    const uint4 v = __ldcs(p + i);
+    acc ^= v.x ^ v.y ^ v.z ^ v.w;
+  }
+  if (acc == 0x12345678u) *sink = acc;
+}
+
+template <class... KA, class... A>
+void launch_pdl(cudaStream_t st, void (*k)(KA...), unsigned grid, A... args) {
+  cudaLaunchAttribute at[1];
+  at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  at[0].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t c{};
+  c.gridDim = grid;
+  c.blockDim = kThreads;
+  c.stream = st;
+  c.attrs = at;
+  c.numAttrs = 1;
+  CK(cudaLaunchKernelEx(&c, k, args...));
+}
+
+float to_float(bf16 v) { return __bfloat162float(v); }
+
+}  // namespace
+
+int main() {
+  const int layers = 16;
+  struct shape {
+    int N, K;
+  } const per_layer[] = {{3072, 2048}, {2048, 2048}, {16384, 2048}, {2048, 8192}};  // q/k/v, o, gate|up, down
+  size_t weight_elems = 0;
+  for (const auto& s : per_layer) weight_elems += static_cast<size_t>(s.N) * s.K;
+  weight_elems *= layers;
+  const double weight_bytes = 2.0 * static_cast<double>(weight_elems);
+  bf16* w;
+  CK(cudaMalloc(&w, weight_elems * 2));
+  const int count = layers * 4;
+  cudaDeviceProp prop;
+  CK(cudaGetDeviceProperties(&prop, 0));
+  // Each stage reads the first K outputs of the one before (the first reads x0).
+  std::vector<bf16*> outs(count + 1);
+  for (auto& o : outs) CK(cudaMalloc(&o, 16384 * 2));
+  std::vector<stage> st(count);
+  {
+    size_t off = 0;
+    for (int k = 0; k < count; ++k) {
+      const auto sh = per_layer[k % 4];
+      // Uniform(-a, a) with K a^2 / 3 = 1: outputs keep the inputs' scale.
+      fill_uniform<<<1024, 256>>>(w + off, static_cast<long long>(sh.N) * sh.K, 100 + k, std::sqrt(3.0f / sh.K));
+      st[k] = stage{w + off, outs[k], outs[k + 1], sh.N, sh.K};
+      off += static_cast<size_t>(sh.N) * sh.K;
+    }
+  }
+  fill_uniform<<<16, 256>>>(outs[0], 16384, 7, 1.0f);
+  CK(cudaGetLastError());
+  stage* dst;
+  CK(cudaMalloc(&dst, sizeof(stage) * count));
+  CK(cudaMemcpy(dst, st.data(), sizeof(stage) * count, cudaMemcpyHostToDevice));
+  cudaStream_t s;
+  CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  cudaEvent_t e0, e1;
+  CK(cudaEventCreate(&e0));
+  CK(cudaEventCreate(&e1));
+  const int reps = 50;
+  const auto time_it = [&](auto&& run) {
+    for (int i = 0; i < 5; ++i) run();
+    CK(cudaEventRecord(e0, s));
+    for (int i = 0; i < reps; ++i) run();
+    CK(cudaEventRecord(e1, s));
+    CK(cudaEventSynchronize(e1));
+    float ms;
+    CK(cudaEventElapsedTime(&ms, e0, e1));
+    return ms * 1e3 / reps;
+  };
+
+  // The floor: a streaming read of the same bytes.
+  unsigned* sink;
+  CK(cudaMalloc(&sink, 4));
+  const double read_us = time_it([&] {
+    read_all<<<prop.multiProcessorCount * 8, 512, 0, s>>>(reinterpret_cast<const uint4*>(w),
+                                                            static_cast<long long>(weight_elems / 8), sink);
+  });
+  const double read_gbs = weight_bytes / (read_us * 1e-6) / 1e9;
+
+  // A and B: one PDL launch per GEMV, captured in one graph.
+  // form: 0 A, 1 B, 2 B2, 3 B with the grid uncapped (one row a warp), 4 B2 uncapped
+  const auto graph_of = [&](int form) {
+    cudaGraph_t g;
+    CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+    for (int k = 0; k < count; ++k) {
+      const int rows_grid = (st[k].N + kWarps - 1) / kWarps, capped = std::min(rows_grid, prop.multiProcessorCount * 4);
+      if (form == 0) launch_pdl(s, gemv_runtime_like, (st[k].N + kWarps / 2 - 1) / (kWarps / 2), st[k]);
+      else if (form == 1) launch_pdl(s, gemv_rows_kernel, capped, st[k]);
+      else if (form == 2) launch_pdl(s, gemv_rows_l1_kernel, capped, st[k]);
+      else if (form == 3) launch_pdl(s, gemv_rows_kernel, rows_grid, st[k]);
+      else launch_pdl(s, gemv_rows_l1_kernel, rows_grid, st[k]);
+    }
+    CK(cudaStreamEndCapture(s, &g));
+    cudaGraphExec_t ge;
+    CK(cudaGraphInstantiate(&ge, g, 0));
+    return ge;
+  };
+  const auto final_output = [&] {
+    std::vector<bf16> y(st[count - 1].N);
+    CK(cudaStreamSynchronize(s));
+    CK(cudaMemcpy(y.data(), outs[count], y.size() * 2, cudaMemcpyDeviceToHost));
+    return y;
+  };
+  const auto first_output = [&] {
+    std::vector<bf16> y(st[0].N);
+    CK(cudaMemcpy(y.data(), outs[1], y.size() * 2, cudaMemcpyDeviceToHost));
+    return y;
+  };
+  // Host reference of the first GEMV.
+  std::vector<bf16> w0(static_cast<size_t>(st[0].N) * st[0].K), x0(st[0].K);
+  CK(cudaMemcpy(w0.data(), st[0].w, w0.size() * 2, cudaMemcpyDeviceToHost));
+  CK(cudaMemcpy(x0.data(), outs[0], x0.size() * 2, cudaMemcpyDeviceToHost));
+  std::vector<float> ref0(st[0].N);
+  for (int n = 0; n < st[0].N; ++n) {
+    double a = 0;
+    for (int k = 0; k < st[0].K; ++k) a += static_cast<double>(to_float(w0[static_cast<size_t>(n) * st[0].K + k])) * to_float(x0[k]);
+    ref0[n] = static_cast<float>(a);
+  }
+  const auto first_error = [&](const std::vector<bf16>& y) {
+    double worst = 0;
+    for (int n = 0; n < st[0].N; ++n) worst = std::max(worst, std::fabs(double(to_float(y[n])) - ref0[n]) / (1.0 + std::fabs(ref0[n])));
+    return worst;
+  };
+  const auto relative_gap = [](const std::vector<bf16>& a, const std::vector<bf16>& b) {
+    double num = 0, den = 0;
+    for (size_t i = 0; i < a.size(); ++i) {
+      const double d = to_float(a[i]) - to_float(b[i]);
+      num += d * d, den += double(to_float(b[i])) * to_float(b[i]);
+    }
+    return std::sqrt(num / std::max(den, 1e-30));
+  };
+
+  cudaGraphExec_t ga = graph_of(0), gb = graph_of(1), gb2 = graph_of(2), gb3 = graph_of(3), gb4 = graph_of(4);
+  const double a_us = time_it([&] { CK(cudaGraphLaunch(ga, s)); });
+  const auto ya = final_output();
+  const double a_err = first_error(first_output());
+  const double b_us = time_it([&] { CK(cudaGraphLaunch(gb, s)); });
+  const auto yb = final_output();
+  const double b2_us = time_it([&] { CK(cudaGraphLaunch(gb2, s)); });
+  const auto yb2 = final_output();
+  const double b3_us = time_it([&] { CK(cudaGraphLaunch(gb3, s)); });
+  const double b4_us = time_it([&] { CK(cudaGraphLaunch(gb4, s)); });
+  const double a2_us = time_it([&] { CK(cudaGraphLaunch(ga, s)); });
+
+  int per_sm = 0;
+  CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, persistent_chain<true>, kThreads, 0));
+  const unsigned grid = static_cast<unsigned>(per_sm * prop.multiProcessorCount);
+  const auto cooperative = [&](auto kernel) {
+    const stage* sp = dst;
+    int c = count;
+    void* args[] = {&sp, &c};
+    CK(cudaLaunchCooperativeKernel(reinterpret_cast<void*>(kernel), grid, kThreads, args, 0, s));
+  };
+  const double c_us = time_it([&] { cooperative(persistent_chain<true>); });
+  const auto yc = final_output();
+  const double c_err = first_error(first_output());
+  const double c0_us = time_it([&] { cooperative(persistent_chain<false>); });
+  const auto yc0 = final_output();
+
+  const double floor_us = weight_bytes / (read_gbs * 1e9) * 1e6;
+  std::printf("%s, %d SMs; 16 layers of q/k/v, o, gate|up, down GEMVs (bf16, one row): %.1f MB of weights\n",
+              prop.name, prop.multiProcessorCount, weight_bytes / 1e6);
+  std::printf("streaming read of those bytes: %.1f us (%.0f GB/s): the floor\n", read_us, read_gbs);
+  std::printf("%-58s %10s %10s %12s\n", "form", "us", "per layer", "over floor");
+  const auto row = [&](const char* name, double us) {
+    std::printf("%-58s %10.1f %10.2f %12.3f\n", name, us, us / layers, us / floor_us);
+  };
+  row("A: a kernel per GEMV, runtime-like (PDL, graph)", a_us);
+  row("A again (after the others)", a2_us);
+  row("B: a kernel per GEMV, warp-per-row, x in shared memory", b_us);
+  row("B2: the same, x through L1", b2_us);
+  row("B3: B with a block per 8 rows (one row a warp)", b3_us);
+  row("B4: B2 with a block per 8 rows (one row a warp)", b4_us);
+  row("C: one cooperative kernel, grid barriers, preload", c_us);
+  row("C0: the same without the preload before the barrier", c0_us);
+  std::printf("persistent grid: %u blocks (%d per SM)\n", grid, per_sm);
+  std::printf("first GEMV against the host: A %.2e, C %.2e (relative)\n", a_err, c_err);
+  std::printf("last output, relative L2 gap to A: B %.2e, B2 %.2e, C %.2e, C0 %.2e\n", relative_gap(yb, ya),
+              relative_gap(yb2, ya), relative_gap(yc, ya), relative_gap(yc0, ya));
+  std::printf("rows_over_runtime_like: %.3f\n", std::min(b_us, b2_us) / a_us);
+  std::printf("persistent_over_kernels: %.3f\n", c_us / a_us);
+  const bool ok = a_err < 2e-2 && c_err < 2e-2 && relative_gap(yc, ya) < 5e-2 && relative_gap(yb, ya) < 5e-2 &&
+                  relative_gap(yb2, ya) < 5e-2;
+  std::printf("%s\n", ok ? "outputs agree" : "OUTPUTS DISAGREE");
+  return ok ? 0 : 1;
+}
