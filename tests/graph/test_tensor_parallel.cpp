@@ -1157,6 +1157,56 @@ TEST(SequenceParallel, AutomaticBatchChunksWhereTheHandOverDoesNotFitBesideRows)
   EXPECT_NE(e.to_string().find("tp_batch_chunks 9"), std::string::npos) << e.to_string();
 }
 
+// The fused attention kernels need a chain (q k^T, the mask, softmax, times
+// v) in one split (graph/fusion.cpp). Chunks of the batch put a chunk's q, k
+// and v projections on lanes of their own, and v's split then ended the
+// chain's split before the product with v: on specs like the CUDA tests'
+// copy-engine layouts (a one-shot limit of 0, so that every reduce-scatter
+// and all-gather takes the copy engines and the tiny layer is chunked by
+// batch), gpt2 kept 1 of its 4 chunk attentions per device fused and llama
+// 3 (docs/BENCHMARKS.md, session 38). Now the split of the scores product
+// waits for v from its start, and every chain is fused.
+TEST(SequenceParallel, ChunkAttentionChainsStayInOneSplitOnCuda) {
+  for (auto v : {model_variant::gpt2, model_variant::llama}) {
+    SCOPED_TRACE(models::to_string(v));
+    models::transformer_config c;
+    c.variant = v;
+    c.n_layers = 2;
+    c.d_model = 512;  // 8 heads of 64: the flash kernel's shapes
+    c.n_heads = 8;
+    c.n_kv_heads = v == model_variant::llama ? 4 : 0;
+    c.vocab = 101;
+    c.seq_len = 80;
+    c.batch = 2;
+    c.dtype = dtype::bf16;
+    auto g = build(c);
+    ASSERT_TRUE(g);
+    std::vector<device_spec> devs = h200_like_sims(2);
+    for (device_spec& d : devs) {
+      d.kind = device_kind::cuda;
+      d.copy_engine_collectives = true;
+      d.collectives_overlap_compute = false;
+      d.max_overlap_chunks = 2;
+      d.oneshot_max_bytes = d.oneshot_max_bytes_wide = 0;
+    }
+    plan_options o = tp_options(2);
+    o.sequence_parallel = sequence_parallel_mode::on;  // chunks: batch_chunks_mode::automatic
+    auto p = test_util::must_compile(g, devs, o);
+    ASSERT_TRUE(p);
+    EXPECT_FALSE(p->tensor_parallel()->chunked_by_batch.empty()) << "the layer is no longer chunked by batch here";
+    std::size_t chains = 0;  // scores products the plan runs
+    for (const step& st : p->steps())
+      for (node_id id : st.ops) {
+        const node& n = p->source().at(id);
+        chains += n.op == op_kind::matmul && n.name.find(".attn.qk@") != std::string::npos;
+      }
+    EXPECT_EQ(chains, 8u);  // 2 layers x 2 chunks x 2 devices
+    EXPECT_EQ(p->fusions().size(), chains);
+    const error hz = check_hazards(*p);
+    EXPECT_TRUE(hz.ok()) << hz.to_string();
+  }
+}
+
 // Chunks of rows under uneven shares: each rank's rows split into its own
 // pieces, the chunk's all-gather and reduce-scatter use every rank's piece
 // in rank order, and the plan still evaluates to the reference.
