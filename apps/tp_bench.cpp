@@ -230,33 +230,31 @@ std::vector<double> busy_fractions(const ag::trace& t, int devices) {
   return busy;
 }
 
-/// Median over the jobs after the first (the warm-up) of each job's device
-/// span in `t`, in ms; 0 when the trace holds none.
-double median_device_span_ms(const ag::trace& t) {
-  const auto spans = ag::apps::job_spans(t);
-  std::vector<double> ms;
-  for (auto it = spans.begin(); it != spans.end(); ++it)
-    if (it != spans.begin() || spans.size() == 1)
-      ms.push_back(static_cast<double>(it->second.second - it->second.first) / 1e6);
-  if (ms.empty()) return 0;
-  std::sort(ms.begin(), ms.end());
-  return ms[ms.size() / 2];
+/// Median of `value(job)` over the jobs of a per-job map after the first
+/// (the warm-up; the only one when there is one); 0 for none.
+template <typename PerJob, typename Value>
+double median_after_warm_up(const PerJob& jobs, const Value& value) {
+  std::vector<double> v;
+  for (auto it = jobs.begin(); it != jobs.end(); ++it)
+    if (it != jobs.begin() || jobs.size() == 1) v.push_back(value(it->second));
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
 }
 
-/// Medians over the jobs after the first (the warm-up) of job_start_skews:
-/// {start, enqueue} in us.
+/// Median over the jobs after the first of each job's device span in `t`,
+/// in ms; 0 when the trace holds none.
+double median_device_span_ms(const ag::trace& t) {
+  return median_after_warm_up(ag::apps::job_spans(t),
+                              [](const auto& span) { return static_cast<double>(span.second - span.first) / 1e6; });
+}
+
+/// Medians over the jobs after the first of job_start_skews: {start,
+/// enqueue} in us.
 std::pair<double, double> median_start_skews_us(const ag::trace& t) {
   const auto skews = ag::apps::job_start_skews(t);
-  std::vector<double> start, enqueue;
-  for (auto it = skews.begin(); it != skews.end(); ++it)
-    if (it != skews.begin() || skews.size() == 1) {
-      start.push_back(static_cast<double>(it->second.start) / 1e3);
-      enqueue.push_back(static_cast<double>(it->second.enqueue) / 1e3);
-    }
-  if (start.empty()) return {0, 0};
-  std::sort(start.begin(), start.end());
-  std::sort(enqueue.begin(), enqueue.end());
-  return {start[start.size() / 2], enqueue[enqueue.size() / 2]};
+  return {median_after_warm_up(skews, [](const ag::apps::start_skew& k) { return static_cast<double>(k.start) / 1e3; }),
+          median_after_warm_up(skews, [](const ag::apps::start_skew& k) { return static_cast<double>(k.enqueue) / 1e3; })};
 }
 
 /// The device spec of `c`: sim / cpu take a count; cuda takes ordinals: GPUs

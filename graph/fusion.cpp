@@ -318,6 +318,32 @@ std::vector<node_id> attention_fusion::inputs(const graph& g) const {
   return in;
 }
 
+std::vector<node_id> attention_chain_late_operands(const graph& g, node_id qk) {
+  // The single reader of x, through views; no_node when x has several.
+  const auto only_reader = [&g](node_id x) {
+    for (;;) {
+      const auto& cs = g.consumers(x);
+      if (cs.size() != 1) return no_node;
+      if (!is_view_op(g.at(cs.front()).op)) return cs.front();
+      x = cs.front();
+    }
+  };
+  const node& scores = g.at(qk);
+  if (scores.op != op_kind::matmul || scores.attrs.trans_a || !scores.attrs.trans_b) return {};
+  std::vector<node_id> operands;
+  node_id at = only_reader(qk);
+  if (at != no_node && g.at(at).op == op_kind::add) {
+    const node& add = g.at(at);
+    operands.push_back(through_reshapes(g, add.inputs[0]) == qk ? add.inputs[1] : add.inputs[0]);
+    at = only_reader(add.id);
+  }
+  if (at == no_node || g.at(at).op != op_kind::softmax) return {};
+  const node_id pv = only_reader(at);
+  if (pv == no_node || g.at(pv).op != op_kind::matmul || g.at(pv).inputs.size() != 2) return {};
+  operands.push_back(g.at(pv).inputs[1]);
+  return operands;
+}
+
 std::vector<attention_fusion> find_attention_fusions(const graph& g, const std::vector<step>& steps,
                                                      const std::vector<device_spec>& devices) {
   std::vector<attention_fusion> found;

@@ -86,6 +86,14 @@ inline constexpr int64_t fused_attention_max_keys = 8192;
 inline constexpr int64_t fused_attention_max_scores = 32768;
 inline constexpr int64_t fused_attention_max_head = 256;
 
+/// When `qk` is the scores product of an attention chain as above (q k^T
+/// -> [add a mask] -> softmax -> times v, each op the only reader of the
+/// one before, through views): the chain's operands after q and k (the
+/// mask, if any, then v); empty otherwise. The step builder makes the
+/// scores' split wait for them from its start, so that the whole chain
+/// lands in one split, which find_attention_fusions needs.
+std::vector<node_id> attention_chain_late_operands(const graph& g, node_id qk);
+
 /// The attention chains of `steps` (a compiled plan's, in order) that the
 /// backends of `devices` run fused: today those on CUDA devices.
 std::vector<attention_fusion> find_attention_fusions(const graph& g, const std::vector<step>& steps,

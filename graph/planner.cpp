@@ -12,6 +12,7 @@
 #include <tuple>
 #include <utility>
 
+#include "graph/fusion.hpp"
 #include "graph/planner_internal.hpp"
 
 namespace ag {
@@ -579,46 +580,6 @@ struct step_builder {
     return {};
   }
 
-  // The single compute reader of `x`, through views; no_node when x has
-  // several (or none).
-  node_id only_reader(node_id x) const {
-    for (;;) {
-      const auto& cs = s.g.consumers(x);
-      if (cs.size() != 1) return no_node;
-      if (!is_view_op(s.g.at(cs.front()).op)) return cs.front();
-      x = cs.front();
-    }
-  }
-
-  // When `qk` is the scores product of an attention chain on a CUDA device
-  // (q k^T -> [add a mask] -> softmax -> times v, each op the only reader
-  // of the one before): the chain's other operands (the mask, v). Their
-  // producers become waits of the split that `qk` goes into, so that the
-  // whole chain lands in one split, as the fused attention kernels need
-  // (graph/fusion.cpp). Otherwise a v made later than q and k, or on
-  // another lane (chunks of the batch put a chunk's q, k and v projections
-  // on lanes of their own), starts a new split at the product with v and
-  // the chain runs as four kernels.
-  std::vector<node_id> attention_chain_operands(const node& qk, int dev) const {
-    if (qk.op != op_kind::matmul || qk.attrs.trans_a || !qk.attrs.trans_b ||
-        s.devices[static_cast<std::size_t>(dev)].kind != device_kind::cuda)
-      return {};
-    std::vector<node_id> operands;
-    node_id at = only_reader(qk.id);
-    if (at != no_node && s.g.at(at).op == op_kind::add) {
-      const node& add = s.g.at(at);
-      operands.push_back(s.root[static_cast<std::size_t>(add.inputs[0])] == s.root[static_cast<std::size_t>(qk.id)]
-                             ? add.inputs[1]
-                             : add.inputs[0]);
-      at = only_reader(add.id);
-    }
-    if (at == no_node || s.g.at(at).op != op_kind::softmax) return {};
-    const node_id pv = only_reader(at);
-    if (pv == no_node || s.g.at(pv).op != op_kind::matmul || s.g.at(pv).inputs.size() != 2) return {};
-    operands.push_back(s.g.at(pv).inputs[1]);
-    return operands;
-  }
-
   error add_compute(const node& n) {
     if (is_collective_op(n.op)) return add_collective(n);
     const int dev = s.place[static_cast<std::size_t>(n.id)];
@@ -629,9 +590,14 @@ struct step_builder {
       if (!st) return st.err();
       if (*st >= 0) deps.push_back(*st);
     }
-    // An attention chain's later operands, where their producers exist by
-    // now (nodes come in topological order; one made later splits as before).
-    for (node_id i : attention_chain_operands(n, dev)) {
+    // On a CUDA device (where attention chains fuse), an attention chain's
+    // later operands, where their producers exist by now (nodes come in
+    // topological order; one made later splits as before): otherwise a v
+    // made later than q and k, or on another lane (chunks of the batch put
+    // a chunk's q, k and v projections on lanes of their own), starts a new
+    // split at the product with v and the chain runs as four kernels.
+    const bool fuses = s.devices[static_cast<std::size_t>(dev)].kind == device_kind::cuda;
+    for (node_id i : fuses ? attention_chain_late_operands(s.g, n.id) : std::vector<node_id>{}) {
       const node_id r = s.root[static_cast<std::size_t>(i)];
       const node& rn = s.g.at(r);
       if (rn.op != op_kind::input && rn.op != op_kind::weight && compute_step_of[static_cast<std::size_t>(r)] < 0)

@@ -112,16 +112,21 @@ __device__ __forceinline__ void preload(const stage& s, long long gwarp, int lan
     if (lane + 32 * u < vecs) wv[u] = __ldcs(wr + lane + 32 * u);
 }
 
-// The persistent form's GEMV over the warps of the whole grid: the block
-// stages x in shared memory (through L2: other SMs wrote it), then each warp
+// The persistent form's GEMV over the warps of the whole grid: each warp
 // takes whole rows gwarp, gwarp + nwarps, ...; `preloaded`: wv holds the
-// first chunk of row gwarp.
+// first chunk of row gwarp. STAGED: the block first stages x in shared
+// memory `xs` (through L2: in the cooperative kernel other SMs wrote it);
+// else x is read through L1 (__ldg), which only a kernel launched after
+// x's writer may do.
+template <bool STAGED>
 __device__ __forceinline__ void gemv_rows(const stage& s, long long gwarp, long long nwarps, int lane,
                                           uint4 (&wv)[kLoads], bool preloaded, uint4* xs) {
   const int vecs = s.K / 8;
   const uint4* xg = reinterpret_cast<const uint4*>(s.x);
-  for (int v = threadIdx.x; v < vecs; v += kThreads) xs[v] = __ldcg(xg + v);
-  __syncthreads();
+  if (STAGED) {
+    for (int v = threadIdx.x; v < vecs; v += kThreads) xs[v] = __ldcg(xg + v);
+    __syncthreads();
+  }
   for (long long n = gwarp; n < s.N; n += nwarps) {
     const uint4* wr = reinterpret_cast<const uint4*>(s.w + n * s.K);
     float acc = 0.f;
@@ -132,53 +137,25 @@ __device__ __forceinline__ void gemv_rows(const stage& s, long long gwarp, long 
           if (v0 + 32 * u < vecs) wv[u] = __ldcs(wr + v0 + 32 * u);
 #pragma unroll
       for (int u = 0; u < kLoads; ++u)
-        if (v0 + 32 * u < vecs) fma8(wv[u], xs[v0 + 32 * u], acc);
+        if (v0 + 32 * u < vecs) fma8(wv[u], STAGED ? xs[v0 + 32 * u] : __ldg(xg + v0 + 32 * u), acc);
     }
     acc = warp_sum(acc);
     if (lane == 0) s.y[n] = __float2bfloat16(acc);
   }
-  __syncthreads();  // xs is restaged by the next GEMV
+  if (STAGED) __syncthreads();  // xs is restaged by the next GEMV
 }
 
-// B: one stage of gemv_rows as its own PDL launch.
+// B (STAGED) and B2: one stage of gemv_rows as its own PDL launch.
+template <bool STAGED>
 __global__ void __launch_bounds__(kThreads, 4) gemv_rows_kernel(stage s) {
-  __shared__ uint4 xs[kMaxK / 8];
+  __shared__ uint4 xs[STAGED ? kMaxK / 8 : 1];
   const int lane = threadIdx.x & 31;
   const long long gwarp = static_cast<long long>(blockIdx.x) * kWarps + (threadIdx.x >> 5);
   uint4 wv[kLoads];
   preload(s, gwarp, lane, wv);
   pdl_wait();
   pdl_release();
-  gemv_rows(s, gwarp, static_cast<long long>(gridDim.x) * kWarps, lane, wv, true, xs);
-}
-
-// B2: B's rows with x read through L1 (__ldg, as A), not staged in shared
-// memory: a kernel launch ends before the next reads what it wrote.
-__global__ void __launch_bounds__(kThreads, 4) gemv_rows_l1_kernel(stage s) {
-  const int lane = threadIdx.x & 31;
-  const long long gwarp = static_cast<long long>(blockIdx.x) * kWarps + (threadIdx.x >> 5);
-  const long long nwarps = static_cast<long long>(gridDim.x) * kWarps;
-  uint4 wv[kLoads];
-  preload(s, gwarp, lane, wv);
-  pdl_wait();
-  pdl_release();
-  const int vecs = s.K / 8;
-  const uint4* xg = reinterpret_cast<const uint4*>(s.x);
-  for (long long n = gwarp; n < s.N; n += nwarps) {
-    const uint4* wr = reinterpret_cast<const uint4*>(s.w + n * s.K);
-    float acc = 0.f;
-    for (int v0 = lane; v0 < vecs; v0 += 32 * kLoads) {
-      if (!(n == gwarp && v0 == lane))
-#pragma unroll
-        for (int u = 0; u < kLoads; ++u)
-          if (v0 + 32 * u < vecs) wv[u] = __ldcs(wr + v0 + 32 * u);
-#pragma unroll
-      for (int u = 0; u < kLoads; ++u)
-        if (v0 + 32 * u < vecs) fma8(wv[u], __ldg(xg + v0 + 32 * u), acc);
-    }
-    acc = warp_sum(acc);
-    if (lane == 0) s.y[n] = __float2bfloat16(acc);
-  }
+  gemv_rows<STAGED>(s, gwarp, static_cast<long long>(gridDim.x) * kWarps, lane, wv, true, xs);
 }
 
 __device__ unsigned barrier_count = 0, barrier_generation = 0;
@@ -213,7 +190,7 @@ __global__ void __launch_bounds__(kThreads, 4) persistent_chain(const stage* sta
   if (PRELOAD) preload(stages[0], gwarp, lane, wv);
   for (int k = 0; k < count; ++k) {
     const stage s = stages[k];
-    gemv_rows(s, gwarp, nwarps, lane, wv, PRELOAD, xs);
+    gemv_rows<true>(s, gwarp, nwarps, lane, wv, PRELOAD, xs);
     if (k + 1 < count) {
       if (PRELOAD) preload(stages[k + 1], gwarp, lane, wv);
       grid_barrier();
@@ -325,10 +302,10 @@ int main() {
     for (int k = 0; k < count; ++k) {
       const int rows_grid = (st[k].N + kWarps - 1) / kWarps, capped = std::min(rows_grid, prop.multiProcessorCount * 4);
       if (form == 0) launch_pdl(s, gemv_runtime_like, (st[k].N + kWarps / 2 - 1) / (kWarps / 2), st[k]);
-      else if (form == 1) launch_pdl(s, gemv_rows_kernel, capped, st[k]);
-      else if (form == 2) launch_pdl(s, gemv_rows_l1_kernel, capped, st[k]);
-      else if (form == 3) launch_pdl(s, gemv_rows_kernel, rows_grid, st[k]);
-      else launch_pdl(s, gemv_rows_l1_kernel, rows_grid, st[k]);
+      else if (form == 1) launch_pdl(s, gemv_rows_kernel<true>, capped, st[k]);
+      else if (form == 2) launch_pdl(s, gemv_rows_kernel<false>, capped, st[k]);
+      else if (form == 3) launch_pdl(s, gemv_rows_kernel<true>, rows_grid, st[k]);
+      else launch_pdl(s, gemv_rows_kernel<false>, rows_grid, st[k]);
     }
     CK(cudaStreamEndCapture(s, &g));
     cudaGraphExec_t ge;
