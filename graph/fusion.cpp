@@ -249,8 +249,7 @@ bool norm_prologue_at(const graph& g, const std::vector<node_id>& ops, std::size
   if (!only_read_by_any(g, norm.id, matmuls)) return false;
   const node& x = g.at(norm.inputs[0]);
   const int64_t esz = static_cast<int64_t>(dtype_size(norm.type));
-  if (x.type != norm.type || x.dims != norm.dims || !x.contiguous() || (x.offset * esz) % 16 != 0 ||
-      x.dims.numel() > fused_gemv_norm_max_floats)
+  if (x.type != norm.type || x.dims != norm.dims || !x.contiguous() || (x.offset * esz) % 16 != 0)
     return false;
   if (norm.inputs.size() < 2) return true;
   const node& w = g.at(norm.inputs[1]);

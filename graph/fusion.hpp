@@ -126,10 +126,6 @@ struct projection_fusion {
 
 /// The most rows of x a fused projection takes (gpu/cuda/gemv.cuh's gemv_max_rows).
 inline constexpr int64_t fused_gemv_max_rows = 8;
-/// The most elements of x (rows x K) a norm prologue takes: each block keeps
-/// the normalised rows in shared memory as f32 (40 KiB: with the kernel's own
-/// static shared memory, under the 48 KiB a launch gets without opting in).
-inline constexpr int64_t fused_gemv_norm_max_floats = 10240;
 
 /// What a projection group's kernel reads, at the group's last op: the
 /// inputs of its ops that no op of the group computes (x, the weights, the

@@ -159,58 +159,24 @@ __global__ void __launch_bounds__(kThreads, R == 1 ? 4 : 1)
     load_chunk(f.w, f.row, v_begin + lane);
   }
   pdl_enter();
-  // NORM (the group's rms_norm prologue): each block normalises x's rows
-  // once into shared memory, f32 [rows][K] (gemv_norm_max_floats bounds
-  // it), which the products then read instead of x.
-  extern __shared__ float x_normed[];
   // Vector v (16 bytes) of x row r, as floats.
   const auto x_vec = [&](int r, int64_t v, float (&xf)[V]) {
     vec16<T>::unpack(__ldg(reinterpret_cast<const uint4*>(x + xr.off[r]) + v), xf);
   };
-  if constexpr (NORM) {
-    __shared__ float inv_rms[R], norm_part[kWarps][R];
-    // fn(r, v, xf) for each of this thread's vectors of x's rows.
-    const auto each_x = [&](auto&& fn) {
-      for (int64_t v = threadIdx.x; v < vecs; v += kThreads)
+  // NORM (the group's rms_norm prologue), folded into the products: row r's
+  // output is (sum_k w_k x_k g_k) / rms(x_r), so each warp multiplies x by
+  // the norm's weight g as it reads it, sums the squares of its half of x_r
+  // beside the products of its first weight row (the same x for every
+  // row), and the two halves' sums of squares meet in shared memory with
+  // the partial products. No pass over x before the first product and no
+  // barrier: a block that normalised x into shared memory first made the
+  // LLaMA-7B decode step's GEMV chain 17% slower than plain GEMVs, this
+  // form 5% (scripts/cuda-experiments/persistent_chain.cu, docs/BENCHMARKS.md
+  // session 39).
+  __shared__ float sum_sq[NORM ? kWarps : 1][R];
+  float ss[NORM ? R : 1];
 #pragma unroll
-        for (int r = 0; r < R; ++r) {
-          if (r >= rows) break;
-          float xf[V];
-          x_vec(r, v, xf);
-          fn(r, v, xf);
-        }
-    };
-    float ss[R];
-#pragma unroll
-    for (int r = 0; r < R; ++r) ss[r] = 0.f;
-    each_x([&](int r, int64_t, const float (&xf)[V]) {
-#pragma unroll
-      for (int e = 0; e < V; ++e) ss[r] = fmaf(xf[e], xf[e], ss[r]);
-    });
-#pragma unroll
-    for (int r = 0; r < R; ++r) {
-      if (r >= rows) break;
-      ss[r] = warp_sum(ss[r]);
-      if (lane == 0) norm_part[warp][r] = ss[r];
-    }
-    __syncthreads();
-    if (threadIdx.x < rows) {
-      float t = 0.f;
-      for (int k = 0; k < kWarps; ++k) t += norm_part[k][threadIdx.x];
-      inv_rms[threadIdx.x] = rsqrtf(t / static_cast<float>(vecs * V) + tg.eps);
-    }
-    __syncthreads();
-    each_x([&](int r, int64_t v, const float (&xf)[V]) {
-      float gf[V];
-      if (tg.norm_w) vec16<T>::unpack(__ldg(reinterpret_cast<const uint4*>(tg.norm_w) + v), gf);
-      else
-#pragma unroll
-        for (int e = 0; e < V; ++e) gf[e] = 1.f;
-#pragma unroll
-      for (int e = 0; e < V; ++e) x_normed[(r * vecs + v) * V + e] = xf[e] * inv_rms[r] * gf[e];
-    });
-    __syncthreads();
-  }
+  for (int r = 0; r < (NORM ? R : 1); ++r) ss[r] = 0.f;
   for (int64_t base = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock; base < total;
        base += static_cast<int64_t>(gridDim.x) * kRowsPerBlock) {
     const int64_t n = base + warp / kWarpsPerRow;
@@ -234,15 +200,17 @@ __global__ void __launch_bounds__(kThreads, R == 1 ? 4 : 1)
           for (int r = 0; r < R; ++r) {
             if (r >= rows) break;  // R is the unroll bound: rows <= R
             float xf[V];
+            x_vec(r, v, xf);
             if constexpr (NORM) {
-              const float4* xs = reinterpret_cast<const float4*>(x_normed + (r * vecs + v) * V);
+              if (n == first)
 #pragma unroll
-              for (int q = 0; q < V / 4; ++q) {
-                const float4 f = xs[q];
-                xf[4 * q] = f.x, xf[4 * q + 1] = f.y, xf[4 * q + 2] = f.z, xf[4 * q + 3] = f.w;
+                for (int e = 0; e < V; ++e) ss[r] = fmaf(xf[e], xf[e], ss[r]);
+              if (tg.norm_w) {
+                float gf[V];
+                vec16<T>::unpack(__ldg(reinterpret_cast<const uint4*>(tg.norm_w) + v), gf);
+#pragma unroll
+                for (int e = 0; e < V; ++e) xf[e] *= gf[e];
               }
-            } else {
-              x_vec(r, v, xf);
             }
 #pragma unroll
             for (int e = 0; e < V; ++e) {
@@ -258,9 +226,13 @@ __global__ void __launch_bounds__(kThreads, R == 1 ? 4 : 1)
       if (r >= rows) break;
       acc[r] = warp_sum(acc[r]);
       if constexpr (MODE == gated) acc_up[r] = warp_sum(acc_up[r]);
+      if constexpr (NORM)
+        if (n == first) ss[r] = warp_sum(ss[r]);
       if (lane == 0) {
         part[warp][r] = acc[r];
         if constexpr (MODE == gated) part_up[warp][r] = acc_up[r];
+        if constexpr (NORM)
+          if (n == first) sum_sq[warp][r] = ss[r];
       }
     }
     __syncthreads();
@@ -272,6 +244,15 @@ __global__ void __launch_bounds__(kThreads, R == 1 ? 4 : 1)
       for (int k = 0; k < kWarpsPerRow; ++k) {
         s += part[warp + k][r];
         if constexpr (MODE == gated) up += part_up[warp + k][r];
+      }
+      if constexpr (NORM) {
+        // Written at this warp's first row (n == first), kept since.
+        float t = 0.f;
+#pragma unroll
+        for (int k = 0; k < kWarpsPerRow; ++k) t += sum_sq[warp + k][r];
+        const float inv_rms = rsqrtf(t / static_cast<float>(vecs * V) + tg.eps);
+        s *= inv_rms;
+        if constexpr (MODE == gated) up *= inv_rms;
       }
       if constexpr (MODE == gated) s = s / (1.f + __expf(-s)) * up;
       if constexpr (MODE == residual) s += to_f(tg.residual[r * N + row]);
@@ -286,9 +267,8 @@ void go_rows(const launch_ctx& c, const gemv_targets<T, TO>& tg, const void* x, 
              int64_t ldw, int64_t K) {
   const int64_t vecs = K / vec16<T>::n;
   const unsigned grid = grid_for(tg.n_end[tg.count - 1], kRowsPerBlock, c.sm_count * 64);
-  const std::size_t shared = NORM ? static_cast<std::size_t>(rows * K) * sizeof(float) : 0;
-  launch_kernel(c, gemv_kernel<T, TO, R, MODE, NORM>, grid, kThreads, shared, tg, static_cast<const T*>(x), xr, rows,
-                ldw, vecs);
+  launch_kernel(c, gemv_kernel<T, TO, R, MODE, NORM>, grid, kThreads, 0, tg, static_cast<const T*>(x), xr, rows, ldw,
+                vecs);
 }
 
 template <class T, class TO, int MODE = plain, bool NORM = false>
@@ -423,7 +403,6 @@ error go_projections(const launch_ctx& c, projection_kind kind, const kt& out, c
   }
   if (norm) {
     if (kind == projection_kind::residual) return refuse("a norm prologue on a residual group");
-    if (rows * K > gemv_norm_max_floats) return refuse("x too large for the norm prologue's shared memory");
     tg.eps = norm->eps;
     if (norm->weight) {
       const kt& g = *norm->weight;

@@ -26,13 +26,11 @@ bool try_launch_gemv(const launch_ctx& c, const kt& out, const kt& a, const kt& 
 /// (x w_1^T); residual: out = x w_0^T + residual. Outputs and the residual
 /// contiguous [rows, N]; one dtype (f32, f16, bf16), f32 accumulation, one
 /// rounding at the end. With `norm` (shared_input, gated: the group's
-/// rms_norm prologue), each row of x is first normalised, x / sqrt(mean(x^2)
-/// + eps), and scaled by `norm_weight` [K] when it is given, in f32, never
-/// stored. The planner only groups what fits (is_gemv_projection); anything
-/// else is an errc::internal error naming the op.
-/// The most elements (rows x K) of x a norm prologue takes: they are
-/// normalised once per block into shared memory as f32 (40 KiB).
-inline constexpr int64_t gemv_norm_max_floats = fused_gemv_norm_max_floats;
+/// rms_norm prologue), each row of x is normalised, x / sqrt(mean(x^2) +
+/// eps), and scaled by `norm_weight` [K] when it is given, in f32, never
+/// stored (the kernel applies 1 / rms to each output's sum). The planner
+/// only groups what fits (is_gemv_projection); anything else is an
+/// errc::internal error naming the op.
 struct gemv_norm {
   const kt* weight = nullptr;  ///< [K], contiguous and 16-byte aligned, or null
   float eps = 0.0f;

@@ -26,6 +26,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <string>
 #include <vector>
 
 #define CK(x)                                                                              \
@@ -41,7 +42,7 @@ namespace {
 
 using bf16 = __nv_bfloat16;
 constexpr int kThreads = 256, kWarps = kThreads / 32, kLoads = 8;  // 16-byte weight loads per lane in flight
-constexpr int kMaxK = 8192;
+constexpr int kMaxK = 11008;
 
 struct stage {
   const bf16* w;  // [N, K] row-major
@@ -99,6 +100,119 @@ __global__ void __launch_bounds__(kThreads, 4) gemv_runtime_like(stage s) {
   if (lane == 0) part[warp] = acc;
   __syncthreads();
   if (slice == 0 && lane == 0 && n < s.N) s.y[n] = __float2bfloat16(part[warp] + part[warp + 1]);
+}
+
+// A with an rms_norm prologue on x (the runtime's q/k/v and gate|up
+// groups; norm weight g [K]). NORM 1, as gpu/cuda/gemv.cu: every block first
+// normalises x into shared memory as f32 [K] (two passes over x, three
+// barriers), which the products read. NORM 2, folded: no prologue; each warp
+// sums the squares of its half of x beside its first row's products, the
+// products read x * g, and the row's sum is scaled by 1 / rms at the end,
+// where the two warps' sums meet anyway.
+template <int NORM>
+__global__ void __launch_bounds__(kThreads, 4) gemv_runtime_norm(stage s, const bf16* g, float eps) {
+  extern __shared__ float x_normed[];
+  __shared__ float part[kWarps], sq[kWarps], inv_rms;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, slice = warp % 2;
+  const int vecs = s.K / 8, per = vecs / 2, vb = slice * per, ve = vb + per;
+  const long long total = s.N;
+  const long long first = static_cast<long long>(blockIdx.x) * (kWarps / 2) + warp / 2;
+  uint4 wv[kLoads];
+  if (first < total) {
+    const uint4* wr = reinterpret_cast<const uint4*>(s.w + first * s.K);
+#pragma unroll
+    for (int u = 0; u < kLoads; ++u)
+      if (vb + lane + 32 * u < ve) wv[u] = __ldcs(wr + vb + lane + 32 * u);
+  }
+  pdl_wait();
+  pdl_release();
+  const uint4* xr = reinterpret_cast<const uint4*>(s.x);
+  const uint4* gr = reinterpret_cast<const uint4*>(g);
+  if (NORM == 1) {
+    float ss = 0.f;
+    for (int v = threadIdx.x; v < vecs; v += kThreads) {
+      const uint4 xv = __ldg(xr + v);
+      const unsigned a[4] = {xv.x, xv.y, xv.z, xv.w};
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        const float lo = __uint_as_float(a[k] << 16), hi = __uint_as_float(a[k] & 0xffff0000u);
+        ss = fmaf(lo, lo, fmaf(hi, hi, ss));
+      }
+    }
+    ss = warp_sum(ss);
+    if (lane == 0) sq[warp] = ss;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      float t = 0.f;
+      for (int k = 0; k < kWarps; ++k) t += sq[k];
+      inv_rms = rsqrtf(t / s.K + eps);
+    }
+    __syncthreads();
+    for (int v = threadIdx.x; v < vecs; v += kThreads) {
+      const uint4 xv = __ldg(xr + v), gv = __ldg(gr + v);
+      const unsigned a[4] = {xv.x, xv.y, xv.z, xv.w}, b[4] = {gv.x, gv.y, gv.z, gv.w};
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        x_normed[8 * v + 2 * k] = __uint_as_float(a[k] << 16) * inv_rms * __uint_as_float(b[k] << 16);
+        x_normed[8 * v + 2 * k + 1] = __uint_as_float(a[k] & 0xffff0000u) * inv_rms * __uint_as_float(b[k] & 0xffff0000u);
+      }
+    }
+    __syncthreads();
+  }
+  float ss = 0.f;  // NORM 2: this warp's half of sum(x^2), from its first row's pass
+  for (long long base = static_cast<long long>(blockIdx.x) * (kWarps / 2); base < total;
+       base += static_cast<long long>(gridDim.x) * (kWarps / 2)) {
+    const long long n = base + warp / 2;
+    float acc = 0.f;
+    if (n < total) {
+      const uint4* wr = reinterpret_cast<const uint4*>(s.w + n * s.K);
+      for (int v0 = vb + lane; v0 < ve; v0 += 32 * kLoads) {
+        if (n != first || v0 != vb + lane)
+#pragma unroll
+          for (int u = 0; u < kLoads; ++u)
+            if (v0 + 32 * u < ve) wv[u] = __ldcs(wr + v0 + 32 * u);
+#pragma unroll
+        for (int u = 0; u < kLoads; ++u) {
+          const int v = v0 + 32 * u;
+          if (v >= ve) break;
+          const unsigned a[4] = {wv[u].x, wv[u].y, wv[u].z, wv[u].w};
+          if (NORM == 1) {
+            const float4* xs = reinterpret_cast<const float4*>(x_normed + 8 * v);
+            const float4 p = xs[0], q = xs[1];
+            const float xf[8] = {p.x, p.y, p.z, p.w, q.x, q.y, q.z, q.w};
+#pragma unroll
+            for (int k = 0; k < 4; ++k) {
+              acc = fmaf(__uint_as_float(a[k] << 16), xf[2 * k], acc);
+              acc = fmaf(__uint_as_float(a[k] & 0xffff0000u), xf[2 * k + 1], acc);
+            }
+          } else {
+            const uint4 xv = __ldg(xr + v), gv = __ldg(gr + v);
+            const unsigned b[4] = {xv.x, xv.y, xv.z, xv.w}, c[4] = {gv.x, gv.y, gv.z, gv.w};
+#pragma unroll
+            for (int k = 0; k < 4; ++k) {
+              const float lo = __uint_as_float(b[k] << 16), hi = __uint_as_float(b[k] & 0xffff0000u);
+              if (n == first) ss = fmaf(lo, lo, fmaf(hi, hi, ss));
+              acc = fmaf(__uint_as_float(a[k] << 16), lo * __uint_as_float(c[k] << 16), acc);
+              acc = fmaf(__uint_as_float(a[k] & 0xffff0000u), hi * __uint_as_float(c[k] & 0xffff0000u), acc);
+            }
+          }
+        }
+      }
+    }
+    acc = warp_sum(acc);
+    if (NORM == 2 && n == first) ss = warp_sum(ss);
+    if (lane == 0) {
+      part[warp] = acc;
+      if (NORM == 2 && n == first) sq[warp] = ss;
+    }
+    __syncthreads();
+    if (slice == 0 && lane == 0 && n < total) {
+      float y = part[warp] + part[warp + 1];
+      if (NORM == 2) y *= rsqrtf((sq[warp] + sq[warp + 1]) / s.K + eps);
+      s.y[n] = __float2bfloat16(y);
+    }
+    __syncthreads();
+  }
 }
 
 // One warp's first chunk of its first row of `s` (weights never change, so
@@ -207,6 +321,11 @@ __global__ void fill_uniform(bf16* p, long long n, unsigned seed, float scale) {
   }
 }
 
+__global__ void add_one(bf16* p, int n) {
+  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x)
+    p[i] = __float2bfloat16(__bfloat162float(p[i]) + 1.0f);
+}
+
 __global__ void read_all(const uint4* p, long long n, unsigned* sink) {
   unsigned acc = 0;
   for (long long i = blockIdx.x * static_cast<long long>(blockDim.x) + threadIdx.x; i < n;
@@ -215,6 +334,21 @@ __global__ void read_all(const uint4* p, long long n, unsigned* sink) {
     acc ^= v.x ^ v.y ^ v.z ^ v.w;
   }
   if (acc == 0x12345678u) *sink = acc;
+}
+
+template <class... KA, class... A>
+void launch_pdl_shared(cudaStream_t st, void (*k)(KA...), unsigned grid, size_t shared, A... args) {
+  cudaLaunchAttribute at[1];
+  at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  at[0].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t c{};
+  c.gridDim = grid;
+  c.blockDim = kThreads;
+  c.dynamicSmemBytes = shared;
+  c.stream = st;
+  c.attrs = at;
+  c.numAttrs = 1;
+  CK(cudaLaunchKernelEx(&c, k, args...));
 }
 
 template <class... KA, class... A>
@@ -233,13 +367,31 @@ void launch_pdl(cudaStream_t st, void (*k)(KA...), unsigned grid, A... args) {
 
 float to_float(bf16 v) { return __bfloat162float(v); }
 
+struct shape {
+  int N, K;
+};
+
 }  // namespace
 
-int main() {
-  const int layers = 16;
-  struct shape {
-    int N, K;
-  } const per_layer[] = {{3072, 2048}, {2048, 2048}, {16384, 2048}, {2048, 8192}};  // q/k/v, o, gate|up, down
+// argv[1]: the model's GEMVs, q/k/v, o, gate|up, down per layer: "1b" (the
+// default: LLaMA-1B, 16 layers), "7b" (LLaMA-7B, 32 layers: the decode step
+// of issues 14 and 15 on one GPU) or "7b-tp2" / "7b-tp4" (one GPU's share of
+// it at tensor degree 2 / 4: column-parallel q/k/v and gate|up, row-parallel
+// o and down; no all-reduce).
+int main(int argc, char** argv) {
+  const std::string which = argc > 1 ? argv[1] : "1b";
+  int layers = 16;
+  std::vector<shape> per_layer = {{3072, 2048}, {2048, 2048}, {16384, 2048}, {2048, 8192}};
+  if (which == "7b" || which == "7b-tp2" || which == "7b-tp4") {
+    const int t = which == "7b" ? 1 : which == "7b-tp2" ? 2 : 4;
+    layers = 32;
+    per_layer = {{12288 / t, 4096}, {4096, 4096 / t}, {22016 / t, 4096}, {4096, 11008 / t}};
+  } else if (which != "1b") {
+    std::fprintf(stderr, "unknown shape %s (1b, 7b, 7b-tp2, 7b-tp4)\n", which.c_str());
+    return 2;
+  }
+  int widest = 0;
+  for (const auto& sh : per_layer) widest = std::max({widest, sh.N, sh.K});
   size_t weight_elems = 0;
   for (const auto& s : per_layer) weight_elems += static_cast<size_t>(s.N) * s.K;
   weight_elems *= layers;
@@ -251,7 +403,7 @@ int main() {
   CK(cudaGetDeviceProperties(&prop, 0));
   // Each stage reads the first K outputs of the one before (the first reads x0).
   std::vector<bf16*> outs(count + 1);
-  for (auto& o : outs) CK(cudaMalloc(&o, 16384 * 2));
+  for (auto& o : outs) CK(cudaMalloc(&o, static_cast<size_t>(widest) * 2));
   std::vector<stage> st(count);
   {
     size_t off = 0;
@@ -263,7 +415,11 @@ int main() {
       off += static_cast<size_t>(sh.N) * sh.K;
     }
   }
-  fill_uniform<<<16, 256>>>(outs[0], 16384, 7, 1.0f);
+  fill_uniform<<<16, 256>>>(outs[0], widest, 7, 1.0f);
+  bf16* norm_w;  // the rms_norm's weight, around 1
+  CK(cudaMalloc(&norm_w, static_cast<size_t>(widest) * 2));
+  fill_uniform<<<16, 256>>>(norm_w, widest, 9, 0.5f);
+  add_one<<<16, 256>>>(norm_w, widest);
   CK(cudaGetLastError());
   stage* dst;
   CK(cudaMalloc(&dst, sizeof(stage) * count));
@@ -301,7 +457,12 @@ int main() {
     CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
     for (int k = 0; k < count; ++k) {
       const int rows_grid = (st[k].N + kWarps - 1) / kWarps, capped = std::min(rows_grid, prop.multiProcessorCount * 4);
-      if (form == 0) launch_pdl(s, gemv_runtime_like, (st[k].N + kWarps / 2 - 1) / (kWarps / 2), st[k]);
+      const unsigned a_grid = (st[k].N + kWarps / 2 - 1) / (kWarps / 2);
+      const bool normed = k % 2 == 0;  // q/k/v and gate|up read a normalised x
+      if (form == 0) launch_pdl(s, gemv_runtime_like, a_grid, st[k]);
+      else if (form == 5 && normed) launch_pdl_shared(s, gemv_runtime_norm<1>, a_grid, st[k].K * 4, st[k], norm_w, 1e-5f);
+      else if (form == 6 && normed) launch_pdl(s, gemv_runtime_norm<2>, a_grid, st[k], static_cast<const bf16*>(norm_w), 1e-5f);
+      else if (form >= 5) launch_pdl(s, gemv_runtime_like, a_grid, st[k]);
       else if (form == 1) launch_pdl(s, gemv_rows_kernel<true>, capped, st[k]);
       else if (form == 2) launch_pdl(s, gemv_rows_kernel<false>, capped, st[k]);
       else if (form == 3) launch_pdl(s, gemv_rows_kernel<true>, rows_grid, st[k]);
@@ -358,6 +519,13 @@ int main() {
   const double b3_us = time_it([&] { CK(cudaGraphLaunch(gb3, s)); });
   const double b4_us = time_it([&] { CK(cudaGraphLaunch(gb4, s)); });
   const double a2_us = time_it([&] { CK(cudaGraphLaunch(ga, s)); });
+  // The norm prologue's forms (A with q/k/v and gate|up reading a normalised x).
+  cudaGraphExec_t gn1 = graph_of(5), gn2 = graph_of(6);
+  const double n1_us = time_it([&] { CK(cudaGraphLaunch(gn1, s)); });
+  const auto yn1 = final_output();
+  const double n2_us = time_it([&] { CK(cudaGraphLaunch(gn2, s)); });
+  const auto yn2 = final_output();
+  const double n1b_us = time_it([&] { CK(cudaGraphLaunch(gn1, s)); });
 
   int per_sm = 0;
   CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, persistent_chain<true>, kThreads, 0));
@@ -375,8 +543,8 @@ int main() {
   const auto yc0 = final_output();
 
   const double floor_us = weight_bytes / (read_gbs * 1e9) * 1e6;
-  std::printf("%s, %d SMs; 16 layers of q/k/v, o, gate|up, down GEMVs (bf16, one row): %.1f MB of weights\n",
-              prop.name, prop.multiProcessorCount, weight_bytes / 1e6);
+  std::printf("%s, %d SMs; %s: %d layers of q/k/v, o, gate|up, down GEMVs (bf16, one row): %.1f MB of weights\n",
+              prop.name, prop.multiProcessorCount, which.c_str(), layers, weight_bytes / 1e6);
   std::printf("streaming read of those bytes: %.1f us (%.0f GB/s): the floor\n", read_us, read_gbs);
   std::printf("%-58s %10s %10s %12s\n", "form", "us", "per layer", "over floor");
   const auto row = [&](const char* name, double us) {
@@ -384,6 +552,9 @@ int main() {
   };
   row("A: a kernel per GEMV, runtime-like (PDL, graph)", a_us);
   row("A again (after the others)", a2_us);
+  row("A-norm: A, q/k/v and gate|up with the staged norm prologue", n1_us);
+  row("A-norm again", n1b_us);
+  row("A-fold: A, the norm folded into the products (no prologue)", n2_us);
   row("B: a kernel per GEMV, warp-per-row, x in shared memory", b_us);
   row("B2: the same, x through L1", b2_us);
   row("B3: B with a block per 8 rows (one row a warp)", b3_us);
@@ -394,10 +565,12 @@ int main() {
   std::printf("first GEMV against the host: A %.2e, C %.2e (relative)\n", a_err, c_err);
   std::printf("last output, relative L2 gap to A: B %.2e, B2 %.2e, C %.2e, C0 %.2e\n", relative_gap(yb, ya),
               relative_gap(yb2, ya), relative_gap(yc, ya), relative_gap(yc0, ya));
+  std::printf("last output, relative L2 gap, folded norm to staged: %.2e\n", relative_gap(yn2, yn1));
+  std::printf("staged_norm_over_plain: %.3f\nfolded_norm_over_staged: %.3f\n", n1_us / a_us, n2_us / n1_us);
   std::printf("rows_over_runtime_like: %.3f\n", std::min(b_us, b2_us) / a_us);
   std::printf("persistent_over_kernels: %.3f\n", c_us / a_us);
   const bool ok = a_err < 2e-2 && c_err < 2e-2 && relative_gap(yc, ya) < 5e-2 && relative_gap(yb, ya) < 5e-2 &&
-                  relative_gap(yb2, ya) < 5e-2;
+                  relative_gap(yb2, ya) < 5e-2 && relative_gap(yn2, yn1) < 5e-2;
   std::printf("%s\n", ok ? "outputs agree" : "OUTPUTS DISAGREE");
   return ok ? 0 : 1;
 }

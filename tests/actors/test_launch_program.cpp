@@ -913,6 +913,15 @@ TEST(LaunchProgram, DecodeProjectionsAreGroupedIntoGemvRecordsOnCudaOnly) {
       const auto sim = count_projections(cfg, device_kind::sim);
       EXPECT_EQ(sim.shared + sim.gated + sim.residual, 0);
     }
+  // Eight rows of 2048: more x than a block's shared memory held when the
+  // kernel staged the normalised rows there (the prologue had a limit of
+  // 10240 elements until the norm was folded into the products).
+  models::transformer_config wide = cfg;
+  wide.dtype = dtype::bf16;
+  wide.kv_cache_capacity = 0;
+  wide.d_model = 2048;
+  wide.batch = 8;
+  EXPECT_EQ(count_projections(wide, device_kind::cuda).norm_prologues, 6) << "8 x 2048 elements of x";
   // GPT-2: a bias add between each matmul and what follows; a LLaMA prefill
   // of 16 positions: more rows than the kernel takes.
   models::transformer_config gpt2 = cfg;

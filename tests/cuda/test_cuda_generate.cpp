@@ -444,9 +444,11 @@ TEST(CudaGenerate, ProjectionGroupStepsEqualTheReference) {
 
 // The rms_norm right before a projection group runs inside the group's GEMV
 // kernel (projection_fusion::norm_prologue): with and without the norm's
-// weight, 1 to 8 rows, a q/k/v-shaped group and a gated one, f32 / f16 /
-// bf16, replayed over several jobs; a norm whose output is also a graph
-// output stays a kernel of its own. Every job equals the reference.
+// weight, 1 to 8 rows, rows of 512 and of 4096 (8 x 4096 floats: more than
+// a block's shared memory held when the kernel staged the normalised rows
+// there), a q/k/v-shaped group and a gated one, f32 / f16 / bf16, replayed
+// over several jobs; a norm whose output is also a graph output stays a
+// kernel of its own. Every job equals the reference.
 TEST(CudaGenerate, NormProloguesOfProjectionGroupsEqualTheReference) {
   AG_REQUIRE_GPU(1);
   auto rt = runtime::create("cuda:0");
@@ -454,53 +456,55 @@ TEST(CudaGenerate, NormProloguesOfProjectionGroupsEqualTheReference) {
   uint64_t seed = 9100;
   for (dtype t : {dtype::f32, dtype::f16, dtype::bf16})
     for (int64_t rows : {int64_t{1}, int64_t{3}, int64_t{8}})
-      for (bool weighted : {true, false}) {
-        SCOPED_TRACE(std::string(to_string(t)) + " rows " + std::to_string(rows) + (weighted ? " weighted" : ""));
-        constexpr int64_t K = 512;
-        auto w = [&](const std::string& name, shape dims, float sd) {
-          return host_tensor::random_normal(t, dims, ++seed, sd);
-        };
-        graph_builder b;
-        auto x = b.input("x", t, {rows, K});
-        auto norm = [&](const std::string& name) {
-          tensor g = weighted ? b.weight(name + ".w", w(name, {K}, 1.0f)) : tensor();
-          return b.rms_norm(x, g, 1e-5f, name);
-        };
-        auto n1 = norm("n1");
-        b.output(b.matmul(n1, b.weight("wq", w("wq", {256, K}, 0.05f)), false, true, "q"));
-        b.output(b.matmul(n1, b.weight("wk", w("wk", {64, K}, 0.05f)), false, true, "k"));
-        auto n2 = norm("n2");
-        auto gate = b.matmul(n2, b.weight("wg", w("wg", {192, K}, 0.05f)), false, true, "gate");
-        auto up = b.matmul(n2, b.weight("wu", w("wu", {192, K}, 0.05f)), false, true, "up");
-        b.output(b.mul(b.silu(gate, "act"), up, "mlp"));
-        auto n3 = norm("n3");  // also an output: not a prologue
-        b.output(n3);
-        b.output(b.matmul(n3, b.weight("wv", w("wv", {64, K}, 0.05f)), false, true, "v1"));
-        b.output(b.matmul(n3, b.weight("wv2", w("wv2", {64, K}, 0.05f)), false, true, "v2"));
-        auto g = std::move(b).build();
-        ASSERT_TRUE(g) << g.err().to_string();
-        plan_options o;
-        o.policy = placement_policy::single;
-        o.graph_replay = graph_replay_mode::on;
-        auto p = (*rt)->compile(*g, o);
-        ASSERT_TRUE(p) << p.err().to_string();
-        int prologues = 0;
-        for (const projection_fusion& f : (*p)->projection_fusions()) prologues += f.norm_prologue ? 1 : 0;
-        EXPECT_EQ((*p)->projection_fusions().size(), 3u) << (*p)->describe();
-        EXPECT_EQ(prologues, 2) << "n1 and n2, not n3 (an output)";
-        for (int k = 0; k < 3; ++k) {
-          std::vector<host_tensor> in{host_tensor::random_normal(t, {rows, K}, ++seed, 1.5f, 0.3f)};
-          auto want = evaluate_reference(*g, in);
-          ASSERT_TRUE(want) << want.err().to_string();
-          const job_result& r = (*rt)->submit(*p, in).wait();
-          ASSERT_TRUE(r) << "job " << k << ": " << r.err().to_string();
-          const test::tol tl = test::tol_for(t, 4);
-          for (std::size_t i = 0; i < want->size(); ++i) {
-            auto c = compare((*r)[i], (*want)[i], tl.atol, tl.rtol);
-            EXPECT_TRUE(c.ok) << "job " << k << " output " << i << ": " << c.message;
+      for (int64_t K : {int64_t{512}, int64_t{4096}})
+        for (bool weighted : {true, false}) {
+          SCOPED_TRACE(std::string(to_string(t)) + " rows " + std::to_string(rows) + " K " + std::to_string(K) +
+                       (weighted ? " weighted" : ""));
+          const float scale = 0.05f * std::sqrt(512.0f / static_cast<float>(K));  // outputs of one size at every K
+          auto w = [&](const std::string& name, shape dims, float sd) {
+            return host_tensor::random_normal(t, dims, ++seed, sd);
+          };
+          graph_builder b;
+          auto x = b.input("x", t, {rows, K});
+          auto norm = [&](const std::string& name) {
+            tensor g = weighted ? b.weight(name + ".w", w(name, {K}, 1.0f)) : tensor();
+            return b.rms_norm(x, g, 1e-5f, name);
+          };
+          auto n1 = norm("n1");
+          b.output(b.matmul(n1, b.weight("wq", w("wq", {256, K}, scale)), false, true, "q"));
+          b.output(b.matmul(n1, b.weight("wk", w("wk", {64, K}, scale)), false, true, "k"));
+          auto n2 = norm("n2");
+          auto gate = b.matmul(n2, b.weight("wg", w("wg", {192, K}, scale)), false, true, "gate");
+          auto up = b.matmul(n2, b.weight("wu", w("wu", {192, K}, scale)), false, true, "up");
+          b.output(b.mul(b.silu(gate, "act"), up, "mlp"));
+          auto n3 = norm("n3");  // also an output: not a prologue
+          b.output(n3);
+          b.output(b.matmul(n3, b.weight("wv", w("wv", {64, K}, scale)), false, true, "v1"));
+          b.output(b.matmul(n3, b.weight("wv2", w("wv2", {64, K}, scale)), false, true, "v2"));
+          auto g = std::move(b).build();
+          ASSERT_TRUE(g) << g.err().to_string();
+          plan_options o;
+          o.policy = placement_policy::single;
+          o.graph_replay = graph_replay_mode::on;
+          auto p = (*rt)->compile(*g, o);
+          ASSERT_TRUE(p) << p.err().to_string();
+          int prologues = 0;
+          for (const projection_fusion& f : (*p)->projection_fusions()) prologues += f.norm_prologue ? 1 : 0;
+          EXPECT_EQ((*p)->projection_fusions().size(), 3u) << (*p)->describe();
+          EXPECT_EQ(prologues, 2) << "n1 and n2, not n3 (an output)";
+          for (int k = 0; k < 3; ++k) {
+            std::vector<host_tensor> in{host_tensor::random_normal(t, {rows, K}, ++seed, 1.5f, 0.3f)};
+            auto want = evaluate_reference(*g, in);
+            ASSERT_TRUE(want) << want.err().to_string();
+            const job_result& r = (*rt)->submit(*p, in).wait();
+            ASSERT_TRUE(r) << "job " << k << ": " << r.err().to_string();
+            const test::tol tl = test::tol_for(t, 4);
+            for (std::size_t i = 0; i < want->size(); ++i) {
+              auto c = compare((*r)[i], (*want)[i], tl.atol, tl.rtol);
+              EXPECT_TRUE(c.ok) << "job " << k << " output " << i << ": " << c.message;
+            }
           }
         }
-      }
 }
 
 // Fused attention with its keys split over blocks (gpu/cuda/attention.cu):
