@@ -765,6 +765,7 @@ struct layout_sizes {
   int micro_batches = 16;  ///< jobs of one round, submitted together
   int seq = 512;           ///< tokens of a micro-batch (batch 1)
   int rounds = 3;          ///< timed rounds after one warm-up round (the median counts)
+  int devices = 4;         ///< 4: 1 x 1, 2 x 2, 4 x 1, 1 x 4 (issue 15); 2: 1 x 1, 2 x 1, 1 x 2
 };
 
 /// One layout's result in layout_figures.
@@ -848,7 +849,9 @@ layout_time time_layout(layer_run c, int stages, int tp, const std::shared_ptr<c
 /// base's kind (sim: 4 simulated H200s; cuda: GPUs 0..3, or 4 logical
 /// devices of GPU 0 with base.same_gpu, which checks the program, not the
 /// speedups). Figures end in "_sim" on sim. With `trace_out`, the trace of
-/// one 2 x 2 round goes to tagged(trace_out, "pp2xtp2").
+/// one 2 x 2 round goes to tagged(trace_out, "pp2xtp2"). With o.devices 2
+/// (--layout-devices 2): 1 device, 2 stages x 1 and 1 stage x 2, and only
+/// the pp_layout_* figures.
 void layout_figures(const layer_run& base, const layout_sizes& o, const std::string& trace_out,
                     std::vector<figure>& figs) {
   ag::models::transformer_config m;
@@ -869,7 +872,7 @@ void layout_figures(const layer_run& base, const layout_sizes& o, const std::str
   const std::string where =
       base.kind == "sim" ? " on sim H200s (time scale " + std::to_string(base.time_scale).substr(0, 5) + ")"
       : base.same_gpu    ? " on logical devices of GPU 0 (not a speedup)"
-                         : " on GPUs 0..3";
+                         : " on GPUs 0.." + std::to_string(o.devices - 1);
   const std::string what = "LLaMA " + std::to_string(o.layers) + " layers d 4096 ff 11008 bf16, " +
                            std::to_string(o.micro_batches) + " micro-batches of B 1 x T " + std::to_string(o.seq) +
                            where;
@@ -881,12 +884,14 @@ void layout_figures(const layer_run& base, const layout_sizes& o, const std::str
     std::string shown() const { return stages * tp == 1 ? "1 device" : label(); }  ///< in the table's text
   };
   std::vector<layout> ls{{1, 1, "1x1"}, {2, 2, "2x2"}, {4, 1, "4x1"}, {1, 4, "1x4"}};
+  if (o.devices == 2) ls = {{1, 1, "1x1"}, {2, 1, "2x1"}, {1, 2, "1x2"}};
   for (auto& l : ls) {
     l.t = time_layout(base, l.stages, l.tp, g, batch, o.rounds, l.name == "2x2" ? tagged(trace_out, "pp2xtp2") : "");
     std::fprintf(stderr, "layouts: %s: %.2f ms per round\n", l.label().c_str(), l.t.round_ms);
   }
   const double one = ls[0].t.round_ms, two_by_two = ls[1].t.round_ms;
   char buf[256];
+  if (o.devices == 4) {
   auto vs = [&](const layout& l) {
     std::snprintf(buf, sizeof buf, ": round %.2f ms as %s, %.2f ms as 2 x 2 (stages x devices; >1: 2 x 2 wins)",
                   l.t.round_ms, l.shown().c_str(), two_by_two);
@@ -895,6 +900,7 @@ void layout_figures(const layer_run& base, const layout_sizes& o, const std::str
   figs.push_back({"pp2xtp2_speedup" + sfx, one / two_by_two, vs(ls[0])});
   figs.push_back({"pp2xtp2_vs_pp4" + sfx, ls[2].t.round_ms / two_by_two, vs(ls[2])});
   figs.push_back({"pp2xtp2_vs_tp4" + sfx, ls[3].t.round_ms / two_by_two, vs(ls[3])});
+  }
   for (const auto& l : ls) {
     std::snprintf(buf, sizeof buf,
                   " (stages x devices per stage): median wall ms of %d rounds (submit to the last job done); largest "
@@ -1045,6 +1051,9 @@ int main(int argc, char** argv) {
                "cuda:all: leave out the layout comparison (it follows the other figures when there are 4 devices)")
       ->excludes(layouts_flag);
   app.add_option("--layout-layers", sizes.layers, "layout comparison: layers of the LLaMA")->check(CLI::Range(1, 1000));
+  app.add_option("--layout-devices", sizes.devices,
+                 "layout comparison: 4 (1 x 1, 2 x 2, 4 x 1, 1 x 4; the pp2xtp2 figures) or 2 (1 x 1, 2 x 1, 1 x 2)")
+      ->check(CLI::IsMember({2, 4}));
   app.add_option("--layout-microbatches", sizes.micro_batches,
                  "layout comparison: micro-batches (jobs of one plan submitted together) per round")
       ->check(CLI::Range(1, 4096));
@@ -1144,9 +1153,9 @@ int main(int argc, char** argv) {
       return 2;
     }
     if (layouts.kind == "cuda" && !same_gpu) {
-      if (const int gpus = gpu_count(); gpus < 4) {
-        std::fprintf(stderr, "actorgraph-tp-bench: --layouts on cuda needs 4 GPUs, this machine has %d (--same-gpu "
-                             "runs the 4 devices as logical devices of GPU 0)\n", gpus);
+      if (const int gpus = gpu_count(); gpus < sizes.devices) {
+        std::fprintf(stderr, "actorgraph-tp-bench: --layouts on cuda needs %d GPUs (--layout-devices), this machine "
+                             "has %d (--same-gpu runs the devices as logical devices of GPU 0)\n", sizes.devices, gpus);
         return 2;
       }
     }
@@ -1169,8 +1178,8 @@ int main(int argc, char** argv) {
     }
     multi_gpu_figures(n, same_gpu, small_layer, vocab, jobs, decode_layers, trace_out, op_profile, !no_overlap, figs);
     if (!op_profile && !no_layouts) {
-      if (n >= 4) layout_figures(layouts, sizes, trace_out, figs);
-      else std::fprintf(stderr, "layouts: skipped, the layout comparison needs 4 devices, this run has %d\n", n);
+      if (n >= sizes.devices) layout_figures(layouts, sizes, trace_out, figs);
+      else std::fprintf(stderr, "layouts: skipped, the layout comparison needs %d devices, this run has %d\n", sizes.devices, n);
     }
     print_table(figs);
     print_values(figs);
