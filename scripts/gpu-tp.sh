@@ -46,7 +46,8 @@
 #      2, 4 x 1 and 1 x 4: pp2xtp2_speedup, pp2xtp2_vs_pp4, pp2xtp2_vs_tp4,
 #      pp_layout_ms_{1x1,2x2,4x1,1x4}, the winning layout in the table
 #      (OUTDIR/tp-layouts.txt), and one 2 x 2 round's Chrome trace in
-#      OUTDIR/tp-layer-trace-pp2xtp2.json;
+#      OUTDIR/tp-layer-trace-pp2xtp2.json; with N = 2, --layouts
+#      --layout-devices 2: 1 GPU, 2 stages x 1 and 1 x 2 (pp_layout_ms_*);
 #   3. actorgraph-tp-bench --allreduce over the N GPUs: allreduce_us_<size>_<path>
 #      (the devices' time per call) and allreduce_host_us_<size>_<path> (wall
 #      per call, the host enqueueing) for the own one-shot path and NCCL, and
@@ -205,13 +206,20 @@ fi
 
 # 4 layouts x 4 rounds of 16 jobs of a ~10 GB model, and 5 uploads of it
 # (one per layout, one more for the traced 2 x 2 round): bounded on its own.
+# On 2 GPUs, 3 layouts and no trace.
 if [ "$n" -ge 4 ]; then
   echo "== 2c. layouts: 1 GPU, 2 stages x 2, 4 x 1, 1 x 4 ${layout_flags[*]}"
   bounded "${AG_TP_LAYOUT_LIMIT:-300}" "$out/tp-layouts.txt" "$build/apps/actorgraph-tp-bench" "${bench_devices[@]}" \
     "${layout_flags[@]}" --layouts --trace "$out/tp-layer-trace.json" || status=1
   grep -E '^(layouts: |pp_layout_winner)' "$out/tp-layouts.txt" || tail -5 "$out/tp-layouts.txt"
+elif [ "$n" -eq 2 ]; then
+  # On two GPUs: 1 GPU, 2 stages x 1 and 1 x 2, many jobs in flight.
+  echo "== 2c. layouts: 1 GPU, 2 stages x 1, 1 x 2 ${layout_flags[*]}"
+  bounded "${AG_TP_LAYOUT_LIMIT:-300}" "$out/tp-layouts.txt" "$build/apps/actorgraph-tp-bench" "${bench_devices[@]}" \
+    "${layout_flags[@]}" --layouts --layout-devices 2 || status=1
+  grep -E '^(layouts: |pp_layout_winner)' "$out/tp-layouts.txt" || tail -5 "$out/tp-layouts.txt"
 else
-  echo "== 2c. layouts: skipped, they need 4 devices ($n here)"
+  echo "== 2c. layouts: skipped, they need 2 or 4 devices ($n here)"
 fi
 
 if [ -z "${AG_TP_SKIP_ALLREDUCE:-}" ]; then
