@@ -850,8 +850,9 @@ layout_time time_layout(layer_run c, int stages, int tp, const std::shared_ptr<c
 /// devices of GPU 0 with base.same_gpu, which checks the program, not the
 /// speedups). Figures end in "_sim" on sim. With `trace_out`, the trace of
 /// one 2 x 2 round goes to tagged(trace_out, "pp2xtp2"). With o.devices 2
-/// (--layout-devices 2): 1 device, 2 stages x 1 and 1 stage x 2, and only
-/// the pp_layout_* figures.
+/// (--layout-devices 2): 1 device, 2 stages x 1 and 1 stage x 2, only the
+/// pp_layout_* figures, and the trace of one 1 x 2 round in
+/// tagged(trace_out, "pp1xtp2").
 void layout_figures(const layer_run& base, const layout_sizes& o, const std::string& trace_out,
                     std::vector<figure>& figs) {
   ag::models::transformer_config m;
@@ -886,7 +887,10 @@ void layout_figures(const layer_run& base, const layout_sizes& o, const std::str
   std::vector<layout> ls{{1, 1, "1x1"}, {2, 2, "2x2"}, {4, 1, "4x1"}, {1, 4, "1x4"}};
   if (o.devices == 2) ls = {{1, 1, "1x1"}, {2, 1, "2x1"}, {1, 2, "1x2"}};
   for (auto& l : ls) {
-    l.t = time_layout(base, l.stages, l.tp, g, batch, o.rounds, l.name == "2x2" ? tagged(trace_out, "pp2xtp2") : "");
+    // The traced round: 2 x 2 on 4 devices, 1 x 2 on 2.
+    const bool traced = l.name == (o.devices == 4 ? "2x2" : "1x2");
+    l.t = time_layout(base, l.stages, l.tp, g, batch, o.rounds,
+                      traced ? tagged(trace_out, o.devices == 4 ? "pp2xtp2" : "pp1xtp2") : "");
     std::fprintf(stderr, "layouts: %s: %.2f ms per round\n", l.label().c_str(), l.t.round_ms);
   }
   const double one = ls[0].t.round_ms, two_by_two = ls[1].t.round_ms;
