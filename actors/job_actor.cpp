@@ -84,7 +84,7 @@ void begin_fail(job_actor_t* self, error e) {
       st.err = std::move(e);
       st.ph = phase::cancelling;
       st.ctx->cancelled.store(true, std::memory_order_release);
-      const auto& actors = st.ctx->lp->queue_actors;
+      const auto& actors = st.ctx->queue_actors();
       st.acks = actors.size();
       msg::job_ref_ptr ref = st.ctx;
       for (const auto& a : actors) self->send(a, msg::cancel_job{ref});
@@ -115,7 +115,7 @@ void collect_trace(const job_context& ctx) {
     trace_record r;
     r.job = ctx.id();
     r.device = q.device;
-    r.lane = lane_name(q.kind, q.lane);
+    r.lane = lane_name(q.kind, ctx.lane_of(ls.queue));
     r.step = static_cast<step_id>(s);
     r.label = ls.label;
     if (slot.replay != replay_outcome::none)
@@ -200,6 +200,7 @@ std::size_t prepare_run(job_context& ctx) {
   // after anything that may throw: a number drawn by a job that never runs
   // would stall the jobs after it).
   ctx.collective_seq = lp.next_collective_seq.fetch_add(1, std::memory_order_relaxed);
+  ctx.job_lane = static_cast<int>(ctx.collective_seq % static_cast<uint64_t>(prog.job_lanes()));
   // Inputs whose copies replay inside graphs go to the arenas' host windows.
   for (step_id s : prog.window_inputs()) {
     const lowered_step& ls = prog.steps()[static_cast<std::size_t>(s)];
@@ -223,16 +224,16 @@ std::size_t prepare_run(job_context& ctx) {
 /// waking it). From the job actor (`self`) the last starting queue stays on
 /// this thread; from a submitting thread (no self) every one is anon_send.
 void send_run_jobs(const job_context& ctx, job_actor_t* self) {
-  const auto& lp = *ctx.lp;
-  const auto& queues = lp.program->queues();
+  const auto& queues = ctx.program().queues();
+  const auto& actors = ctx.queue_actors();
   msg::job_ref_ptr ref = ctx.shared_from_this();
   std::size_t last = queues.size();
   for (std::size_t q = 0; q < queues.size(); ++q)
     if (queues[q].starts_itself) last = q;
   for (std::size_t q = 0; q < queues.size(); ++q) {
     if (!queues[q].starts_itself) continue;
-    if (self && q == last) self->send(lp.queue_actors[q], msg::run_job{ref, static_cast<int>(q)});
-    else caf::anon_send(lp.queue_actors[q], msg::run_job{ref, static_cast<int>(q)});
+    if (self && q == last) self->send(actors[q], msg::run_job{ref, static_cast<int>(q)});
+    else caf::anon_send(actors[q], msg::run_job{ref, static_cast<int>(q)});
   }
 }
 

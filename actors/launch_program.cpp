@@ -709,7 +709,44 @@ expected<std::shared_ptr<const launch_program>> lower(std::shared_ptr<const plan
     q.starts_itself = q.steps.empty() || q.remote_dep_counts.front() == 0;
   }
   mark_replay_segments(pl, *prog);
+  choose_job_lanes(pl, has_collectives, *prog);
   return std::shared_ptr<const launch_program>(std::move(prog));
+}
+
+void choose_job_lanes(const plan& pl, bool has_collectives, launch_program& prog) {
+  for (const auto& q : prog.queues_) {
+    if (q.kind != step_kind::compute) continue;
+    if (prog.compute_lanes_.size() <= static_cast<std::size_t>(q.device))
+      prog.compute_lanes_.resize(static_cast<std::size_t>(q.device) + 1, 0);
+    auto& n = prog.compute_lanes_[static_cast<std::size_t>(q.device)];
+    n = std::max(n, q.lane + 1);
+  }
+  const int asked = pl.options().job_lanes;
+  int want = asked;
+  if (want == 0) {
+    want = 1;
+    if (!prog.used_devices_.empty() &&
+        std::all_of(prog.used_devices_.begin(), prog.used_devices_.end(), [&](int d) {
+          return pl.devices()[static_cast<std::size_t>(d)].kind == device_kind::cuda;
+        }))
+      want = 2;
+  }
+  if (want <= 1) return;
+  const bool has_state = std::any_of(pl.memory().begin(), pl.memory().end(),
+                                     [](const device_memory& m) { return m.state_bytes > 0; });
+  std::string why;
+  if (!has_collectives) why = "the plan has no collectives";
+  else if (prog.has_in_stream_) why = "its in-stream collective parts share one memory area per device";
+  else if (has_state) why = "it keeps state across jobs (a slot's jobs follow each other on one stream)";
+  if (why.empty()) prog.job_lanes_ = want;
+  else if (asked > 1) prog.job_lanes_note_ = "job_lanes " + std::to_string(asked) + " not taken: " + why;
+}
+
+int launch_program::lane_on_copy(int q, int copy) const noexcept {
+  const launch_queue& lq = queues_[static_cast<std::size_t>(q)];
+  if (copy <= 0 || !copied(q)) return lq.lane;
+  if (lq.kind == step_kind::collective) return copy;
+  return lq.lane + copy * compute_lanes_[static_cast<std::size_t>(lq.device)];
 }
 
 }  // namespace ag::actors

@@ -201,6 +201,24 @@ class launch_program {
   int find_queue(int device, step_kind kind, int lane) const noexcept;
   /// Some queue runs in-stream collective parts (launch_queue::in_stream_parts).
   bool has_in_stream_parts() const noexcept { return has_in_stream_; }
+  /// Job lanes (plan_options::job_lanes): copies of every device's compute
+  /// lanes and communication queue; the job numbered n in the agreed order
+  /// (job_context::collective_seq) runs on copy n % job_lanes(). 1: one copy.
+  int job_lanes() const noexcept { return job_lanes_; }
+  /// Why the plan runs on one copy although plan_options::job_lanes asked
+  /// for more (empty otherwise).
+  const std::string& job_lanes_note() const noexcept { return job_lanes_note_; }
+  /// Whether queue `q` has a copy per job lane: a compute or communication
+  /// queue when job_lanes() > 1. The copy queues (h2d, d2h, peer) are shared.
+  bool copied(int q) const noexcept {
+    const step_kind k = queues_[static_cast<std::size_t>(q)].kind;
+    return job_lanes_ > 1 && (k == step_kind::compute || k == step_kind::collective);
+  }
+  /// The lane of queue `q` on job lane `copy`: a compute queue's lane plus
+  /// `copy` times its device's compute lanes (copy 1 of a device with lanes
+  /// 0 and 1 runs on lanes 2 and 3), a communication queue's `copy`, a
+  /// shared queue's own lane.
+  int lane_on_copy(int q, int copy) const noexcept;
   /// Bytes of the host window each arena of device `d` needs (0: none; see
   /// copy_desc::window_offset).
   int64_t window_bytes(int d) const noexcept {
@@ -222,12 +240,16 @@ class launch_program {
   friend expected<std::shared_ptr<const launch_program>> lower(std::shared_ptr<const plan> p);
   friend void mark_replay_segments(const plan& pl, launch_program& prog);
   friend void mark_peer_ordered_deps(const plan& pl, launch_program& prog);
+  friend void choose_job_lanes(const plan& pl, bool has_collectives, launch_program& prog);
   std::shared_ptr<const plan> plan_;
   std::vector<launch_queue> queues_;
   std::vector<lowered_step> steps_;
   std::vector<step_id> completion_;
   std::vector<int> used_devices_;
   bool has_in_stream_ = false;
+  int job_lanes_ = 1;
+  std::string job_lanes_note_;
+  std::vector<int> compute_lanes_;  ///< by device: its highest compute lane + 1
   std::vector<int64_t> window_bytes_;  ///< by device
   std::vector<step_id> window_inputs_, window_outputs_;
 };
@@ -237,6 +259,8 @@ void mark_replay_segments(const plan& pl, launch_program& prog);
 /// Part of lower(): sets collective_desc::peer_ordered_deps of the
 /// collective parts (see there).
 void mark_peer_ordered_deps(const plan& pl, launch_program& prog);
+/// Part of lower(), last: the plan's job lanes (launch_program::job_lanes).
+void choose_job_lanes(const plan& pl, bool has_collectives, launch_program& prog);
 
 /// Lowers `p` (valid plans from ag::compile; it checks what it relies on).
 /// Errors (errc::internal, with error::device / step / op set): a step on a

@@ -143,8 +143,18 @@ struct loaded_plan {
   uint64_t key = 0;  ///< unique per runtime process; names the plan in messages
   std::shared_ptr<const launch_program> program;
   /// The executing actor of each queue of the program (by queue index),
-  /// bound once when the plan is loaded.
+  /// bound once when the plan is loaded: job lane 0's.
   std::vector<caf::actor> queue_actors;
+  /// By job lane (launch_program::job_lanes): the actor of each queue for
+  /// the jobs of that lane; [0] is queue_actors. A copied queue's actor
+  /// (launch_program::copied) is the one of its lane on that copy (a
+  /// device's compute lanes share one actor, which keeps a stream per lane;
+  /// each copy of a communication queue is an actor of its own), a shared
+  /// queue's is lane 0's.
+  std::vector<std::vector<caf::actor>> queue_actors_by_lane;
+  const std::vector<caf::actor>& actors_of(int job_lane) const {
+    return queue_actors_by_lane.empty() ? queue_actors : queue_actors_by_lane[static_cast<std::size_t>(job_lane)];
+  }
   /// By device index: this plan's memory there; null for devices it does not use.
   std::vector<std::shared_ptr<plan_memory>> memory;
   /// By output: where its host buffer comes from (the host_memory() of the

@@ -48,7 +48,12 @@ struct plan_deleter {
     if (!live->alive) return;
     for (int d : lp->program->used_devices())
       caf::anon_send(live->device_actors[static_cast<std::size_t>(d)], msg::unload_plan{lp->key});
-    for (const auto& a : lp->queue_actors) caf::anon_send(a, msg::unload_plan{lp->key});
+    // Every job lane's actors (a communication queue's copies are actors of
+    // their own); an actor listed twice forgets the plan twice, harmlessly.
+    for (int l = 0; l < lp->program->job_lanes(); ++l)
+      for (std::size_t q = 0; q < lp->queue_actors.size(); ++q)
+        if (l == 0 || lp->program->copied(static_cast<int>(q)))
+          caf::anon_send(lp->actors_of(l)[q], msg::unload_plan{lp->key});
   }
 };
 
@@ -180,12 +185,15 @@ caf::actor runtime_core::queue_actor(int device, step_kind kind, int lane) {
     case step_kind::copy_peer: return copy_actors_[d][static_cast<std::size_t>(kind) - 1];
     case step_kind::collective: {
       // The device's communication queue (collective parts of every plan),
-      // spawned on the first plan that needs it.
+      // spawned on the first plan that needs it; lane l > 0: its copy for
+      // job lane l (launch_program::job_lanes).
       std::lock_guard<std::mutex> lk(lanes_m_);
       if (comm_actors_.size() < devices_.size()) comm_actors_.resize(devices_.size());
-      if (!comm_actors_[d])
-        comm_actors_[d] = spawn_exec_actor(sys_, devices_[d], step_kind::collective, 0, watch_of(d));
-      return comm_actors_[d];
+      auto& v = comm_actors_[d];
+      if (static_cast<int>(v.size()) <= lane) v.resize(static_cast<std::size_t>(lane) + 1);
+      auto& a = v[static_cast<std::size_t>(lane)];
+      if (!a) a = spawn_exec_actor(sys_, devices_[d], step_kind::collective, lane, watch_of(d));
+      return a;
     }
   }
   return {};
@@ -213,6 +221,19 @@ expected<std::shared_ptr<const plan>> runtime_core::compile(std::shared_ptr<cons
   // Bind each queue to its executing actor, once per loaded plan.
   lp->queue_actors.reserve(prog.queues().size());
   for (const auto& q : prog.queues()) lp->queue_actors.push_back(queue_actor(q.device, q.kind, q.lane));
+  if (prog.job_lanes() > 1) {
+    lp->queue_actors_by_lane.push_back(lp->queue_actors);
+    for (int l = 1; l < prog.job_lanes(); ++l) {
+      std::vector<caf::actor> actors;
+      for (std::size_t q = 0; q < prog.queues().size(); ++q) {
+        const auto& lq = prog.queues()[q];
+        actors.push_back(prog.copied(static_cast<int>(q))
+                             ? queue_actor(lq.device, lq.kind, prog.lane_on_copy(static_cast<int>(q), l))
+                             : lp->queue_actors[q]);
+      }
+      lp->queue_actors_by_lane.push_back(std::move(actors));
+    }
+  }
   lp->output_memory.assign(gr.outputs().size(), nullptr);
   if (opts_.pinned_outputs)
     for (step_id s : prog.completion_steps()) {
@@ -339,7 +360,7 @@ expected<std::shared_ptr<const plan>> runtime_core::compile(std::shared_ptr<cons
   for (const auto& members : groups) {
     std::vector<gpu::device*> devs;
     for (int d : members) devs.push_back(devices_[static_cast<std::size_t>(d)].get());
-    if (error e = devs.front()->prepare_collective_group(devs))
+    if (error e = devs.front()->prepare_collective_group(devs, prog.job_lanes()))
       return error{e.code, "collective group of device '" + devs.front()->spec().name + "': " + e.message,
                    members.front()};
   }
@@ -504,8 +525,9 @@ std::vector<caf::actor> runtime_core::exec_actors() {
   std::vector<caf::actor> r;
   for (const auto& v : lanes_) r.insert(r.end(), v.begin(), v.end());
   for (const auto& arr : copy_actors_) r.insert(r.end(), arr.begin(), arr.end());
-  for (const auto& a : comm_actors_)
-    if (a) r.push_back(a);
+  for (const auto& v : comm_actors_)
+    for (const auto& a : v)
+      if (a) r.push_back(a);
   return r;
 }
 
@@ -593,7 +615,8 @@ void runtime_core::shutdown() {
     for (auto& a : v) stop(a);
   for (auto& arr : copy_actors_)
     for (auto& a : arr) stop(a);
-  for (auto& a : comm_actors_) stop(a);
+  for (auto& v : comm_actors_)
+    for (auto& a : v) stop(a);
 }
 
 }  // namespace ag::actors

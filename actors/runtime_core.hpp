@@ -132,7 +132,7 @@ class runtime_core {
   std::mutex lanes_m_;
   std::vector<std::vector<caf::actor>> lanes_;          // [device][lane], under lanes_m_
   std::vector<std::array<caf::actor, 3>> copy_actors_;  // [device][h2d, d2h, peer]
-  std::vector<caf::actor> comm_actors_;                 // [device], spawned on first use, under lanes_m_
+  std::vector<std::vector<caf::actor>> comm_actors_;    // [device][job lane], spawned on first use, under lanes_m_
   std::vector<std::shared_ptr<fault_sink>> fault_sinks_;
   /// Spare job actors (job_actor.hpp, spare_job_actor): submit() binds one
   /// instead of spawning, and spawns its replacement once the job is sent.

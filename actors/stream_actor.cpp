@@ -317,6 +317,7 @@ gpu::collective_launch collective_part(const job_context& ctx, const lowered_ste
   l.rank = c.rank;
   l.algo = c.algo;
   l.bytes = c.bytes;
+  l.communicator = ctx.job_lane;  // each job lane's collectives on a communicator of their own
   // Aliases the job context: the flag (and the job) live while the part does.
   l.cancelled = std::shared_ptr<const std::atomic<bool>>(ctx.shared_from_this(), &ctx.cancelled);
   l.out = c.out.proto;
@@ -343,7 +344,7 @@ error launch_step(exec_state& st, exec_job& e, step_id s) {
   const job_context& ctx = *e.ctx;
   const launch_program& prog = ctx.program();
   const lowered_step& ls = prog.steps()[static_cast<std::size_t>(s)];
-  const int lane = prog.queues()[static_cast<std::size_t>(ls.queue)].lane;
+  const int lane = ctx.lane_of(ls.queue);
   const error* stream_err = nullptr;
   gpu::stream* sp = stream_of(st, lane, &stream_err);
   if (!sp) return step_error(st, lane, ls, "has no stream", *stream_err);
@@ -485,7 +486,7 @@ expected<int> launch_segment(exec_state& st, exec_job& e, step_id s) {
   const launch_program& prog = ctx.program();
   const lowered_step& first = prog.steps()[static_cast<std::size_t>(s)];
   const launch_queue& q = prog.queues()[static_cast<std::size_t>(first.queue)];
-  const int lane = q.lane;
+  const int lane = ctx.lane_of(first.queue);
   const int n = first.replay_steps;
   const error* stream_err = nullptr;
   gpu::stream* sp = stream_of(st, lane, &stream_err);
@@ -495,7 +496,11 @@ expected<int> launch_segment(exec_state& st, exec_job& e, step_id s) {
   const auto step_at = [&](int i) -> const lowered_step& {
     return prog.steps()[static_cast<std::size_t>(q.steps[static_cast<std::size_t>(first.pos + i)])];
   };
-  replay_entry& entry = st.replays[job_key{ctx.lp->key, s}];
+  // Per job lane too: a graph keeps its stream's resources (cuBLAS
+  // workspace, attention counters), which another lane's stream must not
+  // share while both run.
+  replay_entry& entry =
+      st.replays[job_key{ctx.lp->key, s + ctx.job_lane * static_cast<int>(prog.steps().size())}];
   if (!entry.seen)
     for (int i = 0; i < n; ++i)
       for (const lowered_op& op : step_at(i).ops) {
@@ -671,7 +676,7 @@ void watch_step(exec_actor_t* self, const job_context& ctx, step_id s) {
   const lowered_step& ls = prog.steps()[static_cast<std::size_t>(s)];
   const auto& slot = ctx.slots[static_cast<std::size_t>(s)];
   if (!slot.end) return;
-  const auto lane = static_cast<std::size_t>(prog.queues()[static_cast<std::size_t>(ls.queue)].lane);
+  const auto lane = static_cast<std::size_t>(ctx.lane_of(ls.queue));
   if (st.watch.size() <= lane) st.watch.resize(lane + 1);
   auto& q = st.watch[lane];
   prune(q);  // keeps the list as short as the stream's unfinished work
@@ -749,8 +754,8 @@ bool ordered_queue(const launch_program& prog, int q) { return prog.queue(q).in_
 /// not ordered_queue).
 bool my_turn(exec_state& st, exec_job& e) {
   if (!ordered_queue(e.ctx->program(), e.queue)) return true;
-  auto& order = st.order[job_key{e.ctx->lp->key, e.queue}];
-  const bool mine = order.may_issue(e.ctx->collective_seq, job_key{e.ctx->id(), e.queue});
+  auto& order = st.order[job_key{e.ctx->lp->key, e.ctx->order_queue(e.queue)}];
+  const bool mine = order.may_issue(e.ctx->order_number(e.queue), job_key{e.ctx->id(), e.queue});
   if (!mine && order_log_on())
     order_log(st, "waits for its turn at step", e.ctx->id(), e.ctx->collective_seq, e.next);
   return mine;
@@ -798,7 +803,7 @@ void advance_one(exec_actor_t* self, exec_job& e, const msg::job_ref_ptr& ref) {
   const auto& steps = prog.steps();
   for (int q : st.touched) {
     auto& v = st.out[static_cast<std::size_t>(q)];
-    const auto& to = ctx.lp->queue_actors[static_cast<std::size_t>(q)];
+    const auto& to = ctx.queue_actors()[static_cast<std::size_t>(q)];
     if (to.address() == self->address()) {
       // Cannot be e's own queue (consumers on the same queue are not remote).
       exec_job& c = entry_for(st, ref, q);
@@ -838,7 +843,7 @@ void advance_one(exec_actor_t* self, exec_job& e, const msg::job_ref_ptr& ref) {
     const bool ordered = ordered_queue(prog, e.queue);
     const int queue = e.queue;
     forget_job(st, job_key{ctx.id(), queue});
-    if (ordered) finish_turn(self, ctx.lp->key, queue, ctx.collective_seq);
+    if (ordered) finish_turn(self, ctx.lp->key, ctx.order_queue(queue), ctx.order_number(queue));
   }
 }
 
@@ -922,9 +927,10 @@ caf::behavior exec_actor_fn(exec_actor_t* self, gpu::device_ptr dev, step_kind k
         if (prog.has_in_stream_parts()) st.dev->abort_collectives(ctx.id());  // peers' parts stop waiting here
         // The job's turn ends on every ordered queue this actor runs.
         for (std::size_t q = 0; q < prog.queues().size(); ++q) {
-          if (!prog.queues()[q].in_job_order || ctx.lp->queue_actors[q].address() != self->address()) continue;
-          st.order[job_key{ctx.lp->key, static_cast<int>(q)}].forget(ctx.collective_seq);
-          finish_turn(self, ctx.lp->key, static_cast<int>(q), ctx.collective_seq);
+          if (!prog.queues()[q].in_job_order || ctx.queue_actors()[q].address() != self->address()) continue;
+          const int oq = ctx.order_queue(static_cast<int>(q));
+          st.order[job_key{ctx.lp->key, oq}].forget(ctx.order_number(static_cast<int>(q)));
+          finish_turn(self, ctx.lp->key, oq, ctx.order_number(static_cast<int>(q)));
         }
         std::vector<gpu::stream*> live;
         for (auto& l : st.streams)

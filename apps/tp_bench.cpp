@@ -300,6 +300,8 @@ bool order_steps = true;
 ag::batch_chunks_mode batch_chunks = ag::batch_chunks_mode::automatic;
 /// --hand-over-lane: plan_options::hand_over_lane of every plan the bench compiles.
 bool hand_over_lane = true;
+/// --job-lanes: plan_options::job_lanes of every plan the bench compiles (0: auto).
+int job_lanes = 0;
 
 /// The plan options the command-line flags above set (every plan the bench
 /// compiles starts from these).
@@ -315,6 +317,7 @@ ag::plan_options flag_plan_options() {
   po.tp_batch_chunks = batch_chunks;
   po.hand_over_lane = hand_over_lane;
   po.inline_small_copies = tiny_job_path;
+  po.job_lanes = job_lanes;
   return po;
 }
 
@@ -1015,6 +1018,10 @@ int main(int argc, char** argv) {
                  "chunks of rows does not fit beside their last product (auto, the default)")
       ->check(CLI::IsMember({"on", "off", "auto"}));
   std::string hand_over = "on";
+  app.add_option("--job-lanes", job_lanes,
+                 "plan_options::job_lanes of every plan: copies of each device's compute lanes and communication "
+                 "queue that jobs in flight alternate over (0: auto, 2 on CUDA plans with collectives; 1: off)")
+      ->check(CLI::Range(0, 8));
   app.add_option("--hand-over-lane", hand_over,
                  "plan_options::hand_over_lane of every plan: the ops that hand a chunk's rows to a later all-gather "
                  "or output piece run on compute lane 1 (on), or on lane 0 (off)")

@@ -217,6 +217,11 @@ struct collective_launch {
   /// the operand addresses it also tells the parts of one collective from
   /// those of another job's.
   std::shared_ptr<const std::atomic<bool>> cancelled;
+  /// Which of the group's communicators runs the part (0 .. the count given
+  /// to prepare_collective_group - 1): the job's job lane
+  /// (launch_program::job_lanes), so that two lanes' collectives never wait
+  /// in one communicator's order. Only NCCL parts use it.
+  int communicator = 0;
 };
 
 /// Faults a simulated device can be told to produce (sim backend; other
@@ -402,8 +407,13 @@ class device {
   /// plan, from the loading thread: a backend whose parts meet through a
   /// communicator makes it here (CUDA: the group's NCCL communicator, when
   /// its collectives can take that path), so the plan fails to load rather
-  /// than its first job. Default: nothing to prepare.
-  virtual error prepare_collective_group(const std::vector<device*>& members) { return {}; }
+  /// than its first job; `communicators` of them (collective_launch::
+  /// communicator: one per job lane of the plan). Default: nothing to prepare.
+  virtual error prepare_collective_group(const std::vector<device*>& members, int communicators = 1) {
+    (void)members;
+    (void)communicators;
+    return {};
+  }
 
   // --- in-stream collectives (collective_algo::in_stream; CUDA only) ---
   /// Enqueues on `s` the job tag under which the in-stream all-reduce parts

@@ -304,6 +304,23 @@ struct plan_options {
   ///  - N >= 1: up to N lanes, independent branches spread over them whenever
   ///    at least two each exceed min_branch_seconds (the caller decided).
   int lanes_per_device = 0;
+  /// Job lanes: copies of each device's compute lanes and communication
+  /// queue (with its own NCCL communicator), the runtime putting every
+  /// job_lanes-th job of the plan on each copy (by the job's number in the
+  /// agreed order, actors/collective_order.hpp), so that one job's
+  /// collectives run beside another job's compute. Each copy issues its
+  /// jobs in the agreed order on its own; the copy queues (h2d, d2h, peer)
+  /// stay shared. Only plans with collectives, no in-stream parts (one
+  /// in-stream memory area per device) and no state (a sequence's jobs
+  /// follow each other on one stream) take copies; any other plan runs on
+  /// one (launch_program::job_lanes() says what a plan got).
+  ///  - 0 (auto, the default): 2 where every device of the plan is a CUDA
+  ///    GPU (2 H200s, a 24-layer LLaMA as 1 x 2 with 16 micro-batches: the
+  ///    all-reduces, a quarter of the round, ran beside no compute with one
+  ///    copy; docs/BENCHMARKS.md, session 39), else 1 (the sim runs two
+  ///    lanes' kernels at full speed each, which a GPU does not);
+  ///  - 1: off; 2..8: that many copies where the plan takes them.
+  int job_lanes = 0;
   /// Independent branches get their own lane only when each branch's
   /// estimated time exceeds this (fork/join costs an event pair).
   double min_branch_seconds = 20e-6;
@@ -438,7 +455,7 @@ struct plan_options {
 /// Refuses options no plan can be made with, naming the option and the
 /// value (errc::invalid_argument): a policy other than automatic / single,
 /// pipeline_stages < 0 or > 4096, lanes_per_device outside 0..64,
-/// max_lane_memory_ratio below 1 or not finite, lane_memory_slack_bytes < 0,
+/// job_lanes outside 0..8, max_lane_memory_ratio below 1 or not finite, lane_memory_slack_bytes < 0,
 /// min_branch_seconds negative, infinite or NaN, tensor_parallel outside
 /// 1..4096, graph_replay not off / on / auto, state_slots outside 1..65536.
 /// compile() calls it.

@@ -880,6 +880,8 @@ error validate(const plan_options& o) {
     return bad("pipeline_stages must be 0 (all devices) .. 4096, got " + std::to_string(o.pipeline_stages));
   if (o.lanes_per_device < 0 || o.lanes_per_device > 64)
     return bad("lanes_per_device must be 0 (auto) .. 64, got " + std::to_string(o.lanes_per_device));
+  if (o.job_lanes < 0 || o.job_lanes > 8)
+    return bad("job_lanes must be 0 (auto), 1 (off) .. 8, got " + std::to_string(o.job_lanes));
   if (!(o.max_lane_memory_ratio >= 1) || !std::isfinite(o.max_lane_memory_ratio))
     return bad("max_lane_memory_ratio must be a finite number >= 1, got " + std::to_string(o.max_lane_memory_ratio));
   if (o.lane_memory_slack_bytes < 0)

@@ -26,9 +26,10 @@ inline constexpr int step_kind_count = 5;
 const char* to_string(step_kind k) noexcept;
 
 /// Name of the queue (stream) of kind `k` and lane `lane` on a device, as
-/// traces show it: "compute0", "compute1", ... for compute lanes (lane 8 and
+/// traces show it: "compute0", "compute1", ... for compute lanes (lane 16 and
 /// above: "compute"), to_string(k) for the copy kinds, which have one queue
-/// per device, and "comm" for a device's communication queue (collectives).
+/// per device, and "comm" for a device's communication queue (collectives;
+/// "comm1" .. "comm7" for its copies on job lanes 1-7).
 const char* lane_name(step_kind k, int lane) noexcept;
 
 /// True for the kinds a copy engine runs on CUDA (host and peer copies).

@@ -627,7 +627,7 @@ class cuda_device final : public device {
   /// Makes the group's NCCL communicator now when its members are distinct
   /// GPUs (the NCCL path is possible) and the build has NCCL; the device
   /// keeps it for its lifetime. Same-GPU groups run one-shot: nothing to make.
-  error prepare_collective_group(const std::vector<device*>& members) override {
+  error prepare_collective_group(const std::vector<device*>& members, int communicators) override {
     std::vector<int> gpus;
     std::vector<uint64_t> uids;
     for (device* m : members) {
@@ -643,10 +643,14 @@ class cuda_device final : public device {
     const auto choice = choose_cuda_collective_path(op_kind::all_reduce, std::numeric_limits<int64_t>::max(), gpus, {},
                                                     nccl_min_bytes_, true);
     if (choice.path != collective_path::nccl) return {};
-    auto grp = nccl_group::get(gpus, uids);
-    if (!grp) return error(grp.err()).concerning(index_);
-    std::lock_guard<std::mutex> lk(mem_mu_);
-    groups_.push_back(std::move(*grp));
+    // One communicator per job lane, kept by the device (the process's
+    // cache holds them weakly).
+    for (int k = 0; k < std::max(1, communicators); ++k) {
+      auto grp = nccl_group::get(gpus, uids, k);
+      if (!grp) return error(grp.err()).concerning(index_);
+      std::lock_guard<std::mutex> lk(mem_mu_);
+      groups_.push_back(std::move(*grp));
+    }
     return {};
   }
 
@@ -1014,7 +1018,7 @@ class cuda_device final : public device {
   /// assumed). The current device is this one (caller's guard).
   error nccl_part(cuda_stream& cs, const collective_launch& l, const std::vector<int>& gpus,
                   const std::vector<uint64_t>& uids, const std::string& where) {
-    auto grp = nccl_group::get(gpus, uids);
+    auto grp = nccl_group::get(gpus, uids, l.communicator);
     if (!grp) return grp.err();
     nccl_group& g = **grp;
     const node& n = *l.op;

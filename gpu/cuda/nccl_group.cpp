@@ -5,6 +5,7 @@
 #include <map>
 #include <mutex>
 #include <shared_mutex>
+#include <tuple>
 
 #ifdef ACTORGRAPH_HAVE_NCCL
 #include <nccl.h>
@@ -14,12 +15,13 @@ namespace ag::gpu::cuda {
 
 namespace {
 std::mutex cache_mutex;
-// Keyed by (GPUs, member devices): one communicator per group of logical
+// Keyed by (GPUs, member devices, index: the plan's job lane): one
+// communicator per group of logical
 // devices, so two groups over the same GPUs (cuda:0,1,0,1 as 2 stages x 2)
 // never share one. A communicator's collectives must be issued in one order
 // on every rank, and the runtime agrees that order per group (per member
 // queue): two groups interleaving on one communicator mispaired and hung.
-using group_key = std::pair<std::vector<int>, std::vector<uint64_t>>;
+using group_key = std::tuple<std::vector<int>, std::vector<uint64_t>, int>;
 std::map<group_key, std::weak_ptr<nccl_group>>& cache() {
   static std::map<group_key, std::weak_ptr<nccl_group>> c;
   return c;
@@ -94,6 +96,8 @@ struct nccl_group::impl {
 nccl_group::nccl_group(std::vector<int> ordinals, std::vector<uint64_t> members)
     : ordinals_(std::move(ordinals)), members_(std::move(members)), impl_(std::make_unique<impl>()) {}
 
+void nccl_group::set_index(int index) noexcept { index_ = index; }
+
 nccl_group::~nccl_group() {
   std::lock_guard<std::shared_mutex> lk(impl_->mutex);
   if (impl_->aborted) return;
@@ -102,14 +106,15 @@ nccl_group::~nccl_group() {
 }
 
 expected<std::shared_ptr<nccl_group>> nccl_group::get(const std::vector<int>& ordinals,
-                                                       const std::vector<uint64_t>& members) {
+                                                       const std::vector<uint64_t>& members, int index) {
   std::lock_guard<std::mutex> lk(cache_mutex);
-  const group_key key{ordinals, members};
+  const group_key key{ordinals, members, index};
   if (auto it = cache().find(key); it != cache().end())
     if (auto g = it->second.lock(); g && !g->aborted()) return g;
   set_env_defaults();
   const std::string where = "NCCL communicator of " + gpus(ordinals);
   std::shared_ptr<nccl_group> g(new nccl_group(ordinals, members));
+  g->set_index(index);
   g->impl_->comms.assign(ordinals.size(), nullptr);
   // All ranks at once, from this thread: ncclCommInitAll needs every one.
   AG_NCCL_TRY(ncclCommInitAll(g->impl_->comms.data(), static_cast<int>(ordinals.size()), ordinals.data()), where);
@@ -162,7 +167,7 @@ void nccl_group::abort(const std::string& why) {
   }
   (void)why;
   std::lock_guard<std::mutex> lk(cache_mutex);
-  if (auto it = cache().find(group_key{ordinals_, members_}); it != cache().end() && it->second.lock().get() == this)
+  if (auto it = cache().find(group_key{ordinals_, members_, index_}); it != cache().end() && it->second.lock().get() == this)
     cache().erase(it);
 }
 
@@ -176,7 +181,7 @@ void abort_nccl_groups_of(int ordinal, const std::string& why) {
   {
     std::lock_guard<std::mutex> lk(cache_mutex);
     for (auto& [k, w] : cache())
-      if (auto g = w.lock(); g && std::find(k.first.begin(), k.first.end(), ordinal) != k.first.end())
+      if (auto g = w.lock(); g && std::find(std::get<0>(k).begin(), std::get<0>(k).end(), ordinal) != std::get<0>(k).end())
         hit.push_back(std::move(g));
   }
   for (auto& g : hit) g->abort(why);  // outside the cache lock: abort() takes it
@@ -196,7 +201,7 @@ error no_nccl(const std::string& where) {
 }  // namespace
 
 expected<std::shared_ptr<nccl_group>> nccl_group::get(const std::vector<int>& ordinals,
-                                                       const std::vector<uint64_t>&) {
+                                                       const std::vector<uint64_t>&, int) {
   return no_nccl("NCCL communicator of " + gpus(ordinals));
 }
 error nccl_group::all_reduce(int, const void*, void*, int64_t, dtype, cudaStream_t, const std::string& where) {

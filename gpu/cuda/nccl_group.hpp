@@ -34,13 +34,15 @@ class nccl_group {
   /// device ids, rank order) on the GPUs `ordinals` (distinct, rank order),
   /// made now (ncclCommInitAll, all ranks at once) unless this process has
   /// it. Two groups of other devices over the same GPUs get two
-  /// communicators: each group's issue order is agreed on its own.
+  /// communicators: each group's issue order is agreed on its own; so do
+  /// two `index`es of one group (a plan's job lanes, each with its own
+  /// order: collective_launch::communicator).
   /// Sets NCCL_NVLS_ENABLE=0 (NVLink multicast stays off, DESIGN.md) and
   /// NCCL_LAUNCH_MODE=PARALLEL and NCCL_RUNTIME_CONNECT=0 (peers connected at
   /// init, so no collective blocks the host) in the environment before the first NCCL
   /// call when they are unset. Errors name the GPUs and NCCL's message.
   static expected<std::shared_ptr<nccl_group>> get(const std::vector<int>& ordinals,
-                                                   const std::vector<uint64_t>& members);
+                                                   const std::vector<uint64_t>& members, int index = 0);
 
   ~nccl_group();
   nccl_group(const nccl_group&) = delete;
@@ -70,7 +72,9 @@ class nccl_group {
  private:
   struct impl;
   nccl_group(std::vector<int> ordinals, std::vector<uint64_t> members);
+  void set_index(int index) noexcept;
   std::vector<int> ordinals_;
+  int index_ = 0;
   std::vector<uint64_t> members_;
   std::unique_ptr<impl> impl_;
 };

@@ -885,6 +885,76 @@ projection_count count_projections(const models::transformer_config& cfg, device
   return c;
 }
 
+// Job lanes (plan_options::job_lanes, launch_program::job_lanes): auto gives
+// a tensor-parallel plan on CUDA devices two copies and one on sim; an asked
+// count is taken by a plan with collectives and neither state nor in-stream
+// parts, and refused with a note naming why otherwise; lane_on_copy moves a
+// compute queue past its device's compute lanes, a communication queue to
+// its copy's index, and keeps a copy queue where it is. 9 is out of range.
+TEST(LaunchProgram, JobLanesCopyTheComputeAndCommunicationQueuesOfCollectivePlans) {
+  models::transformer_config cfg;
+  cfg.variant = models::model_variant::llama;
+  cfg.n_layers = 2;
+  cfg.d_model = 64;
+  cfg.n_heads = 8;
+  cfg.n_kv_heads = 2;
+  cfg.d_ff = 96;
+  cfg.vocab = 50;
+  cfg.batch = 2;
+  cfg.seq_len = 4;
+  cfg.weight_values = false;
+  plan_options o;
+  o.tensor_parallel = 2;
+  EXPECT_EQ(compile_and_lower(cfg, device_kind::cuda, o, 2).prog->job_lanes(), 2) << "auto on CUDA";
+  EXPECT_EQ(compile_and_lower(cfg, device_kind::sim, o, 2).prog->job_lanes(), 1) << "auto on sim";
+  o.job_lanes = 3;
+  const auto [p, prog] = compile_and_lower(cfg, device_kind::sim, o, 2);
+  ASSERT_TRUE(prog);
+  EXPECT_EQ(prog->job_lanes(), 3);
+  EXPECT_TRUE(prog->job_lanes_note().empty()) << prog->job_lanes_note();
+  std::map<int, int> compute_lanes;  // by device: highest compute lane + 1
+  for (const launch_queue& q : prog->queues())
+    if (q.kind == step_kind::compute) compute_lanes[q.device] = std::max(compute_lanes[q.device], q.lane + 1);
+  int collective_queues = 0;
+  for (int q = 0; q < static_cast<int>(prog->queues().size()); ++q) {
+    const launch_queue& lq = prog->queue(q);
+    for (int c = 0; c < 3; ++c) {
+      const int want = lq.kind == step_kind::compute      ? lq.lane + c * compute_lanes[lq.device]
+                       : lq.kind == step_kind::collective ? c
+                                                          : lq.lane;
+      EXPECT_EQ(prog->lane_on_copy(q, c), want) << to_string(lq.kind) << " queue " << q << " copy " << c;
+    }
+    EXPECT_EQ(prog->copied(q), lq.kind == step_kind::compute || lq.kind == step_kind::collective);
+    collective_queues += lq.kind == step_kind::collective;
+  }
+  EXPECT_EQ(collective_queues, 2) << "one communication queue per member";
+  // Refused: no collectives (two pipeline stages), and state (a KV cache).
+  plan_options stages;
+  stages.pipeline_stages = 2;
+  stages.job_lanes = 2;
+  const auto [p2, pipeline] = compile_and_lower(cfg, device_kind::cuda, stages, 2);
+  ASSERT_TRUE(pipeline);
+  EXPECT_EQ(pipeline->job_lanes(), 1);
+  EXPECT_NE(pipeline->job_lanes_note().find("no collectives"), std::string::npos) << pipeline->job_lanes_note();
+  models::transformer_config decode = cfg;
+  decode.seq_len = 1;
+  decode.batch = 1;
+  decode.kv_cache_capacity = 16;
+  o.job_lanes = 2;
+  const auto [p3, cached] = compile_and_lower(decode, device_kind::cuda, o, 2);
+  ASSERT_TRUE(cached);
+  EXPECT_EQ(cached->job_lanes(), 1);
+  EXPECT_NE(cached->job_lanes_note().find("state"), std::string::npos) << cached->job_lanes_note();
+  plan_options bad;
+  bad.job_lanes = 9;
+  auto g = models::build_transformer(cfg);
+  ASSERT_TRUE(g.has_value());
+  auto refused = compile(std::make_shared<const graph>(std::move(*g)), sims(1), bad);
+  ASSERT_FALSE(refused.has_value());
+  EXPECT_EQ(refused.err().code, errc::invalid_argument);
+  EXPECT_NE(refused.err().message.find("job_lanes"), std::string::npos) << refused.err().message;
+}
+
 TEST(LaunchProgram, DecodeProjectionsAreGroupedIntoGemvRecordsOnCudaOnly) {
   models::transformer_config cfg;
   cfg.variant = models::model_variant::llama;

@@ -6,7 +6,9 @@
 
 #include <algorithm>
 #include <chrono>
+#include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -257,6 +259,71 @@ TEST_P(TensorParallelRun, SequenceParallelTransformersEqualTheReference) {
     o.sequence_parallel = ag::sequence_parallel_mode::on;
     expect_jobs_equal_reference(*rt, rt->compile(g, o).value(), *g, cfg, 60, 8, v + " 2 x 2");
   }
+}
+
+// Job lanes (plan_options::job_lanes): the jobs in flight alternate over
+// copies of each device's compute lane and communication queue, each copy
+// issuing its own jobs in their agreed order. Every job equals the
+// reference; each job's steps ran on one copy (its compute lane and its
+// communication queue have the same index, from the trace); every copy ran
+// jobs. job_lanes 1, and auto on sim and cpu, keep one copy (compute0 and
+// comm). Then jobs cancelled while in flight on both copies: the others
+// still equal the reference and the runtime keeps serving.
+TEST_P(TensorParallelRun, JobLanesSpreadJobsInFlightOverQueueCopies) {
+  ag::runtime_options o = opts();
+  o.trace = true;
+  auto rt = ag::runtime::create(std::string(GetParam()) + ":2", o).value();
+  auto cfg = tiny(ag::models::model_variant::llama, 8, 2);
+  auto g = build(cfg);
+  for (int asked : {0, 1, 2, 3}) {
+    const std::string what = std::string(GetParam()) + " job_lanes " + std::to_string(asked);
+    ag::plan_options po = tp(2);
+    po.job_lanes = asked;
+    po.lanes_per_device = 1;  // copy r computes on lane r
+    auto p = rt->compile(g, po).value();
+    (void)rt->take_trace();
+    expect_jobs_equal_reference(*rt, p, *g, cfg, 300, 12, what);
+    const ag::trace t = rt->take_trace();
+    std::map<uint64_t, std::set<std::string>> lanes_of;
+    std::set<std::string> used;
+    for (const auto& r : t.records)
+      if (r.lane.rfind("compute", 0) == 0 || r.lane.rfind("comm", 0) == 0) {
+        lanes_of[r.job].insert(r.lane);
+        used.insert(r.lane);
+      }
+    const int copies = asked >= 2 ? asked : 1;
+    std::set<std::string> want;
+    for (int c = 0; c < copies; ++c) {
+      want.insert("compute" + std::to_string(c));
+      want.insert(c == 0 ? std::string("comm") : "comm" + std::to_string(c));
+    }
+    EXPECT_EQ(used, want) << what;
+    EXPECT_EQ(lanes_of.size(), 12u) << what;
+    for (const auto& [job, lanes] : lanes_of) {
+      ASSERT_EQ(lanes.size(), 2u) << what << " job " << job << " ran on " << lanes.size() << " lanes";
+      const std::string comm = *lanes.begin(), compute = *lanes.rbegin();  // "comm.." sorts before "compute.."
+      const std::string c = compute.substr(7), m = comm.substr(4);
+      EXPECT_EQ(c == "0" ? std::string() : c, m) << what << " job " << job << ": " << comm << " with " << compute;
+    }
+  }
+  // Cancelled in flight: every third job of 18 on two copies.
+  ag::plan_options po = tp(2);
+  po.job_lanes = 2;
+  auto p = rt->compile(g, po).value();
+  std::vector<ag::job> jobs;
+  std::vector<std::vector<host_tensor>> want;
+  for (uint64_t k = 0; k < 18; ++k) {
+    auto in = ag::models::transformer_inputs(cfg, 400 + k);
+    want.push_back(ag::evaluate_reference(*g, in).value());
+    jobs.push_back(rt->submit(p, std::move(in)));
+    if (k % 3 == 1) jobs.back().cancel();
+  }
+  for (std::size_t k = 0; k < jobs.size(); ++k) {
+    ASSERT_TRUE(jobs[k].wait_for(60s)) << "job " << k << " hung";
+    if (k % 3 == 1) continue;  // cancelled: failed, or done before the cancel arrived
+    expect_outputs(jobs[k], want[k], 1e-4, 1e-3, "job " + std::to_string(k) + " beside cancelled ones");
+  }
+  expect_jobs_equal_reference(*rt, p, *g, cfg, 500, 4, "after the cancellations");
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, TensorParallelRun, ::testing::Values("sim", "cpu"));
