@@ -137,6 +137,11 @@ std::string plan::describe() const {
     if (s.kind == step_kind::compute) lanes_used = std::max(lanes_used, s.lane + 1);
   if (options_.lanes_per_device == 0) os << "auto lanes: " << lanes_used << " used per device at most\n";
   else os << options_.lanes_per_device << " lane(s) per device allowed, " << lanes_used << " used at most\n";
+  if (options_.job_lanes > 1)
+    os << "job lanes: " << options_.job_lanes
+       << " asked (the runtime takes them where the plan has collectives and neither state nor in-stream parts)\n";
+  else if (options_.job_lanes == 1)
+    os << "job lanes: off\n";
   for (int d : used_devices_) {
     const device_spec& spec = devices_[static_cast<std::size_t>(d)];
     os << "device " << d << " '" << spec.name << "' (" << to_string(spec.kind) << ")\n";

@@ -49,7 +49,7 @@ expected<std::vector<double>> parse_ratios(const std::string& text) {
 }
 
 expected<session::impl::layout> session::impl::read_layout(params& p) const {
-  layout l{stages, lanes, tp, ratios, replay, sp};
+  layout l{stages, lanes, tp, ratios, replay, sp, job_lanes};
   auto st = p.get_int("stages", 0, 4096);
   if (!st) return st.err();
   // lanes=auto (0): the planner decides (plan_options::lanes_per_device 0)
@@ -78,6 +78,14 @@ expected<session::impl::layout> session::impl::read_layout(params& p) const {
     if (!parse_graph_replay_mode(*r, l.replay))
       return bad_arg("replay: '" + *r + "' is not on, off or auto");
   }
+  // joblanes=auto (0) or a count (plan_options::job_lanes: 1 is off).
+  if (auto r = p.raw("joblanes"); r && *r == "auto") {
+    l.job_lanes = 0;
+  } else {
+    auto jl = p.get_int("joblanes", 1, 8);
+    if (!jl) return jl.err();
+    if (*jl) l.job_lanes = static_cast<int>(**jl);
+  }
   if (auto r = p.raw("sp")) {
     if (!parse_sequence_parallel_mode(*r, l.sp)) return bad_arg("sp: '" + *r + "' is not on, off or auto");
   }
@@ -87,8 +95,10 @@ expected<session::impl::layout> session::impl::read_layout(params& p) const {
 }
 
 void session::impl::apply_layout(layout l) {
-  if (l.stages == stages && l.lanes == lanes && l.tp == tp && l.ratios == ratios && l.replay == replay && l.sp == sp)
+  if (l.stages == stages && l.lanes == lanes && l.tp == tp && l.ratios == ratios && l.replay == replay && l.sp == sp &&
+      l.job_lanes == job_lanes)
     return;
+  job_lanes = l.job_lanes;
   replay = l.replay;
   sp = l.sp;
   stages = l.stages;
@@ -101,10 +111,11 @@ void session::impl::apply_layout(layout l) {
 std::string session::impl::settings_text() const {
   std::string r;
   for (double v : ratios) r += (r.empty() ? "" : ",") + fmt("%g", v);
-  return fmt("stages=%d%s tp=%d%s sp=%s microbatches=%d lanes=%s replay=%s check=%s seed=%llu", stages,
+  return fmt("stages=%d%s tp=%d%s sp=%s microbatches=%d lanes=%s joblanes=%s replay=%s check=%s seed=%llu", stages,
              stages == 0 ? (tp > 1 ? " (devices / tp)" : " (all devices)") : "", tp,
              ratios.empty() ? "" : (" ratios=" + r).c_str(), to_string(sp), microbatches,
-             lanes == 0 ? "auto" : std::to_string(lanes).c_str(), to_string(replay), to_string(check),
+             lanes == 0 ? "auto" : std::to_string(lanes).c_str(),
+             job_lanes == 0 ? "auto" : std::to_string(job_lanes).c_str(), to_string(replay), to_string(check),
              static_cast<unsigned long long>(seed));
 }
 
@@ -119,6 +130,7 @@ expected<std::shared_ptr<const plan>> session::impl::get_plan() {
   plan_options po;
   po.pipeline_stages = stages;
   po.lanes_per_device = lanes;
+  po.job_lanes = job_lanes;
   po.graph_replay = replay;
   po.tensor_parallel = tp;
   po.shard_ratios = ratios;

@@ -59,16 +59,16 @@ const std::vector<command_info>& commands() {
       {"graph", "graph <name=expr ...> out <name> | graph @<file>",
        "build a custom graph from expressions (ops: matmul add mul scale gelu silu softmax rms_norm layer_norm get_rows rope reshape transpose permute slice concat copy contiguous argmax)",
        "graph x=input[8,64] w=weight[64,64] y=gelu(matmul(x,w)) out y", {}, {}, graph_details, true},
-      {"plan", "plan [stages=N tp=T ratios=A,B sp=on|off|auto lanes=auto|L]",
+      {"plan", "plan [stages=N tp=T ratios=A,B sp=on|off|auto lanes=auto|L joblanes=auto|J]",
        "compile the current graph for the devices and describe the plan: splits, copies, shards and collectives (also sets the layout)",
-       "plan stages=2 tp=2", {"stages=", "tp=", "ratios=", "sp=", "lanes="}, {}},
-      {"set", "set [stages=N tp=T ratios=A,B sp=on|off|auto microbatches=M lanes=auto|L replay=on|off|auto check=auto|all|first|off seed=S]",
+       "plan stages=2 tp=2", {"stages=", "tp=", "ratios=", "sp=", "lanes=", "joblanes="}, {}},
+      {"set", "set [stages=N tp=T ratios=A,B sp=on|off|auto microbatches=M lanes=auto|L joblanes=auto|J replay=on|off|auto check=auto|all|first|off seed=S]",
        "set parallelism (stages: pipeline stages, 0 = all devices / tp; tp: tensor-parallel devices per stage; ratios: "
        "shard proportions per device, even by default; sp: sequence parallelism, reduce-scatter and all-gather by rows "
-       "instead of all-reduce (auto: where collectives run beside compute and messages take a ring); microbatches: jobs per run; lanes: compute streams per device (auto: where the cost model says branches pay); replay: graph replay of captured segments, "
+       "instead of all-reduce (auto: where collectives run beside compute and messages take a ring); microbatches: jobs per run; lanes: compute streams per device (auto: where the cost model says branches pay); joblanes: copies of each device's queues that jobs in flight alternate over (auto: 2 on CUDA plans with collectives; 1: off); replay: graph replay of captured segments, "
        "see 'plan') and "
        "checking; no argument: show",
-       "set tp=2 ratios=3,1", {"stages=", "tp=", "ratios=", "sp=", "microbatches=", "lanes=", "replay=", "check=", "seed="}, {}},
+       "set tp=2 ratios=3,1", {"stages=", "tp=", "ratios=", "sp=", "microbatches=", "lanes=", "joblanes=", "replay=", "check=", "seed="}, {}},
       {"run", "run [n=<microbatches>] [check=auto|all|first|off]",
        "submit n micro-batch jobs of the current plan and return at once; each job reports when it finishes",
        "run n=32", {"n=", "check="}, {}, run_details},

@@ -113,6 +113,7 @@ struct session::impl {
 
   // settings
   int stages = 0, microbatches = 16, lanes = 0;  // lanes 0: auto (the planner decides)
+  int job_lanes = 0;                             // plan_options::job_lanes (0: auto)
   graph_replay_mode replay = graph_replay_mode::automatic;  ///< plan_options::graph_replay (set replay=)
   int tp = 1;                  ///< tensor-parallel degree ('set tp=N')
   std::vector<double> ratios;  ///< shard ratios ('set ratios=3,1'); empty: even
@@ -175,6 +176,7 @@ struct session::impl {
     std::vector<double> ratios;  ///< shard ratios (empty: even)
     graph_replay_mode replay = graph_replay_mode::automatic;
     sequence_parallel_mode sp = sequence_parallel_mode::automatic;
+    int job_lanes = 0;           ///< plan_options::job_lanes (0: auto)
   };
   expected<layout> read_layout(params& p) const;
   /// Takes them; a change drops the compiled plan.

@@ -77,6 +77,28 @@ TEST(ReplCommands, SetLanesAutoOrACountReachesThePlan) {
   EXPECT_TRUE(has(f.text, "out of range")) << f.text;
 }
 
+// joblanes=auto (the default) and joblanes=N reach the plan's options
+// (describe() says what was asked), and a run with them equals the reference.
+TEST(ReplCommands, SetJobLanesReachesThePlanAndRunsEqualTheReference) {
+  fixture f;
+  ASSERT_EQ(f.run("devices sim:2"), exec_status::ok) << f.text;
+  ASSERT_EQ(f.run("model llama layers=1 d=64 heads=4 ff=128 seq=8 batch=1"), exec_status::ok) << f.text;
+  ASSERT_EQ(f.run("set tp=2 joblanes=2 microbatches=6 check=all"), exec_status::ok) << f.text;
+  ASSERT_EQ(f.run("set"), exec_status::ok);
+  EXPECT_TRUE(has(f.text, "lanes=auto joblanes=2")) << f.text;
+  ASSERT_EQ(f.run("plan"), exec_status::ok) << f.text;
+  EXPECT_TRUE(has(f.text, "job lanes: 2 asked")) << f.text;
+  ASSERT_EQ(f.run("run"), exec_status::ok) << f.text;
+  ASSERT_EQ(f.run("wait"), exec_status::ok) << f.text;
+  EXPECT_TRUE(has(f.text, "6/6 done")) << f.text;
+  EXPECT_TRUE(has(f.text, "checks: 6 ok, 0 bad")) << f.text;
+  ASSERT_EQ(f.run("set joblanes=auto"), exec_status::ok) << f.text;
+  ASSERT_EQ(f.run("set"), exec_status::ok);
+  EXPECT_TRUE(has(f.text, "joblanes=auto")) << f.text;
+  EXPECT_EQ(f.run("set joblanes=9"), exec_status::failed);
+  EXPECT_TRUE(has(f.text, "out of range")) << f.text;
+}
+
 // Device specs are read by the library's own parser (gpu::parse_device_spec,
 // make_devices' grammar): its message, after the column of the spec word.
 TEST(ReplCommands, UnknownDeviceIsRejectedWithTheItem) {
