@@ -145,15 +145,16 @@ struct loaded_plan {
   /// The executing actor of each queue of the program (by queue index),
   /// bound once when the plan is loaded: job lane 0's.
   std::vector<caf::actor> queue_actors;
-  /// By job lane (launch_program::job_lanes): the actor of each queue for
-  /// the jobs of that lane; [0] is queue_actors. A copied queue's actor
+  /// Job lanes 1, 2, ... (launch_program::job_lanes): the actor of each
+  /// queue for the jobs of that lane, at [lane - 1]. A copied queue's actor
   /// (launch_program::copied) is the one of its lane on that copy (a
   /// device's compute lanes share one actor, which keeps a stream per lane;
   /// each copy of a communication queue is an actor of its own), a shared
   /// queue's is lane 0's.
-  std::vector<std::vector<caf::actor>> queue_actors_by_lane;
+  std::vector<std::vector<caf::actor>> other_lanes_actors;
+  /// The actors of job lane `job_lane`'s queues (0: queue_actors).
   const std::vector<caf::actor>& actors_of(int job_lane) const {
-    return queue_actors_by_lane.empty() ? queue_actors : queue_actors_by_lane[static_cast<std::size_t>(job_lane)];
+    return job_lane == 0 ? queue_actors : other_lanes_actors[static_cast<std::size_t>(job_lane) - 1];
   }
   /// By device index: this plan's memory there; null for devices it does not use.
   std::vector<std::shared_ptr<plan_memory>> memory;

@@ -221,18 +221,15 @@ expected<std::shared_ptr<const plan>> runtime_core::compile(std::shared_ptr<cons
   // Bind each queue to its executing actor, once per loaded plan.
   lp->queue_actors.reserve(prog.queues().size());
   for (const auto& q : prog.queues()) lp->queue_actors.push_back(queue_actor(q.device, q.kind, q.lane));
-  if (prog.job_lanes() > 1) {
-    lp->queue_actors_by_lane.push_back(lp->queue_actors);
-    for (int l = 1; l < prog.job_lanes(); ++l) {
-      std::vector<caf::actor> actors;
-      for (std::size_t q = 0; q < prog.queues().size(); ++q) {
-        const auto& lq = prog.queues()[q];
-        actors.push_back(prog.copied(static_cast<int>(q))
-                             ? queue_actor(lq.device, lq.kind, prog.lane_on_copy(static_cast<int>(q), l))
-                             : lp->queue_actors[q]);
-      }
-      lp->queue_actors_by_lane.push_back(std::move(actors));
+  for (int l = 1; l < prog.job_lanes(); ++l) {
+    std::vector<caf::actor> actors;
+    for (std::size_t q = 0; q < prog.queues().size(); ++q) {
+      const auto& lq = prog.queues()[q];
+      actors.push_back(prog.copied(static_cast<int>(q))
+                           ? queue_actor(lq.device, lq.kind, prog.lane_on_copy(static_cast<int>(q), l))
+                           : lp->queue_actors[q]);
     }
+    lp->other_lanes_actors.push_back(std::move(actors));
   }
   lp->output_memory.assign(gr.outputs().size(), nullptr);
   if (opts_.pinned_outputs)

@@ -93,10 +93,8 @@ struct nccl_group::impl {
   bool aborted = false;
 };
 
-nccl_group::nccl_group(std::vector<int> ordinals, std::vector<uint64_t> members)
-    : ordinals_(std::move(ordinals)), members_(std::move(members)), impl_(std::make_unique<impl>()) {}
-
-void nccl_group::set_index(int index) noexcept { index_ = index; }
+nccl_group::nccl_group(std::vector<int> ordinals, std::vector<uint64_t> members, int index)
+    : ordinals_(std::move(ordinals)), index_(index), members_(std::move(members)), impl_(std::make_unique<impl>()) {}
 
 nccl_group::~nccl_group() {
   std::lock_guard<std::shared_mutex> lk(impl_->mutex);
@@ -113,8 +111,7 @@ expected<std::shared_ptr<nccl_group>> nccl_group::get(const std::vector<int>& or
     if (auto g = it->second.lock(); g && !g->aborted()) return g;
   set_env_defaults();
   const std::string where = "NCCL communicator of " + gpus(ordinals);
-  std::shared_ptr<nccl_group> g(new nccl_group(ordinals, members));
-  g->set_index(index);
+  std::shared_ptr<nccl_group> g(new nccl_group(ordinals, members, index));
   g->impl_->comms.assign(ordinals.size(), nullptr);
   // All ranks at once, from this thread: ncclCommInitAll needs every one.
   AG_NCCL_TRY(ncclCommInitAll(g->impl_->comms.data(), static_cast<int>(ordinals.size()), ordinals.data()), where);
@@ -190,8 +187,8 @@ void abort_nccl_groups_of(int ordinal, const std::string& why) {
 #else  // no NCCL in this build
 
 struct nccl_group::impl {};
-nccl_group::nccl_group(std::vector<int> ordinals, std::vector<uint64_t> members)
-    : ordinals_(std::move(ordinals)), members_(std::move(members)) {}
+nccl_group::nccl_group(std::vector<int> ordinals, std::vector<uint64_t> members, int index)
+    : ordinals_(std::move(ordinals)), index_(index), members_(std::move(members)) {}
 nccl_group::~nccl_group() = default;
 
 namespace {

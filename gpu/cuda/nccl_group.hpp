@@ -71,8 +71,7 @@ class nccl_group {
 
  private:
   struct impl;
-  nccl_group(std::vector<int> ordinals, std::vector<uint64_t> members);
-  void set_index(int index) noexcept;
+  nccl_group(std::vector<int> ordinals, std::vector<uint64_t> members, int index);
   std::vector<int> ordinals_;
   int index_ = 0;
   std::vector<uint64_t> members_;

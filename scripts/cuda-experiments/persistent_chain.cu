@@ -353,16 +353,7 @@ void launch_pdl_shared(cudaStream_t st, void (*k)(KA...), unsigned grid, size_t 
 
 template <class... KA, class... A>
 void launch_pdl(cudaStream_t st, void (*k)(KA...), unsigned grid, A... args) {
-  cudaLaunchAttribute at[1];
-  at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  at[0].val.programmaticStreamSerializationAllowed = 1;
-  cudaLaunchConfig_t c{};
-  c.gridDim = grid;
-  c.blockDim = kThreads;
-  c.stream = st;
-  c.attrs = at;
-  c.numAttrs = 1;
-  CK(cudaLaunchKernelEx(&c, k, args...));
+  launch_pdl_shared(st, k, grid, 0, args...);
 }
 
 float to_float(bf16 v) { return __bfloat162float(v); }

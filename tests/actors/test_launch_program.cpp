@@ -885,6 +885,23 @@ projection_count count_projections(const models::transformer_config& cfg, device
   return c;
 }
 
+/// A LLaMA of d 64 (8 heads, 2 kv heads, ff 96, vocab 50), batch 2, without
+/// weight values: what the lowering tests below plan.
+models::transformer_config small_llama(int layers, int64_t seq_len) {
+  models::transformer_config cfg;
+  cfg.variant = models::model_variant::llama;
+  cfg.n_layers = layers;
+  cfg.d_model = 64;
+  cfg.n_heads = 8;
+  cfg.n_kv_heads = 2;
+  cfg.d_ff = 96;
+  cfg.vocab = 50;
+  cfg.batch = 2;
+  cfg.seq_len = seq_len;
+  cfg.weight_values = false;
+  return cfg;
+}
+
 // Job lanes (plan_options::job_lanes, launch_program::job_lanes): auto gives
 // a tensor-parallel plan on CUDA devices two copies and one on sim; an asked
 // count is taken by a plan with collectives and neither state nor in-stream
@@ -892,17 +909,7 @@ projection_count count_projections(const models::transformer_config& cfg, device
 // compute queue past its device's compute lanes, a communication queue to
 // its copy's index, and keeps a copy queue where it is. 9 is out of range.
 TEST(LaunchProgram, JobLanesCopyTheComputeAndCommunicationQueuesOfCollectivePlans) {
-  models::transformer_config cfg;
-  cfg.variant = models::model_variant::llama;
-  cfg.n_layers = 2;
-  cfg.d_model = 64;
-  cfg.n_heads = 8;
-  cfg.n_kv_heads = 2;
-  cfg.d_ff = 96;
-  cfg.vocab = 50;
-  cfg.batch = 2;
-  cfg.seq_len = 4;
-  cfg.weight_values = false;
+  models::transformer_config cfg = small_llama(2, 4);
   plan_options o;
   o.tensor_parallel = 2;
   EXPECT_EQ(compile_and_lower(cfg, device_kind::cuda, o, 2).prog->job_lanes(), 2) << "auto on CUDA";
@@ -956,17 +963,7 @@ TEST(LaunchProgram, JobLanesCopyTheComputeAndCommunicationQueuesOfCollectivePlan
 }
 
 TEST(LaunchProgram, DecodeProjectionsAreGroupedIntoGemvRecordsOnCudaOnly) {
-  models::transformer_config cfg;
-  cfg.variant = models::model_variant::llama;
-  cfg.n_layers = 3;
-  cfg.d_model = 64;
-  cfg.n_heads = 8;
-  cfg.n_kv_heads = 2;
-  cfg.d_ff = 96;
-  cfg.vocab = 50;
-  cfg.batch = 2;
-  cfg.seq_len = 1;
-  cfg.weight_values = false;
+  models::transformer_config cfg = small_llama(3, 1);
   for (dtype t : {dtype::f32, dtype::bf16})
     for (int64_t cache : {int64_t{0}, int64_t{32}}) {
       cfg.dtype = t;
