@@ -145,16 +145,29 @@ error apply_fusions(const plan& p, const step& s, lowered_step& ls) {
     // With a norm prologue the matmuls start one record later and x is the
     // norm's input; the norm's weight, if any, goes last.
     const auto mm = f.norm_prologue ? first + 1 : first;
-    const std::ptrdiff_t n_mm = f.norm_prologue ? n - 1 : n;
+    const std::ptrdiff_t n_mm = n - (f.norm_prologue ? 1 : 0) - f.ropes;
     fused.inputs = {f.norm_prologue ? first->inputs.at(0) : mm->inputs.at(0), mm->inputs.at(1)};
     switch (f.kind) {
-      case projection_kind::shared_input:
-        fused.out = mm->out;
-        for (std::ptrdiff_t k = 1; k < n_mm; ++k) {
-          fused.inputs.push_back(mm[k].inputs.at(1));
-          fused.extra_outs.push_back(mm[k].out);
+      case projection_kind::shared_input: {
+        // Output k is the matmul's, or its rope's (whose records follow the matmuls').
+        const auto roped_out = [&](std::ptrdiff_t k) -> const lowered_op* {
+          for (auto r = mm + n_mm; r != first + n; ++r)
+            if (r->op->id == projection_rope_of(p.source(), f, mm[k].op->id)) return &*r;
+          return nullptr;
+        };
+        for (std::ptrdiff_t k = 0; k < n_mm; ++k) {
+          const lowered_op* r = roped_out(k);
+          if (k > 0) fused.inputs.push_back(mm[k].inputs.at(1));
+          (k == 0 ? fused.out : fused.extra_outs.emplace_back()) = r ? r->out : mm[k].out;
+          if (!r) continue;
+          fused.projection_rope.roped |= static_cast<uint8_t>(1u << k);
+          fused.projection_rope.neox = r->op->attrs.rope == rope_mode::neox;
+          fused.projection_rope.head_dim = r->op->dims[-1];
+          fused.projection_rope.seq = r->op->dims[-3];
+          fused.projection_rope.theta = r->op->attrs.theta;
         }
         break;
+      }
       case projection_kind::gated:  // gate, up, silu, mul
         fused.inputs.push_back(mm[1].inputs.at(1));
         fused.out = mm[3].out;
@@ -173,6 +186,7 @@ error apply_fusions(const plan& p, const step& s, lowered_step& ls) {
       fused.projection_norm.weighted = first->inputs.size() > 1;
       if (fused.projection_norm.weighted) fused.inputs.push_back(first->inputs.at(1));
     }
+    if (f.ropes > 0) fused.inputs.push_back(first[n - 1].inputs.at(1));  // the ropes' positions
     *first = std::move(fused);
     ls.ops.erase(first + 1, first + n);
   }
@@ -420,6 +434,7 @@ std::vector<gpu::op_launch> launch_program::launch_records(int q) const {
       l.attention = op.attention;
       l.projection = op.projection;
       l.projection_norm = op.projection_norm;
+      l.projection_rope = op.projection_rope;
       l.collective = op.collective;
       for (const auto& o : op.extra_outs) l.extra_outs.push_back(o.proto);
       r.push_back(std::move(l));

@@ -62,6 +62,7 @@ struct lowered_op {
   gpu::op_launch::attention_params attention{};
   projection_kind projection = projection_kind::shared_input;  ///< fusion::projections
   gpu::op_launch::norm_prologue projection_norm{};             ///< fusion::projections
+  gpu::op_launch::rope_epilogue projection_rope{};             ///< fusion::projections, shared_input
   std::vector<operand> extra_outs;                             ///< fusion::projections, shared_input
   /// An in-stream collective part's record (its step's only op): rank,
   /// members and key; the member devices' handles are set by the actor.

@@ -119,6 +119,19 @@ struct op_launch {
     float eps = 0.0f;
   };
   norm_prologue projection_norm{};
+  /// A shared-input group's ropes (projection_fusion::ropes): output m
+  /// (`out`, then `extra_outs`) is rotated as it is written when bit m of
+  /// `roped` is set; the positions i32 [S] are the last input; x's row r is
+  /// position r % S; pairs (k, k + D/2) of each head of `head_dim` when
+  /// `neox`, else (2k, 2k + 1).
+  struct rope_epilogue {
+    uint8_t roped = 0;
+    bool neox = true;
+    int64_t head_dim = 0;
+    int64_t seq = 1;
+    float theta = 0.0f;
+  };
+  rope_epilogue projection_rope{};
   /// fusion::attention, in place of the chain scores = matmul(q, k^T) [->
   /// add(scores, mask)] -> probs = softmax(.. * scale, causal) -> out =
   /// matmul(probs, v) (views between them allowed), whose intermediates

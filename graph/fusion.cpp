@@ -257,6 +257,46 @@ bool norm_prologue_at(const graph& g, const std::vector<node_id>& ops, std::size
          (w.offset * esz) % 16 == 0;
 }
 
+/// The rope `r` can be the epilogue of matmul `mm` of a shared-input group:
+/// its input is mm's output reshaped to [.., S, H, D] (mm's storage from its
+/// first element, contiguous, the same elements), mm's output read by
+/// nothing else, D even, positions i32 [S], one dtype.
+bool rope_epilogue_of(const graph& g, const node& r, const node& mm) {
+  if (r.op != op_kind::rope || r.inputs.size() != 2 || r.type != mm.type || r.dims.rank() < 3) return false;
+  const node& x = g.at(r.inputs[0]);
+  const int64_t D = r.dims[-1];
+  if (x.storage != mm.id || x.offset != 0 || !x.contiguous() || x.dims != r.dims || x.type != mm.type ||
+      x.dims.numel() != mm.dims.numel() || D < 2 || D % 2 != 0 || D > fused_gemv_rope_max_head ||
+      mm.dims[-1] % D != 0 || !r.contiguous())
+    return false;
+  const node& pos = g.at(r.inputs[1]);
+  return pos.type == dtype::i32 && pos.dims.numel() == r.dims[-3] && only_read_by(g, mm.id, r.id);
+}
+
+/// How many of the ops right after a shared-input group (ops[i] on) are
+/// ropes it can take in as epilogues (projection_fusion::ropes): each of a
+/// different matmul of the group, one positions input, theta and mode, none
+/// taken by an attention chain.
+int rope_epilogues_at(const graph& g, const std::vector<node_id>& ops, std::size_t i, const projection_fusion& f,
+                      const std::vector<char>& taken) {
+  std::vector<node_id> roped;
+  const node* first = nullptr;
+  for (std::size_t k = i; k < ops.size() && roped.size() < 3; ++k) {
+    const node& r = g.at(ops[k]);
+    if (r.op != op_kind::rope || taken[static_cast<std::size_t>(r.id)]) break;
+    const auto mm = std::find_if(f.ops.begin(), f.ops.end(), [&](node_id id) {
+      return g.at(id).op == op_kind::matmul && rope_epilogue_of(g, r, g.at(id));
+    });
+    if (mm == f.ops.end() || std::find(roped.begin(), roped.end(), *mm) != roped.end()) break;
+    if (first && (r.inputs[1] != first->inputs[1] || r.attrs.theta != first->attrs.theta ||
+                  r.attrs.rope != first->attrs.rope || r.dims[-1] != first->dims[-1]))
+      break;
+    if (!first) first = &r;
+    roped.push_back(*mm);
+  }
+  return static_cast<int>(roped.size());
+}
+
 /// The non-view, non-leaf ops of a CUDA compute step, in order (empty otherwise).
 void compute_ops(const graph& g, const step& st, const std::vector<device_spec>& devices, std::vector<node_id>& ops) {
   ops.clear();
@@ -270,14 +310,36 @@ void compute_ops(const graph& g, const step& st, const std::vector<device_spec>&
 
 std::vector<node_id> projection_group_inputs(const graph& g, const projection_fusion& f) {
   std::vector<node_id> in;
+  const auto in_group = [&](node_id id) { return std::find(f.ops.begin(), f.ops.end(), id) != f.ops.end(); };
   for (node_id op : f.ops)
     for (node_id i : g.at(op).inputs)
-      if (std::find(f.ops.begin(), f.ops.end(), i) == f.ops.end()) in.push_back(i);
+      if (!in_group(i) && !in_group(g.at(i).storage)) in.push_back(i);  // a rope reads its matmul through a view
   return in;
 }
 
+node_id projection_rope_of(const graph& g, const projection_fusion& f, node_id mm) {
+  for (std::size_t k = f.ops.size() - static_cast<std::size_t>(f.ropes); k < f.ops.size(); ++k)
+    if (g.at(g.at(f.ops[k]).inputs.at(0)).storage == mm) return f.ops[k];
+  return no_node;
+}
+
+std::vector<node_id> projection_group_outputs(const graph& g, const projection_fusion& f) {
+  if (f.kind != projection_kind::shared_input) return {f.ops.back()};
+  std::vector<node_id> out;
+  for (node_id id : f.ops)
+    if (g.at(id).op == op_kind::matmul) {
+      const node_id r = projection_rope_of(g, f, id);
+      out.push_back(r != no_node ? r : id);
+    }
+  return out;
+}
+
 std::vector<projection_fusion> find_projection_fusions(const graph& g, const std::vector<step>& steps,
-                                                       const std::vector<device_spec>& devices) {
+                                                       const std::vector<device_spec>& devices,
+                                                       const std::vector<attention_fusion>& attention) {
+  std::vector<char> taken(g.size(), 0);
+  for (const attention_fusion& a : attention)
+    for (node_id id : a.ops()) taken[static_cast<std::size_t>(id)] = 1;
   std::vector<projection_fusion> found;
   std::vector<node_id> ops;
   for (const step& st : steps) {
@@ -286,10 +348,15 @@ std::vector<projection_fusion> find_projection_fusions(const graph& g, const std
       auto f = match_projection(g, ops, i);
       if (!f) continue;
       f->step = st.id;
+      const std::size_t start = i;
       i += f->ops.size() - 1;  // past the group's last op
-      if (norm_prologue_at(g, ops, i + 1 - f->ops.size(), *f)) {
-        f->ops.insert(f->ops.begin(), ops[i - f->ops.size()]);
+      if (norm_prologue_at(g, ops, start, *f)) {
+        f->ops.insert(f->ops.begin(), ops[start - 1]);
         f->norm_prologue = true;
+      }
+      if (f->kind == projection_kind::shared_input) {
+        f->ropes = rope_epilogues_at(g, ops, i + 1, *f, taken);
+        for (int k = 0; k < f->ropes; ++k) f->ops.push_back(ops[++i]);
       }
       found.push_back(std::move(*f));
     }

@@ -122,10 +122,30 @@ struct projection_fusion {
   /// x's rows itself (the norm's input, and its weight when it has one, are
   /// the group's inputs) and the norm's output is never written.
   bool norm_prologue = false;
+  /// shared_input only: how many ropes end `ops` (0 to 3; a decode step
+  /// without a KV cache, whose ropes no attention chain takes in). Each
+  /// rotates the rows of one of the group's matmuls: its input is that
+  /// matmul's output reshaped to [.., S, H, D] (same element order, read by
+  /// nothing else), all of them by one positions input i32 [S] and one theta
+  /// and mode. The kernel rotates those outputs as it writes them (rounding
+  /// the products to the dtype first, as the rope would read them) into the
+  /// rope's output, and the matmul's own output is never written.
+  int ropes = 0;
 };
+
+/// The rope of a group's matmul `mm` (projection_fusion::ropes), or no_node.
+node_id projection_rope_of(const graph& g, const projection_fusion& f, node_id mm);
+
+/// What a projection group's kernel writes: shared_input, each matmul's
+/// output or, where a rope takes it, the rope's; gated and residual, the
+/// last op's.
+std::vector<node_id> projection_group_outputs(const graph& g, const projection_fusion& f);
 
 /// The most rows of x a fused projection takes (gpu/cuda/gemv.cuh's gemv_max_rows).
 inline constexpr int64_t fused_gemv_max_rows = 8;
+/// The widest head a group's rope epilogue takes (the kernel keeps a
+/// frequency per pair in shared memory).
+inline constexpr int64_t fused_gemv_rope_max_head = 512;
 
 /// What a projection group's kernel reads, at the group's last op: the
 /// inputs of its ops that no op of the group computes (x, the weights, the
@@ -134,8 +154,10 @@ std::vector<node_id> projection_group_inputs(const graph& g, const projection_fu
 
 /// The projection groups of `steps` on CUDA devices, in step order; an op is
 /// in at most one group (gated before shared_input: gate and up are matmuls
-/// of one x).
+/// of one x), and no group takes an op of `attention` (the chains found
+/// first: a rope that an attention chain's cache prologue took stays there).
 std::vector<projection_fusion> find_projection_fusions(const graph& g, const std::vector<step>& steps,
-                                                       const std::vector<device_spec>& devices);
+                                                       const std::vector<device_spec>& devices,
+                                                       const std::vector<attention_fusion>& attention = {});
 
 }  // namespace ag

@@ -178,8 +178,9 @@ error check_hazards(const plan& p) {
       // A projection group's kernel reads the group's inputs from outside it
       // at its last op, and writes every output there (a shared-input
       // group's earlier outputs move their one write; gated and residual
-      // groups write only the last op's). A norm prologue's output is never
-      // written: its write stays at the norm, before the matmuls' reads.
+      // groups write only the last op's). A norm prologue's output, and a
+      // roped matmul's, are never written: their writes stay at their ops,
+      // before the reads of the ops after them in the group.
       for (const projection_fusion& f : p.projection_fusions()) {
         if (f.step != s.id) continue;
         const auto at = std::find(s.ops.begin(), s.ops.end(), f.ops.back());
@@ -187,8 +188,8 @@ error check_hazards(const plan& p) {
         const int k = static_cast<int>(at - s.ops.begin());
         for (node_id in : projection_group_inputs(g, f)) acc[dev][root_of(g, in)].reads.push_back({s.id, k});
         if (f.kind == projection_kind::shared_input)
-          for (std::size_t o = f.norm_prologue ? 1 : 0; o < f.ops.size(); ++o)
-            for (access_pos& w : acc[dev][f.ops[o]].writes)
+          for (node_id out : projection_group_outputs(g, f))
+            for (access_pos& w : acc[dev][out].writes)
               if (w.step == s.id) w.op = k;
       }
     } else if (s.kind == step_kind::copy_h2d) {

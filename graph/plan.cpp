@@ -206,7 +206,7 @@ std::string plan::describe() const {
       os << "\n";
     }
     // Fused kernels on this device (plan_options::fuse_ops, fuse_projections).
-    int attention = 0, cached = 0, qkv = 0, gated = 0, residual = 0, normed = 0, saved = 0;
+    int attention = 0, cached = 0, qkv = 0, gated = 0, residual = 0, normed = 0, roped = 0, saved = 0;
     for (const attention_fusion& f : fusions_)
       if (steps_[static_cast<std::size_t>(f.step)].device == d) {
         ++attention;
@@ -218,11 +218,13 @@ std::string plan::describe() const {
       saved += static_cast<int>(f.ops.size()) - 1;
       (f.kind == projection_kind::shared_input ? qkv : f.kind == projection_kind::gated ? gated : residual) += 1;
       normed += f.norm_prologue ? 1 : 0;
+      roped += f.ropes;
     }
     if (saved > 0)
       os << "  fused: " << attention << " attention chain(s) (" << cached << " with their KV cache's stores and ropes), " << qkv << " shared-input projection group(s), " << gated
          << " gated-MLP group(s), " << residual << " projection + residual group(s); " << normed
-         << " group(s) with their rms_norm: " << saved << " launches fewer per job\n";
+         << " group(s) with their rms_norm" << (roped > 0 ? ", " + std::to_string(roped) + " rope(s) in their groups" : "")
+         << ": " << saved << " launches fewer per job\n";
   }
   int64_t peer = 0, host = 0;
   for (const step& s : steps_)

@@ -149,6 +149,7 @@ class cuda_device final : public device {
       kernels_.skip_gated = v.find("gated") != std::string::npos;
       kernels_.skip_shared = v.find("shared") != std::string::npos;
       kernels_.skip_in_stream = v.find("instream") != std::string::npos;
+      kernels_.skip_rope = v.find("rope") != std::string::npos;
     }
   }
 

@@ -8,6 +8,7 @@
 
 #include "gpu/cuda/common.cuh"
 #include "gpu/cuda/cuda_check.cuh"
+#include "gpu/cuda/rope.cuh"
 #include "gpu/cuda/vec.cuh"
 
 namespace ag::gpu::cuda {
@@ -89,6 +90,15 @@ struct gemv_targets {
   // lowering marked a weight (launch_ctx::b_is_weight); any other b may be
   // the output of the kernel right before it.
   bool weights_immutable = false;
+  // The ROPE epilogue (gemv_rope): matrix m's outputs are rotated when
+  // roped<m>; the warp of logical row 2i + 1 of a head's pair i computes
+  // its partner's physical row (i + D/2 under neox), so that both rows of a
+  // pair land in one block (rows come four to a block, every matrix starts
+  // at an even row).
+  const int32_t* rope_pos = nullptr;
+  int rope_seq = 1, rope_dim = 2;
+  float rope_theta = 0.0f;
+  bool rope_neox = true, roped0 = false, roped1 = false, roped2 = false;
 };
 
 enum gemv_mode : int { plain = 0, gated = 1, residual = 2 };
@@ -103,9 +113,23 @@ enum gemv_mode : int { plain = 0, gated = 1, residual = 2 };
 // row (docs/BENCHMARKS.md, session 12): faster for every decode shape, e.g.
 // 2048 x 8192 17.4 -> 15.1 us. One x row (a decode step) fits 64 registers:
 // four blocks per SM instead of three.
-template <class T, class TO, int R, int MODE, bool NORM>
+// The ROPE kernels' frequencies theta^(-2k/D), computed on the host in f64
+// (rope_inverse_frequencies, as the rope kernel takes them), passed by value:
+// a pow per pair in each block before its first loads cost more than the
+// rope kernels it replaced (3 us a layer of the LLaMA-7B decode step: every
+// block of the q/k/v group paid it). Other kernels take an empty one.
+struct rope_freqs {
+  double inv[gemv_rope_max_pairs];
+};
+struct no_rope_freqs {};
+template <bool ROPE>
+using rope_freqs_t = std::conditional_t<ROPE, rope_freqs, no_rope_freqs>;
+
+template <class T, class TO, int R, int MODE, bool NORM, bool ROPE>
 __global__ void __launch_bounds__(kThreads, R == 1 ? 4 : 1)
-    gemv_kernel(gemv_targets<T, TO> tg, const T* __restrict__ x, row_offsets xr, int rows, int64_t ldw, int64_t vecs) {
+    gemv_kernel(gemv_targets<T, TO> tg, const T* __restrict__ x, row_offsets xr, int rows, int64_t ldw, int64_t vecs,
+                rope_freqs_t<ROPE> freqs) {
+  static_assert(!ROPE || MODE == plain, "the rope epilogue is a shared-input group's");
   constexpr int V = vec16<T>::n;
   constexpr int F = MODE == gated ? kInFlight / 2 : kInFlight;  // loads per matrix in flight
   constexpr int kWarps = kThreads / 32;
@@ -119,16 +143,28 @@ __global__ void __launch_bounds__(kThreads, R == 1 ? 4 : 1)
   // that matrix's rows, weights and output. Selects, not tg.x[m]: indexing
   // the parameter arrays by a runtime m copies tg to local memory in every
   // thread (an 88-byte stack frame, up to 1.6x slower on large grids).
+  // `row` is the physical row (of w and y): in a roped matrix under neox,
+  // the matrix's n-th row computed is row n / 2 of its head's first half
+  // (n even) or of its second (n odd).
   struct place {
     int64_t row, N;
     const T* w;
     TO* y;
   };
+  const auto roped_at = [&](int64_t n) {
+    const bool in1 = tg.count > 1 && n >= tg.n_end[0], in2 = tg.count > 2 && n >= tg.n_end[1];
+    return ROPE && (in2 ? tg.roped2 : in1 ? tg.roped1 : tg.roped0);
+  };
   const auto locate = [&](int64_t n) {
     const bool in1 = MODE == plain && tg.count > 1 && n >= tg.n_end[0];
     const bool in2 = MODE == plain && tg.count > 2 && n >= tg.n_end[1];
     const int64_t start = in2 ? tg.n_end[1] : in1 ? tg.n_end[0] : 0;
-    return place{n - start, (in2 ? tg.n_end[2] : in1 ? tg.n_end[1] : tg.n_end[0]) - start,
+    int64_t row = n - start;
+    if (ROPE && tg.rope_neox && roped_at(n)) {  // 32-bit: a matrix has fewer than 2^31 rows
+      const int D = tg.rope_dim, within = static_cast<int>(row) % D;
+      row += (within >> 1) + (within & 1) * (D >> 1) - within;
+    }
+    return place{row, (in2 ? tg.n_end[2] : in1 ? tg.n_end[1] : tg.n_end[0]) - start,
                  in2 ? tg.w[2] : in1 ? tg.w[1] : tg.w[0], in2 ? tg.y[2] : in1 ? tg.y[1] : tg.y[0]};
   };
   // With weights_immutable, the warp's first chunk of its first row is
@@ -159,6 +195,8 @@ __global__ void __launch_bounds__(kThreads, R == 1 ? 4 : 1)
     load_chunk(f.w, f.row, v_begin + lane);
   }
   pdl_enter();
+  __shared__ int32_t positions[ROPE ? R : 1];  // x row r's (read after the first barrier)
+  if (ROPE && threadIdx.x < rows) positions[threadIdx.x] = tg.rope_pos[threadIdx.x % tg.rope_seq];
   // Vector v (16 bytes) of x row r, as floats.
   const auto x_vec = [&](int r, int64_t v, float (&xf)[V]) {
     vec16<T>::unpack(__ldg(reinterpret_cast<const uint4*>(x + xr.off[r]) + v), xf);
@@ -174,6 +212,7 @@ __global__ void __launch_bounds__(kThreads, R == 1 ? 4 : 1)
   // form 5% (scripts/cuda-experiments/persistent_chain.cu, docs/BENCHMARKS.md
   // session 39).
   __shared__ float sum_sq[NORM ? kWarps : 1][R];
+  __shared__ float rotated[ROPE ? kRowsPerBlock : 1][R];  // ROPE: each row's output before the rotation
   float ss[NORM ? R : 1];
 #pragma unroll
   for (int r = 0; r < (NORM ? R : 1); ++r) ss[r] = 0.f;
@@ -256,30 +295,67 @@ __global__ void __launch_bounds__(kThreads, R == 1 ? 4 : 1)
       }
       if constexpr (MODE == gated) s = s / (1.f + __expf(-s)) * up;
       if constexpr (MODE == residual) s += to_f(tg.residual[r * N + row]);
-      ym[r * N + row] = from_f<TO>(s);
+      if constexpr (ROPE) rotated[warp / kWarpsPerRow][r] = s;
+      else ym[r * N + row] = from_f<TO>(s);
+    }
+    if constexpr (ROPE) {
+      // Rows of a roped matrix meet their pair's partner (the next row of
+      // the block) here; the even one writes both. Its angle (as the rope
+      // kernel takes it, rope.cu) before the barrier, beside the others'.
+      const int in_block = warp / kWarpsPerRow;
+      const bool roped = roped_at(n);
+      const bool writes = slice == 0 && lane < rows && n < total && (!roped || (in_block & 1) == 0);
+      float fs = 0.f, fc = 1.f;
+      if (writes && roped) {
+        // The angle reduced to [-pi, pi] in f64 as rope_sincos does; there
+        // the fast sincos is within 1e-6 (the accurate one's slow path for
+        // large arguments kept registers from the main loop: spills). An
+        // even row's pair index: its physical row within the head (neox),
+        // or half of it (interleaved).
+        const int within = static_cast<int>(row) % tg.rope_dim;
+        double angle = static_cast<double>(positions[lane]);
+        if constexpr (ROPE) angle *= freqs.inv[tg.rope_neox ? within : within >> 1];
+        const double two_pi = 6.283185307179586476925286766559;
+        __sincosf(static_cast<float>(angle - rint(angle * (1.0 / two_pi)) * two_pi), &fs, &fc);
+      }
+      __syncthreads();
+      if (writes) {
+        const int r = lane;
+        if (!roped) {
+          ym[r * N + row] = from_f<TO>(rotated[in_block][r]);
+        } else {
+          // Rounded as the rope would read them.
+          const float a = to_f(from_f<TO>(rotated[in_block][r])), b = to_f(from_f<TO>(rotated[in_block + 1][r]));
+          const int64_t partner = tg.rope_neox ? row + (tg.rope_dim >> 1) : row + 1;
+          ym[r * N + row] = from_f<TO>(a * fc - b * fs);
+          ym[r * N + partner] = from_f<TO>(a * fs + b * fc);
+        }
+      }
     }
     __syncthreads();  // part is rewritten by the next group
   }
 }
 
-template <class T, class TO, int R, int MODE, bool NORM>
+template <class T, class TO, int R, int MODE, bool NORM, bool ROPE>
 void go_rows(const launch_ctx& c, const gemv_targets<T, TO>& tg, const void* x, const row_offsets& xr, int rows,
              int64_t ldw, int64_t K) {
   const int64_t vecs = K / vec16<T>::n;
   const unsigned grid = grid_for(tg.n_end[tg.count - 1], kRowsPerBlock, c.sm_count * 64);
-  launch_kernel(c, gemv_kernel<T, TO, R, MODE, NORM>, grid, kThreads, 0, tg, static_cast<const T*>(x), xr, rows, ldw,
-                vecs);
+  rope_freqs_t<ROPE> freqs{};
+  if constexpr (ROPE) rope_inverse_frequencies(tg.rope_theta, tg.rope_dim, freqs.inv);
+  launch_kernel(c, gemv_kernel<T, TO, R, MODE, NORM, ROPE>, grid, kThreads, 0, tg, static_cast<const T*>(x), xr, rows,
+                ldw, vecs, freqs);
 }
 
-template <class T, class TO, int MODE = plain, bool NORM = false>
+template <class T, class TO, int MODE = plain, bool NORM = false, bool ROPE = false>
 void go(const launch_ctx& c, int rows, const gemv_targets<T, TO>& tg, const void* x, const row_offsets& xr,
         int64_t ldw, int64_t K) {
   // Unrolled for the next of 1, 2, 4, 8 rows; the kernel stops at `rows`.
   switch (rows) {
-    case 1: go_rows<T, TO, 1, MODE, NORM>(c, tg, x, xr, rows, ldw, K); break;
-    case 2: go_rows<T, TO, 2, MODE, NORM>(c, tg, x, xr, rows, ldw, K); break;
-    case 3: case 4: go_rows<T, TO, 4, MODE, NORM>(c, tg, x, xr, rows, ldw, K); break;
-    default: go_rows<T, TO, 8, MODE, NORM>(c, tg, x, xr, rows, ldw, K); break;
+    case 1: go_rows<T, TO, 1, MODE, NORM, ROPE>(c, tg, x, xr, rows, ldw, K); break;
+    case 2: go_rows<T, TO, 2, MODE, NORM, ROPE>(c, tg, x, xr, rows, ldw, K); break;
+    case 3: case 4: go_rows<T, TO, 4, MODE, NORM, ROPE>(c, tg, x, xr, rows, ldw, K); break;
+    default: go_rows<T, TO, 8, MODE, NORM, ROPE>(c, tg, x, xr, rows, ldw, K); break;
   }
 }
 
@@ -371,7 +447,7 @@ bool dense(const kt& y, int64_t rows, int64_t N) {
 
 template <class T>
 error go_projections(const launch_ctx& c, projection_kind kind, const kt& out, const kt* extra_outs, int n_extra,
-                     const kt& x, const kt* w, int n_w, const kt* resid, const gemv_norm* norm) {
+                     const kt& x, const kt* w, int n_w, const kt* resid, const gemv_norm* norm, const gemv_rope* rope) {
   const auto refuse = [&](const char* why) {
     return error(errc::internal, c.where + ": fused projections outside the GEMV kernel's limits: " + why);
   };
@@ -411,11 +487,37 @@ error go_projections(const launch_ctx& c, projection_kind kind, const kt& out, c
       tg.norm_w = static_cast<const T*>(g.p);
     }
   }
+  const bool roped = rope && (rope->roped & ((1u << tg.count) - 1)) != 0;
+  if (rope && rope->roped != 0) {
+    if (kind != projection_kind::shared_input) return refuse("a rope epilogue outside a shared-input group");
+    if (!roped || (rope->roped >> tg.count) != 0) return refuse("ropes of outputs the group does not have");
+    const int64_t D = rope->head_dim;
+    if (D < 2 || D % 2 != 0 || D / 2 > gemv_rope_max_pairs || rope->seq < 1 || rows % rope->seq != 0)
+      return refuse("the rope's head dim or positions");
+    if (!rope->positions || rope->positions->t != static_cast<int>(dtype::i32) || rope->positions->numel() != rope->seq ||
+        (rope->seq > 1 && rope->positions->s[3] != 1))
+      return refuse("the rope's positions are not a contiguous i32 [S]");
+    for (int m = 0; m < tg.count; ++m) {
+      const int64_t N = w[m].d[2];
+      if (N % 2 != 0 || (((rope->roped >> m) & 1u) && N % D != 0))
+        return refuse("a roped output is not a whole number of heads, or an output's N is odd");
+    }
+    tg.rope_pos = static_cast<const int32_t*>(rope->positions->p);
+    tg.rope_seq = static_cast<int>(rope->seq);
+    tg.rope_dim = static_cast<int>(D);
+    tg.rope_theta = rope->theta;
+    tg.rope_neox = rope->neox;
+    tg.roped0 = (rope->roped & 1u) != 0;
+    tg.roped1 = (rope->roped & 2u) != 0;
+    tg.roped2 = (rope->roped & 4u) != 0;
+  }
   tg.weights_immutable = true;  // is_gemv_projection: every w is a weight leaf
   const int rn = static_cast<int>(rows);
   switch (kind) {
     case projection_kind::shared_input:
-      if (norm) go<T, T, plain, true>(c, rn, tg, x.p, xr, K, K);
+      if (norm && roped) go<T, T, plain, true, true>(c, rn, tg, x.p, xr, K, K);
+      else if (roped) go<T, T, plain, false, true>(c, rn, tg, x.p, xr, K, K);
+      else if (norm) go<T, T, plain, true>(c, rn, tg, x.p, xr, K, K);
       else go<T, T, plain>(c, rn, tg, x.p, xr, K, K);
       break;
     case projection_kind::gated:
@@ -432,7 +534,7 @@ error go_projections(const launch_ctx& c, projection_kind kind, const kt& out, c
 
 error launch_gemv_projections(const launch_ctx& c, projection_kind kind, const kt& out, const kt* extra_outs,
                               int n_extra, const kt& x, const kt* weights, int n_weights, const kt* residual,
-                              const gemv_norm* norm) {
+                              const gemv_norm* norm, const gemv_rope* rope) {
   const int t = x.t;
   if (out.t != t) return error(errc::dtype_mismatch, c.where + ": fused projections need one dtype");
   for (int m = 0; m < n_weights; ++m)
@@ -443,7 +545,7 @@ error launch_gemv_projections(const launch_ctx& c, projection_kind kind, const k
   if (norm && norm->weight && norm->weight->t != t)
     return error(errc::dtype_mismatch, c.where + ": fused projections need one dtype");
   const auto go = [&]<class T>() {
-    return go_projections<T>(c, kind, out, extra_outs, n_extra, x, weights, n_weights, residual, norm);
+    return go_projections<T>(c, kind, out, extra_outs, n_extra, x, weights, n_weights, residual, norm, rope);
   };
   switch (static_cast<dtype>(t)) {
     case dtype::f32: return go.template operator()<float>();

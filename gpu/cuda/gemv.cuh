@@ -35,8 +35,25 @@ struct gemv_norm {
   const kt* weight = nullptr;  ///< [K], contiguous and 16-byte aligned, or null
   float eps = 0.0f;
 };
+/// With `rope` (shared_input: the group's ropes, projection_fusion::ropes),
+/// output m is rotated as it is written when bit m of `roped` is set: the
+/// row of x r at position positions[r % seq] (i32), each head of `head_dim`
+/// (even; the output's N a whole number of heads) by pairs (k, k + D/2)
+/// when `neox`, else (2k, 2k + 1), at the angle position * theta^(-2k/D);
+/// the products are rounded to the dtype first, as a rope reading them
+/// would see them. Every N must be even, D at most 2 x gemv_rope_max_pairs
+/// (graph/fusion.hpp's fused_gemv_rope_max_head).
+inline constexpr int gemv_rope_max_pairs = static_cast<int>(fused_gemv_rope_max_head / 2);
+struct gemv_rope {
+  const kt* positions = nullptr;
+  unsigned roped = 0;
+  bool neox = true;
+  int64_t head_dim = 0;
+  int64_t seq = 1;
+  float theta = 0.0f;
+};
 error launch_gemv_projections(const launch_ctx& c, projection_kind kind, const kt& out, const kt* extra_outs,
                               int n_extra, const kt& x, const kt* weights, int n_weights, const kt* residual,
-                              const gemv_norm* norm = nullptr);
+                              const gemv_norm* norm = nullptr, const gemv_rope* rope = nullptr);
 
 }  // namespace ag::gpu::cuda

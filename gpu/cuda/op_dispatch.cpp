@@ -91,18 +91,24 @@ error dispatch_op(core& dev_core, cuda_stream& cs, const op_launch& l, const std
       return {};
     const bool with_residual = l.projection == projection_kind::residual;
     const bool norm_weighted = l.projection_norm.on && l.projection_norm.weighted;
-    const int n_w = static_cast<int>(l.inputs.size()) - 1 - (with_residual ? 1 : 0) - (norm_weighted ? 1 : 0);
+    const bool roped = l.projection_rope.roped != 0;
+    const int n_w =
+        static_cast<int>(l.inputs.size()) - 1 - (with_residual ? 1 : 0) - (norm_weighted ? 1 : 0) - (roped ? 1 : 0);
     kt ws[3], extra[2];
     if (n_w < 1 || n_w > 3 || l.extra_outs.size() > 2)
       return error(errc::internal, c.where + ": fused projections with " + std::to_string(l.inputs.size()) + " inputs");
     for (int m = 0; m < n_w; ++m) ws[m] = to_kt(l.inputs[static_cast<std::size_t>(1 + m)]);
     for (std::size_t m = 0; m < l.extra_outs.size(); ++m) extra[m] = to_kt(l.extra_outs[m]);
     const kt resid = with_residual ? to_kt(l.inputs[static_cast<std::size_t>(1 + n_w)]) : kt{};
-    const kt norm_w = norm_weighted ? to_kt(l.inputs.back()) : kt{};
+    // Then the norm's weight, then the ropes' positions (launch_program.cpp).
+    const kt norm_w = norm_weighted ? to_kt(l.inputs[static_cast<std::size_t>(1 + n_w)]) : kt{};
     const gemv_norm norm{norm_weighted ? &norm_w : nullptr, l.projection_norm.eps};
+    const kt positions = roped ? to_kt(l.inputs.back()) : kt{};
+    const gemv_rope rope{&positions, l.projection_rope.roped, l.projection_rope.neox, l.projection_rope.head_dim,
+                         l.projection_rope.seq, l.projection_rope.theta};
     e = launch_gemv_projections(c, l.projection, out, extra, static_cast<int>(l.extra_outs.size()),
                                 to_kt(l.inputs[0]), ws, n_w, with_residual ? &resid : nullptr,
-                                l.projection_norm.on ? &norm : nullptr);
+                                l.projection_norm.on ? &norm : nullptr, roped ? &rope : nullptr);
     if (e.code == errc::device_failed) dev_core.mark_dead(e);
     return e;
   }
@@ -172,6 +178,7 @@ error dispatch_op(core& dev_core, cuda_stream& cs, const op_launch& l, const std
       break;
     case op_kind::rope:
       if ((e = need(2))) return e;
+      if (kernels.skip_rope) return {};
       e = launch_rope(c, out, to_kt(l.inputs[0]), to_kt(l.inputs[1]), n.attrs.theta, n.attrs.rope == rope_mode::neox);
       break;
     case op_kind::get_rows:

@@ -25,6 +25,7 @@ struct kernel_choices {
   /// in the chain. Results are wrong while it is set.
   bool skip_attention = false, skip_residual = false, skip_gated = false, skip_shared = false;
   bool skip_in_stream = false;  ///< in-stream all-reduce parts (cuda_device::in_stream_part)
+  bool skip_rope = false;       ///< rope kernels that no fused record took in
 };
 error dispatch_op(core& dev_core, cuda_stream& cs, const op_launch& l, const std::string& device_name, int sm_count,
                   const kernel_choices& kernels);

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <map>
 #include <set>
@@ -810,19 +811,21 @@ TEST(LaunchProgram, DecodeAttentionIsOneFusedRecordPerLayerOnCudaOnly) {
 }
 
 // Projection groups (CUDA devices only, plan_options::fuse_projections): in
-// a LLaMA decode step q, k and v become one record, gate, up, silu and their
-// product one, and o and down each one with the residual add after it; GPT-2
+// a LLaMA decode step q, k and v become one record (with q's and k's ropes
+// where no attention chain takes them), gate, up, silu and their product
+// one, and o and down each one with the residual add after it; GPT-2
 // (biases between its matmuls and the residual adds), a prefill (more than 8
 // rows) and sim devices keep their ops. The hazard checker passes, and no
 // group's output shares bytes with what the kernel reads.
 struct projection_count {
-  int shared = 0, gated = 0, residual = 0, records = 0, norm_prologues = 0;
+  int shared = 0, gated = 0, residual = 0, records = 0, norm_prologues = 0, ropes = 0, rope_records = 0;
 };
 
-projection_count count_projections(const models::transformer_config& cfg, device_kind kind, bool fuse = true) {
+projection_count count_projections(const models::transformer_config& cfg, device_kind kind, bool fuse = true,
+                                   bool fuse_attention = false) {
   plan_options o;
   o.fuse_projections = fuse;
-  o.fuse_ops = false;  // attention chains apart: describe() below names only projection groups
+  o.fuse_ops = fuse_attention;  // off: attention chains apart, describe() below names only projection groups
   const auto [p, prog] = compile_and_lower(cfg, kind, o);
   projection_count c;
   if (!prog) return c;
@@ -834,14 +837,25 @@ projection_count count_projections(const models::transformer_config& cfg, device
   for (const lowered_step& ls : prog->steps())
     for (const auto& op : ls.ops) {
       ++c.records;
+      c.rope_records += op.fused == gpu::op_launch::fusion::none && op.op->op == op_kind::rope;
       if (op.fused != gpu::op_launch::fusion::projections) continue;
       switch (op.projection) {
-        case projection_kind::shared_input:
+        case projection_kind::shared_input: {
           ++c.shared;
-          EXPECT_EQ(op.op->op, op_kind::matmul);
-          EXPECT_EQ(op.inputs.size(), 2 + op.extra_outs.size() + (op.projection_norm.weighted ? 1 : 0))
-              << "x, a weight per output, and the norm's weight";
+          const int roped = std::popcount(op.projection_rope.roped);
+          c.ropes += roped;
+          EXPECT_EQ(op.op->op, roped > 0 ? op_kind::rope : op_kind::matmul) << "the group's last op";
+          EXPECT_EQ(op.inputs.size(), 2 + op.extra_outs.size() + (op.projection_norm.weighted ? 1 : 0) + (roped > 0))
+              << "x, a weight per output, the norm's weight, the ropes' positions";
+          if (roped > 0) {
+            EXPECT_EQ(op.inputs.back().proto.type, dtype::i32) << "the positions come last";
+            EXPECT_EQ(op.projection_rope.head_dim, cfg.head_dim());
+            EXPECT_EQ(op.projection_rope.seq, cfg.seq_len);
+            EXPECT_TRUE(op.projection_rope.neox);
+            EXPECT_EQ(op.projection_rope.theta, cfg.rope_theta);
+          }
           break;
+        }
         case projection_kind::gated:
           ++c.gated;
           EXPECT_EQ(op.op->op, op_kind::mul);
@@ -976,9 +990,26 @@ TEST(LaunchProgram, DecodeProjectionsAreGroupedIntoGemvRecordsOnCudaOnly) {
       const auto off = count_projections(cfg, device_kind::cuda, /*fuse=*/false);
       EXPECT_EQ(off.shared + off.gated + off.residual, 0);
       EXPECT_EQ(cuda.norm_prologues, 6) << "the rms_norm before q/k/v and before gate/up of each layer";
-      EXPECT_EQ(off.records - cuda.records, 9 * 3) << "13 records of a layer become 4";
+      EXPECT_EQ(cuda.ropes, 6) << "q's and k's ropes of each layer (no attention chain takes them here)";
+      EXPECT_EQ(cuda.rope_records, 0);
+      EXPECT_EQ(off.rope_records, 6);
+      EXPECT_EQ(off.records - cuda.records, 11 * 3) << "15 records of a layer become 4";
       const auto sim = count_projections(cfg, device_kind::sim);
       EXPECT_EQ(sim.shared + sim.gated + sim.residual, 0);
+      EXPECT_EQ(sim.rope_records, 6);
+      // With attention chains fused, a KV cache's chain takes both ropes
+      // into its prologue (graph/fusion.hpp) where its kernel takes the
+      // head dim (32 here, not 8), and the q/k/v group none.
+      for (int64_t d : {int64_t{64}, int64_t{256}}) {
+        models::transformer_config fused = cfg;
+        fused.d_model = d;
+        const bool prologue = cache > 0 && d == 256;
+        SCOPED_TRACE("attention chains fused, head dim " + std::to_string(fused.head_dim()));
+        const auto both = count_projections(fused, device_kind::cuda, /*fuse=*/true, /*fuse_attention=*/true);
+        EXPECT_EQ(both.shared, 3);
+        EXPECT_EQ(both.ropes, prologue ? 0 : 6);
+        EXPECT_EQ(both.rope_records, 0);
+      }
     }
   // Eight rows of 2048: more x than a block's shared memory held when the
   // kernel staged the normalised rows there (the prologue had a limit of

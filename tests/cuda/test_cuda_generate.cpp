@@ -442,6 +442,21 @@ TEST(CudaGenerate, ProjectionGroupStepsEqualTheReference) {
       }
 }
 
+/// Job `job` of plan `p` (of graph `g`) on `in` equals the reference
+/// evaluator's outputs within the tolerance of dtype `t`.
+void job_equals_the_reference(runtime& rt, const std::shared_ptr<const plan>& p, const graph& g,
+                              const std::vector<host_tensor>& in, dtype t, int job) {
+  auto want = evaluate_reference(g, in);
+  ASSERT_TRUE(want) << want.err().to_string();
+  const job_result& r = rt.submit(p, in).wait();
+  ASSERT_TRUE(r) << "job " << job << ": " << r.err().to_string();
+  const test::tol tl = test::tol_for(t, 4);
+  for (std::size_t i = 0; i < want->size(); ++i) {
+    auto c = compare((*r)[i], (*want)[i], tl.atol, tl.rtol);
+    EXPECT_TRUE(c.ok) << "job " << job << " output " << i << ": " << c.message;
+  }
+}
+
 // The rms_norm right before a projection group runs inside the group's GEMV
 // kernel (projection_fusion::norm_prologue): with and without the norm's
 // weight, 1 to 8 rows, rows of 512 and of 4096 (8 x 4096 floats: more than
@@ -494,17 +509,79 @@ TEST(CudaGenerate, NormProloguesOfProjectionGroupsEqualTheReference) {
           EXPECT_EQ(prologues, 2) << "n1 and n2, not n3 (an output)";
           for (int k = 0; k < 3; ++k) {
             std::vector<host_tensor> in{host_tensor::random_normal(t, {rows, K}, ++seed, 1.5f, 0.3f)};
-            auto want = evaluate_reference(*g, in);
-            ASSERT_TRUE(want) << want.err().to_string();
-            const job_result& r = (*rt)->submit(*p, in).wait();
-            ASSERT_TRUE(r) << "job " << k << ": " << r.err().to_string();
-            const test::tol tl = test::tol_for(t, 4);
-            for (std::size_t i = 0; i < want->size(); ++i) {
-              auto c = compare((*r)[i], (*want)[i], tl.atol, tl.rtol);
-              EXPECT_TRUE(c.ok) << "job " << k << " output " << i << ": " << c.message;
-            }
+            job_equals_the_reference(**rt, *p, *g, in, t, k);
           }
         }
+}
+
+// The ropes right after a q/k/v group run inside the group's GEMV kernel
+// (projection_fusion::ropes: a decode step without a KV cache): neox and
+// interleaved pairs, heads of 64 and 128, 1 to 8 rows as batches of
+// positions (x's row r at position r % S), GQA (k with fewer heads than q),
+// with and without the norm prologue, f32 / f16 / bf16, positions up to
+// 5000 and new ones every job, replayed over several jobs. Every job equals
+// the reference; with only q's rope, k's rope (read by a second op too)
+// stays a kernel of its own.
+TEST(CudaGenerate, RopesOfProjectionGroupsEqualTheReference) {
+  AG_REQUIRE_GPU(1);
+  auto rt = runtime::create("cuda:0");
+  ASSERT_TRUE(rt) << rt.err().to_string();
+  struct rope_case {
+    int64_t batch, seq, head;
+    rope_mode mode;
+    bool norm, both;
+  };
+  const rope_case cases[] = {
+      {1, 1, 64, rope_mode::neox, true, true},          // a decode step
+      {2, 1, 128, rope_mode::neox, true, true},         // two sequences of one step
+      {1, 4, 64, rope_mode::interleaved, false, true},  // four positions, pairs (2k, 2k + 1)
+      {2, 3, 128, rope_mode::interleaved, true, true},
+      {1, 2, 64, rope_mode::neox, true, false},         // q's rope only
+  };
+  uint64_t seed = 9400;
+  const int64_t K = 512, H = 4, Hkv = 2;
+  for (const rope_case& rc : cases)
+    for (dtype t : {dtype::f32, dtype::f16, dtype::bf16}) {
+      const int64_t B = rc.batch, S = rc.seq, D = rc.head;
+      SCOPED_TRACE(std::string(to_string(t)) + " B " + std::to_string(B) + " S " + std::to_string(S) + " head " +
+                   std::to_string(D) + (rc.mode == rope_mode::neox ? " neox" : " interleaved") +
+                   (rc.norm ? " norm" : "") + (rc.both ? "" : " q only"));
+      auto w = [&](shape dims, float sd) { return host_tensor::random_normal(t, dims, ++seed, sd); };
+      graph_builder b;
+      auto x = b.input("x", t, {B * S, K});
+      auto pos = b.input("pos", dtype::i32, {S});
+      tensor a = rc.norm ? b.rms_norm(x, b.weight("n.w", w({K}, 1.0f)), 1e-5f, "norm") : x;
+      auto q = b.matmul(a, b.weight("wq", w({H * D, K}, 0.05f)), false, true, "q");
+      auto k = b.matmul(a, b.weight("wk", w({Hkv * D, K}, 0.05f)), false, true, "k");
+      auto v = b.matmul(a, b.weight("wv", w({Hkv * D, K}, 0.05f)), false, true, "v");
+      auto qh = b.reshape(q, {B, S, H, D}, "q.heads");
+      auto kh = b.reshape(k, {B, S, Hkv, D}, "k.heads");
+      b.output(b.rope(qh, pos, 10000.0f, rc.mode, "q.rope"));
+      b.output(b.rope(kh, pos, 10000.0f, rc.mode, "k.rope"));
+      b.output(v);
+      if (!rc.both) b.output(b.gelu(k, gelu_mode::tanh, "k.other"));  // k's output read twice: its rope stays apart
+      auto g = std::move(b).build();
+      ASSERT_TRUE(g) << g.err().to_string();
+      plan_options o;
+      o.policy = placement_policy::single;
+      o.graph_replay = graph_replay_mode::on;
+      auto p = (*rt)->compile(*g, o);
+      ASSERT_TRUE(p) << p.err().to_string();
+      ASSERT_EQ((*p)->projection_fusions().size(), 1u) << (*p)->describe();
+      EXPECT_EQ((*p)->projection_fusions()[0].ropes, rc.both ? 2 : 1) << (*p)->describe();
+      EXPECT_EQ((*p)->projection_fusions()[0].norm_prologue, rc.norm);
+      EXPECT_NE((*p)->describe().find(rc.both ? "2 rope(s) in their groups" : "1 rope(s) in their groups"),
+                std::string::npos)
+          << (*p)->describe();
+      for (int job = 0; job < 3; ++job) {
+        std::vector<int32_t> positions(static_cast<std::size_t>(S));
+        for (int64_t s = 0; s < S; ++s)
+          positions[static_cast<std::size_t>(s)] = static_cast<int32_t>((seed * 7919 + 613 * s) % 5000);
+        std::vector<host_tensor> in{host_tensor::random_normal(t, {B * S, K}, ++seed, 1.0f, 0.2f),
+                                    host_tensor::from_ints({S}, positions)};
+        job_equals_the_reference(**rt, *p, *g, in, t, job);
+      }
+    }
 }
 
 // Fused attention with its keys split over blocks (gpu/cuda/attention.cu):
