@@ -91,10 +91,10 @@ struct gemv_targets {
   // the output of the kernel right before it.
   bool weights_immutable = false;
   // The ROPE epilogue (gemv_rope): matrix m's outputs are rotated when
-  // roped<m>; the warp of logical row 2i + 1 of a head's pair i computes
-  // its partner's physical row (i + D/2 under neox), so that both rows of a
-  // pair land in one block (rows come four to a block, every matrix starts
-  // at an even row).
+  // roped<m>. The kernel then works in pairs of rows, the two rows a rope
+  // rotates together (k and k + D/2 of a head under neox, else 2k and
+  // 2k + 1; in matrices without a rope, 2k and 2k + 1): each warp takes
+  // both rows of a pair, as a gated warp takes gate's and up's rows.
   const int32_t* rope_pos = nullptr;
   int rope_seq = 1, rope_dim = 2;
   float rope_theta = 0.0f;
@@ -131,40 +131,50 @@ __global__ void __launch_bounds__(kThreads, R == 1 ? 4 : 1)
                 rope_freqs_t<ROPE> freqs) {
   static_assert(!ROPE || MODE == plain, "the rope epilogue is a shared-input group's");
   constexpr int V = vec16<T>::n;
-  constexpr int F = MODE == gated ? kInFlight / 2 : kInFlight;  // loads per matrix in flight
+  constexpr bool TWO = MODE == gated || ROPE;  // two weight rows per warp: gate's and up's, or a rope's pair
+  constexpr int F = TWO ? kInFlight / 2 : kInFlight;  // loads per row in flight
   constexpr int kWarps = kThreads / 32;
-  __shared__ float part[kWarps][R], part_up[MODE == gated ? kWarps : 1][R];
+  __shared__ float part[kWarps][R], part_up[TWO ? kWarps : 1][R];
   const int lane = static_cast<int>(threadIdx.x & 31), warp = static_cast<int>(threadIdx.x >> 5);
   const int slice = warp % kWarpsPerRow;
   const int64_t per_slice = (vecs + kWarpsPerRow - 1) / kWarpsPerRow;
   const int64_t v_begin = slice * per_slice, v_end = v_begin + per_slice < vecs ? v_begin + per_slice : vecs;
-  const int64_t total = tg.count == 3 ? tg.n_end[2] : tg.count == 2 ? tg.n_end[1] : tg.n_end[0];
-  // Where global row n is: which of the (up to 3) matrices, its row there,
-  // that matrix's rows, weights and output. Selects, not tg.x[m]: indexing
-  // the parameter arrays by a runtime m copies tg to local memory in every
-  // thread (an 88-byte stack frame, up to 1.6x slower on large grids).
-  // `row` is the physical row (of w and y): in a roped matrix under neox,
-  // the matrix's n-th row computed is row n / 2 of its head's first half
-  // (n even) or of its second (n odd).
+  // What a warp computes: a row (ROPE: a pair of rows) of the stacked
+  // matrices; `total` of them.
+  const int64_t rows_in_all = tg.count == 3 ? tg.n_end[2] : tg.count == 2 ? tg.n_end[1] : tg.n_end[0];
+  const int64_t total = ROPE ? rows_in_all / 2 : rows_in_all;
+  const auto end_of = [&](int m) { return ROPE ? tg.n_end[m] / 2 : tg.n_end[m]; };
+  // Where unit n is: which of the (up to 3) matrices, its row there (and
+  // the pair's other row), that matrix's rows, weights and output. Selects,
+  // not tg.x[m]: indexing the parameter arrays by a runtime m copies tg to
+  // local memory in every thread (an 88-byte stack frame, up to 1.6x slower
+  // on large grids).
   struct place {
-    int64_t row, N;
+    int64_t row, partner, N;
     const T* w;
     TO* y;
   };
   const auto roped_at = [&](int64_t n) {
-    const bool in1 = tg.count > 1 && n >= tg.n_end[0], in2 = tg.count > 2 && n >= tg.n_end[1];
+    const bool in1 = tg.count > 1 && n >= end_of(0), in2 = tg.count > 2 && n >= end_of(1);
     return ROPE && (in2 ? tg.roped2 : in1 ? tg.roped1 : tg.roped0);
   };
   const auto locate = [&](int64_t n) {
-    const bool in1 = MODE == plain && tg.count > 1 && n >= tg.n_end[0];
-    const bool in2 = MODE == plain && tg.count > 2 && n >= tg.n_end[1];
-    const int64_t start = in2 ? tg.n_end[1] : in1 ? tg.n_end[0] : 0;
-    int64_t row = n - start;
-    if (ROPE && tg.rope_neox && roped_at(n)) {  // 32-bit: a matrix has fewer than 2^31 rows
-      const int D = tg.rope_dim, within = static_cast<int>(row) % D;
-      row += (within >> 1) + (within & 1) * (D >> 1) - within;
+    const bool in1 = MODE == plain && tg.count > 1 && n >= end_of(0);
+    const bool in2 = MODE == plain && tg.count > 2 && n >= end_of(1);
+    const int64_t start = in2 ? end_of(1) : in1 ? end_of(0) : 0;
+    int64_t row = n - start, partner = row;
+    if constexpr (ROPE) {
+      if (tg.rope_neox && roped_at(n)) {  // pair k of head h: rows h D + k and h D + k + D / 2 (32-bit: fewer than 2^31 rows)
+        const int half = tg.rope_dim >> 1, k = static_cast<int>(row) % half;
+        row = (row - k) * 2 + k;
+        partner = row + half;
+      } else {
+        row *= 2;
+        partner = row + 1;
+      }
     }
-    return place{row, (in2 ? tg.n_end[2] : in1 ? tg.n_end[1] : tg.n_end[0]) - start,
+    const int64_t n_start = in2 ? tg.n_end[1] : in1 ? tg.n_end[0] : 0;
+    return place{row, partner, (in2 ? tg.n_end[2] : in1 ? tg.n_end[1] : tg.n_end[0]) - n_start,
                  in2 ? tg.w[2] : in1 ? tg.w[1] : tg.w[0], in2 ? tg.y[2] : in1 ? tg.y[1] : tg.y[0]};
   };
   // With weights_immutable, the warp's first chunk of its first row is
@@ -173,27 +183,26 @@ __global__ void __launch_bounds__(kThreads, R == 1 ? 4 : 1)
   // set of registers serves every chunk. (16 layers of back-to-back decode
   // GEMVs replayed as a graph on an H100: 785 us plain, 767 with PDL, 700
   // with PDL and this.)
-  uint4 wv[F], uv[MODE == gated ? F : 1];
+  uint4 wv[F], uv[TWO ? F : 1];
   const int64_t first = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + warp / kWarpsPerRow;
   const bool preloaded = tg.weights_immutable && first < total;
-  // The lane's F 16-byte loads, from vector v0 on, of row `row` of w (and,
-  // gated, of w[1]).
-  const auto load_chunk = [&](const T* w, int64_t row, int64_t v0) {
-    const uint4* wr = reinterpret_cast<const uint4*>(w + row * ldw);
-    const uint4* ur = MODE == gated ? reinterpret_cast<const uint4*>(tg.w[1] + row * ldw) : nullptr;
+  // The lane's F 16-byte loads, from vector v0 on, of unit `at`'s row of
+  // its w (and, gated, of w[1]; ROPE, of the pair's other row).
+  const auto load_chunk = [&](const place& at, int64_t v0) {
+    const uint4* wr = reinterpret_cast<const uint4*>(at.w + at.row * ldw);
+    const uint4* ur = MODE == gated ? reinterpret_cast<const uint4*>(tg.w[1] + at.row * ldw)
+                      : ROPE        ? reinterpret_cast<const uint4*>(at.w + at.partner * ldw)
+                                    : nullptr;
 #pragma unroll
     for (int u = 0; u < F; ++u) {
       const int64_t v = v0 + 32 * u;
       if (v < v_end) {
         wv[u] = __ldcs(wr + v);
-        if constexpr (MODE == gated) uv[u] = __ldcs(ur + v);
+        if constexpr (TWO) uv[u] = __ldcs(ur + v);
       }
     }
   };
-  if (preloaded) {
-    const place f = locate(first);
-    load_chunk(f.w, f.row, v_begin + lane);
-  }
+  if (preloaded) load_chunk(locate(first), v_begin + lane);
   pdl_enter();
   __shared__ int32_t positions[ROPE ? R : 1];  // x row r's (read after the first barrier)
   if (ROPE && threadIdx.x < rows) positions[threadIdx.x] = tg.rope_pos[threadIdx.x % tg.rope_seq];
@@ -212,7 +221,6 @@ __global__ void __launch_bounds__(kThreads, R == 1 ? 4 : 1)
   // form 5% (scripts/cuda-experiments/persistent_chain.cu, docs/BENCHMARKS.md
   // session 39).
   __shared__ float sum_sq[NORM ? kWarps : 1][R];
-  __shared__ float rotated[ROPE ? kRowsPerBlock : 1][R];  // ROPE: each row's output before the rotation
   float ss[NORM ? R : 1];
 #pragma unroll
   for (int r = 0; r < (NORM ? R : 1); ++r) ss[r] = 0.f;
@@ -227,14 +235,14 @@ __global__ void __launch_bounds__(kThreads, R == 1 ? 4 : 1)
     for (int r = 0; r < R; ++r) acc[r] = 0.f, acc_up[r] = 0.f;
     if (n < total) {
       for (int64_t v0 = v_begin + lane; v0 < v_end; v0 += 32 * F) {
-        if (!preloaded || n != first || v0 != v_begin + lane) load_chunk(at.w, row, v0);
+        if (!preloaded || n != first || v0 != v_begin + lane) load_chunk(at, v0);
 #pragma unroll
         for (int u = 0; u < F; ++u) {
           const int64_t v = v0 + 32 * u;
           if (v >= v_end) break;
           float wf[V], uf[V];
           vec16<T>::unpack(wv[u], wf);
-          if constexpr (MODE == gated) vec16<T>::unpack(uv[u], uf);
+          if constexpr (TWO) vec16<T>::unpack(uv[u], uf);
 #pragma unroll
           for (int r = 0; r < R; ++r) {
             if (r >= rows) break;  // R is the unroll bound: rows <= R
@@ -254,7 +262,7 @@ __global__ void __launch_bounds__(kThreads, R == 1 ? 4 : 1)
 #pragma unroll
             for (int e = 0; e < V; ++e) {
               acc[r] = fmaf(wf[e], xf[e], acc[r]);
-              if constexpr (MODE == gated) acc_up[r] = fmaf(uf[e], xf[e], acc_up[r]);
+              if constexpr (TWO) acc_up[r] = fmaf(uf[e], xf[e], acc_up[r]);
             }
           }
         }
@@ -264,12 +272,12 @@ __global__ void __launch_bounds__(kThreads, R == 1 ? 4 : 1)
     for (int r = 0; r < R; ++r) {
       if (r >= rows) break;
       acc[r] = warp_sum(acc[r]);
-      if constexpr (MODE == gated) acc_up[r] = warp_sum(acc_up[r]);
+      if constexpr (TWO) acc_up[r] = warp_sum(acc_up[r]);
       if constexpr (NORM)
         if (n == first) ss[r] = warp_sum(ss[r]);
       if (lane == 0) {
         part[warp][r] = acc[r];
-        if constexpr (MODE == gated) part_up[warp][r] = acc_up[r];
+        if constexpr (TWO) part_up[warp][r] = acc_up[r];
         if constexpr (NORM)
           if (n == first) sum_sq[warp][r] = ss[r];
       }
@@ -282,7 +290,7 @@ __global__ void __launch_bounds__(kThreads, R == 1 ? 4 : 1)
 #pragma unroll
       for (int k = 0; k < kWarpsPerRow; ++k) {
         s += part[warp + k][r];
-        if constexpr (MODE == gated) up += part_up[warp + k][r];
+        if constexpr (TWO) up += part_up[warp + k][r];
       }
       if constexpr (NORM) {
         // Written at this warp's first row (n == first), kept since.
@@ -291,46 +299,29 @@ __global__ void __launch_bounds__(kThreads, R == 1 ? 4 : 1)
         for (int k = 0; k < kWarpsPerRow; ++k) t += sum_sq[warp + k][r];
         const float inv_rms = rsqrtf(t / static_cast<float>(vecs * V) + tg.eps);
         s *= inv_rms;
-        if constexpr (MODE == gated) up *= inv_rms;
+        if constexpr (TWO) up *= inv_rms;
       }
       if constexpr (MODE == gated) s = s / (1.f + __expf(-s)) * up;
       if constexpr (MODE == residual) s += to_f(tg.residual[r * N + row]);
-      if constexpr (ROPE) rotated[warp / kWarpsPerRow][r] = s;
-      else ym[r * N + row] = from_f<TO>(s);
-    }
-    if constexpr (ROPE) {
-      // Rows of a roped matrix meet their pair's partner (the next row of
-      // the block) here; the even one writes both. Its angle (as the rope
-      // kernel takes it, rope.cu) before the barrier, beside the others'.
-      const int in_block = warp / kWarpsPerRow;
-      const bool roped = roped_at(n);
-      const bool writes = slice == 0 && lane < rows && n < total && (!roped || (in_block & 1) == 0);
-      float fs = 0.f, fc = 1.f;
-      if (writes && roped) {
-        // The angle reduced to [-pi, pi] in f64 as rope_sincos does; there
-        // the fast sincos is within 1e-6 (the accurate one's slow path for
-        // large arguments kept registers from the main loop: spills). An
-        // even row's pair index: its physical row within the head (neox),
-        // or half of it (interleaved).
-        const int within = static_cast<int>(row) % tg.rope_dim;
-        double angle = static_cast<double>(positions[lane]);
-        if constexpr (ROPE) angle *= freqs.inv[tg.rope_neox ? within : within >> 1];
-        const double two_pi = 6.283185307179586476925286766559;
-        __sincosf(static_cast<float>(angle - rint(angle * (1.0 / two_pi)) * two_pi), &fs, &fc);
-      }
-      __syncthreads();
-      if (writes) {
-        const int r = lane;
-        if (!roped) {
-          ym[r * N + row] = from_f<TO>(rotated[in_block][r]);
-        } else {
-          // Rounded as the rope would read them.
-          const float a = to_f(from_f<TO>(rotated[in_block][r])), b = to_f(from_f<TO>(rotated[in_block + 1][r]));
-          const int64_t partner = tg.rope_neox ? row + (tg.rope_dim >> 1) : row + 1;
-          ym[r * N + row] = from_f<TO>(a * fc - b * fs);
-          ym[r * N + partner] = from_f<TO>(a * fs + b * fc);
+      if constexpr (ROPE) {
+        // The pair: rotated when its matrix has a rope (rounded first, as
+        // the rope would read them; the angle as rope_sincos takes it,
+        // reduced to [-pi, pi] in f64, where the fast sincos is within 1e-6:
+        // the accurate one's slow path for large arguments kept registers
+        // from the main loop, spills), else both rows as they are.
+        if (roped_at(n)) {
+          const float a = to_f(from_f<TO>(s)), b = to_f(from_f<TO>(up));
+          const int within = static_cast<int>(row) % tg.rope_dim;  // the pair's index: within (neox) or within / 2
+          const double angle = static_cast<double>(positions[r]) * freqs.inv[tg.rope_neox ? within : within >> 1];
+          const double two_pi = 6.283185307179586476925286766559;
+          float fs, fc;
+          __sincosf(static_cast<float>(angle - rint(angle * (1.0 / two_pi)) * two_pi), &fs, &fc);
+          s = a * fc - b * fs;
+          up = a * fs + b * fc;
         }
+        ym[r * N + at.partner] = from_f<TO>(up);
       }
+      ym[r * N + row] = from_f<TO>(s);
     }
     __syncthreads();  // part is rewritten by the next group
   }
@@ -340,7 +331,8 @@ template <class T, class TO, int R, int MODE, bool NORM, bool ROPE>
 void go_rows(const launch_ctx& c, const gemv_targets<T, TO>& tg, const void* x, const row_offsets& xr, int rows,
              int64_t ldw, int64_t K) {
   const int64_t vecs = K / vec16<T>::n;
-  const unsigned grid = grid_for(tg.n_end[tg.count - 1], kRowsPerBlock, c.sm_count * 64);
+  const int64_t units = ROPE ? tg.n_end[tg.count - 1] / 2 : tg.n_end[tg.count - 1];  // ROPE: pairs of rows
+  const unsigned grid = grid_for(units, kRowsPerBlock, c.sm_count * 64);
   rope_freqs_t<ROPE> freqs{};
   if constexpr (ROPE) rope_inverse_frequencies(tg.rope_theta, tg.rope_dim, freqs.inv);
   launch_kernel(c, gemv_kernel<T, TO, R, MODE, NORM, ROPE>, grid, kThreads, 0, tg, static_cast<const T*>(x), xr, rows,

@@ -536,6 +536,7 @@ TEST(CudaGenerate, RopesOfProjectionGroupsEqualTheReference) {
       {2, 1, 128, rope_mode::neox, true, true},         // two sequences of one step
       {1, 4, 64, rope_mode::interleaved, false, true},  // four positions, pairs (2k, 2k + 1)
       {2, 3, 128, rope_mode::interleaved, true, true},
+      {2, 4, 64, rope_mode::neox, true, true},          // 8 rows: the kernel's most
       {1, 2, 64, rope_mode::neox, true, false},         // q's rope only
   };
   uint64_t seed = 9400;
