@@ -259,15 +259,16 @@ bool norm_prologue_at(const graph& g, const std::vector<node_id>& ops, std::size
 
 /// The rope `r` can be the epilogue of matmul `mm` of a shared-input group:
 /// its input is mm's output reshaped to [.., S, H, D] (mm's storage from its
-/// first element, contiguous, the same elements), mm's output read by
-/// nothing else, D even, positions i32 [S], one dtype.
+/// first element, contiguous, the same elements; H x D its N, so that x's
+/// row r is position r % S), mm's output read by nothing else, D even,
+/// positions i32 [S], one dtype.
 bool rope_epilogue_of(const graph& g, const node& r, const node& mm) {
   if (r.op != op_kind::rope || r.inputs.size() != 2 || r.type != mm.type || r.dims.rank() < 3) return false;
   const node& x = g.at(r.inputs[0]);
   const int64_t D = r.dims[-1];
   if (x.storage != mm.id || x.offset != 0 || !x.contiguous() || x.dims != r.dims || x.type != mm.type ||
       x.dims.numel() != mm.dims.numel() || D < 2 || D % 2 != 0 || D > fused_gemv_rope_max_head ||
-      mm.dims[-1] % D != 0 || !r.contiguous())
+      r.dims[-2] * D != mm.dims[-1] || !r.contiguous())
     return false;
   const node& pos = g.at(r.inputs[1]);
   return pos.type == dtype::i32 && pos.dims.numel() == r.dims[-3] && only_read_by(g, mm.id, r.id);
@@ -276,9 +277,12 @@ bool rope_epilogue_of(const graph& g, const node& r, const node& mm) {
 /// How many of the ops right after a shared-input group (ops[i] on) are
 /// ropes it can take in as epilogues (projection_fusion::ropes): each of a
 /// different matmul of the group, one positions input, theta and mode, none
-/// taken by an attention chain.
+/// taken by an attention chain; none where an output of the group has an
+/// odd N (the kernel then works in pairs of rows).
 int rope_epilogues_at(const graph& g, const std::vector<node_id>& ops, std::size_t i, const projection_fusion& f,
                       const std::vector<char>& taken) {
+  for (node_id id : f.ops)
+    if (g.at(id).op == op_kind::matmul && g.at(id).dims[-1] % 2 != 0) return 0;
   std::vector<node_id> roped;
   const node* first = nullptr;
   for (std::size_t k = i; k < ops.size() && roped.size() < 3; ++k) {

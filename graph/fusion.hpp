@@ -126,8 +126,9 @@ struct projection_fusion {
   /// without a KV cache, whose ropes no attention chain takes in). Each
   /// rotates the rows of one of the group's matmuls: its input is that
   /// matmul's output reshaped to [.., S, H, D] (same element order, read by
-  /// nothing else), all of them by one positions input i32 [S] and one theta
-  /// and mode. The kernel rotates those outputs as it writes them (rounding
+  /// nothing else; H x D its N), all of them by one positions input i32 [S]
+  /// and one theta and mode, and every output of the group has an even N.
+  /// The kernel rotates those outputs as it writes them (rounding
   /// the products to the dtype first, as the rope would read them) into the
   /// rope's output, and the matmul's own output is never written.
   int ropes = 0;
@@ -143,8 +144,8 @@ std::vector<node_id> projection_group_outputs(const graph& g, const projection_f
 
 /// The most rows of x a fused projection takes (gpu/cuda/gemv.cuh's gemv_max_rows).
 inline constexpr int64_t fused_gemv_max_rows = 8;
-/// The widest head a group's rope epilogue takes (the kernel keeps a
-/// frequency per pair in shared memory).
+/// The widest head a group's rope epilogue takes (the kernel takes a
+/// frequency per pair of a head as a launch parameter).
 inline constexpr int64_t fused_gemv_rope_max_head = 512;
 
 /// What a projection group's kernel reads, at the group's last op: the

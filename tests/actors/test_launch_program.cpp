@@ -1048,6 +1048,47 @@ std::vector<device_spec> cuda_specs(int n, int64_t in_stream_max) {
   return v;
 }
 
+// A rope joins a q/k/v group only where x's row r is its position r % S
+// (its input the matmul's output as [.., S, H, D], H x D the matmul's N)
+// and every output of the group has an even N (the kernel then works in
+// pairs of rows). A reshape that folds part of N into the positions ([2,
+// 128] as [4, 1, 64]), or a v of 63 columns, keeps the rope apart; the
+// same rope over [1, 2, 2, 64] beside a v of 64 joins.
+TEST(LaunchProgram, RopesJoinAProjectionGroupOnlyWhereItsRowsArePositionsAndPairs) {
+  struct rope_case {
+    bool rows_are_positions;
+    int64_t v_columns;
+    int ropes;
+  };
+  for (const rope_case& c : {rope_case{true, 64, 1}, rope_case{false, 64, 0}, rope_case{true, 63, 0}}) {
+    SCOPED_TRACE(std::string(c.rows_are_positions ? "[1, 2, 2, 64]" : "[4, 1, 64]") + ", v of " +
+                 std::to_string(c.v_columns));
+    graph_builder b;
+    auto x = b.input("x", dtype::f32, {2, 64});
+    auto pos = b.input("pos", dtype::i32, {c.rows_are_positions ? 2 : 4});
+    auto w = [&](const std::string& name, int64_t n) {
+      return b.weight(name, host_tensor::random_normal(dtype::f32, {n, 64}, static_cast<uint64_t>(n), 0.1f));
+    };
+    auto q = b.matmul(x, w("wq", 128), false, true, "q");
+    auto k = b.matmul(x, w("wk", 64), false, true, "k");
+    b.output(b.matmul(x, w("wv", c.v_columns), false, true, "v"));
+    const shape heads = c.rows_are_positions ? shape{1, 2, 2, 64} : shape{4, 1, 64};
+    b.output(b.rope(b.reshape(q, heads, "q.heads"), pos, 10000.0f, rope_mode::neox, "q.rope"));
+    b.output(k);
+    auto g = std::move(b).build();
+    ASSERT_TRUE(g) << g.err().to_string();
+    plan_options o;
+    o.graph_replay = graph_replay_mode::off;
+    auto p = compile(std::make_shared<const graph>(std::move(*g)), cuda_specs(1, 0), o);
+    ASSERT_TRUE(p) << p.err().to_string();
+    ASSERT_EQ((*p)->projection_fusions().size(), 1u) << (*p)->describe();
+    EXPECT_EQ((*p)->projection_fusions()[0].ropes, c.ropes) << (*p)->describe();
+    EXPECT_TRUE(check_hazards(**p).ok()) << check_hazards(**p).to_string();
+    auto prog = lower(*p);
+    ASSERT_TRUE(prog) << prog.err().to_string();
+  }
+}
+
 /// A LLaMA decode step (batch 1, one token, a KV cache) of `layers` small
 /// layers, shapes only.
 models::transformer_config decode_step_config(int layers) {
