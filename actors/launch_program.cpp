@@ -151,9 +151,9 @@ error apply_fusions(const plan& p, const step& s, lowered_step& ls) {
       case projection_kind::shared_input: {
         // Output k is the matmul's, or its rope's (whose records follow the matmuls').
         const auto roped_out = [&](std::ptrdiff_t k) -> const lowered_op* {
-          for (auto r = mm + n_mm; r != first + n; ++r)
-            if (r->op->id == projection_rope_of(p.source(), f, mm[k].op->id)) return &*r;
-          return nullptr;
+          const node_id rope = projection_rope_of(p.source(), f, mm[k].op->id);
+          const auto r = std::find_if(mm + n_mm, first + n, [&](const lowered_op& o) { return o.op->id == rope; });
+          return rope != no_node && r != first + n ? &*r : nullptr;
         };
         for (std::ptrdiff_t k = 0; k < n_mm; ++k) {
           const lowered_op* r = roped_out(k);

@@ -152,10 +152,13 @@ __device__ __forceinline__ float warp_max(float v) {
 /// cheaper than an f64 sincos of up to 2^31 radians, as accurate for f32 /
 /// 16-bit data. The rope kernel and the fused attention's rope both use it,
 /// so that they round alike.
-__device__ __forceinline__ void rope_sincos(double position, double inv, float& fs, float& fc) {
+__device__ __forceinline__ float rope_reduced_angle(double position, double inv) {
   const double angle = position * inv;
   const double two_pi = 6.283185307179586476925286766559;
-  sincosf(static_cast<float>(angle - rint(angle * (1.0 / two_pi)) * two_pi), &fs, &fc);
+  return static_cast<float>(angle - rint(angle * (1.0 / two_pi)) * two_pi);
+}
+__device__ __forceinline__ void rope_sincos(double position, double inv, float& fs, float& fc) {
+  sincosf(rope_reduced_angle(position, inv), &fs, &fc);
 }
 /// Sum over the block; every thread gets the result. `sh` holds 32 floats.
 __device__ __forceinline__ float block_sum(float v, float* sh) {

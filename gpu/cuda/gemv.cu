@@ -173,9 +173,9 @@ __global__ void __launch_bounds__(kThreads, R == 1 ? 4 : 1)
         partner = row + 1;
       }
     }
-    const int64_t n_start = in2 ? tg.n_end[1] : in1 ? tg.n_end[0] : 0;
-    return place{row, partner, (in2 ? tg.n_end[2] : in1 ? tg.n_end[1] : tg.n_end[0]) - n_start,
-                 in2 ? tg.w[2] : in1 ? tg.w[1] : tg.w[0], in2 ? tg.y[2] : in1 ? tg.y[1] : tg.y[0]};
+    const int64_t units = (in2 ? end_of(2) : in1 ? end_of(1) : end_of(0)) - start;
+    return place{row, partner, ROPE ? 2 * units : units, in2 ? tg.w[2] : in1 ? tg.w[1] : tg.w[0],
+                 in2 ? tg.y[2] : in1 ? tg.y[1] : tg.y[0]};
   };
   // With weights_immutable, the warp's first chunk of its first row is
   // loaded before waiting for the kernel before this one (PDL, common.cuh),
@@ -305,17 +305,16 @@ __global__ void __launch_bounds__(kThreads, R == 1 ? 4 : 1)
       if constexpr (MODE == residual) s += to_f(tg.residual[r * N + row]);
       if constexpr (ROPE) {
         // The pair: rotated when its matrix has a rope (rounded first, as
-        // the rope would read them; the angle as rope_sincos takes it,
-        // reduced to [-pi, pi] in f64, where the fast sincos is within 1e-6:
-        // the accurate one's slow path for large arguments kept registers
-        // from the main loop, spills), else both rows as they are.
+        // the rope would read them; the angle reduced as rope_sincos reduces
+        // it, to [-pi, pi], where the fast sincos is within 1e-6: the
+        // accurate one's slow path for large arguments kept registers from
+        // the main loop, spills), else both rows as they are.
         if (roped_at(n)) {
           const float a = to_f(from_f<TO>(s)), b = to_f(from_f<TO>(up));
           const int within = static_cast<int>(row) % tg.rope_dim;  // the pair's index: within (neox) or within / 2
-          const double angle = static_cast<double>(positions[r]) * freqs.inv[tg.rope_neox ? within : within >> 1];
-          const double two_pi = 6.283185307179586476925286766559;
           float fs, fc;
-          __sincosf(static_cast<float>(angle - rint(angle * (1.0 / two_pi)) * two_pi), &fs, &fc);
+          __sincosf(rope_reduced_angle(static_cast<double>(positions[r]), freqs.inv[tg.rope_neox ? within : within >> 1]),
+                    &fs, &fc);
           s = a * fc - b * fs;
           up = a * fs + b * fc;
         }
@@ -479,10 +478,10 @@ error go_projections(const launch_ctx& c, projection_kind kind, const kt& out, c
       tg.norm_w = static_cast<const T*>(g.p);
     }
   }
-  const bool roped = rope && (rope->roped & ((1u << tg.count) - 1)) != 0;
-  if (rope && rope->roped != 0) {
+  const bool roped = rope && rope->roped != 0;
+  if (roped) {
     if (kind != projection_kind::shared_input) return refuse("a rope epilogue outside a shared-input group");
-    if (!roped || (rope->roped >> tg.count) != 0) return refuse("ropes of outputs the group does not have");
+    if ((rope->roped >> tg.count) != 0) return refuse("ropes of outputs the group does not have");
     const int64_t D = rope->head_dim;
     if (D < 2 || D % 2 != 0 || D / 2 > gemv_rope_max_pairs || rope->seq < 1 || rows % rope->seq != 0)
       return refuse("the rope's head dim or positions");
