@@ -105,27 +105,47 @@ __device__ __forceinline__ uint4 line_load(const unsigned int* p) {
                : "memory");
   return v;
 }
-/// Takes line `i` pushed with `flag` from either parity of one sender's
-/// inboxes (`box`: parity 0, then `lines` further parity 1), clearing it;
-/// false when it gave_up. `seen`: the flag last read, for a give-up's message.
-__device__ bool take_line(unsigned int* box, long long i, unsigned flag, uint2& data, unsigned& seen,
+/// Takes the two lines of 16-byte word `w` (lines 2w and 2w + 1) pushed
+/// with `flag` from either parity of one sender's inboxes (`box`: parity 0,
+/// then `in_stream_inbox_lines` further parity 1), clearing them; false when
+/// it gave_up. `seen`: a flag last read, for a give-up's message. A poll
+/// loads the four places the two lines may be in together, so it waits for
+/// one memory latency: taking line 2w and then 2w + 1, each from parity 0
+/// and then parity 1, waited for two to four in a row (the part's read
+/// phase; docs/BENCHMARKS.md, session 41).
+__device__ bool take_word(unsigned int* box, long long w, unsigned flag, uint4& data, unsigned& seen,
                           const unsigned int* dead, const unsigned long long* aborted, unsigned long long job,
                           long long t0, long long timeout) {
-  unsigned int* p0 = box + 4 * i;
-  unsigned int* p1 = box + 4 * (in_stream_inbox_lines + i);
+  unsigned int* lo0 = box + 8 * w;  // line 2w, parity 0
+  unsigned int* lo1 = lo0 + 4 * in_stream_inbox_lines;
+  unsigned int* hi0 = lo0 + 4;      // line 2w + 1
+  unsigned int* hi1 = lo1 + 4;
+  bool have_lo = false, have_hi = false;
   for (unsigned n = 1;; ++n) {
-    uint4 v = line_load(p0);
-    unsigned int* at = p0;
-    if (v.y != flag || v.w != flag) {
-      v = line_load(p1);
-      at = p1;
+    const uint4 a0 = line_load(lo0), a1 = line_load(lo1), b0 = line_load(hi0), b1 = line_load(hi1);
+    if (!have_lo) {
+      if (a0.y == flag && a0.w == flag) {
+        data.x = a0.x, data.y = a0.z, have_lo = true;
+        line_store(lo0, 0, 0, 0, 0);
+      } else if (a1.y == flag && a1.w == flag) {
+        data.x = a1.x, data.y = a1.z, have_lo = true;
+        line_store(lo1, 0, 0, 0, 0);
+      } else {
+        seen = a0.y;
+      }
     }
-    if (v.y == flag && v.w == flag) {
-      data = make_uint2(v.x, v.z);
-      line_store(at, 0, 0, 0, 0);
-      return true;
+    if (!have_hi) {
+      if (b0.y == flag && b0.w == flag) {
+        data.z = b0.x, data.w = b0.z, have_hi = true;
+        line_store(hi0, 0, 0, 0, 0);
+      } else if (b1.y == flag && b1.w == flag) {
+        data.z = b1.x, data.w = b1.z, have_hi = true;
+        line_store(hi1, 0, 0, 0, 0);
+      } else {
+        seen = b0.y;
+      }
     }
-    seen = v.y;
+    if (have_lo && have_hi) return true;
     if ((n & 1023u) == 0 && gave_up(dead, aborted, job, t0, timeout)) return false;
   }
 }
@@ -215,27 +235,29 @@ __global__ void __launch_bounds__(512) in_stream_all_reduce_kernel(void* out, in
     const long long t0 = global_ns();
     for (long long w = w0 + threadIdx.x; w < w1 && !*reinterpret_cast<volatile int*>(&failed); w += blockDim.x) {
       float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+      const uint4 own = mine[w];  // loaded before the peers' lines are waited for
       for (int m = 0; m < a.n; ++m) {
         if (m == a.rank) {
-          add_words(acc, mine[w], a.type);
+          add_words(acc, own, a.type);
           continue;
         }
         unsigned int* box = a.inbox_at[a.rank] + 4 * (static_cast<long long>(a.slot[m]) * 2) * in_stream_inbox_lines;
-        uint2 lo, hi;
+        uint4 word;
         unsigned seen = 0;
-        if (!take_line(box, 2 * w, flag, lo, seen, a.dead[m], a.aborted, job, t0, a.timeout_ns) ||
-            !take_line(box, 2 * w + 1, flag, hi, seen, a.dead[m], a.aborted, job, t0, a.timeout_ns)) {
+        if (!take_word(box, w, flag, word, seen, a.dead[m], a.aborted, job, t0, a.timeout_ns)) {
           failed = 1;
           note_give_up(a.faults, tag, seen, a.slot[m], b, (1ull << 63) | flag);
           break;
         }
-        add_words(acc, make_uint4(lo.x, lo.y, hi.x, hi.y), a.type);
+        add_words(acc, word, a.type);
       }
       if (failed) break;
       if (a.words)  // this member's output is aligned
         static_cast<uint4*>(out)[w] = pack_words(acc, a.type);
-      else
-        for (int e = 0; e < per; ++e) st(out, a.type, w * per + e, acc[e]);
+      else  // a constant bound, so that acc stays in registers
+#pragma unroll
+        for (int e = 0; e < 8; ++e)
+          if (e < per) st(out, a.type, w * per + e, acc[e]);
     }
     __syncthreads();
     // The next push to each peer goes to the other parity (pushes were made
