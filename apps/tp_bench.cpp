@@ -230,26 +230,37 @@ std::vector<double> busy_fractions(const ag::trace& t, int devices) {
   return busy;
 }
 
-/// Median of `value(job)` over the jobs of a per-job map after the first
-/// (the warm-up; the only one when there is one); 0 for none.
+/// Jobs each timed configuration runs before its timed ones, the same on
+/// every side of a ratio. Two job lanes (plan_options::job_lanes, auto on
+/// CUDA plans with collectives) each launch their first job plainly and
+/// capture the graphs they replay on their second; with one warm-up job
+/// (until 2026-11-30) the median of a tensor-parallel run of five jobs was a
+/// capturing job while one GPU's was a replayed one (the d-1024 layer at
+/// degree 2: 0.39-0.52 ms against 0.19 replayed, docs/BENCHMARKS.md session 41).
+constexpr int warm_up_jobs = 4;
+
+/// Median of `value(job)` over the jobs of a per-job map (ascending job ids)
+/// after the first warm_up_jobs (all of them when there are no more); 0 for none.
 template <typename PerJob, typename Value>
 double median_after_warm_up(const PerJob& jobs, const Value& value) {
   std::vector<double> v;
-  for (auto it = jobs.begin(); it != jobs.end(); ++it)
-    if (it != jobs.begin() || jobs.size() == 1) v.push_back(value(it->second));
+  const bool skip = jobs.size() > static_cast<std::size_t>(warm_up_jobs);
+  int k = 0;
+  for (auto it = jobs.begin(); it != jobs.end(); ++it, ++k)
+    if (!skip || k >= warm_up_jobs) v.push_back(value(it->second));
   if (v.empty()) return 0;
   std::sort(v.begin(), v.end());
   return v[v.size() / 2];
 }
 
-/// Median over the jobs after the first of each job's device span in `t`,
+/// Median over the jobs after the warm-up of each job's device span in `t`,
 /// in ms; 0 when the trace holds none.
 double median_device_span_ms(const ag::trace& t) {
   return median_after_warm_up(ag::apps::job_spans(t),
                               [](const auto& span) { return static_cast<double>(span.second - span.first) / 1e6; });
 }
 
-/// Medians over the jobs after the first of job_start_skews: {start,
+/// Medians over the jobs after the warm-up of job_start_skews: {start,
 /// enqueue} in us.
 std::pair<double, double> median_start_skews_us(const ag::trace& t) {
   const auto skews = ag::apps::job_start_skews(t);
@@ -352,8 +363,8 @@ void write_trace(const ag::trace& t, const std::string& path) {
   }
 }
 
-/// Runs `jobs` jobs of g, one at a time, as `c` says; median wall ms (over
-/// the sim time scale on sim).
+/// Runs warm_up_jobs and then `jobs` timed jobs of g, one at a time, as `c`
+/// says; median wall ms of the timed ones (over the sim time scale on sim).
 run_result time_layer(const layer_run& c, const std::shared_ptr<const ag::graph>& g,
                       const std::vector<ag::host_tensor>& in, int jobs) {
   const bool trace = !c.trace_out.empty() || c.busy || c.spans;
@@ -368,13 +379,13 @@ run_result time_layer(const layer_run& c, const std::shared_ptr<const ag::graph>
   run_result r;
   for (const auto& s : (*p)->steps()) r.collectives += s.kind == ag::step_kind::collective;
   std::vector<double> ms;
-  for (int k = 0; k <= jobs; ++k) {
+  for (int k = 0; k < warm_up_jobs + jobs; ++k) {
     const auto t0 = std::chrono::steady_clock::now();
     const auto& res = rt->submit(*p, in).wait();
     // Wall ms over the scale: modelled ms plus the host's share, scaled down.
     const double t = ms_since(t0) / (c.kind == "sim" ? c.time_scale : 1.0);
     if (!res) die("job at degree " + std::to_string(c.n) + " on " + spec, res.err());
-    if (k > 0) ms.push_back(t);  // the first job warms up
+    if (k >= warm_up_jobs) ms.push_back(t);
   }
   std::sort(ms.begin(), ms.end());
   r.median_ms = ms[ms.size() / 2];
