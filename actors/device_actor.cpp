@@ -82,12 +82,20 @@ caf::behavior device_actor_fn(device_actor_t* self, gpu::device_ptr dev, int cap
           return refuse(self, nullptr, req,
                         {errc::internal, "plan not loaded on device '" + st.dev->spec().name + "'", st.index});
         auto& pool = *found;
-        if (const int a = pool.mem->take_for_request(); a >= 0) return grant(self, pool, req, a);
-        if (pool.allocated < static_cast<int>(pool.mem->arenas.size())) {
+        // An arena of the job's expected lane: a free one, else a new one
+        // while the pool may grow, else any free one (plan_memory::lane_of).
+        const bool can_grow = pool.allocated < static_cast<int>(pool.mem->arenas.size());
+        if (const int a = pool.mem->take_for_request(req.expected_lane, can_grow); a >= 0)
+          return grant(self, pool, req, a);
+        if (can_grow) {
           // Lazily grow the pool; when memory runs out the pool just stops growing.
           auto p = st.dev->allocate(pool.mem->arena_bytes > 0 ? pool.mem->arena_bytes : 1);
-          int a = 0;
-          while (p && pool.mem->arenas[static_cast<std::size_t>(a)]) ++a;
+          // The first unallocated handle, of the expected lane where one is left.
+          int a = -1;
+          for (int k = 0; p && k < static_cast<int>(pool.mem->arenas.size()); ++k)
+            if (!pool.mem->arenas[static_cast<std::size_t>(k)] && (a < 0 || (pool.mem->lane_of(a) != req.expected_lane &&
+                                                                             pool.mem->lane_of(k) == req.expected_lane)))
+              a = k;
           if (p && !pool.mem->allocate_window(static_cast<std::size_t>(a))) {
             // Its host window did not fit: as if the arena had not.
             st.dev->deallocate(*p);
@@ -97,6 +105,7 @@ caf::behavior device_actor_fn(device_actor_t* self, gpu::device_ptr dev, int cap
           if (p) {
             pool.mem->arenas[static_cast<std::size_t>(a)] = *p;
             ++pool.allocated;
+            pool.mem->allocated_arenas.fetch_add(1, std::memory_order_release);
             return grant(self, pool, req, a);
           }
           if (pool.allocated == 0) {
@@ -107,6 +116,7 @@ caf::behavior device_actor_fn(device_actor_t* self, gpu::device_ptr dev, int cap
                                       st.index});
           }
         }
+        if (const int a = pool.mem->take_for_request(-1, false); a >= 0) return grant(self, pool, req, a);  // another lane's
         pool.queue.push_back(req);
       },
       [self](const msg::release_arena& m) {

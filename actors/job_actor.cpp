@@ -198,9 +198,18 @@ std::size_t prepare_run(job_context& ctx) {
   // The job's place in the plan's agreed collective order: drawn now that
   // it holds every arena, so a job never waits for one drawn after it (and
   // after anything that may throw: a number drawn by a job that never runs
-  // would stall the jobs after it).
-  ctx.collective_seq = lp.next_collective_seq.fetch_add(1, std::memory_order_relaxed);
-  ctx.job_lane = static_cast<int>(ctx.collective_seq % static_cast<uint64_t>(prog.job_lanes()));
+  // would stall the jobs after it). Its job lane is its first device's
+  // arena's (plan_memory::lane_of), so that an arena always meets the same
+  // lane's captured graphs.
+  const auto& used = prog.used_devices();
+  const int lane = prog.job_lanes() > 1 && !used.empty()
+                       ? lp.memory[static_cast<std::size_t>(used.front())]->lane_of(
+                             ctx.arenas[static_cast<std::size_t>(used.front())])
+                       : 0;
+  const auto order = lp.draw_order(lane < 0 ? 0 : lane);
+  ctx.collective_seq = order.first;
+  ctx.lane_seq = order.second;
+  ctx.job_lane = lane < 0 ? 0 : lane;
   // Inputs whose copies replay inside graphs go to the arenas' host windows.
   for (step_id s : prog.window_inputs()) {
     const lowered_step& ls = prog.steps()[static_cast<std::size_t>(s)];
@@ -259,9 +268,13 @@ void acquire_next(job_actor_t* self) {
   const auto& used = lp.program->used_devices();
   if (st.acq >= used.size()) return start_run(self);
   st.asked = true;
+  // Past the first device, the lane its arena decided (prepare_run).
+  const auto first = static_cast<std::size_t>(used.front());
+  const int lane = st.acq > 0 && st.ctx->expected_lane >= 0 ? lp.memory[first]->lane_of(st.ctx->arenas[first])
+                                                            : st.ctx->expected_lane;
   lp.memory[static_cast<std::size_t>(used[st.acq])]->note_request();
   self->send(st.core->device_actor(used[st.acq]),
-             msg::acquire_arena{lp.key, st.ctx->id(), caf::actor_cast<caf::actor>(self)});
+             msg::acquire_arena{lp.key, st.ctx->id(), caf::actor_cast<caf::actor>(self), lane});
 }
 
 caf::behavior job_actor_fn(job_actor_t* self, runtime_core* core, std::shared_ptr<job::shared_state> ss,
@@ -426,6 +439,7 @@ std::shared_ptr<job_context> make_job_context(runtime_core* core, const std::sha
                                               int state_slot) {
   auto ctx = std::make_shared<job_context>(ss->id);
   ctx->lp = std::move(lp);
+  ctx->expected_lane = ctx->lp->draw_expected_lane();
   ctx->user_plan = std::move(user_plan);
   ctx->arenas.assign(core->devices().size(), -1);
   ctx->inputs = std::move(inputs);
@@ -496,9 +510,11 @@ bool take_arenas_now(job_context& ctx) {
   std::size_t taken = 0;
   for (; taken < used.size(); ++taken) {
     const int d = used[taken];
-    const int a = lp.memory[static_cast<std::size_t>(d)]->try_take_arena();
+    const int a = lp.memory[static_cast<std::size_t>(d)]->try_take_arena(ctx.expected_lane);
     if (a < 0) break;
     ctx.arenas[static_cast<std::size_t>(d)] = a;
+    // The first device's arena decides the lane (prepare_run): the others prefer it.
+    if (taken == 0 && ctx.expected_lane >= 0) ctx.expected_lane = lp.memory[static_cast<std::size_t>(d)]->lane_of(a);
   }
   // Gives back what was taken (through the device actors, which hand an
   // arena to a request that waits first); the job then asks as usual.

@@ -83,19 +83,25 @@ struct job_context final : msg::job_ref, std::enable_shared_from_this<job_contex
   /// (loaded_plan::next_collective_seq), drawn by the job actor before
   /// run_job is sent; read by communication queues after a message.
   uint64_t collective_seq = 0;
-  /// The job lane it runs on (launch_program::job_lanes): collective_seq
-  /// modulo the plan's job lanes, set with it.
+  /// The job lane it runs on (launch_program::job_lanes): its first
+  /// device's arena's (plan_memory::lane_of), set with collective_seq.
   int job_lane = 0;
+  /// Its number among its job lane's jobs (loaded_plan::draw_order, with
+  /// collective_seq): the order of the lane's own queues.
+  uint64_t lane_seq = 0;
+  /// The job lane it will probably run on (loaded_plan::draw_expected_lane,
+  /// at submit; -1: one lane): its arena requests prefer that lane's arenas.
+  int expected_lane = -1;
   /// The actors of its queues (loaded_plan::actors_of its job lane).
   const std::vector<caf::actor>& queue_actors() const { return lp->actors_of(job_lane); }
   /// The stream lane queue `q` runs this job on (launch_program::lane_on_copy).
   int lane_of(int q) const { return program().lane_on_copy(q, job_lane); }
   /// Its turn on queue `q` (collective_order.hpp): a copied queue orders the
-  /// jobs of its own job lane, numbered collective_seq / job_lanes there, in
+  /// jobs of its own job lane, numbered lane_seq there, in
   /// an order of its own (order_queue: a queue index past the program's
   /// queues for lanes above 0); a shared queue orders every job.
   uint64_t order_number(int q) const {
-    return program().copied(q) ? collective_seq / static_cast<uint64_t>(program().job_lanes()) : collective_seq;
+    return program().copied(q) ? lane_seq : collective_seq;
   }
   int order_queue(int q) const {
     return program().copied(q) ? q + job_lane * static_cast<int>(program().queues().size()) : q;

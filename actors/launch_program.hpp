@@ -203,8 +203,8 @@ class launch_program {
   /// Some queue runs in-stream collective parts (launch_queue::in_stream_parts).
   bool has_in_stream_parts() const noexcept { return has_in_stream_; }
   /// Job lanes (plan_options::job_lanes): copies of every device's compute
-  /// lanes and communication queue; the job numbered n in the agreed order
-  /// (job_context::collective_seq) runs on copy n % job_lanes(). 1: one copy.
+  /// lanes and communication queue; a job runs on the copy of its first
+  /// device's arena (plan_memory::lane_of, job_context::job_lane). 1: one copy.
   int job_lanes() const noexcept { return job_lanes_; }
   /// Why the plan runs on one copy although plan_options::job_lanes asked
   /// for more (empty otherwise).

@@ -169,9 +169,36 @@ struct loaded_plan {
   /// Issue order of collectives (actors/stream_actor.cpp, communication
   /// queues): each job of this plan draws the next number when it starts
   /// running (all its arenas held), and every communication queue issues the
-  /// collectives of this plan's jobs in (number, queue position) order. The
-  /// only mutable member: an atomic counter, drawn by job actors.
+  /// collectives of this plan's jobs in (number, queue position) order.
+  /// Mutable: drawn by job actors and submitting threads (draw_order).
   mutable std::atomic<uint64_t> next_collective_seq{0};
+  /// Next number within each job lane (job_context::lane_seq), by lane;
+  /// sized to the program's job lanes at load.
+  mutable std::vector<uint64_t> next_lane_seq;
+  mutable std::mutex order_mu;  ///< draw_order's: both numbers drawn together
+  /// A job's numbers in the agreed order: {its collective number, its number
+  /// within job lane `lane`}, drawn together, so that within a lane the two
+  /// orders agree and each lane's numbers run 0, 1, 2, .. without gaps.
+  std::pair<uint64_t, uint64_t> draw_order(int lane) const {
+    std::lock_guard<std::mutex> lk(order_mu);
+    const uint64_t seq = next_collective_seq.fetch_add(1, std::memory_order_relaxed);
+    if (lane < 0 || static_cast<std::size_t>(lane) >= next_lane_seq.size()) return {seq, seq};  // one lane
+    return {seq, next_lane_seq[static_cast<std::size_t>(lane)]++};
+  }
+  /// Submissions of this plan so far, counted as they are made (by
+  /// draw_expected_lane).
+  mutable std::atomic<uint64_t> next_submission{0};
+  /// The job lane (launch_program::job_lanes) a job submitted now will
+  /// probably run on: its submission number modulo the lanes, since jobs
+  /// draw their collective numbers (which decide the lane) mostly in
+  /// submission order. What its arena requests prefer (plan_memory::lane_of);
+  /// only a preference, so a guess that is off costs a capture, nothing
+  /// else. -1 with one lane. Called once per job, at submit.
+  int draw_expected_lane() const noexcept {
+    const int lanes = program->job_lanes();
+    if (lanes <= 1) return -1;
+    return static_cast<int>(next_submission.fetch_add(1, std::memory_order_relaxed) % static_cast<uint64_t>(lanes));
+  }
   /// State slots (plan_options::state_slots) when the plan has store_rows
   /// nodes, else 0. A job names one at submit and holds it until it ends:
   /// jobs of one slot never overlap, since each reads what the previous one

@@ -10,6 +10,7 @@
 /// last holder lets go. The arena table is the device actor's: see `arenas`;
 /// the free list is shared with submitting threads under its mutex.
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <mutex>
@@ -75,10 +76,13 @@ class plan_memory final : public msg::plan_memory_ref {
   /// puts a released arena here only when no request waits for one, and a
   /// submit takes one only when no acquire_arena request of this plan is
   /// outstanding at the device actor: a job never overtakes an earlier one.
-  /// Returns -1 when it may not take one.
-  int try_take_arena() {
+  /// Returns -1 when it may not take one. `lane`: the job lane the taking
+  /// job is expected to run on (-1: any), whose arenas it takes; another
+  /// lane's only once the pool is full (until then the device actor
+  /// allocates one of `lane`: -1 here).
+  int try_take_arena(int lane = -1) {
     std::lock_guard<std::mutex> lk(free_mu_);
-    return requests_outstanding_ > 0 ? -1 : pop_free();
+    return requests_outstanding_ > 0 ? -1 : pop_free(lane, lane >= 0 && may_grow());
   }
   /// An acquire_arena request of this plan is sent to the device actor
   /// (called by its sender, before sending).
@@ -91,11 +95,34 @@ class plan_memory final : public msg::plan_memory_ref {
     std::lock_guard<std::mutex> lk(free_mu_);
     if (requests_outstanding_ > 0) --requests_outstanding_;
   }
-  /// Device actor only: takes a free arena for a request (-1: none).
-  int take_for_request() {
+  /// Device actor only: takes a free arena for a request (-1: none): one of
+  /// `lane` (-1: any), or when `only_lane` is false and none of it is free,
+  /// another.
+  int take_for_request(int lane, bool only_lane) {
     std::lock_guard<std::mutex> lk(free_mu_);
-    return pop_free();
+    return pop_free(lane, only_lane);
   }
+  /// Arenas allocated so far (compile()'s first, then the device actor's,
+  /// which also counts them in its pool): whether the pool may still grow,
+  /// for submitting threads.
+  std::atomic<int> allocated_arenas{0};
+  bool may_grow() const noexcept {
+    return allocated_arenas.load(std::memory_order_acquire) < static_cast<int>(arenas.size());
+  }
+  /// The job lane (launch_program::job_lanes) arena `a` belongs to: a %
+  /// job_lanes; a job runs on the lane of its first device's arena
+  /// (prepare_run in job_actor.cpp). Executing actors keep a replay
+  /// segment's graphs per lane and per arena (stream_actor.cpp), so an arena
+  /// that always meets the same lane is captured once. (Until 2026-11-30 a
+  /// job's lane was its collective number modulo the lanes, and the arenas
+  /// it met were whatever the last jobs freed: 8 arenas of a
+  /// tensor-parallel plan on two lanes went on capturing for four rounds of
+  /// 8 jobs on the sim, docs/BENCHMARKS.md session 41.) Requests prefer the
+  /// lane of their submission number (loaded_plan::draw_expected_lane), so
+  /// jobs alternate lanes while both have arenas free.
+  int lane_of(int a) const noexcept { return job_lanes > 1 ? a % job_lanes : -1; }
+  /// The plan's job lanes (launch_program::job_lanes; set at load).
+  int job_lanes = 1;
   /// Arena `a` is free (no request waits for it): the device actor's, or
   /// compile()'s for the first arena, before the device actor knows the plan.
   void put_free(int a) {
@@ -104,10 +131,21 @@ class plan_memory final : public msg::plan_memory_ref {
   }
 
  private:
-  int pop_free() {  // free_mu_ held; -1 when none is free
+  int pop_free(int lane, bool only_lane) {  // free_mu_ held; -1 when none is free
     if (free_.empty()) return -1;
-    const int a = free_.back();
-    free_.pop_back();
+    std::size_t at = free_.size();  // the last freed of `lane`, else the last freed
+    if (lane >= 0)
+      for (std::size_t k = free_.size(); k-- > 0;)
+        if (lane_of(free_[k]) == lane) {
+          at = k;
+          break;
+        }
+    if (at == free_.size()) {
+      if (only_lane && lane >= 0) return -1;
+      at = free_.size() - 1;
+    }
+    const int a = free_[at];
+    free_.erase(free_.begin() + static_cast<std::ptrdiff_t>(at));
     return a;
   }
 

@@ -262,6 +262,7 @@ expected<std::shared_ptr<const plan>> runtime_core::compile(std::shared_ptr<cons
   // Device memory: weights uploaded now, the first arena allocated now (so a
   // plan that does not fit fails here), the others when jobs need them.
   lp->memory.resize(ndev);
+  if (lp->program->job_lanes() > 1) lp->next_lane_seq.assign(static_cast<std::size_t>(lp->program->job_lanes()), 0);
   const int cap = std::max(1, opts_.arenas_per_device);
   for (int d : prog.used_devices()) {
     auto& dev = devices_[static_cast<std::size_t>(d)];
@@ -342,6 +343,8 @@ expected<std::shared_ptr<const plan>> runtime_core::compile(std::shared_ptr<cons
     if (!m->allocate_window(0))
       return error{errc::out_of_memory, dname + ": host window of " + std::to_string(m->window_bytes) +
                                             " bytes for its first arena: host memory ran out", d};
+    m->job_lanes = prog.job_lanes();
+    m->allocated_arenas.store(1, std::memory_order_release);
     m->put_free(0);  // free for the first job (start on submit), before the device actor hears of it
     lp->memory[static_cast<std::size_t>(d)] = std::move(m);
   }
@@ -490,7 +493,8 @@ job runtime_core::submit(const std::shared_ptr<const plan>& p, std::vector<host_
     // requests of one thread reach the device in submission order (FIFO
     // back-pressure).
     lp->memory[static_cast<std::size_t>(used.front())]->note_request();
-    caf::anon_send(device_actors_[static_cast<std::size_t>(used.front())], msg::acquire_arena{lp->key, ss->id, ja});
+    caf::anon_send(device_actors_[static_cast<std::size_t>(used.front())],
+                   msg::acquire_arena{lp->key, ss->id, ja, ctx->expected_lane});
   }
   if (options.deadline.count() > 0) {
     // The job actor fails the job as a cancel would (begin_fail), in any

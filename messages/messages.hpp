@@ -90,10 +90,15 @@ struct acquire_arena {
   uint64_t plan_key = 0;
   uint64_t job = 0;
   caf::actor reply_to;
+  /// The job lane the job is expected to run on (loaded_plan::draw_expected_lane,
+  /// -1: no preference): the device prefers to grant an arena of that lane
+  /// (plan_memory::lane_of), so that each arena keeps meeting the same lane's
+  /// captured graphs.
+  int expected_lane = -1;
 };
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, acquire_arena& x) {
-  return f(caf::meta::type_name("acquire_arena"), x.plan_key, x.job, x.reply_to);
+  return f(caf::meta::type_name("acquire_arena"), x.plan_key, x.job, x.reply_to, x.expected_lane);
 }
 
 /// Answer to acquire_arena: an arena handle (index into the device's arena
