@@ -48,6 +48,8 @@
 #      (OUTDIR/tp-layouts.txt), and one 2 x 2 round's Chrome trace in
 #      OUTDIR/tp-layer-trace-pp2xtp2.json; with N = 2, --layouts
 #      --layout-devices 2: 1 GPU, 2 stages x 1 and 1 x 2 (pp_layout_ms_*);
+#   2d. with N = 2, the same layouts with --copy-engine on:
+#      pp_layout_ms_1x2_copy_engine (AG_TP_SKIP_COPY_ENGINE=1 skips it);
 #   3. actorgraph-tp-bench --allreduce over the N GPUs: allreduce_us_<size>_<path>
 #      (the devices' time per call) and allreduce_host_us_<size>_<path> (wall
 #      per call, the host enqueueing) for the own one-shot path and NCCL, and
@@ -218,6 +220,15 @@ elif [ "$n" -eq 2 ]; then
   bounded "${AG_TP_LAYOUT_LIMIT:-300}" "$out/tp-layouts.txt" "$build/apps/actorgraph-tp-bench" "${bench_devices[@]}" \
     "${layout_flags[@]}" --layouts --layout-devices 2 || status=1
   grep -E '^(layouts: |pp_layout_winner)' "$out/tp-layouts.txt" || tail -5 "$out/tp-layouts.txt"
+  # The same rounds with the copy-engine collectives, whose default (off)
+  # rests on many jobs in flight losing with them (docs/BENCHMARKS.md,
+  # sessions 36 and 41): printed with a _copy_engine suffix.
+  if [ -z "${AG_TP_SKIP_COPY_ENGINE:-}" ]; then
+    echo "== 2d. the same layouts with --copy-engine on"
+    bounded "${AG_TP_LAYOUT_LIMIT:-300}" "$out/tp-layouts-ce.txt" "$build/apps/actorgraph-tp-bench" \
+      "${bench_devices[@]}" "${layout_flags[@]}" --layouts --layout-devices 2 --copy-engine on || status=1
+    grep -E '^layouts: 1 x 2' "$out/tp-layouts-ce.txt" || tail -5 "$out/tp-layouts-ce.txt"
+  fi
 else
   echo "== 2c. layouts: skipped, they need 2 or 4 devices ($n here)"
 fi
@@ -254,7 +265,8 @@ ours_wall="$(grep -E "^tp${n}_layer_ms: " "$out/tp-bench.txt" | awk '{print $2}'
 torch="$(grep -E "^torch_tp_layer_ms_${n}: " "$out/tp-torch.txt" 2>/dev/null | awk '{print $2}')"
 grep -hE '^(tp[0-9]+_[a-z_]+|sim_error_1gpu|layer_[a-z0-9_]+|decode_[a-z0-9_]+|allreduce_[a-z0-9_]+|torch_tp_layer_ms_[0-9]+|torch_nccl_[a-z0-9_]+|tp_speedup_[24]_sim|pp2xtp2_[a-z0-9_]+|pp_layout_[a-z0-9_]+): ' \
   "$out/tp-bench.txt" "$out/tp-layouts.txt" "$out/tp-allreduce.txt" "$out/tp-torch.txt" "$out/tp-sim.txt" 2>/dev/null
-grep -hE "^(tp${n}_(layer_speedup|layer_device_ms|layer_ms|gpu_busy_fraction|sim_error|start_skew_us)): " "$out/tp-bench-ce.txt" 2>/dev/null |
+grep -hE "^(tp${n}_(layer_speedup|layer_device_ms|layer_ms|gpu_busy_fraction|sim_error|start_skew_us)|pp_layout_ms_1x2): " \
+  "$out/tp-bench-ce.txt" "$out/tp-layouts-ce.txt" 2>/dev/null |
   sed -E 's/^([a-z0-9_]+): /\1_copy_engine: /'
 ours_ce="$(grep -E "^tp${n}_layer_device_ms: " "$out/tp-bench-ce.txt" 2>/dev/null | awk '{print $2}')"
 if [ -n "$ours_ce" ] && [ -n "$torch" ]; then
