@@ -10,7 +10,9 @@
 //   random    a random DAG (add, mul, matmul, gelu, softmax, transpose,
 //             slice + concat) pipelined over the remaining devices,
 //   tensor-parallel  column- then row-parallel matmul over devices 0 and 1
-//             (tensor_parallel = 2: an all-reduce per job).
+//             (tensor_parallel = 2: an all-reduce per job), on two job lanes
+//             (plan_options::job_lanes: jobs spread over copies of the
+//             devices' queues by the arena they hold).
 // Faults (on by default, sim devices): random op errors, stalls (ops taking
 // stall_seconds longer), devices dying after a drawn number of ops; random
 // cancels (at once after submit), deadlines (submit_options::deadline, 1 us
@@ -232,6 +234,7 @@ ag::expected<std::vector<soak_plan>> make_plans(int devices, uint64_t seed) {
     ag::plan_options tp;
     tp.tensor_parallel = 2;
     tp.pipeline_stages = 1;
+    tp.job_lanes = 2;
     if (auto e = add("tensor-parallel", tensor_parallel_graph(), tp); !e.ok()) return e;
   }
   return plans;
