@@ -15,7 +15,6 @@ namespace {
 
 struct arena_pool {
   std::shared_ptr<plan_memory> mem;  // its free list: plan_memory::put_free / take_for_request
-  int allocated = 0;
   std::deque<msg::acquire_arena> queue;
 };
 
@@ -59,11 +58,10 @@ caf::behavior device_actor_fn(device_actor_t* self, gpu::device_ptr dev, int cap
         // Every plan_memory_ref of this process is a plan_memory (runtime_core::compile).
         auto mem = std::static_pointer_cast<plan_memory>(m.memory);
         auto& pool = self->state.pools[mem->plan_key()];
-        pool.mem = std::move(mem);
         // compile() allocated the first arena and put it in the free list
-        // (plan_memory::put_free); the others are allocated here on demand.
-        for (std::size_t i = 0; i < pool.mem->arenas.size(); ++i)
-          if (pool.mem->arenas[i]) ++pool.allocated;
+        // (plan_memory::put_free); the others are allocated here on demand
+        // (counted in plan_memory::allocated_arenas).
+        pool.mem = std::move(mem);
       },
       [self](const msg::unload_plan& m) {
         auto& st = self->state;
@@ -84,18 +82,13 @@ caf::behavior device_actor_fn(device_actor_t* self, gpu::device_ptr dev, int cap
         auto& pool = *found;
         // An arena of the job's expected lane: a free one, else a new one
         // while the pool may grow, else any free one (plan_memory::lane_of).
-        const bool can_grow = pool.allocated < static_cast<int>(pool.mem->arenas.size());
+        const bool can_grow = pool.mem->may_grow();
         if (const int a = pool.mem->take_for_request(req.expected_lane, can_grow); a >= 0)
           return grant(self, pool, req, a);
         if (can_grow) {
           // Lazily grow the pool; when memory runs out the pool just stops growing.
           auto p = st.dev->allocate(pool.mem->arena_bytes > 0 ? pool.mem->arena_bytes : 1);
-          // The first unallocated handle, of the expected lane where one is left.
-          int a = -1;
-          for (int k = 0; p && k < static_cast<int>(pool.mem->arenas.size()); ++k)
-            if (!pool.mem->arenas[static_cast<std::size_t>(k)] && (a < 0 || (pool.mem->lane_of(a) != req.expected_lane &&
-                                                                             pool.mem->lane_of(k) == req.expected_lane)))
-              a = k;
+          const int a = pool.mem->first_unallocated(req.expected_lane);
           if (p && !pool.mem->allocate_window(static_cast<std::size_t>(a))) {
             // Its host window did not fit: as if the arena had not.
             st.dev->deallocate(*p);
@@ -104,11 +97,10 @@ caf::behavior device_actor_fn(device_actor_t* self, gpu::device_ptr dev, int cap
           }
           if (p) {
             pool.mem->arenas[static_cast<std::size_t>(a)] = *p;
-            ++pool.allocated;
             pool.mem->allocated_arenas.fetch_add(1, std::memory_order_release);
             return grant(self, pool, req, a);
           }
-          if (pool.allocated == 0) {
+          if (pool.mem->allocated_arenas.load(std::memory_order_relaxed) == 0) {
             const auto& e = p.err();
             return refuse(self, &pool, req, {e.code,
                                       "device '" + st.dev->spec().name + "': activation arena of " +

@@ -1,7 +1,9 @@
 #include "actors/job_actor.hpp"
 
+#include <algorithm>
 #include <array>
 #include <cstring>
+#include <tuple>
 
 #include <caf/all.hpp>
 
@@ -188,6 +190,13 @@ void allocate_job_buffers(job_context& ctx) {
   }
 }
 
+/// The job's first device's arena `arena` decides its job lane (prepare_run):
+/// its other devices' arena requests prefer that lane from now on.
+void prefer_lane_of_first_arena(job_context& ctx, int arena) {
+  if (ctx.expected_lane < 0) return;  // one lane
+  ctx.expected_lane = ctx.lp->memory[static_cast<std::size_t>(ctx.lp->program->used_devices().front())]->lane_of(arena);
+}
+
 /// Readies `ctx` to run once it holds every arena and its buffers (its
 /// collective order, the completion count); returns how many completion
 /// steps it waits for. On the job actor, or on the submitting thread
@@ -202,14 +211,10 @@ std::size_t prepare_run(job_context& ctx) {
   // arena's (plan_memory::lane_of), so that an arena always meets the same
   // lane's captured graphs.
   const auto& used = prog.used_devices();
-  const int lane = prog.job_lanes() > 1 && !used.empty()
-                       ? lp.memory[static_cast<std::size_t>(used.front())]->lane_of(
-                             ctx.arenas[static_cast<std::size_t>(used.front())])
-                       : 0;
-  const auto order = lp.draw_order(lane < 0 ? 0 : lane);
-  ctx.collective_seq = order.first;
-  ctx.lane_seq = order.second;
-  ctx.job_lane = lane < 0 ? 0 : lane;
+  const auto first = used.empty() ? std::size_t{0} : static_cast<std::size_t>(used.front());
+  const int lane = used.empty() ? 0 : std::max(0, lp.memory[first]->lane_of(ctx.arenas[first]));  // -1: one lane
+  std::tie(ctx.collective_seq, ctx.lane_seq) = lp.draw_order(lane);
+  ctx.job_lane = lane;
   // Inputs whose copies replay inside graphs go to the arenas' host windows.
   for (step_id s : prog.window_inputs()) {
     const lowered_step& ls = prog.steps()[static_cast<std::size_t>(s)];
@@ -268,13 +273,9 @@ void acquire_next(job_actor_t* self) {
   const auto& used = lp.program->used_devices();
   if (st.acq >= used.size()) return start_run(self);
   st.asked = true;
-  // Past the first device, the lane its arena decided (prepare_run).
-  const auto first = static_cast<std::size_t>(used.front());
-  const int lane = st.acq > 0 && st.ctx->expected_lane >= 0 ? lp.memory[first]->lane_of(st.ctx->arenas[first])
-                                                            : st.ctx->expected_lane;
   lp.memory[static_cast<std::size_t>(used[st.acq])]->note_request();
   self->send(st.core->device_actor(used[st.acq]),
-             msg::acquire_arena{lp.key, st.ctx->id(), caf::actor_cast<caf::actor>(self), lane});
+             msg::acquire_arena{lp.key, st.ctx->id(), caf::actor_cast<caf::actor>(self), st.ctx->expected_lane});
 }
 
 caf::behavior job_actor_fn(job_actor_t* self, runtime_core* core, std::shared_ptr<job::shared_state> ss,
@@ -331,6 +332,7 @@ caf::behavior job_actor_fn(job_actor_t* self, runtime_core* core, std::shared_pt
         if (st.ph == phase::acquiring) {
           if (m.err) return begin_fail(self, m.err);
           st.ctx->arenas[static_cast<std::size_t>(m.device)] = m.arena;
+          if (st.acq == 0) prefer_lane_of_first_arena(*st.ctx, m.arena);
           ++st.acq;
           return acquire_next(self);
         }
@@ -513,8 +515,7 @@ bool take_arenas_now(job_context& ctx) {
     const int a = lp.memory[static_cast<std::size_t>(d)]->try_take_arena(ctx.expected_lane);
     if (a < 0) break;
     ctx.arenas[static_cast<std::size_t>(d)] = a;
-    // The first device's arena decides the lane (prepare_run): the others prefer it.
-    if (taken == 0 && ctx.expected_lane >= 0) ctx.expected_lane = lp.memory[static_cast<std::size_t>(d)]->lane_of(a);
+    if (taken == 0) prefer_lane_of_first_arena(ctx, a);
   }
   // Gives back what was taken (through the device actors, which hand an
   // arena to a request that waits first); the job then asks as usual.

@@ -170,10 +170,10 @@ struct loaded_plan {
   /// queues): each job of this plan draws the next number when it starts
   /// running (all its arenas held), and every communication queue issues the
   /// collectives of this plan's jobs in (number, queue position) order.
-  /// Mutable: drawn by job actors and submitting threads (draw_order).
-  mutable std::atomic<uint64_t> next_collective_seq{0};
+  /// Drawn by job actors and submitting threads (draw_order, under order_mu).
+  mutable uint64_t next_collective_seq = 0;
   /// Next number within each job lane (job_context::lane_seq), by lane;
-  /// sized to the program's job lanes at load.
+  /// sized to the program's job lanes at load (under order_mu).
   mutable std::vector<uint64_t> next_lane_seq;
   mutable std::mutex order_mu;  ///< draw_order's: both numbers drawn together
   /// A job's numbers in the agreed order: {its collective number, its number
@@ -181,7 +181,7 @@ struct loaded_plan {
   /// orders agree and each lane's numbers run 0, 1, 2, .. without gaps.
   std::pair<uint64_t, uint64_t> draw_order(int lane) const {
     std::lock_guard<std::mutex> lk(order_mu);
-    const uint64_t seq = next_collective_seq.fetch_add(1, std::memory_order_relaxed);
+    const uint64_t seq = next_collective_seq++;
     if (lane < 0 || static_cast<std::size_t>(lane) >= next_lane_seq.size()) return {seq, seq};  // one lane
     return {seq, next_lane_seq[static_cast<std::size_t>(lane)]++};
   }

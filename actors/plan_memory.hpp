@@ -103,8 +103,8 @@ class plan_memory final : public msg::plan_memory_ref {
     return pop_free(lane, only_lane);
   }
   /// Arenas allocated so far (compile()'s first, then the device actor's,
-  /// which also counts them in its pool): whether the pool may still grow,
-  /// for submitting threads.
+  /// the only writer after compile): whether the pool may still grow, for
+  /// the device actor and submitting threads.
   std::atomic<int> allocated_arenas{0};
   bool may_grow() const noexcept {
     return allocated_arenas.load(std::memory_order_acquire) < static_cast<int>(arenas.size());
@@ -123,6 +123,18 @@ class plan_memory final : public msg::plan_memory_ref {
   int lane_of(int a) const noexcept { return job_lanes > 1 ? a % job_lanes : -1; }
   /// The plan's job lanes (launch_program::job_lanes; set at load).
   int job_lanes = 1;
+  /// Device actor only (it owns `arenas`): the first handle not allocated
+  /// yet, of `lane` where one is left (-1: any); -1 when all are.
+  int first_unallocated(int lane) const noexcept {
+    int any = -1;
+    for (std::size_t k = 0; k < arenas.size(); ++k) {
+      if (arenas[k]) continue;
+      const int a = static_cast<int>(k);
+      if (lane < 0 || lane_of(a) == lane) return a;
+      if (any < 0) any = a;
+    }
+    return any;
+  }
   /// Arena `a` is free (no request waits for it): the device actor's, or
   /// compile()'s for the first arena, before the device actor knows the plan.
   void put_free(int a) {

@@ -121,30 +121,23 @@ __device__ bool take_word(unsigned int* box, long long w, unsigned flag, uint4& 
   unsigned int* hi0 = lo0 + 4;      // line 2w + 1
   unsigned int* hi1 = lo1 + 4;
   bool have_lo = false, have_hi = false;
+  // Takes a line from whichever parity (v0 at p0, v1 at p1) carries the flag.
+  const auto take = [&](const uint4& v0, unsigned int* p0, const uint4& v1, unsigned int* p1, unsigned& d0,
+                        unsigned& d1) {
+    const bool in0 = v0.y == flag && v0.w == flag, in1 = v1.y == flag && v1.w == flag;
+    if (!in0 && !in1) {
+      seen = v0.y;
+      return false;
+    }
+    const uint4& v = in0 ? v0 : v1;
+    d0 = v.x, d1 = v.z;
+    line_store(in0 ? p0 : p1, 0, 0, 0, 0);
+    return true;
+  };
   for (unsigned n = 1;; ++n) {
     const uint4 a0 = line_load(lo0), a1 = line_load(lo1), b0 = line_load(hi0), b1 = line_load(hi1);
-    if (!have_lo) {
-      if (a0.y == flag && a0.w == flag) {
-        data.x = a0.x, data.y = a0.z, have_lo = true;
-        line_store(lo0, 0, 0, 0, 0);
-      } else if (a1.y == flag && a1.w == flag) {
-        data.x = a1.x, data.y = a1.z, have_lo = true;
-        line_store(lo1, 0, 0, 0, 0);
-      } else {
-        seen = a0.y;
-      }
-    }
-    if (!have_hi) {
-      if (b0.y == flag && b0.w == flag) {
-        data.z = b0.x, data.w = b0.z, have_hi = true;
-        line_store(hi0, 0, 0, 0, 0);
-      } else if (b1.y == flag && b1.w == flag) {
-        data.z = b1.x, data.w = b1.z, have_hi = true;
-        line_store(hi1, 0, 0, 0, 0);
-      } else {
-        seen = b0.y;
-      }
-    }
+    if (!have_lo) have_lo = take(a0, lo0, a1, lo1, data.x, data.y);
+    if (!have_hi) have_hi = take(b0, hi0, b1, hi1, data.z, data.w);
     if (have_lo && have_hi) return true;
     if ((n & 1023u) == 0 && gave_up(dead, aborted, job, t0, timeout)) return false;
   }
