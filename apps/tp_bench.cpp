@@ -299,7 +299,9 @@ ag::sequence_parallel_mode sequence_parallel = ag::sequence_parallel_mode::autom
 /// --output-pieces: plan_options::output_pieces of every plan the bench runs.
 bool output_pieces = true;
 /// --copy-engine: backend_options::cuda_copy_engine_collectives of every runtime the bench makes.
-bool cuda_copy_engine = false;
+bool cuda_copy_engine = ag::gpu::backend_options{}.cuda_copy_engine_collectives;
+/// --sp-min-kib: backend_options::cuda_sequence_parallel_min_bytes of every runtime the bench makes.
+int64_t sequence_parallel_min_bytes = ag::gpu::backend_options{}.cuda_sequence_parallel_min_bytes;
 /// --chunks: plan_options::tp_overlap_chunks of every plan the bench runs.
 int overlap_chunks = 0;
 /// --elide-concats: plan_options::elide_concats of every plan the bench runs.
@@ -337,6 +339,7 @@ std::unique_ptr<ag::runtime> runtime_of(const layer_run& c, bool trace, int aren
   ro.backend.cuda_gemv = cuda_gemv;
   ro.backend.cuda_pdl = cuda_pdl;
   ro.backend.cuda_copy_engine_collectives = cuda_copy_engine;
+  ro.backend.cuda_sequence_parallel_min_bytes = sequence_parallel_min_bytes;
   ro.trace = trace;
   ro.arenas_per_device = arenas;
   ro.start_jobs_on_submit = tiny_job_path;
@@ -721,6 +724,7 @@ void multi_gpu_figures(int n, bool same_gpu, bool small_layer, int64_t vocab, in
   spec_options.cuda_gemv = cuda_gemv;
   spec_options.cuda_pdl = cuda_pdl;
   spec_options.cuda_copy_engine_collectives = cuda_copy_engine;
+  spec_options.cuda_sequence_parallel_min_bytes = sequence_parallel_min_bytes;
   auto devs = ag::gpu::make_devices("cuda:0", spec_options);
   if (!devs) die("devices cuda:0", devs.err());
   layer_run s;
@@ -1044,12 +1048,18 @@ int main(int argc, char** argv) {
                  "plan_options::hand_over_lane of every plan: the ops that hand a chunk's rows to a later all-gather "
                  "or output piece run on compute lane 1 (on), or on lane 0 (off)")
       ->check(CLI::IsMember({"on", "off"}));
-  std::string copy_engine = "off";
+  std::string copy_engine = cuda_copy_engine ? "on" : "off";
   app.add_option("--copy-engine", copy_engine,
                  "cuda: backend_options::cuda_copy_engine_collectives, large reduce-scatters and all-gathers moved "
-                 "by the copy engines beside the GEMMs, with sequence parallelism (on), or none and NCCL's "
-                 "all-reduces (off, the default)")
+                 "by the copy engines beside the GEMMs, with sequence parallelism (on, the default), or none and "
+                 "NCCL's all-reduces (off)")
       ->check(CLI::IsMember({"on", "off"}));
+  int64_t sp_min_kib = sequence_parallel_min_bytes >> 10;
+  app.add_option("--sp-min-kib", sp_min_kib,
+                 "cuda: backend_options::cuda_sequence_parallel_min_bytes in KiB: sequence parallelism on the "
+                 "copy-engine collectives only for activations of at least this size (0: any size)")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 30));
   app.add_option("--chunks", overlap_chunks,
                  "plan_options::tp_overlap_chunks: 0 (the cost model's choice), or 2 / 4 chunks of rows wherever a "
                  "sequence-parallel region can be chunked")
@@ -1107,6 +1117,7 @@ int main(int argc, char** argv) {
   ag::parse_batch_chunks_mode(batch, batch_chunks);
   hand_over_lane = hand_over == "on";
   cuda_copy_engine = copy_engine == "on";
+  sequence_parallel_min_bytes = sp_min_kib << 10;
 
   std::vector<figure> figs;
   if (!allreduce_spec.empty()) {

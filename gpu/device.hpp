@@ -302,13 +302,26 @@ struct backend_options {
   /// for the SMs a GEMM holds. So they run beside the GEMMs, and the planner
   /// turns on sequence parallelism and its chunked overlap on CUDA GPUs
   /// (becomes the devices' spec.copy_engine_collectives). All-reduces keep
-  /// their path. Off by default: one large job at a time gains (a d-8192
-  /// layer on 4 H100s: 3.13-3.21x one GPU against 2.80), but with many jobs
-  /// in flight the parts' work that needs SMs (an all-gather's own part, a
-  /// reduce-scatter's sum) waits behind the other jobs' GEMMs and the
-  /// communication queue becomes the bottleneck (a 6-layer LLaMA as 1 x 4
-  /// with 16 micro-batches: 70 ms against 30; docs/BENCHMARKS.md, session 18).
-  bool cuda_copy_engine_collectives = false;
+  /// their path. On by default since session 42: on two H200s one d-8192
+  /// layer at a time runs 2.01x one GPU against 1.82 with NCCL's all-reduces,
+  /// and 16 micro-batches of a 24-layer d-4096 LLaMA as 1 x 2 run 2-8%
+  /// faster at T 512 / 1024 / 2048 (docs/BENCHMARKS.md, session 42). It
+  /// was off while many jobs in flight lost with it (the parts' work that
+  /// needs SMs queued behind the other jobs' GEMMs on one communication
+  /// queue: 70 ms against 30 as 1 x 4 in session 18); job lanes
+  /// (plan_options::job_lanes) give jobs in flight queues of their own. Off:
+  /// large collectives are NCCL's all-reduces, without sequence parallelism.
+  bool cuda_copy_engine_collectives = true;
+  /// cuda: sequence parallelism on the copy-engine collectives
+  /// (plan_options::sequence_parallel auto) only for activations of at
+  /// least this many bytes; smaller ones keep their all-reduces (in-stream,
+  /// one-shot or NCCL's). On two H200s (a 4-layer d-4096 LLaMA as 1 x 2,
+  /// docs/BENCHMARKS.md, session 42) the copy engines lost one job by 38% at
+  /// 512 KiB of activations, 21% at 1 MiB, 7% at 4 MiB and 2% at 8 MiB, and
+  /// won 16 jobs in flight by 1% from 2 MiB and 5% at 8 MiB: below 8 MiB
+  /// the fan of peer copies and events costs a job more than its overlap
+  /// hides. It becomes the CUDA devices' spec.sequence_parallel_min_bytes. >= 0.
+  int64_t cuda_sequence_parallel_min_bytes = int64_t{8} << 20;
   /// cuda: all-reduces of at most this many bytes run in-stream
   /// (collective_algo::in_stream, plan_options::in_stream_collectives): it
   /// becomes the CUDA devices' spec.in_stream_max_bytes. 0: never.

@@ -142,6 +142,9 @@ error validate(const backend_options& o) {
   if (o.cuda_nccl_min_bytes < 1)
     return error(errc::invalid_argument, "backend option cuda_nccl_min_bytes = " +
                                              std::to_string(o.cuda_nccl_min_bytes) + ": must be >= 1");
+  if (o.cuda_sequence_parallel_min_bytes < 0)
+    return error(errc::invalid_argument, "backend option cuda_sequence_parallel_min_bytes = " +
+                                             std::to_string(o.cuda_sequence_parallel_min_bytes) + ": must be >= 0");
   if (o.cuda_in_stream_max_bytes < 0)
     return error(errc::invalid_argument, "backend option cuda_in_stream_max_bytes = " +
                                              std::to_string(o.cuda_in_stream_max_bytes) + ": must be >= 0");

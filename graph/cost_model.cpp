@@ -49,6 +49,9 @@ error validate(const device_spec& d) {
   if (auto e = non_negative("host_latency", d.host_latency)) return e;
   if (d.mem_bytes < 0)
     return error(errc::invalid_argument, who + "mem_bytes must be >= 0, got " + std::to_string(d.mem_bytes));
+  if (d.sequence_parallel_min_bytes < 0)
+    return error(errc::invalid_argument,
+                 who + "sequence_parallel_min_bytes must be >= 0, got " + std::to_string(d.sequence_parallel_min_bytes));
   if (d.gemm_row_tile < 1 || d.gemm_row_tile > 4096)
     return error(errc::invalid_argument, who + "gemm_row_tile must be 1..4096, got " + std::to_string(d.gemm_row_tile));
   if (d.max_overlap_chunks < 1 || d.max_overlap_chunks > 64)

@@ -90,6 +90,13 @@ struct device_spec {
   /// (unless its spec is a CUDA device's) and cpu (whose ring already runs
   /// on the copy-engine workers).
   bool copy_engine_collectives = false;
+  /// Sequence parallelism on copy-engine collectives pays only for
+  /// activations of at least this many bytes
+  /// (plan_options::sequence_parallel auto): each all-reduce becomes a
+  /// reduce-scatter and an all-gather, each a fan of peer copies with their
+  /// events, which a small layer cannot hide. 0 (sim, cpu): no limit. CUDA
+  /// devices set it from backend_options::cuda_sequence_parallel_min_bytes.
+  int64_t sequence_parallel_min_bytes = 0;
   /// Rows of a GEMM tile: a matmul split in chunks of rows
   /// (plan_options::tp_overlap) gets chunks whose rows are multiples of it
   /// where the rows allow, so that no chunk pays a partly empty wave of

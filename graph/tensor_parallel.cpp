@@ -1932,7 +1932,8 @@ class rewriter {
 
   /// Whether stage s's group runs sequence parallel (plan_options::sequence_parallel)
   /// for tensors of `bytes`: auto wants a reduce-scatter that moves by the
-  /// copy engines (CUDA GPUs), or members that run collectives beside
+  /// copy engines (CUDA GPUs) and tensors of at least every member's
+  /// sequence_parallel_min_bytes, or members that run collectives beside
   /// compute and a ring for that size (a one-shot reduce-scatter and
   /// all-gather pay two synchronisations where the all-reduce pays one).
   bool sequence_parallel(int s, int64_t bytes) const {
@@ -1943,7 +1944,9 @@ class rewriter {
     }
     const std::vector<const device_spec*> members = group_members(s);
     const collective_algo algo = choose_collective_algo(members, bytes, op_kind::reduce_scatter);
-    if (algo == collective_algo::copy_engine) return true;  // beside compute, as many bytes as a ring
+    if (algo == collective_algo::copy_engine)  // beside compute, as many bytes as a ring
+      return std::all_of(members.begin(), members.end(),
+                         [&](const device_spec* m) { return bytes >= m->sequence_parallel_min_bytes; });
     if (!collectives_beside_compute(members)) return false;
     return algo == collective_algo::ring;
   }

@@ -36,10 +36,10 @@
 #      Chrome traces (OUTDIR/tp-layer-trace.json: the N-GPU layer;
 #      tp-layer-trace-1gpu.json, tp-layer-trace-decode-*.json), with
 #      --no-layouts (step 2c runs them bounded on their own);
-#   2a. the layer again with --copy-engine on (copy-engine collectives,
-#      sequence parallelism in chunks): the same figures with a
-#      _copy_engine suffix, tpN_vs_torch_copy_engine, and its trace
-#      (OUTDIR/tp-layer-trace-ce.json); AG_TP_SKIP_COPY_ENGINE=1 skips it;
+#   2a. the layer again with --copy-engine off (NCCL's all-reduces, no
+#      sequence parallelism: the default before session 42): the same figures
+#      with a _nccl suffix, tpN_vs_torch_nccl, and its trace
+#      (OUTDIR/tp-layer-trace-nccl.json); AG_TP_SKIP_NCCL_SIDE=1 skips it;
 #   2c. with N >= 4 (GPUs, or AG_TP_SAME_GPU=4): actorgraph-tp-bench --layouts,
 #      issue 15's layout comparison on GPUs 0..3: a 24-layer LLaMA (d 4096,
 #      ~10 GB bf16) with 16 micro-batches of B 1 x T 512 as 1 GPU, 2 stages x
@@ -48,8 +48,9 @@
 #      (OUTDIR/tp-layouts.txt), and one 2 x 2 round's Chrome trace in
 #      OUTDIR/tp-layer-trace-pp2xtp2.json; with N = 2, --layouts
 #      --layout-devices 2: 1 GPU, 2 stages x 1 and 1 x 2 (pp_layout_ms_*);
-#   2d. with N = 2, the same layouts with --copy-engine on:
-#      pp_layout_ms_1x2_copy_engine (AG_TP_SKIP_COPY_ENGINE=1 skips it);
+#   2d. the same layouts with --copy-engine off: pp_layout_ms_1x2_nccl (and
+#      with N >= 4 pp_layout_ms_1x4_nccl, pp_layout_ms_2x2_nccl), so that every
+#      run measures both sides of the default (AG_TP_SKIP_NCCL_SIDE=1 skips it);
 #   3. actorgraph-tp-bench --allreduce over the N GPUs: allreduce_us_<size>_<path>
 #      (the devices' time per call) and allreduce_host_us_<size>_<path> (wall
 #      per call, the host enqueueing) for the own one-shot path and NCCL, and
@@ -190,13 +191,14 @@ bounded "${AG_TP_BENCH_LIMIT:-900}" "$out/tp-bench.txt" "$build/apps/actorgraph-
   "${layer_flags[@]}" --decode-layers "$decode_layers" --trace "$out/tp-layer-trace.json" --no-layouts || status=1
 grep -vE '^[a-z0-9_]+: ' "$out/tp-bench.txt" | tail -12
 
-# The same layer with the copy-engine collectives (sequence parallelism and
-# its chunks; off by default, see backend_options::cuda_copy_engine_collectives):
-# its figures are printed with a _copy_engine suffix.
-if [ -z "${AG_TP_SKIP_COPY_ENGINE:-}" ]; then
-  echo "== 2a. the layer with --copy-engine on"
-  bounded 120 "$out/tp-bench-ce.txt" "$build/apps/actorgraph-tp-bench" "${bench_devices[@]}" "${layer_flags[@]}" \
-    --decode-layers 0 --copy-engine on --no-layouts --trace "$out/tp-layer-trace-ce.json" || status=1
+# The same layer without the copy-engine collectives (NCCL's all-reduces and
+# no sequence parallelism; on by default, see
+# backend_options::cuda_copy_engine_collectives): its figures are printed
+# with a _nccl suffix.
+if [ -z "${AG_TP_SKIP_NCCL_SIDE:-}" ]; then
+  echo "== 2a. the layer with --copy-engine off"
+  bounded 120 "$out/tp-bench-nccl.txt" "$build/apps/actorgraph-tp-bench" "${bench_devices[@]}" "${layer_flags[@]}" \
+    --decode-layers 0 --copy-engine off --no-layouts --trace "$out/tp-layer-trace-nccl.json" || status=1
 fi
 
 if [ -n "${AG_TP_OP_PROFILE:-}" ]; then
@@ -214,20 +216,26 @@ if [ "$n" -ge 4 ]; then
   bounded "${AG_TP_LAYOUT_LIMIT:-300}" "$out/tp-layouts.txt" "$build/apps/actorgraph-tp-bench" "${bench_devices[@]}" \
     "${layout_flags[@]}" --layouts --trace "$out/tp-layer-trace.json" || status=1
   grep -E '^(layouts: |pp_layout_winner)' "$out/tp-layouts.txt" || tail -5 "$out/tp-layouts.txt"
+  if [ -z "${AG_TP_SKIP_NCCL_SIDE:-}" ]; then
+    echo "== 2d. the same layouts with --copy-engine off"
+    bounded "${AG_TP_LAYOUT_LIMIT:-300}" "$out/tp-layouts-nccl.txt" "$build/apps/actorgraph-tp-bench" \
+      "${bench_devices[@]}" "${layout_flags[@]}" --layouts --copy-engine off || status=1
+    grep -E '^layouts: (1 x 4|2 x 2)' "$out/tp-layouts-nccl.txt" || tail -5 "$out/tp-layouts-nccl.txt"
+  fi
 elif [ "$n" -eq 2 ]; then
   # On two GPUs: 1 GPU, 2 stages x 1 and 1 x 2, many jobs in flight.
   echo "== 2c. layouts: 1 GPU, 2 stages x 1, 1 x 2 ${layout_flags[*]}"
   bounded "${AG_TP_LAYOUT_LIMIT:-300}" "$out/tp-layouts.txt" "$build/apps/actorgraph-tp-bench" "${bench_devices[@]}" \
     "${layout_flags[@]}" --layouts --layout-devices 2 || status=1
   grep -E '^(layouts: |pp_layout_winner)' "$out/tp-layouts.txt" || tail -5 "$out/tp-layouts.txt"
-  # The same rounds with the copy-engine collectives, whose default (off)
-  # rests on many jobs in flight losing with them (docs/BENCHMARKS.md,
-  # sessions 36 and 41): printed with a _copy_engine suffix.
-  if [ -z "${AG_TP_SKIP_COPY_ENGINE:-}" ]; then
-    echo "== 2d. the same layouts with --copy-engine on"
-    bounded "${AG_TP_LAYOUT_LIMIT:-300}" "$out/tp-layouts-ce.txt" "$build/apps/actorgraph-tp-bench" \
-      "${bench_devices[@]}" "${layout_flags[@]}" --layouts --layout-devices 2 --copy-engine on || status=1
-    grep -E '^layouts: 1 x 2' "$out/tp-layouts-ce.txt" || tail -5 "$out/tp-layouts-ce.txt"
+  # The same rounds without the copy-engine collectives, whose default (on)
+  # rests on many jobs in flight not losing with them under job lanes
+  # (docs/BENCHMARKS.md, session 42): printed with a _nccl suffix.
+  if [ -z "${AG_TP_SKIP_NCCL_SIDE:-}" ]; then
+    echo "== 2d. the same layouts with --copy-engine off"
+    bounded "${AG_TP_LAYOUT_LIMIT:-300}" "$out/tp-layouts-nccl.txt" "$build/apps/actorgraph-tp-bench" \
+      "${bench_devices[@]}" "${layout_flags[@]}" --layouts --layout-devices 2 --copy-engine off || status=1
+    grep -E '^layouts: 1 x 2' "$out/tp-layouts-nccl.txt" || tail -5 "$out/tp-layouts-nccl.txt"
   fi
 else
   echo "== 2c. layouts: skipped, they need 2 or 4 devices ($n here)"
@@ -265,12 +273,12 @@ ours_wall="$(grep -E "^tp${n}_layer_ms: " "$out/tp-bench.txt" | awk '{print $2}'
 torch="$(grep -E "^torch_tp_layer_ms_${n}: " "$out/tp-torch.txt" 2>/dev/null | awk '{print $2}')"
 grep -hE '^(tp[0-9]+_[a-z_]+|sim_error_1gpu|layer_[a-z0-9_]+|decode_[a-z0-9_]+|allreduce_[a-z0-9_]+|torch_tp_layer_ms_[0-9]+|torch_nccl_[a-z0-9_]+|tp_speedup_[24]_sim|pp2xtp2_[a-z0-9_]+|pp_layout_[a-z0-9_]+): ' \
   "$out/tp-bench.txt" "$out/tp-layouts.txt" "$out/tp-allreduce.txt" "$out/tp-torch.txt" "$out/tp-sim.txt" 2>/dev/null
-grep -hE "^(tp${n}_(layer_speedup|layer_device_ms|layer_ms|gpu_busy_fraction|sim_error|start_skew_us)|pp_layout_ms_1x2): " \
-  "$out/tp-bench-ce.txt" "$out/tp-layouts-ce.txt" 2>/dev/null |
-  sed -E 's/^([a-z0-9_]+): /\1_copy_engine: /'
-ours_ce="$(grep -E "^tp${n}_layer_device_ms: " "$out/tp-bench-ce.txt" 2>/dev/null | awk '{print $2}')"
-if [ -n "$ours_ce" ] && [ -n "$torch" ]; then
-  awk -v a="$ours_ce" -v b="$torch" -v n="$n" 'BEGIN { printf "tp%d_vs_torch_copy_engine: %.3f\n", n, a / b }'
+grep -hE "^(tp${n}_(layer_speedup|layer_device_ms|layer_ms|gpu_busy_fraction|sim_error|start_skew_us)|pp_layout_ms_(1x2|1x4|2x2)|pp2xtp2_speedup): " \
+  "$out/tp-bench-nccl.txt" "$out/tp-layouts-nccl.txt" 2>/dev/null |
+  sed -E 's/^([a-z0-9_]+): /\1_nccl: /'
+ours_nccl="$(grep -E "^tp${n}_layer_device_ms: " "$out/tp-bench-nccl.txt" 2>/dev/null | awk '{print $2}')"
+if [ -n "$ours_nccl" ] && [ -n "$torch" ]; then
+  awk -v a="$ours_nccl" -v b="$torch" -v n="$n" 'BEGIN { printf "tp%d_vs_torch_nccl: %.3f\n", n, a / b }'
 fi
 # tpN_vs_torch: device span against PyTorch's CUDA-event time of its layer
 # (the same measure); tpN_vs_torch_wall: our job's wall time (submit to

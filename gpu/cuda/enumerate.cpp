@@ -78,6 +78,7 @@ expected<device_ptr> make_one(int ordinal, int index, const backend_options& opt
   // copy engines need no SM.
   spec.collectives_overlap_compute = false;
   spec.copy_engine_collectives = opts.cuda_copy_engine_collectives;
+  spec.sequence_parallel_min_bytes = opts.cuda_sequence_parallel_min_bytes;
   spec.gemm_row_tile = 128;  // cuBLAS's bf16 tiles on sm_90 are 64 or 128 rows
   spec.max_overlap_chunks = 2;
 

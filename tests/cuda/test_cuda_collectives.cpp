@@ -225,17 +225,21 @@ TEST(CudaCollectives, NcclOnTwoGpusEqualsTheReferenceForEveryDtype) {
   }
 }
 
-// Degree 2 on two logical devices of GPU 0, three ways: the defaults (the
+// Degree 2 on two logical devices of GPU 0, four ways: the defaults (the
 // tiny activations stay under the one-shot limit: all-reduces); the
-// one-shot limit at 0, so auto mode plans sequence parallelism with
-// reduce-scatters and all-gathers on the copy engines; and the same with
-// the copy engines off (no sequence parallelism: all-reduces again).
+// one-shot limit at 0 and no minimum for sequence parallelism, so auto mode
+// plans it with reduce-scatters and all-gathers on the copy engines; the
+// same with the copy engines off (no sequence parallelism: all-reduces
+// again); and the one-shot limit at 0 with the default minimum
+// (backend_options::cuda_sequence_parallel_min_bytes, 8 MiB: the 4 KiB
+// activations keep their all-reduces).
 TEST(CudaCollectives, TensorParallelTransformersOnTwoLogicalDevicesEqualTheReference) {
   AG_REQUIRE_GPU(1);
-  for (int mode = 0; mode < 3; ++mode) {
+  for (int mode = 0; mode < 4; ++mode) {
     runtime_options ro;
     if (mode > 0) ro.backend.cuda_nccl_min_bytes = 1;
     ro.backend.cuda_copy_engine_collectives = mode != 2;
+    if (mode == 1) ro.backend.cuda_sequence_parallel_min_bytes = 0;
     auto rt = runtime::create("cuda:0,0", ro);
     ASSERT_TRUE(rt.has_value()) << rt.err().to_string();
     for (auto variant : {models::model_variant::gpt2, models::model_variant::llama}) {

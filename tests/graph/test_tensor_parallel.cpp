@@ -1369,6 +1369,55 @@ TEST(SequenceParallel, CopyEngineCollectivesBringSequenceParallelismAndChunksToG
   }
 }
 
+// device_spec::sequence_parallel_min_bytes (CUDA: from
+// backend_options::cuda_sequence_parallel_min_bytes): auto mode turns the
+// all-reduces into copy-engine reduce-scatters and all-gathers only for
+// activations of at least that size; a small layer keeps its all-reduces,
+// unchunked, and both plans equal the reference.
+TEST(SequenceParallel, ActivationsBelowTheMinimumKeepTheirAllReduces) {
+  auto cfg = tiny(model_variant::llama, 8, 2);
+  cfg.n_layers = 2;
+  cfg.seq_len = 16;
+  auto g = build(cfg);
+  ASSERT_TRUE(g);
+  const auto in = models::transformer_inputs(cfg, 5);
+  const int64_t activation_bytes = cfg.batch * cfg.seq_len * cfg.d_model * dtype_size(cfg.dtype);
+  auto gpu_like = compute_bound_devices(2);
+  for (auto& d : gpu_like) {
+    d.collectives_overlap_compute = false;
+    d.copy_engine_collectives = true;
+  }
+  plan_options o = tp_options(2);
+  o.sequence_parallel = sequence_parallel_mode::automatic;
+  const auto ops_with_min = [&](int64_t min_bytes, int64_t other_min_bytes) {
+    auto devs = gpu_like;
+    devs[0].sequence_parallel_min_bytes = min_bytes;
+    devs[1].sequence_parallel_min_bytes = other_min_bytes;
+    auto p = check_tp_on(g, devs, o, in, 1e-4);
+    std::map<op_kind, int> by_op;
+    if (!p) {
+      ADD_FAILURE() << "plan with sequence_parallel_min_bytes " << min_bytes << " / " << other_min_bytes;
+      return std::make_pair(by_op, false);
+    }
+    for (const auto& c : p->tensor_parallel()->collectives) ++by_op[c.op];
+    return std::make_pair(by_op, !p->tensor_parallel()->chunked.empty());
+  };
+  {  // at the minimum: sequence parallel, chunked
+    auto [ops, chunked] = ops_with_min(activation_bytes, 0);
+    EXPECT_GT(ops[op_kind::reduce_scatter], 0);
+    EXPECT_GT(ops[op_kind::all_gather], 0);
+    EXPECT_TRUE(chunked);
+  }
+  // One byte short on either member: every collective an all-reduce, no chunks.
+  for (auto [a, b] : {std::pair{activation_bytes + 1, int64_t{0}}, std::pair{int64_t{0}, activation_bytes + 1}}) {
+    auto [ops, chunked] = ops_with_min(a, b);
+    EXPECT_EQ(ops[op_kind::reduce_scatter], 0) << a << " / " << b;
+    EXPECT_EQ(ops[op_kind::all_gather], 0) << a << " / " << b;
+    EXPECT_GT(ops[op_kind::all_reduce], 0) << a << " / " << b;
+    EXPECT_FALSE(chunked) << a << " / " << b;
+  }
+}
+
 TEST(TensorParallel, EmbeddingTableIsReplicatedOnlyWhenNoLargerThanItsLookup) {
   for (int64_t vocab : {8, 41}) {  // tables of 8 x 32 and 41 x 32 elements; lookups of 12 x 32
     auto cfg = tiny(model_variant::llama, 4);
