@@ -577,6 +577,7 @@ generator::~generator() = default;
 int64_t generator::cache_bytes() const noexcept { return impl_->cache_bytes; }
 int64_t generator::weight_bytes() const noexcept { return impl_->weight_bytes; }
 const plan& generator::decode_plan() const noexcept { return *impl_->decode.p; }
+const plan* generator::prefill_plan() const noexcept { return impl_->prefill.p.get(); }
 
 int generator::active_sequences() const {
   std::lock_guard lk(impl_->m);

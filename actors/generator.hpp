@@ -200,6 +200,9 @@ class generator {
   /// The plan of one decode step (its layout: used_devices(),
   /// tensor_parallel()); the other step plans share its devices.
   const plan& decode_plan() const noexcept;
+  /// The plan of one prefill chunk (generator_options::prefill_chunk
+  /// tokens), or nullptr when the prompt goes through the decode plan.
+  const plan* prefill_plan() const noexcept;
   /// Sequences holding a slot now, and sequences waiting for one.
   int active_sequences() const;
   int waiting_sequences() const;

@@ -50,7 +50,8 @@ std::vector<float> recomputed_last_logits(const ag::models::hf_model& m, const s
 }
 
 void decode_equals_recompute(const std::string& spec, int stages, int64_t prefill_chunk, int tp = 1,
-                             bool across_stages = false) {
+                             bool across_stages = false,
+                             ag::sequence_parallel_mode sp = ag::sequence_parallel_mode::automatic) {
   for (const auto& cfg : tiny_models()) {
     SCOPED_TRACE(std::string(to_string(cfg.variant)) + " on " + spec + ", stages " + std::to_string(stages) +
                  ", prefill_chunk " + std::to_string(prefill_chunk));
@@ -66,8 +67,22 @@ void decode_equals_recompute(const std::string& spec, int stages, int64_t prefil
     go.plan.pipeline_stages = stages;
     go.plan.tensor_parallel = tp;
     go.pipeline_across_stages = across_stages;
+    go.plan.sequence_parallel = sp;
     auto gen = ag::generator::create(**rt, m->model_config(1), m->provider(), go);
     ASSERT_TRUE(gen.has_value()) << gen.err().to_string();
+    if (sp == ag::sequence_parallel_mode::on) {
+      // The prefill chunks' rows split over the ranks; a one-row step cannot.
+      const auto count = [](const ag::plan* p, ag::op_kind op) {
+        int n = 0;
+        if (p && p->tensor_parallel())
+          for (const auto& c : p->tensor_parallel()->collectives) n += c.op == op;
+        return n;
+      };
+      ASSERT_NE((*gen)->prefill_plan(), nullptr);
+      EXPECT_GT(count((*gen)->prefill_plan(), ag::op_kind::reduce_scatter), 0);
+      EXPECT_GT(count((*gen)->prefill_plan(), ag::op_kind::all_gather), 0);
+      EXPECT_EQ(count(&(*gen)->decode_plan(), ag::op_kind::reduce_scatter), 0);
+    }
     if (stages <= 1 && tp == 1) {
       // Decode and prefill plans lay the weights out alike on one device: one
       // upload (each weight's slot is 256-byte aligned, so a little more).
@@ -168,6 +183,11 @@ TEST(GenerateDecode, EqualsRecomputeWithPaddedPrefillChunksCpu) { decode_equals_
 TEST(GenerateDecode, EqualsRecomputeWithPrefillChunks2StagesSim) { decode_equals_recompute("sim:2", 2, 4); }
 TEST(GenerateDecode, EqualsRecomputeTensorParallel2Sim) { decode_equals_recompute("sim:2", 1, 4, 2); }
 TEST(GenerateDecode, EqualsRecomputeTensorParallel2Cpu) { decode_equals_recompute("cpu:2", 1, 0, 2); }
+// Sequence parallelism in the prefill (rows of the prompt split over the
+// ranks: reduce-scatters and all-gathers); the one-row steps keep all-reduces.
+TEST(GenerateDecode, EqualsRecomputeTensorParallel2SequenceParallelCpu) {
+  decode_equals_recompute("cpu:2", 1, 4, 2, false, ag::sequence_parallel_mode::on);
+}
 TEST(GenerateDecode, EqualsRecomputeTwoStagesByTensorParallel2Sim) { decode_equals_recompute("sim:4", 2, 0, 2); }
 TEST(GenerateDecode, EqualsRecomputePipelinedAcrossTwoStages) {
   decode_equals_recompute("sim:2", 2, 0, 1, /*across_stages=*/true);

@@ -38,9 +38,13 @@ std::vector<float> recomputed_last_logits(const models::hf_model& m, const std::
 
 // head_dim: the tiny models' heads (8) or wider (d_model = 4 heads of it):
 // from 32 on, a fused attention takes in the KV cache's stores and ropes.
+// sequence_parallel: plan_options::sequence_parallel on, with every
+// reduce-scatter and all-gather on the copy engines (the one-shot limit at 0).
 void decode_on(const std::string& spec, int stages, bool fuse_ops = false, int64_t head_dim = 8,
-               int tensor_degree = 1) {
-  auto rt = runtime::create(spec);
+               int tensor_degree = 1, bool sequence_parallel = false) {
+  runtime_options ro;
+  if (sequence_parallel) ro.backend.cuda_nccl_min_bytes = 1;
+  auto rt = runtime::create(spec, ro);
   ASSERT_TRUE(rt) << rt.err().to_string();
   const auto widened = [&](models::transformer_config c) {
     // The initial scale shrinks with the width (as 1 / sqrt(fan-in)), so
@@ -66,8 +70,17 @@ void decode_on(const std::string& spec, int stages, bool fuse_ops = false, int64
     go.plan.pipeline_stages = stages;
     go.plan.tensor_parallel = tensor_degree;
     go.plan.fuse_ops = fuse_ops;
+    if (sequence_parallel) go.plan.sequence_parallel = sequence_parallel_mode::on;
     auto gen = generator::create(**rt, m->model_config(1), m->provider(), go);
     ASSERT_TRUE(gen) << gen.err().to_string();
+    if (sequence_parallel) {  // the prefill's reduce-scatters on the copy engines
+      const plan* prefill = (*gen)->prefill_plan();
+      ASSERT_NE(prefill, nullptr);
+      int copy_engine = 0;
+      for (const auto& s : prefill->steps())
+        copy_engine += s.kind == step_kind::collective && s.algo == collective_algo::copy_engine;
+      EXPECT_GT(copy_engine, 0);
+    }
     const std::vector<int32_t> prompt{3, 1, 4, 1, 5, 9};
     generate_options o;
     o.max_new_tokens = 6;
@@ -174,6 +187,15 @@ TEST(CudaGenerate, DecodeWithTheCacheStoresAndRopesInTheFusedAttentionEqualsReco
 TEST(CudaGenerate, DecodeAtTensorDegreeTwoWithTheCacheStoresAndRopesFusedEqualsRecompute) {
   AG_REQUIRE_GPU(1);
   decode_on("cuda:0,0", 1, /*fuse_ops=*/true, /*head_dim=*/32, /*tensor_degree=*/2);
+}
+
+// Sequence parallelism in the prefill chunks (their rows split over the two
+// ranks, reduce-scatters and all-gathers on the copy engines, as the CUDA
+// default plans activations of 8 MiB and more); the one-row decode steps
+// keep their all-reduces.
+TEST(CudaGenerate, DecodeAtTensorDegreeTwoWithSequenceParallelPrefillEqualsRecompute) {
+  AG_REQUIRE_GPU(1);
+  decode_on("cuda:0,0", 1, /*fuse_ops=*/true, /*head_dim=*/32, /*tensor_degree=*/2, /*sequence_parallel=*/true);
 }
 
 // Jobs of a decode-step plan of `cfg` compiled with `o` (4 state slots),
