@@ -238,6 +238,9 @@ TEST(BadOptions, RuntimeOptionsAreRefusedNamingOptionAndValue) {
   o.backend.cuda_nccl_min_bytes_wide = 0;
   refused(o, "cuda_nccl_min_bytes_wide", "0");
   o = {};
+  o.backend.cuda_sequence_parallel_min_bytes = -1;
+  refused(o, "cuda_sequence_parallel_min_bytes", "-1");
+  o = {};
   o.upload_chunk_bytes = 0;
   refused(o, "upload_chunk_bytes", "0");
   o = {};

@@ -820,6 +820,9 @@ TEST(PlannerBadInput, DeviceSpecsAreValidatedNamingDeviceAndField) {
   devs = sim_devices(1);
   devs[0].copy_engines = 0;
   EXPECT_TRUE(mentions(validate(devs[0]), "copy_engines"));
+  devs = sim_devices(1);
+  devs[0].sequence_parallel_min_bytes = -1;
+  EXPECT_TRUE(mentions(validate(devs[0]), "sequence_parallel_min_bytes"));
   for (double bad : {0.0, -0.5, 1.5, std::nan("")}) {
     devs = sim_devices(1);
     devs[0].compute_efficiency = bad;
