@@ -1016,7 +1016,8 @@ int main(int argc, char** argv) {
   app.add_option("--sequence-parallel", seq_parallel,
                  "plan_options::sequence_parallel of the tensor-parallel plans: reduce-scatter and all-gather by rows "
                  "instead of all-reduce, norms and residual adds on a rank's rows (on, off, auto: on where they "
-                 "run beside compute: sim, cpu, and CUDA GPUs with --copy-engine on)")
+                 "run beside compute: sim, cpu, and CUDA GPUs with --copy-engine on for activations of at least "
+                 "--sp-min-kib)")
       ->check(CLI::IsMember({"on", "off", "auto"}));
   std::string pieces = "on";
   app.add_option("--output-pieces", pieces,

@@ -50,7 +50,9 @@
 #      --layout-devices 2: 1 GPU, 2 stages x 1 and 1 x 2 (pp_layout_ms_*);
 #   2d. the same layouts with --copy-engine off: pp_layout_ms_1x2_nccl (and
 #      with N >= 4 pp_layout_ms_1x4_nccl, pp_layout_ms_2x2_nccl), so that every
-#      run measures both sides of the default (AG_TP_SKIP_NCCL_SIDE=1 skips it);
+#      run measures both sides of the default (AG_TP_SKIP_NCCL_SIDE=1 skips it
+#      and 2a; on 4 GPUs the second layout run adds a few minutes, so a
+#      device call of 600 s may need the run split in two);
 #   3. actorgraph-tp-bench --allreduce over the N GPUs: allreduce_us_<size>_<path>
 #      (the devices' time per call) and allreduce_host_us_<size>_<path> (wall
 #      per call, the host enqueueing) for the own one-shot path and NCCL, and
