@@ -111,6 +111,9 @@ struct decode_args {
   std::string gemv = "on";      ///< backend_options::cuda_gemv (on: the default)
   std::string projections = "on";  ///< plan_options::fuse_projections of both plans (on: the default)
   std::string pdl = "on";          ///< backend_options::cuda_pdl (on: the default)
+  /// backend_options::cuda_copy_engine_collectives (on: the default): with
+  /// --tp, a prefill of at least 16 MiB of activations runs sequence parallel
+  std::string copy_engine = ag::gpu::backend_options{}.cuda_copy_engine_collectives ? "on" : "off";
   std::string inline_copies = "on";  ///< plan_options::inline_small_copies of both plans (on: the default)
   std::string replay_host_copies = "on";  ///< plan_options::replay_host_copies of both plans (on: the default)
   std::string windows_in_place = "on";    ///< plan_options::host_windows_in_place of both plans (on: the default)
@@ -131,6 +134,7 @@ int run_decode(const decode_args& a) {
   ag::runtime_options ro;
   ro.backend.cuda_gemv = a.gemv == "on";
   ro.backend.cuda_pdl = a.pdl == "on";
+  ro.backend.cuda_copy_engine_collectives = a.copy_engine == "on";
   ro.start_jobs_on_submit = a.start_on_submit == "on";
   ro.trace = a.trace == "on";
   if (a.pinned_inputs == "off") ro.pinned_inputs_max_bytes = 0;
@@ -268,7 +272,10 @@ int run_decode(const decode_args& a) {
   // on the device, 4 bytes a position to the host), and with every
   // position's f32 logits copied to the host (268 MB for 2048 x 32000: the
   // PCIe copy, not the GPU, is most of that job). PyTorch's reference keeps
-  // its logits on the device. Same plan options as the generator's (--fusion).
+  // its logits on the device. The generator's plan options: its layout
+  // (--tp, --stages) and --fusion, --projections, --replay and the copies'
+  // flags (until session 42 only the fusion flags: with --tp the prefill ran
+  // as a pipeline of one job over the devices).
   double prefill_best = 0.0, prefill_logits_best = 0.0;
   if (a.prefill > 0) {
     for (const bool greedy : {true, false}) {
@@ -276,10 +283,7 @@ int run_decode(const decode_args& a) {
       pc.argmax_output = greedy;
       auto g = ag::models::build_transformer(pc, model->provider());
       if (!g) return fail(g.err());
-      ag::plan_options po;
-      po.fuse_ops = go.plan.fuse_ops;
-      po.fuse_projections = go.plan.fuse_projections;
-      auto p = (*rt)->compile(std::move(*g), po);
+      auto p = (*rt)->compile(std::move(*g), go.plan);
       if (!p) return fail(p.err());
       std::vector<int32_t> ids(static_cast<std::size_t>(a.prefill)), pos(ids.size());
       for (std::size_t i = 0; i < ids.size(); ++i) {
@@ -377,6 +381,10 @@ int main(int argc, char** argv) {
   app.add_option("--gemv", d.gemv, "decode: backend_options::cuda_gemv, the GEMV kernel for few-row matmuls (on, off)")
       ->check(CLI::IsMember({"on", "off"}));
   app.add_option("--pdl", d.pdl, "decode: backend_options::cuda_pdl, kernels as programmatic dependent launches (on, off)")
+      ->check(CLI::IsMember({"on", "off"}));
+  app.add_option("--copy-engine", d.copy_engine,
+                 "decode: backend_options::cuda_copy_engine_collectives, with --tp large prefills sequence parallel "
+                 "on the copy engines (on, the default), or all-reduces (off)")
       ->check(CLI::IsMember({"on", "off"}));
   app.add_option("--inline-copies", d.inline_copies,
                  "decode: plan_options::inline_small_copies, small host copies on the compute lane (on, off)")
