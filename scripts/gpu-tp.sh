@@ -213,22 +213,22 @@ fi
 # 4 layouts x 4 rounds of 16 jobs of a ~10 GB model, and 5 uploads of it
 # (one per layout, one more for the traced 2 x 2 round): bounded on its own.
 # On 2 GPUs, 3 layouts and no trace.
+layouts=()
 if [ "$n" -ge 4 ]; then
   echo "== 2c. layouts: 1 GPU, 2 stages x 2, 4 x 1, 1 x 4 ${layout_flags[*]}"
+  layouts=(--layouts)
   bounded "${AG_TP_LAYOUT_LIMIT:-300}" "$out/tp-layouts.txt" "$build/apps/actorgraph-tp-bench" "${bench_devices[@]}" \
-    "${layout_flags[@]}" --layouts --trace "$out/tp-layer-trace.json" || status=1
-  grep -E '^(layouts: |pp_layout_winner)' "$out/tp-layouts.txt" || tail -5 "$out/tp-layouts.txt"
-  if [ -z "${AG_TP_SKIP_NCCL_SIDE:-}" ]; then
-    echo "== 2d. the same layouts with --copy-engine off"
-    bounded "${AG_TP_LAYOUT_LIMIT:-300}" "$out/tp-layouts-nccl.txt" "$build/apps/actorgraph-tp-bench" \
-      "${bench_devices[@]}" "${layout_flags[@]}" --layouts --copy-engine off || status=1
-    grep -E '^layouts: (1 x 4|2 x 2)' "$out/tp-layouts-nccl.txt" || tail -5 "$out/tp-layouts-nccl.txt"
-  fi
+    "${layout_flags[@]}" "${layouts[@]}" --trace "$out/tp-layer-trace.json" || status=1
 elif [ "$n" -eq 2 ]; then
   # On two GPUs: 1 GPU, 2 stages x 1 and 1 x 2, many jobs in flight.
   echo "== 2c. layouts: 1 GPU, 2 stages x 1, 1 x 2 ${layout_flags[*]}"
+  layouts=(--layouts --layout-devices 2)
   bounded "${AG_TP_LAYOUT_LIMIT:-300}" "$out/tp-layouts.txt" "$build/apps/actorgraph-tp-bench" "${bench_devices[@]}" \
-    "${layout_flags[@]}" --layouts --layout-devices 2 || status=1
+    "${layout_flags[@]}" "${layouts[@]}" || status=1
+else
+  echo "== 2c. layouts: skipped, they need 2 or 4 devices ($n here)"
+fi
+if [ "${#layouts[@]}" -gt 0 ]; then
   grep -E '^(layouts: |pp_layout_winner)' "$out/tp-layouts.txt" || tail -5 "$out/tp-layouts.txt"
   # The same rounds without the copy-engine collectives, whose default (on)
   # rests on many jobs in flight not losing with them under job lanes
@@ -236,11 +236,9 @@ elif [ "$n" -eq 2 ]; then
   if [ -z "${AG_TP_SKIP_NCCL_SIDE:-}" ]; then
     echo "== 2d. the same layouts with --copy-engine off"
     bounded "${AG_TP_LAYOUT_LIMIT:-300}" "$out/tp-layouts-nccl.txt" "$build/apps/actorgraph-tp-bench" \
-      "${bench_devices[@]}" "${layout_flags[@]}" --layouts --layout-devices 2 --copy-engine off || status=1
-    grep -E '^layouts: 1 x 2' "$out/tp-layouts-nccl.txt" || tail -5 "$out/tp-layouts-nccl.txt"
+      "${bench_devices[@]}" "${layout_flags[@]}" "${layouts[@]}" --copy-engine off || status=1
+    grep -E '^layouts: (1 x 2|1 x 4|2 x 2)' "$out/tp-layouts-nccl.txt" || tail -5 "$out/tp-layouts-nccl.txt"
   fi
-else
-  echo "== 2c. layouts: skipped, they need 2 or 4 devices ($n here)"
 fi
 
 if [ -z "${AG_TP_SKIP_ALLREDUCE:-}" ]; then

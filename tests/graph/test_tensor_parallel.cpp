@@ -743,6 +743,25 @@ std::vector<device_spec> compute_bound_devices(int n) {
   return v;
 }
 
+// compute_bound_devices as CUDA GPUs see collectives: none beside compute,
+// reduce-scatters and all-gathers on the copy engines.
+std::vector<device_spec> copy_engine_gpu_like(int n) {
+  auto v = compute_bound_devices(n);
+  for (auto& d : v) {
+    d.collectives_overlap_compute = false;
+    d.copy_engine_collectives = true;
+  }
+  return v;
+}
+
+// The 2-layer GQA LLaMA of 16 rows the sequence-parallel tests plan.
+models::transformer_config two_layer_llama() {
+  auto cfg = tiny(model_variant::llama, 8, 2);
+  cfg.n_layers = 2;
+  cfg.seq_len = 16;
+  return cfg;
+}
+
 // The first node that node `from` of g waits for (through its inputs, at
 // any depth; not itself) for which `is` holds; nullptr when none.
 const node* first_waited_for(const graph& g, node_id from, const std::function<bool(const node&)>& is) {
@@ -880,9 +899,7 @@ TEST(SequenceParallel, ChunkedRegionsHandOverInPiecesAndTheOutputLeavesInPieces)
 // chunk lane 0 computes; every other op stays on lane 0. Off, or one lane
 // per device: all on lane 0. Equal to the reference and hazard-free either way.
 TEST(SequenceParallel, HandOverOpsRunOnTheirOwnLane) {
-  auto cfg = tiny(model_variant::llama, 8, 2);
-  cfg.n_layers = 2;
-  cfg.seq_len = 16;
+  const auto cfg = two_layer_llama();
   auto g = build(cfg);
   ASSERT_TRUE(g);
   const auto in = models::transformer_inputs(cfg, 29);
@@ -1291,19 +1308,13 @@ TEST(SequenceParallel, AutoModeNeedsOverlappingCollectivesAndRingSizedMessages) 
 // do: the plan's reduce-scatters and all-gathers say copy-engine, the
 // all-reduces keep their algorithm, and the result is the reference's.
 TEST(SequenceParallel, CopyEngineCollectivesBringSequenceParallelismAndChunksToGpuLikeDevices) {
-  auto cfg = tiny(model_variant::llama, 8, 2);
-  cfg.n_layers = 2;
-  cfg.seq_len = 16;
+  const auto cfg = two_layer_llama();
   auto g = build(cfg);
   ASSERT_TRUE(g);
   const auto in = models::transformer_inputs(cfg, 5);
   for (int degree : {2, 4}) {
     SCOPED_TRACE("degree " + std::to_string(degree));
-    auto gpu_like = compute_bound_devices(degree);
-    for (auto& d : gpu_like) {
-      d.collectives_overlap_compute = false;
-      d.copy_engine_collectives = true;
-    }
+    auto gpu_like = copy_engine_gpu_like(degree);
     plan_options o = tp_options(degree);
     o.sequence_parallel = sequence_parallel_mode::automatic;
     auto p = check_tp_on(g, gpu_like, o, in, 1e-4);
@@ -1375,18 +1386,12 @@ TEST(SequenceParallel, CopyEngineCollectivesBringSequenceParallelismAndChunksToG
 // activations of at least that size; a small layer keeps its all-reduces,
 // unchunked, and both plans equal the reference.
 TEST(SequenceParallel, ActivationsBelowTheMinimumKeepTheirAllReduces) {
-  auto cfg = tiny(model_variant::llama, 8, 2);
-  cfg.n_layers = 2;
-  cfg.seq_len = 16;
+  const auto cfg = two_layer_llama();
   auto g = build(cfg);
   ASSERT_TRUE(g);
   const auto in = models::transformer_inputs(cfg, 5);
   const int64_t activation_bytes = cfg.batch * cfg.seq_len * cfg.d_model * dtype_size(cfg.dtype);
-  auto gpu_like = compute_bound_devices(2);
-  for (auto& d : gpu_like) {
-    d.collectives_overlap_compute = false;
-    d.copy_engine_collectives = true;
-  }
+  const auto gpu_like = copy_engine_gpu_like(2);
   plan_options o = tp_options(2);
   o.sequence_parallel = sequence_parallel_mode::automatic;
   const auto ops_with_min = [&](int64_t min_bytes, int64_t other_min_bytes) {
