@@ -497,18 +497,33 @@ TEST(CpuRing, ConcurrentTensorParallelJobsEqualTheReference) {
 // A device that dies while tensor-parallel jobs are in flight fails exactly
 // the jobs that use it (with its death error), none hangs (the other
 // members' parts finish or fail, they do not wait for it), and a plan on
-// other devices keeps serving, during and after.
-TEST(TensorParallelFault, DeviceDeathDuringCollectivesFailsOnlyItsJobs) {
+// other devices keeps serving, during and after. `sequence_parallel`: the
+// plan's collectives are reduce-scatters and all-gathers on the copy
+// engines (what CUDA GPUs plan for large activations by default), with
+// their chunked overlap; else all-reduces as rings.
+void device_death_during_collectives(bool sequence_parallel) {
   ag::runtime_options o = opts();
   o.backend.sim.time_scale = 1.0;
   o.backend.sim.jitter = 0;
-  o.backend.sim.spec.link_bandwidth = 2e6;  // each all-reduce part takes milliseconds
+  o.backend.sim.spec.link_bandwidth = 2e6;  // each collective part takes milliseconds
   o.backend.sim.spec.oneshot_max_bytes = 0;
+  if (sequence_parallel) {
+    o.backend.sim.spec.collectives_overlap_compute = false;
+    o.backend.sim.spec.copy_engine_collectives = true;
+    o.backend.sim.spec.sequence_parallel_min_bytes = 0;
+  }
   auto rt = ag::runtime::create("sim:4", o).value();
   auto cfg = tiny(ag::models::model_variant::llama, 8, 2);
   auto g = build(cfg);
   auto ptp = rt->compile(g, tp(2)).value();  // devices 0 and 1
   ASSERT_GT(collective_steps(*ptp), 0);
+  int copy_engine_parts = 0;
+  for (const auto& s : ptp->steps())
+    copy_engine_parts += s.kind == ag::step_kind::collective && s.algo == ag::collective_algo::copy_engine;
+  if (sequence_parallel)
+    ASSERT_GT(copy_engine_parts, 0) << "no copy-engine collective planned: the case would not test what it names";
+  else
+    ASSERT_EQ(copy_engine_parts, 0);
   // A plan on device 3 only.
   ag::graph_builder b;
   auto x = b.input("x", dtype::f32, {4, 8});
@@ -553,6 +568,12 @@ TEST(TensorParallelFault, DeviceDeathDuringCollectivesFailsOnlyItsJobs) {
   ASSERT_TRUE(late.wait_for(60s));
   EXPECT_FALSE(late.wait().has_value());
   expect_outputs(rt->submit(pother, other_in), other_want, 1e-4, 1e-3, "plan on device 3 after");
+}
+
+TEST(TensorParallelFault, DeviceDeathDuringCollectivesFailsOnlyItsJobs) { device_death_during_collectives(false); }
+
+TEST(TensorParallelFault, DeviceDeathDuringSequenceParallelCopyEngineCollectivesFailsOnlyItsJobs) {
+  device_death_during_collectives(true);
 }
 
 }  // namespace

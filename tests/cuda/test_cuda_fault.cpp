@@ -10,12 +10,14 @@
 // error; it exits 0 only when every check held and prints the first that did
 // not otherwise.
 //
-// On four GPUs (issue 15), the same while a tensor-parallel plan over GPUs 0
-// and 1 has jobs in flight: GPU 1 dies inside the plan's collectives, the
-// plan's jobs resolve within a bounded time (failed naming a member, or done
-// before the fault), nothing hangs, and every device the error did not reach
-// keeps serving (measured on 4 H200s: it reaches every GPU of the process;
-// the cpu device serves on).
+// On two and on four GPUs (issue 15), the same while a tensor-parallel plan
+// over GPUs 0 and 1 has jobs in flight, on each collective path (the own
+// one-shot all-reduce, NCCL's, and sequence parallelism's reduce-scatters
+// and all-gathers on the copy engines): GPU 1 dies inside the plan's
+// collectives, the plan's jobs resolve within a bounded time (failed naming
+// a member, or done before the fault), nothing hangs, and every device the
+// error did not reach keeps serving (measured on 4 H200s: it reaches every
+// GPU of the process; the cpu device serves on).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -144,9 +146,10 @@ graph mlp_stack(int blocks, int64_t rows, int64_t d, int64_t ff) {
   return std::move(b).build().value();
 }
 
-/// GPU 1 of four dies while jobs of a degree-2 plan over GPUs 0 and 1 are
-/// inside its collectives. What CUDA does then, measured on 4 H200s: the
-/// sticky error reaches every GPU of the process (each reports
+/// GPU 1 of `gpus` (2 or 4) dies while jobs of a degree-2 plan over GPUs 0
+/// and 1 are inside its collectives on `route`. What CUDA does then,
+/// measured on 4 H200s: the sticky error reaches every GPU of the process
+/// (each reports
 /// cudaErrorLaunchFailure on its next call, also GPUs 2 and 3, which the
 /// group does not use), so "only the jobs that use it" is bounded by what
 /// one process can contain. What the runtime must do: every job of the group
@@ -156,23 +159,57 @@ graph mlp_stack(int blocks, int64_t rows, int64_t d, int64_t ff) {
 /// death error (learnt on its next CUDA call when it had no work), and the
 /// cpu device keeps serving. Every check is tried; the
 /// failures are returned together.
-std::string peer_death_scenario(bool nccl) {
+/// The collective path a peer-death scenario's plan runs on.
+enum class collective_route {
+  one_shot,     // all-reduces through the own one-shot kernel
+  nccl,         // all-reduces through NCCL
+  copy_engine,  // sequence parallelism: reduce-scatters and all-gathers on the copy engines (the default for large activations)
+};
+
+const char* to_string(collective_route r) {
+  switch (r) {
+    case collective_route::one_shot: return "one-shot";
+    case collective_route::nccl: return "NCCL";
+    case collective_route::copy_engine: return "copy-engine";
+  }
+  return "?";
+}
+
+std::string peer_death_scenario(collective_route route, int gpus) {
   runtime_options o;
   o.trace = false;
   o.arenas_per_device = 8;
-  o.backend.cuda_nccl_min_bytes = o.backend.cuda_nccl_min_bytes_wide = nccl ? 1 : std::numeric_limits<int64_t>::max();
-  auto made = runtime::create("cuda:0,1,2,3,cpu:1", o);
-  if (!made) return "runtime::create(cuda:0,1,2,3,cpu:1): " + made.err().to_string();
+  o.backend.cuda_copy_engine_collectives = route == collective_route::copy_engine;
+  if (route == collective_route::copy_engine) o.backend.cuda_sequence_parallel_min_bytes = 0;  // 1 MiB activations
+  else
+    o.backend.cuda_nccl_min_bytes = o.backend.cuda_nccl_min_bytes_wide =
+        route == collective_route::nccl ? 1 : std::numeric_limits<int64_t>::max();
+  const std::string devices = gpus == 4 ? "cuda:0,1,2,3,cpu:1" : "cuda:0,1,cpu:1";
+  auto made = runtime::create(devices, o);
+  if (!made) return "runtime::create(" + devices + "): " + made.err().to_string();
   auto& rt = **made;
   plan_options pair;  // one stage of two members: GPUs 0 and 1
   pair.tensor_parallel = 2;
   pair.pipeline_stages = 1;
   auto tp = rt.compile(mlp_stack(6, 256, 1024, 4096), pair);
   if (!tp) return "compile the degree-2 plan: " + tp.err().to_string();
-  constexpr int cpu_device = 4;
+  // The plan runs the path the scenario names (else it would test another).
+  int parts = 0, copy_engine_parts = 0;
+  for (const auto& st : (*tp)->steps()) {
+    parts += st.kind == step_kind::collective;
+    copy_engine_parts += st.kind == step_kind::collective && st.algo == collective_algo::copy_engine;
+  }
+  if (parts == 0) return "the degree-2 plan has no collective";
+  if ((route == collective_route::copy_engine) != (copy_engine_parts > 0))
+    return "the degree-2 plan has " + std::to_string(copy_engine_parts) + " copy-engine collectives of " +
+           std::to_string(parts) + " on the " + to_string(route) + " route";
+  const int cpu_device = gpus;
   // One plan pinned to each other device, with that device.
+  std::vector<int> others{0};
+  for (int d = 2; d < gpus; ++d) others.push_back(d);
+  others.push_back(cpu_device);
   std::vector<std::pair<int, std::shared_ptr<const plan>>> alone;
-  for (int d : {0, 2, 3, cpu_device}) {
+  for (int d : others) {
     auto p = rt.compile(matmul_gelu_on(d));
     if (!p) return "compile the plan pinned to device " + std::to_string(d) + ": " + p.err().to_string();
     alone.emplace_back(d, *p);
@@ -180,8 +217,8 @@ std::string peer_death_scenario(bool nccl) {
   const std::vector<host_tensor> in{host_tensor::random_normal(dtype::f32, {256, 1024}, 7)};
   const std::vector<host_tensor> small{host_tensor::random_normal(dtype::f32, {16, 32}, 5)};
   const auto want_tp = evaluate_reference((*tp)->source(), in).value();
-  const std::string path = nccl ? "NCCL" : "one-shot";
-  const auto name_of = [](int d) { return d == cpu_device ? std::string("cpu") : "cuda" + std::to_string(d); };
+  const std::string path = std::string(to_string(route)) + ", " + std::to_string(gpus) + " GPUs";
+  const auto name_of = [cpu_device](int d) { return d == cpu_device ? std::string("cpu") : "cuda" + std::to_string(d); };
 
   // All serve before the fault.
   for (int k = 0; k < 2; ++k) {
@@ -229,11 +266,13 @@ std::string peer_death_scenario(bool nccl) {
   }
   const double resolved_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - fault_at).count();
   std::string dead;
-  for (int d = 0; d < 4; ++d)
+  for (int d = 0; d < gpus; ++d)
     if (!rt.device_in_service(d)) dead += " cuda" + std::to_string(d);
-  std::cerr << "peer death (" << path << "): of " << flying.size() << " jobs in flight, " << done << " done, "
+  // To stdout: a death test shows its child's stderr only when it fails, and
+  // these are the scenario's figures.
+  std::cout << "peer death (" << path << "): of " << flying.size() << " jobs in flight, " << done << " done, "
             << failed << " failed, " << hung << " unresolved after 60 s; all resolved " << resolved_s
-            << " s after the trap; out of service:" << dead << "\n";
+            << " s after the trap; out of service:" << dead << std::endl;
   if (hung > 0) note(std::to_string(hung) + " in-flight jobs still unresolved 60 s after GPU 1 died");
   if (failed == 0) note("no job was in flight when GPU 1 died (the scenario did not test what it names)");
   if (rt.device_in_service(1)) note("cuda1 still in service after its sticky error");
@@ -257,12 +296,12 @@ std::string peer_death_scenario(bool nccl) {
     }
     if (const auto& r = j.wait(); r) {
       auto c = compare(r->front(), want.front(), 2e-4, 2e-3);
-      std::cerr << "peer death (" << path << "): " << name_of(d) << " serves\n";
+      std::cout << "peer death (" << path << "): " << name_of(d) << " serves" << std::endl;
       if (!c.ok) note(what + " finished with wrong values: " + c.message);
       continue;
     }
     const error& e = j.wait().err();
-    std::cerr << "peer death (" << path << "): " << name_of(d) << " fails its job: " << e.to_string() << "\n";
+    std::cout << "peer death (" << path << "): " << name_of(d) << " fails its job: " << e.to_string() << std::endl;
     if (d == cpu_device) note("the cpu device's job failed: " + e.to_string());
     else if (e.code != errc::device_failed || e.device != d)
       note(what + ": want done or device_failed on device " + std::to_string(d) + ", got " + e.to_string());
@@ -291,15 +330,44 @@ void expect_scenario_holds(const char* name, const std::function<std::string()>&
       ::testing::ExitedWithCode(0), "every check held, runtime destroyed");
 }
 
+/// The scenario on `gpus` GPUs over `route`; NCCL's skips where the build
+/// has no NCCL.
+void expect_peer_death_holds(collective_route route, int gpus) {
+  if (route == collective_route::nccl && !gpu::nccl_built())
+    GTEST_SKIP() << "this build has no NCCL (ACTORGRAPH_HAVE_NCCL unset)";
+  expect_scenario_holds("peer-death", [=] { return peer_death_scenario(route, gpus); });
+}
+
 TEST(CudaFault, AGpuDyingInsideItsOneShotCollectivesFailsItsJobsInBoundedTimeAndTheRuntimeServesOn) {
   AG_REQUIRE_GPU(4);
-  expect_scenario_holds("peer-death", [] { return peer_death_scenario(false); });
+  expect_peer_death_holds(collective_route::one_shot, 4);
 }
 
 TEST(CudaFault, AGpuDyingInsideItsNcclCollectivesFailsItsJobsInBoundedTimeAndTheRuntimeServesOn) {
   AG_REQUIRE_GPU(4);
-  if (!gpu::nccl_built()) GTEST_SKIP() << "this build has no NCCL (ACTORGRAPH_HAVE_NCCL unset)";
-  expect_scenario_holds("peer-death", [] { return peer_death_scenario(true); });
+  expect_peer_death_holds(collective_route::nccl, 4);
+}
+
+TEST(CudaFault, AGpuDyingInsideItsCopyEngineCollectivesFailsItsJobsInBoundedTimeAndTheRuntimeServesOn) {
+  AG_REQUIRE_GPU(4);
+  expect_peer_death_holds(collective_route::copy_engine, 4);
+}
+
+// The same on a machine of two GPUs: the group is the whole machine, so
+// what must serve on is the cpu device (and GPU 0 if the error spares it).
+TEST(CudaFault, OnTwoGpusAGpuDyingInsideItsOneShotCollectivesFailsItsJobsInBoundedTime) {
+  AG_REQUIRE_GPU(2);
+  expect_peer_death_holds(collective_route::one_shot, 2);
+}
+
+TEST(CudaFault, OnTwoGpusAGpuDyingInsideItsNcclCollectivesFailsItsJobsInBoundedTime) {
+  AG_REQUIRE_GPU(2);
+  expect_peer_death_holds(collective_route::nccl, 2);
+}
+
+TEST(CudaFault, OnTwoGpusAGpuDyingInsideItsCopyEngineCollectivesFailsItsJobsInBoundedTime) {
+  AG_REQUIRE_GPU(2);
+  expect_peer_death_holds(collective_route::copy_engine, 2);
 }
 
 TEST(CudaFault, AStickyErrorKillsOnlyThatDeviceWhichStaysDeadWhileTheProcessCarriesOn) {
