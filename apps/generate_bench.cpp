@@ -14,7 +14,8 @@
 //     --context tokens), decode_vs_bandwidth_floor (over the time to read the
 //     weights a token reads (all but the input embedding table) plus the
 //     cache at B GB/s; B defaults to the device spec's bandwidth), and
-//     prefill_tokens_per_s (one forward job of --prefill tokens, best of 3: a
+//     prefill_tokens_per_s (one forward job of --prefill tokens, best of 3
+//     after 4 warm-up jobs, apps/common/warm_up.hpp: a
 //     greedy prefill, the next token of each position to the host) and
 //     prefill_with_logits_tokens_per_s (every position's f32 logits to the host).
 //
@@ -31,6 +32,7 @@
 #include "actors/generator.hpp"
 #include "apps/common/flags.hpp"
 #include "apps/common/trace_spans.hpp"
+#include "apps/common/warm_up.hpp"
 #include "gpu/device.hpp"
 #include "graph/checkpoint/hf_model.hpp"
 
@@ -112,8 +114,11 @@ struct decode_args {
   std::string projections = "on";  ///< plan_options::fuse_projections of both plans (on: the default)
   std::string pdl = "on";          ///< backend_options::cuda_pdl (on: the default)
   /// backend_options::cuda_copy_engine_collectives (on: the default): with
-  /// --tp, a prefill of at least 16 MiB of activations runs sequence parallel
+  /// --tp, a prefill of at least 16 MiB of activations at width 4096 (32 MiB
+  /// at 2048: LLaMA-1B's 8192 tokens) runs sequence parallel
   std::string copy_engine = ag::gpu::backend_options{}.cuda_copy_engine_collectives ? "on" : "off";
+  /// backend_options::cuda_sequence_parallel_min_bytes in KiB (the default's)
+  int64_t sp_min_kib = ag::gpu::backend_options{}.cuda_sequence_parallel_min_bytes >> 10;
   std::string inline_copies = "on";  ///< plan_options::inline_small_copies of both plans (on: the default)
   std::string replay_host_copies = "on";  ///< plan_options::replay_host_copies of both plans (on: the default)
   std::string windows_in_place = "on";    ///< plan_options::host_windows_in_place of both plans (on: the default)
@@ -135,6 +140,7 @@ int run_decode(const decode_args& a) {
   ro.backend.cuda_gemv = a.gemv == "on";
   ro.backend.cuda_pdl = a.pdl == "on";
   ro.backend.cuda_copy_engine_collectives = a.copy_engine == "on";
+  ro.backend.cuda_sequence_parallel_min_bytes = a.sp_min_kib << 10;
   ro.start_jobs_on_submit = a.start_on_submit == "on";
   ro.trace = a.trace == "on";
   if (a.pinned_inputs == "off") ro.pinned_inputs_max_bytes = 0;
@@ -267,7 +273,8 @@ int run_decode(const decode_args& a) {
   const double bw = a.bandwidth_gbs > 0 ? a.bandwidth_gbs * 1e9 : (*rt)->devices().at(0).mem_bandwidth;
   const double floor_ms = (weights_read + cache) / bw * 1e3;
 
-  // Prefill: one forward job of `prefill` tokens (best of 3), twice: as a
+  // Prefill: one forward job of `prefill` tokens (best of 3 after the
+  // warm-up jobs, apps/common/warm_up.hpp), twice: as a
   // greedy generation's prefill runs it (each position's next token picked
   // on the device, 4 bytes a position to the host), and with every
   // position's f32 logits copied to the host (268 MB for 2048 x 32000: the
@@ -291,13 +298,13 @@ int run_decode(const decode_args& a) {
         pos[i] = static_cast<int32_t>(i);
       }
       double& best = greedy ? prefill_best : prefill_logits_best;
-      for (int rep = 0; rep < 4; ++rep) {
+      for (int rep = 0; rep < ag::apps::warm_up_jobs + 3; ++rep) {
         const auto t0 = clock_type::now();
         ag::job j = (*rt)->submit(*p, {ag::host_tensor::from_ints({1, a.prefill}, ids),
                                        ag::host_tensor::from_ints({a.prefill}, pos)});
         if (!j.wait()) return fail(j.wait().err());
         const double s = seconds_since(t0);
-        if (rep > 0 && (best == 0.0 || s < best)) best = s;  // rep 0 warms up
+        if (rep >= ag::apps::warm_up_jobs && (best == 0.0 || s < best)) best = s;
       }
     }
   }
@@ -386,6 +393,12 @@ int main(int argc, char** argv) {
                  "decode: backend_options::cuda_copy_engine_collectives, with --tp large prefills sequence parallel "
                  "on the copy engines (on, the default), or all-reduces (off)")
       ->check(CLI::IsMember({"on", "off"}));
+  app.add_option("--sp-min-kib", d.sp_min_kib,
+                 "decode: backend_options::cuda_sequence_parallel_min_bytes in KiB: with --tp and --copy-engine on, "
+                 "a prefill runs sequence parallel only for activations of at least this size in rows of 4096 elements "
+                 "(scaled by 4096 / w for rows of w; 0: any size)")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 30));
   app.add_option("--inline-copies", d.inline_copies,
                  "decode: plan_options::inline_small_copies, small host copies on the compute lane (on, off)")
       ->check(CLI::IsMember({"on", "off"}));

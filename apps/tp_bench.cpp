@@ -99,6 +99,7 @@
 #include "actors/actorgraph.hpp"
 #include "apps/common/flags.hpp"
 #include "apps/common/trace_spans.hpp"
+#include "apps/common/warm_up.hpp"
 #include "gpu/collective_path.hpp"
 #ifdef ACTORGRAPH_HAVE_CUDA
 #include "gpu/cuda/cuda_testing.hpp"
@@ -230,14 +231,7 @@ std::vector<double> busy_fractions(const ag::trace& t, int devices) {
   return busy;
 }
 
-/// Jobs each timed configuration runs before its timed ones, the same on
-/// every side of a ratio. Two job lanes (plan_options::job_lanes, auto on
-/// CUDA plans with collectives) each launch their first job plainly and
-/// capture the graphs they replay on their second; with one warm-up job
-/// (until 2026-11-30) the median of a tensor-parallel run of five jobs was a
-/// capturing job while one GPU's was a replayed one (the d-1024 layer at
-/// degree 2: 0.39-0.52 ms against 0.19 replayed, docs/BENCHMARKS.md session 41).
-constexpr int warm_up_jobs = 4;
+using ag::apps::warm_up_jobs;  // apps/common/warm_up.hpp
 
 /// Median of `value(job)` over the jobs of a per-job map (ascending job ids)
 /// after the first warm_up_jobs (all of them when there are no more); 0 for none.
@@ -1058,7 +1052,8 @@ int main(int argc, char** argv) {
   int64_t sp_min_kib = sequence_parallel_min_bytes >> 10;
   app.add_option("--sp-min-kib", sp_min_kib,
                  "cuda: backend_options::cuda_sequence_parallel_min_bytes in KiB: sequence parallelism on the "
-                 "copy-engine collectives only for activations of at least this size (0: any size)")
+                 "copy-engine collectives only for activations of at least this size in rows of 4096 elements (scaled by "
+                 "4096 / w for rows of w; 0: any size)")
       ->capture_default_str()
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 30));
   app.add_option("--chunks", overlap_chunks,

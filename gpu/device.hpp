@@ -314,14 +314,18 @@ struct backend_options {
   bool cuda_copy_engine_collectives = true;
   /// cuda: sequence parallelism on the copy-engine collectives
   /// (plan_options::sequence_parallel auto) only for activations of at
-  /// least this many bytes; smaller ones keep their all-reduces (in-stream,
-  /// one-shot or NCCL's). On two H200s (docs/BENCHMARKS.md, session 42) the
-  /// copy engines lost a single job of a 4-layer d-4096 LLaMA as 1 x 2 by
+  /// least this many bytes in rows of 4096 elements, and of this x 4096 / w
+  /// bytes in rows of w (sequence_parallel_pays, graph/cost_model.hpp: a
+  /// layer's matmuls, which hide the collectives, do w times the work per
+  /// byte of activations); smaller ones keep their all-reduces (in-stream,
+  /// one-shot or NCCL's). On two H200s (docs/BENCHMARKS.md, sessions 42-43)
+  /// the copy engines lost a single job of a 4-layer d-4096 LLaMA as 1 x 2 by
   /// 38% at 512 KiB of activations, 21% at 1 MiB, 7% at 4 MiB, 2% at 8 MiB
-  /// and broke even at 16 MiB; a LLaMA-1B prefill of 2048 tokens (8 MiB) at
-  /// tensor degree 2 by 6-8%; 16 jobs in flight won by 1% from 2 MiB and 5-8%
-  /// at 8 MiB. Below the minimum the fan of peer copies and events costs a
-  /// job more than its overlap hides; 16 MiB is where no job measured lost.
+  /// and broke even at 16 MiB; the LLaMA-1B prefill (d 2048) at tensor
+  /// degree 2 lost 7% at 8 MiB (2048 tokens), 5% at 16 MiB (4096 tokens) and
+  /// broke even at 32 MiB (8192 tokens); 16 jobs in flight of the d-4096
+  /// LLaMA won by 1% from 2 MiB and 5-8% at 8 MiB. Below the minimum the fan
+  /// of peer copies and events costs a job more than its overlap hides.
   /// It becomes the CUDA devices' spec.sequence_parallel_min_bytes. >= 0.
   int64_t cuda_sequence_parallel_min_bytes = int64_t{16} << 20;
   /// cuda: all-reduces of at most this many bytes run in-stream

@@ -220,6 +220,13 @@ collective_algo choose_collective_algo(const std::vector<const device_spec*>& me
   return bytes <= limit ? collective_algo::one_shot : collective_algo::ring;
 }
 
+bool sequence_parallel_pays(const device_spec& d, int64_t bytes, int64_t width) {
+  if (width < 1) width = sequence_parallel_reference_width;
+  // In doubles: the minimum may be set near INT64_MAX to turn it off.
+  return static_cast<double>(bytes) * static_cast<double>(width) >=
+         static_cast<double>(d.sequence_parallel_min_bytes) * static_cast<double>(sequence_parallel_reference_width);
+}
+
 double estimate_collective_seconds(op_kind op, collective_algo algo, const std::vector<const device_spec*>& members,
                                    int64_t bytes) {
   const double n = static_cast<double>(members.size());

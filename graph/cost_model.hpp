@@ -15,6 +15,10 @@ namespace ag {
 enum class device_kind : uint8_t { sim = 0, cpu = 1, cuda = 2 };
 const char* to_string(device_kind k) noexcept;
 
+/// The row width (elements) at which device_spec::sequence_parallel_min_bytes
+/// is stated; a tensor of another width scales it (sequence_parallel_pays).
+constexpr int64_t sequence_parallel_reference_width = 4096;
+
 /// Everything the planner and the cost model know about one device.
 /// Defaults model one H100 SXM (dense bf16 ~ 990 TFLOP/s, f32 ~ 60 TFLOP/s,
 /// HBM3 3.35 TB/s, NVLink 450 GB/s one way).
@@ -91,11 +95,16 @@ struct device_spec {
   /// on the copy-engine workers).
   bool copy_engine_collectives = false;
   /// Sequence parallelism on copy-engine collectives pays only for
-  /// activations of at least this many bytes
-  /// (plan_options::sequence_parallel auto): each all-reduce becomes a
-  /// reduce-scatter and an all-gather, each a fan of peer copies with their
-  /// events, which a small layer cannot hide. 0 (sim, cpu): no limit. CUDA
-  /// devices set it from backend_options::cuda_sequence_parallel_min_bytes.
+  /// activations of at least this many bytes in rows of
+  /// sequence_parallel_reference_width elements; rows of w elements need
+  /// this x reference / w bytes (plan_options::sequence_parallel auto).
+  /// Each all-reduce becomes a reduce-scatter and an all-gather, each a fan
+  /// of peer copies with their events, which only enough matmul work beside
+  /// it hides, and a layer's matmuls do w times the work per byte of its
+  /// [rows, w] activations (measured on two H200s: break-even at 16 MiB for
+  /// w 4096, at 32 MiB for w 2048; docs/BENCHMARKS.md, session 43). 0 (sim,
+  /// cpu): no limit. CUDA devices set it from
+  /// backend_options::cuda_sequence_parallel_min_bytes.
   int64_t sequence_parallel_min_bytes = 0;
   /// Rows of a GEMM tile: a matmul split in chunks of rows
   /// (plan_options::tp_overlap) gets chunks whose rows are multiples of it
@@ -185,6 +194,11 @@ const char* to_string(in_stream_mode m) noexcept;
 /// of one GPU, where it is how the path is tested on one GPU).
 collective_algo choose_collective_algo(const std::vector<const device_spec*>& members, int64_t bytes, op_kind op,
                                        in_stream_mode in_stream = in_stream_mode::off);
+/// Whether sequence parallelism on copy-engine collectives pays on `d` for
+/// a tensor of `bytes` in rows of `width` elements: bytes x width >=
+/// d.sequence_parallel_min_bytes x sequence_parallel_reference_width (a
+/// width < 1 counts as the reference width).
+bool sequence_parallel_pays(const device_spec& d, int64_t bytes, int64_t width);
 /// Most members of an in-stream all-reduce (its kernel takes their pointers by value).
 constexpr int max_in_stream_members = 8;
 /// Time of one member's part of collective `op` (all_reduce, all_gather,

@@ -1718,7 +1718,7 @@ class rewriter {
   std::vector<node_id> chunked_reduce_scatter(node_id x, const split_state& want) {
     const node& n = g_.at(x);
     const int s = stage(x);
-    if (!opt_.tp_overlap || !sequence_parallel(s, bytes_of(n)) || !ti(x).pending || n.attrs.trans_a ||
+    if (!opt_.tp_overlap || !sequence_parallel(s, n.dims, n.type) || !ti(x).pending || n.attrs.trans_a ||
         want.axis != want.axis2 || want.axis >= n.dims.rank() - 1)
       return {};
     const int ax = want.axis, r = n.dims.rank();
@@ -1931,12 +1931,14 @@ class rewriter {
   }
 
   /// Whether stage s's group runs sequence parallel (plan_options::sequence_parallel)
-  /// for tensors of `bytes`: auto wants a reduce-scatter that moves by the
-  /// copy engines (CUDA GPUs) and tensors of at least every member's
-  /// sequence_parallel_min_bytes, or members that run collectives beside
+  /// for tensors of `dims` and `type`: auto wants a reduce-scatter that
+  /// moves by the copy engines (CUDA GPUs) and tensors that reach every
+  /// member's sequence_parallel_min_bytes at their row width
+  /// (sequence_parallel_pays), or members that run collectives beside
   /// compute and a ring for that size (a one-shot reduce-scatter and
   /// all-gather pay two synchronisations where the all-reduce pays one).
-  bool sequence_parallel(int s, int64_t bytes) const {
+  bool sequence_parallel(int s, const shape& dims, dtype type) const {
+    const int64_t bytes = dims.numel() * static_cast<int64_t>(dtype_size(type));
     switch (opt_.sequence_parallel) {
       case sequence_parallel_mode::off: return false;
       case sequence_parallel_mode::on: return true;
@@ -1945,8 +1947,9 @@ class rewriter {
     const std::vector<const device_spec*> members = group_members(s);
     const collective_algo algo = choose_collective_algo(members, bytes, op_kind::reduce_scatter);
     if (algo == collective_algo::copy_engine)  // beside compute, as many bytes as a ring
-      return std::all_of(members.begin(), members.end(),
-                         [&](const device_spec* m) { return bytes >= m->sequence_parallel_min_bytes; });
+      return std::all_of(members.begin(), members.end(), [&](const device_spec* m) {
+        return sequence_parallel_pays(*m, bytes, dims.rank() > 0 ? dims[dims.rank() - 1] : 0);
+      });
     if (!collectives_beside_compute(members)) return false;
     return algo == collective_algo::ring;
   }
@@ -1958,7 +1961,7 @@ class rewriter {
   /// the shard ratios; nullopt when sequence parallelism is off or no such
   /// dim splits over the ranks (a one-token decode step).
   std::optional<split_state> rows_state(const shape& dims, dtype type, int s) const {
-    if (dims.rank() < 2 || !sequence_parallel(s, dims.numel() * static_cast<int64_t>(dtype_size(type))))
+    if (dims.rank() < 2 || !sequence_parallel(s, dims, type))
       return std::nullopt;
     std::vector<int> order{dims.rank() - 2};
     for (int d = 0; d < dims.rank() - 2; ++d) order.push_back(d);

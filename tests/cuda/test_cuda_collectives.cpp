@@ -231,8 +231,8 @@ TEST(CudaCollectives, NcclOnTwoGpusEqualsTheReferenceForEveryDtype) {
 // plans it with reduce-scatters and all-gathers on the copy engines; the
 // same with the copy engines off (no sequence parallelism: all-reduces
 // again); and the one-shot limit at 0 with the default minimum
-// (backend_options::cuda_sequence_parallel_min_bytes, 16 MiB: the 4 KiB
-// activations keep their all-reduces).
+// (backend_options::cuda_sequence_parallel_min_bytes, 16 MiB at width
+// 4096: the 4 KiB activations keep their all-reduces).
 TEST(CudaCollectives, TensorParallelTransformersOnTwoLogicalDevicesEqualTheReference) {
   AG_REQUIRE_GPU(1);
   for (int mode = 0; mode < 4; ++mode) {

@@ -191,7 +191,7 @@ TEST(CudaGenerate, DecodeAtTensorDegreeTwoWithTheCacheStoresAndRopesFusedEqualsR
 
 // Sequence parallelism in the prefill chunks (their rows split over the two
 // ranks, reduce-scatters and all-gathers on the copy engines, as the CUDA
-// default plans activations of 16 MiB and more); the one-row decode steps
+// default plans activations of 16 MiB and more at width 4096); the one-row decode steps
 // keep their all-reduces.
 TEST(CudaGenerate, DecodeAtTensorDegreeTwoWithSequenceParallelPrefillEqualsRecompute) {
   AG_REQUIRE_GPU(1);

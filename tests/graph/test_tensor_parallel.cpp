@@ -13,6 +13,7 @@
 #include <cmath>
 #include <cstdio>
 #include <functional>
+#include <limits>
 #include <map>
 #include <set>
 #include <string>
@@ -1381,46 +1382,101 @@ TEST(SequenceParallel, CopyEngineCollectivesBringSequenceParallelismAndChunksToG
 }
 
 // device_spec::sequence_parallel_min_bytes (CUDA: from
-// backend_options::cuda_sequence_parallel_min_bytes): auto mode turns the
-// all-reduces into copy-engine reduce-scatters and all-gathers only for
-// activations of at least that size; a small layer keeps its all-reduces,
-// unchunked, and both plans equal the reference.
+// backend_options::cuda_sequence_parallel_min_bytes), stated for rows of
+// sequence_parallel_reference_width elements and scaled by the width
+// (sequence_parallel_pays): auto mode turns the all-reduces into copy-engine
+// reduce-scatters and all-gathers only for activations that reach it; a
+// small layer keeps its all-reduces, unchunked, and both plans equal the
+// reference. Half the width needs twice the bytes.
 TEST(SequenceParallel, ActivationsBelowTheMinimumKeepTheirAllReduces) {
   const auto cfg = two_layer_llama();
   auto g = build(cfg);
   ASSERT_TRUE(g);
   const auto in = models::transformer_inputs(cfg, 5);
   const int64_t activation_bytes = cfg.batch * cfg.seq_len * cfg.d_model * dtype_size(cfg.dtype);
+  // The minimum these activations reach exactly at their width.
+  ASSERT_EQ(activation_bytes * cfg.d_model % sequence_parallel_reference_width, 0);
+  const int64_t at_minimum = activation_bytes * cfg.d_model / sequence_parallel_reference_width;
   const auto gpu_like = copy_engine_gpu_like(2);
   plan_options o = tp_options(2);
   o.sequence_parallel = sequence_parallel_mode::automatic;
-  const auto ops_with_min = [&](int64_t min_bytes, int64_t other_min_bytes) {
+  struct planned {
+    std::map<op_kind, int> ops;
+    bool chunked = false;
+  };
+  const auto plan_on = [&](const std::shared_ptr<const graph>& graph_, const std::vector<host_tensor>& inputs,
+                           const plan_options& opts, int64_t min_bytes, int64_t other_min_bytes) {
     auto devs = gpu_like;
     devs[0].sequence_parallel_min_bytes = min_bytes;
     devs[1].sequence_parallel_min_bytes = other_min_bytes;
-    auto p = check_tp_on(g, devs, o, in, 1e-4);
-    std::map<op_kind, int> by_op;
+    auto p = check_tp_on(graph_, devs, opts, inputs, 1e-4);
+    planned r;
     if (!p) {
       ADD_FAILURE() << "plan with sequence_parallel_min_bytes " << min_bytes << " / " << other_min_bytes;
-      return std::make_pair(by_op, false);
+      return r;
     }
-    for (const auto& c : p->tensor_parallel()->collectives) ++by_op[c.op];
-    return std::make_pair(by_op, !p->tensor_parallel()->chunked.empty());
+    for (const auto& c : p->tensor_parallel()->collectives) ++r.ops[c.op];
+    r.chunked = !p->tensor_parallel()->chunked.empty();
+    return r;
+  };
+  const auto plan_with_min = [&](const std::shared_ptr<const graph>& graph_, const std::vector<host_tensor>& inputs,
+                                 int64_t min_bytes, int64_t other_min_bytes) {
+    return plan_on(graph_, inputs, o, min_bytes, other_min_bytes);
+  };
+  // Below the minimum a plan has the collectives of sequence parallelism
+  // off: its all-reduces (and the head's all-gather where the vocabulary
+  // is sharded), no reduce-scatter, no chunks.
+  const auto expect_as_without = [&](const std::shared_ptr<const graph>& graph_, const std::vector<host_tensor>& inputs,
+                                     planned r, const std::string& what) {
+    plan_options off = o;
+    off.sequence_parallel = sequence_parallel_mode::off;
+    const planned want = plan_on(graph_, inputs, off, 0, 0);
+    EXPECT_EQ(r.ops, want.ops) << what;  // before operator[] below adds zeros
+    EXPECT_EQ(r.ops[op_kind::reduce_scatter], 0) << what;
+    EXPECT_GT(r.ops[op_kind::all_reduce], 0) << what;
+    EXPECT_FALSE(r.chunked) << what;
   };
   {  // at the minimum: sequence parallel, chunked
-    auto [ops, chunked] = ops_with_min(activation_bytes, 0);
-    EXPECT_GT(ops[op_kind::reduce_scatter], 0);
-    EXPECT_GT(ops[op_kind::all_gather], 0);
-    EXPECT_TRUE(chunked);
+    auto r = plan_with_min(g, in, at_minimum, 0);
+    EXPECT_GT(r.ops[op_kind::reduce_scatter], 0);
+    EXPECT_GT(r.ops[op_kind::all_gather], 0);
+    EXPECT_TRUE(r.chunked);
   }
   // One byte short on either member: every collective an all-reduce, no chunks.
-  for (auto [a, b] : {std::pair{activation_bytes + 1, int64_t{0}}, std::pair{int64_t{0}, activation_bytes + 1}}) {
-    auto [ops, chunked] = ops_with_min(a, b);
-    EXPECT_EQ(ops[op_kind::reduce_scatter], 0) << a << " / " << b;
-    EXPECT_EQ(ops[op_kind::all_gather], 0) << a << " / " << b;
-    EXPECT_GT(ops[op_kind::all_reduce], 0) << a << " / " << b;
-    EXPECT_FALSE(chunked) << a << " / " << b;
-  }
+  for (auto [a, b] : {std::pair{at_minimum + 1, int64_t{0}}, std::pair{int64_t{0}, at_minimum + 1}})
+    expect_as_without(g, in, plan_with_min(g, in, a, b), std::to_string(a) + " / " + std::to_string(b));
+  // The same bytes in rows half as wide (twice the rows): below the minimum.
+  auto narrow = cfg;
+  narrow.d_model /= 2;
+  narrow.n_heads /= 2;
+  narrow.n_kv_heads /= 2;
+  narrow.seq_len *= 2;
+  ASSERT_EQ(narrow.batch * narrow.seq_len * narrow.d_model * dtype_size(narrow.dtype), activation_bytes);
+  auto gn = build(narrow);
+  ASSERT_TRUE(gn);
+  const auto in_narrow = models::transformer_inputs(narrow, 5);
+  expect_as_without(gn, in_narrow, plan_with_min(gn, in_narrow, at_minimum, 0), "half the width");
+  // ... which they reach with the minimum halved.
+  auto r = plan_with_min(gn, in_narrow, at_minimum / 2, 0);
+  EXPECT_GT(r.ops[op_kind::reduce_scatter], 0) << "half the width at half the minimum";
+  EXPECT_TRUE(r.chunked) << "half the width at half the minimum";
+}
+
+TEST(SequenceParallel, TheMinimumScalesWithTheRowWidth) {
+  device_spec d;
+  d.sequence_parallel_min_bytes = int64_t{16} << 20;
+  const int64_t mib = int64_t{1} << 20;
+  EXPECT_TRUE(sequence_parallel_pays(d, 16 * mib, 4096));
+  EXPECT_FALSE(sequence_parallel_pays(d, 16 * mib - 1, 4096));
+  EXPECT_FALSE(sequence_parallel_pays(d, 16 * mib, 2048));  // a LLaMA-1B prefill of 4096 tokens
+  EXPECT_TRUE(sequence_parallel_pays(d, 32 * mib, 2048));
+  EXPECT_TRUE(sequence_parallel_pays(d, 8 * mib, 8192));
+  EXPECT_FALSE(sequence_parallel_pays(d, 8 * mib - 1, 8192));
+  EXPECT_TRUE(sequence_parallel_pays(d, 16 * mib, 0)) << "no width: the reference width";
+  d.sequence_parallel_min_bytes = 0;
+  EXPECT_TRUE(sequence_parallel_pays(d, 1, 1));
+  d.sequence_parallel_min_bytes = std::numeric_limits<int64_t>::max();
+  EXPECT_FALSE(sequence_parallel_pays(d, int64_t{1} << 40, int64_t{1} << 16));
 }
 
 TEST(TensorParallel, EmbeddingTableIsReplicatedOnlyWhenNoLargerThanItsLookup) {
