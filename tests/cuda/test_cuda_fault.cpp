@@ -146,24 +146,12 @@ graph mlp_stack(int blocks, int64_t rows, int64_t d, int64_t ff) {
   return std::move(b).build().value();
 }
 
-/// GPU 1 of `gpus` (2 or 4) dies while jobs of a degree-2 plan over GPUs 0
-/// and 1 are inside its collectives on `route`. What CUDA does then,
-/// measured on 4 H200s: the sticky error reaches every GPU of the process
-/// (each reports
-/// cudaErrorLaunchFailure on its next call, also GPUs 2 and 3, which the
-/// group does not use), so "only the jobs that use it" is bounded by what
-/// one process can contain. What the runtime must do: every job of the group
-/// resolves within a bounded time (done before the fault, or device_failed
-/// naming a member), nothing hangs, each GPU is either in service and
-/// computes right or out of service and fails its jobs at once with its own
-/// death error (learnt on its next CUDA call when it had no work), and the
-/// cpu device keeps serving. Every check is tried; the
-/// failures are returned together.
 /// The collective path a peer-death scenario's plan runs on.
 enum class collective_route {
   one_shot,     // all-reduces through the own one-shot kernel
   nccl,         // all-reduces through NCCL
-  copy_engine,  // sequence parallelism: reduce-scatters and all-gathers on the copy engines (the default for large activations)
+  copy_engine,  // sequence parallelism: reduce-scatters and all-gathers on the
+                // copy engines (the CUDA default for large activations)
 };
 
 const char* to_string(collective_route r) {
@@ -175,6 +163,18 @@ const char* to_string(collective_route r) {
   return "?";
 }
 
+/// GPU 1 of `gpus` (2 or 4) dies while jobs of a degree-2 plan over GPUs 0
+/// and 1 are inside its collectives on `route`. What CUDA does then,
+/// measured on 4 H200s (and on 2): the sticky error reaches every GPU of
+/// the process (each reports cudaErrorLaunchFailure on its next call, also
+/// GPUs 2 and 3, which the group does not use), so "only the jobs that use
+/// it" is bounded by what one process can contain. What the runtime must
+/// do: every job of the group resolves within a bounded time (done before
+/// the fault, or device_failed naming a member), nothing hangs, each GPU is
+/// either in service and computes right or out of service and fails its
+/// jobs at once with its own death error (learnt on its next CUDA call when
+/// it had no work), and the cpu device keeps serving. Every check is tried;
+/// the failures are returned together.
 std::string peer_death_scenario(collective_route route, int gpus) {
   runtime_options o;
   o.trace = false;
