@@ -8,6 +8,7 @@
 #include <chrono>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -84,9 +85,10 @@ void expect_jobs_equal_reference(ag::runtime& rt, const std::shared_ptr<const ag
   for (std::size_t k = 0; k < jobs.size(); ++k) expect_outputs(jobs[k], want[k], 1e-4, 1e-3, what + " job " + std::to_string(k));
 }
 
-int collective_steps(const ag::plan& p) {
+/// The collective steps of `p`; with `algo`, only those of that algorithm.
+int collective_steps(const ag::plan& p, std::optional<ag::collective_algo> algo = {}) {
   int n = 0;
-  for (const auto& s : p.steps()) n += s.kind == ag::step_kind::collective;
+  for (const auto& s : p.steps()) n += s.kind == ag::step_kind::collective && (!algo || s.algo == *algo);
   return n;
 }
 
@@ -517,9 +519,7 @@ void device_death_during_collectives(bool sequence_parallel) {
   auto g = build(cfg);
   auto ptp = rt->compile(g, tp(2)).value();  // devices 0 and 1
   ASSERT_GT(collective_steps(*ptp), 0);
-  int copy_engine_parts = 0;
-  for (const auto& s : ptp->steps())
-    copy_engine_parts += s.kind == ag::step_kind::collective && s.algo == ag::collective_algo::copy_engine;
+  const int copy_engine_parts = collective_steps(*ptp, ag::collective_algo::copy_engine);
   if (sequence_parallel)
     ASSERT_GT(copy_engine_parts, 0) << "no copy-engine collective planned: the case would not test what it names";
   else

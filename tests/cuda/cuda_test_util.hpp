@@ -5,6 +5,7 @@
 
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -12,6 +13,7 @@
 #include "gpu/device.hpp"
 #include "graph/graph.hpp"
 #include "graph/host_tensor.hpp"
+#include "graph/plan.hpp"
 #include "graph/reference.hpp"
 
 namespace ag::test {
@@ -24,6 +26,13 @@ namespace ag::test {
       GTEST_SKIP() << "no CUDA device: cudaGetDeviceCount reports " << ag_count_ << " usable GPU(s), " \
                    << "this test needs " << (n);                                                      \
   } while (0)
+
+/// The collective steps of `p`; with `algo`, only those of that algorithm.
+inline int collective_steps(const plan& p, std::optional<collective_algo> algo = {}) {
+  int n = 0;
+  for (const auto& s : p.steps()) n += s.kind == step_kind::collective && (!algo || s.algo == *algo);
+  return n;
+}
 
 /// The shared devices (index 0: plain, 1: TF32 matmuls).
 inline gpu::device_ptr& gpu_slot(int i) {

@@ -258,12 +258,8 @@ TEST(CudaCollectives, TensorParallelTransformersOnTwoLogicalDevicesEqualTheRefer
       o.tensor_parallel = 2;
       auto p = (*rt)->compile(g, o);
       ASSERT_TRUE(p.has_value()) << p.err().to_string();
-      int parts = 0, copy_engine = 0;
-      for (const auto& s : (*p)->steps()) {
-        parts += s.kind == step_kind::collective;
-        copy_engine += s.kind == step_kind::collective && s.algo == collective_algo::copy_engine;
-      }
-      EXPECT_GT(parts, 0);
+      const int copy_engine = test::collective_steps(**p, collective_algo::copy_engine);
+      EXPECT_GT(test::collective_steps(**p), 0);
       if (mode == 1)
         EXPECT_GT(copy_engine, 0) << "sequence parallelism on the copy engines";
       else

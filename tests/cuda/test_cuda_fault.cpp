@@ -194,11 +194,8 @@ std::string peer_death_scenario(collective_route route, int gpus) {
   auto tp = rt.compile(mlp_stack(6, 256, 1024, 4096), pair);
   if (!tp) return "compile the degree-2 plan: " + tp.err().to_string();
   // The plan runs the path the scenario names (else it would test another).
-  int parts = 0, copy_engine_parts = 0;
-  for (const auto& st : (*tp)->steps()) {
-    parts += st.kind == step_kind::collective;
-    copy_engine_parts += st.kind == step_kind::collective && st.algo == collective_algo::copy_engine;
-  }
+  const int parts = test::collective_steps(**tp);
+  const int copy_engine_parts = test::collective_steps(**tp, collective_algo::copy_engine);
   if (parts == 0) return "the degree-2 plan has no collective";
   if ((route == collective_route::copy_engine) != (copy_engine_parts > 0))
     return "the degree-2 plan has " + std::to_string(copy_engine_parts) + " copy-engine collectives of " +

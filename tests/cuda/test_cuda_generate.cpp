@@ -76,10 +76,7 @@ void decode_on(const std::string& spec, int stages, bool fuse_ops = false, int64
     if (sequence_parallel) {  // the prefill's reduce-scatters on the copy engines
       const plan* prefill = (*gen)->prefill_plan();
       ASSERT_NE(prefill, nullptr);
-      int copy_engine = 0;
-      for (const auto& s : prefill->steps())
-        copy_engine += s.kind == step_kind::collective && s.algo == collective_algo::copy_engine;
-      EXPECT_GT(copy_engine, 0);
+      EXPECT_GT(test::collective_steps(*prefill, collective_algo::copy_engine), 0);
     }
     const std::vector<int32_t> prompt{3, 1, 4, 1, 5, 9};
     generate_options o;

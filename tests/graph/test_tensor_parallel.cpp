@@ -1419,10 +1419,6 @@ TEST(SequenceParallel, ActivationsBelowTheMinimumKeepTheirAllReduces) {
     r.chunked = !p->tensor_parallel()->chunked.empty();
     return r;
   };
-  const auto plan_with_min = [&](const std::shared_ptr<const graph>& graph_, const std::vector<host_tensor>& inputs,
-                                 int64_t min_bytes, int64_t other_min_bytes) {
-    return plan_on(graph_, inputs, o, min_bytes, other_min_bytes);
-  };
   // Below the minimum a plan has the collectives of sequence parallelism
   // off: its all-reduces (and the head's all-gather where the vocabulary
   // is sharded), no reduce-scatter, no chunks.
@@ -1437,14 +1433,14 @@ TEST(SequenceParallel, ActivationsBelowTheMinimumKeepTheirAllReduces) {
     EXPECT_FALSE(r.chunked) << what;
   };
   {  // at the minimum: sequence parallel, chunked
-    auto r = plan_with_min(g, in, at_minimum, 0);
+    auto r = plan_on(g, in, o, at_minimum, 0);
     EXPECT_GT(r.ops[op_kind::reduce_scatter], 0);
     EXPECT_GT(r.ops[op_kind::all_gather], 0);
     EXPECT_TRUE(r.chunked);
   }
   // One byte short on either member: every collective an all-reduce, no chunks.
   for (auto [a, b] : {std::pair{at_minimum + 1, int64_t{0}}, std::pair{int64_t{0}, at_minimum + 1}})
-    expect_as_without(g, in, plan_with_min(g, in, a, b), std::to_string(a) + " / " + std::to_string(b));
+    expect_as_without(g, in, plan_on(g, in, o, a, b), std::to_string(a) + " / " + std::to_string(b));
   // The same bytes in rows half as wide (twice the rows): below the minimum.
   auto narrow = cfg;
   narrow.d_model /= 2;
@@ -1455,9 +1451,9 @@ TEST(SequenceParallel, ActivationsBelowTheMinimumKeepTheirAllReduces) {
   auto gn = build(narrow);
   ASSERT_TRUE(gn);
   const auto in_narrow = models::transformer_inputs(narrow, 5);
-  expect_as_without(gn, in_narrow, plan_with_min(gn, in_narrow, at_minimum, 0), "half the width");
+  expect_as_without(gn, in_narrow, plan_on(gn, in_narrow, o, at_minimum, 0), "half the width");
   // ... which they reach with the minimum halved.
-  auto r = plan_with_min(gn, in_narrow, at_minimum / 2, 0);
+  auto r = plan_on(gn, in_narrow, o, at_minimum / 2, 0);
   EXPECT_GT(r.ops[op_kind::reduce_scatter], 0) << "half the width at half the minimum";
   EXPECT_TRUE(r.chunked) << "half the width at half the minimum";
 }
