@@ -300,6 +300,8 @@ int64_t sequence_parallel_min_bytes = ag::gpu::backend_options{}.cuda_sequence_p
 int overlap_chunks = 0;
 /// --elide-concats: plan_options::elide_concats of every plan the bench runs.
 bool elide_concats = true;
+/// --fold-norms: plan_options::fold_norm_weights of every plan the bench runs.
+bool fold_norm_weights = true;
 /// --order-steps: plan_options::order_steps_by_model of every plan the bench
 /// compiles.
 bool order_steps = true;
@@ -320,6 +322,7 @@ ag::plan_options flag_plan_options() {
   po.output_pieces = output_pieces;
   po.tp_overlap_chunks = overlap_chunks;
   po.elide_concats = elide_concats;
+  po.fold_norm_weights = fold_norm_weights;
   po.order_steps_by_model = order_steps;
   po.tp_batch_chunks = batch_chunks;
   po.hand_over_lane = hand_over_lane;
@@ -1023,6 +1026,11 @@ int main(int argc, char** argv) {
                  "plan_options::elide_concats of every plan: producers write a concat's inputs in place where they "
                  "can, so the concat copies nothing (on), or every concat is a kernel (off)")
       ->check(CLI::IsMember({"on", "off"}));
+  std::string fold_norms = "on";
+  app.add_option("--fold-norms", fold_norms,
+                 "plan_options::fold_norm_weights of every plan: rms_norm weights folded into the weights of the "
+                 "projections that read them (on), or read by the norms (off)")
+      ->check(CLI::IsMember({"on", "off"}));
   std::string order = "on";
   app.add_option("--order-steps", order,
                  "plan_options::order_steps_by_model of every plan: steps ordered by a simulation of one job and a "
@@ -1109,6 +1117,7 @@ int main(int argc, char** argv) {
   tiny_job_path = tiny_jobs == "on";
   output_pieces = pieces == "on";
   elide_concats = elide == "on";
+  fold_norm_weights = fold_norms == "on";
   order_steps = order == "on";
   ag::parse_batch_chunks_mode(batch, batch_chunks);
   hand_over_lane = hand_over == "on";

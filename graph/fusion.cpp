@@ -433,4 +433,73 @@ std::vector<attention_fusion> find_attention_fusions(const graph& g, const std::
   return found;
 }
 
+namespace {
+
+/// A weight leaf with its own buffer (no view).
+bool is_weight_leaf(const node& n) { return n.op == op_kind::weight && !n.is_view() && n.data != nullptr; }
+
+/// The weights norm `n` folds into (see fold_norm_weights), each once; empty
+/// when it does not qualify.
+std::vector<node_id> foldable_projection_weights(const graph& g, const node& n) {
+  if (n.op != op_kind::rms_norm || n.inputs.size() != 2) return {};
+  const node& w = g.at(n.inputs[1]);
+  if (!is_weight_leaf(w) || !is_float(w.type) || w.dims.rank() != 1) return {};
+  for (node_id o : g.outputs())
+    if (o == n.id) return {};
+  const auto reads_norm = [&](node_id c) {
+    const node& mm = g.at(c);
+    return mm.op == op_kind::matmul && mm.inputs.at(0) == n.id && mm.inputs.at(1) != n.id && !mm.attrs.trans_a;
+  };
+  std::vector<node_id> weights;
+  for (node_id c : g.consumers(n.id)) {
+    if (!reads_norm(c)) return {};
+    const node& b = g.at(g.at(c).inputs[1]);
+    if (!is_weight_leaf(b) || !is_float(b.type) || b.dims.rank() != 2) return {};
+    for (node_id o : g.outputs())
+      if (o == b.id) return {};
+    for (node_id r : g.consumers(b.id))  // every reader takes W the same way round: one K dim to scale
+      if (!reads_norm(r) || g.at(r).attrs.trans_b != g.at(c).attrs.trans_b) return {};
+    if (std::find(weights.begin(), weights.end(), b.id) == weights.end()) weights.push_back(b.id);
+  }
+  return weights;
+}
+
+}  // namespace
+
+expected<std::shared_ptr<const graph>> fold_norm_weights(const graph& g) {
+  std::vector<node> nodes;
+  for (const node& n : g.nodes()) {
+    const std::vector<node_id> weights = foldable_projection_weights(g, n);
+    if (weights.empty()) continue;
+    if (nodes.empty()) nodes = g.nodes();
+    const node& scale = g.at(n.inputs[1]);
+    // The norm's weight is read once, here ([K]: small), not again for every
+    // chunk of every weight it scales.
+    weight_source_ptr factors = scale.data;
+    if (factors->has_values() && !factors->in_memory()) {
+      auto values = read_all(*factors);
+      if (!values) return error(values.err().code, "fold_norm_weights: norm weight '" + scale.name + "' (" +
+                                                       factors->origin() + "): " + values.err().message);
+      factors = make_host_weight(std::move(*values), factors->origin());
+    }
+    for (node_id b : weights) {
+      node& w = nodes[static_cast<std::size_t>(b)];
+      // K, the dim that meets x's last: W [K, N], or [N, K] read transposed.
+      const node& mm = g.at(g.consumers(b).front());
+      const int k_dim = mm.attrs.trans_b ? 1 : 0;
+      if (w.dims[k_dim] != scale.dims[0])
+        return error(errc::internal, "fold_norm_weights: '" + w.name + "' " + w.dims.to_string() + " against norm weight '" +
+                                         scale.name + "' " + scale.dims.to_string());
+      auto scaled = make_scaled_weight(w.data, factors, k_dim);
+      if (!scaled) return error(scaled.err().code, "fold_norm_weights: '" + w.name + "': " + scaled.err().message);
+      w.data = std::move(*scaled);
+    }
+    nodes[static_cast<std::size_t>(n.id)].inputs.resize(1);
+  }
+  if (nodes.empty()) return std::shared_ptr<const graph>();
+  auto folded = graph::from_nodes(std::move(nodes), g.inputs(), g.outputs());
+  if (!folded) return error(folded.err().code, "fold_norm_weights: " + folded.err().message);
+  return std::shared_ptr<const graph>(std::make_shared<graph>(std::move(*folded)));
+}
+
 }  // namespace ag

@@ -7,9 +7,9 @@
 /// the runtime's lowering (actors/launch_program.cpp) turns each into one
 /// launch record (gpu::op_launch::fusion). Pure functions; no threads.
 
-#include <vector>
-
 #include <cstdint>
+#include <memory>
+#include <vector>
 
 #include "graph/cost_model.hpp"
 #include "graph/graph.hpp"
@@ -160,5 +160,26 @@ std::vector<node_id> projection_group_inputs(const graph& g, const projection_fu
 std::vector<projection_fusion> find_projection_fusions(const graph& g, const std::vector<step>& steps,
                                                        const std::vector<device_spec>& devices,
                                                        const std::vector<attention_fusion>& attention = {});
+
+/// An rms_norm's weight g folded into the projections that read the norm
+/// (plan_options::fold_norm_weights): norm(x) * g @ W = norm(x) @ W', W' =
+/// diag(g) W (W's rows, or its columns under trans_b, scaled by g: a
+/// weight_source made by make_scaled_weight, so a checkpoint's tensor is still
+/// read straight from its mapping, and a tensor-parallel shard of W' reads
+/// only its slice of W). The norm then has no weight, and the GEMV kernel that
+/// takes the norm in (projection_fusion::norm_prologue) reads x alone instead
+/// of x and g for every weight it multiplies: the LLaMA-1B decode step's GEMV
+/// chain 682 -> 624 us on an H200 (scripts/cuda-experiments/persistent_chain.cu,
+/// docs/BENCHMARKS.md session 44). One extra rounding of each W' element to
+/// W's dtype (bf16: 2^-9 relative).
+///
+/// A norm is folded when its weight is a weight leaf [K] of a float type,
+/// the norm is no graph output and every reader of it is a matmul taking it
+/// as `a` (not transposed) with a weight leaf of rank 2 as `b`, each of
+/// those weights read only by such matmuls of this norm (a weight tied to
+/// an embedding, say, is not rescaled, and its norm keeps its weight). Node
+/// ids, names, dims and dtypes are unchanged; the norm weight's node stays,
+/// unread. Returns the rewritten graph, or null when no norm qualifies.
+expected<std::shared_ptr<const graph>> fold_norm_weights(const graph& g);
 
 }  // namespace ag

@@ -373,6 +373,14 @@ struct plan_options {
   /// the residual add after it as one. Same steps and memory rules as
   /// fuse_ops. On by default (measured in docs/BENCHMARKS.md, session 11).
   bool fuse_projections = true;
+  /// Fold an rms_norm's weight into the weights of the projections that
+  /// read it (graph/fusion.hpp, fold_norm_weights): the plan's graph
+  /// (plan::source()) then has norms without weights and projection weights
+  /// scaled by them, which every backend runs as it is; the GEMV that takes
+  /// the norm in reads x alone (LLaMA-1B decode step's GEMVs 8% faster on an
+  /// H200, docs/BENCHMARKS.md session 44). Results differ from the unfolded
+  /// plan's by one rounding of each scaled weight. On by default.
+  bool fold_norm_weights = true;
   /// All-reduces small enough for every member's
   /// device_spec::in_stream_max_bytes (CUDA: 256 KiB by default) run
   /// in-stream (collective_algo::in_stream): one kernel per member on its
@@ -464,13 +472,14 @@ error validate(const plan_options& options);
 /// The compiled plan. Steps are in a topological order (deps have smaller ids).
 class plan {
  public:
-  /// The graph the steps run: the user's graph, or with tensor parallelism
-  /// its per-device rewrite (every node pinned to one device, with its shard
-  /// shape; same job inputs and outputs, in the same order).
+  /// The graph the steps run: the user's graph with its norm weights folded
+  /// into their projections (plan_options::fold_norm_weights), or with tensor
+  /// parallelism its per-device rewrite (every node pinned to one device, with
+  /// its shard shape; same job inputs and outputs, in the same order).
   const graph& source() const noexcept { return *graph_; }
   std::shared_ptr<const graph> source_ptr() const noexcept { return graph_; }
-  /// The graph given to compile() (== source() without tensor parallelism).
-  const graph& original() const noexcept { return tp_ ? *tp_->original : *graph_; }
+  /// The graph given to compile() (== source() when no rewrite applied).
+  const graph& original() const noexcept { return *original_; }
   /// Split states, groups and collectives of a tensor-parallel plan; null when
   /// tensor_parallel == 1.
   const tensor_parallel_info* tensor_parallel() const noexcept { return tp_.get(); }
@@ -533,6 +542,7 @@ class plan {
   friend struct plan_test_hook;  // defined only by tests (to plant faulty plans)
   void describe_tensor_parallel(std::ostream& os) const;
   std::shared_ptr<const graph> graph_;
+  std::shared_ptr<const graph> original_;
   std::shared_ptr<const tensor_parallel_info> tp_;
   std::vector<attention_fusion> fusions_;
   std::vector<projection_fusion> projection_fusions_;

@@ -939,6 +939,12 @@ expected<std::shared_ptr<const plan>> planner::compile(std::shared_ptr<const gra
   if (auto e = validate(options)) return error(e.code, "compile: " + e.message);
   for (const device_spec& d : devices)
     if (auto e = validate(d)) return error(e.code, "compile: " + e.message);
+  const std::shared_ptr<const graph> original = gp;
+  if (options.fold_norm_weights) {
+    auto folded = fold_norm_weights(*gp);
+    if (!folded) return error(folded.err().code, "compile: " + folded.err().message);
+    if (*folded) gp = std::move(*folded);
+  }
   std::shared_ptr<const tensor_parallel_info> tp;
   if (options.tensor_parallel > 1) {
     auto rw = rewrite_tensor_parallel(gp, devices, options);
@@ -986,6 +992,7 @@ expected<std::shared_ptr<const plan>> planner::compile(std::shared_ptr<const gra
 
   auto p = std::make_shared<plan>();
   p->graph_ = gp;
+  p->original_ = original;
   p->tp_ = tp;
   p->devices_ = std::move(devices);
   p->options_ = options;

@@ -64,7 +64,10 @@ struct tp_collective {
 
 /// What the rewrite decided, for describe(), tests and the runtime.
 struct tensor_parallel_info {
-  std::shared_ptr<const graph> original;     ///< the user's graph
+  /// The graph the rewrite was given: the user's, with its norm weights
+  /// folded (plan_options::fold_norm_weights; the same node ids and names).
+  /// plan::original() is the user's own.
+  std::shared_ptr<const graph> original;
   /// The graph the states refer to: the user's, with fused matmuls that are
   /// only read through disjoint column slices split into one per slice (the
   /// same object as `original` when there were none).

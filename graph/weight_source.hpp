@@ -57,8 +57,9 @@ class weight_source {
 
 using weight_source_ptr = std::shared_ptr<const weight_source>;
 
-/// A source over a tensor held in memory.
-weight_source_ptr make_host_weight(host_tensor values);
+/// A source over a tensor held in memory; `origin` names it in errors and
+/// describe() (a copy read out of a checkpoint keeps the tensor's name).
+weight_source_ptr make_host_weight(host_tensor values, std::string origin = "in memory");
 /// A source with a shape and no values (planning only).
 weight_source_ptr make_shape_only_weight(dtype type, shape dims);
 
@@ -78,6 +79,19 @@ bool same_values(const weight_source& a, const weight_source& b);
 /// collapse into one. Errors: invalid_argument for a dim or range outside
 /// base's dims (naming base's origin).
 expected<weight_source_ptr> make_slice_weight(weight_source_ptr base, int dim, int64_t begin, int64_t end);
+
+/// `base` with every element multiplied by `scale[k]`, k its index along
+/// `dim` (W'[.., k, ..] = W[.., k, ..] * scale[k], computed in float and
+/// rounded to base's dtype once): the planner folds an rms_norm's weight into
+/// the weights of the projections that read the norm (fold_norm_weights,
+/// graph/fusion.hpp), so the GEMVs read x alone. Reading a slice reads only
+/// that slice of `base` (and of `scale` when the slice is along `dim`): a
+/// tensor-parallel shard of a scaled weight stays a shard read. Errors:
+/// invalid_argument when base or scale is not a float type, scale is not a
+/// vector of base.dims()[dim] elements, or dim is outside base; read_slice
+/// fails (naming both origins) where a product of finite values overflows
+/// base's dtype (an f16 weight times a large norm weight).
+expected<weight_source_ptr> make_scaled_weight(weight_source_ptr base, weight_source_ptr scale, int dim);
 
 /// Reads all values into a host tensor (the reference evaluator, tests).
 expected<host_tensor> read_all(const weight_source& w);

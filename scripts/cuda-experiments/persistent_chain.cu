@@ -108,9 +108,14 @@ __global__ void __launch_bounds__(kThreads, 4) gemv_runtime_like(stage s) {
 // barriers), which the products read. NORM 2, folded: no prologue; each warp
 // sums the squares of its half of x beside its first row's products, the
 // products read x * g, and the row's sum is scaled by 1 / rms at the end,
-// where the two warps' sums meet anyway.
+// where the two warps' sums meet anyway. NORM 3: NORM 2 with g folded into
+// the weights beforehand (W'[n, k] = W[n, k] g[k]: the kernel reads x alone).
+// NORM 4: g folded, and the sum of squares not computed here but read as
+// kPartials partial sums that the producer of x would have written (timing
+// only: the buffer holds fixed values, so its outputs are not checked).
+constexpr int kPartials = 256;
 template <int NORM>
-__global__ void __launch_bounds__(kThreads, 4) gemv_runtime_norm(stage s, const bf16* g, float eps) {
+__global__ void __launch_bounds__(kThreads, 4) gemv_runtime_norm(stage s, const bf16* g, float eps, const float* partials) {
   extern __shared__ float x_normed[];
   __shared__ float part[kWarps], sq[kWarps], inv_rms;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, slice = warp % 2;
@@ -185,6 +190,16 @@ __global__ void __launch_bounds__(kThreads, 4) gemv_runtime_norm(stage s, const 
               acc = fmaf(__uint_as_float(a[k] << 16), xf[2 * k], acc);
               acc = fmaf(__uint_as_float(a[k] & 0xffff0000u), xf[2 * k + 1], acc);
             }
+          } else if (NORM >= 3) {
+            const uint4 xv = __ldg(xr + v);
+            const unsigned b[4] = {xv.x, xv.y, xv.z, xv.w};
+#pragma unroll
+            for (int k = 0; k < 4; ++k) {
+              const float lo = __uint_as_float(b[k] << 16), hi = __uint_as_float(b[k] & 0xffff0000u);
+              if (NORM == 3 && n == first) ss = fmaf(lo, lo, fmaf(hi, hi, ss));
+              acc = fmaf(__uint_as_float(a[k] << 16), lo, acc);
+              acc = fmaf(__uint_as_float(a[k] & 0xffff0000u), hi, acc);
+            }
           } else {
             const uint4 xv = __ldg(xr + v), gv = __ldg(gr + v);
             const unsigned b[4] = {xv.x, xv.y, xv.z, xv.w}, c[4] = {gv.x, gv.y, gv.z, gv.w};
@@ -200,15 +215,19 @@ __global__ void __launch_bounds__(kThreads, 4) gemv_runtime_norm(stage s, const 
       }
     }
     acc = warp_sum(acc);
-    if (NORM == 2 && n == first) ss = warp_sum(ss);
+    if ((NORM == 2 || NORM == 3) && n == first) ss = warp_sum(ss);
+    if (NORM == 4 && n == first) {  // the producer's partial sums, half a warp's worth each
+      for (int i = lane + 32 * slice; i < kPartials; i += 64) ss += partials[i];
+      ss = warp_sum(ss);
+    }
     if (lane == 0) {
       part[warp] = acc;
-      if (NORM == 2 && n == first) sq[warp] = ss;
+      if (NORM >= 2 && n == first) sq[warp] = ss;
     }
     __syncthreads();
     if (slice == 0 && lane == 0 && n < total) {
       float y = part[warp] + part[warp + 1];
-      if (NORM == 2) y *= rsqrtf((sq[warp] + sq[warp + 1]) / s.K + eps);
+      if (NORM >= 2) y *= rsqrtf((sq[warp] + sq[warp + 1]) / s.K + eps);
       s.y[n] = __float2bfloat16(y);
     }
     __syncthreads();
@@ -326,6 +345,18 @@ __global__ void add_one(bf16* p, int n) {
     p[i] = __float2bfloat16(__bfloat162float(p[i]) + 1.0f);
 }
 
+// W[n, k] *= g[k] over a [N, K] matrix (g folded into the weights).
+__global__ void scale_columns(bf16* w, int N, int K, const bf16* g) {
+  const long long total = static_cast<long long>(N) * K;
+  for (long long i = blockIdx.x * static_cast<long long>(blockDim.x) + threadIdx.x; i < total;
+       i += static_cast<long long>(gridDim.x) * blockDim.x)
+    w[i] = __float2bfloat16(__bfloat162float(w[i]) * __bfloat162float(g[i % K]));
+}
+
+__global__ void fill_ones(float* p, int n) {
+  for (int i = threadIdx.x; i < n; i += blockDim.x) p[i] = 1.0f;
+}
+
 __global__ void read_all(const uint4* p, long long n, unsigned* sink) {
   unsigned acc = 0;
   for (long long i = blockIdx.x * static_cast<long long>(blockDim.x) + threadIdx.x; i < n;
@@ -411,6 +442,20 @@ int main(int argc, char** argv) {
   CK(cudaMalloc(&norm_w, static_cast<size_t>(widest) * 2));
   fill_uniform<<<16, 256>>>(norm_w, widest, 9, 0.5f);
   add_one<<<16, 256>>>(norm_w, widest);
+  // The same weights with g folded into the normed stages' columns (q/k/v,
+  // gate|up: W'[n, k] = W[n, k] g[k]), for NORM 3 and 4.
+  bf16* w_folded;
+  CK(cudaMalloc(&w_folded, weight_elems * 2));
+  CK(cudaMemcpy(w_folded, w, weight_elems * 2, cudaMemcpyDeviceToDevice));
+  std::vector<stage> st_folded = st;
+  for (int k = 0; k < count; ++k) {
+    st_folded[k].w = w_folded + (st[k].w - w);
+    if (k % 2 == 0)
+      scale_columns<<<1024, 256>>>(w_folded + (st[k].w - w), st[k].N, st[k].K, norm_w);
+  }
+  float* partials;  // NORM 4's producer sums (fixed: timing only)
+  CK(cudaMalloc(&partials, kPartials * sizeof(float)));
+  fill_ones<<<1, kPartials>>>(partials, kPartials);
   CK(cudaGetLastError());
   stage* dst;
   CK(cudaMalloc(&dst, sizeof(stage) * count));
@@ -451,9 +496,11 @@ int main(int argc, char** argv) {
       const unsigned a_grid = (st[k].N + kWarps / 2 - 1) / (kWarps / 2);
       const bool normed = k % 2 == 0;  // q/k/v and gate|up read a normalised x
       if (form == 0) launch_pdl(s, gemv_runtime_like, a_grid, st[k]);
-      else if (form == 5 && normed) launch_pdl_shared(s, gemv_runtime_norm<1>, a_grid, st[k].K * 4, st[k], norm_w, 1e-5f);
-      else if (form == 6 && normed) launch_pdl(s, gemv_runtime_norm<2>, a_grid, st[k], static_cast<const bf16*>(norm_w), 1e-5f);
-      else if (form >= 5) launch_pdl(s, gemv_runtime_like, a_grid, st[k]);
+      else if (form == 5 && normed) launch_pdl_shared(s, gemv_runtime_norm<1>, a_grid, st[k].K * 4, st[k], norm_w, 1e-5f, static_cast<const float*>(partials));
+      else if (form == 6 && normed) launch_pdl(s, gemv_runtime_norm<2>, a_grid, st[k], static_cast<const bf16*>(norm_w), 1e-5f, static_cast<const float*>(partials));
+      else if (form == 7 && normed) launch_pdl(s, gemv_runtime_norm<3>, a_grid, st_folded[k], static_cast<const bf16*>(norm_w), 1e-5f, static_cast<const float*>(partials));
+      else if (form == 8 && normed) launch_pdl(s, gemv_runtime_norm<4>, a_grid, st_folded[k], static_cast<const bf16*>(norm_w), 1e-5f, static_cast<const float*>(partials));
+      else if (form >= 5) launch_pdl(s, gemv_runtime_like, a_grid, form >= 7 ? st_folded[k] : st[k]);
       else if (form == 1) launch_pdl(s, gemv_rows_kernel<true>, capped, st[k]);
       else if (form == 2) launch_pdl(s, gemv_rows_kernel<false>, capped, st[k]);
       else if (form == 3) launch_pdl(s, gemv_rows_kernel<true>, rows_grid, st[k]);
@@ -517,6 +564,14 @@ int main(int argc, char** argv) {
   const double n2_us = time_it([&] { CK(cudaGraphLaunch(gn2, s)); });
   const auto yn2 = final_output();
   const double n1b_us = time_it([&] { CK(cudaGraphLaunch(gn1, s)); });
+  cudaGraphExec_t gn3 = graph_of(7), gn4 = graph_of(8);
+  const double n3_us = time_it([&] { CK(cudaGraphLaunch(gn3, s)); });
+  const auto yn3 = final_output();
+  const double n4_us = time_it([&] { CK(cudaGraphLaunch(gn4, s)); });
+  const double n2b_us = time_it([&] { CK(cudaGraphLaunch(gn2, s)); });
+  const double n3b_us = time_it([&] { CK(cudaGraphLaunch(gn3, s)); });
+  const double n4b_us = time_it([&] { CK(cudaGraphLaunch(gn4, s)); });
+  const double a3_us = time_it([&] { CK(cudaGraphLaunch(ga, s)); });
 
   int per_sm = 0;
   CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, persistent_chain<true>, kThreads, 0));
@@ -546,6 +601,12 @@ int main(int argc, char** argv) {
   row("A-norm: A, q/k/v and gate|up with the staged norm prologue", n1_us);
   row("A-norm again", n1b_us);
   row("A-fold: A, the norm folded into the products (no prologue)", n2_us);
+  row("A-fold again", n2b_us);
+  row("A-fold-g: A-fold, g folded into the weights (x alone)", n3_us);
+  row("A-fold-g again", n3b_us);
+  row("A-sumsq: g folded, 1/rms from producer partials (timing)", n4_us);
+  row("A-sumsq again", n4b_us);
+  row("A a third time", a3_us);
   row("B: a kernel per GEMV, warp-per-row, x in shared memory", b_us);
   row("B2: the same, x through L1", b2_us);
   row("B3: B with a block per 8 rows (one row a warp)", b3_us);
@@ -557,11 +618,15 @@ int main(int argc, char** argv) {
   std::printf("last output, relative L2 gap to A: B %.2e, B2 %.2e, C %.2e, C0 %.2e\n", relative_gap(yb, ya),
               relative_gap(yb2, ya), relative_gap(yc, ya), relative_gap(yc0, ya));
   std::printf("last output, relative L2 gap, folded norm to staged: %.2e\n", relative_gap(yn2, yn1));
+  std::printf("last output, relative L2 gap, g in the weights to folded norm: %.2e\n", relative_gap(yn3, yn2));
   std::printf("staged_norm_over_plain: %.3f\nfolded_norm_over_staged: %.3f\n", n1_us / a_us, n2_us / n1_us);
+  std::printf("g_in_weights_over_folded: %.3f\nsumsq_from_producer_over_folded: %.3f\n",
+              std::min(n3_us, n3b_us) / std::min(n2_us, n2b_us), std::min(n4_us, n4b_us) / std::min(n2_us, n2b_us));
   std::printf("rows_over_runtime_like: %.3f\n", std::min(b_us, b2_us) / a_us);
   std::printf("persistent_over_kernels: %.3f\n", c_us / a_us);
   const bool ok = a_err < 2e-2 && c_err < 2e-2 && relative_gap(yc, ya) < 5e-2 && relative_gap(yb, ya) < 5e-2 &&
-                  relative_gap(yb2, ya) < 5e-2 && relative_gap(yn2, yn1) < 5e-2;
+                  relative_gap(yb2, ya) < 5e-2 && relative_gap(yn2, yn1) < 5e-2 &&
+                  relative_gap(yn3, yn2) < 5e-2;
   std::printf("%s\n", ok ? "outputs agree" : "OUTPUTS DISAGREE");
   return ok ? 0 : 1;
 }

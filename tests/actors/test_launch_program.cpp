@@ -822,9 +822,10 @@ struct projection_count {
 };
 
 projection_count count_projections(const models::transformer_config& cfg, device_kind kind, bool fuse = true,
-                                   bool fuse_attention = false) {
+                                   bool fuse_attention = false, bool fold_norm_weights = true) {
   plan_options o;
   o.fuse_projections = fuse;
+  o.fold_norm_weights = fold_norm_weights;
   o.fuse_ops = fuse_attention;  // off: attention chains apart, describe() below names only projection groups
   const auto [p, prog] = compile_and_lower(cfg, kind, o);
   projection_count c;
@@ -869,9 +870,13 @@ projection_count count_projections(const models::transformer_config& cfg, device
       }
       if (op.projection_norm.on) {
         ++c.norm_prologues;
-        EXPECT_TRUE(op.projection_norm.weighted) << "LLaMA's norms have weights";
+        // LLaMA's norms have weights, folded into the projections' unless
+        // the plan says not to (plan_options::fold_norm_weights).
+        EXPECT_EQ(op.projection_norm.weighted, !fold_norm_weights);
         EXPECT_GT(op.projection_norm.eps, 0.0f);
-        EXPECT_EQ(op.inputs.back().proto.dims.rank(), 1) << "the norm's weight [K] comes last";
+        if (op.projection_norm.weighted) {
+          EXPECT_EQ(op.inputs.back().proto.dims.rank(), 1) << "the norm's weight [K] comes last";
+        }
       }
       // x (and the residual) are read while the outputs are written.
       std::vector<actors::operand> outs{op.out};
@@ -990,6 +995,9 @@ TEST(LaunchProgram, DecodeProjectionsAreGroupedIntoGemvRecordsOnCudaOnly) {
       const auto off = count_projections(cfg, device_kind::cuda, /*fuse=*/false);
       EXPECT_EQ(off.shared + off.gated + off.residual, 0);
       EXPECT_EQ(cuda.norm_prologues, 6) << "the rms_norm before q/k/v and before gate/up of each layer";
+      const auto weighted = count_projections(cfg, device_kind::cuda, true, false, /*fold_norm_weights=*/false);
+      EXPECT_EQ(weighted.norm_prologues, 6) << "the same groups with the norms' weights read by the kernel";
+      EXPECT_EQ(weighted.records, cuda.records);
       EXPECT_EQ(cuda.ropes, 6) << "q's and k's ropes of each layer (no attention chain takes them here)";
       EXPECT_EQ(cuda.rope_records, 0);
       EXPECT_EQ(off.rope_records, 6);
@@ -1253,14 +1261,14 @@ TEST(LaunchProgram, InStreamAllReducesRunOnComputeLaneZeroAndADecodeStepReplaysA
 }
 }  // namespace
 
-
 // The lowering marks the inputs that are weight leaves (gpu::op_launch::
 // weight_inputs), which the CUDA GEMV may read before its PDL wait: a
 // product's weight, a norm's weight; never an activation or the KV cache.
 // At tensor degree 2 rank 0's o and down products take in the residual add
 // before their all-reduce (one residual projection each), rank 1's stay
 // plain products of a marked weight.
-TEST(LaunchProgram, WeightInputsAreMarkedForTheKernels) {
+static void check_weight_inputs_marked(bool fold) {
+  SCOPED_TRACE(fold ? "norm weights folded into the projections" : "norms with their weights");
   models::transformer_config cfg = decode_step(models::model_variant::llama, 256);
   cfg.kv_cache_capacity = 32;
   cfg.dtype = dtype::bf16;
@@ -1268,6 +1276,7 @@ TEST(LaunchProgram, WeightInputsAreMarkedForTheKernels) {
   o.fuse_ops = false;  // the scores product stays a matmul of the cache
   o.tensor_parallel = 2;
   o.sequence_parallel = sequence_parallel_mode::off;
+  o.fold_norm_weights = fold;  // folded, the final norm has no weight: the head's is scaled by it
   const auto [p, prog] = compile_and_lower(cfg, device_kind::cuda, o, 2);
   ASSERT_TRUE(prog);
   int weight_products = 0, activation_products = 0, residual_groups = 0, norms = 0;
@@ -1276,7 +1285,7 @@ TEST(LaunchProgram, WeightInputsAreMarkedForTheKernels) {
     for (const gpu::op_launch& l : records) {
       if (l.op->op == op_kind::rms_norm && l.fused == gpu::op_launch::fusion::none) {
         ++norms;
-        EXPECT_EQ(l.weight_inputs, 0b10u) << l.op->name << ": {x, weight}";
+        EXPECT_EQ(l.weight_inputs, fold ? 0u : 0b10u) << l.op->name << (fold ? ": {x}" : ": {x, weight}");
       }
       if (l.fused == gpu::op_launch::fusion::projections && l.projection == projection_kind::residual) {
         ++residual_groups;
@@ -1299,6 +1308,11 @@ TEST(LaunchProgram, WeightInputsAreMarkedForTheKernels) {
   EXPECT_EQ(weight_products, 2 * cfg.n_layers + 2);
   EXPECT_EQ(activation_products, 2 * 2 * cfg.n_layers);
   EXPECT_EQ(norms, 2) << "the final norm on each rank (the others are projection prologues)";
+}
+
+TEST(LaunchProgram, WeightInputsAreMarkedForTheKernels) {
+  check_weight_inputs_marked(/*fold=*/false);
+  check_weight_inputs_marked(/*fold=*/true);
 }
 
 // The lowering marks the inputs that the record launched right before on

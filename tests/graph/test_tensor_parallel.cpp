@@ -421,8 +421,11 @@ TEST(TensorParallel, TransformersMatchReferenceAtDegreesTwoThreeFour) {
 }
 
 // bf16 storage: partial sums are rounded per device before the all-reduce
-// adds them, so the rewrite differs from the reference by bf16 rounding: no
-// more than the bf16 model itself differs from the f32 one.
+// adds them, and the projections' weights are rounded once more where a
+// norm's weight is folded into them (plan_options::fold_norm_weights), so
+// the rewrite differs from the reference by bf16 rounding: each of the two no
+// more than the bf16 model itself differs from the f32 one; and the rewrite
+// is about as far from the f32 model as the bf16 model is.
 TEST(TensorParallel, Bf16TransformersMatchReferenceWithinRounding) {
   for (auto cfg : {tiny(model_variant::gpt2, 4), tiny(model_variant::llama, 8, 2)}) {
     SCOPED_TRACE(models::to_string(cfg.variant));
@@ -435,7 +438,13 @@ TEST(TensorParallel, Bf16TransformersMatchReferenceWithinRounding) {
     ASSERT_TRUE(r32 && r16);
     const double rounding = max_rel_diff(*r16, *r32);
     EXPECT_GT(rounding, 1e-3);
-    ASSERT_TRUE(check_tp(g, 2, tp_options(2), in, rounding));
+    auto p = check_tp(g, 2, tp_options(2), in, 2 * rounding);
+    ASSERT_TRUE(p);
+    auto got = evaluate_reference(p->source(), in);
+    ASSERT_TRUE(got);
+    const double from_f32 = max_rel_diff(*got, *r32);
+    std::printf("bf16 against f32: %.4f; the degree-2 rewrite against f32: %.4f\n", rounding, from_f32);
+    EXPECT_LE(from_f32, 1.5 * rounding);
   }
 }
 
