@@ -477,8 +477,9 @@ void job_equals_the_reference(runtime& rt, const std::shared_ptr<const plan>& p,
 }
 
 // The rms_norm right before a projection group runs inside the group's GEMV
-// kernel (projection_fusion::norm_prologue): with and without the norm's
-// weight, 1 to 8 rows, rows of 512 and of 4096 (8 x 4096 floats: more than
+// kernel (projection_fusion::norm_prologue): without a weight, with one that
+// the kernel reads (plan_options::fold_norm_weights off) and with one folded
+// into the projections' weights (on, the default), 1 to 8 rows, rows of 512 and of 4096 (8 x 4096 floats: more than
 // a block's shared memory held when the kernel staged the normalised rows
 // there), a q/k/v-shaped group and a gated one, f32 / f16 / bf16, replayed
 // over several jobs; a norm whose output is also a graph output stays a
@@ -491,9 +492,10 @@ TEST(CudaGenerate, NormProloguesOfProjectionGroupsEqualTheReference) {
   for (dtype t : {dtype::f32, dtype::f16, dtype::bf16})
     for (int64_t rows : {int64_t{1}, int64_t{3}, int64_t{8}})
       for (int64_t K : {int64_t{512}, int64_t{4096}})
-        for (bool weighted : {true, false}) {
+        for (int form = 0; form < 3; ++form) {
+          const bool weighted = form > 0, folded = form == 2;
           SCOPED_TRACE(std::string(to_string(t)) + " rows " + std::to_string(rows) + " K " + std::to_string(K) +
-                       (weighted ? " weighted" : ""));
+                       (folded ? " weight folded" : weighted ? " weighted" : ""));
           const float scale = 0.05f * std::sqrt(512.0f / static_cast<float>(K));  // outputs of one size at every K
           auto w = [&](const std::string& name, shape dims, float sd) {
             return host_tensor::random_normal(t, dims, ++seed, sd);
@@ -520,10 +522,15 @@ TEST(CudaGenerate, NormProloguesOfProjectionGroupsEqualTheReference) {
           plan_options o;
           o.policy = placement_policy::single;
           o.graph_replay = graph_replay_mode::on;
+          o.fold_norm_weights = folded;
           auto p = (*rt)->compile(*g, o);
           ASSERT_TRUE(p) << p.err().to_string();
-          int prologues = 0;
-          for (const projection_fusion& f : (*p)->projection_fusions()) prologues += f.norm_prologue ? 1 : 0;
+          int prologues = 0, read_weights = 0;
+          for (const projection_fusion& f : (*p)->projection_fusions()) {
+            prologues += f.norm_prologue ? 1 : 0;
+            read_weights += f.norm_prologue && (*p)->source().at(f.ops.front()).inputs.size() > 1 ? 1 : 0;
+          }
+          EXPECT_EQ(read_weights, weighted && !folded ? 2 : 0) << "norm weights the kernel reads";
           EXPECT_EQ((*p)->projection_fusions().size(), 3u) << (*p)->describe();
           EXPECT_EQ(prologues, 2) << "n1 and n2, not n3 (an output)";
           for (int k = 0; k < 3; ++k) {
