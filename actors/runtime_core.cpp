@@ -4,6 +4,8 @@
 #include <cstdio>
 #include <optional>
 #include <set>
+#include <system_error>
+#include <thread>
 #include <tuple>
 
 #include <caf/all.hpp>
@@ -57,12 +59,48 @@ struct plan_deleter {
   }
 };
 
+/// Reads rows [begin, end) (along dim 0) of `w` into `dst` in pieces of
+/// whole rows on up to `upload_read_threads` threads, at least 4 MiB a
+/// piece (a source may be read from several threads at once,
+/// graph/weight_source.hpp): a mapped checkpoint's page faults and a scaled
+/// weight's products (a norm folded into it, make_scaled_weight) run on the
+/// host's cores together. One thread read a folded LLaMA-1B at 2.1-2.2 GB/s
+/// against 4.3-5.4 unfolded (two H200s' host, docs/BENCHMARKS.md session 44).
+constexpr int upload_read_threads = 8;
+error read_rows_in_parallel(const weight_source& w, int64_t begin, int64_t end, int64_t row_bytes, std::byte* dst) {
+  const int64_t rows = end - begin;
+  const int64_t by_size = std::max<int64_t>(1, rows * row_bytes / (int64_t{4} << 20));
+  const auto cores = static_cast<int64_t>(std::max(1u, std::thread::hardware_concurrency()));
+  const int pieces = static_cast<int>(std::min({rows, by_size, cores, int64_t{upload_read_threads}}));
+  if (pieces <= 1) return w.read_slice(0, begin, end, dst);
+  std::vector<error> errors(static_cast<std::size_t>(pieces));
+  const auto read_piece = [&](int i) {
+    const int64_t a = begin + rows * i / pieces, b = begin + rows * (i + 1) / pieces;
+    errors[static_cast<std::size_t>(i)] = w.read_slice(0, a, b, dst + (a - begin) * row_bytes);
+  };
+  std::vector<std::thread> helpers;
+  for (int i = 1; i < pieces; ++i) {
+    try {
+      helpers.emplace_back(read_piece, i);
+    } catch (const std::system_error&) {  // no thread to be had: read the piece here
+      read_piece(i);
+    }
+  }
+  read_piece(0);
+  for (std::thread& t : helpers) t.join();
+  for (error& e : errors)
+    if (e) return std::move(e);
+  return {};
+}
+
 /// Uploads a weight that is not in host memory (a mapped checkpoint, a
-/// tensor-parallel shard of one) in chunks of whole rows along dim 0, each
-/// read by the source straight into `staging` (the device's host memory,
-/// pinned on CUDA, when it has one) and then copied to the device: the host
-/// holds at most one chunk of the model besides the page cache behind the
-/// mapping. `staging` grows to one row when a row is larger than the chunk.
+/// tensor-parallel shard of one, a weight scaled by a folded norm) in chunks
+/// of whole rows along dim 0, each read by the source straight into
+/// `staging` (the device's host memory, pinned on CUDA, when it has one; on
+/// several threads, read_rows_in_parallel) and then copied to the device:
+/// the host holds at most one chunk of the model besides the page cache
+/// behind the mapping. `staging` grows to one row when a row is larger than
+/// the chunk.
 error upload_in_chunks(gpu::device& dev, std::byte* dst, const weight_source& w, int64_t chunk_bytes,
                        host_tensor& staging) {
   const int64_t rows = w.dims()[0];
@@ -79,7 +117,7 @@ error upload_in_chunks(gpu::device& dev, std::byte* dst, const weight_source& w,
   }
   for (int64_t r = 0; r < rows; r += rows_per_chunk) {
     const int64_t end = std::min(rows, r + rows_per_chunk);
-    if (error e = w.read_slice(0, r, end, staging.data())) return e;
+    if (error e = read_rows_in_parallel(w, r, end, row_bytes, staging.data())) return e;
     if (error e = dev.upload(dst + r * row_bytes, staging.data(), (end - r) * row_bytes)) return e;
   }
   return {};

@@ -1,12 +1,17 @@
 // Weight upload from a memory-mapped checkpoint goes in chunks of whole rows
 // through one staging buffer (runtime_options::upload_chunk_bytes): no read
 // of a weight is larger than a chunk (or one row, when a row is larger), every
-// byte is read once, and the loaded model computes what the reference does.
+// byte is read once, large chunks are read on several threads, and the
+// loaded model computes what the reference does.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstdio>
+#include <mutex>
+#include <set>
+#include <thread>
 
 #include "actors/actorgraph.hpp"
 #include "checkpoint/checkpoint_test_util.hpp"
@@ -80,4 +85,85 @@ TEST(WeightUpload, MappedWeightsUploadInChunksOfWholeRows) {
     auto c = ag::compare(j.wait()->at(0), (*want)[0], 2e-4, 2e-3);
     EXPECT_TRUE(c.ok) << c.message;
   }
+}
+
+namespace {
+
+// Forwards to a source and records which threads read which rows.
+class thread_recording_source final : public ag::weight_source {
+ public:
+  explicit thread_recording_source(ag::weight_source_ptr base) : base_(std::move(base)) {}
+  ag::dtype type() const noexcept override { return base_->type(); }
+  const ag::shape& dims() const noexcept override { return base_->dims(); }
+  ag::error read_slice(int dim, int64_t begin, int64_t end, void* dst) const override {
+    {
+      std::lock_guard<std::mutex> lk(m_);
+      threads_.insert(std::this_thread::get_id());
+      rows_read_ += dim == 0 ? end - begin : 0;
+      ++reads_;
+    }
+    return base_->read_slice(dim, begin, end, dst);
+  }
+  std::string origin() const override { return base_->origin(); }
+  std::size_t threads() const {
+    std::lock_guard<std::mutex> lk(m_);
+    return threads_.size();
+  }
+  int64_t rows_read() const {
+    std::lock_guard<std::mutex> lk(m_);
+    return rows_read_;
+  }
+  int reads() const {
+    std::lock_guard<std::mutex> lk(m_);
+    return reads_;
+  }
+
+ private:
+  ag::weight_source_ptr base_;
+  mutable std::mutex m_;
+  mutable std::set<std::thread::id> threads_;
+  mutable int64_t rows_read_ = 0;
+  mutable int reads_ = 0;
+};
+
+}  // namespace
+
+// A chunk of at least 8 MiB is read in pieces of whole rows on several
+// threads at once (runtime_core's read_rows_in_parallel: a folded norm's
+// scaled weights and a mapping's page faults use the host's cores); every
+// row is read once and the product equals the reference. 16 MiB in one
+// chunk: pieces of at least 4 MiB, so up to 4 threads where the host has
+// the cores.
+TEST(WeightUpload, LargeChunksAreReadInPiecesOnSeveralThreads) {
+  const int64_t rows = 4096, cols = 1024;  // f32: 16 MiB
+  auto source = std::make_shared<thread_recording_source>(
+      ag::make_host_weight(ag::host_tensor::random_normal(ag::dtype::f32, {rows, cols}, 17, 0.03f)));
+  ag::graph_builder b;
+  auto x = b.input("x", ag::dtype::f32, {2, rows});
+  b.output(b.matmul(x, b.weight("w", source), false, false, "y"));
+  auto g = std::move(b).build();
+  ASSERT_TRUE(g.has_value()) << g.err().to_string();
+  ag::runtime_options ro;
+  ro.upload_chunk_bytes = rows * cols * 4;
+  auto rt = ag::runtime::create("cpu:1", ro);
+  ASSERT_TRUE(rt.has_value()) << rt.err().to_string();
+  auto p = (*rt)->compile(*g);
+  ASSERT_TRUE(p.has_value()) << p.err().to_string();
+  EXPECT_EQ(source->rows_read(), rows) << "every row once";
+  const unsigned cores = std::thread::hardware_concurrency();
+  if (cores >= 2) {
+    EXPECT_EQ(source->reads(), static_cast<int>(std::min(4u, cores))) << "pieces of 4 MiB, a thread each";
+    EXPECT_EQ(source->threads(), std::min<std::size_t>(4, cores));
+  } else {
+    std::printf("one core: the chunk is read on one thread (%d reads)\n", source->reads());
+    EXPECT_EQ(source->reads(), 1);
+  }
+  const std::vector<ag::host_tensor> in{ag::host_tensor::random_normal(ag::dtype::f32, {2, rows}, 18)};
+  ag::job j = (*rt)->submit(*p, in);
+  ASSERT_TRUE(j.wait_for(60s));
+  ASSERT_TRUE(j.wait().has_value()) << j.wait().err().to_string();
+  auto want = ag::evaluate_reference(*g, in);
+  ASSERT_TRUE(want.has_value());
+  auto c = ag::compare(j.wait()->at(0), (*want)[0], 1e-4, 1e-4);
+  EXPECT_TRUE(c.ok) << c.message;
 }
