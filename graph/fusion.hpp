@@ -169,9 +169,9 @@ std::vector<projection_fusion> find_projection_fusions(const graph& g, const std
 /// only its slice of W). The norm then has no weight, and the GEMV kernel that
 /// takes the norm in (projection_fusion::norm_prologue) reads x alone instead
 /// of x and g for every weight it multiplies: the LLaMA-1B decode step's GEMV
-/// chain 682 -> 624 us on an H200 (scripts/cuda-experiments/persistent_chain.cu,
-/// docs/BENCHMARKS.md session 44). One extra rounding of each W' element to
-/// W's dtype (bf16: 2^-9 relative).
+/// chain 682 -> 624 us on an H200 (scripts/cuda-experiments/persistent_chain.cu),
+/// its decode 0.811 -> 0.790 ms a token (docs/BENCHMARKS.md session 44). One
+/// extra rounding of each W' element to W's dtype (bf16: 2^-9 relative).
 ///
 /// A norm is folded when its weight is a weight leaf [K] of a float type,
 /// the norm is no graph output and every reader of it is a matmul taking it

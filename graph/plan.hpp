@@ -377,9 +377,11 @@ struct plan_options {
   /// read it (graph/fusion.hpp, fold_norm_weights): the plan's graph
   /// (plan::source()) then has norms without weights and projection weights
   /// scaled by them, which every backend runs as it is; the GEMV that takes
-  /// the norm in reads x alone (LLaMA-1B decode step's GEMVs 8% faster on an
-  /// H200, docs/BENCHMARKS.md session 44). Results differ from the unfolded
-  /// plan's by one rounding of each scaled weight. On by default.
+  /// the norm in reads x alone (LLaMA-1B decode on an H200 0.811 -> 0.790 ms
+  /// a token, docs/BENCHMARKS.md session 44). Results differ from the
+  /// unfolded plan's by one rounding of each scaled weight, and loading
+  /// computes the products on the host (a 1B model 0.2 -> 0.36 s). On by
+  /// default.
   bool fold_norm_weights = true;
   /// All-reduces small enough for every member's
   /// device_spec::in_stream_max_bytes (CUDA: 256 KiB by default) run
