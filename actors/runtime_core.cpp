@@ -67,11 +67,11 @@ struct plan_deleter {
 /// host's cores together. One thread read a folded LLaMA-1B at 2.1-2.2 GB/s
 /// against 4.3-5.4 unfolded (two H200s' host, docs/BENCHMARKS.md session 44).
 constexpr int upload_read_threads = 8;
-error read_rows_in_parallel(const weight_source& w, int64_t begin, int64_t end, int64_t row_bytes, std::byte* dst) {
+error read_rows_in_parallel(const weight_source& w, int64_t begin, int64_t end, int64_t row_bytes, std::byte* dst,
+                            int max_threads) {
   const int64_t rows = end - begin;
   const int64_t by_size = std::max<int64_t>(1, rows * row_bytes / (int64_t{4} << 20));
-  const auto cores = static_cast<int64_t>(std::max(1u, std::thread::hardware_concurrency()));
-  const int pieces = static_cast<int>(std::min({rows, by_size, cores, int64_t{upload_read_threads}}));
+  const int pieces = static_cast<int>(std::min({rows, by_size, int64_t{std::max(1, max_threads)}}));
   if (pieces <= 1) return w.read_slice(0, begin, end, dst);
   std::vector<error> errors(static_cast<std::size_t>(pieces));
   const auto read_piece = [&](int i) {
@@ -100,9 +100,9 @@ error read_rows_in_parallel(const weight_source& w, int64_t begin, int64_t end, 
 /// several threads, read_rows_in_parallel) and then copied to the device:
 /// the host holds at most one chunk of the model besides the page cache
 /// behind the mapping. `staging` grows to one row when a row is larger than
-/// the chunk.
+/// the chunk. `read_threads` caps read_rows_in_parallel's threads.
 error upload_in_chunks(gpu::device& dev, std::byte* dst, const weight_source& w, int64_t chunk_bytes,
-                       host_tensor& staging) {
+                       host_tensor& staging, int read_threads) {
   const int64_t rows = w.dims()[0];
   const int64_t row_bytes = rows > 0 ? w.bytes() / rows : 0;
   if (row_bytes == 0) return {};
@@ -117,9 +117,63 @@ error upload_in_chunks(gpu::device& dev, std::byte* dst, const weight_source& w,
   }
   for (int64_t r = 0; r < rows; r += rows_per_chunk) {
     const int64_t end = std::min(rows, r + rows_per_chunk);
-    if (error e = read_rows_in_parallel(w, r, end, row_bytes, staging.data())) return e;
+    if (error e = read_rows_in_parallel(w, r, end, row_bytes, staging.data(), read_threads)) return e;
     if (error e = dev.upload(dst + r * row_bytes, staging.data(), (end - r) * row_bytes)) return e;
   }
+  return {};
+}
+
+/// The weights one device of a plan loads: each node's values to its slot.
+struct device_uploads {
+  gpu::device* dev = nullptr;
+  int device = -1;
+  std::vector<std::pair<const node*, std::byte*>> weights;
+};
+
+/// Uploads one device's weights: in-memory ones straight from the graph,
+/// others in chunks through one staging buffer. Errors name the device and
+/// the weight.
+error upload_weights(const device_uploads& u, int64_t chunk_bytes, int read_threads) {
+  const std::string dname = "device '" + u.dev->spec().name + "'";
+  host_tensor staging;  // upload_in_chunks' buffer, reused for the device's weights
+  for (const auto& [n, dst] : u.weights) {
+    const int64_t bytes = n->data->bytes();
+    if (const host_tensor* values = n->data->in_memory()) {
+      if (auto e = u.dev->upload(dst, values->data(), bytes))
+        return error{e.code, dname + ": uploading weight '" + n->name + "': " + e.message, u.device, -1, n->name};
+    } else if (auto e = upload_in_chunks(*u.dev, dst, *n->data, chunk_bytes, staging, read_threads)) {
+      return error{e.code, dname + ": uploading weight '" + n->name + "' (" + n->data->origin() + "): " + e.message,
+                   u.device, -1, n->name};
+    }
+  }
+  return {};
+}
+
+/// Every device's uploads at once, a thread per device (each reading on
+/// up to its share of the host's cores, at most upload_read_threads): a
+/// plan over N devices loaded them one after the other, at one device's
+/// rate. Returns the first device's error, after every thread is done.
+error upload_all_weights(const std::vector<device_uploads>& all, int64_t chunk_bytes) {
+  std::vector<const device_uploads*> busy;
+  for (const auto& u : all)
+    if (!u.weights.empty()) busy.push_back(&u);
+  if (busy.empty()) return {};
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const int read_threads = std::min(upload_read_threads, std::max(1, cores / static_cast<int>(busy.size())));
+  std::vector<error> errors(busy.size());
+  std::vector<std::thread> helpers;
+  for (std::size_t i = 1; i < busy.size(); ++i) {
+    const auto run = [&, i] { errors[i] = upload_weights(*busy[i], chunk_bytes, read_threads); };
+    try {
+      helpers.emplace_back(run);
+    } catch (const std::system_error&) {  // no thread to be had: upload it here
+      run();
+    }
+  }
+  errors[0] = upload_weights(*busy[0], chunk_bytes, read_threads);
+  for (std::thread& t : helpers) t.join();
+  for (error& e : errors)
+    if (e) return std::move(e);
   return {};
 }
 
@@ -297,9 +351,11 @@ expected<std::shared_ptr<const plan>> runtime_core::compile(std::shared_ptr<cons
                    std::string("compile: plan_options::") + what + " names a plan this runtime did not compile"};
     *into = *here;
   }
-  // Device memory: weights uploaded now, the first arena allocated now (so a
-  // plan that does not fit fails here), the others when jobs need them.
+  // Device memory: weights uploaded now (every device's at once, after the
+  // allocations), the first arena allocated now (so a plan that does not fit
+  // fails here), the others when jobs need them.
   lp->memory.resize(ndev);
+  std::vector<device_uploads> uploads;
   if (lp->program->job_lanes() > 1) lp->next_lane_seq.assign(static_cast<std::size_t>(lp->program->job_lanes()), 0);
   const int cap = std::max(1, opts_.arenas_per_device);
   for (int d : prog.used_devices()) {
@@ -309,7 +365,6 @@ expected<std::shared_ptr<const plan>> runtime_core::compile(std::shared_ptr<cons
     m->weight_bytes = mem.weight_bytes;
     m->arena_bytes = mem.arena_bytes;
     const std::string dname = "device '" + dev->spec().name + "'";
-    host_tensor staging;  // upload_in_chunks' buffer, reused for the device's weights
     if (mem.weights_shared) {
       // The other plan's weights, each of ours at its offset there (memory_plan.cpp offsets_in).
       const auto& owner = shared_weights ? shared_weights->memory[static_cast<std::size_t>(d)] : nullptr;
@@ -323,6 +378,9 @@ expected<std::shared_ptr<const plan>> runtime_core::compile(std::shared_ptr<cons
         return error{w.err().code, dname + ": weights of " + std::to_string(mem.weight_bytes) + " bytes: " + w.err().message,
                      d};
       m->weights = *w;
+      device_uploads& mine = uploads.emplace_back();
+      mine.dev = dev.get();
+      mine.device = d;
       for (const auto& slot : mem.slots) {
         if (slot.where != region::weights) continue;
         const node& n = gr.at(slot.node);
@@ -333,16 +391,7 @@ expected<std::shared_ptr<const plan>> runtime_core::compile(std::shared_ptr<cons
                        dname + ": weight '" + n.name + "' (" + std::to_string(bytes) + " bytes) does not fit its slot of " +
                            std::to_string(slot.bytes),
                        d, -1, n.name};
-        // In-memory weights upload straight from the graph; others (a mapped
-        // checkpoint) in chunks through a staging buffer.
-        std::byte* dst = static_cast<std::byte*>(m->weights) + slot.offset;
-        if (const host_tensor* values = n.data->in_memory()) {
-          if (auto e = dev->upload(dst, values->data(), bytes))
-            return error{e.code, dname + ": uploading weight '" + n.name + "': " + e.message, d, -1, n.name};
-        } else if (auto e = upload_in_chunks(*dev, dst, *n.data, opts_.upload_chunk_bytes, staging)) {
-          return error{e.code, dname + ": uploading weight '" + n.name + "' (" + n.data->origin() + "): " + e.message,
-                       d, -1, n.name};
-        }
+        mine.weights.emplace_back(&n, static_cast<std::byte*>(m->weights) + slot.offset);
       }
     }
     if (mem.state_bytes > 0 && shared_state) {
@@ -386,6 +435,7 @@ expected<std::shared_ptr<const plan>> runtime_core::compile(std::shared_ptr<cons
     m->put_free(0);  // free for the first job (start on submit), before the device actor hears of it
     lp->memory[static_cast<std::size_t>(d)] = std::move(m);
   }
+  if (error e = upload_all_weights(uploads, opts_.upload_chunk_bytes)) return e;
   if (lp->state_slots > 0)  // one job at a time per slot, across the plans sharing the state
     lp->slots = shared_state ? shared_state->slots : std::make_shared<slot_table>(lp->state_slots);
   if (auto one = single_lane_of(*p))  // (device, lane) names the stream the lane's actor issues on

@@ -98,6 +98,7 @@ class thread_recording_source final : public ag::weight_source {
   ag::error read_slice(int dim, int64_t begin, int64_t end, void* dst) const override {
     {
       std::lock_guard<std::mutex> lk(m_);
+      if (threads_.empty()) first_ = std::this_thread::get_id();
       threads_.insert(std::this_thread::get_id());
       rows_read_ += dim == 0 ? end - begin : 0;
       ++reads_;
@@ -117,6 +118,11 @@ class thread_recording_source final : public ag::weight_source {
     std::lock_guard<std::mutex> lk(m_);
     return reads_;
   }
+  /// The thread of the first read.
+  std::thread::id reader() const {
+    std::lock_guard<std::mutex> lk(m_);
+    return first_;
+  }
 
  private:
   ag::weight_source_ptr base_;
@@ -124,6 +130,7 @@ class thread_recording_source final : public ag::weight_source {
   mutable std::set<std::thread::id> threads_;
   mutable int64_t rows_read_ = 0;
   mutable int reads_ = 0;
+  mutable std::thread::id first_;
 };
 
 }  // namespace
@@ -166,4 +173,44 @@ TEST(WeightUpload, LargeChunksAreReadInPiecesOnSeveralThreads) {
   ASSERT_TRUE(want.has_value());
   auto c = ag::compare(j.wait()->at(0), (*want)[0], 1e-4, 1e-4);
   EXPECT_TRUE(c.ok) << c.message;
+}
+
+// A plan over two devices uploads both devices' weights at once, a thread
+// each (runtime_core's upload_all_weights), and each device's product equals
+// the reference. The weights are pinned, one to each device of cpu:2; each
+// source records the threads that read it.
+TEST(WeightUpload, EachDeviceUploadsOnItsOwnThread) {
+  const int64_t rows = 256, cols = 64;
+  std::vector<std::shared_ptr<thread_recording_source>> sources;
+  ag::graph_builder b;
+  auto x = b.input("x", ag::dtype::f32, {2, rows});
+  for (int d = 0; d < 2; ++d) {
+    sources.push_back(std::make_shared<thread_recording_source>(
+        ag::make_host_weight(ag::host_tensor::random_normal(ag::dtype::f32, {rows, cols}, 30 + d, 0.05f))));
+    auto y = b.matmul(x, b.weight("w" + std::to_string(d), sources.back()), false, false, "y" + std::to_string(d));
+    b.pin(y, d);
+    b.output(y);
+  }
+  auto g = std::move(b).build();
+  ASSERT_TRUE(g.has_value()) << g.err().to_string();
+  auto rt = ag::runtime::create("cpu:2");
+  ASSERT_TRUE(rt.has_value()) << rt.err().to_string();
+  auto p = (*rt)->compile(*g);
+  ASSERT_TRUE(p.has_value()) << p.err().to_string();
+  for (int d = 0; d < 2; ++d) {
+    ASSERT_EQ((*p)->placement()[static_cast<std::size_t>(g->find("w" + std::to_string(d)))], d);
+    EXPECT_EQ(sources[static_cast<std::size_t>(d)]->rows_read(), rows) << "device " << d << ": every row once";
+  }
+  const auto reader = [&](int d) { return sources[static_cast<std::size_t>(d)]->reader(); };
+  EXPECT_NE(reader(0), reader(1)) << "the two devices' weights were read on one thread";
+  const std::vector<ag::host_tensor> in{ag::host_tensor::random_normal(ag::dtype::f32, {2, rows}, 31)};
+  ag::job j = (*rt)->submit(*p, in);
+  ASSERT_TRUE(j.wait_for(60s));
+  ASSERT_TRUE(j.wait().has_value()) << j.wait().err().to_string();
+  auto want = ag::evaluate_reference(*g, in);
+  ASSERT_TRUE(want.has_value());
+  for (std::size_t o = 0; o < 2; ++o) {
+    auto c = ag::compare(j.wait()->at(o), (*want)[o], 1e-4, 1e-4);
+    EXPECT_TRUE(c.ok) << "output " << o << ": " << c.message;
+  }
 }
