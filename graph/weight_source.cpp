@@ -111,12 +111,10 @@ class slice_weight final : public weight_source {
 };
 
 // One element times a factor, rounded back: the load / scale / store of
-// each float dtype, branch-free so that the loops below vectorise (a load
-// and store through load_as_float / store_from_float ran at 0.5 GB/s and made
-// loading a model with folded norms 7x slower).
+// each float dtype, branch-free (scale_elements below), and the magnitude
+// of a value as bits ordered as the magnitudes are.
 struct bf16_elems {
   using type = uint16_t;
-  using bits = uint16_t;
   static float load(uint16_t h) noexcept { return bf16_to_float(h); }
   static uint16_t store(float f) noexcept {
     uint32_t u;
@@ -159,11 +157,11 @@ struct f32_elems {
 // may not fit the dtype: a factor beyond 1 and the largest |weight| times
 // the largest |factor| beyond the dtype's range (or a weight not finite);
 // the caller then checks element by element on a fresh copy. Factors of at
-// most 1 (an rms_norm's weights, mostly) cannot overflow: a product's
-// magnitude and its rounding stay at most the weight's. The loops are
-// branch-free and their pointers do not alias, so that they vectorise: a
-// load and store through load_as_float / store_from_float ran at 0.5 GB/s
-// and made loading a model with folded norms 7x slower.
+// most 1 cannot overflow: a product's magnitude and its rounding stay at
+// most the weight's. The loops are branch-free and their pointers do not
+// alias, so that they vectorise: a load and store through load_as_float /
+// store_from_float ran at 0.5 GB/s and made loading a model with folded
+// norms 7x slower.
 template <class E>
 [[gnu::always_inline]] inline bool scale_elements(typename E::type* __restrict data, int64_t outer,
                                                   const std::vector<float>& factor, int64_t inner) {
@@ -193,19 +191,33 @@ template <class E>
   return fits;
 }
 
-// scale_elements per dtype, built for AVX2 and for the baseline (the loader
-// picks at run time: 3.3 against 2.2 GB/s for bf16 on this project's x86-64
-// machines). Not templates: clang does not clone templates.
-#define AG_SCALE_FOR(E)                                                                                       \
-  __attribute__((target_clones("avx2", "default"))) bool scale_##E(E::type* data, int64_t outer,            \
-                                                                  const std::vector<float>& factor,         \
-                                                                  int64_t inner) {                          \
-    return scale_elements<E>(data, outer, factor, inner);                                                   \
+// scale_elements per dtype, built for AVX2 and for the baseline on x86-64
+// (picked at run time: 3.0-3.3 against 2.2 GB/s for bf16 on the 2-core
+// development machine); one build elsewhere and under the sanitizers, whose
+// runtimes need not be up when an ifunc resolver runs. Not templates: clang
+// does not clone templates.
+#if defined(__x86_64__) && !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
+#if defined(__has_feature)
+#if !__has_feature(address_sanitizer) && !__has_feature(thread_sanitizer) && !__has_feature(memory_sanitizer)
+#define AG_SCALE_CLONES __attribute__((target_clones("avx2", "default")))
+#endif
+#else
+#define AG_SCALE_CLONES __attribute__((target_clones("avx2", "default")))
+#endif
+#endif
+#ifndef AG_SCALE_CLONES
+#define AG_SCALE_CLONES
+#endif
+#define AG_SCALE_FOR(E)                                                                                 \
+  AG_SCALE_CLONES bool scale_##E(E::type* data, int64_t outer, const std::vector<float>& factor,     \
+                                 int64_t inner) {                                                    \
+    return scale_elements<E>(data, outer, factor, inner);                                             \
   }
 AG_SCALE_FOR(bf16_elems)
 AG_SCALE_FOR(f16_elems)
 AG_SCALE_FOR(f32_elems)
 #undef AG_SCALE_FOR
+#undef AG_SCALE_CLONES
 
 // The exact check behind scale_elements' false: the index of the first
 // element where finite operands give a product that is not finite once
