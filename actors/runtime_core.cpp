@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <functional>
 #include <optional>
 #include <set>
 #include <system_error>
@@ -59,6 +60,28 @@ struct plan_deleter {
   }
 };
 
+/// Runs task(0) .. task(n - 1), task 0 on this thread and the others on
+/// threads of their own (here, after it, where no thread can be had), and
+/// returns the first task's error once all are done.
+error run_in_parallel(int n, const std::function<error(int)>& task) {
+  std::vector<error> errors(static_cast<std::size_t>(n));
+  std::vector<std::thread> helpers;
+  std::vector<int> here;
+  for (int i = 1; i < n; ++i) {
+    try {
+      helpers.emplace_back([&, i] { errors[static_cast<std::size_t>(i)] = task(i); });
+    } catch (const std::system_error&) {
+      here.push_back(i);
+    }
+  }
+  if (n > 0) errors[0] = task(0);
+  for (int i : here) errors[static_cast<std::size_t>(i)] = task(i);
+  for (std::thread& t : helpers) t.join();
+  for (error& e : errors)
+    if (e) return std::move(e);
+  return {};
+}
+
 /// Reads rows [begin, end) (along dim 0) of `w` into `dst` in pieces of
 /// whole rows on up to `upload_read_threads` threads, at least 4 MiB a
 /// piece (a source may be read from several threads at once,
@@ -73,24 +96,10 @@ error read_rows_in_parallel(const weight_source& w, int64_t begin, int64_t end, 
   const int64_t by_size = std::max<int64_t>(1, rows * row_bytes / (int64_t{4} << 20));
   const int pieces = static_cast<int>(std::min({rows, by_size, int64_t{std::max(1, max_threads)}}));
   if (pieces <= 1) return w.read_slice(0, begin, end, dst);
-  std::vector<error> errors(static_cast<std::size_t>(pieces));
-  const auto read_piece = [&](int i) {
+  return run_in_parallel(pieces, [&](int i) {
     const int64_t a = begin + rows * i / pieces, b = begin + rows * (i + 1) / pieces;
-    errors[static_cast<std::size_t>(i)] = w.read_slice(0, a, b, dst + (a - begin) * row_bytes);
-  };
-  std::vector<std::thread> helpers;
-  for (int i = 1; i < pieces; ++i) {
-    try {
-      helpers.emplace_back(read_piece, i);
-    } catch (const std::system_error&) {  // no thread to be had: read the piece here
-      read_piece(i);
-    }
-  }
-  read_piece(0);
-  for (std::thread& t : helpers) t.join();
-  for (error& e : errors)
-    if (e) return std::move(e);
-  return {};
+    return w.read_slice(0, a, b, dst + (a - begin) * row_bytes);
+  });
 }
 
 /// Uploads a weight that is not in host memory (a mapped checkpoint, a
@@ -160,21 +169,9 @@ error upload_all_weights(const std::vector<device_uploads>& all, int64_t chunk_b
   if (busy.empty()) return {};
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   const int read_threads = std::min(upload_read_threads, std::max(1, cores / static_cast<int>(busy.size())));
-  std::vector<error> errors(busy.size());
-  std::vector<std::thread> helpers;
-  for (std::size_t i = 1; i < busy.size(); ++i) {
-    const auto run = [&, i] { errors[i] = upload_weights(*busy[i], chunk_bytes, read_threads); };
-    try {
-      helpers.emplace_back(run);
-    } catch (const std::system_error&) {  // no thread to be had: upload it here
-      run();
-    }
-  }
-  errors[0] = upload_weights(*busy[0], chunk_bytes, read_threads);
-  for (std::thread& t : helpers) t.join();
-  for (error& e : errors)
-    if (e) return std::move(e);
-  return {};
+  return run_in_parallel(static_cast<int>(busy.size()), [&](int i) {
+    return upload_weights(*busy[static_cast<std::size_t>(i)], chunk_bytes, read_threads);
+  });
 }
 
 /// Zeroes `bytes` of device memory at `dst` through one zeroed host buffer
