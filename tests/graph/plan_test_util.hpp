@@ -3,6 +3,8 @@
 // record a test failure (with the error) instead of returning an error value.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <memory>
 #include <vector>
 
@@ -21,6 +23,23 @@ struct plan_test_hook {
 namespace ag::test_util {
 
 using ag::plan_test_hook;
+
+// Largest |a - b| relative to max(1, |b|) over all outputs (i32 outputs count as 0:
+// compare those exactly elsewhere); mismatched dims fail and return 1e30.
+inline double max_rel_diff(const std::vector<host_tensor>& a, const std::vector<host_tensor>& b) {
+  double worst = 0;
+  EXPECT_EQ(a.size(), b.size());
+  for (std::size_t o = 0; o < std::min(a.size(), b.size()); ++o) {
+    EXPECT_EQ(a[o].dims(), b[o].dims()) << "output " << o;
+    EXPECT_EQ(a[o].type(), b[o].type()) << "output " << o;
+    if (a[o].dims() != b[o].dims()) return 1e30;
+    for (int64_t i = 0; i < a[o].numel(); ++i) {
+      const double x = a[o].type() == dtype::i32 ? 0 : a[o].at(i), y = b[o].type() == dtype::i32 ? 0 : b[o].at(i);
+      worst = std::max(worst, std::abs(x - y) / std::max(1.0, std::abs(y)));
+    }
+  }
+  return worst;
+}
 
 inline std::shared_ptr<const graph> finish(graph_builder&& b) {
   auto g = std::move(b).build();

@@ -43,17 +43,7 @@ std::shared_ptr<const graph> build(const models::transformer_config& c) {
   return g ? std::make_shared<const graph>(std::move(*g)) : nullptr;
 }
 
-// Largest |a - b| / max(1, |b|) over every output element.
-double max_rel_diff(const std::vector<host_tensor>& a, const std::vector<host_tensor>& b) {
-  double worst = 0;
-  EXPECT_EQ(a.size(), b.size());
-  for (std::size_t o = 0; o < std::min(a.size(), b.size()); ++o)
-    for (int64_t i = 0; i < b[o].numel(); ++i) {
-      const double x = a[o].at(i), y = b[o].at(i);
-      worst = std::max(worst, std::abs(x - y) / std::max(1.0, std::abs(y)));
-    }
-  return worst;
-}
+using test_util::max_rel_diff;
 
 int norms_with_weights(const graph& g) {
   int n = 0;
@@ -74,11 +64,7 @@ struct small_norm_graph {
   tensor weight(const std::string& name, shape dims, uint64_t seed) {
     return b.weight(name, host_tensor::random_normal(dtype::f32, dims, seed));
   }
-  std::shared_ptr<const graph> done() {
-    auto g = std::move(b).build();
-    EXPECT_TRUE(g.has_value()) << (g ? "" : g.err().to_string());
-    return g ? std::make_shared<const graph>(std::move(*g)) : nullptr;
-  }
+  std::shared_ptr<const graph> done() { return test_util::finish(std::move(b)); }
 };
 
 }  // namespace

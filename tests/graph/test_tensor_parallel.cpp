@@ -57,21 +57,7 @@ plan_options tp_options(int degree, std::vector<double> ratios = {}, int stages 
   return o;
 }
 
-// Largest |a - b| relative to max(1, |b|) over all outputs.
-double max_rel_diff(const std::vector<host_tensor>& a, const std::vector<host_tensor>& b) {
-  double worst = 0;
-  EXPECT_EQ(a.size(), b.size());
-  for (std::size_t o = 0; o < std::min(a.size(), b.size()); ++o) {
-    EXPECT_EQ(a[o].dims(), b[o].dims()) << "output " << o;
-    EXPECT_EQ(a[o].type(), b[o].type()) << "output " << o;
-    if (a[o].dims() != b[o].dims()) return 1e30;
-    for (int64_t i = 0; i < a[o].numel(); ++i) {
-      const double x = a[o].type() == dtype::i32 ? 0 : a[o].at(i), y = b[o].type() == dtype::i32 ? 0 : b[o].at(i);
-      worst = std::max(worst, std::abs(x - y) / std::max(1.0, std::abs(y)));
-    }
-  }
-  return worst;
-}
+using test_util::max_rel_diff;
 
 // Compiles g with `o` over `devices` and checks: the rewritten graph
 // evaluates to the original's outputs, the plan is hazard-free, every compute
