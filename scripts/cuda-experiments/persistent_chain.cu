@@ -13,6 +13,13 @@
 //   C. one cooperative kernel for all 64 GEMVs, a grid barrier between them,
 //      each warp loading its first weights of the next GEMV before it waits
 //      at the barrier (C0: without that preload).
+// Two more ways to keep DRAM busy across a kernel boundary (session 45):
+//   A-pf: A, each block prefetching later rows into L2 before its PDL wait
+//      (cp.async.bulk.prefetch.L2; `ahead` waves of blocks ahead, and with
+//      -next the last waves prefetching the next GEMV's first rows);
+//   D: a grid of the resident blocks only, each warp streaming its rows
+//      through two register buffers, the loads of the chunk two ahead
+//      issued as one is consumed, across rows and across the PDL wait.
 // Against the floor: the weights' bytes at the GPU's streaming read rate
 // (measured here on the same bytes). The outputs of A and C are checked
 // against a host reference of the first GEMV and against each other.
@@ -70,7 +77,7 @@ __device__ __forceinline__ void fma8(const uint4& w, const uint4& x, float& acc)
 // A: the runtime's GEMV design (gpu/cuda/gemv.cu, one x row): two warps per
 // weight row, each over half of K, four rows a block, sums met in shared
 // memory; the first chunk of the first row loaded before the PDL wait.
-__global__ void __launch_bounds__(kThreads, 4) gemv_runtime_like(stage s) {
+__device__ __forceinline__ void gemv_runtime_like_body(const stage& s) {
   __shared__ float part[kWarps];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, slice = warp % 2;
   const int vecs = s.K / 8, per = vecs / 2, vb = slice * per, ve = vb + per;
@@ -100,6 +107,110 @@ __global__ void __launch_bounds__(kThreads, 4) gemv_runtime_like(stage s) {
   if (lane == 0) part[warp] = acc;
   __syncthreads();
   if (slice == 0 && lane == 0 && n < s.N) s.y[n] = __float2bfloat16(part[warp] + part[warp + 1]);
+}
+__global__ void __launch_bounds__(kThreads, 4) gemv_runtime_like(stage s) { gemv_runtime_like_body(s); }
+
+// A-pf: A with later weights prefetched into L2 before the PDL wait
+// (cp.async.bulk.prefetch.L2, one instruction a row), so that DRAM stays
+// busy through the previous kernel's tail. A block's four rows are
+// contiguous. Blocks of the first wave (blockIdx < resident) prefetch their
+// own rows (the part past the registers' first chunk) and the rows of the
+// blocks 1..ahead waves after them; a later block prefetches the block
+// `ahead` waves after it, so every row is prefetched once, `ahead` waves
+// before it is read. NEXT: the last `ahead` waves, which have no rows of
+// their own GEMV left to prefetch, prefetch the next GEMV's first blocks
+// instead (its weights are weights: nothing writes them).
+__device__ __forceinline__ void prefetch_l2(const void* p, unsigned bytes) {
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes) : "memory");
+}
+template <bool NEXT>
+__global__ void __launch_bounds__(kThreads, 4) gemv_prefetch(stage s, int resident, int ahead, const bf16* next_w,
+                                                             int next_n, int next_k) {
+  constexpr int rows_per_block = kWarps / 2;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const long long blocks = gridDim.x, b = blockIdx.x;
+  if (warp == kWarps - 1 && lane < rows_per_block) {
+    const auto rows_of = [&](long long t) {  // block t's row `lane` of this GEMV, or of the next one past the end
+      const long long n = t * rows_per_block + lane;
+      if (n < s.N) {
+        prefetch_l2(s.w + n * s.K, static_cast<unsigned>(s.K) * 2);
+      } else if (NEXT && next_w) {
+        const long long m = (t - blocks) * rows_per_block + lane;
+        if (m >= 0 && m < next_n) prefetch_l2(next_w + m * next_k, static_cast<unsigned>(next_k) * 2);
+      }
+    };
+    if (b < resident) {
+      if (s.K * 2 > 2 * 32 * kLoads * 16) rows_of(b);  // past the first chunk of each half
+      for (int j = 1; j <= ahead; ++j) rows_of(b + static_cast<long long>(j) * resident);
+    } else if (ahead > 0) {
+      rows_of(b + static_cast<long long>(ahead) * resident);
+    }
+  }
+  gemv_runtime_like_body(s);
+}
+
+// D: a grid of the resident blocks only, each unit (a row, or with S = 2
+// half of a row: two warps a row, their sums met through a barrier of the
+// pair alone) going through its rows in grid stride, its weights streamed
+// through two register buffers of F loads each: the loads of the chunk two
+// ahead are issued as soon as a buffer is consumed, across row ends, and
+// the first two chunks before the PDL wait. So a warp keeps its loads in
+// flight from its first row to its last, instead of a block's rows
+// arriving cold in waves (A).
+template <int S, int F>
+__global__ void __launch_bounds__(kThreads, 4) gemv_stream(stage s) {
+  __shared__ float part[kWarps];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, slice = warp % S;
+  const long long units = static_cast<long long>(gridDim.x) * (kWarps / S);
+  const long long unit = static_cast<long long>(blockIdx.x) * (kWarps / S) + warp / S;
+  const int vecs = s.K / 8, per = vecs / S, vb = slice * per;
+  const int chunks = (per + 32 * F - 1) / (32 * F);
+  const long long rows_mine = unit < s.N ? (s.N - 1 - unit) / units + 1 : 0;
+  // Every warp of a pair has the same rows: the pair's barrier is safe.
+  const long long items = rows_mine * chunks;
+  uint4 a[F], b[F];
+  const auto load = [&](long long i, uint4(&buf)[F]) {
+    if (i >= items) return;
+    const long long n = unit + (i / chunks) * units;
+    const int c = static_cast<int>(i % chunks);
+    const uint4* wr = reinterpret_cast<const uint4*>(s.w + n * s.K) + vb + c * 32 * F + lane;
+#pragma unroll
+    for (int u = 0; u < F; ++u)
+      if (c * 32 * F + lane + 32 * u < per) buf[u] = __ldcs(wr + 32 * u);
+  };
+  float acc = 0.f;
+  const auto consume = [&](long long i, const uint4(&buf)[F]) {
+    const int c = static_cast<int>(i % chunks);
+    const uint4* xr = reinterpret_cast<const uint4*>(s.x) + vb + c * 32 * F + lane;
+#pragma unroll
+    for (int u = 0; u < F; ++u)
+      if (c * 32 * F + lane + 32 * u < per) fma8(buf[u], __ldg(xr + 32 * u), acc);
+    if (c == chunks - 1) {
+      const long long n = unit + (i / chunks) * units;
+      acc = warp_sum(acc);
+      if constexpr (S == 1) {
+        if (lane == 0) s.y[n] = __float2bfloat16(acc);
+      } else {
+        if (lane == 0) part[warp] = acc;
+        asm volatile("bar.sync %0, %1;" ::"r"(1 + warp / 2), "r"(64) : "memory");
+        if (slice == 0 && lane == 0) s.y[n] = __float2bfloat16(part[warp] + part[warp + 1]);
+        asm volatile("bar.sync %0, %1;" ::"r"(1 + warp / 2), "r"(64) : "memory");
+      }
+      acc = 0.f;
+    }
+  };
+  load(0, a);
+  load(1, b);
+  pdl_wait();
+  pdl_release();
+  for (long long i = 0; i < items; i += 2) {
+    consume(i, a);
+    load(i + 2, a);
+    if (i + 1 < items) {
+      consume(i + 1, b);
+      load(i + 3, b);
+    }
+  }
 }
 
 // A with an rms_norm prologue on x (the runtime's q/k/v and gate|up
@@ -488,14 +599,25 @@ int main(int argc, char** argv) {
 
   // A and B: one PDL launch per GEMV, captured in one graph.
   // form: 0 A, 1 B, 2 B2, 3 B with the grid uncapped (one row a warp), 4 B2 uncapped
-  const auto graph_of = [&](int form) {
+  int pf_per_sm = 0;
+  CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&pf_per_sm, gemv_prefetch<true>, kThreads, 0));
+  const int resident = pf_per_sm * prop.multiProcessorCount;
+  // form 9: A-pf (gemv_prefetch, `ahead` waves); 10: A-pf-next (the last waves prefetch the next GEMV)
+  const auto graph_of = [&](int form, int ahead = 0) {
     cudaGraph_t g;
     CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
     for (int k = 0; k < count; ++k) {
       const int rows_grid = (st[k].N + kWarps - 1) / kWarps, capped = std::min(rows_grid, prop.multiProcessorCount * 4);
       const unsigned a_grid = (st[k].N + kWarps / 2 - 1) / (kWarps / 2);
       const bool normed = k % 2 == 0;  // q/k/v and gate|up read a normalised x
+      const stage* after = k + 1 < count ? &st[k + 1] : nullptr;
       if (form == 0) launch_pdl(s, gemv_runtime_like, a_grid, st[k]);
+      else if (form == 11) launch_pdl(s, gemv_stream<1, 4>, static_cast<unsigned>(resident), st[k]);
+      else if (form == 12) launch_pdl(s, gemv_stream<2, 4>, static_cast<unsigned>(resident), st[k]);
+      else if (form == 13) launch_pdl(s, gemv_stream<2, 4>, std::min(static_cast<unsigned>(resident), a_grid), st[k]);
+      else if (form == 14) launch_pdl(s, gemv_stream<2, 2>, static_cast<unsigned>(resident), st[k]);
+      else if (form == 9) launch_pdl(s, gemv_prefetch<false>, a_grid, st[k], resident, ahead, static_cast<const bf16*>(nullptr), 0, 0);
+      else if (form == 10) launch_pdl(s, gemv_prefetch<true>, a_grid, st[k], resident, ahead, after ? after->w : nullptr, after ? after->N : 0, after ? after->K : 0);
       else if (form == 5 && normed) launch_pdl_shared(s, gemv_runtime_norm<1>, a_grid, st[k].K * 4, st[k], norm_w, 1e-5f, static_cast<const float*>(partials));
       else if (form == 6 && normed) launch_pdl(s, gemv_runtime_norm<2>, a_grid, st[k], static_cast<const bf16*>(norm_w), 1e-5f, static_cast<const float*>(partials));
       else if (form == 7 && normed) launch_pdl(s, gemv_runtime_norm<3>, a_grid, st_folded[k], static_cast<const bf16*>(norm_w), 1e-5f, static_cast<const float*>(partials));
@@ -573,6 +695,39 @@ int main(int argc, char** argv) {
   const double n4b_us = time_it([&] { CK(cudaGraphLaunch(gn4, s)); });
   const double a3_us = time_it([&] { CK(cudaGraphLaunch(ga, s)); });
 
+  // A-pf: later weights prefetched into L2 before the PDL wait.
+  struct pf_row { int form, ahead; double us; std::vector<bf16> y; };
+  std::vector<pf_row> pf;
+  for (int round = 0; round < 2; ++round)
+    for (const int form : {9, 10})
+      for (const int ahead : {0, 1, 2, 3}) {
+        if (form == 10 && ahead == 0) continue;
+        cudaGraphExec_t gp = graph_of(form, ahead);
+        const double us = time_it([&] { CK(cudaGraphLaunch(gp, s)); });
+        pf.push_back({form, ahead, us, final_output()});
+        CK(cudaGraphExecDestroy(gp));
+      }
+  const double a4_us = time_it([&] { CK(cudaGraphLaunch(ga, s)); });
+  // D: resident grids streaming through double-buffered registers.
+  struct d_row { const char* name; int form; double us; std::vector<bf16> y; };
+  std::vector<d_row> dr;
+  for (int round = 0; round < 2; ++round)
+    for (const auto& [name, form] : std::initializer_list<std::pair<const char*, int>>{
+             {"D1: resident grid, a warp a row, 2 x 4 loads streamed", 11},
+             {"D2: resident grid, two warps a row, 2 x 4 loads streamed", 12},
+             {"D2': D2 with at most A's grid", 13},
+             {"D2s: D2 with 2 x 2 loads", 14}}) {
+      cudaGraphExec_t gd = graph_of(form);
+      const double us = time_it([&] { CK(cudaGraphLaunch(gd, s)); });
+      dr.push_back({name, form, us, final_output()});
+      CK(cudaGraphExecDestroy(gd));
+    }
+  const double a5_us = time_it([&] { CK(cudaGraphLaunch(ga, s)); });
+  double d_gap = 0;
+  for (const auto& r : dr) d_gap = std::max(d_gap, relative_gap(r.y, ya));
+  double pf_gap = 0;
+  for (const auto& r : pf) pf_gap = std::max(pf_gap, relative_gap(r.y, ya));
+
   int per_sm = 0;
   CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, persistent_chain<true>, kThreads, 0));
   const unsigned grid = static_cast<unsigned>(per_sm * prop.multiProcessorCount);
@@ -607,6 +762,15 @@ int main(int argc, char** argv) {
   row("A-sumsq: g folded, 1/rms from producer partials (timing)", n4_us);
   row("A-sumsq again", n4b_us);
   row("A a third time", a3_us);
+  for (const auto& r : pf) {
+    char name[96];
+    std::snprintf(name, sizeof name, "A-pf%s: A, %d wave%s ahead prefetched to L2", r.form == 10 ? "-next" : "", r.ahead,
+                  r.ahead == 1 ? "" : "s");
+    row(name, r.us);
+  }
+  row("A a fourth time", a4_us);
+  for (const auto& r : dr) row(r.name, r.us);
+  row("A a fifth time", a5_us);
   row("B: a kernel per GEMV, warp-per-row, x in shared memory", b_us);
   row("B2: the same, x through L1", b2_us);
   row("B3: B with a block per 8 rows (one row a warp)", b3_us);
@@ -622,11 +786,21 @@ int main(int argc, char** argv) {
   std::printf("staged_norm_over_plain: %.3f\nfolded_norm_over_staged: %.3f\n", n1_us / a_us, n2_us / n1_us);
   std::printf("g_in_weights_over_folded: %.3f\nsumsq_from_producer_over_folded: %.3f\n",
               std::min(n3_us, n3b_us) / std::min(n2_us, n2b_us), std::min(n4_us, n4b_us) / std::min(n2_us, n2b_us));
+  {
+    double best = 1e30;
+    for (const auto& r : pf) best = std::min(best, r.us);
+    std::printf("prefetch_best_over_plain: %.3f\n", best / std::min({a_us, a2_us, a3_us, a4_us}));
+    std::printf("last output, relative L2 gap, prefetch forms to A (worst): %.2e\n", pf_gap);
+    double dbest = 1e30;
+    for (const auto& r : dr) dbest = std::min(dbest, r.us);
+    std::printf("stream_best_over_plain: %.3f\n", dbest / std::min({a_us, a2_us, a3_us, a4_us, a5_us}));
+    std::printf("last output, relative L2 gap, streamed forms to A (worst): %.2e\n", d_gap);
+  }
   std::printf("rows_over_runtime_like: %.3f\n", std::min(b_us, b2_us) / a_us);
   std::printf("persistent_over_kernels: %.3f\n", c_us / a_us);
   const bool ok = a_err < 2e-2 && c_err < 2e-2 && relative_gap(yc, ya) < 5e-2 && relative_gap(yb, ya) < 5e-2 &&
                   relative_gap(yb2, ya) < 5e-2 && relative_gap(yn2, yn1) < 5e-2 &&
-                  relative_gap(yn3, yn2) < 5e-2;
+                  relative_gap(yn3, yn2) < 5e-2 && pf_gap < 1e-6 && d_gap < 5e-2;
   std::printf("%s\n", ok ? "outputs agree" : "OUTPUTS DISAGREE");
   return ok ? 0 : 1;
 }
