@@ -54,8 +54,11 @@ elif [ -n "$ncu" ]; then
     >"$out/kernels.csv" 2>/dev/null
   python3 - "$out/kernels.csv" <<'EOF'
 import csv, sys, collections
-rows = [r for r in csv.reader(open(sys.argv[1])) if len(r) > 10]
-head, body = rows[0], rows[1:]
+# The bench's own output comes first (one line of it has commas enough to
+# pass for a row): start at ncu's header.
+rows = list(csv.reader(open(sys.argv[1])))
+start = next(i for i, r in enumerate(rows) if "Kernel Name" in r and "Metric Value" in r)
+head, body = rows[start], [r for r in rows[start + 1:] if len(r) == len(rows[start])]
 kn, mv = head.index("Kernel Name"), head.index("Metric Value")
 agg = collections.defaultdict(lambda: [0, 0.0])
 for r in body:

@@ -1,6 +1,7 @@
 #include "gpu/cuda/argmax.cuh"
 
 #include <climits>
+#include <cstdint>
 
 #include "gpu/cuda/common.cuh"
 #include "gpu/cuda/cuda_check.cuh"
@@ -34,18 +35,54 @@ __device__ __forceinline__ best_of warp_best(best_of b) {
   return b;
 }
 
+// The thread's candidate after element j of value v (a strict > keeps the
+// first maximum: each thread visits its indices in increasing order).
+__device__ __forceinline__ void consider(best_of& b, float v, int64_t j) {
+  if (!isnan(v) && (b.i < 0 || v > b.v)) b = {v, static_cast<int>(j)};
+}
+
+// A row's 16-byte vectors (contiguous, aligned rows): each thread takes
+// vectors tid, tid + kThreads, ..., kUnroll of them loaded before any is
+// compared, so a decode step's 32,000 logits cost one memory latency
+// rather than one per element (the element loop: 10.4 us for LLaMA's
+// vocabulary on an H200 under ncu, docs/BENCHMARKS.md session 45).
+constexpr int kUnroll = 4;
+template <class T>
+__device__ __forceinline__ void scan_vectors(best_of& b, const T* xr, int64_t vecs) {
+  constexpr int V = 16 / sizeof(T);
+  const uint4* xv = reinterpret_cast<const uint4*>(xr);
+  for (int64_t base = threadIdx.x; base < vecs; base += static_cast<int64_t>(kThreads) * kUnroll) {
+    uint4 u[kUnroll];
+#pragma unroll
+    for (int k = 0; k < kUnroll; ++k) {
+      const int64_t at = base + static_cast<int64_t>(k) * kThreads;
+      if (at < vecs) u[k] = __ldg(xv + at);
+    }
+#pragma unroll
+    for (int k = 0; k < kUnroll; ++k) {
+      const int64_t at = base + static_cast<int64_t>(k) * kThreads;
+      if (at >= vecs) break;
+      const T* e = reinterpret_cast<const T*>(&u[k]);
+#pragma unroll
+      for (int i = 0; i < V; ++i) consider(b, to_f(e[i]), at * V + i);
+    }
+  }
+}
+
 template <class T>
 __global__ void __launch_bounds__(kThreads) argmax_kernel(kt out, kt x) {
   pdl_enter();
   __shared__ best_of warps[kThreads / 32];
   const int64_t row = blockIdx.x, n = x.d[3], xs = x.s[3];
   const T* xr = static_cast<const T*>(x.p) + row_offset(x, row);
-  // Each thread scans its elements in increasing order: a strict > keeps the first maximum.
   best_of b{0.f, -1};
-  for (int64_t j = threadIdx.x; j < n; j += kThreads) {
-    const float v = to_f(xr[j * xs]);
-    if (!isnan(v) && (b.i < 0 || v > b.v)) b = {v, static_cast<int>(j)};
+  constexpr int V = 16 / sizeof(T);
+  int64_t scalar_from = 0;  // the elements left to the element loop (a tail past the last whole vector)
+  if (xs == 1 && reinterpret_cast<uintptr_t>(xr) % 16 == 0) {
+    scan_vectors(b, xr, n / V);
+    scalar_from = n / V * V;
   }
+  for (int64_t j = scalar_from + threadIdx.x; j < n; j += kThreads) consider(b, to_f(xr[j * xs]), j);
   b = warp_best(b);
   const int lane = static_cast<int>(threadIdx.x & 31), warp = static_cast<int>(threadIdx.x >> 5);
   if (lane == 0) warps[warp] = b;

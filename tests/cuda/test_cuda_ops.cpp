@@ -142,6 +142,29 @@ TEST(CudaOps, ArgmaxMatchesReferenceWithTiesAndNaNs) {
     auto g = std::move(b).build();
     ASSERT_TRUE(g) << g.err().to_string();
     check_against_reference(*g, {x}, test::tol{0, 0}, std::string("argmax of crafted rows ") + to_string(t));
+    // Long rows, read in 16-byte vectors where a row is contiguous and
+    // aligned (8200 elements: every row; 8203: a tail past the last whole
+    // vector, and rows that start unaligned, read element by element): the
+    // maximum more than once (the first wins: in one vector, in two threads,
+    // in two vectors of one thread), NaNs before it, a row of NaNs (0), a row of -inf
+    // with a NaN (0), the maximum in the last element.
+    for (const int64_t n : {int64_t{8200}, int64_t{8203}}) {
+      host_tensor y = rnd(t, {6, n}, 2.0f);
+      const auto put = [&](int64_t r, int64_t j, float v) { y.set(r * n + j, v); };
+      put(0, 100, nan), put(0, 5000, 100.f), put(0, 7000, 100.f);
+      put(1, 9, 100.f), put(1, 12, 100.f), put(1, 3, nan);  // one vector of 16-bit values
+      put(2, 17, 100.f), put(2, 25, 100.f), put(2, 17 + 8 * 1024, 100.f);  // two threads; one thread's two vectors
+      for (int64_t j = 0; j < n; ++j) put(3, j, nan);
+      for (int64_t j = 0; j < n; ++j) put(4, j, -inf);
+      put(4, 0, nan);
+      put(5, n - 1, 100.f);
+      graph_builder bl;
+      bl.output(bl.argmax(bl.input("x", t, {6, n})));
+      auto gl = std::move(bl).build();
+      ASSERT_TRUE(gl) << gl.err().to_string();
+      check_against_reference(*gl, {y}, test::tol{0, 0},
+                              "argmax of crafted rows of " + std::to_string(n) + " " + to_string(t));
+    }
   }
 }
 
