@@ -43,9 +43,9 @@ __device__ __forceinline__ void consider(best_of& b, float v, int64_t j) {
 
 // A row's 16-byte vectors (contiguous, aligned rows): each thread takes
 // vectors tid, tid + kThreads, ..., kUnroll of them loaded before any is
-// compared, so a decode step's 32,000 logits cost one memory latency
-// rather than one per element (the element loop: 10.4 us for LLaMA's
-// vocabulary on an H200 under ncu, docs/BENCHMARKS.md session 45).
+// compared, so a thread's loads of a decode step's 32,000 logits overlap
+// (LLaMA's vocabulary on an H200 under ncu: 10.3 us element by element,
+// 7.45 this way; docs/BENCHMARKS.md session 45).
 constexpr int kUnroll = 4;
 template <class T>
 __device__ __forceinline__ void scan_vectors(best_of& b, const T* xr, int64_t vecs) {
