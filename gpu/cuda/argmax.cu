@@ -46,10 +46,13 @@ __device__ __forceinline__ void consider(best_of& b, float v, int64_t j) {
 // compared, so a thread's loads of a decode step's 32,000 logits overlap
 // (LLaMA's vocabulary on an H200 under ncu: 10.3 us element by element,
 // 7.45 this way; docs/BENCHMARKS.md session 45).
+// Returns how many of the row's n elements it covered (the rest, past the
+// last whole vector, is the element loop's).
 constexpr int kUnroll = 4;
 template <class T>
-__device__ __forceinline__ void scan_vectors(best_of& b, const T* xr, int64_t vecs) {
+__device__ __forceinline__ int64_t scan_vectors(best_of& b, const T* xr, int64_t n) {
   constexpr int V = 16 / sizeof(T);
+  const int64_t vecs = n / V;
   const uint4* xv = reinterpret_cast<const uint4*>(xr);
   for (int64_t base = threadIdx.x; base < vecs; base += static_cast<int64_t>(kThreads) * kUnroll) {
     uint4 u[kUnroll];
@@ -67,6 +70,7 @@ __device__ __forceinline__ void scan_vectors(best_of& b, const T* xr, int64_t ve
       for (int i = 0; i < V; ++i) consider(b, to_f(e[i]), at * V + i);
     }
   }
+  return vecs * V;
 }
 
 template <class T>
@@ -76,12 +80,9 @@ __global__ void __launch_bounds__(kThreads) argmax_kernel(kt out, kt x) {
   const int64_t row = blockIdx.x, n = x.d[3], xs = x.s[3];
   const T* xr = static_cast<const T*>(x.p) + row_offset(x, row);
   best_of b{0.f, -1};
-  constexpr int V = 16 / sizeof(T);
-  int64_t scalar_from = 0;  // the elements left to the element loop (a tail past the last whole vector)
-  if (xs == 1 && reinterpret_cast<uintptr_t>(xr) % 16 == 0) {
-    scan_vectors(b, xr, n / V);
-    scalar_from = n / V * V;
-  }
+  // Contiguous, aligned rows in vectors; the rest (or every element of
+  // another row) element by element.
+  const int64_t scalar_from = xs == 1 && reinterpret_cast<uintptr_t>(xr) % 16 == 0 ? scan_vectors(b, xr, n) : 0;
   for (int64_t j = scalar_from + threadIdx.x; j < n; j += kThreads) consider(b, to_f(xr[j * xs]), j);
   b = warp_best(b);
   const int lane = static_cast<int>(threadIdx.x & 31), warp = static_cast<int>(threadIdx.x >> 5);
