@@ -186,6 +186,9 @@ class replay_graph {
   virtual ~replay_graph() = default;
   /// Kernels in it (views and leaves are not captured).
   virtual int kernels() const noexcept = 0;
+  /// Kernels its host copies became (CUDA: consecutive copies that touch
+  /// none of each other's bytes share one); 0 where copies are not kernels.
+  virtual int host_copy_kernels() const noexcept { return 0; }
 };
 
 /// One operation of a replay segment handed to device::capture_segment: a

@@ -219,6 +219,27 @@ void planner::elide_concats(plan& p) {
   }
 }
 
+void planner::elide_empty_stores(plan& p) {
+  const graph& g = *p.graph_;
+  for (step& st : p.steps_) {
+    if (st.kind != step_kind::compute) continue;
+    for (node_id id : st.ops) {
+      const node& n = g.at(id);
+      if (n.op != op_kind::store_rows || n.inputs.size() != 2) continue;
+      const node& pos = g.at(storage_root(g, n.inputs[1]));
+      const host_tensor* values = pos.op == op_kind::weight && pos.data ? pos.data->in_memory() : nullptr;
+      if (!values || values->type() != dtype::i32) continue;
+      const int64_t cap = n.dims[n.attrs.axis];
+      const auto* at = reinterpret_cast<const int32_t*>(values->data());
+      bool stores = false;
+      for (int64_t k = 0; k < values->dims().numel() && !stores; ++k) stores = at[k] >= 0 && at[k] < cap;
+      if (stores) continue;
+      p.elided_[static_cast<std::size_t>(id)] = 1;
+      st.est_seconds = std::max(0.0, st.est_seconds - estimate_seconds(p.devices_[static_cast<std::size_t>(st.device)], g, n));
+    }
+  }
+}
+
 error planner::plan_memory(plan& p) {
   const graph& g = *p.graph_;
   const std::size_t ndev = p.devices_.size();
@@ -278,8 +299,13 @@ error planner::plan_memory(plan& p) {
       case step_kind::compute:
         for (std::size_t k = 0; k < st.ops.size(); ++k) {
           const node& n = g.at(st.ops[k]);
-          // Views and elided concats run nothing; their readers access the storage.
-          if (p.runs_nothing(n.id)) continue;
+          // Views and elided concats run nothing; their readers access the
+          // storage. A store of nothing keeps its state's place all the same
+          // (plans sharing the state find it by name).
+          if (p.runs_nothing(n.id)) {
+            if (is_state_op(n.op)) (void)in_state_region(st.device, n.id);
+            continue;
+          }
           const position pos{st.id, static_cast<int>(k)};
           for (node_id i : n.inputs) read(st.device, i, pos);
           write(st.device, n.id, pos);

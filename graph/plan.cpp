@@ -190,6 +190,11 @@ std::string plan::describe() const {
     for (const elided_concat& e : elided_concats_) elided += e.device == d;
     if (elided > 0)
       os << "  " << elided << " concat(s) elided: their inputs are written in place (plan_options::elide_concats)\n";
+    int stores = 0;
+    for (node_id id = 0; id < static_cast<node_id>(elided_.size()); ++id)
+      stores += elided_[static_cast<std::size_t>(id)] && graph_->at(id).op == op_kind::store_rows &&
+                placement_[static_cast<std::size_t>(id)] == d;
+    if (stores > 0) os << "  " << stores << " store_rows storing nothing run no kernel (a read of the state slot)\n";
     if (options_.graph_replay != graph_replay_mode::off) {
       int nseg = 0, kernels = 0, copies = 0;
       for (const replay_segment& seg : segments)

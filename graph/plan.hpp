@@ -499,7 +499,9 @@ class plan {
   const std::vector<projection_fusion>& projection_fusions() const noexcept { return projection_fusions_; }
   /// Concats that run nothing (plan_options::elide_concats), in step order.
   const std::vector<elided_concat>& elided_concats() const noexcept { return elided_concats_; }
-  /// Whether op `id` runs no kernel: a view, a leaf or an elided concat.
+  /// Whether op `id` runs no kernel: a view, a leaf, an elided concat or a
+  /// store_rows that stores nothing (its positions a constant outside its
+  /// capacity: a read of the state slot).
   bool runs_nothing(node_id id) const;
   const plan_options& options() const noexcept { return options_; }
   /// Device of each node (index = node id); leaves take their first consumer's device.
@@ -553,7 +555,7 @@ class plan {
   /// step builder's order and in the order kept (seconds); 0 when the pass
   /// did not run, equal when it kept the builder's order.
   double builder_order_seconds_ = 0, kept_order_seconds_ = 0;
-  std::vector<char> elided_;  // [node] -> 1 for an elided concat
+  std::vector<char> elided_;  // [node] -> 1 for an elided concat or a store_rows that stores nothing
   std::vector<device_spec> devices_;
   plan_options options_;
   std::vector<int> placement_;

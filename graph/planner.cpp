@@ -1050,6 +1050,7 @@ expected<std::shared_ptr<const plan>> planner::compile(std::shared_ptr<const gra
   if (options.fuse_ops) p->fusions_ = find_attention_fusions(g, p->steps_, p->devices_);
   if (options.fuse_projections) p->projection_fusions_ = find_projection_fusions(g, p->steps_, p->devices_, p->fusions_);
   elide_concats(*p);
+  elide_empty_stores(*p);
   if (auto e = plan_memory(*p)) return e;
   if (auto e = check_host_memory(*p)) return e;
   return std::shared_ptr<const plan>(std::move(p));

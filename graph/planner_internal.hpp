@@ -46,6 +46,13 @@ class planner {
   /// p.elided_concats_ and p.elided_, and takes their cost out of their
   /// steps' estimates. Runs after the fusions, before plan_memory.
   static void elide_concats(plan& p);
+  /// Marks in p.elided_ the store_rows ops that store nothing: their
+  /// positions a constant (an in-memory weight) with every value outside
+  /// [0, capacity), as a read of state that another job or plan keeps
+  /// (graph/models/transformer.cpp's token_state_in). They run no kernel;
+  /// their readers read the state slot as earlier jobs left it. Runs after
+  /// elide_concats.
+  static void elide_empty_stores(plan& p);
   /// Fills step::peers of collective steps: the steps whose nodes share op
   /// and operands, in rank order. Error: two parts claiming one rank.
   static error group_collectives(plan& p);

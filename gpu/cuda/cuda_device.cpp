@@ -63,8 +63,8 @@ void CUDART_CB host_func_trampoline(void* p) {
 /// or the actor stopped after its streams drained).
 class cuda_replay_graph final : public replay_graph {
  public:
-  cuda_replay_graph(std::shared_ptr<core> c, cudaGraphExec_t exec, int kernels)
-      : core_(std::move(c)), exec_(exec), kernels_(kernels) {}
+  cuda_replay_graph(std::shared_ptr<core> c, cudaGraphExec_t exec, int kernels, int copy_kernels)
+      : core_(std::move(c)), exec_(exec), kernels_(kernels), copy_kernels_(copy_kernels) {}
   ~cuda_replay_graph() override {
     core_->poll->drain_launches();  // no launch of it still waits on the poller
     device_guard g(core_->ordinal);
@@ -72,10 +72,12 @@ class cuda_replay_graph final : public replay_graph {
     AG_CUDA_ASSERT(cudaGraphExecDestroy(exec_));
   }
   int kernels() const noexcept override { return kernels_; }
+  int host_copy_kernels() const noexcept override { return copy_kernels_; }
 
   std::shared_ptr<core> core_;
   cudaGraphExec_t exec_ = nullptr;
   int kernels_ = 0;
+  int copy_kernels_ = 0;
 };
 
 /// backend_options::cuda_launch_on_poller, or AG_CUDA_LAUNCH_ON_POLLER=0|1.
@@ -402,10 +404,33 @@ class cuda_device final : public device {
       return refused(std::string("cudaStreamBeginCapture: ") + cudaGetErrorString(r));
     }
     error launch_err;
-    int kernels = 0;
+    int kernels = 0, copy_kernels = 0;
+    // Host copies waiting to become one kernel (launch_byte_copies): a run
+    // of consecutive copies none of which touches another's bytes. `as_given`
+    // keeps their pointers as the segment gave them, for the independence
+    // check (host and device memory are disjoint in the unified address
+    // space); `mapped`, the pointers the kernel uses.
+    thread_local std::vector<gpu::byte_copy> as_given, mapped_copies;
+    as_given.clear();
+    mapped_copies.clear();
+    const auto flush_copies = [&] {
+      if (mapped_copies.empty() || launch_err) return;
+      thread_local launch_ctx c;
+      c.stream = cs->s_;
+      c.pdl = kernels_.pdl;
+      c.sm_count = sm_count_;
+      c.where = spec_.name + " host copies (a kernel in a graph)";
+      launch_err = launch_byte_copies(c, mapped_copies.data(), static_cast<int>(mapped_copies.size()));
+      if (launch_err) (void)cudaGetLastError();
+      ++copy_kernels;
+      as_given.clear();
+      mapped_copies.clear();
+    };
     for (std::size_t i = 0; i < n && !launch_err; ++i) {
       const segment_op& o = ops[i];
       if (o.what == segment_op::kind::launch) {
+        flush_copies();
+        if (launch_err) break;
         const op_launch& l = *o.launch;
         if (l.op && !is_view_op(l.op->op) && !is_leaf_op(l.op->op)) ++kernels;
         launch_err = run_op(*cs, l);
@@ -428,16 +453,17 @@ class cuda_device final : public device {
       }
       void* mapped = nullptr;
       if (graph_copy_kernels_ && cudaHostGetDevicePointer(&mapped, host, 0) == cudaSuccess && mapped) {
-        thread_local launch_ctx c;
-        c.stream = cs->s_;
-        c.pdl = kernels_.pdl;
-        c.sm_count = sm_count_;
-        c.where = spec_.name + (h2d ? " copy_h2d" : " copy_d2h") + " (a kernel in a graph)";
-        launch_err = launch_byte_copy(c, h2d ? o.dst : mapped, h2d ? mapped : o.src, o.bytes);
-        if (launch_err) (void)cudaGetLastError();
+        const gpu::byte_copy given{o.dst, o.src, o.bytes};
+        const bool joins = std::all_of(as_given.begin(), as_given.end(),
+                                       [&](const gpu::byte_copy& b) { return gpu::copies_independent(b, given); });
+        if (!joins || mapped_copies.size() == static_cast<std::size_t>(max_batched_copies)) flush_copies();
+        as_given.push_back(given);
+        mapped_copies.push_back({h2d ? o.dst : mapped, h2d ? mapped : o.src, o.bytes});
         continue;
       }
       (void)cudaGetLastError();  // a refused cudaHostGetDevicePointer: a memcpy node instead
+      flush_copies();
+      if (launch_err) break;
       if (cudaError_t r = cudaMemcpyAsync(o.dst, o.src, static_cast<size_t>(o.bytes),
                                           h2d ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost, cs->s_);
           r != cudaSuccess) {
@@ -445,6 +471,7 @@ class cuda_device final : public device {
         launch_err = error(errc::unsupported_op, std::string("cudaMemcpyAsync: ") + cudaGetErrorString(r), index_);
       }
     }
+    flush_copies();
     cudaGraph_t graph = nullptr;
     const cudaError_t ended = cudaStreamEndCapture(cs->s_, &graph);  // always: leaves capture mode
     if (ended != cudaSuccess) (void)cudaGetLastError();
@@ -467,7 +494,7 @@ class cuda_device final : public device {
       (void)cudaGetLastError();
       return refused(std::string("cudaGraphInstantiate: ") + cudaGetErrorString(inst));
     }
-    return std::unique_ptr<replay_graph>(std::make_unique<cuda_replay_graph>(core_, exec, kernels));
+    return std::unique_ptr<replay_graph>(std::make_unique<cuda_replay_graph>(core_, exec, kernels, copy_kernels));
   }
 
   error replay(stream& s, replay_graph& rg) override {

@@ -3,8 +3,10 @@
 #include "gpu/cuda/elementwise.cuh"
 #include "gpu/cuda/vec.cuh"
 
+#include <algorithm>
 #include <cstdlib>
 #include <optional>
+#include <string>
 #include <vector>
 
 namespace ag::gpu::cuda {
@@ -355,27 +357,43 @@ std::optional<copy_rows> as_copy_rows(const kt& dst, const kt& src) {
 
 namespace {
 
-__global__ void byte_copy_kernel(unsigned char* __restrict__ dst, const unsigned char* __restrict__ src, int64_t bytes,
-                                 bool words) {
+struct byte_copies_args {
+  gpu::byte_copy c[max_batched_copies];
+};
+
+// Block row blockIdx.y moves copy blockIdx.y (grid-stride along x).
+__global__ void byte_copies_kernel(byte_copies_args a) {
   pdl_enter();  // reads the previous kernel's output, writes what the next one reads
+  const gpu::byte_copy c = a.c[blockIdx.y];
+  auto* dst = static_cast<unsigned char*>(c.dst);
+  const auto* src = static_cast<const unsigned char*>(c.src);
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (words) {
-    for (int64_t w = i; w < bytes / 16; w += stride)
+  if ((reinterpret_cast<uintptr_t>(dst) | reinterpret_cast<uintptr_t>(src)) % 16 == 0) {
+    for (int64_t w = i; w < c.bytes / 16; w += stride)
       reinterpret_cast<uint4*>(dst)[w] = reinterpret_cast<const uint4*>(src)[w];
-    i += bytes / 16 * 16;
+    i += c.bytes / 16 * 16;
   }
-  for (; i < bytes; i += stride) dst[i] = src[i];
+  for (; i < c.bytes; i += stride) dst[i] = src[i];
 }
 
 }  // namespace
 
-error launch_byte_copy(const launch_ctx& c, void* dst, const void* src, int64_t bytes) {
-  if (bytes <= 0) return {};
-  const bool words = reinterpret_cast<uintptr_t>(dst) % 16 == 0 && reinterpret_cast<uintptr_t>(src) % 16 == 0;
+error launch_byte_copies(const launch_ctx& c, const gpu::byte_copy* copies, int count) {
+  if (count < 1 || count > max_batched_copies)
+    return error(errc::internal, c.where + ": launch_byte_copies takes 1 to " + std::to_string(max_batched_copies) +
+                                     " copies, not " + std::to_string(count));
+  byte_copies_args a;
   const int block = 256;
-  launch_kernel(c, byte_copy_kernel, grid_for(words ? bytes / 16 + 1 : bytes, block, c.sm_count * 4), block, 0,
-                static_cast<unsigned char*>(dst), static_cast<const unsigned char*>(src), bytes, words);
+  unsigned grid = 1;
+  for (int k = 0; k < count; ++k) {
+    a.c[k] = copies[k];
+    const int64_t n = copies[k].bytes;
+    const bool words =
+        (reinterpret_cast<uintptr_t>(copies[k].dst) | reinterpret_cast<uintptr_t>(copies[k].src)) % 16 == 0;
+    grid = std::max(grid, grid_for(words ? n / 16 + 1 : n, block, c.sm_count * 4));
+  }
+  launch_kernel(c, byte_copies_kernel, dim3(grid, static_cast<unsigned>(count)), block, 0, a);
   AG_CUDA_TRY_LAUNCH(c.where);
   return {};
 }

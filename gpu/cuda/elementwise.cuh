@@ -1,5 +1,6 @@
 #pragma once
 // Elementwise ops and strided copies (host launchers).
+#include "gpu/byte_copy.hpp"
 #include "gpu/cuda/kernel_args.hpp"
 
 namespace ag::gpu::cuda {
@@ -21,10 +22,16 @@ error launch_elementwise(const launch_ctx& c, ew_op op, const kt& out, const kt&
 /// bit-exact (also for i32).
 error launch_strided_copy(const launch_ctx& c, const kt& dst, const kt& src);
 
-/// `bytes` bytes from `src` to `dst` by a kernel (16 bytes a thread where
-/// both are 16-byte aligned), either side in device memory or in pinned host
-/// memory the GPU reads and writes directly (unified addressing): a replayed
-/// segment's small host copy as a kernel node (cuda_device::capture_segment).
-error launch_byte_copy(const launch_ctx& c, void* dst, const void* src, int64_t bytes);
+/// The most copies one launch_byte_copies kernel takes.
+inline constexpr int max_batched_copies = 8;
+
+/// `count` (1 .. max_batched_copies) independent copies
+/// (gpu::copies_independent, pairwise) by one kernel: a row of blocks per copy, 16 bytes a thread
+/// where both of its pointers are 16-byte aligned; either side in device
+/// memory or in pinned host memory the GPU reads and writes directly
+/// (unified addressing). A replayed segment's host copies become such
+/// kernels, consecutive independent ones sharing one
+/// (cuda_device::capture_segment): a decode step's inputs in one kernel.
+error launch_byte_copies(const launch_ctx& c, const gpu::byte_copy* copies, int count);
 
 }  // namespace ag::gpu::cuda

@@ -640,6 +640,82 @@ TEST(State, AStoreNoOutputNeedsStillStoresForTheSlotsNextJob) {
       EXPECT_EQ(cache.at((h * C + 5) * D + d), stored.at(h * D + d)) << "head " << h << ", element " << d;
 }
 
+// A store_rows whose positions are a constant outside its capacity stores
+// nothing: a read of the slot (the generator's token_state_in). It runs no
+// kernel (plan::runs_nothing, named in describe()), the hazard checker
+// passes with its state read but not written, and its readers see what the
+// slot's earlier jobs stored, on sim and cpu, replayed or not, and when a
+// pipeline copies the state to another stage. A constant with one position
+// in range still stores.
+TEST(State, AStoreOfNothingRunsNoKernelAndItsReadersSeeTheSlot) {
+  const auto writer_graph = [] {
+    ag::graph_builder b;
+    auto rows = b.input("rows", ag::dtype::f32, {1, H, 1, D});
+    auto pos = b.input("positions", ag::dtype::i32, {1});
+    (void)b.store_rows(rows, pos, 2, C, "cache");
+    b.output(b.scale(rows, 3.0f, "echo"));
+    auto g = std::move(b).build();
+    EXPECT_TRUE(g.has_value()) << g.err().to_string();
+    return std::move(*g);
+  };
+  // positions {-1} (or {-1, in_range}) as a constant, rows of zeros; two
+  // readers on layer 1, so a two-stage pipeline may place them apart.
+  const auto reader_graph = [](std::vector<int32_t> positions) {
+    ag::graph_builder b;
+    const auto n = static_cast<int64_t>(positions.size());
+    b.set_layer(0);
+    auto none = b.weight("none.rows", ag::host_tensor(ag::dtype::f32, {1, H, n, D}));
+    auto where = b.weight("none.at", ag::host_tensor::from_ints({n}, std::move(positions)));
+    auto st = b.store_rows(none, where, 2, C, "cache");
+    b.set_layer(1);
+    auto x = b.input("x", ag::dtype::f32, {1, H, C, D});
+    b.output(b.add(st, x, "cache_plus_x"));
+    auto g = std::move(b).build();
+    EXPECT_TRUE(g.has_value()) << g.err().to_string();
+    return std::move(*g);
+  };
+  for (const std::string spec : {"sim:1", "cpu:1", "sim:2"})
+    for (const ag::graph_replay_mode replay : {ag::graph_replay_mode::off, ag::graph_replay_mode::on}) {
+      SCOPED_TRACE(spec + (replay == ag::graph_replay_mode::on ? ", replayed" : ""));
+      auto rt = ag::runtime::create(spec, fast_sim());
+      ASSERT_TRUE(rt.has_value()) << rt.err().to_string();
+      ag::plan_options po;
+      po.state_slots = 2;
+      po.graph_replay = replay;
+      po.pipeline_stages = spec == "sim:2" ? 2 : 1;
+      auto writer = (*rt)->compile(writer_graph(), po);
+      ASSERT_TRUE(writer.has_value()) << writer.err().to_string();
+      po.share_state_with = *writer;
+      auto reader = (*rt)->compile(reader_graph({-1}), po);
+      ASSERT_TRUE(reader.has_value()) << reader.err().to_string();
+      const ag::node_id store = (*reader)->source().find("cache");
+      EXPECT_TRUE((*reader)->runs_nothing(store));
+      EXPECT_FALSE((*writer)->runs_nothing((*writer)->source().find("cache")));
+      EXPECT_NE((*reader)->describe().find("1 store_rows storing nothing run no kernel"), std::string::npos)
+          << (*reader)->describe();
+      EXPECT_FALSE(ag::check_hazards(**reader)) << ag::check_hazards(**reader).to_string();
+      auto partly = (*rt)->compile(reader_graph({-1, 3}), po);
+      ASSERT_TRUE(partly.has_value()) << partly.err().to_string();
+      EXPECT_FALSE((*partly)->runs_nothing((*partly)->source().find("cache"))) << "position 3 is stored";
+
+      ag::reference_state ref;
+      const ag::graph reads = reader_graph({-1});
+      for (int32_t p = 0; p < C; p += 3) {
+        const std::vector<ag::host_tensor> in{ag::host_tensor::random_normal(ag::dtype::f32, {1, H, 1, D}, 50 + p, 1.0f),
+                                              ag::host_tensor::from_ints({1}, {p})};
+        auto w = (*rt)->submit(*writer, in, slot(1)).wait();
+        ASSERT_TRUE(w.has_value()) << w.err().to_string();
+        ASSERT_TRUE(ag::evaluate_reference(writer_graph(), in, ref).has_value());
+        const std::vector<ag::host_tensor> x{ag::host_tensor::random_normal(ag::dtype::f32, {1, H, C, D}, 90 + p, 1.0f)};
+        auto r = (*rt)->submit(*reader, x, slot(1)).wait();
+        ASSERT_TRUE(r.has_value()) << r.err().to_string();
+        auto want = ag::evaluate_reference(reads, x, ref);
+        ASSERT_TRUE(want.has_value()) << want.err().to_string();
+        expect_equal(*r, *want, "the read after position " + std::to_string(p));
+      }
+    }
+}
+
 TEST(State, ThePlanKeepsStatePerSlotInTheStateRegionAndCountsEverySlot) {
   const ag::graph g = state_graph(3);
   auto gp = std::make_shared<const ag::graph>(g);

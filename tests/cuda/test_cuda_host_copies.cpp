@@ -347,5 +347,61 @@ TEST(CudaHostCopies, CapturedHostCopiesMoveExactlyTheirBytesAtEachReplay) {
   }
 }
 
+// A segment of many small host copies, as a decode step's inputs and
+// outputs: independent consecutive copies share one kernel (at most
+// 8 a kernel: gpu/cuda/elementwise.cuh), a copy that reads what an earlier one of
+// the run wrote starts a new one, and every byte lands at each replay, for
+// sizes that are and are not multiples of 16 and odd addresses.
+TEST(CudaHostCopies, IndependentCapturedCopiesShareAKernelAndDependentOnesWait) {
+  AG_REQUIRE_GPU(1);
+  auto d = test::gpu0();
+  ASSERT_TRUE(d);
+  auto s = d->create_stream(ag::step_kind::compute).value();
+  host_memory_resource* pinned = d->host_memory();
+  ASSERT_NE(pinned, nullptr);
+  const std::size_t sizes_of[] = {1, 4, 15, 16, 1152, 4099, 65536 + 7, 3, 40};  // 9 copies each way
+  constexpr std::size_t count = std::size(sizes_of), slot = 70000;
+  auto* in = static_cast<std::byte*>(pinned->allocate(count * slot));
+  auto* out = static_cast<std::byte*>(pinned->allocate(count * slot));
+  auto dev = d->allocate(static_cast<int64_t>(count * slot));
+  ASSERT_TRUE(dev);
+  auto* dev_base = static_cast<std::byte*>(*dev);
+  const auto skew = [](std::size_t k) { return k % 3 == 1 ? std::size_t{3} : std::size_t{0}; };
+  std::vector<gpu::segment_op> ops;
+  for (std::size_t k = 0; k < count; ++k)
+    ops.push_back({gpu::segment_op::kind::copy_h2d, nullptr, dev_base + k * slot + skew(k), in + k * slot + skew(k),
+                   static_cast<int64_t>(sizes_of[k])});
+  for (std::size_t k = 0; k < count; ++k)
+    ops.push_back({gpu::segment_op::kind::copy_d2h, nullptr, out + k * slot + skew(k), dev_base + k * slot + skew(k),
+                   static_cast<int64_t>(sizes_of[k])});
+  auto g = d->capture_segment(*s, ops.data(), ops.size());
+  ASSERT_TRUE(g) << g.err().to_string();
+  // Greedy runs in stream order: the first 8 copies in (the most a kernel
+  // takes); the 9th in with the first 7 out (none touches its bytes); the
+  // last two out, the 9th of which reads what the 9th in wrote.
+  EXPECT_EQ((*g)->host_copy_kernels(), 3);
+  EXPECT_EQ((*g)->kernels(), 0) << "no op kernels in a segment of copies";
+  for (uint64_t round = 0; round < 3; ++round) {
+    const auto want = random_bytes(count * slot, 77 + round);
+    std::memcpy(in, want.data(), count * slot);
+    std::memset(out, 0x5a, count * slot);
+    ASSERT_FALSE(d->replay(*s, **g));
+    ASSERT_FALSE(d->synchronize(*s));
+    for (std::size_t k = 0; k < count; ++k) {
+      SCOPED_TRACE("copy " + std::to_string(k) + " of " + std::to_string(sizes_of[k]) + " bytes, round " +
+                   std::to_string(round));
+      const std::size_t at = k * slot + skew(k);
+      EXPECT_EQ(std::memcmp(out + at, want.data() + at, sizes_of[k]), 0);
+      for (std::size_t b = k * slot; b < at; ++b) ASSERT_EQ(out[b], std::byte{0x5a}) << "wrote before its start";
+      for (std::size_t b = at + sizes_of[k]; b < (k + 1) * slot; ++b)
+        ASSERT_EQ(out[b], std::byte{0x5a}) << "wrote past its end";
+    }
+  }
+  g->reset();
+  d->deallocate(*dev);
+  pinned->deallocate(in, count * slot);
+  pinned->deallocate(out, count * slot);
+}
+
 }  // namespace
 }  // namespace ag
