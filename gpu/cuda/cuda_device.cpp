@@ -409,7 +409,8 @@ class cuda_device final : public device {
     // of consecutive copies none of which touches another's bytes. `as_given`
     // keeps their pointers as the segment gave them, for the independence
     // check (host and device memory are disjoint in the unified address
-    // space); `mapped`, the pointers the kernel uses.
+    // space); `mapped_copies`, the pointers the kernel uses (a host side
+    // as its device alias).
     thread_local std::vector<gpu::byte_copy> as_given, mapped_copies;
     as_given.clear();
     mapped_copies.clear();

@@ -25,12 +25,12 @@ error launch_strided_copy(const launch_ctx& c, const kt& dst, const kt& src);
 /// The most copies one launch_byte_copies kernel takes.
 inline constexpr int max_batched_copies = 8;
 
-/// `count` (1 .. max_batched_copies) independent copies
-/// (gpu::copies_independent, pairwise) by one kernel: a row of blocks per copy, 16 bytes a thread
-/// where both of its pointers are 16-byte aligned; either side in device
-/// memory or in pinned host memory the GPU reads and writes directly
-/// (unified addressing). A replayed segment's host copies become such
-/// kernels, consecutive independent ones sharing one
+/// `count` (1 .. max_batched_copies) copies, pairwise independent
+/// (gpu::copies_independent), by one kernel: a row of blocks per copy, 16
+/// bytes a thread where both of its pointers are 16-byte aligned; either
+/// side in device memory or in pinned host memory the GPU reads and writes
+/// directly (unified addressing). A replayed segment's host copies become
+/// such kernels, consecutive independent ones sharing one
 /// (cuda_device::capture_segment): a decode step's inputs in one kernel.
 error launch_byte_copies(const launch_ctx& c, const gpu::byte_copy* copies, int count);
 
