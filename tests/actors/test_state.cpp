@@ -593,6 +593,18 @@ TEST(GeneratePipelined, ADeviceDyingUnderQueuedStepsEndsItsSequencesAndTheGenera
   }
 }
 
+/// rows [1, H, 1, D] and positions i32 [1] stored into "cache" (capacity C,
+/// axis 2); the only output is the rows scaled by 3, so no output needs the
+/// store.
+ag::expected<ag::graph> echoing_store_graph() {
+  ag::graph_builder b;
+  auto rows = b.input("rows", ag::dtype::f32, {1, H, 1, D});
+  auto pos = b.input("positions", ag::dtype::i32, {1});
+  (void)b.store_rows(rows, pos, 2, C, "cache");
+  b.output(b.scale(rows, 3.0f, "echo"));
+  return std::move(b).build();
+}
+
 // A store whose result no output needs still runs: a later job of the slot
 // reads what it stored (the planner prunes from the outputs and every state
 // store). The writer's output is its input scaled; a second plan sharing the
@@ -600,12 +612,7 @@ TEST(GeneratePipelined, ADeviceDyingUnderQueuedStepsEndsItsSequencesAndTheGenera
 TEST(State, AStoreNoOutputNeedsStillStoresForTheSlotsNextJob) {
   auto rt = ag::runtime::create("sim:1", fast_sim());
   ASSERT_TRUE(rt.has_value()) << rt.err().to_string();
-  ag::graph_builder wb;
-  auto rows = wb.input("rows", ag::dtype::f32, {1, H, 1, D});
-  auto pos = wb.input("positions", ag::dtype::i32, {1});
-  (void)wb.store_rows(rows, pos, 2, C, "cache");
-  wb.output(wb.scale(rows, 3.0f, "echo"));
-  auto writer_graph = std::move(wb).build();
+  auto writer_graph = echoing_store_graph();
   ASSERT_TRUE(writer_graph.has_value()) << writer_graph.err().to_string();
   ag::graph_builder rb;
   auto none = rb.input("rows", ag::dtype::f32, {1, H, 1, D});
@@ -648,16 +655,8 @@ TEST(State, AStoreNoOutputNeedsStillStoresForTheSlotsNextJob) {
 // pipeline copies the state to another stage. A constant with one position
 // in range still stores.
 TEST(State, AStoreOfNothingRunsNoKernelAndItsReadersSeeTheSlot) {
-  const auto writer_graph = [] {
-    ag::graph_builder b;
-    auto rows = b.input("rows", ag::dtype::f32, {1, H, 1, D});
-    auto pos = b.input("positions", ag::dtype::i32, {1});
-    (void)b.store_rows(rows, pos, 2, C, "cache");
-    b.output(b.scale(rows, 3.0f, "echo"));
-    auto g = std::move(b).build();
-    EXPECT_TRUE(g.has_value()) << g.err().to_string();
-    return std::move(*g);
-  };
+  const auto writes = echoing_store_graph();
+  ASSERT_TRUE(writes.has_value()) << writes.err().to_string();
   // positions {-1} (or {-1, in_range}) as a constant, rows of zeros; two
   // readers on layer 1, so a two-stage pipeline may place them apart.
   const auto reader_graph = [](std::vector<int32_t> positions) {
@@ -674,6 +673,7 @@ TEST(State, AStoreOfNothingRunsNoKernelAndItsReadersSeeTheSlot) {
     EXPECT_TRUE(g.has_value()) << g.err().to_string();
     return std::move(*g);
   };
+  const ag::graph reads = reader_graph({-1});
   for (const std::string spec : {"sim:1", "cpu:1", "sim:2"})
     for (const ag::graph_replay_mode replay : {ag::graph_replay_mode::off, ag::graph_replay_mode::on}) {
       SCOPED_TRACE(spec + (replay == ag::graph_replay_mode::on ? ", replayed" : ""));
@@ -683,10 +683,10 @@ TEST(State, AStoreOfNothingRunsNoKernelAndItsReadersSeeTheSlot) {
       po.state_slots = 2;
       po.graph_replay = replay;
       po.pipeline_stages = spec == "sim:2" ? 2 : 1;
-      auto writer = (*rt)->compile(writer_graph(), po);
+      auto writer = (*rt)->compile(*writes, po);
       ASSERT_TRUE(writer.has_value()) << writer.err().to_string();
       po.share_state_with = *writer;
-      auto reader = (*rt)->compile(reader_graph({-1}), po);
+      auto reader = (*rt)->compile(reads, po);
       ASSERT_TRUE(reader.has_value()) << reader.err().to_string();
       const ag::node_id store = (*reader)->source().find("cache");
       EXPECT_TRUE((*reader)->runs_nothing(store));
@@ -699,13 +699,12 @@ TEST(State, AStoreOfNothingRunsNoKernelAndItsReadersSeeTheSlot) {
       EXPECT_FALSE((*partly)->runs_nothing((*partly)->source().find("cache"))) << "position 3 is stored";
 
       ag::reference_state ref;
-      const ag::graph reads = reader_graph({-1});
       for (int32_t p = 0; p < C; p += 3) {
         const std::vector<ag::host_tensor> in{ag::host_tensor::random_normal(ag::dtype::f32, {1, H, 1, D}, 50 + p, 1.0f),
                                               ag::host_tensor::from_ints({1}, {p})};
         auto w = (*rt)->submit(*writer, in, slot(1)).wait();
         ASSERT_TRUE(w.has_value()) << w.err().to_string();
-        ASSERT_TRUE(ag::evaluate_reference(writer_graph(), in, ref).has_value());
+        ASSERT_TRUE(ag::evaluate_reference(*writes, in, ref).has_value());
         const std::vector<ag::host_tensor> x{ag::host_tensor::random_normal(ag::dtype::f32, {1, H, C, D}, 90 + p, 1.0f)};
         auto r = (*rt)->submit(*reader, x, slot(1)).wait();
         ASSERT_TRUE(r.has_value()) << r.err().to_string();
