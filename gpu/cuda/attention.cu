@@ -2,6 +2,7 @@
 
 #include <atomic>
 #include <cstdlib>
+#include <cuda/atomic>
 #include <string>
 
 #include "gpu/cuda/common.cuh"
@@ -457,12 +458,17 @@ __global__ void __launch_bounds__(kSplitThreads)
     for (int e = 0; e < DPL; ++e) mine[2 * M + m * dh + lane * DPL + e] = acc[rr][e];
     if (lane == 0) mine[2 * m] = run_max[rr], mine[2 * m + 1] = run_sum[rr];
   }
-  __threadfence();
+  // Thread 0's increment of the group's counter releases the block's writes
+  // (ordered before it by the barrier) and acquires the other blocks', so
+  // the last block reads every part; every thread fenced twice before
+  // (docs/BENCHMARKS.md, session 47).
   __syncthreads();
-  if (threadIdx.x == 0) last_block = atomicAdd(&counters[group], 1u) == static_cast<unsigned>(splits - 1);
+  if (threadIdx.x == 0) {
+    ::cuda::atomic_ref<unsigned, ::cuda::thread_scope_device> count(counters[group]);
+    last_block = count.fetch_add(1u, ::cuda::memory_order_acq_rel) == static_cast<unsigned>(splits - 1);
+  }
   __syncthreads();
   if (!last_block) return;
-  __threadfence();
   // The last block combines: out = sum_s w_s acc_s / sum_s w_s sum_s with
   // w_s = e^(max_s - max), in the kernel's layout (a warp per row, lane s
   // reads split s's max and sum, each lane its dims of every split's sums).
