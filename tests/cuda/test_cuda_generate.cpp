@@ -630,7 +630,7 @@ TEST(CudaGenerate, FusedAttentionWithKeysSplitOverBlocksEqualsTheReference) {
       {2, 3, 1, 4097, 128, false},  // one row per kv head, many keys
       {1, 2, 16, 1000, 32, false},  // 16 rows (4 positions of 4 heads each)
       {1, 4, 2, 300, 64, true},     // causal over the keys, no mask
-      {1, 2, 4, 900, 128, false},   // heads of 128: 16-byte vectors of f32 and 16-bit rows alike
+      {1, 2, 4, 900, 128, false},   // heads of 128: four dims a lane, the last split short
   };
   uint64_t seed = 7000;
   for (const shape_case& sc : cases)
