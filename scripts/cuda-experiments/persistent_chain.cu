@@ -52,6 +52,8 @@
 #include <utility>
 #include <vector>
 
+#include "bulk_copy.cuh"
+
 #define CK(x)                                                                              \
   do {                                                                                     \
     cudaError_t e_ = (x);                                                                  \
@@ -76,11 +78,6 @@ struct stage {
 
 __device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
 __device__ __forceinline__ void pdl_release() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
-__device__ __forceinline__ float warp_sum(float v) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
 __device__ __forceinline__ void fma8(const uint4& w, const uint4& x, float& acc) {
   const unsigned a[4] = {w.x, w.y, w.z, w.w}, b[4] = {x.x, x.y, x.z, x.w};
 #pragma unroll
@@ -472,57 +469,8 @@ __global__ void __launch_bounds__(kThreads, 4) persistent_chain(const stage* sta
 // are a contiguous range (rows of one matrix are contiguous in memory:
 // a tile is one copy), the ranges rotated by g so that the extra rows of
 // uneven splits fall on different blocks.
-__device__ __forceinline__ unsigned shared_address(const void* p) {
-  return static_cast<unsigned>(__cvta_generic_to_shared(p));
-}
-__device__ __forceinline__ void mbar_init(unsigned long long* b, unsigned count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(shared_address(b)), "r"(count) : "memory");
-}
-__device__ __forceinline__ void mbar_arrive(unsigned long long* b) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(shared_address(b)) : "memory");
-}
-__device__ __forceinline__ void mbar_expect_tx(unsigned long long* b, unsigned bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(shared_address(b)), "r"(bytes) : "memory");
-}
-// PC_SUSPEND_NS (a build flag): the most a waiting thread sleeps in one try
-// before it tries again (mbarrier.try_wait's suspend-time hint); 0 leaves
-// the limit to the hardware.
-#ifndef PC_SUSPEND_NS
-#define PC_SUSPEND_NS 0
-#endif
-__device__ __forceinline__ void mbar_wait(unsigned long long* b, unsigned parity) {
-  unsigned done = 0;
-  while (!done) {
-    if (PC_SUSPEND_NS == 0)
-      asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
-                   : "=r"(done)
-                   : "r"(shared_address(b)), "r"(parity)
-                   : "memory");
-    else
-      asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2, %3; selp.u32 %0, 1, 0, p; }"
-                   : "=r"(done)
-                   : "r"(shared_address(b)), "r"(parity), "r"(static_cast<unsigned>(PC_SUSPEND_NS))
-                   : "memory");
-  }
-}
-__device__ __forceinline__ void bulk_load(void* dst, const void* src, unsigned bytes, unsigned long long* bar) {
-  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
-                   shared_address(dst)),
-               "l"(src), "r"(bytes), "r"(shared_address(bar))
-               : "memory");
-}
 template <int CW>
 __device__ __forceinline__ void consumers_sync() { asm volatile("bar.sync 1, %0;" ::"n"(CW * 32) : "memory"); }
-// fma8 with two accumulators (the low and the high halves), half as long a
-// dependent chain.
-__device__ __forceinline__ void fma8_two(const uint4& w, const uint4& x, float& lo, float& hi) {
-  const unsigned a[4] = {w.x, w.y, w.z, w.w}, b[4] = {x.x, x.y, x.z, x.w};
-#pragma unroll
-  for (int k = 0; k < 4; ++k) {
-    lo = fmaf(__uint_as_float(a[k] << 16), __uint_as_float(b[k] << 16), lo);
-    hi = fmaf(__uint_as_float(a[k] & 0xffff0000u), __uint_as_float(b[k] & 0xffff0000u), hi);
-  }
-}
 
 struct e_rows {
   long long first, end;
@@ -646,7 +594,7 @@ __global__ void __launch_bounds__((CW + 1) * 32, 1)
 constexpr int kFChunk = 2048, kFMaxStages = 128, kFMaxRows = 256, kFMaxSlots = 8;
 template <int MODE, int CW>
 __global__ void __launch_bounds__(CW * 32, 1)
-    warp_ring_chain(const stage* stages, int count, unsigned* done, unsigned epoch, int slots) {
+    warp_ring_chain(const stage* stages, int count, unsigned* done, unsigned epoch, int slots, int signaller) {
   extern __shared__ __align__(128) unsigned char dynamic_shared[];
   __shared__ stage st[kFMaxStages];
   __shared__ unsigned long long full[CW * kFMaxSlots];
@@ -710,13 +658,14 @@ __global__ void __launch_bounds__(CW * 32, 1)
       __syncthreads();
       store_sums(g - 1);
       __syncthreads();
-      if (threadIdx.x == 0) {
-        cuda::atomic_ref<unsigned, cuda::thread_scope_device> finished(done[g - 1]);
-        finished.fetch_add(1, cuda::memory_order_release);
-        if (MODE == 0)
-          while (finished.load(cuda::memory_order_acquire) < target) {
-          }
-      }
+      // `signaller` releases the block's rows: thread 1 issues no bulk copies,
+      // so its release waits for no weight loads in flight (thread 0 is warp
+      // 0's issuer); thread 0 polls.
+      cuda::atomic_ref<unsigned, cuda::thread_scope_device> finished(done[g - 1]);
+      if (threadIdx.x == signaller) finished.fetch_add(1, cuda::memory_order_release);
+      if (MODE == 0 && threadIdx.x == 0)
+        while (finished.load(cuda::memory_order_acquire) < target) {
+        }
       __syncthreads();
     }
     const uint4* xg = reinterpret_cast<const uint4*>(s.x);
@@ -1129,9 +1078,9 @@ int main(int argc, char** argv) {
     };
     int max_k = 0;
     for (const auto& sh : per_layer) max_k = std::max(max_k, sh.K);
-    const auto run_f = [&](int cw, int slots, int mode) {
+    const auto run_f = [&](int cw, int slots, int mode, int signaller = 1) {
       const size_t shared = static_cast<size_t>(cw) * slots * kFChunk * 2 + static_cast<size_t>(max_k) * 2;
-      using kernel_t = void (*)(const stage*, int, unsigned*, unsigned, int);
+      using kernel_t = void (*)(const stage*, int, unsigned*, unsigned, int, int);
       const kernel_t kernels[4][3] = {{warp_ring_chain<0, 8>, warp_ring_chain<0, 12>, warp_ring_chain<0, 16>},
                                       {warp_ring_chain<1, 8>, warp_ring_chain<1, 12>, warp_ring_chain<1, 16>},
                                       {warp_ring_chain<2, 8>, warp_ring_chain<2, 12>, warp_ring_chain<2, 16>},
@@ -1141,7 +1090,7 @@ int main(int argc, char** argv) {
       const stage* sp = dst;
       int c = count;
       unsigned e = ++epoch;
-      void* args[] = {&sp, &c, &done, &e, &slots};
+      void* args[] = {&sp, &c, &done, &e, &slots, &signaller};
       CK(cudaLaunchCooperativeKernel(reinterpret_cast<void*>(kernel), grid, cw * 32, args, shared, s));
     };
     const auto run_f2 = [&](int cw, int slots) {
@@ -1181,6 +1130,7 @@ int main(int argc, char** argv) {
         forms.push_back({"F: " + std::to_string(cw) + " warps, each a ring of " + std::to_string(slots) + " x 4 KiB",
                          [&run_f, w_, s_](int mode) { run_f(w_, s_, mode); }, fits});
       }
+      forms.push_back({"F: 16 x 3, released by thread 0 (warp 0's copy issuer)", [&](int mode) { run_f(16, 3, mode, 0); }, true});
       forms.push_back({"F2: F (12 x 4) without the block's lockstep", [&](int) { run_f2(12, 4); }, true});
     }
     if (std::getenv("PC_PROFILE")) {  // F (16 x 3) alone, for a profiler: three launches
