@@ -40,16 +40,8 @@
 #include <cstdlib>
 #include <vector>
 
-#include "bulk_copy.cuh"
+#include "persistent_common.cuh"
 
-#define CK(x)                                                                              \
-  do {                                                                                     \
-    cudaError_t e_ = (x);                                                                  \
-    if (e_ != cudaSuccess) {                                                               \
-      std::fprintf(stderr, "%s: %s (line %d)\n", #x, cudaGetErrorString(e_), __LINE__);   \
-      std::exit(1);                                                                        \
-    }                                                                                      \
-  } while (0)
 
 namespace {
 
@@ -217,19 +209,19 @@ __device__ void attention_block(const step_args& a, int layer, int phase_index, 
   }
   mbar_wait(bar, parity);
   __syncthreads();
+  // This lane's two dims of the span's i-th key or value row: the new row
+  // (at pos) from shared memory as computed, the others as fetched.
+  const auto dims_of = [&](const __nv_bfloat162* rows_fetched, const float* row_new, int i) {
+    if (k0 + i == a.pos) return make_float2(row_new[2 * lane], row_new[2 * lane + 1]);
+    const __nv_bfloat162 pair = rows_fetched[i * (kHeadDim / 2) + lane];
+    return make_float2(__low2float(pair), __high2float(pair));
+  };
   // Scores: a warp a key, a lane two dims, the four query heads at once.
   for (int i = warp; i < n; i += kWarps) {
-    const int key = k0 + i;
-    float k_lo, k_hi;
-    if (key == a.pos) {
-      k_lo = k_new[2 * lane], k_hi = k_new[2 * lane + 1];
-    } else {
-      const __nv_bfloat162 kv = k_rows[i * (kHeadDim / 2) + lane];
-      k_lo = __low2float(kv), k_hi = __high2float(kv);
-    }
+    const float2 k = dims_of(k_rows, k_new, i);
 #pragma unroll
     for (int g = 0; g < kGroup; ++g) {
-      const float d = warp_sum(q[g][2 * lane] * k_lo + q[g][2 * lane + 1] * k_hi);
+      const float d = warp_sum(q[g][2 * lane] * k.x + q[g][2 * lane + 1] * k.y);
       if (lane == 0) scores[g][i] = d;
     }
   }
@@ -253,15 +245,8 @@ __device__ void attention_block(const step_args& a, int layer, int phase_index, 
     const int g = warp % kGroup, part = warp / kGroup;
     float lo = 0.f, hi = 0.f;
     for (int i = part; i < n; i += 4) {
-      const int key = k0 + i;
-      float v_lo, v_hi;
-      if (key == a.pos) {
-        v_lo = v_new[2 * lane], v_hi = v_new[2 * lane + 1];
-      } else {
-        const __nv_bfloat162 vv = v_rows[i * (kHeadDim / 2) + lane];
-        v_lo = __low2float(vv), v_hi = __high2float(vv);
-      }
-      lo = fmaf(scores[g][i], v_lo, lo), hi = fmaf(scores[g][i], v_hi, hi);
+      const float2 v = dims_of(v_rows, v_new, i);
+      lo = fmaf(scores[g][i], v.x, lo), hi = fmaf(scores[g][i], v.y, hi);
     }
     acc[g][part][2 * lane] = lo, acc[g][part][2 * lane + 1] = hi;
   }
@@ -332,53 +317,39 @@ __global__ void __launch_bounds__(kThreads, 1) decode_step(step_args a) {
   }
   __syncthreads();
   const bool attends = blockIdx.x < kKvHeads * kSplits;
-  // The loading cursor: this warp's next item (lp, lj), kSlots ahead of the consuming one.
-  int lp = 0, lj = warp;
-  const auto settle = [&] {
-    while (lp < a.count && lj >= item_count[lp]) {
-      if (++lp < a.count) lj = warp;
-    }
+  // Item j of GEMV phase p: chunk j % (K / kChunk) of the block's row first_row + j / (K / kChunk).
+  const auto chunk_source = [&](int p, int j) {
+    const phase& f = ph[p];
+    const int cpr = f.K / kChunk, row = first_row[p] + j / cpr, c = j % cpr;
+    return f.w + static_cast<long long>(row) * f.K + static_cast<long long>(c) * kChunk;
   };
-  settle();
+  chunk_cursor to_load(a.count, warp, kWarps, item_count);  // kSlots items ahead of the consuming one
   // An L2 prefetch cursor, a.l2_ahead items past the loading one: DRAM keeps
   // working through the phases where the rings are full and nothing is
   // consumed (attention, the stagings, the counters' round trips).
-  int pp = 0, pj = warp;
-  const auto settle_prefetch = [&] {
-    while (pp < a.count && pj >= item_count[pp]) {
-      if (++pp < a.count) pj = warp;
-    }
-  };
+  chunk_cursor to_prefetch(a.count, warp, kWarps, item_count);
   const auto prefetch_next = [&] {
-    if (pp >= a.count) return;
-    if (lane == 0) {
-      const phase& f = ph[pp];
-      const int cpr = f.K / kChunk, row = first_row[pp] + pj / cpr, c = pj % cpr;
-      const bf16* src = f.w + static_cast<long long>(row) * f.K + static_cast<long long>(c) * kChunk;
-      asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(src), "r"(kChunk * 2) : "memory");
-    }
-    pj += kWarps;
-    settle_prefetch();
+    if (to_prefetch.done()) return;
+    if (lane == 0)
+      asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(chunk_source(to_prefetch.g, to_prefetch.j)),
+                   "r"(kChunk * 2)
+                   : "memory");
+    to_prefetch.advance();
   };
-  settle_prefetch();
   if (a.l2_ahead > 0)
     for (int i = 0; i < kSlots + a.l2_ahead; ++i) {  // the cursor's start: past the ring's first loads
       if (i >= kSlots) prefetch_next();
-      else pj += kWarps, settle_prefetch();
+      else to_prefetch.advance();
     }
   const auto issue = [&](int slot) {
-    if (lp >= a.count) return;
+    if (to_load.done()) return;
     if (a.l2_ahead > 0) prefetch_next();
     if (lane == 0) {
-      const phase& f = ph[lp];
-      const int cpr = f.K / kChunk, row = first_row[lp] + lj / cpr, c = lj % cpr;
       mbar_expect_tx(&full[warp * kSlots + slot], kChunk * 2);
-      bulk_load(my_ring + static_cast<size_t>(slot) * kChunk * 2,
-                f.w + static_cast<long long>(row) * f.K + static_cast<long long>(c) * kChunk, kChunk * 2,
+      bulk_load(my_ring + static_cast<size_t>(slot) * kChunk * 2, chunk_source(to_load.g, to_load.j), kChunk * 2,
                 &full[warp * kSlots + slot]);
     }
-    lj += kWarps;
-    settle();
+    to_load.advance();
   };
   for (int slot = 0; slot < kSlots; ++slot) issue(slot);
   int q = 0, slot = 0;
@@ -609,24 +580,7 @@ __global__ void ref_silu_mul(const float* gate_up, bf16* out) {
   }
 }
 
-__global__ void fill_uniform(bf16* p, long long n, unsigned seed, float scale, float offset) {
-  for (long long i = blockIdx.x * static_cast<long long>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<long long>(gridDim.x) * blockDim.x) {
-    unsigned h = static_cast<unsigned>(i) * 2654435761u ^ (seed * 0x9e3779b9u + static_cast<unsigned>(i >> 32));
-    h ^= h >> 16, h *= 0x7feb352du, h ^= h >> 15, h *= 0x846ca68bu, h ^= h >> 16;
-    p[i] = __float2bfloat16(offset + scale * (2.0f * (h & 0xffffff) / 16777215.0f - 1.0f));
-  }
-}
 
-__global__ void read_all(const uint4* p, long long n, unsigned* sink) {
-  unsigned acc = 0;
-  for (long long i = blockIdx.x * static_cast<long long>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<long long>(gridDim.x) * blockDim.x) {
-    const uint4 v = __ldcs(p + i);
-    acc ^= v.x ^ v.y ^ v.z ^ v.w;
-  }
-  if (acc == 0x12345678u) *sink = acc;
-}
 
 }  // namespace
 

@@ -52,16 +52,7 @@
 #include <utility>
 #include <vector>
 
-#include "bulk_copy.cuh"
-
-#define CK(x)                                                                              \
-  do {                                                                                     \
-    cudaError_t e_ = (x);                                                                  \
-    if (e_ != cudaSuccess) {                                                               \
-      std::fprintf(stderr, "%s: %s (line %d)\n", #x, cudaGetErrorString(e_), __LINE__);   \
-      std::exit(1);                                                                        \
-    }                                                                                      \
-  } while (0)
+#include "persistent_common.cuh"
 
 namespace {
 
@@ -592,56 +583,64 @@ __global__ void __launch_bounds__((CW + 1) * 32, 1)
 // partial dot product is added into the row's sum in shared memory; the
 // block meets only at GEMV boundaries (stores, the counter, x staged).
 constexpr int kFChunk = 2048, kFMaxStages = 128, kFMaxRows = 256, kFMaxSlots = 8;
+// F's and F2's shared memory besides the rings, and the block's part of
+// every GEMV: rows [first_row, first_row + item_count / row_chunks) of it,
+// each in row_chunks chunks of kFChunk (the last one short).
+template <int CW>
+struct warp_rings {
+  stage st[kFMaxStages];
+  unsigned long long full[CW * kFMaxSlots];  // a warp's slots, one mbarrier each
+  float sums[2][kFMaxRows];                  // the rows' sums, by GEMV parity
+  int first_row[kFMaxStages], item_count[kFMaxStages], row_chunks[kFMaxStages];
+
+  // Every thread of the block, before anything else.
+  __device__ void setup(const stage* stages, int count, int slots) {
+    for (int g = threadIdx.x; g < count; g += blockDim.x) {
+      st[g] = stages[g];
+      const e_rows r = rows_of_block(stages[g], g, 1);
+      first_row[g] = static_cast<int>(r.first);
+      row_chunks[g] = (stages[g].K + kFChunk - 1) / kFChunk;
+      item_count[g] = static_cast<int>(r.end - r.first) * row_chunks[g];
+    }
+    for (int i = threadIdx.x; i < 2 * kFMaxRows; i += blockDim.x) (&sums[0][0])[i] = 0.f;
+    if (threadIdx.x == 0) {
+      for (int t = 0; t < CW * slots; ++t) mbar_init(&full[t], 1);
+      asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    __syncthreads();
+  }
+
+  // One lane of `warp`: item j of GEMV g into slot `slot` of its ring.
+  __device__ void load(unsigned char* ring, int warp, int slots, int slot, int g, int j) {
+    const stage& s = st[g];
+    const int cpr = row_chunks[g], row = first_row[g] + j / cpr, c = j - (j / cpr) * cpr;
+    const unsigned bytes = static_cast<unsigned>(min(kFChunk, s.K - c * kFChunk)) * 2;
+    mbar_expect_tx(&full[warp * slots + slot], bytes);
+    bulk_load(ring + static_cast<size_t>(slot) * kFChunk * 2,
+              s.w + static_cast<long long>(row) * s.K + static_cast<long long>(c) * kFChunk, bytes,
+              &full[warp * slots + slot]);
+  }
+};
+
 template <int MODE, int CW>
 __global__ void __launch_bounds__(CW * 32, 1)
     warp_ring_chain(const stage* stages, int count, unsigned* done, unsigned epoch, int slots, int signaller) {
   extern __shared__ __align__(128) unsigned char dynamic_shared[];
-  __shared__ stage st[kFMaxStages];
-  __shared__ unsigned long long full[CW * kFMaxSlots];
-  __shared__ float sums[2][kFMaxRows];
+  __shared__ warp_rings<CW> r;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   unsigned char* my_ring = dynamic_shared + static_cast<size_t>(warp) * slots * kFChunk * 2;
   const uint4* xs = reinterpret_cast<const uint4*>(dynamic_shared + static_cast<size_t>(CW) * slots * kFChunk * 2);
   uint4* xs_w = const_cast<uint4*>(xs);
-  for (int i = threadIdx.x; i < count; i += blockDim.x) st[i] = stages[i];
-  for (int i = threadIdx.x; i < 2 * kFMaxRows; i += blockDim.x) (&sums[0][0])[i] = 0.f;
-  if (threadIdx.x == 0) {
-    for (int t = 0; t < CW * slots; ++t) mbar_init(&full[t], 1);
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-  }
-  __syncthreads();
-  // Per GEMV, this block's first row, its items (rows x chunks) and chunks a
-  // row, once: the cursors below use 32-bit arithmetic alone.
-  __shared__ int first_row[kFMaxStages], item_count[kFMaxStages], row_chunks[kFMaxStages];
-  for (int g = threadIdx.x; g < count; g += blockDim.x) {
-    const e_rows r = rows_of_block(st[g], g, 1);
-    first_row[g] = static_cast<int>(r.first);
-    row_chunks[g] = (st[g].K + kFChunk - 1) / kFChunk;
-    item_count[g] = static_cast<int>(r.end - r.first) * row_chunks[g];
-  }
-  __syncthreads();
-  // The loading cursor: this warp's next item, (lg, lj), slots ahead of the consuming one.
-  int lg = 0, lj = warp;
-  const auto settle = [&] {
-    while (lg < count && lj >= item_count[lg]) {
-      if (++lg < count) lj = warp;
-    }
-  };
-  settle();
+  r.setup(stages, count, slots);
+  const stage* st = r.st;
+  const int *first_row = r.first_row, *item_count = r.item_count, *row_chunks = r.row_chunks;
+  auto& sums = r.sums;
+  auto& full = r.full;
+  chunk_cursor to_load(count, warp, CW, item_count);  // the loading cursor, `slots` items ahead of the consuming one
   const auto issue = [&](int slot) {
-    if (lg >= count) return;
-    if (lane == 0) {
-      const stage& s = st[lg];
-      const int cpr = row_chunks[lg], row = first_row[lg] + lj / cpr, c = lj - (lj / cpr) * cpr;
-      const int elems = min(kFChunk, s.K - c * kFChunk);
-      const unsigned bytes = static_cast<unsigned>(elems) * 2;
-      mbar_expect_tx(&full[warp * slots + slot], bytes);
-      bulk_load(my_ring + static_cast<size_t>(slot) * kFChunk * 2,
-                s.w + static_cast<long long>(row) * s.K + static_cast<long long>(c) * kFChunk, bytes,
-                &full[warp * slots + slot]);
-    }
-    lj += CW;
-    settle();
+    if (to_load.done()) return;
+    if (lane == 0) r.load(my_ring, warp, slots, slot, to_load.g, to_load.j);
+    to_load.advance();
   };
   for (int slot = 0; slot < slots; ++slot) issue(slot);
   const unsigned target = epoch * gridDim.x;
@@ -727,46 +726,19 @@ template <int CW>
 __global__ void __launch_bounds__(CW * 32, 1)
     warp_flow_chain(const stage* stages, int count, unsigned* done, unsigned epoch, int slots) {
   extern __shared__ __align__(128) unsigned char dynamic_shared[];
-  __shared__ stage st[kFMaxStages];
-  __shared__ unsigned long long full[CW * kFMaxSlots];
-  __shared__ float sums[2][kFMaxRows];
-  __shared__ int first_row[kFMaxStages], item_count[kFMaxStages], row_chunks[kFMaxStages];
+  __shared__ warp_rings<CW> r;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   unsigned char* my_ring = dynamic_shared + static_cast<size_t>(warp) * slots * kFChunk * 2;
-  for (int i = threadIdx.x; i < count; i += blockDim.x) st[i] = stages[i];
-  for (int i = threadIdx.x; i < 2 * kFMaxRows; i += blockDim.x) (&sums[0][0])[i] = 0.f;
-  if (threadIdx.x == 0) {
-    for (int t = 0; t < CW * slots; ++t) mbar_init(&full[t], 1);
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-  }
-  __syncthreads();
-  for (int g = threadIdx.x; g < count; g += blockDim.x) {
-    const e_rows r = rows_of_block(st[g], g, 1);
-    first_row[g] = static_cast<int>(r.first);
-    row_chunks[g] = (st[g].K + kFChunk - 1) / kFChunk;
-    item_count[g] = static_cast<int>(r.end - r.first) * row_chunks[g];
-  }
-  __syncthreads();
-  int lg = 0, lj = warp;
-  const auto settle = [&] {
-    while (lg < count && lj >= item_count[lg]) {
-      if (++lg < count) lj = warp;
-    }
-  };
-  settle();
+  r.setup(stages, count, slots);
+  const stage* st = r.st;
+  const int *first_row = r.first_row, *item_count = r.item_count, *row_chunks = r.row_chunks;
+  auto& sums = r.sums;
+  auto& full = r.full;
+  chunk_cursor to_load(count, warp, CW, item_count);
   const auto issue = [&](int slot) {
-    if (lg >= count) return;
-    if (lane == 0) {
-      const stage& s = st[lg];
-      const int cpr = row_chunks[lg], row = first_row[lg] + lj / cpr, c = lj - (lj / cpr) * cpr;
-      const unsigned bytes = static_cast<unsigned>(min(kFChunk, s.K - c * kFChunk)) * 2;
-      mbar_expect_tx(&full[warp * slots + slot], bytes);
-      bulk_load(my_ring + static_cast<size_t>(slot) * kFChunk * 2,
-                s.w + static_cast<long long>(row) * s.K + static_cast<long long>(c) * kFChunk, bytes,
-                &full[warp * slots + slot]);
-    }
-    lj += CW;
-    settle();
+    if (to_load.done()) return;
+    if (lane == 0) r.load(my_ring, warp, slots, slot, to_load.g, to_load.j);
+    to_load.advance();
   };
   for (int slot = 0; slot < slots; ++slot) issue(slot);
   const unsigned target = epoch * gridDim.x;
@@ -828,14 +800,6 @@ __global__ void __launch_bounds__(CW * 32, 1)
   }
 }
 
-__global__ void fill_uniform(bf16* p, long long n, unsigned seed, float scale) {
-  for (long long i = blockIdx.x * static_cast<long long>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<long long>(gridDim.x) * blockDim.x) {
-    unsigned h = static_cast<unsigned>(i) * 2654435761u ^ (seed * 0x9e3779b9u + static_cast<unsigned>(i >> 32));
-    h ^= h >> 16, h *= 0x7feb352du, h ^= h >> 15, h *= 0x846ca68bu, h ^= h >> 16;
-    p[i] = __float2bfloat16(scale * (2.0f * (h & 0xffffff) / 16777215.0f - 1.0f));
-  }
-}
 
 __global__ void add_one(bf16* p, int n) {
   for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x)
@@ -854,15 +818,6 @@ __global__ void fill_ones(float* p, int n) {
   for (int i = threadIdx.x; i < n; i += blockDim.x) p[i] = 1.0f;
 }
 
-__global__ void read_all(const uint4* p, long long n, unsigned* sink) {
-  unsigned acc = 0;
-  for (long long i = blockIdx.x * static_cast<long long>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<long long>(gridDim.x) * blockDim.x) {
-    const uint4 v = __ldcs(p + i);
-    acc ^= v.x ^ v.y ^ v.z ^ v.w;
-  }
-  if (acc == 0x12345678u) *sink = acc;
-}
 
 template <class... KA, class... A>
 void launch_pdl_shared(cudaStream_t st, void (*k)(KA...), unsigned grid, size_t shared, A... args) {
@@ -929,15 +884,15 @@ int main(int argc, char** argv) {
     for (int k = 0; k < count; ++k) {
       const auto sh = per_layer[k % 4];
       // Uniform(-a, a) with K a^2 / 3 = 1: outputs keep the inputs' scale.
-      fill_uniform<<<1024, 256>>>(w + off, static_cast<long long>(sh.N) * sh.K, 100 + k, std::sqrt(3.0f / sh.K));
+      fill_uniform<<<1024, 256>>>(w + off, static_cast<long long>(sh.N) * sh.K, 100 + k, std::sqrt(3.0f / sh.K), 0.f);
       st[k] = stage{w + off, outs[k], outs[k + 1], sh.N, sh.K};
       off += static_cast<size_t>(sh.N) * sh.K;
     }
   }
-  fill_uniform<<<16, 256>>>(outs[0], widest, 7, 1.0f);
+  fill_uniform<<<16, 256>>>(outs[0], widest, 7, 1.0f, 0.f);
   bf16* norm_w;  // the rms_norm's weight, around 1
   CK(cudaMalloc(&norm_w, static_cast<size_t>(widest) * 2));
-  fill_uniform<<<16, 256>>>(norm_w, widest, 9, 0.5f);
+  fill_uniform<<<16, 256>>>(norm_w, widest, 9, 0.5f, 0.f);
   add_one<<<16, 256>>>(norm_w, widest);
   // The same weights with g folded into the normed stages' columns (q/k/v,
   // gate|up: W'[n, k] = W[n, k] g[k]), for NORM 3 and 4.
@@ -1106,11 +1061,8 @@ int main(int argc, char** argv) {
     };
     std::printf("%s, %d SMs; %s: %d layers of q/k/v, o, gate|up, down GEMVs (bf16, one row): %.1f MB of weights\n",
                 prop.name, prop.multiProcessorCount, which.c_str(), layers, weight_bytes / 1e6);
-    const double floor_us = time_it([&] {
-      read_all<<<prop.multiProcessorCount * 8, 512, 0, s>>>(reinterpret_cast<const uint4*>(w),
-                                                              static_cast<long long>(weight_elems / 8), sink);
-    });
-    std::printf("streaming read: %.1f us (%.0f GB/s): the floor\n", floor_us, weight_bytes / (floor_us * 1e-6) / 1e9);
+    const double floor_us = read_us;  // measured above, on the same bytes
+    std::printf("streaming read: %.1f us (%.0f GB/s): the floor\n", floor_us, read_gbs);
     std::printf("%-56s %10s %12s %10s\n", "form", "us", "over floor", "gap to A");
     // Each persistent form: its name, a launch of it in MODE 0 / 1 / 2 (a
     // null for none: F2 has no timing modes), whether it fits this shape.
