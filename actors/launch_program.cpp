@@ -1,6 +1,7 @@
 #include "actors/launch_program.hpp"
 
 #include <algorithm>
+#include <initializer_list>
 #include <tuple>
 
 namespace ag::actors {
@@ -336,6 +337,223 @@ error lower_step(const plan& p, const step& s, lowered_step& ls) {
   return step_errors{s}("has an unknown kind");
 }
 
+// ---- the decode-step fusion ----
+//
+// A whole single-device LLaMA decode step as one record
+// (gpu::op_launch::fusion::decode_step, plan_options::fuse_decode_step).
+// After apply_fusions such a step's records are, exactly: the embedding's
+// get_rows; per layer q/k/v (projections, shared_input, with the norm),
+// attention (over the KV cache, with its stores and ropes), o + residual,
+// gate/up (gated, with the norm), down + residual; the final rms_norm, the
+// head's matmul, and the logits' f32 copy or the argmax (maybe followed by
+// the store_rows that keeps its token in a state). The pass checks that
+// pattern, its dataflow by operand (the same bytes as the memory plan
+// placed them) and the kernel's shape limits, and only then replaces the
+// records by one. The memory plan stays the unfused one: the kernel writes
+// the caches and, at its very end, after its last read of any input, the
+// output; the intermediates' buffers are planned but never written.
+
+/// The same tensor bytes: region, device, offset, dtype and element count
+/// (a view of a record's output reads as that output).
+bool same_bytes(const operand& a, const operand& b) {
+  return a.where == b.where && a.device == b.device && a.byte_offset == b.byte_offset && a.proto.type == b.proto.type &&
+         a.proto.dims.numel() == b.proto.dims.numel();
+}
+
+bool dims_are(const operand& a, std::initializer_list<int64_t> dims) { return a.proto.dims == shape(dims); }
+
+std::string record_name(const lowered_op& o) { return "'" + o.op->name + "' (" + to_string(o.op->op) + ")"; }
+
+/// Why the records of `ls` are not a decode step the kernel runs (empty:
+/// they are, and `fused` is their one record).
+std::string match_decode_step(const lowered_step& ls, lowered_op& fused) {
+  using fusion = gpu::op_launch::fusion;
+  const std::vector<lowered_op>& ops = ls.ops;
+  const std::size_t n = ops.size();
+  const auto plain = [](const lowered_op& o, op_kind k) { return o.fused == fusion::none && o.op->op == k; };
+  const auto group = [](const lowered_op& o, projection_kind k) {
+    return o.fused == fusion::projections && o.projection == k;
+  };
+  if (n < 9 || !plain(ops.front(), op_kind::get_rows)) return "the step does not start with the embedding's get_rows";
+  // The tail: norm, head, then the f32 copy, or argmax [+ store_rows]. A
+  // head of f32 activations is the output itself (no copy): matched too, so
+  // that the note names the dtype.
+  std::size_t tail = 0;
+  bool argmax = false;
+  if (plain(ops[n - 1], op_kind::copy)) tail = 3;
+  else if (plain(ops[n - 1], op_kind::matmul) && ops[n - 1].out.proto.type == dtype::f32) tail = 2;
+  else if (plain(ops[n - 1], op_kind::argmax)) tail = 3, argmax = true;
+  else if (plain(ops[n - 1], op_kind::store_rows) && plain(ops[n - 2], op_kind::argmax)) tail = 4, argmax = true;
+  else return "the step ends with " + record_name(ops[n - 1]) + ", not the logits' copy or argmax";
+  if ((n - 1 - tail) % 5 != 0) return std::to_string(n) + " records, not the embedding, 5 a layer and the head's";
+  const int layers = static_cast<int>((n - 1 - tail) / 5);
+  const lowered_op& embed = ops[0];
+  const lowered_op& norm = ops[n - tail];
+  const lowered_op& head = ops[n - tail + 1];
+  const lowered_op& last = ops[n - 1];
+  if (!plain(norm, op_kind::rms_norm) || norm.inputs.empty() || norm.inputs.size() > 2)
+    return record_name(norm) + " where the final rms_norm goes";
+  if (!plain(head, op_kind::matmul) || head.op->attrs.trans_a || !head.op->attrs.trans_b || head.inputs.size() != 2)
+    return record_name(head) + " where the head's matmul (x w^T) goes";
+  const lowered_op& top = tail == 4 ? ops[n - 2] : last;  // the copy or argmax (or the head)
+  if (tail > 2 && (top.inputs.size() != 1 || !same_bytes(top.inputs[0], head.out)))
+    return record_name(top) + " reads no head output";
+  if (!argmax && top.out.proto.type != dtype::f32)
+    return "the logits are copied to " + std::string(to_string(top.out.proto.type));
+  if (argmax && (top.out.proto.type != dtype::i32 || top.out.proto.dims.numel() != 1))
+    return "more than one greedy token";
+  if (tail == 4 &&
+      (last.inputs.size() != 2 || !same_bytes(last.inputs[0], top.out) || last.inputs[1].where != region::weights ||
+       last.out.proto.dims.numel() != 1))
+    return record_name(last) + " keeps no greedy token of its own";
+
+  // The embedding: one token of a batch of 1.
+  if (embed.inputs.size() != 2 || embed.inputs[0].proto.dims.rank() != 2) return "the embedding is not a table's rows";
+  const int64_t vocab = embed.inputs[0].proto.dims[0], d = embed.inputs[0].proto.dims[1];
+  const dtype t = embed.out.proto.type;
+  if (embed.inputs[1].proto.type != dtype::i32 || embed.inputs[1].proto.dims.numel() != 1 ||
+      embed.out.proto.dims.numel() != d)
+    return "not one token (batch 1, one position)";
+
+  gpu::op_launch::decode_step_params ds;
+  ds.layers = layers;
+  ds.d_model = d;
+  ds.vocab = vocab;
+  ds.argmax = argmax;
+  fused.op = last.op;
+  fused.out = last.out;
+  fused.fused = fusion::decode_step;
+  fused.inputs.assign(6, operand{});
+  fused.inputs[0] = embed.inputs[1];
+  fused.inputs[1] = embed.inputs[0];
+  fused.inputs[5] = head.inputs[1];
+  ds.final_norm_weighted = norm.inputs.size() == 2;
+  if (ds.final_norm_weighted) fused.inputs.push_back(norm.inputs[1]);
+  ds.eps = norm.op->attrs.eps;
+
+  const operand* residual = &embed.out;  // the layer's input
+  for (int l = 0; l < layers; ++l) {
+    const std::string at = "layer " + std::to_string(l + 1) + ": ";
+    const lowered_op* r = &ops[1 + 5 * static_cast<std::size_t>(l)];
+    const lowered_op &qkv = r[0], &att = r[1], &o = r[2], &mlp = r[3], &down = r[4];
+    // The attention first: without a KV cache (or its ropes) the rest
+    // differs too, and this says why best.
+    if (att.fused != fusion::attention || att.inputs.size() != 8 || !att.attention.masked ||
+        !att.attention.store_new_rows || !att.attention.rope_q || !att.attention.rope_k || att.attention.causal)
+      return at + record_name(att) + " where attention over a KV cache with its stores and ropes goes";
+    if (!group(qkv, projection_kind::shared_input) || !qkv.projection_norm.on || qkv.projection_rope.roped != 0 ||
+        qkv.extra_outs.size() != 2 || qkv.inputs.size() != (qkv.projection_norm.weighted ? 5u : 4u))
+      return at + record_name(qkv) + " where q, k, v with their rms_norm go";
+    if (!group(o, projection_kind::residual) || o.projection_norm.on || o.inputs.size() != 3)
+      return at + record_name(o) + " where o + residual goes";
+    if (!group(mlp, projection_kind::gated) || !mlp.projection_norm.on ||
+        mlp.inputs.size() != (mlp.projection_norm.weighted ? 4u : 3u))
+      return at + record_name(mlp) + " where the gated MLP with its rms_norm goes";
+    if (!group(down, projection_kind::residual) || down.projection_norm.on || down.inputs.size() != 3)
+      return at + record_name(down) + " where down + residual goes";
+    // Dataflow: each record reads what the one before it made.
+    if (!same_bytes(qkv.inputs[0], *residual) || !same_bytes(att.inputs[0], qkv.out) ||
+        !same_bytes(att.inputs[4], qkv.extra_outs[0]) || !same_bytes(att.inputs[5], qkv.extra_outs[1]) ||
+        !same_bytes(o.inputs[0], att.out) || !same_bytes(o.inputs[2], *residual) || !same_bytes(mlp.inputs[0], o.out) ||
+        !same_bytes(down.inputs[0], mlp.out) || !same_bytes(down.inputs[2], o.out))
+      return at + "a record reads what the layer's pattern does not say";
+    residual = &down.out;
+    // What every layer shares: the mask, the positions, the constants.
+    if (l == 0) {
+      fused.inputs[2] = att.inputs[7];
+      fused.inputs[3] = att.inputs[6];
+      fused.inputs[4] = att.inputs[3];
+      ds.rope_theta = att.attention.rope_theta;
+      ds.scale = att.attention.scale;
+      ds.norm_weighted = qkv.projection_norm.weighted;
+    } else if (!same_bytes(att.inputs[7], fused.inputs[2]) || !same_bytes(att.inputs[6], fused.inputs[3]) ||
+               !same_bytes(att.inputs[3], fused.inputs[4])) {
+      return at + "its mask or positions are not layer 1's";
+    } else if (att.attention.rope_theta != ds.rope_theta || att.attention.scale != ds.scale) {
+      return at + "its rope theta or softmax scale differs";
+    }
+    if (qkv.projection_norm.eps != ds.eps || mlp.projection_norm.eps != ds.eps) return at + "an rms_norm's eps differs";
+    if (qkv.projection_norm.weighted != ds.norm_weighted || mlp.projection_norm.weighted != ds.norm_weighted)
+      return at + "norm weights where another layer has none (or the other way round)";
+    const operand &wq = qkv.inputs[1], &wk = qkv.inputs[2], &wv = qkv.inputs[3];
+    const operand &kc = att.inputs[1], &vc = att.inputs[2];
+    const operand &wo = o.inputs[1], &wg = mlp.inputs[1], &wu = mlp.inputs[2], &wd = down.inputs[1];
+    // Shapes: [1, Hkv, C, dh] caches give the heads; the weights agree.
+    if (kc.proto.dims.rank() != 4 || kc.proto.dims[0] != 1 || vc.proto.dims != kc.proto.dims ||
+        wq.proto.dims.rank() != 2 || wg.proto.dims.rank() != 2)
+      return at + "caches or weights of another rank";
+    const int64_t kv_heads = kc.proto.dims[1], rows = kc.proto.dims[2], dh = kc.proto.dims[3];
+    const int64_t heads = dh > 0 ? wq.proto.dims[0] / dh : 0, ff = wg.proto.dims[0];
+    if (l == 0) ds.heads = heads, ds.kv_heads = kv_heads, ds.head_dim = dh, ds.cache_rows = rows, ds.d_ff = ff;
+    if (heads != ds.heads || kv_heads != ds.kv_heads || dh != ds.head_dim || rows != ds.cache_rows || ff != ds.d_ff ||
+        !dims_are(wq, {heads * dh, d}) || !dims_are(wk, {kv_heads * dh, d}) || wv.proto.dims != wk.proto.dims ||
+        !dims_are(wo, {d, heads * dh}) || !dims_are(wg, {ff, d}) || wu.proto.dims != wg.proto.dims ||
+        !dims_are(wd, {d, ff}))
+      return at + "weights or caches of other shapes";
+    for (const operand* w : {&wq, &wk, &wv, &kc, &vc, &wo, &wg, &wu, &wd}) fused.inputs.push_back(*w);
+    if (ds.norm_weighted)
+      for (const operand* w : {&qkv.inputs[4], &mlp.inputs[3]}) {
+        if (!dims_are(*w, {d})) return at + "a norm weight of another shape";
+        fused.inputs.push_back(*w);
+      }
+  }
+  if (!same_bytes(norm.inputs[0], *residual) || !same_bytes(head.inputs[0], norm.out))
+    return "the final norm or the head reads what the pattern does not say";
+  if (norm.op->attrs.eps != ds.eps) return "the final norm's eps differs from the layers'";
+  if (!dims_are(fused.inputs[5], {vocab, d}) || (ds.final_norm_weighted && !dims_are(norm.inputs[1], {d})))
+    return "the head's or the final norm's weight is of another shape";
+  if (fused.inputs[2].proto.type != dtype::i32 || fused.inputs[2].proto.dims.numel() != 1 ||
+      fused.inputs[3].proto.type != dtype::i32 || fused.inputs[3].proto.dims.numel() != 1 ||
+      fused.inputs[4].proto.dims.numel() != ds.cache_rows)
+    return "positions or mask not of one token over the cache";
+  const decode_step_shape shape_of{layers, d, ds.d_ff, ds.heads, ds.kv_heads, ds.head_dim, vocab, ds.cache_rows, t};
+  if (std::string why = decode_step_misfit(shape_of); !why.empty()) return "outside the kernel's limits: " + why;
+  // One storage type for the activations, weights, caches and the mask
+  // (all but the token and the positions).
+  for (std::size_t i = 0; i < fused.inputs.size(); ++i)
+    if (i != 0 && i != 2 && i != 3 && fused.inputs[i].proto.type != t)
+      return "an input of " + std::string(to_string(fused.inputs[i].proto.type)) + " beside " + to_string(t) +
+             " activations";
+  // The kernel reads and writes whole tensors, row after row.
+  for (const operand& a : fused.inputs)
+    if (!is_contiguous(a.proto.dims, a.proto.stride)) return "an operand is not contiguous";
+  if (!is_contiguous(fused.out.proto.dims, fused.out.proto.stride)) return "the output is not contiguous";
+  fused.decode_step = ds;
+  return {};
+}
+
+/// Replaces the records of the plan's one compute step by one decode-step
+/// record where plan_options::fuse_decode_step asks for it and the step is
+/// one the kernel runs (match_decode_step); returns the note for
+/// launch_program::decode_step_note() and sets `fused`.
+std::string fuse_decode_step(const plan& p, std::vector<lowered_step>& steps, bool& fused) {
+  fused = false;
+  const plan_options& o = p.options();
+  const std::string no = "decode step not fused: ";
+  if (!o.fuse_decode_step) return no + "plan_options::fuse_decode_step off";
+  if (!o.fuse_ops || !o.fuse_projections) return no + "it needs fuse_ops and fuse_projections";
+  if (p.tensor_degree() > 1 || std::any_of(p.steps().begin(), p.steps().end(), [](const step& s) {
+        return s.kind == step_kind::collective;
+      }))
+    return no + "tensor parallel (collectives)";
+  if (p.used_devices().size() != 1) return no + "the plan uses " + std::to_string(p.used_devices().size()) + " devices";
+  if (p.devices().at(static_cast<std::size_t>(p.used_devices().front())).kind != device_kind::cuda)
+    return no + "not on a CUDA device";
+  lowered_step* compute = nullptr;
+  for (lowered_step& ls : steps) {
+    if (ls.kind != step_kind::compute || ls.ops.empty()) continue;
+    if (compute) return no + "more than one compute step";
+    compute = &ls;
+  }
+  if (!compute) return no + "no compute step";
+  lowered_op one;
+  if (std::string why = match_decode_step(*compute, one); !why.empty()) return no + why;
+  const int layers = one.decode_step.layers;
+  compute->ops.assign(1, std::move(one));
+  fused = true;
+  return "decode step: one kernel (" + std::to_string(layers) + " layers)";
+}
+
 }  // namespace
 
 /// Fills collective_desc::peer_ordered_deps of every collective part: a
@@ -416,6 +634,8 @@ std::vector<gpu::op_launch> launch_program::launch_records(int q) const {
       for (std::size_t i = 0; i < op.inputs.size(); ++i) {
         const operand& a = op.inputs[i];
         l.inputs.push_back(a.proto);
+        // The masks hold 32 inputs: a decode-step record's later ones (6 + 9
+        // a layer) are neither marked weights nor settled.
         if (i >= 32 || a.device >= 0) continue;
         if (a.where == region::weights) {
           l.weight_inputs |= uint32_t{1} << i;
@@ -435,6 +655,7 @@ std::vector<gpu::op_launch> launch_program::launch_records(int q) const {
       l.projection = op.projection;
       l.projection_norm = op.projection_norm;
       l.projection_rope = op.projection_rope;
+      l.decode_step = op.decode_step;
       l.collective = op.collective;
       for (const auto& o : op.extra_outs) l.extra_outs.push_back(o.proto);
       r.push_back(std::move(l));
@@ -712,6 +933,8 @@ expected<std::shared_ptr<const launch_program>> lower(std::shared_ptr<const plan
     if (ls.completion) prog->completion_.push_back(s.id);
     if (auto e = lower_step(pl, s, ls)) return e;
   }
+  // Before the queues count their records (first_launch, replay segments).
+  prog->decode_step_note_ = fuse_decode_step(pl, prog->steps_, prog->decode_step_fused_);
   mark_peer_ordered_deps(pl, *prog);
   for (auto& q : prog->queues_) {
     q.remote_dep_counts.reserve(q.steps.size());

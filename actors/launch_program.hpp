@@ -64,6 +64,7 @@ struct lowered_op {
   gpu::op_launch::norm_prologue projection_norm{};             ///< fusion::projections
   gpu::op_launch::rope_epilogue projection_rope{};             ///< fusion::projections, shared_input
   std::vector<operand> extra_outs;                             ///< fusion::projections, shared_input
+  gpu::op_launch::decode_step_params decode_step{};            ///< fusion::decode_step
   /// An in-stream collective part's record (its step's only op): rank,
   /// members and key; the member devices' handles are set by the actor.
   gpu::op_launch::in_stream_part collective{};
@@ -209,6 +210,15 @@ class launch_program {
   /// Why the plan runs on one copy although plan_options::job_lanes asked
   /// for more (empty otherwise).
   const std::string& job_lanes_note() const noexcept { return job_lanes_note_; }
+  /// Whether the plan's decode step runs as one record
+  /// (gpu::op_launch::fusion::decode_step, plan_options::fuse_decode_step):
+  /// then its one compute step holds that record alone.
+  bool decode_step_fused() const noexcept { return decode_step_fused_; }
+  /// One line on the decode-step fusion: "decode step: one kernel (L
+  /// layers)" when it applied, else "decode step not fused: " and the first
+  /// condition that failed (the option off, not one CUDA device, a record
+  /// outside the pattern, a shape the kernel does not take, ...).
+  const std::string& decode_step_note() const noexcept { return decode_step_note_; }
   /// Whether queue `q` has a copy per job lane: a compute or communication
   /// queue when job_lanes() > 1. The copy queues (h2d, d2h, peer) are shared.
   bool copied(int q) const noexcept {
@@ -250,6 +260,8 @@ class launch_program {
   bool has_in_stream_ = false;
   int job_lanes_ = 1;
   std::string job_lanes_note_;
+  bool decode_step_fused_ = false;
+  std::string decode_step_note_;
   std::vector<int> compute_lanes_;  ///< by device: its highest compute lane + 1
   std::vector<int64_t> window_bytes_;  ///< by device
   std::vector<step_id> window_inputs_, window_outputs_;

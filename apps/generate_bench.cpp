@@ -113,6 +113,7 @@ struct decode_args {
   std::string gemv = "on";      ///< backend_options::cuda_gemv (on: the default)
   std::string projections = "on";  ///< plan_options::fuse_projections of both plans (on: the default)
   std::string fold_norms = "on";   ///< plan_options::fold_norm_weights of both plans (on: the default)
+  std::string decode_step = "on";  ///< plan_options::fuse_decode_step of both plans (on: the default)
   std::string pdl = "on";          ///< backend_options::cuda_pdl (on: the default)
   /// backend_options::cuda_copy_engine_collectives (on: the default): with
   /// --tp, a prefill of at least 16 MiB of activations at width 4096 (32 MiB
@@ -164,6 +165,7 @@ int run_decode(const decode_args& a) {
   go.plan.fuse_ops = a.fusion == "on";
   go.plan.fuse_projections = a.projections == "on";
   go.plan.fold_norm_weights = a.fold_norms == "on";
+  go.plan.fuse_decode_step = a.decode_step == "on";
   go.plan.inline_small_copies = a.inline_copies == "on";
   go.plan.replay_host_copies = a.replay_host_copies == "on";
   go.plan.host_windows_in_place = a.windows_in_place == "on";
@@ -319,10 +321,12 @@ int run_decode(const decode_args& a) {
               load_s);
   std::printf(
       "%-28s %.3f ms/token (median of %zu), context %lld, graph replay %s, fusion %s, gemv %s, projections %s, "
-      "norm weights folded %s, pdl %s, inline copies %s, start on submit %s, pinned inputs %s, device greedy %s, pipeline depth %d (across stages "
+      "norm weights folded %s, decode step fused %s, pdl %s, inline copies %s, start on submit %s, pinned inputs %s, "
+      "device greedy %s, pipeline depth %d (across stages "
       "%s), trace %s; devices %s%s, stages %d, tp %d\n",
       "decode", ms, gaps.size(), static_cast<long long>(a.context), a.replay.c_str(), a.fusion.c_str(), a.gemv.c_str(),
-      a.projections.c_str(), a.fold_norms.c_str(), a.pdl.c_str(), a.inline_copies.c_str(), a.start_on_submit.c_str(),
+      a.projections.c_str(), a.fold_norms.c_str(), a.decode_step.c_str(), a.pdl.c_str(), a.inline_copies.c_str(),
+      a.start_on_submit.c_str(),
       a.pinned_inputs.c_str(), a.device_greedy.c_str(), a.pipeline_depth, a.across_stages.c_str(), a.trace.c_str(),
       a.devices.c_str(), a.sim_zero_delay ? " (zero delay)" : "",
       (*gen)->decode_plan().stage_count(), (*gen)->decode_plan().tensor_degree());
@@ -390,6 +394,10 @@ int main(int argc, char** argv) {
   app.add_option("--fold-norms", d.fold_norms,
                  "decode: plan_options::fold_norm_weights, rms_norm weights folded into the projections' weights "
                  "(on, off)")
+      ->check(CLI::IsMember({"on", "off"}));
+  app.add_option("--decode-step", d.decode_step,
+                 "decode: plan_options::fuse_decode_step, a whole one-device LLaMA decode step as one kernel where "
+                 "it fits (on, off)")
       ->check(CLI::IsMember({"on", "off"}));
   app.add_option("--gemv", d.gemv, "decode: backend_options::cuda_gemv, the GEMV kernel for few-row matmuls (on, off)")
       ->check(CLI::IsMember({"on", "off"}));

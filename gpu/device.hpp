@@ -87,7 +87,7 @@ struct op_launch {
   bool launch_paid_by_replay = false;
   /// Set by the lowering (actors/launch_program.cpp) on CUDA devices only: this
   /// record runs a chain of the plan's ops as one kernel (see fused_attention).
-  enum class fusion : uint8_t { none = 0, attention = 1, projections = 2 };
+  enum class fusion : uint8_t { none = 0, attention = 1, projections = 2, decode_step = 3 };
   fusion fused = fusion::none;
   /// Set by the lowering: bit i when `inputs[i]` is a weight leaf in the
   /// plan's weights region, which no kernel of any job writes (i < 32). A
@@ -159,6 +159,33 @@ struct op_launch {
     float rope_theta = 10000.0f;
   };
   attention_params attention{};
+  /// fusion::decode_step, in place of a whole single-device LLaMA-family
+  /// decode step (batch 1, one new token, a KV cache; the lowering's
+  /// fuse_decode_step, actors/launch_program.cpp): one persistent kernel
+  /// runs every layer (gpu/cuda/decode_step.cuh). `inputs`, in order:
+  ///   0 the token id (i32, one element: the tokens input or a token state),
+  ///   1 the embedding table [vocab, d], 2 the rope positions i32 [1],
+  ///   3 the cache positions i32 [1] (-1: the new row is not stored),
+  ///   4 the attention mask [1, cache_rows], 5 the head's weight [vocab, d],
+  ///   6 the final norm's weight [d] when final_norm_weighted,
+  /// then for each layer decode_step_layer_inputs operands (plus 2 when
+  /// norm_weighted): w_q [H dh, d], w_k [Hkv dh, d], w_v, the k and v caches
+  /// [1, Hkv, cache_rows, dh], w_o [d, H dh], w_gate [ff, d], w_up, w_down
+  /// [d, ff], then the attention's and the MLP's norm weights [d]. `out` is
+  /// the logits f32 [1, 1, vocab], or with `argmax` the greedy token (i32,
+  /// one element: the argmax output or the token state it is kept in).
+  struct decode_step_params {
+    int layers = 0;
+    int64_t d_model = 0, d_ff = 0, heads = 0, kv_heads = 0, head_dim = 0, vocab = 0, cache_rows = 0;
+    float eps = 1e-5f;         ///< every rms_norm's (the lowering checks they agree)
+    float rope_theta = 10000.0f;
+    float scale = 1.0f;        ///< the attention's softmax scale
+    bool norm_weighted = false;        ///< per-layer norm weights present (not folded into the projections)
+    bool final_norm_weighted = false;  ///< the final norm's weight present
+    bool argmax = false;               ///< `out` is the greedy token, not the logits
+  };
+  static constexpr int decode_step_layer_inputs = 9;
+  decode_step_params decode_step{};
   /// An in-stream all-reduce part (collective_algo::in_stream, plan.hpp):
   /// `op` is this member's all_reduce node, `inputs` every member's operand
   /// in rank order (each in its own member's memory), `out` the result here.

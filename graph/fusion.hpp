@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "graph/cost_model.hpp"
@@ -181,5 +182,39 @@ std::vector<projection_fusion> find_projection_fusions(const graph& g, const std
 /// ids, names, dims and dtypes are unchanged; the norm weight's node stays,
 /// unread. Returns the rewritten graph, or null when no norm qualifies.
 expected<std::shared_ptr<const graph>> fold_norm_weights(const graph& g);
+
+/// The shape of a whole decode step that one persistent kernel runs
+/// (gpu::op_launch::fusion::decode_step, gpu/cuda/decode_step.cuh): a
+/// LLaMA-family step of batch 1 and one new token over a KV cache.
+struct decode_step_shape {
+  int layers = 0;
+  int64_t d_model = 0, d_ff = 0, heads = 0, kv_heads = 0, head_dim = 0, vocab = 0, cache_rows = 0;
+  dtype type = dtype::bf16;
+};
+/// The kernel's limits: bf16; heads of 64 or 128 dims; at most 512 query
+/// values a kv head (H / Hkv x dh); d_model and d_ff whole numbers of 256
+/// and at most decode_step_max_width (each block stages the whole of x in
+/// shared memory beside its weight rings); at most decode_step_max_layers
+/// layers (a phase's tag has 8 bits: 5 phases a layer and the head); at most
+/// decode_step_max_vocab logits (1024 a block on a GPU of 96 SMs or more).
+inline constexpr int decode_step_max_layers = 48;
+inline constexpr int64_t decode_step_max_width = 8192;
+inline constexpr int64_t decode_step_max_vocab = 96 * 1024;
+/// Empty when `s` fits the kernel, else why not (for describe()).
+inline std::string decode_step_misfit(const decode_step_shape& s) {
+  if (s.type != dtype::bf16) return "not bf16";
+  if (s.head_dim != 64 && s.head_dim != 128) return "heads of " + std::to_string(s.head_dim) + " (64 or 128 fit)";
+  if (s.kv_heads < 1 || s.heads % s.kv_heads != 0) return "query heads not a multiple of the kv heads";
+  if (s.heads / s.kv_heads * s.head_dim > 512) return "more than 512 query values a kv head";
+  if (s.kv_heads > 64) return "more than 64 kv heads";
+  if (s.d_model % 256 != 0 || s.d_ff % 256 != 0 || s.heads * s.head_dim % 256 != 0)
+    return "d_model, d_ff or the heads' width not a multiple of 256";
+  if (s.d_model > decode_step_max_width || s.d_ff > decode_step_max_width || s.heads * s.head_dim > decode_step_max_width)
+    return "wider than " + std::to_string(decode_step_max_width);
+  if (s.layers < 1 || s.layers > decode_step_max_layers) return std::to_string(s.layers) + " layers";
+  if (s.vocab < 1 || s.vocab > decode_step_max_vocab) return "a vocabulary of " + std::to_string(s.vocab);
+  if (s.cache_rows < 1) return "no cache";
+  return {};
+}
 
 }  // namespace ag

@@ -230,6 +230,11 @@ std::string plan::describe() const {
          << " gated-MLP group(s), " << residual << " projection + residual group(s); " << normed
          << " group(s) with their rms_norm" << (roped > 0 ? ", " + std::to_string(roped) + " rope(s) in their groups" : "")
          << ": " << saved << " launches fewer per job\n";
+    // The lowering decides (it matches the fused records), so only say it may.
+    if (options_.fuse_decode_step && spec.kind == device_kind::cuda && cached > 0 && qkv > 0 && !tp_ &&
+        used_devices_.size() == 1)
+      os << "  decode step: may run as one kernel where the lowering finds the whole step's pattern and shapes "
+            "(plan_options::fuse_decode_step; actors::launch_program::decode_step_note() says whether)\n";
   }
   int64_t peer = 0, host = 0;
   for (const step& s : steps_)

@@ -373,6 +373,20 @@ struct plan_options {
   /// the residual add after it as one. Same steps and memory rules as
   /// fuse_ops. On by default (measured in docs/BENCHMARKS.md, session 11).
   bool fuse_projections = true;
+  /// On a CUDA device, run a whole LLaMA-family decode step (batch 1, one
+  /// new token over a KV cache, bf16, one device, no tensor parallelism) as
+  /// one persistent kernel (gpu::op_launch::fusion::decode_step,
+  /// gpu/cuda/decode_step.cuh): the lowering (actors/launch_program.cpp)
+  /// replaces the step's records (the embedding's gather, each layer's
+  /// fused q/k/v, attention, o + residual, gated MLP and down + residual
+  /// records, the final norm, the head and the logits' copy or argmax) by
+  /// one record where they match that pattern exactly and the shapes fit
+  /// the kernel (graph/fusion.hpp, decode_step_misfit); anything else keeps
+  /// its records. Needs fuse_ops and fuse_projections (it starts from their
+  /// records). Same steps and memory plan either way.
+  /// actors::launch_program::decode_step_note() says whether and why not.
+  /// On by default.
+  bool fuse_decode_step = true;
   /// Fold an rms_norm's weight into the weights of the projections that
   /// read it (graph/fusion.hpp, fold_norm_weights): the plan's graph
   /// (plan::source()) then has norms without weights and projection weights

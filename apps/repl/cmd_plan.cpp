@@ -4,6 +4,7 @@
 #include <cstdlib>
 #include <optional>
 
+#include "actors/launch_program.hpp"
 #include "apps/repl/memory_budget.hpp"
 #include "apps/repl/session_impl.hpp"
 
@@ -173,6 +174,10 @@ outcome session::impl::cmd_plan(const command_line& c) {
   const std::string d = (*pl)->describe();
   out << d;
   if (!d.empty() && d.back() != '\n') out << "\n";
+  // Whether the lowering ran the decode step as one kernel is the launch
+  // program's to say (describe() can only say it may).
+  if (d.find("decode step: may run as one kernel") != std::string::npos)
+    if (auto prog = actors::lower(*pl)) out << "  " << (*prog)->decode_step_note() << "\n";
   return {};
 }
 

@@ -5,6 +5,7 @@
 #include <cstdio>
 
 #include "gpu/cuda/cuda_check.cuh"
+#include "gpu/cuda/decode_step.cuh"
 #include "gpu/cuda/device_guard.hpp"
 #include "gpu/cuda/gemm.cuh"
 
@@ -19,7 +20,7 @@ cuda_stream::~cuda_stream() {
   }
   // cudaStreamDestroy returns at once; cuBLAS work may still use the
   // workspace, so drain the stream before freeing it.
-  if (s_ && (workspace_ || attention_ws_ || in_stream_tag_) && core_->alive.load())
+  if (s_ && (workspace_ || attention_ws_ || decode_step_ws_ || in_stream_tag_) && core_->alive.load())
     AG_CUDA_ASSERT(cudaStreamSynchronize(s_));
   if (s_) AG_CUDA_ASSERT(cudaStreamDestroy(s_));
   for (int i = 0; i < side_streams; ++i) {
@@ -29,6 +30,7 @@ cuda_stream::~cuda_stream() {
   if (fork_) AG_CUDA_ASSERT(cudaEventDestroy(fork_));
   if (workspace_) AG_CUDA_ASSERT(cudaFree(workspace_));
   if (attention_ws_) AG_CUDA_ASSERT(cudaFree(attention_ws_));
+  if (decode_step_ws_) AG_CUDA_ASSERT(cudaFree(decode_step_ws_));
   if (in_stream_tag_) AG_CUDA_ASSERT(cudaFree(in_stream_tag_));
 }
 
@@ -74,6 +76,17 @@ error cuda_stream::init() {
       AG_CUDA_TRY(cudaMemsetAsync(ws, 0, bytes, s_), core_->name + " create_stream (attention workspace)");
       attention_ws_ = static_cast<float*>(ws);
       attention_counters_ = reinterpret_cast<unsigned*>(attention_ws_ + attention_workspace_floats);
+    } else {
+      (void)cudaGetLastError();
+    }
+    // The decode-step kernel's workspace (decode_step.cuh): zeroed once, the
+    // kernel leaves its counters zero. Optional: without it a fused decode
+    // step fails with an error saying so.
+    void* step_ws = nullptr;
+    if (cudaMalloc(&step_ws, decode_step_workspace_bytes()) == cudaSuccess) {
+      AG_CUDA_TRY(cudaMemsetAsync(step_ws, 0, decode_step_workspace_bytes(), s_),
+                  core_->name + " create_stream (decode-step workspace)");
+      decode_step_ws_ = step_ws;
     } else {
       (void)cudaGetLastError();
     }

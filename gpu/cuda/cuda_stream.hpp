@@ -42,6 +42,11 @@ class cuda_stream final : public stream {
   static constexpr int64_t attention_counters = 4096;
   float* attention_ws_ = nullptr;
   unsigned* attention_counters_ = nullptr;
+  /// Compute streams: the decode-step kernel's workspace
+  /// (decode_step_workspace_bytes(), decode_step.cuh), made by init(); null
+  /// where that allocation failed. One per stream for the same reason as the
+  /// attention's: its counters and launch epoch follow the stream's order.
+  void* decode_step_ws_ = nullptr;
   /// Compute streams: the job tag of the in-stream collective parts launched
   /// on this stream (device memory, job + 1; in_stream.cuh), set by
   /// cuda_device::set_collective_tag before them. One per stream, not per

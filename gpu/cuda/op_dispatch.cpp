@@ -5,6 +5,7 @@
 
 #include "gpu/cuda/argmax.cuh"
 #include "gpu/cuda/attention.cuh"
+#include "gpu/cuda/decode_step.cuh"
 #include "gpu/cuda/device_guard.hpp"
 #include "gpu/cuda/elementwise.cuh"
 #include "gpu/cuda/gemm.cuh"
@@ -76,6 +77,14 @@ error dispatch_op(core& dev_core, cuda_stream& cs, const op_launch& l, const std
     e = launch_fused_attention(c, out, to_kt(l.inputs[0]), to_kt(l.inputs[1]), to_kt(l.inputs[2]),
                                masked ? &mask : nullptr, ap.scale, ap.causal, ap.softmax_rows,
                                ap.store_new_rows ? &pro : nullptr);
+    if (e.code == errc::device_failed) dev_core.mark_dead(e);
+    return e;
+  }
+  if (l.fused == op_launch::fusion::decode_step) {
+    // The lowering's whole decode step (gpu::op_launch::decode_step_params).
+    c.where.append(" (fused decode step)");
+    e = launch_decode_step(c, l.decode_step, l.inputs, l.out, cs.decode_step_ws_,
+                           cs.decode_step_ws_ ? decode_step_workspace_bytes() : 0);
     if (e.code == errc::device_failed) dev_core.mark_dead(e);
     return e;
   }

@@ -149,7 +149,13 @@ void expect_consistent(const launch_program& prog) {
                                           (op.attention.store_new_rows
                                                ? (op.attention.rope_q || op.attention.rope_k ? 4u : 3u)
                                                : 0u));
-        else EXPECT_GE(op.inputs.size(), 3u) << "x and at least two weights, or x, a weight and the residual";
+        else if (op.fused == gpu::op_launch::fusion::decode_step) {
+          const auto& ds = op.decode_step;
+          EXPECT_EQ(ls.ops.size(), 1u) << "a decode-step record is its step's only one";
+          EXPECT_EQ(op.inputs.size(), 6u + (ds.final_norm_weighted ? 1u : 0u) +
+                                          static_cast<std::size_t>(ds.layers) *
+                                              (gpu::op_launch::decode_step_layer_inputs + (ds.norm_weighted ? 2u : 0u)));
+        } else EXPECT_GE(op.inputs.size(), 3u) << "x and at least two weights, or x, a weight and the residual";
         if (op.fused != gpu::op_launch::fusion::projections) { EXPECT_TRUE(op.extra_outs.empty()) << op.op->name; }
       }
     } else if (runs_in_stream(ps)) {
@@ -1432,4 +1438,244 @@ TEST(LaunchProgram, InputCopiesComeFirstSoADecodeStepAtDegreeTwoIsOneSegmentPerD
   ASSERT_TRUE(qprog);
   for (const step& st : q->steps())
     if (st.kind == step_kind::copy_h2d) { EXPECT_TRUE(st.on_compute_stream) << "input copy step " << st.id; }
+}
+
+// The decode-step fusion (plan_options::fuse_decode_step, gpu::op_launch::
+// fusion::decode_step): a whole LLaMA decode step (batch 1, one token, a KV
+// cache, bf16) on one CUDA device lowers to one record whose inputs follow
+// gpu::op_launch's order; anything else keeps its records and the launch
+// program says why.
+namespace {
+
+/// The shape the kernel takes: d 256, 4 heads of 64, 2 kv heads, ff 512,
+/// vocab 1000, a cache of 80 rows, bf16, batch 1, one token; shapes only.
+models::transformer_config whole_decode_step(int layers) {
+  models::transformer_config cfg;
+  cfg.variant = models::model_variant::llama;
+  cfg.n_layers = layers;
+  cfg.d_model = 256;
+  cfg.n_heads = 4;
+  cfg.n_kv_heads = 2;
+  cfg.d_ff = 512;
+  cfg.vocab = 1000;
+  cfg.batch = 1;
+  cfg.seq_len = 1;
+  cfg.kv_cache_capacity = 80;
+  cfg.dtype = dtype::bf16;
+  cfg.weight_values = false;
+  return cfg;
+}
+
+/// What the generator's plans hold (state_slots 2 as it plans them).
+plan_options decode_step_options(bool fuse = true) {
+  plan_options o;
+  o.state_slots = 2;
+  o.fuse_decode_step = fuse;
+  return o;
+}
+
+/// Every compute record of `prog`, in step order: node name and fusion.
+std::vector<std::pair<std::string, gpu::op_launch::fusion>> compute_records(const launch_program& prog) {
+  std::vector<std::pair<std::string, gpu::op_launch::fusion>> r;
+  for (const lowered_step& ls : prog.steps())
+    for (const auto& op : ls.ops) r.emplace_back(op.op->name, op.fused);
+  return r;
+}
+
+/// The greedy forms of the generator's step plans (actors/generator.cpp).
+enum class step_form { logits, argmax, token_state_out, token_states };
+
+}  // namespace
+
+TEST(LaunchProgram, AWholeLlamaDecodeStepIsOneRecordOnOneCudaDevice) {
+  using fusion = gpu::op_launch::fusion;
+  for (int layers : {2, 3})
+    for (step_form form : {step_form::logits, step_form::argmax, step_form::token_state_out, step_form::token_states})
+      for (bool fold : {true, false}) {
+        SCOPED_TRACE(std::to_string(layers) + " layers, form " + std::to_string(static_cast<int>(form)) +
+                     (fold ? ", norm weights folded" : ", norm weights read"));
+        models::transformer_config cfg = whole_decode_step(layers);
+        cfg.argmax_output = form != step_form::logits;
+        if (form == step_form::token_state_out || form == step_form::token_states)
+          cfg.token_state_out = "token_state_b";
+        if (form == step_form::token_states) cfg.token_state_in = "token_state_a";
+        plan_options o = decode_step_options();
+        o.fold_norm_weights = fold;
+        const auto [p, prog] = compile_and_lower(cfg, device_kind::cuda, o);  // hazards checked there
+        ASSERT_TRUE(prog);
+        EXPECT_TRUE(prog->decode_step_fused()) << prog->decode_step_note();
+        EXPECT_EQ(prog->decode_step_note(), "decode step: one kernel (" + std::to_string(layers) + " layers)");
+        EXPECT_NE(p->describe().find("decode step: may run as one kernel"), std::string::npos) << p->describe();
+        const auto records = compute_records(*prog);
+        ASSERT_EQ(records.size(), 1u) << "the step's records become one";
+        const lowered_step* step = nullptr;
+        for (const lowered_step& ls : prog->steps())
+          if (!ls.ops.empty()) step = &ls;
+        ASSERT_NE(step, nullptr);
+        const actors::lowered_op& r = step->ops.front();
+        ASSERT_EQ(r.fused, fusion::decode_step);
+        const auto& ds = r.decode_step;
+        EXPECT_EQ(ds.layers, layers);
+        EXPECT_EQ(ds.d_model, 256);
+        EXPECT_EQ(ds.d_ff, 512);
+        EXPECT_EQ(ds.heads, 4);
+        EXPECT_EQ(ds.kv_heads, 2);
+        EXPECT_EQ(ds.head_dim, 64);
+        EXPECT_EQ(ds.vocab, 1000);
+        EXPECT_EQ(ds.cache_rows, 80);
+        EXPECT_FLOAT_EQ(ds.eps, cfg.eps);
+        EXPECT_FLOAT_EQ(ds.rope_theta, cfg.rope_theta);
+        EXPECT_FLOAT_EQ(ds.scale, 1.0f / std::sqrt(64.0f));
+        EXPECT_EQ(ds.argmax, cfg.argmax_output);
+        EXPECT_EQ(ds.norm_weighted, !fold);
+        EXPECT_EQ(ds.final_norm_weighted, !fold);
+        const std::size_t per_layer = gpu::op_launch::decode_step_layer_inputs + (fold ? 0u : 2u);
+        const std::size_t first_layer = fold ? 6u : 7u;
+        ASSERT_EQ(r.inputs.size(), first_layer + static_cast<std::size_t>(layers) * per_layer);
+        const auto expect = [&](std::size_t i, region where, dtype t, const shape& dims, const char* what) {
+          SCOPED_TRACE("input " + std::to_string(i) + ": " + what);
+          EXPECT_EQ(r.inputs[i].where, where);
+          EXPECT_EQ(r.inputs[i].proto.type, t);
+          if (dims.rank() > 0) {
+            EXPECT_EQ(r.inputs[i].proto.dims, dims);
+          } else {
+            EXPECT_EQ(r.inputs[i].proto.dims.numel(), 1);
+          }
+        };
+        // The token: the job's input (in the arena), or the state the
+        // slot's previous job kept it in.
+        expect(0, form == step_form::token_states ? region::state : region::arena, dtype::i32, {}, "the token");
+        expect(1, region::weights, dtype::bf16, {1000, 256}, "the embedding");
+        expect(2, region::arena, dtype::i32, {}, "the rope positions");
+        expect(3, region::arena, dtype::i32, {}, "the cache positions");
+        expect(4, region::arena, dtype::bf16, {1, 80}, "the mask");
+        expect(5, region::weights, dtype::bf16, {1000, 256}, "the head");
+        if (!fold) expect(6, region::weights, dtype::bf16, {256}, "the final norm's weight");
+        for (int l = 0; l < layers; ++l) {
+          const std::size_t b = first_layer + static_cast<std::size_t>(l) * per_layer;
+          SCOPED_TRACE("layer " + std::to_string(l + 1));
+          expect(b + 0, region::weights, dtype::bf16, {256, 256}, "w_q");
+          expect(b + 1, region::weights, dtype::bf16, {128, 256}, "w_k");
+          expect(b + 2, region::weights, dtype::bf16, {128, 256}, "w_v");
+          expect(b + 3, region::state, dtype::bf16, {1, 2, 80, 64}, "the k cache");
+          expect(b + 4, region::state, dtype::bf16, {1, 2, 80, 64}, "the v cache");
+          EXPECT_NE(r.inputs[b + 3].byte_offset, r.inputs[b + 4].byte_offset);
+          expect(b + 5, region::weights, dtype::bf16, {256, 256}, "w_o");
+          expect(b + 6, region::weights, dtype::bf16, {512, 256}, "w_gate");
+          expect(b + 7, region::weights, dtype::bf16, {512, 256}, "w_up");
+          expect(b + 8, region::weights, dtype::bf16, {256, 512}, "w_down");
+          if (!fold) {
+            expect(b + 9, region::weights, dtype::bf16, {256}, "the attention's norm weight");
+            expect(b + 10, region::weights, dtype::bf16, {256}, "the MLP's norm weight");
+          }
+        }
+        // The output: the step's last op's, the logits or the greedy token.
+        const std::string last = form == step_form::logits   ? "logits"
+                                 : form == step_form::argmax ? "next_token"
+                                                             : "token_state_b";
+        EXPECT_EQ(r.op->name, last);
+        EXPECT_EQ(r.out.proto.type, cfg.argmax_output ? dtype::i32 : dtype::f32);
+        EXPECT_EQ(r.out.proto.dims.numel(), cfg.argmax_output ? 1 : 1000);
+        EXPECT_EQ(r.out.where, form == step_form::logits || form == step_form::argmax ? region::arena : region::state);
+        // Its launch record carries the parameters; the weight mask has
+        // bits for inputs below 32 only (the embedding and the head, the
+        // first layers' weights), never for the token or the caches.
+        for (std::size_t q = 0; q < prog->queues().size(); ++q)
+          for (const gpu::op_launch& l : prog->launch_records(static_cast<int>(q))) {
+            ASSERT_EQ(l.fused, fusion::decode_step);
+            EXPECT_EQ(l.decode_step.layers, layers);
+            EXPECT_EQ(l.decode_step.vocab, 1000);
+            EXPECT_EQ(l.inputs.size(), r.inputs.size());
+            for (std::size_t i = 0; i < 32 && i < r.inputs.size(); ++i)
+              EXPECT_EQ((l.weight_inputs >> i) & 1u, r.inputs[i].where == region::weights ? 1u : 0u) << "input " << i;
+          }
+        // Replayed as a segment of that one record.
+        int replayed = 0;
+        for (const lowered_step& ls : prog->steps())
+          if (ls.replay_steps > 0) {
+            ++replayed;
+            EXPECT_EQ(ls.replay_records, 1);
+          }
+        EXPECT_GT(replayed, 0);
+      }
+  // A head tied to the embedding: inputs 1 and 5 are the one table (the
+  // final norm keeps its weight: the table is not scaled by it).
+  models::transformer_config tied = whole_decode_step(2);
+  tied.head = models::head_tying::tied;
+  const auto [p, prog] = compile_and_lower(tied, device_kind::cuda, decode_step_options());
+  ASSERT_TRUE(prog);
+  ASSERT_TRUE(prog->decode_step_fused()) << prog->decode_step_note();
+  for (const lowered_step& ls : prog->steps()) {
+    if (ls.ops.empty()) continue;
+    const actors::lowered_op& r = ls.ops.front();
+    EXPECT_EQ(r.inputs[1].where, r.inputs[5].where);
+    EXPECT_EQ(r.inputs[1].byte_offset, r.inputs[5].byte_offset);
+    EXPECT_EQ(r.inputs.size(), (r.decode_step.final_norm_weighted ? 7u : 6u) + 2u * 9u);
+  }
+}
+
+// Not the kernel's step: the records stay as they are without the fusion
+// and the note names why.
+TEST(LaunchProgram, ADecodeStepOutsideTheKernelsPatternOrShapesKeepsItsRecords) {
+  struct refused {
+    std::string what;
+    models::transformer_config cfg;
+    device_kind kind = device_kind::cuda;
+    int tensor_parallel = 1;
+    bool fuse = true;
+    std::string why;  ///< a part of the note
+  };
+  const models::transformer_config llama = whole_decode_step(2);
+  std::vector<refused> cases;
+  cases.push_back({"the option off", llama, device_kind::cuda, 1, false, "fuse_decode_step off"});
+  cases.push_back({"a sim device", llama, device_kind::sim, 1, true, "not on a CUDA device"});
+  models::transformer_config c = llama;
+  c.batch = 2;
+  cases.push_back({"batch 2", c, device_kind::cuda, 1, true, "batch 1"});
+  c = llama;
+  c.dtype = dtype::f32;
+  cases.push_back({"f32", c, device_kind::cuda, 1, true, "not bf16"});
+  c = llama;
+  c.variant = models::model_variant::gpt2;
+  c.n_kv_heads = 0;
+  cases.push_back({"GPT-2", c, device_kind::cuda, 1, true, "not fused: "});
+  c = llama;
+  c.d_model = 128;  // 4 heads of 32
+  c.d_ff = 256;
+  cases.push_back({"heads of 32", c, device_kind::cuda, 1, true, "heads of 32"});
+  cases.push_back({"tensor parallel 2", llama, device_kind::cuda, 2, true, "tensor parallel"});
+  c = llama;
+  c.d_model = 320;  // 5 heads of 64
+  c.n_heads = 5;
+  c.n_kv_heads = 5;
+  cases.push_back({"d_model 320", c, device_kind::cuda, 1, true, "not a multiple of 256"});
+  c = llama;
+  c.kv_cache_capacity = 0;
+  cases.push_back({"no KV cache", c, device_kind::cuda, 1, true, "KV cache"});
+  for (const refused& k : cases) {
+    SCOPED_TRACE(k.what);
+    plan_options o = decode_step_options(k.fuse);
+    o.tensor_parallel = k.tensor_parallel;
+    const auto [p, prog] = compile_and_lower(k.cfg, k.kind, o, k.tensor_parallel);
+    ASSERT_TRUE(prog);
+    EXPECT_FALSE(prog->decode_step_fused());
+    EXPECT_EQ(prog->decode_step_note().rfind("decode step not fused: ", 0), 0u) << prog->decode_step_note();
+    EXPECT_NE(prog->decode_step_note().find(k.why), std::string::npos) << prog->decode_step_note();
+    if (k.kind != device_kind::cuda || !k.fuse || k.tensor_parallel > 1) {
+      EXPECT_EQ(p->describe().find("decode step:"), std::string::npos) << "describe() says nothing of it";
+    }
+    o.fuse_decode_step = false;
+    const auto [p_off, off] = compile_and_lower(k.cfg, k.kind, o, k.tensor_parallel);
+    ASSERT_TRUE(off);
+    const auto records = compute_records(*prog);
+    EXPECT_EQ(records, compute_records(*off)) << "the records are those without the fusion";
+    EXPECT_GT(records.size(), 1u);
+    for (const auto& [name, f] : records) EXPECT_NE(f, gpu::op_launch::fusion::decode_step) << name;
+  }
+  // Without the fusion the step has the pattern's records: the embedding,
+  // 5 a layer (q/k/v, attention, o + residual, gated MLP, down + residual)
+  // and the final norm, the head and the logits' copy.
+  const auto [p, off] = compile_and_lower(llama, device_kind::cuda, decode_step_options(false));
+  ASSERT_TRUE(off);
+  EXPECT_EQ(compute_records(*off).size(), 1u + 5u * 2u + 3u);
 }

@@ -10,6 +10,7 @@
 #include <cmath>
 
 #include "actors/generator.hpp"
+#include "actors/launch_program.hpp"
 #include "checkpoint/checkpoint_test_util.hpp"
 #include "cuda/cuda_test_util.hpp"
 #include "graph/models/transformer.hpp"
@@ -698,6 +699,80 @@ TEST(CudaGenerate, DecodeEqualsRecomputeOverStagesAndStagesByTensorOnOneGpu) {
   AG_REQUIRE_GPU(1);
   decode_on("cuda:0,0", 2);
   decode_on("cuda:0,0,0,0", 2, /*fuse_ops=*/true, /*head_dim=*/32, /*tensor_degree=*/2);
+}
+
+// The records the runtime launches for `p` (lowered as the runtime lowers
+// it) that run a whole decode step as one kernel (fusion::decode_step).
+int whole_step_records(const plan& p) {
+  auto prog = actors::lower(std::shared_ptr<const plan>(&p, [](const plan*) {}));
+  EXPECT_TRUE(prog) << prog.err().to_string();
+  int n = 0;
+  if (prog)
+    for (const actors::lowered_step& s : (*prog)->steps())
+      for (const actors::lowered_op& op : s.ops) n += op.fused == gpu::op_launch::fusion::decode_step;
+  return n;
+}
+
+// A LLaMA-family decode step that fits the persistent kernel
+// (plan_options::fuse_decode_step, gpu/cuda/decode_step.cuh) runs as one
+// kernel, and generation still equals recomputing the whole sequence: heads
+// of 64 over a cache of 80 rows (a span of 5 keys a block), and heads of 128
+// over 1100 rows (spans of 69 keys: three rounds of 32 a block), one
+// runtime, so the two shapes share each stream's workspace; then the greedy
+// plans (the token picked by the kernel and kept in the token states), whose
+// tokens equal the host's picks from the logits.
+TEST(CudaGenerate, WholeDecodeStepAsOneKernelEqualsRecompute) {
+  AG_REQUIRE_GPU(1);
+  auto rt = runtime::create("cuda:0");
+  ASSERT_TRUE(rt) << rt.err().to_string();
+  struct shape {
+    int64_t head_dim, d_ff, cache;
+  };
+  for (const shape& sh : {shape{64, 512, 80}, shape{128, 768, 1100}}) {
+    SCOPED_TRACE("heads of " + std::to_string(sh.head_dim) + ", cache " + std::to_string(sh.cache));
+    models::transformer_config cfg = test::tiny_model(models::model_variant::llama, 2);
+    cfg.initializer_range *= std::sqrt(static_cast<float>(cfg.d_model) / static_cast<float>(cfg.n_heads * sh.head_dim));
+    cfg.d_model = cfg.n_heads * sh.head_dim;
+    cfg.d_ff = sh.d_ff;
+    cfg.vocab = 1000;
+    cfg.dtype = dtype::bf16;
+    test::temp_dir dir;
+    test::save_random_model(dir.str(), cfg);
+    auto m = models::hf_model::open(dir.str());
+    ASSERT_TRUE(m) << m.err().to_string();
+    generator_options go;
+    go.cache_tokens = sh.cache;
+    go.prefill_chunk = 4;
+    auto gen = generator::create(**rt, m->model_config(1), m->provider(), go);
+    ASSERT_TRUE(gen) << gen.err().to_string();
+    ASSERT_EQ(whole_step_records((*gen)->decode_plan()), 1) << "the decode step is not one kernel";
+    const std::vector<int32_t> prompt{3, 1, 4, 1, 5, 9};
+    generate_options o;
+    o.max_new_tokens = 6;
+    o.keep_logits = true;
+    const generation h = (*gen)->generate(prompt, o);
+    ASSERT_TRUE(h.wait_for(120s)) << "generation hung";
+    const auto& r = h.wait();
+    ASSERT_TRUE(r) << r.err().to_string();
+    ASSERT_EQ(r->tokens.size(), 6u);
+    std::vector<int32_t> seq = prompt;
+    for (std::size_t t = 0; t < r->tokens.size(); ++t) {
+      const std::vector<float> ref = recomputed_last_logits(*m, seq);
+      ASSERT_EQ(ref.size(), r->logits[t].size());
+      double worst = 0.0;
+      for (std::size_t i = 0; i < ref.size(); ++i)
+        worst = std::max(worst, std::abs(ref[i] - r->logits[t][i]) / (0.1 + 0.05 * std::abs(ref[i])));
+      EXPECT_LT(worst, 1.0) << "token " << t << ": error over tolerance";
+      seq.push_back(r->tokens[t]);
+    }
+    o.keep_logits = false;
+    const generation d = (*gen)->generate(prompt, o);
+    ASSERT_TRUE(d.wait_for(120s)) << "generation hung";
+    const auto& dr = d.wait();
+    ASSERT_TRUE(dr) << dr.err().to_string();
+    EXPECT_EQ(dr->tokens, r->tokens);
+    EXPECT_EQ(dr->tokens_picked_on_device, 5);
+  }
 }
 
 }  // namespace

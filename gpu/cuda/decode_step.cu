@@ -1,0 +1,816 @@
+// A whole decode step as one persistent kernel (decode_step.cuh). Grown
+// from scripts/cuda-experiments/decode_step_kernel.cu (session 48: a
+// LLaMA-1B step 0.70-0.71 ms on an H200 against 0.78 for the kernel per op),
+// made general over the shapes graph/fusion.hpp's decode_step_misfit()
+// accepts and reading the runtime's own operands: separate q/k/v and
+// gate/up weights, the caches as state tensors, the mask, the positions.
+
+#include "gpu/cuda/decode_step.cuh"
+
+#include <cuda/atomic>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <type_traits>
+
+#include "gpu/cuda/common.cuh"
+#include "gpu/cuda/cuda_check.cuh"
+#include "gpu/cuda/rope.cuh"
+#include "graph/fusion.hpp"
+
+namespace ag::gpu::cuda {
+
+AG_CUDA_MODULE_ANCHOR()
+
+namespace {
+
+using bf16 = __nv_bfloat16;
+using u64 = unsigned long long;
+
+constexpr int kWarps = 16, kThreads = kWarps * 32;
+constexpr int kSlots = 3;            // a warp's ring: chunks in flight
+constexpr int kChunkMax = 2048;      // elements of a chunk at most (4 KiB)
+constexpr int kMaxLayers = decode_step_max_layers;
+constexpr int kMaxPhases = 5 * kMaxLayers + 1;
+constexpr int kMaxRows = 1024;       // a block's rows of one GEMV
+constexpr int kMaxResidRows = 128;   // a block's rows of the residual (o's and down's split)
+constexpr int kMaxSplits = 16;       // attention blocks a kv head
+constexpr int kMaxQueryValues = 512; // query heads a kv head x head dim
+constexpr int kMaxGroup = 8;
+constexpr int kRoundValues = 4096;   // a round of attention: rows x head dim (16 KiB of k and v)
+constexpr int64_t kMaxWidth = decode_step_max_width;
+
+enum stage : int { kQkv = 0, kAttention = 1, kO = 2, kGateUp = 3, kDown = 4, kHead = 5 };
+
+struct layer_ptrs {
+  const bf16 *wq, *wk, *wv, *wo, *wg, *wu, *wd;
+  const bf16 *attn_norm, *mlp_norm;  // null: folded into the projections
+  bf16 *k_cache, *v_cache;           // [Hkv, C, dh]
+};
+
+// The workspace (one per compute stream), in this order.
+struct workspace_layout {
+  static constexpr std::size_t resid = 0;
+  static constexpr std::size_t qkv = resid + kMaxWidth * 8;
+  static constexpr std::size_t hidden = qkv + 3 * kMaxWidth * 8;
+  static constexpr std::size_t attn_out = hidden + kMaxWidth / 2 * 8;
+  static constexpr std::size_t partials = attn_out + kMaxWidth * 8;
+  static constexpr std::size_t partial_floats = kMaxQueryValues + 2 * kMaxGroup;  // one attending block's
+  static constexpr std::size_t best_value = partials + decode_step_max_blocks * partial_floats * 4;
+  static constexpr std::size_t best_index = best_value + decode_step_max_blocks * 4;
+  static constexpr std::size_t head_count = best_index + decode_step_max_blocks * 4;
+  static constexpr std::size_t done = head_count + kMaxLayers * 64 * 4;
+  static constexpr std::size_t epoch = done + 4;
+  static constexpr std::size_t bytes = epoch + 4;
+};
+
+struct step_args {
+  int layers, d, ff, heads, kv_heads, vocab, cache_rows, splits, qkv_rows, attn_width;
+  float eps, scale;
+  const int* token;
+  const bf16* embed;
+  const int* positions;
+  const int* cache_positions;
+  const bf16* mask;  // [C]
+  const bf16* head;
+  const bf16* final_norm;  // null: folded
+  float* logits;           // null with argmax
+  int* token_out;          // null without
+  unsigned* fault_word;
+  u64 *resid, *qkv, *hidden, *attn_out;
+  float* partials;
+  float* best_value;
+  int* best_index;
+  unsigned *head_count, *done, *epoch;
+  double inv[64];  // rope inverse frequencies, dh / 2 of them
+  layer_ptrs layer[kMaxLayers];
+};
+
+// ---- phases -------------------------------------------------------------
+
+__device__ __forceinline__ int stage_of(const step_args& a, int p) { return p == 5 * a.layers ? kHead : p % 5; }
+__device__ __forceinline__ int rows_of(const step_args& a, int st) {
+  switch (st) {
+    case kQkv: return a.qkv_rows;
+    case kO: return a.d;
+    case kGateUp: return 2 * a.ff;  // virtual rows: 2i gate row i, 2i + 1 up row i
+    case kDown: return a.d;
+    case kHead: return a.vocab;
+    default: return 0;
+  }
+}
+__device__ __forceinline__ int width_of(const step_args& a, int st) {
+  return st == kO ? a.attn_width : st == kDown ? a.ff : a.d;
+}
+__device__ __forceinline__ int chunk_of(int k) {
+  return k % 2048 == 0 ? 2048 : k % 1024 == 0 ? 1024 : k % 512 == 0 ? 512 : 256;
+}
+// A layer's weights as the loads read them: from shared memory (the
+// kernel's parameters, indexed by a layer only known at run time, cost a
+// constant-cache miss on the path that issues every chunk's load).
+enum weight_slot : int { kWq, kWk, kWv, kWo, kWg, kWu, kWd, kWeightSlots };
+// Row r of phase p's matrix (its virtual rows for q/k/v and gate|up);
+// `w` the shared table, kWeightSlots a layer.
+__device__ __forceinline__ const bf16* row_of(const step_args& a, const bf16* const* w, int p, int r) {
+  const int st = stage_of(a, p);
+  if (st == kHead) return a.head + static_cast<int64_t>(r) * a.d;
+  const bf16* const* L = w + (p / 5) * kWeightSlots;
+  switch (st) {
+    case kQkv: {
+      const int q = a.attn_width, kv = (a.qkv_rows - q) / 2;
+      if (r < q) return L[kWq] + static_cast<int64_t>(r) * a.d;
+      if (r < q + kv) return L[kWk] + static_cast<int64_t>(r - q) * a.d;
+      return L[kWv] + static_cast<int64_t>(r - q - kv) * a.d;
+    }
+    case kO: return L[kWo] + static_cast<int64_t>(r) * a.attn_width;
+    case kGateUp: return L[(r & 1) ? kWu : kWg] + static_cast<int64_t>(r >> 1) * a.d;
+    default: return L[kWd] + static_cast<int64_t>(r) * a.ff;
+  }
+}
+
+// ---- tagged hand-overs ---------------------------------------------------
+// A value and the tag of the phase that stored it in one 8-byte access (as
+// NCCL's LL protocol does), so a reader that sees the tag sees the value.
+// The tag carries the launch's epoch: a value of an earlier launch never
+// matches.
+
+__device__ __forceinline__ unsigned tag_of(unsigned epoch, int phase) {
+  return (epoch << 8) | static_cast<unsigned>(phase);
+}
+__device__ __forceinline__ void put(u64* at, float v, unsigned tag) {
+  const u64 packed = (static_cast<u64>(tag) << 32) | __float_as_uint(v);
+  asm volatile("st.relaxed.gpu.global.b64 [%0], %1;" ::"l"(at), "l"(packed) : "memory");
+}
+__device__ __forceinline__ u64 peek(const u64* at) {
+  u64 v;
+  asm volatile("ld.relaxed.gpu.global.b64 %0, [%1];" : "=l"(v) : "l"(at) : "memory");
+  return v;
+}
+__device__ __forceinline__ bool tagged(u64 v, unsigned tag) { return static_cast<unsigned>(v >> 32) == tag; }
+__device__ __forceinline__ unsigned take_bits(const u64* at, unsigned tag) {
+  u64 v = peek(at);
+  while (!tagged(v, tag)) v = peek(at);
+  return static_cast<unsigned>(v);
+}
+__device__ __forceinline__ float take(const u64* at, unsigned tag) { return __uint_as_float(take_bits(at, tag)); }
+// f(i, payload) for every i < n of base[i] (this thread's: i = threadIdx.x
+// + k * kThreads) once tagged; eight loads a thread in flight before any is
+// checked.
+template <class F>
+__device__ __forceinline__ void take_each(const u64* base, int n, unsigned tag, F&& f) {
+  constexpr int kBatch = 8;
+  for (int i0 = threadIdx.x; i0 < n; i0 += kBatch * kThreads) {
+    u64 v[kBatch];
+#pragma unroll
+    for (int k = 0; k < kBatch; ++k)
+      if (i0 + k * kThreads < n) v[k] = peek(base + i0 + k * kThreads);
+#pragma unroll
+    for (int k = 0; k < kBatch; ++k)
+      if (i0 + k * kThreads < n) {
+        while (!tagged(v[k], tag)) v[k] = peek(base + i0 + k * kThreads);
+        f(i0 + k * kThreads, static_cast<unsigned>(v[k]));
+      }
+  }
+}
+
+__device__ __forceinline__ unsigned bump(unsigned* counter) {
+  ::cuda::atomic_ref<unsigned, ::cuda::thread_scope_device> c(*counter);
+  return c.fetch_add(1, ::cuda::memory_order_acq_rel);
+}
+__device__ __forceinline__ float round_bf16(float v) { return __bfloat162float(__float2bfloat16_rn(v)); }
+
+// ---- bulk copies into shared memory --------------------------------------
+
+__device__ __forceinline__ unsigned shared_address(const void* p) {
+  return static_cast<unsigned>(__cvta_generic_to_shared(p));
+}
+__device__ __forceinline__ void mbar_init(u64* b, unsigned count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(shared_address(b)), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_expect_tx(u64* b, unsigned bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(shared_address(b)), "r"(bytes)
+               : "memory");
+}
+__device__ __forceinline__ void mbar_wait(u64* b, unsigned parity) {
+  unsigned done = 0;
+  while (!done)
+    asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
+                 : "=r"(done)
+                 : "r"(shared_address(b)), "r"(parity)
+                 : "memory");
+}
+__device__ __forceinline__ void bulk_load(void* dst, const void* src, unsigned bytes, u64* bar) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+          shared_address(dst)),
+      "l"(src), "r"(bytes), "r"(shared_address(bar))
+      : "memory");
+}
+
+// x . w over 8 bf16 pairs packed in 16 bytes, into two accumulators.
+__device__ __forceinline__ void fma8_two(const uint4& w, const uint4& x, float& lo, float& hi) {
+  const unsigned a[4] = {w.x, w.y, w.z, w.w}, b[4] = {x.x, x.y, x.z, x.w};
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    lo = fmaf(__uint_as_float(a[k] << 16), __uint_as_float(b[k] << 16), lo);
+    hi = fmaf(__uint_as_float(a[k] & 0xffff0000u), __uint_as_float(b[k] & 0xffff0000u), hi);
+  }
+}
+
+// A warp's walk over its items of the step's GEMVs: items warp, warp + 16,
+// ... of phase g (count[g] of them), then of the next phase that has any.
+struct chunk_cursor {
+  int g, j, phases, warp;
+  const int* count;
+  __device__ chunk_cursor(int phases_, int warp_, const int* count_)
+      : g(0), j(warp_), phases(phases_), warp(warp_), count(count_) {
+    settle();
+  }
+  __device__ bool done() const { return g >= phases; }
+  __device__ void advance() {
+    j += kWarps;
+    settle();
+  }
+  __device__ void settle() {
+    while (g < phases && j >= count[g])
+      if (++g < phases) j = warp;
+  }
+};
+
+// The keys of the cache one attending block covers: [k0, k1).
+struct key_span {
+  int h, s, k0, k1;
+};
+__device__ __forceinline__ key_span span_of(const step_args& a) {
+  const int per = (a.cache_rows + a.splits - 1) / a.splits, s = blockIdx.x % a.splits;
+  const int k0 = min(a.cache_rows, s * per);
+  return {static_cast<int>(blockIdx.x) / a.splits, s, k0, min(a.cache_rows, k0 + per)};
+}
+
+template <int DH>
+__device__ __forceinline__ bf16* cache_row(bf16* cache, const step_args& a, int h, int key) {
+  return cache + (static_cast<int64_t>(h) * a.cache_rows + key) * DH;
+}
+
+// Brings rows [r0, r0 + n) of kv head h's k and v caches of `layer` into
+// `rows` (k's, then v's at kRoundValues elements on), complete on `bar`.
+template <int DH>
+__device__ __forceinline__ void fetch_rows(const step_args& a, bf16* const* caches, int layer, int h, int r0, int n,
+                                           bf16* rows, u64* bar) {
+  const unsigned bytes = static_cast<unsigned>(n) * DH * 2;
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // generic stores there before
+  mbar_expect_tx(bar, 2 * bytes);
+  if (n > 0) {
+    bulk_load(rows, cache_row<DH>(caches[2 * layer], a, h, r0), bytes, bar);
+    bulk_load(rows + kRoundValues, cache_row<DH>(caches[2 * layer + 1], a, h, r0), bytes, bar);
+  }
+}
+
+// The mask of keys [r0, r0 + n) into `mask` (the block's last threads,
+// which have no q/k/v value to take beside it).
+template <int DH>
+__device__ __forceinline__ void load_mask(const step_args& a, int r0, int n, float* mask) {
+  constexpr int kRows = kRoundValues / DH;
+  const int i = static_cast<int>(threadIdx.x) - (kThreads - kRows);
+  if (i >= 0 && i < n) mask[i] = __bfloat162float(a.mask[r0 + i]);
+}
+
+// One attending block's part of a layer's attention: kv head h, its span of
+// keys in rounds of kRoundValues / DH rows, the first round already on its
+// way (fetch_rows after q/k/v's products); the last block of the head
+// combines the spans into the head's output.
+template <int DH>
+__device__ void attention_block(const step_args& a, int layer, int phase, bf16* rows, u64* bar, unsigned& bar_uses,
+                                unsigned epoch, const float* rope_cs, const float* rope_sn, bf16* const* caches,
+                                float* mask, int at) {
+  constexpr int kRows = kRoundValues / DH, kPerLane = DH / 32;
+  __shared__ float q[kMaxQueryValues], k_new[DH], v_new[DH];
+  __shared__ float scores[kMaxGroup][kRows], run_max[kMaxGroup], run_sum[kMaxGroup], corr[kMaxGroup];
+  __shared__ bool last;
+  const key_span sp = span_of(a);
+  const int h = sp.h, t = threadIdx.x, warp = t >> 5, lane = t & 31;
+  // `mask` holds the first round's (every layer's: loaded once by the
+  // kernel) unless the span has more rounds, whose masks replace it.
+  if (sp.k1 - sp.k0 > kRows) load_mask<DH>(a, sp.k0, kRows, mask);
+  const int group = a.heads / a.kv_heads, qv = group * DH;
+  const unsigned ready = tag_of(epoch, phase - 1);  // q/k/v's
+  const int q_rows = a.heads * DH, kv_rows = a.kv_heads * DH;
+  for (int i = t; i < qv + 2 * DH; i += kThreads) {
+    if (i < qv) q[i] = take(a.qkv + h * qv + i, ready);
+    else if (i < qv + DH) k_new[i - qv] = take(a.qkv + q_rows + h * DH + i - qv, ready);
+    else v_new[i - qv - DH] = take(a.qkv + q_rows + kv_rows + h * DH + i - qv - DH, ready);
+  }
+  if (t < kMaxGroup) run_max[t] = -INFINITY, run_sum[t] = 0.f;
+  __syncthreads();
+  // The ropes (neox: pairs i, i + DH / 2), rounded as the rope op rounds.
+  for (int i = t; i < (group + 1) * (DH / 2); i += kThreads) {
+    float* x = i < group * (DH / 2) ? q + (i / (DH / 2)) * DH : k_new;
+    const int k = i % (DH / 2);
+    const float sn = rope_sn[k], cs = rope_cs[k];
+    const float lo = x[k], hi = x[k + DH / 2];
+    x[k] = round_bf16(lo * cs - hi * sn);
+    x[k + DH / 2] = round_bf16(hi * cs + lo * sn);
+  }
+  __syncthreads();
+  const bool stores = at >= 0 && at < a.cache_rows;
+  if (sp.s == 0 && stores && t < DH) {  // the new rows into the caches
+    cache_row<DH>(caches[2 * layer], a, h, at)[t] = __float2bfloat16_rn(k_new[t]);
+    cache_row<DH>(caches[2 * layer + 1], a, h, at)[t] = __float2bfloat16_rn(v_new[t]);
+  }
+  // The weighted values: warp w takes query head w % group and every
+  // parts-th key from w / group; a lane kPerLane dims.
+  const int parts = kWarps / group, g_mine = warp % group, part = warp / group;
+  float acc_part[kPerLane] = {};
+  for (int r0 = sp.k0; r0 < sp.k1; r0 += kRows) {
+    const int n = min(kRows, sp.k1 - r0);
+    if (r0 != sp.k0) {  // later rounds: fetched now (the first came with q/k/v)
+      __syncthreads();  // every thread done with the rows and the mask of the round before
+      if (t == 0) fetch_rows<DH>(a, caches, layer, h, r0, n, rows, bar);
+      load_mask<DH>(a, r0, n, mask);
+      __syncthreads();
+    }
+    mbar_wait(bar, bar_uses & 1u);
+    ++bar_uses;
+    // Scores: a warp a key, a lane kPerLane dims, every query head at once;
+    // the new row where it is stored, as computed (the cache's may be stale).
+    for (int i = warp; i < n; i += kWarps) {
+      const bool fresh = stores && r0 + i == at;
+      float kd[kPerLane];
+#pragma unroll
+      for (int u = 0; u < kPerLane; ++u)
+        kd[u] = fresh ? k_new[lane * kPerLane + u] : __bfloat162float(rows[i * DH + lane * kPerLane + u]);
+      const float m = mask[i];
+      for (int g = 0; g < group; ++g) {
+        float dot = 0.f;
+#pragma unroll
+        for (int u = 0; u < kPerLane; ++u) dot = fmaf(q[g * DH + lane * kPerLane + u], kd[u], dot);
+        dot = warp_sum(dot);
+        if (lane == 0) scores[g][i] = (dot + m) * a.scale;
+      }
+    }
+    __syncthreads();
+    if (warp < group) {  // the running softmax of head `warp`
+      float m = -INFINITY;
+      for (int i = lane; i < n; i += 32) m = fmaxf(m, scores[warp][i]);
+      m = warp_max(m);
+      const float m_new = fmaxf(run_max[warp], m);
+      float sum = 0.f;
+      for (int i = lane; i < n; i += 32) {
+        const float p = __expf(scores[warp][i] - m_new);
+        scores[warp][i] = p;
+        sum += p;
+      }
+      sum = warp_sum(sum);
+      if (lane == 0) {
+        const float c = __expf(run_max[warp] - m_new);  // 0 on the first round
+        corr[warp] = c;
+        run_sum[warp] = run_sum[warp] * c + sum;
+        run_max[warp] = m_new;
+      }
+    }
+    __syncthreads();
+    if (part < parts) {
+      const float c = corr[g_mine];
+#pragma unroll
+      for (int u = 0; u < kPerLane; ++u) acc_part[u] *= c;
+      for (int i = part; i < n; i += parts) {
+        const float p = scores[g_mine][i];
+        const bool fresh = stores && r0 + i == at;
+#pragma unroll
+        for (int u = 0; u < kPerLane; ++u) {
+          const int dim = lane * kPerLane + u;
+          const float v = fresh ? v_new[dim] : __bfloat162float(rows[kRoundValues + i * DH + dim]);
+          acc_part[u] = fmaf(p, v, acc_part[u]);
+        }
+      }
+    }
+  }
+  if (sp.k0 >= sp.k1) {  // an empty span: its fetch (nothing) still completes the barrier's phase
+    mbar_wait(bar, bar_uses & 1u);
+    ++bar_uses;
+  }
+  // The parts summed through the rows' buffer (the last round is done with it).
+  __syncthreads();
+  float* parts_sum = reinterpret_cast<float*>(rows);
+  if (part < parts)
+#pragma unroll
+    for (int u = 0; u < kPerLane; ++u) parts_sum[warp * DH + lane * kPerLane + u] = acc_part[u];
+  __syncthreads();
+  float* mine = a.partials + static_cast<int64_t>(blockIdx.x) * workspace_layout::partial_floats;
+  if (t < qv) {
+    const int g = t / DH, dim = t % DH;
+    float acc = 0.f;
+    for (int k = 0; k < parts; ++k) acc += parts_sum[(k * group + g) * DH + dim];
+    mine[t] = acc;
+  }
+  if (t < group) mine[qv + 2 * t] = run_max[t], mine[qv + 2 * t + 1] = run_sum[t];
+  __syncthreads();
+  unsigned* counter = a.head_count + layer * 64 + h;
+  if (t == 0) last = bump(counter) == static_cast<unsigned>(a.splits - 1);
+  __syncthreads();
+  if (!last) return;
+  if (t == 0) *counter = 0;  // the last of this launch's bumps: zero for the next launch
+  if (t < qv) {  // the head's spans combined
+    const int g = t / DH;
+    const float* first = a.partials + static_cast<int64_t>(h) * a.splits * workspace_layout::partial_floats;
+    float m = -INFINITY;
+    for (int j = 0; j < a.splits; ++j)
+      m = fmaxf(m, __ldcg(first + j * workspace_layout::partial_floats + qv + 2 * g));
+    float num = 0.f, den = 0.f;
+    for (int j = 0; j < a.splits; ++j) {
+      const float* p = first + j * workspace_layout::partial_floats;
+      const float w = __expf(__ldcg(p + qv + 2 * g) - m);  // an empty span: max -inf, weight 0
+      num = fmaf(w, __ldcg(p + t), num), den = fmaf(w, __ldcg(p + qv + 2 * g + 1), den);
+    }
+    put(a.attn_out + h * qv + t, round_bf16(num / den), tag_of(epoch, phase));
+  }
+}
+
+template <int DH>
+__global__ void __launch_bounds__(kThreads, 1) decode_step_kernel(const __grid_constant__ step_args a) {
+  extern __shared__ __align__(128) unsigned char dynamic_shared[];
+  __shared__ int first_row[kMaxPhases], item_count[kMaxPhases];
+  __shared__ u64 full[kWarps * kSlots], span_bar;
+  __shared__ float sums[kMaxRows], reduce[kWarps], inv_rms;
+  __shared__ float resid_rows[kMaxResidRows];
+  __shared__ int reduce_index[kWarps];
+  __shared__ const bf16* weights[kMaxLayers * kWeightSlots];
+  __shared__ bf16* caches[kMaxLayers * 2];  // each layer's k and v caches
+  __shared__ float mask[kRoundValues / DH];  // the first round's (attending blocks)
+  __shared__ int cache_at;
+  __shared__ float rope_cs[64], rope_sn[64];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, blocks = gridDim.x;
+  const int phases = 5 * a.layers + 1;
+  const unsigned epoch = *a.epoch + 1;
+  unsigned char* my_ring = dynamic_shared + static_cast<size_t>(warp) * kSlots * kChunkMax * 2;
+  uint4* xs = reinterpret_cast<uint4*>(dynamic_shared + static_cast<size_t>(kWarps) * kSlots * kChunkMax * 2);
+  bf16* xs_elems = reinterpret_cast<bf16*>(xs);
+  int token = a.token[0];
+  if (token < 0 || token >= a.vocab) {
+    if (threadIdx.x == 0 && blockIdx.x == 0 && a.fault_word) atomicCAS(a.fault_word, fault_none, fault_get_rows_oob);
+    token = -1;  // x0 is zeros, as get_rows leaves a row it cannot read
+  }
+  const bf16* x0 = token >= 0 ? a.embed + static_cast<int64_t>(token) * a.d : nullptr;
+  for (int p = threadIdx.x; p < phases; p += blockDim.x) {
+    // A GEMV's rows [first, end) for this block, split evenly and rotated
+    // by the phase so that uneven splits' extra rows fall on different
+    // blocks; o and down keep one split for the whole step, so that a
+    // block's residual rows stay in its shared memory; gate|up's blocks take
+    // whole quads of virtual rows (gate i, up i, gate i + 1, up i + 1), so
+    // that they hand on silu(gate) * up themselves, as pairs of bf16.
+    const int st = stage_of(a, p), n = rows_of(a, st);
+    first_row[p] = item_count[p] = 0;
+    if (st == kAttention) continue;
+    const bool residual = st == kO || st == kDown;
+    const long long r = (blockIdx.x + (residual ? 0LL : 53LL * p)) % blocks;
+    const int align = st == kGateUp ? ~3 : ~0;
+    const int first = static_cast<int>(r * n / blocks) & align;
+    const int end = r + 1 == blocks ? n : static_cast<int>((r + 1) * n / blocks) & align;
+    const int k = width_of(a, st);
+    first_row[p] = first;
+    item_count[p] = (end - first) * (k / chunk_of(k));
+  }
+  for (int i = threadIdx.x; i < kMaxRows; i += blockDim.x) sums[i] = 0.f;
+  for (int i = threadIdx.x; i < a.layers * kWeightSlots; i += blockDim.x) {
+    const layer_ptrs& L = a.layer[i / kWeightSlots];
+    switch (i % kWeightSlots) {
+      case kWq: weights[i] = L.wq; break;
+      case kWk: weights[i] = L.wk; break;
+      case kWv: weights[i] = L.wv; break;
+      case kWo: weights[i] = L.wo; break;
+      case kWg: weights[i] = L.wg; break;
+      case kWu: weights[i] = L.wu; break;
+      default: weights[i] = L.wd;
+    }
+  }
+  for (int i = threadIdx.x; i < 2 * a.layers; i += blockDim.x)
+    caches[i] = (i & 1) ? a.layer[i / 2].v_cache : a.layer[i / 2].k_cache;
+  if (threadIdx.x == 0) cache_at = a.cache_positions[0];
+  if (blockIdx.x < a.kv_heads * a.splits) {
+    const key_span sp = span_of(a);
+    load_mask<DH>(a, sp.k0, min(kRoundValues / DH, sp.k1 - sp.k0), mask);
+  }
+  // Every layer rotates by the one position: its sines and cosines once.
+  if (threadIdx.x < DH / 2) rope_sincos(static_cast<double>(a.positions[0]), a.inv[threadIdx.x], rope_sn[threadIdx.x], rope_cs[threadIdx.x]);
+  if (threadIdx.x == 0) {
+    for (int t = 0; t < kWarps * kSlots; ++t) mbar_init(&full[t], 1);
+    mbar_init(&span_bar, 1);
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  __syncthreads();
+  const bool attends = blockIdx.x < a.kv_heads * a.splits;
+  unsigned span_uses = 0;
+  // Item j of phase p: chunk j % (K / chunk) of the block's row first_row + j / (K / chunk).
+  chunk_cursor to_load(phases, warp, item_count);
+  const auto issue = [&](int slot) {
+    if (to_load.done()) return;
+    if (lane == 0) {
+      const int p = to_load.g, k = width_of(a, stage_of(a, p)), chunk = chunk_of(k), cpr = k / chunk;
+      const bf16* src = row_of(a, weights, p, first_row[p] + to_load.j / cpr) + static_cast<int64_t>(to_load.j % cpr) * chunk;
+      mbar_expect_tx(&full[warp * kSlots + slot], chunk * 2);
+      bulk_load(my_ring + static_cast<size_t>(slot) * kChunkMax * 2, src, chunk * 2, &full[warp * kSlots + slot]);
+    }
+    to_load.advance();
+  };
+  for (int slot = 0; slot < kSlots; ++slot) issue(slot);
+  int consumed = 0, slot = 0;
+  for (int p = 0; p < phases; ++p) {
+    const int st = stage_of(a, p), layer = p / 5;
+    const unsigned ready = tag_of(epoch, p - 1);  // what this phase reads carries the previous phase's tag
+    if (st == kAttention) {
+      if (attends)
+        attention_block<DH>(a, layer, p, reinterpret_cast<bf16*>(xs), &span_bar, span_uses, epoch, rope_cs, rope_sn,
+                            caches, mask, cache_at);
+      continue;
+    }
+    const int k = width_of(a, st), chunk = chunk_of(k), cpr = k / chunk, items = item_count[p];
+    // A block without rows here reads nothing: every block that reads a
+    // phase's input also stores some of its output, which is what lets the
+    // next writer of that input know every reader is done.
+    if (items > 0) {
+      // x for this GEMV, staged as bf16: every value handed on is a bf16
+      // value already (the unfused ops round there too), so staging rounds
+      // nothing but the norm's output.
+      if (st == kO) {
+        take_each(a.attn_out, k, ready, [&](int i, unsigned bits) { xs_elems[i] = __float2bfloat16_rn(__uint_as_float(bits)); });
+      } else if (st == kDown) {  // silu(gate) * up, two bf16 a value
+        take_each(a.hidden, k / 2, ready, [&](int i, unsigned bits) { reinterpret_cast<unsigned*>(xs_elems)[i] = bits; });
+      } else {  // rms_norm of the residual (the token's row before the first layer)
+        const bf16* g = st == kHead ? a.final_norm : st == kQkv ? a.layer[layer].attn_norm : a.layer[layer].mlp_norm;
+        float ss = 0.f;
+        if (st == kQkv && layer == 0) {
+          for (int i = threadIdx.x; i < k; i += kThreads) {
+            const bf16 x = x0 ? x0[i] : __float2bfloat16_rn(0.f);
+            const float f = __bfloat162float(x);
+            xs_elems[i] = x;
+            ss = fmaf(f, f, ss);
+          }
+        } else {
+          take_each(a.resid, k, ready, [&](int i, unsigned bits) {
+            const float f = __uint_as_float(bits);
+            xs_elems[i] = __float2bfloat16_rn(f);
+            ss = fmaf(f, f, ss);
+          });
+        }
+        ss = warp_sum(ss);
+        if (lane == 0) reduce[warp] = ss;
+        __syncthreads();
+        if (threadIdx.x == 0) {
+          float t = 0.f;
+          for (int w = 0; w < kWarps; ++w) t += reduce[w];
+          inv_rms = rsqrtf(t / static_cast<float>(k) + a.eps);
+        }
+        __syncthreads();
+        for (int i = threadIdx.x; i < k; i += kThreads) {
+          const float y = __bfloat162float(xs_elems[i]) * inv_rms;
+          xs_elems[i] = __float2bfloat16_rn(g ? y * __bfloat162float(g[i]) : y);
+        }
+      }
+      __syncthreads();
+      // The products: each warp its items, from its ring.
+      // VECS: 16-byte vectors a lane of a chunk, known to the compiler for
+      // whole 2048-element chunks (every K of the common shapes), else 0 and
+      // chunk / 256 at run time.
+      const auto products = [&](auto vecs_known) {
+      constexpr int kVecs = decltype(vecs_known)::value;
+      const int vecs = kVecs > 0 ? kVecs : chunk / 256;
+      int x_chunk = -1;
+      uint4 xr[kChunkMax / 256];
+      for (int j = warp; j < items; j += kWarps) {
+        mbar_wait(&full[warp * kSlots + slot], static_cast<unsigned>((consumed / kSlots) & 1));
+        const int row = j / cpr, c = j % cpr;
+        const uint4* ring = reinterpret_cast<const uint4*>(my_ring + static_cast<size_t>(slot) * kChunkMax * 2);
+        uint4 wv[kChunkMax / 256];
+#pragma unroll
+        for (int u = 0; u < kChunkMax / 256; ++u)
+          if (u < vecs) wv[u] = ring[lane + 32 * u];
+        __syncwarp();
+        issue(slot);
+        if (c != x_chunk) {
+#pragma unroll
+          for (int u = 0; u < kChunkMax / 256; ++u)
+            if (u < vecs) xr[u] = xs[c * (chunk / 8) + lane + 32 * u];
+          x_chunk = c;
+        }
+        float lo = 0.f, hi = 0.f;
+#pragma unroll
+        for (int u = 0; u < kChunkMax / 256; ++u)
+          if (u < vecs) fma8_two(wv[u], xr[u], lo, hi);
+        const float part = warp_sum(lo + hi);
+        if (lane == 0) atomicAdd(&sums[row], part);
+        ++consumed;
+        if (++slot == kSlots) slot = 0;
+      }
+      };
+      if (chunk == kChunkMax) products(std::integral_constant<int, kChunkMax / 256>{});
+      else products(std::integral_constant<int, 0>{});
+    }
+    __syncthreads();
+    // The first round of this block's cache rows, while the grid finishes
+    // q/k/v (x's buffer is free now).
+    if (st == kQkv && attends && threadIdx.x == 0) {
+      const key_span sp = span_of(a);
+      fetch_rows<DH>(a, caches, layer, sp.h, sp.k0, min(kRoundValues / DH, sp.k1 - sp.k0), reinterpret_cast<bf16*>(xs),
+                     &span_bar);
+    }
+    if (items == 0 && st != kHead) continue;
+    const int rows = items / cpr, first = first_row[p];
+    float best = -INFINITY;
+    int best_at = 0x7fffffff;
+    for (int i = threadIdx.x; i < rows; i += blockDim.x) {
+      const int n = first + i;
+      const float y = round_bf16(sums[i]);  // the product as its op stores it
+      if (st != kGateUp) sums[i] = 0.f;  // gate|up's are read in quads below
+      switch (st) {
+        case kQkv: put(a.qkv + n, y, tag_of(epoch, p)); break;
+        case kGateUp: break;
+        case kO:
+        case kDown: {  // the residual row as this block left it (the token's row before the first o)
+          const float before =
+              st == kO && layer == 0 ? (x0 ? __bfloat162float(x0[n]) : 0.f) : resid_rows[i];
+          const float r = round_bf16(before + y);
+          resid_rows[i] = r;
+          put(a.resid + n, r, tag_of(epoch, p));
+          break;
+        }
+        default:
+          if (a.logits) a.logits[n] = y;
+          if (y > best || (y == best && n < best_at)) best = y, best_at = n;
+      }
+    }
+    if (st == kGateUp) {
+      for (int i = threadIdx.x; i < rows / 4; i += blockDim.x) {
+        const float* y = sums + 4 * i;
+        const float gate0 = round_bf16(y[0]), up0 = round_bf16(y[1]), gate1 = round_bf16(y[2]), up1 = round_bf16(y[3]);
+        const bf16 h0 = __float2bfloat16_rn(round_bf16(gate0 / (1.f + __expf(-gate0))) * up0);
+        const bf16 h1 = __float2bfloat16_rn(round_bf16(gate1 / (1.f + __expf(-gate1))) * up1);
+        const unsigned pair =
+            static_cast<unsigned>(__bfloat16_as_ushort(h0)) | (static_cast<unsigned>(__bfloat16_as_ushort(h1)) << 16);
+        put(a.hidden + (first / 4 + i), __uint_as_float(pair), tag_of(epoch, p));
+      }
+      __syncthreads();
+      for (int i = threadIdx.x; i < rows; i += blockDim.x) sums[i] = 0.f;
+    }
+    if (st == kHead) {  // the block's best logit, then the last block's pick
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) {
+        const float ov = __shfl_xor_sync(0xffffffffu, best, o);
+        const int oi = __shfl_xor_sync(0xffffffffu, best_at, o);
+        if (ov > best || (ov == best && oi < best_at)) best = ov, best_at = oi;
+      }
+      if (lane == 0) reduce[warp] = best, reduce_index[warp] = best_at;
+      __syncthreads();
+      if (threadIdx.x == 0) {
+        for (int w = 1; w < kWarps; ++w)
+          if (reduce[w] > best || (reduce[w] == best && reduce_index[w] < best_at)) best = reduce[w], best_at = reduce_index[w];
+        a.best_value[blockIdx.x] = best, a.best_index[blockIdx.x] = best_at;
+      }
+      __syncthreads();
+      if (threadIdx.x == 0 && bump(a.done) == static_cast<unsigned>(blocks - 1)) {
+        float v = -INFINITY;
+        int at = 0x7fffffff;
+        for (int b = 0; b < blocks; ++b) {
+          const float bv = __ldcg(a.best_value + b);
+          const int bi = __ldcg(a.best_index + b);
+          if (bv > v || (bv == v && bi < at)) v = bv, at = bi;
+        }
+        if (a.token_out) *a.token_out = at == 0x7fffffff ? 0 : at;
+        *a.done = 0;       // every block bumped: zero for the next launch
+        *a.epoch = epoch;  // every block read the epoch before it bumped
+      }
+    }
+  }
+}
+
+std::size_t dynamic_shared_bytes(int64_t widest) {
+  return static_cast<std::size_t>(kWarps) * kSlots * kChunkMax * 2 +
+         static_cast<std::size_t>(std::max<int64_t>(widest * 2, 2 * kRoundValues * 2));
+}
+
+template <int DH>
+error launch_for(const launch_ctx& c, step_args& args, std::size_t shared) {
+  static std::atomic<bool> allowed[kMaxSharedOrdinals];
+  const auto kernel = decode_step_kernel<DH>;
+  AG_CUDA_TRY(allow_shared(kernel, shared, dynamic_shared_bytes(kMaxWidth), allowed), c.where);
+  // Whether a block fits an SM, asked once per device (for the most shared
+  // memory any launch asks: the attribute above).
+  static std::atomic<int> fits[kMaxSharedOrdinals];  // 0 not asked, 1 yes, -1 no
+  int dev = 0;
+  AG_CUDA_TRY(cudaGetDevice(&dev), c.where);
+  int known = dev >= 0 && dev < kMaxSharedOrdinals ? fits[dev].load(std::memory_order_acquire) : 0;
+  if (known == 0) {
+    int per_sm = 0;
+    AG_CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, dynamic_shared_bytes(kMaxWidth)),
+                c.where);
+    known = per_sm >= 1 ? 1 : -1;
+    if (dev >= 0 && dev < kMaxSharedOrdinals) fits[dev].store(known, std::memory_order_release);
+  }
+  if (known < 0)
+    return error(errc::internal, c.where + ": the decode-step kernel cannot have a block resident on an SM (" +
+                                     std::to_string(dynamic_shared_bytes(kMaxWidth)) + " bytes of shared memory)");
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeCooperative;
+  attr[0].val.cooperative = 1;
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(static_cast<unsigned>(c.sm_count));
+  cfg.blockDim = dim3(kThreads);
+  cfg.dynamicSmemBytes = shared;
+  cfg.stream = c.stream;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  AG_CUDA_TRY(cudaLaunchKernelEx(&cfg, kernel, args), c.where);
+  return {};
+}
+
+}  // namespace
+
+std::size_t decode_step_workspace_bytes() noexcept { return workspace_layout::bytes; }
+
+error launch_decode_step(const launch_ctx& c, const op_launch::decode_step_params& p,
+                         const std::vector<tensor_arg>& inputs, const tensor_arg& out, void* workspace,
+                         std::size_t workspace_bytes) {
+  const auto bad = [&](const std::string& what) { return error(errc::internal, c.where + ": " + what); };
+  const decode_step_shape shape{p.layers, p.d_model, p.d_ff, p.heads, p.kv_heads, p.head_dim, p.vocab, p.cache_rows,
+                                dtype::bf16};
+  if (std::string why = decode_step_misfit(shape); !why.empty()) return bad("a decode step the kernel does not take: " + why);
+  const std::size_t per_layer = op_launch::decode_step_layer_inputs + (p.norm_weighted ? 2 : 0);
+  const std::size_t globals = 6 + (p.final_norm_weighted ? 1 : 0);
+  if (inputs.size() != globals + per_layer * static_cast<std::size_t>(p.layers))
+    return bad("a decode step with " + std::to_string(inputs.size()) + " operands");
+  if (!workspace || workspace_bytes < workspace_layout::bytes) return bad("the stream has no decode-step workspace");
+  const int blocks = c.sm_count;
+  if (blocks < 1 || blocks > decode_step_max_blocks) return bad(std::to_string(blocks) + " SMs");
+  const int splits = static_cast<int>(std::min<int64_t>(kMaxSplits, blocks / p.kv_heads));
+  if (splits < 1) return bad("fewer SMs than kv heads");
+  // A block's rows of each GEMV must fit its shared sums, and o's and
+  // down's its residual rows.
+  const int64_t widest_rows = std::max({p.vocab, 2 * p.d_ff, (p.heads + 2 * p.kv_heads) * p.head_dim});
+  if (widest_rows / blocks + 4 > kMaxRows || p.d_model / blocks + 1 > kMaxResidRows)
+    return bad("too few SMs (" + std::to_string(blocks) + ") for a step this wide");
+  const auto ptr = [&](std::size_t i) { return inputs[i].data; };
+  for (std::size_t i = 0; i < inputs.size(); ++i) {
+    const tensor_arg& t = inputs[i];
+    const bool ints = i == 0 || i == 2 || i == 3;
+    if (t.type != (ints ? dtype::i32 : dtype::bf16)) return bad("operand " + std::to_string(i) + " of the wrong dtype");
+    if (!t.data) return bad("operand " + std::to_string(i) + " has no buffer");
+    if (!ints && (reinterpret_cast<uintptr_t>(t.data) % 16 != 0 || t.stride[static_cast<std::size_t>(t.dims.rank() - 1)] != 1))
+      return bad("operand " + std::to_string(i) + " is not 16-byte aligned and contiguous");
+  }
+  if (!out.data || out.type != (p.argmax ? dtype::i32 : dtype::f32)) return bad("the output is not " + std::string(p.argmax ? "i32" : "f32"));
+
+  unsigned char* ws = static_cast<unsigned char*>(workspace);
+  step_args a{};
+  a.layers = p.layers;
+  a.d = static_cast<int>(p.d_model);
+  a.ff = static_cast<int>(p.d_ff);
+  a.heads = static_cast<int>(p.heads);
+  a.kv_heads = static_cast<int>(p.kv_heads);
+  a.vocab = static_cast<int>(p.vocab);
+  a.cache_rows = static_cast<int>(p.cache_rows);
+  a.splits = splits;
+  a.qkv_rows = static_cast<int>((p.heads + 2 * p.kv_heads) * p.head_dim);
+  a.attn_width = static_cast<int>(p.heads * p.head_dim);
+  a.eps = p.eps;
+  a.scale = p.scale;
+  a.token = static_cast<const int*>(ptr(0));
+  a.embed = static_cast<const bf16*>(ptr(1));
+  a.positions = static_cast<const int*>(ptr(2));
+  a.cache_positions = static_cast<const int*>(ptr(3));
+  a.mask = static_cast<const bf16*>(ptr(4));
+  a.head = static_cast<const bf16*>(ptr(5));
+  a.final_norm = p.final_norm_weighted ? static_cast<const bf16*>(ptr(6)) : nullptr;
+  a.logits = p.argmax ? nullptr : static_cast<float*>(out.data);
+  a.token_out = p.argmax ? static_cast<int*>(out.data) : nullptr;
+  a.fault_word = c.fault_word;
+  a.resid = reinterpret_cast<u64*>(ws + workspace_layout::resid);
+  a.qkv = reinterpret_cast<u64*>(ws + workspace_layout::qkv);
+  a.hidden = reinterpret_cast<u64*>(ws + workspace_layout::hidden);
+  a.attn_out = reinterpret_cast<u64*>(ws + workspace_layout::attn_out);
+  a.partials = reinterpret_cast<float*>(ws + workspace_layout::partials);
+  a.best_value = reinterpret_cast<float*>(ws + workspace_layout::best_value);
+  a.best_index = reinterpret_cast<int*>(ws + workspace_layout::best_index);
+  a.head_count = reinterpret_cast<unsigned*>(ws + workspace_layout::head_count);
+  a.done = reinterpret_cast<unsigned*>(ws + workspace_layout::done);
+  a.epoch = reinterpret_cast<unsigned*>(ws + workspace_layout::epoch);
+  rope_inverse_frequencies(p.rope_theta, p.head_dim, a.inv);
+  for (int l = 0; l < p.layers; ++l) {
+    const std::size_t b = globals + per_layer * static_cast<std::size_t>(l);
+    layer_ptrs& L = a.layer[l];
+    L.wq = static_cast<const bf16*>(ptr(b + 0));
+    L.wk = static_cast<const bf16*>(ptr(b + 1));
+    L.wv = static_cast<const bf16*>(ptr(b + 2));
+    L.k_cache = static_cast<bf16*>(ptr(b + 3));
+    L.v_cache = static_cast<bf16*>(ptr(b + 4));
+    L.wo = static_cast<const bf16*>(ptr(b + 5));
+    L.wg = static_cast<const bf16*>(ptr(b + 6));
+    L.wu = static_cast<const bf16*>(ptr(b + 7));
+    L.wd = static_cast<const bf16*>(ptr(b + 8));
+    L.attn_norm = p.norm_weighted ? static_cast<const bf16*>(ptr(b + 9)) : nullptr;
+    L.mlp_norm = p.norm_weighted ? static_cast<const bf16*>(ptr(b + 10)) : nullptr;
+  }
+  const std::size_t shared = dynamic_shared_bytes(std::max({p.d_model, p.d_ff, p.heads * p.head_dim}));
+  return p.head_dim == 64 ? launch_for<64>(c, a, shared) : launch_for<128>(c, a, shared);
+}
+
+}  // namespace ag::gpu::cuda
