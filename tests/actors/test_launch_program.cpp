@@ -1450,19 +1450,13 @@ namespace {
 /// The shape the kernel takes: d 256, 4 heads of 64, 2 kv heads, ff 512,
 /// vocab 1000, a cache of 80 rows, bf16, batch 1, one token; shapes only.
 models::transformer_config whole_decode_step(int layers) {
-  models::transformer_config cfg;
-  cfg.variant = models::model_variant::llama;
-  cfg.n_layers = layers;
+  models::transformer_config cfg = decode_step_config(layers);
   cfg.d_model = 256;
   cfg.n_heads = 4;
   cfg.n_kv_heads = 2;
   cfg.d_ff = 512;
   cfg.vocab = 1000;
-  cfg.batch = 1;
-  cfg.seq_len = 1;
   cfg.kv_cache_capacity = 80;
-  cfg.dtype = dtype::bf16;
-  cfg.weight_values = false;
   return cfg;
 }
 

@@ -37,6 +37,46 @@ std::vector<float> recomputed_last_logits(const models::hf_model& m, const std::
   return row;
 }
 
+// Generates 6 tokens after a fixed prompt with their logits kept: each
+// step's logits equal recomputing the sequence with the reference evaluator
+// (bf16: 0.1 + 5% of the value, every node being rounded to 8 mantissa bits,
+// so the GPU and the reference may round a value to neighbouring steps and
+// carry it on; f32: 2e-3 and the same token); then greedily without logits:
+// the tokens picked on the GPU (argmax of the same head output) equal the
+// host's picks. `greedy` gets the second run's result.
+void expect_generation_equals_recompute(generator& gen, const models::hf_model& m, bool bf16,
+                                        generation_result& greedy) {
+  const std::vector<int32_t> prompt{3, 1, 4, 1, 5, 9};
+  generate_options o;
+  o.max_new_tokens = 6;
+  o.keep_logits = true;
+  const generation h = gen.generate(prompt, o);
+  ASSERT_TRUE(h.wait_for(120s)) << "generation hung";
+  const auto& r = h.wait();
+  ASSERT_TRUE(r) << r.err().to_string();
+  ASSERT_EQ(r->tokens.size(), 6u);
+  std::vector<int32_t> seq = prompt;
+  for (std::size_t t = 0; t < r->tokens.size(); ++t) {
+    const std::vector<float> ref = recomputed_last_logits(m, seq);
+    ASSERT_EQ(ref.size(), r->logits[t].size());
+    double worst = 0.0;
+    for (std::size_t i = 0; i < ref.size(); ++i) {
+      const double allowed = bf16 ? 0.1 + 0.05 * std::abs(ref[i]) : 2e-3;
+      worst = std::max(worst, std::abs(ref[i] - r->logits[t][i]) / allowed);
+    }
+    EXPECT_LT(worst, 1.0) << "token " << t << ": error over tolerance";
+    if (!bf16) { EXPECT_EQ(r->tokens[t], std::max_element(ref.begin(), ref.end()) - ref.begin()) << "token " << t; }
+    seq.push_back(r->tokens[t]);
+  }
+  o.keep_logits = false;
+  const generation d = gen.generate(prompt, o);
+  ASSERT_TRUE(d.wait_for(120s)) << "generation hung";
+  const auto& dr = d.wait();
+  ASSERT_TRUE(dr) << dr.err().to_string();
+  EXPECT_EQ(dr->tokens, r->tokens);
+  greedy = *dr;
+}
+
 // head_dim: the tiny models' heads (8) or wider (d_model = 4 heads of it):
 // from 32 on, a fused attention takes in the KV cache's stores and ropes.
 // sequence_parallel: plan_options::sequence_parallel on, with every
@@ -79,43 +119,14 @@ void decode_on(const std::string& spec, int stages, bool fuse_ops = false, int64
       ASSERT_NE(prefill, nullptr);
       EXPECT_GT(test::collective_steps(*prefill, collective_algo::copy_engine), 0);
     }
-    const std::vector<int32_t> prompt{3, 1, 4, 1, 5, 9};
-    generate_options o;
-    o.max_new_tokens = 6;
-    o.keep_logits = true;
-    const generation h = (*gen)->generate(prompt, o);
-    ASSERT_TRUE(h.wait_for(120s)) << "generation hung";
-    const auto& r = h.wait();
-    ASSERT_TRUE(r) << r.err().to_string();
-    ASSERT_EQ(r->tokens.size(), 6u);
-    std::vector<int32_t> seq = prompt;
-    for (std::size_t t = 0; t < r->tokens.size(); ++t) {
-      const std::vector<float> ref = recomputed_last_logits(*m, seq);
-      ASSERT_EQ(ref.size(), r->logits[t].size());
-      // bf16: every node is rounded to 8 mantissa bits; the GPU and the
-      // reference may round a value to neighbouring steps and carry it on.
-      double worst = 0.0;
-      for (std::size_t i = 0; i < ref.size(); ++i) {
-        const double allowed = bf16 ? 0.1 + 0.05 * std::abs(ref[i]) : 2e-3;
-        worst = std::max(worst, std::abs(ref[i] - r->logits[t][i]) / allowed);
-      }
-      EXPECT_LT(worst, 1.0) << "token " << t << ": error over tolerance";
-      if (!bf16) { EXPECT_EQ(r->tokens[t], std::max_element(ref.begin(), ref.end()) - ref.begin()) << "token " << t; }
-      seq.push_back(r->tokens[t]);
-    }
-    // Greedy without logits: the tokens picked on the GPU (argmax of the
-    // same head output), the same as the host's pick from the logits.
-    o.keep_logits = false;
-    const generation d = (*gen)->generate(prompt, o);
-    ASSERT_TRUE(d.wait_for(120s)) << "generation hung";
-    const auto& dr = d.wait();
-    ASSERT_TRUE(dr) << dr.err().to_string();
-    EXPECT_EQ(dr->tokens, r->tokens);
-    EXPECT_EQ(dr->tokens_picked_on_device, 5) << "the first token from the last prefill chunk's logits (2 tokens)";
+    generation_result dr;
+    expect_generation_equals_recompute(**gen, *m, bf16, dr);
+    if (::testing::Test::HasFatalFailure()) return;
+    EXPECT_EQ(dr.tokens_picked_on_device, 5) << "the first token from the last prefill chunk's logits (2 tokens)";
     // Steps 2.. read their token on the device (pipeline_depth 2): queued
     // behind the step before on one stream, started when it ended over
     // tensor-parallel ranks; over stages one step at a time.
-    EXPECT_EQ(dr->tokens_pipelined, stages > 1 ? 0 : 4);
+    EXPECT_EQ(dr.tokens_pipelined, stages > 1 ? 0 : 4);
   }
 }
 
@@ -746,32 +757,10 @@ TEST(CudaGenerate, WholeDecodeStepAsOneKernelEqualsRecompute) {
     auto gen = generator::create(**rt, m->model_config(1), m->provider(), go);
     ASSERT_TRUE(gen) << gen.err().to_string();
     ASSERT_EQ(whole_step_records((*gen)->decode_plan()), 1) << "the decode step is not one kernel";
-    const std::vector<int32_t> prompt{3, 1, 4, 1, 5, 9};
-    generate_options o;
-    o.max_new_tokens = 6;
-    o.keep_logits = true;
-    const generation h = (*gen)->generate(prompt, o);
-    ASSERT_TRUE(h.wait_for(120s)) << "generation hung";
-    const auto& r = h.wait();
-    ASSERT_TRUE(r) << r.err().to_string();
-    ASSERT_EQ(r->tokens.size(), 6u);
-    std::vector<int32_t> seq = prompt;
-    for (std::size_t t = 0; t < r->tokens.size(); ++t) {
-      const std::vector<float> ref = recomputed_last_logits(*m, seq);
-      ASSERT_EQ(ref.size(), r->logits[t].size());
-      double worst = 0.0;
-      for (std::size_t i = 0; i < ref.size(); ++i)
-        worst = std::max(worst, std::abs(ref[i] - r->logits[t][i]) / (0.1 + 0.05 * std::abs(ref[i])));
-      EXPECT_LT(worst, 1.0) << "token " << t << ": error over tolerance";
-      seq.push_back(r->tokens[t]);
-    }
-    o.keep_logits = false;
-    const generation d = (*gen)->generate(prompt, o);
-    ASSERT_TRUE(d.wait_for(120s)) << "generation hung";
-    const auto& dr = d.wait();
-    ASSERT_TRUE(dr) << dr.err().to_string();
-    EXPECT_EQ(dr->tokens, r->tokens);
-    EXPECT_EQ(dr->tokens_picked_on_device, 5);
+    generation_result dr;
+    expect_generation_equals_recompute(**gen, *m, /*bf16=*/true, dr);
+    if (::testing::Test::HasFatalFailure()) return;
+    EXPECT_EQ(dr.tokens_picked_on_device, 5);
   }
 }
 
