@@ -208,6 +208,20 @@ __device__ __forceinline__ void bulk_load(void* dst, const void* src, unsigned b
       : "memory");
 }
 
+// The same for data read once a step (the weights): its lines are the first
+// L2 evicts, so that what is read again stays there (the caches, the
+// hand-overs). Measured on an H200: 0.751-0.756 ms a LLaMA-1B step against
+// 0.767-0.780 without the hint, alternated in one call (session 50).
+__device__ __forceinline__ void bulk_load_read_once(void* dst, const void* src, unsigned bytes, u64* bar) {
+  u64 policy;
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], %4;" ::"r"(
+          shared_address(dst)),
+      "l"(src), "r"(bytes), "r"(shared_address(bar)), "l"(policy)
+      : "memory");
+}
+
 // x . w over 8 bf16 pairs packed in 16 bytes, into two accumulators.
 __device__ __forceinline__ void fma8_two(const uint4& w, const uint4& x, float& lo, float& hi) {
   const unsigned a[4] = {w.x, w.y, w.z, w.w}, b[4] = {x.x, x.y, x.z, x.w};
@@ -509,7 +523,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_step_kernel(const __grid_c
       const int p = to_load.g, k = width_of(a, stage_of(a, p)), chunk = chunk_of(k), cpr = k / chunk;
       const bf16* src = row_of(a, weights, p, first_row[p] + to_load.j / cpr) + static_cast<int64_t>(to_load.j % cpr) * chunk;
       mbar_expect_tx(&full[warp * kSlots + slot], chunk * 2);
-      bulk_load(my_ring + static_cast<size_t>(slot) * kChunkMax * 2, src, chunk * 2, &full[warp * kSlots + slot]);
+      bulk_load_read_once(my_ring + static_cast<size_t>(slot) * kChunkMax * 2, src, chunk * 2, &full[warp * kSlots + slot]);
     }
     to_load.advance();
   };
