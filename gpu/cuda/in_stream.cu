@@ -182,14 +182,16 @@ __device__ __forceinline__ uint4 pack_words(const float* acc, int t) {
 // to a peer only once the peer acknowledged the previous one; in steady
 // state that acknowledgement came long before, so it costs no wait.
 __global__ void __launch_bounds__(512) in_stream_all_reduce_kernel(void* out, in_stream_args a) {
-  // The job's tag is read before the PDL wait: the kernel that set it
-  // (set_tag_kernel) is a plain launch, so it completed before any later
-  // kernel of the stream could start, this one included (and a replayed
-  // segment's tag is set before its graph). Its load then overlaps the
-  // wait (0.05-0.2 us of a part, 2 H200s).
-  const unsigned long long job = *reinterpret_cast<const volatile unsigned long long*>(a.tag);
   pdl_wait();  // the operand is the previous kernel's output
   if (a.release_early) pdl_release();  // only where no member shares this GPU (in_stream.cuh)
+  // The job's tag, after the PDL wait: the kernel that set it
+  // (set_tag_kernel) is often the one right before this part, and a plain
+  // launch ends its blocks before its store is sure to be seen, so a part
+  // launched with PDL that read the tag before its wait could take the
+  // stream's previous tag and push its lines under the wrong flag (a peer
+  // then waits for them until the timeout). Read before the wait until
+  // 2026-12-01, to overlap the load with it (0.05-0.2 us of a part, 2 H200s).
+  const unsigned long long job = *reinterpret_cast<const volatile unsigned long long*>(a.tag);
   __shared__ int failed;
   const int b = blockIdx.x;
   const unsigned long long tag = (job << in_stream_key_bits) | a.key;
