@@ -93,6 +93,13 @@ struct pair_of_members {
   }
 
   void sync(int k) { ASSERT_FALSE(devs[static_cast<std::size_t>(k)]->synchronize(*streams[static_cast<std::size_t>(k)])); }
+
+  /// Member k recorded no fault for `job`; else the fault's message (which
+  /// member gave up, on which block and flag).
+  void expect_no_fault(int k, uint64_t job) const {
+    if (error e = devs[static_cast<std::size_t>(k)]->collective_fault(job))
+      ADD_FAILURE() << "member " << k << ": " << e.to_string();
+  }
 };
 
 host_tensor random_operand(dtype t, int64_t n, uint64_t seed) {
@@ -105,8 +112,7 @@ host_tensor random_operand(dtype t, int64_t n, uint64_t seed) {
 void expect_exact_f32_sums(pair_of_members& m, uint64_t job, const std::vector<std::array<void*, 2>>& outs,
                            const std::vector<std::array<host_tensor, 2>>& x) {
   for (int k = 0; k < 2; ++k) {
-    if (error e = m.devs[static_cast<std::size_t>(k)]->collective_fault(job))
-      ADD_FAILURE() << "member " << k << ": " << e.to_string();
+    m.expect_no_fault(k, job);
     for (std::size_t c = 0; c < outs.size(); ++c) {
       const auto& xc = x[c];
       const auto n = static_cast<int64_t>(xc[0].bytes() / sizeof(float));
@@ -146,8 +152,7 @@ TEST(CudaInStream, PartsOnTwoLogicalDevicesEqualTheHostSumForEveryDtypeAndSize) 
         m.sync(0);
         m.sync(1);
         for (int k = 0; k < 2; ++k) {
-          if (error e = m.devs[static_cast<std::size_t>(k)]->collective_fault(job))
-      ADD_FAILURE() << "member " << k << ": " << e.to_string();
+          m.expect_no_fault(k, job);
           host_tensor got(t, shape{n});
           ASSERT_FALSE(m.devs[static_cast<std::size_t>(k)]->download(got.data(), m.out[static_cast<std::size_t>(k)],
                                                                      static_cast<int64_t>(got.bytes())));
