@@ -222,6 +222,16 @@ __device__ __forceinline__ void bulk_load_read_once(void* dst, const void* src, 
       : "memory");
 }
 
+// Global to shared copies that hold no register while in flight (cp.async:
+// Ampere's form, generic proxy), waited for by copy_async_wait_all.
+__device__ __forceinline__ void copy_async_16(void* dst, const void* src) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(shared_address(dst)), "l"(src) : "memory");
+}
+__device__ __forceinline__ void copy_async_4(void* dst, const void* src) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(shared_address(dst)), "l"(src) : "memory");
+}
+__device__ __forceinline__ void copy_async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
+
 // x . w over 8 bf16 pairs packed in 16 bytes, into two accumulators.
 __device__ __forceinline__ void fma8_two(const uint4& w, const uint4& x, float& lo, float& hi) {
   const unsigned a[4] = {w.x, w.y, w.z, w.w}, b[4] = {x.x, x.y, x.z, x.w};
@@ -425,20 +435,39 @@ __device__ void attention_block(const step_args& a, int layer, int phase, bf16* 
   __syncthreads();
   if (!last) return;
   if (t == 0) *counter = 0;  // the last of this launch's bumps: zero for the next launch
-  if (t < qv) {  // the head's spans combined
-    const int g = t / DH;
-    const float* first = a.partials + static_cast<int64_t>(h) * a.splits * workspace_layout::partial_floats;
-    float m = -INFINITY;
-    for (int j = 0; j < a.splits; ++j)
-      m = fmaxf(m, __ldcg(first + j * workspace_layout::partial_floats + qv + 2 * g));
-    float num = 0.f, den = 0.f;
-    for (int j = 0; j < a.splits; ++j) {
-      const float* p = first + j * workspace_layout::partial_floats;
-      const float w = __expf(__ldcg(p + qv + 2 * g) - m);  // an empty span: max -inf, weight 0
-      num = fmaf(w, __ldcg(p + t), num), den = fmaf(w, __ldcg(p + qv + 2 * g + 1), den);
+  // The head's spans combined. Every load of a pass is in flight at once and
+  // lands in shared memory (cp.async, no register held across the wait), so
+  // the step's critical path waits one L2 round trip here, not one per few
+  // splits. The splits' values go to the rows' buffer (the parts' sum, its
+  // last reader, is done), as many splits a pass as fit; their running maxes
+  // and sums to the scores' buffer (free too).
+  const float* first = a.partials + static_cast<int64_t>(h) * a.splits * workspace_layout::partial_floats;
+  const auto record = [&](int j) { return first + static_cast<int64_t>(j) * workspace_layout::partial_floats; };
+  float* stats = &scores[0][0];  // [split][max, sum of each query head]
+  static_assert(kMaxSplits * 2 * kMaxGroup <= kMaxGroup * kRows, "the combine's stats fit the scores' buffer");
+  float* values = reinterpret_cast<float*>(rows);
+  const int per_pass = kRoundValues / qv, vecs = qv / 4;  // 16-byte pieces of a split's values
+  float m = -INFINITY, num = 0.f, den = 0.f;
+  for (int j0 = 0; j0 < a.splits; j0 += per_pass) {
+    const int n = min(per_pass, a.splits - j0);
+    if (j0 > 0) __syncthreads();  // the pass before is read
+    for (int i = t; i < n * vecs; i += kThreads) copy_async_16(values + 4 * i, record(j0 + i / vecs) + 4 * (i % vecs));
+    if (j0 == 0 && t < a.splits * 2 * group) copy_async_4(stats + t, record(t / (2 * group)) + qv + t % (2 * group));
+    copy_async_wait_all();
+    __syncthreads();
+    if (t < qv) {
+      const int g = t / DH;
+      if (j0 == 0)
+        for (int j = 0; j < a.splits; ++j) m = fmaxf(m, stats[j * 2 * group + 2 * g]);
+      for (int j = 0; j < n; ++j) {
+        const float* st = stats + (j0 + j) * 2 * group + 2 * g;
+        const float w = __expf(st[0] - m);  // an empty span: max -inf, weight 0
+        num = fmaf(w, values[j * qv + t], num), den = fmaf(w, st[1], den);
+      }
     }
-    put(a.attn_out + h * qv + t, round_bf16(num / den), tag_of(epoch, phase));
   }
+  if (t < qv) put(a.attn_out + h * qv + t, round_bf16(num / den), tag_of(epoch, phase));
+  __syncthreads();  // the rows' buffer is x's next, staged by every thread
 }
 
 template <int DH>

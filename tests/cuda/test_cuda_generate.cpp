@@ -727,9 +727,11 @@ int whole_step_records(const plan& p) {
 // A LLaMA-family decode step that fits the persistent kernel
 // (plan_options::fuse_decode_step, gpu/cuda/decode_step.cuh) runs as one
 // kernel, and generation still equals recomputing the whole sequence: heads
-// of 64 over a cache of 80 rows (a span of 5 keys a block), and heads of 128
-// over 1100 rows (spans of 69 keys: three rounds of 32 a block), one
-// runtime, so the two shapes share each stream's workspace; then the greedy
+// of 64 over a cache of 80 rows (a span of 5 keys a block), heads of 128
+// over 1100 rows (spans of 69 keys: three rounds of 32 a block), and four
+// query heads of 128 a kv head (512 values a head's blocks combine: the
+// combine's two passes of 8 splits), one runtime, so the shapes share each
+// stream's workspace; then the greedy
 // plans (the token picked by the kernel and kept in the token states), whose
 // tokens equal the host's picks from the logits.
 TEST(CudaGenerate, WholeDecodeStepAsOneKernelEqualsRecompute) {
@@ -737,11 +739,12 @@ TEST(CudaGenerate, WholeDecodeStepAsOneKernelEqualsRecompute) {
   auto rt = runtime::create("cuda:0");
   ASSERT_TRUE(rt) << rt.err().to_string();
   struct shape {
-    int64_t head_dim, d_ff, cache;
+    int64_t head_dim, d_ff, cache, kv_heads;
   };
-  for (const shape& sh : {shape{64, 512, 80}, shape{128, 768, 1100}}) {
-    SCOPED_TRACE("heads of " + std::to_string(sh.head_dim) + ", cache " + std::to_string(sh.cache));
-    models::transformer_config cfg = test::tiny_model(models::model_variant::llama, 2);
+  for (const shape& sh : {shape{64, 512, 80, 2}, shape{128, 768, 1100, 2}, shape{128, 512, 300, 1}}) {
+    SCOPED_TRACE("heads of " + std::to_string(sh.head_dim) + ", cache " + std::to_string(sh.cache) + ", kv heads " +
+                 std::to_string(sh.kv_heads));
+    models::transformer_config cfg = test::tiny_model(models::model_variant::llama, static_cast<int>(sh.kv_heads));
     cfg.initializer_range *= std::sqrt(static_cast<float>(cfg.d_model) / static_cast<float>(cfg.n_heads * sh.head_dim));
     cfg.d_model = cfg.n_heads * sh.head_dim;
     cfg.d_ff = sh.d_ff;
