@@ -440,7 +440,10 @@ __device__ void attention_block(const step_args& a, int layer, int phase, bf16* 
   // the step's critical path waits one L2 round trip here, not one per few
   // splits. The splits' values go to the rows' buffer (the parts' sum, its
   // last reader, is done), as many splits a pass as fit; their running maxes
-  // and sums to the scores' buffer (free too).
+  // and sums to the scores' buffer (free too). The 4-byte copies may read
+  // through L1, which holds this SM's reads of the same records in earlier
+  // layers; the counter's acquire above invalidates it first (CCTL.IVALL
+  // after the atomic in the SASS, as the memory model requires).
   const float* first = a.partials + static_cast<int64_t>(h) * a.splits * workspace_layout::partial_floats;
   const auto record = [&](int j) { return first + static_cast<int64_t>(j) * workspace_layout::partial_floats; };
   float* stats = &scores[0][0];  // [split][max, sum of each query head]
