@@ -53,6 +53,34 @@ __device__ __forceinline__ void pdl_enter() {
   pdl_release();
 }
 
+// 16 bytes global -> shared without the registers (zeros when !valid:
+// nothing is read then), completed by cp_async_commit() then
+// cp_async_wait_all() (sm_80+).
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool valid) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  const auto d = static_cast<uint32_t>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(d), "l"(src), "r"(valid ? 16 : 0) : "memory");
+#endif
+}
+// 4 bytes global -> shared the same way (may read through L1: the caller
+// orders it after the writes it must see, as for any weak load).
+__device__ __forceinline__ void cp_async4(void* dst, const void* src) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  const auto d = static_cast<uint32_t>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(d), "l"(src) : "memory");
+#endif
+}
+__device__ __forceinline__ void cp_async_commit() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.commit_group;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void cp_async_wait_all() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.wait_group 0;" ::: "memory");
+#endif
+}
+
 /// Devices a kernel's allow_shared() flags track (ordinals at or past it ask every time).
 inline constexpr int kMaxSharedOrdinals = 64;
 

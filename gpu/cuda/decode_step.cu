@@ -222,16 +222,6 @@ __device__ __forceinline__ void bulk_load_read_once(void* dst, const void* src, 
       : "memory");
 }
 
-// Global to shared copies that hold no register while in flight (cp.async:
-// Ampere's form, generic proxy), waited for by copy_async_wait_all.
-__device__ __forceinline__ void copy_async_16(void* dst, const void* src) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(shared_address(dst)), "l"(src) : "memory");
-}
-__device__ __forceinline__ void copy_async_4(void* dst, const void* src) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(shared_address(dst)), "l"(src) : "memory");
-}
-__device__ __forceinline__ void copy_async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
-
 // x . w over 8 bf16 pairs packed in 16 bytes, into two accumulators.
 __device__ __forceinline__ void fma8_two(const uint4& w, const uint4& x, float& lo, float& hi) {
   const unsigned a[4] = {w.x, w.y, w.z, w.w}, b[4] = {x.x, x.y, x.z, x.w};
@@ -454,9 +444,10 @@ __device__ void attention_block(const step_args& a, int layer, int phase, bf16* 
   for (int j0 = 0; j0 < a.splits; j0 += per_pass) {
     const int n = min(per_pass, a.splits - j0);
     if (j0 > 0) __syncthreads();  // the pass before is read
-    for (int i = t; i < n * vecs; i += kThreads) copy_async_16(values + 4 * i, record(j0 + i / vecs) + 4 * (i % vecs));
-    if (j0 == 0 && t < a.splits * 2 * group) copy_async_4(stats + t, record(t / (2 * group)) + qv + t % (2 * group));
-    copy_async_wait_all();
+    for (int i = t; i < n * vecs; i += kThreads) cp_async16(values + 4 * i, record(j0 + i / vecs) + 4 * (i % vecs), true);
+    if (j0 == 0 && t < a.splits * 2 * group) cp_async4(stats + t, record(t / (2 * group)) + qv + t % (2 * group));
+    cp_async_commit();
+    cp_async_wait_all();
     __syncthreads();
     if (t < qv) {
       const int g = t / DH;
