@@ -13,18 +13,9 @@
 #     (the same round trip, with the trace on, beside host_completion_us_*).
 # Logs go to OUTDIR (fast-*.txt); a summary is printed.
 set -uo pipefail
-out="${1:?usage: gpu-fast.sh OUTDIR}"
-here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-cd "$here"
-mkdir -p "$out"
-out="$(cd "$out" && pwd)"
-build="${AG_BUILD_DIR:-$here/build-gpu}"
-export NCCL_NVLS_ENABLE=0
+source "$(dirname "${BASH_SOURCE[0]}")/gpu-setup.sh" "$@"
 
-AG_GPU_RUN_STEPS=configure bash scripts/gpu-run.sh "$out" || { echo "configure failed"; exit 1; }
-prefix="$here/.device-deps/prefix"
-libdir="$prefix/usr/lib/x86_64-linux-gnu"
-export LD_LIBRARY_PATH="$libdir:$libdir/openblas-pthread${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+gpu_configure || { echo "configure failed"; exit 1; }
 
 echo "== build (test_cuda test_actors actorgraph-bench actorgraph-e2e-bench)"
 if ! cmake --build "$build" -j "$(nproc)" --target test_cuda test_actors actorgraph-bench actorgraph-e2e-bench \

@@ -17,18 +17,9 @@
 # small_vs_torch_graph (device over device), small_wall_vs_torch_graph and
 # decode_step_vs_torch_graph (T 1, device over device), replay on.
 set -uo pipefail
-out="${1:?usage: gpu-small.sh OUTDIR}"
-here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-cd "$here"
-mkdir -p "$out"
-out="$(cd "$out" && pwd)"
-build="${AG_BUILD_DIR:-$here/build-gpu}"
-export NCCL_NVLS_ENABLE=0
+source "$(dirname "${BASH_SOURCE[0]}")/gpu-setup.sh" "$@"
 
-AG_GPU_RUN_STEPS=configure bash scripts/gpu-run.sh "$out" >/dev/null || { echo "configure failed"; exit 1; }
-prefix="$here/.device-deps/prefix"
-libdir="$prefix/usr/lib/x86_64-linux-gnu"
-export LD_LIBRARY_PATH="$libdir:$libdir/openblas-pthread${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+gpu_configure configure /dev/null || { echo "configure failed"; exit 1; }
 
 echo "== build (test_cuda actorgraph-e2e-bench)"
 if ! cmake --build "$build" -j "$(nproc)" --target test_cuda actorgraph-e2e-bench >"$out/small-build.log" 2>&1; then

@@ -68,13 +68,7 @@
 # Logs go to OUTDIR (tp-*.txt); the `name: value` lines are printed at the end.
 # NCCL_NVLS_ENABLE=0 for every process (NVLink multicast stays off there).
 set -uo pipefail
-out="${1:?usage: gpu-tp.sh OUTDIR}"
-here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-cd "$here"
-mkdir -p "$out"
-out="$(cd "$out" && pwd)"
-build="${AG_BUILD_DIR:-$here/build-gpu}"
-export NCCL_NVLS_ENABLE=0
+source "$(dirname "${BASH_SOURCE[0]}")/gpu-setup.sh" "$@"
 same_gpu="${AG_TP_SAME_GPU:-}"
 small="${AG_TP_SMALL:-}"
 
@@ -86,14 +80,11 @@ small="${AG_TP_SMALL:-}"
 # build-gpu/apps/actorgraph-tp-bench): only the packages are unpacked here.
 steps=configure
 [ -n "${AG_TP_PREBUILT:-}" ] && steps=unpack-only
-AG_GPU_RUN_STEPS=$steps bash scripts/gpu-run.sh "$out" >"$out/tp-configure.txt" 2>&1 || {
+gpu_configure "$steps" "$out/tp-configure.txt" || {
   echo "configure failed (see $out/tp-configure.txt)"
   tail -20 "$out/tp-configure.txt"
   exit 1
 }
-prefix="$here/.device-deps/prefix"
-libdir="$prefix/usr/lib/x86_64-linux-gnu"
-export LD_LIBRARY_PATH="$libdir:$libdir/openblas-pthread${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 
 if [ -z "${AG_TP_PREBUILT:-}" ]; then
   echo "== build (test_cuda actorgraph-tp-bench)"
