@@ -156,7 +156,9 @@ __device__ __forceinline__ unsigned take_bits(const u64* at, unsigned tag) {
 __device__ __forceinline__ float take(const u64* at, unsigned tag) { return __uint_as_float(take_bits(at, tag)); }
 // f(i, payload) for every i < n of base[i] (this thread's: i = threadIdx.x
 // + k * kThreads) once tagged; eight loads a thread in flight before any is
-// checked.
+// checked. The values still stale are read again together, a pass at a
+// time: a thread that waited on one value (the last producer's) then finds
+// the others in one more round trip, not one round trip each.
 template <class F>
 __device__ __forceinline__ void take_each(const u64* base, int n, unsigned tag, F&& f) {
   constexpr int kBatch = 8;
@@ -165,12 +167,19 @@ __device__ __forceinline__ void take_each(const u64* base, int n, unsigned tag, 
 #pragma unroll
     for (int k = 0; k < kBatch; ++k)
       if (i0 + k * kThreads < n) v[k] = peek(base + i0 + k * kThreads);
+    for (;;) {
+      bool stale = false;
+#pragma unroll
+      for (int k = 0; k < kBatch; ++k)
+        if (i0 + k * kThreads < n && !tagged(v[k], tag)) {
+          stale = true;
+          v[k] = peek(base + i0 + k * kThreads);
+        }
+      if (!stale) break;
+    }
 #pragma unroll
     for (int k = 0; k < kBatch; ++k)
-      if (i0 + k * kThreads < n) {
-        while (!tagged(v[k], tag)) v[k] = peek(base + i0 + k * kThreads);
-        f(i0 + k * kThreads, static_cast<unsigned>(v[k]));
-      }
+      if (i0 + k * kThreads < n) f(i0 + k * kThreads, static_cast<unsigned>(v[k]));
   }
 }
 
