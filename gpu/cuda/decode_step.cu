@@ -473,6 +473,21 @@ __device__ void attention_block(const step_args& a, int layer, int phase, bf16* 
   __syncthreads();  // the rows' buffer is x's next, staged by every thread
 }
 
+// `ov` at `oi` into the best so far: the larger value, the lower index
+// among equal ones (NaN never wins), so the pick is the same in any order.
+__device__ __forceinline__ void better(float& v, int& i, float ov, int oi) {
+  if (ov > v || (ov == v && oi < i)) v = ov, i = oi;
+}
+// The best of every thread's (value, index) of the block, in every thread.
+__device__ __forceinline__ void block_best(float& v, int& i, float* reduce, int* reduce_index) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) better(v, i, __shfl_xor_sync(0xffffffffu, v, o), __shfl_xor_sync(0xffffffffu, i, o));
+  if ((threadIdx.x & 31) == 0) reduce[threadIdx.x >> 5] = v, reduce_index[threadIdx.x >> 5] = i;
+  __syncthreads();
+  for (int w = 0; w < kWarps; ++w) better(v, i, reduce[w], reduce_index[w]);
+  __syncthreads();  // read by every thread before the arrays are written again
+}
+
 template <int DH>
 __global__ void __launch_bounds__(kThreads, 1) decode_step_kernel(const __grid_constant__ step_args a) {
   extern __shared__ __align__(128) unsigned char dynamic_shared[];
@@ -481,6 +496,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_step_kernel(const __grid_c
   __shared__ float sums[kMaxRows], reduce[kWarps], inv_rms;
   __shared__ float resid_rows[kMaxResidRows];
   __shared__ int reduce_index[kWarps];
+  __shared__ bool last_block;  // this block bumped the step's done counter last
   __shared__ const bf16* weights[kMaxLayers * kWeightSlots];
   __shared__ bf16* caches[kMaxLayers * 2];  // each layer's k and v caches
   __shared__ float mask[kRoundValues / DH];  // the first round's (attending blocks)
@@ -699,31 +715,22 @@ __global__ void __launch_bounds__(kThreads, 1) decode_step_kernel(const __grid_c
       for (int i = threadIdx.x; i < rows; i += blockDim.x) sums[i] = 0.f;
     }
     if (st == kHead) {  // the block's best logit, then the last block's pick
-#pragma unroll
-      for (int o = 16; o > 0; o >>= 1) {
-        const float ov = __shfl_xor_sync(0xffffffffu, best, o);
-        const int oi = __shfl_xor_sync(0xffffffffu, best_at, o);
-        if (ov > best || (ov == best && oi < best_at)) best = ov, best_at = oi;
-      }
-      if (lane == 0) reduce[warp] = best, reduce_index[warp] = best_at;
-      __syncthreads();
+      block_best(best, best_at, reduce, reduce_index);
       if (threadIdx.x == 0) {
-        for (int w = 1; w < kWarps; ++w)
-          if (reduce[w] > best || (reduce[w] == best && reduce_index[w] < best_at)) best = reduce[w], best_at = reduce_index[w];
         a.best_value[blockIdx.x] = best, a.best_index[blockIdx.x] = best_at;
+        last_block = bump(a.done) == static_cast<unsigned>(blocks - 1);
       }
       __syncthreads();
-      if (threadIdx.x == 0 && bump(a.done) == static_cast<unsigned>(blocks - 1)) {
+      if (last_block) {  // every thread one block's pick or none: one L2 round trip, not one per few blocks
         float v = -INFINITY;
         int at = 0x7fffffff;
-        for (int b = 0; b < blocks; ++b) {
-          const float bv = __ldcg(a.best_value + b);
-          const int bi = __ldcg(a.best_index + b);
-          if (bv > v || (bv == v && bi < at)) v = bv, at = bi;
+        for (int b = threadIdx.x; b < blocks; b += kThreads) better(v, at, __ldcg(a.best_value + b), __ldcg(a.best_index + b));
+        block_best(v, at, reduce, reduce_index);
+        if (threadIdx.x == 0) {
+          if (a.token_out) *a.token_out = at == 0x7fffffff ? 0 : at;
+          *a.done = 0;       // every block bumped: zero for the next launch
+          *a.epoch = epoch;  // every block read the epoch before it bumped
         }
-        if (a.token_out) *a.token_out = at == 0x7fffffff ? 0 : at;
-        *a.done = 0;       // every block bumped: zero for the next launch
-        *a.epoch = epoch;  // every block read the epoch before it bumped
       }
     }
   }
