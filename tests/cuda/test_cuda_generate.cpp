@@ -727,8 +727,9 @@ int whole_step_records(const plan& p) {
 // A LLaMA-family decode step that fits the persistent kernel
 // (plan_options::fuse_decode_step, gpu/cuda/decode_step.cuh) runs as one
 // kernel, and generation still equals recomputing the whole sequence: heads
-// of 64 over a cache of 80 rows (a span of 5 keys a block), heads of 128
-// over 1100 rows (spans of 69 keys: three rounds of 32 a block), and four
+// of 64 over a cache of 80 rows (a span of 5 keys a block) and over 1100
+// (spans of 69 keys: a round of 64, two warps' blocks of keys a query head,
+// then a round of 5), heads of 128 over 1100 rows (three rounds of 32), and four
 // query heads of 128 a kv head (512 values a head's blocks combine: the
 // combine's two passes of 8 splits), one runtime, so the shapes share each
 // stream's workspace; then the greedy
@@ -741,7 +742,7 @@ TEST(CudaGenerate, WholeDecodeStepAsOneKernelEqualsRecompute) {
   struct shape {
     int64_t head_dim, d_ff, cache, kv_heads;
   };
-  for (const shape& sh : {shape{64, 512, 80, 2}, shape{128, 768, 1100, 2}, shape{128, 512, 300, 1}}) {
+  for (const shape& sh : {shape{64, 512, 80, 2}, shape{64, 512, 1100, 2}, shape{128, 768, 1100, 2}, shape{128, 512, 300, 1}}) {
     SCOPED_TRACE("heads of " + std::to_string(sh.head_dim) + ", cache " + std::to_string(sh.cache) + ", kv heads " +
                  std::to_string(sh.kv_heads));
     models::transformer_config cfg = test::tiny_model(models::model_variant::llama, static_cast<int>(sh.kv_heads));
