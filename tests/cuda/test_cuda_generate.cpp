@@ -728,8 +728,8 @@ int whole_step_records(const plan& p) {
 // (plan_options::fuse_decode_step, gpu/cuda/decode_step.cuh) runs as one
 // kernel, and generation still equals recomputing the whole sequence: heads
 // of 64 over a cache of 80 rows (a span of 5 keys a block) and over 1100
-// (spans of 69 keys: a round of 64, two warps' blocks of keys a query head,
-// then a round of 5), heads of 128 over 1100 rows (three rounds of 32), and four
+// (spans of 69 keys: a round of 64, then one of 5 with its own mask), heads
+// of 128 over 1100 rows (three rounds of 32), and four
 // query heads of 128 a kv head (512 values a head's blocks combine: the
 // combine's two passes of 8 splits), one runtime, so the shapes share each
 // stream's workspace; then the greedy
