@@ -106,6 +106,19 @@ __device__ __forceinline__ int width_of(const step_args& a, int st) {
 __device__ __forceinline__ int chunk_of(int k) {
   return k % 2048 == 0 ? 2048 : k % 1024 == 0 ? 1024 : k % 512 == 0 ? 512 : 256;
 }
+// A row's slots in the shared sums: its chunks' products are added there by
+// whichever warp reads each chunk, in the order the warps finish. Two
+// floats add to the same bits in either order, so a slot that takes at
+// most two chunks (one slot for every two) sums the same every run, and so
+// does the step, down to its greedy token. One slot a row (float atomics'
+// order showing in the last bits) only where a block's rows x slots would
+// not fit kMaxRows: on 132 SMs, a vocabulary over about 67,000 with a
+// d_model of three or four chunks (6144, 8192), or over about 45,000 with
+// five (2560).
+__device__ __forceinline__ int sums_per_row(int chunks, int rows) {
+  const int pairs = (chunks + 1) / 2;
+  return rows * pairs <= kMaxRows ? pairs : 1;
+}
 // A layer's weights as the loads read them: from shared memory (the
 // kernel's parameters, indexed by a layer only known at run time, cost a
 // constant-cache miss on the path that issues every chunk's load).
@@ -493,6 +506,8 @@ __global__ void __launch_bounds__(kThreads, 1) decode_step_kernel(const __grid_c
   extern __shared__ __align__(128) unsigned char dynamic_shared[];
   __shared__ int first_row[kMaxPhases], item_count[kMaxPhases];
   __shared__ u64 full[kWarps * kSlots], span_bar;
+  // sums: a GEMV's products, `spr` slots a row (sums_per_row below), zero
+  // between phases.
   __shared__ float sums[kMaxRows], reduce[kWarps], inv_rms;
   __shared__ float resid_rows[kMaxResidRows];
   __shared__ int reduce_index[kWarps];
@@ -587,6 +602,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_step_kernel(const __grid_c
       continue;
     }
     const int k = width_of(a, st), chunk = chunk_of(k), cpr = k / chunk, items = item_count[p];
+    const int spr = sums_per_row(cpr, items / cpr);
     // A block without rows here reads nothing: every block that reads a
     // phase's input also stores some of its output, which is what lets the
     // next writer of that input know every reader is done.
@@ -660,7 +676,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_step_kernel(const __grid_c
         for (int u = 0; u < kChunkMax / 256; ++u)
           if (u < vecs) fma8_two(wv[u], xr[u], lo, hi);
         const float part = warp_sum(lo + hi);
-        if (lane == 0) atomicAdd(&sums[row], part);
+        if (lane == 0) atomicAdd(&sums[row * spr + (spr == 1 ? 0 : c / 2)], part);
         ++consumed;
         if (++slot == kSlots) slot = 0;
       }
@@ -678,12 +694,22 @@ __global__ void __launch_bounds__(kThreads, 1) decode_step_kernel(const __grid_c
     }
     if (items == 0 && st != kHead) continue;
     const int rows = items / cpr, first = first_row[p];
+    const auto row_sum = [&](int i) {  // the row's slots in order
+      float y = sums[i * spr];
+      for (int s = i * spr + 1; s < (i + 1) * spr; ++s) y += sums[s];
+      return y;
+    };
+    // Zero for the next phase, once read and handed on (apart from the
+    // reads: those issue back to back, not each behind a store the compiler
+    // cannot tell apart from the next read).
+    const auto zero_rows = [&](int i, int n) {
+      for (int s = i * spr; s < (i + n) * spr; ++s) sums[s] = 0.f;
+    };
     float best = -INFINITY;
     int best_at = 0x7fffffff;
-    for (int i = threadIdx.x; i < rows; i += blockDim.x) {
+    for (int i = threadIdx.x; i < (st == kGateUp ? 0 : rows); i += blockDim.x) {  // gate|up's: in quads below
       const int n = first + i;
-      const float y = round_bf16(sums[i]);  // the product as its op stores it
-      if (st != kGateUp) sums[i] = 0.f;  // gate|up's are read in quads below
+      const float y = round_bf16(row_sum(i));  // the product as its op stores it
       switch (st) {
         case kQkv: put(a.qkv + n, y, tag_of(epoch, p)); break;
         case kGateUp: break;
@@ -700,19 +726,19 @@ __global__ void __launch_bounds__(kThreads, 1) decode_step_kernel(const __grid_c
           if (a.logits) a.logits[n] = y;
           if (y > best || (y == best && n < best_at)) best = y, best_at = n;
       }
+      zero_rows(i, 1);
     }
     if (st == kGateUp) {
       for (int i = threadIdx.x; i < rows / 4; i += blockDim.x) {
-        const float* y = sums + 4 * i;
-        const float gate0 = round_bf16(y[0]), up0 = round_bf16(y[1]), gate1 = round_bf16(y[2]), up1 = round_bf16(y[3]);
+        const float gate0 = round_bf16(row_sum(4 * i)), up0 = round_bf16(row_sum(4 * i + 1)),
+                    gate1 = round_bf16(row_sum(4 * i + 2)), up1 = round_bf16(row_sum(4 * i + 3));
         const bf16 h0 = __float2bfloat16_rn(round_bf16(gate0 / (1.f + __expf(-gate0))) * up0);
         const bf16 h1 = __float2bfloat16_rn(round_bf16(gate1 / (1.f + __expf(-gate1))) * up1);
         const unsigned pair =
             static_cast<unsigned>(__bfloat16_as_ushort(h0)) | (static_cast<unsigned>(__bfloat16_as_ushort(h1)) << 16);
         put(a.hidden + (first / 4 + i), __uint_as_float(pair), tag_of(epoch, p));
+        zero_rows(4 * i, 4);
       }
-      __syncthreads();
-      for (int i = threadIdx.x; i < rows; i += blockDim.x) sums[i] = 0.f;
     }
     if (st == kHead) {  // the block's best logit, then the last block's pick
       block_best(best, best_at, reduce, reduce_index);

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstring>
 
 #include "actors/generator.hpp"
 #include "actors/launch_program.hpp"
@@ -765,6 +766,65 @@ TEST(CudaGenerate, WholeDecodeStepAsOneKernelEqualsRecompute) {
     expect_generation_equals_recompute(**gen, *m, /*bf16=*/true, dr);
     if (::testing::Test::HasFatalFailure()) return;
     EXPECT_EQ(dr.tokens_picked_on_device, 5);
+  }
+}
+
+// The whole-step kernel's products of a row wider than one chunk are added
+// by several warps, in whatever order they finish; it keeps the step's bits
+// the same every run anyway (decode_step.cu, sums_per_row). Down's rows of
+// 3 and 5 chunks (d_ff 768 and 1280 in chunks of 256), and LLaMA-1B's
+// widths over 2 layers (d_model 2048, d_ff 8192: 16 rows of 4 chunks a
+// block), generated again and again from one prompt: every token's logits
+// equal the first run's, bit for bit. (Float atomics adding a row's chunks
+// into one sum gave greedy tokens that differed between runs on LLaMA-1B.)
+TEST(CudaGenerate, WholeDecodeStepGivesTheSameBitsEveryRun) {
+  AG_REQUIRE_GPU(1);
+  auto rt = runtime::create("cuda:0");
+  ASSERT_TRUE(rt) << rt.err().to_string();
+  struct shape {
+    int heads, kv_heads;
+    int64_t d_ff;
+  };
+  for (const shape& sh : {shape{4, 2, 768}, shape{4, 2, 1280}, shape{32, 8, 8192}}) {
+    SCOPED_TRACE("heads " + std::to_string(sh.heads) + ", d_ff " + std::to_string(sh.d_ff));
+    models::transformer_config cfg = test::tiny_model(models::model_variant::llama, sh.kv_heads);
+    cfg.initializer_range *= std::sqrt(static_cast<float>(cfg.d_model) / static_cast<float>(sh.heads * 64));
+    cfg.n_heads = sh.heads;
+    cfg.d_model = sh.heads * 64;
+    cfg.d_ff = sh.d_ff;
+    cfg.vocab = 1000;
+    cfg.dtype = dtype::bf16;
+    test::temp_dir dir;
+    test::save_random_model(dir.str(), cfg);
+    auto m = models::hf_model::open(dir.str());
+    ASSERT_TRUE(m) << m.err().to_string();
+    generator_options go;
+    go.cache_tokens = 300;
+    auto gen = generator::create(**rt, m->model_config(1), m->provider(), go);
+    ASSERT_TRUE(gen) << gen.err().to_string();
+    ASSERT_EQ(whole_step_records((*gen)->decode_plan()), 1) << "the decode step is not one kernel";
+    generate_options o;
+    o.max_new_tokens = 12;
+    o.keep_logits = true;
+    std::vector<std::vector<float>> first;
+    for (int run = 0; run < 8; ++run) {
+      const generation h = (*gen)->generate({3, 1, 4, 1, 5, 9}, o);
+      ASSERT_TRUE(h.wait_for(120s)) << "run " << run << " hung";
+      const auto& r = h.wait();
+      ASSERT_TRUE(r) << "run " << run << ": " << r.err().to_string();
+      ASSERT_EQ(r->logits.size(), 12u);
+      if (run == 0) {
+        first = r->logits;
+        continue;
+      }
+      for (std::size_t t = 0; t < first.size(); ++t) {
+        ASSERT_EQ(r->logits[t].size(), first[t].size());
+        std::size_t differ = 0;
+        for (std::size_t i = 0; i < first[t].size(); ++i)
+          differ += std::memcmp(&r->logits[t][i], &first[t][i], sizeof(float)) != 0;
+        EXPECT_EQ(differ, 0u) << "run " << run << ", token " << t << ": logits whose bits differ from the first run's";
+      }
+    }
   }
 }
 
