@@ -773,10 +773,11 @@ TEST(CudaGenerate, WholeDecodeStepAsOneKernelEqualsRecompute) {
 // by several warps, in whatever order they finish; it keeps the step's bits
 // the same every run anyway (decode_step.cu, sums_per_row). Down's rows of
 // 3 and 5 chunks (d_ff 768 and 1280 in chunks of 256), and LLaMA-1B's
-// widths over 2 layers (d_model 2048, d_ff 8192: 16 rows of 4 chunks a
-// block), generated again and again from one prompt: every token's logits
-// equal the first run's, bit for bit. (Float atomics adding a row's chunks
-// into one sum gave greedy tokens that differed between runs on LLaMA-1B.)
+// widths over 2 layers (d_model 2048, d_ff 8192: about 16 rows of 4 chunks
+// a block), generated again and again from one prompt: every token's
+// logits equal the first run's, bit for bit. (Float atomics adding a row's
+// chunks into one sum gave greedy tokens that differed between runs of a
+// 16-layer LLaMA-1B; at these sizes they happened to repeat.)
 TEST(CudaGenerate, WholeDecodeStepGivesTheSameBitsEveryRun) {
   AG_REQUIRE_GPU(1);
   auto rt = runtime::create("cuda:0");
