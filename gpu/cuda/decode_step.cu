@@ -602,7 +602,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_step_kernel(const __grid_c
       continue;
     }
     const int k = width_of(a, st), chunk = chunk_of(k), cpr = k / chunk, items = item_count[p];
-    const int spr = sums_per_row(cpr, items / cpr);
+    const int rows = items / cpr, spr = sums_per_row(cpr, rows);
     // A block without rows here reads nothing: every block that reads a
     // phase's input also stores some of its output, which is what lets the
     // next writer of that input know every reader is done.
@@ -693,7 +693,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_step_kernel(const __grid_c
                      &span_bar);
     }
     if (items == 0 && st != kHead) continue;
-    const int rows = items / cpr, first = first_row[p];
+    const int first = first_row[p];
     const auto row_sum = [&](int i) {  // the row's slots in order
       float y = sums[i * spr];
       for (int s = i * spr + 1; s < (i + 1) * spr; ++s) y += sums[s];

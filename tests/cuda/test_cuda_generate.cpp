@@ -725,6 +725,20 @@ int whole_step_records(const plan& p) {
   return n;
 }
 
+// A bf16 LLaMA with `heads` heads of `head_dim` (d_model their product) and
+// the tiny model's 2 layers: a shape the whole-step kernel takes. The
+// initial scale shrinks with the width, as in decode_on.
+models::transformer_config whole_step_model(int heads, int kv_heads, int64_t head_dim, int64_t d_ff) {
+  models::transformer_config cfg = test::tiny_model(models::model_variant::llama, kv_heads);
+  cfg.initializer_range *= std::sqrt(static_cast<float>(cfg.d_model) / static_cast<float>(heads * head_dim));
+  cfg.n_heads = heads;
+  cfg.d_model = heads * head_dim;
+  cfg.d_ff = d_ff;
+  cfg.vocab = 1000;
+  cfg.dtype = dtype::bf16;
+  return cfg;
+}
+
 // A LLaMA-family decode step that fits the persistent kernel
 // (plan_options::fuse_decode_step, gpu/cuda/decode_step.cuh) runs as one
 // kernel, and generation still equals recomputing the whole sequence: heads
@@ -746,12 +760,7 @@ TEST(CudaGenerate, WholeDecodeStepAsOneKernelEqualsRecompute) {
   for (const shape& sh : {shape{64, 512, 80, 2}, shape{64, 512, 1100, 2}, shape{128, 768, 1100, 2}, shape{128, 512, 300, 1}}) {
     SCOPED_TRACE("heads of " + std::to_string(sh.head_dim) + ", cache " + std::to_string(sh.cache) + ", kv heads " +
                  std::to_string(sh.kv_heads));
-    models::transformer_config cfg = test::tiny_model(models::model_variant::llama, static_cast<int>(sh.kv_heads));
-    cfg.initializer_range *= std::sqrt(static_cast<float>(cfg.d_model) / static_cast<float>(cfg.n_heads * sh.head_dim));
-    cfg.d_model = cfg.n_heads * sh.head_dim;
-    cfg.d_ff = sh.d_ff;
-    cfg.vocab = 1000;
-    cfg.dtype = dtype::bf16;
+    const models::transformer_config cfg = whole_step_model(4, static_cast<int>(sh.kv_heads), sh.head_dim, sh.d_ff);
     test::temp_dir dir;
     test::save_random_model(dir.str(), cfg);
     auto m = models::hf_model::open(dir.str());
@@ -788,13 +797,7 @@ TEST(CudaGenerate, WholeDecodeStepGivesTheSameBitsEveryRun) {
   };
   for (const shape& sh : {shape{4, 2, 768}, shape{4, 2, 1280}, shape{32, 8, 8192}}) {
     SCOPED_TRACE("heads " + std::to_string(sh.heads) + ", d_ff " + std::to_string(sh.d_ff));
-    models::transformer_config cfg = test::tiny_model(models::model_variant::llama, sh.kv_heads);
-    cfg.initializer_range *= std::sqrt(static_cast<float>(cfg.d_model) / static_cast<float>(sh.heads * 64));
-    cfg.n_heads = sh.heads;
-    cfg.d_model = sh.heads * 64;
-    cfg.d_ff = sh.d_ff;
-    cfg.vocab = 1000;
-    cfg.dtype = dtype::bf16;
+    const models::transformer_config cfg = whole_step_model(sh.heads, sh.kv_heads, 64, sh.d_ff);
     test::temp_dir dir;
     test::save_random_model(dir.str(), cfg);
     auto m = models::hf_model::open(dir.str());
