@@ -7,11 +7,14 @@
 #   - memcheck (out-of-bounds and misaligned accesses, leaks of device
 #     allocations at exit) over every suite but the excluded ones below;
 #   - racecheck (shared-memory hazards) over the project's own kernels with
-#     the most shared-memory traffic: the whole decode step, flash attention,
-#     the projection groups, and CudaOps (where it also reports cuBLAS's own
-#     split-K kernels, nvjet_*: NVIDIA's code, listed apart in the summary);
+#     the most shared-memory traffic: flash attention, the projection groups
+#     and CudaOps (where it also reports cuBLAS's own split-K kernels,
+#     nvjet_*: NVIDIA's code, listed apart in the summary), then the whole
+#     decode step in a process of its own (the tool's host memory);
 #   - synccheck (barrier misuse) over the whole decode step.
-# A pass fails on any error the tool reports in the project's kernels; the
+# A pass fails on any error the tool reports in the project's kernels, and
+# when the test program does not reach GoogleTest's last line (a crash, or
+# the out-of-memory killer: its later tests never ran); the
 # CUDA API errors the tests provoke on purpose (the out-of-memory tests'
 # cudaMalloc, NCCL's probes for other architectures' kernels) are API
 # reports, not access errors, and are counted apart.
@@ -59,6 +62,12 @@ pass() {
   if ((rc == 124)); then
     echo "  timed out after ${limit} s, last test started: $(grep -E '^\[ RUN' "$log" | tail -1)"
     status=1
+  elif ! grep -qE '^\[==========\] [0-9]+ tests? from .* ran\.' "$log"; then
+    # The test program ended before GoogleTest's last line: a crash, or the
+    # kernel's out-of-memory killer (the tool's shadow state lives in host
+    # memory). Its tests after that point never ran, so the pass is not clean.
+    echo "  the test program did not finish (the tool's exit status ${rc}; 9 or 137: killed, e.g. out of memory), last test started: $(grep -E '^\[ RUN' "$log" | tail -1)"
+    status=1
   fi
   if ((failed > 0 || own > 0)); then
     grep -E '^\[  FAILED  \] Cuda|^========= +(Invalid|Error|Barrier|Uninitialized|Misaligned|Out of range)' "$log" | grep -v nvjet_ | head -20
@@ -66,8 +75,18 @@ pass() {
   fi
 }
 pass memcheck memcheck 420 "-$concurrent_only:$fault_injection"
-pass racecheck-kernels racecheck 200 \
-  'CudaGenerate.WholeDecodeStep*:CudaGenerate.FlashAttention*:CudaGenerate.Prefill*:CudaGenerate.ProjectionGroup*:CudaGenerate.NormPrologues*:CudaGenerate.RopesOf*:CudaOps.*'
+# racecheck keeps its shadow state in host memory, and the whole decode
+# step at LLaMA-1B's widths takes most of it: WholeDecodeStepAsOneKernelEqualsRecompute
+# (its widest shape 2 layers of d_model 2048, d_ff 8192) took 75 GiB of
+# resident memory of the machine's 128 (session 55, 110 s), so it runs in a
+# process of its own. The repeat test runs those widths 96 times: its shadow
+# state grew past 128 GiB until the out-of-memory killer ended it (session
+# 55), so it is left out (it runs under memcheck and synccheck).
+race_too_big='CudaGenerate.WholeDecodeStepGivesTheSameBitsEveryRun'
+echo "== not run under racecheck (its shadow state outgrows host memory): $race_too_big"
+pass racecheck-kernels racecheck 300 \
+  'CudaGenerate.FlashAttention*:CudaGenerate.Prefill*:CudaGenerate.ProjectionGroup*:CudaGenerate.NormPrologues*:CudaGenerate.RopesOf*:CudaOps.*'
+pass racecheck-step racecheck 300 'CudaGenerate.WholeDecodeStepAsOneKernelEqualsRecompute'
 pass synccheck-step synccheck 100 'CudaGenerate.WholeDecodeStep*'
 echo "sanitizer_passes_clean: $((1 - status))"
 exit $status

@@ -746,7 +746,10 @@ models::transformer_config whole_step_model(int heads, int kv_heads, int64_t hea
 // (spans of 69 keys: a round of 64, then one of 5 with its own mask), heads
 // of 128 over 1100 rows (three rounds of 32), and four
 // query heads of 128 a kv head (512 values a head's blocks combine: the
-// combine's two passes of 8 splits), one runtime, so the shapes share each
+// combine's two passes of 8 splits), and LLaMA-1B's widths over 2 layers
+// (32 heads of 64 over 8 kv heads, d_model 2048, d_ff 8192: the products
+// of whole 4 KiB chunks, the only path LLaMA-1B and 7B take, and down's
+// rows of 4 chunks in two slots), one runtime, so the shapes share each
 // stream's workspace; then the greedy
 // plans (the token picked by the kernel and kept in the token states), whose
 // tokens equal the host's picks from the logits.
@@ -755,12 +758,15 @@ TEST(CudaGenerate, WholeDecodeStepAsOneKernelEqualsRecompute) {
   auto rt = runtime::create("cuda:0");
   ASSERT_TRUE(rt) << rt.err().to_string();
   struct shape {
-    int64_t head_dim, d_ff, cache, kv_heads;
+    int64_t head_dim, d_ff, cache, kv_heads, heads;
   };
-  for (const shape& sh : {shape{64, 512, 80, 2}, shape{64, 512, 1100, 2}, shape{128, 768, 1100, 2}, shape{128, 512, 300, 1}}) {
-    SCOPED_TRACE("heads of " + std::to_string(sh.head_dim) + ", cache " + std::to_string(sh.cache) + ", kv heads " +
-                 std::to_string(sh.kv_heads));
-    const models::transformer_config cfg = whole_step_model(4, static_cast<int>(sh.kv_heads), sh.head_dim, sh.d_ff);
+  for (const shape& sh : {shape{64, 512, 80, 2, 4}, shape{64, 512, 1100, 2, 4}, shape{128, 768, 1100, 2, 4},
+                          shape{128, 512, 300, 1, 4}, shape{64, 8192, 300, 8, 32}}) {
+    SCOPED_TRACE(std::to_string(sh.heads) + " heads of " + std::to_string(sh.head_dim) + ", cache " +
+                 std::to_string(sh.cache) + ", kv heads " + std::to_string(sh.kv_heads) + ", d_ff " +
+                 std::to_string(sh.d_ff));
+    const models::transformer_config cfg =
+        whole_step_model(static_cast<int>(sh.heads), static_cast<int>(sh.kv_heads), sh.head_dim, sh.d_ff);
     test::temp_dir dir;
     test::save_random_model(dir.str(), cfg);
     auto m = models::hf_model::open(dir.str());
