@@ -124,6 +124,7 @@ error apply_fusions(const plan& p, const step& s, lowered_step& ls) {
         const lowered_op& r = q_rope ? *q_rope : *k_rope;
         fused.inputs.push_back(r.inputs.at(1));
         fused.attention.rope_theta = r.op->attrs.theta;
+        fused.attention.rope_scale = r.op->attrs.rope_scale;
       }
     }
     *pro = std::move(fused);
@@ -166,6 +167,7 @@ error apply_fusions(const plan& p, const step& s, lowered_step& ls) {
           fused.projection_rope.head_dim = r->op->dims[-1];
           fused.projection_rope.seq = r->op->dims[-3];
           fused.projection_rope.theta = r->op->attrs.theta;
+          fused.projection_rope.scaling = r->op->attrs.rope_scale;
         }
         break;
       }
@@ -464,13 +466,15 @@ std::string match_decode_step(const lowered_step& ls, lowered_op& fused) {
       fused.inputs[3] = att.inputs[6];
       fused.inputs[4] = att.inputs[3];
       ds.rope_theta = att.attention.rope_theta;
+      ds.rope_scale = att.attention.rope_scale;
       ds.scale = att.attention.scale;
       ds.norm_weighted = qkv.projection_norm.weighted;
     } else if (!same_bytes(att.inputs[7], fused.inputs[2]) || !same_bytes(att.inputs[6], fused.inputs[3]) ||
                !same_bytes(att.inputs[3], fused.inputs[4])) {
       return at + "its mask or positions are not layer 1's";
-    } else if (att.attention.rope_theta != ds.rope_theta || att.attention.scale != ds.scale) {
-      return at + "its rope theta or softmax scale differs";
+    } else if (att.attention.rope_theta != ds.rope_theta || !(att.attention.rope_scale == ds.rope_scale) ||
+               att.attention.scale != ds.scale) {
+      return at + "its rope theta, rope scaling or softmax scale differs";
     }
     if (qkv.projection_norm.eps != ds.eps || mlp.projection_norm.eps != ds.eps) return at + "an rms_norm's eps differs";
     if (qkv.projection_norm.weighted != ds.norm_weighted || mlp.projection_norm.weighted != ds.norm_weighted)

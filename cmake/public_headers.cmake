@@ -21,6 +21,7 @@ set(ACTORGRAPH_PUBLIC_HEADERS
   graph/replay.hpp
   graph/random.hpp
   graph/reference.hpp
+  graph/rope_frequencies.hpp
   graph/shape.hpp
   graph/step_kind.hpp
   graph/tensor_parallel.hpp

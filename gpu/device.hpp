@@ -130,6 +130,7 @@ struct op_launch {
     int64_t head_dim = 0;
     int64_t seq = 1;
     float theta = 0.0f;
+    rope_scaling scaling{};
   };
   rope_epilogue projection_rope{};
   /// fusion::attention, in place of the chain scores = matmul(q, k^T) [->
@@ -146,7 +147,7 @@ struct op_launch {
   /// and, when a rope is fused, the rope positions i32 [S]: the kernel
   /// stores the new rows at cache_positions along k's and v's keys (-1 or
   /// out of range: not stored) and reads them there; `rope_q` / `rope_k`:
-  /// q's rows / the new keys are first rotated (neox, `rope_theta`) by the
+  /// q's rows / the new keys are first rotated (neox, `rope_theta`, `rope_scale`) by the
   /// position of their softmax row, rounded to the dtype as a rope op would.
   struct attention_params {
     float scale = 1.0f;
@@ -157,6 +158,7 @@ struct op_launch {
     bool rope_q = false;
     bool rope_k = false;
     float rope_theta = 10000.0f;
+    rope_scaling rope_scale{};
   };
   attention_params attention{};
   /// fusion::decode_step, in place of a whole single-device LLaMA-family
@@ -179,6 +181,7 @@ struct op_launch {
     int64_t d_model = 0, d_ff = 0, heads = 0, kv_heads = 0, head_dim = 0, vocab = 0, cache_rows = 0;
     float eps = 1e-5f;         ///< every rms_norm's (the lowering checks they agree)
     float rope_theta = 10000.0f;
+    rope_scaling rope_scale{};  ///< every layer's (the lowering checks they agree)
     float scale = 1.0f;        ///< the attention's softmax scale
     bool norm_weighted = false;        ///< per-layer norm weights present (not folded into the projections)
     bool final_norm_weighted = false;  ///< the final norm's weight present

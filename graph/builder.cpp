@@ -184,11 +184,13 @@ tensor graph_builder::silu(tensor x, std::string name) {
   return add_node(make(op_kind::silu, std::move(name), {x.id()}));
 }
 
-tensor graph_builder::rope(tensor x, tensor positions, float theta, rope_mode mode, std::string name) {
+tensor graph_builder::rope(tensor x, tensor positions, float theta, rope_mode mode, std::string name,
+                           rope_scaling scaling) {
   const std::string w = who(op_kind::rope, name);
   if (!check(x, "x", w) || !check(positions, "positions", w)) return tensor();
   node n = make(op_kind::rope, std::move(name), {x.id(), positions.id()});
   n.attrs.theta = theta;
+  n.attrs.rope_scale = scaling;
   n.attrs.rope = mode;
   return add_node(std::move(n));
 }

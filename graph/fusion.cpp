@@ -144,7 +144,8 @@ void match_prologue(const graph& g, const std::vector<node_id>& ops, std::size_t
   p.k_rope = rope_of(ks.inputs[0], ks.id);
   p.q_rope = rope_of(qk.inputs[0], qk.id);
   if (p.q_rope != no_node && p.k_rope != no_node &&
-      (g.at(p.q_rope).inputs[1] != g.at(p.k_rope).inputs[1] || g.at(p.q_rope).attrs.theta != g.at(p.k_rope).attrs.theta))
+      (g.at(p.q_rope).inputs[1] != g.at(p.k_rope).inputs[1] || g.at(p.q_rope).attrs.theta != g.at(p.k_rope).attrs.theta ||
+       !(g.at(p.q_rope).attrs.rope_scale == g.at(p.k_rope).attrs.rope_scale)))
     p.q_rope = no_node;
   // Its ops must be the ones right before the scores (any order): with q's
   // rope, else without it.
@@ -293,6 +294,7 @@ int rope_epilogues_at(const graph& g, const std::vector<node_id>& ops, std::size
     });
     if (mm == f.ops.end() || std::find(roped.begin(), roped.end(), *mm) != roped.end()) break;
     if (first && (r.inputs[1] != first->inputs[1] || r.attrs.theta != first->attrs.theta ||
+                  !(r.attrs.rope_scale == first->attrs.rope_scale) ||
                   r.attrs.rope != first->attrs.rope || r.dims[-1] != first->dims[-1]))
       break;
     if (!first) first = &r;

@@ -195,11 +195,13 @@ struct decode_step_shape {
 /// values a kv head (H / Hkv x dh); d_model and d_ff whole numbers of 256
 /// and at most decode_step_max_width (each block stages the whole of x in
 /// shared memory beside its weight rings); at most decode_step_max_layers
-/// layers (a phase's tag has 8 bits: 5 phases a layer and the head); at most
-/// decode_step_max_vocab logits (1024 a block on a GPU of 96 SMs or more).
+/// layers (a phase's tag has 8 bits: 5 phases a layer and up to 4 of the
+/// head); at most decode_step_max_vocab logits (the head's rows go in up to
+/// 4 parts of 1024 a block: 256 Ki logits need 66 SMs, Llama 3's 128,256
+/// need 32; an H100 or H200 has 132).
 inline constexpr int decode_step_max_layers = 48;
 inline constexpr int64_t decode_step_max_width = 8192;
-inline constexpr int64_t decode_step_max_vocab = 96 * 1024;
+inline constexpr int64_t decode_step_max_vocab = 256 * 1024;
 /// Empty when `s` fits the kernel, else why not (for describe()).
 inline std::string decode_step_misfit(const decode_step_shape& s) {
   if (s.type != dtype::bf16) return "not bf16";

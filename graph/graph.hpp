@@ -15,6 +15,7 @@
 #include "graph/dtype.hpp"
 #include "graph/error.hpp"
 #include "graph/host_tensor.hpp"
+#include "graph/rope_frequencies.hpp"
 #include "graph/shape.hpp"
 #include "graph/weight_source.hpp"
 
@@ -103,6 +104,7 @@ struct op_attrs {
   float scale = 1.0f;          ///< scale; softmax pre-scale
   float eps = 1e-5f;           ///< rms_norm, layer_norm
   float theta = 10000.0f;      ///< rope base
+  rope_scaling rope_scale{};   ///< rope: Llama 3's scaling of the frequencies (off by default)
   rope_mode rope = rope_mode::neox;
   gelu_mode gelu = gelu_mode::tanh;
   bool trans_a = false;        ///< matmul
@@ -259,9 +261,11 @@ class graph_builder {
   tensor silu(tensor x, std::string name = {});
   /// i32 [.., 1]: the index of the first maximum of each row of x [.., N] (op_kind::argmax).
   tensor argmax(tensor x, std::string name = {});
-  /// x [.., S, H, D] (D even), positions i32 [S].
+  /// x [.., S, H, D] (D even), positions i32 [S]. Pair k turns by
+  /// position * f_k, f_k = theta^(-2k/D), scaled as `scaling` says (off by
+  /// default; graph/rope_frequencies.hpp).
   tensor rope(tensor x, tensor positions, float theta = 10000.0f, rope_mode mode = rope_mode::neox,
-              std::string name = {});
+              std::string name = {}, rope_scaling scaling = {});
   tensor get_rows(tensor table, tensor ids, std::string name = {});
   /// State that outlives the job (op_kind::store_rows): a tensor of rows'
   /// dims but `capacity` rows along `axis`, holding what earlier jobs of the

@@ -265,7 +265,7 @@ host_tensor eval_rope(const node& n, const host_tensor& tx, const host_tensor& t
     const double* xi = x.data() + h * D;
     double* o = out.data() + h * D;
     for (int64_t i = 0; i < half; ++i) {
-      const double ang = pos * std::pow(theta, -2.0 * static_cast<double>(i) / static_cast<double>(D));
+      const double ang = pos * rope_frequency(theta, n.attrs.rope_scale, i, D);
       const double c = std::cos(ang), sn = std::sin(ang);
       const int64_t p = n.attrs.rope == rope_mode::neox ? i : 2 * i;
       const int64_t q = n.attrs.rope == rope_mode::neox ? i + half : 2 * i + 1;

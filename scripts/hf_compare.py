@@ -3,7 +3,8 @@
 models that this script saves itself.
 
 For each model (GPT-2; LLaMA with grouped-query attention; LLaMA with a tied
-head; GPT-2 saved in bfloat16 and sharded) it
+head; GPT-2 saved in bfloat16 and sharded; a Llama-3-style LLaMA with a tied
+head and Llama 3's RoPE scaling) it
   1. builds the model with transformers from a seed, perturbs every parameter
      (so that biases and norm weights are not 0 and 1), save_pretrained()s it
      as safetensors;
@@ -88,12 +89,24 @@ def main():
         torch.manual_seed(seed)
         return perturb(transformers.LlamaForCausalLM(cfg), seed)
 
+    def llama3_scaling():
+        # Llama 3.1 / 3.2's RoPE scaling; an original context of 128 puts the
+        # heads' 8 pairs (wavelengths 6.3 to 10,844 at theta 5000) in all
+        # three regimes: kept, blended, slowed. transformers 5 takes it as
+        # rope_parameters, 4.x as rope_scaling (each saves its own spelling).
+        scaling = dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+                       original_max_position_embeddings=128)
+        if int(transformers.__version__.split(".")[0]) >= 5:
+            return {"rope_parameters": dict(scaling, rope_theta=5000.0)}
+        return {"rope_scaling": scaling}
+
     cases = [
         ("gpt2", gpt2(1), {}),
         ("gpt2_erf_gelu", gpt2(2, activation_function="gelu"), {}),
         ("llama_gqa", llama(3), {}),
         ("llama_tied_mha", llama(4, num_key_value_heads=4, tie_word_embeddings=True), {}),
         ("gpt2_bf16_sharded", gpt2(5).to(torch.bfloat16), {"max_shard_size": "60KB"}),
+        ("llama3_rope_tied", llama(6, tie_word_embeddings=True, max_position_embeddings=256, **llama3_scaling()), {}),
     ]
     prompt = [5, 17, 42, 8, 91, 3, 60]
     failures = []
@@ -110,6 +123,18 @@ def main():
                                do_sample=False, max_new_tokens=args.steps, min_new_tokens=args.steps,
                                pad_token_id=0, eos_token_id=None)
         want_tokens = gen[0, len(prompt):].tolist()
+        cfg = ref.config
+        scaled = getattr(cfg, "rope_parameters", None) or getattr(cfg, "rope_scaling", None) or {}
+        if scaled.get("rope_type") == "llama3":
+            # transformers applied the scaling: its frequencies are not plain RoPE's.
+            dh = cfg.hidden_size // cfg.num_attention_heads
+            theta = scaled.get("rope_theta", getattr(cfg, "rope_theta", None))
+            plain = 1.0 / (theta ** (torch.arange(0, dh, 2, dtype=torch.float32) / dh))
+            inv = ref.model.rotary_emb.inv_freq.float().cpu()
+            changed = int((~torch.isclose(inv, plain, rtol=1e-6)).sum())
+            print("%-18s transformers' RoPE frequencies: %d of %d pairs scaled" % (name, changed, len(plain)))
+            if changed == 0:
+                failures.append("%s: transformers did not apply the llama3 RoPE scaling" % name)
         for spec in args.devices.split(";"):
             # Without layout flags the model is pipelined over every device of the spec.
             devices, *layout = spec.split()

@@ -290,8 +290,7 @@ void run_rope(const op_launch& l) {
   // Inverse frequencies once per op; angles in double (positions in the
   // thousands would lose the angle's low bits in float).
   std::vector<double> inv(static_cast<std::size_t>(half));
-  for (int64_t i = 0; i < half; ++i)
-    inv[i] = std::pow(static_cast<double>(l.op->attrs.theta), -2.0 * static_cast<double>(i) / static_cast<double>(d));
+  rope_frequencies(l.op->attrs.theta, l.op->attrs.rope_scale, d, inv.data());
   std::vector<float> row(static_cast<std::size_t>(d)), res(static_cast<std::size_t>(d));
   std::vector<float> cs(static_cast<std::size_t>(half)), sn(static_cast<std::size_t>(half));
   int64_t cached_s = -1;

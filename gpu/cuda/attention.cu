@@ -665,7 +665,7 @@ error launch_fused_attention(const launch_ctx& c, const kt& out, const kt& q, co
     pro.v_new = ap.v_new;
     pro.cache_positions = ap.cache_positions;
     pro.rope_positions = ap.rope_positions;
-    rope_inverse_frequencies(ap.theta, dh, pro.inv);
+    rope_inverse_frequencies(ap.theta, ap.scaling, dh, pro.inv);
   }
   if (split_ok) {
     const split_plan sp = plan_splits(c, groups, M, dh, keys);

@@ -1,6 +1,7 @@
 #pragma once
 // Fused attention for decode-sized queries (host launcher).
 #include "gpu/cuda/kernel_args.hpp"
+#include "graph/rope_frequencies.hpp"
 
 namespace ag::gpu::cuda {
 
@@ -17,7 +18,7 @@ namespace ag::gpu::cuda {
 /// dh] (views with k's batch dims) are stored into k and v (the caches) at
 /// rows cache_positions[i] (i32 [S]; -1 or out of range: not stored) and
 /// read from there; with rope_q / rope_k, q's rows and the new keys are
-/// first rotated (neox, theta) by rope_positions (i32 [S]) of their softmax
+/// first rotated (neox, theta, scaling) by rope_positions (i32 [S]) of their softmax
 /// row, rounded to the dtype. Needs the split kernel (head dims 32, 64, 128
 /// or 256, 16-byte cache rows, the stream's workspace): else an
 /// errc::internal error, launching nothing.
@@ -25,6 +26,7 @@ struct attention_prologue {
   kt k_new, v_new, cache_positions, rope_positions;
   bool rope_q = false, rope_k = false;
   float theta = 10000.0f;
+  rope_scaling scaling{};  ///< graph/rope_frequencies.hpp
 };
 error launch_fused_attention(const launch_ctx& c, const kt& out, const kt& q, const kt& k, const kt& v,
                              const kt* mask, float scale, bool causal, int64_t softmax_rows,

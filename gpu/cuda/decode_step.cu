@@ -32,7 +32,11 @@ constexpr int kWarps = 16, kThreads = kWarps * 32;
 constexpr int kSlots = 3;            // a warp's ring: chunks in flight
 constexpr int kChunkMax = 2048;      // elements of a chunk at most (4 KiB)
 constexpr int kMaxLayers = decode_step_max_layers;
-constexpr int kMaxPhases = 5 * kMaxLayers + 1;
+// The head's rows in up to kMaxHeadParts phases of at most kMaxRows rows a
+// block each (a block's shared sums hold kMaxRows): Llama 3's 128,256 logits
+// are 972 a block on 132 SMs, more on smaller GPUs.
+constexpr int kMaxHeadParts = 4;
+constexpr int kMaxPhases = 5 * kMaxLayers + kMaxHeadParts;
 constexpr int kMaxRows = 1024;       // a block's rows of one GEMV
 constexpr int kMaxResidRows = 128;   // a block's rows of the residual (o's and down's split)
 constexpr int kMaxSplits = 16;       // attention blocks a kv head
@@ -67,6 +71,7 @@ struct workspace_layout {
 
 struct step_args {
   int layers, d, ff, heads, kv_heads, vocab, cache_rows, splits, qkv_rows, attn_width;
+  int head_parts;  // phases the head's rows take (kMaxHeadParts at most)
   float eps, scale;
   const int* token;
   const bf16* embed;
@@ -89,7 +94,8 @@ struct step_args {
 
 // ---- phases -------------------------------------------------------------
 
-__device__ __forceinline__ int stage_of(const step_args& a, int p) { return p == 5 * a.layers ? kHead : p % 5; }
+__device__ __forceinline__ int stage_of(const step_args& a, int p) { return p >= 5 * a.layers ? kHead : p % 5; }
+__device__ __forceinline__ int phases_of(const step_args& a) { return 5 * a.layers + a.head_parts; }
 __device__ __forceinline__ int rows_of(const step_args& a, int st) {
   switch (st) {
     case kQkv: return a.qkv_rows;
@@ -103,7 +109,7 @@ __device__ __forceinline__ int rows_of(const step_args& a, int st) {
 __device__ __forceinline__ int width_of(const step_args& a, int st) {
   return st == kO ? a.attn_width : st == kDown ? a.ff : a.d;
 }
-__device__ __forceinline__ int chunk_of(int k) {
+__host__ __device__ __forceinline__ int chunk_of(int k) {
   return k % 2048 == 0 ? 2048 : k % 1024 == 0 ? 1024 : k % 512 == 0 ? 512 : 256;
 }
 // A row's slots in the shared sums: its chunks' products are added there by
@@ -115,7 +121,7 @@ __device__ __forceinline__ int chunk_of(int k) {
 // not fit kMaxRows: on 132 SMs, a vocabulary over about 67,000 with a
 // d_model of three or four chunks (6144, 8192), or over about 45,000 with
 // five (2560).
-__device__ __forceinline__ int sums_per_row(int chunks, int rows) {
+__host__ __device__ __forceinline__ int sums_per_row(int chunks, int rows) {
   const int pairs = (chunks + 1) / 2;
   return rows * pairs <= kMaxRows ? pairs : 1;
 }
@@ -518,7 +524,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_step_kernel(const __grid_c
   __shared__ int cache_at;
   __shared__ float rope_cs[64], rope_sn[64];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, blocks = gridDim.x;
-  const int phases = 5 * a.layers + 1;
+  const int phases = phases_of(a);
   const unsigned epoch = *a.epoch + 1;
   unsigned char* my_ring = dynamic_shared + static_cast<size_t>(warp) * kSlots * kChunkMax * 2;
   uint4* xs = reinterpret_cast<uint4*>(dynamic_shared + static_cast<size_t>(kWarps) * kSlots * kChunkMax * 2);
@@ -540,10 +546,17 @@ __global__ void __launch_bounds__(kThreads, 1) decode_step_kernel(const __grid_c
     first_row[p] = item_count[p] = 0;
     if (st == kAttention) continue;
     const bool residual = st == kO || st == kDown;
-    const long long r = (blockIdx.x + (residual ? 0LL : 53LL * p)) % blocks;
+    // The head's parts split one rotation's rows among themselves.
+    const int rotation = st == kHead ? 5 * a.layers : p;
+    const long long r = (blockIdx.x + (residual ? 0LL : 53LL * rotation)) % blocks;
     const int align = st == kGateUp ? ~3 : ~0;
-    const int first = static_cast<int>(r * n / blocks) & align;
-    const int end = r + 1 == blocks ? n : static_cast<int>((r + 1) * n / blocks) & align;
+    int first = static_cast<int>(r * n / blocks) & align;
+    int end = r + 1 == blocks ? n : static_cast<int>((r + 1) * n / blocks) & align;
+    if (st == kHead) {
+      const int part = p - 5 * a.layers, len = end - first;
+      end = first + static_cast<int>(static_cast<long long>(len) * (part + 1) / a.head_parts);
+      first += static_cast<int>(static_cast<long long>(len) * part / a.head_parts);
+    }
     const int k = width_of(a, st);
     first_row[p] = first;
     item_count[p] = (end - first) * (k / chunk_of(k));
@@ -592,9 +605,16 @@ __global__ void __launch_bounds__(kThreads, 1) decode_step_kernel(const __grid_c
   };
   for (int slot = 0; slot < kSlots; ++slot) issue(slot);
   int consumed = 0, slot = 0;
+  // The head's: the block's best logit over its rows of every head part,
+  // and whether x (the final norm's output) is staged already.
+  float best = -INFINITY;
+  int best_at = 0x7fffffff;
+  bool head_staged = false;
   for (int p = 0; p < phases; ++p) {
     const int st = stage_of(a, p), layer = p / 5;
-    const unsigned ready = tag_of(epoch, p - 1);  // what this phase reads carries the previous phase's tag
+    // What this phase reads carries the previous phase's tag (the head's
+    // parts all read the last down's).
+    const unsigned ready = tag_of(epoch, (st == kHead ? 5 * a.layers : p) - 1);
     if (st == kAttention) {
       if (attends)
         attention_block<DH>(a, layer, p, reinterpret_cast<bf16*>(xs), &span_bar, span_uses, epoch, rope_cs, rope_sn,
@@ -610,7 +630,9 @@ __global__ void __launch_bounds__(kThreads, 1) decode_step_kernel(const __grid_c
       // x for this GEMV, staged as bf16: every value handed on is a bf16
       // value already (the unfused ops round there too), so staging rounds
       // nothing but the norm's output.
-      if (st == kO) {
+      if (st == kHead && head_staged) {
+        // a later head part: x is the one an earlier part staged
+      } else if (st == kO) {
         take_each(a.attn_out, k, ready, [&](int i, unsigned bits) { xs_elems[i] = __float2bfloat16_rn(__uint_as_float(bits)); });
       } else if (st == kDown) {  // silu(gate) * up, two bf16 a value
         take_each(a.hidden, k / 2, ready, [&](int i, unsigned bits) { reinterpret_cast<unsigned*>(xs_elems)[i] = bits; });
@@ -644,8 +666,9 @@ __global__ void __launch_bounds__(kThreads, 1) decode_step_kernel(const __grid_c
           const float y = __bfloat162float(xs_elems[i]) * inv_rms;
           xs_elems[i] = __float2bfloat16_rn(g ? y * __bfloat162float(g[i]) : y);
         }
+        head_staged = st == kHead;
       }
-      __syncthreads();
+      __syncthreads();  // x staged; and the phase before is done with the sums (zeroed)
       // The products: each warp its items, from its ring.
       // VECS: 16-byte vectors a lane of a chunk, known to the compiler for
       // whole 2048-element chunks (every K of the common shapes), else 0 and
@@ -705,8 +728,6 @@ __global__ void __launch_bounds__(kThreads, 1) decode_step_kernel(const __grid_c
     const auto zero_rows = [&](int i, int n) {
       for (int s = i * spr; s < (i + n) * spr; ++s) sums[s] = 0.f;
     };
-    float best = -INFINITY;
-    int best_at = 0x7fffffff;
     for (int i = threadIdx.x; i < (st == kGateUp ? 0 : rows); i += blockDim.x) {  // gate|up's: in quads below
       const int n = first + i;
       const float y = round_bf16(row_sum(i));  // the product as its op stores it
@@ -740,7 +761,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_step_kernel(const __grid_c
         zero_rows(4 * i, 4);
       }
     }
-    if (st == kHead) {  // the block's best logit, then the last block's pick
+    if (st == kHead && p == phases - 1) {  // the block's best logit, then the last block's pick
       block_best(best, best_at, reduce, reduce_index);
       if (threadIdx.x == 0) {
         a.best_value[blockIdx.x] = best, a.best_index[blockIdx.x] = best_at;
@@ -823,10 +844,18 @@ error launch_decode_step(const launch_ctx& c, const op_launch::decode_step_param
   const int splits = static_cast<int>(std::min<int64_t>(kMaxSplits, blocks / p.kv_heads));
   if (splits < 1) return bad("fewer SMs than kv heads");
   // A block's rows of each GEMV must fit its shared sums, and o's and
-  // down's its residual rows.
-  const int64_t widest_rows = std::max({p.vocab, 2 * p.d_ff, (p.heads + 2 * p.kv_heads) * p.head_dim});
+  // down's its residual rows. The head's rows go in parts: as few as keep
+  // two chunks a slot (sums_per_row: the same bits every run), else as few
+  // as fit at all.
+  const int64_t widest_rows = std::max(2 * p.d_ff, (p.heads + 2 * p.kv_heads) * p.head_dim);
   if (widest_rows / blocks + 4 > kMaxRows || p.d_model / blocks + 1 > kMaxResidRows)
     return bad("too few SMs (" + std::to_string(blocks) + ") for a step this wide");
+  const int64_t head_rows = p.vocab / blocks + 2;  // a block's at most (the splits round)
+  const int head_chunks = static_cast<int>(p.d_model / chunk_of(static_cast<int>(p.d_model)));
+  int head_parts = static_cast<int>((head_rows * ((head_chunks + 1) / 2) + kMaxRows - 1) / kMaxRows);
+  if (head_parts > kMaxHeadParts) head_parts = static_cast<int>((head_rows + kMaxRows - 1) / kMaxRows);
+  if (head_parts > kMaxHeadParts)
+    return bad("too few SMs (" + std::to_string(blocks) + ") for a vocabulary of " + std::to_string(p.vocab));
   const auto ptr = [&](std::size_t i) { return inputs[i].data; };
   for (std::size_t i = 0; i < inputs.size(); ++i) {
     const tensor_arg& t = inputs[i];
@@ -848,6 +877,7 @@ error launch_decode_step(const launch_ctx& c, const op_launch::decode_step_param
   a.vocab = static_cast<int>(p.vocab);
   a.cache_rows = static_cast<int>(p.cache_rows);
   a.splits = splits;
+  a.head_parts = head_parts;
   a.qkv_rows = static_cast<int>((p.heads + 2 * p.kv_heads) * p.head_dim);
   a.attn_width = static_cast<int>(p.heads * p.head_dim);
   a.eps = p.eps;
@@ -872,7 +902,7 @@ error launch_decode_step(const launch_ctx& c, const op_launch::decode_step_param
   a.head_count = reinterpret_cast<unsigned*>(ws + workspace_layout::head_count);
   a.done = reinterpret_cast<unsigned*>(ws + workspace_layout::done);
   a.epoch = reinterpret_cast<unsigned*>(ws + workspace_layout::epoch);
-  rope_inverse_frequencies(p.rope_theta, p.head_dim, a.inv);
+  rope_inverse_frequencies(p.rope_theta, p.rope_scale, p.head_dim, a.inv);
   for (int l = 0; l < p.layers; ++l) {
     const std::size_t b = globals + per_layer * static_cast<std::size_t>(l);
     layer_ptrs& L = a.layer[l];

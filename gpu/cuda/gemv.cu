@@ -98,6 +98,7 @@ struct gemv_targets {
   const int32_t* rope_pos = nullptr;
   int rope_seq = 1, rope_dim = 2;
   float rope_theta = 0.0f;
+  rope_scaling rope_scale{};
   bool rope_neox = true, roped0 = false, roped1 = false, roped2 = false;
 };
 
@@ -113,7 +114,7 @@ enum gemv_mode : int { plain = 0, gated = 1, residual = 2 };
 // row (docs/BENCHMARKS.md, session 12): faster for every decode shape, e.g.
 // 2048 x 8192 17.4 -> 15.1 us. One x row (a decode step) fits 64 registers:
 // four blocks per SM instead of three.
-// The ROPE kernels' frequencies theta^(-2k/D), computed on the host in f64
+// The ROPE kernels' frequencies f_k (graph/rope_frequencies.hpp), computed on the host in f64
 // (rope_inverse_frequencies, as the rope kernel takes them), passed by value:
 // a pow per pair in each block before its first loads cost more than the
 // rope kernels it replaced (3 us a layer of the LLaMA-7B decode step: every
@@ -333,7 +334,7 @@ void go_rows(const launch_ctx& c, const gemv_targets<T, TO>& tg, const void* x, 
   const int64_t units = ROPE ? tg.n_end[tg.count - 1] / 2 : tg.n_end[tg.count - 1];  // ROPE: pairs of rows
   const unsigned grid = grid_for(units, kRowsPerBlock, c.sm_count * 64);
   rope_freqs_t<ROPE> freqs{};
-  if constexpr (ROPE) rope_inverse_frequencies(tg.rope_theta, tg.rope_dim, freqs.inv);
+  if constexpr (ROPE) rope_inverse_frequencies(tg.rope_theta, tg.rope_scale, tg.rope_dim, freqs.inv);
   launch_kernel(c, gemv_kernel<T, TO, R, MODE, NORM, ROPE>, grid, kThreads, 0, tg, static_cast<const T*>(x), xr, rows,
                 ldw, vecs, freqs);
 }
@@ -497,6 +498,7 @@ error go_projections(const launch_ctx& c, projection_kind kind, const kt& out, c
     tg.rope_seq = static_cast<int>(rope->seq);
     tg.rope_dim = static_cast<int>(D);
     tg.rope_theta = rope->theta;
+    tg.rope_scale = rope->scaling;
     tg.rope_neox = rope->neox;
     tg.roped0 = (rope->roped & 1u) != 0;
     tg.roped1 = (rope->roped & 2u) != 0;

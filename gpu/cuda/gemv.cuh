@@ -39,7 +39,8 @@ struct gemv_norm {
 /// output m is rotated as it is written when bit m of `roped` is set: the
 /// row of x r at position positions[r % seq] (i32), each head of `head_dim`
 /// (even; the output's N a whole number of heads) by pairs (k, k + D/2)
-/// when `neox`, else (2k, 2k + 1), at the angle position * theta^(-2k/D);
+/// when `neox`, else (2k, 2k + 1), at the angle position * f_k (theta and
+/// `scaling`: graph/rope_frequencies.hpp);
 /// the products are rounded to the dtype first, as a rope reading them
 /// would see them. Every N must be even, D at most 2 x gemv_rope_max_pairs
 /// (graph/fusion.hpp's fused_gemv_rope_max_head).
@@ -51,6 +52,7 @@ struct gemv_rope {
   int64_t head_dim = 0;
   int64_t seq = 1;
   float theta = 0.0f;
+  rope_scaling scaling{};
 };
 error launch_gemv_projections(const launch_ctx& c, projection_kind kind, const kt& out, const kt* extra_outs,
                               int n_extra, const kt& x, const kt* weights, int n_weights, const kt* residual,

@@ -73,6 +73,7 @@ error dispatch_op(core& dev_core, cuda_stream& cs, const op_launch& l, const std
       pro.rope_q = ap.rope_q;
       pro.rope_k = ap.rope_k;
       pro.theta = ap.rope_theta;
+      pro.scaling = ap.rope_scale;
     }
     e = launch_fused_attention(c, out, to_kt(l.inputs[0]), to_kt(l.inputs[1]), to_kt(l.inputs[2]),
                                masked ? &mask : nullptr, ap.scale, ap.causal, ap.softmax_rows,
@@ -114,7 +115,7 @@ error dispatch_op(core& dev_core, cuda_stream& cs, const op_launch& l, const std
     const gemv_norm norm{norm_weighted ? &norm_w : nullptr, l.projection_norm.eps};
     const kt positions = roped ? to_kt(l.inputs.back()) : kt{};
     const gemv_rope rope{&positions, l.projection_rope.roped, l.projection_rope.neox, l.projection_rope.head_dim,
-                         l.projection_rope.seq, l.projection_rope.theta};
+                         l.projection_rope.seq, l.projection_rope.theta, l.projection_rope.scaling};
     e = launch_gemv_projections(c, l.projection, out, extra, static_cast<int>(l.extra_outs.size()),
                                 to_kt(l.inputs[0]), ws, n_w, with_residual ? &resid : nullptr,
                                 l.projection_norm.on ? &norm : nullptr, roped ? &rope : nullptr);
@@ -188,7 +189,8 @@ error dispatch_op(core& dev_core, cuda_stream& cs, const op_launch& l, const std
     case op_kind::rope:
       if ((e = need(2))) return e;
       if (kernels.skip_rope) return {};
-      e = launch_rope(c, out, to_kt(l.inputs[0]), to_kt(l.inputs[1]), n.attrs.theta, n.attrs.rope == rope_mode::neox);
+      e = launch_rope(c, out, to_kt(l.inputs[0]), to_kt(l.inputs[1]), n.attrs.theta, n.attrs.rope_scale,
+                      n.attrs.rope == rope_mode::neox);
       break;
     case op_kind::get_rows:
       if ((e = need(2))) return e;

@@ -9,7 +9,7 @@ namespace ag::gpu::cuda {
 AG_CUDA_MODULE_ANCHOR()
 namespace {
 
-/// theta^(-2k/D) for k < D/2, computed once on the host (f64), passed by
+/// f_k for k < D/2 (graph/rope_frequencies.hpp), computed once on the host (f64), passed by
 /// value: heads up to D = 512 (4 KiB of kernel parameters at most).
 constexpr int max_rope_pairs = 256;
 struct rope_freqs {
@@ -70,7 +70,7 @@ __global__ void rope_kernel(kt out, kt x, kt pos, bool neox, int64_t work, int64
 }
 
 /// Heads wider than 512: the frequency per element (f64 pow), as before.
-__global__ void rope_wide_kernel(kt out, kt x, kt pos, float theta, bool neox, int64_t pairs) {
+__global__ void rope_wide_kernel(kt out, kt x, kt pos, float theta, rope_scaling scaling, bool neox, int64_t pairs) {
   pdl_enter();
   const int64_t D = x.d[3], half = D / 2;
   for (int64_t p = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; p < pairs; p += (int64_t)gridDim.x * blockDim.x) {
@@ -79,7 +79,7 @@ __global__ void rope_wide_kernel(kt out, kt x, kt pos, float theta, bool neox, i
     const int64_t j0 = neox ? k : 2 * k;
     const int64_t j1 = neox ? k + half : 2 * k + 1;
     const double position = static_cast<double>(static_cast<const int32_t*>(pos.p)[s * pos.s[3]]);
-    const double ang = position * pow(static_cast<double>(theta), -2.0 * static_cast<double>(k) / static_cast<double>(D));
+    const double ang = position * rope_frequency(theta, scaling, k, D);
     double sn, cs;
     sincos(ang, &sn, &cs);
     rotate_pair(out, x, row_offset(x, row), row_offset(out, row), j0, j1, static_cast<float>(cs), static_cast<float>(sn));
@@ -88,12 +88,12 @@ __global__ void rope_wide_kernel(kt out, kt x, kt pos, float theta, bool neox, i
 
 }  // namespace
 
-void rope_inverse_frequencies(float theta, int64_t D, double* inv) {
-  for (int64_t k = 0; k < D / 2; ++k)
-    inv[k] = std::pow(static_cast<double>(theta), -2.0 * static_cast<double>(k) / static_cast<double>(D));
+void rope_inverse_frequencies(float theta, const rope_scaling& scaling, int64_t D, double* inv) {
+  rope_frequencies(theta, scaling, D, inv);
 }
 
-error launch_rope(const launch_ctx& c, const kt& out, const kt& x, const kt& pos, float theta, bool neox) {
+error launch_rope(const launch_ctx& c, const kt& out, const kt& x, const kt& pos, float theta,
+                  const rope_scaling& scaling, bool neox) {
   if (x.d[3] % 2 != 0) return error(errc::invalid_shape, c.where + ": rope needs an even last dim");
   if (pos.t != static_cast<int>(dtype::i32)) return error(errc::dtype_mismatch, c.where + ": rope positions must be i32");
   const int64_t pairs = x.numel() / 2;
@@ -102,7 +102,7 @@ error launch_rope(const launch_ctx& c, const kt& out, const kt& x, const kt& pos
   const int64_t half = x.d[3] / 2;
   if (half <= max_rope_pairs) {
     rope_freqs f{};
-    rope_inverse_frequencies(theta, x.d[3], f.inv);
+    rope_inverse_frequencies(theta, scaling, x.d[3], f.inv);
     // (row groups) x (runs of heads) x (pairs of a row). A decode step's
     // 32 heads x 32 pairs ran as 256 threads of 4 heads each: one block, 8 us
     // of dependent loads (ncu, H100); a thread per head there.
@@ -110,8 +110,8 @@ error launch_rope(const launch_ctx& c, const kt& out, const kt& x, const kt& pos
     const int64_t work = pairs / x.d[2] * ((x.d[2] + hpt - 1) / hpt);
     launch_kernel(c, rope_kernel, grid_for(work, block, c.sm_count * 16), block, 0, out, x, pos, neox, work, hpt, f);
   } else {
-    launch_kernel(c, rope_wide_kernel, grid_for(pairs, block, c.sm_count * 16), block, 0, out, x, pos, theta, neox,
-                  pairs);
+    launch_kernel(c, rope_wide_kernel, grid_for(pairs, block, c.sm_count * 16), block, 0, out, x, pos, theta, scaling,
+                  neox, pairs);
   }
   AG_CUDA_TRY_LAUNCH(c.where);
   return {};

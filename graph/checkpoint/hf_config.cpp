@@ -18,12 +18,20 @@ using json = nlohmann::json;
 // Reads keys of one JSON object with type checks; the first error names the key.
 class key_reader {
  public:
-  key_reader(const json& j, std::string origin) : j_(j), origin_(std::move(origin)) {}
+  /// `prefix` goes before every key an error names (an object inside
+  /// another: "rope_parameters.").
+  key_reader(const json& j, std::string origin, std::string prefix = {})
+      : j_(j), origin_(std::move(origin)), prefix_(std::move(prefix)) {}
 
   const error& status() const noexcept { return err_; }
+  const std::string& origin() const noexcept { return origin_; }
   error fail(const std::string& key, const std::string& what) {
-    if (!err_) err_ = error{errc::invalid_argument, origin_ + ": '" + key + "': " + what};
+    if (!err_) err_ = error{errc::invalid_argument, origin_ + ": '" + prefix_ + key + "': " + what};
     return err_;
+  }
+  /// Takes an inner object's first error as this one's (unless it has one).
+  void adopt(const error& e) {
+    if (!err_ && e) err_ = e;
   }
   // The value of `key`, or null when absent or JSON null.
   const json* get(const std::string& key) const {
@@ -87,7 +95,7 @@ class key_reader {
 
  private:
   const json& j_;
-  std::string origin_;
+  std::string origin_, prefix_;
   error err_;
 };
 
@@ -179,27 +187,40 @@ void read_llama(key_reader& r, hf_config& out) {
 
   double theta = 10000.0;
   if (r.has("rope_theta")) theta = r.number("rope_theta", theta);
+  // The RoPE variant of one object (4.x's rope_scaling, 5.x's
+  // rope_parameters): plain ("default"), or Llama 3's scaling, whose four
+  // numbers transformers requires too.
+  const auto read_rope_type = [&](const json& obj, const std::string& key, bool type_required) {
+    key_reader sub(obj, r.origin(), key + ".");
+    std::string type = sub.string("rope_type", "default");
+    if (!sub.has("rope_type")) type = sub.string("type", type);
+    if (!type_required && !sub.has("rope_type") && !sub.has("type")) {
+      sub.fail("rope_type", "missing (null or an object with \"rope_type\")");
+    } else if (type == "llama3") {
+      rope_scaling& rs = m.rope_scale;
+      for (const char* k : {"factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"})
+        if (!sub.has(k)) sub.fail(k, "missing (rope_type \"llama3\" needs factor, low_freq_factor, high_freq_factor and original_max_position_embeddings)");
+      rs.factor = static_cast<float>(sub.number("factor", 1.0));
+      rs.low_freq_factor = static_cast<float>(sub.number("low_freq_factor", 1.0));
+      rs.high_freq_factor = static_cast<float>(sub.number("high_freq_factor", 4.0));
+      rs.original_context = static_cast<int32_t>(sub.integer("original_max_position_embeddings", 8192));
+      if (!sub.status() && !(rs.high_freq_factor > rs.low_freq_factor))
+        sub.fail("high_freq_factor", "must be greater than low_freq_factor (" + std::to_string(rs.low_freq_factor) + ")");
+    } else if (type != "default") {
+      sub.fail("rope_type", "\"" + type + "\" is not implemented (plain RoPE and \"llama3\" are)");
+    }
+    if (key == "rope_parameters" && sub.has("rope_theta")) theta = sub.number("rope_theta", theta);
+    if (sub.has("partial_rotary_factor") && sub.number("partial_rotary_factor", 1.0) != 1.0)
+      sub.fail("partial_rotary_factor", "only 1 (RoPE over the whole head) is implemented");
+    r.adopt(sub.status());
+  };
   if (const json* rp = r.get("rope_parameters")) {  // transformers 5
-    if (!rp->is_object()) {
-      r.fail("rope_parameters", "expected an object, got " + rp->dump());
-    } else {
-      key_reader sub(*rp, "");
-      const std::string type = sub.string("rope_type", "default");
-      if (type != "default") r.fail("rope_parameters.rope_type", "\"" + type + "\" is not implemented (only plain RoPE)");
-      if (sub.has("rope_theta")) theta = sub.number("rope_theta", theta);
-      if (sub.has("partial_rotary_factor") && sub.number("partial_rotary_factor", 1.0) != 1.0)
-        r.fail("rope_parameters.partial_rotary_factor", "only 1 (RoPE over the whole head) is implemented");
-      if (sub.status()) r.fail("rope_parameters", sub.status().message.substr(2));
-    }
+    if (!rp->is_object()) r.fail("rope_parameters", "expected an object, got " + rp->dump());
+    else read_rope_type(*rp, "rope_parameters", true);
   }
-  if (const json* rs = r.get("rope_scaling")) {
-    std::string type = "?";
-    if (rs->is_object()) {
-      for (const char* k : {"rope_type", "type"})
-        if (auto it = rs->find(k); it != rs->end() && it->is_string()) type = it->get<std::string>();
-    }
-    if (type != "default")
-      r.fail("rope_scaling", "type \"" + type + "\" is not implemented (only plain RoPE; rope_scaling must be null)");
+  if (const json* rs = r.get("rope_scaling")) {  // transformers 4.x (null: plain RoPE)
+    if (!rs->is_object()) r.fail("rope_scaling", "expected an object or null, got " + rs->dump());
+    else read_rope_type(*rs, "rope_scaling", false);
   }
   m.rope_theta = static_cast<float>(theta);
 }
@@ -281,7 +302,12 @@ std::string to_hf_config_json(const transformer_config& c, int64_t max_positions
          {"max_position_embeddings", max_positions > 0 ? max_positions : 2048},
          {"rms_norm_eps", c.eps},
          {"rope_theta", c.rope_theta},
-         {"rope_scaling", nullptr},
+         {"rope_scaling", c.rope_scale.on() ? json{{"rope_type", "llama3"},
+                                                   {"factor", c.rope_scale.factor},
+                                                   {"low_freq_factor", c.rope_scale.low_freq_factor},
+                                                   {"high_freq_factor", c.rope_scale.high_freq_factor},
+                                                   {"original_max_position_embeddings", c.rope_scale.original_context}}
+                                             : json(nullptr)},
          {"attention_bias", false},
          {"mlp_bias", false},
          {"tie_word_embeddings", c.tied_head()},

@@ -14,17 +14,19 @@
 ///   num_key_value_heads (GQA; default = heads), head_dim (must be
 ///   hidden_size / heads), hidden_act (silu), max_position_embeddings,
 ///   rms_norm_eps, rope_theta at the top level (transformers 4.x) or inside
-///   rope_parameters (5.x), rope_scaling / rope_parameters.rope_type (only
-///   "default"), attention_bias and mlp_bias (only false),
+///   rope_parameters (5.x), rope_scaling (4.x) / rope_parameters (5.x) with
+///   rope_type (older files: type) "default" or "llama3" (Llama 3.1 / 3.2:
+///   factor, low_freq_factor, high_freq_factor,
+///   original_max_position_embeddings, all required), attention_bias and mlp_bias (only false),
 ///   tie_word_embeddings (default false);
 /// - both: model_type (else architectures[0]), torch_dtype (4.x) or dtype
 ///   (5.x), with or without a "torch." prefix; bos_token_id; eos_token_id
 ///   (a number or a list).
-/// A config the builder cannot honour (rope scaling, a bias, an activation it
+/// A config the builder cannot honour (another rope scaling, a bias, an activation it
 /// lacks, an architecture it does not build, cross-attention...) is an error
 /// (errc::invalid_argument) that names the file and the key, e.g.
-/// "config.json: 'rope_scaling': type \"llama3\" is not implemented (only
-/// plain RoPE)". Keys of the wrong JSON type are errors naming the key too.
+/// "config.json: 'rope_scaling': 'rope_type': \"yarn\" is not implemented
+/// (plain RoPE and \"llama3\" are)". Keys of the wrong JSON type are errors naming the key too.
 /// Unknown keys are ignored (configs carry many that do not change the math).
 ///
 /// Pure functions: call from any thread.

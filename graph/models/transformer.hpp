@@ -136,6 +136,9 @@ struct transformer_config {
   float eps = 1e-5f;
   /// llama only: RoPE base.
   float rope_theta = 10000.0f;
+  /// llama only: Llama 3's scaling of the RoPE frequencies (HF rope_type
+  /// "llama3"; off by default; graph/rope_frequencies.hpp).
+  rope_scaling rope_scale{};
   /// Output head tied to the embedding or separate (see head_tying).
   head_tying head = head_tying::variant_default;
   /// gpt2 only: the MLP's GELU (HF activation_function: gelu_new = tanh,

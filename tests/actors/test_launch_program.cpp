@@ -1606,6 +1606,20 @@ TEST(LaunchProgram, AWholeLlamaDecodeStepIsOneRecordOnOneCudaDevice) {
     EXPECT_EQ(r.inputs[1].byte_offset, r.inputs[5].byte_offset);
     EXPECT_EQ(r.inputs.size(), (r.decode_step.final_norm_weighted ? 7u : 6u) + 2u * 9u);
   }
+  // Llama 3's steps: the RoPE scaling travels in the record, and 128,256
+  // logits are within the kernel's vocabulary (its head goes in parts).
+  models::transformer_config llama3 = whole_decode_step(2);
+  llama3.vocab = 128256;
+  llama3.head = models::head_tying::tied;
+  llama3.rope_scale = {32.0f, 1.0f, 4.0f, 8192};
+  const auto [p3, prog3] = compile_and_lower(llama3, device_kind::cuda, decode_step_options());
+  ASSERT_TRUE(prog3);
+  ASSERT_TRUE(prog3->decode_step_fused()) << prog3->decode_step_note();
+  for (const lowered_step& ls : prog3->steps())
+    if (!ls.ops.empty()) {
+      EXPECT_EQ(ls.ops.front().decode_step.vocab, 128256);
+      EXPECT_EQ(ls.ops.front().decode_step.rope_scale, llama3.rope_scale);
+    }
 }
 
 // Not the kernel's step: the records stay as they are without the fusion
@@ -1646,6 +1660,9 @@ TEST(LaunchProgram, ADecodeStepOutsideTheKernelsPatternOrShapesKeepsItsRecords) 
   c = llama;
   c.kv_cache_capacity = 0;
   cases.push_back({"no KV cache", c, device_kind::cuda, 1, true, "KV cache"});
+  c = llama;
+  c.vocab = decode_step_max_vocab + 1;
+  cases.push_back({"a vocabulary over the kernel's", c, device_kind::cuda, 1, true, "a vocabulary of"});
   for (const refused& k : cases) {
     SCOPED_TRACE(k.what);
     plan_options o = decode_step_options(k.fuse);

@@ -27,9 +27,16 @@ ag::runtime_options fast_sim() {
   return o;
 }
 
+// GPT-2, LLaMA with GQA, and a Llama-3-style LLaMA: a tied head and Llama
+// 3's RoPE scaling, whose original context of 128 puts the heads' four pairs
+// (wavelengths 6.3, 53, 444, 3738 at theta 5000) in all three of its
+// regimes: kept, blended, slowed by the factor.
 std::vector<ag::models::transformer_config> tiny_models() {
+  auto llama3 = ag::test::tiny_model(ag::models::model_variant::llama, 2);
+  llama3.head = ag::models::head_tying::tied;
+  llama3.rope_scale = {4.0f, 1.0f, 4.0f, 128};
   return {ag::test::tiny_model(ag::models::model_variant::gpt2),
-          ag::test::tiny_model(ag::models::model_variant::llama, 2)};
+          ag::test::tiny_model(ag::models::model_variant::llama, 2), llama3};
 }
 
 // The last row of the logits of the plain forward pass over `tokens`.
@@ -59,6 +66,7 @@ void decode_equals_recompute(const std::string& spec, int stages, int64_t prefil
     ag::test::save_random_model(dir.str(), cfg);
     auto m = ag::models::hf_model::open(dir.str());
     ASSERT_TRUE(m.has_value()) << m.err().to_string();
+    ASSERT_EQ(m->model_config(1).rope_scale, cfg.rope_scale) << "the saved config's RoPE scaling";
     auto rt = ag::runtime::create(spec, fast_sim());
     ASSERT_TRUE(rt.has_value()) << rt.err().to_string();
     ag::generator_options go;

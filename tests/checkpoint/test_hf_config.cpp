@@ -146,8 +146,11 @@ TEST(HfConfig, OlderAndNewerKeySpellings) {
 }
 
 TEST(HfConfig, UnsupportedFeaturesNameTheKey) {
-  expect_key_error(with(llama_v4, R"("rope_scaling": {"rope_type": "llama3", "factor": 32.0})"), "rope_scaling",
-                   "\"llama3\" is not implemented");
+  expect_key_error(with(llama_v4, R"("rope_scaling": {"rope_type": "yarn", "factor": 4.0})"), "rope_scaling.rope_type",
+                   "\"yarn\" is not implemented (plain RoPE and \"llama3\" are)");
+  expect_key_error(with(llama_v4, R"("rope_scaling": {"type": "linear", "factor": 2.0})"), "rope_scaling.rope_type",
+                   "\"linear\"");
+  expect_key_error(with(llama_v4, R"("rope_scaling": {"factor": 2.0})"), "rope_scaling.rope_type", "missing");
   expect_key_error(with(llama_v5, R"("rope_parameters": {"rope_type": "yarn", "rope_theta": 1e4})"),
                    "rope_parameters.rope_type", "\"yarn\"");
   expect_key_error(with(llama_v4, R"("attention_bias": true)"), "attention_bias", "no bias");
@@ -176,6 +179,19 @@ TEST(HfConfig, WrongTypesAndRangesNameTheKey) {
   expect_key_error(with(llama_v4, R"("rope_theta": "big")"), "rope_theta", "expected a number");
   expect_key_error(with(llama_v4, R"("eos_token_id": [1, "x"])"), "eos_token_id", "not a token id");
   expect_key_error(with(llama_v5, R"("rope_parameters": 7)"), "rope_parameters", "expected an object");
+  expect_key_error(with(llama_v4, R"("rope_scaling": "llama3")"), "rope_scaling", "expected an object or null");
+  // Llama 3's scaling needs its four numbers, each of the right type.
+  expect_key_error(with(llama_v4, R"("rope_scaling": {"rope_type": "llama3", "factor": 32.0})"),
+                   "rope_scaling.low_freq_factor", "missing");
+  expect_key_error(with(llama_v5, R"("rope_parameters": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                      "high_freq_factor": 4.0, "original_max_position_embeddings": "8k"})"),
+                   "rope_parameters.original_max_position_embeddings", "expected an integer");
+  expect_key_error(with(llama_v4, R"("rope_scaling": {"rope_type": "llama3", "factor": -2, "low_freq_factor": 1.0,
+                                      "high_freq_factor": 4.0, "original_max_position_embeddings": 8192})"),
+                   "rope_scaling.factor", "> 0");
+  expect_key_error(with(llama_v4, R"("rope_scaling": {"rope_type": "llama3", "factor": 8, "low_freq_factor": 4.0,
+                                      "high_freq_factor": 1.0, "original_max_position_embeddings": 8192})"),
+                   "rope_scaling.high_freq_factor", "greater than low_freq_factor");
   auto c = parse_hf_config("{not json", "config.json");
   ASSERT_FALSE(c.has_value());
   EXPECT_NE(c.err().message.find("config.json: not valid JSON"), std::string::npos) << c.err().message;
@@ -212,5 +228,32 @@ TEST(HfConfig, WrittenConfigsReadBackAsTheSameModel) {
     EXPECT_EQ(c.dtype, dtype::bf16);
     if (v == model_variant::llama) EXPECT_EQ(c.model.rope_theta, 12345.0f);
     else EXPECT_EQ(c.max_positions, 40);
+    EXPECT_FALSE(c.model.rope_scale.on());
   }
+  // Llama 3's scaling is written as transformers 4.x writes it and read back.
+  transformer_config t;
+  t.variant = model_variant::llama;
+  t.n_layers = 1, t.d_model = 32, t.n_heads = 2, t.d_ff = 40, t.vocab = 50;
+  t.rope_scale = {8.0f, 1.5f, 6.0f, 4096};
+  hf_config c = parse_ok(to_hf_config_json(t, 0));
+  EXPECT_EQ(c.model.rope_scale, t.rope_scale);
+}
+
+// Llama 3.1 / 3.2's configs as published carry rope_type "llama3"; both
+// transformers generations' spellings read into the same scaling.
+TEST(HfConfig, Llama3RopeScalingInBothSpellings) {
+  const rope_scaling want{32.0f, 1.0f, 4.0f, 8192};
+  hf_config v4 = parse_ok(with(llama_v4, R"("rope_scaling": {"factor": 32.0, "high_freq_factor": 4.0,
+      "low_freq_factor": 1.0, "original_max_position_embeddings": 8192, "rope_type": "llama3"})"));
+  EXPECT_EQ(v4.model.rope_scale, want);
+  EXPECT_EQ(v4.model.rope_theta, 500000.0f);
+  // Older 4.x files name the type "type".
+  hf_config old = parse_ok(with(llama_v4, R"("rope_scaling": {"factor": 32.0, "high_freq_factor": 4.0,
+      "low_freq_factor": 1.0, "original_max_position_embeddings": 8192, "type": "llama3"})"));
+  EXPECT_EQ(old.model.rope_scale, want);
+  hf_config v5 = parse_ok(with(llama_v5, R"("rope_parameters": {"rope_theta": 500000.0, "rope_type": "llama3",
+      "factor": 32.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0, "original_max_position_embeddings": 8192})"));
+  EXPECT_EQ(v5.model.rope_scale, want);
+  EXPECT_EQ(v5.model.rope_theta, 500000.0f);
+  EXPECT_FALSE(parse_ok(llama_v4).model.rope_scale.on()) << "rope_scaling null: plain RoPE";
 }

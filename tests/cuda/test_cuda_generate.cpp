@@ -728,13 +728,14 @@ int whole_step_records(const plan& p) {
 // A bf16 LLaMA with `heads` heads of `head_dim` (d_model their product) and
 // the tiny model's 2 layers: a shape the whole-step kernel takes. The
 // initial scale shrinks with the width, as in decode_on.
-models::transformer_config whole_step_model(int heads, int kv_heads, int64_t head_dim, int64_t d_ff) {
+models::transformer_config whole_step_model(int heads, int kv_heads, int64_t head_dim, int64_t d_ff,
+                                            int64_t vocab = 1000) {
   models::transformer_config cfg = test::tiny_model(models::model_variant::llama, kv_heads);
   cfg.initializer_range *= std::sqrt(static_cast<float>(cfg.d_model) / static_cast<float>(heads * head_dim));
   cfg.n_heads = heads;
   cfg.d_model = heads * head_dim;
   cfg.d_ff = d_ff;
-  cfg.vocab = 1000;
+  cfg.vocab = vocab;
   cfg.dtype = dtype::bf16;
   return cfg;
 }
@@ -749,8 +750,11 @@ models::transformer_config whole_step_model(int heads, int kv_heads, int64_t hea
 // combine's two passes of 8 splits), and LLaMA-1B's widths over 2 layers
 // (32 heads of 64 over 8 kv heads, d_model 2048, d_ff 8192: the products
 // of whole 4 KiB chunks, the only path LLaMA-1B and 7B take, and down's
-// rows of 4 chunks in two slots), one runtime, so the shapes share each
-// stream's workspace; then the greedy
+// rows of 4 chunks in two slots), and a Llama-3-style model (a tied head,
+// Llama 3's RoPE scaling, 12 heads of 64 over 4 kv heads: d_model 768, three
+// chunks a row) whose 140,000 logits take the head's rows in parts (about
+// 1061 a block on 132 SMs, two chunks a slot: three parts), one runtime, so
+// the shapes share each stream's workspace; then the greedy
 // plans (the token picked by the kernel and kept in the token states), whose
 // tokens equal the host's picks from the logits.
 TEST(CudaGenerate, WholeDecodeStepAsOneKernelEqualsRecompute) {
@@ -758,15 +762,25 @@ TEST(CudaGenerate, WholeDecodeStepAsOneKernelEqualsRecompute) {
   auto rt = runtime::create("cuda:0");
   ASSERT_TRUE(rt) << rt.err().to_string();
   struct shape {
-    int64_t head_dim, d_ff, cache, kv_heads, heads;
+    int64_t head_dim, d_ff, cache, kv_heads, heads, vocab = 1000;
+    bool llama3 = false;
   };
   for (const shape& sh : {shape{64, 512, 80, 2, 4}, shape{64, 512, 1100, 2, 4}, shape{128, 768, 1100, 2, 4},
-                          shape{128, 512, 300, 1, 4}, shape{64, 8192, 300, 8, 32}}) {
+                          shape{128, 512, 300, 1, 4}, shape{64, 8192, 300, 8, 32},
+                          shape{64, 1024, 300, 4, 12, 140000, true}}) {
     SCOPED_TRACE(std::to_string(sh.heads) + " heads of " + std::to_string(sh.head_dim) + ", cache " +
                  std::to_string(sh.cache) + ", kv heads " + std::to_string(sh.kv_heads) + ", d_ff " +
-                 std::to_string(sh.d_ff));
-    const models::transformer_config cfg =
-        whole_step_model(static_cast<int>(sh.heads), static_cast<int>(sh.kv_heads), sh.head_dim, sh.d_ff);
+                 std::to_string(sh.d_ff) + ", vocab " + std::to_string(sh.vocab) + (sh.llama3 ? ", llama3" : ""));
+    models::transformer_config cfg =
+        whole_step_model(static_cast<int>(sh.heads), static_cast<int>(sh.kv_heads), sh.head_dim, sh.d_ff, sh.vocab);
+    if (sh.llama3) {
+      cfg.head = models::head_tying::tied;
+      cfg.rope_theta = 500000.0f;
+      // Llama 3's scaling with an original context of 256 (Llama 3.2's is
+      // 8192): at the test's positions (up to about 20) the pairs it slows
+      // turn by angles that differ visibly from plain RoPE's.
+      cfg.rope_scale = {8.0f, 1.0f, 4.0f, 256};
+    }
     test::temp_dir dir;
     test::save_random_model(dir.str(), cfg);
     auto m = models::hf_model::open(dir.str());

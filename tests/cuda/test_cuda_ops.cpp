@@ -183,6 +183,8 @@ TEST(CudaOps, RopeMatchesReferenceInBothPairings) {
         auto pos = b.input("pos", dtype::i32, {S});
         b.output(b.rope(x, pos, 10000.0f, m));
         b.output(b.rope(x, pos, 500000.0f, m));
+        // Llama 3.1's scaling: a head of 64 or 128 has pairs in all three regimes.
+        b.output(b.rope(x, pos, 500000.0f, m, {}, rope_scaling{8.0f, 1.0f, 4.0f, 8192}));
         auto g = std::move(b).build();
         ASSERT_TRUE(g) << g.err().to_string();
         check_against_reference(*g, {rnd(t, s), host_tensor::random_ints({S}, ++seed_counter, 8192)},

@@ -223,6 +223,9 @@ TEST(CpuKernels, RopeBothPairingsRanks3And4) {
       auto pos = b.input("pos", dtype::i32, {5});
       b.output(b.rope(x3, pos, 10000.0f, m, "rope3"));
       b.output(b.rope(x4, pos, 500000.0f, m, "rope4"));
+      // Llama 3's scaling: D 6 at theta 5e5 has wavelengths 6.3, 498 and
+      // 39,500, kept, blended and slowed with an original context of 1000.
+      b.output(b.rope(x4, pos, 500000.0f, m, "rope4_llama3", rope_scaling{8.0f, 1.0f, 4.0f, 1000}));
       // strided x: [5, 3, 8] seen through a permute of a [3, 5, 8] tensor
       auto xp = b.permute(b.input("xp", t, {3, 5, 8}), {1, 0, 2, 3}, "xp_perm");
       b.output(b.rope(xp, pos, 10000.0f, m, "rope_perm"));
@@ -232,7 +235,7 @@ TEST(CpuKernels, RopeBothPairingsRanks3And4) {
                             {rnd(t, {5, 3, 8}, seed), rnd(t, {2, 5, 2, 6}, seed + 1),
                              host_tensor::random_ints({5}, seed + 2, 4096), rnd(t, {3, 5, 8}, seed + 3)},
                             {2e-5, 2e-5}),
-                3);
+                4);
       seed += 10;
     }
 }

@@ -300,6 +300,34 @@ void check_rope(rope_mode mode) {
 TEST(Reference, RopeNeoxPairsHalves) { check_rope(rope_mode::neox); }
 TEST(Reference, RopeInterleavedPairsNeighbours) { check_rope(rope_mode::interleaved); }
 
+// Llama 3's scaling (HF rope_type "llama3"), D = 8, theta 10^4: the pairs'
+// frequencies 1, 0.1, 0.01, 0.001 have wavelengths 2 pi, 62.8, 628, 6283.
+// With an original context of 1000, low_freq_factor 1 and high_freq_factor
+// 4, wavelengths under 250 keep their frequency, those over 1000 are slowed
+// by the factor (8), and 628 is blended: s = (1000 / 628.3 - 1) / 3.
+TEST(Reference, RopeLlama3ScalingKeepsBlendsAndSlowsThePairs) {
+  const rope_scaling scaling{8.0f, 1.0f, 4.0f, 1000};
+  const double pi = 3.14159265358979323846;
+  const double s = (1000.0 / (2 * pi / 0.01) - 1.0) / 3.0;
+  const double want[4] = {1.0, 0.1, (1 - s) * 0.01 / 8 + s * 0.01, 0.001 / 8};
+  for (int k = 0; k < 4; ++k) EXPECT_NEAR(rope_frequency(10000.0, scaling, k, 8), want[k], 1e-15 + 1e-12 * want[k]) << k;
+  EXPECT_GT(s, 0.19);
+  EXPECT_LT(s, 0.20);
+  EXPECT_DOUBLE_EQ(rope_frequency(10000.0, rope_scaling{}, 3, 8), 0.001) << "factor 0: plain RoPE";
+  // The op at position 7 turns pair k by 7 f_k.
+  graph_builder b;
+  auto x = b.input("x", dtype::f32, {1, 1, 8});
+  b.output(b.rope(x, b.input("pos", dtype::i32, {1}), 10000.0f, rope_mode::neox, "r", scaling));
+  auto xt = host_tensor::random_normal(dtype::f32, {1, 1, 8}, 83);
+  auto out = run(std::move(b), {xt, host_tensor::from_ints({1}, {7})});
+  ASSERT_EQ(out.size(), 1u);
+  for (int k = 0; k < 4; ++k) {
+    const double ang = 7 * want[k], a = xt.at(k), c = xt.at(k + 4);
+    EXPECT_NEAR(out[0].at(k), a * std::cos(ang) - c * std::sin(ang), 1e-6) << k;
+    EXPECT_NEAR(out[0].at(k + 4), a * std::sin(ang) + c * std::cos(ang), 1e-6) << k;
+  }
+}
+
 TEST(Reference, RopeBatchedUsesSequenceIndexForPosition) {
   graph_builder b;
   auto x = b.input("x", dtype::f32, {2, 2, 1, 2});  // [B, S, H, D]

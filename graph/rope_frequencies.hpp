@@ -1,0 +1,62 @@
+#pragma once
+/// \file rope_frequencies.hpp
+/// RoPE's frequencies: the one definition that the reference evaluator, the
+/// CPU kernel and every CUDA rope (the rope op, the fused attention's, the
+/// projection groups', the whole decode step's) rotate by. Header-only and
+/// free of the rest of graph/ so that device code can include it.
+///
+/// Pair k of a head of D turns by position * f_k, where
+///   f_k = theta^(-2k / D)                             (plain RoPE)
+/// and, with Llama 3's scaling (Hugging Face's rope_type "llama3",
+/// transformers' _compute_llama3_parameters), wavelength w = 2 pi / f_k,
+/// L = original_context:
+///   w > L / low_freq_factor   ->  f_k / factor
+///   w < L / high_freq_factor  ->  f_k
+///   otherwise                 ->  (1 - s) f_k / factor + s f_k,
+///                                 s = (L / w - low_freq_factor) / (high_freq_factor - low_freq_factor).
+/// Computed in f64 (transformers computes in f32: the two agree to about
+/// 1e-7 relative, far inside the tests' tolerances).
+
+#include <cmath>
+#include <cstdint>
+
+#if defined(__CUDACC__)
+#define AG_ROPE_HOST_DEVICE __host__ __device__
+#else
+#define AG_ROPE_HOST_DEVICE
+#endif
+
+namespace ag {
+
+/// Llama 3's frequency-dependent RoPE scaling (Llama 3.1 and 3.2
+/// checkpoints); factor 0: plain RoPE. The pairs of long wavelength turn
+/// `factor` times slower, the short ones stay, those between are blended.
+struct rope_scaling {
+  float factor = 0.0f;
+  float low_freq_factor = 1.0f;
+  float high_freq_factor = 4.0f;
+  int32_t original_context = 8192;
+
+  AG_ROPE_HOST_DEVICE bool on() const noexcept { return factor > 0.0f; }
+  bool operator==(const rope_scaling&) const = default;
+};
+
+/// f_k for pair k < D / 2 (above).
+AG_ROPE_HOST_DEVICE inline double rope_frequency(double theta, const rope_scaling& s, int64_t k, int64_t D) {
+  const double f = pow(theta, -2.0 * static_cast<double>(k) / static_cast<double>(D));
+  if (!s.on()) return f;
+  const double two_pi = 6.283185307179586476925286766559;
+  const double L = static_cast<double>(s.original_context), lo = s.low_freq_factor, hi = s.high_freq_factor;
+  const double wavelength = two_pi / f, factor = s.factor;
+  if (wavelength > L / lo) return f / factor;
+  if (wavelength < L / hi) return f;
+  const double smooth = (L / wavelength - lo) / (hi - lo);
+  return (1.0 - smooth) * f / factor + smooth * f;
+}
+
+/// f_k for every k < D / 2 into inv[0, D / 2).
+inline void rope_frequencies(double theta, const rope_scaling& s, int64_t D, double* inv) {
+  for (int64_t k = 0; k < D / 2; ++k) inv[k] = rope_frequency(theta, s, k, D);
+}
+
+}  // namespace ag
