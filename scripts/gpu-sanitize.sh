@@ -12,6 +12,10 @@
 #     nvjet_*: NVIDIA's code, listed apart in the summary), then the whole
 #     decode step in a process of its own (the tool's host memory);
 #   - synccheck (barrier misuse) over the whole decode step.
+# The passes' time limits add up to about 19 minutes, more than one device
+# call allows: AG_SANITIZE_PASSES="memcheck racecheck-kernels" (or
+# "racecheck-step synccheck-step") runs those passes only, so two calls
+# cover it.
 # A pass fails on any error the tool reports in the project's kernels, and
 # when the test program does not reach GoogleTest's last line (a crash, or
 # the out-of-memory killer: its later tests never ran); the
@@ -48,6 +52,10 @@ status=0
 # pass NAME TOOL TIMEOUT FILTER: one sanitizer run over the tests FILTER picks.
 pass() {
   local name="$1" tool="$2" limit="$3" filter="$4" log="$out/sanitize-$1.txt" t0 rc
+  if [[ -n "${AG_SANITIZE_PASSES:-}" && " $AG_SANITIZE_PASSES " != *" $name "* ]]; then
+    echo "$name ($tool): not run (AG_SANITIZE_PASSES=\"$AG_SANITIZE_PASSES\")"
+    return
+  fi
   t0=$(date +%s)
   timeout "$limit" "$sanitizer" --tool "$tool" --print-limit 50 "$tests" --gtest_filter="$filter" >"$log" 2>&1
   rc=$?
@@ -88,5 +96,5 @@ pass racecheck-kernels racecheck 300 \
   'CudaGenerate.FlashAttention*:CudaGenerate.Prefill*:CudaGenerate.ProjectionGroup*:CudaGenerate.NormPrologues*:CudaGenerate.RopesOf*:CudaOps.*'
 pass racecheck-step racecheck 300 'CudaGenerate.WholeDecodeStepAsOneKernelEqualsRecompute'
 pass synccheck-step synccheck 100 'CudaGenerate.WholeDecodeStep*'
-echo "sanitizer_passes_clean: $((1 - status))"
+echo "sanitizer_passes_clean: $((1 - status))${AG_SANITIZE_PASSES:+ (only the passes: $AG_SANITIZE_PASSES)}"
 exit $status
