@@ -209,7 +209,7 @@ int main(int argc, char** argv) {
   options o;
   ag::apps::flags app("actorgraph-generate",
                       "Runs a Hugging Face model folder (config.json, model.safetensors or shards, optional "
-                      "vocab.json + merges.txt or tokenizer.model) on the runtime's devices: the prompt forward as "
+                      "vocab.json + merges.txt, tokenizer.model or tokenizer.json) on the runtime's devices: the prompt forward as "
                       "one job, the greedy next token, load and prefill figures.");
   app.add_option("--model", o.model, "the model folder")->required();
   app.add_option("--prompt-ids", o.prompt_ids, "comma-separated token ids");
@@ -280,8 +280,8 @@ int main(int argc, char** argv) {
   }
   if (have_prompt) {
     if (!*tok)
-      return fail({ag::errc::invalid_argument, o.model + " has no tokenizer (vocab.json + merges.txt or "
-                                                           "tokenizer.model): pass --prompt-ids"});
+      return fail({ag::errc::invalid_argument, o.model + " has no tokenizer (vocab.json + merges.txt, "
+                                                           "tokenizer.model or tokenizer.json): pass --prompt-ids"});
     auto enc = (*tok)->encode(o.prompt);
     if (!enc) return fail(enc.err());
     ids = std::move(*enc);

@@ -16,7 +16,10 @@ head and Llama 3's RoPE scaling) it
      plus the tokens so far) and requires the same tokens.
 Then it trains a small byte-level BPE with HF `tokenizers`, and requires the
 prompt ids actorgraph-generate prints for text prompts to equal
-GPT2TokenizerFast's.
+GPT2TokenizerFast's; and trains a Llama-3-style tokenizer.json (Llama 3's
+Split regex, ByteLevel, ignore_merges, <|begin_of_text|> by template), whose
+ids must equal the `tokenizers` library's own (that part alone:
+--tokenizers-only, which needs `tokenizers` only).
 
 Skips (exit status 77, a printed reason) when torch, transformers or numpy
 cannot be imported: CI does not install them. Locally:
@@ -44,11 +47,23 @@ def parse_args():
     p.add_argument("--steps", type=int, default=4, help="greedy tokens to compare")
     p.add_argument("--atol", type=float, default=2e-4)
     p.add_argument("--rtol", type=float, default=2e-4)
+    p.add_argument("--tokenizers-only", action="store_true",
+                   help="only the Llama-3-style tokenizer.json comparison, which needs HF `tokenizers` alone")
     return p.parse_args()
 
 
 def main():
     args = parse_args()
+    if args.tokenizers_only:
+        workdir = args.workdir or tempfile.mkdtemp(prefix="ag_hf_compare_")
+        try:
+            import tokenizers  # noqa: F401
+        except ImportError as e:
+            print("SKIP: --tokenizers-only needs HF tokenizers (%s)" % e)
+            return SKIP
+        failures = compare_llama3_tokenizer(args, workdir)
+        print("FAIL:\n  " + "\n  ".join(failures) if failures else "hf_compare: the Llama-3-style tokenizer matches tokenizers")
+        return 1 if failures else 0
     try:
         import numpy as np
         import torch
@@ -168,6 +183,7 @@ def main():
                 if not ok_tokens:
                     failures.append("%s on %s: greedy tokens %s, transformers %s" % (name, spec, got_tokens, want_tokens))
     failures += compare_bpe_tokenizer(args, workdir, gpt2)
+    failures += compare_llama3_tokenizer(args, workdir)
     if failures:
         print("FAIL:\n  " + "\n  ".join(failures))
         return 1
@@ -207,6 +223,55 @@ def compare_bpe_tokenizer(args, workdir, gpt2):
         print("bpe %-40r %s" % (text, "ok" if ok else "MISMATCH %s vs %s %s" % (got, want, r.stderr)))
         if not ok:
             failures.append("tokenizer: %r gives %s, GPT2TokenizerFast %s" % (text, got, want))
+    return failures
+
+
+LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+                r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+
+
+def compare_llama3_tokenizer(args, workdir):
+    """Trains a Llama-3-style tokenizer.json with HF `tokenizers` (its Split
+    regex, ByteLevel, ignore_merges, <|begin_of_text|> by template, an added
+    <|eot_id|>) beside a tiny LLaMA from actorgraph-save-model, and compares
+    the prompt ids actorgraph-generate prints for --prompt with the library's
+    own encode(). Needs only `tokenizers`."""
+    try:
+        from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    except ImportError as e:
+        print("llama3 tokenizer comparison skipped: %s" % e)
+        return []
+    folder = os.path.join(workdir, "llama3_tokenizer")
+    save = os.path.join(os.path.dirname(os.path.abspath(args.generate)), "actorgraph-save-model")
+    r = subprocess.run([save, "--out", folder, "--shape", "tiny-llama"], capture_output=True, text=True)
+    if r.returncode != 0:
+        return ["llama3 tokenizer: actorgraph-save-model failed: %s%s" % (r.stdout, r.stderr)]
+    tok = Tokenizer(models.BPE(ignore_merges=True))
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(LLAMA3_SPLIT), behavior="isolated", invert=False),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=False)])
+    tok.decoder = decoders.ByteLevel()
+    corpus = ["The quick brown fox jumps over the lazy dog.", "We'll see what they've done, isn't it? DON'T!",
+              "Numbers 1234567 and 7.5% of   spaces\n\nnewlines\r\n\tindented", "caf\u00e9 na\u00efve \u65e5\u672c\u8a9e \U0001f642"]
+    trainer = trainers.BpeTrainer(vocab_size=290, min_frequency=1, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                  special_tokens=["<|begin_of_text|>", "<|eot_id|>"])
+    tok.train_from_iterator(corpus * 20, trainer)
+    bos = tok.token_to_id("<|begin_of_text|>")
+    tok.post_processor = processors.TemplateProcessing(single="<|begin_of_text|> $A", special_tokens=[("<|begin_of_text|>", bos)])
+    tok.save(os.path.join(folder, "tokenizer.json"))
+    texts = ["The lazy fox's numbers: 1234567,456!", "  two  spaces\tand\ttabs\n\n end  ", "they're WE'LL I'd 'S",
+             "caf\u00e9 \u65e5\u672c \U0001f642\U0001f642 x\u00b2 \u00bd", "line\r\n  \r\n\tnext...hello!\n\nWorld?\n",
+             "<|eot_id|>after", "quick brown"]
+    failures = []
+    for text in texts:
+        want = tok.encode(text).ids
+        r = subprocess.run([args.generate, "--model", folder, "--prompt", text], capture_output=True, text=True, errors="replace")
+        line = [l for l in r.stdout.splitlines() if l.startswith("prompt_ids: ")]
+        got = [int(x) for x in line[0].split(": ")[1].split(",")] if line else None
+        ok = r.returncode == 0 and got == want
+        print("llama3 tokenizer %-44r %s" % (text, "ok" if ok else "MISMATCH %s vs %s %s" % (got, want, r.stderr)))
+        if not ok:
+            failures.append("llama3 tokenizer: %r gives %s, tokenizers %s" % (text, got, want))
     return failures
 
 

@@ -77,6 +77,7 @@ expected<tokenizer_ptr> load_tokenizer(const std::string& dir) {
     }
     return load_sentencepiece_tokenizer((d / "tokenizer.model").string(), add_bos);
   }
+  if (fs::exists(d / "tokenizer.json", ec)) return load_tokenizer_json((d / "tokenizer.json").string());
   return tokenizer_ptr{};
 }
 

@@ -9,6 +9,14 @@
 ///   merges by rank. Vocabulary entries of the form `<|...|>` (GPT-2's
 ///   `<|endoftext|>`) are special tokens: matched in the text before
 ///   pre-tokenizing, as transformers' added tokens are.
+/// - HF tokenizers' `tokenizer.json` of a byte-level BPE (Llama 3.x's; GPT-2's
+///   too): its vocab and merges (with ignore_merges), its pre-tokenizer
+///   (GPT-2's regex, or Llama 3's
+///   `(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+`,
+///   by hand too), its added tokens (matched in the text first) and its
+///   post-processor's template (the ids around a text: Llama 3's
+///   <|begin_of_text|>). Other normalizers, pre-tokenizers, models or
+///   decoders are errors naming the key.
 /// - SentencePiece (`tokenizer.model`, LLaMA-1/2 and Mistral) through
 ///   Debian's libsentencepiece; encode() prepends the BOS id as transformers'
 ///   LlamaTokenizer does (add_bos_token, default true; a tokenizer_config.json
@@ -43,8 +51,9 @@ class tokenizer {
 using tokenizer_ptr = std::shared_ptr<const tokenizer>;
 
 /// The tokenizer of model folder `dir`: vocab.json + merges.txt, else
-/// tokenizer.model, else null (no error: the folder has no tokenizer, ids
-/// still work). Errors name the file and what is wrong in it.
+/// tokenizer.model, else tokenizer.json, else null (no error: the folder has
+/// no tokenizer, ids still work). Errors name the file and what is wrong in
+/// it (a tokenizer.json of a kind not implemented: the key that says so).
 expected<tokenizer_ptr> load_tokenizer(const std::string& dir);
 
 /// GPT-2 byte-level BPE from its two files. Errors: a file that cannot be
@@ -52,6 +61,10 @@ expected<tokenizer_ptr> load_tokenizer(const std::string& dir);
 /// merges.txt line that is not two symbols, a byte of the 256-entry byte
 /// alphabet missing from the vocabulary.
 expected<tokenizer_ptr> load_bpe_tokenizer(const std::string& vocab_json, const std::string& merges_txt);
+
+/// A byte-level BPE from HF tokenizers' tokenizer.json (above). Errors name
+/// the file and the key.
+expected<tokenizer_ptr> load_tokenizer_json(const std::string& path);
 
 /// SentencePiece from a tokenizer.model file; `add_bos` prepends the model's
 /// BOS id in encode(). Errors: the library's, naming the file; a build
@@ -66,6 +79,8 @@ char32_t gpt2_byte_to_unicode(uint8_t b) noexcept;
 /// GPT-2's pre-tokenizer: splits UTF-8 `text` into the pieces the regex
 /// above matches (concatenated, they give `text` back). Errors: invalid UTF-8.
 expected<std::vector<std::string>> gpt2_pretokenize(std::string_view text);
+/// Llama 3's pre-tokenizer (its regex above), the same way.
+expected<std::vector<std::string>> llama3_pretokenize(std::string_view text);
 
 /// Whether the build has libsentencepiece.
 bool have_sentencepiece() noexcept;

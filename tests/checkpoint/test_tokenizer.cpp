@@ -6,6 +6,8 @@
 
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <nlohmann/json.hpp>
 #include <set>
 
 #include "checkpoint_test_util.hpp"
@@ -145,6 +147,190 @@ TEST(Gpt2Bpe, BadInputAndBadFilesAreErrors) {
   EXPECT_NE(t.err().message.find("token 'a' has id \"x\""), std::string::npos) << t.err().message;
   ag::test::write_text(dir / "vocab.json", "[");
   EXPECT_FALSE(load_tokenizer(dir.str()).has_value());
+}
+
+TEST(Llama3Pretokenizer, MatchesTheRegex) {
+  // Expected pieces: Llama 3's pattern (its tokenizer.json's Split regex)
+  // run by Python's `regex` module, a backtracking engine like the
+  // Oniguruma that HF tokenizers uses, on the same strings.
+  const std::vector<std::pair<std::string, std::vector<std::string>>> cases = {
+      {"Hello world", {"Hello", " world"}},
+      {"I'm here, they're 'there' and WE'LL've",
+       {"I", "'m", " here", ",", " they", "'re", " '", "there", "'", " and", " WE", "'LL", "'ve"}},
+      {"  two  spaces   then\n\nnewlines\n", {" ", " two", " ", " spaces", "  ", " then", "\n\n", "newlines", "\n"}},
+      {"trailing   ", {"trailing", "   "}},
+      {"tabs\tand \t mixed", {"tabs", "\tand", " \t", " mixed"}},
+      {"café naïve Ωμέγα 日本語", {"café", " naïve", " Ωμέγα", " 日本語"}},
+      {"x² ½ Ⅻ 1234567abc 4.5", {"x", "²", " ", "½", " ", "Ⅻ", " ", "123", "456", "7", "abc", " ", "4", ".", "5"}},
+      {"emoji 🙂🙂 ok!!", {"emoji", " 🙂🙂", " ok", "!!"}},
+      {"'S 'd 'x", {"'S", " '", "d", " '", "x"}},
+      {"a\u3000b \u3000c", {"a", "\u3000b", " ", "\u3000c"}},
+      {"end.", {"end", "."}},
+      {"$$$ 100% (yes)", {"$$$", " ", "100", "%", " (", "yes", ")"}},
+      {" leading", {" leading"}},
+      {"\n", {"\n"}},
+      {"", {}},
+      {"line one\r\n  \r\n\tindented", {"line", " one", "\r\n  \r\n", "\tindented"}},
+      {"...hello!\n\nWorld?\n", {"...", "hello", "!\n\n", "World", "?\n"}},
+      {"a  \n b", {"a", "  \n", " b"}},
+      {"12345678", {"123", "456", "78"}},
+      {"don't DON'T", {"don", "'t", " DON", "'T"}},
+      {".net,js", {".net", ",js"}},
+      {"x \n\n\n y", {"x", " \n\n\n", " y"}},
+  };
+  for (const auto& [text, want] : cases) {
+    auto got = llama3_pretokenize(text);
+    ASSERT_TRUE(got.has_value()) << got.err().to_string();
+    EXPECT_EQ(*got, want) << "text: " << text;
+  }
+  EXPECT_FALSE(llama3_pretokenize("ok \xC3(").has_value()) << "invalid UTF-8";
+}
+
+namespace {
+
+// A Llama-3-style tokenizer.json over small_bpe's vocabulary and merges:
+// Llama 3's Split regex, ByteLevel, added tokens past the vocabulary, and a
+// template that puts <|begin_of_text|> before a text.
+nlohmann::json llama3_tokenizer_json(const ag::test::small_bpe& v, bool merges_as_pairs) {
+  using nlohmann::json;
+  json merges = json::array();
+  for (const auto& [a, b] : v.merges) merges.push_back(merges_as_pairs ? json::array({a, b}) : json(a + " " + b));
+  json model = {{"type", "BPE"}, {"dropout", nullptr}, {"unk_token", nullptr},
+                {"continuing_subword_prefix", nullptr}, {"end_of_word_suffix", nullptr}, {"fuse_unk", false},
+                {"byte_fallback", false}, {"ignore_merges", true}, {"vocab", v.vocab}, {"merges", merges}};
+  const std::string regex =
+      R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
+  json pre = {{"type", "Sequence"},
+              {"pretokenizers",
+               json::array({{{"type", "Split"}, {"pattern", {{"Regex", regex}}}, {"behavior", "Isolated"}, {"invert", false}},
+                            {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", true}, {"use_regex", false}}})}};
+  json added = json::array({{{"id", 500}, {"content", "<|begin_of_text|>"}, {"single_word", false}, {"lstrip", false},
+                             {"rstrip", false}, {"normalized", false}, {"special", true}},
+                            {{"id", 501}, {"content", "<|eot_id|>"}, {"special", true}}});
+  json post = {{"type", "Sequence"},
+               {"processors",
+                json::array({{{"type", "ByteLevel"}, {"add_prefix_space", true}, {"trim_offsets", false}, {"use_regex", true}},
+                             {{"type", "TemplateProcessing"},
+                              {"single", json::array({{{"SpecialToken", {{"id", "<|begin_of_text|>"}, {"type_id", 0}}}},
+                                                      {{"Sequence", {{"id", "A"}, {"type_id", 0}}}}})},
+                              {"pair", json::array()},
+                              {"special_tokens",
+                               {{"<|begin_of_text|>", {{"id", "<|begin_of_text|>"}, {"ids", {500}}, {"tokens", {"<|begin_of_text|>"}}}}}}}})}};
+  return {{"version", "1.0"}, {"truncation", nullptr}, {"padding", nullptr}, {"added_tokens", added},
+          {"normalizer", nullptr}, {"pre_tokenizer", pre}, {"post_processor", post},
+          {"decoder", {{"type", "ByteLevel"}, {"add_prefix_space", true}, {"trim_offsets", true}, {"use_regex", true}}},
+          {"model", model}};
+}
+
+}  // namespace
+
+// A Llama-3-style tokenizer.json, the folder's only tokenizer: the BOS id
+// first, Llama 3's pieces merged by rank (or taken whole: ignore_merges),
+// the added tokens matched in the text and decoded as themselves; merges as
+// "a b" strings or as pairs (newer files).
+TEST(TokenizerJson, Llama3StyleEncodesWithBosAndRoundTrips) {
+  using ag::test::small_bpe;
+  small_bpe v;
+  v.vocab[u8(0x120) + "cat"] = 401;  // a whole piece the merges cannot reach: ignore_merges takes it
+  for (bool pairs : {false, true}) {
+    SCOPED_TRACE(pairs ? "merges as pairs" : "merges as strings");
+    temp_dir dir;
+    ag::test::write_text(dir / "tokenizer.json", llama3_tokenizer_json(v, pairs).dump());
+    auto tok = load_tokenizer(dir.str());
+    ASSERT_TRUE(tok.has_value()) << tok.err().to_string();
+    ASSERT_NE(*tok, nullptr);
+    EXPECT_EQ((*tok)->kind(), "byte-level BPE (tokenizer.json, Llama 3's pre-tokenizer)");
+    EXPECT_EQ((*tok)->vocab_size(), 502);
+    const std::string G = u8(0x120);
+    auto ids = (*tok)->encode("the cat tell<|eot_id|>123");
+    ASSERT_TRUE(ids.has_value()) << ids.err().to_string();
+    // <|begin_of_text|>; "the" -> t + he; " cat" whole (ignore_merges); " tell"
+    // -> Ġt + ell; the added token; "123" one piece of three digit bytes.
+    EXPECT_EQ(*ids, (std::vector<int32_t>{500, v.id("t"), v.id("he"), 401, v.id(G + "t"), v.id("ell"), 501, '1', '2', '3'}));
+    const std::vector<std::string> texts = {"Hello, world!\n", "café 日本語 🙂 x² \t\r\n end", "<|eot_id|>", "",
+                                           "   ", "we'll've 'S", "12345678 ok"};
+    for (const std::string& text : texts) {
+      auto enc = (*tok)->encode(text);
+      ASSERT_TRUE(enc.has_value()) << enc.err().to_string();
+      ASSERT_FALSE(enc->empty());
+      EXPECT_EQ(enc->front(), 500) << "the template's <|begin_of_text|> first";
+      auto dec = (*tok)->decode(std::vector<int32_t>(enc->begin() + 1, enc->end()));
+      ASSERT_TRUE(dec.has_value()) << dec.err().to_string();
+      EXPECT_EQ(*dec, text);
+    }
+  }
+}
+
+// GPT-2's own tokenizer.json (ByteLevel with its regex, no template) encodes
+// as its vocab.json + merges.txt do; vocab.json + merges.txt and
+// tokenizer.model come before a tokenizer.json in a folder.
+TEST(TokenizerJson, Gpt2StyleEqualsTheVocabFilesAndFolderOrder) {
+  using nlohmann::json;
+  ag::test::small_bpe v;
+  json j = llama3_tokenizer_json(v, false);
+  j["pre_tokenizer"] = {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", true}, {"use_regex", true}};
+  j["post_processor"] = nullptr;
+  j["added_tokens"] = json::array({{{"id", v.eot}, {"content", "<|endoftext|>"}, {"special", true}}});
+  j["model"]["ignore_merges"] = false;
+  temp_dir dir;
+  ag::test::write_text(dir / "tokenizer.json", j.dump());
+  auto from_json = load_tokenizer(dir.str());
+  ASSERT_TRUE(from_json.has_value()) << from_json.err().to_string();
+  EXPECT_EQ((*from_json)->kind(), "byte-level BPE (tokenizer.json, GPT-2's pre-tokenizer)");
+  v.write(dir);  // vocab.json + merges.txt now too: they win
+  auto from_files = load_tokenizer(dir.str());
+  ASSERT_TRUE(from_files.has_value()) << from_files.err().to_string();
+  EXPECT_EQ((*from_files)->kind(), "gpt2 byte-level BPE");
+  for (const std::string text : {"the cat tell<|endoftext|> he", "I'm  here\n\n 123456 café"}) {
+    auto a = (*from_json)->encode(text), b = (*from_files)->encode(text);
+    ASSERT_TRUE(a.has_value() && b.has_value());
+    EXPECT_EQ(*a, *b) << text;
+  }
+}
+
+// What the loader does not implement is an error naming the file and the key.
+TEST(TokenizerJson, KindsNotImplementedAndBadFilesNameTheKey) {
+  using nlohmann::json;
+  ag::test::small_bpe v;
+  const json good = llama3_tokenizer_json(v, false);
+  struct bad_case {
+    std::string what;
+    std::function<void(json&)> change;
+    std::string key;
+  };
+  const std::vector<bad_case> cases = {
+      {"Unigram", [](json& j) { j["model"]["type"] = "Unigram"; }, "'model.type': \"Unigram\" is not implemented"},
+      {"byte fallback", [](json& j) { j["model"]["byte_fallback"] = true; }, "'model.byte_fallback'"},
+      {"a normalizer", [](json& j) { j["normalizer"] = {{"type", "NFC"}}; }, "'normalizer': \"NFC\" is not implemented"},
+      {"another regex", [](json& j) { j["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = "\\p{N}"; },
+       "'pre_tokenizer': the Split regex"},
+      {"Metaspace", [](json& j) { j["pre_tokenizer"] = {{"type", "Metaspace"}}; }, "'pre_tokenizer'"},
+      {"a merge of three", [](json& j) { j["model"]["merges"][1] = "a b c"; }, "'model.merges': entry 1"},
+      {"no vocab", [](json& j) { j["model"].erase("vocab"); }, "'model.vocab': missing"},
+      {"lstrip", [](json& j) { j["added_tokens"][1]["lstrip"] = true; }, "'<|eot_id|>': lstrip true"},
+      {"a template naming nothing", [](json& j) { j["post_processor"]["processors"][1]["special_tokens"] = json::object(); },
+       "'post_processor'"},
+      {"another decoder", [](json& j) { j["decoder"] = {{"type", "WordPiece"}}; }, "'decoder'"},
+      {"a missing byte", [](json& j) { j["model"]["vocab"].erase(u8(0x120)); }, "byte 32"},
+      {"an id too large", [](json& j) { j["added_tokens"][0]["id"] = 1 << 30; }, "outside [0, 2^24]"},
+  };
+  for (const bad_case& c : cases) {
+    SCOPED_TRACE(c.what);
+    json j = good;
+    c.change(j);
+    temp_dir dir;
+    ag::test::write_text(dir / "tokenizer.json", j.dump());
+    auto tok = load_tokenizer(dir.str());
+    ASSERT_FALSE(tok.has_value());
+    EXPECT_EQ(tok.err().code, errc::invalid_argument);
+    EXPECT_NE(tok.err().message.find("tokenizer.json: "), std::string::npos) << tok.err().message;
+    EXPECT_NE(tok.err().message.find(c.key), std::string::npos) << tok.err().message;
+  }
+  temp_dir dir;
+  ag::test::write_text(dir / "tokenizer.json", "{\"model\": ");
+  auto tok = load_tokenizer(dir.str());
+  ASSERT_FALSE(tok.has_value());
+  EXPECT_NE(tok.err().message.find("not valid JSON"), std::string::npos) << tok.err().message;
 }
 
 TEST(Tokenizer, FolderWithoutTokenizerGivesNone) {
