@@ -65,6 +65,8 @@ expected<tokenizer_ptr> load_bpe_tokenizer(const std::string& vocab_json, const 
 /// A byte-level BPE from HF tokenizers' tokenizer.json (above). Errors name
 /// the file and the key.
 expected<tokenizer_ptr> load_tokenizer_json(const std::string& path);
+/// The same from the file's text; errors name `origin`.
+expected<tokenizer_ptr> parse_tokenizer_json(std::string_view text, const std::string& origin);
 
 /// SentencePiece from a tokenizer.model file; `add_bos` prepends the model's
 /// BOS id in encode(). Errors: the library's, naming the file; a build

@@ -273,14 +273,10 @@ class bpe_tokenizer final : public tokenizer {
   /// added tokens (matched in the text first), a ByteLevel decoder, and the
   /// post-processor's template (the ids it puts around a single text:
   /// Llama 3's <|begin_of_text|>). Anything else is an error naming the key.
-  error load_json(const std::string& path) {
-    std::ifstream in(path, std::ios::binary);
-    if (!in) return error{errc::invalid_argument, path + ": cannot open: " + std::strerror(errno)};
-    std::ostringstream text;
-    text << in.rdbuf();
+  error load_json(std::string_view text, const std::string& path) {
     json j;
     try {
-      j = json::parse(text.str());
+      j = json::parse(text.begin(), text.end());
     } catch (const std::exception& ex) {
       return error{errc::invalid_argument, path + ": not valid JSON: " + ex.what()};
     }
@@ -492,14 +488,22 @@ expected<tokenizer_ptr> load_bpe_tokenizer(const std::string& vocab_json, const 
   }
 }
 
-expected<tokenizer_ptr> load_tokenizer_json(const std::string& path) {
+expected<tokenizer_ptr> parse_tokenizer_json(std::string_view text, const std::string& origin) {
   try {
     auto t = std::make_shared<bpe_tokenizer>();
-    if (auto e = t->load_json(path)) return e;
+    if (auto e = t->load_json(text, origin)) return e;
     return tokenizer_ptr(std::move(t));
   } catch (const std::exception& ex) {  // allocation failure, or a JSON value of a type the reads above did not check
-    return error{errc::invalid_argument, path + ": " + ex.what()};
+    return error{errc::invalid_argument, origin + ": " + ex.what()};
   }
+}
+
+expected<tokenizer_ptr> load_tokenizer_json(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return error{errc::invalid_argument, path + ": cannot open: " + std::strerror(errno)};
+  std::ostringstream text;
+  text << in.rdbuf();
+  return parse_tokenizer_json(text.str(), path);
 }
 
 }  // namespace ag::models

@@ -1,6 +1,7 @@
 #include "graph/models/transformer.hpp"
 
 #include <cmath>
+#include <cstdio>
 #include <string>
 #include <tuple>
 #include <utility>
@@ -316,6 +317,31 @@ transformer_config transformer_config::llama_8b_like(int n_layers, int64_t seq_l
   return c;
 }
 
+namespace {
+
+std::string fmt_count(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.3g", v);
+  return buf;
+}
+
+// The model's parameters, counted in T: double to check that the count
+// fits 64 bits (a config.json may name any widths), int64_t once it does.
+template <class T>
+T count_parameters(const transformer_config& c) {
+  const T d = static_cast<T>(c.d_model), ff = static_cast<T>(c.d_ff), V = static_cast<T>(c.vocab),
+          L = static_cast<T>(c.n_layers);
+  if (c.variant == model_variant::gpt2) {
+    const T block = 2 * d + (d * 3 * d + 3 * d) + (d * d + d) + 2 * d + (d * ff + ff) + (ff * d + d);
+    return V * d + static_cast<T>(c.positions_rows()) * d + L * block + 2 * d + (c.tied_head() ? 0 : V * d);
+  }
+  const T H = static_cast<T>(c.n_heads), Hkv = static_cast<T>(c.kv_heads()), dh = static_cast<T>(c.head_dim());
+  const T block = d + d * H * dh + 2 * d * Hkv * dh + H * dh * d + d + 3 * d * ff;
+  return V * d + L * block + d + (c.tied_head() ? 0 : V * d);
+}
+
+}  // namespace
+
 error validate(const transformer_config& c) {
   using std::to_string;
   if (c.variant != model_variant::gpt2 && c.variant != model_variant::llama)
@@ -380,6 +406,13 @@ error validate(const transformer_config& c) {
   const double biggest = static_cast<double>(c.batch) * c.n_heads * c.seq_len * c.seq_len +
                          static_cast<double>(c.vocab) * c.d_model + static_cast<double>(c.batch) * c.seq_len * c.vocab;
   if (biggest > 9.0e18) return bad("sizes overflow 64-bit element counts");
+  // The weights too: every matrix and their sum (fuzzing found a GPT-2
+  // config.json with n_embd 933921636, whose 12 blocks of 12 d^2 parameters
+  // overflowed parameter_count()'s 64 bits).
+  if (const double params = count_parameters<double>(c); params > 9.0e18)
+    return bad("sizes overflow 64-bit element counts: d_model " + to_string(c.d_model) + ", d_ff " +
+               to_string(c.d_ff) + ", vocab " + to_string(c.vocab) + " and " + to_string(c.n_layers) +
+               " layers make " + fmt_count(params) + " parameters");
   return {};
 }
 
@@ -399,15 +432,8 @@ std::vector<host_tensor> transformer_inputs(const transformer_config& cfg, uint6
 }
 
 int64_t parameter_count(const transformer_config& c) {
-  if (validate(c)) return 0;
-  const int64_t d = c.d_model, ff = c.d_ff, V = c.vocab, L = c.n_layers;
-  if (c.variant == model_variant::gpt2) {
-    const int64_t block = 2 * d + (d * 3 * d + 3 * d) + (d * d + d) + 2 * d + (d * ff + ff) + (ff * d + d);
-    return V * d + c.positions_rows() * d + L * block + 2 * d + (c.tied_head() ? 0 : V * d);
-  }
-  const int64_t H = c.n_heads, Hkv = c.kv_heads(), dh = c.head_dim();
-  const int64_t block = d + d * H * dh + 2 * d * Hkv * dh + H * dh * d + d + 3 * d * ff;
-  return V * d + L * block + d + (c.tied_head() ? 0 : V * d);
+  if (validate(c)) return 0;  // validate() checked the count fits (count_parameters<double>)
+  return count_parameters<int64_t>(c);
 }
 
 std::vector<std::string> weight_names(const transformer_config& c) {

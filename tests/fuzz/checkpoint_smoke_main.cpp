@@ -12,6 +12,10 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
+#include "graph/checkpoint/tokenizer.hpp"
+
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, std::size_t size);
 
 namespace {
@@ -44,6 +48,43 @@ std::string safetensors_seed() {
   return file;
 }
 
+// A Llama-3-style tokenizer.json: the byte alphabet, a few merges, Llama 3's
+// Split regex, added tokens and a template.
+std::string tokenizer_json_seed() {
+  nlohmann::json vocab = nlohmann::json::object();
+  const auto sym = [](uint8_t b) {
+    std::string s;
+    ag::models::utf8_append(s, ag::models::gpt2_byte_to_unicode(b));
+    return s;
+  };
+  for (int b = 0; b < 256; ++b) vocab[sym(static_cast<uint8_t>(b))] = b;
+  const std::string G = sym(' ');
+  const std::vector<std::pair<std::string, std::string>> merges = {{G, "t"}, {"h", "e"}, {G + "t", "he"}, {"l", "l"}};
+  nlohmann::json m = nlohmann::json::array();
+  int id = 256;
+  for (const auto& [a, b] : merges) {
+    vocab[a + b] = id++;
+    m.push_back(a + " " + b);
+  }
+  const std::string regex =
+      R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
+  nlohmann::json j = {
+      {"added_tokens", {{{"id", 300}, {"content", "<|begin_of_text|>"}}, {{"id", 301}, {"content", "<|eot_id|>"}}}},
+      {"normalizer", nullptr},
+      {"pre_tokenizer",
+       {{"type", "Sequence"},
+        {"pretokenizers",
+         {{{"type", "Split"}, {"pattern", {{"Regex", regex}}}, {"behavior", "Isolated"}, {"invert", false}},
+          {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", false}}}}}},
+      {"post_processor",
+       {{"type", "TemplateProcessing"},
+        {"single", {{{"SpecialToken", {{"id", "<|begin_of_text|>"}}}}, {{"Sequence", {{"id", "A"}}}}}},
+        {"special_tokens", {{"<|begin_of_text|>", {{"id", "<|begin_of_text|>"}, {"ids", {300}}}}}}}},
+      {"decoder", {{"type", "ByteLevel"}}},
+      {"model", {{"type", "BPE"}, {"ignore_merges", true}, {"vocab", vocab}, {"merges", m}}}};
+  return j.dump();
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -55,6 +96,7 @@ int main(int argc, char** argv) {
       with_selector(1, R"({"model_type":"llama","hidden_size":64,"num_attention_heads":4,"num_key_value_heads":2,)"
                        R"("rope_parameters":{"rope_theta":10000.0,"rope_type":"default"},"dtype":"bfloat16"})"),
       with_selector(2, "Hello, world! I'm  here\n\n caf\xc3\xa9 \xf0\x9f\x99\x82 x\xc2\xb2 123"),
+      with_selector(3, tokenizer_json_seed()),
   };
   const uint8_t interesting[] = {0, 1, 0x7f, 0x80, 0xff, '0', '9', '-', '"', '{', '}', '[', ']', ',', ':', ' ', '\''};
   uint64_t rng = 12345;

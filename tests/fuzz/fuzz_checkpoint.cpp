@@ -1,6 +1,7 @@
 // libFuzzer entry point for the checkpoint parsers (owner: ckpt): the
-// safetensors header and index parser, config.json, and the tokenizer's
-// UTF-8 / GPT-2 pre-tokenizer. The first input byte picks the parser, the
+// safetensors header and index parser, config.json, the tokenizer's UTF-8 /
+// GPT-2 and Llama 3 pre-tokenizers, and tokenizer.json (then encoding and
+// decoding with what it loads). The first input byte picks the parser, the
 // rest is its input. Nothing may crash, hang or leak; errors are values.
 //
 // Every build runs it twice: its seed corpus (tests/fuzz/corpus/checkpoint/)
@@ -19,7 +20,7 @@
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, std::size_t size) {
   if (size == 0) return 0;
-  const uint8_t which = data[0] % 3;
+  const uint8_t which = data[0] % 4;
   ++data;
   --size;
   switch (which) {
@@ -46,13 +47,22 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, std::size_t size) {
       if (c) (void)ag::models::parameter_count(c->model);
       break;
     }
-    case 2: {  // text through UTF-8 decoding and GPT-2's pre-tokenizer
+    case 2: {  // text through UTF-8 decoding and GPT-2's and Llama 3's pre-tokenizers
       std::string_view text(reinterpret_cast<const char*>(data), size);
-      auto pieces = ag::models::gpt2_pretokenize(text);
-      if (pieces) {
-        std::size_t total = 0;
-        for (const auto& p : *pieces) total += p.size();
-        if (total != size) __builtin_trap();  // pieces must concatenate to the text
+      for (auto pieces : {ag::models::gpt2_pretokenize(text), ag::models::llama3_pretokenize(text)})
+        if (pieces) {
+          std::size_t total = 0;
+          for (const auto& p : *pieces) total += p.size();
+          if (total != size) __builtin_trap();  // pieces must concatenate to the text
+        }
+      break;
+    }
+    case 3: {  // a tokenizer.json, then text through what it loaded
+      std::string_view text(reinterpret_cast<const char*>(data), size);
+      auto tok = ag::models::parse_tokenizer_json(text, "fuzz");
+      if (tok && *tok) {
+        auto ids = (*tok)->encode(text.substr(0, 256));
+        if (ids) (void)(*tok)->decode(*ids);
       }
       break;
     }

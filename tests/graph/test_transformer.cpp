@@ -358,6 +358,31 @@ TEST(Transformer, InvalidConfigsAreRejectedWithTheField) {
   }
 }
 
+// Fuzzing (fuzz_checkpoint, a config.json of GPT-2 with n_embd 933921636)
+// found parameter_count() overflowing 64 bits: each weight matrix fitted,
+// their sum did not. validate() now counts the parameters first and refuses
+// widths whose count overflows, naming them; parameter_count() is then 0.
+TEST(Transformer, WidthsWhoseParametersOverflow64BitsAreRejected) {
+  for (auto v : {model_variant::gpt2, model_variant::llama}) {
+    transformer_config c;
+    c.variant = v;
+    c.d_model = 933921636;
+    c.n_heads = 6;  // heads of 155653606: even, as RoPE needs
+    c.d_ff = 4 * c.d_model;
+    c.n_layers = 12;
+    c.vocab = 50257;
+    c.seq_len = 1;
+    SCOPED_TRACE(ag::models::to_string(v));
+    const ag::error e = ag::models::validate(c);
+    ASSERT_TRUE(e);
+    EXPECT_NE(e.message.find("sizes overflow 64-bit element counts: d_model 933921636"), std::string::npos) << e.message;
+    EXPECT_EQ(ag::models::parameter_count(c), 0);
+    c.d_model = 120000, c.d_ff = 480000, c.n_layers = 4;  // 7e11-9e11 parameters: valid, counted
+    ASSERT_FALSE(ag::models::validate(c)) << ag::models::validate(c).to_string();
+    EXPECT_GT(ag::models::parameter_count(c), int64_t{1} << 39);
+  }
+}
+
 TEST(Transformer, VariantNamesRoundTrip) {
   for (auto v : {model_variant::gpt2, model_variant::llama}) {
     model_variant out{};
