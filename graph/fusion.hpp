@@ -7,6 +7,7 @@
 /// the runtime's lowering (actors/launch_program.cpp) turns each into one
 /// launch record (gpu::op_launch::fusion). Pure functions; no threads.
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -194,13 +195,16 @@ struct decode_step_shape {
 /// The kernel's limits: bf16; heads of 64 or 128 dims; at most 512 query
 /// values a kv head (H / Hkv x dh); d_model and d_ff whole numbers of 256
 /// and at most decode_step_max_width (each block stages the whole of x in
-/// shared memory beside its weight rings); at most decode_step_max_layers
+/// shared memory beside its weight rings: three chunks a warp up to 8192,
+/// two above, with heads of 128: Llama 3.1 8B's d_ff 14336 among them); at most decode_step_max_layers
 /// layers (a phase's tag has 8 bits: 5 phases a layer and up to 4 of the
 /// head); at most decode_step_max_vocab logits (the head's rows go in up to
 /// 4 parts of 1024 a block: 256 Ki logits need 66 SMs, Llama 3's 128,256
 /// need 32; an H100 or H200 has 132).
 inline constexpr int decode_step_max_layers = 48;
-inline constexpr int64_t decode_step_max_width = 8192;
+inline constexpr int64_t decode_step_max_width = 16384;
+/// Widths above it take two chunks a warp, and heads of 128.
+inline constexpr int64_t decode_step_max_narrow_width = 8192;
 inline constexpr int64_t decode_step_max_vocab = 256 * 1024;
 /// Empty when `s` fits the kernel, else why not (for describe()).
 inline std::string decode_step_misfit(const decode_step_shape& s) {
@@ -213,6 +217,9 @@ inline std::string decode_step_misfit(const decode_step_shape& s) {
     return "d_model, d_ff or the heads' width not a multiple of 256";
   if (s.d_model > decode_step_max_width || s.d_ff > decode_step_max_width || s.heads * s.head_dim > decode_step_max_width)
     return "wider than " + std::to_string(decode_step_max_width);
+  if (std::max({s.d_model, s.d_ff, s.heads * s.head_dim}) > decode_step_max_narrow_width && s.head_dim != 128)
+    return "wider than " + std::to_string(decode_step_max_narrow_width) + " with heads of " + std::to_string(s.head_dim) +
+           " (128 only)";
   if (s.layers < 1 || s.layers > decode_step_max_layers) return std::to_string(s.layers) + " layers";
   if (s.vocab < 1 || s.vocab > decode_step_max_vocab) return "a vocabulary of " + std::to_string(s.vocab);
   if (s.cache_rows < 1) return "no cache";

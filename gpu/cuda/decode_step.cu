@@ -29,7 +29,12 @@ using bf16 = __nv_bfloat16;
 using u64 = unsigned long long;
 
 constexpr int kWarps = 16, kThreads = kWarps * 32;
-constexpr int kSlots = 3;            // a warp's ring: chunks in flight
+// A warp's ring: chunks in flight. Three, where x fits beside them (a width
+// up to kWideFrom: LLaMA-1B's 8192); two for wider shapes (Llama 3.1 8B's
+// and Mistral 7B's d_ff 14336), whose x would not fit beside three: 227 KiB
+// of shared memory a block. (Two slots made LLaMA-1B 0.5% slower, session 53.)
+constexpr int kSlotsNarrow = 3, kSlotsWide = 2;
+constexpr int64_t kWideFrom = decode_step_max_narrow_width;  // widths above it take kSlotsWide
 constexpr int kChunkMax = 2048;      // elements of a chunk at most (4 KiB)
 constexpr int kMaxLayers = decode_step_max_layers;
 // The head's rows in up to kMaxHeadParts phases of at most kMaxRows rows a
@@ -507,7 +512,7 @@ __device__ __forceinline__ void block_best(float& v, int& i, float* reduce, int*
   __syncthreads();  // read by every thread before the arrays are written again
 }
 
-template <int DH>
+template <int DH, int kSlots>
 __global__ void __launch_bounds__(kThreads, 1) decode_step_kernel(const __grid_constant__ step_args a) {
   extern __shared__ __align__(128) unsigned char dynamic_shared[];
   __shared__ int first_row[kMaxPhases], item_count[kMaxPhases];
@@ -783,16 +788,18 @@ __global__ void __launch_bounds__(kThreads, 1) decode_step_kernel(const __grid_c
   }
 }
 
-std::size_t dynamic_shared_bytes(int64_t widest) {
-  return static_cast<std::size_t>(kWarps) * kSlots * kChunkMax * 2 +
+std::size_t dynamic_shared_bytes(int64_t widest, int slots) {
+  return static_cast<std::size_t>(kWarps) * slots * kChunkMax * 2 +
          static_cast<std::size_t>(std::max<int64_t>(widest * 2, 2 * kRoundValues * 2));
 }
 
-template <int DH>
+template <int DH, int kSlots>
 error launch_for(const launch_ctx& c, step_args& args, std::size_t shared) {
   static std::atomic<bool> allowed[kMaxSharedOrdinals];
-  const auto kernel = decode_step_kernel<DH>;
-  AG_CUDA_TRY(allow_shared(kernel, shared, dynamic_shared_bytes(kMaxWidth), allowed), c.where);
+  const auto kernel = decode_step_kernel<DH, kSlots>;
+  // The most this variant asks: x of its widest shape beside its rings.
+  const std::size_t most = dynamic_shared_bytes(kSlots == kSlotsNarrow ? kWideFrom : kMaxWidth, kSlots);
+  AG_CUDA_TRY(allow_shared(kernel, shared, most, allowed), c.where);
   // Whether a block fits an SM, asked once per device (for the most shared
   // memory any launch asks: the attribute above).
   static std::atomic<int> fits[kMaxSharedOrdinals];  // 0 not asked, 1 yes, -1 no
@@ -801,14 +808,13 @@ error launch_for(const launch_ctx& c, step_args& args, std::size_t shared) {
   int known = dev >= 0 && dev < kMaxSharedOrdinals ? fits[dev].load(std::memory_order_acquire) : 0;
   if (known == 0) {
     int per_sm = 0;
-    AG_CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, dynamic_shared_bytes(kMaxWidth)),
-                c.where);
+    AG_CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, most), c.where);
     known = per_sm >= 1 ? 1 : -1;
     if (dev >= 0 && dev < kMaxSharedOrdinals) fits[dev].store(known, std::memory_order_release);
   }
   if (known < 0)
     return error(errc::internal, c.where + ": the decode-step kernel cannot have a block resident on an SM (" +
-                                     std::to_string(dynamic_shared_bytes(kMaxWidth)) + " bytes of shared memory)");
+                                     std::to_string(most) + " bytes of shared memory)");
   cudaLaunchAttribute attr[1];
   attr[0].id = cudaLaunchAttributeCooperative;
   attr[0].val.cooperative = 1;
@@ -918,8 +924,16 @@ error launch_decode_step(const launch_ctx& c, const op_launch::decode_step_param
     L.attn_norm = p.norm_weighted ? static_cast<const bf16*>(ptr(b + 9)) : nullptr;
     L.mlp_norm = p.norm_weighted ? static_cast<const bf16*>(ptr(b + 10)) : nullptr;
   }
-  const std::size_t shared = dynamic_shared_bytes(std::max({p.d_model, p.d_ff, p.heads * p.head_dim}));
-  return p.head_dim == 64 ? launch_for<64>(c, a, shared) : launch_for<128>(c, a, shared);
+  const int64_t widest = std::max({p.d_model, p.d_ff, p.heads * p.head_dim});
+  if (widest > kWideFrom) {
+    // Heads of 128 only (decode_step_misfit): a second kernel calling
+    // attention_block<64> made the compiler keep it a function of its own,
+    // and LLaMA-1B's kernel spilled.
+    if (p.head_dim != 128) return bad("wider than " + std::to_string(kWideFrom) + " with heads of " + std::to_string(p.head_dim));
+    return launch_for<128, kSlotsWide>(c, a, dynamic_shared_bytes(widest, kSlotsWide));
+  }
+  const std::size_t shared = dynamic_shared_bytes(widest, kSlotsNarrow);
+  return p.head_dim == 64 ? launch_for<64, kSlotsNarrow>(c, a, shared) : launch_for<128, kSlotsNarrow>(c, a, shared);
 }
 
 }  // namespace ag::gpu::cuda

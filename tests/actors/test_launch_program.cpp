@@ -1606,6 +1606,14 @@ TEST(LaunchProgram, AWholeLlamaDecodeStepIsOneRecordOnOneCudaDevice) {
     EXPECT_EQ(r.inputs[1].byte_offset, r.inputs[5].byte_offset);
     EXPECT_EQ(r.inputs.size(), (r.decode_step.final_norm_weighted ? 7u : 6u) + 2u * 9u);
   }
+  // Llama 3.1 8B's widths (d_ff 14336, heads of 128) fuse (two chunks a warp).
+  models::transformer_config wide = whole_decode_step(2);
+  wide.d_model = 512;
+  wide.n_heads = 4;
+  wide.d_ff = 14336;
+  const auto [pw, progw] = compile_and_lower(wide, device_kind::cuda, decode_step_options());
+  ASSERT_TRUE(progw);
+  EXPECT_TRUE(progw->decode_step_fused()) << progw->decode_step_note();
   // Llama 3's steps: the RoPE scaling travels in the record, and 128,256
   // logits are within the kernel's vocabulary (its head goes in parts).
   models::transformer_config llama3 = whole_decode_step(2);
@@ -1660,6 +1668,9 @@ TEST(LaunchProgram, ADecodeStepOutsideTheKernelsPatternOrShapesKeepsItsRecords) 
   c = llama;
   c.kv_cache_capacity = 0;
   cases.push_back({"no KV cache", c, device_kind::cuda, 1, true, "KV cache"});
+  c = llama;
+  c.d_ff = 8448;  // over 8192 with heads of 64: the wide kernel takes heads of 128 only
+  cases.push_back({"d_ff 8448, heads of 64", c, device_kind::cuda, 1, true, "with heads of 64"});
   c = llama;
   c.vocab = decode_step_max_vocab + 1;
   cases.push_back({"a vocabulary over the kernel's", c, device_kind::cuda, 1, true, "a vocabulary of"});

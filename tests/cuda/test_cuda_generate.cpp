@@ -753,7 +753,9 @@ models::transformer_config whole_step_model(int heads, int kv_heads, int64_t hea
 // rows of 4 chunks in two slots), and a Llama-3-style model (a tied head,
 // Llama 3's RoPE scaling, 12 heads of 64 over 4 kv heads: d_model 768, three
 // chunks a row) whose 140,000 logits take the head's rows in parts (about
-// 1061 a block on 132 SMs, two chunks a slot: three parts), one runtime, so
+// 1061 a block on 132 SMs, two chunks a slot: three parts), and Llama 3.1
+// 8B's d_ff of 14336 (over 8 heads of 128: the kernel with two chunks a
+// warp, x of 28 KiB beside them), one runtime, so
 // the shapes share each stream's workspace; then the greedy
 // plans (the token picked by the kernel and kept in the token states), whose
 // tokens equal the host's picks from the logits.
@@ -767,7 +769,7 @@ TEST(CudaGenerate, WholeDecodeStepAsOneKernelEqualsRecompute) {
   };
   for (const shape& sh : {shape{64, 512, 80, 2, 4}, shape{64, 512, 1100, 2, 4}, shape{128, 768, 1100, 2, 4},
                           shape{128, 512, 300, 1, 4}, shape{64, 8192, 300, 8, 32},
-                          shape{64, 1024, 300, 4, 12, 140000, true}}) {
+                          shape{64, 1024, 300, 4, 12, 140000, true}, shape{128, 14336, 300, 2, 8}}) {
     SCOPED_TRACE(std::to_string(sh.heads) + " heads of " + std::to_string(sh.head_dim) + ", cache " +
                  std::to_string(sh.cache) + ", kv heads " + std::to_string(sh.kv_heads) + ", d_ff " +
                  std::to_string(sh.d_ff) + ", vocab " + std::to_string(sh.vocab) + (sh.llama3 ? ", llama3" : ""));
