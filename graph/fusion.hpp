@@ -206,6 +206,15 @@ inline constexpr int64_t decode_step_max_width = 16384;
 /// Widths above it take two chunks a warp, and heads of 128.
 inline constexpr int64_t decode_step_max_narrow_width = 8192;
 inline constexpr int64_t decode_step_max_vocab = 256 * 1024;
+/// The elements of the chunks a row of width `k` streams in: the largest
+/// divisor of k up to 2048 (4 KiB of bf16) that is a whole number of 16-byte
+/// pieces; for a k that is a multiple of 256 at least 256 (LLaMA-2-7B's
+/// d_ff 11008 = 43 x 256: chunks of 1376, not 256).
+constexpr int64_t decode_step_chunk(int64_t k) {
+  for (int64_t c = 2048; c >= 8; c -= 8)
+    if (k % c == 0) return c;
+  return 8;
+}
 /// Empty when `s` fits the kernel, else why not (for describe()).
 inline std::string decode_step_misfit(const decode_step_shape& s) {
   if (s.type != dtype::bf16) return "not bf16";

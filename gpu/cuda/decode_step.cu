@@ -77,6 +77,7 @@ struct workspace_layout {
 struct step_args {
   int layers, d, ff, heads, kv_heads, vocab, cache_rows, splits, qkv_rows, attn_width;
   int head_parts;  // phases the head's rows take (kMaxHeadParts at most)
+  int chunk_d, chunk_ff, chunk_attn;  // decode_step_chunk of d, ff and attn_width
   float eps, scale;
   const int* token;
   const bf16* embed;
@@ -114,8 +115,10 @@ __device__ __forceinline__ int rows_of(const step_args& a, int st) {
 __device__ __forceinline__ int width_of(const step_args& a, int st) {
   return st == kO ? a.attn_width : st == kDown ? a.ff : a.d;
 }
-__host__ __device__ __forceinline__ int chunk_of(int k) {
-  return k % 2048 == 0 ? 2048 : k % 1024 == 0 ? 1024 : k % 512 == 0 ? 512 : 256;
+// Elements of the chunks phase stage `st` streams a row in (decode_step_chunk
+// of its width, worked out on the host).
+__device__ __forceinline__ int chunk_of(const step_args& a, int st) {
+  return st == kO ? a.chunk_attn : st == kDown ? a.chunk_ff : a.chunk_d;
 }
 // A row's slots in the shared sums: its chunks' products are added there by
 // whichever warp reads each chunk, in the order the warps finish. Two
@@ -564,7 +567,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_step_kernel(const __grid_c
     }
     const int k = width_of(a, st);
     first_row[p] = first;
-    item_count[p] = (end - first) * (k / chunk_of(k));
+    item_count[p] = (end - first) * (k / chunk_of(a, st));
   }
   for (int i = threadIdx.x; i < kMaxRows; i += blockDim.x) sums[i] = 0.f;
   for (int i = threadIdx.x; i < a.layers * kWeightSlots; i += blockDim.x) {
@@ -601,7 +604,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_step_kernel(const __grid_c
   const auto issue = [&](int slot) {
     if (to_load.done()) return;
     if (lane == 0) {
-      const int p = to_load.g, k = width_of(a, stage_of(a, p)), chunk = chunk_of(k), cpr = k / chunk;
+      const int p = to_load.g, st = stage_of(a, p), k = width_of(a, st), chunk = chunk_of(a, st), cpr = k / chunk;
       const bf16* src = row_of(a, weights, p, first_row[p] + to_load.j / cpr) + static_cast<int64_t>(to_load.j % cpr) * chunk;
       mbar_expect_tx(&full[warp * kSlots + slot], chunk * 2);
       bulk_load_read_once(my_ring + static_cast<size_t>(slot) * kChunkMax * 2, src, chunk * 2, &full[warp * kSlots + slot]);
@@ -626,7 +629,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_step_kernel(const __grid_c
                             caches, mask, cache_at);
       continue;
     }
-    const int k = width_of(a, st), chunk = chunk_of(k), cpr = k / chunk, items = item_count[p];
+    const int k = width_of(a, st), chunk = chunk_of(a, st), cpr = k / chunk, items = item_count[p];
     const int rows = items / cpr, spr = sums_per_row(cpr, rows);
     // A block without rows here reads nothing: every block that reads a
     // phase's input also stores some of its output, which is what lets the
@@ -676,11 +679,13 @@ __global__ void __launch_bounds__(kThreads, 1) decode_step_kernel(const __grid_c
       __syncthreads();  // x staged; and the phase before is done with the sums (zeroed)
       // The products: each warp its items, from its ring.
       // VECS: 16-byte vectors a lane of a chunk, known to the compiler for
-      // whole 2048-element chunks (every K of the common shapes), else 0 and
-      // chunk / 256 at run time.
+      // whole 2048-element chunks (every K of the common shapes), else 0:
+      // the chunk's chunk / 8 vectors go round the lanes, vector v to lane
+      // v % 32 (a chunk of 1376, LLaMA-2-7B's d_ff in eight: 5 or 6 a lane).
       const auto products = [&](auto vecs_known) {
       constexpr int kVecs = decltype(vecs_known)::value;
-      const int vecs = kVecs > 0 ? kVecs : chunk / 256;
+      const int nvec = chunk / 8;
+      const auto mine = [&](int u) { return kVecs > 0 ? u < kVecs : lane + 32 * u < nvec; };
       int x_chunk = -1;
       uint4 xr[kChunkMax / 256];
       for (int j = warp; j < items; j += kWarps) {
@@ -690,19 +695,19 @@ __global__ void __launch_bounds__(kThreads, 1) decode_step_kernel(const __grid_c
         uint4 wv[kChunkMax / 256];
 #pragma unroll
         for (int u = 0; u < kChunkMax / 256; ++u)
-          if (u < vecs) wv[u] = ring[lane + 32 * u];
+          if (mine(u)) wv[u] = ring[lane + 32 * u];
         __syncwarp();
         issue(slot);
         if (c != x_chunk) {
 #pragma unroll
           for (int u = 0; u < kChunkMax / 256; ++u)
-            if (u < vecs) xr[u] = xs[c * (chunk / 8) + lane + 32 * u];
+            if (mine(u)) xr[u] = xs[c * nvec + lane + 32 * u];
           x_chunk = c;
         }
         float lo = 0.f, hi = 0.f;
 #pragma unroll
         for (int u = 0; u < kChunkMax / 256; ++u)
-          if (u < vecs) fma8_two(wv[u], xr[u], lo, hi);
+          if (mine(u)) fma8_two(wv[u], xr[u], lo, hi);
         const float part = warp_sum(lo + hi);
         if (lane == 0) atomicAdd(&sums[row * spr + (spr == 1 ? 0 : c / 2)], part);
         ++consumed;
@@ -857,7 +862,7 @@ error launch_decode_step(const launch_ctx& c, const op_launch::decode_step_param
   if (widest_rows / blocks + 4 > kMaxRows || p.d_model / blocks + 1 > kMaxResidRows)
     return bad("too few SMs (" + std::to_string(blocks) + ") for a step this wide");
   const int64_t head_rows = p.vocab / blocks + 2;  // a block's at most (the splits round)
-  const int head_chunks = static_cast<int>(p.d_model / chunk_of(static_cast<int>(p.d_model)));
+  const int head_chunks = static_cast<int>(p.d_model / decode_step_chunk(p.d_model));
   int head_parts = static_cast<int>((head_rows * ((head_chunks + 1) / 2) + kMaxRows - 1) / kMaxRows);
   if (head_parts > kMaxHeadParts) head_parts = static_cast<int>((head_rows + kMaxRows - 1) / kMaxRows);
   if (head_parts > kMaxHeadParts)
@@ -884,6 +889,9 @@ error launch_decode_step(const launch_ctx& c, const op_launch::decode_step_param
   a.cache_rows = static_cast<int>(p.cache_rows);
   a.splits = splits;
   a.head_parts = head_parts;
+  a.chunk_d = static_cast<int>(decode_step_chunk(p.d_model));
+  a.chunk_ff = static_cast<int>(decode_step_chunk(p.d_ff));
+  a.chunk_attn = static_cast<int>(decode_step_chunk(p.heads * p.head_dim));
   a.qkv_rows = static_cast<int>((p.heads + 2 * p.kv_heads) * p.head_dim);
   a.attn_width = static_cast<int>(p.heads * p.head_dim);
   a.eps = p.eps;

@@ -749,13 +749,13 @@ models::transformer_config whole_step_model(int heads, int kv_heads, int64_t hea
 // query heads of 128 a kv head (512 values a head's blocks combine: the
 // combine's two passes of 8 splits), and LLaMA-1B's widths over 2 layers
 // (32 heads of 64 over 8 kv heads, d_model 2048, d_ff 8192: the products
-// of whole 4 KiB chunks, the only path LLaMA-1B and 7B take, and down's
-// rows of 4 chunks in two slots), and a Llama-3-style model (a tied head,
-// Llama 3's RoPE scaling, 12 heads of 64 over 4 kv heads: d_model 768, three
-// chunks a row) whose 140,000 logits take the head's rows in parts (about
-// 1061 a block on 132 SMs, two chunks a slot: three parts), and Llama 3.1
-// 8B's d_ff of 14336 (over 8 heads of 128: the kernel with two chunks a
-// warp, x of 28 KiB beside them), one runtime, so
+// of whole 4 KiB chunks, the only path LLaMA-1B takes, and down's rows of 4
+// chunks in two slots), a Llama-3-style model (a tied head, Llama 3's RoPE
+// scaling, 12 heads of 64 over 4 kv heads: d_model 768) whose 140,000 logits
+// take the head's rows in parts (about 1061 a block on 132 SMs: two parts),
+// Llama 3.1 8B's d_ff of 14336 (over 8 heads of 128: the kernel with two
+// chunks a warp, x of 28 KiB beside them) and LLaMA-2-7B's 11008 (rows of 8
+// chunks of 1376, whose 172 16-byte pieces go round the lanes), one runtime, so
 // the shapes share each stream's workspace; then the greedy
 // plans (the token picked by the kernel and kept in the token states), whose
 // tokens equal the host's picks from the logits.
@@ -769,7 +769,8 @@ TEST(CudaGenerate, WholeDecodeStepAsOneKernelEqualsRecompute) {
   };
   for (const shape& sh : {shape{64, 512, 80, 2, 4}, shape{64, 512, 1100, 2, 4}, shape{128, 768, 1100, 2, 4},
                           shape{128, 512, 300, 1, 4}, shape{64, 8192, 300, 8, 32},
-                          shape{64, 1024, 300, 4, 12, 140000, true}, shape{128, 14336, 300, 2, 8}}) {
+                          shape{64, 1024, 300, 4, 12, 140000, true}, shape{128, 14336, 300, 2, 8},
+                          shape{128, 11008, 300, 2, 8}}) {
     SCOPED_TRACE(std::to_string(sh.heads) + " heads of " + std::to_string(sh.head_dim) + ", cache " +
                  std::to_string(sh.cache) + ", kv heads " + std::to_string(sh.kv_heads) + ", d_ff " +
                  std::to_string(sh.d_ff) + ", vocab " + std::to_string(sh.vocab) + (sh.llama3 ? ", llama3" : ""));
@@ -803,7 +804,8 @@ TEST(CudaGenerate, WholeDecodeStepAsOneKernelEqualsRecompute) {
 // The whole-step kernel's products of a row wider than one chunk are added
 // by several warps, in whatever order they finish; it keeps the step's bits
 // the same every run anyway (decode_step.cu, sums_per_row). Down's rows of
-// 3 and 5 chunks (d_ff 768 and 1280 in chunks of 256), and LLaMA-1B's
+// 3 and 4 chunks (d_ff 6144 in chunks of 2048, 5632 in chunks of 1408, whose
+// pieces go round the lanes), and LLaMA-1B's
 // widths over 2 layers (d_model 2048, d_ff 8192: about 16 rows of 4 chunks
 // a block), generated again and again from one prompt: every token's
 // logits equal the first run's, bit for bit. (Float atomics adding a row's
@@ -817,7 +819,7 @@ TEST(CudaGenerate, WholeDecodeStepGivesTheSameBitsEveryRun) {
     int heads, kv_heads;
     int64_t d_ff;
   };
-  for (const shape& sh : {shape{4, 2, 768}, shape{4, 2, 1280}, shape{32, 8, 8192}}) {
+  for (const shape& sh : {shape{4, 2, 6144}, shape{4, 2, 5632}, shape{32, 8, 8192}}) {
     SCOPED_TRACE("heads " + std::to_string(sh.heads) + ", d_ff " + std::to_string(sh.d_ff));
     const models::transformer_config cfg = whole_step_model(sh.heads, sh.kv_heads, 64, sh.d_ff);
     test::temp_dir dir;
