@@ -213,16 +213,22 @@ def compare_bpe_tokenizer(args, workdir, gpt2):
     hf = transformers.GPT2TokenizerFast.from_pretrained(folder)
     texts = ["The lazy fox's numbers: 123,456!", "  two  spaces\tand\ttabs\n\n end  ", "they're we'll I'd 'S",
              "caf\u00e9 \u65e5\u672c \U0001f642\U0001f642 x\u00b2 \u00bd", "<|endoftext|>after"]
+    return compare_prompt_ids(args, folder, texts, hf.encode, "bpe", "GPT2TokenizerFast")
+
+
+def compare_prompt_ids(args, folder, texts, encode, label, reference):
+    """The prompt ids actorgraph-generate prints for each text of `texts`
+    against encode(text); returns the failures."""
     failures = []
     for text in texts:
-        want = hf.encode(text)
+        want = encode(text)
         r = subprocess.run([args.generate, "--model", folder, "--prompt", text], capture_output=True, text=True, errors="replace")
         line = [l for l in r.stdout.splitlines() if l.startswith("prompt_ids: ")]
         got = [int(x) for x in line[0].split(": ")[1].split(",")] if line else None
         ok = r.returncode == 0 and got == want
-        print("bpe %-40r %s" % (text, "ok" if ok else "MISMATCH %s vs %s %s" % (got, want, r.stderr)))
+        print("%s %-44r %s" % (label, text, "ok" if ok else "MISMATCH %s vs %s %s" % (got, want, r.stderr)))
         if not ok:
-            failures.append("tokenizer: %r gives %s, GPT2TokenizerFast %s" % (text, got, want))
+            failures.append("%s: %r gives %s, %s %s" % (label, text, got, reference, want))
     return failures
 
 
@@ -262,17 +268,7 @@ def compare_llama3_tokenizer(args, workdir):
     texts = ["The lazy fox's numbers: 1234567,456!", "  two  spaces\tand\ttabs\n\n end  ", "they're WE'LL I'd 'S",
              "caf\u00e9 \u65e5\u672c \U0001f642\U0001f642 x\u00b2 \u00bd", "line\r\n  \r\n\tnext...hello!\n\nWorld?\n",
              "<|eot_id|>after", "quick brown"]
-    failures = []
-    for text in texts:
-        want = tok.encode(text).ids
-        r = subprocess.run([args.generate, "--model", folder, "--prompt", text], capture_output=True, text=True, errors="replace")
-        line = [l for l in r.stdout.splitlines() if l.startswith("prompt_ids: ")]
-        got = [int(x) for x in line[0].split(": ")[1].split(",")] if line else None
-        ok = r.returncode == 0 and got == want
-        print("llama3 tokenizer %-44r %s" % (text, "ok" if ok else "MISMATCH %s vs %s %s" % (got, want, r.stderr)))
-        if not ok:
-            failures.append("llama3 tokenizer: %r gives %s, tokenizers %s" % (text, got, want))
-    return failures
+    return compare_prompt_ids(args, folder, texts, lambda t: tok.encode(t).ids, "llama3 tokenizer", "tokenizers")
 
 
 if __name__ == "__main__":
