@@ -2,14 +2,14 @@
 // model folder (config.json + model.safetensors, or shards), for load
 // benchmarks, demos and scripts that need a checkpoint without PyTorch.
 //
-//   actorgraph-save-model --out DIR [--shape tiny-gpt2|tiny-llama|gpt2-124m|llama-1b|llama3.2-1b|llama3.1-8b]
+//   actorgraph-save-model --out DIR [--shape tiny-gpt2|tiny-llama|gpt2-124m|llama-1b|llama3.2-1b|llama2-7b|llama3.1-8b]
 //                         [--dtype f32|f16|bf16] [--layers N] [--seed N] [--shard-mb N]   (--help)
 //
 // llama-1b is the decode benchmark's shape (16 layers, d 2048, ff 8192, 32
 // heads, 8 kv heads, vocab 32000; bf16 by default: 2.2 GB); llama3.2-1b is
 // Llama 3.2 1B's (the same widths, vocab 128,256, a tied head, Llama 3's RoPE
-// scaling: 2.5 GB); llama3.1-8b is Llama 3.1 8B's (16 GB; --layers for a
-// slice of it). Prints the folder,
+// scaling: 2.5 GB); llama2-7b and llama3.1-8b are LLaMA-2 7B's and Llama
+// 3.1 8B's (13.5 and 16 GB; --layers for a slice of them). Prints the folder,
 // the bytes written and the time it took.
 #include <chrono>
 #include <cstdio>
@@ -47,6 +47,10 @@ bool shape_named(const std::string& name, ag::models::transformer_config& c) {
     c.rope_scale = {32.0f, 1.0f, 4.0f, 8192};
     c.head = ag::models::head_tying::tied;
     c.dtype = ag::dtype::bf16;
+  } else if (name == "llama2-7b") {  // LLaMA-2 7B's shape (multi-head attention, d_ff 11008; 13.5 GB in bf16)
+    c.variant = model_variant::llama;
+    c.n_layers = 32, c.d_model = 4096, c.n_heads = 32, c.n_kv_heads = 32, c.d_ff = 11008, c.vocab = 32000;
+    c.dtype = ag::dtype::bf16;
   } else if (name == "llama3.1-8b") {  // Llama 3.1 8B's shape and RoPE scaling (16 GB in bf16)
     c.variant = model_variant::llama;
     c.n_layers = 32, c.d_model = 4096, c.n_heads = 32, c.n_kv_heads = 8, c.d_ff = 14336, c.vocab = 128256;
@@ -75,8 +79,9 @@ int main(int argc, char** argv) {
   app.add_option("--shape", shape,
                  "llama-1b: 16 layers, d 2048, ff 8192, 32 heads, 8 kv heads, vocab 32000, bf16; llama3.2-1b: "
                  "the same with vocab 128256, a tied head and Llama 3's RoPE scaling; llama3.1-8b: 32 layers, d 4096, "
-                 "ff 14336, 32 heads, 8 kv heads, vocab 128256, Llama 3.1's RoPE scaling (16 GB: --layers N for fewer)")
-      ->check(CLI::IsMember({"tiny-gpt2", "tiny-llama", "gpt2-124m", "llama-1b", "llama3.2-1b", "llama3.1-8b"}));
+                 "ff 14336, 32 heads, 8 kv heads, vocab 128256, Llama 3.1's RoPE scaling (16 GB: --layers N for fewer); "
+                 "llama2-7b: 32 layers, d 4096, ff 11008, 32 heads, vocab 32000")
+      ->check(CLI::IsMember({"tiny-gpt2", "tiny-llama", "gpt2-124m", "llama-1b", "llama3.2-1b", "llama2-7b", "llama3.1-8b"}));
   app.add_option("--dtype", dtype, "f32, f16 or bf16 (default: the shape's)")->check(CLI::IsMember({"", "f32", "f16", "bf16"}));
   app.add_option("--layers", layers, "layers (0: the shape's)")->check(CLI::Range(0, 1000));
   app.add_option("--seed", seed, "seed of the random weights");
