@@ -145,11 +145,15 @@ def main():
             dh = cfg.hidden_size // cfg.num_attention_heads
             theta = scaled.get("rope_theta", getattr(cfg, "rope_theta", None))
             plain = 1.0 / (theta ** (torch.arange(0, dh, 2, dtype=torch.float32) / dh))
-            inv = ref.model.rotary_emb.inv_freq.float().cpu()
-            changed = int((~torch.isclose(inv, plain, rtol=1e-6)).sum())
-            print("%-18s transformers' RoPE frequencies: %d of %d pairs scaled" % (name, changed, len(plain)))
-            if changed == 0:
-                failures.append("%s: transformers did not apply the llama3 RoPE scaling" % name)
+            rotary = getattr(getattr(ref, "model", None), "rotary_emb", None)
+            inv = getattr(rotary, "inv_freq", None)
+            if inv is None:
+                failures.append("%s: found no model.rotary_emb.inv_freq to check transformers' RoPE scaling" % name)
+            else:
+                changed = int((~torch.isclose(inv.float().cpu(), plain, rtol=1e-6)).sum())
+                print("%-18s transformers' RoPE frequencies: %d of %d pairs scaled" % (name, changed, len(plain)))
+                if changed == 0:
+                    failures.append("%s: transformers did not apply the llama3 RoPE scaling" % name)
         for spec in args.devices.split(";"):
             # Without layout flags the model is pipelined over every device of the spec.
             devices, *layout = spec.split()
