@@ -12,7 +12,7 @@
 #     nvjet_*: NVIDIA's code, listed apart in the summary), then the whole
 #     decode step in a process of its own (the tool's host memory);
 #   - synccheck (barrier misuse) over the whole decode step.
-# The passes' time limits add up to about 19 minutes, more than one device
+# The passes' time limits add up to about 22 minutes, more than one device
 # call allows: AG_SANITIZE_PASSES="memcheck racecheck-kernels" (or
 # "racecheck-step synccheck-step") runs those passes only, so two calls
 # cover it.
@@ -95,6 +95,6 @@ echo "== not run under racecheck (its shadow state outgrows host memory): $race_
 pass racecheck-kernels racecheck 300 \
   'CudaGenerate.FlashAttention*:CudaGenerate.Prefill*:CudaGenerate.ProjectionGroup*:CudaGenerate.NormPrologues*:CudaGenerate.RopesOf*:CudaOps.*'
 pass racecheck-step racecheck 300 'CudaGenerate.WholeDecodeStepAsOneKernelEqualsRecompute'
-pass synccheck-step synccheck 100 'CudaGenerate.WholeDecodeStep*'
+pass synccheck-step synccheck 300 'CudaGenerate.WholeDecodeStep*'
 echo "sanitizer_passes_clean: $((1 - status))${AG_SANITIZE_PASSES:+ (only the passes: $AG_SANITIZE_PASSES)}"
 exit $status
