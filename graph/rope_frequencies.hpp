@@ -19,6 +19,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <string>
 
 #if defined(__CUDACC__)
 #define AG_ROPE_HOST_DEVICE __host__ __device__
@@ -40,6 +41,21 @@ struct rope_scaling {
   AG_ROPE_HOST_DEVICE bool on() const noexcept { return factor > 0.0f; }
   bool operator==(const rope_scaling&) const = default;
 };
+
+/// Empty when `s` is off or well formed (a finite factor > 0, 0 <
+/// low_freq_factor < high_freq_factor, an original context > 0), else what
+/// is wrong with it. Host only.
+inline std::string rope_scaling_misfit(const rope_scaling& s) {
+  if (s.factor == 0.0f) return {};
+  if (!(s.factor > 0.0f) || !std::isfinite(s.factor))
+    return "rope scaling factor must be a finite value > 0 (or 0: none), got " + std::to_string(s.factor);
+  if (!(s.low_freq_factor > 0.0f) || !(s.high_freq_factor > s.low_freq_factor) || !std::isfinite(s.high_freq_factor))
+    return "rope scaling needs 0 < low_freq_factor < high_freq_factor, got " + std::to_string(s.low_freq_factor) +
+           " and " + std::to_string(s.high_freq_factor);
+  if (s.original_context <= 0)
+    return "rope scaling's original context must be > 0, got " + std::to_string(s.original_context);
+  return {};
+}
 
 /// f_k for pair k < D / 2 (above).
 AG_ROPE_HOST_DEVICE inline double rope_frequency(double theta, const rope_scaling& s, int64_t k, int64_t D) {

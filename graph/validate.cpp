@@ -2,7 +2,6 @@
 // builder (one node at a time) and graph::from_nodes (whole raw lists), so the
 // two can never disagree about what a valid node is.
 #include <algorithm>
-#include <cmath>
 #include <cstdint>
 #include <limits>
 #include <sstream>
@@ -243,17 +242,8 @@ error infer_rope(const std::vector<node>& nodes, node& n) {
                       "positions '" + p.name + "' are " + dims_str(p) + ", must be [S] = [" +
                           std::to_string(x.dims[-3]) + "] for x " + dims_str(x));
   if (!(n.attrs.theta > 0.0f)) return node_error(errc::invalid_argument, n, "theta must be > 0");
-  if (const rope_scaling& rs = n.attrs.rope_scale; rs.factor != 0.0f) {
-    if (!(rs.factor > 0.0f) || !std::isfinite(rs.factor))
-      return node_error(errc::invalid_argument, n, "rope scaling factor must be > 0 (or 0: none), got " + std::to_string(rs.factor));
-    if (!(rs.low_freq_factor > 0.0f) || !(rs.high_freq_factor > rs.low_freq_factor) || !std::isfinite(rs.high_freq_factor))
-      return node_error(errc::invalid_argument, n,
-                        "rope scaling needs 0 < low_freq_factor < high_freq_factor, got " +
-                            std::to_string(rs.low_freq_factor) + " and " + std::to_string(rs.high_freq_factor));
-    if (rs.original_context <= 0)
-      return node_error(errc::invalid_argument, n,
-                        "rope scaling's original context must be > 0, got " + std::to_string(rs.original_context));
-  }
+  if (std::string why = rope_scaling_misfit(n.attrs.rope_scale); !why.empty())
+    return node_error(errc::invalid_argument, n, why);
   n.dims = x.dims;
   n.type = x.type;
   make_contiguous(n);

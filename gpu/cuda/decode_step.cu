@@ -129,7 +129,7 @@ __device__ __forceinline__ int chunk_of(const step_args& a, int st) {
 // not fit kMaxRows: on 132 SMs, a vocabulary over about 67,000 with a
 // d_model of three or four chunks (6144, 8192), or over about 45,000 with
 // five (2560).
-__host__ __device__ __forceinline__ int sums_per_row(int chunks, int rows) {
+__device__ __forceinline__ int sums_per_row(int chunks, int rows) {
   const int pairs = (chunks + 1) / 2;
   return rows * pairs <= kMaxRows ? pairs : 1;
 }
@@ -862,7 +862,8 @@ error launch_decode_step(const launch_ctx& c, const op_launch::decode_step_param
   if (widest_rows / blocks + 4 > kMaxRows || p.d_model / blocks + 1 > kMaxResidRows)
     return bad("too few SMs (" + std::to_string(blocks) + ") for a step this wide");
   const int64_t head_rows = p.vocab / blocks + 2;  // a block's at most (the splits round)
-  const int head_chunks = static_cast<int>(p.d_model / decode_step_chunk(p.d_model));
+  const int chunk_d = static_cast<int>(decode_step_chunk(p.d_model));
+  const int head_chunks = static_cast<int>(p.d_model / chunk_d);
   int head_parts = static_cast<int>((head_rows * ((head_chunks + 1) / 2) + kMaxRows - 1) / kMaxRows);
   if (head_parts > kMaxHeadParts) head_parts = static_cast<int>((head_rows + kMaxRows - 1) / kMaxRows);
   if (head_parts > kMaxHeadParts)
@@ -889,7 +890,7 @@ error launch_decode_step(const launch_ctx& c, const op_launch::decode_step_param
   a.cache_rows = static_cast<int>(p.cache_rows);
   a.splits = splits;
   a.head_parts = head_parts;
-  a.chunk_d = static_cast<int>(decode_step_chunk(p.d_model));
+  a.chunk_d = chunk_d;
   a.chunk_ff = static_cast<int>(decode_step_chunk(p.d_ff));
   a.chunk_attn = static_cast<int>(decode_step_chunk(p.heads * p.head_dim));
   a.qkv_rows = static_cast<int>((p.heads + 2 * p.kv_heads) * p.head_dim);

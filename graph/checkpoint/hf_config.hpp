@@ -25,7 +25,7 @@
 /// A config the builder cannot honour (another rope scaling, a bias, an activation it
 /// lacks, an architecture it does not build, cross-attention...) is an error
 /// (errc::invalid_argument) that names the file and the key, e.g.
-/// "config.json: 'rope_scaling': 'rope_type': \"yarn\" is not implemented
+/// "config.json: 'rope_scaling.rope_type': \"yarn\" is not implemented
 /// (plain RoPE and \"llama3\" are)". Keys of the wrong JSON type are errors naming the key too.
 /// Unknown keys are ignored (configs carry many that do not change the math).
 ///

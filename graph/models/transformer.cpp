@@ -380,16 +380,8 @@ error validate(const transformer_config& c) {
     return bad("unknown activation (gelu mode) " + to_string(static_cast<int>(c.activation)));
   if (c.variant == model_variant::llama && (!(c.rope_theta > 0.0f) || !std::isfinite(c.rope_theta)))
     return bad("rope_theta must be a finite value > 0, got " + to_string(c.rope_theta));
-  if (const rope_scaling& rs = c.rope_scale; rs.factor != 0.0f) {
-    if (c.variant != model_variant::llama) return bad("rope scaling is for llama models only");
-    if (!(rs.factor > 0.0f) || !std::isfinite(rs.factor))
-      return bad("rope scaling factor must be a finite value > 0 (or 0: none), got " + to_string(rs.factor));
-    if (!(rs.low_freq_factor > 0.0f) || !(rs.high_freq_factor > rs.low_freq_factor) || !std::isfinite(rs.high_freq_factor))
-      return bad("rope scaling needs 0 < low_freq_factor < high_freq_factor, got " + to_string(rs.low_freq_factor) +
-                 " and " + to_string(rs.high_freq_factor));
-    if (rs.original_context <= 0)
-      return bad("rope scaling's original context must be > 0, got " + to_string(rs.original_context));
-  }
+  if (c.rope_scale.factor != 0.0f && c.variant != model_variant::llama) return bad("rope scaling is for llama models only");
+  if (std::string why = rope_scaling_misfit(c.rope_scale); !why.empty()) return bad(why);
   if (!c.token_state_in.empty() || !c.token_state_out.empty()) {
     const std::string which = c.token_state_in.empty() ? "token_state_out" : "token_state_in";
     if (c.batch != 1 || c.seq_len != 1 || c.kv_cache_capacity < 1)
