@@ -180,6 +180,14 @@ struct submit_options {
   /// of different slots run concurrently. -1 (none) for a plan without
   /// state; required with it (errc::invalid_argument at submit otherwise).
   int state_slot = -1;
+  /// Runs once with the job's result when it finishes, like job::then(), but
+  /// registered before the job can start: it runs on the runtime thread that
+  /// finishes the job, never on the submitting thread, however fast the job
+  /// ends (then() on a job that is already ready runs at once, on the caller's
+  /// thread). Only a job refused by submit() itself (bad inputs or slot, a
+  /// plan of another runtime, a stopping runtime) runs it at once, on the
+  /// submitting thread, before submit() returns.
+  std::function<void(const job_result&)> on_done;
 };
 
 /// When a job passed its milestones (host_clock_ns; 0 = not yet).

@@ -206,6 +206,12 @@ constexpr const char* token_state_names[2] = {"token_state_a", "token_state_b"};
 
 struct sequence;
 
+// True on a thread inside generator::generate(). Work started there submits
+// but never takes a step's result: tokens stream, and sequences end, on
+// runtime threads (the header's promise), so an on_token that waits for the
+// handle generate() is about to return cannot wait for itself.
+thread_local bool inside_generate = false;
+
 }  // namespace
 
 struct generator::impl : std::enable_shared_from_this<generator::impl> {
@@ -322,7 +328,16 @@ struct sequence : std::enable_shared_from_this<sequence> {
       first_token = prompting ? prompt.back() : next_token;
       base_tokens = static_cast<int64_t>(out.tokens.size());
       prompt_fed = prompt.size();
-      return drain();
+      if (!inside_generate) return drain();
+      // Only the first step from inside generate(): its end, on a runtime
+      // thread, takes its token and queues the steps behind it (the one
+      // host round trip of the sequence's pipelined steps).
+      {
+        std::lock_guard lk(pm);
+        steps_submitted = 1;
+        in_flight = 1;
+      }
+      return submit_step(0);
     }
     const step_plan& sp = on_device ? gen->decode_greedy
                           : prompting && gen->prefill.p && left > 1 ? gen->prefill
@@ -339,8 +354,9 @@ struct sequence : std::enable_shared_from_this<sequence> {
     const int64_t n = static_cast<int64_t>(toks.size());
     submit_options so;
     so.state_slot = slot;  // the sequence's KV cache on the devices
-    job j = gen->rt->submit(sp.p, inputs(sp, toks), so);
-    j.then([self = shared_from_this(), n, on_device](const job_result& r) { self->on_step(r, n, on_device); });
+    // Chained at submission, so it runs on the runtime thread that ends the job.
+    so.on_done = [self = shared_from_this(), n, on_device](const job_result& r) { self->on_step(r, n, on_device); };
+    gen->rt->submit(sp.p, inputs(sp, toks), so);
   }
 
   void on_step(const job_result& r, int64_t n, bool token_out) {
@@ -420,8 +436,8 @@ struct sequence : std::enable_shared_from_this<sequence> {
     if (k == 0) toks.push_back(first_token);
     submit_options so;
     so.state_slot = slot;
-    job j = gen->rt->submit(sp.p, inputs_at(sp, toks, first_position + k, 1), so);
-    j.then([self = shared_from_this(), k](const job_result& r) { self->arrive(k, r); });
+    so.on_done = [self = shared_from_this(), k](const job_result& r) { self->arrive(k, r); };
+    gen->rt->submit(sp.p, inputs_at(sp, toks, first_position + k, 1), so);
   }
 
   void arrive(int64_t k, const job_result& r) {
@@ -722,6 +738,11 @@ generation generator::generate(std::vector<int32_t> prompt, generate_options opt
   s->prompt = std::move(prompt);
   s->opt = std::move(options);
   s->rng = s->opt.sampling.seed;
+  struct inside_scope {
+    bool was = inside_generate;
+    inside_scope() { inside_generate = true; }
+    ~inside_scope() { inside_generate = was; }
+  } const scope;
   impl_->start_or_queue(s);
   return handle;
 }

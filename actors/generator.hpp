@@ -42,7 +42,9 @@
 ///
 /// Threads: create() on the caller's thread (it compiles and uploads);
 /// generate(), cancel() and the handle's calls from any thread; on_token and
-/// then() continuations run on runtime threads (keep them short). The
+/// then() continuations run on runtime threads (keep them short), never
+/// inside generate() however fast the steps end, so an on_token may wait for
+/// the handle generate() returns (e.g. to cancel its own sequence). The
 /// generator and the runtime must outlive the sequences' completion (the
 /// runtime's destructor waits for their jobs; a sequence whose job the
 /// stopping runtime refuses fails with that error).

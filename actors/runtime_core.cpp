@@ -480,6 +480,8 @@ job runtime_core::submit(const std::shared_ptr<const plan>& p, std::vector<host_
   ss->id = next_job_.fetch_add(1);
   ss->times.submitted_ns = gpu::host_clock_ns();
   AG_HOP_PROBE(submit, ss->id);
+  // Before the job can run anywhere: its completion thread runs it.
+  if (options.on_done) ss->continuations.push_back(options.on_done);
   job j(ss);
   // Counted alive before the stop flag is read, as stop_submissions() sets
   // the flag before wait_idle() reads the count: either this submit sees the

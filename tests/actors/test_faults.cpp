@@ -223,6 +223,55 @@ TEST(Continuation, WaitingOnAnotherJobInsideAContinuationFailsAtOnceInsteadOfBlo
   ASSERT_TRUE(a.wait().has_value()) << a.wait().err().to_string();
 }
 
+// submit_options::on_done is chained before the job can run: it gets the
+// job's result on the runtime thread that ends the job, never on the
+// submitting thread, even for jobs that end within microseconds (then() on a
+// job already ready runs at once on its caller). A job submit() refuses runs
+// it at once, on the submitting thread, with the refusal, before submit()
+// returns.
+TEST(Continuation, OnDoneRunsOnARuntimeThreadAndARefusedSubmitRunsItAtOnce) {
+  ag::runtime_options o;
+  o.backend.sim.time_scale = 1e-4;
+  auto rt = ag::runtime::create("sim:1", o).value();
+  auto g = pinned_small(0);
+  const auto in = small_input(1);
+  const auto ref = ag::evaluate_reference(g, in).value();
+  auto p = rt->compile(std::move(g)).value();
+  const std::thread::id submitter = std::this_thread::get_id();
+  constexpr int jobs = 200;
+  std::atomic<int> ran{0}, on_submitter{0}, equal{0};
+  std::vector<ag::job> handles;
+  for (int i = 0; i < jobs; ++i) {
+    ag::submit_options so;
+    so.on_done = [&](const ag::job_result& r) {
+      if (std::this_thread::get_id() == submitter) ++on_submitter;
+      if (r.has_value() && ag::compare(r.value()[0], ref[0], 2e-4, 2e-3).ok) ++equal;
+      ++ran;
+    };
+    handles.push_back(rt->submit(p, in, so));
+  }
+  for (auto& h : handles) ASSERT_TRUE(h.wait_for(60s));
+  // wait() returns once the result is set; the continuations may still run.
+  const auto until = std::chrono::steady_clock::now() + 60s;
+  while (ran.load() < jobs && std::chrono::steady_clock::now() < until) std::this_thread::yield();
+  EXPECT_EQ(ran.load(), jobs);
+  EXPECT_EQ(equal.load(), jobs);
+  EXPECT_EQ(on_submitter.load(), 0) << "on_done ran on the submitting thread";
+  // Refused (the input has the wrong shape): at once, here.
+  bool refused_here = false;
+  std::string message;
+  ag::submit_options so;
+  so.on_done = [&](const ag::job_result& r) {
+    refused_here = std::this_thread::get_id() == submitter;
+    if (!r.has_value()) message = r.err().message;
+  };
+  ag::job bad = rt->submit(p, {ag::host_tensor::random_normal(ag::dtype::f32, {4, 9}, 2)}, so);
+  EXPECT_TRUE(refused_here) << "a refused submit did not run on_done before returning";
+  ASSERT_TRUE(bad.ready());
+  EXPECT_EQ(bad.wait().err().code, ag::errc::invalid_shape);
+  EXPECT_EQ(message, bad.wait().err().message);
+}
+
 // Destroying the runtime while continuations keep submitting chained jobs
 // never returned (20 s and 263k jobs later): destruction now refuses new jobs
 // first (errc::shutting_down, at once), then waits for those in flight.

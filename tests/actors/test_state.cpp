@@ -15,6 +15,7 @@
 #include <future>
 #include <map>
 #include <string>
+#include <thread>
 
 #include "actors/actorgraph.hpp"
 #include "actors/generator.hpp"
@@ -521,6 +522,51 @@ TEST(GeneratePipelined, ManySequencesOnOneDeviceEqualTheirSoloRunsOneStepAtATime
       ASSERT_TRUE(r.has_value()) << r.err().to_string();
       EXPECT_EQ(r->tokens, solo[i]) << "second round, sequence " << i;
     }
+  }
+}
+
+// generate() returns at once and streams nothing itself: on_token runs on
+// runtime threads, never on the thread inside generate(), however fast the
+// steps end. A step that ended before the generator chained its
+// continuation used to run it there (job::then runs at once on a ready
+// job), so a sequence's first tokens could stream inside generate(): an
+// on_token that waited for generate()'s handle (to cancel it) then waited
+// for itself (CI hung in ManySequencesOnOneDevice... on a loaded machine).
+// Steps of microseconds and sixteen in flight make that window wide.
+TEST(GeneratePipelined, NoTokenIsStreamedOnTheThreadInsideGenerate) {
+  const auto cfg = tiny_generator_model(ag::models::model_variant::llama);
+  ag::runtime_options ro = fast_sim();
+  ro.backend.sim.time_scale = 1e-4;
+  ro.backend.sim.jitter = 0;
+  auto rt = ag::runtime::create("sim:1", ro);
+  ASSERT_TRUE(rt.has_value()) << rt.err().to_string();
+  for (int depth : {1, 16}) {
+    SCOPED_TRACE("pipeline_depth " + std::to_string(depth));
+    ag::generator_options go;
+    go.cache_tokens = 16;
+    go.max_sequences = 24;  // every sequence starts inside its generate()
+    go.pipeline_depth = depth;
+    auto gen = ag::generator::create(**rt, cfg, {}, go);
+    ASSERT_TRUE(gen.has_value()) << gen.err().to_string();
+    const std::thread::id caller = std::this_thread::get_id();
+    std::atomic<int> streamed{0}, on_caller{0};
+    std::vector<ag::generation> hs;
+    for (int i = 0; i < 24; ++i) {
+      ag::generate_options o;
+      o.max_new_tokens = 12;
+      o.on_token = [&](int32_t, int64_t) {
+        ++streamed;
+        if (std::this_thread::get_id() == caller) ++on_caller;
+      };
+      hs.push_back((*gen)->generate({1 + i % 30, 2, 3}, o));
+    }
+    for (std::size_t i = 0; i < hs.size(); ++i) {
+      ASSERT_TRUE(hs[i].wait_for(120s)) << "sequence " << i << " hung";
+      ASSERT_TRUE(hs[i].wait().has_value()) << hs[i].wait().err().to_string();
+      EXPECT_EQ(hs[i].wait()->tokens.size(), 12u);
+    }
+    EXPECT_EQ(streamed.load(), 24 * 12);
+    EXPECT_EQ(on_caller.load(), 0) << "tokens streamed on the thread that called generate()";
   }
 }
 
