@@ -42,7 +42,8 @@
 ///
 /// Threads: create() on the caller's thread (it compiles and uploads);
 /// generate(), cancel() and the handle's calls from any thread; on_token and
-/// then() continuations run on runtime threads (keep them short), never
+/// then() continuations run on runtime threads (keep them short; a
+/// sequence cancelled while it waits for a slot: see cancel()), never
 /// inside generate() however fast the steps end, so an on_token may wait for
 /// the handle generate() returns (e.g. to cancel its own sequence). The
 /// generator and the runtime must outlive the sequences' completion (the
@@ -119,7 +120,9 @@ class generation {
   /// Stops the sequence after the job in flight (pipelined greedy steps:
   /// when the next step's token arrives; the steps queued behind it run on
   /// and their tokens are dropped): the result keeps the tokens generated so
-  /// far, with stop_reason::cancelled. Non-blocking.
+  /// far, with stop_reason::cancelled. Non-blocking. A sequence still
+  /// waiting for a cache slot ends at once, so its then() continuations run
+  /// on this thread, inside cancel().
   void cancel() const;
   /// Tokens generated so far.
   std::vector<int32_t> tokens() const;

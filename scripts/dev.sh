@@ -116,6 +116,8 @@ case "$mode" in
     soak_start=$(date +%s)
     ./build/apps/actorgraph-soak --jobs 50000 --devices sim:8 --in-flight 64 --seed 13
     echo "soak_ci_seconds: $(( $(date +%s) - soak_start ))"
+    echo "== generation soak, CI size: 3,000 sequences over random generators and layouts on 4 sim devices with cancels, op errors and killed devices (apps/generate_soak.cpp)"
+    ./build/apps/actorgraph-generate-soak --sequences 3000 --devices sim:4 --seed 13 --epochs 3
     echo "== AddressSanitizer + UndefinedBehaviorSanitizer build (preset asan; CUDA off: nothing runs on a GPU here; its REPL has no GNU readline: the plain line mode)"
     preset_build asan build-asan
     ctest --preset asan -j "$jobs"
