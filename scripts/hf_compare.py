@@ -4,7 +4,7 @@ models that this script saves itself.
 
 For each model (GPT-2; LLaMA with grouped-query attention; LLaMA with a tied
 head; GPT-2 saved in bfloat16 and sharded; a Llama-3-style LLaMA with a tied
-head and Llama 3's RoPE scaling) it
+head and Llama 3's RoPE scaling; a LLaMA with linear RoPE scaling) it
   1. builds the model with transformers from a seed, perturbs every parameter
      (so that biases and norm weights are not 0 and 1), save_pretrained()s it
      as safetensors;
@@ -111,6 +111,9 @@ def main():
         # rope_parameters, 4.x as rope_scaling (each saves its own spelling).
         scaling = dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
                        original_max_position_embeddings=128)
+        return rope_kw(scaling)
+
+    def rope_kw(scaling):
         if int(transformers.__version__.split(".")[0]) >= 5:
             return {"rope_parameters": dict(scaling, rope_theta=5000.0)}
         return {"rope_scaling": scaling}
@@ -122,6 +125,8 @@ def main():
         ("llama_tied_mha", llama(4, num_key_value_heads=4, tie_word_embeddings=True), {}),
         ("gpt2_bf16_sharded", gpt2(5).to(torch.bfloat16), {"max_shard_size": "60KB"}),
         ("llama3_rope_tied", llama(6, tie_word_embeddings=True, max_position_embeddings=256, **llama3_scaling()), {}),
+        # Linear scaling (position interpolation, LongChat-style checkpoints).
+        ("llama_rope_linear", llama(7, **rope_kw(dict(rope_type="linear", factor=4.0))), {}),
     ]
     prompt = [5, 17, 42, 8, 91, 3, 60]
     failures = []
@@ -140,7 +145,7 @@ def main():
         want_tokens = gen[0, len(prompt):].tolist()
         cfg = ref.config
         scaled = getattr(cfg, "rope_parameters", None) or getattr(cfg, "rope_scaling", None) or {}
-        if scaled.get("rope_type") == "llama3":
+        if scaled.get("rope_type") in ("llama3", "linear"):
             # transformers applied the scaling: its frequencies are not plain RoPE's.
             dh = cfg.hidden_size // cfg.num_attention_heads
             theta = scaled.get("rope_theta", getattr(cfg, "rope_theta", None))
@@ -153,7 +158,7 @@ def main():
                 changed = int((~torch.isclose(inv.float().cpu(), plain, rtol=1e-6)).sum())
                 print("%-18s transformers' RoPE frequencies: %d of %d pairs scaled" % (name, changed, len(plain)))
                 if changed == 0:
-                    failures.append("%s: transformers did not apply the llama3 RoPE scaling" % name)
+                    failures.append("%s: transformers did not apply the %s RoPE scaling" % (name, scaled.get("rope_type")))
         for spec in args.devices.split(";"):
             # Without layout flags the model is pipelined over every device of the spec.
             devices, *layout = spec.split()

@@ -188,8 +188,8 @@ void read_llama(key_reader& r, hf_config& out) {
   double theta = 10000.0;
   if (r.has("rope_theta")) theta = r.number("rope_theta", theta);
   // The RoPE variant of one object (4.x's rope_scaling, 5.x's
-  // rope_parameters): plain ("default"), or Llama 3's scaling, whose four
-  // numbers transformers requires too.
+  // rope_parameters): plain ("default"), Llama 3's scaling, whose four
+  // numbers transformers requires too, or linear scaling (a factor).
   const auto read_rope_type = [&](const json& obj, const std::string& key, bool type_required) {
     key_reader sub(obj, r.origin(), key + ".");
     std::string type = sub.string("rope_type", "default");
@@ -206,8 +206,14 @@ void read_llama(key_reader& r, hf_config& out) {
       rs.original_context = static_cast<int32_t>(sub.integer("original_max_position_embeddings", 8192));
       if (!sub.status() && !(rs.high_freq_factor > rs.low_freq_factor))
         sub.fail("high_freq_factor", "must be greater than low_freq_factor (" + std::to_string(rs.low_freq_factor) + ")");
+    } else if (type == "linear") {
+      rope_scaling& rs = m.rope_scale;
+      if (!sub.has("factor")) sub.fail("factor", "missing (rope_type \"linear\" needs a factor)");
+      rs = rope_scaling{};
+      rs.kind = rope_scaling_kind::linear;
+      rs.factor = static_cast<float>(sub.number("factor", 1.0));  // number(): finite and > 0
     } else if (type != "default") {
-      sub.fail("rope_type", "\"" + type + "\" is not implemented (plain RoPE and \"llama3\" are)");
+      sub.fail("rope_type", "\"" + type + "\" is not implemented (plain RoPE, \"llama3\" and \"linear\" are)");
     }
     if (key == "rope_parameters" && sub.has("rope_theta")) theta = sub.number("rope_theta", theta);
     if (sub.has("partial_rotary_factor") && sub.number("partial_rotary_factor", 1.0) != 1.0)
@@ -273,6 +279,21 @@ expected<hf_config> read_hf_config(const std::string& path) {
   return parse_hf_config(s.str(), p.string());
 }
 
+namespace {
+
+// transformers 4.x's rope_scaling object of `s` (null: plain RoPE).
+json rope_scaling_json(const rope_scaling& s) {
+  if (!s.on()) return json(nullptr);
+  if (s.kind == rope_scaling_kind::linear) return json{{"rope_type", "linear"}, {"factor", s.factor}};
+  return json{{"rope_type", "llama3"},
+              {"factor", s.factor},
+              {"low_freq_factor", s.low_freq_factor},
+              {"high_freq_factor", s.high_freq_factor},
+              {"original_max_position_embeddings", s.original_context}};
+}
+
+}  // namespace
+
 std::string to_hf_config_json(const transformer_config& c, int64_t max_positions) {
   json j;
   const char* dt = c.dtype == ag::dtype::bf16 ? "bfloat16" : c.dtype == ag::dtype::f16 ? "float16" : "float32";
@@ -302,12 +323,7 @@ std::string to_hf_config_json(const transformer_config& c, int64_t max_positions
          {"max_position_embeddings", max_positions > 0 ? max_positions : 2048},
          {"rms_norm_eps", c.eps},
          {"rope_theta", c.rope_theta},
-         {"rope_scaling", c.rope_scale.on() ? json{{"rope_type", "llama3"},
-                                                   {"factor", c.rope_scale.factor},
-                                                   {"low_freq_factor", c.rope_scale.low_freq_factor},
-                                                   {"high_freq_factor", c.rope_scale.high_freq_factor},
-                                                   {"original_max_position_embeddings", c.rope_scale.original_context}}
-                                             : json(nullptr)},
+         {"rope_scaling", rope_scaling_json(c.rope_scale)},
          {"attention_bias", false},
          {"mlp_bias", false},
          {"tie_word_embeddings", c.tied_head()},

@@ -15,9 +15,10 @@
 ///   hidden_size / heads), hidden_act (silu), max_position_embeddings,
 ///   rms_norm_eps, rope_theta at the top level (transformers 4.x) or inside
 ///   rope_parameters (5.x), rope_scaling (4.x) / rope_parameters (5.x) with
-///   rope_type (older files: type) "default" or "llama3" (Llama 3.1 / 3.2:
+///   rope_type (older files: type) "default", "llama3" (Llama 3.1 / 3.2:
 ///   factor, low_freq_factor, high_freq_factor,
-///   original_max_position_embeddings, all required), attention_bias and mlp_bias (only false),
+///   original_max_position_embeddings, all required) or "linear" (factor),
+///   attention_bias and mlp_bias (only false),
 ///   tie_word_embeddings (default false);
 /// - both: model_type (else architectures[0]), torch_dtype (4.x) or dtype
 ///   (5.x), with or without a "torch." prefix; bos_token_id; eos_token_id
@@ -26,7 +27,7 @@
 /// lacks, an architecture it does not build, cross-attention...) is an error
 /// (errc::invalid_argument) that names the file and the key, e.g.
 /// "config.json: 'rope_scaling.rope_type': \"yarn\" is not implemented
-/// (plain RoPE and \"llama3\" are)". Keys of the wrong JSON type are errors naming the key too.
+/// (plain RoPE, \"llama3\" and \"linear\" are)". Keys of the wrong JSON type are errors naming the key too.
 /// Unknown keys are ignored (configs carry many that do not change the math).
 ///
 /// Pure functions: call from any thread.
@@ -63,7 +64,7 @@ expected<hf_config> parse_hf_config(std::string_view text, const std::string& or
 expected<hf_config> read_hf_config(const std::string& path);
 
 /// The config.json transformers would write for `cfg` (model_type gpt2 or
-/// llama, its widths, heads, eps, rope_theta, tie_word_embeddings,
+/// llama, its widths, heads, eps, rope_theta and scaling, tie_word_embeddings,
 /// activation, dtype as torch_dtype): what the tests and save_hf_model write.
 std::string to_hf_config_json(const transformer_config& cfg, int64_t max_positions);
 

@@ -27,16 +27,20 @@ ag::runtime_options fast_sim() {
   return o;
 }
 
-// GPT-2, LLaMA with GQA, and a Llama-3-style LLaMA: a tied head and Llama
-// 3's RoPE scaling, whose original context of 128 puts the heads' four pairs
+// GPT-2, LLaMA with GQA, a Llama-3-style LLaMA: a tied head and Llama 3's
+// RoPE scaling, whose original context of 128 puts the heads' four pairs
 // (wavelengths 6.3, 53, 444, 3738 at theta 5000) in all three of its
-// regimes: kept, blended, slowed by the factor.
+// regimes: kept, blended, slowed by the factor; and a LLaMA with linear RoPE
+// scaling (every pair slowed by 2).
 std::vector<ag::models::transformer_config> tiny_models() {
   auto llama3 = ag::test::tiny_model(ag::models::model_variant::llama, 2);
   llama3.head = ag::models::head_tying::tied;
   llama3.rope_scale = {4.0f, 1.0f, 4.0f, 128};
+  auto linear = ag::test::tiny_model(ag::models::model_variant::llama, 2);
+  linear.rope_scale.kind = ag::rope_scaling_kind::linear;
+  linear.rope_scale.factor = 2.0f;
   return {ag::test::tiny_model(ag::models::model_variant::gpt2),
-          ag::test::tiny_model(ag::models::model_variant::llama, 2), llama3};
+          ag::test::tiny_model(ag::models::model_variant::llama, 2), llama3, linear};
 }
 
 // The last row of the logits of the plain forward pass over `tokens`.

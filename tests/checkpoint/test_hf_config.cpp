@@ -147,9 +147,9 @@ TEST(HfConfig, OlderAndNewerKeySpellings) {
 
 TEST(HfConfig, UnsupportedFeaturesNameTheKey) {
   expect_key_error(with(llama_v4, R"("rope_scaling": {"rope_type": "yarn", "factor": 4.0})"), "rope_scaling.rope_type",
-                   "\"yarn\" is not implemented (plain RoPE and \"llama3\" are)");
-  expect_key_error(with(llama_v4, R"("rope_scaling": {"type": "linear", "factor": 2.0})"), "rope_scaling.rope_type",
-                   "\"linear\"");
+                   "\"yarn\" is not implemented (plain RoPE, \"llama3\" and \"linear\" are)");
+  expect_key_error(with(llama_v4, R"("rope_scaling": {"type": "dynamic", "factor": 2.0})"), "rope_scaling.rope_type",
+                   "\"dynamic\"");
   expect_key_error(with(llama_v4, R"("rope_scaling": {"factor": 2.0})"), "rope_scaling.rope_type", "missing");
   expect_key_error(with(llama_v5, R"("rope_parameters": {"rope_type": "yarn", "rope_theta": 1e4})"),
                    "rope_parameters.rope_type", "\"yarn\"");
@@ -256,4 +256,28 @@ TEST(HfConfig, Llama3RopeScalingInBothSpellings) {
   EXPECT_EQ(v5.model.rope_scale, want);
   EXPECT_EQ(v5.model.rope_theta, 500000.0f);
   EXPECT_FALSE(parse_ok(llama_v4).model.rope_scale.on()) << "rope_scaling null: plain RoPE";
+}
+
+// Linear scaling (position interpolation; LongChat-style checkpoints write
+// {"type": "linear", "factor": 8.0}) in both generations' spellings, written
+// back as transformers 4.x does; it needs a factor > 0.
+TEST(HfConfig, LinearRopeScalingInBothSpellingsAndItsErrors) {
+  rope_scaling want;
+  want.kind = rope_scaling_kind::linear;
+  want.factor = 8.0f;
+  hf_config old = parse_ok(with(llama_v4, R"("rope_scaling": {"type": "linear", "factor": 8.0})"));
+  EXPECT_EQ(old.model.rope_scale, want);
+  hf_config v4 = parse_ok(with(llama_v4, R"("rope_scaling": {"rope_type": "linear", "factor": 8.0})"));
+  EXPECT_EQ(v4.model.rope_scale, want);
+  hf_config v5 = parse_ok(with(llama_v5, R"("rope_parameters": {"rope_theta": 500000.0, "rope_type": "linear",
+      "factor": 8.0})"));
+  EXPECT_EQ(v5.model.rope_scale, want);
+  EXPECT_EQ(v5.model.rope_theta, 500000.0f);
+  transformer_config t = v4.model;
+  hf_config back = parse_ok(to_hf_config_json(t, 0));
+  EXPECT_EQ(back.model.rope_scale, want) << "written and read back";
+  expect_key_error(with(llama_v4, R"("rope_scaling": {"rope_type": "linear"})"), "rope_scaling.factor",
+                   "rope_type \"linear\" needs a factor");
+  expect_key_error(with(llama_v4, R"("rope_scaling": {"rope_type": "linear", "factor": -2})"), "rope_scaling.factor",
+                   "must be a finite number > 0");
 }

@@ -747,7 +747,7 @@ models::transformer_config whole_step_model(int heads, int kv_heads, int64_t hea
 // (spans of 69 keys: a round of 64, then one of 5 with its own mask), heads
 // of 128 over 1100 rows (three rounds of 32), and four
 // query heads of 128 a kv head (512 values a head's blocks combine: the
-// combine's two passes of 8 splits), and LLaMA-1B's widths over 2 layers
+// combine's two passes of 8 splits; with linear RoPE scaling), and LLaMA-1B's widths over 2 layers
 // (32 heads of 64 over 8 kv heads, d_model 2048, d_ff 8192: the products
 // of whole 4 KiB chunks, the only path LLaMA-1B takes, and down's rows of 4
 // chunks in two slots), a Llama-3-style model (a tied head, Llama 3's RoPE
@@ -766,14 +766,16 @@ TEST(CudaGenerate, WholeDecodeStepAsOneKernelEqualsRecompute) {
   struct shape {
     int64_t head_dim, d_ff, cache, kv_heads, heads, vocab = 1000;
     bool llama3 = false;
+    bool linear = false;  // linear RoPE scaling, factor 4
   };
   for (const shape& sh : {shape{64, 512, 80, 2, 4}, shape{64, 512, 1100, 2, 4}, shape{128, 768, 1100, 2, 4},
-                          shape{128, 512, 300, 1, 4}, shape{64, 8192, 300, 8, 32},
+                          shape{128, 512, 300, 1, 4, 1000, false, true}, shape{64, 8192, 300, 8, 32},
                           shape{64, 1024, 300, 4, 12, 140000, true}, shape{128, 14336, 300, 2, 8},
                           shape{128, 11008, 300, 2, 8}}) {
     SCOPED_TRACE(std::to_string(sh.heads) + " heads of " + std::to_string(sh.head_dim) + ", cache " +
                  std::to_string(sh.cache) + ", kv heads " + std::to_string(sh.kv_heads) + ", d_ff " +
-                 std::to_string(sh.d_ff) + ", vocab " + std::to_string(sh.vocab) + (sh.llama3 ? ", llama3" : ""));
+                 std::to_string(sh.d_ff) + ", vocab " + std::to_string(sh.vocab) + (sh.llama3 ? ", llama3" : "") +
+                 (sh.linear ? ", linear RoPE scaling" : ""));
     models::transformer_config cfg =
         whole_step_model(static_cast<int>(sh.heads), static_cast<int>(sh.kv_heads), sh.head_dim, sh.d_ff, sh.vocab);
     if (sh.llama3) {
@@ -783,6 +785,10 @@ TEST(CudaGenerate, WholeDecodeStepAsOneKernelEqualsRecompute) {
       // 8192): at the test's positions (up to about 20) the pairs it slows
       // turn by angles that differ visibly from plain RoPE's.
       cfg.rope_scale = {8.0f, 1.0f, 4.0f, 256};
+    }
+    if (sh.linear) {
+      cfg.rope_scale.kind = rope_scaling_kind::linear;
+      cfg.rope_scale.factor = 4.0f;
     }
     test::temp_dir dir;
     test::save_random_model(dir.str(), cfg);

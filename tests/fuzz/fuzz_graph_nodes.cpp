@@ -55,11 +55,12 @@ ag::node read_node(byte_reader& in, int index, int count) {
     n.attrs.eps = in.raw<float>();
     n.attrs.theta = in.raw<float>();
   }
-  if (flags & 128) {  // Llama 3's RoPE scaling, any values
+  if (flags & 128) {  // a RoPE scaling (Llama 3, linear or no such kind), any values
     n.attrs.rope_scale.factor = in.raw<float>();
     n.attrs.rope_scale.low_freq_factor = in.raw<float>();
     n.attrs.rope_scale.high_freq_factor = in.raw<float>();
     n.attrs.rope_scale.original_context = in.raw<int32_t>();
+    n.attrs.rope_scale.kind = static_cast<ag::rope_scaling_kind>(in.raw<uint8_t>() % 3);  // 2: no such kind
   }
   n.attrs.axis = static_cast<int8_t>(in.u8());
   n.attrs.axis2 = static_cast<int8_t>(in.u8());

@@ -328,6 +328,32 @@ TEST(Reference, RopeLlama3ScalingKeepsBlendsAndSlowsThePairs) {
   }
 }
 
+// Linear scaling (HF rope_type "linear") turns every pair `factor` times
+// slower: position 4 p with factor 4 is plain RoPE's position p.
+TEST(Reference, RopeLinearScalingIsPlainRopeAtThePositionOverTheFactor) {
+  rope_scaling linear;
+  linear.kind = rope_scaling_kind::linear;
+  linear.factor = 4.0f;
+  EXPECT_TRUE(rope_scaling_misfit(linear).empty()) << rope_scaling_misfit(linear);
+  for (int k = 0; k < 4; ++k)
+    EXPECT_DOUBLE_EQ(rope_frequency(10000.0, linear, k, 8), rope_frequency(10000.0, rope_scaling{}, k, 8) / 4) << k;
+  auto xt = host_tensor::random_normal(dtype::f32, {1, 4, 2, 8}, 84);  // [B, S, H, D]
+  auto rotate = [&](const rope_scaling& s, std::vector<int32_t> pos) {
+    graph_builder b;
+    auto x = b.input("x", dtype::f32, {1, 4, 2, 8});
+    b.output(b.rope(x, b.input("pos", dtype::i32, {4}), 10000.0f, rope_mode::neox, "r", s));
+    return run(std::move(b), {xt, host_tensor::from_ints({4}, std::move(pos))});
+  };
+  auto scaled = rotate(linear, {0, 4, 8, 36});
+  auto plain = rotate(rope_scaling{}, {0, 1, 2, 9});
+  ASSERT_EQ(scaled.size(), 1u);
+  ASSERT_EQ(plain.size(), 1u);
+  for (int64_t i = 0; i < xt.numel(); ++i) EXPECT_NEAR(scaled[0].at(i), plain[0].at(i), 1e-6) << i;
+  rope_scaling bad = linear;
+  bad.factor = -1.0f;
+  EXPECT_NE(rope_scaling_misfit(bad).find("finite value > 0"), std::string::npos) << rope_scaling_misfit(bad);
+}
+
 TEST(Reference, RopeBatchedUsesSequenceIndexForPosition) {
   graph_builder b;
   auto x = b.input("x", dtype::f32, {2, 2, 1, 2});  // [B, S, H, D]
