@@ -374,7 +374,7 @@ class soak {
     }
     std::vector<std::shared_ptr<sequence_record>> all, flight;
     std::set<int> killed;
-    int dead = -1;
+    int dead = -1, kills_done = 0;
     const int kills = o_.faults ? o_.kills_per_epoch : 0;
     int64_t started = 0, retired = 0, next_kill = kills ? n / (kills + 1) : -1, revive_at = -1;
     while (retired < n) {
@@ -421,8 +421,9 @@ class soak {
           killed.insert(dead);
           ++c_.kills;
         }
+        ++kills_done;
         revive_at = retired + std::max<int64_t>(1, n / (4 * (kills + 1)));
-        next_kill = killed.size() < static_cast<std::size_t>(kills) ? next_kill + n / (kills + 1) : -1;
+        next_kill = kills_done < kills ? next_kill + n / (kills + 1) : -1;
       }
       if (dead >= 0 && retired >= revive_at) {
         if (ag::error e = rt->reset_device(dead)) {
