@@ -1,5 +1,7 @@
 #include "gpu/cpu/kernels.hpp"
 
+#include "gpu/cpu/few_rows.hpp"
+
 #include <algorithm>
 #include <climits>
 #include <cmath>
@@ -441,19 +443,30 @@ class operand {
       m.p = reinterpret_cast<const float*>(base) + off;
       return m;
     }
+    // Converted to f32 in the order it lies in memory: a matrix of contiguous
+    // columns (a weight [out, in] used transposed) column by column, handed
+    // to BLAS transposed. Gathering it row by row read every element a
+    // column's stride apart (a bf16 LLaMA prefill spent 67% of its time there).
+    bool by_columns = false;
+    int64_t ld = 0;
+    const bool contiguous = blas_layout(rows, cols, rs, cs, by_columns, ld);
+    by_columns = contiguous && by_columns && rows > 1;
     if (!(packed_ && off == last_off_)) {
       buf_.resize(static_cast<std::size_t>(rows * cols));
       nd src;
       src.p = const_cast<std::byte*>(base);
       src.t = t;
-      src.s[3] = cs;
-      for (int64_t r = 0; r < rows; ++r) load_row(src, off + r * rs, cols, buf_.data() + r * cols);
+      src.s[3] = by_columns ? rs : cs;
+      if (by_columns)
+        for (int64_t c = 0; c < cols; ++c) load_row(src, off + c * cs, rows, buf_.data() + c * rows);
+      else
+        for (int64_t r = 0; r < rows; ++r) load_row(src, off + r * rs, cols, buf_.data() + r * cols);
       packed_ = true;
       last_off_ = off;
     }
     m.p = buf_.data();
-    m.trans = false;
-    m.ld = std::max<int64_t>(cols, 1);
+    m.trans = by_columns;
+    m.ld = by_columns ? rows : std::max<int64_t>(cols, 1);
     return m;
   }
 
@@ -477,6 +490,13 @@ void run_matmul(const op_launch& l) {
   const int64_t ars = ta ? a.s[3] : a.s[2], acs = ta ? a.s[2] : a.s[3];
   const int64_t brs = tb ? b.s[3] : b.s[2], bcs = tb ? b.s[2] : b.s[3];
   operand pa, pb;
+  // A few rows (a decode step's token) against B read once in its own
+  // dtype (gpu/cpu/few_rows.hpp) where B's rows or columns are contiguous;
+  // BLAS's sgemm would pack all of B for them. One row of f32 goes to
+  // BLAS's sgemv (gemm_f32).
+  const bool few_rows = m <= few_rows_max && (brs == 1 || bcs == 1) && b.t != dtype::i32 &&
+                        !(m == 1 && b.t == dtype::f32 && have_blas());
+  std::vector<float> a_rows;  // A's rows, when A is laid out by columns
   bool c_trans = false;
   int64_t ldc = 0;
   const bool c_direct = out.t == dtype::f32 && blas_layout(m, n, out.s[2], out.s[3], c_trans, ldc) && !c_trans;
@@ -484,13 +504,25 @@ void run_matmul(const op_launch& l) {
   for (int64_t i0 = 0; i0 < out.d[0]; ++i0)
     for (int64_t i1 = 0; i1 < out.d[1]; ++i1) {
       const mat_ref am = pa.get(a.p, a.t, a.off(i0, i1, 0), m, k, ars, acs);
-      const mat_ref bm = pb.get(b.p, b.t, b.off(i0, i1, 0), k, n, brs, bcs);
       const int64_t coff = out.off(i0, i1, 0);
       float* c = c_direct ? reinterpret_cast<float*>(out.p) + coff : cbuf.data();
       const int64_t ld = c_direct ? ldc : std::max<int64_t>(n, 1);
       if (k == 0) {
         for (int64_t r = 0; r < m; ++r) std::fill(c + r * ld, c + r * ld + n, 0.0f);
+      } else if (few_rows) {
+        const float* arows = am.p;
+        int64_t lda = am.ld;
+        if (am.trans) {  // column-major A: its m rows gathered
+          a_rows.resize(static_cast<std::size_t>(m * k));
+          for (int64_t r = 0; r < m; ++r)
+            for (int64_t p = 0; p < k; ++p) a_rows[static_cast<std::size_t>(r * k + p)] = am.p[p * am.ld + r];
+          arows = a_rows.data();
+          lda = k;
+        }
+        const std::byte* bp = b.p + b.off(i0, i1, 0) * static_cast<int64_t>(dtype_size(b.t));
+        few_row_product(m, n, k, arows, lda, bp, b.t, brs, bcs, c, ld);
       } else {
+        const mat_ref bm = pb.get(b.p, b.t, b.off(i0, i1, 0), k, n, brs, bcs);
         gemm_f32(am.trans, bm.trans, m, n, k, 1.0f, am.p, am.ld, bm.p, bm.ld, 0.0f, c, ld);
       }
       if (!c_direct) {
@@ -702,6 +734,21 @@ void gemm_f32(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float
               const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
 #ifdef ACTORGRAPH_HAVE_BLAS
   const int64_t big = std::max({m, n, k, lda, ldb, ldc});
+  if (big < INT_MAX && m == 1) {
+    // One row (a decode step): sgemv reads B once; sgemm would pack all of
+    // it first (2.3-2.5x slower for GPT-2's weights on the development
+    // machine). c = alpha * op(B)^T a + beta * c; a's elements are a column
+    // of A when A is transposed.
+    if (beta == 0.0f) std::fill(c, c + n, 0.0f);  // "c need not be set" (NaNs in it must not survive)
+    const int inc_a = trans_a ? static_cast<int>(lda) : 1;
+    if (trans_b)  // B is n x k
+      cblas_sgemv(CblasRowMajor, CblasNoTrans, static_cast<int>(n), static_cast<int>(k), alpha, b,
+                  static_cast<int>(ldb), a, inc_a, beta, c, 1);
+    else  // B is k x n
+      cblas_sgemv(CblasRowMajor, CblasTrans, static_cast<int>(k), static_cast<int>(n), alpha, b,
+                  static_cast<int>(ldb), a, inc_a, beta, c, 1);
+    return;
+  }
   if (big < INT_MAX) {
     cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans,
                 static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), alpha, a, static_cast<int>(lda), b,

@@ -5,9 +5,12 @@
 // resolve to their storage buffer + offset + strides, as the runtime does).
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstring>
+#include <string>
 #include <vector>
 
+#include "gpu/cpu/few_rows.hpp"
 #include "gpu/cpu/kernels.hpp"
 #include "graph/graph.hpp"
 #include "graph/random.hpp"
@@ -93,6 +96,15 @@ TEST(CpuKernels, MatmulShapesTransposesAndBatchBroadcast) {
       {{2, 3, 5, 6}, {6, 7}, false, false},     // weight broadcast over batches
       {{5, 6}, {2, 6, 7}, false, false},        // a broadcast
       {{2, 1, 5, 6}, {1, 3, 7, 6}, false, true}, // both broadcast
+      // A few rows (gpu/cpu/few_rows.hpp): a weight [out, in] used
+      // transposed (dot products) and one [in, out] (axpy), k across a
+      // 256-element chunk, n not a multiple of 4, A by columns, batches.
+      {{1, 300}, {70, 300}, false, true},
+      {{1, 300}, {300, 70}, false, false},
+      {{3, 517}, {37, 517}, false, true},
+      {{300, 2}, {300, 9}, true, false},
+      {{2, 4, 5, 300}, {37, 300}, false, true},
+      {{8, 33}, {33, 1030}, false, false},
   };
   uint64_t seed = 1;
   for (dtype t : float_types)
@@ -340,25 +352,111 @@ TEST(CpuKernels, CheckOpRejectsBadLaunchesNamingTheNode) {
   EXPECT_TRUE(gpu::cpu::check_op(l));
 }
 
+// Both gemm paths, also for one row (BLAS's sgemv there), with beta 0.5
+// and with beta 0 over a C full of NaNs (which must not survive).
 TEST(CpuKernels, GemmFallbackMatchesBlasPath) {
   rng r(42);
-  for (int tc = 0; tc < 4; ++tc) {
-    const bool ta = tc & 1, tb = tc & 2;
-    const int64_t m = 37, n = 29, k = 300;
-    std::vector<float> a(static_cast<std::size_t>(m * k)), bb(static_cast<std::size_t>(k * n));
-    for (auto& v : a) v = static_cast<float>(r.normal());
-    for (auto& v : bb) v = static_cast<float>(r.normal());
-    std::vector<float> c1(static_cast<std::size_t>(m * n), 0.5f), c2 = c1;
-    const int64_t lda = ta ? m : k, ldb = tb ? k : n;
-    gpu::cpu::gemm_f32(ta, tb, m, n, k, 0.75f, a.data(), lda, bb.data(), ldb, 0.5f, c1.data(), n);
-    gpu::cpu::gemm_f32_fallback(ta, tb, m, n, k, 0.75f, a.data(), lda, bb.data(), ldb, 0.5f, c2.data(), n);
-    // naive double reference for one corner of C
-    double ref = 0;
-    for (int64_t p = 0; p < k; ++p) ref += double(ta ? a[p * lda] : a[p]) * double(tb ? bb[p] : bb[p * ldb]);
-    ref = 0.75 * ref + 0.25;
-    EXPECT_NEAR(c2[0], ref, 1e-3);
-    for (std::size_t i = 0; i < c1.size(); ++i) ASSERT_NEAR(c1[i], c2[i], 1e-3) << i << " trans " << tc;
-  }
+  for (const int64_t m : {37, 1})
+    for (const float beta : {0.5f, 0.0f})
+      for (int tc = 0; tc < 4; ++tc) {
+        SCOPED_TRACE("m " + std::to_string(m) + ", beta " + std::to_string(beta) + ", trans " + std::to_string(tc));
+        const bool ta = tc & 1, tb = tc & 2;
+        const int64_t n = 29, k = 300;
+        std::vector<float> a(static_cast<std::size_t>(m * k)), bb(static_cast<std::size_t>(k * n));
+        for (auto& v : a) v = static_cast<float>(r.normal());
+        for (auto& v : bb) v = static_cast<float>(r.normal());
+        std::vector<float> c1(static_cast<std::size_t>(m * n), beta == 0.0f ? std::nanf("") : 0.5f), c2 = c1;
+        const int64_t lda = ta ? m : k, ldb = tb ? k : n;
+        gpu::cpu::gemm_f32(ta, tb, m, n, k, 0.75f, a.data(), lda, bb.data(), ldb, beta, c1.data(), n);
+        gpu::cpu::gemm_f32_fallback(ta, tb, m, n, k, 0.75f, a.data(), lda, bb.data(), ldb, beta, c2.data(), n);
+        // naive double reference for one corner of C
+        double ref = 0;
+        for (int64_t p = 0; p < k; ++p) ref += double(ta ? a[p * lda] : a[p]) * double(tb ? bb[p] : bb[p * ldb]);
+        ref = 0.75 * ref + (beta == 0.0f ? 0.0 : 0.25);
+        EXPECT_NEAR(c2[0], ref, 1e-3);
+        EXPECT_NEAR(c1[0], ref, 1e-3);
+        for (std::size_t i = 0; i < c1.size(); ++i) ASSERT_NEAR(c1[i], c2[i], 1e-3) << i;
+      }
+}
+
+// few_row_product (AVX2 + FMA where the machine has them) and its portable
+// twin against a double-precision sum of the same converted values: every
+// dtype, both forms (a weight's columns contiguous: dot products; its rows:
+// axpy), 1..8 rows, sizes across every tail (k % 8, n % 4, the 256- and
+// 512-element chunks), strides wider than the matrix, A's rows apart. C
+// starts as NaNs, so an element left unwritten fails.
+TEST(CpuKernels, FewRowProductsEqualADoublePrecisionSum) {
+  rng r(7);
+  const struct {
+    int64_t n, k;
+  } sizes[] = {{1, 1}, {5, 7}, {13, 33}, {37, 300}, {70, 1030}, {1031, 9}};
+  for (dtype t : float_types)
+    for (const bool dot : {true, false})
+      for (const auto& sz : sizes)
+        for (int64_t m = 1; m <= gpu::cpu::few_rows_max; ++m)
+          for (const bool portable : {false, true}) {
+            const int64_t n = sz.n, k = sz.k, lda = k + 3;
+            // B[p][j] at p * ps + j * js.
+            const int64_t ps = dot ? 1 : n + 5, js = dot ? k + 2 : 1;
+            const int64_t span = dot ? (n - 1) * js + k : (k - 1) * ps + n;
+            host_tensor b = host_tensor::random_normal(t, {span}, r.next(), 1.0f);
+            std::vector<float> a(static_cast<std::size_t>(m * lda));
+            for (auto& v : a) v = static_cast<float>(r.normal());
+            std::vector<float> c(static_cast<std::size_t>(m * (n + 1)), std::nanf(""));
+            const int64_t ldc = n + 1;
+            const bool ran = portable ? gpu::cpu::few_row_product_portable(m, n, k, a.data(), lda, b.data(), t, ps, js,
+                                                                          c.data(), ldc)
+                                      : gpu::cpu::few_row_product(m, n, k, a.data(), lda, b.data(), t, ps, js,
+                                                                 c.data(), ldc);
+            ASSERT_TRUE(ran);
+            for (int64_t i = 0; i < m; ++i)
+              for (int64_t j = 0; j < n; ++j) {
+                double want = 0, mag = 0;
+                for (int64_t p = 0; p < k; ++p) {
+                  const double x = a[static_cast<std::size_t>(i * lda + p)], y = b.at(p * ps + j * js);
+                  want += x * y;
+                  mag += std::fabs(x * y);
+                }
+                const float got = c[static_cast<std::size_t>(i * ldc + j)];
+                ASSERT_NEAR(got, want, 1e-5 * mag + 1e-6)
+                    << to_string(t) << (dot ? " dot" : " axpy") << (portable ? " portable" : "") << ", m " << m
+                    << ", n " << n << ", k " << k << ", C[" << i << "][" << j << "]";
+              }
+          }
+  // Refused: too many rows, i32, neither stride 1.
+  float a1[9] = {}, c1[9] = {};
+  const float b1[9] = {};
+  EXPECT_FALSE(gpu::cpu::few_row_product(9, 1, 1, a1, 1, b1, dtype::f32, 1, 1, c1, 1));
+  EXPECT_FALSE(gpu::cpu::few_row_product(1, 1, 1, a1, 1, b1, dtype::i32, 1, 1, c1, 1));
+  EXPECT_FALSE(gpu::cpu::few_row_product(1, 2, 2, a1, 2, b1, dtype::f32, 2, 3, c1, 2));
+}
+
+// Every f16 bit pattern (normals, subnormals, zeros, infinities, NaNs) read
+// by both paths' converters equals half_to_float: one row of ones against
+// B [1, 65536].
+TEST(CpuKernels, FewRowProductsReadEveryHalfLikeHalfToFloat) {
+  std::vector<uint16_t> bits(65536);
+  for (std::size_t i = 0; i < bits.size(); ++i) bits[i] = static_cast<uint16_t>(i);
+  const float one = 1.0f;
+  for (const bool portable : {false, true})
+    for (const bool dot : {true, false}) {
+      std::vector<float> c(bits.size());
+      const int64_t n = static_cast<int64_t>(bits.size());
+      // k 1: element (0, j) at j either way.
+      const bool ran = portable ? gpu::cpu::few_row_product_portable(1, n, 1, &one, 1, bits.data(), dtype::f16,
+                                                                    dot ? 1 : n, 1, c.data(), n)
+                                : gpu::cpu::few_row_product(1, n, 1, &one, 1, bits.data(), dtype::f16, dot ? 1 : n,
+                                                           1, c.data(), n);
+      ASSERT_TRUE(ran);
+      for (std::size_t i = 0; i < bits.size(); ++i) {
+        const float want = half_to_float(bits[i]);
+        if (std::isnan(want)) {
+          ASSERT_TRUE(std::isnan(c[i])) << std::hex << i;
+        } else {
+          ASSERT_EQ(c[i], want) << std::hex << "0x" << i << (portable ? " portable" : "") << (dot ? " dot" : " axpy");
+        }
+      }
+    }
 }
 
 }  // namespace
