@@ -1,4 +1,5 @@
 #include "graph/weight_source.hpp"
+#include "graph/target_clones.hpp"
 
 #include <cmath>
 #include <cstring>
@@ -192,22 +193,9 @@ template <class E>
 }
 
 // scale_elements per dtype, built for AVX2 and for the baseline on x86-64
-// (picked at run time: 3.0-3.3 against 2.2 GB/s for bf16 on the 2-core
-// development machine); one build elsewhere and under the sanitizers, whose
-// runtimes need not be up when an ifunc resolver runs. Not templates: clang
-// does not clone templates.
-#if defined(__x86_64__) && !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
-#if defined(__has_feature)
-#if !__has_feature(address_sanitizer) && !__has_feature(thread_sanitizer) && !__has_feature(memory_sanitizer)
-#define AG_SCALE_CLONES __attribute__((target_clones("avx2", "default")))
-#endif
-#else
-#define AG_SCALE_CLONES __attribute__((target_clones("avx2", "default")))
-#endif
-#endif
-#ifndef AG_SCALE_CLONES
-#define AG_SCALE_CLONES
-#endif
+// (graph/target_clones.hpp; 3.0-3.3 against 2.2 GB/s for bf16 on the 2-core
+// development machine).
+#define AG_SCALE_CLONES AG_AVX2_CLONES
 #define AG_SCALE_FOR(E)                                                                                 \
   AG_SCALE_CLONES bool scale_##E(E::type* data, int64_t outer, const std::vector<float>& factor,     \
                                  int64_t inner) {                                                    \

@@ -1,5 +1,7 @@
 #include "gpu/cpu/few_rows.hpp"
 
+#include "graph/target_clones.hpp"
+
 #include <algorithm>
 #include <cstring>
 #include <type_traits>
@@ -269,23 +271,9 @@ bool have_avx2_fma() {
 }
 #endif
 
-// Built for AVX2 and for the baseline on x86-64, picked at run time (as
-// graph/weight_source.cpp's scaling); AVX2 alone has no fused multiply-add,
-// so both clones round alike. One build under the sanitizers, whose
-// runtimes need not be up when an ifunc resolver runs. Not templates: clang
-// does not clone templates.
-#if defined(__x86_64__) && !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
-#if defined(__has_feature)
-#if !__has_feature(address_sanitizer) && !__has_feature(thread_sanitizer) && !__has_feature(memory_sanitizer)
-#define AG_FEW_ROWS_CLONES __attribute__((target_clones("avx2", "default")))
-#endif
-#else
-#define AG_FEW_ROWS_CLONES __attribute__((target_clones("avx2", "default")))
-#endif
-#endif
-#ifndef AG_FEW_ROWS_CLONES
-#define AG_FEW_ROWS_CLONES
-#endif
+// The portable entry points, built for AVX2 (without FMA) and for the
+// baseline (graph/target_clones.hpp).
+#define AG_FEW_ROWS_CLONES AG_AVX2_CLONES
 #define AG_FEW_ROWS_FOR(E)                                                                                      \
   AG_FEW_ROWS_CLONES void dot_##E(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda,               \
                                   const E::type* w, int64_t js, float* c, int64_t ldc) {                     \
