@@ -44,7 +44,7 @@ int main(int argc, char** argv) {
   std::vector<std::vector<ag::host_tensor>> inputs;
   for (uint64_t i = 0; i < 16; ++i) inputs.push_back(ag::models::transformer_inputs(cfg, 100 + i));
   std::vector<ag::job> jobs = (*rt)->submit_batch(*plan, inputs);
-  jobs[0].then([](const ag::job_result& r) {  // runs on a runtime thread when job 0 is ready
+  jobs[0].then([](const ag::job_result& r) {  // when job 0 is ready: on a runtime thread (here if it already is)
     std::printf("first job %s\n", r ? "finished" : r.err().to_string().c_str());
   });
 
