@@ -2,7 +2,9 @@
 // (test `examples.api_tour`), so the README's code keeps compiling and working.
 //
 //   build/examples/actorgraph-api-tour [device-spec]     (default "sim:4")
+#include <chrono>
 #include <cstdio>
+#include <future>
 #include <vector>
 
 #include "actors/actorgraph.hpp"
@@ -47,6 +49,12 @@ int main(int argc, char** argv) {
   jobs[0].then([](const ag::job_result& r) {  // when job 0 is ready: on a runtime thread (here if it already is)
     std::printf("first job %s\n", r ? "finished" : r.err().to_string().c_str());
   });
+  // A continuation chained at submission (submit_options::on_done) runs on a
+  // runtime thread however fast the job ends, never here.
+  std::promise<bool> chained_done;
+  ag::submit_options so;
+  so.on_done = [&chained_done](const ag::job_result& r) { chained_done.set_value(r.has_value()); };
+  (*rt)->submit(*plan, inputs[3], so);
 
   // 5. Wait, and check every result against the CPU reference evaluator.
   int bad = 0;
@@ -63,6 +71,12 @@ int main(int argc, char** argv) {
       std::printf("job %zu: %s\n", i, cmp.message.c_str());
       ++bad;
     }
+  }
+
+  auto chained = chained_done.get_future();
+  if (chained.wait_for(std::chrono::seconds(60)) != std::future_status::ready || !chained.get()) {
+    std::printf("the job chained at submission: its on_done did not run, or its job failed\n");
+    ++bad;
   }
 
   // A temporary handle's wait() returns the result by value; as the job's
