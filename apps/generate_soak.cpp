@@ -111,7 +111,7 @@ struct sequence_record {
   bool stream_ok = true;  // indices arrived 0, 1, 2, ... each once
   bool streamed_inside_generate = false;
   std::atomic<int> ends{0};
-  std::atomic<bool> cancel_sent{false};
+  std::atomic<bool> handle_published{false};
   bool cancelled_later = false;  // the soak's thread only
 };
 
@@ -259,7 +259,7 @@ class soak {
       // on_token runs on a runtime thread, never inside generate(): the
       // handle is there (generate() has returned) or comes in an instant.
       if (cancel && !rec->streamed_inside_generate) {
-        while (!rec->cancel_sent.load(std::memory_order_acquire)) std::this_thread::yield();
+        while (!rec->handle_published.load(std::memory_order_acquire)) std::this_thread::yield();
         rec->handle.cancel();
       }
     };
@@ -267,7 +267,7 @@ class soak {
     r->cancel_after = r->submitted + std::chrono::microseconds(50 + pick(2000));
     r->handle = cases_[static_cast<std::size_t>(r->gen)].gen->generate(prompts_[static_cast<std::size_t>(r->prompt)], go);
     // The token stream may now read the handle (publication of r->handle).
-    r->cancel_sent.store(true, std::memory_order_release);
+    r->handle_published.store(true, std::memory_order_release);
     r->handle.then([rec, this](const ag::generation_outcome&) {
       rec->ends.fetch_add(1);
       {
