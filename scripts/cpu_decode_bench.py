@@ -6,8 +6,9 @@ Two models, saved with actorgraph-save-model when missing (random weights):
   llama  LLaMA-1B's first 4 layers in bf16 (d 2048, ff 8192, 32 heads, 8 kv
          heads, vocab 32000: 0.75 GB).
 For each, alternating, --rounds times: `actorgraph-generate-bench --mode
-decode --devices cpu:1` (one stream, one BLAS thread) and the same model in
-Hugging Face transformers (eager, its KV cache, torch.set_num_threads(1)),
+decode --devices cpu:1` (one stream, one BLAS thread; with --threads N:
+`cpu:N --tp N`, tensor parallelism over N cpu devices) and the same model in
+Hugging Face transformers (eager, its KV cache, torch.set_num_threads(N)),
 both decoding after a prompt of --context tokens; medians per token.
 
 Prints a table and `name: value` lines:
@@ -32,9 +33,10 @@ MODELS = {
 }
 
 
-def actorgraph_ms(bench, folder, context, tokens):
-    r = subprocess.run([bench, "--mode", "decode", "--model", folder, "--devices", "cpu:1", "--context", str(context),
-                        "--new-tokens", str(tokens), "--prefill", "0"], capture_output=True, text=True)
+def actorgraph_ms(bench, folder, context, tokens, threads):
+    layout = ["--devices", "cpu:%d" % threads] + (["--tp", str(threads)] if threads > 1 else [])
+    r = subprocess.run([bench, "--mode", "decode", "--model", folder, "--context", str(context),
+                        "--new-tokens", str(tokens), "--prefill", "0"] + layout, capture_output=True, text=True)
     if r.returncode != 0:
         sys.exit("cpu_decode_bench: actorgraph-generate-bench failed:\n" + r.stdout + r.stderr)
     for line in r.stdout.splitlines():
@@ -43,10 +45,10 @@ def actorgraph_ms(bench, folder, context, tokens):
     sys.exit("cpu_decode_bench: no decode_ms_per_token line in:\n" + r.stdout)
 
 
-def torch_model(name, folder):
+def torch_model(name, folder, threads):
     import torch
     import transformers
-    torch.set_num_threads(1)
+    torch.set_num_threads(threads)
     dtype = getattr(torch, MODELS[name][1])
     kw = {"dtype" if int(transformers.__version__.split(".")[0]) >= 5 else "torch_dtype": dtype}
     return transformers.AutoModelForCausalLM.from_pretrained(folder, **kw).eval()
@@ -77,6 +79,7 @@ def main():
     ap.add_argument("--context", type=int, default=128)
     ap.add_argument("--tokens", type=int, default=16)
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=1, help="cpu devices (tensor parallel) and PyTorch threads")
     a = ap.parse_args()
     try:
         import torch  # noqa: F401
@@ -90,18 +93,20 @@ def main():
         folder = os.path.join(a.models_dir, name)
         if not os.path.exists(os.path.join(folder, "config.json")):
             subprocess.run([a.save, "--out", folder] + MODELS[name][0], check=True, capture_output=True)
-        model = torch_model(name, folder) if have_torch else None
+        model = torch_model(name, folder, a.threads) if have_torch else None
         ours, theirs = [], []
         for _ in range(a.rounds):
-            ours.append(actorgraph_ms(a.bench, folder, a.context, a.tokens))
+            ours.append(actorgraph_ms(a.bench, folder, a.context, a.tokens, a.threads))
             if model is not None:
                 theirs.append(torch_ms(model, a.context, a.tokens))
         rows.append((name, statistics.median(ours), statistics.median(theirs) if theirs else None))
         del model
-    print("%-8s %22s %22s %10s" % ("model", "actorgraph cpu:1 ms", "PyTorch 1 thread ms", "ratio"))
+    print("%-8s %22s %22s %10s" % ("model", "actorgraph cpu:%d ms" % a.threads, "PyTorch %d thread(s) ms" % a.threads,
+                                   "ratio"))
     for name, ours, theirs in rows:
         print("%-8s %22.2f %22s %10s" % (name, ours, "%.2f" % theirs if theirs else "-",
                                          "%.3f" % (ours / theirs) if theirs else "-"))
+    print("cpu_decode_threads: %d" % a.threads)
     for name, ours, theirs in rows:
         print("cpu_decode_ms_per_token_%s: %.2f" % (name, ours))
         if theirs:
