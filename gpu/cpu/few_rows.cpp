@@ -65,61 +65,39 @@ AG_INLINE void convert(const typename E::type* p, int64_t n, float* out) {
   for (int64_t q = 0; q < n; ++q) out[q] = E::load(p[q]);
 }
 
-// x . y_g over n elements for G columns y_0..y_G-1 at once: each column
-// keeps eight running sums (lane l sums the elements q = l mod 8, in order)
-// reduced pairwise, then the tail; so a column's bits do not depend on how
-// many columns share the pass. G columns give G independent chains of
-// additions (one chain ran at a quarter of the adder's speed) and G memory
-// streams, and x is loaded once for all of them.
-template <int G>
-AG_INLINE void dots(const float* x, const float* const* y, int64_t n, float* out) {
-  float s[G][8] = {};
+// x . y over n elements: 32 running sums (four vector registers of AVX2,
+// so that four additions are in flight), reduced pairwise, then the tail.
+AG_INLINE float dot32(const float* x, const float* y, int64_t n) {
+  constexpr int lanes = 32;
+  float s[lanes] = {};
   int64_t q = 0;
-  for (; q + 8 <= n; q += 8)
-    for (int g = 0; g < G; ++g)
-      for (int l = 0; l < 8; ++l) s[g][l] += x[q + l] * y[g][q + l];
-  for (int g = 0; g < G; ++g) {
-    float tail = 0.0f;
-    for (int64_t r = q; r < n; ++r) tail += x[r] * y[g][r];
-    out[g] = ((s[g][0] + s[g][1]) + (s[g][2] + s[g][3])) + ((s[g][4] + s[g][5]) + (s[g][6] + s[g][7])) + tail;
-  }
+  for (; q + lanes <= n; q += lanes)
+    for (int l = 0; l < lanes; ++l) s[l] += x[q + l] * y[q + l];
+  for (int width = lanes / 2; width >= 1; width /= 2)
+    for (int l = 0; l < width; ++l) s[l] += s[l + width];
+  float tail = 0.0f;
+  for (; q < n; ++q) tail += x[q] * y[q];
+  return s[0] + tail;
 }
 
-// Columns of B contiguous (B[p][j] = w[j * js + p]): four columns a pass
-// (the rest one by one, with the same sums).
-template <class E, int G>
-AG_INLINE void dot_columns(int64_t m, int64_t j, int64_t k, const float* a, int64_t lda, const typename E::type* w,
-                           int64_t js, float* c, int64_t ldc, float (&buf)[4][dot_chunk]) {
-  float acc[few_rows_max][G] = {};
-  const float* y[G];
-  for (int64_t p0 = 0; p0 < k; p0 += dot_chunk) {
-    const int64_t len = std::min(dot_chunk, k - p0);
-    for (int g = 0; g < G; ++g) {
-      const typename E::type* col = w + (j + g) * js + p0;
-      if constexpr (std::is_same_v<E, f32_elems>) {
-        y[g] = col;
-      } else {
-        convert<E>(col, len, buf[g]);
-        y[g] = buf[g];
-      }
-    }
-    for (int64_t i = 0; i < m; ++i) {
-      float part[G];
-      dots<G>(a + i * lda + p0, y, len, part);
-      for (int g = 0; g < G; ++g) acc[i][g] += part[g];
-    }
-  }
-  for (int64_t i = 0; i < m; ++i)
-    for (int g = 0; g < G; ++g) c[i * ldc + j + g] = acc[i][g];
-}
-
+// Columns of B contiguous (B[p][j] = w[j * js + p]): one column at a time,
+// a chunk of it converted and dotted with every row of A.
 template <class E>
 AG_INLINE void product_dot(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const typename E::type* w,
                            int64_t js, float* c, int64_t ldc) {
-  alignas(64) float buf[4][dot_chunk];
-  int64_t j = 0;
-  for (; j + 4 <= n; j += 4) dot_columns<E, 4>(m, j, k, a, lda, w, js, c, ldc, buf);
-  for (; j < n; ++j) dot_columns<E, 1>(m, j, k, a, lda, w, js, c, ldc, buf);
+  alignas(64) float buf[dot_chunk];
+  for (int64_t j = 0; j < n; ++j) {
+    float acc[few_rows_max] = {};
+    const typename E::type* col = w + j * js;
+    for (int64_t p0 = 0; p0 < k; p0 += dot_chunk) {
+      const int64_t len = std::min(dot_chunk, k - p0);
+      const float* y = buf;
+      if constexpr (std::is_same_v<E, f32_elems>) y = col + p0;
+      else convert<E>(col + p0, len, buf);
+      for (int64_t i = 0; i < m; ++i) acc[i] += dot32(a + i * lda + p0, y, len);
+    }
+    for (int64_t i = 0; i < m; ++i) c[i * ldc + j] = acc[i];
+  }
 }
 
 // Rows of B contiguous (B[p][j] = w[p * ps + j]): C's rows, a chunk of
@@ -290,11 +268,16 @@ AG_FEW_ROWS_FOR(f16_elems)
 #undef AG_FEW_ROWS_CLONES
 #undef AG_INLINE
 
+// What both entry points take (few_rows.hpp).
+bool takes(int64_t m, dtype t, int64_t ps, int64_t js) {
+  return m >= 1 && m <= few_rows_max && t != dtype::i32 && (ps == 1 || js == 1);
+}
+
 }  // namespace
 
 bool few_row_product(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const void* b, dtype t,
                      int64_t ps, int64_t js, float* c, int64_t ldc) {
-  if (m < 1 || m > few_rows_max || t == dtype::i32 || (ps != 1 && js != 1)) return false;
+  if (!takes(m, t, ps, js)) return false;
 #ifdef AG_FEW_ROWS_AVX2_FMA
   if (have_avx2_fma()) {
     const bool dot = ps == 1;
@@ -322,7 +305,7 @@ bool few_row_product(int64_t m, int64_t n, int64_t k, const float* a, int64_t ld
 
 bool few_row_product_portable(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const void* b, dtype t,
                               int64_t ps, int64_t js, float* c, int64_t ldc) {
-  if (m < 1 || m > few_rows_max || t == dtype::i32 || (ps != 1 && js != 1)) return false;
+  if (!takes(m, t, ps, js)) return false;
   const bool dot = ps == 1;
   switch (t) {
     case dtype::f32: {
