@@ -56,6 +56,7 @@ struct options {
   std::string prompt;
   std::string prompt_ids;
   std::string devices = "cpu:1";
+  int cpu_threads = 0;  ///< backend_options::cpu_threads_per_stream (0: the machine's, shared among cpu devices)
   int stages = 0;
   int tp = 1;
   std::string dtype;
@@ -215,6 +216,9 @@ int main(int argc, char** argv) {
   app.add_option("--prompt-ids", o.prompt_ids, "comma-separated token ids");
   app.add_option("--prompt", o.prompt, "text, encoded with the folder's tokenizer");
   app.add_option("--devices", o.devices, "device spec (sim:2, cpu:1, cuda:0, cuda:all, ...)");
+  app.add_option("--cpu-threads", o.cpu_threads,
+                 "threads each cpu device's kernels use (0: the machine's hardware threads, shared among the cpu devices)")
+      ->check(CLI::Range(0, 1024));
   app.add_option("--stages", o.stages, "pipeline stages (0: every device, or devices / tp)")->check(CLI::Range(0, 4096));
   app.add_option("--tp", o.tp, "tensor-parallel degree: devices per stage, each holding its heads' and columns' share")
       ->check(CLI::Range(1, 4096));
@@ -258,7 +262,9 @@ int main(int argc, char** argv) {
   if (ag::dtype t; !o.dtype.empty() && ag::parse_dtype(o.dtype.c_str(), t)) lo.dtype = t;
 
   // The runtime first: device start-up (a CUDA context) is not load time.
-  auto rt = ag::runtime::create(o.devices);
+  ag::runtime_options ro;
+  ro.backend.cpu_threads_per_stream = o.cpu_threads;
+  auto rt = ag::runtime::create(o.devices, ro);
   if (!rt) return fail(rt.err());
 
   const auto t_open = std::chrono::steady_clock::now();

@@ -106,6 +106,7 @@ int run_sim(double time_scale, int sequences, int new_tokens) {
 struct decode_args {
   std::string model, devices = "cuda:0";
   int64_t context = 512, prefill = 2048;
+  int cpu_threads = 0;  ///< backend_options::cpu_threads_per_stream (0: the machine's, shared among cpu devices)
   int new_tokens = 64;
   double bandwidth_gbs = 0.0;
   std::string replay = "auto";  ///< plan_options::graph_replay of the decode and prefill plans (the default)
@@ -139,6 +140,7 @@ struct decode_args {
 
 int run_decode(const decode_args& a) {
   ag::runtime_options ro;
+  ro.backend.cpu_threads_per_stream = a.cpu_threads;
   ro.backend.cuda_gemv = a.gemv == "on";
   ro.backend.cuda_pdl = a.pdl == "on";
   ro.backend.cuda_copy_engine_collectives = a.copy_engine == "on";
@@ -381,6 +383,10 @@ int main(int argc, char** argv) {
   app.add_option("--sim-tokens", sim_tokens, "sim: tokens per sequence")->check(CLI::Range(1, 48));
   app.add_option("--model", d.model, "decode: the model folder (actorgraph-save-model --shape llama-1b)");
   app.add_option("--devices", d.devices, "decode: device spec");
+  app.add_option("--cpu-threads", d.cpu_threads,
+                 "decode: threads each cpu device's kernels use (0: the machine's hardware threads, shared among the "
+                 "cpu devices)")
+      ->check(CLI::Range(0, 1024));
   app.add_option("--context", d.context, "decode: prompt tokens before decoding")->check(CLI::Range(1, 1 << 20));
   app.add_option("--new-tokens", d.new_tokens, "decode: tokens to generate")->check(CLI::Range(2, 1 << 20));
   app.add_option("--prefill", d.prefill, "prefill tokens (0: skip)")->check(CLI::Range(0, 1 << 20));

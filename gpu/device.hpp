@@ -295,7 +295,15 @@ struct sim_options {
 
 struct backend_options {
   sim_options sim;
-  int cpu_threads_per_stream = 1;  ///< cpu backend: BLAS threads per compute stream
+  /// cpu backend: threads each kernel of a stream may use, the stream's own
+  /// worker included (a few-row matmul's columns and a bf16 weight's
+  /// conversion split among them, gpu/cpu/thread_team.hpp; and BLAS's
+  /// process-wide thread count, which the first cpu device sets). 1: the
+  /// stream's thread alone. 0: the machine's hardware threads shared evenly
+  /// among the cpu devices of the spec (what the programs use: one cpu
+  /// device gets every core, `cpu:2 --tp 2` half each). Results are the same
+  /// bits for any count.
+  int cpu_threads_per_stream = 1;
   bool cuda_tf32 = false;          ///< cuda: allow TF32 tensor cores for f32 matmul
   /// cuda: matmuls of at most 8 rows against a weight (a decode step's
   /// projections) run on the project's GEMV kernel instead of cuBLAS

@@ -135,7 +135,7 @@ error validate(const backend_options& o) {
   if (error e = ag::validate(s.spec)) return error(e.code, "backend option sim.spec: " + e.message);
   if (o.cpu_threads_per_stream < 0 || o.cpu_threads_per_stream > 1024)
     return error(errc::invalid_argument, "backend option cpu_threads_per_stream = " +
-                                             std::to_string(o.cpu_threads_per_stream) + ": must be 0 (BLAS default) .. 1024");
+                                             std::to_string(o.cpu_threads_per_stream) + ": must be 0 (the machine's threads shared among the cpu devices) .. 1024");
   if (o.cpu_oneshot_max_bytes < -1)
     return error(errc::invalid_argument, "backend option cpu_oneshot_max_bytes = " +
                                              std::to_string(o.cpu_oneshot_max_bytes) + ": must be >= 0, or -1 for the default");
@@ -161,6 +161,9 @@ expected<std::vector<device_ptr>> make_devices(const std::string& spec, const ba
   if (error e = validate(options)) return e;
   auto reqs = parse_device_spec(spec);
   if (!reqs) return reqs.err();
+  int cpu_devices = 0;  // cpu_threads_per_stream 0 shares the machine among them
+  for (const auto& r : *reqs)
+    if (r.kind == device_kind::cpu) cpu_devices += r.count;
   std::vector<device_ptr> devices;
   for (const auto& r : *reqs) {
     const int first = static_cast<int>(devices.size());
@@ -170,7 +173,7 @@ expected<std::vector<device_ptr>> make_devices(const std::string& spec, const ba
         break;
       case device_kind::cpu:
         for (int i = 0; i < r.count; ++i)
-          devices.push_back(cpu::make_cpu_device(cpu::default_cpu_spec(i), first + i, options));
+          devices.push_back(cpu::make_cpu_device(cpu::default_cpu_spec(i), first + i, options, cpu_devices));
         break;
       case device_kind::cuda: {
 #ifdef ACTORGRAPH_HAVE_CUDA

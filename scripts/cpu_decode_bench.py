@@ -6,8 +6,10 @@ Two models, saved with actorgraph-save-model when missing (random weights):
   llama  LLaMA-1B's first 4 layers in bf16 (d 2048, ff 8192, 32 heads, 8 kv
          heads, vocab 32000: 0.75 GB).
 For each, alternating, --rounds times: `actorgraph-generate-bench --mode
-decode --devices cpu:1` (one stream, one BLAS thread; with --threads N:
-`cpu:N --tp N`, tensor parallelism over N cpu devices) and the same model in
+decode --devices cpu:1 --cpu-threads 1` (one stream, one thread; with
+--threads N: `cpu:N --tp N --cpu-threads 1`, tensor parallelism over N cpu
+devices of one thread each, or with --layout threads `cpu:1 --cpu-threads
+N`, one device whose kernels use N threads) and the same model in
 Hugging Face transformers (eager, its KV cache, torch.set_num_threads(N)),
 both decoding after a prompt of --context tokens; medians per token.
 
@@ -33,8 +35,11 @@ MODELS = {
 }
 
 
-def actorgraph_ms(bench, folder, context, tokens, threads):
-    layout = ["--devices", "cpu:%d" % threads] + (["--tp", str(threads)] if threads > 1 else [])
+def actorgraph_ms(bench, folder, context, tokens, threads, layout_kind):
+    if layout_kind == "threads":
+        layout = ["--devices", "cpu:1", "--cpu-threads", str(threads)]
+    else:
+        layout = ["--devices", "cpu:%d" % threads, "--cpu-threads", "1"] + (["--tp", str(threads)] if threads > 1 else [])
     r = subprocess.run([bench, "--mode", "decode", "--model", folder, "--context", str(context),
                         "--new-tokens", str(tokens), "--prefill", "0"] + layout, capture_output=True, text=True)
     if r.returncode != 0:
@@ -79,7 +84,9 @@ def main():
     ap.add_argument("--context", type=int, default=128)
     ap.add_argument("--tokens", type=int, default=16)
     ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--threads", type=int, default=1, help="cpu devices (tensor parallel) and PyTorch threads")
+    ap.add_argument("--threads", type=int, default=1, help="PyTorch's threads and ours (see --layout)")
+    ap.add_argument("--layout", choices=["tp", "threads"], default="tp",
+                    help="tp: cpu:N --tp N, a thread each; threads: cpu:1 whose kernels use N threads")
     a = ap.parse_args()
     try:
         import torch  # noqa: F401
@@ -96,17 +103,17 @@ def main():
         model = torch_model(name, folder, a.threads) if have_torch else None
         ours, theirs = [], []
         for _ in range(a.rounds):
-            ours.append(actorgraph_ms(a.bench, folder, a.context, a.tokens, a.threads))
+            ours.append(actorgraph_ms(a.bench, folder, a.context, a.tokens, a.threads, a.layout))
             if model is not None:
                 theirs.append(torch_ms(model, a.context, a.tokens))
         rows.append((name, statistics.median(ours), statistics.median(theirs) if theirs else None))
         del model
-    print("%-8s %22s %22s %10s" % ("model", "actorgraph cpu:%d ms" % a.threads, "PyTorch %d thread(s) ms" % a.threads,
-                                   "ratio"))
+    ours_label = "cpu:1 x%d threads ms" % a.threads if a.layout == "threads" else "actorgraph cpu:%d ms" % a.threads
+    print("%-8s %22s %22s %10s" % ("model", ours_label, "PyTorch %d thread(s) ms" % a.threads, "ratio"))
     for name, ours, theirs in rows:
         print("%-8s %22.2f %22s %10s" % (name, ours, "%.2f" % theirs if theirs else "-",
                                          "%.3f" % (ours / theirs) if theirs else "-"))
-    print("cpu_decode_threads: %d" % a.threads)
+    print("cpu_decode_threads: %d (%s)" % (a.threads, "one device" if a.layout == "threads" else "tensor parallel"))
     for name, ours, theirs in rows:
         print("cpu_decode_ms_per_token_%s: %.2f" % (name, ours))
         if theirs:

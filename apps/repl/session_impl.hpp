@@ -92,7 +92,13 @@ struct session::impl {
 
   // devices
   std::string spec;
-  runtime_options rt_opts;
+  // cpu devices use the machine's threads, shared among them (the library's
+  // default is the stream's thread alone).
+  runtime_options rt_opts = [] {
+    runtime_options o;
+    o.backend.cpu_threads_per_stream = 0;
+    return o;
+  }();
   double time_scale = 20;
   bool values = true;
   std::unique_ptr<runtime> rt;

@@ -1,6 +1,8 @@
 #include "gpu/cpu/cpu_device.hpp"
 
+#include <algorithm>
 #include <mutex>
+#include <thread>
 
 #include "gpu/host/host_device.hpp"
 
@@ -14,12 +16,13 @@ namespace {
 
 class cpu_device final : public host::host_device {
  public:
-  cpu_device(device_spec spec, int index) : host_device(std::move(spec), index, config()) {}
+  cpu_device(device_spec spec, int index, int threads) : host_device(std::move(spec), index, config(threads)) {}
 
  private:
-  static host::host_device_config config() {
+  static host::host_device_config config(int threads) {
     host::host_device_config c;
     c.ring_collectives = true;  // large collectives as a ring (gpu/cpu/ring.hpp)
+    c.kernel_threads = threads;
     return c;
   }
 };
@@ -45,17 +48,23 @@ device_spec default_cpu_spec(int ordinal) {
   return s;
 }
 
-device_ptr make_cpu_device(device_spec spec, int index, const backend_options& options) {
+int cpu_threads_for(const backend_options& options, int cpu_devices) {
+  if (options.cpu_threads_per_stream > 0) return options.cpu_threads_per_stream;
+  const int hardware = static_cast<int>(std::thread::hardware_concurrency());
+  return std::max(1, hardware / std::max(1, cpu_devices));
+}
+
+device_ptr make_cpu_device(device_spec spec, int index, const backend_options& options, int cpu_devices) {
   spec.kind = device_kind::cpu;
   if (options.cpu_oneshot_max_bytes >= 0) spec.oneshot_max_bytes = options.cpu_oneshot_max_bytes;
+  const int threads = cpu_threads_for(options, cpu_devices);
   // Each stream is already a thread; BLAS threads per call multiply with
   // them. The setting is process-wide in OpenBLAS: the first device decides.
   static std::once_flag blas_threads;
   std::call_once(blas_threads, [&] {
-    if (openblas_set_num_threads && options.cpu_threads_per_stream > 0)
-      openblas_set_num_threads(options.cpu_threads_per_stream);
+    if (openblas_set_num_threads) openblas_set_num_threads(threads);
   });
-  return std::make_shared<cpu_device>(std::move(spec), index);
+  return std::make_shared<cpu_device>(std::move(spec), index, threads);
 }
 
 }  // namespace ag::gpu::cpu

@@ -16,9 +16,16 @@ constexpr int64_t default_capacity = 16LL << 30;
 /// GFLOP/s, 20 GB/s memory, memcpy "links"), capacity default_capacity.
 device_spec default_cpu_spec(int ordinal);
 
-/// Creates a cpu device with this spec (its kind is forced to cpu) and index.
-/// With OpenBLAS, the first call sets its (process-wide) thread count to
-/// options.cpu_threads_per_stream.
-device_ptr make_cpu_device(device_spec spec, int index, const backend_options& options = {});
+/// The threads each kernel of a cpu device may use (its stream's worker and
+/// helpers, gpu/cpu/thread_team.hpp): options.cpu_threads_per_stream, or
+/// where that is 0 the machine's hardware threads shared evenly among the
+/// `cpu_devices` cpu devices being made (at least 1).
+int cpu_threads_for(const backend_options& options, int cpu_devices);
+
+/// Creates a cpu device with this spec (its kind is forced to cpu) and index,
+/// one of `cpu_devices` made together (cpu_threads_for). Its kernels use
+/// cpu_threads_for(options, cpu_devices) threads; with OpenBLAS, the first
+/// call also sets BLAS's (process-wide) thread count to it.
+device_ptr make_cpu_device(device_spec spec, int index, const backend_options& options = {}, int cpu_devices = 1);
 
 }  // namespace ag::gpu::cpu

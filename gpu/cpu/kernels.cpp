@@ -1,6 +1,7 @@
 #include "gpu/cpu/kernels.hpp"
 
 #include "gpu/cpu/few_rows.hpp"
+#include "gpu/cpu/thread_team.hpp"
 
 #include <algorithm>
 #include <climits>
@@ -9,6 +10,7 @@
 #include <limits>
 #include <new>
 #include <stdexcept>
+#include <utility>
 #include <vector>
 
 #ifdef ACTORGRAPH_HAVE_BLAS
@@ -433,11 +435,28 @@ bool blas_layout(int64_t rows, int64_t cols, int64_t rs, int64_t cs, bool& trans
   return false;
 }
 
+// How many parts run_parts gets for `lines` independent lines (columns of a
+// product, rows of a conversion) over `bytes` of input: one where there is
+// a single thread or too little to share (a helper's wake-up costs
+// microseconds), else about four a thread, so that a helper woken late
+// still finds some, of at least 32 lines each.
+constexpr int64_t share_min_bytes = 256 << 10;
+int shared_parts(int64_t lines, int64_t bytes, int threads) {
+  if (threads <= 1 || bytes < share_min_bytes) return 1;
+  return static_cast<int>(std::clamp<int64_t>(lines / 32, 1, 4 * static_cast<int64_t>(threads)));
+}
+// Part i of `parts` over [0, lines): whole multiples of 16 lines but the last.
+std::pair<int64_t, int64_t> part_range(int64_t lines, int parts, int i) {
+  const auto edge = [&](int j) { return j == parts ? lines : (lines * j / parts) & ~int64_t{15}; };
+  return {edge(i), edge(i + 1)};
+}
+
 // Packs (or references) one operand; reuses the packed copy when the same
 // source is asked for again (a weight broadcast over batches).
 class operand {
  public:
-  mat_ref get(const std::byte* base, dtype t, int64_t off, int64_t rows, int64_t cols, int64_t rs, int64_t cs) {
+  mat_ref get(const std::byte* base, dtype t, int64_t off, int64_t rows, int64_t cols, int64_t rs, int64_t cs,
+              int threads) {
     mat_ref m;
     if (t == dtype::f32 && blas_layout(rows, cols, rs, cs, m.trans, m.ld)) {
       m.p = reinterpret_cast<const float*>(base) + off;
@@ -457,10 +476,14 @@ class operand {
       src.p = const_cast<std::byte*>(base);
       src.t = t;
       src.s[3] = by_columns ? rs : cs;
-      if (by_columns)
-        for (int64_t c = 0; c < cols; ++c) load_row(src, off + c * cs, rows, buf_.data() + c * rows);
-      else
-        for (int64_t r = 0; r < rows; ++r) load_row(src, off + r * rs, cols, buf_.data() + r * cols);
+      // The lines (columns or rows) in ranges over the stream's threads.
+      const int64_t lines = by_columns ? cols : rows, length = by_columns ? rows : cols;
+      const int64_t step = by_columns ? cs : rs;
+      const int parts = shared_parts(lines, rows * cols * static_cast<int64_t>(dtype_size(t)), threads);
+      run_parts(parts, threads, [&](int i) {
+        const auto [first, end] = part_range(lines, parts, i);
+        for (int64_t c = first; c < end; ++c) load_row(src, off + c * step, length, buf_.data() + c * length);
+      });
       packed_ = true;
       last_off_ = off;
     }
@@ -476,7 +499,7 @@ class operand {
   int64_t last_off_ = -1;
 };
 
-void run_matmul(const op_launch& l) {
+void run_matmul(const op_launch& l, int threads) {
   const nd out = pad(l.out);
   nd a = pad(l.inputs[0]), b = pad(l.inputs[1]);
   for (int k = 0; k < 2; ++k) {  // batch broadcast
@@ -503,7 +526,7 @@ void run_matmul(const op_launch& l) {
   std::vector<float> cbuf(c_direct ? 0 : static_cast<std::size_t>(m * n));
   for (int64_t i0 = 0; i0 < out.d[0]; ++i0)
     for (int64_t i1 = 0; i1 < out.d[1]; ++i1) {
-      const mat_ref am = pa.get(a.p, a.t, a.off(i0, i1, 0), m, k, ars, acs);
+      const mat_ref am = pa.get(a.p, a.t, a.off(i0, i1, 0), m, k, ars, acs, threads);
       const int64_t coff = out.off(i0, i1, 0);
       float* c = c_direct ? reinterpret_cast<float*>(out.p) + coff : cbuf.data();
       const int64_t ld = c_direct ? ldc : std::max<int64_t>(n, 1);
@@ -520,9 +543,16 @@ void run_matmul(const op_launch& l) {
           lda = k;
         }
         const std::byte* bp = b.p + b.off(i0, i1, 0) * static_cast<int64_t>(dtype_size(b.t));
-        few_row_product(m, n, k, arows, lda, bp, b.t, brs, bcs, c, ld);
+        // Ranges of columns over the stream's threads: each element of C is
+        // one thread's sum, in the same order whatever the split.
+        const int64_t es = static_cast<int64_t>(dtype_size(b.t)), js = bcs;
+        const int parts = shared_parts(n, n * k * es, threads);
+        run_parts(parts, threads, [&](int i) {
+          const auto [first, end] = part_range(n, parts, i);
+          if (end > first) few_row_product(m, end - first, k, arows, lda, bp + first * js * es, b.t, brs, bcs, c + first, ld);
+        });
       } else {
-        const mat_ref bm = pb.get(b.p, b.t, b.off(i0, i1, 0), k, n, brs, bcs);
+        const mat_ref bm = pb.get(b.p, b.t, b.off(i0, i1, 0), k, n, brs, bcs, threads);
         gemm_f32(am.trans, bm.trans, m, n, k, 1.0f, am.p, am.ld, bm.p, bm.ld, 0.0f, c, ld);
       }
       if (!c_direct) {
@@ -681,13 +711,13 @@ error check_op(const op_launch& l) {
   return {};
 }
 
-error run_op(const op_launch& l) {
+error run_op(const op_launch& l, int threads) {
   if (error e = check_op(l)) return e;
   // Kernels run on backend worker threads: an exception there (a scratch
   // buffer the host cannot allocate) would terminate the process.
   try {
     switch (l.op->op) {
-      case op_kind::matmul: run_matmul(l); return {};
+      case op_kind::matmul: run_matmul(l, threads); return {};
       case op_kind::add: case op_kind::mul: run_binary(l); return {};
       case op_kind::scale: case op_kind::gelu: case op_kind::silu: run_unary(l); return {};
       case op_kind::copy: copy_strided(pad(l.inputs[0]), pad(l.out)); return {};

@@ -8,7 +8,8 @@
 /// them against graph/reference.hpp.
 ///
 /// Threading: pure functions of their arguments; safe to call from any number
-/// of threads at once (each call allocates its own scratch).
+/// of threads at once (each call allocates its own scratch; a call given
+/// several threads shares the process's helper team with the others).
 
 #include <cstdint>
 
@@ -25,7 +26,12 @@ error check_op(const op_launch& l);
 /// Runs one op on host memory. View ops and leaves (input, weight) are no-ops
 /// that succeed. Errors (bad arguments, an id out of range in get_rows) name
 /// the node and return before or without writing a partial result where possible.
-error run_op(const op_launch& l);
+/// `threads`: how many threads the op may use, the calling one included
+/// (gpu/cpu/thread_team.hpp; BLAS has its own): a matmul of a few rows
+/// splits its columns, and a bf16 or f16 operand's conversion to f32 its
+/// lines, among them. The result is the same bits for any count (each
+/// output element is one thread's sum, in one order).
+error run_op(const op_launch& l, int threads = 1);
 
 /// C = alpha * op(A) * op(B) + beta * C, row-major f32 with leading
 /// dimensions (cblas_sgemm's contract). Uses BLAS when the build has it.

@@ -32,6 +32,9 @@ struct host_device_config {
   /// worker streams (the parts meet); the sim keeps the one-shot for its
   /// values and models the ring's time.
   bool ring_collectives = false;
+  /// Threads each kernel may use, its stream's worker included
+  /// (cpu::run_op's `threads`): the cpu backend's cpu_threads_per_stream.
+  int kernel_threads = 1;
 };
 
 /// What a piece of work costs on a timed device.

@@ -3,8 +3,11 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <cstdio>
+#include <cstring>
 
 #include "actors/actorgraph.hpp"
+#include "gpu/cpu/thread_team.hpp"
 #include "graph/models/transformer.hpp"
 #include "graph/reference.hpp"
 
@@ -57,3 +60,45 @@ TEST(EndToEnd, MlpOnCpu1) { run_mlp("cpu:1"); }
 TEST(EndToEnd, MlpOnSim2) { run_mlp("sim:2"); }
 
 }  // namespace
+
+// backend_options::cpu_threads_per_stream reaches the cpu device's kernels:
+// a decode-shaped job (one bf16 row through two weights of 2 MiB) on cpu:1
+// with 3 threads a kernel starts the helper team and gives the same bits as
+// one thread, and the reference's values.
+TEST(EndToEnd, CpuKernelsOnSeveralThreadsGiveTheSameBitsAsOne) {
+  ag::graph_builder b;
+  auto x = b.input("x", ag::dtype::bf16, {1, 512});
+  auto w1 = b.weight("w1", ag::host_tensor::random_normal(ag::dtype::bf16, {2048, 512}, 5, 0.05f));
+  auto w2 = b.weight("w2", ag::host_tensor::random_normal(ag::dtype::bf16, {512, 2048}, 6, 0.05f));
+  auto h = b.silu(b.matmul(x, w1, false, true, "up"), "act");
+  b.output(b.matmul(h, w2, false, true, "down"));
+  const ag::graph g = std::move(b).build().value();
+  const std::vector<ag::host_tensor> in{ag::host_tensor::random_normal(ag::dtype::bf16, {1, 512}, 7)};
+  const int helpers_before = ag::gpu::cpu::team_helpers();
+  std::vector<ag::host_tensor> outs;
+  for (const int threads : {1, 3}) {
+    ag::runtime_options o;
+    o.backend.cpu_threads_per_stream = threads;
+    auto rt = ag::runtime::create("cpu:1", o);
+    ASSERT_TRUE(rt.has_value()) << rt.err().to_string();
+    auto p = (*rt)->compile(g);
+    ASSERT_TRUE(p.has_value()) << p.err().to_string();
+    ag::job j = (*rt)->submit(*p, in);
+    ASSERT_TRUE(j.wait_for(20s)) << "job did not finish";
+    const ag::job_result& r = j.wait();
+    ASSERT_TRUE(r.has_value()) << r.err().to_string();
+    auto ref = ag::evaluate_reference(g, in);
+    ASSERT_TRUE(ref.has_value()) << ref.err().to_string();
+    const auto c = ag::compare((*r)[0], (*ref)[0], 2e-2, 2e-2);  // bf16 output
+    EXPECT_TRUE(c.ok) << threads << " threads: " << c.message;
+    outs.push_back((*r)[0]);
+  }
+  ASSERT_EQ(outs[0].bytes(), outs[1].bytes());
+  EXPECT_EQ(std::memcmp(outs[0].data(), outs[1].data(), static_cast<std::size_t>(outs[0].bytes())), 0)
+      << "3 threads a kernel changed the bits";
+  if (helpers_before < 2)
+    EXPECT_GE(ag::gpu::cpu::team_helpers(), 2) << "the kernels ran without the helper team";
+  else
+    std::printf("[ note ] helpers started before this test (%d): whether it started them is not checked\n",
+                helpers_before);
+}

@@ -2,10 +2,13 @@
 // the offending item.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <string>
+#include <thread>
 #include <vector>
 
+#include "gpu/cpu/cpu_device.hpp"
 #include "gpu/device.hpp"
 #include "gpu/device_factory.hpp"
 #include "graph/host_tensor.hpp"
@@ -165,6 +168,21 @@ TEST(DeviceSpec, BackendOptionsAreValidatedNamingOptionAndValue) {
   o = {};
   o.cpu_threads_per_stream = -1;
   refused(o, "cpu_threads_per_stream = -1");
+}
+
+// cpu_threads_per_stream: a count is taken as given; 0 shares the machine's
+// hardware threads evenly among the cpu devices made together, at least one
+// each.
+TEST(DeviceSpec, CpuThreadsZeroShareTheMachineAmongTheCpuDevices) {
+  const int hardware = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+  gpu::backend_options o;
+  o.cpu_threads_per_stream = 5;
+  EXPECT_EQ(gpu::cpu::cpu_threads_for(o, 3), 5);
+  o.cpu_threads_per_stream = 0;
+  EXPECT_EQ(gpu::cpu::cpu_threads_for(o, 1), hardware);
+  EXPECT_EQ(gpu::cpu::cpu_threads_for(o, 2), std::max(1, hardware / 2));
+  EXPECT_EQ(gpu::cpu::cpu_threads_for(o, 4 * hardware), 1);
+  EXPECT_EQ(gpu::cpu::cpu_threads_for(o, 0), hardware);
 }
 
 TEST(DeviceSpec, DevicesInHostMemoryAreCappedAtWhatTheHostHas) {

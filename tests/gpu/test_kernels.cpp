@@ -5,13 +5,17 @@
 // resolve to their storage buffer + offset + strides, as the runtime does).
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "gpu/cpu/few_rows.hpp"
 #include "gpu/cpu/kernels.hpp"
+#include "gpu/cpu/thread_team.hpp"
 #include "graph/graph.hpp"
 #include "graph/random.hpp"
 #include "graph/reference.hpp"
@@ -456,6 +460,126 @@ TEST(CpuKernels, FewRowProductsReadEveryHalfLikeHalfToFloat) {
           ASSERT_EQ(c[i], want) << std::hex << "0x" << i << (portable ? " portable" : "") << (dot ? " dot" : " axpy");
         }
       }
+    }
+}
+
+}  // namespace
+
+// ---- several threads a kernel (gpu/cpu/thread_team.hpp) ----------------------
+
+namespace {
+
+using namespace ag;
+
+// Every part of every call runs exactly once, with callers on six threads at
+// once asking for different thread counts (more threads than parts, one
+// part, one thread among them).
+TEST(CpuThreadTeam, RunsEveryPartOnceWithManyCallersAtOnce) {
+  constexpr int callers = 6, calls = 150;
+  std::vector<std::thread> threads;
+  std::atomic<int> wrong{0};
+  for (int c = 0; c < callers; ++c)
+    threads.emplace_back([&, c] {
+      rng r(100 + c);
+      for (int call = 0; call < calls; ++call) {
+        const int parts = 1 + static_cast<int>(r.next() % 40), want = 1 + static_cast<int>(r.next() % 5);
+        std::vector<std::atomic<int>> runs(static_cast<std::size_t>(parts));
+        gpu::cpu::run_parts(parts, want, [&](int i) { runs[static_cast<std::size_t>(i)].fetch_add(1); });
+        for (const auto& n : runs)
+          if (n.load() != 1) wrong.fetch_add(1);
+      }
+    });
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(wrong.load(), 0);
+  EXPECT_GE(gpu::cpu::team_helpers(), 1);
+}
+
+// Helpers do take parts: part 0 holds the calling thread until part 1 has
+// started, which only a helper can do; each part sees the other on another
+// thread. (A caller that ran its parts alone would wait here for ever: the
+// wait gives up after 60 s and the test fails.)
+TEST(CpuThreadTeam, AHelperRunsPartsBesideTheCaller) {
+  std::atomic<int> started{0};
+  std::thread::id ran_on[2];
+  bool both_seen[2] = {false, false};
+  gpu::cpu::run_parts(2, 2, [&](int i) {
+    ran_on[i] = std::this_thread::get_id();
+    started.fetch_add(1);
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    while (started.load() < 2 && std::chrono::steady_clock::now() < deadline) std::this_thread::yield();
+    both_seen[i] = started.load() == 2;
+  });
+  EXPECT_TRUE(both_seen[0] && both_seen[1]);
+  EXPECT_NE(ran_on[0], ran_on[1]);
+}
+
+// A part may itself split its work (a helper is then a caller): no deadlock,
+// every inner part once.
+TEST(CpuThreadTeam, PartsMaySplitTheirWorkAgain) {
+  std::vector<std::atomic<int>> runs(8 * 8);
+  gpu::cpu::run_parts(8, 3, [&](int i) {
+    gpu::cpu::run_parts(8, 3, [&](int j) { runs[static_cast<std::size_t>(i * 8 + j)].fetch_add(1); });
+  });
+  for (const auto& n : runs) EXPECT_EQ(n.load(), 1);
+}
+
+// One matmul through run_op with `threads`; its output's bytes.
+std::vector<std::byte> matmul_bytes(const graph& g, const std::vector<host_tensor>& storage, int threads) {
+  const node& mm = g.at(g.outputs()[0]);
+  gpu::op_launch l;
+  l.op = &mm;
+  l.source = &g;
+  for (node_id in : mm.inputs) {
+    const node& x = g.at(in);
+    const host_tensor& s = storage[static_cast<std::size_t>(x.storage)];
+    gpu::tensor_arg a;
+    a.data = const_cast<std::byte*>(s.data()) + x.offset * static_cast<int64_t>(dtype_size(x.type));
+    a.type = x.type;
+    a.dims = x.dims;
+    a.stride = x.stride;
+    l.inputs.push_back(a);
+  }
+  host_tensor out(mm.type, mm.dims);
+  std::memset(out.data(), 0x7f, out.bytes());
+  l.out.data = out.data();
+  l.out.type = mm.type;
+  l.out.dims = mm.dims;
+  l.out.stride = mm.stride;
+  EXPECT_FALSE(gpu::cpu::run_op(l, threads));
+  return std::vector<std::byte>(out.data(), out.data() + out.bytes());
+}
+
+// A matmul given 1, 2, 3 or 7 threads gives the same bits, and the
+// reference's values: a few rows against weights large enough to be split
+// (both forms: [out, in] used transposed, and [in, out]), and many rows
+// against a bf16 / f16 weight whose conversion to f32 is split.
+TEST(CpuKernels, MatmulsSplitAmongThreadsGiveTheSameBits) {
+  struct cfg {
+    shape a, b;
+    bool tb;
+  };
+  const cfg cases[] = {
+      {{1, 300}, {1003, 300}, true},   // one row, dot products over 1003 columns
+      {{3, 300}, {300, 1003}, false},  // three rows, axpy over rows of 1003
+      {{8, 257}, {2050, 257}, true},   // eight rows, 2050 columns: parts of 16 and a tail
+      {{40, 300}, {1003, 300}, true},  // many rows: the weight converted by columns in parts
+      {{40, 300}, {300, 1003}, false}, // many rows: converted by rows in parts
+  };
+  uint64_t seed = 900;
+  for (dtype t : float_types)
+    for (const cfg& c : cases) {
+      graph_builder b;
+      auto x = b.input("a", t, c.a);
+      auto w = b.weight("b", rnd(t, c.b, seed++));
+      b.output(b.matmul(x, w, false, c.tb, "mm"));
+      graph g = must(std::move(b).build());
+      SCOPED_TRACE(std::string(to_string(t)) + " a " + c.a.to_string() + " b " + c.b.to_string());
+      const std::vector<host_tensor> inputs = {rnd(t, c.a, seed++)};
+      auto ref = evaluate_reference_all(g, inputs);
+      ASSERT_TRUE(ref.has_value()) << ref.err().to_string();
+      const auto one = matmul_bytes(g, *ref, 1);
+      for (const int threads : {2, 3, 7}) EXPECT_TRUE(matmul_bytes(g, *ref, threads) == one) << threads << " threads";
+      EXPECT_EQ(check_graph(g, inputs, {1e-4, 1e-4}), 1);
     }
 }
 

@@ -1,0 +1,36 @@
+#pragma once
+/// \file thread_team.hpp
+/// Helper threads for the cpu backend's kernels: the independent parts of
+/// one kernel (a decode step's matmul in ranges of columns, a bf16 weight
+/// converted to f32 in ranges of columns) run on the stream's own thread and
+/// on helpers, so that one cpu device uses several cores
+/// (backend_options::cpu_threads_per_stream).
+///
+/// One team per process, shared by every cpu device's streams: it starts
+/// helpers as calls ask for them, up to the most any call asked for, and
+/// keeps them asleep between calls.
+///
+/// Threading: run_parts may be called from any number of threads at once.
+/// A call runs parts on its calling thread too and waits only for helpers
+/// that took some of its parts and are running them, so it completes even
+/// when every helper is busy with other calls.
+
+#include <functional>
+
+namespace ag::gpu::cpu {
+
+/// The most threads one call may use (the bound on cpu_threads_per_stream).
+inline constexpr int team_threads_max = 1024;
+
+/// Runs part(i) once for every i in [0, parts), on the calling thread and on
+/// up to threads - 1 of the team's helpers, and returns when every part has
+/// returned; whatever the parts wrote is then visible to the caller. Which
+/// thread runs which part is not fixed: parts must be independent. parts <=
+/// 0 does nothing; threads <= 1 or parts == 1 runs the parts on the calling
+/// thread, in order, without touching the team. `part` must not throw.
+void run_parts(int parts, int threads, const std::function<void(int)>& part);
+
+/// Helper threads the team has started so far (0 until a call asks for one).
+int team_helpers() noexcept;
+
+}  // namespace ag::gpu::cpu
