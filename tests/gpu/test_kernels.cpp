@@ -34,6 +34,32 @@ tol for_type(dtype t, tol f32) {
   return f32;
 }
 
+// The launch of node n of g on `storage` (the reference's buffers, by
+// storage id; views read through their storage, offset and strides, as the
+// runtime does), its output into `out`, poisoned first so that an element
+// the kernel forgets cannot pass by luck.
+gpu::op_launch launch_on(const graph& g, const node& n, const std::vector<host_tensor>& storage, host_tensor& out) {
+  gpu::op_launch l;
+  l.op = &n;
+  l.source = &g;
+  for (node_id in : n.inputs) {
+    const node& x = g.at(in);
+    const host_tensor& s = storage[static_cast<std::size_t>(x.storage)];
+    gpu::tensor_arg a;
+    a.data = const_cast<std::byte*>(s.data()) + x.offset * static_cast<int64_t>(dtype_size(x.type));
+    a.type = x.type;
+    a.dims = x.dims;
+    a.stride = x.stride;
+    l.inputs.push_back(a);
+  }
+  std::memset(out.data(), 0x7f, out.bytes());
+  l.out.data = out.data();
+  l.out.type = n.type;
+  l.out.dims = n.dims;
+  l.out.stride = n.stride;
+  return l;
+}
+
 // Runs every compute node of g through the cpu kernels and compares each
 // output with the reference. Returns the number of nodes checked.
 int check_graph(const graph& g, const std::vector<host_tensor>& inputs, tol f32) {
@@ -43,27 +69,8 @@ int check_graph(const graph& g, const std::vector<host_tensor>& inputs, tol f32)
   int checked = 0;
   for (const node& n : g.nodes()) {
     if (is_leaf_op(n.op) || n.is_view()) continue;
-    gpu::op_launch l;
-    l.op = &n;
-    l.source = &g;
-    for (node_id in : n.inputs) {
-      const node& x = g.at(in);
-      host_tensor& storage = (*ref)[static_cast<std::size_t>(x.storage)];
-      gpu::tensor_arg a;
-      a.data = storage.data() + x.offset * static_cast<int64_t>(dtype_size(x.type));
-      a.type = x.type;
-      a.dims = x.dims;
-      a.stride = x.stride;
-      l.inputs.push_back(a);
-    }
     host_tensor out(n.type, n.dims);
-    // Poison the output so an element the kernel forgets cannot pass by luck.
-    std::memset(out.data(), 0x7f, out.bytes());
-    l.out.data = out.data();
-    l.out.type = n.type;
-    l.out.dims = n.dims;
-    l.out.stride = n.stride;
-    const error e = gpu::cpu::run_op(l);
+    const error e = gpu::cpu::run_op(launch_on(g, n, *ref, out));
     EXPECT_FALSE(e) << n.name << ": " << e.to_string();
     const tol t = for_type(n.type, f32);
     const auto c = compare(out, (*ref)[static_cast<std::size_t>(n.id)], t.atol, t.rtol);
@@ -84,6 +91,15 @@ graph must(expected<graph> g) {
 }
 
 const dtype float_types[] = {dtype::f32, dtype::f16, dtype::bf16};
+
+// input "a" of shape `a` times a random weight "b" of shape `b`: one matmul "mm".
+graph one_matmul(dtype t, const shape& a, const shape& b, bool ta, bool tb, uint64_t seed) {
+  graph_builder gb;
+  auto x = gb.input("a", t, a);
+  auto w = gb.weight("b", rnd(t, b, seed));
+  gb.output(gb.matmul(x, w, ta, tb, "mm"));
+  return must(std::move(gb).build());
+}
 
 TEST(CpuKernels, MatmulShapesTransposesAndBatchBroadcast) {
   struct cfg {
@@ -113,11 +129,7 @@ TEST(CpuKernels, MatmulShapesTransposesAndBatchBroadcast) {
   uint64_t seed = 1;
   for (dtype t : float_types)
     for (const cfg& c : cases) {
-      graph_builder b;
-      auto x = b.input("a", t, c.a);
-      auto w = b.weight("b", rnd(t, c.b, seed++));
-      b.output(b.matmul(x, w, c.ta, c.tb, "mm"));
-      graph g = must(std::move(b).build());
+      const graph g = one_matmul(t, c.a, c.b, c.ta, c.tb, seed++);
       SCOPED_TRACE(std::string(to_string(t)) + " a " + c.a.to_string() + " b " + c.b.to_string());
       EXPECT_EQ(check_graph(g, {rnd(t, c.a, seed++)}, {1e-4, 1e-4}), 1);
     }
@@ -526,26 +538,8 @@ TEST(CpuThreadTeam, PartsMaySplitTheirWorkAgain) {
 // One matmul through run_op with `threads`; its output's bytes.
 std::vector<std::byte> matmul_bytes(const graph& g, const std::vector<host_tensor>& storage, int threads) {
   const node& mm = g.at(g.outputs()[0]);
-  gpu::op_launch l;
-  l.op = &mm;
-  l.source = &g;
-  for (node_id in : mm.inputs) {
-    const node& x = g.at(in);
-    const host_tensor& s = storage[static_cast<std::size_t>(x.storage)];
-    gpu::tensor_arg a;
-    a.data = const_cast<std::byte*>(s.data()) + x.offset * static_cast<int64_t>(dtype_size(x.type));
-    a.type = x.type;
-    a.dims = x.dims;
-    a.stride = x.stride;
-    l.inputs.push_back(a);
-  }
   host_tensor out(mm.type, mm.dims);
-  std::memset(out.data(), 0x7f, out.bytes());
-  l.out.data = out.data();
-  l.out.type = mm.type;
-  l.out.dims = mm.dims;
-  l.out.stride = mm.stride;
-  EXPECT_FALSE(gpu::cpu::run_op(l, threads));
+  EXPECT_FALSE(gpu::cpu::run_op(launch_on(g, mm, storage, out), threads));
   return std::vector<std::byte>(out.data(), out.data() + out.bytes());
 }
 
@@ -568,11 +562,7 @@ TEST(CpuKernels, MatmulsSplitAmongThreadsGiveTheSameBits) {
   uint64_t seed = 900;
   for (dtype t : float_types)
     for (const cfg& c : cases) {
-      graph_builder b;
-      auto x = b.input("a", t, c.a);
-      auto w = b.weight("b", rnd(t, c.b, seed++));
-      b.output(b.matmul(x, w, false, c.tb, "mm"));
-      graph g = must(std::move(b).build());
+      const graph g = one_matmul(t, c.a, c.b, false, c.tb, seed++);
       SCOPED_TRACE(std::string(to_string(t)) + " a " + c.a.to_string() + " b " + c.b.to_string());
       const std::vector<host_tensor> inputs = {rnd(t, c.a, seed++)};
       auto ref = evaluate_reference_all(g, inputs);
