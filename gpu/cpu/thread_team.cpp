@@ -4,6 +4,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <deque>
+#include <exception>
 #include <mutex>
 #include <thread>
 
@@ -57,11 +58,20 @@ class team {
       open_.push_back(&b);
     }
     for (int i = 0; i < b.helpers_wanted; ++i) work_.notify_one();
-    run_claimed(b);
-    std::unique_lock<std::mutex> lock(mutex_);
-    // Every part is claimed: no helper may join from here on.
-    if (auto it = std::find(open_.begin(), open_.end(), &b); it != open_.end()) open_.erase(it);
-    left_.wait(lock, [&] { return b.inside == 0; });
+    std::exception_ptr thrown;
+    try {
+      run_claimed(b);
+    } catch (...) {  // a part on this thread threw: stop handing parts out, then let the helpers leave
+      thrown = std::current_exception();
+      b.next.store(b.parts, std::memory_order_relaxed);
+    }
+    {
+      std::unique_lock<std::mutex> lock(mutex_);
+      // Every part is claimed: no helper may join from here on.
+      if (auto it = std::find(open_.begin(), open_.end(), &b); it != open_.end()) open_.erase(it);
+      left_.wait(lock, [&] { return b.inside == 0; });
+    }
+    if (thrown) std::rethrow_exception(thrown);
   }
 
   int started() const noexcept { return started_.load(std::memory_order_relaxed); }

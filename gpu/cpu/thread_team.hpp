@@ -27,7 +27,11 @@ inline constexpr int team_threads_max = 1024;
 /// returned; whatever the parts wrote is then visible to the caller. Which
 /// thread runs which part is not fixed: parts must be independent. parts <=
 /// 0 does nothing; threads <= 1 or parts == 1 runs the parts on the calling
-/// thread, in order, without touching the team. `part` must not throw.
+/// thread, in order, without touching the team. A part that throws on the
+/// calling thread stops the parts not yet started, and the exception leaves
+/// run_parts once the helpers are done; one that throws on a helper ends
+/// the process (as any exception leaving a thread does): parts that may
+/// throw must catch on their own.
 void run_parts(int parts, int threads, const std::function<void(int)>& part);
 
 /// Helper threads the team has started so far (0 until a call asks for one).

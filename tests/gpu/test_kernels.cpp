@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
@@ -533,6 +534,31 @@ TEST(CpuThreadTeam, PartsMaySplitTheirWorkAgain) {
     gpu::cpu::run_parts(8, 3, [&](int j) { runs[static_cast<std::size_t>(i * 8 + j)].fetch_add(1); });
   });
   for (const auto& n : runs) EXPECT_EQ(n.load(), 1);
+}
+
+// A part that throws on the calling thread: run_parts throws it once the
+// helpers are done, no part runs twice, and the team goes on working.
+TEST(CpuThreadTeam, APartThrowingOnTheCallerLeavesRunPartsAndTheTeamWorks) {
+  const auto caller = std::this_thread::get_id();
+  std::vector<std::atomic<int>> runs(50);
+  std::atomic<bool> caller_threw{false};
+  EXPECT_THROW(gpu::cpu::run_parts(50, 3,
+                                   [&](int i) {
+                                     runs[static_cast<std::size_t>(i)].fetch_add(1);
+                                     if (std::this_thread::get_id() == caller) {
+                                       caller_threw.store(true);
+                                       throw std::runtime_error("part failed");
+                                     }
+                                     // A helper's part waits for the caller's, so parts are left for it.
+                                     const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+                                     while (!caller_threw.load() && std::chrono::steady_clock::now() < deadline)
+                                       std::this_thread::yield();
+                                   }),
+               std::runtime_error);
+  for (const auto& n : runs) EXPECT_LE(n.load(), 1);
+  std::vector<std::atomic<int>> again(50);
+  gpu::cpu::run_parts(50, 3, [&](int i) { again[static_cast<std::size_t>(i)].fetch_add(1); });
+  for (const auto& n : again) EXPECT_EQ(n.load(), 1);
 }
 
 // One matmul through run_op with `threads`; its output's bytes.
