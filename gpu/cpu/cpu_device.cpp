@@ -1,6 +1,7 @@
 #include "gpu/cpu/cpu_device.hpp"
 
 #include <algorithm>
+#include <cstdlib>
 #include <mutex>
 #include <thread>
 
@@ -59,10 +60,13 @@ device_ptr make_cpu_device(device_spec spec, int index, const backend_options& o
   if (options.cpu_oneshot_max_bytes >= 0) spec.oneshot_max_bytes = options.cpu_oneshot_max_bytes;
   const int threads = cpu_threads_for(options, cpu_devices);
   // Each stream is already a thread; BLAS threads per call multiply with
-  // them. The setting is process-wide in OpenBLAS: the first device decides.
+  // them. The setting is process-wide in OpenBLAS: the first device decides,
+  // unless the environment set it (OPENBLAS_NUM_THREADS: the user's word,
+  // and what the ThreadSanitizer presets use, since OpenBLAS's own threads
+  // synchronise in code TSan cannot see).
   static std::once_flag blas_threads;
   std::call_once(blas_threads, [&] {
-    if (openblas_set_num_threads) openblas_set_num_threads(threads);
+    if (openblas_set_num_threads && !std::getenv("OPENBLAS_NUM_THREADS")) openblas_set_num_threads(threads);
   });
   return std::make_shared<cpu_device>(std::move(spec), index, threads);
 }

@@ -25,7 +25,8 @@ int cpu_threads_for(const backend_options& options, int cpu_devices);
 /// Creates a cpu device with this spec (its kind is forced to cpu) and index,
 /// one of `cpu_devices` made together (cpu_threads_for). Its kernels use
 /// cpu_threads_for(options, cpu_devices) threads; with OpenBLAS, the first
-/// call also sets BLAS's (process-wide) thread count to it.
+/// call also sets BLAS's (process-wide) thread count to it, unless the
+/// environment variable OPENBLAS_NUM_THREADS is set (then that count holds).
 device_ptr make_cpu_device(device_spec spec, int index, const backend_options& options = {}, int cpu_devices = 1);
 
 }  // namespace ag::gpu::cpu
