@@ -10,7 +10,6 @@
 #include <limits>
 #include <new>
 #include <stdexcept>
-#include <utility>
 #include <vector>
 
 #ifdef ACTORGRAPH_HAVE_BLAS
@@ -435,20 +434,22 @@ bool blas_layout(int64_t rows, int64_t cols, int64_t rs, int64_t cs, bool& trans
   return false;
 }
 
-// How many parts run_parts gets for `lines` independent lines (columns of a
-// product, rows of a conversion) over `bytes` of input: one where there is
-// a single thread or too little to share (a helper's wake-up costs
-// microseconds), else about four a thread, so that a helper woken late
-// still finds some, of at least 32 lines each.
-constexpr int64_t share_min_bytes = 256 << 10;
-int shared_parts(int64_t lines, int64_t bytes, int threads) {
-  if (threads <= 1 || bytes < share_min_bytes) return 1;
-  return static_cast<int>(std::clamp<int64_t>(lines / 32, 1, 4 * static_cast<int64_t>(threads)));
-}
-// Part i of `parts` over [0, lines): whole multiples of 16 lines but the last.
-std::pair<int64_t, int64_t> part_range(int64_t lines, int parts, int i) {
+// f(first, end) over ranges of [0, lines), independent lines (columns of a
+// product, rows of a conversion) reading `bytes` in all, spread over
+// `threads` (run_parts): one range where there is a single thread or too
+// little to share (a helper's wake-up costs microseconds), else about four a
+// thread, so that a helper woken late still finds some, each at least 32
+// lines and starting at a multiple of 16.
+template <class F>
+void for_line_ranges(int64_t lines, int64_t bytes, int threads, F&& f) {
+  constexpr int64_t share_min_bytes = 256 << 10;
+  const int parts = threads <= 1 || bytes < share_min_bytes
+                        ? 1
+                        : static_cast<int>(std::clamp<int64_t>(lines / 32, 1, 4 * static_cast<int64_t>(threads)));
   const auto edge = [&](int j) { return j == parts ? lines : (lines * j / parts) & ~int64_t{15}; };
-  return {edge(i), edge(i + 1)};
+  run_parts(parts, threads, [&](int i) {
+    if (edge(i + 1) > edge(i)) f(edge(i), edge(i + 1));
+  });
 }
 
 // Packs (or references) one operand; reuses the packed copy when the same
@@ -479,9 +480,7 @@ class operand {
       // The lines (columns or rows) in ranges over the stream's threads.
       const int64_t lines = by_columns ? cols : rows, length = by_columns ? rows : cols;
       const int64_t step = by_columns ? cs : rs;
-      const int parts = shared_parts(lines, rows * cols * static_cast<int64_t>(dtype_size(t)), threads);
-      run_parts(parts, threads, [&](int i) {
-        const auto [first, end] = part_range(lines, parts, i);
+      for_line_ranges(lines, rows * cols * static_cast<int64_t>(dtype_size(t)), threads, [&](int64_t first, int64_t end) {
         for (int64_t c = first; c < end; ++c) load_row(src, off + c * step, length, buf_.data() + c * length);
       });
       packed_ = true;
@@ -545,11 +544,9 @@ void run_matmul(const op_launch& l, int threads) {
         const std::byte* bp = b.p + b.off(i0, i1, 0) * static_cast<int64_t>(dtype_size(b.t));
         // Ranges of columns over the stream's threads: each element of C is
         // one thread's sum, in the same order whatever the split.
-        const int64_t es = static_cast<int64_t>(dtype_size(b.t)), js = bcs;
-        const int parts = shared_parts(n, n * k * es, threads);
-        run_parts(parts, threads, [&](int i) {
-          const auto [first, end] = part_range(n, parts, i);
-          if (end > first) few_row_product(m, end - first, k, arows, lda, bp + first * js * es, b.t, brs, bcs, c + first, ld);
+        const int64_t es = static_cast<int64_t>(dtype_size(b.t));
+        for_line_ranges(n, n * k * es, threads, [&](int64_t first, int64_t end) {
+          few_row_product(m, end - first, k, arows, lda, bp + first * bcs * es, b.t, brs, bcs, c + first, ld);
         });
       } else {
         const mat_ref bm = pb.get(b.p, b.t, b.off(i0, i1, 0), k, n, brs, bcs, threads);
