@@ -37,6 +37,7 @@ install(EXPORT actorgraphTargets
 # libraries' link dependencies), as this build found it.
 set(ACTORGRAPH_CONFIG_HAVE_CUDA ${ACTORGRAPH_HAVE_CUDA})
 set(ACTORGRAPH_CONFIG_HAVE_BLAS ${BLAS_FOUND})
+set(ACTORGRAPH_CONFIG_HAVE_DNNL ${ACTORGRAPH_HAVE_DNNL})
 configure_package_config_file(
   ${CMAKE_CURRENT_LIST_DIR}/actorgraphConfig.cmake.in
   ${PROJECT_BINARY_DIR}/actorgraphConfig.cmake

@@ -23,7 +23,7 @@ jobs="${AG_BUILD_JOBS:-$(nproc)}"
 
 packages=(build-essential cmake ninja-build pkg-config git
           libcaf-dev libconcurrentqueue-dev libgtest-dev libgmock-dev libbenchmark-dev
-          libopenblas-dev libreadline-dev libcli11-dev python3 python3-numpy
+          libopenblas-dev libdnnl-dev libreadline-dev libcli11-dev python3 python3-numpy
           nlohmann-json3-dev libsentencepiece-dev
           clang-14 libclang-rt-14-dev)  # clang: libFuzzer (scripts/fuzz.sh)
 

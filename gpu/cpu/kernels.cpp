@@ -1,5 +1,6 @@
 #include "gpu/cpu/kernels.hpp"
 
+#include "gpu/cpu/bf16_gemm.hpp"
 #include "gpu/cpu/few_rows.hpp"
 #include "gpu/cpu/thread_team.hpp"
 
@@ -7,7 +8,10 @@
 #include <climits>
 #include <cmath>
 #include <cstring>
+#include <exception>
 #include <limits>
+#include <memory>
+#include <mutex>
 #include <new>
 #include <stdexcept>
 #include <vector>
@@ -70,7 +74,11 @@ void load_row(const nd& x, int64_t off, int64_t n, float* buf) {
     }
     case dtype::bf16: {
       const uint16_t* p = reinterpret_cast<const uint16_t*>(x.p) + off;
-      for (int64_t i = 0; i < n; ++i) buf[i] = bf16_to_float(p[i * st]);
+      if (st == 1) {
+        for (int64_t i = 0; i < n; ++i) buf[i] = bf16_to_float(p[i]);
+      } else {
+        for (int64_t i = 0; i < n; ++i) buf[i] = bf16_to_float(p[i * st]);
+      }
       break;
     }
     case dtype::i32: {
@@ -105,7 +113,18 @@ void store_row(const nd& y, int64_t off, int64_t n, const float* buf) {
     }
     case dtype::bf16: {
       uint16_t* p = reinterpret_cast<uint16_t*>(y.p) + off;
-      for (int64_t i = 0; i < n; ++i) p[i * st] = float_to_bf16(buf[i]);
+      if (st == 1) {
+        // float_to_bf16 without its branch, so that the loop vectorises (a
+        // prefill's outputs: 11% of its time as the scalar loop).
+        for (int64_t i = 0; i < n; ++i) {
+          uint32_t u;
+          std::memcpy(&u, buf + i, 4);
+          const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16, quiet = (u >> 16) | 0x40u;
+          p[i] = static_cast<uint16_t>((u & 0x7fffffffu) > 0x7f800000u ? quiet : rounded);
+        }
+      } else {
+        for (int64_t i = 0; i < n; ++i) p[i * st] = float_to_bf16(buf[i]);
+      }
       break;
     }
     case dtype::i32: {
@@ -122,12 +141,61 @@ int32_t load_i32(const nd& x, int64_t off) {
   return v;
 }
 
-// Calls f(out_off, in_offs...) for every row (i0, i1, i2) of `out`.
+// Calls f(i0, i1, i2) for every row of `out`.
 template <class F>
 void for_rows(const nd& out, F&& f) {
   for (int64_t i0 = 0; i0 < out.d[0]; ++i0)
     for (int64_t i1 = 0; i1 < out.d[1]; ++i1)
       for (int64_t i2 = 0; i2 < out.d[2]; ++i2) f(i0, i1, i2);
+}
+
+// part(first, end) over ranges of [0, count) of independent items touching
+// `bytes` in all, spread over `threads` (run_parts): one range where there is
+// a single thread or too little to share (a helper's wake-up costs
+// microseconds), else about four a thread, so that a helper woken late still
+// finds some; each range holds at least `min_items` (but the only one) and
+// starts at a multiple of `align`. An item is one thread's work from start to
+// end, so the result does not depend on the split. A part that throws (its
+// scratch cannot be allocated) stops nothing else; the first exception is
+// rethrown here, on the calling thread, once every part is done (one
+// leaving a helper thread would end the process).
+template <class F>
+void for_item_ranges(int64_t count, int64_t bytes, int threads, int64_t min_items, int64_t align, F&& part) {
+  constexpr int64_t share_min_bytes = 256 << 10;
+  const int parts = threads <= 1 || bytes < share_min_bytes
+                        ? 1
+                        : static_cast<int>(std::clamp<int64_t>(count / min_items, 1, 4 * static_cast<int64_t>(threads)));
+  const auto edge = [&](int j) { return j == parts ? count : count * j / parts / align * align; };
+  std::mutex m;
+  std::exception_ptr thrown;
+  run_parts(parts, threads, [&](int i) {
+    try {
+      if (edge(i + 1) > edge(i)) part(edge(i), edge(i + 1));
+    } catch (...) {
+      std::lock_guard<std::mutex> lk(m);
+      if (!thrown) thrown = std::current_exception();
+    }
+  });
+  if (thrown) std::rethrow_exception(thrown);
+}
+
+// The rows of `out` (its three outer dims) in ranges over `threads`, each
+// row one thread's: part(first, end) of the flattened row index, which
+// rows_in() walks. `bytes`: what the op reads and writes in all.
+template <class F>
+void for_row_ranges(const nd& out, int64_t bytes, int threads, F&& part) {
+  for_item_ranges(out.d[0] * out.d[1] * out.d[2], bytes, threads, 1, 1, part);
+}
+
+// f(i0, i1, i2) for the rows [first, end) of `out` in for_row_ranges' order.
+template <class F>
+void rows_in(const nd& out, int64_t first, int64_t end, F&& f) {
+  for (int64_t r = first; r < end; ++r) f(r / (out.d[1] * out.d[2]), r / out.d[2] % out.d[1], r % out.d[2]);
+}
+
+// What an op over whole rows touches: its output and inputs of `out`'s size.
+int64_t row_op_bytes(const nd& out, int operands) {
+  return out.d[0] * out.d[1] * out.d[2] * out.d[3] * static_cast<int64_t>(dtype_size(out.t)) * operands;
 }
 
 std::string label(const op_launch& l) {
@@ -146,22 +214,24 @@ float gelu(float x, gelu_mode m) {
   return 0.5f * x * (1.0f + std::tanh(c * (x + 0.044715f * x * x * x)));
 }
 
-void run_unary(const op_launch& l) {
+void run_unary(const op_launch& l, int threads) {
   const nd out = pad(l.out);
   const nd x = pad(l.inputs[0]);
   const int64_t n = out.d[3];
-  std::vector<float> buf(static_cast<std::size_t>(n));
   const op_attrs& at = l.op->attrs;
   const op_kind k = l.op->op;
-  for_rows(out, [&](int64_t i0, int64_t i1, int64_t i2) {
-    load_row(x, x.off(i0, i1, i2), n, buf.data());
-    switch (k) {
-      case op_kind::scale: for (auto& v : buf) v *= at.scale; break;
-      case op_kind::gelu: for (auto& v : buf) v = gelu(v, at.gelu); break;
-      case op_kind::silu: for (auto& v : buf) v = v / (1.0f + std::exp(-v)); break;
-      default: break;  // copy: the cast happens in store_row
-    }
-    store_row(out, out.off(i0, i1, i2), n, buf.data());
+  for_row_ranges(out, row_op_bytes(out, 2), threads, [&](int64_t first, int64_t end) {
+    std::vector<float> buf(static_cast<std::size_t>(n));
+    rows_in(out, first, end, [&](int64_t i0, int64_t i1, int64_t i2) {
+      load_row(x, x.off(i0, i1, i2), n, buf.data());
+      switch (k) {
+        case op_kind::scale: for (auto& v : buf) v *= at.scale; break;
+        case op_kind::gelu: for (auto& v : buf) v = gelu(v, at.gelu); break;
+        case op_kind::silu: for (auto& v : buf) v = v / (1.0f + std::exp(-v)); break;
+        default: break;  // copy: the cast happens in store_row
+      }
+      store_row(out, out.off(i0, i1, i2), n, buf.data());
+    });
   });
 }
 
@@ -189,27 +259,29 @@ void copy_strided(const nd& x, const nd& out) {
   });
 }
 
-void run_binary(const op_launch& l) {
+void run_binary(const op_launch& l, int threads) {
   const nd out = pad(l.out);
   const nd a = broadcast(l.inputs[0], out);
   const nd b = broadcast(l.inputs[1], out);
   const int64_t n = out.d[3];
-  std::vector<float> x(static_cast<std::size_t>(n)), y(static_cast<std::size_t>(n));
   const bool add = l.op->op == op_kind::add;
-  for_rows(out, [&](int64_t i0, int64_t i1, int64_t i2) {
-    load_row(a, a.off(i0, i1, i2), n, x.data());
-    load_row(b, b.off(i0, i1, i2), n, y.data());
-    if (add) for (int64_t i = 0; i < n; ++i) x[i] += y[i];
-    else for (int64_t i = 0; i < n; ++i) x[i] *= y[i];
-    store_row(out, out.off(i0, i1, i2), n, x.data());
+  for_row_ranges(out, row_op_bytes(out, 3), threads, [&](int64_t first, int64_t end) {
+    std::vector<float> x(static_cast<std::size_t>(n)), y(static_cast<std::size_t>(n));
+    rows_in(out, first, end, [&](int64_t i0, int64_t i1, int64_t i2) {
+      load_row(a, a.off(i0, i1, i2), n, x.data());
+      load_row(b, b.off(i0, i1, i2), n, y.data());
+      if (add) for (int64_t i = 0; i < n; ++i) x[i] += y[i];
+      else for (int64_t i = 0; i < n; ++i) x[i] *= y[i];
+      store_row(out, out.off(i0, i1, i2), n, x.data());
+    });
   });
 }
 
-void run_norm(const op_launch& l) {
+void run_norm(const op_launch& l, int threads) {
   const nd out = pad(l.out);
   const nd x = pad(l.inputs[0]);
   const int64_t n = out.d[3];
-  std::vector<float> row(static_cast<std::size_t>(n)), w, b;
+  std::vector<float> w, b;
   if (l.inputs.size() > 1) {
     w.resize(static_cast<std::size_t>(n));
     load_row(pad(l.inputs[1]), 0, n, w.data());
@@ -220,52 +292,57 @@ void run_norm(const op_launch& l) {
   }
   const double eps = l.op->attrs.eps;
   const bool rms = l.op->op == op_kind::rms_norm;
-  for_rows(out, [&](int64_t i0, int64_t i1, int64_t i2) {
-    load_row(x, x.off(i0, i1, i2), n, row.data());
-    // Statistics in double: cheap, and keeps long rows as accurate as the reference.
-    if (rms) {
-      double ss = 0;
-      for (float v : row) ss += static_cast<double>(v) * v;
-      const auto inv = static_cast<float>(1.0 / std::sqrt(ss / static_cast<double>(n) + eps));
-      for (int64_t i = 0; i < n; ++i) row[i] = row[i] * inv * (w.empty() ? 1.0f : w[i]);
-    } else {
-      double mean = 0;
-      for (float v : row) mean += v;
-      mean /= static_cast<double>(n);
-      double var = 0;
-      for (float v : row) var += (v - mean) * (v - mean);
-      var /= static_cast<double>(n);
-      const double inv = 1.0 / std::sqrt(var + eps);
-      for (int64_t i = 0; i < n; ++i)
-        row[i] = static_cast<float>((row[i] - mean) * inv) * (w.empty() ? 1.0f : w[i]) +
-                 (b.empty() ? 0.0f : b[i]);
-    }
-    store_row(out, out.off(i0, i1, i2), n, row.data());
+  for_row_ranges(out, row_op_bytes(out, 2), threads, [&](int64_t first, int64_t end) {
+    std::vector<float> row(static_cast<std::size_t>(n));
+    rows_in(out, first, end, [&](int64_t i0, int64_t i1, int64_t i2) {
+      load_row(x, x.off(i0, i1, i2), n, row.data());
+      // Statistics in double: cheap, and keeps long rows as accurate as the reference.
+      if (rms) {
+        double ss = 0;
+        for (float v : row) ss += static_cast<double>(v) * v;
+        const auto inv = static_cast<float>(1.0 / std::sqrt(ss / static_cast<double>(n) + eps));
+        for (int64_t i = 0; i < n; ++i) row[i] = row[i] * inv * (w.empty() ? 1.0f : w[i]);
+      } else {
+        double mean = 0;
+        for (float v : row) mean += v;
+        mean /= static_cast<double>(n);
+        double var = 0;
+        for (float v : row) var += (v - mean) * (v - mean);
+        var /= static_cast<double>(n);
+        const double inv = 1.0 / std::sqrt(var + eps);
+        for (int64_t i = 0; i < n; ++i)
+          row[i] = static_cast<float>((row[i] - mean) * inv) * (w.empty() ? 1.0f : w[i]) +
+                   (b.empty() ? 0.0f : b[i]);
+      }
+      store_row(out, out.off(i0, i1, i2), n, row.data());
+    });
   });
 }
 
-void run_softmax(const op_launch& l) {
+void run_softmax(const op_launch& l, int threads) {
   const nd out = pad(l.out);
   const nd x = pad(l.inputs[0]);
   const int64_t sk = out.d[3], sq = out.d[2];
-  std::vector<float> row(static_cast<std::size_t>(sk));
   const float s = l.op->attrs.scale;
   const bool causal = l.op->attrs.causal;
-  for_rows(out, [&](int64_t i0, int64_t i1, int64_t i2) {
-    load_row(x, x.off(i0, i1, i2), sk, row.data());
-    // Row i may see keys j <= i + (Sk - Sq); masked probabilities are exactly 0.
-    const int64_t last = causal ? std::min(sk - 1, i2 + (sk - sq)) : sk - 1;
-    float mx = -std::numeric_limits<float>::infinity();
-    for (int64_t j = 0; j <= last; ++j) mx = std::max(mx, row[j] * s);
-    double sum = 0;
-    for (int64_t j = 0; j <= last; ++j) {
-      row[j] = std::exp(row[j] * s - mx);
-      sum += row[j];
-    }
-    const auto inv = static_cast<float>(1.0 / sum);
-    for (int64_t j = 0; j <= last; ++j) row[j] *= inv;
-    for (int64_t j = std::max<int64_t>(last + 1, 0); j < sk; ++j) row[j] = 0.0f;
-    store_row(out, out.off(i0, i1, i2), sk, row.data());
+  for_row_ranges(out, row_op_bytes(out, 2), threads, [&](int64_t first, int64_t end) {
+    std::vector<float> row(static_cast<std::size_t>(sk));
+    rows_in(out, first, end, [&](int64_t i0, int64_t i1, int64_t i2) {
+      load_row(x, x.off(i0, i1, i2), sk, row.data());
+      // Row i may see keys j <= i + (Sk - Sq); masked probabilities are exactly 0.
+      const int64_t last = causal ? std::min(sk - 1, i2 + (sk - sq)) : sk - 1;
+      float mx = -std::numeric_limits<float>::infinity();
+      for (int64_t j = 0; j <= last; ++j) mx = std::max(mx, row[j] * s);
+      double sum = 0;
+      for (int64_t j = 0; j <= last; ++j) {
+        row[j] = std::exp(row[j] * s - mx);
+        sum += row[j];
+      }
+      const auto inv = static_cast<float>(1.0 / sum);
+      for (int64_t j = 0; j <= last; ++j) row[j] *= inv;
+      for (int64_t j = std::max<int64_t>(last + 1, 0); j < sk; ++j) row[j] = 0.0f;
+      store_row(out, out.off(i0, i1, i2), sk, row.data());
+    });
   });
 }
 
@@ -284,7 +361,7 @@ void run_argmax(const op_launch& l) {
   });
 }
 
-void run_rope(const op_launch& l) {
+void run_rope(const op_launch& l, int threads) {
   const nd out = pad(l.out);  // [B, S, H, D]
   const nd x = pad(l.inputs[0]);
   const nd pos = pad(l.inputs[1]);
@@ -294,12 +371,12 @@ void run_rope(const op_launch& l) {
   // thousands would lose the angle's low bits in float).
   std::vector<double> inv(static_cast<std::size_t>(half));
   rope_frequencies(l.op->attrs.theta, l.op->attrs.rope_scale, d, inv.data());
-  std::vector<float> row(static_cast<std::size_t>(d)), res(static_cast<std::size_t>(d));
-  std::vector<float> cs(static_cast<std::size_t>(half)), sn(static_cast<std::size_t>(half));
-  int64_t cached_s = -1;
-  for (int64_t i0 = 0; i0 < out.d[0]; ++i0)
-    for (int64_t i1 = 0; i1 < out.d[1]; ++i1) {
-      if (i1 != cached_s) {
+  for_row_ranges(out, row_op_bytes(out, 2), threads, [&](int64_t first, int64_t end) {
+    std::vector<float> row(static_cast<std::size_t>(d)), res(static_cast<std::size_t>(d));
+    std::vector<float> cs(static_cast<std::size_t>(half)), sn(static_cast<std::size_t>(half));
+    int64_t cached_s = -1;
+    rows_in(out, first, end, [&](int64_t i0, int64_t i1, int64_t i2) {
+      if (i1 != cached_s) {  // the position's angles, once per run of its heads
         const double p = load_i32(pos, i1 * pos.s[3]);
         for (int64_t i = 0; i < half; ++i) {
           cs[i] = static_cast<float>(std::cos(p * inv[i]));
@@ -307,16 +384,15 @@ void run_rope(const op_launch& l) {
         }
         cached_s = i1;
       }
-      for (int64_t i2 = 0; i2 < out.d[2]; ++i2) {
-        load_row(x, x.off(i0, i1, i2), d, row.data());
-        for (int64_t i = 0; i < half; ++i) {
-          const int64_t p = neox ? i : 2 * i, q = neox ? i + half : 2 * i + 1;
-          res[p] = row[p] * cs[i] - row[q] * sn[i];
-          res[q] = row[p] * sn[i] + row[q] * cs[i];
-        }
-        store_row(out, out.off(i0, i1, i2), d, res.data());
+      load_row(x, x.off(i0, i1, i2), d, row.data());
+      for (int64_t i = 0; i < half; ++i) {
+        const int64_t p = neox ? i : 2 * i, q = neox ? i + half : 2 * i + 1;
+        res[p] = row[p] * cs[i] - row[q] * sn[i];
+        res[q] = row[p] * sn[i] + row[q] * cs[i];
       }
-    }
+      store_row(out, out.off(i0, i1, i2), d, res.data());
+    });
+  });
 }
 
 error run_get_rows(const op_launch& l) {
@@ -435,22 +511,86 @@ bool blas_layout(int64_t rows, int64_t cols, int64_t rs, int64_t cs, bool& trans
 }
 
 // f(first, end) over ranges of [0, lines), independent lines (columns of a
-// product, rows of a conversion) reading `bytes` in all, spread over
-// `threads` (run_parts): one range where there is a single thread or too
-// little to share (a helper's wake-up costs microseconds), else about four a
-// thread, so that a helper woken late still finds some, each at least 32
-// lines and starting at a multiple of 16.
+// product, rows of a conversion) reading `bytes` in all (for_item_ranges),
+// each range at least 32 lines and starting at a multiple of 16.
 template <class F>
 void for_line_ranges(int64_t lines, int64_t bytes, int threads, F&& f) {
-  constexpr int64_t share_min_bytes = 256 << 10;
-  const int parts = threads <= 1 || bytes < share_min_bytes
-                        ? 1
-                        : static_cast<int>(std::clamp<int64_t>(lines / 32, 1, 4 * static_cast<int64_t>(threads)));
-  const auto edge = [&](int j) { return j == parts ? lines : (lines * j / parts) & ~int64_t{15}; };
-  run_parts(parts, threads, [&](int i) {
-    if (edge(i + 1) > edge(i)) f(edge(i), edge(i + 1));
-  });
+  for_item_ranges(lines, bytes, threads, 32, 16, f);
 }
+
+// Float scratch of a kernel (an operand converted to f32, a product's f32
+// result) that stays with the thread that used it: the thread's next op
+// reuses pages it already touched. Fresh blocks cost a bf16 prefill about a
+// tenth of its time (glibc maps every block over 32 MiB anew, and the
+// kernel zeroes each page on its first touch). Uninitialised. A thread keeps
+// at most scratch_keep_bytes of released blocks; a larger block is freed
+// when released.
+class scratch {
+ public:
+  static constexpr std::size_t scratch_keep_bytes = std::size_t{256} << 20;
+
+  scratch() = default;
+  scratch(const scratch&) = delete;
+  scratch& operator=(const scratch&) = delete;
+  ~scratch() { release(); }
+
+  // At least n floats: the block this object holds when it fits (what was
+  // written there stays), else another one (uninitialised).
+  float* reserve(std::size_t n) {
+    if (n <= size_) return block_.get();
+    release();
+    auto& kept = cache();
+    // The smallest kept block that fits, else a new one.
+    auto best = kept.blocks.end();
+    for (auto it = kept.blocks.begin(); it != kept.blocks.end(); ++it)
+      if (it->second >= n && (best == kept.blocks.end() || it->second < best->second)) best = it;
+    if (best != kept.blocks.end()) {
+      block_ = std::move(best->first);
+      size_ = best->second;
+      kept.bytes -= size_ * sizeof(float);
+      kept.blocks.erase(best);
+    } else {
+      block_.reset(new float[n]);
+      size_ = n;
+    }
+    return block_.get();
+  }
+
+ private:
+  struct kept_blocks {
+    std::vector<std::pair<std::unique_ptr<float[]>, std::size_t>> blocks;
+    std::size_t bytes = 0;
+  };
+  static kept_blocks& cache() {
+    thread_local kept_blocks k;
+    return k;
+  }
+  void release() noexcept {
+    if (!block_) return;
+    auto& kept = cache();
+    const std::size_t bytes = size_ * sizeof(float);
+    // Room made by dropping the smallest kept blocks first (the large ones
+    // are the expensive ones to map again).
+    while (kept.bytes + bytes > scratch_keep_bytes && !kept.blocks.empty()) {
+      auto smallest = std::min_element(kept.blocks.begin(), kept.blocks.end(),
+                                       [](const auto& a, const auto& b) { return a.second < b.second; });
+      kept.bytes -= smallest->second * sizeof(float);
+      kept.blocks.erase(smallest);
+    }
+    if (kept.bytes + bytes <= scratch_keep_bytes) {
+      try {
+        kept.blocks.emplace_back(std::move(block_), size_);
+        kept.bytes += bytes;
+      } catch (...) {  // no room to remember it: freed below
+      }
+    }
+    block_.reset();
+    size_ = 0;
+  }
+
+  std::unique_ptr<float[]> block_;
+  std::size_t size_ = 0;
+};
 
 // Packs (or references) one operand; reuses the packed copy when the same
 // source is asked for again (a weight broadcast over batches).
@@ -472,7 +612,7 @@ class operand {
     const bool contiguous = blas_layout(rows, cols, rs, cs, by_columns, ld);
     by_columns = contiguous && by_columns && rows > 1;
     if (!(packed_ && off == last_off_)) {
-      buf_.resize(static_cast<std::size_t>(rows * cols));
+      float* buf = buf_.reserve(static_cast<std::size_t>(rows * cols));
       nd src;
       src.p = const_cast<std::byte*>(base);
       src.t = t;
@@ -481,19 +621,19 @@ class operand {
       const int64_t lines = by_columns ? cols : rows, length = by_columns ? rows : cols;
       const int64_t step = by_columns ? cs : rs;
       for_line_ranges(lines, rows * cols * static_cast<int64_t>(dtype_size(t)), threads, [&](int64_t first, int64_t end) {
-        for (int64_t c = first; c < end; ++c) load_row(src, off + c * step, length, buf_.data() + c * length);
+        for (int64_t c = first; c < end; ++c) load_row(src, off + c * step, length, buf + c * length);
       });
       packed_ = true;
       last_off_ = off;
     }
-    m.p = buf_.data();
+    m.p = buf_.reserve(static_cast<std::size_t>(rows * cols));  // the block packed above
     m.trans = by_columns;
     m.ld = by_columns ? rows : std::max<int64_t>(cols, 1);
     return m;
   }
 
  private:
-  std::vector<float> buf_;
+  scratch buf_;
   bool packed_ = false;
   int64_t last_off_ = -1;
 };
@@ -511,27 +651,33 @@ void run_matmul(const op_launch& l, int threads) {
   // element strides of A (m, k) and B (k, n)
   const int64_t ars = ta ? a.s[3] : a.s[2], acs = ta ? a.s[2] : a.s[3];
   const int64_t brs = tb ? b.s[3] : b.s[2], bcs = tb ? b.s[2] : b.s[3];
-  operand pa, pb;
   // A few rows (a decode step's token) against B read once in its own
   // dtype (gpu/cpu/few_rows.hpp) where B's rows or columns are contiguous;
   // BLAS's sgemm would pack all of B for them. One row of f32 goes to
   // BLAS's sgemv (gemm_f32).
   const bool few_rows = m <= few_rows_max && (brs == 1 || bcs == 1) && b.t != dtype::i32 &&
                         !(m == 1 && b.t == dtype::f32 && have_blas());
-  std::vector<float> a_rows;  // A's rows, when A is laid out by columns
   bool c_trans = false;
   int64_t ldc = 0;
   const bool c_direct = out.t == dtype::f32 && blas_layout(m, n, out.s[2], out.s[3], c_trans, ldc) && !c_trans;
-  std::vector<float> cbuf(c_direct ? 0 : static_cast<std::size_t>(m * n));
-  for (int64_t i0 = 0; i0 < out.d[0]; ++i0)
-    for (int64_t i1 = 0; i1 < out.d[1]; ++i1) {
-      const mat_ref am = pa.get(a.p, a.t, a.off(i0, i1, 0), m, k, ars, acs, threads);
+  const int64_t es = static_cast<int64_t>(dtype_size(b.t));
+  // Batches [first, end) of the flattened (i0, i1), with `column_threads`
+  // for each batch's few-row product. Each range has its own scratch, so
+  // ranges may run on different threads.
+  auto batches = [&](int64_t first, int64_t end, int column_threads) {
+    operand pa, pb;
+    std::vector<float> a_rows;  // A's rows, when A is laid out by columns
+    scratch cscratch;
+    float* const cbuf = c_direct ? nullptr : cscratch.reserve(static_cast<std::size_t>(m * n));
+    for (int64_t bi = first; bi < end; ++bi) {
+      const int64_t i0 = bi / out.d[1], i1 = bi % out.d[1];
       const int64_t coff = out.off(i0, i1, 0);
-      float* c = c_direct ? reinterpret_cast<float*>(out.p) + coff : cbuf.data();
+      float* c = c_direct ? reinterpret_cast<float*>(out.p) + coff : cbuf;
       const int64_t ld = c_direct ? ldc : std::max<int64_t>(n, 1);
       if (k == 0) {
         for (int64_t r = 0; r < m; ++r) std::fill(c + r * ld, c + r * ld + n, 0.0f);
       } else if (few_rows) {
+        const mat_ref am = pa.get(a.p, a.t, a.off(i0, i1, 0), m, k, ars, acs, column_threads);
         const float* arows = am.p;
         int64_t lda = am.ld;
         if (am.trans) {  // column-major A: its m rows gathered
@@ -541,22 +687,37 @@ void run_matmul(const op_launch& l, int threads) {
           arows = a_rows.data();
           lda = k;
         }
-        const std::byte* bp = b.p + b.off(i0, i1, 0) * static_cast<int64_t>(dtype_size(b.t));
-        // Ranges of columns over the stream's threads: each element of C is
-        // one thread's sum, in the same order whatever the split.
-        const int64_t es = static_cast<int64_t>(dtype_size(b.t));
-        for_line_ranges(n, n * k * es, threads, [&](int64_t first, int64_t end) {
-          few_row_product(m, end - first, k, arows, lda, bp + first * bcs * es, b.t, brs, bcs, c + first, ld);
+        const std::byte* bp = b.p + b.off(i0, i1, 0) * es;
+        // Ranges of columns over the threads: each element of C is one
+        // thread's sum, in the same order whatever the split.
+        for_line_ranges(n, n * k * es, column_threads, [&](int64_t c0, int64_t c1) {
+          few_row_product(m, c1 - c0, k, arows, lda, bp + c0 * bcs * es, b.t, brs, bcs, c + c0, ld);
         });
-      } else {
-        const mat_ref bm = pb.get(b.p, b.t, b.off(i0, i1, 0), k, n, brs, bcs, threads);
+      } else if (!(a.t == dtype::bf16 && b.t == dtype::bf16 &&
+                   bf16_gemm(m, n, k, reinterpret_cast<const uint16_t*>(a.p) + a.off(i0, i1, 0), ars, acs,
+                             reinterpret_cast<const uint16_t*>(b.p) + b.off(i0, i1, 0), brs, bcs, c, ld,
+                             column_threads))) {
+        // Both operands in f32 for BLAS (a bf16 pair where bf16_gemm cannot run).
+        const mat_ref am = pa.get(a.p, a.t, a.off(i0, i1, 0), m, k, ars, acs, column_threads);
+        const mat_ref bm = pb.get(b.p, b.t, b.off(i0, i1, 0), k, n, brs, bcs, column_threads);
         gemm_f32(am.trans, bm.trans, m, n, k, 1.0f, am.p, am.ld, bm.p, bm.ld, 0.0f, c, ld);
       }
       if (!c_direct) {
         nd row = out;
-        for (int64_t r = 0; r < m; ++r) store_row(row, coff + r * out.s[2], n, cbuf.data() + r * n);
+        for (int64_t r = 0; r < m; ++r) store_row(row, coff + r * out.s[2], n, cbuf + r * n);
       }
     }
+  };
+  const int64_t count = out.d[0] * out.d[1];
+  // Few-row products of at least as many batches as threads (a decode
+  // step's attention: a head each) go a batch to a thread, which wakes the
+  // helpers once per op instead of once per head; BLAS products keep
+  // BLAS's own threads, one batch at a time.
+  if (few_rows && threads > 1 && count >= threads)
+    for_item_ranges(count, count * n * k * es, threads, 1, 1,
+                    [&](int64_t first, int64_t end) { batches(first, end, 1); });
+  else
+    batches(0, count, threads);
 }
 
 // --- checks ----------------------------------------------------------------
@@ -715,13 +876,13 @@ error run_op(const op_launch& l, int threads) {
   try {
     switch (l.op->op) {
       case op_kind::matmul: run_matmul(l, threads); return {};
-      case op_kind::add: case op_kind::mul: run_binary(l); return {};
-      case op_kind::scale: case op_kind::gelu: case op_kind::silu: run_unary(l); return {};
+      case op_kind::add: case op_kind::mul: run_binary(l, threads); return {};
+      case op_kind::scale: case op_kind::gelu: case op_kind::silu: run_unary(l, threads); return {};
       case op_kind::copy: copy_strided(pad(l.inputs[0]), pad(l.out)); return {};
-      case op_kind::rms_norm: case op_kind::layer_norm: run_norm(l); return {};
-      case op_kind::softmax: run_softmax(l); return {};
+      case op_kind::rms_norm: case op_kind::layer_norm: run_norm(l, threads); return {};
+      case op_kind::softmax: run_softmax(l, threads); return {};
       case op_kind::argmax: run_argmax(l); return {};
-      case op_kind::rope: run_rope(l); return {};
+      case op_kind::rope: run_rope(l, threads); return {};
       case op_kind::get_rows: return run_get_rows(l);
       case op_kind::concat: run_concat(l); return {};
       case op_kind::store_rows: run_store_rows(l); return {};

@@ -28,9 +28,14 @@ error check_op(const op_launch& l);
 /// the node and return before or without writing a partial result where possible.
 /// `threads`: how many threads the op may use, the calling one included
 /// (gpu/cpu/thread_team.hpp; BLAS has its own): a matmul of a few rows
-/// splits its columns, and a bf16 or f16 operand's conversion to f32 its
-/// lines, among them. The result is the same bits for any count (each
-/// output element is one thread's sum, in one order).
+/// splits its columns (or its batches, when they are at least as many as
+/// the threads), a product of two bf16 matrices on the CPU's bf16 units its
+/// blocks of columns (gpu/cpu/bf16_gemm.hpp), a bf16 or f16 operand's
+/// conversion to f32 its lines, and the ops over whole rows (softmax,
+/// norms, rope, the elementwise ones) their rows, among them. The result is
+/// the same bits for any count (each output element is one thread's work,
+/// in one order). Scratch memory stays with the thread that used it, for
+/// its next op (at most 256 MiB a thread).
 error run_op(const op_launch& l, int threads = 1);
 
 /// C = alpha * op(A) * op(B) + beta * C, row-major f32 with leading

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "gpu/cpu/few_rows.hpp"
+#include "gpu/cpu/bf16_gemm.hpp"
 #include "gpu/cpu/kernels.hpp"
 #include "gpu/cpu/thread_team.hpp"
 #include "graph/graph.hpp"
@@ -561,8 +562,8 @@ TEST(CpuThreadTeam, APartThrowingOnTheCallerLeavesRunPartsAndTheTeamWorks) {
   for (const auto& n : again) EXPECT_EQ(n.load(), 1);
 }
 
-// One matmul through run_op with `threads`; its output's bytes.
-std::vector<std::byte> matmul_bytes(const graph& g, const std::vector<host_tensor>& storage, int threads) {
+// The graph's (first) output node through run_op with `threads`; its output's bytes.
+std::vector<std::byte> output_bytes(const graph& g, const std::vector<host_tensor>& storage, int threads) {
   const node& mm = g.at(g.outputs()[0]);
   host_tensor out(mm.type, mm.dims);
   EXPECT_FALSE(gpu::cpu::run_op(launch_on(g, mm, storage, out), threads));
@@ -593,10 +594,180 @@ TEST(CpuKernels, MatmulsSplitAmongThreadsGiveTheSameBits) {
       const std::vector<host_tensor> inputs = {rnd(t, c.a, seed++)};
       auto ref = evaluate_reference_all(g, inputs);
       ASSERT_TRUE(ref.has_value()) << ref.err().to_string();
-      const auto one = matmul_bytes(g, *ref, 1);
-      for (const int threads : {2, 3, 7}) EXPECT_TRUE(matmul_bytes(g, *ref, threads) == one) << threads << " threads";
+      const auto one = output_bytes(g, *ref, 1);
+      for (const int threads : {2, 3, 7}) EXPECT_TRUE(output_bytes(g, *ref, threads) == one) << threads << " threads";
       EXPECT_EQ(check_graph(g, inputs, {1e-4, 1e-4}), 1);
     }
+}
+
+// Every compute node of g through run_op with `threads`, on the
+// reference's buffers; each node's output bytes, in node order.
+std::vector<std::vector<std::byte>> node_bytes(const graph& g, const std::vector<host_tensor>& storage, int threads) {
+  std::vector<std::vector<std::byte>> r;
+  for (const node& n : g.nodes()) {
+    if (is_leaf_op(n.op) || n.is_view()) continue;
+    host_tensor out(n.type, n.dims);
+    const error e = gpu::cpu::run_op(launch_on(g, n, storage, out), threads);
+    EXPECT_FALSE(e) << n.name << ": " << e.to_string();
+    r.emplace_back(out.data(), out.data() + out.bytes());
+  }
+  return r;
+}
+
+// Ops over whole rows (softmax, norms, rope, the elementwise ones) large
+// enough to be split give the same bits on 2, 3 or 7 threads as on one, and
+// the reference's values; so do a decode step's attention products (a few
+// rows against each of many batches: a batch to a thread), also where the
+// batches are fewer than the threads (their columns split instead).
+TEST(CpuKernels, RowOpsAndBatchedProductsSplitAmongThreadsGiveTheSameBits) {
+  uint64_t seed = 950;
+  for (dtype t : float_types) {
+    SCOPED_TRACE(to_string(t));
+    graph_builder gb;
+    // 96 rows of 1000: 375 KiB of f32 a tensor, over the split threshold.
+    auto x = gb.input("x", t, {2, 48, 1000});
+    auto y = gb.input("y", t, {2, 48, 1000});
+    auto w = gb.weight("w", rnd(t, {1000}, seed++));
+    auto bias = gb.weight("bias", rnd(t, {1000}, seed++));
+    gb.output(gb.softmax(x, true, 0.3f, "softmax_causal"));
+    gb.output(gb.softmax(y, false, 1.0f, "softmax"));
+    gb.output(gb.rms_norm(x, w, 1e-6f, "rms_norm"));
+    gb.output(gb.layer_norm(y, w, bias, 1e-5f, "layer_norm"));
+    gb.output(gb.gelu(x, gelu_mode::tanh, "gelu"));
+    gb.output(gb.silu(y, "silu"));
+    gb.output(gb.scale(x, 0.7f, "scale"));
+    gb.output(gb.add(x, w, "add_broadcast"));
+    gb.output(gb.mul(x, y, "mul"));
+    // rope over [S 64, H 24, D 80] with positions in the thousands
+    auto r = gb.input("r", t, {64, 24, 80});
+    auto pos = gb.input("pos", dtype::i32, {64});
+    gb.output(gb.rope(r, pos, 10000.0f, rope_mode::neox, "rope"));
+    // attention-shaped products: 8 kv heads, 4 query rows each, 1030 keys of 64
+    auto q = gb.input("q", t, {8, 4, 64});
+    auto k = gb.input("k", t, {8, 1030, 64});
+    auto v = gb.input("v", t, {8, 1030, 64});
+    auto p = gb.input("p", t, {8, 4, 1030});
+    gb.output(gb.matmul(q, k, false, true, "qk"));
+    gb.output(gb.matmul(p, v, false, false, "pv"));
+    // two batches (fewer than 3 or 7 threads), a weight broadcast over them
+    auto q2 = gb.input("q2", t, {2, 3, 300});
+    auto wb = gb.weight("wb", rnd(t, {1003, 300}, seed++));
+    gb.output(gb.matmul(q2, wb, false, true, "two_batches"));
+    const graph g = must(std::move(gb).build());
+    std::vector<int32_t> positions(64);
+    for (int i = 0; i < 64; ++i) positions[static_cast<std::size_t>(i)] = 3000 + 37 * i;
+    const std::vector<host_tensor> inputs = {
+        rnd(t, {2, 48, 1000}, seed++), rnd(t, {2, 48, 1000}, seed++), rnd(t, {64, 24, 80}, seed++),
+        host_tensor::from_ints(shape{64}, positions), rnd(t, {8, 4, 64}, seed++), rnd(t, {8, 1030, 64}, seed++),
+        rnd(t, {8, 1030, 64}, seed++), rnd(t, {8, 4, 1030}, seed++), rnd(t, {2, 3, 300}, seed++)};
+    auto ref = evaluate_reference_all(g, inputs);
+    ASSERT_TRUE(ref.has_value()) << ref.err().to_string();
+    const auto one = node_bytes(g, *ref, 1);
+    for (const int threads : {2, 3, 7}) {
+      const auto many = node_bytes(g, *ref, threads);
+      ASSERT_EQ(many.size(), one.size());
+      for (std::size_t i = 0; i < one.size(); ++i) EXPECT_TRUE(many[i] == one[i]) << "node " << i << ", " << threads << " threads";
+    }
+    EXPECT_EQ(check_graph(g, inputs, {2e-4, 2e-4}), static_cast<int>(one.size()));
+  }
+}
+
+// bf16 products on the CPU's bf16 units (gpu/cpu/bf16_gemm.hpp), where the
+// build has oneDNN and the CPU has them: every layout the matmul hands over
+// (A by rows or by columns, B [in, out] or [out, in]), a tail block of
+// columns, C with a row stride wider than its columns; each element within
+// f32 rounding of the exact sum of bf16 products, and the same bits on 1,
+// 2, 3 and 7 threads.
+TEST(CpuKernels, Bf16ProductsOnTheBf16UnitsMatchTheExactSumOnAnyThreadCount) {
+  if (!gpu::cpu::bf16_gemm_available())
+    GTEST_SKIP() << "no oneDNN in this build, or a CPU without AVX-512 BF16 / AMX (or AG_CPU_BF16_GEMM=0)";
+  const int64_t m = 37, k = 300, n = 2 * gpu::cpu::bf16_gemm_block + 45, ldc = n + 3;
+  const host_tensor a = rnd(dtype::bf16, {m * k}, 61), b = rnd(dtype::bf16, {k * n}, 62);
+  const auto* ap = reinterpret_cast<const uint16_t*>(a.data());
+  const auto* bp = reinterpret_cast<const uint16_t*>(b.data());
+  struct layout {
+    int64_t ars, acs, brs, bcs;
+  };
+  for (const layout& l : {layout{k, 1, n, 1}, layout{1, m, 1, k}, layout{k, 1, 1, k}, layout{1, m, n, 1}}) {
+    SCOPED_TRACE("A strides " + std::to_string(l.ars) + "," + std::to_string(l.acs) + ", B strides " +
+                 std::to_string(l.brs) + "," + std::to_string(l.bcs));
+    std::vector<float> one(static_cast<std::size_t>(m * ldc), -7.0f);
+    ASSERT_TRUE(gpu::cpu::bf16_gemm(m, n, k, ap, l.ars, l.acs, bp, l.brs, l.bcs, one.data(), ldc, 1));
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t j = 0; j < n; ++j) {
+        double exact = 0, size = 0;
+        for (int64_t p = 0; p < k; ++p) {
+          const double x = static_cast<double>(bf16_to_float(ap[i * l.ars + p * l.acs])) *
+                           bf16_to_float(bp[p * l.brs + j * l.bcs]);
+          exact += x;
+          size += std::abs(x);
+        }
+        ASSERT_NEAR(one[static_cast<std::size_t>(i * ldc + j)], exact, 1e-5 * size + 1e-6) << i << "," << j;
+      }
+    // The padding between rows of C is not written.
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t j = n; j < ldc; ++j) ASSERT_EQ(one[static_cast<std::size_t>(i * ldc + j)], -7.0f);
+    for (const int threads : {2, 3, 7}) {
+      std::vector<float> many(static_cast<std::size_t>(m * ldc), -7.0f);
+      ASSERT_TRUE(gpu::cpu::bf16_gemm(m, n, k, ap, l.ars, l.acs, bp, l.brs, l.bcs, many.data(), ldc, threads));
+      EXPECT_TRUE(many == one) << threads << " threads";
+    }
+  }
+}
+
+// A kernel's bf16 stores (the vectorised loop of contiguous rows) round as
+// float_to_bf16 does, value by value: ties to even, NaNs kept quiet with
+// their sign, infinities, values that round up to infinity, denormals.
+TEST(CpuKernels, Bf16StoresRoundAsFloatToBf16ForEveryKindOfValue) {
+  std::vector<uint32_t> bits = {0x3f808000u, 0x3f818000u, 0x3f80ffffu, 0x7f800000u, 0xff800000u, 0x7fc00000u,
+                                0xffc00001u, 0x7f800001u, 0xff812345u, 0x7f7fffffu, 0xff7fffffu, 0x7f7f8000u,
+                                0x00000001u, 0x80008000u, 0x00018000u, 0x00000000u, 0x80000000u};
+  for (uint32_t i = 0; i < 4000; ++i) bits.push_back(i * 1073741u + 12345u);  // every exponent, both signs
+  std::vector<float> values(bits.size());
+  std::memcpy(values.data(), bits.data(), bits.size() * 4);
+  graph_builder gb;
+  auto x = gb.input("x", dtype::f32, {static_cast<int64_t>(values.size())});
+  gb.output(gb.copy(x, dtype::bf16, "to_bf16"));
+  const graph g = must(std::move(gb).build());
+  const std::vector<host_tensor> inputs = {host_tensor::from_floats(dtype::f32, {static_cast<int64_t>(values.size())}, values)};
+  auto ref = evaluate_reference_all(g, inputs);
+  ASSERT_TRUE(ref.has_value());
+  const auto out = output_bytes(g, *ref, 1);
+  ASSERT_EQ(out.size(), values.size() * 2);
+  for (std::size_t i = 0; i < values.size(); ++i) {
+    uint16_t got;
+    std::memcpy(&got, out.data() + 2 * i, 2);
+    ASSERT_EQ(got, float_to_bf16(values[i])) << "input bits 0x" << std::hex << bits[i];
+  }
+}
+
+// The kernels' scratch stays with their thread and is reused uninitialised:
+// a large bf16 product, a smaller one, then the large one again give the
+// reference's values and, the second time, the first time's bits (a reused
+// block read where it was not written would show).
+TEST(CpuKernels, ScratchReusedAcrossOpsLeavesNoStaleValues) {
+  const graph big = one_matmul(dtype::bf16, {40, 700}, {1100, 700}, false, true, 990);
+  const graph small = one_matmul(dtype::bf16, {33, 90}, {90, 70}, false, false, 991);
+  const std::vector<host_tensor> big_in = {rnd(dtype::bf16, {40, 700}, 992)};
+  const std::vector<host_tensor> small_in = {rnd(dtype::bf16, {33, 90}, 993)};
+  auto big_ref = evaluate_reference_all(big, big_in);
+  auto small_ref = evaluate_reference_all(small, small_in);
+  ASSERT_TRUE(big_ref.has_value() && small_ref.has_value());
+  const auto first = output_bytes(big, *big_ref, 1);
+  const auto small_bytes = output_bytes(small, *small_ref, 1);
+  const auto again = output_bytes(big, *big_ref, 1);
+  EXPECT_TRUE(first == again);
+  const tol bt = for_type(dtype::bf16, {1e-4, 1e-4});
+  for (const auto* c : {&first, &again}) {
+    host_tensor out(dtype::bf16, shape{40, 1100});
+    std::memcpy(out.data(), c->data(), c->size());
+    const auto cmp = compare(out, (*big_ref)[static_cast<std::size_t>(big.outputs()[0])], bt.atol, bt.rtol);
+    EXPECT_TRUE(cmp.ok) << cmp.message;
+  }
+  host_tensor s(dtype::bf16, shape{33, 70});
+  std::memcpy(s.data(), small_bytes.data(), small_bytes.size());
+  const auto cmp = compare(s, (*small_ref)[static_cast<std::size_t>(small.outputs()[0])], bt.atol, bt.rtol);
+  EXPECT_TRUE(cmp.ok) << cmp.message;
 }
 
 }  // namespace
