@@ -23,7 +23,7 @@ namespace ag::gpu::cpu {
 namespace {
 
 // One product's shape and strides: the key of a thread's primitives.
-using shape_key = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t>;
+using shape_key = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, bool>;
 
 // A thread's oneDNN objects. A primitive of a layout oneDNN only has its
 // reference kernel for is kept as null: the caller falls back at once.
@@ -41,15 +41,15 @@ struct thread_state {
   // The primitive for C (m x n, row stride ldc) = A (m x k) B (k x n), or
   // null where oneDNN has no fast kernel for it. Throws dnnl::error.
   dnnl::matmul* get(int64_t m, int64_t n, int64_t k, int64_t ars, int64_t acs, int64_t brs, int64_t bcs,
-                    int64_t ldc) {
-    const shape_key key{m, n, k, ars, acs, brs, bcs, ldc};
+                    int64_t ldc, bool c_bf16) {
+    const shape_key key{m, n, k, ars, acs, brs, bcs, ldc, c_bf16};
     if (auto it = primitives.find(key); it != primitives.end()) return it->second.get();
     // A prefill's lengths vary from job to job: a bounded table.
     if (primitives.size() >= 256) primitives.clear();
     using dt = dnnl::memory::data_type;
     const dnnl::memory::desc a_md({m, k}, dt::bf16, {ars, acs});
     const dnnl::memory::desc b_md({k, n}, dt::bf16, {brs, bcs});
-    const dnnl::memory::desc c_md({m, n}, dt::f32, {ldc, 1});
+    const dnnl::memory::desc c_md({m, n}, c_bf16 ? dt::bf16 : dt::f32, {ldc, 1});
     const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a_md, b_md, c_md), engine);
     const char* impl = pd.impl_info_str();
     std::unique_ptr<dnnl::matmul> p;
@@ -79,7 +79,7 @@ bool bf16_gemm_available() noexcept {
 }
 
 bool bf16_gemm(int64_t m, int64_t n, int64_t k, const uint16_t* a, int64_t ars, int64_t acs, const uint16_t* b,
-               int64_t brs, int64_t bcs, float* c, int64_t ldc, int threads) {
+               int64_t brs, int64_t bcs, void* c, bool c_bf16, int64_t ldc, int threads) {
   if (!bf16_gemm_available() || m <= 0 || n <= 0 || k <= 0) return false;
   const int64_t blocks = (n + bf16_gemm_block - 1) / bf16_gemm_block;
   std::atomic<bool> failed{false};
@@ -90,7 +90,7 @@ bool bf16_gemm(int64_t m, int64_t n, int64_t k, const uint16_t* a, int64_t ars, 
       thread_state& st = state();
       for (int64_t j = first; j < end && !failed.load(std::memory_order_relaxed); ++j) {
         const int64_t j0 = j * bf16_gemm_block, nb = std::min(bf16_gemm_block, n - j0);
-        dnnl::matmul* p = st.get(m, nb, k, ars, acs, brs, bcs, ldc);
+        dnnl::matmul* p = st.get(m, nb, k, ars, acs, brs, bcs, ldc, c_bf16);
         if (!p) {
           failed.store(true, std::memory_order_relaxed);
           return;
@@ -98,7 +98,8 @@ bool bf16_gemm(int64_t m, int64_t n, int64_t k, const uint16_t* a, int64_t ars, 
         using dt = dnnl::memory::data_type;
         dnnl::memory am({{m, k}, dt::bf16, {ars, acs}}, st.engine, const_cast<uint16_t*>(a));
         dnnl::memory bm({{k, nb}, dt::bf16, {brs, bcs}}, st.engine, const_cast<uint16_t*>(b + j0 * bcs));
-        dnnl::memory cm({{m, nb}, dt::f32, {ldc, 1}}, st.engine, c + j0);
+        void* cj = c_bf16 ? static_cast<void*>(static_cast<uint16_t*>(c) + j0) : static_cast<float*>(c) + j0;
+        dnnl::memory cm({{m, nb}, c_bf16 ? dt::bf16 : dt::f32, {ldc, 1}}, st.engine, cj);
         p->execute(st.stream, {{DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm}});
         st.stream.wait();
       }
@@ -121,8 +122,8 @@ bool bf16_gemm(int64_t m, int64_t n, int64_t k, const uint16_t* a, int64_t ars, 
 
 bool bf16_gemm_available() noexcept { return false; }
 
-bool bf16_gemm(int64_t, int64_t, int64_t, const uint16_t*, int64_t, int64_t, const uint16_t*, int64_t, int64_t, float*,
-               int64_t, int) {
+bool bf16_gemm(int64_t, int64_t, int64_t, const uint16_t*, int64_t, int64_t, const uint16_t*, int64_t, int64_t, void*,
+               bool, int64_t, int) {
   return false;
 }
 

@@ -29,14 +29,15 @@ bool bf16_gemm_available() noexcept;
 inline constexpr int64_t bf16_gemm_block = 256;
 
 /// C = A B: A bf16 m x k with element strides (ars, acs), B bf16 k x n with
-/// (brs, bcs), C f32 m x n with row stride ldc (element stride 1). Products
-/// of bf16 are exact in f32 and summed in f32 (denormal inputs may count as
-/// zero, as the hardware does). C's columns go in blocks of bf16_gemm_block
+/// (brs, bcs), C m x n with row stride ldc (element stride 1), f32, or bf16
+/// when `c_bf16` (each f32 sum rounded to nearest even, as float_to_bf16
+/// does). Products of bf16 are exact in f32 and summed in f32 (denormal
+/// inputs may count as zero, as the hardware does). C's columns go in blocks of bf16_gemm_block
 /// over up to `threads` threads; any count gives the same bits. Returns
 /// false, possibly having written part of C, when it cannot run here or
 /// oneDNN has no fast kernel for these strides (the caller then computes C
 /// another way).
 bool bf16_gemm(int64_t m, int64_t n, int64_t k, const uint16_t* a, int64_t ars, int64_t acs, const uint16_t* b,
-               int64_t brs, int64_t bcs, float* c, int64_t ldc, int threads);
+               int64_t brs, int64_t bcs, void* c, bool c_bf16, int64_t ldc, int threads);
 
 }  // namespace ag::gpu::cpu

@@ -659,7 +659,11 @@ void run_matmul(const op_launch& l, int threads) {
                         !(m == 1 && b.t == dtype::f32 && have_blas());
   bool c_trans = false;
   int64_t ldc = 0;
-  const bool c_direct = out.t == dtype::f32 && blas_layout(m, n, out.s[2], out.s[3], c_trans, ldc) && !c_trans;
+  const bool c_rows = blas_layout(m, n, out.s[2], out.s[3], c_trans, ldc) && !c_trans;  // C by rows, stride ldc
+  const bool c_direct = out.t == dtype::f32 && c_rows;
+  // Two bf16 operands on the bf16 units, rounded into a bf16 C by rows in place.
+  const bool bf16_pair = a.t == dtype::bf16 && b.t == dtype::bf16 && !few_rows && k > 0;
+  const bool bf16_in_place = bf16_pair && out.t == dtype::bf16 && c_rows;
   const int64_t es = static_cast<int64_t>(dtype_size(b.t));
   // Batches [first, end) of the flattened (i0, i1), with `column_threads`
   // for each batch's few-row product. Each range has its own scratch, so
@@ -667,11 +671,17 @@ void run_matmul(const op_launch& l, int threads) {
   auto batches = [&](int64_t first, int64_t end, int column_threads) {
     operand pa, pb;
     std::vector<float> a_rows;  // A's rows, when A is laid out by columns
-    scratch cscratch;
-    float* const cbuf = c_direct ? nullptr : cscratch.reserve(static_cast<std::size_t>(m * n));
+    scratch cscratch;  // C in f32 where it is not written in place
     for (int64_t bi = first; bi < end; ++bi) {
       const int64_t i0 = bi / out.d[1], i1 = bi % out.d[1];
       const int64_t coff = out.off(i0, i1, 0);
+      const auto* a16 = reinterpret_cast<const uint16_t*>(a.p) + a.off(i0, i1, 0);
+      const auto* b16 = reinterpret_cast<const uint16_t*>(b.p) + b.off(i0, i1, 0);
+      if (bf16_in_place &&
+          bf16_gemm(m, n, k, a16, ars, acs, b16, brs, bcs, reinterpret_cast<uint16_t*>(out.p) + coff, true, ldc,
+                    column_threads))
+        continue;  // C written, rounded, in its place
+      float* const cbuf = c_direct ? nullptr : cscratch.reserve(static_cast<std::size_t>(m * n));
       float* c = c_direct ? reinterpret_cast<float*>(out.p) + coff : cbuf;
       const int64_t ld = c_direct ? ldc : std::max<int64_t>(n, 1);
       if (k == 0) {
@@ -693,10 +703,7 @@ void run_matmul(const op_launch& l, int threads) {
         for_line_ranges(n, n * k * es, column_threads, [&](int64_t c0, int64_t c1) {
           few_row_product(m, c1 - c0, k, arows, lda, bp + c0 * bcs * es, b.t, brs, bcs, c + c0, ld);
         });
-      } else if (!(a.t == dtype::bf16 && b.t == dtype::bf16 &&
-                   bf16_gemm(m, n, k, reinterpret_cast<const uint16_t*>(a.p) + a.off(i0, i1, 0), ars, acs,
-                             reinterpret_cast<const uint16_t*>(b.p) + b.off(i0, i1, 0), brs, bcs, c, ld,
-                             column_threads))) {
+      } else if (!(bf16_pair && bf16_gemm(m, n, k, a16, ars, acs, b16, brs, bcs, c, false, ld, column_threads))) {
         // Both operands in f32 for BLAS (a bf16 pair where bf16_gemm cannot run).
         const mat_ref am = pa.get(a.p, a.t, a.off(i0, i1, 0), m, k, ars, acs, column_threads);
         const mat_ref bm = pb.get(b.p, b.t, b.off(i0, i1, 0), k, n, brs, bcs, column_threads);

@@ -677,7 +677,7 @@ TEST(CpuKernels, RowOpsAndBatchedProductsSplitAmongThreadsGiveTheSameBits) {
 // (A by rows or by columns, B [in, out] or [out, in]), a tail block of
 // columns, C with a row stride wider than its columns; each element within
 // f32 rounding of the exact sum of bf16 products, and the same bits on 1,
-// 2, 3 and 7 threads.
+// 2, 3 and 7 threads; a bf16 C is the f32 C rounded by float_to_bf16.
 TEST(CpuKernels, Bf16ProductsOnTheBf16UnitsMatchTheExactSumOnAnyThreadCount) {
   if (!gpu::cpu::bf16_gemm_available())
     GTEST_SKIP() << "no oneDNN in this build, or a CPU without AVX-512 BF16 / AMX (or AG_CPU_BF16_GEMM=0)";
@@ -692,7 +692,7 @@ TEST(CpuKernels, Bf16ProductsOnTheBf16UnitsMatchTheExactSumOnAnyThreadCount) {
     SCOPED_TRACE("A strides " + std::to_string(l.ars) + "," + std::to_string(l.acs) + ", B strides " +
                  std::to_string(l.brs) + "," + std::to_string(l.bcs));
     std::vector<float> one(static_cast<std::size_t>(m * ldc), -7.0f);
-    ASSERT_TRUE(gpu::cpu::bf16_gemm(m, n, k, ap, l.ars, l.acs, bp, l.brs, l.bcs, one.data(), ldc, 1));
+    ASSERT_TRUE(gpu::cpu::bf16_gemm(m, n, k, ap, l.ars, l.acs, bp, l.brs, l.bcs, one.data(), false, ldc, 1));
     for (int64_t i = 0; i < m; ++i)
       for (int64_t j = 0; j < n; ++j) {
         double exact = 0, size = 0;
@@ -709,8 +709,19 @@ TEST(CpuKernels, Bf16ProductsOnTheBf16UnitsMatchTheExactSumOnAnyThreadCount) {
       for (int64_t j = n; j < ldc; ++j) ASSERT_EQ(one[static_cast<std::size_t>(i * ldc + j)], -7.0f);
     for (const int threads : {2, 3, 7}) {
       std::vector<float> many(static_cast<std::size_t>(m * ldc), -7.0f);
-      ASSERT_TRUE(gpu::cpu::bf16_gemm(m, n, k, ap, l.ars, l.acs, bp, l.brs, l.bcs, many.data(), ldc, threads));
+      ASSERT_TRUE(gpu::cpu::bf16_gemm(m, n, k, ap, l.ars, l.acs, bp, l.brs, l.bcs, many.data(), false, ldc, threads));
       EXPECT_TRUE(many == one) << threads << " threads";
+    }
+    // A bf16 C holds each f32 sum rounded as float_to_bf16 rounds it; its
+    // padding stays.
+    for (const int threads : {1, 3}) {
+      std::vector<uint16_t> rounded(static_cast<std::size_t>(m * ldc), 0xbeef);
+      ASSERT_TRUE(gpu::cpu::bf16_gemm(m, n, k, ap, l.ars, l.acs, bp, l.brs, l.bcs, rounded.data(), true, ldc, threads));
+      for (int64_t i = 0; i < m; ++i)
+        for (int64_t j = 0; j < ldc; ++j) {
+          const auto at = static_cast<std::size_t>(i * ldc + j);
+          ASSERT_EQ(rounded[at], j < n ? float_to_bf16(one[at]) : uint16_t{0xbeef}) << i << "," << j;
+        }
     }
   }
 }
