@@ -3,6 +3,7 @@
 #include "gpu/cpu/bf16_gemm.hpp"
 #include "gpu/cpu/few_rows.hpp"
 #include "gpu/cpu/thread_team.hpp"
+#include "gpu/cpu/vector_math.hpp"
 
 #include <algorithm>
 #include <climits>
@@ -333,11 +334,7 @@ void run_softmax(const op_launch& l, int threads) {
       const int64_t last = causal ? std::min(sk - 1, i2 + (sk - sq)) : sk - 1;
       float mx = -std::numeric_limits<float>::infinity();
       for (int64_t j = 0; j <= last; ++j) mx = std::max(mx, row[j] * s);
-      double sum = 0;
-      for (int64_t j = 0; j <= last; ++j) {
-        row[j] = std::exp(row[j] * s - mx);
-        sum += row[j];
-      }
+      const double sum = exp_shifted_sum(row.data(), last + 1, s, mx);
       const auto inv = static_cast<float>(1.0 / sum);
       for (int64_t j = 0; j <= last; ++j) row[j] *= inv;
       for (int64_t j = std::max<int64_t>(last + 1, 0); j < sk; ++j) row[j] = 0.0f;

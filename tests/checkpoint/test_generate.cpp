@@ -223,14 +223,25 @@ TEST(GenerateMany, ConcurrentSequencesEachEqualTheirSoloRunAndCancelledOnesStop)
   auto gen = ag::generator::create(**rt, m->model_config(1), m->provider(), go);
   ASSERT_TRUE(gen.has_value()) << gen.err().to_string();
   const std::vector<std::vector<int32_t>> prompts{{1, 2, 3}, {7, 7}, {40, 0, 13, 2}, {5}, {9, 8, 7, 6, 5}, {11, 22}};
+  // Sequence 2 cancels itself on its first token, so it is cancelled while
+  // it runs whatever the machine's speed (cancelling from here after the
+  // six generate() calls raced it to its sixth token on a fast sim). Its
+  // on_token waits for the handle, which generate() returns before any
+  // token streams (generator.hpp).
   const std::size_t cancelled = 2;
+  std::promise<ag::generation> cancelled_handle;
+  std::shared_future<ag::generation> cancelled_future = cancelled_handle.get_future().share();
   std::vector<ag::generation> hs;
-  for (const auto& p : prompts) {
+  for (std::size_t i = 0; i < prompts.size(); ++i) {
     ag::generate_options o;
     o.max_new_tokens = 6;
-    hs.push_back((*gen)->generate(p, o));
+    if (i == cancelled)
+      o.on_token = [cancelled_future](int32_t, int64_t index) {
+        if (index == 0) cancelled_future.get().cancel();
+      };
+    hs.push_back((*gen)->generate(prompts[i], o));
+    if (i == cancelled) cancelled_handle.set_value(hs.back());
   }
-  hs[cancelled].cancel();
   for (std::size_t i = 0; i < hs.size(); ++i) {
     ASSERT_TRUE(hs[i].wait_for(120s)) << "sequence " << i << " hung";
     const auto& r = hs[i].wait();

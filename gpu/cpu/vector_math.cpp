@@ -1,0 +1,89 @@
+#include "gpu/cpu/vector_math.hpp"
+
+#include <cmath>
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <immintrin.h>
+#define AG_VECTOR_MATH_AVX2 1
+#endif
+
+namespace ag::gpu::cpu {
+
+namespace {
+
+double exp_shifted_sum_portable(float* row, int64_t n, float s, float shift) {
+  double sum = 0;
+  for (int64_t j = 0; j < n; ++j) {
+    row[j] = std::exp(row[j] * s - shift);
+    sum += row[j];
+  }
+  return sum;
+}
+
+#ifdef AG_VECTOR_MATH_AVX2
+bool have_avx2_fma() {
+  static const bool yes = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  return yes;
+}
+
+// e^x for eight x <= 0 (NaN stays NaN): x = k ln2 + r with |r| <= ln2 / 2,
+// e^r by Cephes' degree-7 polynomial, 2^k through the exponent bits.
+[[gnu::target("avx2,fma")]] inline __m256 exp8_nonpositive(__m256 x) {
+  const __m256 lowest = _mm256_set1_ps(-87.3f);
+  const __m256 xc = _mm256_min_ps(_mm256_max_ps(x, lowest), _mm256_setzero_ps());  // NaN -> -87.3 here
+  const __m256 k = _mm256_round_ps(_mm256_mul_ps(xc, _mm256_set1_ps(1.44269504088896341f)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(k, _mm256_set1_ps(0.693359375f), xc);
+  r = _mm256_fnmadd_ps(k, _mm256_set1_ps(-2.12194440e-4f), r);
+  __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+  const __m256 er = _mm256_add_ps(_mm256_fmadd_ps(_mm256_mul_ps(p, r), r, r), _mm256_set1_ps(1.0f));
+  // k in [-126, 0]: 2^k is a normal float
+  const __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(k), _mm256_set1_epi32(127)), 23);
+  __m256 e = _mm256_mul_ps(er, _mm256_castsi256_ps(bits));
+  e = _mm256_blendv_ps(e, _mm256_setzero_ps(), _mm256_cmp_ps(x, lowest, _CMP_LT_OQ));  // underflow: 0
+  return _mm256_blendv_ps(e, x, _mm256_cmp_ps(x, x, _CMP_UNORD_Q));                    // NaN: itself
+}
+
+[[gnu::target("avx2,fma")]] double exp_shifted_sum_avx2(float* row, int64_t n, float s, float shift) {
+  const __m256 vs = _mm256_set1_ps(s), vshift = _mm256_set1_ps(shift);
+  __m256d lo = _mm256_setzero_pd(), hi = _mm256_setzero_pd();
+  int64_t j = 0;
+  for (; j + 8 <= n; j += 8) {
+    const __m256 e = exp8_nonpositive(_mm256_sub_ps(_mm256_mul_ps(_mm256_loadu_ps(row + j), vs), vshift));
+    _mm256_storeu_ps(row + j, e);
+    lo = _mm256_add_pd(lo, _mm256_cvtps_pd(_mm256_castps256_ps128(e)));
+    hi = _mm256_add_pd(hi, _mm256_cvtps_pd(_mm256_extractf128_ps(e, 1)));
+  }
+  if (j < n) {  // the tail through the same lanes, padded with exponents that give 0
+    alignas(32) float tail[8];
+    for (int l = 0; l < 8; ++l) tail[l] = j + l < n ? row[j + l] * s - shift : -1e30f;
+    const __m256 e = exp8_nonpositive(_mm256_load_ps(tail));
+    _mm256_store_ps(tail, e);
+    for (int64_t l = 0; j + l < n; ++l) row[j + l] = tail[l];
+    lo = _mm256_add_pd(lo, _mm256_cvtps_pd(_mm256_castps256_ps128(e)));
+    hi = _mm256_add_pd(hi, _mm256_cvtps_pd(_mm256_extractf128_ps(e, 1)));
+  }
+  alignas(32) double part[8];
+  _mm256_store_pd(part, lo);
+  _mm256_store_pd(part + 4, hi);
+  double sum = 0;
+  for (double v : part) sum += v;
+  return sum;
+}
+#endif
+
+}  // namespace
+
+double exp_shifted_sum(float* row, int64_t n, float s, float shift) {
+#ifdef AG_VECTOR_MATH_AVX2
+  if (have_avx2_fma()) return exp_shifted_sum_avx2(row, n, s, shift);
+#endif
+  return exp_shifted_sum_portable(row, n, s, shift);
+}
+
+}  // namespace ag::gpu::cpu
