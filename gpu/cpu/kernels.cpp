@@ -566,6 +566,11 @@ class scratch {
     if (!block_) return;
     auto& kept = cache();
     const std::size_t bytes = size_ * sizeof(float);
+    if (bytes > scratch_keep_bytes) {  // never kept: the kept ones stay
+      block_.reset();
+      size_ = 0;
+      return;
+    }
     // Room made by dropping the smallest kept blocks first (the large ones
     // are the expensive ones to map again).
     while (kept.bytes + bytes > scratch_keep_bytes && !kept.blocks.empty()) {
