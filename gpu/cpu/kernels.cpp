@@ -209,12 +209,6 @@ error bad(errc c, const op_launch& l, const std::string& what) {
 
 // --- ops -------------------------------------------------------------------
 
-float gelu(float x, gelu_mode m) {
-  if (m == gelu_mode::erf) return 0.5f * x * (1.0f + std::erf(x * 0.70710678118654752f));
-  const float c = 0.79788456080286536f;  // sqrt(2 / pi)
-  return 0.5f * x * (1.0f + std::tanh(c * (x + 0.044715f * x * x * x)));
-}
-
 void run_unary(const op_launch& l, int threads) {
   const nd out = pad(l.out);
   const nd x = pad(l.inputs[0]);
@@ -227,8 +221,11 @@ void run_unary(const op_launch& l, int threads) {
       load_row(x, x.off(i0, i1, i2), n, buf.data());
       switch (k) {
         case op_kind::scale: for (auto& v : buf) v *= at.scale; break;
-        case op_kind::gelu: for (auto& v : buf) v = gelu(v, at.gelu); break;
-        case op_kind::silu: for (auto& v : buf) v = v / (1.0f + std::exp(-v)); break;
+        case op_kind::gelu:
+          if (at.gelu == gelu_mode::tanh) gelu_tanh_in_place(buf.data(), n);
+          else for (auto& v : buf) v = 0.5f * v * (1.0f + std::erf(v * 0.70710678118654752f));
+          break;
+        case op_kind::silu: silu_in_place(buf.data(), n); break;
         default: break;  // copy: the cast happens in store_row
       }
       store_row(out, out.off(i0, i1, i2), n, buf.data());

@@ -20,4 +20,22 @@ namespace ag::gpu::cpu {
 /// arguments on one machine.
 double exp_shifted_sum(float* row, int64_t n, float s, float shift);
 
+/// row[j] = GELU's tanh approximation of row[j], in place, computed as
+/// x / (1 + e^(-2 sqrt(2/pi)(x + 0.044715x^3))): the same function as
+/// 0.5x(1 + tanh(...)) without its cancellation at negative x (within 4 ulp
+/// of the exact value where that is a normal float; 0 where it is below
+/// about 1e-37 x). e^x as in exp_shifted_sum (AVX2 + FMA) or std::exp.
+void gelu_tanh_in_place(float* row, int64_t n);
+
+/// row[j] = SiLU(row[j]) = x / (1 + e^-x), in place; e^x as above.
+void silu_in_place(float* row, int64_t n);
+
+/// The same three with std::exp, one element at a time: what a machine
+/// without AVX2 + FMA runs (exposed so that tests check them anywhere).
+namespace portable {
+double exp_shifted_sum(float* row, int64_t n, float s, float shift);
+void gelu_tanh_in_place(float* row, int64_t n);
+void silu_in_place(float* row, int64_t n);
+}  // namespace portable
+
 }  // namespace ag::gpu::cpu

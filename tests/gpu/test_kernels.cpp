@@ -797,6 +797,62 @@ TEST(CpuKernels, ExpShiftedSumMatchesStdExp) {
   EXPECT_NEAR(nan_row[2], std::exp(-1.0f), 4e-7f);
 }
 
+// GELU (tanh form) and SiLU as x times a sigmoid, against the definitions in
+// double: within a few ulp wherever the value is a normal float, plus the
+// exponent's own rounding (e^z moves by |z| ulp for each rounding of z;
+// the tanh form in float loses up to 1e-3 of it at x = -5 to cancellation),
+// signs and NaN kept, the same bits again, every length through the tail.
+TEST(CpuKernels, GeluTanhAndSiluMatchTheirDefinitionsInDouble) {
+  // 0.5x(1 + tanh(u)) = x / (1 + e^-2u), which keeps its digits in double
+  // where 1 + tanh(u) cancels (u < -18).
+  const auto gelu = [](double x) { return x / (1.0 + std::exp(-2 * 0.7978845608028654 * (x + 0.044715 * x * x * x))); };
+  const auto silu = [](double x) { return x / (1.0 + std::exp(-x)); };
+  std::mt19937 rng(78);
+  std::uniform_real_distribution<float> wide(-12.0f, 12.0f);
+  for (int64_t n : {0, 1, 7, 8, 9, 17, 1000}) {
+    SCOPED_TRACE("n " + std::to_string(n));
+    std::vector<float> in(static_cast<std::size_t>(n));
+    for (auto& v : in) v = wide(rng);
+    if (n == 1000) {  // the edges: 0, +-0 results, overflow of e^-z, large x
+      const float edges[] = {0.0f, -0.0f, 1e-30f, -1e-30f, -9.0f, -9.5f, -10.5f, -88.0f, -100.0f, 90.0f, 1e6f, -1e6f, 3e38f};
+      std::copy(std::begin(edges), std::end(edges), in.begin());
+    }
+    for (int which = 0; which < 4; ++which) {  // gelu, silu; this machine's path, then the portable one
+      SCOPED_TRACE((which % 2 == 0 ? "gelu tanh" : "silu") + std::string(which < 2 ? "" : ", portable"));
+      const auto f = which == 0 ? gpu::cpu::gelu_tanh_in_place : which == 1 ? gpu::cpu::silu_in_place
+                   : which == 2 ? gpu::cpu::portable::gelu_tanh_in_place : gpu::cpu::portable::silu_in_place;
+      std::vector<float> row = in, again = in;
+      f(row.data(), n);
+      f(again.data(), n);
+      ASSERT_EQ(std::memcmp(row.data(), again.data(), row.size() * sizeof(float)), 0);
+      for (std::size_t j = 0; j < row.size(); ++j) {
+        const double x = in[j];
+        const double want = which % 2 == 0 ? gelu(x) : silu(x);
+        const double z = which % 2 == 0 ? 2 * 0.7978845608028654 * x * (1 + 0.044715 * x * x) : x;
+        const float got = row[j];
+        ASSERT_FALSE(std::isnan(got)) << j << " x " << in[j];
+        const double ulps = 4 + 2 * std::min(std::fabs(z), 100.0);  // z rounded a few times
+        if (std::fabs(want) >= 1e-36) {
+          ASSERT_NEAR(got, want, ulps * 1.2e-7 * std::fabs(want)) << j << " x " << in[j];
+        } else {
+          ASSERT_LE(std::fabs(got), 1e-36) << j << " x " << in[j];
+        }
+        if (want != 0.0 && got != 0.0f) {
+          ASSERT_EQ(std::signbit(got), std::signbit(want)) << j << " x " << in[j];
+        }
+      }
+    }
+  }
+  std::vector<float> nan_row = {std::numeric_limits<float>::quiet_NaN(), 1.0f};
+  gpu::cpu::gelu_tanh_in_place(nan_row.data(), 2);
+  EXPECT_TRUE(std::isnan(nan_row[0]));
+  EXPECT_NEAR(nan_row[1], gelu(1.0), 2e-7);
+  EXPECT_NEAR(gelu(1.0), 0.5 * (1.0 + std::tanh(0.7978845608028654 * 1.044715)), 1e-15);  // the definition
+  nan_row[0] = std::numeric_limits<float>::quiet_NaN();
+  gpu::cpu::silu_in_place(nan_row.data(), 1);
+  EXPECT_TRUE(std::isnan(nan_row[0]));
+}
+
 // The kernels' scratch stays with their thread and is reused uninitialised:
 // a large bf16 product, a smaller one, then the large one again give the
 // reference's values and, the second time, the first time's bits (a reused
