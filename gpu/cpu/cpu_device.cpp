@@ -59,14 +59,15 @@ device_ptr make_cpu_device(device_spec spec, int index, const backend_options& o
   spec.kind = device_kind::cpu;
   if (options.cpu_oneshot_max_bytes >= 0) spec.oneshot_max_bytes = options.cpu_oneshot_max_bytes;
   const int threads = cpu_threads_for(options, cpu_devices);
-  // Each stream is already a thread; BLAS threads per call multiply with
-  // them. The setting is process-wide in OpenBLAS: the first device decides,
-  // unless the environment set it (OPENBLAS_NUM_THREADS: the user's word,
-  // and what the ThreadSanitizer presets use, since OpenBLAS's own threads
-  // synchronise in code TSan cannot see).
+  // BLAS runs single-threaded: each stream is a thread, and a product's
+  // blocks go over the stream's helpers (gemm_f32), so every thread is the
+  // team's. OpenBLAS's own threads spun between its calls and slowed the
+  // kernels running then by a third on two cores (docs/BENCHMARKS.md,
+  // session 60). The setting is process-wide; OPENBLAS_NUM_THREADS, where
+  // the environment sets it, is left as the user's word.
   static std::once_flag blas_threads;
-  std::call_once(blas_threads, [&] {
-    if (openblas_set_num_threads && !std::getenv("OPENBLAS_NUM_THREADS")) openblas_set_num_threads(threads);
+  std::call_once(blas_threads, [] {
+    if (openblas_set_num_threads && !std::getenv("OPENBLAS_NUM_THREADS")) openblas_set_num_threads(1);
   });
   return std::make_shared<cpu_device>(std::move(spec), index, threads);
 }

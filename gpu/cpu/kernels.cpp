@@ -15,6 +15,7 @@
 #include <mutex>
 #include <new>
 #include <stdexcept>
+#include <thread>
 #include <vector>
 
 #ifdef ACTORGRAPH_HAVE_BLAS
@@ -329,8 +330,7 @@ void run_softmax(const op_launch& l, int threads) {
       load_row(x, x.off(i0, i1, i2), sk, row.data());
       // Row i may see keys j <= i + (Sk - Sq); masked probabilities are exactly 0.
       const int64_t last = causal ? std::min(sk - 1, i2 + (sk - sq)) : sk - 1;
-      float mx = -std::numeric_limits<float>::infinity();
-      for (int64_t j = 0; j <= last; ++j) mx = std::max(mx, row[j] * s);
+      const float mx = max_scaled(row.data(), last + 1, s);
       const double sum = exp_shifted_sum(row.data(), last + 1, s, mx);
       const auto inv = static_cast<float>(1.0 / sum);
       for (int64_t j = 0; j <= last; ++j) row[j] *= inv;
@@ -340,18 +340,20 @@ void run_softmax(const op_launch& l, int threads) {
   });
 }
 
-void run_argmax(const op_launch& l) {
+void run_argmax(const op_launch& l, int threads) {
   const nd out = pad(l.out);  // [.., 1] i32
   const nd x = pad(l.inputs[0]);
   const int64_t n = x.d[3];
-  std::vector<float> row(static_cast<std::size_t>(n));
-  for_rows(out, [&](int64_t i0, int64_t i1, int64_t i2) {
-    load_row(x, x.off(i0, i1, i2), n, row.data());
-    int64_t best = -1;
-    for (int64_t j = 0; j < n; ++j)  // the first maximum; a NaN never compares greater
-      if (!std::isnan(row[j]) && (best < 0 || row[j] > row[best])) best = j;
-    const auto v = static_cast<int32_t>(best < 0 ? 0 : best);
-    std::memcpy(out.p + out.off(i0, i1, i2) * 4, &v, 4);
+  // The rows over the threads (a prefill's logits: hundreds of rows of the vocabulary).
+  for_row_ranges(out, out.d[0] * out.d[1] * out.d[2] * n * static_cast<int64_t>(dtype_size(x.t)), threads,
+                 [&](int64_t first, int64_t end) {
+    std::vector<float> row(static_cast<std::size_t>(n));
+    rows_in(out, first, end, [&](int64_t i0, int64_t i1, int64_t i2) {
+      load_row(x, x.off(i0, i1, i2), n, row.data());
+      const int64_t best = first_argmax(row.data(), n);  // -1: all NaN
+      const auto v = static_cast<int32_t>(best < 0 ? 0 : best);
+      std::memcpy(out.p + out.off(i0, i1, i2) * 4, &v, 4);
+    });
   });
 }
 
@@ -706,7 +708,7 @@ void run_matmul(const op_launch& l, int threads) {
         // Both operands in f32 for BLAS (a bf16 pair where bf16_gemm cannot run).
         const mat_ref am = pa.get(a.p, a.t, a.off(i0, i1, 0), m, k, ars, acs, column_threads);
         const mat_ref bm = pb.get(b.p, b.t, b.off(i0, i1, 0), k, n, brs, bcs, column_threads);
-        gemm_f32(am.trans, bm.trans, m, n, k, 1.0f, am.p, am.ld, bm.p, bm.ld, 0.0f, c, ld);
+        gemm_f32(am.trans, bm.trans, m, n, k, 1.0f, am.p, am.ld, bm.p, bm.ld, 0.0f, c, ld, column_threads);
       }
       if (!c_direct) {
         nd row = out;
@@ -715,11 +717,11 @@ void run_matmul(const op_launch& l, int threads) {
     }
   };
   const int64_t count = out.d[0] * out.d[1];
-  // Few-row products of at least as many batches as threads (a decode
-  // step's attention: a head each) go a batch to a thread, which wakes the
-  // helpers once per op instead of once per head; BLAS products keep
-  // BLAS's own threads, one batch at a time.
-  if (few_rows && threads > 1 && count >= threads)
+  // At least as many batches as threads (attention: a head each) go a
+  // batch to a thread, which wakes the helpers once per op instead of once
+  // per head, and keeps each product whole (a prefill's 512 x 512 x 64
+  // scores ran at 126 GFLOP/s split over two threads, one head at a time).
+  if (threads > 1 && count >= threads)
     for_item_ranges(count, count * n * k * es, threads, 1, 1,
                     [&](int64_t first, int64_t end) { batches(first, end, 1); });
   else
@@ -887,7 +889,7 @@ error run_op(const op_launch& l, int threads) {
       case op_kind::copy: copy_strided(pad(l.inputs[0]), pad(l.out)); return {};
       case op_kind::rms_norm: case op_kind::layer_norm: run_norm(l, threads); return {};
       case op_kind::softmax: run_softmax(l, threads); return {};
-      case op_kind::argmax: run_argmax(l); return {};
+      case op_kind::argmax: run_argmax(l, threads); return {};
       case op_kind::rope: run_rope(l, threads); return {};
       case op_kind::get_rows: return run_get_rows(l);
       case op_kind::concat: run_concat(l); return {};
@@ -924,11 +926,19 @@ void gemm_f32_fallback(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t
   }
 }
 
-void gemm_f32(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
-              const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+int gemm_f32_parts() noexcept {
+  static const int parts = std::clamp(static_cast<int>(std::thread::hardware_concurrency()), 1, 64);
+  return parts;
+}
+
 #ifdef ACTORGRAPH_HAVE_BLAS
-  const int64_t big = std::max({m, n, k, lda, ldb, ldc});
-  if (big < INT_MAX && m == 1) {
+namespace {
+
+// One BLAS call on the calling thread (BLAS runs single-threaded: the cpu
+// device sets it so, and the team spreads the blocks).
+void blas_gemm_block(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
+                     int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+  if (m == 1) {
     // One row (a decode step): sgemv reads B once; sgemm would pack all of
     // it first (2.3-2.5x slower for GPT-2's weights on the development
     // machine). c = alpha * op(B)^T a + beta * c; a's elements are a column
@@ -943,10 +953,46 @@ void gemm_f32(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float
                   static_cast<int>(ldb), a, inc_a, beta, c, 1);
     return;
   }
+  cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans,
+              static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), alpha, a, static_cast<int>(lda), b,
+              static_cast<int>(ldb), beta, c, static_cast<int>(ldc));
+}
+
+}  // namespace
+#endif
+
+void gemm_f32(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
+              const float* b, int64_t ldb, float beta, float* c, int64_t ldc, int threads) {
+#ifdef ACTORGRAPH_HAVE_BLAS
+  const int64_t big = std::max({m, n, k, lda, ldb, ldc});
   if (big < INT_MAX) {
-    cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans,
-                static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), alpha, a, static_cast<int>(lda), b,
-                static_cast<int>(ldb), beta, c, static_cast<int>(ldc));
+    // C in parts of columns where it is wide enough (each part packs A
+    // again: small beside its columns of B), else of rows (each packs B
+    // again), each part one BLAS call on one of up to `threads` threads.
+    // How many parts depends on the machine, never on `threads`: BLAS's sum
+    // for an element can change with the cut (its sgemv by columns, its
+    // small-matrix kernel for a thin part), so a fixed cut gives the same
+    // bits for any thread count. As many parts as the machine has hardware
+    // threads: what a cpu device uses by default.
+    constexpr int64_t column_align = 64, row_align = 16;
+    // Below ~20 us of work (a product's flops, or a row's bytes of B) a
+    // helper's wake-up costs more than it saves.
+    const bool small = 2 * m * n * k < (int64_t{4} << 20) && (m * k + k * n + m * n) * 4 < (int64_t{256} << 10);
+    int parts = small ? 1 : gemm_f32_parts();
+    const bool by_columns = n >= column_align * parts || m < row_align * parts;
+    const int64_t extent = by_columns ? n : m, align = by_columns ? column_align : row_align;
+    parts = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(parts, extent / align)));
+    const auto edge = [&](int i) { return i == parts ? extent : extent * i / parts / align * align; };
+    run_parts(parts, threads, [&](int i) {
+      const int64_t lo = edge(i), len = edge(i + 1) - lo;
+      if (len <= 0) return;
+      if (by_columns)
+        blas_gemm_block(trans_a, trans_b, m, len, k, alpha, a, lda, b + lo * (trans_b ? ldb : 1), ldb, beta, c + lo,
+                        ldc);
+      else
+        blas_gemm_block(trans_a, trans_b, len, n, k, alpha, a + lo * (trans_a ? 1 : lda), lda, b, ldb, beta,
+                        c + lo * ldc, ldc);
+    });
     return;
   }
 #endif

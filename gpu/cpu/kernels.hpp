@@ -27,10 +27,11 @@ error check_op(const op_launch& l);
 /// that succeed. Errors (bad arguments, an id out of range in get_rows) name
 /// the node and return before or without writing a partial result where possible.
 /// `threads`: how many threads the op may use, the calling one included
-/// (gpu/cpu/thread_team.hpp; BLAS has its own): a matmul of a few rows
-/// splits its columns (or its batches, when they are at least as many as
-/// the threads), a product of two bf16 matrices on the CPU's bf16 units its
-/// blocks of columns (gpu/cpu/bf16_gemm.hpp), a bf16 or f16 operand's
+/// (gpu/cpu/thread_team.hpp): a matmul of a few rows splits its columns, a
+/// matmul over batches at least as many as the threads its batches, a
+/// product in f32 through BLAS its blocks (gemm_f32), a product of two bf16
+/// matrices on the CPU's bf16 units its blocks of columns
+/// (gpu/cpu/bf16_gemm.hpp), a bf16 or f16 operand's
 /// conversion to f32 its lines, and the ops over whole rows (softmax,
 /// norms, rope, the elementwise ones) their rows, among them. The result is
 /// the same bits for any count (each output element is one thread's work,
@@ -39,10 +40,19 @@ error check_op(const op_launch& l);
 error run_op(const op_launch& l, int threads = 1);
 
 /// C = alpha * op(A) * op(B) + beta * C, row-major f32 with leading
-/// dimensions (cblas_sgemm's contract). Uses BLAS when the build has it.
+/// dimensions (cblas_sgemm's contract). Uses BLAS when the build has it: C
+/// cut into gemm_f32_parts() parts of columns (or of rows, where it is
+/// narrow; one part when the product is small), each one BLAS call, spread
+/// over up to `threads` threads of the helper team (BLAS itself runs
+/// single-threaded, as cpu devices set it). The cut does not depend on
+/// `threads`, so neither do the bits. One row goes to BLAS's sgemv.
 void gemm_f32(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
               const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
-              int64_t ldc);
+              int64_t ldc, int threads = 1);
+/// How many parts gemm_f32 cuts a large product into: the machine's
+/// hardware threads (what one cpu device uses by default), at most 64.
+int gemm_f32_parts() noexcept;
+
 /// The same without BLAS (a cache-blocked loop); always compiled, so it is tested.
 void gemm_f32_fallback(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
                        const float* a, int64_t lda, const float* b, int64_t ldb, float beta,

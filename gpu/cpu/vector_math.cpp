@@ -1,5 +1,6 @@
 #include "gpu/cpu/vector_math.hpp"
 
+#include <algorithm>
 #include <cmath>
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
@@ -33,6 +34,19 @@ void gelu_tanh_in_place(float* row, int64_t n) {
 
 void silu_in_place(float* row, int64_t n) {
   for (int64_t j = 0; j < n; ++j) row[j] = row[j] / (1.0f + std::exp(-row[j]));
+}
+
+float max_scaled(const float* row, int64_t n, float s) {
+  float mx = -INFINITY;
+  for (int64_t j = 0; j < n; ++j) mx = std::max(mx, row[j] * s);
+  return mx;
+}
+
+int64_t first_argmax(const float* row, int64_t n) {
+  int64_t best = -1;
+  for (int64_t j = 0; j < n; ++j)
+    if (!std::isnan(row[j]) && (best < 0 || row[j] > row[best])) best = j;
+  return best;
 }
 
 }  // namespace portable
@@ -122,6 +136,63 @@ template <sigmoid_of Z>
   for (double v : part) sum += v;
   return sum;
 }
+[[gnu::target("avx2,fma")]] float max_scaled_avx2(const float* row, int64_t n, float s) {
+  const __m256 vs = _mm256_set1_ps(s);
+  // Four running maxima: a max's latency, not its throughput, would bound one.
+  __m256 m[4] = {_mm256_set1_ps(-INFINITY), _mm256_set1_ps(-INFINITY), _mm256_set1_ps(-INFINITY),
+                 _mm256_set1_ps(-INFINITY)};
+  int64_t j = 0;
+  // max_ps(x, m) gives m where x is NaN: NaNs are passed over, as std::max(m, x) does.
+  for (; j + 32 <= n; j += 32)
+    for (int u = 0; u < 4; ++u) m[u] = _mm256_max_ps(_mm256_mul_ps(_mm256_loadu_ps(row + j + 8 * u), vs), m[u]);
+  for (; j + 8 <= n; j += 8) m[0] = _mm256_max_ps(_mm256_mul_ps(_mm256_loadu_ps(row + j), vs), m[0]);
+  const __m256 all = _mm256_max_ps(_mm256_max_ps(m[0], m[1]), _mm256_max_ps(m[2], m[3]));
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, all);
+  float mx = -INFINITY;
+  for (float v : lanes) mx = std::max(mx, v);
+  for (; j < n; ++j) mx = std::max(mx, row[j] * s);
+  return mx;
+}
+
+// Per lane the first maximum of its elements (strictly greater replaces;
+// the first non-NaN fills an empty lane), then the lanes' best with the
+// lowest index among equal values, then the tail, whose indices are larger.
+[[gnu::target("avx2,fma")]] int64_t first_argmax_avx2(const float* row, int64_t n) {
+  __m256 best = _mm256_set1_ps(-INFINITY);
+  __m256i at = _mm256_set1_epi32(-1);
+  __m256i idx = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  const __m256i eight = _mm256_set1_epi32(8), none = _mm256_set1_epi32(-1);
+  int64_t j = 0;
+  for (; j + 8 <= n; j += 8) {
+    const __m256 v = _mm256_loadu_ps(row + j);
+    const __m256 empty = _mm256_castsi256_ps(_mm256_cmpeq_epi32(at, none));
+    const __m256 take = _mm256_or_ps(_mm256_cmp_ps(v, best, _CMP_GT_OQ),
+                                     _mm256_and_ps(empty, _mm256_cmp_ps(v, v, _CMP_ORD_Q)));
+    best = _mm256_blendv_ps(best, v, take);
+    at = _mm256_castps_si256(_mm256_blendv_ps(_mm256_castsi256_ps(at), _mm256_castsi256_ps(idx), take));
+    idx = _mm256_add_epi32(idx, eight);
+  }
+  alignas(32) float bv[8];
+  alignas(32) int32_t bi[8];
+  _mm256_store_ps(bv, best);
+  _mm256_store_si256(reinterpret_cast<__m256i*>(bi), at);
+  int64_t found = -1;
+  float value = 0;
+  for (int l = 0; l < 8; ++l) {
+    if (bi[l] < 0) continue;
+    if (found < 0 || bv[l] > value || (bv[l] == value && bi[l] < found)) {
+      found = bi[l];
+      value = bv[l];
+    }
+  }
+  for (; j < n; ++j)
+    if (!std::isnan(row[j]) && (found < 0 || row[j] > value)) {
+      found = j;
+      value = row[j];
+    }
+  return found;
+}
 #endif
 
 }  // namespace
@@ -145,6 +216,20 @@ void silu_in_place(float* row, int64_t n) {
   if (have_avx2_fma()) return times_sigmoid_avx2<sigmoid_of::x>(row, n);
 #endif
   portable::silu_in_place(row, n);
+}
+
+float max_scaled(const float* row, int64_t n, float s) {
+#ifdef AG_VECTOR_MATH_AVX2
+  if (have_avx2_fma()) return max_scaled_avx2(row, n, s);
+#endif
+  return portable::max_scaled(row, n, s);
+}
+
+int64_t first_argmax(const float* row, int64_t n) {
+#ifdef AG_VECTOR_MATH_AVX2
+  if (have_avx2_fma() && n < (int64_t{1} << 31) - 8) return first_argmax_avx2(row, n);
+#endif
+  return portable::first_argmax(row, n);
 }
 
 }  // namespace ag::gpu::cpu

@@ -30,12 +30,22 @@ void gelu_tanh_in_place(float* row, int64_t n);
 /// row[j] = SiLU(row[j]) = x / (1 + e^-x), in place; e^x as above.
 void silu_in_place(float* row, int64_t n);
 
-/// The same three with std::exp, one element at a time: what a machine
+/// The largest row[j] * s, NaNs passed over; -inf for an empty row or one
+/// of NaNs (a softmax's shift). Exact: the same value on any path.
+float max_scaled(const float* row, int64_t n, float s);
+
+/// The index of the first largest row[j], NaNs never winning; -1 when there
+/// is none (an empty row, or all NaN). Exact: the same index on any path.
+int64_t first_argmax(const float* row, int64_t n);
+
+/// The same functions one element at a time, with std::exp: what a machine
 /// without AVX2 + FMA runs (exposed so that tests check them anywhere).
 namespace portable {
 double exp_shifted_sum(float* row, int64_t n, float s, float shift);
 void gelu_tanh_in_place(float* row, int64_t n);
 void silu_in_place(float* row, int64_t n);
+float max_scaled(const float* row, int64_t n, float s);
+int64_t first_argmax(const float* row, int64_t n);
 }  // namespace portable
 
 }  // namespace ag::gpu::cpu

@@ -575,8 +575,9 @@ std::vector<std::byte> output_bytes(const graph& g, const std::vector<host_tenso
 
 // A matmul given 1, 2, 3 or 7 threads gives the same bits, and the
 // reference's values: a few rows against weights large enough to be split
-// (both forms: [out, in] used transposed, and [in, out]), and many rows
-// against a bf16 / f16 weight whose conversion to f32 is split.
+// (both forms: [out, in] used transposed, and [in, out]), many rows against
+// a bf16 / f16 weight whose conversion to f32 is split, BLAS's products cut
+// into columns or rows of C, and batches spread over the threads.
 TEST(CpuKernels, MatmulsSplitAmongThreadsGiveTheSameBits) {
   struct cfg {
     shape a, b;
@@ -588,6 +589,10 @@ TEST(CpuKernels, MatmulsSplitAmongThreadsGiveTheSameBits) {
       {{8, 257}, {2050, 257}, true},   // eight rows, 2050 columns: parts of 16 and a tail
       {{40, 300}, {1003, 300}, true},  // many rows: the weight converted by columns in parts
       {{40, 300}, {300, 1003}, false}, // many rows: converted by rows in parts
+      {{200, 300}, {300, 1003}, false},  // f32 through BLAS: columns of C in parts
+      {{200, 300}, {1003, 300}, true},
+      {{300, 200}, {200, 100}, false},   // narrow C: rows in parts
+      {{6, 40, 64}, {6, 50, 64}, true},  // batches over the threads, each whole
   };
   uint64_t seed = 900;
   for (dtype t : float_types)
