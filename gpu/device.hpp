@@ -85,8 +85,10 @@ struct op_launch {
   /// then charges the op spec.kernel_latency (on its own stream) instead of
   /// spec.launch_latency (host time); other backends ignore it.
   bool launch_paid_by_replay = false;
-  /// Set by the lowering (actors/launch_program.cpp) on CUDA devices only: this
-  /// record runs a chain of the plan's ops as one kernel (see fused_attention).
+  /// Set by the lowering (actors/launch_program.cpp): this record runs a
+  /// chain of the plan's ops as one kernel (see fused_attention). CUDA
+  /// devices get every kind; cpu devices get prefill-sized attention only
+  /// (graph/fusion.hpp, find_attention_fusions).
   enum class fusion : uint8_t { none = 0, attention = 1, projections = 2, decode_step = 3 };
   fusion fused = fusion::none;
   /// Set by the lowering: bit i when `inputs[i]` is a weight leaf in the

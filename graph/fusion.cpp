@@ -42,7 +42,8 @@ bool same_batch(const shape& a, const shape& b) {
 }
 
 /// The chain starting at ops[i], or nullopt.
-std::optional<attention_fusion> match(const graph& g, const std::vector<node_id>& ops, std::size_t i) {
+std::optional<attention_fusion> match(const graph& g, const std::vector<node_id>& ops, std::size_t i,
+                                      device_kind kind) {
   const node& qk = g.at(ops[i]);
   if (qk.op != op_kind::matmul || qk.attrs.trans_a || !qk.attrs.trans_b) return std::nullopt;
   std::size_t k = i + 1;
@@ -70,11 +71,17 @@ std::optional<attention_fusion> match(const graph& g, const std::vector<node_id>
     return std::nullopt;
   const dtype t = q.type;
   const int64_t batch_entries = M * dh > 0 ? q.dims.numel() / (M * dh) : 0;
-  const bool flash =
-      M > fused_attention_max_rows && keys >= 1 && fused_flash_attention_fits(t, dh, batch_entries);
-  if (!flash && (M > fused_attention_max_rows || keys < 1 || keys > fused_attention_max_keys ||
-                 M * keys > fused_attention_max_scores || dh > fused_attention_max_head))
-    return std::nullopt;
+  if (kind == device_kind::cpu) {
+    // The cpu kernel takes any sizes; decode-sized queries keep the few-row
+    // products (gpu/cpu/few_rows.hpp), which read the cache in its dtype.
+    if (M <= fused_attention_max_rows || keys < 1) return std::nullopt;
+  } else {
+    const bool flash =
+        M > fused_attention_max_rows && keys >= 1 && fused_flash_attention_fits(t, dh, batch_entries);
+    if (!flash && (M > fused_attention_max_rows || keys < 1 || keys > fused_attention_max_keys ||
+                   M * keys > fused_attention_max_scores || dh > fused_attention_max_head))
+      return std::nullopt;
+  }
   if ((t != dtype::f32 && t != dtype::bf16 && t != dtype::f16) || kk.type != t || v.type != t || pv.type != t ||
       qk.type != t || sm.type != t)
     return std::nullopt;
@@ -303,10 +310,13 @@ int rope_epilogues_at(const graph& g, const std::vector<node_id>& ops, std::size
   return static_cast<int>(roped.size());
 }
 
-/// The non-view, non-leaf ops of a CUDA compute step, in order (empty otherwise).
-void compute_ops(const graph& g, const step& st, const std::vector<device_spec>& devices, std::vector<node_id>& ops) {
+/// The non-view, non-leaf ops of a compute step on a CUDA device (or, with
+/// `cpu_too`, a cpu device), in order (empty otherwise).
+void compute_ops(const graph& g, const step& st, const std::vector<device_spec>& devices, std::vector<node_id>& ops,
+                 bool cpu_too = false) {
   ops.clear();
-  if (st.kind != step_kind::compute || devices.at(static_cast<std::size_t>(st.device)).kind != device_kind::cuda)
+  const device_kind kind = devices.at(static_cast<std::size_t>(st.device)).kind;
+  if (st.kind != step_kind::compute || !(kind == device_kind::cuda || (cpu_too && kind == device_kind::cpu)))
     return;
   for (node_id id : st.ops)
     if (!is_view_op(g.at(id).op) && !is_leaf_op(g.at(id).op)) ops.push_back(id);
@@ -421,13 +431,16 @@ std::vector<attention_fusion> find_attention_fusions(const graph& g, const std::
   std::vector<attention_fusion> found;
   std::vector<node_id> ops;
   for (const step& st : steps) {
-    compute_ops(g, st, devices, ops);
+    compute_ops(g, st, devices, ops, true);
+    const device_kind kind = devices.at(static_cast<std::size_t>(st.device)).kind;
     for (std::size_t i = 0; i < ops.size(); ++i) {
-      auto f = match(g, ops, i);
+      auto f = match(g, ops, i, kind);
       if (!f) continue;
       f->step = st.id;
-      // Only the decode kernels take a cache prologue (not the flash kernel's longer runs).
-      if (g.at(g.at(f->scores).inputs[0]).dims[-2] <= fused_attention_max_rows) match_prologue(g, ops, i, *f);
+      // Only CUDA's decode kernels take a cache prologue (not the flash
+      // kernel's longer runs, nor the cpu kernel).
+      if (kind == device_kind::cuda && g.at(g.at(f->scores).inputs[0]).dims[-2] <= fused_attention_max_rows)
+        match_prologue(g, ops, i, *f);
       found.push_back(*f);
       i += f->mask_add == no_node ? 2 : 3;  // past the chain's last op
     }

@@ -24,7 +24,8 @@ using step_id = int32_t;
 /// Attention of decode-sized queries: scores = matmul(q, k^T) [-> add(scores,
 /// mask)] -> softmax(.. * scale, causal) -> out = matmul(probs, v), reshapes
 /// between them allowed, every intermediate read only by the next op and no
-/// graph output; consecutive compute ops of one step on a CUDA device; q
+/// graph output; consecutive compute ops of one step on a CUDA device (on a
+/// cpu device: see find_attention_fusions); q
 /// [.., M, dh], k and v [.., keys, dh] with equal batch dims, one float dtype;
 /// within the decode kernels' limits (M <= 16, keys <= 8192, M x keys <=
 /// 32768, dh <= 256; gpu/cuda/attention.cuh), or, for longer query runs (a
@@ -97,7 +98,9 @@ inline constexpr int64_t fused_attention_max_head = 256;
 std::vector<node_id> attention_chain_late_operands(const graph& g, node_id qk);
 
 /// The attention chains of `steps` (a compiled plan's, in order) that the
-/// backends of `devices` run fused: today those on CUDA devices.
+/// backends of `devices` run fused: those on CUDA devices (above), and on
+/// cpu devices those of more than fused_attention_max_rows query rows (a
+/// prefill), any sizes, without a cache prologue (gpu/cpu/kernels.hpp).
 std::vector<attention_fusion> find_attention_fusions(const graph& g, const std::vector<step>& steps,
                                                      const std::vector<device_spec>& devices);
 

@@ -318,6 +318,21 @@ void run_norm(const op_launch& l, int threads) {
   });
 }
 
+// Softmax of row[j] * s over j < visible, in place; entries from `visible`
+// to n are 0 (masked probabilities are exactly 0; a row that sees no key is
+// all 0).
+void softmax_row(float* row, int64_t n, int64_t visible, float s) {
+  const int64_t seen = std::clamp<int64_t>(visible, 0, n);
+  const float mx = max_scaled(row, seen, s);
+  const double sum = exp_shifted_sum(row, seen, s, mx);
+  const auto inv = static_cast<float>(1.0 / sum);
+  for (int64_t j = 0; j < seen; ++j) row[j] *= inv;
+  std::fill(row + seen, row + n, 0.0f);
+}
+
+// Keys row i of a causal softmax over [sq, sk] sees: j <= i + (sk - sq).
+int64_t causal_visible(int64_t i, int64_t sq, int64_t sk) { return std::min(sk, i + (sk - sq) + 1); }
+
 void run_softmax(const op_launch& l, int threads) {
   const nd out = pad(l.out);
   const nd x = pad(l.inputs[0]);
@@ -328,13 +343,7 @@ void run_softmax(const op_launch& l, int threads) {
     std::vector<float> row(static_cast<std::size_t>(sk));
     rows_in(out, first, end, [&](int64_t i0, int64_t i1, int64_t i2) {
       load_row(x, x.off(i0, i1, i2), sk, row.data());
-      // Row i may see keys j <= i + (Sk - Sq); masked probabilities are exactly 0.
-      const int64_t last = causal ? std::min(sk - 1, i2 + (sk - sq)) : sk - 1;
-      const float mx = max_scaled(row.data(), last + 1, s);
-      const double sum = exp_shifted_sum(row.data(), last + 1, s, mx);
-      const auto inv = static_cast<float>(1.0 / sum);
-      for (int64_t j = 0; j <= last; ++j) row[j] *= inv;
-      for (int64_t j = std::max<int64_t>(last + 1, 0); j < sk; ++j) row[j] = 0.0f;
+      softmax_row(row.data(), sk, causal ? causal_visible(i2, sq, sk) : sk, s);
       store_row(out, out.off(i0, i1, i2), sk, row.data());
     });
   });
@@ -728,6 +737,117 @@ void run_matmul(const op_launch& l, int threads) {
     batches(0, count, threads);
 }
 
+// --- fused attention -------------------------------------------------------
+
+// Query rows a task of the fused attention takes: its scores [rows, keys]
+// stay in the core's cache, and a causal block computes at most this many
+// rows' worth of keys past its rows' own (the diagonal's triangle).
+constexpr int64_t attention_rows_per_task = 32;
+
+// The chain scores = q k^T [+ mask] -> softmax(* scale, causal) -> probs v
+// (gpu::op_launch::attention_params) as one op: per batch entry and block
+// of query rows, the keys the block can see, their scores in f32 through
+// BLAS, the softmax of each row as run_softmax computes it, and the rows'
+// sum of values through BLAS. The scores never leave the thread, and a
+// causal block computes only the keys up to its last row's (a prefill's
+// masked half is skipped). Tasks spread over the threads, each output row
+// one task's: the same bits for any thread count.
+void run_fused_attention(const op_launch& l, int threads) {
+  const auto& at = l.attention;
+  const nd q = pad(l.inputs[0]), k = pad(l.inputs[1]), v = pad(l.inputs[2]), out = pad(l.out);
+  const nd mask = at.masked ? pad(l.inputs[3]) : nd{};
+  const int64_t m_rows = q.d[2], dh = q.d[3], keys = k.d[2], S = at.softmax_rows;
+  const int64_t batches = q.d[0] * q.d[1];
+  const int64_t blocks = (m_rows + attention_rows_per_task - 1) / attention_rows_per_task;
+  // Keys softmax row i sees (before the mask).
+  const auto visible = [&](int64_t i) { return at.causal ? causal_visible(i, S, keys) : keys; };
+  const bool direct = q.t == dtype::f32 && k.t == dtype::f32 && v.t == dtype::f32 && q.s[3] == 1 && k.s[3] == 1 &&
+                      v.s[3] == 1;
+  const int64_t bytes = (q.d[0] * q.d[1] * (m_rows + 2 * keys) * dh) * static_cast<int64_t>(dtype_size(q.t));
+  for_item_ranges(batches * blocks, bytes, threads, 1, 1, [&](int64_t first, int64_t end) {
+    std::vector<float> qf, kf, vf, scores, outf, mrow;
+    int64_t converted_batch = -1, converted_keys = 0;  // k and v rows already in kf / vf
+    for (int64_t task = first; task < end; ++task) {
+      const int64_t b = task / blocks, m0 = task % blocks * attention_rows_per_task;
+      const int64_t rows = std::min(attention_rows_per_task, m_rows - m0);
+      const int64_t i0 = b / q.d[1], i1 = b % q.d[1];
+      int64_t kv = 0;  // the keys any row of the block sees
+      for (int64_t m = m0; m < m0 + rows; ++m) kv = std::max(kv, visible((b * m_rows + m) % S));
+      outf.assign(static_cast<std::size_t>(rows * dh), 0.0f);
+      if (kv > 0) {
+        const float *qp, *kp, *vp;
+        int64_t ldq, ldk, ldv;
+        if (direct) {
+          qp = reinterpret_cast<const float*>(q.p) + q.off(i0, i1, m0);
+          kp = reinterpret_cast<const float*>(k.p) + k.off(i0, i1, 0);
+          vp = reinterpret_cast<const float*>(v.p) + v.off(i0, i1, 0);
+          ldq = q.s[2];
+          ldk = k.s[2];
+          ldv = v.s[2];
+        } else {
+          qf.resize(static_cast<std::size_t>(rows * dh));
+          for (int64_t r = 0; r < rows; ++r) load_row(q, q.off(i0, i1, m0 + r), dh, qf.data() + r * dh);
+          if (converted_batch != b) converted_batch = b, converted_keys = 0;
+          if (converted_keys < kv) {  // the keys and values this block needs beyond those converted
+            kf.resize(static_cast<std::size_t>(keys * dh));
+            vf.resize(static_cast<std::size_t>(keys * dh));
+            for (int64_t j = converted_keys; j < kv; ++j) {
+              load_row(k, k.off(i0, i1, j), dh, kf.data() + j * dh);
+              load_row(v, v.off(i0, i1, j), dh, vf.data() + j * dh);
+            }
+            converted_keys = kv;
+          }
+          qp = qf.data();
+          kp = kf.data();
+          vp = vf.data();
+          ldq = ldk = ldv = dh;
+        }
+        scores.resize(static_cast<std::size_t>(rows * kv));
+        gemm_f32(false, true, rows, kv, dh, 1.0f, qp, ldq, kp, ldk, 0.0f, scores.data(), kv, 1);
+        for (int64_t r = 0; r < rows; ++r) {
+          const int64_t i = (b * m_rows + m0 + r) % S;
+          float* row = scores.data() + r * kv;
+          if (at.masked) {
+            mrow.resize(static_cast<std::size_t>(kv));
+            load_row(mask, mask.off(0, 0, i), kv, mrow.data());
+            for (int64_t j = 0; j < kv; ++j) row[j] += mrow[static_cast<std::size_t>(j)];
+          }
+          softmax_row(row, kv, visible(i), at.scale);
+        }
+        gemm_f32(false, false, rows, dh, kv, 1.0f, scores.data(), kv, vp, ldv, 0.0f, outf.data(), dh, 1);
+      }
+      for (int64_t r = 0; r < rows; ++r) store_row(out, out.off(i0, i1, m0 + r), dh, outf.data() + r * dh);
+    }
+  });
+}
+
+error check_fused_attention(const op_launch& l) {
+  const auto& at = l.attention;
+  if (at.store_new_rows || at.rope_q || at.rope_k)
+    return bad(errc::unsupported_op, l, "the cpu backend's fused attention takes no cache prologue");
+  const std::size_t want = at.masked ? 4 : 3;
+  if (l.inputs.size() != want)
+    return bad(errc::invalid_argument, l, "fused attention got " + std::to_string(l.inputs.size()) +
+                                              " inputs, needs " + std::to_string(want));
+  for (std::size_t i = 0; i < want; ++i)
+    if (!l.inputs[i].data || l.inputs[i].type != l.out.type || l.inputs[i].dims.rank() < 2)
+      return bad(errc::invalid_argument, l, "fused attention input " + std::to_string(i) +
+                                                " is null, of another dtype than the output, or of rank < 2");
+  if (!l.out.data || !is_float(l.out.type)) return bad(errc::invalid_argument, l, "fused attention output");
+  const shape &q = l.inputs[0].dims, &k = l.inputs[1].dims, &v = l.inputs[2].dims, &o = l.out.dims;
+  const auto batch_of = [](const shape& x) { return x.numel() / std::max<int64_t>(1, x[-2] * x[-1]); };
+  const int64_t S = at.softmax_rows;
+  if (q.rank() > max_rank || k.rank() != q.rank() || v.rank() != q.rank() || o != q || k != v || k[-1] != q[-1] ||
+      batch_of(k) != batch_of(q) || S < 1 || q[-2] % S != 0)
+    return bad(errc::invalid_shape, l, "fused attention of q " + q.to_string() + ", k " + k.to_string() + ", v " +
+                                           v.to_string() + " into " + o.to_string() + " (softmax rows " +
+                                           std::to_string(S) + ")");
+  if (at.masked && l.inputs[3].dims.numel() != S * k[-2])
+    return bad(errc::invalid_shape, l, "fused attention mask " + l.inputs[3].dims.to_string() + " is not [" +
+                                           std::to_string(S) + ", " + std::to_string(k[-2]) + "]");
+  return {};
+}
+
 // --- checks ----------------------------------------------------------------
 
 bool broadcasts(const shape& in, const shape& out) {
@@ -741,6 +861,9 @@ bool broadcasts(const shape& in, const shape& out) {
 
 error check_op(const op_launch& l) {
   if (!l.op) return error(errc::invalid_argument, "launch without an op");
+  if (l.fused == op_launch::fusion::attention) return check_fused_attention(l);
+  if (l.fused != op_launch::fusion::none)
+    return bad(errc::unsupported_op, l, "the cpu backend runs no fused projections or decode steps");
   const node& nd_ = *l.op;
   const op_kind k = nd_.op;
   if (is_view_op(k) || is_leaf_op(k)) return {};
@@ -882,6 +1005,10 @@ error run_op(const op_launch& l, int threads) {
   // Kernels run on backend worker threads: an exception there (a scratch
   // buffer the host cannot allocate) would terminate the process.
   try {
+    if (l.fused == op_launch::fusion::attention) {
+      run_fused_attention(l, threads);
+      return {};
+    }
     switch (l.op->op) {
       case op_kind::matmul: run_matmul(l, threads); return {};
       case op_kind::add: case op_kind::mul: run_binary(l, threads); return {};

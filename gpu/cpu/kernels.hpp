@@ -19,11 +19,16 @@
 namespace ag::gpu::cpu {
 
 /// Checks what run_op needs without touching memory: op arity, non-null
-/// buffers, output dims/dtype equal to the node's, input ranks. Errors name
-/// the node (errc::invalid_argument / invalid_shape / dtype_mismatch).
+/// buffers, output dims/dtype equal to the node's, input ranks; for a fused
+/// attention record (op_launch::fusion::attention, without a cache
+/// prologue: the only fusion this backend runs) its operands' shapes and
+/// dtypes. Errors name the node (errc::invalid_argument / invalid_shape /
+/// dtype_mismatch / unsupported_op).
 error check_op(const op_launch& l);
 
-/// Runs one op on host memory. View ops and leaves (input, weight) are no-ops
+/// Runs one op on host memory, or a fused attention chain (prefill-sized:
+/// per block of query rows, only the keys it can see, the scores kept in
+/// the thread's cache). View ops and leaves (input, weight) are no-ops
 /// that succeed. Errors (bad arguments, an id out of range in get_rows) name
 /// the node and return before or without writing a partial result where possible.
 /// `threads`: how many threads the op may use, the calling one included

@@ -102,3 +102,72 @@ TEST(EndToEnd, CpuKernelsOnSeveralThreadsGiveTheSameBitsAsOne) {
     std::printf("[ note ] helpers started before this test (%d): whether it started them is not checked\n",
                 helpers_before);
 }
+
+// The cpu backend's fused attention (a prefill's chain scores -> [mask] ->
+// softmax -> times v as one kernel, gpu/cpu/kernels.hpp): the plan fuses
+// the chain, and the job equals the reference and the unfused ops, in
+// f32, bf16 and f16, causal over as many keys as rows, causal with a cache
+// (more keys than rows) plus an additive mask and several query heads'
+// rows to one softmax view (GQA's packing), and neither causal nor masked;
+// 1 and 3 threads a kernel give the same bits.
+TEST(EndToEnd, CpuFusedAttentionEqualsTheReferenceOnAnyThreadCount) {
+  struct cfg {
+    const char* name;
+    ag::dtype t;
+    int64_t heads, rows, keys, dh, softmax_rows;
+    bool causal, masked;
+  };
+  const cfg cases[] = {
+      {"causal", ag::dtype::f32, 3, 40, 40, 32, 40, true, false},
+      {"gqa cache mask", ag::dtype::bf16, 2, 48, 24, 64, 16, true, true},
+      {"plain", ag::dtype::f16, 2, 20, 70, 16, 20, false, false},
+      {"gqa cache mask f32", ag::dtype::f32, 2, 96, 80, 32, 32, true, true},
+      {"large enough to split", ag::dtype::f32, 4, 256, 256, 64, 256, true, false},
+  };
+  uint64_t seed = 300;
+  for (const cfg& c : cases) {
+    SCOPED_TRACE(c.name);
+    ag::graph_builder b;
+    auto q = b.input("q", c.t, {1, c.heads, c.rows, c.dh});
+    auto k = b.input("k", c.t, {1, c.heads, c.keys, c.dh});
+    auto v = b.input("v", c.t, {1, c.heads, c.keys, c.dh});
+    const int64_t group = c.rows / c.softmax_rows;
+    auto scores = b.reshape(b.matmul(q, k, false, true, "qk"), {1, c.heads * group, c.softmax_rows, c.keys});
+    std::vector<ag::host_tensor> in{ag::host_tensor::random_normal(c.t, {1, c.heads, c.rows, c.dh}, seed++),
+                                    ag::host_tensor::random_normal(c.t, {1, c.heads, c.keys, c.dh}, seed++),
+                                    ag::host_tensor::random_normal(c.t, {1, c.heads, c.keys, c.dh}, seed++)};
+    if (c.masked) {
+      scores = b.add(scores, b.input("mask", c.t, {c.softmax_rows, c.keys}), "mask_add");
+      in.push_back(ag::host_tensor::random_normal(c.t, {c.softmax_rows, c.keys}, seed++));
+    }
+    auto probs = b.reshape(b.softmax(scores, c.causal, 0.125f, "softmax"), {1, c.heads, c.rows, c.keys});
+    b.output(b.matmul(probs, v, false, false, "pv"));
+    const ag::graph g = std::move(b).build().value();
+    auto ref = ag::evaluate_reference(g, in);
+    ASSERT_TRUE(ref.has_value()) << ref.err().to_string();
+    const double tol = c.t == ag::dtype::f32 ? 1e-4 : 2e-2;
+    std::vector<ag::host_tensor> outs;
+    for (const int threads : {1, 3, 0}) {  // 0: 1 thread, the chain unfused
+      ag::runtime_options o;
+      o.backend.cpu_threads_per_stream = std::max(threads, 1);
+      auto rt = ag::runtime::create("cpu:1", o);
+      ASSERT_TRUE(rt.has_value()) << rt.err().to_string();
+      ag::plan_options po;
+      po.fuse_ops = threads != 0;
+      auto p = (*rt)->compile(g, po);
+      ASSERT_TRUE(p.has_value()) << p.err().to_string();
+      EXPECT_EQ((*p)->fusions().size(), threads != 0 ? 1u : 0u) << (*p)->describe();
+      ag::job j = (*rt)->submit(*p, in);
+      ASSERT_TRUE(j.wait_for(20s)) << "job did not finish";
+      const ag::job_result& r = j.wait();
+      ASSERT_TRUE(r.has_value()) << r.err().to_string();
+      const auto cmp = ag::compare((*r)[0], (*ref)[0], tol, tol);
+      EXPECT_TRUE(cmp.ok) << threads << " threads: " << cmp.message;
+      outs.push_back((*r)[0]);
+    }
+    EXPECT_EQ(std::memcmp(outs[0].data(), outs[1].data(), static_cast<std::size_t>(outs[0].bytes())), 0)
+        << "3 threads a kernel changed the fused attention's bits";
+    const auto fused_vs_unfused = ag::compare(outs[0], outs[2], tol, tol);
+    EXPECT_TRUE(fused_vs_unfused.ok) << fused_vs_unfused.message;
+  }
+}

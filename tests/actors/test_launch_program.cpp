@@ -633,7 +633,7 @@ compiled_and_lowered compile_and_lower(const models::transformer_config& cfg, de
   std::vector<device_spec> specs;
   for (int k = 0; k < devices; ++k) {
     device_spec d;
-    d.name = (kind == device_kind::cuda ? "cuda" : "sim") + std::to_string(k);
+    d.name = std::string(to_string(kind)) + std::to_string(k);
     d.kind = kind;
     specs.push_back(d);
   }
@@ -814,6 +814,35 @@ TEST(LaunchProgram, DecodeAttentionIsOneFusedRecordPerLayerOnCudaOnly) {
   prefill.seq_len = 16;
   prefill.weight_values = false;
   EXPECT_EQ(count_fused(prefill, device_kind::cuda).fused, 0);
+}
+
+// On cpu devices a prefill's attention (more than fused_attention_max_rows
+// query rows) is one record per layer, causal without a cache and masked
+// over it, never with a cache prologue; a decode step keeps its ops (the
+// few-row products), and fuse_ops off keeps every chain.
+TEST(LaunchProgram, PrefillAttentionIsOneFusedRecordPerLayerOnCpu) {
+  models::transformer_config prefill;
+  prefill.variant = models::model_variant::llama;
+  prefill.n_layers = 2;
+  prefill.d_model = 64;
+  prefill.n_heads = 8;
+  prefill.n_kv_heads = 2;
+  prefill.vocab = 50;
+  prefill.seq_len = 16;
+  prefill.weight_values = false;
+  for (int64_t cache : {int64_t{0}, int64_t{32}}) {
+    prefill.kv_cache_capacity = cache;
+    const auto cpu = count_fused(prefill, device_kind::cpu);
+    EXPECT_EQ(cpu.fused, 2) << "cache " << cache;
+    EXPECT_EQ(cpu.masked, cache > 0 ? 2 : 0) << "cache " << cache;
+    EXPECT_EQ(cpu.cache_prologues, 0) << "cache " << cache;
+    EXPECT_EQ(count_fused(prefill, device_kind::cpu, /*fuse_ops=*/false).fused, 0);
+  }
+  for (auto variant : {models::model_variant::llama, models::model_variant::gpt2}) {
+    models::transformer_config cfg = decode_step(variant, 256);
+    cfg.kv_cache_capacity = 32;
+    EXPECT_EQ(count_fused(cfg, device_kind::cpu).fused, 0) << models::to_string(variant);
+  }
 }
 
 // Projection groups (CUDA devices only, plan_options::fuse_projections): in
