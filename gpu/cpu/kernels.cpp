@@ -741,69 +741,87 @@ void run_matmul(const op_launch& l, int threads) {
 
 // Query rows a task of the fused attention takes: its scores [rows, keys]
 // stay in the core's cache, and a causal block computes at most this many
-// rows' worth of keys past its rows' own (the diagonal's triangle).
+// rows' worth of keys past its rows' own (the diagonal's triangle). Blocks
+// on the bf16 units are larger: each product there is a oneDNN call, whose
+// few microseconds a 32-row block's product does not outweigh.
 constexpr int64_t attention_rows_per_task = 32;
+constexpr int64_t attention_rows_per_bf16_task = 64;
 
 // The chain scores = q k^T [+ mask] -> softmax(* scale, causal) -> probs v
 // (gpu::op_launch::attention_params) as one op: per batch entry and block
-// of query rows, the keys the block can see, their scores in f32 through
-// BLAS, the softmax of each row as run_softmax computes it, and the rows'
-// sum of values through BLAS. The scores never leave the thread, and a
-// causal block computes only the keys up to its last row's (a prefill's
-// masked half is skipped). Tasks spread over the threads, each output row
-// one task's: the same bits for any thread count.
+// of query rows, the keys the block can see, their scores in f32, the
+// softmax of each row as run_softmax computes it, and the rows' sum of
+// values. The products run on the CPU's bf16 units when q, k and v are bf16
+// (bf16_gemm; the probabilities rounded to bf16 as the softmax op would
+// store them), else through BLAS in f32. The scores never leave the thread,
+// and a causal block computes only the keys up to its last row's (a
+// prefill's masked half is skipped). Tasks spread over the threads, each
+// output row one task's: the same bits for any thread count.
 void run_fused_attention(const op_launch& l, int threads) {
   const auto& at = l.attention;
   const nd q = pad(l.inputs[0]), k = pad(l.inputs[1]), v = pad(l.inputs[2]), out = pad(l.out);
   const nd mask = at.masked ? pad(l.inputs[3]) : nd{};
   const int64_t m_rows = q.d[2], dh = q.d[3], keys = k.d[2], S = at.softmax_rows;
   const int64_t batches = q.d[0] * q.d[1];
-  const int64_t blocks = (m_rows + attention_rows_per_task - 1) / attention_rows_per_task;
+  const bool unit = q.s[3] == 1 && k.s[3] == 1 && v.s[3] == 1;
+  const bool direct = q.t == dtype::f32 && k.t == dtype::f32 && v.t == dtype::f32 && unit;
+  const bool bf16_units = q.t == dtype::bf16 && k.t == dtype::bf16 && v.t == dtype::bf16 && unit &&
+                          bf16_gemm_available();
+  const int64_t per_task = bf16_units ? attention_rows_per_bf16_task : attention_rows_per_task;
+  const int64_t blocks = (m_rows + per_task - 1) / per_task;
   // Keys softmax row i sees (before the mask).
   const auto visible = [&](int64_t i) { return at.causal ? causal_visible(i, S, keys) : keys; };
-  const bool direct = q.t == dtype::f32 && k.t == dtype::f32 && v.t == dtype::f32 && q.s[3] == 1 && k.s[3] == 1 &&
-                      v.s[3] == 1;
   const int64_t bytes = (q.d[0] * q.d[1] * (m_rows + 2 * keys) * dh) * static_cast<int64_t>(dtype_size(q.t));
   for_item_ranges(batches * blocks, bytes, threads, 1, 1, [&](int64_t first, int64_t end) {
     std::vector<float> qf, kf, vf, scores, outf, mrow;
+    std::vector<uint16_t> probs16;
     int64_t converted_batch = -1, converted_keys = 0;  // k and v rows already in kf / vf
     for (int64_t task = first; task < end; ++task) {
-      const int64_t b = task / blocks, m0 = task % blocks * attention_rows_per_task;
-      const int64_t rows = std::min(attention_rows_per_task, m_rows - m0);
+      const int64_t b = task / blocks, m0 = task % blocks * per_task;
+      const int64_t rows = std::min(per_task, m_rows - m0);
       const int64_t i0 = b / q.d[1], i1 = b % q.d[1];
       int64_t kv = 0;  // the keys any row of the block sees
       for (int64_t m = m0; m < m0 + rows; ++m) kv = std::max(kv, visible((b * m_rows + m) % S));
       outf.assign(static_cast<std::size_t>(rows * dh), 0.0f);
       if (kv > 0) {
-        const float *qp, *kp, *vp;
-        int64_t ldq, ldk, ldv;
-        if (direct) {
-          qp = reinterpret_cast<const float*>(q.p) + q.off(i0, i1, m0);
-          kp = reinterpret_cast<const float*>(k.p) + k.off(i0, i1, 0);
-          vp = reinterpret_cast<const float*>(v.p) + v.off(i0, i1, 0);
-          ldq = q.s[2];
-          ldk = k.s[2];
-          ldv = v.s[2];
-        } else {
-          qf.resize(static_cast<std::size_t>(rows * dh));
-          for (int64_t r = 0; r < rows; ++r) load_row(q, q.off(i0, i1, m0 + r), dh, qf.data() + r * dh);
-          if (converted_batch != b) converted_batch = b, converted_keys = 0;
-          if (converted_keys < kv) {  // the keys and values this block needs beyond those converted
-            kf.resize(static_cast<std::size_t>(keys * dh));
-            vf.resize(static_cast<std::size_t>(keys * dh));
-            for (int64_t j = converted_keys; j < kv; ++j) {
-              load_row(k, k.off(i0, i1, j), dh, kf.data() + j * dh);
-              load_row(v, v.off(i0, i1, j), dh, vf.data() + j * dh);
-            }
-            converted_keys = kv;
-          }
-          qp = qf.data();
-          kp = kf.data();
-          vp = vf.data();
-          ldq = ldk = ldv = dh;
-        }
         scores.resize(static_cast<std::size_t>(rows * kv));
-        gemm_f32(false, true, rows, kv, dh, 1.0f, qp, ldq, kp, ldk, 0.0f, scores.data(), kv, 1);
+        const auto* q16 = reinterpret_cast<const uint16_t*>(q.p) + q.off(i0, i1, m0);
+        const auto* k16 = reinterpret_cast<const uint16_t*>(k.p) + k.off(i0, i1, 0);
+        const auto* v16 = reinterpret_cast<const uint16_t*>(v.p) + v.off(i0, i1, 0);
+        // scores = q k^T: B is k read by columns
+        const bool on_units = bf16_units && bf16_gemm(rows, kv, dh, q16, q.s[2], 1, k16, 1, k.s[2], scores.data(),
+                                                      false, kv, 1);
+        const float *kp = nullptr, *vp = nullptr;
+        int64_t ldk = dh, ldv = dh;
+        if (!on_units) {
+          const float* qp;
+          int64_t ldq = dh;
+          if (direct) {
+            qp = reinterpret_cast<const float*>(q.p) + q.off(i0, i1, m0);
+            kp = reinterpret_cast<const float*>(k.p) + k.off(i0, i1, 0);
+            vp = reinterpret_cast<const float*>(v.p) + v.off(i0, i1, 0);
+            ldq = q.s[2];
+            ldk = k.s[2];
+            ldv = v.s[2];
+          } else {
+            qf.resize(static_cast<std::size_t>(rows * dh));
+            for (int64_t r = 0; r < rows; ++r) load_row(q, q.off(i0, i1, m0 + r), dh, qf.data() + r * dh);
+            if (converted_batch != b) converted_batch = b, converted_keys = 0;
+            if (converted_keys < kv) {  // the keys and values this block needs beyond those converted
+              kf.resize(static_cast<std::size_t>(keys * dh));
+              vf.resize(static_cast<std::size_t>(keys * dh));
+              for (int64_t j = converted_keys; j < kv; ++j) {
+                load_row(k, k.off(i0, i1, j), dh, kf.data() + j * dh);
+                load_row(v, v.off(i0, i1, j), dh, vf.data() + j * dh);
+              }
+              converted_keys = kv;
+            }
+            qp = qf.data();
+            kp = kf.data();
+            vp = vf.data();
+          }
+          gemm_f32(false, true, rows, kv, dh, 1.0f, qp, ldq, kp, ldk, 0.0f, scores.data(), kv, 1);
+        }
         for (int64_t r = 0; r < rows; ++r) {
           const int64_t i = (b * m_rows + m0 + r) % S;
           float* row = scores.data() + r * kv;
@@ -814,7 +832,19 @@ void run_fused_attention(const op_launch& l, int threads) {
           }
           softmax_row(row, kv, visible(i), at.scale);
         }
-        gemm_f32(false, false, rows, dh, kv, 1.0f, scores.data(), kv, vp, ldv, 0.0f, outf.data(), dh, 1);
+        bool summed = false;
+        if (on_units) {
+          probs16.resize(static_cast<std::size_t>(rows * kv));
+          for (std::size_t j = 0; j < probs16.size(); ++j) probs16[j] = float_to_bf16(scores[j]);
+          summed = bf16_gemm(rows, dh, kv, probs16.data(), kv, 1, v16, v.s[2], 1, outf.data(), false, dh, 1);
+          if (!summed) {  // v by BLAS after all: its rows in f32
+            vf.resize(static_cast<std::size_t>(kv * dh));
+            for (int64_t j = 0; j < kv; ++j) load_row(v, v.off(i0, i1, j), dh, vf.data() + j * dh);
+            vp = vf.data();
+            ldv = dh;
+          }
+        }
+        if (!summed) gemm_f32(false, false, rows, dh, kv, 1.0f, scores.data(), kv, vp, ldv, 0.0f, outf.data(), dh, 1);
       }
       for (int64_t r = 0; r < rows; ++r) store_row(out, out.off(i0, i1, m0 + r), dh, outf.data() + r * dh);
     }
