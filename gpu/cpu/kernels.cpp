@@ -234,27 +234,33 @@ void run_unary(const op_launch& l, int threads) {
   });
 }
 
-void copy_strided(const nd& x, const nd& out) {
+// out = x, cast to out's dtype; rows in ranges over `threads` (a prefill's
+// logits cast to f32: 16 M elements).
+void copy_strided(const nd& x, const nd& out, int threads = 1) {
   const int64_t n = out.d[3];
   if (x.t == out.t) {
     // Same dtype: move the bits (exact for i32 and nan payloads).
     const std::size_t es = dtype_size(out.t);
-    for_rows(out, [&](int64_t i0, int64_t i1, int64_t i2) {
-      const std::byte* src = x.p + x.off(i0, i1, i2) * static_cast<int64_t>(es);
-      std::byte* dst = out.p + out.off(i0, i1, i2) * static_cast<int64_t>(es);
-      if (x.s[3] == 1 && out.s[3] == 1) {
-        std::memcpy(dst, src, static_cast<std::size_t>(n) * es);
-      } else {
-        for (int64_t i = 0; i < n; ++i)
-          std::memcpy(dst + i * out.s[3] * static_cast<int64_t>(es), src + i * x.s[3] * static_cast<int64_t>(es), es);
-      }
+    for_row_ranges(out, row_op_bytes(out, 2), threads, [&](int64_t first, int64_t end) {
+      rows_in(out, first, end, [&](int64_t i0, int64_t i1, int64_t i2) {
+        const std::byte* src = x.p + x.off(i0, i1, i2) * static_cast<int64_t>(es);
+        std::byte* dst = out.p + out.off(i0, i1, i2) * static_cast<int64_t>(es);
+        if (x.s[3] == 1 && out.s[3] == 1) {
+          std::memcpy(dst, src, static_cast<std::size_t>(n) * es);
+        } else {
+          for (int64_t i = 0; i < n; ++i)
+            std::memcpy(dst + i * out.s[3] * static_cast<int64_t>(es), src + i * x.s[3] * static_cast<int64_t>(es), es);
+        }
+      });
     });
     return;
   }
-  std::vector<float> buf(static_cast<std::size_t>(n));
-  for_rows(out, [&](int64_t i0, int64_t i1, int64_t i2) {
-    load_row(x, x.off(i0, i1, i2), n, buf.data());
-    store_row(out, out.off(i0, i1, i2), n, buf.data());
+  for_row_ranges(out, row_op_bytes(out, 2), threads, [&](int64_t first, int64_t end) {
+    std::vector<float> buf(static_cast<std::size_t>(n));
+    rows_in(out, first, end, [&](int64_t i0, int64_t i1, int64_t i2) {
+      load_row(x, x.off(i0, i1, i2), n, buf.data());
+      store_row(out, out.off(i0, i1, i2), n, buf.data());
+    });
   });
 }
 
@@ -1043,7 +1049,7 @@ error run_op(const op_launch& l, int threads) {
       case op_kind::matmul: run_matmul(l, threads); return {};
       case op_kind::add: case op_kind::mul: run_binary(l, threads); return {};
       case op_kind::scale: case op_kind::gelu: case op_kind::silu: run_unary(l, threads); return {};
-      case op_kind::copy: copy_strided(pad(l.inputs[0]), pad(l.out)); return {};
+      case op_kind::copy: copy_strided(pad(l.inputs[0]), pad(l.out), threads); return {};
       case op_kind::rms_norm: case op_kind::layer_norm: run_norm(l, threads); return {};
       case op_kind::softmax: run_softmax(l, threads); return {};
       case op_kind::argmax: run_argmax(l, threads); return {};

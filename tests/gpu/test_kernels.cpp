@@ -622,8 +622,8 @@ std::vector<std::vector<std::byte>> node_bytes(const graph& g, const std::vector
   return r;
 }
 
-// Ops over whole rows (softmax, norms, rope, the elementwise ones) large
-// enough to be split give the same bits on 2, 3 or 7 threads as on one, and
+// Ops over whole rows (softmax, norms, rope, the elementwise ones, copies,
+// argmax) large enough to be split give the same bits on 2, 3 or 7 threads as on one, and
 // the reference's values; so do a decode step's attention products (a few
 // rows against each of many batches: a batch to a thread), also where the
 // batches are fewer than the threads (their columns split instead).
@@ -646,6 +646,9 @@ TEST(CpuKernels, RowOpsAndBatchedProductsSplitAmongThreadsGiveTheSameBits) {
     gb.output(gb.scale(x, 0.7f, "scale"));
     gb.output(gb.add(x, w, "add_broadcast"));
     gb.output(gb.mul(x, y, "mul"));
+    gb.output(gb.copy(y, t == dtype::f32 ? dtype::bf16 : dtype::f32, "cast"));
+    gb.output(gb.copy(x, t, "copy"));
+    gb.output(gb.argmax(y, "argmax"));
     // rope over [S 64, H 24, D 80] with positions in the thousands
     auto r = gb.input("r", t, {64, 24, 80});
     auto pos = gb.input("pos", dtype::i32, {64});
@@ -856,6 +859,41 @@ TEST(CpuKernels, GeluTanhAndSiluMatchTheirDefinitionsInDouble) {
   nan_row[0] = std::numeric_limits<float>::quiet_NaN();
   gpu::cpu::silu_in_place(nan_row.data(), 1);
   EXPECT_TRUE(std::isnan(nan_row[0]));
+}
+
+// A softmax's max and argmax in vector registers equal the one-at-a-time
+// loops exactly: NaNs passed over, the first of equal maxima (ties within
+// and across vector lanes, -0 and +0), rows of -inf, rows all NaN (-1),
+// empty rows, and every length through the tail.
+TEST(CpuKernels, MaxAndFirstArgmaxEqualTheirLoopsExactly) {
+  std::mt19937 rng(79);
+  std::uniform_int_distribution<int> few(-3, 3);  // many ties
+  const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+  std::vector<std::vector<float>> rows = {{}, {nan}, {nan, nan, nan, nan, nan, nan, nan, nan, nan},
+                                          {-inf, -inf, -inf}, {-0.0f, 0.0f, -0.0f}, {nan, -inf, 2.0f, 2.0f}};
+  for (int64_t n : {1, 7, 8, 9, 16, 33, 1000}) {
+    std::vector<float> r(static_cast<std::size_t>(n));
+    for (auto& v : r) v = static_cast<float>(few(rng));
+    rows.push_back(r);
+    for (std::size_t j = 0; j < r.size(); j += 5) r[j] = nan;  // NaNs among them
+    rows.push_back(r);
+    r.back() = 100.0f;  // the maximum in the tail
+    rows.push_back(r);
+  }
+  for (std::size_t c = 0; c < rows.size(); ++c) {
+    const auto& r = rows[c];
+    const auto n = static_cast<int64_t>(r.size());
+    SCOPED_TRACE("row " + std::to_string(c) + " of " + std::to_string(n));
+    EXPECT_EQ(gpu::cpu::first_argmax(r.data(), n), gpu::cpu::portable::first_argmax(r.data(), n));
+    for (float s : {1.0f, 0.125f, -2.0f}) {
+      const float got = gpu::cpu::max_scaled(r.data(), n, s), want = gpu::cpu::portable::max_scaled(r.data(), n, s);
+      EXPECT_TRUE(got == want || (std::isnan(got) && std::isnan(want))) << got << " vs " << want << " at s " << s;
+    }
+  }
+  EXPECT_EQ(gpu::cpu::first_argmax(rows[2].data(), 9), -1) << "all NaN";
+  EXPECT_EQ(gpu::cpu::first_argmax(rows[3].data(), 3), 0) << "all -inf: the first";
+  EXPECT_EQ(gpu::cpu::first_argmax(rows[5].data(), 4), 2) << "the first of equal maxima";
+  EXPECT_EQ(gpu::cpu::max_scaled(rows[2].data(), 9, 1.0f), -inf) << "NaNs passed over";
 }
 
 // The kernels' scratch stays with their thread and is reused uninitialised:
