@@ -26,6 +26,9 @@ bool bf16_gemm_available() noexcept;
 
 /// Columns of C a call computes as one oneDNN product: fixed, so that the
 /// blocks, and with them every element's sum, do not depend on `threads`.
+/// Wider blocks measured slower (a LLaMA prefill's 512 x 2048 x 8192 in two
+/// blocks of 4096: 1300-1376 -> 903-906 tokens/s; 512 columns no faster:
+/// docs/BENCHMARKS.md, session 60).
 inline constexpr int64_t bf16_gemm_block = 256;
 
 /// C = A B: A bf16 m x k with element strides (ars, acs), B bf16 k x n with

@@ -15,7 +15,6 @@
 #include <mutex>
 #include <new>
 #include <stdexcept>
-#include <thread>
 #include <vector>
 
 #ifdef ACTORGRAPH_HAVE_BLAS
@@ -1089,11 +1088,6 @@ void gemm_f32_fallback(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t
   }
 }
 
-int gemm_f32_parts() noexcept {
-  static const int parts = std::clamp(static_cast<int>(std::thread::hardware_concurrency()), 1, 64);
-  return parts;
-}
-
 #ifdef ACTORGRAPH_HAVE_BLAS
 namespace {
 
@@ -1141,7 +1135,7 @@ void gemm_f32(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float
     // Below ~20 us of work (a product's flops, or a row's bytes of B) a
     // helper's wake-up costs more than it saves.
     const bool small = 2 * m * n * k < (int64_t{4} << 20) && (m * k + k * n + m * n) * 4 < (int64_t{256} << 10);
-    int parts = small ? 1 : gemm_f32_parts();
+    int parts = small ? 1 : machine_parts();
     const bool by_columns = n >= column_align * parts || m < row_align * parts;
     const int64_t extent = by_columns ? n : m, align = by_columns ? column_align : row_align;
     parts = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(parts, extent / align)));

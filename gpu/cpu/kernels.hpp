@@ -46,7 +46,7 @@ error run_op(const op_launch& l, int threads = 1);
 
 /// C = alpha * op(A) * op(B) + beta * C, row-major f32 with leading
 /// dimensions (cblas_sgemm's contract). Uses BLAS when the build has it: C
-/// cut into gemm_f32_parts() parts of columns (or of rows, where it is
+/// cut into machine_parts() (gpu/cpu/thread_team.hpp) parts of columns (or of rows, where it is
 /// narrow; one part when the product is small), each one BLAS call, spread
 /// over up to `threads` threads of the helper team (BLAS itself runs
 /// single-threaded, as cpu devices set it). The cut does not depend on
@@ -54,10 +54,6 @@ error run_op(const op_launch& l, int threads = 1);
 void gemm_f32(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
               const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
               int64_t ldc, int threads = 1);
-/// How many parts gemm_f32 cuts a large product into: the machine's
-/// hardware threads (what one cpu device uses by default), at most 64.
-int gemm_f32_parts() noexcept;
-
 /// The same without BLAS (a cache-blocked loop); always compiled, so it is tested.
 void gemm_f32_fallback(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
                        const float* a, int64_t lda, const float* b, int64_t ldb, float beta,

@@ -166,4 +166,9 @@ void run_parts(int parts, int threads, const std::function<void(int)>& part) {
 
 int team_helpers() noexcept { return team::get().started(); }
 
+int machine_parts() noexcept {
+  static const int parts = std::clamp(static_cast<int>(std::thread::hardware_concurrency()), 1, 64);
+  return parts;
+}
+
 }  // namespace ag::gpu::cpu

@@ -37,4 +37,11 @@ void run_parts(int parts, int threads, const std::function<void(int)>& part);
 /// Helper threads the team has started so far (0 until a call asks for one).
 int team_helpers() noexcept;
 
+/// How many parts the kernels cut a large f32 product into (gemm_f32): the
+/// machine's hardware threads, which one
+/// cpu device uses by default, at most 64. Constant for the process, and
+/// never the call's thread count, so that a cut, and with it every sum,
+/// does not depend on how many threads run it.
+int machine_parts() noexcept;
+
 }  // namespace ag::gpu::cpu
