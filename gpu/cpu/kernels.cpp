@@ -653,7 +653,7 @@ class operand {
   int64_t last_off_ = -1;
 };
 
-void run_matmul(const op_launch& l, int threads) {
+void run_matmul(const op_launch& l, int threads, int parts) {
   const nd out = pad(l.out);
   nd a = pad(l.inputs[0]), b = pad(l.inputs[1]);
   for (int k = 0; k < 2; ++k) {  // batch broadcast
@@ -722,7 +722,7 @@ void run_matmul(const op_launch& l, int threads) {
         // Both operands in f32 for BLAS (a bf16 pair where bf16_gemm cannot run).
         const mat_ref am = pa.get(a.p, a.t, a.off(i0, i1, 0), m, k, ars, acs, column_threads);
         const mat_ref bm = pb.get(b.p, b.t, b.off(i0, i1, 0), k, n, brs, bcs, column_threads);
-        gemm_f32(am.trans, bm.trans, m, n, k, 1.0f, am.p, am.ld, bm.p, bm.ld, 0.0f, c, ld, column_threads);
+        gemm_f32(am.trans, bm.trans, m, n, k, 1.0f, am.p, am.ld, bm.p, bm.ld, 0.0f, c, ld, column_threads, parts);
       }
       if (!c_direct) {
         nd row = out;
@@ -825,7 +825,7 @@ void run_fused_attention(const op_launch& l, int threads) {
             kp = kf.data();
             vp = vf.data();
           }
-          gemm_f32(false, true, rows, kv, dh, 1.0f, qp, ldq, kp, ldk, 0.0f, scores.data(), kv, 1);
+          gemm_f32(false, true, rows, kv, dh, 1.0f, qp, ldq, kp, ldk, 0.0f, scores.data(), kv, 1, 1);
         }
         for (int64_t r = 0; r < rows; ++r) {
           const int64_t i = (b * m_rows + m0 + r) % S;
@@ -849,7 +849,7 @@ void run_fused_attention(const op_launch& l, int threads) {
             ldv = dh;
           }
         }
-        if (!summed) gemm_f32(false, false, rows, dh, kv, 1.0f, scores.data(), kv, vp, ldv, 0.0f, outf.data(), dh, 1);
+        if (!summed) gemm_f32(false, false, rows, dh, kv, 1.0f, scores.data(), kv, vp, ldv, 0.0f, outf.data(), dh, 1, 1);
       }
       for (int64_t r = 0; r < rows; ++r) store_row(out, out.off(i0, i1, m0 + r), dh, outf.data() + r * dh);
     }
@@ -1035,7 +1035,7 @@ error check_op(const op_launch& l) {
   return {};
 }
 
-error run_op(const op_launch& l, int threads) {
+error run_op(const op_launch& l, int threads, int parts) {
   if (error e = check_op(l)) return e;
   // Kernels run on backend worker threads: an exception there (a scratch
   // buffer the host cannot allocate) would terminate the process.
@@ -1045,7 +1045,7 @@ error run_op(const op_launch& l, int threads) {
       return {};
     }
     switch (l.op->op) {
-      case op_kind::matmul: run_matmul(l, threads); return {};
+      case op_kind::matmul: run_matmul(l, threads, parts); return {};
       case op_kind::add: case op_kind::mul: run_binary(l, threads); return {};
       case op_kind::scale: case op_kind::gelu: case op_kind::silu: run_unary(l, threads); return {};
       case op_kind::copy: copy_strided(pad(l.inputs[0]), pad(l.out), threads); return {};
@@ -1119,7 +1119,7 @@ void blas_gemm_block(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k
 #endif
 
 void gemm_f32(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
-              const float* b, int64_t ldb, float beta, float* c, int64_t ldc, int threads) {
+              const float* b, int64_t ldb, float beta, float* c, int64_t ldc, int threads, int parts_wanted) {
 #ifdef ACTORGRAPH_HAVE_BLAS
   const int64_t big = std::max({m, n, k, lda, ldb, ldc});
   if (big < INT_MAX) {
@@ -1135,7 +1135,7 @@ void gemm_f32(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float
     // Below ~20 us of work (a product's flops, or a row's bytes of B) a
     // helper's wake-up costs more than it saves.
     const bool small = 2 * m * n * k < (int64_t{4} << 20) && (m * k + k * n + m * n) * 4 < (int64_t{256} << 10);
-    int parts = small ? 1 : machine_parts();
+    int parts = small ? 1 : parts_wanted > 0 ? parts_wanted : machine_parts();
     const bool by_columns = n >= column_align * parts || m < row_align * parts;
     const int64_t extent = by_columns ? n : m, align = by_columns ? column_align : row_align;
     parts = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(parts, extent / align)));

@@ -42,18 +42,21 @@ error check_op(const op_launch& l);
 /// the same bits for any count (each output element is one thread's work,
 /// in one order). Scratch memory stays with the thread that used it, for
 /// its next op (at most 256 MiB a thread).
-error run_op(const op_launch& l, int threads = 1);
+/// `parts`: how many parts a large f32 product through BLAS is cut into
+/// (gemm_f32; 0: machine_parts()). A device passes its fixed share of the
+/// machine, so that the bits depend on neither `threads` nor the load.
+error run_op(const op_launch& l, int threads = 1, int parts = 0);
 
 /// C = alpha * op(A) * op(B) + beta * C, row-major f32 with leading
 /// dimensions (cblas_sgemm's contract). Uses BLAS when the build has it: C
-/// cut into machine_parts() (gpu/cpu/thread_team.hpp) parts of columns (or of rows, where it is
+/// cut into `parts` (0: machine_parts(), gpu/cpu/thread_team.hpp) parts of columns (or of rows, where it is
 /// narrow; one part when the product is small), each one BLAS call, spread
 /// over up to `threads` threads of the helper team (BLAS itself runs
 /// single-threaded, as cpu devices set it). The cut does not depend on
 /// `threads`, so neither do the bits. One row goes to BLAS's sgemv.
 void gemm_f32(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
               const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
-              int64_t ldc, int threads = 1);
+              int64_t ldc, int threads = 1, int parts = 0);
 /// The same without BLAS (a cache-blocked loop); always compiled, so it is tested.
 void gemm_f32_fallback(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
                        const float* a, int64_t lda, const float* b, int64_t ldb, float beta,

@@ -7,8 +7,11 @@
 /// (backend_options::cpu_threads_per_stream).
 ///
 /// One team per process, shared by every cpu device's streams: it starts
-/// helpers as calls ask for them, up to the most any call asked for, and
-/// keeps them asleep between calls.
+/// helpers as calls ask for them, up to the most any call asked for. A
+/// helper out of work polls for the next call for 100 us (AG_CPU_SPIN_US;
+/// 0: never), then sleeps on a condition variable; a caller waiting for its
+/// helpers to finish polls as long, then sleeps. A job's kernels follow
+/// each other within microseconds, and a futex wake-up costs tens of them.
 ///
 /// Threading: run_parts may be called from any number of threads at once.
 /// A call runs parts on its calling thread too and waits only for helpers

@@ -299,7 +299,7 @@ error host_device::launch(stream& s, const op_launch& l) {
     if (cfg_.timed) ops_begun_.fetch_add(1, std::memory_order_relaxed);
     int64_t kernel_end = 0;
     if (compute) {
-      if (error e = cpu::run_op(op, cfg_.kernel_threads)) {
+      if (error e = cpu::run_op(op, cfg_.kernel_threads, cfg_.kernel_parts)) {
         e.code = errc::op_failed;
         e.message = "device '" + spec_.name + "': " + op_label(op) + " failed: " + e.message;
         hs.set_error(std::move(e).concerning(index_, -1, op.op->name));

@@ -35,6 +35,11 @@ struct host_device_config {
   /// Threads each kernel may use, its stream's worker included
   /// (cpu::run_op's `threads`): the cpu backend's cpu_threads_per_stream.
   int kernel_threads = 1;
+  /// How many parts a kernel cuts a large f32 BLAS product into
+  /// (cpu::run_op's `parts`; 0: cpu::machine_parts()): the cpu backend's
+  /// share of the machine per device (hardware threads / cpu devices), never
+  /// kernel_threads, so that the bits do not depend on the thread count.
+  int kernel_parts = 0;
 };
 
 /// What a piece of work costs on a timed device.

@@ -566,10 +566,11 @@ TEST(CpuThreadTeam, APartThrowingOnTheCallerLeavesRunPartsAndTheTeamWorks) {
 }
 
 // The graph's (first) output node through run_op with `threads`; its output's bytes.
-std::vector<std::byte> output_bytes(const graph& g, const std::vector<host_tensor>& storage, int threads) {
+std::vector<std::byte> output_bytes(const graph& g, const std::vector<host_tensor>& storage, int threads,
+                                    int parts = 0) {
   const node& mm = g.at(g.outputs()[0]);
   host_tensor out(mm.type, mm.dims);
-  EXPECT_FALSE(gpu::cpu::run_op(launch_on(g, mm, storage, out), threads));
+  EXPECT_FALSE(gpu::cpu::run_op(launch_on(g, mm, storage, out), threads, parts));
   return std::vector<std::byte>(out.data(), out.data() + out.bytes());
 }
 
@@ -605,6 +606,17 @@ TEST(CpuKernels, MatmulsSplitAmongThreadsGiveTheSameBits) {
       const auto one = output_bytes(g, *ref, 1);
       for (const int threads : {2, 3, 7}) EXPECT_TRUE(output_bytes(g, *ref, threads) == one) << threads << " threads";
       EXPECT_EQ(check_graph(g, inputs, {1e-4, 1e-4}), 1);
+      // A device's own cut (run_op's parts: its share of the machine): the
+      // same bits on any thread count for each cut, the reference's values.
+      for (const int parts : {1, 3}) {
+        const auto cut = output_bytes(g, *ref, 1, parts);
+        for (const int threads : {2, 7}) EXPECT_TRUE(output_bytes(g, *ref, threads, parts) == cut) << parts << " parts";
+        host_tensor got(g.at(g.outputs()[0]).type, g.at(g.outputs()[0]).dims);
+        std::memcpy(got.data(), cut.data(), cut.size());
+        const double tol = t == dtype::f32 ? 1e-4 : 1e-2;  // a half output is rounded
+        const auto c = compare(got, (*ref)[static_cast<std::size_t>(g.outputs()[0])], tol, tol);
+        EXPECT_TRUE(c.ok) << parts << " parts: " << c.message;
+      }
     }
 }
 
