@@ -20,7 +20,8 @@ Prints a table and `name: value` lines:
 transformers). With --prefill N, also a prompt of N tokens whose every
 position's logits come back (actorgraph-generate-bench's
 prefill_with_logits_tokens_per_s, best of 3 after 4 warm-ups; PyTorch's
-forward, best of 3 after one): cpu_prefill_tokens_per_s_<model>,
+forward, best of 3 after one; each every round, medians over the rounds):
+cpu_prefill_tokens_per_s_<model>,
 torch_cpu_prefill_tokens_per_s_<model>, cpu_prefill_speedup_vs_torch_<model>
 (ours over PyTorch's rate: above 1 is faster).
 
@@ -129,18 +130,20 @@ def main():
         model = torch_model(name, folder, a.threads) if have_torch else None
         ours, theirs, our_prefill, their_prefill = [], [], [], []
         for r in range(a.rounds):
-            # The prefill figures once (they are best-of-3 runs already).
-            ms, rate = actorgraph_run(a.bench, folder, a.context, a.tokens, a.threads, a.layout,
-                                      a.prefill if r == 0 else 0)
+            # The prefill figures every round too, alternated with PyTorch's
+            # like the decode ones: PyTorch's own rate moved by a fifth from
+            # one run to the next on the 2-core machine (session 60).
+            ms, rate = actorgraph_run(a.bench, folder, a.context, a.tokens, a.threads, a.layout, a.prefill)
             ours.append(ms)
             if rate:
                 our_prefill.append(rate)
             if model is not None:
                 theirs.append(torch_ms(model, a.context, a.tokens))
-                if a.prefill and r == 0:
+                if a.prefill:
                     their_prefill.append(torch_prefill_tokens_per_s(model, a.prefill))
         rows.append((name, statistics.median(ours), statistics.median(theirs) if theirs else None,
-                     our_prefill[0] if our_prefill else None, their_prefill[0] if their_prefill else None))
+                     statistics.median(our_prefill) if our_prefill else None,
+                     statistics.median(their_prefill) if their_prefill else None))
         del model
     ours_label = "cpu:1 x%d threads ms" % a.threads if a.layout == "threads" else "actorgraph cpu:%d ms" % a.threads
     print("%-8s %22s %22s %10s" % ("model", ours_label, "PyTorch %d thread(s) ms" % a.threads, "ratio"))
