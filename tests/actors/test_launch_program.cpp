@@ -758,6 +758,21 @@ TEST(LaunchProgram, FlashFusionStopsAtTheKernelsBatchLimit) {
   }
 }
 
+/// A 2-layer LLaMA prefill of 16 positions in f32 (8 heads of 8, 2 kv heads:
+/// 64 query rows per kv head), shapes only.
+models::transformer_config small_llama_prefill() {
+  models::transformer_config prefill;
+  prefill.variant = models::model_variant::llama;
+  prefill.n_layers = 2;
+  prefill.d_model = 64;
+  prefill.n_heads = 8;
+  prefill.n_kv_heads = 2;
+  prefill.vocab = 50;
+  prefill.seq_len = 16;
+  prefill.weight_values = false;
+  return prefill;
+}
+
 TEST(LaunchProgram, DecodeAttentionIsOneFusedRecordPerLayerOnCudaOnly) {
   for (auto variant : {models::model_variant::llama, models::model_variant::gpt2}) {
     models::transformer_config cfg = decode_step(variant, 64);
@@ -804,16 +819,7 @@ TEST(LaunchProgram, DecodeAttentionIsOneFusedRecordPerLayerOnCudaOnly) {
   // A prefill of 16 positions: 64 query rows per kv head, more than the
   // decode kernels take, in f32 with heads of 8 (no flash kernel either:
   // LongQueryRuns... below); the chain stays as it is.
-  models::transformer_config prefill;
-  prefill.variant = models::model_variant::llama;
-  prefill.n_layers = 2;
-  prefill.d_model = 64;
-  prefill.n_heads = 8;
-  prefill.n_kv_heads = 2;
-  prefill.vocab = 50;
-  prefill.seq_len = 16;
-  prefill.weight_values = false;
-  EXPECT_EQ(count_fused(prefill, device_kind::cuda).fused, 0);
+  EXPECT_EQ(count_fused(small_llama_prefill(), device_kind::cuda).fused, 0);
 }
 
 // On cpu devices a prefill's attention (more than fused_attention_max_rows
@@ -821,15 +827,7 @@ TEST(LaunchProgram, DecodeAttentionIsOneFusedRecordPerLayerOnCudaOnly) {
 // over it, never with a cache prologue; a decode step keeps its ops (the
 // few-row products), and fuse_ops off keeps every chain.
 TEST(LaunchProgram, PrefillAttentionIsOneFusedRecordPerLayerOnCpu) {
-  models::transformer_config prefill;
-  prefill.variant = models::model_variant::llama;
-  prefill.n_layers = 2;
-  prefill.d_model = 64;
-  prefill.n_heads = 8;
-  prefill.n_kv_heads = 2;
-  prefill.vocab = 50;
-  prefill.seq_len = 16;
-  prefill.weight_values = false;
+  models::transformer_config prefill = small_llama_prefill();
   for (int64_t cache : {int64_t{0}, int64_t{32}}) {
     prefill.kv_cache_capacity = cache;
     const auto cpu = count_fused(prefill, device_kind::cpu);
