@@ -1,5 +1,7 @@
 #include "gpu/cpu/cpu_device.hpp"
 
+#include "gpu/cpu/thread_team.hpp"
+
 #include <algorithm>
 #include <cstdlib>
 #include <mutex>
@@ -75,7 +77,7 @@ device_ptr make_cpu_device(device_spec spec, int index, const backend_options& o
   // (what its kernels get by default), whatever threads they are given. On
   // `cpu:2 --tp 2` of two cores each device's one-row products stay whole:
   // cut in two on one thread they took 7% longer (session 60).
-  const int parts = std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / std::max(1, cpu_devices));
+  const int parts = std::max(1, machine_parts() / std::max(1, cpu_devices));
   return std::make_shared<cpu_device>(std::move(spec), index, threads, parts);
 }
 

@@ -781,6 +781,18 @@ void run_fused_attention(const op_launch& l, int threads) {
     std::vector<float> qf, kf, vf, scores, outf, mrow;
     std::vector<uint16_t> probs16;
     int64_t converted_batch = -1, converted_keys = 0;  // k and v rows already in kf / vf
+    // Batch b's first kv rows of k and v in f32 (kf, vf), converting only
+    // the rows the tasks before in this range did not.
+    const auto keys_values_f32 = [&](int64_t b, int64_t i0, int64_t i1, int64_t kv) {
+      if (converted_batch != b) converted_batch = b, converted_keys = 0;
+      kf.resize(static_cast<std::size_t>(keys * dh));
+      vf.resize(static_cast<std::size_t>(keys * dh));
+      for (int64_t j = converted_keys; j < kv; ++j) {
+        load_row(k, k.off(i0, i1, j), dh, kf.data() + j * dh);
+        load_row(v, v.off(i0, i1, j), dh, vf.data() + j * dh);
+      }
+      converted_keys = std::max(converted_keys, kv);
+    };
     for (int64_t task = first; task < end; ++task) {
       const int64_t b = task / blocks, m0 = task % blocks * per_task;
       const int64_t rows = std::min(per_task, m_rows - m0);
@@ -790,42 +802,21 @@ void run_fused_attention(const op_launch& l, int threads) {
       outf.assign(static_cast<std::size_t>(rows * dh), 0.0f);
       if (kv > 0) {
         scores.resize(static_cast<std::size_t>(rows * kv));
-        const auto* q16 = reinterpret_cast<const uint16_t*>(q.p) + q.off(i0, i1, m0);
-        const auto* k16 = reinterpret_cast<const uint16_t*>(k.p) + k.off(i0, i1, 0);
-        const auto* v16 = reinterpret_cast<const uint16_t*>(v.p) + v.off(i0, i1, 0);
-        // scores = q k^T: B is k read by columns
-        const bool on_units = bf16_units && bf16_gemm(rows, kv, dh, q16, q.s[2], 1, k16, 1, k.s[2], scores.data(),
-                                                      false, kv, 1);
-        const float *kp = nullptr, *vp = nullptr;
-        int64_t ldk = dh, ldv = dh;
+        // scores = q k^T: on the bf16 units B is k read by columns
+        const bool on_units =
+            bf16_units && bf16_gemm(rows, kv, dh, reinterpret_cast<const uint16_t*>(q.p) + q.off(i0, i1, m0), q.s[2],
+                                    1, reinterpret_cast<const uint16_t*>(k.p) + k.off(i0, i1, 0), 1, k.s[2],
+                                    scores.data(), false, kv, 1);
         if (!on_units) {
-          const float* qp;
-          int64_t ldq = dh;
           if (direct) {
-            qp = reinterpret_cast<const float*>(q.p) + q.off(i0, i1, m0);
-            kp = reinterpret_cast<const float*>(k.p) + k.off(i0, i1, 0);
-            vp = reinterpret_cast<const float*>(v.p) + v.off(i0, i1, 0);
-            ldq = q.s[2];
-            ldk = k.s[2];
-            ldv = v.s[2];
+            gemm_f32(false, true, rows, kv, dh, 1.0f, reinterpret_cast<const float*>(q.p) + q.off(i0, i1, m0), q.s[2],
+                     reinterpret_cast<const float*>(k.p) + k.off(i0, i1, 0), k.s[2], 0.0f, scores.data(), kv, 1, 1);
           } else {
             qf.resize(static_cast<std::size_t>(rows * dh));
             for (int64_t r = 0; r < rows; ++r) load_row(q, q.off(i0, i1, m0 + r), dh, qf.data() + r * dh);
-            if (converted_batch != b) converted_batch = b, converted_keys = 0;
-            if (converted_keys < kv) {  // the keys and values this block needs beyond those converted
-              kf.resize(static_cast<std::size_t>(keys * dh));
-              vf.resize(static_cast<std::size_t>(keys * dh));
-              for (int64_t j = converted_keys; j < kv; ++j) {
-                load_row(k, k.off(i0, i1, j), dh, kf.data() + j * dh);
-                load_row(v, v.off(i0, i1, j), dh, vf.data() + j * dh);
-              }
-              converted_keys = kv;
-            }
-            qp = qf.data();
-            kp = kf.data();
-            vp = vf.data();
+            keys_values_f32(b, i0, i1, kv);
+            gemm_f32(false, true, rows, kv, dh, 1.0f, qf.data(), dh, kf.data(), dh, 0.0f, scores.data(), kv, 1, 1);
           }
-          gemm_f32(false, true, rows, kv, dh, 1.0f, qp, ldq, kp, ldk, 0.0f, scores.data(), kv, 1, 1);
         }
         for (int64_t r = 0; r < rows; ++r) {
           const int64_t i = (b * m_rows + m0 + r) % S;
@@ -841,15 +832,19 @@ void run_fused_attention(const op_launch& l, int threads) {
         if (on_units) {
           probs16.resize(static_cast<std::size_t>(rows * kv));
           for (std::size_t j = 0; j < probs16.size(); ++j) probs16[j] = float_to_bf16(scores[j]);
-          summed = bf16_gemm(rows, dh, kv, probs16.data(), kv, 1, v16, v.s[2], 1, outf.data(), false, dh, 1);
-          if (!summed) {  // v by BLAS after all: its rows in f32
-            vf.resize(static_cast<std::size_t>(kv * dh));
-            for (int64_t j = 0; j < kv; ++j) load_row(v, v.off(i0, i1, j), dh, vf.data() + j * dh);
-            vp = vf.data();
-            ldv = dh;
+          summed = bf16_gemm(rows, dh, kv, probs16.data(), kv, 1,
+                             reinterpret_cast<const uint16_t*>(v.p) + v.off(i0, i1, 0), v.s[2], 1, outf.data(), false,
+                             dh, 1);
+        }
+        if (!summed) {  // v through BLAS in f32
+          if (direct) {
+            gemm_f32(false, false, rows, dh, kv, 1.0f, scores.data(), kv,
+                     reinterpret_cast<const float*>(v.p) + v.off(i0, i1, 0), v.s[2], 0.0f, outf.data(), dh, 1, 1);
+          } else {
+            keys_values_f32(b, i0, i1, kv);
+            gemm_f32(false, false, rows, dh, kv, 1.0f, scores.data(), kv, vf.data(), dh, 0.0f, outf.data(), dh, 1, 1);
           }
         }
-        if (!summed) gemm_f32(false, false, rows, dh, kv, 1.0f, scores.data(), kv, vp, ldv, 0.0f, outf.data(), dh, 1, 1);
       }
       for (int64_t r = 0; r < rows; ++r) store_row(out, out.off(i0, i1, m0 + r), dh, outf.data() + r * dh);
     }
@@ -1126,11 +1121,11 @@ void gemm_f32(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float
     // C in parts of columns where it is wide enough (each part packs A
     // again: small beside its columns of B), else of rows (each packs B
     // again), each part one BLAS call on one of up to `threads` threads.
-    // How many parts depends on the machine, never on `threads`: BLAS's sum
-    // for an element can change with the cut (its sgemv by columns, its
+    // How many parts is the caller's fixed `parts_wanted` (a device's share
+    // of the machine) or the machine's, never `threads`: BLAS's sum for an
+    // element can change with the cut (its sgemv by columns, its
     // small-matrix kernel for a thin part), so a fixed cut gives the same
-    // bits for any thread count. As many parts as the machine has hardware
-    // threads: what a cpu device uses by default.
+    // bits for any thread count.
     constexpr int64_t column_align = 64, row_align = 16;
     // Below ~20 us of work (a product's flops, or a row's bytes of B) a
     // helper's wake-up costs more than it saves.

@@ -44,9 +44,9 @@ bool spin_until(Ready&& ready) {
 }
 
 // One run_parts call's parts. Lives on the caller's stack: the caller
-// returns only after taking it off the open list and after every helper
-// that joined it has left (`inside` 0), both under the team's mutex, so no
-// helper touches it afterwards.
+// returns only after taking it off the open list (under the team's mutex)
+// and after every helper that joined it has left (`inside` 0, which a
+// helper's last act on it makes so), so no helper touches it afterwards.
 struct batch {
   const std::function<void(int)>* part;
   int parts;
