@@ -399,7 +399,7 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"on", "off"}));
   app.add_option("--fold-norms", d.fold_norms,
                  "decode: plan_options::fold_norm_weights, rms_norm weights folded into the projections' weights "
-                 "(on, off)")
+                 "(on, off; plans of cpu devices alone never fold)")
       ->check(CLI::IsMember({"on", "off"}));
   app.add_option("--decode-step", d.decode_step,
                  "decode: plan_options::fuse_decode_step, a whole one-device LLaMA decode step as one kernel where "

@@ -395,7 +395,9 @@ struct plan_options {
   /// a token, docs/BENCHMARKS.md session 44). Results differ from the
   /// unfolded plan's by one rounding of each scaled weight, and loading
   /// computes the products on the host (a 1B model 0.2 -> 0.36 s). On by
-  /// default.
+  /// default; a plan whose devices are all cpu devices never folds (no cpu
+  /// kernel takes a norm in: LLaMA-1B's first 4 layers loaded in 0.30-0.35
+  /// s unfolded against 0.46 s folded, docs/BENCHMARKS.md session 61).
   bool fold_norm_weights = true;
   /// All-reduces small enough for every member's
   /// device_spec::in_stream_max_bytes (CUDA: 256 KiB by default) run

@@ -940,7 +940,12 @@ expected<std::shared_ptr<const plan>> planner::compile(std::shared_ptr<const gra
   for (const device_spec& d : devices)
     if (auto e = validate(d)) return error(e.code, "compile: " + e.message);
   const std::shared_ptr<const graph> original = gp;
-  if (options.fold_norm_weights) {
+  // Folding serves the GEMV kernels that take a norm in (CUDA, and the sim
+  // that models it); a plan of cpu devices alone would only pay the load's
+  // products and one more rounding of each scaled weight.
+  const bool cpu_only = std::all_of(devices.begin(), devices.end(),
+                                    [](const device_spec& d) { return d.kind == device_kind::cpu; });
+  if (options.fold_norm_weights && !cpu_only) {
     auto folded = fold_norm_weights(*gp);
     if (!folded) return error(folded.err().code, "compile: " + folded.err().message);
     if (*folded) gp = std::move(*folded);

@@ -265,3 +265,26 @@ TEST(NormWeightFold, ThePlanOptionDecidesAndOriginalIsTheUsersGraph) {
     EXPECT_LE(max_rel_diff(*got, *want), 1e-4);
   }
 }
+
+// No cpu kernel takes a norm in, so a plan over cpu devices alone keeps its
+// norms' weights whatever the option says; one other device folds them.
+TEST(NormWeightFold, PlansOfCpuDevicesAloneKeepTheirNormWeights) {
+  auto g = build(tiny_llama(dtype::f32));
+  ASSERT_TRUE(g);
+  device_spec cpu;
+  cpu.kind = device_kind::cpu;
+  plan_options o;
+  ASSERT_TRUE(o.fold_norm_weights);
+  auto one = test_util::must_compile(g, {cpu}, o);
+  ASSERT_TRUE(one);
+  EXPECT_EQ(&one->source(), g.get()) << "nothing to rewrite: the user's graph runs";
+  EXPECT_EQ(norms_with_weights(one->source()), 5);
+  o.tensor_parallel = 2;
+  auto tp = test_util::must_compile(g, {cpu, cpu}, o);
+  ASSERT_TRUE(tp);
+  EXPECT_EQ(norms_with_weights(tp->source()), 10) << "each rank's copy of the 5 norms, weighted";
+  o.tensor_parallel = 1;
+  auto mixed = test_util::must_compile(g, {cpu, device_spec{}}, o);
+  ASSERT_TRUE(mixed);
+  EXPECT_EQ(norms_with_weights(mixed->source()), 0) << "a sim device (it models CUDA's kernels) folds";
+}
