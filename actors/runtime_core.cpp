@@ -326,7 +326,7 @@ expected<std::shared_ptr<const plan>> runtime_core::compile(std::shared_ptr<cons
       const lowered_step& ls = prog.steps()[static_cast<std::size_t>(s)];
       if (ls.kind == step_kind::copy_d2h && ls.copy.window_offset < 0)  // a window's copy lands in pinned memory already
         lp->output_memory[static_cast<std::size_t>(ls.copy.io_index)] =
-            devices_[static_cast<std::size_t>(ls.device)]->host_memory();
+            devices_[static_cast<std::size_t>(ls.device)]->output_memory();
     }
   lp->input_memory.assign(gr.inputs().size(), nullptr);
   for (const lowered_step& ls : prog.steps()) {

@@ -417,6 +417,12 @@ class device {
   /// (job outputs): the CUDA backend's pinned pool, which its copy engines
   /// write without staging. Null (the default): the heap is as good.
   virtual host_memory_resource* host_memory() noexcept { return nullptr; }
+  /// Where a job's outputs that this device copies out should live: by
+  /// default host_memory(). A computing host device (cpu, sim with values)
+  /// returns a process-wide cache of large buffers on huge pages
+  /// (host_output_memory(), gpu/host/host_device.hpp): a fresh buffer's
+  /// page faults cost about 0.5 ms a MiB, every job.
+  virtual host_memory_resource* output_memory() noexcept { return host_memory(); }
   virtual int64_t memory_capacity() const noexcept = 0;
   virtual int64_t memory_in_use() const noexcept = 0;
   /// Synchronous host -> device copy (weight upload at plan load, tests):

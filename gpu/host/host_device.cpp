@@ -7,6 +7,9 @@
 #include <cstring>
 #include <cstdint>
 #include <cstddef>
+#include <mutex>
+#include <string>
+#include <unordered_map>
 #include <typeinfo>
 #include <utility>
 
@@ -63,12 +66,60 @@ void* map_huge(std::size_t bytes) {
 
 void unmap_huge(void* p, std::size_t bytes) { ::munmap(p, mapped_length(bytes)); }
 
+// The output cache's raw buffers: mappings on huge pages, as the devices'
+// own memory (heap blocks with AG_CPU_HUGE_PAGES=0). The cache frees a
+// buffer by its address alone, so each buffer's length is kept here.
+struct output_mappings {
+  std::mutex m;
+  std::unordered_map<void*, std::size_t> length;
+
+  void* map(std::size_t n, std::string& why) {
+    const std::size_t bytes = padded(static_cast<int64_t>(n));
+    void* p = use_huge_pages(bytes) ? map_huge(bytes) : std::aligned_alloc(alignment, bytes);
+    if (!p) {
+      why = "allocating " + std::to_string(bytes) + " bytes failed";
+      return nullptr;
+    }
+    std::lock_guard<std::mutex> lk(m);
+    length.emplace(p, bytes);
+    return p;
+  }
+  void unmap(void* p) {
+    std::size_t bytes = 0;
+    {
+      std::lock_guard<std::mutex> lk(m);
+      auto it = length.find(p);
+      if (it == length.end()) return;
+      bytes = it->second;
+      length.erase(it);
+    }
+    if (use_huge_pages(bytes)) unmap_huge(p, bytes);
+    else std::free(p);
+  }
+};
+
+host::caching_host_memory& output_pool() {
+  static auto* maps = new output_mappings;
+  static auto* pool = new host::caching_host_memory(
+      "host outputs", [](std::size_t n, std::string& why) { return maps->map(n, why); },
+      [](void* p) { maps->unmap(p); }, host_output_min_bytes, host_output_cache_bytes);
+  return *pool;
+}
+
 std::string op_label(const op_launch& l) {
   if (!l.op) return "op <null>";
   return "op '" + l.op->name + "' (" + to_string(l.op->op) + ")";
 }
 
 }  // namespace
+
+host_memory_resource& host_output_memory() noexcept { return output_pool(); }
+
+host_cache_stats host_output_memory_stats() { return output_pool().stats(); }
+
+host_memory_resource* host_device::output_memory() noexcept {
+  return cfg_.lazy_memory ? nullptr : &output_pool();
+}
 
 host_device::host_device(device_spec spec, int index, host_device_config cfg)
     : spec_(std::move(spec)), index_(index), cfg_(cfg) {

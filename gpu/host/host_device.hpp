@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "gpu/device.hpp"
+#include "gpu/host/caching_host_memory.hpp"
 #include "gpu/host/host_stream.hpp"
 
 namespace ag::gpu::host {
@@ -62,6 +63,18 @@ struct work_timing {
 
 enum class copy_kind : uint8_t { h2d, d2h, peer };
 
+/// The process's cache of job outputs of computing host devices
+/// (device::output_memory()): buffers of at least host_output_min_bytes are
+/// mappings on huge pages (as the devices' own memory), kept when a
+/// host_tensor lets them go and handed to the next output of about that
+/// size, up to host_output_cache_bytes cached; smaller ones come from the
+/// heap. Made on first use and never destroyed (host_tensors holding its
+/// buffers may outlive every runtime). Thread-safe.
+inline constexpr std::size_t host_output_min_bytes = std::size_t{1} << 20;
+inline constexpr int64_t host_output_cache_bytes = int64_t{1} << 30;
+host_memory_resource& host_output_memory() noexcept;
+host_cache_stats host_output_memory_stats();
+
 class host_device : public device {
  public:
   /// Unless cfg.lazy_memory, this device's memory is the host's:
@@ -78,6 +91,9 @@ class host_device : public device {
   void deallocate(void* p) noexcept override;
   expected<void*> allocate_host(int64_t bytes) override;
   void deallocate_host(void* p) noexcept override;
+  /// host_output_memory() for a computing device; timing-only devices keep
+  /// the heap (their outputs are never written).
+  host_memory_resource* output_memory() noexcept override;
   int64_t memory_capacity() const noexcept override { return spec_.mem_bytes; }
   int64_t memory_in_use() const noexcept override { return in_use_.load(std::memory_order_relaxed); }
   /// Timing-only devices (compute = false) skip the copy: values are garbage there.

@@ -4,10 +4,13 @@
 
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <string>
 
 #include "actors/actorgraph.hpp"
 #include "gpu/cpu/thread_team.hpp"
+#include "gpu/host/host_device.hpp"
 #include "graph/models/transformer.hpp"
 #include "graph/reference.hpp"
 
@@ -101,6 +104,53 @@ TEST(EndToEnd, CpuKernelsOnSeveralThreadsGiveTheSameBitsAsOne) {
   else
     std::printf("[ note ] helpers started before this test (%d): whether it started them is not checked\n",
                 helpers_before);
+}
+
+// A cpu device's job outputs of 1 MiB and more come from the process's
+// cache of huge-page buffers (gpu::device::output_memory(),
+// gpu/host/host_device.hpp): a job's output lives there and equals the
+// reference, and once the first result is dropped the next job's output of
+// the same size reuses its buffer instead of faulting in fresh pages (the
+// cache hands small outputs to the heap; the 4 KiB one checks its values).
+TEST(EndToEnd, CpuJobOutputsReuseCachedBuffers) {
+  ag::graph_builder b;
+  auto x = b.input("x", ag::dtype::f32, {1024, 256});
+  auto w = b.weight("w", ag::host_tensor::random_normal(ag::dtype::f32, {256, 768}, 41, 0.1f));
+  b.output(b.matmul(x, w, false, false, "big"));  // 1024 x 768 f32: 3 MiB
+  b.output(b.scale(b.slice(x, 0, 0, 4), 2.0f, "small"));  // 4 x 256 f32: 4 KiB
+  const ag::graph g = std::move(b).build().value();
+  auto rt = ag::runtime::create("cpu:1");
+  ASSERT_TRUE(rt.has_value()) << rt.err().to_string();
+  ag::plan_options o;
+  o.graph_replay = ag::graph_replay_mode::off;  // outputs copied out by their own steps, not through a replayed host window
+  auto p = (*rt)->compile(g, o);
+  ASSERT_TRUE(p.has_value()) << p.err().to_string();
+  ag::host_memory_resource* cache = &ag::gpu::host::host_output_memory();
+  const char* switch_off = std::getenv("AG_CPU_HUGE_PAGES");  // "0": heap buffers, for comparisons
+  const bool huge_pages_on = !switch_off || std::string(switch_off) != "0";
+  int64_t reuses_before = 0;
+  for (int round = 0; round < 2; ++round) {
+    SCOPED_TRACE(round == 0 ? "first job" : "second job");
+    const std::vector<ag::host_tensor> in{ag::host_tensor::random_normal(ag::dtype::f32, {1024, 256}, 50 + round)};
+    if (round == 1) reuses_before = ag::gpu::host::host_output_memory_stats().reuses;
+    ag::job j = (*rt)->submit(*p, in);
+    ASSERT_TRUE(j.wait_for(20s)) << "job did not finish";
+    const ag::job_result& r = j.wait();
+    ASSERT_TRUE(r.has_value()) << r.err().to_string();
+    EXPECT_EQ((*r)[0].memory(), cache) << "the large output is not in the output cache";
+    if (huge_pages_on) {
+      EXPECT_EQ(reinterpret_cast<uintptr_t>((*r)[0].data()) % (uintptr_t{2} << 20), 0u)
+          << "the large output is not a mapping on huge pages";
+    }
+    auto ref = ag::evaluate_reference(g, in);
+    ASSERT_TRUE(ref.has_value()) << ref.err().to_string();
+    for (int k = 0; k < 2; ++k) {
+      const auto c = ag::compare((*r)[k], (*ref)[k], 1e-4, 1e-4);
+      EXPECT_TRUE(c.ok) << "output " << k << ": " << c.message;
+    }
+  }  // each result, and with it its output buffer, is dropped before the next job
+  EXPECT_GT(ag::gpu::host::host_output_memory_stats().reuses, reuses_before)
+      << "the second job's output faulted in a fresh buffer";
 }
 
 // The cpu backend's fused attention (a prefill's chain scores -> [mask] ->
