@@ -103,11 +103,13 @@ struct runtime_options {
   /// 100 bytes each plus labels); older ones are dropped and counted in
   /// trace::dropped_records. Bounds tracing's memory in long runs.
   int64_t trace_max_records = 262144;
-  /// Job outputs copied out of a device that offers host memory of its own
-  /// (gpu::device::host_memory(): CUDA's pinned pool) are allocated there: the
-  /// device copies into them directly, without a staging copy, and a buffer
-  /// returns to the pool when the last host_tensor holding it is destroyed
-  /// (copies of an output are heap memory). False: outputs are heap memory.
+  /// Job outputs copied out of a device that offers memory for them
+  /// (gpu::device::output_memory(): CUDA's pinned pool; a cpu device's cache
+  /// of large buffers on huge pages) are allocated there: a GPU copies into
+  /// them directly, without a staging copy, a cpu device without faulting in
+  /// fresh pages, and a buffer returns to its pool when the last host_tensor
+  /// holding it is destroyed (copies of an output are heap memory). False:
+  /// outputs are heap memory.
   bool pinned_outputs = true;
   /// A job input of at most this many bytes that a device offering host
   /// memory of its own (CUDA's pinned pool) copies in is first copied into

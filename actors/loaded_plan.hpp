@@ -158,7 +158,7 @@ struct loaded_plan {
   }
   /// By device index: this plan's memory there; null for devices it does not use.
   std::vector<std::shared_ptr<plan_memory>> memory;
-  /// By output: where its host buffer comes from (the host_memory() of the
+  /// By output: where its host buffer comes from (the output_memory() of the
   /// device that copies it out, when runtime_options::pinned_outputs); null: heap.
   std::vector<host_memory_resource*> output_memory;
   /// By input: the host memory submit() copies it into first (the
