@@ -38,7 +38,7 @@ host::caching_host_memory& pool() {
         (void)cudaGetLastError();
         return nullptr;
       },
-      [](void* q) { AG_CUDA_ASSERT(cudaFreeHost(q)); }, min_pinned_bytes, default_cache_limit);
+      [](void* q, std::size_t) { AG_CUDA_ASSERT(cudaFreeHost(q)); }, min_pinned_bytes, default_cache_limit);
   return *p;
 }
 

@@ -23,7 +23,7 @@ caching_host_memory::caching_host_memory(std::string name, raw_alloc_fn alloc, r
       max_cached_bytes_(std::max<int64_t>(max_cached_bytes, 0)) {}
 
 caching_host_memory::~caching_host_memory() {
-  for (const auto& [cap, p] : cached_) free_fn_(p);
+  for (const auto& [cap, p] : cached_) free_fn_(p, cap);
 }
 
 void* caching_host_memory::allocate(std::size_t bytes) {
@@ -68,6 +68,7 @@ void* caching_host_memory::allocate(std::size_t bytes) {
 void caching_host_memory::deallocate(void* p, std::size_t bytes) noexcept {
   if (!p) return;
   if (bytes < min_bytes_) return ::operator delete(p, heap_alignment);
+  std::size_t cap = 0;
   {
     std::lock_guard<std::mutex> lk(m_);
     if (auto h = heap_.find(p); h != heap_.end()) {
@@ -81,7 +82,7 @@ void caching_host_memory::deallocate(void* p, std::size_t bytes) noexcept {
                    name_.c_str(), p, bytes);
       return;
     }
-    const std::size_t cap = it->second;
+    cap = it->second;
     live_.erase(it);
     stats_.live_bytes -= static_cast<int64_t>(cap);
     if (stats_.cached_bytes + static_cast<int64_t>(cap) <= max_cached_bytes_) {
@@ -91,7 +92,7 @@ void caching_host_memory::deallocate(void* p, std::size_t bytes) noexcept {
     }
     ++stats_.raw_frees;
   }
-  free_fn_(p);  // over the cache limit (outside the lock: it may be slow)
+  free_fn_(p, cap);  // over the cache limit (outside the lock: it may be slow)
 }
 
 bool caching_host_memory::contains(const void* p) {
@@ -108,19 +109,19 @@ host_cache_stats caching_host_memory::stats() {
 }
 
 void caching_host_memory::set_max_cached_bytes(int64_t n) {
-  std::vector<void*> drop;
+  std::vector<std::pair<void*, std::size_t>> drop;
   {
     std::lock_guard<std::mutex> lk(m_);
     max_cached_bytes_ = std::max<int64_t>(n, 0);
     while (stats_.cached_bytes > max_cached_bytes_ && !cached_.empty()) {
       auto it = std::prev(cached_.end());
       stats_.cached_bytes -= static_cast<int64_t>(it->first);
-      drop.push_back(it->second);
+      drop.emplace_back(it->second, it->first);
       cached_.erase(it);
       ++stats_.raw_frees;
     }
   }
-  for (void* p : drop) free_fn_(p);
+  for (const auto& [p, cap] : drop) free_fn_(p, cap);
 }
 
 }  // namespace ag::gpu::host

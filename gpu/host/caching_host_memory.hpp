@@ -40,7 +40,8 @@ class caching_host_memory final : public host_memory_resource {
  public:
   /// Returns a buffer of at least n bytes, aligned to 64, or null with a reason in `why`.
   using raw_alloc_fn = std::function<void*(std::size_t n, std::string& why)>;
-  using raw_free_fn = std::function<void(void*)>;
+  /// Frees a buffer of raw_alloc_fn's, given the `n` it was asked for.
+  using raw_free_fn = std::function<void(void* p, std::size_t n)>;
 
   caching_host_memory(std::string name, raw_alloc_fn alloc, raw_free_fn free, std::size_t min_bytes,
                       int64_t max_cached_bytes);

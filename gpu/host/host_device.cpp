@@ -7,9 +7,7 @@
 #include <cstring>
 #include <cstdint>
 #include <cstddef>
-#include <mutex>
 #include <string>
-#include <unordered_map>
 #include <typeinfo>
 #include <utility>
 
@@ -37,13 +35,7 @@ std::size_t padded(int64_t bytes) {
 // the TLB, 512 times less often.
 constexpr std::size_t huge_page = std::size_t{2} << 20;
 
-bool use_huge_pages(std::size_t bytes) {
-  static const bool on = [] {
-    const char* e = std::getenv("AG_CPU_HUGE_PAGES");
-    return !(e && std::strcmp(e, "0") == 0);
-  }();
-  return on && bytes >= huge_page;
-}
+bool use_huge_pages(std::size_t bytes) { return huge_pages_enabled() && bytes >= huge_page; }
 
 // `bytes` (a multiple of the 64-byte alignment) of fresh memory starting on
 // a huge page: a mapping of bytes + 2 MiB, its unaligned head and its tail
@@ -66,43 +58,28 @@ void* map_huge(std::size_t bytes) {
 
 void unmap_huge(void* p, std::size_t bytes) { ::munmap(p, mapped_length(bytes)); }
 
-// The output cache's raw buffers: mappings on huge pages, as the devices'
-// own memory (heap blocks with AG_CPU_HUGE_PAGES=0). The cache frees a
-// buffer by its address alone, so each buffer's length is kept here.
-struct output_mappings {
-  std::mutex m;
-  std::unordered_map<void*, std::size_t> length;
+// Host memory of `bytes` (a multiple of the 64-byte alignment) for a
+// computing device's own memory and the output cache: huge pages from 2 MiB
+// up, the heap below (or always, with AG_CPU_HUGE_PAGES=0).
+void* allocate_block(std::size_t bytes) {
+  return use_huge_pages(bytes) ? map_huge(bytes) : std::aligned_alloc(alignment, bytes);
+}
 
-  void* map(std::size_t n, std::string& why) {
-    const std::size_t bytes = padded(static_cast<int64_t>(n));
-    void* p = use_huge_pages(bytes) ? map_huge(bytes) : std::aligned_alloc(alignment, bytes);
-    if (!p) {
-      why = "allocating " + std::to_string(bytes) + " bytes failed";
-      return nullptr;
-    }
-    std::lock_guard<std::mutex> lk(m);
-    length.emplace(p, bytes);
-    return p;
-  }
-  void unmap(void* p) {
-    std::size_t bytes = 0;
-    {
-      std::lock_guard<std::mutex> lk(m);
-      auto it = length.find(p);
-      if (it == length.end()) return;
-      bytes = it->second;
-      length.erase(it);
-    }
-    if (use_huge_pages(bytes)) unmap_huge(p, bytes);
-    else std::free(p);
-  }
-};
+void free_block(void* p, std::size_t bytes) {
+  if (use_huge_pages(bytes)) unmap_huge(p, bytes);
+  else std::free(p);
+}
 
 host::caching_host_memory& output_pool() {
-  static auto* maps = new output_mappings;
+  // The cache asks for multiples of its 64 KiB granule: already padded.
   static auto* pool = new host::caching_host_memory(
-      "host outputs", [](std::size_t n, std::string& why) { return maps->map(n, why); },
-      [](void* p) { maps->unmap(p); }, host_output_min_bytes, host_output_cache_bytes);
+      "host outputs",
+      [](std::size_t n, std::string& why) -> void* {
+        void* p = allocate_block(n);
+        if (!p) why = "allocating " + std::to_string(n) + " bytes failed";
+        return p;
+      },
+      [](void* p, std::size_t n) { free_block(p, n); }, host_output_min_bytes, host_output_cache_bytes);
   return *pool;
 }
 
@@ -112,6 +89,14 @@ std::string op_label(const op_launch& l) {
 }
 
 }  // namespace
+
+bool huge_pages_enabled() noexcept {
+  static const bool on = [] {
+    const char* e = std::getenv("AG_CPU_HUGE_PAGES");
+    return !(e && std::strcmp(e, "0") == 0);
+  }();
+  return on;
+}
 
 host_memory_resource& host_output_memory() noexcept { return output_pool(); }
 
@@ -139,8 +124,7 @@ host_device::~host_device() {
   std::lock_guard<std::mutex> lk(mem_mutex_);
   for (auto& [p, bytes] : allocations_) {
     if (cfg_.lazy_memory) ::munmap(p, padded(bytes));
-    else if (use_huge_pages(padded(bytes))) unmap_huge(p, padded(bytes));
-    else std::free(p);
+    else free_block(p, padded(bytes));
   }
   for (auto& [p, bytes] : host_allocations_) std::free(p);
 }
@@ -177,10 +161,8 @@ expected<void*> host_device::allocate(int64_t bytes) {
     p = ::mmap(nullptr, padded(bytes), PROT_READ | PROT_WRITE,
                MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     if (p == MAP_FAILED) p = nullptr;
-  } else if (use_huge_pages(padded(bytes))) {
-    p = map_huge(padded(bytes));
   } else {
-    p = std::aligned_alloc(alignment, padded(bytes));
+    p = allocate_block(padded(bytes));
   }
   if (!p) {
     in_use_.fetch_sub(bytes, std::memory_order_relaxed);
@@ -203,8 +185,7 @@ void host_device::deallocate(void* p) noexcept {
     allocations_.erase(it);
   }
   if (cfg_.lazy_memory) ::munmap(p, padded(bytes));
-  else if (use_huge_pages(padded(bytes))) unmap_huge(p, padded(bytes));
-  else std::free(p);
+  else free_block(p, padded(bytes));
   in_use_.fetch_sub(bytes, std::memory_order_relaxed);
 }
 

@@ -4,9 +4,7 @@
 
 #include <chrono>
 #include <cstdio>
-#include <cstdlib>
 #include <cstring>
-#include <string>
 
 #include "actors/actorgraph.hpp"
 #include "gpu/cpu/thread_team.hpp"
@@ -126,8 +124,7 @@ TEST(EndToEnd, CpuJobOutputsReuseCachedBuffers) {
   auto p = (*rt)->compile(g, o);
   ASSERT_TRUE(p.has_value()) << p.err().to_string();
   ag::host_memory_resource* cache = &ag::gpu::host::host_output_memory();
-  const char* switch_off = std::getenv("AG_CPU_HUGE_PAGES");  // "0": heap buffers, for comparisons
-  const bool huge_pages_on = !switch_off || std::string(switch_off) != "0";
+  const bool huge_pages_on = ag::gpu::host::huge_pages_enabled();  // off: AG_CPU_HUGE_PAGES=0
   int64_t reuses_before = 0;
   for (int round = 0; round < 2; ++round) {
     SCOPED_TRACE(round == 0 ? "first job" : "second job");

@@ -758,20 +758,25 @@ TEST(LaunchProgram, FlashFusionStopsAtTheKernelsBatchLimit) {
   }
 }
 
-/// A 2-layer LLaMA prefill of 16 positions in f32 (8 heads of 8, 2 kv heads:
-/// 64 query rows per kv head), shapes only.
-models::transformer_config small_llama_prefill() {
-  models::transformer_config prefill;
-  prefill.variant = models::model_variant::llama;
-  prefill.n_layers = 2;
-  prefill.d_model = 64;
-  prefill.n_heads = 8;
-  prefill.n_kv_heads = 2;
-  prefill.vocab = 50;
-  prefill.seq_len = 16;
-  prefill.weight_values = false;
-  return prefill;
+/// A LLaMA of d 64 (8 heads, 2 kv heads, ff 96, vocab 50), batch 2, without
+/// weight values: what the fusion and lowering tests below plan.
+models::transformer_config small_llama(int layers, int64_t seq_len) {
+  models::transformer_config cfg;
+  cfg.variant = models::model_variant::llama;
+  cfg.n_layers = layers;
+  cfg.d_model = 64;
+  cfg.n_heads = 8;
+  cfg.n_kv_heads = 2;
+  cfg.d_ff = 96;
+  cfg.vocab = 50;
+  cfg.batch = 2;
+  cfg.seq_len = seq_len;
+  cfg.weight_values = false;
+  return cfg;
 }
+
+/// A 2-layer prefill of 16 positions (64 query rows per kv head).
+models::transformer_config small_llama_prefill() { return small_llama(2, 16); }
 
 TEST(LaunchProgram, DecodeAttentionIsOneFusedRecordPerLayerOnCudaOnly) {
   for (auto variant : {models::model_variant::llama, models::model_variant::gpt2}) {
@@ -935,23 +940,6 @@ projection_count count_projections(const models::transformer_config& cfg, device
     EXPECT_EQ(text.find("fused:"), std::string::npos) << text;
   }
   return c;
-}
-
-/// A LLaMA of d 64 (8 heads, 2 kv heads, ff 96, vocab 50), batch 2, without
-/// weight values: what the lowering tests below plan.
-models::transformer_config small_llama(int layers, int64_t seq_len) {
-  models::transformer_config cfg;
-  cfg.variant = models::model_variant::llama;
-  cfg.n_layers = layers;
-  cfg.d_model = 64;
-  cfg.n_heads = 8;
-  cfg.n_kv_heads = 2;
-  cfg.d_ff = 96;
-  cfg.vocab = 50;
-  cfg.batch = 2;
-  cfg.seq_len = seq_len;
-  cfg.weight_values = false;
-  return cfg;
 }
 
 // Job lanes (plan_options::job_lanes, launch_program::job_lanes): auto gives

@@ -43,7 +43,7 @@ struct raw_heap {
           ++allocs;
           return p;
         },
-        [this](void* p) {
+        [this](void* p, std::size_t) {
           std::lock_guard<std::mutex> lk(m);
           if (!live.erase(p)) {
             ++bad_frees;

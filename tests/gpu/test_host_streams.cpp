@@ -6,16 +6,15 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
-#include <cstdlib>
 #include <cstring>
 #include <future>
 #include <mutex>
-#include <string>
 #include <thread>
 #include <vector>
 
 #include "gpu/cpu/cpu_device.hpp"
 #include "gpu/device.hpp"
+#include "gpu/host/host_device.hpp"
 #include "gpu/host/host_stream.hpp"
 #include "graph/random.hpp"
 
@@ -269,8 +268,7 @@ TEST(HostStreams, LargeCpuDeviceAllocationsStartOnAHugePageAndHoldEveryByte) {
   auto& dev = *d[0];
   constexpr int64_t huge = int64_t{2} << 20;
   const int64_t sizes[] = {huge, huge + 4096 + 100, 3 * huge - 64, 5 * huge + 1};
-  const char* switch_off = std::getenv("AG_CPU_HUGE_PAGES");  // "0": ordinary allocations, for comparisons
-  const bool huge_pages_on = !switch_off || std::string(switch_off) != "0";
+  const bool huge_pages_on = gpu::host::huge_pages_enabled();  // off: AG_CPU_HUGE_PAGES=0, for comparisons
   std::vector<void*> blocks;
   int64_t total = 0;
   for (const int64_t bytes : sizes) {
