@@ -3,14 +3,17 @@
 // benchmarks, demos and scripts that need a checkpoint without PyTorch.
 //
 //   actorgraph-save-model --out DIR [--shape tiny-gpt2|tiny-llama|gpt2-124m|llama-1b|llama3.2-1b|llama2-7b|llama3.1-8b]
-//                         [--dtype f32|f16|bf16] [--layers N] [--seed N] [--shard-mb N]   (--help)
+//                         [--dtype f32|f16|bf16] [--layers N] [--seed N] [--shard-mb N]
+//                         [--d-model N] [--d-ff N] [--heads N] [--kv-heads N] [--head-dim N] [--vocab N]   (--help)
 //
 // llama-1b is the decode benchmark's shape (16 layers, d 2048, ff 8192, 32
 // heads, 8 kv heads, vocab 32000; bf16 by default: 2.2 GB); llama3.2-1b is
 // Llama 3.2 1B's (the same widths, vocab 128,256, a tied head, Llama 3's RoPE
 // scaling: 2.5 GB); llama2-7b and llama3.1-8b are LLaMA-2 7B's and Llama
-// 3.1 8B's (13.5 and 16 GB; --layers for a slice of them). Prints the folder,
-// the bytes written and the time it took.
+// 3.1 8B's (13.5 and 16 GB; --layers for a slice of them). The width flags
+// change the shape's (--head-dim: heads of another width than d_model /
+// heads, LLaMA only, as Mistral NeMo's). Prints the folder, the bytes written
+// and the time it took.
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -69,7 +72,8 @@ bool shape_named(const std::string& name, ag::models::transformer_config& c) {
 
 int main(int argc, char** argv) {
   std::string out, shape = "tiny-gpt2", dtype;
-  int layers = 0;
+  int layers = 0, heads = 0, kv_heads = 0;
+  int64_t d_model = 0, d_ff = 0, head_dim = 0, vocab = 0;
   uint64_t seed = 1;
   int64_t shard_mb = 0;
   ag::apps::flags app("actorgraph-save-model",
@@ -86,11 +90,23 @@ int main(int argc, char** argv) {
   app.add_option("--layers", layers, "layers (0: the shape's)")->check(CLI::Range(0, 1000));
   app.add_option("--seed", seed, "seed of the random weights");
   app.add_option("--shard-mb", shard_mb, "shards of at most this many MB (0: one file)")->check(CLI::NonNegativeNumber);
+  app.add_option("--d-model", d_model, "d_model (0: the shape's)")->check(CLI::NonNegativeNumber);
+  app.add_option("--d-ff", d_ff, "the MLP's width (0: the shape's)")->check(CLI::NonNegativeNumber);
+  app.add_option("--heads", heads, "attention heads (0: the shape's)")->check(CLI::NonNegativeNumber);
+  app.add_option("--kv-heads", kv_heads, "LLaMA: key/value heads (0: the shape's)")->check(CLI::NonNegativeNumber);
+  app.add_option("--head-dim", head_dim, "LLaMA: each head's width (0: d_model / heads)")->check(CLI::NonNegativeNumber);
+  app.add_option("--vocab", vocab, "vocabulary (0: the shape's)")->check(CLI::NonNegativeNumber);
   if (auto status = ag::apps::parse_flags(app, argc, argv)) return *status;
   ag::models::transformer_config c;
   shape_named(shape, c);
   if (!dtype.empty()) ag::parse_dtype(dtype.c_str(), c.dtype);
   if (layers > 0) c.n_layers = layers;
+  if (d_model > 0) c.d_model = d_model;
+  if (d_ff > 0) c.d_ff = d_ff;
+  if (heads > 0) c.n_heads = heads;
+  if (kv_heads > 0) c.n_kv_heads = kv_heads;
+  if (head_dim > 0) c.explicit_head_dim = head_dim;
+  if (vocab > 0) c.vocab = vocab;
   c.seed = seed;
   const auto t0 = std::chrono::steady_clock::now();
   std::error_code ec;

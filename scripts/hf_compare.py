@@ -127,6 +127,8 @@ def main():
         ("llama3_rope_tied", llama(6, tie_word_embeddings=True, max_position_embeddings=256, **llama3_scaling()), {}),
         # Linear scaling (position interpolation, LongChat-style checkpoints).
         ("llama_rope_linear", llama(7, **rope_kw(dict(rope_type="linear", factor=4.0))), {}),
+        # Heads wider than hidden_size / heads (head_dim, as Mistral NeMo's): q 96 wide on d 64.
+        ("llama_wide_heads", llama(8, head_dim=24), {}),
     ]
     prompt = [5, 17, 42, 8, 91, 3, 60]
     failures = []
@@ -147,7 +149,7 @@ def main():
         scaled = getattr(cfg, "rope_parameters", None) or getattr(cfg, "rope_scaling", None) or {}
         if scaled.get("rope_type") in ("llama3", "linear"):
             # transformers applied the scaling: its frequencies are not plain RoPE's.
-            dh = cfg.hidden_size // cfg.num_attention_heads
+            dh = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
             theta = scaled.get("rope_theta", getattr(cfg, "rope_theta", None))
             plain = 1.0 / (theta ** (torch.arange(0, dh, 2, dtype=torch.float32) / dh))
             rotary = getattr(getattr(ref, "model", None), "rotary_emb", None)

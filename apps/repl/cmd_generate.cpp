@@ -62,9 +62,10 @@ outcome session::impl::cmd_load(const command_line& c) {
   set_graph(std::make_shared<const graph>(std::move(*gr)), c.positional[0].text);
   hf = model;
   tcfg = hf->model_config(S);
-  out << fmt("loaded %s\n  %s, %d layers, d %lld, %d heads (%d kv), vocab %lld, %s, %s of weights; %s\n",
+  out << fmt("loaded %s\n  %s, %d layers, d %lld, %d heads of %lld (%d kv), vocab %lld, %s, %s of weights; %s\n",
              c.positional[0].text.c_str(), cfg.model_type.c_str(), cfg.model.n_layers,
-             static_cast<long long>(cfg.model.d_model), cfg.model.n_heads, cfg.model.kv_heads(),
+             static_cast<long long>(cfg.model.d_model), cfg.model.n_heads,
+             static_cast<long long>(cfg.model.head_dim()), cfg.model.kv_heads(),
              static_cast<long long>(cfg.model.vocab), ag::to_string(hf->dtype()),
              bytes_text(static_cast<double>(hf->model_bytes())).c_str(), tok_note.c_str());
   return {};

@@ -15,8 +15,9 @@ namespace {
 constexpr std::size_t max_graph_file_bytes = 1u << 20;
 
 std::string model_text(const models::transformer_config& cfg) {
-  return fmt("%s: %d layers, d %lld, %d heads%s, ff %lld, seq %lld, batch %lld, vocab %lld, %s", models::to_string(cfg.variant),
+  return fmt("%s: %d layers, d %lld, %d heads%s%s, ff %lld, seq %lld, batch %lld, vocab %lld, %s", models::to_string(cfg.variant),
              cfg.n_layers, static_cast<long long>(cfg.d_model), cfg.n_heads,
+             cfg.explicit_head_dim > 0 ? fmt(" of %lld", static_cast<long long>(cfg.head_dim())).c_str() : "",
              cfg.variant == models::model_variant::llama && cfg.kv_heads() != cfg.n_heads ? fmt(" (%d kv)", cfg.kv_heads()).c_str() : "",
              static_cast<long long>(cfg.d_ff), static_cast<long long>(cfg.seq_len), static_cast<long long>(cfg.batch),
              static_cast<long long>(cfg.vocab), ag::to_string(cfg.dtype));
@@ -46,7 +47,8 @@ outcome session::impl::cmd_model(const command_line& c) {
   };
   int64_t sd = static_cast<int64_t>(cfg.seed);
   for (error e : {geti("layers", 1, 4096, cfg.n_layers), geti("d", 1, 1 << 16, cfg.d_model), geti("heads", 1, 1024, cfg.n_heads),
-                  geti("kv", 0, 1024, cfg.n_kv_heads), geti("ff", 1, 1 << 18, cfg.d_ff), geti("seq", 1, 1 << 16, cfg.seq_len),
+                  geti("kv", 0, 1024, cfg.n_kv_heads), geti("head_dim", 0, 1 << 12, cfg.explicit_head_dim),
+                  geti("ff", 1, 1 << 18, cfg.d_ff), geti("seq", 1, 1 << 16, cfg.seq_len),
                   geti("batch", 1, 4096, cfg.batch), geti("vocab", 1, 1 << 22, cfg.vocab), geti("seed", 0, INT64_MAX, sd)})
     if (e) return fail(e);
   cfg.seed = static_cast<uint64_t>(sd);

@@ -173,12 +173,16 @@ void read_llama(key_reader& r, hf_config& out) {
   if (act != "silu" && act != "swish") r.fail("hidden_act", "\"" + act + "\" is not implemented (silu)");
   r.must_be_false("attention_bias", "the q/k/v/o projections have no bias");
   r.must_be_false("mlp_bias", "the MLP projections have no bias");
-  if (m.n_heads > 0 && m.d_model % m.n_heads != 0)
+  // head_dim (null or absent: hidden_size / heads, as LlamaConfig takes it)
+  // may differ from hidden_size / heads (Mistral NeMo: 5120 / 32 heads of 128).
+  if (r.has("head_dim")) {
+    const int64_t dh = r.integer("head_dim", 0);
+    if (dh < 2 || dh % 2 != 0) r.fail("head_dim", r.get("head_dim")->dump() + " is not an even width >= 2 (RoPE rotates pairs)");
+    else if (m.n_heads <= 0 || dh * m.n_heads != m.d_model) m.explicit_head_dim = dh;
+  }
+  if (m.explicit_head_dim == 0 && m.n_heads > 0 && m.d_model % m.n_heads != 0)
     r.fail("hidden_size", std::to_string(m.d_model) + " is not divisible by 'num_attention_heads' " +
-                              std::to_string(m.n_heads));
-  else if (r.has("head_dim") && r.integer("head_dim", 0) != m.d_model / m.n_heads)
-    r.fail("head_dim", r.get("head_dim")->dump() + " differs from hidden_size / num_attention_heads = " +
-                           std::to_string(m.d_model / m.n_heads) + ", which the builder assumes");
+                              std::to_string(m.n_heads) + " (and no 'head_dim' says the heads' width)");
   if (m.n_kv_heads > 0 && m.n_heads % m.n_kv_heads != 0)
     r.fail("num_key_value_heads", std::to_string(m.n_kv_heads) + " does not divide 'num_attention_heads' " +
                                       std::to_string(m.n_heads));
@@ -319,6 +323,7 @@ std::string to_hf_config_json(const transformer_config& c, int64_t max_positions
          {"num_hidden_layers", c.n_layers},
          {"num_attention_heads", c.n_heads},
          {"num_key_value_heads", c.kv_heads()},
+         {"head_dim", c.head_dim()},
          {"hidden_act", "silu"},
          {"max_position_embeddings", max_positions > 0 ? max_positions : 2048},
          {"rms_norm_eps", c.eps},

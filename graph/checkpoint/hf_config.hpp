@@ -11,8 +11,8 @@
 ///   layer_norm_epsilon, tie_word_embeddings (default true);
 /// - llama (and mistral without a sliding window): vocab_size, hidden_size,
 ///   intermediate_size, num_hidden_layers, num_attention_heads,
-///   num_key_value_heads (GQA; default = heads), head_dim (must be
-///   hidden_size / heads), hidden_act (silu), max_position_embeddings,
+///   num_key_value_heads (GQA; default = heads), head_dim (the heads'
+///   width, even; absent or null: hidden_size / heads), hidden_act (silu), max_position_embeddings,
 ///   rms_norm_eps, rope_theta at the top level (transformers 4.x) or inside
 ///   rope_parameters (5.x), rope_scaling (4.x) / rope_parameters (5.x) with
 ///   rope_type (older files: type) "default", "llama3" (Llama 3.1 / 3.2:

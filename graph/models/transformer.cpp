@@ -349,8 +349,13 @@ error validate(const transformer_config& c) {
   if (c.n_layers < 1) return bad("n_layers must be >= 1, got " + to_string(c.n_layers));
   if (c.d_model < 1) return bad("d_model must be >= 1, got " + to_string(c.d_model));
   if (c.n_heads < 1) return bad("n_heads must be >= 1, got " + to_string(c.n_heads));
-  if (c.d_model % c.n_heads != 0)
-    return bad("d_model " + to_string(c.d_model) + " is not divisible by n_heads " + to_string(c.n_heads));
+  if (c.explicit_head_dim < 0) return bad("explicit_head_dim must be >= 0 (0 = d_model / n_heads), got " + to_string(c.explicit_head_dim));
+  if (c.variant == model_variant::gpt2 && c.explicit_head_dim != 0 && c.explicit_head_dim * c.n_heads != c.d_model)
+    return bad("explicit_head_dim " + to_string(c.explicit_head_dim) + " x n_heads " + to_string(c.n_heads) +
+               " != d_model " + to_string(c.d_model) + ": gpt2's heads split d_model");
+  if (c.explicit_head_dim == 0 && c.d_model % c.n_heads != 0)
+    return bad("d_model " + to_string(c.d_model) + " is not divisible by n_heads " + to_string(c.n_heads) +
+               (c.variant == model_variant::llama ? " (set explicit_head_dim for heads of another width)" : ""));
   if (c.n_kv_heads < 0) return bad("n_kv_heads must be >= 0 (0 = n_heads), got " + to_string(c.n_kv_heads));
   if (c.variant == model_variant::gpt2 && c.n_kv_heads != 0 && c.n_kv_heads != c.n_heads)
     return bad("n_kv_heads " + to_string(c.n_kv_heads) + " != n_heads " + to_string(c.n_heads) +
@@ -358,7 +363,8 @@ error validate(const transformer_config& c) {
   if (c.n_heads % c.kv_heads() != 0)
     return bad("n_kv_heads " + to_string(c.kv_heads()) + " does not divide n_heads " + to_string(c.n_heads));
   if (c.variant == model_variant::llama && c.head_dim() % 2 != 0)
-    return bad("head_dim " + to_string(c.head_dim()) + " (d_model / n_heads) must be even for RoPE");
+    return bad("head_dim " + to_string(c.head_dim()) + (c.explicit_head_dim > 0 ? "" : " (d_model / n_heads)") +
+               " must be even for RoPE");
   if (c.d_ff < 1) return bad("d_ff must be >= 1, got " + to_string(c.d_ff));
   if (c.vocab < 1) return bad("vocab must be >= 1, got " + to_string(c.vocab));
   if (c.vocab > (int64_t{1} << 31) - 1) return bad("vocab " + to_string(c.vocab) + " does not fit i32 token ids");
@@ -396,6 +402,7 @@ error validate(const transformer_config& c) {
   }
   // Rank-4 shapes: [B, Hkv, rep*S, S] etc. must not overflow int64 element counts.
   const double biggest = static_cast<double>(c.batch) * c.n_heads * c.seq_len * c.seq_len +
+                         static_cast<double>(c.n_heads) * c.head_dim() * c.d_model +
                          static_cast<double>(c.vocab) * c.d_model + static_cast<double>(c.batch) * c.seq_len * c.vocab;
   if (biggest > 9.0e18) return bad("sizes overflow 64-bit element counts");
   // The weights too: every matrix and their sum (fuzzing found a GPT-2

@@ -20,7 +20,8 @@
 ///   on q and k with rotate_half pairing (rope_mode::neox) and rope_theta;
 ///   grouped-query attention when n_kv_heads < n_heads (query head h uses kv
 ///   head h / rep, as HF's repeat_kv; done by regrouping the queries, without
-///   copying k and v); mlp = down(silu(gate(x)) * up(x));
+///   copying k and v); heads of cfg.head_dim() (d / n_heads unless
+///   explicit_head_dim says otherwise, HF's head_dim); mlp = down(silu(gate(x)) * up(x));
 ///   final rms_norm; untied lm_head [vocab, d].
 /// - either variant: cfg.head ties or unties the head (HF tie_word_embeddings),
 ///   and gpt2's cfg.activation picks tanh or erf GELU (activation_function).
@@ -117,6 +118,11 @@ struct transformer_config {
   int n_heads = 4;
   /// llama only: key/value heads; 0 = n_heads. Must divide n_heads (GQA).
   int n_kv_heads = 0;
+  /// llama only: each attention head's width (HF head_dim) where it is not
+  /// d_model / n_heads (Mistral NeMo: d_model 5120, 32 heads of 128); 0 =
+  /// d_model / n_heads. q's projection is then [n_heads * head_dim, d_model]
+  /// and o's [d_model, n_heads * head_dim]; d_model need not divide by n_heads.
+  int64_t explicit_head_dim = 0;
   /// MLP hidden width (gpt2: n_inner, usually 4 d; llama: intermediate_size).
   int64_t d_ff = 256;
   int64_t vocab = 97;
@@ -174,7 +180,10 @@ struct transformer_config {
 
   /// n_kv_heads with the default resolved (n_heads for gpt2 or when 0).
   int kv_heads() const noexcept { return variant == model_variant::llama && n_kv_heads > 0 ? n_kv_heads : n_heads; }
-  int64_t head_dim() const noexcept { return n_heads > 0 ? d_model / n_heads : 0; }
+  /// explicit_head_dim, else d_model / n_heads.
+  int64_t head_dim() const noexcept {
+    return explicit_head_dim > 0 ? explicit_head_dim : n_heads > 0 ? d_model / n_heads : 0;
+  }
   int64_t positions_rows() const noexcept { return max_positions > 0 ? max_positions : seq_len; }
   /// head with the default resolved.
   bool tied_head() const noexcept {

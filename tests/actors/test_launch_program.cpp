@@ -1645,6 +1645,32 @@ TEST(LaunchProgram, AWholeLlamaDecodeStepIsOneRecordOnOneCudaDevice) {
     }
 }
 
+// Heads of another width than d_model / heads (HF's head_dim: 4 heads of
+// 128 on d_model 256) and a d_ff of 5 x 128 (as half of LLaMA-2-7B's 11008
+// is 43 x 128) still make the one-kernel step, with the heads' width taken
+// from the caches and q's weight, not from d_model.
+TEST(LaunchProgram, ADecodeStepWithHeadsOfAnotherWidthIsOneKernel) {
+  models::transformer_config cfg = whole_decode_step(2);
+  cfg.explicit_head_dim = 128;
+  cfg.d_ff = 640;
+  const auto [p, prog] = compile_and_lower(cfg, device_kind::cuda, decode_step_options());
+  ASSERT_TRUE(prog);
+  ASSERT_TRUE(prog->decode_step_fused()) << prog->decode_step_note();
+  int steps = 0;
+  for (const lowered_step& ls : prog->steps()) {
+    if (ls.ops.empty()) continue;
+    ++steps;
+    const auto& ds = ls.ops.front().decode_step;
+    EXPECT_EQ(ds.d_model, 256);
+    EXPECT_EQ(ds.heads, 4);
+    EXPECT_EQ(ds.kv_heads, 2);
+    EXPECT_EQ(ds.head_dim, 128);
+    EXPECT_EQ(ds.d_ff, 640);
+    EXPECT_FLOAT_EQ(ds.scale, 1.0f / std::sqrt(128.0f));
+  }
+  EXPECT_EQ(steps, 1);
+}
+
 // Not the kernel's step: the records stay as they are without the fusion
 // and the note names why.
 TEST(LaunchProgram, ADecodeStepOutsideTheKernelsPatternOrShapesKeepsItsRecords) {
@@ -1680,6 +1706,9 @@ TEST(LaunchProgram, ADecodeStepOutsideTheKernelsPatternOrShapesKeepsItsRecords) 
   c.n_heads = 5;
   c.n_kv_heads = 5;
   cases.push_back({"d_model 320", c, device_kind::cuda, 1, true, "not a multiple of 256"});
+  c = llama;
+  c.d_ff = 4096 + 64;
+  cases.push_back({"d_ff 4160", c, device_kind::cuda, 1, true, "d_ff not a multiple of 128"});
   c = llama;
   c.kv_cache_capacity = 0;
   cases.push_back({"no KV cache", c, device_kind::cuda, 1, true, "KV cache"});

@@ -39,8 +39,11 @@ std::vector<ag::models::transformer_config> tiny_models() {
   auto linear = ag::test::tiny_model(ag::models::model_variant::llama, 2);
   linear.rope_scale.kind = ag::rope_scaling_kind::linear;
   linear.rope_scale.factor = 2.0f;
+  // Heads of 12 where d_model / n_heads is 8 (HF's head_dim: q 48 wide, o's input 48).
+  auto wide_heads = ag::test::tiny_model(ag::models::model_variant::llama, 2);
+  wide_heads.explicit_head_dim = 12;
   return {ag::test::tiny_model(ag::models::model_variant::gpt2),
-          ag::test::tiny_model(ag::models::model_variant::llama, 2), llama3, linear};
+          ag::test::tiny_model(ag::models::model_variant::llama, 2), llama3, linear, wide_heads};
 }
 
 // The last row of the logits of the plain forward pass over `tokens`.
@@ -64,7 +67,8 @@ void decode_equals_recompute(const std::string& spec, int stages, int64_t prefil
                              bool across_stages = false,
                              ag::sequence_parallel_mode sp = ag::sequence_parallel_mode::automatic) {
   for (const auto& cfg : tiny_models()) {
-    SCOPED_TRACE(std::string(to_string(cfg.variant)) + " on " + spec + ", stages " + std::to_string(stages) +
+    SCOPED_TRACE(std::string(to_string(cfg.variant)) + " (heads of " + std::to_string(cfg.head_dim()) + ") on " + spec +
+                 ", stages " + std::to_string(stages) +
                  ", prefill_chunk " + std::to_string(prefill_chunk));
     temp_dir dir;
     ag::test::save_random_model(dir.str(), cfg);

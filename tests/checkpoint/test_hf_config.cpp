@@ -156,7 +156,9 @@ TEST(HfConfig, UnsupportedFeaturesNameTheKey) {
   expect_key_error(with(llama_v4, R"("attention_bias": true)"), "attention_bias", "no bias");
   expect_key_error(with(llama_v4, R"("mlp_bias": true)"), "mlp_bias");
   expect_key_error(with(llama_v4, R"("hidden_act": "gelu")"), "hidden_act", "\"gelu\" is not implemented");
-  expect_key_error(with(llama_v4, R"("head_dim": 128)"), "head_dim", "differs from hidden_size / num_attention_heads");
+  expect_key_error(with(llama_v4, R"("head_dim": 63)"), "head_dim", "63 is not an even width >= 2 (RoPE rotates pairs)");
+  expect_key_error(with(llama_v4, R"("hidden_size": 2050, "head_dim": null)"), "hidden_size",
+                   "2050 is not divisible by 'num_attention_heads' 32 (and no 'head_dim' says the heads' width)");
   expect_key_error(with(llama_v4, R"("num_key_value_heads": 5)"), "num_key_value_heads", "does not divide");
   expect_key_error(with(gpt2_small, R"("activation_function": "relu")"), "activation_function", "\"relu\"");
   expect_key_error(with(gpt2_small, R"("scale_attn_by_inverse_layer_idx": true)"), "scale_attn_by_inverse_layer_idx");
@@ -200,6 +202,28 @@ TEST(HfConfig, WrongTypesAndRangesNameTheKey) {
   EXPECT_NE(c.err().message.find("not a JSON object"), std::string::npos) << c.err().message;
 }
 
+// Heads of another width than hidden_size / heads (Mistral NeMo 12B's
+// published config: hidden 5120, 32 heads of 128, so q is 4096 wide); a
+// head_dim equal to hidden_size / heads, or null, is the default.
+TEST(HfConfig, HeadDimOtherThanHiddenOverHeads) {
+  hf_config c = parse_ok(R"({"architectures": ["MistralForCausalLM"], "model_type": "mistral", "head_dim": 128,
+    "hidden_size": 5120, "intermediate_size": 14336, "num_attention_heads": 32, "num_hidden_layers": 40,
+    "num_key_value_heads": 8, "rope_theta": 1000000.0, "sliding_window": null, "vocab_size": 131072,
+    "torch_dtype": "bfloat16"})");
+  EXPECT_EQ(c.model.head_dim(), 128);
+  EXPECT_EQ(c.model.explicit_head_dim, 128);
+  EXPECT_FALSE(ag::models::validate(c.model)) << "a valid model";
+  // 5120 x 4096 q, 1024-wide k and v, 4096-wide o input per layer.
+  EXPECT_EQ(ag::models::parameter_count(c.model),
+            131072LL * 5120 * 2 + 40LL * (2 * 5120 + 5120LL * 4096 * 2 + 5120LL * 1024 * 2 + 3LL * 5120 * 14336) + 5120);
+  EXPECT_EQ(parse_ok(llama_v4).model.explicit_head_dim, 0) << "64 = 2048 / 32: the default";
+  EXPECT_EQ(parse_ok(with(llama_v4, R"("head_dim": null)")).model.head_dim(), 64);
+  // d_model need not divide by the heads when head_dim is given.
+  hf_config odd = parse_ok(with(llama_v4, R"("hidden_size": 2050, "head_dim": 64)"));
+  EXPECT_EQ(odd.model.d_model, 2050);
+  EXPECT_EQ(odd.model.head_dim(), 64);
+}
+
 TEST(HfConfig, WrittenConfigsReadBackAsTheSameModel) {
   for (auto v : {model_variant::gpt2, model_variant::llama}) {
     transformer_config t;
@@ -237,6 +261,12 @@ TEST(HfConfig, WrittenConfigsReadBackAsTheSameModel) {
   t.rope_scale = {8.0f, 1.5f, 6.0f, 4096};
   hf_config c = parse_ok(to_hf_config_json(t, 0));
   EXPECT_EQ(c.model.rope_scale, t.rope_scale);
+  EXPECT_EQ(c.model.explicit_head_dim, 0);
+  // Heads of another width are written as head_dim and read back.
+  t.explicit_head_dim = 24;
+  c = parse_ok(to_hf_config_json(t, 0));
+  EXPECT_EQ(c.model.head_dim(), 24);
+  EXPECT_EQ(ag::models::parameter_count(c.model), ag::models::parameter_count(t));
 }
 
 // Llama 3.1 / 3.2's configs as published carry rope_type "llama3"; both

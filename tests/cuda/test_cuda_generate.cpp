@@ -728,12 +728,15 @@ int whole_step_records(const plan& p) {
 // A bf16 LLaMA with `heads` heads of `head_dim` (d_model their product) and
 // the tiny model's 2 layers: a shape the whole-step kernel takes. The
 // initial scale shrinks with the width, as in decode_on.
+// d_model 0: heads x head_dim; else heads of head_dim on that width (HF's head_dim).
 models::transformer_config whole_step_model(int heads, int kv_heads, int64_t head_dim, int64_t d_ff,
-                                            int64_t vocab = 1000) {
+                                            int64_t vocab = 1000, int64_t d_model = 0) {
   models::transformer_config cfg = test::tiny_model(models::model_variant::llama, kv_heads);
-  cfg.initializer_range *= std::sqrt(static_cast<float>(cfg.d_model) / static_cast<float>(heads * head_dim));
+  if (d_model == 0) d_model = heads * head_dim;
+  cfg.initializer_range *= std::sqrt(static_cast<float>(cfg.d_model) / static_cast<float>(d_model));
   cfg.n_heads = heads;
-  cfg.d_model = heads * head_dim;
+  cfg.d_model = d_model;
+  if (d_model != heads * head_dim) cfg.explicit_head_dim = head_dim;
   cfg.d_ff = d_ff;
   cfg.vocab = vocab;
   cfg.dtype = dtype::bf16;
@@ -755,7 +758,10 @@ models::transformer_config whole_step_model(int heads, int kv_heads, int64_t hea
 // take the head's rows in parts (about 1061 a block on 132 SMs: two parts),
 // Llama 3.1 8B's d_ff of 14336 (over 8 heads of 128: the kernel with two
 // chunks a warp, x of 28 KiB beside them) and LLaMA-2-7B's 11008 (rows of 8
-// chunks of 1376, whose 172 16-byte pieces go round the lanes), one runtime, so
+// chunks of 1376, whose 172 16-byte pieces go round the lanes) and half of
+// it, 5504 (43 x 128: what a device of two holds), heads of
+// another width than d_model / heads (8 of 128 on d_model 1536, 16 of 64 on
+// 512: o's rows narrower and wider than q/k/v's), one runtime, so
 // the shapes share each stream's workspace; then the greedy
 // plans (the token picked by the kernel and kept in the token states), whose
 // tokens equal the host's picks from the logits.
@@ -767,17 +773,23 @@ TEST(CudaGenerate, WholeDecodeStepAsOneKernelEqualsRecompute) {
     int64_t head_dim, d_ff, cache, kv_heads, heads, vocab = 1000;
     bool llama3 = false;
     bool linear = false;  // linear RoPE scaling, factor 4
+    int64_t d_model = 0;  // 0: heads x head_dim
   };
   for (const shape& sh : {shape{64, 512, 80, 2, 4}, shape{64, 512, 1100, 2, 4}, shape{128, 768, 1100, 2, 4},
                           shape{128, 512, 300, 1, 4, 1000, false, true}, shape{64, 8192, 300, 8, 32},
                           shape{64, 1024, 300, 4, 12, 140000, true}, shape{128, 14336, 300, 2, 8},
-                          shape{128, 11008, 300, 2, 8}}) {
-    SCOPED_TRACE(std::to_string(sh.heads) + " heads of " + std::to_string(sh.head_dim) + ", cache " +
+                          shape{128, 11008, 300, 2, 8}, shape{128, 5504, 300, 2, 8},
+                          // heads narrower and wider than d_model (HF's head_dim)
+                          shape{128, 1024, 300, 2, 8, 1000, false, false, 1536},
+                          shape{64, 768, 300, 4, 16, 1000, false, false, 512}}) {
+    SCOPED_TRACE("d_model " + std::to_string(sh.d_model) + ", " + std::to_string(sh.heads) + " heads of " +
+                 std::to_string(sh.head_dim) + ", cache " +
                  std::to_string(sh.cache) + ", kv heads " + std::to_string(sh.kv_heads) + ", d_ff " +
                  std::to_string(sh.d_ff) + ", vocab " + std::to_string(sh.vocab) + (sh.llama3 ? ", llama3" : "") +
                  (sh.linear ? ", linear RoPE scaling" : ""));
     models::transformer_config cfg =
-        whole_step_model(static_cast<int>(sh.heads), static_cast<int>(sh.kv_heads), sh.head_dim, sh.d_ff, sh.vocab);
+        whole_step_model(static_cast<int>(sh.heads), static_cast<int>(sh.kv_heads), sh.head_dim, sh.d_ff, sh.vocab,
+                         sh.d_model);
     if (sh.llama3) {
       cfg.head = models::head_tying::tied;
       cfg.rope_theta = 500000.0f;

@@ -39,13 +39,17 @@ transformer_config small(model_variant v, int kv_heads = 0) {
   return c;
 }
 
+// The last: heads of 12 where d_model / n_heads is 8 (HF's head_dim).
 std::vector<transformer_config> all_small() {
+  auto wide_heads = small(model_variant::llama, 2);
+  wide_heads.explicit_head_dim = 12;
   return {small(model_variant::gpt2), small(model_variant::llama), small(model_variant::llama, 2),
-          small(model_variant::llama, 1)};
+          small(model_variant::llama, 1), wide_heads};
 }
 
 std::string label(const transformer_config& c) {
-  return std::string(ag::models::to_string(c.variant)) + " kv_heads=" + std::to_string(c.kv_heads());
+  return std::string(ag::models::to_string(c.variant)) + " kv_heads=" + std::to_string(c.kv_heads()) +
+         " head_dim=" + std::to_string(c.head_dim());
 }
 
 host_tensor eval_logits(const ag::graph& g, const std::vector<host_tensor>& in) {
@@ -321,6 +325,10 @@ TEST(Transformer, InvalidConfigsAreRejectedWithTheField) {
       {"n_kv_heads", [](transformer_config& c) { c.n_kv_heads = 2; }},  // gpt2 has no GQA
       {"n_kv_heads", [](transformer_config& c) { c.n_kv_heads = -1; }},
       {"head_dim", [](transformer_config& c) { c.variant = model_variant::llama; c.d_model = 36; c.n_heads = 4; }},
+      {"set explicit_head_dim", [](transformer_config& c) { c.variant = model_variant::llama; c.d_model = 30; c.n_heads = 4; }},
+      {"head_dim 7 must be even", [](transformer_config& c) { c.variant = model_variant::llama; c.explicit_head_dim = 7; }},
+      {"explicit_head_dim must be >= 0", [](transformer_config& c) { c.variant = model_variant::llama; c.explicit_head_dim = -8; }},
+      {"gpt2's heads split d_model", [](transformer_config& c) { c.explicit_head_dim = 32; }},
       {"d_ff", [](transformer_config& c) { c.d_ff = -4; }},
       {"vocab", [](transformer_config& c) { c.vocab = 0; }},
       {"seq_len", [](transformer_config& c) { c.seq_len = 0; }},

@@ -59,6 +59,11 @@ std::vector<named_config> cases() {
   gqa.rope_theta = 500000.0f;
   gqa.d_ff = 96;
   out.push_back({"llama_gqa", gqa, 3});
+  // Heads wider than d_model / n_heads (HF's head_dim, as Mistral NeMo's):
+  // q is [4 x 24, 64], o [64, 96].
+  auto wide = gqa;
+  wide.explicit_head_dim = 24;
+  out.push_back({"llama_wide_heads", wide, 1});
   return out;
 }
 
@@ -99,7 +104,7 @@ int dump(const fs::path& dir, const named_config& nc) {
   idx.precision(9);
   idx << "{\n  \"variant\": \"" << ag::models::to_string(c.variant) << "\",\n"
       << "  \"n_layers\": " << c.n_layers << ", \"d_model\": " << c.d_model << ", \"n_heads\": " << c.n_heads
-      << ", \"n_kv_heads\": " << c.kv_heads() << ", \"d_ff\": " << c.d_ff << ", \"vocab\": " << c.vocab
+      << ", \"n_kv_heads\": " << c.kv_heads() << ", \"head_dim\": " << c.head_dim() << ", \"d_ff\": " << c.d_ff << ", \"vocab\": " << c.vocab
       << ", \"seq_len\": " << c.seq_len << ", \"batch\": " << c.batch << ",\n"
       << "  \"eps\": " << c.eps << ", \"rope_theta\": " << c.rope_theta << ",\n  \"tensors\": [\n";
   int file_no = 0;

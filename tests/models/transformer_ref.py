@@ -162,7 +162,7 @@ def silu(x):
 def llama_attention(cfg, w, p, hidden, cos, sin):
     b, s, _ = hidden.shape
     heads, kv_heads = cfg["n_heads"], cfg["n_kv_heads"]
-    head_dim = cfg["d_model"] // heads
+    head_dim = cfg["head_dim"]  # HF's head_dim: d_model // heads unless the config says otherwise
     query = linear(hidden, w[p + "attn.wq"]).reshape(b, s, heads, head_dim).transpose(0, 2, 1, 3)
     key = linear(hidden, w[p + "attn.wk"]).reshape(b, s, kv_heads, head_dim).transpose(0, 2, 1, 3)
     value = linear(hidden, w[p + "attn.wv"]).reshape(b, s, kv_heads, head_dim).transpose(0, 2, 1, 3)
@@ -184,7 +184,7 @@ def llama_mlp(w, p, x):
 def llama_forward(cfg, w, tokens, positions):
     eps = cfg["eps"]
     hidden = w["embed_tokens"][tokens]  # embed_tokens
-    cos, sin = rotary_cos_sin(positions, cfg["d_model"] // cfg["n_heads"], cfg["rope_theta"])
+    cos, sin = rotary_cos_sin(positions, cfg["head_dim"], cfg["rope_theta"])
     for i in range(cfg["n_layers"]):
         p = f"l{i + 1}."  # HF layers.{i}
         residual = hidden
@@ -212,7 +212,7 @@ def check_case(case_dir):
     scale = np.abs(expected).max()
     ok = err.max() <= TOLERANCE and np.isfinite(actual).all()
     print(f"{os.path.basename(case_dir)}: {cfg['variant']} L={cfg['n_layers']} d={cfg['d_model']} "
-          f"H={cfg['n_heads']} Hkv={cfg['n_kv_heads']}: max_abs_err {err.max():.3e} at {tuple(map(int, worst))} "
+          f"H={cfg['n_heads']} Hkv={cfg['n_kv_heads']} dh={cfg['head_dim']}: max_abs_err {err.max():.3e} at {tuple(map(int, worst))} "
           f"(max |logit| {scale:.3f}) {'ok' if ok else 'FAIL (tolerance %g)' % TOLERANCE}")
     # A dump of all-zero or constant logits would pass trivially: refuse it.
     if actual.std() < 1e-3:

@@ -135,6 +135,12 @@ TEST(ReplCommands, ModelWithBadDimsIsRejected) {
   EXPECT_TRUE(has(f.text, "dtype: 'q4'")) << f.text;
   EXPECT_EQ(f.run("model gpt2 dtype=i32"), exec_status::failed);
   EXPECT_TRUE(has(f.text, "cannot hold weights")) << f.text;
+  EXPECT_EQ(f.run("model gpt2 layers=2 d=32 heads=2 head_dim=8 ff=64"), exec_status::failed);
+  EXPECT_TRUE(has(f.text, "gpt2's heads split d_model")) << f.text;
+  EXPECT_EQ(f.run("model llama layers=2 d=30 heads=4 head_dim=7"), exec_status::failed);
+  EXPECT_TRUE(has(f.text, "head_dim 7 must be even")) << f.text;
+  EXPECT_EQ(f.run("model llama layers=2 d=30 heads=4 kv=2 head_dim=12 ff=64 seq=8 vocab=64"), exec_status::ok) << f.text;
+  EXPECT_TRUE(has(f.text, "llama: 2 layers, d 30, 4 heads of 12 (2 kv)")) << f.text;
   EXPECT_EQ(f.run("model gpt2 layers=2 d=32 heads=2 ff=64 seq=8 vocab=64"), exec_status::ok) << f.text;
   EXPECT_TRUE(has(f.text, "gpt2: 2 layers, d 32")) << f.text;
 }

@@ -64,7 +64,7 @@ TEST(ReplGenerate, LoadedFolderGeneratesWhatTheGeneratorDoesOnEveryLayout) {
   fixture f;
   f.ok({"devices sim:2 scale=0.01"});
   ASSERT_EQ(f.run("load " + dir), exec_status::ok) << f.text;
-  EXPECT_TRUE(has(f.text, "llama, 2 layers, d 32, 4 heads (2 kv), vocab 41")) << f.text;
+  EXPECT_TRUE(has(f.text, "llama, 2 layers, d 32, 4 heads of 8 (2 kv), vocab 41")) << f.text;
   EXPECT_TRUE(has(f.text, "no tokenizer")) << f.text;
   ASSERT_EQ(f.run("generate ids=1,2,3 n=6"), exec_status::ok) << f.text;
   EXPECT_TRUE(has(f.text, want)) << f.text << "\nwant: " << want;
