@@ -5,6 +5,7 @@
 #include <condition_variable>
 #include <deque>
 #include <mutex>
+#include <optional>
 
 #include "apps/repl/session_impl.hpp"
 
@@ -145,6 +146,10 @@ outcome session::impl::cmd_generate(const command_line& c) {
   interrupted.store(false);
   const auto t0 = std::chrono::steady_clock::now();
   const generation h = gen->generate(prompt, o);
+  // Text streams through models::text_stream (a token's text depends on its
+  // neighbours: SentencePiece's leading spaces, characters cut over tokens).
+  std::optional<models::text_stream> text;
+  if (tok) text.emplace(tok, prompt);
   auto print_new = [&] {
     std::deque<int32_t> got;
     {
@@ -152,8 +157,8 @@ outcome session::impl::cmd_generate(const command_line& c) {
       got.swap(tq->q);
     }
     for (int32_t t : got) {
-      auto text = tok ? tok->decode({t}) : expected<std::string>(error{});
-      out << (text ? *text : std::to_string(t) + " ");
+      auto piece = text ? text->push(t) : expected<std::string>(error{});
+      out << (piece ? *piece : std::to_string(t) + " ");
     }
     if (!got.empty()) out.flush();
   };
@@ -166,6 +171,8 @@ outcome session::impl::cmd_generate(const command_line& c) {
     }
   }
   print_new();
+  if (text)
+    if (auto rest = text->finish()) out << *rest;
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   const auto& r = h.wait();
   out << "\n";

@@ -1,5 +1,6 @@
 #include "graph/checkpoint/tokenizer.hpp"
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -49,6 +50,67 @@ void utf8_append(std::string& out, char32_t c) {
     out += static_cast<char>(0x80 | ((c >> 6) & 0x3F));
     out += static_cast<char>(0x80 | (c & 0x3F));
   }
+}
+
+namespace {
+
+// Whether `s` ends inside a character: a UTF-8 sequence cut off (byte-level
+// BPE hands on raw bytes) or U+FFFD (SentencePiece's decoding of a byte
+// piece without the rest of its character).
+bool ends_cut(const std::string& s) {
+  if (s.size() >= 3 && s.compare(s.size() - 3, 3, "\xEF\xBF\xBD") == 0) return true;
+  // The last lead byte within 4 of the end, and whether its sequence is whole.
+  for (std::size_t back = 1; back <= std::min<std::size_t>(4, s.size()); ++back) {
+    const auto b = static_cast<unsigned char>(s[s.size() - back]);
+    if ((b & 0xC0) == 0x80) continue;  // a continuation byte
+    const std::size_t need = b < 0x80 ? 1 : (b & 0xE0) == 0xC0 ? 2 : (b & 0xF0) == 0xE0 ? 3 : (b & 0xF8) == 0xF0 ? 4 : 1;
+    return back < need;
+  }
+  return false;  // only continuation bytes: invalid, not cut; print it as it is
+}
+
+// Tokens of the context decoded with the first pushed ones (transformers'
+// streamers and vLLM use 5): enough that a piece's leading space survives.
+constexpr std::size_t kContextTokens = 5;
+
+}  // namespace
+
+text_stream::text_stream(tokenizer_ptr tok, const std::vector<int32_t>& context)
+    : tok_(std::move(tok)), ids_(context), unprinted_(context.size()) {
+  printed_from_ = unprinted_ > kContextTokens ? unprinted_ - kContextTokens : 0;
+  // A context id the tokenizer cannot decode (a model's vocabulary may be
+  // padded past its tokenizer's) would fail every window: start after it.
+  for (std::size_t i = printed_from_; i < unprinted_; ++i)
+    if (ids_[i] < 0 || ids_[i] >= tok_->vocab_size()) printed_from_ = i + 1;
+}
+
+expected<std::string> text_stream::window(std::size_t end) const {
+  return tok_->decode(std::vector<int32_t>(ids_.begin() + static_cast<std::ptrdiff_t>(printed_from_),
+                                           ids_.begin() + static_cast<std::ptrdiff_t>(end)));
+}
+
+expected<std::string> text_stream::push(int32_t id) {
+  ids_.push_back(id);
+  auto before = window(unprinted_);
+  auto after = before ? window(ids_.size()) : before;
+  if (!after) {
+    ids_.pop_back();
+    return after.err();
+  }
+  if (after->size() <= before->size() || ends_cut(*after)) return std::string();
+  std::string added = after->substr(before->size());
+  printed_from_ = unprinted_;
+  unprinted_ = ids_.size();
+  return added;
+}
+
+expected<std::string> text_stream::finish() {
+  if (unprinted_ == ids_.size()) return std::string();
+  auto before = window(unprinted_);
+  auto after = before ? window(ids_.size()) : before;
+  if (!after) return after.err();
+  printed_from_ = unprinted_ = ids_.size();
+  return after->size() > before->size() ? after->substr(before->size()) : std::string();
 }
 
 expected<tokenizer_ptr> load_tokenizer(const std::string& dir) {

@@ -50,6 +50,38 @@ class tokenizer {
 };
 using tokenizer_ptr = std::shared_ptr<const tokenizer>;
 
+/// The text of a sequence's tokens as they come, for printing while it
+/// generates (the REPL's `generate`). Decoding each token alone is wrong
+/// twice over: SentencePiece drops the space a piece starts with when it is
+/// the first one decoded ("▁world" alone is "world"), and a character cut
+/// over several tokens (byte-level BPE's multi-byte characters,
+/// SentencePiece's byte pieces) comes out as broken bytes or U+FFFD. push()
+/// decodes a short window that starts at the last token it printed (at
+/// first, a few tokens back into the context) and returns what the new token
+/// adds, once that ends on a whole character; a cut-off character waits for
+/// the token that completes it, or for finish(). The pieces concatenated
+/// equal decode(context + pushed) less decode(context), for tokenizers whose
+/// decode of a longer run extends that of a shorter one (both here).
+/// Not thread-safe: one per sequence, fed from one thread at a time.
+class text_stream {
+ public:
+  /// `context`: the ids before the first pushed one (the prompt).
+  text_stream(tokenizer_ptr tok, const std::vector<int32_t>& context);
+  /// The text `id` completes: empty while a character is cut off. Errors:
+  /// an id outside the vocabulary (nothing is kept of it).
+  expected<std::string> push(int32_t id);
+  /// What is still held back (a character the sequence left cut off, as
+  /// decode() gives it), once; then empty.
+  expected<std::string> finish();
+
+ private:
+  expected<std::string> window(std::size_t end) const;
+  tokenizer_ptr tok_;
+  std::vector<int32_t> ids_;
+  std::size_t printed_from_ = 0;  // the window's first token (already printed)
+  std::size_t unprinted_ = 0;     // ids_[unprinted_..) not printed yet
+};
+
 /// The tokenizer of model folder `dir`: vocab.json + merges.txt, else
 /// tokenizer.model, else tokenizer.json, else null (no error: the folder has
 /// no tokenizer, ids still work). Errors name the file and what is wrong in

@@ -115,6 +115,82 @@ TEST(Gpt2Bpe, SpecialTokensAndRoundTrips) {
   }
 }
 
+namespace {
+
+// The pieces `ids[from..)` stream as after the context ids[0..from), and how
+// many pushes held their text back. Where the context ends on a whole
+// character every piece is whole UTF-8 (checked); a context that ends inside
+// one (ids cut anywhere) has the rest of it come first.
+struct streamed {
+  std::string text;
+  int held = 0;
+};
+streamed stream_from(const tokenizer_ptr& tok, const std::vector<int32_t>& ids, std::size_t from) {
+  const std::vector<int32_t> context(ids.begin(), ids.begin() + static_cast<std::ptrdiff_t>(from));
+  const bool whole = utf8_decode(*tok->decode(context)).has_value();
+  text_stream ts(tok, context);
+  streamed out;
+  bool checked = whole;
+  for (std::size_t i = from; i < ids.size(); ++i) {
+    auto piece = ts.push(ids[i]);
+    EXPECT_TRUE(piece.has_value()) << piece.err().to_string();
+    if (!piece) return out;
+    if (checked) {
+      EXPECT_TRUE(utf8_decode(*piece).has_value()) << "token " << i << " streamed a cut character";
+    }
+    checked = checked || !piece->empty();  // past the rest of a character the context cut
+    out.held += piece->empty();
+    out.text += *piece;
+  }
+  auto rest = ts.finish();
+  EXPECT_TRUE(rest.has_value());
+  if (rest) out.text += *rest;
+  return out;
+}
+
+}  // namespace
+
+// Byte-level BPE: a multi-byte character whose bytes are separate tokens
+// (the small vocabulary has no merges for them) prints once whole, and the
+// pieces add up to the whole decode past the context, from every split.
+TEST(TextStream, ByteLevelBpeHoldsCutCharactersBackAndAddsUpToTheDecode) {
+  temp_dir dir;
+  small_bpe v;
+  v.write(dir);
+  auto tok = load_bpe_tokenizer(dir / "vocab.json", dir / "merges.txt");
+  ASSERT_TRUE(tok.has_value()) << tok.err().to_string();
+  const std::string text = "he said café 日本語 🙂 x² the end";
+  auto ids = (*tok)->encode(text);
+  ASSERT_TRUE(ids.has_value());
+  int cut_alone = 0;  // tokens that decode alone to a piece of a character
+  for (int32_t id : *ids) cut_alone += !utf8_decode(*(*tok)->decode({id})).has_value();
+  EXPECT_GE(cut_alone, 10) << "the text's characters are not cut over tokens: the test shows nothing";
+  for (std::size_t from : {std::size_t{0}, std::size_t{1}, std::size_t{4}, ids->size() / 2}) {
+    SCOPED_TRACE("context of " + std::to_string(from) + " tokens");
+    const streamed s = stream_from(*tok, *ids, from);
+    const std::string context = *(*tok)->decode(std::vector<int32_t>(ids->begin(), ids->begin() + static_cast<std::ptrdiff_t>(from)));
+    EXPECT_EQ(s.text, text.substr(context.size()));
+    EXPECT_GT(s.held, 0);
+  }
+  // A character the sequence leaves cut comes from finish(), as decode gives it.
+  const auto jp = *(*tok)->encode("日");
+  ASSERT_EQ(jp.size(), 3u);
+  text_stream ts(*tok, {});
+  EXPECT_EQ(*ts.push(jp[0]), "");
+  EXPECT_EQ(*ts.push(jp[1]), "");
+  EXPECT_EQ(*ts.finish(), std::string("日").substr(0, 2));
+  EXPECT_EQ(*ts.finish(), "");
+  // An id outside the vocabulary is an error and leaves the stream as it was.
+  text_stream bad(*tok, {v.id("he")});
+  auto err = bad.push(static_cast<int32_t>((*tok)->vocab_size()));
+  ASSERT_FALSE(err.has_value());
+  EXPECT_NE(err.err().message.find("not in the vocabulary"), std::string::npos) << err.err().message;
+  EXPECT_EQ(*bad.push(v.id(u8(0x120) + "the")), " the");
+  // A context id past the tokenizer's vocabulary (a padded model vocabulary) is left out of the window.
+  text_stream padded(*tok, {v.id("he"), static_cast<int32_t>((*tok)->vocab_size()) + 3});
+  EXPECT_EQ(*padded.push(v.id(u8(0x120) + "the")), " the");
+}
+
 TEST(Gpt2Bpe, BadInputAndBadFilesAreErrors) {
   temp_dir dir;
   small_bpe v;
@@ -388,6 +464,28 @@ TEST(SentencePiece, TrainedModelEncodesLikeTheLibraryWithBos) {
   ASSERT_FALSE(dec.has_value());
   EXPECT_NE(dec.err().message.find("token id 80"), std::string::npos);
   EXPECT_FALSE((*tok)->encode("\xff").has_value());
+}
+
+// SentencePiece drops the space a piece starts with when it is the first one
+// decoded: decoded token by token, "the quick brown fox" runs together. The
+// stream keeps every space, the first generated word's too (the context's
+// last tokens are decoded with it).
+TEST(SentencePiece, TextStreamKeepsTheSpacesThatDecodingTokensAloneDrops) {
+  temp_dir dir;
+  train_sentencepiece(dir);
+  auto tok = load_tokenizer(dir.str());
+  ASSERT_TRUE(tok.has_value()) << tok.err().to_string();
+  const std::string text = "the quick brown fox jumps over the lazy dog";
+  auto ids = (*tok)->encode(text);
+  ASSERT_TRUE(ids.has_value());
+  std::string alone;
+  for (std::size_t i = 1; i < ids->size(); ++i) alone += *(*tok)->decode({(*ids)[i]});
+  EXPECT_EQ(alone.find(' '), std::string::npos) << "decoded alone, the pieces keep their spaces: the test shows nothing";
+  const std::size_t from = 4;  // BOS and "the quick"'s pieces, say
+  const std::string context = *(*tok)->decode(std::vector<int32_t>(ids->begin(), ids->begin() + from));
+  const streamed s = stream_from(*tok, *ids, from);
+  EXPECT_EQ(context + s.text, text);
+  EXPECT_NE(s.text.find(' '), std::string::npos);
 }
 
 TEST(SentencePiece, TokenizerConfigTurnsBosOffAndBadFilesAreErrors) {
