@@ -143,8 +143,21 @@ int32_t first_argmax(std::span<const float> v) {
 
 }  // namespace
 
-int32_t sample_token(std::span<const float> logits, const sampling_options& s, uint64_t& rng_state) {
+int32_t sample_token(std::span<const float> logits, const sampling_options& s, uint64_t& rng_state,
+                     std::span<const int32_t> history) {
   if (logits.empty()) return 0;
+  std::vector<float> penalised;
+  if (s.repetition_penalty != 1.0f && !history.empty()) {
+    // From the original logit each time: a token seen twice is penalised once.
+    penalised.assign(logits.begin(), logits.end());
+    const float pen = s.repetition_penalty;
+    for (int32_t id : history)
+      if (id >= 0 && static_cast<std::size_t>(id) < logits.size()) {
+        const float x = logits[static_cast<std::size_t>(id)];
+        penalised[static_cast<std::size_t>(id)] = x > 0.0f ? x / pen : x * pen;
+      }
+    logits = penalised;
+  }
   if (!(s.temperature > 0.0f)) return first_argmax(logits);
   std::vector<int32_t> order(logits.size());
   std::iota(order.begin(), order.end(), 0);
@@ -172,6 +185,12 @@ int32_t sample_token(std::span<const float> logits, const sampling_options& s, u
       ++n;
       if (mass >= static_cast<double>(s.top_p)) break;
     }
+    keep = n;
+    sum = std::accumulate(p.begin(), p.begin() + static_cast<std::ptrdiff_t>(keep), 0.0);
+  }
+  if (s.min_p > 0.0f) {  // p[0] is the most likely kept token's (1 before normalising)
+    std::size_t n = 1;
+    while (n < keep && p[n] >= static_cast<double>(s.min_p) * p[0]) ++n;
     keep = n;
     sum = std::accumulate(p.begin(), p.begin() + static_cast<std::ptrdiff_t>(keep), 0.0);
   }
@@ -255,6 +274,7 @@ struct sequence : std::enable_shared_from_this<sequence> {
   std::size_t prompt_fed = 0; // prompt tokens submitted
   int32_t next_token = 0;     // the token the next decode job feeds
   std::vector<float> row_scratch;  // a row of logits that are not f32, as f32
+  std::vector<int32_t> history;  // prompt and generated tokens, for a repetition penalty
   generation_result out;
 
   // Pipelined greedy decoding (generator_options::pipeline_depth): from the
@@ -319,7 +339,7 @@ struct sequence : std::enable_shared_from_this<sequence> {
     // the device (generator_options::device_greedy); the last prompt token's
     // job too, as its output is the first new token.
     const bool on_device = gen->decode_greedy.p && !(opt.sampling.temperature > 0.0f) && !opt.keep_logits &&
-                           (!prompting || left == 1);
+                           opt.sampling.repetition_penalty == 1.0f && (!prompting || left == 1);
     if (on_device && gen->chain[0].p) {
       // The last prompt token, or a first token sampled from a prefill
       // chunk's logits: from here on, steps go ahead of the tokens.
@@ -385,7 +405,11 @@ struct sequence : std::enable_shared_from_this<sequence> {
       for (int64_t i = 0; i < V; ++i) row_scratch[static_cast<std::size_t>(i)] = lg.at((n - 1) * V + i);
       row = row_scratch;
     }
-    const int32_t tok = sample_token(row, opt.sampling, rng);
+    if (opt.sampling.repetition_penalty != 1.0f) {
+      history.assign(prompt.begin(), prompt.end());
+      history.insert(history.end(), out.tokens.begin(), out.tokens.end());
+    }
+    const int32_t tok = sample_token(row, opt.sampling, rng, history);
     if (opt.keep_logits) out.logits.emplace_back(row.begin(), row.end());
     take(tok);
   }
@@ -732,6 +756,12 @@ generation generator::generate(std::vector<int32_t> prompt, generate_options opt
                       ", outside the vocabulary [0, " + std::to_string(impl_->cfg.vocab) + ")");
   if (options.max_new_tokens < 1)
     return fail_now("max_new_tokens must be >= 1, got " + std::to_string(options.max_new_tokens));
+  const sampling_options& so = options.sampling;
+  if (!(so.repetition_penalty > 0.0f) || !std::isfinite(so.repetition_penalty))
+    return fail_now("sampling.repetition_penalty must be a finite number > 0 (1: off), got " +
+                    std::to_string(so.repetition_penalty));
+  if (!(so.min_p >= 0.0f && so.min_p <= 1.0f))
+    return fail_now("sampling.min_p must be in [0, 1] (0: off), got " + std::to_string(so.min_p));
   auto s = std::make_shared<sequence>();
   s->gen = impl_;
   s->st = st;

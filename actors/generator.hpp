@@ -69,6 +69,16 @@ struct sampling_options {
   float temperature = 0.0f;
   int top_k = 0;        ///< keep the k most likely tokens (0: all)
   float top_p = 1.0f;   ///< keep the smallest set of most likely tokens whose mass reaches top_p
+  /// After top-k and top-p: drop the tokens less likely than min_p times the
+  /// most likely one (transformers' min_p; 0: off). In [0, 1].
+  float min_p = 0.0f;
+  /// Tokens already in the sequence (its prompt and what it generated) made
+  /// less likely, as transformers' repetition_penalty: a positive logit
+  /// divided by it, a negative one multiplied, once however often the token
+  /// occurs (1: off; > 1 discourages repeats). Greedy sequences with a
+  /// penalty pick their tokens on the host (the device's argmax has no
+  /// history). Finite and > 0.
+  float repetition_penalty = 1.0f;
   uint64_t seed = 0;    ///< the sequence's random stream (same seed, same tokens)
 };
 
@@ -140,7 +150,7 @@ struct generator_options {
   /// New tokens per prefill job (a plan of its own); 0 or 1: the prompt
   /// goes through the decode plan one token per job.
   int64_t prefill_chunk = 0;
-  /// Greedy sequences (sampling temperature <= 0, no keep_logits) decode
+  /// Greedy sequences (sampling temperature <= 0, no repetition penalty, no keep_logits) decode
   /// with a third plan whose output is the token, picked on the device
   /// (transformer_config::argmax_output), sharing the decode plan's weights
   /// and caches: a step copies 4 bytes to the host instead of its logits,
@@ -220,6 +230,9 @@ class generator {
 
 /// The token `s` picks from `logits` with `rng_state` (advanced when sampling).
 /// Greedy (temperature 0) is the first maximum; a NaN never wins.
-int32_t sample_token(std::span<const float> logits, const sampling_options& s, uint64_t& rng_state);
+/// `history`: the sequence's tokens so far (prompt and generated), which
+/// s.repetition_penalty penalises; ids outside the logits are ignored.
+int32_t sample_token(std::span<const float> logits, const sampling_options& s, uint64_t& rng_state,
+                     std::span<const int32_t> history = {});
 
 }  // namespace ag

@@ -3,7 +3,8 @@
 //
 //   actorgraph-generate --model DIR (--prompt-ids 1,2,3 | --prompt TEXT)
 //                       [--devices SPEC] [--tp N] [--stages N] [--dtype f32|f16|bf16]
-//                       [--max-new-tokens N] [--temperature T --top-k K --top-p P --seed S]
+//                       [--max-new-tokens N] [--temperature T --top-k K --top-p P --min-p M --seed S]
+//                       [--repetition-penalty R]
 //                       [--eos-ids 2,3] [--cache-tokens C]
 //                       [--dump-logits FILE.npy] [--progress]      (--help: all flags)
 //
@@ -66,6 +67,8 @@ struct options {
   float temperature = 0.0f;
   int top_k = 0;
   float top_p = 1.0f;
+  float min_p = 0.0f;
+  float repetition_penalty = 1.0f;
   uint64_t seed = 0;
   std::string eos_ids;
   int64_t cache_tokens = 0;
@@ -170,7 +173,12 @@ int generate_tokens(ag::runtime& rt, const ag::models::hf_model& model, const op
   ag::generate_options opt;
   opt.max_new_tokens = o.max_new_tokens;
   opt.stop_ids = eos;
-  opt.sampling = {.temperature = o.temperature, .top_k = o.top_k, .top_p = o.top_p, .seed = o.seed};
+  opt.sampling = {.temperature = o.temperature,
+                  .top_k = o.top_k,
+                  .top_p = o.top_p,
+                  .min_p = o.min_p,
+                  .repetition_penalty = o.repetition_penalty,
+                  .seed = o.seed};
   std::atomic<int64_t> first_token_ns{0};
   const auto t_run = std::chrono::steady_clock::now();
   opt.on_token = [&](int32_t, int64_t i) {
@@ -232,13 +240,19 @@ int main(int argc, char** argv) {
   app.add_option("--top-k", o.top_k, "sample among the k most likely tokens (0: all)")->check(CLI::Range(0, 1 << 30));
   app.add_option("--top-p", o.top_p, "sample among the most likely tokens holding this mass")
       ->check(CLI::Range(0.0f, 1.0f));
+  app.add_option("--min-p", o.min_p, "drop tokens less likely than this times the most likely one (0: off)")
+      ->check(CLI::Range(0.0f, 1.0f));
+  app.add_option("--repetition-penalty", o.repetition_penalty,
+                 "> 1 makes tokens already in the sequence less likely (transformers' repetition_penalty; 1: off)")
+      ->check(CLI::Range(1e-6f, 1e6f));
   app.add_option("--seed", o.seed, "sampling seed");
   app.add_option("--eos-ids", o.eos_ids, "comma-separated ids that end generation (default: the config's)");
   app.add_option("--cache-tokens", o.cache_tokens, "KV cache positions (default: prompt + max-new-tokens)")
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 24));
   if (auto status = ag::apps::parse_flags(app, argc, argv)) return *status;
   const bool decode = o.max_new_tokens > 1 || ag::apps::given(app, "--temperature") ||
-                      ag::apps::given(app, "--top-k") || ag::apps::given(app, "--top-p");
+                      ag::apps::given(app, "--top-k") || ag::apps::given(app, "--top-p") ||
+                      ag::apps::given(app, "--min-p") || ag::apps::given(app, "--repetition-penalty");
   std::vector<int32_t> eos;
   if (!o.eos_ids.empty()) {
     std::string eos_why;

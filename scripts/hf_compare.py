@@ -52,6 +52,39 @@ def parse_args():
     return p.parse_args()
 
 
+def compare_repetition_penalty(args, name, folder, ref, prompt, penalty=1.5, steps=8):
+    """Greedy generation with transformers' repetition_penalty: actorgraph-generate's
+    tokens (the generator, --max-new-tokens) against model.generate's, on every layout."""
+    import torch
+    with torch.no_grad():
+        gen = ref.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+                           do_sample=False, max_new_tokens=steps, min_new_tokens=steps, repetition_penalty=penalty,
+                           pad_token_id=0, eos_token_id=None)
+        plain = ref.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+                             do_sample=False, max_new_tokens=steps, min_new_tokens=steps, pad_token_id=0, eos_token_id=None)
+    want = gen[0, len(prompt):].tolist()
+    failures = []
+    if plain[0, len(prompt):].tolist() == want:
+        failures.append("%s: transformers' tokens are the same with and without repetition_penalty %s: the check shows nothing"
+                        % (name, penalty))
+    for spec in args.devices.split(";"):
+        devices, *layout = spec.split()
+        cmd = [args.generate, "--model", folder, "--devices", devices, "--dtype", "f32", "--max-new-tokens", str(steps),
+               "--repetition-penalty", str(penalty), "--eos-ids", "1000000", "--prompt-ids", ",".join(map(str, prompt))] + layout
+        r = subprocess.run(cmd, capture_output=True, text=True, errors="replace")
+        line = [l for l in r.stdout.splitlines() if l.startswith("generated: ")]
+        if r.returncode != 0 or not line:
+            failures.append("%s on %s with --repetition-penalty: actorgraph-generate failed:\n%s%s" % (name, spec, r.stdout, r.stderr))
+            continue
+        got = [int(t) for t in line[0].split(": ")[1].split(",")]
+        ok = got == want
+        print("%-18s %-26s repetition_penalty %.1f: greedy %s vs %s %s" % (name, spec, penalty, got, want,
+                                                                          "ok" if ok else "MISMATCH"))
+        if not ok:
+            failures.append("%s on %s: with repetition_penalty %s the tokens are %s, transformers %s" % (name, spec, penalty, got, want))
+    return failures
+
+
 def main():
     args = parse_args()
     if args.tokenizers_only:
@@ -193,6 +226,8 @@ def main():
                     failures.append("%s on %s: logits differ by %.3g" % (name, spec, err))
                 if not ok_tokens:
                     failures.append("%s on %s: greedy tokens %s, transformers %s" % (name, spec, got_tokens, want_tokens))
+        if name in ("gpt2", "llama_gqa"):
+            failures += compare_repetition_penalty(args, name, folder, ref, prompt)
     failures += compare_bpe_tokenizer(args, workdir, gpt2)
     failures += compare_llama3_tokenizer(args, workdir)
     if failures:

@@ -79,6 +79,8 @@ outcome session::impl::cmd_generate(const command_line& c) {
   auto temperature = p.get_number("temperature", 0, 1e6);
   auto top_k = p.get_int("top_k", 0, 1 << 30);
   auto top_p = p.get_number("top_p", 0, 1);
+  auto min_p = p.get_number("min_p", 0, 1);
+  auto penalty = p.get_number("repetition_penalty", 1e-6, 1e6);
   auto sd = p.get_int("seed", 0, INT64_MAX);
   auto cache = p.get_int("cache", 1, 1 << 24);
   const auto ids_text = p.raw("ids");
@@ -86,6 +88,8 @@ outcome session::impl::cmd_generate(const command_line& c) {
   if (!temperature) return fail(temperature.err());
   if (!top_k) return fail(top_k.err());
   if (!top_p) return fail(top_p.err());
+  if (!min_p) return fail(min_p.err());
+  if (!penalty) return fail(penalty.err());
   if (!sd) return fail(sd.err());
   if (!cache) return fail(cache.err());
   if (auto e = p.finish(1)) return fail(e);
@@ -136,6 +140,8 @@ outcome session::impl::cmd_generate(const command_line& c) {
   o.sampling = {.temperature = static_cast<float>(temperature->value_or(0.0)),
                 .top_k = static_cast<int>(top_k->value_or(0)),
                 .top_p = static_cast<float>(top_p->value_or(1.0)),
+                .min_p = static_cast<float>(min_p->value_or(0.0)),
+                .repetition_penalty = static_cast<float>(penalty->value_or(1.0)),
                 .seed = static_cast<uint64_t>(sd->value_or(static_cast<int64_t>(seed)))};
   if (hf) o.stop_ids = hf->config().eos_token_ids;
   auto tq = std::make_shared<token_queue>();

@@ -8,7 +8,9 @@
 #include <chrono>
 #include <future>
 #include <limits>
+#include <map>
 #include <set>
+#include <tuple>
 
 #include "actors/generator.hpp"
 #include "checkpoint/checkpoint_test_util.hpp"
@@ -430,6 +432,49 @@ TEST(GenerateSampling, SeedsTopKAndTopP) {
   for (int i = 0; i < 50; ++i) EXPECT_EQ(ag::sample_token(logits, hot, a), ag::sample_token(logits, hot, b));
 }
 
+// transformers' repetition_penalty: a positive logit of a token in the
+// history divided by the penalty, a negative one multiplied, once however
+// often it occurs; ids outside the row ignored. min_p drops the tokens less
+// likely than min_p times the most likely one.
+TEST(GenerateSampling, RepetitionPenaltyAndMinP) {
+  uint64_t s = 1;
+  const std::vector<float> logits{2.0f, 1.9f, -1.0f, -1.1f, 0.5f};
+  ag::sampling_options pen{.repetition_penalty = 1.2f};
+  EXPECT_EQ(ag::sample_token(logits, pen, s), 0) << "no history: nothing to penalise";
+  const std::vector<int32_t> seen0{0, 7, -3};
+  EXPECT_EQ(ag::sample_token(logits, pen, s, seen0), 1) << "2.0 / 1.2 < 1.9";
+  // Once: 2.0 / 1.04 = 1.92 beats 1.9, 2.0 / 1.04^2 = 1.85 would not.
+  const std::vector<int32_t> twice{0, 0, 0};
+  EXPECT_EQ(ag::sample_token(logits, {.repetition_penalty = 1.04f}, s, twice), 0);
+  // Negative logits are multiplied: -1.0 * 1.2 = -1.2 < -1.1.
+  const std::vector<float> negative{-1.0f, -1.1f};
+  const std::vector<int32_t> seen_first{0};
+  EXPECT_EQ(ag::sample_token(negative, pen, s, seen_first), 1);
+  // A penalty < 1 favours repeats.
+  const std::vector<int32_t> seen1{1};
+  EXPECT_EQ(ag::sample_token(logits, {.repetition_penalty = 0.5f}, s, seen1), 1);
+  // Sampling with the penalty: token 0, by far the likelier, is penalised
+  // from -1 to -1000 and never drawn; without it, it always is.
+  const std::vector<float> two{-1.0f, -20.0f};
+  std::set<int32_t> drawn, drawn_plain;
+  for (int i = 0; i < 200; ++i) {
+    drawn.insert(ag::sample_token(two, {.temperature = 1.0f, .repetition_penalty = 1000.0f}, s, seen_first));
+    drawn_plain.insert(ag::sample_token(two, {.temperature = 1.0f}, s, seen_first));
+  }
+  EXPECT_EQ(drawn, std::set<int32_t>{1});
+  EXPECT_EQ(drawn_plain, std::set<int32_t>{0});
+  // min_p 0.1 at temperature 1: exp(-1) = 0.37 of the top stays, exp(-3) = 0.05 goes.
+  const std::vector<float> spread{0.0f, -1.0f, -3.0f, -5.0f};
+  std::map<int32_t, int> count, count_plain;
+  for (int i = 0; i < 4000; ++i) {
+    ++count[ag::sample_token(spread, {.temperature = 1.0f, .min_p = 0.1f}, s)];
+    ++count_plain[ag::sample_token(spread, {.temperature = 1.0f}, s)];
+  }
+  EXPECT_EQ(count.size(), 2u);
+  EXPECT_GT(count[1], 600) << "token 1 holds 0.27 of the kept mass";
+  EXPECT_GT(count_plain[2], 40) << "without min_p token 2 holds 0.035 of the mass";
+}
+
 // Greedy picks the first maximum wherever it lies (the argmax runs eight
 // lanes at a time, then a tail), ignores NaNs, and matches a plain scan on
 // random rows of odd lengths.
@@ -485,6 +530,66 @@ TEST(GenerateSampling, SameSeedSameTokensOtherSeedOtherTokens) {
   EXPECT_EQ(h.wait()->reason, ag::stop_reason::eos);
   const auto stop_at = std::find(x.begin(), x.end(), x[3]) - x.begin();
   EXPECT_EQ(h.wait()->tokens, std::vector<int32_t>(x.begin(), x.begin() + stop_at + 1));
+}
+
+// A greedy sequence with a repetition penalty picks its tokens on the host
+// (the device's argmax has no history): each equals the first maximum of
+// the recomputed logits with the prompt's and the earlier tokens' penalised.
+// Bad penalties and min_p are refused at generate().
+TEST(GenerateSampling, GreedyWithARepetitionPenaltyEqualsThePenalisedRecompute) {
+  auto cfg = ag::test::tiny_model(ag::models::model_variant::llama, 2);
+  temp_dir dir;
+  ag::test::save_random_model(dir.str(), cfg);
+  auto m = ag::models::hf_model::open(dir.str());
+  ASSERT_TRUE(m.has_value()) << m.err().to_string();
+  auto rt = ag::runtime::create("cpu:1");
+  ASSERT_TRUE(rt.has_value());
+  ag::generator_options go;
+  go.cache_tokens = 24;
+  go.prefill_chunk = 4;
+  auto gen = ag::generator::create(**rt, m->model_config(1), m->provider(), go);
+  ASSERT_TRUE(gen.has_value()) << gen.err().to_string();
+  const std::vector<int32_t> prompt{3, 1, 4, 1, 5};
+  ag::generate_options o;
+  o.max_new_tokens = 10;
+  o.sampling.repetition_penalty = 3.0f;
+  auto h = (*gen)->generate(prompt, o);
+  ASSERT_TRUE(h.wait_for(60s));
+  ASSERT_TRUE(h.wait().has_value()) << h.wait().err().to_string();
+  const auto& got = h.wait()->tokens;
+  ASSERT_EQ(got.size(), 10u);
+  EXPECT_EQ(h.wait()->tokens_picked_on_device, 0);
+  std::vector<int32_t> seq = prompt;
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    std::vector<float> row = recomputed_last_logits(*m, seq);
+    ASSERT_FALSE(row.empty());
+    for (int32_t id : std::set<int32_t>(seq.begin(), seq.end())) {  // once per token
+      float& x = row[static_cast<std::size_t>(id)];
+      x = x > 0.0f ? x / 3.0f : x * 3.0f;
+    }
+    const int32_t want = static_cast<int32_t>(std::max_element(row.begin(), row.end()) - row.begin());
+    EXPECT_EQ(got[i], want) << "token " << i;
+    seq.push_back(got[i]);
+  }
+  // Without the penalty the sequence repeats itself somewhere; with it, the
+  // greedy tokens differ (the penalty is live).
+  o.sampling.repetition_penalty = 1.0f;
+  auto plain = (*gen)->generate(prompt, o);
+  ASSERT_TRUE(plain.wait_for(60s));
+  ASSERT_TRUE(plain.wait().has_value());
+  EXPECT_NE(plain.wait()->tokens, got);
+  for (const auto& [pen, min_p, why] : {std::tuple{0.0f, 0.0f, "repetition_penalty must be a finite number > 0"},
+                                        std::tuple{std::numeric_limits<float>::infinity(), 0.0f, "repetition_penalty"},
+                                        std::tuple{1.0f, 1.5f, "min_p must be in [0, 1]"},
+                                        std::tuple{1.0f, std::numeric_limits<float>::quiet_NaN(), "min_p"}}) {
+    ag::generate_options bad;
+    bad.sampling.repetition_penalty = pen;
+    bad.sampling.min_p = min_p;
+    auto r = (*gen)->generate(prompt, bad).wait();
+    ASSERT_FALSE(r.has_value()) << why;
+    EXPECT_EQ(r.err().code, ag::errc::invalid_argument);
+    EXPECT_NE(r.err().message.find(why), std::string::npos) << r.err().message;
+  }
 }
 
 TEST(GenerateDecode, Bf16LlamaEqualsRecomputeWithinBf16RoundingCpu) {
