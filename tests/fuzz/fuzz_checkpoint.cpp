@@ -1,7 +1,7 @@
 // libFuzzer entry point for the checkpoint parsers (owner: ckpt): the
 // safetensors header and index parser, config.json, the tokenizer's UTF-8 /
-// GPT-2 and Llama 3 pre-tokenizers, and tokenizer.json (then encoding and
-// decoding with what it loads). The first input byte picks the parser, the
+// GPT-2 and Llama 3 pre-tokenizers, and tokenizer.json (then encoding,
+// decoding and streaming the text token by token with what it loads). The first input byte picks the parser, the
 // rest is its input. Nothing may crash, hang or leak; errors are values.
 //
 // Every build runs it twice: its seed corpus (tests/fuzz/corpus/checkpoint/)
@@ -11,6 +11,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -62,7 +63,23 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, std::size_t size) {
       auto tok = ag::models::parse_tokenizer_json(text, "fuzz");
       if (tok && *tok) {
         auto ids = (*tok)->encode(text.substr(0, 256));
-        if (ids) (void)(*tok)->decode(*ids);
+        if (ids) {
+          auto whole = (*tok)->decode(*ids);
+          // Streamed token by token after a context (text_stream), the text
+          // adds up to the whole decode past the context's (byte-level BPE
+          // decodes a run as its tokens' bytes, so a run's decode extends its
+          // prefix's).
+          const std::size_t from = ids->empty() ? 0 : data[size / 2] % (ids->size() + 1);
+          const std::vector<int32_t> context(ids->begin(), ids->begin() + static_cast<std::ptrdiff_t>(from));
+          auto head = (*tok)->decode(context);
+          ag::models::text_stream stream(*tok, context);
+          std::string streamed;
+          for (std::size_t i = from; i < ids->size(); ++i)
+            if (auto piece = stream.push((*ids)[i])) streamed += *piece;
+          if (auto rest = stream.finish()) streamed += *rest;
+          if (whole && head && whole->compare(0, head->size(), *head) == 0 && streamed != whole->substr(head->size()))
+            __builtin_trap();
+        }
       }
       break;
     }
