@@ -25,6 +25,7 @@ const char* to_string(stop_reason r) noexcept {
     case stop_reason::max_tokens: return "max_tokens";
     case stop_reason::cache_full: return "cache_full";
     case stop_reason::cancelled: return "cancelled";
+    case stop_reason::stop_condition: return "stop_condition";
   }
   return "?";
 }
@@ -430,6 +431,10 @@ struct sequence : std::enable_shared_from_this<sequence> {
     if (opt.on_token) opt.on_token(tok, static_cast<int64_t>(out.tokens.size()) - 1);
     if (std::find(opt.stop_ids.begin(), opt.stop_ids.end(), tok) != opt.stop_ids.end()) {
       finish(stop_reason::eos);
+      return false;
+    }
+    if (opt.stop_when && opt.stop_when(tok)) {
+      finish(stop_reason::stop_condition);
       return false;
     }
     if (static_cast<int>(out.tokens.size()) >= opt.max_new_tokens) {

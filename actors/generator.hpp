@@ -83,7 +83,8 @@ struct sampling_options {
 };
 
 /// Why a sequence ended.
-enum class stop_reason : uint8_t { eos, max_tokens, cache_full, cancelled };
+/// stop_condition: generate_options::stop_when said so (stop strings).
+enum class stop_reason : uint8_t { eos, max_tokens, cache_full, cancelled, stop_condition };
 const char* to_string(stop_reason r) noexcept;
 
 struct generate_options {
@@ -93,6 +94,12 @@ struct generate_options {
   sampling_options sampling;
   /// Called once per generated token, in order, on a runtime thread.
   std::function<void(int32_t token, int64_t index)> on_token;
+  /// Called with each token after on_token, on the same thread; true ends the
+  /// sequence there as an end-of-sequence id does (the token kept;
+  /// stop_reason::stop_condition). Stop strings: feed the tokens to a
+  /// models::text_stream (graph/checkpoint/tokenizer.hpp) and look for them in
+  /// its text, as actorgraph-generate's --stop does.
+  std::function<bool(int32_t token)> stop_when;
   /// Keep the logits row each generated token was sampled from (tests).
   bool keep_logits = false;
 };

@@ -4,7 +4,7 @@
 //   actorgraph-generate --model DIR (--prompt-ids 1,2,3 | --prompt TEXT)
 //                       [--devices SPEC] [--tp N] [--stages N] [--dtype f32|f16|bf16]
 //                       [--max-new-tokens N] [--temperature T --top-k K --top-p P --min-p M --seed S]
-//                       [--repetition-penalty R]
+//                       [--repetition-penalty R] [--stop TEXT ...]
 //                       [--eos-ids 2,3] [--cache-tokens C]
 //                       [--dump-logits FILE.npy] [--progress]      (--help: all flags)
 //
@@ -39,6 +39,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -69,6 +70,7 @@ struct options {
   float top_p = 1.0f;
   float min_p = 0.0f;
   float repetition_penalty = 1.0f;
+  std::vector<std::string> stop_texts;
   uint64_t seed = 0;
   std::string eos_ids;
   int64_t cache_tokens = 0;
@@ -179,6 +181,28 @@ int generate_tokens(ag::runtime& rt, const ag::models::hf_model& model, const op
                   .min_p = o.min_p,
                   .repetition_penalty = o.repetition_penalty,
                   .seed = o.seed};
+  // Stop strings: the text so far (models::text_stream, on the runtime
+  // thread that streams the tokens) holds one of them.
+  std::optional<ag::models::text_stream> stop_stream;
+  std::string stop_text;
+  if (!o.stop_texts.empty()) {
+    if (!tok)
+      return fail({ag::errc::invalid_argument, "--stop needs the folder's tokenizer to read the text (" + o.model +
+                                                   " has none): use --eos-ids for ids"});
+    stop_stream.emplace(tok, ids);
+    opt.stop_when = [&](int32_t t) {
+      auto piece = stop_stream->push(t);
+      if (!piece) return false;  // an id the tokenizer lacks adds no text
+      const std::size_t from = stop_text.size();
+      stop_text += *piece;
+      for (const std::string& s : o.stop_texts) {
+        // Only where the new text could complete it.
+        const std::size_t start = from > s.size() ? from - s.size() : 0;
+        if (!s.empty() && stop_text.find(s, start) != std::string::npos) return true;
+      }
+      return false;
+    };
+  }
   std::atomic<int64_t> first_token_ns{0};
   const auto t_run = std::chrono::steady_clock::now();
   opt.on_token = [&](int32_t, int64_t i) {
@@ -245,6 +269,8 @@ int main(int argc, char** argv) {
   app.add_option("--repetition-penalty", o.repetition_penalty,
                  "> 1 makes tokens already in the sequence less likely (transformers' repetition_penalty; 1: off)")
       ->check(CLI::Range(1e-6f, 1e6f));
+  app.add_option("--stop", o.stop_texts,
+                 "end generation once the text holds this string (repeatable; needs the folder's tokenizer)");
   app.add_option("--seed", o.seed, "sampling seed");
   app.add_option("--eos-ids", o.eos_ids, "comma-separated ids that end generation (default: the config's)");
   app.add_option("--cache-tokens", o.cache_tokens, "KV cache positions (default: prompt + max-new-tokens)")
@@ -252,7 +278,8 @@ int main(int argc, char** argv) {
   if (auto status = ag::apps::parse_flags(app, argc, argv)) return *status;
   const bool decode = o.max_new_tokens > 1 || ag::apps::given(app, "--temperature") ||
                       ag::apps::given(app, "--top-k") || ag::apps::given(app, "--top-p") ||
-                      ag::apps::given(app, "--min-p") || ag::apps::given(app, "--repetition-penalty");
+                      ag::apps::given(app, "--min-p") || ag::apps::given(app, "--repetition-penalty") ||
+                      ag::apps::given(app, "--stop");
   std::vector<int32_t> eos;
   if (!o.eos_ids.empty()) {
     std::string eos_why;

@@ -82,6 +82,7 @@ outcome session::impl::cmd_generate(const command_line& c) {
   auto min_p = p.get_number("min_p", 0, 1);
   auto penalty = p.get_number("repetition_penalty", 1e-6, 1e6);
   auto sd = p.get_int("seed", 0, INT64_MAX);
+  const auto stop_text = p.raw("stop");
   auto cache = p.get_int("cache", 1, 1 << 24);
   const auto ids_text = p.raw("ids");
   if (!n) return fail(n.err());
@@ -144,6 +145,21 @@ outcome session::impl::cmd_generate(const command_line& c) {
                 .repetition_penalty = static_cast<float>(penalty->value_or(1.0)),
                 .seed = static_cast<uint64_t>(sd->value_or(static_cast<int64_t>(seed)))};
   if (hf) o.stop_ids = hf->config().eos_token_ids;
+  // stop="...": the text so far (a text_stream of its own, fed on the
+  // runtime thread that streams the tokens) holds it.
+  std::optional<models::text_stream> stop_stream;
+  std::string stop_seen;
+  if (stop_text && !stop_text->empty()) {
+    if (!tok) return fail(bad_arg("stop= needs the model's tokenizer to read the text (this model has none)"));
+    stop_stream.emplace(tok, prompt);
+    o.stop_when = [&](int32_t t) {
+      auto piece = stop_stream->push(t);
+      if (!piece) return false;
+      const std::size_t from = stop_seen.size();
+      stop_seen += *piece;
+      return stop_seen.find(*stop_text, from > stop_text->size() ? from - stop_text->size() : 0) != std::string::npos;
+    };
+  }
   auto tq = std::make_shared<token_queue>();
   o.on_token = [tq](int32_t t, int64_t) {
     std::lock_guard lk(tq->m);

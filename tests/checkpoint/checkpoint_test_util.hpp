@@ -18,6 +18,10 @@
 #include "graph/checkpoint/hf_model.hpp"
 #include "graph/checkpoint/tokenizer.hpp"
 
+#ifdef AG_HAVE_SENTENCEPIECE_TRAINER
+#include <sentencepiece_trainer.h>
+#endif
+
 namespace ag::test {
 
 /// A fresh folder under the system temp dir, removed with everything in it.
@@ -131,5 +135,23 @@ struct small_bpe {
     write_text(dir + "/merges.txt", m);
   }
 };
+
+#ifdef AG_HAVE_SENTENCEPIECE_TRAINER
+/// Trains a tiny BPE SentencePiece model (80 pieces) into dir/tokenizer.model
+/// with the library's own trainer.
+inline void train_sentencepiece(const temp_dir& dir) {
+  std::string corpus;
+  const char* lines[] = {"the quick brown fox jumps over the lazy dog", "a tokenizer turns text into pieces",
+                         "pipelines run stages on devices", "the model reads its weights from a checkpoint",
+                         "héllo wörld ünïcode text"};
+  for (int k = 0; k < 40; ++k)
+    for (const char* l : lines) corpus += std::string(l) + "\n";
+  write_text(dir / "corpus.txt", corpus);
+  const auto status = sentencepiece::SentencePieceTrainer::Train(
+      "--input=" + (dir / "corpus.txt") + " --model_prefix=" + (dir / "tokenizer") +
+      " --vocab_size=80 --model_type=bpe --character_coverage=1.0 --minloglevel=2 --num_threads=1");
+  ASSERT_TRUE(status.ok()) << status.ToString();
+}
+#endif
 
 }  // namespace ag::test

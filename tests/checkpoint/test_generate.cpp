@@ -592,6 +592,38 @@ TEST(GenerateSampling, GreedyWithARepetitionPenaltyEqualsThePenalisedRecompute) 
   }
 }
 
+// generate_options::stop_when ends a sequence at the token it says, which is
+// kept, with stop_reason::stop_condition: on the host's sampling path and on
+// the pipelined greedy path (steps already queued behind it are dropped).
+TEST(GenerateSampling, StopWhenEndsTheSequenceAtItsToken) {
+  auto cfg = ag::test::tiny_model(ag::models::model_variant::llama, 2);
+  for (const char* spec : {"cpu:1", "sim:2"}) {
+    auto rt = ag::runtime::create(spec, fast_sim());
+    ASSERT_TRUE(rt.has_value());
+    ag::generator_options go;
+    go.cache_tokens = 32;
+    auto gen = ag::generator::create(**rt, cfg, {}, go);
+    ASSERT_TRUE(gen.has_value()) << gen.err().to_string();
+    for (const float temperature : {0.0f, 5.0f}) {
+      SCOPED_TRACE(std::string(spec) + (temperature > 0 ? ", sampling" : ", greedy"));
+      ag::generate_options o;
+      o.max_new_tokens = 12;
+      o.sampling = {.temperature = temperature, .seed = 3};
+      const auto all = (*gen)->generate({1, 2, 3}, o).wait();
+      ASSERT_TRUE(all.has_value()) << all.err().to_string();
+      ASSERT_EQ(all->tokens.size(), 12u);
+      int seen = 0;
+      o.stop_when = [&](int32_t) { return ++seen == 4; };
+      const auto stopped = (*gen)->generate({1, 2, 3}, o).wait();
+      ASSERT_TRUE(stopped.has_value()) << stopped.err().to_string();
+      EXPECT_EQ(stopped->reason, ag::stop_reason::stop_condition);
+      EXPECT_STREQ(ag::to_string(stopped->reason), "stop_condition");
+      EXPECT_EQ(stopped->tokens, std::vector<int32_t>(all->tokens.begin(), all->tokens.begin() + 4));
+      EXPECT_EQ(seen, 4) << "stop_when is not asked again after it said stop";
+    }
+  }
+}
+
 TEST(GenerateDecode, Bf16LlamaEqualsRecomputeWithinBf16RoundingCpu) {
   auto cfg = ag::test::tiny_model(ag::models::model_variant::llama, 2);
   cfg.dtype = ag::dtype::bf16;

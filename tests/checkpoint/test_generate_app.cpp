@@ -7,6 +7,7 @@
 
 #include <sys/wait.h>
 
+#include <cctype>
 #include <cstdio>
 
 #include "checkpoint_test_util.hpp"
@@ -185,6 +186,62 @@ TEST(GenerateApp, TextPromptGoesThroughTheTokenizer) {
   EXPECT_EQ(field(r.out, "generated_text"), *(*tok)->decode(gen)) << r.out;
 }
 
+// --stop TEXT ends generation at the token whose text completes TEXT (kept,
+// stop_reason stop_condition); the text is read through the folder's
+// tokenizer as it streams.
+TEST(GenerateApp, StopStringEndsGenerationWhereTheTextHoldsIt) {
+  auto cfg = ag::test::tiny_model(model_variant::gpt2);
+  cfg.vocab = 264;  // the small BPE vocabulary's size
+  temp_dir dir;
+  ag::test::save_random_model(dir.str(), cfg);
+  ag::test::small_bpe bpe;
+  bpe.write(dir);
+  auto tok = load_tokenizer(dir.str());
+  ASSERT_TRUE(tok.has_value() && *tok);
+  const auto ids = *(*tok)->encode("the cat");
+  const auto tokens_of = [](const std::string& list) {
+    std::vector<int32_t> v;
+    std::size_t i = 0;
+    while (i < list.size()) {
+      const std::size_t c = std::min(list.find(',', i), list.size());
+      v.push_back(std::stoi(list.substr(i, c - i)));
+      i = c + 1;
+    }
+    return v;
+  };
+  // Sampled hot (a fixed seed: the same tokens every run), so that the tokens
+  // spread over the vocabulary's letters, not the random model's favourites.
+  const std::string gen_args = " --prompt 'the cat' --max-new-tokens 12 --eos-ids 100000 --temperature 50 --seed 7";
+  run_result r = run("--model " + dir.str() + gen_args);
+  ASSERT_EQ(r.rc, 0) << r.out;
+  const std::vector<int32_t> all = tokens_of(field(r.out, "generated"));
+  ASSERT_EQ(all.size(), 12u) << r.out;
+  // The text after each token, as it streams; the stop string is a letter
+  // of the 3rd token's text or a later one's that the text before lacks.
+  text_stream ts(*tok, ids);
+  std::vector<std::string> text_after;
+  std::string text;
+  for (int32_t t : all) {
+    text += *ts.push(t);
+    text_after.push_back(text);
+  }
+  std::string stop;
+  std::size_t want_n = 0;
+  for (std::size_t k = 2; k + 1 < all.size() && stop.empty(); ++k)
+    for (char c : text_after[k].substr(text_after[k - 1].size()))
+      if (std::isalnum(static_cast<unsigned char>(c)) && text_after[k - 1].find(c) == std::string::npos) {
+        stop = std::string(1, c);
+        want_n = k + 1;
+        break;
+      }
+  ASSERT_FALSE(stop.empty()) << "no new letter in tokens 3 to 11: no stop string to test\n" << text;
+  r = run("--model " + dir.str() + gen_args + " --stop " + stop);
+  ASSERT_EQ(r.rc, 0) << r.out;
+  EXPECT_EQ(tokens_of(field(r.out, "generated")), std::vector<int32_t>(all.begin(), all.begin() + static_cast<std::ptrdiff_t>(want_n)))
+      << "stop '" << stop << "'\n" << r.out;
+  EXPECT_EQ(field(r.out, "stop_reason"), "stop_condition") << r.out;
+}
+
 TEST(GenerateApp, BadInputExitsWithAMessage) {
   const auto cfg = ag::test::tiny_model(model_variant::gpt2);
   temp_dir dir;
@@ -210,6 +267,7 @@ TEST(GenerateApp, BadInputExitsWithAMessage) {
   refused("--model " + dir.str() + " --prompt-ids 1 --stages x", 2);
   refused("--model " + dir.str() + " --prompt-ids 1 --dtype f64", 2);
   refused("--model " + dir.str() + " --prompt-ids 1 --tp 0", 2, "--tp");
+  refused("--model " + dir.str() + " --prompt-ids 1 --stop x", 1, "--stop needs the folder's tokenizer");
   // Layouts the planner refuses, naming why (exit 1): more devices per
   // stage than given, more than the model's 4 heads, too few for the stages.
   refused("--model " + dir.str() + " --prompt-ids 1 --devices sim:2 --tp 4", 1,

@@ -418,24 +418,7 @@ TEST(Tokenizer, FolderWithoutTokenizerGivesNone) {
 
 #ifdef AG_HAVE_SENTENCEPIECE_TRAINER
 
-namespace {
-
-// Trains a tiny BPE SentencePiece model into dir/tokenizer.model.
-void train_sentencepiece(const temp_dir& dir) {
-  std::string corpus;
-  const char* lines[] = {"the quick brown fox jumps over the lazy dog", "a tokenizer turns text into pieces",
-                         "pipelines run stages on devices", "the model reads its weights from a checkpoint",
-                         "héllo wörld ünïcode text"};
-  for (int k = 0; k < 40; ++k)
-    for (const char* l : lines) corpus += std::string(l) + "\n";
-  ag::test::write_text(dir / "corpus.txt", corpus);
-  const auto status = sentencepiece::SentencePieceTrainer::Train(
-      "--input=" + (dir / "corpus.txt") + " --model_prefix=" + (dir / "tokenizer") +
-      " --vocab_size=80 --model_type=bpe --character_coverage=1.0 --minloglevel=2 --num_threads=1");
-  ASSERT_TRUE(status.ok()) << status.ToString();
-}
-
-}  // namespace
+using ag::test::train_sentencepiece;
 
 TEST(SentencePiece, TrainedModelEncodesLikeTheLibraryWithBos) {
   temp_dir dir;

@@ -5,11 +5,14 @@
 // errors naming why.
 #include <gtest/gtest.h>
 
+#include <cctype>
 #include <filesystem>
 #include <unistd.h>
 
+#include "../checkpoint/checkpoint_test_util.hpp"
 #include "actors/generator.hpp"
 #include "graph/checkpoint/hf_model.hpp"
+#include "graph/checkpoint/tokenizer.hpp"
 #include "session_fixture.hpp"
 
 using namespace ag::repl;
@@ -115,3 +118,90 @@ TEST(ReplGenerate, BuiltModelGeneratesAndNeedsAModel) {
   ASSERT_EQ(f.run("generate ids=4,5 n=4"), exec_status::ok) << f.text;
   EXPECT_TRUE(has(f.text, want)) << f.text << "\nwant: " << want;
 }
+
+// With a tokenizer, generate prints text as the tokens come: what it prints
+// is the decode of the prompt and the tokens, past the prompt's own text
+// (models::text_stream), not each token decoded alone.
+namespace {
+
+// A random LLaMA over the tokenizer already in `dir` (its vocabulary), then
+// `generate "<prompt_text>" n=24` in the REPL against ag::generator's tokens
+// decoded whole; then stop= on a letter of it. Returns that text, the tokens'
+// decoded one at a time, and whether a stop letter was found to try.
+struct repl_text {
+  std::string want, alone;
+  bool stop_tried = false;
+};
+repl_text expect_repl_prints_the_decode(const ag::test::temp_dir& dir, const std::string& prompt_text) {
+  auto tok = ag::models::load_tokenizer(dir.str());
+  EXPECT_TRUE(tok.has_value() && *tok);
+  if (!tok || !*tok) return {};
+  auto cfg = tiny_llama();
+  cfg.vocab = (*tok)->vocab_size();
+  auto g = ag::models::build_transformer(cfg);
+  EXPECT_TRUE(g.has_value());
+  EXPECT_FALSE(ag::models::save_hf_model(dir.str(), cfg, *g));
+  auto model = ag::models::hf_model::open(dir.str());
+  EXPECT_TRUE(model.has_value()) << model.err().to_string();
+  if (!model) return {};
+  const std::vector<int32_t> prompt = *(*tok)->encode(prompt_text);
+  auto rt = ag::runtime::create("cpu:1");
+  EXPECT_TRUE(rt.has_value());
+  auto gen = ag::generator::create(**rt, model->model_config(1), model->provider(), {.cache_tokens = 64});
+  EXPECT_TRUE(gen.has_value()) << gen.err().to_string();
+  ag::generate_options o;
+  o.max_new_tokens = 24;
+  o.stop_ids = model->config().eos_token_ids;  // as the REPL stops
+  const auto r = (*gen)->generate(prompt, o).wait();
+  EXPECT_TRUE(r.has_value()) << r.err().to_string();
+  if (!r) return {};
+  EXPECT_FALSE(r->tokens.empty());
+  std::vector<int32_t> all = prompt;
+  all.insert(all.end(), r->tokens.begin(), r->tokens.end());
+  const std::string before = *(*tok)->decode(prompt), whole = *(*tok)->decode(all);
+  EXPECT_EQ(whole.compare(0, before.size(), before), 0) << "the decode of the prompt and the tokens starts with the prompt's";
+  const std::string want = whole.substr(before.size());
+  fixture f;
+  f.ok({"devices sim:1 scale=0.01"});
+  EXPECT_EQ(f.run("load " + dir.str()), exec_status::ok) << f.text;
+  EXPECT_EQ(f.run("generate \"" + prompt_text + "\" n=24"), exec_status::ok) << f.text;
+  EXPECT_TRUE(has(f.text, want + "\n" + std::to_string(r->tokens.size()) + " tokens (")) << f.text << "\nwant: " << want;
+  // stop="c": a letter of the text's second half that its first half lacks
+  // ends generation at the token that prints it.
+  bool stop_tried = false;
+  for (std::size_t i = want.size() / 2; i < want.size() && !stop_tried; ++i) {
+    const char c = want[i];
+    if (!std::isalpha(static_cast<unsigned char>(c)) || want.find(c) < i) continue;
+    EXPECT_EQ(f.run("generate \"" + prompt_text + "\" n=24 stop=" + std::string(1, c)), exec_status::ok) << f.text;
+    EXPECT_TRUE(has(f.text, want.substr(0, i + 1))) << f.text << "\nwant: " << want.substr(0, i + 1);
+    EXPECT_TRUE(has(f.text, " tokens (stop_condition)")) << f.text;
+    stop_tried = true;
+  }
+  std::string alone;
+  for (int32_t t : r->tokens) alone += *(*tok)->decode({t});
+  return {want, alone, stop_tried};
+}
+
+}  // namespace
+
+// A small byte-level BPE (every byte a token, a few merges): random weights
+// generate bytes that cut characters, which print once whole, or at the end
+// as the model left them.
+TEST(ReplGenerate, TextPrintsAsTheTokensComeAndEqualsTheDecode) {
+  ag::test::temp_dir dir;
+  ag::test::small_bpe bpe;
+  bpe.write(dir);
+  expect_repl_prints_the_decode(dir, "he said ");
+}
+
+#ifdef AG_HAVE_SENTENCEPIECE_TRAINER
+// SentencePiece: each piece decoded alone loses its leading space (words ran
+// together on the screen before text_stream); the REPL keeps them.
+TEST(ReplGenerate, SentencePieceTextKeepsItsSpaces) {
+  ag::test::temp_dir dir;
+  ag::test::train_sentencepiece(dir);
+  const repl_text t = expect_repl_prints_the_decode(dir, "the quick");
+  EXPECT_NE(t.want, t.alone) << "decoded alone the pieces print the same: the test shows nothing";
+  EXPECT_TRUE(t.stop_tried) << "no letter to stop at in: " << t.want;
+}
+#endif
