@@ -96,9 +96,8 @@ struct generate_options {
   std::function<void(int32_t token, int64_t index)> on_token;
   /// Called with each token after on_token, on the same thread; true ends the
   /// sequence there as an end-of-sequence id does (the token kept;
-  /// stop_reason::stop_condition). Stop strings: feed the tokens to a
-  /// models::text_stream (graph/checkpoint/tokenizer.hpp) and look for them in
-  /// its text, as actorgraph-generate's --stop does.
+  /// stop_reason::stop_condition). Stop strings: models::stop_strings
+  /// (graph/checkpoint/tokenizer.hpp), as actorgraph-generate's --stop does.
   std::function<bool(int32_t token)> stop_when;
   /// Keep the logits row each generated token was sampled from (tests).
   bool keep_logits = false;

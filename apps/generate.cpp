@@ -181,27 +181,14 @@ int generate_tokens(ag::runtime& rt, const ag::models::hf_model& model, const op
                   .min_p = o.min_p,
                   .repetition_penalty = o.repetition_penalty,
                   .seed = o.seed};
-  // Stop strings: the text so far (models::text_stream, on the runtime
-  // thread that streams the tokens) holds one of them.
-  std::optional<ag::models::text_stream> stop_stream;
-  std::string stop_text;
+  // Stop strings, read on the runtime thread that streams the tokens.
+  std::optional<ag::models::stop_strings> stops;
   if (!o.stop_texts.empty()) {
     if (!tok)
       return fail({ag::errc::invalid_argument, "--stop needs the folder's tokenizer to read the text (" + o.model +
                                                    " has none): use --eos-ids for ids"});
-    stop_stream.emplace(tok, ids);
-    opt.stop_when = [&](int32_t t) {
-      auto piece = stop_stream->push(t);
-      if (!piece) return false;  // an id the tokenizer lacks adds no text
-      const std::size_t from = stop_text.size();
-      stop_text += *piece;
-      for (const std::string& s : o.stop_texts) {
-        // Only where the new text could complete it.
-        const std::size_t start = from > s.size() ? from - s.size() : 0;
-        if (!s.empty() && stop_text.find(s, start) != std::string::npos) return true;
-      }
-      return false;
-    };
+    stops.emplace(tok, ids, o.stop_texts);
+    opt.stop_when = [&](int32_t t) { return stops->push(t); };
   }
   std::atomic<int64_t> first_token_ns{0};
   const auto t_run = std::chrono::steady_clock::now();

@@ -145,20 +145,12 @@ outcome session::impl::cmd_generate(const command_line& c) {
                 .repetition_penalty = static_cast<float>(penalty->value_or(1.0)),
                 .seed = static_cast<uint64_t>(sd->value_or(static_cast<int64_t>(seed)))};
   if (hf) o.stop_ids = hf->config().eos_token_ids;
-  // stop="...": the text so far (a text_stream of its own, fed on the
-  // runtime thread that streams the tokens) holds it.
-  std::optional<models::text_stream> stop_stream;
-  std::string stop_seen;
+  // stop="...", read on the runtime thread that streams the tokens.
+  std::optional<models::stop_strings> stops;
   if (stop_text && !stop_text->empty()) {
     if (!tok) return fail(bad_arg("stop= needs the model's tokenizer to read the text (this model has none)"));
-    stop_stream.emplace(tok, prompt);
-    o.stop_when = [&](int32_t t) {
-      auto piece = stop_stream->push(t);
-      if (!piece) return false;
-      const std::size_t from = stop_seen.size();
-      stop_seen += *piece;
-      return stop_seen.find(*stop_text, from > stop_text->size() ? from - stop_text->size() : 0) != std::string::npos;
-    };
+    stops.emplace(tok, prompt, std::vector<std::string>{*stop_text});
+    o.stop_when = [&](int32_t t) { return stops->push(t); };
   }
   auto tq = std::make_shared<token_queue>();
   o.on_token = [tq](int32_t t, int64_t) {

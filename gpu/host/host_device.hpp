@@ -63,6 +63,11 @@ struct work_timing {
 
 enum class copy_kind : uint8_t { h2d, d2h, peer };
 
+/// Whether a computing host device's allocations of 2 MiB and more (its
+/// own memory, the output cache's buffers) are mappings on huge pages, 2 MiB
+/// aligned: on unless the environment says AG_CPU_HUGE_PAGES=0 (read once).
+bool huge_pages_enabled() noexcept;
+
 /// The process's cache of job outputs of computing host devices
 /// (device::output_memory()): buffers of at least host_output_min_bytes are
 /// mappings on huge pages (as the devices' own memory), kept when a
@@ -70,11 +75,6 @@ enum class copy_kind : uint8_t { h2d, d2h, peer };
 /// size, up to host_output_cache_bytes cached; smaller ones come from the
 /// heap. Made on first use and never destroyed (host_tensors holding its
 /// buffers may outlive every runtime). Thread-safe.
-/// Whether a computing host device's allocations of 2 MiB and more (its
-/// own memory, the output cache's buffers) are mappings on huge pages, 2 MiB
-/// aligned: on unless the environment says AG_CPU_HUGE_PAGES=0 (read once).
-bool huge_pages_enabled() noexcept;
-
 inline constexpr std::size_t host_output_min_bytes = std::size_t{1} << 20;
 inline constexpr int64_t host_output_cache_bytes = int64_t{1} << 30;
 host_memory_resource& host_output_memory() noexcept;

@@ -113,6 +113,19 @@ expected<std::string> text_stream::finish() {
   return after->size() > before->size() ? after->substr(before->size()) : std::string();
 }
 
+stop_strings::stop_strings(tokenizer_ptr tok, const std::vector<int32_t>& context, std::vector<std::string> stops)
+    : stream_(std::move(tok), context), stops_(std::move(stops)) {}
+
+bool stop_strings::push(int32_t id) {
+  auto piece = stream_.push(id);
+  if (!piece) return false;
+  const std::size_t from = text_.size();
+  text_ += *piece;
+  for (const std::string& s : stops_)
+    if (!s.empty() && text_.find(s, from > s.size() ? from - s.size() : 0) != std::string::npos) return true;
+  return false;
+}
+
 expected<tokenizer_ptr> load_tokenizer(const std::string& dir) {
   namespace fs = std::filesystem;
   std::error_code ec;

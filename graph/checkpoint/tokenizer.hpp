@@ -82,6 +82,22 @@ class text_stream {
   std::size_t unprinted_ = 0;     // ids_[unprinted_..) not printed yet
 };
 
+/// Stop strings (transformers' stop_strings): push() each generated token;
+/// true once the sequence's text (a text_stream from `context`) holds one of
+/// `stops` (empty ones never match), looked for only where the new text could
+/// complete it. An id the tokenizer lacks adds no text. For
+/// generate_options::stop_when. Not thread-safe: one per sequence.
+class stop_strings {
+ public:
+  stop_strings(tokenizer_ptr tok, const std::vector<int32_t>& context, std::vector<std::string> stops);
+  bool push(int32_t id);
+
+ private:
+  text_stream stream_;
+  std::vector<std::string> stops_;
+  std::string text_;
+};
+
 /// The tokenizer of model folder `dir`: vocab.json + merges.txt, else
 /// tokenizer.model, else tokenizer.json, else null (no error: the folder has
 /// no tokenizer, ids still work). Errors name the file and what is wrong in
