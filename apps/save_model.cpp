@@ -2,9 +2,11 @@
 // model folder (config.json + model.safetensors, or shards), for load
 // benchmarks, demos and scripts that need a checkpoint without PyTorch.
 //
-//   actorgraph-save-model --out DIR [--shape tiny-gpt2|tiny-llama|gpt2-124m|llama-1b|llama3.2-1b|llama2-7b|llama3.1-8b]
+//   actorgraph-save-model --out DIR [--shape tiny-gpt2|tiny-llama|tiny-qwen2|gpt2-124m|llama-1b|llama3.2-1b|
+//                                    llama2-7b|llama3.1-8b|qwen2.5-0.5b]
 //                         [--dtype f32|f16|bf16] [--layers N] [--seed N] [--shard-mb N]
-//                         [--d-model N] [--d-ff N] [--heads N] [--kv-heads N] [--head-dim N] [--vocab N]   (--help)
+//                         [--d-model N] [--d-ff N] [--heads N] [--kv-heads N] [--head-dim N] [--vocab N]
+//                         [--attention-bias none|qkv|qkv_o]   (--help)
 //
 // llama-1b is the decode benchmark's shape (16 layers, d 2048, ff 8192, 32
 // heads, 8 kv heads, vocab 32000; bf16 by default: 2.2 GB); llama3.2-1b is
@@ -12,7 +14,9 @@
 // scaling: 2.5 GB); llama2-7b and llama3.1-8b are LLaMA-2 7B's and Llama
 // 3.1 8B's (13.5 and 16 GB; --layers for a slice of them). The width flags
 // change the shape's (--head-dim: heads of another width than d_model /
-// heads, LLaMA only, as Mistral NeMo's). Prints the folder, the bytes written
+// heads, LLaMA only, as Mistral NeMo's). qwen2.5-0.5b is Qwen2.5-0.5B's
+// shape (q/k/v biases, written as a Qwen2 config; 1 GB in bf16);
+// --attention-bias sets the biases of another LLaMA shape. Prints the folder, the bytes written
 // and the time it took.
 #include <chrono>
 #include <cstdio>
@@ -36,6 +40,19 @@ bool shape_named(const std::string& name, ag::models::transformer_config& c) {
   } else if (name == "tiny-llama") {
     c.variant = model_variant::llama;
     c.n_layers = 2, c.d_model = 64, c.n_heads = 4, c.n_kv_heads = 2, c.d_ff = 160, c.vocab = 300;
+  } else if (name == "tiny-qwen2") {
+    c.variant = model_variant::llama;
+    c.n_layers = 2, c.d_model = 64, c.n_heads = 4, c.n_kv_heads = 2, c.d_ff = 160, c.vocab = 300;
+    c.attn_bias = ag::models::attention_bias::qkv;
+    c.head = ag::models::head_tying::tied;
+  } else if (name == "qwen2.5-0.5b") {  // Qwen2.5-0.5B's shape: q/k/v biases, a tied head (494 M parameters)
+    c.variant = model_variant::llama;
+    c.n_layers = 24, c.d_model = 896, c.n_heads = 14, c.n_kv_heads = 2, c.d_ff = 4864, c.vocab = 151936;
+    c.attn_bias = ag::models::attention_bias::qkv;
+    c.head = ag::models::head_tying::tied;
+    c.rope_theta = 1000000.0f;
+    c.eps = 1e-6f;
+    c.dtype = ag::dtype::bf16;
   } else if (name == "gpt2-124m") {
     c = ag::models::transformer_config::gpt2_124m();
   } else if (name == "llama-1b") {
@@ -71,7 +88,7 @@ bool shape_named(const std::string& name, ag::models::transformer_config& c) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string out, shape = "tiny-gpt2", dtype;
+  std::string out, shape = "tiny-gpt2", dtype, bias;
   int layers = 0, heads = 0, kv_heads = 0;
   int64_t d_model = 0, d_ff = 0, head_dim = 0, vocab = 0;
   uint64_t seed = 1;
@@ -84,8 +101,10 @@ int main(int argc, char** argv) {
                  "llama-1b: 16 layers, d 2048, ff 8192, 32 heads, 8 kv heads, vocab 32000, bf16; llama3.2-1b: "
                  "the same with vocab 128256, a tied head and Llama 3's RoPE scaling; llama3.1-8b: 32 layers, d 4096, "
                  "ff 14336, 32 heads, 8 kv heads, vocab 128256, Llama 3.1's RoPE scaling (16 GB: --layers N for fewer); "
-                 "llama2-7b: 32 layers, d 4096, ff 11008, 32 heads, vocab 32000")
-      ->check(CLI::IsMember({"tiny-gpt2", "tiny-llama", "gpt2-124m", "llama-1b", "llama3.2-1b", "llama2-7b", "llama3.1-8b"}));
+                 "llama2-7b: 32 layers, d 4096, ff 11008, 32 heads, vocab 32000; qwen2.5-0.5b: 24 layers, d 896, ff 4864, "
+                 "14 heads, 2 kv heads, vocab 151936, q/k/v biases, a tied head, bf16")
+      ->check(CLI::IsMember({"tiny-gpt2", "tiny-llama", "tiny-qwen2", "gpt2-124m", "llama-1b", "llama3.2-1b", "llama2-7b",
+                             "llama3.1-8b", "qwen2.5-0.5b"}));
   app.add_option("--dtype", dtype, "f32, f16 or bf16 (default: the shape's)")->check(CLI::IsMember({"", "f32", "f16", "bf16"}));
   app.add_option("--layers", layers, "layers (0: the shape's)")->check(CLI::Range(0, 1000));
   app.add_option("--seed", seed, "seed of the random weights");
@@ -96,6 +115,10 @@ int main(int argc, char** argv) {
   app.add_option("--kv-heads", kv_heads, "LLaMA: key/value heads (0: the shape's)")->check(CLI::NonNegativeNumber);
   app.add_option("--head-dim", head_dim, "LLaMA: each head's width (0: d_model / heads)")->check(CLI::NonNegativeNumber);
   app.add_option("--vocab", vocab, "vocabulary (0: the shape's)")->check(CLI::NonNegativeNumber);
+  app.add_option("--attention-bias", bias,
+                 "LLaMA: biases of the attention's projections: none, qkv (written as a Qwen2 model) or qkv_o "
+                 "(LLaMA's attention_bias; default: the shape's)")
+      ->check(CLI::IsMember({"", "none", "qkv", "qkv_o"}));
   if (auto status = ag::apps::parse_flags(app, argc, argv)) return *status;
   ag::models::transformer_config c;
   shape_named(shape, c);
@@ -107,6 +130,7 @@ int main(int argc, char** argv) {
   if (kv_heads > 0) c.n_kv_heads = kv_heads;
   if (head_dim > 0) c.explicit_head_dim = head_dim;
   if (vocab > 0) c.vocab = vocab;
+  if (!bias.empty()) ag::models::parse_attention_bias(bias, c.attn_bias);
   c.seed = seed;
   const auto t0 = std::chrono::steady_clock::now();
   std::error_code ec;

@@ -94,7 +94,7 @@ def main():
         except ImportError as e:
             print("SKIP: --tokenizers-only needs HF tokenizers (%s)" % e)
             return SKIP
-        failures = compare_llama3_tokenizer(args, workdir)
+        failures = compare_llama3_tokenizer(args, workdir) + compare_qwen2_tokenizer(args, workdir)
         print("FAIL:\n  " + "\n  ".join(failures) if failures else "hf_compare: the Llama-3-style tokenizer matches tokenizers")
         return 1 if failures else 0
     try:
@@ -137,6 +137,16 @@ def main():
         torch.manual_seed(seed)
         return perturb(transformers.LlamaForCausalLM(cfg), seed)
 
+    def qwen2(seed, **kw):
+        # Qwen2: LLaMA's layer with q/k/v biases (Qwen2Attention), no sliding window.
+        base = dict(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                    num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                    rms_norm_eps=1e-6, rope_theta=5000.0, tie_word_embeddings=True, use_sliding_window=False)
+        base.update(kw)
+        cfg = transformers.Qwen2Config(**base)
+        torch.manual_seed(seed)
+        return perturb(transformers.Qwen2ForCausalLM(cfg), seed)
+
     def llama3_scaling():
         # Llama 3.1 / 3.2's RoPE scaling; an original context of 128 puts the
         # heads' 8 pairs (wavelengths 6.3 to 10,844 at theta 5000) in all
@@ -162,6 +172,9 @@ def main():
         ("llama_rope_linear", llama(7, **rope_kw(dict(rope_type="linear", factor=4.0))), {}),
         # Heads wider than hidden_size / heads (head_dim, as Mistral NeMo's): q 96 wide on d 64.
         ("llama_wide_heads", llama(8, head_dim=24), {}),
+        # Biases on the attention's projections: Qwen2's q/k/v, LLaMA's attention_bias (q/k/v/o).
+        ("qwen2_tied", qwen2(9), {}),
+        ("llama_attention_bias", llama(10, attention_bias=True), {}),
     ]
     prompt = [5, 17, 42, 8, 91, 3, 60]
     failures = []
@@ -230,6 +243,7 @@ def main():
             failures += compare_repetition_penalty(args, name, folder, ref, prompt)
     failures += compare_bpe_tokenizer(args, workdir, gpt2)
     failures += compare_llama3_tokenizer(args, workdir)
+    failures += compare_qwen2_tokenizer(args, workdir)
     if failures:
         print("FAIL:\n  " + "\n  ".join(failures))
         return 1
@@ -315,6 +329,43 @@ def compare_llama3_tokenizer(args, workdir):
              "caf\u00e9 \u65e5\u672c \U0001f642\U0001f642 x\u00b2 \u00bd", "line\r\n  \r\n\tnext...hello!\n\nWorld?\n",
              "<|eot_id|>after", "quick brown"]
     return compare_prompt_ids(args, folder, texts, lambda t: tok.encode(t).ids, "llama3 tokenizer", "tokenizers")
+
+
+
+QWEN2_SPLIT = LLAMA3_SPLIT.replace(r"\p{N}{1,3}", r"\p{N}")
+
+
+def compare_qwen2_tokenizer(args, workdir):
+    """The same for a Qwen2-style tokenizer.json (transformers' Qwen2
+    converter: an NFC normalizer, Llama 3's Split regex with single digits,
+    ByteLevel, no template), over text that NFC changes: decomposed accents,
+    Hangul jamo, the Angstrom sign, marks out of canonical order."""
+    try:
+        from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+    except ImportError as e:
+        print("qwen2 tokenizer comparison skipped: %s" % e)
+        return []
+    folder = os.path.join(workdir, "qwen2_tokenizer")
+    save = os.path.join(os.path.dirname(os.path.abspath(args.generate)), "actorgraph-save-model")
+    r = subprocess.run([save, "--out", folder, "--shape", "tiny-qwen2"], capture_output=True, text=True)
+    if r.returncode != 0:
+        return ["qwen2 tokenizer: actorgraph-save-model failed: %s%s" % (r.stdout, r.stderr)]
+    tok = Tokenizer(models.BPE())
+    tok.normalizer = normalizers.NFC()
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(QWEN2_SPLIT), behavior="isolated", invert=False),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False)])
+    tok.decoder = decoders.ByteLevel()
+    corpus = ["The quick brown fox jumps over the lazy dog 2024.", "caf\u00e9 na\u00efve \u00c5ngstr\u00f6m \uac01\ud55c\uad6d\uc5b4",
+              "We'll see 1234567 and 7.5% of   spaces\n\nnewlines", "\u1ead\u1ec7 ti\u1ebfng Vi\u1ec7t"]
+    trainer = trainers.BpeTrainer(vocab_size=290, min_frequency=1, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                  special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"])
+    tok.train_from_iterator(corpus * 20, trainer)
+    tok.save(os.path.join(folder, "tokenizer.json"))
+    texts = ["cafe\u0301 nai\u0308ve", "\u212bngstro\u0308m 2024", "\u1100\u1161\u11a8\ud55c",
+             "a\u0323\u0302 a\u0302\u0323 ti\u1ebfng", "<|im_start|>user 1234567<|im_end|>", "Hello, world!\n\n  ok",
+             "\u0915\u093c \u0958"]
+    return compare_prompt_ids(args, folder, texts, lambda t: tok.encode(t).ids, "qwen2 tokenizer", "tokenizers")
 
 
 if __name__ == "__main__":

@@ -3,7 +3,8 @@
 
 A LLaMA-shaped decoder written directly in PyTorch (default: the LLaMA 1B
 shape of issue 12: 16 layers, d 2048, ff 8192, 32 heads, 8 kv heads, vocab
-32000, bf16, random weights), batch 1, run the fastest way we know:
+32000, bf16, random weights; --qkv-bias for Qwen2's q/k/v biases), batch 1,
+run the fastest way we know:
 
 - decode: a static KV cache [layers, 2, 1, kv_heads, max_len, head_dim], one
   decode step (embedding, RMSNorm, q/k/v, RoPE, cache write with index_copy_,
@@ -34,6 +35,8 @@ def main():
     ap.add_argument("--context", type=int, default=512)
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--prefill", type=int, default=2048)
+    ap.add_argument("--qkv-bias", action="store_true", help="biases on q, k and v (Qwen2's attention)")
+    ap.add_argument("--rope-theta", type=float, default=10000.0)
     a = ap.parse_args()
     try:
         import torch
@@ -62,8 +65,9 @@ def main():
     for _ in range(L):
         layers.append(dict(
             an=torch.ones(d, device=dev, dtype=dt), mn=torch.ones(d, device=dev, dtype=dt),
-            wqkv=w((H + 2 * Hkv) * dh, d), wo=w(d, H * dh), wgu=w(2 * ff, d), wd=w(d, ff)))
-    inv_freq = 1.0 / (10000.0 ** (torch.arange(0, dh, 2, device=dev, dtype=torch.float32) / dh))
+            wqkv=w((H + 2 * Hkv) * dh, d), wo=w(d, H * dh), wgu=w(2 * ff, d), wd=w(d, ff),
+            bqkv=w((H + 2 * Hkv) * dh) if a.qkv_bias else None))
+    inv_freq = 1.0 / (a.rope_theta ** (torch.arange(0, dh, 2, device=dev, dtype=torch.float32) / dh))
 
     def rms(x, g):
         xf = x.float()
@@ -79,7 +83,7 @@ def main():
     def block(x, lw, pos, cache=None, mask=None):
         B, S, _ = x.shape
         h = rms(x, lw["an"])
-        qkv = h @ lw["wqkv"].t()
+        qkv = h @ lw["wqkv"].t() if lw["bqkv"] is None else torch.addmm(lw["bqkv"], h.view(B * S, -1), lw["wqkv"].t()).view(B, S, -1)
         q, k, v = qkv.split([H * dh, Hkv * dh, Hkv * dh], dim=-1)
         q = q.view(B, S, H, dh).transpose(1, 2)
         k = k.view(B, S, Hkv, dh).transpose(1, 2)

@@ -39,6 +39,8 @@ class key_reader {
     return it == j_.end() || it->is_null() ? nullptr : &*it;
   }
   bool has(const std::string& key) const { return get(key) != nullptr; }
+  /// Present, even as JSON null.
+  bool has_key(const std::string& key) const { return j_.contains(key); }
 
   int64_t integer(const std::string& key, int64_t fallback, int64_t lo = 1,
                   int64_t hi = std::numeric_limits<int32_t>::max()) {
@@ -157,22 +159,79 @@ void read_gpt2(key_reader& r, hf_config& out) {
     r.fail("n_embd", std::to_string(m.d_model) + " is not divisible by 'n_head' " + std::to_string(m.n_heads));
 }
 
+// Defaults of transformers' LlamaConfig, MistralConfig and Qwen2Config for
+// the keys a config.json may leave out.
+struct llama_family_defaults {
+  int64_t vocab, hidden, ff, layers, heads, kv_heads;  // kv_heads 0: = heads
+  int64_t max_positions;
+};
+llama_family_defaults defaults_of(const std::string& model_type) {
+  if (model_type == "mistral") return {32000, 4096, 14336, 32, 32, 8, 4096 * 32};
+  if (model_type == "qwen2") return {151936, 4096, 22016, 32, 32, 0, 32768};
+  return {32000, 4096, 11008, 32, 32, 0, 2048};
+}
+
+// Sliding-window attention (Mistral's, Qwen2's) is not built: a config that
+// turns it on for any layer is refused, naming the key that does.
+void refuse_sliding_window(key_reader& r, const hf_config& out) {
+  const std::string why = "sliding-window attention is not implemented (every layer attends to the whole sequence)";
+  if (out.model_type == "mistral") {
+    // MistralConfig's default window is 4096: only an explicit null turns it off.
+    const json* w = r.get("sliding_window");
+    if (w) r.fail("sliding_window", w->dump() + ": " + why + "; null only");
+    else if (!r.has_key("sliding_window")) r.fail("sliding_window", "absent, which MistralConfig reads as 4096: " + why + "; null only");
+    return;
+  }
+  if (out.model_type != "qwen2") return;
+  // Qwen2Config: a window only with use_sliding_window (and a
+  // sliding_window), on the layers layer_types names "sliding_attention"
+  // (transformers 5 writes the list; without it, layers from
+  // max_window_layers on).
+  if (!r.boolean("use_sliding_window", false) || !r.has("sliding_window")) return;
+  if (const json* types = r.get("layer_types")) {
+    if (!types->is_array()) {
+      r.fail("layer_types", "expected a list, got " + types->dump());
+      return;
+    }
+    for (const json& t : *types)
+      if (!t.is_string() || t.get<std::string>() != "full_attention") {
+        r.fail("layer_types", "entry " + t.dump() + " with use_sliding_window: " + why + " (\"full_attention\" only)");
+        return;
+      }
+    return;
+  }
+  if (const int64_t from = r.integer("max_window_layers", 28, 0); from < out.model.n_layers)
+    r.fail("use_sliding_window", "true, with 'sliding_window' from layer 'max_window_layers' " + std::to_string(from) +
+                                     " of " + std::to_string(out.model.n_layers) + ": " + why);
+}
+
+// LLaMA's architecture and its relatives that differ in defaults, biases
+// and window: Mistral (no window only), Qwen2 (q/k/v biases).
 void read_llama(key_reader& r, hf_config& out) {
   transformer_config& m = out.model;
+  const llama_family_defaults def = defaults_of(out.model_type);
   m.variant = model_variant::llama;
-  m.vocab = r.integer("vocab_size", 32000);
-  m.d_model = r.integer("hidden_size", 4096);
-  m.d_ff = r.integer("intermediate_size", 11008);
-  m.n_layers = static_cast<int>(r.integer("num_hidden_layers", 32));
-  m.n_heads = static_cast<int>(r.integer("num_attention_heads", 32));
-  m.n_kv_heads = static_cast<int>(r.integer("num_key_value_heads", m.n_heads));
-  out.max_positions = r.integer("max_position_embeddings", 2048);
+  m.vocab = r.integer("vocab_size", def.vocab);
+  m.d_model = r.integer("hidden_size", def.hidden);
+  m.d_ff = r.integer("intermediate_size", def.ff);
+  m.n_layers = static_cast<int>(r.integer("num_hidden_layers", def.layers));
+  m.n_heads = static_cast<int>(r.integer("num_attention_heads", def.heads));
+  m.n_kv_heads = static_cast<int>(r.integer("num_key_value_heads", def.kv_heads > 0 ? def.kv_heads : m.n_heads));
+  out.max_positions = r.integer("max_position_embeddings", def.max_positions);
   m.eps = static_cast<float>(r.number("rms_norm_eps", 1e-6));
   m.head = r.boolean("tie_word_embeddings", false) ? head_tying::tied : head_tying::separate;
   const std::string act = r.string("hidden_act", "silu");
   if (act != "silu" && act != "swish") r.fail("hidden_act", "\"" + act + "\" is not implemented (silu)");
-  r.must_be_false("attention_bias", "the q/k/v/o projections have no bias");
-  r.must_be_false("mlp_bias", "the MLP projections have no bias");
+  if (out.model_type == "qwen2") {
+    m.attn_bias = attention_bias::qkv;  // Qwen2Attention: q, k, v with bias, o without; no key says so
+  } else if (out.model_type == "llama") {
+    // LlamaAttention: attention_bias puts a bias on q, k, v and o.
+    m.attn_bias = r.boolean("attention_bias", false) ? attention_bias::qkv_o : attention_bias::none;
+    r.must_be_false("mlp_bias", "the MLP projections have no bias");
+  } else {
+    r.must_be_false("attention_bias", "the q/k/v/o projections have no bias");
+    r.must_be_false("mlp_bias", "the MLP projections have no bias");
+  }
   // head_dim (null or absent: hidden_size / heads, as LlamaConfig takes it)
   // may differ from hidden_size / heads (Mistral NeMo: 5120 / 32 heads of 128).
   if (r.has("head_dim")) {
@@ -186,8 +245,7 @@ void read_llama(key_reader& r, hf_config& out) {
   if (m.n_kv_heads > 0 && m.n_heads % m.n_kv_heads != 0)
     r.fail("num_key_value_heads", std::to_string(m.n_kv_heads) + " does not divide 'num_attention_heads' " +
                                       std::to_string(m.n_heads));
-  if (out.model_type == "mistral" && r.has("sliding_window"))
-    r.fail("sliding_window", "sliding-window attention is not implemented (null only)");
+  refuse_sliding_window(r, out);
 
   double theta = 10000.0;
   if (r.has("rope_theta")) theta = r.number("rope_theta", theta);
@@ -253,14 +311,15 @@ expected<hf_config> parse_hf_config(std::string_view text, const std::string& or
         if (arch.rfind("GPT2", 0) == 0) out.model_type = "gpt2";
         else if (arch.rfind("Llama", 0) == 0) out.model_type = "llama";
         else if (arch.rfind("Mistral", 0) == 0) out.model_type = "mistral";
-        else return r.fail("architectures", "\"" + arch + "\" is not an architecture actorgraph builds (GPT-2, LLaMA)");
+        else if (arch.rfind("Qwen2ForCausalLM", 0) == 0) out.model_type = "qwen2";
+        else return r.fail("architectures", "\"" + arch + "\" is not an architecture actorgraph builds (GPT-2, LLaMA, Mistral, Qwen2)");
       } else {
         return r.fail("model_type", "missing (and no 'architectures' to infer it from)");
       }
     }
     if (out.model_type == "gpt2") read_gpt2(r, out);
-    else if (out.model_type == "llama" || out.model_type == "mistral") read_llama(r, out);
-    else return r.fail("model_type", "\"" + out.model_type + "\" is not an architecture actorgraph builds (gpt2, llama, mistral)");
+    else if (out.model_type == "llama" || out.model_type == "mistral" || out.model_type == "qwen2") read_llama(r, out);
+    else return r.fail("model_type", "\"" + out.model_type + "\" is not an architecture actorgraph builds (gpt2, llama, mistral, qwen2)");
     read_dtype(r, out);
     read_token_ids(r, out);
     if (r.status()) return r.status();
@@ -315,8 +374,11 @@ std::string to_hf_config_json(const transformer_config& c, int64_t max_positions
          {"tie_word_embeddings", c.tied_head()},
          {"torch_dtype", dt}};
   } else {
-    j = {{"architectures", {"LlamaForCausalLM"}},
-         {"model_type", "llama"},
+    // q/k/v biases alone are Qwen2's architecture; with o's, LLaMA's
+    // attention_bias.
+    const bool qwen2 = c.attn_bias == attention_bias::qkv;
+    j = {{"architectures", {qwen2 ? "Qwen2ForCausalLM" : "LlamaForCausalLM"}},
+         {"model_type", qwen2 ? "qwen2" : "llama"},
          {"vocab_size", c.vocab},
          {"hidden_size", c.d_model},
          {"intermediate_size", c.d_ff},
@@ -329,10 +391,16 @@ std::string to_hf_config_json(const transformer_config& c, int64_t max_positions
          {"rms_norm_eps", c.eps},
          {"rope_theta", c.rope_theta},
          {"rope_scaling", rope_scaling_json(c.rope_scale)},
-         {"attention_bias", false},
-         {"mlp_bias", false},
          {"tie_word_embeddings", c.tied_head()},
          {"torch_dtype", dt}};
+    if (qwen2) {
+      j["use_sliding_window"] = false;
+      j["sliding_window"] = nullptr;
+      j["max_window_layers"] = c.n_layers;
+    } else {
+      j["attention_bias"] = c.attn_bias == attention_bias::qkv_o;
+      j["mlp_bias"] = false;
+    }
   }
   return j.dump(2) + "\n";
 }

@@ -9,7 +9,10 @@
 ///   n_head, n_inner (null: 4 n_embd), activation_function (gelu_new,
 ///   gelu_pytorch_tanh, gelu_fast: tanh GELU; gelu: erf GELU),
 ///   layer_norm_epsilon, tie_word_embeddings (default true);
-/// - llama (and mistral without a sliding window): vocab_size, hidden_size,
+/// - llama, mistral (with "sliding_window": null only) and qwen2 (with
+///   no sliding window: use_sliding_window false, or every layer_types entry
+///   "full_attention"), each with its own config class's defaults:
+///   vocab_size, hidden_size,
 ///   intermediate_size, num_hidden_layers, num_attention_heads,
 ///   num_key_value_heads (GQA; default = heads), head_dim (the heads'
 ///   width, even; absent or null: hidden_size / heads), hidden_act (silu), max_position_embeddings,
@@ -18,7 +21,9 @@
 ///   rope_type (older files: type) "default", "llama3" (Llama 3.1 / 3.2:
 ///   factor, low_freq_factor, high_freq_factor,
 ///   original_max_position_embeddings, all required) or "linear" (factor),
-///   attention_bias and mlp_bias (only false),
+///   attention_bias (llama: true puts biases on q, k, v and o,
+///   attention_bias::qkv_o; mistral: only false; qwen2 always has q, k and v
+///   biases, attention_bias::qkv, and no key says so), mlp_bias (only false),
 ///   tie_word_embeddings (default false);
 /// - both: model_type (else architectures[0]), torch_dtype (4.x) or dtype
 ///   (5.x), with or without a "torch." prefix; bos_token_id; eos_token_id
@@ -48,7 +53,7 @@ struct hf_config {
   /// Architecture and widths; seq_len and batch are left at 1 (a graph is
   /// built per prompt length), dtype at the checkpoint's (see `dtype`).
   transformer_config model;
-  std::string model_type;           ///< "gpt2", "llama", "mistral"
+  std::string model_type;           ///< "gpt2", "llama", "mistral", "qwen2"
   std::optional<ag::dtype> dtype;   ///< torch_dtype / dtype, when given
   /// Longest sequence the model was trained for (gpt2: n_positions, also the
   /// rows of wpe; llama: max_position_embeddings).
@@ -63,8 +68,8 @@ expected<hf_config> parse_hf_config(std::string_view text, const std::string& or
 /// Reads `path`: a config.json file, or a folder holding one.
 expected<hf_config> read_hf_config(const std::string& path);
 
-/// The config.json transformers would write for `cfg` (model_type gpt2 or
-/// llama, its widths, heads, eps, rope_theta and scaling, tie_word_embeddings,
+/// The config.json transformers would write for `cfg` (model_type gpt2,
+/// llama, or qwen2 for attention_bias::qkv; its widths, heads, eps, rope_theta and scaling, tie_word_embeddings,
 /// activation, dtype as torch_dtype): what the tests and save_hf_model write.
 std::string to_hf_config_json(const transformer_config& cfg, int64_t max_positions);
 

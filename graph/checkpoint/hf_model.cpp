@@ -26,6 +26,10 @@ constexpr std::pair<const char*, const char*> llama_block[] = {
     {"attn.wk", "self_attn.k_proj.weight"},
     {"attn.wv", "self_attn.v_proj.weight"},
     {"attn.wo", "self_attn.o_proj.weight"},
+    {"attn.bq", "self_attn.q_proj.bias"},  // attention_bias qkv (Qwen2) and qkv_o
+    {"attn.bk", "self_attn.k_proj.bias"},
+    {"attn.bv", "self_attn.v_proj.bias"},
+    {"attn.bo", "self_attn.o_proj.bias"},  // qkv_o only
     {"mlp_norm.w", "post_attention_layernorm.weight"},
     {"mlp.w_gate", "mlp.gate_proj.weight"},
     {"mlp.w_up", "mlp.up_proj.weight"},

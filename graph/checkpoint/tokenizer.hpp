@@ -13,7 +13,9 @@
 ///   too): its vocab and merges (with ignore_merges), its pre-tokenizer
 ///   (GPT-2's regex, or Llama 3's
 ///   `(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+`,
-///   by hand too), its added tokens (matched in the text first) and its
+///   by hand too; or Qwen2's, the same with `\p{N}` for `\p{N}{1,3}`), its
+///   normalizer (none, or NFC as Qwen2's: to_nfc, unicode_classes.hpp), its
+///   added tokens (matched in the text first, not normalised) and its
 ///   post-processor's template (the ids around a text: Llama 3's
 ///   <|begin_of_text|>). Other normalizers, pre-tokenizers, models or
 ///   decoders are errors naming the key.
@@ -131,6 +133,8 @@ char32_t gpt2_byte_to_unicode(uint8_t b) noexcept;
 expected<std::vector<std::string>> gpt2_pretokenize(std::string_view text);
 /// Llama 3's pre-tokenizer (its regex above), the same way.
 expected<std::vector<std::string>> llama3_pretokenize(std::string_view text);
+/// Qwen2's pre-tokenizer (Llama 3's regex with single digits), the same way.
+expected<std::vector<std::string>> qwen2_pretokenize(std::string_view text);
 
 /// Whether the build has libsentencepiece.
 bool have_sentencepiece() noexcept;

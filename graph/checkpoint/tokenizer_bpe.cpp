@@ -70,7 +70,8 @@ char32_t ascii_lower(char32_t c) { return c >= U'A' && c <= U'Z' ? c + 32 : c; }
 // position i of cp, the alternatives tried in order as the regex engine does:
 //   (?i:'s|'t|'re|'ve|'m|'ll|'d) | [^\r\n\p{L}\p{N}]?\p{L}+ | \p{N}{1,3} |
 //    ?[^\s\p{L}\p{N}]+[\r\n]* | \s*[\r\n]+ | \s+(?!\S) | \s+
-std::size_t llama3_match_at(const std::u32string& cp, std::size_t i) {
+// Qwen2's regex is the same with \p{N} (digits one at a time): max_digits 1.
+std::size_t llama3_like_match_at(const std::u32string& cp, std::size_t i, std::size_t max_digits) {
   const std::size_t n = cp.size();
   if (cp[i] == U'\'' && i + 1 < n) {  // contractions, any case
     const char32_t a = ascii_lower(cp[i + 1]);
@@ -90,9 +91,9 @@ std::size_t llama3_match_at(const std::u32string& cp, std::size_t i) {
       is_unicode_letter(cp[i + 1]))
     return letters_from(i + 1) - i;
   if (is_unicode_letter(cp[i])) return letters_from(i) - i;
-  if (is_unicode_number(cp[i])) {  // digits by threes
+  if (is_unicode_number(cp[i])) {  // digits by threes (Qwen2: one by one)
     std::size_t k = i;
-    while (k < n && k - i < 3 && is_unicode_number(cp[k])) ++k;
+    while (k < n && k - i < max_digits && is_unicode_number(cp[k])) ++k;
     return k - i;
   }
   // An optional space, symbols, then any CRs and LFs.
@@ -113,6 +114,9 @@ std::size_t llama3_match_at(const std::u32string& cp, std::size_t i) {
   if (k == n || k - i == 1) return k - i;
   return k - i - 1;
 }
+
+std::size_t llama3_match_at(const std::u32string& cp, std::size_t i) { return llama3_like_match_at(cp, i, 3); }
+std::size_t qwen2_match_at(const std::u32string& cp, std::size_t i) { return llama3_like_match_at(cp, i, 1); }
 
 // Cuts UTF-8 `text` into the pieces `match` finds, one after the other.
 expected<std::vector<std::string>> pretokenize(std::string_view text,
@@ -142,7 +146,11 @@ constexpr std::string_view llama3_regex =
 constexpr std::string_view llama3_regex_cased =  // the same, contractions spelled without (?i:)
     R"((?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
 
-enum class pre_tokenizer { gpt2, llama3 };
+// Qwen2's (Qwen2.5's too): Llama 3's with single digits.
+constexpr std::string_view qwen2_regex =
+    R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
+
+enum class pre_tokenizer { gpt2, llama3, qwen2 };
 
 using json = nlohmann::json;
 
@@ -329,8 +337,12 @@ class bpe_tokenizer final : public tokenizer {
         specials_.push_back(content);
       }
     }
-    if (j.contains("normalizer") && !j["normalizer"].is_null())
-      return bad("normalizer", "\"" + type_of(j["normalizer"]) + "\" is not implemented (null only)");
+    // The normalizer: none, or NFC (Qwen2's), applied to the text between added tokens.
+    if (j.contains("normalizer") && !j["normalizer"].is_null()) {
+      if (type_of(j["normalizer"]) != "NFC")
+        return bad("normalizer", "\"" + type_of(j["normalizer"]) + "\" is not implemented (null and NFC are)");
+      nfc_ = true;
+    }
     // The pre-tokenizer: ByteLevel with GPT-2's regex, or a Split by GPT-2's
     // or Llama 3's regex followed by a ByteLevel without one.
     const json pre = j.value("pre_tokenizer", json());
@@ -348,8 +360,9 @@ class bpe_tokenizer final : public tokenizer {
       if (type_of(split) != "Split" || split.value("behavior", std::string()) != "Isolated" || split.value("invert", false))
         return bad("pre_tokenizer", "a Sequence whose first part is not an isolating Split: " + split.dump());
       if (regex == llama3_regex || regex == llama3_regex_cased) pre_ = pre_tokenizer::llama3;
+      else if (regex == qwen2_regex) pre_ = pre_tokenizer::qwen2;
       else if (regex == gpt2_regex) pre_ = pre_tokenizer::gpt2;
-      else return bad("pre_tokenizer", "the Split regex " + pattern.dump() + " is not implemented (GPT-2's and Llama 3's are)");
+      else return bad("pre_tokenizer", "the Split regex " + pattern.dump() + " is not implemented (GPT-2's, Llama 3's and Qwen2's are)");
     } else {
       return bad("pre_tokenizer", pre.dump() + " is not implemented (ByteLevel with GPT-2's regex, or Split by "
                                                "Llama 3's regex then ByteLevel)");
@@ -359,8 +372,9 @@ class bpe_tokenizer final : public tokenizer {
     if (auto e = read_template(j.value("post_processor", json()), bad)) return e;
     if (auto e = check_byte_alphabet(path)) return e;
     std::sort(specials_.begin(), specials_.end(), [](const auto& a, const auto& b) { return a.size() > b.size(); });
-    kind_ = std::string("byte-level BPE (tokenizer.json, ") + (pre_ == pre_tokenizer::llama3 ? "Llama 3's" : "GPT-2's") +
-            " pre-tokenizer)";
+    kind_ = std::string("byte-level BPE (tokenizer.json, ") +
+            (pre_ == pre_tokenizer::llama3 ? "Llama 3's" : pre_ == pre_tokenizer::qwen2 ? "Qwen2's" : "GPT-2's") +
+            " pre-tokenizer" + (nfc_ ? ", NFC" : "") + ")";
     return {};
   }
 
@@ -400,7 +414,11 @@ class bpe_tokenizer final : public tokenizer {
 
   // `text` is valid UTF-8 (checked whole by encode; special tokens are matched whole).
   error encode_plain(std::string_view text, std::vector<int32_t>& ids) const {
-    auto pieces = pre_ == pre_tokenizer::llama3 ? pretokenize(text, llama3_match_at) : gpt2_pretokenize(text);
+    const std::string normalized = nfc_ ? to_nfc(text) : std::string();
+    if (nfc_) text = normalized;
+    auto pieces = pre_ == pre_tokenizer::llama3  ? pretokenize(text, llama3_match_at)
+                  : pre_ == pre_tokenizer::qwen2 ? pretokenize(text, qwen2_match_at)
+                                                 : gpt2_pretokenize(text);
     if (!pieces) return pieces.err();
     for (const std::string& piece : *pieces) {
       std::vector<std::string> sym;
@@ -463,6 +481,7 @@ class bpe_tokenizer final : public tokenizer {
   std::unordered_map<std::string, int> ranks_;  // "a b" -> merge rank
   std::unordered_map<char32_t, uint8_t> unbyte_;
   pre_tokenizer pre_ = pre_tokenizer::gpt2;
+  bool nfc_ = false;  ///< normalizer NFC: text in NFC before the pre-tokenizer
   bool ignore_merges_ = false;
   std::vector<int32_t> prefix_, suffix_;  // the post-processor's ids around a text
   std::string kind_ = "gpt2 byte-level BPE";
@@ -477,6 +496,8 @@ expected<std::vector<std::string>> gpt2_pretokenize(std::string_view text) { ret
 expected<std::vector<std::string>> llama3_pretokenize(std::string_view text) {
   return pretokenize(text, llama3_match_at);
 }
+
+expected<std::vector<std::string>> qwen2_pretokenize(std::string_view text) { return pretokenize(text, qwen2_match_at); }
 
 expected<tokenizer_ptr> load_bpe_tokenizer(const std::string& vocab_json, const std::string& merges_txt) {
   try {

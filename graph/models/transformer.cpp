@@ -244,6 +244,16 @@ class model_builder {
     tensor q = b_.matmul(a, normal(p(k, "attn.wq"), {H * dh, d}), false, true, p(k, "attn.q_proj"));
     tensor kk = b_.matmul(a, normal(p(k, "attn.wk"), {Hkv * dh, d}), false, true, p(k, "attn.k_proj"));
     tensor v = b_.matmul(a, normal(p(k, "attn.wv"), {Hkv * dh, d}), false, true, p(k, "attn.v_proj"));
+    if (cfg_.attn_bias != attention_bias::none) {
+      // After the three products, so that they stay consecutive (one
+      // projection group reads the normed x once: graph/fusion.hpp).
+      tensor bq = normal(p(k, "attn.bq"), {H * dh});
+      tensor bk = normal(p(k, "attn.bk"), {Hkv * dh});
+      tensor bv = normal(p(k, "attn.bv"), {Hkv * dh});
+      q = b_.add(q, bq, p(k, "attn.q_bias"));
+      kk = b_.add(kk, bk, p(k, "attn.k_bias"));
+      v = b_.add(v, bv, p(k, "attn.v_bias"));
+    }
     q = b_.reshape(q, {B, S, H, dh}, p(k, "attn.q"));
     kk = b_.reshape(kk, {B, S, Hkv, dh}, p(k, "attn.k"));
     v = b_.reshape(v, {B, S, Hkv, dh}, p(k, "attn.v"));
@@ -251,6 +261,7 @@ class model_builder {
     kk = b_.rope(kk, positions, cfg_.rope_theta, rope_mode::neox, p(k, "attn.k_rope"), cfg_.rope_scale);
     tensor att = attention(k, q, kk, v);
     tensor o = b_.matmul(att, normal(p(k, "attn.wo"), {d, H * dh}), false, true, p(k, "attn.o_proj"));
+    if (cfg_.attn_bias == attention_bias::qkv_o) o = b_.add(o, normal(p(k, "attn.bo"), {d}), p(k, "attn.o_bias"));
     x = b_.add(x, o, p(k, "attn.residual"));
 
     tensor m = b_.rms_norm(x, norm_weight(p(k, "mlp_norm.w")), cfg_.eps, p(k, "mlp_norm"));
@@ -283,6 +294,24 @@ const char* to_string(model_variant v) noexcept {
 bool parse_variant(const std::string& s, model_variant& out) noexcept {
   if (s == "gpt2") { out = model_variant::gpt2; return true; }
   if (s == "llama") { out = model_variant::llama; return true; }
+  return false;
+}
+
+const char* to_string(attention_bias b) noexcept {
+  switch (b) {
+    case attention_bias::none: return "none";
+    case attention_bias::qkv: return "qkv";
+    case attention_bias::qkv_o: return "qkv_o";
+  }
+  return "?";
+}
+
+bool parse_attention_bias(const std::string& s, attention_bias& out) noexcept {
+  for (attention_bias b : {attention_bias::none, attention_bias::qkv, attention_bias::qkv_o})
+    if (s == to_string(b)) {
+      out = b;
+      return true;
+    }
   return false;
 }
 
@@ -336,7 +365,9 @@ T count_parameters(const transformer_config& c) {
     return V * d + static_cast<T>(c.positions_rows()) * d + L * block + 2 * d + (c.tied_head() ? 0 : V * d);
   }
   const T H = static_cast<T>(c.n_heads), Hkv = static_cast<T>(c.kv_heads()), dh = static_cast<T>(c.head_dim());
-  const T block = d + d * H * dh + 2 * d * Hkv * dh + H * dh * d + d + 3 * d * ff;
+  T block = d + d * H * dh + 2 * d * Hkv * dh + H * dh * d + d + 3 * d * ff;
+  if (c.attn_bias != attention_bias::none) block += (H + 2 * Hkv) * dh;
+  if (c.attn_bias == attention_bias::qkv_o) block += d;
   return V * d + L * block + d + (c.tied_head() ? 0 : V * d);
 }
 
@@ -356,6 +387,10 @@ error validate(const transformer_config& c) {
   if (c.explicit_head_dim == 0 && c.d_model % c.n_heads != 0)
     return bad("d_model " + to_string(c.d_model) + " is not divisible by n_heads " + to_string(c.n_heads) +
                (c.variant == model_variant::llama ? " (set explicit_head_dim for heads of another width)" : ""));
+  if (c.attn_bias != attention_bias::none && c.attn_bias != attention_bias::qkv && c.attn_bias != attention_bias::qkv_o)
+    return bad("unknown attention bias " + to_string(static_cast<int>(c.attn_bias)));
+  if (c.variant == model_variant::gpt2 && c.attn_bias != attention_bias::none)
+    return bad("attn_bias is for llama models (gpt2's projections always have biases)");
   if (c.n_kv_heads < 0) return bad("n_kv_heads must be >= 0 (0 = n_heads), got " + to_string(c.n_kv_heads));
   if (c.variant == model_variant::gpt2 && c.n_kv_heads != 0 && c.n_kv_heads != c.n_heads)
     return bad("n_kv_heads " + to_string(c.n_kv_heads) + " != n_heads " + to_string(c.n_heads) +
@@ -448,10 +483,15 @@ std::vector<std::string> weight_names(const transformer_config& c) {
     if (!c.tied_head()) n.push_back("lm_head");
   } else {
     n = {"embed_tokens"};
-    for (int k = 1; k <= c.n_layers; ++k)
-      for (const char* w : {"attn_norm.w", "attn.wq", "attn.wk", "attn.wv", "attn.wo", "mlp_norm.w", "mlp.w_gate",
-                            "mlp.w_up", "mlp.w_down"})
-        n.push_back(p(k, w));
+    const bool qkv_bias = c.attn_bias != attention_bias::none, o_bias = c.attn_bias == attention_bias::qkv_o;
+    for (int k = 1; k <= c.n_layers; ++k) {
+      for (const char* w : {"attn_norm.w", "attn.wq", "attn.wk", "attn.wv"}) n.push_back(p(k, w));
+      if (qkv_bias)
+        for (const char* w : {"attn.bq", "attn.bk", "attn.bv"}) n.push_back(p(k, w));
+      n.push_back(p(k, "attn.wo"));
+      if (o_bias) n.push_back(p(k, "attn.bo"));
+      for (const char* w : {"mlp_norm.w", "mlp.w_gate", "mlp.w_up", "mlp.w_down"}) n.push_back(p(k, w));
+    }
     n.push_back("norm.w");
     if (!c.tied_head()) n.push_back("lm_head");
   }

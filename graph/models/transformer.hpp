@@ -22,7 +22,10 @@
 ///   head h / rep, as HF's repeat_kv; done by regrouping the queries, without
 ///   copying k and v); heads of cfg.head_dim() (d / n_heads unless
 ///   explicit_head_dim says otherwise, HF's head_dim); mlp = down(silu(gate(x)) * up(x));
-///   final rms_norm; untied lm_head [vocab, d].
+///   final rms_norm; untied lm_head [vocab, d]. cfg.attn_bias adds biases
+///   to the attention's projections after their products: q, k and v
+///   (Qwen2ForCausalLM, otherwise LLaMA's architecture), or q, k, v and o
+///   (LlamaConfig's attention_bias).
 /// - either variant: cfg.head ties or unties the head (HF tie_word_embeddings),
 ///   and gpt2's cfg.activation picks tanh or erf GELU (activation_function).
 ///
@@ -60,7 +63,8 @@
 /// 0: a pipeline with the head on another device copies it there.
 ///
 /// Names: nodes of block k start with "l<k>." (same k as the layer tag), e.g.
-/// "l3.attn.qk", "l3.mlp.fc"; weights "l3.attn.w_qkv", "l3.ln_1.w". Global
+/// "l3.attn.qk", "l3.mlp.fc"; weights "l3.attn.w_qkv", "l3.ln_1.w" (llama:
+/// "l3.attn.wq" .. "l3.mlp.w_down", biases "l3.attn.bq" ..). Global
 /// weights: gpt2 "wte", "wpe", "ln_f.w", "ln_f.b"; llama "embed_tokens", "norm.w";
 /// "lm_head" when the head is separate. weight_names(cfg) lists them all in
 /// build order.
@@ -100,6 +104,17 @@ const char* to_string(model_variant v) noexcept;
 /// Parses the names above; false if unknown.
 bool parse_variant(const std::string& s, model_variant& out) noexcept;
 
+/// llama only: which of the attention's projections carry a bias (HF
+/// nn.Linear(bias=True), added after the product).
+/// - none: LLaMA, Mistral;
+/// - qkv: q, k and v (Qwen2 and Qwen2.5, model_type "qwen2");
+/// - qkv_o: q, k, v and o (LlamaConfig's attention_bias = true).
+enum class attention_bias : uint8_t { none = 0, qkv = 1, qkv_o = 2 };
+/// "none" / "qkv" / "qkv_o".
+const char* to_string(attention_bias b) noexcept;
+/// Parses the names above; false if unknown.
+bool parse_attention_bias(const std::string& s, attention_bias& out) noexcept;
+
 /// Whether the output head reuses the token embedding.
 /// - tied: logits = h E^T with E the embedding table ("wte" / "embed_tokens");
 ///   one weight node is read by the gather (layer 0) and the head (layer n+1);
@@ -123,6 +138,10 @@ struct transformer_config {
   /// d_model / n_heads. q's projection is then [n_heads * head_dim, d_model]
   /// and o's [d_model, n_heads * head_dim]; d_model need not divide by n_heads.
   int64_t explicit_head_dim = 0;
+  /// llama only: biases of the attention's projections ("l<k>.attn.bq",
+  /// "attn.bk", "attn.bv" [heads x head_dim or kv heads x head_dim] and, for
+  /// qkv_o, "attn.bo" [d_model]); see attention_bias.
+  attention_bias attn_bias = attention_bias::none;
   /// MLP hidden width (gpt2: n_inner, usually 4 d; llama: intermediate_size).
   int64_t d_ff = 256;
   int64_t vocab = 97;
@@ -229,6 +248,7 @@ std::vector<host_tensor> transformer_inputs(const transformer_config& cfg, uint6
 /// Number of weight elements the graph holds (a tied embedding counted once):
 ///   gpt2:  V d + P d + L (4 d^2 + 2 d ff + 9 d + ff) + 2 d   (P = positions_rows())
 ///   llama: 2 V d + L (2 d + d (H + 2 Hkv) dh + H dh d + 3 d ff) + d
+///          + L (H + 2 Hkv) dh with q/k/v biases, + L d more with o's
 /// with V d less for a tied llama head and V d more for a separate gpt2 head.
 /// 0 when the config is invalid.
 int64_t parameter_count(const transformer_config& cfg);

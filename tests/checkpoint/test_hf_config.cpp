@@ -153,7 +153,8 @@ TEST(HfConfig, UnsupportedFeaturesNameTheKey) {
   expect_key_error(with(llama_v4, R"("rope_scaling": {"factor": 2.0})"), "rope_scaling.rope_type", "missing");
   expect_key_error(with(llama_v5, R"("rope_parameters": {"rope_type": "yarn", "rope_theta": 1e4})"),
                    "rope_parameters.rope_type", "\"yarn\"");
-  expect_key_error(with(llama_v4, R"("attention_bias": true)"), "attention_bias", "no bias");
+  expect_key_error(R"({"model_type": "mistral", "sliding_window": null, "attention_bias": true})", "attention_bias",
+                   "no bias");
   expect_key_error(with(llama_v4, R"("mlp_bias": true)"), "mlp_bias");
   expect_key_error(with(llama_v4, R"("hidden_act": "gelu")"), "hidden_act", "\"gelu\" is not implemented");
   expect_key_error(with(llama_v4, R"("head_dim": 63)"), "head_dim", "63 is not an even width >= 2 (RoPE rotates pairs)");
@@ -165,8 +166,10 @@ TEST(HfConfig, UnsupportedFeaturesNameTheKey) {
   expect_key_error(with(gpt2_small, R"("add_cross_attention": true)"), "add_cross_attention");
   expect_key_error(with(gpt2_small, R"("n_embd": 100)"), "n_embd", "not divisible by 'n_head' 12");
   expect_key_error(R"({"model_type": "mistral", "sliding_window": 4096})", "sliding_window");
+  // MistralConfig's default window is 4096: a config without the key has one.
+  expect_key_error(R"({"model_type": "mistral"})", "sliding_window", "absent, which MistralConfig reads as 4096");
   expect_key_error(R"({"model_type": "bert"})", "model_type", "\"bert\"");
-  expect_key_error(R"({"architectures": ["Qwen2ForCausalLM"]})", "architectures", "Qwen2ForCausalLM");
+  expect_key_error(R"({"architectures": ["Qwen2MoeForCausalLM"]})", "architectures", "Qwen2MoeForCausalLM");
   expect_key_error(R"({"vocab_size": 5})", "model_type", "missing");
   expect_key_error(with(llama_v4, R"("torch_dtype": "float64")"), "torch_dtype", "\"float64\"");
 }
@@ -224,6 +227,72 @@ TEST(HfConfig, HeadDimOtherThanHiddenOverHeads) {
   EXPECT_EQ(odd.model.head_dim(), 64);
 }
 
+// Qwen2.5-0.5B's config.json as published (transformers 4.43): LLaMA's
+// architecture with q/k/v biases (no key says so: Qwen2Attention has them),
+// a tied head and a sliding window that is off.
+namespace {
+const char* qwen25_half_b = R"({
+  "architectures": ["Qwen2ForCausalLM"], "attention_dropout": 0.0, "bos_token_id": 151643,
+  "eos_token_id": 151643, "hidden_act": "silu", "hidden_size": 896, "initializer_range": 0.02,
+  "intermediate_size": 4864, "max_position_embeddings": 32768, "max_window_layers": 24, "model_type": "qwen2",
+  "num_attention_heads": 14, "num_hidden_layers": 24, "num_key_value_heads": 2, "rms_norm_eps": 1e-06,
+  "rope_theta": 1000000.0, "sliding_window": 32768, "tie_word_embeddings": true, "torch_dtype": "bfloat16",
+  "transformers_version": "4.43.1", "use_cache": true, "use_sliding_window": false, "vocab_size": 151936})";
+}  // namespace
+
+TEST(HfConfig, Qwen2AsPublishedHasQkvBiases) {
+  hf_config c = parse_ok(qwen25_half_b);
+  EXPECT_EQ(c.model_type, "qwen2");
+  EXPECT_EQ(c.model.variant, model_variant::llama);
+  EXPECT_EQ(c.model.attn_bias, attention_bias::qkv);
+  EXPECT_EQ(c.model.n_layers, 24);
+  EXPECT_EQ(c.model.d_model, 896);
+  EXPECT_EQ(c.model.n_heads, 14);
+  EXPECT_EQ(c.model.kv_heads(), 2);
+  EXPECT_EQ(c.model.head_dim(), 64);
+  EXPECT_EQ(c.model.d_ff, 4864);
+  EXPECT_EQ(c.model.vocab, 151936);
+  EXPECT_FLOAT_EQ(c.model.rope_theta, 1e6f);
+  EXPECT_FLOAT_EQ(c.model.eps, 1e-6f);
+  EXPECT_TRUE(c.model.tied_head());
+  EXPECT_EQ(c.dtype, dtype::bf16);
+  EXPECT_EQ(c.max_positions, 32768);
+  // Qwen2.5-0.5B has 494,032,768 parameters, its q/k/v biases among them
+  // (24 x (896 + 2 x 128) = 27,648).
+  EXPECT_EQ(parameter_count(c.model), 494032768);
+  // No model_type: the architecture names it; missing keys take
+  // Qwen2Config's defaults, not LlamaConfig's.
+  hf_config d = parse_ok(R"({"architectures": ["Qwen2ForCausalLM"], "hidden_size": 64, "num_attention_heads": 4})");
+  EXPECT_EQ(d.model_type, "qwen2");
+  EXPECT_EQ(d.model.attn_bias, attention_bias::qkv);
+  EXPECT_EQ(d.model.vocab, 151936);
+  EXPECT_EQ(d.model.d_ff, 22016);
+  EXPECT_EQ(d.max_positions, 32768);
+  // transformers 5 writes layer_types; all "full_attention" is no window.
+  hf_config v5 = parse_ok(with(qwen25_half_b, R"("use_sliding_window": true, "layer_types": ["full_attention",
+      "full_attention", "full_attention", "full_attention", "full_attention", "full_attention", "full_attention",
+      "full_attention", "full_attention", "full_attention", "full_attention", "full_attention", "full_attention",
+      "full_attention", "full_attention", "full_attention", "full_attention", "full_attention", "full_attention",
+      "full_attention", "full_attention", "full_attention", "full_attention", "full_attention"])"));
+  EXPECT_EQ(v5.model.attn_bias, attention_bias::qkv);
+  // A window on any layer is refused, naming the key that turns it on.
+  expect_key_error(with(qwen25_half_b, R"("use_sliding_window": true, "max_window_layers": 21)"), "use_sliding_window",
+                   "'max_window_layers' 21 of 24: sliding-window attention is not implemented");
+  EXPECT_TRUE(parse_hf_config(with(qwen25_half_b, R"("use_sliding_window": true)"), "c").has_value())
+      << "max_window_layers 24 of 24 layers: no layer slides";
+  expect_key_error(with(qwen25_half_b, R"("use_sliding_window": true, "layer_types": ["full_attention",
+      "sliding_attention"])"), "layer_types", "entry \"sliding_attention\" with use_sliding_window");
+}
+
+// LlamaConfig's attention_bias puts a bias on q, k, v and o.
+TEST(HfConfig, LlamaAttentionBiasIsQkvAndO) {
+  hf_config c = parse_ok(with(llama_v4, R"("attention_bias": true)"));
+  EXPECT_EQ(c.model_type, "llama");
+  EXPECT_EQ(c.model.attn_bias, attention_bias::qkv_o);
+  EXPECT_EQ(parameter_count(c.model), 1235814400 + 16 * (2048 + 2 * 512 + 2048)) << "q, k, v, o biases";
+  EXPECT_EQ(parse_ok(llama_v4).model.attn_bias, attention_bias::none);
+}
+
 TEST(HfConfig, WrittenConfigsReadBackAsTheSameModel) {
   for (auto v : {model_variant::gpt2, model_variant::llama}) {
     transformer_config t;
@@ -267,6 +336,15 @@ TEST(HfConfig, WrittenConfigsReadBackAsTheSameModel) {
   c = parse_ok(to_hf_config_json(t, 0));
   EXPECT_EQ(c.model.head_dim(), 24);
   EXPECT_EQ(ag::models::parameter_count(c.model), ag::models::parameter_count(t));
+  // Biases: q/k/v alone are written as Qwen2, with o as LLaMA's attention_bias.
+  for (attention_bias b : {attention_bias::qkv, attention_bias::qkv_o}) {
+    t.attn_bias = b;
+    c = parse_ok(to_hf_config_json(t, 0));
+    EXPECT_EQ(c.model_type, b == attention_bias::qkv ? "qwen2" : "llama");
+    EXPECT_EQ(c.model.attn_bias, b);
+    EXPECT_EQ(c.model.rope_scale, t.rope_scale);
+    EXPECT_EQ(ag::models::parameter_count(c.model), ag::models::parameter_count(t));
+  }
 }
 
 // Llama 3.1 / 3.2's configs as published carry rope_type "llama3"; both

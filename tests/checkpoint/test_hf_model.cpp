@@ -32,7 +32,7 @@ host_tensor logits_of(const graph& g, const std::vector<host_tensor>& in) {
 
 std::string describe(const transformer_config& c) {
   return std::string(to_string(c.variant)) + " kv=" + std::to_string(c.kv_heads()) + " tied=" +
-         std::to_string(c.tied_head()) + " " + to_string(c.dtype);
+         std::to_string(c.tied_head()) + " bias=" + to_string(c.attn_bias) + " " + to_string(c.dtype);
 }
 
 std::vector<transformer_config> tiny_models() {
@@ -45,6 +45,15 @@ std::vector<transformer_config> tiny_models() {
   untied_gpt2.head = head_tying::separate;
   untied_gpt2.activation = gelu_mode::erf;
   out.push_back(untied_gpt2);
+  // Qwen2's q/k/v biases (a tied head, as the small Qwen2.5 models), and
+  // LLaMA's attention_bias (o's too).
+  auto qwen2 = tiny_model(model_variant::llama, 2);
+  qwen2.attn_bias = attention_bias::qkv;
+  qwen2.head = head_tying::tied;
+  out.push_back(qwen2);
+  auto llama_bias = tiny_model(model_variant::llama, 4);
+  llama_bias.attn_bias = attention_bias::qkv_o;
+  out.push_back(llama_bias);
   return out;
 }
 
@@ -74,6 +83,10 @@ TEST(HfModel, HfNamesAreTransformersNames) {
   EXPECT_EQ(hf_tensor_name(model_variant::llama, "l1.attn.wk", "model."), "model.layers.0.self_attn.k_proj.weight");
   EXPECT_EQ(hf_tensor_name(model_variant::llama, "l1.attn.wv", "model."), "model.layers.0.self_attn.v_proj.weight");
   EXPECT_EQ(hf_tensor_name(model_variant::llama, "l1.attn.wo", "model."), "model.layers.0.self_attn.o_proj.weight");
+  EXPECT_EQ(hf_tensor_name(model_variant::llama, "l1.attn.bq", "model."), "model.layers.0.self_attn.q_proj.bias");
+  EXPECT_EQ(hf_tensor_name(model_variant::llama, "l1.attn.bk", "model."), "model.layers.0.self_attn.k_proj.bias");
+  EXPECT_EQ(hf_tensor_name(model_variant::llama, "l3.attn.bv", "model."), "model.layers.2.self_attn.v_proj.bias");
+  EXPECT_EQ(hf_tensor_name(model_variant::llama, "l1.attn.bo", "model."), "model.layers.0.self_attn.o_proj.bias");
   EXPECT_EQ(hf_tensor_name(model_variant::llama, "l2.mlp_norm.w", "model."),
             "model.layers.1.post_attention_layernorm.weight");
   EXPECT_EQ(hf_tensor_name(model_variant::llama, "l2.mlp.w_gate", "model."), "model.layers.1.mlp.gate_proj.weight");

@@ -12,6 +12,7 @@
 
 #include "checkpoint_test_util.hpp"
 #include "graph/checkpoint/tokenizer.hpp"
+#include "graph/checkpoint/unicode_classes.hpp"
 
 #ifdef AG_HAVE_SENTENCEPIECE_TRAINER
 #include <sentencepiece_processor.h>
@@ -377,7 +378,8 @@ TEST(TokenizerJson, KindsNotImplementedAndBadFilesNameTheKey) {
   const std::vector<bad_case> cases = {
       {"Unigram", [](json& j) { j["model"]["type"] = "Unigram"; }, "'model.type': \"Unigram\" is not implemented"},
       {"byte fallback", [](json& j) { j["model"]["byte_fallback"] = true; }, "'model.byte_fallback'"},
-      {"a normalizer", [](json& j) { j["normalizer"] = {{"type", "NFC"}}; }, "'normalizer': \"NFC\" is not implemented"},
+      {"a normalizer", [](json& j) { j["normalizer"] = {{"type", "NFKC"}}; },
+       "'normalizer': \"NFKC\" is not implemented (null and NFC are)"},
       {"another regex", [](json& j) { j["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = "\\p{N}"; },
        "'pre_tokenizer': the Split regex"},
       {"Metaspace", [](json& j) { j["pre_tokenizer"] = {{"type", "Metaspace"}}; }, "'pre_tokenizer'"},
@@ -407,6 +409,87 @@ TEST(TokenizerJson, KindsNotImplementedAndBadFilesNameTheKey) {
   auto tok = load_tokenizer(dir.str());
   ASSERT_FALSE(tok.has_value());
   EXPECT_NE(tok.err().message.find("not valid JSON"), std::string::npos) << tok.err().message;
+}
+
+// NFC (UAX #15), what Qwen2's tokenizer.json normalises to; each case as
+// Python's unicodedata.normalize("NFC", ...) gives it.
+TEST(UnicodeNfc, ComposesReordersAndKeepsTheExclusions) {
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"plain ASCII stays", "plain ASCII stays"},
+      {"cafe\u0301", "caf\u00e9"},                  // e + combining acute -> é
+      {"caf\u00e9", "caf\u00e9"},                    // already composed
+      {"\u212b", "\u00c5"},                          // ANGSTROM SIGN, a singleton -> Å
+      {"\u2126", "\u03a9"},                          // OHM SIGN -> Ω
+      {"a\u0302\u0323", "\u1ead"},                   // marks out of canonical order (230 before 220) -> ậ
+      {"a\u0323\u0302", "\u1ead"},
+      {"\u1100\u1161\u11a8", "\uac01"},             // Hangul jamo L V T -> 각
+      {"\u1100\u1161", "\uac00"},                    // L V -> 가
+      {"\uac00\u11a8", "\uac01"},                    // LV + T
+      {"\u0958", "\u0915\u093c"},                    // DEVANAGARI QA: a composition exclusion, stays apart
+      {"\u0915\u093c", "\u0915\u093c"},
+      {"e\u0301\u0301", "\u00e9\u0301"},            // the second acute is blocked by the first (same class)
+      {"\u0301a", "\u0301a"},                         // a mark with no starter before it
+      {"\u1e9b\u0323", "\u1e9b\u0323"},             // long s with dot above, then dot below (UAX #15's example)
+      {"A\u030a\U0001F642", "\u00c5\U0001F642"},
+  };
+  for (const auto& [in, want] : cases) EXPECT_EQ(ag::models::to_nfc(in), want) << "input: " << in;
+}
+
+TEST(Qwen2Pretokenizer, IsLlama3sWithDigitsOneByOne) {
+  const std::vector<std::pair<std::string, std::vector<std::string>>> cases = {
+      {"12345678 ok", {"1", "2", "3", "4", "5", "6", "7", "8", " ok"}},
+      {"x\u00b2 4.5%", {"x", "\u00b2", " ", "4", ".", "5", "%"}},
+      {"I'm here, WE'LL", {"I", "'m", " here", ",", " WE", "'LL"}},
+      {"  two  spaces\n\nend", {" ", " two", " ", " spaces", "\n\n", "end"}},
+  };
+  for (const auto& [text, want] : cases) {
+    auto got = ag::models::qwen2_pretokenize(text);
+    ASSERT_TRUE(got.has_value()) << got.err().to_string();
+    EXPECT_EQ(*got, want) << "text: " << text;
+  }
+}
+
+// A Qwen2-style tokenizer.json (transformers' Qwen2 converter: NFC, Llama
+// 3's regex with single digits, ByteLevel, no template): text is normalised
+// before it is cut (decomposed and composed spellings give the same ids),
+// added tokens are matched first, digits never merge across each other.
+TEST(TokenizerJson, Qwen2StyleNormalisesToNfcAndSplitsDigits) {
+  using nlohmann::json;
+  ag::test::small_bpe v;
+  v.merges.push_back({"1", "2"});
+  v.vocab["12"] = 402;
+  json j = llama3_tokenizer_json(v, false);
+  j["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] =
+      R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
+  j["normalizer"] = {{"type", "NFC"}};
+  j["post_processor"] = {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", false}, {"use_regex", false}};
+  j["model"]["ignore_merges"] = false;
+  temp_dir dir;
+  ag::test::write_text(dir / "tokenizer.json", j.dump());
+  auto tok = load_tokenizer(dir.str());
+  ASSERT_TRUE(tok.has_value()) << tok.err().to_string();
+  EXPECT_EQ((*tok)->kind(), "byte-level BPE (tokenizer.json, Qwen2's pre-tokenizer, NFC)");
+  auto composed = (*tok)->encode("caf\u00e9 \u00c5"), decomposed = (*tok)->encode("cafe\u0301 \u212b");
+  ASSERT_TRUE(composed.has_value() && decomposed.has_value());
+  EXPECT_EQ(*composed, *decomposed) << "NFC first";
+  auto dec = (*tok)->decode(*decomposed);
+  ASSERT_TRUE(dec.has_value());
+  EXPECT_EQ(*dec, "caf\u00e9 \u00c5") << "decoding gives the normalised text";
+  // "123": the merge "1 2" never applies (each digit is its own piece);
+  // Llama 3's regex, over the same vocabulary, keeps the three together.
+  auto digits = (*tok)->encode("123<|eot_id|>");
+  ASSERT_TRUE(digits.has_value());
+  EXPECT_EQ(*digits, (std::vector<int32_t>{'1', '2', '3', 501}));
+  json l3 = llama3_tokenizer_json(v, false);
+  l3["post_processor"] = nullptr;
+  l3["model"]["ignore_merges"] = false;
+  temp_dir dir3;
+  ag::test::write_text(dir3 / "tokenizer.json", l3.dump());
+  auto llama3 = load_tokenizer(dir3.str());
+  ASSERT_TRUE(llama3.has_value()) << llama3.err().to_string();
+  auto l3_digits = (*llama3)->encode("123");
+  ASSERT_TRUE(l3_digits.has_value());
+  EXPECT_EQ(*l3_digits, (std::vector<int32_t>{402, '3'}));
 }
 
 TEST(Tokenizer, FolderWithoutTokenizerGivesNone) {

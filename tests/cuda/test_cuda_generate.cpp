@@ -98,9 +98,14 @@ void decode_on(const std::string& spec, int stages, bool fuse_ops = false, int64
   };
   auto bf16_llama = widened(test::tiny_model(models::model_variant::llama, 2));
   bf16_llama.dtype = dtype::bf16;
+  // Qwen2's q/k/v biases (a tied head), bf16.
+  auto bf16_qwen2 = bf16_llama;
+  bf16_qwen2.attn_bias = models::attention_bias::qkv;
+  bf16_qwen2.head = models::head_tying::tied;
   for (const auto& cfg : {widened(test::tiny_model(models::model_variant::gpt2)),
-                          widened(test::tiny_model(models::model_variant::llama, 2)), bf16_llama}) {
-    SCOPED_TRACE(std::string(models::to_string(cfg.variant)) + " " + to_string(cfg.dtype) + " on " + spec);
+                          widened(test::tiny_model(models::model_variant::llama, 2)), bf16_llama, bf16_qwen2}) {
+    SCOPED_TRACE(std::string(models::to_string(cfg.variant)) + " " + to_string(cfg.dtype) + " bias " +
+                 models::to_string(cfg.attn_bias) + " on " + spec);
     const bool bf16 = cfg.dtype == dtype::bf16;
     test::temp_dir dir;
     test::save_random_model(dir.str(), cfg);
@@ -816,6 +821,37 @@ TEST(CudaGenerate, WholeDecodeStepAsOneKernelEqualsRecompute) {
     expect_generation_equals_recompute(**gen, *m, /*bf16=*/true, dr);
     if (::testing::Test::HasFatalFailure()) return;
     EXPECT_EQ(dr.tokens_picked_on_device, 5);
+  }
+}
+
+// The whole-step kernel has no biases: a Qwen2 (q/k/v biases) or LLaMA
+// attention_bias step keeps a kernel per fused record, the launch program's
+// note says why, and generation still equals recomputing the sequence.
+TEST(CudaGenerate, AttentionBiasesKeepAKernelPerRecordAndEqualRecompute) {
+  AG_REQUIRE_GPU(1);
+  auto rt = runtime::create("cuda:0");
+  ASSERT_TRUE(rt) << rt.err().to_string();
+  for (models::attention_bias bias : {models::attention_bias::qkv, models::attention_bias::qkv_o}) {
+    SCOPED_TRACE(models::to_string(bias));
+    models::transformer_config cfg = whole_step_model(4, 2, 64, 512);
+    cfg.attn_bias = bias;
+    test::temp_dir dir;
+    test::save_random_model(dir.str(), cfg);
+    auto m = models::hf_model::open(dir.str());
+    ASSERT_TRUE(m) << m.err().to_string();
+    generator_options go;
+    go.cache_tokens = 80;
+    go.prefill_chunk = 4;
+    auto gen = generator::create(**rt, m->model_config(1), m->provider(), go);
+    ASSERT_TRUE(gen) << gen.err().to_string();
+    EXPECT_EQ(whole_step_records((*gen)->decode_plan()), 0);
+    const plan& dp = (*gen)->decode_plan();
+    auto prog = actors::lower(std::shared_ptr<const plan>(&dp, [](const plan*) {}));
+    ASSERT_TRUE(prog) << prog.err().to_string();
+    EXPECT_NE((*prog)->decode_step_note().find("decode step not fused"), std::string::npos) << (*prog)->decode_step_note();
+    std::printf("%s: %s\n", models::to_string(bias), (*prog)->decode_step_note().c_str());
+    generation_result dr;
+    expect_generation_equals_recompute(**gen, *m, /*bf16=*/true, dr);
   }
 }
 

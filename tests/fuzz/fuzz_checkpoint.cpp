@@ -1,6 +1,6 @@
 // libFuzzer entry point for the checkpoint parsers (owner: ckpt): the
 // safetensors header and index parser, config.json, the tokenizer's UTF-8 /
-// GPT-2 and Llama 3 pre-tokenizers, and tokenizer.json (then encoding,
+// GPT-2, Llama 3 and Qwen2 pre-tokenizers, NFC, and tokenizer.json (then encoding,
 // decoding and streaming the text token by token with what it loads). The first input byte picks the parser, the
 // rest is its input. Nothing may crash, hang or leak; errors are values.
 //
@@ -18,6 +18,7 @@
 #include "graph/checkpoint/hf_config.hpp"
 #include "graph/checkpoint/safetensors.hpp"
 #include "graph/checkpoint/tokenizer.hpp"
+#include "graph/checkpoint/unicode_classes.hpp"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, std::size_t size) {
   if (size == 0) return 0;
@@ -48,14 +49,20 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, std::size_t size) {
       if (c) (void)ag::models::parameter_count(c->model);
       break;
     }
-    case 2: {  // text through UTF-8 decoding and GPT-2's and Llama 3's pre-tokenizers
+    case 2: {  // text through UTF-8 decoding, the pre-tokenizers and NFC
       std::string_view text(reinterpret_cast<const char*>(data), size);
-      for (auto pieces : {ag::models::gpt2_pretokenize(text), ag::models::llama3_pretokenize(text)})
+      for (auto pieces : {ag::models::gpt2_pretokenize(text), ag::models::llama3_pretokenize(text),
+                          ag::models::qwen2_pretokenize(text)})
         if (pieces) {
           std::size_t total = 0;
           for (const auto& p : *pieces) total += p.size();
           if (total != size) __builtin_trap();  // pieces must concatenate to the text
         }
+      if (ag::models::utf8_decode(text)) {
+        // NFC is idempotent and its output is valid UTF-8.
+        const std::string once = ag::models::to_nfc(text);
+        if (!ag::models::utf8_decode(once) || ag::models::to_nfc(once) != once) __builtin_trap();
+      }
       break;
     }
     case 3: {  // a tokenizer.json, then text through what it loaded

@@ -64,6 +64,13 @@ std::vector<named_config> cases() {
   auto wide = gqa;
   wide.explicit_head_dim = 24;
   out.push_back({"llama_wide_heads", wide, 1});
+  // Qwen2's q/k/v biases, and LLaMA's attention_bias (o's too).
+  auto qwen2 = gqa;
+  qwen2.attn_bias = ag::models::attention_bias::qkv;
+  out.push_back({"qwen2_qkv_bias", qwen2, 2});
+  auto llama_bias = llama;
+  llama_bias.attn_bias = ag::models::attention_bias::qkv_o;
+  out.push_back({"llama_attention_bias", llama_bias, 0});
   return out;
 }
 

@@ -163,9 +163,13 @@ def llama_attention(cfg, w, p, hidden, cos, sin):
     b, s, _ = hidden.shape
     heads, kv_heads = cfg["n_heads"], cfg["n_kv_heads"]
     head_dim = cfg["head_dim"]  # HF's head_dim: d_model // heads unless the config says otherwise
-    query = linear(hidden, w[p + "attn.wq"]).reshape(b, s, heads, head_dim).transpose(0, 2, 1, 3)
-    key = linear(hidden, w[p + "attn.wk"]).reshape(b, s, kv_heads, head_dim).transpose(0, 2, 1, 3)
-    value = linear(hidden, w[p + "attn.wv"]).reshape(b, s, kv_heads, head_dim).transpose(0, 2, 1, 3)
+    # Biases where the model has them: Qwen2's q/k/v (nn.Linear(bias=True)), LlamaConfig's attention_bias (o's too).
+    def proj(x, name):
+        out = linear(x, w[p + "attn.w" + name])
+        return out + w[p + "attn.b" + name] if p + "attn.b" + name in w else out
+    query = proj(hidden, "q").reshape(b, s, heads, head_dim).transpose(0, 2, 1, 3)
+    key = proj(hidden, "k").reshape(b, s, kv_heads, head_dim).transpose(0, 2, 1, 3)
+    value = proj(hidden, "v").reshape(b, s, kv_heads, head_dim).transpose(0, 2, 1, 3)
     query, key = apply_rotary_pos_emb(query, key, cos, sin)
     n_rep = heads // kv_heads
     key, value = repeat_kv(key, n_rep), repeat_kv(value, n_rep)
@@ -174,7 +178,7 @@ def llama_attention(cfg, w, p, hidden, cos, sin):
     attn_weights = attn_weights + np.where(causal_mask(s), 0.0, -np.inf)  # causal_mask
     attn_weights = softmax(attn_weights)
     attn_output = (attn_weights @ value).transpose(0, 2, 1, 3).reshape(b, s, heads * head_dim)
-    return linear(attn_output, w[p + "attn.wo"])  # o_proj
+    return proj(attn_output, "o")  # o_proj
 
 
 def llama_mlp(w, p, x):

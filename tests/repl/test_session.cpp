@@ -143,6 +143,13 @@ TEST(ReplCommands, ModelWithBadDimsIsRejected) {
   EXPECT_TRUE(has(f.text, "llama: 2 layers, d 30, 4 heads of 12 (2 kv)")) << f.text;
   EXPECT_EQ(f.run("model gpt2 layers=2 d=32 heads=2 ff=64 seq=8 vocab=64"), exec_status::ok) << f.text;
   EXPECT_TRUE(has(f.text, "gpt2: 2 layers, d 32")) << f.text;
+  // Attention biases: llama's only, by name.
+  EXPECT_EQ(f.run("model llama layers=2 d=32 heads=2 bias=qkv_o_x"), exec_status::failed);
+  EXPECT_TRUE(has(f.text, "bias: 'qkv_o_x' is not one of none, qkv")) << f.text;
+  EXPECT_EQ(f.run("model gpt2 layers=2 d=32 heads=2 bias=qkv"), exec_status::failed);
+  EXPECT_TRUE(has(f.text, "attn_bias is for llama models")) << f.text;
+  EXPECT_EQ(f.run("model llama layers=2 d=32 heads=4 kv=2 bias=qkv ff=64 seq=8 vocab=64"), exec_status::ok) << f.text;
+  EXPECT_TRUE(has(f.text, "4 heads (2 kv) with q/k/v biases")) << f.text;
 }
 
 // set replay= follows plan_options::graph_replay: refused when not
