@@ -387,8 +387,13 @@ std::string match_decode_step(const lowered_step& ls, lowered_op& fused) {
   else if (plain(ops[n - 1], op_kind::argmax)) tail = 3, argmax = true;
   else if (plain(ops[n - 1], op_kind::store_rows) && plain(ops[n - 2], op_kind::argmax)) tail = 4, argmax = true;
   else return "the step ends with " + record_name(ops[n - 1]) + ", not the logits' copy or argmax";
-  if ((n - 1 - tail) % 5 != 0) return std::to_string(n) + " records, not the embedding, 5 a layer and the head's";
-  const int layers = static_cast<int>((n - 1 - tail) / 5);
+  // Q/k/v biases (Qwen2's): three adds after each layer's projections, so
+  // 8 records a layer instead of 5.
+  const bool biased = n > 2 && plain(ops[2], op_kind::add);
+  const std::size_t per_layer = biased ? 8 : 5;
+  if ((n - 1 - tail) % per_layer != 0)
+    return std::to_string(n) + " records, not the embedding, " + std::to_string(per_layer) + " a layer and the head's";
+  const int layers = static_cast<int>((n - 1 - tail) / per_layer);
   const lowered_op& embed = ops[0];
   const lowered_op& norm = ops[n - tail];
   const lowered_op& head = ops[n - tail + 1];
@@ -436,8 +441,10 @@ std::string match_decode_step(const lowered_step& ls, lowered_op& fused) {
   const operand* residual = &embed.out;  // the layer's input
   for (int l = 0; l < layers; ++l) {
     const std::string at = "layer " + std::to_string(l + 1) + ": ";
-    const lowered_op* r = &ops[1 + 5 * static_cast<std::size_t>(l)];
-    const lowered_op &qkv = r[0], &att = r[1], &o = r[2], &mlp = r[3], &down = r[4];
+    const lowered_op* r = &ops[1 + per_layer * static_cast<std::size_t>(l)];
+    const lowered_op &qkv = r[0], &att = r[per_layer - 4], &o = r[per_layer - 3], &mlp = r[per_layer - 2],
+                     &down = r[per_layer - 1];
+    const lowered_op* bias = biased ? r + 1 : nullptr;  // q's, k's, v's adds
     // The attention first: without a KV cache (or its ropes) the rest
     // differs too, and this says why best.
     if (att.fused != fusion::attention || att.inputs.size() != 8 || !att.attention.masked ||
@@ -453,9 +460,19 @@ std::string match_decode_step(const lowered_step& ls, lowered_op& fused) {
       return at + record_name(mlp) + " where the gated MLP with its rms_norm goes";
     if (!group(down, projection_kind::residual) || down.projection_norm.on || down.inputs.size() != 3)
       return at + record_name(down) + " where down + residual goes";
+    // The biases: q, k and v, each plus a weight, in that order.
+    const operand* made[3] = {&qkv.out, &qkv.extra_outs[0], &qkv.extra_outs[1]};
+    if (biased)
+      for (int i = 0; i < 3; ++i) {
+        const lowered_op& add = bias[i];
+        if (!plain(add, op_kind::add) || add.inputs.size() != 2 || !same_bytes(add.inputs[0], *made[i]) ||
+            add.inputs[1].where != region::weights || add.out.proto.dims.numel() != made[i]->proto.dims.numel())
+          return at + record_name(add) + " where " + "qkv"[i] + "'s bias goes";
+        made[i] = &add.out;
+      }
     // Dataflow: each record reads what the one before it made.
-    if (!same_bytes(qkv.inputs[0], *residual) || !same_bytes(att.inputs[0], qkv.out) ||
-        !same_bytes(att.inputs[4], qkv.extra_outs[0]) || !same_bytes(att.inputs[5], qkv.extra_outs[1]) ||
+    if (!same_bytes(qkv.inputs[0], *residual) || !same_bytes(att.inputs[0], *made[0]) ||
+        !same_bytes(att.inputs[4], *made[1]) || !same_bytes(att.inputs[5], *made[2]) ||
         !same_bytes(o.inputs[0], att.out) || !same_bytes(o.inputs[2], *residual) || !same_bytes(mlp.inputs[0], o.out) ||
         !same_bytes(down.inputs[0], mlp.out) || !same_bytes(down.inputs[2], o.out))
       return at + "a record reads what the layer's pattern does not say";
@@ -500,7 +517,14 @@ std::string match_decode_step(const lowered_step& ls, lowered_op& fused) {
         if (!dims_are(*w, {d})) return at + "a norm weight of another shape";
         fused.inputs.push_back(*w);
       }
+    if (biased)
+      for (int i = 0; i < 3; ++i) {
+        const operand& b = bias[i].inputs[1];
+        if (b.proto.dims.numel() != (i == 0 ? heads : kv_heads) * dh) return at + "a bias of another shape";
+        fused.inputs.push_back(b);
+      }
   }
+  ds.qkv_bias = biased;
   if (!same_bytes(norm.inputs[0], *residual) || !same_bytes(head.inputs[0], norm.out))
     return "the final norm or the head reads what the pattern does not say";
   if (norm.op->attrs.eps != ds.eps) return "the final norm's eps differs from the layers'";

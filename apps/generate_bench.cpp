@@ -30,6 +30,7 @@
 
 #include "actors/actorgraph.hpp"
 #include "actors/generator.hpp"
+#include "actors/launch_program.hpp"
 #include "apps/common/flags.hpp"
 #include "apps/common/trace_spans.hpp"
 #include "apps/common/warm_up.hpp"
@@ -332,6 +333,13 @@ int run_decode(const decode_args& a) {
       a.pinned_inputs.c_str(), a.device_greedy.c_str(), a.pipeline_depth, a.across_stages.c_str(), a.trace.c_str(),
       a.devices.c_str(), a.sim_zero_delay ? " (zero delay)" : "",
       (*gen)->decode_plan().stage_count(), (*gen)->decode_plan().tensor_degree());
+  {
+    // Whether the decode step runs as one kernel, or why not (the lowering
+    // the runtime does, done again here to read its note).
+    const ag::plan& dp = (*gen)->decode_plan();
+    auto prog = ag::actors::lower(std::shared_ptr<const ag::plan>(&dp, [](const ag::plan*) {}));
+    std::printf("%-28s %s\n", "decode step", prog ? (*prog)->decode_step_note().c_str() : prog.err().message.c_str());
+  }
   std::printf("%-28s %.3f ms (%.1f MB weights + %.1f MB cache at %.0f GB/s)\n", "bandwidth floor", floor_ms,
               weights_read / 1e6, cache / 1e6, bw / 1e9);
   if (!device_ms.empty()) {

@@ -175,7 +175,8 @@ struct op_launch {
   /// then for each layer decode_step_layer_inputs operands (plus 2 when
   /// norm_weighted): w_q [H dh, d], w_k [Hkv dh, d], w_v, the k and v caches
   /// [1, Hkv, cache_rows, dh], w_o [d, H dh], w_gate [ff, d], w_up, w_down
-  /// [d, ff], then the attention's and the MLP's norm weights [d]. `out` is
+  /// [d, ff], then the attention's and the MLP's norm weights [d], then
+  /// with qkv_bias (Qwen2) the biases b_q [H dh], b_k [Hkv dh], b_v. `out` is
   /// the logits f32 [1, 1, vocab], or with `argmax` the greedy token (i32,
   /// one element: the argmax output or the token state it is kept in).
   struct decode_step_params {
@@ -188,6 +189,7 @@ struct op_launch {
     bool norm_weighted = false;        ///< per-layer norm weights present (not folded into the projections)
     bool final_norm_weighted = false;  ///< the final norm's weight present
     bool argmax = false;               ///< `out` is the greedy token, not the logits
+    bool qkv_bias = false;             ///< q/k/v biases (3 operands a layer more)
   };
   static constexpr int decode_step_layer_inputs = 9;
   decode_step_params decode_step{};

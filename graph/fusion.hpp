@@ -196,9 +196,10 @@ struct decode_step_shape {
   dtype type = dtype::bf16;
 };
 /// The kernel's limits: bf16; heads of 64 or 128 dims; at most 512 query
-/// values a kv head (H / Hkv x dh); d_model and the heads' width whole
-/// numbers of 256, d_ff of 128 (LLaMA-2-7B's 11008 split over two devices is
-/// 5504 = 43 x 128), all at most decode_step_max_width (each block stages the whole of x in
+/// values a kv head (H / Hkv x dh); d_model, d_ff and the heads' width whole
+/// numbers of 128 (LLaMA-2-7B's 11008 split over two devices is 5504 = 43 x
+/// 128; Qwen2.5-0.5B's d_model 896 = 7 x 128, 14 heads of 64 over 2 kv
+/// heads), all at most decode_step_max_width (each block stages the whole of x in
 /// shared memory beside its weight rings: three chunks a warp up to 8192,
 /// two above, with heads of 128: Llama 3.1 8B's d_ff 14336 among them); at most decode_step_max_layers
 /// layers (a phase's tag has 8 bits: 5 phases a layer and up to 4 of the
@@ -226,8 +227,8 @@ inline std::string decode_step_misfit(const decode_step_shape& s) {
   if (s.kv_heads < 1 || s.heads % s.kv_heads != 0) return "query heads not a multiple of the kv heads";
   if (s.heads / s.kv_heads * s.head_dim > 512) return "more than 512 query values a kv head";
   if (s.kv_heads > 64) return "more than 64 kv heads";
-  if (s.d_model % 256 != 0 || s.heads * s.head_dim % 256 != 0) return "d_model or the heads' width not a multiple of 256";
-  if (s.d_ff % 128 != 0) return "d_ff not a multiple of 128";
+  if (s.d_model % 128 != 0 || s.d_ff % 128 != 0 || s.heads * s.head_dim % 128 != 0)
+    return "d_model, d_ff or the heads' width not a multiple of 128";
   if (s.d_model > decode_step_max_width || s.d_ff > decode_step_max_width || s.heads * s.head_dim > decode_step_max_width)
     return "wider than " + std::to_string(decode_step_max_width);
   if (std::max({s.d_model, s.d_ff, s.heads * s.head_dim}) > decode_step_max_narrow_width && s.head_dim != 128)

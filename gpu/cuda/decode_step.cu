@@ -55,6 +55,7 @@ enum stage : int { kQkv = 0, kAttention = 1, kO = 2, kGateUp = 3, kDown = 4, kHe
 struct layer_ptrs {
   const bf16 *wq, *wk, *wv, *wo, *wg, *wu, *wd;
   const bf16 *attn_norm, *mlp_norm;  // null: folded into the projections
+  const bf16 *bq, *bk, *bv;          // q/k/v biases (Qwen2's); null: none
   bf16 *k_cache, *v_cache;           // [Hkv, C, dh]
 };
 
@@ -742,7 +743,19 @@ __global__ void __launch_bounds__(kThreads, 1) decode_step_kernel(const __grid_c
       const int n = first + i;
       const float y = round_bf16(row_sum(i));  // the product as its op stores it
       switch (st) {
-        case kQkv: put(a.qkv + n, y, tag_of(epoch, p)); break;
+        case kQkv: {
+          // The biases (Qwen2's) added to the product as the add op adds
+          // them: to the rounded product, rounded again.
+          const layer_ptrs& L = a.layer[layer];
+          float v = y;
+          if (L.bq) {
+            const int q = a.attn_width, kv = (a.qkv_rows - q) / 2;
+            const bf16* b = n < q ? L.bq + n : n < q + kv ? L.bk + (n - q) : L.bv + (n - q - kv);
+            v = round_bf16(y + __bfloat162float(*b));
+          }
+          put(a.qkv + n, v, tag_of(epoch, p));
+          break;
+        }
         case kGateUp: break;
         case kO:
         case kDown: {  // the residual row as this block left it (the token's row before the first o)
@@ -845,7 +858,7 @@ error launch_decode_step(const launch_ctx& c, const op_launch::decode_step_param
   const decode_step_shape shape{p.layers, p.d_model, p.d_ff, p.heads, p.kv_heads, p.head_dim, p.vocab, p.cache_rows,
                                 dtype::bf16};
   if (std::string why = decode_step_misfit(shape); !why.empty()) return bad("a decode step the kernel does not take: " + why);
-  const std::size_t per_layer = op_launch::decode_step_layer_inputs + (p.norm_weighted ? 2 : 0);
+  const std::size_t per_layer = op_launch::decode_step_layer_inputs + (p.norm_weighted ? 2 : 0) + (p.qkv_bias ? 3 : 0);
   const std::size_t globals = 6 + (p.final_norm_weighted ? 1 : 0);
   if (inputs.size() != globals + per_layer * static_cast<std::size_t>(p.layers))
     return bad("a decode step with " + std::to_string(inputs.size()) + " operands");
@@ -932,6 +945,10 @@ error launch_decode_step(const launch_ctx& c, const op_launch::decode_step_param
     L.wd = static_cast<const bf16*>(ptr(b + 8));
     L.attn_norm = p.norm_weighted ? static_cast<const bf16*>(ptr(b + 9)) : nullptr;
     L.mlp_norm = p.norm_weighted ? static_cast<const bf16*>(ptr(b + 10)) : nullptr;
+    const std::size_t biases = b + op_launch::decode_step_layer_inputs + (p.norm_weighted ? 2 : 0);
+    L.bq = p.qkv_bias ? static_cast<const bf16*>(ptr(biases)) : nullptr;
+    L.bk = p.qkv_bias ? static_cast<const bf16*>(ptr(biases + 1)) : nullptr;
+    L.bv = p.qkv_bias ? static_cast<const bf16*>(ptr(biases + 2)) : nullptr;
   }
   const int64_t widest = std::max({p.d_model, p.d_ff, p.heads * p.head_dim});
   if (widest > kWideFrom) {

@@ -154,7 +154,8 @@ void expect_consistent(const launch_program& prog) {
           EXPECT_EQ(ls.ops.size(), 1u) << "a decode-step record is its step's only one";
           EXPECT_EQ(op.inputs.size(), 6u + (ds.final_norm_weighted ? 1u : 0u) +
                                           static_cast<std::size_t>(ds.layers) *
-                                              (gpu::op_launch::decode_step_layer_inputs + (ds.norm_weighted ? 2u : 0u)));
+                                              (gpu::op_launch::decode_step_layer_inputs + (ds.norm_weighted ? 2u : 0u) +
+                                               (ds.qkv_bias ? 3u : 0u)));
         } else EXPECT_GE(op.inputs.size(), 3u) << "x and at least two weights, or x, a weight and the residual";
         if (op.fused != gpu::op_launch::fusion::projections) { EXPECT_TRUE(op.extra_outs.empty()) << op.op->name; }
       }
@@ -1671,6 +1672,45 @@ TEST(LaunchProgram, ADecodeStepWithHeadsOfAnotherWidthIsOneKernel) {
   EXPECT_EQ(steps, 1);
 }
 
+// Qwen2's q/k/v biases (three add records after each layer's q/k/v) are
+// part of the one-kernel step: 3 more operands a layer, the biases of q, k
+// and v in that order; Qwen2.5-0.5B's widths (d_model 896, 14 heads of 64
+// over 2 kv heads, d_ff 4864: multiples of 128, not of 256) fit.
+TEST(LaunchProgram, ADecodeStepWithQwen2BiasesIsOneKernel) {
+  models::transformer_config cfg = whole_decode_step(2);
+  cfg.attn_bias = models::attention_bias::qkv;
+  cfg.n_heads = 14;
+  cfg.n_kv_heads = 2;
+  cfg.d_model = 896;
+  cfg.d_ff = 4864;
+  const auto [p, prog] = compile_and_lower(cfg, device_kind::cuda, decode_step_options());
+  ASSERT_TRUE(prog);
+  ASSERT_TRUE(prog->decode_step_fused()) << prog->decode_step_note();
+  int steps = 0;
+  for (const lowered_step& ls : prog->steps()) {
+    if (ls.ops.empty()) continue;
+    ++steps;
+    const actors::lowered_op& op = ls.ops.front();
+    EXPECT_TRUE(op.decode_step.qkv_bias);
+    EXPECT_EQ(op.decode_step.d_model, 896);
+    EXPECT_EQ(op.decode_step.heads, 14);
+    const std::size_t globals = 6 + (op.decode_step.final_norm_weighted ? 1 : 0);
+    const std::size_t per_layer = gpu::op_launch::decode_step_layer_inputs + (op.decode_step.norm_weighted ? 2 : 0) + 3;
+    ASSERT_EQ(op.inputs.size(), globals + 2 * per_layer);
+    for (std::size_t l = 0; l < 2; ++l) {
+      const std::size_t b = globals + per_layer * (l + 1) - 3;
+      EXPECT_EQ(op.inputs[b].proto.dims.numel(), 14 * 64) << "q's bias, layer " << l;
+      EXPECT_EQ(op.inputs[b + 1].proto.dims.numel(), 2 * 64) << "k's bias, layer " << l;
+      EXPECT_EQ(op.inputs[b + 2].proto.dims.numel(), 2 * 64) << "v's bias, layer " << l;
+    }
+  }
+  EXPECT_EQ(steps, 1);
+  // Without the fusion: 8 records a layer (q/k/v, its three bias adds, attention, o, MLP, down).
+  const auto [p_off, off] = compile_and_lower(cfg, device_kind::cuda, decode_step_options(false));
+  ASSERT_TRUE(off);
+  EXPECT_EQ(compute_records(*off).size(), 1u + 8u * 2u + 3u);
+}
+
 // Not the kernel's step: the records stay as they are without the fusion
 // and the note names why.
 TEST(LaunchProgram, ADecodeStepOutsideTheKernelsPatternOrShapesKeepsItsRecords) {
@@ -1705,10 +1745,14 @@ TEST(LaunchProgram, ADecodeStepOutsideTheKernelsPatternOrShapesKeepsItsRecords) 
   c.d_model = 320;  // 5 heads of 64
   c.n_heads = 5;
   c.n_kv_heads = 5;
-  cases.push_back({"d_model 320", c, device_kind::cuda, 1, true, "not a multiple of 256"});
+  cases.push_back({"d_model 320", c, device_kind::cuda, 1, true,
+                   "d_model, d_ff or the heads' width not a multiple of 128"});
   c = llama;
   c.d_ff = 4096 + 64;
-  cases.push_back({"d_ff 4160", c, device_kind::cuda, 1, true, "d_ff not a multiple of 128"});
+  cases.push_back({"d_ff 4160", c, device_kind::cuda, 1, true, "d_model, d_ff or the heads' width not a multiple of 128"});
+  c = llama;
+  c.attn_bias = models::attention_bias::qkv_o;  // LLaMA's attention_bias: o's bias too
+  cases.push_back({"q/k/v/o biases", c, device_kind::cuda, 1, true, "8 a layer"});
   c = llama;
   c.kv_cache_capacity = 0;
   cases.push_back({"no KV cache", c, device_kind::cuda, 1, true, "KV cache"});
