@@ -3,7 +3,7 @@
 // benchmarks, demos and scripts that need a checkpoint without PyTorch.
 //
 //   actorgraph-save-model --out DIR [--shape tiny-gpt2|tiny-llama|tiny-qwen2|gpt2-124m|llama-1b|llama3.2-1b|
-//                                    llama2-7b|llama3.1-8b|qwen2.5-0.5b]
+//                                    llama2-7b|llama3.1-8b|qwen2.5-0.5b|qwen3-0.6b]
 //                         [--dtype f32|f16|bf16] [--layers N] [--seed N] [--shard-mb N]
 //                         [--d-model N] [--d-ff N] [--heads N] [--kv-heads N] [--head-dim N] [--vocab N]
 //                         [--attention-bias none|qkv|qkv_o]   (--help)
@@ -15,7 +15,8 @@
 // 3.1 8B's (13.5 and 16 GB; --layers for a slice of them). The width flags
 // change the shape's (--head-dim: heads of another width than d_model /
 // heads, LLaMA only, as Mistral NeMo's). qwen2.5-0.5b is Qwen2.5-0.5B's
-// shape (q/k/v biases, written as a Qwen2 config; 1 GB in bf16);
+// shape (q/k/v biases, written as a Qwen2 config; 1 GB in bf16), qwen3-0.6b
+// Qwen3-0.6B's (q/k norms, heads of 128 on d 1024; 1.2 GB);
 // --attention-bias sets the biases of another LLaMA shape. Prints the folder, the bytes written
 // and the time it took.
 #include <chrono>
@@ -49,6 +50,15 @@ bool shape_named(const std::string& name, ag::models::transformer_config& c) {
     c.variant = model_variant::llama;
     c.n_layers = 24, c.d_model = 896, c.n_heads = 14, c.n_kv_heads = 2, c.d_ff = 4864, c.vocab = 151936;
     c.attn_bias = ag::models::attention_bias::qkv;
+    c.head = ag::models::head_tying::tied;
+    c.rope_theta = 1000000.0f;
+    c.eps = 1e-6f;
+    c.dtype = ag::dtype::bf16;
+  } else if (name == "qwen3-0.6b") {  // Qwen3-0.6B's shape: 16 heads of 128 on d 1024, q/k norms, a tied head (596 M)
+    c.variant = model_variant::llama;
+    c.n_layers = 28, c.d_model = 1024, c.n_heads = 16, c.n_kv_heads = 8, c.d_ff = 3072, c.vocab = 151936;
+    c.explicit_head_dim = 128;
+    c.qk_norm = true;
     c.head = ag::models::head_tying::tied;
     c.rope_theta = 1000000.0f;
     c.eps = 1e-6f;
@@ -102,9 +112,10 @@ int main(int argc, char** argv) {
                  "the same with vocab 128256, a tied head and Llama 3's RoPE scaling; llama3.1-8b: 32 layers, d 4096, "
                  "ff 14336, 32 heads, 8 kv heads, vocab 128256, Llama 3.1's RoPE scaling (16 GB: --layers N for fewer); "
                  "llama2-7b: 32 layers, d 4096, ff 11008, 32 heads, vocab 32000; qwen2.5-0.5b: 24 layers, d 896, ff 4864, "
-                 "14 heads, 2 kv heads, vocab 151936, q/k/v biases, a tied head, bf16")
+                 "14 heads, 2 kv heads, vocab 151936, q/k/v biases, a tied head, bf16; qwen3-0.6b: 28 layers, d 1024, "
+                 "16 heads of 128, 8 kv heads, ff 3072, q/k norms, a tied head, bf16")
       ->check(CLI::IsMember({"tiny-gpt2", "tiny-llama", "tiny-qwen2", "gpt2-124m", "llama-1b", "llama3.2-1b", "llama2-7b",
-                             "llama3.1-8b", "qwen2.5-0.5b"}));
+                             "llama3.1-8b", "qwen2.5-0.5b", "qwen3-0.6b"}));
   app.add_option("--dtype", dtype, "f32, f16 or bf16 (default: the shape's)")->check(CLI::IsMember({"", "f32", "f16", "bf16"}));
   app.add_option("--layers", layers, "layers (0: the shape's)")->check(CLI::Range(0, 1000));
   app.add_option("--seed", seed, "seed of the random weights");

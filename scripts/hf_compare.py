@@ -95,7 +95,7 @@ def main():
             print("SKIP: --tokenizers-only needs HF tokenizers (%s)" % e)
             return SKIP
         failures = compare_llama3_tokenizer(args, workdir) + compare_qwen2_tokenizer(args, workdir)
-        print("FAIL:\n  " + "\n  ".join(failures) if failures else "hf_compare: the Llama-3-style tokenizer matches tokenizers")
+        print("FAIL:\n  " + "\n  ".join(failures) if failures else "hf_compare: the Llama-3-style and Qwen2-style tokenizers match tokenizers")
         return 1 if failures else 0
     try:
         import numpy as np
@@ -147,6 +147,16 @@ def main():
         torch.manual_seed(seed)
         return perturb(transformers.Qwen2ForCausalLM(cfg), seed)
 
+    def qwen3(seed, **kw):
+        # Qwen3: LLaMA's layer with an RMSNorm over each head's q and k, heads of head_dim.
+        base = dict(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                    num_attention_heads=4, num_key_value_heads=2, head_dim=24, max_position_embeddings=64,
+                    rms_norm_eps=1e-6, rope_theta=5000.0, tie_word_embeddings=True, use_sliding_window=False)
+        base.update(kw)
+        cfg = transformers.Qwen3Config(**base)
+        torch.manual_seed(seed)
+        return perturb(transformers.Qwen3ForCausalLM(cfg), seed)
+
     def llama3_scaling():
         # Llama 3.1 / 3.2's RoPE scaling; an original context of 128 puts the
         # heads' 8 pairs (wavelengths 6.3 to 10,844 at theta 5000) in all
@@ -175,6 +185,8 @@ def main():
         # Biases on the attention's projections: Qwen2's q/k/v, LLaMA's attention_bias (q/k/v/o).
         ("qwen2_tied", qwen2(9), {}),
         ("llama_attention_bias", llama(10, attention_bias=True), {}),
+        # Qwen3's q/k norms over heads wider than hidden_size / heads.
+        ("qwen3_tied", qwen3(11), {}),
     ]
     prompt = [5, 17, 42, 8, 91, 3, 60]
     failures = []
@@ -296,6 +308,15 @@ LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,
                 r"|\s*[\r\n]+|\s+(?!\S)|\s+")
 
 
+def saved_tiny_model(args, workdir, name, shape):
+    """A tiny model of `shape` saved by actorgraph-save-model (beside
+    --generate) into workdir/name: (its folder, what failed or None)."""
+    folder = os.path.join(workdir, name)
+    save = os.path.join(os.path.dirname(os.path.abspath(args.generate)), "actorgraph-save-model")
+    r = subprocess.run([save, "--out", folder, "--shape", shape], capture_output=True, text=True)
+    return folder, None if r.returncode == 0 else "actorgraph-save-model failed: %s%s" % (r.stdout, r.stderr)
+
+
 def compare_llama3_tokenizer(args, workdir):
     """Trains a Llama-3-style tokenizer.json with HF `tokenizers` (its Split
     regex, ByteLevel, ignore_merges, <|begin_of_text|> by template, an added
@@ -307,11 +328,9 @@ def compare_llama3_tokenizer(args, workdir):
     except ImportError as e:
         print("llama3 tokenizer comparison skipped: %s" % e)
         return []
-    folder = os.path.join(workdir, "llama3_tokenizer")
-    save = os.path.join(os.path.dirname(os.path.abspath(args.generate)), "actorgraph-save-model")
-    r = subprocess.run([save, "--out", folder, "--shape", "tiny-llama"], capture_output=True, text=True)
-    if r.returncode != 0:
-        return ["llama3 tokenizer: actorgraph-save-model failed: %s%s" % (r.stdout, r.stderr)]
+    folder, failed = saved_tiny_model(args, workdir, "llama3_tokenizer", "tiny-llama")
+    if failed:
+        return ["llama3 tokenizer: " + failed]
     tok = Tokenizer(models.BPE(ignore_merges=True))
     tok.pre_tokenizer = pre_tokenizers.Sequence([
         pre_tokenizers.Split(Regex(LLAMA3_SPLIT), behavior="isolated", invert=False),
@@ -331,7 +350,6 @@ def compare_llama3_tokenizer(args, workdir):
     return compare_prompt_ids(args, folder, texts, lambda t: tok.encode(t).ids, "llama3 tokenizer", "tokenizers")
 
 
-
 QWEN2_SPLIT = LLAMA3_SPLIT.replace(r"\p{N}{1,3}", r"\p{N}")
 
 
@@ -345,11 +363,9 @@ def compare_qwen2_tokenizer(args, workdir):
     except ImportError as e:
         print("qwen2 tokenizer comparison skipped: %s" % e)
         return []
-    folder = os.path.join(workdir, "qwen2_tokenizer")
-    save = os.path.join(os.path.dirname(os.path.abspath(args.generate)), "actorgraph-save-model")
-    r = subprocess.run([save, "--out", folder, "--shape", "tiny-qwen2"], capture_output=True, text=True)
-    if r.returncode != 0:
-        return ["qwen2 tokenizer: actorgraph-save-model failed: %s%s" % (r.stdout, r.stderr)]
+    folder, failed = saved_tiny_model(args, workdir, "qwen2_tokenizer", "tiny-qwen2")
+    if failed:
+        return ["qwen2 tokenizer: " + failed]
     tok = Tokenizer(models.BPE())
     tok.normalizer = normalizers.NFC()
     tok.pre_tokenizer = pre_tokenizers.Sequence([

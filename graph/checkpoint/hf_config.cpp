@@ -167,7 +167,7 @@ struct llama_family_defaults {
 };
 llama_family_defaults defaults_of(const std::string& model_type) {
   if (model_type == "mistral") return {32000, 4096, 14336, 32, 32, 8, 4096 * 32};
-  if (model_type == "qwen2") return {151936, 4096, 22016, 32, 32, 0, 32768};
+  if (model_type == "qwen2" || model_type == "qwen3") return {151936, 4096, 22016, 32, 32, 0, 32768};
   return {32000, 4096, 11008, 32, 32, 0, 2048};
 }
 
@@ -182,8 +182,8 @@ void refuse_sliding_window(key_reader& r, const hf_config& out) {
     else if (!r.has_key("sliding_window")) r.fail("sliding_window", "absent, which MistralConfig reads as 4096: " + why + "; null only");
     return;
   }
-  if (out.model_type != "qwen2") return;
-  // Qwen2Config: a window only with use_sliding_window (and a
+  if (out.model_type != "qwen2" && out.model_type != "qwen3") return;
+  // Qwen2Config (Qwen3Config alike): a window only with use_sliding_window (and a
   // sliding_window), on the layers layer_types names "sliding_attention"
   // (transformers 5 writes the list; without it, layers from
   // max_window_layers on).
@@ -224,18 +224,21 @@ void read_llama(key_reader& r, hf_config& out) {
   if (act != "silu" && act != "swish") r.fail("hidden_act", "\"" + act + "\" is not implemented (silu)");
   if (out.model_type == "qwen2") {
     m.attn_bias = attention_bias::qkv;  // Qwen2Attention: q, k, v with bias, o without; no key says so
-  } else if (out.model_type == "llama") {
-    // LlamaAttention: attention_bias puts a bias on q, k, v and o.
+  } else if (out.model_type == "llama" || out.model_type == "qwen3") {
+    // LlamaAttention and Qwen3Attention: attention_bias puts a bias on q, k, v and o.
     m.attn_bias = r.boolean("attention_bias", false) ? attention_bias::qkv_o : attention_bias::none;
     r.must_be_false("mlp_bias", "the MLP projections have no bias");
   } else {
     r.must_be_false("attention_bias", "the q/k/v/o projections have no bias");
     r.must_be_false("mlp_bias", "the MLP projections have no bias");
   }
-  // head_dim (null or absent: hidden_size / heads, as LlamaConfig takes it)
-  // may differ from hidden_size / heads (Mistral NeMo: 5120 / 32 heads of 128).
-  if (r.has("head_dim")) {
-    const int64_t dh = r.integer("head_dim", 0);
+  // Qwen3Attention: an RMSNorm over each head's q and k before RoPE.
+  m.qk_norm = out.model_type == "qwen3";
+  // head_dim (null or absent: hidden_size / heads, as LlamaConfig takes it;
+  // Qwen3Config's default is 128) may differ from hidden_size / heads
+  // (Mistral NeMo: 5120 / 32 heads of 128).
+  if (r.has("head_dim") || out.model_type == "qwen3") {
+    const int64_t dh = r.integer("head_dim", 128);
     if (dh < 2 || dh % 2 != 0) r.fail("head_dim", r.get("head_dim")->dump() + " is not an even width >= 2 (RoPE rotates pairs)");
     else if (m.n_heads <= 0 || dh * m.n_heads != m.d_model) m.explicit_head_dim = dh;
   }
@@ -312,14 +315,17 @@ expected<hf_config> parse_hf_config(std::string_view text, const std::string& or
         else if (arch.rfind("Llama", 0) == 0) out.model_type = "llama";
         else if (arch.rfind("Mistral", 0) == 0) out.model_type = "mistral";
         else if (arch.rfind("Qwen2ForCausalLM", 0) == 0) out.model_type = "qwen2";
-        else return r.fail("architectures", "\"" + arch + "\" is not an architecture actorgraph builds (GPT-2, LLaMA, Mistral, Qwen2)");
+        else if (arch.rfind("Qwen3ForCausalLM", 0) == 0) out.model_type = "qwen3";
+        else return r.fail("architectures", "\"" + arch + "\" is not an architecture actorgraph builds (GPT-2, LLaMA, Mistral, Qwen2, Qwen3)");
       } else {
         return r.fail("model_type", "missing (and no 'architectures' to infer it from)");
       }
     }
     if (out.model_type == "gpt2") read_gpt2(r, out);
-    else if (out.model_type == "llama" || out.model_type == "mistral" || out.model_type == "qwen2") read_llama(r, out);
-    else return r.fail("model_type", "\"" + out.model_type + "\" is not an architecture actorgraph builds (gpt2, llama, mistral, qwen2)");
+    else if (out.model_type == "llama" || out.model_type == "mistral" || out.model_type == "qwen2" ||
+             out.model_type == "qwen3")
+      read_llama(r, out);
+    else return r.fail("model_type", "\"" + out.model_type + "\" is not an architecture actorgraph builds (gpt2, llama, mistral, qwen2, qwen3)");
     read_dtype(r, out);
     read_token_ids(r, out);
     if (r.status()) return r.status();
@@ -375,10 +381,11 @@ std::string to_hf_config_json(const transformer_config& c, int64_t max_positions
          {"torch_dtype", dt}};
   } else {
     // q/k/v biases alone are Qwen2's architecture; with o's, LLaMA's
-    // attention_bias.
-    const bool qwen2 = c.attn_bias == attention_bias::qkv;
-    j = {{"architectures", {qwen2 ? "Qwen2ForCausalLM" : "LlamaForCausalLM"}},
-         {"model_type", qwen2 ? "qwen2" : "llama"},
+    // attention_bias; q/k norms Qwen3's (save_hf_model refuses them with
+    // q/k/v biases alone).
+    const bool qwen2 = c.attn_bias == attention_bias::qkv && !c.qk_norm, qwen3 = c.qk_norm;
+    j = {{"architectures", {qwen3 ? "Qwen3ForCausalLM" : qwen2 ? "Qwen2ForCausalLM" : "LlamaForCausalLM"}},
+         {"model_type", qwen3 ? "qwen3" : qwen2 ? "qwen2" : "llama"},
          {"vocab_size", c.vocab},
          {"hidden_size", c.d_model},
          {"intermediate_size", c.d_ff},
@@ -393,11 +400,12 @@ std::string to_hf_config_json(const transformer_config& c, int64_t max_positions
          {"rope_scaling", rope_scaling_json(c.rope_scale)},
          {"tie_word_embeddings", c.tied_head()},
          {"torch_dtype", dt}};
-    if (qwen2) {
+    if (qwen2 || qwen3) {
       j["use_sliding_window"] = false;
       j["sliding_window"] = nullptr;
       j["max_window_layers"] = c.n_layers;
-    } else {
+    }
+    if (!qwen2) {
       j["attention_bias"] = c.attn_bias == attention_bias::qkv_o;
       j["mlp_bias"] = false;
     }

@@ -9,9 +9,10 @@
 ///   n_head, n_inner (null: 4 n_embd), activation_function (gelu_new,
 ///   gelu_pytorch_tanh, gelu_fast: tanh GELU; gelu: erf GELU),
 ///   layer_norm_epsilon, tie_word_embeddings (default true);
-/// - llama, mistral (with "sliding_window": null only) and qwen2 (with
-///   no sliding window: use_sliding_window false, or every layer_types entry
-///   "full_attention"), each with its own config class's defaults:
+/// - llama, mistral (with "sliding_window": null only), qwen2 and qwen3
+///   (with no sliding window: use_sliding_window false, or every layer_types
+///   entry "full_attention"; qwen3's q/k norms, transformer_config::qk_norm,
+///   and head_dim 128 by default), each with its own config class's defaults:
 ///   vocab_size, hidden_size,
 ///   intermediate_size, num_hidden_layers, num_attention_heads,
 ///   num_key_value_heads (GQA; default = heads), head_dim (the heads'
@@ -21,7 +22,7 @@
 ///   rope_type (older files: type) "default", "llama3" (Llama 3.1 / 3.2:
 ///   factor, low_freq_factor, high_freq_factor,
 ///   original_max_position_embeddings, all required) or "linear" (factor),
-///   attention_bias (llama: true puts biases on q, k, v and o,
+///   attention_bias (llama, qwen3: true puts biases on q, k, v and o,
 ///   attention_bias::qkv_o; mistral: only false; qwen2 always has q, k and v
 ///   biases, attention_bias::qkv, and no key says so), mlp_bias (only false),
 ///   tie_word_embeddings (default false);
@@ -53,7 +54,7 @@ struct hf_config {
   /// Architecture and widths; seq_len and batch are left at 1 (a graph is
   /// built per prompt length), dtype at the checkpoint's (see `dtype`).
   transformer_config model;
-  std::string model_type;           ///< "gpt2", "llama", "mistral", "qwen2"
+  std::string model_type;           ///< "gpt2", "llama", "mistral", "qwen2", "qwen3"
   std::optional<ag::dtype> dtype;   ///< torch_dtype / dtype, when given
   /// Longest sequence the model was trained for (gpt2: n_positions, also the
   /// rows of wpe; llama: max_position_embeddings).
@@ -69,7 +70,7 @@ expected<hf_config> parse_hf_config(std::string_view text, const std::string& or
 expected<hf_config> read_hf_config(const std::string& path);
 
 /// The config.json transformers would write for `cfg` (model_type gpt2,
-/// llama, or qwen2 for attention_bias::qkv; its widths, heads, eps, rope_theta and scaling, tie_word_embeddings,
+/// llama, qwen2 for attention_bias::qkv, qwen3 for qk_norm; its widths, heads, eps, rope_theta and scaling, tie_word_embeddings,
 /// activation, dtype as torch_dtype): what the tests and save_hf_model write.
 std::string to_hf_config_json(const transformer_config& cfg, int64_t max_positions);
 

@@ -30,6 +30,8 @@ constexpr std::pair<const char*, const char*> llama_block[] = {
     {"attn.bk", "self_attn.k_proj.bias"},
     {"attn.bv", "self_attn.v_proj.bias"},
     {"attn.bo", "self_attn.o_proj.bias"},  // qkv_o only
+    {"attn.q_norm.w", "self_attn.q_norm.weight"},  // qk_norm (Qwen3)
+    {"attn.k_norm.w", "self_attn.k_norm.weight"},
     {"mlp_norm.w", "post_attention_layernorm.weight"},
     {"mlp.w_gate", "mlp.gate_proj.weight"},
     {"mlp.w_up", "mlp.up_proj.weight"},
@@ -173,6 +175,9 @@ expected<graph> load_model(const std::string& dir, int64_t seq_len, int64_t batc
 }
 
 error save_hf_model(const std::string& dir, const transformer_config& cfg, const graph& g, save_options options) {
+  if (cfg.qk_norm && cfg.attn_bias == attention_bias::qkv)
+    return error{errc::invalid_argument, dir + ": q/k norms with q/k/v biases but none on o is no Hugging Face "
+                                               "architecture (Qwen3's attention_bias puts one on o too)"};
   const std::string prefix =
       cfg.variant == model_variant::gpt2 ? (options.gpt2_prefix ? "transformer." : "") : "model.";
   std::vector<named_weight> tensors;

@@ -135,11 +135,12 @@ class model_builder {
     return b_.weight(name, host_tensor::random_normal(cfg_.dtype, dims, weight_seed(cfg_.seed, name),
                                                       cfg_.initializer_range * stddev_scale));
   }
-  tensor norm_weight(const std::string& name) {
-    if (provider_) return provided(name, {cfg_.d_model});
-    if (!cfg_.weight_values) return b_.weight(name, make_shape_only_weight(cfg_.dtype, {cfg_.d_model}));
-    return b_.weight(name, host_tensor::random_normal(cfg_.dtype, {cfg_.d_model}, weight_seed(cfg_.seed, name),
-                                                      norm_noise, 1.0f));
+  // width 0: d_model.
+  tensor norm_weight(const std::string& name, int64_t width = 0) {
+    const shape dims{width > 0 ? width : cfg_.d_model};
+    if (provider_) return provided(name, dims);
+    if (!cfg_.weight_values) return b_.weight(name, make_shape_only_weight(cfg_.dtype, dims));
+    return b_.weight(name, host_tensor::random_normal(cfg_.dtype, dims, weight_seed(cfg_.seed, name), norm_noise, 1.0f));
   }
 
   bool cached() const noexcept { return cfg_.kv_cache_capacity > 0; }
@@ -257,6 +258,10 @@ class model_builder {
     q = b_.reshape(q, {B, S, H, dh}, p(k, "attn.q"));
     kk = b_.reshape(kk, {B, S, Hkv, dh}, p(k, "attn.k"));
     v = b_.reshape(v, {B, S, Hkv, dh}, p(k, "attn.v"));
+    if (cfg_.qk_norm) {  // Qwen3: each head's q and k normalised over its dh before RoPE
+      q = b_.rms_norm(q, norm_weight(p(k, "attn.q_norm.w"), dh), cfg_.eps, p(k, "attn.q_norm"));
+      kk = b_.rms_norm(kk, norm_weight(p(k, "attn.k_norm.w"), dh), cfg_.eps, p(k, "attn.k_norm"));
+    }
     q = b_.rope(q, positions, cfg_.rope_theta, rope_mode::neox, p(k, "attn.q_rope"), cfg_.rope_scale);
     kk = b_.rope(kk, positions, cfg_.rope_theta, rope_mode::neox, p(k, "attn.k_rope"), cfg_.rope_scale);
     tensor att = attention(k, q, kk, v);
@@ -368,6 +373,7 @@ T count_parameters(const transformer_config& c) {
   T block = d + d * H * dh + 2 * d * Hkv * dh + H * dh * d + d + 3 * d * ff;
   if (c.attn_bias != attention_bias::none) block += (H + 2 * Hkv) * dh;
   if (c.attn_bias == attention_bias::qkv_o) block += d;
+  if (c.qk_norm) block += 2 * dh;
   return V * d + L * block + d + (c.tied_head() ? 0 : V * d);
 }
 
@@ -391,6 +397,7 @@ error validate(const transformer_config& c) {
     return bad("unknown attention bias " + to_string(static_cast<int>(c.attn_bias)));
   if (c.variant == model_variant::gpt2 && c.attn_bias != attention_bias::none)
     return bad("attn_bias is for llama models (gpt2's projections always have biases)");
+  if (c.variant == model_variant::gpt2 && c.qk_norm) return bad("qk_norm is for llama models");
   if (c.n_kv_heads < 0) return bad("n_kv_heads must be >= 0 (0 = n_heads), got " + to_string(c.n_kv_heads));
   if (c.variant == model_variant::gpt2 && c.n_kv_heads != 0 && c.n_kv_heads != c.n_heads)
     return bad("n_kv_heads " + to_string(c.n_kv_heads) + " != n_heads " + to_string(c.n_heads) +
@@ -488,6 +495,8 @@ std::vector<std::string> weight_names(const transformer_config& c) {
       for (const char* w : {"attn_norm.w", "attn.wq", "attn.wk", "attn.wv"}) n.push_back(p(k, w));
       if (qkv_bias)
         for (const char* w : {"attn.bq", "attn.bk", "attn.bv"}) n.push_back(p(k, w));
+      if (c.qk_norm)
+        for (const char* w : {"attn.q_norm.w", "attn.k_norm.w"}) n.push_back(p(k, w));
       n.push_back(p(k, "attn.wo"));
       if (o_bias) n.push_back(p(k, "attn.bo"));
       for (const char* w : {"mlp_norm.w", "mlp.w_gate", "mlp.w_up", "mlp.w_down"}) n.push_back(p(k, w));

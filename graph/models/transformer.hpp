@@ -25,7 +25,8 @@
 ///   final rms_norm; untied lm_head [vocab, d]. cfg.attn_bias adds biases
 ///   to the attention's projections after their products: q, k and v
 ///   (Qwen2ForCausalLM, otherwise LLaMA's architecture), or q, k, v and o
-///   (LlamaConfig's attention_bias).
+///   (LlamaConfig's attention_bias); cfg.qk_norm normalises each head's q
+///   and k (RMSNorm over head_dim, its own weight) before RoPE, as Qwen3.
 /// - either variant: cfg.head ties or unties the head (HF tie_word_embeddings),
 ///   and gpt2's cfg.activation picks tanh or erf GELU (activation_function).
 ///
@@ -142,6 +143,10 @@ struct transformer_config {
   /// "attn.bk", "attn.bv" [heads x head_dim or kv heads x head_dim] and, for
   /// qkv_o, "attn.bo" [d_model]); see attention_bias.
   attention_bias attn_bias = attention_bias::none;
+  /// llama only: an RMSNorm over each head's q and k before RoPE (Qwen3's
+  /// q_norm and k_norm: weights "l<k>.attn.q_norm.w" and "attn.k_norm.w"
+  /// [head_dim], the layers' eps).
+  bool qk_norm = false;
   /// MLP hidden width (gpt2: n_inner, usually 4 d; llama: intermediate_size).
   int64_t d_ff = 256;
   int64_t vocab = 97;
@@ -248,7 +253,8 @@ std::vector<host_tensor> transformer_inputs(const transformer_config& cfg, uint6
 /// Number of weight elements the graph holds (a tied embedding counted once):
 ///   gpt2:  V d + P d + L (4 d^2 + 2 d ff + 9 d + ff) + 2 d   (P = positions_rows())
 ///   llama: 2 V d + L (2 d + d (H + 2 Hkv) dh + H dh d + 3 d ff) + d
-///          + L (H + 2 Hkv) dh with q/k/v biases, + L d more with o's
+///          + L (H + 2 Hkv) dh with q/k/v biases, + L d more with o's,
+///          + L 2 dh with qk_norm
 /// with V d less for a tied llama head and V d more for a separate gpt2 head.
 /// 0 when the config is invalid.
 int64_t parameter_count(const transformer_config& cfg);

@@ -33,7 +33,7 @@ ag::runtime_options fast_sim() {
 // RoPE scaling, whose original context of 128 puts the heads' four pairs
 // (wavelengths 6.3, 53, 444, 3738 at theta 5000) in all three of its
 // regimes: kept, blended, slowed by the factor; and a LLaMA with linear RoPE
-// scaling (every pair slowed by 2); heads wider than d_model / heads; Qwen2's biases.
+// scaling (every pair slowed by 2); heads wider than d_model / heads; Qwen2's biases; Qwen3's q/k norms.
 std::vector<ag::models::transformer_config> tiny_models() {
   auto llama3 = ag::test::tiny_model(ag::models::model_variant::llama, 2);
   llama3.head = ag::models::head_tying::tied;
@@ -48,8 +48,11 @@ std::vector<ag::models::transformer_config> tiny_models() {
   auto qwen2 = ag::test::tiny_model(ag::models::model_variant::llama, 2);
   qwen2.attn_bias = ag::models::attention_bias::qkv;
   qwen2.head = ag::models::head_tying::tied;
+  // Qwen3's q/k norms (the cache holds normed, roped keys).
+  auto qwen3 = ag::test::tiny_model(ag::models::model_variant::llama, 2);
+  qwen3.qk_norm = true;
   return {ag::test::tiny_model(ag::models::model_variant::gpt2),
-          ag::test::tiny_model(ag::models::model_variant::llama, 2), llama3, linear, wide_heads, qwen2};
+          ag::test::tiny_model(ag::models::model_variant::llama, 2), llama3, linear, wide_heads, qwen2, qwen3};
 }
 
 // The last row of the logits of the plain forward pass over `tokens`.

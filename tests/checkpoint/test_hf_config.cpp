@@ -284,6 +284,45 @@ TEST(HfConfig, Qwen2AsPublishedHasQkvBiases) {
       "sliding_attention"])"), "layer_types", "entry \"sliding_attention\" with use_sliding_window");
 }
 
+// Qwen3-0.6B's config.json as published (transformers 4.51): heads of 128
+// (16 of them on d_model 1024: q is 2048 wide), an RMSNorm over each head's
+// q and k (no key says so: Qwen3Attention has them), a tied head.
+TEST(HfConfig, Qwen3AsPublishedHasQkNorms) {
+  const char* qwen3 = R"({"architectures": ["Qwen3ForCausalLM"], "attention_bias": false, "attention_dropout": 0.0,
+    "bos_token_id": 151643, "eos_token_id": 151645, "head_dim": 128, "hidden_act": "silu", "hidden_size": 1024,
+    "initializer_range": 0.02, "intermediate_size": 3072, "max_position_embeddings": 40960, "max_window_layers": 28,
+    "model_type": "qwen3", "num_attention_heads": 16, "num_hidden_layers": 28, "num_key_value_heads": 8,
+    "rms_norm_eps": 1e-06, "rope_scaling": null, "rope_theta": 1000000, "sliding_window": null,
+    "tie_word_embeddings": true, "torch_dtype": "bfloat16", "transformers_version": "4.51.0", "use_cache": true,
+    "use_sliding_window": false, "vocab_size": 151936})";
+  hf_config c = parse_ok(qwen3);
+  EXPECT_EQ(c.model_type, "qwen3");
+  EXPECT_TRUE(c.model.qk_norm);
+  EXPECT_EQ(c.model.attn_bias, attention_bias::none);
+  EXPECT_EQ(c.model.head_dim(), 128);
+  EXPECT_EQ(c.model.explicit_head_dim, 128) << "16 x 128 is not 1024";
+  EXPECT_EQ(c.model.kv_heads(), 8);
+  EXPECT_TRUE(c.model.tied_head());
+  EXPECT_FLOAT_EQ(c.model.rope_theta, 1e6f);
+  // 28 layers of 15,731,968 (the q/k norms' 256 among them), the tied
+  // embedding, the final norm.
+  EXPECT_EQ(parameter_count(c.model), 596049920);
+  // Qwen3Config's head_dim defaults to 128, whatever hidden_size / heads is;
+  // its attention_bias is LLaMA's (o's bias too).
+  hf_config d = parse_ok(R"({"model_type": "qwen3", "hidden_size": 512, "num_attention_heads": 8,
+                             "attention_bias": true})");
+  EXPECT_EQ(d.model.head_dim(), 128);
+  EXPECT_EQ(d.model.attn_bias, attention_bias::qkv_o);
+  EXPECT_TRUE(d.model.qk_norm);
+  expect_key_error(with(qwen3, R"("use_sliding_window": true, "sliding_window": 4096, "max_window_layers": 20)"),
+                   "use_sliding_window", "sliding-window attention is not implemented");
+  // Written back as Qwen3.
+  hf_config back = parse_ok(to_hf_config_json(c.model, 0));
+  EXPECT_EQ(back.model_type, "qwen3");
+  EXPECT_TRUE(back.model.qk_norm);
+  EXPECT_EQ(parameter_count(back.model), parameter_count(c.model));
+}
+
 // LlamaConfig's attention_bias puts a bias on q, k, v and o.
 TEST(HfConfig, LlamaAttentionBiasIsQkvAndO) {
   hf_config c = parse_ok(with(llama_v4, R"("attention_bias": true)"));

@@ -32,7 +32,8 @@ host_tensor logits_of(const graph& g, const std::vector<host_tensor>& in) {
 
 std::string describe(const transformer_config& c) {
   return std::string(to_string(c.variant)) + " kv=" + std::to_string(c.kv_heads()) + " tied=" +
-         std::to_string(c.tied_head()) + " bias=" + to_string(c.attn_bias) + " " + to_string(c.dtype);
+         std::to_string(c.tied_head()) + " bias=" + to_string(c.attn_bias) + (c.qk_norm ? " qk_norm " : " ") +
+         to_string(c.dtype);
 }
 
 std::vector<transformer_config> tiny_models() {
@@ -54,6 +55,12 @@ std::vector<transformer_config> tiny_models() {
   auto llama_bias = tiny_model(model_variant::llama, 4);
   llama_bias.attn_bias = attention_bias::qkv_o;
   out.push_back(llama_bias);
+  // Qwen3's q/k norms, on heads wider than d_model / heads.
+  auto qwen3 = tiny_model(model_variant::llama, 2);
+  qwen3.qk_norm = true;
+  qwen3.explicit_head_dim = 16;
+  qwen3.head = head_tying::tied;
+  out.push_back(qwen3);
   return out;
 }
 
@@ -87,6 +94,8 @@ TEST(HfModel, HfNamesAreTransformersNames) {
   EXPECT_EQ(hf_tensor_name(model_variant::llama, "l1.attn.bk", "model."), "model.layers.0.self_attn.k_proj.bias");
   EXPECT_EQ(hf_tensor_name(model_variant::llama, "l3.attn.bv", "model."), "model.layers.2.self_attn.v_proj.bias");
   EXPECT_EQ(hf_tensor_name(model_variant::llama, "l1.attn.bo", "model."), "model.layers.0.self_attn.o_proj.bias");
+  EXPECT_EQ(hf_tensor_name(model_variant::llama, "l2.attn.q_norm.w", "model."), "model.layers.1.self_attn.q_norm.weight");
+  EXPECT_EQ(hf_tensor_name(model_variant::llama, "l2.attn.k_norm.w", "model."), "model.layers.1.self_attn.k_norm.weight");
   EXPECT_EQ(hf_tensor_name(model_variant::llama, "l2.mlp_norm.w", "model."),
             "model.layers.1.post_attention_layernorm.weight");
   EXPECT_EQ(hf_tensor_name(model_variant::llama, "l2.mlp.w_gate", "model."), "model.layers.1.mlp.gate_proj.weight");

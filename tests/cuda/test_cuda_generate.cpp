@@ -102,10 +102,14 @@ void decode_on(const std::string& spec, int stages, bool fuse_ops = false, int64
   auto bf16_qwen2 = bf16_llama;
   bf16_qwen2.attn_bias = models::attention_bias::qkv;
   bf16_qwen2.head = models::head_tying::tied;
+  // Qwen3's q/k norms, bf16.
+  auto bf16_qwen3 = bf16_llama;
+  bf16_qwen3.qk_norm = true;
   for (const auto& cfg : {widened(test::tiny_model(models::model_variant::gpt2)),
-                          widened(test::tiny_model(models::model_variant::llama, 2)), bf16_llama, bf16_qwen2}) {
+                          widened(test::tiny_model(models::model_variant::llama, 2)), bf16_llama, bf16_qwen2,
+                          bf16_qwen3}) {
     SCOPED_TRACE(std::string(models::to_string(cfg.variant)) + " " + to_string(cfg.dtype) + " bias " +
-                 models::to_string(cfg.attn_bias) + " on " + spec);
+                 models::to_string(cfg.attn_bias) + (cfg.qk_norm ? " qk_norm" : "") + " on " + spec);
     const bool bf16 = cfg.dtype == dtype::bf16;
     test::temp_dir dir;
     test::save_random_model(dir.str(), cfg);

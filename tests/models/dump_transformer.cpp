@@ -71,6 +71,10 @@ std::vector<named_config> cases() {
   auto llama_bias = llama;
   llama_bias.attn_bias = ag::models::attention_bias::qkv_o;
   out.push_back({"llama_attention_bias", llama_bias, 0});
+  // Qwen3's RMSNorm over each head's q and k before RoPE, on heads of 24.
+  auto qwen3 = wide;
+  qwen3.qk_norm = true;
+  out.push_back({"qwen3_qk_norm", qwen3, 4});
   return out;
 }
 

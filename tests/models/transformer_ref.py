@@ -167,8 +167,12 @@ def llama_attention(cfg, w, p, hidden, cos, sin):
     def proj(x, name):
         out = linear(x, w[p + "attn.w" + name])
         return out + w[p + "attn.b" + name] if p + "attn.b" + name in w else out
-    query = proj(hidden, "q").reshape(b, s, heads, head_dim).transpose(0, 2, 1, 3)
-    key = proj(hidden, "k").reshape(b, s, kv_heads, head_dim).transpose(0, 2, 1, 3)
+    query = proj(hidden, "q").reshape(b, s, heads, head_dim)
+    key = proj(hidden, "k").reshape(b, s, kv_heads, head_dim)
+    if p + "attn.q_norm.w" in w:  # Qwen3: q_norm / k_norm over each head's dims, before the transpose and RoPE
+        query = rms_norm(query, w[p + "attn.q_norm.w"], cfg["eps"])
+        key = rms_norm(key, w[p + "attn.k_norm.w"], cfg["eps"])
+    query, key = query.transpose(0, 2, 1, 3), key.transpose(0, 2, 1, 3)
     value = proj(hidden, "v").reshape(b, s, kv_heads, head_dim).transpose(0, 2, 1, 3)
     query, key = apply_rotary_pos_emb(query, key, cos, sin)
     n_rep = heads // kv_heads

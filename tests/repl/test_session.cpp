@@ -150,6 +150,9 @@ TEST(ReplCommands, ModelWithBadDimsIsRejected) {
   EXPECT_TRUE(has(f.text, "attn_bias is for llama models")) << f.text;
   EXPECT_EQ(f.run("model llama layers=2 d=32 heads=4 kv=2 bias=qkv ff=64 seq=8 vocab=64"), exec_status::ok) << f.text;
   EXPECT_TRUE(has(f.text, "4 heads (2 kv) with q/k/v biases")) << f.text;
+  EXPECT_EQ(f.run("model llama layers=2 d=32 heads=4 kv=2 qk_norm=1 ff=64 seq=8 vocab=64"), exec_status::ok) << f.text;
+  EXPECT_TRUE(has(f.text, "4 heads (2 kv) with q/k norms")) << f.text;
+  EXPECT_EQ(f.run("model llama layers=2 d=32 heads=4 qk_norm=2"), exec_status::failed);
 }
 
 // set replay= follows plan_options::graph_replay: refused when not
