@@ -1754,6 +1754,11 @@ TEST(LaunchProgram, ADecodeStepOutsideTheKernelsPatternOrShapesKeepsItsRecords) 
   c.attn_bias = models::attention_bias::qkv_o;  // LLaMA's attention_bias: o's bias too
   cases.push_back({"q/k/v/o biases", c, device_kind::cuda, 1, true, "8 a layer"});
   c = llama;
+  c.qk_norm = true;  // Qwen3's q/k norms: two rms_norm records a layer more
+  cases.push_back({"q/k norms", c, device_kind::cuda, 1, true, "records, not the embedding, 5 a layer"});
+  c.n_layers = 5;  // 7 records a layer x 5 layers: a multiple of 5, refused by the records' kinds
+  cases.push_back({"q/k norms, 5 layers", c, device_kind::cuda, 1, true, "layer 1: "});
+  c = llama;
   c.kv_cache_capacity = 0;
   cases.push_back({"no KV cache", c, device_kind::cuda, 1, true, "KV cache"});
   c = llama;
