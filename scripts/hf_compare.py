@@ -128,34 +128,28 @@ def main():
         torch.manual_seed(seed)
         return perturb(transformers.GPT2LMHeadModel(cfg), seed)
 
-    def llama(seed, **kw):
-        base = dict(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-                    num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-                    rms_norm_eps=1e-5, rope_theta=5000.0, tie_word_embeddings=False)
-        base.update(kw)
-        cfg = transformers.LlamaConfig(**base)
+    # The LLaMA-family models' common small shape (GQA: 4 heads over 2 kv heads).
+    small = dict(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                 num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64, rope_theta=5000.0)
+
+    def causal_lm(config_cls, model_cls, seed, base, kw):
+        cfg = config_cls(**{**small, **base, **kw})
         torch.manual_seed(seed)
-        return perturb(transformers.LlamaForCausalLM(cfg), seed)
+        return perturb(model_cls(cfg), seed)
+
+    def llama(seed, **kw):
+        return causal_lm(transformers.LlamaConfig, transformers.LlamaForCausalLM, seed,
+                         dict(rms_norm_eps=1e-5, tie_word_embeddings=False), kw)
 
     def qwen2(seed, **kw):
         # Qwen2: LLaMA's layer with q/k/v biases (Qwen2Attention), no sliding window.
-        base = dict(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-                    num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-                    rms_norm_eps=1e-6, rope_theta=5000.0, tie_word_embeddings=True, use_sliding_window=False)
-        base.update(kw)
-        cfg = transformers.Qwen2Config(**base)
-        torch.manual_seed(seed)
-        return perturb(transformers.Qwen2ForCausalLM(cfg), seed)
+        return causal_lm(transformers.Qwen2Config, transformers.Qwen2ForCausalLM, seed,
+                         dict(rms_norm_eps=1e-6, tie_word_embeddings=True, use_sliding_window=False), kw)
 
     def qwen3(seed, **kw):
         # Qwen3: LLaMA's layer with an RMSNorm over each head's q and k, heads of head_dim.
-        base = dict(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-                    num_attention_heads=4, num_key_value_heads=2, head_dim=24, max_position_embeddings=64,
-                    rms_norm_eps=1e-6, rope_theta=5000.0, tie_word_embeddings=True, use_sliding_window=False)
-        base.update(kw)
-        cfg = transformers.Qwen3Config(**base)
-        torch.manual_seed(seed)
-        return perturb(transformers.Qwen3ForCausalLM(cfg), seed)
+        return causal_lm(transformers.Qwen3Config, transformers.Qwen3ForCausalLM, seed,
+                         dict(head_dim=24, rms_norm_eps=1e-6, tie_word_embeddings=True, use_sliding_window=False), kw)
 
     def llama3_scaling():
         # Llama 3.1 / 3.2's RoPE scaling; an original context of 128 puts the
