@@ -208,9 +208,7 @@ int32_t sample_token(std::span<const float> logits, const sampling_options& s, u
 
 namespace {
 
-// A large negative score: exp() of it times any attention scale is 0 in f32,
-// and it fits f16 and bf16.
-constexpr float masked_score = -30000.0f;
+constexpr float masked_score = models::attention_masked_score;
 
 struct step_plan {
   std::shared_ptr<const plan> p;
@@ -318,10 +316,14 @@ struct sequence : std::enable_shared_from_this<sequence> {
       pos[static_cast<std::size_t>(i)] = static_cast<int32_t>(i < n ? cached + i : cached);
       store[static_cast<std::size_t>(i)] = static_cast<int32_t>(i < n ? cached + i : -1);
     }
+    // Row i sees cache rows first .. last: from the start, or with a
+    // sliding window the last c.sliding_window positions (row r holds
+    // position r).
     host_tensor mask = host_tensor::uninitialized(c.dtype, {T, C});
     for (int64_t i = 0; i < T; ++i) {
       const int64_t last = cached + std::min(i, n - 1);
-      for (int64_t j = 0; j < C; ++j) mask.set(i * C + j, j <= last ? 0.0f : masked_score);
+      const int64_t first = c.sliding_window > 0 ? std::max<int64_t>(0, last - c.sliding_window + 1) : 0;
+      for (int64_t j = 0; j < C; ++j) mask.set(i * C + j, j >= first && j <= last ? 0.0f : masked_score);
     }
     std::vector<host_tensor> in;
     in.reserve(4);

@@ -387,10 +387,13 @@ std::string match_decode_step(const lowered_step& ls, lowered_op& fused) {
   else if (plain(ops[n - 1], op_kind::argmax)) tail = 3, argmax = true;
   else if (plain(ops[n - 1], op_kind::store_rows) && plain(ops[n - 2], op_kind::argmax)) tail = 4, argmax = true;
   else return "the step ends with " + record_name(ops[n - 1]) + ", not the logits' copy or argmax";
-  // Q/k/v biases (Qwen2's): three adds after each layer's projections, so
-  // 8 records a layer instead of 5.
+  // Q/k/v biases (Qwen2's): three adds after each layer's projections;
+  // q/k norms (Qwen3's): two rms_norms over each head's q and k after them.
+  // So 5, 7, 8 or 10 records a layer.
   const bool biased = n > 2 && plain(ops[2], op_kind::add);
-  const std::size_t per_layer = biased ? 8 : 5;
+  const std::size_t after_biases = biased ? 5 : 2;
+  const bool normed = n > after_biases && plain(ops[after_biases], op_kind::rms_norm);
+  const std::size_t per_layer = 5 + (biased ? 3 : 0) + (normed ? 2 : 0);
   if ((n - 1 - tail) % per_layer != 0)
     return std::to_string(n) + " records, not the embedding, " + std::to_string(per_layer) + " a layer and the head's";
   const int layers = static_cast<int>((n - 1 - tail) / per_layer);
@@ -444,7 +447,8 @@ std::string match_decode_step(const lowered_step& ls, lowered_op& fused) {
     const lowered_op* r = &ops[1 + per_layer * static_cast<std::size_t>(l)];
     const lowered_op &qkv = r[0], &att = r[per_layer - 4], &o = r[per_layer - 3], &mlp = r[per_layer - 2],
                      &down = r[per_layer - 1];
-    const lowered_op* bias = biased ? r + 1 : nullptr;  // q's, k's, v's adds
+    const lowered_op* bias = biased ? r + 1 : nullptr;                // q's, k's, v's adds
+    const lowered_op* qk_norm = normed ? r + (biased ? 4 : 1) : nullptr;  // q's, k's rms_norms
     // The attention first: without a KV cache (or its ropes) the rest
     // differs too, and this says why best.
     if (att.fused != fusion::attention || att.inputs.size() != 8 || !att.attention.masked ||
@@ -470,6 +474,15 @@ std::string match_decode_step(const lowered_step& ls, lowered_op& fused) {
           return at + record_name(add) + " where " + "qkv"[i] + "'s bias goes";
         made[i] = &add.out;
       }
+    // The q/k norms: q's, then k's, each with a weight of its own.
+    if (normed)
+      for (int i = 0; i < 2; ++i) {
+        const lowered_op& norm_i = qk_norm[i];
+        if (!plain(norm_i, op_kind::rms_norm) || norm_i.inputs.size() != 2 || !same_bytes(norm_i.inputs[0], *made[i]) ||
+            norm_i.inputs[1].where != region::weights || norm_i.out.proto.dims.numel() != made[i]->proto.dims.numel())
+          return at + record_name(norm_i) + " where " + "qk"[i] + "'s weighted rms_norm goes";
+        made[i] = &norm_i.out;
+      }
     // Dataflow: each record reads what the one before it made.
     if (!same_bytes(qkv.inputs[0], *residual) || !same_bytes(att.inputs[0], *made[0]) ||
         !same_bytes(att.inputs[4], *made[1]) || !same_bytes(att.inputs[5], *made[2]) ||
@@ -493,7 +506,9 @@ std::string match_decode_step(const lowered_step& ls, lowered_op& fused) {
                att.attention.scale != ds.scale) {
       return at + "its rope theta, rope scaling or softmax scale differs";
     }
-    if (qkv.projection_norm.eps != ds.eps || mlp.projection_norm.eps != ds.eps) return at + "an rms_norm's eps differs";
+    if (qkv.projection_norm.eps != ds.eps || mlp.projection_norm.eps != ds.eps ||
+        (normed && (qk_norm[0].op->attrs.eps != ds.eps || qk_norm[1].op->attrs.eps != ds.eps)))
+      return at + "an rms_norm's eps differs";
     if (qkv.projection_norm.weighted != ds.norm_weighted || mlp.projection_norm.weighted != ds.norm_weighted)
       return at + "norm weights where another layer has none (or the other way round)";
     const operand &wq = qkv.inputs[1], &wk = qkv.inputs[2], &wv = qkv.inputs[3];
@@ -523,8 +538,18 @@ std::string match_decode_step(const lowered_step& ls, lowered_op& fused) {
         if (b.proto.dims.numel() != (i == 0 ? heads : kv_heads) * dh) return at + "a bias of another shape";
         fused.inputs.push_back(b);
       }
+    if (normed)
+      for (int i = 0; i < 2; ++i) {
+        // Over each head's dh values: the norm's rows are the heads.
+        const operand& w = qk_norm[i].inputs[1];
+        const auto& x = qk_norm[i].inputs[0].proto.dims;
+        if (!dims_are(w, {dh}) || x.rank() < 1 || x[x.rank() - 1] != dh)
+          return at + record_name(qk_norm[i]) + " does not normalise each head's " + std::to_string(dh) + " values";
+        fused.inputs.push_back(w);
+      }
   }
   ds.qkv_bias = biased;
+  ds.qk_norm = normed;
   if (!same_bytes(norm.inputs[0], *residual) || !same_bytes(head.inputs[0], norm.out))
     return "the final norm or the head reads what the pattern does not say";
   if (norm.op->attrs.eps != ds.eps) return "the final norm's eps differs from the layers'";

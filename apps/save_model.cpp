@@ -6,7 +6,7 @@
 //                                    llama2-7b|llama3.1-8b|qwen2.5-0.5b|qwen3-0.6b]
 //                         [--dtype f32|f16|bf16] [--layers N] [--seed N] [--shard-mb N]
 //                         [--d-model N] [--d-ff N] [--heads N] [--kv-heads N] [--head-dim N] [--vocab N]
-//                         [--attention-bias none|qkv|qkv_o]   (--help)
+//                         [--attention-bias none|qkv|qkv_o] [--sliding-window N]   (--help)
 //
 // llama-1b is the decode benchmark's shape (16 layers, d 2048, ff 8192, 32
 // heads, 8 kv heads, vocab 32000; bf16 by default: 2.2 GB); llama3.2-1b is
@@ -130,6 +130,11 @@ int main(int argc, char** argv) {
                  "LLaMA: biases of the attention's projections: none, qkv (written as a Qwen2 model) or qkv_o "
                  "(LLaMA's attention_bias; default: the shape's)")
       ->check(CLI::IsMember({"", "none", "qkv", "qkv_o"}));
+  int64_t sliding_window = -1;
+  app.add_option("--sliding-window", sliding_window,
+                 "LLaMA: every layer's sliding window (written as a Mistral model, or a Qwen2 / Qwen3 one with "
+                 "use_sliding_window); 0: none (default: the shape's)")
+      ->check(CLI::NonNegativeNumber);
   if (auto status = ag::apps::parse_flags(app, argc, argv)) return *status;
   ag::models::transformer_config c;
   shape_named(shape, c);
@@ -142,6 +147,7 @@ int main(int argc, char** argv) {
   if (head_dim > 0) c.explicit_head_dim = head_dim;
   if (vocab > 0) c.vocab = vocab;
   if (!bias.empty()) ag::models::parse_attention_bias(bias, c.attn_bias);
+  if (sliding_window >= 0) c.sliding_window = sliding_window;
   c.seed = seed;
   const auto t0 = std::chrono::steady_clock::now();
   std::error_code ec;

@@ -176,9 +176,11 @@ struct op_launch {
   /// norm_weighted): w_q [H dh, d], w_k [Hkv dh, d], w_v, the k and v caches
   /// [1, Hkv, cache_rows, dh], w_o [d, H dh], w_gate [ff, d], w_up, w_down
   /// [d, ff], then the attention's and the MLP's norm weights [d], then
-  /// with qkv_bias (Qwen2) the biases b_q [H dh], b_k [Hkv dh], b_v. `out` is
+  /// with qkv_bias (Qwen2) the biases b_q [H dh], b_k [Hkv dh], b_v, then
+  /// with qk_norm (Qwen3) the q and k norms' weights [dh]. `out` is
   /// the logits f32 [1, 1, vocab], or with `argmax` the greedy token (i32,
   /// one element: the argmax output or the token state it is kept in).
+  static constexpr std::size_t decode_step_layer_inputs = 9;
   struct decode_step_params {
     int layers = 0;
     int64_t d_model = 0, d_ff = 0, heads = 0, kv_heads = 0, head_dim = 0, vocab = 0, cache_rows = 0;
@@ -190,8 +192,16 @@ struct op_launch {
     bool final_norm_weighted = false;  ///< the final norm's weight present
     bool argmax = false;               ///< `out` is the greedy token, not the logits
     bool qkv_bias = false;             ///< q/k/v biases (3 operands a layer more)
+    bool qk_norm = false;              ///< rms_norms over each head's q and k before RoPE (2 operands a layer more)
+    /// Operands of each layer, and of the whole record (the order above).
+    std::size_t layer_operands() const noexcept {
+      return decode_step_layer_inputs + (norm_weighted ? 2u : 0u) + (qkv_bias ? 3u : 0u) + (qk_norm ? 2u : 0u);
+    }
+    std::size_t global_operands() const noexcept { return final_norm_weighted ? 7u : 6u; }
+    std::size_t operands() const noexcept {
+      return global_operands() + layer_operands() * static_cast<std::size_t>(layers);
+    }
   };
-  static constexpr int decode_step_layer_inputs = 9;
   decode_step_params decode_step{};
   /// An in-stream all-reduce part (collective_algo::in_stream, plan.hpp):
   /// `op` is this member's all_reduce node, `inputs` every member's operand

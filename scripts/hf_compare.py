@@ -151,6 +151,11 @@ def main():
         return causal_lm(transformers.Qwen3Config, transformers.Qwen3ForCausalLM, seed,
                          dict(head_dim=24, rms_norm_eps=1e-6, tie_word_embeddings=True, use_sliding_window=False), kw)
 
+    def mistral(seed, **kw):
+        # Mistral: LLaMA's layer with a sliding window over the keys.
+        return causal_lm(transformers.MistralConfig, transformers.MistralForCausalLM, seed,
+                         dict(rms_norm_eps=1e-5, tie_word_embeddings=False), kw)
+
     def llama3_scaling():
         # Llama 3.1 / 3.2's RoPE scaling; an original context of 128 puts the
         # heads' 8 pairs (wavelengths 6.3 to 10,844 at theta 5000) in all
@@ -181,6 +186,9 @@ def main():
         ("llama_attention_bias", llama(10, attention_bias=True), {}),
         # Qwen3's q/k norms over heads wider than hidden_size / heads.
         ("qwen3_tied", qwen3(11), {}),
+        # Sliding windows shorter than the prompt: Mistral's, and Qwen2's on every layer.
+        ("mistral_window_3", mistral(12, sliding_window=3), {}),
+        ("qwen2_window_4", qwen2(13, use_sliding_window=True, sliding_window=4, max_window_layers=0), {}),
     ]
     prompt = [5, 17, 42, 8, 91, 3, 60]
     failures = []

@@ -3,7 +3,8 @@
 
 A LLaMA-shaped decoder written directly in PyTorch (default: the LLaMA 1B
 shape of issue 12: 16 layers, d 2048, ff 8192, 32 heads, 8 kv heads, vocab
-32000, bf16, random weights; --qkv-bias for Qwen2's q/k/v biases), batch 1,
+32000, bf16, random weights; --qkv-bias for Qwen2's q/k/v biases, --qk-norm
+for Qwen3's q/k norms, --head-dim for heads of another width than d / heads), batch 1,
 run the fastest way we know:
 
 - decode: a static KV cache [layers, 2, 1, kv_heads, max_len, head_dim], one
@@ -37,6 +38,8 @@ def main():
     ap.add_argument("--prefill", type=int, default=2048)
     ap.add_argument("--qkv-bias", action="store_true", help="biases on q, k and v (Qwen2's attention)")
     ap.add_argument("--rope-theta", type=float, default=10000.0)
+    ap.add_argument("--qk-norm", action="store_true", help="RMSNorm over each head's q and k before RoPE (Qwen3's)")
+    ap.add_argument("--head-dim", type=int, default=0, help="head width (0: d / heads)")
     a = ap.parse_args()
     try:
         import torch
@@ -52,7 +55,7 @@ def main():
     dt = torch.bfloat16
     torch.manual_seed(0)
     L, d, ff, H, Hkv, V = a.layers, a.d, a.ff, a.heads, a.kv_heads, a.vocab
-    dh = d // H
+    dh = a.head_dim or d // H
     max_len = a.context + a.new_tokens
 
     def w(*shape):
@@ -66,7 +69,9 @@ def main():
         layers.append(dict(
             an=torch.ones(d, device=dev, dtype=dt), mn=torch.ones(d, device=dev, dtype=dt),
             wqkv=w((H + 2 * Hkv) * dh, d), wo=w(d, H * dh), wgu=w(2 * ff, d), wd=w(d, ff),
-            bqkv=w((H + 2 * Hkv) * dh) if a.qkv_bias else None))
+            bqkv=w((H + 2 * Hkv) * dh) if a.qkv_bias else None,
+            qn=torch.ones(dh, device=dev, dtype=dt) if a.qk_norm else None,
+            kn=torch.ones(dh, device=dev, dtype=dt) if a.qk_norm else None))
     inv_freq = 1.0 / (a.rope_theta ** (torch.arange(0, dh, 2, device=dev, dtype=torch.float32) / dh))
 
     def rms(x, g):
@@ -88,6 +93,8 @@ def main():
         q = q.view(B, S, H, dh).transpose(1, 2)
         k = k.view(B, S, Hkv, dh).transpose(1, 2)
         v = v.view(B, S, Hkv, dh).transpose(1, 2)
+        if lw["qn"] is not None:
+            q, k = rms(q, lw["qn"]), rms(k, lw["kn"])
         q, k = rope(q, pos), rope(k, pos)
         if cache is None:
             o = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)

@@ -19,6 +19,8 @@ std::string model_text(const models::transformer_config& cfg) {
                     : cfg.attn_bias == models::attention_bias::qkv_o ? " with q/k/v/o biases"
                                                                      : "";
   if (cfg.qk_norm) bias += bias.empty() ? " with q/k norms" : " and q/k norms";
+  if (cfg.sliding_window > 0)
+    bias += (bias.empty() ? " with a sliding window of " : " and a sliding window of ") + std::to_string(cfg.sliding_window);
   return fmt("%s: %d layers, d %lld, %d heads%s%s%s, ff %lld, seq %lld, batch %lld, vocab %lld, %s", models::to_string(cfg.variant),
              cfg.n_layers, static_cast<long long>(cfg.d_model), cfg.n_heads,
              cfg.explicit_head_dim > 0 ? fmt(" of %lld", static_cast<long long>(cfg.head_dim())).c_str() : "",
@@ -60,6 +62,7 @@ outcome session::impl::cmd_model(const command_line& c) {
   if (auto t = p.raw("dtype"); t && !parse_dtype(t->c_str(), cfg.dtype))
     return fail(bad_arg("dtype: '" + *t + "' is not one of f32, f16, bf16"));
   if (auto e = geti("qk_norm", 0, 1, cfg.qk_norm)) return fail(e);
+  if (auto e = geti("window", 0, 1 << 20, cfg.sliding_window)) return fail(e);
   if (auto b = p.raw("bias"); b && !models::parse_attention_bias(*b, cfg.attn_bias))
     return fail(bad_arg("bias: '" + *b + "' is not one of none, qkv (Qwen2's), qkv_o (LLaMA's attention_bias)"));
   if (auto e = p.finish()) return fail(e);

@@ -46,11 +46,11 @@ const std::vector<command_info>& commands() {
        "inject faults into simulated GPUs (error: ops fail; stall: ops take seconds= longer; die: the device dies after ops ops; off: "
        "none); recreates the devices; no argument: show",
        "fault sim0 error 0.5", {"seconds="}, {"sim", "error", "stall", "die", "off"}, fault_details},
-      {"model", "model gpt2|llama [layers=12 d=256 heads=8 kv=0 head_dim=0 bias=none qk_norm=0 ff=1024 seq=64 batch=1 vocab=512 dtype=f32 seed=1]",
+      {"model", "model gpt2|llama [layers=12 d=256 heads=8 kv=0 head_dim=0 bias=none qk_norm=0 window=0 ff=1024 seq=64 batch=1 vocab=512 dtype=f32 seed=1]",
        "build a transformer (the current graph); kv = llama's key/value heads (0: heads); head_dim = llama's heads' width "
-       "(0: d / heads); bias = llama's attention biases: none, qkv (Qwen2's) or qkv_o; qk_norm=1: Qwen3's norms of q and k",
+       "(0: d / heads); bias = llama's attention biases: none, qkv (Qwen2's) or qkv_o; qk_norm=1: Qwen3's norms of q and k; window = llama's sliding window (Mistral's; 0: none)",
        "model llama layers=4 d=128 heads=4 kv=2 ff=256",
-       {"layers=", "d=", "heads=", "kv=", "head_dim=", "bias=", "qk_norm=", "ff=", "seq=", "batch=", "vocab=", "dtype=", "seed="},
+       {"layers=", "d=", "heads=", "kv=", "head_dim=", "bias=", "qk_norm=", "window=", "ff=", "seq=", "batch=", "vocab=", "dtype=", "seed="},
        {"gpt2", "llama"}},
       {"load", "load <folder> [seq=64 dtype=f32|f16|bf16]",
        "make a Hugging Face model folder (config.json + safetensors, optional tokenizer) the current model",

@@ -47,6 +47,7 @@ constexpr int kMaxResidRows = 128;   // a block's rows of the residual (o's and 
 constexpr int kMaxSplits = 16;       // attention blocks a kv head
 constexpr int kMaxQueryValues = 512; // query heads a kv head x head dim
 constexpr int kMaxGroup = 8;
+static_assert(kMaxGroup + 1 <= kWarps, "a warp for each query head of a kv head and one for its key (the q/k norms)");
 constexpr int kRoundValues = 4096;   // a round of attention: rows x head dim (16 KiB of k and v)
 constexpr int64_t kMaxWidth = decode_step_max_width;
 
@@ -56,6 +57,7 @@ struct layer_ptrs {
   const bf16 *wq, *wk, *wv, *wo, *wg, *wu, *wd;
   const bf16 *attn_norm, *mlp_norm;  // null: folded into the projections
   const bf16 *bq, *bk, *bv;          // q/k/v biases (Qwen2's); null: none
+  const bf16 *q_norm, *k_norm;       // q/k norms' weights [dh] (Qwen3's); null: none
   bf16 *k_cache, *v_cache;           // [Hkv, C, dh]
 };
 
@@ -354,6 +356,20 @@ __device__ void attention_block(const step_args& a, int layer, int phase, bf16* 
   }
   if (t < kMaxGroup) run_max[t] = -INFINITY, run_sum[t] = 0.f;
   __syncthreads();
+  // Qwen3's q/k norms: warp w < group normalises query head w, warp group
+  // the new key, over its DH values, rounded as the rms_norm op rounds
+  // ((x r) w in f32, then bf16; group + 1 <= kMaxGroup + 1 <= kWarps).
+  if (const layer_ptrs& L = a.layer[layer]; L.q_norm) {
+    if (warp <= group) {
+      float* x = warp < group ? q + warp * DH : k_new;
+      const bf16* w = warp < group ? L.q_norm : L.k_norm;
+      float s2 = 0.f;
+      for (int i = lane; i < DH; i += 32) s2 += x[i] * x[i];
+      const float r = rsqrtf(warp_sum(s2) * (1.f / DH) + a.eps);
+      for (int i = lane; i < DH; i += 32) x[i] = round_bf16(x[i] * r * __bfloat162float(w[i]));
+    }
+    __syncthreads();
+  }
   // The ropes (neox: pairs i, i + DH / 2), rounded as the rope op rounds.
   for (int i = t; i < (group + 1) * (DH / 2); i += kThreads) {
     float* x = i < group * (DH / 2) ? q + (i / (DH / 2)) * DH : k_new;
@@ -858,9 +874,8 @@ error launch_decode_step(const launch_ctx& c, const op_launch::decode_step_param
   const decode_step_shape shape{p.layers, p.d_model, p.d_ff, p.heads, p.kv_heads, p.head_dim, p.vocab, p.cache_rows,
                                 dtype::bf16};
   if (std::string why = decode_step_misfit(shape); !why.empty()) return bad("a decode step the kernel does not take: " + why);
-  const std::size_t per_layer = op_launch::decode_step_layer_inputs + (p.norm_weighted ? 2 : 0) + (p.qkv_bias ? 3 : 0);
-  const std::size_t globals = 6 + (p.final_norm_weighted ? 1 : 0);
-  if (inputs.size() != globals + per_layer * static_cast<std::size_t>(p.layers))
+  const std::size_t per_layer = p.layer_operands(), globals = p.global_operands();
+  if (inputs.size() != p.operands())
     return bad("a decode step with " + std::to_string(inputs.size()) + " operands");
   if (!workspace || workspace_bytes < workspace_layout::bytes) return bad("the stream has no decode-step workspace");
   const int blocks = c.sm_count;
@@ -949,6 +964,9 @@ error launch_decode_step(const launch_ctx& c, const op_launch::decode_step_param
     L.bq = p.qkv_bias ? static_cast<const bf16*>(ptr(biases)) : nullptr;
     L.bk = p.qkv_bias ? static_cast<const bf16*>(ptr(biases + 1)) : nullptr;
     L.bv = p.qkv_bias ? static_cast<const bf16*>(ptr(biases + 2)) : nullptr;
+    const std::size_t qk_norms = biases + (p.qkv_bias ? 3 : 0);
+    L.q_norm = p.qk_norm ? static_cast<const bf16*>(ptr(qk_norms)) : nullptr;
+    L.k_norm = p.qk_norm ? static_cast<const bf16*>(ptr(qk_norms + 1)) : nullptr;
   }
   const int64_t widest = std::max({p.d_model, p.d_ff, p.heads * p.head_dim});
   if (widest > kWideFrom) {

@@ -171,15 +171,16 @@ llama_family_defaults defaults_of(const std::string& model_type) {
   return {32000, 4096, 11008, 32, 32, 0, 2048};
 }
 
-// Sliding-window attention (Mistral's, Qwen2's) is not built: a config that
-// turns it on for any layer is refused, naming the key that does.
-void refuse_sliding_window(key_reader& r, const hf_config& out) {
-  const std::string why = "sliding-window attention is not implemented (every layer attends to the whole sequence)";
+// Sliding-window attention (Mistral's, Qwen2's): the window every layer
+// takes, into transformer_config::sliding_window; a window on some layers
+// but not others is refused, naming the key that says so.
+void read_sliding_window(key_reader& r, hf_config& out) {
+  int64_t& window = out.model.sliding_window;
+  window = 0;
   if (out.model_type == "mistral") {
-    // MistralConfig's default window is 4096: only an explicit null turns it off.
-    const json* w = r.get("sliding_window");
-    if (w) r.fail("sliding_window", w->dump() + ": " + why + "; null only");
-    else if (!r.has_key("sliding_window")) r.fail("sliding_window", "absent, which MistralConfig reads as 4096: " + why + "; null only");
+    // MistralConfig's default window is 4096; an explicit null turns it off.
+    if (!r.has_key("sliding_window")) window = 4096;
+    else window = r.integer("sliding_window", 0);
     return;
   }
   if (out.model_type != "qwen2" && out.model_type != "qwen3") return;
@@ -188,25 +189,39 @@ void refuse_sliding_window(key_reader& r, const hf_config& out) {
   // (transformers 5 writes the list; without it, layers from
   // max_window_layers on).
   if (!r.boolean("use_sliding_window", false) || !r.has("sliding_window")) return;
+  const int64_t w = r.integer("sliding_window", 0);
+  const std::string why = "a sliding window on some layers and not on others is not implemented (all or none)";
   if (const json* types = r.get("layer_types")) {
     if (!types->is_array()) {
       r.fail("layer_types", "expected a list, got " + types->dump());
       return;
     }
-    for (const json& t : *types)
-      if (!t.is_string() || t.get<std::string>() != "full_attention") {
-        r.fail("layer_types", "entry " + t.dump() + " with use_sliding_window: " + why + " (\"full_attention\" only)");
+    if (static_cast<int64_t>(types->size()) != out.model.n_layers) {
+      r.fail("layer_types", std::to_string(types->size()) + " entries for " + std::to_string(out.model.n_layers) + " layers");
+      return;
+    }
+    std::size_t sliding = 0;
+    for (const json& t : *types) {
+      const std::string type = t.is_string() ? t.get<std::string>() : "";
+      if (type != "full_attention" && type != "sliding_attention") {
+        r.fail("layer_types", "entry " + t.dump() + ": \"full_attention\" or \"sliding_attention\" only");
         return;
       }
+      sliding += type == "sliding_attention";
+    }
+    if (sliding > 0 && sliding < types->size()) r.fail("layer_types", std::to_string(sliding) + " of " + std::to_string(types->size()) + " entries \"sliding_attention\": " + why);
+    else if (sliding > 0) window = w;
     return;
   }
-  if (const int64_t from = r.integer("max_window_layers", 28, 0); from < out.model.n_layers)
+  const int64_t from = r.integer("max_window_layers", 28, 0);
+  if (from > 0 && from < out.model.n_layers)
     r.fail("use_sliding_window", "true, with 'sliding_window' from layer 'max_window_layers' " + std::to_string(from) +
                                      " of " + std::to_string(out.model.n_layers) + ": " + why);
+  else if (from == 0) window = w;
 }
 
 // LLaMA's architecture and its relatives that differ in defaults, biases
-// and window: Mistral (no window only), Qwen2 (q/k/v biases).
+// and window: Mistral (a sliding window), Qwen2 (q/k/v biases), Qwen3 (q/k norms).
 void read_llama(key_reader& r, hf_config& out) {
   transformer_config& m = out.model;
   const llama_family_defaults def = defaults_of(out.model_type);
@@ -248,7 +263,7 @@ void read_llama(key_reader& r, hf_config& out) {
   if (m.n_kv_heads > 0 && m.n_heads % m.n_kv_heads != 0)
     r.fail("num_key_value_heads", std::to_string(m.n_kv_heads) + " does not divide 'num_attention_heads' " +
                                       std::to_string(m.n_heads));
-  refuse_sliding_window(r, out);
+  read_sliding_window(r, out);
 
   double theta = 10000.0;
   if (r.has("rope_theta")) theta = r.number("rope_theta", theta);
@@ -383,9 +398,13 @@ std::string to_hf_config_json(const transformer_config& c, int64_t max_positions
     // q/k/v biases alone are Qwen2's architecture; with o's, LLaMA's
     // attention_bias; q/k norms Qwen3's (save_hf_model refuses them with
     // q/k/v biases alone).
+    // A sliding window without them is Mistral's (save_hf_model refuses
+    // it with o's bias).
     const bool qwen2 = c.attn_bias == attention_bias::qkv && !c.qk_norm, qwen3 = c.qk_norm;
-    j = {{"architectures", {qwen3 ? "Qwen3ForCausalLM" : qwen2 ? "Qwen2ForCausalLM" : "LlamaForCausalLM"}},
-         {"model_type", qwen3 ? "qwen3" : qwen2 ? "qwen2" : "llama"},
+    const bool mistral = !qwen2 && !qwen3 && c.sliding_window > 0;
+    j = {{"architectures",
+          {qwen3 ? "Qwen3ForCausalLM" : qwen2 ? "Qwen2ForCausalLM" : mistral ? "MistralForCausalLM" : "LlamaForCausalLM"}},
+         {"model_type", qwen3 ? "qwen3" : qwen2 ? "qwen2" : mistral ? "mistral" : "llama"},
          {"vocab_size", c.vocab},
          {"hidden_size", c.d_model},
          {"intermediate_size", c.d_ff},
@@ -401,10 +420,12 @@ std::string to_hf_config_json(const transformer_config& c, int64_t max_positions
          {"tie_word_embeddings", c.tied_head()},
          {"torch_dtype", dt}};
     if (qwen2 || qwen3) {
-      j["use_sliding_window"] = false;
-      j["sliding_window"] = nullptr;
-      j["max_window_layers"] = c.n_layers;
+      // Every layer's window or none (max_window_layers: the first layer with one).
+      j["use_sliding_window"] = c.sliding_window > 0;
+      j["sliding_window"] = c.sliding_window > 0 ? json(c.sliding_window) : json(nullptr);
+      j["max_window_layers"] = c.sliding_window > 0 ? 0 : c.n_layers;
     }
+    if (mistral) j["sliding_window"] = c.sliding_window;
     if (!qwen2) {
       j["attention_bias"] = c.attn_bias == attention_bias::qkv_o;
       j["mlp_bias"] = false;

@@ -9,9 +9,11 @@
 ///   n_head, n_inner (null: 4 n_embd), activation_function (gelu_new,
 ///   gelu_pytorch_tanh, gelu_fast: tanh GELU; gelu: erf GELU),
 ///   layer_norm_epsilon, tie_word_embeddings (default true);
-/// - llama, mistral (with "sliding_window": null only), qwen2 and qwen3
-///   (with no sliding window: use_sliding_window false, or every layer_types
-///   entry "full_attention"; qwen3's q/k norms, transformer_config::qk_norm,
+/// - llama, mistral (sliding_window: transformer_config::sliding_window;
+///   absent: 4096, MistralConfig's default; null: none), qwen2 and qwen3
+///   (a window on every layer or on none: use_sliding_window with
+///   max_window_layers 0 or every layer_types entry "sliding_attention";
+///   qwen3's q/k norms, transformer_config::qk_norm,
 ///   and head_dim 128 by default), each with its own config class's defaults:
 ///   vocab_size, hidden_size,
 ///   intermediate_size, num_hidden_layers, num_attention_heads,

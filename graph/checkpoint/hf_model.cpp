@@ -178,11 +178,15 @@ error save_hf_model(const std::string& dir, const transformer_config& cfg, const
   if (cfg.qk_norm && cfg.attn_bias == attention_bias::qkv)
     return error{errc::invalid_argument, dir + ": q/k norms with q/k/v biases but none on o is no Hugging Face "
                                                "architecture (Qwen3's attention_bias puts one on o too)"};
+  if (cfg.sliding_window > 0 && cfg.attn_bias == attention_bias::qkv_o && !cfg.qk_norm)
+    return error{errc::invalid_argument, dir + ": a sliding window with q/k/v/o biases is no Hugging Face "
+                                               "architecture (Mistral's projections have no biases)"};
   const std::string prefix =
       cfg.variant == model_variant::gpt2 ? (options.gpt2_prefix ? "transformer." : "") : "model.";
   std::vector<named_weight> tensors;
   for (const node& n : g.nodes()) {
     if (n.op != op_kind::weight) continue;
+    if (is_window_mask(n.name)) continue;  // a constant the builder makes, not the model's
     const std::string hf = hf_tensor_name(cfg.variant, n.name, prefix);
     if (hf.empty()) return error{errc::invalid_argument, dir + ": weight '" + n.name + "' has no Hugging Face name"};
     tensors.push_back({hf, n.data});

@@ -166,9 +166,25 @@ class model_builder {
   // Softmax over the last dim of scores [B,H,S,keys]: causal without a cache,
   // masked by attn_mask (broadcast over B and H) with one.
   tensor attn_softmax(int k, tensor scores, float scale) {
-    if (!cached()) return b_.softmax(scores, true, scale, p(k, "attn.softmax"));
+    if (!cached()) {
+      if (windowed()) scores = b_.add(scores, window_mask(k), p(k, "attn.windowed"));
+      return b_.softmax(scores, true, scale, p(k, "attn.softmax"));
+    }
     tensor masked = b_.add(scores, mask_, p(k, "attn.masked"));
     return b_.softmax(masked, false, scale, p(k, "attn.softmax"));
+  }
+
+  // A plain forward pass longer than the sliding window: its keys further
+  // back than the window masked, additively as the cache mode's attn_mask
+  // masks (the causal flag masks the later ones). One constant a layer, so
+  // that each pipeline stage holds its layers' own.
+  bool windowed() const { return cfg_.sliding_window > 0 && cfg_.sliding_window < cfg_.seq_len; }
+  tensor window_mask(int k) {
+    const int64_t S = cfg_.seq_len, W = cfg_.sliding_window;
+    host_tensor m = host_tensor::uninitialized(cfg_.dtype, {S, S});
+    for (int64_t i = 0; i < S; ++i)
+      for (int64_t j = 0; j < S; ++j) m.set(i * S + j, i - j >= W ? attention_masked_score : 0.0f);
+    return b_.weight(p(k, "attn.window_mask"), std::move(m));
   }
 
   // Causal multi-head attention core. q [B,S,H,dh], k and v [B,S,Hkv,dh]
@@ -398,6 +414,8 @@ error validate(const transformer_config& c) {
   if (c.variant == model_variant::gpt2 && c.attn_bias != attention_bias::none)
     return bad("attn_bias is for llama models (gpt2's projections always have biases)");
   if (c.variant == model_variant::gpt2 && c.qk_norm) return bad("qk_norm is for llama models");
+  if (c.sliding_window < 0) return bad("sliding_window must be >= 0 (0 = none), got " + to_string(c.sliding_window));
+  if (c.variant == model_variant::gpt2 && c.sliding_window != 0) return bad("sliding_window is for llama models");
   if (c.n_kv_heads < 0) return bad("n_kv_heads must be >= 0 (0 = n_heads), got " + to_string(c.n_kv_heads));
   if (c.variant == model_variant::gpt2 && c.n_kv_heads != 0 && c.n_kv_heads != c.n_heads)
     return bad("n_kv_heads " + to_string(c.n_kv_heads) + " != n_heads " + to_string(c.n_heads) +

@@ -26,7 +26,9 @@
 ///   to the attention's projections after their products: q, k and v
 ///   (Qwen2ForCausalLM, otherwise LLaMA's architecture), or q, k, v and o
 ///   (LlamaConfig's attention_bias); cfg.qk_norm normalises each head's q
-///   and k (RMSNorm over head_dim, its own weight) before RoPE, as Qwen3.
+///   and k (RMSNorm over head_dim, its own weight) before RoPE, as Qwen3;
+///   cfg.sliding_window limits every layer's keys to the last that many
+///   positions, as Mistral's.
 /// - either variant: cfg.head ties or unties the head (HF tie_word_embeddings),
 ///   and gpt2's cfg.activation picks tanh or erf GELU (activation_function).
 ///
@@ -88,6 +90,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "graph/dtype.hpp"
@@ -124,6 +127,19 @@ bool parse_attention_bias(const std::string& s, attention_bias& out) noexcept;
 ///   GPT2LMHeadModel and LlamaForCausalLM).
 enum class head_tying : uint8_t { variant_default = 0, tied = 1, separate = 2 };
 
+/// The score a masked key gets, added to its attention score: exp() of it
+/// times any attention scale is 0 in f32, and it fits f16 and bf16 (the
+/// cache mode's attn_mask and the sliding window's mask use it).
+inline constexpr float attention_masked_score = -30000.0f;
+
+/// Whether weight `name` is a layer's sliding-window mask
+/// (transformer_config::sliding_window): a constant the builder makes, no
+/// checkpoint tensor.
+inline bool is_window_mask(std::string_view name) {
+  constexpr std::string_view suffix = ".attn.window_mask";
+  return name.size() >= suffix.size() && name.substr(name.size() - suffix.size()) == suffix;
+}
+
 /// Shape and initialisation of one model. Defaults: a tiny GPT-2 (2 layers,
 /// d_model 64, 4 heads, vocab 97, 12 tokens x batch 2) that the reference
 /// evaluator runs in milliseconds.
@@ -147,6 +163,13 @@ struct transformer_config {
   /// q_norm and k_norm: weights "l<k>.attn.q_norm.w" and "attn.k_norm.w"
   /// [head_dim], the layers' eps).
   bool qk_norm = false;
+  /// llama only: sliding-window attention on every layer (Mistral's
+  /// sliding_window): the query at position i sees the keys at positions
+  /// i - sliding_window + 1 .. i; 0 = the whole sequence. A plain forward
+  /// pass longer than the window adds a constant [seq_len, seq_len] mask
+  /// ("l<k>.attn.window_mask", one a layer) to the causal scores; with a KV cache the job's
+  /// attn_mask carries it (the generator makes it so).
+  int64_t sliding_window = 0;
   /// MLP hidden width (gpt2: n_inner, usually 4 d; llama: intermediate_size).
   int64_t d_ff = 256;
   int64_t vocab = 97;

@@ -155,7 +155,8 @@ void expect_consistent(const launch_program& prog) {
           EXPECT_EQ(op.inputs.size(), 6u + (ds.final_norm_weighted ? 1u : 0u) +
                                           static_cast<std::size_t>(ds.layers) *
                                               (gpu::op_launch::decode_step_layer_inputs + (ds.norm_weighted ? 2u : 0u) +
-                                               (ds.qkv_bias ? 3u : 0u)));
+                                               (ds.qkv_bias ? 3u : 0u) + (ds.qk_norm ? 2u : 0u)));
+          EXPECT_EQ(op.inputs.size(), ds.operands());
         } else EXPECT_GE(op.inputs.size(), 3u) << "x and at least two weights, or x, a weight and the residual";
         if (op.fused != gpu::op_launch::fusion::projections) { EXPECT_TRUE(op.extra_outs.empty()) << op.op->name; }
       }
@@ -1711,6 +1712,59 @@ TEST(LaunchProgram, ADecodeStepWithQwen2BiasesIsOneKernel) {
   EXPECT_EQ(compute_records(*off).size(), 1u + 8u * 2u + 3u);
 }
 
+// Qwen3's q/k norms (two rms_norm records after each layer's q/k/v, or
+// after its bias adds) are part of the one-kernel step too: 2 more operands
+// a layer, q's then k's norm weight [dh], after the biases. Qwen3-0.6B's
+// widths (d_model 1024, 16 heads of 128 over 8 kv heads: the heads' width
+// 2048 twice d_model, d_ff 3072), and a step with both biases and norms.
+TEST(LaunchProgram, ADecodeStepWithQwen3QkNormsIsOneKernel) {
+  for (const bool biased : {false, true}) {
+    SCOPED_TRACE(biased ? "q/k/v biases and q/k norms" : "q/k norms");
+    models::transformer_config cfg = whole_decode_step(2);
+    cfg.qk_norm = true;
+    if (biased) cfg.attn_bias = models::attention_bias::qkv;
+    cfg.d_model = 1024;
+    cfg.n_heads = 16;
+    cfg.n_kv_heads = 8;
+    cfg.explicit_head_dim = 128;
+    cfg.d_ff = 3072;
+    const auto [p, prog] = compile_and_lower(cfg, device_kind::cuda, decode_step_options());
+    ASSERT_TRUE(prog);
+    ASSERT_TRUE(prog->decode_step_fused()) << prog->decode_step_note();
+    int steps = 0;
+    for (const lowered_step& ls : prog->steps()) {
+      if (ls.ops.empty()) continue;
+      ++steps;
+      const actors::lowered_op& op = ls.ops.front();
+      const auto& ds = op.decode_step;
+      EXPECT_TRUE(ds.qk_norm);
+      EXPECT_EQ(ds.qkv_bias, biased);
+      EXPECT_EQ(ds.heads, 16);
+      EXPECT_EQ(ds.head_dim, 128);
+      EXPECT_EQ(ds.d_model, 1024);
+      const std::size_t per_layer = ds.layer_operands();
+      EXPECT_EQ(per_layer, gpu::op_launch::decode_step_layer_inputs + (ds.norm_weighted ? 2u : 0u) + (biased ? 5u : 2u));
+      ASSERT_EQ(op.inputs.size(), ds.global_operands() + 2 * per_layer);
+      for (std::size_t l = 0; l < 2; ++l) {
+        const std::size_t last = ds.global_operands() + per_layer * (l + 1);
+        for (std::size_t i : {last - 2, last - 1}) {
+          EXPECT_EQ(op.inputs[i].proto.dims, shape({128})) << "layer " << l << ", operand " << i;
+          EXPECT_EQ(op.inputs[i].where, region::weights) << "layer " << l << ", operand " << i;
+        }
+        if (biased) {
+          EXPECT_EQ(op.inputs[last - 5].proto.dims.numel(), 16 * 128) << "q's bias before the norms";
+        }
+      }
+    }
+    EXPECT_EQ(steps, 1);
+    // Without the fusion: 7 records a layer (q/k/v, the q and k norms,
+    // attention, o, MLP, down), 10 with the bias adds.
+    const auto [p_off, off] = compile_and_lower(cfg, device_kind::cuda, decode_step_options(false));
+    ASSERT_TRUE(off);
+    EXPECT_EQ(compute_records(*off).size(), 1u + (biased ? 10u : 7u) * 2u + 3u);
+  }
+}
+
 // Not the kernel's step: the records stay as they are without the fusion
 // and the note names why.
 TEST(LaunchProgram, ADecodeStepOutsideTheKernelsPatternOrShapesKeepsItsRecords) {
@@ -1754,10 +1808,10 @@ TEST(LaunchProgram, ADecodeStepOutsideTheKernelsPatternOrShapesKeepsItsRecords) 
   c.attn_bias = models::attention_bias::qkv_o;  // LLaMA's attention_bias: o's bias too
   cases.push_back({"q/k/v/o biases", c, device_kind::cuda, 1, true, "8 a layer"});
   c = llama;
-  c.qk_norm = true;  // Qwen3's q/k norms: two rms_norm records a layer more
-  cases.push_back({"q/k norms", c, device_kind::cuda, 1, true, "records, not the embedding, 5 a layer"});
-  c.n_layers = 5;  // 7 records a layer x 5 layers: a multiple of 5, refused by the records' kinds
-  cases.push_back({"q/k norms, 5 layers", c, device_kind::cuda, 1, true, "layer 1: "});
+  c.qk_norm = true;  // Qwen3's q/k norms with heads of 32: the pattern matches, the shape does not
+  c.d_model = 128;
+  c.d_ff = 256;
+  cases.push_back({"q/k norms, heads of 32", c, device_kind::cuda, 1, true, "heads of 32"});
   c = llama;
   c.kv_cache_capacity = 0;
   cases.push_back({"no KV cache", c, device_kind::cuda, 1, true, "KV cache"});

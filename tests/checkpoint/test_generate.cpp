@@ -33,7 +33,8 @@ ag::runtime_options fast_sim() {
 // RoPE scaling, whose original context of 128 puts the heads' four pairs
 // (wavelengths 6.3, 53, 444, 3738 at theta 5000) in all three of its
 // regimes: kept, blended, slowed by the factor; and a LLaMA with linear RoPE
-// scaling (every pair slowed by 2); heads wider than d_model / heads; Qwen2's biases; Qwen3's q/k norms.
+// scaling (every pair slowed by 2); heads wider than d_model / heads; Qwen2's biases; Qwen3's q/k norms;
+// Mistral's sliding window.
 std::vector<ag::models::transformer_config> tiny_models() {
   auto llama3 = ag::test::tiny_model(ag::models::model_variant::llama, 2);
   llama3.head = ag::models::head_tying::tied;
@@ -51,8 +52,12 @@ std::vector<ag::models::transformer_config> tiny_models() {
   // Qwen3's q/k norms (the cache holds normed, roped keys).
   auto qwen3 = ag::test::tiny_model(ag::models::model_variant::llama, 2);
   qwen3.qk_norm = true;
+  // Mistral's sliding window of 4 over a prompt of 6 and 7 new tokens: the
+  // generator's masks hide the older keys as the plain pass's window masks do.
+  auto mistral = ag::test::tiny_model(ag::models::model_variant::llama, 2);
+  mistral.sliding_window = 4;
   return {ag::test::tiny_model(ag::models::model_variant::gpt2),
-          ag::test::tiny_model(ag::models::model_variant::llama, 2), llama3, linear, wide_heads, qwen2, qwen3};
+          ag::test::tiny_model(ag::models::model_variant::llama, 2), llama3, linear, wide_heads, qwen2, qwen3, mistral};
 }
 
 // The last row of the logits of the plain forward pass over `tokens`.
@@ -84,6 +89,7 @@ void decode_equals_recompute(const std::string& spec, int stages, int64_t prefil
     auto m = ag::models::hf_model::open(dir.str());
     ASSERT_TRUE(m.has_value()) << m.err().to_string();
     ASSERT_EQ(m->model_config(1).rope_scale, cfg.rope_scale) << "the saved config's RoPE scaling";
+    ASSERT_EQ(m->model_config(1).sliding_window, cfg.sliding_window) << "the saved config's sliding window";
     auto rt = ag::runtime::create(spec, fast_sim());
     ASSERT_TRUE(rt.has_value()) << rt.err().to_string();
     ag::generator_options go;

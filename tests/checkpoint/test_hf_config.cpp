@@ -165,9 +165,8 @@ TEST(HfConfig, UnsupportedFeaturesNameTheKey) {
   expect_key_error(with(gpt2_small, R"("scale_attn_by_inverse_layer_idx": true)"), "scale_attn_by_inverse_layer_idx");
   expect_key_error(with(gpt2_small, R"("add_cross_attention": true)"), "add_cross_attention");
   expect_key_error(with(gpt2_small, R"("n_embd": 100)"), "n_embd", "not divisible by 'n_head' 12");
-  expect_key_error(R"({"model_type": "mistral", "sliding_window": 4096})", "sliding_window");
-  // MistralConfig's default window is 4096: a config without the key has one.
-  expect_key_error(R"({"model_type": "mistral"})", "sliding_window", "absent, which MistralConfig reads as 4096");
+  expect_key_error(R"({"model_type": "mistral", "sliding_window": 0})", "sliding_window", "0 is outside [1, ");
+  expect_key_error(R"({"model_type": "mistral", "sliding_window": "4096"})", "sliding_window", "expected an integer");
   expect_key_error(R"({"model_type": "bert"})", "model_type", "\"bert\"");
   expect_key_error(R"({"architectures": ["Qwen2MoeForCausalLM"]})", "architectures", "Qwen2MoeForCausalLM");
   expect_key_error(R"({"vocab_size": 5})", "model_type", "missing");
@@ -275,13 +274,54 @@ TEST(HfConfig, Qwen2AsPublishedHasQkvBiases) {
       "full_attention", "full_attention", "full_attention", "full_attention", "full_attention", "full_attention",
       "full_attention", "full_attention", "full_attention", "full_attention", "full_attention"])"));
   EXPECT_EQ(v5.model.attn_bias, attention_bias::qkv);
-  // A window on any layer is refused, naming the key that turns it on.
+  EXPECT_EQ(v5.model.sliding_window, 0);
+  EXPECT_EQ(c.model.sliding_window, 0) << "sliding_window 32768 without use_sliding_window";
+  // A window on every layer is the model's (from max_window_layers 0, or
+  // every layer_types entry); on some layers and not others it is refused,
+  // naming the key that says so.
+  EXPECT_EQ(parse_ok(with(qwen25_half_b, R"("use_sliding_window": true, "max_window_layers": 0)")).model.sliding_window,
+            32768);
   expect_key_error(with(qwen25_half_b, R"("use_sliding_window": true, "max_window_layers": 21)"), "use_sliding_window",
-                   "'max_window_layers' 21 of 24: sliding-window attention is not implemented");
-  EXPECT_TRUE(parse_hf_config(with(qwen25_half_b, R"("use_sliding_window": true)"), "c").has_value())
-      << "max_window_layers 24 of 24 layers: no layer slides";
-  expect_key_error(with(qwen25_half_b, R"("use_sliding_window": true, "layer_types": ["full_attention",
-      "sliding_attention"])"), "layer_types", "entry \"sliding_attention\" with use_sliding_window");
+                   "'max_window_layers' 21 of 24: a sliding window on some layers and not on others is not implemented");
+  hf_config none_slide = parse_ok(with(qwen25_half_b, R"("use_sliding_window": true)"));
+  EXPECT_EQ(none_slide.model.sliding_window, 0) << "max_window_layers 24 of 24 layers: no layer slides";
+  const char* two_layers = R"({"model_type": "qwen2", "hidden_size": 64, "num_attention_heads": 4,
+      "num_hidden_layers": 2, "use_sliding_window": true, "sliding_window": 64)";
+  expect_key_error(std::string(two_layers) + R"(, "layer_types": ["full_attention", "sliding_attention"]})",
+                   "layer_types", "1 of 2 entries \"sliding_attention\": a sliding window on some layers");
+  expect_key_error(std::string(two_layers) + R"(, "layer_types": ["chunked_attention", "full_attention"]})",
+                   "layer_types", "entry \"chunked_attention\"");
+  hf_config all_slide = parse_ok(std::string(two_layers) + R"(, "layer_types": ["sliding_attention", "sliding_attention"]})");
+  expect_key_error(std::string(two_layers) + R"(, "layer_types": ["sliding_attention"]})", "layer_types",
+                   "1 entries for 2 layers");
+  EXPECT_EQ(all_slide.model.sliding_window, 64);
+  // Written back with the window on every layer, read back the same.
+  hf_config back = parse_ok(to_hf_config_json(all_slide.model, 0));
+  EXPECT_EQ(back.model_type, "qwen2");
+  EXPECT_EQ(back.model.sliding_window, 64);
+}
+
+// Mistral's sliding window (transformer_config::sliding_window): the
+// number, MistralConfig's 4096 where the key is absent, none where it is
+// null; written back as a Mistral config with its window.
+TEST(HfConfig, MistralSlidingWindowIsTheModels) {
+  EXPECT_EQ(parse_ok(R"({"model_type": "mistral", "sliding_window": 4096})").model.sliding_window, 4096);
+  EXPECT_EQ(parse_ok(R"({"model_type": "mistral"})").model.sliding_window, 4096) << "MistralConfig's default";
+  EXPECT_EQ(parse_ok(R"({"model_type": "mistral", "sliding_window": null})").model.sliding_window, 0);
+  EXPECT_EQ(parse_ok(R"({"model_type": "llama", "sliding_window": 16})").model.sliding_window, 0)
+      << "LlamaConfig has no window: the key means nothing there";
+  hf_config m = parse_ok(R"({"model_type": "mistral", "sliding_window": 3, "hidden_size": 64, "num_attention_heads": 4,
+                             "num_key_value_heads": 2, "num_hidden_layers": 2, "intermediate_size": 128,
+                             "vocab_size": 50})");
+  const std::string written = to_hf_config_json(m.model, 0);
+  EXPECT_NE(written.find("\"MistralForCausalLM\""), std::string::npos) << written;
+  hf_config back = parse_ok(written);
+  EXPECT_EQ(back.model_type, "mistral");
+  EXPECT_EQ(back.model.sliding_window, 3);
+  EXPECT_EQ(parameter_count(back.model), parameter_count(m.model));
+  // Without a window the same model is written as LLaMA's.
+  m.model.sliding_window = 0;
+  EXPECT_EQ(parse_ok(to_hf_config_json(m.model, 0)).model_type, "llama");
 }
 
 // Qwen3-0.6B's config.json as published (transformers 4.51): heads of 128
@@ -315,7 +355,7 @@ TEST(HfConfig, Qwen3AsPublishedHasQkNorms) {
   EXPECT_EQ(d.model.attn_bias, attention_bias::qkv_o);
   EXPECT_TRUE(d.model.qk_norm);
   expect_key_error(with(qwen3, R"("use_sliding_window": true, "sliding_window": 4096, "max_window_layers": 20)"),
-                   "use_sliding_window", "sliding-window attention is not implemented");
+                   "use_sliding_window", "a sliding window on some layers and not on others is not implemented");
   // Written back as Qwen3.
   hf_config back = parse_ok(to_hf_config_json(c.model, 0));
   EXPECT_EQ(back.model_type, "qwen3");

@@ -105,11 +105,15 @@ void decode_on(const std::string& spec, int stages, bool fuse_ops = false, int64
   // Qwen3's q/k norms, bf16.
   auto bf16_qwen3 = bf16_llama;
   bf16_qwen3.qk_norm = true;
+  // Mistral's sliding window (4 keys, over a prompt of 6 and 6 new tokens), f32.
+  auto mistral = widened(test::tiny_model(models::model_variant::llama, 2));
+  mistral.sliding_window = 4;
   for (const auto& cfg : {widened(test::tiny_model(models::model_variant::gpt2)),
                           widened(test::tiny_model(models::model_variant::llama, 2)), bf16_llama, bf16_qwen2,
-                          bf16_qwen3}) {
+                          bf16_qwen3, mistral}) {
     SCOPED_TRACE(std::string(models::to_string(cfg.variant)) + " " + to_string(cfg.dtype) + " bias " +
-                 models::to_string(cfg.attn_bias) + (cfg.qk_norm ? " qk_norm" : "") + " on " + spec);
+                 models::to_string(cfg.attn_bias) + (cfg.qk_norm ? " qk_norm" : "") +
+                 (cfg.sliding_window > 0 ? " window " + std::to_string(cfg.sliding_window) : "") + " on " + spec);
     const bool bf16 = cfg.dtype == dtype::bf16;
     test::temp_dir dir;
     test::save_random_model(dir.str(), cfg);
@@ -831,29 +835,43 @@ TEST(CudaGenerate, WholeDecodeStepAsOneKernelEqualsRecompute) {
   }
 }
 
-// Qwen2's q/k/v biases: the whole step is still one kernel (the biases
-// added in q/k/v's hand-on, decode_step.cu), over heads of 64 and of 128 and at Qwen2.5-0.5B's widths;
-// LLaMA's attention_bias (o's bias too) keeps a kernel per fused record and
-// the launch program's note says why. Generation equals recomputing the
-// sequence either way.
-TEST(CudaGenerate, Qwen2BiasesInTheWholeStepAndLlamaAttentionBiasPerRecordEqualRecompute) {
+// Qwen2's q/k/v biases and Qwen3's q/k norms: the whole step is still one
+// kernel (the biases added in q/k/v's hand-on, the norms where the
+// attention takes q and the new key, decode_step.cu), over heads of 64 and
+// of 128, at Qwen2.5-0.5B's widths and at Qwen3-0.6B's (16 heads of 128 over
+// 8 kv heads on d_model 1024, d_ff 3072) and with 8 query heads a kv head
+// (a warp each and one for the key), and with sliding windows (Mistral's,
+// Qwen2's with its biases: the kernel reads the generator's mask); LLaMA's attention_bias (o's bias too) keeps a kernel per fused
+// record and the launch program's note says why. Generation equals
+// recomputing the sequence either way.
+TEST(CudaGenerate, Qwen2BiasesQwen3NormsAndWindowsInTheWholeStepAndLlamaAttentionBiasPerRecordEqualRecompute) {
   AG_REQUIRE_GPU(1);
   auto rt = runtime::create("cuda:0");
   ASSERT_TRUE(rt) << rt.err().to_string();
   struct bias_case {
     models::attention_bias bias;
+    bool qk_norm;
     int64_t head_dim;
     int heads = 4, kv_heads = 2;
-    int64_t d_ff = 512;
+    int64_t d_ff = 512, d_model = 0;  // 0: heads x head_dim
+    int64_t window = 0;               // a sliding window (Mistral's, Qwen2's): the mask the kernel reads
   };
-  for (const bias_case bc : {bias_case{models::attention_bias::qkv, 64}, bias_case{models::attention_bias::qkv, 128},
-                             bias_case{models::attention_bias::qkv, 64, 14, 2, 4864},  // Qwen2.5-0.5B's widths
-                             bias_case{models::attention_bias::qkv_o, 64}}) {
-    const models::attention_bias bias = bc.bias;
-    SCOPED_TRACE(std::string(models::to_string(bias)) + ", " + std::to_string(bc.heads) + " heads of " +
-                 std::to_string(bc.head_dim));
-    models::transformer_config cfg = whole_step_model(bc.heads, bc.kv_heads, bc.head_dim, bc.d_ff);
+  using models::attention_bias;
+  for (const bias_case bc : {bias_case{attention_bias::qkv, false, 64}, bias_case{attention_bias::qkv, false, 128},
+                             bias_case{attention_bias::qkv, false, 64, 14, 2, 4864},  // Qwen2.5-0.5B's widths
+                             bias_case{attention_bias::none, true, 64}, bias_case{attention_bias::none, true, 128},
+                             bias_case{attention_bias::none, true, 128, 16, 8, 3072, 1024},  // Qwen3-0.6B's widths
+                             bias_case{attention_bias::none, true, 64, 8, 1},  // 8 query heads a kv head: 9 warps
+                             bias_case{attention_bias::none, false, 64, 4, 2, 512, 0, 4},  // Mistral's window
+                             bias_case{attention_bias::qkv, false, 128, 4, 2, 512, 0, 5},  // Qwen2's
+                             bias_case{attention_bias::qkv_o, false, 64}}) {
+    const attention_bias bias = bc.bias;
+    SCOPED_TRACE(std::string(models::to_string(bias)) + (bc.qk_norm ? " qk_norm, " : ", ") + std::to_string(bc.heads) +
+                 " heads of " + std::to_string(bc.head_dim) + ", window " + std::to_string(bc.window));
+    models::transformer_config cfg = whole_step_model(bc.heads, bc.kv_heads, bc.head_dim, bc.d_ff, 1000, bc.d_model);
     cfg.attn_bias = bias;
+    cfg.qk_norm = bc.qk_norm;
+    cfg.sliding_window = bc.window;
     cfg.head = models::head_tying::tied;
     test::temp_dir dir;
     test::save_random_model(dir.str(), cfg);
@@ -864,14 +882,15 @@ TEST(CudaGenerate, Qwen2BiasesInTheWholeStepAndLlamaAttentionBiasPerRecordEqualR
     go.prefill_chunk = 4;
     auto gen = generator::create(**rt, m->model_config(1), m->provider(), go);
     ASSERT_TRUE(gen) << gen.err().to_string();
-    const bool whole = bias == models::attention_bias::qkv;
+    const bool whole = bias != attention_bias::qkv_o;
     EXPECT_EQ(whole_step_records((*gen)->decode_plan()), whole ? 1 : 0);
     const plan& dp = (*gen)->decode_plan();
     auto prog = actors::lower(std::shared_ptr<const plan>(&dp, [](const plan*) {}));
     ASSERT_TRUE(prog) << prog.err().to_string();
     EXPECT_EQ((*prog)->decode_step_note().find("decode step not fused"), whole ? std::string::npos : 0)
         << (*prog)->decode_step_note();
-    std::printf("%s, heads of %lld: %s\n", models::to_string(bias), static_cast<long long>(bc.head_dim),
+    std::printf("%s%s, %d heads of %lld, window %lld: %s\n", models::to_string(bias), bc.qk_norm ? " qk_norm" : "",
+                bc.heads, static_cast<long long>(bc.head_dim), static_cast<long long>(bc.window),
                 (*prog)->decode_step_note().c_str());
     generation_result dr;
     expect_generation_equals_recompute(**gen, *m, /*bf16=*/true, dr);

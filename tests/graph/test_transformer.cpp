@@ -245,6 +245,60 @@ TEST(Transformer, LaterTokensDoNotChangeEarlierLogits) {
   }
 }
 
+// A sliding window of W (Mistral's) limits what a token can change: over
+// one layer, token t reaches the rows t .. t + W - 1; over L layers, the
+// rows up to t + L (W - 1). Rows beyond keep their logits to the bit, rows
+// within change; a window at least as long as the sequence is no window (the
+// graph has no mask constants, the logits are the unwindowed model's).
+TEST(Transformer, SlidingWindowLimitsHowFarATokenReaches) {
+  for (const int layers : {1, 2}) {
+    SCOPED_TRACE(std::to_string(layers) + " layers");
+    auto c = small(model_variant::llama, 2);
+    c.n_layers = layers;
+    c.seq_len = 9;
+    c.sliding_window = 3;
+    auto g = ag::models::build_transformer(c);
+    ASSERT_TRUE(g.has_value()) << g.err().to_string();
+    int masks = 0;
+    for (const auto& n : g->nodes()) masks += n.op == ag::op_kind::weight && ag::models::is_window_mask(n.name);
+    EXPECT_EQ(masks, layers) << "one window mask a layer";
+    auto in = ag::models::transformer_inputs(c, 5);
+    const host_tensor base = eval_logits(*g, in);
+    const int64_t t = 1, V = c.vocab, reach = t + layers * (c.sliding_window - 1);
+    auto changed = in;
+    changed[0].set(t, static_cast<float>((static_cast<int>(in[0].at(t)) + 1) % c.vocab));
+    const host_tensor other = eval_logits(*g, changed);
+    ASSERT_EQ(base.numel(), other.numel());
+    for (int64_t s = 0; s < c.seq_len; ++s) {
+      double d = 0;
+      for (int64_t v = 0; v < V; ++v) d = std::max(d, static_cast<double>(std::fabs(base.at(s * V + v) - other.at(s * V + v))));
+      if (s < t || s > reach) EXPECT_EQ(d, 0.0) << "row " << s << " is out of token " << t << "'s reach";
+      else EXPECT_GT(d, 1e-6) << "row " << s << " is within token " << t << "'s reach";
+    }
+    // Without the window the last row sees token t too.
+    auto full = c;
+    full.sliding_window = 0;
+    auto gf = ag::models::build_transformer(full);
+    ASSERT_TRUE(gf.has_value());
+    const host_tensor fb = eval_logits(*gf, in), fo = eval_logits(*gf, changed);
+    double last = 0;
+    for (int64_t v = 0; v < V; ++v) {
+      const int64_t i = (c.seq_len - 1) * V + v;
+      last = std::max(last, static_cast<double>(std::fabs(fb.at(i) - fo.at(i))));
+    }
+    EXPECT_GT(last, 1e-6);
+    // Rows within the window of the start see what the unwindowed model sees.
+    for (int64_t i = 0; i < c.sliding_window * V; ++i) EXPECT_EQ(base.at(i), fb.at(i)) << "element " << i;
+    // A window as long as the sequence: no masks, the unwindowed logits.
+    auto as_long = c;
+    as_long.sliding_window = c.seq_len;
+    auto gl = ag::models::build_transformer(as_long);
+    ASSERT_TRUE(gl.has_value());
+    EXPECT_EQ(gl->nodes().size(), gf->nodes().size());
+    EXPECT_TRUE(eval_logits(*gl, in) == fb);
+  }
+}
+
 TEST(Transformer, LlamaLogitsDependOnlyOnRelativePositions) {
   // RoPE rotates q and k by their positions, so q.k depends on the difference
   // only: shifting every position leaves logits unchanged (up to rounding),
@@ -340,6 +394,8 @@ TEST(Transformer, InvalidConfigsAreRejectedWithTheField) {
       {"initializer_range", [](transformer_config& c) { c.initializer_range = 0.0f; }},
       {"rope_theta", [](transformer_config& c) { c.variant = model_variant::llama; c.rope_theta = -1.0f; }},
       {"variant", [](transformer_config& c) { c.variant = static_cast<model_variant>(7); }},
+      {"sliding_window must be >= 0", [](transformer_config& c) { c.variant = model_variant::llama; c.sliding_window = -2; }},
+      {"sliding_window is for llama models", [](transformer_config& c) { c.sliding_window = 4; }},
       // Token states: one token a job over a cache; out keeps an argmax; two names.
       {"token_state_in", [](transformer_config& c) { c.token_state_in = "t"; }},
       {"token_state_out", [](transformer_config& c) { c.argmax_output = true; c.token_state_out = "t"; }},

@@ -153,6 +153,11 @@ TEST(ReplCommands, ModelWithBadDimsIsRejected) {
   EXPECT_EQ(f.run("model llama layers=2 d=32 heads=4 kv=2 qk_norm=1 ff=64 seq=8 vocab=64"), exec_status::ok) << f.text;
   EXPECT_TRUE(has(f.text, "4 heads (2 kv) with q/k norms")) << f.text;
   EXPECT_EQ(f.run("model llama layers=2 d=32 heads=4 qk_norm=2"), exec_status::failed);
+  // A sliding window (Mistral's): llama's only.
+  EXPECT_EQ(f.run("model llama layers=2 d=32 heads=4 kv=2 window=4 ff=64 seq=8 vocab=64"), exec_status::ok) << f.text;
+  EXPECT_TRUE(has(f.text, "4 heads (2 kv) with a sliding window of 4")) << f.text;
+  EXPECT_EQ(f.run("model gpt2 layers=2 d=32 heads=2 window=4"), exec_status::failed);
+  EXPECT_TRUE(has(f.text, "sliding_window is for llama models")) << f.text;
 }
 
 // set replay= follows plan_options::graph_replay: refused when not
