@@ -75,6 +75,10 @@ std::vector<named_config> cases() {
   auto qwen3 = wide;
   qwen3.qk_norm = true;
   out.push_back({"qwen3_qk_norm", qwen3, 4});
+  // Mistral's sliding window: 5 keys over 12 positions.
+  auto mistral = gqa;
+  mistral.sliding_window = 5;
+  out.push_back({"mistral_sliding_window", mistral, 0});
   return out;
 }
 
@@ -117,7 +121,8 @@ int dump(const fs::path& dir, const named_config& nc) {
       << "  \"n_layers\": " << c.n_layers << ", \"d_model\": " << c.d_model << ", \"n_heads\": " << c.n_heads
       << ", \"n_kv_heads\": " << c.kv_heads() << ", \"head_dim\": " << c.head_dim() << ", \"d_ff\": " << c.d_ff << ", \"vocab\": " << c.vocab
       << ", \"seq_len\": " << c.seq_len << ", \"batch\": " << c.batch << ",\n"
-      << "  \"eps\": " << c.eps << ", \"rope_theta\": " << c.rope_theta << ",\n  \"tensors\": [\n";
+      << "  \"eps\": " << c.eps << ", \"rope_theta\": " << c.rope_theta << ", \"sliding_window\": " << c.sliding_window
+      << ",\n  \"tensors\": [\n";
   int file_no = 0;
   bool first = true;
   auto entry = [&](const std::string& name, const char* kind, const ag::host_tensor& t) {

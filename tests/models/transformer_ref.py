@@ -179,7 +179,11 @@ def llama_attention(cfg, w, p, hidden, cos, sin):
     key, value = repeat_kv(key, n_rep), repeat_kv(value, n_rep)
     scaling = head_dim ** -0.5
     attn_weights = (query @ key.transpose(0, 1, 3, 2)) * scaling
-    attn_weights = attn_weights + np.where(causal_mask(s), 0.0, -np.inf)  # causal_mask
+    keep = causal_mask(s)
+    if cfg.get("sliding_window", 0) > 0:  # masking_utils.sliding_window_overlay: kv_idx > q_idx - sliding_window
+        q_idx, kv_idx = np.arange(s)[:, None], np.arange(s)[None, :]
+        keep = keep & (kv_idx > q_idx - cfg["sliding_window"])
+    attn_weights = attn_weights + np.where(keep, 0.0, -np.inf)  # causal (and sliding-window) mask
     attn_weights = softmax(attn_weights)
     attn_output = (attn_weights @ value).transpose(0, 2, 1, 3).reshape(b, s, heads * head_dim)
     return proj(attn_output, "o")  # o_proj
