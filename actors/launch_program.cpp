@@ -464,25 +464,22 @@ std::string match_decode_step(const lowered_step& ls, lowered_op& fused) {
       return at + record_name(mlp) + " where the gated MLP with its rms_norm goes";
     if (!group(down, projection_kind::residual) || down.projection_norm.on || down.inputs.size() != 3)
       return at + record_name(down) + " where down + residual goes";
-    // The biases: q, k and v, each plus a weight, in that order.
+    // The biases (q, k and v, each plus a weight, in that order), then the
+    // q/k norms (q's, then k's, each with a weight of its own): each a plain
+    // record of what the one before made and a weight, as many elements out.
     const operand* made[3] = {&qkv.out, &qkv.extra_outs[0], &qkv.extra_outs[1]};
-    if (biased)
-      for (int i = 0; i < 3; ++i) {
-        const lowered_op& add = bias[i];
-        if (!plain(add, op_kind::add) || add.inputs.size() != 2 || !same_bytes(add.inputs[0], *made[i]) ||
-            add.inputs[1].where != region::weights || add.out.proto.dims.numel() != made[i]->proto.dims.numel())
-          return at + record_name(add) + " where " + "qkv"[i] + "'s bias goes";
-        made[i] = &add.out;
-      }
-    // The q/k norms: q's, then k's, each with a weight of its own.
-    if (normed)
-      for (int i = 0; i < 2; ++i) {
-        const lowered_op& norm_i = qk_norm[i];
-        if (!plain(norm_i, op_kind::rms_norm) || norm_i.inputs.size() != 2 || !same_bytes(norm_i.inputs[0], *made[i]) ||
-            norm_i.inputs[1].where != region::weights || norm_i.out.proto.dims.numel() != made[i]->proto.dims.numel())
-          return at + record_name(norm_i) + " where " + "qk"[i] + "'s weighted rms_norm goes";
-        made[i] = &norm_i.out;
-      }
+    const auto takes_weight = [&](const lowered_op& r, op_kind k, int i) {
+      if (!plain(r, k) || r.inputs.size() != 2 || !same_bytes(r.inputs[0], *made[i]) ||
+          r.inputs[1].where != region::weights || r.out.proto.dims.numel() != made[i]->proto.dims.numel())
+        return false;
+      made[i] = &r.out;
+      return true;
+    };
+    for (int i = 0; biased && i < 3; ++i)
+      if (!takes_weight(bias[i], op_kind::add, i)) return at + record_name(bias[i]) + " where " + "qkv"[i] + "'s bias goes";
+    for (int i = 0; normed && i < 2; ++i)
+      if (!takes_weight(qk_norm[i], op_kind::rms_norm, i))
+        return at + record_name(qk_norm[i]) + " where " + "qk"[i] + "'s weighted rms_norm goes";
     // Dataflow: each record reads what the one before it made.
     if (!same_bytes(qkv.inputs[0], *residual) || !same_bytes(att.inputs[0], *made[0]) ||
         !same_bytes(att.inputs[4], *made[1]) || !same_bytes(att.inputs[5], *made[2]) ||

@@ -299,9 +299,11 @@ int main(int argc, char** argv) {
   auto model = ag::models::hf_model::open(o.model, lo);
   if (!model) return fail(model.err());
   const auto& cfg = model->config();
-  std::printf("model: %s, %d layers, d_model %lld, %d heads (%d kv), d_ff %lld, vocab %lld, %s, %lld weight bytes in %zu file(s)\n",
+  const std::string window =
+      cfg.model.sliding_window > 0 ? ", a sliding window of " + std::to_string(cfg.model.sliding_window) : "";
+  std::printf("model: %s, %d layers, d_model %lld, %d heads (%d kv)%s, d_ff %lld, vocab %lld, %s, %lld weight bytes in %zu file(s)\n",
               cfg.model_type.c_str(), cfg.model.n_layers, static_cast<long long>(cfg.model.d_model),
-              cfg.model.n_heads, cfg.model.kv_heads(), static_cast<long long>(cfg.model.d_ff),
+              cfg.model.n_heads, cfg.model.kv_heads(), window.c_str(), static_cast<long long>(cfg.model.d_ff),
               static_cast<long long>(cfg.model.vocab), ag::to_string(model->dtype()),
               static_cast<long long>(model->model_bytes()), model->weights().files().size());
 
