@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <optional>
 #include <string>
 #include <tuple>
 #include <utility>
@@ -177,14 +178,18 @@ class model_builder {
   // A plain forward pass longer than the sliding window: its keys further
   // back than the window masked, additively as the cache mode's attn_mask
   // masks (the causal flag masks the later ones). One constant a layer, so
-  // that each pipeline stage holds its layers' own.
+  // that each pipeline stage holds its layers' own; its values are worked
+  // out once and copied.
   bool windowed() const { return cfg_.sliding_window > 0 && cfg_.sliding_window < cfg_.seq_len; }
   tensor window_mask(int k) {
-    const int64_t S = cfg_.seq_len, W = cfg_.sliding_window;
-    host_tensor m = host_tensor::uninitialized(cfg_.dtype, {S, S});
-    for (int64_t i = 0; i < S; ++i)
-      for (int64_t j = 0; j < S; ++j) m.set(i * S + j, i - j >= W ? attention_masked_score : 0.0f);
-    return b_.weight(p(k, "attn.window_mask"), std::move(m));
+    if (!window_mask_values_) {
+      const int64_t S = cfg_.seq_len, W = cfg_.sliding_window;
+      host_tensor m = host_tensor::uninitialized(cfg_.dtype, {S, S});
+      for (int64_t i = 0; i < S; ++i)
+        for (int64_t j = 0; j < S; ++j) m.set(i * S + j, i - j >= W ? attention_masked_score : 0.0f);
+      window_mask_values_ = std::move(m);
+    }
+    return b_.weight(p(k, "attn.window_mask"), *window_mask_values_);
   }
 
   // Causal multi-head attention core. q [B,S,H,dh], k and v [B,S,Hkv,dh]
@@ -300,6 +305,7 @@ class model_builder {
   tensor embed_;  // wte / embed_tokens: the head reads it when tied
   tensor mask_;             // cache mode: attn_mask [S, C]
   tensor cache_positions_;  // cache mode: cache_positions i32 [S]
+  std::optional<host_tensor> window_mask_values_;  // a plain pass longer than the sliding window: [S, S], made once
 };
 
 }  // namespace
