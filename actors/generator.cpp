@@ -308,22 +308,35 @@ struct sequence : std::enable_shared_from_this<sequence> {
   std::vector<host_tensor> inputs_at(const step_plan& sp, const std::vector<int32_t>& toks, int64_t cached,
                                      int64_t n) const {
     const models::transformer_config& c = gen->cfg;
+    // Position p's keys and values live in cache row p % C: row p itself
+    // when the cache holds every position (C = cache_tokens), a ring
+    // under a sliding window (generator::cache_rows()).
     const int64_t T = sp.new_tokens, C = c.kv_cache_capacity;
     std::vector<int32_t> tk(static_cast<std::size_t>(T), 0), pos(static_cast<std::size_t>(T)),
         store(static_cast<std::size_t>(T));
     for (int64_t i = 0; i < T; ++i) {
       if (i < static_cast<int64_t>(toks.size())) tk[static_cast<std::size_t>(i)] = toks[static_cast<std::size_t>(i)];
       pos[static_cast<std::size_t>(i)] = static_cast<int32_t>(i < n ? cached + i : cached);
-      store[static_cast<std::size_t>(i)] = static_cast<int32_t>(i < n ? cached + i : -1);
+      store[static_cast<std::size_t>(i)] = static_cast<int32_t>(i < n ? (cached + i) % C : -1);
     }
-    // Row i sees cache rows first .. last: from the start, or with a
-    // sliding window the last c.sliding_window positions (row r holds
-    // position r).
+    // Once this job stored its rows, row r holds the latest position p <=
+    // top with p % C == r (none when that is < 0: a row this sequence has
+    // not reached, whatever an earlier sequence of the slot left there).
+    // Query i sees the positions first .. last: from the start, or with a
+    // sliding window the last c.sliding_window ones. A ring of at least
+    // window + new_tokens - 1 rows still holds every position a query of
+    // the job sees (generator::create sizes it so).
+    const int64_t top = cached + n - 1;
+    std::vector<int64_t> held(static_cast<std::size_t>(C));
+    for (int64_t r = 0; r < C; ++r) held[static_cast<std::size_t>(r)] = top - ((top - r) % C + C) % C;
     host_tensor mask = host_tensor::uninitialized(c.dtype, {T, C});
     for (int64_t i = 0; i < T; ++i) {
       const int64_t last = cached + std::min(i, n - 1);
       const int64_t first = c.sliding_window > 0 ? std::max<int64_t>(0, last - c.sliding_window + 1) : 0;
-      for (int64_t j = 0; j < C; ++j) mask.set(i * C + j, j >= first && j <= last ? 0.0f : masked_score);
+      for (int64_t r = 0; r < C; ++r) {
+        const int64_t p = held[static_cast<std::size_t>(r)];
+        mask.set(i * C + r, p >= first && p <= last ? 0.0f : masked_score);
+      }
     }
     std::vector<host_tensor> in;
     in.reserve(4);
@@ -443,7 +456,7 @@ struct sequence : std::enable_shared_from_this<sequence> {
       finish(stop_reason::max_tokens);
       return false;
     }
-    if (cached >= gen->cfg.kv_cache_capacity) {
+    if (cached >= gen->opt.cache_tokens) {
       finish(stop_reason::cache_full);
       return false;
     }
@@ -455,7 +468,7 @@ struct sequence : std::enable_shared_from_this<sequence> {
   // Whether step `k` (output token k) is wanted: within max_new_tokens and
   // the cache.
   bool step_wanted(int64_t k) const {
-    return base_tokens + k < opt.max_new_tokens && first_position + k < gen->cfg.kv_cache_capacity;
+    return base_tokens + k < opt.max_new_tokens && first_position + k < gen->opt.cache_tokens;
   }
 
   // Submits step k: k 0 feeds first_token from the host (and keeps its own
@@ -622,6 +635,7 @@ generator::generator(std::shared_ptr<impl> p) : impl_(std::move(p)) {}
 generator::~generator() = default;
 
 int64_t generator::cache_bytes() const noexcept { return impl_->cache_bytes; }
+int64_t generator::cache_rows() const noexcept { return impl_->cfg.kv_cache_capacity; }
 int64_t generator::weight_bytes() const noexcept { return impl_->weight_bytes; }
 const plan& generator::decode_plan() const noexcept { return *impl_->decode.p; }
 const plan* generator::prefill_plan() const noexcept { return impl_->prefill.p.get(); }
@@ -645,7 +659,12 @@ expected<std::shared_ptr<generator>> generator::create(runtime& rt, models::tran
   if (options.prefill_chunk < 0)
     return bad("prefill_chunk must be >= 0, got " + std::to_string(options.prefill_chunk));
   cfg.batch = 1;
-  cfg.kv_cache_capacity = options.cache_tokens;
+  // Under a sliding window a query sees its last `window` positions, a
+  // prefill chunk's first query reaching chunk - 1 positions further back
+  // than its last: a ring of window + chunk - 1 rows holds all of them
+  // (position p in row p % rows), however long the sequence.
+  const int64_t ring_rows = cfg.sliding_window + std::max<int64_t>(options.prefill_chunk, 1) - 1;
+  cfg.kv_cache_capacity = cfg.sliding_window > 0 ? std::min(options.cache_tokens, ring_rows) : options.cache_tokens;
   if (cfg.variant == models::model_variant::gpt2) {
     if (cfg.max_positions == 0) cfg.max_positions = options.cache_tokens;
     if (cfg.max_positions < options.cache_tokens)
@@ -754,9 +773,9 @@ generation generator::generate(std::vector<int32_t> prompt, generate_options opt
     return handle;
   };
   if (prompt.empty()) return fail_now("the prompt is empty");
-  if (static_cast<int64_t>(prompt.size()) > impl_->cfg.kv_cache_capacity)
+  if (static_cast<int64_t>(prompt.size()) > impl_->opt.cache_tokens)
     return fail_now("the prompt's " + std::to_string(prompt.size()) + " tokens exceed cache_tokens " +
-                    std::to_string(impl_->cfg.kv_cache_capacity));
+                    std::to_string(impl_->opt.cache_tokens));
   for (std::size_t i = 0; i < prompt.size(); ++i)
     if (prompt[i] < 0 || prompt[i] >= impl_->cfg.vocab)
       return fail_now("prompt token " + std::to_string(i) + " is " + std::to_string(prompt[i]) +

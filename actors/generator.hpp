@@ -35,7 +35,9 @@
 /// model, weight_bytes()) wherever the two plans lay them out alike.
 ///
 /// Cache memory is planned at `create`: max_sequences slots of
-/// cache_tokens positions each (cache_bytes(), device memory). A sequence
+/// cache_tokens positions each (cache_bytes(), device memory; a model with
+/// a sliding window keeps only the rows its queries can still see, a ring:
+/// cache_rows()). A sequence
 /// holds a slot from its first job to its end; when all are taken a new
 /// sequence waits for one (queue_when_full) or fails at once with
 /// errc::out_of_memory saying so.
@@ -149,7 +151,8 @@ class generation {
 
 struct generator_options {
   /// Positions per sequence (prompt + generated tokens); a sequence that
-  /// reaches it stops with stop_reason::cache_full.
+  /// reaches it stops with stop_reason::cache_full. The cache holds them
+  /// all, or under a sliding window only the ones still seen (cache_rows()).
   int64_t cache_tokens = 256;
   int max_sequences = 8;        ///< cache slots: sequences holding a cache at once (1..65536)
   bool queue_when_full = true;  ///< false: generate() fails at once when no slot is free
@@ -213,6 +216,12 @@ class generator {
 
   /// Bytes of device memory the caches take (all slots, all devices).
   int64_t cache_bytes() const noexcept;
+  /// Rows of keys (and of values) each slot's cache holds a layer: cache_tokens,
+  /// or for a model with a sliding window W (transformer_config::sliding_window)
+  /// at most W + max(prefill_chunk, 1) - 1, a ring that position p takes row
+  /// p % rows of: every position a query still sees stays, and a sequence
+  /// still runs to cache_tokens positions.
+  int64_t cache_rows() const noexcept;
   /// Bytes of device memory the model's weights take (all devices): the
   /// prefill plan uses the decode plan's upload wherever both lay the
   /// weights out alike (plan_options::share_weights_with), so usually one

@@ -210,6 +210,9 @@ int generate_tokens(ag::runtime& rt, const ag::models::hf_model& model, const op
   }
   std::printf("stop_reason: %s\n", ag::to_string(r->reason));
   print_layout(o.devices, gen->decode_plan());
+  // Rows a layer's cache holds: every position, or a ring of the sliding window.
+  std::printf("kv_cache: %lld positions, %lld rows a layer, %lld bytes\n", static_cast<long long>(go.cache_tokens),
+              static_cast<long long>(gen->cache_rows()), static_cast<long long>(gen->cache_bytes()));
   const double prefill_s = static_cast<double>(first_token_ns.load()) / 1e9;
   const auto n = static_cast<double>(r->tokens.size());
   std::printf("prefill_ms: %.3f\n", prefill_s * 1e3);

@@ -29,6 +29,7 @@ cannot be imported: CI does not install them. Locally:
 """
 import argparse
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -82,6 +83,38 @@ def compare_repetition_penalty(args, name, folder, ref, prompt, penalty=1.5, ste
                                                                           "ok" if ok else "MISMATCH"))
         if not ok:
             failures.append("%s on %s: with repetition_penalty %s the tokens are %s, transformers %s" % (name, spec, penalty, got, want))
+    return failures
+
+
+def compare_window_ring(args, name, folder, ref, prompt, steps=12):
+    """A sliding-window model generating past its cache's ring (the generator
+    keeps window + prefill chunk - 1 rows, position p in row p % rows):
+    actorgraph-generate's greedy tokens against model.generate's, on every layout."""
+    import torch
+    with torch.no_grad():
+        gen = ref.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+                           do_sample=False, max_new_tokens=steps, min_new_tokens=steps, pad_token_id=0, eos_token_id=None)
+    want = gen[0, len(prompt):].tolist()
+    failures = []
+    for spec in args.devices.split(";"):
+        devices, *layout = spec.split()
+        cmd = [args.generate, "--model", folder, "--devices", devices, "--dtype", "f32", "--max-new-tokens", str(steps),
+               "--eos-ids", "1000000", "--prompt-ids", ",".join(map(str, prompt))] + layout
+        r = subprocess.run(cmd, capture_output=True, text=True, errors="replace")
+        line = [l for l in r.stdout.splitlines() if l.startswith("generated: ")]
+        cache = [l for l in r.stdout.splitlines() if l.startswith("kv_cache: ")]
+        if r.returncode != 0 or not line or not cache:
+            failures.append("%s on %s, %d tokens: actorgraph-generate failed:\n%s%s" % (name, spec, steps, r.stdout, r.stderr))
+            continue
+        got = [int(t) for t in line[0].split(": ")[1].split(",")]
+        positions, rows = [int(w) for w in re.findall(r"(\d+) (?:positions|rows)", cache[0])]
+        ok = got == want and rows < positions
+        print("%-18s %-26s %d tokens, cache ring of %d rows for %d positions: greedy %s vs %s %s" %
+              (name, spec, steps, rows, positions, got, want, "ok" if ok else "MISMATCH"))
+        if rows >= positions:
+            failures.append("%s on %s: the cache holds %d rows for %d positions: no ring" % (name, spec, rows, positions))
+        if got != want:
+            failures.append("%s on %s: %d tokens past the ring are %s, transformers %s" % (name, spec, steps, got, want))
     return failures
 
 
@@ -255,6 +288,8 @@ def main():
                     failures.append("%s on %s: greedy tokens %s, transformers %s" % (name, spec, got_tokens, want_tokens))
         if name in ("gpt2", "llama_gqa"):
             failures += compare_repetition_penalty(args, name, folder, ref, prompt)
+        if name in ("mistral_window_3", "qwen2_window_4"):
+            failures += compare_window_ring(args, name, folder, ref, prompt)
     failures += compare_bpe_tokenizer(args, workdir, gpt2)
     failures += compare_llama3_tokenizer(args, workdir)
     failures += compare_qwen2_tokenizer(args, workdir)

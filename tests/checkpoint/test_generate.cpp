@@ -101,6 +101,10 @@ void decode_equals_recompute(const std::string& spec, int stages, int64_t prefil
     go.plan.sequence_parallel = sp;
     auto gen = ag::generator::create(**rt, m->model_config(1), m->provider(), go);
     ASSERT_TRUE(gen.has_value()) << gen.err().to_string();
+    // Mistral's window of 4: a ring of 4 + chunk - 1 rows, which the 13
+    // positions go round more than once.
+    EXPECT_EQ((*gen)->cache_rows(),
+              cfg.sliding_window > 0 ? cfg.sliding_window + std::max<int64_t>(prefill_chunk, 1) - 1 : go.cache_tokens);
     if (sp == ag::sequence_parallel_mode::on) {
       // The prefill chunks' rows split over the ranks; a one-row step cannot.
       const auto count = [](const ag::plan* p, ag::op_kind op) {
@@ -357,6 +361,61 @@ TEST(GenerateCache, FullCacheFailsClearlyOrQueuesAndSequencesStopAtCapacity) {
       EXPECT_EQ(b.wait()->tokens, alone(**rt, *m, {6, 7}, 5, 1));
     }
   }
+}
+
+TEST(GenerateCache, ASlidingWindowKeepsARingOfItsWindowAndASequenceRunsToCacheTokens) {
+  auto cfg = ag::test::tiny_model(ag::models::model_variant::llama, 2);
+  cfg.sliding_window = 4;
+  temp_dir dir;
+  ag::test::save_random_model(dir.str(), cfg);
+  auto m = ag::models::hf_model::open(dir.str());
+  ASSERT_TRUE(m.has_value()) << m.err().to_string();
+  auto rt = ag::runtime::create("cpu:1", fast_sim());
+  ASSERT_TRUE(rt.has_value()) << rt.err().to_string();
+  ag::generator_options go;
+  go.cache_tokens = 64;
+  go.max_sequences = 1;
+  go.prefill_chunk = 3;
+  auto gen = ag::generator::create(**rt, m->model_config(1), m->provider(), go);
+  ASSERT_TRUE(gen.has_value()) << gen.err().to_string();
+  // 4 + 3 - 1 rows, not 64: each layer's keys and values (a 256-byte
+  // aligned slot each), and the two token states (4 bytes in a slot each).
+  EXPECT_EQ((*gen)->cache_rows(), 6);
+  const auto slot_bytes = [](int64_t b) { return (b + 255) / 256 * 256; };
+  EXPECT_EQ((*gen)->cache_bytes(), 2 * cfg.n_layers * slot_bytes(cfg.kv_heads() * 6 * cfg.head_dim() * 4) + 2 * 256);
+  // 12 prompt tokens (4 chunks of 3: a chunk's first query reaches back to
+  // the row its last store would take in a ring one row shorter), then
+  // tokens until the 64 positions are reached: 64 - 12 + 1 of them, each
+  // equal to the plain pass over the whole sequence with its window mask.
+  const std::vector<int32_t> prompt{3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8};
+  ag::generate_options o;
+  o.max_new_tokens = 100;
+  o.keep_logits = true;
+  const auto r = (*gen)->generate(prompt, o).wait();
+  ASSERT_TRUE(r.has_value()) << r.err().to_string();
+  EXPECT_EQ(r->reason, ag::stop_reason::cache_full);
+  ASSERT_EQ(r->tokens.size(), 53u);
+  std::vector<int32_t> seq = prompt;
+  for (std::size_t t = 0; t < r->tokens.size(); ++t) {
+    const std::vector<float> ref = recomputed_last_logits(*m, seq);
+    ASSERT_EQ(ref.size(), r->logits[t].size());
+    double worst = 0.0;
+    for (std::size_t i = 0; i < ref.size(); ++i)
+      worst = std::max(worst, static_cast<double>(std::abs(ref[i] - r->logits[t][i])));
+    ASSERT_LT(worst, 2e-3) << "token " << t << " (position " << seq.size() << "): logits differ from the recompute";
+    seq.push_back(r->tokens[t]);
+  }
+  // Greedy on the device, steps pipelined: the same tokens.
+  o.keep_logits = false;
+  const auto d = (*gen)->generate(prompt, o).wait();
+  ASSERT_TRUE(d.has_value()) << d.err().to_string();
+  EXPECT_EQ(d->tokens, r->tokens);
+  EXPECT_GT(d->tokens_pipelined, 40);
+  // The same model without the window: every position a row.
+  cfg.sliding_window = 0;
+  auto full = ag::generator::create(**rt, cfg, {}, go);
+  ASSERT_TRUE(full.has_value()) << full.err().to_string();
+  EXPECT_EQ((*full)->cache_rows(), 64);
 }
 
 TEST(GenerateCache, CancellingAWaitingSequenceEndsItWhileTheSlotIsStillHeld) {

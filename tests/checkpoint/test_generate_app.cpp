@@ -134,6 +134,7 @@ TEST(GenerateApp, MaxNewTokensGreedyEqualsRecomputingEachToken) {
       EXPECT_EQ(field(r.out, "generated"), want) << r.out;
       EXPECT_EQ(field(r.out, "stop_reason"), "max_tokens") << r.out;
       EXPECT_NE(field(r.out, "decode_ms_per_token"), "") << r.out;
+      EXPECT_EQ(field(r.out, "kv_cache").rfind("10 positions, 10 rows a layer, ", 0), 0u) << r.out;
       expect_layout(r.out, devices);
     }
     // Sampling: the same seed gives the same tokens; an eos id stops at once.
