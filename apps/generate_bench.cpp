@@ -107,6 +107,7 @@ int run_sim(double time_scale, int sequences, int new_tokens) {
 struct decode_args {
   std::string model, devices = "cuda:0";
   int64_t context = 512, prefill = 2048;
+  int64_t prefill_chunk = 0;  ///< generator_options::prefill_chunk (0: the whole context, one job)
   int cpu_threads = 0;  ///< backend_options::cpu_threads_per_stream (0: the machine's, shared among cpu devices)
   int new_tokens = 64;
   double bandwidth_gbs = 0.0;
@@ -162,7 +163,7 @@ int run_decode(const decode_args& a) {
   ag::generator_options go;
   go.cache_tokens = a.context + a.new_tokens;
   go.max_sequences = 1;
-  go.prefill_chunk = a.context;
+  go.prefill_chunk = a.prefill_chunk > 0 ? a.prefill_chunk : a.context;
   if (!ag::parse_graph_replay_mode(a.replay, go.plan.graph_replay))
     return fail({ag::errc::invalid_argument, "--replay must be off, on or auto, got '" + a.replay + "'"});
   go.plan.fuse_ops = a.fusion == "on";
@@ -271,12 +272,14 @@ int run_decode(const decode_args& a) {
   };
 
   // Bytes one decode token must read: every weight but the input embedding
-  // table (one row of it), and the cache of `context` positions.
+  // table (one row of it), and the cache of `context` positions (of the
+  // last sliding_window ones under a window).
   const double esize = static_cast<double>(ag::dtype_size(model->dtype()));
   const double embed = static_cast<double>(mc.vocab * mc.d_model) * esize;
   const double weights_read =
       static_cast<double>(ag::models::parameter_count(model->model_config(1))) * esize - (mc.tied_head() ? 0.0 : embed);
-  const double cache = 2.0 * mc.n_layers * static_cast<double>(mc.kv_heads() * a.context * mc.head_dim()) * esize;
+  const int64_t keys_seen = mc.sliding_window > 0 ? std::min(a.context, mc.sliding_window) : a.context;
+  const double cache = 2.0 * mc.n_layers * static_cast<double>(mc.kv_heads() * keys_seen * mc.head_dim()) * esize;
   const double bw = a.bandwidth_gbs > 0 ? a.bandwidth_gbs * 1e9 : (*rt)->devices().at(0).mem_bandwidth;
   const double floor_ms = (weights_read + cache) / bw * 1e3;
 
@@ -342,6 +345,13 @@ int run_decode(const decode_args& a) {
   }
   std::printf("%-28s %.3f ms (%.1f MB weights + %.1f MB cache at %.0f GB/s)\n", "bandwidth floor", floor_ms,
               weights_read / 1e6, cache / 1e6, bw / 1e9);
+  // The cache as held: every position, or a sliding window's ring.
+  std::printf("%-28s %lld positions, %lld rows a layer%s, %.1f MB on the devices\n", "kv cache",
+              static_cast<long long>(go.cache_tokens), static_cast<long long>((*gen)->cache_rows()),
+              mc.sliding_window > 0 ? (", window " + std::to_string(mc.sliding_window)).c_str() : "",
+              static_cast<double>((*gen)->cache_bytes()) / 1e6);
+  std::printf("kv_cache_rows: %lld\nkv_cache_mb: %.1f\n", static_cast<long long>((*gen)->cache_rows()),
+              static_cast<double>((*gen)->cache_bytes()) / 1e6);
   if (!device_ms.empty()) {
     std::printf("%-28s %.3f ms on the device, %.3f ms idle between tokens (medians over %zu decode jobs, trace)\n",
                 "decode job", median_of(device_ms), median_of(idle_ms), device_ms.size());
@@ -398,6 +408,10 @@ int main(int argc, char** argv) {
   app.add_option("--context", d.context, "decode: prompt tokens before decoding")->check(CLI::Range(1, 1 << 20));
   app.add_option("--new-tokens", d.new_tokens, "decode: tokens to generate")->check(CLI::Range(2, 1 << 20));
   app.add_option("--prefill", d.prefill, "prefill tokens (0: skip)")->check(CLI::Range(0, 1 << 20));
+  app.add_option("--prefill-chunk", d.prefill_chunk,
+                 "decode: the context's tokens a prefill job (0: all of them in one; under a sliding window the cache "
+                 "keeps window + chunk - 1 rows)")
+      ->check(CLI::Range(0, 1 << 20));
   app.add_option("--bandwidth-gbs", d.bandwidth_gbs, "measured device memory bandwidth (0: the device spec's)");
   app.add_option("--replay", d.replay, "decode: graph replay of the generator's plans (off, on, auto)");
   app.add_option("--fusion", d.fusion, "decode: plan_options::fuse_ops of the generator's and the prefill's plans (on, off)")

@@ -78,8 +78,10 @@ std::optional<attention_fusion> match(const graph& g, const std::vector<node_id>
   } else {
     const bool flash =
         M > fused_attention_max_rows && keys >= 1 && fused_flash_attention_fits(t, dh, batch_entries);
-    if (!flash && (M > fused_attention_max_rows || keys < 1 || keys > fused_attention_max_keys ||
-                   M * keys > fused_attention_max_scores || dh > fused_attention_max_head))
+    // A long KV cache: the split kernel, whatever the keys.
+    const bool cache = kk.op == op_kind::store_rows && v.op == op_kind::store_rows && fused_attention_any_keys(dh);
+    if (!flash && (M > fused_attention_max_rows || keys < 1 || dh > fused_attention_max_head ||
+                   (!cache && (keys > fused_attention_max_keys || M * keys > fused_attention_max_scores))))
       return std::nullopt;
   }
   if ((t != dtype::f32 && t != dtype::bf16 && t != dtype::f16) || kk.type != t || v.type != t || pv.type != t ||

@@ -621,7 +621,11 @@ error launch_fused_attention(const launch_ctx& c, const kt& out, const kt& q, co
   if (t != static_cast<int>(dtype::f32) && t != static_cast<int>(dtype::f16) && t != static_cast<int>(dtype::bf16))
     return error(errc::dtype_mismatch, c.where + ": fused attention needs f32, f16 or bf16");
   const int64_t M = q.d[2], dh = q.d[3], keys = k.d[2];
-  if (M > kMaxRows || keys < 1 || keys > kMaxKeys || M * keys > kMaxScores || dh > kMaxHead || k.d[3] != dh ||
+  // The split kernel (below) takes any number of keys; the other one holds
+  // a row's scores in shared memory.
+  const bool split_ok =
+      c.attention_workspace && (dh == 32 || dh == 64 || dh == 128 || dh == 256) && split_rows_ok(k) && split_rows_ok(v);
+  if (M > kMaxRows || keys < 1 || (!split_ok && (keys > kMaxKeys || M * keys > kMaxScores)) || dh > kMaxHead || k.d[3] != dh ||
       v.d[3] != dh || v.d[2] != keys || out.d[2] != M || out.d[3] != dh || softmax_rows < 1 || M % softmax_rows != 0 ||
       (mask && (mask->d[2] != softmax_rows || mask->d[3] != keys)))
     return error(errc::invalid_shape, c.where + ": fused attention shapes out of its limits (rows " +
@@ -634,8 +638,6 @@ error launch_fused_attention(const launch_ctx& c, const kt& out, const kt& q, co
   const kt none{};
   const kt& mk = mask ? *mask : none;
   error e;
-  const bool split_ok =
-      c.attention_workspace && (dh == 32 || dh == 64 || dh == 128 || dh == 256) && split_rows_ok(k) && split_rows_ok(v);
   split_prologue pro{};  // off, nothing read
   // AG_CUDA_ATTENTION_EARLY=0: never load before the PDL wait (a diagnostic switch).
   static const bool early_on = [] {

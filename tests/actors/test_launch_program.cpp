@@ -823,6 +823,22 @@ TEST(LaunchProgram, DecodeAttentionIsOneFusedRecordPerLayerOnCudaOnly) {
       EXPECT_EQ(tp2.ropes, cache > 0 && llama ? 12 : 0) << "cache " << cache;
     }
   }
+  // A cache longer than the 8192 keys of the kernel that holds a row's
+  // scores in shared memory: heads of 32 still fuse, with their prologue
+  // (the split kernel takes any number of keys: 9000 here, 16,512 for a
+  // 16k context's decode); heads of 8, which only that kernel takes, keep
+  // their ops.
+  for (auto variant : {models::model_variant::llama, models::model_variant::gpt2}) {
+    SCOPED_TRACE(std::string(models::to_string(variant)) + ", a cache of 9000");
+    models::transformer_config cfg = decode_step(variant, 256);
+    cfg.kv_cache_capacity = 9000;
+    const auto cuda = count_fused(cfg, device_kind::cuda);
+    EXPECT_EQ(cuda.fused, 3);
+    EXPECT_EQ(cuda.cache_prologues, 3);
+    cfg = decode_step(variant, 64);
+    cfg.kv_cache_capacity = 9000;
+    EXPECT_EQ(count_fused(cfg, device_kind::cuda).fused, 0) << "heads of 8";
+  }
   // A prefill of 16 positions: 64 query rows per kv head, more than the
   // decode kernels take, in f32 with heads of 8 (no flash kernel either:
   // LongQueryRuns... below); the chain stays as it is.
@@ -1664,6 +1680,35 @@ TEST(LaunchProgram, AWholeLlamaDecodeStepIsOneRecordOnOneCudaDevice) {
 // 128 on d_model 256) and a d_ff of 5 x 128 (as half of LLaMA-2-7B's 11008
 // is 43 x 128) still make the one-kernel step, with the heads' width taken
 // from the caches and q's weight, not from d_model.
+// The whole step takes caches of up to decode_step_max_cache_rows (2048)
+// rows; a longer one (a 16k context's 16,384 + 128) keeps its records, the
+// attention fused with its cache prologue all the same (the split kernel
+// takes any number of keys), and the note says why.
+TEST(LaunchProgram, ADecodeStepOverACacheOfMoreThan2048RowsKeepsItsRecords) {
+  for (int64_t rows : {int64_t{2048}, int64_t{16512}}) {
+    SCOPED_TRACE(std::to_string(rows) + " cache rows");
+    models::transformer_config cfg = whole_decode_step(2);
+    cfg.kv_cache_capacity = rows;
+    const auto [p, prog] = compile_and_lower(cfg, device_kind::cuda, decode_step_options());
+    ASSERT_TRUE(prog);
+    const bool whole = rows <= decode_step_max_cache_rows;
+    EXPECT_EQ(prog->decode_step_fused(), whole) << prog->decode_step_note();
+    int fused = 0;
+    for (const lowered_step& ls : prog->steps())
+      for (const auto& op : ls.ops) {
+        if (op.fused == gpu::op_launch::fusion::decode_step) { EXPECT_EQ(op.decode_step.cache_rows, rows); }
+        fused += op.fused == gpu::op_launch::fusion::attention && op.attention.store_new_rows;
+      }
+    if (whole) {
+      EXPECT_EQ(compute_records(*prog).size(), 1u);
+    } else {
+      EXPECT_EQ(fused, 2) << "each layer's attention one record with its prologue";
+      EXPECT_NE(prog->decode_step_note().find("a cache of 16512 rows (more than 2048"), std::string::npos)
+          << prog->decode_step_note();
+    }
+  }
+}
+
 TEST(LaunchProgram, ADecodeStepWithHeadsOfAnotherWidthIsOneKernel) {
   models::transformer_config cfg = whole_decode_step(2);
   cfg.explicit_head_dim = 128;

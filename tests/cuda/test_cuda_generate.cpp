@@ -105,7 +105,8 @@ void decode_on(const std::string& spec, int stages, bool fuse_ops = false, int64
   // Qwen3's q/k norms, bf16.
   auto bf16_qwen3 = bf16_llama;
   bf16_qwen3.qk_norm = true;
-  // Mistral's sliding window (4 keys, over a prompt of 6 and 6 new tokens), f32.
+  // Mistral's sliding window (4 keys, over a prompt of 6 and 6 new tokens; a
+  // ring of 7 cache rows), f32.
   auto mistral = widened(test::tiny_model(models::model_variant::llama, 2));
   mistral.sliding_window = 4;
   for (const auto& cfg : {widened(test::tiny_model(models::model_variant::gpt2)),
@@ -128,6 +129,7 @@ void decode_on(const std::string& spec, int stages, bool fuse_ops = false, int64
     if (sequence_parallel) go.plan.sequence_parallel = sequence_parallel_mode::on;
     auto gen = generator::create(**rt, m->model_config(1), m->provider(), go);
     ASSERT_TRUE(gen) << gen.err().to_string();
+    EXPECT_EQ((*gen)->cache_rows(), cfg.sliding_window > 0 ? 7 : 16) << "a window of 4: a ring of 4 + 3 rows";
     if (sequence_parallel) {  // the prefill's reduce-scatters on the copy engines
       const plan* prefill = (*gen)->prefill_plan();
       ASSERT_NE(prefill, nullptr);
@@ -882,6 +884,8 @@ TEST(CudaGenerate, Qwen2BiasesQwen3NormsAndWindowsInTheWholeStepAndLlamaAttentio
     go.prefill_chunk = 4;
     auto gen = generator::create(**rt, m->model_config(1), m->provider(), go);
     ASSERT_TRUE(gen) << gen.err().to_string();
+    // A window's cache is a ring of window + 3 rows, which the 12 positions go round.
+    EXPECT_EQ((*gen)->cache_rows(), bc.window > 0 ? bc.window + 3 : 80);
     const bool whole = bias != attention_bias::qkv_o;
     EXPECT_EQ(whole_step_records((*gen)->decode_plan()), whole ? 1 : 0);
     const plan& dp = (*gen)->decode_plan();
@@ -894,6 +898,83 @@ TEST(CudaGenerate, Qwen2BiasesQwen3NormsAndWindowsInTheWholeStepAndLlamaAttentio
                 (*prog)->decode_step_note().c_str());
     generation_result dr;
     expect_generation_equals_recompute(**gen, *m, /*bf16=*/true, dr);
+  }
+}
+
+// A context longer than the 8192 keys the unsplit attention kernel holds:
+// 8705 prompt tokens, in 17 chunks of 512 and the last one through the
+// decode plan (so that the first token's logits are a decode step's over
+// 8705 keys), then 3 more tokens, over a cache of 8720 rows: a kernel a
+// record (more rows than the whole-step kernel takes), the attention the
+// split kernel fused with its cache prologue. f32: every token's logits
+// within 2e-3 of the cpu device's run of the same model and the same
+// tokens; bf16: each token's logits within bf16's tolerance (as above) of
+// the cpu's while the tokens so far agree (a random model's attention over
+// 8705 keys is nearly flat: its bf16 logits tie often, so a later token may
+// differ; session 65's run compared all 4). Until session 65 a cache of
+// more than 8192 rows kept the attention's four kernels.
+TEST(CudaGenerate, DecodeOverMoreThan8192KeysEqualsTheCpuDevice) {
+  AG_REQUIRE_GPU(1);
+  std::vector<int32_t> prompt(8705);
+  uint64_t x = 88172645463325252ull;
+  for (int32_t& t : prompt) {
+    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+    t = static_cast<int32_t>(x % 1000);
+  }
+  for (dtype type : {dtype::f32, dtype::bf16}) {
+    SCOPED_TRACE(to_string(type));
+    models::transformer_config cfg = whole_step_model(4, 2, 64, 512);
+    cfg.dtype = type;
+    test::temp_dir dir;
+    test::save_random_model(dir.str(), cfg);
+    auto m = models::hf_model::open(dir.str());
+    ASSERT_TRUE(m) << m.err().to_string();
+    const auto run = [&](const std::string& spec) -> generation_result {
+      auto rt = runtime::create(spec);
+      EXPECT_TRUE(rt) << rt.err().to_string();
+      if (!rt) return {};
+      generator_options go;
+      go.cache_tokens = 8720;
+      go.prefill_chunk = 512;
+      go.max_sequences = 1;
+      auto gen = generator::create(**rt, m->model_config(1), m->provider(), go);
+      EXPECT_TRUE(gen) << gen.err().to_string();
+      if (!gen) return {};
+      if (spec != "cpu:1") {
+        EXPECT_EQ(whole_step_records((*gen)->decode_plan()), 0) << "8720 cache rows: a kernel a record";
+        int fused = 0;
+        auto prog = actors::lower(std::shared_ptr<const plan>(&(*gen)->decode_plan(), [](const plan*) {}));
+        if (prog)
+          for (const auto& ls : (*prog)->steps())
+            for (const auto& op : ls.ops)
+              fused += op.fused == gpu::op_launch::fusion::attention && op.attention.store_new_rows;
+        EXPECT_EQ(fused, cfg.n_layers) << "fused attentions over the cache";
+      }
+      generate_options o;
+      o.max_new_tokens = 4;
+      o.keep_logits = true;
+      const generation h = (*gen)->generate(prompt, o);
+      EXPECT_TRUE(h.wait_for(300s)) << "generation hung";
+      const auto& r = h.wait();
+      EXPECT_TRUE(r) << r.err().to_string();
+      return r ? *r : generation_result{};
+    };
+    const generation_result want = run("cpu:1");
+    ASSERT_EQ(want.tokens.size(), 4u);
+    const generation_result got = run("cuda:0");
+    ASSERT_EQ(got.tokens.size(), 4u);
+    std::size_t compared = 0;
+    for (std::size_t t = 0; t < 4 && (t == 0 || got.tokens[t - 1] == want.tokens[t - 1]); ++t, ++compared) {
+      double worst = 0.0;
+      ASSERT_EQ(got.logits[t].size(), want.logits[t].size());
+      for (std::size_t i = 0; i < want.logits[t].size(); ++i) {
+        const double allowed = type == dtype::bf16 ? 0.1 + 0.05 * std::abs(want.logits[t][i]) : 2e-3;
+        worst = std::max(worst, std::abs(want.logits[t][i] - got.logits[t][i]) / allowed);
+      }
+      EXPECT_LT(worst, 1.0) << "token " << t << ": error over tolerance";
+      if (type == dtype::f32) { EXPECT_EQ(got.tokens[t], want.tokens[t]) << "token " << t; }
+    }
+    std::printf("%s: %zu of 4 tokens' logits compared\n", to_string(type), compared);
   }
 }
 
