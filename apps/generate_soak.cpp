@@ -118,6 +118,7 @@ struct sequence_record {
 struct counts {
   int64_t sequences = 0, tokens = 0, ok = 0, eos = 0, cache_full = 0, cancelled = 0, failed_op = 0, failed_death = 0;
   int64_t wrong = 0, lost = 0, duplicate = 0, hung = 0, kills = 0, resets = 0, epochs = 0;
+  int64_t windowed_generators = 0;  // generators of a model with a sliding window (a ring cache)
 };
 
 class soak {
@@ -170,6 +171,9 @@ class soak {
       m.max_positions = m.variant == ag::models::model_variant::gpt2 ? cache_tokens : 0;
       m.seed = rng_() % 1000;
       m.initializer_range = 0.2f;
+      // A third of the LLaMAs with a sliding window: their caches are rings
+      // (window + chunk - 1 rows) that the sequences go round.
+      if (m.variant == ag::models::model_variant::llama && uni() < 1.0 / 3) m.sliding_window = 3 + pick(4);
       const layout l = layouts[static_cast<std::size_t>(pick(static_cast<int>(layouts.size())))];
       auto& go = gc.options;
       go.cache_tokens = cache_tokens;
@@ -181,9 +185,10 @@ class soak {
       go.plan.pipeline_stages = l.stages;
       go.plan.tensor_parallel = l.tp;
       char name[160];
-      std::snprintf(name, sizeof name, "%s %dx%d depth %d%s slots %d%s%s", ag::models::to_string(m.variant), l.stages,
+      std::snprintf(name, sizeof name, "%s %dx%d depth %d%s slots %d%s%s%s", ag::models::to_string(m.variant), l.stages,
                     l.tp, go.pipeline_depth, go.pipeline_across_stages ? " (across stages)" : "", go.max_sequences,
-                    go.prefill_chunk ? " prefill 4" : "", go.device_greedy ? "" : " host sampling");
+                    go.prefill_chunk ? " prefill 4" : "", go.device_greedy ? "" : " host sampling",
+                    m.sliding_window ? (" window " + std::to_string(m.sliding_window)).c_str() : "");
       gc.name = name;
       auto g = ag::generator::create(rt, m, {}, go);
       if (!g) {
@@ -191,6 +196,7 @@ class soak {
         return false;
       }
       gc.gen = std::move(*g);
+      c_.windowed_generators += m.sliding_window > 0;
       for (int d : gc.gen->decode_plan().used_devices()) gc.devices.insert(d);
       ag::generator_options solo_opts = go;
       solo_opts.pipeline_depth = 1;
@@ -461,8 +467,9 @@ class soak {
         {"wrong", c_.wrong},                     {"lost (no end)", c_.lost},
         {"ended twice", c_.duplicate},           {"hung", c_.hung}};
     for (const auto& [name, v] : rows) std::printf("%-34s %12" PRId64 "\n", name, v);
-    std::printf("epochs: %" PRId64 ", devices %s, %" PRId64 " kills and %" PRId64 " resets, faults %s\n", c_.epochs,
-                o_.devices.c_str(), c_.kills, c_.resets, o_.faults ? "on" : "off");
+    std::printf("epochs: %" PRId64 ", devices %s, %" PRId64 " kills and %" PRId64 " resets, faults %s, %" PRId64
+                " of the generators with a sliding window\n",
+                c_.epochs, o_.devices.c_str(), c_.kills, c_.resets, o_.faults ? "on" : "off", c_.windowed_generators);
     std::printf("generate_soak_sequences: %" PRId64 "\n", c_.sequences);
     std::printf("generate_soak_tokens: %" PRId64 "\n", c_.tokens);
     std::printf("generate_soak_failed_by_faults: %" PRId64 "\n", c_.failed_op + c_.failed_death);
