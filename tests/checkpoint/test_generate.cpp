@@ -77,6 +77,14 @@ std::vector<float> recomputed_last_logits(const ag::models::hf_model& m, const s
   return row;
 }
 
+// The largest |ref[i] - got[i]|.
+double worst_logit_error(const std::vector<float>& ref, const std::vector<float>& got) {
+  double worst = 0.0;
+  for (std::size_t i = 0; i < ref.size() && i < got.size(); ++i)
+    worst = std::max(worst, static_cast<double>(std::abs(ref[i] - got[i])));
+  return worst;
+}
+
 void decode_equals_recompute(const std::string& spec, int stages, int64_t prefill_chunk, int tp = 1,
                              bool across_stages = false,
                              ag::sequence_parallel_mode sp = ag::sequence_parallel_mode::automatic) {
@@ -146,10 +154,7 @@ void decode_equals_recompute(const std::string& spec, int stages, int64_t prefil
     for (std::size_t t = 0; t < r->tokens.size(); ++t) {
       const std::vector<float> ref = recomputed_last_logits(*m, seq);
       ASSERT_EQ(ref.size(), r->logits[t].size());
-      double worst = 0.0;
-      for (std::size_t i = 0; i < ref.size(); ++i)
-        worst = std::max(worst, static_cast<double>(std::abs(ref[i] - r->logits[t][i])));
-      EXPECT_LT(worst, 2e-3) << "token " << t << ": logits differ from recomputing the whole sequence";
+      EXPECT_LT(worst_logit_error(ref, r->logits[t]), 2e-3) << "token " << t << ": logits differ from recomputing the whole sequence";
       const auto argmax = static_cast<int32_t>(std::max_element(ref.begin(), ref.end()) - ref.begin());
       EXPECT_EQ(r->tokens[t], argmax) << "token " << t;
       seq.push_back(r->tokens[t]);
@@ -399,10 +404,7 @@ TEST(GenerateCache, ASlidingWindowKeepsARingOfItsWindowAndASequenceRunsToCacheTo
   for (std::size_t t = 0; t < r->tokens.size(); ++t) {
     const std::vector<float> ref = recomputed_last_logits(*m, seq);
     ASSERT_EQ(ref.size(), r->logits[t].size());
-    double worst = 0.0;
-    for (std::size_t i = 0; i < ref.size(); ++i)
-      worst = std::max(worst, static_cast<double>(std::abs(ref[i] - r->logits[t][i])));
-    ASSERT_LT(worst, 2e-3) << "token " << t << " (position " << seq.size() << "): logits differ from the recompute";
+    ASSERT_LT(worst_logit_error(ref, r->logits[t]), 2e-3) << "token " << t << " (position " << seq.size() << "): logits differ from the recompute";
     seq.push_back(r->tokens[t]);
   }
   // Greedy on the device, steps pipelined: the same tokens.
@@ -722,9 +724,7 @@ TEST(GenerateDecode, Bf16LlamaEqualsRecomputeWithinBf16RoundingCpu) {
   std::vector<int32_t> seq = prompt;
   double worst = 0.0;
   for (std::size_t t = 0; t < r->tokens.size(); ++t) {
-    const std::vector<float> ref = recomputed_last_logits(*m, seq);
-    for (std::size_t i = 0; i < ref.size(); ++i)
-      worst = std::max(worst, static_cast<double>(std::abs(ref[i] - r->logits[t][i])));
+    worst = std::max(worst, worst_logit_error(recomputed_last_logits(*m, seq), r->logits[t]));
     seq.push_back(r->tokens[t]);
   }
   std::printf("bf16 decode vs recompute: max |logit error| %.4f\n", worst);
