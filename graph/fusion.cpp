@@ -121,7 +121,7 @@ void match_prologue(const graph& g, const std::vector<node_id>& ops, std::size_t
   const node& q = g.at(qk.inputs[0]);
   const int64_t dh = q.dims[-1];
   const dtype t = q.type;
-  if (dh != 32 && dh != 64 && dh != 128 && dh != 256) return;
+  if (!fused_attention_any_keys(dh)) return;  // the prologue runs in the split kernel only
   const node& ks = g.at(qk.inputs[1]);
   const node& vs = g.at(pv.inputs[1]);
   if (ks.op != op_kind::store_rows || vs.op != op_kind::store_rows || !only_read_by(g, ks.id, qk.id) ||

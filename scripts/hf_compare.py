@@ -53,31 +53,42 @@ def parse_args():
     return p.parse_args()
 
 
-def compare_repetition_penalty(args, name, folder, ref, prompt, penalty=1.5, steps=8):
-    """Greedy generation with transformers' repetition_penalty: actorgraph-generate's
-    tokens (the generator, --max-new-tokens) against model.generate's, on every layout."""
+def transformers_greedy(ref, prompt, steps, **kw):
+    """model.generate's `steps` greedy tokens after `prompt` (no end-of-sequence stop)."""
     import torch
     with torch.no_grad():
         gen = ref.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
-                           do_sample=False, max_new_tokens=steps, min_new_tokens=steps, repetition_penalty=penalty,
-                           pad_token_id=0, eos_token_id=None)
-        plain = ref.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
-                             do_sample=False, max_new_tokens=steps, min_new_tokens=steps, pad_token_id=0, eos_token_id=None)
-    want = gen[0, len(prompt):].tolist()
+                           do_sample=False, max_new_tokens=steps, min_new_tokens=steps, pad_token_id=0,
+                           eos_token_id=None, **kw)
+    return gen[0, len(prompt):].tolist()
+
+
+def generate_run(args, folder, spec, prompt, steps, extra=()):
+    """actorgraph-generate's `steps` greedy tokens after `prompt` on layout `spec`
+    (one run through the generator): (tokens, stdout), or (None, what failed)."""
+    devices, *layout = spec.split()
+    cmd = [args.generate, "--model", folder, "--devices", devices, "--dtype", "f32", "--max-new-tokens", str(steps),
+           "--eos-ids", "1000000", "--prompt-ids", ",".join(map(str, prompt))] + list(extra) + layout
+    r = subprocess.run(cmd, capture_output=True, text=True, errors="replace")
+    line = [l for l in r.stdout.splitlines() if l.startswith("generated: ")]
+    if r.returncode != 0 or not line:
+        return None, r.stdout + r.stderr
+    return [int(t) for t in line[0].split(": ")[1].split(",")], r.stdout
+
+
+def compare_repetition_penalty(args, name, folder, ref, prompt, penalty=1.5, steps=8):
+    """Greedy generation with transformers' repetition_penalty: actorgraph-generate's
+    tokens (the generator, --max-new-tokens) against model.generate's, on every layout."""
+    want = transformers_greedy(ref, prompt, steps, repetition_penalty=penalty)
     failures = []
-    if plain[0, len(prompt):].tolist() == want:
+    if transformers_greedy(ref, prompt, steps) == want:
         failures.append("%s: transformers' tokens are the same with and without repetition_penalty %s: the check shows nothing"
                         % (name, penalty))
     for spec in args.devices.split(";"):
-        devices, *layout = spec.split()
-        cmd = [args.generate, "--model", folder, "--devices", devices, "--dtype", "f32", "--max-new-tokens", str(steps),
-               "--repetition-penalty", str(penalty), "--eos-ids", "1000000", "--prompt-ids", ",".join(map(str, prompt))] + layout
-        r = subprocess.run(cmd, capture_output=True, text=True, errors="replace")
-        line = [l for l in r.stdout.splitlines() if l.startswith("generated: ")]
-        if r.returncode != 0 or not line:
-            failures.append("%s on %s with --repetition-penalty: actorgraph-generate failed:\n%s%s" % (name, spec, r.stdout, r.stderr))
+        got, out = generate_run(args, folder, spec, prompt, steps, ["--repetition-penalty", str(penalty)])
+        if got is None:
+            failures.append("%s on %s with --repetition-penalty: actorgraph-generate failed:\n%s" % (name, spec, out))
             continue
-        got = [int(t) for t in line[0].split(": ")[1].split(",")]
         ok = got == want
         print("%-18s %-26s repetition_penalty %.1f: greedy %s vs %s %s" % (name, spec, penalty, got, want,
                                                                           "ok" if ok else "MISMATCH"))
@@ -90,23 +101,14 @@ def compare_window_ring(args, name, folder, ref, prompt, steps=12):
     """A sliding-window model generating past its cache's ring (the generator
     keeps window + prefill chunk - 1 rows, position p in row p % rows):
     actorgraph-generate's greedy tokens against model.generate's, on every layout."""
-    import torch
-    with torch.no_grad():
-        gen = ref.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
-                           do_sample=False, max_new_tokens=steps, min_new_tokens=steps, pad_token_id=0, eos_token_id=None)
-    want = gen[0, len(prompt):].tolist()
+    want = transformers_greedy(ref, prompt, steps)
     failures = []
     for spec in args.devices.split(";"):
-        devices, *layout = spec.split()
-        cmd = [args.generate, "--model", folder, "--devices", devices, "--dtype", "f32", "--max-new-tokens", str(steps),
-               "--eos-ids", "1000000", "--prompt-ids", ",".join(map(str, prompt))] + layout
-        r = subprocess.run(cmd, capture_output=True, text=True, errors="replace")
-        line = [l for l in r.stdout.splitlines() if l.startswith("generated: ")]
-        cache = [l for l in r.stdout.splitlines() if l.startswith("kv_cache: ")]
-        if r.returncode != 0 or not line or not cache:
-            failures.append("%s on %s, %d tokens: actorgraph-generate failed:\n%s%s" % (name, spec, steps, r.stdout, r.stderr))
+        got, out = generate_run(args, folder, spec, prompt, steps)
+        cache = [l for l in out.splitlines() if l.startswith("kv_cache: ")] if got is not None else []
+        if not cache:
+            failures.append("%s on %s, %d tokens: actorgraph-generate failed:\n%s" % (name, spec, steps, out))
             continue
-        got = [int(t) for t in line[0].split(": ")[1].split(",")]
         positions, rows = [int(w) for w in re.findall(r"(\d+) (?:positions|rows)", cache[0])]
         ok = got == want and rows < positions
         print("%-18s %-26s %d tokens, cache ring of %d rows for %d positions: greedy %s vs %s %s" %
@@ -234,10 +236,7 @@ def main():
         ref = type(model).from_pretrained(folder, attn_implementation="eager", **{dtype_kw: torch.float32}).eval()
         with torch.no_grad():
             want = ref(torch.tensor([prompt])).logits[0].float().numpy()
-            gen = ref.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
-                               do_sample=False, max_new_tokens=args.steps, min_new_tokens=args.steps,
-                               pad_token_id=0, eos_token_id=None)
-        want_tokens = gen[0, len(prompt):].tolist()
+        want_tokens = transformers_greedy(ref, prompt, args.steps)
         cfg = ref.config
         scaled = getattr(cfg, "rope_parameters", None) or getattr(cfg, "rope_scaling", None) or {}
         if scaled.get("rope_type") in ("llama3", "linear"):
