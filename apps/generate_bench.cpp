@@ -108,6 +108,7 @@ struct decode_args {
   std::string model, devices = "cuda:0";
   int64_t context = 512, prefill = 2048;
   int64_t prefill_chunk = 0;  ///< generator_options::prefill_chunk (0: the whole context, one job)
+  int64_t cache_tokens = 0;   ///< generator_options::cache_tokens (0: context + new tokens)
   int cpu_threads = 0;  ///< backend_options::cpu_threads_per_stream (0: the machine's, shared among cpu devices)
   int new_tokens = 64;
   double bandwidth_gbs = 0.0;
@@ -161,7 +162,11 @@ int run_decode(const decode_args& a) {
   if (!model) return fail(model.err());
   const auto& mc = model->config().model;
   ag::generator_options go;
-  go.cache_tokens = a.context + a.new_tokens;
+  go.cache_tokens = a.cache_tokens > 0 ? a.cache_tokens : a.context + a.new_tokens;
+  if (go.cache_tokens < a.context + a.new_tokens)
+    return fail({ag::errc::invalid_argument, "--cache-tokens " + std::to_string(a.cache_tokens) +
+                                                 " is less than --context + --new-tokens (" +
+                                                 std::to_string(a.context + a.new_tokens) + ")"});
   go.max_sequences = 1;
   go.prefill_chunk = a.prefill_chunk > 0 ? a.prefill_chunk : a.context;
   if (!ag::parse_graph_replay_mode(a.replay, go.plan.graph_replay))
@@ -412,6 +417,10 @@ int main(int argc, char** argv) {
                  "decode: the context's tokens a prefill job (0: all of them in one; under a sliding window the cache "
                  "keeps window + chunk - 1 rows)")
       ->check(CLI::Range(0, 1 << 20));
+  app.add_option("--cache-tokens", d.cache_tokens,
+                 "decode: the sequence's KV cache positions (0: context + new tokens; more: a cache the sequence "
+                 "fills only partly, as a server's slot of a longer context)")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 24));
   app.add_option("--bandwidth-gbs", d.bandwidth_gbs, "measured device memory bandwidth (0: the device spec's)");
   app.add_option("--replay", d.replay, "decode: graph replay of the generator's plans (off, on, auto)");
   app.add_option("--fusion", d.fusion, "decode: plan_options::fuse_ops of the generator's and the prefill's plans (on, off)")

@@ -11,6 +11,7 @@ set(ACTORGRAPH_PUBLIC_HEADERS
   actors/generator.hpp
   gpu/device.hpp
   graph/cost_model.hpp
+  graph/attention_mask.hpp
   graph/dtype.hpp
   graph/error.hpp
   graph/fusion.hpp

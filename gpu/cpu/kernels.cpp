@@ -4,6 +4,7 @@
 #include "gpu/cpu/few_rows.hpp"
 #include "gpu/cpu/thread_team.hpp"
 #include "gpu/cpu/vector_math.hpp"
+#include "graph/attention_mask.hpp"
 
 #include <algorithm>
 #include <climits>
@@ -760,7 +761,9 @@ constexpr int64_t attention_rows_per_bf16_task = 64;
 // (bf16_gemm; the probabilities rounded to bf16 as the softmax op would
 // store them), else through BLAS in f32. The scores never leave the thread,
 // and a causal block computes only the keys up to its last row's (a
-// prefill's masked half is skipped). Tasks spread over the threads, each
+// prefill's masked half is skipped), a masked one only up to the last its
+// mask leaves visible (visible_end: a cache's rows past the sequence are
+// never read). Tasks spread over the threads, each
 // output row one task's: the same bits for any thread count.
 void run_fused_attention(const op_launch& l, int threads) {
   const auto& at = l.attention;
@@ -777,6 +780,42 @@ void run_fused_attention(const op_launch& l, int threads) {
   // Keys softmax row i sees (before the mask).
   const auto visible = [&](int64_t i) { return at.causal ? causal_visible(i, S, keys) : keys; };
   const int64_t bytes = (q.d[0] * q.d[1] * (m_rows + 2 * keys) * dh) * static_cast<int64_t>(dtype_size(q.t));
+  // One past the last key below `kv` that a mask row of batch b's rows
+  // [m0, m0 + rows) leaves visible (above attention_hidden_limit, graph/
+  // attention_mask.hpp): the keys past it are hidden from every row of the
+  // block, so its products stop there (a generator's cache past its
+  // sequence is never read). Each row's mask is scanned from its end down
+  // to the best end so far; a row with nothing visible there is checked
+  // from its first key up, and one that hides every key keeps all `kv`
+  // (its softmax is over the hidden scores, as the reference's).
+  const auto visible_end = [&](int64_t b, int64_t m0, int64_t rows, int64_t kv) {
+    constexpr int64_t kPiece = 256;
+    float piece[kPiece];
+    const auto load = [&](int64_t i, int64_t lo, int64_t hi) {
+      load_row(mask, mask.off(0, 0, i) + lo * mask.s[3], hi - lo, piece);
+    };
+    const auto hidden = [](float x) { return x <= attention_hidden_limit; };
+    int64_t end = 0;
+    for (int64_t m = m0; m < m0 + rows; ++m) {
+      const int64_t i = (b * m_rows + m) % S, top = std::min(kv, visible(i));
+      bool seen = false;
+      for (int64_t hi = top; hi > end && !seen;) {
+        const int64_t lo = std::max(end, hi - kPiece);
+        load(i, lo, hi);
+        int64_t n = hi - lo;
+        while (n > 0 && hidden(piece[n - 1])) --n;
+        if (n > 0) end = lo + n, seen = true;
+        hi = lo;
+      }
+      for (int64_t lo = 0; lo < std::min(end, top) && !seen; lo += kPiece) {
+        const int64_t hi = std::min({lo + kPiece, end, top});
+        load(i, lo, hi);
+        seen = std::any_of(piece, piece + (hi - lo), [&](float x) { return !hidden(x); });
+      }
+      if (!seen && top > 0) return kv;
+    }
+    return end;
+  };
   for_item_ranges(batches * blocks, bytes, threads, 1, 1, [&](int64_t first, int64_t end) {
     std::vector<float> qf, kf, vf, scores, outf, mrow;
     std::vector<uint16_t> probs16;
@@ -799,6 +838,7 @@ void run_fused_attention(const op_launch& l, int threads) {
       const int64_t i0 = b / q.d[1], i1 = b % q.d[1];
       int64_t kv = 0;  // the keys any row of the block sees
       for (int64_t m = m0; m < m0 + rows; ++m) kv = std::max(kv, visible((b * m_rows + m) % S));
+      if (at.masked) kv = visible_end(b, m0, rows, kv);
       outf.assign(static_cast<std::size_t>(rows * dh), 0.0f);
       if (kv > 0) {
         scores.resize(static_cast<std::size_t>(rows * kv));

@@ -17,6 +17,7 @@
 #include "gpu/cuda/common.cuh"
 #include "gpu/cuda/cuda_check.cuh"
 #include "gpu/cuda/rope.cuh"
+#include "graph/attention_mask.hpp"
 #include "graph/fusion.hpp"
 
 namespace ag::gpu::cuda {
@@ -291,14 +292,45 @@ struct chunk_cursor {
   }
 };
 
-// The keys of the cache one attending block covers: [k0, k1).
+// The cache rows from the first to the last the step's mask leaves visible
+// (visible_rows).
+struct key_range {
+  int lo, hi;
+};
+// The keys of the cache one attending block covers: [k0, k1), its share of
+// the visible rows.
 struct key_span {
   int h, s, k0, k1;
 };
-__device__ __forceinline__ key_span span_of(const step_args& a) {
-  const int per = (a.cache_rows + a.splits - 1) / a.splits, s = blockIdx.x % a.splits;
-  const int k0 = min(a.cache_rows, s * per);
-  return {static_cast<int>(blockIdx.x) / a.splits, s, k0, min(a.cache_rows, k0 + per)};
+__device__ __forceinline__ key_span span_of(const step_args& a, key_range live) {
+  const int per = (live.hi - live.lo + a.splits - 1) / a.splits, s = blockIdx.x % a.splits;
+  const int k0 = min(live.hi, live.lo + s * per);
+  return {static_cast<int>(blockIdx.x) / a.splits, s, k0, min(live.hi, k0 + per)};
+}
+
+// The mask's visible rows (above attention_hidden_limit, graph/
+// attention_mask.hpp), found by every attending block at the kernel's start
+// (the first half: each warp's range into `first` / `last`; the second,
+// after the block's barrier: the block's; every row when the mask hides
+// them all). A generator's mask hides the cache's rows past the sequence,
+// so the spans share out only the rows it holds: a sequence of 100 tokens
+// in a cache of 2048 reads 100 rows a layer. The loads are in flight beside
+// the step's first ones.
+__device__ __forceinline__ void scan_visible_rows(const step_args& a, unsigned* first_of_warp, unsigned* last_of_warp) {
+  unsigned first = 0xffffffffu, last = 0u;
+#pragma unroll 4
+  for (int j = threadIdx.x; j < a.cache_rows; j += kThreads)
+    if (__bfloat162float(a.mask[j]) > attention_hidden_limit) first = min(first, static_cast<unsigned>(j)), last = j + 1u;
+  first = __reduce_min_sync(0xffffffffu, first);
+  last = __reduce_max_sync(0xffffffffu, last);
+  if ((threadIdx.x & 31) == 0) first_of_warp[threadIdx.x >> 5] = first, last_of_warp[threadIdx.x >> 5] = last;
+}
+__device__ __forceinline__ key_range visible_rows(const step_args& a, const unsigned* first_of_warp,
+                                                 const unsigned* last_of_warp) {
+  unsigned first = 0xffffffffu, last = 0u;
+#pragma unroll
+  for (int w = 0; w < kWarps; ++w) first = min(first, first_of_warp[w]), last = max(last, last_of_warp[w]);
+  return last > first ? key_range{static_cast<int>(first), static_cast<int>(last)} : key_range{0, a.cache_rows};
 }
 
 template <int DH>
@@ -336,12 +368,12 @@ __device__ __forceinline__ void load_mask(const step_args& a, int r0, int n, flo
 template <int DH, bool kQkNorm>
 __device__ void attention_block(const step_args& a, int layer, int phase, bf16* rows, u64* bar, unsigned& bar_uses,
                                 unsigned epoch, const float* rope_cs, const float* rope_sn, bf16* const* caches,
-                                float* mask, int at) {
+                                float* mask, int at, key_range live) {
   constexpr int kRows = kRoundValues / DH, kPerLane = DH / 32;
   __shared__ float q[kMaxQueryValues], k_new[DH], v_new[DH];
   __shared__ float scores[kMaxGroup][kRows], run_max[kMaxGroup], run_sum[kMaxGroup], corr[kMaxGroup];
   __shared__ bool last;
-  const key_span sp = span_of(a);
+  const key_span sp = span_of(a, live);
   const int h = sp.h, t = threadIdx.x, warp = t >> 5, lane = t & 31;
   // `mask` holds the first round's (every layer's: loaded once by the
   // kernel) unless the span has more rounds, whose masks replace it.
@@ -606,10 +638,8 @@ __global__ void __launch_bounds__(kThreads, 1) decode_step_kernel(const __grid_c
   for (int i = threadIdx.x; i < 2 * a.layers; i += blockDim.x)
     caches[i] = (i & 1) ? a.layer[i / 2].v_cache : a.layer[i / 2].k_cache;
   if (threadIdx.x == 0) cache_at = a.cache_positions[0];
-  if (blockIdx.x < a.kv_heads * a.splits) {
-    const key_span sp = span_of(a);
-    load_mask<DH>(a, sp.k0, min(kRoundValues / DH, sp.k1 - sp.k0), mask);
-  }
+  __shared__ unsigned visible_first[kWarps], visible_last[kWarps];
+  if (blockIdx.x < a.kv_heads * a.splits) scan_visible_rows(a, visible_first, visible_last);
   // Every layer rotates by the one position: its sines and cosines once.
   if (threadIdx.x < DH / 2) rope_sincos(static_cast<double>(a.positions[0]), a.inv[threadIdx.x], rope_sn[threadIdx.x], rope_cs[threadIdx.x]);
   if (threadIdx.x == 0) {
@@ -619,6 +649,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_step_kernel(const __grid_c
   }
   __syncthreads();
   const bool attends = blockIdx.x < a.kv_heads * a.splits;
+  const key_range live = attends ? visible_rows(a, visible_first, visible_last) : key_range{0, 0};
   unsigned span_uses = 0;
   // Item j of phase p: chunk j % (K / chunk) of the block's row first_row + j / (K / chunk).
   chunk_cursor to_load(phases, warp, item_count);
@@ -633,6 +664,12 @@ __global__ void __launch_bounds__(kThreads, 1) decode_step_kernel(const __grid_c
     to_load.advance();
   };
   for (int slot = 0; slot < kSlots; ++slot) issue(slot);
+  // The first round's mask, once the warps' weight loads are on their way
+  // (barriers come before attention_block reads it).
+  if (attends) {
+    const key_span sp = span_of(a, live);
+    load_mask<DH>(a, sp.k0, min(kRoundValues / DH, sp.k1 - sp.k0), mask);
+  }
   int consumed = 0, slot = 0;
   // The head's: the block's best logit over its rows of every head part,
   // and whether x (the final norm's output) is staged already.
@@ -647,7 +684,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_step_kernel(const __grid_c
     if (st == kAttention) {
       if (attends)
         attention_block<DH, kQkNorm>(a, layer, p, reinterpret_cast<bf16*>(xs), &span_bar, span_uses, epoch, rope_cs, rope_sn,
-                            caches, mask, cache_at);
+                            caches, mask, cache_at, live);
       continue;
     }
     const int k = width_of(a, st), chunk = chunk_of(a, st), cpr = k / chunk, items = item_count[p];
@@ -742,7 +779,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_step_kernel(const __grid_c
     // The first round of this block's cache rows, while the grid finishes
     // q/k/v (x's buffer is free now).
     if (st == kQkv && attends && threadIdx.x == 0) {
-      const key_span sp = span_of(a);
+      const key_span sp = span_of(a, live);
       fetch_rows<DH>(a, caches, layer, sp.h, sp.k0, min(kRoundValues / DH, sp.k1 - sp.k0), reinterpret_cast<bf16*>(xs),
                      &span_bar);
     }

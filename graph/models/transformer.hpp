@@ -93,6 +93,7 @@
 #include <string_view>
 #include <vector>
 
+#include "graph/attention_mask.hpp"
 #include "graph/dtype.hpp"
 #include "graph/error.hpp"
 #include "graph/graph.hpp"
@@ -129,8 +130,10 @@ enum class head_tying : uint8_t { variant_default = 0, tied = 1, separate = 2 };
 
 /// The score a masked key gets, added to its attention score: exp() of it
 /// times any attention scale is 0 in f32, and it fits f16 and bf16 (the
-/// cache mode's attn_mask and the sliding window's mask use it).
-inline constexpr float attention_masked_score = -30000.0f;
+/// cache mode's attn_mask and the sliding window's mask use it). It is
+/// attention_hidden_score (graph/attention_mask.hpp), so the fused
+/// attention kernels skip the keys a generator's mask hides.
+inline constexpr float attention_masked_score = attention_hidden_score;
 
 /// Whether weight `name` is a layer's sliding-window mask
 /// (transformer_config::sliding_window): a constant the builder makes, no

@@ -11,6 +11,7 @@
 #include "gpu/host/host_device.hpp"
 #include "graph/models/transformer.hpp"
 #include "graph/reference.hpp"
+#include "graph/hidden_keys_attention.hpp"
 
 namespace {
 
@@ -217,4 +218,40 @@ TEST(EndToEnd, CpuFusedAttentionEqualsTheReferenceOnAnyThreadCount) {
     const auto fused_vs_unfused = ag::compare(outs[0], outs[2], tol, tol);
     EXPECT_TRUE(fused_vs_unfused.ok) << fused_vs_unfused.message;
   }
+}
+
+// The cpu backend's fused attention stops at the last key the mask leaves
+// visible to some row of a block (a prefill chunk in a generator's cache
+// longer than its sequence): the keys past it are NaN in k and v and never
+// reach the output, which equals the reference on the same inputs with
+// those rows finite. Chunks of 8 and 20 positions (4 query heads each:
+// more rows than the cpu backend leaves to its few-row products), each
+// position seeing one key more than the one before, or any number.
+TEST(EndToEnd, CpuFusedAttentionReadsNoKeyPastTheLastItsMaskShows) {
+  auto rt = ag::runtime::create("cpu:1");
+  ASSERT_TRUE(rt.has_value()) << rt.err().to_string();
+  for (const ag::dtype t : {ag::dtype::f32, ag::dtype::bf16})
+    for (const std::vector<int64_t>& ends :
+         {std::vector<int64_t>{300, 301, 302, 303, 304, 305, 306, 307},
+          std::vector<int64_t>{300, 301, 350, 200, 9, 400, 401, 402, 403, 404, 405, 406, 407, 408, 409, 410, 411, 412, 413, 1}}) {
+      SCOPED_TRACE(std::string(ag::to_string(t)) + ", " + std::to_string(ends.size()) + " softmax rows");
+      const auto c = ag::test::make_hidden_keys_attention(t, 2, 4 * static_cast<int64_t>(ends.size()), 1000, 64, 0,
+                                                          ends, 900 + ends.size());
+      ag::plan_options po;
+      po.fuse_ops = true;
+      auto p = (*rt)->compile(c.g, po);
+      ASSERT_TRUE(p.has_value()) << p.err().to_string();
+      ASSERT_EQ((*p)->fusions().size(), 1u) << (*p)->describe();
+      auto ref = ag::evaluate_reference(c.g, c.clean);
+      ASSERT_TRUE(ref.has_value()) << ref.err().to_string();
+      ASSERT_TRUE(ag::test::all_finite((*ref)[0])) << "the reference on finite rows";
+      ag::job j = (*rt)->submit(*p, c.poisoned);
+      ASSERT_TRUE(j.wait_for(20s)) << "job did not finish";
+      const ag::job_result& r = j.wait();
+      ASSERT_TRUE(r.has_value()) << r.err().to_string();
+      EXPECT_TRUE(ag::test::all_finite((*r)[0])) << "a hidden key's NaN reached the output";
+      const double tol = t == ag::dtype::f32 ? 1e-4 : 2e-2;
+      const auto cmp = ag::compare((*r)[0], (*ref)[0], tol, tol);
+      EXPECT_TRUE(cmp.ok) << cmp.message;
+    }
 }

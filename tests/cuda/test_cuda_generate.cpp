@@ -15,6 +15,7 @@
 #include "checkpoint/checkpoint_test_util.hpp"
 #include "cuda/cuda_test_util.hpp"
 #include "graph/models/transformer.hpp"
+#include "graph/hidden_keys_attention.hpp"
 #include "graph/reference.hpp"
 
 namespace ag {
@@ -711,6 +712,60 @@ TEST(CudaGenerate, FusedAttentionWithKeysSplitOverBlocksEqualsTheReference) {
                        : t == dtype::f16 ? compare(r->front(), want->front(), 4e-3, 1e-2)
                                          : compare(r->front(), want->front(), 3e-2, 3e-2);
         EXPECT_TRUE(c.ok) << "job " << job_no << ": " << c.message;
+      }
+    }
+}
+
+// The split kernel over a long cache (1024 keys or more) shares out only
+// the keys the mask leaves visible to some query row (gpu/cuda/attention.cu,
+// unmasked_keys): the keys before and after them are NaN in k and v and
+// never reach the output, which equals the reference on the same inputs
+// with those rows finite. A decode step's shape (4 query heads of a kv
+// head), a chunk of 4 positions seeing different numbers of keys (16 rows),
+// 40 visible keys among 3000 (most splits get none), visible keys near
+// both ends (the scan stops after the ends) and 3001 keys (not whole
+// vectors); f32, f16 and bf16 (the scan tests the mask's bits a word at a
+// time, per dtype).
+TEST(CudaGenerate, FusedAttentionOverALongCacheReadsNoKeyItsMaskHides) {
+  AG_REQUIRE_GPU(1);
+  auto rt = runtime::create("cuda:0");
+  ASSERT_TRUE(rt) << rt.err().to_string();
+  struct hidden_case {
+    int64_t rows, keys, head, first_visible;
+    std::vector<int64_t> ends;
+  };
+  const hidden_case cases[] = {
+      {4, 3000, 64, 100, {700}},
+      {16, 2000, 128, 37, {1000, 1001, 1002, 1500}},
+      {4, 3000, 64, 0, {40}},
+      {4, 3000, 64, 5, {2995}},  // visible keys at both ends: the scan of the ends alone finds them
+      {4, 3001, 64, 3, {2999}},  // not whole 16-byte vectors: the last keys one by one
+  };
+  uint64_t seed = 8100;
+  for (const hidden_case& hc : cases)
+    for (dtype t : {dtype::f32, dtype::f16, dtype::bf16}) {
+      SCOPED_TRACE(std::string(to_string(t)) + " rows " + std::to_string(hc.rows) + " keys " +
+                   std::to_string(hc.keys) + " visible from " + std::to_string(hc.first_visible));
+      const auto c = test::make_hidden_keys_attention(t, 2, hc.rows, hc.keys, hc.head, hc.first_visible, hc.ends,
+                                                      seed += 10);
+      plan_options o;
+      o.fuse_ops = true;
+      auto p = (*rt)->compile(std::make_shared<const graph>(c.g), o);
+      ASSERT_TRUE(p) << p.err().to_string();
+      ASSERT_EQ((*p)->fusions().size(), 1u) << "the chain is fused";
+      auto want = evaluate_reference(c.g, c.clean);
+      ASSERT_TRUE(want) << want.err().to_string();
+      ASSERT_TRUE(test::all_finite(want->front())) << "the reference on finite rows";
+      for (int job_no = 0; job_no < 2; ++job_no) {  // the second on the counters the first left
+        const job j = (*rt)->submit(*p, c.poisoned);
+        ASSERT_TRUE(j.wait_for(60s)) << "job " << job_no << " hung";
+        const auto& r = j.wait();
+        ASSERT_TRUE(r) << "job " << job_no << ": " << r.err().to_string();
+        EXPECT_TRUE(test::all_finite(r->front())) << "job " << job_no << ": a hidden key's NaN reached the output";
+        const auto cmp = t == dtype::f32   ? compare(r->front(), want->front(), 1e-4, 1e-3)
+                         : t == dtype::f16 ? compare(r->front(), want->front(), 4e-3, 1e-2)
+                                           : compare(r->front(), want->front(), 3e-2, 3e-2);
+        EXPECT_TRUE(cmp.ok) << "job " << job_no << ": " << cmp.message;
       }
     }
 }
