@@ -718,7 +718,7 @@ TEST(CudaGenerate, FusedAttentionWithKeysSplitOverBlocksEqualsTheReference) {
 
 // The split kernel over a long cache (1024 keys or more) shares out only
 // the keys the mask leaves visible to some query row (gpu/cuda/attention.cu,
-// unmasked_keys): the keys before and after them are NaN in k and v and
+// visible_keys): the keys before and after them are NaN in k and v and
 // never reach the output, which equals the reference on the same inputs
 // with those rows finite. A decode step's shape (4 query heads of a kv
 // head), a chunk of 4 positions seeing different numbers of keys (16 rows),
