@@ -208,8 +208,6 @@ int32_t sample_token(std::span<const float> logits, const sampling_options& s, u
 
 namespace {
 
-constexpr float masked_score = models::attention_masked_score;
-
 struct step_plan {
   std::shared_ptr<const plan> p;
   int64_t new_tokens = 1;  // T
@@ -326,18 +324,7 @@ struct sequence : std::enable_shared_from_this<sequence> {
     // sliding window the last c.sliding_window ones. A ring of at least
     // window + new_tokens - 1 rows still holds every position a query of
     // the job sees (generator::create sizes it so).
-    const int64_t top = cached + n - 1;
-    std::vector<int64_t> held(static_cast<std::size_t>(C));
-    for (int64_t r = 0; r < C; ++r) held[static_cast<std::size_t>(r)] = top - ((top - r) % C + C) % C;
-    host_tensor mask = host_tensor::uninitialized(c.dtype, {T, C});
-    for (int64_t i = 0; i < T; ++i) {
-      const int64_t last = cached + std::min(i, n - 1);
-      const int64_t first = c.sliding_window > 0 ? std::max<int64_t>(0, last - c.sliding_window + 1) : 0;
-      for (int64_t r = 0; r < C; ++r) {
-        const int64_t p = held[static_cast<std::size_t>(r)];
-        mask.set(i * C + r, p >= first && p <= last ? 0.0f : masked_score);
-      }
-    }
+    host_tensor mask = models::cache_attention_mask(c.dtype, T, C, cached, n, c.sliding_window);
     std::vector<host_tensor> in;
     in.reserve(4);
     if (sp.token_input) in.push_back(host_tensor::from_ints({1, T}, tk));

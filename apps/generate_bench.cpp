@@ -17,7 +17,9 @@
 //     prefill_tokens_per_s (one forward job of --prefill tokens, best of 3
 //     after 4 warm-up jobs, apps/common/warm_up.hpp: a
 //     greedy prefill, the next token of each position to the host) and
-//     prefill_with_logits_tokens_per_s (every position's f32 logits to the host).
+//     prefill_with_logits_tokens_per_s (every position's f32 logits to the host);
+//     time_to_first_token_ms (--first-token-runs sequences of one token: the
+//     prompt's prefill through the generator's cache plans, then a token).
 //
 // Prints a table and `name: value` lines.
 #include <algorithm>
@@ -111,6 +113,10 @@ struct decode_args {
   int64_t cache_tokens = 0;   ///< generator_options::cache_tokens (0: context + new tokens)
   int cpu_threads = 0;  ///< backend_options::cpu_threads_per_stream (0: the machine's, shared among cpu devices)
   int new_tokens = 64;
+  /// Sequences of one token after the measured one: time_to_first_token_ms
+  /// is their median (the prompt's prefill through the generator's plans, in
+  /// chunks of --prefill-chunk over its cache, then its first token)
+  int first_token_runs = 5;
   double bandwidth_gbs = 0.0;
   std::string replay = "auto";  ///< plan_options::graph_replay of the decode and prefill plans (the default)
   std::string fusion = "on";    ///< plan_options::fuse_ops of both plans (on: the default)
@@ -298,6 +304,19 @@ int run_decode(const decode_args& a) {
   // (--tp, --stages) and --fusion, --projections, --replay and the copies'
   // flags (until session 42 only the fusion flags: with --tp the prefill ran
   // as a pipeline of one job over the devices).
+  // Time to first token: a new sequence of the same prompt, one token,
+  // from generate() to its end (its slot reused: the cache's old rows stay,
+  // hidden by the mask). Medians of --first-token-runs.
+  std::vector<double> first_token_ms;
+  for (int run = 0; run < a.first_token_runs; ++run) {
+    ag::generate_options one;
+    one.max_new_tokens = 1;
+    const auto t0 = clock_type::now();
+    const ag::generation g1 = (*gen)->generate(prompt, one);
+    if (!g1.wait()) return fail(g1.wait().err());
+    first_token_ms.push_back(seconds_since(t0) * 1e3);
+  }
+
   double prefill_best = 0.0, prefill_logits_best = 0.0;
   if (a.prefill > 0) {
     for (const bool greedy : {true, false}) {
@@ -384,6 +403,8 @@ int run_decode(const decode_args& a) {
   std::printf("decode_ms_per_token: %.3f\n", ms);
   std::printf("decode_floor_ms: %.3f\n", floor_ms);
   std::printf("decode_vs_bandwidth_floor: %.3f\n", ms / floor_ms);
+  if (!first_token_ms.empty())
+    std::printf("time_to_first_token_ms: %.3f\n", median_of(first_token_ms));
   if (prefill_best > 0) std::printf("prefill_tokens_per_s: %.1f\n", static_cast<double>(a.prefill) / prefill_best);
   if (prefill_logits_best > 0)
     std::printf("prefill_with_logits_tokens_per_s: %.1f\n", static_cast<double>(a.prefill) / prefill_logits_best);
@@ -421,6 +442,10 @@ int main(int argc, char** argv) {
                  "decode: the sequence's KV cache positions (0: context + new tokens; more: a cache the sequence "
                  "fills only partly, as a server's slot of a longer context)")
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 24));
+  app.add_option("--first-token-runs", d.first_token_runs,
+                 "decode: one-token sequences of the same prompt after the measured one (time_to_first_token_ms: "
+                 "their median; 0: none)")
+      ->check(CLI::Range(0, 1000));
   app.add_option("--bandwidth-gbs", d.bandwidth_gbs, "measured device memory bandwidth (0: the device spec's)");
   app.add_option("--replay", d.replay, "decode: graph replay of the generator's plans (off, on, auto)");
   app.add_option("--fusion", d.fusion, "decode: plan_options::fuse_ops of the generator's and the prefill's plans (on, off)")

@@ -8,6 +8,7 @@
 #include "gpu/cuda/common.cuh"
 #include "gpu/cuda/cuda_check.cuh"
 #include "gpu/cuda/flash_attention.cuh"
+#include "gpu/cuda/mask_visibility.cuh"
 #include "gpu/cuda/rope.cuh"
 #include "gpu/cuda/vec.cuh"
 #include "graph/attention_mask.hpp"
@@ -209,48 +210,6 @@ struct split_plan {
 // The split kernel looks for the keys its mask hides only over this many
 // keys or more: below it the mask's scan would save less than it costs.
 constexpr int64_t kTrimKeys = 1024;
-
-// The bits of attention_hidden_limit in T, twice for 2-byte types: a mask
-// value is hidden when its bits, read as an unsigned number, are at least
-// these (a negative number at least the limit's magnitude, -inf too).
-template <class T>
-struct hidden_bits;
-template <>
-struct hidden_bits<float> {
-  static constexpr uint32_t word = 0xC6800000u;  // -16384.f
-};
-template <>
-struct hidden_bits<__half> {
-  static constexpr uint32_t word = 0xF400F400u;
-};
-template <>
-struct hidden_bits<__nv_bfloat16> {
-  static constexpr uint32_t word = 0xC680C680u;
-};
-// Per element of the word: all ones where the mask value is visible.
-template <class T>
-__device__ __forceinline__ uint32_t visible_lanes(uint32_t w) {
-  if constexpr (sizeof(T) == 2) return __vcmpltu2(w, hidden_bits<T>::word);
-  else return w < hidden_bits<T>::word ? 0xffffffffu : 0u;
-}
-// The first visible element of a 16-byte vector whose words' lanes are v
-// (one of them non-zero), and one past its last.
-template <class T>
-__device__ __forceinline__ int first_visible_in(const uint32_t (&v)[4]) {
-  constexpr int W = 4 / sizeof(T);  // elements per word
-#pragma unroll
-  for (int k = 0; k < 4; ++k)
-    if (v[k]) return k * W + (W == 2 && !(v[k] & 0xffffu) ? 1 : 0);
-  return 0;
-}
-template <class T>
-__device__ __forceinline__ int visible_end_in(const uint32_t (&v)[4]) {
-  constexpr int W = 4 / sizeof(T);
-#pragma unroll
-  for (int k = 3; k >= 0; --k)
-    if (v[k]) return k * W + (W == 2 && (v[k] >> 16) ? 2 : 1);
-  return 0;
-}
 
 // A scan of the mask by a block's threads: the first visible key, one past
 // the last, and two sets of mask rows (bit r: row r) that have one.

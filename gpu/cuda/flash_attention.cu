@@ -4,6 +4,8 @@
 
 #include "gpu/cuda/common.cuh"
 #include "gpu/cuda/cuda_check.cuh"
+#include "gpu/cuda/mask_visibility.cuh"
+#include "graph/attention_mask.hpp"
 #include "graph/fusion.hpp"
 
 namespace ag::gpu::cuda {
@@ -19,6 +21,9 @@ constexpr int kRows = 64;
 constexpr int kKeys = 64;
 constexpr int kThreads = 128;
 constexpr float kLog2e = 1.4426950408889634f;
+// Masked attention over this many keys or more finds each mask row's
+// visible keys first (mask_row_bounds_kernel).
+constexpr int64_t kBoundsMinKeys = 256;
 
 template <int HD>
 constexpr int row_stride() {
@@ -130,10 +135,52 @@ __device__ __forceinline__ void load_rows(T* dst, const T* base, int64_t s2, int
   }
 }
 
+// Per mask row r < S, the keys from the first to the last it leaves
+// visible (above attention_hidden_limit, graph/attention_mask.hpp):
+// bounds[r] = {first, last + 1}, or {keys, 0} when it hides them all. A
+// warp a row, 16-byte vectors where the rows allow. The flash kernel after
+// it on the stream (its PDL wait orders the two) computes only the key
+// tiles its rows' bounds span: a prefill chunk of 512 tokens in a cache of
+// 16,384 positions computes 512 keys a query, not 16,384. It reads the
+// mask once per launch, where every flash block would otherwise read its
+// rows' whole mask (a block of 64 rows in such a cache: 2 MiB).
+constexpr int kBoundsWarps = 8;
+template <class T>
+__global__ void __launch_bounds__(kBoundsWarps * 32)
+    mask_row_bounds_kernel(kt mask, int64_t S, int64_t keys, int2* bounds) {
+  pdl_enter();
+  constexpr int E = 16 / sizeof(T);
+  const int lane = threadIdx.x & 31;
+  const int64_t r = static_cast<int64_t>(blockIdx.x) * kBoundsWarps + (threadIdx.x >> 5);
+  if (r >= S) return;
+  const T* row = static_cast<const T*>(mask.p) + r * mask.s[2];
+  const bool vectors = mask.s[3] == 1 && (reinterpret_cast<uintptr_t>(row) & 15) == 0;
+  const int64_t vecs = vectors ? keys / E : 0;
+  unsigned first = 0xffffffffu, end = 0u;
+  for (int64_t i = lane; i < vecs; i += 32) {
+    const uint4 x = *reinterpret_cast<const uint4*>(row + i * E);
+    const uint32_t v[4] = {visible_lanes<T>(x.x), visible_lanes<T>(x.y), visible_lanes<T>(x.z), visible_lanes<T>(x.w)};
+    if (v[0] | v[1] | v[2] | v[3]) {
+      first = min(first, static_cast<unsigned>(i * E + first_visible_in<T>(v)));
+      end = static_cast<unsigned>(i * E + visible_end_in<T>(v));  // i grows: the lane's last one
+    }
+  }
+  for (int64_t j = vecs * E + lane; j < keys; j += 32)
+    if (to_f(row[j * mask.s[3]]) > attention_hidden_limit) {
+      first = min(first, static_cast<unsigned>(j));
+      end = static_cast<unsigned>(j + 1);
+    }
+  first = __reduce_min_sync(0xffffffffu, first);
+  end = __reduce_max_sync(0xffffffffu, end);
+  if (lane == 0)
+    bounds[r] = end > 0 ? make_int2(static_cast<int>(first), static_cast<int>(end)) : make_int2(static_cast<int>(keys), 0);
+}
+
 // Grid (row blocks, batch entries), the heaviest causal row blocks first.
 template <class T, int HD, bool VEC>
 __global__ void __launch_bounds__(kThreads)
-    flash_attention_kernel(kt out, kt q, kt k, kt v, kt mask, bool masked, float scale, bool causal, int64_t S) {
+    flash_attention_kernel(kt out, kt q, kt k, kt v, kt mask, bool masked, float scale, bool causal, int64_t S,
+                           const int2* row_bounds) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
   T* qs = reinterpret_cast<T*>(smem_raw);
   T* kbuf = qs + tile_elems<HD>();      // [2] key tiles
@@ -168,9 +215,31 @@ __global__ void __launch_bounds__(kThreads)
   }
 
   pdl_enter();
+  // Under a mask with row bounds (mask_row_bounds_kernel): only the keys
+  // from the first that a row of the block sees to the last; every key when
+  // one of its rows hides them all (the reference's softmax then runs over
+  // the hidden keys' scores, and so does this kernel).
+  int64_t kv_begin = 0;
+  if (row_bounds) {
+    __shared__ int span[2];
+    if (threadIdx.x == 0) span[0] = 0x7fffffff, span[1] = 0;
+    __syncthreads();
+    if (threadIdx.x < kRows && m0 + threadIdx.x < M) {
+      int2 b = row_bounds[(m0 + threadIdx.x) % S];
+      if (b.y <= b.x) b = make_int2(0, static_cast<int>(keys));
+      atomicMin(&span[0], b.x);
+      atomicMax(&span[1], b.y);
+    }
+    __syncthreads();
+    kv_begin = span[0];
+    kv_end = kv_end < span[1] ? kv_end : span[1];
+  }
   load_rows<T, HD, VEC>(qs, qb, q.s[2], q.s[3], m0, M);
-  load_rows<T, HD, VEC>(kbuf, kb, k.s[2], k.s[3], 0, keys);
-  load_rows<T, HD, VEC>(vbuf, vb, v.s[2], v.s[3], 0, keys);
+  // Key and value rows at or past kv_end load as zeros: none of the block's
+  // rows sees them, and a key no row reads may hold anything (a NaN in a
+  // cache row the sequence has not reached would make a score NaN).
+  load_rows<T, HD, VEC>(kbuf, kb, k.s[2], k.s[3], kv_begin, kv_end);
+  load_rows<T, HD, VEC>(vbuf, vb, v.s[2], v.s[3], kv_begin, kv_end);
   cp_async_commit();
   cp_async_wait_all();
   __syncthreads();
@@ -198,12 +267,12 @@ __global__ void __launch_bounds__(kThreads)
   float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.f, 0.f};
 
   int buf = 0;
-  for (int64_t k0 = 0; k0 < kv_end; k0 += kKeys, buf ^= 1) {
+  for (int64_t k0 = kv_begin; k0 < kv_end; k0 += kKeys, buf ^= 1) {
     // The next tile loads into the other buffers while this one is used
     // (every warp finished with them at the barrier ending the last round).
     if (k0 + kKeys < kv_end) {
-      load_rows<T, HD, VEC>(kbuf + (buf ^ 1) * tile_elems<HD>(), kb, k.s[2], k.s[3], k0 + kKeys, keys);
-      load_rows<T, HD, VEC>(vbuf + (buf ^ 1) * tile_elems<HD>(), vb, v.s[2], v.s[3], k0 + kKeys, keys);
+      load_rows<T, HD, VEC>(kbuf + (buf ^ 1) * tile_elems<HD>(), kb, k.s[2], k.s[3], k0 + kKeys, kv_end);
+      load_rows<T, HD, VEC>(vbuf + (buf ^ 1) * tile_elems<HD>(), vb, v.s[2], v.s[3], k0 + kKeys, kv_end);
     }
     cp_async_commit();
     const T* ks = kbuf + buf * tile_elems<HD>();
@@ -333,8 +402,19 @@ error go(const launch_ctx& c, const kt& out, const kt& q, const kt& k, const kt&
   constexpr std::size_t shared = shared_bytes<HD>();
   AG_CUDA_TRY(allow_shared(kernel, shared, shared, done), c.where + " (shared memory for flash attention)");
   const auto row_blocks = static_cast<unsigned>((q.d[2] + kRows - 1) / kRows);
+  // The mask rows' bounds in the stream's attention workspace (free between
+  // kernels: every kernel that uses it does so after its PDL wait). Short
+  // key runs skip it: their tiles cost less than the scan.
+  int2* bounds = nullptr;
+  const int64_t keys = k.d[2];
+  if (masked && !causal && keys >= kBoundsMinKeys && c.attention_workspace && 2 * S <= c.attention_workspace_floats &&
+      keys <= 0x7fffffffLL) {
+    bounds = reinterpret_cast<int2*>(c.attention_workspace);
+    launch_kernel(c, mask_row_bounds_kernel<T>, dim3(static_cast<unsigned>((S + kBoundsWarps - 1) / kBoundsWarps)),
+                  kBoundsWarps * 32, 0, mask, S, keys, bounds);
+  }
   launch_kernel(c, kernel, dim3(row_blocks, static_cast<unsigned>(groups)), kThreads, shared, out, q, k, v, mask,
-                masked, scale, causal, S);
+                masked, scale, causal, S, static_cast<const int2*>(bounds));
   return {};
 }
 

@@ -1,6 +1,8 @@
 #include "graph/models/transformer.hpp"
 
+#include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <cstdio>
 #include <optional>
 #include <string>
@@ -529,6 +531,41 @@ std::vector<std::string> weight_names(const transformer_config& c) {
     if (!c.tied_head()) n.push_back("lm_head");
   }
   return n;
+}
+
+host_tensor cache_attention_mask(dtype t, int64_t T, int64_t C, int64_t cached, int64_t n, int64_t window) {
+  host_tensor mask = host_tensor::uninitialized(t, {T, C});
+  if (T <= 0 || C <= 0) return mask;
+  const int64_t top = cached + n - 1;
+  std::vector<int64_t> held(static_cast<std::size_t>(C));  // the position row r holds (< 0: none)
+  for (int64_t r = 0; r < C; ++r) held[static_cast<std::size_t>(r)] = top - ((top - r) % C + C) % C;
+  const auto last_of = [&](int64_t i) { return cached + std::min(i, n - 1); };
+  const auto first_of = [&](int64_t i) { return window > 0 ? std::max<int64_t>(0, last_of(i) - window + 1) : 0; };
+  const std::size_t es = dtype_size(t);
+  std::byte seen[8], hidden[8];
+  store_from_float(seen, t, 0, 0.0f);
+  store_from_float(hidden, t, 0, attention_masked_score);
+  std::byte* m = mask.data();
+  const auto put = [&](int64_t i, int64_t r, bool visible) {
+    std::memcpy(m + static_cast<std::size_t>(i * C + r) * es, visible ? seen : hidden, es);
+  };
+  for (int64_t r = 0; r < C; ++r) {
+    const int64_t p = held[static_cast<std::size_t>(r)];
+    put(0, r, p >= first_of(0) && p <= last_of(0));
+  }
+  const std::size_t row_bytes = static_cast<std::size_t>(C) * es;
+  for (int64_t i = 1; i < T; ++i) {
+    std::memcpy(m + static_cast<std::size_t>(i) * row_bytes, m + static_cast<std::size_t>(i - 1) * row_bytes, row_bytes);
+    // Both ends only grow: the positions in [first, last] now and not
+    // before enter, those before and not now leave; each is shown or
+    // hidden in the row that holds it, if one does.
+    const int64_t first0 = first_of(i - 1), last0 = last_of(i - 1), first1 = first_of(i), last1 = last_of(i);
+    for (int64_t p = std::max(last0 + 1, first1); p <= last1; ++p)
+      if (p >= 0 && held[static_cast<std::size_t>(p % C)] == p) put(i, p % C, true);
+    for (int64_t p = first0; p <= std::min(first1 - 1, last0); ++p)
+      if (p >= 0 && held[static_cast<std::size_t>(p % C)] == p) put(i, p % C, false);
+  }
+  return mask;
 }
 
 }  // namespace ag::models

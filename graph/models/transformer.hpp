@@ -276,6 +276,19 @@ expected<graph> build_transformer(const transformer_config& cfg, const weight_pr
 /// Returns an empty vector when the config is invalid.
 std::vector<host_tensor> transformer_inputs(const transformer_config& cfg, uint64_t seed);
 
+/// Cache mode's `attn_mask` [T, C] in `t` for a job of T new tokens at
+/// positions cached.. (the first n real, the rest padding), over a cache of C
+/// rows where position p's keys and values live in row p % C (a ring when
+/// the positions outgrow C). Once the job stored its rows, row r holds the
+/// latest position p <= cached + n - 1 with p % C == r (none when that is
+/// below 0). Query i (padding: as the last real one) sees the positions
+/// from 0, or with window > 0 its last `window` ones, to cached + min(i,
+/// n - 1): 0 in the rows holding them, attention_masked_score elsewhere.
+/// Each row is the one before with at most the positions entering and
+/// leaving changed, so a chunk of 1024 tokens over a cache of 16,384 rows
+/// costs a copy of its 32 MiB, not 16 million conversions.
+host_tensor cache_attention_mask(dtype t, int64_t T, int64_t C, int64_t cached, int64_t n, int64_t window);
+
 /// Number of weight elements the graph holds (a tied embedding counted once):
 ///   gpt2:  V d + P d + L (4 d^2 + 2 d ff + 9 d + ff) + 2 d   (P = positions_rows())
 ///   llama: 2 V d + L (2 d + d (H + 2 Hkv) dh + H dh d + 3 d ff) + d

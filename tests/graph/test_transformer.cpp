@@ -558,3 +558,44 @@ TEST(Transformer, WeightProviderErrorsNameTheWeight) {
 }
 
 }  // namespace
+
+// cache_attention_mask builds each row from the one before; every entry must
+// equal the definition taken entry by entry: row r holds the latest position
+// p <= cached + n - 1 with p % C == r, and query i sees it when p is in
+// [first_i, last_i] (last_i = cached + min(i, n - 1), first_i = 0 or, with
+// a window, last_i - window + 1). Caches that hold every position, rings
+// that wrap once or many times, windows wider and narrower than the chunk,
+// padding rows, and every dtype.
+TEST(Transformer, CacheAttentionMaskEqualsItsDefinitionEntryByEntry) {
+  struct mask_case {
+    int64_t T, C, cached, n, window;
+  };
+  const mask_case cases[] = {
+      {1, 16, 0, 1, 0},   {1, 16, 9, 1, 0},    {8, 64, 0, 8, 0},     {8, 64, 10, 5, 0},   // padding rows
+      {16, 40, 0, 16, 0}, {4, 19, 37, 4, 16},  {4, 19, 3, 4, 16},    {8, 15, 100, 8, 8},  // rings
+      {8, 15, 90, 3, 8},  {32, 40, 7, 32, 9},  {1, 10, 1000, 1, 10}, {5, 7, 12, 5, 3},
+  };
+  for (const mask_case& mc : cases)
+    for (dtype t : {dtype::f32, dtype::f16, dtype::bf16}) {
+      SCOPED_TRACE("T " + std::to_string(mc.T) + " C " + std::to_string(mc.C) + " cached " +
+                   std::to_string(mc.cached) + " n " + std::to_string(mc.n) + " window " + std::to_string(mc.window) +
+                   " " + ag::to_string(t));
+      const host_tensor m = ag::models::cache_attention_mask(t, mc.T, mc.C, mc.cached, mc.n, mc.window);
+      ASSERT_EQ(m.dims(), ag::shape({mc.T, mc.C}));
+      ASSERT_EQ(m.type(), t);
+      const int64_t top = mc.cached + mc.n - 1;
+      const float hidden = host_tensor::from_floats(t, {1}, {ag::models::attention_masked_score}).at(0);
+      int64_t shown = 0;
+      for (int64_t i = 0; i < mc.T; ++i) {
+        const int64_t last = mc.cached + std::min(i, mc.n - 1);
+        const int64_t first = mc.window > 0 ? std::max<int64_t>(0, last - mc.window + 1) : 0;
+        for (int64_t r = 0; r < mc.C; ++r) {
+          int64_t p = top - ((top - r) % mc.C + mc.C) % mc.C;
+          const bool sees = p >= first && p <= last;
+          shown += sees;
+          ASSERT_EQ(m.at(i * mc.C + r), sees ? 0.0f : hidden) << "query " << i << ", cache row " << r;
+        }
+      }
+      EXPECT_GT(shown, 0) << "every case shows some key";
+    }
+}
