@@ -15,6 +15,12 @@ namespace ag::gpu::cuda {
 /// [.., keys, dh], mask [S, keys] or null, query row r is softmax row r % S;
 /// under `causal` row i sees keys j <= i + (keys - S), and key tiles past a
 /// block's last visible key are skipped. A row that sees no key is zeros.
+/// Under a mask (not causal) over 256 keys or more, a first kernel finds
+/// each mask row's first and last key above attention_hidden_limit
+/// (graph/attention_mask.hpp) into the stream's attention workspace, and a
+/// block computes only the keys from the first its rows see to the last
+/// (every key when one of its rows hides all): a prefill chunk over a long
+/// KV cache computes the positions its sequence holds, not the cache.
 /// Needs f16 or bf16 and dh 64 or 128 (flash_attention_fits); any strides
 /// (16-byte rows load as vectors, others element by element).
 bool flash_attention_fits(int dtype_code, int64_t dh);
