@@ -72,9 +72,12 @@ std::optional<attention_fusion> match(const graph& g, const std::vector<node_id>
   const dtype t = q.type;
   const int64_t batch_entries = M * dh > 0 ? q.dims.numel() / (M * dh) : 0;
   if (kind == device_kind::cpu) {
-    // The cpu kernel takes any sizes; decode-sized queries keep the few-row
-    // products (gpu/cpu/few_rows.hpp), which read the cache in its dtype.
-    if (M <= fused_attention_max_rows || keys < 1) return std::nullopt;
+    // The cpu kernel takes any sizes; decode-sized queries keep the separate
+    // ops' few-row products (gpu/cpu/few_rows.hpp) except over a long masked
+    // cache, whose rows past the sequence the fused kernel does not read.
+    const bool long_cache = add && kk.op == op_kind::store_rows && v.op == op_kind::store_rows &&
+                            keys >= cpu_fused_cache_min_keys;
+    if ((M <= fused_attention_max_rows && !long_cache) || keys < 1) return std::nullopt;
   } else {
     const bool flash =
         M > fused_attention_max_rows && keys >= 1 && fused_flash_attention_fits(t, dh, batch_entries);

@@ -96,6 +96,13 @@ inline constexpr int64_t fused_attention_max_head = 256;
 /// scores in shared memory keeps the limits.
 inline bool fused_attention_any_keys(int64_t dh) noexcept { return dh == 32 || dh == 64 || dh == 128 || dh == 256; }
 
+/// On cpu devices a decode-sized chain (at most fused_attention_max_rows
+/// query rows) fuses only over a KV cache of this many rows or more, with a
+/// mask: the fused kernel then reads only the rows up to the last its mask
+/// shows (a sequence of 512 tokens in a cache of 16,384 reads 512), where
+/// the separate ops' few-row products read the whole cache.
+inline constexpr int64_t cpu_fused_cache_min_keys = 1024;
+
 /// When `qk` is the scores product of an attention chain as above (q k^T
 /// -> [add a mask] -> softmax -> times v, each op the only reader of the
 /// one before, through views): the chain's operands after q and k (the
@@ -107,7 +114,9 @@ std::vector<node_id> attention_chain_late_operands(const graph& g, node_id qk);
 /// The attention chains of `steps` (a compiled plan's, in order) that the
 /// backends of `devices` run fused: those on CUDA devices (above), and on
 /// cpu devices those of more than fused_attention_max_rows query rows (a
-/// prefill), any sizes, without a cache prologue (gpu/cpu/kernels.hpp).
+/// prefill), any sizes, and decode-sized ones over a masked cache of
+/// cpu_fused_cache_min_keys rows or more, without a cache prologue
+/// (gpu/cpu/kernels.hpp).
 std::vector<attention_fusion> find_attention_fusions(const graph& g, const std::vector<step>& steps,
                                                      const std::vector<device_spec>& devices);
 

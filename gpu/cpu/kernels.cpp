@@ -759,7 +759,9 @@ constexpr int64_t attention_rows_per_bf16_task = 64;
 // softmax of each row as run_softmax computes it, and the rows' sum of
 // values. The products run on the CPU's bf16 units when q, k and v are bf16
 // (bf16_gemm; the probabilities rounded to bf16 as the softmax op would
-// store them), else through BLAS in f32. The scores never leave the thread,
+// store them), else through BLAS in f32; a decode step's few query rows
+// (over a long cache) through few_row_product, reading k and v once in
+// their dtype. The scores never leave the thread,
 // and a causal block computes only the keys up to its last row's (a
 // prefill's masked half is skipped), a masked one only up to the last its
 // mask leaves visible (visible_end: a cache's rows past the sequence are
@@ -776,6 +778,9 @@ void run_fused_attention(const op_launch& l, int threads) {
   const bool bf16_units = q.t == dtype::bf16 && k.t == dtype::bf16 && v.t == dtype::bf16 && unit &&
                           bf16_gemm_available();
   const int64_t per_task = bf16_units ? attention_rows_per_bf16_task : attention_rows_per_task;
+  // Decode-sized queries (a chain fused over a long cache, find_attention_fusions).
+  const bool few = m_rows <= few_rows_max && unit && k.t != dtype::i32;
+  const int64_t k_size = static_cast<int64_t>(dtype_size(k.t)), v_size = static_cast<int64_t>(dtype_size(v.t));
   const int64_t blocks = (m_rows + per_task - 1) / per_task;
   // Keys softmax row i sees (before the mask).
   const auto visible = [&](int64_t i) { return at.causal ? causal_visible(i, S, keys) : keys; };
@@ -842,12 +847,22 @@ void run_fused_attention(const op_launch& l, int threads) {
       outf.assign(static_cast<std::size_t>(rows * dh), 0.0f);
       if (kv > 0) {
         scores.resize(static_cast<std::size_t>(rows * kv));
+        // A decode step's few rows: both products read k and v once in
+        // their dtype (few_row_product), as the separate ops would.
+        bool scored = false;
+        if (few) {
+          qf.resize(static_cast<std::size_t>(rows * dh));
+          for (int64_t r = 0; r < rows; ++r) load_row(q, q.off(i0, i1, m0 + r), dh, qf.data() + r * dh);
+          scored = few_row_product(rows, kv, dh, qf.data(), dh, k.p + k.off(i0, i1, 0) * k_size, k.t, 1, k.s[2],
+                                   scores.data(), kv);
+        }
         // scores = q k^T: on the bf16 units B is k read by columns
         const bool on_units =
-            bf16_units && bf16_gemm(rows, kv, dh, reinterpret_cast<const uint16_t*>(q.p) + q.off(i0, i1, m0), q.s[2],
-                                    1, reinterpret_cast<const uint16_t*>(k.p) + k.off(i0, i1, 0), 1, k.s[2],
-                                    scores.data(), false, kv, 1);
-        if (!on_units) {
+            !scored && bf16_units &&
+            bf16_gemm(rows, kv, dh, reinterpret_cast<const uint16_t*>(q.p) + q.off(i0, i1, m0), q.s[2], 1,
+                      reinterpret_cast<const uint16_t*>(k.p) + k.off(i0, i1, 0), 1, k.s[2], scores.data(), false, kv,
+                      1);
+        if (!on_units && !scored) {
           if (direct) {
             gemm_f32(false, true, rows, kv, dh, 1.0f, reinterpret_cast<const float*>(q.p) + q.off(i0, i1, m0), q.s[2],
                      reinterpret_cast<const float*>(k.p) + k.off(i0, i1, 0), k.s[2], 0.0f, scores.data(), kv, 1, 1);
@@ -869,6 +884,15 @@ void run_fused_attention(const op_launch& l, int threads) {
           softmax_row(row, kv, visible(i), at.scale);
         }
         bool summed = false;
+        if (scored) {
+          // The probabilities rounded to the dtype, as the softmax op stores them.
+          if (v.t == dtype::bf16)
+            for (float& x : scores) x = bf16_to_float(float_to_bf16(x));
+          else if (v.t == dtype::f16)
+            for (float& x : scores) x = half_to_float(float_to_half(x));
+          summed = few_row_product(rows, dh, kv, scores.data(), kv, v.p + v.off(i0, i1, 0) * v_size, v.t, v.s[2], 1,
+                                   outf.data(), dh);
+        }
         if (on_units) {
           probs16.resize(static_cast<std::size_t>(rows * kv));
           for (std::size_t j = 0; j < probs16.size(); ++j) probs16[j] = float_to_bf16(scores[j]);

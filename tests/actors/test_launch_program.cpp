@@ -848,7 +848,8 @@ TEST(LaunchProgram, DecodeAttentionIsOneFusedRecordPerLayerOnCudaOnly) {
 // On cpu devices a prefill's attention (more than fused_attention_max_rows
 // query rows) is one record per layer, causal without a cache and masked
 // over it, never with a cache prologue; a decode step keeps its ops (the
-// few-row products), and fuse_ops off keeps every chain.
+// few-row products) unless its cache is long, and fuse_ops off keeps every
+// chain.
 TEST(LaunchProgram, PrefillAttentionIsOneFusedRecordPerLayerOnCpu) {
   models::transformer_config prefill = small_llama_prefill();
   for (int64_t cache : {int64_t{0}, int64_t{32}}) {
@@ -862,6 +863,16 @@ TEST(LaunchProgram, PrefillAttentionIsOneFusedRecordPerLayerOnCpu) {
   for (auto variant : {models::model_variant::llama, models::model_variant::gpt2}) {
     models::transformer_config cfg = decode_step(variant, 256);
     cfg.kv_cache_capacity = 32;
+    EXPECT_EQ(count_fused(cfg, device_kind::cpu).fused, 0) << models::to_string(variant);
+    // Over a cache of cpu_fused_cache_min_keys rows or more the fused kernel
+    // reads only the rows up to the last the mask shows: one masked record
+    // a layer, without the cache prologue.
+    cfg.kv_cache_capacity = cpu_fused_cache_min_keys;
+    const auto long_cache = count_fused(cfg, device_kind::cpu);
+    EXPECT_EQ(long_cache.fused, 3) << models::to_string(variant);
+    EXPECT_EQ(long_cache.masked, 3) << models::to_string(variant);
+    EXPECT_EQ(long_cache.cache_prologues, 0) << models::to_string(variant);
+    cfg.kv_cache_capacity = cpu_fused_cache_min_keys - 1;
     EXPECT_EQ(count_fused(cfg, device_kind::cpu).fused, 0) << models::to_string(variant);
   }
 }

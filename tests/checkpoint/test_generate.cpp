@@ -731,6 +731,58 @@ TEST(GenerateDecode, Bf16LlamaEqualsRecomputeWithinBf16RoundingCpu) {
   EXPECT_LT(worst, 0.15);
 }
 
+// On a cpu device a decode step over a cache of 1024 positions or more runs
+// its attention fused (graph/fusion.hpp, cpu_fused_cache_min_keys): the
+// kernel reads only the cache rows up to the last the mask shows, through
+// the few-row products. A second sequence in the same slot finds the first
+// one's rows past its own, hidden. Greedy tokens and logits equal
+// recomputing the whole sequence, in f32 and bf16, with and without
+// prefill chunks; a cache of 16 keeps the separate ops.
+TEST(GenerateDecode, LongCacheCpuDecodeAttentionIsFusedAndEqualsRecompute) {
+  for (const ag::dtype t : {ag::dtype::f32, ag::dtype::bf16})
+    for (const int64_t chunk : {int64_t{0}, int64_t{4}}) {
+      SCOPED_TRACE(std::string(ag::to_string(t)) + ", prefill_chunk " + std::to_string(chunk));
+      auto cfg = ag::test::tiny_model(ag::models::model_variant::llama, 2);
+      cfg.dtype = t;
+      temp_dir dir;
+      ag::test::save_random_model(dir.str(), cfg);
+      auto m = ag::models::hf_model::open(dir.str());
+      ASSERT_TRUE(m.has_value()) << m.err().to_string();
+      auto rt = ag::runtime::create("cpu:1");
+      ASSERT_TRUE(rt.has_value()) << rt.err().to_string();
+      for (const int64_t cache : {int64_t{16}, int64_t{1100}}) {
+        SCOPED_TRACE("cache " + std::to_string(cache));
+        ag::generator_options go;
+        go.cache_tokens = cache;
+        go.max_sequences = 1;
+        go.prefill_chunk = chunk;
+        auto gen = ag::generator::create(**rt, m->model_config(1), m->provider(), go);
+        ASSERT_TRUE(gen.has_value()) << gen.err().to_string();
+        const auto& fused = (*gen)->decode_plan().fusions();
+        EXPECT_EQ(fused.size(), cache >= ag::cpu_fused_cache_min_keys ? static_cast<std::size_t>(cfg.n_layers) : 0u)
+            << (*gen)->decode_plan().describe();
+        for (const auto& f : fused) EXPECT_NE(f.mask_add, ag::no_node) << "masked";
+        for (const std::vector<int32_t>& prompt : {std::vector<int32_t>{3, 1, 4, 1, 5, 9, 2, 6}, std::vector<int32_t>{7, 2}}) {
+          ag::generate_options o;
+          o.max_new_tokens = 5;
+          o.keep_logits = true;
+          const ag::generation h = (*gen)->generate(prompt, o);
+          ASSERT_TRUE(h.wait_for(120s)) << "generation hung";
+          const auto& r = h.wait();
+          ASSERT_TRUE(r.has_value()) << r.err().to_string();
+          ASSERT_EQ(r->tokens.size(), 5u);
+          std::vector<int32_t> seq = prompt;
+          for (std::size_t k = 0; k < r->tokens.size(); ++k) {
+            const std::vector<float> ref = recomputed_last_logits(*m, seq);
+            EXPECT_LT(worst_logit_error(ref, r->logits[k]), t == ag::dtype::f32 ? 2e-3 : 0.15)
+                << "prompt of " << prompt.size() << ", token " << k;
+            seq.push_back(r->tokens[k]);
+          }
+        }
+      }
+    }
+}
+
 TEST(GenerateCache, WaitOnATemporaryHandleKeepsTheResult) {
   const auto cfg = ag::test::tiny_model(ag::models::model_variant::gpt2);
   auto rt = ag::runtime::create("cpu:1");
