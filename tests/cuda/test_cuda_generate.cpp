@@ -716,6 +716,33 @@ TEST(CudaGenerate, FusedAttentionWithKeysSplitOverBlocksEqualsTheReference) {
     }
 }
 
+// Compiles `c`'s attention chain fused on `rt` and runs it twice on the
+// poisoned inputs (the second job over the counters and row bounds the
+// first left in the stream's workspace): no hidden key's NaN reaches the
+// output, which equals the reference on the clean inputs within t's
+// tolerance.
+void expect_hidden_keys_never_read(runtime& rt, const test::hidden_keys_attention& c, dtype t) {
+  plan_options o;
+  o.fuse_ops = true;
+  auto p = rt.compile(std::make_shared<const graph>(c.g), o);
+  ASSERT_TRUE(p) << p.err().to_string();
+  ASSERT_EQ((*p)->fusions().size(), 1u) << "the chain is fused";
+  auto want = evaluate_reference(c.g, c.clean);
+  ASSERT_TRUE(want) << want.err().to_string();
+  ASSERT_TRUE(test::all_finite(want->front())) << "the reference on finite rows";
+  for (int job_no = 0; job_no < 2; ++job_no) {
+    const job j = rt.submit(*p, c.poisoned);
+    ASSERT_TRUE(j.wait_for(60s)) << "job " << job_no << " hung";
+    const auto& r = j.wait();
+    ASSERT_TRUE(r) << "job " << job_no << ": " << r.err().to_string();
+    EXPECT_TRUE(test::all_finite(r->front())) << "job " << job_no << ": a hidden key's NaN reached the output";
+    const auto cmp = t == dtype::f32   ? compare(r->front(), want->front(), 1e-4, 1e-3)
+                     : t == dtype::f16 ? compare(r->front(), want->front(), 4e-3, 1e-2)
+                                       : compare(r->front(), want->front(), 3e-2, 3e-2);
+    EXPECT_TRUE(cmp.ok) << "job " << job_no << ": " << cmp.message;
+  }
+}
+
 // The split kernel over a long cache (1024 keys or more) shares out only
 // the keys the mask leaves visible to some query row (gpu/cuda/attention.cu,
 // visible_keys): the keys before and after them are NaN in k and v and
@@ -748,25 +775,7 @@ TEST(CudaGenerate, FusedAttentionOverALongCacheReadsNoKeyItsMaskHides) {
                    std::to_string(hc.keys) + " visible from " + std::to_string(hc.first_visible));
       const auto c = test::make_hidden_keys_attention(t, 2, hc.rows, hc.keys, hc.head, hc.first_visible, hc.ends,
                                                       seed += 10);
-      plan_options o;
-      o.fuse_ops = true;
-      auto p = (*rt)->compile(std::make_shared<const graph>(c.g), o);
-      ASSERT_TRUE(p) << p.err().to_string();
-      ASSERT_EQ((*p)->fusions().size(), 1u) << "the chain is fused";
-      auto want = evaluate_reference(c.g, c.clean);
-      ASSERT_TRUE(want) << want.err().to_string();
-      ASSERT_TRUE(test::all_finite(want->front())) << "the reference on finite rows";
-      for (int job_no = 0; job_no < 2; ++job_no) {  // the second on the counters the first left
-        const job j = (*rt)->submit(*p, c.poisoned);
-        ASSERT_TRUE(j.wait_for(60s)) << "job " << job_no << " hung";
-        const auto& r = j.wait();
-        ASSERT_TRUE(r) << "job " << job_no << ": " << r.err().to_string();
-        EXPECT_TRUE(test::all_finite(r->front())) << "job " << job_no << ": a hidden key's NaN reached the output";
-        const auto cmp = t == dtype::f32   ? compare(r->front(), want->front(), 1e-4, 1e-3)
-                         : t == dtype::f16 ? compare(r->front(), want->front(), 4e-3, 1e-2)
-                                           : compare(r->front(), want->front(), 3e-2, 3e-2);
-        EXPECT_TRUE(cmp.ok) << "job " << job_no << ": " << cmp.message;
-      }
+      expect_hidden_keys_never_read(**rt, c, t);
     }
 }
 
@@ -802,24 +811,7 @@ TEST(CudaGenerate, FlashAttentionOverALongCacheComputesOnlyTheKeysItsRowsSee) {
                    std::to_string(fc.keys) + " visible from " + std::to_string(fc.first_visible));
       const auto c = test::make_hidden_keys_attention(t, 2, fc.rows, fc.keys, fc.head, fc.first_visible, fc.ends,
                                                       seed += 10);
-      plan_options o;
-      o.fuse_ops = true;
-      auto p = (*rt)->compile(std::make_shared<const graph>(c.g), o);
-      ASSERT_TRUE(p) << p.err().to_string();
-      ASSERT_EQ((*p)->fusions().size(), 1u) << "the chain is fused";
-      auto want = evaluate_reference(c.g, c.clean);
-      ASSERT_TRUE(want) << want.err().to_string();
-      ASSERT_TRUE(test::all_finite(want->front())) << "the reference on finite rows";
-      for (int job_no = 0; job_no < 2; ++job_no) {  // the second over the bounds the first left
-        const job j = (*rt)->submit(*p, c.poisoned);
-        ASSERT_TRUE(j.wait_for(60s)) << "job " << job_no << " hung";
-        const auto& r = j.wait();
-        ASSERT_TRUE(r) << "job " << job_no << ": " << r.err().to_string();
-        EXPECT_TRUE(test::all_finite(r->front())) << "job " << job_no << ": a hidden key's NaN reached the output";
-        const auto cmp = t == dtype::f16 ? compare(r->front(), want->front(), 4e-3, 1e-2)
-                                         : compare(r->front(), want->front(), 3e-2, 3e-2);
-        EXPECT_TRUE(cmp.ok) << "job " << job_no << ": " << cmp.message;
-      }
+      expect_hidden_keys_never_read(**rt, c, t);
     }
 }
 
