@@ -317,13 +317,10 @@ struct sequence : std::enable_shared_from_this<sequence> {
       pos[static_cast<std::size_t>(i)] = static_cast<int32_t>(i < n ? cached + i : cached);
       store[static_cast<std::size_t>(i)] = static_cast<int32_t>(i < n ? (cached + i) % C : -1);
     }
-    // Once this job stored its rows, row r holds the latest position p <=
-    // top with p % C == r (none when that is < 0: a row this sequence has
-    // not reached, whatever an earlier sequence of the slot left there).
-    // Query i sees the positions first .. last: from the start, or with a
-    // sliding window the last c.sliding_window ones. A ring of at least
-    // window + new_tokens - 1 rows still holds every position a query of
-    // the job sees (generator::create sizes it so).
+    // Each query sees the rows holding its positions (cache_attention_mask:
+    // rows an earlier sequence of the slot left past this one's are hidden).
+    // A ring of at least window + new_tokens - 1 rows still holds every
+    // position a query of the job sees (generator::create sizes it so).
     host_tensor mask = models::cache_attention_mask(c.dtype, T, C, cached, n, c.sliding_window);
     std::vector<host_tensor> in;
     in.reserve(4);

@@ -779,7 +779,7 @@ void run_fused_attention(const op_launch& l, int threads) {
                           bf16_gemm_available();
   const int64_t per_task = bf16_units ? attention_rows_per_bf16_task : attention_rows_per_task;
   // Decode-sized queries (a chain fused over a long cache, find_attention_fusions).
-  const bool few = m_rows <= few_rows_max && unit && k.t != dtype::i32;
+  const bool few = m_rows <= few_rows_max && unit;
   const int64_t k_size = static_cast<int64_t>(dtype_size(k.t)), v_size = static_cast<int64_t>(dtype_size(v.t));
   const int64_t blocks = (m_rows + per_task - 1) / per_task;
   // Keys softmax row i sees (before the mask).

@@ -549,9 +549,10 @@ host_tensor cache_attention_mask(dtype t, int64_t T, int64_t C, int64_t cached, 
   const auto put = [&](int64_t i, int64_t r, bool visible) {
     std::memcpy(m + static_cast<std::size_t>(i * C + r) * es, visible ? seen : hidden, es);
   };
+  const int64_t first = first_of(0), last = last_of(0);
   for (int64_t r = 0; r < C; ++r) {
     const int64_t p = held[static_cast<std::size_t>(r)];
-    put(0, r, p >= first_of(0) && p <= last_of(0));
+    put(0, r, p >= first && p <= last);
   }
   const std::size_t row_bytes = static_cast<std::size_t>(C) * es;
   for (int64_t i = 1; i < T; ++i) {
