@@ -165,6 +165,10 @@ struct loaded_plan {
   /// host_memory() of a device that copies it in, for inputs of at most
   /// runtime_options::pinned_inputs_max_bytes); null: used where it is.
   std::vector<host_memory_resource*> input_memory;
+  /// By input: where a caller best builds it (runtime::input_memory): the
+  /// output_memory() of the first device that copies it in, whatever its
+  /// size; null where no device copies it (a window takes it, or nothing reads it).
+  std::vector<host_memory_resource*> input_home;
   runtime_core* core = nullptr;
   /// Issue order of collectives (actors/stream_actor.cpp, communication
   /// queues): each job of this plan draws the next number when it starts

@@ -106,6 +106,12 @@ error runtime::reset_device(int index) {
   }
 }
 
+host_memory_resource* runtime::input_memory(const std::shared_ptr<const plan>& p, std::size_t index) const {
+  const auto* lp = impl_->core->loaded_here(p);
+  if (!lp || index >= (*lp)->input_home.size()) return nullptr;
+  return (*lp)->input_home[index];
+}
+
 bool runtime::device_in_service(int index) const { return impl_->core->device_in_service(index); }
 
 gpu::device_ptr runtime::device(int index) const {

@@ -329,9 +329,11 @@ expected<std::shared_ptr<const plan>> runtime_core::compile(std::shared_ptr<cons
             devices_[static_cast<std::size_t>(ls.device)]->output_memory();
     }
   lp->input_memory.assign(gr.inputs().size(), nullptr);
+  lp->input_home.assign(gr.inputs().size(), nullptr);
   for (const lowered_step& ls : prog.steps()) {
     if (ls.kind != step_kind::copy_h2d || ls.copy.window_offset >= 0) continue;  // copied into a window, not pinned per job
     const auto k = static_cast<std::size_t>(ls.copy.io_index);
+    if (!lp->input_home[k]) lp->input_home[k] = devices_[static_cast<std::size_t>(ls.device)]->output_memory();
     if (lp->input_memory[k] || gr.at(gr.inputs()[k]).own_bytes() > opts_.pinned_inputs_max_bytes) continue;
     lp->input_memory[k] = devices_[static_cast<std::size_t>(ls.device)]->host_memory();
   }

@@ -24,7 +24,9 @@
 // Prints a table and `name: value` lines.
 #include <algorithm>
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
+#include <fstream>
 #include <map>
 #include <mutex>
 #include <string>
@@ -117,6 +119,8 @@ struct decode_args {
   /// is their median (the prompt's prefill through the generator's plans, in
   /// chunks of --prefill-chunk over its cache, then its first token)
   int first_token_runs = 5;
+  /// Where to write the Chrome trace of the time-to-first-token runs (empty: none)
+  std::string first_token_trace;
   double bandwidth_gbs = 0.0;
   std::string replay = "auto";  ///< plan_options::graph_replay of the decode and prefill plans (the default)
   std::string fusion = "on";    ///< plan_options::fuse_ops of both plans (on: the default)
@@ -308,13 +312,39 @@ int run_decode(const decode_args& a) {
   // from generate() to its end (its slot reused: the cache's old rows stay,
   // hidden by the mask). Medians of --first-token-runs.
   std::vector<double> first_token_ms;
+  std::vector<int64_t> first_token_start_ns;  // each run's generate() call (the trace's clock)
+  if (!a.first_token_trace.empty()) (void)(*rt)->take_trace();  // only the runs below
   for (int run = 0; run < a.first_token_runs; ++run) {
     ag::generate_options one;
     one.max_new_tokens = 1;
+    first_token_start_ns.push_back(ag::gpu::host_clock_ns());
     const auto t0 = clock_type::now();
     const ag::generation g1 = (*gen)->generate(prompt, one);
     if (!g1.wait()) return fail(g1.wait().err());
     first_token_ms.push_back(seconds_since(t0) * 1e3);
+  }
+  if (!a.first_token_trace.empty() && a.first_token_runs > 0) {
+    const ag::trace ft = (*rt)->take_trace();
+    std::ofstream f(a.first_token_trace);
+    f << ft.to_chrome_json();
+    if (!f) return fail({ag::errc::invalid_argument, "--first-token-trace: cannot write " + a.first_token_trace});
+    // Per run: generate() to the device's first enqueue, and the device's
+    // span (its first start to its last end) on the trace's clock.
+    for (std::size_t run = 0; run < first_token_start_ns.size(); ++run) {
+      const int64_t from = first_token_start_ns[run];
+      const int64_t to = run + 1 < first_token_start_ns.size() ? first_token_start_ns[run + 1] : INT64_MAX;
+      int64_t first_enqueue = INT64_MAX, first_start = INT64_MAX, last_end = 0;
+      for (const auto& r : ft.records)
+        if (r.enqueue_ns >= from && r.enqueue_ns < to) {
+          first_enqueue = std::min(first_enqueue, r.enqueue_ns);
+          first_start = std::min(first_start, r.start_ns);
+          last_end = std::max(last_end, r.end_ns);
+        }
+      if (first_enqueue == INT64_MAX) continue;
+      std::printf("%-28s run %zu: %.3f ms to the first enqueue, device %.3f ms from its first start to its last end\n",
+                  "first token, cut", run, static_cast<double>(first_enqueue - from) / 1e6,
+                  static_cast<double>(last_end - first_start) / 1e6);
+    }
   }
 
   double prefill_best = 0.0, prefill_logits_best = 0.0;
@@ -446,6 +476,9 @@ int main(int argc, char** argv) {
                  "decode: one-token sequences of the same prompt after the measured one (time_to_first_token_ms: "
                  "their median; 0: none)")
       ->check(CLI::Range(0, 1000));
+  app.add_option("--first-token-trace", d.first_token_trace,
+                 "decode: write the Chrome trace of the --first-token-runs to this file (and print each run's host "
+                 "and device parts)");
   app.add_option("--bandwidth-gbs", d.bandwidth_gbs, "measured device memory bandwidth (0: the device spec's)");
   app.add_option("--replay", d.replay, "decode: graph replay of the generator's plans (off, on, auto)");
   app.add_option("--fusion", d.fusion, "decode: plan_options::fuse_ops of the generator's and the prefill's plans (on, off)")

@@ -533,8 +533,9 @@ std::vector<std::string> weight_names(const transformer_config& c) {
   return n;
 }
 
-host_tensor cache_attention_mask(dtype t, int64_t T, int64_t C, int64_t cached, int64_t n, int64_t window) {
-  host_tensor mask = host_tensor::uninitialized(t, {T, C});
+host_tensor cache_attention_mask(dtype t, int64_t T, int64_t C, int64_t cached, int64_t n, int64_t window,
+                                 host_memory_resource* memory) {
+  host_tensor mask = host_tensor::uninitialized(t, {T, C}, memory);
   if (T <= 0 || C <= 0) return mask;
   const int64_t top = cached + n - 1;
   std::vector<int64_t> held(static_cast<std::size_t>(C));  // the position row r holds (< 0: none)

@@ -286,8 +286,11 @@ std::vector<host_tensor> transformer_inputs(const transformer_config& cfg, uint6
 /// n - 1): 0 in the rows holding them, attention_masked_score elsewhere.
 /// Each row is the one before with at most the positions entering and
 /// leaving changed, so a chunk of 1024 tokens over a cache of 16,384 rows
-/// costs a copy of its 32 MiB, not 16 million conversions.
-host_tensor cache_attention_mask(dtype t, int64_t T, int64_t C, int64_t cached, int64_t n, int64_t window);
+/// costs a copy of its 32 MiB, not 16 million conversions. `memory`: where
+/// the tensor's bytes live (runtime::input_memory: a fresh 32 MiB of heap
+/// costs more in page faults than the copy); null: the heap.
+host_tensor cache_attention_mask(dtype t, int64_t T, int64_t C, int64_t cached, int64_t n, int64_t window,
+                                 host_memory_resource* memory = nullptr);
 
 /// Number of weight elements the graph holds (a tied embedding counted once):
 ///   gpt2:  V d + P d + L (4 d^2 + 2 d ff + 9 d + ff) + 2 d   (P = positions_rows())

@@ -151,6 +151,56 @@ TEST(EndToEnd, CpuJobOutputsReuseCachedBuffers) {
       << "the second job's output faulted in a fresh buffer";
 }
 
+// runtime::input_memory names where a caller best builds each input: for
+// a cpu device the process's cache of huge-page buffers (its buffers faulted
+// in once, then reused); null for an index out of range, a plan of another
+// runtime and a sim device that computes no values. A job whose input was
+// built there equals the reference, and the input's buffer goes back to the
+// cache for the next one.
+TEST(EndToEnd, InputMemoryNamesWhereEachInputIsBestBuilt) {
+  ag::graph_builder b;
+  auto x = b.input("x", ag::dtype::f32, {1024, 256});  // 1 MiB
+  auto w = b.weight("w", ag::host_tensor::random_normal(ag::dtype::f32, {256, 64}, 43, 0.1f));
+  b.output(b.matmul(x, w, false, false, "y"));
+  const ag::graph g = std::move(b).build().value();
+  auto rt = ag::runtime::create("cpu:1");
+  ASSERT_TRUE(rt.has_value()) << rt.err().to_string();
+  auto p = (*rt)->compile(g);
+  ASSERT_TRUE(p.has_value()) << p.err().to_string();
+  ag::host_memory_resource* memory = (*rt)->input_memory(*p, 0);
+  EXPECT_EQ(memory, &ag::gpu::host::host_output_memory()) << "a cpu device's input is not built in the output cache";
+  EXPECT_EQ((*rt)->input_memory(*p, 1), nullptr) << "an index out of range";
+
+  ag::runtime_options timing;
+  timing.backend.sim.compute_values = false;
+  auto sim = ag::runtime::create("sim:1", timing);
+  ASSERT_TRUE(sim.has_value()) << sim.err().to_string();
+  EXPECT_EQ((*sim)->input_memory(*p, 0), nullptr) << "a plan of another runtime";
+  auto sp = (*sim)->compile(g);
+  ASSERT_TRUE(sp.has_value()) << sp.err().to_string();
+  EXPECT_EQ((*sim)->input_memory(*sp, 0), nullptr) << "a sim device that computes no values needs no input memory";
+
+  const ag::host_tensor values = ag::host_tensor::random_normal(ag::dtype::f32, {1024, 256}, 44, 1.0f);
+  int64_t reuses_before = 0;
+  for (int round = 0; round < 2; ++round) {
+    SCOPED_TRACE(round == 0 ? "first job" : "second job");
+    if (round == 1) reuses_before = ag::gpu::host::host_output_memory_stats().reuses;
+    ag::host_tensor in = ag::host_tensor::uninitialized(ag::dtype::f32, {1024, 256}, memory);
+    EXPECT_EQ(in.memory(), memory);
+    std::memcpy(in.data(), values.data(), static_cast<std::size_t>(values.bytes()));
+    ag::job j = (*rt)->submit(*p, {std::move(in)});
+    ASSERT_TRUE(j.wait_for(20s)) << "job did not finish";
+    const ag::job_result& r = j.wait();
+    ASSERT_TRUE(r.has_value()) << r.err().to_string();
+    auto ref = ag::evaluate_reference(g, {values});
+    ASSERT_TRUE(ref.has_value()) << ref.err().to_string();
+    const auto c = ag::compare((*r)[0], (*ref)[0], 1e-4, 1e-4);
+    EXPECT_TRUE(c.ok) << c.message;
+  }
+  EXPECT_GT(ag::gpu::host::host_output_memory_stats().reuses, reuses_before)
+      << "the second job's input did not reuse the first one's buffer";
+}
+
 // The cpu backend's fused attention (a prefill's chain scores -> [mask] ->
 // softmax -> times v as one kernel, gpu/cpu/kernels.hpp): the plan fuses
 // the chain, and the job equals the reference and the unfused ops, in
