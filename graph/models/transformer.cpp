@@ -533,10 +533,13 @@ std::vector<std::string> weight_names(const transformer_config& c) {
   return n;
 }
 
-host_tensor cache_attention_mask(dtype t, int64_t T, int64_t C, int64_t cached, int64_t n, int64_t window,
-                                 host_memory_resource* memory) {
-  host_tensor mask = host_tensor::uninitialized(t, {T, C}, memory);
-  if (T <= 0 || C <= 0) return mask;
+void fill_cache_attention_mask_rows(host_tensor& mask, int64_t cached, int64_t n, int64_t window, int64_t i0,
+                                    int64_t i1) {
+  const int64_t T = mask.dims().rank() == 2 ? mask.dims()[0] : 0, C = T > 0 ? mask.dims()[1] : 0;
+  i0 = std::max<int64_t>(i0, 0);
+  i1 = std::min(i1, T);
+  if (i0 >= i1 || C <= 0) return;
+  const dtype t = mask.type();
   const int64_t top = cached + n - 1;
   std::vector<int64_t> held(static_cast<std::size_t>(C));  // the position row r holds (< 0: none)
   for (int64_t r = 0; r < C; ++r) held[static_cast<std::size_t>(r)] = top - ((top - r) % C + C) % C;
@@ -550,13 +553,13 @@ host_tensor cache_attention_mask(dtype t, int64_t T, int64_t C, int64_t cached, 
   const auto put = [&](int64_t i, int64_t r, bool visible) {
     std::memcpy(m + static_cast<std::size_t>(i * C + r) * es, visible ? seen : hidden, es);
   };
-  const int64_t first = first_of(0), last = last_of(0);
+  const int64_t first = first_of(i0), last = last_of(i0);
   for (int64_t r = 0; r < C; ++r) {
     const int64_t p = held[static_cast<std::size_t>(r)];
-    put(0, r, p >= first && p <= last);
+    put(i0, r, p >= first && p <= last);
   }
   const std::size_t row_bytes = static_cast<std::size_t>(C) * es;
-  for (int64_t i = 1; i < T; ++i) {
+  for (int64_t i = i0 + 1; i < i1; ++i) {
     std::memcpy(m + static_cast<std::size_t>(i) * row_bytes, m + static_cast<std::size_t>(i - 1) * row_bytes, row_bytes);
     // Both ends only grow: the positions in [first, last] now and not
     // before enter, those before and not now leave; each is shown or
@@ -567,6 +570,12 @@ host_tensor cache_attention_mask(dtype t, int64_t T, int64_t C, int64_t cached, 
     for (int64_t p = first0; p <= std::min(first1 - 1, last0); ++p)
       if (p >= 0 && held[static_cast<std::size_t>(p % C)] == p) put(i, p % C, false);
   }
+}
+
+host_tensor cache_attention_mask(dtype t, int64_t T, int64_t C, int64_t cached, int64_t n, int64_t window,
+                                 host_memory_resource* memory) {
+  host_tensor mask = host_tensor::uninitialized(t, {T, C}, memory);
+  fill_cache_attention_mask_rows(mask, cached, n, window, 0, T);
   return mask;
 }
 

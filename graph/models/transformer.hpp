@@ -291,6 +291,12 @@ std::vector<host_tensor> transformer_inputs(const transformer_config& cfg, uint6
 /// costs more in page faults than the copy); null: the heap.
 host_tensor cache_attention_mask(dtype t, int64_t T, int64_t C, int64_t cached, int64_t n, int64_t window,
                                  host_memory_resource* memory = nullptr);
+/// Rows [i0, i1) (clamped to [0, T)) of such a mask, `mask` [T, C] of its
+/// dtype, the first from the definition and each next from the row before:
+/// ranges of rows are independent, so a caller may fill a large mask in
+/// parts on several threads (the generator does, actors/generator.cpp).
+void fill_cache_attention_mask_rows(host_tensor& mask, int64_t cached, int64_t n, int64_t window, int64_t i0,
+                                    int64_t i1);
 
 /// Number of weight elements the graph holds (a tied embedding counted once):
 ///   gpt2:  V d + P d + L (4 d^2 + 2 d ff + 9 d + ff) + 2 d   (P = positions_rows())

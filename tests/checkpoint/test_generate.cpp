@@ -6,10 +6,12 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <future>
 #include <limits>
 #include <map>
 #include <set>
+#include <thread>
 #include <tuple>
 
 #include "actors/generator.hpp"
@@ -781,6 +783,46 @@ TEST(GenerateDecode, LongCacheCpuDecodeAttentionIsFusedAndEqualsRecompute) {
         }
       }
     }
+}
+
+// A prompt chunk's mask of 8 MiB and more is filled in parts of at least
+// 4 MiB on up to 8 threads (actors/generator.cpp): a prompt of 700 tokens in
+// chunks of 512 over a cache of 4096 rows, f32 (masks of 8 MiB, two parts on
+// a machine of two threads or more: the boundary falls inside both chunks,
+// the second one padded), generates tokens whose logits equal recomputing
+// the whole sequence.
+TEST(GenerateDecode, PromptMasksFilledInPartsEqualRecompute) {
+  auto cfg = ag::test::tiny_model(ag::models::model_variant::llama, 2);
+  cfg.dtype = ag::dtype::f32;
+  temp_dir dir;
+  ag::test::save_random_model(dir.str(), cfg);
+  auto m = ag::models::hf_model::open(dir.str());
+  ASSERT_TRUE(m.has_value()) << m.err().to_string();
+  auto rt = ag::runtime::create("cpu:1");
+  ASSERT_TRUE(rt.has_value()) << rt.err().to_string();
+  ag::generator_options go;
+  go.cache_tokens = 4096;
+  go.max_sequences = 1;
+  go.prefill_chunk = 512;
+  auto gen = ag::generator::create(**rt, m->model_config(1), m->provider(), go);
+  ASSERT_TRUE(gen.has_value()) << gen.err().to_string();
+  std::printf("hardware threads: %u (the mask fills in %u parts)\n", std::thread::hardware_concurrency(),
+              std::min(2u, std::max(1u, std::thread::hardware_concurrency())));
+  std::vector<int32_t> prompt(700);
+  for (std::size_t i = 0; i < prompt.size(); ++i) prompt[i] = static_cast<int32_t>((i * 37 + 11) % cfg.vocab);
+  ag::generate_options o;
+  o.max_new_tokens = 3;
+  o.keep_logits = true;
+  const ag::generation h = (*gen)->generate(prompt, o);
+  ASSERT_TRUE(h.wait_for(120s)) << "generation hung";
+  const auto& r = h.wait();
+  ASSERT_TRUE(r.has_value()) << r.err().to_string();
+  ASSERT_EQ(r->tokens.size(), 3u);
+  std::vector<int32_t> seq = prompt;
+  for (std::size_t k = 0; k < r->tokens.size(); ++k) {
+    EXPECT_LT(worst_logit_error(recomputed_last_logits(*m, seq), r->logits[k]), 2e-3) << "token " << k;
+    seq.push_back(r->tokens[k]);
+  }
 }
 
 TEST(GenerateCache, WaitOnATemporaryHandleKeepsTheResult) {

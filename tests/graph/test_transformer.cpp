@@ -6,6 +6,8 @@
 
 #include <gtest/gtest.h>
 
+#include <cstring>
+
 #include <algorithm>
 #include <cctype>
 #include <cmath>
@@ -565,7 +567,8 @@ TEST(Transformer, WeightProviderErrorsNameTheWeight) {
 // [first_i, last_i] (last_i = cached + min(i, n - 1), first_i = 0 or, with
 // a window, last_i - window + 1). Caches that hold every position, rings
 // that wrap once or many times, windows wider and narrower than the chunk,
-// padding rows, and every dtype.
+// padding rows, and every dtype; filled in parts (fill_cache_attention_mask_rows,
+// as the generator fills a large mask on several threads), the same bytes.
 TEST(Transformer, CacheAttentionMaskEqualsItsDefinitionEntryByEntry) {
   struct mask_case {
     int64_t T, C, cached, n, window;
@@ -597,5 +600,14 @@ TEST(Transformer, CacheAttentionMaskEqualsItsDefinitionEntryByEntry) {
         }
       }
       EXPECT_GT(shown, 0) << "every case shows some key";
+      // Filled in parts, the last part first (as threads may finish), the
+      // same bytes: each part starts from its first row's definition.
+      for (const int64_t parts : {int64_t{2}, int64_t{3}, mc.T}) {
+        host_tensor p = host_tensor::uninitialized(t, {mc.T, mc.C});
+        for (int64_t k = parts - 1; k >= 0; --k)
+          ag::models::fill_cache_attention_mask_rows(p, mc.cached, mc.n, mc.window, mc.T * k / parts,
+                                                     mc.T * (k + 1) / parts);
+        EXPECT_EQ(std::memcmp(p.data(), m.data(), m.bytes()), 0) << "filled in " << parts << " parts";
+      }
     }
 }
