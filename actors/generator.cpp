@@ -326,10 +326,13 @@ struct sequence : std::enable_shared_from_this<sequence> {
   std::map<int64_t, job_result> arrived;
 
   // Inputs of a job over `toks` at positions cached.. (padded to
-  // plan.new_tokens). The keys and values of token i go to cache row
-  // cached + i; padding stores nothing (cache position -1) and reads a
-  // valid position. Query i sees cache rows 0 .. cached + i (padding: 0 ..
-  // cached), all written by then: by earlier jobs of the slot or this one.
+  // plan.new_tokens, the padding first: the last real token is always the
+  // job's last row, the one a prefill plan's head takes alone,
+  // transformer_config::last_row_logits). The keys and values of real token
+  // j go to cache row cached + j; padding stores nothing (cache position -1)
+  // and reads a valid position. Real query j sees cache rows 0 .. cached + j
+  // (padding: 0 .. cached), all written by then: by earlier jobs of the
+  // slot or this one.
   std::vector<host_tensor> inputs(const step_plan& sp, const std::vector<int32_t>& toks) const {
     return inputs_at(sp, toks, cached, static_cast<int64_t>(toks.size()));
   }
@@ -344,10 +347,12 @@ struct sequence : std::enable_shared_from_this<sequence> {
     const int64_t T = sp.new_tokens, C = c.kv_cache_capacity;
     std::vector<int32_t> tk(static_cast<std::size_t>(T), 0), pos(static_cast<std::size_t>(T)),
         store(static_cast<std::size_t>(T));
+    const int64_t padding = T - n;
     for (int64_t i = 0; i < T; ++i) {
-      if (i < static_cast<int64_t>(toks.size())) tk[static_cast<std::size_t>(i)] = toks[static_cast<std::size_t>(i)];
-      pos[static_cast<std::size_t>(i)] = static_cast<int32_t>(i < n ? cached + i : cached);
-      store[static_cast<std::size_t>(i)] = static_cast<int32_t>(i < n ? (cached + i) % C : -1);
+      const int64_t j = i - padding;  // the real token's index (< 0: padding)
+      if (j >= 0 && j < static_cast<int64_t>(toks.size())) tk[static_cast<std::size_t>(i)] = toks[static_cast<std::size_t>(j)];
+      pos[static_cast<std::size_t>(i)] = static_cast<int32_t>(j >= 0 ? cached + j : cached);
+      store[static_cast<std::size_t>(i)] = static_cast<int32_t>(j >= 0 ? (cached + j) % C : -1);
     }
     // Each query sees the rows holding its positions (cache_attention_mask:
     // rows an earlier sequence of the slot left past this one's are hidden).
@@ -417,24 +422,26 @@ struct sequence : std::enable_shared_from_this<sequence> {
     cached += n;  // the job stored its rows in the slot's cache
     if (prompt_fed < prompt.size()) return submit_next();
     if (token_out) {
-      // next_token, i32 [1, T, 1]: the last real row's.
+      // next_token, i32 [1, T, 1]: the last row's (the last real token's).
       int32_t tok = 0;
-      std::memcpy(&tok, outs[0].data() + (n - 1) * static_cast<int64_t>(sizeof tok), sizeof tok);
+      std::memcpy(&tok, outs[0].data() + outs[0].bytes() - sizeof tok, sizeof tok);
       ++out.tokens_picked_on_device;
       return take(tok);
     }
-    // Sample from the last real row of logits [1, T, V]: in place when they
-    // are f32 (the model's logits are), else converted into a buffer kept
-    // across tokens. A decode step's host work between two jobs is on the
-    // device's critical path.
+    // Sample from the last row of logits [1, T, V] (the last real token's;
+    // a prefill plan's are [1, 1, V]): in place when they are f32 (the
+    // model's logits are), else converted into a buffer kept across tokens.
+    // A decode step's host work between two jobs is on the device's
+    // critical path.
     const int64_t V = gen->cfg.vocab;
     const host_tensor& lg = outs[0];
+    const int64_t last = lg.numel() / V - 1;
     std::span<const float> row;
     if (lg.type() == dtype::f32) {
-      row = std::span<const float>(reinterpret_cast<const float*>(lg.data()) + (n - 1) * V, static_cast<std::size_t>(V));
+      row = std::span<const float>(reinterpret_cast<const float*>(lg.data()) + last * V, static_cast<std::size_t>(V));
     } else {
       row_scratch.resize(static_cast<std::size_t>(V));
-      for (int64_t i = 0; i < V; ++i) row_scratch[static_cast<std::size_t>(i)] = lg.at((n - 1) * V + i);
+      for (int64_t i = 0; i < V; ++i) row_scratch[static_cast<std::size_t>(i)] = lg.at(last * V + i);
       row = row_scratch;
     }
     if (opt.sampling.repetition_penalty != 1.0f) {
@@ -707,6 +714,7 @@ expected<std::shared_ptr<generator>> generator::create(runtime& rt, models::tran
     models::transformer_config c = cfg;
     c.seq_len = sh.new_tokens;
     c.argmax_output = sh.greedy;
+    c.last_row_logits = true;  // a chunk's real tokens are last (inputs_at): only its last row goes on
     if (sh.token_in) c.token_state_in = sh.token_in;
     if (sh.token_out) c.token_state_out = sh.token_out;
     return models::build_transformer(c, weights);

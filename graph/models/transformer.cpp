@@ -74,6 +74,7 @@ class model_builder {
       x = cfg_.variant == model_variant::gpt2 ? gpt2_block(k, x) : llama_block(k, x, positions);
     }
     b_.set_layer(cfg_.n_layers + 1);
+    if (cfg_.last_row_logits && cfg_.seq_len > 1) x = b_.slice(x, 1, cfg_.seq_len - 1, cfg_.seq_len, "last_row");
     tensor h;
     if (cfg_.variant == model_variant::gpt2) {
       tensor w = norm_weight("ln_f.w");
@@ -543,7 +544,8 @@ void fill_cache_attention_mask_rows(host_tensor& mask, int64_t cached, int64_t n
   const int64_t top = cached + n - 1;
   std::vector<int64_t> held(static_cast<std::size_t>(C));  // the position row r holds (< 0: none)
   for (int64_t r = 0; r < C; ++r) held[static_cast<std::size_t>(r)] = top - ((top - r) % C + C) % C;
-  const auto last_of = [&](int64_t i) { return cached + std::min(i, n - 1); };
+  const int64_t padding = T - n;  // rows before the real ones
+  const auto last_of = [&](int64_t i) { return cached + std::max<int64_t>(i - padding, 0); };
   const auto first_of = [&](int64_t i) { return window > 0 ? std::max<int64_t>(0, last_of(i) - window + 1) : 0; };
   const std::size_t es = dtype_size(t);
   std::byte seen[8], hidden[8];

@@ -56,7 +56,7 @@
 ///   attention reads all C rows in place. The cache lives on the devices, one
 ///   copy per state slot (plan_options::state_slots), and a job names its
 ///   slot (submit_options::state_slot).
-/// - outputs: `logits` [B,S,vocab] f32.
+/// - outputs: `logits` [B,S,vocab] f32 ([B,1,vocab] with last_row_logits).
 ///
 /// Layer tags (node::layer, the unit the pipeline planner places):
 /// - 0: embedding (inputs, wte/wpe or embed_tokens, the gathers);
@@ -213,6 +213,12 @@ struct transformer_config {
   /// "next_token"), instead of the logits. A decode step then copies 4
   /// bytes to the host instead of a row of the vocabulary.
   bool argmax_output = false;
+  /// true: the final norm and the head take the last position only, so the
+  /// output is [batch, 1, vocab] (or [batch, 1, 1] with argmax_output). A
+  /// prompt chunk's job needs only its last row (the generator puts a
+  /// chunk's real tokens last): LLaMA-1B's chunk of 1024 then skips 134
+  /// GFLOP of head and 131 MB of f32 logits copied to the host.
+  bool last_row_logits = false;
   /// Tokens handed from one job of a state slot to the next on the device
   /// (the generator's pipelined greedy decoding, generator.hpp): both need
   /// batch 1, seq_len 1 and a KV cache.
@@ -277,13 +283,15 @@ expected<graph> build_transformer(const transformer_config& cfg, const weight_pr
 std::vector<host_tensor> transformer_inputs(const transformer_config& cfg, uint64_t seed);
 
 /// Cache mode's `attn_mask` [T, C] in `t` for a job of T new tokens at
-/// positions cached.. (the first n real, the rest padding), over a cache of C
+/// positions cached.. (the last n real, the T - n before them padding: the
+/// generator puts a chunk's real tokens last, so that its last row, the one
+/// the next token comes from, is always row T - 1), over a cache of C
 /// rows where position p's keys and values live in row p % C (a ring when
 /// the positions outgrow C). Once the job stored its rows, row r holds the
 /// latest position p <= cached + n - 1 with p % C == r (none when that is
-/// below 0). Query i (padding: as the last real one) sees the positions
-/// from 0, or with window > 0 its last `window` ones, to cached + min(i,
-/// n - 1): 0 in the rows holding them, attention_masked_score elsewhere.
+/// below 0). Query i (padding: as the first real one) sees the positions
+/// from 0, or with window > 0 its last `window` ones, to cached + max(i -
+/// (T - n), 0): 0 in the rows holding them, attention_masked_score elsewhere.
 /// Each row is the one before with at most the positions entering and
 /// leaving changed, so a chunk of 1024 tokens over a cache of 16,384 rows
 /// costs a copy of its 32 MiB, not 16 million conversions. `memory`: where

@@ -789,8 +789,9 @@ TEST(GenerateDecode, LongCacheCpuDecodeAttentionIsFusedAndEqualsRecompute) {
 // 4 MiB on up to 8 threads (actors/generator.cpp): a prompt of 700 tokens in
 // chunks of 512 over a cache of 4096 rows, f32 (masks of 8 MiB, two parts on
 // a machine of two threads or more: the boundary falls inside both chunks,
-// the second one padded), generates tokens whose logits equal recomputing
-// the whole sequence.
+// the second one padded, its real tokens last), generates tokens whose
+// logits equal recomputing the whole sequence. The prefill plan's head
+// takes the chunk's last row only: its output is [1, 1, vocab].
 TEST(GenerateDecode, PromptMasksFilledInPartsEqualRecompute) {
   auto cfg = ag::test::tiny_model(ag::models::model_variant::llama, 2);
   cfg.dtype = ag::dtype::f32;
@@ -806,6 +807,10 @@ TEST(GenerateDecode, PromptMasksFilledInPartsEqualRecompute) {
   go.prefill_chunk = 512;
   auto gen = ag::generator::create(**rt, m->model_config(1), m->provider(), go);
   ASSERT_TRUE(gen.has_value()) << gen.err().to_string();
+  ASSERT_NE((*gen)->prefill_plan(), nullptr);
+  const ag::graph& prefill = (*gen)->prefill_plan()->source();
+  ASSERT_EQ(prefill.outputs().size(), 1u);
+  EXPECT_EQ(prefill.at(prefill.outputs()[0]).dims, ag::shape({1, 1, cfg.vocab})) << "the head over the last row only";
   std::printf("hardware threads: %u (the mask fills in %u parts)\n", std::thread::hardware_concurrency(),
               std::min(2u, std::max(1u, std::thread::hardware_concurrency())));
   std::vector<int32_t> prompt(700);

@@ -564,7 +564,8 @@ TEST(Transformer, WeightProviderErrorsNameTheWeight) {
 // cache_attention_mask builds each row from the one before; every entry must
 // equal the definition taken entry by entry: row r holds the latest position
 // p <= cached + n - 1 with p % C == r, and query i sees it when p is in
-// [first_i, last_i] (last_i = cached + min(i, n - 1), first_i = 0 or, with
+// [first_i, last_i] (last_i = cached + max(i - (T - n), 0): the real rows
+// last, the padding before them; first_i = 0 or, with
 // a window, last_i - window + 1). Caches that hold every position, rings
 // that wrap once or many times, windows wider and narrower than the chunk,
 // padding rows, and every dtype; filled in parts (fill_cache_attention_mask_rows,
@@ -590,7 +591,7 @@ TEST(Transformer, CacheAttentionMaskEqualsItsDefinitionEntryByEntry) {
       const float hidden = host_tensor::from_floats(t, {1}, {ag::models::attention_masked_score}).at(0);
       int64_t shown = 0;
       for (int64_t i = 0; i < mc.T; ++i) {
-        const int64_t last = mc.cached + std::min(i, mc.n - 1);
+        const int64_t last = mc.cached + std::max<int64_t>(i - (mc.T - mc.n), 0);  // the real rows last
         const int64_t first = mc.window > 0 ? std::max<int64_t>(0, last - mc.window + 1) : 0;
         for (int64_t r = 0; r < mc.C; ++r) {
           int64_t p = top - ((top - r) % mc.C + mc.C) % mc.C;
