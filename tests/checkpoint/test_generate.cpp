@@ -87,6 +87,26 @@ double worst_logit_error(const std::vector<float>& ref, const std::vector<float>
   return worst;
 }
 
+// Generates `new_tokens` tokens after `prompt`, keeping their logits, and
+// checks each token's logits against recomputing the whole sequence so far.
+void expect_logits_equal_recompute(ag::generator& gen, const ag::models::hf_model& m,
+                                   const std::vector<int32_t>& prompt, int new_tokens, double tolerance) {
+  ag::generate_options o;
+  o.max_new_tokens = new_tokens;
+  o.keep_logits = true;
+  const ag::generation h = gen.generate(prompt, o);
+  ASSERT_TRUE(h.wait_for(120s)) << "generation hung";
+  const auto& r = h.wait();
+  ASSERT_TRUE(r.has_value()) << r.err().to_string();
+  ASSERT_EQ(r->tokens.size(), static_cast<std::size_t>(new_tokens));
+  std::vector<int32_t> seq = prompt;
+  for (std::size_t k = 0; k < r->tokens.size(); ++k) {
+    EXPECT_LT(worst_logit_error(recomputed_last_logits(m, seq), r->logits[k]), tolerance)
+        << "prompt of " << prompt.size() << ", token " << k;
+    seq.push_back(r->tokens[k]);
+  }
+}
+
 void decode_equals_recompute(const std::string& spec, int stages, int64_t prefill_chunk, int tp = 1,
                              bool across_stages = false,
                              ag::sequence_parallel_mode sp = ag::sequence_parallel_mode::automatic) {
@@ -764,23 +784,8 @@ TEST(GenerateDecode, LongCacheCpuDecodeAttentionIsFusedAndEqualsRecompute) {
         EXPECT_EQ(fused.size(), cache >= ag::cpu_fused_cache_min_keys ? static_cast<std::size_t>(cfg.n_layers) : 0u)
             << (*gen)->decode_plan().describe();
         for (const auto& f : fused) EXPECT_NE(f.mask_add, ag::no_node) << "masked";
-        for (const std::vector<int32_t>& prompt : {std::vector<int32_t>{3, 1, 4, 1, 5, 9, 2, 6}, std::vector<int32_t>{7, 2}}) {
-          ag::generate_options o;
-          o.max_new_tokens = 5;
-          o.keep_logits = true;
-          const ag::generation h = (*gen)->generate(prompt, o);
-          ASSERT_TRUE(h.wait_for(120s)) << "generation hung";
-          const auto& r = h.wait();
-          ASSERT_TRUE(r.has_value()) << r.err().to_string();
-          ASSERT_EQ(r->tokens.size(), 5u);
-          std::vector<int32_t> seq = prompt;
-          for (std::size_t k = 0; k < r->tokens.size(); ++k) {
-            const std::vector<float> ref = recomputed_last_logits(*m, seq);
-            EXPECT_LT(worst_logit_error(ref, r->logits[k]), t == ag::dtype::f32 ? 2e-3 : 0.15)
-                << "prompt of " << prompt.size() << ", token " << k;
-            seq.push_back(r->tokens[k]);
-          }
-        }
+        for (const std::vector<int32_t>& prompt : {std::vector<int32_t>{3, 1, 4, 1, 5, 9, 2, 6}, std::vector<int32_t>{7, 2}})
+          expect_logits_equal_recompute(**gen, *m, prompt, 5, t == ag::dtype::f32 ? 2e-3 : 0.15);
       }
     }
 }
@@ -815,19 +820,7 @@ TEST(GenerateDecode, PromptMasksFilledInPartsEqualRecompute) {
               std::min(2u, std::max(1u, std::thread::hardware_concurrency())));
   std::vector<int32_t> prompt(700);
   for (std::size_t i = 0; i < prompt.size(); ++i) prompt[i] = static_cast<int32_t>((i * 37 + 11) % cfg.vocab);
-  ag::generate_options o;
-  o.max_new_tokens = 3;
-  o.keep_logits = true;
-  const ag::generation h = (*gen)->generate(prompt, o);
-  ASSERT_TRUE(h.wait_for(120s)) << "generation hung";
-  const auto& r = h.wait();
-  ASSERT_TRUE(r.has_value()) << r.err().to_string();
-  ASSERT_EQ(r->tokens.size(), 3u);
-  std::vector<int32_t> seq = prompt;
-  for (std::size_t k = 0; k < r->tokens.size(); ++k) {
-    EXPECT_LT(worst_logit_error(recomputed_last_logits(*m, seq), r->logits[k]), 2e-3) << "token " << k;
-    seq.push_back(r->tokens[k]);
-  }
+  expect_logits_equal_recompute(**gen, *m, prompt, 3, 2e-3);
 }
 
 TEST(GenerateCache, WaitOnATemporaryHandleKeepsTheResult) {
