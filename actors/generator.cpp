@@ -267,6 +267,7 @@ struct generator::impl : std::enable_shared_from_this<generator::impl> {
   models::transformer_config cfg;
   generator_options opt;
   step_plan decode, prefill;  // prefill.p null: the prompt goes through decode
+  step_plan short_prompt;     // null unless prefill_chunk > short_prompt_chunk > 1
   step_plan decode_greedy;    // null without generator_options::device_greedy: outputs the token
                               // (pipelined: also keeps it in token_state_a)
   // Pipelined greedy decoding (generator_options::pipeline_depth > 1, one
@@ -396,8 +397,11 @@ struct sequence : std::enable_shared_from_this<sequence> {
       }
       return submit_step(0);
     }
-    const step_plan& sp = on_device ? gen->decode_greedy
-                          : prompting && gen->prefill.p && left > 1 ? gen->prefill
+    // A prompt's piece of more than one token: the short prompt plan when
+    // it fits, else the prefill plan (chunks of its size).
+    const bool short_piece = gen->short_prompt.p && left <= static_cast<std::size_t>(gen->short_prompt.new_tokens);
+    const step_plan& sp = on_device                                    ? gen->decode_greedy
+                          : prompting && gen->prefill.p && left > 1 ? (short_piece ? gen->short_prompt : gen->prefill)
                                                                     : gen->decode;
     std::vector<int32_t> toks;
     if (prompting) {
@@ -662,6 +666,7 @@ int64_t generator::cache_rows() const noexcept { return impl_->cfg.kv_cache_capa
 int64_t generator::weight_bytes() const noexcept { return impl_->weight_bytes; }
 const plan& generator::decode_plan() const noexcept { return *impl_->decode.p; }
 const plan* generator::prefill_plan() const noexcept { return impl_->prefill.p.get(); }
+const plan* generator::short_prompt_plan() const noexcept { return impl_->short_prompt.p.get(); }
 
 int generator::active_sequences() const {
   std::lock_guard lk(impl_->m);
@@ -681,6 +686,8 @@ expected<std::shared_ptr<generator>> generator::create(runtime& rt, models::tran
     return bad("max_sequences must be >= 1, got " + std::to_string(options.max_sequences));
   if (options.prefill_chunk < 0)
     return bad("prefill_chunk must be >= 0, got " + std::to_string(options.prefill_chunk));
+  if (options.short_prompt_chunk < 0)
+    return bad("short_prompt_chunk must be >= 0, got " + std::to_string(options.short_prompt_chunk));
   cfg.batch = 1;
   // Under a sliding window a query sees its last `window` positions, a
   // prefill chunk's first query reaching chunk - 1 positions further back
@@ -781,10 +788,15 @@ expected<std::shared_ptr<generator>> generator::create(runtime& rt, models::tran
   if (options.prefill_chunk > 1)
     if (error e = make_plan({options.prefill_chunk}, impl->prefill, pipelined ? impl->chain[1].p : impl->decode.p))
       return e;
+  if (options.short_prompt_chunk > 1 && options.prefill_chunk > options.short_prompt_chunk)
+    if (error e = make_plan({options.short_prompt_chunk}, impl->short_prompt,
+                            pipelined ? impl->chain[1].p : impl->decode.p))
+      return e;
   cfg.seq_len = 1;
   impl->cfg = cfg;
   for (const device_memory& m : impl->decode.p->memory()) impl->cache_bytes += m.state_bytes * options.max_sequences;
-  for (const step_plan* sp : {&impl->decode, &impl->prefill, &impl->decode_greedy, &impl->chain[0], &impl->chain[1]})
+  for (const step_plan* sp :
+       {&impl->decode, &impl->prefill, &impl->short_prompt, &impl->decode_greedy, &impl->chain[0], &impl->chain[1]})
     if (sp->p)
       for (const device_memory& m : sp->p->memory()) impl->weight_bytes += m.weights_shared ? 0 : m.weight_bytes;
   impl->slot_table = state_slots(options.max_sequences);

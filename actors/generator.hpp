@@ -159,6 +159,12 @@ struct generator_options {
   /// New tokens per prefill job (a plan of its own); 0 or 1: the prompt
   /// goes through the decode plan one token per job.
   int64_t prefill_chunk = 0;
+  /// With prefill_chunk larger than this, a second prefill plan of this many
+  /// tokens takes a prompt (or a prompt's last piece) of at most as many:
+  /// a 20-token prompt then computes 64 rows, not prefill_chunk's 1024
+  /// (sharing the weights and caches; its arena is the smaller one). 0 or
+  /// 1: none.
+  int64_t short_prompt_chunk = 64;
   /// Greedy sequences (sampling temperature <= 0, no repetition penalty, no keep_logits) decode
   /// with a third plan whose output is the token, picked on the device
   /// (transformer_config::argmax_output), sharing the decode plan's weights
@@ -233,6 +239,9 @@ class generator {
   /// The plan of one prefill chunk (generator_options::prefill_chunk
   /// tokens), or nullptr when the prompt goes through the decode plan.
   const plan* prefill_plan() const noexcept;
+  /// The plan of a short prompt (generator_options::short_prompt_chunk
+  /// tokens), or nullptr without one.
+  const plan* short_prompt_plan() const noexcept;
   /// Sequences holding a slot now, and sequences waiting for one.
   int active_sequences() const;
   int waiting_sequences() const;

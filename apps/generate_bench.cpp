@@ -112,6 +112,7 @@ struct decode_args {
   std::string model, devices = "cuda:0";
   int64_t context = 512, prefill = 2048;
   int64_t prefill_chunk = 0;  ///< generator_options::prefill_chunk (0: the whole context, one job)
+  int64_t short_prompt_chunk = ag::generator_options{}.short_prompt_chunk;  ///< generator_options::short_prompt_chunk
   int64_t cache_tokens = 0;   ///< generator_options::cache_tokens (0: context + new tokens)
   int cpu_threads = 0;  ///< backend_options::cpu_threads_per_stream (0: the machine's, shared among cpu devices)
   int new_tokens = 64;
@@ -179,6 +180,7 @@ int run_decode(const decode_args& a) {
                                                  std::to_string(a.context + a.new_tokens) + ")"});
   go.max_sequences = 1;
   go.prefill_chunk = a.prefill_chunk > 0 ? a.prefill_chunk : a.context;
+  go.short_prompt_chunk = a.short_prompt_chunk;
   if (!ag::parse_graph_replay_mode(a.replay, go.plan.graph_replay))
     return fail({ag::errc::invalid_argument, "--replay must be off, on or auto, got '" + a.replay + "'"});
   go.plan.fuse_ops = a.fusion == "on";
@@ -464,6 +466,9 @@ int main(int argc, char** argv) {
   app.add_option("--context", d.context, "decode: prompt tokens before decoding")->check(CLI::Range(1, 1 << 20));
   app.add_option("--new-tokens", d.new_tokens, "decode: tokens to generate")->check(CLI::Range(2, 1 << 20));
   app.add_option("--prefill", d.prefill, "prefill tokens (0: skip)")->check(CLI::Range(0, 1 << 20));
+  app.add_option("--short-prompt-chunk", d.short_prompt_chunk,
+                 "decode: generator_options::short_prompt_chunk, the plan of prompts at most this long (0: none)")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 20));
   app.add_option("--prefill-chunk", d.prefill_chunk,
                  "decode: the context's tokens a prefill job (0: all of them in one; under a sliding window the cache "
                  "keeps window + chunk - 1 rows)")

@@ -87,6 +87,40 @@ double worst_logit_error(const std::vector<float>& ref, const std::vector<float>
   return worst;
 }
 
+// A tiny LLaMA (GQA, 2 kv heads) in f32.
+ag::models::transformer_config tiny_llama_f32() {
+  auto cfg = ag::test::tiny_model(ag::models::model_variant::llama, 2);
+  cfg.dtype = ag::dtype::f32;
+  return cfg;
+}
+
+// `cfg` with random weights saved into `dir`, opened again.
+ag::expected<ag::models::hf_model> saved_model(const temp_dir& dir, const ag::models::transformer_config& cfg) {
+  ag::test::save_random_model(dir.str(), cfg);
+  return ag::models::hf_model::open(dir.str());
+}
+
+// `cfg` saved into `dir` and opened, a cpu:1 runtime, and a generator over
+// it with one sequence of `cache_tokens` positions in prefill chunks of 512.
+struct chunked_setup {
+  ag::generator_options options;
+  ag::expected<ag::models::hf_model> model;
+  ag::expected<std::unique_ptr<ag::runtime>> rt;
+  ag::expected<std::shared_ptr<ag::generator>> gen = ag::error(ag::errc::internal, "not made");
+  std::string why;
+  chunked_setup(const temp_dir& dir, const ag::models::transformer_config& cfg, int64_t cache_tokens)
+      : model(saved_model(dir, cfg)), rt(ag::runtime::create("cpu:1")) {
+    if (!model) { why = model.err().to_string(); return; }
+    if (!rt) { why = rt.err().to_string(); return; }
+    options.cache_tokens = cache_tokens;
+    options.max_sequences = 1;
+    options.prefill_chunk = 512;
+    gen = ag::generator::create(**rt, model->model_config(1), model->provider(), options);
+    if (!gen) why = gen.err().to_string();
+  }
+  bool ready() const { return why.empty(); }
+};
+
 // Generates `new_tokens` tokens after `prompt`, keeping their logits, and
 // checks each token's logits against recomputing the whole sequence so far.
 void expect_logits_equal_recompute(ag::generator& gen, const ag::models::hf_model& m,
@@ -798,20 +832,12 @@ TEST(GenerateDecode, LongCacheCpuDecodeAttentionIsFusedAndEqualsRecompute) {
 // logits equal recomputing the whole sequence. The prefill plan's head
 // takes the chunk's last row only: its output is [1, 1, vocab].
 TEST(GenerateDecode, PromptMasksFilledInPartsEqualRecompute) {
-  auto cfg = ag::test::tiny_model(ag::models::model_variant::llama, 2);
-  cfg.dtype = ag::dtype::f32;
+  const auto cfg = tiny_llama_f32();
   temp_dir dir;
-  ag::test::save_random_model(dir.str(), cfg);
-  auto m = ag::models::hf_model::open(dir.str());
-  ASSERT_TRUE(m.has_value()) << m.err().to_string();
-  auto rt = ag::runtime::create("cpu:1");
-  ASSERT_TRUE(rt.has_value()) << rt.err().to_string();
-  ag::generator_options go;
-  go.cache_tokens = 4096;
-  go.max_sequences = 1;
-  go.prefill_chunk = 512;
-  auto gen = ag::generator::create(**rt, m->model_config(1), m->provider(), go);
-  ASSERT_TRUE(gen.has_value()) << gen.err().to_string();
+  chunked_setup t(dir, cfg, 4096);
+  ASSERT_TRUE(t.ready()) << t.why;
+  auto& gen = t.gen;
+  auto& m = t.model;
   ASSERT_NE((*gen)->prefill_plan(), nullptr);
   const ag::graph& prefill = (*gen)->prefill_plan()->source();
   ASSERT_EQ(prefill.outputs().size(), 1u);
@@ -821,6 +847,41 @@ TEST(GenerateDecode, PromptMasksFilledInPartsEqualRecompute) {
   std::vector<int32_t> prompt(700);
   for (std::size_t i = 0; i < prompt.size(); ++i) prompt[i] = static_cast<int32_t>((i * 37 + 11) % cfg.vocab);
   expect_logits_equal_recompute(**gen, *m, prompt, 3, 2e-3);
+}
+
+// With prefill_chunk 512 the generator also plans prompts of at most
+// short_prompt_chunk (64) tokens: its output is [1, 1, vocab] over 64
+// rows. Prompts of 10 and 64 tokens (the short plan), 65 (a chunk of 512),
+// and 540 (512, then a last piece of 28: the short plan again) give logits
+// equal to recomputing; short_prompt_chunk 0 plans none, and a negative one
+// is refused with its name.
+TEST(GenerateDecode, ShortPromptsEqualRecomputeThroughTheShortPromptPlan) {
+  const auto cfg = tiny_llama_f32();
+  temp_dir dir;
+  chunked_setup t(dir, cfg, 1024);
+  ASSERT_TRUE(t.ready()) << t.why;
+  auto& gen = t.gen;
+  auto& m = t.model;
+  auto& rt = t.rt;
+  ag::generator_options go = t.options;
+  ASSERT_NE((*gen)->short_prompt_plan(), nullptr);
+  const ag::graph& small = (*gen)->short_prompt_plan()->source();
+  EXPECT_EQ(small.at(small.inputs()[0]).dims, ag::shape({1, go.short_prompt_chunk})) << "its tokens";
+  EXPECT_EQ(small.at(small.outputs()[0]).dims, ag::shape({1, 1, cfg.vocab}));
+  for (const int64_t n : {int64_t{10}, int64_t{64}, int64_t{65}, int64_t{540}}) {
+    SCOPED_TRACE("prompt of " + std::to_string(n));
+    std::vector<int32_t> prompt(static_cast<std::size_t>(n));
+    for (std::size_t i = 0; i < prompt.size(); ++i) prompt[i] = static_cast<int32_t>((i * 53 + 7) % cfg.vocab);
+    expect_logits_equal_recompute(**gen, *m, prompt, 2, 2e-3);
+  }
+  go.short_prompt_chunk = 0;
+  auto none = ag::generator::create(**rt, m->model_config(1), m->provider(), go);
+  ASSERT_TRUE(none.has_value()) << none.err().to_string();
+  EXPECT_EQ((*none)->short_prompt_plan(), nullptr);
+  go.short_prompt_chunk = -1;
+  auto bad = ag::generator::create(**rt, m->model_config(1), m->provider(), go);
+  ASSERT_FALSE(bad.has_value());
+  EXPECT_NE(bad.err().message.find("short_prompt_chunk"), std::string::npos) << bad.err().message;
 }
 
 TEST(GenerateCache, WaitOnATemporaryHandleKeepsTheResult) {
