@@ -161,6 +161,7 @@ int generate_tokens(ag::runtime& rt, const ag::models::hf_model& model, const op
     go.cache_tokens = std::min<int64_t>(go.cache_tokens, model.config().max_positions);
   go.max_sequences = 1;
   go.prefill_chunk = S;
+  go.short_prompt_chunk = 0;  // the one prompt is exactly one chunk
   go.plan.pipeline_stages = o.stages;
   go.plan.tensor_parallel = o.tp;
   std::shared_ptr<ag::generator> gen;
