@@ -13,8 +13,10 @@
 /// How it runs. `create` compiles two step graphs of the model
 /// (models::build_transformer in cache mode, see graph/models/transformer.hpp):
 /// a decode plan (1 new token) and, when prefill_chunk > 1, a prefill plan
-/// (prefill_chunk new tokens). A sequence is a chain of jobs: the prompt in
-/// chunks, then one decode job per token.
+/// (prefill_chunk new tokens, its real tokens last and its head over the
+/// last row), with a short prompt plan beside it (short_prompt_chunk). A
+/// sequence is a chain of jobs: the prompt in chunks, then one decode job
+/// per token.
 ///
 /// The KV cache lives on the devices, as state of the plans: each block's
 /// keys and values (store_rows nodes) stay on the device that runs the
