@@ -234,7 +234,9 @@ host_tensor attention_mask(dtype t, int64_t T, int64_t C, int64_t cached, int64_
                            host_memory_resource* memory) {
   host_tensor mask = host_tensor::uninitialized(t, {T, C}, memory);
   constexpr std::size_t part_min = std::size_t{4} << 20;
-  const std::size_t hw = std::max(1u, std::thread::hardware_concurrency());
+  // Asked once: every decode token's mask passes here, and on glibc
+  // hardware_concurrency reads /sys.
+  static const std::size_t hw = std::max(1u, std::thread::hardware_concurrency());
   const auto parts = static_cast<int64_t>(
       std::min<std::size_t>({mask.bytes() / part_min, static_cast<std::size_t>(std::max<int64_t>(T, 1)), 8, hw}));
   if (parts < 2) {
