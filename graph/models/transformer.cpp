@@ -542,8 +542,10 @@ void fill_cache_attention_mask_rows(host_tensor& mask, int64_t cached, int64_t n
   if (i0 >= i1 || C <= 0) return;
   const dtype t = mask.type();
   const int64_t top = cached + n - 1;
-  std::vector<int64_t> held(static_cast<std::size_t>(C));  // the position row r holds (< 0: none)
-  for (int64_t r = 0; r < C; ++r) held[static_cast<std::size_t>(r)] = top - ((top - r) % C + C) % C;
+  // The position row r holds (< 0: none). Worked out where asked, not kept
+  // in a vector of C: a decode token's one-row mask would allocate (and at
+  // 65,536 rows fault in) 512 KiB every token.
+  const auto held = [&](int64_t r) { return top - ((top - r) % C + C) % C; };
   const int64_t padding = T - n;  // rows before the real ones
   const auto last_of = [&](int64_t i) { return cached + std::max<int64_t>(i - padding, 0); };
   const auto first_of = [&](int64_t i) { return window > 0 ? std::max<int64_t>(0, last_of(i) - window + 1) : 0; };
@@ -556,8 +558,10 @@ void fill_cache_attention_mask_rows(host_tensor& mask, int64_t cached, int64_t n
     std::memcpy(m + static_cast<std::size_t>(i * C + r) * es, visible ? seen : hidden, es);
   };
   const int64_t first = first_of(i0), last = last_of(i0);
-  for (int64_t r = 0; r < C; ++r) {
-    const int64_t p = held[static_cast<std::size_t>(r)];
+  // The first row: held(r) = top - back, `back` stepping down from
+  // held(0)'s and wrapping, without a division per row.
+  for (int64_t r = 0, back = top - held(0); r < C; ++r, back = back == 0 ? C - 1 : back - 1) {
+    const int64_t p = top - back;
     put(i0, r, p >= first && p <= last);
   }
   const std::size_t row_bytes = static_cast<std::size_t>(C) * es;
@@ -568,9 +572,9 @@ void fill_cache_attention_mask_rows(host_tensor& mask, int64_t cached, int64_t n
     // hidden in the row that holds it, if one does.
     const int64_t first0 = first_of(i - 1), last0 = last_of(i - 1), first1 = first_of(i), last1 = last_of(i);
     for (int64_t p = std::max(last0 + 1, first1); p <= last1; ++p)
-      if (p >= 0 && held[static_cast<std::size_t>(p % C)] == p) put(i, p % C, true);
+      if (p >= 0 && held(p % C) == p) put(i, p % C, true);
     for (int64_t p = first0; p <= std::min(first1 - 1, last0); ++p)
-      if (p >= 0 && held[static_cast<std::size_t>(p % C)] == p) put(i, p % C, false);
+      if (p >= 0 && held(p % C) == p) put(i, p % C, false);
   }
 }
 
