@@ -218,6 +218,9 @@ struct step_plan {
   // is 32 MiB at 1024 x 16,384: in fresh heap its page faults cost 16 ms of
   // the host's 17.5 (session 68), and a GPU copied it through staging.
   host_memory_resource* mask_memory = nullptr;
+  // Its mask is built on the device from key_positions and query_ranges
+  // (the last two inputs; transformer_config::mask_from_positions).
+  bool mask_from_positions = false;
 };
 
 // The states a pipelined greedy step reads its token from and keeps its own
@@ -361,13 +364,18 @@ struct sequence : std::enable_shared_from_this<sequence> {
     // rows an earlier sequence of the slot left past this one's are hidden).
     // A ring of at least window + new_tokens - 1 rows still holds every
     // position a query of the job sees (generator::create sizes it so).
-    host_tensor mask = attention_mask(c.dtype, T, C, cached, n, c.sliding_window, sp.mask_memory);
     std::vector<host_tensor> in;
-    in.reserve(4);
+    in.reserve(5);
     if (sp.token_input) in.push_back(host_tensor::from_ints({1, T}, tk));
     in.push_back(host_tensor::from_ints({T}, pos));
     in.push_back(host_tensor::from_ints({T}, store));
-    in.push_back(std::move(mask));
+    if (sp.mask_from_positions) {
+      models::cache_mask_positions m = models::cache_mask_inputs(T, C, cached, n, c.sliding_window);
+      in.push_back(std::move(m.key_positions));
+      in.push_back(std::move(m.query_ranges));
+    } else {
+      in.push_back(attention_mask(c.dtype, T, C, cached, n, c.sliding_window, sp.mask_memory));
+    }
     return in;
   }
 
@@ -724,6 +732,7 @@ expected<std::shared_ptr<generator>> generator::create(runtime& rt, models::tran
     c.seq_len = sh.new_tokens;
     c.argmax_output = sh.greedy;
     c.last_row_logits = true;  // a chunk's real tokens are last (inputs_at): only its last row goes on
+    c.mask_from_positions = sh.new_tokens > 1 && options.prompt_masks_on_device;
     if (sh.token_in) c.token_state_in = sh.token_in;
     if (sh.token_out) c.token_state_out = sh.token_out;
     return models::build_transformer(c, weights);
@@ -743,8 +752,10 @@ expected<std::shared_ptr<generator>> generator::create(runtime& rt, models::tran
     out.p = std::move(*p);
     out.new_tokens = sh.new_tokens;
     out.token_input = sh.token_in == nullptr;
-    // The inputs: [tokens,] positions, store positions, mask.
-    out.mask_memory = rt.input_memory(out.p, out.token_input ? 3 : 2);
+    // The inputs: [tokens,] positions, store positions, then the mask or
+    // the key positions and query ranges it is built from.
+    out.mask_from_positions = sh.new_tokens > 1 && options.prompt_masks_on_device;
+    if (!out.mask_from_positions) out.mask_memory = rt.input_memory(out.p, out.token_input ? 3 : 2);
     return {};
   };
   if (options.max_sequences > 65536)

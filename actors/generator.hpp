@@ -167,6 +167,13 @@ struct generator_options {
   /// (sharing the weights and caches; its arena is the smaller one). 0 or
   /// 1: none.
   int64_t short_prompt_chunk = 64;
+  /// The prompt plans (prefill_chunk, short_prompt_chunk) build their
+  /// attention masks on the device from the cache rows' positions
+  /// (transformer_config::mask_from_positions): a job copies a few KiB, not
+  /// a [chunk, cache rows] mask the host filled (128 MiB for a chunk of 1024
+  /// over 65,536 rows). false: the host builds and copies the masks. Decode
+  /// steps copy their one-row mask either way.
+  bool prompt_masks_on_device = true;
   /// Greedy sequences (sampling temperature <= 0, no repetition penalty, no keep_logits) decode
   /// with a third plan whose output is the token, picked on the device
   /// (transformer_config::argmax_output), sharing the decode plan's weights

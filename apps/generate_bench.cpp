@@ -137,6 +137,7 @@ struct decode_args {
   /// backend_options::cuda_sequence_parallel_min_bytes in KiB (the default's)
   int64_t sp_min_kib = ag::gpu::backend_options{}.cuda_sequence_parallel_min_bytes >> 10;
   std::string inline_copies = "on";  ///< plan_options::inline_small_copies of both plans (on: the default)
+  std::string device_masks = "on";   ///< generator_options::prompt_masks_on_device (on: the default)
   std::string replay_host_copies = "on";  ///< plan_options::replay_host_copies of both plans (on: the default)
   std::string windows_in_place = "on";    ///< plan_options::host_windows_in_place of both plans (on: the default)
   std::string device_greedy = "on";  ///< generator_options::device_greedy (on: the default): tokens picked on the device
@@ -188,6 +189,7 @@ int run_decode(const decode_args& a) {
   go.plan.fold_norm_weights = a.fold_norms == "on";
   go.plan.fuse_decode_step = a.decode_step == "on";
   go.plan.inline_small_copies = a.inline_copies == "on";
+  go.prompt_masks_on_device = a.device_masks == "on";
   go.plan.replay_host_copies = a.replay_host_copies == "on";
   go.plan.host_windows_in_place = a.windows_in_place == "on";
   go.device_greedy = a.device_greedy == "on";
@@ -383,12 +385,12 @@ int run_decode(const decode_args& a) {
               load_s);
   std::printf(
       "%-28s %.3f ms/token (median of %zu), context %lld, graph replay %s, fusion %s, gemv %s, projections %s, "
-      "norm weights folded %s, decode step fused %s, pdl %s, inline copies %s, start on submit %s, pinned inputs %s, "
-      "device greedy %s, pipeline depth %d (across stages "
+      "norm weights folded %s, decode step fused %s, pdl %s, inline copies %s, prompt masks on the device %s, "
+      "start on submit %s, pinned inputs %s, device greedy %s, pipeline depth %d (across stages "
       "%s), trace %s; devices %s%s, stages %d, tp %d\n",
       "decode", ms, gaps.size(), static_cast<long long>(a.context), a.replay.c_str(), a.fusion.c_str(), a.gemv.c_str(),
       a.projections.c_str(), a.fold_norms.c_str(), a.decode_step.c_str(), a.pdl.c_str(), a.inline_copies.c_str(),
-      a.start_on_submit.c_str(),
+      a.device_masks.c_str(), a.start_on_submit.c_str(),
       a.pinned_inputs.c_str(), a.device_greedy.c_str(), a.pipeline_depth, a.across_stages.c_str(), a.trace.c_str(),
       a.devices.c_str(), a.sim_zero_delay ? " (zero delay)" : "",
       (*gen)->decode_plan().stage_count(), (*gen)->decode_plan().tensor_degree());
@@ -515,6 +517,10 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 30));
   app.add_option("--inline-copies", d.inline_copies,
                  "decode: plan_options::inline_small_copies, small host copies on the compute lane (on, off)")
+      ->check(CLI::IsMember({"on", "off"}));
+  app.add_option("--device-masks", d.device_masks,
+                 "decode: generator_options::prompt_masks_on_device, the prompt plans' masks built on the device from "
+                 "the cache rows' positions (on, off: the host builds and copies them)")
       ->check(CLI::IsMember({"on", "off"}));
   app.add_option("--replay-host-copies", d.replay_host_copies,
                  "decode: plan_options::replay_host_copies, the token's copies inside the replayed graph (on, off)")

@@ -172,6 +172,14 @@ tensor graph_builder::argmax(tensor x, std::string name) {
   return add_node(make(op_kind::argmax, std::move(name), {x.id()}));
 }
 
+tensor graph_builder::range_mask(tensor key_positions, tensor query_ranges, dtype type, std::string name) {
+  const std::string w = who(op_kind::range_mask, name);
+  if (!check(key_positions, "key_positions", w) || !check(query_ranges, "query_ranges", w)) return tensor();
+  node n = make(op_kind::range_mask, std::move(name), {key_positions.id(), query_ranges.id()});
+  n.type = type;
+  return add_node(std::move(n));
+}
+
 tensor graph_builder::gelu(tensor x, gelu_mode mode, std::string name) {
   if (!check(x, "x", who(op_kind::gelu, name))) return tensor();
   node n = make(op_kind::gelu, std::move(name), {x.id()});

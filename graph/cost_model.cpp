@@ -92,7 +92,8 @@ double flops_per_element(op_kind k) {
     case op_kind::rms_norm:
     case op_kind::layer_norm:
     case op_kind::softmax: return 5;
-    case op_kind::argmax: return 1;
+    case op_kind::argmax:
+    case op_kind::range_mask: return 1;
     default: return 0;
   }
 }

@@ -18,7 +18,7 @@ constexpr const char* op_names[op_kind_count] = {
     "input",   "weight",  "matmul",   "add",     "mul",  "scale",   "rms_norm",  "layer_norm",
     "softmax", "gelu",    "silu",     "rope",    "get_rows", "reshape", "view", "permute",
     "transpose", "slice", "concat",   "copy", "all_reduce", "all_gather", "reduce_scatter",
-    "store_rows", "argmax",
+    "store_rows", "argmax", "range_mask",
 };
 
 std::string quoted(const std::string& s) { return "'" + s + "'"; }

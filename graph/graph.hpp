@@ -69,8 +69,13 @@ enum class op_kind : uint8_t {
                ///< state slot (plan_options::state_slots; submit_options::state_slot picks one).
   argmax,      ///< i32 index of the first maximum along the last dim (NaNs never win; 0 when a row is all
                ///< NaN): x [.., N] -> [.., 1]. A decode step's greedy token, picked on the device.
+  range_mask,  ///< an additive attention mask [T, C] of the node's (float) dtype from key_positions (i32 [C]: the
+               ///< position each key row holds, negative for none) and query_ranges (i32 [T, 2]: the first and
+               ///< last position each query sees): 0 where first <= key_positions[c] <= last, else
+               ///< attention_masked_score. A prompt chunk's mask over a KV cache built on the device from a few
+               ///< KiB of inputs, not copied there (128 MiB for 1024 tokens over 65,536 rows).
 };
-constexpr int op_kind_count = static_cast<int>(op_kind::argmax) + 1;
+constexpr int op_kind_count = static_cast<int>(op_kind::range_mask) + 1;
 const char* to_string(op_kind k) noexcept;
 bool parse_op_kind(const std::string& s, op_kind& out) noexcept;
 /// reshape, view, permute, transpose, slice.
@@ -261,6 +266,9 @@ class graph_builder {
   tensor silu(tensor x, std::string name = {});
   /// i32 [.., 1]: the index of the first maximum of each row of x [.., N] (op_kind::argmax).
   tensor argmax(tensor x, std::string name = {});
+  /// The additive mask [T, C] of dtype `type` (a float type) that
+  /// op_kind::range_mask defines: key_positions i32 [C], query_ranges i32 [T, 2].
+  tensor range_mask(tensor key_positions, tensor query_ranges, dtype type, std::string name = {});
   /// x [.., S, H, D] (D even), positions i32 [S]. Pair k turns by
   /// position * f_k, f_k = theta^(-2k/D), scaled as `scaling` says (off by
   /// default; graph/rope_frequencies.hpp).

@@ -10,6 +10,7 @@
 #include <exception>
 #include <limits>
 
+#include "graph/attention_mask.hpp"
 #include "graph/validate_util.hpp"
 
 namespace ag {
@@ -252,6 +253,19 @@ host_tensor eval_argmax(const node& n, const host_tensor& tx) {
   return host_tensor::from_ints(n.dims, out);
 }
 
+host_tensor eval_range_mask(const node& n, const host_tensor& keys, const host_tensor& ranges) {
+  const int64_t T = n.dims[0], C = n.dims[1];
+  host_tensor out(n.type, n.dims);
+  for (int64_t i = 0; i < T; ++i) {
+    const int32_t first = raw_i32(ranges, 2 * i), last = raw_i32(ranges, 2 * i + 1);
+    for (int64_t c = 0; c < C; ++c) {
+      const int32_t p = raw_i32(keys, c);
+      out.set(i * C + c, p >= first && p <= last ? 0.0f : attention_hidden_score);
+    }
+  }
+  return out;
+}
+
 host_tensor eval_rope(const node& n, const host_tensor& tx, const host_tensor& tp) {
   const dvec x = to_doubles(tx);
   const int64_t D = n.dims[-1], H = n.dims[-2], S = n.dims[-3];
@@ -463,6 +477,7 @@ expected<std::vector<host_tensor>> evaluate_all(const graph& g, const std::vecto
         case op_kind::layer_norm: val[id] = eval_norm(n, in); break;
         case op_kind::softmax: val[id] = eval_softmax(n, *in[0]); break;
         case op_kind::argmax: val[id] = eval_argmax(n, *in[0]); break;
+        case op_kind::range_mask: val[id] = eval_range_mask(n, *in[0], *in[1]); break;
         case op_kind::rope: val[id] = eval_rope(n, *in[0], *in[1]); break;
         case op_kind::get_rows: {
           auto r = eval_get_rows(n, *in[0], *in[1]);

@@ -754,6 +754,10 @@ class rewriter {
           same(c.inputs[1], 0);
           break;
         }
+        case op_kind::range_mask:  // every rank builds the whole mask from the small inputs
+          mark_all(c.inputs[0]);
+          mark_all(c.inputs[1]);
+          break;
         case op_kind::permute:
         case op_kind::transpose: {
           const node& x = g_.at(c.inputs[0]);
@@ -2546,6 +2550,10 @@ class rewriter {
         });
       }
       case op_kind::get_rows: return get_rows_op(n);
+      case op_kind::range_mask:
+        // Replicated: its inputs are a few KiB, so every rank builds the
+        // whole mask rather than receive shards of it.
+        return same_state_op(n, false, [](const split_state&) { return false; });
       case op_kind::store_rows: {
         // State is kept per device: each rank stores its shard of the rows
         // (a KV cache by kv head) when the shard leaves the stored axis whole.

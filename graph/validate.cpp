@@ -226,6 +226,25 @@ error infer_argmax(const std::vector<node>& nodes, node& n) {
   return {};
 }
 
+error infer_range_mask(const std::vector<node>& nodes, node& n) {
+  const node& keys = nodes[static_cast<std::size_t>(n.inputs[0])];
+  const node& ranges = nodes[static_cast<std::size_t>(n.inputs[1])];
+  if (!is_float(n.type))
+    return node_error(errc::dtype_mismatch, n, std::string("a mask of ") + dname(n.type) + ": it must be a float type");
+  for (const node* in : {&keys, &ranges})
+    if (in->type != dtype::i32)
+      return node_error(errc::dtype_mismatch, n,
+                        std::string(in == &keys ? "key_positions" : "query_ranges") + " '" + in->name + "' are " +
+                            dname(in->type) + ", must be i32");
+  if (keys.dims.rank() != 1)
+    return node_error(errc::invalid_shape, n, "key_positions " + dims_str(keys) + " must be [C]");
+  if (ranges.dims.rank() != 2 || ranges.dims[1] != 2)
+    return node_error(errc::invalid_shape, n, "query_ranges " + dims_str(ranges) + " must be [T, 2]");
+  n.dims = shape{ranges.dims[0], keys.dims[0]};
+  make_contiguous(n);
+  return {};
+}
+
 error infer_rope(const std::vector<node>& nodes, node& n) {
   const node& x = nodes[static_cast<std::size_t>(n.inputs[0])];
   const node& p = nodes[static_cast<std::size_t>(n.inputs[1])];
@@ -612,6 +631,10 @@ error infer_node(const std::vector<node>& nodes, node& n) {
     case op_kind::get_rows:
       if ((e = arity(n, 2, 2))) return e;
       e = infer_get_rows(nodes, n);
+      break;
+    case op_kind::range_mask:
+      if ((e = arity(n, 2, 2))) return e;
+      e = infer_range_mask(nodes, n);
       break;
     case op_kind::store_rows:
       if ((e = arity(n, 2, 2))) return e;

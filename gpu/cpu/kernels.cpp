@@ -372,6 +372,28 @@ void run_argmax(const op_launch& l, int threads) {
   });
 }
 
+void run_range_mask(const op_launch& l, int threads) {
+  const nd out = pad(l.out);  // [T, C]
+  const nd keys = pad(l.inputs[0]), ranges = pad(l.inputs[1]);
+  const int64_t C = out.d[3];
+  const auto i32_at = [](const nd& x, int64_t i) {
+    int32_t v;
+    std::memcpy(&v, x.p + i * 4, 4);
+    return v;
+  };
+  for_row_ranges(out, row_op_bytes(out, 1), threads, [&](int64_t first, int64_t end) {
+    std::vector<float> row(static_cast<std::size_t>(C));
+    rows_in(out, first, end, [&](int64_t, int64_t, int64_t i) {
+      const int32_t lo = i32_at(ranges, i * ranges.s[2]), hi = i32_at(ranges, i * ranges.s[2] + ranges.s[3]);
+      for (int64_t c = 0; c < C; ++c) {
+        const int32_t p = i32_at(keys, c * keys.s[3]);
+        row[static_cast<std::size_t>(c)] = p >= lo && p <= hi ? 0.0f : attention_hidden_score;
+      }
+      store_row(out, out.off(0, 0, i), C, row.data());
+    });
+  });
+}
+
 void run_rope(const op_launch& l, int threads) {
   const nd out = pad(l.out);  // [B, S, H, D]
   const nd x = pad(l.inputs[0]);
@@ -966,7 +988,7 @@ error check_op(const op_launch& l) {
   std::size_t lo = 1, hi = 1;
   switch (k) {
     case op_kind::matmul: case op_kind::add: case op_kind::mul: case op_kind::rope:
-    case op_kind::get_rows: case op_kind::store_rows: lo = hi = 2; break;
+    case op_kind::get_rows: case op_kind::store_rows: case op_kind::range_mask: lo = hi = 2; break;
     case op_kind::rms_norm: hi = 2; break;
     case op_kind::layer_norm: hi = 3; break;
     case op_kind::concat: hi = SIZE_MAX; break;
@@ -988,7 +1010,8 @@ error check_op(const op_launch& l) {
     const auto& in = l.inputs[i];
     if (!in.data) return bad(errc::invalid_argument, l, "input " + std::to_string(i) + " buffer is null");
     if (in.dims.rank() > max_rank) return bad(errc::invalid_shape, l, "input " + std::to_string(i) + " rank > 4");
-    const bool want_int = (k == op_kind::rope || k == op_kind::get_rows || k == op_kind::store_rows) && i == 1;
+    const bool want_int =
+        ((k == op_kind::rope || k == op_kind::get_rows || k == op_kind::store_rows) && i == 1) || k == op_kind::range_mask;
     // store_rows also keeps i32 rows (a token for the slot's next job).
     const bool any_type = k == op_kind::copy || (k == op_kind::store_rows && i == 0);
     if (want_int != (in.type == dtype::i32) && !any_type)
@@ -1056,6 +1079,13 @@ error check_op(const op_launch& l) {
         return bad(errc::invalid_argument, l, "negative table stride");
       break;
     }
+    case op_kind::range_mask: {
+      const shape& ranges = l.inputs[1].dims;
+      if (x.rank() != 1 || ranges.rank() != 2 || ranges[1] != 2 || o.rank() != 2 || o[0] != ranges[0] || o[1] != x[0])
+        return bad(errc::invalid_shape, l, "key_positions " + x.to_string() + ", query_ranges " + ranges.to_string() +
+                                               ", output " + o.to_string() + " (needs [C], [T, 2], [T, C])");
+      break;
+    }
     case op_kind::store_rows: {
       const shape& pos = l.inputs[1].dims;
       const int axis = nd_.attrs.axis;
@@ -1111,6 +1141,7 @@ error run_op(const op_launch& l, int threads, int parts) {
       case op_kind::rms_norm: case op_kind::layer_norm: run_norm(l, threads); return {};
       case op_kind::softmax: run_softmax(l, threads); return {};
       case op_kind::argmax: run_argmax(l, threads); return {};
+      case op_kind::range_mask: run_range_mask(l, threads); return {};
       case op_kind::rope: run_rope(l, threads); return {};
       case op_kind::get_rows: return run_get_rows(l);
       case op_kind::concat: run_concat(l); return {};

@@ -4,6 +4,7 @@
 #include "gpu/cuda/op_dispatch.hpp"
 
 #include "gpu/cuda/argmax.cuh"
+#include "gpu/cuda/range_mask.cuh"
 #include "gpu/cuda/attention.cuh"
 #include "gpu/cuda/decode_step.cuh"
 #include "gpu/cuda/device_guard.hpp"
@@ -185,6 +186,10 @@ error dispatch_op(core& dev_core, cuda_stream& cs, const op_launch& l, const std
     case op_kind::argmax:
       if ((e = need(1))) return e;
       e = launch_argmax(c, out, to_kt(l.inputs[0]));
+      break;
+    case op_kind::range_mask:
+      if ((e = need(2))) return e;
+      e = launch_range_mask(c, out, to_kt(l.inputs[0]), to_kt(l.inputs[1]));
       break;
     case op_kind::rope:
       if ((e = need(2))) return e;

@@ -52,7 +52,9 @@ op_cost cost_of_launch(const op_launch& l) {
     default: {
       double per = 0;
       switch (l.op->op) {
-        case op_kind::add: case op_kind::mul: case op_kind::scale: case op_kind::argmax: per = 1; break;
+        case op_kind::add: case op_kind::mul: case op_kind::scale: case op_kind::argmax: case op_kind::range_mask:
+          per = 1;
+          break;
         case op_kind::silu: case op_kind::rope: per = 4; break;
         case op_kind::gelu: per = 8; break;
         case op_kind::rms_norm: case op_kind::layer_norm: case op_kind::softmax: per = 5; break;

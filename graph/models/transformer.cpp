@@ -4,10 +4,12 @@
 #include <cmath>
 #include <cstring>
 #include <cstdio>
+#include <limits>
 #include <optional>
 #include <string>
 #include <tuple>
 #include <utility>
+#include <vector>
 
 namespace ag::models {
 
@@ -46,7 +48,13 @@ class model_builder {
     tensor positions = b_.input("positions", dtype::i32, {S});
     if (cached()) {
       cache_positions_ = b_.input("cache_positions", dtype::i32, {S});
-      mask_ = b_.input("attn_mask", cfg_.dtype, {S, cfg_.kv_cache_capacity});
+      if (cfg_.mask_from_positions) {
+        tensor keys = b_.input("key_positions", dtype::i32, {cfg_.kv_cache_capacity});
+        tensor ranges = b_.input("query_ranges", dtype::i32, {S, 2});
+        mask_ = b_.range_mask(keys, ranges, cfg_.dtype, "attn_mask");
+      } else {
+        mask_ = b_.input("attn_mask", cfg_.dtype, {S, cfg_.kv_cache_capacity});
+      }
     }
     if (!cfg_.token_state_in.empty()) {
       // The token the slot's previous job kept: the state read through a
@@ -441,6 +449,8 @@ error validate(const transformer_config& c) {
   if (c.batch < 1) return bad("batch must be >= 1, got " + to_string(c.batch));
   if (c.kv_cache_capacity < 0)
     return bad("kv_cache_capacity must be >= 0 (0 = no cache), got " + to_string(c.kv_cache_capacity));
+  if (c.mask_from_positions && c.kv_cache_capacity < 1)
+    return bad("mask_from_positions builds a KV cache's mask: it needs kv_cache_capacity > 0");
   if (c.max_positions < 0) return bad("max_positions must be >= 0 (0 = seq_len), got " + to_string(c.max_positions));
   if (c.variant == model_variant::gpt2 && c.positions_rows() < c.seq_len)
     return bad("max_positions " + to_string(c.max_positions) + " < seq_len " + to_string(c.seq_len));
@@ -534,6 +544,34 @@ std::vector<std::string> weight_names(const transformer_config& c) {
   return n;
 }
 
+namespace {
+
+// Which positions a cache mask shows (cache_attention_mask's definition):
+// row r of the cache holds held(r), query i sees [first_of(i), last_of(i)].
+struct cache_mask_geometry {
+  int64_t T, C, cached, n, window;
+  int64_t top() const { return cached + n - 1; }
+  // The position row r holds (< 0: none).
+  int64_t held(int64_t r) const { return top() - ((top() - r) % C + C) % C; }
+  int64_t last_of(int64_t i) const { return cached + std::max<int64_t>(i - (T - n), 0); }  // padding first
+  int64_t first_of(int64_t i) const { return window > 0 ? std::max<int64_t>(0, last_of(i) - window + 1) : 0; }
+};
+
+}  // namespace
+
+cache_mask_positions cache_mask_inputs(int64_t T, int64_t C, int64_t cached, int64_t n, int64_t window) {
+  constexpr int64_t most = std::numeric_limits<int32_t>::max();
+  if (T < 0 || C < 0 || cached < 0 || n < 0 || cached + n > most) return {};
+  const cache_mask_geometry g{T, C, cached, n, window};
+  std::vector<int32_t> keys(static_cast<std::size_t>(C)), ranges(static_cast<std::size_t>(2 * T));
+  for (int64_t r = 0; r < C; ++r) keys[static_cast<std::size_t>(r)] = static_cast<int32_t>(std::max<int64_t>(g.held(r), -1));
+  for (int64_t i = 0; i < T; ++i) {
+    ranges[static_cast<std::size_t>(2 * i)] = static_cast<int32_t>(g.first_of(i));
+    ranges[static_cast<std::size_t>(2 * i + 1)] = static_cast<int32_t>(g.last_of(i));
+  }
+  return {host_tensor::from_ints({C}, keys), host_tensor::from_ints({T, 2}, ranges)};
+}
+
 void fill_cache_attention_mask_rows(host_tensor& mask, int64_t cached, int64_t n, int64_t window, int64_t i0,
                                     int64_t i1) {
   const int64_t T = mask.dims().rank() == 2 ? mask.dims()[0] : 0, C = T > 0 ? mask.dims()[1] : 0;
@@ -541,14 +579,8 @@ void fill_cache_attention_mask_rows(host_tensor& mask, int64_t cached, int64_t n
   i1 = std::min(i1, T);
   if (i0 >= i1 || C <= 0) return;
   const dtype t = mask.type();
-  const int64_t top = cached + n - 1;
-  // The position row r holds (< 0: none). Worked out where asked, not kept
-  // in a vector of C: a decode token's one-row mask would allocate (and at
-  // 65,536 rows fault in) 512 KiB every token.
-  const auto held = [&](int64_t r) { return top - ((top - r) % C + C) % C; };
-  const int64_t padding = T - n;  // rows before the real ones
-  const auto last_of = [&](int64_t i) { return cached + std::max<int64_t>(i - padding, 0); };
-  const auto first_of = [&](int64_t i) { return window > 0 ? std::max<int64_t>(0, last_of(i) - window + 1) : 0; };
+  const cache_mask_geometry g{T, C, cached, n, window};
+  const int64_t top = g.top();
   const std::size_t es = dtype_size(t);
   std::byte seen[8], hidden[8];
   store_from_float(seen, t, 0, 0.0f);
@@ -557,10 +589,10 @@ void fill_cache_attention_mask_rows(host_tensor& mask, int64_t cached, int64_t n
   const auto put = [&](int64_t i, int64_t r, bool visible) {
     std::memcpy(m + static_cast<std::size_t>(i * C + r) * es, visible ? seen : hidden, es);
   };
-  const int64_t first = first_of(i0), last = last_of(i0);
+  const int64_t first = g.first_of(i0), last = g.last_of(i0);
   // The first row: held(r) = top - back, `back` stepping down from
   // held(0)'s and wrapping, without a division per row.
-  for (int64_t r = 0, back = top - held(0); r < C; ++r, back = back == 0 ? C - 1 : back - 1) {
+  for (int64_t r = 0, back = top - g.held(0); r < C; ++r, back = back == 0 ? C - 1 : back - 1) {
     const int64_t p = top - back;
     put(i0, r, p >= first && p <= last);
   }
@@ -570,11 +602,11 @@ void fill_cache_attention_mask_rows(host_tensor& mask, int64_t cached, int64_t n
     // Both ends only grow: the positions in [first, last] now and not
     // before enter, those before and not now leave; each is shown or
     // hidden in the row that holds it, if one does.
-    const int64_t first0 = first_of(i - 1), last0 = last_of(i - 1), first1 = first_of(i), last1 = last_of(i);
+    const int64_t first0 = g.first_of(i - 1), last0 = g.last_of(i - 1), first1 = g.first_of(i), last1 = g.last_of(i);
     for (int64_t p = std::max(last0 + 1, first1); p <= last1; ++p)
-      if (p >= 0 && held(p % C) == p) put(i, p % C, true);
+      if (p >= 0 && g.held(p % C) == p) put(i, p % C, true);
     for (int64_t p = first0; p <= std::min(first1 - 1, last0); ++p)
-      if (p >= 0 && held(p % C) == p) put(i, p % C, false);
+      if (p >= 0 && g.held(p % C) == p) put(i, p % C, false);
   }
 }
 

@@ -48,7 +48,10 @@
 ///   keys and values go to; -1 stores nothing: padding), `attn_mask` [S, C]
 ///   in cfg.dtype (added to the attention scores before a non-causal
 ///   softmax: 0 where query i may see cache row j, a large negative value
-///   elsewhere, e.g. rows not yet written and later positions).
+///   elsewhere, e.g. rows not yet written and later positions). With
+///   mask_from_positions, `key_positions` i32 [C] and `query_ranges` i32
+///   [S, 2] instead of `attn_mask`, the mask built from them on the device
+///   (op_kind::range_mask, "attn_mask"; cache_mask_inputs makes them).
 /// - state: per block k, `l<k>.k_cache` and `l<k>.v_cache` [B, Hkv, C, dh]
 ///   (op_kind::store_rows, tagged layer k so a pipeline keeps each with its
 ///   block, sharded by kv head under tensor parallelism): this step's keys
@@ -219,6 +222,14 @@ struct transformer_config {
   /// chunk's real tokens last): LLaMA-1B's chunk of 1024 then skips 134
   /// GFLOP of head and 131 MB of f32 logits copied to the host.
   bool last_row_logits = false;
+  /// Cache mode: the graph takes the position each cache row holds and the
+  /// range of positions each new token sees (`key_positions`, `query_ranges`:
+  /// a few KiB) instead of the [seq_len, C] mask, and builds the mask on its
+  /// device (op_kind::range_mask). A prompt chunk of 1024 tokens over a
+  /// cache of 65,536 rows otherwise has the host fill 128 MiB and copy it
+  /// over. The generator sets it on its prompt plans; its decode steps keep
+  /// the one-row mask (what the one-kernel decode step reads).
+  bool mask_from_positions = false;
   /// Tokens handed from one job of a state slot to the next on the device
   /// (the generator's pipelined greedy decoding, generator.hpp): both need
   /// batch 1, seq_len 1 and a KV cache.
@@ -299,6 +310,16 @@ std::vector<host_tensor> transformer_inputs(const transformer_config& cfg, uint6
 /// costs more in page faults than the copy); null: the heap.
 host_tensor cache_attention_mask(dtype t, int64_t T, int64_t C, int64_t cached, int64_t n, int64_t window,
                                  host_memory_resource* memory = nullptr);
+/// What a graph with mask_from_positions takes instead of that mask:
+/// `key_positions` i32 [C] (the position row r holds, -1 none) and
+/// `query_ranges` i32 [T, 2] (the first and last position query i sees), so
+/// that op_kind::range_mask over them equals cache_attention_mask(t, T, C,
+/// cached, n, window) in any dtype. Positions past 2^31 - 1 are out of range
+/// for i32: such a call returns empty tensors.
+struct cache_mask_positions {
+  host_tensor key_positions, query_ranges;
+};
+cache_mask_positions cache_mask_inputs(int64_t T, int64_t C, int64_t cached, int64_t n, int64_t window);
 /// Rows [i0, i1) (clamped to [0, T)) of such a mask, `mask` [T, C] of its
 /// dtype, the first from the definition and each next from the row before:
 /// ranges of rows are independent, so a caller may fill a large mask in

@@ -108,13 +108,15 @@ struct chunked_setup {
   ag::expected<std::unique_ptr<ag::runtime>> rt;
   ag::expected<std::shared_ptr<ag::generator>> gen = ag::error(ag::errc::internal, "not made");
   std::string why;
-  chunked_setup(const temp_dir& dir, const ag::models::transformer_config& cfg, int64_t cache_tokens)
+  chunked_setup(const temp_dir& dir, const ag::models::transformer_config& cfg, int64_t cache_tokens,
+                bool prompt_masks_on_device = true)
       : model(saved_model(dir, cfg)), rt(ag::runtime::create("cpu:1")) {
     if (!model) { why = model.err().to_string(); return; }
     if (!rt) { why = rt.err().to_string(); return; }
     options.cache_tokens = cache_tokens;
     options.max_sequences = 1;
     options.prefill_chunk = 512;
+    options.prompt_masks_on_device = prompt_masks_on_device;
     gen = ag::generator::create(**rt, model->model_config(1), model->provider(), options);
     if (!gen) why = gen.err().to_string();
   }
@@ -834,7 +836,7 @@ TEST(GenerateDecode, LongCacheCpuDecodeAttentionIsFusedAndEqualsRecompute) {
 TEST(GenerateDecode, PromptMasksFilledInPartsEqualRecompute) {
   const auto cfg = tiny_llama_f32();
   temp_dir dir;
-  chunked_setup t(dir, cfg, 4096);
+  chunked_setup t(dir, cfg, 4096, /*prompt_masks_on_device=*/false);
   ASSERT_TRUE(t.ready()) << t.why;
   auto& gen = t.gen;
   auto& m = t.model;
@@ -847,6 +849,62 @@ TEST(GenerateDecode, PromptMasksFilledInPartsEqualRecompute) {
   std::vector<int32_t> prompt(700);
   for (std::size_t i = 0; i < prompt.size(); ++i) prompt[i] = static_cast<int32_t>((i * 37 + 11) % cfg.vocab);
   expect_logits_equal_recompute(**gen, *m, prompt, 3, 2e-3);
+}
+
+// generator_options::prompt_masks_on_device (the default): the prompt plans
+// take the cache rows' positions and each token's range of positions
+// (a few KiB a job) and build the mask on the device (op_kind::range_mask);
+// the decode plan keeps its one-row mask input. A prompt of 700 tokens
+// (two chunks of 512 over a cache of 4096, the second padded) gives the
+// same logits, bit for bit, as the masks the host builds, and both equal
+// recomputing.
+TEST(GenerateDecode, PromptMasksBuiltOnTheDeviceEqualTheHostsBitForBit) {
+  const auto cfg = tiny_llama_f32();
+  temp_dir dir_on, dir_off;  // one checkpoint each: a second save would rewrite the files the first maps
+  chunked_setup on(dir_on, cfg, 4096), off(dir_off, cfg, 4096, /*prompt_masks_on_device=*/false);
+  ASSERT_TRUE(on.ready()) << on.why;
+  ASSERT_TRUE(off.ready()) << off.why;
+  const auto input_names = [](const ag::plan& p) {
+    std::vector<std::string> names;
+    for (ag::node_id i : p.source().inputs()) names.push_back(p.source().at(i).name);
+    return names;
+  };
+  const auto has_range_mask = [](const ag::plan& p) {
+    for (const ag::node& n : p.source().nodes())
+      if (n.op == ag::op_kind::range_mask) return true;
+    return false;
+  };
+  ASSERT_NE((*on.gen)->prefill_plan(), nullptr);
+  ASSERT_NE((*on.gen)->short_prompt_plan(), nullptr);
+  for (const ag::plan* p : {(*on.gen)->prefill_plan(), (*on.gen)->short_prompt_plan()}) {
+    const std::vector<std::string> names = input_names(*p);
+    EXPECT_EQ(names, (std::vector<std::string>{"tokens", "positions", "cache_positions", "key_positions", "query_ranges"}));
+    EXPECT_TRUE(has_range_mask(*p));
+  }
+  EXPECT_EQ(input_names((*on.gen)->decode_plan()).back(), "attn_mask") << "a decode step copies its one-row mask";
+  EXPECT_FALSE(has_range_mask((*on.gen)->decode_plan()));
+  EXPECT_EQ(input_names(*(*off.gen)->prefill_plan()).back(), "attn_mask");
+  EXPECT_FALSE(has_range_mask(*(*off.gen)->prefill_plan()));
+
+  std::vector<int32_t> prompt(700);
+  for (std::size_t i = 0; i < prompt.size(); ++i) prompt[i] = static_cast<int32_t>((i * 29 + 5) % cfg.vocab);
+  ag::generate_options o;
+  o.max_new_tokens = 3;
+  o.keep_logits = true;
+  const auto run = [&](ag::generator& g) {
+    const ag::generation h = g.generate(prompt, o);
+    EXPECT_TRUE(h.wait_for(120s)) << "generation hung";
+    return h.wait();
+  };
+  const auto& device = run(**on.gen);
+  const auto& host = run(**off.gen);
+  ASSERT_TRUE(device.has_value()) << device.err().to_string();
+  ASSERT_TRUE(host.has_value()) << host.err().to_string();
+  EXPECT_EQ(device->tokens, host->tokens);
+  ASSERT_EQ(device->logits.size(), host->logits.size());
+  for (std::size_t k = 0; k < device->logits.size(); ++k)
+    EXPECT_EQ(device->logits[k], host->logits[k]) << "token " << k << ": the same mask, the same bits";
+  expect_logits_equal_recompute(**on.gen, *on.model, prompt, 3, 2e-3);
 }
 
 // With prefill_chunk 512 the generator also plans prompts of at most

@@ -168,6 +168,33 @@ TEST(CudaOps, ArgmaxMatchesReferenceWithTiesAndNaNs) {
   }
 }
 
+// range_mask on the GPU: random key positions (some -1) and query ranges
+// (some empty), tiles of rows and columns cut at odd sizes, every float
+// dtype; entry for entry the reference's mask.
+TEST(CudaOps, RangeMaskMatchesReferenceOnRandomKeysAndRanges) {
+  AG_REQUIRE_GPU(1);
+  uint32_t state = 12345;
+  const auto ints = [&](shape s, int lo, int hi) {
+    std::vector<int32_t> v(static_cast<std::size_t>(s.numel()));
+    for (int32_t& x : v) {
+      state = state * 1664525u + 1013904223u;
+      x = lo + static_cast<int32_t>((state >> 8) % static_cast<uint32_t>(hi - lo + 1));
+    }
+    return host_tensor::from_ints(s, v);
+  };
+  for (dtype t : kFloatTypes)
+    for (const shape& s : {shape{1, 16}, shape{7, 1000}, shape{33, 4099}, shape{300, 257}}) {
+      graph_builder b;
+      tensor keys = b.input("keys", dtype::i32, {s[1]});  // the inputs' order: keys, then ranges
+      tensor ranges = b.input("ranges", dtype::i32, {s[0], 2});
+      b.output(b.range_mask(keys, ranges, t));
+      auto g = std::move(b).build();
+      ASSERT_TRUE(g) << g.err().to_string();
+      check_against_reference(*g, {ints({s[1]}, -1, 500), ints({s[0], 2}, 0, 500)}, test::tol{0, 0},
+                              "range_mask " + label(t, s));
+    }
+}
+
 TEST(CudaOps, RopeMatchesReferenceInBothPairings) {
   AG_REQUIRE_GPU(1);
   // The small shapes rotate one head per thread; the last has more pairs

@@ -246,6 +246,29 @@ TEST(CpuKernels, ArgmaxOfContiguousStridedAndLongRows) {
   }
 }
 
+// range_mask: random key positions (some -1: rows holding nothing) and
+// random query ranges (some empty: first > last), every float dtype, equal
+// to the reference entry for entry.
+TEST(CpuKernels, RangeMaskOfRandomKeysAndRanges) {
+  std::mt19937 rng(77);
+  const auto ints = [&](shape s, int lo, int hi) {
+    std::uniform_int_distribution<int> d(lo, hi);
+    std::vector<int32_t> v(static_cast<std::size_t>(s.numel()));
+    for (int32_t& x : v) x = d(rng);
+    return host_tensor::from_ints(s, v);
+  };
+  for (dtype t : float_types)
+    for (const auto& [T, C] : {std::pair<int64_t, int64_t>{1, 16}, {7, 301}, {40, 129}}) {
+      graph_builder b;
+      tensor keys = b.input("keys", dtype::i32, {C});  // the inputs' order: keys, then ranges
+      tensor ranges = b.input("ranges", dtype::i32, {T, 2});
+      b.output(b.range_mask(keys, ranges, t, "mask"));
+      graph g = must(std::move(b).build());
+      SCOPED_TRACE(std::string(to_string(t)) + " T " + std::to_string(T) + " C " + std::to_string(C));
+      EXPECT_EQ(check_graph(g, {ints({C}, -1, 60), ints({T, 2}, 0, 60)}, {0, 0}), 1);
+    }
+}
+
 TEST(CpuKernels, RopeBothPairingsRanks3And4) {
   uint64_t seed = 400;
   for (dtype t : float_types)

@@ -570,16 +570,21 @@ TEST(Transformer, WeightProviderErrorsNameTheWeight) {
 // that wrap once or many times, windows wider and narrower than the chunk,
 // padding rows, and every dtype; filled in parts (fill_cache_attention_mask_rows,
 // as the generator fills a large mask on several threads), the same bytes.
+namespace {
+struct mask_case {
+  int64_t T, C, cached, n, window;
+};
+// Caches that hold every position, rings that wrap once or many times,
+// windows wider and narrower than the chunk, padding rows.
+constexpr mask_case mask_cases[] = {
+    {1, 16, 0, 1, 0},   {1, 16, 9, 1, 0},    {8, 64, 0, 8, 0},     {8, 64, 10, 5, 0},   // padding rows
+    {16, 40, 0, 16, 0}, {4, 19, 37, 4, 16},  {4, 19, 3, 4, 16},    {8, 15, 100, 8, 8},  // rings
+    {8, 15, 90, 3, 8},  {32, 40, 7, 32, 9},  {1, 10, 1000, 1, 10}, {5, 7, 12, 5, 3},
+};
+}  // namespace
+
 TEST(Transformer, CacheAttentionMaskEqualsItsDefinitionEntryByEntry) {
-  struct mask_case {
-    int64_t T, C, cached, n, window;
-  };
-  const mask_case cases[] = {
-      {1, 16, 0, 1, 0},   {1, 16, 9, 1, 0},    {8, 64, 0, 8, 0},     {8, 64, 10, 5, 0},   // padding rows
-      {16, 40, 0, 16, 0}, {4, 19, 37, 4, 16},  {4, 19, 3, 4, 16},    {8, 15, 100, 8, 8},  // rings
-      {8, 15, 90, 3, 8},  {32, 40, 7, 32, 9},  {1, 10, 1000, 1, 10}, {5, 7, 12, 5, 3},
-  };
-  for (const mask_case& mc : cases)
+  for (const mask_case& mc : mask_cases)
     for (dtype t : {dtype::f32, dtype::f16, dtype::bf16}) {
       SCOPED_TRACE("T " + std::to_string(mc.T) + " C " + std::to_string(mc.C) + " cached " +
                    std::to_string(mc.cached) + " n " + std::to_string(mc.n) + " window " + std::to_string(mc.window) +
@@ -611,4 +616,72 @@ TEST(Transformer, CacheAttentionMaskEqualsItsDefinitionEntryByEntry) {
         EXPECT_EQ(std::memcmp(p.data(), m.data(), m.bytes()), 0) << "filled in " << parts << " parts";
       }
     }
+}
+
+// transformer_config::mask_from_positions: the graph builds the mask from
+// the key positions and query ranges cache_mask_inputs makes
+// (op_kind::range_mask). The reference's range_mask over them gives the
+// host's cache_attention_mask byte for byte, every case and dtype; keys the
+// cache does not hold yet are -1.
+TEST(Transformer, RangeMaskOverCacheMaskInputsEqualsTheHostsMask) {
+  for (const mask_case& mc : mask_cases)
+    for (dtype t : {dtype::f32, dtype::f16, dtype::bf16}) {
+      SCOPED_TRACE("T " + std::to_string(mc.T) + " C " + std::to_string(mc.C) + " cached " +
+                   std::to_string(mc.cached) + " n " + std::to_string(mc.n) + " window " + std::to_string(mc.window) +
+                   " " + ag::to_string(t));
+      const ag::models::cache_mask_positions in = ag::models::cache_mask_inputs(mc.T, mc.C, mc.cached, mc.n, mc.window);
+      ASSERT_EQ(in.key_positions.dims(), ag::shape({mc.C}));
+      ASSERT_EQ(in.query_ranges.dims(), ag::shape({mc.T, 2}));
+      if (mc.cached + mc.n < mc.C) {  // the rows past the sequence hold nothing
+        std::vector<int32_t> keys(static_cast<std::size_t>(mc.C));
+        std::memcpy(keys.data(), in.key_positions.data(), in.key_positions.bytes());
+        EXPECT_EQ(keys.back(), -1);
+      }
+      ag::graph_builder b;
+      ag::tensor keys = b.input("key_positions", dtype::i32, {mc.C});
+      ag::tensor ranges = b.input("query_ranges", dtype::i32, {mc.T, 2});
+      b.output(b.range_mask(keys, ranges, t, "attn_mask"));
+      auto g = std::move(b).build();
+      ASSERT_TRUE(g) << g.err().message;
+      auto out = ag::evaluate_reference(*g, {in.key_positions, in.query_ranges});
+      ASSERT_TRUE(out) << out.err().message;
+      const host_tensor m = ag::models::cache_attention_mask(t, mc.T, mc.C, mc.cached, mc.n, mc.window);
+      ASSERT_EQ((*out)[0].dims(), m.dims());
+      ASSERT_EQ((*out)[0].type(), t);
+      EXPECT_EQ(std::memcmp((*out)[0].data(), m.data(), m.bytes()), 0);
+    }
+}
+
+// range_mask's operands are checked where the graph is built: i32 key
+// positions [C] and query ranges [T, 2], and a float mask; the error names
+// the operand and its shape or dtype.
+TEST(Transformer, RangeMaskRejectsOperandsOfTheWrongShapeOrDtype) {
+  struct bad_case {
+    dtype keys_t;
+    ag::shape keys;
+    dtype ranges_t;
+    ag::shape ranges;
+    dtype out;
+    const char* says;
+  };
+  const bad_case cases[] = {
+      {dtype::f32, {8}, dtype::i32, {4, 2}, dtype::bf16, "key_positions 'k' are f32, must be i32"},
+      {dtype::i32, {8}, dtype::bf16, {4, 2}, dtype::bf16, "query_ranges 'r' are bf16, must be i32"},
+      {dtype::i32, {2, 8}, dtype::i32, {4, 2}, dtype::bf16, "key_positions [2, 8] must be [C]"},
+      {dtype::i32, {8}, dtype::i32, {4, 3}, dtype::bf16, "query_ranges [4, 3] must be [T, 2]"},
+      {dtype::i32, {8}, dtype::i32, {4}, dtype::bf16, "query_ranges [4] must be [T, 2]"},
+      {dtype::i32, {8}, dtype::i32, {4, 2}, dtype::i32, "a mask of i32: it must be a float type"},
+  };
+  for (const bad_case& bc : cases) {
+    SCOPED_TRACE(bc.says);
+    ag::graph_builder b;
+    ag::tensor k = b.input("k", bc.keys_t, bc.keys);
+    ag::tensor r = b.input("r", bc.ranges_t, bc.ranges);
+    ag::tensor m = b.range_mask(k, r, bc.out, "mask");
+    if (m.valid()) b.output(m);
+    auto g = std::move(b).build();
+    ASSERT_FALSE(g);
+    EXPECT_NE(g.err().message.find(bc.says), std::string::npos) << g.err().message;
+    EXPECT_NE(g.err().message.find("mask"), std::string::npos) << "names the node: " << g.err().message;
+  }
 }
