@@ -272,7 +272,10 @@ struct generator::impl : std::enable_shared_from_this<generator::impl> {
   models::transformer_config cfg;
   generator_options opt;
   step_plan decode, prefill;  // prefill.p null: the prompt goes through decode
-  step_plan short_prompt;     // null unless prefill_chunk > short_prompt_chunk > 1
+  // Plans of prompt pieces shorter than a prefill chunk, ascending
+  // (generator_options::short_prompt_chunk, doubling_prompt_plans); empty
+  // unless prefill_chunk > short_prompt_chunk > 1.
+  std::vector<step_plan> prompt_pieces;
   step_plan decode_greedy;    // null without generator_options::device_greedy: outputs the token
                               // (pipelined: also keeps it in token_state_a)
   // Pipelined greedy decoding (generator_options::pipeline_depth > 1, one
@@ -407,12 +410,12 @@ struct sequence : std::enable_shared_from_this<sequence> {
       }
       return submit_step(0);
     }
-    // A prompt's piece of more than one token: the short prompt plan when
-    // it fits, else the prefill plan (chunks of its size).
-    const bool short_piece = gen->short_prompt.p && left <= static_cast<std::size_t>(gen->short_prompt.new_tokens);
-    const step_plan& sp = on_device                                    ? gen->decode_greedy
-                          : prompting && gen->prefill.p && left > 1 ? (short_piece ? gen->short_prompt : gen->prefill)
-                                                                    : gen->decode;
+    // A prompt's piece of more than one token: the smallest prompt plan
+    // that holds it, else the prefill plan (chunks of its size).
+    const step_plan* piece = gen->prefill.p ? &gen->prefill : nullptr;
+    for (auto it = gen->prompt_pieces.rbegin(); it != gen->prompt_pieces.rend(); ++it)
+      if (left <= static_cast<std::size_t>(it->new_tokens)) piece = &*it;
+    const step_plan& sp = on_device ? gen->decode_greedy : prompting && piece && left > 1 ? *piece : gen->decode;
     std::vector<int32_t> toks;
     if (prompting) {
       const std::size_t n = std::min(left, static_cast<std::size_t>(sp.new_tokens));
@@ -676,7 +679,15 @@ int64_t generator::cache_rows() const noexcept { return impl_->cfg.kv_cache_capa
 int64_t generator::weight_bytes() const noexcept { return impl_->weight_bytes; }
 const plan& generator::decode_plan() const noexcept { return *impl_->decode.p; }
 const plan* generator::prefill_plan() const noexcept { return impl_->prefill.p.get(); }
-const plan* generator::short_prompt_plan() const noexcept { return impl_->short_prompt.p.get(); }
+const plan* generator::short_prompt_plan() const noexcept {
+  return impl_->prompt_pieces.empty() ? nullptr : impl_->prompt_pieces.front().p.get();
+}
+std::vector<const plan*> generator::prompt_plans() const {
+  std::vector<const plan*> out;
+  for (const step_plan& sp : impl_->prompt_pieces) out.push_back(sp.p.get());
+  if (impl_->prefill.p) out.push_back(impl_->prefill.p.get());
+  return out;
+}
 
 int generator::active_sequences() const {
   std::lock_guard lk(impl_->m);
@@ -801,15 +812,18 @@ expected<std::shared_ptr<generator>> generator::create(runtime& rt, models::tran
   if (options.prefill_chunk > 1)
     if (error e = make_plan({options.prefill_chunk}, impl->prefill, pipelined ? impl->chain[1].p : impl->decode.p))
       return e;
-  if (options.short_prompt_chunk > 1 && options.prefill_chunk > options.short_prompt_chunk)
-    if (error e = make_plan({options.short_prompt_chunk}, impl->short_prompt,
-                            pipelined ? impl->chain[1].p : impl->decode.p))
-      return e;
+  if (options.short_prompt_chunk > 1)
+    for (int64_t n = options.short_prompt_chunk; n < options.prefill_chunk; n *= 2) {
+      step_plan& piece = impl->prompt_pieces.emplace_back();
+      if (error e = make_plan({n}, piece, pipelined ? impl->chain[1].p : impl->decode.p)) return e;
+      if (!options.doubling_prompt_plans) break;
+    }
   cfg.seq_len = 1;
   impl->cfg = cfg;
   for (const device_memory& m : impl->decode.p->memory()) impl->cache_bytes += m.state_bytes * options.max_sequences;
-  for (const step_plan* sp :
-       {&impl->decode, &impl->prefill, &impl->short_prompt, &impl->decode_greedy, &impl->chain[0], &impl->chain[1]})
+  std::vector<const step_plan*> all{&impl->decode, &impl->prefill, &impl->decode_greedy, &impl->chain[0], &impl->chain[1]};
+  for (const step_plan& sp : impl->prompt_pieces) all.push_back(&sp);
+  for (const step_plan* sp : all)
     if (sp->p)
       for (const device_memory& m : sp->p->memory()) impl->weight_bytes += m.weights_shared ? 0 : m.weight_bytes;
   impl->slot_table = state_slots(options.max_sequences);

@@ -14,7 +14,8 @@
 /// (models::build_transformer in cache mode, see graph/models/transformer.hpp):
 /// a decode plan (1 new token) and, when prefill_chunk > 1, a prefill plan
 /// (prefill_chunk new tokens, its real tokens last and its head over the
-/// last row), with a short prompt plan beside it (short_prompt_chunk). A
+/// last row), with plans of shorter prompt pieces beside it
+/// (short_prompt_chunk, doubling_prompt_plans). A
 /// sequence is a chain of jobs: the prompt in chunks, then one decode job
 /// per token.
 ///
@@ -167,6 +168,14 @@ struct generator_options {
   /// (sharing the weights and caches; its arena is the smaller one). 0 or
   /// 1: none.
   int64_t short_prompt_chunk = 64;
+  /// With a short prompt plan, more of them: twice short_prompt_chunk, four
+  /// times, ... while below prefill_chunk (64, 128, 256, 512 beside a chunk
+  /// of 1024), and a prompt's piece takes the smallest that holds it, so
+  /// that it computes fewer than twice its rows (a 512-token prompt: 512
+  /// rows, not 1024). The plans share the weights and caches; each has an
+  /// arena of its own (together about the prefill plan's). false: the
+  /// short_prompt_chunk plan alone.
+  bool doubling_prompt_plans = true;
   /// The prompt plans (prefill_chunk, short_prompt_chunk) build their
   /// attention masks on the device from the cache rows' positions
   /// (transformer_config::mask_from_positions): a job copies a few KiB, not
@@ -251,6 +260,10 @@ class generator {
   /// The plan of a short prompt (generator_options::short_prompt_chunk
   /// tokens), or nullptr without one.
   const plan* short_prompt_plan() const noexcept;
+  /// Every plan a prompt's pieces take, ascending by tokens a job: the
+  /// short prompt plans (generator_options::doubling_prompt_plans), then
+  /// the prefill plan; empty when the prompt goes through the decode plan.
+  std::vector<const plan*> prompt_plans() const;
   /// Sequences holding a slot now, and sequences waiting for one.
   int active_sequences() const;
   int waiting_sequences() const;

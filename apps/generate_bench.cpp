@@ -138,6 +138,7 @@ struct decode_args {
   int64_t sp_min_kib = ag::gpu::backend_options{}.cuda_sequence_parallel_min_bytes >> 10;
   std::string inline_copies = "on";  ///< plan_options::inline_small_copies of both plans (on: the default)
   std::string device_masks = "on";   ///< generator_options::prompt_masks_on_device (on: the default)
+  std::string doubling = "on";       ///< generator_options::doubling_prompt_plans (on: the default)
   std::string replay_host_copies = "on";  ///< plan_options::replay_host_copies of both plans (on: the default)
   std::string windows_in_place = "on";    ///< plan_options::host_windows_in_place of both plans (on: the default)
   std::string device_greedy = "on";  ///< generator_options::device_greedy (on: the default): tokens picked on the device
@@ -190,6 +191,7 @@ int run_decode(const decode_args& a) {
   go.plan.fuse_decode_step = a.decode_step == "on";
   go.plan.inline_small_copies = a.inline_copies == "on";
   go.prompt_masks_on_device = a.device_masks == "on";
+  go.doubling_prompt_plans = a.doubling == "on";
   go.plan.replay_host_copies = a.replay_host_copies == "on";
   go.plan.host_windows_in_place = a.windows_in_place == "on";
   go.device_greedy = a.device_greedy == "on";
@@ -203,6 +205,18 @@ int run_decode(const decode_args& a) {
   // The generator compiled two plans (prefill and decode); the prefill plan
   // uploads the model only where it cannot use the decode plan's weights.
   const double model_gb = static_cast<double>((*gen)->weight_bytes()) / 1e9;
+  {
+    // The plans a prompt's pieces take, and the activation memory each holds.
+    std::string plans;
+    for (const ag::plan* p : (*gen)->prompt_plans()) {
+      int64_t arena = 0;
+      for (const ag::device_memory& dm : p->memory()) arena += dm.arena_bytes;
+      const ag::graph& g = p->source();
+      plans += " " + std::to_string(g.at(g.inputs()[0]).dims.numel()) + " (arena " +
+               std::to_string(arena >> 20) + " MiB)";
+    }
+    std::printf("%-28s%s\n", "prompt plans (tokens a job)", plans.empty() ? " none: the decode plan" : plans.c_str());
+  }
 
   std::vector<int32_t> prompt(static_cast<std::size_t>(a.context));
   for (std::size_t i = 0; i < prompt.size(); ++i) prompt[i] = static_cast<int32_t>((i * 7919 + 13) % mc.vocab);
@@ -517,6 +531,10 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 30));
   app.add_option("--inline-copies", d.inline_copies,
                  "decode: plan_options::inline_small_copies, small host copies on the compute lane (on, off)")
+      ->check(CLI::IsMember({"on", "off"}));
+  app.add_option("--doubling-prompt-plans", d.doubling,
+                 "decode: generator_options::doubling_prompt_plans, prompt plans of the short prompt chunk doubling "
+                 "up to the prefill chunk (on, off: the short one alone)")
       ->check(CLI::IsMember({"on", "off"}));
   app.add_option("--device-masks", d.device_masks,
                  "decode: generator_options::prompt_masks_on_device, the prompt plans' masks built on the device from "

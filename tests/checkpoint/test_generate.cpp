@@ -874,9 +874,8 @@ TEST(GenerateDecode, PromptMasksBuiltOnTheDeviceEqualTheHostsBitForBit) {
       if (n.op == ag::op_kind::range_mask) return true;
     return false;
   };
-  ASSERT_NE((*on.gen)->prefill_plan(), nullptr);
-  ASSERT_NE((*on.gen)->short_prompt_plan(), nullptr);
-  for (const ag::plan* p : {(*on.gen)->prefill_plan(), (*on.gen)->short_prompt_plan()}) {
+  ASSERT_EQ((*on.gen)->prompt_plans().size(), 4u) << "64, 128, 256 and the chunk of 512";
+  for (const ag::plan* p : (*on.gen)->prompt_plans()) {
     const std::vector<std::string> names = input_names(*p);
     EXPECT_EQ(names, (std::vector<std::string>{"tokens", "positions", "cache_positions", "key_positions", "query_ranges"}));
     EXPECT_TRUE(has_range_mask(*p));
@@ -907,13 +906,14 @@ TEST(GenerateDecode, PromptMasksBuiltOnTheDeviceEqualTheHostsBitForBit) {
   expect_logits_equal_recompute(**on.gen, *on.model, prompt, 3, 2e-3);
 }
 
-// With prefill_chunk 512 the generator also plans prompts of at most
-// short_prompt_chunk (64) tokens: its output is [1, 1, vocab] over 64
-// rows. Prompts of 10 and 64 tokens (the short plan), 65 (a chunk of 512),
-// and 540 (512, then a last piece of 28: the short plan again) give logits
-// equal to recomputing; short_prompt_chunk 0 plans none, and a negative one
-// is refused with its name.
-TEST(GenerateDecode, ShortPromptsEqualRecomputeThroughTheShortPromptPlan) {
+// With prefill_chunk 512 the generator also plans prompt pieces of
+// short_prompt_chunk (64) tokens and, doubling, of 128 and 256: each
+// outputs [1, 1, vocab]. Prompts of 10 and 64 tokens (the 64 plan), 65 and
+// 200 (128, 256), and 540 (512, then a last piece of 28: the 64 plan
+// again) give logits equal to recomputing. Without doubling_prompt_plans
+// the 64 plan alone; short_prompt_chunk 0 plans none; a negative one is
+// refused with its name.
+TEST(GenerateDecode, ShortPromptsEqualRecomputeThroughTheShortPromptPlans) {
   const auto cfg = tiny_llama_f32();
   temp_dir dir;
   chunked_setup t(dir, cfg, 1024);
@@ -922,20 +922,32 @@ TEST(GenerateDecode, ShortPromptsEqualRecomputeThroughTheShortPromptPlan) {
   auto& m = t.model;
   auto& rt = t.rt;
   ag::generator_options go = t.options;
+  const auto chunk_sizes = [](const ag::generator& g) {
+    std::vector<int64_t> n;
+    for (const ag::plan* p : g.prompt_plans()) n.push_back(p->source().at(p->source().inputs()[0]).dims[1]);
+    return n;
+  };
+  EXPECT_EQ(chunk_sizes(**gen), (std::vector<int64_t>{64, 128, 256, 512}));
   ASSERT_NE((*gen)->short_prompt_plan(), nullptr);
-  const ag::graph& small = (*gen)->short_prompt_plan()->source();
-  EXPECT_EQ(small.at(small.inputs()[0]).dims, ag::shape({1, go.short_prompt_chunk})) << "its tokens";
-  EXPECT_EQ(small.at(small.outputs()[0]).dims, ag::shape({1, 1, cfg.vocab}));
-  for (const int64_t n : {int64_t{10}, int64_t{64}, int64_t{65}, int64_t{540}}) {
+  EXPECT_EQ((*gen)->short_prompt_plan(), (*gen)->prompt_plans().front());
+  EXPECT_EQ((*gen)->prefill_plan(), (*gen)->prompt_plans().back());
+  for (const ag::plan* p : (*gen)->prompt_plans())
+    EXPECT_EQ(p->source().at(p->source().outputs()[0]).dims, ag::shape({1, 1, cfg.vocab}));
+  for (const int64_t n : {int64_t{10}, int64_t{64}, int64_t{65}, int64_t{200}, int64_t{540}}) {
     SCOPED_TRACE("prompt of " + std::to_string(n));
     std::vector<int32_t> prompt(static_cast<std::size_t>(n));
     for (std::size_t i = 0; i < prompt.size(); ++i) prompt[i] = static_cast<int32_t>((i * 53 + 7) % cfg.vocab);
     expect_logits_equal_recompute(**gen, *m, prompt, 2, 2e-3);
   }
+  go.doubling_prompt_plans = false;
+  auto one = ag::generator::create(**rt, m->model_config(1), m->provider(), go);
+  ASSERT_TRUE(one.has_value()) << one.err().to_string();
+  EXPECT_EQ(chunk_sizes(**one), (std::vector<int64_t>{64, 512}));
   go.short_prompt_chunk = 0;
   auto none = ag::generator::create(**rt, m->model_config(1), m->provider(), go);
   ASSERT_TRUE(none.has_value()) << none.err().to_string();
   EXPECT_EQ((*none)->short_prompt_plan(), nullptr);
+  EXPECT_EQ(chunk_sizes(**none), (std::vector<int64_t>{512}));
   go.short_prompt_chunk = -1;
   auto bad = ag::generator::create(**rt, m->model_config(1), m->provider(), go);
   ASSERT_FALSE(bad.has_value());
