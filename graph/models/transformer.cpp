@@ -563,13 +563,20 @@ cache_mask_positions cache_mask_inputs(int64_t T, int64_t C, int64_t cached, int
   constexpr int64_t most = std::numeric_limits<int32_t>::max();
   if (T < 0 || C < 0 || cached < 0 || n < 0 || cached + n > most) return {};
   const cache_mask_geometry g{T, C, cached, n, window};
-  std::vector<int32_t> keys(static_cast<std::size_t>(C)), ranges(static_cast<std::size_t>(2 * T));
-  for (int64_t r = 0; r < C; ++r) keys[static_cast<std::size_t>(r)] = static_cast<int32_t>(std::max<int64_t>(g.held(r), -1));
+  cache_mask_positions out{host_tensor::uninitialized(dtype::i32, {C}), host_tensor::uninitialized(dtype::i32, {T, 2})};
+  // Written in place, held(r) stepping as in fill_cache_attention_mask_rows
+  // (no division a row): 65,536 rows are a prompt job's host work.
+  auto* keys = reinterpret_cast<int32_t*>(out.key_positions.data());
+  const int64_t top = g.top();
+  if (C > 0)
+    for (int64_t r = 0, back = top - g.held(0); r < C; ++r, back = back == 0 ? C - 1 : back - 1)
+      keys[r] = static_cast<int32_t>(std::max<int64_t>(top - back, -1));
+  auto* ranges = reinterpret_cast<int32_t*>(out.query_ranges.data());
   for (int64_t i = 0; i < T; ++i) {
-    ranges[static_cast<std::size_t>(2 * i)] = static_cast<int32_t>(g.first_of(i));
-    ranges[static_cast<std::size_t>(2 * i + 1)] = static_cast<int32_t>(g.last_of(i));
+    ranges[2 * i] = static_cast<int32_t>(g.first_of(i));
+    ranges[2 * i + 1] = static_cast<int32_t>(g.last_of(i));
   }
-  return {host_tensor::from_ints({C}, keys), host_tensor::from_ints({T, 2}, ranges)};
+  return out;
 }
 
 void fill_cache_attention_mask_rows(host_tensor& mask, int64_t cached, int64_t n, int64_t window, int64_t i0,
