@@ -62,8 +62,9 @@ TEST(CudaDevice, MakingTheDevicesLoadsEveryOwnKernel) {
   EXPECT_EQ(*unloaded, 0) << "of the kernels of " << modules << " modules";
   // One module per .cu file with kernels (AG_CUDA_MODULE_ANCHOR): argmax,
   // attention, collective, decode_step, elementwise, flash_attention, gemv,
-  // get_rows, in_stream, norm, rope, softmax, sync (gemm.cu calls cuBLAS only).
-  EXPECT_EQ(modules, 13);
+  // get_rows, in_stream, norm, range_mask, rope, softmax, sync (gemm.cu calls
+  // cuBLAS only).
+  EXPECT_EQ(modules, 14);
 }
 
 TEST(CudaDevice, SpecComesFromTheHardware) {
