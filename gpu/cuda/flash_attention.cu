@@ -137,17 +137,27 @@ __device__ __forceinline__ void load_rows(T* dst, const T* base, int64_t s2, int
 
 // Per mask row r < S, the keys from the first to the last it leaves
 // visible (above attention_hidden_limit, graph/attention_mask.hpp):
-// bounds[r] = {first, last + 1}, or {keys, 0} when it hides them all. A
+// bounds[r] = {first, last + 1, clear}, or {keys, 0, 0} when it hides them
+// all; clear = 1 when every value from first to last is zero (a
+// generator's mask: no hidden key and nothing to add between them). A
 // warp a row, 16-byte vectors where the rows allow. The flash kernel after
 // it on the stream (its PDL wait orders the two) computes only the key
 // tiles its rows' bounds span: a prefill chunk of 512 tokens in a cache of
 // 16,384 positions computes 512 keys a query, not 16,384. It reads the
 // mask once per launch, where every flash block would otherwise read its
-// rows' whole mask (a block of 64 rows in such a cache: 2 MiB).
+// rows' whole mask (a block of 64 rows in such a cache: 2 MiB), and where
+// its rows are clear it reads no mask value in the tiles they all see
+// whole: only the tiles at the rows' ends.
 constexpr int kBoundsWarps = 8;
+// Zero values (+0 or -0) among the elements of a 32-bit word.
+template <class T>
+__device__ __forceinline__ int zeros_in(uint32_t w) {
+  if constexpr (sizeof(T) == 2) return __popc(__vcmpeq2(w & 0x7fff7fffu, 0u)) >> 4;
+  else return (w & 0x7fffffffu) == 0u ? 1 : 0;
+}
 template <class T>
 __global__ void __launch_bounds__(kBoundsWarps * 32)
-    mask_row_bounds_kernel(kt mask, int64_t S, int64_t keys, int2* bounds) {
+    mask_row_bounds_kernel(kt mask, int64_t S, int64_t keys, int4* bounds) {
   pdl_enter();
   constexpr int E = 16 / sizeof(T);
   const int lane = threadIdx.x & 31;
@@ -156,31 +166,37 @@ __global__ void __launch_bounds__(kBoundsWarps * 32)
   const T* row = static_cast<const T*>(mask.p) + r * mask.s[2];
   const bool vectors = mask.s[3] == 1 && (reinterpret_cast<uintptr_t>(row) & 15) == 0;
   const int64_t vecs = vectors ? keys / E : 0;
-  unsigned first = 0xffffffffu, end = 0u;
+  unsigned first = 0xffffffffu, end = 0u, zeros = 0u;  // zeros: visible values that are 0 (hidden ones never are)
   for (int64_t i = lane; i < vecs; i += 32) {
     const uint4 x = *reinterpret_cast<const uint4*>(row + i * E);
     const uint32_t v[4] = {visible_lanes<T>(x.x), visible_lanes<T>(x.y), visible_lanes<T>(x.z), visible_lanes<T>(x.w)};
     if (v[0] | v[1] | v[2] | v[3]) {
       first = min(first, static_cast<unsigned>(i * E + first_visible_in<T>(v)));
       end = static_cast<unsigned>(i * E + visible_end_in<T>(v));  // i grows: the lane's last one
+      zeros += zeros_in<T>(x.x) + zeros_in<T>(x.y) + zeros_in<T>(x.z) + zeros_in<T>(x.w);
     }
   }
-  for (int64_t j = vecs * E + lane; j < keys; j += 32)
-    if (to_f(row[j * mask.s[3]]) > attention_hidden_limit) {
+  for (int64_t j = vecs * E + lane; j < keys; j += 32) {
+    const float m = to_f(row[j * mask.s[3]]);
+    if (m > attention_hidden_limit) {
       first = min(first, static_cast<unsigned>(j));
       end = static_cast<unsigned>(j + 1);
+      zeros += m == 0.f ? 1u : 0u;
     }
+  }
   first = __reduce_min_sync(0xffffffffu, first);
   end = __reduce_max_sync(0xffffffffu, end);
+  zeros = __reduce_add_sync(0xffffffffu, zeros);
   if (lane == 0)
-    bounds[r] = end > 0 ? make_int2(static_cast<int>(first), static_cast<int>(end)) : make_int2(static_cast<int>(keys), 0);
+    bounds[r] = end > 0 ? make_int4(static_cast<int>(first), static_cast<int>(end), zeros == end - first ? 1 : 0, 0)
+                        : make_int4(static_cast<int>(keys), 0, 0, 0);
 }
 
 // Grid (row blocks, batch entries), the heaviest causal row blocks first.
 template <class T, int HD, bool VEC>
 __global__ void __launch_bounds__(kThreads)
     flash_attention_kernel(kt out, kt q, kt k, kt v, kt mask, bool masked, float scale, bool causal, int64_t S,
-                           const int2* row_bounds) {
+                           const int4* row_bounds) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
   T* qs = reinterpret_cast<T*>(smem_raw);
   T* kbuf = qs + tile_elems<HD>();      // [2] key tiles
@@ -205,8 +221,9 @@ __global__ void __launch_bounds__(kThreads)
     if (kv_end > keys) kv_end = keys;
   }
 
-  // Tiles wholly below `clear_end` need no per-key check: every row of the
-  // block exists and sees every key below it (no mask).
+  // Tiles wholly in [clear_begin, clear_end) need no per-key check: every row of the
+  // block exists and sees every key there (no mask; under a mask, set below
+  // from the rows' bounds where every row is clear there).
   int64_t clear_end = 0;
   if (!masked && m0 + kRows <= M) {
     const int64_t low = (m0 / S == last / S) ? m0 % S : 0;  // the block's first softmax row
@@ -219,20 +236,27 @@ __global__ void __launch_bounds__(kThreads)
   // from the first that a row of the block sees to the last; every key when
   // one of its rows hides them all (the reference's softmax then runs over
   // the hidden keys' scores, and so does this kernel).
-  int64_t kv_begin = 0;
+  int64_t kv_begin = 0, clear_begin = 0;
   if (row_bounds) {
-    __shared__ int span[2];
-    if (threadIdx.x == 0) span[0] = 0x7fffffff, span[1] = 0;
+    // span: the rows' least first and greatest end; then their greatest
+    // first and least end, and whether every row is clear: the keys
+    // between those two every row sees with a mask value of 0.
+    __shared__ int span[5];
+    if (threadIdx.x == 0) span[0] = 0x7fffffff, span[1] = 0, span[2] = 0, span[3] = 0x7fffffff, span[4] = 1;
     __syncthreads();
     if (threadIdx.x < kRows && m0 + threadIdx.x < M) {
-      int2 b = row_bounds[(m0 + threadIdx.x) % S];
-      if (b.y <= b.x) b = make_int2(0, static_cast<int>(keys));
+      int4 b = row_bounds[(m0 + threadIdx.x) % S];
+      if (b.y <= b.x) b = make_int4(0, static_cast<int>(keys), 0, 0);
       atomicMin(&span[0], b.x);
       atomicMax(&span[1], b.y);
+      atomicMax(&span[2], b.x);
+      atomicMin(&span[3], b.y);
+      if (!b.z) atomicAnd(&span[4], 0);
     }
     __syncthreads();
     kv_begin = span[0];
     kv_end = kv_end < span[1] ? kv_end : span[1];
+    if (span[4] && m0 + kRows <= M && !causal) clear_begin = span[2], clear_end = span[3];
   }
   load_rows<T, HD, VEC>(qs, qb, q.s[2], q.s[3], m0, M);
   // Key and value rows at or past kv_end load as zeros: none of the block's
@@ -298,7 +322,7 @@ __global__ void __launch_bounds__(kThreads)
     }
     // Mask, visibility and scale; the rows' new maxima.
     float tile_max[2] = {-INFINITY, -INFINITY};
-    if (k0 + kKeys <= clear_end) {
+    if (k0 >= clear_begin && k0 + kKeys <= clear_end) {
 #pragma unroll
       for (int n = 0; n < kKeys / 8; ++n)
 #pragma unroll
@@ -405,16 +429,16 @@ error go(const launch_ctx& c, const kt& out, const kt& q, const kt& k, const kt&
   // The mask rows' bounds in the stream's attention workspace (free between
   // kernels: every kernel that uses it does so after its PDL wait). Short
   // key runs skip it: their tiles cost less than the scan.
-  int2* bounds = nullptr;
+  int4* bounds = nullptr;
   const int64_t keys = k.d[2];
-  if (masked && !causal && keys >= kBoundsMinKeys && c.attention_workspace && 2 * S <= c.attention_workspace_floats &&
+  if (masked && !causal && keys >= kBoundsMinKeys && c.attention_workspace && 4 * S <= c.attention_workspace_floats &&
       keys <= 0x7fffffffLL) {
-    bounds = reinterpret_cast<int2*>(c.attention_workspace);
+    bounds = reinterpret_cast<int4*>(c.attention_workspace);
     launch_kernel(c, mask_row_bounds_kernel<T>, dim3(static_cast<unsigned>((S + kBoundsWarps - 1) / kBoundsWarps)),
                   kBoundsWarps * 32, 0, mask, S, keys, bounds);
   }
   launch_kernel(c, kernel, dim3(row_blocks, static_cast<unsigned>(groups)), kThreads, shared, out, q, k, v, mask,
-                masked, scale, causal, S, static_cast<const int2*>(bounds));
+                masked, scale, causal, S, static_cast<const int4*>(bounds));
   return {};
 }
 

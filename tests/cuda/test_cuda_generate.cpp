@@ -320,8 +320,12 @@ TEST(CudaGenerate, FusedAttentionStepsEqualTheReference) {
 // non-causal, an additive mask of
 // random finite values and holes, query and key counts that are not
 // multiples of the kernel's 64, and q as a strided view (rows not whole
-// 16-byte units: the element-by-element loads). Every output equals the
-// reference and the chain is fused.
+// 16-byte units: the element-by-element loads). And a mask of zeros (a
+// generator's: the kernel then reads no mask value in the tiles that all
+// of a block's rows see with a 0) with one row's bias of 2.5 at key 300,
+// which its block must still add, and one row hiding its keys from 350:
+// its block's tiles before 320 read no mask, the one across 350 does. Every
+// output equals the reference and the chain is fused.
 TEST(CudaGenerate, FlashAttentionOfLongQueryRunsEqualsTheReference) {
   AG_REQUIRE_GPU(1);
   auto rt = runtime::create("cuda:0");
@@ -330,18 +334,21 @@ TEST(CudaGenerate, FlashAttentionOfLongQueryRunsEqualsTheReference) {
     dtype t;
     int64_t batch, heads, S, keys, dh;
     bool causal, mask, strided_q;
+    bool zero_mask = false;  // the mask of zeros with a bias and a hidden tail (above)
   };
   const attention_case cases[] = {
       {dtype::bf16, 2, 3, 100, 100, 64, true, false, false},  {dtype::f16, 1, 2, 70, 130, 128, true, false, false},
       {dtype::bf16, 2, 2, 90, 150, 64, false, true, false},
       {dtype::f16, 1, 3, 64, 64, 128, false, false, false},   {dtype::bf16, 1, 2, 96, 96, 64, true, false, true},
       {dtype::bf16, 1, 1, 200, 333, 128, false, true, false},
+      {dtype::bf16, 1, 2, 130, 400, 64, false, true, false, true}, {dtype::f16, 1, 1, 130, 400, 128, false, true, false, true},
   };
   uint64_t seed = 7300;
   for (const attention_case& c : cases) {
     SCOPED_TRACE(std::string(to_string(c.t)) + " B " + std::to_string(c.batch) + " H " + std::to_string(c.heads) +
                  " S " + std::to_string(c.S) + " keys " + std::to_string(c.keys) + " dh " + std::to_string(c.dh) +
-                 (c.causal ? " causal" : "") + (c.mask ? " masked" : "") + (c.strided_q ? " strided q" : ""));
+                 (c.causal ? " causal" : "") + (c.mask ? " masked" : "") + (c.strided_q ? " strided q" : "") +
+                 (c.zero_mask ? " (zeros, a bias, a hidden tail)" : ""));
     graph_builder b;
     tensor q = c.strided_q ? b.slice(b.input("q_wide", c.t, {c.batch, c.heads, c.S, c.dh + 2}), 3, 0, c.dh, "q")
                            : b.input("q", c.t, {c.batch, c.heads, c.S, c.dh});
@@ -363,6 +370,13 @@ TEST(CudaGenerate, FlashAttentionOfLongQueryRunsEqualsTheReference) {
       // Finite values and holes (-30000) but at each row's first key (a row
       // of holes only would compare the reference's rounding of -30000 + s
       // in bf16, not the kernel), one row left with that key alone.
+      if (c.zero_mask) {
+        std::vector<float> z(static_cast<std::size_t>(c.S * c.keys), 0.0f);
+        z[static_cast<std::size_t>(5 * c.keys + 300)] = 2.5f;
+        for (int64_t j = 350; j < c.keys; ++j) z[static_cast<std::size_t>(70 * c.keys + j)] = -30000.0f;
+        in.push_back(host_tensor::from_floats(n.type, n.dims, z));
+        continue;
+      }
       auto m = host_tensor::random_normal(dtype::f32, n.dims, ++seed, 1.0f).to_floats();
       for (std::size_t j = 0; j < m.size(); ++j)
         if ((j * 7919) % 5 == 0 && j % static_cast<std::size_t>(c.keys) != 0) m[j] = -30000.0f;
