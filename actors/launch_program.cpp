@@ -9,6 +9,16 @@ namespace ag::actors {
 namespace {
 
 expected<operand> resolve(const plan& p, node_id id, int device) {
+  if (!p.materialised(id)) {
+    // Inside a fused attention chain: no memory. Its records are replaced
+    // by the chain's one record (apply_fusions), which never names it.
+    const node& n = p.source().at(id);
+    operand none;
+    none.proto.type = n.type;
+    none.proto.dims = n.dims;
+    none.proto.stride = contiguous_strides(n.dims);
+    return none;
+  }
   auto loc = p.locate(id, device);
   if (!loc) return loc.err();
   const node& n = p.source().at(id);

@@ -163,7 +163,9 @@ error check_hazards(const plan& p) {
       for (std::size_t k = 0; k < s.ops.size(); ++k) {
         const node& nd = g.at(s.ops[k]);
         if (p.runs_nothing(nd.id)) continue;  // a view, or an elided concat: it copies nothing
-        for (node_id in : nd.inputs) acc[dev][root_of(g, in)].reads.push_back({s.id, static_cast<int>(k)});
+        if (!p.materialised(nd.id)) continue;  // inside a fused attention chain: never written
+        for (node_id in : nd.inputs)
+          if (p.materialised(in)) acc[dev][root_of(g, in)].reads.push_back({s.id, static_cast<int>(k)});
         acc[dev][nd.id].writes.push_back({s.id, static_cast<int>(k)});
       }
       // A fused chain's kernel reads q, k, v, the mask and its prologue's

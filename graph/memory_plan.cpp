@@ -306,8 +306,13 @@ error planner::plan_memory(plan& p) {
             if (is_state_op(n.op)) (void)in_state_region(st.device, n.id);
             continue;
           }
+          // Inside a fused attention chain: the kernel writes none of it
+          // (plan::materialised), and the chain's last op reads its inputs
+          // from outside at its place (below).
+          if (!p.materialised(n.id)) continue;
           const position pos{st.id, static_cast<int>(k)};
-          for (node_id i : n.inputs) read(st.device, i, pos);
+          for (node_id i : n.inputs)
+            if (p.materialised(i)) read(st.device, i, pos);
           write(st.device, n.id, pos);
         }
         break;

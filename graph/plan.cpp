@@ -50,6 +50,11 @@ bool plan::runs_nothing(node_id id) const {
          (static_cast<std::size_t>(id) < elided_.size() && elided_[static_cast<std::size_t>(id)] != 0);
 }
 
+bool plan::materialised(node_id id) const {
+  const auto root = static_cast<std::size_t>(storage_root(*graph_, id));
+  return root >= fused_inside_.size() || fused_inside_[root] == 0;
+}
+
 expected<tensor_location> plan::locate(node_id id, int device) const {
   if (!graph_ || id < 0 || static_cast<std::size_t>(id) >= graph_->size())
     return error(errc::internal, "locate: node id " + std::to_string(id) + " is not in the plan's graph");

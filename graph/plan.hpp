@@ -519,6 +519,13 @@ class plan {
   /// store_rows that stores nothing (its positions a constant outside its
   /// capacity: a read of the state slot).
   bool runs_nothing(node_id id) const;
+  /// Whether node `id` (or, for a view, its storage) holds memory when the
+  /// plan runs: false inside a fused attention chain (its scores, masked
+  /// scores and probabilities), which the fused kernel never writes, so the
+  /// memory plan gives them no buffer and no step reads or writes them (a
+  /// prefill chunk of 1024 tokens over 65,536 cache rows: 8 GiB of scores
+  /// and probabilities that would otherwise sit in its arena).
+  bool materialised(node_id id) const;
   const plan_options& options() const noexcept { return options_; }
   /// Device of each node (index = node id); leaves take their first consumer's device.
   /// Views take their first compute reader's device (else their storage's).
@@ -572,6 +579,7 @@ class plan {
   /// did not run, equal when it kept the builder's order.
   double builder_order_seconds_ = 0, kept_order_seconds_ = 0;
   std::vector<char> elided_;  // [node] -> 1 for an elided concat or a store_rows that stores nothing
+  std::vector<char> fused_inside_;  // [node] -> 1 inside a fused attention chain (materialised())
   std::vector<device_spec> devices_;
   plan_options options_;
   std::vector<int> placement_;

@@ -1053,6 +1053,10 @@ expected<std::shared_ptr<const plan>> planner::compile(std::shared_ptr<const gra
     if (used[d]) p->used_devices_.push_back(static_cast<int>(d));
 
   if (options.fuse_ops) p->fusions_ = find_attention_fusions(g, p->steps_, p->devices_);
+  p->fused_inside_.assign(g.size(), 0);
+  for (const attention_fusion& f : p->fusions_)
+    for (node_id id : {f.scores, f.mask_add, f.softmax})
+      if (id != no_node) p->fused_inside_[static_cast<std::size_t>(id)] = 1;
   if (options.fuse_projections) p->projection_fusions_ = find_projection_fusions(g, p->steps_, p->devices_, p->fusions_);
   elide_concats(*p);
   elide_empty_stores(*p);

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <string>
 
+#include "graph/fusion.hpp"
 #include "graph/models/transformer.hpp"
 #include "graph/plan.hpp"
 #include "plan_test_util.hpp"
@@ -317,6 +318,61 @@ TEST(MemoryPlan, TransformerPipelineIsHazardFree) {
     for (int d : p->used_devices())
       EXPECT_LT(p->memory()[static_cast<std::size_t>(d)].arena_bytes, p->memory()[static_cast<std::size_t>(d)].sum_tensor_bytes);
   }
+}
+
+// A fused attention chain's scores, masked scores and probabilities are
+// never written (the fused kernel keeps them in registers and shared
+// memory): they hold no memory (plan::materialised), and the arena of a
+// prompt chunk over a long cache is a fraction of one layer's scores. With
+// fusion off the same plan holds them. Both plans are hazard-free.
+TEST(MemoryPlan, FusedAttentionChainsHoldNoMemoryForTheirScores) {
+  models::transformer_config cfg;
+  cfg.variant = models::model_variant::llama;
+  cfg.n_layers = 2;
+  cfg.d_model = 64;
+  cfg.n_heads = 4;
+  cfg.n_kv_heads = 2;
+  cfg.d_ff = 128;
+  cfg.vocab = 100;
+  cfg.seq_len = 64;
+  cfg.kv_cache_capacity = 4096;
+  cfg.mask_from_positions = true;
+  cfg.last_row_logits = true;
+  cfg.weight_values = false;
+  auto gr = models::build_transformer(cfg);
+  ASSERT_TRUE(gr.has_value()) << gr.err().to_string();
+  auto g = std::make_shared<const graph>(std::move(*gr));
+  std::vector<device_spec> cpu(1);
+  cpu[0].name = "cpu0";
+  cpu[0].kind = device_kind::cpu;
+  // One layer's scores: [1, heads, 64 rows, 4096 keys] of f32.
+  const int64_t scores_bytes = 4 * 64 * 4096 * 4;
+  plan_options fused;
+  fused.fuse_ops = true;
+  auto p = must_compile(g, cpu, fused);
+  ASSERT_TRUE(p);
+  ASSERT_EQ(p->fusions().size(), 2u) << "one fused chain a layer";
+  for (const attention_fusion& f : p->fusions()) {
+    for (node_id id : {f.scores, f.mask_add, f.softmax}) {
+      ASSERT_NE(id, no_node);
+      EXPECT_FALSE(p->materialised(id)) << g->at(id).name;
+      EXPECT_FALSE(p->locate(id, 0)) << g->at(id).name << " has no buffer";
+    }
+    EXPECT_TRUE(p->materialised(f.out));
+    EXPECT_TRUE(p->locate(f.out, 0));
+  }
+  EXPECT_TRUE(check_hazards(*p).ok()) << check_hazards(*p).to_string();
+  const int64_t with = p->memory()[0].arena_bytes;
+  EXPECT_LT(with, scores_bytes) << "the arena holds no scores";
+  plan_options unfused = fused;
+  unfused.fuse_ops = false;
+  auto q = must_compile(g, cpu, unfused);
+  ASSERT_TRUE(q);
+  EXPECT_TRUE(q->fusions().empty());
+  EXPECT_TRUE(check_hazards(*q).ok()) << check_hazards(*q).to_string();
+  EXPECT_GE(q->memory()[0].arena_bytes, scores_bytes) << "the separate ops write the scores";
+  std::printf("arena with the chains fused %lld bytes, with the separate ops %lld\n", static_cast<long long>(with),
+              static_cast<long long>(q->memory()[0].arena_bytes));
 }
 
 }  // namespace
