@@ -354,7 +354,7 @@ int main(int argc, char** argv) {
   bool decode_only = false;
   app.add_flag("--decode-kernels", decode_only, "only a decode step's kernels, one by one (GEMV against cuBLAS, attention fused or not)");
   std::string pdl = "on";
-  app.add_option("--pdl", pdl, "backend_options::cuda_pdl of every device (on, off)")->check(CLI::IsMember({"on", "off"}));
+  ag::apps::add_on_off(app, "--pdl", pdl, "backend_options::cuda_pdl of every device (on, off)");
   if (auto status = ag::apps::parse_flags(app, argc, argv)) return *status;
   const int n_gpus = gpu::cuda::device_count();
   if (n_gpus <= 0) {

@@ -105,9 +105,9 @@ std::optional<int> parse(int argc, char** argv, options& o) {
   app.add_option("--dtype", o.dtype)->check(CLI::IsMember({"f32", "f16", "bf16"}));
   app.add_option("--runs", o.runs, "timed forward jobs (figures 1, 2)")->check(CLI::PositiveNumber);
   app.add_option("--warmup", o.warmup, "untimed forward jobs first")->check(CLI::NonNegativeNumber);
-  app.add_option("--fusion", o.fusion,
-                 "plan_options::fuse_ops of the figure-1 plan (on: the default, attention chains as one kernel; off)")
-      ->check(CLI::IsMember({"on", "off"}));
+  ag::apps::add_on_off(
+      app, "--fusion", o.fusion,
+      "plan_options::fuse_ops of the figure-1 plan (on: the default, attention chains as one kernel; off)");
   app.add_option("--replay", o.replay, "graph replay of the figure-1 plan (plan_options::graph_replay)")
       ->check(CLI::IsMember({"off", "on", "auto"}));
   app.add_option("--lanes", o.lanes, "compute lanes (streams) per device the planner may use (figures 1, 4)")->check(CLI::PositiveNumber);
@@ -130,8 +130,8 @@ std::optional<int> parse(int argc, char** argv, options& o) {
   app.add_option("--torch-pinned-ms", o.torch_pinned_ms, "torch_forward_pinned_ms of it: prints e2e_ratio_vs_torch_pinned");
   app.add_flag("--sim-values", o.sim_values, "sim devices compute real values (default: timing only)");
   app.add_flag("--pageable-outputs", o.pageable_outputs, "job outputs on the heap (runtime_options::pinned_outputs = false)");
-  app.add_option("--pdl", o.pdl, "cuda: backend_options::cuda_pdl, kernels as programmatic dependent launches (on, off)")
-      ->check(CLI::IsMember({"on", "off"}));
+  ag::apps::add_on_off(app, "--pdl", o.pdl,
+                       "cuda: backend_options::cuda_pdl, kernels as programmatic dependent launches (on, off)");
   app.add_option("--chrome-trace", o.chrome_trace, "write the trace of one timed forward job (Perfetto / chrome://tracing)")
       ->option_text("FILE");
   app.add_option("--pipeline-trace", o.pipeline_trace, "write the trace of the last 2-device pipeline round")->option_text("FILE");

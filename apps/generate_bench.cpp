@@ -502,75 +502,71 @@ int main(int argc, char** argv) {
                  "and device parts)");
   app.add_option("--bandwidth-gbs", d.bandwidth_gbs, "measured device memory bandwidth (0: the device spec's)");
   app.add_option("--replay", d.replay, "decode: graph replay of the generator's plans (off, on, auto)");
-  app.add_option("--fusion", d.fusion, "decode: plan_options::fuse_ops of the generator's and the prefill's plans (on, off)")
-      ->check(CLI::IsMember({"on", "off"}));
-  app.add_option("--projections", d.projections,
-                 "decode: plan_options::fuse_projections, projection groups on the GEMV kernel (on, off)")
-      ->check(CLI::IsMember({"on", "off"}));
-  app.add_option("--fold-norms", d.fold_norms,
-                 "decode: plan_options::fold_norm_weights, rms_norm weights folded into the projections' weights "
-                 "(on, off; plans of cpu devices alone never fold)")
-      ->check(CLI::IsMember({"on", "off"}));
-  app.add_option("--decode-step", d.decode_step,
-                 "decode: plan_options::fuse_decode_step, a whole one-device LLaMA decode step as one kernel where "
-                 "it fits (on, off)")
-      ->check(CLI::IsMember({"on", "off"}));
-  app.add_option("--gemv", d.gemv, "decode: backend_options::cuda_gemv, the GEMV kernel for few-row matmuls (on, off)")
-      ->check(CLI::IsMember({"on", "off"}));
-  app.add_option("--pdl", d.pdl, "decode: backend_options::cuda_pdl, kernels as programmatic dependent launches (on, off)")
-      ->check(CLI::IsMember({"on", "off"}));
-  app.add_option("--copy-engine", d.copy_engine,
-                 "decode: backend_options::cuda_copy_engine_collectives, with --tp large prefills sequence parallel "
-                 "on the copy engines (on, the default), or all-reduces (off)")
-      ->check(CLI::IsMember({"on", "off"}));
+  ag::apps::add_on_off(app, "--fusion", d.fusion,
+                       "decode: plan_options::fuse_ops of the generator's and the prefill's plans (on, off)");
+  ag::apps::add_on_off(app, "--projections", d.projections,
+                       "decode: plan_options::fuse_projections, projection groups on the GEMV kernel (on, off)");
+  ag::apps::add_on_off(app, "--fold-norms", d.fold_norms,
+                       "decode: plan_options::fold_norm_weights, rms_norm weights folded into the projections' weights "
+                       "(on, off; plans of cpu devices alone never fold)");
+  ag::apps::add_on_off(
+      app, "--decode-step", d.decode_step,
+      "decode: plan_options::fuse_decode_step, a whole one-device LLaMA decode step as one kernel where "
+      "it fits (on, off)");
+  ag::apps::add_on_off(app, "--gemv", d.gemv,
+                       "decode: backend_options::cuda_gemv, the GEMV kernel for few-row matmuls (on, off)");
+  ag::apps::add_on_off(app, "--pdl", d.pdl,
+                       "decode: backend_options::cuda_pdl, kernels as programmatic dependent launches (on, off)");
+  ag::apps::add_on_off(
+      app, "--copy-engine", d.copy_engine,
+      "decode: backend_options::cuda_copy_engine_collectives, with --tp large prefills sequence parallel "
+      "on the copy engines (on, the default), or all-reduces (off)");
   app.add_option("--sp-min-kib", d.sp_min_kib,
                  "decode: backend_options::cuda_sequence_parallel_min_bytes in KiB: with --tp and --copy-engine on, "
                  "a prefill runs sequence parallel only for activations of at least this size in rows of 4096 elements "
                  "(scaled by 4096 / w for rows of w; 0: any size)")
       ->capture_default_str()
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 30));
-  app.add_option("--inline-copies", d.inline_copies,
-                 "decode: plan_options::inline_small_copies, small host copies on the compute lane (on, off)")
-      ->check(CLI::IsMember({"on", "off"}));
-  app.add_option("--doubling-prompt-plans", d.doubling,
-                 "decode: generator_options::doubling_prompt_plans, prompt plans of the short prompt chunk doubling "
-                 "up to the prefill chunk (on, off: the short one alone)")
-      ->check(CLI::IsMember({"on", "off"}));
-  app.add_option("--device-masks", d.device_masks,
-                 "decode: generator_options::prompt_masks_on_device, the prompt plans' masks built on the device from "
-                 "the cache rows' positions (on, off: the host builds and copies them)")
-      ->check(CLI::IsMember({"on", "off"}));
-  app.add_option("--replay-host-copies", d.replay_host_copies,
-                 "decode: plan_options::replay_host_copies, the token's copies inside the replayed graph (on, off)")
-      ->check(CLI::IsMember({"on", "off"}));
-  app.add_option("--host-windows-in-place", d.windows_in_place,
-                 "decode: plan_options::host_windows_in_place, the token read and written in the host window (on, off)")
-      ->check(CLI::IsMember({"on", "off"}));
+  ag::apps::add_on_off(app, "--inline-copies", d.inline_copies,
+                       "decode: plan_options::inline_small_copies, small host copies on the compute lane (on, off)");
+  ag::apps::add_on_off(
+      app, "--doubling-prompt-plans", d.doubling,
+      "decode: generator_options::doubling_prompt_plans, prompt plans of the short prompt chunk doubling "
+      "up to the prefill chunk (on, off: the short one alone)");
+  ag::apps::add_on_off(
+      app, "--device-masks", d.device_masks,
+      "decode: generator_options::prompt_masks_on_device, the prompt plans' masks built on the device from "
+      "the cache rows' positions (on, off: the host builds and copies them)");
+  ag::apps::add_on_off(
+      app, "--replay-host-copies", d.replay_host_copies,
+      "decode: plan_options::replay_host_copies, the token's copies inside the replayed graph (on, off)");
+  ag::apps::add_on_off(
+      app, "--host-windows-in-place", d.windows_in_place,
+      "decode: plan_options::host_windows_in_place, the token read and written in the host window (on, off)");
   app.add_option("--pipeline-depth", d.pipeline_depth,
                  "decode: generator_options::pipeline_depth, greedy steps in flight (1: one at a time)")
       ->check(CLI::Range(1, 16));
-  app.add_option("--pipeline-across-stages", d.across_stages,
-                 "decode: generator_options::pipeline_across_stages, greedy steps pipelined over stages too (on, off)")
-      ->check(CLI::IsMember({"on", "off"}));
+  ag::apps::add_on_off(
+      app, "--pipeline-across-stages", d.across_stages,
+      "decode: generator_options::pipeline_across_stages, greedy steps pipelined over stages too (on, off)");
   app.add_flag("--sim-zero-delay", d.sim_zero_delay,
                "decode: sim devices model no time and compute no values (the host's costs alone; tokens meaningless)");
   app.add_option("--tp", d.tensor_parallel, "decode: plan_options::tensor_parallel of the generator's plans")
       ->check(CLI::Range(1, 1024));
   app.add_option("--stages", d.stages, "decode: plan_options::pipeline_stages of the generator's plans (0: every device)")
       ->check(CLI::Range(0, 1024));
-  app.add_option("--device-greedy", d.device_greedy,
-                 "decode: generator_options::device_greedy, the token picked on the device (on, off)")
-      ->check(CLI::IsMember({"on", "off"}));
-  app.add_option("--pinned-inputs", d.pinned_inputs,
-                 "decode: runtime_options::pinned_inputs_max_bytes, small inputs copied to pinned memory by submit (on, off)")
-      ->check(CLI::IsMember({"on", "off"}));
-  app.add_option("--start-on-submit", d.start_on_submit,
-                 "decode: runtime_options::start_jobs_on_submit, jobs with free arenas start from submit (on, off)")
-      ->check(CLI::IsMember({"on", "off"}));
-  app.add_option("--trace", d.trace,
-                 "decode: runtime_options::trace, timing events per step (on: the default and what the breakdown reads; "
-                 "off)")
-      ->check(CLI::IsMember({"on", "off"}));
+  ag::apps::add_on_off(app, "--device-greedy", d.device_greedy,
+                       "decode: generator_options::device_greedy, the token picked on the device (on, off)");
+  ag::apps::add_on_off(
+      app, "--pinned-inputs", d.pinned_inputs,
+      "decode: runtime_options::pinned_inputs_max_bytes, small inputs copied to pinned memory by submit (on, off)");
+  ag::apps::add_on_off(
+      app, "--start-on-submit", d.start_on_submit,
+      "decode: runtime_options::start_jobs_on_submit, jobs with free arenas start from submit (on, off)");
+  ag::apps::add_on_off(
+      app, "--trace", d.trace,
+      "decode: runtime_options::trace, timing events per step (on: the default and what the breakdown reads; "
+      "off)");
   if (auto status = ag::apps::parse_flags(app, argc, argv)) return *status;
   if (mode == "sim") return run_sim(time_scale, sequences, sim_tokens);
   if (d.model.empty()) {

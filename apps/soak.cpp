@@ -552,8 +552,7 @@ int main(int argc, char** argv) {
   app.add_option("--in-flight", o.in_flight, "jobs the soak keeps in flight")->check(CLI::Range(1, 100000));
   app.add_option("--seed", o.seed, "seed of every random choice");
   app.add_option("--faults", o.faults, "inject op errors, stalls and device deaths (on/off)");
-  app.add_option("--values", o.values, "compute values and check them (on), or timing only (off)")
-      ->check(CLI::IsMember({"on", "off"}));
+  ag::apps::add_on_off(app, "--values", o.values, "compute values and check them (on), or timing only (off)");
   app.add_option("--epochs", o.epochs, "runtimes created one after the other (dead devices return in the next); 0: one per 10,000 jobs, at least 2")
       ->check(CLI::Range(1, 100000));
   app.add_option("--time-scale", o.time_scale, "sim wall seconds per simulated second")->check(CLI::Range(0.0, 10.0));

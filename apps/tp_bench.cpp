@@ -993,11 +993,11 @@ int main(int argc, char** argv) {
                  "with --devices cuda:all, the N-GPU layer's (and FILE-1gpu, FILE-decode-1gpu, FILE-decode-tpN); "
                  "with the layout comparison, one 2 x 2 round's in FILE-pp2xtp2");
   std::string gemv = "on";
-  app.add_option("--gemv", gemv, "cuda: backend_options::cuda_gemv, the GEMV kernel for few-row matmuls (on, off)")
-      ->check(CLI::IsMember({"on", "off"}));
+  ag::apps::add_on_off(app, "--gemv", gemv,
+                       "cuda: backend_options::cuda_gemv, the GEMV kernel for few-row matmuls (on, off)");
   std::string pdl = "on";
-  app.add_option("--pdl", pdl, "cuda: backend_options::cuda_pdl, kernels as programmatic dependent launches (on, off)")
-      ->check(CLI::IsMember({"on", "off"}));
+  ag::apps::add_on_off(app, "--pdl", pdl,
+                       "cuda: backend_options::cuda_pdl, kernels as programmatic dependent launches (on, off)");
   std::string in_stream = "auto";
   app.add_option("--in-stream", in_stream,
                  "cuda: plan_options::in_stream_collectives, small all-reduces as kernels of the compute stream that "
@@ -1005,10 +1005,9 @@ int main(int argc, char** argv) {
                  "devices of one GPU; off: the communication queue)")
       ->check(CLI::IsMember({"auto", "on", "off"}));
   std::string fusion_flag = "on";
-  app.add_option("--fusion", fusion_flag,
-                 "cuda: plan_options::fuse_ops and fuse_projections (on: the defaults; off: the decode step's "
-                 "attention and projections kernel by kernel)")
-      ->check(CLI::IsMember({"on", "off"}));
+  ag::apps::add_on_off(app, "--fusion", fusion_flag,
+                       "cuda: plan_options::fuse_ops and fuse_projections (on: the defaults; off: the decode step's "
+                       "attention and projections kernel by kernel)");
   std::string seq_parallel = "auto";
   app.add_option("--sequence-parallel", seq_parallel,
                  "plan_options::sequence_parallel of the tensor-parallel plans: reduce-scatter and all-gather by rows "
@@ -1017,25 +1016,24 @@ int main(int argc, char** argv) {
                  "--sp-min-kib)")
       ->check(CLI::IsMember({"on", "off", "auto"}));
   std::string pieces = "on";
-  app.add_option("--output-pieces", pieces,
-                 "plan_options::output_pieces of every plan: an output concatenated from several devices is copied "
-                 "to the host by each of them (on), or gathered on one device first (off)")
-      ->check(CLI::IsMember({"on", "off"}));
+  ag::apps::add_on_off(
+      app, "--output-pieces", pieces,
+      "plan_options::output_pieces of every plan: an output concatenated from several devices is copied "
+      "to the host by each of them (on), or gathered on one device first (off)");
   std::string elide = "on";
-  app.add_option("--elide-concats", elide,
-                 "plan_options::elide_concats of every plan: producers write a concat's inputs in place where they "
-                 "can, so the concat copies nothing (on), or every concat is a kernel (off)")
-      ->check(CLI::IsMember({"on", "off"}));
+  ag::apps::add_on_off(
+      app, "--elide-concats", elide,
+      "plan_options::elide_concats of every plan: producers write a concat's inputs in place where they "
+      "can, so the concat copies nothing (on), or every concat is a kernel (off)");
   std::string fold_norms = "on";
-  app.add_option("--fold-norms", fold_norms,
-                 "plan_options::fold_norm_weights of every plan: rms_norm weights folded into the weights of the "
-                 "projections that read them (on), or read by the norms (off)")
-      ->check(CLI::IsMember({"on", "off"}));
+  ag::apps::add_on_off(app, "--fold-norms", fold_norms,
+                       "plan_options::fold_norm_weights of every plan: rms_norm weights folded into the weights of the "
+                       "projections that read them (on), or read by the norms (off)");
   std::string order = "on";
-  app.add_option("--order-steps", order,
-                 "plan_options::order_steps_by_model of every plan: steps ordered by a simulation of one job and a "
-                 "search over the collectives' order (on), or the step builder's order (off)")
-      ->check(CLI::IsMember({"on", "off"}));
+  ag::apps::add_on_off(
+      app, "--order-steps", order,
+      "plan_options::order_steps_by_model of every plan: steps ordered by a simulation of one job and a "
+      "search over the collectives' order (on), or the step builder's order (off)");
   std::string batch = "auto";
   app.add_option("--batch-chunks", batch,
                  "plan_options::tp_batch_chunks of every plan: a sequence-parallel region's chunks are parts of the "
@@ -1047,16 +1045,16 @@ int main(int argc, char** argv) {
                  "plan_options::job_lanes of every plan: copies of each device's compute lanes and communication "
                  "queue that jobs in flight alternate over (0: auto, 2 on CUDA plans with collectives; 1: off)")
       ->check(CLI::Range(0, 8));
-  app.add_option("--hand-over-lane", hand_over,
-                 "plan_options::hand_over_lane of every plan: the ops that hand a chunk's rows to a later all-gather "
-                 "or output piece run on compute lane 1 (on), or on lane 0 (off)")
-      ->check(CLI::IsMember({"on", "off"}));
+  ag::apps::add_on_off(
+      app, "--hand-over-lane", hand_over,
+      "plan_options::hand_over_lane of every plan: the ops that hand a chunk's rows to a later all-gather "
+      "or output piece run on compute lane 1 (on), or on lane 0 (off)");
   std::string copy_engine = cuda_copy_engine ? "on" : "off";
-  app.add_option("--copy-engine", copy_engine,
-                 "cuda: backend_options::cuda_copy_engine_collectives, large reduce-scatters and all-gathers moved "
-                 "by the copy engines beside the GEMMs, with sequence parallelism (on, the default), or none and "
-                 "NCCL's all-reduces (off)")
-      ->check(CLI::IsMember({"on", "off"}));
+  ag::apps::add_on_off(
+      app, "--copy-engine", copy_engine,
+      "cuda: backend_options::cuda_copy_engine_collectives, large reduce-scatters and all-gathers moved "
+      "by the copy engines beside the GEMMs, with sequence parallelism (on, the default), or none and "
+      "NCCL's all-reduces (off)");
   int64_t sp_min_kib = sequence_parallel_min_bytes >> 10;
   app.add_option("--sp-min-kib", sp_min_kib,
                  "cuda: backend_options::cuda_sequence_parallel_min_bytes in KiB: sequence parallelism on the "
@@ -1069,10 +1067,10 @@ int main(int argc, char** argv) {
                  "sequence-parallel region can be chunked")
       ->check(CLI::IsMember({0, 2, 4}));
   std::string tiny_jobs = "on";
-  app.add_option("--tiny-job-path", tiny_jobs,
-                 "start on submit, pinned small inputs and small copies on the compute lane (on: the defaults; off: "
-                 "none of them, as before session 15)")
-      ->check(CLI::IsMember({"on", "off"}));
+  ag::apps::add_on_off(
+      app, "--tiny-job-path", tiny_jobs,
+      "start on submit, pinned small inputs and small copies on the compute lane (on: the defaults; off: "
+      "none of them, as before session 15)");
   app.add_flag("--no-overlap", no_overlap,
                "cuda:all: plan the layer with plan_options::tp_overlap off (each row-parallel matmul whole, then "
                "one all-reduce), to compare with the chunked overlap");

@@ -50,6 +50,12 @@ inline std::optional<int> parse_flags(CLI::App& app, int argc, const char* const
   return std::nullopt;
 }
 
+/// A flag that takes `on` or `off` (anything else is a bad value), into
+/// `value`, whose initial value is the default --help shows.
+inline CLI::Option* add_on_off(CLI::App& app, const std::string& name, std::string& value, const std::string& help) {
+  return app.add_option(name, value, help)->check(CLI::IsMember({"on", "off"}));
+}
+
 /// True when `flag` (e.g. "--layers") was given on the command line.
 inline bool given(const CLI::App& app, const std::string& flag) { return app.count(flag) > 0; }
 

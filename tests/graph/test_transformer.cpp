@@ -581,14 +581,16 @@ constexpr mask_case mask_cases[] = {
     {16, 40, 0, 16, 0}, {4, 19, 37, 4, 16},  {4, 19, 3, 4, 16},    {8, 15, 100, 8, 8},  // rings
     {8, 15, 90, 3, 8},  {32, 40, 7, 32, 9},  {1, 10, 1000, 1, 10}, {5, 7, 12, 5, 3},
 };
+std::string label(const mask_case& mc, dtype t) {
+  return "T " + std::to_string(mc.T) + " C " + std::to_string(mc.C) + " cached " + std::to_string(mc.cached) + " n " +
+         std::to_string(mc.n) + " window " + std::to_string(mc.window) + " " + ag::to_string(t);
+}
 }  // namespace
 
 TEST(Transformer, CacheAttentionMaskEqualsItsDefinitionEntryByEntry) {
   for (const mask_case& mc : mask_cases)
     for (dtype t : {dtype::f32, dtype::f16, dtype::bf16}) {
-      SCOPED_TRACE("T " + std::to_string(mc.T) + " C " + std::to_string(mc.C) + " cached " +
-                   std::to_string(mc.cached) + " n " + std::to_string(mc.n) + " window " + std::to_string(mc.window) +
-                   " " + ag::to_string(t));
+      SCOPED_TRACE(label(mc, t));
       const host_tensor m = ag::models::cache_attention_mask(t, mc.T, mc.C, mc.cached, mc.n, mc.window);
       ASSERT_EQ(m.dims(), ag::shape({mc.T, mc.C}));
       ASSERT_EQ(m.type(), t);
@@ -626,9 +628,7 @@ TEST(Transformer, CacheAttentionMaskEqualsItsDefinitionEntryByEntry) {
 TEST(Transformer, RangeMaskOverCacheMaskInputsEqualsTheHostsMask) {
   for (const mask_case& mc : mask_cases)
     for (dtype t : {dtype::f32, dtype::f16, dtype::bf16}) {
-      SCOPED_TRACE("T " + std::to_string(mc.T) + " C " + std::to_string(mc.C) + " cached " +
-                   std::to_string(mc.cached) + " n " + std::to_string(mc.n) + " window " + std::to_string(mc.window) +
-                   " " + ag::to_string(t));
+      SCOPED_TRACE(label(mc, t));
       const ag::models::cache_mask_positions in = ag::models::cache_mask_inputs(mc.T, mc.C, mc.cached, mc.n, mc.window);
       ASSERT_EQ(in.key_positions.dims(), ag::shape({mc.C}));
       ASSERT_EQ(in.query_ranges.dims(), ag::shape({mc.T, 2}));
