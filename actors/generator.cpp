@@ -1,5 +1,7 @@
 #include "actors/generator.hpp"
 
+#include "actors/launch_program.hpp"
+#include "graph/fusion.hpp"
 #include "graph/state_pool.hpp"
 
 #include <algorithm>
@@ -221,7 +223,23 @@ struct step_plan {
   // Its mask is built on the device from key_positions and query_ranges
   // (the last two inputs; transformer_config::mask_from_positions).
   bool mask_from_positions = false;
+  // A one-token plan over a cache of more than decode_step_max_cache_rows
+  // rows keeps a decode step's records (the one-kernel step's attention
+  // grows too fast with the rows its mask shows); its twin runs the step
+  // as one kernel (plan_options::decode_step_max_cache_rows raised) and
+  // takes the steps of a sequence that holds at most that many positions
+  // (step_for). Null where the plan fuses already or the twin would not.
+  std::shared_ptr<const step_plan> short_twin;
 };
+
+// The plan of a one-token step at `position`: `sp`'s twin while the
+// sequence, this token included, holds at most decode_step_max_cache_rows
+// positions (the mask shows no more rows than that: its rows are the
+// positions until a sliding window's ring wraps, which takes more than that
+// many positions), else `sp`.
+const step_plan& step_for(const step_plan& sp, int64_t position) {
+  return sp.short_twin && position + 1 <= decode_step_max_cache_rows ? *sp.short_twin : sp;
+}
 
 // The states a pipelined greedy step reads its token from and keeps its own
 // in (transformer_config::token_state_in / out). The last prompt token's
@@ -415,7 +433,9 @@ struct sequence : std::enable_shared_from_this<sequence> {
     const step_plan* piece = gen->prefill.p ? &gen->prefill : nullptr;
     for (auto it = gen->prompt_pieces.rbegin(); it != gen->prompt_pieces.rend(); ++it)
       if (left <= static_cast<std::size_t>(it->new_tokens)) piece = &*it;
-    const step_plan& sp = on_device ? gen->decode_greedy : prompting && piece && left > 1 ? *piece : gen->decode;
+    const step_plan& sp = on_device                              ? step_for(gen->decode_greedy, cached)
+                          : prompting && piece && left > 1 ? *piece
+                                                           : step_for(gen->decode, cached);
     std::vector<int32_t> toks;
     if (prompting) {
       const std::size_t n = std::min(left, static_cast<std::size_t>(sp.new_tokens));
@@ -515,7 +535,7 @@ struct sequence : std::enable_shared_from_this<sequence> {
   // in token_state_a), later ones are chain[(k - 1) % 2], reading the token
   // the step before kept on the device.
   void submit_step(int64_t k) {
-    const step_plan& sp = k == 0 ? gen->decode_greedy : gen->chain[(k - 1) % 2];
+    const step_plan& sp = step_for(k == 0 ? gen->decode_greedy : gen->chain[(k - 1) % 2], first_position + k);
     std::vector<int32_t> toks;
     if (k == 0) toks.push_back(first_token);
     submit_options so;
@@ -682,6 +702,9 @@ const plan* generator::prefill_plan() const noexcept { return impl_->prefill.p.g
 const plan* generator::short_prompt_plan() const noexcept {
   return impl_->prompt_pieces.empty() ? nullptr : impl_->prompt_pieces.front().p.get();
 }
+const plan* generator::short_sequence_decode_plan() const noexcept {
+  return impl_->decode.short_twin ? impl_->decode.short_twin->p.get() : nullptr;
+}
 std::vector<const plan*> generator::prompt_plans() const {
   std::vector<const plan*> out;
   for (const step_plan& sp : impl_->prompt_pieces) out.push_back(sp.p.get());
@@ -758,7 +781,7 @@ expected<std::shared_ptr<generator>> generator::create(runtime& rt, models::tran
   auto make_plan = [&](const step_shape& sh, step_plan& out, std::shared_ptr<const plan> share) -> error {
     expected<graph> g = step_graph(sh);
     if (!g) return g.err();
-    expected<std::shared_ptr<const plan>> p = rt.compile(std::move(*g), plan_opts(std::move(share)));
+    expected<std::shared_ptr<const plan>> p = rt.compile(std::move(*g), plan_opts(share));
     if (!p) return p.err();
     out.p = std::move(*p);
     out.new_tokens = sh.new_tokens;
@@ -767,6 +790,27 @@ expected<std::shared_ptr<generator>> generator::create(runtime& rt, models::tran
     // the key positions and query ranges it is built from.
     out.mask_from_positions = sh.new_tokens > 1 && options.prompt_masks_on_device;
     if (!out.mask_from_positions) out.mask_memory = rt.input_memory(out.p, out.token_input ? 3 : 2);
+    // A one-token step over a cache too long for the one-kernel step: a
+    // twin that runs it as one kernel anyway, for short sequences, sharing
+    // this plan's weights (or its owner's) and caches; kept only where the
+    // lowering fuses it.
+    const int64_t rows = cfg.kv_cache_capacity;
+    if (sh.new_tokens == 1 && options.plan.fuse_decode_step && rows > decode_step_max_cache_rows &&
+        options.plan.decode_step_max_cache_rows < rows) {
+      plan_options po = plan_opts(share ? share : out.p);
+      po.decode_step_max_cache_rows = rows;
+      expected<graph> g2 = step_graph(sh);
+      if (!g2) return g2.err();
+      expected<std::shared_ptr<const plan>> twin = rt.compile(std::move(*g2), po);
+      if (!twin) return twin.err();
+      auto prog = actors::lower(*twin);
+      if (prog && (*prog)->decode_step_fused()) {
+        auto t = std::make_shared<step_plan>(out);
+        t->p = std::move(*twin);
+        t->short_twin = nullptr;
+        out.short_twin = std::move(t);
+      }
+    }
     return {};
   };
   if (options.max_sequences > 65536)
@@ -823,6 +867,8 @@ expected<std::shared_ptr<generator>> generator::create(runtime& rt, models::tran
   for (const device_memory& m : impl->decode.p->memory()) impl->cache_bytes += m.state_bytes * options.max_sequences;
   std::vector<const step_plan*> all{&impl->decode, &impl->prefill, &impl->decode_greedy, &impl->chain[0], &impl->chain[1]};
   for (const step_plan& sp : impl->prompt_pieces) all.push_back(&sp);
+  for (std::size_t i = 0, n = all.size(); i < n; ++i)
+    if (all[i]->short_twin) all.push_back(all[i]->short_twin.get());
   for (const step_plan* sp : all)
     if (sp->p)
       for (const device_memory& m : sp->p->memory()) impl->weight_bytes += m.weights_shared ? 0 : m.weight_bytes;

@@ -260,6 +260,13 @@ class generator {
   /// The plan of a short prompt (generator_options::short_prompt_chunk
   /// tokens), or nullptr without one.
   const plan* short_prompt_plan() const noexcept;
+  /// Over a cache of more than decode_step_max_cache_rows (2048) rows the
+  /// decode plan keeps its records (the one-kernel step's attention grows
+  /// too fast with the rows its mask shows); then a twin of it (and of the
+  /// greedy and pipelined step plans) runs the step as one kernel for a
+  /// sequence while it holds at most 2048 positions, sharing the weights
+  /// and caches. The decode plan's twin, or nullptr without one.
+  const plan* short_sequence_decode_plan() const noexcept;
   /// Every plan a prompt's pieces take, ascending by tokens a job: the
   /// short prompt plans (generator_options::doubling_prompt_plans), then
   /// the prefill plan; empty when the prompt goes through the decode plan.

@@ -378,7 +378,7 @@ std::string record_name(const lowered_op& o) { return "'" + o.op->name + "' (" +
 
 /// Why the records of `ls` are not a decode step the kernel runs (empty:
 /// they are, and `fused` is their one record).
-std::string match_decode_step(const lowered_step& ls, lowered_op& fused) {
+std::string match_decode_step(const lowered_step& ls, lowered_op& fused, int64_t max_cache_rows) {
   using fusion = gpu::op_launch::fusion;
   const std::vector<lowered_op>& ops = ls.ops;
   const std::size_t n = ops.size();
@@ -567,7 +567,8 @@ std::string match_decode_step(const lowered_step& ls, lowered_op& fused) {
       fused.inputs[4].proto.dims.numel() != ds.cache_rows)
     return "positions or mask not of one token over the cache";
   const decode_step_shape shape_of{layers, d, ds.d_ff, ds.heads, ds.kv_heads, ds.head_dim, vocab, ds.cache_rows, t};
-  if (std::string why = decode_step_misfit(shape_of); !why.empty()) return "outside the kernel's limits: " + why;
+  if (std::string why = decode_step_misfit(shape_of, max_cache_rows); !why.empty())
+    return "outside the kernel's limits: " + why;
   // One storage type for the activations, weights, caches and the mask
   // (all but the token and the positions).
   for (std::size_t i = 0; i < fused.inputs.size(); ++i)
@@ -607,7 +608,7 @@ std::string fuse_decode_step(const plan& p, std::vector<lowered_step>& steps, bo
   }
   if (!compute) return no + "no compute step";
   lowered_op one;
-  if (std::string why = match_decode_step(*compute, one); !why.empty()) return no + why;
+  if (std::string why = match_decode_step(*compute, one, o.decode_step_max_cache_rows); !why.empty()) return no + why;
   const int layers = one.decode_step.layers;
   compute->ops.assign(1, std::move(one));
   fused = true;

@@ -40,6 +40,7 @@
 #include "apps/common/warm_up.hpp"
 #include "gpu/device.hpp"
 #include "graph/checkpoint/hf_model.hpp"
+#include "graph/fusion.hpp"
 
 namespace {
 
@@ -414,6 +415,12 @@ int run_decode(const decode_args& a) {
     const ag::plan& dp = (*gen)->decode_plan();
     auto prog = ag::actors::lower(std::shared_ptr<const ag::plan>(&dp, [](const ag::plan*) {}));
     std::printf("%-28s %s\n", "decode step", prog ? (*prog)->decode_step_note().c_str() : prog.err().message.c_str());
+    if (const ag::plan* twin = (*gen)->short_sequence_decode_plan()) {
+      auto tp = ag::actors::lower(std::shared_ptr<const ag::plan>(twin, [](const ag::plan*) {}));
+      std::printf("%-28s %s (while a sequence holds at most %lld positions)\n", "decode step, short sequences",
+                  tp ? (*tp)->decode_step_note().c_str() : tp.err().message.c_str(),
+                  static_cast<long long>(ag::decode_step_max_cache_rows));
+    }
   }
   std::printf("%-28s %.3f ms (%.1f MB weights + %.1f MB cache at %.0f GB/s)\n", "bandwidth floor", floor_ms,
               weights_read / 1e6, cache / 1e6, bw / 1e9);

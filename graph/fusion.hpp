@@ -244,7 +244,9 @@ constexpr int64_t decode_step_chunk(int64_t k) {
   return 8;
 }
 /// Empty when `s` fits the kernel, else why not (for describe()).
-inline std::string decode_step_misfit(const decode_step_shape& s) {
+/// `max_cache_rows`: plan_options::decode_step_max_cache_rows.
+inline std::string decode_step_misfit(const decode_step_shape& s,
+                                      int64_t max_cache_rows = decode_step_max_cache_rows) {
   if (s.type != dtype::bf16) return "not bf16";
   if (s.head_dim != 64 && s.head_dim != 128) return "heads of " + std::to_string(s.head_dim) + " (64 or 128 fit)";
   if (s.kv_heads < 1 || s.heads % s.kv_heads != 0) return "query heads not a multiple of the kv heads";
@@ -260,9 +262,9 @@ inline std::string decode_step_misfit(const decode_step_shape& s) {
   if (s.layers < 1 || s.layers > decode_step_max_layers) return std::to_string(s.layers) + " layers";
   if (s.vocab < 1 || s.vocab > decode_step_max_vocab) return "a vocabulary of " + std::to_string(s.vocab);
   if (s.cache_rows < 1) return "no cache";
-  if (s.cache_rows > decode_step_max_cache_rows)
-    return "a cache of " + std::to_string(s.cache_rows) + " rows (more than " +
-           std::to_string(decode_step_max_cache_rows) + ": a kernel a record attends faster)";
+  if (s.cache_rows > max_cache_rows)
+    return "a cache of " + std::to_string(s.cache_rows) + " rows (more than " + std::to_string(max_cache_rows) +
+           ": a kernel a record attends faster)";
   return {};
 }
 

@@ -387,6 +387,14 @@ struct plan_options {
   /// actors::launch_program::decode_step_note() says whether and why not.
   /// On by default.
   bool fuse_decode_step = true;
+  /// The most KV-cache rows a fused decode step takes
+  /// (decode_step_misfit): the kernel's attention time grows with the rows
+  /// its mask shows about three times as fast as a kernel per record's, so
+  /// past ag::decode_step_max_cache_rows (2048) a step keeps its records.
+  /// The generator raises it for twins of its decode plans that it uses
+  /// only while a sequence holds at most 2048 positions (a short sequence
+  /// in a cache slot of 16,384 or 65,536 rows).
+  int64_t decode_step_max_cache_rows = 2048;
   /// Fold an rms_norm's weight into the weights of the projections that
   /// read it (graph/fusion.hpp, fold_norm_weights): the plan's graph
   /// (plan::source()) then has norms without weights and projection weights

@@ -907,6 +907,8 @@ error validate(const plan_options& o) {
                std::to_string(o.tp_overlap_chunks));
   if (o.state_slots < 1 || o.state_slots > 65536)
     return bad("state_slots must be 1..65536, got " + std::to_string(o.state_slots));
+  if (o.decode_step_max_cache_rows < 1)
+    return bad("decode_step_max_cache_rows must be >= 1, got " + std::to_string(o.decode_step_max_cache_rows));
   return {};
 }
 

@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <type_traits>
 
 #include "gpu/cuda/common.cuh"
@@ -920,7 +921,10 @@ error launch_decode_step(const launch_ctx& c, const op_launch::decode_step_param
   const auto bad = [&](const std::string& what) { return error(errc::internal, c.where + ": " + what); };
   const decode_step_shape shape{p.layers, p.d_model, p.d_ff, p.heads, p.kv_heads, p.head_dim, p.vocab, p.cache_rows,
                                 dtype::bf16};
-  if (std::string why = decode_step_misfit(shape); !why.empty()) return bad("a decode step the kernel does not take: " + why);
+  // Any number of cache rows: their limit is the plan's choice of speed
+  // (plan_options::decode_step_max_cache_rows), not one of the kernel's.
+  if (std::string why = decode_step_misfit(shape, std::numeric_limits<int64_t>::max()); !why.empty())
+    return bad("a decode step the kernel does not take: " + why);
   const std::size_t per_layer = p.layer_operands(), globals = p.global_operands();
   if (inputs.size() != p.operands())
     return bad("a decode step with " + std::to_string(inputs.size()) + " operands");

@@ -1720,6 +1720,43 @@ TEST(LaunchProgram, ADecodeStepOverACacheOfMoreThan2048RowsKeepsItsRecords) {
   }
 }
 
+// plan_options::decode_step_max_cache_rows raised to the cache's rows (what
+// the generator does for its short-sequence twins) makes the one-kernel
+// step over 16,512 rows; one row less than the cache keeps the records;
+// 0 is refused naming the option.
+TEST(LaunchProgram, ARaisedCacheRowLimitMakesTheOneKernelStepOverALongCache) {
+  models::transformer_config cfg = whole_decode_step(2);
+  cfg.kv_cache_capacity = 16512;
+  for (const int64_t limit : {int64_t{16512}, int64_t{16511}}) {
+    SCOPED_TRACE("limit " + std::to_string(limit));
+    plan_options o = decode_step_options();
+    o.decode_step_max_cache_rows = limit;
+    const auto [p, prog] = compile_and_lower(cfg, device_kind::cuda, o);
+    ASSERT_TRUE(prog);
+    EXPECT_EQ(prog->decode_step_fused(), limit >= 16512) << prog->decode_step_note();
+    if (prog->decode_step_fused()) {
+      EXPECT_EQ(compute_records(*prog).size(), 1u);
+      for (const lowered_step& ls : prog->steps())
+        for (const auto& op : ls.ops)
+          if (op.fused == gpu::op_launch::fusion::decode_step) {
+            EXPECT_EQ(op.decode_step.cache_rows, 16512);
+          }
+    } else {
+      EXPECT_NE(prog->decode_step_note().find("more than 16511"), std::string::npos) << prog->decode_step_note();
+    }
+  }
+  auto g = models::build_transformer(cfg);
+  ASSERT_TRUE(g) << g.err().to_string();
+  plan_options bad = decode_step_options();
+  bad.decode_step_max_cache_rows = 0;
+  device_spec cuda;
+  cuda.name = "cuda0";
+  cuda.kind = device_kind::cuda;
+  auto refused = compile(std::make_shared<const graph>(std::move(*g)), {cuda}, bad);
+  ASSERT_FALSE(refused);
+  EXPECT_NE(refused.err().message.find("decode_step_max_cache_rows"), std::string::npos) << refused.err().message;
+}
+
 TEST(LaunchProgram, ADecodeStepWithHeadsOfAnotherWidthIsOneKernel) {
   models::transformer_config cfg = whole_decode_step(2);
   cfg.explicit_head_dim = 128;

@@ -1015,6 +1015,83 @@ TEST(CudaGenerate, Qwen2BiasesQwen3NormsAndWindowsInTheWholeStepAndLlamaAttentio
   }
 }
 
+// A cache slot of 4096 rows is longer than the one-kernel step takes
+// (decode_step_max_cache_rows): the decode plan keeps its records, and its
+// twin (generator::short_sequence_decode_plan) runs the step as one kernel
+// while the sequence holds at most 2048 positions. A prompt of 2040 tokens
+// and 16 new ones crosses from the twin to the plan (positions 2040-2047,
+// then 2048-2055), with logits kept on the host: each token's logits
+// within bf16's tolerance of the cpu device's while the tokens so far agree
+// (the test prints how many: a random model's bf16 logits tie often);
+// greedy on the device, pipelined, the same tokens; a prompt of 6 tokens
+// equals recomputing.
+TEST(CudaGenerate, ShortSequencesInALongCacheDecodeAsOneKernelAndEqualTheCpuDevice) {
+  AG_REQUIRE_GPU(1);
+  std::vector<int32_t> prompt(2040);
+  uint64_t x = 0x9e3779b97f4a7c15ull;
+  for (int32_t& t : prompt) {
+    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+    t = static_cast<int32_t>(x % 1000);
+  }
+  models::transformer_config cfg = whole_step_model(4, 2, 64, 512);
+  test::temp_dir dir;
+  test::save_random_model(dir.str(), cfg);
+  auto m = models::hf_model::open(dir.str());
+  ASSERT_TRUE(m) << m.err().to_string();
+  const auto make = [&](runtime& rt) {
+    generator_options go;
+    go.cache_tokens = 4096;
+    go.prefill_chunk = 512;
+    go.max_sequences = 1;
+    return generator::create(rt, m->model_config(1), m->provider(), go);
+  };
+  const auto run = [&](generator& gen, bool keep_logits) -> generation_result {
+    generate_options o;
+    o.max_new_tokens = 16;
+    o.keep_logits = keep_logits;
+    const generation h = gen.generate(prompt, o);
+    EXPECT_TRUE(h.wait_for(300s)) << "generation hung";
+    const auto& r = h.wait();
+    EXPECT_TRUE(r) << r.err().to_string();
+    return r ? *r : generation_result{};
+  };
+  auto cpu_rt = runtime::create("cpu:1");
+  ASSERT_TRUE(cpu_rt) << cpu_rt.err().to_string();
+  auto cpu = make(**cpu_rt);
+  ASSERT_TRUE(cpu) << cpu.err().to_string();
+  EXPECT_EQ((*cpu)->short_sequence_decode_plan(), nullptr) << "no twin off CUDA";
+  const generation_result want = run(**cpu, true);
+  ASSERT_EQ(want.tokens.size(), 16u);
+
+  auto rt = runtime::create("cuda:0");
+  ASSERT_TRUE(rt) << rt.err().to_string();
+  auto gen = make(**rt);
+  ASSERT_TRUE(gen) << gen.err().to_string();
+  EXPECT_EQ(whole_step_records((*gen)->decode_plan()), 0) << "4096 cache rows: a kernel a record";
+  ASSERT_NE((*gen)->short_sequence_decode_plan(), nullptr);
+  EXPECT_EQ(whole_step_records(*(*gen)->short_sequence_decode_plan()), 1) << "the twin: one kernel";
+  const generation_result got = run(**gen, true);
+  ASSERT_EQ(got.tokens.size(), 16u);
+  // bf16 over 2040 keys: a random model's logits tie often, so they are
+  // compared (bf16's tolerance, as above) while the tokens so far agree.
+  std::size_t compared = 0;
+  for (std::size_t t = 0; t < 16 && (t == 0 || got.tokens[t - 1] == want.tokens[t - 1]); ++t, ++compared) {
+    ASSERT_EQ(got.logits[t].size(), want.logits[t].size());
+    double worst = 0.0;
+    for (std::size_t i = 0; i < want.logits[t].size(); ++i)
+      worst = std::max(worst, std::abs(want.logits[t][i] - got.logits[t][i]) / (0.1 + 0.05 * std::abs(want.logits[t][i])));
+    EXPECT_LT(worst, 1.0) << "token " << t << " (position " << 2040 + t << "): error over tolerance";
+  }
+  std::printf("%zu of 16 tokens' logits compared (positions 2040-2055: the twin to 2047, then the plan)\n", compared);
+  // Greedy on the device, pipelined: the twins of the greedy and chain
+  // plans, then the plans themselves; the same tokens as with logits kept.
+  const generation_result greedy = run(**gen, false);
+  EXPECT_EQ(greedy.tokens, got.tokens);
+  EXPECT_GT(greedy.tokens_pipelined, 0);
+  generation_result dr;
+  expect_generation_equals_recompute(**gen, *m, /*bf16=*/true, dr);
+}
+
 // A context longer than the 8192 keys the unsplit attention kernel holds:
 // 8705 prompt tokens, in 17 chunks of 512 and the last one through the
 // decode plan (so that the first token's logits are a decode step's over
