@@ -232,7 +232,11 @@ inline constexpr int64_t decode_step_max_vocab = 256 * 1024;
 /// rows as the split attention kernel's of a kernel a record: on LLaMA-1B's
 /// shape (H200, session 65) 0.763 against 0.813 ms a token with 1152 rows,
 /// 0.807 one kernel with 2047, 1.000 against 0.883 with 4224, 1.944
-/// against 1.198 with 16,512. Above this many rows the step keeps its records.
+/// against 1.198 with 16,512. Above this many rows the step keeps its
+/// records, unless plan_options::decode_step_max_cache_rows raises it: the
+/// generator's twins of its decode plans do, for sequences of at most this
+/// many positions (the kernel's attention reads only the rows its mask
+/// shows since session 66).
 inline constexpr int64_t decode_step_max_cache_rows = 2048;
 /// The elements of the chunks a row of width `k` streams in: the largest
 /// divisor of k up to 2048 (4 KiB of bf16) that is a whole number of 16-byte
