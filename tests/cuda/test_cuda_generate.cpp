@@ -39,6 +39,27 @@ std::vector<float> recomputed_last_logits(const models::hf_model& m, const std::
   return row;
 }
 
+// A prompt of n tokens below 1000 from a xorshift stream seeded `seed`.
+std::vector<int32_t> xorshift_prompt(std::size_t n, uint64_t seed) {
+  std::vector<int32_t> prompt(n);
+  for (int32_t& t : prompt) {
+    seed ^= seed << 13, seed ^= seed >> 7, seed ^= seed << 17;
+    t = static_cast<int32_t>(seed % 1000);
+  }
+  return prompt;
+}
+
+// The largest of |want - got| over its tolerance: bf16, 0.1 + 5% of the
+// value (every node rounded to 8 mantissa bits); f32, 2e-3. Below 1: within.
+double worst_over_tolerance(const std::vector<float>& want, const std::vector<float>& got, bool bf16) {
+  double worst = 0.0;
+  for (std::size_t i = 0; i < want.size() && i < got.size(); ++i) {
+    const double allowed = bf16 ? 0.1 + 0.05 * std::abs(want[i]) : 2e-3;
+    worst = std::max(worst, std::abs(want[i] - got[i]) / allowed);
+  }
+  return worst;
+}
+
 // Generates 6 tokens after a fixed prompt with their logits kept: each
 // step's logits equal recomputing the sequence with the reference evaluator
 // (bf16: 0.1 + 5% of the value, every node being rounded to 8 mantissa bits,
@@ -61,12 +82,7 @@ void expect_generation_equals_recompute(generator& gen, const models::hf_model& 
   for (std::size_t t = 0; t < r->tokens.size(); ++t) {
     const std::vector<float> ref = recomputed_last_logits(m, seq);
     ASSERT_EQ(ref.size(), r->logits[t].size());
-    double worst = 0.0;
-    for (std::size_t i = 0; i < ref.size(); ++i) {
-      const double allowed = bf16 ? 0.1 + 0.05 * std::abs(ref[i]) : 2e-3;
-      worst = std::max(worst, std::abs(ref[i] - r->logits[t][i]) / allowed);
-    }
-    EXPECT_LT(worst, 1.0) << "token " << t << ": error over tolerance";
+    EXPECT_LT(worst_over_tolerance(ref, r->logits[t], bf16), 1.0) << "token " << t << ": error over tolerance";
     if (!bf16) { EXPECT_EQ(r->tokens[t], std::max_element(ref.begin(), ref.end()) - ref.begin()) << "token " << t; }
     seq.push_back(r->tokens[t]);
   }
@@ -1027,12 +1043,7 @@ TEST(CudaGenerate, Qwen2BiasesQwen3NormsAndWindowsInTheWholeStepAndLlamaAttentio
 // equals recomputing.
 TEST(CudaGenerate, ShortSequencesInALongCacheDecodeAsOneKernelAndEqualTheCpuDevice) {
   AG_REQUIRE_GPU(1);
-  std::vector<int32_t> prompt(2040);
-  uint64_t x = 0x9e3779b97f4a7c15ull;
-  for (int32_t& t : prompt) {
-    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
-    t = static_cast<int32_t>(x % 1000);
-  }
+  const std::vector<int32_t> prompt = xorshift_prompt(2040, 0x9e3779b97f4a7c15ull);
   models::transformer_config cfg = whole_step_model(4, 2, 64, 512);
   test::temp_dir dir;
   test::save_random_model(dir.str(), cfg);
@@ -1077,10 +1088,8 @@ TEST(CudaGenerate, ShortSequencesInALongCacheDecodeAsOneKernelAndEqualTheCpuDevi
   std::size_t compared = 0;
   for (std::size_t t = 0; t < 16 && (t == 0 || got.tokens[t - 1] == want.tokens[t - 1]); ++t, ++compared) {
     ASSERT_EQ(got.logits[t].size(), want.logits[t].size());
-    double worst = 0.0;
-    for (std::size_t i = 0; i < want.logits[t].size(); ++i)
-      worst = std::max(worst, std::abs(want.logits[t][i] - got.logits[t][i]) / (0.1 + 0.05 * std::abs(want.logits[t][i])));
-    EXPECT_LT(worst, 1.0) << "token " << t << " (position " << 2040 + t << "): error over tolerance";
+    EXPECT_LT(worst_over_tolerance(want.logits[t], got.logits[t], /*bf16=*/true), 1.0)
+        << "token " << t << " (position " << 2040 + t << "): error over tolerance";
   }
   std::printf("%zu of 16 tokens' logits compared (positions 2040-2055: the twin to 2047, then the plan)\n", compared);
   // Greedy on the device, pipelined: the twins of the greedy and chain
@@ -1106,12 +1115,7 @@ TEST(CudaGenerate, ShortSequencesInALongCacheDecodeAsOneKernelAndEqualTheCpuDevi
 // more than 8192 rows kept the attention's four kernels.
 TEST(CudaGenerate, DecodeOverMoreThan8192KeysEqualsTheCpuDevice) {
   AG_REQUIRE_GPU(1);
-  std::vector<int32_t> prompt(8705);
-  uint64_t x = 88172645463325252ull;
-  for (int32_t& t : prompt) {
-    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
-    t = static_cast<int32_t>(x % 1000);
-  }
+  const std::vector<int32_t> prompt = xorshift_prompt(8705, 88172645463325252ull);
   for (dtype type : {dtype::f32, dtype::bf16}) {
     SCOPED_TRACE(to_string(type));
     models::transformer_config cfg = whole_step_model(4, 2, 64, 512);
@@ -1156,14 +1160,12 @@ TEST(CudaGenerate, DecodeOverMoreThan8192KeysEqualsTheCpuDevice) {
     ASSERT_EQ(got.tokens.size(), 4u);
     std::size_t compared = 0;
     for (std::size_t t = 0; t < 4 && (t == 0 || got.tokens[t - 1] == want.tokens[t - 1]); ++t, ++compared) {
-      double worst = 0.0;
       ASSERT_EQ(got.logits[t].size(), want.logits[t].size());
-      for (std::size_t i = 0; i < want.logits[t].size(); ++i) {
-        const double allowed = type == dtype::bf16 ? 0.1 + 0.05 * std::abs(want.logits[t][i]) : 2e-3;
-        worst = std::max(worst, std::abs(want.logits[t][i] - got.logits[t][i]) / allowed);
+      EXPECT_LT(worst_over_tolerance(want.logits[t], got.logits[t], type == dtype::bf16), 1.0)
+          << "token " << t << ": error over tolerance";
+      if (type == dtype::f32) {
+        EXPECT_EQ(got.tokens[t], want.tokens[t]) << "token " << t;
       }
-      EXPECT_LT(worst, 1.0) << "token " << t << ": error over tolerance";
-      if (type == dtype::f32) { EXPECT_EQ(got.tokens[t], want.tokens[t]) << "token " << t; }
     }
     std::printf("%s: %zu of 4 tokens' logits compared\n", to_string(type), compared);
   }
