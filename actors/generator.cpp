@@ -794,8 +794,13 @@ expected<std::shared_ptr<generator>> generator::create(runtime& rt, models::tran
     // twin that runs it as one kernel anyway, for short sequences, sharing
     // this plan's weights (or its owner's) and caches; kept only where the
     // lowering fuses it.
+    // Only a plan on one CUDA device can make the one-kernel step (the
+    // lowering says the rest); elsewhere no twin is compiled at all.
     const int64_t rows = cfg.kv_cache_capacity;
-    if (sh.new_tokens == 1 && options.plan.fuse_decode_step && rows > decode_step_max_cache_rows &&
+    const bool one_cuda = out.p->used_devices().size() == 1 && out.p->tensor_degree() == 1 &&
+                          out.p->devices().at(static_cast<std::size_t>(out.p->used_devices().front())).kind ==
+                              device_kind::cuda;
+    if (sh.new_tokens == 1 && one_cuda && options.plan.fuse_decode_step && rows > decode_step_max_cache_rows &&
         options.plan.decode_step_max_cache_rows < rows) {
       plan_options po = plan_opts(share ? share : out.p);
       po.decode_step_max_cache_rows = rows;
