@@ -792,10 +792,9 @@ expected<std::shared_ptr<generator>> generator::create(runtime& rt, models::tran
     if (!out.mask_from_positions) out.mask_memory = rt.input_memory(out.p, out.token_input ? 3 : 2);
     // A one-token step over a cache too long for the one-kernel step: a
     // twin that runs it as one kernel anyway, for short sequences, sharing
-    // this plan's weights (or its owner's) and caches; kept only where the
-    // lowering fuses it.
-    // Only a plan on one CUDA device can make the one-kernel step (the
-    // lowering says the rest); elsewhere no twin is compiled at all.
+    // this plan's weights (or its owner's) and caches. Compiled only for a
+    // plan on one CUDA device (nowhere else can the step fuse), and kept
+    // only where the lowering fuses it.
     const int64_t rows = cfg.kv_cache_capacity;
     const bool one_cuda = out.p->used_devices().size() == 1 && out.p->tensor_degree() == 1 &&
                           out.p->devices().at(static_cast<std::size_t>(out.p->used_devices().front())).kind ==
@@ -810,9 +809,8 @@ expected<std::shared_ptr<generator>> generator::create(runtime& rt, models::tran
       if (!twin) return twin.err();
       auto prog = actors::lower(*twin);
       if (prog && (*prog)->decode_step_fused()) {
-        auto t = std::make_shared<step_plan>(out);
+        auto t = std::make_shared<step_plan>(out);  // out has no twin yet
         t->p = std::move(*twin);
-        t->short_twin = nullptr;
         out.short_twin = std::move(t);
       }
     }

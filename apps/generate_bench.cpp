@@ -412,15 +412,14 @@ int run_decode(const decode_args& a) {
   {
     // Whether the decode step runs as one kernel, or why not (the lowering
     // the runtime does, done again here to read its note).
-    const ag::plan& dp = (*gen)->decode_plan();
-    auto prog = ag::actors::lower(std::shared_ptr<const ag::plan>(&dp, [](const ag::plan*) {}));
-    std::printf("%-28s %s\n", "decode step", prog ? (*prog)->decode_step_note().c_str() : prog.err().message.c_str());
-    if (const ag::plan* twin = (*gen)->short_sequence_decode_plan()) {
-      auto tp = ag::actors::lower(std::shared_ptr<const ag::plan>(twin, [](const ag::plan*) {}));
+    const auto note_of = [](const ag::plan& p) {
+      auto prog = ag::actors::lower(std::shared_ptr<const ag::plan>(&p, [](const ag::plan*) {}));
+      return prog ? (*prog)->decode_step_note() : prog.err().message;
+    };
+    std::printf("%-28s %s\n", "decode step", note_of((*gen)->decode_plan()).c_str());
+    if (const ag::plan* twin = (*gen)->short_sequence_decode_plan())
       std::printf("%-28s %s (while a sequence holds at most %lld positions)\n", "decode step, short sequences",
-                  tp ? (*tp)->decode_step_note().c_str() : tp.err().message.c_str(),
-                  static_cast<long long>(ag::decode_step_max_cache_rows));
-    }
+                  note_of(*twin).c_str(), static_cast<long long>(ag::decode_step_max_cache_rows));
   }
   std::printf("%-28s %.3f ms (%.1f MB weights + %.1f MB cache at %.0f GB/s)\n", "bandwidth floor", floor_ms,
               weights_read / 1e6, cache / 1e6, bw / 1e9);

@@ -376,17 +376,12 @@ void run_range_mask(const op_launch& l, int threads) {
   const nd out = pad(l.out);  // [T, C]
   const nd keys = pad(l.inputs[0]), ranges = pad(l.inputs[1]);
   const int64_t C = out.d[3];
-  const auto i32_at = [](const nd& x, int64_t i) {
-    int32_t v;
-    std::memcpy(&v, x.p + i * 4, 4);
-    return v;
-  };
   for_row_ranges(out, row_op_bytes(out, 1), threads, [&](int64_t first, int64_t end) {
     std::vector<float> row(static_cast<std::size_t>(C));
     rows_in(out, first, end, [&](int64_t, int64_t, int64_t i) {
-      const int32_t lo = i32_at(ranges, i * ranges.s[2]), hi = i32_at(ranges, i * ranges.s[2] + ranges.s[3]);
+      const int32_t lo = load_i32(ranges, i * ranges.s[2]), hi = load_i32(ranges, i * ranges.s[2] + ranges.s[3]);
       for (int64_t c = 0; c < C; ++c) {
-        const int32_t p = i32_at(keys, c * keys.s[3]);
+        const int32_t p = load_i32(keys, c * keys.s[3]);
         row[static_cast<std::size_t>(c)] = p >= lo && p <= hi ? 0.0f : attention_hidden_score;
       }
       store_row(out, out.off(0, 0, i), C, row.data());

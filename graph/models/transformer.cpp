@@ -555,6 +555,13 @@ struct cache_mask_geometry {
   int64_t held(int64_t r) const { return top() - ((top() - r) % C + C) % C; }
   int64_t last_of(int64_t i) const { return cached + std::max<int64_t>(i - (T - n), 0); }  // padding first
   int64_t first_of(int64_t i) const { return window > 0 ? std::max<int64_t>(0, last_of(i) - window + 1) : 0; }
+  // f(r, held(r)) for every row r in order: held(r) = top - back, `back`
+  // stepping down from held(0)'s and wrapping, without a division a row.
+  template <class F>
+  void each_row_held(F&& f) const {
+    if (C <= 0) return;
+    for (int64_t r = 0, back = top() - held(0); r < C; ++r, back = back == 0 ? C - 1 : back - 1) f(r, top() - back);
+  }
 };
 
 }  // namespace
@@ -564,13 +571,9 @@ cache_mask_positions cache_mask_inputs(int64_t T, int64_t C, int64_t cached, int
   if (T < 0 || C < 0 || cached < 0 || n < 0 || cached + n > most) return {};
   const cache_mask_geometry g{T, C, cached, n, window};
   cache_mask_positions out{host_tensor::uninitialized(dtype::i32, {C}), host_tensor::uninitialized(dtype::i32, {T, 2})};
-  // Written in place, held(r) stepping as in fill_cache_attention_mask_rows
-  // (no division a row): 65,536 rows are a prompt job's host work.
+  // Written in place (65,536 rows are a prompt job's host work).
   auto* keys = reinterpret_cast<int32_t*>(out.key_positions.data());
-  const int64_t top = g.top();
-  if (C > 0)
-    for (int64_t r = 0, back = top - g.held(0); r < C; ++r, back = back == 0 ? C - 1 : back - 1)
-      keys[r] = static_cast<int32_t>(std::max<int64_t>(top - back, -1));
+  g.each_row_held([&](int64_t r, int64_t p) { keys[r] = static_cast<int32_t>(std::max<int64_t>(p, -1)); });
   auto* ranges = reinterpret_cast<int32_t*>(out.query_ranges.data());
   for (int64_t i = 0; i < T; ++i) {
     ranges[2 * i] = static_cast<int32_t>(g.first_of(i));
@@ -587,7 +590,6 @@ void fill_cache_attention_mask_rows(host_tensor& mask, int64_t cached, int64_t n
   if (i0 >= i1 || C <= 0) return;
   const dtype t = mask.type();
   const cache_mask_geometry g{T, C, cached, n, window};
-  const int64_t top = g.top();
   const std::size_t es = dtype_size(t);
   std::byte seen[8], hidden[8];
   store_from_float(seen, t, 0, 0.0f);
@@ -597,12 +599,7 @@ void fill_cache_attention_mask_rows(host_tensor& mask, int64_t cached, int64_t n
     std::memcpy(m + static_cast<std::size_t>(i * C + r) * es, visible ? seen : hidden, es);
   };
   const int64_t first = g.first_of(i0), last = g.last_of(i0);
-  // The first row: held(r) = top - back, `back` stepping down from
-  // held(0)'s and wrapping, without a division per row.
-  for (int64_t r = 0, back = top - g.held(0); r < C; ++r, back = back == 0 ? C - 1 : back - 1) {
-    const int64_t p = top - back;
-    put(i0, r, p >= first && p <= last);
-  }
+  g.each_row_held([&](int64_t r, int64_t p) { put(i0, r, p >= first && p <= last); });  // the first row
   const std::size_t row_bytes = static_cast<std::size_t>(C) * es;
   for (int64_t i = i0 + 1; i < i1; ++i) {
     std::memcpy(m + static_cast<std::size_t>(i) * row_bytes, m + static_cast<std::size_t>(i - 1) * row_bytes, row_bytes);
