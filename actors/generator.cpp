@@ -276,6 +276,7 @@ host_tensor attention_mask(dtype t, int64_t T, int64_t C, int64_t cached, int64_
 }
 
 struct sequence;
+struct lane_group;
 
 // True on a thread inside generator::generate(). Work started there submits
 // but never takes a step's result: tokens stream, and sequences end, on
@@ -300,6 +301,14 @@ struct generator::impl : std::enable_shared_from_this<generator::impl> {
   // stream): chain[0] reads token_state_a and keeps its token in
   // token_state_b, chain[1] the other way round. Null otherwise.
   step_plan chain[2];
+  // Batched decode steps (generator_options::decode_batch): plans of 2, 4,
+  // ... `lanes` rows, each row a sequence, all its rows' logits out. Empty
+  // without batching.
+  std::vector<step_plan> batch_steps;
+  int lanes = 1;            // sequences a state slot holds (decode_batch, or 1)
+  int64_t lane_rows = 0;    // cache rows a sequence holds (cache_rows()); a slot's are lanes x lane_rows
+  // One per state slot under batching: the slot's sequences and its job.
+  std::vector<std::shared_ptr<lane_group>> groups;
   int64_t cache_bytes = 0;   // device memory of every slot's cache, all devices
   int64_t weight_bytes = 0;  // device memory of the plans' weights, all devices (shared uploads once)
 
@@ -400,6 +409,18 @@ struct sequence : std::enable_shared_from_this<sequence> {
     return in;
   }
 
+  // Whether its one-token steps may take the plan that picks the token on
+  // the device (generator_options::device_greedy): greedy, no repetition
+  // penalty (the device's argmax has no history), no logits kept.
+  bool greedy_on_device() const {
+    return gen->decode_greedy.p && !(opt.sampling.temperature > 0.0f) && !opt.keep_logits &&
+           opt.sampling.repetition_penalty == 1.0f;
+  }
+
+  // Its first job, once it holds a slot (under decode_batch: a lane of a
+  // slot, whose group runs its jobs).
+  void start();
+
   void submit_next() {
     if (st->cancel_requested.load()) return finish(stop_reason::cancelled);
     const bool prompting = prompt_fed < prompt.size();
@@ -407,8 +428,7 @@ struct sequence : std::enable_shared_from_this<sequence> {
     // A greedy sequence's decode steps take the plan that picks the token on
     // the device (generator_options::device_greedy); the last prompt token's
     // job too, as its output is the first new token.
-    const bool on_device = gen->decode_greedy.p && !(opt.sampling.temperature > 0.0f) && !opt.keep_logits &&
-                           opt.sampling.repetition_penalty == 1.0f && (!prompting || left == 1);
+    const bool on_device = greedy_on_device() && (!prompting || left == 1);
     if (on_device && gen->chain[0].p) {
       // The last prompt token, or a first token sampled from a prefill
       // chunk's logits: from here on, steps go ahead of the tokens.
@@ -470,15 +490,18 @@ struct sequence : std::enable_shared_from_this<sequence> {
     // model's logits are), else converted into a buffer kept across tokens.
     // A decode step's host work between two jobs is on the device's
     // critical path.
+    take(sample_row(outs[0], outs[0].numel() / gen->cfg.vocab - 1));
+  }
+
+  // The token this sequence's options pick from row `r` of logits [.., V].
+  int32_t sample_row(const host_tensor& lg, int64_t r) {
     const int64_t V = gen->cfg.vocab;
-    const host_tensor& lg = outs[0];
-    const int64_t last = lg.numel() / V - 1;
     std::span<const float> row;
     if (lg.type() == dtype::f32) {
-      row = std::span<const float>(reinterpret_cast<const float*>(lg.data()) + last * V, static_cast<std::size_t>(V));
+      row = std::span<const float>(reinterpret_cast<const float*>(lg.data()) + r * V, static_cast<std::size_t>(V));
     } else {
       row_scratch.resize(static_cast<std::size_t>(V));
-      for (int64_t i = 0; i < V; ++i) row_scratch[static_cast<std::size_t>(i)] = lg.at(last * V + i);
+      for (int64_t i = 0; i < V; ++i) row_scratch[static_cast<std::size_t>(i)] = lg.at(r * V + i);
       row = row_scratch;
     }
     if (opt.sampling.repetition_penalty != 1.0f) {
@@ -487,7 +510,7 @@ struct sequence : std::enable_shared_from_this<sequence> {
     }
     const int32_t tok = sample_token(row, opt.sampling, rng, history);
     if (opt.keep_logits) out.logits.emplace_back(row.begin(), row.end());
-    take(tok);
+    return tok;
   }
 
   // A new token: streamed, then the sequence stops or goes on.
@@ -627,10 +650,238 @@ struct sequence : std::enable_shared_from_this<sequence> {
     slot = -1;
     // The slot first: once a handle is ready, its sequence no longer counts
     // as active (the next waiting sequence may start on this thread).
-    if (s >= 0) g->release_slot(ticket);
+    if (s >= 0) {
+      leave_lane(s);
+      g->release_slot(ticket);
+    }
     st->finish(std::move(r));
   }
+  void leave_lane(int lane);  // under decode_batch: its group forgets it
 };
+
+
+// ---- batched decode steps (generator_options::decode_batch) ----
+//
+// A state slot holds `lanes` sequences' caches side by side: lane l's
+// position p lives in row l * lane_rows + p % lane_rows of the slot's
+// cache, and the masks are built on the device from key positions that
+// keep the lanes apart (lane l's position p is key l * cache_tokens + p, a
+// query of lane l sees keys of its lane only). A group runs its slot's
+// jobs one at a time: a prompt piece of one sequence, or a decode step of
+// every sequence that feeds one token (its next token, or the next of a
+// prompt that goes one token a job), each a row of the step. Prompt pieces
+// and decode steps take turns while both wait.
+struct lane_group : std::enable_shared_from_this<lane_group> {
+  generator::impl* gen = nullptr;  // owns the group; a job's sequences keep it alive
+  int slot = 0;
+  std::mutex m;
+  std::vector<std::shared_ptr<sequence>> lanes;  // guarded by m; null: free
+  bool busy = false;          // a job of the slot in flight (guarded by m)
+  bool prompt_turn = true;    // guarded by m
+
+  // A sequence's part of a job: `n` tokens stored in its lane; `row` is the
+  // logits row its next token comes from (-1: none, the prompt goes on),
+  // or its token with a plan that picks it on the device (`token_out`).
+  struct part {
+    std::shared_ptr<sequence> s;
+    int64_t n = 1;
+    int64_t row = -1;
+  };
+
+  void join(const std::shared_ptr<sequence>& s) {
+    {
+      std::lock_guard lk(m);
+      lanes[static_cast<std::size_t>(s->slot % gen->lanes)] = s;
+    }
+    pump();
+  }
+  void leave(int lane, const sequence* s) {
+    std::lock_guard lk(m);
+    auto& held = lanes[static_cast<std::size_t>(lane % gen->lanes)];
+    if (held.get() == s) held.reset();
+  }
+
+  // Starts the slot's next job, if it has none in flight and work waits.
+  void pump();
+  void on_job(const job_result& r, const std::vector<part>& parts, bool token_out);
+};
+
+// Inputs of a lane job. Rows: each a token at a position of a lane, its
+// keys and values stored in that lane's row of the position (unless
+// padding), its query seeing the lane's positions from the window's first
+// to its own. Keys: the positions each lane of the job holds once the job
+// stored its rows (other lanes' rows hidden: no query of the job is theirs).
+struct lane_row {
+  int32_t token = 0;
+  int64_t position = 0;
+  int lane = 0;
+  bool store = true;
+};
+std::vector<host_tensor> lane_inputs(const generator::impl& g, const step_plan& sp, const std::vector<lane_row>& rows,
+                                     const std::vector<std::pair<int, int64_t>>& lane_tops) {
+  const models::transformer_config& c = g.cfg;
+  const int64_t T = sp.new_tokens, R = g.lane_rows, K = g.opt.cache_tokens, W = c.sliding_window;
+  std::vector<int32_t> tk(static_cast<std::size_t>(T)), pos(static_cast<std::size_t>(T)),
+      store(static_cast<std::size_t>(T)), ranges(static_cast<std::size_t>(2 * T));
+  for (int64_t i = 0; i < T; ++i) {
+    const lane_row& q = rows[static_cast<std::size_t>(std::min<int64_t>(i, static_cast<int64_t>(rows.size()) - 1))];
+    const bool real = i < static_cast<int64_t>(rows.size()) && q.store;
+    tk[static_cast<std::size_t>(i)] = q.token;
+    pos[static_cast<std::size_t>(i)] = static_cast<int32_t>(q.position);
+    store[static_cast<std::size_t>(i)] = real ? static_cast<int32_t>(q.lane * R + q.position % R) : -1;
+    const int64_t base = q.lane * K;
+    ranges[static_cast<std::size_t>(2 * i)] = static_cast<int32_t>(base + (W > 0 ? std::max<int64_t>(0, q.position - W + 1) : 0));
+    ranges[static_cast<std::size_t>(2 * i + 1)] = static_cast<int32_t>(base + q.position);
+  }
+  std::vector<host_tensor> in;
+  in.reserve(5);
+  if (sp.token_input) in.push_back(host_tensor::from_ints({1, T}, tk));
+  in.push_back(host_tensor::from_ints({T}, pos));
+  in.push_back(host_tensor::from_ints({T}, store));
+  const int64_t rows_all = R * g.lanes;
+  if (sp.mask_from_positions) {
+    host_tensor keys = host_tensor::uninitialized(dtype::i32, {rows_all});
+    auto* k = reinterpret_cast<int32_t*>(keys.data());
+    std::fill(k, k + rows_all, -1);
+    for (const auto& [lane, top] : lane_tops) {
+      // The positions lane `lane` holds: cache_mask_inputs' definition (a
+      // ring under a sliding window), shifted into the lane's keys.
+      const models::cache_mask_positions one = models::cache_mask_inputs(1, R, top + 1, 0, W);
+      const auto* held = reinterpret_cast<const int32_t*>(one.key_positions.data());
+      for (int64_t r = 0; r < R; ++r)
+        k[lane * R + r] = held[r] < 0 ? -1 : static_cast<int32_t>(lane * K + held[r]);
+    }
+    in.push_back(std::move(keys));
+    in.push_back(host_tensor::from_ints({T, 2}, ranges));
+    return in;
+  }
+  // A one-token plan reads a host mask [1, lanes x R]: its lane's row of
+  // cache_attention_mask, every other lane's rows hidden.
+  const lane_row& q = rows.front();
+  const int64_t top = lane_tops.front().second;
+  host_tensor mask = host_tensor::uninitialized(c.dtype, {1, rows_all}, sp.mask_memory);
+  const host_tensor hidden = models::cache_attention_mask(c.dtype, 1, R, 0, 0, W);
+  const host_tensor own = models::cache_attention_mask(c.dtype, 1, R, top, 1, W);
+  for (int l = 0; l < g.lanes; ++l)
+    std::memcpy(mask.data() + static_cast<std::size_t>(l) * own.bytes(), (l == q.lane ? own : hidden).data(), own.bytes());
+  in.push_back(std::move(mask));
+  return in;
+}
+
+void lane_group::pump() {
+  std::vector<std::shared_ptr<sequence>> cancelled;
+  const step_plan* sp = nullptr;
+  std::vector<part> parts;
+  std::vector<lane_row> rows;
+  std::vector<std::pair<int, int64_t>> tops;
+  bool token_out = false;
+  {
+    std::lock_guard lk(m);
+    if (busy) return;
+    std::vector<int> prompting, feeding;  // lanes with a prompt piece to run; lanes feeding one token
+    for (int l = 0; l < gen->lanes; ++l) {
+      std::shared_ptr<sequence>& s = lanes[static_cast<std::size_t>(l)];
+      if (!s) continue;
+      if (s->st->cancel_requested.load()) {
+        cancelled.push_back(std::move(s));
+        s.reset();
+        continue;
+      }
+      const std::size_t left = s->prompt.size() - s->prompt_fed;
+      (left > 1 && gen->prefill.p ? prompting : feeding).push_back(l);
+    }
+    if (!prompting.empty() && (feeding.empty() || prompt_turn)) {
+      // The oldest prompting sequence's next piece: the smallest prompt plan
+      // that holds what is left, else the prefill plan (chunks of its size).
+      const int l = *std::min_element(prompting.begin(), prompting.end(), [&](int a, int b) {
+        return lanes[static_cast<std::size_t>(a)]->ticket < lanes[static_cast<std::size_t>(b)]->ticket;
+      });
+      const std::shared_ptr<sequence>& s = lanes[static_cast<std::size_t>(l)];
+      const std::size_t left = s->prompt.size() - s->prompt_fed;
+      sp = &gen->prefill;
+      for (auto it = gen->prompt_pieces.rbegin(); it != gen->prompt_pieces.rend(); ++it)
+        if (left <= static_cast<std::size_t>(it->new_tokens)) sp = &*it;
+      const int64_t n = std::min<int64_t>(static_cast<int64_t>(left), sp->new_tokens);
+      // Padding first, as the first real token (stores nothing).
+      for (int64_t i = 0; i < sp->new_tokens - n; ++i) rows.push_back({0, s->cached, l, false});
+      for (int64_t j = 0; j < n; ++j)
+        rows.push_back({s->prompt[s->prompt_fed + static_cast<std::size_t>(j)], s->cached + j, l, true});
+      s->prompt_fed += static_cast<std::size_t>(n);
+      tops.emplace_back(l, s->cached + n - 1);
+      parts.push_back({s, n, s->prompt_fed == s->prompt.size() ? 0 : -1});
+      prompt_turn = false;
+    } else if (!feeding.empty()) {
+      // One token of each feeding sequence: a one-token plan for one (the
+      // device's argmax where its options allow), else the smallest batch
+      // plan that holds them, a row each (padding rows repeat the first and
+      // store nothing).
+      const int64_t count = static_cast<int64_t>(feeding.size());
+      for (std::size_t i = 0; i < feeding.size(); ++i) {
+        const int l = feeding[i];
+        const std::shared_ptr<sequence>& s = lanes[static_cast<std::size_t>(l)];
+        const bool prompting_now = s->prompt_fed < s->prompt.size();
+        const int32_t tok = prompting_now ? s->prompt[s->prompt_fed++] : s->next_token;
+        rows.push_back({tok, s->cached, l, true});
+        tops.emplace_back(l, s->cached);
+        parts.push_back({s, 1, s->prompt_fed == s->prompt.size() ? static_cast<int64_t>(i) : -1});
+      }
+      if (count == 1) {
+        const std::shared_ptr<sequence>& s = parts.front().s;
+        token_out = s->greedy_on_device() && parts.front().row >= 0;
+        sp = &step_for(token_out ? gen->decode_greedy : gen->decode, s->cached);
+      } else {
+        for (const step_plan& b : gen->batch_steps)
+          if (!sp && b.new_tokens >= count) sp = &b;
+      }
+      prompt_turn = true;
+    }
+    busy = sp != nullptr;
+  }
+  for (const std::shared_ptr<sequence>& s : cancelled) s->finish(stop_reason::cancelled);
+  if (!sp) return;
+  submit_options so;
+  so.state_slot = slot;  // the lanes' caches
+  so.on_done = [self = shared_from_this(), parts, token_out](const job_result& r) { self->on_job(r, parts, token_out); };
+  gen->rt->submit(sp->p, lane_inputs(*gen, *sp, rows, tops), so);
+}
+
+void lane_group::on_job(const job_result& r, const std::vector<part>& parts, bool token_out) {
+  // The sequences may end here, and with them the last references to the
+  // generator: keep it alive until the slot's next job is submitted.
+  const std::shared_ptr<generator::impl> keep = parts.front().s->gen;
+  for (const part& p : parts) {
+    sequence& s = *p.s;
+    if (!r) {
+      s.fail(r.err());
+      continue;
+    }
+    s.cached += p.n;  // the job stored its rows in the lane
+    if (p.row < 0) continue;  // the prompt goes on
+    int32_t tok = 0;
+    if (token_out) {
+      std::memcpy(&tok, (*r)[0].data(), sizeof tok);
+      ++s.out.tokens_picked_on_device;
+    } else {
+      tok = s.sample_row((*r)[0], p.row);
+    }
+    if (parts.size() > 1) ++s.out.tokens_batched;
+    if (s.stream(tok)) s.next_token = tok;
+  }
+  {
+    std::lock_guard lk(m);
+    busy = false;
+  }
+  pump();
+}
+
+void sequence::start() {
+  if (gen->lanes > 1) return gen->groups[static_cast<std::size_t>(slot / gen->lanes)]->join(shared_from_this());
+  submit_next();
+}
+
+void sequence::leave_lane(int lane) {
+  if (gen->lanes > 1) gen->groups[static_cast<std::size_t>(lane / gen->lanes)]->leave(lane, this);
+}
 
 }  // namespace
 
@@ -661,7 +912,7 @@ void generator::impl::start_or_queue(const std::shared_ptr<sequence>& s) {
   }
   // A slot keeps its last sequence's rows: the mask hides every row at or
   // beyond `cached`, so a fresh sequence needs no clearing.
-  s->submit_next();
+  s->start();
 }
 
 void generator::impl::release_slot(uint64_t ticket) {
@@ -676,7 +927,7 @@ void generator::impl::release_slot(uint64_t ticket) {
     waiting.erase(it);
     next->slot = (*handed)->slot;
   }
-  next->submit_next();
+  next->start();
 }
 
 void generator::impl::cancel_waiting(uint64_t ticket) {
@@ -695,7 +946,13 @@ generator::generator(std::shared_ptr<impl> p) : impl_(std::move(p)) {}
 generator::~generator() = default;
 
 int64_t generator::cache_bytes() const noexcept { return impl_->cache_bytes; }
-int64_t generator::cache_rows() const noexcept { return impl_->cfg.kv_cache_capacity; }
+int64_t generator::cache_rows() const noexcept { return impl_->lane_rows; }
+int generator::lanes_per_slot() const noexcept { return impl_->lanes; }
+std::vector<const plan*> generator::batch_decode_plans() const {
+  std::vector<const plan*> out;
+  for (const step_plan& sp : impl_->batch_steps) out.push_back(sp.p.get());
+  return out;
+}
 int64_t generator::weight_bytes() const noexcept { return impl_->weight_bytes; }
 const plan& generator::decode_plan() const noexcept { return *impl_->decode.p; }
 const plan* generator::prefill_plan() const noexcept { return impl_->prefill.p.get(); }
@@ -732,13 +989,23 @@ expected<std::shared_ptr<generator>> generator::create(runtime& rt, models::tran
     return bad("prefill_chunk must be >= 0, got " + std::to_string(options.prefill_chunk));
   if (options.short_prompt_chunk < 0)
     return bad("short_prompt_chunk must be >= 0, got " + std::to_string(options.short_prompt_chunk));
+  if (options.decode_batch < 0 || options.decode_batch > 256)
+    return bad("decode_batch must be 0..256, got " + std::to_string(options.decode_batch));
   cfg.batch = 1;
   // Under a sliding window a query sees its last `window` positions, a
   // prefill chunk's first query reaching chunk - 1 positions further back
   // than its last: a ring of window + chunk - 1 rows holds all of them
   // (position p in row p % rows), however long the sequence.
   const int64_t ring_rows = cfg.sliding_window + std::max<int64_t>(options.prefill_chunk, 1) - 1;
-  cfg.kv_cache_capacity = cfg.sliding_window > 0 ? std::min(options.cache_tokens, ring_rows) : options.cache_tokens;
+  const int64_t lane_rows = cfg.sliding_window > 0 ? std::min(options.cache_tokens, ring_rows) : options.cache_tokens;
+  // Under decode_batch a slot's cache is its lanes' side by side, and the
+  // masks key lane l's position p as l * cache_tokens + p (i32).
+  const int lanes = std::max(options.decode_batch, 1);
+  const int groups = (options.max_sequences + lanes - 1) / lanes;
+  if (lanes > 1 && lanes * options.cache_tokens > std::numeric_limits<int32_t>::max())
+    return bad("decode_batch " + std::to_string(lanes) + " x cache_tokens " + std::to_string(options.cache_tokens) +
+               " exceed the 2^31 - 1 positions the lanes' masks can key");
+  cfg.kv_cache_capacity = lane_rows * lanes;
   if (cfg.variant == models::model_variant::gpt2) {
     if (cfg.max_positions == 0) cfg.max_positions = options.cache_tokens;
     if (cfg.max_positions < options.cache_tokens)
@@ -748,6 +1015,8 @@ expected<std::shared_ptr<generator>> generator::create(runtime& rt, models::tran
   auto impl = std::make_shared<generator::impl>();
   impl->rt = &rt;
   impl->opt = options;
+  impl->lanes = lanes;
+  impl->lane_rows = lane_rows;
   // Every plan keeps the caches on the devices: one plan owns the weights
   // and max_sequences state slots (the decode plan, or a chain plan when
   // greedy steps are pipelined), the others read and store into the same.
@@ -760,20 +1029,26 @@ expected<std::shared_ptr<generator>> generator::create(runtime& rt, models::tran
     bool greedy = false;
     const char* token_in = nullptr;
     const char* token_out = nullptr;
+    bool all_rows = false;  // logits of every row (a batched decode step's), not the last row's
+  };
+  // Prompt plans, and under decode_batch every plan of more than one row,
+  // build their masks on the device.
+  const auto masks_on_device = [&](const step_shape& sh) {
+    return sh.new_tokens > 1 && (options.prompt_masks_on_device || lanes > 1);
   };
   auto step_graph = [&](const step_shape& sh) {
     models::transformer_config c = cfg;
     c.seq_len = sh.new_tokens;
     c.argmax_output = sh.greedy;
-    c.last_row_logits = true;  // a chunk's real tokens are last (inputs_at): only its last row goes on
-    c.mask_from_positions = sh.new_tokens > 1 && options.prompt_masks_on_device;
+    c.last_row_logits = !sh.all_rows;  // a chunk's real tokens are last (inputs_at): only its last row goes on
+    c.mask_from_positions = masks_on_device(sh);
     if (sh.token_in) c.token_state_in = sh.token_in;
     if (sh.token_out) c.token_state_out = sh.token_out;
     return models::build_transformer(c, weights);
   };
   auto plan_opts = [&](std::shared_ptr<const plan> share) {
     plan_options po = options.plan;
-    po.state_slots = options.max_sequences;
+    po.state_slots = groups;
     po.share_weights_with = share;  // one upload of the model: the owner holds every weight
     po.share_state_with = std::move(share);
     return po;
@@ -788,7 +1063,7 @@ expected<std::shared_ptr<generator>> generator::create(runtime& rt, models::tran
     out.token_input = sh.token_in == nullptr;
     // The inputs: [tokens,] positions, store positions, then the mask or
     // the key positions and query ranges it is built from.
-    out.mask_from_positions = sh.new_tokens > 1 && options.prompt_masks_on_device;
+    out.mask_from_positions = masks_on_device(sh);
     if (!out.mask_from_positions) out.mask_memory = rt.input_memory(out.p, out.token_input ? 3 : 2);
     // A one-token step over a cache too long for the one-kernel step: a
     // twin that runs it as one kernel anyway, for short sequences, sharing
@@ -834,7 +1109,7 @@ expected<std::shared_ptr<generator>> generator::create(runtime& rt, models::tran
   // time unless pipeline_across_stages. chain[1] owns the weights and the
   // state (the token states too), and the other plans use them.
   bool pipelined = false;
-  if (options.device_greedy && options.pipeline_depth > 1) {
+  if (options.device_greedy && options.pipeline_depth > 1 && lanes == 1) {
     const auto probe = [&](const step_shape& sh, std::shared_ptr<const plan> share) -> std::shared_ptr<const plan> {
       expected<graph> g = step_graph(sh);
       if (!g) return nullptr;
@@ -865,17 +1140,36 @@ expected<std::shared_ptr<generator>> generator::create(runtime& rt, models::tran
       if (error e = make_plan({n}, piece, pipelined ? impl->chain[1].p : impl->decode.p)) return e;
       if (!options.doubling_prompt_plans) break;
     }
+  // Batched decode steps: 2, 4, ... rows, and `lanes`.
+  for (int64_t n = 2; lanes > 1 && n <= lanes; n = n * 2 > lanes && n < lanes ? lanes : n * 2) {
+    step_plan& batch = impl->batch_steps.emplace_back();
+    step_shape sh{n};
+    sh.all_rows = true;
+    if (error e = make_plan(sh, batch, impl->decode.p)) return e;
+  }
   cfg.seq_len = 1;
   impl->cfg = cfg;
-  for (const device_memory& m : impl->decode.p->memory()) impl->cache_bytes += m.state_bytes * options.max_sequences;
+  for (const device_memory& m : impl->decode.p->memory()) impl->cache_bytes += m.state_bytes * groups;
   std::vector<const step_plan*> all{&impl->decode, &impl->prefill, &impl->decode_greedy, &impl->chain[0], &impl->chain[1]};
   for (const step_plan& sp : impl->prompt_pieces) all.push_back(&sp);
+  for (const step_plan& sp : impl->batch_steps) all.push_back(&sp);
   for (std::size_t i = 0, n = all.size(); i < n; ++i)
     if (all[i]->short_twin) all.push_back(all[i]->short_twin.get());
   for (const step_plan* sp : all)
     if (sp->p)
       for (const device_memory& m : sp->p->memory()) impl->weight_bytes += m.weights_shared ? 0 : m.weight_bytes;
-  impl->slot_table = state_slots(options.max_sequences);
+  // Under decode_batch the table hands out lanes: lane i is lane i %
+  // lanes of slot i / lanes, lowest first, so sequences fill a slot's batch
+  // before the next slot's.
+  impl->slot_table = state_slots(groups * lanes);
+  if (lanes > 1)
+    for (int g = 0; g < groups; ++g) {
+      auto group = std::make_shared<lane_group>();
+      group->gen = impl.get();
+      group->slot = g;
+      group->lanes.resize(static_cast<std::size_t>(lanes));
+      impl->groups.push_back(std::move(group));
+    }
   return std::make_shared<generator>(std::move(impl));
 }
 

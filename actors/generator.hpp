@@ -117,6 +117,9 @@ struct generation_result {
   /// Of those, the ones whose step read its token on the device, queued
   /// behind the step before (generator_options::pipeline_depth).
   int64_t tokens_pipelined = 0;
+  /// Of `tokens`, those whose decode step carried other sequences' tokens
+  /// too (generator_options::decode_batch).
+  int64_t tokens_batched = 0;
 };
 
 /// The generated tokens, or the error of the job that failed (naming it).
@@ -216,6 +219,21 @@ struct generator_options {
   /// zero-delay sim devices (host costs only) it now takes 0.017 against
   /// 0.023 ms (0.031 with the old turn). To be measured on GPUs again.
   bool pipeline_across_stages = false;
+  /// Decode steps of up to this many sequences in one job (continuous
+  /// batching); 0 or 1: each sequence's steps are jobs of their own. With
+  /// N >= 2 a state slot holds N sequences' caches side by side (lanes of
+  /// cache_rows() rows each; max_sequences rounded up to a multiple of N),
+  /// and the sequences of a slot decode together: one job carries one new
+  /// token of each, so the model's weights are read once for all of them
+  /// (plans of 2, 4, ... N rows, each row a sequence, masks built on the
+  /// device from the lanes' positions; a sequence alone in its slot takes
+  /// the one-token plans). A prompt's pieces are jobs of the slot too, taking
+  /// turns with the slot's decode steps, so a new sequence joins the batch
+  /// after its prompt. Each sequence samples its own token (its own options)
+  /// on the host, from its row of the step's logits. Greedy steps are not
+  /// pipelined (pipeline_depth applies to one sequence's steps). A job that
+  /// fails fails every sequence in it. 0..256.
+  int decode_batch = 0;
   plan_options plan;            ///< layout of both plans (stages, devices); state_slots and
                                 ///< share_state_with are set by the generator
 };
@@ -240,7 +258,8 @@ class generator {
 
   /// Bytes of device memory the caches take (all slots, all devices).
   int64_t cache_bytes() const noexcept;
-  /// Rows of keys (and of values) each slot's cache holds a layer: cache_tokens,
+  /// Rows of keys (and of values) each sequence's cache holds a layer (a
+  /// slot's lane under decode_batch): cache_tokens,
   /// or for a model with a sliding window W (transformer_config::sliding_window)
   /// at most W + max(prefill_chunk, 1) - 1, a ring that position p takes row
   /// p % rows of: every position a query still sees stays, and a sequence
@@ -274,6 +293,11 @@ class generator {
   /// Sequences holding a slot now, and sequences waiting for one.
   int active_sequences() const;
   int waiting_sequences() const;
+  /// The plans of batched decode steps (generator_options::decode_batch),
+  /// ascending by rows a job (2, 4, ... decode_batch); empty without.
+  std::vector<const plan*> batch_decode_plans() const;
+  /// Sequences a state slot holds: decode_batch, or 1 without batching.
+  int lanes_per_slot() const noexcept;
 
   explicit generator(std::shared_ptr<impl> p);
 

@@ -6,6 +6,13 @@
 //     (timing-only sim devices: the cost model's time per op, scaled by
 //     --time-scale so that device time dominates the host's work per job).
 //
+//   actorgraph-generate-bench --mode batch --model DIR --devices cuda:0
+//                             [--sequences 8] [--context 512] [--new-tokens 64]
+//     batched_decode_tokens_per_s: --sequences sequences decoding together
+//     (generator_options::decode_batch), tokens a second while all of them
+//     decode; unbatched_decode_tokens_per_s: the same sequences each stepping
+//     on its own; batched_decode_speedup: the ratio (same run, alternated).
+//
 //   actorgraph-generate-bench --mode decode --model DIR --devices cuda:0
 //                             [--context 512] [--new-tokens 64] [--prefill 2048]
 //                             [--bandwidth-gbs B]
@@ -465,19 +472,138 @@ int run_decode(const decode_args& a) {
   return 0;
 }
 
+
+// --mode batch: N sequences decoding at once, their steps batched
+// (generator_options::decode_batch N) against the same N each stepping on
+// its own (decode_batch 0), two generators over one runtime, alternated.
+// The figure is the steady state: tokens streamed between the moment the
+// last sequence got its first token and the moment the first one ended,
+// when all N decode (prompts of --context tokens first, in chunks of
+// --prefill-chunk).
+struct batch_args {
+  std::string model, devices = "cuda:0";
+  int sequences = 8;
+  int64_t context = 512, prefill_chunk = 0, new_tokens = 64;
+  int rounds = 2;
+};
+
+struct batch_round {
+  double steady_tokens_per_s = 0.0, all_tokens_per_s = 0.0, step_ms = 0.0;
+  int64_t tokens_batched = 0, tokens = 0;
+};
+
+ag::expected<batch_round> run_batch_round(ag::generator& gen, const batch_args& a, int64_t vocab, int round) {
+  std::mutex m;
+  std::vector<std::vector<clock_type::time_point>> at(static_cast<std::size_t>(a.sequences));
+  std::vector<ag::generation> hs;
+  const auto t0 = clock_type::now();
+  for (int s = 0; s < a.sequences; ++s) {
+    std::vector<int32_t> prompt(static_cast<std::size_t>(a.context));
+    for (std::size_t i = 0; i < prompt.size(); ++i)
+      prompt[i] = static_cast<int32_t>((i * 7919 + 13 + static_cast<std::size_t>(s * 101 + round)) % vocab);
+    ag::generate_options o;
+    o.max_new_tokens = static_cast<int>(a.new_tokens);
+    o.on_token = [&m, &at, s](int32_t, int64_t) {
+      std::lock_guard lk(m);
+      at[static_cast<std::size_t>(s)].push_back(clock_type::now());
+    };
+    hs.push_back(gen.generate(std::move(prompt), o));
+  }
+  batch_round r;
+  for (const auto& h : hs) {
+    if (!h.wait()) return h.wait().err();
+    r.tokens_batched += h.wait()->tokens_batched;
+    r.tokens += static_cast<int64_t>(h.wait()->tokens.size());
+  }
+  const double all_s = seconds_since(t0);
+  clock_type::time_point start = t0, end = clock_type::time_point::max();
+  for (const auto& v : at) {
+    if (v.empty()) return ag::error{ag::errc::internal, "a sequence streamed no token"};
+    start = std::max(start, v.front());
+    end = std::min(end, v.back());
+  }
+  int64_t inside = 0;
+  std::vector<double> gaps;
+  for (const auto& v : at)
+    for (std::size_t i = 0; i < v.size(); ++i) {
+      if (v[i] > start && v[i] <= end) ++inside;
+      if (i > 0 && v[i - 1] >= start && v[i] <= end)
+        gaps.push_back(std::chrono::duration<double>(v[i] - v[i - 1]).count());
+    }
+  std::sort(gaps.begin(), gaps.end());
+  const double steady_s = std::chrono::duration<double>(end - start).count();
+  r.steady_tokens_per_s = steady_s > 0 ? static_cast<double>(inside) / steady_s : 0.0;
+  r.all_tokens_per_s = static_cast<double>(r.tokens) / all_s;
+  r.step_ms = gaps.empty() ? 0.0 : gaps[gaps.size() / 2] * 1e3;
+  return r;
+}
+
+int run_batch(const batch_args& a) {
+  auto rt = ag::runtime::create(a.devices);
+  if (!rt) return fail(rt.err());
+  auto model = ag::models::hf_model::open(a.model);
+  if (!model) return fail(model.err());
+  const int64_t vocab = model->config().model.vocab;
+  std::shared_ptr<ag::generator> gens[2];  // [0]: batched, [1]: one sequence a job
+  for (int k = 0; k < 2; ++k) {
+    ag::generator_options go;
+    go.cache_tokens = a.context + a.new_tokens;
+    go.max_sequences = a.sequences;
+    go.prefill_chunk = a.prefill_chunk > 0 ? a.prefill_chunk : a.context;
+    go.decode_batch = k == 0 ? a.sequences : 0;
+    auto gen = ag::generator::create(**rt, model->model_config(1), model->provider(), go);
+    if (!gen) return fail(gen.err());
+    gens[k] = std::move(*gen);
+  }
+  // Warm-up: every plan's first jobs (arenas, captures).
+  for (auto& g : gens) {
+    batch_args w = a;
+    w.new_tokens = std::min<int64_t>(a.new_tokens, 8);
+    if (auto r = run_batch_round(*g, w, vocab, -1); !r) return fail(r.err());
+  }
+  batch_round best[2];
+  for (int round = 0; round < a.rounds; ++round)
+    for (int k = 0; k < 2; ++k) {
+      auto r = run_batch_round(*gens[k], a, vocab, round);
+      if (!r) return fail(r.err());
+      std::printf("%-34s round %d: steady %.1f tokens/s (a sequence's step %.3f ms), all %.1f tokens/s, %lld of %lld "
+                  "tokens batched\n",
+                  k == 0 ? "batched" : "one sequence a job", round, r->steady_tokens_per_s, r->step_ms,
+                  r->all_tokens_per_s, static_cast<long long>(r->tokens_batched), static_cast<long long>(r->tokens));
+      if (r->steady_tokens_per_s > best[k].steady_tokens_per_s) best[k] = *r;
+    }
+  std::printf("%-34s %14s %14s %14s\n", (a.devices + ", " + std::to_string(a.sequences) + " sequences").c_str(),
+              "steady tok/s", "step ms", "all tok/s");
+  std::printf("%-34s %14.1f %14.3f %14.1f\n", ("decode_batch " + std::to_string(a.sequences)).c_str(),
+              best[0].steady_tokens_per_s, best[0].step_ms, best[0].all_tokens_per_s);
+  std::printf("%-34s %14.1f %14.3f %14.1f\n", "decode_batch 0", best[1].steady_tokens_per_s, best[1].step_ms,
+              best[1].all_tokens_per_s);
+  std::printf("batched_decode_tokens_per_s: %.1f\n", best[0].steady_tokens_per_s);
+  std::printf("unbatched_decode_tokens_per_s: %.1f\n", best[1].steady_tokens_per_s);
+  std::printf("batched_decode_step_ms: %.3f\n", best[0].step_ms);
+  std::printf("batched_decode_speedup: %.2f\n", best[1].steady_tokens_per_s > 0
+                                                      ? best[0].steady_tokens_per_s / best[1].steady_tokens_per_s
+                                                      : 0.0);
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   std::string mode = "sim";
   double time_scale = 20.0;
-  int sequences = 8, sim_tokens = 12;
+  int sequences = 8, sim_tokens = 12, rounds = 2;
   decode_args d;
   ag::apps::flags app("actorgraph-generate-bench",
                       "Generation figures: pipelined_sequences_speedup_sim (--mode sim), or decode, prefill and load "
-                      "figures of a model folder on real devices (--mode decode).");
-  app.add_option("--mode", mode, "sim or decode")->check(CLI::IsMember({"sim", "decode"}));
+                      "figures of a model folder on real devices (--mode decode), or batched decoding of many "
+                      "sequences against one sequence a job (--mode batch).");
+  app.add_option("--mode", mode, "sim, decode or batch")->check(CLI::IsMember({"sim", "decode", "batch"}));
   app.add_option("--time-scale", time_scale, "sim: wall seconds per simulated second")->check(CLI::PositiveNumber);
-  app.add_option("--sequences", sequences, "sim: sequences decoding at once")->check(CLI::Range(1, 256));
+  app.add_option("--sequences", sequences,
+                 "sim, batch: sequences decoding at once (batch: also generator_options::decode_batch)")
+      ->check(CLI::Range(1, 256));
+  app.add_option("--rounds", rounds, "batch: rounds of each side, alternated (the best taken)")->check(CLI::Range(1, 100));
   app.add_option("--sim-tokens", sim_tokens, "sim: tokens per sequence")->check(CLI::Range(1, 48));
   app.add_option("--model", d.model, "decode: the model folder (actorgraph-save-model --shape llama-1b)");
   app.add_option("--devices", d.devices, "decode: device spec");
@@ -576,8 +702,19 @@ int main(int argc, char** argv) {
   if (auto status = ag::apps::parse_flags(app, argc, argv)) return *status;
   if (mode == "sim") return run_sim(time_scale, sequences, sim_tokens);
   if (d.model.empty()) {
-    std::fprintf(stderr, "actorgraph-generate-bench: --mode decode needs --model\n");
+    std::fprintf(stderr, "actorgraph-generate-bench: --mode %s needs --model\n", mode.c_str());
     return ag::apps::bad_flags_status;
+  }
+  if (mode == "batch") {
+    batch_args b;
+    b.model = d.model;
+    b.devices = d.devices;
+    b.sequences = sequences;
+    b.context = d.context;
+    b.prefill_chunk = d.prefill_chunk;
+    b.new_tokens = d.new_tokens;
+    b.rounds = rounds;
+    return run_batch(b);
   }
   return run_decode(d);
 }

@@ -1025,3 +1025,180 @@ TEST(GenerateTensorParallel, DecodeStepGraphsPlanAtDegreeTwoAndEqualTheReference
                 (*p)->tensor_parallel()->collectives.size(), gathers);
   }
 }
+
+// ---- batched decode steps (generator_options::decode_batch) ----
+
+namespace {
+
+// Five sequences of different prompts and lengths on a generator of
+// decode_batch 4 (two slots of four lanes), started while the first one's
+// first token is held, so that all five are in their slots' batches before
+// it goes on: every token's logits equal recomputing its own sequence, the
+// greedy tokens are the recomputation's argmax, and some tokens were decoded
+// beside other sequences' (the batches shrink to 3, 2 and 1 as the shorter
+// ones end: padding rows, and the one-token plans).
+void batched_equals_recompute(const std::string& spec, int stages, int64_t prefill_chunk, int tp,
+                              const std::vector<ag::models::transformer_config>& models) {
+  for (const auto& cfg : models) {
+    SCOPED_TRACE(std::string(to_string(cfg.variant)) + " (window " + std::to_string(cfg.sliding_window) + ") on " +
+                 spec + ", stages " + std::to_string(stages) + ", tp " + std::to_string(tp) + ", prefill_chunk " +
+                 std::to_string(prefill_chunk));
+    temp_dir dir;
+    auto m = saved_model(dir, cfg);
+    ASSERT_TRUE(m.has_value()) << m.err().to_string();
+    auto rt = ag::runtime::create(spec, fast_sim());
+    ASSERT_TRUE(rt.has_value()) << rt.err().to_string();
+    ag::generator_options go;
+    go.cache_tokens = 16;
+    go.max_sequences = 5;  // two slots of four lanes
+    go.prefill_chunk = prefill_chunk;
+    go.decode_batch = 4;
+    go.plan.pipeline_stages = stages;
+    go.plan.tensor_parallel = tp;
+    auto gen = ag::generator::create(**rt, m->model_config(1), m->provider(), go);
+    ASSERT_TRUE(gen.has_value()) << gen.err().to_string();
+    EXPECT_EQ((*gen)->lanes_per_slot(), 4);
+    ASSERT_EQ((*gen)->batch_decode_plans().size(), 2u);
+    EXPECT_EQ((*gen)->cache_rows(), cfg.sliding_window > 0
+                                        ? std::min<int64_t>(16, cfg.sliding_window + std::max<int64_t>(prefill_chunk, 1) - 1)
+                                        : 16);
+    const std::vector<std::vector<int32_t>> prompts{{3, 1, 4, 1, 5, 9}, {2, 7}, {1}, {8, 8, 1, 0, 3}, {6, 5, 4}};
+    const int max_new[] = {8, 3, 6, 5, 7};
+    held_first hold;
+    std::vector<ag::generation> hs;
+    for (std::size_t i = 0; i < prompts.size(); ++i) {
+      ag::generate_options o;
+      o.max_new_tokens = max_new[i];
+      o.keep_logits = i != 4;  // the last one greedy without logits: a lane of the same batches
+      if (i == 0)
+        o.on_token = [&](int32_t, int64_t k) {
+          if (k == 0) hold.released.wait_for(60s);
+        };
+      hs.push_back((*gen)->generate(prompts[i], o));
+    }
+    EXPECT_EQ((*gen)->active_sequences(), 5);
+    hold.release.set_value();
+    int64_t batched = 0;
+    std::vector<std::vector<int32_t>> got(prompts.size());
+    for (std::size_t i = 0; i < hs.size(); ++i) {
+      ASSERT_TRUE(hs[i].wait_for(120s)) << "sequence " << i << " hung";
+      const auto& r = hs[i].wait();
+      ASSERT_TRUE(r.has_value()) << r.err().to_string();
+      EXPECT_EQ(r->reason, ag::stop_reason::max_tokens);
+      ASSERT_EQ(r->tokens.size(), static_cast<std::size_t>(max_new[i]));
+      batched += r->tokens_batched;
+      got[i] = r->tokens;
+      if (i == 4) continue;
+      std::vector<int32_t> seq = prompts[i];
+      for (std::size_t t = 0; t < r->tokens.size(); ++t) {
+        const std::vector<float> ref = recomputed_last_logits(*m, seq);
+        ASSERT_EQ(ref.size(), r->logits[t].size());
+        EXPECT_LT(worst_logit_error(ref, r->logits[t]), 2e-3)
+            << "sequence " << i << ", token " << t << ": logits differ from recomputing the sequence";
+        EXPECT_EQ(r->tokens[t], static_cast<int32_t>(std::max_element(ref.begin(), ref.end()) - ref.begin()))
+            << "sequence " << i << ", token " << t;
+        seq.push_back(r->tokens[t]);
+      }
+    }
+    EXPECT_GT(batched, 0) << "no token was decoded beside another sequence's";
+    // The greedy sequence without logits: its solo run's tokens.
+    EXPECT_EQ(got[4], alone(**rt, *m, prompts[4], max_new[4], stages));
+    EXPECT_EQ((*gen)->active_sequences(), 0);
+  }
+}
+
+}  // namespace
+
+TEST(GenerateBatched, EachSequenceEqualsRecomputeCpu) { batched_equals_recompute("cpu:1", 1, 4, 1, tiny_models()); }
+TEST(GenerateBatched, EachSequenceEqualsRecomputeWithoutPrefillPlanSim) {
+  batched_equals_recompute("sim:1", 1, 0, 1, tiny_models());
+}
+TEST(GenerateBatched, EachSequenceEqualsRecomputeTwoStagesSim) {
+  batched_equals_recompute("sim:2", 2, 4, 1, {tiny_llama_f32(), ag::test::tiny_model(ag::models::model_variant::gpt2)});
+}
+TEST(GenerateBatched, EachSequenceEqualsRecomputeTensorParallel2Cpu) {
+  batched_equals_recompute("cpu:2", 1, 4, 2, {tiny_llama_f32(), ag::test::tiny_model(ag::models::model_variant::gpt2)});
+}
+
+// More sequences than lanes wait for one and run when a lane frees; one that
+// cancels itself stops; one that outgrows cache_tokens stops with cache_full;
+// each other one equals its solo run; the caches of 2 slots x 3 lanes take
+// what 6 one-sequence slots take.
+TEST(GenerateBatched, SequencesQueueForLanesCancelAndFillTheirCache) {
+  const auto cfg = ag::test::tiny_model(ag::models::model_variant::llama, 2);
+  temp_dir dir;
+  auto m = saved_model(dir, cfg);
+  ASSERT_TRUE(m.has_value()) << m.err().to_string();
+  auto rt = ag::runtime::create("cpu:1", fast_sim());
+  ASSERT_TRUE(rt.has_value()) << rt.err().to_string();
+  ag::generator_options go;
+  go.cache_tokens = 16;
+  go.max_sequences = 6;
+  go.prefill_chunk = 4;
+  go.decode_batch = 3;
+  auto gen = ag::generator::create(**rt, m->model_config(1), m->provider(), go);
+  ASSERT_TRUE(gen.has_value()) << gen.err().to_string();
+  // Batch plans of 2 and 3 rows.
+  ASSERT_EQ((*gen)->batch_decode_plans().size(), 2u);
+  {
+    ag::generator_options solo = go;
+    solo.decode_batch = 0;
+    solo.device_greedy = false;  // no token states: the caches alone
+    auto one_each = ag::generator::create(**rt, m->model_config(1), m->provider(), solo);
+    ASSERT_TRUE(one_each.has_value()) << one_each.err().to_string();
+    EXPECT_EQ((*gen)->cache_bytes(), (*one_each)->cache_bytes());
+  }
+  const std::vector<std::vector<int32_t>> prompts{{1, 2, 3}, {7, 7}, {40, 0, 13, 2}, {5}, {9, 8, 7, 6, 5},
+                                                  {11, 22}, {3, 3, 3}, {1, 4, 1, 5, 9, 2, 6}, {10}};
+  const std::size_t cancelled = 2, fills = 7;  // fills: 7 prompt tokens + 9 new reach cache_tokens 16
+  std::promise<ag::generation> cancelled_handle;
+  std::shared_future<ag::generation> cancelled_future = cancelled_handle.get_future().share();
+  std::vector<ag::generation> hs;
+  for (std::size_t i = 0; i < prompts.size(); ++i) {
+    ag::generate_options o;
+    o.max_new_tokens = i == fills ? 100 : 6;
+    if (i == cancelled)
+      o.on_token = [cancelled_future](int32_t, int64_t index) {
+        if (index == 0) cancelled_future.get().cancel();
+      };
+    hs.push_back((*gen)->generate(prompts[i], o));
+    if (i == cancelled) cancelled_handle.set_value(hs.back());
+  }
+  for (std::size_t i = 0; i < hs.size(); ++i) {
+    ASSERT_TRUE(hs[i].wait_for(120s)) << "sequence " << i << " hung";
+    const auto& r = hs[i].wait();
+    ASSERT_TRUE(r.has_value()) << r.err().to_string();
+    if (i == cancelled) {
+      EXPECT_EQ(r->reason, ag::stop_reason::cancelled);
+      EXPECT_LT(r->tokens.size(), 6u);
+      continue;
+    }
+    if (i == fills) {
+      EXPECT_EQ(r->reason, ag::stop_reason::cache_full);
+      EXPECT_EQ(r->tokens.size(), 10u);  // the 16th position's token comes from the 16th row
+      EXPECT_EQ(r->tokens, alone(**rt, *m, prompts[i], 10, 1));
+      continue;
+    }
+    EXPECT_EQ(r->reason, ag::stop_reason::max_tokens);
+    EXPECT_EQ(r->tokens, alone(**rt, *m, prompts[i], 6, 1)) << "sequence " << i << " differs from its solo run";
+  }
+  EXPECT_EQ((*gen)->active_sequences(), 0);
+  EXPECT_EQ((*gen)->waiting_sequences(), 0);
+}
+
+TEST(GenerateBatched, BadBatchOptionsAreRefusedNamingThem) {
+  const auto cfg = ag::test::tiny_model(ag::models::model_variant::gpt2);
+  auto rt = ag::runtime::create("cpu:1");
+  ASSERT_TRUE(rt.has_value());
+  ag::generator_options go;
+  go.decode_batch = 257;
+  auto gen = ag::generator::create(**rt, cfg, {}, go);
+  ASSERT_FALSE(gen.has_value());
+  EXPECT_NE(gen.err().message.find("decode_batch must be 0..256, got 257"), std::string::npos) << gen.err().message;
+  auto llama = ag::test::tiny_model(ag::models::model_variant::llama, 2);
+  go.decode_batch = 256;
+  go.cache_tokens = int64_t{1} << 24;
+  gen = ag::generator::create(**rt, llama, {}, go);
+  ASSERT_FALSE(gen.has_value());
+  EXPECT_NE(gen.err().message.find("exceed the 2^31 - 1 positions"), std::string::npos) << gen.err().message;
+}
