@@ -485,6 +485,8 @@ struct batch_args {
   int sequences = 8;
   int64_t context = 512, prefill_chunk = 0, new_tokens = 64;
   int rounds = 2;
+  bool fusion = true, projections = true, gemv = true;  // plan_options::fuse_ops, fuse_projections; cuda_gemv
+  ag::graph_replay_mode replay = ag::graph_replay_mode::automatic;
 };
 
 struct batch_round {
@@ -539,7 +541,9 @@ ag::expected<batch_round> run_batch_round(ag::generator& gen, const batch_args& 
 }
 
 int run_batch(const batch_args& a) {
-  auto rt = ag::runtime::create(a.devices);
+  ag::runtime_options ro;
+  ro.backend.cuda_gemv = a.gemv;
+  auto rt = ag::runtime::create(a.devices, ro);
   if (!rt) return fail(rt.err());
   auto model = ag::models::hf_model::open(a.model);
   if (!model) return fail(model.err());
@@ -551,6 +555,9 @@ int run_batch(const batch_args& a) {
     go.max_sequences = a.sequences;
     go.prefill_chunk = a.prefill_chunk > 0 ? a.prefill_chunk : a.context;
     go.decode_batch = k == 0 ? a.sequences : 0;
+    go.plan.fuse_ops = a.fusion;
+    go.plan.fuse_projections = a.projections;
+    go.plan.graph_replay = a.replay;
     auto gen = ag::generator::create(**rt, model->model_config(1), model->provider(), go);
     if (!gen) return fail(gen.err());
     gens[k] = std::move(*gen);
@@ -714,6 +721,11 @@ int main(int argc, char** argv) {
     b.prefill_chunk = d.prefill_chunk;
     b.new_tokens = d.new_tokens;
     b.rounds = rounds;
+    b.fusion = d.fusion == "on";
+    b.projections = d.projections == "on";
+    b.gemv = d.gemv == "on";
+    if (!ag::parse_graph_replay_mode(d.replay, b.replay))
+      return fail({ag::errc::invalid_argument, "--replay must be off, on or auto, got '" + d.replay + "'"});
     return run_batch(b);
   }
   return run_decode(d);

@@ -79,11 +79,14 @@ std::optional<attention_fusion> match(const graph& g, const std::vector<node_id>
                             keys >= cpu_fused_cache_min_keys;
     if ((M <= fused_attention_max_rows && !long_cache) || keys < 1) return std::nullopt;
   } else {
-    const bool flash =
-        M > fused_attention_max_rows && keys >= 1 && fused_flash_attention_fits(t, dh, batch_entries);
-    // A long KV cache: the split kernel, whatever the keys.
+    // A long KV cache: the split kernel, whatever the keys; and whatever
+    // the query rows up to fused_attention_split_max_rows when they are a
+    // few softmax rows of several heads (a batched decode step).
     const bool cache = kk.op == op_kind::store_rows && v.op == op_kind::store_rows && fused_attention_any_keys(dh);
-    if (!flash && (M > fused_attention_max_rows || keys < 1 || dh > fused_attention_max_head ||
+    const bool split_rows = cache && fused_attention_split_rows_fit(M, sm.dims[-2], dh);
+    const bool flash = M > fused_attention_max_rows && !split_rows && keys >= 1 &&
+                       fused_flash_attention_fits(t, dh, batch_entries);
+    if (!flash && ((M > fused_attention_max_rows && !split_rows) || keys < 1 || dh > fused_attention_max_head ||
                    (!cache && (keys > fused_attention_max_keys || M * keys > fused_attention_max_scores))))
       return std::nullopt;
   }
@@ -443,8 +446,11 @@ std::vector<attention_fusion> find_attention_fusions(const graph& g, const std::
       if (!f) continue;
       f->step = st.id;
       // Only CUDA's decode kernels take a cache prologue (not the flash
-      // kernel's longer runs, nor the cpu kernel).
-      if (kind == device_kind::cuda && g.at(g.at(f->scores).inputs[0]).dims[-2] <= fused_attention_max_rows)
+      // kernel's longer runs, nor the cpu kernel): the split kernel's rows.
+      const node& q = g.at(g.at(f->scores).inputs[0]);
+      if (kind == device_kind::cuda &&
+          (q.dims[-2] <= fused_attention_max_rows ||
+           fused_attention_split_rows_fit(q.dims[-2], g.at(f->softmax).dims[-2], q.dims[-1])))
         match_prologue(g, ops, i, *f);
       found.push_back(*f);
       i += f->mask_add == no_node ? 2 : 3;  // past the chain's last op

@@ -96,6 +96,19 @@ inline constexpr int64_t fused_attention_max_head = 256;
 /// scores in shared memory keeps the limits.
 inline bool fused_attention_any_keys(int64_t dh) noexcept { return dh == 32 || dh == 64 || dh == 128 || dh == 256; }
 
+/// A chain over a KV cache (as fused_attention_any_keys) of at most
+/// fused_attention_max_rows softmax rows S but more query rows M (S rows of
+/// several query heads a kv head: a batched decode step's rows, one
+/// sequence each, generator_options::decode_batch) fuses into the split
+/// kernel up to this many query rows, not into the flash kernel, whose grid
+/// has one block per 64 query rows and kv head (8 blocks for LLaMA-1B's 8
+/// rows of 4 heads a kv head) and reads every key a block's rows see.
+inline constexpr int64_t fused_attention_split_max_rows = 64;
+inline bool fused_attention_split_rows_fit(int64_t M, int64_t S, int64_t dh) noexcept {
+  return fused_attention_any_keys(dh) && M <= fused_attention_split_max_rows && S >= 1 &&
+         S <= fused_attention_max_rows && M % S == 0;
+}
+
 /// On cpu devices a decode-sized chain (at most fused_attention_max_rows
 /// query rows) fuses only over a KV cache of this many rows or more, with a
 /// mask: the fused kernel then reads only the rows up to the last its mask

@@ -20,6 +20,9 @@ namespace {
 
 constexpr int kThreads = 512;
 constexpr int64_t kMaxRows = 16, kMaxKeys = 8192, kMaxHead = 256, kMaxScores = 32768;
+// The split kernel's most query rows a block (graph/fusion.hpp's
+// fused_attention_split_max_rows): up to kMaxRows softmax rows of several heads.
+constexpr int64_t kSplitMaxRows = 64;
 
 // One batch entry (b0, b1) of both attention kernels: its q, k, v and
 // output, the flat query row of its m = 0, and the keys its row m sees:
@@ -239,6 +242,10 @@ __device__ __forceinline__ void fold_block(mask_scan& m, mask_scan* per_warp) {
 // splits then share out only the rows it holds, so a sequence of 512 tokens
 // in a cache of 16,384 reads 512 rows a layer, not 16,384. The mask has no
 // batch index, so every block of the grid finds the same range.
+// `seeing`: the rows (bit r: row r) with a visible key; a row of them skips
+// the rounds of keys it sees none of (a batched decode step's rows, each a
+// sequence whose keys are its own lane of the cache: generator.hpp's
+// decode_batch).
 //
 // First the two ends: a 16-byte vector a thread at each end of every row.
 // When every row sees a key in both, they hold the first and the last
@@ -252,7 +259,7 @@ __device__ __forceinline__ void fold_block(mask_scan& m, mask_scan* per_warp) {
 // 512 tokens in it, 0.83-0.84 against 1.175.
 template <class T>
 __device__ void visible_keys(const kt& mask, int64_t first_row, int rows, int64_t S, int64_t keys, int64_t& lo,
-                             int64_t& hi) {
+                             int64_t& hi, unsigned& seeing) {
   constexpr int E = 16 / sizeof(T);
   constexpr int kInFlight = 16;  // vector loads a thread has in flight at once: 16,384 bf16 keys in one go
   __shared__ mask_scan per_warp[kSplitWarps];
@@ -279,6 +286,7 @@ __device__ void visible_keys(const kt& mask, int64_t first_row, int rows, int64_
     fold_block(ends, per_warp);
     if (ends.rows_a == every_row && ends.rows_b == every_row) {
       lo = ends.first, hi = ends.last;
+      seeing = every_row;
       return;
     }
     __syncthreads();  // every thread has read per_warp before the whole scan writes it
@@ -322,6 +330,7 @@ __device__ void visible_keys(const kt& mask, int64_t first_row, int rows, int64_
   fold_block(all, per_warp);
   lo = all.rows_a == every_row ? all.first : 0;
   hi = all.rows_a == every_row ? all.last : keys;
+  seeing = all.rows_a;
 }
 
 // Dynamic shared memory of the split kernel: q rows (f32), one round's key
@@ -392,9 +401,14 @@ __global__ void __launch_bounds__(kSplitThreads)
   // The split's keys [j_begin, j_end): a share of those the mask leaves
   // visible when the cache is long (visible_keys), else the plan's chunk.
   int64_t j_begin = split * chunk, j_end = j_begin + chunk < keys ? j_begin + chunk : keys;
+  // Mask rows (bit m % S of query row m, S <= 32) that see some key: such a
+  // row skips a round whose keys it sees none of, with exactly what those
+  // keys would add (their weights are 0 beside a visible key's in f32).
+  unsigned seeing = 0u;
   if (masked && keys >= kTrimKeys) {
     int64_t lo, hi;
-    visible_keys<T>(mask, gv.first_row, M < S ? M : static_cast<int>(S), S, keys, lo, hi);
+    visible_keys<T>(mask, gv.first_row, M < S ? M : static_cast<int>(S), S, keys, lo, hi, seeing);
+    if (S > 32) seeing = 0u;
     const int64_t share = ((hi - lo + splits - 1) / splits + kRoundKeys - 1) / kRoundKeys * kRoundKeys;
     j_begin = min(hi, lo + split * share);
     j_end = min(hi, j_begin + share);
@@ -518,6 +532,11 @@ __global__ void __launch_bounds__(kSplitThreads)
     for (int rr = 0; rr < RPW; ++rr) {
       const int m = warp + rr * kSplitWarps;
       if (m >= M) break;  // the same for the whole warp
+      if ((seeing >> (m % S)) & 1u) {
+        // A row that sees keys elsewhere skips a round it sees none of (the
+        // same for the whole warp).
+        if (!__any_sync(0xffffffffu, j < j_end && mk[rr] > attention_hidden_limit)) continue;
+      }
       // Lane's key: (q.k + mask) * scale, the unfused chain's order.
       const T* kr = ks + lane * kStride;
       const float* qr = qs + m * dh;
@@ -690,9 +709,15 @@ template <class T, int DPL>
 error go_split_rows(const launch_ctx& c, const kt& out, const kt& q, const kt& k, const kt& v, const kt& mask,
                     bool masked, float scale, bool causal, int64_t S, int64_t groups, const split_plan& sp,
                     const split_prologue& pro) {
-  // A warp per row up to 4 rows (a LLaMA decode step's query heads per kv head), up to 4 rows per warp beyond.
+  // A warp per row up to 4 rows (a LLaMA decode step's query heads per kv
+  // head), up to 4 rows per warp beyond, and 8 or 16 for a batched decode
+  // step's rows (kSplitMaxRows).
   if (q.d[2] <= kSplitWarps) return go_split<T, DPL, 1>(c, out, q, k, v, mask, masked, scale, causal, S, groups, sp, pro);
-  return go_split<T, DPL, kMaxRows / kSplitWarps>(c, out, q, k, v, mask, masked, scale, causal, S, groups, sp, pro);
+  if (q.d[2] <= kMaxRows)
+    return go_split<T, DPL, kMaxRows / kSplitWarps>(c, out, q, k, v, mask, masked, scale, causal, S, groups, sp, pro);
+  if (q.d[2] <= 2 * kMaxRows)
+    return go_split<T, DPL, 2 * kMaxRows / kSplitWarps>(c, out, q, k, v, mask, masked, scale, causal, S, groups, sp, pro);
+  return go_split<T, DPL, kSplitMaxRows / kSplitWarps>(c, out, q, k, v, mask, masked, scale, causal, S, groups, sp, pro);
 }
 
 template <class T>
@@ -739,8 +764,19 @@ error go(const launch_ctx& c, const kt& out, const kt& q, const kt& k, const kt&
 error launch_fused_attention(const launch_ctx& c, const kt& out, const kt& q, const kt& k, const kt& v,
                              const kt* mask, float scale, bool causal, int64_t softmax_rows,
                              const attention_prologue* prologue) {
+  // The split kernel (below) takes any number of keys, and up to
+  // kSplitMaxRows query rows when they are at most kMaxRows softmax rows of
+  // several heads (a batched decode step: graph/fusion.hpp,
+  // fused_attention_split_rows_fit); the other one holds a row's scores in
+  // shared memory.
+  const int64_t M = q.d[2], dh = q.d[3], keys = k.d[2];
+  const bool split_ok =
+      c.attention_workspace && (dh == 32 || dh == 64 || dh == 128 || dh == 256) && split_rows_ok(k) && split_rows_ok(v);
+  const bool split_rows = split_ok && M <= kSplitMaxRows && softmax_rows >= 1 && softmax_rows <= kMaxRows &&
+                          M % softmax_rows == 0;
   // Longer query runs (a prefill): the flash kernel, which never writes the scores.
-  if (q.d[2] > kMaxRows && !prologue) return launch_flash_attention(c, out, q, k, v, mask, scale, causal, softmax_rows);
+  if (M > kMaxRows && !prologue && !split_rows)
+    return launch_flash_attention(c, out, q, k, v, mask, scale, causal, softmax_rows);
   const int64_t groups = q.d[0] * q.d[1];
   if (groups * q.d[2] == 0) return {};
   const int t = q.t;
@@ -748,12 +784,7 @@ error launch_fused_attention(const launch_ctx& c, const kt& out, const kt& q, co
     return error(errc::dtype_mismatch, c.where + ": fused attention needs one dtype for q, k, v, mask and output");
   if (t != static_cast<int>(dtype::f32) && t != static_cast<int>(dtype::f16) && t != static_cast<int>(dtype::bf16))
     return error(errc::dtype_mismatch, c.where + ": fused attention needs f32, f16 or bf16");
-  const int64_t M = q.d[2], dh = q.d[3], keys = k.d[2];
-  // The split kernel (below) takes any number of keys; the other one holds
-  // a row's scores in shared memory.
-  const bool split_ok =
-      c.attention_workspace && (dh == 32 || dh == 64 || dh == 128 || dh == 256) && split_rows_ok(k) && split_rows_ok(v);
-  if (M > kMaxRows || keys < 1 || (!split_ok && (keys > kMaxKeys || M * keys > kMaxScores)) || dh > kMaxHead || k.d[3] != dh ||
+  if (M > (split_rows ? kSplitMaxRows : kMaxRows) || keys < 1 || (!split_ok && (keys > kMaxKeys || M * keys > kMaxScores)) || dh > kMaxHead || k.d[3] != dh ||
       v.d[3] != dh || v.d[2] != keys || out.d[2] != M || out.d[3] != dh || softmax_rows < 1 || M % softmax_rows != 0 ||
       (mask && (mask->d[2] != softmax_rows || mask->d[3] != keys)))
     return error(errc::invalid_shape, c.where + ": fused attention shapes out of its limits (rows " +

@@ -737,6 +737,33 @@ TEST(LaunchProgram, LongQueryRunsFuseIntoTheFlashKernelForHalfTypesAndHeadsOf64O
         }
 }
 
+// A batched decode step's attention (generator_options::decode_batch: S
+// rows, one sequence each, over a cache of several lanes): S = 8 rows of 4
+// query heads a kv head are 32 query rows, which fuse into the split kernel
+// (graph/fusion.hpp, fused_attention_split_rows_fit) in every dtype, not
+// into the flash kernel (before: bf16 fused into flash, 8 blocks a layer;
+// f32 kept four kernels). The cache's stores stay records of their own: q's
+// copy into heads (S > 1) stands between them and the scores. S = 32 (128
+// query rows) is a prompt chunk: flash, as before; f32 unfused.
+TEST(LaunchProgram, BatchedDecodeRowsFuseIntoTheSplitKernel) {
+  for (dtype t : {dtype::f32, dtype::bf16})
+    for (int64_t rows : {int64_t{8}, int64_t{32}}) {
+      SCOPED_TRACE(std::string(to_string(t)) + ", " + std::to_string(rows) + " rows");
+      models::transformer_config cfg = decode_step(models::model_variant::llama, 8 * 64);
+      cfg.batch = 1;
+      cfg.seq_len = rows;
+      cfg.dtype = t;
+      cfg.kv_cache_capacity = 8 * 96;  // 8 lanes of 96 rows
+      cfg.mask_from_positions = true;
+      cfg.last_row_logits = false;
+      const auto cuda = count_fused(cfg, device_kind::cuda);
+      const bool split = rows == 8;
+      EXPECT_EQ(cuda.fused, split || t == dtype::bf16 ? 3 : 0);
+      EXPECT_EQ(cuda.masked, split || t == dtype::bf16 ? 3 : 0);
+      EXPECT_EQ(cuda.cache_prologues, 0);
+    }
+}
+
 // The flash kernel's grid takes at most fused_flash_max_batch (65535) batch
 // entries: a long query run over 65535 of them fuses, one over 65536 keeps
 // its four kernels instead of failing at launch.

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <functional>
 #include <future>
 #include <limits>
 #include <map>
@@ -273,6 +274,29 @@ std::vector<int32_t> alone(ag::runtime& rt, const ag::models::hf_model& m, const
   return r ? r->tokens : std::vector<int32_t>{};
 }
 
+// Starts a greedy sequence per prompt, max_new(i) tokens each; sequence
+// `cancelled` cancels itself on its first token, so it is cancelled while it
+// runs whatever the machine's speed. Its on_token waits for the handle,
+// which generate() returns before any token streams (generator.hpp).
+std::vector<ag::generation> start_one_self_cancelling(ag::generator& gen,
+                                                      const std::vector<std::vector<int32_t>>& prompts,
+                                                      std::size_t cancelled, const std::function<int(std::size_t)>& max_new) {
+  std::promise<ag::generation> cancelled_handle;
+  std::shared_future<ag::generation> cancelled_future = cancelled_handle.get_future().share();
+  std::vector<ag::generation> hs;
+  for (std::size_t i = 0; i < prompts.size(); ++i) {
+    ag::generate_options o;
+    o.max_new_tokens = max_new(i);
+    if (i == cancelled)
+      o.on_token = [cancelled_future](int32_t, int64_t index) {
+        if (index == 0) cancelled_future.get().cancel();
+      };
+    hs.push_back(gen.generate(prompts[i], o));
+    if (i == cancelled) cancelled_handle.set_value(hs.back());
+  }
+  return hs;
+}
+
 }  // namespace
 
 TEST(GenerateDecode, EqualsRecomputeSim1Device) { decode_equals_recompute("sim:1", 1, 0); }
@@ -309,25 +333,10 @@ TEST(GenerateMany, ConcurrentSequencesEachEqualTheirSoloRunAndCancelledOnesStop)
   auto gen = ag::generator::create(**rt, m->model_config(1), m->provider(), go);
   ASSERT_TRUE(gen.has_value()) << gen.err().to_string();
   const std::vector<std::vector<int32_t>> prompts{{1, 2, 3}, {7, 7}, {40, 0, 13, 2}, {5}, {9, 8, 7, 6, 5}, {11, 22}};
-  // Sequence 2 cancels itself on its first token, so it is cancelled while
-  // it runs whatever the machine's speed (cancelling from here after the
-  // six generate() calls raced it to its sixth token on a fast sim). Its
-  // on_token waits for the handle, which generate() returns before any
-  // token streams (generator.hpp).
+  // Sequence 2 cancels itself on its first token (cancelling from here
+  // after the six generate() calls raced it to its sixth token on a fast sim).
   const std::size_t cancelled = 2;
-  std::promise<ag::generation> cancelled_handle;
-  std::shared_future<ag::generation> cancelled_future = cancelled_handle.get_future().share();
-  std::vector<ag::generation> hs;
-  for (std::size_t i = 0; i < prompts.size(); ++i) {
-    ag::generate_options o;
-    o.max_new_tokens = 6;
-    if (i == cancelled)
-      o.on_token = [cancelled_future](int32_t, int64_t index) {
-        if (index == 0) cancelled_future.get().cancel();
-      };
-    hs.push_back((*gen)->generate(prompts[i], o));
-    if (i == cancelled) cancelled_handle.set_value(hs.back());
-  }
+  const std::vector<ag::generation> hs = start_one_self_cancelling(**gen, prompts, cancelled, [](std::size_t) { return 6; });
   for (std::size_t i = 0; i < hs.size(); ++i) {
     ASSERT_TRUE(hs[i].wait_for(120s)) << "sequence " << i << " hung";
     const auto& r = hs[i].wait();
@@ -1151,19 +1160,8 @@ TEST(GenerateBatched, SequencesQueueForLanesCancelAndFillTheirCache) {
   const std::vector<std::vector<int32_t>> prompts{{1, 2, 3}, {7, 7}, {40, 0, 13, 2}, {5}, {9, 8, 7, 6, 5},
                                                   {11, 22}, {3, 3, 3}, {1, 4, 1, 5, 9, 2, 6}, {10}};
   const std::size_t cancelled = 2, fills = 7;  // fills: 7 prompt tokens + 9 new reach cache_tokens 16
-  std::promise<ag::generation> cancelled_handle;
-  std::shared_future<ag::generation> cancelled_future = cancelled_handle.get_future().share();
-  std::vector<ag::generation> hs;
-  for (std::size_t i = 0; i < prompts.size(); ++i) {
-    ag::generate_options o;
-    o.max_new_tokens = i == fills ? 100 : 6;
-    if (i == cancelled)
-      o.on_token = [cancelled_future](int32_t, int64_t index) {
-        if (index == 0) cancelled_future.get().cancel();
-      };
-    hs.push_back((*gen)->generate(prompts[i], o));
-    if (i == cancelled) cancelled_handle.set_value(hs.back());
-  }
+  const std::vector<ag::generation> hs =
+      start_one_self_cancelling(**gen, prompts, cancelled, [](std::size_t i) { return i == fills ? 100 : 6; });
   for (std::size_t i = 0; i < hs.size(); ++i) {
     ASSERT_TRUE(hs[i].wait_for(120s)) << "sequence " << i << " hung";
     const auto& r = hs[i].wait();
