@@ -8,7 +8,8 @@
 // LLaMA (GQA) of seeded random weights, a layout (one device, 2 stages,
 // tensor degree 2, 2 x 2), pipelined greedy steps (pipeline_depth 1..4, also
 // across stages), prefill chunks or not, tokens picked on the device or on
-// the host, 1..4 cache slots (so most sequences queue for one). Sequences of
+// the host, 1..4 cache slots (so most sequences queue for one), a third
+// with batched decode steps (decode_batch 2..4). Sequences of
 // random prompts, lengths and sampling (greedy or seeded top-k) run many at
 // once, some with stop ids, some cancelled (from their own token stream,
 // right after generate(), or from the soak's thread a little later); a few
@@ -119,6 +120,8 @@ struct counts {
   int64_t sequences = 0, tokens = 0, ok = 0, eos = 0, cache_full = 0, cancelled = 0, failed_op = 0, failed_death = 0;
   int64_t wrong = 0, lost = 0, duplicate = 0, hung = 0, kills = 0, resets = 0, epochs = 0;
   int64_t windowed_generators = 0;  // generators of a model with a sliding window (a ring cache)
+  int64_t batched_generators = 0;   // generators with batched decode steps (decode_batch)
+  int64_t tokens_batched = 0;       // tokens whose step carried other sequences' tokens too
 };
 
 class soak {
@@ -182,13 +185,17 @@ class soak {
       go.pipeline_across_stages = uni() < 0.5;
       go.device_greedy = uni() < 0.8;
       go.prefill_chunk = uni() < 0.5 ? 4 : 0;
+      // A third batch their decode steps: 2..4 sequences a slot, a job a
+      // step for all of them (its faults fail every sequence in it).
+      go.decode_batch = uni() < 1.0 / 3 ? 2 + pick(3) : 0;
       go.plan.pipeline_stages = l.stages;
       go.plan.tensor_parallel = l.tp;
-      char name[160];
-      std::snprintf(name, sizeof name, "%s %dx%d depth %d%s slots %d%s%s%s", ag::models::to_string(m.variant), l.stages,
+      char name[192];
+      std::snprintf(name, sizeof name, "%s %dx%d depth %d%s slots %d%s%s%s%s", ag::models::to_string(m.variant), l.stages,
                     l.tp, go.pipeline_depth, go.pipeline_across_stages ? " (across stages)" : "", go.max_sequences,
                     go.prefill_chunk ? " prefill 4" : "", go.device_greedy ? "" : " host sampling",
-                    m.sliding_window ? (" window " + std::to_string(m.sliding_window)).c_str() : "");
+                    m.sliding_window ? (" window " + std::to_string(m.sliding_window)).c_str() : "",
+                    go.decode_batch ? (" batch " + std::to_string(go.decode_batch)).c_str() : "");
       gc.name = name;
       auto g = ag::generator::create(rt, m, {}, go);
       if (!g) {
@@ -197,6 +204,7 @@ class soak {
       }
       gc.gen = std::move(*g);
       c_.windowed_generators += m.sliding_window > 0;
+      c_.batched_generators += go.decode_batch > 0;
       for (int d : gc.gen->decode_plan().used_devices()) gc.devices.insert(d);
       ag::generator_options solo_opts = go;
       solo_opts.pipeline_depth = 1;
@@ -317,6 +325,7 @@ class soak {
       return;
     }
     const ag::generation_result& res = *out;
+    c_.tokens_batched += res.tokens_batched;
     if (res.tokens != streamed) wrong(r, "the result's tokens are not the ones streamed");
     if (res.reason == ag::stop_reason::cancelled) {
       if (r.cancel == cancel_mode::none) wrong(r, "cancelled, but the soak never cancelled it");
@@ -468,8 +477,10 @@ class soak {
         {"ended twice", c_.duplicate},           {"hung", c_.hung}};
     for (const auto& [name, v] : rows) std::printf("%-34s %12" PRId64 "\n", name, v);
     std::printf("epochs: %" PRId64 ", devices %s, %" PRId64 " kills and %" PRId64 " resets, faults %s, %" PRId64
-                " of the generators with a sliding window\n",
-                c_.epochs, o_.devices.c_str(), c_.kills, c_.resets, o_.faults ? "on" : "off", c_.windowed_generators);
+                " of the generators with a sliding window, %" PRId64 " with batched decode steps (%" PRId64
+                " tokens batched)\n",
+                c_.epochs, o_.devices.c_str(), c_.kills, c_.resets, o_.faults ? "on" : "off", c_.windowed_generators,
+                c_.batched_generators, c_.tokens_batched);
     std::printf("generate_soak_sequences: %" PRId64 "\n", c_.sequences);
     std::printf("generate_soak_tokens: %" PRId64 "\n", c_.tokens);
     std::printf("generate_soak_failed_by_faults: %" PRId64 "\n", c_.failed_op + c_.failed_death);
