@@ -1,6 +1,6 @@
 // actorgraph-cuda-bench: kernel and completion benchmarks of the CUDA backend.
 // Prints a table and `name: value` lines (docs/BENCHMARKS.md records them).
-//   actorgraph-cuda-bench [--quick] [--decode-kernels]   (--help)
+//   actorgraph-cuda-bench [--quick] [--decode-kernels [--decode-rows N]]   (--help)
 // Uses only the device interface (gpu/device.hpp) plus the CUDA backend's
 // entry points: apps include no CUDA header.
 #include <algorithm>
@@ -131,7 +131,12 @@ double us_per_replayed_launch(gpu::device& d, const std::vector<gpu::op_launch>&
 /// distinct weights where the step has them, so that they stream from memory
 /// and not from L2 as they would in a step. `plain`: a device with
 /// backend_options' defaults; `no_gemv`: the same GPU with cuda_gemv off.
-void bench_decode_kernels(const gpu::device_ptr& plain, const gpu::device_ptr& no_gemv, int iters) {
+/// `rows`: rows of x in the products and projection groups (1: a decode
+/// step; more: a batched step's, generator_options::decode_batch; the
+/// projection groups' GEMV kernel takes up to 8); the figures' names carry
+/// them when not 1.
+void bench_decode_kernels(const gpu::device_ptr& plain, const gpu::device_ptr& no_gemv, int iters, int64_t rows) {
+  const std::string at_rows = rows == 1 ? "" : "_rows" + std::to_string(rows);
   const dtype t = dtype::bf16;
   struct proj {
     const char* name;
@@ -142,14 +147,14 @@ void bench_decode_kernels(const gpu::device_ptr& plain, const gpu::device_ptr& n
     const double bytes = 2.0 * pr.n * pr.k;
     const int copies = static_cast<int>(std::clamp(512e6 / bytes, 4.0, 64.0));
     graph_builder b;
-    auto x = b.input("x", t, {1, pr.k});
+    auto x = b.input("x", t, {rows, pr.k});
     for (int i = 0; i < copies; ++i) b.output(b.matmul(x, b.input("w" + std::to_string(i), t, {pr.n, pr.k}), false, true));
     auto g = or_exit(std::move(b).build());
     for (const auto& [dev, label] : {std::pair{plain, "gemv"}, std::pair{no_gemv, "cublas"}}) {
       bound_graph bg(*dev, g);
       const double us = us_per_replayed_launch(*dev, bg.launches(), iters);
-      report(std::string("decode_") + pr.name + "_" + label + "_us", us, "us");
-      report(std::string("decode_") + pr.name + "_" + label + "_gbps", bytes / (us * 1e-6) / 1e9, "GB/s");
+      report(std::string("decode_") + pr.name + at_rows + "_" + label + "_us", us, "us");
+      report(std::string("decode_") + pr.name + at_rows + "_" + label + "_gbps", bytes / (us * 1e-6) / 1e9, "GB/s");
     }
   }
   // Fused records (projection groups, fuse_projections; attention, fuse_ops)
@@ -159,15 +164,15 @@ void bench_decode_kernels(const gpu::device_ptr& plain, const gpu::device_ptr& n
                                      const std::function<gpu::op_launch(const gpu::op_launch*)>& fuse) {
     bound_graph bg(*plain, g);
     const std::vector<gpu::op_launch> ops = bg.launches();
-    report(std::string("decode_") + name + "_" + std::to_string(per) + "_kernels_us",
+    report(std::string("decode_") + name + at_rows + "_" + std::to_string(per) + "_kernels_us",
            us_per_replayed_launch(*plain, ops, iters) * static_cast<double>(per), "us");
     std::vector<gpu::op_launch> fused;
     for (std::size_t i = 0; i + per <= ops.size(); i += per) fused.push_back(fuse(&ops[i]));
-    report(std::string("decode_") + name + "_fused_us", us_per_replayed_launch(*plain, fused, iters), "us");
+    report(std::string("decode_") + name + at_rows + "_fused_us", us_per_replayed_launch(*plain, fused, iters), "us");
   };
   {
     graph_builder b;  // q, k, v of one x
-    auto x = b.input("x", t, {1, 2048});
+    auto x = b.input("x", t, {rows, 2048});
     for (int i = 0; i < 16; ++i) {
       const std::string s = std::to_string(i);
       b.output(b.matmul(x, b.input("wq" + s, t, {2048, 2048}), false, true));
@@ -186,7 +191,7 @@ void bench_decode_kernels(const gpu::device_ptr& plain, const gpu::device_ptr& n
   }
   {
     graph_builder b;  // gate, up, silu, mul
-    auto x = b.input("x", t, {1, 2048});
+    auto x = b.input("x", t, {rows, 2048});
     for (int i = 0; i < 8; ++i) {
       const std::string s = std::to_string(i);
       auto gate = b.matmul(x, b.input("wg" + s, t, {8192, 2048}), false, true);
@@ -353,6 +358,11 @@ int main(int argc, char** argv) {
   app.add_flag("--quick", quick, "fewer iterations (a smoke run)");
   bool decode_only = false;
   app.add_flag("--decode-kernels", decode_only, "only a decode step's kernels, one by one (GEMV against cuBLAS, attention fused or not)");
+  int64_t decode_rows = 1;
+  app.add_option("--decode-rows", decode_rows,
+                 "rows of x in the decode kernels' products and projection groups (a batched step's, 1..8: the "
+                 "projection groups' GEMV kernel takes up to 8)")
+      ->check(CLI::Range(int64_t{1}, int64_t{8}));
   std::string pdl = "on";
   ag::apps::add_on_off(app, "--pdl", pdl, "backend_options::cuda_pdl of every device (on, off)");
   if (auto status = ag::apps::parse_flags(app, argc, argv)) return *status;
@@ -385,7 +395,7 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "%s\n", ndev.err().to_string().c_str());
       return 1;
     }
-    bench_decode_kernels(d, (*ndev)[0], quick ? 5 : 20);
+    bench_decode_kernels(d, (*ndev)[0], quick ? 5 : 20, decode_rows);
   }
   if (decode_only) {
     std::printf("\n");
