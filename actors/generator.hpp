@@ -34,6 +34,10 @@
 /// on the device (pipeline_depth; docs/ARCHITECTURE.md "Pipelined greedy
 /// decoding").
 ///
+/// With decode_batch N a slot holds N sequences (lanes) and its decode
+/// steps carry a token of each, one job a step: the weights are read once
+/// for all of them (generator_options::decode_batch).
+///
 /// The prefill plan also uses the decode plan's weights (one upload of the
 /// model, weight_bytes()) wherever the two plans lay them out alike.
 ///
