@@ -319,6 +319,16 @@ struct generator::impl : std::enable_shared_from_this<generator::impl> {
   uint64_t next_ticket = 1;
   std::unordered_map<uint64_t, std::shared_ptr<sequence>> waiting;
 
+  // The plan of a prompt piece with `left` tokens to go: the smallest prompt
+  // plan that holds them, else the prefill plan (chunks of its size; null
+  // without one).
+  const step_plan* prompt_plan_for(std::size_t left) const {
+    const step_plan* piece = prefill.p ? &prefill : nullptr;
+    for (auto it = prompt_pieces.rbegin(); it != prompt_pieces.rend(); ++it)
+      if (left <= static_cast<std::size_t>(it->new_tokens)) piece = &*it;
+    return piece;
+  }
+
   void start_or_queue(const std::shared_ptr<sequence>& s);
   void release_slot(uint64_t ticket);
   // A cancelled sequence still waiting for a slot leaves the queue and ends.
@@ -450,9 +460,7 @@ struct sequence : std::enable_shared_from_this<sequence> {
     }
     // A prompt's piece of more than one token: the smallest prompt plan
     // that holds it, else the prefill plan (chunks of its size).
-    const step_plan* piece = gen->prefill.p ? &gen->prefill : nullptr;
-    for (auto it = gen->prompt_pieces.rbegin(); it != gen->prompt_pieces.rend(); ++it)
-      if (left <= static_cast<std::size_t>(it->new_tokens)) piece = &*it;
+    const step_plan* piece = gen->prompt_plan_for(left);
     const step_plan& sp = on_device                              ? step_for(gen->decode_greedy, cached)
                           : prompting && piece && left > 1 ? *piece
                                                            : step_for(gen->decode, cached);
@@ -706,64 +714,73 @@ struct lane_group : std::enable_shared_from_this<lane_group> {
   void on_job(const job_result& r, const std::vector<part>& parts, bool token_out);
 };
 
-// Inputs of a lane job. Rows: each a token at a position of a lane, its
-// keys and values stored in that lane's row of the position (unless
-// padding), its query seeing the lane's positions from the window's first
-// to its own. Keys: the positions each lane of the job holds once the job
-// stored its rows (other lanes' rows hidden: no query of the job is theirs).
-struct lane_row {
-  int32_t token = 0;
-  int64_t position = 0;
+// One sequence's rows of a lane job: `tokens` (n real ones) at positions
+// cached.., in `rows` rows, the rows - n before them padding (a prompt
+// piece's: padding first, as sequence::inputs_at puts them).
+struct lane_piece {
   int lane = 0;
-  bool store = true;
+  int64_t cached = 0;
+  std::vector<int32_t> tokens;
+  int64_t rows = 1;
 };
-std::vector<host_tensor> lane_inputs(const generator::impl& g, const step_plan& sp, const std::vector<lane_row>& rows,
-                                     const std::vector<std::pair<int, int64_t>>& lane_tops) {
+
+// Inputs of a lane job: each piece's rows in order, then padding rows that
+// repeat the first row and store nothing. A real token's keys and values go
+// to its lane's row of its position; its query sees what cache_mask_inputs
+// says (the positions from its window's first to its own), shifted into its
+// lane's keys (lane l's position p is key l * cache_tokens + p). Keys: the
+// positions each lane of the job holds once the job stored its rows; other
+// lanes' rows -1 (no query of the job is theirs).
+std::vector<host_tensor> lane_inputs(const generator::impl& g, const step_plan& sp,
+                                     const std::vector<lane_piece>& pieces) {
   const models::transformer_config& c = g.cfg;
   const int64_t T = sp.new_tokens, R = g.lane_rows, K = g.opt.cache_tokens, W = c.sliding_window;
-  std::vector<int32_t> tk(static_cast<std::size_t>(T)), pos(static_cast<std::size_t>(T)),
-      store(static_cast<std::size_t>(T)), ranges(static_cast<std::size_t>(2 * T));
-  for (int64_t i = 0; i < T; ++i) {
-    const lane_row& q = rows[static_cast<std::size_t>(std::min<int64_t>(i, static_cast<int64_t>(rows.size()) - 1))];
-    const bool real = i < static_cast<int64_t>(rows.size()) && q.store;
-    tk[static_cast<std::size_t>(i)] = q.token;
-    pos[static_cast<std::size_t>(i)] = static_cast<int32_t>(q.position);
-    store[static_cast<std::size_t>(i)] = real ? static_cast<int32_t>(q.lane * R + q.position % R) : -1;
-    const int64_t base = q.lane * K;
-    ranges[static_cast<std::size_t>(2 * i)] = static_cast<int32_t>(base + (W > 0 ? std::max<int64_t>(0, q.position - W + 1) : 0));
-    ranges[static_cast<std::size_t>(2 * i + 1)] = static_cast<int32_t>(base + q.position);
+  const int64_t rows_all = R * g.lanes;
+  std::vector<int32_t> tk, pos, store, ranges;
+  host_tensor keys = host_tensor::uninitialized(dtype::i32, {rows_all});
+  auto* key = reinterpret_cast<int32_t*>(keys.data());
+  std::fill(key, key + rows_all, -1);
+  for (const lane_piece& pc : pieces) {
+    const auto n = static_cast<int64_t>(pc.tokens.size());
+    const models::cache_mask_positions m = models::cache_mask_inputs(pc.rows, R, pc.cached, n, W);
+    const auto* held = reinterpret_cast<const int32_t*>(m.key_positions.data());
+    const auto* seen = reinterpret_cast<const int32_t*>(m.query_ranges.data());
+    const int64_t base = pc.lane * K;
+    for (int64_t r = 0; r < R; ++r) key[pc.lane * R + r] = held[r] < 0 ? -1 : static_cast<int32_t>(base + held[r]);
+    for (int64_t i = 0; i < pc.rows; ++i) {
+      const int64_t j = i - (pc.rows - n);  // the real token's index (< 0: padding)
+      tk.push_back(j >= 0 ? pc.tokens[static_cast<std::size_t>(j)] : 0);
+      pos.push_back(static_cast<int32_t>(j >= 0 ? pc.cached + j : pc.cached));
+      store.push_back(j >= 0 ? static_cast<int32_t>(pc.lane * R + (pc.cached + j) % R) : -1);
+      ranges.push_back(static_cast<int32_t>(base + seen[2 * i]));
+      ranges.push_back(static_cast<int32_t>(base + seen[2 * i + 1]));
+    }
+  }
+  while (static_cast<int64_t>(tk.size()) < T) {
+    tk.push_back(tk.front());
+    pos.push_back(pos.front());
+    store.push_back(-1);
+    ranges.push_back(ranges[0]);
+    ranges.push_back(ranges[1]);
   }
   std::vector<host_tensor> in;
   in.reserve(5);
   if (sp.token_input) in.push_back(host_tensor::from_ints({1, T}, tk));
   in.push_back(host_tensor::from_ints({T}, pos));
   in.push_back(host_tensor::from_ints({T}, store));
-  const int64_t rows_all = R * g.lanes;
   if (sp.mask_from_positions) {
-    host_tensor keys = host_tensor::uninitialized(dtype::i32, {rows_all});
-    auto* k = reinterpret_cast<int32_t*>(keys.data());
-    std::fill(k, k + rows_all, -1);
-    for (const auto& [lane, top] : lane_tops) {
-      // The positions lane `lane` holds: cache_mask_inputs' definition (a
-      // ring under a sliding window), shifted into the lane's keys.
-      const models::cache_mask_positions one = models::cache_mask_inputs(1, R, top + 1, 0, W);
-      const auto* held = reinterpret_cast<const int32_t*>(one.key_positions.data());
-      for (int64_t r = 0; r < R; ++r)
-        k[lane * R + r] = held[r] < 0 ? -1 : static_cast<int32_t>(lane * K + held[r]);
-    }
     in.push_back(std::move(keys));
     in.push_back(host_tensor::from_ints({T, 2}, ranges));
     return in;
   }
   // A one-token plan reads a host mask [1, lanes x R]: its lane's row of
   // cache_attention_mask, every other lane's rows hidden.
-  const lane_row& q = rows.front();
-  const int64_t top = lane_tops.front().second;
+  const lane_piece& pc = pieces.front();
   host_tensor mask = host_tensor::uninitialized(c.dtype, {1, rows_all}, sp.mask_memory);
   const host_tensor hidden = models::cache_attention_mask(c.dtype, 1, R, 0, 0, W);
-  const host_tensor own = models::cache_attention_mask(c.dtype, 1, R, top, 1, W);
+  const host_tensor own = models::cache_attention_mask(c.dtype, 1, R, pc.cached, 1, W);
   for (int l = 0; l < g.lanes; ++l)
-    std::memcpy(mask.data() + static_cast<std::size_t>(l) * own.bytes(), (l == q.lane ? own : hidden).data(), own.bytes());
+    std::memcpy(mask.data() + static_cast<std::size_t>(l) * own.bytes(), (l == pc.lane ? own : hidden).data(), own.bytes());
   in.push_back(std::move(mask));
   return in;
 }
@@ -772,8 +789,7 @@ void lane_group::pump() {
   std::vector<std::shared_ptr<sequence>> cancelled;
   const step_plan* sp = nullptr;
   std::vector<part> parts;
-  std::vector<lane_row> rows;
-  std::vector<std::pair<int, int64_t>> tops;
+  std::vector<lane_piece> pieces;
   bool token_out = false;
   {
     std::lock_guard lk(m);
@@ -798,17 +814,12 @@ void lane_group::pump() {
       });
       const std::shared_ptr<sequence>& s = lanes[static_cast<std::size_t>(l)];
       const std::size_t left = s->prompt.size() - s->prompt_fed;
-      sp = &gen->prefill;
-      for (auto it = gen->prompt_pieces.rbegin(); it != gen->prompt_pieces.rend(); ++it)
-        if (left <= static_cast<std::size_t>(it->new_tokens)) sp = &*it;
-      const int64_t n = std::min<int64_t>(static_cast<int64_t>(left), sp->new_tokens);
-      // Padding first, as the first real token (stores nothing).
-      for (int64_t i = 0; i < sp->new_tokens - n; ++i) rows.push_back({0, s->cached, l, false});
-      for (int64_t j = 0; j < n; ++j)
-        rows.push_back({s->prompt[s->prompt_fed + static_cast<std::size_t>(j)], s->cached + j, l, true});
-      s->prompt_fed += static_cast<std::size_t>(n);
-      tops.emplace_back(l, s->cached + n - 1);
-      parts.push_back({s, n, s->prompt_fed == s->prompt.size() ? 0 : -1});
+      sp = gen->prompt_plan_for(left);
+      const auto n = static_cast<std::size_t>(std::min<int64_t>(static_cast<int64_t>(left), sp->new_tokens));
+      const auto from = s->prompt.begin() + static_cast<std::ptrdiff_t>(s->prompt_fed);
+      pieces.push_back({l, s->cached, std::vector<int32_t>(from, from + static_cast<std::ptrdiff_t>(n)), sp->new_tokens});
+      s->prompt_fed += n;
+      parts.push_back({s, static_cast<int64_t>(n), s->prompt_fed == s->prompt.size() ? 0 : -1});
       prompt_turn = false;
     } else if (!feeding.empty()) {
       // One token of each feeding sequence: a one-token plan for one (the
@@ -821,8 +832,7 @@ void lane_group::pump() {
         const std::shared_ptr<sequence>& s = lanes[static_cast<std::size_t>(l)];
         const bool prompting_now = s->prompt_fed < s->prompt.size();
         const int32_t tok = prompting_now ? s->prompt[s->prompt_fed++] : s->next_token;
-        rows.push_back({tok, s->cached, l, true});
-        tops.emplace_back(l, s->cached);
+        pieces.push_back({l, s->cached, {tok}, 1});
         parts.push_back({s, 1, s->prompt_fed == s->prompt.size() ? static_cast<int64_t>(i) : -1});
       }
       if (count == 1) {
@@ -842,7 +852,7 @@ void lane_group::pump() {
   submit_options so;
   so.state_slot = slot;  // the lanes' caches
   so.on_done = [self = shared_from_this(), parts, token_out](const job_result& r) { self->on_job(r, parts, token_out); };
-  gen->rt->submit(sp->p, lane_inputs(*gen, *sp, rows, tops), so);
+  gen->rt->submit(sp->p, lane_inputs(*gen, *sp, pieces), so);
 }
 
 void lane_group::on_job(const job_result& r, const std::vector<part>& parts, bool token_out) {
@@ -1141,11 +1151,12 @@ expected<std::shared_ptr<generator>> generator::create(runtime& rt, models::tran
       if (!options.doubling_prompt_plans) break;
     }
   // Batched decode steps: 2, 4, ... rows, and `lanes`.
-  for (int64_t n = 2; lanes > 1 && n <= lanes; n = n * 2 > lanes && n < lanes ? lanes : n * 2) {
+  for (int64_t n = 2; lanes > 1; n = std::min<int64_t>(2 * n, lanes)) {
     step_plan& batch = impl->batch_steps.emplace_back();
     step_shape sh{n};
     sh.all_rows = true;
     if (error e = make_plan(sh, batch, impl->decode.p)) return e;
+    if (n == lanes) break;
   }
   cfg.seq_len = 1;
   impl->cfg = cfg;
