@@ -134,8 +134,13 @@ double us_per_replayed_launch(gpu::device& d, const std::vector<gpu::op_launch>&
 /// `rows`: rows of x in the products and projection groups (1: a decode
 /// step; more: a batched step's, generator_options::decode_batch; the
 /// projection groups' GEMV kernel takes up to 8); the figures' names carry
-/// them when not 1.
-void bench_decode_kernels(const gpu::device_ptr& plain, const gpu::device_ptr& no_gemv, int iters, int64_t rows) {
+/// them when not 1. `mma` (rows >= 2, or null): the same GPU with the GEMV's
+/// tensor-core form from 2 rows (backend_options::cuda_gemv_tensor_core_rows),
+/// its figures labelled `mma` beside `gemv` (the FMA form) and `cublas`.
+void bench_decode_kernels(const gpu::device_ptr& plain, const gpu::device_ptr& no_gemv, const gpu::device_ptr& mma,
+                          int iters, int64_t rows) {
+  std::vector<std::pair<gpu::device_ptr, const char*>> products{{plain, "gemv"}, {no_gemv, "cublas"}};
+  if (mma) products.emplace_back(mma, "mma");
   const std::string at_rows = rows == 1 ? "" : "_rows" + std::to_string(rows);
   const dtype t = dtype::bf16;
   struct proj {
@@ -150,7 +155,7 @@ void bench_decode_kernels(const gpu::device_ptr& plain, const gpu::device_ptr& n
     auto x = b.input("x", t, {rows, pr.k});
     for (int i = 0; i < copies; ++i) b.output(b.matmul(x, b.input("w" + std::to_string(i), t, {pr.n, pr.k}), false, true));
     auto g = or_exit(std::move(b).build());
-    for (const auto& [dev, label] : {std::pair{plain, "gemv"}, std::pair{no_gemv, "cublas"}}) {
+    for (const auto& [dev, label] : products) {
       bound_graph bg(*dev, g);
       const double us = us_per_replayed_launch(*dev, bg.launches(), iters);
       report(std::string("decode_") + pr.name + at_rows + "_" + label + "_us", us, "us");
@@ -169,6 +174,14 @@ void bench_decode_kernels(const gpu::device_ptr& plain, const gpu::device_ptr& n
     std::vector<gpu::op_launch> fused;
     for (std::size_t i = 0; i + per <= ops.size(); i += per) fused.push_back(fuse(&ops[i]));
     report(std::string("decode_") + name + at_rows + "_fused_us", us_per_replayed_launch(*plain, fused, iters), "us");
+    if (mma && std::string(name) != "attention") {  // the projection groups on the tensor cores
+      bound_graph mbg(*mma, g);
+      const std::vector<gpu::op_launch> mops = mbg.launches();
+      std::vector<gpu::op_launch> mfused;
+      for (std::size_t i = 0; i + per <= mops.size(); i += per) mfused.push_back(fuse(&mops[i]));
+      report(std::string("decode_") + name + at_rows + "_fused_mma_us", us_per_replayed_launch(*mma, mfused, iters),
+             "us");
+    }
   };
   {
     graph_builder b;  // q, k, v of one x
@@ -357,7 +370,9 @@ int main(int argc, char** argv) {
                                       "actorgraph-cuda-bench: kernel throughput and host-completion latency of the CUDA backend");
   app.add_flag("--quick", quick, "fewer iterations (a smoke run)");
   bool decode_only = false;
-  app.add_flag("--decode-kernels", decode_only, "only a decode step's kernels, one by one (GEMV against cuBLAS, attention fused or not)");
+  app.add_flag("--decode-kernels", decode_only,
+               "only a decode step's kernels, one by one (GEMV against cuBLAS, and from 2 rows its tensor-core form; "
+               "attention fused or not)");
   int64_t decode_rows = 1;
   app.add_option("--decode-rows", decode_rows,
                  "rows of x in the decode kernels' products and projection groups (a batched step's, 1..8: the "
@@ -395,7 +410,18 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "%s\n", ndev.err().to_string().c_str());
       return 1;
     }
-    bench_decode_kernels(d, (*ndev)[0], quick ? 5 : 20, decode_rows);
+    gpu::device_ptr mma_dev;
+    if (decode_rows >= 2) {
+      gpu::backend_options on_tensor_cores = plain;
+      on_tensor_cores.cuda_gemv_tensor_core_rows = 2;
+      auto mdev = gpu::cuda::make_cuda_devices({0}, on_tensor_cores, 0);
+      if (!mdev) {
+        std::fprintf(stderr, "%s\n", mdev.err().to_string().c_str());
+        return 1;
+      }
+      mma_dev = (*mdev)[0];
+    }
+    bench_decode_kernels(d, (*ndev)[0], mma_dev, quick ? 5 : 20, decode_rows);
   }
   if (decode_only) {
     std::printf("\n");

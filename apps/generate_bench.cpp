@@ -134,6 +134,7 @@ struct decode_args {
   std::string replay = "auto";  ///< plan_options::graph_replay of the decode and prefill plans (the default)
   std::string fusion = "on";    ///< plan_options::fuse_ops of both plans (on: the default)
   std::string gemv = "on";      ///< backend_options::cuda_gemv (on: the default)
+  int gemv_tensor_core_rows = 0;  ///< backend_options::cuda_gemv_tensor_core_rows (0: the FMA kernel for every GEMV)
   std::string projections = "on";  ///< plan_options::fuse_projections of both plans (on: the default)
   std::string fold_norms = "on";   ///< plan_options::fold_norm_weights of both plans (on: the default)
   std::string decode_step = "on";  ///< plan_options::fuse_decode_step of both plans (on: the default)
@@ -166,6 +167,7 @@ int run_decode(const decode_args& a) {
   ag::runtime_options ro;
   ro.backend.cpu_threads_per_stream = a.cpu_threads;
   ro.backend.cuda_gemv = a.gemv == "on";
+  ro.backend.cuda_gemv_tensor_core_rows = a.gemv_tensor_core_rows;
   ro.backend.cuda_pdl = a.pdl == "on";
   ro.backend.cuda_copy_engine_collectives = a.copy_engine == "on";
   ro.backend.cuda_sequence_parallel_min_bytes = a.sp_min_kib << 10;
@@ -485,16 +487,27 @@ struct batch_args {
   int sequences = 8;
   int64_t context = 512, prefill_chunk = 0, new_tokens = 64;
   int rounds = 2;
+  int cpu_threads = 0;                                   // backend_options::cpu_threads_per_stream
+  int gemv_tensor_core_rows = 0;                         // backend_options::cuda_gemv_tensor_core_rows
   bool fusion = true, projections = true, gemv = true;  // plan_options::fuse_ops, fuse_projections; cuda_gemv
+  bool sim_zero_delay = false;                           // the instant sim device: the host's costs alone
   ag::graph_replay_mode replay = ag::graph_replay_mode::automatic;
 };
 
 struct batch_round {
   double steady_tokens_per_s = 0.0, all_tokens_per_s = 0.0, step_ms = 0.0;
+  // From the trace, over the jobs that began inside the steady window: the
+  // median device span of a job (its first step's start to its last step's
+  // end) and the device's median idle time between consecutive jobs. A
+  // step whose device span is near step_ms is decided by its kernels; a
+  // large idle time by the host's round trip.
+  double job_device_ms = 0.0, idle_between_jobs_ms = 0.0;
   int64_t tokens_batched = 0, tokens = 0;
 };
 
-ag::expected<batch_round> run_batch_round(ag::generator& gen, const batch_args& a, int64_t vocab, int round) {
+ag::expected<batch_round> run_batch_round(ag::runtime& rt, ag::generator& gen, const batch_args& a, int64_t vocab,
+                                          int round) {
+  (void)rt.take_trace();  // only this round's jobs
   std::mutex m;
   std::vector<std::vector<clock_type::time_point>> at(static_cast<std::size_t>(a.sequences));
   std::vector<ag::generation> hs;
@@ -537,12 +550,37 @@ ag::expected<batch_round> run_batch_round(ag::generator& gen, const batch_args& 
   r.steady_tokens_per_s = steady_s > 0 ? static_cast<double>(inside) / steady_s : 0.0;
   r.all_tokens_per_s = static_cast<double>(r.tokens) / all_s;
   r.step_ms = gaps.empty() ? 0.0 : gaps[gaps.size() / 2] * 1e3;
+  // The trace's clock is the host's steady clock in ns (gpu::host_clock_ns),
+  // as clock_type's.
+  const int64_t from_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(start.time_since_epoch()).count();
+  const int64_t to_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(end.time_since_epoch()).count();
+  std::vector<std::pair<int64_t, int64_t>> spans;  // the steady window's jobs, by start
+  for (const auto& [job, sp] : ag::apps::job_spans(rt.take_trace()))
+    if (sp.first >= from_ns && sp.second <= to_ns) spans.push_back(sp);
+  std::sort(spans.begin(), spans.end());
+  std::vector<double> device_ms, idle_ms;
+  for (std::size_t i = 0; i < spans.size(); ++i) {
+    device_ms.push_back(static_cast<double>(spans[i].second - spans[i].first) / 1e6);
+    if (i > 0) idle_ms.push_back(static_cast<double>(std::max<int64_t>(0, spans[i].first - spans[i - 1].second)) / 1e6);
+  }
+  const auto median_of = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v.empty() ? 0.0 : v[v.size() / 2];
+  };
+  r.job_device_ms = median_of(device_ms);
+  r.idle_between_jobs_ms = median_of(idle_ms);
   return r;
 }
 
 int run_batch(const batch_args& a) {
   ag::runtime_options ro;
   ro.backend.cuda_gemv = a.gemv;
+  ro.backend.cpu_threads_per_stream = a.cpu_threads;
+  ro.backend.cuda_gemv_tensor_core_rows = a.gemv_tensor_core_rows;
+  if (a.sim_zero_delay) {
+    ro.backend.sim.zero_delay = true;
+    ro.backend.sim.compute_values = false;
+  }
   auto rt = ag::runtime::create(a.devices, ro);
   if (!rt) return fail(rt.err());
   auto model = ag::models::hf_model::open(a.model);
@@ -566,17 +604,18 @@ int run_batch(const batch_args& a) {
   for (auto& g : gens) {
     batch_args w = a;
     w.new_tokens = std::min<int64_t>(a.new_tokens, 8);
-    if (auto r = run_batch_round(*g, w, vocab, -1); !r) return fail(r.err());
+    if (auto r = run_batch_round(**rt, *g, w, vocab, -1); !r) return fail(r.err());
   }
   batch_round best[2];
   for (int round = 0; round < a.rounds; ++round)
     for (int k = 0; k < 2; ++k) {
-      auto r = run_batch_round(*gens[k], a, vocab, round);
+      auto r = run_batch_round(**rt, *gens[k], a, vocab, round);
       if (!r) return fail(r.err());
       std::printf("%-34s round %d: steady %.1f tokens/s (a sequence's step %.3f ms), all %.1f tokens/s, %lld of %lld "
-                  "tokens batched\n",
+                  "tokens batched; a job %.3f ms on the device, %.3f ms idle between jobs (trace medians)\n",
                   k == 0 ? "batched" : "one sequence a job", round, r->steady_tokens_per_s, r->step_ms,
-                  r->all_tokens_per_s, static_cast<long long>(r->tokens_batched), static_cast<long long>(r->tokens));
+                  r->all_tokens_per_s, static_cast<long long>(r->tokens_batched), static_cast<long long>(r->tokens),
+                  r->job_device_ms, r->idle_between_jobs_ms);
       if (r->steady_tokens_per_s > best[k].steady_tokens_per_s) best[k] = *r;
     }
   std::printf("%-34s %14s %14s %14s\n", (a.devices + ", " + std::to_string(a.sequences) + " sequences").c_str(),
@@ -588,6 +627,15 @@ int run_batch(const batch_args& a) {
   std::printf("batched_decode_tokens_per_s: %.1f\n", best[0].steady_tokens_per_s);
   std::printf("unbatched_decode_tokens_per_s: %.1f\n", best[1].steady_tokens_per_s);
   std::printf("batched_decode_step_ms: %.3f\n", best[0].step_ms);
+  std::printf("batched_decode_job_device_ms: %.3f\n", best[0].job_device_ms);
+  std::printf("batched_decode_idle_between_jobs_ms: %.3f\n", best[0].idle_between_jobs_ms);
+  {
+    const ag::replay_stats rs = (*rt)->replay_statistics();
+    std::printf("%-34s plain %lld, captured %lld, replayed %lld, fallbacks %lld%s%s\n", "graph replay (both sides)",
+                static_cast<long long>(rs.plain), static_cast<long long>(rs.captured),
+                static_cast<long long>(rs.replayed), static_cast<long long>(rs.fallbacks),
+                rs.last_fallback.empty() ? "" : ": ", rs.last_fallback.c_str());
+  }
   std::printf("batched_decode_speedup: %.2f\n", best[1].steady_tokens_per_s > 0
                                                       ? best[0].steady_tokens_per_s / best[1].steady_tokens_per_s
                                                       : 0.0);
@@ -615,7 +663,7 @@ int main(int argc, char** argv) {
   app.add_option("--model", d.model, "decode: the model folder (actorgraph-save-model --shape llama-1b)");
   app.add_option("--devices", d.devices, "decode: device spec");
   app.add_option("--cpu-threads", d.cpu_threads,
-                 "decode: threads each cpu device's kernels use (0: the machine's hardware threads, shared among the "
+                 "decode, batch: threads each cpu device's kernels use (0: the machine's hardware threads, shared among the "
                  "cpu devices)")
       ->check(CLI::Range(0, 1024));
   app.add_option("--context", d.context, "decode: prompt tokens before decoding")->check(CLI::Range(1, 1 << 20));
@@ -654,6 +702,10 @@ int main(int argc, char** argv) {
       "it fits (on, off)");
   ag::apps::add_on_off(app, "--gemv", d.gemv,
                        "decode: backend_options::cuda_gemv, the GEMV kernel for few-row matmuls (on, off)");
+  app.add_option("--gemv-tensor-cores", d.gemv_tensor_core_rows,
+                 "decode, batch: backend_options::cuda_gemv_tensor_core_rows, GEMVs of at least this many rows (2..8) "
+                 "of 16-bit types on the tensor cores (0: never)")
+      ->check(CLI::Range(0, 8));
   ag::apps::add_on_off(app, "--pdl", d.pdl,
                        "decode: backend_options::cuda_pdl, kernels as programmatic dependent launches (on, off)");
   ag::apps::add_on_off(
@@ -689,7 +741,7 @@ int main(int argc, char** argv) {
       app, "--pipeline-across-stages", d.across_stages,
       "decode: generator_options::pipeline_across_stages, greedy steps pipelined over stages too (on, off)");
   app.add_flag("--sim-zero-delay", d.sim_zero_delay,
-               "decode: sim devices model no time and compute no values (the host's costs alone; tokens meaningless)");
+               "decode, batch: sim devices model no time and compute no values (the host's costs alone; tokens meaningless)");
   app.add_option("--tp", d.tensor_parallel, "decode: plan_options::tensor_parallel of the generator's plans")
       ->check(CLI::Range(1, 1024));
   app.add_option("--stages", d.stages, "decode: plan_options::pipeline_stages of the generator's plans (0: every device)")
@@ -724,6 +776,9 @@ int main(int argc, char** argv) {
     b.fusion = d.fusion == "on";
     b.projections = d.projections == "on";
     b.gemv = d.gemv == "on";
+    b.cpu_threads = d.cpu_threads;
+    b.gemv_tensor_core_rows = d.gemv_tensor_core_rows;
+    b.sim_zero_delay = d.sim_zero_delay;
     if (!ag::parse_graph_replay_mode(d.replay, b.replay))
       return fail({ag::errc::invalid_argument, "--replay must be off, on or auto, got '" + d.replay + "'"});
     return run_batch(b);

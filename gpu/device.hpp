@@ -323,6 +323,13 @@ struct backend_options {
   /// projections) run on the project's GEMV kernel instead of cuBLAS
   /// (gpu/cuda/gemv.cuh; faster at batch 1: docs/BENCHMARKS.md, session 11).
   bool cuda_gemv = true;
+  /// cuda: GEMVs of at least this many rows (2..8) of f16 / bf16 run on the
+  /// tensor cores (gpu/cuda/gemv.cu's mma form: a 16-row tile of weights
+  /// times up to 8 rows of x per m16n8k16 product, so a weight byte costs
+  /// the same instructions for 2 rows as for 8), fewer rows on the FMA
+  /// kernel. A batched decode step's products (generator_options::
+  /// decode_batch) are such GEMVs. 0: never (the default until measured).
+  int cuda_gemv_tensor_core_rows = 0;
   /// cuda (sm_90 and later): the project's kernels launch as programmatic
   /// dependents of the kernel before them on their stream (PDL). Such a
   /// kernel is launched while its predecessor still runs, waits for it at

@@ -138,7 +138,7 @@ class cuda_device final : public device {
         spec_(std::move(spec)),
         index_(index),
         // Programmatic dependent launch needs sm_90 (griddepcontrol).
-        kernels_{opts.cuda_tf32, opts.cuda_gemv, opts.cuda_pdl && cc_major >= 9},
+        kernels_{opts.cuda_tf32, opts.cuda_gemv, opts.cuda_pdl && cc_major >= 9, opts.cuda_gemv_tensor_core_rows},
         sm_count_(sm_count),
         nccl_min_bytes_(opts.cuda_nccl_min_bytes),
         nccl_min_bytes_wide_(opts.cuda_nccl_min_bytes_wide),

@@ -8,6 +8,8 @@
 
 #include "gpu/cuda/common.cuh"
 #include "gpu/cuda/cuda_check.cuh"
+#include "gpu/cuda/gemv_mma_layout.hpp"
+#include "gpu/cuda/mma.cuh"
 #include "gpu/cuda/rope.cuh"
 #include "gpu/cuda/vec.cuh"
 
@@ -126,40 +128,33 @@ struct no_rope_freqs {};
 template <bool ROPE>
 using rope_freqs_t = std::conditional_t<ROPE, rope_freqs, no_rope_freqs>;
 
-template <class T, class TO, int R, int MODE, bool NORM, bool ROPE>
-__global__ void __launch_bounds__(kThreads, R == 1 ? 4 : 1)
-    gemv_kernel(gemv_targets<T, TO> tg, const T* __restrict__ x, row_offsets xr, int rows, int64_t ldw, int64_t vecs,
-                rope_freqs_t<ROPE> freqs) {
-  static_assert(!ROPE || MODE == plain, "the rope epilogue is a shared-input group's");
-  constexpr int V = vec16<T>::n;
-  constexpr bool TWO = MODE == gated || ROPE;  // two weight rows per warp: gate's and up's, or a rope's pair
-  constexpr int F = TWO ? kInFlight / 2 : kInFlight;  // loads per row in flight
-  constexpr int kWarps = kThreads / 32;
-  __shared__ float part[kWarps][R], part_up[TWO ? kWarps : 1][R];
-  const int lane = static_cast<int>(threadIdx.x & 31), warp = static_cast<int>(threadIdx.x >> 5);
-  const int slice = warp % kWarpsPerRow;
-  const int64_t per_slice = (vecs + kWarpsPerRow - 1) / kWarpsPerRow;
-  const int64_t v_begin = slice * per_slice, v_end = v_begin + per_slice < vecs ? v_begin + per_slice : vecs;
-  // What a warp computes: a row (ROPE: a pair of rows) of the stacked
-  // matrices; `total` of them.
-  const int64_t rows_in_all = tg.count == 3 ? tg.n_end[2] : tg.count == 2 ? tg.n_end[1] : tg.n_end[0];
-  const int64_t total = ROPE ? rows_in_all / 2 : rows_in_all;
-  const auto end_of = [&](int m) { return ROPE ? tg.n_end[m] / 2 : tg.n_end[m]; };
+// What the kernels compute, unit by unit: a row (ROPE: a pair of rows, the
+// two a rope rotates together) of the stacked matrices; total() of them.
+template <class T, class TO>
+struct unit_place {
+  int64_t row, partner, N;  // the row in its matrix (and the pair's other), that matrix's rows
+  const T* w;
+  TO* y;
+};
+template <class T, class TO, int MODE, bool ROPE>
+struct unit_map {
+  const gemv_targets<T, TO>& tg;
+  __device__ explicit unit_map(const gemv_targets<T, TO>& targets) : tg(targets) {}
+  __device__ int64_t end_of(int m) const { return ROPE ? tg.n_end[m] / 2 : tg.n_end[m]; }
+  __device__ int64_t total() const {
+    const int64_t rows_in_all = tg.count == 3 ? tg.n_end[2] : tg.count == 2 ? tg.n_end[1] : tg.n_end[0];
+    return ROPE ? rows_in_all / 2 : rows_in_all;
+  }
+  __device__ bool roped_at(int64_t n) const {
+    const bool in1 = tg.count > 1 && n >= end_of(0), in2 = tg.count > 2 && n >= end_of(1);
+    return ROPE && (in2 ? tg.roped2 : in1 ? tg.roped1 : tg.roped0);
+  }
   // Where unit n is: which of the (up to 3) matrices, its row there (and
   // the pair's other row), that matrix's rows, weights and output. Selects,
   // not tg.x[m]: indexing the parameter arrays by a runtime m copies tg to
   // local memory in every thread (an 88-byte stack frame, up to 1.6x slower
   // on large grids).
-  struct place {
-    int64_t row, partner, N;
-    const T* w;
-    TO* y;
-  };
-  const auto roped_at = [&](int64_t n) {
-    const bool in1 = tg.count > 1 && n >= end_of(0), in2 = tg.count > 2 && n >= end_of(1);
-    return ROPE && (in2 ? tg.roped2 : in1 ? tg.roped1 : tg.roped0);
-  };
-  const auto locate = [&](int64_t n) {
+  __device__ unit_place<T, TO> locate(int64_t n) const {
     const bool in1 = MODE == plain && tg.count > 1 && n >= end_of(0);
     const bool in2 = MODE == plain && tg.count > 2 && n >= end_of(1);
     const int64_t start = in2 ? end_of(1) : in1 ? end_of(0) : 0;
@@ -174,10 +169,49 @@ __global__ void __launch_bounds__(kThreads, R == 1 ? 4 : 1)
         partner = row + 1;
       }
     }
-    const int64_t units = (in2 ? end_of(2) : in1 ? end_of(1) : end_of(0)) - start;
-    return place{row, partner, ROPE ? 2 * units : units, in2 ? tg.w[2] : in1 ? tg.w[1] : tg.w[0],
-                 in2 ? tg.y[2] : in1 ? tg.y[1] : tg.y[0]};
-  };
+    const int64_t count = (in2 ? end_of(2) : in1 ? end_of(1) : end_of(0)) - start;
+    return unit_place<T, TO>{row, partner, ROPE ? 2 * count : count, in2 ? tg.w[2] : in1 ? tg.w[1] : tg.w[0],
+                             in2 ? tg.y[2] : in1 ? tg.y[1] : tg.y[0]};
+  }
+};
+
+// The ROPE epilogue of one pair (s: row `row`'s product, up: its partner's)
+// of an x row at `position`: rotated when the pair's matrix has a rope
+// (rounded first, as the rope would read them; the angle reduced as
+// rope_sincos reduces it, to [-pi, pi], where the fast sincos is within
+// 1e-6: the accurate one's slow path for large arguments kept registers from
+// the main loop, spills), else both as they are.
+template <class T, class TO>
+__device__ __forceinline__ void rope_pair(const gemv_targets<T, TO>& tg, const rope_freqs& freqs, bool roped,
+                                          int64_t row, int32_t position, float& s, float& up) {
+  if (!roped) return;
+  const float a = to_f(from_f<TO>(s)), b = to_f(from_f<TO>(up));
+  const int within = static_cast<int>(row) % tg.rope_dim;  // the pair's index: within (neox) or within / 2
+  float fs, fc;
+  __sincosf(rope_reduced_angle(static_cast<double>(position), freqs.inv[tg.rope_neox ? within : within >> 1]), &fs,
+            &fc);
+  s = a * fc - b * fs;
+  up = a * fs + b * fc;
+}
+
+template <class T, class TO, int R, int MODE, bool NORM, bool ROPE>
+__global__ void __launch_bounds__(kThreads, R == 1 ? 4 : 1)
+    gemv_kernel(gemv_targets<T, TO> tg, const T* __restrict__ x, row_offsets xr, int rows, int64_t ldw, int64_t vecs,
+                rope_freqs_t<ROPE> freqs) {
+  static_assert(!ROPE || MODE == plain, "the rope epilogue is a shared-input group's");
+  constexpr int V = vec16<T>::n;
+  constexpr bool TWO = MODE == gated || ROPE;  // two weight rows per warp: gate's and up's, or a rope's pair
+  constexpr int F = TWO ? kInFlight / 2 : kInFlight;  // loads per row in flight
+  constexpr int kWarps = kThreads / 32;
+  __shared__ float part[kWarps][R], part_up[TWO ? kWarps : 1][R];
+  const int lane = static_cast<int>(threadIdx.x & 31), warp = static_cast<int>(threadIdx.x >> 5);
+  const int slice = warp % kWarpsPerRow;
+  const int64_t per_slice = (vecs + kWarpsPerRow - 1) / kWarpsPerRow;
+  const int64_t v_begin = slice * per_slice, v_end = v_begin + per_slice < vecs ? v_begin + per_slice : vecs;
+  const unit_map<T, TO, MODE, ROPE> units(tg);
+  const int64_t total = units.total();
+  const auto roped_at = [&](int64_t n) { return units.roped_at(n); };
+  const auto locate = [&](int64_t n) { return units.locate(n); };
   // With weights_immutable, the warp's first chunk of its first row is
   // loaded before waiting for the kernel before this one (PDL, common.cuh),
   // which cannot write weights: the loads overlap that kernel's tail. One
@@ -189,7 +223,7 @@ __global__ void __launch_bounds__(kThreads, R == 1 ? 4 : 1)
   const bool preloaded = tg.weights_immutable && first < total;
   // The lane's F 16-byte loads, from vector v0 on, of unit `at`'s row of
   // its w (and, gated, of w[1]; ROPE, of the pair's other row).
-  const auto load_chunk = [&](const place& at, int64_t v0) {
+  const auto load_chunk = [&](const unit_place<T, TO>& at, int64_t v0) {
     const uint4* wr = reinterpret_cast<const uint4*>(at.w + at.row * ldw);
     const uint4* ur = MODE == gated ? reinterpret_cast<const uint4*>(tg.w[1] + at.row * ldw)
                       : ROPE        ? reinterpret_cast<const uint4*>(at.w + at.partner * ldw)
@@ -228,7 +262,7 @@ __global__ void __launch_bounds__(kThreads, R == 1 ? 4 : 1)
   for (int64_t base = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock; base < total;
        base += static_cast<int64_t>(gridDim.x) * kRowsPerBlock) {
     const int64_t n = base + warp / kWarpsPerRow;
-    const place at = locate(n);
+    const unit_place<T, TO> at = locate(n);
     const int64_t row = at.row, N = at.N;
     TO* ym = at.y;
     float acc[R], acc_up[R];
@@ -305,26 +339,196 @@ __global__ void __launch_bounds__(kThreads, R == 1 ? 4 : 1)
       if constexpr (MODE == gated) s = s / (1.f + __expf(-s)) * up;
       if constexpr (MODE == residual) s += to_f(tg.residual[r * N + row]);
       if constexpr (ROPE) {
-        // The pair: rotated when its matrix has a rope (rounded first, as
-        // the rope would read them; the angle reduced as rope_sincos reduces
-        // it, to [-pi, pi], where the fast sincos is within 1e-6: the
-        // accurate one's slow path for large arguments kept registers from
-        // the main loop, spills), else both rows as they are.
-        if (roped_at(n)) {
-          const float a = to_f(from_f<TO>(s)), b = to_f(from_f<TO>(up));
-          const int within = static_cast<int>(row) % tg.rope_dim;  // the pair's index: within (neox) or within / 2
-          float fs, fc;
-          __sincosf(rope_reduced_angle(static_cast<double>(positions[r]), freqs.inv[tg.rope_neox ? within : within >> 1]),
-                    &fs, &fc);
-          s = a * fc - b * fs;
-          up = a * fs + b * fc;
-        }
+        rope_pair(tg, freqs, roped_at(n), row, positions[r], s, up);
         ym[r * N + at.partner] = from_f<TO>(up);
       }
       ym[r * N + row] = from_f<TO>(s);
     }
     __syncthreads();  // part is rewritten by the next group
   }
+}
+
+// The mma form (backend_options::cuda_gemv_tensor_core_rows; the operand
+// mapping and why it needs no shuffles: gemv_mma_layout.hpp). A block takes a
+// tile of 16 weight rows (ROPE: 8 pairs, a pair's rows as the tile's rows g
+// and g + 8, so one lane holds both outputs a rotation needs) at a time,
+// grid-stride; its 8 warps each sweep an eighth of K, F chunks of each of
+// the lane's weight rows in flight, and their 16 x 8 partial products meet
+// in shared memory, where warp 0 applies the epilogue (norm, silu * up,
+// residual, rope) and writes. 16-bit weights and x only; the norm prologue
+// without a weight (folded or absent: norm_w would need x g rounded to the
+// dtype before the tensor cores, a rounding the FMA kernel does not make).
+constexpr int kMmaWarps = kThreads / 32;
+
+template <class T>
+__device__ __forceinline__ const uint32_t (&words_of(const uint4& v))[4] {
+  return *reinterpret_cast<const uint32_t(*)[4]>(&v);
+}
+
+template <class T, class TO, int MODE, bool NORM, bool ROPE>
+__global__ void __launch_bounds__(kThreads)
+    gemv_mma_kernel(gemv_targets<T, TO> tg, const T* __restrict__ x, row_offsets xr, int rows, int64_t ldw,
+                    int64_t vecs, rope_freqs_t<ROPE> freqs) {
+  static_assert(sizeof(T) == 2, "the tensor cores take 16-bit operands");
+  static_assert(!ROPE || MODE == plain, "the rope epilogue is a shared-input group's");
+  constexpr bool TWO = MODE == gated;  // gate's and up's rows
+  constexpr int NA = TWO ? 2 : 1;      // accumulators: the product, and up's
+  constexpr int F = TWO ? 2 : 4;       // chunks of each weight row a lane has in flight per pass
+  constexpr int U = ROPE ? 8 : 16;     // units a tile: rows, or pairs
+  const unit_map<T, TO, MODE, ROPE> units(tg);
+  const int64_t total = units.total(), tiles = (total + U - 1) / U;
+  const int lane = static_cast<int>(threadIdx.x & 31), warp = static_cast<int>(threadIdx.x >> 5);
+  const int g = mma_layout::group_of(lane), t = mma_layout::quad_of(lane);
+  // The warp's share of K, in 16-byte chunks.
+  const int64_t per = (vecs + kMmaWarps - 1) / kMmaWarps;
+  const int64_t k_begin = min(vecs, warp * per), k_end = min(vecs, k_begin + per);
+  // x row g (zeros past `rows`): its offset picked by selects (xr is a kernel parameter).
+  int64_t x_off = 0;
+#pragma unroll
+  for (int r = 0; r < gemv_max_rows; ++r)
+    if (r == g) x_off = xr.off[r];
+  const bool x_live = g < rows;
+  const uint4* xg = reinterpret_cast<const uint4*>(x + x_off);
+  __shared__ float partial[kMmaWarps][NA * 4][32];
+  __shared__ float sum_sq[NORM ? kMmaWarps : 1][8], inv_rms[NORM ? 8 : 1];
+  __shared__ int32_t positions[ROPE ? 8 : 1];
+  pdl_enter();
+  if (ROPE && threadIdx.x < rows) positions[threadIdx.x] = tg.rope_pos[threadIdx.x % tg.rope_seq];
+  const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
+  bool first_tile = true;
+  for (int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+    // The lane's tile rows g and g + 8: units tile U + g and + 8, or pair tile U + g's two rows.
+    const int64_t na = tile * U + g, nb = ROPE ? na : na + 8;
+    const bool live_a = na < total, live_b = nb < total;
+    const unit_place<T, TO> pa = units.locate(live_a ? na : 0);
+    const unit_place<T, TO> pb = ROPE ? pa : units.locate(live_b ? nb : 0);
+    const uint4* wa_row = reinterpret_cast<const uint4*>(pa.w + pa.row * ldw);
+    const uint4* wb_row = reinterpret_cast<const uint4*>(ROPE ? pa.w + pa.partner * ldw : pb.w + pb.row * ldw);
+    const uint4* ua_row = TWO ? reinterpret_cast<const uint4*>(tg.w[1] + pa.row * ldw) : nullptr;
+    const uint4* ub_row = TWO ? reinterpret_cast<const uint4*>(tg.w[1] + pb.row * ldw) : nullptr;
+    float c[NA][4];
+#pragma unroll
+    for (int a = 0; a < NA; ++a)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) c[a][i] = 0.f;
+    float ss = 0.f;  // NORM, first tile: x row g's sum of squares over the lane's chunks
+    // Passes of the warp's share: uniform over the warp (mma.sync needs every lane).
+    for (int64_t base = k_begin; base < k_end; base += mma_layout::chunks_per_pass_step * F) {
+      uint4 wa[F], wb[F], ua[TWO ? F : 1], ub[TWO ? F : 1], xv[F];
+#pragma unroll
+      for (int u = 0; u < F; ++u) {
+        const int64_t v = mma_layout::chunk_of(base, u, t);
+        const bool in = v < k_end;
+        wa[u] = in && live_a ? __ldcs(wa_row + v) : zero;
+        wb[u] = in && live_b ? __ldcs(wb_row + v) : zero;
+        if constexpr (TWO) {
+          ua[u] = in && live_a ? __ldcs(ua_row + v) : zero;
+          ub[u] = in && live_b ? __ldcs(ub_row + v) : zero;
+        }
+        xv[u] = in && x_live ? __ldg(xg + v) : zero;
+      }
+#pragma unroll
+      for (int u = 0; u < F; ++u) {
+        if constexpr (NORM) {
+          if (first_tile) {
+            float xf[8];
+            vec16<T>::unpack(xv[u], xf);
+#pragma unroll
+            for (int e = 0; e < 8; ++e) ss = fmaf(xf[e], xf[e], ss);
+          }
+        }
+#pragma unroll
+        for (int s = 0; s < 2; ++s) {
+          uint32_t a[4], b[2];
+          mma_layout::operands(words_of<T>(wa[u]), words_of<T>(wb[u]), words_of<T>(xv[u]), s, a, b);
+          mma16816<T>(c[0], a, b[0], b[1]);
+          if constexpr (TWO) {
+            mma_layout::operands(words_of<T>(ua[u]), words_of<T>(ub[u]), words_of<T>(xv[u]), s, a, b);
+            mma16816<T>(c[NA - 1], a, b[0], b[1]);
+          }
+        }
+      }
+    }
+#pragma unroll
+    for (int a = 0; a < NA; ++a)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) partial[warp][a * 4 + i][lane] = c[a][i];
+    if constexpr (NORM) {
+      if (first_tile) {  // x row g's share: the group's four lanes, then the warps
+        ss += __shfl_xor_sync(0xffffffffu, ss, 1);
+        ss += __shfl_xor_sync(0xffffffffu, ss, 2);
+        if (t == 0) sum_sq[warp][g] = ss;
+      }
+    }
+    __syncthreads();
+    if (warp == 0) {
+      if constexpr (NORM) {
+        if (first_tile) {  // kept for the block's later tiles (only warp 0 reads it)
+          if (lane < 8) {
+            float tot = 0.f;
+#pragma unroll
+            for (int w = 0; w < kMmaWarps; ++w) tot += sum_sq[w][lane];
+            inv_rms[lane] = rsqrtf(tot / static_cast<float>(vecs * 8) + tg.eps);
+          }
+          __syncwarp();
+        }
+      }
+      float sum[NA][4];
+#pragma unroll
+      for (int a = 0; a < NA; ++a)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          float v = 0.f;
+#pragma unroll
+          for (int w = 0; w < kMmaWarps; ++w) v += partial[w][a * 4 + i][lane];
+          sum[a][i] = v;
+        }
+      if constexpr (ROPE) {
+        // Accumulators j and 2 + j: x row 2t + j's outputs of the pair's two rows.
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+          const int r = mma_layout::result_x_row(lane, j);
+          if (!live_a || r >= rows) continue;
+          float s = sum[0][j], up = sum[0][2 + j];
+          if constexpr (NORM) s *= inv_rms[r], up *= inv_rms[r];
+          rope_pair(tg, freqs, units.roped_at(na), pa.row, positions[r], s, up);
+          pa.y[r * pa.N + pa.row] = from_f<TO>(s);
+          pa.y[r * pa.N + pa.partner] = from_f<TO>(up);
+        }
+      } else {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const int r = mma_layout::result_x_row(lane, i);
+          const bool second = mma_layout::result_tile_row(lane, i) >= 8;
+          if (!(second ? live_b : live_a) || r >= rows) continue;
+          const unit_place<T, TO>& at = second ? pb : pa;
+          float s = sum[0][i];
+          if constexpr (NORM) s *= inv_rms[r];
+          if constexpr (MODE == gated) {
+            float up = sum[NA - 1][i];
+            if constexpr (NORM) up *= inv_rms[r];
+            s = s / (1.f + __expf(-s)) * up;
+          }
+          if constexpr (MODE == residual) s += to_f(tg.residual[r * at.N + at.row]);
+          at.y[r * at.N + at.row] = from_f<TO>(s);
+        }
+      }
+    }
+    __syncthreads();  // partial is rewritten by the next tile
+    first_tile = false;
+  }
+}
+
+template <class T, class TO, int MODE, bool NORM, bool ROPE>
+void go_mma(const launch_ctx& c, const gemv_targets<T, TO>& tg, const void* x, const row_offsets& xr, int rows,
+            int64_t ldw, int64_t K) {
+  const int64_t vecs = K / vec16<T>::n;
+  const int64_t units = ROPE ? tg.n_end[tg.count - 1] / 2 : tg.n_end[tg.count - 1];
+  const unsigned grid = grid_for(units, ROPE ? 8 : 16, c.sm_count * 4);  // a block a tile, grid-stride
+  rope_freqs_t<ROPE> freqs{};
+  if constexpr (ROPE) rope_inverse_frequencies(tg.rope_theta, tg.rope_scale, tg.rope_dim, freqs.inv);
+  launch_kernel(c, gemv_mma_kernel<T, TO, MODE, NORM, ROPE>, grid, kThreads, 0, tg, static_cast<const T*>(x), xr,
+                rows, ldw, vecs, freqs);
 }
 
 template <class T, class TO, int R, int MODE, bool NORM, bool ROPE>
@@ -342,6 +546,14 @@ void go_rows(const launch_ctx& c, const gemv_targets<T, TO>& tg, const void* x, 
 template <class T, class TO, int MODE = plain, bool NORM = false, bool ROPE = false>
 void go(const launch_ctx& c, int rows, const gemv_targets<T, TO>& tg, const void* x, const row_offsets& xr,
         int64_t ldw, int64_t K) {
+  // The tensor cores from backend_options::cuda_gemv_tensor_core_rows rows
+  // (16-bit types; a norm whose weight the kernel would read stays on FMAs).
+  if constexpr (sizeof(T) == 2) {
+    if (c.gemv_tensor_core_rows > 0 && rows >= c.gemv_tensor_core_rows && !(NORM && tg.norm_w)) {
+      go_mma<T, TO, MODE, NORM, ROPE>(c, tg, x, xr, rows, ldw, K);
+      return;
+    }
+  }
   // Unrolled for the next of 1, 2, 4, 8 rows; the kernel stops at `rows`.
   switch (rows) {
     case 1: go_rows<T, TO, 1, MODE, NORM, ROPE>(c, tg, x, xr, rows, ldw, K); break;

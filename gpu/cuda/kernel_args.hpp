@@ -41,6 +41,7 @@ inline kt to_kt(const tensor_arg& a) {
 struct launch_ctx {
   cudaStream_t stream = nullptr;
   bool gemv = true;                    // matmuls of a few rows may take the GEMV kernel (gemv.cuh)
+  int gemv_tensor_core_rows = 0;       // GEMVs of f16 / bf16 with at least this many rows take its mma form (0: never)
   // A matmul's right operand is a weight leaf, which no kernel writes
   // (op_launch::weight_inputs): the GEMV kernel may load it before its PDL wait.
   bool b_is_weight = false;

@@ -34,6 +34,7 @@ error dispatch_op(core& dev_core, cuda_stream& cs, const op_launch& l, const std
   c.where.append(device_name).append(" ").append(to_string(n.op)).append(" '").append(n.name).append("'");
   c.sm_count = sm_count;
   c.gemv = kernels.gemv;
+  c.gemv_tensor_core_rows = kernels.gemv_tensor_core_rows;
   c.b_is_weight = (l.weight_inputs >> 1) & 1u;
   c.settled_inputs = l.settled_inputs;
   c.pdl = kernels.pdl;

@@ -20,6 +20,7 @@ struct kernel_choices {
   bool tf32 = false;  ///< f32 matmuls may use TF32 tensor cores
   bool gemv = true;   ///< matmuls of at most gemv_max_rows rows take the GEMV kernel (gemv.cuh)
   bool pdl = false;   ///< own kernels launch as programmatic dependents (common.cuh launch_kernel)
+  int gemv_tensor_core_rows = 0;  ///< GEMVs of f16 / bf16 with at least this many rows take the tensor cores (0: never)
   /// Diagnosis only (AG_CUDA_DEBUG_SKIP): fused records of these kinds are
   /// not launched, so a replayed step without them measures what they cost
   /// in the chain. Results are wrong while it is set.

@@ -241,6 +241,11 @@ TEST(BadOptions, RuntimeOptionsAreRefusedNamingOptionAndValue) {
   o.backend.cuda_sequence_parallel_min_bytes = -1;
   refused(o, "cuda_sequence_parallel_min_bytes", "-1");
   o = {};
+  o.backend.cuda_gemv_tensor_core_rows = 1;
+  refused(o, "cuda_gemv_tensor_core_rows", "1");
+  o.backend.cuda_gemv_tensor_core_rows = 9;
+  refused(o, "cuda_gemv_tensor_core_rows", "9");
+  o = {};
   o.upload_chunk_bytes = 0;
   refused(o, "upload_chunk_bytes", "0");
   o = {};

@@ -502,23 +502,35 @@ TEST(CudaGenerate, PrefillWithFlashAttentionEqualsTheReference) {
       }
 }
 
+/// A runtime on cuda:0 whose GEMVs of at least `rows` rows take the tensor
+/// cores (backend_options::cuda_gemv_tensor_core_rows; 0: the FMA kernel).
+expected<std::unique_ptr<runtime>> runtime_with_tensor_core_rows(int rows) {
+  runtime_options ro;
+  ro.backend.cuda_gemv_tensor_core_rows = rows;
+  return runtime::create("cuda:0", ro);
+}
+
 // plan_options::fuse_projections (on by default): a LLaMA decode step's q /
 // k / v, gate / up / silu / mul, and o and down with their residual adds run
 // as GEMV groups (4 per layer), alone and with the fused attention; every job
 // equals the reference in f32, f16 and bf16, with a cache and without.
 TEST(CudaGenerate, ProjectionGroupStepsEqualTheReference) {
   AG_REQUIRE_GPU(1);
-  auto rt = runtime::create("cuda:0");
-  ASSERT_TRUE(rt) << rt.err().to_string();
-  for (dtype t : {dtype::f32, dtype::f16, dtype::bf16})
-    for (int64_t cache : {int64_t{0}, int64_t{24}})
-      for (bool attention : {false, true}) {
-        SCOPED_TRACE(std::string(to_string(t)) + " cache " + std::to_string(cache) + (attention ? " + attention" : ""));
-        plan_options o;
-        o.fuse_ops = attention;
-        decode_steps_equal_the_reference(**rt, decode_step_config(models::model_variant::llama, t, cache), o,
-                                         attention ? 2 : 0, 8);
-      }
+  for (int tensor_core_rows : {0, 2}) {
+    SCOPED_TRACE("backend_options::cuda_gemv_tensor_core_rows " + std::to_string(tensor_core_rows));
+    auto rt = runtime_with_tensor_core_rows(tensor_core_rows);
+    ASSERT_TRUE(rt) << rt.err().to_string();
+    for (dtype t : {dtype::f32, dtype::f16, dtype::bf16})
+      for (int64_t cache : {int64_t{0}, int64_t{24}})
+        for (bool attention : {false, true}) {
+          SCOPED_TRACE(std::string(to_string(t)) + " cache " + std::to_string(cache) +
+                       (attention ? " + attention" : ""));
+          plan_options o;
+          o.fuse_ops = attention;
+          decode_steps_equal_the_reference(**rt, decode_step_config(models::model_variant::llama, t, cache), o,
+                                           attention ? 2 : 0, 8);
+        }
+  }
 }
 
 /// Job `job` of plan `p` (of graph `g`) on `in` equals the reference
@@ -546,58 +558,61 @@ void job_equals_the_reference(runtime& rt, const std::shared_ptr<const plan>& p,
 // kernel of its own. Every job equals the reference.
 TEST(CudaGenerate, NormProloguesOfProjectionGroupsEqualTheReference) {
   AG_REQUIRE_GPU(1);
-  auto rt = runtime::create("cuda:0");
-  ASSERT_TRUE(rt) << rt.err().to_string();
   uint64_t seed = 9100;
-  for (dtype t : {dtype::f32, dtype::f16, dtype::bf16})
-    for (int64_t rows : {int64_t{1}, int64_t{3}, int64_t{8}})
-      for (int64_t K : {int64_t{512}, int64_t{4096}})
-        for (int form = 0; form < 3; ++form) {
-          const bool weighted = form > 0, folded = form == 2;
-          SCOPED_TRACE(std::string(to_string(t)) + " rows " + std::to_string(rows) + " K " + std::to_string(K) +
-                       (folded ? " weight folded" : weighted ? " weighted" : ""));
-          const float scale = 0.05f * std::sqrt(512.0f / static_cast<float>(K));  // outputs of one size at every K
-          auto w = [&](const std::string& name, shape dims, float sd) {
-            return host_tensor::random_normal(t, dims, ++seed, sd);
-          };
-          graph_builder b;
-          auto x = b.input("x", t, {rows, K});
-          auto norm = [&](const std::string& name) {
-            tensor g = weighted ? b.weight(name + ".w", w(name, {K}, 1.0f)) : tensor();
-            return b.rms_norm(x, g, 1e-5f, name);
-          };
-          auto n1 = norm("n1");
-          b.output(b.matmul(n1, b.weight("wq", w("wq", {256, K}, scale)), false, true, "q"));
-          b.output(b.matmul(n1, b.weight("wk", w("wk", {64, K}, scale)), false, true, "k"));
-          auto n2 = norm("n2");
-          auto gate = b.matmul(n2, b.weight("wg", w("wg", {192, K}, scale)), false, true, "gate");
-          auto up = b.matmul(n2, b.weight("wu", w("wu", {192, K}, scale)), false, true, "up");
-          b.output(b.mul(b.silu(gate, "act"), up, "mlp"));
-          auto n3 = norm("n3");  // also an output: not a prologue
-          b.output(n3);
-          b.output(b.matmul(n3, b.weight("wv", w("wv", {64, K}, scale)), false, true, "v1"));
-          b.output(b.matmul(n3, b.weight("wv2", w("wv2", {64, K}, scale)), false, true, "v2"));
-          auto g = std::move(b).build();
-          ASSERT_TRUE(g) << g.err().to_string();
-          plan_options o;
-          o.policy = placement_policy::single;
-          o.graph_replay = graph_replay_mode::on;
-          o.fold_norm_weights = folded;
-          auto p = (*rt)->compile(*g, o);
-          ASSERT_TRUE(p) << p.err().to_string();
-          int prologues = 0, read_weights = 0;
-          for (const projection_fusion& f : (*p)->projection_fusions()) {
-            prologues += f.norm_prologue ? 1 : 0;
-            read_weights += f.norm_prologue && (*p)->source().at(f.ops.front()).inputs.size() > 1 ? 1 : 0;
+  for (int tensor_core_rows : {0, 2}) {
+    SCOPED_TRACE("backend_options::cuda_gemv_tensor_core_rows " + std::to_string(tensor_core_rows));
+    auto rt = runtime_with_tensor_core_rows(tensor_core_rows);
+    ASSERT_TRUE(rt) << rt.err().to_string();
+    for (dtype t : {dtype::f32, dtype::f16, dtype::bf16})
+      for (int64_t rows : {int64_t{1}, int64_t{3}, int64_t{8}})
+        for (int64_t K : {int64_t{512}, int64_t{4096}})
+          for (int form = 0; form < 3; ++form) {
+            const bool weighted = form > 0, folded = form == 2;
+            SCOPED_TRACE(std::string(to_string(t)) + " rows " + std::to_string(rows) + " K " + std::to_string(K) +
+                         (folded ? " weight folded" : weighted ? " weighted" : ""));
+            const float scale = 0.05f * std::sqrt(512.0f / static_cast<float>(K));  // outputs of one size at every K
+            auto w = [&](const std::string& name, shape dims, float sd) {
+              return host_tensor::random_normal(t, dims, ++seed, sd);
+            };
+            graph_builder b;
+            auto x = b.input("x", t, {rows, K});
+            auto norm = [&](const std::string& name) {
+              tensor g = weighted ? b.weight(name + ".w", w(name, {K}, 1.0f)) : tensor();
+              return b.rms_norm(x, g, 1e-5f, name);
+            };
+            auto n1 = norm("n1");
+            b.output(b.matmul(n1, b.weight("wq", w("wq", {256, K}, scale)), false, true, "q"));
+            b.output(b.matmul(n1, b.weight("wk", w("wk", {64, K}, scale)), false, true, "k"));
+            auto n2 = norm("n2");
+            auto gate = b.matmul(n2, b.weight("wg", w("wg", {192, K}, scale)), false, true, "gate");
+            auto up = b.matmul(n2, b.weight("wu", w("wu", {192, K}, scale)), false, true, "up");
+            b.output(b.mul(b.silu(gate, "act"), up, "mlp"));
+            auto n3 = norm("n3");  // also an output: not a prologue
+            b.output(n3);
+            b.output(b.matmul(n3, b.weight("wv", w("wv", {64, K}, scale)), false, true, "v1"));
+            b.output(b.matmul(n3, b.weight("wv2", w("wv2", {64, K}, scale)), false, true, "v2"));
+            auto g = std::move(b).build();
+            ASSERT_TRUE(g) << g.err().to_string();
+            plan_options o;
+            o.policy = placement_policy::single;
+            o.graph_replay = graph_replay_mode::on;
+            o.fold_norm_weights = folded;
+            auto p = (*rt)->compile(*g, o);
+            ASSERT_TRUE(p) << p.err().to_string();
+            int prologues = 0, read_weights = 0;
+            for (const projection_fusion& f : (*p)->projection_fusions()) {
+              prologues += f.norm_prologue ? 1 : 0;
+              read_weights += f.norm_prologue && (*p)->source().at(f.ops.front()).inputs.size() > 1 ? 1 : 0;
+            }
+            EXPECT_EQ(read_weights, weighted && !folded ? 2 : 0) << "norm weights the kernel reads";
+            EXPECT_EQ((*p)->projection_fusions().size(), 3u) << (*p)->describe();
+            EXPECT_EQ(prologues, 2) << "n1 and n2, not n3 (an output)";
+            for (int k = 0; k < 3; ++k) {
+              std::vector<host_tensor> in{host_tensor::random_normal(t, {rows, K}, ++seed, 1.5f, 0.3f)};
+              job_equals_the_reference(**rt, *p, *g, in, t, k);
+            }
           }
-          EXPECT_EQ(read_weights, weighted && !folded ? 2 : 0) << "norm weights the kernel reads";
-          EXPECT_EQ((*p)->projection_fusions().size(), 3u) << (*p)->describe();
-          EXPECT_EQ(prologues, 2) << "n1 and n2, not n3 (an output)";
-          for (int k = 0; k < 3; ++k) {
-            std::vector<host_tensor> in{host_tensor::random_normal(t, {rows, K}, ++seed, 1.5f, 0.3f)};
-            job_equals_the_reference(**rt, *p, *g, in, t, k);
-          }
-        }
+  }
 }
 
 // The ropes right after a q/k/v group run inside the group's GEMV kernel
@@ -610,65 +625,68 @@ TEST(CudaGenerate, NormProloguesOfProjectionGroupsEqualTheReference) {
 // stays a kernel of its own.
 TEST(CudaGenerate, RopesOfProjectionGroupsEqualTheReference) {
   AG_REQUIRE_GPU(1);
-  auto rt = runtime::create("cuda:0");
-  ASSERT_TRUE(rt) << rt.err().to_string();
-  struct rope_case {
-    int64_t batch, seq, head;
-    rope_mode mode;
-    bool norm, both;
-  };
-  const rope_case cases[] = {
-      {1, 1, 64, rope_mode::neox, true, true},          // a decode step
-      {2, 1, 128, rope_mode::neox, true, true},         // two sequences of one step
-      {1, 4, 64, rope_mode::interleaved, false, true},  // four positions, pairs (2k, 2k + 1)
-      {2, 3, 128, rope_mode::interleaved, true, true},
-      {2, 4, 64, rope_mode::neox, true, true},          // 8 rows: the kernel's most
-      {1, 2, 64, rope_mode::neox, true, false},         // q's rope only
-  };
-  uint64_t seed = 9400;
-  const int64_t K = 512, H = 4, Hkv = 2;
-  for (const rope_case& rc : cases)
-    for (dtype t : {dtype::f32, dtype::f16, dtype::bf16}) {
-      const int64_t B = rc.batch, S = rc.seq, D = rc.head;
-      SCOPED_TRACE(std::string(to_string(t)) + " B " + std::to_string(B) + " S " + std::to_string(S) + " head " +
-                   std::to_string(D) + (rc.mode == rope_mode::neox ? " neox" : " interleaved") +
-                   (rc.norm ? " norm" : "") + (rc.both ? "" : " q only"));
-      auto w = [&](shape dims, float sd) { return host_tensor::random_normal(t, dims, ++seed, sd); };
-      graph_builder b;
-      auto x = b.input("x", t, {B * S, K});
-      auto pos = b.input("pos", dtype::i32, {S});
-      tensor a = rc.norm ? b.rms_norm(x, b.weight("n.w", w({K}, 1.0f)), 1e-5f, "norm") : x;
-      auto q = b.matmul(a, b.weight("wq", w({H * D, K}, 0.05f)), false, true, "q");
-      auto k = b.matmul(a, b.weight("wk", w({Hkv * D, K}, 0.05f)), false, true, "k");
-      auto v = b.matmul(a, b.weight("wv", w({Hkv * D, K}, 0.05f)), false, true, "v");
-      auto qh = b.reshape(q, {B, S, H, D}, "q.heads");
-      auto kh = b.reshape(k, {B, S, Hkv, D}, "k.heads");
-      b.output(b.rope(qh, pos, 10000.0f, rc.mode, "q.rope"));
-      b.output(b.rope(kh, pos, 10000.0f, rc.mode, "k.rope"));
-      b.output(v);
-      if (!rc.both) b.output(b.gelu(k, gelu_mode::tanh, "k.other"));  // k's output read twice: its rope stays apart
-      auto g = std::move(b).build();
-      ASSERT_TRUE(g) << g.err().to_string();
-      plan_options o;
-      o.policy = placement_policy::single;
-      o.graph_replay = graph_replay_mode::on;
-      auto p = (*rt)->compile(*g, o);
-      ASSERT_TRUE(p) << p.err().to_string();
-      ASSERT_EQ((*p)->projection_fusions().size(), 1u) << (*p)->describe();
-      EXPECT_EQ((*p)->projection_fusions()[0].ropes, rc.both ? 2 : 1) << (*p)->describe();
-      EXPECT_EQ((*p)->projection_fusions()[0].norm_prologue, rc.norm);
-      EXPECT_NE((*p)->describe().find(rc.both ? "2 rope(s) in their groups" : "1 rope(s) in their groups"),
-                std::string::npos)
-          << (*p)->describe();
-      for (int job = 0; job < 3; ++job) {
-        std::vector<int32_t> positions(static_cast<std::size_t>(S));
-        for (int64_t s = 0; s < S; ++s)
-          positions[static_cast<std::size_t>(s)] = static_cast<int32_t>((seed * 7919 + 613 * s) % 5000);
-        std::vector<host_tensor> in{host_tensor::random_normal(t, {B * S, K}, ++seed, 1.0f, 0.2f),
-                                    host_tensor::from_ints({S}, positions)};
-        job_equals_the_reference(**rt, *p, *g, in, t, job);
+  for (int tensor_core_rows : {0, 2}) {
+    SCOPED_TRACE("backend_options::cuda_gemv_tensor_core_rows " + std::to_string(tensor_core_rows));
+    auto rt = runtime_with_tensor_core_rows(tensor_core_rows);
+    ASSERT_TRUE(rt) << rt.err().to_string();
+    struct rope_case {
+      int64_t batch, seq, head;
+      rope_mode mode;
+      bool norm, both;
+    };
+    const rope_case cases[] = {
+        {1, 1, 64, rope_mode::neox, true, true},          // a decode step
+        {2, 1, 128, rope_mode::neox, true, true},         // two sequences of one step
+        {1, 4, 64, rope_mode::interleaved, false, true},  // four positions, pairs (2k, 2k + 1)
+        {2, 3, 128, rope_mode::interleaved, true, true},
+        {2, 4, 64, rope_mode::neox, true, true},          // 8 rows: the kernel's most
+        {1, 2, 64, rope_mode::neox, true, false},         // q's rope only
+    };
+    uint64_t seed = 9400;
+    const int64_t K = 512, H = 4, Hkv = 2;
+    for (const rope_case& rc : cases)
+      for (dtype t : {dtype::f32, dtype::f16, dtype::bf16}) {
+        const int64_t B = rc.batch, S = rc.seq, D = rc.head;
+        SCOPED_TRACE(std::string(to_string(t)) + " B " + std::to_string(B) + " S " + std::to_string(S) + " head " +
+                     std::to_string(D) + (rc.mode == rope_mode::neox ? " neox" : " interleaved") +
+                     (rc.norm ? " norm" : "") + (rc.both ? "" : " q only"));
+        auto w = [&](shape dims, float sd) { return host_tensor::random_normal(t, dims, ++seed, sd); };
+        graph_builder b;
+        auto x = b.input("x", t, {B * S, K});
+        auto pos = b.input("pos", dtype::i32, {S});
+        tensor a = rc.norm ? b.rms_norm(x, b.weight("n.w", w({K}, 1.0f)), 1e-5f, "norm") : x;
+        auto q = b.matmul(a, b.weight("wq", w({H * D, K}, 0.05f)), false, true, "q");
+        auto k = b.matmul(a, b.weight("wk", w({Hkv * D, K}, 0.05f)), false, true, "k");
+        auto v = b.matmul(a, b.weight("wv", w({Hkv * D, K}, 0.05f)), false, true, "v");
+        auto qh = b.reshape(q, {B, S, H, D}, "q.heads");
+        auto kh = b.reshape(k, {B, S, Hkv, D}, "k.heads");
+        b.output(b.rope(qh, pos, 10000.0f, rc.mode, "q.rope"));
+        b.output(b.rope(kh, pos, 10000.0f, rc.mode, "k.rope"));
+        b.output(v);
+        if (!rc.both) b.output(b.gelu(k, gelu_mode::tanh, "k.other"));  // k's output read twice: its rope stays apart
+        auto g = std::move(b).build();
+        ASSERT_TRUE(g) << g.err().to_string();
+        plan_options o;
+        o.policy = placement_policy::single;
+        o.graph_replay = graph_replay_mode::on;
+        auto p = (*rt)->compile(*g, o);
+        ASSERT_TRUE(p) << p.err().to_string();
+        ASSERT_EQ((*p)->projection_fusions().size(), 1u) << (*p)->describe();
+        EXPECT_EQ((*p)->projection_fusions()[0].ropes, rc.both ? 2 : 1) << (*p)->describe();
+        EXPECT_EQ((*p)->projection_fusions()[0].norm_prologue, rc.norm);
+        EXPECT_NE((*p)->describe().find(rc.both ? "2 rope(s) in their groups" : "1 rope(s) in their groups"),
+                  std::string::npos)
+            << (*p)->describe();
+        for (int job = 0; job < 3; ++job) {
+          std::vector<int32_t> positions(static_cast<std::size_t>(S));
+          for (int64_t s = 0; s < S; ++s)
+            positions[static_cast<std::size_t>(s)] = static_cast<int32_t>((seed * 7919 + 613 * s) % 5000);
+          std::vector<host_tensor> in{host_tensor::random_normal(t, {B * S, K}, ++seed, 1.0f, 0.2f),
+                                      host_tensor::from_ints({S}, positions)};
+          job_equals_the_reference(**rt, *p, *g, in, t, job);
+        }
       }
-    }
+  }
 }
 
 // Fused attention with its keys split over blocks (gpu/cuda/attention.cu):
@@ -1234,11 +1252,18 @@ TEST(CudaGenerate, WholeDecodeStepGivesTheSameBitsEveryRun) {
 // the one-token plans for the last one); each sequence's logits equal the
 // cpu device's run of it alone: f32 within 2e-3 and the same tokens; bf16
 // within 1.5 times bf16's tolerance while its tokens so far agree (a random
-// model's bf16 logits tie often).
+// model's bf16 logits tie often), with the steps' GEMVs on the FMA kernel and
+// on the tensor cores (backend_options::cuda_gemv_tensor_core_rows 2).
 TEST(CudaGenerate, BatchedDecodeOfEightSequencesEqualsTheCpuDevice) {
   AG_REQUIRE_GPU(1);
-  for (dtype type : {dtype::f32, dtype::bf16}) {
-    SCOPED_TRACE(to_string(type));
+  struct form {
+    dtype type;
+    int tensor_core_rows;  // backend_options::cuda_gemv_tensor_core_rows (f32 stays on the FMA kernel)
+  };
+  for (const form& f : {form{dtype::f32, 0}, form{dtype::bf16, 0}, form{dtype::bf16, 2}}) {
+    const dtype type = f.type;
+    SCOPED_TRACE(std::string(to_string(type)) + ", GEMVs on the tensor cores from " +
+                 std::to_string(f.tensor_core_rows) + " rows");
     models::transformer_config cfg = whole_step_model(4, 2, 64, 512);
     cfg.dtype = type;
     test::temp_dir dir;
@@ -1263,7 +1288,7 @@ TEST(CudaGenerate, BatchedDecodeOfEightSequencesEqualsTheCpuDevice) {
     ASSERT_TRUE(cpu_rt) << cpu_rt.err().to_string();
     auto cpu = make(**cpu_rt, 0);
     ASSERT_TRUE(cpu) << cpu.err().to_string();
-    auto rt = runtime::create("cuda:0");
+    auto rt = runtime_with_tensor_core_rows(f.tensor_core_rows);
     ASSERT_TRUE(rt) << rt.err().to_string();
     auto gen = make(**rt, 8);
     ASSERT_TRUE(gen) << gen.err().to_string();

@@ -346,7 +346,9 @@ TEST(CudaOps, MatmulMatchesReferenceWithTransposesAndBatches) {
 
 // Products of at most 8 rows against a weight take the GEMV kernel
 // (gpu/cuda/gemv.cuh) where K and the rows allow 16-byte loads, cuBLAS
-// otherwise; both against the reference, on devices with the kernel on and off.
+// otherwise; all against the reference, on devices with the kernel off, on,
+// and on with its tensor-core form from 2 rows (f16 / bf16; f32 and one row
+// stay on its FMA form).
 TEST(CudaOps, MatmulOfFewRowsMatchesReferenceOnTheGemvKernelAndOnCublas) {
   AG_REQUIRE_GPU(1);
   const mm_case cases[] = {
@@ -361,17 +363,25 @@ TEST(CudaOps, MatmulOfFewRowsMatchesReferenceOnTheGemvKernelAndOnCublas) {
       {{1, 64}, {64, 33}, false, false},             // w not K-contiguous: cuBLAS
       {{9, 64}, {16, 64}, false, true},              // 9 rows: cuBLAS
       {{1, 13}, {7, 13}, false, true},               // K = 13: no 16-byte rows, cuBLAS
+      {{8, 2048}, {2051, 2048}, false, true},        // 8 rows, tiles past N's end, K over 8 warps' shares
+      {{5, 8200}, {40, 8200}, false, true},          // 5 rows (x rows 5-7 of a tile empty), K not 8 x 64-aligned
   };
-  for (bool gemv : {true, false}) {
+  struct form {
+    bool gemv;
+    int tensor_core_rows;
+    const char* label;
+  };
+  for (const form& f : {form{true, 0, "gemv on: "}, form{false, 0, "gemv off: "}, form{true, 2, "gemv mma: "}}) {
     gpu::backend_options o;
-    o.cuda_gemv = gemv;
+    o.cuda_gemv = f.gemv;
+    o.cuda_gemv_tensor_core_rows = f.tensor_core_rows;
     auto made = gpu::cuda::make_cuda_devices({0}, o, 0);
     ASSERT_TRUE(made) << made.err().to_string();
     for (dtype t : kFloatTypes)
       for (const mm_case& mc : cases) {
         const graph g = matmul_graph(t, mc);
         test::check_against_reference_on(*(*made)[0], g, {rnd(t, mc.a), rnd(t, mc.b)}, matmul_tol(t, mc),
-                                         std::string(gemv ? "gemv on: " : "gemv off: ") + matmul_label(t, mc));
+                                         std::string(f.label) + matmul_label(t, mc));
       }
   }
 }
