@@ -305,6 +305,11 @@ struct generator::impl : std::enable_shared_from_this<generator::impl> {
   // ... `lanes` rows, each row a sequence, all its rows' logits out. Empty
   // without batching.
   std::vector<step_plan> batch_steps;
+  // Their twins whose output is each row's greedy token, picked on the
+  // device (generator_options::device_greedy; empty without it): a step
+  // whose every sampling row is greedy_on_device() copies 4 bytes a row to
+  // the host, not a row of f32 logits, and the host scans nothing.
+  std::vector<step_plan> batch_greedy_steps;
   int lanes = 1;            // sequences a state slot holds (decode_batch, or 1)
   int64_t lane_rows = 0;    // cache rows a sequence holds (cache_rows()); a slot's are lanes x lane_rows
   // One per state slot under batching: the slot's sequences and its job.
@@ -840,7 +845,12 @@ void lane_group::pump() {
         token_out = s->greedy_on_device() && parts.front().row >= 0;
         sp = &step_for(token_out ? gen->decode_greedy : gen->decode, s->cached);
       } else {
-        for (const step_plan& b : gen->batch_steps)
+        // The rows' tokens picked on the device when every row that samples
+        // is greedy there (rows that only feed a prompt token take none).
+        token_out = !gen->batch_greedy_steps.empty() && std::all_of(parts.begin(), parts.end(), [](const part& p) {
+                      return p.row < 0 || p.s->greedy_on_device();
+                    });
+        for (const step_plan& b : token_out ? gen->batch_greedy_steps : gen->batch_steps)
           if (!sp && b.new_tokens >= count) sp = &b;
       }
       prompt_turn = true;
@@ -868,8 +878,8 @@ void lane_group::on_job(const job_result& r, const std::vector<part>& parts, boo
     s.cached += p.n;  // the job stored its rows in the lane
     if (p.row < 0) continue;  // the prompt goes on
     int32_t tok = 0;
-    if (token_out) {
-      std::memcpy(&tok, (*r)[0].data(), sizeof tok);
+    if (token_out) {  // next_token, i32 [1, rows, 1]: the part's row's
+      std::memcpy(&tok, (*r)[0].data() + p.row * static_cast<int64_t>(sizeof tok), sizeof tok);
       ++s.out.tokens_picked_on_device;
     } else {
       tok = s.sample_row((*r)[0], p.row);
@@ -1150,12 +1160,16 @@ expected<std::shared_ptr<generator>> generator::create(runtime& rt, models::tran
       if (error e = make_plan({n}, piece, pipelined ? impl->chain[1].p : impl->decode.p)) return e;
       if (!options.doubling_prompt_plans) break;
     }
-  // Batched decode steps: 2, 4, ... rows, and `lanes`.
+  // Batched decode steps: 2, 4, ... rows, and `lanes`; with device_greedy,
+  // each also as a plan that outputs its rows' greedy tokens.
   for (int64_t n = 2; lanes > 1; n = std::min<int64_t>(2 * n, lanes)) {
-    step_plan& batch = impl->batch_steps.emplace_back();
     step_shape sh{n};
     sh.all_rows = true;
-    if (error e = make_plan(sh, batch, impl->decode.p)) return e;
+    if (error e = make_plan(sh, impl->batch_steps.emplace_back(), impl->decode.p)) return e;
+    if (options.device_greedy) {
+      sh.greedy = true;
+      if (error e = make_plan(sh, impl->batch_greedy_steps.emplace_back(), impl->decode.p)) return e;
+    }
     if (n == lanes) break;
   }
   cfg.seq_len = 1;
@@ -1164,6 +1178,7 @@ expected<std::shared_ptr<generator>> generator::create(runtime& rt, models::tran
   std::vector<const step_plan*> all{&impl->decode, &impl->prefill, &impl->decode_greedy, &impl->chain[0], &impl->chain[1]};
   for (const step_plan& sp : impl->prompt_pieces) all.push_back(&sp);
   for (const step_plan& sp : impl->batch_steps) all.push_back(&sp);
+  for (const step_plan& sp : impl->batch_greedy_steps) all.push_back(&sp);
   for (std::size_t i = 0, n = all.size(); i < n; ++i)
     if (all[i]->short_twin) all.push_back(all[i]->short_twin.get());
   for (const step_plan* sp : all)

@@ -1184,6 +1184,78 @@ TEST(GenerateBatched, SequencesQueueForLanesCancelAndFillTheirCache) {
   EXPECT_EQ((*gen)->waiting_sequences(), 0);
 }
 
+// Greedy sequences without logits that decode together take the batch
+// plans whose output is each row's token (generator_options::device_greedy):
+// every token they decoded beside another sequence's was picked on the
+// device, and each sequence equals its solo run. A sequence that samples
+// (temperature) makes the steps it shares carry logits: its tokens are all
+// picked on the host. Without device_greedy the host picks every token, and
+// the greedy sequences still equal their solo runs.
+TEST(GenerateBatched, GreedyRowsPickTheirTokensOnTheDevice) {
+  const auto cfg = ag::test::tiny_model(ag::models::model_variant::llama, 2);
+  temp_dir dir;
+  auto m = saved_model(dir, cfg);
+  ASSERT_TRUE(m.has_value()) << m.err().to_string();
+  auto rt = ag::runtime::create("cpu:1", fast_sim());
+  ASSERT_TRUE(rt.has_value()) << rt.err().to_string();
+  const std::vector<std::vector<int32_t>> prompts{{1, 2, 3}, {7, 7}, {40, 0, 13, 2}, {5, 9}};
+  for (const bool device_greedy : {true, false})
+    for (const bool one_samples : {false, true}) {
+      SCOPED_TRACE(std::string("device_greedy ") + (device_greedy ? "on" : "off") +
+                   (one_samples ? ", sequence 3 samples" : ", all greedy"));
+      ag::generator_options go;
+      go.cache_tokens = 16;
+      go.max_sequences = 4;
+      go.prefill_chunk = 4;
+      go.decode_batch = 4;
+      go.device_greedy = device_greedy;
+      auto gen = ag::generator::create(**rt, m->model_config(1), m->provider(), go);
+      ASSERT_TRUE(gen.has_value()) << gen.err().to_string();
+      held_first hold;
+      std::vector<ag::generation> hs;
+      for (std::size_t i = 0; i < prompts.size(); ++i) {
+        ag::generate_options o;
+        o.max_new_tokens = 6;
+        if (one_samples && i == 3) {
+          o.max_new_tokens = 3;  // it ends first: the others go on in greedy batches
+          o.sampling.temperature = 0.8f;
+          o.sampling.top_k = 5;
+          o.sampling.seed = 7;
+        }
+        if (i == 0)
+          o.on_token = [&](int32_t, int64_t k) {
+            if (k == 0) hold.released.wait_for(60s);
+          };
+        hs.push_back((*gen)->generate(prompts[i], o));
+      }
+      hold.release.set_value();
+      int64_t batched = 0, picked = 0;
+      for (std::size_t i = 0; i < hs.size(); ++i) {
+        ASSERT_TRUE(hs[i].wait_for(120s)) << "sequence " << i << " hung";
+        const auto& r = hs[i].wait();
+        ASSERT_TRUE(r.has_value()) << r.err().to_string();
+        if (one_samples && i == 3) {
+          EXPECT_EQ(r->tokens.size(), 3u);
+          EXPECT_EQ(r->tokens_picked_on_device, 0) << "a sampling sequence's token picked on the device";
+          continue;
+        }
+        EXPECT_EQ(r->tokens, alone(**rt, *m, prompts[i], 6, 1)) << "sequence " << i << " differs from its solo run";
+        batched += r->tokens_batched;
+        picked += r->tokens_picked_on_device;
+        if (!device_greedy) {
+          EXPECT_EQ(r->tokens_picked_on_device, 0) << "sequence " << i;
+        } else if (!one_samples) {
+          EXPECT_GE(r->tokens_picked_on_device, r->tokens_batched)
+              << "sequence " << i << ": a token decoded beside other sequences' was picked on the host";
+        }
+      }
+      EXPECT_GT(batched, 0) << "no token was decoded beside another sequence's";
+      if (device_greedy) {
+        EXPECT_GT(picked, 0) << "no greedy token was picked on the device";
+      }
+    }
+}
+
 TEST(GenerateBatched, BadBatchOptionsAreRefusedNamingThem) {
   const auto cfg = ag::test::tiny_model(ag::models::model_variant::gpt2);
   auto rt = ag::runtime::create("cpu:1");
