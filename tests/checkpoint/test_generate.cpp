@@ -1129,17 +1129,24 @@ TEST(GenerateBatched, EachSequenceEqualsRecomputeTensorParallel2Cpu) {
   batched_equals_recompute("cpu:2", 1, 4, 2, {tiny_llama_f32(), ag::test::tiny_model(ag::models::model_variant::gpt2)});
 }
 
+// A tiny LLaMA (GQA) saved into a temporary folder and opened, and a cpu:1
+// runtime.
+struct tiny_llama_on_cpu {
+  temp_dir dir;
+  ag::expected<ag::models::hf_model> m{saved_model(dir, ag::test::tiny_model(ag::models::model_variant::llama, 2))};
+  ag::expected<std::unique_ptr<ag::runtime>> rt{ag::runtime::create("cpu:1", fast_sim())};
+};
+
 // More sequences than lanes wait for one and run when a lane frees; one that
 // cancels itself stops; one that outgrows cache_tokens stops with cache_full;
 // each other one equals its solo run; the caches of 2 slots x 3 lanes take
 // what 6 one-sequence slots take.
 TEST(GenerateBatched, SequencesQueueForLanesCancelAndFillTheirCache) {
-  const auto cfg = ag::test::tiny_model(ag::models::model_variant::llama, 2);
-  temp_dir dir;
-  auto m = saved_model(dir, cfg);
-  ASSERT_TRUE(m.has_value()) << m.err().to_string();
-  auto rt = ag::runtime::create("cpu:1", fast_sim());
-  ASSERT_TRUE(rt.has_value()) << rt.err().to_string();
+  tiny_llama_on_cpu t;
+  ASSERT_TRUE(t.m.has_value()) << t.m.err().to_string();
+  ASSERT_TRUE(t.rt.has_value()) << t.rt.err().to_string();
+  auto& m = t.m;
+  auto& rt = t.rt;
   ag::generator_options go;
   go.cache_tokens = 16;
   go.max_sequences = 6;
@@ -1192,12 +1199,11 @@ TEST(GenerateBatched, SequencesQueueForLanesCancelAndFillTheirCache) {
 // picked on the host. Without device_greedy the host picks every token, and
 // the greedy sequences still equal their solo runs.
 TEST(GenerateBatched, GreedyRowsPickTheirTokensOnTheDevice) {
-  const auto cfg = ag::test::tiny_model(ag::models::model_variant::llama, 2);
-  temp_dir dir;
-  auto m = saved_model(dir, cfg);
-  ASSERT_TRUE(m.has_value()) << m.err().to_string();
-  auto rt = ag::runtime::create("cpu:1", fast_sim());
-  ASSERT_TRUE(rt.has_value()) << rt.err().to_string();
+  tiny_llama_on_cpu t;
+  ASSERT_TRUE(t.m.has_value()) << t.m.err().to_string();
+  ASSERT_TRUE(t.rt.has_value()) << t.rt.err().to_string();
+  auto& m = t.m;
+  auto& rt = t.rt;
   const std::vector<std::vector<int32_t>> prompts{{1, 2, 3}, {7, 7}, {40, 0, 13, 2}, {5, 9}};
   for (const bool device_greedy : {true, false})
     for (const bool one_samples : {false, true}) {
