@@ -327,8 +327,10 @@ struct backend_options {
   /// tensor cores (gpu/cuda/gemv.cu's mma form: a 16-row tile of weights
   /// times up to 8 rows of x per m16n8k16 product, so a weight byte costs
   /// the same instructions for 2 rows as for 8), fewer rows on the FMA
-  /// kernel. A batched decode step's products (generator_options::
-  /// decode_batch) are such GEMVs. 0: never (the default until measured).
+  /// kernel; and plain products of 9 to 16 rows, which otherwise go to
+  /// cuBLAS (projection groups stay at most 8 rows). A batched decode step's
+  /// products (generator_options::decode_batch) are such GEMVs. 0: never
+  /// (the default until a GPU measures it).
   int cuda_gemv_tensor_core_rows = 0;
   /// cuda (sm_90 and later): the project's kernels launch as programmatic
   /// dependents of the kernel before them on their stream (PDL). Such a

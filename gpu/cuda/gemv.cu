@@ -24,7 +24,7 @@ constexpr int kRowsPerBlock = kThreads / 32 / kWarpsPerRow;
 constexpr int kInFlight = 8;      // 16-byte weight loads per lane issued before the arithmetic
 
 struct row_offsets {
-  int64_t off[gemv_max_rows];  // element offset of each x row
+  int64_t off[gemv_mma_max_rows];  // element offset of each x row
 };
 
 // Offsets of the d0 x d1 x M rows of x (batch strides x.s[0], x.s[1]: 0
@@ -365,11 +365,12 @@ __device__ __forceinline__ const uint32_t (&words_of(const uint4& v))[4] {
   return *reinterpret_cast<const uint32_t(*)[4]>(&v);
 }
 
-template <class T, class TO, int MODE, bool NORM, bool ROPE>
+template <class T, class TO, int MODE, bool NORM, bool ROPE, int NT>  // NT: tiles of 8 x rows (1 or 2)
 __global__ void __launch_bounds__(kThreads)
     gemv_mma_kernel(gemv_targets<T, TO> tg, const T* __restrict__ x, row_offsets xr, int rows, int64_t ldw,
                     int64_t vecs, rope_freqs_t<ROPE> freqs) {
   static_assert(sizeof(T) == 2, "the tensor cores take 16-bit operands");
+  static_assert(NT == 1 || NT == 2, "8 or 16 rows of x");
   static_assert(!ROPE || MODE == plain, "the rope epilogue is a shared-input group's");
   constexpr bool TWO = MODE == gated;  // gate's and up's rows
   constexpr int NA = TWO ? 2 : 1;      // accumulators: the product, and up's
@@ -382,16 +383,23 @@ __global__ void __launch_bounds__(kThreads)
   // The warp's share of K, in 16-byte chunks.
   const int64_t per = (vecs + kMmaWarps - 1) / kMmaWarps;
   const int64_t k_begin = min(vecs, warp * per), k_end = min(vecs, k_begin + per);
-  // x row g (zeros past `rows`): its offset picked by selects (xr is a kernel parameter).
-  int64_t x_off = 0;
+  // x rows g and g + 8 (tile nt's row g + 8 nt; zeros past `rows`): their
+  // offsets picked by selects (xr is a kernel parameter).
+  const uint4* xg[NT];
+  bool x_live[NT];
 #pragma unroll
-  for (int r = 0; r < gemv_max_rows; ++r)
-    if (r == g) x_off = xr.off[r];
-  const bool x_live = g < rows;
-  const uint4* xg = reinterpret_cast<const uint4*>(x + x_off);
-  __shared__ float partial[kMmaWarps][NA * 4][32];
-  __shared__ float sum_sq[NORM ? kMmaWarps : 1][8], inv_rms[NORM ? 8 : 1];
-  __shared__ int32_t positions[ROPE ? 8 : 1];
+  for (int nt = 0; nt < NT; ++nt) {
+    int64_t x_off = 0;
+#pragma unroll
+    for (int r = 0; r < 8; ++r)
+      if (r == g) x_off = xr.off[8 * nt + r];
+    x_live[nt] = g + 8 * nt < rows;
+    xg[nt] = reinterpret_cast<const uint4*>(x + x_off);
+  }
+  constexpr int XR = 8 * NT;  // x rows the tiles hold
+  __shared__ float partial[kMmaWarps][NA * NT * 4][32];
+  __shared__ float sum_sq[NORM ? kMmaWarps : 1][XR], inv_rms[NORM ? XR : 1];
+  __shared__ int32_t positions[ROPE ? XR : 1];
   pdl_enter();
   if (ROPE && threadIdx.x < rows) positions[threadIdx.x] = tg.rope_pos[threadIdx.x % tg.rope_seq];
   const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
@@ -406,15 +414,17 @@ __global__ void __launch_bounds__(kThreads)
     const uint4* wb_row = reinterpret_cast<const uint4*>(ROPE ? pa.w + pa.partner * ldw : pb.w + pb.row * ldw);
     const uint4* ua_row = TWO ? reinterpret_cast<const uint4*>(tg.w[1] + pa.row * ldw) : nullptr;
     const uint4* ub_row = TWO ? reinterpret_cast<const uint4*>(tg.w[1] + pb.row * ldw) : nullptr;
-    float c[NA][4];
+    float c[NA][NT][4];
 #pragma unroll
     for (int a = 0; a < NA; ++a)
 #pragma unroll
-      for (int i = 0; i < 4; ++i) c[a][i] = 0.f;
-    float ss = 0.f;  // NORM, first tile: x row g's sum of squares over the lane's chunks
+      for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) c[a][nt][i] = 0.f;
+    float ss[NT] = {};  // NORM, first tile: x rows g's and g + 8's sums of squares over the lane's chunks
     // Passes of the warp's share: uniform over the warp (mma.sync needs every lane).
     for (int64_t base = k_begin; base < k_end; base += mma_layout::chunks_per_pass_step * F) {
-      uint4 wa[F], wb[F], ua[TWO ? F : 1], ub[TWO ? F : 1], xv[F];
+      uint4 wa[F], wb[F], ua[TWO ? F : 1], ub[TWO ? F : 1], xv[NT][F];
 #pragma unroll
       for (int u = 0; u < F; ++u) {
         const int64_t v = mma_layout::chunk_of(base, u, t);
@@ -425,46 +435,56 @@ __global__ void __launch_bounds__(kThreads)
           ua[u] = in && live_a ? __ldcs(ua_row + v) : zero;
           ub[u] = in && live_b ? __ldcs(ub_row + v) : zero;
         }
-        xv[u] = in && x_live ? __ldg(xg + v) : zero;
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) xv[nt][u] = in && x_live[nt] ? __ldg(xg[nt] + v) : zero;
       }
 #pragma unroll
       for (int u = 0; u < F; ++u) {
         if constexpr (NORM) {
-          if (first_tile) {
-            float xf[8];
-            vec16<T>::unpack(xv[u], xf);
+          if (first_tile)
 #pragma unroll
-            for (int e = 0; e < 8; ++e) ss = fmaf(xf[e], xf[e], ss);
-          }
+            for (int nt = 0; nt < NT; ++nt) {
+              float xf[8];
+              vec16<T>::unpack(xv[nt][u], xf);
+#pragma unroll
+              for (int e = 0; e < 8; ++e) ss[nt] = fmaf(xf[e], xf[e], ss[nt]);
+            }
         }
 #pragma unroll
-        for (int s = 0; s < 2; ++s) {
-          uint32_t a[4], b[2];
-          mma_layout::operands(words_of<T>(wa[u]), words_of<T>(wb[u]), words_of<T>(xv[u]), s, a, b);
-          mma16816<T>(c[0], a, b[0], b[1]);
-          if constexpr (TWO) {
-            mma_layout::operands(words_of<T>(ua[u]), words_of<T>(ub[u]), words_of<T>(xv[u]), s, a, b);
-            mma16816<T>(c[NA - 1], a, b[0], b[1]);
+        for (int s = 0; s < 2; ++s)
+#pragma unroll
+          for (int nt = 0; nt < NT; ++nt) {
+            uint32_t a[4], b[2];
+            mma_layout::operands(words_of<T>(wa[u]), words_of<T>(wb[u]), words_of<T>(xv[nt][u]), s, a, b);
+            mma16816<T>(c[0][nt], a, b[0], b[1]);
+            if constexpr (TWO) {
+              mma_layout::operands(words_of<T>(ua[u]), words_of<T>(ub[u]), words_of<T>(xv[nt][u]), s, a, b);
+              mma16816<T>(c[NA - 1][nt], a, b[0], b[1]);
+            }
           }
-        }
       }
     }
 #pragma unroll
     for (int a = 0; a < NA; ++a)
 #pragma unroll
-      for (int i = 0; i < 4; ++i) partial[warp][a * 4 + i][lane] = c[a][i];
+      for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) partial[warp][(a * NT + nt) * 4 + i][lane] = c[a][nt][i];
     if constexpr (NORM) {
-      if (first_tile) {  // x row g's share: the group's four lanes, then the warps
-        ss += __shfl_xor_sync(0xffffffffu, ss, 1);
-        ss += __shfl_xor_sync(0xffffffffu, ss, 2);
-        if (t == 0) sum_sq[warp][g] = ss;
-      }
+      if (first_tile)  // x row g + 8 nt's share: the group's four lanes, then the warps
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) {
+          float v = ss[nt];
+          v += __shfl_xor_sync(0xffffffffu, v, 1);
+          v += __shfl_xor_sync(0xffffffffu, v, 2);
+          if (t == 0) sum_sq[warp][g + 8 * nt] = v;
+        }
     }
     __syncthreads();
     if (warp == 0) {
       if constexpr (NORM) {
         if (first_tile) {  // kept for the block's later tiles (only warp 0 reads it)
-          if (lane < 8) {
+          if (lane < XR) {
             float tot = 0.f;
 #pragma unroll
             for (int w = 0; w < kMmaWarps; ++w) tot += sum_sq[w][lane];
@@ -473,44 +493,48 @@ __global__ void __launch_bounds__(kThreads)
           __syncwarp();
         }
       }
-      float sum[NA][4];
 #pragma unroll
-      for (int a = 0; a < NA; ++a)
+      for (int nt = 0; nt < NT; ++nt) {
+        // Tile nt's accumulators, summed over the warps.
+        float sum[NA][4];
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          float v = 0.f;
+        for (int a = 0; a < NA; ++a)
 #pragma unroll
-          for (int w = 0; w < kMmaWarps; ++w) v += partial[w][a * 4 + i][lane];
-          sum[a][i] = v;
-        }
-      if constexpr (ROPE) {
-        // Accumulators j and 2 + j: x row 2t + j's outputs of the pair's two rows.
+          for (int i = 0; i < 4; ++i) {
+            float v = 0.f;
 #pragma unroll
-        for (int j = 0; j < 2; ++j) {
-          const int r = mma_layout::result_x_row(lane, j);
-          if (!live_a || r >= rows) continue;
-          float s = sum[0][j], up = sum[0][2 + j];
-          if constexpr (NORM) s *= inv_rms[r], up *= inv_rms[r];
-          rope_pair(tg, freqs, units.roped_at(na), pa.row, positions[r], s, up);
-          pa.y[r * pa.N + pa.row] = from_f<TO>(s);
-          pa.y[r * pa.N + pa.partner] = from_f<TO>(up);
-        }
-      } else {
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          const int r = mma_layout::result_x_row(lane, i);
-          const bool second = mma_layout::result_tile_row(lane, i) >= 8;
-          if (!(second ? live_b : live_a) || r >= rows) continue;
-          const unit_place<T, TO>& at = second ? pb : pa;
-          float s = sum[0][i];
-          if constexpr (NORM) s *= inv_rms[r];
-          if constexpr (MODE == gated) {
-            float up = sum[NA - 1][i];
-            if constexpr (NORM) up *= inv_rms[r];
-            s = s / (1.f + __expf(-s)) * up;
+            for (int w = 0; w < kMmaWarps; ++w) v += partial[w][(a * NT + nt) * 4 + i][lane];
+            sum[a][i] = v;
           }
-          if constexpr (MODE == residual) s += to_f(tg.residual[r * at.N + at.row]);
-          at.y[r * at.N + at.row] = from_f<TO>(s);
+        if constexpr (ROPE) {
+          // Accumulators j and 2 + j: x row 8 nt + 2t + j's outputs of the pair's two rows.
+#pragma unroll
+          for (int j = 0; j < 2; ++j) {
+            const int r = 8 * nt + mma_layout::result_x_row(lane, j);
+            if (!live_a || r >= rows) continue;
+            float s = sum[0][j], up = sum[0][2 + j];
+            if constexpr (NORM) s *= inv_rms[r], up *= inv_rms[r];
+            rope_pair(tg, freqs, units.roped_at(na), pa.row, positions[r], s, up);
+            pa.y[r * pa.N + pa.row] = from_f<TO>(s);
+            pa.y[r * pa.N + pa.partner] = from_f<TO>(up);
+          }
+        } else {
+#pragma unroll
+          for (int i = 0; i < 4; ++i) {
+            const int r = 8 * nt + mma_layout::result_x_row(lane, i);
+            const bool second = mma_layout::result_tile_row(lane, i) >= 8;
+            if (!(second ? live_b : live_a) || r >= rows) continue;
+            const unit_place<T, TO>& at = second ? pb : pa;
+            float s = sum[0][i];
+            if constexpr (NORM) s *= inv_rms[r];
+            if constexpr (MODE == gated) {
+              float up = sum[NA - 1][i];
+              if constexpr (NORM) up *= inv_rms[r];
+              s = s / (1.f + __expf(-s)) * up;
+            }
+            if constexpr (MODE == residual) s += to_f(tg.residual[r * at.N + at.row]);
+            at.y[r * at.N + at.row] = from_f<TO>(s);
+          }
         }
       }
     }
@@ -527,8 +551,12 @@ void go_mma(const launch_ctx& c, const gemv_targets<T, TO>& tg, const void* x, c
   const unsigned grid = grid_for(units, ROPE ? 8 : 16, c.sm_count * 4);  // a block a tile, grid-stride
   rope_freqs_t<ROPE> freqs{};
   if constexpr (ROPE) rope_inverse_frequencies(tg.rope_theta, tg.rope_scale, tg.rope_dim, freqs.inv);
-  launch_kernel(c, gemv_mma_kernel<T, TO, MODE, NORM, ROPE>, grid, kThreads, 0, tg, static_cast<const T*>(x), xr,
-                rows, ldw, vecs, freqs);
+  if (rows > 8)
+    launch_kernel(c, gemv_mma_kernel<T, TO, MODE, NORM, ROPE, 2>, grid, kThreads, 0, tg, static_cast<const T*>(x), xr,
+                  rows, ldw, vecs, freqs);
+  else
+    launch_kernel(c, gemv_mma_kernel<T, TO, MODE, NORM, ROPE, 1>, grid, kThreads, 0, tg, static_cast<const T*>(x), xr,
+                  rows, ldw, vecs, freqs);
 }
 
 template <class T, class TO, int R, int MODE, bool NORM, bool ROPE>
@@ -543,13 +571,21 @@ void go_rows(const launch_ctx& c, const gemv_targets<T, TO>& tg, const void* x, 
                 ldw, vecs, freqs);
 }
 
+// Whether `rows` rows of x of elements of `esize` bytes take the GEMV's
+// tensor-core form (launch_ctx::gemv_tensor_core_rows; 16-bit types, at
+// most gemv_mma_max_rows).
+bool on_tensor_cores(const launch_ctx& c, int esize, int64_t rows) {
+  return esize == 2 && c.gemv_tensor_core_rows > 0 && rows >= c.gemv_tensor_core_rows && rows <= gemv_mma_max_rows;
+}
+
 template <class T, class TO, int MODE = plain, bool NORM = false, bool ROPE = false>
 void go(const launch_ctx& c, int rows, const gemv_targets<T, TO>& tg, const void* x, const row_offsets& xr,
         int64_t ldw, int64_t K) {
   // The tensor cores from backend_options::cuda_gemv_tensor_core_rows rows
   // (16-bit types; a norm whose weight the kernel would read stays on FMAs).
+  // Callers pass more than gemv_max_rows rows only where on_tensor_cores.
   if constexpr (sizeof(T) == 2) {
-    if (c.gemv_tensor_core_rows > 0 && rows >= c.gemv_tensor_core_rows && !(NORM && tg.norm_w)) {
+    if (on_tensor_cores(c, static_cast<int>(sizeof(T)), rows) && !(NORM && tg.norm_w)) {
       go_mma<T, TO, MODE, NORM, ROPE>(c, tg, x, xr, rows, ldw, K);
       return;
     }
@@ -583,9 +619,10 @@ bool try_launch_gemv(const launch_ctx& c, const kt& out, const kt& a, const kt& 
   if (out.t != a.t && out.t != static_cast<int>(dtype::f32)) return false;
   const int64_t M = out.d[2], N = out.d[3], K = trans_a ? a.d[2] : a.d[3];
   const int64_t rows = out.d[0] * out.d[1] * M;
-  if (rows < 1 || rows > gemv_max_rows || N < 1 || K < 1) return false;
   const int t = a.t;
   const int64_t esz = static_cast<int64_t>(dtype_size(static_cast<dtype>(t)));
+  if (rows < 1 || (rows > gemv_max_rows && !on_tensor_cores(c, static_cast<int>(esz), rows)) || N < 1 || K < 1)
+    return false;
   const int64_t per_vec = 16 / esz;
   if (t != static_cast<int>(dtype::f32) && t != static_cast<int>(dtype::f16) && t != static_cast<int>(dtype::bf16))
     return false;

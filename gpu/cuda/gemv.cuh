@@ -8,9 +8,15 @@ namespace ag::gpu::cuda {
 
 /// The most rows (batch entries x M) the GEMV kernel takes; more go to cuBLAS.
 inline constexpr int gemv_max_rows = 8;
+/// The most rows its tensor-core form takes (launch_ctx::
+/// gemv_tensor_core_rows, f16 / bf16): two tiles of 8 x rows. A plain
+/// product of 9 to 16 rows takes it when it is on, else cuBLAS; projection
+/// groups keep gemv_max_rows (the planner groups no more).
+inline constexpr int gemv_mma_max_rows = 16;
 
 /// out [.., M, N] = op(a) [.., M, K] x op(b) [K, N] when the product is a
-/// GEMV: at most gemv_max_rows rows of a in all, b without batch dims (a
+/// GEMV: at most gemv_max_rows rows of a in all (gemv_mma_max_rows on the
+/// tensor cores), b without batch dims (a
 /// weight), K contiguous in both a's rows and b's (op(b) = w^T with w [N, K]
 /// row-major, the layout of every nn.Linear weight), 16-byte aligned rows,
 /// f32 / f16 / bf16 with out of that dtype or f32, out contiguous (the caller

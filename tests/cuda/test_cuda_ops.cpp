@@ -347,8 +347,8 @@ TEST(CudaOps, MatmulMatchesReferenceWithTransposesAndBatches) {
 // Products of at most 8 rows against a weight take the GEMV kernel
 // (gpu/cuda/gemv.cuh) where K and the rows allow 16-byte loads, cuBLAS
 // otherwise; all against the reference, on devices with the kernel off, on,
-// and on with its tensor-core form from 2 rows (f16 / bf16; f32 and one row
-// stay on its FMA form).
+// and on with its tensor-core form from 2 rows (f16 / bf16, up to 16 rows;
+// f32 and one row stay on its FMA form).
 TEST(CudaOps, MatmulOfFewRowsMatchesReferenceOnTheGemvKernelAndOnCublas) {
   AG_REQUIRE_GPU(1);
   const mm_case cases[] = {
@@ -365,6 +365,8 @@ TEST(CudaOps, MatmulOfFewRowsMatchesReferenceOnTheGemvKernelAndOnCublas) {
       {{1, 13}, {7, 13}, false, true},               // K = 13: no 16-byte rows, cuBLAS
       {{8, 2048}, {2051, 2048}, false, true},        // 8 rows, tiles past N's end, K over 8 warps' shares
       {{5, 8200}, {40, 8200}, false, true},          // 5 rows (x rows 5-7 of a tile empty), K not 8 x 64-aligned
+      {{16, 2048}, {300, 2048}, false, true},        // 16 rows: two tiles of x rows on the tensor cores, else cuBLAS
+      {{3, 4, 1024}, {129, 1024}, false, true},      // 12 rows in batch dims: the second tile half empty
   };
   struct form {
     bool gemv;
