@@ -663,8 +663,8 @@ int main(int argc, char** argv) {
   app.add_option("--model", d.model, "decode: the model folder (actorgraph-save-model --shape llama-1b)");
   app.add_option("--devices", d.devices, "decode: device spec");
   app.add_option("--cpu-threads", d.cpu_threads,
-                 "decode, batch: threads each cpu device's kernels use (0: the machine's hardware threads, shared among the "
-                 "cpu devices)")
+                 "decode, batch: threads each cpu device's kernels use (0: the machine's hardware threads, shared "
+                 "among the cpu devices)")
       ->check(CLI::Range(0, 1024));
   app.add_option("--context", d.context, "decode: prompt tokens before decoding")->check(CLI::Range(1, 1 << 20));
   app.add_option("--new-tokens", d.new_tokens, "decode: tokens to generate")->check(CLI::Range(2, 1 << 20));
@@ -741,7 +741,8 @@ int main(int argc, char** argv) {
       app, "--pipeline-across-stages", d.across_stages,
       "decode: generator_options::pipeline_across_stages, greedy steps pipelined over stages too (on, off)");
   app.add_flag("--sim-zero-delay", d.sim_zero_delay,
-               "decode, batch: sim devices model no time and compute no values (the host's costs alone; tokens meaningless)");
+               "decode, batch: sim devices model no time and compute no values (the host's costs alone; tokens "
+               "meaningless)");
   app.add_option("--tp", d.tensor_parallel, "decode: plan_options::tensor_parallel of the generator's plans")
       ->check(CLI::Range(1, 1024));
   app.add_option("--stages", d.stages, "decode: plan_options::pipeline_stages of the generator's plans (0: every device)")

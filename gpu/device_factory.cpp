@@ -142,7 +142,8 @@ error validate(const backend_options& o) {
   if (o.cuda_gemv_tensor_core_rows != 0 && (o.cuda_gemv_tensor_core_rows < 2 || o.cuda_gemv_tensor_core_rows > 8))
     return error(errc::invalid_argument, "backend option cuda_gemv_tensor_core_rows = " +
                                              std::to_string(o.cuda_gemv_tensor_core_rows) +
-                                             ": must be 0 (never) or 2..8 (the rows from which GEMVs take the tensor cores)");
+                                             ": must be 0 (never) or 2..8 (the rows from which GEMVs take the "
+                                             "tensor cores)");
   if (o.cuda_nccl_min_bytes < 1)
     return error(errc::invalid_argument, "backend option cuda_nccl_min_bytes = " +
                                              std::to_string(o.cuda_nccl_min_bytes) + ": must be >= 1");
