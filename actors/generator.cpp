@@ -742,38 +742,49 @@ std::vector<host_tensor> lane_inputs(const generator::impl& g, const step_plan& 
   const int64_t T = sp.new_tokens, R = g.lane_rows, K = g.opt.cache_tokens, W = c.sliding_window;
   const int64_t rows_all = R * g.lanes;
   std::vector<int32_t> tk, pos, store, ranges;
-  host_tensor keys = host_tensor::uninitialized(dtype::i32, {rows_all});
+  // The key positions and query ranges only for a plan that builds its mask
+  // from them (a one-token plan reads the host mask below).
+  const bool positions = sp.mask_from_positions;
+  host_tensor keys = positions ? host_tensor::uninitialized(dtype::i32, {rows_all}) : host_tensor();
   auto* key = reinterpret_cast<int32_t*>(keys.data());
-  std::fill(key, key + rows_all, -1);
+  if (positions) std::fill(key, key + rows_all, -1);
   for (const lane_piece& pc : pieces) {
     const auto n = static_cast<int64_t>(pc.tokens.size());
-    const models::cache_mask_positions m = models::cache_mask_inputs(pc.rows, R, pc.cached, n, W);
-    const auto* held = reinterpret_cast<const int32_t*>(m.key_positions.data());
-    const auto* seen = reinterpret_cast<const int32_t*>(m.query_ranges.data());
     const int64_t base = pc.lane * K;
-    for (int64_t r = 0; r < R; ++r) key[pc.lane * R + r] = held[r] < 0 ? -1 : static_cast<int32_t>(base + held[r]);
+    const int32_t* seen = nullptr;
+    models::cache_mask_positions m;
+    if (positions) {
+      m = models::cache_mask_inputs(pc.rows, R, pc.cached, n, W);
+      const auto* held = reinterpret_cast<const int32_t*>(m.key_positions.data());
+      seen = reinterpret_cast<const int32_t*>(m.query_ranges.data());
+      for (int64_t r = 0; r < R; ++r) key[pc.lane * R + r] = held[r] < 0 ? -1 : static_cast<int32_t>(base + held[r]);
+    }
     for (int64_t i = 0; i < pc.rows; ++i) {
       const int64_t j = i - (pc.rows - n);  // the real token's index (< 0: padding)
       tk.push_back(j >= 0 ? pc.tokens[static_cast<std::size_t>(j)] : 0);
       pos.push_back(static_cast<int32_t>(j >= 0 ? pc.cached + j : pc.cached));
       store.push_back(j >= 0 ? static_cast<int32_t>(pc.lane * R + (pc.cached + j) % R) : -1);
-      ranges.push_back(static_cast<int32_t>(base + seen[2 * i]));
-      ranges.push_back(static_cast<int32_t>(base + seen[2 * i + 1]));
+      if (positions) {
+        ranges.push_back(static_cast<int32_t>(base + seen[2 * i]));
+        ranges.push_back(static_cast<int32_t>(base + seen[2 * i + 1]));
+      }
     }
   }
   while (static_cast<int64_t>(tk.size()) < T) {
     tk.push_back(tk.front());
     pos.push_back(pos.front());
     store.push_back(-1);
-    ranges.push_back(ranges[0]);
-    ranges.push_back(ranges[1]);
+    if (positions) {
+      ranges.push_back(ranges[0]);
+      ranges.push_back(ranges[1]);
+    }
   }
   std::vector<host_tensor> in;
   in.reserve(5);
   if (sp.token_input) in.push_back(host_tensor::from_ints({1, T}, tk));
   in.push_back(host_tensor::from_ints({T}, pos));
   in.push_back(host_tensor::from_ints({T}, store));
-  if (sp.mask_from_positions) {
+  if (positions) {
     in.push_back(std::move(keys));
     in.push_back(host_tensor::from_ints({T, 2}, ranges));
     return in;

@@ -170,21 +170,20 @@ void bench_decode_kernels(const gpu::device_ptr& plain, const gpu::device_ptr& n
                                      const std::function<gpu::op_launch(const gpu::op_launch*)>& fuse) {
     // Projection groups take at most 8 rows (the planner forms none with more).
     if (rows > 8 && std::string(name) != "attention") return;
-    bound_graph bg(*plain, g);
-    const std::vector<gpu::op_launch> ops = bg.launches();
-    report(std::string("decode_") + name + at_rows + "_" + std::to_string(per) + "_kernels_us",
-           us_per_replayed_launch(*plain, ops, iters) * static_cast<double>(per), "us");
-    std::vector<gpu::op_launch> fused;
-    for (std::size_t i = 0; i + per <= ops.size(); i += per) fused.push_back(fuse(&ops[i]));
-    report(std::string("decode_") + name + at_rows + "_fused_us", us_per_replayed_launch(*plain, fused, iters), "us");
-    if (mma && std::string(name) != "attention") {  // the projection groups on the tensor cores
-      bound_graph mbg(*mma, g);
-      const std::vector<gpu::op_launch> mops = mbg.launches();
-      std::vector<gpu::op_launch> mfused;
-      for (std::size_t i = 0; i + per <= mops.size(); i += per) mfused.push_back(fuse(&mops[i]));
-      report(std::string("decode_") + name + at_rows + "_fused_mma_us", us_per_replayed_launch(*mma, mfused, iters),
-             "us");
-    }
+    // The chain's records on `dev` fused (label: the figure's suffix), and,
+    // on `plain`, the same records one by one.
+    const auto measure = [&](const gpu::device_ptr& dev, const char* label) {
+      bound_graph bg(*dev, g);
+      const std::vector<gpu::op_launch> ops = bg.launches();
+      if (dev == plain)
+        report(std::string("decode_") + name + at_rows + "_" + std::to_string(per) + "_kernels_us",
+               us_per_replayed_launch(*dev, ops, iters) * static_cast<double>(per), "us");
+      std::vector<gpu::op_launch> fused;
+      for (std::size_t i = 0; i + per <= ops.size(); i += per) fused.push_back(fuse(&ops[i]));
+      report(std::string("decode_") + name + at_rows + label, us_per_replayed_launch(*dev, fused, iters), "us");
+    };
+    measure(plain, "_fused_us");
+    if (mma && std::string(name) != "attention") measure(mma, "_fused_mma_us");  // the groups on the tensor cores
   };
   {
     graph_builder b;  // q, k, v of one x

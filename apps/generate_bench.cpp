@@ -163,6 +163,12 @@ struct decode_args {
   std::string trace = "on";
 };
 
+// The median of `v` (0 when empty).
+double median_of(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0.0 : v[v.size() / 2];
+}
+
 int run_decode(const decode_args& a) {
   ag::runtime_options ro;
   ro.backend.cpu_threads_per_stream = a.cpu_threads;
@@ -309,10 +315,6 @@ int run_decode(const decode_args& a) {
     }
     before = &sp;
   }
-  const auto median_of = [](std::vector<double> v) {
-    std::sort(v.begin(), v.end());
-    return v.empty() ? 0.0 : v[v.size() / 2];
-  };
 
   // Bytes one decode token must read: every weight but the input embedding
   // table (one row of it), and the cache of `context` positions (of the
@@ -545,11 +547,10 @@ ag::expected<batch_round> run_batch_round(ag::runtime& rt, ag::generator& gen, c
       if (i > 0 && v[i - 1] >= start && v[i] <= end)
         gaps.push_back(std::chrono::duration<double>(v[i] - v[i - 1]).count());
     }
-  std::sort(gaps.begin(), gaps.end());
   const double steady_s = std::chrono::duration<double>(end - start).count();
   r.steady_tokens_per_s = steady_s > 0 ? static_cast<double>(inside) / steady_s : 0.0;
   r.all_tokens_per_s = static_cast<double>(r.tokens) / all_s;
-  r.step_ms = gaps.empty() ? 0.0 : gaps[gaps.size() / 2] * 1e3;
+  r.step_ms = median_of(gaps) * 1e3;
   // The trace's clock is the host's steady clock in ns (gpu::host_clock_ns),
   // as clock_type's.
   const int64_t from_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(start.time_since_epoch()).count();
@@ -563,10 +564,6 @@ ag::expected<batch_round> run_batch_round(ag::runtime& rt, ag::generator& gen, c
     device_ms.push_back(static_cast<double>(spans[i].second - spans[i].first) / 1e6);
     if (i > 0) idle_ms.push_back(static_cast<double>(std::max<int64_t>(0, spans[i].first - spans[i - 1].second)) / 1e6);
   }
-  const auto median_of = [](std::vector<double> v) {
-    std::sort(v.begin(), v.end());
-    return v.empty() ? 0.0 : v[v.size() / 2];
-  };
   r.job_device_ms = median_of(device_ms);
   r.idle_between_jobs_ms = median_of(idle_ms);
   return r;
