@@ -1073,6 +1073,9 @@ expected<std::shared_ptr<generator>> generator::create(runtime& rt, models::tran
     c.argmax_output = sh.greedy;
     c.last_row_logits = !sh.all_rows;  // a chunk's real tokens are last (inputs_at): only its last row goes on
     c.mask_from_positions = masks_on_device(sh);
+    // A batched step's rows are sequences in lanes of their own (lane_inputs:
+    // padding rows repeat the first row's range and store nothing).
+    c.rows_apart = sh.all_rows && c.mask_from_positions;
     if (sh.token_in) c.token_state_in = sh.token_in;
     if (sh.token_out) c.token_state_out = sh.token_out;
     return models::build_transformer(c, weights);

@@ -241,6 +241,11 @@ struct generator_options {
   /// of 8 rows went from 0.068-0.076 to 0.019-0.020 ms of host time).
   /// Greedy steps are not pipelined (pipeline_depth applies to one
   /// sequence's steps). A job that fails fails every sequence in it. 0..256.
+  /// On an H200 (LLaMA-1B's shape, 512-token prompts; docs/BENCHMARKS.md,
+  /// session 72) a step of 8 rows took 1.68 ms against 0.71 for one
+  /// sequence's step: 3.38 x the tokens a second (16 rows: 4.20 x; 4: 1.83;
+  /// 2: 0.98). Off by default: a sequence alone in a slot of N lanes has not
+  /// been measured against a slot of its own on a GPU.
   int decode_batch = 0;
   plan_options plan;            ///< layout of both plans (stages, devices); state_slots and
                                 ///< share_state_with are set by the generator

@@ -105,6 +105,8 @@ error apply_fusions(const plan& p, const step& s, lowered_step& ls) {
     if (add != ls.ops.end()) {
       fused.attention.masked = true;
       fused.inputs.push_back(add->inputs.at(1));
+      const node& mask = p.source().at(p.source().at(add->op->inputs.at(1)).storage);
+      fused.attention.rows_apart = mask.op == op_kind::range_mask && mask.attrs.rows_apart;
     }
     if (k_store) {
       // A rope's output read through a view, as the same view of its input:

@@ -390,6 +390,9 @@ int main(int argc, char** argv) {
   }
   gpu::backend_options plain, tf32;
   plain.cuda_pdl = pdl == "on";
+  // Few-row GEMVs on the FMA kernel: the decode kernels' `_gemv_` column (the
+  // tensor-core form has a device of its own, `_mma_`).
+  plain.cuda_gemv_tensor_core_rows = 0;
   tf32 = plain;
   tf32.cuda_tf32 = true;
   auto devs = gpu::cuda::make_cuda_devices({}, plain, 0);

@@ -134,7 +134,7 @@ struct decode_args {
   std::string replay = "auto";  ///< plan_options::graph_replay of the decode and prefill plans (the default)
   std::string fusion = "on";    ///< plan_options::fuse_ops of both plans (on: the default)
   std::string gemv = "on";      ///< backend_options::cuda_gemv (on: the default)
-  int gemv_tensor_core_rows = 0;  ///< backend_options::cuda_gemv_tensor_core_rows (0: the FMA kernel for every GEMV)
+  int gemv_tensor_core_rows = ag::gpu::backend_options{}.cuda_gemv_tensor_core_rows;  ///< (0: the FMA kernel for every GEMV)
   std::string projections = "on";  ///< plan_options::fuse_projections of both plans (on: the default)
   std::string fold_norms = "on";   ///< plan_options::fold_norm_weights of both plans (on: the default)
   std::string decode_step = "on";  ///< plan_options::fuse_decode_step of both plans (on: the default)
@@ -490,7 +490,7 @@ struct batch_args {
   int64_t context = 512, prefill_chunk = 0, new_tokens = 64;
   int rounds = 2;
   int cpu_threads = 0;                                   // backend_options::cpu_threads_per_stream
-  int gemv_tensor_core_rows = 0;                         // backend_options::cuda_gemv_tensor_core_rows
+  int gemv_tensor_core_rows = ag::gpu::backend_options{}.cuda_gemv_tensor_core_rows;  // its default
   bool fusion = true, projections = true, gemv = true;  // plan_options::fuse_ops, fuse_projections; cuda_gemv
   bool sim_zero_delay = false;                           // the instant sim device: the host's costs alone
   ag::graph_replay_mode replay = ag::graph_replay_mode::automatic;
@@ -701,7 +701,7 @@ int main(int argc, char** argv) {
                        "decode: backend_options::cuda_gemv, the GEMV kernel for few-row matmuls (on, off)");
   app.add_option("--gemv-tensor-cores", d.gemv_tensor_core_rows,
                  "decode, batch: backend_options::cuda_gemv_tensor_core_rows, GEMVs of at least this many rows (2..8) "
-                 "of 16-bit types on the tensor cores (0: never)")
+                 "of 16-bit types on the tensor cores (0: never; default: backend_options')")
       ->check(CLI::Range(0, 8));
   ag::apps::add_on_off(app, "--pdl", d.pdl,
                        "decode: backend_options::cuda_pdl, kernels as programmatic dependent launches (on, off)");

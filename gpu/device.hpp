@@ -156,6 +156,8 @@ struct op_launch {
     bool causal = false;
     bool masked = false;
     int64_t softmax_rows = 1;  ///< S: the softmax view's second-last dim
+    /// The mask is a range_mask whose rows see keys apart (op_attrs::rows_apart).
+    bool rows_apart = false;
     bool store_new_rows = false;
     bool rope_q = false;
     bool rope_k = false;
@@ -329,9 +331,10 @@ struct backend_options {
   /// the same instructions for 2 rows as for 8), fewer rows on the FMA
   /// kernel; and plain products of 9 to 16 rows, which otherwise go to
   /// cuBLAS (projection groups stay at most 8 rows). A batched decode step's
-  /// products (generator_options::decode_batch) are such GEMVs. 0: never
-  /// (the default until a GPU measures it).
-  int cuda_gemv_tensor_core_rows = 0;
+  /// products (generator_options::decode_batch) are such GEMVs. 0: never.
+  /// 2 by default: on an H200 a batched step of 8 LLaMA-1B rows took 2.66
+  /// ms against 5.01 on the FMA kernel (docs/BENCHMARKS.md, session 72).
+  int cuda_gemv_tensor_core_rows = 2;
   /// cuda (sm_90 and later): the project's kernels launch as programmatic
   /// dependents of the kernel before them on their stream (PDL). Such a
   /// kernel is launched while its predecessor still runs, waits for it at

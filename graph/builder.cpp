@@ -172,11 +172,13 @@ tensor graph_builder::argmax(tensor x, std::string name) {
   return add_node(make(op_kind::argmax, std::move(name), {x.id()}));
 }
 
-tensor graph_builder::range_mask(tensor key_positions, tensor query_ranges, dtype type, std::string name) {
+tensor graph_builder::range_mask(tensor key_positions, tensor query_ranges, dtype type, std::string name,
+                                 bool rows_apart) {
   const std::string w = who(op_kind::range_mask, name);
   if (!check(key_positions, "key_positions", w) || !check(query_ranges, "query_ranges", w)) return tensor();
   node n = make(op_kind::range_mask, std::move(name), {key_positions.id(), query_ranges.id()});
   n.type = type;
+  n.attrs.rows_apart = rows_apart;
   return add_node(std::move(n));
 }
 

@@ -115,6 +115,11 @@ struct op_attrs {
   bool trans_a = false;        ///< matmul
   bool trans_b = false;        ///< matmul
   bool causal = false;         ///< softmax
+  /// range_mask: each row's range holds keys that no other row's does (a
+  /// batched decode step's rows, each a sequence in a lane of its own;
+  /// transformer_config::rows_apart). A promise attention kernels may run
+  /// the rows apart on: the values are the same either way.
+  bool rows_apart = false;
   int axis = 0;                ///< concat, slice, transpose (first axis), all_gather / reduce_scatter, store_rows
   int axis2 = 0;               ///< transpose (second axis), all_gather (last merged axis)
   int64_t begin = 0, end = 0;  ///< slice / reduce_scatter [begin, end) along axis; get_rows shard; store_rows: end = rows kept
@@ -268,7 +273,9 @@ class graph_builder {
   tensor argmax(tensor x, std::string name = {});
   /// The additive mask [T, C] of dtype `type` (a float type) that
   /// op_kind::range_mask defines: key_positions i32 [C], query_ranges i32 [T, 2].
-  tensor range_mask(tensor key_positions, tensor query_ranges, dtype type, std::string name = {});
+  /// rows_apart: op_attrs::rows_apart.
+  tensor range_mask(tensor key_positions, tensor query_ranges, dtype type, std::string name = {},
+                    bool rows_apart = false);
   /// x [.., S, H, D] (D even), positions i32 [S]. Pair k turns by
   /// position * f_k, f_k = theta^(-2k/D), scaled as `scaling` says (off by
   /// default; graph/rope_frequencies.hpp).

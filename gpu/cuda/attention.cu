@@ -1,5 +1,6 @@
 #include "gpu/cuda/attention.cuh"
 
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <cuda/atomic>
@@ -377,7 +378,7 @@ __device__ __forceinline__ void rotate_rounded(float* x, int k, int half, int32_
 template <class T, int DPL, int RPW>
 __global__ void __launch_bounds__(kSplitThreads)
     split_attention_kernel(kt out, kt q, kt k, kt v, kt mask, bool masked, float scale, bool causal, int64_t S,
-                           int64_t chunk, float* ws, unsigned* counters, split_prologue pro) {
+                           int64_t chunk, float* ws, unsigned* counters, bool rows_apart, split_prologue pro) {
   constexpr int dh = 32 * DPL;
   constexpr int E = 16 / sizeof(T);                       // elements per 16-byte vector
   constexpr int kVecs = dh / E;                           // vectors per key row
@@ -394,6 +395,12 @@ __global__ void __launch_bounds__(kSplitThreads)
   const int64_t group = blockIdx.x;
   const group_view<T> gv(group, q, k, v, causal, S);
   const T *qb = gv.q, *kb = gv.k, *vb = gv.v;
+  // Rows apart (launch_fused_attention): the group is one softmax row's
+  // query heads (S = 1 here), row gv.b1 of the mask, of the cache and rope
+  // positions.
+  const int64_t row0 = rows_apart ? gv.b1 : 0;
+  kt mrow = mask;
+  if (rows_apart) mrow.p = static_cast<T*>(mask.p) + row0 * mask.s[2];
   const int lane = static_cast<int>(threadIdx.x & 31), warp = static_cast<int>(threadIdx.x >> 5);
   float* qs = reinterpret_cast<float*>(split_smem);  // [M][dh]
   T* ks = reinterpret_cast<T*>(qs + M * dh);         // [kRoundKeys][kStride]
@@ -407,7 +414,7 @@ __global__ void __launch_bounds__(kSplitThreads)
   unsigned seeing = 0u;
   if (masked && keys >= kTrimKeys) {
     int64_t lo, hi;
-    visible_keys<T>(mask, gv.first_row, M < S ? M : static_cast<int>(S), S, keys, lo, hi, seeing);
+    visible_keys<T>(mrow, gv.first_row, M < S ? M : static_cast<int>(S), S, keys, lo, hi, seeing);
     if (S > 32) seeing = 0u;
     const int64_t share = ((hi - lo + splits - 1) / splits + kRoundKeys - 1) / kRoundKeys * kRoundKeys;
     j_begin = min(hi, lo + split * share);
@@ -415,7 +422,7 @@ __global__ void __launch_bounds__(kSplitThreads)
   }
   // The mask row of query row m (rows repeat every S), its first key.
   const auto mask_at = [&](int m, int64_t j) {
-    return to_f(static_cast<const T*>(mask.p)[((gv.first_row + m) % S) * mask.s[2] + j * mask.s[3]]);
+    return to_f(static_cast<const T*>(mrow.p)[((gv.first_row + m) % S) * mask.s[2] + j * mask.s[3]]);
   };
   // One round: this thread's vectors of the key and value rows j0.. (zeros
   // past the split's end) and, per row it scores, the mask at its key.
@@ -465,15 +472,18 @@ __global__ void __launch_bounds__(kSplitThreads)
     }
     if (threadIdx.x < n_new) {
       // A row stored twice keeps the later (store_rows' order): the earlier is dropped.
-      int32_t at = static_cast<const int32_t*>(pro.cache_positions.p)[threadIdx.x * pro.cache_positions.s[3]];
+      const auto* cache_pos = static_cast<const int32_t*>(pro.cache_positions.p) + row0 * pro.cache_positions.s[3];
+      int32_t at = cache_pos[threadIdx.x * pro.cache_positions.s[3]];
       for (int later = threadIdx.x + 1; later < n_new; ++later)
-        if (static_cast<const int32_t*>(pro.cache_positions.p)[later * pro.cache_positions.s[3]] == at) at = -1;
+        if (cache_pos[later * pro.cache_positions.s[3]] == at) at = -1;
       cache_row[threadIdx.x] = at < 0 || at >= keys ? -1 : at;
     }
     if (pro.rope_q || pro.rope_k) {
       __syncthreads();
       constexpr int half = dh / 2;
-      const auto pos_of = [&](int64_t s) { return static_cast<const int32_t*>(pro.rope_positions.p)[s * pro.rope_positions.s[3]]; };
+      const auto pos_of = [&](int64_t s) {
+        return static_cast<const int32_t*>(pro.rope_positions.p)[(row0 + s) * pro.rope_positions.s[3]];
+      };
       if (pro.rope_q)
         for (int i = threadIdx.x; i < M * half; i += kSplitThreads) {
           const int m = i / half, kk = i % half;
@@ -671,10 +681,10 @@ bool split_rows_ok(const kt& x) {
   return true;
 }
 
-// Splits for `groups` x `keys`: about two blocks per SM, at least one round
-// of keys per block, within the workspace; splits = 1 needs none.
-split_plan plan_splits(const launch_ctx& c, int64_t groups, int64_t M, int64_t dh, int64_t keys) {
-  int64_t splits = (2 * c.sm_count + groups - 1) / groups;
+// Splits for `groups` x `keys`: about `per_sm` blocks per SM, at least one
+// round of keys per block, within the workspace; splits = 1 needs none.
+split_plan plan_splits(const launch_ctx& c, int64_t groups, int64_t M, int64_t dh, int64_t keys, int64_t per_sm = 2) {
+  int64_t splits = (per_sm * c.sm_count + groups - 1) / groups;
   const int64_t most = (keys + kRoundKeys - 1) / kRoundKeys;
   if (splits > most) splits = most;
   if (splits > kMaxSplits) splits = kMaxSplits;
@@ -693,7 +703,8 @@ split_plan plan_splits(const launch_ctx& c, int64_t groups, int64_t M, int64_t d
 
 template <class T, int DPL, int RPW>
 error go_split(const launch_ctx& c, const kt& out, const kt& q, const kt& k, const kt& v, const kt& mask, bool masked,
-               float scale, bool causal, int64_t S, int64_t groups, const split_plan& sp, const split_prologue& pro) {
+               float scale, bool causal, int64_t S, int64_t groups, const split_plan& sp, bool apart,
+               const split_prologue& pro) {
   static std::atomic<bool> done[kMaxSharedOrdinals];
   const auto kernel = split_attention_kernel<T, DPL, RPW>;
   const std::size_t shared = split_shared_bytes<T>(q.d[2], 32 * DPL, pro.on ? S : 0);
@@ -701,34 +712,34 @@ error go_split(const launch_ctx& c, const kt& out, const kt& q, const kt& k, con
               c.where + " (shared memory for fused attention)");
   launch_kernel(c, kernel, dim3(static_cast<unsigned>(groups), static_cast<unsigned>(sp.splits)), kSplitThreads, shared,
                 out, q, k, v, mask, masked, scale, causal, S, sp.chunk, c.attention_workspace,
-                c.attention_counter_words, pro);
+                c.attention_counter_words, apart, pro);
   return {};
 }
 
 template <class T, int DPL>
 error go_split_rows(const launch_ctx& c, const kt& out, const kt& q, const kt& k, const kt& v, const kt& mask,
-                    bool masked, float scale, bool causal, int64_t S, int64_t groups, const split_plan& sp,
+                    bool masked, float scale, bool causal, int64_t S, int64_t groups, const split_plan& sp, bool apart,
                     const split_prologue& pro) {
   // A warp per row up to 4 rows (a LLaMA decode step's query heads per kv
   // head), up to 4 rows per warp beyond, and 8 or 16 for a batched decode
   // step's rows (kSplitMaxRows).
-  if (q.d[2] <= kSplitWarps) return go_split<T, DPL, 1>(c, out, q, k, v, mask, masked, scale, causal, S, groups, sp, pro);
+  if (q.d[2] <= kSplitWarps) return go_split<T, DPL, 1>(c, out, q, k, v, mask, masked, scale, causal, S, groups, sp, apart, pro);
   if (q.d[2] <= kMaxRows)
-    return go_split<T, DPL, kMaxRows / kSplitWarps>(c, out, q, k, v, mask, masked, scale, causal, S, groups, sp, pro);
+    return go_split<T, DPL, kMaxRows / kSplitWarps>(c, out, q, k, v, mask, masked, scale, causal, S, groups, sp, apart, pro);
   if (q.d[2] <= 2 * kMaxRows)
-    return go_split<T, DPL, 2 * kMaxRows / kSplitWarps>(c, out, q, k, v, mask, masked, scale, causal, S, groups, sp, pro);
-  return go_split<T, DPL, kSplitMaxRows / kSplitWarps>(c, out, q, k, v, mask, masked, scale, causal, S, groups, sp, pro);
+    return go_split<T, DPL, 2 * kMaxRows / kSplitWarps>(c, out, q, k, v, mask, masked, scale, causal, S, groups, sp, apart, pro);
+  return go_split<T, DPL, kSplitMaxRows / kSplitWarps>(c, out, q, k, v, mask, masked, scale, causal, S, groups, sp, apart, pro);
 }
 
 template <class T>
 error go_split_head(const launch_ctx& c, const kt& out, const kt& q, const kt& k, const kt& v, const kt& mask,
-                    bool masked, float scale, bool causal, int64_t S, int64_t groups, const split_plan& sp,
+                    bool masked, float scale, bool causal, int64_t S, int64_t groups, const split_plan& sp, bool apart,
                     const split_prologue& pro) {
   switch (q.d[3]) {
-    case 32: return go_split_rows<T, 1>(c, out, q, k, v, mask, masked, scale, causal, S, groups, sp, pro);
-    case 64: return go_split_rows<T, 2>(c, out, q, k, v, mask, masked, scale, causal, S, groups, sp, pro);
-    case 128: return go_split_rows<T, 4>(c, out, q, k, v, mask, masked, scale, causal, S, groups, sp, pro);
-    default: return go_split_rows<T, 8>(c, out, q, k, v, mask, masked, scale, causal, S, groups, sp, pro);
+    case 32: return go_split_rows<T, 1>(c, out, q, k, v, mask, masked, scale, causal, S, groups, sp, apart, pro);
+    case 64: return go_split_rows<T, 2>(c, out, q, k, v, mask, masked, scale, causal, S, groups, sp, apart, pro);
+    case 128: return go_split_rows<T, 4>(c, out, q, k, v, mask, masked, scale, causal, S, groups, sp, apart, pro);
+    default: return go_split_rows<T, 8>(c, out, q, k, v, mask, masked, scale, causal, S, groups, sp, apart, pro);
   }
 }
 
@@ -763,7 +774,7 @@ error go(const launch_ctx& c, const kt& out, const kt& q, const kt& k, const kt&
 
 error launch_fused_attention(const launch_ctx& c, const kt& out, const kt& q, const kt& k, const kt& v,
                              const kt* mask, float scale, bool causal, int64_t softmax_rows,
-                             const attention_prologue* prologue) {
+                             const attention_prologue* prologue, bool rows_apart) {
   // The split kernel (below) takes any number of keys, and up to
   // kSplitMaxRows query rows when they are at most kMaxRows softmax rows of
   // several heads (a batched decode step: graph/fusion.hpp,
@@ -829,11 +840,48 @@ error launch_fused_attention(const launch_ctx& c, const kt& out, const kt& q, co
     rope_inverse_frequencies(ap.theta, ap.scaling, dh, pro.inv);
   }
   if (split_ok) {
-    const split_plan sp = plan_splits(c, groups, M, dh, keys);
+    // Rows apart: softmax row s of kv head g is group g S + s, its query
+    // heads the group's rows (q and out viewed [kv heads, S, heads a kv
+    // head, dh]), the caches shared by the S groups of a kv head (stride 0),
+    // its new row row s of k_new / v_new; the kernel offsets the mask, the
+    // cache and rope positions by s. Each group trims to its own row's keys
+    // (a lane of the cache), so a batched step's blocks sweep one lane each
+    // instead of all of them with one warp of four at work.
+    const int64_t S = softmax_rows;
+    const bool apart = rows_apart && mask && !causal && q.d[0] == 1 && S > 1 && M % S == 0;
+    kt qa = q, oa = out, ka = k, va = v;
+    int64_t ga = groups, sa = S;
+    split_plan sp;
+    if (apart) {
+      const auto by_row = [S](const kt& x, bool shared) {
+        kt y = x;
+        y.d[0] = x.d[1], y.s[0] = x.s[1];
+        if (shared) {  // [kv heads, S (stride 0), keys, dh]
+          y.d[1] = S, y.s[1] = 0;
+        } else {  // rows m = h S + s of [.., kv heads, M, dh] as [kv heads, S, M / S, dh]
+          y.d[1] = S, y.s[1] = x.s[2];
+          y.d[2] = x.d[2] / S, y.s[2] = S * x.s[2];
+        }
+        return y;
+      };
+      qa = by_row(q, false), oa = by_row(out, false), ka = by_row(k, true), va = by_row(v, true);
+      if (pro.on) pro.k_new = by_row(pro.k_new, false), pro.v_new = by_row(pro.v_new, false);
+      ga = q.d[1] * S, sa = 1;
+      // Splits for a row's share of the keys (the lanes are alike), about
+      // four blocks an SM; the chunk over all keys for blocks that do not
+      // trim (fewer than kTrimKeys keys).
+      sp = plan_splits(c, ga, M / S, dh, std::max<int64_t>(1, keys / S), 4);
+      int64_t chunk = (keys + sp.splits - 1) / sp.splits;
+      chunk = (chunk + kRoundKeys - 1) / kRoundKeys * kRoundKeys;
+      sp.chunk = chunk;
+      sp.splits = static_cast<int>((keys + chunk - 1) / chunk);
+    } else {
+      sp = plan_splits(c, groups, M, dh, keys);
+    }
     switch (static_cast<dtype>(t)) {
-      case dtype::f32: e = go_split_head<float>(c, out, q, k, v, mk, mask != nullptr, scale, causal, softmax_rows, groups, sp, pro); break;
-      case dtype::f16: e = go_split_head<__half>(c, out, q, k, v, mk, mask != nullptr, scale, causal, softmax_rows, groups, sp, pro); break;
-      default: e = go_split_head<__nv_bfloat16>(c, out, q, k, v, mk, mask != nullptr, scale, causal, softmax_rows, groups, sp, pro); break;
+      case dtype::f32: e = go_split_head<float>(c, oa, qa, ka, va, mk, mask != nullptr, scale, causal, sa, ga, sp, apart, pro); break;
+      case dtype::f16: e = go_split_head<__half>(c, oa, qa, ka, va, mk, mask != nullptr, scale, causal, sa, ga, sp, apart, pro); break;
+      default: e = go_split_head<__nv_bfloat16>(c, oa, qa, ka, va, mk, mask != nullptr, scale, causal, sa, ga, sp, apart, pro); break;
     }
     if (e) return e;
     AG_CUDA_TRY_LAUNCH(c.where);

@@ -22,6 +22,11 @@ namespace ag::gpu::cuda {
 /// row, rounded to the dtype. Needs the split kernel (head dims 32, 64, 128
 /// or 256, 16-byte cache rows, the stream's workspace): else an
 /// errc::internal error, launching nothing.
+/// rows_apart (op_attrs::rows_apart: each softmax row sees keys that no
+/// other row does, a batched decode step's sequences): with a mask, no
+/// causal flag and one batch entry, the split kernel runs a block group per
+/// (kv head, softmax row) over that row's keys; a row that saw another's
+/// new row would read it from the cache before it is stored.
 struct attention_prologue {
   kt k_new, v_new, cache_positions, rope_positions;
   bool rope_q = false, rope_k = false;
@@ -30,6 +35,6 @@ struct attention_prologue {
 };
 error launch_fused_attention(const launch_ctx& c, const kt& out, const kt& q, const kt& k, const kt& v,
                              const kt* mask, float scale, bool causal, int64_t softmax_rows,
-                             const attention_prologue* prologue = nullptr);
+                             const attention_prologue* prologue = nullptr, bool rows_apart = false);
 
 }  // namespace ag::gpu::cuda

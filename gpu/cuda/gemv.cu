@@ -365,16 +365,19 @@ __device__ __forceinline__ const uint32_t (&words_of(const uint4& v))[4] {
   return *reinterpret_cast<const uint32_t(*)[4]>(&v);
 }
 
-template <class T, class TO, int MODE, bool NORM, bool ROPE, int NT>  // NT: tiles of 8 x rows (1 or 2)
+// NT: tiles of 8 x rows (1 or 2); DEEP: twice the chunks in flight a pass
+// (one weight, 8 rows of x at most), for products of few tiles and long K.
+template <class T, class TO, int MODE, bool NORM, bool ROPE, int NT, bool DEEP = false>
 __global__ void __launch_bounds__(kThreads)
     gemv_mma_kernel(gemv_targets<T, TO> tg, const T* __restrict__ x, row_offsets xr, int rows, int64_t ldw,
                     int64_t vecs, rope_freqs_t<ROPE> freqs) {
   static_assert(sizeof(T) == 2, "the tensor cores take 16-bit operands");
   static_assert(NT == 1 || NT == 2, "8 or 16 rows of x");
   static_assert(!ROPE || MODE == plain, "the rope epilogue is a shared-input group's");
+  static_assert(!DEEP || (MODE != gated && NT == 1), "deep passes: one weight, one tile of x rows");
   constexpr bool TWO = MODE == gated;  // gate's and up's rows
   constexpr int NA = TWO ? 2 : 1;      // accumulators: the product, and up's
-  constexpr int F = TWO ? 2 : 4;       // chunks of each weight row a lane has in flight per pass
+  constexpr int F = TWO ? 2 : (DEEP ? 8 : 4);  // chunks of each weight row a lane has in flight per pass
   constexpr int U = ROPE ? 8 : 16;     // units a tile: rows, or pairs
   const unit_map<T, TO, MODE, ROPE> units(tg);
   const int64_t total = units.total(), tiles = (total + U - 1) / U;
@@ -551,6 +554,16 @@ void go_mma(const launch_ctx& c, const gemv_targets<T, TO>& tg, const void* x, c
   const unsigned grid = grid_for(units, ROPE ? 8 : 16, c.sm_count * 4);  // a block a tile, grid-stride
   rope_freqs_t<ROPE> freqs{};
   if constexpr (ROPE) rope_inverse_frequencies(tg.rope_theta, tg.rope_scale, tg.rope_dim, freqs.inv);
+  if constexpr (MODE != gated && !ROPE) {
+    // Fewer tiles than two an SM (LLaMA-1B's o and down: 128 tiles of 16
+    // rows) leave few warps to keep loads in flight: each pass of a warp's
+    // share waits for its loads once, so take twice the chunks a pass.
+    if (rows <= 8 && static_cast<int64_t>(grid) < 2 * c.sm_count && vecs >= 32 * kMmaWarps) {
+      launch_kernel(c, gemv_mma_kernel<T, TO, MODE, NORM, ROPE, 1, true>, grid, kThreads, 0, tg,
+                    static_cast<const T*>(x), xr, rows, ldw, vecs, freqs);
+      return;
+    }
+  }
   if (rows > 8)
     launch_kernel(c, gemv_mma_kernel<T, TO, MODE, NORM, ROPE, 2>, grid, kThreads, 0, tg, static_cast<const T*>(x), xr,
                   rows, ldw, vecs, freqs);

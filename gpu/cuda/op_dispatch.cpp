@@ -79,7 +79,7 @@ error dispatch_op(core& dev_core, cuda_stream& cs, const op_launch& l, const std
     }
     e = launch_fused_attention(c, out, to_kt(l.inputs[0]), to_kt(l.inputs[1]), to_kt(l.inputs[2]),
                                masked ? &mask : nullptr, ap.scale, ap.causal, ap.softmax_rows,
-                               ap.store_new_rows ? &pro : nullptr);
+                               ap.store_new_rows ? &pro : nullptr, ap.rows_apart);
     if (e.code == errc::device_failed) dev_core.mark_dead(e);
     return e;
   }

@@ -51,7 +51,7 @@ class model_builder {
       if (cfg_.mask_from_positions) {
         tensor keys = b_.input("key_positions", dtype::i32, {cfg_.kv_cache_capacity});
         tensor ranges = b_.input("query_ranges", dtype::i32, {S, 2});
-        mask_ = b_.range_mask(keys, ranges, cfg_.dtype, "attn_mask");
+        mask_ = b_.range_mask(keys, ranges, cfg_.dtype, "attn_mask", cfg_.rows_apart);
       } else {
         mask_ = b_.input("attn_mask", cfg_.dtype, {S, cfg_.kv_cache_capacity});
       }
@@ -451,6 +451,8 @@ error validate(const transformer_config& c) {
     return bad("kv_cache_capacity must be >= 0 (0 = no cache), got " + to_string(c.kv_cache_capacity));
   if (c.mask_from_positions && c.kv_cache_capacity < 1)
     return bad("mask_from_positions builds a KV cache's mask: it needs kv_cache_capacity > 0");
+  if (c.rows_apart && !c.mask_from_positions)
+    return bad("rows_apart is a promise about the mask built from positions: it needs mask_from_positions");
   if (c.max_positions < 0) return bad("max_positions must be >= 0 (0 = seq_len), got " + to_string(c.max_positions));
   if (c.variant == model_variant::gpt2 && c.positions_rows() < c.seq_len)
     return bad("max_positions " + to_string(c.max_positions) + " < seq_len " + to_string(c.seq_len));

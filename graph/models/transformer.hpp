@@ -230,6 +230,14 @@ struct transformer_config {
   /// over. The generator sets it on its prompt plans; its decode steps keep
   /// the one-row mask (what the one-kernel decode step reads).
   bool mask_from_positions = false;
+  /// With mask_from_positions: each new token is a sequence of its own whose
+  /// query range holds keys no other token's does (a batched decode step,
+  /// each row in a lane of the cache: generator_options::decode_batch). A
+  /// promise (op_attrs::rows_apart) that lets a CUDA device run the rows'
+  /// attention apart, a block a row and kv head over that row's keys only,
+  /// instead of every block sweeping all the lanes; a row that saw another
+  /// row's new key would read it before it is stored. Values unchanged.
+  bool rows_apart = false;
   /// Tokens handed from one job of a state slot to the next on the device
   /// (the generator's pipelined greedy decoding, generator.hpp): both need
   /// batch 1, seq_len 1 and a KV cache.

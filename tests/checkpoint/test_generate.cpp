@@ -1198,6 +1198,35 @@ TEST(GenerateBatched, SequencesQueueForLanesCancelAndFillTheirCache) {
 // (temperature) makes the steps it shares carry logits: its tokens are all
 // picked on the host. Without device_greedy the host picks every token, and
 // the greedy sequences still equal their solo runs.
+TEST(GenerateBatched, StepsMarkTheirRowsApartAndPromptsDoNot) {
+  // A batched step's rows are sequences in lanes of their own: its mask is
+  // marked rows_apart (transformer_config::rows_apart), which lets a CUDA
+  // device run each row's attention over its lane only. A prompt chunk's
+  // rows are one sequence's tokens, seeing each other's keys: not marked.
+  tiny_llama_on_cpu t;
+  ASSERT_TRUE(t.m.has_value()) << t.m.err().to_string();
+  ASSERT_TRUE(t.rt.has_value()) << t.rt.err().to_string();
+  ag::generator_options go;
+  go.cache_tokens = 16;
+  go.max_sequences = 4;
+  go.prefill_chunk = 4;
+  go.decode_batch = 4;
+  auto gen = ag::generator::create(**t.rt, t.m->model_config(1), t.m->provider(), go);
+  ASSERT_TRUE(gen.has_value()) << gen.err().to_string();
+  const auto masks_apart = [](const ag::plan& p) {
+    int apart = 0, masks = 0;
+    for (const ag::node& n : p.source().nodes())
+      if (n.op == ag::op_kind::range_mask) ++masks, apart += n.attrs.rows_apart;
+    return std::make_pair(masks, apart);
+  };
+  const std::vector<const ag::plan*> batched = (*gen)->batch_decode_plans();
+  ASSERT_FALSE(batched.empty());
+  for (const ag::plan* p : batched) EXPECT_EQ(masks_apart(*p), std::make_pair(1, 1));
+  const std::vector<const ag::plan*> prompts = (*gen)->prompt_plans();
+  ASSERT_FALSE(prompts.empty());
+  for (const ag::plan* p : prompts) EXPECT_EQ(masks_apart(*p), std::make_pair(1, 0));
+}
+
 TEST(GenerateBatched, GreedyRowsPickTheirTokensOnTheDevice) {
   tiny_llama_on_cpu t;
   ASSERT_TRUE(t.m.has_value()) << t.m.err().to_string();

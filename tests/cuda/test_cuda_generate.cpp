@@ -1253,17 +1253,23 @@ TEST(CudaGenerate, WholeDecodeStepGivesTheSameBitsEveryRun) {
 // cpu device's run of it alone: f32 within 2e-3 and the same tokens; bf16
 // within 1.5 times bf16's tolerance while its tokens so far agree (a random
 // model's bf16 logits tie often), with the steps' GEMVs on the FMA kernel and
-// on the tensor cores (backend_options::cuda_gemv_tensor_core_rows 2).
+// on the tensor cores (backend_options::cuda_gemv_tensor_core_rows 2). The
+// steps' attention runs its rows apart (transformer_config::rows_apart: a
+// block group a row and kv head), over 8 lanes of 160 rows (trimmed to the
+// row's lane) and of 112 (896 keys: swept whole, masked).
 TEST(CudaGenerate, BatchedDecodeOfEightSequencesEqualsTheCpuDevice) {
   AG_REQUIRE_GPU(1);
   struct form {
     dtype type;
     int tensor_core_rows;  // backend_options::cuda_gemv_tensor_core_rows (f32 stays on the FMA kernel)
+    int64_t cache_tokens;  // a lane's; 8 lanes of 160 rows: 1280 keys, which the attention trims to a row's
+                           // lane; of 112: 896, fewer than it trims (each row's blocks sweep all, masked)
   };
-  for (const form& f : {form{dtype::f32, 0}, form{dtype::bf16, 0}, form{dtype::bf16, 2}}) {
+  for (const form& f : {form{dtype::f32, 0, 160}, form{dtype::bf16, 0, 160}, form{dtype::bf16, 2, 160},
+                        form{dtype::bf16, 2, 112}}) {
     const dtype type = f.type;
     SCOPED_TRACE(std::string(to_string(type)) + ", GEMVs on the tensor cores from " +
-                 std::to_string(f.tensor_core_rows) + " rows");
+                 std::to_string(f.tensor_core_rows) + " rows, " + std::to_string(f.cache_tokens) + " cache rows a lane");
     models::transformer_config cfg = whole_step_model(4, 2, 64, 512);
     cfg.dtype = type;
     test::temp_dir dir;
@@ -1272,7 +1278,7 @@ TEST(CudaGenerate, BatchedDecodeOfEightSequencesEqualsTheCpuDevice) {
     ASSERT_TRUE(m) << m.err().to_string();
     const auto make = [&](runtime& rt, int batch) {
       generator_options go;
-      go.cache_tokens = 160;
+      go.cache_tokens = f.cache_tokens;
       go.prefill_chunk = 64;
       go.max_sequences = 8;
       go.decode_batch = batch;

@@ -398,6 +398,10 @@ TEST(Transformer, InvalidConfigsAreRejectedWithTheField) {
       {"variant", [](transformer_config& c) { c.variant = static_cast<model_variant>(7); }},
       {"sliding_window must be >= 0", [](transformer_config& c) { c.variant = model_variant::llama; c.sliding_window = -2; }},
       {"sliding_window is for llama models", [](transformer_config& c) { c.sliding_window = 4; }},
+      {"rows_apart", [](transformer_config& c) {
+         c.kv_cache_capacity = 16;
+         c.rows_apart = true;  // without mask_from_positions
+       }},
       // Token states: one token a job over a cache; out keeps an argmax; two names.
       {"token_state_in", [](transformer_config& c) { c.token_state_in = "t"; }},
       {"token_state_out", [](transformer_config& c) { c.argmax_output = true; c.token_state_out = "t"; }},
@@ -650,6 +654,27 @@ TEST(Transformer, RangeMaskOverCacheMaskInputsEqualsTheHostsMask) {
       ASSERT_EQ((*out)[0].type(), t);
       EXPECT_EQ(std::memcmp((*out)[0].data(), m.data(), m.bytes()), 0);
     }
+}
+
+// transformer_config::rows_apart marks the mask built from positions
+// (op_attrs::rows_apart: what lets a CUDA device run a batched step's rows'
+// attention apart); without it the mask is not marked.
+TEST(Transformer, RowsApartMarksTheRangeMask) {
+  for (bool apart : {false, true}) {
+    auto c = small(model_variant::llama);
+    c.kv_cache_capacity = 32;
+    c.mask_from_positions = true;
+    c.rows_apart = apart;
+    auto g = ag::models::build_transformer(c);
+    ASSERT_TRUE(g) << g.err().message;
+    int masks = 0;
+    for (const ag::node& n : g->nodes())
+      if (n.op == ag::op_kind::range_mask) {
+        ++masks;
+        EXPECT_EQ(n.attrs.rows_apart, apart) << n.name;
+      }
+    EXPECT_EQ(masks, 1);
+  }
 }
 
 // range_mask's operands are checked where the graph is built: i32 key
