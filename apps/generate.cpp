@@ -1,7 +1,8 @@
 // actorgraph-generate: runs a Hugging Face model folder (config.json +
 // safetensors, optional tokenizer) on the runtime's devices.
 //
-//   actorgraph-generate --model DIR (--prompt-ids 1,2,3 | --prompt TEXT)
+//   actorgraph-generate --model DIR (--prompt-ids 1,2,3 | --prompt TEXT)...
+//                       [--decode-batch N]
 //                       [--devices SPEC] [--tp N] [--stages N] [--dtype f32|f16|bf16]
 //                       [--max-new-tokens N] [--temperature T --top-k K --top-p P --min-p M --seed S]
 //                       [--repetition-penalty R] [--stop TEXT ...]
@@ -23,6 +24,11 @@
 //   prefill_ms, prefill_tokens_per_s, load_s, load_gb_per_s (the model's
 //   checkpoint bytes over the seconds from opening the folder to the end of
 //   compile(), which uploads the weights; device start-up is not included)
+// Several --prompt-ids (or --prompt) flags generate that many sequences at
+// once (a cache slot each; --decode-batch N decodes up to N of them in one
+// job a step, generator_options::decode_batch) and print generated[i],
+// generated_text[i] and stop_reason[i] for each, then the whole run's
+// tokens, how many shared a step, and generated_tokens_per_s.
 // --dump-logits writes the prompt's logits, float32 [prompt length, vocab],
 // as a NumPy .npy file. Load progress (bytes, rate) goes to stderr when it is
 // a terminal, or always with --progress.
@@ -55,8 +61,9 @@ namespace {
 
 struct options {
   std::string model;
-  std::string prompt;
-  std::string prompt_ids;
+  std::vector<std::string> prompt;      ///< --prompt, once per sequence
+  std::vector<std::string> prompt_ids;  ///< --prompt-ids, once per sequence
+  int decode_batch = 0;                 ///< generator_options::decode_batch
   std::string devices = "cpu:1";
   int cpu_threads = 0;  ///< backend_options::cpu_threads_per_stream (0: the machine's, shared among cpu devices)
   int stages = 0;
@@ -75,6 +82,13 @@ struct options {
   std::string eos_ids;
   int64_t cache_tokens = 0;
 };
+
+// Ids as "5,6,7".
+std::string id_list(const std::vector<int32_t>& ids) {
+  std::string list;
+  for (std::size_t i = 0; i < ids.size(); ++i) list += (i ? "," : "") + std::to_string(ids[i]);
+  return list;
+}
 
 bool parse_ids(const std::string& s, std::vector<int32_t>& ids, std::string& why) {
   std::size_t i = 0;
@@ -150,18 +164,24 @@ int fail(const ag::error& e) {
 }
 
 // Generation through ag::generator: prints the tokens, their text and the
-// prefill / decode figures. Returns the exit status.
+// prefill / decode figures; several prompts generate together (one slot
+// each, their decode steps batched under --decode-batch) and print their
+// lines with [i]. Returns the exit status.
 int generate_tokens(ag::runtime& rt, const ag::models::hf_model& model, const options& o,
-                    const std::vector<int32_t>& ids, const std::vector<int32_t>& eos,
+                    const std::vector<std::vector<int32_t>>& prompts, const std::vector<int32_t>& eos,
                     const ag::models::tokenizer_ptr& tok, std::chrono::steady_clock::time_point t_open) {
-  const auto S = static_cast<int64_t>(ids.size());
+  const std::size_t n = prompts.size();
+  const bool several = n > 1;
+  int64_t S = 0, prompt_tokens = 0;  // the longest prompt, all of them
+  for (const auto& p : prompts) S = std::max<int64_t>(S, static_cast<int64_t>(p.size())), prompt_tokens += static_cast<int64_t>(p.size());
   ag::generator_options go;
   go.cache_tokens = o.cache_tokens > 0 ? o.cache_tokens : S + o.max_new_tokens;
   if (model.config().model.variant == ag::models::model_variant::gpt2)
     go.cache_tokens = std::min<int64_t>(go.cache_tokens, model.config().max_positions);
-  go.max_sequences = 1;
+  go.max_sequences = static_cast<int>(n);
   go.prefill_chunk = S;
-  go.short_prompt_chunk = 0;  // the one prompt is exactly one chunk
+  go.short_prompt_chunk = 0;  // each prompt is one chunk (the shorter ones padded)
+  go.decode_batch = o.decode_batch;
   go.plan.pipeline_stages = o.stages;
   go.plan.tensor_parallel = o.tp;
   std::shared_ptr<ag::generator> gen;
@@ -182,45 +202,64 @@ int generate_tokens(ag::runtime& rt, const ag::models::hf_model& model, const op
                   .min_p = o.min_p,
                   .repetition_penalty = o.repetition_penalty,
                   .seed = o.seed};
-  // Stop strings, read on the runtime thread that streams the tokens.
-  std::optional<ag::models::stop_strings> stops;
-  if (!o.stop_texts.empty()) {
-    if (!tok)
-      return fail({ag::errc::invalid_argument, "--stop needs the folder's tokenizer to read the text (" + o.model +
-                                                   " has none): use --eos-ids for ids"});
-    stops.emplace(tok, ids, o.stop_texts);
-    opt.stop_when = [&](int32_t t) { return stops->push(t); };
-  }
-  std::atomic<int64_t> first_token_ns{0};
+  if (!o.stop_texts.empty() && !tok)
+    return fail({ag::errc::invalid_argument, "--stop needs the folder's tokenizer to read the text (" + o.model +
+                                                 " has none): use --eos-ids for ids"});
+  // Stop strings, one reader a sequence, each read on the runtime thread
+  // that streams its tokens.
+  std::vector<std::optional<ag::models::stop_strings>> stops(n);
+  std::atomic<int64_t> first_token_ns{0};  // the first sequence's first token
   const auto t_run = std::chrono::steady_clock::now();
-  opt.on_token = [&](int32_t, int64_t i) {
+  std::vector<ag::generation> handles;
+  for (std::size_t i = 0; i < n; ++i) {
+    ag::generate_options oi = opt;
+    if (!o.stop_texts.empty()) {
+      stops[i].emplace(tok, prompts[i], o.stop_texts);
+      oi.stop_when = [&stops, i](int32_t t) { return stops[i]->push(t); };
+    }
     if (i == 0)
-      first_token_ns.store(std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t_run)
-                               .count());
-  };
-  const ag::generation handle = gen->generate(ids, opt);
-  const ag::generation_outcome& r = handle.wait();  // valid while `handle` lives
-  const double run_s = seconds_since(t_run);
-  if (!r) return fail(r.err());
-  std::string list;
-  for (std::size_t i = 0; i < r->tokens.size(); ++i) list += (i ? "," : "") + std::to_string(r->tokens[i]);
-  std::printf("generated: %s\n", list.c_str());
-  if (tok) {
-    auto text = tok->decode(r->tokens);
-    if (text) std::printf("generated_text: %s\n", text->c_str());
+      oi.on_token = [&](int32_t, int64_t k) {
+        if (k == 0)
+          first_token_ns.store(
+              std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t_run).count());
+      };
+    handles.push_back(gen->generate(prompts[i], oi));
   }
-  std::printf("stop_reason: %s\n", ag::to_string(r->reason));
+  for (const ag::generation& h : handles) h.wait();
+  const double run_s = seconds_since(t_run);
+  int64_t generated = 0, batched = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    const ag::generation_outcome& r = handles[i].wait();  // valid while handles[i] lives
+    if (!r) return fail(r.err());
+    const std::string at = several ? "[" + std::to_string(i) + "]" : "";
+    std::printf("generated%s: %s\n", at.c_str(), id_list(r->tokens).c_str());
+    if (tok) {
+      auto text = tok->decode(r->tokens);
+      if (text) std::printf("generated_text%s: %s\n", at.c_str(), text->c_str());
+    }
+    std::printf("stop_reason%s: %s\n", at.c_str(), ag::to_string(r->reason));
+    generated += static_cast<int64_t>(r->tokens.size());
+    batched += r->tokens_batched;
+  }
   print_layout(o.devices, gen->decode_plan());
   // Rows a layer's cache holds: every position, or a ring of the sliding window.
   std::printf("kv_cache: %lld positions, %lld rows a layer, %lld bytes\n", static_cast<long long>(go.cache_tokens),
               static_cast<long long>(gen->cache_rows()), static_cast<long long>(gen->cache_bytes()));
   const double prefill_s = static_cast<double>(first_token_ns.load()) / 1e9;
-  const auto n = static_cast<double>(r->tokens.size());
-  std::printf("prefill_ms: %.3f\n", prefill_s * 1e3);
-  std::printf("prefill_tokens_per_s: %.1f\n", prefill_s > 0 ? static_cast<double>(S) / prefill_s : 0.0);
-  if (n > 1) {
-    std::printf("decode_ms_per_token: %.3f\n", (run_s - prefill_s) * 1e3 / (n - 1));
-    std::printf("decode_tokens_per_s: %.1f\n", (n - 1) / (run_s - prefill_s));
+  if (several) {
+    // Sequences overlap: whole-run figures, not one sequence's phases.
+    std::printf("sequences: %zu, %lld tokens generated, %lld of them in steps shared with other sequences\n", n,
+                static_cast<long long>(generated), static_cast<long long>(batched));
+    std::printf("generated_tokens_per_s: %.1f\n", run_s > 0 ? static_cast<double>(generated) / run_s : 0.0);
+    std::printf("prompt_tokens: %lld\n", static_cast<long long>(prompt_tokens));
+  } else {
+    const auto t = static_cast<double>(generated);
+    std::printf("prefill_ms: %.3f\n", prefill_s * 1e3);
+    std::printf("prefill_tokens_per_s: %.1f\n", prefill_s > 0 ? static_cast<double>(S) / prefill_s : 0.0);
+    if (t > 1) {
+      std::printf("decode_ms_per_token: %.3f\n", (run_s - prefill_s) * 1e3 / (t - 1));
+      std::printf("decode_tokens_per_s: %.1f\n", (t - 1) / (run_s - prefill_s));
+    }
   }
   std::printf("load_s: %.3f\n", load_s);
   std::printf("load_gb_per_s: %.3f\n", load_s > 0 ? static_cast<double>(model.model_bytes()) / 1e9 / load_s : 0.0);
@@ -236,8 +275,18 @@ int main(int argc, char** argv) {
                       "vocab.json + merges.txt, tokenizer.model or tokenizer.json) on the runtime's devices: the prompt forward as "
                       "one job, the greedy next token, load and prefill figures.");
   app.add_option("--model", o.model, "the model folder")->required();
-  app.add_option("--prompt-ids", o.prompt_ids, "comma-separated token ids");
-  app.add_option("--prompt", o.prompt, "text, encoded with the folder's tokenizer");
+  app.add_option("--prompt-ids", o.prompt_ids,
+                 "comma-separated token ids (repeat the flag for several sequences, generated together)")
+      ->expected(1)
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
+  app.add_option("--prompt", o.prompt,
+                 "text, encoded with the folder's tokenizer (repeat the flag for several sequences)")
+      ->expected(1)
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
+  app.add_option("--decode-batch", o.decode_batch,
+                 "several prompts: decode up to this many sequences in one job a step "
+                 "(generator_options::decode_batch; 0: a job a sequence)")
+      ->check(CLI::Range(0, 256));
   app.add_option("--devices", o.devices, "device spec (sim:2, cpu:1, cuda:0, cuda:all, ...)");
   app.add_option("--cpu-threads", o.cpu_threads,
                  "threads each cpu device's kernels use (0: the machine's hardware threads, shared among the cpu devices)")
@@ -267,7 +316,7 @@ int main(int argc, char** argv) {
   app.add_option("--cache-tokens", o.cache_tokens, "KV cache positions (default: prompt + max-new-tokens)")
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 24));
   if (auto status = ag::apps::parse_flags(app, argc, argv)) return *status;
-  const bool decode = o.max_new_tokens > 1 || ag::apps::given(app, "--temperature") ||
+  const bool single_decode = o.max_new_tokens > 1 || ag::apps::given(app, "--temperature") ||
                       ag::apps::given(app, "--top-k") || ag::apps::given(app, "--top-p") ||
                       ag::apps::given(app, "--min-p") || ag::apps::given(app, "--repetition-penalty") ||
                       ag::apps::given(app, "--stop");
@@ -281,15 +330,26 @@ int main(int argc, char** argv) {
   }
   const bool have_prompt = ag::apps::given(app, "--prompt");
   if (have_prompt == ag::apps::given(app, "--prompt-ids")) {
-    std::fprintf(stderr, "actorgraph-generate: give exactly one of --prompt-ids and --prompt\n");
+    std::fprintf(stderr, "actorgraph-generate: give exactly one of --prompt-ids and --prompt (either may repeat)\n");
     return ag::apps::bad_flags_status;
   }
+  // One sequence a --prompt / --prompt-ids; several generate together.
+  const std::size_t n_prompts = have_prompt ? o.prompt.size() : o.prompt_ids.size();
+  const bool several = n_prompts > 1;
+  if (several && !o.dump_logits.empty()) {
+    std::fprintf(stderr, "actorgraph-generate: --dump-logits writes one prompt's logits, got %zu prompts\n", n_prompts);
+    return ag::apps::bad_flags_status;
+  }
+  const bool decode = single_decode || several || ag::apps::given(app, "--decode-batch");
+  // "[i]" after a printed name when there are several sequences.
+  const auto tag = [several](std::size_t i) { return several ? "[" + std::to_string(i) + "]" : std::string(); };
   std::string why;
-  std::vector<int32_t> ids;
-  if (!have_prompt && !parse_ids(o.prompt_ids, ids, why)) {
-    std::fprintf(stderr, "actorgraph-generate: %s\n", why.c_str());
-    return ag::apps::bad_flags_status;
-  }
+  std::vector<std::vector<int32_t>> prompts(n_prompts);
+  for (std::size_t i = 0; i < n_prompts && !have_prompt; ++i)
+    if (!parse_ids(o.prompt_ids[i], prompts[i], why)) {
+      std::fprintf(stderr, "actorgraph-generate: --prompt-ids%s%s\n", tag(i).c_str(), why.substr(why.find(':')).c_str());
+      return ag::apps::bad_flags_status;
+    }
   ag::models::load_options lo;
   if (ag::dtype t; !o.dtype.empty() && ag::parse_dtype(o.dtype.c_str(), t)) lo.dtype = t;
 
@@ -322,22 +382,26 @@ int main(int argc, char** argv) {
     if (!*tok)
       return fail({ag::errc::invalid_argument, o.model + " has no tokenizer (vocab.json + merges.txt, "
                                                            "tokenizer.model or tokenizer.json): pass --prompt-ids"});
-    auto enc = (*tok)->encode(o.prompt);
-    if (!enc) return fail(enc.err());
-    ids = std::move(*enc);
-    std::string list;
-    for (std::size_t i = 0; i < ids.size(); ++i) list += (i ? "," : "") + std::to_string(ids[i]);
-    std::printf("prompt_ids: %s\n", list.c_str());
+    for (std::size_t i = 0; i < n_prompts; ++i) {
+      auto enc = (*tok)->encode(o.prompt[i]);
+      if (!enc) return fail(enc.err());
+      prompts[i] = std::move(*enc);
+      std::printf("prompt_ids%s: %s\n", tag(i).c_str(), id_list(prompts[i]).c_str());
+    }
   }
-  if (ids.empty()) return fail({ag::errc::invalid_argument, "the prompt has no tokens"});
-  for (int32_t id : ids)
-    if (id >= cfg.model.vocab)
-      return fail({ag::errc::invalid_argument, "prompt token " + std::to_string(id) + " is outside the vocabulary of " +
-                                                   std::to_string(cfg.model.vocab)});
+  for (std::size_t i = 0; i < n_prompts; ++i) {
+    const std::string which = several ? "prompt " + std::to_string(i) : "the prompt";
+    if (prompts[i].empty()) return fail({ag::errc::invalid_argument, which + " has no tokens"});
+    for (int32_t id : prompts[i])
+      if (id >= cfg.model.vocab)
+        return fail({ag::errc::invalid_argument, (several ? which + "'s token " : "prompt token ") + std::to_string(id) +
+                                                     " is outside the vocabulary of " + std::to_string(cfg.model.vocab)});
+  }
+  const std::vector<int32_t>& ids = prompts.front();
   const auto S = static_cast<int64_t>(ids.size());
   if (decode) {
     if (o.eos_ids.empty()) eos = cfg.eos_token_ids;
-    const int rc = generate_tokens(**rt, *model, o, ids, eos, *tok, t_open);
+    const int rc = generate_tokens(**rt, *model, o, prompts, eos, *tok, t_open);
     if (rc != 0 || o.dump_logits.empty()) return rc;
   }
 

@@ -243,6 +243,50 @@ TEST(GenerateApp, StopStringEndsGenerationWhereTheTextHoldsIt) {
   EXPECT_EQ(field(r.out, "stop_reason"), "stop_condition") << r.out;
 }
 
+// Several --prompt-ids generate together (a slot each; with --decode-batch
+// their decode steps share jobs): each sequence's tokens, printed as
+// generated[i], equal recomputing it alone, greedy, on cpu and on two
+// pipelined sim devices; the whole run's figures replace the one-sequence
+// prefill and decode lines.
+TEST(GenerateApp, SeveralPromptsGenerateTogetherAndEachEqualsRecomputing) {
+  const auto cfg = ag::test::tiny_model(model_variant::llama, 2);
+  temp_dir dir;
+  const graph saved = ag::test::save_random_model(dir.str(), cfg);
+  const std::vector<std::vector<int32_t>> prompts{{3, 14, 15}, {9, 26}, {5, 3, 5, 8, 9}};
+  std::vector<std::string> want;
+  std::string args = "--model " + dir.str() + " --max-new-tokens 4";
+  for (const auto& prompt : prompts) {
+    std::vector<int32_t> seq = prompt;
+    std::string w, ids;
+    for (std::size_t i = 0; i < prompt.size(); ++i) ids += (i ? "," : "") + std::to_string(prompt[i]);
+    for (int t = 0; t < 4; ++t) {
+      const int32_t next = argmax_last_row(reference_logits(cfg, saved, seq));
+      w += (t ? "," : "") + std::to_string(next);
+      seq.push_back(next);
+    }
+    want.push_back(w);
+    args += " --prompt-ids " + ids;
+  }
+  for (const std::string flags : {" --devices cpu:1", " --devices cpu:1 --decode-batch 3", " --devices cpu:1 --decode-batch 2",
+                                  " --devices sim:2 --stages 2 --decode-batch 3"}) {
+    SCOPED_TRACE(flags);
+    const run_result r = run(args + flags);
+    ASSERT_EQ(r.rc, 0) << r.out;
+    for (std::size_t i = 0; i < prompts.size(); ++i) {
+      EXPECT_EQ(field(r.out, "generated[" + std::to_string(i) + "]"), want[i]) << r.out;
+      EXPECT_EQ(field(r.out, "stop_reason[" + std::to_string(i) + "]"), "max_tokens") << r.out;
+    }
+    EXPECT_EQ(field(r.out, "generated"), "") << "one sequence's line with several: " << r.out;
+    EXPECT_EQ(field(r.out, "decode_ms_per_token"), "") << r.out;
+    EXPECT_NE(field(r.out, "generated_tokens_per_s"), "") << r.out;
+    // Batched steps carry the sequences' tokens together; without, none.
+    const std::string seqs = field(r.out, "sequences");
+    EXPECT_EQ(seqs.rfind("3, 12 tokens generated, ", 0), 0u) << r.out;
+    const bool batching = flags.find("--decode-batch") != std::string::npos;
+    EXPECT_EQ(seqs.find(", 0 of them in steps shared") == std::string::npos, batching) << r.out;
+  }
+}
+
 TEST(GenerateApp, BadInputExitsWithAMessage) {
   const auto cfg = ag::test::tiny_model(model_variant::gpt2);
   temp_dir dir;
@@ -269,6 +313,13 @@ TEST(GenerateApp, BadInputExitsWithAMessage) {
   refused("--model " + dir.str() + " --prompt-ids 1 --dtype f64", 2);
   refused("--model " + dir.str() + " --prompt-ids 1 --tp 0", 2, "--tp");
   refused("--model " + dir.str() + " --prompt-ids 1 --stop x", 1, "--stop needs the folder's tokenizer");
+  // Several prompts: each checked, named by its index; one prompt's logits only.
+  refused("--model " + dir.str() + " --prompt-ids 1,2 --prompt-ids 3,41", 1,
+          "prompt 1's token 41 is outside the vocabulary of 41");
+  refused("--model " + dir.str() + " --prompt-ids 1,2 --prompt-ids 3,y", 2, "--prompt-ids[1]: 'y' is not a token id");
+  refused("--model " + dir.str() + " --prompt-ids 1 --prompt-ids 2 --dump-logits x.npy", 2,
+          "--dump-logits writes one prompt's logits, got 2 prompts");
+  refused("--model " + dir.str() + " --prompt-ids 1 --decode-batch 300", 2, "--decode-batch");
   // Layouts the planner refuses, naming why (exit 1): more devices per
   // stage than given, more than the model's 4 heads, too few for the stages.
   refused("--model " + dir.str() + " --prompt-ids 1 --devices sim:2 --tp 4", 1,
