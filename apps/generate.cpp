@@ -83,6 +83,9 @@ struct options {
   int64_t cache_tokens = 0;
 };
 
+// "[i]" after a printed name when there are several sequences, else nothing.
+std::string seq_tag(std::size_t i, bool several) { return several ? "[" + std::to_string(i) + "]" : std::string(); }
+
 // Ids as "5,6,7".
 std::string id_list(const std::vector<int32_t>& ids) {
   std::string list;
@@ -231,7 +234,7 @@ int generate_tokens(ag::runtime& rt, const ag::models::hf_model& model, const op
   for (std::size_t i = 0; i < n; ++i) {
     const ag::generation_outcome& r = handles[i].wait();  // valid while handles[i] lives
     if (!r) return fail(r.err());
-    const std::string at = several ? "[" + std::to_string(i) + "]" : "";
+    const std::string at = seq_tag(i, several);
     std::printf("generated%s: %s\n", at.c_str(), id_list(r->tokens).c_str());
     if (tok) {
       auto text = tok->decode(r->tokens);
@@ -341,13 +344,12 @@ int main(int argc, char** argv) {
     return ag::apps::bad_flags_status;
   }
   const bool decode = single_decode || several || ag::apps::given(app, "--decode-batch");
-  // "[i]" after a printed name when there are several sequences.
-  const auto tag = [several](std::size_t i) { return several ? "[" + std::to_string(i) + "]" : std::string(); };
   std::string why;
   std::vector<std::vector<int32_t>> prompts(n_prompts);
   for (std::size_t i = 0; i < n_prompts && !have_prompt; ++i)
     if (!parse_ids(o.prompt_ids[i], prompts[i], why)) {
-      std::fprintf(stderr, "actorgraph-generate: --prompt-ids%s%s\n", tag(i).c_str(), why.substr(why.find(':')).c_str());
+      std::fprintf(stderr, "actorgraph-generate: --prompt-ids%s%s\n", seq_tag(i, several).c_str(),
+                   why.substr(why.find(':')).c_str());
       return ag::apps::bad_flags_status;
     }
   ag::models::load_options lo;
@@ -386,7 +388,7 @@ int main(int argc, char** argv) {
       auto enc = (*tok)->encode(o.prompt[i]);
       if (!enc) return fail(enc.err());
       prompts[i] = std::move(*enc);
-      std::printf("prompt_ids%s: %s\n", tag(i).c_str(), id_list(prompts[i]).c_str());
+      std::printf("prompt_ids%s: %s\n", seq_tag(i, several).c_str(), id_list(prompts[i]).c_str());
     }
   }
   for (std::size_t i = 0; i < n_prompts; ++i) {

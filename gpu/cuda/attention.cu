@@ -208,7 +208,8 @@ constexpr int kMaxSplits = 32;
 
 struct split_plan {
   int splits = 1;
-  int64_t chunk = 0;  // keys per split, a multiple of kRoundKeys
+  int64_t chunk = 0;         // keys per split, a multiple of kRoundKeys
+  bool rows_apart = false;   // a group a softmax row (launch_fused_attention's views)
 };
 
 // The split kernel looks for the keys its mask hides only over this many
@@ -703,7 +704,7 @@ split_plan plan_splits(const launch_ctx& c, int64_t groups, int64_t M, int64_t d
 
 template <class T, int DPL, int RPW>
 error go_split(const launch_ctx& c, const kt& out, const kt& q, const kt& k, const kt& v, const kt& mask, bool masked,
-               float scale, bool causal, int64_t S, int64_t groups, const split_plan& sp, bool apart,
+               float scale, bool causal, int64_t S, int64_t groups, const split_plan& sp,
                const split_prologue& pro) {
   static std::atomic<bool> done[kMaxSharedOrdinals];
   const auto kernel = split_attention_kernel<T, DPL, RPW>;
@@ -712,34 +713,34 @@ error go_split(const launch_ctx& c, const kt& out, const kt& q, const kt& k, con
               c.where + " (shared memory for fused attention)");
   launch_kernel(c, kernel, dim3(static_cast<unsigned>(groups), static_cast<unsigned>(sp.splits)), kSplitThreads, shared,
                 out, q, k, v, mask, masked, scale, causal, S, sp.chunk, c.attention_workspace,
-                c.attention_counter_words, apart, pro);
+                c.attention_counter_words, sp.rows_apart, pro);
   return {};
 }
 
 template <class T, int DPL>
 error go_split_rows(const launch_ctx& c, const kt& out, const kt& q, const kt& k, const kt& v, const kt& mask,
-                    bool masked, float scale, bool causal, int64_t S, int64_t groups, const split_plan& sp, bool apart,
+                    bool masked, float scale, bool causal, int64_t S, int64_t groups, const split_plan& sp,
                     const split_prologue& pro) {
   // A warp per row up to 4 rows (a LLaMA decode step's query heads per kv
   // head), up to 4 rows per warp beyond, and 8 or 16 for a batched decode
   // step's rows (kSplitMaxRows).
-  if (q.d[2] <= kSplitWarps) return go_split<T, DPL, 1>(c, out, q, k, v, mask, masked, scale, causal, S, groups, sp, apart, pro);
+  if (q.d[2] <= kSplitWarps) return go_split<T, DPL, 1>(c, out, q, k, v, mask, masked, scale, causal, S, groups, sp, pro);
   if (q.d[2] <= kMaxRows)
-    return go_split<T, DPL, kMaxRows / kSplitWarps>(c, out, q, k, v, mask, masked, scale, causal, S, groups, sp, apart, pro);
+    return go_split<T, DPL, kMaxRows / kSplitWarps>(c, out, q, k, v, mask, masked, scale, causal, S, groups, sp, pro);
   if (q.d[2] <= 2 * kMaxRows)
-    return go_split<T, DPL, 2 * kMaxRows / kSplitWarps>(c, out, q, k, v, mask, masked, scale, causal, S, groups, sp, apart, pro);
-  return go_split<T, DPL, kSplitMaxRows / kSplitWarps>(c, out, q, k, v, mask, masked, scale, causal, S, groups, sp, apart, pro);
+    return go_split<T, DPL, 2 * kMaxRows / kSplitWarps>(c, out, q, k, v, mask, masked, scale, causal, S, groups, sp, pro);
+  return go_split<T, DPL, kSplitMaxRows / kSplitWarps>(c, out, q, k, v, mask, masked, scale, causal, S, groups, sp, pro);
 }
 
 template <class T>
 error go_split_head(const launch_ctx& c, const kt& out, const kt& q, const kt& k, const kt& v, const kt& mask,
-                    bool masked, float scale, bool causal, int64_t S, int64_t groups, const split_plan& sp, bool apart,
+                    bool masked, float scale, bool causal, int64_t S, int64_t groups, const split_plan& sp,
                     const split_prologue& pro) {
   switch (q.d[3]) {
-    case 32: return go_split_rows<T, 1>(c, out, q, k, v, mask, masked, scale, causal, S, groups, sp, apart, pro);
-    case 64: return go_split_rows<T, 2>(c, out, q, k, v, mask, masked, scale, causal, S, groups, sp, apart, pro);
-    case 128: return go_split_rows<T, 4>(c, out, q, k, v, mask, masked, scale, causal, S, groups, sp, apart, pro);
-    default: return go_split_rows<T, 8>(c, out, q, k, v, mask, masked, scale, causal, S, groups, sp, apart, pro);
+    case 32: return go_split_rows<T, 1>(c, out, q, k, v, mask, masked, scale, causal, S, groups, sp, pro);
+    case 64: return go_split_rows<T, 2>(c, out, q, k, v, mask, masked, scale, causal, S, groups, sp, pro);
+    case 128: return go_split_rows<T, 4>(c, out, q, k, v, mask, masked, scale, causal, S, groups, sp, pro);
+    default: return go_split_rows<T, 8>(c, out, q, k, v, mask, masked, scale, causal, S, groups, sp, pro);
   }
 }
 
@@ -875,13 +876,14 @@ error launch_fused_attention(const launch_ctx& c, const kt& out, const kt& q, co
       chunk = (chunk + kRoundKeys - 1) / kRoundKeys * kRoundKeys;
       sp.chunk = chunk;
       sp.splits = static_cast<int>((keys + chunk - 1) / chunk);
+      sp.rows_apart = true;
     } else {
       sp = plan_splits(c, groups, M, dh, keys);
     }
     switch (static_cast<dtype>(t)) {
-      case dtype::f32: e = go_split_head<float>(c, oa, qa, ka, va, mk, mask != nullptr, scale, causal, sa, ga, sp, apart, pro); break;
-      case dtype::f16: e = go_split_head<__half>(c, oa, qa, ka, va, mk, mask != nullptr, scale, causal, sa, ga, sp, apart, pro); break;
-      default: e = go_split_head<__nv_bfloat16>(c, oa, qa, ka, va, mk, mask != nullptr, scale, causal, sa, ga, sp, apart, pro); break;
+      case dtype::f32: e = go_split_head<float>(c, oa, qa, ka, va, mk, mask != nullptr, scale, causal, sa, ga, sp, pro); break;
+      case dtype::f16: e = go_split_head<__half>(c, oa, qa, ka, va, mk, mask != nullptr, scale, causal, sa, ga, sp, pro); break;
+      default: e = go_split_head<__nv_bfloat16>(c, oa, qa, ka, va, mk, mask != nullptr, scale, causal, sa, ga, sp, pro); break;
     }
     if (e) return e;
     AG_CUDA_TRY_LAUNCH(c.where);

@@ -554,22 +554,18 @@ void go_mma(const launch_ctx& c, const gemv_targets<T, TO>& tg, const void* x, c
   const unsigned grid = grid_for(units, ROPE ? 8 : 16, c.sm_count * 4);  // a block a tile, grid-stride
   rope_freqs_t<ROPE> freqs{};
   if constexpr (ROPE) rope_inverse_frequencies(tg.rope_theta, tg.rope_scale, tg.rope_dim, freqs.inv);
+  const auto launch = [&](auto kernel) {
+    launch_kernel(c, kernel, grid, kThreads, 0, tg, static_cast<const T*>(x), xr, rows, ldw, vecs, freqs);
+  };
   if constexpr (MODE != gated && !ROPE) {
     // Fewer tiles than two an SM (LLaMA-1B's o and down: 128 tiles of 16
     // rows) leave few warps to keep loads in flight: each pass of a warp's
     // share waits for its loads once, so take twice the chunks a pass.
-    if (rows <= 8 && static_cast<int64_t>(grid) < 2 * c.sm_count && vecs >= 32 * kMmaWarps) {
-      launch_kernel(c, gemv_mma_kernel<T, TO, MODE, NORM, ROPE, 1, true>, grid, kThreads, 0, tg,
-                    static_cast<const T*>(x), xr, rows, ldw, vecs, freqs);
-      return;
-    }
+    if (rows <= 8 && static_cast<int64_t>(grid) < 2 * c.sm_count && vecs >= 32 * kMmaWarps)
+      return launch(gemv_mma_kernel<T, TO, MODE, NORM, ROPE, 1, true>);
   }
-  if (rows > 8)
-    launch_kernel(c, gemv_mma_kernel<T, TO, MODE, NORM, ROPE, 2>, grid, kThreads, 0, tg, static_cast<const T*>(x), xr,
-                  rows, ldw, vecs, freqs);
-  else
-    launch_kernel(c, gemv_mma_kernel<T, TO, MODE, NORM, ROPE, 1>, grid, kThreads, 0, tg, static_cast<const T*>(x), xr,
-                  rows, ldw, vecs, freqs);
+  if (rows > 8) return launch(gemv_mma_kernel<T, TO, MODE, NORM, ROPE, 2>);
+  launch(gemv_mma_kernel<T, TO, MODE, NORM, ROPE, 1>);
 }
 
 template <class T, class TO, int R, int MODE, bool NORM, bool ROPE>
