@@ -5,6 +5,7 @@
 #include "graph/state_pool.hpp"
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cmath>
 #include <condition_variable>
@@ -310,6 +311,12 @@ struct generator::impl : std::enable_shared_from_this<generator::impl> {
   // whose every sampling row is greedy_on_device() copies 4 bytes a row to
   // the host, not a row of f32 logits, and the host scans nothing.
   std::vector<step_plan> batch_greedy_steps;
+  // Pipelined batched greedy steps (decode_batch with pipeline_depth > 1 and
+  // device_greedy; empty otherwise): batch_chains[i] are batch_greedy_steps[i]'s
+  // size reading each row's token from a token state, [0] from token_state_a
+  // keeping theirs in token_state_b, [1] the other way round; the greedy
+  // steps then keep their tokens in token_state_a. A state of `lanes` rows.
+  std::vector<std::array<step_plan, 2>> batch_chains;
   int lanes = 1;            // sequences a state slot holds (decode_batch, or 1)
   int64_t lane_rows = 0;    // cache rows a sequence holds (cache_rows()); a slot's are lanes x lane_rows
   // One per state slot under batching: the slot's sequences and its job.
@@ -672,7 +679,6 @@ struct sequence : std::enable_shared_from_this<sequence> {
   void leave_lane(int lane);  // under decode_batch: its group forgets it
 };
 
-
 // ---- batched decode steps (generator_options::decode_batch) ----
 //
 // A state slot holds `lanes` sequences' caches side by side: lane l's
@@ -683,7 +689,19 @@ struct sequence : std::enable_shared_from_this<sequence> {
 // jobs one at a time: a prompt piece of one sequence, or a decode step of
 // every sequence that feeds one token (its next token, or the next of a
 // prompt that goes one token a job), each a row of the step. Prompt pieces
-// and decode steps take turns while both wait.
+// and decode steps take turns while both wait (a run of pipelined steps
+// yields to a waiting prompt after the steps it has in flight).
+
+// One sequence's rows of a lane job: `tokens` (n real ones) at positions
+// cached.., in `rows` rows, the rows - n before them padding (a prompt
+// piece's: padding first, as sequence::inputs_at puts them).
+struct lane_piece {
+  int lane = 0;
+  int64_t cached = 0;
+  std::vector<int32_t> tokens;
+  int64_t rows = 1;
+};
+
 struct lane_group : std::enable_shared_from_this<lane_group> {
   generator::impl* gen = nullptr;  // owns the group; a job's sequences keep it alive
   int slot = 0;
@@ -717,16 +735,45 @@ struct lane_group : std::enable_shared_from_this<lane_group> {
   // Starts the slot's next job, if it has none in flight and work waits.
   void pump();
   void on_job(const job_result& r, const std::vector<part>& parts, bool token_out);
-};
 
-// One sequence's rows of a lane job: `tokens` (n real ones) at positions
-// cached.., in `rows` rows, the rows - n before them padding (a prompt
-// piece's: padding first, as sequence::inputs_at puts them).
-struct lane_piece {
-  int lane = 0;
-  int64_t cached = 0;
-  std::vector<int32_t> tokens;
-  int64_t rows = 1;
+  // ---- pipelined batched greedy steps (generator::impl::batch_chains) ----
+  //
+  // A step whose every row yields a token picked on the device starts a run
+  // of the same sequences in the same rows: step 0 feeds their tokens from
+  // the host and keeps each row's token in token_state_a; step k > 0 reads
+  // the tokens step k - 1 kept (the chain plans alternate the two states)
+  // at each row's position + k, so up to pipeline_depth steps are in flight
+  // and the device need not wait for the host between them. The run
+  // submits no more steps once a row's sequence ends (or may end: its token
+  // count or the cache), is cancelled, or another sequence waits in the
+  // slot (a new one, or a prompt); the steps still in flight run on, their
+  // rows of ended sequences dropped (they store past the end of their
+  // lanes, which the mask hides from whoever takes the lane next, after
+  // them). When nothing is in flight the slot's turn goes back to pump().
+  struct run_state {
+    bool active = false;    // guarded by m, like everything here unless said
+    bool stopping = false;  // submit no more steps
+    std::vector<part> rows;             // the run's sequences, row i in row i
+    std::vector<int> row_lane;          // row i's lane
+    std::vector<int64_t> first_cached;  // row i's `cached` before step 0
+    std::vector<int64_t> first_tokens;  // row i's tokens before step 0
+    std::vector<char> live;             // row i's sequence still runs (the draining thread's)
+    std::size_t plan = 0;               // batch_greedy_steps / batch_chains index
+    int64_t submitted = 0, taken = 0;
+    int in_flight = 0;
+    bool draining = false;  // one thread takes results and submits, in order
+    std::map<int64_t, job_result> arrived;
+  } run;
+
+  // Whether pump's step of `parts` (a row each, token_out) may start a run.
+  bool may_run(const std::vector<part>& parts, bool token_out) const;
+  // Under m: whether step k of the run may be submitted now.
+  bool run_may_submit() const;
+  // Step k's inputs (k > 0: the tokens come from the state) and plan.
+  void submit_run_step(int64_t k, const std::vector<lane_piece>& pieces);
+  void arrive(int64_t k, const job_result& r);
+  void drain();
+  void take_run_step(int64_t k, const job_result& r);
 };
 
 // Inputs of a lane job: each piece's rows in order, then padding rows that
@@ -807,6 +854,7 @@ void lane_group::pump() {
   std::vector<part> parts;
   std::vector<lane_piece> pieces;
   bool token_out = false;
+  bool run_started = false;
   {
     std::lock_guard lk(m);
     if (busy) return;
@@ -863,6 +911,24 @@ void lane_group::pump() {
                     });
         for (const step_plan& b : token_out ? gen->batch_greedy_steps : gen->batch_steps)
           if (!sp && b.new_tokens >= count) sp = &b;
+        if (may_run(parts, token_out)) {
+          run.active = true;
+          run.stopping = false;
+          run.plan = static_cast<std::size_t>(sp - gen->batch_greedy_steps.data());
+          run.rows = parts;
+          run.row_lane = feeding;
+          run.first_cached.clear();
+          run.first_tokens.clear();
+          for (const part& p : parts) {
+            run.first_cached.push_back(p.s->cached);
+            run.first_tokens.push_back(static_cast<int64_t>(p.s->out.tokens.size()));
+          }
+          run.live.assign(parts.size(), 1);
+          run.submitted = 1;
+          run.taken = 0;
+          run.in_flight = 1;
+          run_started = true;
+        }
       }
       prompt_turn = true;
     }
@@ -870,10 +936,141 @@ void lane_group::pump() {
   }
   for (const std::shared_ptr<sequence>& s : cancelled) s->finish(stop_reason::cancelled);
   if (!sp) return;
+  if (run_started) return submit_run_step(0, pieces);
   submit_options so;
   so.state_slot = slot;  // the lanes' caches
   so.on_done = [self = shared_from_this(), parts, token_out](const job_result& r) { self->on_job(r, parts, token_out); };
   gen->rt->submit(sp->p, lane_inputs(*gen, *sp, pieces), so);
+}
+
+bool lane_group::may_run(const std::vector<part>& parts, bool token_out) const {
+  return token_out && parts.size() > 1 && !gen->batch_chains.empty() &&
+         std::all_of(parts.begin(), parts.end(), [](const part& p) { return p.row >= 0; });
+}
+
+bool lane_group::run_may_submit() const {
+  if (!run.active || run.stopping || run.in_flight >= gen->opt.pipeline_depth) return false;
+  const int64_t k = run.submitted;
+  for (std::size_t i = 0; i < run.rows.size(); ++i) {
+    const sequence& s = *run.rows[i].s;
+    // Step k gives each row its token first_tokens + k, at position
+    // first_cached + k: wanted while every row's sequence still runs then.
+    if (run.first_tokens[i] + k >= s.opt.max_new_tokens || run.first_cached[i] + k >= gen->opt.cache_tokens ||
+        s.st->cancel_requested.load())
+      return false;
+  }
+  // Another sequence waits in the slot (a new one, or one whose turn the
+  // run holds up): the run ends with the steps in flight.
+  for (int l = 0; l < gen->lanes; ++l) {
+    const std::shared_ptr<sequence>& held = lanes[static_cast<std::size_t>(l)];
+    if (!held) continue;
+    bool in_run = false;
+    for (std::size_t i = 0; i < run.rows.size() && !in_run; ++i) in_run = run.rows[i].s == held;
+    if (!in_run) return false;
+  }
+  return true;
+}
+
+void lane_group::submit_run_step(int64_t k, const std::vector<lane_piece>& pieces) {
+  // run.plan is set before step 0 and stays for the run.
+  const step_plan& sp = k == 0 ? gen->batch_greedy_steps[run.plan] : gen->batch_chains[run.plan][(k - 1) % 2];
+  submit_options so;
+  so.state_slot = slot;
+  so.on_done = [self = shared_from_this(), k](const job_result& r) { self->arrive(k, r); };
+  gen->rt->submit(sp.p, lane_inputs(*gen, sp, pieces), so);
+}
+
+void lane_group::arrive(int64_t k, const job_result& r) {
+  {
+    std::lock_guard lk(m);
+    run.arrived.emplace(k, r);
+    --run.in_flight;
+  }
+  drain();  // or the thread draining now takes it
+}
+
+// One thread at a time (run.draining): takes the steps' results in order,
+// keeps up to pipeline_depth steps in flight, and hands the slot back to
+// pump() when the run is over. Submits and streams without the lock (a
+// failed submit runs its continuation at once, on this thread).
+void lane_group::drain() {
+  // The run's sequences may end here, and with them the last references to
+  // the generator: keep it alive until the slot's next job is submitted.
+  std::shared_ptr<generator::impl> keep;
+  {
+    std::lock_guard lk(m);
+    if (run.draining) return;
+    run.draining = true;
+    keep = run.rows.front().s->gen;
+  }
+  for (;;) {
+    int64_t k = -1;
+    std::optional<job_result> r;
+    std::vector<lane_piece> pieces;
+    {
+      std::lock_guard lk(m);
+      if (auto it = run.arrived.find(run.taken); it != run.arrived.end()) {
+        k = run.taken++;
+        r = std::move(it->second);
+        run.arrived.erase(it);
+      } else if (run_may_submit()) {
+        k = run.submitted++;
+        ++run.in_flight;
+        for (std::size_t i = 0; i < run.rows.size(); ++i)
+          pieces.push_back({run.row_lane[i], run.first_cached[i] + k, {0}, 1});  // the token: from the state
+      } else if (run.in_flight == 0) {
+        run = run_state{};  // over: the slot's turn goes back to pump()
+        busy = false;
+      } else {
+        run.draining = false;
+        return;
+      }
+    }
+    if (r) {
+      take_run_step(k, *r);
+    } else if (k >= 0) {
+      submit_run_step(k, pieces);
+    } else {
+      pump();
+      return;
+    }
+  }
+}
+
+void lane_group::take_run_step(int64_t k, const job_result& r) {
+  bool stop = false;
+  for (std::size_t i = 0; i < run.rows.size(); ++i) {
+    if (!run.live[i]) continue;  // ended: this step's row of it dropped
+    sequence& s = *run.rows[i].s;
+    if (!r) {
+      s.fail(r.err());
+      run.live[i] = 0;
+      stop = true;
+      continue;
+    }
+    // The state's rows, i32 [lanes]: row i is this row's token.
+    int32_t tok = 0;
+    std::memcpy(&tok, (*r)[0].data() + static_cast<int64_t>(i) * static_cast<int64_t>(sizeof tok), sizeof tok);
+    s.cached = run.first_cached[i] + k + 1;  // the step stored the row in its lane
+    ++s.out.tokens_picked_on_device;
+    ++s.out.tokens_batched;
+    if (k > 0) ++s.out.tokens_pipelined;
+    if (!s.stream(tok)) {
+      run.live[i] = 0;
+      stop = true;
+      continue;
+    }
+    s.next_token = tok;
+    if (s.st->cancel_requested.load()) {
+      s.finish(stop_reason::cancelled);
+      run.live[i] = 0;
+      stop = true;
+    }
+  }
+  if (stop) {
+    std::lock_guard lk(m);
+    run.stopping = true;
+  }
 }
 
 void lane_group::on_job(const job_result& r, const std::vector<part>& parts, bool token_out) {
@@ -1061,6 +1258,7 @@ expected<std::shared_ptr<generator>> generator::create(runtime& rt, models::tran
     const char* token_in = nullptr;
     const char* token_out = nullptr;
     bool all_rows = false;  // logits of every row (a batched decode step's), not the last row's
+    int64_t token_rows = 1;  // rows of the token states (a batched step's: lanes)
   };
   // Prompt plans, and under decode_batch every plan of more than one row,
   // build their masks on the device.
@@ -1078,6 +1276,7 @@ expected<std::shared_ptr<generator>> generator::create(runtime& rt, models::tran
     c.rows_apart = sh.all_rows && c.mask_from_positions;
     if (sh.token_in) c.token_state_in = sh.token_in;
     if (sh.token_out) c.token_state_out = sh.token_out;
+    c.token_state_rows = sh.token_rows;
     return models::build_transformer(c, weights);
   };
   auto plan_opts = [&](std::shared_ptr<const plan> share) {
@@ -1142,47 +1341,77 @@ expected<std::shared_ptr<generator>> generator::create(runtime& rt, models::tran
   // trip (0.887 -> 0.944-0.960 ms), so several stages keep one step at a
   // time unless pipeline_across_stages. chain[1] owns the weights and the
   // state (the token states too), and the other plans use them.
+  const auto probe = [&](const step_shape& sh, std::shared_ptr<const plan> share) -> std::shared_ptr<const plan> {
+    expected<graph> g = step_graph(sh);
+    if (!g) return nullptr;
+    auto p = compile(std::make_shared<const graph>(std::move(*g)), rt.devices(), plan_opts(std::move(share)));
+    return p ? std::move(*p) : nullptr;
+  };
   bool pipelined = false;
   if (options.device_greedy && options.pipeline_depth > 1 && lanes == 1) {
-    const auto probe = [&](const step_shape& sh, std::shared_ptr<const plan> share) -> std::shared_ptr<const plan> {
-      expected<graph> g = step_graph(sh);
-      if (!g) return nullptr;
-      auto p = compile(std::make_shared<const graph>(std::move(*g)), rt.devices(), plan_opts(std::move(share)));
-      return p ? std::move(*p) : nullptr;
-    };
     const std::shared_ptr<const plan> owner = probe(chain_a, nullptr);
     pipelined = owner && (owner->stage_count() == 1 || options.pipeline_across_stages) && probe(chain_b, owner) &&
                 probe({1, true, nullptr, token_state_names[0]}, owner);
   }
+  // Batched steps pipelined the same way (lane_group's runs): plans of n
+  // rows over token states of `lanes` rows, the chain of `lanes` rows from
+  // token_state_b to token_state_a owning the weights and the state.
+  const auto batch_shape = [&](int64_t n, const char* in, const char* out) {
+    step_shape sh{n, true, in, out, true};
+    sh.token_rows = lanes;
+    return sh;
+  };
+  bool batch_pipelined = false;
+  if (options.device_greedy && options.pipeline_depth > 1 && lanes > 1) {
+    const std::shared_ptr<const plan> owner = probe(batch_shape(lanes, token_state_names[1], token_state_names[0]), nullptr);
+    batch_pipelined = owner && (owner->stage_count() == 1 || options.pipeline_across_stages) &&
+                      probe(batch_shape(lanes, token_state_names[0], token_state_names[1]), owner) &&
+                      probe(batch_shape(lanes, nullptr, token_state_names[0]), owner);
+  }
+  step_plan batch_owner;
   if (pipelined) {
     if (error e = make_plan(chain_a, impl->chain[1], nullptr)) return e;
     const std::shared_ptr<const plan> owner = impl->chain[1].p;
     if (error e = make_plan(chain_b, impl->chain[0], owner)) return e;
     if (error e = make_plan({1, true, nullptr, token_state_names[0]}, impl->decode_greedy, owner)) return e;
     if (error e = make_plan({1}, impl->decode, owner)) return e;
+  } else if (batch_pipelined) {
+    if (error e = make_plan(batch_shape(lanes, token_state_names[1], token_state_names[0]), batch_owner, nullptr))
+      return e;
+    if (error e = make_plan({1}, impl->decode, batch_owner.p)) return e;
+    if (error e = make_plan({1, true}, impl->decode_greedy, batch_owner.p)) return e;
   } else {
     if (error e = make_plan({1}, impl->decode, nullptr)) return e;
     if (options.device_greedy)
       if (error e = make_plan({1, true}, impl->decode_greedy, impl->decode.p)) return e;
   }
+  const std::shared_ptr<const plan> owner = pipelined ? impl->chain[1].p : batch_pipelined ? batch_owner.p : impl->decode.p;
   if (options.prefill_chunk > 1)
-    if (error e = make_plan({options.prefill_chunk}, impl->prefill, pipelined ? impl->chain[1].p : impl->decode.p))
-      return e;
+    if (error e = make_plan({options.prefill_chunk}, impl->prefill, owner)) return e;
   if (options.short_prompt_chunk > 1)
     for (int64_t n = options.short_prompt_chunk; n < options.prefill_chunk; n *= 2) {
       step_plan& piece = impl->prompt_pieces.emplace_back();
-      if (error e = make_plan({n}, piece, pipelined ? impl->chain[1].p : impl->decode.p)) return e;
+      if (error e = make_plan({n}, piece, owner)) return e;
       if (!options.doubling_prompt_plans) break;
     }
   // Batched decode steps: 2, 4, ... rows, and `lanes`; with device_greedy,
-  // each also as a plan that outputs its rows' greedy tokens.
+  // each also as a plan that outputs its rows' greedy tokens (pipelined:
+  // kept in token_state_a, and the two chain plans of its size).
   for (int64_t n = 2; lanes > 1; n = std::min<int64_t>(2 * n, lanes)) {
     step_shape sh{n};
     sh.all_rows = true;
-    if (error e = make_plan(sh, impl->batch_steps.emplace_back(), impl->decode.p)) return e;
+    if (error e = make_plan(sh, impl->batch_steps.emplace_back(), owner)) return e;
     if (options.device_greedy) {
       sh.greedy = true;
-      if (error e = make_plan(sh, impl->batch_greedy_steps.emplace_back(), impl->decode.p)) return e;
+      if (batch_pipelined) sh = batch_shape(n, nullptr, token_state_names[0]);
+      if (error e = make_plan(sh, impl->batch_greedy_steps.emplace_back(), owner)) return e;
+    }
+    if (batch_pipelined) {
+      std::array<step_plan, 2>& chain = impl->batch_chains.emplace_back();
+      if (error e = make_plan(batch_shape(n, token_state_names[0], token_state_names[1]), chain[0], owner)) return e;
+      if (n == lanes) chain[1] = std::move(batch_owner);
+      else if (error e = make_plan(batch_shape(n, token_state_names[1], token_state_names[0]), chain[1], owner))
+        return e;
     }
     if (n == lanes) break;
   }
@@ -1193,6 +1422,8 @@ expected<std::shared_ptr<generator>> generator::create(runtime& rt, models::tran
   for (const step_plan& sp : impl->prompt_pieces) all.push_back(&sp);
   for (const step_plan& sp : impl->batch_steps) all.push_back(&sp);
   for (const step_plan& sp : impl->batch_greedy_steps) all.push_back(&sp);
+  for (const std::array<step_plan, 2>& chain : impl->batch_chains)
+    for (const step_plan& sp : chain) all.push_back(&sp);
   for (std::size_t i = 0, n = all.size(); i < n; ++i)
     if (all[i]->short_twin) all.push_back(all[i]->short_twin.get());
   for (const step_plan* sp : all)

@@ -155,6 +155,7 @@ struct decode_args {
   int tensor_parallel = 1;  ///< plan_options::tensor_parallel of the generator's plans
   std::string across_stages = "off";  ///< generator_options::pipeline_across_stages (off: the default)
   bool sim_zero_delay = false;  ///< sim devices model no time and compute no values: the host's costs alone
+  bool sim_timing_only = false; ///< sim devices model their kernels' time but compute no values
   int stages = 0;           ///< plan_options::pipeline_stages of the generator's plans (0: every device)
   std::string start_on_submit = "on";  ///< runtime_options::start_jobs_on_submit (on: the default)
   std::string pinned_inputs = "on";    ///< runtime_options::pinned_inputs_max_bytes 64 KiB (on: the default) or 0
@@ -180,10 +181,8 @@ int run_decode(const decode_args& a) {
   ro.start_jobs_on_submit = a.start_on_submit == "on";
   ro.trace = a.trace == "on";
   if (a.pinned_inputs == "off") ro.pinned_inputs_max_bytes = 0;
-  if (a.sim_zero_delay) {
-    ro.backend.sim.zero_delay = true;
-    ro.backend.sim.compute_values = false;
-  }
+  if (a.sim_zero_delay) ro.backend.sim.zero_delay = true;
+  if (a.sim_zero_delay || a.sim_timing_only) ro.backend.sim.compute_values = false;
   auto rt = ag::runtime::create(a.devices, ro);
   if (!rt) return fail(rt.err());
   const auto t_open = clock_type::now();
@@ -493,6 +492,8 @@ struct batch_args {
   int gemv_tensor_core_rows = ag::gpu::backend_options{}.cuda_gemv_tensor_core_rows;  // its default
   bool fusion = true, projections = true, gemv = true;  // plan_options::fuse_ops, fuse_projections; cuda_gemv
   bool sim_zero_delay = false;                           // the instant sim device: the host's costs alone
+  bool sim_timing_only = false;                          // sim devices' modelled time, no values
+  int pipeline_depth = 2;                                // generator_options::pipeline_depth of both
   ag::graph_replay_mode replay = ag::graph_replay_mode::automatic;
 };
 
@@ -504,7 +505,7 @@ struct batch_round {
   // step whose device span is near step_ms is decided by its kernels; a
   // large idle time by the host's round trip.
   double job_device_ms = 0.0, idle_between_jobs_ms = 0.0;
-  int64_t tokens_batched = 0, tokens = 0;
+  int64_t tokens_batched = 0, tokens = 0, tokens_pipelined = 0;
 };
 
 ag::expected<batch_round> run_batch_round(ag::runtime& rt, ag::generator& gen, const batch_args& a, int64_t vocab,
@@ -530,6 +531,7 @@ ag::expected<batch_round> run_batch_round(ag::runtime& rt, ag::generator& gen, c
   for (const auto& h : hs) {
     if (!h.wait()) return h.wait().err();
     r.tokens_batched += h.wait()->tokens_batched;
+    r.tokens_pipelined += h.wait()->tokens_pipelined;
     r.tokens += static_cast<int64_t>(h.wait()->tokens.size());
   }
   const double all_s = seconds_since(t0);
@@ -574,10 +576,8 @@ int run_batch(const batch_args& a) {
   ro.backend.cuda_gemv = a.gemv;
   ro.backend.cpu_threads_per_stream = a.cpu_threads;
   ro.backend.cuda_gemv_tensor_core_rows = a.gemv_tensor_core_rows;
-  if (a.sim_zero_delay) {
-    ro.backend.sim.zero_delay = true;
-    ro.backend.sim.compute_values = false;
-  }
+  if (a.sim_zero_delay) ro.backend.sim.zero_delay = true;
+  if (a.sim_zero_delay || a.sim_timing_only) ro.backend.sim.compute_values = false;
   auto rt = ag::runtime::create(a.devices, ro);
   if (!rt) return fail(rt.err());
   auto model = ag::models::hf_model::open(a.model);
@@ -590,6 +590,7 @@ int run_batch(const batch_args& a) {
     go.max_sequences = a.sequences;
     go.prefill_chunk = a.prefill_chunk > 0 ? a.prefill_chunk : a.context;
     go.decode_batch = k == 0 ? a.sequences : 0;
+    go.pipeline_depth = a.pipeline_depth;
     go.plan.fuse_ops = a.fusion;
     go.plan.fuse_projections = a.projections;
     go.plan.graph_replay = a.replay;
@@ -609,10 +610,11 @@ int run_batch(const batch_args& a) {
       auto r = run_batch_round(**rt, *gens[k], a, vocab, round);
       if (!r) return fail(r.err());
       std::printf("%-34s round %d: steady %.1f tokens/s (a sequence's step %.3f ms), all %.1f tokens/s, %lld of %lld "
-                  "tokens batched; a job %.3f ms on the device, %.3f ms idle between jobs (trace medians)\n",
+                  "tokens batched, %lld pipelined; a job %.3f ms on the device, %.3f ms idle between jobs (trace "
+                  "medians)\n",
                   k == 0 ? "batched" : "one sequence a job", round, r->steady_tokens_per_s, r->step_ms,
                   r->all_tokens_per_s, static_cast<long long>(r->tokens_batched), static_cast<long long>(r->tokens),
-                  r->job_device_ms, r->idle_between_jobs_ms);
+                  static_cast<long long>(r->tokens_pipelined), r->job_device_ms, r->idle_between_jobs_ms);
       if (r->steady_tokens_per_s > best[k].steady_tokens_per_s) best[k] = *r;
     }
   std::printf("%-34s %14s %14s %14s\n", (a.devices + ", " + std::to_string(a.sequences) + " sequences").c_str(),
@@ -732,7 +734,7 @@ int main(int argc, char** argv) {
       app, "--host-windows-in-place", d.windows_in_place,
       "decode: plan_options::host_windows_in_place, the token read and written in the host window (on, off)");
   app.add_option("--pipeline-depth", d.pipeline_depth,
-                 "decode: generator_options::pipeline_depth, greedy steps in flight (1: one at a time)")
+                 "decode, batch: generator_options::pipeline_depth, greedy steps in flight (1: one at a time)")
       ->check(CLI::Range(1, 16));
   ag::apps::add_on_off(
       app, "--pipeline-across-stages", d.across_stages,
@@ -740,6 +742,9 @@ int main(int argc, char** argv) {
   app.add_flag("--sim-zero-delay", d.sim_zero_delay,
                "decode, batch: sim devices model no time and compute no values (the host's costs alone; tokens "
                "meaningless)");
+  app.add_flag("--sim-timing-only", d.sim_timing_only,
+               "decode, batch: sim devices model their kernels' time but compute no values (a device's timeline "
+               "without its arithmetic; tokens meaningless)");
   app.add_option("--tp", d.tensor_parallel, "decode: plan_options::tensor_parallel of the generator's plans")
       ->check(CLI::Range(1, 1024));
   app.add_option("--stages", d.stages, "decode: plan_options::pipeline_stages of the generator's plans (0: every device)")
@@ -777,6 +782,8 @@ int main(int argc, char** argv) {
     b.cpu_threads = d.cpu_threads;
     b.gemv_tensor_core_rows = d.gemv_tensor_core_rows;
     b.sim_zero_delay = d.sim_zero_delay;
+    b.sim_timing_only = d.sim_timing_only;
+    b.pipeline_depth = d.pipeline_depth;
     if (!ag::parse_graph_replay_mode(d.replay, b.replay))
       return fail({ag::errc::invalid_argument, "--replay must be off, on or auto, got '" + d.replay + "'"});
     return run_batch(b);

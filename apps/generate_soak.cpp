@@ -9,7 +9,8 @@
 // tensor degree 2, 2 x 2), pipelined greedy steps (pipeline_depth 1..4, also
 // across stages), prefill chunks or not, tokens picked on the device or on
 // the host, 1..4 cache slots (so most sequences queue for one), a third
-// with batched decode steps (decode_batch 2..4). Sequences of
+// with batched decode steps (decode_batch 2..4; greedy ones pipelined
+// where pipeline_depth > 1). Sequences of
 // random prompts, lengths and sampling (greedy or seeded top-k) run many at
 // once, some with stop ids, some cancelled (from their own token stream,
 // right after generate(), or from the soak's thread a little later); a few
@@ -122,6 +123,7 @@ struct counts {
   int64_t windowed_generators = 0;  // generators of a model with a sliding window (a ring cache)
   int64_t batched_generators = 0;   // generators with batched decode steps (decode_batch)
   int64_t tokens_batched = 0;       // tokens whose step carried other sequences' tokens too
+  int64_t batched_pipelined = 0;    // of those, tokens whose step read them from the step before's state
 };
 
 class soak {
@@ -326,6 +328,7 @@ class soak {
     }
     const ag::generation_result& res = *out;
     c_.tokens_batched += res.tokens_batched;
+    if (gc.options.decode_batch > 1) c_.batched_pipelined += res.tokens_pipelined;
     if (res.tokens != streamed) wrong(r, "the result's tokens are not the ones streamed");
     if (res.reason == ag::stop_reason::cancelled) {
       if (r.cancel == cancel_mode::none) wrong(r, "cancelled, but the soak never cancelled it");
@@ -478,9 +481,9 @@ class soak {
     for (const auto& [name, v] : rows) std::printf("%-34s %12" PRId64 "\n", name, v);
     std::printf("epochs: %" PRId64 ", devices %s, %" PRId64 " kills and %" PRId64 " resets, faults %s, %" PRId64
                 " of the generators with a sliding window, %" PRId64 " with batched decode steps (%" PRId64
-                " tokens batched)\n",
+                " tokens batched, %" PRId64 " of them pipelined)\n",
                 c_.epochs, o_.devices.c_str(), c_.kills, c_.resets, o_.faults ? "on" : "off", c_.windowed_generators,
-                c_.batched_generators, c_.tokens_batched);
+                c_.batched_generators, c_.tokens_batched, c_.batched_pipelined);
     std::printf("generate_soak_sequences: %" PRId64 "\n", c_.sequences);
     std::printf("generate_soak_tokens: %" PRId64 "\n", c_.tokens);
     std::printf("generate_soak_failed_by_faults: %" PRId64 "\n", c_.failed_op + c_.failed_death);

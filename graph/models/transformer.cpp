@@ -62,8 +62,12 @@ class model_builder {
       // constant -1). Another plan that shares this one's weights finds
       // each weight by name (plan_options::share_weights_with), so the
       // constant may sit ahead of the model's weights.
+      // A batched step (token_state_rows > 1) reads its S rows' tokens
+      // from the state's first S rows.
+      const int64_t R = cfg_.token_state_rows;
       tensor none = b_.weight("token_state.none", host_tensor::from_ints({1}, {-1}));
-      tensor kept = b_.store_rows(none, none, 0, 1, cfg_.token_state_in);
+      tensor kept = b_.store_rows(none, none, 0, R, cfg_.token_state_in);
+      if (R > B * S) kept = b_.slice(kept, 0, 0, B * S, "token_state.read");
       tokens = b_.reshape(kept, {B, S}, "tokens");
     }
     tensor x;
@@ -100,8 +104,21 @@ class model_builder {
       if (!cfg_.token_state_out.empty()) {
         // Kept for the slot's next job (token_state_in there); the state is
         // the output, so the job's host copy is the same 4 bytes.
-        tensor at = b_.weight("token_state.at", host_tensor::from_ints({1}, {0}));
-        next = b_.store_rows(b_.reshape(next, {1}, "next_token.row"), at, 0, 1, cfg_.token_state_out);
+        // Row i's token at row i. The positions are one constant of R rows
+        // whatever S is (a batched step's first S of them): plans that share
+        // weights find each by name, and a constant of another shape under
+        // the same name would make a plan upload its own copy of the model.
+        const int64_t R = cfg_.token_state_rows;
+        tensor at;
+        if (R == 1) {
+          at = b_.weight("token_state.at", host_tensor::from_ints({1}, {0}));
+        } else {
+          std::vector<int32_t> rows(static_cast<std::size_t>(R));
+          for (int64_t i = 0; i < R; ++i) rows[static_cast<std::size_t>(i)] = static_cast<int32_t>(i);
+          at = b_.weight("token_state.rows", host_tensor::from_ints({R}, rows));
+          if (R > B * S) at = b_.slice(at, 0, 0, B * S, "token_state.rows_kept");
+        }
+        next = b_.store_rows(b_.reshape(next, {B * S}, "next_token.row"), at, 0, R, cfg_.token_state_out);
       }
       b_.output(next);
     } else {
@@ -471,10 +488,17 @@ error validate(const transformer_config& c) {
   if (std::string why = rope_scaling_misfit(c.rope_scale); !why.empty()) return bad(why);
   if (!c.token_state_in.empty() || !c.token_state_out.empty()) {
     const std::string which = c.token_state_in.empty() ? "token_state_out" : "token_state_in";
-    if (c.batch != 1 || c.seq_len != 1 || c.kv_cache_capacity < 1)
-      return bad(which + " needs batch 1, seq_len 1 and a KV cache (one token a job), got batch " +
-                 to_string(c.batch) + ", seq_len " + to_string(c.seq_len) + ", kv_cache_capacity " +
+    if (c.batch != 1 || c.kv_cache_capacity < 1)
+      return bad(which + " needs batch 1 and a KV cache, got batch " + to_string(c.batch) + ", kv_cache_capacity " +
                  to_string(c.kv_cache_capacity));
+    if (c.token_state_rows < 1 || c.token_state_rows > 65536)
+      return bad("token_state_rows must be 1..65536, got " + to_string(c.token_state_rows));
+    if (c.seq_len > c.token_state_rows)
+      return bad(which + " keeps a token a row in " + to_string(c.token_state_rows) +
+                 " rows (token_state_rows), fewer than seq_len " + to_string(c.seq_len));
+    if (c.seq_len > 1 && c.last_row_logits)
+      return bad(which + " with seq_len " + to_string(c.seq_len) +
+                 " needs every row's logits (last_row_logits off): each row is a sequence of its own");
     if (!c.token_state_out.empty() && !c.argmax_output)
       return bad("token_state_out '" + c.token_state_out + "' needs argmax_output (it keeps the greedy token)");
     if (c.token_state_in == c.token_state_out)

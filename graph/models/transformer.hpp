@@ -240,18 +240,27 @@ struct transformer_config {
   bool rows_apart = false;
   /// Tokens handed from one job of a state slot to the next on the device
   /// (the generator's pipelined greedy decoding, generator.hpp): both need
-  /// batch 1, seq_len 1 and a KV cache.
-  /// - token_state_out (needs argmax_output): the greedy token is also kept
-  ///   in a state of one i32 of this name (store_rows, [1]), and that state
-  ///   is the graph's output instead of next_token: i32 [1].
-  ///   Its position is the constant weight "token_state.at" (i32 [1] = 0).
-  /// - token_state_in: the graph has no "tokens" input; its token is the one
-  ///   the slot's previous job kept in the state of this name (a store_rows
-  ///   node that stores nothing: its rows and position are the constant
-  ///   weight "token_state.none", i32 [1] = -1).
-  /// The two names must differ: a job reads the token the previous job kept
-  /// in one state and keeps its own in the other (two plans alternate).
+  /// batch 1 and a KV cache, and seq_len 1 or, for a batched decode step
+  /// whose every row is a sequence of its own (last_row_logits off), up to
+  /// token_state_rows.
+  /// - token_state_out (needs argmax_output): each row's greedy token is
+  ///   also kept, row i's in row i of a state of token_state_rows i32 of
+  ///   this name (store_rows, [token_state_rows]), and that state is the
+  ///   graph's output instead of next_token: i32 [token_state_rows], rows
+  ///   past seq_len as the slot's earlier jobs left them. The positions are
+  ///   the constant weight "token_state.at" (i32 [1] = 0) for one row, else
+  ///   the first seq_len of "token_state.rows" (i32 [token_state_rows] =
+  ///   0, 1, ...).
+  /// - token_state_in: the graph has no "tokens" input; its tokens are the
+  ///   first seq_len rows of the state of this name, as the slot's previous
+  ///   job kept them (a store_rows node that stores nothing: its rows and
+  ///   position are the constant weight "token_state.none", i32 [1] = -1).
+  /// The two names must differ: a job reads the tokens the previous job
+  /// kept in one state and keeps its own in the other (two plans alternate).
   std::string token_state_in, token_state_out;
+  /// Rows of the token states (1..65536): the batched steps of a slot of
+  /// that many sequences (generator_options::decode_batch) share them.
+  int64_t token_state_rows = 1;
 
   /// n_kv_heads with the default resolved (n_heads for gpt2 or when 0).
   int kv_heads() const noexcept { return variant == model_variant::llama && n_kv_heads > 0 ? n_kv_heads : n_heads; }

@@ -1157,12 +1157,18 @@ TEST(GenerateBatched, SequencesQueueForLanesCancelAndFillTheirCache) {
   // Batch plans of 2 and 3 rows.
   ASSERT_EQ((*gen)->batch_decode_plans().size(), 2u);
   {
-    ag::generator_options solo = go;
+    ag::generator_options solo = go, batched = go;
     solo.decode_batch = 0;
-    solo.device_greedy = false;  // no token states: the caches alone
+    solo.device_greedy = batched.device_greedy = false;  // no token states: the caches alone
     auto one_each = ag::generator::create(**rt, m->model_config(1), m->provider(), solo);
     ASSERT_TRUE(one_each.has_value()) << one_each.err().to_string();
-    EXPECT_EQ((*gen)->cache_bytes(), (*one_each)->cache_bytes());
+    auto caches_only = ag::generator::create(**rt, m->model_config(1), m->provider(), batched);
+    ASSERT_TRUE(caches_only.has_value()) << caches_only.err().to_string();
+    EXPECT_EQ((*caches_only)->cache_bytes(), (*one_each)->cache_bytes());
+    // With device_greedy the pipelined steps' two token states of 3 rows
+    // come on top, an aligned block each a slot.
+    EXPECT_GT((*gen)->cache_bytes(), (*caches_only)->cache_bytes());
+    EXPECT_LE((*gen)->cache_bytes() - (*caches_only)->cache_bytes(), 2 * 2 * 256);  // 256: the plans' alignment
   }
   const std::vector<std::vector<int32_t>> prompts{{1, 2, 3}, {7, 7}, {40, 0, 13, 2}, {5}, {9, 8, 7, 6, 5},
                                                   {11, 22}, {3, 3, 3}, {1, 4, 1, 5, 9, 2, 6}, {10}};
@@ -1191,13 +1197,6 @@ TEST(GenerateBatched, SequencesQueueForLanesCancelAndFillTheirCache) {
   EXPECT_EQ((*gen)->waiting_sequences(), 0);
 }
 
-// Greedy sequences without logits that decode together take the batch
-// plans whose output is each row's token (generator_options::device_greedy):
-// every token they decoded beside another sequence's was picked on the
-// device, and each sequence equals its solo run. A sequence that samples
-// (temperature) makes the steps it shares carry logits: its tokens are all
-// picked on the host. Without device_greedy the host picks every token, and
-// the greedy sequences still equal their solo runs.
 TEST(GenerateBatched, StepsMarkTheirRowsApartAndPromptsDoNot) {
   // A batched step's rows are sequences in lanes of their own: its mask is
   // marked rows_apart (transformer_config::rows_apart), which lets a CUDA
@@ -1227,6 +1226,13 @@ TEST(GenerateBatched, StepsMarkTheirRowsApartAndPromptsDoNot) {
   for (const ag::plan* p : prompts) EXPECT_EQ(masks_apart(*p), std::make_pair(1, 0));
 }
 
+// Greedy sequences without logits that decode together take the batch
+// plans whose output is each row's token (generator_options::device_greedy):
+// every token they decoded beside another sequence's was picked on the
+// device, and each sequence equals its solo run. A sequence that samples
+// (temperature) makes the steps it shares carry logits: its tokens are all
+// picked on the host. Without device_greedy the host picks every token, and
+// the greedy sequences still equal their solo runs.
 TEST(GenerateBatched, GreedyRowsPickTheirTokensOnTheDevice) {
   tiny_llama_on_cpu t;
   ASSERT_TRUE(t.m.has_value()) << t.m.err().to_string();
@@ -1289,6 +1295,120 @@ TEST(GenerateBatched, GreedyRowsPickTheirTokensOnTheDevice) {
         EXPECT_GT(picked, 0) << "no greedy token was picked on the device";
       }
     }
+}
+
+// ---- pipelined batched greedy steps (lane_group's runs) ----
+
+namespace {
+
+// Four greedy sequences in one slot of four lanes, started while the first
+// one's first token is held: once all four feed a token a step, the steps
+// of a run read each row's token from the state the step before kept
+// (pipeline_depth 2), so some tokens are pipelined wherever the batch
+// plans pipeline (one stage: on one device and across tensor-parallel
+// ranks; not across pipeline stages, like a lone sequence's steps). With a
+// stop id, a self-cancelling sequence, or neither; each sequence equals its
+// solo run (cut where it stopped), and a sequence started afterwards, in a
+// lane whose old sequence left steps that ran past its end, equals its own.
+struct run_case {
+  std::string spec;
+  int stages = 1, tp = 1;
+  bool pipelines = true;
+};
+
+void batched_runs_equal_solo(const run_case& rc, bool stop_and_cancel) {
+  SCOPED_TRACE(rc.spec + ", stages " + std::to_string(rc.stages) + ", tp " + std::to_string(rc.tp) +
+               (stop_and_cancel ? ", a stop id and a cancel" : ""));
+  temp_dir dir;
+  auto m = saved_model(dir, tiny_llama_f32());
+  ASSERT_TRUE(m.has_value()) << m.err().to_string();
+  auto rt = ag::runtime::create(rc.spec, fast_sim());
+  ASSERT_TRUE(rt.has_value()) << rt.err().to_string();
+  ag::generator_options go;
+  go.cache_tokens = 16;
+  go.max_sequences = 4;
+  go.prefill_chunk = 4;
+  go.decode_batch = 4;
+  go.plan.pipeline_stages = rc.stages;
+  go.plan.tensor_parallel = rc.tp;
+  auto gen = ag::generator::create(**rt, m->model_config(1), m->provider(), go);
+  ASSERT_TRUE(gen.has_value()) << gen.err().to_string();
+  // At most three prompt pieces before every sequence feeds a token a step:
+  // sequence 0 then has at least 5 tokens to go, the others at least 9.
+  const std::vector<std::vector<int32_t>> prompts{{3, 1, 4, 1, 5, 9}, {2, 7}, {1}, {8, 8, 1, 0, 3}};
+  const int max_new[] = {9, 10, 10, 10};
+  std::vector<std::vector<int32_t>> solo;
+  for (std::size_t i = 0; i < prompts.size(); ++i) solo.push_back(alone(**rt, *m, prompts[i], max_new[i], rc.stages));
+  // Sequence 1 stops at its fifth token's id (or where that id first
+  // comes); sequence 2 cancels itself on its sixth token.
+  std::vector<int32_t> want1 = solo[1], want2 = solo[2];
+  const int32_t stop_id = solo[1].at(4);
+  if (stop_and_cancel) {
+    want1.resize(static_cast<std::size_t>(std::find(solo[1].begin(), solo[1].end(), stop_id) - solo[1].begin()) + 1);
+    want2.resize(6);
+  }
+  held_first hold;
+  auto self = std::make_shared<std::promise<ag::generation>>();
+  std::shared_future<ag::generation> handle2 = self->get_future().share();
+  std::vector<ag::generation> hs;
+  for (std::size_t i = 0; i < prompts.size(); ++i) {
+    ag::generate_options o;
+    o.max_new_tokens = max_new[i];
+    if (i == 0)
+      o.on_token = [&](int32_t, int64_t k) {
+        if (k == 0) hold.released.wait_for(60s);
+      };
+    if (stop_and_cancel && i == 1) o.stop_ids = {stop_id};
+    if (stop_and_cancel && i == 2)
+      o.on_token = [handle2](int32_t, int64_t k) {
+        if (k == 5) handle2.get().cancel();
+      };
+    hs.push_back((*gen)->generate(prompts[i], o));
+    if (i == 2) self->set_value(hs.back());
+  }
+  hold.release.set_value();
+  int64_t pipelined = 0;
+  for (std::size_t i = 0; i < hs.size(); ++i) {
+    ASSERT_TRUE(hs[i].wait_for(120s)) << "sequence " << i << " hung";
+    const auto& r = hs[i].wait();
+    ASSERT_TRUE(r.has_value()) << r.err().to_string();
+    const std::vector<int32_t>& want = i == 1 ? want1 : i == 2 ? want2 : solo[i];
+    EXPECT_EQ(r->tokens, want) << "sequence " << i << " differs from its solo run";
+    const ag::stop_reason why = !stop_and_cancel ? ag::stop_reason::max_tokens
+                                : i == 1         ? ag::stop_reason::eos
+                                : i == 2         ? ag::stop_reason::cancelled
+                                                 : ag::stop_reason::max_tokens;
+    EXPECT_EQ(r->reason, why) << "sequence " << i;
+    EXPECT_LE(r->tokens_pipelined, r->tokens_batched) << "sequence " << i;
+    pipelined += r->tokens_pipelined;
+  }
+  if (rc.pipelines) {
+    EXPECT_GT(pipelined, 0) << "no batched step read its tokens from the state";
+  } else {
+    EXPECT_EQ(pipelined, 0) << "batched steps pipelined across pipeline stages";
+  }
+  // The lanes again, after steps that ran past their sequences' ends.
+  std::vector<ag::generation> again;
+  for (std::size_t i = 0; i < prompts.size(); ++i) {
+    ag::generate_options o;
+    o.max_new_tokens = max_new[i];
+    again.push_back((*gen)->generate(prompts[i], o));
+  }
+  for (std::size_t i = 0; i < again.size(); ++i) {
+    ASSERT_TRUE(again[i].wait_for(120s)) << "second sequence " << i << " hung";
+    const auto& r = again[i].wait();
+    ASSERT_TRUE(r.has_value()) << r.err().to_string();
+    EXPECT_EQ(r->tokens, solo[i]) << "second sequence " << i << " differs from its solo run";
+  }
+  EXPECT_EQ((*gen)->active_sequences(), 0);
+}
+
+}  // namespace
+
+TEST(GenerateBatched, GreedyStepsPipelineAndEqualSoloRuns) {
+  for (const run_case& rc : {run_case{"cpu:1"}, run_case{"sim:1"}, run_case{"cpu:2", 1, 2},
+                             run_case{"sim:2", 2, 1, false}})
+    for (const bool stop_and_cancel : {false, true}) batched_runs_equal_solo(rc, stop_and_cancel);
 }
 
 TEST(GenerateBatched, BadBatchOptionsAreRefusedNamingThem) {

@@ -416,6 +416,30 @@ TEST(Transformer, InvalidConfigsAreRejectedWithTheField) {
          c.argmax_output = true;
          c.token_state_in = c.token_state_out = "t";
        }},
+      // A batched step's token states: a row each, every row's logits.
+      {"token_state_rows must be 1..65536", [](transformer_config& c) {
+         c.batch = c.seq_len = 1;
+         c.kv_cache_capacity = 4;
+         c.token_state_in = "t";
+         c.token_state_rows = 0;
+       }},
+      {"in 2 rows (token_state_rows), fewer than seq_len 4", [](transformer_config& c) {
+         c.batch = 1;
+         c.seq_len = 4;
+         c.kv_cache_capacity = 8;
+         c.last_row_logits = false;
+         c.argmax_output = true;
+         c.token_state_out = "t";
+         c.token_state_rows = 2;
+       }},
+      {"needs every row's logits (last_row_logits off)", [](transformer_config& c) {
+         c.batch = 1;
+         c.seq_len = 4;
+         c.kv_cache_capacity = 8;
+         c.last_row_logits = true;
+         c.token_state_in = "t";
+         c.token_state_rows = 4;
+       }},
   };
   for (const auto& bc : cases) {
     auto c = small(model_variant::gpt2);
