@@ -12,6 +12,9 @@
 //     (generator_options::decode_batch), tokens a second while all of them
 //     decode; unbatched_decode_tokens_per_s: the same sequences each stepping
 //     on its own; batched_decode_speedup: the ratio (same run, alternated).
+//     --decode-batch N (N > --sequences) leaves lanes of the slot empty:
+//     --sequences 1 --decode-batch 8 times a sequence alone in a slot of 8
+//     lanes against one in a slot of its own.
 //
 //   actorgraph-generate-bench --mode decode --model DIR --devices cuda:0
 //                             [--context 512] [--new-tokens 64] [--prefill 2048]
@@ -486,6 +489,7 @@ int run_decode(const decode_args& a) {
 struct batch_args {
   std::string model, devices = "cuda:0";
   int sequences = 8;
+  int decode_batch = 8;  // generator_options::decode_batch of the batched side
   int64_t context = 512, prefill_chunk = 0, new_tokens = 64;
   int rounds = 2;
   int cpu_threads = 0;                                   // backend_options::cpu_threads_per_stream
@@ -589,7 +593,7 @@ int run_batch(const batch_args& a) {
     go.cache_tokens = a.context + a.new_tokens;
     go.max_sequences = a.sequences;
     go.prefill_chunk = a.prefill_chunk > 0 ? a.prefill_chunk : a.context;
-    go.decode_batch = k == 0 ? a.sequences : 0;
+    go.decode_batch = k == 0 ? a.decode_batch : 0;
     go.pipeline_depth = a.pipeline_depth;
     go.plan.fuse_ops = a.fusion;
     go.plan.fuse_projections = a.projections;
@@ -619,7 +623,7 @@ int run_batch(const batch_args& a) {
     }
   std::printf("%-34s %14s %14s %14s\n", (a.devices + ", " + std::to_string(a.sequences) + " sequences").c_str(),
               "steady tok/s", "step ms", "all tok/s");
-  std::printf("%-34s %14.1f %14.3f %14.1f\n", ("decode_batch " + std::to_string(a.sequences)).c_str(),
+  std::printf("%-34s %14.1f %14.3f %14.1f\n", ("decode_batch " + std::to_string(a.decode_batch)).c_str(),
               best[0].steady_tokens_per_s, best[0].step_ms, best[0].all_tokens_per_s);
   std::printf("%-34s %14.1f %14.3f %14.1f\n", "decode_batch 0", best[1].steady_tokens_per_s, best[1].step_ms,
               best[1].all_tokens_per_s);
@@ -646,7 +650,7 @@ int run_batch(const batch_args& a) {
 int main(int argc, char** argv) {
   std::string mode = "sim";
   double time_scale = 20.0;
-  int sequences = 8, sim_tokens = 12, rounds = 2;
+  int sequences = 8, sim_tokens = 12, rounds = 2, decode_batch = 0;
   decode_args d;
   ag::apps::flags app("actorgraph-generate-bench",
                       "Generation figures: pipelined_sequences_speedup_sim (--mode sim), or decode, prefill and load "
@@ -655,8 +659,14 @@ int main(int argc, char** argv) {
   app.add_option("--mode", mode, "sim, decode or batch")->check(CLI::IsMember({"sim", "decode", "batch"}));
   app.add_option("--time-scale", time_scale, "sim: wall seconds per simulated second")->check(CLI::PositiveNumber);
   app.add_option("--sequences", sequences,
-                 "sim, batch: sequences decoding at once (batch: also generator_options::decode_batch)")
+                 "sim, batch: sequences decoding at once (batch: also generator_options::decode_batch unless "
+                 "--decode-batch)")
       ->check(CLI::Range(1, 256));
+  app.add_option("--decode-batch", decode_batch,
+                 "batch: generator_options::decode_batch of the batched side (0: --sequences); more than "
+                 "--sequences leaves lanes empty (--sequences 1 --decode-batch 8: a sequence alone in a slot of 8 "
+                 "lanes against a slot of its own)")
+      ->check(CLI::Range(0, 256));
   app.add_option("--rounds", rounds, "batch: rounds of each side, alternated (the best taken)")->check(CLI::Range(1, 100));
   app.add_option("--sim-tokens", sim_tokens, "sim: tokens per sequence")->check(CLI::Range(1, 48));
   app.add_option("--model", d.model, "decode: the model folder (actorgraph-save-model --shape llama-1b)");
@@ -772,6 +782,7 @@ int main(int argc, char** argv) {
     b.model = d.model;
     b.devices = d.devices;
     b.sequences = sequences;
+    b.decode_batch = decode_batch > 0 ? decode_batch : sequences;
     b.context = d.context;
     b.prefill_chunk = d.prefill_chunk;
     b.new_tokens = d.new_tokens;

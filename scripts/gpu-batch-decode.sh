@@ -11,11 +11,13 @@
 #            (the batched decode of 8 sequences against the cpu device);
 #   steps:   LLaMA-1B's shape, 512-token prompts, 128 new tokens
 #            (actorgraph-generate-bench --mode batch): 8 sequences as they
-#            are, on the FMA GEMV (--gemv-tensor-cores 0), with every
-#            product on cuBLAS (--projections off --gemv off), 2 / 4 / 16,
-#            and 8 with each kind of fused record left out
-#            (AG_CUDA_DEBUG_SKIP: timing only, values wrong); each line has
-#            the step's device time and the idle time between steps;
+#            are and without pipelined steps (--pipeline-depth 1), 2 / 4 /
+#            16, a sequence alone in a slot of 8 lanes and of 2 lanes
+#            against a slot of its own (--sequences 1 --decode-batch N:
+#            whether decode_batch can be on by default), and 8 with each
+#            kind of fused record left out (AG_CUDA_DEBUG_SKIP: timing only,
+#            values wrong); each line has the step's device time and the
+#            idle time between steps;
 #   kernels: the decode step's kernels one by one at 2, 4 and 8 rows of x:
 #            the FMA GEMV, cuBLAS and the tensor cores
 #            (actorgraph-cuda-bench --decode-kernels --decode-rows N).
@@ -70,8 +72,9 @@ for stage in "$@"; do
       [ -f "$model/config.json" ] || $B/apps/actorgraph-save-model --out $model --shape llama-1b > /dev/null 2>&1
       echo "model at $(( $(date +%s) - t0 )) s"
       run n8 --sequences 8
-      run n8-fma --sequences 8 --gemv-tensor-cores 0
-      run n8-cublas --sequences 8 --projections off --gemv off
+      run n8-depth1 --sequences 8 --pipeline-depth 1
+      run lone-in-8 --sequences 1 --decode-batch 8
+      run lone-in-2 --sequences 1 --decode-batch 2
       run n2 --sequences 2
       run n4 --sequences 4
       run n16 --sequences 16

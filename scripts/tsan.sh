@@ -9,7 +9,9 @@
 #   AG_TSAN_CI=1 bash scripts/tsan.sh     what CI runs (presets tsan-caf-ci): the
 #                                         actor tests (protocol, stress,
 #                                         completion, bad input...), the device
-#                                         backends and the TSan self-check
+#                                         backends, the generator's tests
+#                                         (test_checkpoint) and the TSan
+#                                         self-check
 #
 # The self-check (tests/tsan, label tsan) proves the setup: TSan must report a
 # race planted inside two actors and nothing in its race-free twin (with
