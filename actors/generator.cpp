@@ -767,9 +767,10 @@ struct lane_group : std::enable_shared_from_this<lane_group> {
 
   // Whether pump's step of `parts` (a row each, token_out) may start a run.
   bool may_run(const std::vector<part>& parts, bool token_out) const;
-  // Under m: whether step k of the run may be submitted now.
+  // Under m: whether the run's next step (run.submitted) may be submitted now.
   bool run_may_submit() const;
-  // Step k's inputs (k > 0: the tokens come from the state) and plan.
+  // Submits step k of the run over `pieces` (k > 0: the plan reads the
+  // rows' tokens from the state, the pieces' tokens unused).
   void submit_run_step(int64_t k, const std::vector<lane_piece>& pieces);
   void arrive(int64_t k, const job_result& r);
   void drain();

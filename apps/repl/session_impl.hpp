@@ -171,6 +171,9 @@ struct session::impl {
   // ---- cmd_generate.cpp
   outcome cmd_load(const command_line& c);
   outcome cmd_generate(const command_line& c);
+  /// generate with several prompts: `base` each, with its own stop= reader.
+  outcome generate_several(const std::vector<std::vector<int32_t>>& prompts, const generate_options& base,
+                           const std::string& stop_text);
 
   // ---- cmd_plan.cpp
   outcome cmd_plan(const command_line& c);

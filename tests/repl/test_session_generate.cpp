@@ -102,6 +102,29 @@ TEST(ReplGenerate, LoadedFolderGeneratesWhatTheGeneratorDoesOnEveryLayout) {
   EXPECT_TRUE(has(f.text, "no tokenizer: give ids=")) << f.text;
   EXPECT_EQ(f.run("generate ids=1,41"), exec_status::failed);
   EXPECT_TRUE(has(f.text, "ids")) << f.text;
+  // Several prompts (';' between their ids): each prints its solo run's
+  // tokens, their decode steps shared (batch=2, the prompts' count) or not
+  // (batch=0), on one device and on two stages. (How many steps they shared
+  // depends on when the second joined: the generator's tests hold the first
+  // to see it.)
+  const std::string want45 = direct_tokens(cfg, {4, 5}, 6);
+  for (const char* layout : {"set stages=1", "set stages=2"}) {
+    f.ok({"devices sim:2 scale=0.01", layout});
+    ASSERT_EQ(f.run("generate ids=1,2,3;4,5 n=6"), exec_status::ok) << f.text;
+    EXPECT_TRUE(has(f.text, "[0] " + want + "(6 tokens, max_tokens)")) << f.text << "\nwant: " << want;
+    EXPECT_TRUE(has(f.text, "[1] " + want45 + "(6 tokens, max_tokens)")) << f.text << "\nwant: " << want45;
+    EXPECT_TRUE(has(f.text, "2 sequences: 12 tokens")) << f.text;
+    EXPECT_TRUE(has(f.text, "in shared steps (batch=2)")) << f.text;
+    ASSERT_EQ(f.run("generate ids=1,2,3;4,5 n=6 batch=0"), exec_status::ok) << f.text;
+    EXPECT_TRUE(has(f.text, "[0] " + want + "(6 tokens, max_tokens)")) << f.text;
+    EXPECT_TRUE(has(f.text, "[1] " + want45 + "(6 tokens, max_tokens)")) << f.text;
+    EXPECT_TRUE(has(f.text, "; 0 in shared steps (batch=0)")) << f.text;
+  }
+  f.ok({"devices sim:1 scale=0.01", "set stages=1"});
+  EXPECT_EQ(f.run("generate ids=1,2;1,41"), exec_status::failed);
+  EXPECT_TRUE(has(f.text, "prompt 1 of ids=")) << f.text;
+  EXPECT_EQ(f.run("generate ids=1,2 batch=257"), exec_status::failed);
+  EXPECT_TRUE(has(f.text, "batch")) << f.text;
   EXPECT_EQ(f.run("load " + dir + "/missing"), exec_status::failed);
   EXPECT_TRUE(has(f.text, "missing")) << f.text;
   std::filesystem::remove_all(dir);
@@ -177,6 +200,12 @@ repl_text expect_repl_prints_the_decode(const ag::test::temp_dir& dir, const std
     EXPECT_TRUE(has(f.text, " tokens (stop_condition)")) << f.text;
     stop_tried = true;
   }
+  // The prompt twice: two sequences decoding in shared steps, each printing
+  // the same text when both have ended.
+  EXPECT_EQ(f.run("generate \"" + prompt_text + "\" \"" + prompt_text + "\" n=24"), exec_status::ok) << f.text;
+  for (const char* tag : {"[0] ", "[1] "})
+    EXPECT_TRUE(has(f.text, tag + want + " (" + std::to_string(r->tokens.size()) + " tokens, ")) << f.text;
+  EXPECT_TRUE(has(f.text, "2 sequences: " + std::to_string(2 * r->tokens.size()) + " tokens")) << f.text;
   std::string alone;
   for (int32_t t : r->tokens) alone += *(*tok)->decode({t});
   return {want, alone, stop_tried};
