@@ -317,6 +317,10 @@ struct generator::impl : std::enable_shared_from_this<generator::impl> {
   // keeping theirs in token_state_b, [1] the other way round; the greedy
   // steps then keep their tokens in token_state_a. A state of `lanes` rows.
   std::vector<std::array<step_plan, 2>> batch_chains;
+  // With them, a sequence alone in its slot runs the same way on one-token
+  // plans: decode_greedy keeps its token in row 0 of token_state_a, and
+  // these two read it from row 0 of one state and keep theirs in the other.
+  std::array<step_plan, 2> lone_chain;
   int lanes = 1;            // sequences a state slot holds (decode_batch, or 1)
   int64_t lane_rows = 0;    // cache rows a sequence holds (cache_rows()); a slot's are lanes x lane_rows
   // One per state slot under batching: the slot's sequences and its job.
@@ -912,24 +916,25 @@ void lane_group::pump() {
                     });
         for (const step_plan& b : token_out ? gen->batch_greedy_steps : gen->batch_steps)
           if (!sp && b.new_tokens >= count) sp = &b;
-        if (may_run(parts, token_out)) {
-          run.active = true;
-          run.stopping = false;
-          run.plan = static_cast<std::size_t>(sp - gen->batch_greedy_steps.data());
-          run.rows = parts;
-          run.row_lane = feeding;
-          run.first_cached.clear();
-          run.first_tokens.clear();
-          for (const part& p : parts) {
-            run.first_cached.push_back(p.s->cached);
-            run.first_tokens.push_back(static_cast<int64_t>(p.s->out.tokens.size()));
-          }
-          run.live.assign(parts.size(), 1);
-          run.submitted = 1;
-          run.taken = 0;
-          run.in_flight = 1;
-          run_started = true;
+      }
+      if (may_run(parts, token_out)) {
+        run.active = true;
+        run.stopping = false;
+        // The batch plans' index (a lone row takes the one-token plans).
+        run.plan = count > 1 ? static_cast<std::size_t>(sp - gen->batch_greedy_steps.data()) : 0;
+        run.rows = parts;
+        run.row_lane = feeding;
+        run.first_cached.clear();
+        run.first_tokens.clear();
+        for (const part& p : parts) {
+          run.first_cached.push_back(p.s->cached);
+          run.first_tokens.push_back(static_cast<int64_t>(p.s->out.tokens.size()));
         }
+        run.live.assign(parts.size(), 1);
+        run.submitted = 1;
+        run.taken = 0;
+        run.in_flight = 1;
+        run_started = true;
       }
       prompt_turn = true;
     }
@@ -945,7 +950,7 @@ void lane_group::pump() {
 }
 
 bool lane_group::may_run(const std::vector<part>& parts, bool token_out) const {
-  return token_out && parts.size() > 1 && !gen->batch_chains.empty() &&
+  return token_out && (parts.size() > 1 ? !gen->batch_chains.empty() : gen->lone_chain[0].p != nullptr) &&
          std::all_of(parts.begin(), parts.end(), [](const part& p) { return p.row >= 0; });
 }
 
@@ -973,8 +978,11 @@ bool lane_group::run_may_submit() const {
 }
 
 void lane_group::submit_run_step(int64_t k, const std::vector<lane_piece>& pieces) {
-  // run.plan is set before step 0 and stays for the run.
-  const step_plan& sp = k == 0 ? gen->batch_greedy_steps[run.plan] : gen->batch_chains[run.plan][(k - 1) % 2];
+  // run.rows and run.plan are set before step 0 and stay for the run.
+  const step_plan& sp =
+      run.rows.size() == 1 ? step_for(k == 0 ? gen->decode_greedy : gen->lone_chain[(k - 1) % 2], run.first_cached[0] + k)
+      : k == 0             ? gen->batch_greedy_steps[run.plan]
+                           : gen->batch_chains[run.plan][(k - 1) % 2];
   submit_options so;
   so.state_slot = slot;
   so.on_done = [self = shared_from_this(), k](const job_result& r) { self->arrive(k, r); };
@@ -1054,7 +1062,7 @@ void lane_group::take_run_step(int64_t k, const job_result& r) {
     std::memcpy(&tok, (*r)[0].data() + static_cast<int64_t>(i) * static_cast<int64_t>(sizeof tok), sizeof tok);
     s.cached = run.first_cached[i] + k + 1;  // the step stored the row in its lane
     ++s.out.tokens_picked_on_device;
-    ++s.out.tokens_batched;
+    if (run.rows.size() > 1) ++s.out.tokens_batched;
     if (k > 0) ++s.out.tokens_pipelined;
     if (!s.stream(tok)) {
       run.live[i] = 0;
@@ -1362,12 +1370,19 @@ expected<std::shared_ptr<generator>> generator::create(runtime& rt, models::tran
     sh.token_rows = lanes;
     return sh;
   };
+  // A sequence alone in its slot: one-token plans over the same states, row 0.
+  const auto lone_shape = [&](const char* in, const char* out) {
+    step_shape sh{1, true, in, out};
+    sh.token_rows = lanes;
+    return sh;
+  };
   bool batch_pipelined = false;
   if (options.device_greedy && options.pipeline_depth > 1 && lanes > 1) {
     const std::shared_ptr<const plan> owner = probe(batch_shape(lanes, token_state_names[1], token_state_names[0]), nullptr);
     batch_pipelined = owner && (owner->stage_count() == 1 || options.pipeline_across_stages) &&
                       probe(batch_shape(lanes, token_state_names[0], token_state_names[1]), owner) &&
-                      probe(batch_shape(lanes, nullptr, token_state_names[0]), owner);
+                      probe(batch_shape(lanes, nullptr, token_state_names[0]), owner) &&
+                      probe(lone_shape(token_state_names[0], token_state_names[1]), owner);
   }
   step_plan batch_owner;
   if (pipelined) {
@@ -1380,7 +1395,11 @@ expected<std::shared_ptr<generator>> generator::create(runtime& rt, models::tran
     if (error e = make_plan(batch_shape(lanes, token_state_names[1], token_state_names[0]), batch_owner, nullptr))
       return e;
     if (error e = make_plan({1}, impl->decode, batch_owner.p)) return e;
-    if (error e = make_plan({1, true}, impl->decode_greedy, batch_owner.p)) return e;
+    if (error e = make_plan(lone_shape(nullptr, token_state_names[0]), impl->decode_greedy, batch_owner.p)) return e;
+    if (error e = make_plan(lone_shape(token_state_names[0], token_state_names[1]), impl->lone_chain[0], batch_owner.p))
+      return e;
+    if (error e = make_plan(lone_shape(token_state_names[1], token_state_names[0]), impl->lone_chain[1], batch_owner.p))
+      return e;
   } else {
     if (error e = make_plan({1}, impl->decode, nullptr)) return e;
     if (options.device_greedy)
@@ -1419,7 +1438,8 @@ expected<std::shared_ptr<generator>> generator::create(runtime& rt, models::tran
   cfg.seq_len = 1;
   impl->cfg = cfg;
   for (const device_memory& m : impl->decode.p->memory()) impl->cache_bytes += m.state_bytes * groups;
-  std::vector<const step_plan*> all{&impl->decode, &impl->prefill, &impl->decode_greedy, &impl->chain[0], &impl->chain[1]};
+  std::vector<const step_plan*> all{&impl->decode,   &impl->prefill,       &impl->decode_greedy, &impl->chain[0],
+                                    &impl->chain[1], &impl->lone_chain[0], &impl->lone_chain[1]};
   for (const step_plan& sp : impl->prompt_pieces) all.push_back(&sp);
   for (const step_plan& sp : impl->batch_steps) all.push_back(&sp);
   for (const step_plan& sp : impl->batch_greedy_steps) all.push_back(&sp);

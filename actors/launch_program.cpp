@@ -378,9 +378,25 @@ bool dims_are(const operand& a, std::initializer_list<int64_t> dims) { return a.
 
 std::string record_name(const lowered_op& o) { return "'" + o.op->name + "' (" + to_string(o.op->op) + ")"; }
 
-/// Why the records of `ls` are not a decode step the kernel runs (empty:
-/// they are, and `fused` is their one record).
-std::string match_decode_step(const lowered_step& ls, lowered_op& fused, int64_t max_cache_rows) {
+/// Whether store_rows node `store` keeps its one row in row 0 of its state:
+/// its position is a constant 0 (an element of a weight of i32, maybe a
+/// view into it). The decode-step kernel writes its token at the output's
+/// first element.
+bool stores_in_row_zero(const graph& g, const node& store) {
+  if (store.inputs.size() != 2) return false;
+  const node& at = g.at(store.inputs[1]);
+  if (at.type != dtype::i32 || at.dims.numel() != 1) return false;
+  const node& w = g.at(at.storage);
+  if (w.op != op_kind::weight || w.type != dtype::i32 || w.dims.rank() != 1 || !w.data || !w.data->has_values())
+    return false;
+  int32_t row = -1;
+  if (error e = w.data->read_slice(0, at.offset, at.offset + 1, &row)) return false;
+  return row == 0;
+}
+
+/// Why the records of `ls` (of a plan over graph `g`) are not a decode step
+/// the kernel runs (empty: they are, and `fused` is their one record).
+std::string match_decode_step(const graph& g, const lowered_step& ls, lowered_op& fused, int64_t max_cache_rows) {
   using fusion = gpu::op_launch::fusion;
   const std::vector<lowered_op>& ops = ls.ops;
   const std::size_t n = ops.size();
@@ -424,9 +440,11 @@ std::string match_decode_step(const lowered_step& ls, lowered_op& fused, int64_t
     return "the logits are copied to " + std::string(to_string(top.out.proto.type));
   if (argmax && (top.out.proto.type != dtype::i32 || top.out.proto.dims.numel() != 1))
     return "more than one greedy token";
+  // Its token kept in a state of one row, or in row 0 of a state of several
+  // (a batched generator's one-token steps: transformer_config::token_state_rows).
   if (tail == 4 &&
       (last.inputs.size() != 2 || !same_bytes(last.inputs[0], top.out) || last.inputs[1].where != region::weights ||
-       last.out.proto.dims.numel() != 1))
+       (last.out.proto.dims.numel() != 1 && !stores_in_row_zero(g, *last.op))))
     return record_name(last) + " keeps no greedy token of its own";
 
   // The embedding: one token of a batch of 1.
@@ -610,7 +628,8 @@ std::string fuse_decode_step(const plan& p, std::vector<lowered_step>& steps, bo
   }
   if (!compute) return no + "no compute step";
   lowered_op one;
-  if (std::string why = match_decode_step(*compute, one, o.decode_step_max_cache_rows); !why.empty()) return no + why;
+  if (std::string why = match_decode_step(p.source(), *compute, one, o.decode_step_max_cache_rows); !why.empty())
+    return no + why;
   const int layers = one.decode_step.layers;
   compute->ops.assign(1, std::move(one));
   fused = true;

@@ -1560,23 +1560,27 @@ const actors::lowered_op* decode_step_record(const launch_program& prog) {
   return one;
 }
 
-/// The greedy forms of the generator's step plans (actors/generator.cpp).
-enum class step_form { logits, argmax, token_state_out, token_states };
+/// The greedy forms of the generator's step plans (actors/generator.cpp);
+/// token_state_rows: token_states in row 0 of states of 4 rows (a batched
+/// generator's one-token steps, transformer_config::token_state_rows).
+enum class step_form { logits, argmax, token_state_out, token_states, token_state_rows };
 
 }  // namespace
 
 TEST(LaunchProgram, AWholeLlamaDecodeStepIsOneRecordOnOneCudaDevice) {
   using fusion = gpu::op_launch::fusion;
   for (int layers : {2, 3})
-    for (step_form form : {step_form::logits, step_form::argmax, step_form::token_state_out, step_form::token_states})
+    for (step_form form : {step_form::logits, step_form::argmax, step_form::token_state_out, step_form::token_states,
+                           step_form::token_state_rows})
       for (bool fold : {true, false}) {
         SCOPED_TRACE(std::to_string(layers) + " layers, form " + std::to_string(static_cast<int>(form)) +
                      (fold ? ", norm weights folded" : ", norm weights read"));
         models::transformer_config cfg = whole_decode_step(layers);
         cfg.argmax_output = form != step_form::logits;
-        if (form == step_form::token_state_out || form == step_form::token_states)
-          cfg.token_state_out = "token_state_b";
-        if (form == step_form::token_states) cfg.token_state_in = "token_state_a";
+        const bool in_state = form == step_form::token_states || form == step_form::token_state_rows;
+        if (form == step_form::token_state_out || in_state) cfg.token_state_out = "token_state_b";
+        if (in_state) cfg.token_state_in = "token_state_a";
+        if (form == step_form::token_state_rows) cfg.token_state_rows = 4;
         plan_options o = decode_step_options();
         o.fold_norm_weights = fold;
         const auto [p, prog] = compile_and_lower(cfg, device_kind::cuda, o);  // hazards checked there
@@ -1622,7 +1626,7 @@ TEST(LaunchProgram, AWholeLlamaDecodeStepIsOneRecordOnOneCudaDevice) {
         };
         // The token: the job's input (in the arena), or the state the
         // slot's previous job kept it in.
-        expect(0, form == step_form::token_states ? region::state : region::arena, dtype::i32, {}, "the token");
+        expect(0, in_state ? region::state : region::arena, dtype::i32, {}, "the token");
         expect(1, region::weights, dtype::bf16, {1000, 256}, "the embedding");
         expect(2, region::arena, dtype::i32, {}, "the rope positions");
         expect(3, region::arena, dtype::i32, {}, "the cache positions");
@@ -1653,7 +1657,7 @@ TEST(LaunchProgram, AWholeLlamaDecodeStepIsOneRecordOnOneCudaDevice) {
                                                              : "token_state_b";
         EXPECT_EQ(r.op->name, last);
         EXPECT_EQ(r.out.proto.type, cfg.argmax_output ? dtype::i32 : dtype::f32);
-        EXPECT_EQ(r.out.proto.dims.numel(), cfg.argmax_output ? 1 : 1000);
+        EXPECT_EQ(r.out.proto.dims.numel(), form == step_form::token_state_rows ? 4 : cfg.argmax_output ? 1 : 1000);
         EXPECT_EQ(r.out.where, form == step_form::logits || form == step_form::argmax ? region::arena : region::state);
         // Its launch record carries the parameters; the weight mask has
         // bits for inputs below 32 only (the embedding and the head, the
@@ -1890,6 +1894,46 @@ TEST(LaunchProgram, ADecodeStepWithQwen3QkNormsIsOneKernel) {
 
 // Not the kernel's step: the records stay as they are without the fusion
 // and the note names why.
+// The kernel writes its greedy token at its output's first element: a step
+// that keeps it in a state of several rows fuses only when the row is 0
+// (its store position a constant 0). The same step with the positions'
+// constant changed to start at row 2 keeps its records.
+TEST(LaunchProgram, ADecodeStepKeepingItsTokenPastRowZeroOfItsStateKeepsItsRecords) {
+  models::transformer_config cfg = whole_decode_step(2);
+  cfg.argmax_output = true;
+  cfg.token_state_in = "token_state_a";
+  cfg.token_state_out = "token_state_b";
+  cfg.token_state_rows = 4;
+  for (const int32_t first_row : {0, 2}) {
+    SCOPED_TRACE("row " + std::to_string(first_row));
+    auto g = models::build_transformer(cfg);
+    ASSERT_TRUE(g.has_value()) << g.err().to_string();
+    std::vector<node> nodes(g->nodes().begin(), g->nodes().end());
+    bool found = false;
+    for (node& n : nodes)
+      if (n.name == "token_state.rows") {
+        n.data = make_host_weight(host_tensor::from_ints({4}, {first_row, first_row + 1, first_row + 2, first_row + 3}));
+        found = true;
+      }
+    ASSERT_TRUE(found) << "no constant token_state.rows";
+    std::vector<node_id> ins(g->inputs().begin(), g->inputs().end()), outs(g->outputs().begin(), g->outputs().end());
+    auto changed = graph::from_nodes(std::move(nodes), std::move(ins), std::move(outs));
+    ASSERT_TRUE(changed.has_value()) << changed.err().to_string();
+    device_spec d;
+    d.name = "cuda0";
+    d.kind = device_kind::cuda;
+    auto p = compile(std::make_shared<const graph>(std::move(*changed)), {d}, decode_step_options());
+    ASSERT_TRUE(p.has_value()) << p.err().to_string();
+    auto prog = lower(*p);
+    ASSERT_TRUE(prog.has_value()) << prog.err().to_string();
+    EXPECT_EQ((*prog)->decode_step_fused(), first_row == 0) << (*prog)->decode_step_note();
+    if (first_row != 0) {
+      EXPECT_NE((*prog)->decode_step_note().find("keeps no greedy token of its own"), std::string::npos)
+          << (*prog)->decode_step_note();
+    }
+  }
+}
+
 TEST(LaunchProgram, ADecodeStepOutsideTheKernelsPatternOrShapesKeepsItsRecords) {
   struct refused {
     std::string what;

@@ -1340,5 +1340,88 @@ TEST(CudaGenerate, BatchedDecodeOfEightSequencesEqualsTheCpuDevice) {
   }
 }
 
+// Pipelined batched greedy steps on one GPU (lane_group's runs: each row's
+// token kept in a state of 8 rows and read back by the next step on the
+// device). f32: 8 greedy sequences in one slot of 8 lanes, all joined
+// before the first goes on, each equal to the cpu device's greedy run of it
+// alone, some tokens pipelined. bf16, the persistent decode-step kernel's
+// dtype: a sequence alone in a slot of 8 lanes runs the one-token plans
+// that keep its token in row 0 of those states (the kernel's output), its
+// tokens those of a slot of its own on the same GPU, 14 of 16 pipelined.
+TEST(CudaGenerate, BatchedGreedyStepsPipelineOnTheDevice) {
+  AG_REQUIRE_GPU(1);
+  for (const dtype type : {dtype::f32, dtype::bf16}) {
+    SCOPED_TRACE(to_string(type));
+    models::transformer_config cfg = whole_step_model(4, 2, 64, 512);
+    cfg.dtype = type;
+    test::temp_dir dir;
+    test::save_random_model(dir.str(), cfg);
+    auto m = models::hf_model::open(dir.str());
+    ASSERT_TRUE(m) << m.err().to_string();
+    const auto make = [&](runtime& rt, int batch) {
+      generator_options go;
+      go.cache_tokens = 160;
+      go.prefill_chunk = 64;
+      go.max_sequences = 8;
+      go.decode_batch = batch;
+      return generator::create(rt, m->model_config(1), m->provider(), go);
+    };
+    auto rt = runtime::create("cuda:0");
+    ASSERT_TRUE(rt) << rt.err().to_string();
+    auto gen = make(**rt, 8);
+    ASSERT_TRUE(gen) << gen.err().to_string();
+    if (type == dtype::bf16) {
+      auto own_slot = make(**rt, 0);
+      ASSERT_TRUE(own_slot) << own_slot.err().to_string();
+      const std::vector<int32_t> prompt = xorshift_prompt(37, 0x9e3779b97f4a7c15ull);
+      generate_options o;
+      o.max_new_tokens = 16;
+      const auto want = (*own_slot)->generate(prompt, o).wait();
+      ASSERT_TRUE(want) << want.err().to_string();
+      const auto got = (*gen)->generate(prompt, o).wait();
+      ASSERT_TRUE(got) << got.err().to_string();
+      EXPECT_EQ(got->tokens, want->tokens) << "alone in a slot of 8 lanes against a slot of its own";
+      EXPECT_EQ(got->tokens_pipelined, 14);
+      continue;
+    }
+    auto cpu_rt = runtime::create("cpu:1");
+    ASSERT_TRUE(cpu_rt) << cpu_rt.err().to_string();
+    auto cpu = make(**cpu_rt, 0);
+    ASSERT_TRUE(cpu) << cpu.err().to_string();
+    std::vector<std::vector<int32_t>> prompts;
+    std::vector<int> max_new;
+    for (int s = 0; s < 8; ++s) {
+      prompts.push_back(xorshift_prompt(static_cast<std::size_t>(5 + 9 * s), 0x2545f4914f6cdd1dull + static_cast<uint64_t>(s)));
+      max_new.push_back(28 - 2 * s);
+    }
+    std::promise<void> release;
+    std::shared_future<void> released = release.get_future().share();
+    std::vector<generation> hs;
+    for (std::size_t s = 0; s < prompts.size(); ++s) {
+      generate_options o;
+      o.max_new_tokens = max_new[s];
+      if (s == 0)
+        o.on_token = [released](int32_t, int64_t k) {
+          if (k == 0) released.wait_for(60s);
+        };
+      hs.push_back((*gen)->generate(prompts[s], o));
+    }
+    release.set_value();
+    int64_t pipelined = 0;
+    for (std::size_t s = 0; s < prompts.size(); ++s) {
+      ASSERT_TRUE(hs[s].wait_for(300s)) << "sequence " << s << " hung";
+      const auto& got = hs[s].wait();
+      ASSERT_TRUE(got) << got.err().to_string();
+      pipelined += got->tokens_pipelined;
+      generate_options o;
+      o.max_new_tokens = max_new[s];
+      const auto want = (*cpu)->generate(prompts[s], o).wait();
+      ASSERT_TRUE(want) << want.err().to_string();
+      EXPECT_EQ(got->tokens, want->tokens) << "sequence " << s;
+    }
+    EXPECT_GT(pipelined, 0) << "no batched step read its tokens on the device";
+  }
+}
+
 }  // namespace
 }  // namespace ag
