@@ -123,7 +123,7 @@ struct counts {
   int64_t windowed_generators = 0;  // generators of a model with a sliding window (a ring cache)
   int64_t batched_generators = 0;   // generators with batched decode steps (decode_batch)
   int64_t tokens_batched = 0;       // tokens whose step carried other sequences' tokens too
-  int64_t batched_pipelined = 0;    // of those, tokens whose step read them from the step before's state
+  int64_t batched_pipelined = 0;    // tokens of those generators whose step read them from the step before's state
 };
 
 class soak {
@@ -481,7 +481,7 @@ class soak {
     for (const auto& [name, v] : rows) std::printf("%-34s %12" PRId64 "\n", name, v);
     std::printf("epochs: %" PRId64 ", devices %s, %" PRId64 " kills and %" PRId64 " resets, faults %s, %" PRId64
                 " of the generators with a sliding window, %" PRId64 " with batched decode steps (%" PRId64
-                " tokens batched, %" PRId64 " of them pipelined)\n",
+                " tokens batched; %" PRId64 " of their tokens pipelined)\n",
                 c_.epochs, o_.devices.c_str(), c_.kills, c_.resets, o_.faults ? "on" : "off", c_.windowed_generators,
                 c_.batched_generators, c_.tokens_batched, c_.batched_pipelined);
     std::printf("generate_soak_sequences: %" PRId64 "\n", c_.sequences);
