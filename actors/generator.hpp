@@ -246,7 +246,10 @@ struct generator_options {
   /// state of N rows that step k kept and is queued behind it, so the
   /// device does not wait for the host between steps (on sim devices that
   /// model a GPU's time, LLaMA-1B's shape, 8 rows: 0.11-0.16 ms idle
-  /// between steps -> 0.000, 2.10-2.16 -> 2.00 ms a step). The run stops
+  /// between steps -> 0.000, 2.10-2.16 -> 2.00 ms a step); a sequence
+  /// alone in its slot does the same on one-token plans that keep its token
+  /// in row 0 of those states (there: 0.92 -> 0.98-0.99 of a slot of its
+  /// own). The run stops
   /// submitting when a row's sequence ends or may end (its token count,
   /// the cache), is cancelled, or a new sequence or a prompt waits; steps
   /// in flight run on and the rows of sequences that ended are dropped.
@@ -255,7 +258,8 @@ struct generator_options {
   /// session 72) a step of 8 rows took 1.68 ms against 0.71 for one
   /// sequence's step: 3.38 x the tokens a second (16 rows: 4.20 x; 4: 1.83;
   /// 2: 0.98). Off by default: a sequence alone in a slot of N lanes has not
-  /// been measured against a slot of its own on a GPU.
+  /// been measured against a slot of its own on a GPU
+  /// (`actorgraph-generate-bench --mode batch --sequences 1 --decode-batch N`).
   int decode_batch = 0;
   plan_options plan;            ///< layout of both plans (stages, devices); state_slots and
                                 ///< share_state_with are set by the generator
