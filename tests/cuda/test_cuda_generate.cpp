@@ -1245,6 +1245,29 @@ TEST(CudaGenerate, WholeDecodeStepGivesTheSameBitsEveryRun) {
   }
 }
 
+// Starts a sequence of max_new[s] tokens per prompt, the first one held on
+// its first token until all have started (so that all are in their slot's
+// lanes before it goes on).
+std::vector<generation> start_all_before_the_first_goes_on(generator& gen,
+                                                           const std::vector<std::vector<int32_t>>& prompts,
+                                                           const std::vector<int>& max_new, bool keep_logits) {
+  std::promise<void> release;
+  std::shared_future<void> released = release.get_future().share();
+  std::vector<generation> hs;
+  for (std::size_t s = 0; s < prompts.size(); ++s) {
+    generate_options o;
+    o.max_new_tokens = max_new[s];
+    o.keep_logits = keep_logits;
+    if (s == 0)
+      o.on_token = [released](int32_t, int64_t k) {
+        if (k == 0) released.wait_for(60s);
+      };
+    hs.push_back(gen.generate(prompts[s], o));
+  }
+  release.set_value();
+  return hs;
+}
+
 // Batched decode steps (generator_options::decode_batch 8) on one GPU: 8
 // sequences of different prompts (5 to 89 tokens, in prefill chunks of 64)
 // and lengths, all in one slot's lanes before the first goes on, decode
@@ -1298,20 +1321,7 @@ TEST(CudaGenerate, BatchedDecodeOfEightSequencesEqualsTheCpuDevice) {
     ASSERT_TRUE(rt) << rt.err().to_string();
     auto gen = make(**rt, 8);
     ASSERT_TRUE(gen) << gen.err().to_string();
-    std::promise<void> release;
-    std::shared_future<void> released = release.get_future().share();
-    std::vector<generation> hs;
-    for (std::size_t s = 0; s < prompts.size(); ++s) {
-      generate_options o;
-      o.max_new_tokens = max_new[s];
-      o.keep_logits = true;
-      if (s == 0)
-        o.on_token = [released](int32_t, int64_t k) {
-          if (k == 0) released.wait_for(60s);
-        };
-      hs.push_back((*gen)->generate(prompts[s], o));
-    }
-    release.set_value();
+    const std::vector<generation> hs = start_all_before_the_first_goes_on(**gen, prompts, max_new, true);
     int64_t batched = 0;
     for (std::size_t s = 0; s < prompts.size(); ++s) {
       ASSERT_TRUE(hs[s].wait_for(300s)) << "sequence " << s << " hung";
@@ -1394,19 +1404,7 @@ TEST(CudaGenerate, BatchedGreedyStepsPipelineOnTheDevice) {
       prompts.push_back(xorshift_prompt(static_cast<std::size_t>(5 + 9 * s), 0x2545f4914f6cdd1dull + static_cast<uint64_t>(s)));
       max_new.push_back(28 - 2 * s);
     }
-    std::promise<void> release;
-    std::shared_future<void> released = release.get_future().share();
-    std::vector<generation> hs;
-    for (std::size_t s = 0; s < prompts.size(); ++s) {
-      generate_options o;
-      o.max_new_tokens = max_new[s];
-      if (s == 0)
-        o.on_token = [released](int32_t, int64_t k) {
-          if (k == 0) released.wait_for(60s);
-        };
-      hs.push_back((*gen)->generate(prompts[s], o));
-    }
-    release.set_value();
+    const std::vector<generation> hs = start_all_before_the_first_goes_on(**gen, prompts, max_new, false);
     int64_t pipelined = 0;
     for (std::size_t s = 0; s < prompts.size(); ++s) {
       ASSERT_TRUE(hs[s].wait_for(300s)) << "sequence " << s << " hung";

@@ -108,18 +108,16 @@ TEST(ReplGenerate, LoadedFolderGeneratesWhatTheGeneratorDoesOnEveryLayout) {
   // depends on when the second joined: the generator's tests hold the first
   // to see it.)
   const std::string want45 = direct_tokens(cfg, {4, 5}, 6);
-  for (const char* layout : {"set stages=1", "set stages=2"}) {
-    f.ok({"devices sim:2 scale=0.01", layout});
-    ASSERT_EQ(f.run("generate ids=1,2,3;4,5 n=6"), exec_status::ok) << f.text;
-    EXPECT_TRUE(has(f.text, "[0] " + want + "(6 tokens, max_tokens)")) << f.text << "\nwant: " << want;
-    EXPECT_TRUE(has(f.text, "[1] " + want45 + "(6 tokens, max_tokens)")) << f.text << "\nwant: " << want45;
-    EXPECT_TRUE(has(f.text, "2 sequences: 12 tokens")) << f.text;
-    EXPECT_TRUE(has(f.text, "in shared steps (batch=2)")) << f.text;
-    ASSERT_EQ(f.run("generate ids=1,2,3;4,5 n=6 batch=0"), exec_status::ok) << f.text;
-    EXPECT_TRUE(has(f.text, "[0] " + want + "(6 tokens, max_tokens)")) << f.text;
-    EXPECT_TRUE(has(f.text, "[1] " + want45 + "(6 tokens, max_tokens)")) << f.text;
-    EXPECT_TRUE(has(f.text, "; 0 in shared steps (batch=0)")) << f.text;
-  }
+  for (const char* layout : {"set stages=1", "set stages=2"})
+    for (const bool shared : {true, false}) {
+      SCOPED_TRACE(std::string(layout) + (shared ? "" : ", batch=0"));
+      f.ok({"devices sim:2 scale=0.01", layout});
+      ASSERT_EQ(f.run(std::string("generate ids=1,2,3;4,5 n=6") + (shared ? "" : " batch=0")), exec_status::ok) << f.text;
+      EXPECT_TRUE(has(f.text, "[0] " + want + "(6 tokens, max_tokens)")) << f.text << "\nwant: " << want;
+      EXPECT_TRUE(has(f.text, "[1] " + want45 + "(6 tokens, max_tokens)")) << f.text << "\nwant: " << want45;
+      EXPECT_TRUE(has(f.text, "2 sequences: 12 tokens")) << f.text;
+      EXPECT_TRUE(has(f.text, shared ? " in shared steps (batch=2)" : "; 0 in shared steps (batch=0)")) << f.text;
+    }
   f.ok({"devices sim:1 scale=0.01", "set stages=1"});
   EXPECT_EQ(f.run("generate ids=1,2;1,41"), exec_status::failed);
   EXPECT_TRUE(has(f.text, "prompt 1 of ids=")) << f.text;
