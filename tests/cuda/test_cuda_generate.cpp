@@ -1245,6 +1245,17 @@ TEST(CudaGenerate, WholeDecodeStepGivesTheSameBitsEveryRun) {
   }
 }
 
+// A generator of 8 sequences of `cache_tokens` each, prompts in chunks of
+// 64, `batch` of them a decode step (generator_options::decode_batch).
+generator_options eight_sequences(int64_t cache_tokens, int batch) {
+  generator_options go;
+  go.cache_tokens = cache_tokens;
+  go.prefill_chunk = 64;
+  go.max_sequences = 8;
+  go.decode_batch = batch;
+  return go;
+}
+
 // Starts a sequence of max_new[s] tokens per prompt, the first one held on
 // its first token until all have started (so that all are in their slot's
 // lanes before it goes on).
@@ -1300,12 +1311,7 @@ TEST(CudaGenerate, BatchedDecodeOfEightSequencesEqualsTheCpuDevice) {
     auto m = models::hf_model::open(dir.str());
     ASSERT_TRUE(m) << m.err().to_string();
     const auto make = [&](runtime& rt, int batch) {
-      generator_options go;
-      go.cache_tokens = f.cache_tokens;
-      go.prefill_chunk = 64;
-      go.max_sequences = 8;
-      go.decode_batch = batch;
-      return generator::create(rt, m->model_config(1), m->provider(), go);
+      return generator::create(rt, m->model_config(1), m->provider(), eight_sequences(f.cache_tokens, batch));
     };
     std::vector<std::vector<int32_t>> prompts;
     std::vector<int> max_new;
@@ -1369,12 +1375,7 @@ TEST(CudaGenerate, BatchedGreedyStepsPipelineOnTheDevice) {
     auto m = models::hf_model::open(dir.str());
     ASSERT_TRUE(m) << m.err().to_string();
     const auto make = [&](runtime& rt, int batch) {
-      generator_options go;
-      go.cache_tokens = 160;
-      go.prefill_chunk = 64;
-      go.max_sequences = 8;
-      go.decode_batch = batch;
-      return generator::create(rt, m->model_config(1), m->provider(), go);
+      return generator::create(rt, m->model_config(1), m->provider(), eight_sequences(160, batch));
     };
     auto rt = runtime::create("cuda:0");
     ASSERT_TRUE(rt) << rt.err().to_string();
