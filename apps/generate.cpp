@@ -25,8 +25,9 @@
 //   checkpoint bytes over the seconds from opening the folder to the end of
 //   compile(), which uploads the weights; device start-up is not included)
 // Several --prompt-ids (or --prompt) flags generate that many sequences at
-// once (a cache slot each; --decode-batch N decodes up to N of them in one
-// job a step, generator_options::decode_batch) and print generated[i],
+// once (a cache slot each; their decode steps shared, up to N of them in
+// one job a step with --decode-batch N, all of them by default,
+// generator_options::decode_batch; 0: a job a sequence) and print generated[i],
 // generated_text[i] and stop_reason[i] for each, then the whole run's
 // tokens, how many shared a step, and generated_tokens_per_s.
 // --dump-logits writes the prompt's logits, float32 [prompt length, vocab],
@@ -63,7 +64,7 @@ struct options {
   std::string model;
   std::vector<std::string> prompt;      ///< --prompt, once per sequence
   std::vector<std::string> prompt_ids;  ///< --prompt-ids, once per sequence
-  int decode_batch = 0;                 ///< generator_options::decode_batch
+  int decode_batch = -1;                ///< generator_options::decode_batch (-1: the prompts' count when several)
   std::string devices = "cpu:1";
   int cpu_threads = 0;  ///< backend_options::cpu_threads_per_stream (0: the machine's, shared among cpu devices)
   int stages = 0;
@@ -168,7 +169,7 @@ int fail(const ag::error& e) {
 
 // Generation through ag::generator: prints the tokens, their text and the
 // prefill / decode figures; several prompts generate together (one slot
-// each, their decode steps batched under --decode-batch) and print their
+// each, their decode steps batched: --decode-batch, the prompts' count by default) and print their
 // lines with [i]. Returns the exit status.
 int generate_tokens(ag::runtime& rt, const ag::models::hf_model& model, const options& o,
                     const std::vector<std::vector<int32_t>>& prompts, const std::vector<int32_t>& eos,
@@ -184,7 +185,7 @@ int generate_tokens(ag::runtime& rt, const ag::models::hf_model& model, const op
   go.max_sequences = static_cast<int>(n);
   go.prefill_chunk = S;
   go.short_prompt_chunk = 0;  // each prompt is one chunk (the shorter ones padded)
-  go.decode_batch = o.decode_batch;
+  go.decode_batch = o.decode_batch >= 0 ? o.decode_batch : several ? static_cast<int>(n) : 0;
   go.plan.pipeline_stages = o.stages;
   go.plan.tensor_parallel = o.tp;
   std::shared_ptr<ag::generator> gen;
@@ -288,7 +289,7 @@ int main(int argc, char** argv) {
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
   app.add_option("--decode-batch", o.decode_batch,
                  "several prompts: decode up to this many sequences in one job a step "
-                 "(generator_options::decode_batch; 0: a job a sequence)")
+                 "(generator_options::decode_batch; default: the prompts' count; 0: a job a sequence)")
       ->check(CLI::Range(0, 256));
   app.add_option("--devices", o.devices, "device spec (sim:2, cpu:1, cuda:0, cuda:all, ...)");
   app.add_option("--cpu-threads", o.cpu_threads,

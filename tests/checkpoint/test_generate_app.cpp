@@ -243,8 +243,8 @@ TEST(GenerateApp, StopStringEndsGenerationWhereTheTextHoldsIt) {
   EXPECT_EQ(field(r.out, "stop_reason"), "stop_condition") << r.out;
 }
 
-// Several --prompt-ids generate together (a slot each; with --decode-batch
-// their decode steps share jobs): each sequence's tokens, printed as
+// Several --prompt-ids generate together (a slot each; their decode steps
+// share jobs unless --decode-batch 0): each sequence's tokens, printed as
 // generated[i], equal recomputing it alone, greedy, on cpu and on two
 // pipelined sim devices; the whole run's figures replace the one-sequence
 // prefill and decode lines.
@@ -267,8 +267,8 @@ TEST(GenerateApp, SeveralPromptsGenerateTogetherAndEachEqualsRecomputing) {
     want.push_back(w);
     args += " --prompt-ids " + ids;
   }
-  for (const std::string flags : {" --devices cpu:1", " --devices cpu:1 --decode-batch 3", " --devices cpu:1 --decode-batch 2",
-                                  " --devices sim:2 --stages 2 --decode-batch 3"}) {
+  for (const std::string flags : {" --devices cpu:1 --decode-batch 0", " --devices cpu:1", " --devices cpu:1 --decode-batch 2",
+                                  " --devices sim:2 --stages 2"}) {
     SCOPED_TRACE(flags);
     const run_result r = run(args + flags);
     ASSERT_EQ(r.rc, 0) << r.out;
@@ -279,13 +279,13 @@ TEST(GenerateApp, SeveralPromptsGenerateTogetherAndEachEqualsRecomputing) {
     EXPECT_EQ(field(r.out, "generated"), "") << "one sequence's line with several: " << r.out;
     EXPECT_EQ(field(r.out, "decode_ms_per_token"), "") << r.out;
     EXPECT_NE(field(r.out, "generated_tokens_per_s"), "") << r.out;
-    // Without --decode-batch no step is shared. With it, how many are
+    // With --decode-batch 0 no step is shared. Otherwise how many are
     // depends on how the sequences' prompts and steps interleave in time
     // (under ASan one sequence may finish before the next joins), so only
     // the count's presence is checked.
     const std::string seqs = field(r.out, "sequences");
     EXPECT_EQ(seqs.rfind("3, 12 tokens generated, ", 0), 0u) << r.out;
-    if (flags.find("--decode-batch") == std::string::npos)
+    if (flags.find("--decode-batch 0") != std::string::npos)
       EXPECT_NE(seqs.find(", 0 of them in steps shared"), std::string::npos) << r.out;
     else
       EXPECT_NE(seqs.find(" of them in steps shared"), std::string::npos) << r.out;
