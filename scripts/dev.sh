@@ -121,7 +121,7 @@ case "$mode" in
     echo "== AddressSanitizer + UndefinedBehaviorSanitizer build (preset asan; CUDA off: nothing runs on a GPU here; its REPL has no GNU readline: the plain line mode)"
     preset_build asan build-asan
     ctest --preset asan -j "$jobs"
-    echo "== ThreadSanitizer over the actors (CAF built with -fsanitize=thread, cached) and the backends (preset tsan-caf-ci)"
+    echo "== ThreadSanitizer over the actors (CAF built with -fsanitize=thread, cached), the backends and the generator (preset tsan-caf-ci)"
     AG_TSAN_CI=1 bash scripts/tsan.sh
     echo "== fuzzing: every target for 20 s (clang, address + undefined)"
     bash scripts/fuzz.sh 20
