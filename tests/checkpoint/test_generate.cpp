@@ -20,6 +20,7 @@
 #include "graph/plan.hpp"
 #include "graph/reference.hpp"
 #include "graph/tensor_parallel.hpp"
+#include "gpu/sim/sim_device.hpp"
 
 using namespace std::chrono_literals;
 using ag::test::temp_dir;
@@ -1424,6 +1425,75 @@ TEST(GenerateBatched, GreedyStepsPipelineAndEqualSoloRuns) {
   for (const run_case& rc : {run_case{"cpu:1"}, run_case{"sim:1"}, run_case{"cpu:2", 1, 2},
                              run_case{"sim:2", 2, 1, false}})
     for (const bool stop_and_cancel : {false, true}) batched_runs_equal_solo(rc, stop_and_cancel);
+}
+
+// A device that dies while a run of pipelined batched steps is in flight
+// (killed from a sequence's own token stream, mid-run): each sequence of
+// the slot either ended before it, equal to its solo run, or fails with
+// errc::device_failed naming the device; none hangs. After reset_device
+// the same generator runs the four again, each equal to its solo run.
+TEST(GenerateBatched, ADeviceDyingMidRunFailsTheRunsSequencesAndTheGeneratorGoesOn) {
+  temp_dir dir;
+  auto m = saved_model(dir, tiny_llama_f32());
+  ASSERT_TRUE(m.has_value()) << m.err().to_string();
+  auto rt = ag::runtime::create("sim:1", fast_sim());
+  ASSERT_TRUE(rt.has_value()) << rt.err().to_string();
+  ag::generator_options go;
+  go.cache_tokens = 16;
+  go.max_sequences = 4;
+  go.prefill_chunk = 4;
+  go.decode_batch = 4;
+  auto gen = ag::generator::create(**rt, m->model_config(1), m->provider(), go);
+  ASSERT_TRUE(gen.has_value()) << gen.err().to_string();
+  const std::vector<std::vector<int32_t>> prompts{{3, 1, 4, 1, 5, 9}, {2, 7}, {1}, {8, 8, 1, 0, 3}};
+  const int max_new[] = {9, 10, 10, 10};
+  std::vector<std::vector<int32_t>> solo;
+  for (std::size_t i = 0; i < prompts.size(); ++i) solo.push_back(alone(**rt, *m, prompts[i], max_new[i], 1));
+  auto* sim = dynamic_cast<ag::gpu::sim::sim_device*>((*rt)->device(0).get());
+  ASSERT_NE(sim, nullptr);
+  held_first hold;
+  std::vector<ag::generation> hs;
+  for (std::size_t i = 0; i < prompts.size(); ++i) {
+    ag::generate_options o;
+    o.max_new_tokens = max_new[i];
+    if (i == 0)
+      o.on_token = [&](int32_t, int64_t k) {
+        if (k == 0) hold.released.wait_for(60s);
+      };
+    if (i == 3)  // its fifth token: every sequence decodes in the slot's run by then
+      o.on_token = [sim](int32_t, int64_t k) {
+        if (k == 4) sim->kill("killed by the test");
+      };
+    hs.push_back((*gen)->generate(prompts[i], o));
+  }
+  hold.release.set_value();
+  int failed = 0;
+  for (std::size_t i = 0; i < hs.size(); ++i) {
+    ASSERT_TRUE(hs[i].wait_for(120s)) << "sequence " << i << " hung";
+    const auto& r = hs[i].wait();
+    if (r.has_value()) {
+      EXPECT_EQ(r->tokens, solo[i]) << "sequence " << i << " ended before the death, unlike its solo run";
+      continue;
+    }
+    ++failed;
+    EXPECT_EQ(r.err().code, ag::errc::device_failed) << "sequence " << i << ": " << r.err().to_string();
+    EXPECT_EQ(r.err().device, 0) << r.err().to_string();
+  }
+  EXPECT_FALSE(hs[3].wait().has_value()) << "the sequence that killed the device ended well";
+  EXPECT_GE(failed, 3) << "the run's sequences outlived the device";
+  ASSERT_FALSE((*rt)->reset_device(0));
+  for (std::size_t i = 0; i < prompts.size(); ++i) {
+    ag::generate_options o;
+    o.max_new_tokens = max_new[i];
+    hs[i] = (*gen)->generate(prompts[i], o);
+  }
+  for (std::size_t i = 0; i < hs.size(); ++i) {
+    ASSERT_TRUE(hs[i].wait_for(120s)) << "sequence " << i << " hung after the reset";
+    const auto& r = hs[i].wait();
+    ASSERT_TRUE(r.has_value()) << r.err().to_string();
+    EXPECT_EQ(r->tokens, solo[i]) << "sequence " << i << " after the reset";
+  }
+  EXPECT_EQ((*gen)->active_sequences(), 0);
 }
 
 TEST(GenerateBatched, BadBatchOptionsAreRefusedNamingThem) {
