@@ -1320,6 +1320,34 @@ struct run_case {
   bool pipelines = true;
 };
 
+// The runs' four sequences: at most three prompt pieces go before every
+// sequence feeds a token a step, when sequence 0 has at least 5 tokens to
+// go and the others at least 9.
+const std::vector<std::vector<int32_t>> run_prompts{{3, 1, 4, 1, 5, 9}, {2, 7}, {1}, {8, 8, 1, 0, 3}};
+constexpr int run_max_new[] = {9, 10, 10, 10};
+
+// Starts the four on `gen`, sequence 0 held on its first token until all
+// have started (so all four are in the slot's lanes before it goes on);
+// `adjust(i, o)` sets more of sequence i's options (not sequence 0's
+// on_token).
+std::vector<ag::generation> start_runs_held(ag::generator& gen,
+                                            const std::function<void(std::size_t, ag::generate_options&)>& adjust) {
+  held_first hold;
+  std::vector<ag::generation> hs;
+  for (std::size_t i = 0; i < run_prompts.size(); ++i) {
+    ag::generate_options o;
+    o.max_new_tokens = run_max_new[i];
+    adjust(i, o);
+    if (i == 0)
+      o.on_token = [released = hold.released](int32_t, int64_t k) {
+        if (k == 0) released.wait_for(60s);
+      };
+    hs.push_back(gen.generate(run_prompts[i], o));
+  }
+  hold.release.set_value();
+  return hs;
+}
+
 void batched_runs_equal_solo(const run_case& rc, bool stop_and_cancel) {
   SCOPED_TRACE(rc.spec + ", stages " + std::to_string(rc.stages) + ", tp " + std::to_string(rc.tp) +
                (stop_and_cancel ? ", a stop id and a cancel" : ""));
@@ -1337,10 +1365,8 @@ void batched_runs_equal_solo(const run_case& rc, bool stop_and_cancel) {
   go.plan.tensor_parallel = rc.tp;
   auto gen = ag::generator::create(**rt, m->model_config(1), m->provider(), go);
   ASSERT_TRUE(gen.has_value()) << gen.err().to_string();
-  // At most three prompt pieces before every sequence feeds a token a step:
-  // sequence 0 then has at least 5 tokens to go, the others at least 9.
-  const std::vector<std::vector<int32_t>> prompts{{3, 1, 4, 1, 5, 9}, {2, 7}, {1}, {8, 8, 1, 0, 3}};
-  const int max_new[] = {9, 10, 10, 10};
+  const auto& prompts = run_prompts;
+  const auto& max_new = run_max_new;
   std::vector<std::vector<int32_t>> solo;
   for (std::size_t i = 0; i < prompts.size(); ++i) solo.push_back(alone(**rt, *m, prompts[i], max_new[i], rc.stages));
   // Sequence 1 stops at its fifth token's id (or where that id first
@@ -1351,26 +1377,18 @@ void batched_runs_equal_solo(const run_case& rc, bool stop_and_cancel) {
     want1.resize(static_cast<std::size_t>(std::find(solo[1].begin(), solo[1].end(), stop_id) - solo[1].begin()) + 1);
     want2.resize(6);
   }
-  held_first hold;
-  auto self = std::make_shared<std::promise<ag::generation>>();
-  std::shared_future<ag::generation> handle2 = self->get_future().share();
-  std::vector<ag::generation> hs;
-  for (std::size_t i = 0; i < prompts.size(); ++i) {
-    ag::generate_options o;
-    o.max_new_tokens = max_new[i];
-    if (i == 0)
-      o.on_token = [&](int32_t, int64_t k) {
-        if (k == 0) hold.released.wait_for(60s);
-      };
+  // Sequence 2's handle, for its own token stream to cancel it by (its
+  // sixth token comes after the handle is set).
+  std::promise<ag::generation> self;
+  std::shared_future<ag::generation> handle2 = self.get_future().share();
+  std::vector<ag::generation> hs = start_runs_held(**gen, [&](std::size_t i, ag::generate_options& o) {
     if (stop_and_cancel && i == 1) o.stop_ids = {stop_id};
     if (stop_and_cancel && i == 2)
       o.on_token = [handle2](int32_t, int64_t k) {
         if (k == 5) handle2.get().cancel();
       };
-    hs.push_back((*gen)->generate(prompts[i], o));
-    if (i == 2) self->set_value(hs.back());
-  }
-  hold.release.set_value();
+  });
+  self.set_value(hs[2]);
   int64_t pipelined = 0;
   for (std::size_t i = 0; i < hs.size(); ++i) {
     ASSERT_TRUE(hs[i].wait_for(120s)) << "sequence " << i << " hung";
@@ -1445,28 +1463,18 @@ TEST(GenerateBatched, ADeviceDyingMidRunFailsTheRunsSequencesAndTheGeneratorGoes
   go.decode_batch = 4;
   auto gen = ag::generator::create(**rt, m->model_config(1), m->provider(), go);
   ASSERT_TRUE(gen.has_value()) << gen.err().to_string();
-  const std::vector<std::vector<int32_t>> prompts{{3, 1, 4, 1, 5, 9}, {2, 7}, {1}, {8, 8, 1, 0, 3}};
-  const int max_new[] = {9, 10, 10, 10};
+  const auto& prompts = run_prompts;
+  const auto& max_new = run_max_new;
   std::vector<std::vector<int32_t>> solo;
   for (std::size_t i = 0; i < prompts.size(); ++i) solo.push_back(alone(**rt, *m, prompts[i], max_new[i], 1));
   auto* sim = dynamic_cast<ag::gpu::sim::sim_device*>((*rt)->device(0).get());
   ASSERT_NE(sim, nullptr);
-  held_first hold;
-  std::vector<ag::generation> hs;
-  for (std::size_t i = 0; i < prompts.size(); ++i) {
-    ag::generate_options o;
-    o.max_new_tokens = max_new[i];
-    if (i == 0)
-      o.on_token = [&](int32_t, int64_t k) {
-        if (k == 0) hold.released.wait_for(60s);
-      };
+  std::vector<ag::generation> hs = start_runs_held(**gen, [sim](std::size_t i, ag::generate_options& o) {
     if (i == 3)  // its fifth token: every sequence decodes in the slot's run by then
       o.on_token = [sim](int32_t, int64_t k) {
         if (k == 4) sim->kill("killed by the test");
       };
-    hs.push_back((*gen)->generate(prompts[i], o));
-  }
-  hold.release.set_value();
+  });
   int failed = 0;
   for (std::size_t i = 0; i < hs.size(); ++i) {
     ASSERT_TRUE(hs[i].wait_for(120s)) << "sequence " << i << " hung";
