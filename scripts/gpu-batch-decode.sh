@@ -5,7 +5,7 @@
 # apart (transformer_config::rows_apart) are right and pay. From the
 # repository root of a GPU machine, .device-deps carried; builds what it
 # runs. Stages, one or more a device call (600 s a call):
-#   bash scripts/gpu-batch-decode.sh OUTDIR tests [steps] [kernels]
+#   bash scripts/gpu-batch-decode.sh OUTDIR tests [steps] [skips] [kernels]
 #   tests:   the CUDA tests of the few-row products, the projection groups
 #            (norms, ropes), fused attention and the generator's CUDA tests
 #            (the batched decode of 8 sequences against the cpu device);
@@ -14,17 +14,17 @@
 #            are and without pipelined steps (--pipeline-depth 1), 2 / 4 /
 #            16, a sequence alone in a slot of 8 lanes and of 2 lanes
 #            against a slot of its own (--sequences 1 --decode-batch N:
-#            whether decode_batch can be on by default), and 8 with each
-#            kind of fused record left out (AG_CUDA_DEBUG_SKIP: timing only,
-#            values wrong); each line has the step's device time and the
-#            idle time between steps;
+#            whether decode_batch can be on by default); each line has the
+#            step's device time and the idle time between steps;
+#   skips:   8 sequences with each kind of fused record left out
+#            (AG_CUDA_DEBUG_SKIP: timing only, values wrong);
 #   kernels: the decode step's kernels one by one at 2, 4 and 8 rows of x:
 #            the FMA GEMV, cuBLAS and the tensor cores
 #            (actorgraph-cuda-bench --decode-kernels --decode-rows N).
 set -uo pipefail
-out="${1:?usage: gpu-batch-decode.sh OUTDIR tests|steps|kernels...}"
+out="${1:?usage: gpu-batch-decode.sh OUTDIR tests|steps|skips|kernels...}"
 shift
-[ $# -ge 1 ] || { echo "usage: gpu-batch-decode.sh OUTDIR tests|steps|kernels..." >&2; exit 2; }
+[ $# -ge 1 ] || { echo "usage: gpu-batch-decode.sh OUTDIR tests|steps|skips|kernels..." >&2; exit 2; }
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$here"
 mkdir -p "$out"
@@ -36,8 +36,8 @@ for stage in "$@"; do
   case "$stage" in
     tests) targets+=(test_cuda) ;;
     kernels) targets+=(actorgraph-cuda-bench) ;;
-    steps) targets+=(actorgraph-generate-bench actorgraph-save-model) ;;
-    *) echo "gpu-batch-decode.sh: a stage is tests, steps or kernels, got '$stage'" >&2; exit 2 ;;
+    steps|skips) targets+=(actorgraph-generate-bench actorgraph-save-model) ;;
+    *) echo "gpu-batch-decode.sh: a stage is tests, steps, skips or kernels, got '$stage'" >&2; exit 2 ;;
   esac
 done
 AG_GPU_RUN_STEPS="configure" bash scripts/gpu-run.sh "$out/build" > "$out/build.txt" 2>&1
@@ -78,7 +78,11 @@ for stage in "$@"; do
       run n2 --sequences 2
       run n4 --sequences 4
       run n16 --sequences 16
-      for kind in attention shared gated residual; do AG_CUDA_DEBUG_SKIP=$kind run "n8-skip-$kind" --sequences 8; done
       echo "steps at $(( $(date +%s) - t0 )) s" ;;
+    skips)
+      model=/tmp/ag-llama-1b
+      [ -f "$model/config.json" ] || $B/apps/actorgraph-save-model --out $model --shape llama-1b > /dev/null 2>&1
+      for kind in attention shared gated residual; do AG_CUDA_DEBUG_SKIP=$kind run "n8-skip-$kind" --sequences 8; done
+      echo "skips at $(( $(date +%s) - t0 )) s" ;;
   esac
 done
