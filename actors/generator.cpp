@@ -1216,6 +1216,30 @@ int generator::waiting_sequences() const {
   return static_cast<int>(impl_->waiting.size());
 }
 
+namespace {
+
+// generator_options::decode_batch = -1: batched decode steps where the plans
+// run as one pipeline stage (one device, or one tensor-parallel group), the
+// max_sequences spread over as few slots of at most 8 lanes as hold them
+// (12: two slots of 6), so that the caches take what max_sequences asks,
+// give or take a lane a slot. Over several stages each sequence keeps a slot
+// of its own: the stages then interleave the sequences' steps, which one
+// batch, a stage at a time, would not.
+int automatic_decode_batch(const runtime& rt, const generator_options& o) {
+  const plan_options& p = o.plan;
+  const int degree = std::max(p.tensor_parallel, 1);
+  const bool one_stage = p.policy == placement_policy::single || p.pipeline_stages == 1 ||
+                         (p.pipeline_stages == 0 && static_cast<int>(rt.devices().size()) <= degree);
+  if (!one_stage || o.max_sequences < 2) return 0;
+  const int slots = (o.max_sequences + 7) / 8;
+  const int lanes = (o.max_sequences + slots - 1) / slots;
+  // The lanes' masks key positions as i32 (checked below for a chosen N).
+  if (static_cast<int64_t>(lanes) * o.cache_tokens > std::numeric_limits<int32_t>::max()) return 0;
+  return lanes;
+}
+
+}  // namespace
+
 expected<std::shared_ptr<generator>> generator::create(runtime& rt, models::transformer_config cfg,
                                                        models::weight_provider weights, generator_options options) {
   auto bad = [](std::string msg) { return error{errc::invalid_argument, "generator: " + std::move(msg)}; };
@@ -1226,8 +1250,9 @@ expected<std::shared_ptr<generator>> generator::create(runtime& rt, models::tran
     return bad("prefill_chunk must be >= 0, got " + std::to_string(options.prefill_chunk));
   if (options.short_prompt_chunk < 0)
     return bad("short_prompt_chunk must be >= 0, got " + std::to_string(options.short_prompt_chunk));
-  if (options.decode_batch < 0 || options.decode_batch > 256)
-    return bad("decode_batch must be 0..256, got " + std::to_string(options.decode_batch));
+  if (options.decode_batch < -1 || options.decode_batch > 256)
+    return bad("decode_batch must be -1 (automatic) or 0..256, got " + std::to_string(options.decode_batch));
+  if (options.decode_batch == -1) options.decode_batch = automatic_decode_batch(rt, options);
   cfg.batch = 1;
   // Under a sliding window a query sees its last `window` positions, a
   // prefill chunk's first query reaching chunk - 1 positions further back

@@ -225,14 +225,16 @@ struct generator_options {
   /// 0.023 ms (0.031 with the old turn). To be measured on GPUs again.
   bool pipeline_across_stages = false;
   /// Decode steps of up to this many sequences in one job (continuous
-  /// batching); 0 or 1: each sequence's steps are jobs of their own. With
+  /// batching); 0 or 1: each sequence's steps are jobs of their own; -1 (the
+  /// default): automatic, below. With
   /// N >= 2 a state slot holds N sequences' caches side by side (lanes of
   /// cache_rows() rows each; max_sequences rounded up to a multiple of N),
   /// and the sequences of a slot decode together: one job carries one new
   /// token of each, so the model's weights are read once for all of them
   /// (plans of 2, 4, ... N rows, each row a sequence, masks built on the
   /// device from the lanes' positions; a sequence alone in its slot takes
-  /// the one-token plans). A prompt's pieces are jobs of the slot too, taking
+  /// the one-token plans). Sequences take the lanes of a slot before the
+  /// next slot's. A prompt's pieces are jobs of the slot too, taking
   /// turns with the slot's decode steps, so a new sequence joins the batch
   /// after its prompt. Each sequence samples its own token (its own options)
   /// on the host, from its row of the step's logits; a step whose every
@@ -244,23 +246,30 @@ struct generator_options {
   /// the same layouts): while the same sequences feed a token a step and no
   /// other waits in the slot, step k + 1 reads each row's token from a
   /// state of N rows that step k kept and is queued behind it, so the
-  /// device does not wait for the host between steps (on sim devices that
-  /// model a GPU's time, LLaMA-1B's shape, 8 rows: 0.11-0.16 ms idle
-  /// between steps -> 0.000, 2.10-2.16 -> 2.00 ms a step); a sequence
-  /// alone in its slot does the same on one-token plans that keep its token
-  /// in row 0 of those states (there: 0.92 -> 0.98-0.99 of a slot of its
-  /// own). The run stops
-  /// submitting when a row's sequence ends or may end (its token count,
-  /// the cache), is cancelled, or a new sequence or a prompt waits; steps
-  /// in flight run on and the rows of sequences that ended are dropped.
-  /// A job that fails fails every sequence in it. 0..256.
-  /// On an H200 (LLaMA-1B's shape, 512-token prompts; docs/BENCHMARKS.md,
-  /// session 72) a step of 8 rows took 1.68 ms against 0.71 for one
-  /// sequence's step: 3.38 x the tokens a second (16 rows: 4.20 x; 4: 1.83;
-  /// 2: 0.98). Off by default: a sequence alone in a slot of N lanes has not
-  /// been measured against a slot of its own on a GPU
-  /// (`actorgraph-generate-bench --mode batch --sequences 1 --decode-batch N`).
-  int decode_batch = 0;
+  /// device does not wait for the host between steps; a sequence alone in
+  /// its slot does the same on one-token plans that keep its token in row 0
+  /// of those states. The run stops submitting when a row's sequence ends
+  /// or may end (its token count, the cache), is cancelled, or a new
+  /// sequence or a prompt waits; steps in flight run on and the rows of
+  /// sequences that ended are dropped. A job that fails fails every
+  /// sequence in it. -1..256.
+  ///
+  /// Automatic (-1): where the plans run as one pipeline stage (one device,
+  /// or one tensor-parallel group: placement_policy::single,
+  /// pipeline_stages 1, or no more devices than tensor_parallel), N spreads
+  /// max_sequences over as few slots of at most 8 lanes as hold them (8: one
+  /// slot of 8; 12: two of 6; 1: off), so the caches take what max_sequences
+  /// asks, give or take a lane a slot; over several stages it is off, each
+  /// sequence in a slot of its own, so that the stages interleave the
+  /// sequences' steps. Measured on one H100 (LLaMA-1B's shape, 512-token
+  /// prompts, 128 new tokens; docs/BENCHMARKS.md, session 74), tokens a
+  /// second against each sequence a job of its own: 1.19 x at 2 sequences,
+  /// 2.28 x at 4, 4.24 x at 8, 5.32 x at 16 (a step of 8 rows 1.68 ms
+  /// against 0.91 for one sequence's); a sequence alone in a slot of 2 or 8
+  /// lanes 1.00 x (0.913 / 0.915 ms a token). On cpu:1 (2 layers of
+  /// LLaMA-1B) 2.7 x at 4 sequences, a lone one 0.96-0.99 (the machine's
+  /// noise).
+  int decode_batch = -1;
   plan_options plan;            ///< layout of both plans (stages, devices); state_slots and
                                 ///< share_state_with are set by the generator
 };

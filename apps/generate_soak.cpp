@@ -188,8 +188,11 @@ class soak {
       go.device_greedy = uni() < 0.8;
       go.prefill_chunk = uni() < 0.5 ? 4 : 0;
       // A third batch their decode steps: 2..4 sequences a slot, a job a
-      // step for all of them (its faults fail every sequence in it).
-      go.decode_batch = uni() < 1.0 / 3 ? 2 + pick(3) : 0;
+      // step for all of them (its faults fail every sequence in it); a
+      // third leave it to the generator (-1: batched on one stage), a third
+      // step each sequence alone.
+      const double batching = uni();
+      go.decode_batch = batching < 1.0 / 3 ? 2 + pick(3) : batching < 2.0 / 3 ? -1 : 0;
       go.plan.pipeline_stages = l.stages;
       go.plan.tensor_parallel = l.tp;
       char name[192];
@@ -197,7 +200,9 @@ class soak {
                     l.tp, go.pipeline_depth, go.pipeline_across_stages ? " (across stages)" : "", go.max_sequences,
                     go.prefill_chunk ? " prefill 4" : "", go.device_greedy ? "" : " host sampling",
                     m.sliding_window ? (" window " + std::to_string(m.sliding_window)).c_str() : "",
-                    go.decode_batch ? (" batch " + std::to_string(go.decode_batch)).c_str() : "");
+                    go.decode_batch < 0   ? " batch auto"
+                    : go.decode_batch > 0 ? (" batch " + std::to_string(go.decode_batch)).c_str()
+                                          : "");
       gc.name = name;
       auto g = ag::generator::create(rt, m, {}, go);
       if (!g) {
@@ -206,7 +211,7 @@ class soak {
       }
       gc.gen = std::move(*g);
       c_.windowed_generators += m.sliding_window > 0;
-      c_.batched_generators += go.decode_batch > 0;
+      c_.batched_generators += gc.gen->lanes_per_slot() > 1;
       for (int d : gc.gen->decode_plan().used_devices()) gc.devices.insert(d);
       ag::generator_options solo_opts = go;
       solo_opts.pipeline_depth = 1;

@@ -16,6 +16,7 @@
 #include <map>
 #include <string>
 #include <thread>
+#include <utility>
 
 #include "actors/actorgraph.hpp"
 #include "actors/generator.hpp"
@@ -468,6 +469,7 @@ TEST(GeneratePipelined, ManySequencesOnOneDeviceEqualTheirSoloRunsOneStepAtATime
     go.cache_tokens = 16;
     go.max_sequences = 3;  // 7 sequences: four wait for a slot
     go.pipeline_depth = 3;
+    go.decode_batch = 0;  // a slot a sequence: each pipelines on its own
     auto gen = ag::generator::create(**rt, cfg, {}, go);
     ASSERT_TRUE(gen.has_value()) << gen.err().to_string();
     const std::vector<std::vector<int32_t>> prompts{{1, 2, 3}, {7, 7}, {40, 0, 13, 2}, {5},
@@ -540,12 +542,14 @@ TEST(GeneratePipelined, NoTokenIsStreamedOnTheThreadInsideGenerate) {
   ro.backend.sim.jitter = 0;
   auto rt = ag::runtime::create("sim:1", ro);
   ASSERT_TRUE(rt.has_value()) << rt.err().to_string();
-  for (int depth : {1, 16}) {
-    SCOPED_TRACE("pipeline_depth " + std::to_string(depth));
+  // A slot a sequence, and slots of 8 lanes (the automatic choice on one device).
+  for (auto [depth, batch] : {std::pair{1, 0}, std::pair{16, 0}, std::pair{1, -1}, std::pair{16, -1}}) {
+    SCOPED_TRACE("pipeline_depth " + std::to_string(depth) + ", decode_batch " + std::to_string(batch));
     ag::generator_options go;
     go.cache_tokens = 16;
     go.max_sequences = 24;  // every sequence starts inside its generate()
     go.pipeline_depth = depth;
+    go.decode_batch = batch;
     auto gen = ag::generator::create(**rt, cfg, {}, go);
     ASSERT_TRUE(gen.has_value()) << gen.err().to_string();
     const std::thread::id caller = std::this_thread::get_id();
@@ -590,6 +594,7 @@ TEST(GeneratePipelined, ADeviceDyingUnderQueuedStepsEndsItsSequencesAndTheGenera
   go.cache_tokens = 16;
   go.max_sequences = 3;
   go.pipeline_depth = 3;
+  go.decode_batch = 0;  // a slot a sequence (batched runs: GenerateBatched.ADeviceDyingMidRun...)
   auto gen = ag::generator::create(**rt, cfg, {}, go);
   ASSERT_TRUE(gen.has_value()) << gen.err().to_string();
   auto* dev = dynamic_cast<ag::gpu::sim::sim_device*>((*rt)->device(0).get());

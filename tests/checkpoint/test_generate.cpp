@@ -1504,6 +1504,82 @@ TEST(GenerateBatched, ADeviceDyingMidRunFailsTheRunsSequencesAndTheGeneratorGoes
   EXPECT_EQ((*gen)->active_sequences(), 0);
 }
 
+// decode_batch -1 (the default): lanes where the plans run as one stage,
+// max_sequences spread over slots of at most 8; a slot a sequence over
+// several stages. The caches hold what max_sequences asks (give or take a
+// lane a slot), and sequences started together share their steps and equal
+// their solo runs.
+TEST(GenerateBatched, TheAutomaticChoiceBatchesOneStageLayoutsWithinMaxSequences) {
+  temp_dir dir;
+  auto m = saved_model(dir, tiny_llama_f32());
+  ASSERT_TRUE(m.has_value()) << m.err().to_string();
+  struct choice {
+    const char* spec;
+    int max_sequences;
+    int stages, tp;
+    ag::placement_policy policy;
+    int lanes;  // expected lanes_per_slot()
+  };
+  const auto automatic = ag::placement_policy::automatic, single = ag::placement_policy::single;
+  for (const choice& c : std::vector<choice>{{"sim:1", 8, 0, 1, automatic, 8},
+                                             {"sim:1", 12, 0, 1, automatic, 6},  // two slots of 6
+                                             {"sim:1", 17, 0, 1, automatic, 6},  // three of 6: one lane more
+                                             {"sim:1", 3, 0, 1, automatic, 3},
+                                             {"sim:1", 1, 0, 1, automatic, 1},
+                                             {"sim:2", 8, 0, 1, automatic, 1},  // two stages: a slot a sequence
+                                             {"sim:2", 8, 2, 1, automatic, 1},
+                                             {"sim:2", 8, 1, 1, automatic, 8},
+                                             {"sim:2", 8, 0, 2, automatic, 8},  // one tensor-parallel stage
+                                             {"sim:2", 8, 0, 1, single, 8}}) {
+    SCOPED_TRACE(std::string(c.spec) + ", max_sequences " + std::to_string(c.max_sequences) + ", stages " +
+                 std::to_string(c.stages) + ", tp " + std::to_string(c.tp) +
+                 (c.policy == single ? ", single" : ""));
+    auto rt = ag::runtime::create(c.spec, fast_sim());
+    ASSERT_TRUE(rt.has_value()) << rt.err().to_string();
+    ag::generator_options go;
+    go.cache_tokens = 16;
+    go.max_sequences = c.max_sequences;
+    go.plan.pipeline_stages = c.stages;
+    go.plan.tensor_parallel = c.tp;
+    go.plan.policy = c.policy;
+    ASSERT_EQ(go.decode_batch, -1) << "the default is the automatic choice";
+    auto gen = ag::generator::create(**rt, m->model_config(1), m->provider(), go);
+    ASSERT_TRUE(gen.has_value()) << gen.err().to_string();
+    EXPECT_EQ((*gen)->lanes_per_slot(), c.lanes);
+    go.decode_batch = 0;
+    auto unbatched = ag::generator::create(**rt, m->model_config(1), m->provider(), go);
+    ASSERT_TRUE(unbatched.has_value()) << unbatched.err().to_string();
+    EXPECT_EQ((*unbatched)->lanes_per_slot(), 1);
+    // The caches: a lane more a slot at most (17: 18 lanes), and the
+    // token states.
+    const int slots = (c.max_sequences + c.lanes - 1) / c.lanes;
+    const double lanes_over_asked = static_cast<double>(slots * c.lanes) / c.max_sequences;
+    EXPECT_LE(static_cast<double>((*gen)->cache_bytes()),
+              static_cast<double>((*unbatched)->cache_bytes()) * lanes_over_asked * 1.02);
+  }
+  // Four sequences started together on one device share their steps.
+  auto rt = ag::runtime::create("sim:1", fast_sim());
+  ASSERT_TRUE(rt.has_value()) << rt.err().to_string();
+  std::vector<std::vector<int32_t>> solo;
+  for (std::size_t i = 0; i < run_prompts.size(); ++i) solo.push_back(alone(**rt, *m, run_prompts[i], run_max_new[i], 0));
+  ag::generator_options go;
+  go.cache_tokens = 16;
+  go.max_sequences = 4;
+  auto gen = ag::generator::create(**rt, m->model_config(1), m->provider(), go);
+  ASSERT_TRUE(gen.has_value()) << gen.err().to_string();
+  ASSERT_EQ((*gen)->lanes_per_slot(), 4);
+  std::vector<ag::generation> hs = start_runs_held(**gen, [](std::size_t, ag::generate_options&) {});
+  int64_t batched = 0;
+  for (std::size_t i = 0; i < hs.size(); ++i) {
+    ASSERT_TRUE(hs[i].wait_for(120s)) << "sequence " << i << " hung";
+    const auto& r = hs[i].wait();
+    ASSERT_TRUE(r.has_value()) << r.err().to_string();
+    EXPECT_EQ(r->tokens, solo[i]) << "sequence " << i << " differs from its solo run";
+    batched += r->tokens_batched;
+  }
+  EXPECT_GT(batched, 0) << "no decode step carried two sequences";
+}
+
 TEST(GenerateBatched, BadBatchOptionsAreRefusedNamingThem) {
   const auto cfg = ag::test::tiny_model(ag::models::model_variant::gpt2);
   auto rt = ag::runtime::create("cpu:1");
@@ -1512,7 +1588,12 @@ TEST(GenerateBatched, BadBatchOptionsAreRefusedNamingThem) {
   go.decode_batch = 257;
   auto gen = ag::generator::create(**rt, cfg, {}, go);
   ASSERT_FALSE(gen.has_value());
-  EXPECT_NE(gen.err().message.find("decode_batch must be 0..256, got 257"), std::string::npos) << gen.err().message;
+  EXPECT_NE(gen.err().message.find("decode_batch must be -1 (automatic) or 0..256, got 257"), std::string::npos)
+      << gen.err().message;
+  go.decode_batch = -2;
+  gen = ag::generator::create(**rt, cfg, {}, go);
+  ASSERT_FALSE(gen.has_value());
+  EXPECT_NE(gen.err().message.find("got -2"), std::string::npos) << gen.err().message;
   auto llama = ag::test::tiny_model(ag::models::model_variant::llama, 2);
   go.decode_batch = 256;
   go.cache_tokens = int64_t{1} << 24;

@@ -141,6 +141,7 @@ void decode_on(const std::string& spec, int stages, bool fuse_ops = false, int64
     generator_options go;
     go.cache_tokens = 16;
     go.prefill_chunk = 4;
+    go.decode_batch = 0;  // a slot a sequence (lanes on the GPU: BatchedDecodeOfEightSequences...)
     go.plan.pipeline_stages = stages;
     go.plan.tensor_parallel = tensor_degree;
     go.plan.fuse_ops = fuse_ops;
@@ -976,6 +977,7 @@ TEST(CudaGenerate, WholeDecodeStepAsOneKernelEqualsRecompute) {
     generator_options go;
     go.cache_tokens = sh.cache;
     go.prefill_chunk = 4;
+    go.decode_batch = 0;  // a slot a sequence: its own cache rows, the one-kernel step's limit
     auto gen = generator::create(**rt, m->model_config(1), m->provider(), go);
     ASSERT_TRUE(gen) << gen.err().to_string();
     ASSERT_EQ(whole_step_records((*gen)->decode_plan()), 1) << "the decode step is not one kernel";
@@ -1031,6 +1033,7 @@ TEST(CudaGenerate, Qwen2BiasesQwen3NormsAndWindowsInTheWholeStepAndLlamaAttentio
     generator_options go;
     go.cache_tokens = 80;
     go.prefill_chunk = 4;
+    go.decode_batch = 0;  // a slot a sequence
     auto gen = generator::create(**rt, m->model_config(1), m->provider(), go);
     ASSERT_TRUE(gen) << gen.err().to_string();
     // A window's cache is a ring of window + 3 rows, which the 12 positions go round.
@@ -1217,6 +1220,7 @@ TEST(CudaGenerate, WholeDecodeStepGivesTheSameBitsEveryRun) {
     ASSERT_TRUE(m) << m.err().to_string();
     generator_options go;
     go.cache_tokens = 300;
+    go.decode_batch = 0;  // a slot a sequence: 300 rows, within the one-kernel step's limit
     auto gen = generator::create(**rt, m->model_config(1), m->provider(), go);
     ASSERT_TRUE(gen) << gen.err().to_string();
     ASSERT_EQ(whole_step_records((*gen)->decode_plan()), 1) << "the decode step is not one kernel";
