@@ -1231,7 +1231,7 @@ int automatic_decode_batch(const runtime& rt, const generator_options& o) {
   const bool one_stage = p.policy == placement_policy::single || p.pipeline_stages == 1 ||
                          (p.pipeline_stages == 0 && static_cast<int>(rt.devices().size()) <= degree);
   if (!one_stage || o.max_sequences < 2) return 0;
-  const int slots = (o.max_sequences + 7) / 8;
+  const int slots = (o.max_sequences + 7) / 8;  // max_sequences is 1..65536 here
   const int lanes = (o.max_sequences + slots - 1) / slots;
   // The lanes' masks key positions as i32 (checked below for a chosen N).
   if (static_cast<int64_t>(lanes) * o.cache_tokens > std::numeric_limits<int32_t>::max()) return 0;
@@ -1246,6 +1246,8 @@ expected<std::shared_ptr<generator>> generator::create(runtime& rt, models::tran
   if (options.cache_tokens < 1) return bad("cache_tokens must be >= 1, got " + std::to_string(options.cache_tokens));
   if (options.max_sequences < 1)
     return bad("max_sequences must be >= 1, got " + std::to_string(options.max_sequences));
+  if (options.max_sequences > 65536)
+    return bad("max_sequences must be at most 65536 (state slots), got " + std::to_string(options.max_sequences));
   if (options.prefill_chunk < 0)
     return bad("prefill_chunk must be >= 0, got " + std::to_string(options.prefill_chunk));
   if (options.short_prompt_chunk < 0)
@@ -1358,8 +1360,6 @@ expected<std::shared_ptr<generator>> generator::create(runtime& rt, models::tran
     }
     return {};
   };
-  if (options.max_sequences > 65536)
-    return bad("max_sequences must be at most 65536 (state slots), got " + std::to_string(options.max_sequences));
   const step_shape chain_b{1, true, token_state_names[0], token_state_names[1]};
   const step_shape chain_a{1, true, token_state_names[1], token_state_names[0]};
   // Pipelined greedy decoding needs plans that hand the token on through

@@ -1594,6 +1594,12 @@ TEST(GenerateBatched, BadBatchOptionsAreRefusedNamingThem) {
   gen = ag::generator::create(**rt, cfg, {}, go);
   ASSERT_FALSE(gen.has_value());
   EXPECT_NE(gen.err().message.find("got -2"), std::string::npos) << gen.err().message;
+  go.decode_batch = -1;  // max_sequences is checked before the automatic choice reads it
+  go.max_sequences = std::numeric_limits<int>::max();
+  gen = ag::generator::create(**rt, cfg, {}, go);
+  ASSERT_FALSE(gen.has_value());
+  EXPECT_NE(gen.err().message.find("max_sequences must be at most 65536"), std::string::npos) << gen.err().message;
+  go.max_sequences = 8;
   auto llama = ag::test::tiny_model(ag::models::model_variant::llama, 2);
   go.decode_batch = 256;
   go.cache_tokens = int64_t{1} << 24;
