@@ -1348,6 +1348,13 @@ std::vector<ag::generation> start_runs_held(ag::generator& gen,
   return hs;
 }
 
+// The runs' four sequences, each alone in a generator of one slot on `rt`.
+std::vector<std::vector<int32_t>> solo_runs(ag::runtime& rt, const ag::models::hf_model& m, int stages) {
+  std::vector<std::vector<int32_t>> solo;
+  for (std::size_t i = 0; i < run_prompts.size(); ++i) solo.push_back(alone(rt, m, run_prompts[i], run_max_new[i], stages));
+  return solo;
+}
+
 void batched_runs_equal_solo(const run_case& rc, bool stop_and_cancel) {
   SCOPED_TRACE(rc.spec + ", stages " + std::to_string(rc.stages) + ", tp " + std::to_string(rc.tp) +
                (stop_and_cancel ? ", a stop id and a cancel" : ""));
@@ -1367,8 +1374,7 @@ void batched_runs_equal_solo(const run_case& rc, bool stop_and_cancel) {
   ASSERT_TRUE(gen.has_value()) << gen.err().to_string();
   const auto& prompts = run_prompts;
   const auto& max_new = run_max_new;
-  std::vector<std::vector<int32_t>> solo;
-  for (std::size_t i = 0; i < prompts.size(); ++i) solo.push_back(alone(**rt, *m, prompts[i], max_new[i], rc.stages));
+  const std::vector<std::vector<int32_t>> solo = solo_runs(**rt, *m, rc.stages);
   // Sequence 1 stops at its fifth token's id (or where that id first
   // comes); sequence 2 cancels itself on its sixth token.
   std::vector<int32_t> want1 = solo[1], want2 = solo[2];
@@ -1465,8 +1471,7 @@ TEST(GenerateBatched, ADeviceDyingMidRunFailsTheRunsSequencesAndTheGeneratorGoes
   ASSERT_TRUE(gen.has_value()) << gen.err().to_string();
   const auto& prompts = run_prompts;
   const auto& max_new = run_max_new;
-  std::vector<std::vector<int32_t>> solo;
-  for (std::size_t i = 0; i < prompts.size(); ++i) solo.push_back(alone(**rt, *m, prompts[i], max_new[i], 1));
+  const std::vector<std::vector<int32_t>> solo = solo_runs(**rt, *m, 1);
   auto* sim = dynamic_cast<ag::gpu::sim::sim_device*>((*rt)->device(0).get());
   ASSERT_NE(sim, nullptr);
   std::vector<ag::generation> hs = start_runs_held(**gen, [sim](std::size_t i, ag::generate_options& o) {
@@ -1560,8 +1565,7 @@ TEST(GenerateBatched, TheAutomaticChoiceBatchesOneStageLayoutsWithinMaxSequences
   // Four sequences started together on one device share their steps.
   auto rt = ag::runtime::create("sim:1", fast_sim());
   ASSERT_TRUE(rt.has_value()) << rt.err().to_string();
-  std::vector<std::vector<int32_t>> solo;
-  for (std::size_t i = 0; i < run_prompts.size(); ++i) solo.push_back(alone(**rt, *m, run_prompts[i], run_max_new[i], 0));
+  const std::vector<std::vector<int32_t>> solo = solo_runs(**rt, *m, 0);
   ag::generator_options go;
   go.cache_tokens = 16;
   go.max_sequences = 4;
