@@ -6,8 +6,9 @@
 // with auto lanes (plan_options::lanes_per_device = 0, the default: the
 // planner spreads branches over lanes only where its cost model predicts a
 // gain and the arena stays within max_lane_memory_ratio of one lane's) and
-// with one lane. Jobs run one at a time (lanes only help inside a job), the
-// best of --repeats rounds counts.
+// with one lane. Jobs run one at a time (lanes only help inside a job); the
+// plans take turns round by round (--repeats rounds of --jobs jobs each), and
+// each plan's best round counts.
 //
 // Prints a table and:
 //   lanes_speedup_branchy[_sim]: X   one-lane time per job / auto-lanes time
@@ -86,28 +87,53 @@ double now_s() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
-plan_figures measure(ag::runtime& rt, const ag::graph& g, const ag::plan_options& po,
-                     const std::vector<ag::host_tensor>& inputs, int jobs, int repeats) {
-  auto p = rt.compile(g, po);
-  if (!p) die("compile", p.err());
-  plan_figures f;
-  for (const auto& s : (*p)->steps())
-    if (s.kind == ag::step_kind::compute) {
-      ++f.compute_steps;
-      f.lanes_used = std::max(f.lanes_used, s.lane + 1);
-    }
-  for (const auto& m : (*p)->memory()) f.arena_bytes = std::max(f.arena_bytes, m.arena_bytes);
-  double best = 1e30;
-  for (int r = 0; r <= repeats; ++r) {  // round 0 warms up (arenas, events, streams)
-    const double t0 = now_s();
-    for (int j = 0; j < jobs; ++j) {
-      auto res = rt.submit(*p, inputs).wait();
-      if (!res.has_value()) die("job", res.err());
-    }
-    if (r > 0) best = std::min(best, (now_s() - t0) / jobs);
+/// A compiled plan and what the table prints of it.
+struct measured_plan {
+  std::shared_ptr<const ag::plan> plan;
+  plan_figures figures;
+};
+
+double run_round(ag::runtime& rt, const std::shared_ptr<const ag::plan>& p, const std::vector<ag::host_tensor>& inputs,
+                 int jobs) {
+  const double t0 = now_s();
+  for (int j = 0; j < jobs; ++j) {
+    auto res = rt.submit(p, inputs).wait();
+    if (!res.has_value()) die("job", res.err());
   }
-  f.ms_per_job = best * 1e3;
-  return f;
+  return (now_s() - t0) / jobs;
+}
+
+/// Compiles each of `options` and times them side by side: a warm-up round
+/// of each (arenas, events, streams, captured graphs), then `repeats` rounds
+/// in which every plan runs `jobs` jobs one at a time in turn, so that a
+/// change of the host's pace (another tenant, clocks) falls on every plan
+/// alike; each plan's best round counts.
+std::vector<plan_figures> measure_side_by_side(ag::runtime& rt, const ag::graph& g,
+                                               const std::vector<ag::plan_options>& options,
+                                               const std::vector<ag::host_tensor>& inputs, int jobs, int repeats) {
+  std::vector<measured_plan> plans;
+  for (const auto& po : options) {
+    auto p = rt.compile(g, po);
+    if (!p) die("compile", p.err());
+    measured_plan m{*p, {}};
+    for (const auto& s : m.plan->steps())
+      if (s.kind == ag::step_kind::compute) {
+        ++m.figures.compute_steps;
+        m.figures.lanes_used = std::max(m.figures.lanes_used, s.lane + 1);
+      }
+    for (const auto& mem : m.plan->memory()) m.figures.arena_bytes = std::max(m.figures.arena_bytes, mem.arena_bytes);
+    (void)run_round(rt, m.plan, inputs, jobs);
+    plans.push_back(std::move(m));
+  }
+  std::vector<double> best(plans.size(), 1e30);
+  for (int r = 0; r < repeats; ++r)
+    for (std::size_t i = 0; i < plans.size(); ++i) best[i] = std::min(best[i], run_round(rt, plans[i].plan, inputs, jobs));
+  std::vector<plan_figures> out;
+  for (std::size_t i = 0; i < plans.size(); ++i) {
+    plans[i].figures.ms_per_job = best[i] * 1e3;
+    out.push_back(plans[i].figures);
+  }
+  return out;
 }
 
 /// One traced job of each plan (after warm-up jobs, whose records are
@@ -140,7 +166,7 @@ void write_trace(const std::string& path, const std::string& devices, ag::runtim
 
 int main(int argc, char** argv) {
   std::string devices = "sim:1";
-  int chains = 8, depth = 8, jobs = 50, repeats = 3;
+  int chains = 8, depth = 8, jobs = 50, repeats = 5;
   int64_t rows = 16, d = 256;
   double time_scale = 20;
   std::string type_name = "f32";
@@ -158,7 +184,7 @@ int main(int argc, char** argv) {
   app.add_option("--rows", rows, "rows of the activations")->check(CLI::Range(int64_t{1}, int64_t{1} << 16));
   app.add_option("--d", d, "width of the matmuls")->check(CLI::Range(int64_t{1}, int64_t{1} << 14));
   app.add_option("--jobs", jobs, "jobs per round, one at a time")->check(CLI::Range(1, 1000000));
-  app.add_option("--repeats", repeats, "timed rounds (the best counts)")->check(CLI::Range(1, 1000));
+  app.add_option("--repeats", repeats, "timed rounds, the plans in turn in each (each plan's best counts)")->check(CLI::Range(1, 1000));
   app.add_option("--time-scale", time_scale, "sim only: wall seconds per modelled second")->check(CLI::Range(1e-3, 1e6));
   app.add_option("--dtype", type_name, "f32 or bf16");
   app.add_option("--mixed-small-ops", mixed_small_ops, "gelus of the mixed graph's launch-bound branch")
@@ -197,15 +223,13 @@ int main(int argc, char** argv) {
   ag::plan_options one_lane = base;
   one_lane.lanes_per_device = 1;
   ag::plan_options auto_lanes = base;  // lanes_per_device = 0: the planner decides
-  const auto one = measure(**rt, g, one_lane, in, jobs, repeats);
-  const auto lanes = measure(**rt, g, auto_lanes, in, jobs, repeats);
   ag::plan_options relaxed = base;  // auto lanes, more arena allowed
   relaxed.max_lane_memory_ratio = relaxed_ratio;
-  const auto roomy = measure(**rt, g, relaxed, in, jobs, repeats);
   ag::plan_options forced = base;  // every lane the device offers, whatever it costs
   forced.lanes_per_device = 64;
   forced.min_branch_seconds = 0;
-  const auto all = measure(**rt, g, forced, in, jobs, repeats);
+  const auto figures = measure_side_by_side(**rt, g, {one_lane, auto_lanes, relaxed, forced}, in, jobs, repeats);
+  const plan_figures &one = figures[0], &lanes = figures[1], &roomy = figures[2], &all = figures[3];
   const double scale = sim ? time_scale : 1.0;  // report modelled ms on sim
 
   std::printf("graph: %d chains x %d (matmul [%lld, %lld] x [%lld, %lld] + gelu), %s, on %s, graph replay %s\n",
@@ -239,8 +263,8 @@ int main(int argc, char** argv) {
   const auto mg = mixed_graph(mixed_small_ops, mixed_rows, type);
   const std::vector<ag::host_tensor> min{ag::host_tensor::random_normal(type, {mixed_rows, 2048}, 8, 1.0f),
                                          ag::host_tensor::random_normal(type, {16, 256}, 9, 1.0f)};
-  const auto m_one = measure(**rt, mg, one_lane, min, jobs, repeats);
-  const auto m_auto = measure(**rt, mg, auto_lanes, min, jobs, repeats);
+  const auto mixed = measure_side_by_side(**rt, mg, {one_lane, auto_lanes}, min, jobs, repeats);
+  const plan_figures &m_one = mixed[0], &m_auto = mixed[1];
   std::printf("graph: matmul [%lld, 2048] x [2048, 2048] next to %d gelus on [16, 256], %s, on %s\n",
               static_cast<long long>(mixed_rows), mixed_small_ops, type_name.c_str(), devices.c_str());
   std::printf("%-22s %8d %14d %12.1f %14.4f\n", "one lane", m_one.lanes_used, m_one.compute_steps,

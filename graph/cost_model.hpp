@@ -118,7 +118,13 @@ struct device_spec {
   /// H100s: 6.87 ms in 2 chunks, 7.40 in 4; docs/BENCHMARKS.md, session 18).
   int max_overlap_chunks = 4;
   int copy_engines = 3;                ///< async copy engines
-  int max_lanes = 4;                   ///< compute streams the device offers
+  /// Compute streams (lanes) the device offers the planner. 8: a graph of
+  /// 8 independent chains of small matmuls (actorgraph-lanes-bench) ran
+  /// 2.05-2.14x faster than one lane on an H200 with a lane each, against
+  /// 1.88-1.89x with 4 lanes, side by side in one call (docs/BENCHMARKS.md,
+  /// session 75); the planner still uses a lane only where the cost model
+  /// predicts a gain and the arena allows it. cpu devices offer 2.
+  int max_lanes = 8;
   std::vector<op_kind> unsupported;    ///< ops this device cannot run
   /// The device's memory is this host's memory (cpu devices, sim devices that
   /// compute values): compile() counts its arena and weights against
