@@ -122,7 +122,8 @@ void collect_trace(const job_context& ctx) {
     r.label = ls.label;
     if (slot.replay != replay_outcome::none)
       r.label += " [graph replay: " + std::string(to_string(slot.replay)) + ", " + std::to_string(ls.replay_steps) +
-                 " steps, " + std::to_string(ls.replay_kernels) + " kernels]";
+                 " steps, " + std::to_string(ls.replay_kernels) + " kernels" +
+                 (ls.replay_lanes > 1 ? ", " + std::to_string(ls.replay_lanes) + " lanes" : std::string()) + "]";
     r.enqueue_ns = slot.enqueue_ns;
     r.start_ns = slot.start->completion_ns();
     r.end_ns = slot.end->completion_ns();

@@ -1,7 +1,11 @@
 #include "actors/launch_program.hpp"
 
 #include <algorithm>
+#include <functional>
 #include <initializer_list>
+#include <limits>
+#include <map>
+#include <queue>
 #include <tuple>
 
 namespace ag::actors {
@@ -881,6 +885,89 @@ void place_in_window(const plan& pl, std::vector<lowered_step>& steps, const std
 
 }  // namespace
 
+namespace {
+
+/// A position for every step in one order that keeps every dep and every
+/// queue's own order (lane_seq, then id, per (device, kind, lane)): the
+/// order of a folded queue, whose steps came from several lanes. Kahn's
+/// algorithm, the lowest step id first among those ready. The plan's deps
+/// and lane orders agree (check_launch_order), so every step gets one.
+std::vector<int> issue_rank(const plan& pl) {
+  const std::size_t n = pl.steps().size();
+  std::vector<std::vector<step_id>> next(n);
+  std::vector<int> indegree(n, 0);
+  for (const step& s : pl.steps())
+    for (step_id d : s.deps) {
+      next[static_cast<std::size_t>(d)].push_back(s.id);
+      ++indegree[static_cast<std::size_t>(s.id)];
+    }
+  std::map<std::tuple<int, int, int>, std::vector<step_id>> queues;
+  for (const step& s : pl.steps())
+    queues[{s.device, static_cast<int>(queue_kind(s)), queue_lane(s)}].push_back(s.id);
+  for (auto& [key, steps] : queues) {
+    std::sort(steps.begin(), steps.end(), [&](step_id x, step_id y) {
+      return std::make_pair(pl.at(x).lane_seq, x) < std::make_pair(pl.at(y).lane_seq, y);
+    });
+    for (std::size_t i = 1; i < steps.size(); ++i) {
+      next[static_cast<std::size_t>(steps[i - 1])].push_back(steps[i]);
+      ++indegree[static_cast<std::size_t>(steps[i])];
+    }
+  }
+  std::priority_queue<step_id, std::vector<step_id>, std::greater<>> ready;
+  for (std::size_t i = 0; i < n; ++i)
+    if (indegree[i] == 0) ready.push(static_cast<step_id>(i));
+  std::vector<int> rank(n, std::numeric_limits<int>::max());  // a cycle leaves some unranked: lower() then refuses
+  int at = 0;
+  while (!ready.empty()) {
+    const step_id s = ready.top();
+    ready.pop();
+    rank[static_cast<std::size_t>(s)] = at++;
+    for (step_id c : next[static_cast<std::size_t>(s)])
+      if (--indegree[static_cast<std::size_t>(c)] == 0) ready.push(c);
+  }
+  return rank;
+}
+
+/// The replay segments of the folded queue of device `d` (folded_lanes):
+/// runs of its steps in queue order that a graph may hold (compute steps,
+/// host copies that captures_host_copy accepts), each starting at a step
+/// whose remote deps its graph launch waits for; a later step joins only
+/// when it waits for no other remote step, and a segment ends after a step
+/// that another queue consumes (so its consumers need not wait for the
+/// whole graph).
+std::vector<replay_segment> folded_segments(const plan& pl, const launch_program& prog, int d) {
+  std::vector<replay_segment> out;
+  const int q = prog.find_queue(d, step_kind::compute, 0);
+  if (q < 0) return out;
+  bool open = false;
+  std::vector<step_id> waited;  // the open segment's remote deps (its first step's)
+  for (step_id s : prog.queue(q).steps) {
+    const step& ps = pl.at(s);
+    const lowered_step& ls = prog.step(s);
+    const bool copy = ps.on_compute_stream;
+    if ((ps.kind != step_kind::compute && !copy) || (copy && !captures_host_copy(pl, ps))) {
+      open = false;
+      continue;
+    }
+    const bool joins = open && std::all_of(ls.remote_deps.begin(), ls.remote_deps.end(), [&](step_id r) {
+      return std::find(waited.begin(), waited.end(), r) != waited.end();
+    });
+    if (!joins) {
+      out.push_back(replay_segment{d, 0, {}, 0});
+      waited = ls.remote_deps;
+    }
+    replay_segment& seg = out.back();
+    seg.steps.push_back(s);
+    if (copy) ++seg.copies;
+    else
+      for (node_id id : ps.ops) seg.kernels += !pl.runs_nothing(id);
+    open = ls.consumer_queues.empty();
+  }
+  return out;
+}
+
+}  // namespace
+
 /// Graph replay: marks the first step of each replay segment of one or more
 /// kernels and host copies (graph/replay.hpp) with the segment's step and
 /// launch-record counts, where the plan asks for replay and the device is
@@ -899,7 +986,15 @@ void place_in_window(const plan& pl, std::vector<lowered_step>& steps, const std
 void mark_replay_segments(const plan& pl, launch_program& prog) {
   prog.window_bytes_.assign(pl.devices().size(), 0);
   if (pl.options().graph_replay == graph_replay_mode::off) return;
-  for (const replay_segment& seg : replay_segments(pl)) {
+  std::vector<replay_segment> segments = replay_segments(pl);
+  // A folded device's segments span its lanes: made from its one queue.
+  segments.erase(std::remove_if(segments.begin(), segments.end(),
+                                [&](const replay_segment& seg) { return prog.folded_lanes(seg.device) > 0; }),
+                 segments.end());
+  for (int d = 0; d < static_cast<int>(pl.devices().size()); ++d)
+    if (prog.folded_lanes(d) > 0)
+      for (replay_segment& seg : folded_segments(pl, prog, d)) segments.push_back(std::move(seg));
+  for (const replay_segment& seg : segments) {
     if (seg.launches() < 1 || seg.steps.empty()) continue;
     if (!replays_on(pl.options().graph_replay, pl.devices().at(static_cast<std::size_t>(seg.device)).kind)) continue;
     auto& first = prog.steps_[static_cast<std::size_t>(seg.steps.front())];
@@ -938,6 +1033,15 @@ void mark_replay_segments(const plan& pl, launch_program& prog) {
     first.replay_steps = static_cast<int>(seg.steps.size());
     first.replay_records = records;
     first.replay_kernels = seg.kernels;
+    if (prog.folded_lanes(seg.device) > 0) {
+      // The capture orders each step after its deps in the segment.
+      for (step_id s : seg.steps) {
+        lowered_step& ls = prog.steps_[static_cast<std::size_t>(s)];
+        first.replay_lanes = std::max(first.replay_lanes, ls.capture_lane + 1);
+        for (step_id dep : pl.at(s).deps)
+          if (std::find(seg.steps.begin(), seg.steps.end(), dep) != seg.steps.end()) ls.segment_deps.push_back(dep);
+      }
+    }
   }
 }
 
@@ -950,8 +1054,13 @@ expected<std::shared_ptr<const launch_program>> lower(std::shared_ptr<const plan
   prog->used_devices_ = pl.used_devices();
   std::sort(prog->used_devices_.begin(), prog->used_devices_.end());
   prog->steps_.resize(pl.steps().size());
+  const bool has_collectives =
+      std::any_of(pl.steps().begin(), pl.steps().end(), [](const step& s) { return s.kind == step_kind::collective; });
+  prog->folded_lanes_ = folded_lanes(pl);
+  const auto folded = [&](const step& s) { return on_compute_lane(s) && prog->folded_lanes(s.device) > 0; };
 
-  // Queues: one per (device, kind, lane), in order of first use.
+  // Queues: one per (device, kind, lane), in order of first use; a folded
+  // device's compute lanes all queue on lane 0.
   for (std::size_t i = 0; i < pl.steps().size(); ++i) {
     const step& s = pl.steps()[i];
     if (s.id != static_cast<step_id>(i))
@@ -961,7 +1070,7 @@ expected<std::shared_ptr<const launch_program>> lower(std::shared_ptr<const plan
     for (step_id d : s.deps)
       if (d < 0 || static_cast<std::size_t>(d) >= pl.steps().size())
         return step_errors{s}("depends on step " + std::to_string(d) + ", which is not in the plan");
-    const int lane = queue_lane(s);
+    const int lane = folded(s) ? 0 : queue_lane(s);
     int q = prog->find_queue(s.device, queue_kind(s), lane);
     if (q < 0) {
       q = static_cast<int>(prog->queues_.size());
@@ -978,15 +1087,21 @@ expected<std::shared_ptr<const launch_program>> lower(std::shared_ptr<const plan
     ls.kind = s.kind;
     ls.device = s.device;
     ls.queue = q;
+    if (folded(s)) ls.capture_lane = s.lane;
   }
   // With collectives, every queue issues jobs in the agreed order (launch_queue::in_job_order).
-  const bool has_collectives =
-      std::any_of(pl.steps().begin(), pl.steps().end(), [](const step& s) { return s.kind == step_kind::collective; });
+  const bool any_folded = std::any_of(prog->folded_lanes_.begin(), prog->folded_lanes_.end(), [](int n) { return n > 0; });
+  const std::vector<int> rank = any_folded ? issue_rank(pl) : std::vector<int>{};
   for (auto& q : prog->queues_) {
     q.in_job_order = has_collectives;
-    std::sort(q.steps.begin(), q.steps.end(), [&](step_id x, step_id y) {
-      return std::make_pair(pl.at(x).lane_seq, x) < std::make_pair(pl.at(y).lane_seq, y);
-    });
+    if (q.kind == step_kind::compute && prog->folded_lanes(q.device) > 0)
+      std::sort(q.steps.begin(), q.steps.end(), [&](step_id x, step_id y) {
+        return std::make_pair(rank[static_cast<std::size_t>(x)], x) < std::make_pair(rank[static_cast<std::size_t>(y)], y);
+      });
+    else
+      std::sort(q.steps.begin(), q.steps.end(), [&](step_id x, step_id y) {
+        return std::make_pair(pl.at(x).lane_seq, x) < std::make_pair(pl.at(y).lane_seq, y);
+      });
     for (std::size_t i = 0; i < q.steps.size(); ++i) prog->steps_[static_cast<std::size_t>(q.steps[i])].pos = static_cast<int>(i);
   }
   if (auto e = check_launch_order(pl, prog->queues_)) return e;

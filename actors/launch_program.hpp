@@ -148,6 +148,18 @@ struct lowered_step {
   /// The segment holds in-stream collective parts: the actor gives the
   /// stream the job's collective tag before it launches the segment.
   bool replay_in_stream = false;
+  /// Folded lanes (launch_program::folded_lanes): the plan's compute lane
+  /// of this step, which its queue (the device's lane 0) no longer says;
+  /// inside a captured segment, the capture lane its kernels run on. 0
+  /// elsewhere.
+  int capture_lane = 0;
+  /// On the first step of a replay segment of a folded queue: the capture
+  /// lanes its steps use (their highest capture_lane + 1); 1 elsewhere.
+  int replay_lanes = 1;
+  /// On every step of a replay segment of a folded queue: its deps among
+  /// the segment's steps, which the capture orders before it
+  /// (gpu::segment_op::after); empty elsewhere.
+  std::vector<step_id> segment_deps;
   copy_desc copy;                       ///< copies
   collective_desc coll;                 ///< collectives
   /// The node an error of this step concerns when no op does (a copy's
@@ -210,6 +222,16 @@ class launch_program {
   /// Why the plan runs on one copy although plan_options::job_lanes asked
   /// for more (empty otherwise).
   const std::string& job_lanes_note() const noexcept { return job_lanes_note_; }
+  /// Compute lanes of the plan on device `d` that run from one queue, the
+  /// device's lane 0 (plan_options::fold_lanes): the lanes' steps in one
+  /// order that keeps each lane's order and every dep, so a plain run issues
+  /// them one after another on one stream, and replay segments span the
+  /// lanes (lowered_step::capture_lane, replay_lanes, segment_deps). 0 where
+  /// the device's lanes are not folded (one lane, replay off, a cpu device,
+  /// a plan with collectives, or the option off).
+  int folded_lanes(int d) const noexcept {
+    return d >= 0 && static_cast<std::size_t>(d) < folded_lanes_.size() ? folded_lanes_[static_cast<std::size_t>(d)] : 0;
+  }
   /// Whether the plan's decode step runs as one record
   /// (gpu::op_launch::fusion::decode_step, plan_options::fuse_decode_step):
   /// then its one compute step holds that record alone.
@@ -263,6 +285,7 @@ class launch_program {
   bool decode_step_fused_ = false;
   std::string decode_step_note_;
   std::vector<int> compute_lanes_;  ///< by device: its highest compute lane + 1
+  std::vector<int> folded_lanes_;   ///< by device (folded_lanes())
   std::vector<int64_t> window_bytes_;  ///< by device
   std::vector<step_id> window_inputs_, window_outputs_;
 };

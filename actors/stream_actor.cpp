@@ -104,6 +104,14 @@ struct exec_state {
   // streams so that it is destroyed after them: a stream drains its work
   // when destroyed, and a graph must not be destroyed while it runs.
   std::unordered_map<job_key, replay_entry, job_key_hash> replays;
+  // Capture lanes 1.. of folded queues' graphs (device::capture_lanes), by
+  // capture lane, made on the first capture that needs them: nothing is
+  // enqueued on them, only the kernels of the graphs' branches use their
+  // resources (cuBLAS workspace, attention counters), so they serve those
+  // graphs alone, which all replay on lane 0's stream one after another.
+  // Declared before `streams`: destroyed after them, once the graphs that
+  // use their resources drained with lane 0's stream.
+  std::vector<lane_stream> fold_streams;
   // By lane, made on the first step of that lane (lane 0 at spawn).
   std::vector<lane_stream> streams;
   using job_map = std::unordered_map<job_key, exec_job, job_key_hash>;
@@ -162,6 +170,19 @@ gpu::stream* stream_of(exec_state& st, int lane, const error** err) {
   auto& ls = st.streams[static_cast<std::size_t>(lane)];
   if (!ls.stream && !ls.err) {
     if (auto s = st.dev->create_stream(st.kind)) ls.stream = std::move(*s);
+    else ls.err = s.err();
+  }
+  *err = &ls.err;
+  return ls.stream.get();
+}
+
+/// The capture stream of lane `lane` (>= 1) of folded graphs (exec_state::
+/// fold_streams); null with `err` set when the device refused it.
+gpu::stream* fold_stream_of(exec_state& st, int lane, const error** err) {
+  if (st.fold_streams.size() <= static_cast<std::size_t>(lane)) st.fold_streams.resize(static_cast<std::size_t>(lane) + 1);
+  auto& ls = st.fold_streams[static_cast<std::size_t>(lane)];
+  if (!ls.stream && !ls.err) {
+    if (auto s = st.dev->create_stream(step_kind::compute)) ls.stream = std::move(*s);
     else ls.err = s.err();
   }
   *err = &ls.err;
@@ -427,11 +448,10 @@ error launch_step(exec_state& st, exec_job& e, step_id s) {
 
 /// The graph of `entry` for the job's buffers `b`, capturing it now when it
 /// has none yet (nullptr: run plainly; `outcome` says why).
-/// `segment_ops()` lists what to capture (called only when capturing).
-template <typename SegmentOps>
-gpu::replay_graph* graph_for(exec_state& st, replay_entry& entry, const region_bases& b, gpu::stream& stream,
-                             const SegmentOps& segment_ops, replay_outcome& outcome, std::string& why,
-                             const std::vector<const std::byte*>& peers) {
+/// `capture()` captures the segment (called only when capturing).
+template <typename Capture>
+gpu::replay_graph* graph_for(replay_entry& entry, const region_bases& b, const Capture& capture,
+                             replay_outcome& outcome, std::string& why, const std::vector<const std::byte*>& peers) {
   if (!entry.seen || entry.refused) {
     outcome = entry.refused ? replay_outcome::fallback : replay_outcome::plain;
     entry.seen = true;
@@ -447,8 +467,7 @@ gpu::replay_graph* graph_for(exec_state& st, replay_entry& entry, const region_b
     outcome = replay_outcome::plain;
     return nullptr;
   }
-  const std::vector<gpu::segment_op>& ops = segment_ops();
-  auto g = st.dev->capture_segment(stream, ops.data(), ops.size());
+  auto g = capture();
   if (!g) {
     entry.refused = true;
     outcome = replay_outcome::fallback;
@@ -458,6 +477,80 @@ gpu::replay_graph* graph_for(exec_state& st, replay_entry& entry, const region_b
   outcome = replay_outcome::captured;
   entry.graphs.push_back({b.base[0], b.base[1], entry.uses_state ? b.base[2] : nullptr, peers, std::move(*g)});
   return entry.graphs.back().graph.get();
+}
+
+/// The ops of the replay segment of `n` steps (`step_at(i)`) of `e`'s job,
+/// in queue order, into `ops`: each step's kernels, or its host copy
+/// (through the arena's host window). In a folded queue's segment each op
+/// runs on its step's capture lane, and a step's first op follows the ops
+/// of its segment deps on other lanes (segment_op::after, indices kept in
+/// `after`); a step with no op (views only, a copy in place) passes its
+/// own predecessors on to the steps that depend on it.
+template <typename StepAt>
+void segment_ops_on_lanes(const exec_state& st, const job_context& ctx, const exec_job& e, int n, const StepAt& step_at,
+                          std::vector<gpu::segment_op>& ops, std::vector<int32_t>& after) {
+  const bool lanes = step_at(0).replay_lanes > 1;
+  // By segment position: the ops that whatever depends on the step must follow.
+  thread_local std::vector<std::vector<int32_t>> frontier;
+  thread_local std::vector<int32_t> last_on_lane, waits;
+  thread_local std::vector<std::pair<std::size_t, std::size_t>> after_range;  // by op: (start, count) in `after`
+  frontier.assign(static_cast<std::size_t>(n), {});
+  last_on_lane.assign(static_cast<std::size_t>(step_at(0).replay_lanes), -1);
+  after_range.clear();
+  const auto position = [&](step_id s) {
+    for (int j = 0; j < n; ++j)
+      if (step_at(j).id == s) return j;
+    return -1;
+  };
+  for (int i = 0; i < n; ++i) {
+    const lowered_step& ls = step_at(i);
+    const int lane = lanes ? ls.capture_lane : 0;
+    waits.clear();
+    for (step_id d : ls.segment_deps) {
+      const int j = position(d);
+      if (j < 0) continue;
+      for (int32_t o : frontier[static_cast<std::size_t>(j)])
+        if (ops[static_cast<std::size_t>(o)].lane != lane) waits.push_back(o);
+    }
+    std::sort(waits.begin(), waits.end());
+    waits.erase(std::unique(waits.begin(), waits.end()), waits.end());
+    const std::size_t first_op = ops.size();
+    const copy_desc& c = ls.copy;
+    if (c.in_place) {
+      // nothing to move: its kernels use the window
+    } else if (ls.kind == step_kind::copy_h2d) {
+      ops.push_back({gpu::segment_op::kind::copy_h2d, nullptr, ctx.base(c.dst.where, st.device) + c.dst.byte_offset,
+                     ctx.window_of(ls), c.bytes});
+    } else if (ls.kind == step_kind::copy_d2h) {
+      ops.push_back({gpu::segment_op::kind::copy_d2h, nullptr, ctx.window_of(ls),
+                     ctx.base(c.src.where, st.device) + c.src.byte_offset, c.bytes});
+    } else {
+      for (std::size_t k = 0; k < ls.ops.size(); ++k)
+        ops.push_back({gpu::segment_op::kind::launch, e.launches + ls.first_launch + k, nullptr, nullptr, 0});
+    }
+    after_range.resize(ops.size(), {0, 0});
+    for (std::size_t k = first_op; k < ops.size(); ++k) ops[k].lane = lane;
+    auto& mine = frontier[static_cast<std::size_t>(i)];
+    if (ops.size() > first_op) {
+      after_range[first_op] = {after.size(), waits.size()};
+      after.insert(after.end(), waits.begin(), waits.end());
+      last_on_lane[static_cast<std::size_t>(lane)] = static_cast<int32_t>(ops.size() - 1);
+      mine.push_back(static_cast<int32_t>(ops.size() - 1));
+    } else {
+      // Its dependents follow what it followed: its deps' ops on every lane
+      // and its own lane's ops before it.
+      for (step_id d : ls.segment_deps)
+        if (const int j = position(d); j >= 0)
+          mine.insert(mine.end(), frontier[static_cast<std::size_t>(j)].begin(), frontier[static_cast<std::size_t>(j)].end());
+      if (last_on_lane[static_cast<std::size_t>(lane)] >= 0) mine.push_back(last_on_lane[static_cast<std::size_t>(lane)]);
+    }
+  }
+  // `after` no longer grows: point the ops into it.
+  for (std::size_t k = 0; k < ops.size(); ++k)
+    if (after_range[k].second > 0) {
+      ops[k].after = after.data() + after_range[k].first;
+      ops[k].after_count = static_cast<int>(after_range[k].second);
+    }
 }
 
 /// Whether the replay segment of `n` steps from `first` is the tail of its
@@ -518,28 +611,26 @@ expected<int> launch_segment(exec_state& st, exec_job& e, step_id s) {
     for (int d : prog.used_devices())
       peers.push_back(ctx.arenas[static_cast<std::size_t>(d)] >= 0 ? ctx.base(region::arena, d) : nullptr);
   // What the graph holds, in stream order: each step's kernels, or its
-  // host copy (through the arena's host window).
-  const auto segment_ops = [&]() -> const std::vector<gpu::segment_op>& {
+  // host copy (through the arena's host window); over several capture
+  // lanes where the queue is folded (segment_ops_on_lanes).
+  const auto capture = [&]() -> expected<std::unique_ptr<gpu::replay_graph>> {
     thread_local std::vector<gpu::segment_op> ops;
+    thread_local std::vector<int32_t> after;
     ops.clear();
-    for (int i = 0; i < n; ++i) {
-      const lowered_step& ls = step_at(i);
-      const copy_desc& c = ls.copy;
-      if (c.in_place) continue;  // nothing to move: its kernels use the window
-      if (ls.kind == step_kind::copy_h2d) {
-        ops.push_back({gpu::segment_op::kind::copy_h2d, nullptr, ctx.base(c.dst.where, st.device) + c.dst.byte_offset,
-                       ctx.window_of(ls), c.bytes});
-      } else if (ls.kind == step_kind::copy_d2h) {
-        ops.push_back({gpu::segment_op::kind::copy_d2h, nullptr, ctx.window_of(ls),
-                       ctx.base(c.src.where, st.device) + c.src.byte_offset, c.bytes});
-      } else {
-        for (std::size_t k = 0; k < ls.ops.size(); ++k)
-          ops.push_back({gpu::segment_op::kind::launch, e.launches + ls.first_launch + k, nullptr, nullptr, 0});
-      }
+    after.clear();
+    segment_ops_on_lanes(st, ctx, e, n, step_at, ops, after);
+    if (first.replay_lanes <= 1) return st.dev->capture_segment(stream, ops.data(), ops.size());
+    thread_local std::vector<gpu::stream*> lanes;
+    lanes.assign(1, &stream);
+    for (int l = 1; l < first.replay_lanes; ++l) {
+      const error* fold_err = nullptr;
+      gpu::stream* ls = fold_stream_of(st, l, &fold_err);
+      if (!ls) return error(errc::unsupported_op, "no stream for capture lane " + std::to_string(l) + ": " + fold_err->message);
+      lanes.push_back(ls);
     }
-    return ops;
+    return st.dev->capture_lanes(lanes.data(), first.replay_lanes, ops.data(), ops.size());
   };
-  gpu::replay_graph* g = graph_for(st, entry, bases, stream, segment_ops, outcome, why, peers);
+  gpu::replay_graph* g = graph_for(entry, bases, capture, outcome, why, peers);
   AG_HOP_PROBE(graph_found, ctx.id());
   ctx.core->replays().note(outcome, why);
   // Set before any step of the segment is issued: a completion step's

@@ -174,6 +174,7 @@ int main(int argc, char** argv) {
   int mixed_small_ops = 32;
   std::string replay = "off";
   bool replay_host_copies = true;
+  bool fold_lanes = true;
   std::string trace_out;
   int64_t mixed_rows = 1024;
   ag::apps::flags app("actorgraph-lanes-bench",
@@ -196,6 +197,9 @@ int main(int argc, char** argv) {
   app.add_option("--replay", replay, "plan_options::graph_replay of every plan: off, on or auto");
   app.add_option("--replay-host-copies", replay_host_copies,
                  "on|off: plan_options::replay_host_copies of every plan (small input and output copies inside the graphs)");
+  app.add_option("--fold-lanes", fold_lanes,
+                 "on|off: plan_options::fold_lanes of every plan (under replay, a device's lanes run from one queue and "
+                 "each segment is one graph whose branches are the lanes; off: a queue and stream per lane)");
   app.add_option("--trace", trace_out,
                  "write a Chrome trace of one job of the one-lane plan and one of the every-lane plan (a traced "
                  "runtime of its own, after the figures) to this file");
@@ -220,6 +224,7 @@ int main(int argc, char** argv) {
   ag::plan_options base;
   base.graph_replay = replay_mode;
   base.replay_host_copies = replay_host_copies;
+  base.fold_lanes = fold_lanes;
   ag::plan_options one_lane = base;
   one_lane.lanes_per_device = 1;
   ag::plan_options auto_lanes = base;  // lanes_per_device = 0: the planner decides

@@ -34,6 +34,17 @@ expected<std::unique_ptr<replay_graph>> device::capture_segment(stream&, const s
   return error(errc::unsupported_op, "device '" + spec().name + "' does not capture graphs", index());
 }
 
+expected<std::unique_ptr<replay_graph>> device::capture_lanes(stream* const* lanes, int count, const segment_op* ops,
+                                                              std::size_t n) {
+  if (count < 1 || !lanes || !lanes[0])
+    return error(errc::invalid_argument, "device '" + spec().name + "': capture_lanes without a stream", index());
+  for (std::size_t i = 0; i < n; ++i)
+    if (ops[i].lane != 0)
+      return error(errc::unsupported_op, "device '" + spec().name + "' does not capture several lanes in one graph",
+                   index());
+  return capture_segment(*lanes[0], ops, n);
+}
+
 expected<std::unique_ptr<replay_graph>> device::capture(stream& s, const op_launch* ops, std::size_t n) {
   std::vector<segment_op> seg(n);
   for (std::size_t i = 0; i < n; ++i) seg[i].launch = &ops[i];

@@ -248,6 +248,14 @@ struct segment_op {
   void* dst = nullptr;                ///< copies: device memory (h2d) or host memory (d2h)
   const void* src = nullptr;          ///< copies: host memory (h2d) or device memory (d2h)
   int64_t bytes = 0;                  ///< copies
+  /// device::capture_lanes only: the capture lane (index into its streams)
+  /// the op runs on, and the ops on other lanes it must follow: indices of
+  /// earlier ops of the same segment (`after[0..after_count)`). Ops of one
+  /// lane follow each other in segment order; nothing else orders ops of
+  /// different lanes, so the graph runs them side by side.
+  int lane = 0;
+  const int32_t* after = nullptr;
+  int after_count = 0;
 };
 
 class device;
@@ -560,6 +568,19 @@ class device {
   /// capture a copy from that memory (CUDA: pageable memory) refuses.
   /// Default: unsupported_op.
   virtual expected<std::unique_ptr<replay_graph>> capture_segment(stream& s, const segment_op* ops, std::size_t n);
+  /// capture_segment() of ops spread over `count` streams of this device
+  /// (`lanes[0..count)`, segment_op::lane indexes them; lanes[0] is the one
+  /// the graph is replayed on): one graph in which each lane's ops follow
+  /// each other and ops of different lanes are ordered only by
+  /// segment_op::after, so its branches run concurrently on the GPU for one
+  /// launch (the compute lanes of a device folded into one queue,
+  /// actors/launch_program.hpp). A lane's kernels use that lane's stream
+  /// resources (cuBLAS workspace, attention counters): the caller keeps
+  /// lanes 1.. for such graphs alone, which replay() on lanes[0] orders one
+  /// after another. Errors as capture_segment(). Default: capture_segment()
+  /// on lanes[0] when every op is on lane 0, else unsupported_op.
+  virtual expected<std::unique_ptr<replay_graph>> capture_lanes(stream* const* lanes, int count, const segment_op* ops,
+                                                               std::size_t n);
   /// capture_segment() of kernels only.
   expected<std::unique_ptr<replay_graph>> capture(stream& s, const op_launch* ops, std::size_t n);
   /// Enqueues `g` (made by this device's capture() for a stream of the same

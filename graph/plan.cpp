@@ -135,6 +135,7 @@ std::string plan::describe() const {
   const graph& g = *graph_;
   const std::vector<replay_segment> segments =
       options_.graph_replay == graph_replay_mode::off ? std::vector<replay_segment>{} : replay_segments(*this);
+  const std::vector<int> folded = folded_lanes(*this);
   os << "plan: " << g.size() << " nodes, " << steps_.size() << " steps over " << used_devices_.size() << " of "
      << devices_.size() << " device(s), ";
   int lanes_used = 1;
@@ -207,6 +208,9 @@ std::string plan::describe() const {
       os << "  graph replay " << to_string(options_.graph_replay) << ": " << nseg << " segment(s), " << kernels
          << " kernels";
       if (copies > 0) os << ", " << copies << " host copies (through the arenas' host windows)";
+      if (const int lanes = folded[static_cast<std::size_t>(d)]; lanes > 0)
+        os << "; its " << lanes << " compute lanes run from one queue, as one graph per segment whose branches are the"
+           << " lanes (plan_options::fold_lanes; the segments above count per lane)";
       if (!replays_on(options_.graph_replay, spec.kind)) os << "; not applied on cpu (plain calls)";
       else
         os << "; saves " << fmt_us(replay_launch_seconds_saved(*this, segments, d))

@@ -350,6 +350,16 @@ struct plan_options {
   /// step is one graph launch. Off: such copies launch on their own, from
   /// and into the job's own buffers.
   bool replay_host_copies = true;
+  /// Under graph replay, a device whose plan uses several compute lanes
+  /// (and no collectives) runs them from one queue: the lanes' steps are
+  /// issued in one order that keeps every lane's order and every dep, and a
+  /// replay segment then spans the lanes, captured as one graph whose
+  /// branches are the lanes (device::capture_lanes), so a fork and a join
+  /// cost no event, no `ready` message and no launch per lane
+  /// (actors/launch_program.hpp, launch_program::folded_lanes). A first run
+  /// and a refused capture run the queue's steps one after another on one
+  /// stream. Off: one queue and one stream per lane, joined by events.
+  bool fold_lanes = true;
   /// With replay_host_copies: a small input whose every reader is an
   /// elementwise kernel of the same replay segment (add, mul, scale, gelu,
   /// silu, copy, get_rows' ids, store_rows) is read by those kernels from the

@@ -51,6 +51,21 @@ bool captures_host_copy(const plan& p, const step& s) {
   return !n.is_view() || n.contiguous();
 }
 
+std::vector<int> folded_lanes(const plan& p) {
+  std::vector<int> lanes(p.devices().size(), 0);
+  const bool has_collectives = std::any_of(p.steps().begin(), p.steps().end(),
+                                           [](const step& s) { return s.kind == step_kind::collective; });
+  if (!p.options().fold_lanes || has_collectives || p.options().graph_replay == graph_replay_mode::off) return lanes;
+  for (const step& s : p.steps())
+    if (on_compute_lane(s) && s.device >= 0 && static_cast<std::size_t>(s.device) < lanes.size()) {
+      int& n = lanes[static_cast<std::size_t>(s.device)];
+      n = std::max(n, s.lane + 1);
+    }
+  for (std::size_t d = 0; d < lanes.size(); ++d)
+    if (lanes[d] < 2 || !replays_on(p.options().graph_replay, p.devices()[d].kind)) lanes[d] = 0;
+  return lanes;
+}
+
 std::vector<replay_segment> replay_segments(const plan& p) {
   // Steps of one (device, lane) queue come in increasing step id (plan.hpp),
   // so one pass in id order sees each queue in lane order.

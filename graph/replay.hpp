@@ -83,6 +83,13 @@ struct replay_segment {
 /// output (not a piece gathered on the host, not a strided view).
 bool captures_host_copy(const plan& p, const step& s);
 
+/// plan_options::fold_lanes: by device, the number of compute lanes of `p`
+/// that run from one queue (the device's lane 0) with replay segments
+/// spanning them (actors/launch_program.hpp), 0 where none are: a device
+/// with two or more compute lanes that replays (replays_on), in a plan
+/// without collectives, with the option on.
+std::vector<int> folded_lanes(const plan& p);
+
 /// Segments of every (device, lane) queue of `p`, ordered by device, lane,
 /// then lane order. Every compute step is in exactly one segment, and so is
 /// every host copy that captures_host_copy() accepts.

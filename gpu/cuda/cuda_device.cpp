@@ -391,9 +391,35 @@ class cuda_device final : public device {
   /// handle of the stream already has its workspace (made by the segment's
   /// first, plain run), so cuBLAS allocates nothing while capturing.
   expected<std::unique_ptr<replay_graph>> capture_segment(stream& s, const segment_op* ops, std::size_t n) override {
-    auto us = usable(s, "capture");
-    if (!us) return us.err();
-    cuda_stream* cs = *us;
+    stream* one = &s;
+    return capture_streams(&one, 1, ops, n);
+  }
+
+  /// Several lanes (device::capture_lanes): the capture starts on lanes[0];
+  /// each other lane joins it at its first op by waiting for a fork event
+  /// recorded on lanes[0] at the start (so its branch follows everything the
+  /// replaying stream ran before), an op with segment_op::after waits for
+  /// the events recorded after those ops, and every lane joins lanes[0]
+  /// again before the capture ends. The graph holds the branches side by
+  /// side; lanes 1.. are only capture streams, whose resources the kernels
+  /// of their branch use.
+  expected<std::unique_ptr<replay_graph>> capture_lanes(stream* const* lanes, int count, const segment_op* ops,
+                                                       std::size_t n) override {
+    if (count < 1 || !lanes) return error(errc::invalid_argument, spec_.name + ": capture_lanes without a stream", index_);
+    return capture_streams(lanes, count, ops, n);
+  }
+
+  expected<std::unique_ptr<replay_graph>> capture_streams(stream* const* lanes, int count, const segment_op* ops,
+                                                         std::size_t n) {
+    thread_local std::vector<cuda_stream*> css;
+    css.clear();
+    for (int l = 0; l < count; ++l) {
+      if (!lanes[l]) return error(errc::invalid_argument, spec_.name + ": capture lane without a stream", index_);
+      auto us = usable(*lanes[l], "capture");
+      if (!us) return us.err();
+      css.push_back(*us);
+    }
+    cuda_stream* cs = css[0];
     device_guard g(core_->ordinal);
     const auto refused = [&](const std::string& why) {
       return error(errc::unsupported_op, spec_.name + ": graph capture refused: " + why, index_);
@@ -405,6 +431,49 @@ class cuda_device final : public device {
     }
     error launch_err;
     int kernels = 0, copy_kernels = 0;
+    // Lanes: events made for this capture (fork, per-op signals, joins),
+    // destroyed once it ended; which lanes joined; whether a lane's next
+    // kernel may launch as a programmatic dependent (not right after a fork
+    // or a wait for another lane: its predecessor is then an event, not the
+    // kernel before it).
+    thread_local std::vector<cudaEvent_t> made;
+    thread_local std::vector<cudaEvent_t> signal;  // by op: recorded after it (others follow it)
+    thread_local std::vector<char> joined, pdl_ok;
+    made.clear();
+    joined.assign(static_cast<std::size_t>(count), 0);
+    pdl_ok.assign(static_cast<std::size_t>(count), 1);
+    joined[0] = 1;
+    signal.assign(count > 1 ? n : 0, nullptr);
+    const auto new_event = [&](cudaEvent_t& e) -> bool {
+      if (cudaEventCreateWithFlags(&e, cudaEventDisableTiming) != cudaSuccess) {
+        (void)cudaGetLastError();
+        launch_err = error(errc::unsupported_op, "cudaEventCreate for a capture lane failed", index_);
+        return false;
+      }
+      made.push_back(e);
+      return true;
+    };
+    const auto captured = [&](cudaError_t r, const char* what) {
+      if (r == cudaSuccess || launch_err) return;
+      (void)cudaGetLastError();
+      launch_err = error(errc::unsupported_op, std::string(what) + ": " + cudaGetErrorString(r), index_);
+    };
+    cudaEvent_t fork = nullptr;
+    if (count > 1) {
+      for (std::size_t i = 0; i < n && !launch_err; ++i)
+        for (int a = 0; a < ops[i].after_count; ++a) {
+          const auto from = static_cast<std::size_t>(ops[i].after[a]);
+          if (ops[i].after[a] < 0 || from >= i) {
+            launch_err = error(errc::invalid_argument, "a capture op follows op " + std::to_string(ops[i].after[a]) +
+                                                           ", not an earlier one", index_);
+            break;
+          }
+          if (ops[from].lane == ops[i].lane) continue;  // the lane's own order
+          if (!signal[from]) (void)new_event(signal[from]);
+        }
+      if (new_event(fork)) captured(cudaEventRecord(fork, cs->s_), "cudaEventRecord (capture fork)");
+    }
+    int copy_lane = 0;  // the lane of the copies waiting in the batch
     // Host copies waiting to become one kernel (launch_byte_copies): a run
     // of consecutive copies none of which touches another's bytes. `as_given`
     // keeps their pointers as the segment gave them, for the independence
@@ -417,26 +486,55 @@ class cuda_device final : public device {
     const auto flush_copies = [&] {
       if (mapped_copies.empty() || launch_err) return;
       thread_local launch_ctx c;
-      c.stream = cs->s_;
-      c.pdl = kernels_.pdl;
+      c.stream = css[static_cast<std::size_t>(copy_lane)]->s_;
+      c.pdl = kernels_.pdl && pdl_ok[static_cast<std::size_t>(copy_lane)];
       c.sm_count = sm_count_;
       c.where = spec_.name + " host copies (a kernel in a graph)";
       launch_err = launch_byte_copies(c, mapped_copies.data(), static_cast<int>(mapped_copies.size()));
       if (launch_err) (void)cudaGetLastError();
+      pdl_ok[static_cast<std::size_t>(copy_lane)] = 1;
       ++copy_kernels;
       as_given.clear();
       mapped_copies.clear();
     };
     for (std::size_t i = 0; i < n && !launch_err; ++i) {
       const segment_op& o = ops[i];
+      if (o.lane < 0 || o.lane >= count) {
+        launch_err = error(errc::invalid_argument, "capture lane " + std::to_string(o.lane) + " out of range", index_);
+        break;
+      }
+      const auto lane = static_cast<std::size_t>(o.lane);
+      cuda_stream& on = *css[lane];
+      // A new lane forks off the capture; a wait for another lane's op
+      // follows the event recorded after it. Copies batched so far go first.
+      bool waits = !joined[lane];
+      for (int a = 0; count > 1 && a < o.after_count && !waits; ++a)
+        waits = signal[static_cast<std::size_t>(o.after[a])] != nullptr;
+      if (waits || (!mapped_copies.empty() && copy_lane != o.lane)) flush_copies();
+      if (launch_err) break;
+      if (!joined[lane]) {
+        captured(cudaStreamWaitEvent(on.s_, fork, 0), "cudaStreamWaitEvent (capture fork)");
+        joined[lane] = 1;
+        pdl_ok[lane] = 0;
+      }
+      for (int a = 0; count > 1 && a < o.after_count; ++a)
+        if (cudaEvent_t e = signal[static_cast<std::size_t>(o.after[a])]) {
+          captured(cudaStreamWaitEvent(on.s_, e, 0), "cudaStreamWaitEvent (capture lane)");
+          pdl_ok[lane] = 0;
+        }
+      if (launch_err) break;
+      const bool signals = count > 1 && signal[i] != nullptr;
       if (o.what == segment_op::kind::launch) {
         flush_copies();
         if (launch_err) break;
         const op_launch& l = *o.launch;
         if (l.op && !is_view_op(l.op->op) && !is_leaf_op(l.op->op)) ++kernels;
-        launch_err = run_op(*cs, l);
+        launch_err = run_op(on, l, pdl_ok[lane] != 0);
+        pdl_ok[lane] = 1;
+        if (signals && !launch_err) captured(cudaEventRecord(signal[i], on.s_), "cudaEventRecord (capture lane)");
         continue;
       }
+      copy_lane = o.lane;
       // A host copy becomes a kernel node that reads (h2d) or writes (d2h)
       // the pinned host memory directly: on an H200 a tiny job's graph with
       // memcpy nodes cost its host 10.3 us to launch against 4.7 with copy
@@ -460,22 +558,48 @@ class cuda_device final : public device {
         if (!joins || mapped_copies.size() == static_cast<std::size_t>(max_batched_copies)) flush_copies();
         as_given.push_back(given);
         mapped_copies.push_back({h2d ? o.dst : mapped, h2d ? mapped : o.src, o.bytes});
+        if (signals) {
+          flush_copies();
+          if (!launch_err) captured(cudaEventRecord(signal[i], on.s_), "cudaEventRecord (capture lane)");
+        }
         continue;
       }
       (void)cudaGetLastError();  // a refused cudaHostGetDevicePointer: a memcpy node instead
       flush_copies();
       if (launch_err) break;
       if (cudaError_t r = cudaMemcpyAsync(o.dst, o.src, static_cast<size_t>(o.bytes),
-                                          h2d ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost, cs->s_);
+                                          h2d ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost, on.s_);
           r != cudaSuccess) {
         (void)cudaGetLastError();
         launch_err = error(errc::unsupported_op, std::string("cudaMemcpyAsync: ") + cudaGetErrorString(r), index_);
       }
+      pdl_ok[lane] = 0;  // a memcpy node before: no programmatic edge
+      if (signals && !launch_err) captured(cudaEventRecord(signal[i], on.s_), "cudaEventRecord (capture lane)");
     }
     flush_copies();
+    // Every lane that forked joins the replaying stream again (also after an
+    // error: the capture must end with no lane left in it).
+    for (int l = 1; l < count; ++l) {
+      if (!joined[static_cast<std::size_t>(l)]) continue;
+      cudaEvent_t join = nullptr;
+      const bool ok = !launch_err;
+      if (cudaEventCreateWithFlags(&join, cudaEventDisableTiming) != cudaSuccess) {
+        (void)cudaGetLastError();
+        if (!launch_err) launch_err = error(errc::unsupported_op, "cudaEventCreate for a capture join failed", index_);
+        continue;
+      }
+      made.push_back(join);
+      if (cudaEventRecord(join, css[static_cast<std::size_t>(l)]->s_) != cudaSuccess ||
+          cudaStreamWaitEvent(cs->s_, join, 0) != cudaSuccess) {
+        (void)cudaGetLastError();
+        if (ok) launch_err = error(errc::unsupported_op, "joining capture lane " + std::to_string(l) + " failed", index_);
+      }
+    }
     cudaGraph_t graph = nullptr;
     const cudaError_t ended = cudaStreamEndCapture(cs->s_, &graph);  // always: leaves capture mode
     if (ended != cudaSuccess) (void)cudaGetLastError();
+    for (cudaEvent_t e : made) AG_CUDA_ASSERT(cudaEventDestroy(e));
+    made.clear();
     const auto drop = [&] {
       if (graph) AG_CUDA_ASSERT(cudaGraphDestroy(graph));
     };
@@ -897,8 +1021,16 @@ class cuda_device final : public device {
  private:
   /// One op of a launch record: an in-stream collective part here, every
   /// other op through dispatch_op.
-  error run_op(cuda_stream& cs, const op_launch& l) {
+  /// `pdl`: false where the kernel before it on the stream is not its
+  /// predecessor (a capture lane right after a fork or a wait): it then
+  /// launches as a plain dependent.
+  error run_op(cuda_stream& cs, const op_launch& l, bool pdl = true) {
     if (l.collective.rank >= 0) return in_stream_part(cs, l);
+    if (!pdl && kernels_.pdl) {
+      kernel_choices plain = kernels_;
+      plain.pdl = false;
+      return dispatch_op(*core_, cs, l, spec_.name, sm_count_, plain);
+    }
     return dispatch_op(*core_, cs, l, spec_.name, sm_count_, kernels_);
   }
 

@@ -80,14 +80,65 @@ class sim_replay_graph final : public replay_graph {
     void* dst = nullptr;
     const void* src = nullptr;
     int64_t bytes = 0;
+    int lane = 0;                  ///< capture_lanes: index into `lanes`
+    std::vector<std::size_t> after;  ///< items on other lanes it follows (indices into `items`)
+    event* done = nullptr;         ///< recorded after it: another lane's item follows it
   };
   const sim_device* owner = nullptr;
   std::vector<item> items;
   int kernel_count = 0;
+  /// capture_lanes: the streams of lanes 1.. (lanes[0] is replay()'s own),
+  /// the fork and join events and those of items others follow.
+  std::vector<stream*> lanes;
+  std::vector<std::unique_ptr<event>> events;
   int kernels() const noexcept override { return kernel_count; }
 };
 
 }  // namespace
+
+expected<std::unique_ptr<replay_graph>> sim_device::capture_lanes(stream* const* lanes, int count,
+                                                                  const segment_op* ops, std::size_t n) {
+  if (count <= 1) return device::capture_lanes(lanes, count, ops, n);
+  for (int l = 0; l < count; ++l)
+    if (!lanes[l]) return error(errc::invalid_argument, "device '" + spec().name + "': capture lane without a stream", index());
+  auto g = capture_segment(*lanes[0], ops, n);
+  if (!g) return g;
+  auto& sg = static_cast<sim_replay_graph&>(**g);
+  sg.lanes.assign(lanes, lanes + count);
+  const auto fresh_event = [&]() -> event* {
+    auto e = create_event(false);
+    if (!e) return nullptr;
+    sg.events.push_back(std::move(*e));
+    return sg.events.back().get();
+  };
+  // capture_segment dropped views and leaves: map op indices to items.
+  std::vector<std::ptrdiff_t> item_of(n, -1);
+  for (std::size_t i = 0, k = 0; i < n; ++i) {
+    const bool kept = ops[i].what != segment_op::kind::launch || !(is_view_op(ops[i].launch->op->op) || is_leaf_op(ops[i].launch->op->op));
+    if (!kept) continue;
+    item_of[i] = static_cast<std::ptrdiff_t>(k);
+    auto& it = sg.items[k++];
+    if (ops[i].lane < 0 || ops[i].lane >= count)
+      return error(errc::invalid_argument, "device '" + spec().name + "': capture lane out of range", index());
+    it.lane = ops[i].lane;
+  }
+  for (std::size_t i = 0; i < n; ++i) {
+    for (int a = 0; a < ops[i].after_count; ++a) {
+      const auto from = static_cast<std::size_t>(ops[i].after[a]);
+      if (from >= i) return error(errc::invalid_argument, "device '" + spec().name + "': an op follows a later one", index());
+      if (item_of[from] < 0) continue;  // a view: nothing ran
+      if (item_of[i] < 0) continue;
+      auto& src = sg.items[static_cast<std::size_t>(item_of[from])];
+      if (!src.done && !(src.done = fresh_event()))
+        return error(errc::unsupported_op, "device '" + spec().name + "': no event for a capture lane", index());
+      sg.items[static_cast<std::size_t>(item_of[i])].after.push_back(static_cast<std::size_t>(item_of[from]));
+    }
+  }
+  // The fork, then one join per lane.
+  for (int l = 0; l < count; ++l)
+    if (!fresh_event()) return error(errc::unsupported_op, "device '" + spec().name + "': no event for a capture lane", index());
+  return g;
+}
 
 expected<std::unique_ptr<replay_graph>> sim_device::capture_segment(stream&, const segment_op* ops, std::size_t n) {
   if (!alive()) return error(errc::device_failed, "device '" + spec().name + "' is dead: nothing to capture", index());
@@ -124,14 +175,31 @@ error sim_device::replay(stream& s, replay_graph& g) {
   auto* sg = dynamic_cast<sim_replay_graph*>(&g);
   if (!sg || sg->owner != this)
     return error(errc::invalid_argument, "device '" + spec().name + "': replay of a graph another device captured", index());
+  const std::size_t lanes = sg->lanes.size();
+  // Several lanes: the last `lanes` events are the fork and the lanes' joins.
+  const auto fork_join = [&](std::size_t l) -> event& { return *sg->events[sg->events.size() - lanes + l]; };
+  if (lanes > 1) {
+    if (error e = record(fork_join(0), s)) return e;
+    for (std::size_t l = 1; l < lanes; ++l)
+      if (error e = wait(*sg->lanes[l], fork_join(0))) return e;
+  }
   for (const auto& it : sg->items) {
+    stream& on = it.lane == 0 ? s : *sg->lanes[static_cast<std::size_t>(it.lane)];
+    for (std::size_t a : it.after)
+      if (error e = wait(on, *sg->items[a].done)) return e;
     error e;
     switch (it.what) {
-      case segment_op::kind::launch: e = launch(s, it.launch); break;
-      case segment_op::kind::copy_h2d: e = copy_h2d(s, it.dst, it.src, it.bytes); break;
-      case segment_op::kind::copy_d2h: e = copy_d2h(s, it.dst, it.src, it.bytes); break;
+      case segment_op::kind::launch: e = launch(on, it.launch); break;
+      case segment_op::kind::copy_h2d: e = copy_h2d(on, it.dst, it.src, it.bytes); break;
+      case segment_op::kind::copy_d2h: e = copy_d2h(on, it.dst, it.src, it.bytes); break;
     }
     if (e) return e;
+    if (it.done)
+      if (error re = record(*it.done, on)) return re;
+  }
+  for (std::size_t l = 1; l < lanes; ++l) {
+    if (error e = record(fork_join(l), *sg->lanes[l])) return e;
+    if (error e = wait(s, fork_join(l))) return e;
   }
   return {};
 }

@@ -65,6 +65,12 @@ class sim_device final : public host::host_device {
   /// fault_config::refuse_capture makes capture fail (fallback tests).
   bool captures() const noexcept override { return true; }
   expected<std::unique_ptr<replay_graph>> capture_segment(stream& s, const segment_op* ops, std::size_t n) override;
+  /// Several lanes: replay() forks lanes 1.. off the replaying stream with
+  /// events, runs each op on its lane's stream after the events of the ops
+  /// it follows (segment_op::after), and joins the lanes back, so the
+  /// branches overlap as plain lanes do, for one launch.
+  expected<std::unique_ptr<replay_graph>> capture_lanes(stream* const* lanes, int count, const segment_op* ops,
+                                                       std::size_t n) override;
   error replay(stream& s, replay_graph& g) override;
 
  protected:

@@ -14,7 +14,10 @@
 #include <string>
 #include <vector>
 
+#include "../graph/random_dag.hpp"
+
 #include "actors/actorgraph.hpp"
+#include "actors/runtime_core.hpp"
 #include "gpu/sim/sim_device.hpp"
 #include "graph/models/transformer.hpp"
 #include "graph/reference.hpp"
@@ -156,6 +159,57 @@ TEST(GraphReplay, RefusedCaptureFallsBackToPlainLaunchesWithTheSameValues) {
   for (const auto& r : t.rt->take_trace().records)
     traced = traced || r.label.find("[graph replay: fallback") != std::string::npos;
   EXPECT_TRUE(traced) << "no trace record says the segment fell back";
+}
+
+// Folded lanes (plan_options::fold_lanes): the device's compute lanes run
+// from one queue, and its replay segments span them, each captured as one
+// graph whose branches are the lanes (the sim runs them on lane streams of
+// their own, forked and joined by events). Jobs in flight over three arenas
+// get the reference's values; the trace names the lanes of the replayed
+// segments; a refused capture runs the queue plainly, one step after
+// another, with the same values.
+TEST(GraphReplay, FoldedLanesReplayAsOneGraphWithTheReferenceValues) {
+  const ag::graph g = ag::test::chains_graph(4, 3);
+  for (bool refuse : {false, true}) {
+    auto o = replay_sim(3);
+    o.backend.sim.faults.refuse_capture = refuse;
+    auto rt = ag::runtime::create("sim:1", o);
+    ASSERT_TRUE(rt.has_value()) << rt.err().to_string();
+    ag::plan_options po = replay_on();
+    po.lanes_per_device = 4;
+    po.min_branch_seconds = 0;
+    auto p = (*rt)->compile(g, po);
+    ASSERT_TRUE(p.has_value()) << p.err().to_string();
+    const auto& prog = *ag::actors::runtime_core::loaded(*p)->program;
+    ASSERT_GE(prog.folded_lanes(0), 2) << (*p)->describe();
+    EXPECT_NE((*p)->describe().find("compute lanes run from one queue"), std::string::npos) << (*p)->describe();
+    int spanning = 0;
+    for (const auto& ls : prog.steps()) spanning += ls.replay_lanes >= 2;
+    ASSERT_GE(spanning, 1) << "no segment spans two lanes: " << (*p)->describe();
+    for (int wave = 0; wave < 4; ++wave) {
+      std::vector<std::vector<ag::host_tensor>> ins;
+      for (int k = 0; k < 6; ++k)
+        ins.push_back({ag::host_tensor::random_normal(ag::dtype::f32, {4, 32}, 700 + static_cast<uint64_t>(wave * 6 + k), 1.0f)});
+      auto jobs = (*rt)->submit_batch(*p, ins);
+      for (std::size_t k = 0; k < jobs.size(); ++k) {
+        ASSERT_TRUE(jobs[k].wait_for(60s)) << "job " << k << " hung";
+        expect_matches_reference(g, ins[k], jobs[k].wait(), (refuse ? "refused, wave " : "wave ") + std::to_string(wave));
+      }
+    }
+    const ag::replay_stats st = (*rt)->replay_statistics();
+    int lanes_replayed = 0;
+    for (const auto& r : (*rt)->take_trace().records)
+      lanes_replayed += r.label.find("[graph replay: replayed") != std::string::npos &&
+                        r.label.find(" lanes]") != std::string::npos;
+    if (refuse) {
+      EXPECT_EQ(st.replayed, 0);
+      EXPECT_GT(st.fallbacks, 0);
+      EXPECT_EQ(lanes_replayed, 0);
+    } else {
+      EXPECT_EQ(st.fallbacks, 0) << st.last_fallback;
+      EXPECT_GT(lanes_replayed, 0) << "no replayed segment of several lanes in the trace";
+    }
+  }
 }
 
 /// The tiny job's graph: y = x + w over 256 floats.

@@ -36,13 +36,14 @@ std::vector<device_spec> sims(int n) {
 }
 
 std::shared_ptr<const plan> random_plan(uint64_t seed, int devices, int lanes,
-                                        graph_replay_mode replay = graph_replay_mode::off) {
+                                        graph_replay_mode replay = graph_replay_mode::off, bool fold_lanes = true) {
   auto g = test::random_dag({.seed = seed, .ops = 12 + static_cast<int>(seed % 30)});
   EXPECT_TRUE(g.has_value()) << g.err().to_string();
   plan_options o;
   o.lanes_per_device = lanes;
   o.min_branch_seconds = 0;
   o.graph_replay = replay;
+  o.fold_lanes = fold_lanes;
   auto p = compile(std::make_shared<const graph>(std::move(*g)), sims(devices), o);
   EXPECT_TRUE(p.has_value()) << p.err().to_string();
   return *p;
@@ -64,6 +65,10 @@ void expect_consistent(const launch_program& prog) {
     EXPECT_EQ(prog.find_queue(lq.device, lq.kind, lq.lane), static_cast<int>(q));
     ASSERT_EQ(lq.remote_dep_counts.size(), lq.steps.size());
     int records = 0;
+    // A folded queue (launch_program::folded_lanes) holds its device's lanes:
+    // each keeps its own order in it (the previous step of the same lane).
+    const bool folded = lq.kind == step_kind::compute && prog.folded_lanes(lq.device) > 0;
+    std::map<int, step_id> previous_on_lane;
     for (std::size_t i = 0; i < lq.steps.size(); ++i) {
       const step_id s = lq.steps[i];
       EXPECT_TRUE(seen.insert(s).second) << "step " << s << " is in two queues";
@@ -75,9 +80,14 @@ void expect_consistent(const launch_program& prog) {
       EXPECT_EQ(lq.device, ps.device);
       // In-stream collective parts and inlined copies run on compute lanes (plan.hpp, step).
       EXPECT_EQ(lq.kind, on_compute_lane(ps) ? step_kind::compute : ps.kind);
-      if (on_compute_lane(ps)) { EXPECT_EQ(lq.lane, ps.lane); }
+      if (on_compute_lane(ps)) { EXPECT_EQ(folded ? ls.capture_lane : lq.lane, ps.lane); }
+      if (folded) { EXPECT_EQ(lq.lane, 0); }
       if (runs_in_stream(ps)) { EXPECT_TRUE(lq.in_stream_parts); }
-      if (i > 0) { EXPECT_LT(p.at(lq.steps[i - 1]).lane_seq, ps.lane_seq) << "queue " << q << " out of lane order"; }
+      const int lane = folded ? ps.lane : 0;
+      if (previous_on_lane.count(lane)) {
+        EXPECT_LT(p.at(previous_on_lane[lane]).lane_seq, ps.lane_seq) << "queue " << q << " out of lane order";
+      }
+      previous_on_lane[lane] = s;
       EXPECT_EQ(lq.remote_dep_counts[i], static_cast<int>(ls.remote_deps.size()));
       EXPECT_EQ(ls.first_launch, records);
       records += static_cast<int>(ls.ops.size());
@@ -275,13 +285,14 @@ TEST(LaunchProgram, SmallTensorsReadOrWrittenElementwiseStayInTheHostWindow) {
 // every other step nothing; off: no step does. The host copies of a marked
 // segment, and only they, have disjoint places in their device's host
 // window. Launch records never claim a paid launch (only a backend's
-// captured copies do).
+// captured copies do). Lanes unfolded (plan_options::fold_lanes off): the
+// segments are graph/replay.hpp's, one lane each (folded ones: next test).
 TEST(LaunchProgram, ReplaySegmentsAreMarkedOnTheirFirstStep) {
   int marked_total = 0, windowed_total = 0;
   for (uint64_t seed = 1; seed <= 20; ++seed) {
     const int devices = 1 + static_cast<int>(seed % 3), lanes = 1 + static_cast<int>(seed % 2);
     for (graph_replay_mode mode : {graph_replay_mode::off, graph_replay_mode::on}) {
-      auto p = random_plan(seed, devices, lanes, mode);
+      auto p = random_plan(seed, devices, lanes, mode, /*fold_lanes=*/false);
       auto prog = lower(p).value();
       for (std::size_t q = 0; q < prog->queues().size(); ++q)
         for (const auto& l : prog->launch_records(static_cast<int>(q))) EXPECT_FALSE(l.launch_paid_by_replay);
@@ -1564,6 +1575,94 @@ const actors::lowered_op* decode_step_record(const launch_program& prog) {
 /// token_state_rows: token_states in row 0 of states of 4 rows (a batched
 /// generator's one-token steps, transformer_config::token_state_rows).
 enum class step_form { logits, argmax, token_state_out, token_states, token_state_rows };
+
+
+// Folded lanes (plan_options::fold_lanes, on by default under replay): a
+// device whose plan uses several compute lanes runs them from one queue,
+// its lane 0, in an order that keeps every lane's own order and every dep;
+// each step keeps its plan lane as its capture lane. Its replay segments are
+// runs of that queue whose inner steps wait for no remote step their first
+// did not, and feed no other queue but at their end; each step lists its
+// deps inside the segment, and the first step the lanes the segment uses.
+// With the option off, or replay off, every lane has its own queue.
+TEST(LaunchProgram, FoldedLanesRunFromOneQueueInDepOrder) {
+  int folded_devices = 0, spanning_segments = 0;
+  for (uint64_t seed = 1; seed <= 24; ++seed) {
+    const int devices = 1 + static_cast<int>(seed % 2), lanes = 2 + static_cast<int>(seed % 3);
+    auto p = random_plan(seed, devices, lanes, graph_replay_mode::on);
+    auto prog = lower(p).value();
+    expect_consistent(*prog);
+    std::map<int, int> plan_lanes;  // by device: its highest compute lane + 1
+    std::set<std::pair<int, int>> used_lanes;  // (device, lane)
+    for (const step& s : p->steps())
+      if (on_compute_lane(s)) {
+        plan_lanes[s.device] = std::max(plan_lanes[s.device], s.lane + 1);
+        used_lanes.insert({s.device, s.lane});
+      }
+    for (int d = 0; d < devices; ++d) {
+      const int want = plan_lanes[d] >= 2 ? plan_lanes[d] : 0;
+      ASSERT_EQ(prog->folded_lanes(d), want) << "seed " << seed << " device " << d;
+      if (want == 0) continue;
+      ++folded_devices;
+      int compute_queues = 0;
+      for (const auto& q : prog->queues()) compute_queues += q.device == d && q.kind == step_kind::compute;
+      EXPECT_EQ(compute_queues, 1) << "seed " << seed << ": a folded device has one compute queue";
+      const int q = prog->find_queue(d, step_kind::compute, 0);
+      ASSERT_GE(q, 0);
+      const auto& order = prog->queue(q).steps;
+      std::map<int, int> last_seq;  // by plan lane: lane_seq of its last step so far
+      std::set<step_id> issued;
+      for (step_id s : order) {
+        const step& ps = p->at(s);
+        EXPECT_EQ(prog->step(s).capture_lane, ps.lane) << "seed " << seed << " step " << s;
+        if (last_seq.count(ps.lane)) { EXPECT_LT(last_seq[ps.lane], ps.lane_seq) << "seed " << seed << ": lane order lost"; }
+        last_seq[ps.lane] = ps.lane_seq;
+        for (step_id dep : ps.deps)
+          if (prog->step(dep).queue == q) { EXPECT_TRUE(issued.count(dep)) << "seed " << seed << ": step " << s << " before its dep " << dep; }
+        issued.insert(s);
+      }
+      // Segments: consecutive runs of the queue.
+      for (std::size_t i = 0; i < order.size(); ++i) {
+        const lowered_step& first = prog->step(order[i]);
+        if (first.replay_steps == 0) {
+          EXPECT_TRUE(first.segment_deps.empty());
+          continue;
+        }
+        int top_lane = 0;
+        std::set<step_id> members;
+        for (int k = 0; k < first.replay_steps; ++k) members.insert(order[i + static_cast<std::size_t>(k)]);
+        for (int k = 0; k < first.replay_steps; ++k) {
+          const lowered_step& ls = prog->step(order[i + static_cast<std::size_t>(k)]);
+          top_lane = std::max(top_lane, ls.capture_lane);
+          if (k > 0) {
+            EXPECT_EQ(ls.replay_steps, 0);
+            for (step_id r : ls.remote_deps)
+              EXPECT_NE(std::find(first.remote_deps.begin(), first.remote_deps.end(), r), first.remote_deps.end())
+                  << "seed " << seed << ": step " << ls.id << " waits for a remote step its segment's launch does not";
+          }
+          if (k + 1 < first.replay_steps) { EXPECT_TRUE(ls.consumer_queues.empty()) << "seed " << seed; }
+          std::set<step_id> want_deps;
+          for (step_id dep : p->at(ls.id).deps)
+            if (members.count(dep)) want_deps.insert(dep);
+          EXPECT_EQ(std::set<step_id>(ls.segment_deps.begin(), ls.segment_deps.end()), want_deps) << "seed " << seed;
+        }
+        EXPECT_EQ(first.replay_lanes, top_lane + 1) << "seed " << seed;
+        spanning_segments += top_lane > 0;
+        i += static_cast<std::size_t>(first.replay_steps) - 1;
+      }
+    }
+    // Unfolded: a queue per lane, as the plan says.
+    for (auto [mode, fold] : {std::pair{graph_replay_mode::on, false}, std::pair{graph_replay_mode::off, true}}) {
+      auto unfolded = lower(random_plan(seed, devices, lanes, mode, fold)).value();
+      for (int d = 0; d < devices; ++d) EXPECT_EQ(unfolded->folded_lanes(d), 0);
+      int compute_queues = 0;
+      for (const auto& q : unfolded->queues()) compute_queues += q.kind == step_kind::compute;
+      EXPECT_EQ(compute_queues, static_cast<int>(used_lanes.size())) << "seed " << seed;
+    }
+  }
+  EXPECT_GT(folded_devices, 10);
+  EXPECT_GT(spanning_segments, 5) << "no segment spanned two lanes";
+}
 
 }  // namespace
 

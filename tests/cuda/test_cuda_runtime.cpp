@@ -72,6 +72,50 @@ TEST(CudaRuntime, TransformerOnOneGpuMatchesReferenceWithPinnedOutputs) {
                 &gpu::cuda::pinned_host_memory());
 }
 
+// Folded lanes on a GPU (plan_options::fold_lanes, under replay): the
+// device's lanes run from one queue, each replay segment is captured as one
+// CUDA graph whose branches run on capture streams of their own (fork, join
+// and cross-lane edges from events in the capture), and jobs in flight over
+// several arenas get the reference's values, plain on their first run,
+// then captured and replayed (the trace names the lanes); unfolded, the same.
+TEST(CudaRuntime, FoldedLanesReplayAsOneGraphAndMatchTheReference) {
+  AG_REQUIRE_GPU(1);
+  const graph g = test::chains_graph(6, 4, 16, 128);
+  for (bool fold : {true, false}) {
+    auto rt = make("cuda:0");
+    ASSERT_TRUE(rt);
+    plan_options po;
+    po.lanes_per_device = 6;
+    po.min_branch_seconds = 0;
+    po.graph_replay = graph_replay_mode::on;
+    po.fold_lanes = fold;
+    auto p = rt->compile(g, po);
+    ASSERT_TRUE(p) << p.err().to_string();
+    EXPECT_EQ((*p)->describe().find("compute lanes run from one queue") != std::string::npos, fold) << (*p)->describe();
+    for (int wave = 0; wave < 3; ++wave) {
+      std::vector<std::vector<host_tensor>> in;
+      for (int k = 0; k < 8; ++k)
+        in.push_back({host_tensor::random_normal(dtype::f32, {16, 128}, 900 + static_cast<uint64_t>(wave * 8 + k), 1.0f)});
+      auto handles = rt->submit_batch(*p, in);
+      for (std::size_t k = 0; k < in.size(); ++k) {
+        const auto& r = handles[k].wait();
+        ASSERT_TRUE(r) << "wave " << wave << " job " << k << ": " << r.err().to_string();
+        auto want = evaluate_reference(g, in[k]);
+        ASSERT_TRUE(want) << want.err().to_string();
+        auto c = compare((*r)[0], (*want)[0], 2e-4, 2e-3);
+        EXPECT_TRUE(c.ok) << (fold ? "folded" : "unfolded") << " wave " << wave << " job " << k << ": " << c.message;
+      }
+    }
+    const replay_stats st = rt->replay_statistics();
+    EXPECT_EQ(st.fallbacks, 0) << st.last_fallback;
+    EXPECT_GT(st.replayed, 0);
+    int lanes_replayed = 0;
+    for (const auto& r : rt->take_trace().records)
+      lanes_replayed += r.label.find("[graph replay: replayed") != std::string::npos && r.label.find(" lanes]") != std::string::npos;
+    EXPECT_EQ(lanes_replayed > 0, fold) << "replayed segments of several lanes in the trace: " << lanes_replayed;
+  }
+}
+
 TEST(CudaRuntime, TransformerPipelinedOverTwoGpusMatchesReference) {
   AG_REQUIRE_GPU(2);
   auto rt = make("cuda:0,1");

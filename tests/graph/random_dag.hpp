@@ -107,4 +107,25 @@ inline expected<graph> random_dag(const random_dag_options& o) {
   return std::move(b).build();
 }
 
+/// `chains` independent chains of `depth` (matmul by a weight [d, d], silu)
+/// from one input x [rows, d], added up at the end: branches the planner
+/// gives compute lanes of their own (lanes and folded-lanes tests).
+inline graph chains_graph(int chains, int depth, int64_t rows = 4, int64_t d = 32) {
+  graph_builder b;
+  auto x = b.input("x", dtype::f32, {rows, d});
+  tensor total;
+  for (int c = 0; c < chains; ++c) {
+    tensor h = x;
+    for (int k = 0; k < depth; ++k) {
+      auto w = b.weight("w" + std::to_string(c) + "_" + std::to_string(k),
+                        host_tensor::random_normal(dtype::f32, {d, d}, 50 + 10 * static_cast<uint64_t>(c) + static_cast<uint64_t>(k),
+                                                   1.0f / static_cast<float>(d) * 6.0f));
+      h = b.silu(b.matmul(h, w));
+    }
+    total = total.valid() ? b.add(total, h) : h;
+  }
+  b.output(total);
+  return std::move(b).build().value();
+}
+
 }  // namespace ag::test
