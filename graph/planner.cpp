@@ -747,7 +747,15 @@ struct step_builder {
 /// never splits a lane's run of compute steps (a replayed segment), and the
 /// lane order, by step id, is still a topological order. The memory plan
 /// takes no order from it (it orders compute steps only).
-void inline_small_copies(std::vector<step>& steps, const std::vector<device_spec>& devices) {
+/// On a device whose lanes will run from one queue (`folding`, by device:
+/// plan_options::fold_lanes, graph/replay.hpp folded_lanes), an h2d whose
+/// consumers are all compute steps of the device, on any of its lanes, goes
+/// first on its first consumer's lane: the folded queue then issues it
+/// first, and the replay segment after it takes it in (one graph for the
+/// job's input copy and the lanes' work), where a copy queue of its own
+/// would cost every job a hand-over between actors and an event wait.
+void inline_small_copies(std::vector<step>& steps, const std::vector<device_spec>& devices,
+                         const std::vector<char>& folding) {
   // (device, lane) -> the first and last step id on that compute lane.
   std::map<std::pair<int, int>, std::pair<step_id, step_id>> span;
   for (const step& st : steps) {
@@ -760,14 +768,15 @@ void inline_small_copies(std::vector<step>& steps, const std::vector<device_spec
     if (st.bytes > devices[static_cast<std::size_t>(st.device)].inline_copy_max_bytes) continue;
     int lane = -1;
     if (st.kind == step_kind::copy_h2d) {
-      for (step_id c : st.consumers) {
+      const bool any_lane = folding[static_cast<std::size_t>(st.device)] != 0;
+      for (step_id c : st.consumers) {  // in id order: the first consumer's lane comes first
         const step& cs = steps[static_cast<std::size_t>(c)];
         const bool same = on_compute_lane(cs) && !cs.on_compute_stream && cs.device == st.device;
-        if (!same || (lane >= 0 && cs.lane != lane)) {
+        if (!same || (lane >= 0 && cs.lane != lane && !any_lane)) {
           lane = -1;
           break;
         }
-        lane = cs.lane;
+        if (lane < 0) lane = cs.lane;
       }
       if (lane < 0 || span.at({st.device, lane}).first < st.id) continue;
     } else {
@@ -1035,7 +1044,19 @@ expected<std::shared_ptr<const plan>> planner::compile(std::shared_ptr<const gra
     }
   }
   if (options.order_steps_by_model) order_steps(*p);
-  if (options.inline_small_copies) inline_small_copies(p->steps_, p->devices_);
+  if (options.inline_small_copies) {
+    // The devices whose lanes the lowering will fold (graph/replay.hpp
+    // folded_lanes, which reads the finished plan: the same conditions).
+    std::vector<char> folding(p->devices_.size(), 0);
+    const bool collectives = std::any_of(p->steps_.begin(), p->steps_.end(),
+                                         [](const step& st) { return st.kind == step_kind::collective; });
+    if (options.fold_lanes && !collectives)
+      for (const step& st : p->steps_)
+        if (on_compute_lane(st) && st.lane > 0 &&
+            replays_on(options.graph_replay, p->devices_[static_cast<std::size_t>(st.device)].kind))
+          folding[static_cast<std::size_t>(st.device)] = 1;
+    inline_small_copies(p->steps_, p->devices_, folding);
+  }
 
   // Lane order: compute lanes (with the in-stream parts and copies inlined
   // there) per (device, lane), copies per (device, kind), both in step order
