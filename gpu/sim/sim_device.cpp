@@ -111,27 +111,43 @@ expected<std::unique_ptr<replay_graph>> sim_device::capture_lanes(stream* const*
     sg.events.push_back(std::move(*e));
     return sg.events.back().get();
   };
-  // capture_segment dropped views and leaves: map op indices to items.
+  // capture_segment dropped views and leaves: map each op to its item, a
+  // dropped one to the last item of its lane before it (what following it
+  // means; -1: nothing of its lane ran before it, the fork is enough).
   std::vector<std::ptrdiff_t> item_of(n, -1);
+  std::vector<std::ptrdiff_t> last_on_lane(static_cast<std::size_t>(count), -1);
+  std::vector<std::ptrdiff_t> follower(n, -1);  // the item an op's waits go to: its own, or the lane's next
   for (std::size_t i = 0, k = 0; i < n; ++i) {
-    const bool kept = ops[i].what != segment_op::kind::launch || !(is_view_op(ops[i].launch->op->op) || is_leaf_op(ops[i].launch->op->op));
-    if (!kept) continue;
-    item_of[i] = static_cast<std::ptrdiff_t>(k);
-    auto& it = sg.items[k++];
     if (ops[i].lane < 0 || ops[i].lane >= count)
       return error(errc::invalid_argument, "device '" + spec().name + "': capture lane out of range", index());
-    it.lane = ops[i].lane;
+    auto& last = last_on_lane[static_cast<std::size_t>(ops[i].lane)];
+    const bool kept = ops[i].what != segment_op::kind::launch || !(is_view_op(ops[i].launch->op->op) || is_leaf_op(ops[i].launch->op->op));
+    if (kept) {
+      last = static_cast<std::ptrdiff_t>(k);
+      sg.items[k++].lane = ops[i].lane;
+    }
+    item_of[i] = last;
+  }
+  // A dropped op's waits go to the next item of its lane.
+  std::vector<std::ptrdiff_t> next_on_lane(static_cast<std::size_t>(count), -1);
+  for (std::size_t i = n, k = sg.items.size(); i-- > 0;) {
+    const bool kept = ops[i].what != segment_op::kind::launch || !(is_view_op(ops[i].launch->op->op) || is_leaf_op(ops[i].launch->op->op));
+    if (kept) next_on_lane[static_cast<std::size_t>(ops[i].lane)] = static_cast<std::ptrdiff_t>(--k);
+    follower[i] = next_on_lane[static_cast<std::size_t>(ops[i].lane)];
   }
   for (std::size_t i = 0; i < n; ++i) {
     for (int a = 0; a < ops[i].after_count; ++a) {
       const auto from = static_cast<std::size_t>(ops[i].after[a]);
-      if (from >= i) return error(errc::invalid_argument, "device '" + spec().name + "': an op follows a later one", index());
-      if (item_of[from] < 0) continue;  // a view: nothing ran
-      if (item_of[i] < 0) continue;
+      if (ops[i].after[a] < 0 || from >= i)
+        return error(errc::invalid_argument, "device '" + spec().name + "': an op follows a later one", index());
+      if (ops[from].lane == ops[i].lane) continue;  // the lane's own order
+      if (item_of[from] < 0 || follower[i] < 0) continue;  // nothing ran before it, or nothing runs after
       auto& src = sg.items[static_cast<std::size_t>(item_of[from])];
       if (!src.done && !(src.done = fresh_event()))
         return error(errc::unsupported_op, "device '" + spec().name + "': no event for a capture lane", index());
-      sg.items[static_cast<std::size_t>(item_of[i])].after.push_back(static_cast<std::size_t>(item_of[from]));
+      auto& waits = sg.items[static_cast<std::size_t>(follower[i])].after;
+      if (std::find(waits.begin(), waits.end(), static_cast<std::size_t>(item_of[from])) == waits.end())
+        waits.push_back(static_cast<std::size_t>(item_of[from]));
     }
   }
   // The fork, then one join per lane.

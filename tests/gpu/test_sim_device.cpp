@@ -268,6 +268,63 @@ TEST(SimDevice, CapturedLaunchesReplayWithOneLaunchLatencyAndTheSameValues) {
   EXPECT_NE(refused.err().message.find("refused the capture"), std::string::npos) << refused.err().to_string();
 }
 
+// capture_lanes (folded lanes): a graph over two streams. Lane 0 triples x
+// into y; lane 1 triples x into w beside it, then y into z after lane 0's op
+// (segment_op::after). Each op takes 20 ms of modelled time, so a lane-1 op
+// that did not wait would read y still zero. Replayed: z = 9x, w = 3x, and
+// the lanes overlap (about 40 ms, not 60). An op that names a later op as
+// its predecessor is refused.
+TEST(SimDevice, CapturedLanesRunSideBySideInTheOrderTheirOpsFollow) {
+  gpu::sim_options o;
+  o.jitter = 0;
+  o.spec.launch_latency = 0.02;  // dominates a tiny op: 20 ms each
+  o.spec.kernel_latency = 0.02;
+  auto dev = make_sim(o);
+  scale_job job(64);
+  auto dx = dev->allocate(job.n * 4), dy = dev->allocate(job.n * 4), dz = dev->allocate(job.n * 4),
+       dw = dev->allocate(job.n * 4);
+  ASSERT_TRUE(dx && dy && dz && dw);
+  ASSERT_FALSE(dev->upload(*dx, job.in.data(), job.n * 4));
+  const std::vector<float> zeros(static_cast<std::size_t>(job.n), 0.0f);
+  for (void* p : {*dy, *dz, *dw}) ASSERT_FALSE(dev->upload(p, zeros.data(), job.n * 4));
+  auto s0 = dev->create_stream(ag::step_kind::compute).value();
+  auto s1 = dev->create_stream(ag::step_kind::compute).value();
+  const gpu::op_launch xy = job.launch(*dx, *dy), xw = job.launch(*dx, *dw), yz = job.launch(*dy, *dz);
+  const int32_t after_xy[1] = {0};
+  gpu::segment_op ops[3];
+  ops[0].launch = &xy;  // lane 0
+  ops[1].launch = &xw;
+  ops[1].lane = 1;
+  ops[2].launch = &yz;
+  ops[2].lane = 1;
+  ops[2].after = after_xy;
+  ops[2].after_count = 1;
+  gpu::stream* lanes[2] = {s0.get(), s1.get()};
+  auto g = dev->capture_lanes(lanes, 2, ops, 3);
+  ASSERT_TRUE(g.has_value()) << g.err().to_string();
+  EXPECT_EQ((*g)->kernels(), 3);
+  const int64_t t0 = gpu::host_clock_ns();
+  ASSERT_FALSE(dev->replay(*s0, **g));
+  EXPECT_FALSE(dev->synchronize(*s0));  // the lanes join lane 0 at the end
+  const double ms = static_cast<double>(gpu::host_clock_ns() - t0) * 1e-6;
+  std::vector<float> z(static_cast<std::size_t>(job.n)), w(z.size());
+  ASSERT_FALSE(dev->download(z.data(), *dz, job.n * 4));
+  ASSERT_FALSE(dev->download(w.data(), *dw, job.n * 4));
+  for (std::size_t i = 0; i < z.size(); ++i) {
+    ASSERT_FLOAT_EQ(z[i], 9.0f * job.in[i]) << i << ": lane 1 did not wait for lane 0's op";
+    ASSERT_FLOAT_EQ(w[i], 3.0f * job.in[i]) << i;
+  }
+  EXPECT_GE(ms, 40 * 0.999);
+  EXPECT_LT(ms, 58) << "the lanes did not overlap";
+
+  const int32_t later[1] = {2};
+  ops[1].after = later;
+  ops[1].after_count = 1;
+  auto bad = dev->capture_lanes(lanes, 2, ops, 3);
+  ASSERT_FALSE(bad.has_value());
+  EXPECT_EQ(bad.err().code, errc::invalid_argument);
+}
+
 TEST(SimDevice, ZeroDelayModelsNothingUnlessFaultsAreConfigured) {
   gpu::sim_options o;
   o.zero_delay = true;
