@@ -9,6 +9,7 @@
 ///     ag::expected<ag::graph> g = ag::test::random_dag({.seed = 7, .ops = 30});
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -107,24 +108,26 @@ inline expected<graph> random_dag(const random_dag_options& o) {
   return std::move(b).build();
 }
 
-/// `chains` independent chains of `depth` (matmul by a weight [d, d], silu)
-/// from one input x [rows, d], added up at the end: branches the planner
-/// gives compute lanes of their own (lanes and folded-lanes tests).
+/// `chains` independent chains of `depth` matmul + gelu ([rows, d] x [d, d],
+/// ops named "c<chain>.<k>.mm" / ".act") from one input x, summed one after
+/// another as they finish ("join<chain>"): issue 16's branchy graph, whose
+/// chains the planner gives compute lanes of their own (planner, lanes and
+/// folded-lanes tests).
 inline graph chains_graph(int chains, int depth, int64_t rows = 4, int64_t d = 32) {
   graph_builder b;
   auto x = b.input("x", dtype::f32, {rows, d});
-  tensor total;
+  tensor sum;
   for (int c = 0; c < chains; ++c) {
     tensor h = x;
     for (int k = 0; k < depth; ++k) {
-      auto w = b.weight("w" + std::to_string(c) + "_" + std::to_string(k),
-                        host_tensor::random_normal(dtype::f32, {d, d}, 50 + 10 * static_cast<uint64_t>(c) + static_cast<uint64_t>(k),
-                                                   1.0f / static_cast<float>(d) * 6.0f));
-      h = b.silu(b.matmul(h, w));
+      const std::string n = "c" + std::to_string(c) + "." + std::to_string(k);
+      auto w = b.weight(n + ".w", host_tensor::random_normal(dtype::f32, {d, d}, static_cast<uint64_t>(100 * c + k + 1),
+                                                             1.5f / std::sqrt(static_cast<float>(d))));
+      h = b.gelu(b.matmul(h, w, false, false, n + ".mm"), gelu_mode::tanh, n + ".act");
     }
-    total = total.valid() ? b.add(total, h) : h;
+    sum = sum.valid() ? b.add(sum, h, "join" + std::to_string(c)) : h;
   }
-  b.output(total);
+  b.output(sum);
   return std::move(b).build().value();
 }
 

@@ -544,24 +544,10 @@ TEST(Planner, LightBranchesStayOnOneLane) {
   EXPECT_EQ(comp[0]->lane, 0);
 }
 
-// `chains` independent chains of `depth` matmul + gelu ([rows, d] x [d, d])
-// from one input, summed one after another as they finish (issue 16's
-// branchy graph): the sums join the chains, they do not merge them.
+// Issue 16's branchy graph (random_dag.hpp chains_graph): the sums join the
+// chains, they do not merge them.
 std::shared_ptr<const graph> summed_chains(int chains, int depth, int64_t rows, int64_t d) {
-  graph_builder b;
-  auto x = b.input("x", dtype::f32, {rows, d});
-  tensor sum;
-  for (int c = 0; c < chains; ++c) {
-    tensor h = x;
-    for (int k = 0; k < depth; ++k) {
-      const std::string n = "c" + std::to_string(c) + "." + std::to_string(k);
-      auto w = b.weight(n + ".w", host_tensor::random_normal(dtype::f32, {d, d}, static_cast<uint64_t>(100 * c + k + 1), 0.05f));
-      h = b.gelu(b.matmul(h, w, false, false, n + ".mm"), gelu_mode::tanh, n + ".act");
-    }
-    sum = sum.valid() ? b.add(sum, h, "join" + std::to_string(c)) : h;
-  }
-  b.output(sum);
-  return finish(std::move(b));
+  return std::make_shared<const graph>(test::chains_graph(chains, depth, rows, d));
 }
 
 int lanes_used(const plan& p) {
