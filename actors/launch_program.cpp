@@ -1094,14 +1094,12 @@ expected<std::shared_ptr<const launch_program>> lower(std::shared_ptr<const plan
   const std::vector<int> rank = any_folded ? issue_rank(pl) : std::vector<int>{};
   for (auto& q : prog->queues_) {
     q.in_job_order = has_collectives;
-    if (q.kind == step_kind::compute && prog->folded_lanes(q.device) > 0)
-      std::sort(q.steps.begin(), q.steps.end(), [&](step_id x, step_id y) {
-        return std::make_pair(rank[static_cast<std::size_t>(x)], x) < std::make_pair(rank[static_cast<std::size_t>(y)], y);
-      });
-    else
-      std::sort(q.steps.begin(), q.steps.end(), [&](step_id x, step_id y) {
-        return std::make_pair(pl.at(x).lane_seq, x) < std::make_pair(pl.at(y).lane_seq, y);
-      });
+    // A folded queue in issue rank, every other one in lane order.
+    const bool by_rank = q.kind == step_kind::compute && prog->folded_lanes(q.device) > 0;
+    const auto key = [&](step_id x) {
+      return std::make_pair(by_rank ? rank[static_cast<std::size_t>(x)] : pl.at(x).lane_seq, x);
+    };
+    std::sort(q.steps.begin(), q.steps.end(), [&](step_id x, step_id y) { return key(x) < key(y); });
     for (std::size_t i = 0; i < q.steps.size(); ++i) prog->steps_[static_cast<std::size_t>(q.steps[i])].pos = static_cast<int>(i);
   }
   if (auto e = check_launch_order(pl, prog->queues_)) return e;

@@ -748,14 +748,14 @@ struct step_builder {
 /// lane order, by step id, is still a topological order. The memory plan
 /// takes no order from it (it orders compute steps only).
 /// On a device whose lanes will run from one queue (`folding`, by device:
-/// plan_options::fold_lanes, graph/replay.hpp folded_lanes), an h2d whose
+/// graph/replay.hpp folded_lanes, > 0), an h2d whose
 /// consumers are all compute steps of the device, on any of its lanes, goes
 /// first on its first consumer's lane: the folded queue then issues it
 /// first, and the replay segment after it takes it in (one graph for the
 /// job's input copy and the lanes' work), where a copy queue of its own
 /// would cost every job a hand-over between actors and an event wait.
 void inline_small_copies(std::vector<step>& steps, const std::vector<device_spec>& devices,
-                         const std::vector<char>& folding) {
+                         const std::vector<int>& folding) {
   // (device, lane) -> the first and last step id on that compute lane.
   std::map<std::pair<int, int>, std::pair<step_id, step_id>> span;
   for (const step& st : steps) {
@@ -1044,19 +1044,9 @@ expected<std::shared_ptr<const plan>> planner::compile(std::shared_ptr<const gra
     }
   }
   if (options.order_steps_by_model) order_steps(*p);
-  if (options.inline_small_copies) {
-    // The devices whose lanes the lowering will fold (graph/replay.hpp
-    // folded_lanes, which reads the finished plan: the same conditions).
-    std::vector<char> folding(p->devices_.size(), 0);
-    const bool collectives = std::any_of(p->steps_.begin(), p->steps_.end(),
-                                         [](const step& st) { return st.kind == step_kind::collective; });
-    if (options.fold_lanes && !collectives)
-      for (const step& st : p->steps_)
-        if (on_compute_lane(st) && st.lane > 0 &&
-            replays_on(options.graph_replay, p->devices_[static_cast<std::size_t>(st.device)].kind))
-          folding[static_cast<std::size_t>(st.device)] = 1;
-    inline_small_copies(p->steps_, p->devices_, folding);
-  }
+  // On the devices whose lanes the lowering will fold (their lanes are
+  // set by now; inlining only moves copies onto lanes already used).
+  if (options.inline_small_copies) inline_small_copies(p->steps_, p->devices_, folded_lanes(*p));
 
   // Lane order: compute lanes (with the in-stream parts and copies inlined
   // there) per (device, lane), copies per (device, kind), both in step order

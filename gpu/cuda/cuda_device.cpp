@@ -443,7 +443,7 @@ class cuda_device final : public device {
     joined.assign(static_cast<std::size_t>(count), 0);
     pdl_ok.assign(static_cast<std::size_t>(count), 1);
     joined[0] = 1;
-    signal.assign(count > 1 ? n : 0, nullptr);
+    signal.assign(n, nullptr);
     const auto new_event = [&](cudaEvent_t& e) -> bool {
       if (cudaEventCreateWithFlags(&e, cudaEventDisableTiming) != cudaSuccess) {
         (void)cudaGetLastError();
@@ -458,21 +458,19 @@ class cuda_device final : public device {
       (void)cudaGetLastError();
       launch_err = error(errc::unsupported_op, std::string(what) + ": " + cudaGetErrorString(r), index_);
     };
-    cudaEvent_t fork = nullptr;
-    if (count > 1) {
-      for (std::size_t i = 0; i < n && !launch_err; ++i)
-        for (int a = 0; a < ops[i].after_count; ++a) {
-          const auto from = static_cast<std::size_t>(ops[i].after[a]);
-          if (ops[i].after[a] < 0 || from >= i) {
-            launch_err = error(errc::invalid_argument, "a capture op follows op " + std::to_string(ops[i].after[a]) +
-                                                           ", not an earlier one", index_);
-            break;
-          }
-          if (ops[from].lane == ops[i].lane) continue;  // the lane's own order
-          if (!signal[from]) (void)new_event(signal[from]);
+    for (std::size_t i = 0; i < n && !launch_err; ++i)
+      for (int a = 0; a < ops[i].after_count; ++a) {
+        const auto from = static_cast<std::size_t>(ops[i].after[a]);
+        if (ops[i].after[a] < 0 || from >= i) {
+          launch_err = error(errc::invalid_argument, "a capture op follows op " + std::to_string(ops[i].after[a]) +
+                                                         ", not an earlier one", index_);
+          break;
         }
-      if (new_event(fork)) captured(cudaEventRecord(fork, cs->s_), "cudaEventRecord (capture fork)");
-    }
+        if (ops[from].lane == ops[i].lane) continue;  // the lane's own order
+        if (!signal[from]) (void)new_event(signal[from]);
+      }
+    cudaEvent_t fork = nullptr;
+    if (count > 1 && new_event(fork)) captured(cudaEventRecord(fork, cs->s_), "cudaEventRecord (capture fork)");
     int copy_lane = 0;  // the lane of the copies waiting in the batch
     // Host copies waiting to become one kernel (launch_byte_copies): a run
     // of consecutive copies none of which touches another's bytes. `as_given`
@@ -508,8 +506,7 @@ class cuda_device final : public device {
       // A new lane forks off the capture; a wait for another lane's op
       // follows the event recorded after it. Copies batched so far go first.
       bool waits = !joined[lane];
-      for (int a = 0; count > 1 && a < o.after_count && !waits; ++a)
-        waits = signal[static_cast<std::size_t>(o.after[a])] != nullptr;
+      for (int a = 0; a < o.after_count && !waits; ++a) waits = signal[static_cast<std::size_t>(o.after[a])] != nullptr;
       if (waits || (!mapped_copies.empty() && copy_lane != o.lane)) flush_copies();
       if (launch_err) break;
       if (!joined[lane]) {
@@ -517,13 +514,13 @@ class cuda_device final : public device {
         joined[lane] = 1;
         pdl_ok[lane] = 0;
       }
-      for (int a = 0; count > 1 && a < o.after_count; ++a)
+      for (int a = 0; a < o.after_count; ++a)
         if (cudaEvent_t e = signal[static_cast<std::size_t>(o.after[a])]) {
           captured(cudaStreamWaitEvent(on.s_, e, 0), "cudaStreamWaitEvent (capture lane)");
           pdl_ok[lane] = 0;
         }
       if (launch_err) break;
-      const bool signals = count > 1 && signal[i] != nullptr;
+      const bool signals = signal[i] != nullptr;
       if (o.what == segment_op::kind::launch) {
         flush_copies();
         if (launch_err) break;

@@ -117,12 +117,13 @@ expected<std::unique_ptr<replay_graph>> sim_device::capture_lanes(stream* const*
   std::vector<std::ptrdiff_t> item_of(n, -1);
   std::vector<std::ptrdiff_t> last_on_lane(static_cast<std::size_t>(count), -1);
   std::vector<std::ptrdiff_t> follower(n, -1);  // the item an op's waits go to: its own, or the lane's next
+  std::vector<char> kept(n);
   for (std::size_t i = 0, k = 0; i < n; ++i) {
     if (ops[i].lane < 0 || ops[i].lane >= count)
       return error(errc::invalid_argument, "device '" + spec().name + "': capture lane out of range", index());
     auto& last = last_on_lane[static_cast<std::size_t>(ops[i].lane)];
-    const bool kept = ops[i].what != segment_op::kind::launch || !(is_view_op(ops[i].launch->op->op) || is_leaf_op(ops[i].launch->op->op));
-    if (kept) {
+    kept[i] = ops[i].what != segment_op::kind::launch || !(is_view_op(ops[i].launch->op->op) || is_leaf_op(ops[i].launch->op->op));
+    if (kept[i]) {
       last = static_cast<std::ptrdiff_t>(k);
       sg.items[k++].lane = ops[i].lane;
     }
@@ -131,8 +132,7 @@ expected<std::unique_ptr<replay_graph>> sim_device::capture_lanes(stream* const*
   // A dropped op's waits go to the next item of its lane.
   std::vector<std::ptrdiff_t> next_on_lane(static_cast<std::size_t>(count), -1);
   for (std::size_t i = n, k = sg.items.size(); i-- > 0;) {
-    const bool kept = ops[i].what != segment_op::kind::launch || !(is_view_op(ops[i].launch->op->op) || is_leaf_op(ops[i].launch->op->op));
-    if (kept) next_on_lane[static_cast<std::size_t>(ops[i].lane)] = static_cast<std::ptrdiff_t>(--k);
+    if (kept[i]) next_on_lane[static_cast<std::size_t>(ops[i].lane)] = static_cast<std::ptrdiff_t>(--k);
     follower[i] = next_on_lane[static_cast<std::size_t>(ops[i].lane)];
   }
   for (std::size_t i = 0; i < n; ++i) {

@@ -23,14 +23,7 @@
 #include <thread>
 #include <vector>
 
-#define CK(x)                                                                             \
-  do {                                                                                    \
-    cudaError_t e_ = (x);                                                                 \
-    if (e_ != cudaSuccess) {                                                              \
-      std::fprintf(stderr, "%s: %s (line %d)\n", #x, cudaGetErrorString(e_), __LINE__);   \
-      std::exit(1);                                                                       \
-    }                                                                                     \
-  } while (0)
+#include "persistent_common.cuh"  // CK, the CUDA call check
 
 namespace {
 

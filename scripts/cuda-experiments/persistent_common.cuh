@@ -1,5 +1,6 @@
 // What the persistent-kernel experiments (persistent_chain.cu,
-// decode_step_kernel.cu) share: the CUDA call check, the random fills and the
+// decode_step_kernel.cu) share, and graph_launch_size.cu's CUDA call check:
+// the CUDA call check, the random fills and the
 // streaming read that sets the floor, the bf16 products' warp sums,
 // mbarriers and bulk copies from global into shared memory, and a warp's
 // walk over its chunks of a chain of GEMVs.
