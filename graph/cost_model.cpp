@@ -45,6 +45,7 @@ error validate(const device_spec& d) {
       return error(errc::invalid_argument, who + field + " must be in (0, 1], got " + std::to_string(v));
   if (auto e = non_negative("launch_latency", d.launch_latency)) return e;
   if (auto e = non_negative("kernel_latency", d.kernel_latency)) return e;
+  if (auto e = non_negative("kernel_issue_interval", d.kernel_issue_interval)) return e;
   if (auto e = non_negative("link_latency", d.link_latency)) return e;
   if (auto e = non_negative("host_latency", d.host_latency)) return e;
   if (d.mem_bytes < 0)
@@ -143,6 +144,10 @@ double estimate_seconds(const device_spec& d, op_cost c, dtype type) {
 double estimate_replayed_seconds(const device_spec& d, double plain_seconds) {
   if (!(plain_seconds > 0)) return 0.0;
   return plain_seconds - std::min(plain_seconds, d.launch_latency) + d.kernel_latency;
+}
+
+double replayed_kernel_overlap_seconds(const device_spec& d) {
+  return d.kernel_latency - std::min(d.kernel_latency, d.kernel_issue_interval);
 }
 
 double estimate_seconds(const device_spec& d, const graph& g, const node& n) {

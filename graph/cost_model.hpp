@@ -44,6 +44,14 @@ struct device_spec {
   /// an H100: tiny kernels of a replayed graph took 3.9 us each on one stream,
   /// and four streams ran them about 1.7x faster: docs/BENCHMARKS.md).
   double kernel_latency = 3.5e-6;
+  /// s, the part of kernel_latency that holds the whole device, not only the
+  /// kernel's stream: a GPU's front end starts the kernels of a replayed
+  /// graph's side-by-side branches one at a time, so branches of tiny kernels
+  /// are bound by their kernel count times this, however many run at once.
+  /// Counts as at most kernel_latency. Measured on an H100: 8 chains of 17 tiny kernels
+  /// in one graph took 93 us (one chain 64 us), 0.69 us a kernel
+  /// (docs/BENCHMARKS.md, session 77).
+  double kernel_issue_interval = 0.65e-6;
   double link_bandwidth = 450e9;       ///< bytes/s, device <-> device (one way)
   double link_latency = 5e-6;          ///< s, per peer copy
   double host_bandwidth = 55e9;        ///< bytes/s, pinned host <-> device
@@ -156,6 +164,11 @@ double estimate_seconds(const device_spec& d, op_cost c, dtype type);
 /// launch latency replaced by d.kernel_latency, device time on its own
 /// stream. `plain_seconds` is estimate_seconds' figure (0 stays 0).
 double estimate_replayed_seconds(const device_spec& d, double plain_seconds);
+/// The part of a replayed kernel's cost that kernels of other lanes overlap:
+/// kernel_latency less kernel_issue_interval (the rest, with the kernel's
+/// throughput-bound work, holds the device; the sim device and the planner's
+/// lanes model both split it so).
+double replayed_kernel_overlap_seconds(const device_spec& d);
 /// Peer copy: latency + bytes / min(link bandwidths).
 double estimate_peer_copy_seconds(const device_spec& src, const device_spec& dst, int64_t bytes);
 /// Host <-> device copy: host_latency + bytes / host_bandwidth.

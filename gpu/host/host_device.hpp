@@ -53,8 +53,9 @@ struct work_timing {
   /// another's work, no more (measured on an H100: 8 chains of small matmuls
   /// ran 1.07x faster on 4 lanes than on one; docs/BENCHMARKS.md).
   double launch_seconds = 0;
-  /// The part of `seconds` that holds only the kernel's own stream
-  /// (spec.kernel_latency of a replayed kernel): it waits for neither the
+  /// The part of `seconds` that holds only the kernel's own stream (a
+  /// replayed kernel's spec.kernel_latency less its issue interval,
+  /// replayed_kernel_overlap_seconds): it waits for neither the
   /// launch clock nor the device's throughput, so other lanes' kernels
   /// overlap it.
   double latency_seconds = 0;

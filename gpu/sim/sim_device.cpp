@@ -266,12 +266,13 @@ error sim_device::admit_op(host::host_stream& s, const op_launch& l, host::work_
   else if (!is_view_op(l.op->op) && !is_leaf_op(l.op->op))
     cost = estimate_seconds(spec(), cost_of_launch(l), l.op->type);
   // A kernel replayed inside a captured segment pays no launch of its own:
-  // its launch latency becomes the device-side kernel latency, which holds
-  // only its stream (spec.kernel_latency; host_device::occupy).
+  // its launch latency becomes the device-side kernel latency, most of which
+  // holds only its stream (host_device::occupy); its issue interval holds the
+  // device with the kernel's work (spec.kernel_issue_interval).
   double latency = 0;
   if (l.launch_paid_by_replay && cost > 0) {
     cost = estimate_replayed_seconds(spec(), cost);
-    latency = std::min(cost, spec().kernel_latency);
+    latency = std::min(cost, replayed_kernel_overlap_seconds(spec()));
   }
   std::lock_guard<std::mutex> lk(mutex_);
   // Draw every number for every op, so the sequence does not depend on rates.

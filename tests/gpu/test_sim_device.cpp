@@ -224,6 +224,53 @@ TEST(SimDevice, LanesOverlapReplayedKernelLatenciesButNotPlainLaunches) {
   EXPECT_LT(replay, 0.8 * plain) << "replayed ops on two lanes did not overlap: " << replay << " vs " << plain << " ms";
 }
 
+// spec.kernel_issue_interval: the part of a replayed kernel's latency that
+// holds the whole device (a GPU's front end starts kernels one at a time), so
+// lanes of tiny replayed kernels are bound by their kernel count times it.
+TEST(SimDevice, ReplayedKernelsOfAllLanesTakeTurnsForTheirIssueInterval) {
+  auto four_lanes_ms = [](double issue_interval) {
+    gpu::sim_options o;
+    o.jitter = 0;
+    o.compute_values = false;
+    o.spec.launch_latency = 0.01;  // both dominate a tiny op: 10 ms per op
+    o.spec.kernel_latency = 0.01;
+    o.spec.kernel_issue_interval = issue_interval;
+    auto dev = make_sim(o);
+    scale_job job(16);
+    auto dx = dev->allocate(64);
+    std::vector<std::unique_ptr<gpu::stream>> lanes;
+    std::vector<void*> outs;
+    std::vector<std::unique_ptr<gpu::event>> done;
+    for (int l = 0; l < 4; ++l) {
+      lanes.push_back(dev->create_stream(ag::step_kind::compute).value());
+      outs.push_back(dev->allocate(64).value());
+      done.push_back(dev->create_event(true).value());
+    }
+    const int64_t t0 = gpu::host_clock_ns();
+    for (int i = 0; i < 8; ++i)
+      for (std::size_t l = 0; l < lanes.size(); ++l) {
+        auto op = job.launch(*dx, outs[l]);
+        op.launch_paid_by_replay = i > 0;
+        EXPECT_FALSE(dev->launch(*lanes[l], op));
+      }
+    int64_t end = 0;
+    for (std::size_t l = 0; l < lanes.size(); ++l) {
+      EXPECT_FALSE(dev->record(*done[l], *lanes[l]));
+      EXPECT_FALSE(dev->synchronize(*lanes[l]));
+      end = std::max(end, done[l]->completion_ns());
+    }
+    return static_cast<double>(end - t0) * 1e-6;
+  };
+  const double overlapped = four_lanes_ms(0.0), issued = four_lanes_ms(0.008);
+  // No issue interval: the 4 first launches back to back (40 ms), then each
+  // lane's 7 replayed latencies side by side: about 110 ms. An issue interval
+  // of 8 ms: the 28 replayed kernels take their turns, >= 224 ms (host
+  // wake-ups may add a little, never take away).
+  EXPECT_GE(overlapped, 110 * 0.999);
+  EXPECT_GE(issued, 224 * 0.999);
+  EXPECT_LT(overlapped, 0.8 * issued) << "the issue interval did not bind: " << overlapped << " vs " << issued << " ms";
+}
+
 // capture() records launches without running them; replay() runs them with
 // the captured buffers (x -> y -> z, each tripled) for one launch latency;
 // refuse_capture makes capture() fail and leaves the stream untouched.
