@@ -298,9 +298,8 @@ struct plan_options {
   ///    the throughput-bound parts of kernels: lanes overlap one branch's
   ///    launches with another's work, and under graph replay the kernels'
   ///    device-side latency (device_spec::kernel_latency) less its issue
-  ///    interval; each extra lane pays a fork/join of two launch latencies,
-  ///    or of two issue intervals where the lanes fold, whose segment pays
-  ///    one graph launch for all lanes) and the device's arena stays within
+  ///    interval; each extra lane pays a fork/join of two launch latencies)
+  ///    and the device's arena stays within
   ///    max_lane_memory_ratio of the one-lane plan's, or within
   ///    lane_memory_slack_bytes of it (else fewer lanes);
   ///  - N >= 1: up to N lanes, independent branches spread over them whenever

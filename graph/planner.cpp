@@ -329,9 +329,6 @@ void assign_lanes(builder_state& s) {
   const std::size_t n = g.size();
   std::vector<std::size_t> col_of(n);
   bit_matrix anc;
-  // Folded lanes need a plan without collectives (folded_lanes, graph/replay.hpp).
-  const bool has_collectives =
-      std::any_of(g.nodes().begin(), g.nodes().end(), [](const node& v) { return is_collective_op(v.op); });
   for (int dev = 0; dev < s.ndev(); ++dev) {
     const device_spec& spec = s.devices[static_cast<std::size_t>(dev)];
     const int lanes = std::min(s.lane_cap, spec.max_lanes);
@@ -410,11 +407,12 @@ void assign_lanes(builder_state& s) {
     // the two parts apart). Under graph replay (a backend that captures:
     // sim, cuda) a kernel has no launch of its own: it costs kernel_latency
     // instead, device time that lanes overlap but for its issue interval, and
-    // each lane's segment pays one graph launch, or, where the lanes fold
-    // (folded_lanes, graph/replay.hpp: replay on, no collectives in the
-    // plan), the device pays one launch for all of them.
+    // each lane's segment pays one graph launch. (Folded lanes, graph/replay.hpp,
+    // pay one launch for all lanes and a graph edge per fork or join; the
+    // model still charges them as unfolded lanes: charging less would give
+    // transformers' gated products at T 128 a second lane, which no GPU has
+    // measured yet.)
     const bool replayed = replays_on(s.opt.graph_replay, spec.kind);
-    const bool folds = replayed && s.opt.fold_lanes && !has_collectives;
     std::map<int, std::map<std::size_t, double>> groups, launch_part, latency_part;
     for (std::size_t a = 0; a < m; ++a) {
       if (seq[a] || joined[a]) continue;
@@ -452,14 +450,12 @@ void assign_lanes(builder_state& s) {
         // back to back (one device's throughput): lanes overlap one branch's
         // launches, or replayed kernels' latencies, with another's work.
         // Every extra lane costs a fork and a join (an event record and wait
-        // each; edges inside the one graph of folded lanes, about a kernel's
-        // issue each). The sim device models the same (host_device::occupy).
+        // each). The sim device models the same (host_device::occupy).
         const int used = static_cast<int>(std::count_if(load.begin(), load.end(), [](double x) { return x > 0; }));
-        if (replayed) launch_total = (folds ? 1 : used) * spec.launch_latency;  // graph launches
-        const double fork_join = folds ? spec.kernel_issue_interval : spec.launch_latency;
+        if (replayed) launch_total = used * spec.launch_latency;  // a graph launch per lane
         const double spread =
             std::max({throughput_part, launch_total, *std::max_element(load.begin(), load.end())}) +
-            2.0 * fork_join * (used - 1);
+            2.0 * spec.launch_latency * (used - 1);
         if (!(spread < 0.9 * one_lane)) continue;  // a gain under 10% is within the model's error
       }
       lane_of_component.insert(chosen.begin(), chosen.end());

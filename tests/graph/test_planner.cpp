@@ -636,44 +636,6 @@ TEST(Planner, AutoLanesSpreadLaunchBoundBranchesUnderGraphReplay) {
   EXPECT_EQ(lanes_used(*r), 1) << (*r).describe();
 }
 
-// A gated MLP's two products at a decode step's few rows (each ~20 us of
-// memory traffic on this slow-memory sim, gate followed by silu): under
-// replay with folded lanes the device pays one graph launch for both lanes
-// and a fork or join costs an edge of that graph, so overlapping the gate's
-// silu and the kernels' latencies pays: two lanes. Lanes that do not fold
-// (fold_lanes off) pay a graph launch per lane and an event pair per fork,
-// which eats the gain: one lane.
-TEST(Planner, AutoLanesCountOneLaunchForLanesThatFold) {
-  graph_builder b;
-  auto x = b.input("x", dtype::f32, {8, 256});
-  auto wg = b.weight("wg", host_tensor::random_normal(dtype::f32, {256, 640}, 5, 0.05f));
-  auto wu = b.weight("wu", host_tensor::random_normal(dtype::f32, {256, 640}, 6, 0.05f));
-  auto gate = b.silu(b.matmul(x, wg, false, false, "gate"), "gate.silu");
-  auto up = b.matmul(x, wu, false, false, "up");
-  b.output(b.mul(gate, up, "gated"));
-  auto g = finish(std::move(b));
-  auto devices = sim_devices(1);
-  devices[0].mem_bandwidth = 3.35e10;  // 20 us of traffic per product
-  plan_options o;
-  o.graph_replay = graph_replay_mode::on;
-  auto p = must_compile(g, devices, o);
-  ASSERT_TRUE(p);
-  check_structure(*p);
-  EXPECT_TRUE(check_hazards(*p).ok());
-  EXPECT_EQ(lanes_used(*p), 2) << (*p).describe();
-  EXPECT_EQ(folded_lanes(*p)[0], 2);
-  o.fold_lanes = false;
-  auto q = must_compile(g, devices, o);
-  ASSERT_TRUE(q);
-  EXPECT_EQ(lanes_used(*q), 1) << (*q).describe();
-  // No replay: every kernel's launch comes off one launching thread.
-  o.fold_lanes = true;
-  o.graph_replay = graph_replay_mode::off;
-  auto r = must_compile(g, devices, o);
-  ASSERT_TRUE(r);
-  EXPECT_EQ(lanes_used(*r), 1) << (*r).describe();
-}
-
 // A throughput-bound branch (one large matmul) next to a launch-bound one (a
 // chain of small elementwise ops): lanes overlap the second's launches with
 // the first's work, the model predicts about half the time, and the small
