@@ -185,18 +185,23 @@ TEST(SimDevice, ReplayedOpsAreChargedTheKernelLatencyInsteadOfTheLaunchLatency) 
   EXPECT_NEAR(plain.first - replay.first, 9 * plain.second, 1e-12);
 }
 
+// Timing only, no jitter; launch and kernel latency of 10 ms each dominate a tiny op.
+gpu::sim_options latency_bound_options() {
+  gpu::sim_options o;
+  o.jitter = 0;
+  o.compute_values = false;
+  o.spec.launch_latency = 0.01;
+  o.spec.kernel_latency = 0.01;
+  return o;
+}
+
 // Two compute lanes of one device: plain launches of tiny ops come one after
 // another on the device's launch clock (one actor launches every lane), so a
 // second lane gains nothing; replayed ops hold only their own stream for the
 // kernel latency, so two lanes overlap them (as 4 streams did on an H100).
 TEST(SimDevice, LanesOverlapReplayedKernelLatenciesButNotPlainLaunches) {
   auto two_lanes_ms = [](bool replayed) {
-    gpu::sim_options o;
-    o.jitter = 0;
-    o.compute_values = false;
-    o.spec.launch_latency = 0.01;  // both dominate a tiny op: 10 ms per op
-    o.spec.kernel_latency = 0.01;
-    auto dev = make_sim(o);
+    auto dev = make_sim(latency_bound_options());
     scale_job job(16);
     auto dx = dev->allocate(64), dy = dev->allocate(64), dz = dev->allocate(64);
     auto s0 = dev->create_stream(ag::step_kind::compute).value();
@@ -229,11 +234,7 @@ TEST(SimDevice, LanesOverlapReplayedKernelLatenciesButNotPlainLaunches) {
 // lanes of tiny replayed kernels are bound by their kernel count times it.
 TEST(SimDevice, ReplayedKernelsOfAllLanesTakeTurnsForTheirIssueInterval) {
   auto four_lanes_ms = [](double issue_interval) {
-    gpu::sim_options o;
-    o.jitter = 0;
-    o.compute_values = false;
-    o.spec.launch_latency = 0.01;  // both dominate a tiny op: 10 ms per op
-    o.spec.kernel_latency = 0.01;
+    gpu::sim_options o = latency_bound_options();
     o.spec.kernel_issue_interval = issue_interval;
     auto dev = make_sim(o);
     scale_job job(16);
