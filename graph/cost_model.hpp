@@ -48,9 +48,9 @@ struct device_spec {
   /// kernel's stream: a GPU's front end starts the kernels of a replayed
   /// graph's side-by-side branches one at a time, so branches of tiny kernels
   /// are bound by their kernel count times this, however many run at once.
-  /// Counts as at most kernel_latency. Measured on an H100: 8 chains of 17 tiny kernels
-  /// in one graph took 93 us (one chain 64 us), 0.69 us a kernel
-  /// (docs/BENCHMARKS.md, session 77).
+  /// Counts as at most kernel_latency. Measured on an H100: 8 chains of 17
+  /// tiny kernels in one graph took 93 us (one chain 64 us), 0.69 us a
+  /// kernel (docs/BENCHMARKS.md, session 77).
   double kernel_issue_interval = 0.65e-6;
   double link_bandwidth = 450e9;       ///< bytes/s, device <-> device (one way)
   double link_latency = 5e-6;          ///< s, per peer copy
