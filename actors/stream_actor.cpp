@@ -163,30 +163,31 @@ void order_log(const exec_state& st, const char* what, uint64_t job, uint64_t se
                static_cast<unsigned long long>(job), static_cast<unsigned long long>(seq), what, extra);
 }
 
-/// The stream of `lane`, made on first use; null with `err` set when the
-/// device refused it (every step of that lane then fails with it).
-gpu::stream* stream_of(exec_state& st, int lane, const error** err) {
-  if (st.streams.size() <= static_cast<std::size_t>(lane)) st.streams.resize(static_cast<std::size_t>(lane) + 1);
-  auto& ls = st.streams[static_cast<std::size_t>(lane)];
+/// Stream `lane` of `streams` (of kind `kind`), made on first use; null
+/// with `err` set when the device refused it (every later call for that
+/// lane then fails with the same error).
+gpu::stream* lazy_stream(exec_state& st, std::vector<lane_stream>& streams, int lane, step_kind kind,
+                         const error** err) {
+  if (streams.size() <= static_cast<std::size_t>(lane)) streams.resize(static_cast<std::size_t>(lane) + 1);
+  auto& ls = streams[static_cast<std::size_t>(lane)];
   if (!ls.stream && !ls.err) {
-    if (auto s = st.dev->create_stream(st.kind)) ls.stream = std::move(*s);
+    if (auto s = st.dev->create_stream(kind)) ls.stream = std::move(*s);
     else ls.err = s.err();
   }
   *err = &ls.err;
   return ls.stream.get();
 }
 
+/// The stream of `lane` (every step of that lane fails with its error when
+/// the device refused it).
+gpu::stream* stream_of(exec_state& st, int lane, const error** err) {
+  return lazy_stream(st, st.streams, lane, st.kind, err);
+}
+
 /// The capture stream of lane `lane` (>= 1) of folded graphs (exec_state::
-/// fold_streams); null with `err` set when the device refused it.
+/// fold_streams).
 gpu::stream* fold_stream_of(exec_state& st, int lane, const error** err) {
-  if (st.fold_streams.size() <= static_cast<std::size_t>(lane)) st.fold_streams.resize(static_cast<std::size_t>(lane) + 1);
-  auto& ls = st.fold_streams[static_cast<std::size_t>(lane)];
-  if (!ls.stream && !ls.err) {
-    if (auto s = st.dev->create_stream(step_kind::compute)) ls.stream = std::move(*s);
-    else ls.err = s.err();
-  }
-  *err = &ls.err;
-  return ls.stream.get();
+  return lazy_stream(st, st.fold_streams, lane, step_kind::compute, err);
 }
 
 expected<std::shared_ptr<gpu::event>> take_event(exec_state& st, bool timing) {
