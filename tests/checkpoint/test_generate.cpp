@@ -102,6 +102,21 @@ ag::expected<ag::models::hf_model> saved_model(const temp_dir& dir, const ag::mo
   return ag::models::hf_model::open(dir.str());
 }
 
+// `cfg` with random weights saved into a directory of its own and opened
+// again, and a runtime on `spec`: where most tests here start.
+struct saved_setup {
+  temp_dir dir;  // outlives the model, which maps its files
+  ag::expected<ag::models::hf_model> model;
+  ag::expected<std::unique_ptr<ag::runtime>> rt;
+  std::string why;  // what failed, empty when both are there
+  saved_setup(const ag::models::transformer_config& cfg, const std::string& spec)
+      : model(saved_model(dir, cfg)), rt(ag::runtime::create(spec, fast_sim())) {
+    if (!model) why = model.err().to_string();
+    else if (!rt) why = rt.err().to_string();
+  }
+  bool ready() const { return why.empty(); }
+};
+
 // `cfg` saved into `dir` and opened, a cpu:1 runtime, and a generator over
 // it with one sequence of `cache_tokens` positions in prefill chunks of 512.
 struct chunked_setup {
@@ -152,14 +167,12 @@ void decode_equals_recompute(const std::string& spec, int stages, int64_t prefil
     SCOPED_TRACE(std::string(to_string(cfg.variant)) + " (heads of " + std::to_string(cfg.head_dim()) + ") on " + spec +
                  ", stages " + std::to_string(stages) +
                  ", prefill_chunk " + std::to_string(prefill_chunk));
-    temp_dir dir;
-    ag::test::save_random_model(dir.str(), cfg);
-    auto m = ag::models::hf_model::open(dir.str());
-    ASSERT_TRUE(m.has_value()) << m.err().to_string();
+    const saved_setup s(cfg, spec);
+    ASSERT_TRUE(s.ready()) << s.why;
+    const auto& m = s.model;
+    const auto& rt = s.rt;
     ASSERT_EQ(m->model_config(1).rope_scale, cfg.rope_scale) << "the saved config's RoPE scaling";
     ASSERT_EQ(m->model_config(1).sliding_window, cfg.sliding_window) << "the saved config's sliding window";
-    auto rt = ag::runtime::create(spec, fast_sim());
-    ASSERT_TRUE(rt.has_value()) << rt.err().to_string();
     ag::generator_options go;
     go.cache_tokens = 16;
     go.prefill_chunk = prefill_chunk;
@@ -321,12 +334,10 @@ TEST(GenerateDecode, EqualsRecomputePipelinedAcrossTwoStages) {
 
 TEST(GenerateMany, ConcurrentSequencesEachEqualTheirSoloRunAndCancelledOnesStop) {
   const auto cfg = ag::test::tiny_model(ag::models::model_variant::llama, 2);
-  temp_dir dir;
-  ag::test::save_random_model(dir.str(), cfg);
-  auto m = ag::models::hf_model::open(dir.str());
-  ASSERT_TRUE(m.has_value()) << m.err().to_string();
-  auto rt = ag::runtime::create("sim:2", fast_sim());
-  ASSERT_TRUE(rt.has_value()) << rt.err().to_string();
+  const saved_setup s(cfg, "sim:2");
+  ASSERT_TRUE(s.ready()) << s.why;
+  const auto& m = s.model;
+  const auto& rt = s.rt;
   ag::generator_options go;
   go.cache_tokens = 16;
   go.max_sequences = 3;  // 6 sequences: three wait for a slot
@@ -356,12 +367,10 @@ TEST(GenerateMany, ConcurrentSequencesEachEqualTheirSoloRunAndCancelledOnesStop)
 
 TEST(GeneratePipelined, DepthOutsideItsRangeIsRefused) {
   const auto cfg = ag::test::tiny_model(ag::models::model_variant::gpt2);
-  temp_dir dir;
-  ag::test::save_random_model(dir.str(), cfg);
-  auto m = ag::models::hf_model::open(dir.str());
-  ASSERT_TRUE(m.has_value()) << m.err().to_string();
-  auto rt = ag::runtime::create("sim:1", fast_sim());
-  ASSERT_TRUE(rt.has_value()) << rt.err().to_string();
+  const saved_setup s(cfg, "sim:1");
+  ASSERT_TRUE(s.ready()) << s.why;
+  const auto& m = s.model;
+  const auto& rt = s.rt;
   for (int depth : {0, 17}) {
     ag::generator_options go;
     go.cache_tokens = 16;
@@ -384,12 +393,10 @@ struct held_first {
 
 TEST(GenerateCache, FullCacheFailsClearlyOrQueuesAndSequencesStopAtCapacity) {
   const auto cfg = ag::test::tiny_model(ag::models::model_variant::gpt2);
-  temp_dir dir;
-  ag::test::save_random_model(dir.str(), cfg);
-  auto m = ag::models::hf_model::open(dir.str());
-  ASSERT_TRUE(m.has_value()) << m.err().to_string();
-  auto rt = ag::runtime::create("cpu:1", fast_sim());
-  ASSERT_TRUE(rt.has_value()) << rt.err().to_string();
+  const saved_setup s(cfg, "cpu:1");
+  ASSERT_TRUE(s.ready()) << s.why;
+  const auto& m = s.model;
+  const auto& rt = s.rt;
   for (bool queue : {false, true}) {
     SCOPED_TRACE(queue ? "queue_when_full" : "fail when full");
     ag::generator_options go;
@@ -439,12 +446,10 @@ TEST(GenerateCache, FullCacheFailsClearlyOrQueuesAndSequencesStopAtCapacity) {
 TEST(GenerateCache, ASlidingWindowKeepsARingOfItsWindowAndASequenceRunsToCacheTokens) {
   auto cfg = ag::test::tiny_model(ag::models::model_variant::llama, 2);
   cfg.sliding_window = 4;
-  temp_dir dir;
-  ag::test::save_random_model(dir.str(), cfg);
-  auto m = ag::models::hf_model::open(dir.str());
-  ASSERT_TRUE(m.has_value()) << m.err().to_string();
-  auto rt = ag::runtime::create("cpu:1", fast_sim());
-  ASSERT_TRUE(rt.has_value()) << rt.err().to_string();
+  const saved_setup s(cfg, "cpu:1");
+  ASSERT_TRUE(s.ready()) << s.why;
+  const auto& m = s.model;
+  const auto& rt = s.rt;
   ag::generator_options go;
   go.cache_tokens = 64;
   go.max_sequences = 1;
@@ -490,12 +495,10 @@ TEST(GenerateCache, ASlidingWindowKeepsARingOfItsWindowAndASequenceRunsToCacheTo
 
 TEST(GenerateCache, CancellingAWaitingSequenceEndsItWhileTheSlotIsStillHeld) {
   const auto cfg = ag::test::tiny_model(ag::models::model_variant::gpt2);
-  temp_dir dir;
-  ag::test::save_random_model(dir.str(), cfg);
-  auto m = ag::models::hf_model::open(dir.str());
-  ASSERT_TRUE(m.has_value()) << m.err().to_string();
-  auto rt = ag::runtime::create("cpu:1", fast_sim());
-  ASSERT_TRUE(rt.has_value()) << rt.err().to_string();
+  const saved_setup s(cfg, "cpu:1");
+  ASSERT_TRUE(s.ready()) << s.why;
+  const auto& m = s.model;
+  const auto& rt = s.rt;
   ag::generator_options go;
   go.cache_tokens = 8;
   go.max_sequences = 1;
@@ -680,12 +683,10 @@ TEST(GenerateSampling, SameSeedSameTokensOtherSeedOtherTokens) {
 // Bad penalties and min_p are refused at generate().
 TEST(GenerateSampling, GreedyWithARepetitionPenaltyEqualsThePenalisedRecompute) {
   auto cfg = ag::test::tiny_model(ag::models::model_variant::llama, 2);
-  temp_dir dir;
-  ag::test::save_random_model(dir.str(), cfg);
-  auto m = ag::models::hf_model::open(dir.str());
-  ASSERT_TRUE(m.has_value()) << m.err().to_string();
-  auto rt = ag::runtime::create("cpu:1");
-  ASSERT_TRUE(rt.has_value());
+  const saved_setup s(cfg, "cpu:1");
+  ASSERT_TRUE(s.ready()) << s.why;
+  const auto& m = s.model;
+  const auto& rt = s.rt;
   ag::generator_options go;
   go.cache_tokens = 24;
   go.prefill_chunk = 4;
@@ -769,13 +770,11 @@ TEST(GenerateSampling, StopWhenEndsTheSequenceAtItsToken) {
 TEST(GenerateDecode, Bf16LlamaEqualsRecomputeWithinBf16RoundingCpu) {
   auto cfg = ag::test::tiny_model(ag::models::model_variant::llama, 2);
   cfg.dtype = ag::dtype::bf16;
-  temp_dir dir;
-  ag::test::save_random_model(dir.str(), cfg);
-  auto m = ag::models::hf_model::open(dir.str());
-  ASSERT_TRUE(m.has_value()) << m.err().to_string();
+  const saved_setup s(cfg, "cpu:1");
+  ASSERT_TRUE(s.ready()) << s.why;
+  const auto& m = s.model;
+  const auto& rt = s.rt;
   ASSERT_EQ(m->dtype(), ag::dtype::bf16);
-  auto rt = ag::runtime::create("cpu:1");
-  ASSERT_TRUE(rt.has_value());
   ag::generator_options go;
   go.cache_tokens = 16;
   go.prefill_chunk = 4;
@@ -812,12 +811,10 @@ TEST(GenerateDecode, LongCacheCpuDecodeAttentionIsFusedAndEqualsRecompute) {
       SCOPED_TRACE(std::string(ag::to_string(t)) + ", prefill_chunk " + std::to_string(chunk));
       auto cfg = ag::test::tiny_model(ag::models::model_variant::llama, 2);
       cfg.dtype = t;
-      temp_dir dir;
-      ag::test::save_random_model(dir.str(), cfg);
-      auto m = ag::models::hf_model::open(dir.str());
-      ASSERT_TRUE(m.has_value()) << m.err().to_string();
-      auto rt = ag::runtime::create("cpu:1");
-      ASSERT_TRUE(rt.has_value()) << rt.err().to_string();
+      const saved_setup s(cfg, "cpu:1");
+      ASSERT_TRUE(s.ready()) << s.why;
+      const auto& m = s.model;
+      const auto& rt = s.rt;
       for (const int64_t cache : {int64_t{16}, int64_t{1100}}) {
         SCOPED_TRACE("cache " + std::to_string(cache));
         ag::generator_options go;

@@ -45,6 +45,15 @@ struct fixture {
   void ok(std::initializer_list<const char*> lines) {
     for (const char* l : lines) ASSERT_EQ(run(l), exec_status::ok) << l << "\n" << text;
   }
+  /// Whether `line` is refused (exec_status::failed) with `message` in its
+  /// output; the failure names the line and shows what it printed.
+  ::testing::AssertionResult rejects(const std::string& line, const std::string& message) {
+    const exec_status st = run(line);
+    if (st != exec_status::failed) return ::testing::AssertionFailure() << "'" << line << "' was not refused:\n" << text;
+    if (!has(text, message))
+      return ::testing::AssertionFailure() << "'" << line << "' did not say '" << message << "':\n" << text;
+    return ::testing::AssertionSuccess();
+  }
   std::string text;
 };
 

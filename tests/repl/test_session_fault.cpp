@@ -105,8 +105,7 @@ TEST(ReplFault, DeadDeviceFailsItsJobsUntilFaultsAreTurnedOff) {
   // `die` without a count kills the device at once: the plan cannot load.
   f.ok({"fault sim0 die"});
   EXPECT_TRUE(has(f.text, "dies after 0 ops")) << f.text;
-  EXPECT_EQ(f.run("plan"), exec_status::failed);
-  EXPECT_TRUE(has(f.text, "device 'sim0'")) << f.text;
+  EXPECT_TRUE(f.rejects("plan", "device 'sim0'"));
   EXPECT_TRUE(has(f.text, "dead")) << f.text;
   f.ok({"fault sim0 off", "run n=2", "wait"});
   EXPECT_TRUE(has(f.text, "[run 3] 2/2 done")) << f.text;
@@ -137,8 +136,7 @@ TEST(ReplFault, StallDelaysEveryOpAndJobsStillCheckOk) {
 TEST(ReplFault, SimMeansEverySimDeviceAndOneOfSeveralIsRefused) {
   fixture f;
   f.ok({"devices sim:2 scale=0.01"});
-  EXPECT_EQ(f.run("fault sim1 error"), exec_status::failed);
-  EXPECT_TRUE(has(f.text, "error: col 7: 'sim1' is one of 2 sim devices")) << f.text;
+  EXPECT_TRUE(f.rejects("fault sim1 error", "error: col 7: 'sim1' is one of 2 sim devices"));
   EXPECT_TRUE(has(f.text, "'fault sim ...'")) << f.text;
   EXPECT_TRUE(has(f.text, "usage: fault")) << f.text;
   f.ok({"fault sim error", small_gpt2, "run n=2", "wait"});
@@ -180,15 +178,13 @@ TEST(ReplFault, BadInputSaysWhatWasWrongAndWhere) {
   f.ok({"fault"});
   EXPECT_EQ(f.text, "faults: none\n");
   f.ok({"devices cpu:2"});
-  EXPECT_EQ(f.run("fault sim error"), exec_status::failed);
-  EXPECT_TRUE(has(f.text, "error: col 7: no sim devices here (devices: cpu0, cpu1)")) << f.text;
+  EXPECT_TRUE(f.rejects("fault sim error", "error: col 7: no sim devices here (devices: cpu0, cpu1)"));
 }
 
 TEST(ReplFault, RefusedWhileJobsRun) {
   fixture f;
   f.ok({"devices cpu:1,sim:1 scale=2000 arenas=1", small_gpt2, "set stages=2", "run n=20 check=off"});
-  EXPECT_EQ(f.run("fault sim0 error"), exec_status::failed);
-  EXPECT_TRUE(has(f.text, "jobs are running: 'wait' or 'cancel all' before injecting faults")) << f.text;
+  EXPECT_TRUE(f.rejects("fault sim0 error", "jobs are running: 'wait' or 'cancel all' before injecting faults"));
   EXPECT_FALSE(has(f.text, "usage:")) << f.text;  // not a usage error
   f.ok({"cancel all", "wait", "fault"});
   EXPECT_EQ(f.text, "faults: none\n");
