@@ -152,6 +152,10 @@ int main(int argc, char** argv) {
   const auto t0 = std::chrono::steady_clock::now();
   std::error_code ec;
   std::filesystem::create_directories(out, ec);
+  if (ec) {
+    std::fprintf(stderr, "error: cannot make the folder %s: %s\n", out.c_str(), ec.message().c_str());
+    return 1;
+  }
   auto g = ag::models::build_transformer(c);
   if (!g) {
     std::fprintf(stderr, "error: %s\n", g.err().to_string().c_str());

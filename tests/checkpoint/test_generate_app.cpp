@@ -2,12 +2,17 @@
 // the dumped logits equal the reference evaluator's on one device, 2 stages,
 // tensor degree 2 and 2 stages x degree 2 (cpu and sim),
 // text prompts go through the folder's tokenizer, and bad input exits with a
-// message (1: load or run failure, 2: command line).
+// message (1: load or run failure, 2: command line). actorgraph-save-model:
+// the folders it writes hold the shape its flags ask for and generate like
+// the reference; its seed decides the weights; bad flags exit with a message.
 #include <gtest/gtest.h>
 
 #include <sys/wait.h>
 
 #include <cctype>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <cstdio>
 
 #include "checkpoint_test_util.hpp"
@@ -27,9 +32,10 @@ struct run_result {
   std::string out;
 };
 
-run_result run(const std::string& args) {
+// Runs `program` with `args`, its stdout and stderr together.
+run_result run_program(const std::string& program, const std::string& args) {
   run_result r;
-  const std::string cmd = std::string(AG_GENERATE_BINARY) + " " + args + " 2>&1";
+  const std::string cmd = program + " " + args + " 2>&1";
   FILE* p = ::popen(cmd.c_str(), "r");
   if (!p) return r;
   char buf[4096];
@@ -39,6 +45,8 @@ run_result run(const std::string& args) {
   r.rc = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
   return r;
 }
+
+run_result run(const std::string& args) { return run_program(AG_GENERATE_BINARY, args); }
 
 // The value of a "name: value" line of the output.
 std::string field(const std::string& out, const std::string& name) {
@@ -342,6 +350,131 @@ TEST(GenerateApp, BadInputExitsWithAMessage) {
   EXPECT_NE(r.out.find("warning: no generated_text"), std::string::npos) << r.out;
   EXPECT_NE(field(r.out, "generated"), "") << r.out;
 }
+
+#ifdef AG_SAVE_MODEL_BINARY
+
+namespace {
+
+run_result save_model(const std::string& args) { return run_program(AG_SAVE_MODEL_BINARY, args); }
+
+// The next `n` greedy tokens after `prompt` by the reference evaluator over
+// the folder's model, comma-separated as actorgraph-generate prints them.
+std::string reference_greedy(const hf_model& m, std::vector<int32_t> seq, int n) {
+  std::string want;
+  for (int t = 0; t < n; ++t) {
+    const auto S = static_cast<int64_t>(seq.size());
+    auto g = m.build(S);
+    EXPECT_TRUE(g.has_value()) << g.err().to_string();
+    if (!g) return {};
+    std::vector<int32_t> pos(seq.size());
+    for (std::size_t i = 0; i < pos.size(); ++i) pos[i] = static_cast<int32_t>(i);
+    auto out = evaluate_reference(*g, {host_tensor::from_ints({1, S}, seq), host_tensor::from_ints({S}, pos)});
+    EXPECT_TRUE(out.has_value()) << out.err().to_string();
+    if (!out) return {};
+    host_tensor l;
+    l.reset(dtype::f32, {S, (*out)[0].dims()[2]}, (*out)[0].raw());
+    const int32_t next = argmax_last_row(l);
+    want += (t ? "," : "") + std::to_string(next);
+    seq.push_back(next);
+  }
+  return want;
+}
+
+std::string file_bytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+}  // namespace
+
+// actorgraph-save-model writes what its flags ask for (the shape, the width
+// flags, the dtype, shards), as a folder that hf_model reads back with that
+// config and that actorgraph-generate runs as the reference evaluator does.
+TEST(SaveModelApp, SavedFoldersHoldTheAskedShapeAndGenerateLikeTheReference) {
+  struct want_shape {
+    std::string flags;
+    model_variant variant;
+    int64_t layers, d_model, heads, kv_heads, d_ff, vocab;
+    dtype type;
+    attention_bias bias;
+    bool tied;
+    int64_t window;
+    bool sharded;
+  };
+  const std::vector<want_shape> cases = {
+      // LLaMA widths of the flags' own, f32, in shards of at most 1 MB (about 1.5 MB in all).
+      {"--shape tiny-llama --layers 3 --d-model 96 --heads 6 --kv-heads 2 --d-ff 200 --vocab 500 --dtype f32 "
+       "--shard-mb 1",
+       model_variant::llama, 3, 96, 6, 2, 200, 500, dtype::f32, attention_bias::none, false, 0, true},
+      // Qwen2's biases and tied head, with a sliding window.
+      {"--shape tiny-qwen2 --sliding-window 4 --dtype f32", model_variant::llama, 2, 64, 4, 2, 160, 300, dtype::f32,
+       attention_bias::qkv, true, 4, false},
+      {"--shape tiny-gpt2 --dtype bf16", model_variant::gpt2, 2, 64, 4, 4, 256, 300, dtype::bf16,
+       attention_bias::none, true, 0, false},
+  };
+  for (const want_shape& w : cases) {
+    SCOPED_TRACE(w.flags);
+    temp_dir dir;
+    const run_result saved = save_model("--out " + (dir / "m") + " " + w.flags);
+    ASSERT_EQ(saved.rc, 0) << saved.out;
+    EXPECT_EQ(saved.out.rfind("saved ", 0), 0u) << saved.out;
+    EXPECT_EQ(std::filesystem::exists(dir / "m/model.safetensors.index.json"), w.sharded);
+    auto m = hf_model::open(dir / "m");
+    ASSERT_TRUE(m.has_value()) << m.err().to_string();
+    const transformer_config c = m->model_config(1);
+    EXPECT_EQ(c.variant, w.variant);
+    EXPECT_EQ(c.n_layers, w.layers);
+    EXPECT_EQ(c.d_model, w.d_model);
+    EXPECT_EQ(c.n_heads, w.heads);
+    EXPECT_EQ(c.kv_heads(), w.kv_heads);
+    EXPECT_EQ(c.d_ff, w.d_ff);
+    EXPECT_EQ(c.vocab, w.vocab);
+    EXPECT_EQ(m->dtype(), w.type);
+    EXPECT_EQ(c.attn_bias, w.bias);
+    EXPECT_EQ(c.tied_head(), w.tied);
+    EXPECT_EQ(c.sliding_window, w.window);
+    const std::string want = reference_greedy(*m, {3, 14, 15}, 3);
+    const run_result r = run("--model " + (dir / "m") + " --prompt-ids 3,14,15 --max-new-tokens 3 --devices cpu:1");
+    ASSERT_EQ(r.rc, 0) << r.out;
+    EXPECT_EQ(field(r.out, "generated"), want) << r.out;
+  }
+}
+
+// --seed decides the weights: the same seed writes the same bytes, another
+// seed other ones.
+TEST(SaveModelApp, TheSeedDecidesTheWeights) {
+  temp_dir dir;
+  for (const std::string at : {"a", "b", "c"}) {
+    const run_result r =
+        save_model("--out " + (dir / at) + " --shape tiny-llama --seed " + (at == "c" ? "8" : "7"));
+    ASSERT_EQ(r.rc, 0) << r.out;
+  }
+  const std::string a = file_bytes(dir / "a/model.safetensors");
+  ASSERT_FALSE(a.empty());
+  EXPECT_EQ(a, file_bytes(dir / "b/model.safetensors"));
+  EXPECT_NE(a, file_bytes(dir / "c/model.safetensors"));
+}
+
+// Flags out of range exit 2 naming the flag; a shape the builder cannot
+// make, or a folder that cannot be written, exit 1 with the reason.
+TEST(SaveModelApp, BadFlagsAndUnbuildableShapesExitWithAMessage) {
+  temp_dir dir;
+  const auto refused = [](const std::string& args, int rc, const std::string& says) {
+    const run_result r = save_model(args);
+    EXPECT_EQ(r.rc, rc) << args << "\n" << r.out;
+    EXPECT_NE(r.out.find(says), std::string::npos) << args << "\n" << r.out;
+  };
+  refused("--shape tiny-llama", 2, "--out");
+  refused("--out " + (dir / "x") + " --shape tiny-bert", 2, "--shape");
+  refused("--out " + (dir / "x") + " --dtype f64", 2, "--dtype");
+  refused("--out " + (dir / "x") + " --layers 1001", 2, "--layers");
+  refused("--out " + (dir / "x") + " --shape tiny-gpt2 --heads 3", 1, "d_model 64 is not divisible by n_heads 3");
+  // A folder under a regular file cannot be made.
+  ag::test::write_text(dir / "file", "x");
+  refused("--out " + (dir / "file/m") + " --shape tiny-gpt2", 1, "error: cannot make the folder " + (dir / "file/m"));
+}
+
+#endif
 
 #else
 
