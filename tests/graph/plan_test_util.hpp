@@ -17,6 +17,7 @@ namespace ag {
 struct plan_test_hook {
   static std::vector<device_memory>& memory(plan& p) { return p.memory_; }
   static std::vector<step>& steps(plan& p) { return p.steps_; }
+  static std::vector<elided_concat>& elided_concats(plan& p) { return p.elided_concats_; }
 };
 }  // namespace ag
 

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <functional>
 #include <string>
 
 #include "graph/fusion.hpp"
@@ -213,6 +214,154 @@ TEST(MemoryPlan, SlotOutsideArenaIsRejected) {
   const error e = check_hazards(bad);
   ASSERT_FALSE(e.ok());
   EXPECT_NE(e.message.find("outside the arena"), std::string::npos) << e.message;
+}
+
+// Two inputs, two weights, a chain between them on one device: the plan the
+// hazard checker's sweep below breaks one invariant at a time.
+std::shared_ptr<const graph> two_weight_chain() {
+  graph_builder b;
+  auto x = b.input("x", dtype::f32, {16, 32});
+  auto y = b.input("y", dtype::f32, {16, 32});
+  auto w1 = b.weight("w1", host_tensor::random_normal(dtype::f32, {32, 32}, 11, 0.1f));
+  auto w2 = b.weight("w2", host_tensor::random_normal(dtype::f32, {32, 32}, 12, 0.1f));
+  auto h = b.gelu(b.matmul(b.add(x, y, "xy"), w1, false, false, "h0"), gelu_mode::tanh, "h1");
+  b.output(b.matmul(h, w2, false, false, "out"));
+  return finish(std::move(b));
+}
+
+// Every invariant the checker states, broken alone in an otherwise good
+// plan, is rejected with a message that names what broke: a checker whose
+// branches never fire could accept a bad plan without anyone knowing.
+TEST(MemoryPlan, EachBrokenInvariantIsRejectedByTheHazardCheckWithItsName) {
+  auto g = two_weight_chain();
+  auto good = must_compile(g, sim_devices(1));
+  ASSERT_TRUE(good);
+  ASSERT_TRUE(check_hazards(*good).ok()) << check_hazards(*good).to_string();
+  auto concat_graph = row_blocks_concat(0);
+  auto with_concat = must_compile(concat_graph, sim_devices(1));
+  ASSERT_TRUE(with_concat);
+  ASSERT_EQ(with_concat->elided_concats().size(), 1u);
+  ASSERT_TRUE(check_hazards(*with_concat).ok());
+  const auto step_of_kind = [](plan& p, step_kind k, int nth) -> step* {
+    for (step& s : plan_test_hook::steps(p))
+      if (s.kind == k && nth-- == 0) return &s;
+    return nullptr;
+  };
+  const auto compute_step_of = [](plan& p, node_id id) -> step* {
+    for (step& s : plan_test_hook::steps(p))
+      if (s.kind == step_kind::compute && std::find(s.ops.begin(), s.ops.end(), id) != s.ops.end()) return &s;
+    return nullptr;
+  };
+  struct breakage {
+    const char* what;
+    bool concat_plan;
+    std::function<bool(plan&)> apply;  // false: the plan has nothing to break this way
+    std::string says;
+  };
+  const std::vector<breakage> cases = {
+      {"a step id that is not its index", false,
+       [](plan& p) { plan_test_hook::steps(p)[0].id = 7; return true; }, "id is not its index 0"},
+      {"a step on a device the plan does not have", false,
+       [](plan& p) { plan_test_hook::steps(p)[0].device = 3; return true; }, "device out of range"},
+      {"a dependency on a step that does not exist", false,
+       [](plan& p) { plan_test_hook::steps(p).back().deps.push_back(99); return true; }, "dep out of range"},
+      {"an op id outside the graph", false,
+       [&](plan& p) {
+         step* s = step_of_kind(p, step_kind::compute, 0);
+         if (!s) return false;
+         s->ops.push_back(static_cast<node_id>(g->size()));
+         return true;
+       },
+       "op id out of range"},
+      {"two input copies in one place of their queue", false,
+       [&](plan& p) {
+         step* a = step_of_kind(p, step_kind::copy_h2d, 0);
+         step* b = step_of_kind(p, step_kind::copy_h2d, 1);
+         if (!a || !b) return false;
+         b->lane_seq = a->lane_seq;
+         return true;
+       },
+       "shares lane_seq"},
+      {"a memory plan for another number of devices", false,
+       [](plan& p) { plan_test_hook::memory(p).push_back({}); return true; }, "memory plan has 2 devices, plan has 1"},
+      {"a slot naming a node outside the graph", false,
+       [&](plan& p) { plan_test_hook::memory(p)[0].slots[0].node = static_cast<node_id>(g->size()); return true; },
+       "slot names node"},
+      {"two slots for one node", false,
+       [&](plan& p) {
+         auto& slots = plan_test_hook::memory(p)[0].slots;
+         slots.push_back(*slot_of(plan_test_hook::memory(p), 0, g->find("h1")));
+         return true;
+       },
+       "'h1' has two slots"},
+      {"a node accessed without a slot", false,
+       [&](plan& p) {
+         auto& slots = plan_test_hook::memory(p)[0].slots;
+         const node_id h1 = g->find("h1");
+         slots.erase(std::remove_if(slots.begin(), slots.end(), [&](const buffer_slot& s) { return s.node == h1; }),
+                     slots.end());
+         return true;
+       },
+       "'h1' is accessed on"},
+      {"a slot smaller than its tensor", false,
+       [&](plan& p) { slot_of(plan_test_hook::memory(p), 0, g->find("h1"))->bytes -= 4; return true; },
+       "slot of 'h1'"},
+      {"a node written twice", false,
+       [&](plan& p) {
+         step* s = compute_step_of(p, g->find("h1"));
+         if (!s) return false;
+         s->ops.push_back(g->find("h1"));
+         return true;
+       },
+       "'h1' is written 2 times"},
+      {"two weights in one place", false,
+       [&](plan& p) {
+         auto& mem = plan_test_hook::memory(p);
+         slot_of(mem, 0, g->find("w2"))->offset = slot_of(mem, 0, g->find("w1"))->offset;
+         return true;
+       },
+       "weights 'w1' and 'w2' overlap"},
+      {"an elided concat without a slot", true,
+       [&](plan& p) {
+         auto& slots = plan_test_hook::memory(p)[0].slots;
+         const node_id c = concat_graph->find("c");
+         slots.erase(std::remove_if(slots.begin(), slots.end(), [&](const buffer_slot& s) { return s.node == c; }),
+                     slots.end());
+         return true;
+       },
+       "elided concat 'c' has no slot"},
+      {"an elided concat that lists a piece too few", true,
+       [](plan& p) {
+         auto& e = plan_test_hook::elided_concats(p)[0];
+         e.pieces.pop_back();
+         e.offsets.pop_back();
+         return true;
+       },
+       "elided concat 'c' does not list each input once"},
+      {"an elided concat whose piece is read before it is written", true,
+       [&](plan& p) {
+         // The reader of the concat ('out') in a step of its own, ordered
+         // before the pieces' step: put it first in the queue.
+         step* s = compute_step_of(p, concat_graph->find("out"));
+         if (!s) return false;
+         step* first = compute_step_of(p, concat_graph->find("a"));
+         if (s != first) return false;
+         const node_id out = concat_graph->find("out");
+         s->ops.erase(std::find(s->ops.begin(), s->ops.end(), out));
+         s->ops.insert(s->ops.begin(), out);
+         return true;
+       },
+       "elided concat 'c' is read by step"},
+  };
+  for (const breakage& b : cases) {
+    SCOPED_TRACE(b.what);
+    plan bad = b.concat_plan ? *with_concat : *good;
+    ASSERT_TRUE(b.apply(bad)) << "the plan has nothing to break this way:\n" << bad.describe();
+    const error e = check_hazards(bad);
+    ASSERT_FALSE(e.ok()) << "accepted";
+    EXPECT_EQ(e.code, errc::internal);
+    EXPECT_NE(e.message.find(b.says), std::string::npos) << e.message;
+  }
 }
 
 // Two heavy chains on two lanes: a node-order allocator would give b0 the
