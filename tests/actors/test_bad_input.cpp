@@ -8,6 +8,7 @@
 
 #include "actors/actorgraph.hpp"
 #include "graph/reference.hpp"
+#include "graph/weight_source.hpp"
 #include "messages/caf_error.hpp"
 
 #include <caf/make_message.hpp>
@@ -90,6 +91,53 @@ TEST(BadPlan, PlanLargerThanDeviceMemoryFailsCompile) {
   ASSERT_FALSE(big.has_value());
   EXPECT_EQ(big.err().code, ag::errc::out_of_memory) << big.err().to_string();
   EXPECT_EQ(big.err().device, 0) << big.err().to_string();
+  expect_good_job(*rt, rt->compile(two_input_graph()).value());
+}
+
+// A weight whose values cannot be read (a checkpoint's disk gone, a folded
+// norm that overflows) fails compile naming the device, the weight and
+// where it comes from; what the failed plan allocated is given back (ten
+// failures in a row would not fit these devices' memory otherwise), and the
+// runtime then compiles and runs a good plan.
+class unreadable_weight final : public ag::weight_source {
+ public:
+  explicit unreadable_weight(ag::shape dims) : dims_(std::move(dims)) {}
+  ag::dtype type() const noexcept override { return ag::dtype::f32; }
+  const ag::shape& dims() const noexcept override { return dims_; }
+  ag::error read_slice(int, int64_t, int64_t, void*) const override {
+    return ag::error(ag::errc::op_failed, origin() + ": read failed: the disk went away");
+  }
+  std::string origin() const override { return "gone.safetensors: 'w1'"; }
+
+ private:
+  ag::shape dims_;
+};
+
+TEST(BadPlan, AWeightThatCannotBeReadFailsCompileNamingItAndLeavesNothingAllocated) {
+  ag::runtime_options o;
+  o.backend.sim.spec.mem_bytes = 512 << 10;  // each failed plan allocates 128 KiB of weights on device 1
+  auto rt = ag::runtime::create("sim:2", o).value();
+  ag::graph_builder b;
+  auto x = b.input("x", ag::dtype::f32, {4, 128});
+  b.set_layer(0);
+  auto w0 = b.weight("w0", ag::host_tensor::random_normal(ag::dtype::f32, {128, 128}, 3, 0.1f));
+  auto h = b.gelu(b.matmul(x, w0, false, false, "h0"), ag::gelu_mode::tanh, "h1");
+  b.set_layer(1);
+  auto w1 = b.weight("w1", std::make_shared<unreadable_weight>(ag::shape{128, 256}));
+  b.output(b.matmul(h, w1, false, false, "out"));
+  const auto g = std::make_shared<const ag::graph>(std::move(b).build().value());
+  ag::plan_options two_stages;
+  two_stages.pipeline_stages = 2;
+  for (int attempt = 0; attempt < 10; ++attempt) {
+    SCOPED_TRACE("attempt " + std::to_string(attempt));
+    auto p = rt->compile(g, two_stages);
+    ASSERT_FALSE(p.has_value());
+    EXPECT_EQ(p.err().code, ag::errc::op_failed) << p.err().to_string();
+    for (const char* part : {"device 'sim1'", "uploading weight 'w1'", "gone.safetensors: 'w1'", "the disk went away"})
+      EXPECT_NE(p.err().message.find(part), std::string::npos) << part << " in: " << p.err().message;
+    EXPECT_EQ(p.err().device, 1);
+    EXPECT_EQ(p.err().op, "w1");
+  }
   expect_good_job(*rt, rt->compile(two_input_graph()).value());
 }
 
