@@ -409,6 +409,22 @@ error planner::plan_memory(plan& p) {
                        checked_add(mem.sum_tensor_bytes, b->bytes, mem.sum_tensor_bytes);
       if (!fits) return too_big(p, d, "its activations", g.at(b->node));
       b->offset = off;
+      // Placed buffers inside b's bytes can never again move a later buffer:
+      // each of them overlapped b and every access of it happens-before b's
+      // writes (else b would lie past it), so a later buffer that overlaps
+      // one overlaps b, and either lies past b's end too or comes after b's
+      // writes, and so after all of that buffer's accesses. Dropping them
+      // keeps the sweep to the buffers that still matter (it was quadratic
+      // in the buffers a device reuses one place for: 8 million checks for
+      // an 8 x 8 plan of 80 layers).
+      {
+        const auto first = std::lower_bound(placed.begin(), placed.end(), off,
+                                            [](const buffer* x, int64_t at) { return x->offset < at; });
+        auto last = first;
+        while (last != placed.end() && (*last)->offset < off + b->bytes) ++last;
+        placed.erase(std::remove_if(first, last, [&](const buffer* a) { return a->bytes > 0 && a->offset + a->bytes <= off + b->bytes; }),
+                     last);
+      }
       placed.insert(std::upper_bound(placed.begin(), placed.end(), b,
                                      [](const buffer* x, const buffer* y) { return x->offset < y->offset; }),
                     b);

@@ -1361,12 +1361,19 @@ class rewriter {
 
   /// Every tensor of g_ that rank k held as `from` now holds `to` (same
   /// value): later readers take `to`, and `from`, unread, is pruned.
-  void redirect(node_id from, node_id to) {
+  /// Every reference of the tensors' infos to a `moves` key made to its
+  /// value, in one pass over the infos (a pass per moved node made the
+  /// 80-layer 8 x 8 plan's rewrite quadratic in its layers).
+  void redirect(const std::unordered_map<node_id, node_id>& moves) {
+    if (moves.empty()) return;
+    const auto move = [&](node_id& l) {
+      if (const auto it = moves.find(l); it != moves.end()) l = it->second;
+    };
     for (tensor_info& i : info_) {
-      for (node_id& l : i.loc) if (l == from) l = to;
-      for (node_id& l : i.repl) if (l == from) l = to;
+      for (node_id& l : i.loc) move(l);
+      for (node_id& l : i.repl) move(l);
       for (auto& sh : i.shards)
-        for (node_id& l : sh.second) if (l == from) l = to;
+        for (node_id& l : sh.second) move(l);
     }
   }
 
@@ -1508,7 +1515,9 @@ class rewriter {
         }
     // The locals computed again in pieces are read from their pieces' concat
     // from now on, so that the whole (which waits for every piece) is not
-    // computed ahead of the chunks on the compute lane.
+    // computed ahead of the chunks on the compute lane. (The targets are new
+    // nodes, never another move's source: one pass applies them all.)
+    std::unordered_map<node_id, node_id> moves;
     for (int k = 0; k < t_; ++k)
       for (node_id l : again[static_cast<std::size_t>(k)]) {
         std::vector<node_id> parts;
@@ -1520,8 +1529,9 @@ class rewriter {
         if (static_cast<int>(parts.size()) != chunks) continue;
         const node_id whole = emit_concat(std::move(parts), cax, at(l).name + ".pieces", s, k, at(l).layer);
         chunk_concats_.insert(whole);
-        redirect(l, whole);
+        moves.emplace(l, whole);
       }
+    redirect(moves);
     for (int c = 0; c < chunks; ++c)
       for (node_id e : gathered) {
         auto& parts = ag[static_cast<std::size_t>(c)][e];
