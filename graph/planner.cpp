@@ -327,22 +327,36 @@ void assign_lanes(builder_state& s) {
   }
 
   const std::size_t n = g.size();
-  std::vector<std::size_t> col_of(n);
+  // Each device's compute nodes in id (topological) order, in one pass over
+  // the graph (not one a device: a 64-device plan has 58,000 nodes).
+  std::vector<std::vector<node_id>> nodes_of(static_cast<std::size_t>(s.ndev()));
+  for (const node& v : g.nodes()) {
+    const int dev = s.place[static_cast<std::size_t>(v.id)];
+    if (dev >= 0 && dev < s.ndev() && is_compute(v)) nodes_of[static_cast<std::size_t>(dev)].push_back(v.id);
+  }
+  // col_of[v]: v's index among its device's nodes while that device is
+  // worked on, none for every other node.
+  constexpr std::size_t none = std::numeric_limits<std::size_t>::max();
+  std::vector<std::size_t> col_of(n, none);
   bit_matrix anc;
   for (int dev = 0; dev < s.ndev(); ++dev) {
     const device_spec& spec = s.devices[static_cast<std::size_t>(dev)];
     const int lanes = std::min(s.lane_cap, spec.max_lanes);
     if (lanes <= 1) continue;
-    std::vector<node_id> nodes;
-    for (const node& v : g.nodes())
-      if (s.place[static_cast<std::size_t>(v.id)] == dev && is_compute(v)) nodes.push_back(v.id);
+    const std::vector<node_id>& nodes = nodes_of[static_cast<std::size_t>(dev)];
     const std::size_t m = nodes.size();
     // anc(v, j): this device's j-th node reaches node v (through any
     // device's nodes). Only this device's nodes are columns: the questions
     // below are about them, and a full n x n closure of a 64-device plan
     // (50,000 nodes) took 300 MB and most of its compile time.
-    std::fill(col_of.begin(), col_of.end(), m);
     for (std::size_t a = 0; a < m; ++a) col_of[static_cast<std::size_t>(nodes[a])] = a;
+    struct reset_columns {  // none again for the next device, however this one ends
+      std::vector<std::size_t>& col_of;
+      const std::vector<node_id>& nodes;
+      ~reset_columns() {
+        for (node_id v : nodes) col_of[static_cast<std::size_t>(v)] = std::numeric_limits<std::size_t>::max();
+      }
+    } reset{col_of, nodes};
     // A path between two of them runs through nodes between them in id
     // (topological) order: only those rows are kept (row of node v: v - lo),
     // and nodes before the first reach none of them.
@@ -358,22 +372,34 @@ void assign_lanes(builder_state& s) {
         if (col_of[static_cast<std::size_t>(u)] < m) anc.set(row(v.id), col_of[static_cast<std::size_t>(u)]);
       }
     }
-    auto comparable = [&](std::size_t a, std::size_t b) {
-      return anc.test(row(nodes[a]), b) || anc.test(row(nodes[b]), a);
-    };
-    std::vector<char> seq(m, 1);
-    for (std::size_t a = 0; a < m; ++a)
-      for (std::size_t b = a + 1; b < m; ++b)
-        if (!comparable(a, b)) seq[a] = seq[b] = 0;
-    // Interval of a node = number of sequential nodes that precede it (they form a chain).
+    // Sequential nodes: comparable with every other node of the device. A
+    // path runs from lower ids to higher, so node a's row holds only columns
+    // below a: a is sequential when its row holds all of them (every earlier
+    // node reaches a) and every later node's row holds column a (a reaches
+    // every later node): a running AND of the later rows, from the last
+    // node back. Words of rows, not pairs of nodes (a pair at a time was
+    // quadratic in a device's nodes, most of this pass's time on a
+    // 64-device plan).
+    std::vector<char> seq(m, 0);
+    {
+      const std::size_t words = (m + 63) / 64;
+      std::vector<uint64_t> every_later(words, ~uint64_t{0});
+      for (std::size_t a = m; a-- > 0;) {
+        const std::size_t r = row(nodes[a]);
+        const bool reaches_later = (every_later[a / 64] >> (a % 64)) & 1u;
+        seq[a] = reaches_later && anc.count_row(r) == a;
+        anc.and_row_into(r, every_later);
+      }
+    }
+    // Interval of a node = number of sequential nodes that precede it (they
+    // form a chain): every sequential node of a lower index reaches it (they
+    // are comparable, and paths run from lower ids), so it is the count of
+    // sequential nodes before it.
     std::vector<int> interval(m, 0);
     int seen_seq = 0;
     for (std::size_t a = 0; a < m; ++a) {
       if (seq[a]) { ++seen_seq; continue; }
-      int c = 0;
-      for (std::size_t b = 0; b < m; ++b)
-        if (seq[b] && anc.test(row(nodes[a]), b)) ++c;
-      interval[a] = c;
+      interval[a] = seen_seq;
     }
     std::vector<std::size_t> parent(m);
     std::iota(parent.begin(), parent.end(), std::size_t{0});
@@ -387,15 +413,13 @@ void assign_lanes(builder_state& s) {
     // after it in the interval belong to no branch and run on lane 0, so the
     // branches it joins stay independent groups (nodes of two groups have no
     // path between them) instead of merging into one.
-    std::vector<std::size_t> index_of(g.size(), m);
-    for (std::size_t a = 0; a < m; ++a) index_of[static_cast<std::size_t>(nodes[a])] = a;
     std::vector<char> joined(m, 0);
     for (std::size_t a = 0; a < m; ++a) {  // nodes are in topological (id) order
       if (seq[a]) continue;
       std::size_t branch = m;
       for (node_id in : g.at(nodes[a]).inputs) {
-        const std::size_t b = index_of[static_cast<std::size_t>(in)];
-        if (b == m || seq[b] || interval[b] != interval[a]) continue;
+        const std::size_t b = col_of[static_cast<std::size_t>(in)];
+        if (b == none || seq[b] || interval[b] != interval[a]) continue;
         if (joined[b] || (branch != m && find(b) != branch)) joined[a] = 1;
         else branch = find(b);
       }

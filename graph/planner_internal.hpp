@@ -84,6 +84,16 @@ class bit_matrix {
   void merge(std::size_t r, std::size_t s) noexcept {
     for (std::size_t w = 0; w < words_; ++w) bits_[r * words_ + w] |= bits_[s * words_ + w];
   }
+  /// Set bits of row r.
+  std::size_t count_row(std::size_t r) const noexcept {
+    std::size_t n = 0;
+    for (std::size_t w = 0; w < words_; ++w) n += static_cast<std::size_t>(__builtin_popcountll(bits_[r * words_ + w]));
+    return n;
+  }
+  /// into &= row r (`into` holds a row's words).
+  void and_row_into(std::size_t r, std::vector<uint64_t>& into) const noexcept {
+    for (std::size_t w = 0; w < words_ && w < into.size(); ++w) into[w] &= bits_[r * words_ + w];
+  }
 
  private:
   std::size_t words_ = 0;
