@@ -16,6 +16,7 @@
 #include <nlohmann/json.hpp>
 
 #include "graph/checkpoint/hf_model.hpp"
+#include "graph/reference.hpp"
 #include "graph/checkpoint/tokenizer.hpp"
 
 #ifdef AG_HAVE_SENTENCEPIECE_TRAINER
@@ -153,5 +154,22 @@ inline void train_sentencepiece(const temp_dir& dir) {
   ASSERT_TRUE(status.ok()) << status.ToString();
 }
 #endif
+
+// The last row of the logits of the plain forward pass over `tokens`.
+inline std::vector<float> recomputed_last_logits(const models::hf_model& m, const std::vector<int32_t>& tokens) {
+  const auto n = static_cast<int64_t>(tokens.size());
+  auto g = m.build(n);
+  EXPECT_TRUE(g.has_value()) << g.err().to_string();
+  if (!g) return {};
+  std::vector<int32_t> pos(tokens.size());
+  for (std::size_t i = 0; i < pos.size(); ++i) pos[i] = static_cast<int32_t>(i);
+  auto r = evaluate_reference(*g, {host_tensor::from_ints({1, n}, tokens), host_tensor::from_ints({n}, pos)});
+  EXPECT_TRUE(r.has_value()) << r.err().to_string();
+  if (!r) return {};
+  const int64_t V = (*r)[0].dims()[2];
+  std::vector<float> row(static_cast<std::size_t>(V));
+  for (int64_t i = 0; i < V; ++i) row[static_cast<std::size_t>(i)] = (*r)[0].at((n - 1) * V + i);
+  return row;
+}
 
 }  // namespace ag::test

@@ -64,22 +64,7 @@ std::vector<ag::models::transformer_config> tiny_models() {
           ag::test::tiny_model(ag::models::model_variant::llama, 2), llama3, linear, wide_heads, qwen2, qwen3, mistral};
 }
 
-// The last row of the logits of the plain forward pass over `tokens`.
-std::vector<float> recomputed_last_logits(const ag::models::hf_model& m, const std::vector<int32_t>& tokens) {
-  const auto n = static_cast<int64_t>(tokens.size());
-  auto g = m.build(n);
-  EXPECT_TRUE(g.has_value()) << g.err().to_string();
-  if (!g) return {};
-  std::vector<int32_t> pos(tokens.size());
-  for (std::size_t i = 0; i < pos.size(); ++i) pos[i] = static_cast<int32_t>(i);
-  auto r = ag::evaluate_reference(*g, {ag::host_tensor::from_ints({1, n}, tokens), ag::host_tensor::from_ints({n}, pos)});
-  EXPECT_TRUE(r.has_value()) << r.err().to_string();
-  if (!r) return {};
-  const int64_t V = (*r)[0].dims()[2];
-  std::vector<float> row(static_cast<std::size_t>(V));
-  for (int64_t i = 0; i < V; ++i) row[static_cast<std::size_t>(i)] = (*r)[0].at((n - 1) * V + i);
-  return row;
-}
+using ag::test::recomputed_last_logits;
 
 // The largest |ref[i] - got[i]|.
 double worst_logit_error(const std::vector<float>& ref, const std::vector<float>& got) {
