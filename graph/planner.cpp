@@ -350,13 +350,6 @@ void assign_lanes(builder_state& s) {
     // below are about them, and a full n x n closure of a 64-device plan
     // (50,000 nodes) took 300 MB and most of its compile time.
     for (std::size_t a = 0; a < m; ++a) col_of[static_cast<std::size_t>(nodes[a])] = a;
-    struct reset_columns {  // none again for the next device, however this one ends
-      std::vector<std::size_t>& col_of;
-      const std::vector<node_id>& nodes;
-      ~reset_columns() {
-        for (node_id v : nodes) col_of[static_cast<std::size_t>(v)] = std::numeric_limits<std::size_t>::max();
-      }
-    } reset{col_of, nodes};
     // A path between two of them runs through nodes between them in id
     // (topological) order: only those rows are kept (row of node v: v - lo),
     // and nodes before the first reach none of them.
@@ -425,6 +418,7 @@ void assign_lanes(builder_state& s) {
       }
       if (!joined[a] && branch != m) parent[find(a)] = branch;
     }
+    for (node_id v : nodes) col_of[static_cast<std::size_t>(v)] = none;  // for the next device
     // interval -> component -> modelled seconds on its lane, and the part of
     // them that is launch latency, host time (the rest holds the device: the
     // auto-lane model below and the sim device, host_device::occupy, treat

@@ -1359,11 +1359,11 @@ class rewriter {
     return r;
   }
 
-  /// Every tensor of g_ that rank k held as `from` now holds `to` (same
-  /// value): later readers take `to`, and `from`, unread, is pruned.
-  /// Every reference of the tensors' infos to a `moves` key made to its
-  /// value, in one pass over the infos (a pass per moved node made the
-  /// 80-layer 8 x 8 plan's rewrite quadratic in its layers).
+  /// Every tensor of g_ that a rank held as a `moves` key now holds its
+  /// value (the same values): later readers take the value, and the key,
+  /// unread, is pruned. One pass over the infos for all of them (a pass per
+  /// moved node made the 80-layer 8 x 8 plan's rewrite quadratic in its
+  /// layers).
   void redirect(const std::unordered_map<node_id, node_id>& moves) {
     if (moves.empty()) return;
     const auto move = [&](node_id& l) {

@@ -22,15 +22,16 @@ if ! command -v gcovr > /dev/null; then
 fi
 
 if [ "${1:-}" != report ]; then
+  mkdir -p "$dir"
   cmake -S . -B "$dir" -G Ninja -DACTORGRAPH_BUILD_TESTS=ON -DCMAKE_BUILD_TYPE=Debug \
     "-DCMAKE_CXX_FLAGS_DEBUG=-O1 -g0 --coverage" -DCMAKE_EXE_LINKER_FLAGS=--coverage \
-    -DACTORGRAPH_CUDA=OFF -DACTORGRAPH_BUILD_BENCHMARKS=OFF > "$dir.configure.log"
+    -DACTORGRAPH_CUDA=OFF -DACTORGRAPH_BUILD_BENCHMARKS=OFF > "$dir/configure.log"
   cmake --build "$dir" -j "$jobs"
   find "$dir" -name '*.gcda' -delete
   (cd "$dir" && ctest -j "$jobs" --output-on-failure) | tail -3
 fi
 
 gcovr -r . "$dir" --filter 'actors/|graph/|gpu/|messages/|apps/' --exclude 'tests/' -j "$jobs" \
-  --gcov-ignore-parse-errors=all --sort uncovered-number --txt - 2> /dev/null | tee "$dir.coverage.txt" | tail -40
-percent="$(awk '/^TOTAL/ {print $4}' "$dir.coverage.txt" | tr -d '%')"
+  --gcov-ignore-parse-errors=all --sort uncovered-number --txt - 2> /dev/null | tee "$dir/coverage.txt" | tail -40
+percent="$(awk '/^TOTAL/ {print $4}' "$dir/coverage.txt" | tr -d '%')"
 echo "coverage_lines_percent: ${percent:-unknown}"

@@ -252,6 +252,12 @@ TEST(MemoryPlan, EachBrokenInvariantIsRejectedByTheHazardCheckWithItsName) {
       if (s.kind == step_kind::compute && std::find(s.ops.begin(), s.ops.end(), id) != s.ops.end()) return &s;
     return nullptr;
   };
+  const auto drop_slots_of = [](plan& p, node_id id) {
+    auto& slots = plan_test_hook::memory(p)[0].slots;
+    slots.erase(std::remove_if(slots.begin(), slots.end(), [&](const buffer_slot& s) { return s.node == id; }),
+                slots.end());
+    return true;
+  };
   struct breakage {
     const char* what;
     bool concat_plan;
@@ -295,13 +301,7 @@ TEST(MemoryPlan, EachBrokenInvariantIsRejectedByTheHazardCheckWithItsName) {
        },
        "'h1' has two slots"},
       {"a node accessed without a slot", false,
-       [&](plan& p) {
-         auto& slots = plan_test_hook::memory(p)[0].slots;
-         const node_id h1 = g->find("h1");
-         slots.erase(std::remove_if(slots.begin(), slots.end(), [&](const buffer_slot& s) { return s.node == h1; }),
-                     slots.end());
-         return true;
-       },
+       [&](plan& p) { return drop_slots_of(p, g->find("h1")); },
        "'h1' is accessed on"},
       {"a slot smaller than its tensor", false,
        [&](plan& p) { slot_of(plan_test_hook::memory(p), 0, g->find("h1"))->bytes -= 4; return true; },
@@ -322,13 +322,7 @@ TEST(MemoryPlan, EachBrokenInvariantIsRejectedByTheHazardCheckWithItsName) {
        },
        "weights 'w1' and 'w2' overlap"},
       {"an elided concat without a slot", true,
-       [&](plan& p) {
-         auto& slots = plan_test_hook::memory(p)[0].slots;
-         const node_id c = concat_graph->find("c");
-         slots.erase(std::remove_if(slots.begin(), slots.end(), [&](const buffer_slot& s) { return s.node == c; }),
-                     slots.end());
-         return true;
-       },
+       [&](plan& p) { return drop_slots_of(p, concat_graph->find("c")); },
        "elided concat 'c' has no slot"},
       {"an elided concat that lists a piece too few", true,
        [](plan& p) {
