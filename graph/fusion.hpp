@@ -260,6 +260,28 @@ constexpr int64_t decode_step_chunk(int64_t k) {
     if (k % c == 0) return c;
   return 8;
 }
+/// Warps of a block of the decode-step kernel: each streams its own items
+/// (a row's chunk) of every GEMV.
+inline constexpr int64_t decode_step_warps = 16;
+/// The elements of the chunks q/k/v's rows stream in on `blocks` SMs (the
+/// phase's rows of width d_model, `qkv_rows` of them): decode_step_chunk,
+/// halved from 2048 to 1024 where that takes the block's busiest warp fewer
+/// chunks' time. The attention waits for all of q/k/v, so the phase's time
+/// is its busiest warp's, and a 4 KiB chunk takes a warp about as long
+/// whether it waited in the ring or not (docs/BENCHMARKS.md, session 52):
+/// LLaMA-1B's 3072 rows are 24 a block on 132 SMs, two chunks for 8 of the
+/// 16 warps, three halves for every warp in halves (0.904 -> 0.890 ms a
+/// token on an H100, session 79). Where the items already fill the warps
+/// evenly (Llama 3.1 8B: 94 chunks a block, 6 a warp either way), halves
+/// only add a chunk's fixed work; quarters measured slower (0.941).
+constexpr int64_t decode_step_qkv_chunk(int64_t d_model, int64_t qkv_rows, int64_t blocks) {
+  const int64_t chunk = decode_step_chunk(d_model);
+  if (chunk != 2048 || blocks < 1) return chunk;
+  const int64_t items = (qkv_rows + blocks - 1) / blocks * (d_model / chunk);  // the busiest block's
+  const int64_t rounds = (items + decode_step_warps - 1) / decode_step_warps;
+  const int64_t half_rounds = (2 * items + decode_step_warps - 1) / decode_step_warps;
+  return half_rounds < 2 * rounds ? chunk / 2 : chunk;
+}
 /// Empty when `s` fits the kernel, else why not (for describe()).
 /// `max_cache_rows`: plan_options::decode_step_max_cache_rows.
 inline std::string decode_step_misfit(const decode_step_shape& s,

@@ -327,6 +327,9 @@ void assign_lanes(builder_state& s) {
   }
 
   const std::size_t n = g.size();
+  const bool has_collectives = std::any_of(g.nodes().begin(), g.nodes().end(), [&](const node& v) {
+    return s.needed[static_cast<std::size_t>(v.id)] && is_collective_op(v.op);
+  });
   // Each device's compute nodes in id (topological) order, in one pass over
   // the graph (not one a device: a 64-device plan has 58,000 nodes).
   std::vector<std::vector<node_id>> nodes_of(static_cast<std::size_t>(s.ndev()));
@@ -425,12 +428,19 @@ void assign_lanes(builder_state& s) {
     // the two parts apart). Under graph replay (a backend that captures:
     // sim, cuda) a kernel has no launch of its own: it costs kernel_latency
     // instead, device time that lanes overlap but for its issue interval, and
-    // each lane's segment pays one graph launch. (Folded lanes, graph/replay.hpp,
-    // pay one launch for all lanes and a graph edge per fork or join; the
-    // model still charges them as unfolded lanes: charging less would give
-    // transformers' gated products at T 128 a second lane, which no GPU has
-    // measured yet.)
+    // each lane's segment pays one graph launch, unless the lanes fold
+    // (below).
     const bool replayed = replays_on(s.opt.graph_replay, spec.kind);
+    // Folded lanes (graph/replay.hpp folded_lanes: replayed, the option on,
+    // no collectives) are one graph: one launch for every lane, and a fork
+    // or a join is an edge between its kernels, about a replayed kernel's
+    // latency. Unfolded lanes pay a graph launch each, and an event record
+    // and wait (a launch latency) for each fork and join. (Lanes gain more
+    // on a GPU than this model says where two products each leave the GPU
+    // part idle: LLaMA's gate and up at T 128, B 8, d 2048, ff 5632 on two
+    // forced lanes, 1.122 -> 1.087 ms a 4-layer job on an H100, session 79,
+    // where the model predicts 65 -> 64 us a layer and keeps one lane.)
+    const bool folds = replayed && s.opt.fold_lanes && !has_collectives;
     std::map<int, std::map<std::size_t, double>> groups, launch_part, latency_part;
     for (std::size_t a = 0; a < m; ++a) {
       if (seq[a] || joined[a]) continue;
@@ -464,16 +474,18 @@ void assign_lanes(builder_state& s) {
       if (s.lanes_by_model) {
         // Lanes finish when the busiest lane does, but no sooner than all
         // launches back to back (one actor launches every lane's kernels; one
-        // graph launch per lane under replay) or the throughput-bound parts
-        // back to back (one device's throughput): lanes overlap one branch's
-        // launches, or replayed kernels' latencies, with another's work.
-        // Every extra lane costs a fork and a join (an event record and wait
-        // each). The sim device models the same (host_device::occupy).
+        // graph launch per lane under replay, one for all when folded) or the
+        // throughput-bound parts back to back (one device's throughput):
+        // lanes overlap one branch's launches, or replayed kernels'
+        // latencies, with another's work. Every extra lane costs a fork and
+        // a join (fork_join above). The sim device models the same
+        // (host_device::occupy).
         const int used = static_cast<int>(std::count_if(load.begin(), load.end(), [](double x) { return x > 0; }));
-        if (replayed) launch_total = used * spec.launch_latency;  // a graph launch per lane
+        if (replayed) launch_total = (folds ? 1 : used) * spec.launch_latency;  // the lanes' graph launches
+        const double fork_join = folds ? spec.kernel_latency : spec.launch_latency;
         const double spread =
             std::max({throughput_part, launch_total, *std::max_element(load.begin(), load.end())}) +
-            2.0 * spec.launch_latency * (used - 1);
+            2.0 * fork_join * (used - 1);
         if (!(spread < 0.9 * one_lane)) continue;  // a gain under 10% is within the model's error
       }
       lane_of_component.insert(chosen.begin(), chosen.end());

@@ -30,7 +30,7 @@ namespace {
 using bf16 = __nv_bfloat16;
 using u64 = unsigned long long;
 
-constexpr int kWarps = 16, kThreads = kWarps * 32;
+constexpr int kWarps = static_cast<int>(decode_step_warps), kThreads = kWarps * 32;
 // A warp's ring: chunks in flight. Three, where x fits beside them (a width
 // up to kWideFrom: LLaMA-1B's 8192); two for wider shapes (Llama 3.1 8B's
 // and Mistral 7B's d_ff 14336), whose x would not fit beside three: 227 KiB
@@ -83,6 +83,7 @@ struct step_args {
   int layers, d, ff, heads, kv_heads, vocab, cache_rows, splits, qkv_rows, attn_width;
   int head_parts;  // phases the head's rows take (kMaxHeadParts at most)
   int chunk_d, chunk_ff, chunk_attn;  // decode_step_chunk of d, ff and attn_width
+  int chunk_qkv;                      // decode_step_qkv_chunk
   float eps, scale;
   const int* token;
   const bf16* embed;
@@ -121,9 +122,9 @@ __device__ __forceinline__ int width_of(const step_args& a, int st) {
   return st == kO ? a.attn_width : st == kDown ? a.ff : a.d;
 }
 // Elements of the chunks phase stage `st` streams a row in (decode_step_chunk
-// of its width, worked out on the host).
+// of its width, worked out on the host; q/k/v's decode_step_qkv_chunk).
 __device__ __forceinline__ int chunk_of(const step_args& a, int st) {
-  return st == kO ? a.chunk_attn : st == kDown ? a.chunk_ff : a.chunk_d;
+  return st == kO ? a.chunk_attn : st == kDown ? a.chunk_ff : st == kQkv ? a.chunk_qkv : a.chunk_d;
 }
 // A row's slots in the shared sums: its chunks' products are added there by
 // whichever warp reads each chunk, in the order the warps finish. Two
@@ -738,7 +739,8 @@ __global__ void __launch_bounds__(kThreads, 1) decode_step_kernel(const __grid_c
       __syncthreads();  // x staged; and the phase before is done with the sums (zeroed)
       // The products: each warp its items, from its ring.
       // VECS: 16-byte vectors a lane of a chunk, known to the compiler for
-      // whole 2048-element chunks (every K of the common shapes), else 0:
+      // whole 2048-element chunks (every K of the common shapes) and q/k/v's
+      // halves of them, else 0:
       // the chunk's chunk / 8 vectors go round the lanes, vector v to lane
       // v % 32 (a chunk of 1376, LLaMA-2-7B's d_ff in eight: 5 or 6 a lane).
       const auto products = [&](auto vecs_known) {
@@ -774,6 +776,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_step_kernel(const __grid_c
       }
       };
       if (chunk == kChunkMax) products(std::integral_constant<int, kChunkMax / 256>{});
+      else if (chunk == kChunkMax / 2) products(std::integral_constant<int, kChunkMax / 512>{});  // q/k/v's halves
       else products(std::integral_constant<int, 0>{});
     }
     __syncthreads();
@@ -970,6 +973,7 @@ error launch_decode_step(const launch_ctx& c, const op_launch::decode_step_param
   a.splits = splits;
   a.head_parts = head_parts;
   a.chunk_d = chunk_d;
+  a.chunk_qkv = static_cast<int>(decode_step_qkv_chunk(p.d_model, (p.heads + 2 * p.kv_heads) * p.head_dim, blocks));
   a.chunk_ff = static_cast<int>(decode_step_chunk(p.d_ff));
   a.chunk_attn = static_cast<int>(decode_step_chunk(p.heads * p.head_dim));
   a.qkv_rows = static_cast<int>((p.heads + 2 * p.kv_heads) * p.head_dim);

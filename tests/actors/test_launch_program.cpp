@@ -2114,3 +2114,26 @@ TEST(LaunchProgram, ADecodeStepOutsideTheKernelsPatternOrShapesKeepsItsRecords) 
   ASSERT_TRUE(off);
   EXPECT_EQ(compute_records(*off).size(), 1u + 5u * 2u + 3u);
 }
+
+// The decode-step kernel streams q/k/v's rows in half chunks only where the
+// block's busiest warp then streams less: LLaMA-1B's widths on 132 SMs (24
+// rows a block: two chunks for half the warps, three halves for each), not
+// Llama 3.1 8B's (94 chunks a block, six a warp either way), nor rows narrower
+// than a whole chunk of 2048, nor rows that fill the warps evenly.
+TEST(DecodeStepKernel, QkvRowsStreamInHalfChunksOnlyWhereTheBusiestWarpStreamsLess) {
+  const int64_t llama_1b_rows = (32 + 2 * 8) * 64, llama_8b_rows = (32 + 2 * 8) * 128;
+  EXPECT_EQ(decode_step_chunk(2048), 2048);
+  EXPECT_EQ(decode_step_qkv_chunk(2048, llama_1b_rows, 132), 1024);
+  EXPECT_EQ(decode_step_qkv_chunk(4096, llama_8b_rows, 132), 2048);
+  EXPECT_EQ(decode_step_qkv_chunk(1024, 16 * 64 + 2 * 8 * 64, 132), 1024);  // Qwen3-0.6B: one chunk of 1024 already
+  EXPECT_EQ(decode_step_qkv_chunk(896, 14 * 64 + 2 * 2 * 64, 132), 896);    // Qwen2.5-0.5B: chunks of 896
+  // 16 rows a block are one chunk for every warp: halves would take two.
+  EXPECT_EQ(decode_step_qkv_chunk(2048, 16 * 132, 132), 2048);
+  // 17 rows: two chunks for one warp, at most three halves in halves.
+  EXPECT_EQ(decode_step_qkv_chunk(2048, 17 * 132, 132), 1024);
+  // 32 rows: two chunks each either way.
+  EXPECT_EQ(decode_step_qkv_chunk(2048, 32 * 132, 132), 2048);
+  // LLaMA-1B's rows on a GPU of 78 SMs: 40 a block, three chunks for 8 warps against five halves for each.
+  EXPECT_EQ(decode_step_qkv_chunk(2048, llama_1b_rows, 78), 1024);
+  EXPECT_EQ(decode_step_qkv_chunk(2048, llama_1b_rows, 0), 2048);  // no SMs: the plain chunk
+}
