@@ -689,12 +689,12 @@ TEST(Planner, AutoLanesLeaveThroughputBoundBranchesOnOneLane) {
 // Folded lanes (plan_options::fold_lanes, the default under replay) are one
 // graph: one launch for every lane and a graph edge for a fork or a join.
 // On a device whose launches are dear (10 us) and replayed kernels cheap
-// (3.5 us), two chains of 5 tiny kernels gain from a second lane only when
-// folded: about 24.5 us against 35 on one lane, where unfolded lanes pay a
-// launch each and an event record and wait for the fork and the join
-// (about 37.5 us).
+// (3.5 us), two chains of 4 tiny kernels (2 links of a product and an
+// activation) gain from a second lane only when folded: about 14 + 7 us
+// against 28 on one lane, where unfolded lanes pay a launch each and an
+// event record and wait for the fork and the join (about 20 + 20 us).
 TEST(Planner, AutoLanesChargeFoldedLanesOneLaunchAndAnEdgeAFork) {
-  auto g = summed_chains(2, 5, 16, 256);
+  auto g = summed_chains(2, 2, 16, 256);
   auto devices = sim_devices(1);
   devices[0].launch_latency = 10e-6;
   devices[0].kernel_latency = 3.5e-6;
