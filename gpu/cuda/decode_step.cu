@@ -973,10 +973,10 @@ error launch_decode_step(const launch_ctx& c, const op_launch::decode_step_param
   a.splits = splits;
   a.head_parts = head_parts;
   a.chunk_d = chunk_d;
-  a.chunk_qkv = static_cast<int>(decode_step_qkv_chunk(p.d_model, (p.heads + 2 * p.kv_heads) * p.head_dim, blocks));
   a.chunk_ff = static_cast<int>(decode_step_chunk(p.d_ff));
   a.chunk_attn = static_cast<int>(decode_step_chunk(p.heads * p.head_dim));
   a.qkv_rows = static_cast<int>((p.heads + 2 * p.kv_heads) * p.head_dim);
+  a.chunk_qkv = static_cast<int>(decode_step_qkv_chunk(p.d_model, a.qkv_rows, blocks));
   a.attn_width = static_cast<int>(p.heads * p.head_dim);
   a.eps = p.eps;
   a.scale = p.scale;

@@ -713,7 +713,7 @@ TEST(Planner, AutoLanesChargeFoldedLanesOneLaunchAndAnEdgeAFork) {
   ASSERT_TRUE(unfolded);
   EXPECT_EQ(lanes_used(*unfolded), 1) << (*unfolded).describe();
   o.fold_lanes = true;
-  o.graph_replay = graph_replay_mode::off;  // plain launches: ten of them back to back either way
+  o.graph_replay = graph_replay_mode::off;  // plain launches: eight of them back to back either way
   auto plain = must_compile(g, devices, o);
   ASSERT_TRUE(plain);
   EXPECT_EQ(lanes_used(*plain), 1) << (*plain).describe();
