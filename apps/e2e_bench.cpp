@@ -110,7 +110,10 @@ std::optional<int> parse(int argc, char** argv, options& o) {
       "plan_options::fuse_ops of the figure-1 plan (on: the default, attention chains as one kernel; off)");
   app.add_option("--replay", o.replay, "graph replay of the figure-1 plan (plan_options::graph_replay)")
       ->check(CLI::IsMember({"off", "on", "auto"}));
-  app.add_option("--lanes", o.lanes, "compute lanes (streams) per device the planner may use (figures 1, 4)")->check(CLI::PositiveNumber);
+  app.add_option("--lanes", o.lanes,
+                 "compute lanes (streams) per device the planner may use (figures 1, 4; 0: auto, where the cost model "
+                 "predicts a gain)")
+      ->check(CLI::NonNegativeNumber);
   app.add_option("--idle-lanes", o.idle_lanes, "lanes of the figure-2 plan when the figure-1 plan is one split")->check(CLI::PositiveNumber);
   app.add_option("--idle-min-branch-us", o.idle_min_branch_us, "min_branch_seconds of that plan, in us")
       ->check(CLI::NonNegativeNumber);
@@ -357,7 +360,8 @@ void run_forward(const options& o, ag::runtime& rt) {
   add_row("forward: vocab / seq / batch",
           std::to_string(cfg.vocab) + " / " + std::to_string(cfg.seq_len) + " / " + std::to_string(cfg.batch));
   add_row("forward: parameters, M", ag::models::parameter_count(cfg) / 1e6, "%.1f");
-  add_row("forward: lanes / compute steps", std::to_string(o.lanes) + " / " + std::to_string(compute_steps_on(*p, 0)));
+  add_row("forward: lanes / compute steps",
+          (o.lanes == 0 ? std::string("auto") : std::to_string(o.lanes)) + " / " + std::to_string(compute_steps_on(*p, 0)));
   add_row("forward: graph replay", o.replay);
   add_row("forward: runs", o.runs, "%.0f");
   add_row("forward: min ms", percentile(ms, 0), "%.3f");

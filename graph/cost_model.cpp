@@ -55,6 +55,8 @@ error validate(const device_spec& d) {
                  who + "sequence_parallel_min_bytes must be >= 0, got " + std::to_string(d.sequence_parallel_min_bytes));
   if (d.gemm_row_tile < 1 || d.gemm_row_tile > 4096)
     return error(errc::invalid_argument, who + "gemm_row_tile must be 1..4096, got " + std::to_string(d.gemm_row_tile));
+  if (d.gemm_sms < 0 || d.gemm_sms > 65536)
+    return error(errc::invalid_argument, who + "gemm_sms must be 0..65536, got " + std::to_string(d.gemm_sms));
   if (d.max_overlap_chunks < 1 || d.max_overlap_chunks > 64)
     return error(errc::invalid_argument,
                  who + "max_overlap_chunks must be 1..64, got " + std::to_string(d.max_overlap_chunks));
@@ -139,6 +141,27 @@ double estimate_seconds(const device_spec& d, op_cost c, dtype type) {
   const double compute = rate > 0 ? c.flops / (rate * d.compute_efficiency) : 0.0;
   const double memory = d.mem_bandwidth > 0 ? c.bytes / (d.mem_bandwidth * d.memory_efficiency) : 0.0;
   return d.launch_latency + std::max(compute, memory);
+}
+
+double estimate_wave_tail_seconds(const device_spec& d, const graph& g, const node& n) {
+  if (d.gemm_sms <= 0 || n.op != op_kind::matmul || n.dims.rank() < 2) return 0.0;
+  const op_cost c = cost_of(g, n);
+  const double rate = (n.type == dtype::f16 || n.type == dtype::bf16) ? d.flops_bf16 : d.flops_f32;
+  const double compute = rate > 0 ? c.flops / (rate * d.compute_efficiency) : 0.0;
+  const double memory = d.mem_bandwidth > 0 ? c.bytes / (d.mem_bandwidth * d.memory_efficiency) : 0.0;
+  if (!(compute > memory)) return 0.0;  // bound by memory: the tiles' count is not what limits it
+  // A weight shared by the batch ([.., M, K] x [K, N]) is one product of
+  // all the rows; otherwise each batch entry is a product of its own.
+  const int64_t cols = n.dims[-1], all_rows = cols > 0 ? n.dims.numel() / cols : 0;
+  const bool shared_weight = n.inputs.size() > 1 && g.at(n.inputs[1]).dims.rank() == 2;
+  const int64_t rows = shared_weight ? all_rows : n.dims[-2];
+  const int64_t batch = rows > 0 ? all_rows / rows : 0;
+  const int64_t tile = d.gemm_row_tile;
+  const double tiles = static_cast<double>((rows + tile - 1) / tile) * static_cast<double>((cols + tile - 1) / tile) *
+                       static_cast<double>(batch);
+  if (!(tiles > 0)) return 0.0;
+  const double waves = std::ceil(tiles / d.gemm_sms);
+  return compute * (waves * d.gemm_sms / tiles - 1.0);
 }
 
 double estimate_replayed_seconds(const device_spec& d, double plain_seconds) {

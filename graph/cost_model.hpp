@@ -119,6 +119,13 @@ struct device_spec {
   /// where the rows allow, so that no chunk pays a partly empty wave of
   /// tiles. 1 on sim (the model is linear in rows) and cpu; 128 on CUDA GPUs.
   int64_t gemm_row_tile = 1;
+  /// Streaming multiprocessors a GEMM's tiles (gemm_row_tile square) are
+  /// dealt over, a wave of tiles at a time: a product of T tiles holds its
+  /// stream for ceil(T / gemm_sms) waves, so its last wave leaves part of
+  /// the GPU idle, which a product on another lane fills
+  /// (estimate_wave_tail_seconds; the planner's auto lanes count it). 0: no
+  /// waves, time linear in work (sim, cpu). CUDA devices: the GPU's SM count.
+  int gemm_sms = 0;
   /// Most chunks of rows the planner splits a sequence-parallel region into
   /// (plan_options::tp_overlap): 4 on sim and cpu; 2 on CUDA GPUs, where a
   /// GEMM of fewer rows fills fewer waves of the SMs and the finer split
@@ -160,6 +167,15 @@ op_cost cost_of(const graph& g, const node& n);
 /// (mem_bandwidth x memory_efficiency)); 0 for views/leaves.
 double estimate_seconds(const device_spec& d, const graph& g, const node& n);
 double estimate_seconds(const device_spec& d, op_cost c, dtype type);
+/// The part of matmul `n`'s time on `d` that its last, partly filled wave
+/// of tiles adds (device_spec::gemm_sms): compute time x (waves x gemm_sms /
+/// tiles - 1), tiles = ceil(M / tile) x ceil(N / tile) x batch. 0 where
+/// gemm_sms is 0, for other ops and for products bound by memory. On its
+/// own lane a product pays it; a product on another lane fills those SMs.
+/// (LLaMA's gate and up at B 8, T 128, d 2048, ff 5632: 352 tiles of 128
+/// on an H100's 132 SMs, 2.67 waves taking 3: 12.5% of each product, where
+/// two lanes ran them 11% faster, docs/BENCHMARKS.md session 79.)
+double estimate_wave_tail_seconds(const device_spec& d, const graph& g, const node& n);
 /// The same kernel replayed inside a captured graph (not its first): its
 /// launch latency replaced by d.kernel_latency, device time on its own
 /// stream. `plain_seconds` is estimate_seconds' figure (0 stays 0).

@@ -298,7 +298,9 @@ struct plan_options {
   ///    the throughput-bound parts of kernels: lanes overlap one branch's
   ///    launches with another's work, and under graph replay the kernels'
   ///    device-side latency (device_spec::kernel_latency) less its issue
-  ///    interval; each extra lane pays a fork/join of two launch latencies)
+  ///    interval; each extra lane pays a fork/join of two launch latencies;
+  ///    a product's partly filled last wave of tiles, device_spec::gemm_sms,
+  ///    holds its own lane but not the device's throughput)
   ///    and the device's arena stays within
   ///    max_lane_memory_ratio of the one-lane plan's, or within
   ///    lane_memory_slack_bytes of it (else fewer lanes);

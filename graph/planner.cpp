@@ -436,22 +436,24 @@ void assign_lanes(builder_state& s) {
     // or a join is an edge between its kernels, about a replayed kernel's
     // latency. Unfolded lanes pay a graph launch each, and an event record
     // and wait (a launch latency) for each fork and join. (Lanes gain more
-    // on a GPU than this model says where two products each leave the GPU
-    // part idle: LLaMA's gate and up at T 128, B 8, d 2048, ff 5632 on two
-    // forced lanes, 1.122 -> 1.087 ms a 4-layer job on an H100, session 79,
-    // where the model predicts 65 -> 64 us a layer and keeps one lane.)
+    // A product's last wave of tiles (estimate_wave_tail_seconds) holds its
+    // lane but leaves SMs that a product of another lane fills: it counts in
+    // the branch's time on its lane, not in the device's throughput.
     const bool folds = replayed && s.opt.fold_lanes && !has_collectives;
-    std::map<int, std::map<std::size_t, double>> groups, launch_part, latency_part;
+    std::map<int, std::map<std::size_t, double>> groups, launch_part, latency_part, tail_part;
     for (std::size_t a = 0; a < m; ++a) {
       if (seq[a] || joined[a]) continue;
-      double t = estimate_seconds(spec, g, g.at(nodes[a]));
+      const node& v = g.at(nodes[a]);
+      double t = estimate_seconds(spec, g, v);
       if (replayed && t > 0) {
         t = estimate_replayed_seconds(spec, t);
         latency_part[interval[a]][find(a)] += replayed_kernel_overlap_seconds(spec);
       } else {
         launch_part[interval[a]][find(a)] += std::min(t, spec.launch_latency);
       }
-      groups[interval[a]][find(a)] += t;
+      const double tail = estimate_wave_tail_seconds(spec, g, v);
+      tail_part[interval[a]][find(a)] += tail;
+      groups[interval[a]][find(a)] += t + tail;
     }
     std::map<std::size_t, int> lane_of_component;
     for (auto& [iv, comps] : groups) {
@@ -468,7 +470,7 @@ void assign_lanes(builder_state& s) {
         load[l] += t;
         chosen[c] = static_cast<int>(l);
         one_lane += t;
-        throughput_part += t - launch_part[iv][c] - latency_part[iv][c];
+        throughput_part += t - launch_part[iv][c] - latency_part[iv][c] - tail_part[iv][c];
         launch_total += launch_part[iv][c];
       }
       if (s.lanes_by_model) {

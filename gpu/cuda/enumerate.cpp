@@ -80,6 +80,7 @@ expected<device_ptr> make_one(int ordinal, int index, const backend_options& opt
   spec.copy_engine_collectives = opts.cuda_copy_engine_collectives;
   spec.sequence_parallel_min_bytes = opts.cuda_sequence_parallel_min_bytes;
   spec.gemm_row_tile = 128;  // cuBLAS's bf16 tiles on sm_90 are 64 or 128 rows
+  spec.gemm_sms = prop.multiProcessorCount;  // a wave of tiles a time (device_spec::gemm_sms)
   spec.max_overlap_chunks = 2;
 
   auto c = std::make_shared<core>(ordinal, spec.name);

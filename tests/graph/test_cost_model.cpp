@@ -102,6 +102,40 @@ TEST(CostModel, MatmulBf16UsesTensorRate) {
   EXPECT_DOUBLE_EQ(estimate_seconds(d, g, g.at(g.find("y"))), 1e-6 + std::max(flops / 4e9, bytes / 1e9));
 }
 
+// A product's last wave of tiles: tiles of 4 rows and columns dealt over 4
+// SMs. x [3, 8, 16] x w [16, 12] (a weight the batch shares) is one product
+// of 24 rows: 6 x 3 = 18 tiles in ceil(18 / 4) = 5 waves, 20 SM-slots for 18
+// tiles, so its compute time x (20 / 18 - 1). x [3, 8, 16] x y [3, 16, 4] is
+// three products of 2 x 1 tiles: 6 in 2 waves, x (8 / 6 - 1).
+TEST(CostModel, WaveTailIsTheLastWavesIdleShareOfAComputeBoundProduct) {
+  graph_builder b;
+  auto x = b.input("x", dtype::f32, {3, 8, 16});
+  auto w = b.weight("w", host_tensor::random_normal(dtype::f32, {16, 12}, 4));
+  auto y = b.input("y", dtype::f32, {3, 16, 4});
+  b.output(b.matmul(x, w, false, false, "xw"));
+  b.output(b.matmul(x, y, false, false, "xy"));
+  b.output(b.add(x, x, "xx"));
+  graph g = build(std::move(b));
+  device_spec d = easy_device();
+  const node &xw = g.at(g.find("xw")), &xy = g.at(g.find("xy")), &xx = g.at(g.find("xx"));
+  EXPECT_EQ(estimate_wave_tail_seconds(d, g, xw), 0.0);  // gemm_sms 0: no waves
+  d.gemm_row_tile = 4;
+  d.gemm_sms = 4;
+  const double xw_compute = 2.0 * 24 * 12 * 16 / 1e9, xy_compute = 2.0 * 3 * 8 * 4 * 16 / 1e9;
+  ASSERT_GT(xw_compute, (3 * 8 * 16 + 16 * 12 + 24 * 12) * 4.0 / 1e9);  // both bound by compute
+  ASSERT_GT(xy_compute, (3 * 8 * 16 + 3 * 16 * 4 + 3 * 8 * 4) * 4.0 / 1e9);
+  EXPECT_NEAR(estimate_wave_tail_seconds(d, g, xw), xw_compute * (20.0 / 18.0 - 1.0), 1e-15);
+  EXPECT_NEAR(estimate_wave_tail_seconds(d, g, xy), xy_compute * (8.0 / 6.0 - 1.0), 1e-15);
+  EXPECT_EQ(estimate_wave_tail_seconds(d, g, xx), 0.0);  // not a product
+  d.gemm_sms = 6;  // 18 tiles: three full waves
+  EXPECT_EQ(estimate_wave_tail_seconds(d, g, xw), 0.0);
+  d.gemm_sms = 4;
+  d.mem_bandwidth = 1e8;  // now bound by memory: the tiles' count does not decide its time
+  EXPECT_EQ(estimate_wave_tail_seconds(d, g, xw), 0.0);
+  d.gemm_sms = -1;
+  EXPECT_FALSE(validate(d).ok());
+}
+
 TEST(CostModel, CopyEstimates) {
   device_spec a = easy_device(), b = easy_device();
   b.link_bandwidth = 1e9;
