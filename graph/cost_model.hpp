@@ -170,7 +170,8 @@ double estimate_seconds(const device_spec& d, op_cost c, dtype type);
 /// The part of matmul `n`'s time on `d` that its last, partly filled wave
 /// of tiles adds (device_spec::gemm_sms): compute time x (waves x gemm_sms /
 /// tiles - 1), tiles = ceil(M / tile) x ceil(N / tile) x batch. 0 where
-/// gemm_sms is 0, for other ops and for products bound by memory. On its
+/// gemm_sms is 0, for other ops, for products bound by memory and for
+/// fewer tiles than SMs (which cuBLAS deals in smaller pieces). On its
 /// own lane a product pays it; a product on another lane fills those SMs.
 /// (LLaMA's gate and up at B 8, T 128, d 2048, ff 5632: 352 tiles of 128
 /// on an H100's 132 SMs, 2.67 waves taking 3: 12.5% of each product, where

@@ -106,7 +106,8 @@ TEST(CostModel, MatmulBf16UsesTensorRate) {
 // SMs. x [3, 8, 16] x w [16, 12] (a weight the batch shares) is one product
 // of 24 rows: 6 x 3 = 18 tiles in ceil(18 / 4) = 5 waves, 20 SM-slots for 18
 // tiles, so its compute time x (20 / 18 - 1). x [3, 8, 16] x y [3, 16, 4] is
-// three products of 2 x 1 tiles: 6 in 2 waves, x (8 / 6 - 1).
+// three products of 2 x 1 tiles: 6 in 2 waves, x (8 / 6 - 1). Fewer tiles
+// than SMs count nothing (cuBLAS deals them in smaller pieces).
 TEST(CostModel, WaveTailIsTheLastWavesIdleShareOfAComputeBoundProduct) {
   graph_builder b;
   auto x = b.input("x", dtype::f32, {3, 8, 16});
@@ -128,6 +129,8 @@ TEST(CostModel, WaveTailIsTheLastWavesIdleShareOfAComputeBoundProduct) {
   EXPECT_NEAR(estimate_wave_tail_seconds(d, g, xy), xy_compute * (8.0 / 6.0 - 1.0), 1e-15);
   EXPECT_EQ(estimate_wave_tail_seconds(d, g, xx), 0.0);  // not a product
   d.gemm_sms = 6;  // 18 tiles: three full waves
+  EXPECT_EQ(estimate_wave_tail_seconds(d, g, xw), 0.0);
+  d.gemm_sms = 32;  // fewer tiles than SMs: dealt in smaller pieces, not modelled
   EXPECT_EQ(estimate_wave_tail_seconds(d, g, xw), 0.0);
   d.gemm_sms = 4;
   d.mem_bandwidth = 1e8;  // now bound by memory: the tiles' count does not decide its time
