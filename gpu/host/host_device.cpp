@@ -331,14 +331,15 @@ int64_t host_device::occupy(task_context& ctx, host_stream& hs, const work_timin
   } else if (kernel) {
     const int64_t launch = std::min(dur, to_ns(t.launch_seconds * cfg_.time_scale));
     const int64_t latency = std::min(dur - launch, to_ns(t.latency_seconds * cfg_.time_scale));
+    const int64_t tail = std::min(dur - launch - latency, to_ns(t.tail_seconds * cfg_.time_scale));
     std::scoped_lock lk(launch_clock_.mutex, compute_clock_.mutex);
     // A kernel without a launch of its own (replayed in a graph) does not
     // queue behind the host's launches of the other lanes.
     const int64_t launch_start = launch > 0 ? std::max(start, launch_clock_.busy_until) : start;
     if (launch > 0) launch_clock_.busy_until = launch_start + launch;
     const int64_t body_start = std::max(launch_start + launch + latency, compute_clock_.busy_until);
-    compute_clock_.busy_until = body_start + (dur - launch - latency);
-    end = compute_clock_.busy_until + extra;
+    compute_clock_.busy_until = body_start + (dur - launch - latency - tail);
+    end = compute_clock_.busy_until + tail + extra;  // the tail: this stream only
   } else {
     end = start + dur + extra;
   }

@@ -59,6 +59,11 @@ struct work_timing {
   /// launch clock nor the device's throughput, so other lanes' kernels
   /// overlap it.
   double latency_seconds = 0;
+  /// The part of `seconds` after the kernel's throughput-bound work that
+  /// holds only its own stream: a product's partly filled last wave of tiles
+  /// (estimate_wave_tail_seconds), whose idle SMs another lane's kernel
+  /// fills, as the planner's auto lanes assume.
+  double tail_seconds = 0;
   double extra_wall_seconds = 0; ///< unscaled extra wall time (injected stall)
 };
 

@@ -261,9 +261,12 @@ error sim_device::admit_op(host::host_stream& s, const op_launch& l, host::work_
     t = {};
     return {};
   }
-  double cost = 0;
-  if (l.source) cost = estimate_seconds(spec(), *l.source, *l.op);
-  else if (!is_view_op(l.op->op) && !is_leaf_op(l.op->op))
+  double cost = 0, tail = 0;
+  if (l.source) {
+    cost = estimate_seconds(spec(), *l.source, *l.op);
+    tail = estimate_wave_tail_seconds(spec(), *l.source, *l.op);  // 0 unless spec().gemm_sms
+    cost += tail;
+  } else if (!is_view_op(l.op->op) && !is_leaf_op(l.op->op))
     cost = estimate_seconds(spec(), cost_of_launch(l), l.op->type);
   // A kernel replayed inside a captured segment pays no launch of its own:
   // its launch latency becomes the device-side kernel latency, most of which
@@ -285,6 +288,7 @@ error sim_device::admit_op(host::host_stream& s, const op_launch& l, host::work_
   t.seconds = cost * factor;
   if (cost > 0 && !l.launch_paid_by_replay) t.launch_seconds = std::min(cost, spec().launch_latency) * factor;
   t.latency_seconds = latency * factor;
+  t.tail_seconds = std::min(tail, cost - latency) * factor;
   modelled_ += t.seconds;
   if (u_stall < faults_.op_stall_rate) t.extra_wall_seconds = faults_.stall_seconds;
   if (options_.zero_delay) t = {};

@@ -272,6 +272,63 @@ TEST(SimDevice, ReplayedKernelsOfAllLanesTakeTurnsForTheirIssueInterval) {
   EXPECT_LT(overlapped, 0.8 * issued) << "the issue interval did not bind: " << overlapped << " vs " << issued << " ms";
 }
 
+// spec.gemm_sms: a product's partly filled last wave of tiles holds only its
+// own stream (estimate_wave_tail_seconds), so a product on another lane
+// fills it, as the planner's auto lanes assume. x [12, 8] x w [8, 4] in
+// tiles of 4 is 3 tiles; on 2 SMs, 2 waves for 3 tiles: 60 ms of compute
+// and a tail of 20. Two products on one lane: 2 x 80 ms; on two lanes the
+// second's body follows the first's (one device's throughput) and the
+// first's tail overlaps it: 60 + 60 + 20. Without waves (gemm_sms 0) the
+// lanes gain nothing: 2 x 60 either way.
+TEST(SimDevice, AProductsLastWaveHoldsOnlyItsStreamSoAnotherLaneFillsIt) {
+  graph_builder b;
+  auto x = b.input("x", dtype::f32, {12, 8});
+  auto w = b.input("w", dtype::f32, {8, 4});
+  b.output(b.matmul(x, w, false, false, "y"));
+  const graph g = *std::move(b).build();
+  const node& product = g.at(g.find("y"));
+  const auto run_ms = [&](int gemm_sms, bool two_lanes) {
+    gpu::sim_options o;
+    o.jitter = 0;
+    o.compute_values = false;
+    o.spec.launch_latency = 0;
+    o.spec.mem_bandwidth = 1e15;               // bound by compute
+    o.spec.flops_f32 = 2.0 * 12 * 4 * 8 / 0.06;  // 60 ms a product
+    o.spec.gemm_row_tile = 4;
+    o.spec.gemm_sms = gemm_sms;
+    auto dev = make_sim(o);
+    auto dx = dev->allocate(12 * 8 * 4), dw = dev->allocate(8 * 4 * 4);
+    auto dy = dev->allocate(12 * 4 * 4), dz = dev->allocate(12 * 4 * 4);
+    auto s0 = dev->create_stream(ag::step_kind::compute).value();
+    auto s1 = dev->create_stream(ag::step_kind::compute).value();
+    auto e0 = dev->create_event(true).value(), e1 = dev->create_event(true).value();
+    const int64_t t0 = gpu::host_clock_ns();
+    for (auto [s, out] : {std::pair{s0.get(), *dy}, std::pair{two_lanes ? s1.get() : s0.get(), *dz}}) {
+      gpu::op_launch l;
+      l.op = &product;
+      l.source = &g;
+      l.inputs = {{*dx, dtype::f32, {12, 8}, contiguous_strides({12, 8})},
+                  {*dw, dtype::f32, {8, 4}, contiguous_strides({8, 4})}};
+      l.out = {out, dtype::f32, {12, 4}, contiguous_strides({12, 4})};
+      EXPECT_FALSE(dev->launch(*s, l));
+    }
+    EXPECT_FALSE(dev->record(*e0, *s0));
+    EXPECT_FALSE(dev->record(*e1, *s1));
+    EXPECT_FALSE(dev->synchronize(*s0));
+    EXPECT_FALSE(dev->synchronize(*s1));
+    return static_cast<double>(std::max(e0->completion_ns(), e1->completion_ns()) - t0) * 1e-6;
+  };
+  const double one_lane = run_ms(2, false), two_lanes = run_ms(2, true);
+  // Lower bounds exact (host wake-ups may add a little, never take away).
+  EXPECT_GE(one_lane, 160 * 0.999);
+  EXPECT_GE(two_lanes, 140 * 0.999);
+  EXPECT_LT(two_lanes, one_lane - 10) << "the first product's tail did not overlap the second";
+  const double linear_one = run_ms(0, false), linear_two = run_ms(0, true);
+  EXPECT_GE(linear_one, 120 * 0.999);
+  EXPECT_GE(linear_two, 120 * 0.999);
+  EXPECT_LT(linear_two, 140) << "without waves two lanes take the same throughput";
+}
+
 // capture() records launches without running them; replay() runs them with
 // the captured buffers (x -> y -> z, each tripled) for one launch latency;
 // refuse_capture makes capture() fail and leaves the stream untouched.
