@@ -195,6 +195,16 @@ gpu::sim_options latency_bound_options() {
   return o;
 }
 
+// Milliseconds from t0 until the later of two streams has done its work.
+double span_ms(gpu::device& dev, gpu::stream& s0, gpu::stream& s1, int64_t t0) {
+  auto e0 = dev.create_event(true).value(), e1 = dev.create_event(true).value();
+  EXPECT_FALSE(dev.record(*e0, s0));
+  EXPECT_FALSE(dev.record(*e1, s1));
+  EXPECT_FALSE(dev.synchronize(s0));
+  EXPECT_FALSE(dev.synchronize(s1));
+  return static_cast<double>(std::max(e0->completion_ns(), e1->completion_ns()) - t0) * 1e-6;
+}
+
 // Two compute lanes of one device: plain launches of tiny ops come one after
 // another on the device's launch clock (one actor launches every lane), so a
 // second lane gains nothing; replayed ops hold only their own stream for the
@@ -206,7 +216,6 @@ TEST(SimDevice, LanesOverlapReplayedKernelLatenciesButNotPlainLaunches) {
     auto dx = dev->allocate(64), dy = dev->allocate(64), dz = dev->allocate(64);
     auto s0 = dev->create_stream(ag::step_kind::compute).value();
     auto s1 = dev->create_stream(ag::step_kind::compute).value();
-    auto e0 = dev->create_event(true).value(), e1 = dev->create_event(true).value();
     const int64_t t0 = gpu::host_clock_ns();
     for (int i = 0; i < 6; ++i)
       for (auto [s, out] : {std::pair{s0.get(), *dy}, std::pair{s1.get(), *dz}}) {
@@ -214,11 +223,7 @@ TEST(SimDevice, LanesOverlapReplayedKernelLatenciesButNotPlainLaunches) {
         l.launch_paid_by_replay = replayed && i > 0;
         EXPECT_FALSE(dev->launch(*s, l));
       }
-    EXPECT_FALSE(dev->record(*e0, *s0));
-    EXPECT_FALSE(dev->record(*e1, *s1));
-    EXPECT_FALSE(dev->synchronize(*s0));
-    EXPECT_FALSE(dev->synchronize(*s1));
-    return static_cast<double>(std::max(e0->completion_ns(), e1->completion_ns()) - t0) * 1e-6;
+    return span_ms(*dev, *s0, *s1, t0);
   };
   const double plain = two_lanes_ms(false), replay = two_lanes_ms(true);
   // plain: 12 launches back to back, >= 120 ms; replayed: the first launch of
@@ -301,7 +306,6 @@ TEST(SimDevice, AProductsLastWaveHoldsOnlyItsStreamSoAnotherLaneFillsIt) {
     auto dy = dev->allocate(12 * 4 * 4), dz = dev->allocate(12 * 4 * 4);
     auto s0 = dev->create_stream(ag::step_kind::compute).value();
     auto s1 = dev->create_stream(ag::step_kind::compute).value();
-    auto e0 = dev->create_event(true).value(), e1 = dev->create_event(true).value();
     const int64_t t0 = gpu::host_clock_ns();
     for (auto [s, out] : {std::pair{s0.get(), *dy}, std::pair{two_lanes ? s1.get() : s0.get(), *dz}}) {
       gpu::op_launch l;
@@ -312,11 +316,7 @@ TEST(SimDevice, AProductsLastWaveHoldsOnlyItsStreamSoAnotherLaneFillsIt) {
       l.out = {out, dtype::f32, {12, 4}, contiguous_strides({12, 4})};
       EXPECT_FALSE(dev->launch(*s, l));
     }
-    EXPECT_FALSE(dev->record(*e0, *s0));
-    EXPECT_FALSE(dev->record(*e1, *s1));
-    EXPECT_FALSE(dev->synchronize(*s0));
-    EXPECT_FALSE(dev->synchronize(*s1));
-    return static_cast<double>(std::max(e0->completion_ns(), e1->completion_ns()) - t0) * 1e-6;
+    return span_ms(*dev, *s0, *s1, t0);
   };
   const double one_lane = run_ms(2, false), two_lanes = run_ms(2, true);
   // Lower bounds exact (host wake-ups may add a little, never take away).
