@@ -136,19 +136,26 @@ op_cost cost_of(const graph& g, const node& n) {
   return c;
 }
 
-double estimate_seconds(const device_spec& d, op_cost c, dtype type) {
+namespace {
+// An op's time bound by arithmetic and by memory traffic on `d`.
+struct bounds {
+  double compute, memory;
+};
+bounds bounds_of(const device_spec& d, op_cost c, dtype type) {
   const double rate = (type == dtype::f16 || type == dtype::bf16) ? d.flops_bf16 : d.flops_f32;
-  const double compute = rate > 0 ? c.flops / (rate * d.compute_efficiency) : 0.0;
-  const double memory = d.mem_bandwidth > 0 ? c.bytes / (d.mem_bandwidth * d.memory_efficiency) : 0.0;
-  return d.launch_latency + std::max(compute, memory);
+  return {rate > 0 ? c.flops / (rate * d.compute_efficiency) : 0.0,
+          d.mem_bandwidth > 0 ? c.bytes / (d.mem_bandwidth * d.memory_efficiency) : 0.0};
+}
+}  // namespace
+
+double estimate_seconds(const device_spec& d, op_cost c, dtype type) {
+  const bounds b = bounds_of(d, c, type);
+  return d.launch_latency + std::max(b.compute, b.memory);
 }
 
 double estimate_wave_tail_seconds(const device_spec& d, const graph& g, const node& n) {
   if (d.gemm_sms <= 0 || n.op != op_kind::matmul || n.dims.rank() < 2) return 0.0;
-  const op_cost c = cost_of(g, n);
-  const double rate = (n.type == dtype::f16 || n.type == dtype::bf16) ? d.flops_bf16 : d.flops_f32;
-  const double compute = rate > 0 ? c.flops / (rate * d.compute_efficiency) : 0.0;
-  const double memory = d.mem_bandwidth > 0 ? c.bytes / (d.mem_bandwidth * d.memory_efficiency) : 0.0;
+  const auto [compute, memory] = bounds_of(d, cost_of(g, n), n.type);
   if (!(compute > memory)) return 0.0;  // bound by memory: the tiles' count is not what limits it
   // A weight shared by the batch ([.., M, K] x [K, N]) is one product of
   // all the rows; otherwise each batch entry is a product of its own.

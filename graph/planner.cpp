@@ -435,7 +435,7 @@ void assign_lanes(builder_state& s) {
     // no collectives) are one graph: one launch for every lane, and a fork
     // or a join is an edge between its kernels, about a replayed kernel's
     // latency. Unfolded lanes pay a graph launch each, and an event record
-    // and wait (a launch latency) for each fork and join. (Lanes gain more
+    // and wait (a launch latency) for each fork and join.
     // A product's last wave of tiles (estimate_wave_tail_seconds) holds its
     // lane but leaves SMs that a product of another lane fills: it counts in
     // the branch's time on its lane, not in the device's throughput.
@@ -480,7 +480,7 @@ void assign_lanes(builder_state& s) {
         // throughput-bound parts back to back (one device's throughput):
         // lanes overlap one branch's launches, or replayed kernels'
         // latencies, with another's work. Every extra lane costs a fork and
-        // a join (fork_join above). The sim device models the same
+        // a join (fork_join). The sim device models the same
         // (host_device::occupy).
         const int used = static_cast<int>(std::count_if(load.begin(), load.end(), [](double x) { return x > 0; }));
         if (replayed) launch_total = (folds ? 1 : used) * spec.launch_latency;  // the lanes' graph launches
