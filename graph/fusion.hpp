@@ -263,6 +263,25 @@ constexpr int64_t decode_step_chunk(int64_t k) {
 /// Warps of a block of the decode-step kernel: each streams its own items
 /// (a row's chunk) of every GEMV.
 inline constexpr int64_t decode_step_warps = 16;
+/// One warp's walk over its items of a GEMV phase of the decode-step kernel
+/// (gpu/cuda/decode_step.cu): items warp, warp + warps, warp + 2 warps, ...
+/// of the block's, item j being chunk j % chunks_per_row of the block's row
+/// j / chunks_per_row. Each step is a carry, not a division: the kernel's
+/// issuing lane walks it for every weight load. start() sets every field
+/// (no initialisers: the kernel keeps it in shared memory).
+struct decode_step_item_walk {
+  int item, row, chunk;                        // item j, its row and its chunk in the row
+  int chunks_per_row, step_rows, step_chunks;  // step: warps / chunks_per_row rows, warps % chunks_per_row chunks
+  constexpr void start(int warp, int warps, int chunks) {
+    chunks_per_row = chunks;
+    step_rows = warps / chunks, step_chunks = warps % chunks;
+    item = warp, row = warp / chunks, chunk = warp % chunks;
+  }
+  constexpr void next(int warps) {
+    item += warps, row += step_rows, chunk += step_chunks;
+    if (chunk >= chunks_per_row) chunk -= chunks_per_row, ++row;
+  }
+};
 /// The elements of the chunks q/k/v's rows stream in on `blocks` SMs (the
 /// phase's rows of width d_model, `qkv_rows` of them): decode_step_chunk,
 /// halved from 2048 to 1024 where that takes the block's busiest warp fewer

@@ -2137,3 +2137,23 @@ TEST(DecodeStepKernel, QkvRowsStreamInHalfChunksOnlyWhereTheBusiestWarpStreamsLe
   EXPECT_EQ(decode_step_qkv_chunk(2048, llama_1b_rows, 78), 1024);
   EXPECT_EQ(decode_step_qkv_chunk(2048, llama_1b_rows, 0), 2048);  // no SMs: the plain chunk
 }
+
+// A warp's walk over its items of a decode-step GEMV (the kernel's weight
+// loads) steps row and chunk by a carry, and lands where division would:
+// item j is chunk j % chunks of row j / chunks, for rows of 1 to 20 chunks
+// (LLaMA-1B's 1, 2 and 4; 3 and 5 carry across a row; more chunks than
+// warps step no whole row) and every warp of 16.
+TEST(DecodeStepKernel, ItemWalkStepsToTheRowAndChunkDivisionGives) {
+  constexpr int warps = static_cast<int>(decode_step_warps);
+  for (int chunks = 1; chunks <= 20; ++chunks)
+    for (int warp = 0; warp < warps; ++warp) {
+      decode_step_item_walk w{};
+      w.start(warp, warps, chunks);
+      for (int k = 0; k < 300; ++k, w.next(warps)) {
+        const int j = warp + k * warps;
+        ASSERT_EQ(w.item, j) << chunks << " chunks a row, warp " << warp << ", step " << k;
+        ASSERT_EQ(w.row, j / chunks) << chunks << " chunks a row, warp " << warp << ", item " << j;
+        ASSERT_EQ(w.chunk, j % chunks) << chunks << " chunks a row, warp " << warp << ", item " << j;
+      }
+    }
+}

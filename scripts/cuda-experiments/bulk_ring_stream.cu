@@ -1,0 +1,209 @@
+// How a ring of bulk copies streams a large read (session 81): every warp of
+// a persistent grid (one block an SM) keeps S copies of B bytes in flight into
+// its own ring in shared memory, as the runtime's decode step does
+// (gpu/cuda/decode_step.cu), and consumes each one (a dot product of its
+// bf16 values with x, or one word) before it issues the next copy into the
+// freed slot. Prints, for each (warps, slots, bytes) form: the read's
+// bandwidth, and the mean cycles a warp spends issuing one copy and waiting
+// for one; beside cudaMemcpy's device-to-device bandwidth (read + write).
+// The question: is issuing a copy's cost per copy (fewer, larger copies
+// would cost less) or per byte in flight (the SM's memory pipeline full)?
+//   nvcc -O3 -arch=sm_90 -std=c++17 -o bulk_ring_stream bulk_ring_stream.cu
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <vector>
+
+#define CK(x)                                                                              \
+  do {                                                                                     \
+    cudaError_t e_ = (x);                                                                  \
+    if (e_ != cudaSuccess) {                                                               \
+      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
+      std::exit(1);                                                                        \
+    }                                                                                      \
+  } while (0)
+
+using u64 = unsigned long long;
+
+__device__ __forceinline__ unsigned smem(const void* p) { return static_cast<unsigned>(__cvta_generic_to_shared(p)); }
+__device__ __forceinline__ void mbar_init(u64* b) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem(b)) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(u64* b, unsigned parity) {
+  unsigned done = 0;
+  while (!done)
+    asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
+                 : "=r"(done)
+                 : "r"(smem(b)), "r"(parity)
+                 : "memory");
+}
+__device__ __forceinline__ void load(void* dst, const void* src, unsigned bytes, u64* bar, bool hint) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem(bar)), "r"(bytes) : "memory");
+  if (hint) {
+    u64 policy;
+    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
+    asm volatile(
+        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], %4;" ::"r"(
+            smem(dst)),
+        "l"(src), "r"(bytes), "r"(smem(bar)), "l"(policy)
+        : "memory");
+  } else {
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(smem(dst)),
+                 "l"(src), "r"(bytes), "r"(smem(bar))
+                 : "memory");
+  }
+}
+
+// stats: [0] issue cycles, [1] wait cycles, [2] copies (summed over warps).
+template <int W, int S, int B>
+__global__ void __launch_bounds__(W * 32, 1) stream(const unsigned char* src, long copies_per_warp, int consume, int hint,
+                                                    float* out, u64* stats) {
+  extern __shared__ __align__(128) unsigned char ring[];
+  __shared__ u64 full[W * S];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  if (threadIdx.x == 0) {
+    for (int i = 0; i < W * S; ++i) mbar_init(&full[i]);
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  __syncthreads();
+  const long warps = static_cast<long>(gridDim.x) * W, me = static_cast<long>(blockIdx.x) * W + warp;
+  unsigned char* mine = ring + static_cast<size_t>(warp) * S * B;
+  // Copy k of this warp: piece k * warps + me of the buffer (the grid reads it front to back).
+  const auto issue = [&](int slot, long k) {
+    if (lane == 0) load(mine + static_cast<size_t>(slot) * B, src + (k * warps + me) * B, B, &full[warp * S + slot], hint);
+  };
+  for (int s = 0; s < S && s < copies_per_warp; ++s) issue(s, s);
+  float acc = 0.f;
+  u64 issue_cycles = 0, wait_cycles = 0;
+  const uint4 x = make_uint4(0x3f803f80u, 0x3f803f80u, 0x3f803f80u, 0x3f803f80u);  // bf16 ones
+  for (long k = 0; k < copies_per_warp; ++k) {
+    const int slot = static_cast<int>(k % S);
+    long long t0 = clock64();
+    mbar_wait(&full[warp * S + slot], static_cast<unsigned>((k / S) & 1));
+    wait_cycles += clock64() - t0;
+    const uint4* v = reinterpret_cast<const uint4*>(mine + static_cast<size_t>(slot) * B);
+    if (consume) {
+      // 4 KiB at a time (the decode step's chunk); a larger copy's slot is
+      // free, and its refill issued, once all of it is read.
+      constexpr int kPiece = B < 4096 ? B : 4096, kVecs = kPiece / 16 / 32 > 0 ? kPiece / 16 / 32 : 1;
+#pragma unroll 1
+      for (int off = 0; off < B; off += kPiece) {
+        uint4 w[kVecs];
+#pragma unroll
+        for (int u = 0; u < kVecs; ++u) w[u] = v[off / 16 + lane + 32 * u];
+        if (off + kPiece >= B) {
+          __syncwarp();
+          t0 = clock64();
+          if (k + S < copies_per_warp) issue(slot, k + S);
+          issue_cycles += clock64() - t0;
+        }
+#pragma unroll
+        for (int u = 0; u < kVecs; ++u) {
+          const unsigned a[4] = {w[u].x, w[u].y, w[u].z, w[u].w}, b[4] = {x.x, x.y, x.z, x.w};
+#pragma unroll
+          for (int q = 0; q < 4; ++q) {
+            acc = fmaf(__uint_as_float(a[q] << 16), __uint_as_float(b[q] << 16), acc);
+            acc = fmaf(__uint_as_float(a[q] & 0xffff0000u), __uint_as_float(b[q] & 0xffff0000u), acc);
+          }
+        }
+      }
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
+    } else {
+      acc += __uint_as_float(v[lane].x);
+      __syncwarp();
+      t0 = clock64();
+      if (k + S < copies_per_warp) issue(slot, k + S);
+      issue_cycles += clock64() - t0;
+    }
+  }
+  if (lane == 0) {
+    out[me] = acc;
+    atomicAdd(&stats[0], issue_cycles);
+    atomicAdd(&stats[1], wait_cycles);
+    atomicAdd(&stats[2], static_cast<u64>(copies_per_warp));
+  }
+}
+
+template <int W, int S, int B>
+void run(const unsigned char* src, size_t bytes, int sms, float* out, u64* stats, int consume, int hint, double clock_ghz) {
+  const size_t ring = static_cast<size_t>(W) * S * B;
+  auto k = stream<W, S, B>;
+  CK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(ring)));
+  const long per_warp = static_cast<long>(bytes / B / (static_cast<size_t>(sms) * W));
+  const double read = static_cast<double>(per_warp) * B * sms * W;
+  cudaEvent_t a, b;
+  CK(cudaEventCreate(&a));
+  CK(cudaEventCreate(&b));
+  float best = 1e30f;
+  std::vector<u64> h(3);
+  for (int rep = 0; rep < 4; ++rep) {
+    CK(cudaMemset(stats, 0, 3 * sizeof(u64)));
+    CK(cudaEventRecord(a));
+    k<<<sms, W * 32, ring>>>(src, per_warp, consume, hint, out, stats);
+    CK(cudaGetLastError());
+    CK(cudaEventRecord(b));
+    CK(cudaEventSynchronize(b));
+    float ms = 0;
+    CK(cudaEventElapsedTime(&ms, a, b));
+    if (ms < best) {
+      best = ms;
+      CK(cudaMemcpy(h.data(), stats, 3 * sizeof(u64), cudaMemcpyDeviceToHost));
+    }
+  }
+  const double copies = static_cast<double>(h[2]);
+  std::printf("warps %2d slots %d bytes %5d ring %6zu B/SM consume %d hint %d: %7.1f GB/s  issue %6.0f cycles (%.3f us)  wait %6.0f cycles (%.3f us) a copy\n",
+              W, S, B, ring, consume, hint, read / (best * 1e-3) / 1e9, h[0] / copies, h[0] / copies / clock_ghz / 1e3,
+              h[1] / copies, h[1] / copies / clock_ghz / 1e3);
+  std::fflush(stdout);
+  CK(cudaEventDestroy(a));
+  CK(cudaEventDestroy(b));
+}
+
+int main() {
+  int dev = 0, sms = 0, clock_khz = 0;
+  CK(cudaSetDevice(dev));
+  CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  CK(cudaDeviceGetAttribute(&clock_khz, cudaDevAttrClockRate, dev));
+  const double clock_ghz = clock_khz / 1e6;
+  const size_t bytes = size_t(2) << 30;
+  unsigned char *src = nullptr, *dst = nullptr;
+  CK(cudaMalloc(&src, bytes));
+  CK(cudaMalloc(&dst, bytes));
+  CK(cudaMemset(src, 0x3f, bytes));
+  float* out = nullptr;
+  u64* stats = nullptr;
+  CK(cudaMalloc(&out, sizeof(float) * sms * 32));
+  CK(cudaMalloc(&stats, 3 * sizeof(u64)));
+  {
+    cudaEvent_t a, b;
+    CK(cudaEventCreate(&a));
+    CK(cudaEventCreate(&b));
+    float best = 1e30f;
+    for (int rep = 0; rep < 4; ++rep) {
+      CK(cudaEventRecord(a));
+      CK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice));
+      CK(cudaEventRecord(b));
+      CK(cudaEventSynchronize(b));
+      float ms = 0;
+      CK(cudaEventElapsedTime(&ms, a, b));
+      best = ms < best ? ms : best;
+    }
+    std::printf("SMs %d, clock %.2f GHz; cudaMemcpy D2D (read + write): %.1f GB/s\n", sms, clock_ghz,
+                2.0 * bytes / (best * 1e-3) / 1e9);
+  }
+  for (int consume = 0; consume < 2; ++consume) {
+    run<16, 3, 4096>(src, bytes, sms, out, stats, consume, 1, clock_ghz);  // the decode step's ring
+    run<16, 3, 4096>(src, bytes, sms, out, stats, consume, 0, clock_ghz);
+    run<16, 6, 2048>(src, bytes, sms, out, stats, consume, 1, clock_ghz);  // the same bytes in smaller copies
+    run<16, 2, 4096>(src, bytes, sms, out, stats, consume, 1, clock_ghz);  // fewer in flight
+    run<16, 1, 4096>(src, bytes, sms, out, stats, consume, 1, clock_ghz);
+    run<8, 3, 8192>(src, bytes, sms, out, stats, consume, 1, clock_ghz);   // the same bytes in larger copies
+    run<4, 3, 16384>(src, bytes, sms, out, stats, consume, 1, clock_ghz);
+    run<16, 1, 12288>(src, bytes, sms, out, stats, consume, 1, clock_ghz);
+    run<16, 3, 2048>(src, bytes, sms, out, stats, consume, 1, clock_ghz);  // half the bytes in flight
+  }
+  return 0;
+}
