@@ -9,51 +9,24 @@
 // The question: is issuing a copy's cost per copy (fewer, larger copies
 // would cost less) or per byte in flight (the SM's memory pipeline full)?
 //   nvcc -O3 -arch=sm_90 -std=c++17 -o bulk_ring_stream bulk_ring_stream.cu
-#include <cuda_bf16.h>
-#include <cuda_runtime.h>
-
-#include <cstdio>
-#include <cstdlib>
 #include <vector>
 
-#define CK(x)                                                                              \
-  do {                                                                                     \
-    cudaError_t e_ = (x);                                                                  \
-    if (e_ != cudaSuccess) {                                                               \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                        \
-    }                                                                                      \
-  } while (0)
+#include "persistent_common.cuh"
 
 using u64 = unsigned long long;
 
-__device__ __forceinline__ unsigned smem(const void* p) { return static_cast<unsigned>(__cvta_generic_to_shared(p)); }
-__device__ __forceinline__ void mbar_init(u64* b) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem(b)) : "memory");
-}
-__device__ __forceinline__ void mbar_wait(u64* b, unsigned parity) {
-  unsigned done = 0;
-  while (!done)
-    asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
-                 : "=r"(done)
-                 : "r"(smem(b)), "r"(parity)
-                 : "memory");
-}
+// A copy of `bytes` into `dst`, complete on `bar`; `hint`: with the decode
+// step's L2 evict-first policy (gpu/cuda/decode_step.cu's bulk_load_read_once).
 __device__ __forceinline__ void load(void* dst, const void* src, unsigned bytes, u64* bar, bool hint) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem(bar)), "r"(bytes) : "memory");
-  if (hint) {
-    u64 policy;
-    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
-    asm volatile(
-        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], %4;" ::"r"(
-            smem(dst)),
-        "l"(src), "r"(bytes), "r"(smem(bar)), "l"(policy)
-        : "memory");
-  } else {
-    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(smem(dst)),
-                 "l"(src), "r"(bytes), "r"(smem(bar))
-                 : "memory");
-  }
+  mbar_expect_tx(bar, bytes);
+  if (!hint) return bulk_load(dst, src, bytes, bar);
+  u64 policy;
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], %4;" ::"r"(
+          shared_address(dst)),
+      "l"(src), "r"(bytes), "r"(shared_address(bar)), "l"(policy)
+      : "memory");
 }
 
 // stats: [0] issue cycles, [1] wait cycles, [2] copies (summed over warps).
@@ -64,7 +37,7 @@ __global__ void __launch_bounds__(W * 32, 1) stream(const unsigned char* src, lo
   __shared__ u64 full[W * S];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   if (threadIdx.x == 0) {
-    for (int i = 0; i < W * S; ++i) mbar_init(&full[i]);
+    for (int i = 0; i < W * S; ++i) mbar_init(&full[i], 1);
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
   __syncthreads();
@@ -99,18 +72,12 @@ __global__ void __launch_bounds__(W * 32, 1) stream(const unsigned char* src, lo
           if (k + S < copies_per_warp) issue(slot, k + S);
           issue_cycles += clock64() - t0;
         }
+        float lo = 0.f, hi = 0.f;
 #pragma unroll
-        for (int u = 0; u < kVecs; ++u) {
-          const unsigned a[4] = {w[u].x, w[u].y, w[u].z, w[u].w}, b[4] = {x.x, x.y, x.z, x.w};
-#pragma unroll
-          for (int q = 0; q < 4; ++q) {
-            acc = fmaf(__uint_as_float(a[q] << 16), __uint_as_float(b[q] << 16), acc);
-            acc = fmaf(__uint_as_float(a[q] & 0xffff0000u), __uint_as_float(b[q] & 0xffff0000u), acc);
-          }
-        }
+        for (int u = 0; u < kVecs; ++u) fma8_two(w[u], x, lo, hi);
+        acc += lo + hi;
       }
-#pragma unroll
-      for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
+      acc = warp_sum(acc);
     } else {
       acc += __uint_as_float(v[lane].x);
       __syncwarp();
