@@ -8,6 +8,10 @@
 // for one; beside cudaMemcpy's device-to-device bandwidth (read + write).
 // The question: is issuing a copy's cost per copy (fewer, larger copies
 // would cost less) or per byte in flight (the SM's memory pipeline full)?
+// With BRS_PRODUCER=1: the decode step's ring against 15 consumer warps fed
+// by a producer warp (stream_producer), with 1-8 passes of arithmetic over
+// each chunk, so that the consumers, not the memory, set the pace: what
+// taking the issue off a consumer's path saves it.
 //   nvcc -O3 -arch=sm_90 -std=c++17 -o bulk_ring_stream bulk_ring_stream.cu
 #include <vector>
 
@@ -31,7 +35,7 @@ __device__ __forceinline__ void load(void* dst, const void* src, unsigned bytes,
 
 // stats: [0] issue cycles, [1] wait cycles, [2] copies (summed over warps).
 template <int W, int S, int B>
-__global__ void __launch_bounds__(W * 32, 1) stream(const unsigned char* src, long copies_per_warp, int consume, int hint,
+__global__ void __launch_bounds__(W * 32, 1) stream(const unsigned char* src, long copies_per_warp, int passes, int hint,
                                                     float* out, u64* stats) {
   extern __shared__ __align__(128) unsigned char ring[];
   __shared__ u64 full[W * S];
@@ -57,7 +61,7 @@ __global__ void __launch_bounds__(W * 32, 1) stream(const unsigned char* src, lo
     mbar_wait(&full[warp * S + slot], static_cast<unsigned>((k / S) & 1));
     wait_cycles += clock64() - t0;
     const uint4* v = reinterpret_cast<const uint4*>(mine + static_cast<size_t>(slot) * B);
-    if (consume) {
+    if (passes > 0) {
       // 4 KiB at a time (the decode step's chunk); a larger copy's slot is
       // free, and its refill issued, once all of it is read.
       constexpr int kPiece = B < 4096 ? B : 4096, kVecs = kPiece / 16 / 32 > 0 ? kPiece / 16 / 32 : 1;
@@ -72,10 +76,12 @@ __global__ void __launch_bounds__(W * 32, 1) stream(const unsigned char* src, lo
           if (k + S < copies_per_warp) issue(slot, k + S);
           issue_cycles += clock64() - t0;
         }
-        float lo = 0.f, hi = 0.f;
+        for (int r = 0; r < passes; ++r) {  // more passes: more arithmetic a byte (a GEMV's with data waiting)
+          float lo = 0.f, hi = 0.f;
 #pragma unroll
-        for (int u = 0; u < kVecs; ++u) fma8_two(w[u], x, lo, hi);
-        acc += lo + hi;
+          for (int u = 0; u < kVecs; ++u) fma8_two(w[u], x, lo, hi);
+          acc += lo + hi;
+        }
       }
       acc = warp_sum(acc);
     } else {
@@ -94,10 +100,86 @@ __global__ void __launch_bounds__(W * 32, 1) stream(const unsigned char* src, lo
   }
 }
 
+// The same stream with a producer warp: warp W's lane w issues consumer
+// warp w's copies, each into a slot once w has read it (an `empty` mbarrier
+// a slot), so no consumer issues. stats as stream's ([0]: the producer
+// lanes' issue cycles).
 template <int W, int S, int B>
-void run(const unsigned char* src, size_t bytes, int sms, float* out, u64* stats, int consume, int hint, double clock_ghz) {
+__global__ void __launch_bounds__((W + 1) * 32, 1) stream_producer(const unsigned char* src, long copies_per_warp, int passes,
+                                                                   int hint, float* out, u64* stats) {
+  extern __shared__ __align__(128) unsigned char ring[];
+  __shared__ u64 full[W * S], empty[W * S];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  if (threadIdx.x == 0) {
+    for (int i = 0; i < W * S; ++i) mbar_init(&full[i], 1), mbar_init(&empty[i], 1);
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  __syncthreads();
+  const long warps = static_cast<long>(gridDim.x) * W;
+  if (warp == W) {
+    const bool serves = lane < W;
+    const long me = static_cast<long>(blockIdx.x) * W + (serves ? lane : 0);
+    long n = serves ? 0 : copies_per_warp;
+    u64 issue_cycles = 0;
+    while (__any_sync(0xffffffffu, n < copies_per_warp)) {
+      if (n >= copies_per_warp) continue;
+      const int slot = static_cast<int>(n % S);
+      unsigned ready = 1;
+      if (n >= S)
+        asm volatile("{ .reg .pred p; mbarrier.test_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
+                     : "=r"(ready)
+                     : "r"(shared_address(&empty[lane * S + slot])), "r"(static_cast<unsigned>((n / S - 1) & 1))
+                     : "memory");
+      if (!ready) continue;
+      const long long t0 = clock64();
+      load(ring + (static_cast<size_t>(lane) * S + slot) * B, src + (n * warps + me) * B, B, &full[lane * S + slot], hint);
+      issue_cycles += clock64() - t0;
+      ++n;
+    }
+    if (serves) atomicAdd(&stats[0], issue_cycles);
+    return;
+  }
+  const long me = static_cast<long>(blockIdx.x) * W + warp;
+  unsigned char* mine = ring + static_cast<size_t>(warp) * S * B;
+  float acc = 0.f;
+  u64 wait_cycles = 0;
+  const uint4 x = make_uint4(0x3f803f80u, 0x3f803f80u, 0x3f803f80u, 0x3f803f80u);
+  for (long k = 0; k < copies_per_warp; ++k) {
+    const int slot = static_cast<int>(k % S);
+    const long long t0 = clock64();
+    mbar_wait(&full[warp * S + slot], static_cast<unsigned>((k / S) & 1));
+    wait_cycles += clock64() - t0;
+    const uint4* v = reinterpret_cast<const uint4*>(mine + static_cast<size_t>(slot) * B);
+    constexpr int kPiece = B < 4096 ? B : 4096, kVecs = kPiece / 16 / 32 > 0 ? kPiece / 16 / 32 : 1;
+#pragma unroll 1
+    for (int off = 0; off < B; off += kPiece) {
+      uint4 w[kVecs];
+#pragma unroll
+      for (int u = 0; u < kVecs; ++u) w[u] = v[off / 16 + lane + 32 * u];
+      if (off + kPiece >= B) {
+        __syncwarp();
+        if (lane == 0) mbar_arrive(&empty[warp * S + slot]);
+      }
+      for (int r = 0; r < passes; ++r) {
+        float lo = 0.f, hi = 0.f;
+#pragma unroll
+        for (int u = 0; u < kVecs; ++u) fma8_two(w[u], x, lo, hi);
+        acc += lo + hi;
+      }
+    }
+    acc = warp_sum(acc);
+  }
+  if (lane == 0) {
+    out[me] = acc;
+    atomicAdd(&stats[1], wait_cycles);
+    atomicAdd(&stats[2], static_cast<u64>(copies_per_warp));
+  }
+}
+
+template <int W, int S, int B, bool kProducer = false>
+void run(const unsigned char* src, size_t bytes, int sms, float* out, u64* stats, int passes, int hint, double clock_ghz) {
   const size_t ring = static_cast<size_t>(W) * S * B;
-  auto k = stream<W, S, B>;
+  auto k = kProducer ? stream_producer<W, S, B> : stream<W, S, B>;
   CK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(ring)));
   const long per_warp = static_cast<long>(bytes / B / (static_cast<size_t>(sms) * W));
   const double read = static_cast<double>(per_warp) * B * sms * W;
@@ -109,7 +191,7 @@ void run(const unsigned char* src, size_t bytes, int sms, float* out, u64* stats
   for (int rep = 0; rep < 4; ++rep) {
     CK(cudaMemset(stats, 0, 3 * sizeof(u64)));
     CK(cudaEventRecord(a));
-    k<<<sms, W * 32, ring>>>(src, per_warp, consume, hint, out, stats);
+    k<<<sms, (W + (kProducer ? 1 : 0)) * 32, ring>>>(src, per_warp, passes, hint, out, stats);
     CK(cudaGetLastError());
     CK(cudaEventRecord(b));
     CK(cudaEventSynchronize(b));
@@ -121,9 +203,9 @@ void run(const unsigned char* src, size_t bytes, int sms, float* out, u64* stats
     }
   }
   const double copies = static_cast<double>(h[2]);
-  std::printf("warps %2d slots %d bytes %5d ring %6zu B/SM consume %d hint %d: %7.1f GB/s  issue %6.0f cycles (%.3f us)  wait %6.0f cycles (%.3f us) a copy\n",
-              W, S, B, ring, consume, hint, read / (best * 1e-3) / 1e9, h[0] / copies, h[0] / copies / clock_ghz / 1e3,
-              h[1] / copies, h[1] / copies / clock_ghz / 1e3);
+  std::printf("%s warps %2d slots %d bytes %5d ring %6zu B/SM passes %d hint %d: %7.1f GB/s  issue %6.0f cycles (%.3f us)  wait %6.0f cycles (%.3f us)  all %.3f us a copy\n",
+              kProducer ? "producer" : "consumers", W, S, B, ring, passes, hint, read / (best * 1e-3) / 1e9, h[0] / copies,
+              h[0] / copies / clock_ghz / 1e3, h[1] / copies, h[1] / copies / clock_ghz / 1e3, best * 1e3 / per_warp);
   std::fflush(stdout);
   CK(cudaEventDestroy(a));
   CK(cudaEventDestroy(b));
@@ -161,16 +243,24 @@ int main() {
     std::printf("SMs %d, clock %.2f GHz; cudaMemcpy D2D (read + write): %.1f GB/s\n", sms, clock_ghz,
                 2.0 * bytes / (best * 1e-3) / 1e9);
   }
-  for (int consume = 0; consume < 2; ++consume) {
-    run<16, 3, 4096>(src, bytes, sms, out, stats, consume, 1, clock_ghz);  // the decode step's ring
-    run<16, 3, 4096>(src, bytes, sms, out, stats, consume, 0, clock_ghz);
-    run<16, 6, 2048>(src, bytes, sms, out, stats, consume, 1, clock_ghz);  // the same bytes in smaller copies
-    run<16, 2, 4096>(src, bytes, sms, out, stats, consume, 1, clock_ghz);  // fewer in flight
-    run<16, 1, 4096>(src, bytes, sms, out, stats, consume, 1, clock_ghz);
-    run<8, 3, 8192>(src, bytes, sms, out, stats, consume, 1, clock_ghz);   // the same bytes in larger copies
-    run<4, 3, 16384>(src, bytes, sms, out, stats, consume, 1, clock_ghz);
-    run<16, 1, 12288>(src, bytes, sms, out, stats, consume, 1, clock_ghz);
-    run<16, 3, 2048>(src, bytes, sms, out, stats, consume, 1, clock_ghz);  // half the bytes in flight
+  if (std::getenv("BRS_PRODUCER")) {  // session 81's second question: a producer warp, with arithmetic enough to wait on
+    for (int passes : {1, 2, 4, 8}) {
+      run<16, 3, 4096>(src, bytes, sms, out, stats, passes, 1, clock_ghz);
+      run<15, 3, 4096>(src, bytes, sms, out, stats, passes, 1, clock_ghz);
+      run<15, 3, 4096, true>(src, bytes, sms, out, stats, passes, 1, clock_ghz);
+    }
+    return 0;
+  }
+  for (int passes = 0; passes < 2; ++passes) {
+    run<16, 3, 4096>(src, bytes, sms, out, stats, passes, 1, clock_ghz);  // the decode step's ring
+    run<16, 3, 4096>(src, bytes, sms, out, stats, passes, 0, clock_ghz);
+    run<16, 6, 2048>(src, bytes, sms, out, stats, passes, 1, clock_ghz);  // the same bytes in smaller copies
+    run<16, 2, 4096>(src, bytes, sms, out, stats, passes, 1, clock_ghz);  // fewer in flight
+    run<16, 1, 4096>(src, bytes, sms, out, stats, passes, 1, clock_ghz);
+    run<8, 3, 8192>(src, bytes, sms, out, stats, passes, 1, clock_ghz);   // the same bytes in larger copies
+    run<4, 3, 16384>(src, bytes, sms, out, stats, passes, 1, clock_ghz);
+    run<16, 1, 12288>(src, bytes, sms, out, stats, passes, 1, clock_ghz);
+    run<16, 3, 2048>(src, bytes, sms, out, stats, passes, 1, clock_ghz);  // half the bytes in flight
   }
   return 0;
 }
