@@ -33,6 +33,40 @@ __device__ __forceinline__ void load(void* dst, const void* src, unsigned bytes,
       : "memory");
 }
 
+// A warp's use of one copy of B bytes at v: `passes` dot products of its
+// bf16 values with ones (0: one word read), 4 KiB at a time (the decode
+// step's chunk); `freed` runs once all of it is read (a larger copy's slot
+// frees only then), after the warp's lanes meet.
+template <int B, class Freed>
+__device__ __forceinline__ float use_copy(const uint4* v, int lane, int passes, Freed&& freed) {
+  if (passes == 0) {
+    const float word = __uint_as_float(v[lane].x);
+    __syncwarp();
+    freed();
+    return word;
+  }
+  constexpr int kPiece = B < 4096 ? B : 4096, kVecs = kPiece / 16 / 32 > 0 ? kPiece / 16 / 32 : 1;
+  const uint4 x = make_uint4(0x3f803f80u, 0x3f803f80u, 0x3f803f80u, 0x3f803f80u);  // bf16 ones
+  float acc = 0.f;
+#pragma unroll 1
+  for (int off = 0; off < B; off += kPiece) {
+    uint4 w[kVecs];
+#pragma unroll
+    for (int u = 0; u < kVecs; ++u) w[u] = v[off / 16 + lane + 32 * u];
+    if (off + kPiece >= B) {
+      __syncwarp();
+      freed();
+    }
+    for (int r = 0; r < passes; ++r) {  // more passes: more arithmetic a byte (a GEMV's whose data waits)
+      float lo = 0.f, hi = 0.f;
+#pragma unroll
+      for (int u = 0; u < kVecs; ++u) fma8_two(w[u], x, lo, hi);
+      acc += lo + hi;
+    }
+  }
+  return warp_sum(acc);
+}
+
 // stats: [0] issue cycles, [1] wait cycles, [2] copies (summed over warps).
 template <int W, int S, int B>
 __global__ void __launch_bounds__(W * 32, 1) stream(const unsigned char* src, long copies_per_warp, int passes, int hint,
@@ -54,43 +88,16 @@ __global__ void __launch_bounds__(W * 32, 1) stream(const unsigned char* src, lo
   for (int s = 0; s < S && s < copies_per_warp; ++s) issue(s, s);
   float acc = 0.f;
   u64 issue_cycles = 0, wait_cycles = 0;
-  const uint4 x = make_uint4(0x3f803f80u, 0x3f803f80u, 0x3f803f80u, 0x3f803f80u);  // bf16 ones
   for (long k = 0; k < copies_per_warp; ++k) {
     const int slot = static_cast<int>(k % S);
     long long t0 = clock64();
     mbar_wait(&full[warp * S + slot], static_cast<unsigned>((k / S) & 1));
     wait_cycles += clock64() - t0;
-    const uint4* v = reinterpret_cast<const uint4*>(mine + static_cast<size_t>(slot) * B);
-    if (passes > 0) {
-      // 4 KiB at a time (the decode step's chunk); a larger copy's slot is
-      // free, and its refill issued, once all of it is read.
-      constexpr int kPiece = B < 4096 ? B : 4096, kVecs = kPiece / 16 / 32 > 0 ? kPiece / 16 / 32 : 1;
-#pragma unroll 1
-      for (int off = 0; off < B; off += kPiece) {
-        uint4 w[kVecs];
-#pragma unroll
-        for (int u = 0; u < kVecs; ++u) w[u] = v[off / 16 + lane + 32 * u];
-        if (off + kPiece >= B) {
-          __syncwarp();
-          t0 = clock64();
-          if (k + S < copies_per_warp) issue(slot, k + S);
-          issue_cycles += clock64() - t0;
-        }
-        for (int r = 0; r < passes; ++r) {  // more passes: more arithmetic a byte (a GEMV's with data waiting)
-          float lo = 0.f, hi = 0.f;
-#pragma unroll
-          for (int u = 0; u < kVecs; ++u) fma8_two(w[u], x, lo, hi);
-          acc += lo + hi;
-        }
-      }
-      acc = warp_sum(acc);
-    } else {
-      acc += __uint_as_float(v[lane].x);
-      __syncwarp();
+    acc += use_copy<B>(reinterpret_cast<const uint4*>(mine + static_cast<size_t>(slot) * B), lane, passes, [&] {
       t0 = clock64();
       if (k + S < copies_per_warp) issue(slot, k + S);
       issue_cycles += clock64() - t0;
-    }
+    });
   }
   if (lane == 0) {
     out[me] = acc;
@@ -143,31 +150,14 @@ __global__ void __launch_bounds__((W + 1) * 32, 1) stream_producer(const unsigne
   unsigned char* mine = ring + static_cast<size_t>(warp) * S * B;
   float acc = 0.f;
   u64 wait_cycles = 0;
-  const uint4 x = make_uint4(0x3f803f80u, 0x3f803f80u, 0x3f803f80u, 0x3f803f80u);
   for (long k = 0; k < copies_per_warp; ++k) {
     const int slot = static_cast<int>(k % S);
     const long long t0 = clock64();
     mbar_wait(&full[warp * S + slot], static_cast<unsigned>((k / S) & 1));
     wait_cycles += clock64() - t0;
-    const uint4* v = reinterpret_cast<const uint4*>(mine + static_cast<size_t>(slot) * B);
-    constexpr int kPiece = B < 4096 ? B : 4096, kVecs = kPiece / 16 / 32 > 0 ? kPiece / 16 / 32 : 1;
-#pragma unroll 1
-    for (int off = 0; off < B; off += kPiece) {
-      uint4 w[kVecs];
-#pragma unroll
-      for (int u = 0; u < kVecs; ++u) w[u] = v[off / 16 + lane + 32 * u];
-      if (off + kPiece >= B) {
-        __syncwarp();
-        if (lane == 0) mbar_arrive(&empty[warp * S + slot]);
-      }
-      for (int r = 0; r < passes; ++r) {
-        float lo = 0.f, hi = 0.f;
-#pragma unroll
-        for (int u = 0; u < kVecs; ++u) fma8_two(w[u], x, lo, hi);
-        acc += lo + hi;
-      }
-    }
-    acc = warp_sum(acc);
+    acc += use_copy<B>(reinterpret_cast<const uint4*>(mine + static_cast<size_t>(slot) * B), lane, passes, [&] {
+      if (lane == 0) mbar_arrive(&empty[warp * S + slot]);
+    });
   }
   if (lane == 0) {
     out[me] = acc;
