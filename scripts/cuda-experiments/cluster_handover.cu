@@ -205,7 +205,11 @@ int max_clusters(int size) {
   const int ring = kWarps * kSlots * kCopy;
   auto kernel = handover<kCluster>;
   CK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, ring));
-  if (size > 8) CK(cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+  if (size > 8 && cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) != cudaSuccess) {
+    std::printf("clusters of %d: non-portable sizes refused\n", size);
+    cudaGetLastError();
+    return 0;
+  }
   cudaLaunchConfig_t config = {};
   config.gridDim = dim3(size * 8);
   config.blockDim = dim3(kThreads);
@@ -218,7 +222,12 @@ int max_clusters(int size) {
   config.attrs = attribute;
   config.numAttrs = 1;
   int clusters = 0;
-  CK(cudaOccupancyMaxActiveClusters(&clusters, reinterpret_cast<const void*>(kernel), &config));
+  const cudaError_t e = cudaOccupancyMaxActiveClusters(&clusters, reinterpret_cast<const void*>(kernel), &config);
+  if (e != cudaSuccess) {  // a size this GPU does not take: say so, and leave that size out
+    std::printf("clusters of %d: %s\n", size, cudaGetErrorString(e));
+    cudaGetLastError();
+    return 0;
+  }
   return clusters;
 }
 
