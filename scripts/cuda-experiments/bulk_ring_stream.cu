@@ -178,32 +178,16 @@ void run(const unsigned char* src, size_t bytes, int sms, float* out, u64* stats
   CK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(ring)));
   const long per_warp = static_cast<long>(bytes / B / (static_cast<size_t>(sms) * W));
   const double read = static_cast<double>(per_warp) * B * sms * W;
-  cudaEvent_t a, b;
-  CK(cudaEventCreate(&a));
-  CK(cudaEventCreate(&b));
-  float best = 1e30f;
   std::vector<u64> h(3);
-  for (int rep = 0; rep < 4; ++rep) {
-    CK(cudaMemset(stats, 0, 3 * sizeof(u64)));
-    CK(cudaEventRecord(a));
-    k<<<sms, (W + (kProducer ? 1 : 0)) * 32, ring>>>(src, per_warp, passes, hint, out, stats);
-    CK(cudaGetLastError());
-    CK(cudaEventRecord(b));
-    CK(cudaEventSynchronize(b));
-    float ms = 0;
-    CK(cudaEventElapsedTime(&ms, a, b));
-    if (ms < best) {
-      best = ms;
-      CK(cudaMemcpy(h.data(), stats, 3 * sizeof(u64), cudaMemcpyDeviceToHost));
-    }
-  }
+  const float best = best_of(
+      4, [&] { CK(cudaMemset(stats, 0, 3 * sizeof(u64))); },
+      [&] { k<<<sms, (W + (kProducer ? 1 : 0)) * 32, ring>>>(src, per_warp, passes, hint, out, stats); },
+      [&] { CK(cudaMemcpy(h.data(), stats, 3 * sizeof(u64), cudaMemcpyDeviceToHost)); });
   const double copies = static_cast<double>(h[2]);
   std::printf("%s warps %2d slots %d bytes %5d ring %6zu B/SM passes %d hint %d: %7.1f GB/s  issue %6.0f cycles (%.3f us)  wait %6.0f cycles (%.3f us)  all %.3f us a copy\n",
               kProducer ? "producer" : "consumers", W, S, B, ring, passes, hint, read / (best * 1e-3) / 1e9, h[0] / copies,
               h[0] / copies / clock_ghz / 1e3, h[1] / copies, h[1] / copies / clock_ghz / 1e3, best * 1e3 / per_warp);
   std::fflush(stdout);
-  CK(cudaEventDestroy(a));
-  CK(cudaEventDestroy(b));
 }
 
 int main() {

@@ -142,6 +142,26 @@ __global__ void __launch_bounds__(kThreads, 1) handover(const unsigned char* src
   }
 }
 
+// A launch of `grid` blocks in clusters of `size`, with the rings' shared
+// memory.
+struct cluster_launch {
+  cudaLaunchConfig_t config = {};
+  cudaLaunchAttribute attribute[1];
+  cluster_launch(int grid, int size) {
+    config.gridDim = dim3(grid);
+    config.blockDim = dim3(kThreads);
+    config.dynamicSmemBytes = kWarps * kSlots * kCopy;
+    attribute[0].id = cudaLaunchAttributeClusterDimension;
+    attribute[0].val.clusterDim.x = size;
+    attribute[0].val.clusterDim.y = 1;
+    attribute[0].val.clusterDim.z = 1;
+    config.attrs = attribute;
+    config.numAttrs = 1;
+  }
+  cluster_launch(const cluster_launch&) = delete;  // config.attrs points into this object
+  cluster_launch& operator=(const cluster_launch&) = delete;
+};
+
 struct result {
   double gb_per_s = 0, handover_us = 0;
 };
@@ -155,46 +175,26 @@ result run(const unsigned char* src, size_t bytes, int grid, int group, int item
   const long per_warp = static_cast<long>(bytes / kCopy / (static_cast<size_t>(grid) * kWarps));
   const int phases = static_cast<int>(per_warp / items);
   const double read = static_cast<double>(phases) * items * kCopy * grid * kWarps;
-  cudaEvent_t a, b;
-  CK(cudaEventCreate(&a));
-  CK(cudaEventCreate(&b));
-  float best = 1e30f;
   u64 h[2] = {0, 0};
   static unsigned launch = 0;
-  for (int rep = 0; rep < 4; ++rep) {
-    CK(cudaMemset(stats, 0, 2 * sizeof(u64)));
-    unsigned this_launch = ++launch;
-    int phases_arg = phases;
-    void* args[] = {const_cast<unsigned char**>(&src), &phases_arg, &items, &group, &board, &this_launch, &out, &stats};
-    CK(cudaEventRecord(a));
-    if constexpr (M == kCluster) {
-      cudaLaunchConfig_t config = {};
-      config.gridDim = dim3(grid);
-      config.blockDim = dim3(kThreads);
-      config.dynamicSmemBytes = ring;
-      cudaLaunchAttribute attribute[1];
-      attribute[0].id = cudaLaunchAttributeClusterDimension;
-      attribute[0].val.clusterDim.x = group;
-      attribute[0].val.clusterDim.y = 1;
-      attribute[0].val.clusterDim.z = 1;
-      config.attrs = attribute;
-      config.numAttrs = 1;
-      CK(cudaLaunchKernelExC(&config, reinterpret_cast<const void*>(kernel), args));
-    } else {  // cooperative: the l2 form's groups spin on each other
-      CK(cudaLaunchCooperativeKernel(reinterpret_cast<const void*>(kernel), dim3(grid), dim3(kThreads), args, ring));
-    }
-    CK(cudaGetLastError());
-    CK(cudaEventRecord(b));
-    CK(cudaEventSynchronize(b));
-    float ms = 0;
-    CK(cudaEventElapsedTime(&ms, a, b));
-    if (ms < best) {
-      best = ms;
-      CK(cudaMemcpy(h, stats, sizeof(h), cudaMemcpyDeviceToHost));
-    }
-  }
-  CK(cudaEventDestroy(a));
-  CK(cudaEventDestroy(b));
+  unsigned this_launch = 0;
+  int phases_arg = phases;
+  void* args[] = {const_cast<unsigned char**>(&src), &phases_arg, &items, &group, &board, &this_launch, &out, &stats};
+  const float best = best_of(
+      4,
+      [&] {
+        CK(cudaMemset(stats, 0, 2 * sizeof(u64)));
+        this_launch = ++launch;
+      },
+      [&] {
+        if constexpr (M == kCluster) {
+          cluster_launch config(grid, group);
+          CK(cudaLaunchKernelExC(&config.config, reinterpret_cast<const void*>(kernel), args));
+        } else {  // cooperative: the l2 form's groups spin on each other
+          CK(cudaLaunchCooperativeKernel(reinterpret_cast<const void*>(kernel), dim3(grid), dim3(kThreads), args, ring));
+        }
+      },
+      [&] { CK(cudaMemcpy(h, stats, sizeof(h), cudaMemcpyDeviceToHost)); });
   result r;
   r.gb_per_s = read / (best * 1e-3) / 1e9;
   r.handover_us = h[1] ? static_cast<double>(h[0]) / static_cast<double>(h[1]) / 1e3 : 0.0;
@@ -210,19 +210,9 @@ int max_clusters(int size) {
     cudaGetLastError();
     return 0;
   }
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(size * 8);
-  config.blockDim = dim3(kThreads);
-  config.dynamicSmemBytes = ring;
-  cudaLaunchAttribute attribute[1];
-  attribute[0].id = cudaLaunchAttributeClusterDimension;
-  attribute[0].val.clusterDim.x = size;
-  attribute[0].val.clusterDim.y = 1;
-  attribute[0].val.clusterDim.z = 1;
-  config.attrs = attribute;
-  config.numAttrs = 1;
+  cluster_launch config(size * 8, size);
   int clusters = 0;
-  const cudaError_t e = cudaOccupancyMaxActiveClusters(&clusters, reinterpret_cast<const void*>(kernel), &config);
+  const cudaError_t e = cudaOccupancyMaxActiveClusters(&clusters, reinterpret_cast<const void*>(kernel), &config.config);
   if (e != cudaSuccess) {  // a size this GPU does not take: say so, and leave that size out
     std::printf("clusters of %d: %s\n", size, cudaGetErrorString(e));
     cudaGetLastError();

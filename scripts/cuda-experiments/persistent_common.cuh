@@ -1,9 +1,10 @@
 // What the persistent-kernel experiments (persistent_chain.cu,
-// decode_step_kernel.cu) share, and graph_launch_size.cu's CUDA call check:
-// the CUDA call check, the random fills and the
-// streaming read that sets the floor, the bf16 products' warp sums,
-// mbarriers and bulk copies from global into shared memory, and a warp's
-// walk over its chunks of a chain of GEMVs.
+// decode_step_kernel.cu, bulk_ring_stream.cu, cluster_handover.cu) share,
+// and graph_launch_size.cu's CUDA call check: the CUDA call check, the
+// random fills and the streaming read that sets the floor, the bf16
+// products' warp sums, mbarriers and bulk copies from global into shared
+// memory, the fastest of a few timed runs, and a warp's walk over its
+// chunks of a chain of GEMVs.
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -96,6 +97,34 @@ __device__ __forceinline__ void bulk_load(void* dst, const void* src, unsigned b
                    shared_address(dst)),
                "l"(src), "r"(bytes), "r"(shared_address(bar))
                : "memory");
+}
+
+// The fastest of `reps` timed runs of launch() on the default stream, in
+// ms; before each run, prepare(); after a run faster than every one before
+// it, best() (to read that run's counters).
+template <class Prepare, class Launch, class Best>
+float best_of(int reps, Prepare&& prepare, Launch&& launch, Best&& best) {
+  cudaEvent_t a, b;
+  CK(cudaEventCreate(&a));
+  CK(cudaEventCreate(&b));
+  float fastest = 1e30f;
+  for (int rep = 0; rep < reps; ++rep) {
+    prepare();
+    CK(cudaEventRecord(a));
+    launch();
+    CK(cudaGetLastError());
+    CK(cudaEventRecord(b));
+    CK(cudaEventSynchronize(b));
+    float ms = 0;
+    CK(cudaEventElapsedTime(&ms, a, b));
+    if (ms < fastest) {
+      fastest = ms;
+      best();
+    }
+  }
+  CK(cudaEventDestroy(a));
+  CK(cudaEventDestroy(b));
+  return fastest;
 }
 
 // A warp's walk over its items of a chain of GEMVs: items warp, warp + warps,
