@@ -37,15 +37,11 @@ namespace cg = cooperative_groups;
 using u64 = unsigned long long;
 
 constexpr int kWarps = 16, kThreads = kWarps * 32, kSlots = 3, kCopy = 4096;
+constexpr int kRingBytes = kWarps * kSlots * kCopy;  // a block's rings: its dynamic shared memory
 constexpr int kValues = 24;    // a block's q/k/v rows
 constexpr int kMaxGroup = 16;  // blocks a group (a kv head's splits)
 enum handover_mode : int { kNone = 0, kL2 = 1, kCluster = 2 };
 
-__device__ __forceinline__ u64 global_ns() {
-  u64 t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  return t;
-}
 __device__ __forceinline__ void put_tagged(u64* at, float v, unsigned tag) {
   const u64 packed = (static_cast<u64>(tag) << 32) | __float_as_uint(v);
   asm volatile("st.relaxed.gpu.global.b64 [%0], %1;" ::"l"(at), "l"(packed) : "memory");
@@ -142,6 +138,15 @@ __global__ void __launch_bounds__(kThreads, 1) handover(const unsigned char* src
   }
 }
 
+// Lets `kernel` take the rings' shared memory, and clusters of `cluster`
+// blocks where that is over the portable 8.
+template <class Kernel>
+cudaError_t allow_rings(Kernel kernel, int cluster) {
+  cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kRingBytes);
+  if (e == cudaSuccess && cluster > 8) e = cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
+  return e;
+}
+
 // A launch of `grid` blocks in clusters of `size`, with the rings' shared
 // memory.
 struct cluster_launch {
@@ -150,7 +155,7 @@ struct cluster_launch {
   cluster_launch(int grid, int size) {
     config.gridDim = dim3(grid);
     config.blockDim = dim3(kThreads);
-    config.dynamicSmemBytes = kWarps * kSlots * kCopy;
+    config.dynamicSmemBytes = kRingBytes;
     attribute[0].id = cudaLaunchAttributeClusterDimension;
     attribute[0].val.clusterDim.x = size;
     attribute[0].val.clusterDim.y = 1;
@@ -168,10 +173,8 @@ struct result {
 
 template <int M>
 result run(const unsigned char* src, size_t bytes, int grid, int group, int items, u64* board, float* out, u64* stats) {
-  const int ring = kWarps * kSlots * kCopy;
   auto kernel = handover<M>;
-  CK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, ring));
-  if (M == kCluster && group > 8) CK(cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+  CK(allow_rings(kernel, M == kCluster ? group : 1));
   const long per_warp = static_cast<long>(bytes / kCopy / (static_cast<size_t>(grid) * kWarps));
   const int phases = static_cast<int>(per_warp / items);
   const double read = static_cast<double>(phases) * items * kCopy * grid * kWarps;
@@ -191,7 +194,7 @@ result run(const unsigned char* src, size_t bytes, int grid, int group, int item
           cluster_launch config(grid, group);
           CK(cudaLaunchKernelExC(&config.config, reinterpret_cast<const void*>(kernel), args));
         } else {  // cooperative: the l2 form's groups spin on each other
-          CK(cudaLaunchCooperativeKernel(reinterpret_cast<const void*>(kernel), dim3(grid), dim3(kThreads), args, ring));
+          CK(cudaLaunchCooperativeKernel(reinterpret_cast<const void*>(kernel), dim3(grid), dim3(kThreads), args, kRingBytes));
         }
       },
       [&] { CK(cudaMemcpy(h, stats, sizeof(h), cudaMemcpyDeviceToHost)); });
@@ -202,10 +205,8 @@ result run(const unsigned char* src, size_t bytes, int grid, int group, int item
 }
 
 int max_clusters(int size) {
-  const int ring = kWarps * kSlots * kCopy;
   auto kernel = handover<kCluster>;
-  CK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, ring));
-  if (size > 8 && cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) != cudaSuccess) {
+  if (allow_rings(kernel, size) != cudaSuccess) {
     std::printf("clusters of %d: non-portable sizes refused\n", size);
     cudaGetLastError();
     return 0;
@@ -237,7 +238,7 @@ int main() {
   CK(cudaMemset(board, 0, sizeof(u64) * 2 * sms * kValues));
   const int clusters8 = max_clusters(8), clusters16 = max_clusters(16);
   std::printf("SMs %d; resident clusters with this kernel's %d B of shared memory: %d of 8 blocks (%d blocks), %d of 16 (%d blocks)\n",
-              sms, kWarps * kSlots * kCopy, clusters8, clusters8 * 8, clusters16, clusters16 * 16);
+              sms, kRingBytes, clusters8, clusters8 * 8, clusters16, clusters16 * 16);
   std::printf("%-8s %5s %5s %5s  %9s  %s\n", "form", "grid", "group", "items", "GB/s", "hand-over us (phase end to every value held)");
   const auto line = [](const char* form, int grid, int group, int items, result r) {
     std::printf("%-8s %5d %5d %5d  %9.1f  %.3f\n", form, grid, group, items, r.gb_per_s, r.handover_us);

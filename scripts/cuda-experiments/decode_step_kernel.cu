@@ -88,11 +88,7 @@ struct step_args {
 // Trace marks of a phase: entered, its input ready, x staged, products done, stored and counted.
 constexpr int kMarks = 5;
 __device__ __forceinline__ void mark(const step_args& a, int p, int k) {
-  if (a.trace && threadIdx.x == 0) {
-    unsigned long long t;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-    a.trace[(static_cast<size_t>(p) * gridDim.x + blockIdx.x) * kMarks + k] = t;
-  }
+  if (a.trace && threadIdx.x == 0) a.trace[(static_cast<size_t>(p) * gridDim.x + blockIdx.x) * kMarks + k] = global_ns();
 }
 
 __device__ __forceinline__ bf16* cache_row(const step_args& a, int layer, int kv, int head, int key) {

@@ -23,15 +23,9 @@
 #include <thread>
 #include <vector>
 
-#include "persistent_common.cuh"  // CK, the CUDA call check
+#include "persistent_common.cuh"  // CK, the CUDA call check; global_ns
 
 namespace {
-
-__device__ __forceinline__ unsigned long long global_ns() {
-  unsigned long long t;
-  asm volatile("mov.u64 %0, %globaltimer;" : "=l"(t));
-  return t;
-}
 
 // One small step of a chain (a 256-float update, as a [16, 256] op's block
 // would be): waits for its programmatic predecessor, releases its successor

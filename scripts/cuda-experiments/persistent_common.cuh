@@ -1,10 +1,10 @@
 // What the persistent-kernel experiments (persistent_chain.cu,
 // decode_step_kernel.cu, bulk_ring_stream.cu, cluster_handover.cu) share,
-// and graph_launch_size.cu's CUDA call check: the CUDA call check, the
+// and graph_launch_size.cu's CUDA call check and clock: the CUDA call check, the
 // random fills and the streaming read that sets the floor, the bf16
 // products' warp sums, mbarriers and bulk copies from global into shared
-// memory, the fastest of a few timed runs, and a warp's walk over its
-// chunks of a chain of GEMVs.
+// memory, the global nanosecond clock, the fastest of a few timed runs,
+// and a warp's walk over its chunks of a chain of GEMVs.
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -59,6 +59,12 @@ __device__ __forceinline__ void fma8_two(const uint4& w, const uint4& x, float& 
   }
 }
 
+// The GPU's global nanosecond clock (comparable across SMs).
+__device__ __forceinline__ unsigned long long global_ns() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
 __device__ __forceinline__ unsigned shared_address(const void* p) {
   return static_cast<unsigned>(__cvta_generic_to_shared(p));
 }
