@@ -29,8 +29,11 @@ trap 'rm -rf "$work"' EXIT
 # The build's compile, made a cubin with line information: no dependency
 # file, no object.
 # A cubin holds one GPU code: sm_90's alone.
+# CMake may quote each --generate-code (the GPU machines' build does): a
+# quoted one goes whole, quotes and all, so eval sees no unmatched quote.
 command=$(echo "$command" | sed -e 's# -MD##; s# -MT [^ ]*##; s# -MF [^ ]*##; s# -c # #' \
-  -e 's#--generate-code=[^ ]*#-arch=sm_90#' -e "s#-o [^ ]*${object}#-cubin -lineinfo -o $work/k.cubin#")
+  -e 's#"--generate-code=[^"]*"##g' -e 's#--generate-code=[^ ]*##g' \
+  -e "s#-o [^ ]*${object}#-arch=sm_90 -cubin -lineinfo -o $work/k.cubin#")
 if ! eval "$command -Xptxas -v" >"$work/ptxas.log" 2>&1; then
   cat "$work/ptxas.log" >&2
   exit 1

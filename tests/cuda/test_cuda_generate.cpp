@@ -8,8 +8,11 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <future>
+#include <iterator>
 
 #include "actors/generator.hpp"
 #include "actors/launch_program.hpp"
@@ -940,7 +943,7 @@ TEST(CudaGenerate, WholeDecodeStepAsOneKernelEqualsRecompute) {
     bool linear = false;  // linear RoPE scaling, factor 4
     int64_t d_model = 0;  // 0: heads x head_dim
   };
-  for (const shape& sh : {shape{64, 512, 80, 2, 4}, shape{64, 512, 1100, 2, 4}, shape{128, 768, 1100, 2, 4},
+  const shape shapes[] = {shape{64, 512, 80, 2, 4}, shape{64, 512, 1100, 2, 4}, shape{128, 768, 1100, 2, 4},
                           shape{128, 512, 300, 1, 4, 1000, false, true}, shape{64, 8192, 300, 8, 32},
                           shape{64, 1024, 300, 4, 12, 140000, true}, shape{128, 14336, 300, 2, 8},
                           shape{128, 11008, 300, 2, 8}, shape{128, 5504, 300, 2, 8},
@@ -949,8 +952,28 @@ TEST(CudaGenerate, WholeDecodeStepAsOneKernelEqualsRecompute) {
                           shape{64, 768, 300, 4, 16, 1000, false, false, 512},
                           // Qwen2.5-0.5B's widths: d_model 896 (7 x 128), 14 heads of 64 over 2 kv heads
                           // (7 query heads a kv head), d_ff 4864
-                          shape{64, 4864, 300, 2, 14}}) {
-    SCOPED_TRACE("d_model " + std::to_string(sh.d_model) + ", " + std::to_string(sh.heads) + " heads of " +
+                          shape{64, 4864, 300, 2, 14}};
+  const int shape_count = static_cast<int>(std::size(shapes));
+  // AG_WHOLE_STEP_SHAPE=i runs shape i alone: scripts/gpu-sanitize.sh's
+  // racecheck pass runs the shapes a process each, since the tool's shadow
+  // state for all of them in one process outgrew the GPU machine's 128 GiB
+  // of host memory (session 83).
+  int only = -1;
+  if (const char* v = std::getenv("AG_WHOLE_STEP_SHAPE"); v && *v) {
+    char* end = nullptr;
+    const long i = std::strtol(v, &end, 10);
+    ASSERT_TRUE(*end == '\0') << "AG_WHOLE_STEP_SHAPE=" << v << ": not a shape index (0 to " << shape_count - 1 << ")";
+    if (i < 0 || i >= shape_count)
+      GTEST_SKIP() << "AG_WHOLE_STEP_SHAPE=" << v << ": no such shape (the test has " << shape_count << ", 0 to "
+                   << shape_count - 1 << ")";
+    only = static_cast<int>(i);
+    std::printf("AG_WHOLE_STEP_SHAPE=%d: shape %d of the test's %d alone\n", only, only, shape_count);
+  }
+  for (int index = 0; index < shape_count; ++index) {
+    if (only >= 0 && index != only) continue;
+    const shape& sh = shapes[index];
+    SCOPED_TRACE("shape " + std::to_string(index) + ": d_model " + std::to_string(sh.d_model) + ", " +
+                 std::to_string(sh.heads) + " heads of " +
                  std::to_string(sh.head_dim) + ", cache " +
                  std::to_string(sh.cache) + ", kv heads " + std::to_string(sh.kv_heads) + ", d_ff " +
                  std::to_string(sh.d_ff) + ", vocab " + std::to_string(sh.vocab) + (sh.llama3 ? ", llama3" : "") +
