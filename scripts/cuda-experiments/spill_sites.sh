@@ -10,7 +10,13 @@
 #   bash scripts/cuda-experiments/spill_sites.sh [BUILD_DIR [SOURCE]]
 # BUILD_DIR: a configured build with CUDA (default build-gpu, else build).
 # Needs nvdisasm (the CUDA toolkit's; the GPU machines have it, the 2-core
-# development machine's toolkit does not: there it stops after ptxas's figures).
+# development machine's toolkit does not: there it stops after ptxas's
+# figures, unless NVDISASM names one, e.g. PyPI's:
+#   pip download --no-deps nvidia-cuda-nvdisasm -d /tmp/nvd &&
+#   python3 -m zipfile -e /tmp/nvd/*.whl /tmp/nvd/x &&
+#   chmod +x /tmp/nvd/x/nvidia/cu13/bin/nvdisasm
+#   NVDISASM=/tmp/nvd/x/nvidia/cu13/bin/nvdisasm bash spill_sites.sh
+# (13.5's reads nvcc 13.0's cubins; session 83).
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 build="${1:-}"
