@@ -16,7 +16,9 @@
 # The passes take more than one device call: AG_SANITIZE_PASSES="memcheck
 # racecheck-kernels", "synccheck-step" and "racecheck-step" (with
 # AG_SANITIZE_STEP_SHAPES to split its shapes over calls) run those passes
-# only. Session 83 on an H100: synccheck-step 114 s; the whole-step test's
+# only; AG_SANITIZE_MEMCHECK_FILTER=<gtest filter> runs memcheck over
+# those tests alone.
+# Session 83 on an H100: synccheck-step 114 s; the whole-step test's
 # shapes in one racecheck process were killed for memory after 276 s.
 # A pass fails on any error the tool reports in the project's kernels, and
 # when the test program does not reach GoogleTest's last line (a crash, or
@@ -85,7 +87,10 @@ pass() {
     status=1
   fi
 }
-pass memcheck memcheck 420 "-$concurrent_only:$fault_injection"
+# AG_SANITIZE_MEMCHECK_FILTER narrows memcheck to some tests (session 84:
+# 'CudaGenerate.WholeDecodeStep*:CudaGenerate.*Decode*', 105 s on an H100);
+# by default it runs every suite but the excluded ones.
+pass memcheck memcheck 420 "${AG_SANITIZE_MEMCHECK_FILTER:--$concurrent_only:$fault_injection}"
 # racecheck keeps its shadow state in host memory, and the whole decode
 # step at LLaMA-1B's widths takes most of it: WholeDecodeStepAsOneKernelEqualsRecompute
 # (its widest shape 2 layers of d_model 2048, d_ff 8192) took 75 GiB of
