@@ -17,6 +17,20 @@
 // from 1 to 8; even 8 passes left the memory setting the pace, so this does
 // not answer for a consumer-bound warp (the kernel's producer warp,
 // decode_step_producer15.diff, measured 6% slower).
+// With BRS_PROBE=1 (session 85): what the stream does to an L2 hit's round
+// trip. A probe warp beside each block's streaming warps chases a chain of
+// 128-byte lines that sit in L2 (ld.relaxed.gpu, as the step's hand-overs
+// read) while the others stream; its mean round trip, for rings of 1-6
+// copies in flight a warp and with nothing streaming. The question: the
+// step's q/k/v hand-over takes 3.7 us where an idle L2 hit takes well under
+// one; does a ring's depth (the bytes queued in the memory system, not the
+// bandwidth: 64 KiB an SM already streams at full rate) set that? On an H200
+// (session 85): no. Idle 0.161 us; beside 16 x 3 x 4096 (the step's 192 KiB
+// an SM) 0.24-0.26 us, beside 16 x 1 x 4096 0.53-0.61 and 16 x 2 x 4096
+// 0.51: the round trip follows the traffic, and the shallower rings carry
+// more of it, 4357-4431 GB/s at 64 KiB (32 KiB in 2 KiB copies: 4300-4311)
+// against 3664-3666 at 192 KiB and 3798-3811 at 128 (no such difference on
+// the H100 in session 81).
 //   nvcc -O3 -arch=sm_90 -std=c++17 -o bulk_ring_stream bulk_ring_stream.cu
 #include <vector>
 
@@ -72,18 +86,48 @@ __device__ __forceinline__ float use_copy(const uint4* v, int lane, int passes, 
   return warp_sum(acc);
 }
 
-// stats: [0] issue cycles, [1] wait cycles, [2] copies (summed over warps).
-template <int W, int S, int B>
-__global__ void __launch_bounds__(W * 32, 1) stream(const unsigned char* src, long copies_per_warp, int passes, int hint,
-                                                    float* out, u64* stats) {
+// Lines a probe warp chases (kProbeLines a block, 128 bytes apart).
+constexpr int kProbeLines = 64, kProbeLineWords = 32, kProbeMinLoads = 512;
+
+// A probe warp's lane 0: dependent L2 loads over its block's lines of
+// `chase` (each holds the next line's index) until the block's W streaming
+// warps are done and kProbeMinLoads were timed; stats [3] cycles, [4] loads.
+__device__ void probe_round_trips(const unsigned* chase, const volatile int* streaming_done, int W, u64* stats) {
+  const unsigned* mine = chase + static_cast<size_t>(blockIdx.x) * kProbeLines * kProbeLineWords;
+  unsigned at = 0;
+  for (int i = 0; i < 2 * kProbeLines; ++i)  // into L2 (and warm)
+    asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];" : "=r"(at) : "l"(mine + at * kProbeLineWords) : "memory");
+  u64 cycles = 0, loads = 0;
+  while (*streaming_done < W || loads < kProbeMinLoads) {
+    const long long t0 = clock64();
+    asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];" : "=r"(at) : "l"(mine + at * kProbeLineWords) : "memory");
+    if (at >= kProbeLines) break;  // never: keeps the load's use before the clock
+    cycles += clock64() - t0;
+    ++loads;
+  }
+  atomicAdd(&stats[3], cycles);
+  atomicAdd(&stats[4], loads);
+}
+
+// stats: [0] issue cycles, [1] wait cycles, [2] copies (summed over warps);
+// with kProbe, warp W probes (probe_round_trips: [3], [4]).
+template <int W, int S, int B, bool kProbe = false>
+__global__ void __launch_bounds__((W + kProbe) * 32, 1) stream(const unsigned char* src, long copies_per_warp, int passes,
+                                                               int hint, float* out, u64* stats, const unsigned* chase) {
   extern __shared__ __align__(128) unsigned char ring[];
   __shared__ u64 full[W * S];
+  __shared__ int streaming_done;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   if (threadIdx.x == 0) {
     for (int i = 0; i < W * S; ++i) mbar_init(&full[i], 1);
+    streaming_done = 0;
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
   __syncthreads();
+  if (kProbe && warp == W) {
+    if (lane == 0) probe_round_trips(chase, &streaming_done, W, stats);
+    return;
+  }
   const long warps = static_cast<long>(gridDim.x) * W, me = static_cast<long>(blockIdx.x) * W + warp;
   unsigned char* mine = ring + static_cast<size_t>(warp) * S * B;
   // Copy k of this warp: piece k * warps + me of the buffer (the grid reads it front to back).
@@ -109,6 +153,7 @@ __global__ void __launch_bounds__(W * 32, 1) stream(const unsigned char* src, lo
     atomicAdd(&stats[0], issue_cycles);
     atomicAdd(&stats[1], wait_cycles);
     atomicAdd(&stats[2], static_cast<u64>(copies_per_warp));
+    if (kProbe) atomicAdd(&streaming_done, 1);
   }
 }
 
@@ -171,22 +216,37 @@ __global__ void __launch_bounds__((W + 1) * 32, 1) stream_producer(const unsigne
   }
 }
 
-template <int W, int S, int B, bool kProducer = false>
-void run(const unsigned char* src, size_t bytes, int sms, float* out, u64* stats, int passes, int hint, double clock_ghz) {
+// kProbe: a probe warp a block (chase: its lines); `stream_bytes` 0 times
+// the probe alone.
+template <int W, int S, int B, bool kProducer = false, bool kProbe = false>
+void run(const unsigned char* src, size_t bytes, int sms, float* out, u64* stats, int passes, int hint, double clock_ghz,
+         const unsigned* chase = nullptr) {
   const size_t ring = static_cast<size_t>(W) * S * B;
-  auto k = kProducer ? stream_producer<W, S, B> : stream<W, S, B>;
-  CK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(ring)));
+  if (kProducer)
+    CK(cudaFuncSetAttribute(stream_producer<W, S, B>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(ring)));
+  else
+    CK(cudaFuncSetAttribute(stream<W, S, B, kProbe>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(ring)));
   const long per_warp = static_cast<long>(bytes / B / (static_cast<size_t>(sms) * W));
   const double read = static_cast<double>(per_warp) * B * sms * W;
-  std::vector<u64> h(3);
+  std::vector<u64> h(5);
   const float best = best_of(
-      4, [&] { CK(cudaMemset(stats, 0, 3 * sizeof(u64))); },
-      [&] { k<<<sms, (W + (kProducer ? 1 : 0)) * 32, ring>>>(src, per_warp, passes, hint, out, stats); },
-      [&] { CK(cudaMemcpy(h.data(), stats, 3 * sizeof(u64), cudaMemcpyDeviceToHost)); });
-  const double copies = static_cast<double>(h[2]);
-  std::printf("%s warps %2d slots %d bytes %5d ring %6zu B/SM passes %d hint %d: %7.1f GB/s  issue %6.0f cycles (%.3f us)  wait %6.0f cycles (%.3f us)  all %.3f us a copy\n",
-              kProducer ? "producer" : "consumers", W, S, B, ring, passes, hint, read / (best * 1e-3) / 1e9, h[0] / copies,
-              h[0] / copies / clock_ghz / 1e3, h[1] / copies, h[1] / copies / clock_ghz / 1e3, best * 1e3 / per_warp);
+      4, [&] { CK(cudaMemset(stats, 0, 5 * sizeof(u64))); },
+      [&] {
+        if (kProducer)
+          stream_producer<W, S, B><<<sms, (W + 1) * 32, ring>>>(src, per_warp, passes, hint, out, stats);
+        else
+          stream<W, S, B, kProbe><<<sms, (W + kProbe) * 32, ring>>>(src, per_warp, passes, hint, out, stats, chase);
+      },
+      [&] { CK(cudaMemcpy(h.data(), stats, 5 * sizeof(u64), cudaMemcpyDeviceToHost)); });
+  const double copies = static_cast<double>(h[2] > 0 ? h[2] : 1);
+  std::printf("%s warps %2d slots %d bytes %5d ring %6zu B/SM passes %d hint %d: %7.1f GB/s  issue %6.0f cycles (%.3f us)  wait %6.0f cycles (%.3f us)  all %.3f us a copy",
+              kProducer ? "producer" : "consumers", W, S, B, ring, passes, hint, per_warp > 0 ? read / (best * 1e-3) / 1e9 : 0.0,
+              h[0] / copies, h[0] / copies / clock_ghz / 1e3, h[1] / copies, h[1] / copies / clock_ghz / 1e3,
+              per_warp > 0 ? best * 1e3 / per_warp : 0.0);
+  if (kProbe && h[4] > 0)
+    std::printf("  probe L2 round trip %6.0f cycles (%.3f us) over %llu loads", static_cast<double>(h[3]) / h[4],
+                static_cast<double>(h[3]) / h[4] / clock_ghz / 1e3, h[4]);
+  std::printf("\n");
   std::fflush(stdout);
 }
 
@@ -204,7 +264,7 @@ int main() {
   float* out = nullptr;
   u64* stats = nullptr;
   CK(cudaMalloc(&out, sizeof(float) * sms * 32));
-  CK(cudaMalloc(&stats, 3 * sizeof(u64)));
+  CK(cudaMalloc(&stats, 5 * sizeof(u64)));
   {
     cudaEvent_t a, b;
     CK(cudaEventCreate(&a));
@@ -221,6 +281,27 @@ int main() {
     }
     std::printf("SMs %d, clock %.2f GHz; cudaMemcpy D2D (read + write): %.1f GB/s\n", sms, clock_ghz,
                 2.0 * bytes / (best * 1e-3) / 1e9);
+  }
+  if (std::getenv("BRS_PROBE")) {
+    // Each block's lines: line i holds i + 1 (the last, 0) in its first word.
+    std::vector<unsigned> lines(static_cast<size_t>(sms) * kProbeLines * kProbeLineWords, 0);
+    for (int b = 0; b < sms; ++b)
+      for (int i = 0; i < kProbeLines; ++i)
+        lines[(static_cast<size_t>(b) * kProbeLines + i) * kProbeLineWords] = (i + 1) % kProbeLines;
+    unsigned* chase = nullptr;
+    CK(cudaMalloc(&chase, lines.size() * sizeof(unsigned)));
+    CK(cudaMemcpy(chase, lines.data(), lines.size() * sizeof(unsigned), cudaMemcpyHostToDevice));
+    for (int passes = 0; passes < 2; ++passes) {
+      run<16, 3, 4096, false, true>(src, 0, sms, out, stats, passes, 1, clock_ghz, chase);  // nothing streaming
+      run<16, 1, 4096, false, true>(src, bytes, sms, out, stats, passes, 1, clock_ghz, chase);
+      run<16, 2, 4096, false, true>(src, bytes, sms, out, stats, passes, 1, clock_ghz, chase);
+      run<16, 3, 4096, false, true>(src, bytes, sms, out, stats, passes, 1, clock_ghz, chase);  // the decode step's
+      run<16, 3, 4096, false, true>(src, bytes, sms, out, stats, passes, 0, clock_ghz, chase);
+      run<16, 1, 2048, false, true>(src, bytes, sms, out, stats, passes, 1, clock_ghz, chase);
+      run<16, 6, 2048, false, true>(src, bytes, sms, out, stats, passes, 1, clock_ghz, chase);
+    }
+    CK(cudaFree(chase));
+    return 0;
   }
   if (std::getenv("BRS_PRODUCER")) {  // session 81's second question: a producer warp, with arithmetic enough to wait on
     for (int passes : {1, 2, 4, 8}) {
