@@ -17,7 +17,9 @@
 # racecheck-kernels", "synccheck-step" and "racecheck-step" (with
 # AG_SANITIZE_STEP_SHAPES to split its shapes over calls) run those passes
 # only; AG_SANITIZE_MEMCHECK_FILTER=<gtest filter> runs memcheck over
-# those tests alone.
+# those tests alone. AG_SANITIZE_TESTS=<path> runs a test_cuda built
+# elsewhere for these GPUs (sm_90, against the libraries .device-deps
+# unpacks) instead of configuring and building one here (about 5 minutes).
 # Session 83 on an H100: synccheck-step 114 s; the whole-step test's
 # shapes in one racecheck process were killed for memory after 276 s.
 # A pass fails on any error the tool reports in the project's kernels, and
@@ -36,17 +38,23 @@
 set -uo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/gpu-setup.sh" "$@"
 
-gpu_configure configure /dev/null || { echo "configure failed"; exit 1; }
-
-echo "== build (test_cuda)"
-if ! cmake --build "$build" -j "$(nproc)" --target test_cuda >"$out/sanitize-build.log" 2>&1; then
-  grep -E "error|FAILED" "$out/sanitize-build.log" | head -30
-  exit 1
+if [[ -n "${AG_SANITIZE_TESTS:-}" ]]; then
+  gpu_configure unpack-only /dev/null || { echo "unpacking .device-deps failed"; exit 1; }
+  tests="$AG_SANITIZE_TESTS"
+  [[ -x "$tests" ]] || { echo "AG_SANITIZE_TESTS=$tests: not an executable"; exit 1; }
+  echo "== test_cuda built elsewhere: $tests"
+else
+  gpu_configure configure /dev/null || { echo "configure failed"; exit 1; }
+  echo "== build (test_cuda)"
+  if ! cmake --build "$build" -j "$(nproc)" --target test_cuda >"$out/sanitize-build.log" 2>&1; then
+    grep -E "error|FAILED" "$out/sanitize-build.log" | head -30
+    exit 1
+  fi
+  tests="$build/tests/cuda/test_cuda"
 fi
 sanitizer="$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)"
 [[ -x "$sanitizer" ]] || { echo "no compute-sanitizer on this machine (looked in PATH and /usr/local/cuda/bin)"; exit 1; }
 echo "== $("$sanitizer" --version | tail -1)"
-tests="$build/tests/cuda/test_cuda"
 concurrent_only='CudaInStream.*:CudaCollectives.*:*CudaTensorParallel*'
 fault_injection='CudaFault.*'
 echo "== not run under the sanitizer (it serialises kernels; these need kernels running at once): $concurrent_only"

@@ -298,6 +298,7 @@ int main() {
       run<16, 3, 4096, false, true>(src, bytes, sms, out, stats, passes, 1, clock_ghz, chase);  // the decode step's
       run<16, 3, 4096, false, true>(src, bytes, sms, out, stats, passes, 0, clock_ghz, chase);
       run<16, 1, 2048, false, true>(src, bytes, sms, out, stats, passes, 1, clock_ghz, chase);
+      run<16, 3, 2048, false, true>(src, bytes, sms, out, stats, passes, 1, clock_ghz, chase);  // 96 KiB (after session 85)
       run<16, 6, 2048, false, true>(src, bytes, sms, out, stats, passes, 1, clock_ghz, chase);
     }
     CK(cudaFree(chase));
