@@ -216,8 +216,9 @@ __global__ void __launch_bounds__((W + 1) * 32, 1) stream_producer(const unsigne
   }
 }
 
-// kProbe: a probe warp a block (chase: its lines); `stream_bytes` 0 times
-// the probe alone.
+// kProbe: a probe warp a block (chase: its lines); `bytes` 0 times the
+// probe alone, nothing streaming (its round trips include the loop's and
+// the clock's own few cycles, the same in every row).
 template <int W, int S, int B, bool kProducer = false, bool kProbe = false>
 void run(const unsigned char* src, size_t bytes, int sms, float* out, u64* stats, int passes, int hint, double clock_ghz,
          const unsigned* chase = nullptr) {
