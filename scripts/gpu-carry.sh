@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# Run on the dev machine: builds GPU programs for sm_90 here, so that a call
+# on the `device` tool's machine spends none of its 30 minutes building (a
+# cold build of the decode programs and test_cuda takes 5-7 minutes there;
+# unpacking these takes 2 s). Session 86 ran HEAD's test_cuda, every
+# compute-sanitizer pass and an alternation of experiment binaries this way.
+#
+#   bash scripts/gpu-carry.sh [NAME=PATCH.diff ...]
+#
+# Builds, in build-carry (Release, CUDA on for sm_90, oneDNN off: the GPU
+# machines have no oneDNN; the other libraries are the .deb files of
+# scripts/fetch-gpu-deps.sh, which the GPU side unpacks), HEAD's
+# actorgraph-generate-bench, actorgraph-generate, actorgraph-save-model and
+# test_cuda into carry/head/, then for each NAME=PATCH (a patch on
+# gpu/cuda/decode_step.cu, as scripts/cuda-experiments/ keeps them) the two
+# decode programs with the patch applied into carry/NAME/, and packs
+# carry/ into .gpu-carry/carry.tar.xz (git-ignored): one xz stream whose
+# dictionary outgrows a binary, since the variants differ in one kernel
+# (nine binaries: 13-16 MB). The working tree's decode_step.cu is restored
+# after each patch, and build-carry rebuilt to HEAD at the end.
+#
+# On the GPU machine (carry [".device-deps/debs", ".gpu-carry"]), after
+# `source scripts/gpu-setup.sh OUT`:
+#   gpu_unpack_carry /tmp/carry   # unpacks the .debs and the binaries, checks they load
+#   /tmp/carry/head/test_cuda ...
+# AG_SANITIZE_TESTS=/tmp/carry/head/test_cuda bash scripts/gpu-sanitize.sh OUT
+# then runs the sanitizer passes on the carried binary.
+set -euo pipefail
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$here"
+build="$here/build-carry"
+dest="$here/.gpu-carry"
+kernel=gpu/cuda/decode_step.cu
+if ! git diff --quiet -- "$kernel"; then
+  echo "gpu-carry: $kernel has uncommitted changes; the patches apply to HEAD's" >&2
+  exit 1
+fi
+for spec in "$@"; do
+  [[ "$spec" == *=* && -f "${spec#*=}" ]] || { echo "gpu-carry: '$spec' is not NAME=PATCH with PATCH a file" >&2; exit 1; }
+done
+mkdir -p "$dest"
+if [[ ! -f "$build/CMakeCache.txt" ]]; then
+  cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DACTORGRAPH_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
+    -DACTORGRAPH_DNNL=OFF -DACTORGRAPH_BUILD_TESTS=ON -DACTORGRAPH_BUILD_BENCHMARKS=ON -DACTORGRAPH_BUILD_FUZZERS=OFF \
+    >"$dest/configure.log" 2>&1 || { tail -30 "$dest/configure.log"; exit 1; }
+fi
+apps="actorgraph-generate-bench actorgraph-generate"
+jobs="$(nproc)"
+rm -rf "$dest/carry"
+mkdir -p "$dest/carry/head"
+echo "== HEAD: $apps actorgraph-save-model test_cuda"
+cmake --build "$build" -j "$jobs" --target $apps actorgraph-save-model test_cuda >"$dest/build-head.log" 2>&1 ||
+  { grep -E "error|FAILED" "$dest/build-head.log" | head -20; exit 1; }
+for t in $apps actorgraph-save-model; do strip -o "$dest/carry/head/$t" "$build/apps/$t"; done
+strip -o "$dest/carry/head/test_cuda" "$build/tests/cuda/test_cuda"
+restore() { git checkout -q -- "$kernel"; }
+trap restore EXIT
+for spec in "$@"; do
+  name="${spec%%=*}" patch="${spec#*=}"
+  echo "== $name: $patch"
+  git apply "$patch"
+  cmake --build "$build" -j "$jobs" --target $apps >"$dest/build-$name.log" 2>&1 ||
+    { grep -E "error|FAILED" "$dest/build-$name.log" | head -20; exit 1; }
+  restore
+  mkdir -p "$dest/carry/$name"
+  for t in $apps; do strip -o "$dest/carry/$name/$t" "$build/apps/$t"; done
+done
+echo "== back to HEAD's objects"
+cmake --build "$build" -j "$jobs" --target $apps >/dev/null 2>&1
+(cd "$dest" && tar cf - carry | xz -T1 --lzma2=preset=9,dict=256MiB >carry.tar.xz) && rm -rf "$dest/carry"
+ls -la "$dest/carry.tar.xz"
