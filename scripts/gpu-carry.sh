@@ -7,7 +7,7 @@
 #
 #   bash scripts/gpu-carry.sh [NAME=PATCH.diff ...]
 #
-# Builds, in build-carry (Release, CUDA on for sm_90, oneDNN off: the GPU
+# Builds, in build-carry (Release, CUDA on for sm_90 with -lineinfo, oneDNN off: the GPU
 # machines have no oneDNN; the other libraries are the .deb files of
 # scripts/fetch-gpu-deps.sh, which the GPU side unpacks), HEAD's
 # actorgraph-generate-bench, actorgraph-generate, actorgraph-save-model and
@@ -39,10 +39,12 @@ for spec in "$@"; do
   [[ "$spec" == *=* && -f "${spec#*=}" ]] || { echo "gpu-carry: '$spec' is not NAME=PATCH with PATCH a file" >&2; exit 1; }
 done
 mkdir -p "$dest"
-if [[ ! -f "$build/CMakeCache.txt" ]]; then
+# -lineinfo (source lines for Nsight Compute and compute-sanitizer reports;
+# it changes no code): also set on a build-carry configured without it.
+if [[ ! -f "$build/CMakeCache.txt" ]] || ! grep -q "^CMAKE_CUDA_FLAGS:STRING=.*-lineinfo" "$build/CMakeCache.txt"; then
   cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DACTORGRAPH_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
-    -DACTORGRAPH_DNNL=OFF -DACTORGRAPH_BUILD_TESTS=ON -DACTORGRAPH_BUILD_BENCHMARKS=ON -DACTORGRAPH_BUILD_FUZZERS=OFF \
-    >"$dest/configure.log" 2>&1 || { tail -30 "$dest/configure.log"; exit 1; }
+    -DCMAKE_CUDA_FLAGS=-lineinfo -DACTORGRAPH_DNNL=OFF -DACTORGRAPH_BUILD_TESTS=ON -DACTORGRAPH_BUILD_BENCHMARKS=ON \
+    -DACTORGRAPH_BUILD_FUZZERS=OFF >"$dest/configure.log" 2>&1 || { tail -30 "$dest/configure.log"; exit 1; }
 fi
 apps="actorgraph-generate-bench actorgraph-generate"
 jobs="$(nproc)"
