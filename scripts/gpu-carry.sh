@@ -16,7 +16,7 @@
 # decode programs with the patch applied into carry/NAME/, and packs
 # carry/ into .gpu-carry/carry.tar.xz (git-ignored): one xz stream whose
 # dictionary outgrows a binary, since the variants differ in one kernel
-# (nine binaries: 13-16 MB). The working tree's decode_step.cu is restored
+# (HEAD's four and two patches' two each: 22 MB with -lineinfo). The working tree's decode_step.cu is restored
 # after each patch, and build-carry rebuilt to HEAD at the end.
 #
 # On the GPU machine (carry [".device-deps/debs", ".gpu-carry"]), after
