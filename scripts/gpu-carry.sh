@@ -17,7 +17,8 @@
 # carry/ into .gpu-carry/carry.tar.xz (git-ignored): one xz stream whose
 # dictionary outgrows a binary, since the variants differ in one kernel
 # (HEAD's four and two patches' two each: 22 MB with -lineinfo). The working tree's decode_step.cu is restored
-# after each patch, and build-carry rebuilt to HEAD at the end.
+# after each patch (build-carry's objects are then the last patch's until its
+# next build, which the restored file's time stamp makes recompile).
 #
 # On the GPU machine (carry [".device-deps/debs", ".gpu-carry"]), after
 # `source scripts/gpu-setup.sh OUT`:
@@ -67,7 +68,5 @@ for spec in "$@"; do
   mkdir -p "$dest/carry/$name"
   for t in $apps; do strip -o "$dest/carry/$name/$t" "$build/apps/$t"; done
 done
-echo "== back to HEAD's objects"
-cmake --build "$build" -j "$jobs" --target $apps >/dev/null 2>&1
 (cd "$dest" && tar cf - carry | xz -T1 --lzma2=preset=9,dict=256MiB >carry.tar.xz) && rm -rf "$dest/carry"
 ls -la "$dest/carry.tar.xz"
