@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Where the decode-step kernel's warps stall, by source line (session 86; written, not yet run): Nsight Compute's
+# Where the decode-step kernel's warps stall, by source line (session 86; first run in session 87): Nsight Compute's
 # warp-state sampling (SourceCounters, WarpStateStats) over one launch of the one-kernel decode step, then the sampled
 # stalls summed by line of gpu/cuda/decode_step.cu (and the files it inlines), most first. Session 53 read the whole
 # kernel's reasons (wait 25%, short scoreboard 15%, barrier 14%, ... no instruction 3%); what is wanted now is the
@@ -25,9 +25,19 @@ rep="$out/decode_step_stalls"
   >"$out/ncu-profile.log" 2>&1 || { tail -20 "$out/ncu-profile.log"; exit 1; }
 echo "== the kernel's warp states"
 "$ncu" --import "$rep.ncu-rep" --page details --section WarpStateStats 2>&1 | grep -E "Stall|Warp Cycles|Issued" | head -30
-echo "== sampled stalls by source line (cuda view), most first"
-if "$ncu" --import "$rep.ncu-rep" --page source --csv --print-source cuda >"$out/source.csv" 2>"$out/source.err"; then
-  python3 - "$out/source.csv" <<'EOF'
+# Session 87: the cuda view exported the source lines without any metric
+# column (ncu 2025.3.1); the SASS views carry the per-instruction samples.
+# Each view goes to its own file; the first with a stall column is summed.
+echo "== sampled stalls by source line, most first"
+picked=""
+for view in cuda cuda,sass sass; do
+  f="$out/source-${view/,/-}.csv"
+  "$ncu" --import "$rep.ncu-rep" --page source --csv --print-source "$view" >"$f" 2>"$f.err" || continue
+  echo "view $view: $(wc -l <"$f") lines; columns: $(grep -m1 -E 'Warp Stall|Source' "$f" | cut -c1-300)"
+  if [[ -z "$picked" ]] && grep -q "Warp Stall Sampling (All" "$f"; then picked="$f"; fi
+done
+if [[ -n "$picked" ]]; then
+  python3 - "$picked" <<'EOF'
 import csv, sys
 rows = list(csv.reader(open(sys.argv[1], newline="")))
 head = next((i for i, r in enumerate(rows) if any("Warp Stall Sampling (All" in c for c in r)), None)
@@ -48,5 +58,5 @@ for n, ln, text in sorted(data, reverse=True)[:45]:
     print(f"{100 * n / all_samples:5.1f}%  line {ln:>5}  {text}")
 EOF
 else
-  echo "the source page did not export ($(head -c 300 "$out/source.err")); open $rep.ncu-rep in Nsight Compute"
+  echo "no view exported a stall column (the files above); open $rep.ncu-rep in Nsight Compute"
 fi
