@@ -37,6 +37,7 @@ for view in cuda cuda,sass sass; do
   if [[ -z "$picked" ]] && grep -q "Warp Stall Sampling (All" "$f"; then picked="$f"; fi
 done
 if [[ -n "$picked" ]]; then
+  echo "summing $picked (a SASS view's rows are instructions, not source lines)"
   python3 - "$picked" <<'EOF'
 import csv, sys
 rows = list(csv.reader(open(sys.argv[1], newline="")))
