@@ -1199,6 +1199,12 @@ const plan* generator::short_prompt_plan() const noexcept {
 const plan* generator::short_sequence_decode_plan() const noexcept {
   return impl_->decode.short_twin ? impl_->decode.short_twin->p.get() : nullptr;
 }
+std::vector<const plan*> generator::greedy_decode_plans() const {
+  std::vector<const plan*> out;
+  for (const step_plan* sp : {&impl_->decode_greedy, &impl_->chain[0], &impl_->chain[1]})
+    if (sp->p) out.push_back(sp->p.get());
+  return out;
+}
 std::vector<const plan*> generator::prompt_plans() const {
   std::vector<const plan*> out;
   for (const step_plan& sp : impl_->prompt_pieces) out.push_back(sp.p.get());

@@ -322,6 +322,11 @@ class generator {
   /// sequence while it holds at most 2048 positions, sharing the weights
   /// and caches. The decode plan's twin, or nullptr without one.
   const plan* short_sequence_decode_plan() const noexcept;
+  /// The one-token plans whose output is the greedy token picked on the
+  /// device (generator_options::device_greedy): the greedy decode step, then
+  /// its pipelined chain's two (generator_options::pipeline_depth > 1);
+  /// empty without device_greedy.
+  std::vector<const plan*> greedy_decode_plans() const;
   /// Every plan a prompt's pieces take, ascending by tokens a job: the
   /// short prompt plans (generator_options::doubling_prompt_plans), then
   /// the prefill plan; empty when the prompt goes through the decode plan.

@@ -398,17 +398,45 @@ bool stores_in_row_zero(const graph& g, const node& store) {
   return row == 0;
 }
 
-/// Why the records of `ls` (of a plan over graph `g`) are not a decode step
+/// One rank's records of a tensor-parallel decode step, read as one
+/// device's (match_decode_step): its compute steps' records in queue order,
+/// where a read of a collective's result (an all-reduce's, the logits'
+/// all-gather's) is a read of the operand this rank gave it. The rank's
+/// records then chain as a single device's do: q/k/v read the embedding's
+/// partial, the MLP o's, the argmax the rank's head output. The result's
+/// bytes stand for the operand only until a record writes over them (the
+/// memory plan reuses bytes), so reads are resolved as the records come.
+struct tp_rank_view {
+  int rank = 0;
+  std::vector<lowered_op> records;
+  /// Set by match_decode_step: the head's product among `records`.
+  const lowered_op* head = nullptr;
+
+  /// The results that stand for an operand now: (result, operand).
+  std::vector<std::pair<operand, operand>> stands_for;
+  void add_collective(const collective_desc& c);
+  void add_record(const lowered_op& r);
+};
+
+/// Why the records `ops` (of a plan over graph `g`) are not a decode step
 /// the kernel runs (empty: they are, and `fused` is their one record).
-std::string match_decode_step(const graph& g, const lowered_step& ls, lowered_op& fused, int64_t max_cache_rows) {
+/// `tp`: they are that rank's records of a tensor-parallel step (its
+/// `records`): a rank past 0 may run o and down as plain products (rank 0
+/// adds the residual into its part before their all-reduces) and end with
+/// the head's product (rank 0 takes the argmax of the gathered logits);
+/// the embedding is the rank's slice of the table and `vocab` its head's
+/// rows.
+std::string match_decode_step(const graph& g, const std::vector<lowered_op>& ops, tp_rank_view* tp, lowered_op& fused,
+                              int64_t max_cache_rows) {
   using fusion = gpu::op_launch::fusion;
-  const std::vector<lowered_op>& ops = ls.ops;
   const std::size_t n = ops.size();
+  const int rank = tp ? tp->rank : 0;
   const auto plain = [](const lowered_op& o, op_kind k) { return o.fused == fusion::none && o.op->op == k; };
   const auto group = [](const lowered_op& o, projection_kind k) {
     return o.fused == fusion::projections && o.projection == k;
   };
-  if (n < 9 || !plain(ops.front(), op_kind::get_rows)) return "the step does not start with the embedding's get_rows";
+  if (n < (rank > 0 ? 8u : 9u) || !plain(ops.front(), op_kind::get_rows))
+    return "the step does not start with the embedding's get_rows";
   // The tail: norm, head, then the f32 copy, or argmax [+ store_rows]. A
   // head of f32 activations is the output itself (no copy): matched too, so
   // that the note names the dtype.
@@ -416,6 +444,7 @@ std::string match_decode_step(const graph& g, const lowered_step& ls, lowered_op
   bool argmax = false;
   if (plain(ops[n - 1], op_kind::copy)) tail = 3;
   else if (plain(ops[n - 1], op_kind::matmul) && ops[n - 1].out.proto.type == dtype::f32) tail = 2;
+  else if (rank > 0 && plain(ops[n - 1], op_kind::matmul)) tail = 2;
   else if (plain(ops[n - 1], op_kind::argmax)) tail = 3, argmax = true;
   else if (plain(ops[n - 1], op_kind::store_rows) && plain(ops[n - 2], op_kind::argmax)) tail = 4, argmax = true;
   else return "the step ends with " + record_name(ops[n - 1]) + ", not the logits' copy or argmax";
@@ -440,7 +469,7 @@ std::string match_decode_step(const graph& g, const lowered_step& ls, lowered_op
   const lowered_op& top = tail == 4 ? ops[n - 2] : last;  // the copy or argmax (or the head)
   if (tail > 2 && (top.inputs.size() != 1 || !same_bytes(top.inputs[0], head.out)))
     return record_name(top) + " reads no head output";
-  if (!argmax && top.out.proto.type != dtype::f32)
+  if (!argmax && rank == 0 && top.out.proto.type != dtype::f32)
     return "the logits are copied to " + std::string(to_string(top.out.proto.type));
   if (argmax && (top.out.proto.type != dtype::i32 || top.out.proto.dims.numel() != 1))
     return "more than one greedy token";
@@ -453,7 +482,9 @@ std::string match_decode_step(const graph& g, const lowered_step& ls, lowered_op
 
   // The embedding: one token of a batch of 1.
   if (embed.inputs.size() != 2 || embed.inputs[0].proto.dims.rank() != 2) return "the embedding is not a table's rows";
-  const int64_t vocab = embed.inputs[0].proto.dims[0], d = embed.inputs[0].proto.dims[1];
+  // A rank's logits are its head's rows; its table's rows are another slice.
+  const int64_t vocab = tp ? head.inputs[1].proto.dims[0] : embed.inputs[0].proto.dims[0];
+  const int64_t d = embed.inputs[0].proto.dims[1];
   const dtype t = embed.out.proto.type;
   if (embed.inputs[1].proto.type != dtype::i32 || embed.inputs[1].proto.dims.numel() != 1 ||
       embed.out.proto.dims.numel() != d)
@@ -491,12 +522,17 @@ std::string match_decode_step(const graph& g, const lowered_step& ls, lowered_op
     if (!group(qkv, projection_kind::shared_input) || !qkv.projection_norm.on || qkv.projection_rope.roped != 0 ||
         qkv.extra_outs.size() != 2 || qkv.inputs.size() != (qkv.projection_norm.weighted ? 5u : 4u))
       return at + record_name(qkv) + " where q, k, v with their rms_norm go";
-    if (!group(o, projection_kind::residual) || o.projection_norm.on || o.inputs.size() != 3)
+    // A rank past 0 of a tensor-parallel step: o and down as plain x w^T.
+    const auto product = [&](const lowered_op& r) {
+      return rank > 0 && plain(r, op_kind::matmul) && !r.op->attrs.trans_a && r.op->attrs.trans_b && r.inputs.size() == 2;
+    };
+    const bool o_plain = product(o), down_plain = product(down);
+    if (!o_plain && (!group(o, projection_kind::residual) || o.projection_norm.on || o.inputs.size() != 3))
       return at + record_name(o) + " where o + residual goes";
     if (!group(mlp, projection_kind::gated) || !mlp.projection_norm.on ||
         mlp.inputs.size() != (mlp.projection_norm.weighted ? 4u : 3u))
       return at + record_name(mlp) + " where the gated MLP with its rms_norm goes";
-    if (!group(down, projection_kind::residual) || down.projection_norm.on || down.inputs.size() != 3)
+    if (!down_plain && (!group(down, projection_kind::residual) || down.projection_norm.on || down.inputs.size() != 3))
       return at + record_name(down) + " where down + residual goes";
     // The biases (q, k and v, each plus a weight, in that order), then the
     // q/k norms (q's, then k's, each with a weight of its own): each a plain
@@ -517,8 +553,9 @@ std::string match_decode_step(const graph& g, const lowered_step& ls, lowered_op
     // Dataflow: each record reads what the one before it made.
     if (!same_bytes(qkv.inputs[0], *residual) || !same_bytes(att.inputs[0], *made[0]) ||
         !same_bytes(att.inputs[4], *made[1]) || !same_bytes(att.inputs[5], *made[2]) ||
-        !same_bytes(o.inputs[0], att.out) || !same_bytes(o.inputs[2], *residual) || !same_bytes(mlp.inputs[0], o.out) ||
-        !same_bytes(down.inputs[0], mlp.out) || !same_bytes(down.inputs[2], o.out))
+        !same_bytes(o.inputs[0], att.out) || (!o_plain && !same_bytes(o.inputs[2], *residual)) ||
+        !same_bytes(mlp.inputs[0], o.out) || !same_bytes(down.inputs[0], mlp.out) ||
+        (!down_plain && !same_bytes(down.inputs[2], o.out)))
       return at + "a record reads what the layer's pattern does not say";
     residual = &down.out;
     // What every layer shares: the mask, the positions, the constants.
@@ -604,22 +641,30 @@ std::string match_decode_step(const graph& g, const lowered_step& ls, lowered_op
     if (!is_contiguous(a.proto.dims, a.proto.stride)) return "an operand is not contiguous";
   if (!is_contiguous(fused.out.proto.dims, fused.out.proto.stride)) return "the output is not contiguous";
   fused.decode_step = ds;
+  if (tp) tp->head = &head;
   return {};
 }
+
+std::string fuse_tp_decode_step(const plan& p, const std::vector<launch_queue>& queues, std::vector<lowered_step>& steps,
+                                bool& fused);
 
 /// Replaces the records of the plan's one compute step by one decode-step
 /// record where plan_options::fuse_decode_step asks for it and the step is
 /// one the kernel runs (match_decode_step); returns the note for
-/// launch_program::decode_step_note() and sets `fused`.
-std::string fuse_decode_step(const plan& p, std::vector<lowered_step>& steps, bool& fused) {
+/// launch_program::decode_step_note() and sets `fused`. A tensor-parallel
+/// step goes to fuse_tp_decode_step.
+std::string fuse_decode_step(const plan& p, const std::vector<launch_queue>& queues, std::vector<lowered_step>& steps,
+                             bool& fused) {
   fused = false;
   const plan_options& o = p.options();
   const std::string no = "decode step not fused: ";
   if (!o.fuse_decode_step) return no + "plan_options::fuse_decode_step off";
   if (!o.fuse_ops || !o.fuse_projections) return no + "it needs fuse_ops and fuse_projections";
-  if (p.tensor_degree() > 1 || std::any_of(p.steps().begin(), p.steps().end(), [](const step& s) {
-        return s.kind == step_kind::collective;
-      }))
+  if (p.tensor_degree() > 1) {
+    if (!o.fuse_tp_decode_step) return no + "tensor parallel (collectives), and plan_options::fuse_tp_decode_step off";
+    return fuse_tp_decode_step(p, queues, steps, fused);
+  }
+  if (std::any_of(p.steps().begin(), p.steps().end(), [](const step& s) { return s.kind == step_kind::collective; }))
     return no + "tensor parallel (collectives)";
   if (p.used_devices().size() != 1) return no + "the plan uses " + std::to_string(p.used_devices().size()) + " devices";
   if (p.devices().at(static_cast<std::size_t>(p.used_devices().front())).kind != device_kind::cuda)
@@ -632,7 +677,8 @@ std::string fuse_decode_step(const plan& p, std::vector<lowered_step>& steps, bo
   }
   if (!compute) return no + "no compute step";
   lowered_op one;
-  if (std::string why = match_decode_step(p.source(), *compute, one, o.decode_step_max_cache_rows); !why.empty())
+  if (std::string why = match_decode_step(p.source(), compute->ops, nullptr, one, o.decode_step_max_cache_rows);
+      !why.empty())
     return no + why;
   const int layers = one.decode_step.layers;
   compute->ops.assign(1, std::move(one));
@@ -699,6 +745,261 @@ byte_span span_of(const operand& a) {
 
 bool overlap(const byte_span& x, const byte_span& y) {
   return x.where == y.where && x.device == y.device && x.first < y.last && y.first < x.last;
+}
+
+// ---- the tensor-parallel decode step ----
+//
+// plan_options::fuse_tp_decode_step: a decode step split over one group of
+// CUDA devices runs as one decode-step record a rank, whose kernels meet on
+// the devices where the step's collectives did (the embedding's and each
+// layer's o and down all-reduces, in-stream; the logits' all-gather, whose
+// argmax the kernels take by exchanging each rank's best logit). The pass
+// reads each rank's records as one device's (tp_rank_view,
+// match_decode_step), puts the rank's record in its first compute step of
+// records, and absorbs the rank's other steps of the decode step
+// (lowered_step::absorbed_into): they keep their places in the queues,
+// their deps, consumers and events, and launch nothing, so the order lower()
+// built holds as it is. That is safe only where nothing outside the decode
+// step reads what those steps would have written but the output the kernel
+// writes, and where the first step's stream already has every input the
+// kernel reads (an input its later steps waited for is not waited for any
+// more): both are checked, and anything else keeps its records.
+
+void tp_rank_view::add_collective(const collective_desc& c) {
+  const byte_span at = span_of(c.out);
+  std::erase_if(stands_for, [&](const auto& r) { return overlap(span_of(r.first), at); });
+  stands_for.emplace_back(c.out, c.inputs.at(static_cast<std::size_t>(rank)));
+}
+
+void tp_rank_view::add_record(const lowered_op& r) {
+  lowered_op& read = records.emplace_back(r);
+  for (operand& a : read.inputs)
+    for (const auto& [result, given] : stands_for)
+      if (same_bytes(a, result)) {
+        a = given;
+        break;
+      }
+  // Bytes the record writes hold no collective's result any more.
+  const auto writes = [&](const operand& o) {
+    std::erase_if(stands_for, [&](const auto& x) { return overlap(span_of(x.first), span_of(o)); });
+  };
+  writes(r.out);
+  for (const operand& o : r.extra_outs) writes(o);
+}
+
+/// Whether two ranks of the tensor-parallel decode-step record of `ls` are
+/// logical devices of one GPU.
+bool decode_step_ranks_share_a_gpu(const plan& pl, const lowered_step& ls) {
+  if (ls.ops.size() != 1) return false;
+  const gpu::op_launch::in_stream_part& c = ls.ops.front().collective;
+  for (int i = 0; i < c.members; ++i)
+    for (int j = i + 1; j < c.members; ++j) {
+      const device_spec& a = pl.devices().at(static_cast<std::size_t>(c.device_index[static_cast<std::size_t>(i)]));
+      const device_spec& b = pl.devices().at(static_cast<std::size_t>(c.device_index[static_cast<std::size_t>(j)]));
+      if (a.kind == b.kind && a.ordinal == b.ordinal) return true;
+    }
+  return false;
+}
+
+/// The tensor-parallel form of fuse_decode_step (see above); the same
+/// contract. Changes nothing unless every rank matches.
+std::string fuse_tp_decode_step(const plan& p, const std::vector<launch_queue>& queues, std::vector<lowered_step>& steps,
+                                bool& fused) {
+  const std::string no = "decode step not fused: ";
+  const graph& g = p.source();
+  const tensor_parallel_info& tp = *p.tensor_parallel();
+  if (tp.stages != 1) return no + "tensor parallel over " + std::to_string(tp.stages) + " pipeline stages";
+  const int degree = tp.degree;
+  if (degree > max_in_stream_members)
+    return no + "tensor degree " + std::to_string(degree) + " (at most " + std::to_string(max_in_stream_members) +
+           " ranks)";
+  const std::vector<int>& ranks = tp.devices.front();
+  for (int d : p.used_devices())
+    if (std::find(ranks.begin(), ranks.end(), d) == ranks.end())
+      return no + "device " + std::to_string(d) + " is no rank of the tensor-parallel group";
+  for (std::size_t k = 0; k < ranks.size(); ++k)
+    if (p.devices().at(static_cast<std::size_t>(ranks[k])).kind != device_kind::cuda)
+      return no + "rank " + std::to_string(k) + " not on a CUDA device";
+  // The kernels pick the token: logits as the output (each rank's copied to
+  // the host) are not theirs to make.
+  if (std::none_of(g.nodes().begin(), g.nodes().end(), [](const node& n) { return n.op == op_kind::argmax; }))
+    return no + "the logits are an output (a tensor-parallel step takes the argmax only)";
+  // The kernels do what in-stream all-reduces and the logits' all-gather
+  // do; a collective of the communication queue is one they do not.
+  for (const step& s : p.steps()) {
+    if (s.kind == step_kind::copy_peer) return no + "a peer copy of '" + g.at(s.ops.front()).name + "'";
+    if (s.kind != step_kind::collective || runs_in_stream(s)) continue;
+    const node& n = g.at(s.ops.front());
+    if (n.op != op_kind::all_gather)
+      return no + "the " + to_string(n.op) + " '" + n.name + "' runs on the communication queue (" +
+             to_string(s.algo) + "), not in-stream";
+  }
+
+  struct rank_step {
+    lowered_step* first = nullptr;  ///< its first compute step of records: the decode-step record's
+    std::vector<step_id> absorbed;
+    lowered_op record;
+  };
+  std::vector<rank_step> per(static_cast<std::size_t>(degree));
+  for (int k = 0; k < degree; ++k) {
+    const int dev = ranks[static_cast<std::size_t>(k)];
+    const std::string at = no + "rank " + std::to_string(k) + ": ";
+    rank_step& r = per[static_cast<std::size_t>(k)];
+    int q = -1;
+    std::vector<step_id> gathers;  // its parts of collectives off the compute lane
+    for (const step& s : p.steps()) {
+      if (s.device != dev) continue;
+      if (s.kind == step_kind::collective && !runs_in_stream(s)) gathers.push_back(s.id);
+      if (s.kind != step_kind::compute && !runs_in_stream(s)) continue;
+      const int sq = steps[static_cast<std::size_t>(s.id)].queue;
+      if (q >= 0 && sq != q) return at + "its steps run on more than one compute lane";
+      q = sq;
+    }
+    if (q < 0) return at + "no compute step";
+    if (gathers.size() != 1)
+      return at + std::to_string(gathers.size()) + " collective parts off its compute lane (the logits' all-gather is one)";
+    tp_rank_view view;
+    view.rank = k;
+    bool gathered = false;
+    for (step_id id : queues[static_cast<std::size_t>(q)].steps) {
+      lowered_step& ls = steps[static_cast<std::size_t>(id)];
+      const step& s = p.at(id);
+      if (s.kind == step_kind::compute) {
+        if (!r.first && ls.ops.empty()) continue;
+        // From the first step that waits for them on, the gathered logits
+        // stand for this rank's.
+        if (!gathered && std::find(s.deps.begin(), s.deps.end(), gathers.front()) != s.deps.end()) {
+          view.add_collective(steps[static_cast<std::size_t>(gathers.front())].coll);
+          gathered = true;
+        }
+        if (r.first) r.absorbed.push_back(id);
+        else r.first = &ls;
+        for (const lowered_op& op : ls.ops) view.add_record(op);
+      } else if (runs_in_stream(s)) {
+        if (!r.first) return at + "an all-reduce before its first records";
+        r.absorbed.push_back(id);
+        view.add_collective(ls.coll);
+      } else if (r.first && s.kind == step_kind::copy_h2d) {
+        return at + "its input '" + g.at(s.ops.front()).name + "' is copied in after its first records";
+      }
+    }
+    if (!r.first) return at + "no compute step of records";
+    r.absorbed.push_back(gathers.front());
+    if (std::string why = match_decode_step(g, view.records, &view, r.record, p.options().decode_step_max_cache_rows);
+        !why.empty())
+      return at + why;
+    auto& ds = r.record.decode_step;
+    if (ds.qk_norm) return no + "q/k norms (a tensor-parallel step takes none)";
+    if (k == 0 && !ds.argmax) return no + "the logits are an output (a tensor-parallel step takes the argmax only)";
+    // The head's logits gathered along their last dim, in rank order.
+    const step& gs = p.at(gathers.front());
+    const node& gn = g.at(gs.ops.front());
+    const collective_desc& gc = steps[static_cast<std::size_t>(gs.id)].coll;
+    const int axis = gc.out.proto.dims.rank() - 1;
+    const auto columns = [&](const operand& a) { return a.proto.dims[a.proto.dims.rank() - 1]; };
+    if (gn.op != op_kind::all_gather || gn.attrs.axis != axis || gn.attrs.axis2 != axis ||
+        !same_bytes(gc.inputs.at(static_cast<std::size_t>(k)), view.head->out))
+      return at + "'" + gn.name + "' is not the all-gather of its head's logits";
+    int64_t total = 0;
+    for (std::size_t j = 0; j < gc.inputs.size(); ++j) {
+      if (static_cast<int>(j) == k) ds.logit_begin = total;
+      total += columns(gc.inputs[j]);
+    }
+    ds.vocab_total = columns(gc.out);
+    if (total != ds.vocab_total) return at + "'" + gn.name + "' gathers another number of logits than its parts hold";
+    // The embedding: the rank's slice of the table's rows, zeros elsewhere.
+    const lowered_op& embed = view.records.front();
+    if (embed.op->attrs.end != ds.vocab_total)
+      return at + "the embedding is not a slice of the head's vocabulary (a table split by rows)";
+    ds.embed_rows = embed.inputs[0].proto.dims[0];
+    ds.embed_begin = embed.op->attrs.begin;
+    // Every rank picks the token; a rank past 0 writes it where it keeps
+    // its own (a token state its next step reads).
+    ds.tp_token_out = k > 0 && ds.argmax;
+    ds.argmax = true;
+    ds.tp_rank = k;
+    ds.tp_degree = degree;
+    gpu::op_launch::in_stream_part& c = r.record.collective;
+    c.rank = k;
+    c.members = degree;
+    for (int j = 0; j < degree; ++j)
+      c.device_index[static_cast<std::size_t>(j)] = ranks[static_cast<std::size_t>(j)];
+    // The kernels go through the same phases: what they share must agree.
+    const auto& d0 = per.front().record.decode_step;
+    if (ds.layers != d0.layers || ds.d_model != d0.d_model || ds.head_dim != d0.head_dim ||
+        ds.cache_rows != d0.cache_rows || ds.eps != d0.eps || ds.rope_theta != d0.rope_theta ||
+        !(ds.rope_scale == d0.rope_scale) || ds.scale != d0.scale || ds.norm_weighted != d0.norm_weighted ||
+        ds.final_norm_weighted != d0.final_norm_weighted || ds.qkv_bias != d0.qkv_bias ||
+        ds.vocab_total != d0.vocab_total)
+      return at + "its layers, widths or constants are not rank 0's";
+    int64_t embed_begin = 0;  // where the slice before ends
+    if (k > 0) {
+      const auto& before = per[static_cast<std::size_t>(k - 1)].record.decode_step;
+      embed_begin = before.embed_begin + before.embed_rows;
+    }
+    if (ds.embed_begin != embed_begin || (k + 1 == degree && ds.embed_begin + ds.embed_rows != ds.vocab_total))
+      return at + "the ranks' embedding slices do not cover the vocabulary in rank order";
+  }
+
+  // The record of each step's rank, for the step and the steps it absorbs.
+  std::vector<step_id> owner(steps.size(), -1);
+  for (const rank_step& r : per) {
+    owner[static_cast<std::size_t>(r.first->id)] = r.first->id;
+    for (step_id id : r.absorbed) owner[static_cast<std::size_t>(id)] = r.first->id;
+  }
+  for (const rank_step& r : per) {
+    const lowered_step& first = *r.first;
+    // What the first step's stream has by then: its queue's steps before
+    // it, and what they and it waited for.
+    const launch_queue& fq = queues[static_cast<std::size_t>(first.queue)];
+    std::vector<step_id> had(fq.steps.begin(), fq.steps.begin() + first.pos);
+    for (int i = 0; i <= first.pos; ++i) {
+      const auto& waited = steps[static_cast<std::size_t>(fq.steps[static_cast<std::size_t>(i)])].remote_deps;
+      had.insert(had.end(), waited.begin(), waited.end());
+    }
+    const operand& out = r.record.out;
+    const bool writes = r.record.decode_step.tp_rank == 0 || r.record.decode_step.tp_token_out;
+    const int64_t out_bytes = out.proto.dims.numel() * static_cast<int64_t>(dtype_size(out.proto.type));
+    std::vector<step_id> mine(1, first.id);
+    mine.insert(mine.end(), r.absorbed.begin(), r.absorbed.end());
+    for (step_id x : mine) {
+      const step& s = p.at(x);
+      for (step_id d : s.deps)
+        if (owner[static_cast<std::size_t>(d)] < 0 && std::find(had.begin(), had.end(), d) == had.end())
+          return no + "step " + std::to_string(x) + " waits for step " + std::to_string(d) + " (" +
+                 to_string(p.at(d).kind) + " on device " + std::to_string(p.at(d).device) +
+                 "), which the decode-step record's step " + std::to_string(first.id) + " does not";
+      // Outside the decode step only the copy of its output may read it.
+      for (step_id c : s.consumers) {
+        if (owner[static_cast<std::size_t>(c)] >= 0) continue;
+        const lowered_step& lc = steps[static_cast<std::size_t>(c)];
+        const copy_desc& cd = lc.copy;
+        const bool the_output = lc.kind == step_kind::copy_d2h && writes && lc.device == first.device && !cd.gather &&
+                                cd.src.where == out.where && cd.src.byte_offset >= out.byte_offset &&
+                                cd.src.byte_offset + cd.bytes <= out.byte_offset + out_bytes;
+        if (!the_output)
+          return no + "step " + std::to_string(c) + " (" + to_string(lc.kind) + ", '" + lc.label +
+                 "') reads what the decode step's kernels do not write";
+      }
+    }
+  }
+
+  const int layers = per.front().record.decode_step.layers;
+  for (rank_step& r : per) {
+    r.first->label += " (decode step, rank " + std::to_string(r.record.decode_step.tp_rank) + " of " +
+                      std::to_string(degree) + ")";
+    r.first->ops.assign(1, std::move(r.record));
+    r.first->job_tag = true;
+    for (step_id id : r.absorbed) {
+      lowered_step& ls = steps[static_cast<std::size_t>(id)];
+      ls.ops.clear();
+      ls.absorbed_into = r.first->id;
+      ls.label += " (in the decode step)";
+    }
+  }
+  fused = true;
+  return "decode step: one kernel a rank (" + std::to_string(layers) + " layers, tensor degree " +
+         std::to_string(degree) + ")";
 }
 
 }  // namespace
@@ -975,7 +1276,8 @@ std::vector<replay_segment> folded_segments(const plan& pl, const launch_program
 /// the device's arena host window (copy_desc::window_offset).
 /// A segment whose steps are not consecutive in their queue (lane order
 /// differing from id order) is left unmarked: it runs kernel by kernel.
-/// So is a segment with in-stream parts whose members share a GPU: replayed,
+/// So is a segment with in-stream parts whose members share a GPU (or a
+/// tensor-parallel decode-step record whose ranks do): replayed,
 /// such parts timed out on an H100 (a host call that instantiated or
 /// launched a graph blocked for as long as parts spun on the GPU, and the
 /// part that would end the wait was behind it: docs/BENCHMARKS.md, session
@@ -1006,10 +1308,15 @@ void mark_replay_segments(const plan& pl, launch_program& prog) {
       records += static_cast<int>(ls.ops.size());
     }
     if (!consecutive) continue;
+    // A tensor-parallel decode-step record meets its ranks on the devices
+    // under the job's tag, as in-stream parts do, and must not be replayed
+    // where ranks share a GPU for the same reason.
     bool in_stream = false, shared_gpu = false;
     for (step_id s : seg.steps) {
-      in_stream = in_stream || runs_in_stream(pl.at(s));
-      shared_gpu = shared_gpu || in_stream_members_share_a_gpu(pl, pl.at(s));
+      const lowered_step& ls = prog.steps_[static_cast<std::size_t>(s)];
+      in_stream = in_stream || runs_in_stream(pl.at(s)) || ls.job_tag;
+      shared_gpu = shared_gpu || in_stream_members_share_a_gpu(pl, pl.at(s)) ||
+                   (ls.job_tag && decode_step_ranks_share_a_gpu(pl, ls));
     }
     if (shared_gpu) continue;
     // Host copies of the segment move through the arena's host window.
@@ -1129,7 +1436,7 @@ expected<std::shared_ptr<const launch_program>> lower(std::shared_ptr<const plan
     if (auto e = lower_step(pl, s, ls)) return e;
   }
   // Before the queues count their records (first_launch, replay segments).
-  prog->decode_step_note_ = fuse_decode_step(pl, prog->steps_, prog->decode_step_fused_);
+  prog->decode_step_note_ = fuse_decode_step(pl, prog->queues_, prog->steps_, prog->decode_step_fused_);
   mark_peer_ordered_deps(pl, *prog);
   for (auto& q : prog->queues_) {
     q.remote_dep_counts.reserve(q.steps.size());

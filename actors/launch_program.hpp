@@ -160,6 +160,22 @@ struct lowered_step {
   /// the segment's steps, which the capture orders before it
   /// (gpu::segment_op::after); empty elsewhere.
   std::vector<step_id> segment_deps;
+  /// A tensor-parallel decode step run as one kernel a rank
+  /// (plan_options::fuse_tp_decode_step): the compute step whose
+  /// decode-step record does this step's work, on the same device; -1 for
+  /// every other step. Such a step keeps its place, deps, consumers and
+  /// events, so the order around it is the one lower() built, but launches
+  /// nothing: a compute step or an in-stream part has no ops left, and a
+  /// collective part of the communication queue (the logits' all-gather,
+  /// which the kernels' exchange of their best logit replaces) is not
+  /// issued.
+  step_id absorbed_into = -1;
+  /// The actor gives the stream the job's collective tag
+  /// (gpu::device::set_collective_tag) before it launches this compute
+  /// step's records, as before an in-stream part: set on each rank's
+  /// decode-step record of a tensor-parallel step, whose kernels meet on
+  /// the devices under that tag.
+  bool job_tag = false;
   copy_desc copy;                       ///< copies
   collective_desc coll;                 ///< collectives
   /// The node an error of this step concerns when no op does (a copy's
@@ -234,10 +250,15 @@ class launch_program {
   }
   /// Whether the plan's decode step runs as one record
   /// (gpu::op_launch::fusion::decode_step, plan_options::fuse_decode_step):
-  /// then its one compute step holds that record alone.
+  /// then its one compute step holds that record alone. A tensor-parallel
+  /// step (plan_options::fuse_tp_decode_step) runs as one such record a
+  /// rank, in the rank's first compute step of records; the rank's other
+  /// steps of the decode step are absorbed into it (lowered_step::
+  /// absorbed_into).
   bool decode_step_fused() const noexcept { return decode_step_fused_; }
   /// One line on the decode-step fusion: "decode step: one kernel (L
-  /// layers)" when it applied, else "decode step not fused: " and the first
+  /// layers)" or "decode step: one kernel a rank (L layers, tensor degree
+  /// R)" when it applied, else "decode step not fused: " and the first
   /// condition that failed (the option off, not one CUDA device, a record
   /// outside the pattern, a shape the kernel does not take, ...).
   const std::string& decode_step_note() const noexcept { return decode_step_note_; }

@@ -376,7 +376,10 @@ error launch_step(exec_state& st, exec_job& e, step_id s) {
   gpu::collective_launch coll;
   const std::vector<step_id>* paired = nullptr;
   const bool in_stream = in_stream_step(ls);
-  if (ls.kind == step_kind::collective && !in_stream) {
+  // A part absorbed into a decode-step record (lowered_step::absorbed_into)
+  // keeps its waits and events but issues nothing.
+  const bool absorbed = ls.absorbed_into >= 0;
+  if (ls.kind == step_kind::collective && !in_stream && !absorbed) {
     coll = collective_part(ctx, ls, st.device);
     if (!ls.coll.peer_ordered_deps.empty() && st.dev->collective_syncs_members(coll)) paired = &ls.coll.peer_ordered_deps;
   }
@@ -388,6 +391,9 @@ error launch_step(exec_state& st, exec_job& e, step_id s) {
     case step_kind::compute: {
       gpu::op_launch* rec = e.launches + ls.first_launch;
       region_bases(st, ctx).patch(ls, rec);
+      // A tensor-parallel decode step's ranks meet on the devices under the job's tag.
+      if (ls.job_tag)
+        if (error te = st.dev->set_collective_tag(stream, ctx.id())) return step_error(st, lane, ls, {}, te, ls.ops[0].op);
       for (std::size_t k = 0; k < ls.ops.size(); ++k)
         if (error le = st.dev->launch(stream, rec[k])) return step_error(st, lane, ls, {}, le, ls.ops[k].op);
       break;
@@ -425,6 +431,7 @@ error launch_step(exec_state& st, exec_job& e, step_id s) {
       break;
     }
     case step_kind::collective: {
+      if (absorbed || (in_stream && ls.ops.empty())) break;  // the decode-step record's kernels exchange it
       if (in_stream) {
         // Its record is the queue's next; the members meet on the devices.
         gpu::op_launch* rec = e.launches + ls.first_launch;

@@ -141,6 +141,10 @@ struct decode_args {
   std::string projections = "on";  ///< plan_options::fuse_projections of both plans (on: the default)
   std::string fold_norms = "on";   ///< plan_options::fold_norm_weights of both plans (on: the default)
   std::string decode_step = "on";  ///< plan_options::fuse_decode_step of both plans (on: the default)
+  /// plan_options::fuse_tp_decode_step (off: the default); on also forces
+  /// in-stream collectives, which the step needs (logical devices of one
+  /// GPU do not choose them)
+  std::string tp_decode_step = "off";
   std::string pdl = "on";          ///< backend_options::cuda_pdl (on: the default)
   /// backend_options::cuda_copy_engine_collectives (on: the default): with
   /// --tp, a prefill of at least 16 MiB of activations at width 4096 (32 MiB
@@ -207,6 +211,10 @@ int run_decode(const decode_args& a) {
   go.plan.fuse_projections = a.projections == "on";
   go.plan.fold_norm_weights = a.fold_norms == "on";
   go.plan.fuse_decode_step = a.decode_step == "on";
+  if (a.tp_decode_step == "on") {
+    go.plan.fuse_tp_decode_step = true;
+    go.plan.in_stream_collectives = ag::in_stream_mode::on;
+  }
   go.plan.inline_small_copies = a.inline_copies == "on";
   go.prompt_masks_on_device = a.device_masks == "on";
   go.doubling_prompt_plans = a.doubling == "on";
@@ -433,6 +441,9 @@ int run_decode(const decode_args& a) {
     if (const ag::plan* twin = (*gen)->short_sequence_decode_plan())
       std::printf("%-28s %s (while a sequence holds at most %lld positions)\n", "decode step, short sequences",
                   note_of(*twin).c_str(), static_cast<long long>(ag::decode_step_max_cache_rows));
+    // The greedy steps (device_greedy): the plans a greedy run decodes with.
+    const std::vector<const ag::plan*> greedy = (*gen)->greedy_decode_plans();
+    if (!greedy.empty()) std::printf("%-28s %s\n", "decode step, greedy", note_of(*greedy.front()).c_str());
   }
   std::printf("%-28s %.3f ms (%.1f MB weights + %.1f MB cache at %.0f GB/s)\n", "bandwidth floor", floor_ms,
               weights_read / 1e6, cache / 1e6, bw / 1e9);
@@ -709,6 +720,9 @@ int main(int argc, char** argv) {
       app, "--decode-step", d.decode_step,
       "decode: plan_options::fuse_decode_step, a whole one-device LLaMA decode step as one kernel where "
       "it fits (on, off)");
+  ag::apps::add_on_off(app, "--tp-decode-step", d.tp_decode_step,
+                       "decode: plan_options::fuse_tp_decode_step, a tensor-parallel LLaMA decode step as one kernel "
+                       "a rank where it fits, in-stream collectives forced on (on, off)");
   ag::apps::add_on_off(app, "--gemv", d.gemv,
                        "decode: backend_options::cuda_gemv, the GEMV kernel for few-row matmuls (on, off)");
   app.add_option("--gemv-tensor-cores", d.gemv_tensor_core_rows,

@@ -195,6 +195,27 @@ struct op_launch {
     bool argmax = false;               ///< `out` is the greedy token, not the logits
     bool qkv_bias = false;             ///< q/k/v biases (3 operands a layer more)
     bool qk_norm = false;              ///< rms_norms over each head's q and k before RoPE (2 operands a layer more)
+    /// Tensor parallelism (plan_options::fuse_tp_decode_step): this record is
+    /// rank tp_rank of a step split over tp_degree devices (1: one device,
+    /// none of what follows applies). Each rank's record runs its own
+    /// kernel over its own shards (the operands above, with heads, kv_heads
+    /// and d_ff this rank's; d_model whole), and the ranks' kernels meet on
+    /// the devices: they exchange the embedding row, each layer's o and
+    /// down partial rows (summed in rank order, so every rank holds the
+    /// same bits, as the in-stream all-reduce they replace) and their best
+    /// logit. op_launch::collective names the members (rank, members,
+    /// device_index; the runtime sets `devices`); the stream's collective
+    /// tag (device::set_collective_tag, set before the record) names the
+    /// job. Rank 0 adds the residual and writes the greedy token (`argmax`
+    /// is required); every rank picks the same token, and a rank past 0
+    /// writes it only with tp_token_out (its own copy of the token, a token
+    /// state its next step reads), else no output.
+    int tp_rank = 0, tp_degree = 1;
+    bool tp_token_out = false;
+    int64_t embed_rows = 0;   ///< TP: rows of this rank's embedding slice (inputs[1])
+    int64_t embed_begin = 0;  ///< TP: the vocabulary index of that slice's first row
+    int64_t logit_begin = 0;  ///< TP: the vocabulary index of this rank's first head row (`vocab` rows here)
+    int64_t vocab_total = 0;  ///< TP: the whole vocabulary (the token's range)
     /// Operands of each layer, and of the whole record (the order above).
     std::size_t layer_operands() const noexcept {
       return decode_step_layer_inputs + (norm_weighted ? 2u : 0u) + (qkv_bias ? 3u : 0u) + (qk_norm ? 2u : 0u);

@@ -400,6 +400,20 @@ struct plan_options {
   /// actors::launch_program::decode_step_note() says whether and why not.
   /// On by default.
   bool fuse_decode_step = true;
+  /// With fuse_decode_step: run a tensor-parallel decode step of the same
+  /// pattern (one group of 2..8 CUDA devices, every all-reduce in-stream,
+  /// no pipeline stages) as one such kernel a rank: the lowering replaces
+  /// each rank's records by one decode-step record over its shards
+  /// (gpu::op_launch::decode_step_params::tp_rank), whose kernels meet on
+  /// the devices where the all-reduces did; the rank's later compute steps
+  /// and its all-reduce parts stay in their queues with nothing to launch
+  /// (actors::lowered_step::absorbed_into). Off by default: the kernel has
+  /// not been measured on two GPUs, and each rank's kernel fills its GPU
+  /// and spins on its peers', so a kernel of another plan's job issued
+  /// between them on one rank and not the other (plans are not ordered
+  /// against each other, see in_stream_collectives) would wait for it
+  /// forever. actors::launch_program::decode_step_note() says whether.
+  bool fuse_tp_decode_step = false;
   /// The most KV-cache rows a fused decode step takes
   /// (decode_step_misfit): the kernel's attention time grows with the rows
   /// its mask shows about three times as fast as a kernel per record's, so

@@ -29,6 +29,7 @@
 #include "gpu/cuda/cuda_event.hpp"
 #include "gpu/cuda/cuda_stream.hpp"
 #include "gpu/cuda/cuda_testing.hpp"
+#include "gpu/cuda/decode_step.cuh"
 #include "gpu/cuda/device_core.hpp"
 #include "gpu/cuda/device_guard.hpp"
 #include "gpu/cuda/elementwise.cuh"
@@ -152,6 +153,7 @@ class cuda_device final : public device {
       kernels_.skip_shared = v.find("shared") != std::string::npos;
       kernels_.skip_in_stream = v.find("instream") != std::string::npos;
       kernels_.skip_rope = v.find("rope") != std::string::npos;
+      kernels_.skip_tp_rank1 = v.find("tprank1") != std::string::npos;
     }
   }
 
@@ -865,6 +867,16 @@ class cuda_device final : public device {
     if (__atomic_load_n(&area_.faults_host[w % in_stream_faults], __ATOMIC_ACQUIRE) != w) return {};
     const unsigned long long* d = area_.faults_host + in_stream_faults;
     char detail[200];
+    if ((d[3] >> 62) == 1) {  // a tensor-parallel decode step (decode_step.cu, tp_gave_up)
+      std::snprintf(detail, sizeof detail, " (first give-up here: wanted tag %#llx from rank %llu on device %llu in "
+                    "block %llu, saw %#llx)", d[0], d[3] & 0xffull, d[2] >> 32, d[2] & 0xffffffffull, d[1]);
+      return error(errc::timeout,
+                   spec_.name + ": a tensor-parallel decode step of job " + std::to_string(job_tag) +
+                       " gave up waiting for another rank (its device died, the job was cancelled, or it waited past "
+                       "cuda_collective_timeout_s = " + std::to_string(collective_timeout_s_) +
+                       " s); its token is not the step's" + detail,
+                   index_);
+    }
     if (d[3] >> 63)  // the push path (in_stream.cuh): line flags, not announcements
       std::snprintf(detail, sizeof detail, " (first give-up here: wanted tag %#llx from device %llu in block %llu, its "
                     "pushed lines' flag %#llx, saw %#llx)", d[0], d[2] >> 32, d[2] & 0xffffffffull,
@@ -1022,6 +1034,7 @@ class cuda_device final : public device {
   /// predecessor (a capture lane right after a fork or a wait): it then
   /// launches as a plain dependent.
   error run_op(cuda_stream& cs, const op_launch& l, bool pdl = true) {
+    if (l.fused == op_launch::fusion::decode_step && l.decode_step.tp_degree > 1) return tp_decode_step(cs, l);
     if (l.collective.rank >= 0) return in_stream_part(cs, l);
     if (!pdl && kernels_.pdl) {
       kernel_choices plain = kernels_;
@@ -1055,10 +1068,11 @@ class cuda_device final : public device {
     device_guard g(core_->ordinal);
     constexpr std::size_t flags = std::size_t{in_stream_blocks} * in_stream_slots;
     // The flag arrays, the tag word, the push parities, the progress words,
-    // then the inboxes (16 MiB: 64 senders x 2 parities x 128 KiB of lines).
+    // then the inboxes (16 MiB: 64 senders x 2 parities x 128 KiB of lines),
+    // then the tensor-parallel decode step's exchange (3 MiB).
     const std::size_t words_bytes = (4 * flags + 2 + in_stream_progress) * sizeof(unsigned long long);
     const std::size_t inbox_bytes = std::size_t{in_stream_slots} * 2 * in_stream_inbox_lines * 16;
-    const std::size_t dev_bytes = words_bytes + inbox_bytes;
+    const std::size_t dev_bytes = words_bytes + inbox_bytes + decode_exchange_bytes();
     void* d = nullptr;
     if (error e = AG_CORE_CHECK(*core_, cudaMalloc(&d, dev_bytes), spec_.name + " in-stream flags")) return e;
     // Zeroed on a stream of its own and waited for: a memset on the default
@@ -1093,6 +1107,7 @@ class cuda_device final : public device {
     area_.push_parity = words + 3 * flags + 2;  // 16-byte aligned, as the inboxes after it
     area_.progress_dev = words + 4 * flags + 2;
     area_.inbox = reinterpret_cast<unsigned int*>(static_cast<char*>(d) + words_bytes);
+    area_.decode_exchange = static_cast<char*>(d) + words_bytes + inbox_bytes;
     // Mapped pinned memory has the same address on every GPU (UVA).
     area_.aborted_host = area_.aborted_dev = static_cast<unsigned long long*>(h);
     area_.faults_host = area_.faults_dev = area_.aborted_host + in_stream_aborts;
@@ -1149,6 +1164,49 @@ class cuda_device final : public device {
     }
     if (e.code == errc::device_failed) core_->mark_dead(e);
     return std::move(e).concerning(index_, -1, l.op->name);
+  }
+
+  /// A tensor-parallel decode step's rank (decode_step_params::tp_degree >
+  /// 1): every rank must be a live CUDA device whose memory this GPU can
+  /// write (the kernel pushes into each rank's exchange); ranks on this
+  /// same GPU share its SMs.
+  error tp_decode_step(cuda_stream& cs, const op_launch& l) {
+    // AG_CUDA_DEBUG_SKIP=tprank1: the peers must give up (tests only).
+    if (kernels_.skip_tp_rank1 && l.decode_step.tp_rank == 1) return {};
+    const auto& part = l.collective;
+    const auto refuse = [&](errc code, const std::string& what) {
+      return error(code, spec_.name + " decode step '" + (l.op ? l.op->name : std::string()) + "' (tensor-parallel): " + what,
+                   index_, -1, l.op ? l.op->name : std::string());
+    };
+    if (part.members != l.decode_step.tp_degree || part.rank != l.decode_step.tp_rank || part.members > in_stream_members_max)
+      return refuse(errc::invalid_argument, "its members and rank do not agree with its step's");
+    auto mine = in_stream_memory();
+    if (!mine) return mine.err();
+    decode_step_tp tp;
+    for (int k = 0; k < part.members; ++k) {
+      auto* peer = dynamic_cast<cuda_device*>(part.devices[static_cast<std::size_t>(k)]);
+      if (!peer) return refuse(errc::unsupported_op, "rank " + std::to_string(k) + " is not a CUDA device");
+      if (!peer->alive()) return peer->core_->dead_error();
+      if (peer->core_->ordinal != core_->ordinal && !can_read(peer->core_->ordinal))
+        return refuse(errc::unsupported_op, "no peer access from " + spec_.name + " to rank '" + peer->spec_.name +
+                                                "': the step writes into every rank's memory");
+      auto area = peer->in_stream_memory();
+      if (!area) return area.err();
+      tp.exchange[k] = (*area)->decode_exchange;
+      tp.dead[k] = (*area)->dead_dev;
+      tp.slot[k] = (*area)->slot;
+      tp.gpu_share += k != part.rank && peer->core_->ordinal == core_->ordinal;
+    }
+    tp.tag_word = cs.in_stream_tag_;
+    tp.aborted = (*mine)->aborted_dev;
+    tp.faults = (*mine)->faults_dev;
+    tp.timeout_s = collective_timeout_s_;
+    error e = dispatch_op(*core_, cs, l, spec_.name, sm_count_, kernels_, &tp);
+    if (e) return e;
+    // A give-up reads as this job's (collective_fault), as a part's does.
+    part_enqueued_.store(in_stream_job_word(tag_enqueued_.load(std::memory_order_relaxed)) << in_stream_key_bits,
+                         std::memory_order_relaxed);
+    return {};
   }
 
   /// Whether this GPU can read GPU `ordinal`'s memory (asked once per GPU,

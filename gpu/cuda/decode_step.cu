@@ -17,6 +17,7 @@
 
 #include "gpu/cuda/common.cuh"
 #include "gpu/cuda/cuda_check.cuh"
+#include "gpu/cuda/in_stream.cuh"
 #include "gpu/cuda/rope.cuh"
 #include "graph/attention_mask.hpp"
 #include "graph/fusion.hpp"
@@ -52,6 +53,13 @@ constexpr int kMaxGroup = 8;
 static_assert(kMaxGroup + 1 <= kWarps, "a warp for each query head of a kv head and one for its key (the q/k norms)");
 constexpr int kRoundValues = 4096;   // a round of attention: rows x head dim (16 KiB of k and v)
 constexpr int64_t kMaxWidth = decode_step_max_width;
+// A tensor-parallel step's ranks are an in-stream group's members (the
+// lowering's limit: ag::max_in_stream_members).
+constexpr int kMaxRanks = in_stream_members_max;
+// Phase codes of the tensor-parallel exchange's tags (tp_tag) beside the
+// step's phase numbers (5 a layer and the head's parts, below 254).
+constexpr int kPickPhase = 254, kEmbedPhase = 255;
+static_assert(5 * kMaxLayers + kMaxHeadParts < kPickPhase, "phase numbers stay below the exchange's own codes");
 
 enum stage : int { kQkv = 0, kAttention = 1, kO = 2, kGateUp = 3, kDown = 4, kHead = 5 };
 
@@ -76,7 +84,29 @@ struct workspace_layout {
   static constexpr std::size_t head_count = best_index + decode_step_max_blocks * 4;
   static constexpr std::size_t done = head_count + kMaxLayers * 64 * 4;
   static constexpr std::size_t epoch = done + 4;
-  static constexpr std::size_t bytes = epoch + 4;
+  // Tensor-parallel steps: the job word of a launch that gave up waiting
+  // for a peer (tp_give_up): every wait of the launch then ends.
+  static constexpr std::size_t abort = (epoch + 4 + 7) / 8 * 8;
+  static constexpr std::size_t bytes = abort + 8;
+};
+
+// A device's tensor-parallel exchange (decode_exchange_bytes, in its
+// in_stream_area): what each rank pushes into every rank's memory, in
+// three buffers of [kMaxRanks][kMaxWidth] tagged values (o's partial rows,
+// down's, the embedding's row), then [kMaxRanks][2] words for each rank's
+// best logit and its index. Three buffers, not one, because a value stays
+// needed until its readers are done, which a pusher only knows from what
+// the readers pushed since: rank A writes o's rows of layer l + 1 only once
+// it has every rank's down rows of layer l, which each rank pushes only
+// after all its blocks staged layer l's o rows (down reads silu(gate) * up,
+// made from them); the same holds for down's rows with o's, and for the
+// embedding: a rank's next job pushes its embedding row without waiting for
+// anyone, into the buffer no one reads after layer 0.
+struct exchange_layout {
+  static constexpr std::size_t buffer_words = static_cast<std::size_t>(kMaxRanks) * kMaxWidth;
+  static constexpr int o_buffer = 0, down_buffer = 1, embed_buffer = 2;
+  static constexpr std::size_t picks = 3 * buffer_words;  // in words
+  static constexpr std::size_t bytes = (picks + 2 * kMaxRanks) * 8;
 };
 
 struct step_args {
@@ -100,6 +130,18 @@ struct step_args {
   float* best_value;
   int* best_index;
   unsigned *head_count, *done, *epoch;
+  // Tensor parallelism (decode_step_params::tp_degree > 1; tp_* below).
+  int tp_rank, tp_degree;
+  int embed_rows, embed_begin, logit_begin, vocab_total;  // vocab_total: the token's range
+  u64* exchange;                 // this rank's (exchange_layout)
+  u64* exchange_of[kMaxRanks];   // each rank's, where this one pushes
+  const unsigned* dead[kMaxRanks];   // each rank's device's death word (host-mapped)
+  int slot[kMaxRanks];               // each rank's device index (a give-up's report)
+  const unsigned long long* tag_word;  // the stream's job word (in_stream_job_word)
+  const unsigned long long* aborted;   // this device's abort ring (cancelled jobs)
+  unsigned long long* faults;          // this device's fault ring, then the give-up's detail
+  unsigned long long* abort;           // workspace_layout::abort
+  long long timeout_ns;
   double inv[64];  // rope inverse frequencies, dh / 2 of them
   layer_ptrs layer[kMaxLayers];
 };
@@ -181,26 +223,46 @@ __device__ __forceinline__ u64 peek(const u64* at) {
   return v;
 }
 __device__ __forceinline__ bool tagged(u64 v, unsigned tag) { return static_cast<unsigned>(v >> 32) == tag; }
-__device__ __forceinline__ unsigned take_bits(const u64* at, unsigned tag) {
+// kTp: a tensor-parallel step's waits also end once the launch gave up
+// (`abort` holds its job word, tp_give_up), so that no block waits for a
+// value its peer will never hand on. Asked every 64 polls: a load of the
+// device's own memory.
+template <bool kTp>
+__device__ __forceinline__ bool stopped(unsigned i, const unsigned long long* abort, unsigned long long job) {
+  if constexpr (kTp) return (i & 63u) == 0 && *reinterpret_cast<const volatile unsigned long long*>(abort) == job;
+  return false;
+}
+template <bool kTp = false>
+__device__ __forceinline__ unsigned take_bits(const u64* at, unsigned tag, const unsigned long long* abort = nullptr,
+                                              unsigned long long job = 0) {
   u64 v = peek(at);
-  while (!tagged(v, tag)) v = peek(at);
+  for (unsigned i = 1; !tagged(v, tag); ++i) {
+    if (stopped<kTp>(i, abort, job)) return 0;
+    v = peek(at);
+  }
   return static_cast<unsigned>(v);
 }
-__device__ __forceinline__ float take(const u64* at, unsigned tag) { return __uint_as_float(take_bits(at, tag)); }
+template <bool kTp = false>
+__device__ __forceinline__ float take(const u64* at, unsigned tag, const unsigned long long* abort = nullptr,
+                                      unsigned long long job = 0) {
+  return __uint_as_float(take_bits<kTp>(at, tag, abort, job));
+}
 // f(i, payload) for every i < n of base[i] (this thread's: i = threadIdx.x
 // + k * kThreads) once tagged; eight loads a thread in flight before any is
 // checked. The values still stale are read again together, a pass at a
 // time: a thread that waited on one value (the last producer's) then finds
 // the others in one more round trip, not one round trip each.
-template <class F>
-__device__ __forceinline__ void take_each(const u64* base, int n, unsigned tag, F&& f) {
+template <bool kTp = false, class F>
+__device__ __forceinline__ void take_each(const u64* base, int n, unsigned tag, F&& f,
+                                          const unsigned long long* abort = nullptr, unsigned long long job = 0) {
   constexpr int kBatch = 8;
   for (int i0 = threadIdx.x; i0 < n; i0 += kBatch * kThreads) {
     u64 v[kBatch];
 #pragma unroll
     for (int k = 0; k < kBatch; ++k)
       if (i0 + k * kThreads < n) v[k] = peek(base + i0 + k * kThreads);
-    for (;;) {
+    for (unsigned polls = 1;; ++polls) {
+      if (stopped<kTp>(polls, abort, job)) break;  // the values are what was read: the launch's result is void
       bool stale = false;
 #pragma unroll
       for (int k = 0; k < kBatch; ++k)
@@ -221,6 +283,131 @@ __device__ __forceinline__ unsigned bump(unsigned* counter) {
   return c.fetch_add(1, ::cuda::memory_order_acq_rel);
 }
 __device__ __forceinline__ float round_bf16(float v) { return __bfloat162float(__float2bfloat16_rn(v)); }
+
+// ---- the tensor-parallel exchange ----------------------------------------
+// A tensor-parallel step's ranks (decode_step_params::tp_degree) hand each
+// other the rows an all-reduce would sum, as tagged 8-byte values too: rank
+// r's value of row i goes into slot [r][i] of a buffer (exchange_layout) in
+// every rank's memory, stored at system scope (over NVLink, or into the
+// same GPU's memory for logical devices), and each rank sums the slots of a
+// row in rank order, as the in-stream all-reduce does, so that all ranks
+// hold the same bits. The tags carry the job (the stream's collective tag
+// word, set before the launch) and the phase: a value of another job or
+// phase never matches. A wait on a peer gives up when the peer's device
+// died, the job was cancelled here, or cuda_collective_timeout_s passed
+// (tp_give_up); the launch then runs to its end on whatever it reads, and
+// the job fails through the device's fault ring (device::collective_fault).
+
+__device__ __forceinline__ unsigned tp_tag(unsigned long long job, int phase) {
+  return (static_cast<unsigned>(job & 0xffffffu) << 8) | static_cast<unsigned>(phase);
+}
+__device__ __forceinline__ u64 peek_sys(const u64* at) {
+  u64 v;
+  asm volatile("ld.relaxed.sys.global.b64 %0, [%1];" : "=l"(v) : "l"(at) : "memory");
+  return v;
+}
+__device__ __forceinline__ long long global_ns() {
+  long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+// Row i's value v of this rank into `buffer` of every rank.
+__device__ __forceinline__ void tp_push(const step_args& a, int buffer, int i, float v, unsigned tag) {
+  const u64 packed = (static_cast<u64>(tag) << 32) | __float_as_uint(v);
+  const std::size_t at = buffer * exchange_layout::buffer_words + static_cast<std::size_t>(a.tp_rank) * kMaxWidth + i;
+  for (int r = 0; r < a.tp_degree; ++r)
+    asm volatile("st.relaxed.sys.global.b64 [%0], %1;" ::"l"(a.exchange_of[r] + at), "l"(packed) : "memory");
+}
+__device__ __forceinline__ bool tp_aborted(const step_args& a, unsigned long long job) {
+  return *reinterpret_cast<const volatile unsigned long long*>(a.abort) == job;
+}
+// Whether a wait on rank `from` since t0 ends: the launch gave up already
+// (nothing more to note: false in `first`), or it gives up now (the peer's
+// device died, the job was cancelled here, the timeout), noted here.
+// Asked every 1024 polls: the host-mapped words cost a PCIe read each.
+__device__ bool tp_gave_up(const step_args& a, unsigned long long job, long long t0, unsigned tag, u64 seen, int from) {
+  if (tp_aborted(a, job)) return true;
+  bool over = global_ns() - t0 > a.timeout_ns;
+  for (int r = 0; r < a.tp_degree && !over; ++r)
+    over = r != a.tp_rank && *reinterpret_cast<const volatile unsigned*>(a.dead[r]) != 0;
+  for (int j = 0; j < in_stream_aborts && !over; ++j)
+    over = reinterpret_cast<const volatile unsigned long long*>(a.aborted)[j] == job;
+  if (!over) return false;
+  // The launch's other waits end (abort), the first give-up on this device
+  // says what it waited for (as an in-stream part's does; the top bits of
+  // the fourth word mark a decode step's, with the rank waited for), and
+  // the job is in the fault ring.
+  atomicExch(a.abort, job);
+  volatile unsigned long long* d = a.faults + in_stream_faults;
+  if (d[0] == 0) {
+    d[0] = tag;
+    d[1] = seen;
+    d[2] = (static_cast<unsigned long long>(a.slot[from]) << 32) | blockIdx.x;
+    d[3] = (1ull << 62) | static_cast<unsigned>(from);
+  }
+  reinterpret_cast<volatile unsigned long long*>(a.faults)[job % in_stream_faults] = job;
+  return true;
+}
+// Rank `from`'s value at `at` once tagged (its bits; 0 once the launch gave up).
+__device__ unsigned tp_take(const step_args& a, unsigned long long job, const u64* at, unsigned tag, int from) {
+  u64 v = peek_sys(at);
+  long long t0 = 0;
+  for (unsigned i = 1; !tagged(v, tag); ++i) {
+    if (i == 1) t0 = global_ns();
+    if ((i & 1023u) == 0 && tp_gave_up(a, job, t0, tag, v, from)) return 0;
+    v = peek_sys(at);
+  }
+  return static_cast<unsigned>(v);
+}
+// Row i of a buffer (its slots at `base`): the sum over ranks in rank order,
+// rounded to bf16 as the all-reduce's output is.
+__device__ float tp_sum(const step_args& a, unsigned long long job, const u64* base, int i, unsigned tag) {
+  float acc = 0.f;
+  for (int r = 0; r < a.tp_degree; ++r) acc += __uint_as_float(tp_take(a, job, base + r * kMaxWidth + i, tag, r));
+  return round_bf16(acc);
+}
+// take_each over a buffer's summed rows: f(i, bits of tp_sum) for this
+// thread's rows i < n, every rank's value of a row in flight before any
+// is checked.
+template <class F>
+__device__ __forceinline__ void tp_sum_each(const step_args& a, unsigned long long job, const u64* base, int n,
+                                            unsigned tag, F&& f) {
+  constexpr int kBatch = 1;  // two spilled (the step's registers are taken)
+  for (int i0 = threadIdx.x; i0 < n; i0 += kBatch * kThreads) {
+    u64 v[kMaxRanks][kBatch];
+#pragma unroll
+    for (int r = 0; r < kMaxRanks; ++r)
+#pragma unroll
+      for (int k = 0; k < kBatch; ++k)
+        if (r < a.tp_degree && i0 + k * kThreads < n) v[r][k] = peek_sys(base + r * kMaxWidth + i0 + k * kThreads);
+    long long t0 = 0;
+    for (unsigned polls = 1;; ++polls) {
+      int stale = -1;
+      u64 seen = 0;
+#pragma unroll
+      for (int r = 0; r < kMaxRanks; ++r)
+#pragma unroll
+        for (int k = 0; k < kBatch; ++k)
+          if (r < a.tp_degree && i0 + k * kThreads < n && !tagged(v[r][k], tag)) {
+            stale = r;
+            seen = v[r][k];
+            v[r][k] = peek_sys(base + r * kMaxWidth + i0 + k * kThreads);
+          }
+      if (stale < 0) break;
+      if (polls == 1) t0 = global_ns();
+      if ((polls & 1023u) == 0 && tp_gave_up(a, job, t0, tag, seen, stale)) break;
+    }
+#pragma unroll
+    for (int k = 0; k < kBatch; ++k) {
+      if (i0 + k * kThreads >= n) continue;
+      float acc = 0.f;
+#pragma unroll
+      for (int r = 0; r < kMaxRanks; ++r)
+        if (r < a.tp_degree) acc += __uint_as_float(static_cast<unsigned>(v[r][k]));
+      f(i0 + k * kThreads, __float_as_uint(round_bf16(acc)));
+    }
+  }
+}
 
 // ---- bulk copies into shared memory --------------------------------------
 
@@ -373,10 +560,10 @@ __device__ __forceinline__ void load_mask(const step_args& a, int r0, int n, flo
 // keys in rounds of kRoundValues / DH rows, the first round already on its
 // way (fetch_rows after q/k/v's products); the last block of the head
 // combines the spans into the head's output.
-template <int DH, bool kQkNorm>
+template <int DH, bool kQkNorm, bool kTp>
 __device__ void attention_block(const step_args& a, int layer, int phase, bf16* rows, u64* bar, unsigned& bar_uses,
                                 unsigned epoch, const float* rope_cs, const float* rope_sn, bf16* const* caches,
-                                float* mask, int at, key_range live) {
+                                float* mask, int at, key_range live, unsigned long long job) {
   constexpr int kRows = kRoundValues / DH, kPerLane = DH / 32;
   __shared__ float q[kMaxQueryValues], k_new[DH], v_new[DH];
   __shared__ float scores[kMaxGroup][kRows], run_max[kMaxGroup], run_sum[kMaxGroup], corr[kMaxGroup];
@@ -390,9 +577,9 @@ __device__ void attention_block(const step_args& a, int layer, int phase, bf16* 
   const unsigned ready = tag_of(epoch, phase - 1);  // q/k/v's
   const int q_rows = a.heads * DH, kv_rows = a.kv_heads * DH;
   for (int i = t; i < qv + 2 * DH; i += kThreads) {
-    if (i < qv) q[i] = take(a.qkv + h * qv + i, ready);
-    else if (i < qv + DH) k_new[i - qv] = take(a.qkv + q_rows + h * DH + i - qv, ready);
-    else v_new[i - qv - DH] = take(a.qkv + q_rows + kv_rows + h * DH + i - qv - DH, ready);
+    if (i < qv) q[i] = take<kTp>(a.qkv + h * qv + i, ready, a.abort, job);
+    else if (i < qv + DH) k_new[i - qv] = take<kTp>(a.qkv + q_rows + h * DH + i - qv, ready, a.abort, job);
+    else v_new[i - qv - DH] = take<kTp>(a.qkv + q_rows + kv_rows + h * DH + i - qv - DH, ready, a.abort, job);
   }
   if (t < kMaxGroup) run_max[t] = -INFINITY, run_sum[t] = 0.f;
   __syncthreads();
@@ -576,7 +763,11 @@ __device__ __forceinline__ void block_best(float& v, int& i, float* reduce, int*
   __syncthreads();  // read by every thread before the arrays are written again
 }
 
-template <int DH, int kSlots, bool kQkNorm>
+// kTp: one rank of a tensor-parallel step (the exchange above): its
+// residual rows come from every rank's o and down partials, its embedding
+// row from the rank whose slice holds the token, and the token from every
+// rank's best logit. A variant of its own, as kQkNorm is.
+template <int DH, int kSlots, bool kQkNorm, bool kTp>
 __global__ void __launch_bounds__(kThreads, 1) decode_step_kernel(const __grid_constant__ step_args a) {
   extern __shared__ __align__(128) unsigned char dynamic_shared[];
   __shared__ int first_row[kMaxPhases], item_count[kMaxPhases];
@@ -599,11 +790,27 @@ __global__ void __launch_bounds__(kThreads, 1) decode_step_kernel(const __grid_c
   uint4* xs = reinterpret_cast<uint4*>(dynamic_shared + static_cast<size_t>(kWarps) * kSlots * kChunkMax * 2);
   bf16* xs_elems = reinterpret_cast<bf16*>(xs);
   int token = a.token[0];
-  if (token < 0 || token >= a.vocab) {
+  if (token < 0 || token >= (kTp ? a.vocab_total : a.vocab)) {
     if (threadIdx.x == 0 && blockIdx.x == 0 && a.fault_word) atomicCAS(a.fault_word, fault_none, fault_get_rows_oob);
     token = -1;  // x0 is zeros, as get_rows leaves a row it cannot read
   }
-  const bf16* x0 = token >= 0 ? a.embed + static_cast<int64_t>(token) * a.d : nullptr;
+  // The job's word (the stream's collective tag, set before the launch by a
+  // kernel that ended before this one started: no PDL here).
+  const unsigned long long job = kTp ? *reinterpret_cast<const volatile unsigned long long*>(a.tag_word) : 0ull;
+  const bf16* x0 = nullptr;
+  if constexpr (kTp) {
+    // This rank's slice of the embedding holds the token's row, or zeros
+    // (the vocabulary-parallel get_rows); every rank's row summed is the
+    // row. Pushed first: the peers' first phase waits for it. A block its
+    // share of the row.
+    if (token >= a.embed_begin && token < a.embed_begin + a.embed_rows)
+      x0 = a.embed + static_cast<int64_t>(token - a.embed_begin) * a.d;
+    const int r1 = static_cast<int>((blockIdx.x + 1LL) * a.d / blocks);
+    for (int i = static_cast<int>(static_cast<long long>(blockIdx.x) * a.d / blocks) + threadIdx.x; i < r1; i += kThreads)
+      tp_push(a, exchange_layout::embed_buffer, i, x0 ? __bfloat162float(x0[i]) : 0.f, tp_tag(job, kEmbedPhase));
+  } else if (token >= 0) {
+    x0 = a.embed + static_cast<int64_t>(token) * a.d;
+  }
   for (int p = threadIdx.x; p < phases; p += blockDim.x) {
     // A GEMV's rows [first, end) for this block, split evenly and rotated
     // by the phase so that uneven splits' extra rows fall on different
@@ -691,8 +898,8 @@ __global__ void __launch_bounds__(kThreads, 1) decode_step_kernel(const __grid_c
     const unsigned ready = tag_of(epoch, (st == kHead ? 5 * a.layers : p) - 1);
     if (st == kAttention) {
       if (attends)
-        attention_block<DH, kQkNorm>(a, layer, p, reinterpret_cast<bf16*>(xs), &span_bar, span_uses, epoch, rope_cs, rope_sn,
-                            caches, mask, cache_at, live);
+        attention_block<DH, kQkNorm, kTp>(a, layer, p, reinterpret_cast<bf16*>(xs), &span_bar, span_uses, epoch, rope_cs,
+                                          rope_sn, caches, mask, cache_at, live, job);
       continue;
     }
     const int k = width_of(a, st), chunk = chunk_of(a, st), cpr = k / chunk, items = item_count[p];
@@ -707,13 +914,29 @@ __global__ void __launch_bounds__(kThreads, 1) decode_step_kernel(const __grid_c
       if (st == kHead && head_staged) {
         // a later head part: x is the one an earlier part staged
       } else if (st == kO) {
-        take_each(a.attn_out, k, ready, [&](int i, unsigned bits) { xs_elems[i] = __float2bfloat16_rn(__uint_as_float(bits)); });
+        take_each<kTp>(a.attn_out, k, ready, [&](int i, unsigned bits) { xs_elems[i] = __float2bfloat16_rn(__uint_as_float(bits)); },
+                       a.abort, job);
       } else if (st == kDown) {  // silu(gate) * up, two bf16 a value
-        take_each(a.hidden, k / 2, ready, [&](int i, unsigned bits) { reinterpret_cast<unsigned*>(xs_elems)[i] = bits; });
+        take_each<kTp>(a.hidden, k / 2, ready, [&](int i, unsigned bits) { reinterpret_cast<unsigned*>(xs_elems)[i] = bits; },
+                       a.abort, job);
       } else {  // rms_norm of the residual (the token's row before the first layer)
         const bf16* g = st == kHead ? a.final_norm : st == kQkv ? a.layer[layer].attn_norm : a.layer[layer].mlp_norm;
         float ss = 0.f;
-        if (st == kQkv && layer == 0) {
+        const auto stage_residual = [&](int i, unsigned bits) {
+          const float f = __uint_as_float(bits);
+          xs_elems[i] = __float2bfloat16_rn(f);
+          ss = fmaf(f, f, ss);
+        };
+        if constexpr (kTp) {
+          // Every rank's partial rows summed: o's before gate|up, the
+          // embedding's before layer 1, down's before later layers and the head.
+          const bool embedded = st == kQkv && layer == 0;
+          const int buffer = st == kGateUp ? exchange_layout::o_buffer
+                             : embedded   ? exchange_layout::embed_buffer
+                                          : exchange_layout::down_buffer;
+          tp_sum_each(a, job, a.exchange + buffer * exchange_layout::buffer_words, k,
+                      tp_tag(job, embedded ? kEmbedPhase : (st == kHead ? 5 * a.layers : p) - 1), stage_residual);
+        } else if (st == kQkv && layer == 0) {
           for (int i = threadIdx.x; i < k; i += kThreads) {
             const bf16 x = x0 ? x0[i] : __float2bfloat16_rn(0.f);
             const float f = __bfloat162float(x);
@@ -721,11 +944,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_step_kernel(const __grid_c
             ss = fmaf(f, f, ss);
           }
         } else {
-          take_each(a.resid, k, ready, [&](int i, unsigned bits) {
-            const float f = __uint_as_float(bits);
-            xs_elems[i] = __float2bfloat16_rn(f);
-            ss = fmaf(f, f, ss);
-          });
+          take_each(a.resid, k, ready, stage_residual);
         }
         ss = warp_sum(ss);
         if (lane == 0) reduce[warp] = ss;
@@ -825,7 +1044,25 @@ __global__ void __launch_bounds__(kThreads, 1) decode_step_kernel(const __grid_c
         }
         case kGateUp: break;
         case kO:
-        case kDown: {  // the residual row as this block left it (the token's row before the first o)
+        case kDown: {
+          if constexpr (kTp) {
+            // This rank's partial row; rank 0's with the residual added (as
+            // the rank's o + residual record adds it): the sum the phase
+            // before made, read back from the exchange (o's: the embedding's
+            // on layer 1, down's of the layer before; down's: o's).
+            float v = y;
+            if (a.tp_rank == 0) {
+              const bool embedded = st == kO && layer == 0;
+              const int buffer = st == kDown ? exchange_layout::o_buffer
+                                 : embedded  ? exchange_layout::embed_buffer
+                                             : exchange_layout::down_buffer;
+              const int from = st == kDown ? p - 2 : embedded ? kEmbedPhase : p - 3;
+              v = round_bf16(tp_sum(a, job, a.exchange + buffer * exchange_layout::buffer_words, n, tp_tag(job, from)) + y);
+            }
+            tp_push(a, st == kO ? exchange_layout::o_buffer : exchange_layout::down_buffer, n, v, tp_tag(job, p));
+            break;
+          }
+          // The residual row as this block left it (the token's row before the first o).
           const float before =
               st == kO && layer == 0 ? (x0 ? __bfloat162float(x0[n]) : 0.f) : resid_rows[i];
           const float r = round_bf16(before + y);
@@ -833,9 +1070,11 @@ __global__ void __launch_bounds__(kThreads, 1) decode_step_kernel(const __grid_c
           put(a.resid + n, r, tag_of(epoch, p));
           break;
         }
-        default:
+        default: {
           if (a.logits) a.logits[n] = y;
-          if (y > best || (y == best && n < best_at)) best = y, best_at = n;
+          const int at = kTp ? a.logit_begin + n : n;  // the vocabulary's index
+          if (y > best || (y == best && at < best_at)) best = y, best_at = at;
+        }
       }
       zero_rows(i, 1);
     }
@@ -863,6 +1102,25 @@ __global__ void __launch_bounds__(kThreads, 1) decode_step_kernel(const __grid_c
         int at = 0x7fffffff;
         for (int b = threadIdx.x; b < blocks; b += kThreads) better(v, at, __ldcg(a.best_value + b), __ldcg(a.best_index + b));
         block_best(v, at, reduce, reduce_index);
+        if constexpr (kTp) {
+          // This rank's best into every rank's picks (thread r to rank r);
+          // each rank takes every rank's (a thread each) and picks as the
+          // argmax op would: all ranks hold the same token.
+          const unsigned tag = tp_tag(job, kPickPhase);
+          if (threadIdx.x < a.tp_degree) {
+            u64* slot = a.exchange_of[threadIdx.x] + exchange_layout::picks + 2 * a.tp_rank;
+            const u64 hi = static_cast<u64>(tag) << 32;
+            asm volatile("st.relaxed.sys.global.b64 [%0], %1;" ::"l"(slot), "l"(hi | __float_as_uint(v)) : "memory");
+            asm volatile("st.relaxed.sys.global.b64 [%0], %1;" ::"l"(slot + 1), "l"(hi | static_cast<unsigned>(at)) : "memory");
+          }
+          const u64* picks = a.exchange + exchange_layout::picks;
+          v = -INFINITY, at = 0x7fffffff;
+          if (threadIdx.x < a.tp_degree) {
+            const float rv = __uint_as_float(tp_take(a, job, picks + 2 * threadIdx.x, tag, threadIdx.x));
+            better(v, at, rv, static_cast<int>(tp_take(a, job, picks + 2 * threadIdx.x + 1, tag, threadIdx.x)));
+          }
+          block_best(v, at, reduce, reduce_index);
+        }
         if (threadIdx.x == 0) {
           if (a.token_out) *a.token_out = at == 0x7fffffff ? 0 : at;
           *a.done = 0;       // every block bumped: zero for the next launch
@@ -878,10 +1136,10 @@ std::size_t dynamic_shared_bytes(int64_t widest, int slots) {
          static_cast<std::size_t>(std::max<int64_t>(widest * 2, 2 * kRoundValues * 2));
 }
 
-template <int DH, int kSlots, bool kQkNorm>
-error launch_for(const launch_ctx& c, step_args& args, std::size_t shared) {
+template <int DH, int kSlots, bool kQkNorm, bool kTp>
+error launch_for(const launch_ctx& c, step_args& args, std::size_t shared, int blocks) {
   static std::atomic<bool> allowed[kMaxSharedOrdinals];
-  const auto kernel = decode_step_kernel<DH, kSlots, kQkNorm>;
+  const auto kernel = decode_step_kernel<DH, kSlots, kQkNorm, kTp>;
   // The most this variant asks: x of its widest shape beside its rings.
   const std::size_t most = dynamic_shared_bytes(kSlots == kSlotsNarrow ? kWideFrom : kMaxWidth, kSlots);
   AG_CUDA_TRY(allow_shared(kernel, shared, most, allowed), c.where);
@@ -904,7 +1162,7 @@ error launch_for(const launch_ctx& c, step_args& args, std::size_t shared) {
   attr[0].id = cudaLaunchAttributeCooperative;
   attr[0].val.cooperative = 1;
   cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(static_cast<unsigned>(c.sm_count));
+  cfg.gridDim = dim3(static_cast<unsigned>(blocks));
   cfg.blockDim = dim3(kThreads);
   cfg.dynamicSmemBytes = shared;
   cfg.stream = c.stream;
@@ -914,19 +1172,23 @@ error launch_for(const launch_ctx& c, step_args& args, std::size_t shared) {
   return {};
 }
 
-// The variant with Qwen3's q/k norms or the one without.
+// The variant with Qwen3's q/k norms, a tensor-parallel rank's (no q/k
+// norms: the lowering's limit), or the plain one.
 template <int DH, int kSlots>
-error launch_variant(const launch_ctx& c, step_args& args, std::size_t shared, bool qk_norm) {
-  return qk_norm ? launch_for<DH, kSlots, true>(c, args, shared) : launch_for<DH, kSlots, false>(c, args, shared);
+error launch_variant(const launch_ctx& c, step_args& args, std::size_t shared, int blocks, bool qk_norm, bool tp) {
+  if (tp) return launch_for<DH, kSlots, false, true>(c, args, shared, blocks);
+  return qk_norm ? launch_for<DH, kSlots, true, false>(c, args, shared, blocks)
+                 : launch_for<DH, kSlots, false, false>(c, args, shared, blocks);
 }
 
 }  // namespace
 
 std::size_t decode_step_workspace_bytes() noexcept { return workspace_layout::bytes; }
+std::size_t decode_exchange_bytes() noexcept { return exchange_layout::bytes; }
 
 error launch_decode_step(const launch_ctx& c, const op_launch::decode_step_params& p,
                          const std::vector<tensor_arg>& inputs, const tensor_arg& out, void* workspace,
-                         std::size_t workspace_bytes) {
+                         std::size_t workspace_bytes, const decode_step_tp* tp) {
   const auto bad = [&](const std::string& what) { return error(errc::internal, c.where + ": " + what); };
   const decode_step_shape shape{p.layers, p.d_model, p.d_ff, p.heads, p.kv_heads, p.head_dim, p.vocab, p.cache_rows,
                                 dtype::bf16};
@@ -938,7 +1200,21 @@ error launch_decode_step(const launch_ctx& c, const op_launch::decode_step_param
   if (inputs.size() != p.operands())
     return bad("a decode step with " + std::to_string(inputs.size()) + " operands");
   if (!workspace || workspace_bytes < workspace_layout::bytes) return bad("the stream has no decode-step workspace");
-  const int blocks = c.sm_count;
+  const bool parallel = p.tp_degree > 1;
+  if (parallel != (tp != nullptr)) return bad("a tensor-parallel step without its peers, or peers for a single device's");
+  if (parallel) {
+    if (p.tp_degree > kMaxRanks || p.tp_rank < 0 || p.tp_rank >= p.tp_degree)
+      return bad("rank " + std::to_string(p.tp_rank) + " of " + std::to_string(p.tp_degree));
+    if (!p.argmax || p.qk_norm) return bad("a tensor-parallel step without argmax or with q/k norms");
+    if (p.vocab_total < 1 || p.embed_begin < 0 || p.embed_begin + p.embed_rows > p.vocab_total || p.logit_begin < 0 ||
+        p.logit_begin + p.vocab > p.vocab_total)
+      return bad("vocabulary slices outside the vocabulary");
+    if (!tp->tag_word || !tp->aborted || !tp->faults || tp->gpu_share < 1) return bad("no in-stream memory");
+    for (int r = 0; r < p.tp_degree; ++r)
+      if (!tp->exchange[r] || !tp->dead[r]) return bad("rank " + std::to_string(r) + " has no exchange");
+  }
+  // Ranks sharing a GPU each take their share of its SMs.
+  const int blocks = parallel ? c.sm_count / tp->gpu_share : c.sm_count;
   if (blocks < 1 || blocks > decode_step_max_blocks) return bad(std::to_string(blocks) + " SMs");
   const int splits = static_cast<int>(std::min<int64_t>(kMaxSplits, blocks / p.kv_heads));
   if (splits < 1) return bad("fewer SMs than kv heads");
@@ -957,6 +1233,9 @@ error launch_decode_step(const launch_ctx& c, const op_launch::decode_step_param
   if (head_parts > kMaxHeadParts)
     return bad("too few SMs (" + std::to_string(blocks) + ") for a vocabulary of " + std::to_string(p.vocab));
   const auto ptr = [&](std::size_t i) { return inputs[i].data; };
+  // The embedding's rows: the vocabulary, or a rank's slice of it.
+  if (inputs[1].dims.rank() != 2 || inputs[1].dims[0] != (parallel ? p.embed_rows : p.vocab))
+    return bad("the embedding is not [" + std::to_string(parallel ? p.embed_rows : p.vocab) + ", d]");
   for (std::size_t i = 0; i < inputs.size(); ++i) {
     const tensor_arg& t = inputs[i];
     const bool ints = i == 0 || i == 2 || i == 3;
@@ -965,7 +1244,10 @@ error launch_decode_step(const launch_ctx& c, const op_launch::decode_step_param
     if (!ints && (reinterpret_cast<uintptr_t>(t.data) % 16 != 0 || t.stride[static_cast<std::size_t>(t.dims.rank() - 1)] != 1))
       return bad("operand " + std::to_string(i) + " is not 16-byte aligned and contiguous");
   }
-  if (!out.data || out.type != (p.argmax ? dtype::i32 : dtype::f32)) return bad("the output is not " + std::string(p.argmax ? "i32" : "f32"));
+  // A tensor-parallel rank past 0 writes its copy of the token or nothing.
+  const bool writes = !parallel || p.tp_rank == 0 || p.tp_token_out;
+  if (writes && (!out.data || out.type != (p.argmax ? dtype::i32 : dtype::f32)))
+    return bad("the output is not " + std::string(p.argmax ? "i32" : "f32"));
 
   unsigned char* ws = static_cast<unsigned char*>(workspace);
   step_args a{};
@@ -994,7 +1276,7 @@ error launch_decode_step(const launch_ctx& c, const op_launch::decode_step_param
   a.head = static_cast<const bf16*>(ptr(5));
   a.final_norm = p.final_norm_weighted ? static_cast<const bf16*>(ptr(6)) : nullptr;
   a.logits = p.argmax ? nullptr : static_cast<float*>(out.data);
-  a.token_out = p.argmax ? static_cast<int*>(out.data) : nullptr;
+  a.token_out = p.argmax && writes ? static_cast<int*>(out.data) : nullptr;
   a.fault_word = c.fault_word;
   a.resid = reinterpret_cast<u64*>(ws + workspace_layout::resid);
   a.qkv = reinterpret_cast<u64*>(ws + workspace_layout::qkv);
@@ -1006,6 +1288,26 @@ error launch_decode_step(const launch_ctx& c, const op_launch::decode_step_param
   a.head_count = reinterpret_cast<unsigned*>(ws + workspace_layout::head_count);
   a.done = reinterpret_cast<unsigned*>(ws + workspace_layout::done);
   a.epoch = reinterpret_cast<unsigned*>(ws + workspace_layout::epoch);
+  a.abort = reinterpret_cast<unsigned long long*>(ws + workspace_layout::abort);
+  a.tp_degree = 1;
+  if (parallel) {
+    a.tp_rank = p.tp_rank;
+    a.tp_degree = p.tp_degree;
+    a.embed_rows = static_cast<int>(p.embed_rows);
+    a.embed_begin = static_cast<int>(p.embed_begin);
+    a.logit_begin = static_cast<int>(p.logit_begin);
+    a.vocab_total = static_cast<int>(p.vocab_total);
+    for (int r = 0; r < p.tp_degree; ++r) {
+      a.exchange_of[r] = static_cast<u64*>(tp->exchange[r]);
+      a.dead[r] = tp->dead[r];
+      a.slot[r] = tp->slot[r];
+    }
+    a.exchange = a.exchange_of[p.tp_rank];
+    a.tag_word = tp->tag_word;
+    a.aborted = tp->aborted;
+    a.faults = tp->faults;
+    a.timeout_ns = static_cast<long long>(tp->timeout_s * 1e9);
+  }
   rope_inverse_frequencies(p.rope_theta, p.rope_scale, p.head_dim, a.inv);
   for (int l = 0; l < p.layers; ++l) {
     const std::size_t b = globals + per_layer * static_cast<std::size_t>(l);
@@ -1035,11 +1337,11 @@ error launch_decode_step(const launch_ctx& c, const op_launch::decode_step_param
     // attention_block<64> made the compiler keep it a function of its own,
     // and LLaMA-1B's kernel spilled.
     if (p.head_dim != 128) return bad("wider than " + std::to_string(kWideFrom) + " with heads of " + std::to_string(p.head_dim));
-    return launch_variant<128, kSlotsWide>(c, a, dynamic_shared_bytes(widest, kSlotsWide), p.qk_norm);
+    return launch_variant<128, kSlotsWide>(c, a, dynamic_shared_bytes(widest, kSlotsWide), blocks, p.qk_norm, parallel);
   }
   const std::size_t shared = dynamic_shared_bytes(widest, kSlotsNarrow);
-  return p.head_dim == 64 ? launch_variant<64, kSlotsNarrow>(c, a, shared, p.qk_norm)
-                          : launch_variant<128, kSlotsNarrow>(c, a, shared, p.qk_norm);
+  return p.head_dim == 64 ? launch_variant<64, kSlotsNarrow>(c, a, shared, blocks, p.qk_norm, parallel)
+                          : launch_variant<128, kSlotsNarrow>(c, a, shared, blocks, p.qk_norm, parallel);
 }
 
 }  // namespace ag::gpu::cuda

@@ -4,6 +4,7 @@
 // (gpu::op_launch::fusion::decode_step, actors/launch_program.cpp).
 #include <vector>
 
+#include "gpu/cuda/in_stream.cuh"
 #include "gpu/cuda/kernel_args.hpp"
 
 namespace ag::gpu::cuda {
@@ -51,8 +52,38 @@ std::size_t decode_step_workspace_bytes() noexcept;
 /// Errors (nothing launched): operands of the wrong count, dtype or shape
 /// (errc::internal: the lowering checked them), a GPU on which one block an
 /// SM cannot be resident, the workspace missing or too small.
+/// A tensor-parallel step's rank (decode_step_params::tp_degree > 1): what
+/// its kernel needs of the other ranks and of its device's in-stream memory
+/// (in_stream.cuh), every array in rank order.
+struct decode_step_tp {
+  void* exchange[in_stream_members_max] = {};            ///< each rank's decode_exchange (its device's memory)
+  const unsigned* dead[in_stream_members_max] = {};       ///< each rank's device's death word (host-mapped)
+  int slot[in_stream_members_max] = {};                   ///< each rank's device index
+  const unsigned long long* tag_word = nullptr;           ///< this stream's collective tag word
+  const unsigned long long* aborted = nullptr;            ///< this device's abort ring
+  unsigned long long* faults = nullptr;                   ///< this device's fault ring and detail
+  double timeout_s = 0;                                   ///< cuda_collective_timeout_s
+  /// Ranks of the step whose kernels run on this GPU (logical devices):
+  /// each takes that share of its SMs, so that all are resident together.
+  int gpu_share = 1;
+};
+
+/// Bytes of a device's tensor-parallel exchange (in_stream_area::
+/// decode_exchange): three buffers of every rank's partial rows and the
+/// ranks' best logits (decode_step.cu, exchange_layout). Zeroed once.
+std::size_t decode_exchange_bytes() noexcept;
+
+/// `tp`: null for a single-device step; for a rank of a tensor-parallel one
+/// (p.tp_degree > 1, p.argmax), its peers. The ranks' kernels wait for each
+/// other's values on the devices: every rank's record must be launched
+/// (each on its own device's stream, after the job's collective tag), and
+/// their kernels must be resident together (distinct GPUs, or gpu_share).
+/// A rank that never comes makes the others give up after
+/// tp->timeout_s (or at once when its device died or the job was
+/// cancelled): they note the job in their devices' fault rings
+/// (cuda_device::collective_fault) and end; their output is then void.
 error launch_decode_step(const launch_ctx& c, const op_launch::decode_step_params& p,
                          const std::vector<tensor_arg>& inputs, const tensor_arg& out, void* workspace,
-                         std::size_t workspace_bytes);
+                         std::size_t workspace_bytes, const decode_step_tp* tp = nullptr);
 
 }  // namespace ag::gpu::cuda

@@ -100,6 +100,9 @@ struct in_stream_area {
   unsigned long long* progress_dev = nullptr;
   unsigned long long* progress_host = nullptr;
   const unsigned int* dead_dev = nullptr;      ///< mapped: its device core's death word (nonzero: dead)
+  /// device: a tensor-parallel decode step's exchange (decode_step.cuh,
+  /// decode_exchange_bytes): what the step's ranks push into this device.
+  void* decode_exchange = nullptr;
   int slot = 0;                                ///< its runtime device index (< in_stream_slots)
 };
 

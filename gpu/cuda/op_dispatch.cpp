@@ -20,7 +20,7 @@
 namespace ag::gpu::cuda::detail {
 
 error dispatch_op(core& dev_core, cuda_stream& cs, const op_launch& l, const std::string& device_name,
-                  int sm_count, const kernel_choices& kernels) {
+                  int sm_count, const kernel_choices& kernels, const decode_step_tp* tp) {
   const bool tf32 = kernels.tf32;
   if (!l.op) return error(errc::invalid_argument, device_name + ": launch without a node");
   const node& n = *l.op;
@@ -87,7 +87,7 @@ error dispatch_op(core& dev_core, cuda_stream& cs, const op_launch& l, const std
     // The lowering's whole decode step (gpu::op_launch::decode_step_params).
     c.where.append(" (fused decode step)");
     e = launch_decode_step(c, l.decode_step, l.inputs, l.out, cs.decode_step_ws_,
-                           cs.decode_step_ws_ ? decode_step_workspace_bytes() : 0);
+                           cs.decode_step_ws_ ? decode_step_workspace_bytes() : 0, tp);
     if (e.code == errc::device_failed) dev_core.mark_dead(e);
     return e;
   }

@@ -9,6 +9,10 @@
 #include "gpu/device.hpp"
 #include "graph/error.hpp"
 
+namespace ag::gpu::cuda {
+struct decode_step_tp;  // decode_step.cuh
+}
+
 namespace ag::gpu::cuda::detail {
 
 /// Enqueues the op of `l` on `cs` (a live stream of the device `dev_core`), making
@@ -27,8 +31,13 @@ struct kernel_choices {
   bool skip_attention = false, skip_residual = false, skip_gated = false, skip_shared = false;
   bool skip_in_stream = false;  ///< in-stream all-reduce parts (cuda_device::in_stream_part)
   bool skip_rope = false;       ///< rope kernels that no fused record took in
+  /// A tensor-parallel decode step's rank 1 is not launched
+  /// (AG_CUDA_DEBUG_SKIP=tprank1): its peers' waits must give up in bounded
+  /// time (tests/cuda/test_cuda_generate.cpp).
+  bool skip_tp_rank1 = false;
 };
+/// `tp`: a tensor-parallel decode step's rank (launch_decode_step), else null.
 error dispatch_op(core& dev_core, cuda_stream& cs, const op_launch& l, const std::string& device_name, int sm_count,
-                  const kernel_choices& kernels);
+                  const kernel_choices& kernels, const decode_step_tp* tp = nullptr);
 
 }  // namespace ag::gpu::cuda::detail

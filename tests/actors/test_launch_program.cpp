@@ -148,10 +148,37 @@ void expect_consistent(const launch_program& prog) {
     const bool sink = ps.kind == step_kind::copy_d2h || ps.consumers.empty() || may_fail_on_values(p, ps);
     EXPECT_EQ(ls.completion, sink) << "step " << ps.id;
     EXPECT_EQ(completion.count(ps.id) == 1, sink) << "step " << ps.id;
+    // A tensor-parallel decode step (plan_options::fuse_tp_decode_step): a
+    // rank's record sits in a compute step that sets the job's tag, and the
+    // steps it absorbed stay where they were, on its device, with nothing to
+    // launch: its later compute steps and in-stream parts on its queue, its
+    // part of the logits' all-gather on the communication queue.
+    const bool tp_record = ls.ops.size() == 1 && ls.ops[0].fused == gpu::op_launch::fusion::decode_step &&
+                           ls.ops[0].decode_step.tp_degree > 1;
+    EXPECT_EQ(ls.job_tag, tp_record) << "step " << ps.id;
+    if (ls.absorbed_into >= 0) {
+      EXPECT_TRUE(ls.ops.empty()) << "step " << ps.id;
+      const auto& into = prog.step(ls.absorbed_into);
+      EXPECT_EQ(into.device, ls.device) << "step " << ps.id;
+      EXPECT_TRUE(into.job_tag) << "step " << ps.id;
+      EXPECT_EQ(into.absorbed_into, -1);
+      if (on_compute_lane(ps)) {
+        EXPECT_EQ(into.queue, ls.queue) << "step " << ps.id;
+        EXPECT_LT(into.pos, ls.pos) << "step " << ps.id << " comes before the record that does its work";
+      } else {
+        EXPECT_EQ(ps.kind, step_kind::collective) << "step " << ps.id;
+      }
+    }
     if (ps.kind == step_kind::compute) {
       for (const auto& op : ls.ops) {
         EXPECT_FALSE(is_view_op(op.op->op) || is_leaf_op(op.op->op)) << op.op->name;
-        EXPECT_EQ(std::count(ps.ops.begin(), ps.ops.end(), op.op->id), 1);
+        // A rank's decode-step record stands at its last op, which may lie
+        // in a step it absorbed.
+        int holders = 0;
+        for (const step& y : p.steps())
+          if (y.id == ps.id || (tp_record && prog.step(y.id).absorbed_into == ps.id))
+            holders += static_cast<int>(std::count(y.ops.begin(), y.ops.end(), op.op->id));
+        EXPECT_EQ(holders, 1) << op.op->name;
         // A fused record lists the fusion's operands (gpu::op_launch::fusion).
         if (op.fused == gpu::op_launch::fusion::none) EXPECT_EQ(op.inputs.size(), op.op->inputs.size());
         else if (op.fused == gpu::op_launch::fusion::attention)
@@ -170,7 +197,7 @@ void expect_consistent(const launch_program& prog) {
         } else EXPECT_GE(op.inputs.size(), 3u) << "x and at least two weights, or x, a weight and the residual";
         if (op.fused != gpu::op_launch::fusion::projections) { EXPECT_TRUE(op.extra_outs.empty()) << op.op->name; }
       }
-    } else if (runs_in_stream(ps)) {
+    } else if (runs_in_stream(ps) && ls.absorbed_into < 0) {
       ASSERT_EQ(ls.ops.size(), 1u) << "an in-stream part is one launch record";
       EXPECT_EQ(ls.ops[0].op, ls.subject);
       EXPECT_EQ(ls.ops[0].collective.rank, ls.coll.rank);
@@ -2113,6 +2140,345 @@ TEST(LaunchProgram, ADecodeStepOutsideTheKernelsPatternOrShapesKeepsItsRecords) 
   const auto [p, off] = compile_and_lower(llama, device_kind::cuda, decode_step_options(false));
   ASSERT_TRUE(off);
   EXPECT_EQ(compute_records(*off).size(), 1u + 5u * 2u + 3u);
+}
+
+// The tensor-parallel decode step (plan_options::fuse_tp_decode_step): a
+// decode step split over one group of CUDA devices, its all-reduces
+// in-stream, lowers to one decode-step record a rank, over the rank's
+// shards. The record sits in the rank's first compute step of records (its
+// embedding's), sets the job's tag, and names every rank's device; every
+// other compute step and in-stream part of the rank, and its part of the
+// logits' all-gather, stay in their queues with nothing to launch
+// (lowered_step::absorbed_into). Anything the pattern does not take keeps
+// its records, and the note says why.
+namespace {
+
+/// A decode step of 2 layers that splits over 2 or 4 ranks with every
+/// rank's share inside the kernel's limits (widths of whole 128s): d 1024,
+/// 8 heads of 128 over 8 kv heads (a head a unit, so ratios split them
+/// unevenly), ff 1024, vocab 1000, a cache of 80 rows; shapes only.
+models::transformer_config tp_decode_step_config() {
+  models::transformer_config cfg = whole_decode_step(2);
+  cfg.d_model = 1024;
+  cfg.n_heads = 8;
+  cfg.n_kv_heads = 8;
+  cfg.d_ff = 1024;
+  return cfg;
+}
+
+/// `cfg` compiled for `specs` with `o` (tensor degree, in-stream
+/// all-reduces), checked by the hazard checker, and lowered.
+compiled_and_lowered compile_tp(const models::transformer_config& cfg, const std::vector<device_spec>& specs,
+                                const plan_options& o) {
+  auto g = models::build_transformer(cfg);
+  EXPECT_TRUE(g.has_value()) << g.err().to_string();
+  if (!g) return {};
+  auto p = compile(std::make_shared<const graph>(std::move(*g)), specs, o);
+  EXPECT_TRUE(p.has_value()) << p.err().to_string();
+  if (!p) return {};
+  EXPECT_TRUE(check_hazards(**p).ok()) << check_hazards(**p).to_string();
+  auto prog = lower(*p);
+  EXPECT_TRUE(prog.has_value()) << prog.err().to_string();
+  if (!prog) return {*p, nullptr};
+  expect_consistent(**prog);
+  return {*p, *prog};
+}
+
+/// The options of a tensor-parallel decode step on `degree` ranks, its
+/// all-reduces in-stream, one compute lane, replayed.
+plan_options tp_decode_step_options(int degree, bool fuse_tp = true) {
+  plan_options o = decode_step_options();
+  o.fuse_tp_decode_step = fuse_tp;
+  o.tensor_parallel = degree;
+  o.in_stream_collectives = in_stream_mode::on;
+  o.lanes_per_device = 1;
+  o.graph_replay = graph_replay_mode::on;
+  return o;
+}
+
+/// The steps of `prog` that hold a decode-step record, by device.
+std::map<int, const lowered_step*> decode_step_steps(const launch_program& prog) {
+  std::map<int, const lowered_step*> r;
+  for (const lowered_step& ls : prog.steps())
+    for (const auto& op : ls.ops)
+      if (op.fused == gpu::op_launch::fusion::decode_step) {
+        EXPECT_EQ(r.count(ls.device), 0u) << "two decode-step records on device " << ls.device;
+        r[ls.device] = &ls;
+      }
+  return r;
+}
+
+/// Replay segments by the steps they hold: step -> the segment's first step.
+std::map<step_id, step_id> replay_segment_of(const launch_program& prog) {
+  std::map<step_id, step_id> r;
+  for (const lowered_step& ls : prog.steps())
+    for (int i = 0; i < ls.replay_steps; ++i) r[prog.queue(ls.queue).steps[static_cast<std::size_t>(ls.pos + i)]] = ls.id;
+  return r;
+}
+
+}  // namespace
+
+TEST(LaunchProgram, ATensorParallelDecodeStepIsOneRecordARank) {
+  using fusion = gpu::op_launch::fusion;
+  struct split {
+    std::string what;
+    models::transformer_config cfg;
+    int degree;
+    std::vector<double> ratios;
+    bool uneven_heads;
+  };
+  const std::vector<split> splits = {
+      {"degree 2, even, 2 query heads a kv head", whole_decode_step(2), 2, {}, false},
+      {"degree 2, 3:1", tp_decode_step_config(), 2, {3, 1}, true},
+      {"degree 4, even", tp_decode_step_config(), 4, {}, false},
+      {"degree 4, 5:1:1:1", tp_decode_step_config(), 4, {5, 1, 1, 1}, true},
+  };
+  for (const split& sp : splits)
+    for (step_form form : {step_form::argmax, step_form::token_state_out, step_form::token_states}) {
+      SCOPED_TRACE(sp.what + ", form " + std::to_string(static_cast<int>(form)));
+      models::transformer_config cfg = sp.cfg;
+      cfg.argmax_output = true;
+      const bool keeps_token = form != step_form::argmax;
+      const bool in_state = form == step_form::token_states;
+      if (keeps_token) cfg.token_state_out = "token_state_b";
+      if (in_state) cfg.token_state_in = "token_state_a";
+      plan_options o = tp_decode_step_options(sp.degree);
+      o.shard_ratios = sp.ratios;
+      const auto [p, prog] = compile_tp(cfg, cuda_specs(sp.degree, 256 << 10), o);  // hazards, consistency checked there
+      ASSERT_TRUE(prog);
+      ASSERT_TRUE(prog->decode_step_fused()) << prog->decode_step_note();
+      EXPECT_EQ(prog->decode_step_note(),
+                "decode step: one kernel a rank (2 layers, tensor degree " + std::to_string(sp.degree) + ")");
+      const std::vector<int>& ranks = p->tensor_parallel()->devices.front();
+      ASSERT_EQ(static_cast<int>(ranks.size()), sp.degree);
+      const auto records = decode_step_steps(*prog);
+      ASSERT_EQ(static_cast<int>(records.size()), sp.degree) << "one decode-step record a rank";
+      const int64_t dh = cfg.head_dim();
+      int64_t heads = 0, kv_heads = 0, ff = 0, vocab = 0, embed_rows = 0;
+      std::set<int64_t> rank_heads;
+      const auto segment_of = replay_segment_of(*prog);
+      for (int k = 0; k < sp.degree; ++k) {
+        SCOPED_TRACE("rank " + std::to_string(k));
+        const int dev = ranks[static_cast<std::size_t>(k)];
+        ASSERT_EQ(records.count(dev), 1u);
+        const lowered_step& first = *records.at(dev);
+        ASSERT_EQ(first.ops.size(), 1u);
+        const actors::lowered_op& r = first.ops.front();
+        ASSERT_EQ(r.fused, fusion::decode_step);
+        const auto& ds = r.decode_step;
+        EXPECT_EQ(ds.tp_rank, k);
+        EXPECT_EQ(ds.tp_degree, sp.degree);
+        EXPECT_TRUE(ds.argmax) << "every rank picks the token";
+        EXPECT_EQ(ds.tp_token_out, k > 0 && keeps_token) << "a rank past 0 writes only a token it keeps";
+        EXPECT_EQ(ds.layers, 2);
+        EXPECT_EQ(ds.d_model, cfg.d_model) << "d_model whole";
+        EXPECT_EQ(ds.head_dim, dh);
+        EXPECT_EQ(ds.cache_rows, cfg.kv_cache_capacity);
+        EXPECT_EQ(ds.vocab_total, cfg.vocab);
+        // The rank's slices: contiguous, in rank order, covering the vocabulary.
+        EXPECT_EQ(ds.logit_begin, vocab) << "the head's rows follow rank k - 1's";
+        EXPECT_EQ(ds.embed_begin, embed_rows) << "the table's rows follow rank k - 1's";
+        heads += ds.heads;
+        kv_heads += ds.kv_heads;
+        ff += ds.d_ff;
+        vocab += ds.vocab;
+        embed_rows += ds.embed_rows;
+        rank_heads.insert(ds.heads);
+        // The collective: this rank of every rank's device, one record a job.
+        EXPECT_EQ(r.collective.rank, k);
+        EXPECT_EQ(r.collective.members, sp.degree);
+        EXPECT_EQ(r.collective.key, 0u);
+        for (int j = 0; j < sp.degree; ++j)
+          EXPECT_EQ(r.collective.device_index[static_cast<std::size_t>(j)], ranks[static_cast<std::size_t>(j)]);
+        EXPECT_TRUE(first.job_tag);
+        EXPECT_NE(first.label.find("decode step, rank " + std::to_string(k)), std::string::npos) << first.label;
+        // Its operands, the single device's order over the rank's slices.
+        ASSERT_EQ(r.inputs.size(), ds.operands());
+        const std::size_t g0 = ds.global_operands(), per_layer = ds.layer_operands();
+        const int64_t d = cfg.d_model, q_rows = ds.heads * dh, kv_rows = ds.kv_heads * dh;
+        EXPECT_EQ(r.inputs[0].proto.type, dtype::i32);
+        EXPECT_EQ(r.inputs[0].where, in_state ? region::state : region::arena) << "the token";
+        EXPECT_EQ(r.inputs[1].proto.dims, shape({ds.embed_rows, d})) << "the table's slice";
+        EXPECT_EQ(r.inputs[4].proto.dims, shape({1, cfg.kv_cache_capacity})) << "the mask";
+        EXPECT_EQ(r.inputs[5].proto.dims, shape({ds.vocab, d})) << "the head's slice";
+        for (int l = 0; l < 2; ++l) {
+          SCOPED_TRACE("layer " + std::to_string(l + 1));
+          const std::size_t b = g0 + static_cast<std::size_t>(l) * per_layer;
+          EXPECT_EQ(r.inputs[b + 0].proto.dims, shape({q_rows, d})) << "w_q";
+          EXPECT_EQ(r.inputs[b + 1].proto.dims, shape({kv_rows, d})) << "w_k";
+          EXPECT_EQ(r.inputs[b + 2].proto.dims, shape({kv_rows, d})) << "w_v";
+          EXPECT_EQ(r.inputs[b + 3].proto.dims, shape({1, ds.kv_heads, cfg.kv_cache_capacity, dh})) << "k cache";
+          EXPECT_EQ(r.inputs[b + 4].proto.dims, shape({1, ds.kv_heads, cfg.kv_cache_capacity, dh})) << "v cache";
+          EXPECT_EQ(r.inputs[b + 3].where, region::state);
+          EXPECT_EQ(r.inputs[b + 5].proto.dims, shape({d, q_rows})) << "w_o";
+          EXPECT_EQ(r.inputs[b + 6].proto.dims, shape({ds.d_ff, d})) << "w_gate";
+          EXPECT_EQ(r.inputs[b + 7].proto.dims, shape({ds.d_ff, d})) << "w_up";
+          EXPECT_EQ(r.inputs[b + 8].proto.dims, shape({d, ds.d_ff})) << "w_down";
+        }
+        // Its output: rank 0's greedy token (or the state keeping it); a
+        // rank past 0 its own kept token, or its head's rows it never writes.
+        if (k == 0 || keeps_token) {
+          EXPECT_EQ(r.out.proto.type, dtype::i32);
+          EXPECT_EQ(r.out.proto.dims.numel(), 1);
+          EXPECT_EQ(r.out.where, keeps_token ? region::state : region::arena);
+        } else {
+          EXPECT_EQ(r.op->op, op_kind::matmul) << "the head's product, the rank's last record";
+        }
+        // Its launch record carries it all.
+        const auto launches = prog->launch_records(first.queue);
+        const gpu::op_launch& l = launches.at(static_cast<std::size_t>(first.first_launch));
+        EXPECT_EQ(l.fused, fusion::decode_step);
+        EXPECT_EQ(l.decode_step.tp_rank, k);
+        EXPECT_EQ(l.decode_step.logit_begin, ds.logit_begin);
+        EXPECT_EQ(l.collective.members, sp.degree);
+        // Every other step of the rank's decode step is absorbed: its later
+        // compute steps and in-stream parts on its lane, its part of the
+        // logits' all-gather on the communication queue.
+        int absorbed_compute = 0, absorbed_parts = 0, absorbed_gathers = 0;
+        for (const step& s : p->steps()) {
+          if (s.device != dev || s.id == first.id) continue;
+          const lowered_step& ls = prog->step(s.id);
+          const bool later_compute = s.kind == step_kind::compute && ls.queue == first.queue && ls.pos > first.pos;
+          if (later_compute || s.kind == step_kind::collective) {
+            EXPECT_EQ(ls.absorbed_into, first.id) << "step " << s.id << " (" << ls.label << ")";
+            EXPECT_TRUE(ls.ops.empty()) << "step " << s.id;
+            EXPECT_NE(ls.label.find("(in the decode step)"), std::string::npos) << ls.label;
+          } else {
+            EXPECT_EQ(ls.absorbed_into, -1) << "step " << s.id << " (" << ls.label << ")";
+          }
+          absorbed_compute += later_compute;
+          absorbed_parts += runs_in_stream(s);
+          if (s.kind == step_kind::collective && !runs_in_stream(s)) {
+            ++absorbed_gathers;
+            EXPECT_EQ(p->source().at(s.ops.front()).op, op_kind::all_gather);
+          }
+        }
+        EXPECT_GE(absorbed_compute, 2 * 2 + 1) << "each layer's two steps (q/k/v to o, the MLP to down) and the head's";
+        EXPECT_EQ(absorbed_parts, 1 + 2 * 2) << "the embedding's all-reduce and o's and down's a layer";
+        EXPECT_EQ(absorbed_gathers, 1) << "the logits' all-gather";
+        // On distinct GPUs the record's step replays, under the job's tag.
+        ASSERT_EQ(segment_of.count(first.id), 1u) << "the record's step is in no replay segment";
+        EXPECT_TRUE(prog->step(segment_of.at(first.id)).replay_in_stream);
+      }
+      EXPECT_EQ(heads, cfg.n_heads);
+      EXPECT_EQ(kv_heads, cfg.kv_heads());
+      EXPECT_EQ(ff, cfg.d_ff);
+      EXPECT_EQ(vocab, cfg.vocab);
+      EXPECT_EQ(embed_rows, cfg.vocab);
+      EXPECT_EQ(rank_heads.size() > 1, sp.uneven_heads) << "the ratios split the heads unevenly, or evenly";
+      // The output's copy still follows rank 0's last step of the decode
+      // step: by stream order on its queue, or by that step's event.
+      const lowered_step& first0 = *records.at(ranks.front());
+      int output_copies = 0;
+      for (const step& s : p->steps()) {
+        if (s.kind != step_kind::copy_d2h) continue;
+        ++output_copies;
+        EXPECT_EQ(s.device, ranks.front());
+        const lowered_step& ls = prog->step(s.id);
+        EXPECT_FALSE(ls.copy.in_place) << "the kernel writes the output in the arena, not the window";
+        ASSERT_FALSE(s.deps.empty());
+        for (step_id d : s.deps) {
+          const lowered_step& ld = prog->step(d);
+          EXPECT_TRUE(ld.absorbed_into == first0.id || d == first0.id) << "the copy reads step " << d;
+          const bool ordered = (ld.queue == ls.queue && ld.pos < ls.pos) ||
+                               std::find(ls.remote_deps.begin(), ls.remote_deps.end(), d) != ls.remote_deps.end();
+          EXPECT_TRUE(ordered) << "the copy does not wait for step " << d;
+        }
+      }
+      EXPECT_EQ(output_copies, 1);
+    }
+}
+
+TEST(LaunchProgram, ATensorParallelDecodeStepKeepsItsRecordsOutsideThePattern) {
+  struct refused {
+    std::string what;
+    models::transformer_config cfg;
+    std::vector<device_spec> specs;
+    plan_options o;
+    std::string why;  ///< a part of the note
+  };
+  models::transformer_config greedy = tp_decode_step_config();
+  greedy.argmax_output = true;
+  std::vector<refused> cases;
+  cases.push_back({"the option off (the default)", greedy, cuda_specs(2, 256 << 10), tp_decode_step_options(2, false),
+                   "tensor parallel (collectives), and plan_options::fuse_tp_decode_step off"});
+  EXPECT_FALSE(plan_options{}.fuse_tp_decode_step);
+  cases.push_back({"the logits as the output", tp_decode_step_config(), cuda_specs(2, 256 << 10),
+                   tp_decode_step_options(2), "the logits are an output"});
+  std::vector<device_spec> sim = cuda_specs(2, 256 << 10);
+  for (device_spec& d : sim) d.kind = device_kind::sim;
+  cases.push_back({"sim devices", greedy, sim, tp_decode_step_options(2), "rank 0 not on a CUDA device"});
+  plan_options staged = tp_decode_step_options(2);
+  staged.pipeline_stages = 2;
+  cases.push_back({"2 stages x 2 ranks", greedy, cuda_specs(4, 256 << 10), staged, "over 2 pipeline stages"});
+  plan_options queued = tp_decode_step_options(2);
+  queued.in_stream_collectives = in_stream_mode::off;
+  cases.push_back({"all-reduces on the communication queue", greedy, cuda_specs(2, 256 << 10), queued,
+                   "runs on the communication queue"});
+  cases.push_back({"all-reduces past the in-stream limit", greedy, cuda_specs(2, 8), tp_decode_step_options(2),
+                   "runs on the communication queue"});
+  // The layers' inputs (positions, mask) on the copy queue: the steps that
+  // waited for them are absorbed, and the record's step waits for the
+  // token's copy only.
+  plan_options copied = tp_decode_step_options(2);
+  copied.inline_small_copies = false;
+  cases.push_back({"input copies on the copy queue", greedy, cuda_specs(2, 256 << 10), copied,
+                   "which the decode-step record's step"});
+  models::transformer_config qk = greedy;
+  qk.qk_norm = true;
+  cases.push_back({"q/k norms", qk, cuda_specs(2, 256 << 10), tp_decode_step_options(2), "q/k norms"});
+  for (const refused& k : cases) {
+    SCOPED_TRACE(k.what);
+    const auto [p, prog] = compile_tp(k.cfg, k.specs, k.o);
+    ASSERT_TRUE(prog);
+    EXPECT_FALSE(prog->decode_step_fused());
+    EXPECT_EQ(prog->decode_step_note().rfind("decode step not fused: ", 0), 0u) << prog->decode_step_note();
+    EXPECT_NE(prog->decode_step_note().find(k.why), std::string::npos) << prog->decode_step_note();
+    for (const lowered_step& ls : prog->steps()) {
+      EXPECT_EQ(ls.absorbed_into, -1) << ls.label;
+      EXPECT_FALSE(ls.job_tag) << ls.label;
+    }
+    // The records are those of the plan without the decode-step fusion.
+    plan_options off = k.o;
+    off.fuse_decode_step = false;
+    const auto [p_off, prog_off] = compile_tp(k.cfg, k.specs, off);
+    ASSERT_TRUE(prog_off);
+    const auto records = compute_records(*prog);
+    EXPECT_EQ(records, compute_records(*prog_off));
+    EXPECT_GT(records.size(), 1u);
+    for (const auto& [name, f] : records) EXPECT_NE(f, gpu::op_launch::fusion::decode_step) << name;
+  }
+}
+
+// Where ranks are logical devices of one GPU ("cuda:0,0": each rank's
+// kernel spins on the other's, and a host call that instantiates or
+// launches a graph there blocks behind them), no replay segment holds a
+// rank's decode-step record: it launches plainly, under the job's tag. On
+// distinct GPUs each rank's record replays in a segment that sets the tag.
+TEST(LaunchProgram, ATensorParallelDecodeStepOnOneGpuIsNeverReplayed) {
+  models::transformer_config cfg = whole_decode_step(2);
+  cfg.argmax_output = true;
+  for (bool one_gpu : {false, true}) {
+    SCOPED_TRACE(one_gpu ? "cuda:0,0" : "cuda:0,1");
+    auto specs = cuda_specs(2, 256 << 10);
+    if (one_gpu) specs[1].ordinal = 0;
+    const auto [p, prog] = compile_tp(cfg, specs, tp_decode_step_options(2));
+    ASSERT_TRUE(prog);
+    ASSERT_TRUE(prog->decode_step_fused()) << prog->decode_step_note();
+    const auto records = decode_step_steps(*prog);
+    ASSERT_EQ(records.size(), 2u);
+    const auto segment_of = replay_segment_of(*prog);
+    for (const auto& [dev, ls] : records) {
+      EXPECT_TRUE(ls->job_tag);
+      if (one_gpu) {
+        EXPECT_EQ(segment_of.count(ls->id), 0u) << "device " << dev << ": its record is replayed";
+      } else {
+        ASSERT_EQ(segment_of.count(ls->id), 1u) << "device " << dev;
+        EXPECT_TRUE(prog->step(segment_of.at(ls->id)).replay_in_stream);
+      }
+    }
+    if (!one_gpu) { EXPECT_FALSE(segment_of.empty()); }
+  }
 }
 
 // The decode-step kernel streams q/k/v's rows in half chunks only where the

@@ -1011,6 +1011,116 @@ TEST(CudaGenerate, WholeDecodeStepAsOneKernelEqualsRecompute) {
   }
 }
 
+// A generator at tensor degree 2 on `rt` (two logical devices of one GPU)
+// whose greedy decode steps run as one kernel a rank
+// (plan_options::fuse_tp_decode_step; in-stream collectives forced on, as
+// logical devices of one GPU do not choose them), for a bf16 LLaMA of
+// whole_step_model's shape saved in `dir`; `ratios` the ranks' shares
+// (empty: even). Checks that each greedy plan has a record a rank.
+std::shared_ptr<generator> tp_whole_step_generator(runtime& rt, const models::hf_model& m, int64_t cache,
+                                                   std::vector<double> ratios) {
+  generator_options go;
+  go.cache_tokens = cache;
+  go.prefill_chunk = 4;
+  go.decode_batch = 0;  // a slot a sequence: the one-kernel step's limit
+  go.plan.tensor_parallel = 2;
+  go.plan.shard_ratios = std::move(ratios);
+  go.plan.in_stream_collectives = in_stream_mode::on;
+  go.plan.fuse_tp_decode_step = true;
+  auto gen = generator::create(rt, m.model_config(1), m.provider(), go);
+  EXPECT_TRUE(gen) << gen.err().to_string();
+  if (!gen) return nullptr;
+  const std::vector<const plan*> greedy = (*gen)->greedy_decode_plans();
+  EXPECT_FALSE(greedy.empty()) << "no greedy decode plan (generator_options::device_greedy)";
+  for (const plan* p : greedy) EXPECT_EQ(whole_step_records(*p), 2) << "the greedy step is not one kernel a rank";
+  return std::move(*gen);
+}
+
+// A tensor-parallel decode step as one kernel a rank (decode_step.cu's kTp
+// variant: the ranks push the embedding's row, each layer's o and down
+// partial rows and their best logits into each other's exchange and sum
+// them in rank order) on two logical devices of one GPU, each rank's grid
+// on half of its SMs: greedy generation equals recomputing the sequence
+// (through the logits of the unfused plans, whose picks the fused steps'
+// tokens equal), for 4 heads of 64 over 2 kv heads (a kv head a rank), heads
+// of 128 over 300 cache rows, LLaMA-1B's widths (32 heads of 64 over 8 kv
+// heads, d_ff 8192: 16 heads and 4096 a rank) and a 3:1 split (6 heads
+// and 3 kv heads on rank 0, 2 and 1 on rank 1).
+TEST(CudaGenerate, TensorParallelDecodeStepAsOneKernelARankEqualsRecompute) {
+  AG_REQUIRE_GPU(1);
+  auto rt = runtime::create("cuda:0,0");
+  ASSERT_TRUE(rt) << rt.err().to_string();
+  struct shape {
+    int64_t head_dim, d_ff, cache, kv_heads, heads;
+    std::vector<double> ratios;
+  };
+  const shape shapes[] = {shape{64, 512, 80, 2, 4, {}}, shape{128, 768, 300, 2, 4, {}}, shape{64, 8192, 300, 8, 32, {}},
+                          shape{64, 1024, 80, 4, 8, {3, 1}}};
+  for (const shape& sh : shapes) {
+    SCOPED_TRACE(std::to_string(sh.heads) + " heads of " + std::to_string(sh.head_dim) + " over " +
+                 std::to_string(sh.kv_heads) + ", d_ff " + std::to_string(sh.d_ff) + ", cache " + std::to_string(sh.cache) +
+                 (sh.ratios.empty() ? ", even" : ", 3:1"));
+    test::temp_dir dir;
+    test::save_random_model(dir.str(), whole_step_model(static_cast<int>(sh.heads), static_cast<int>(sh.kv_heads),
+                                                        sh.head_dim, sh.d_ff));
+    auto m = models::hf_model::open(dir.str());
+    ASSERT_TRUE(m) << m.err().to_string();
+    auto gen = tp_whole_step_generator(**rt, *m, sh.cache, sh.ratios);
+    ASSERT_TRUE(gen);
+    if (::testing::Test::HasFailure()) return;
+    generation_result dr;
+    expect_generation_equals_recompute(*gen, *m, /*bf16=*/true, dr);
+    if (::testing::Test::HasFatalFailure()) return;
+    EXPECT_EQ(dr.tokens_picked_on_device, 5);
+  }
+}
+
+// A rank that never launches its kernel (AG_CUDA_DEBUG_SKIP=tprank1): the
+// other rank's waits give up after cuda_collective_timeout_s, the job fails
+// with the decode step's give-up (not a hang, not a wrong token), and the
+// runtime serves on: a generation through the unfused plans (logits kept)
+// still equals recomputing.
+TEST(CudaGenerate, ATensorParallelDecodeStepWhoseRankNeverComesFailsInBoundedTime) {
+  AG_REQUIRE_GPU(1);
+  runtime_options ro;
+  ro.backend.cuda_collective_timeout_s = 1.0;
+  ASSERT_EQ(setenv("AG_CUDA_DEBUG_SKIP", "tprank1", 1), 0);  // read when the devices are made
+  auto rt = runtime::create("cuda:0,0", ro);
+  unsetenv("AG_CUDA_DEBUG_SKIP");
+  ASSERT_TRUE(rt) << rt.err().to_string();
+  test::temp_dir dir;
+  test::save_random_model(dir.str(), whole_step_model(4, 2, 64, 512));
+  auto m = models::hf_model::open(dir.str());
+  ASSERT_TRUE(m) << m.err().to_string();
+  auto gen = tp_whole_step_generator(**rt, *m, 80, {});
+  ASSERT_TRUE(gen);
+  const std::vector<int32_t> prompt{3, 1, 4, 1, 5, 9};
+  generate_options o;
+  o.max_new_tokens = 4;  // the first from the prompt's logits, then the greedy steps
+  const auto t0 = std::chrono::steady_clock::now();
+  const generation h = gen->generate(prompt, o);
+  ASSERT_TRUE(h.wait_for(60s)) << "the generation hung";
+  const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const auto& r = h.wait();
+  ASSERT_FALSE(r) << "a step whose rank 1 never ran gave tokens";
+  EXPECT_NE(r.err().to_string().find("tensor-parallel decode step"), std::string::npos) << r.err().to_string();
+  EXPECT_NE(r.err().to_string().find("gave up"), std::string::npos) << r.err().to_string();
+  EXPECT_GE(waited, 0.9) << "gave up before the timeout";
+  EXPECT_LT(waited, 30.0) << "did not give up in bounded time";
+  o.keep_logits = true;  // the logits plans keep their records: rank 1 takes part
+  const generation k = gen->generate(prompt, o);
+  ASSERT_TRUE(k.wait_for(60s)) << "the generation after the failed one hung";
+  const auto& kr = k.wait();
+  ASSERT_TRUE(kr) << kr.err().to_string();
+  ASSERT_EQ(kr->tokens.size(), 4u);
+  std::vector<int32_t> seq = prompt;
+  for (std::size_t t = 0; t < kr->tokens.size(); ++t) {
+    const std::vector<float> ref = recomputed_last_logits(*m, seq);
+    EXPECT_LT(worst_over_tolerance(ref, kr->logits[t], /*bf16=*/true), 1.0) << "token " << t;
+    seq.push_back(kr->tokens[t]);
+  }
+}
+
 // Qwen2's q/k/v biases and Qwen3's q/k norms: the whole step is still one
 // kernel (the biases added in q/k/v's hand-on, the norms where the
 // attention takes q and the new key, decode_step.cu), over heads of 64 and
