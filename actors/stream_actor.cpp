@@ -274,7 +274,9 @@ error begin_step(exec_state& st, const job_context& ctx, const lowered_step& ls,
     if (paired && std::find(paired->begin(), paired->end(), d) != paired->end()) continue;
     if (error err = st.dev->wait(stream, *ev)) return step_error(st, lane, ls, "waiting for step " + std::to_string(d), err);
   }
-  if (ctx.timing) {
+  // A step absorbed into a decode-step record launches nothing: no timing
+  // events (the trace leaves it out), only what its consumers wait for.
+  if (ctx.timing && ls.absorbed_into < 0) {
     auto ev = take_event(st, true);
     if (!ev) return step_error(st, lane, ls, "creating its start event", ev.err());
     slot.start = std::move(*ev);
@@ -451,7 +453,8 @@ error launch_step(exec_state& st, exec_job& e, step_id s) {
   // The end event is read by the waits of consumers on other queues and by
   // the trace; a step with neither (the last of a chain on one queue, a
   // decode step's tail) records none: one event record fewer per step.
-  return end_step(st, ctx, ls, lane, stream, ctx.timing || !ls.consumer_queues.empty() || st.stall.factor > 0);
+  const bool timed = ctx.timing && ls.absorbed_into < 0;
+  return end_step(st, ctx, ls, lane, stream, timed || !ls.consumer_queues.empty() || st.stall.factor > 0);
 }
 
 /// The graph of `entry` for the job's buffers `b`, capturing it now when it

@@ -298,6 +298,16 @@ int run_decode(const decode_args& a) {
       mk.compute_last_end = std::max(mk.compute_last_end, r.end_ns);
     }
   }
+  // Tensor-parallel steps: each device's longest compute step of a job (a
+  // fused step's kernel, one a rank), to see how far apart the ranks start
+  // and how long each runs.
+  std::map<uint64_t, std::map<int, std::pair<int64_t, int64_t>>> rank_longest;
+  for (const auto& r : tr.records) {
+    if (r.lane.rfind("compute", 0) != 0) continue;
+    auto& l = rank_longest[r.job][r.device];
+    if (r.end_ns - r.start_ns > l.second - l.first) l = {r.start_ns, r.end_ns};
+  }
+  std::vector<double> rank_skew_us, rank_kernel_ms;
   std::vector<double> device_ms, idle_ms, to_enqueue_us, h2d_us, h2d_to_compute_us, compute_ms, tail_us;
   std::vector<double> h2d_steps, end_to_token_us, token_to_enqueue_us;
   const std::pair<int64_t, int64_t>* before = nullptr;
@@ -322,6 +332,14 @@ int run_decode(const decode_args& a) {
                                                    : 0.0);
       compute_ms.push_back(static_cast<double>(mk.compute_last_end - mk.compute_first_start) / 1e6);
       tail_us.push_back(static_cast<double>(sp.second - mk.compute_last_end) / 1e3);
+      if (const auto& ranks = rank_longest[job]; ranks.size() > 1) {
+        int64_t first = INT64_MAX, last = 0;
+        for (const auto& [dev, se] : ranks) {
+          first = std::min(first, se.first), last = std::max(last, se.first);
+          rank_kernel_ms.push_back(static_cast<double>(se.second - se.first) / 1e6);
+        }
+        rank_skew_us.push_back(static_cast<double>(last - first) / 1e3);
+      }
     }
     before = &sp;
   }
@@ -466,6 +484,10 @@ int run_decode(const decode_args& a) {
     std::printf("%-28s previous job's end -> its token sampled on the host %.1f us; token -> first step enqueued "
                 "%.1f us (medians)\n",
                 "decode job, host part", median_of(end_to_token_us), median_of(token_to_enqueue_us));
+    if (!rank_skew_us.empty())
+      std::printf("%-28s the latest rank's longest compute step starts %.1f us after the first's; each lasts %.3f ms "
+                  "(medians)\n",
+                  "decode job, ranks", median_of(rank_skew_us), median_of(rank_kernel_ms));
   }
   std::printf("%-28s %lld of %zu tokens picked on the device, %lld of them read their token there (pipelined)\n",
               "decode tokens", static_cast<long long>(h.wait()->tokens_picked_on_device), h.wait()->tokens.size(),

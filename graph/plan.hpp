@@ -405,14 +405,18 @@ struct plan_options {
   /// no pipeline stages) as one such kernel a rank: the lowering replaces
   /// each rank's records by one decode-step record over its shards
   /// (gpu::op_launch::decode_step_params::tp_rank), whose kernels meet on
-  /// the devices where the all-reduces did; the rank's later compute steps
-  /// and its all-reduce parts stay in their queues with nothing to launch
-  /// (actors::lowered_step::absorbed_into). Off by default: the kernel has
-  /// not been measured on two GPUs, and each rank's kernel fills its GPU
-  /// and spins on its peers', so a kernel of another plan's job issued
-  /// between them on one rank and not the other (plans are not ordered
-  /// against each other, see in_stream_collectives) would wait for it
-  /// forever. actors::launch_program::decode_step_note() says whether.
+  /// the devices where the all-reduces did and exchange their best logits
+  /// where the logits' all-gather did; the rank's later compute steps, its
+  /// all-reduce parts and its all-gather part stay in their queues with
+  /// nothing to launch (actors::lowered_step::absorbed_into). Needs
+  /// inline_small_copies (the inputs on the compute lane before it). Off by
+  /// default: the kernel has not been measured on two GPUs, and each
+  /// rank's kernel fills its GPU and spins on its peers', so work of
+  /// another plan's job spinning on one rank's GPU (plans are not ordered
+  /// against each other, see in_stream_collectives) could hold the SMs a
+  /// rank's kernel needs until cuda_collective_timeout_s fails the job
+  /// (docs/ARCHITECTURE.md). actors::launch_program::decode_step_note()
+  /// says whether it applied.
   bool fuse_tp_decode_step = false;
   /// The most KV-cache rows a fused decode step takes
   /// (decode_step_misfit): the kernel's attention time grows with the rows

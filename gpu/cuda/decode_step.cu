@@ -367,45 +367,43 @@ __device__ float tp_sum(const step_args& a, unsigned long long job, const u64* b
   return round_bf16(acc);
 }
 // take_each over a buffer's summed rows: f(i, bits of tp_sum) for this
-// thread's rows i < n, every rank's value of a row in flight before any
-// is checked.
+// thread's rows i < n, eight of them at a time, rank after rank (each
+// rank's eight loads in flight before any is checked; one rank's values
+// only, to keep the registers the step's other phases need).
 template <class F>
 __device__ __forceinline__ void tp_sum_each(const step_args& a, unsigned long long job, const u64* base, int n,
                                             unsigned tag, F&& f) {
-  constexpr int kBatch = 1;  // two spilled (the step's registers are taken)
+  constexpr int kBatch = 8;
   for (int i0 = threadIdx.x; i0 < n; i0 += kBatch * kThreads) {
-    u64 v[kMaxRanks][kBatch];
-#pragma unroll
-    for (int r = 0; r < kMaxRanks; ++r)
+    float acc[kBatch] = {};
+    for (int r = 0; r < a.tp_degree; ++r) {
+      const u64* from = base + r * kMaxWidth;
+      u64 v[kBatch];
 #pragma unroll
       for (int k = 0; k < kBatch; ++k)
-        if (r < a.tp_degree && i0 + k * kThreads < n) v[r][k] = peek_sys(base + r * kMaxWidth + i0 + k * kThreads);
-    long long t0 = 0;
-    for (unsigned polls = 1;; ++polls) {
-      int stale = -1;
-      u64 seen = 0;
-#pragma unroll
-      for (int r = 0; r < kMaxRanks; ++r)
+        if (i0 + k * kThreads < n) v[k] = peek_sys(from + i0 + k * kThreads);
+      long long t0 = 0;
+      for (unsigned polls = 1;; ++polls) {
+        bool stale = false;
+        u64 seen = 0;
 #pragma unroll
         for (int k = 0; k < kBatch; ++k)
-          if (r < a.tp_degree && i0 + k * kThreads < n && !tagged(v[r][k], tag)) {
-            stale = r;
-            seen = v[r][k];
-            v[r][k] = peek_sys(base + r * kMaxWidth + i0 + k * kThreads);
+          if (i0 + k * kThreads < n && !tagged(v[k], tag)) {
+            stale = true;
+            seen = v[k];
+            v[k] = peek_sys(from + i0 + k * kThreads);
           }
-      if (stale < 0) break;
-      if (polls == 1) t0 = global_ns();
-      if ((polls & 1023u) == 0 && tp_gave_up(a, job, t0, tag, seen, stale)) break;
+        if (!stale) break;
+        if (polls == 1) t0 = global_ns();
+        if ((polls & 1023u) == 0 && tp_gave_up(a, job, t0, tag, seen, r)) break;
+      }
+#pragma unroll
+      for (int k = 0; k < kBatch; ++k)
+        if (i0 + k * kThreads < n) acc[k] += __uint_as_float(static_cast<unsigned>(v[k]));  // rank order
     }
 #pragma unroll
-    for (int k = 0; k < kBatch; ++k) {
-      if (i0 + k * kThreads >= n) continue;
-      float acc = 0.f;
-#pragma unroll
-      for (int r = 0; r < kMaxRanks; ++r)
-        if (r < a.tp_degree) acc += __uint_as_float(static_cast<unsigned>(v[r][k]));
-      f(i0 + k * kThreads, __float_as_uint(round_bf16(acc)));
-    }
+    for (int k = 0; k < kBatch; ++k)
+      if (i0 + k * kThreads < n) f(i0 + k * kThreads, __float_as_uint(round_bf16(acc[k])));
   }
 }
 
@@ -891,8 +889,12 @@ __global__ void __launch_bounds__(kThreads, 1) decode_step_kernel(const __grid_c
   float best = -INFINITY;
   int best_at = 0x7fffffff;
   bool head_staged = false;
+  // kTp: this block kept its o and down rows' residual in resid_rows while
+  // staging the phase before (q/k/v's for o, gate|up's for down).
+  bool residual_kept = false;
   for (int p = 0; p < phases; ++p) {
     const int st = stage_of(a, p), layer = p / 5;
+    if (kTp && (st == kQkv || st == kGateUp)) residual_kept = false;
     // What this phase reads carries the previous phase's tag (the head's
     // parts all read the last down's).
     const unsigned ready = tag_of(epoch, (st == kHead ? 5 * a.layers : p) - 1);
@@ -922,12 +924,21 @@ __global__ void __launch_bounds__(kThreads, 1) decode_step_kernel(const __grid_c
       } else {  // rms_norm of the residual (the token's row before the first layer)
         const bf16* g = st == kHead ? a.final_norm : st == kQkv ? a.layer[layer].attn_norm : a.layer[layer].mlp_norm;
         float ss = 0.f;
+        // A tensor-parallel rank 0 keeps the sums of its o and down rows
+        // (the residual it adds there, resid_rows) as q/k/v and gate|up
+        // stage them: o's and down's split of the rows is the same.
+        const int kept_first = st != kHead ? first_row[5 * layer + 2] : 0;
+        const int kept_rows = kTp && a.tp_rank == 0 && st != kHead
+                                  ? item_count[5 * layer + 2] / (a.attn_width / a.chunk_attn)
+                                  : 0;
         const auto stage_residual = [&](int i, unsigned bits) {
           const float f = __uint_as_float(bits);
           xs_elems[i] = __float2bfloat16_rn(f);
           ss = fmaf(f, f, ss);
+          if (kTp && static_cast<unsigned>(i - kept_first) < static_cast<unsigned>(kept_rows)) resid_rows[i - kept_first] = f;
         };
         if constexpr (kTp) {
+          residual_kept = kept_rows > 0;
           // Every rank's partial rows summed: o's before gate|up, the
           // embedding's before layer 1, down's before later layers and the head.
           const bool embedded = st == kQkv && layer == 0;
@@ -1051,7 +1062,9 @@ __global__ void __launch_bounds__(kThreads, 1) decode_step_kernel(const __grid_c
             // before made, read back from the exchange (o's: the embedding's
             // on layer 1, down's of the layer before; down's: o's).
             float v = y;
-            if (a.tp_rank == 0) {
+            if (a.tp_rank == 0 && residual_kept) {
+              v = round_bf16(resid_rows[i] + y);
+            } else if (a.tp_rank == 0) {  // a block that staged nothing before
               const bool embedded = st == kO && layer == 0;
               const int buffer = st == kDown ? exchange_layout::o_buffer
                                  : embedded  ? exchange_layout::embed_buffer

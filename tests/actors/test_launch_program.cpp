@@ -658,25 +658,19 @@ std::pair<int64_t, int64_t> span_of(const actors::operand& o) {
   return {o.byte_offset, o.byte_offset + (far + 1) * static_cast<int64_t>(dtype_size(o.proto.type)) - 1};
 }
 
-/// A decode step of `cfg` compiled for one device of `kind` with `o`,
-/// checked by the independent hazard checker (which sees fused kernels'
-/// reads too), and lowered; null where a step failed (a test failure).
 struct compiled_and_lowered {
   std::shared_ptr<const plan> p;
   std::shared_ptr<const launch_program> prog;
 };
-compiled_and_lowered compile_and_lower(const models::transformer_config& cfg, device_kind kind, const plan_options& o,
-                                       int devices = 1) {
+/// A decode step of `cfg` compiled for the devices `specs` with `o` (for a
+/// tensor-parallel plan, its degree and in-stream all-reduces), checked by
+/// the independent hazard checker (which sees fused kernels' reads too),
+/// and lowered; null where a step failed (a test failure).
+compiled_and_lowered compile_tp(const models::transformer_config& cfg, const std::vector<device_spec>& specs,
+                                const plan_options& o) {
   auto g = models::build_transformer(cfg);
   EXPECT_TRUE(g.has_value()) << g.err().to_string();
   if (!g) return {};
-  std::vector<device_spec> specs;
-  for (int k = 0; k < devices; ++k) {
-    device_spec d;
-    d.name = std::string(to_string(kind)) + std::to_string(k);
-    d.kind = kind;
-    specs.push_back(d);
-  }
   auto p = compile(std::make_shared<const graph>(std::move(*g)), specs, o);
   EXPECT_TRUE(p.has_value()) << p.err().to_string();
   if (!p) return {};
@@ -686,6 +680,18 @@ compiled_and_lowered compile_and_lower(const models::transformer_config& cfg, de
   if (!prog) return {*p, nullptr};
   expect_consistent(**prog);
   return {*p, *prog};
+}
+/// The same on `devices` devices of `kind`.
+compiled_and_lowered compile_and_lower(const models::transformer_config& cfg, device_kind kind, const plan_options& o,
+                                       int devices = 1) {
+  std::vector<device_spec> specs;
+  for (int k = 0; k < devices; ++k) {
+    device_spec d;
+    d.name = std::string(to_string(kind)) + std::to_string(k);
+    d.kind = kind;
+    specs.push_back(d);
+  }
+  return compile_tp(cfg, specs, o);
 }
 
 fused_count count_fused(const models::transformer_config& cfg, device_kind kind, bool fuse_ops = true,
@@ -2164,24 +2170,6 @@ models::transformer_config tp_decode_step_config() {
   cfg.n_kv_heads = 8;
   cfg.d_ff = 1024;
   return cfg;
-}
-
-/// `cfg` compiled for `specs` with `o` (tensor degree, in-stream
-/// all-reduces), checked by the hazard checker, and lowered.
-compiled_and_lowered compile_tp(const models::transformer_config& cfg, const std::vector<device_spec>& specs,
-                                const plan_options& o) {
-  auto g = models::build_transformer(cfg);
-  EXPECT_TRUE(g.has_value()) << g.err().to_string();
-  if (!g) return {};
-  auto p = compile(std::make_shared<const graph>(std::move(*g)), specs, o);
-  EXPECT_TRUE(p.has_value()) << p.err().to_string();
-  if (!p) return {};
-  EXPECT_TRUE(check_hazards(**p).ok()) << check_hazards(**p).to_string();
-  auto prog = lower(*p);
-  EXPECT_TRUE(prog.has_value()) << prog.err().to_string();
-  if (!prog) return {*p, nullptr};
-  expect_consistent(**prog);
-  return {*p, *prog};
 }
 
 /// The options of a tensor-parallel decode step on `degree` ranks, its
