@@ -260,7 +260,11 @@ TEST(CudaHostCopies, PinnedHostMemoryIsCopiedDirectly) {
 // The pinned pool behind CUDA job outputs: its buffers are page-locked (a d2h
 // into one behind a closed gate returns at once and lands after the gate
 // opens, without staging), and a buffer given back is handed out again to the
-// next request of that size instead of pinning fresh memory.
+// next request of that size instead of pinning fresh memory. Which cached
+// buffer serves it is not asserted: in a full run an earlier test may have
+// left one of the same capacity in the pool, which the pool's multimap hands
+// out first (session 88's whole test_cuda on an H100 got that one); the
+// counters say that a cached buffer served it and nothing was pinned.
 TEST(CudaHostCopies, PinnedPoolBuffersAreCopiedDirectlyAndReused) {
   AG_REQUIRE_GPU(1);
   auto d = test::gpu0();
@@ -273,19 +277,16 @@ TEST(CudaHostCopies, PinnedPoolBuffersAreCopiedDirectlyAndReused) {
   auto dev = d->allocate(static_cast<int64_t>(n));
   ASSERT_TRUE(dev);
   ASSERT_FALSE(d->upload(*dev, want.data(), static_cast<int64_t>(n)));
-  const std::byte* first_buffer = nullptr;
   for (int round = 0; round < 2; ++round) {
     const auto before = gpu::cuda::pinned_host_pool_stats();
     auto out = host_tensor::uninitialized(dtype::f32, {numel}, d->host_memory());
     const auto after = gpu::cuda::pinned_host_pool_stats();
     ASSERT_EQ(out.memory(), d->host_memory());
     EXPECT_GE(after.live_bytes - before.live_bytes, static_cast<int64_t>(n));
-    if (round == 0) {
-      first_buffer = out.data();
-    } else {
-      EXPECT_EQ(out.data(), first_buffer) << "the buffer given back was not handed out again";
-      EXPECT_EQ(after.reuses, before.reuses + 1);
-      EXPECT_EQ(after.raw_allocations, before.raw_allocations);
+    if (round == 1) {
+      EXPECT_EQ(after.reuses, before.reuses + 1) << "the buffer given back was not handed out again";
+      EXPECT_EQ(after.raw_allocations, before.raw_allocations) << "fresh memory was pinned";
+      EXPECT_EQ(after.cached_bytes, before.cached_bytes - (after.live_bytes - before.live_bytes));
     }
     std::memset(out.data(), 0, n);
     gate g(*d, *s);
