@@ -31,7 +31,9 @@
 # It configures through scripts/gpu-run.sh (configure step only), builds
 # test_cuda and actorgraph-tp-bench, then:
 #   1. the CUDA tensor-parallel and collective tests (tests/cuda:
-#      CudaTensorParallel*, CudaCollectives*), every layout this machine has;
+#      CudaTensorParallel*, CudaCollectives*, and the decode step as one
+#      kernel a rank, CudaGenerate.*TensorParallelDecodeStep*, on GPUs 0 and
+#      1), every layout this machine has;
 #   2. actorgraph-tp-bench --devices cuda:all: tpN_layer_speedup (device
 #      spans), tpN_layer_device_ms, tpN_layer_speedup_wall, tpN_layer_ms,
 #      tpN_gpu_busy_fraction, tpN_sim_error, tpN_decode_step_speedup, and the
@@ -161,7 +163,8 @@ status=0
 if [ -z "${AG_TP_SKIP_TESTS:-}" ]; then
   echo "== 1. CUDA tensor-parallel tests"
   bounded "${AG_TP_TEST_LIMIT:-600}" "$out/tp-tests.txt" "$build/tests/cuda/test_cuda" \
-    --gtest_filter='*CudaTensorParallel*:CudaCollectives.*' --gtest_brief=0 || status=1
+    --gtest_filter='*CudaTensorParallel*:CudaCollectives.*:CudaGenerate.*TensorParallelDecodeStep*' --gtest_brief=0 ||
+    status=1
   sed -n '1,/tests* ran/p' "$out/tp-tests.txt" | grep -E "^\[ +(OK|FAILED|SKIPPED) +\] [A-Za-z]" | sed 's/ (.*ms)$//' | head -60
   passed="$(grep -c '^\[       OK \]' "$out/tp-tests.txt")"
   failed="$(grep -c '^\[  FAILED  \] .*\.' "$out/tp-tests.txt")"

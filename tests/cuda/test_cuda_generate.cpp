@@ -1011,8 +1011,13 @@ TEST(CudaGenerate, WholeDecodeStepAsOneKernelEqualsRecompute) {
   }
 }
 
-// A generator at tensor degree 2 on `rt` (two logical devices of one GPU)
-// whose greedy decode steps run as one kernel a rank
+// The two ranks of the tensor-parallel decode-step tests: two GPUs where
+// the machine has them (the exchange then crosses NVLink), else two logical
+// devices of GPU 0 (each rank's kernel on half its SMs).
+std::string two_ranks() { return gpu::cuda::device_count() >= 2 ? "cuda:0,1" : "cuda:0,0"; }
+
+// A generator at tensor degree 2 on `rt` (two_ranks()) whose greedy
+// decode steps run as one kernel a rank
 // (plan_options::fuse_tp_decode_step; in-stream collectives forced on, as
 // logical devices of one GPU do not choose them), for a bf16 LLaMA of
 // whole_step_model's shape saved in `dir`; `ratios` the ranks' shares
@@ -1039,8 +1044,8 @@ std::shared_ptr<generator> tp_whole_step_generator(runtime& rt, const models::hf
 // A tensor-parallel decode step as one kernel a rank (decode_step.cu's kTp
 // variant: the ranks push the embedding's row, each layer's o and down
 // partial rows and their best logits into each other's exchange and sum
-// them in rank order) on two logical devices of one GPU, each rank's grid
-// on half of its SMs: greedy generation equals recomputing the sequence
+// them in rank order) on two GPUs, or two logical devices of one GPU with
+// each rank's grid on half of its SMs: greedy generation equals recomputing the sequence
 // (through the logits of the unfused plans, whose picks the fused steps'
 // tokens equal), for 4 heads of 64 over 2 kv heads (a kv head a rank), heads
 // of 128 over 300 cache rows, LLaMA-1B's widths (32 heads of 64 over 8 kv
@@ -1048,7 +1053,8 @@ std::shared_ptr<generator> tp_whole_step_generator(runtime& rt, const models::hf
 // and 3 kv heads on rank 0, 2 and 1 on rank 1).
 TEST(CudaGenerate, TensorParallelDecodeStepAsOneKernelARankEqualsRecompute) {
   AG_REQUIRE_GPU(1);
-  auto rt = runtime::create("cuda:0,0");
+  SCOPED_TRACE("on " + two_ranks());
+  auto rt = runtime::create(two_ranks());
   ASSERT_TRUE(rt) << rt.err().to_string();
   struct shape {
     int64_t head_dim, d_ff, cache, kv_heads, heads;
@@ -1085,7 +1091,8 @@ TEST(CudaGenerate, ATensorParallelDecodeStepWhoseRankNeverComesFailsInBoundedTim
   runtime_options ro;
   ro.backend.cuda_collective_timeout_s = 1.0;
   ASSERT_EQ(setenv("AG_CUDA_DEBUG_SKIP", "tprank1", 1), 0);  // read when the devices are made
-  auto rt = runtime::create("cuda:0,0", ro);
+  SCOPED_TRACE("on " + two_ranks());
+  auto rt = runtime::create(two_ranks(), ro);
   unsetenv("AG_CUDA_DEBUG_SKIP");
   ASSERT_TRUE(rt) << rt.err().to_string();
   test::temp_dir dir;
