@@ -57,6 +57,12 @@
 #      run measures both sides of the default (AG_TP_SKIP_NCCL_SIDE=1 skips it
 #      and 2a; on 4 GPUs the second layout run adds a few minutes, so a
 #      device call of 600 s may need the run split in two);
+#   2e. actorgraph-generate-bench on a LLaMA-2-7B-shaped model of the decode
+#      layers (actorgraph-save-model, kept in /tmp between runs on one
+#      machine): one GPU, then degree N with the decode step as one kernel
+#      a rank and with a kernel per record, 512 positions of context:
+#      tpN_generator_decode_speedup and _unfused (AG_TP_SKIP_GENERATOR=1
+#      skips it);
 #   3. actorgraph-tp-bench --allreduce over the N GPUs: allreduce_us_<size>_<path>
 #      (the devices' time per call) and allreduce_host_us_<size>_<path> (wall
 #      per call, the host enqueueing) for the own one-shot path and NCCL, and
@@ -89,9 +95,10 @@ gpu_configure "$steps" "$out/tp-configure.txt" || {
 }
 
 if [ -z "${AG_TP_PREBUILT:-}" ]; then
-  echo "== build (test_cuda actorgraph-tp-bench)"
+  echo "== build (test_cuda actorgraph-tp-bench actorgraph-generate-bench actorgraph-save-model)"
   start=$(date +%s)
-  if ! cmake --build "$build" -j "$(nproc)" --target test_cuda actorgraph-tp-bench >"$out/tp-build.txt" 2>&1; then
+  if ! cmake --build "$build" -j "$(nproc)" --target test_cuda actorgraph-tp-bench actorgraph-generate-bench \
+    actorgraph-save-model >"$out/tp-build.txt" 2>&1; then
     grep -E "error|FAILED" "$out/tp-build.txt" | head -30
     exit 1
   fi
@@ -244,6 +251,37 @@ if [ "${#layouts[@]}" -gt 0 ]; then
     bounded "${AG_TP_LAYOUT_LIMIT:-300}" "$out/tp-layouts-nccl.txt" "$build/apps/actorgraph-tp-bench" \
       "${bench_devices[@]}" "${layout_flags[@]}" "${layouts[@]}" --copy-engine off || status=1
     grep -E '^layouts: (1 x 2|1 x 4|2 x 2)' "$out/tp-layouts-nccl.txt" || tail -5 "$out/tp-layouts-nccl.txt"
+  fi
+fi
+
+# The generator's decode step with its KV cache (LLaMA-2-7B's shape, 512
+# positions of context): one GPU, then degree n with the step as one kernel
+# a rank (plan_options::fuse_tp_decode_step) and with a kernel per record.
+# tpN_generator_decode_speedup is the fused step's against one GPU (the
+# step issue 14's tp2_decode_step_speedup asks about, with a cache); the
+# tp-bench's decode step above has none.
+gen_bench="$build/apps/actorgraph-generate-bench"
+if [ -n "${AG_TP_SKIP_GENERATOR:-}" ] || [ ! -x "$gen_bench" ] || [ ! -x "$build/apps/actorgraph-save-model" ]; then
+  echo "== 2e. the generator's decode step: skipped (AG_TP_SKIP_GENERATOR, or no actorgraph-generate-bench built)"
+else
+  echo "== 2e. the generator's decode step, LLaMA-2-7B's shape, $decode_layers layers: 1 GPU, degree $n fused and not"
+  model="${AG_TP_GENERATOR_MODEL:-/tmp/ag-tp-llama2-7b-$decode_layers}"
+  [ -f "$model/config.json" ] ||
+    bounded 600 "$out/tp-gen-model.txt" "$build/apps/actorgraph-save-model" --shape llama2-7b --layers "$decode_layers" \
+      --out "$model" || status=1
+  for v in one on off; do
+    if [ "$v" = one ]; then args=(--devices cuda:0); else args=(--devices "cuda:$members" --tp "$n" --tp-decode-step "$v"); fi
+    bounded 300 "$out/tp-gen-$v.txt" "$gen_bench" --mode decode --model "$model" --prefill 0 --new-tokens 64 "${args[@]}" ||
+      status=1
+    grep -E "^(decode  |decode step, greedy|decode job, ranks)" "$out/tp-gen-$v.txt" | cut -c1-160
+  done
+  gen_ms() { grep -E '^decode_ms_per_token: ' "$out/tp-gen-$1.txt" 2>/dev/null | awk '{print $2}'; }
+  one_ms="$(gen_ms one)" on_ms="$(gen_ms on)" off_ms="$(gen_ms off)"
+  if [ -n "$one_ms" ] && [ -n "$on_ms" ] && [ -n "$off_ms" ]; then
+    awk -v a="$one_ms" -v b="$on_ms" -v c="$off_ms" -v n="$n" \
+      'BEGIN { printf "tp%d_generator_decode_speedup: %.3f\ntp%d_generator_decode_speedup_unfused: %.3f\n", n, a / b, n, a / c }'
+  else
+    echo "tp${n}_generator_decode_speedup: not measured (1 GPU ${one_ms:-none}, fused ${on_ms:-none}, unfused ${off_ms:-none} ms)"
   fi
 fi
 
