@@ -787,18 +787,25 @@ void tp_rank_view::add_record(const lowered_op& r) {
   for (const operand& o : r.extra_outs) writes(o);
 }
 
+/// Whether two of `n` members, member k on device device_of(k), are
+/// logical devices of one GPU (a spec such as "cuda:0,0": one CUDA context).
+template <class DeviceOf>
+bool members_share_a_gpu(const plan& pl, int n, DeviceOf device_of) {
+  for (int i = 0; i < n; ++i)
+    for (int j = i + 1; j < n; ++j) {
+      const device_spec& a = pl.devices().at(static_cast<std::size_t>(device_of(i)));
+      const device_spec& b = pl.devices().at(static_cast<std::size_t>(device_of(j)));
+      if (a.kind == b.kind && a.ordinal == b.ordinal) return true;
+    }
+  return false;
+}
+
 /// Whether two ranks of the tensor-parallel decode-step record of `ls` are
 /// logical devices of one GPU.
 bool decode_step_ranks_share_a_gpu(const plan& pl, const lowered_step& ls) {
   if (ls.ops.size() != 1) return false;
   const gpu::op_launch::in_stream_part& c = ls.ops.front().collective;
-  for (int i = 0; i < c.members; ++i)
-    for (int j = i + 1; j < c.members; ++j) {
-      const device_spec& a = pl.devices().at(static_cast<std::size_t>(c.device_index[static_cast<std::size_t>(i)]));
-      const device_spec& b = pl.devices().at(static_cast<std::size_t>(c.device_index[static_cast<std::size_t>(j)]));
-      if (a.kind == b.kind && a.ordinal == b.ordinal) return true;
-    }
-  return false;
+  return members_share_a_gpu(pl, c.members, [&](int k) { return c.device_index[static_cast<std::size_t>(k)]; });
 }
 
 /// The tensor-parallel form of fuse_decode_step (see above); the same
@@ -1088,14 +1095,9 @@ error check_launch_order(const plan& p, const std::vector<launch_queue>& queues)
 /// Whether two members of in-stream part `s` are logical devices of one GPU
 /// (a spec such as "cuda:0,0": one CUDA context).
 bool in_stream_members_share_a_gpu(const plan& pl, const step& s) {
-  if (!runs_in_stream(s)) return false;
-  for (std::size_t i = 0; i < s.peers.size(); ++i)
-    for (std::size_t j = i + 1; j < s.peers.size(); ++j) {
-      const device_spec& a = pl.devices().at(static_cast<std::size_t>(pl.at(s.peers[i]).device));
-      const device_spec& b = pl.devices().at(static_cast<std::size_t>(pl.at(s.peers[j]).device));
-      if (a.kind == b.kind && a.ordinal == b.ordinal) return true;
-    }
-  return false;
+  return runs_in_stream(s) && members_share_a_gpu(pl, static_cast<int>(s.peers.size()), [&](int k) {
+           return pl.at(s.peers[static_cast<std::size_t>(k)]).device;
+         });
 }
 
 namespace {

@@ -433,7 +433,7 @@ error launch_step(exec_state& st, exec_job& e, step_id s) {
       break;
     }
     case step_kind::collective: {
-      if (absorbed || (in_stream && ls.ops.empty())) break;  // the decode-step record's kernels exchange it
+      if (absorbed) break;  // the decode-step record's kernels exchange it
       if (in_stream) {
         // Its record is the queue's next; the members meet on the devices.
         gpu::op_launch* rec = e.launches + ls.first_launch;

@@ -18,6 +18,7 @@
 #include "gpu/cuda/common.cuh"
 #include "gpu/cuda/cuda_check.cuh"
 #include "gpu/cuda/in_stream.cuh"
+#include "gpu/cuda/in_stream_wait.cuh"
 #include "gpu/cuda/rope.cuh"
 #include "graph/attention_mask.hpp"
 #include "graph/fusion.hpp"
@@ -306,11 +307,6 @@ __device__ __forceinline__ u64 peek_sys(const u64* at) {
   asm volatile("ld.relaxed.sys.global.b64 %0, [%1];" : "=l"(v) : "l"(at) : "memory");
   return v;
 }
-__device__ __forceinline__ long long global_ns() {
-  long long t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  return t;
-}
 // Row i's value v of this rank into `buffer` of every rank.
 __device__ __forceinline__ void tp_push(const step_args& a, int buffer, int i, float v, unsigned tag) {
   const u64 packed = (static_cast<u64>(tag) << 32) | __float_as_uint(v);
@@ -322,9 +318,10 @@ __device__ __forceinline__ bool tp_aborted(const step_args& a, unsigned long lon
   return *reinterpret_cast<const volatile unsigned long long*>(a.abort) == job;
 }
 // Whether a wait on rank `from` since t0 ends: the launch gave up already
-// (nothing more to note: false in `first`), or it gives up now (the peer's
-// device died, the job was cancelled here, the timeout), noted here.
-// Asked every 1024 polls: the host-mapped words cost a PCIe read each.
+// (nothing more to note), or it gives up now (a peer's device died, the
+// job was cancelled here, the timeout: in_stream_wait.cuh's gave_up, over
+// every peer's death word), noted here. Asked every 1024 polls: the host-mapped words cost a PCIe
+// read each.
 __device__ bool tp_gave_up(const step_args& a, unsigned long long job, long long t0, unsigned tag, u64 seen, int from) {
   if (tp_aborted(a, job)) return true;
   bool over = global_ns() - t0 > a.timeout_ns;
@@ -338,14 +335,8 @@ __device__ bool tp_gave_up(const step_args& a, unsigned long long job, long long
   // the fourth word mark a decode step's, with the rank waited for), and
   // the job is in the fault ring.
   atomicExch(a.abort, job);
-  volatile unsigned long long* d = a.faults + in_stream_faults;
-  if (d[0] == 0) {
-    d[0] = tag;
-    d[1] = seen;
-    d[2] = (static_cast<unsigned long long>(a.slot[from]) << 32) | blockIdx.x;
-    d[3] = (1ull << 62) | static_cast<unsigned>(from);
-  }
-  reinterpret_cast<volatile unsigned long long*>(a.faults)[job % in_stream_faults] = job;
+  note_give_up(a.faults, tag, seen, a.slot[from], blockIdx.x, (1ull << 62) | static_cast<unsigned>(from));
+  note_fault(a.faults, job);
   return true;
 }
 // Rank `from`'s value at `at` once tagged (its bits; 0 once the launch gave up).

@@ -1,6 +1,7 @@
 #include "gpu/cuda/common.cuh"
 #include "gpu/cuda/cuda_check.cuh"
 #include "gpu/cuda/in_stream.cuh"
+#include "gpu/cuda/in_stream_wait.cuh"
 
 #include <algorithm>
 #include <cstdlib>
@@ -45,23 +46,6 @@ __device__ __forceinline__ unsigned long long load_acquire(const unsigned long l
 __device__ __forceinline__ void store_release(unsigned long long* p, unsigned long long v) {
   asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
 }
-__device__ __forceinline__ long long global_ns() {
-  long long t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  return t;
-}
-
-/// Whether a waiting part gives up: the member died, the job was cancelled
-/// here, or the timeout passed. Waits ask every 1024 polls: the host-mapped
-/// words cost a PCIe read each.
-__device__ bool gave_up(const unsigned int* dead, const unsigned long long* aborted, unsigned long long job,
-                        long long t0, long long timeout) {
-  if (*reinterpret_cast<const volatile unsigned int*>(dead) != 0) return true;
-  for (int j = 0; j < in_stream_aborts; ++j)
-    if (reinterpret_cast<const volatile unsigned long long*>(aborted)[j] == job) return true;
-  return global_ns() - t0 > timeout;
-}
-
 /// Waits until *flag == want; false when it gave_up.
 __device__ bool wait_for(const unsigned long long* flag, unsigned long long want, const unsigned int* dead,
                          const unsigned long long* aborted, unsigned long long job, long long t0, long long timeout) {
@@ -69,20 +53,6 @@ __device__ bool wait_for(const unsigned long long* flag, unsigned long long want
     if (load_acquire(flag) == want) return true;
     if ((i & 1023u) == 0 && gave_up(dead, aborted, job, t0, timeout)) return false;
   }
-}
-
-/// What the first give-up on this device waited for and saw, for the
-/// fault's message (cuda_device::collective_fault): the tag, what was seen,
-/// the peer's slot and block, and the previous announcement (pull) or, with
-/// the top bit set, the pushed lines' flag.
-__device__ void note_give_up(unsigned long long* faults, unsigned long long tag, unsigned long long seen, int slot,
-                             int block, unsigned long long fourth) {
-  volatile unsigned long long* d = faults + in_stream_faults;
-  if (d[0] != 0) return;
-  d[0] = tag;
-  d[1] = seen;
-  d[2] = (static_cast<unsigned long long>(slot) << 32) | static_cast<unsigned>(block);
-  d[3] = fourth;
 }
 
 // ---- the push path (in_stream.cuh) ----
@@ -258,7 +228,7 @@ __global__ void __launch_bounds__(512) in_stream_all_reduce_kernel(void* out, in
     // The next push to each peer goes to the other parity (pushes were made
     // whatever happened after them).
     if (threadIdx.x < a.n && threadIdx.x != a.rank) a.push_parity[b * in_stream_slots + a.slot[threadIdx.x]] ^= 1u;
-    if (failed && threadIdx.x == 0) reinterpret_cast<volatile unsigned long long*>(a.faults)[job % in_stream_faults] = job;
+    if (failed && threadIdx.x == 0) note_fault(a.faults, job);
     finished();
     return;
   }
@@ -290,7 +260,7 @@ __global__ void __launch_bounds__(512) in_stream_all_reduce_kernel(void* out, in
   }
   __syncthreads();
   if (failed) {
-    if (threadIdx.x == 0) reinterpret_cast<volatile unsigned long long*>(a.faults)[job % in_stream_faults] = job;
+    if (threadIdx.x == 0) note_fault(a.faults, job);
     finished();
     return;
   }
