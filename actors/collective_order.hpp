@@ -1,33 +1,49 @@
 #pragma once
 /// \file collective_order.hpp
-/// The agreed issue order of one plan's jobs on one queue: a communication
-/// queue, and since session 24 every queue of a plan with collectives
-/// (launch_queue::in_job_order says why). Owned by that queue's executing
-/// actor, actors/stream_actor.cpp; no locking: one actor, one thread at a
-/// time.
+/// The agreed issue order of jobs on one *issue line*: one stream of one
+/// executing actor (a device's compute lane, its communication queue or a
+/// copy queue), shared by every plan whose queues run there. Every queue of a
+/// plan with collectives issues in that order (launch_queue::in_job_order
+/// says why). A line's collective_issue_order is owned by its executing
+/// actor, actors/stream_actor.cpp (no locking: one actor, one thread at a
+/// time); the turns are dealt by the runtime's issue_lines (below, one lock).
 ///
-/// NCCL (and any rendezvous collective) needs every member of a group to
-/// issue the group's collectives in one order. Concurrent jobs become ready in
-/// different orders on different members (their `ready` messages race), so a
-/// queue issues the collectives of job number n (job_context::collective_seq,
-/// drawn once a job holds all its arenas) only after every job numbered below
-/// n issued all of its collectives there or was cancelled. Within a job a
-/// queue issues in queue position order, and every member's queue lists the
-/// group's collectives at the same positions, so all members issue them in
-/// (job number, position) order. No deadlock: a job only waits for lower
-/// numbers, which never wait for it.
+/// NCCL (and any rendezvous collective: the in-stream parts, the one-shot
+/// kernel) needs every member of a group to issue the group's collectives in
+/// one order. Concurrent jobs become ready in different orders on different
+/// members (their `ready` messages race), so a line issues the steps of the
+/// job holding turn n (job_context::turns, drawn once a job holds all its
+/// arenas) only after every job holding a turn below n there issued all of
+/// its steps there or was cancelled. Within a job a queue issues in queue
+/// position order, and every member's queue lists the group's collectives at
+/// the same positions, so all members issue them in (turn, position) order.
+///
+/// Across plans (since session 89; until then each plan numbered its own
+/// jobs): a job draws its turn on every line its ordered queues run on at
+/// once, under one lock, so two jobs that share lines meet them in the same
+/// order on every line, whatever plans they belong to. Per plan, two plans'
+/// jobs on the same devices (a generator's prompt and decode plans, several
+/// sequences in flight) could take one communicator, one stream or one
+/// in-stream inbox in different orders on different members: NCCL would
+/// pair one plan's all-reduce with the other's, and a stream holding a part
+/// that waits for a peer in front of the part that peer waits for closes a
+/// cycle on the GPUs. No deadlock: the draws are one total order, and a job
+/// only waits on a line for jobs that drew before it (which hold all their
+/// arenas and never wait for it).
 
 #include <atomic>
 #include <cstdint>
 #include <map>
+#include <mutex>
 #include <optional>
 #include <set>
+#include <vector>
 
 namespace ag::actors {
 
-/// Test hook, process-wide: while false, orders made from then on (one per
-/// plan per communication actor, on the plan's first collective there) are
-/// off. Only tests set it, to show the hazard the order prevents.
+/// Test hook, process-wide: while false, every line issues at once (turns
+/// are still counted, so the order holds again once it is back on). Only
+/// tests set it, with no job in flight, to show the hazard the order prevents.
 inline std::atomic<bool>& collective_order_enforced_for_testing() {
   static std::atomic<bool> on{true};
   return on;
@@ -38,15 +54,18 @@ inline std::atomic<bool>& collective_order_enforced_for_testing() {
 template <class Job = uint64_t>
 class collective_issue_order {
  public:
-  collective_issue_order() : enforce_(collective_order_enforced_for_testing().load(std::memory_order_relaxed)) {}
+  /// Follows the test hook (collective_order_enforced_for_testing).
+  collective_issue_order() = default;
   /// `enforce` false turns the order off (may_issue always says yes): a test
   /// hook that shows the hazard the order prevents. The runtime never does.
-  explicit collective_issue_order(bool enforce) : enforce_(enforce) {}
+  explicit collective_issue_order(bool enforce) : fixed_(enforce ? 1 : 0) {}
 
-  /// Whether job number `seq` may issue its next collective now. When not,
-  /// `job` (an opaque id) is parked until finish() hands it back.
+  /// Whether the job holding turn `seq` may issue its next step now. When
+  /// not, `job` (an opaque id) is parked until finish() hands it back.
   bool may_issue(uint64_t seq, const Job& job) {
-    if (!enforce_ || seq == next_) return true;
+    const bool enforce =
+        fixed_ < 0 ? collective_order_enforced_for_testing().load(std::memory_order_relaxed) : fixed_ == 1;
+    if (!enforce || seq == next_) return true;
     parked_[seq] = job;
     return false;
   }
@@ -81,10 +100,44 @@ class collective_issue_order {
   std::size_t parked() const noexcept { return parked_.size(); }
 
  private:
-  bool enforce_;
+  int fixed_ = -1;                      // -1: follow the hook; 0: off; 1: on
   uint64_t next_ = 0;                   // the job number whose turn it is
   std::set<uint64_t> done_ahead_;       // numbers above next_ already finished here
   std::map<uint64_t, Job> parked_;      // job number -> job, waiting for their turn
+};
+
+/// One issue line: a stream lane of one executing actor.
+struct issue_line {
+  uint64_t actor = 0;  ///< the actor's id (caf::actor::id(); 0: no line, an unordered queue)
+  int lane = 0;        ///< the stream lane within that actor (launch_program::lane_on_copy)
+  friend bool operator<(const issue_line& a, const issue_line& b) noexcept {
+    return a.actor != b.actor ? a.actor < b.actor : a.lane < b.lane;
+  }
+};
+
+/// The runtime's dealer of turns on its issue lines (one per runtime_core;
+/// thread-safe). A line's turns run 0, 1, 2, ... without gaps, and a line's
+/// actor must see each of them finished (collective_issue_order::finish), or
+/// the jobs after it wait for ever; a line that is new here starts at 0,
+/// as does its actor's order (a respawned actor has a new id: a new line).
+class issue_lines {
+ public:
+  /// Deals one turn on each line of `lines` (by queue; actor 0: none, its
+  /// turn left 0) into `turns`, all under one lock, so every line sees the
+  /// draws in one order. Returns the draw's number (the job's place in the
+  /// runtime-wide order, for logs).
+  uint64_t draw(const std::vector<issue_line>& lines, std::vector<uint64_t>& turns) {
+    turns.assign(lines.size(), 0);
+    std::lock_guard<std::mutex> lk(mu_);
+    for (std::size_t q = 0; q < lines.size(); ++q)
+      if (lines[q].actor != 0) turns[q] = next_[lines[q]]++;
+    return draws_++;
+  }
+
+ private:
+  std::mutex mu_;
+  std::map<issue_line, uint64_t> next_;  // the next turn of each line
+  uint64_t draws_ = 0;
 };
 
 }  // namespace ag::actors

@@ -205,17 +205,18 @@ void prefer_lane_of_first_arena(job_context& ctx, int arena) {
 std::size_t prepare_run(job_context& ctx) {
   const auto& lp = *ctx.lp;
   const auto& prog = *lp.program;
-  // The job's place in the plan's agreed collective order: drawn now that
-  // it holds every arena, so a job never waits for one drawn after it (and
-  // after anything that may throw: a number drawn by a job that never runs
-  // would stall the jobs after it). Its job lane is its first device's
-  // arena's (plan_memory::lane_of), so that an arena always meets the same
-  // lane's captured graphs.
+  // The job's turns in the agreed issue order (collective_order.hpp): drawn
+  // now that it holds every arena, so a job never waits for one drawn after
+  // it (and after anything that may throw: a turn drawn by a job that never
+  // runs would stall the jobs after it on its lines). Its job lane is its
+  // first device's arena's (plan_memory::lane_of), so that an arena always
+  // meets the same lane's captured graphs.
   const auto& used = prog.used_devices();
   const auto first = used.empty() ? std::size_t{0} : static_cast<std::size_t>(used.front());
   const int lane = used.empty() ? 0 : std::max(0, lp.memory[first]->lane_of(ctx.arenas[first]));  // -1: one lane
-  std::tie(ctx.collective_seq, ctx.lane_seq) = lp.draw_order(lane);
   ctx.job_lane = lane;
+  if (!lp.order_lines.empty())
+    ctx.collective_seq = lp.core->issue_order().draw(lp.order_lines[static_cast<std::size_t>(lane)], ctx.turns);
   // Inputs whose copies replay inside graphs go to the arenas' host windows.
   for (step_id s : prog.window_inputs()) {
     const lowered_step& ls = prog.steps()[static_cast<std::size_t>(s)];

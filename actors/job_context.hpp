@@ -79,16 +79,16 @@ struct job_context final : msg::job_ref, std::enable_shared_from_this<job_contex
   caf::actor job_actor;
   job_start start = job_start::asked;  ///< read once, by the job actor's first run
   bool timing = false;
-  /// This job's place in its plan's collective issue order
-  /// (loaded_plan::next_collective_seq), drawn by the job actor before
-  /// run_job is sent; read by communication queues after a message.
+  /// Its place in the runtime's order of jobs with collectives
+  /// (issue_lines::draw, once it holds all its arenas): for logs.
   uint64_t collective_seq = 0;
   /// The job lane it runs on (launch_program::job_lanes): its first
   /// device's arena's (plan_memory::lane_of), set with collective_seq.
   int job_lane = 0;
-  /// Its number among its job lane's jobs (loaded_plan::draw_order, with
-  /// collective_seq): the order of the lane's own queues.
-  uint64_t lane_seq = 0;
+  /// Its turn on each queue's issue line (collective_order.hpp), by queue;
+  /// drawn with collective_seq, empty where the plan orders nothing. Read by
+  /// the queues' actors after a message.
+  std::vector<uint64_t> turns;
   /// The job lane it will probably run on (loaded_plan::draw_expected_lane,
   /// at submit; -1: one lane): its arena requests prefer that lane's arenas.
   int expected_lane = -1;
@@ -96,16 +96,9 @@ struct job_context final : msg::job_ref, std::enable_shared_from_this<job_contex
   const std::vector<caf::actor>& queue_actors() const { return lp->actors_of(job_lane); }
   /// The stream lane queue `q` runs this job on (launch_program::lane_on_copy).
   int lane_of(int q) const { return program().lane_on_copy(q, job_lane); }
-  /// Its turn on queue `q` (collective_order.hpp): a copied queue orders the
-  /// jobs of its own job lane, numbered lane_seq there, in
-  /// an order of its own (order_queue: a queue index past the program's
-  /// queues for lanes above 0); a shared queue orders every job.
-  uint64_t order_number(int q) const {
-    return program().copied(q) ? lane_seq : collective_seq;
-  }
-  int order_queue(int q) const {
-    return program().copied(q) ? q + job_lane * static_cast<int>(program().queues().size()) : q;
-  }
+  /// Its turn on queue `q`'s issue line: the line is the stream lane_of(q)
+  /// of the queue's actor, shared with every plan's queues there.
+  uint64_t turn_on(int q) const { return turns[static_cast<std::size_t>(q)]; }
   mutable std::vector<step_slot> slots;      ///< by step id
   mutable std::vector<host_tensor> outputs;
   mutable std::vector<host_tensor> staging;  ///< by output index, gathered outputs only

@@ -197,9 +197,9 @@ struct launch_queue {
   bool starts_itself = false;
   /// It runs in-stream collective parts (compute lane 0).
   bool in_stream_parts = false;
-  /// It issues the plan's jobs in their agreed order (job_context::
-  /// collective_seq, actors/collective_order.hpp): a later job's steps only
-  /// once every earlier job issued all of its steps here. Every queue of a
+  /// It issues jobs in their agreed order (job_context::turns on its issue
+  /// line, actors/collective_order.hpp: one order across plans): a later
+  /// turn's steps only once every earlier turn issued all of its steps here. Every queue of a
   /// plan with collectives. A collective's parts wait for each other on the
   /// devices (NCCL's kernels, in-stream parts) or by events; if one queue
   /// took a later job's step before an earlier job's, its stream would hold

@@ -21,6 +21,7 @@
 #include <caf/actor.hpp>
 #include <caf/send.hpp>
 
+#include "actors/collective_order.hpp"
 #include "actors/launch_program.hpp"
 #include "actors/plan_memory.hpp"
 #include "messages/atoms.hpp"
@@ -170,25 +171,12 @@ struct loaded_plan {
   /// size; null where no device copies it (a window takes it, or nothing reads it).
   std::vector<host_memory_resource*> input_home;
   runtime_core* core = nullptr;
-  /// Issue order of collectives (actors/stream_actor.cpp, communication
-  /// queues): each job of this plan draws the next number when it starts
-  /// running (all its arenas held), and every communication queue issues the
-  /// collectives of this plan's jobs in (number, queue position) order.
-  /// Drawn by job actors and submitting threads (draw_order, under order_mu).
-  mutable uint64_t next_collective_seq = 0;
-  /// Next number within each job lane (job_context::lane_seq), by lane;
-  /// sized to the program's job lanes at load (under order_mu).
-  mutable std::vector<uint64_t> next_lane_seq;
-  mutable std::mutex order_mu;  ///< draw_order's: both numbers drawn together
-  /// A job's numbers in the agreed order: {its collective number, its number
-  /// within job lane `lane`}, drawn together, so that within a lane the two
-  /// orders agree and each lane's numbers run 0, 1, 2, .. without gaps.
-  std::pair<uint64_t, uint64_t> draw_order(int lane) const {
-    std::lock_guard<std::mutex> lk(order_mu);
-    const uint64_t seq = next_collective_seq++;
-    if (lane < 0 || static_cast<std::size_t>(lane) >= next_lane_seq.size()) return {seq, seq};  // one lane
-    return {seq, next_lane_seq[static_cast<std::size_t>(lane)]++};
-  }
+  /// The issue line of each queue (actors/collective_order.hpp), by job
+  /// lane and queue: its actor and stream lane where the queue issues in the
+  /// agreed order (launch_queue::in_job_order), none elsewhere. Set at load;
+  /// a job draws its turns on them from core's issue_lines once it holds all
+  /// its arenas (job_actor.cpp, prepare_run). Empty: the plan orders nothing.
+  std::vector<std::vector<issue_line>> order_lines;
   /// Submissions of this plan so far, counted as they are made (by
   /// draw_expected_lane).
   mutable std::atomic<uint64_t> next_submission{0};

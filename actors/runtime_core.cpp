@@ -320,6 +320,16 @@ expected<std::shared_ptr<const plan>> runtime_core::compile(std::shared_ptr<cons
     }
     lp->other_lanes_actors.push_back(std::move(actors));
   }
+  // The issue line of every ordered queue on each job lane: its actor's
+  // stream lane, shared with other plans' queues there.
+  if (std::any_of(prog.queues().begin(), prog.queues().end(), [](const launch_queue& q) { return q.in_job_order; }))
+    for (int l = 0; l < std::max(1, prog.job_lanes()); ++l) {
+      std::vector<issue_line> lines(prog.queues().size());
+      for (std::size_t q = 0; q < prog.queues().size(); ++q)
+        if (prog.queues()[q].in_job_order)
+          lines[q] = issue_line{lp->actors_of(l)[q].id(), prog.lane_on_copy(static_cast<int>(q), l)};
+      lp->order_lines.push_back(std::move(lines));
+    }
   lp->output_memory.assign(gr.outputs().size(), nullptr);
   if (opts_.pinned_outputs)
     for (step_id s : prog.completion_steps()) {
@@ -355,7 +365,6 @@ expected<std::shared_ptr<const plan>> runtime_core::compile(std::shared_ptr<cons
   // fails here), the others when jobs need them.
   lp->memory.resize(ndev);
   std::vector<device_uploads> uploads;
-  if (lp->program->job_lanes() > 1) lp->next_lane_seq.assign(static_cast<std::size_t>(lp->program->job_lanes()), 0);
   const int cap = std::max(1, opts_.arenas_per_device);
   for (int d : prog.used_devices()) {
     auto& dev = devices_[static_cast<std::size_t>(d)];

@@ -25,6 +25,7 @@
 #include <caf/actor_system.hpp>
 
 #include "actors/actorgraph.hpp"
+#include "actors/collective_order.hpp"
 #include "actors/job_actor.hpp"
 #include "actors/job_context.hpp"
 #include "actors/job_registry.hpp"
@@ -100,6 +101,9 @@ class runtime_core {
   trace take_trace();
   trace_buffer& traces() noexcept { return trace_; }
   replay_counters& replays() noexcept { return replays_; }
+  /// The turns of every plan's jobs on the executing actors' issue lines
+  /// (actors/collective_order.hpp): one order across plans. Any thread.
+  issue_lines& issue_order() noexcept { return issue_order_; }
 
   /// Asks device `index`'s actor to lift its quarantine / revive it
   /// (runtime::reset_device); `done` runs once jobs may use the device again,
@@ -134,6 +138,7 @@ class runtime_core {
   std::vector<std::array<caf::actor, 3>> copy_actors_;  // [device][h2d, d2h, peer]
   std::vector<std::vector<caf::actor>> comm_actors_;    // [device][job lane], spawned on first use, under lanes_m_
   std::vector<std::shared_ptr<fault_sink>> fault_sinks_;
+  issue_lines issue_order_;
   /// Spare job actors (job_actor.hpp, spare_job_actor): submit() binds one
   /// instead of spawning, and spawns its replacement once the job is sent.
   /// Dismissed by shutdown(). Any submitting thread; under spares_m_.

@@ -128,11 +128,12 @@ struct exec_state {
   // holds its last reference (no job context names it) and it completed.
   std::vector<std::shared_ptr<gpu::event>> pool[2];
   std::size_t cursor[2] = {0, 0};
-  // Queues that issue jobs in the agreed order (launch_queue::in_job_order):
-  // by (loaded plan key, queue). One per queue: an actor may run several
-  // ordered queues of one plan (a device's compute lanes), and each counts
-  // its own turns.
-  std::unordered_map<job_key, collective_issue_order<job_key>, job_key_hash> order;  // see collective_order.hpp
+  // The agreed issue order of each of its issue lines (collective_order.hpp),
+  // by stream lane: every plan's ordered queues (launch_queue::in_job_order)
+  // on that lane take their turns there, dealt by the runtime's issue_lines.
+  // An actor may run several lines (a device's compute lanes); each counts
+  // its own turns. Kept across plans: a line's turns outlive any one plan.
+  std::unordered_map<int, collective_issue_order<job_key>> order;
   std::vector<std::vector<step_id>> out;  // ready batch per consumer queue
   std::vector<int> touched;
   std::vector<int> local;  // consumer queues of the job run by this actor itself (advance)
@@ -837,13 +838,13 @@ void check_stalls(exec_actor_t* self) {
 /// Ordered queue `queue` of plan `key`: job number `seq` is done here
 /// (issued all its steps, or was cancelled); the next parked job in the
 /// agreed order gets its turn.
-void finish_turn(exec_actor_t* self, uint64_t key, int queue, uint64_t seq) {
+void finish_turn(exec_actor_t* self, int line, uint64_t turn) {
   auto& st = self->state;
-  auto& order = st.order[job_key{key, queue}];
-  const std::optional<job_key> job = order.finish(seq);
-  if (order_log_on()) order_log(st, "finished its turn on queue", 0, seq, queue);
+  auto& order = st.order[line];
+  const std::optional<job_key> job = order.finish(turn);
+  if (order_log_on()) order_log(st, "finished its turn on line", 0, turn, line);
   if (!job) return;
-  if (order_log_on()) order_log(st, "resumes on queue", job->job, order.next(), job->queue);
+  if (order_log_on()) order_log(st, "resumes on line", job->job, order.next(), line);
   auto it = st.jobs.find(*job);  // the parked job's entry for this queue
   if (it != st.jobs.end() && !it->second.dropped) advance(self, it->second);
 }
@@ -856,8 +857,8 @@ bool ordered_queue(const launch_program& prog, int q) { return prog.queue(q).in_
 /// not ordered_queue).
 bool my_turn(exec_state& st, exec_job& e) {
   if (!ordered_queue(e.ctx->program(), e.queue)) return true;
-  auto& order = st.order[job_key{e.ctx->lp->key, e.ctx->order_queue(e.queue)}];
-  const bool mine = order.may_issue(e.ctx->order_number(e.queue), job_key{e.ctx->id(), e.queue});
+  auto& order = st.order[e.ctx->lane_of(e.queue)];
+  const bool mine = order.may_issue(e.ctx->turn_on(e.queue), job_key{e.ctx->id(), e.queue});
   if (!mine && order_log_on())
     order_log(st, "waits for its turn at step", e.ctx->id(), e.ctx->collective_seq, e.next);
   return mine;
@@ -945,7 +946,7 @@ void advance_one(exec_actor_t* self, exec_job& e, const msg::job_ref_ptr& ref) {
     const bool ordered = ordered_queue(prog, e.queue);
     const int queue = e.queue;
     forget_job(st, job_key{ctx.id(), queue});
-    if (ordered) finish_turn(self, ctx.lp->key, ctx.order_queue(queue), ctx.order_number(queue));
+    if (ordered) finish_turn(self, ctx.lane_of(queue), ctx.turn_on(queue));
   }
 }
 
@@ -1030,9 +1031,9 @@ caf::behavior exec_actor_fn(exec_actor_t* self, gpu::device_ptr dev, step_kind k
         // The job's turn ends on every ordered queue this actor runs.
         for (std::size_t q = 0; q < prog.queues().size(); ++q) {
           if (!prog.queues()[q].in_job_order || ctx.queue_actors()[q].address() != self->address()) continue;
-          const int oq = ctx.order_queue(static_cast<int>(q));
-          st.order[job_key{ctx.lp->key, oq}].forget(ctx.order_number(static_cast<int>(q)));
-          finish_turn(self, ctx.lp->key, oq, ctx.order_number(static_cast<int>(q)));
+          const int line = ctx.lane_of(static_cast<int>(q));
+          st.order[line].forget(ctx.turn_on(static_cast<int>(q)));
+          finish_turn(self, line, ctx.turn_on(static_cast<int>(q)));
         }
         std::vector<gpu::stream*> live;
         for (auto& l : st.streams)
@@ -1054,8 +1055,6 @@ caf::behavior exec_actor_fn(exec_actor_t* self, gpu::device_ptr dev, step_kind k
         // No job of the plan is left, so no launch of its graphs is still running.
         auto& rp = self->state.replays;
         for (auto it = rp.begin(); it != rp.end();) it = it->first.job == m.plan_key ? rp.erase(it) : std::next(it);
-        auto& od = self->state.order;
-        for (auto it = od.begin(); it != od.end();) it = it->first.job == m.plan_key ? od.erase(it) : std::next(it);
       },
       [self](msg::stall_atom) { check_stalls(self); },
       // Tests: the number of jobs this actor still holds state for.

@@ -11,6 +11,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <map>
 #include <string>
 #include <utility>
 #include <vector>
@@ -156,6 +157,156 @@ TEST(CollectiveOrder, CancellingTheJobInTurnResumesTheNextOne) {
   EXPECT_EQ(m.order.next(), 3u);
   EXPECT_FALSE(m.order.finish(0).has_value()) << "finishing twice counts once";
   EXPECT_EQ(m.order.next(), 3u);
+}
+
+// ---- Across plans: the runtime's issue lines (issue_lines) ----
+//
+// Two plans' jobs on the same devices (a generator's prompt and decode
+// plans with several sequences in flight) meet the same communicator, stream
+// and in-stream inboxes. Below, plan 0 spans members 0, 1 and 2, plan 1
+// members 0 and 1; each job has `positions` collectives on its members'
+// lines. Jobs start (draw) in a random order that interleaves the plans, and
+// each member sees their operands ready in its own random order.
+
+struct model_job {
+  int plan = 0;
+  std::vector<uint64_t> turns;  // by member: its turn on that member's line (or its plan's number)
+};
+
+const std::vector<std::vector<int>> plan_members{{0, 1, 2}, {0, 1}};
+
+bool uses(const model_job& j, int member) {
+  const auto& ms = plan_members[static_cast<std::size_t>(j.plan)];
+  return std::find(ms.begin(), ms.end(), member) != ms.end();
+}
+
+/// One member's line as stream_actor runs it: one collective_issue_order for
+/// the line (`per_plan` false, the runtime since session 89) or one per plan
+/// (`per_plan`, the runtime before: each plan numbered its own jobs).
+struct line_member {
+  int id;
+  int positions;
+  bool per_plan;
+  const std::vector<model_job>* jobs;
+  std::map<int, collective_issue_order> orders;  // by plan, or just [0]
+  std::map<int, int> next;                      // by job: next position to issue
+  std::map<int, std::vector<bool>> ready;       // by job, per position
+  std::vector<issued_t> issued;
+
+  collective_issue_order& order_of(int job) {
+    return orders.try_emplace(per_plan ? (*jobs)[static_cast<std::size_t>(job)].plan : 0, true).first->second;
+  }
+  uint64_t turn(int job) const { return (*jobs)[static_cast<std::size_t>(job)].turns[static_cast<std::size_t>(id)]; }
+  void operand_ready(int job, int pos) {
+    auto& r = ready[job];
+    r.resize(static_cast<std::size_t>(positions), false);
+    r[static_cast<std::size_t>(pos)] = true;
+    advance(job);
+  }
+  void advance(int job) {
+    auto& n = next[job];
+    auto& r = ready[job];
+    r.resize(static_cast<std::size_t>(positions), false);
+    while (n < positions && r[static_cast<std::size_t>(n)]) {
+      if (!order_of(job).may_issue(turn(job), static_cast<uint64_t>(job))) return;
+      issued.emplace_back(job, n);
+      ++n;
+    }
+    if (n == positions)
+      if (auto resumed = order_of(job).finish(turn(job))) advance(static_cast<int>(*resumed));
+  }
+};
+
+/// Empty when every two members issued their shared jobs' collectives in
+/// the same order (what a rendezvous needs); else the first difference.
+std::string shared_mismatch(const std::vector<line_member>& ms, const std::vector<model_job>& jobs) {
+  for (std::size_t a = 0; a < ms.size(); ++a)
+    for (std::size_t b = a + 1; b < ms.size(); ++b) {
+      std::vector<issued_t> x, y;
+      for (auto i : ms[a].issued)
+        if (uses(jobs[static_cast<std::size_t>(i.first)], static_cast<int>(b))) x.push_back(i);
+      for (auto i : ms[b].issued)
+        if (uses(jobs[static_cast<std::size_t>(i.first)], static_cast<int>(a))) y.push_back(i);
+      for (std::size_t k = 0; k < std::min(x.size(), y.size()); ++k)
+        if (x[k] != y[k])
+          return "members " + std::to_string(a) + " and " + std::to_string(b) + ", shared call " + std::to_string(k) +
+                 ": job " + std::to_string(x[k].first) + " against job " + std::to_string(y[k].first);
+    }
+  return {};
+}
+
+struct cross_plan_run {
+  std::vector<model_job> jobs;
+  std::vector<line_member> members;
+  std::size_t expected_calls(int member) const {
+    std::size_t n = 0;
+    for (const auto& j : jobs) n += uses(j, member) ? static_cast<std::size_t>(members[0].positions) : 0;
+    return n;
+  }
+};
+
+cross_plan_run run_cross_plan(uint64_t seed, int jobs_count, int positions, bool per_plan) {
+  ag::rng r(seed);
+  cross_plan_run run;
+  // Jobs start in this order; plans interleave at random.
+  ag::actors::issue_lines dealer;
+  const std::vector<ag::actors::issue_line> lines{{101, 0}, {102, 0}, {103, 0}};  // each member's comm actor, lane 0
+  std::vector<uint64_t> plan_count(plan_members.size(), 0);
+  for (int j = 0; j < jobs_count; ++j) {
+    model_job mj;
+    mj.plan = static_cast<int>(r.next() % plan_members.size());
+    if (per_plan) {
+      mj.turns.assign(lines.size(), plan_count[static_cast<std::size_t>(mj.plan)]++);
+    } else {
+      std::vector<ag::actors::issue_line> mine(lines.size());  // none where the plan has no queue
+      for (int m : plan_members[static_cast<std::size_t>(mj.plan)]) mine[static_cast<std::size_t>(m)] = lines[static_cast<std::size_t>(m)];
+      dealer.draw(mine, mj.turns);
+    }
+    run.jobs.push_back(std::move(mj));
+  }
+  for (int m = 0; m < 3; ++m) run.members.push_back(line_member{m, positions, per_plan, &run.jobs, {}, {}, {}, {}});
+  for (auto& m : run.members) {
+    m.jobs = &run.jobs;
+    std::vector<issued_t> events;
+    for (int j = 0; j < jobs_count; ++j)
+      if (uses(run.jobs[static_cast<std::size_t>(j)], m.id))
+        for (int p = 0; p < positions; ++p) events.emplace_back(j, p);
+    for (std::size_t i = events.size(); i > 1; --i) std::swap(events[i - 1], events[r.next() % i]);
+    for (auto [j, p] : events) m.operand_ready(j, p);
+  }
+  return run;
+}
+
+TEST(CollectiveOrder, TwoPlansOnSharedDevicesIssueInOneOrderOnEveryLine) {
+  int hazards_per_plan = 0;
+  for (uint64_t seed = 1; seed <= 200; ++seed) {
+    SCOPED_TRACE("seed " + std::to_string(seed));
+    const auto run = run_cross_plan(seed, 8, 2, false);
+    for (const auto& m : run.members) {
+      ASSERT_EQ(m.issued.size(), run.expected_calls(m.id)) << "member " << m.id << ": a collective never issued (deadlock)";
+      for (const auto& [plan, order] : m.orders) EXPECT_EQ(order.parked(), 0u);
+    }
+    EXPECT_EQ(shared_mismatch(run.members, run.jobs), "");
+    const auto old = run_cross_plan(seed, 8, 2, true);
+    hazards_per_plan += !shared_mismatch(old.members, old.jobs).empty();
+  }
+  // Each plan numbering its own jobs (the runtime before session 89) keeps
+  // each plan's order but mispairs the two plans' collectives.
+  EXPECT_GT(hazards_per_plan, 100);
+}
+
+TEST(CollectiveOrder, ALinesTurnsRunWithoutGapsAndOnlyWhereAJobHasAQueue) {
+  ag::actors::issue_lines dealer;
+  const ag::actors::issue_line a{7, 0}, a1{7, 1}, b{8, 0}, none{};
+  std::vector<uint64_t> t;
+  EXPECT_EQ(dealer.draw({a, b}, t), 0u);
+  EXPECT_EQ(t, (std::vector<uint64_t>{0, 0}));
+  EXPECT_EQ(dealer.draw({a, none}, t), 1u);
+  EXPECT_EQ(t, (std::vector<uint64_t>{1, 0})) << "no turn is taken on a queue that orders nothing";
+  EXPECT_EQ(dealer.draw({a1, b}, t), 2u);
+  EXPECT_EQ(t, (std::vector<uint64_t>{0, 1})) << "another lane of the same actor is a line of its own";
+  dealer.draw({b, a}, t);
+  EXPECT_EQ(t, (std::vector<uint64_t>{2, 2}));
 }
 
 }  // namespace

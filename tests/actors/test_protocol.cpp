@@ -1094,7 +1094,7 @@ TEST_F(Protocol, LaterJobsCollectivesWaitTheirTurnSoEachMemberIssuesJobByJob) {
   // Seeds where some member did not issue job by job in start order.
   auto interleaved = [&](bool enforce) {
     ag::actors::collective_order_enforced_for_testing() = enforce;
-    auto p = core->compile(g, o);  // a fresh plan: its orders are made under the hook's setting
+    auto p = core->compile(g, o);  // every line follows the hook while it is set
     EXPECT_TRUE(p.has_value()) << p.err().to_string();
     if (!p) return -1;
     int parts = 0;
@@ -1171,7 +1171,7 @@ TEST_F(Protocol, EveryQueueOfAPlanWithCollectivesIssuesJobByJob) {
   // Seeds where device 0's peer copies were not job by job in start order.
   auto interleaved = [&](bool enforce) {
     ag::actors::collective_order_enforced_for_testing() = enforce;
-    auto p = core->compile(g, o);  // a fresh plan: its orders are made under the hook's setting
+    auto p = core->compile(g, o);  // every line follows the hook while it is set
     EXPECT_TRUE(p.has_value()) << p.err().to_string();
     if (!p) return -1;
     int gathers = 0;

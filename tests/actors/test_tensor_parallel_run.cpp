@@ -207,11 +207,47 @@ TEST_P(TensorParallelRun, RandomGraphsWithTheGatherFallbackEqualTheReference) {
   EXPECT_GT(with_collectives, 12);  // the sample exercises collectives
 }
 
+/// Empty when, on every lane of `lanes`, every two devices ran the jobs they
+/// share in one order (the agreed issue order, actors/collective_order.hpp:
+/// a lane issues a job's steps only after every job that drew its turns
+/// before it, whatever its plan); else the first difference.
+std::string lane_orders_disagree(const ag::trace& t, int devices, const std::vector<std::string>& lanes) {
+  for (const auto& lane : lanes) {
+    std::vector<std::vector<const ag::trace_record*>> on(static_cast<std::size_t>(devices));
+    for (const auto& r : t.records)
+      if (r.lane == lane) on[static_cast<std::size_t>(r.device)].push_back(&r);
+    std::vector<std::vector<uint64_t>> order(on.size());  // jobs in the order the lane's actor enqueued them
+    for (std::size_t d = 0; d < on.size(); ++d) {
+      std::stable_sort(on[d].begin(), on[d].end(), [](auto* a, auto* b) { return a->enqueue_ns < b->enqueue_ns; });
+      for (const auto* r : on[d])
+        if (order[d].empty() || order[d].back() != r->job) order[d].push_back(r->job);
+    }
+    for (std::size_t a = 0; a < order.size(); ++a)
+      for (std::size_t b = a + 1; b < order.size(); ++b) {
+        const std::set<uint64_t> in_a(order[a].begin(), order[a].end()), in_b(order[b].begin(), order[b].end());
+        std::vector<uint64_t> x, y;
+        for (uint64_t j : order[a]) if (in_b.count(j)) x.push_back(j);
+        for (uint64_t j : order[b]) if (in_a.count(j)) y.push_back(j);
+        if (x != y)
+          for (std::size_t k = 0; k < std::min(x.size(), y.size()); ++k)
+            if (x[k] != y[k])
+              return lane + ": device " + std::to_string(a) + " ran job " + std::to_string(x[k]) + " where device " +
+                     std::to_string(b) + " ran job " + std::to_string(y[k]) + " (shared job " + std::to_string(k) + ")";
+      }
+  }
+  return {};
+}
+
 // Many jobs of two tensor-parallel plans in flight at once (their
 // collectives interleave on every member's communication queue): all equal
-// the reference, nothing hangs.
+// the reference, nothing hangs, and every queue of every device took the
+// two plans' jobs in one order (one issue order across plans: each plan
+// numbering its own jobs let NCCL pair one plan's all-reduce with the
+// other's on real GPUs).
 TEST_P(TensorParallelRun, ManyConcurrentJobsEqualTheReference) {
-  auto rt = ag::runtime::create(std::string(GetParam()) + ":4", opts()).value();
+  ag::runtime_options o = opts();
+  o.trace = true;
+  auto rt = ag::runtime::create(std::string(GetParam()) + ":4", o).value();
   using ag::models::model_variant;
   auto cfg_a = tiny(model_variant::llama, 8, 2);
   auto cfg_b = tiny(model_variant::gpt2, 4);
@@ -232,6 +268,13 @@ TEST_P(TensorParallelRun, ManyConcurrentJobsEqualTheReference) {
     jobs.push_back({rt->submit(a ? pa : pb, std::move(in)), std::move(want), "job " + std::to_string(k)});
   }
   for (auto& pj : jobs) expect_outputs(pj.j, pj.want, 1e-4, 1e-3, pj.what);
+  const ag::trace t = rt->take_trace();
+  ASSERT_EQ(t.dropped_records, 0u);
+  std::set<uint64_t> traced;
+  for (const auto& r : t.records)
+    if (r.lane == "comm") traced.insert(r.job);
+  EXPECT_EQ(traced.size(), jobs.size()) << "every job's collectives ran on the communication queues";
+  EXPECT_EQ(lane_orders_disagree(t, 4, {"comm", "compute0"}), "");
 }
 
 // Sequence parallelism on (reduce-scatter and all-gather by rows, norms and

@@ -275,6 +275,57 @@ TEST_P(CudaTensorParallel, PipelineByTensorTwoByTwoEqualsTheReference) {
   run_transformer(**rt, cfg, tp(2, 2), l, 6, "llama 2 x 2 on " + spec_of(l, 4));
 }
 
+// Jobs of two plans in flight at once on the same two members (GPT-2 and
+// LLaMA at degree 2, 16 jobs alternating): their collectives share each
+// member's streams, communicator and in-stream inboxes, so every member
+// must take the two plans' jobs in one order (one issue order across plans,
+// actors/collective_order.hpp). Each plan numbering its own jobs, as until
+// session 89, let one member take plan A's job before plan B's and the
+// other the reverse: NCCL pairs their all-reduces, and parts waiting for a
+// peer in front of the part that peer waits for hold both streams.
+TEST_P(CudaTensorParallel, TwoPlansWithJobsInFlightOnTheSameMembersEqualTheReference) {
+  const tp_layout& l = GetParam();
+  AG_REQUIRE_LAYOUT(l);
+  auto rt = runtime::create(spec_of(l, 2), options_of(l));
+  ASSERT_TRUE(rt.has_value()) << rt.err().to_string();
+  struct planned {
+    models::transformer_config cfg;
+    std::shared_ptr<const graph> g;
+    std::shared_ptr<const plan> p;
+  };
+  std::vector<planned> plans;
+  for (auto v : {models::model_variant::gpt2, models::model_variant::llama}) {
+    planned pl{tiny(v, 2), nullptr, nullptr};
+    pl.g = std::make_shared<const graph>(models::build_transformer(pl.cfg).value());
+    plan_options po = tp(2);
+    po.in_stream_collectives = l.in_stream ? in_stream_mode::on : in_stream_mode::off;
+    if (l.sequence_parallel) po.sequence_parallel = sequence_parallel_mode::on;
+    auto p = (*rt)->compile(pl.g, po);
+    ASSERT_TRUE(p.has_value()) << p.err().to_string();
+    expect_paths(**p, l);
+    pl.p = *p;
+    plans.push_back(std::move(pl));
+  }
+  std::vector<job> js;
+  std::vector<std::vector<host_tensor>> ins;
+  for (int k = 0; k < 16; ++k) {
+    const planned& pl = plans[static_cast<std::size_t>(k % 2)];
+    ins.push_back(models::transformer_inputs(pl.cfg, 700 + static_cast<uint64_t>(k)));
+    js.push_back((*rt)->submit(pl.p, ins.back()));
+  }
+  for (int k = 0; k < 16; ++k) {
+    const planned& pl = plans[static_cast<std::size_t>(k % 2)];
+    const job& j = js[static_cast<std::size_t>(k)];
+    ASSERT_TRUE(j.wait_for(120s)) << "job " << k << " on " << spec_of(l, 2) << " did not finish in 120 s";
+    const auto& r = j.wait();
+    ASSERT_TRUE(r.has_value()) << "job " << k << " on " << spec_of(l, 2) << ": " << r.err().to_string();
+    auto want = evaluate_reference(*pl.g, ins[static_cast<std::size_t>(k)]).value();
+    auto c = compare(r->front(), want.front(), 2e-4, 2e-3);
+    EXPECT_TRUE(c.ok) << "job " << k << " (" << models::to_string(pl.cfg.variant) << ") on " << spec_of(l, 2) << ": "
+                      << c.message;
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Layouts, CudaTensorParallel,
                          ::testing::Values(logical, oneshot, nccl, instream, logical_instream, logical_sp, nccl_sp,
                                            logical_ce, copy_engine),
