@@ -835,9 +835,9 @@ void check_stalls(exec_actor_t* self) {
   if (watching) arm_stall_check(self);  // idle actors get no timer
 }
 
-/// Ordered queue `queue` of plan `key`: job number `seq` is done here
-/// (issued all its steps, or was cancelled); the next parked job in the
-/// agreed order gets its turn.
+/// Issue line `line` (a stream lane of this actor): the job holding `turn`
+/// is done here (issued all its steps, or was cancelled); the next parked
+/// job in the agreed order gets its turn.
 void finish_turn(exec_actor_t* self, int line, uint64_t turn) {
   auto& st = self->state;
   auto& order = st.order[line];
