@@ -158,6 +158,8 @@ bool order_log_on() {
   }();
   return on;
 }
+/// `seq`: the job's turn on the line where it waits or finishes its turn,
+/// else its runtime-wide draw number (job_context::collective_seq).
 void order_log(const exec_state& st, const char* what, uint64_t job, uint64_t seq, long long extra) {
   std::fprintf(stderr, "[order %lld us] %s %s: job %llu seq %llu %s %lld\n",
                static_cast<long long>(gpu::host_clock_ns() / 1000), st.dev->spec().name.c_str(), to_string(st.kind),
@@ -860,7 +862,7 @@ bool my_turn(exec_state& st, exec_job& e) {
   auto& order = st.order[e.ctx->lane_of(e.queue)];
   const bool mine = order.may_issue(e.ctx->turn_on(e.queue), job_key{e.ctx->id(), e.queue});
   if (!mine && order_log_on())
-    order_log(st, "waits for its turn at step", e.ctx->id(), e.ctx->collective_seq, e.next);
+    order_log(st, "waits for its turn at step", e.ctx->id(), e.ctx->turn_on(e.queue), e.next);
   return mine;
 }
 

@@ -109,17 +109,23 @@ TEST(CollectiveOrder, WithoutTheOrderCrossedReadyOrdersMispairCollectives) {
   EXPECT_EQ(rendezvous_mismatch(ms), "call 0: member 0 issued job 1 pos 0, member 1 job 0 pos 0");
 }
 
+/// Hands member `m` the operands of positions 0..positions-1 of every job
+/// that `has(job)` accepts, in a random order drawn from `r`.
+template <class Member, class Has>
+void deliver_shuffled(Member& m, int jobs, int positions, ag::rng& r, Has has) {
+  std::vector<issued_t> events;
+  for (int j = 0; j < jobs; ++j)
+    if (has(j))
+      for (int p = 0; p < positions; ++p) events.emplace_back(j, p);
+  for (std::size_t i = events.size(); i > 1; --i) std::swap(events[i - 1], events[r.next() % i]);
+  for (auto [j, p] : events) m.operand_ready(j, p);
+}
+
 /// Every member gets every (job, position) operand in its own random order.
 std::vector<member> run_random(uint64_t seed, int members, int jobs, int positions, bool enforce) {
   std::vector<member> ms(static_cast<std::size_t>(members), member(jobs, positions, enforce));
   ag::rng r(seed);
-  for (auto& m : ms) {
-    std::vector<issued_t> events;
-    for (int j = 0; j < jobs; ++j)
-      for (int p = 0; p < positions; ++p) events.emplace_back(j, p);
-    for (std::size_t i = events.size(); i > 1; --i) std::swap(events[i - 1], events[r.next() % i]);
-    for (auto [j, p] : events) m.operand_ready(j, p);
-  }
+  for (auto& m : ms) deliver_shuffled(m, jobs, positions, r, [](int) { return true; });
   return ms;
 }
 
@@ -267,12 +273,8 @@ cross_plan_run run_cross_plan(uint64_t seed, int jobs_count, int positions, bool
   for (int m = 0; m < 3; ++m) run.members.push_back(line_member{m, positions, per_plan, &run.jobs, {}, {}, {}, {}});
   for (auto& m : run.members) {
     m.jobs = &run.jobs;
-    std::vector<issued_t> events;
-    for (int j = 0; j < jobs_count; ++j)
-      if (uses(run.jobs[static_cast<std::size_t>(j)], m.id))
-        for (int p = 0; p < positions; ++p) events.emplace_back(j, p);
-    for (std::size_t i = events.size(); i > 1; --i) std::swap(events[i - 1], events[r.next() % i]);
-    for (auto [j, p] : events) m.operand_ready(j, p);
+    deliver_shuffled(m, jobs_count, positions, r,
+                     [&](int j) { return uses(run.jobs[static_cast<std::size_t>(j)], m.id); });
   }
   return run;
 }
