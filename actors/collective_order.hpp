@@ -95,6 +95,9 @@ class collective_issue_order {
   /// A cancelled job is no longer waiting for its turn.
   void forget(uint64_t seq) { parked_.erase(seq); }
 
+  /// Whether job number `seq` finished its turn here.
+  bool finished(uint64_t seq) const { return seq < next_ || done_ahead_.count(seq) != 0; }
+
   /// The job number whose turn it is.
   uint64_t next() const noexcept { return next_; }
   /// How many jobs wait for their turn.

@@ -215,8 +215,12 @@ std::size_t prepare_run(job_context& ctx) {
   const auto first = used.empty() ? std::size_t{0} : static_cast<std::size_t>(used.front());
   const int lane = used.empty() ? 0 : std::max(0, lp.memory[first]->lane_of(ctx.arenas[first]));  // -1: one lane
   ctx.job_lane = lane;
-  if (!lp.order_lines.empty())
+  if (!lp.order_lines.empty()) {
     ctx.collective_seq = lp.core->issue_order().draw(lp.order_lines[static_cast<std::size_t>(lane)], ctx.turns);
+    ctx.generations.resize(lp.memory.size());
+    for (std::size_t d = 0; d < lp.memory.size(); ++d)
+      ctx.generations[d] = lp.memory[d] ? lp.memory[d]->dev->generation() : 0;
+  }
   // Inputs whose copies replay inside graphs go to the arenas' host windows.
   for (step_id s : prog.window_inputs()) {
     const lowered_step& ls = prog.steps()[static_cast<std::size_t>(s)];

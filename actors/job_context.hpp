@@ -89,6 +89,10 @@ struct job_context final : msg::job_ref, std::enable_shared_from_this<job_contex
   /// drawn with collective_seq, empty where the plan orders nothing. Read by
   /// the queues' actors after a message.
   std::vector<uint64_t> turns;
+  /// Each plan device's gpu::device::generation() when it drew its turns
+  /// (by plan device; empty where the plan orders nothing): its collective
+  /// parts belong to the communicators of then (collective_launch::generations).
+  std::vector<uint64_t> generations;
   /// The job lane it will probably run on (loaded_plan::draw_expected_lane,
   /// at submit; -1: one lane): its arena requests prefer that lane's arenas.
   int expected_lane = -1;

@@ -58,6 +58,20 @@ struct exec_job {
   // A launch failed here, or the job was cancelled: ignore its messages
   // until cancel_job (which always follows) forgets it.
   bool dropped = false;
+  // The step at `next` was tried and its launch failed (it counts as issued).
+  bool failed = false;
+  // The job was cancelled or failed and this queue still owes the paired
+  // collective parts it had not issued (issue_owed_parts): it issues them,
+  // with no waits, in its turn on the line, then ends its turn.
+  bool owing = false;
+};
+
+/// A job being cancelled on this actor while some of its queues here still
+/// owe paired parts: its cancel_acks wait for them.
+struct owed_cancel {
+  msg::job_ref_ptr ref;
+  int owing_queues = 0;  // queues of the job here still owing parts
+  int acks = 0;          // cancel_job messages answered once they are issued
 };
 
 /// Graph replay of one segment (launch_program.hpp's lowered_step::replay_*)
@@ -134,6 +148,8 @@ struct exec_state {
   // An actor may run several lines (a device's compute lanes); each counts
   // its own turns. Kept across plans: a line's turns outlive any one plan.
   std::unordered_map<int, collective_issue_order<job_key>> order;
+  // By job id: cancelled jobs whose queues here still owe paired parts.
+  std::unordered_map<uint64_t, owed_cancel> owed;
   std::vector<std::vector<step_id>> out;  // ready batch per consumer queue
   std::vector<int> touched;
   std::vector<int> local;  // consumer queues of the job run by this actor itself (advance)
@@ -357,6 +373,7 @@ gpu::collective_launch collective_part(const job_context& ctx, const lowered_ste
     a.data = ctx.base(c.inputs[k].where, dev) + c.inputs[k].byte_offset;
     l.inputs.push_back(std::move(a));
     l.members.push_back(ctx.lp->memory[static_cast<std::size_t>(dev)]->dev.get());
+    if (!ctx.generations.empty()) l.generations.push_back(ctx.generations[static_cast<std::size_t>(dev)]);
   }
   return l;
 }
@@ -731,6 +748,8 @@ exec_job& entry_for(exec_state& st, const msg::job_ref_ptr& ref, int queue) {
   e.queue = queue;
   e.next = 0;
   e.dropped = false;
+  e.failed = false;
+  e.owing = false;
   const launch_queue& q = ctx.program().queues()[static_cast<std::size_t>(queue)];
   e.waiting.assign(q.remote_dep_counts.begin(), q.remote_dep_counts.end());  // keeps capacity
   e.got_run = !q.starts_itself;
@@ -866,11 +885,75 @@ bool my_turn(exec_state& st, exec_job& e) {
   return mine;
 }
 
+/// Whether `ls` is a collective part that meets the other members' parts by
+/// its place in their issue order (NCCL's kernels; the host backends check
+/// the same rule, gpu/host/collective_sequence.hpp): every part on the
+/// communication queue. In-stream parts and a decode-step record's absorbed
+/// parts meet under the job's tag instead (abort_collectives stops them).
+bool paired_part(const lowered_step& ls) {
+  return ls.kind == step_kind::collective && !in_stream_step(ls) && ls.absorbed_into < 0;
+}
+
+/// Answers `acks` cancel_job messages of `ctx` once the work launched on
+/// this actor's streams so far has finished (the job's memory may go then).
+void ack_when_drained(exec_actor_t* self, const job_context& ctx, int acks) {
+  auto& st = self->state;
+  std::vector<gpu::stream*> live;
+  for (auto& l : st.streams)
+    if (l.stream) live.push_back(l.stream.get());
+  if (live.empty()) {
+    for (int k = 0; k < acks; ++k) self->send(ctx.job_actor, msg::cancel_ack{ctx.id()});  // nothing was launched here
+    return;
+  }
+  // Launched work of this job is before this point of every stream.
+  auto left = std::make_shared<std::atomic<int>>(static_cast<int>(live.size()));
+  for (gpu::stream* s : live)
+    st.dev->notify(*s, [left, acks, who = ctx.job_actor, job = ctx.id()](const error&) {
+      if (left->fetch_sub(1, std::memory_order_acq_rel) == 1)
+        for (int k = 0; k < acks; ++k) caf::anon_send(who, msg::cancel_ack{job});
+    });
+}
+
+/// A cancelled or failed job's queue `e` still owes paired parts (a member
+/// may have issued its part of them already, and NCCL pairs by order alone:
+/// a part left out would pair that member's with the next job's, or wait
+/// for ever). In the job's turn on the line it issues each of them with no
+/// waits (its operands' producers may never run: the sums are void, the job
+/// has failed), then ends its turn; the job's cancel_acks here go once every
+/// owing queue is done and those parts finished. Parked until its turn.
+void issue_owed_parts(exec_actor_t* self, exec_job& e) {
+  auto& st = self->state;
+  if (!my_turn(st, e)) return;  // finish_turn resumes it
+  const msg::job_ref_ptr ref = e.ref;  // keeps the job alive past forget_job
+  const job_context& ctx = *e.ctx;
+  const launch_program& prog = ctx.program();
+  const auto& mine = prog.queues()[static_cast<std::size_t>(e.queue)].steps;
+  const int lane = ctx.lane_of(e.queue);
+  const error* no_stream = nullptr;
+  gpu::stream* stream = stream_of(st, lane, &no_stream);
+  for (; stream && e.next < static_cast<int>(mine.size()); ++e.next) {
+    const lowered_step& ls = prog.steps()[static_cast<std::size_t>(mine[static_cast<std::size_t>(e.next)])];
+    if (!paired_part(ls)) continue;
+    if (order_log_on()) order_log(st, "issues an owed part, step", ctx.id(), ctx.turn_on(e.queue), ls.id);
+    // The job failed already: an error here (a dead member) changes nothing.
+    (void)st.dev->collective(*stream, collective_part(ctx, ls, st.device));
+  }
+  const int queue = e.queue;
+  forget_job(st, job_key{ctx.id(), queue});
+  if (auto it = st.owed.find(ctx.id()); it != st.owed.end() && --it->second.owing_queues == 0) {
+    const int acks = it->second.acks;
+    st.owed.erase(it);
+    ack_when_drained(self, ctx, acks);
+  }
+  finish_turn(self, lane, ctx.turn_on(queue));
+}
+
 /// Launches every step of `e` whose remote deps all arrived, in order; then
 /// sends the batched ready messages. A consumer queue that this actor runs
 /// itself (another compute lane of the device) gets no message: its waiting
 /// counts drop here and it advances in the same turn (`st.local`).
 void advance_one(exec_actor_t* self, exec_job& e, const msg::job_ref_ptr& ref) {
+  if (e.owing) return issue_owed_parts(self, e);
   auto& st = self->state;
   const job_context& ctx = *e.ctx;
   const launch_program& prog = ctx.program();
@@ -890,6 +973,7 @@ void advance_one(exec_actor_t* self, exec_job& e, const msg::job_ref_ptr& ref) {
       if (!launched) {
         self->send(ctx.job_actor, msg::step_failed{ctx.id(), s, launched.err()});
         e.dropped = true;
+        e.failed = true;
         break;
       }
       e.next += *launched;
@@ -898,6 +982,7 @@ void advance_one(exec_actor_t* self, exec_job& e, const msg::job_ref_ptr& ref) {
     if (error err = launch_step(st, e, s)) {
       self->send(ctx.job_actor, msg::step_failed{ctx.id(), s, std::move(err)});
       e.dropped = true;
+      e.failed = true;
       break;
     }
     if (st.stall.factor > 0) watch_step(self, ctx, s);
@@ -1020,36 +1105,60 @@ caf::behavior exec_actor_fn(exec_actor_t* self, gpu::device_ptr dev, step_kind k
       },
       [self](const msg::cancel_job& m) {
         // One cancel_job per queue of the job (the job counts one ack per
-        // queue): the first forgets all of the job's queues here.
+        // queue): the first settles all of the job's queues here.
         auto& st = self->state;
         const job_context& ctx = job_of(*m.job);
-        for (auto it = st.jobs.begin(); it != st.jobs.end();) {
-          const job_key k = it->first;
-          ++it;
-          if (k.job == ctx.id()) forget_job(st, k);
-        }
         const launch_program& prog = ctx.program();
         if (prog.has_in_stream_parts()) st.dev->abort_collectives(ctx.id());  // peers' parts stop waiting here
-        // The job's turn ends on every ordered queue this actor runs.
-        for (std::size_t q = 0; q < prog.queues().size(); ++q) {
-          if (!prog.queues()[q].in_job_order || ctx.queue_actors()[q].address() != self->address()) continue;
-          const int line = ctx.lane_of(static_cast<int>(q));
-          st.order[line].forget(ctx.turn_on(static_cast<int>(q)));
-          finish_turn(self, line, ctx.turn_on(static_cast<int>(q)));
-        }
-        std::vector<gpu::stream*> live;
-        for (auto& l : st.streams)
-          if (l.stream) live.push_back(l.stream.get());
-        if (live.empty()) {
-          self->send(ctx.job_actor, msg::cancel_ack{ctx.id()});  // nothing was launched here
+        if (auto it = st.owed.find(ctx.id()); it != st.owed.end()) {
+          ++it->second.acks;  // answered with the others once the owed parts are issued
           return;
         }
-        // Launched work of this job is before this point of every stream.
-        auto left = std::make_shared<std::atomic<int>>(static_cast<int>(live.size()));
-        for (gpu::stream* s : live)
-          st.dev->notify(*s, [left, who = ctx.job_actor, job = ctx.id()](const error&) {
-            if (left->fetch_sub(1, std::memory_order_acq_rel) == 1) caf::anon_send(who, msg::cancel_ack{job});
-          });
+        std::vector<int> owing;
+        for (std::size_t qi = 0; qi < prog.queues().size(); ++qi) {
+          const int q = static_cast<int>(qi);
+          if (ctx.queue_actors()[qi].address() != self->address()) continue;
+          const job_key k{ctx.id(), q};
+          auto it = st.jobs.find(k);
+          if (!prog.queues()[qi].in_job_order) {
+            forget_job(st, k);
+            continue;
+          }
+          // A queue whose turn ended issued all its steps (or already paid
+          // what it owed); one that has not owes the paired parts from its
+          // next step on (from its first where no step came here yet).
+          const int line = ctx.lane_of(q);
+          if (st.order[line].finished(ctx.turn_on(q))) {
+            forget_job(st, k);
+            continue;
+          }
+          int from = 0;
+          if (it != st.jobs.end()) from = it->second.next + (it->second.failed ? 1 : 0);
+          const auto& mine = prog.queues()[qi].steps;
+          const bool owes = std::any_of(mine.begin() + std::min<std::ptrdiff_t>(from, static_cast<std::ptrdiff_t>(mine.size())),
+                                        mine.end(), [&](step_id s) { return paired_part(prog.steps()[static_cast<std::size_t>(s)]); });
+          if (!owes) {
+            forget_job(st, k);
+            // The job's turn ends here.
+            st.order[line].forget(ctx.turn_on(q));
+            finish_turn(self, line, ctx.turn_on(q));
+            continue;
+          }
+          exec_job& e = entry_for(st, m.job, q);
+          e.next = from;
+          e.dropped = false;
+          e.owing = true;
+          owing.push_back(q);
+        }
+        if (owing.empty()) return ack_when_drained(self, ctx, 1);
+        st.owed[ctx.id()] = owed_cancel{m.job, static_cast<int>(owing.size()), 1};
+        // Each issues now if its turn has come, else when it comes (the
+        // entry may be gone by the time a later one is looked at: an
+        // earlier one's finish_turn can resume it).
+        for (int q : owing) {
+          auto it = st.jobs.find(job_key{ctx.id(), q});
+          if (it != st.jobs.end() && it->second.owing) advance(self, it->second);
+        }
       },
       [self](const msg::unload_plan& m) {
         auto& sc = self->state.scratch;

@@ -21,8 +21,12 @@
 ///    handler run). It never waits for the device; only completion steps
 ///    (sinks) ask the device for a host notification (step_done). A device
 ///    call that fails fails the job (step_failed, naming device, step, op);
-///  - cancel_job{job}: drop the job's unlaunched steps; answer cancel_ack
-///    once the work already launched has finished (device.notify);
+///  - cancel_job{job}: drop the job's unlaunched steps, but for the paired
+///    collective parts its ordered queues here had not issued yet (NCCL
+///    pairs a communicator's parts by their place in each member's order
+///    alone): those are issued in the job's turn on their line, with no
+///    waits, before the line moves on; answer cancel_ack once they are and
+///    the work launched here has finished (device.notify);
 ///  - unload_plan{key}: drop this actor's launch records of that plan.
 ///
 ///  - stall watch (runtime_options::stall_factor > 0): every launched step

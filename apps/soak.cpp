@@ -2,7 +2,7 @@
 // and proves that every job ends exactly once, correctly or with an error that
 // names the device and the fault (issue 13).
 //
-// Jobs of four plan shapes run in one runtime at a time, each plan on its own
+// Jobs of five plan shapes run in one runtime at a time, each plan on its own
 // devices (pins), so a dead device fails only the plans that touch it:
 //   pipeline  a matmul + gelu chain over the first half of the devices (one
 //             stage per device),
@@ -12,7 +12,10 @@
 //   tensor-parallel  column- then row-parallel matmul over devices 0 and 1
 //             (tensor_parallel = 2: an all-reduce per job), on two job lanes
 //             (plan_options::job_lanes: jobs spread over copies of the
-//             devices' queues by the arena they hold).
+//             devices' queues by the arena they hold),
+//   tensor-parallel-2x2  two such blocks at tensor degree 2 on 2 stages
+//             (devices 0-3, one job lane): its collectives share devices 0
+//             and 1 with the plan above (where there are 4 devices).
 // Faults (on by default, sim devices): random op errors, stalls (ops taking
 // stall_seconds longer), devices dying after a drawn number of ops; random
 // cancels (at once after submit), deadlines (submit_options::deadline, 1 us
@@ -200,6 +203,23 @@ ag::expected<ag::graph> tensor_parallel_graph() {
   return std::move(b).build();
 }
 
+// Two column- then row-parallel blocks with a residual add between them:
+// two all-reduces per job, split over two stages when compiled with
+// pipeline_stages = 2.
+ag::expected<ag::graph> tensor_parallel_stages_graph() {
+  ag::graph_builder b;
+  auto x = b.input("x", ag::dtype::f32, {8, 32});
+  for (int k = 0; k < 2; ++k) {
+    const std::string n = std::to_string(k);
+    auto up = b.matmul(x, b.weight("up" + n, weight_data(32, 64, 310 + k)), false, false, "up_proj" + n);
+    auto a = b.gelu(up, ag::gelu_mode::tanh, "act" + n);
+    auto y = b.matmul(a, b.weight("down" + n, weight_data(64, 32, 320 + k)), false, false, "down_proj" + n);
+    x = b.add(x, y, "residual" + n);
+  }
+  b.output(x);
+  return std::move(b).build();
+}
+
 ag::expected<std::vector<soak_plan>> make_plans(int devices, uint64_t seed) {
   // Disjoint device sets where there are enough devices.
   const int pipe_n = std::max(1, devices / 2);
@@ -236,6 +256,17 @@ ag::expected<std::vector<soak_plan>> make_plans(int devices, uint64_t seed) {
     tp.pipeline_stages = 1;
     tp.job_lanes = 2;
     if (auto e = add("tensor-parallel", tensor_parallel_graph(), tp); !e.ok()) return e;
+  }
+  if (devices >= 4) {
+    // Tensor degree 2 on 2 stages (devices 0-3), one job lane: its jobs share
+    // devices 0 and 1 with the plan above, so the two plans' collectives meet
+    // on the same streams and communicators and must issue in one order on
+    // every member (the runtime's issue lines).
+    ag::plan_options tp2;
+    tp2.tensor_parallel = 2;
+    tp2.pipeline_stages = 2;
+    tp2.job_lanes = 1;
+    if (auto e = add("tensor-parallel-2x2", tensor_parallel_stages_graph(), tp2); !e.ok()) return e;
   }
   return plans;
 }

@@ -286,8 +286,12 @@ class device;
 /// member's communication stream (step_kind::collective) after waits for
 /// every member's operand producer, like any step. The runtime issues the
 /// parts of one communicator (the members of a tensor-parallel group) in the
-/// same order on every member (actors/collective_order.hpp), so a backend
-/// whose parts meet (NCCL) cannot deadlock; the parts complete independently
+/// same order on every member (actors/collective_order.hpp), every part of
+/// a job that started, also once it was cancelled or failed (then with no
+/// waits: its sums are void), so a backend whose parts meet by their place
+/// in that order (NCCL) never pairs two jobs' parts nor waits for a part
+/// that will not come; the host backends check it at every part
+/// (gpu/host/collective_sequence.hpp). The parts complete independently
 /// (each fires its own events), and a dead member makes the others' parts
 /// fail or finish, never wait forever.
 struct collective_launch {
@@ -313,6 +317,12 @@ struct collective_launch {
   /// (launch_program::job_lanes), so that two lanes' collectives never wait
   /// in one communicator's order. Only NCCL parts use it.
   int communicator = 0;
+  /// Each member's device::generation() when the part's job started, rank
+  /// order (empty: the current ones; tests that drive devices themselves).
+  /// A member revived since then leaves the part without its communicator:
+  /// the host backends refuse it (errc::device_failed), so that a job of
+  /// before the revival never pairs with one of after.
+  std::vector<uint64_t> generations;
 };
 
 /// Faults a simulated device can be told to produce (sim backend; other
@@ -643,6 +653,12 @@ class device {
   /// saying so (a sticky CUDA error ends the device's context for the
   /// process; the process itself carries on).
   virtual error reset();
+  /// How many times reset() brought this device back (host devices; 0 on
+  /// backends that cannot revive). A collective part belongs to the
+  /// communicator of its members' generations when its job started
+  /// (collective_launch::generations): a revived member is a new
+  /// communicator, as NCCL's would be after the abort its death caused.
+  virtual uint64_t generation() const noexcept { return 0; }
   /// Wall seconds per second of the cost model's estimates on this device
   /// (sim: sim_options::time_scale; real devices 1). The runtime's stall
   /// limit scales estimates by it.

@@ -173,8 +173,9 @@ struct ready {
   std::array<step_id, max_steps> steps{};
 };
 
-/// Drop the job's steps not yet launched; answer cancel_ack once the
-/// launched ones finished on the device.
+/// Drop the job's steps not yet launched (but issue, in the job's turn, the
+/// paired collective parts its queues there still owe: stream_actor.hpp);
+/// answer cancel_ack once the launched ones finished on the device.
 struct cancel_job {
   job_ref_ptr job;
 };

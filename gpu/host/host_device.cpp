@@ -1,5 +1,7 @@
 #include "gpu/host/host_device.hpp"
 
+#include "gpu/host/collective_sequence.hpp"
+
 #include <sys/mman.h>
 
 #include <algorithm>
@@ -409,13 +411,43 @@ error host_device::collective(stream& s, const collective_launch& c) {
       return std::move(e).concerning(index_, -1, c.op->name);
     }
   }
+  // NCCL's pairing rule (collective_sequence.hpp): this member's part takes
+  // the next position of its communicator; another collective there is an
+  // error now, or when the part runs if a later member's part breaks it.
+  // The communicator is the members as they were when the job started
+  // (collective_launch::generations): one revived since is not in it.
+  collective_sequence::identity id{c.cancelled.get(), {}};
+  std::vector<collective_sequence::member> group;
+  id.operands.reserve(c.inputs.size());
+  for (const tensor_arg& in : c.inputs) id.operands.push_back(in.data);
+  group.reserve(c.members.size());
+  for (std::size_t k = 0; k < c.members.size(); ++k) {
+    const auto* hm = static_cast<const host_device*>(c.members[k]);
+    const uint64_t now = hm->epoch();
+    const uint64_t then = k < c.generations.size() ? c.generations[k] : now;
+    if (then != now)
+      return error(errc::device_failed,
+                   "device '" + spec_.name + "': " + label + ": member '" + hm->spec_.name +
+                       "' was reset since this job started: the members' communicator of then is gone",
+                   hm->index_, -1, c.op->name);
+    group.push_back({hm->instance_id_, then});
+  }
+  auto ticket = collective_sequence::instance().issue(group, c.communicator, c.rank, std::move(id),
+                                                      "'" + c.op->name + "' of device '" + spec_.name + "'");
+  if (ticket.found) return std::move(ticket.found).concerning(index_, -1, c.op->name);
   host_stream& hs = as_host(s);
   const work_timing t = collective_timing(hs, c);
   const bool compute = cfg_.compute;
   const bool ring = compute && cfg_.ring_collectives && !hs.inline_mode() && c.algo == collective_algo::ring &&
                     c.members.size() > 1;
-  hs.submit([this, &hs, t, compute, ring, c, label, ep = epoch()](task_context& ctx) {
+  hs.submit([this, &hs, t, compute, ring, c, label, ep = epoch(), paired = std::move(ticket.position)](
+                task_context& ctx) {
     if (ctx.dropping || stale(ep)) return;
+    if (paired->broken.load(std::memory_order_acquire)) {
+      hs.set_error(error(errc::internal, "device '" + spec_.name + "': " + label + ": " + paired->why, index_, -1,
+                         c.op->name));
+      return;
+    }
     // A member that died may never have written its operand: fail the part
     // (its job is failed by the runtime too), do not read or wait for it.
     const auto dead_member = [&]() -> error {

@@ -17,6 +17,7 @@
 
 #include "gpu/device.hpp"
 #include "gpu/host/caching_host_memory.hpp"
+#include "gpu/host/collective_sequence.hpp"
 #include "gpu/host/host_stream.hpp"
 
 namespace ag::gpu::host {
@@ -168,6 +169,8 @@ class host_device : public device {
   /// and memory stay valid; a later death is reported to on_fault again.
   /// Any thread. Always succeeds on host devices.
   error reset() override;
+  /// reset() count.
+  uint64_t generation() const noexcept override { return epoch(); }
   /// Wall seconds per modelled second of this device's timing (time_scale).
   double time_scale() const noexcept override { return cfg_.timed ? cfg_.time_scale : 1.0; }
   /// Number of ops that ran (or were skipped by death) on this device's streams.
@@ -216,6 +219,8 @@ class host_device : public device {
   device_spec spec_;
   int index_;
   host_device_config cfg_;
+  /// Process-unique: names this device in collective_sequence's communicators.
+  const uint64_t instance_id_ = next_host_device_id();
 
   std::mutex mem_mutex_;
   std::unordered_map<void*, int64_t> allocations_;  // device memory -> bytes (as requested)

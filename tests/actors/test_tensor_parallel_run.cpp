@@ -9,11 +9,14 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <random>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "actors/actorgraph.hpp"
+#include "gpu/host/collective_sequence.hpp"
 #include "gpu/sim/sim_device.hpp"
 #include "graph/models/transformer.hpp"
 #include "graph/reference.hpp"
@@ -238,6 +241,25 @@ std::string lane_orders_disagree(const ag::trace& t, int devices, const std::vec
   return {};
 }
 
+/// Two plans over the same four devices: LLaMA (GQA) at degree 4, and GPT-2
+/// at degree 2 on 2 stages (`job_lanes_b` job lanes; 0: the default).
+struct two_plans {
+  ag::models::transformer_config cfg_a, cfg_b;
+  std::shared_ptr<const ag::graph> ga, gb;
+  std::shared_ptr<const ag::plan> pa, pb;
+};
+two_plans two_plans_over_four(ag::runtime& rt, int job_lanes_b = 0) {
+  using ag::models::model_variant;
+  two_plans t{tiny(model_variant::llama, 8, 2), tiny(model_variant::gpt2, 4), nullptr, nullptr, nullptr, nullptr};
+  t.ga = build(t.cfg_a);
+  t.gb = build(t.cfg_b);
+  t.pa = rt.compile(t.ga, tp(4)).value();
+  ag::plan_options ob = tp(2, {}, 2);
+  ob.job_lanes = job_lanes_b;
+  t.pb = rt.compile(t.gb, ob).value();
+  return t;
+}
+
 // Many jobs of two tensor-parallel plans in flight at once (their
 // collectives interleave on every member's communication queue): all equal
 // the reference, nothing hangs, and every queue of every device took the
@@ -248,12 +270,7 @@ TEST_P(TensorParallelRun, ManyConcurrentJobsEqualTheReference) {
   ag::runtime_options o = opts();
   o.trace = true;
   auto rt = ag::runtime::create(std::string(GetParam()) + ":4", o).value();
-  using ag::models::model_variant;
-  auto cfg_a = tiny(model_variant::llama, 8, 2);
-  auto cfg_b = tiny(model_variant::gpt2, 4);
-  auto ga = build(cfg_a), gb = build(cfg_b);
-  auto pa = rt->compile(ga, tp(4)).value();
-  auto pb = rt->compile(gb, tp(2, {}, 2)).value();
+  auto [cfg_a, cfg_b, ga, gb, pa, pb] = two_plans_over_four(*rt);
   struct pending {
     ag::job j;
     std::vector<host_tensor> want;
@@ -369,6 +386,97 @@ TEST_P(TensorParallelRun, JobLanesSpreadJobsInFlightOverQueueCopies) {
     expect_outputs(jobs[k], want[k], 1e-4, 1e-3, "job " + std::to_string(k) + " beside cancelled ones");
   }
   expect_jobs_equal_reference(*rt, p, *g, cfg, 500, 4, "after the cancellations");
+}
+
+// NCCL pairs a communicator's parts by their place in each member's issue
+// order, so a job cancelled, timed out or failed after one member issued its
+// part and before another did must still have that part issued everywhere:
+// left out, the first member's part pairs with the next job's (wrong sums
+// on the GPUs, or a wait for ever). The host backends check that rule at
+// every part (gpu/host/collective_sequence.hpp: a broken order fails the
+// part with errc::internal). Two plans over the same four devices (degree 4
+// LLaMA; GPT-2 at degree 2 on 2 stages, two job lanes), 120 jobs in flight,
+// a third cancelled at random points (right after submit or up to 300 us
+// later) and a tenth with a deadline of 20-200 us; on sim every op may also
+// fail (injected op errors). Every job ends: done and equal to the
+// reference, or cancelled, timed out or failed by an injected fault; never
+// an internal error. No part is left waiting for a member, and the runtime
+// serves the next jobs of both plans.
+TEST_P(TensorParallelRun, CancelledAndFailedJobsLeaveEveryCommunicatorPaired) {
+  const bool sim = std::string(GetParam()) == "sim";
+  ag::runtime_options o = opts();
+  if (sim) o.backend.sim.faults.op_error_rate = 0.002;
+  auto rt = ag::runtime::create(std::string(GetParam()) + ":4", o).value();
+  auto [cfg_a, cfg_b, ga, gb, pa, pb] = two_plans_over_four(*rt, 2);
+  const std::size_t open_before = ag::gpu::host::collective_sequence::instance().open_positions();
+  std::mt19937_64 rng(7);
+  struct pending {
+    ag::job j;
+    std::vector<host_tensor> want;
+    bool cancelled = false, deadline = false;
+  };
+  std::vector<pending> jobs;
+  int done = 0, cancelled = 0, timed_out = 0, faults = 0;
+  for (uint64_t k = 0; k < 120; ++k) {
+    const bool a = k % 2 == 0;
+    const auto& cfg = a ? cfg_a : cfg_b;
+    auto in = ag::models::transformer_inputs(cfg, 700 + k);
+    pending pj;
+    pj.want = ag::evaluate_reference(a ? *ga : *gb, in).value();
+    ag::submit_options so;
+    pj.deadline = rng() % 10 == 0;
+    if (pj.deadline) so.deadline = std::chrono::microseconds(20 + rng() % 180);
+    pj.j = rt->submit(a ? pa : pb, std::move(in), so);
+    pj.cancelled = !pj.deadline && rng() % 3 == 0;
+    if (pj.cancelled) {
+      if (rng() % 2) std::this_thread::sleep_for(std::chrono::microseconds(rng() % 300));
+      pj.j.cancel();
+    }
+    jobs.push_back(std::move(pj));
+  }
+  for (std::size_t k = 0; k < jobs.size(); ++k) {
+    const std::string what = "job " + std::to_string(k);
+    ASSERT_TRUE(jobs[k].j.wait_for(60s)) << what << " hung";
+    const auto& r = jobs[k].j.wait();
+    if (r.has_value()) {
+      ++done;
+      expect_outputs(jobs[k].j, jobs[k].want, 1e-4, 1e-3, what);
+      continue;
+    }
+    const ag::error& e = r.err();
+    ASSERT_NE(e.code, ag::errc::internal) << what << ": " << e.to_string();
+    if (e.code == ag::errc::cancelled) {
+      EXPECT_TRUE(jobs[k].cancelled) << what << ": " << e.to_string();
+      ++cancelled;
+    } else if (e.code == ag::errc::timeout) {
+      EXPECT_TRUE(jobs[k].deadline) << what << ": " << e.to_string();
+      ++timed_out;
+    } else {
+      EXPECT_TRUE(sim) << what << ": " << e.to_string();
+      EXPECT_NE(e.message.find("injected fault"), std::string::npos) << what << ": " << e.to_string();
+      ++faults;
+    }
+  }
+  EXPECT_GT(done, 30);
+  EXPECT_GT(cancelled + timed_out, 10) << "too few jobs were cancelled or timed out to show anything";
+  rt->wait_idle();
+  EXPECT_EQ(ag::gpu::host::collective_sequence::instance().open_positions(), open_before)
+      << "a member's part waits for a part its peers never issued";
+  std::cerr << GetParam() << ": " << done << " done, " << cancelled << " cancelled, " << timed_out << " timed out, "
+            << faults << " failed by injected faults\n";
+  // Both plans serve on (the sim's faults stay on: a job may fail by one).
+  for (uint64_t k = 0; k < 6; ++k) {
+    const bool a = k % 2 == 0;
+    auto in = ag::models::transformer_inputs(a ? cfg_a : cfg_b, 900 + k);
+    auto want = ag::evaluate_reference(a ? *ga : *gb, in).value();
+    ag::job j = rt->submit(a ? pa : pb, std::move(in));
+    ASSERT_TRUE(j.wait_for(60s));
+    if (!j.wait().has_value()) {
+      EXPECT_NE(j.wait().err().message.find("injected fault"), std::string::npos) << j.wait().err().to_string();
+      continue;
+    }
+    expect_outputs(j, want, 1e-4, 1e-3, "after: job " + std::to_string(k));
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, TensorParallelRun, ::testing::Values("sim", "cpu"));

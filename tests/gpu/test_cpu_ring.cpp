@@ -16,6 +16,7 @@
 
 #include "gpu/cpu/ring.hpp"
 #include "gpu/device.hpp"
+#include "gpu/host/collective_sequence.hpp"
 #include "gpu/host/host_device.hpp"
 #include "graph/reference.hpp"
 #include "../graph/tp_random_graph.hpp"
@@ -36,6 +37,8 @@ struct ring_fixture {
   std::vector<void*> operands, outs;
   std::vector<host_tensor> in;
   std::shared_ptr<std::atomic<bool>> cancelled = std::make_shared<std::atomic<bool>>(false);
+  collective_algo algo = collective_algo::ring;
+  std::vector<uint64_t> generations;  // collective_launch::generations (empty: the current ones)
 
   ring_fixture(int members, int64_t r, int64_t c) : n(members), rows(r), cols(c) {
     g = test::user_collectives(dtype::f32, n, rows, cols);
@@ -64,15 +67,16 @@ struct ring_fixture {
     return g->nodes().front();
   }
 
-  /// Launches rank k's part of the all_reduce as a ring.
+  /// Launches rank k's part of the all_reduce (a ring unless `algo` says otherwise).
   error launch(int k) {
     const node& op = part("sum" + std::to_string(k));
     gpu::collective_launch l;
     l.op = &op;
     l.rank = k;
-    l.algo = collective_algo::ring;
+    l.algo = algo;
     l.bytes = rows * cols * 4;
     l.cancelled = cancelled;
+    l.generations = generations;
     l.out = {outs[static_cast<std::size_t>(k)], dtype::f32, op.dims, contiguous_strides(op.dims)};
     for (int j = 0; j < n; ++j) {
       l.inputs.push_back({operands[static_cast<std::size_t>(j)], dtype::f32, shape{rows, cols},
@@ -140,14 +144,72 @@ TEST(CpuRingDevice, APartWhoseMemberDiesFailsNamingItInsteadOfWaiting) {
 
 TEST(CpuRingDevice, ACancelledJobsPartStopsWaitingForAMemberThatNeverComes) {
   ring_fixture fx(2, 2, 16);
-  ASSERT_FALSE(fx.launch(0));  // rank 1 never launches (its job was cancelled there)
+  ASSERT_FALSE(fx.launch(0));  // rank 1 has not launched yet when the job is cancelled
   std::this_thread::sleep_for(5ms);
   fx.cancelled->store(true);
   const error e = fx.outcome(0);
   ASSERT_NE(e.code, errc::internal) << "the part hangs after its job was cancelled";
   EXPECT_EQ(e.code, errc::cancelled) << e.to_string();
   EXPECT_EQ(gpu::cpu::ring_sessions_in_flight(), 0);
+  // Rank 1 still issues its part, as the runtime does for a cancelled job
+  // (NCCL pairs parts by order: one left out would pair rank 0's next part
+  // with rank 1's of another collective); it ends at once, cancelled too.
+  ASSERT_FALSE(fx.launch(1));
+  EXPECT_EQ(fx.outcome(1).code, errc::cancelled);
   // The devices serve the next collective.
+  fx.cancelled = std::make_shared<std::atomic<bool>>(false);
+  ASSERT_FALSE(fx.launch(0));
+  ASSERT_FALSE(fx.launch(1));
+  EXPECT_FALSE(fx.outcome(0));
+  EXPECT_FALSE(fx.outcome(1));
+}
+
+// NCCL's pairing rule on the host backends (gpu/host/collective_sequence.hpp):
+// parts pair by their place in each member's issue order, so a part one
+// member left out makes its next collective meet another's. The host
+// backends refuse that part (errc::internal, naming both), where NCCL would
+// sum the wrong operands or wait for ever.
+TEST(HostCollectives, APartLeftOutByOneMemberBreaksTheNextCollectiveOfItsCommunicator) {
+  ring_fixture fx(2, 2, 16);
+  fx.algo = collective_algo::one_shot;  // reads both operands at once: nothing waits
+  const std::size_t open_before = gpu::host::collective_sequence::instance().open_positions();
+  ASSERT_FALSE(fx.launch(0));
+  ASSERT_FALSE(fx.launch(1));  // the first collective, issued alike
+  EXPECT_FALSE(fx.outcome(0));
+  EXPECT_FALSE(fx.outcome(1));
+  EXPECT_EQ(gpu::host::collective_sequence::instance().open_positions(), open_before);
+  ASSERT_FALSE(fx.launch(0));  // the second: rank 1 leaves it out
+  fx.cancelled = std::make_shared<std::atomic<bool>>(false);  // the third, another job's
+  ASSERT_FALSE(fx.launch(0));
+  const error e = fx.launch(1);
+  EXPECT_EQ(e.code, errc::internal) << e.to_string();
+  EXPECT_NE(e.message.find("collective order broken"), std::string::npos) << e.message;
+  EXPECT_NE(e.message.find("'sum0' of device 'cpu0'"), std::string::npos) << e.message;
+  EXPECT_NE(e.message.find("'sum1' of device 'cpu1'"), std::string::npos) << e.message;
+  // Rank 0's third part still waits for a second member at its place.
+  EXPECT_EQ(gpu::host::collective_sequence::instance().open_positions(), open_before + 1);
+}
+
+// A member revived since the job started is a new communicator (the CUDA
+// backend aborts a dead member's NCCL communicators): a part of that job is
+// refused on every member, naming the revived one, so that it never pairs
+// with a part of a job of after the revival.
+TEST(HostCollectives, APartOfAJobFromBeforeAMembersRevivalIsRefused) {
+  ring_fixture fx(2, 2, 16);
+  fx.algo = collective_algo::one_shot;
+  fx.generations = {fx.devs[0]->generation(), fx.devs[1]->generation()};
+  auto* member = dynamic_cast<gpu::host::host_device*>(fx.devs[1].get());
+  ASSERT_NE(member, nullptr);
+  member->die(error(errc::device_failed, "pulled (test)"));
+  ASSERT_FALSE(member->reset());
+  EXPECT_EQ(member->generation(), fx.generations[1] + 1);
+  for (int k = 0; k < 2; ++k) {
+    const error e = fx.launch(k);
+    EXPECT_EQ(e.code, errc::device_failed) << e.to_string();
+    EXPECT_NE(e.message.find("member 'cpu1' was reset since this job started"), std::string::npos) << e.message;
+  }
+  // A job of after the revival pairs as ever.
+  fx.generations = {fx.devs[0]->generation(), fx.devs[1]->generation()};
   fx.cancelled = std::make_shared<std::atomic<bool>>(false);
   ASSERT_FALSE(fx.launch(0));
   ASSERT_FALSE(fx.launch(1));
