@@ -33,6 +33,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <cstdlib>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -46,6 +47,25 @@ namespace ag::actors {
 /// tests set it, with no job in flight, to show the hazard the order prevents.
 inline std::atomic<bool>& collective_order_enforced_for_testing() {
   static std::atomic<bool> on{true};
+  return on;
+}
+
+/// Whether a cancelled or failed job still issues, in its turn and with no
+/// waits, the paired collective parts its queues had not issued
+/// (stream_actor.cpp, issue_owed_parts). NCCL pairs a communicator's parts
+/// by their place in each member's order alone, so a job cancelled after
+/// one member issued its part and before another did leaves the first
+/// member's part to pair with the next job's (docs/ARCHITECTURE.md, "Known
+/// problem: cancelled jobs and NCCL's pairing"). Process-wide, off unless the
+/// environment sets AG_OWE_CANCELLED_COLLECTIVES=1 or a test turns it on:
+/// with it on, the generation soak's full form gave wrong tokens under
+/// injected op errors (7-233 sequences of 50,000; none with it off), cause
+/// not found (session 90).
+inline std::atomic<bool>& owe_cancelled_collectives() {
+  static std::atomic<bool> on{[] {
+    const char* v = std::getenv("AG_OWE_CANCELLED_COLLECTIVES");
+    return v != nullptr && v[0] == '1';
+  }()};
   return on;
 }
 

@@ -1,10 +1,20 @@
 #include "gpu/host/collective_sequence.hpp"
 
+#include <cstdlib>
+
 namespace ag::gpu::host {
 
 collective_sequence& collective_sequence::instance() {
   static collective_sequence* registry = new collective_sequence();  // never destroyed: devices may outlive statics
   return *registry;
+}
+
+std::atomic<bool>& collective_sequence::checking() {
+  static std::atomic<bool> on{[] {
+    const char* v = std::getenv("AG_CHECK_COLLECTIVE_ORDER");
+    return v != nullptr && v[0] == '1';
+  }()};
+  return on;
 }
 
 uint64_t next_host_device_id() noexcept {

@@ -13,7 +13,7 @@
 /// registry makes it show: every host device's collective() reports its part
 /// here at issue, and a part whose position another member filled with a
 /// different collective fails at once (errc::internal, naming both), as does
-/// the earlier part when it runs.
+/// the earlier part when it runs. Off by default (checking(), below).
 ///
 /// A communicator is the members' devices in rank order, each with its reset
 /// generation (a revived member stands for a new communicator, as the CUDA
@@ -73,6 +73,14 @@ class collective_sequence {
   };
 
   static collective_sequence& instance();
+
+  /// Whether the host backends check the rule (and refuse a part whose
+  /// member was revived since its job started): process-wide, off unless
+  /// the environment sets AG_CHECK_COLLECTIVE_ORDER=1 or a test turns it
+  /// on. Off by default: the runtime still breaks the rule when a job is
+  /// cancelled or fails part-way, and the fix for that is not on by default
+  /// (owe_cancelled_collectives, actors/collective_order.hpp).
+  static std::atomic<bool>& checking();
 
   /// Member `rank` of `members` (communicator `communicator`) issues the
   /// collective `id`, labelled `label` (for messages: the device and op).

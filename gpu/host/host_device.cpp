@@ -395,6 +395,28 @@ error host_device::launch(stream& s, const op_launch& l) {
   return {};
 }
 
+collective_sequence::ticket host_device::checked_place(const collective_launch& c, const std::string& label) const {
+  if (!collective_sequence::checking().load(std::memory_order_relaxed)) return {};
+  collective_sequence::identity id{c.cancelled.get(), {}};
+  id.operands.reserve(c.inputs.size());
+  for (const tensor_arg& in : c.inputs) id.operands.push_back(in.data);
+  std::vector<collective_sequence::member> group;
+  group.reserve(c.members.size());
+  for (std::size_t k = 0; k < c.members.size(); ++k) {
+    const auto* hm = static_cast<const host_device*>(c.members[k]);
+    const uint64_t now = hm->epoch();
+    const uint64_t then = k < c.generations.size() ? c.generations[k] : now;
+    if (then != now)
+      return {nullptr, error(errc::device_failed,
+                             "device '" + spec_.name + "': " + label + ": member '" + hm->spec_.name +
+                                 "' was reset since this job started: the members' communicator of then is gone",
+                             hm->index_, -1, c.op->name)};
+    group.push_back({hm->instance_id_, then});
+  }
+  return collective_sequence::instance().issue(group, c.communicator, c.rank, std::move(id),
+                                               "'" + c.op->name + "' of device '" + spec_.name + "'");
+}
+
 error host_device::collective(stream& s, const collective_launch& c) {
   if (!c.op) return error(errc::invalid_argument, "device '" + spec_.name + "': collective without an op", index_);
   const std::string label = "collective '" + c.op->name + "' (" + to_string(c.op->op) + ")";
@@ -411,29 +433,13 @@ error host_device::collective(stream& s, const collective_launch& c) {
       return std::move(e).concerning(index_, -1, c.op->name);
     }
   }
-  // NCCL's pairing rule (collective_sequence.hpp): this member's part takes
-  // the next position of its communicator; another collective there is an
-  // error now, or when the part runs if a later member's part breaks it.
-  // The communicator is the members as they were when the job started
-  // (collective_launch::generations): one revived since is not in it.
-  collective_sequence::identity id{c.cancelled.get(), {}};
-  std::vector<collective_sequence::member> group;
-  id.operands.reserve(c.inputs.size());
-  for (const tensor_arg& in : c.inputs) id.operands.push_back(in.data);
-  group.reserve(c.members.size());
-  for (std::size_t k = 0; k < c.members.size(); ++k) {
-    const auto* hm = static_cast<const host_device*>(c.members[k]);
-    const uint64_t now = hm->epoch();
-    const uint64_t then = k < c.generations.size() ? c.generations[k] : now;
-    if (then != now)
-      return error(errc::device_failed,
-                   "device '" + spec_.name + "': " + label + ": member '" + hm->spec_.name +
-                       "' was reset since this job started: the members' communicator of then is gone",
-                   hm->index_, -1, c.op->name);
-    group.push_back({hm->instance_id_, then});
-  }
-  auto ticket = collective_sequence::instance().issue(group, c.communicator, c.rank, std::move(id),
-                                                      "'" + c.op->name + "' of device '" + spec_.name + "'");
+  // NCCL's pairing rule (collective_sequence.hpp; when checking): this
+  // member's part takes the next position of its communicator; another
+  // collective there is an error now, or when the part runs if a later
+  // member's part breaks it. The communicator is the members as they were
+  // when the job started (collective_launch::generations): one revived
+  // since is not in it.
+  auto ticket = checked_place(c, label);
   if (ticket.found) return std::move(ticket.found).concerning(index_, -1, c.op->name);
   host_stream& hs = as_host(s);
   const work_timing t = collective_timing(hs, c);
@@ -443,7 +449,7 @@ error host_device::collective(stream& s, const collective_launch& c) {
   hs.submit([this, &hs, t, compute, ring, c, label, ep = epoch(), paired = std::move(ticket.position)](
                 task_context& ctx) {
     if (ctx.dropping || stale(ep)) return;
-    if (paired->broken.load(std::memory_order_acquire)) {
+    if (paired && paired->broken.load(std::memory_order_acquire)) {
       hs.set_error(error(errc::internal, "device '" + spec_.name + "': " + label + ": " + paired->why, index_, -1,
                          c.op->name));
       return;

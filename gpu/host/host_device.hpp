@@ -199,6 +199,9 @@ class host_device : public device {
   error dead_error(const char* what) const;
 
  private:
+  /// This member's place for `c` in its communicator's order
+  /// (collective_sequence), when the check is on; else an empty ticket.
+  collective_sequence::ticket checked_place(const collective_launch& c, const std::string& label) const;
   /// Occupies the stream (and its copy engine, if any; for a kernel, the
   /// device's compute throughput after its launch latency) for `t` from the
   /// task's ready time, then sleeps until the end. Returns the end time.

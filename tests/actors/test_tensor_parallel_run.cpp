@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "actors/actorgraph.hpp"
+#include "actors/collective_order.hpp"
 #include "gpu/host/collective_sequence.hpp"
 #include "gpu/sim/sim_device.hpp"
 #include "graph/models/transformer.hpp"
@@ -392,9 +393,12 @@ TEST_P(TensorParallelRun, JobLanesSpreadJobsInFlightOverQueueCopies) {
 // order, so a job cancelled, timed out or failed after one member issued its
 // part and before another did must still have that part issued everywhere:
 // left out, the first member's part pairs with the next job's (wrong sums
-// on the GPUs, or a wait for ever). The host backends check that rule at
-// every part (gpu/host/collective_sequence.hpp: a broken order fails the
-// part with errc::internal). Two plans over the same four devices (degree 4
+// on the GPUs, or a wait for ever). With the host backends' check on
+// (gpu/host/collective_sequence.hpp: a broken order fails the part with
+// errc::internal) and the owed parts on (owe_cancelled_collectives; both
+// off by default, docs/ARCHITECTURE.md "Known problem: cancelled jobs and
+// NCCL's pairing"; with the owed parts off this test fails 3 of 3 runs on
+// sim). Two plans over the same four devices (degree 4
 // LLaMA; GPT-2 at degree 2 on 2 stages, two job lanes), 120 jobs in flight,
 // a third cancelled at random points (right after submit or up to 300 us
 // later) and a tenth with a deadline of 20-200 us; on sim every op may also
@@ -403,6 +407,14 @@ TEST_P(TensorParallelRun, JobLanesSpreadJobsInFlightOverQueueCopies) {
 // an internal error. No part is left waiting for a member, and the runtime
 // serves the next jobs of both plans.
 TEST_P(TensorParallelRun, CancelledAndFailedJobsLeaveEveryCommunicatorPaired) {
+  struct switches_on {
+    bool check = ag::gpu::host::collective_sequence::checking().exchange(true);
+    bool owe = ag::actors::owe_cancelled_collectives().exchange(true);
+    ~switches_on() {
+      ag::gpu::host::collective_sequence::checking().store(check);
+      ag::actors::owe_cancelled_collectives().store(owe);
+    }
+  } on;
   const bool sim = std::string(GetParam()) == "sim";
   ag::runtime_options o = opts();
   if (sim) o.backend.sim.faults.op_error_rate = 0.002;
