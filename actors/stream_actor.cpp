@@ -69,7 +69,6 @@ struct exec_job {
 /// A job being cancelled on this actor while some of its queues here still
 /// owe paired parts: its cancel_acks wait for them.
 struct owed_cancel {
-  msg::job_ref_ptr ref;
   int owing_queues = 0;  // queues of the job here still owing parts
   int acks = 0;          // cancel_job messages answered once they are issued
 };
@@ -1151,7 +1150,7 @@ caf::behavior exec_actor_fn(exec_actor_t* self, gpu::device_ptr dev, step_kind k
           owing.push_back(q);
         }
         if (owing.empty()) return ack_when_drained(self, ctx, 1);
-        st.owed[ctx.id()] = owed_cancel{m.job, static_cast<int>(owing.size()), 1};
+        st.owed[ctx.id()] = owed_cancel{static_cast<int>(owing.size()), 1};
         // Each issues now if its turn has come, else when it comes (the
         // entry may be gone by the time a later one is looked at: an
         // earlier one's finish_turn can resume it).
