@@ -54,17 +54,17 @@ inline std::atomic<bool>& collective_order_enforced_for_testing() {
 /// waits, the paired collective parts its queues had not issued
 /// (stream_actor.cpp, issue_owed_parts). NCCL pairs a communicator's parts
 /// by their place in each member's order alone, so a job cancelled after
-/// one member issued its part and before another did leaves the first
-/// member's part to pair with the next job's (docs/ARCHITECTURE.md, "Known
-/// problem: cancelled jobs and NCCL's pairing"). Process-wide, off unless the
-/// environment sets AG_OWE_CANCELLED_COLLECTIVES=1 or a test turns it on:
-/// with it on, the generation soak's full form gave wrong tokens under
-/// injected op errors (7-233 sequences of 50,000; none with it off), cause
-/// not found (session 90).
+/// one member issued its part and before another did would leave the first
+/// member's part to pair with the next job's (docs/ARCHITECTURE.md,
+/// "Cancelled jobs and NCCL's pairing"). Such a part is void
+/// (gpu::collective_launch::void_part): it touches none of its job's memory.
+/// Process-wide, on unless the environment sets
+/// AG_OWE_CANCELLED_COLLECTIVES=0 or a test turns it off (to show the
+/// hazard it closes).
 inline std::atomic<bool>& owe_cancelled_collectives() {
   static std::atomic<bool> on{[] {
     const char* v = std::getenv("AG_OWE_CANCELLED_COLLECTIVES");
-    return v != nullptr && v[0] == '1';
+    return !(v != nullptr && v[0] == '0');
   }()};
   return on;
 }

@@ -935,7 +935,9 @@ void issue_owed_parts(exec_actor_t* self, exec_job& e) {
     if (!paired_part(ls)) continue;
     if (order_log_on()) order_log(st, "issues an owed part, step", ctx.id(), ctx.turn_on(e.queue), ls.id);
     // The job failed already: an error here (a dead member) changes nothing.
-    (void)st.dev->collective(*stream, collective_part(ctx, ls, st.device));
+    gpu::collective_launch part = collective_part(ctx, ls, st.device);
+    part.void_part = true;
+    (void)st.dev->collective(*stream, part);
   }
   const int queue = e.queue;
   forget_job(st, job_key{ctx.id(), queue});

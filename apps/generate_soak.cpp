@@ -46,6 +46,7 @@
 #include "actors/actorgraph.hpp"
 #include "actors/generator.hpp"
 #include "apps/common/flags.hpp"
+#include "gpu/host/collective_sequence.hpp"
 #include "gpu/sim/sim_device.hpp"
 
 namespace {
@@ -67,6 +68,12 @@ struct options {
   double time_scale = 1e-3;
   double jitter = 0.3;
   double watchdog_s = 120;
+  // Narrowing a run to one shape of generator (a hazard found in the mix):
+  // every generator of every epoch on this layout ("SxT": stages by tensor
+  // degree; empty: drawn) and with this decode_batch (-2: drawn). The draws
+  // still happen, so the rest of a seed's run stays the same.
+  int layout_stages = 0, layout_tp = 0;  // 0: drawn
+  int decode_batch = -2;
 };
 
 constexpr int max_new_limit = 12;
@@ -179,7 +186,8 @@ class soak {
       // A third of the LLaMAs with a sliding window: their caches are rings
       // (window + chunk - 1 rows) that the sequences go round.
       if (m.variant == ag::models::model_variant::llama && uni() < 1.0 / 3) m.sliding_window = 3 + pick(4);
-      const layout l = layouts[static_cast<std::size_t>(pick(static_cast<int>(layouts.size())))];
+      layout l = layouts[static_cast<std::size_t>(pick(static_cast<int>(layouts.size())))];
+      if (o_.layout_stages > 0) l = {o_.layout_stages, o_.layout_tp};
       auto& go = gc.options;
       go.cache_tokens = cache_tokens;
       go.max_sequences = 1 + pick(4);
@@ -193,6 +201,7 @@ class soak {
       // step each sequence alone.
       const double batching = uni();
       go.decode_batch = batching < 1.0 / 3 ? 2 + pick(3) : batching < 2.0 / 3 ? -1 : 0;
+      if (o_.decode_batch > -2) go.decode_batch = o_.decode_batch;
       go.plan.pipeline_stages = l.stages;
       go.plan.tensor_parallel = l.tp;
       char name[192];
@@ -523,6 +532,10 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1, 100000));
   app.add_option("--in-flight", o.in_flight, "sequences the soak keeps running")->check(CLI::Range(1, 100000));
   app.add_option("--seed", o.seed, "seed of every random choice");
+  bool check_order = true;
+  app.add_option("--check-collective-order", check_order,
+                 "host devices check NCCL's pairing rule at every collective part (gpu/host/collective_sequence.hpp): "
+                 "a broken order fails the part, naming both (on/off)");
   app.add_option("--faults", o.faults, "inject op errors and kill devices (on/off)");
   app.add_option("--op-error-rate", o.op_error_rate, "injected op errors per op")->check(CLI::Range(0.0, 1.0));
   app.add_option("--kills", o.kills_per_epoch, "devices killed (and later reset) per epoch")->check(CLI::Range(0, 1000));
@@ -534,7 +547,25 @@ int main(int argc, char** argv) {
   app.add_option("--jitter", o.jitter, "sim lognormal jitter (relative stddev)")->check(CLI::Range(0.0, 10.0));
   app.add_option("--watchdog", o.watchdog_s, "seconds after which an unfinished sequence counts as hung")
       ->check(CLI::Range(0.1, 3600.0));
+  std::string layout;
+  app.add_option("--layout", layout,
+                 "every generator on this layout, SxT: pipeline stages by tensor degree (default: drawn per generator)");
+  app.add_option("--decode-batch", o.decode_batch,
+                 "every generator with this decode_batch (-1: automatic, 0: none, 2..: lanes; default: drawn)")
+      ->check(CLI::Range(-1, 64));
   if (auto st = ag::apps::parse_flags(app, argc, argv)) return *st;
+  ag::gpu::host::collective_sequence::checking().store(check_order);
+  if (!layout.empty()) {
+    char x = 0, extra = 0;
+    const int got = std::sscanf(layout.c_str(), "%d%c%d%c", &o.layout_stages, &x, &o.layout_tp, &extra);
+    const int ndev = std::atoi(o.devices.c_str() + (o.devices.rfind("sim:", 0) == 0 ? 4 : 0));
+    if (got != 3 || x != 'x' || o.layout_stages < 1 || o.layout_tp < 1 || o.layout_stages * o.layout_tp > ndev) {
+      std::cerr << "actorgraph-generate-soak: --layout must be SxT (stages x tensor degree) with S*T at most the "
+                   "devices of --devices ("
+                << o.devices << "), got '" << layout << "'\n";
+      return ag::apps::bad_flags_status;
+    }
+  }
   if (o.devices.rfind("sim:", 0) != 0) {
     std::cerr << "actorgraph-generate-soak: --devices must be sim devices (sim:N), got '" << o.devices << "'\n";
     return ag::apps::bad_flags_status;

@@ -53,6 +53,7 @@
 
 #include "actors/actorgraph.hpp"
 #include "apps/common/flags.hpp"
+#include "gpu/host/collective_sequence.hpp"
 #include "graph/reference.hpp"
 
 namespace {
@@ -582,6 +583,10 @@ int main(int argc, char** argv) {
   app.add_option("--devices", o.devices, "device spec (sim devices get the faults)");
   app.add_option("--in-flight", o.in_flight, "jobs the soak keeps in flight")->check(CLI::Range(1, 100000));
   app.add_option("--seed", o.seed, "seed of every random choice");
+  bool check_order = true;
+  app.add_option("--check-collective-order", check_order,
+                 "host devices check NCCL's pairing rule at every collective part (gpu/host/collective_sequence.hpp): "
+                 "a broken order fails the part, naming both (on/off)");
   app.add_option("--faults", o.faults, "inject op errors, stalls and device deaths (on/off)");
   ag::apps::add_on_off(app, "--values", o.values, "compute values and check them (on), or timing only (off)");
   app.add_option("--epochs", o.epochs, "runtimes created one after the other (dead devices return in the next); 0: one per 10,000 jobs, at least 2")
@@ -601,5 +606,6 @@ int main(int argc, char** argv) {
   app.add_option("--watchdog", o.watchdog_s, "seconds after which an unfinished job counts as hung")->check(CLI::Range(0.1, 3600.0));
   app.add_option("--arenas", o.arenas, "arenas per device and plan")->check(CLI::Range(1, 65536));
   if (auto st = ag::apps::parse_flags(app, argc, argv)) return *st;
+  ag::gpu::host::collective_sequence::checking().store(check_order);
   return soak(o).run();
 }

@@ -323,6 +323,12 @@ struct collective_launch {
   /// the host backends refuse it (errc::device_failed), so that a job of
   /// before the revival never pairs with one of after.
   std::vector<uint64_t> generations;
+  /// The part of a cancelled or failed job, issued only to keep its place
+  /// in the communicator's order (actors/collective_order.hpp): its operands
+  /// may never have been written and nobody reads its result. A backend
+  /// whose parts meet by order (NCCL) still runs it; the host backends take
+  /// its place in the order and compute nothing.
+  bool void_part = false;
 };
 
 /// Faults a simulated device can be told to produce (sim backend; other

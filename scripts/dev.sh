@@ -118,6 +118,8 @@ case "$mode" in
     echo "soak_ci_seconds: $(( $(date +%s) - soak_start ))"
     echo "== generation soak, CI size: 3,000 sequences over random generators and layouts on 4 sim devices with cancels, op errors and killed devices (apps/generate_soak.cpp)"
     ./build/apps/actorgraph-generate-soak --sequences 3000 --devices sim:4 --seed 13 --epochs 3
+    echo "== generation soak narrowed to tensor degree 2 on 2 stages with batched decode and op errors: the void collective parts of failed jobs (before session 91 they wrote into their job's memory and gave other sequences wrong tokens)"
+    ./build/apps/actorgraph-generate-soak --sequences 2000 --devices sim:4 --seed 13 --epochs 2 --layout 2x2 --decode-batch 3 --op-error-rate 0.003 --cancel-rate 0 --kills 0
     echo "== AddressSanitizer + UndefinedBehaviorSanitizer build (preset asan; CUDA off: nothing runs on a GPU here; its REPL has no GNU readline: the plain line mode)"
     preset_build asan build-asan
     ctest --preset asan -j "$jobs"

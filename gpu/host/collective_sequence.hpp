@@ -77,9 +77,8 @@ class collective_sequence {
   /// Whether the host backends check the rule (and refuse a part whose
   /// member was revived since its job started): process-wide, off unless
   /// the environment sets AG_CHECK_COLLECTIVE_ORDER=1 or a test turns it
-  /// on. Off by default: the runtime still breaks the rule when a job is
-  /// cancelled or fails part-way, and the fix for that is not on by default
-  /// (owe_cancelled_collectives, actors/collective_order.hpp).
+  /// on (the soaks and the tensor-parallel tests do). Off by default for
+  /// its cost: one process-wide lock per part.
   static std::atomic<bool>& checking();
 
   /// Member `rank` of `members` (communicator `communicator`) issues the

@@ -441,6 +441,15 @@ error host_device::collective(stream& s, const collective_launch& c) {
   // since is not in it.
   auto ticket = checked_place(c, label);
   if (ticket.found) return std::move(ticket.found).concerning(index_, -1, c.op->name);
+  // A void part only keeps its place in the order (checked above): host
+  // parts read the members' operands themselves once their waits say they
+  // are written, so nothing pairs with it. And a void part has no waits:
+  // its result's bytes may still be another tensor of its job that a step
+  // launched before the failure reads (the memory plan orders the two
+  // through the waits). Writing it there gave wrong tokens to other
+  // sequences of a batched decode state (session 91: the generation soak;
+  // writing to scratch instead gave none).
+  if (c.void_part) return {};
   host_stream& hs = as_host(s);
   const work_timing t = collective_timing(hs, c);
   const bool compute = cfg_.compute;

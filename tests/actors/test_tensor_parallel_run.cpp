@@ -393,12 +393,13 @@ TEST_P(TensorParallelRun, JobLanesSpreadJobsInFlightOverQueueCopies) {
 // order, so a job cancelled, timed out or failed after one member issued its
 // part and before another did must still have that part issued everywhere:
 // left out, the first member's part pairs with the next job's (wrong sums
-// on the GPUs, or a wait for ever). With the host backends' check on
-// (gpu/host/collective_sequence.hpp: a broken order fails the part with
-// errc::internal) and the owed parts on (owe_cancelled_collectives; both
-// off by default, docs/ARCHITECTURE.md "Known problem: cancelled jobs and
-// NCCL's pairing"; with the owed parts off this test fails 3 of 3 runs on
-// sim). Two plans over the same four devices (degree 4
+// on the GPUs, or a wait for ever). It issues void parts for them
+// (owe_cancelled_collectives, on by default; the test turns it on in case
+// the environment turned it off), and the host backends' check (gpu/host/
+// collective_sequence.hpp, off by default, on here) fails any part whose
+// place another member filled with another collective, with errc::internal
+// (with the owed parts off this test fails 3 of 3 runs on sim). Two plans
+// over the same four devices (degree 4
 // LLaMA; GPT-2 at degree 2 on 2 stages, two job lanes), 120 jobs in flight,
 // a third cancelled at random points (right after submit or up to 300 us
 // later) and a tenth with a deadline of 20-200 us; on sim every op may also
@@ -407,14 +408,6 @@ TEST_P(TensorParallelRun, JobLanesSpreadJobsInFlightOverQueueCopies) {
 // an internal error. No part is left waiting for a member, and the runtime
 // serves the next jobs of both plans.
 TEST_P(TensorParallelRun, CancelledAndFailedJobsLeaveEveryCommunicatorPaired) {
-#if defined(__SANITIZE_THREAD__)
-  // The owed parts are off by default for two open problems (docs/
-  // ARCHITECTURE.md, "Known problem: cancelled jobs and NCCL's pairing"):
-  // wrong tokens in the generation soak, and this test under TSan (session
-  // 90's CI): a void part's reads and writes race with other steps' writes.
-  GTEST_SKIP() << "ThreadSanitizer reports the owed void parts racing with other steps (a known problem, "
-                  "docs/ARCHITECTURE.md); this test runs in the release and ASan builds";
-#endif
   struct switches_on {
     bool check = ag::gpu::host::collective_sequence::checking().exchange(true);
     bool owe = ag::actors::owe_cancelled_collectives().exchange(true);

@@ -195,6 +195,119 @@ TEST(CudaCollectives, NcclOneRankCommunicatorRunsEveryCollective) {
   d.deallocate(in);
 }
 
+// A void part (collective_launch::void_part: the part of a cancelled or
+// failed job that keeps NCCL's order) makes the NCCL call its real part
+// would make, in place on scratch: on `n` ranks (one GPU each; 1 runs the
+// one-rank communicator), rank 0 issues the real part of every collective
+// (sum0, scatter0, gather0) and the others void ones, which pair with it
+// and leave their results' memory as it was; then every rank's real part of
+// the next job pairs as ever and equals the reference.
+void nccl_void_parts_keep_the_order(int n) {
+  gpu::backend_options o;
+  o.cuda_nccl_min_bytes = 1;
+  o.cuda_nccl_min_bytes_wide = 1;
+  std::string spec = "cuda:0";
+  for (int k = 1; k < n; ++k) spec += "," + std::to_string(k);
+  auto devs = gpu::make_devices(spec, o);
+  ASSERT_TRUE(devs.has_value()) << devs.err().to_string();
+  std::vector<gpu::device*> members;
+  for (auto& d : *devs) members.push_back(d.get());
+  ASSERT_FALSE(members[0]->prepare_collective_group(members));
+  auto g = test::user_collectives(dtype::f32, n, 6, 40 * n);
+  ASSERT_TRUE(g);
+  const shape dims{6, 40 * n};
+  const int64_t bytes = dims.numel() * 4;
+  std::vector<std::unique_ptr<gpu::stream>> streams;
+  std::vector<void*> in;
+  const std::vector<host_tensor> x = random_operands(dtype::f32, n, dims, 23, 0);
+  for (int k = 0; k < n; ++k) {
+    gpu::device& d = *members[static_cast<std::size_t>(k)];
+    streams.push_back(d.create_stream(step_kind::collective).value());
+    in.push_back(d.allocate(bytes).value());
+    ASSERT_FALSE(d.upload(in.back(), x[static_cast<std::size_t>(k)].data(), bytes));
+  }
+  auto want = evaluate_reference(*g, x).value();
+  for (std::size_t o_k = 0; o_k < g->outputs().size(); ++o_k) {
+    const node& first = g->at(g->outputs()[o_k]);
+    const std::string base = first.name.substr(0, first.name.size() - 1);  // "sum", "scatter", "gather"
+    if (first.name.back() != '0') continue;  // one pass per collective, from rank 0's output
+    SCOPED_TRACE(base);
+    std::vector<const node*> part(static_cast<std::size_t>(n));
+    std::vector<std::size_t> out_index(static_cast<std::size_t>(n));
+    for (std::size_t j = 0; j < g->outputs().size(); ++j)
+      for (int k = 0; k < n; ++k)
+        if (g->at(g->outputs()[j]).name == base + std::to_string(k)) {
+          part[static_cast<std::size_t>(k)] = &g->at(g->outputs()[j]);
+          out_index[static_cast<std::size_t>(k)] = j;
+        }
+    std::vector<void*> out;
+    std::vector<host_tensor> sentinel;
+    for (int k = 0; k < n; ++k) {
+      const node& nk = *part[static_cast<std::size_t>(k)];
+      ASSERT_NE(&nk, nullptr);
+      out.push_back(members[static_cast<std::size_t>(k)]->allocate(nk.dims.numel() * 4).value());
+      sentinel.push_back(host_tensor::random_normal(dtype::f32, nk.dims, 90 + static_cast<uint64_t>(k)));
+      ASSERT_FALSE(members[static_cast<std::size_t>(k)]->upload(out.back(), sentinel.back().data(), nk.dims.numel() * 4));
+    }
+    const auto issue = [&](int k, bool void_part) {
+      const node& nk = *part[static_cast<std::size_t>(k)];
+      gpu::collective_launch l;
+      l.op = &nk;
+      l.rank = k;
+      l.algo = collective_algo::ring;
+      l.bytes = bytes;
+      l.void_part = void_part;
+      l.out = {out[static_cast<std::size_t>(k)], dtype::f32, nk.dims, contiguous_strides(nk.dims)};
+      for (int j = 0; j < n; ++j) l.inputs.push_back({in[static_cast<std::size_t>(j)], dtype::f32, dims, contiguous_strides(dims)});
+      l.members = members;
+      return members[static_cast<std::size_t>(k)]->collective(*streams[static_cast<std::size_t>(k)], l);
+    };
+    // The cancelled job: rank 0's real part, the others' void ones.
+    ASSERT_FALSE(issue(0, false));
+    for (int k = 1; k < n; ++k) ASSERT_FALSE(issue(k, true));
+    if (n == 1) ASSERT_FALSE(issue(0, true));  // one rank: a void part after the real one
+    for (int k = 0; k < n; ++k) ASSERT_FALSE(members[static_cast<std::size_t>(k)]->synchronize(*streams[static_cast<std::size_t>(k)]));
+    const int first_void = n == 1 ? 0 : 1;
+    for (int k = first_void; k < n; ++k) {
+      const node& nk = *part[static_cast<std::size_t>(k)];
+      host_tensor got = host_tensor::uninitialized(dtype::f32, nk.dims);
+      ASSERT_FALSE(members[static_cast<std::size_t>(k)]->download(got.data(), out[static_cast<std::size_t>(k)], nk.dims.numel() * 4));
+      if (n > 1) {
+        auto c = compare(got, sentinel[static_cast<std::size_t>(k)], 0, 0);
+        EXPECT_TRUE(c.ok) << "rank " << k << "'s void part wrote its result: " << c.message;
+      } else {
+        auto c = compare(got, want[out_index[0]], 0, 0);  // the real part's result, left alone
+        EXPECT_TRUE(c.ok) << "the void part wrote over the real part's result: " << c.message;
+      }
+    }
+    // The next job: every rank's real part pairs as ever.
+    for (int k = 0; k < n; ++k) ASSERT_FALSE(issue(k, false));
+    for (int k = 0; k < n; ++k) {
+      gpu::device& d = *members[static_cast<std::size_t>(k)];
+      ASSERT_FALSE(d.synchronize(*streams[static_cast<std::size_t>(k)]));
+      const node& nk = *part[static_cast<std::size_t>(k)];
+      host_tensor got = host_tensor::uninitialized(dtype::f32, nk.dims);
+      ASSERT_FALSE(d.download(got.data(), out[static_cast<std::size_t>(k)], nk.dims.numel() * 4));
+      auto c = compare(got, want[out_index[static_cast<std::size_t>(k)]], 1e-5, 1e-5);
+      EXPECT_TRUE(c.ok) << "rank " << k << " after the void parts: " << c.message;
+      d.deallocate(out[static_cast<std::size_t>(k)]);
+    }
+  }
+  for (int k = 0; k < n; ++k) members[static_cast<std::size_t>(k)]->deallocate(in[static_cast<std::size_t>(k)]);
+}
+
+TEST(CudaCollectives, NcclVoidPartsOfOneRankTouchNoMemory) {
+  AG_REQUIRE_GPU(1);
+  if (!gpu::nccl_built()) GTEST_SKIP() << "this build has no NCCL (ACTORGRAPH_HAVE_NCCL unset)";
+  nccl_void_parts_keep_the_order(1);
+}
+
+TEST(CudaCollectives, OnTwoGpusNcclVoidPartsPairWithTheRealPartsAndKeepTheOrder) {
+  AG_REQUIRE_GPU(2);
+  if (!gpu::nccl_built()) GTEST_SKIP() << "this build has no NCCL (ACTORGRAPH_HAVE_NCCL unset)";
+  nccl_void_parts_keep_the_order(2);
+}
+
 // With two distinct GPUs and the crossover at 1 byte, every collective runs
 // through NCCL (the plan says ring for each) and equals the reference within
 // the dtype's tolerance (NCCL sums in the dtype); i32 exact.

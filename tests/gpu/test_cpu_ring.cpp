@@ -8,6 +8,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstring>
 #include <future>
 #include <memory>
 #include <string>
@@ -39,6 +40,7 @@ struct ring_fixture {
   std::shared_ptr<std::atomic<bool>> cancelled = std::make_shared<std::atomic<bool>>(false);
   collective_algo algo = collective_algo::ring;
   std::vector<uint64_t> generations;  // collective_launch::generations (empty: the current ones)
+  bool void_part = false;             // collective_launch::void_part
 
   ring_fixture(int members, int64_t r, int64_t c) : n(members), rows(r), cols(c) {
     g = test::user_collectives(dtype::f32, n, rows, cols);
@@ -77,6 +79,7 @@ struct ring_fixture {
     l.bytes = rows * cols * 4;
     l.cancelled = cancelled;
     l.generations = generations;
+    l.void_part = void_part;
     l.out = {outs[static_cast<std::size_t>(k)], dtype::f32, op.dims, contiguous_strides(op.dims)};
     for (int j = 0; j < n; ++j) {
       l.inputs.push_back({operands[static_cast<std::size_t>(j)], dtype::f32, shape{rows, cols},
@@ -190,6 +193,53 @@ TEST(HostCollectives, APartLeftOutByOneMemberBreaksTheNextCollectiveOfItsCommuni
   EXPECT_NE(e.message.find("'sum1' of device 'cpu1'"), std::string::npos) << e.message;
   // Rank 0's third part still waits for a second member at its place.
   EXPECT_EQ(gpu::host::collective_sequence::instance().open_positions(), open_before + 1);
+}
+
+// A cancelled job's member that had not issued its part issues a void one
+// (actors/collective_order.hpp, owe_cancelled_collectives): it keeps the
+// order (the next job's parts pair as ever) and, having no waits, touches
+// neither the operands nor the result, whose bytes may by then hold other
+// tensors of its job that its running steps use (session 91: computing it
+// gave other sequences wrong tokens). Ring parts meet their neighbours; a
+// void one meets nobody and does not wait.
+TEST(HostCollectives, AVoidPartKeepsTheOrderAndTouchesNoMemory) {
+  checking_on check;
+  ring_fixture fx(2, 2, 16);
+  fx.algo = collective_algo::one_shot;
+  const int64_t bytes = fx.rows * fx.cols * 4;
+  const host_tensor sentinel = host_tensor::random_normal(dtype::f32, {fx.rows, fx.cols}, 77);
+  ASSERT_FALSE(fx.devs[1]->upload(fx.outs[1], sentinel.data(), bytes));
+  const std::size_t open_before = gpu::host::collective_sequence::instance().open_positions();
+  ASSERT_FALSE(fx.launch(0));  // the cancelled job's part, issued before the cancel
+  fx.void_part = true;
+  ASSERT_FALSE(fx.launch(1));  // the other member's, owed
+  EXPECT_FALSE(fx.outcome(1));
+  EXPECT_FALSE(fx.outcome(0));
+  EXPECT_EQ(gpu::host::collective_sequence::instance().open_positions(), open_before);
+  host_tensor after(dtype::f32, {fx.rows, fx.cols});
+  ASSERT_FALSE(fx.devs[1]->download(after.data(), fx.outs[1], bytes));
+  EXPECT_EQ(std::memcmp(after.data(), sentinel.data(), static_cast<std::size_t>(bytes)), 0)
+      << "the void part wrote its result";
+  // A ring void part does not wait for its neighbour (none comes).
+  fx.cancelled = std::make_shared<std::atomic<bool>>(false);
+  fx.algo = collective_algo::ring;
+  ASSERT_FALSE(fx.launch(0));
+  ASSERT_FALSE(fx.launch(1));
+  EXPECT_FALSE(fx.outcome(0));
+  EXPECT_FALSE(fx.outcome(1));
+  // The next job pairs as ever: no broken order, and the sum is right.
+  fx.void_part = false;
+  fx.cancelled = std::make_shared<std::atomic<bool>>(false);
+  ASSERT_FALSE(fx.launch(0));
+  ASSERT_FALSE(fx.launch(1));
+  EXPECT_FALSE(fx.outcome(0));
+  EXPECT_FALSE(fx.outcome(1));
+  EXPECT_EQ(gpu::host::collective_sequence::instance().open_positions(), open_before);
+  ASSERT_FALSE(fx.devs[1]->download(after.data(), fx.outs[1], bytes));
+  const float* a = reinterpret_cast<const float*>(fx.in[0].data());
+  const float* b = reinterpret_cast<const float*>(fx.in[1].data());
+  const float* got = reinterpret_cast<const float*>(after.data());
+  for (int64_t i = 0; i < fx.rows * fx.cols; ++i) ASSERT_NEAR(got[i], a[i] + b[i], 1e-5f) << "element " << i;
 }
 
 // A member revived since the job started is a new communicator (the CUDA
