@@ -732,8 +732,7 @@ class cuda_device final : public device {
     // operands themselves after their waits, so nothing waits for it there.
     if (l.void_part && path.path != collective_path::nccl) return {};
     if (path.path == collective_path::nccl) {
-      error e = l.void_part ? nccl_void_part(**us, l, m->gpus, m->uids, where)
-                            : nccl_part(**us, l, m->gpus, m->uids, where);
+      error e = nccl_part(**us, l, m->gpus, m->uids, where);
       if (!e) return {};
       if (e.code == errc::device_failed) {
         core_->mark_dead(e);
@@ -1242,6 +1241,7 @@ class cuda_device final : public device {
     auto grp = nccl_group::get(gpus, uids, l.communicator);
     if (!grp) return grp.err();
     nccl_group& g = **grp;
+    if (l.void_part) return nccl_void_part(g, l, static_cast<int>(gpus.size()), cs.s_, where);
     const node& n = *l.op;
     const int r = l.rank;
     const auto es = static_cast<int64_t>(dtype_size(n.type));
@@ -1298,30 +1298,26 @@ class cuda_device final : public device {
     return g.async_error(r, where);
   }
 
-  /// The NCCL call nccl_part would make for `l` (the same op and count: the
-  /// other members' parts pair with it by their place in the order alone),
-  /// made in place on scratch from the stream's pool. It touches none of
-  /// the job's memory: the job failed, the part has no waits, and its
-  /// operand's and result's bytes may still hold other tensors of the job
-  /// that steps launched before the failure use (the memory plan orders
-  /// those through waits). The peers' parts get a void sum, which is their
-  /// failed job's too.
-  error nccl_void_part(cuda_stream& cs, const collective_launch& l, const std::vector<int>& gpus,
-                       const std::vector<uint64_t>& uids, const std::string& where) {
-    auto grp = nccl_group::get(gpus, uids, l.communicator);
-    if (!grp) return grp.err();
-    nccl_group& g = **grp;
+  /// A void part (collective_launch::void_part): the NCCL call nccl_part
+  /// would make for `l` (the same op and count: the other members' parts
+  /// pair with it by their place in the order alone), made in place on
+  /// scratch from the stream's pool. It touches none of the job's memory:
+  /// the job failed, the part has no waits, and its operand's and result's
+  /// bytes may still hold other tensors of the job that steps launched
+  /// before the failure use (the memory plan orders those through waits).
+  /// The peers' parts get a void sum, which is their failed job's too.
+  error nccl_void_part(nccl_group& g, const collective_launch& l, int members, cudaStream_t st,
+                       const std::string& where) {
     const node& n = *l.op;
     const int r = l.rank;
     const auto es = static_cast<int64_t>(dtype_size(n.type));
-    const cudaStream_t st = cs.s_;
     const bool gather = n.op == op_kind::all_gather;
     // nccl_part's counts: all_reduce of the result, all_gather of this
     // member's operand, reduce_scatter as an all_reduce of the full operand.
     const int64_t send = gather                       ? l.inputs[static_cast<std::size_t>(r)].dims.numel()
                          : n.op == op_kind::all_reduce ? l.out.dims.numel()
                                                        : l.inputs[0].dims.numel();
-    const int64_t elems = gather ? send * static_cast<int64_t>(gpus.size()) : send;
+    const int64_t elems = gather ? send * members : send;
     void* scratch = nullptr;
     if (error e = AG_CORE_CHECK(*core_, cudaMallocAsync(&scratch, static_cast<size_t>(std::max<int64_t>(elems, 1) * es), st),
                                 where + " void part scratch"))
