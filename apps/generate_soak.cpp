@@ -24,6 +24,10 @@
 // the same devices) cut by its max_new_tokens and stop ids; a cancelled one a
 // prefix of them; a failed one failed with an injected op error or the death
 // of a device of its layout, naming that device, and streamed a prefix.
+// With --check-collective-order (on by default) every collective part also
+// checks NCCL's pairing rule (gpu/host/collective_sequence.hpp). --layout
+// and --decode-batch narrow a run to one shape of generator (the draws
+// still happen, so the rest of a seed's run stays the same).
 // Anything else counts as wrong. At the end of an epoch every generator has
 // no sequence active or waiting. Exit status 1 if anything was lost, hung or
 // wrong; 2 for bad flags.

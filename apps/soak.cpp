@@ -31,7 +31,10 @@
 // evaluate_reference (all of them up to --check-all-below jobs, then one in
 // --check-every), or failed with a fault error (op_failed / device_failed
 // naming a device, message saying "injected fault"), or cancelled by the soak,
-// or failed with errc::timeout at the deadline it was given.
+// or failed with errc::timeout at the deadline it was given. With
+// --check-collective-order (on by default) every collective part also
+// checks NCCL's pairing rule (gpu/host/collective_sequence.hpp): a part
+// that would pair with another job's fails with errc::internal.
 // Anything else counts as wrong. Exit status 1 if anything was lost, hung or
 // wrong; 2 for bad flags.
 #include <algorithm>
