@@ -1136,8 +1136,10 @@ caf::behavior exec_actor_fn(exec_actor_t* self, gpu::device_ptr dev, step_kind k
           int from = 0;
           if (it != st.jobs.end()) from = it->second.next + (it->second.failed ? 1 : 0);
           const auto& mine = prog.queues()[qi].steps;
-          const bool owes = owe_cancelled_collectives().load(std::memory_order_relaxed) && std::any_of(mine.begin() + std::min<std::ptrdiff_t>(from, static_cast<std::ptrdiff_t>(mine.size())),
-                                        mine.end(), [&](step_id s) { return paired_part(prog.steps()[static_cast<std::size_t>(s)]); });
+          const bool owes =
+              owe_cancelled_collectives().load(std::memory_order_relaxed) &&
+              std::any_of(mine.begin() + std::min<std::ptrdiff_t>(from, static_cast<std::ptrdiff_t>(mine.size())),
+                          mine.end(), [&](step_id s) { return paired_part(prog.steps()[static_cast<std::size_t>(s)]); });
           if (!owes) {
             forget_job(st, k);
             // The job's turn ends here.

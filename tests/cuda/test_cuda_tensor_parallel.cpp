@@ -331,10 +331,10 @@ TEST_P(CudaTensorParallel, TwoPlansWithJobsInFlightOnTheSameMembersEqualTheRefer
 // Jobs cancelled at random points in flight (right after submit, or up to
 // 2 ms later) on every layout: every job resolves in bounded time, done and
 // equal to the reference or cancelled, and the runtime serves the next jobs.
-// (NCCL pairs parts by their place in each member's order alone, so a job
-// cancelled part-way can leave a member's part to pair with the next job's:
-// docs/ARCHITECTURE.md, "Known problem: cancelled jobs and NCCL's pairing";
-// the NCCL layouts here may show it.)
+// (NCCL pairs parts by their place in each member's order alone: a job
+// cancelled part-way issues the parts its members owe as void parts,
+// docs/ARCHITECTURE.md, "Cancelled jobs and NCCL's pairing"; the NCCL
+// layouts here run them.)
 TEST_P(CudaTensorParallel, JobsCancelledInFlightResolveAndTheRestEqualTheReference) {
   const tp_layout& l = GetParam();
   AG_REQUIRE_LAYOUT(l);

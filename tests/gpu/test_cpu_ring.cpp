@@ -147,7 +147,7 @@ TEST(CpuRingDevice, APartWhoseMemberDiesFailsNamingItInsteadOfWaiting) {
 
 TEST(CpuRingDevice, ACancelledJobsPartStopsWaitingForAMemberThatNeverComes) {
   ring_fixture fx(2, 2, 16);
-  ASSERT_FALSE(fx.launch(0));  // rank 1 never launches (its job was cancelled there)
+  ASSERT_FALSE(fx.launch(0));  // rank 1's part never comes (the runtime issues a void one, which meets nobody)
   std::this_thread::sleep_for(5ms);
   fx.cancelled->store(true);
   const error e = fx.outcome(0);
