@@ -5,7 +5,7 @@
 # unpacking these takes 2 s). Session 86 ran HEAD's test_cuda, every
 # compute-sanitizer pass and an alternation of experiment binaries this way.
 #
-#   bash scripts/gpu-carry.sh [NAME=PATCH.diff ...]
+#   [AG_CARRY_EXPERIMENTS="ag-exp-..."] bash scripts/gpu-carry.sh [NAME=PATCH.diff ...]
 #
 # Builds, in build-carry (Release, CUDA on for sm_90 with -lineinfo, oneDNN off: the GPU
 # machines have no oneDNN; the other libraries are the .deb files of
@@ -55,6 +55,13 @@ echo "== HEAD: $apps actorgraph-save-model test_cuda"
 cmake --build "$build" -j "$jobs" --target $apps actorgraph-save-model test_cuda >"$dest/build-head.log" 2>&1 ||
   { grep -E "error|FAILED" "$dest/build-head.log" | head -20; exit 1; }
 for t in $apps actorgraph-save-model; do strip -o "$dest/carry/head/$t" "$build/apps/$t"; done
+# AG_CARRY_EXPERIMENTS="ag-exp-bulk-ring-stream ...": standalone programs of
+# scripts/cuda-experiments (their CMake targets) packed into carry/head/ too.
+for t in ${AG_CARRY_EXPERIMENTS:-}; do
+  cmake --build "$build" -j "$jobs" --target "$t" >"$dest/build-$t.log" 2>&1 ||
+    { grep -E "error|FAILED" "$dest/build-$t.log" | head -20; exit 1; }
+  strip -o "$dest/carry/head/$t" "$(find "$build/scripts/cuda-experiments" -maxdepth 1 -name "$t" -type f)"
+done
 strip -o "$dest/carry/head/test_cuda" "$build/tests/cuda/test_cuda"
 restore() { git checkout -q -- "$kernel"; }
 trap restore EXIT
