@@ -38,6 +38,26 @@ run() {  # NAME DIR [VAR=VALUE ...]
        awk '/^decode_ms_per_token:/{print $2}')
   echo "$name ${ms:-failed}" | tee -a "$out/results.txt"
 }
+# Each variant's greedy tokens against HEAD's first (a variant that changes
+# the schedule, not the arithmetic, must give the same ones): 32 tokens after
+# a 40-token prompt, printed as "tokens NAME same|DIFFER".
+prompt=$(seq -s, 11 50)
+tokens_of() {  # DIR [VAR=VALUE ...]
+  local dir=$1
+  shift
+  env "$@" timeout 60 "/tmp/carry/$dir/actorgraph-generate" --model /tmp/l1b --devices cuda:0 --prompt-ids "$prompt" \
+    --max-new-tokens 32 2>&1 | grep "^generated:"
+}
+reference=$(tokens_of head)
+echo "HEAD's ${reference:-(no tokens: actorgraph-generate failed)}"
+for variant in "$@"; do
+  # shellcheck disable=SC2086  # a variant's words are its name, folder and switches
+  set -- $variant
+  name=$1
+  shift
+  got=$(tokens_of "$@")
+  if [ -n "$reference" ] && [ "$got" = "$reference" ]; then echo "tokens $name same"; else echo "tokens $name DIFFER: ${got:-none}"; fi
+done | tee "$out/tokens.txt"
 for ((round = 1; round <= rounds; ++round)); do
   for variant in "$@"; do
     # shellcheck disable=SC2086  # a variant's words are its name, folder and switches
