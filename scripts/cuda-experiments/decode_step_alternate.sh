@@ -13,6 +13,8 @@
 # $OUT/results.txt and the summary lists every variant's runs. Stops starting
 # rounds after AG_ALTERNATE_BUDGET_S seconds (default 480), so that one call
 # of at most 600 s returns what it measured.
+# Before the rounds, each variant's 32 greedy tokens (actorgraph-generate from
+# its folder) are compared with HEAD's: $OUT/tokens.txt says same or DIFFER.
 # Example (the per-line L2 pull, decode_step_lsu_pull.diff, packed as "pull"):
 #   ... decode_step_alternate.sh 3 "head head" "p2 pull AG_DECODE_PULL=2" "p2r pull AG_DECODE_PULL=2 AG_DECODE_PULL_AT=1"
 set -u
