@@ -18,7 +18,9 @@ bash scripts/cuda-experiments/decode_step_alternate.sh 3 \
   "p1e pull AG_DECODE_PULL=1" "p2e pull AG_DECODE_PULL=2" "p3e pull AG_DECODE_PULL=3" \
   "p2r pull AG_DECODE_PULL=2 AG_DECODE_PULL_AT=1" "p2t pull AG_DECODE_PULL=2 AG_DECODE_PULL_AT=2" \
   "p2e32 pull AG_DECODE_PULL=2 AG_DECODE_PULL_STRIDE=32" \
-  "k pull AG_DECODE_KEEP_ROWS=1" "p2k pull AG_DECODE_PULL=2 AG_DECODE_KEEP_ROWS=1" "p3k pull AG_DECODE_PULL=3 AG_DECODE_KEEP_ROWS=1"
+  "k pull AG_DECODE_KEEP_ROWS=1" "p2k pull AG_DECODE_PULL=2 AG_DECODE_KEEP_ROWS=1" "p3k pull AG_DECODE_PULL=3 AG_DECODE_KEEP_ROWS=1" \
+  "e1 pull AG_DECODE_PULL_EVERY=1" "e1k pull AG_DECODE_PULL_EVERY=1 AG_DECODE_KEEP_ROWS=1" \
+  "p2e1k pull AG_DECODE_PULL=2 AG_DECODE_PULL_EVERY=1 AG_DECODE_KEEP_ROWS=1"
 for v in "AG_DECODE_PULL=0" "AG_DECODE_PULL=2" "AG_DECODE_PULL=2 AG_DECODE_KEEP_ROWS=1"; do
   echo "== diagnostic, $v"
   # shellcheck disable=SC2086  # a variant is several VAR=VALUE words
