@@ -52,13 +52,15 @@ tokens_of() {  # DIR [VAR=VALUE ...]
 }
 reference=$(tokens_of head)
 echo "HEAD's ${reference:-(no tokens: actorgraph-generate failed)}"
-for variant in "$@"; do
-  # shellcheck disable=SC2086  # a variant's words are its name, folder and switches
-  set -- $variant
-  name=$1
+check_tokens() {  # NAME DIR [VAR=VALUE ...]
+  local name=$1 got
   shift
   got=$(tokens_of "$@")
   if [ -n "$reference" ] && [ "$got" = "$reference" ]; then echo "tokens $name same"; else echo "tokens $name DIFFER: ${got:-none}"; fi
+}
+for variant in "$@"; do
+  # shellcheck disable=SC2086  # a variant's words are its name, folder and switches
+  check_tokens $variant
 done | tee "$out/tokens.txt"
 for ((round = 1; round <= rounds; ++round)); do
   for variant in "$@"; do
