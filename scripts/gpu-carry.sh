@@ -5,7 +5,11 @@
 # unpacking these takes 2 s). Session 86 ran HEAD's test_cuda, every
 # compute-sanitizer pass and an alternation of experiment binaries this way.
 #
-#   [AG_CARRY_EXPERIMENTS="ag-exp-..."] bash scripts/gpu-carry.sh [NAME=PATCH.diff ...]
+#   [AG_CARRY_EXPERIMENTS="ag-exp-..."] [AG_CARRY_PATCH_TESTS=1] bash scripts/gpu-carry.sh [NAME=PATCH.diff[+PATCH.diff...] ...]
+#
+# NAME=A.diff+B.diff builds A and B applied together; AG_CARRY_PATCH_TESTS=1
+# packs each patch's test_cuda too, so that a variant about to land can run
+# the CUDA tests in the call that measures it.
 #
 # Builds, in build-carry (Release, CUDA on for sm_90 with -lineinfo, oneDNN off: the GPU
 # machines have no oneDNN; the other libraries are the .deb files of
@@ -37,7 +41,11 @@ if ! git diff --quiet -- "$kernel"; then
   exit 1
 fi
 for spec in "$@"; do
-  [[ "$spec" == *=* && -f "${spec#*=}" ]] || { echo "gpu-carry: '$spec' is not NAME=PATCH with PATCH a file" >&2; exit 1; }
+  [[ "$spec" == *=* ]] || { echo "gpu-carry: '$spec' is not NAME=PATCH[+PATCH...]" >&2; exit 1; }
+  IFS=+ read -ra parts <<<"${spec#*=}"
+  for part in "${parts[@]}"; do
+    [[ -f "$part" ]] || { echo "gpu-carry: '$spec': '$part' is not a file" >&2; exit 1; }
+  done
 done
 mkdir -p "$dest"
 # -lineinfo (source lines for Nsight Compute and compute-sanitizer reports;
@@ -66,14 +74,19 @@ strip -o "$dest/carry/head/test_cuda" "$build/tests/cuda/test_cuda"
 restore() { git checkout -q -- "$kernel"; }
 trap restore EXIT
 for spec in "$@"; do
-  name="${spec%%=*}" patch="${spec#*=}"
-  echo "== $name: $patch"
-  git apply "$patch"
-  cmake --build "$build" -j "$jobs" --target $apps >"$dest/build-$name.log" 2>&1 ||
+  name="${spec%%=*}"
+  IFS=+ read -ra parts <<<"${spec#*=}"
+  echo "== $name: ${parts[*]}"
+  for part in "${parts[@]}"; do git apply "$part"; done
+  targets="$apps"
+  if [[ "${AG_CARRY_PATCH_TESTS:-0}" == 1 ]]; then targets="$apps test_cuda"; fi
+  # shellcheck disable=SC2086  # the targets are several words
+  cmake --build "$build" -j "$jobs" --target $targets >"$dest/build-$name.log" 2>&1 ||
     { grep -E "error|FAILED" "$dest/build-$name.log" | head -20; exit 1; }
   restore
   mkdir -p "$dest/carry/$name"
   for t in $apps; do strip -o "$dest/carry/$name/$t" "$build/apps/$t"; done
+  if [[ "${AG_CARRY_PATCH_TESTS:-0}" == 1 ]]; then strip -o "$dest/carry/$name/test_cuda" "$build/tests/cuda/test_cuda"; fi
 done
 (cd "$dest" && tar cf - carry | xz -T1 --lzma2=preset=9,dict=256MiB >carry.tar.xz) && rm -rf "$dest/carry"
 ls -la "$dest/carry.tar.xz"
