@@ -6,16 +6,20 @@
 #       land=scripts/cuda-experiments/decode_step_every_pull.diff \
 #       s2=scripts/cuda-experiments/decode_step_two_slots.diff \
 #       lands2=scripts/cuda-experiments/decode_step_every_pull.diff+scripts/cuda-experiments/decode_step_two_slots.diff \
-#       pull=scripts/cuda-experiments/decode_step_lsu_pull.diff diagpull=scripts/cuda-experiments/decode_step_diag_pull.diff
+#       pull=scripts/cuda-experiments/decode_step_lsu_pull.diff diagpull=scripts/cuda-experiments/decode_step_diag_pull.diff \
+#       s1pull=scripts/cuda-experiments/decode_step_one_slot.diff+scripts/cuda-experiments/decode_step_lsu_pull.diff \
+#       s2pull=scripts/cuda-experiments/decode_step_two_slots.diff+scripts/cuda-experiments/decode_step_lsu_pull.diff
 #   then run, carry [".device-deps/debs", ".gpu-carry"]:
 #     OUT=$OUT bash scripts/cuda-experiments/decode_step_every_pull_plan.sh
 # 1. HEAD, the pull at every GEMV phase's entry as it would land (land), the
-#    2-slot rings (s2), both (lands2), and the switched patch's bulk forms,
-#    alternated (decode_step_alternate.sh), each variant's tokens checked;
+#    2-slot rings (s2), both (lands2), the switched patch's bulk forms, and
+#    shallower rings (1 or 2 slots, streaming faster) with L2 pulls of 1-3
+#    items at every phase's entry buffering the waits instead, alternated
+#    (decode_step_alternate.sh), each variant's tokens checked;
 # 2. the fastest of land, s2 and lands2, where it beats HEAD by 0.3%: its
 #    CudaGenerate tests, then issue 12's figures through scripts/gen-bench.sh
 #    with its binaries, PyTorch in the same call (HEAD's where none wins);
-# 3. the phase diagnostic's raw log (session 93's call a filtered it away).
+# 3. the phase diagnostic's raw log (session 93's call a printed none of its lines).
 set -u
 cd "$(dirname "${BASH_SOURCE[0]}")/../.." || exit 1
 out="${OUT:?set OUT to the output folder}"
@@ -23,7 +27,9 @@ export AG_ALTERNATE_BUDGET_S="${AG_ALTERNATE_BUDGET_S:-150}"
 bash scripts/cuda-experiments/decode_step_alternate.sh 3 \
   "head head" "land land" "s2 s2" "lands2 lands2" \
   "e1b pull AG_DECODE_PULL_EVERY=1 AG_DECODE_PULL_BULK=1" \
-  "p2rb pull AG_DECODE_PULL=2 AG_DECODE_PULL_AT=1 AG_DECODE_PULL_BULK=1"
+  "p2rb pull AG_DECODE_PULL=2 AG_DECODE_PULL_AT=1 AG_DECODE_PULL_BULK=1" \
+  "s1e2 s1pull AG_DECODE_PULL_EVERY=2" "s1e3 s1pull AG_DECODE_PULL_EVERY=3" \
+  "s1e3r s1pull AG_DECODE_PULL_EVERY=3 AG_DECODE_PULL=2 AG_DECODE_PULL_AT=1" "s2e1 s2pull AG_DECODE_PULL_EVERY=1"
 mean() { awk -v n="$1" '$1 == n && $2 + 0 > 0 {s += $2; c++} END {if (c) printf "%.4f", s / c}' "$out/results.txt"; }
 head_ms=$(mean head)
 pick=head best=$head_ms
