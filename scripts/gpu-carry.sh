@@ -73,20 +73,20 @@ done
 strip -o "$dest/carry/head/test_cuda" "$build/tests/cuda/test_cuda"
 restore() { git checkout -q -- "$kernel"; }
 trap restore EXIT
+patch_targets="$apps"
+if [[ "${AG_CARRY_PATCH_TESTS:-0}" == 1 ]]; then patch_targets="$apps test_cuda"; fi
 for spec in "$@"; do
   name="${spec%%=*}"
   IFS=+ read -ra parts <<<"${spec#*=}"
   echo "== $name: ${parts[*]}"
   for part in "${parts[@]}"; do git apply "$part"; done
-  targets="$apps"
-  if [[ "${AG_CARRY_PATCH_TESTS:-0}" == 1 ]]; then targets="$apps test_cuda"; fi
   # shellcheck disable=SC2086  # the targets are several words
-  cmake --build "$build" -j "$jobs" --target $targets >"$dest/build-$name.log" 2>&1 ||
+  cmake --build "$build" -j "$jobs" --target $patch_targets >"$dest/build-$name.log" 2>&1 ||
     { grep -E "error|FAILED" "$dest/build-$name.log" | head -20; exit 1; }
   restore
   mkdir -p "$dest/carry/$name"
   for t in $apps; do strip -o "$dest/carry/$name/$t" "$build/apps/$t"; done
-  if [[ "${AG_CARRY_PATCH_TESTS:-0}" == 1 ]]; then strip -o "$dest/carry/$name/test_cuda" "$build/tests/cuda/test_cuda"; fi
+  if [[ "$patch_targets" == *test_cuda ]]; then strip -o "$dest/carry/$name/test_cuda" "$build/tests/cuda/test_cuda"; fi
 done
 (cd "$dest" && tar cf - carry | xz -T1 --lzma2=preset=9,dict=256MiB >carry.tar.xz) && rm -rf "$dest/carry"
 ls -la "$dest/carry.tar.xz"
